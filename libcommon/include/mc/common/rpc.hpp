@@ -1,0 +1,210 @@
+// ZeroMQ request/reply RPC over the typed messages of protocol.hpp.
+//
+// Server: one ROUTER socket bound to one or more endpoints ("tcp://127.0.0.1:0" picks a free port;
+// endpoints() returns the bound addresses). Handlers are registered per message type and run on the
+// thread that calls poll_once()/serve(); a handler returns Result<Reply>, an error becomes an "error"
+// reply. Malformed, oversized, unknown-type and wrong-version messages get an error reply when a
+// header can be read, and are dropped with a warning otherwise; the server never crashes on input.
+// A handler may also defer its reply (CallContext::defer) and answer later with reply_to(), and the
+// server may push messages (id 0) to any connected client with push_to().
+//
+// Client: one DEALER socket connected to one endpoint. connect() performs the hello handshake and
+// fails with kProtocolMismatch / kTimeout / kUnavailable naming the endpoint. call() blocks up to
+// timeout_ms and returns kTimeout naming the endpoint and message type; late replies to abandoned
+// calls are recognised by id and discarded. Pushed messages are queued and read with recv_push().
+//
+// Thread-safety: neither class is thread-safe (ZeroMQ sockets are not); use one per thread. stop()
+// is the exception: any thread may call it. A zmq::context_t is shared process-wide (context()).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "mc/common/codec.hpp"
+#include "mc/common/log.hpp"
+#include "mc/common/metrics.hpp"
+#include "mc/common/protocol.hpp"
+#include "mc/common/status.hpp"
+
+namespace mc::rpc {
+
+// The process-wide ZeroMQ context (created on first use; 2 I/O threads).
+zmq::context_t& context();
+
+// Wire-level message: header + raw body bytes.
+struct Envelope {
+  proto::Header header;
+  std::string body;
+};
+
+struct CallContext {
+  std::string peer;       // ROUTER identity of the caller (opaque bytes)
+  uint64_t call_id = 0;
+  std::string type;
+  // Set by a handler that will answer later with RpcServer::reply_to(); its return value is then ignored.
+  mutable bool deferred = false;
+  void defer() const { deferred = true; }
+};
+
+struct ServerOptions {
+  std::string service = "mc";                // named in hello replies and error messages
+  std::vector<std::string> bind_endpoints;   // e.g. {"tcp://127.0.0.1:0"}
+  int64_t max_message_bytes = proto::kMaxMessageBytes;
+};
+
+class RpcServer {
+ public:
+  using RawHandler = std::function<Result<std::string>(const CallContext&, std::string_view body)>;
+
+  // Binds every endpoint; fails with kUnavailable naming the endpoint and zmq's text.
+  static Result<std::unique_ptr<RpcServer>> bind(ServerOptions options);
+  ~RpcServer();
+
+  // Registers a typed handler for Req::kType. Registering a type twice replaces the handler.
+  template <typename Req, typename Fn>
+  void handle(Fn fn) {
+    handlers_[Req::kType] = [fn = std::move(fn)](const CallContext& ctx, std::string_view body) -> Result<std::string> {
+      Result<Req> req = codec::unpack<Req>(body, std::string("body of '") + Req::kType + "'");
+      if (!req.is_ok()) return req.status();
+      Result<typename Req::Reply> reply = fn(req.value(), ctx);
+      if (!reply.is_ok()) return reply.status();
+      return codec::pack(reply.value());
+    };
+  }
+
+  // Answers "stat" requests from `registry` (not owned; must outlive the server).
+  void serve_stat(const metrics::Registry* registry);
+
+  // Waits up to timeout_ms for one message and handles it. Returns ok when idle or handled;
+  // an error only when the socket itself failed (context terminated).
+  Status poll_once(int timeout_ms);
+  // Handles messages until stop() is called (any thread; takes effect within ~50 ms).
+  Status serve();
+  void stop() { stop_.store(true); }
+  bool stopped() const { return stop_.load(); }
+
+  // Sends a deferred reply (CallContext from a handler that called defer()).
+  template <typename Reply>
+  Status reply_to(const CallContext& ctx, const Reply& reply) {
+    return send_raw(ctx.peer, ctx.type + ".reply", ctx.call_id, codec::pack(reply));
+  }
+  Status reply_error_to(const CallContext& ctx, const Status& status);
+  // Pushes an unsolicited message (id 0) to a client identified by CallContext::peer.
+  template <typename Msg>
+  Status push_to(const std::string& peer, const Msg& msg) {
+    return send_raw(peer, Msg::kType, 0, codec::pack(msg));
+  }
+
+  // The bound endpoints with port 0 resolved ("tcp://127.0.0.1:41234").
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  zmq::socket_t& socket() { return socket_; }
+
+  struct Counters {
+    uint64_t handled = 0, errors = 0, malformed = 0;
+  };
+  const Counters& counters() const { return counters_; }
+
+ private:
+  explicit RpcServer(ServerOptions options);
+  Status send_raw(const std::string& peer, const std::string& type, uint64_t id, const std::string& body);
+  void handle_message(std::vector<zmq::message_t>& frames);
+
+  ServerOptions options_;
+  zmq::socket_t socket_;
+  std::vector<std::string> endpoints_;
+  std::unordered_map<std::string, RawHandler> handlers_;
+  std::atomic<bool> stop_{false};
+  Counters counters_;
+};
+
+struct ClientOptions {
+  std::string client_name = "mc";
+  int connect_timeout_ms = 2000;     // hello handshake
+  int default_timeout_ms = 5000;
+  int64_t max_message_bytes = proto::kMaxMessageBytes;
+};
+
+class RpcClient {
+ public:
+  // Connects and performs the hello handshake.
+  static Result<std::unique_ptr<RpcClient>> connect(const std::string& endpoint, ClientOptions options = {});
+  ~RpcClient();
+
+  template <typename Req>
+  Result<typename Req::Reply> call(const Req& req, int timeout_ms = -1) {
+    Result<std::string> body = call_raw(Req::kType, codec::pack(req), timeout_ms);
+    if (!body.is_ok()) return body.status();
+    return codec::unpack<typename Req::Reply>(body.value(),
+                                              "reply to '" + std::string(Req::kType) + "' from " + endpoint_);
+  }
+
+  // Sends a request and returns the raw reply body, or the error the server sent (code preserved,
+  // message prefixed with the endpoint).
+  Result<std::string> call_raw(const std::string& type, const std::string& body, int timeout_ms = -1);
+
+  // Next pushed message (id 0), waiting up to timeout_ms; nullopt on timeout.
+  Result<std::optional<Envelope>> recv_push(int timeout_ms);
+
+  const std::string& endpoint() const { return endpoint_; }
+  const proto::HelloReply& server_hello() const { return hello_; }
+
+ private:
+  RpcClient(std::string endpoint, ClientOptions options);
+  Result<std::optional<Envelope>> recv_one(int timeout_ms);
+
+  std::string endpoint_;
+  ClientOptions options_;
+  zmq::socket_t socket_;
+  uint64_t next_id_ = 1;
+  std::deque<Envelope> pushed_;
+  proto::HelloReply hello_;
+};
+
+// Decodes a body received as a push or raw reply.
+template <typename T>
+Result<T> decode(const Envelope& env) {
+  return codec::unpack<T>(env.body, "pushed '" + env.header.type + "'");
+}
+
+// ---- KV events: PUB/SUB with three frames [topic, big-endian u64 event_id, msgpack KvEvent] ----
+
+class EventPublisher {
+ public:
+  static Result<std::unique_ptr<EventPublisher>> bind(const std::string& endpoint, std::string topic = "kv");
+  // Assigns the next event_id (starting at 1) and publishes. Not thread-safe.
+  Status publish(proto::KvEvent event);
+  uint64_t last_event_id() const { return last_event_id_; }
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  EventPublisher() = default;
+  zmq::socket_t socket_;
+  std::string topic_;
+  std::string endpoint_;
+  uint64_t last_event_id_ = 0;
+};
+
+class EventSubscriber {
+ public:
+  static Result<std::unique_ptr<EventSubscriber>> connect(const std::string& endpoint, std::string topic = "kv");
+  // Next event within timeout_ms, nullopt on timeout; a malformed event is an error (caller may go on).
+  Result<std::optional<proto::KvEvent>> next(int timeout_ms);
+
+ private:
+  EventSubscriber() = default;
+  zmq::socket_t socket_;
+  std::string endpoint_;
+};
+
+}  // namespace mc::rpc

@@ -1,0 +1,98 @@
+#include "mc/common/block_key.hpp"
+
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace mc {
+namespace {
+void put_u64_le(unsigned char* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void append_field(std::string& out, const std::string& field) {
+  unsigned char len[8];
+  put_u64_le(len, field.size());
+  out.append(reinterpret_cast<const char*>(len), 8);
+  out.append(field);
+}
+}  // namespace
+
+bool KeyNamespace::is_plain() const {
+  return model_id.empty() && model_revision.empty() && kv_dtype.empty() && layout.empty() && lora_name.empty() &&
+         lora_version.empty() && salt.empty();
+}
+
+std::string KeyNamespace::canonical() const {
+  std::string out = "mc-ns-v1";
+  append_field(out, model_id);
+  append_field(out, model_revision);
+  append_field(out, kv_dtype);
+  append_field(out, layout);
+  append_field(out, lora_name);
+  append_field(out, lora_version);
+  append_field(out, salt);
+  append_field(out, std::to_string(block_size));
+  return out;
+}
+
+uint64_t KeyNamespace::chain_seed() const {
+  if (is_plain()) return seed;
+  std::string c = canonical();
+  return XXH3_64bits_withSeed(c.data(), c.size(), seed);
+}
+
+std::string KeyNamespace::digest_hex() const {
+  std::string c = canonical();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits_withSeed(c.data(), c.size(), seed)));
+  return buf;
+}
+
+uint64_t local_block_hash(std::span<const uint32_t> block_tokens, uint64_t seed) {
+  // Tokens as u32 little-endian: serialise explicitly so the digest is the same on any host.
+  std::string bytes(block_tokens.size() * 4, '\0');
+  for (size_t i = 0; i < block_tokens.size(); ++i) {
+    uint32_t t = block_tokens[i];
+    bytes[4 * i + 0] = static_cast<char>(t & 0xff);
+    bytes[4 * i + 1] = static_cast<char>((t >> 8) & 0xff);
+    bytes[4 * i + 2] = static_cast<char>((t >> 16) & 0xff);
+    bytes[4 * i + 3] = static_cast<char>((t >> 24) & 0xff);
+  }
+  return XXH3_64bits_withSeed(bytes.data(), bytes.size(), seed);
+}
+
+uint64_t chain_hash(uint64_t parent_seq, uint64_t local, uint64_t seed) {
+  unsigned char buf[16];
+  put_u64_le(buf, parent_seq);
+  put_u64_le(buf + 8, local);
+  return XXH3_64bits_withSeed(buf, sizeof buf, seed);
+}
+
+std::vector<uint64_t> seq_hashes(std::span<const uint32_t> tokens, const KeyNamespace& ns) {
+  std::vector<uint64_t> out;
+  if (ns.block_size == 0) return out;
+  const uint64_t seed = ns.chain_seed();
+  const size_t blocks = tokens.size() / ns.block_size;
+  out.reserve(blocks);
+  for (size_t i = 0; i < blocks; ++i) {
+    uint64_t local = local_block_hash(tokens.subspan(i * ns.block_size, ns.block_size), seed);
+    out.push_back(i == 0 ? local : chain_hash(out.back(), local, seed));
+  }
+  return out;
+}
+
+std::string hash_hex(uint64_t h) {
+  char buf[19];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::string block_store_key(const KeyNamespace& ns, uint64_t seq_hash) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(seq_hash));
+  return "kv/" + ns.digest_hex() + "/" + buf;
+}
+
+}  // namespace mc

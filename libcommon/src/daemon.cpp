@@ -1,0 +1,33 @@
+#include "mc/common/daemon.hpp"
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+
+namespace mc::daemon {
+namespace {
+std::atomic<bool> g_stop{false};
+extern "C" void on_stop_signal(int) { g_stop.store(true); }
+}  // namespace
+
+void install_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+bool stop_requested() { return g_stop.load(); }
+void request_stop() { g_stop.store(true); }
+
+void announce_ready(const std::string& service, const std::string& endpoint,
+                    const std::vector<std::pair<std::string, std::string>>& extra) {
+  std::string line = "ready " + service + " " + endpoint;
+  for (const auto& [k, v] : extra) line += " " + k + "=" + v;
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace mc::daemon

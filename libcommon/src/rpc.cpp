@@ -1,0 +1,392 @@
+#include "mc/common/rpc.hpp"
+
+#include <cstring>
+#include <iterator>
+
+#include "mc/common/clock.hpp"
+
+namespace mc {
+const char* build_id_string();
+}
+
+namespace mc::rpc {
+namespace {
+
+int64_t now_ms() { return RealClock::instance().now_ms(); }
+
+std::string zmq_text(const zmq::error_t& e) { return std::string(e.what()); }
+
+}  // namespace
+
+zmq::context_t& context() {
+  static zmq::context_t ctx(2);
+  return ctx;
+}
+
+// ------------------------------------------------------------------------------------------------
+// RpcServer
+
+RpcServer::RpcServer(ServerOptions options)
+    : options_(std::move(options)), socket_(context(), zmq::socket_type::router) {}
+
+RpcServer::~RpcServer() = default;
+
+Result<std::unique_ptr<RpcServer>> RpcServer::bind(ServerOptions options) {
+  if (options.bind_endpoints.empty()) {
+    return Status(Code::kInvalidArgument, options.service + ": no endpoint to listen on (e.g. tcp://127.0.0.1:0)");
+  }
+  std::unique_ptr<RpcServer> server(new RpcServer(options));
+  try {
+    server->socket_.set(zmq::sockopt::linger, 0);
+    server->socket_.set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
+    server->socket_.set(zmq::sockopt::router_mandatory, 1);
+    server->socket_.set(zmq::sockopt::sndhwm, 100000);
+    server->socket_.set(zmq::sockopt::rcvhwm, 100000);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::kInternal, options.service + ": setting socket options: " + zmq_text(e));
+  }
+  for (const auto& ep : options.bind_endpoints) {
+    try {
+      server->socket_.bind(ep);
+      server->endpoints_.push_back(server->socket_.get(zmq::sockopt::last_endpoint));
+    } catch (const zmq::error_t& e) {
+      return Status(Code::kUnavailable, options.service + ": cannot listen on " + ep + ": " + zmq_text(e) +
+                                            " (is the port in use? use port 0 to pick a free one)");
+    }
+  }
+  RpcServer* self = server.get();
+  server->handle<proto::HelloRequest>(
+      [self](const proto::HelloRequest& req, const CallContext&) -> Result<proto::HelloReply> {
+        if (req.protocol_version != proto::kProtocolVersion) {
+          return Status(Code::kProtocolMismatch,
+                        "client '" + req.client_name + "' speaks protocol v" + std::to_string(req.protocol_version) +
+                            " but " + self->options_.service + " speaks v" +
+                            std::to_string(proto::kProtocolVersion) + ": run the same mc version on both sides");
+        }
+        return proto::HelloReply{proto::kProtocolVersion, self->options_.service, build_id_string()};
+      });
+  server->handle<proto::PingRequest>([](const proto::PingRequest&, const CallContext&) -> Result<proto::PingReply> {
+    return proto::PingReply{unix_time_ms()};
+  });
+  return server;
+}
+
+void RpcServer::serve_stat(const metrics::Registry* registry) {
+  handle<proto::StatRequest>([this, registry](const proto::StatRequest& req,
+                                              const CallContext&) -> Result<proto::StatReply> {
+    proto::StatReply reply;
+    reply.service = options_.service;
+    reply.metrics_json = registry->json();
+    if (req.with_prometheus_text) reply.prometheus_text = registry->prometheus_text();
+    return reply;
+  });
+}
+
+Status RpcServer::send_raw(const std::string& peer, const std::string& type, uint64_t id, const std::string& body) {
+  proto::Header h{proto::kProtocolVersion, type, id};
+  std::string head = codec::pack(h);
+  try {
+    socket_.send(zmq::buffer(peer), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(head), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(body), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::kUnavailable,
+                  options_.service + ": cannot send '" + type + "' to a client: " + zmq_text(e) +
+                      (e.num() == EHOSTUNREACH ? " (the client has disconnected)" : ""));
+  }
+  return Status::ok();
+}
+
+Status RpcServer::reply_error_to(const CallContext& ctx, const Status& status) {
+  proto::ErrorReply err{static_cast<uint16_t>(status.code()), status.message()};
+  return send_raw(ctx.peer, proto::kErrorType, ctx.call_id, codec::pack(err));
+}
+
+void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
+  if (frames.empty()) return;
+  CallContext ctx;
+  ctx.peer = frames[0].to_string();
+  if (frames.size() < 2) {
+    ++counters_.malformed;
+    MC_LOG_WARN << options_.service << ": dropped a message with no header frame";
+    return;
+  }
+  Result<proto::Header> header = codec::unpack<proto::Header>(frames[1].to_string_view(), "message header");
+  if (!header.is_ok()) {
+    ++counters_.malformed;
+    MC_LOG_WARN << options_.service << ": dropped a message: " << header.status().message();
+    return;
+  }
+  ctx.call_id = header->id;
+  ctx.type = header->type;
+  auto reply_error = [&](Status s) {
+    ++counters_.errors;
+    Status sent = reply_error_to(ctx, s);
+    if (!sent.is_ok()) MC_LOG_WARN << sent.message();
+  };
+  if (header->v != proto::kProtocolVersion) {
+    ++counters_.malformed;
+    reply_error(Status(Code::kProtocolMismatch, "message '" + header->type + "' is protocol v" +
+                                                    std::to_string(header->v) + " but " + options_.service +
+                                                    " speaks v" + std::to_string(proto::kProtocolVersion) +
+                                                    ": run the same mc version on both sides"));
+    return;
+  }
+  if (frames.size() != 3) {
+    ++counters_.malformed;
+    reply_error(Status(Code::kMalformedMessage, "message '" + header->type + "' has " +
+                                                    std::to_string(frames.size() - 1) + " frames, expected 2"));
+    return;
+  }
+  auto it = handlers_.find(header->type);
+  if (it == handlers_.end()) {
+    ++counters_.malformed;
+    reply_error(Status(Code::kUnimplemented,
+                       options_.service + " does not handle message type '" + header->type + "'"));
+    return;
+  }
+  Result<std::string> reply = Status(Code::kInternal, "handler did not run");
+  try {
+    reply = it->second(ctx, frames[2].to_string_view());
+  } catch (const std::exception& e) {
+    reply = Status(Code::kInternal, options_.service + ": handler for '" + header->type + "' threw: " + e.what());
+  }
+  if (ctx.deferred) return;
+  if (!reply.is_ok()) {
+    if (reply.status().code() == Code::kMalformedMessage) ++counters_.malformed;
+    reply_error(reply.status());
+    return;
+  }
+  ++counters_.handled;
+  Status sent = send_raw(ctx.peer, header->type + ".reply", ctx.call_id, reply.value());
+  if (!sent.is_ok()) MC_LOG_WARN << sent.message();
+}
+
+Status RpcServer::poll_once(int timeout_ms) {
+  try {
+    zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 1, std::chrono::milliseconds(timeout_ms));
+    if (!(items[0].revents & ZMQ_POLLIN)) return Status::ok();
+    // Drain what is ready, bounded so that a flood cannot starve the caller's other work.
+    for (int n = 0; n < 256; ++n) {
+      std::vector<zmq::message_t> frames;
+      auto got = zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait);
+      if (!got) break;
+      handle_message(frames);
+    }
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return Status::ok();
+    return Status(Code::kUnavailable, options_.service + ": socket failed: " + zmq_text(e));
+  }
+  return Status::ok();
+}
+
+Status RpcServer::serve() {
+  while (!stop_.load()) {
+    MC_RETURN_IF_ERROR(poll_once(50));
+  }
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------------------------------------
+// RpcClient
+
+RpcClient::RpcClient(std::string endpoint, ClientOptions options)
+    : endpoint_(std::move(endpoint)), options_(std::move(options)), socket_(context(), zmq::socket_type::dealer) {}
+
+RpcClient::~RpcClient() = default;
+
+Result<std::unique_ptr<RpcClient>> RpcClient::connect(const std::string& endpoint, ClientOptions options) {
+  std::unique_ptr<RpcClient> client(new RpcClient(endpoint, options));
+  try {
+    client->socket_.set(zmq::sockopt::linger, 0);
+    client->socket_.set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
+    client->socket_.set(zmq::sockopt::sndhwm, 100000);
+    client->socket_.set(zmq::sockopt::rcvhwm, 100000);
+    client->socket_.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::kInvalidArgument, "cannot connect to '" + endpoint + "': " + zmq_text(e) +
+                                              " (endpoints look like tcp://127.0.0.1:5555 or ipc:///tmp/x)");
+  }
+  proto::HelloRequest hello{proto::kProtocolVersion, options.client_name};
+  Result<proto::HelloReply> reply = client->call(hello, options.connect_timeout_ms);
+  if (!reply.is_ok()) {
+    if (reply.status().code() == Code::kTimeout) {
+      return Status(Code::kUnavailable, "no answer from " + endpoint + " within " +
+                                            std::to_string(options.connect_timeout_ms) +
+                                            " ms: is the server running and the address right?");
+    }
+    return reply.status();
+  }
+  if (reply->protocol_version != proto::kProtocolVersion) {
+    return Status(Code::kProtocolMismatch, reply->service + " at " + endpoint + " speaks protocol v" +
+                                               std::to_string(reply->protocol_version) + ", this client v" +
+                                               std::to_string(proto::kProtocolVersion) +
+                                               ": run the same mc version on both sides");
+  }
+  client->hello_ = reply.value();
+  return client;
+}
+
+Result<std::optional<Envelope>> RpcClient::recv_one(int timeout_ms) {
+  try {
+    zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 1, std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms));
+    if (!(items[0].revents & ZMQ_POLLIN)) return std::optional<Envelope>();
+    std::vector<zmq::message_t> frames;
+    auto got = zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait);
+    if (!got) return std::optional<Envelope>();
+    if (frames.size() != 2) {
+      return Status(Code::kMalformedMessage, "message from " + endpoint_ + " has " + std::to_string(frames.size()) +
+                                                 " frames, expected 2");
+    }
+    Result<proto::Header> header =
+        codec::unpack<proto::Header>(frames[0].to_string_view(), "header of a message from " + endpoint_);
+    if (!header.is_ok()) return header.status();
+    return std::optional<Envelope>(Envelope{header.value(), frames[1].to_string()});
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return std::optional<Envelope>();
+    return Status(Code::kUnavailable, "socket to " + endpoint_ + " failed: " + zmq_text(e));
+  }
+}
+
+Result<std::string> RpcClient::call_raw(const std::string& type, const std::string& body, int timeout_ms) {
+  if (timeout_ms < 0) timeout_ms = options_.default_timeout_ms;
+  const uint64_t id = next_id_++;
+  std::string head = codec::pack(proto::Header{proto::kProtocolVersion, type, id});
+  try {
+    auto s1 = socket_.send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    auto s2 = s1 ? socket_.send(zmq::buffer(body), zmq::send_flags::dontwait) : s1;
+    if (!s1 || !s2) {
+      return Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint_ + ": send queue full");
+    }
+  } catch (const zmq::error_t& e) {
+    return Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint_ + ": " + zmq_text(e));
+  }
+  const int64_t deadline = now_ms() + timeout_ms;
+  while (true) {
+    int64_t left = deadline - now_ms();
+    if (left < 0) break;
+    Result<std::optional<Envelope>> got = recv_one(static_cast<int>(left));
+    if (!got.is_ok()) {
+      if (got.status().code() == Code::kMalformedMessage) {
+        MC_LOG_WARN << got.status().message();
+        continue;
+      }
+      return got.status();
+    }
+    if (!got->has_value()) continue;
+    Envelope& env = **got;
+    if (env.header.id == 0) {
+      pushed_.push_back(std::move(env));
+      continue;
+    }
+    if (env.header.id != id) continue;  // a late reply to an abandoned call
+    if (env.header.type == proto::kErrorType) {
+      Result<proto::ErrorReply> err = codec::unpack<proto::ErrorReply>(env.body, "error reply from " + endpoint_);
+      if (!err.is_ok()) return err.status();
+      return Status(static_cast<Code>(err->code), err->message);
+    }
+    if (env.header.v != proto::kProtocolVersion) {
+      return Status(Code::kProtocolMismatch, endpoint_ + " answered '" + type + "' in protocol v" +
+                                                 std::to_string(env.header.v) + ", this client speaks v" +
+                                                 std::to_string(proto::kProtocolVersion));
+    }
+    return std::move(env.body);
+  }
+  return Status(Code::kTimeout, "no reply to '" + type + "' from " + endpoint_ + " within " +
+                                    std::to_string(timeout_ms) + " ms (is the server running and not overloaded?)");
+}
+
+Result<std::optional<Envelope>> RpcClient::recv_push(int timeout_ms) {
+  const int64_t deadline = now_ms() + std::max(0, timeout_ms);
+  while (pushed_.empty()) {
+    int64_t left = deadline - now_ms();
+    if (left < 0) return std::optional<Envelope>();
+    Result<std::optional<Envelope>> got = recv_one(static_cast<int>(left));
+    if (!got.is_ok()) return got.status();
+    if (!got->has_value()) {
+      if (left == 0) return std::optional<Envelope>();
+      continue;
+    }
+    if ((*got)->header.id == 0) pushed_.push_back(std::move(**got));
+  }
+  Envelope env = std::move(pushed_.front());
+  pushed_.pop_front();
+  return std::optional<Envelope>(std::move(env));
+}
+
+// ------------------------------------------------------------------------------------------------
+// KV events
+
+Result<std::unique_ptr<EventPublisher>> EventPublisher::bind(const std::string& endpoint, std::string topic) {
+  std::unique_ptr<EventPublisher> pub(new EventPublisher());
+  pub->socket_ = zmq::socket_t(context(), zmq::socket_type::pub);
+  pub->topic_ = std::move(topic);
+  try {
+    pub->socket_.set(zmq::sockopt::linger, 0);
+    pub->socket_.set(zmq::sockopt::sndhwm, 1000000);
+    pub->socket_.bind(endpoint);
+    pub->endpoint_ = pub->socket_.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::kUnavailable, "cannot publish KV events on " + endpoint + ": " + zmq_text(e));
+  }
+  return pub;
+}
+
+Status EventPublisher::publish(proto::KvEvent event) {
+  event.event_id = ++last_event_id_;
+  if (event.ts_unix_ms == 0) event.ts_unix_ms = unix_time_ms();
+  unsigned char seq[8];
+  for (int i = 0; i < 8; ++i) seq[i] = static_cast<unsigned char>(event.event_id >> (8 * (7 - i)));
+  std::string payload = codec::pack(event);
+  try {
+    socket_.send(zmq::buffer(topic_), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(seq, 8), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(payload), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::kUnavailable, "cannot publish KV event on " + endpoint_ + ": " + zmq_text(e));
+  }
+  return Status::ok();
+}
+
+Result<std::unique_ptr<EventSubscriber>> EventSubscriber::connect(const std::string& endpoint, std::string topic) {
+  std::unique_ptr<EventSubscriber> sub(new EventSubscriber());
+  sub->socket_ = zmq::socket_t(context(), zmq::socket_type::sub);
+  sub->endpoint_ = endpoint;
+  try {
+    sub->socket_.set(zmq::sockopt::linger, 0);
+    sub->socket_.set(zmq::sockopt::rcvhwm, 1000000);
+    sub->socket_.set(zmq::sockopt::subscribe, topic);
+    sub->socket_.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::kInvalidArgument, "cannot subscribe to KV events at " + endpoint + ": " + zmq_text(e));
+  }
+  return sub;
+}
+
+Result<std::optional<proto::KvEvent>> EventSubscriber::next(int timeout_ms) {
+  try {
+    zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 1, std::chrono::milliseconds(timeout_ms));
+    if (!(items[0].revents & ZMQ_POLLIN)) return std::optional<proto::KvEvent>();
+    std::vector<zmq::message_t> frames;
+    auto got = zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait);
+    if (!got) return std::optional<proto::KvEvent>();
+    if (frames.size() != 3 || frames[1].size() != 8) {
+      return Status(Code::kMalformedMessage, "KV event from " + endpoint_ + " is not [topic, u64 id, payload]");
+    }
+    uint64_t id = 0;
+    const auto* b = static_cast<const unsigned char*>(frames[1].data());
+    for (int i = 0; i < 8; ++i) id = (id << 8) | b[i];
+    Result<proto::KvEvent> ev = codec::unpack<proto::KvEvent>(frames[2].to_string_view(), "KV event from " + endpoint_);
+    if (!ev.is_ok()) return ev.status();
+    ev->event_id = id;
+    return std::optional<proto::KvEvent>(std::move(ev).value());
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return std::optional<proto::KvEvent>();
+    return Status(Code::kUnavailable, "KV event socket to " + endpoint_ + " failed: " + zmq_text(e));
+  }
+}
+
+}  // namespace mc::rpc

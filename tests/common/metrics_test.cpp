@@ -1,0 +1,42 @@
+#include "mc/common/metrics.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <thread>
+
+namespace mc::metrics {
+namespace {
+
+TEST(Metrics, CountersGaugesHistograms) {
+  Registry reg;
+  Counter& c = reg.counter("mc_test_ops_total", "Operations");
+  EXPECT_EQ(&c, &reg.counter("mc_test_ops_total"));
+  std::thread t1([&] { for (int i = 0; i < 10000; ++i) c.inc(); });
+  std::thread t2([&] { for (int i = 0; i < 10000; ++i) c.inc(); });
+  t1.join();
+  t2.join();
+  EXPECT_EQ(c.value(), 20000u);
+  reg.gauge("mc_test_used_bytes").set(42);
+  reg.gauge("mc_test_used_bytes").add(-2);
+  Histogram& h = reg.histogram("mc_test_latency_seconds", {0.001, 0.01, 0.1});
+  h.observe(0.0005);
+  h.observe(0.05);
+  h.observe(5);
+  EXPECT_EQ(h.bucket_counts(), (std::vector<uint64_t>{1, 0, 1, 1}));
+
+  std::string prom = reg.prometheus_text();
+  EXPECT_NE(prom.find("# TYPE mc_test_ops_total counter\nmc_test_ops_total 20000\n"), std::string::npos);
+  EXPECT_NE(prom.find("mc_test_used_bytes 40\n"), std::string::npos);
+  EXPECT_NE(prom.find("mc_test_latency_seconds_bucket{le=\"0.01\"} 1\n"), std::string::npos);
+  EXPECT_NE(prom.find("mc_test_latency_seconds_bucket{le=\"+Inf\"} 3\n"), std::string::npos);
+  EXPECT_NE(prom.find("mc_test_latency_seconds_count 3\n"), std::string::npos);
+
+  auto j = nlohmann::json::parse(reg.json());
+  EXPECT_EQ(j["counters"]["mc_test_ops_total"], 20000);
+  EXPECT_EQ(j["gauges"]["mc_test_used_bytes"], 40.0);
+  EXPECT_EQ(j["histograms"]["mc_test_latency_seconds"]["count"], 3);
+}
+
+}  // namespace
+}  // namespace mc::metrics

@@ -1,0 +1,85 @@
+// Round trip of every message type in protocol.hpp, and decoding of bad bytes.
+#include "mc/common/protocol.hpp"
+
+#include <gtest/gtest.h>
+
+#include "mc/common/codec.hpp"
+
+namespace mc::proto {
+namespace {
+
+template <typename T>
+T round_trip(const T& in) {
+  auto out = codec::unpack<T>(codec::pack(in), "test");
+  EXPECT_TRUE(out.is_ok()) << out.status().to_string();
+  return out.is_ok() ? out.value() : T{};
+}
+
+TEST(Protocol, CommonMessagesRoundTrip) {
+  Header h{kProtocolVersion, "put_start", 0xffffffffffffULL};
+  auto h2 = round_trip(h);
+  EXPECT_EQ(h2.v, kProtocolVersion);
+  EXPECT_EQ(h2.type, "put_start");
+  EXPECT_EQ(h2.id, 0xffffffffffffULL);
+  auto e = round_trip(ErrorReply{404, "key kv/x not found"});
+  EXPECT_EQ(e.code, 404);
+  EXPECT_EQ(e.message, "key kv/x not found");
+  auto hello = round_trip(HelloRequest{kProtocolVersion, "mc-xfer"});
+  EXPECT_EQ(hello.client_name, "mc-xfer");
+  auto hr = round_trip(HelloReply{1, "mc-store master", "0.1.0"});
+  EXPECT_EQ(hr.service, "mc-store master");
+  EXPECT_EQ(round_trip(PingReply{123456789012LL}).server_unix_ms, 123456789012LL);
+  EXPECT_EQ(round_trip(PingRequest{42}).client_unix_ms, 42);
+    EXPECT_TRUE(round_trip(StatRequest{true}).with_prometheus_text);
+  auto st = round_trip(StatReply{"svc", R"({"counters":{}})", "x 1\n"});
+  EXPECT_EQ(st.prometheus_text, "x 1\n");
+  EXPECT_EQ(st.metrics_json, R"({"counters":{}})");
+  KvEvent ev{kKvEventStored, 7, 1700000000000LL, {1, 0xffffffffffffffffULL}, "node-1/seg0", "cpu"};
+  auto ev2 = round_trip(ev);
+  EXPECT_EQ(ev2.type, "stored");
+  EXPECT_EQ(ev2.event_id, 7u);
+  EXPECT_EQ(ev2.seq_hashes, ev.seq_hashes);
+  EXPECT_EQ(ev2.backend_id, "node-1/seg0");
+  EXPECT_EQ(ev2.medium, "cpu");
+}
+
+TEST(Protocol, BadBytesAreErrorsNotCrashes) {
+  std::string good = codec::pack(KvEvent{kKvEventRemoved, 1, 2, {3, 4, 5}, "b", "disk"});
+  for (size_t cut = 0; cut < good.size(); ++cut) {
+    auto r = codec::unpack<KvEvent>(good.substr(0, cut), "cut");
+    EXPECT_FALSE(r.is_ok()) << cut;
+    if (!r.is_ok()) {
+      EXPECT_EQ(r.status().code(), Code::kMalformedMessage);
+    }
+  }
+  auto trailing = codec::unpack<KvEvent>(good + "x", "trailing");
+  EXPECT_FALSE(trailing.is_ok());
+  // Ill-typed: a string where a u64 list is expected.
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(1);
+  pk.pack(std::string("seq_hashes"));
+  pk.pack(std::string("not a list"));
+  auto ill = codec::unpack<KvEvent>(std::string(buf.data(), buf.size()), "ill-typed event");
+  ASSERT_FALSE(ill.is_ok());
+  EXPECT_NE(ill.status().message().find("ill-typed event"), std::string::npos);
+  // Missing fields decode to defaults (compatible additions).
+  msgpack::sbuffer buf2;
+  msgpack::packer<msgpack::sbuffer> pk2(buf2);
+  pk2.pack_map(1);
+  pk2.pack(std::string("type"));
+  pk2.pack(std::string("cleared"));
+  auto partial = codec::unpack<KvEvent>(std::string(buf2.data(), buf2.size()), "partial");
+  ASSERT_TRUE(partial.is_ok());
+  EXPECT_EQ(partial->type, "cleared");
+  EXPECT_TRUE(partial->seq_hashes.empty());
+  // Random garbage never crashes.
+  std::string junk;
+  for (int i = 0; i < 2000; ++i) {
+    junk.push_back(static_cast<char>((i * 2654435761u) >> 13));
+    (void)codec::unpack<KvEvent>(junk, "junk");
+  }
+}
+
+}  // namespace
+}  // namespace mc::proto

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mc needs to build, test and benchmark.
+# Idempotent: packages already installed are skipped; prints what it installs.
+# Needs root or sudo. Usage: tools/install-deps.sh [--with-bench]
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libcli11-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
+  libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev
+  libibverbs-dev librdmacm-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  iproute2 man-db groff-base
+)
+if [[ "${1:-}" == "--with-bench" ]]; then
+  packages+=(redis-server redis-tools)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#packages[@]} packages already installed" >&2
+  exit 0
+fi
+
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo_cmd=(sudo)
+  else
+    echo "install-deps: need root or sudo to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+echo "install-deps: done" >&2
