@@ -96,6 +96,7 @@ struct ReqState {
   uint32_t queued = 0;
   uint32_t retried = 0;
   bool notifying = false;
+  bool notified = false;  // the notification was acknowledged (or failed)
   std::vector<SliceRec> slices;
   std::vector<SliceTrace> trace;
   int64_t submit_ns = 0;
@@ -686,7 +687,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     if (r.state != TransferState::kPending || r.notifying || r.in_flight > 0 || r.queued > 0) return;
     if (b == nullptr) b = r.slices.empty() ? nullptr : r.slices.front().batch;
     if (r.abort_state == TransferState::kPending && r.transferred == r.req.length && !r.req.notify_tag.empty() &&
-        !stopped_) {
+        !r.notified && !stopped_) {
       r.notifying = true;
       notify_jobs_.push_back(&r);
       notify_cv_.notify_one();
@@ -745,6 +746,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       }
       std::lock_guard<std::mutex> lk(mu_);
       r->notifying = false;
+      r->notified = true;
       if (!st.is_ok()) {
         r->abort_state = TransferState::kFailed;
         r->status = Status(Code::kTransferFailed, "all " + std::to_string(r->req.length) +
@@ -788,23 +790,46 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
           MC_LOG_DEBUG << "probe of " << seg->selector->path(p).label << ": " << results[i].to_string();
         }
       }
+      // No path left: every path failed max_attempts times in a row (slices and probes) while work waits.
+      for (auto& [h, seg] : segs_) {
+        if (!seg->ts || seg->queue.empty() || !seg->selector->all_failed_at_least(options_.max_attempts)) continue;
+        std::vector<ReqState*> victims;
+        for (SliceRec* s : seg->queue) victims.push_back(&s->batch->reqs[s->req]);
+        for (ReqState* r : victims) {
+          if (r->state == TransferState::kPending && r->abort_state == TransferState::kPending) {
+            abort_locked(*r, TransferState::kFailed, no_path_status(*r));
+          }
+        }
+      }
       pump(lk);
     }
   }
 
-  Status timeout_status(const ReqState& r) const {
+  std::string paths_summary(const RemoteSeg& seg) const {
     std::string paths;
-    const RemoteSeg& seg = *r.seg;
     for (size_t i = 0; i < seg.selector->size(); ++i) {
       const PathState& p = seg.selector->path(static_cast<int>(i));
       paths += (paths.empty() ? "" : "; ") + p.label + " " + health_name(p.health);
       if (!seg.last_error[i].is_ok()) paths += " (last error: " + seg.last_error[i].message() + ")";
     }
+    return paths;
+  }
+
+  Status no_path_status(const ReqState& r) const {
+    return Status(Code::kNoPath, std::string(op_name(r.req.op)) + " of " + std::to_string(r.req.length) +
+                                     " bytes at offset " + std::to_string(r.req.remote_offset) + " of segment " +
+                                     r.seg->desc.name + ": no path left after " +
+                                     std::to_string(options_.max_attempts) + " failures on each (" +
+                                     std::to_string(r.transferred) + " bytes landed); paths: " + paths_summary(*r.seg));
+  }
+
+  Status timeout_status(const ReqState& r) const {
     return Status(Code::kTimeout, std::string(op_name(r.req.op)) + " of " + std::to_string(r.req.length) +
                                       " bytes at offset " + std::to_string(r.req.remote_offset) + " of segment " +
-                                      seg.desc.name + ": not done within " +
+                                      r.seg->desc.name + ": not done within " +
                                       std::to_string(options_.request_timeout_ms) + " ms (" +
-                                      std::to_string(r.transferred) + " bytes landed); paths: " + paths);
+                                      std::to_string(r.transferred) + " bytes landed); paths: " +
+                                      paths_summary(*r.seg));
   }
 
   // ---------------------------------------------------------------------------------------------

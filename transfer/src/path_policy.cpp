@@ -63,10 +63,12 @@ void PathSelector::on_done(int path, uint64_t length, bool ok, bool path_fault) 
   if (ok) {
     p.bytes_done += length;
     p.slices_done += 1;
+    p.consecutive_failures = 0;
     return;
   }
   if (!path_fault) return;
   p.failures += 1;
+  p.consecutive_failures += 1;
   // Several slices in flight on a broken path fail together: count the path once per quarantine.
   if (p.health == PathHealth::kHealthy) quarantine(p);
 }
@@ -90,8 +92,10 @@ void PathSelector::on_probe(int path, bool ok) {
     p.health = PathHealth::kHealthy;
     p.backoff_ms = 0;
     p.retry_at_ns = 0;
+    p.consecutive_failures = 0;
   } else {
     p.failures += 1;
+    p.consecutive_failures += 1;
     quarantine(p);
   }
 }
@@ -100,4 +104,12 @@ bool PathSelector::any_healthy() const {
   return std::any_of(paths_.begin(), paths_.end(), [](const PathState& p) { return p.health == PathHealth::kHealthy; });
 }
 
+}  // namespace mc::transfer
+
+namespace mc::transfer {
+bool PathSelector::all_failed_at_least(uint32_t n) const {
+  return !paths_.empty() && std::all_of(paths_.begin(), paths_.end(), [n](const PathState& p) {
+    return p.health != PathHealth::kHealthy && p.consecutive_failures >= n;
+  });
+}
 }  // namespace mc::transfer

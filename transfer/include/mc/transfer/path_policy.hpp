@@ -35,6 +35,7 @@ struct PathState {
   uint64_t bytes_done = 0;     // bytes of successful slices
   uint64_t slices_done = 0;
   uint64_t failures = 0;       // failed slices and probes
+  uint32_t consecutive_failures = 0;  // since the last success (slice or probe); 0 when it works
   int64_t backoff_ms = 0;      // current backoff (0 when healthy)
   int64_t retry_at_ns = 0;     // quarantined until this time
 };
@@ -62,6 +63,8 @@ class PathSelector {
 
   // True when some path is healthy (quarantined ones may come back after a probe).
   bool any_healthy() const;
+  // True when every path has failed at least `n` times in a row: the peer is unreachable (no path left).
+  bool all_failed_at_least(uint32_t n) const;
 
   size_t size() const { return paths_.size(); }
   const PathState& path(int i) const { return paths_[static_cast<size_t>(i)]; }
