@@ -400,6 +400,211 @@ struct StoreNodeReadRequest {
 // Workers (infer/): prefill and decode instances
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_infer)
+//
+// A request's path through the workers (SYSTEM.md §3):
+//   1. reserver (Conductor or a client) -> mc-decode  "decode_reserve": admission; holds KV for input + output
+//      tokens counting the future growth of everything running or reserved; refuses (kRejected) when it does
+//      not fit, rejects bad lengths (kInvalidArgument, "input too long"; field report #14).
+//   2. reserver -> mc-prefill "prefill_job": tokens, how many leading blocks to fetch from the store, the decode
+//      endpoint + reservation, the client endpoint. The reply is deferred until the job is done and carries the
+//      ledger; an error reply means the decode side was told to abort.
+//   3. mc-prefill -> mc-decode "kv_write" (one per layer as soon as it is computed; the layer-wise arrival
+//      notification), then "kv_commit" (prompt length, first token, ledger) or "decode_abort" on failure.
+//   4. mc-decode -> client endpoint: "token_event" per token (first token included), then "request_done" with
+//      the ledger, or "request_error". A client never gets request_done after an abort.
+//   "decode_release" frees a reservation that will get no job (the reserver changed its mind).
+
+// Per-request cache and timing ledger (SYSTEM.md §5). A time never measured is -1, not 0.
+struct RequestLedger {
+  int64_t prompt_tokens = 0;
+  int64_t hit_tokens = 0;             // prefix tokens whose KV came from the store (= avoided prefill tokens)
+  int64_t hit_tokens_local = 0;       // ... from a replica on this host (shared memory)
+  int64_t hit_tokens_remote = 0;      // ... from another host or over the network
+  int64_t missed_prefix_tokens = 0;   // tokens the job said to fetch that were missing/failed and recomputed
+  int64_t computed_tokens = 0;        // tokens prefilled here
+  int64_t fetch_bytes = 0;            // KV bytes read from the store
+  int64_t kv_sent_bytes = 0;          // KV bytes written to the decode instance
+  int64_t stored_blocks = 0;          // new complete blocks put into the store
+  int64_t queue_ms = -1;              // job received -> started
+  int64_t fetch_ms = -1;              // prefix batch_get
+  int64_t prefill_ms = -1;            // compute of the new tokens
+  int64_t kv_tail_ms = -1;            // last layer computed -> all KV acknowledged by decode
+  int64_t decode_ms = -1;             // first token -> last token (decode side)
+  int64_t output_tokens = 0;          // tokens actually generated (first token included)
+  std::string decision;               // "fetch" (some prefix reused) | "recompute"
+  MSGPACK_DEFINE_MAP(prompt_tokens, hit_tokens, hit_tokens_local, hit_tokens_remote, missed_prefix_tokens,
+                     computed_tokens, fetch_bytes, kv_sent_bytes, stored_blocks, queue_ms, fetch_ms, prefill_ms,
+                     kv_tail_ms, decode_ms, output_tokens, decision);
+};
+
+struct DecodeReserveReply {
+  uint64_t reservation_id = 0;
+  int64_t block_tokens = 0;                     // tokens per KV block of the decode buffer
+  int64_t layer_block_bytes = 0;                // bytes of one layer of one block (one contiguous write)
+  int64_t block_bytes = 0;                      // bytes of one block (all layers)
+  std::vector<uint64_t> block_offsets_bytes;    // offset of each prompt block in the decode KV buffer, in order
+  std::string kv_segment;                       // transfer-engine segment of the buffer ("" = kv_write RPC only)
+  int64_t free_blocks = 0;                      // uncommitted blocks left after this reservation
+  MSGPACK_DEFINE_MAP(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes,
+                     kv_segment, free_blocks);
+};
+struct DecodeReserveRequest {
+  static constexpr const char* kType = "decode_reserve";
+  using Reply = DecodeReserveReply;
+  std::string request_id;
+  int64_t input_length_tokens = 0;    // prompt tokens (> 0)
+  int64_t output_length_tokens = 0;   // tokens to generate (> 0), first token included
+  std::string client_endpoint;        // where token events go (ZeroMQ URI of the client's RpcServer)
+  int64_t ttl_ms = 0;                 // reservation dropped when no kv_commit arrives in time (0: worker default)
+  MSGPACK_DEFINE_MAP(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms);
+};
+
+struct DecodeReleaseReply {
+  bool released = false;  // false: no such reservation (already released, finished or expired)
+  int64_t free_blocks = 0;
+  MSGPACK_DEFINE_MAP(released, free_blocks);
+};
+// Frees a reservation whose job was never dispatched; the client is not told.
+struct DecodeReleaseRequest {
+  static constexpr const char* kType = "decode_release";
+  using Reply = DecodeReleaseReply;
+  uint64_t reservation_id = 0;
+  MSGPACK_DEFINE_MAP(reservation_id);
+};
+// The prefill failed or was aborted (field report #14): decode frees the reservation, never generates from it,
+// and sends "request_error" to the client.
+struct DecodeAbortRequest {
+  static constexpr const char* kType = "decode_abort";
+  using Reply = DecodeReleaseReply;
+  uint64_t reservation_id = 0;
+  uint16_t code = 0;        // mc::Code of the failure
+  std::string reason;
+  MSGPACK_DEFINE_MAP(reservation_id, code, reason);
+};
+
+struct KvWriteReply {
+  int64_t layers_received = 0;  // layers of this reservation with at least one write so far
+  MSGPACK_DEFINE_MAP(layers_received);
+};
+// One layer's KV of some blocks, written into the reservation's blocks: data holds block_indexes.size()
+// consecutive ranges of layer_block_bytes (the decode buffer's layout). block_indexes are positions in the
+// reservation's block list. Used when no transfer-engine segment is available, and as the layer-arrival
+// notification either way (empty data with a transfer-engine WRITE).
+struct KvWriteRequest {
+  static constexpr const char* kType = "kv_write";
+  using Reply = KvWriteReply;
+  uint64_t reservation_id = 0;
+  int64_t layer = 0;
+  std::vector<uint32_t> block_indexes;
+  std::vector<uint8_t> data;  // msgpack bin
+  MSGPACK_DEFINE_MAP(reservation_id, layer, block_indexes, data);
+};
+
+struct KvCommitReply {
+  int64_t batch_size = 0;  // running sequences once this one joined
+  MSGPACK_DEFINE_MAP(batch_size);
+};
+// All layers are sent: decode checks that every layer of every prompt block arrived (else kDataLoss, the
+// reservation is freed and the client gets request_error), then joins the request to its batch.
+struct KvCommitRequest {
+  static constexpr const char* kType = "kv_commit";
+  using Reply = KvCommitReply;
+  uint64_t reservation_id = 0;
+  std::string request_id;
+  int64_t prompt_tokens = 0;
+  uint32_t first_token = 0;
+  int64_t first_token_unix_ns = 0;  // when prefill produced it
+  RequestLedger ledger;
+  MSGPACK_DEFINE_MAP(reservation_id, request_id, prompt_tokens, first_token, first_token_unix_ns, ledger);
+};
+
+struct PrefillJobReply {
+  std::string request_id;
+  uint32_t first_token = 0;
+  RequestLedger ledger;
+  MSGPACK_DEFINE_MAP(request_id, first_token, ledger);
+};
+// Work for a prefill instance. The reply comes when the job is done (KV committed at decode, new blocks stored);
+// on any failure the decode reservation is aborted first and the reply is the error.
+struct PrefillJobRequest {
+  static constexpr const char* kType = "prefill_job";
+  using Reply = PrefillJobReply;
+  std::string request_id;
+  std::vector<uint32_t> tokens;        // the prompt (traces: synthesized from hash_ids by the submitter)
+  int64_t output_length_tokens = 0;
+  int64_t fetch_prefix_blocks = -1;    // leading complete blocks to read from the store; -1: as many as present
+  std::string prefix_source;           // where the Conductor expects the prefix (segment name; informational)
+  std::string decode_endpoint;         // mc-decode RPC endpoint
+  uint64_t reservation_id = 0;         // from decode_reserve
+  std::vector<uint64_t> decode_block_offsets_bytes;  // from decode_reserve
+  std::string client_endpoint;
+  int64_t chunk_tokens = 0;            // 0: the worker's --chunk-tokens
+  bool store_new_blocks = true;        // put new complete blocks into the store
+  int64_t fail_after_layers = -1;      // fault injection (tests, field report #14): fail once this many layer
+                                       // writes were sent; -1 = never. Refused unless the worker allows it.
+  MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
+                     reservation_id, decode_block_offsets_bytes, client_endpoint, chunk_tokens, store_new_blocks,
+                     fail_after_layers);
+};
+
+struct WorkerLoadReply {
+  std::string role;                 // "prefill" | "decode"
+  std::string backend;              // "ref" | "sim"
+  std::string model;
+  int64_t queued_jobs = 0;          // prefill: jobs waiting
+  int64_t queued_tokens = 0;        // prefill: prompt tokens waiting
+  int64_t running_tokens = 0;       // prefill: tokens of the job in progress; decode: context tokens in the batch
+  int64_t predicted_queue_ms = 0;   // prefill: cost-model time of the queue (sim) or measured rate (ref)
+  int64_t batch_size = 0;           // decode: running sequences
+  int64_t reservations = 0;         // decode: reserved, not yet committed
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;       // physically holding KV
+  int64_t kv_blocks_committed = 0;  // decode: promised to running + reserved requests at full length
+  int64_t kv_blocks_free = 0;       // total - committed (decode) / total - used (prefill)
+  double recent_step_ms = 0;        // decode: mean of the recent steps
+  MSGPACK_DEFINE_MAP(role, backend, model, queued_jobs, queued_tokens, running_tokens, predicted_queue_ms, batch_size,
+                     reservations, kv_blocks_total, kv_blocks_used, kv_blocks_committed, kv_blocks_free,
+                     recent_step_ms);
+};
+struct WorkerLoadRequest {
+  static constexpr const char* kType = "worker_load";
+  using Reply = WorkerLoadReply;
+  bool detailed = false;  // reserved; no effect yet
+  MSGPACK_DEFINE_MAP(detailed);
+};
+
+struct ClientAck {
+  bool ok = true;
+  MSGPACK_DEFINE_MAP(ok);
+};
+// decode -> client: one output token. index 0 is the first token (produced by prefill).
+struct TokenEvent {
+  static constexpr const char* kType = "token_event";
+  using Reply = ClientAck;
+  std::string request_id;
+  int64_t index = 0;
+  uint32_t token = 0;
+  int64_t emitted_unix_ns = 0;
+  MSGPACK_DEFINE_MAP(request_id, index, token, emitted_unix_ns);
+};
+// decode -> client: the request finished (all output_length_tokens generated).
+struct RequestDone {
+  static constexpr const char* kType = "request_done";
+  using Reply = ClientAck;
+  std::string request_id;
+  RequestLedger ledger;
+  MSGPACK_DEFINE_MAP(request_id, ledger);
+};
+// decode -> client: the request failed (prefill aborted, KV incomplete, decode error). No request_done follows.
+struct RequestError {
+  static constexpr const char* kType = "request_error";
+  using Reply = ClientAck;
+  std::string request_id;
+  uint16_t code = 0;  // mc::Code
+  std::string message;
+  int64_t output_tokens = 0;  // tokens sent before the failure
+  MSGPACK_DEFINE_MAP(request_id, code, message, output_tokens);
+};
 
 // ---------------------------------------------------------------------------------------------
 // Conductor (sched/): client submissions, worker registration, heartbeats, job reports
