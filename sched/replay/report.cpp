@@ -1,5 +1,7 @@
 #include "mc/replay/report.hpp"
 
+#include "format.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -355,52 +357,13 @@ Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& 
 
 // ---- rendering ----
 
-namespace {
-
-json dist_json(const std::optional<Distribution>& d) {
-  if (!d) return json::object({{"count", 0}});
-  return json{{"count", d->count}, {"mean", d->mean}, {"p50", d->p50},
-              {"p90", d->p90},     {"p99", d->p99},   {"max", d->max}};
-}
-
-std::string fixed(double v, int digits) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(digits) << v;
-  return os.str();
-}
-
-std::string pct(double fraction) { return fixed(100.0 * fraction, 1); }
-
-// A left-aligned first column, then right-aligned columns sized to their widest cell.
-void print_rows(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width;
-  for (const auto& row : rows)
-    for (size_t i = 0; i < row.size(); ++i) {
-      if (width.size() <= i) width.push_back(0);
-      width[i] = std::max(width[i], row[i].size());
-    }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      std::string cell = row[i];
-      std::string pad(width[i] - cell.size(), ' ');
-      if (i == 0) {
-        line += cell + pad;
-      } else {
-        line += "  " + pad + cell;
-      }
-    }
-    out << line << "\n";
-  }
-}
-
-}  // namespace
+using format::fixed;
+using format::pct;
+using format::print_rows;
 
 json to_json(const Summary& s, const RunInfo& info) {
   json j = json::object();
-  json cfg = json::object();
-  for (const auto& [k, v] : info) cfg[k] = v;
-  j["config"] = std::move(cfg);
+  j["config"] = format::info_json(info);
   j["requests"] = {{"offered", s.offered},     {"accepted", s.accepted}, {"rejected", s.rejected},
                    {"completed", s.completed}, {"failed", s.failed},     {"late_sends", s.late_sends}};
   if (s.max_send_lag_ms) j["requests"]["max_send_lag_ms"] = *s.max_send_lag_ms;
@@ -410,10 +373,10 @@ json to_json(const Summary& s, const RunInfo& info) {
   j["output_tokens"] = {{"requested", s.output_tokens_requested},
                         {"produced", s.output_tokens},
                         {"requests_counted_not_reported", s.output_tokens_counted}};
-  j["ttft_ms"] = dist_json(s.ttft_ms);
-  j["tbt_ms"] = dist_json(s.tbt_ms);
-  j["tpot_ms"] = dist_json(s.tpot_ms);
-  j["e2e_ms"] = dist_json(s.e2e_ms);
+  j["ttft_ms"] = format::distribution_json(s.ttft_ms);
+  j["tbt_ms"] = format::distribution_json(s.tbt_ms);
+  j["tpot_ms"] = format::distribution_json(s.tpot_ms);
+  j["e2e_ms"] = format::distribution_json(s.e2e_ms);
   json slo = json::array();
   for (const SloResult& r : s.slo) {
     slo.push_back({{"ttft_ms", r.ttft_ms},
@@ -445,9 +408,7 @@ json to_json(const Summary& s, const RunInfo& info) {
 }
 
 void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
-  std::string header;
-  for (const auto& [k, v] : info) header += (header.empty() ? "" : "  ") + k + "=" + v;
-  if (!header.empty()) out << header << "\n\n";
+  format::print_header(out, info);
 
   double accept = s.offered > 0 ? static_cast<double>(s.accepted) / static_cast<double>(s.offered) : 0.0;
   print_rows(out, {{"requests", "offered", "accepted", "rejected", "completed", "failed", "accepted_%",
