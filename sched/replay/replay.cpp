@@ -18,6 +18,10 @@ namespace mc::replay {
 
 namespace {
 
+// How long an idle event-carrying sender waits for events before looking at the send queue again:
+// a bound on the extra send lag it causes (well under the default late threshold of 10 ms).
+constexpr int kPollMs = 3;
+
 // Per-request state shared by the scheduler, the senders and the event thread (guarded by Run::mu).
 struct State {
   int64_t scheduled_ns = 0;  // relative to the run's start
@@ -49,12 +53,12 @@ class Run final : public EventSink {
     }
   }
 
-  // ---- EventSink (event thread) ----
-  void on_token(const std::string& request_id, int64_t /*index*/) override {
+  // ---- EventSink (event thread or sender threads) ----
+  void on_tokens(const std::string& request_id, int64_t count) override {
     const int64_t now = clock_.now_ns();
     std::lock_guard lock(mu_);
     State* s = find(request_id);
-    if (s && !s->closed) s->token_ns.push_back(now);
+    if (s && !s->closed && count > 0) s->token_ns.insert(s->token_ns.end(), static_cast<size_t>(count), now);
   }
   void on_done(const std::string& request_id, const DoneReport& report) override {
     std::lock_guard lock(mu_);
@@ -72,16 +76,36 @@ class Run final : public EventSink {
   }
 
   // ---- senders ----
+  // Submits queued rows; a link that carries events is polled whenever there is nothing to send,
+  // until the run is finished.
   void sender_loop(ConductorLink& link, const std::string& client_endpoint) {
+    const bool polls = link.carries_events();
+    bool link_broken = false;
     while (true) {
-      size_t i;
+      std::optional<size_t> job;
       {
         std::unique_lock lock(mu_);
-        queue_cv_.wait(lock, [&] { return !queue_.empty() || queue_closed_; });
-        if (queue_.empty()) return;
-        i = queue_.front();
-        queue_.pop_front();
+        if (polls) {
+          if (queue_.empty() && finished_) return;
+        } else {
+          queue_cv_.wait(lock, [&] { return !queue_.empty() || queue_closed_; });
+          if (queue_.empty()) return;
+        }
+        if (!queue_.empty()) {
+          job = queue_.front();
+          queue_.pop_front();
+        }
       }
+      if (!job) {
+        Status st = link.poll_events(*this, kPollMs);
+        if (!st.is_ok()) {
+          if (!link_broken) MC_LOG_ERROR << "replay: event link failed: " << st.to_string();
+          link_broken = true;
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        continue;
+      }
+      const size_t i = *job;
       Submission sub;
       sub.request_id = records_[i].request_id;
       sub.row = &rows_[i];
@@ -108,7 +132,7 @@ class Run final : public EventSink {
     }
   }
 
-  Result<ReplayResult> run(const LinkFactory& links, EventSource& events) {
+  Result<ReplayResult> run(const LinkFactory& links, EventSource* events) {
     if (!(options_.speed > 0) || !(options_.rate_scale > 0) || !(options_.time_scale > 0))
       return Status(Code::kInvalidArgument, "--speed, --rate-scale and --time-scale must be > 0");
     if (options_.senders < 1) return Status(Code::kInvalidArgument, "--senders must be >= 1");
@@ -121,7 +145,10 @@ class Run final : public EventSink {
       if (!link.is_ok()) return link.status();
       conns.push_back(std::move(link).value());
     }
-    MC_ASSIGN_OR_RETURN(std::string endpoint, events.start(this));
+    std::string endpoint;
+    if (events) {
+      MC_ASSIGN_OR_RETURN(endpoint, events->start(this));
+    }
     // Senders are started (and idle on the queue) before the clock starts, so thread start-up is not
     // charged to the first sends as lag.
     std::vector<std::thread> senders;
@@ -164,9 +191,11 @@ class Run final : public EventSink {
     {
       std::lock_guard lock(mu_);
       queue_.clear();
+      finished_ = true;
     }
+    queue_cv_.notify_all();
     for (auto& t : senders) t.join();
-    events.stop();
+    if (events) events->stop();
     if (options_.progress) progress(rows_.size(), last_progress_ns, true);
 
     ReplayResult out;
@@ -286,6 +315,7 @@ class Run final : public EventSink {
   std::condition_variable queue_cv_, done_cv_;
   std::deque<size_t> queue_;
   bool queue_closed_ = false;
+  bool finished_ = false;  // drained or past the deadline: event-polling senders stop
   std::vector<State> states_;
   std::vector<RequestRecord> records_;
   std::unordered_map<std::string, size_t> index_;
@@ -298,7 +328,7 @@ class Run final : public EventSink {
 }  // namespace
 
 Result<ReplayResult> run_replay(const std::vector<trace::Request>& rows, const ReplayOptions& options,
-                                const LinkFactory& links, EventSource& events) {
+                                const LinkFactory& links, EventSource* events) {
   Run run(rows, options, RealClock::instance());
   return run.run(links, events);
 }

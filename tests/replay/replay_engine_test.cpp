@@ -51,7 +51,10 @@ class FakeCluster final : public EventSource {
     sink_ = nullptr;
   }
 
-  Result<Admission> submit(const Submission& sub) {
+  // Events of requests submitted through `via` go to that link's queue (the Conductor pushes them
+  // back on the submitting connection) instead of the sink.
+  using Deliver = std::function<void(std::function<void(EventSink*)>)>;
+  Result<Admission> submit(const Submission& sub, Deliver via = nullptr) {
     ++submitted_;
     std::this_thread::sleep_for(b_.admit_delay);
     {
@@ -73,11 +76,18 @@ class FakeCluster final : public EventSource {
     int64_t n = b_.stop_after_tokens >= 0 ? std::min(b_.stop_after_tokens, sub.output_length_tokens)
                                           : sub.output_length_tokens;
     std::lock_guard lock(mu_);
-    threads_.emplace_back([this, id = sub.request_id, prompt = static_cast<int64_t>(sub.tokens.size()), n, fail] {
+    threads_.emplace_back([this, via, id = sub.request_id, prompt = static_cast<int64_t>(sub.tokens.size()), n, fail] {
+      auto deliver = [&](std::function<void(EventSink*)> f) {
+        if (via) {
+          via(std::move(f));
+        } else {
+          this->deliver(std::move(f));
+        }
+      };
       std::this_thread::sleep_for(b_.first_token);
       for (int64_t i = 0; i < n; ++i) {
         if (i > 0) std::this_thread::sleep_for(b_.gap);
-        deliver([&](EventSink* s) { s->on_token(id, i); });
+        deliver([&](EventSink* s) { s->on_tokens(id, 1); });
         if (fail) {
           deliver([&](EventSink* s) { s->on_error(id, "decode: KV incomplete (kDataLoss)"); });
           return;
@@ -138,6 +148,36 @@ class FakeLink final : public ConductorLink {
   FakeCluster& c_;
 };
 
+// A link on which the events come back (ConductorLink::carries_events).
+class FakePushLink final : public ConductorLink {
+ public:
+  explicit FakePushLink(FakeCluster& c) : c_(c) {}
+  Result<Admission> submit(const Submission& s) override {
+    return c_.submit(s, [this](std::function<void(EventSink*)> f) {
+      std::lock_guard lock(mu_);
+      pending_.push_back(std::move(f));
+    });
+  }
+  bool carries_events() const override { return true; }
+  Status poll_events(EventSink& sink, int timeout_ms) override {
+    std::vector<std::function<void(EventSink*)>> batch;
+    {
+      std::lock_guard lock(mu_);
+      batch.swap(pending_);
+    }
+    if (batch.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+    for (auto& f : batch) f(&sink);
+    ++polls_;
+    return Status::ok();
+  }
+
+ private:
+  FakeCluster& c_;
+  std::mutex mu_;
+  std::vector<std::function<void(EventSink*)>> pending_;
+  int64_t polls_ = 0;
+};
+
 LinkFactory links_to(FakeCluster& c) {
   return [&c]() -> Result<std::unique_ptr<ConductorLink>> {
     return std::unique_ptr<ConductorLink>(std::make_unique<FakeLink>(c));
@@ -156,7 +196,7 @@ TEST(ReplayEngine, EveryRequestCompletesWithTimesAndLedger) {
   std::vector<trace::Request> rows;
   for (int i = 0; i < 20; ++i) rows.push_back(row(i + 1, i * 100, 600, 5, {0, static_cast<uint64_t>(i + 1)}));
   FakeCluster cluster({});
-  auto res = run_replay(rows, fast_options(), links_to(cluster), cluster);
+  auto res = run_replay(rows, fast_options(), links_to(cluster), &cluster);
   ASSERT_TRUE(res.is_ok()) << res.status().to_string();
   ASSERT_EQ(res->records.size(), 20u);
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -195,7 +235,7 @@ TEST(ReplayEngine, OpenLoopCountsLateSends) {
     FakeCluster cluster(slow);
     auto o = fast_options();
     o.senders = 8;
-    auto res = run_replay(rows, o, links_to(cluster), cluster);
+    auto res = run_replay(rows, o, links_to(cluster), &cluster);
     ASSERT_TRUE(res.is_ok());
     SummaryOptions so;
     so.late_send_threshold_ms = 60;
@@ -207,7 +247,7 @@ TEST(ReplayEngine, OpenLoopCountsLateSends) {
     FakeCluster cluster(slow);
     auto o = fast_options();
     o.senders = 1;
-    auto res = run_replay(rows, o, links_to(cluster), cluster);
+    auto res = run_replay(rows, o, links_to(cluster), &cluster);
     ASSERT_TRUE(res.is_ok());
     SummaryOptions so;
     so.late_send_threshold_ms = 60;
@@ -225,7 +265,7 @@ TEST(ReplayEngine, RejectionsFailuresAndDrainTimeout) {
   b.reject = [](const Submission& s) { return s.request_id == "t-2"; };
   b.fail = [](const Submission& s) { return s.request_id == "t-3"; };
   FakeCluster cluster(b);
-  auto res = run_replay(rows, fast_options(), links_to(cluster), cluster);
+  auto res = run_replay(rows, fast_options(), links_to(cluster), &cluster);
   ASSERT_TRUE(res.is_ok());
   const auto& rec = res->records;
   EXPECT_EQ(rec[1].outcome, Outcome::kRejected);
@@ -246,7 +286,7 @@ TEST(ReplayEngine, RejectionsFailuresAndDrainTimeout) {
   FakeCluster silent(lost);
   auto o = fast_options();
   o.drain_timeout_s = 0.3;
-  auto r2 = run_replay(rows, o, links_to(silent), silent);
+  auto r2 = run_replay(rows, o, links_to(silent), &silent);
   ASSERT_TRUE(r2.is_ok());
   for (const auto& r : r2->records) {
     EXPECT_EQ(r.outcome, Outcome::kFailed);
@@ -263,7 +303,7 @@ TEST(ReplayEngine, EarlyStopTpotOnProducedTokens) {
     b.report_usage = usage;
     b.gap = 10ms;
     FakeCluster cluster(b);
-    auto res = run_replay(rows, fast_options(), links_to(cluster), cluster);
+    auto res = run_replay(rows, fast_options(), links_to(cluster), &cluster);
     ASSERT_TRUE(res.is_ok());
     const RequestRecord& r = res->records[0];
     EXPECT_EQ(r.outcome, Outcome::kCompleted);
@@ -282,7 +322,7 @@ TEST(ReplayEngine, TimeScaleMultipliesMeasuredTimes) {
   FakeCluster cluster(b);
   auto o = fast_options();
   o.time_scale = 10;
-  auto res = run_replay(rows, o, links_to(cluster), cluster);
+  auto res = run_replay(rows, o, links_to(cluster), &cluster);
   ASSERT_TRUE(res.is_ok());
   EXPECT_GE(*res->records[0].ttft_ms, 500.0);
   EXPECT_DOUBLE_EQ(*res->records[0].ledger.prefill_ms, 100.0);
@@ -294,19 +334,44 @@ TEST(ReplayEngine, UnreachableConductorFailsBeforeSending) {
   LinkFactory down = []() -> Result<std::unique_ptr<ConductorLink>> {
     return Status(Code::kUnavailable, "conductor tcp://127.0.0.1:1 not reachable");
   };
-  auto res = run_replay(rows, fast_options(), down, cluster);
+  auto res = run_replay(rows, fast_options(), down, &cluster);
   ASSERT_FALSE(res.is_ok());
   EXPECT_EQ(res.status().code(), Code::kUnavailable);
   EXPECT_EQ(cluster.submitted(), 0);
 
   auto bad = fast_options();
   bad.speed = 0;
-  EXPECT_EQ(run_replay(rows, bad, links_to(cluster), cluster).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(run_replay(rows, bad, links_to(cluster), &cluster).status().code(), Code::kInvalidArgument);
+}
+
+TEST(ReplayEngine, EventsOnTheSubmittingLink) {
+  std::vector<trace::Request> rows;
+  for (int i = 0; i < 12; ++i) rows.push_back(row(i + 1, i * 50, 700, 4, {0, static_cast<uint64_t>(100 + i)}));
+  FakeBehaviour b;
+  b.reject = [](const Submission& s) { return s.request_id == "t-5"; };
+  FakeCluster cluster(b);
+  LinkFactory push = [&cluster]() -> Result<std::unique_ptr<ConductorLink>> {
+    return std::unique_ptr<ConductorLink>(std::make_unique<FakePushLink>(cluster));
+  };
+  auto o = fast_options();
+  o.senders = 3;
+  auto res = run_replay(rows, o, push, nullptr);
+  ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+  Summary s = summarize(res->records, {});
+  EXPECT_EQ(s.offered, 12);
+  EXPECT_EQ(s.completed, 11);
+  EXPECT_EQ(s.rejected, 1);
+  for (const auto& r : res->records) {
+    if (r.outcome != Outcome::kCompleted) continue;
+    EXPECT_EQ(*r.output_tokens, 4);
+    EXPECT_EQ(r.tbt->gaps, 3);
+  }
+  cluster.stop();
 }
 
 TEST(ReplayEngine, EmptyWindow) {
   FakeCluster cluster({});
-  auto res = run_replay({}, fast_options(), links_to(cluster), cluster);
+  auto res = run_replay({}, fast_options(), links_to(cluster), &cluster);
   ASSERT_TRUE(res.is_ok()) << res.status().to_string();
   EXPECT_TRUE(res->records.empty());
   EXPECT_EQ(summarize(res->records, {}).offered, 0);

@@ -4,8 +4,9 @@
 // finished: row i is due at (timestamp_i - timestamp_first) / (speed * rate_scale) wall seconds after
 // the start. A pool of sender threads does the submissions, so a slow admission reply does not hold
 // back the next send; a send that leaves more than late_send_threshold_ms behind schedule is counted
-// as late (Summary::late_sends, threshold in SummaryOptions), never hidden. Output tokens arrive as events from the decode instance
-// at the client endpoint this replay binds and names in each submission; each request's record is
+// as late (Summary::late_sends, threshold in SummaryOptions), never hidden. Output tokens arrive as events,
+// pushed by the Conductor on the submitting connection, or at a client endpoint this replay binds
+// and names in each submission (EventSource); each request's record is
 // closed by "done" (with the ledger), by an error, by a rejection, or by the drain timeout.
 //
 // Time scale: a cluster whose sim backend sleeps modelled time / T runs T times faster than the
@@ -18,7 +19,7 @@
 //
 // Clock: the real monotonic clock (an open-loop sender is about wall time; the simulator has its own).
 // Thread-safety: run_replay() is blocking and uses its own threads; ConductorLink objects are used by
-// one sender thread each; EventSink methods may be called from any one thread at a time.
+// one sender thread each.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +48,8 @@ struct Submission {
   std::string client_endpoint;          // where the decode instance sends token events
 };
 
+class EventSink;
+
 // The Conductor's answer to a submission.
 struct Admission {
   bool accepted = false;
@@ -63,26 +66,34 @@ class ConductorLink {
   virtual ~ConductorLink() = default;
   // Blocks until the Conductor answers (accepted or rejected) or the call fails (timeout, unavailable).
   virtual Result<Admission> submit(const Submission& submission) = 0;
+  // True when the request's events come back on this link (the Conductor pushes them to the
+  // connection that submitted): the sender thread then calls poll_events() whenever it is idle.
+  virtual bool carries_events() const { return false; }
+  // Delivers the events that arrived (waiting up to timeout_ms for the first) to `sink`. An error
+  // means the link itself broke (it is logged; the requests it carried close at the drain timeout).
+  virtual Status poll_events(EventSink& /*sink*/, int /*timeout_ms*/) { return Status::ok(); }
 };
 // Opens one link; fails with kUnavailable/kTimeout naming the endpoint when the Conductor is not there.
 using LinkFactory = std::function<Result<std::unique_ptr<ConductorLink>>()>;
 
-// What the decode instance reports about a request (protocol: token_event, request_done, request_error).
+// What the serving side reports when a request is done.
 struct DoneReport {
   std::optional<int64_t> output_tokens;  // the server's count; absent when it sent none
-  Ledger ledger;                         // times in wall ms as measured by the workers (scaled by run_replay)
+  Ledger ledger;                         // times in wall ms as measured by the cluster (scaled by run_replay)
 };
 
+// Receives a request's events. Thread-safe: any thread may call it at any time during run_replay().
 class EventSink {
  public:
   virtual ~EventSink() = default;
-  // Token `index` (0 = the first token) of request_id arrived now.
-  virtual void on_token(const std::string& request_id, int64_t index) = 0;
+  // `count` output tokens of request_id arrived now (the first call carries the first token).
+  virtual void on_tokens(const std::string& request_id, int64_t count) = 0;
   virtual void on_done(const std::string& request_id, const DoneReport& report) = 0;
   virtual void on_error(const std::string& request_id, const std::string& message) = 0;
 };
 
-// Receives events at an endpoint and forwards them to a sink.
+// Receives events at an endpoint of its own (workers send tokens straight to the client) and
+// forwards them to a sink.
 class EventSource {
  public:
   virtual ~EventSource() = default;
@@ -115,7 +126,8 @@ struct ReplayResult {
 // Reads the window of `rows`, replays it, and returns one record per offered request.
 // Errors: the first link cannot be opened (the Conductor is unreachable: kUnavailable/kTimeout), the
 // event source cannot start, or bad options (kInvalidArgument). Per-request failures are records.
+// `events`: nullptr when the links carry the events (ConductorLink::carries_events()).
 Result<ReplayResult> run_replay(const std::vector<trace::Request>& rows, const ReplayOptions& options,
-                                const LinkFactory& links, EventSource& events);
+                                const LinkFactory& links, EventSource* events);
 
 }  // namespace mc::replay
