@@ -81,6 +81,14 @@ Status fail(bool as_json, std::ostream& out, const Status& st) {
   return st;
 }
 
+// Lenient mode: the final count of skipped rows (each was already warned about on its line).
+void warn_skipped(const trace::Reader& reader) {
+  const auto& st = reader.stats();
+  if (st.skipped > 0)
+    MC_LOG_WARN << st.skipped << " rows skipped (lenient mode) of " << st.lines << " lines; "
+                << st.rows << " valid rows read";
+}
+
 Result<std::unique_ptr<trace::Reader>> open_trace(const TraceInput& in) {
   if (in.trace_block_size < 1)
     return Status(Code::kInvalidArgument, "--trace-block-size must be >= 1, got " + std::to_string(in.trace_block_size));
@@ -98,6 +106,7 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
   opt.capacity_tokens = c.capacity_tokens;
   auto a = analyze(**reader, opt);
   if (!a.is_ok()) return fail(c.json, out, a.status());
+  warn_skipped(**reader);
   RunInfo info = base_info("analyze");
   add_window_info(info, c.input, (*reader)->stats());
   info.emplace_back("block_size", std::to_string(c.input.trace_block_size));
@@ -132,6 +141,7 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   if (!reader.is_ok()) return fail(c.json, out, reader.status());
   auto rows = read_window(**reader, c.input.window);
   if (!rows.is_ok()) return fail(c.json, out, rows.status());
+  warn_skipped(**reader);
   if (rows->empty())
     return fail(c.json, out,
                 Status(Code::kInvalidArgument,
