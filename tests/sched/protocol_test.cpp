@@ -25,6 +25,7 @@ TEST(ConductorProtocol, SubmitRoundTrip) {
   r.block_size_tokens = 512;
   r.slo_ttft_ms = 1500.5;
   r.slo_tbt_ms = 100;
+  r.client_endpoint = "tcp://127.0.0.1:7000";
   auto o = round_trip(r);
   EXPECT_EQ(o.request_id, "r-17");
   EXPECT_EQ(o.input_tokens, 1025);
@@ -35,6 +36,7 @@ TEST(ConductorProtocol, SubmitRoundTrip) {
   EXPECT_EQ(o.block_size_tokens, 512);
   EXPECT_EQ(o.slo_ttft_ms, 1500.5);
   EXPECT_EQ(o.slo_tbt_ms, 100);
+  EXPECT_EQ(o.client_endpoint, "tcp://127.0.0.1:7000");
   EXPECT_STREQ(ConductorSubmitRequest::kType, "conductor.submit");
 
   ConductorSubmitReply a{"r-17", true, "prefill-1", "decode-0", 812.5, 31.25, 4096, true, "", "kvcache: ..."};
@@ -57,34 +59,16 @@ TEST(ConductorProtocol, SubmitRoundTrip) {
   EXPECT_EQ(ro.predicted_ttft_ms, 2500);
 }
 
-TEST(ConductorProtocol, EventAndLedgerRoundTrip) {
-  ConductorEvent e;
-  e.request_id = "r-1";
-  e.kind = kEventDone;
-  e.tokens = {7, 8};
-  e.output_tokens = 2;
-  e.since_submit_ms = 123.5;
-  e.message = "";
-  e.ledger.prompt_tokens = 1025;
-  e.ledger.hit_tokens_remote = 512;
-  e.ledger.transfer_ms = 3.5;
-  e.ledger.decision = "fetch";
-  e.ledger.ttft_ms = 99.5;
-  auto o = round_trip(e);
-  EXPECT_EQ(o.kind, "done");
-  EXPECT_EQ(o.tokens, e.tokens);
-  EXPECT_EQ(o.output_tokens, 2);
-  EXPECT_EQ(o.since_submit_ms, 123.5);
-  EXPECT_EQ(o.ledger.prompt_tokens, 1025);
-  EXPECT_EQ(o.ledger.hit_tokens_remote, 512);
-  EXPECT_EQ(o.ledger.hit_tokens_local, -1);  // not measured stays -1
-  EXPECT_EQ(o.ledger.transfer_ms, 3.5);
-  EXPECT_EQ(o.ledger.decision, "fetch");
-  EXPECT_EQ(o.ledger.ttft_ms, 99.5);
+TEST(ConductorProtocol, StatusRoundTrip) {
+  ConductorStatusRequest q;
+  q.with_instances = false;
+  EXPECT_FALSE(round_trip(q).with_instances);
+  auto r = round_trip(ConductorStatusReply{"{\"instances\":[]}"});
+  EXPECT_EQ(r.status_json, "{\"instances\":[]}");
 }
 
 TEST(ConductorProtocol, WorkerMessagesRoundTrip) {
-  ConductorRegisterRequest reg{"decode-0", "decode", "node-a", "tcp://127.0.0.1:5001", "gpu-d0", 131072, 512, 327680};
+  ConductorRegisterRequest reg{"decode-0", "decode", "node-a", "tcp://127.0.0.1:5001", "gpu-d0", 131072, 512};
   auto ro = round_trip(reg);
   EXPECT_EQ(ro.instance_id, "decode-0");
   EXPECT_EQ(ro.role, "decode");
@@ -93,7 +77,6 @@ TEST(ConductorProtocol, WorkerMessagesRoundTrip) {
   EXPECT_EQ(ro.backend_id, "gpu-d0");
   EXPECT_EQ(ro.kv_capacity_tokens, 131072);
   EXPECT_EQ(ro.block_size_tokens, 512);
-  EXPECT_EQ(ro.kv_bytes_per_token, 327680);
   auto rr = round_trip(ConductorRegisterReply{500, 3000, 512});
   EXPECT_EQ(rr.heartbeat_interval_ms, 500);
   EXPECT_EQ(rr.heartbeat_timeout_ms, 3000);
@@ -123,42 +106,13 @@ TEST(ConductorProtocol, WorkerMessagesRoundTrip) {
   EXPECT_EQ(ho.decode_context_tokens_mean, 9.5);
   EXPECT_FALSE(round_trip(ConductorHeartbeatReply{false}).registered);
 
-  ConductorJobReportRequest j;
-  j.request_id = "r-1";
-  j.instance_id = "prefill-0";
-  j.phase = kPhasePrefillDone;
-  j.tokens = {42};
-  j.output_tokens = 9;
-  j.prefilled_tokens = 513;
-  j.reused_tokens = 512;
-  j.hit_tokens_local = 1;
-  j.hit_tokens_remote = 511;
-  j.hit_tokens_ssd = 0;
-  j.queue_ms = 1.5;
-  j.prefill_ms = 2.5;
-  j.transfer_bytes_same_host = 10;
-  j.transfer_bytes_remote = 20;
-  j.transfer_bytes_ssd = 30;
-  j.transfer_ns_same_host = 40;
-  j.transfer_ns_remote = 50;
-  j.transfer_ns_ssd = 60;
-  j.message = "m";
+  ConductorJobReportRequest j{"r-1", "decode-0", kPhaseDone, 1'700'000'000'000'000'000, 9, "m"};
   auto jo = round_trip(j);
-  EXPECT_EQ(jo.phase, "prefill_done");
-  EXPECT_EQ(jo.tokens, j.tokens);
+  EXPECT_EQ(jo.request_id, "r-1");
+  EXPECT_EQ(jo.instance_id, "decode-0");
+  EXPECT_EQ(jo.phase, "done");
+  EXPECT_EQ(jo.event_unix_ns, 1'700'000'000'000'000'000);
   EXPECT_EQ(jo.output_tokens, 9);
-  EXPECT_EQ(jo.prefilled_tokens, 513);
-  EXPECT_EQ(jo.reused_tokens, 512);
-  EXPECT_EQ(jo.hit_tokens_local, 1);
-  EXPECT_EQ(jo.hit_tokens_remote, 511);
-  EXPECT_EQ(jo.queue_ms, 1.5);
-  EXPECT_EQ(jo.prefill_ms, 2.5);
-  EXPECT_EQ(jo.transfer_bytes_same_host, 10);
-  EXPECT_EQ(jo.transfer_bytes_remote, 20);
-  EXPECT_EQ(jo.transfer_bytes_ssd, 30);
-  EXPECT_EQ(jo.transfer_ns_same_host, 40);
-  EXPECT_EQ(jo.transfer_ns_remote, 50);
-  EXPECT_EQ(jo.transfer_ns_ssd, 60);
   EXPECT_EQ(jo.message, "m");
   EXPECT_FALSE(round_trip(ConductorJobReportReply{false}).known);
 }
