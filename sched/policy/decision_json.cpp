@@ -1,6 +1,7 @@
 #include "mc/sched/decision_json.hpp"
 
 #include "mc/common/block_key.hpp"
+#include "mc/sched/scheduler.hpp"
 
 namespace mc::sched {
 
@@ -58,6 +59,85 @@ nlohmann::json decision_record(const Request& r, const Decision& d) {
       {"candidates", candidates},
   };
   return {{"request", req}, {"decision", dec}};
+}
+
+nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
+  const int64_t now = s.clock().now_ns();
+  const SchedulerConfig& cfg = s.config();
+  nlohmann::json out;
+  out["policy"] = cfg.policy;
+  out["slo"] = {{"ttft_ms", cfg.slo.ttft_ms}, {"tbt_ms", cfg.slo.tbt_ms}, {"early_reject", cfg.slo.early_reject}};
+  out["kv"] = {{"kv_bytes_per_token", cfg.kv.kv_bytes_per_token}, {"block_size_tokens", cfg.kv.block_size_tokens}};
+  out["heartbeat_timeout_ms"] = cfg.heartbeat_timeout_ms;
+  if (with_instances) {
+    nlohmann::json insts = nlohmann::json::array();
+    for (Role role : {Role::kPrefill, Role::kDecode}) {
+      for (const Instance* i : s.cluster().instances(role)) {
+        nlohmann::json j = {
+            {"id", i->info.id},
+            {"role", std::string(role_name(role))},
+            {"host", i->info.host},
+            {"endpoint", i->info.endpoint},
+            {"state", i->load_known ? "live" : "unknown"},
+            {"last_seen_ms_ago", static_cast<double>(now - i->last_seen_ns) * 1e-6},
+        };
+        if (role == Role::kPrefill) {
+          j["queue_ms"] = s.queue_ms(*i);
+          j["queued_jobs"] = i->prefill_queue.size();
+          j["reported_queued_prefill_tokens"] = i->reported.queued_prefill_tokens;
+        } else {
+          int64_t reserved = 0;
+          int64_t running = 0;
+          for (const auto& d : i->decode_jobs) {
+            if (d.predicted_end_ns <= now) continue;
+            ++running;
+            reserved += d.input_tokens + d.output_tokens;
+          }
+          j["requests"] = running;
+          j["kv_reserved_tokens"] = reserved + i->reported_excess.kv_reserved_tokens;
+          j["kv_capacity_tokens"] = i->info.kv_capacity_tokens;
+          j["reported_running_requests"] = i->reported.running_requests;
+        }
+        insts.push_back(std::move(j));
+      }
+    }
+    out["instances"] = std::move(insts);
+  }
+  const IndexCounters& ic = s.index().counters();
+  out["index"] = {{"blocks", s.index().blocks()},
+                  {"holder_entries", s.index().holder_entries()},
+                  {"backends", s.index().backends()},
+                  {"events_applied", ic.events_applied},
+                  {"events_duplicate", ic.events_duplicate},
+                  {"gaps", ic.gaps},
+                  {"resyncs", ic.resyncs},
+                  {"resync_failures", ic.resync_failures},
+                  {"bad_events", ic.bad_events}};
+  const SchedulerCounters& c = s.counters();
+  nlohmann::json rejected = nlohmann::json::object();
+  for (int r = 1; r <= static_cast<int>(RejectReason::kInvalidRequest); ++r) {
+    rejected[std::string(reject_reason_name(static_cast<RejectReason>(r)))] = c.rejected[r];
+  }
+  out["decisions"] = {{"total", c.decisions}, {"accepted", c.accepted},   {"fetch", c.fetch},
+                      {"recompute", c.recompute}, {"replicate", c.replicate}, {"rejected", rejected},
+                      {"expired_instances", c.expired_instances}, {"in_flight", s.in_flight()}};
+  PrefillCostPrior p = s.prefill_predictor().current();
+  DecodeCostPrior d = s.decode_predictor().current();
+  out["predictors"] = {
+      {"prefill", {{"fixed_ms", p.fixed_ms}, {"ms_per_token", p.ms_per_token},
+                   {"ms_per_token_pair", p.ms_per_token_pair}, {"samples", s.prefill_predictor().samples()}}},
+      {"decode", {{"fixed_ms", d.fixed_ms}, {"ms_per_request", d.ms_per_request},
+                  {"ms_per_context_token", d.ms_per_context_token}, {"samples", s.decode_predictor().samples()}}},
+      {"bandwidth_bytes_per_s", {{"same_host", s.bandwidth().bytes_per_s(PathClass::kSameHost)},
+                                 {"remote", s.bandwidth().bytes_per_s(PathClass::kRemote)},
+                                 {"ssd", s.bandwidth().bytes_per_s(PathClass::kSsd)}}},
+  };
+  const PredictionErrorStats& e = s.ttft_error();
+  out["ttft_error"] = {{"samples", e.count()},
+                       {"mean_abs_ms", e.mean_abs_error_ms()},
+                       {"p90_abs_ms", e.p90_abs_error_ms()},
+                       {"mean_signed_ms", e.mean_signed_error_ms()}};
+  return out;
 }
 
 }  // namespace mc::sched

@@ -119,15 +119,623 @@ struct KvEvent {
 // Store (store/): master RPCs, storage node RPCs
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_store)
+// Master RPCs ("store.*"): the metadata service of mc-store master (store/include/mc/store/master_core.hpp
+// documents the semantics). Batch requests carry parallel arrays and are answered item by item: one bad
+// key never fails its neighbours. Per-item results carry `code` (an mc::Code value, 0 = ok) and
+// `message`. Limits: at most kStoreMaxBatch keys per request. Node data RPCs ("store.node.*") move bytes
+// to and from a storage node's segments when the caller cannot map them (other host, SSD).
+
+inline constexpr uint32_t kStoreMaxBatch = 4096;
+
+struct StoreAck {
+  bool ok = true;
+  MSGPACK_DEFINE_MAP(ok);
+};
+
+// Where one replica lives and how to reach it.
+struct StoreReplica {
+  std::string segment;      // segment name, e.g. "node1/dram"
+  std::string node_id;
+  std::string host;
+  std::string domain;       // failure domain label
+  std::string medium;       // cpu | disk
+  std::string endpoint;     // the storage node's data endpoint (tcp://host:port)
+  std::string shm_path;     // same-host clients may map this file; empty for disk segments
+  uint64_t offset_bytes = 0;
+  uint64_t size_bytes = 0;
+  MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, shm_path, offset_bytes, size_bytes);
+};
+
+struct StoreMountRequest {
+  static constexpr const char* kType = "store.mount";
+  using Reply = StoreAck;
+  std::string node_id;
+  std::string segment;
+  std::string host;
+  std::string domain;
+  std::string medium;  // cpu | disk
+  uint64_t capacity_bytes = 0;
+  std::string endpoint;
+  std::string shm_path;
+  MSGPACK_DEFINE_MAP(node_id, segment, host, domain, medium, capacity_bytes, endpoint, shm_path);
+};
+
+struct StoreUnmountRequest {
+  static constexpr const char* kType = "store.unmount";
+  using Reply = StoreAck;
+  std::string node_id;
+  std::string segment;
+  MSGPACK_DEFINE_MAP(node_id, segment);
+};
+
+// A DRAM -> SSD copy the node performs (bytes [src_offset, +size) of src_segment to dst_segment).
+struct StoreDemoteTask {
+  uint64_t task_id = 0;
+  std::string key;
+  std::string src_segment;
+  uint64_t src_offset_bytes = 0;
+  std::string dst_segment;
+  uint64_t dst_offset_bytes = 0;
+  uint64_t size_bytes = 0;
+  MSGPACK_DEFINE_MAP(task_id, key, src_segment, src_offset_bytes, dst_segment, dst_offset_bytes, size_bytes);
+};
+struct StoreDemoteResult {
+  uint64_t task_id = 0;
+  bool ok = false;
+  MSGPACK_DEFINE_MAP(task_id, ok);
+};
+struct StoreNodeHeartbeatReply {
+  std::vector<StoreDemoteTask> tasks;
+  MSGPACK_DEFINE_MAP(tasks);
+};
+// Sent every heartbeat interval; an unknown node gets kNotFound and mounts its segments again.
+struct StoreNodeHeartbeatRequest {
+  static constexpr const char* kType = "store.node_heartbeat";
+  using Reply = StoreNodeHeartbeatReply;
+  std::string node_id;
+  std::vector<StoreDemoteResult> done;
+  MSGPACK_DEFINE_MAP(node_id, done);
+};
+
+struct StoreClientHeartbeatRequest {
+  static constexpr const char* kType = "store.client_heartbeat";
+  using Reply = StoreAck;
+  std::string client_id;
+  MSGPACK_DEFINE_MAP(client_id);
+};
+
+struct StorePutStartItem {
+  uint16_t code = 0;
+  std::string message;
+  uint64_t put_id = 0;
+  std::vector<StoreReplica> replicas;
+  MSGPACK_DEFINE_MAP(code, message, put_id, replicas);
+};
+struct StorePutStartReply {
+  std::vector<StorePutStartItem> items;
+  MSGPACK_DEFINE_MAP(items);
+};
+struct StorePutStartRequest {
+  static constexpr const char* kType = "store.put_start";
+  using Reply = StorePutStartReply;
+  std::string client_id;
+  std::vector<std::string> keys;
+  std::vector<uint64_t> sizes_bytes;  // one per key
+  uint32_t replicas = 1;
+  std::string preferred_segment;
+  bool overwrite = false;
+  bool pin = false;
+  MSGPACK_DEFINE_MAP(client_id, keys, sizes_bytes, replicas, preferred_segment, overwrite, pin);
+};
+
+// Per-item result of batch calls without payload.
+struct StoreItemsReply {
+  std::vector<uint16_t> codes;
+  std::vector<std::string> messages;
+  MSGPACK_DEFINE_MAP(codes, messages);
+};
+struct StorePutEndRequest {
+  static constexpr const char* kType = "store.put_end";
+  using Reply = StoreItemsReply;
+  std::string client_id;
+  std::vector<std::string> keys;
+  std::vector<uint64_t> put_ids;
+  MSGPACK_DEFINE_MAP(client_id, keys, put_ids);
+};
+struct StorePutRevokeRequest {
+  static constexpr const char* kType = "store.put_revoke";
+  using Reply = StoreItemsReply;
+  std::string client_id;
+  std::vector<std::string> keys;
+  std::vector<uint64_t> put_ids;
+  MSGPACK_DEFINE_MAP(client_id, keys, put_ids);
+};
+
+struct StoreGetItem {
+  uint16_t code = 0;  // kObjectNotFound (400) = miss
+  std::string message;
+  uint64_t size_bytes = 0;
+  int64_t lease_ms = 0;                     // the read is valid only if it completes within this
+  std::vector<StoreReplica> replicas;       // complete replicas, nearest first
+  std::vector<StoreReplica> replicate_to;   // 0 or 1: hot object, copy it here and send store.replica_end
+  uint64_t replicate_put_id = 0;
+  MSGPACK_DEFINE_MAP(code, message, size_bytes, lease_ms, replicas, replicate_to, replicate_put_id);
+};
+struct StoreGetReplicasReply {
+  std::vector<StoreGetItem> items;
+  MSGPACK_DEFINE_MAP(items);
+};
+struct StoreGetReplicasRequest {
+  static constexpr const char* kType = "store.get_replicas";
+  using Reply = StoreGetReplicasReply;
+  std::string client_id;
+  std::string client_host;    // nearest-first ordering: same host, then same domain
+  std::string client_domain;
+  std::vector<std::string> keys;
+  MSGPACK_DEFINE_MAP(client_id, client_host, client_domain, keys);
+};
+
+struct StoreReplicaEndRequest {
+  static constexpr const char* kType = "store.replica_end";
+  using Reply = StoreAck;
+  std::string client_id;
+  std::string key;
+  uint64_t put_id = 0;
+  bool ok = false;
+  MSGPACK_DEFINE_MAP(client_id, key, put_id, ok);
+};
+
+struct StoreExistsReply {
+  std::vector<bool> present;
+  MSGPACK_DEFINE_MAP(present);
+};
+struct StoreExistsRequest {
+  static constexpr const char* kType = "store.exists";
+  using Reply = StoreExistsReply;
+  std::vector<std::string> keys;
+  MSGPACK_DEFINE_MAP(keys);
+};
+
+struct StoreMatchPrefixReply {
+  uint64_t matched_blocks = 0;  // leading keys present; stops at the first missing one
+  MSGPACK_DEFINE_MAP(matched_blocks);
+};
+struct StoreMatchPrefixRequest {
+  static constexpr const char* kType = "store.match_prefix";
+  using Reply = StoreMatchPrefixReply;
+  std::vector<std::string> keys;  // block keys in chain order
+  MSGPACK_DEFINE_MAP(keys);
+};
+
+struct StoreRemoveRequest {
+  static constexpr const char* kType = "store.remove";
+  using Reply = StoreItemsReply;
+  std::vector<std::string> keys;
+  MSGPACK_DEFINE_MAP(keys);
+};
+
+struct StoreObjectInfo {
+  std::string key;
+  uint64_t size_bytes = 0;
+  bool complete = false;
+  bool leased = false;
+  bool pinned = false;
+  std::vector<std::string> segments;
+  std::vector<std::string> media;
+  MSGPACK_DEFINE_MAP(key, size_bytes, complete, leased, pinned, segments, media);
+};
+struct StoreLsReply {
+  std::vector<StoreObjectInfo> objects;
+  bool truncated = false;
+  MSGPACK_DEFINE_MAP(objects, truncated);
+};
+struct StoreLsRequest {
+  static constexpr const char* kType = "store.ls";
+  using Reply = StoreLsReply;
+  std::string prefix;
+  uint32_t limit = 1000;
+  MSGPACK_DEFINE_MAP(prefix, limit);
+};
+
+struct StoreSegmentStat {
+  std::string segment;
+  std::string node_id;
+  std::string host;
+  std::string domain;
+  std::string medium;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t largest_free_bytes = 0;
+  double fragmentation = 0.0;
+  uint64_t objects = 0;
+  uint64_t leased_objects = 0;
+  uint64_t hits = 0;
+  uint64_t evictions = 0;
+  uint64_t demotions = 0;
+  MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, capacity_bytes, used_bytes, largest_free_bytes,
+                     fragmentation, objects, leased_objects, hits, evictions, demotions);
+};
+struct StoreStatReply {
+  std::vector<StoreSegmentStat> segments;
+  uint64_t objects = 0, processing = 0, nodes = 0, clients = 0;
+  uint64_t hits = 0, misses = 0, puts = 0, removes = 0, evictions = 0, demotions = 0;
+  uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
+  uint64_t pending_free_bytes = 0;
+  uint64_t last_event_id = 0;
+  MSGPACK_DEFINE_MAP(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions,
+                     demotions, reclaimed_puts, refused_put_ends, hot_replications, dead_nodes,
+                     pending_free_bytes, last_event_id);
+};
+struct StoreStatRequest {
+  static constexpr const char* kType = "store.stat";
+  using Reply = StoreStatReply;
+  bool with_segments = true;
+  MSGPACK_DEFINE_MAP(with_segments);
+};
+
+// Storage node data RPCs (bytes of one segment; chunked by the client to stay under kMaxMessageBytes).
+inline constexpr uint64_t kStoreMaxChunkBytes = 16ULL << 20;
+struct StoreNodeWriteRequest {
+  static constexpr const char* kType = "store.node.write";
+  using Reply = StoreAck;
+  std::string segment;
+  uint64_t offset_bytes = 0;
+  std::vector<char> data;  // msgpack bin
+  MSGPACK_DEFINE_MAP(segment, offset_bytes, data);
+};
+struct StoreNodeReadReply {
+  std::vector<char> data;
+  MSGPACK_DEFINE_MAP(data);
+};
+struct StoreNodeReadRequest {
+  static constexpr const char* kType = "store.node.read";
+  using Reply = StoreNodeReadReply;
+  std::string segment;
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+  MSGPACK_DEFINE_MAP(segment, offset_bytes, length_bytes);
+};
 
 // ---------------------------------------------------------------------------------------------
 // Workers (infer/): prefill and decode instances
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_infer)
+//
+// A request's path through the workers (SYSTEM.md §3):
+//   1. reserver (Conductor or a client) -> mc-decode  "decode_reserve": admission; holds KV for input + output
+//      tokens counting the future growth of everything running or reserved; refuses (kRejected) when it does
+//      not fit, rejects bad lengths (kInvalidArgument, "input too long"; field report #14).
+//   2. reserver -> mc-prefill "prefill_job": tokens, how many leading blocks to fetch from the store, the decode
+//      endpoint + reservation, the client endpoint. The reply is deferred until the job is done and carries the
+//      ledger; an error reply means the decode side was told to abort.
+//   3. mc-prefill -> mc-decode "kv_write" (one per layer as soon as it is computed; the layer-wise arrival
+//      notification), then "kv_commit" (prompt length, first token, ledger) or "decode_abort" on failure.
+//   4. mc-decode -> client endpoint: "token_event" per token (first token included), then "request_done" with
+//      the ledger, or "request_error". A client never gets request_done after an abort.
+//   "decode_release" frees a reservation that will get no job (the reserver changed its mind).
+
+// Per-request cache and timing ledger (SYSTEM.md §5). A time never measured is -1, not 0.
+struct RequestLedger {
+  int64_t prompt_tokens = 0;
+  int64_t hit_tokens = 0;             // prefix tokens whose KV came from the store (= avoided prefill tokens)
+  int64_t hit_tokens_local = 0;       // ... from a replica on this host (shared memory)
+  int64_t hit_tokens_remote = 0;      // ... from another host or over the network
+  int64_t missed_prefix_tokens = 0;   // tokens the job said to fetch that were missing/failed and recomputed
+  int64_t computed_tokens = 0;        // tokens prefilled here
+  int64_t fetch_bytes = 0;            // KV bytes read from the store
+  int64_t kv_sent_bytes = 0;          // KV bytes written to the decode instance
+  int64_t stored_blocks = 0;          // new complete blocks put into the store
+  int64_t queue_ms = -1;              // job received -> started
+  int64_t fetch_ms = -1;              // prefix batch_get
+  int64_t prefill_ms = -1;            // compute of the new tokens
+  int64_t kv_tail_ms = -1;            // last layer computed -> all KV acknowledged by decode
+  int64_t decode_ms = -1;             // first token -> last token (decode side)
+  int64_t output_tokens = 0;          // tokens actually generated (first token included)
+  std::string decision;               // "fetch" (some prefix reused) | "recompute"
+  MSGPACK_DEFINE_MAP(prompt_tokens, hit_tokens, hit_tokens_local, hit_tokens_remote, missed_prefix_tokens,
+                     computed_tokens, fetch_bytes, kv_sent_bytes, stored_blocks, queue_ms, fetch_ms, prefill_ms,
+                     kv_tail_ms, decode_ms, output_tokens, decision);
+};
+
+struct DecodeReserveReply {
+  uint64_t reservation_id = 0;
+  int64_t block_tokens = 0;                     // tokens per KV block of the decode buffer
+  int64_t layer_block_bytes = 0;                // bytes of one layer of one block (one contiguous write)
+  int64_t block_bytes = 0;                      // bytes of one block (all layers)
+  std::vector<uint64_t> block_offsets_bytes;    // offset of each prompt block in the decode KV buffer, in order
+  std::string kv_segment;                       // transfer-engine segment of the buffer ("" = kv_write RPC only)
+  int64_t free_blocks = 0;                      // uncommitted blocks left after this reservation
+  MSGPACK_DEFINE_MAP(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes,
+                     kv_segment, free_blocks);
+};
+struct DecodeReserveRequest {
+  static constexpr const char* kType = "decode_reserve";
+  using Reply = DecodeReserveReply;
+  std::string request_id;
+  int64_t input_length_tokens = 0;    // prompt tokens (> 0)
+  int64_t output_length_tokens = 0;   // tokens to generate (> 0), first token included
+  std::string client_endpoint;        // where token events go (ZeroMQ URI of the client's RpcServer)
+  int64_t ttl_ms = 0;                 // reservation dropped when no kv_commit arrives in time (0: worker default)
+  MSGPACK_DEFINE_MAP(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms);
+};
+
+struct DecodeReleaseReply {
+  bool released = false;  // false: no such reservation (already released, finished or expired)
+  int64_t free_blocks = 0;
+  MSGPACK_DEFINE_MAP(released, free_blocks);
+};
+// Frees a reservation whose job was never dispatched; the client is not told.
+struct DecodeReleaseRequest {
+  static constexpr const char* kType = "decode_release";
+  using Reply = DecodeReleaseReply;
+  uint64_t reservation_id = 0;
+  MSGPACK_DEFINE_MAP(reservation_id);
+};
+// The prefill failed or was aborted (field report #14): decode frees the reservation, never generates from it,
+// and sends "request_error" to the client.
+struct DecodeAbortRequest {
+  static constexpr const char* kType = "decode_abort";
+  using Reply = DecodeReleaseReply;
+  uint64_t reservation_id = 0;
+  uint16_t code = 0;        // mc::Code of the failure
+  std::string reason;
+  MSGPACK_DEFINE_MAP(reservation_id, code, reason);
+};
+
+struct KvWriteReply {
+  int64_t layers_received = 0;  // layers of this reservation with at least one write so far
+  MSGPACK_DEFINE_MAP(layers_received);
+};
+// One layer's KV of some blocks, written into the reservation's blocks: data holds block_indexes.size()
+// consecutive ranges of layer_block_bytes (the decode buffer's layout). block_indexes are positions in the
+// reservation's block list. Used when no transfer-engine segment is available, and as the layer-arrival
+// notification either way (empty data with a transfer-engine WRITE).
+struct KvWriteRequest {
+  static constexpr const char* kType = "kv_write";
+  using Reply = KvWriteReply;
+  uint64_t reservation_id = 0;
+  int64_t layer = 0;
+  std::vector<uint32_t> block_indexes;
+  std::vector<uint8_t> data;  // msgpack bin
+  MSGPACK_DEFINE_MAP(reservation_id, layer, block_indexes, data);
+};
+
+struct KvCommitReply {
+  int64_t batch_size = 0;  // running sequences once this one joined
+  MSGPACK_DEFINE_MAP(batch_size);
+};
+// All layers are sent: decode checks that every layer of every prompt block arrived (else kDataLoss, the
+// reservation is freed and the client gets request_error), then joins the request to its batch.
+struct KvCommitRequest {
+  static constexpr const char* kType = "kv_commit";
+  using Reply = KvCommitReply;
+  uint64_t reservation_id = 0;
+  std::string request_id;
+  int64_t prompt_tokens = 0;
+  uint32_t first_token = 0;
+  int64_t first_token_unix_ns = 0;  // when prefill produced it
+  RequestLedger ledger;
+  MSGPACK_DEFINE_MAP(reservation_id, request_id, prompt_tokens, first_token, first_token_unix_ns, ledger);
+};
+
+struct PrefillJobReply {
+  std::string request_id;
+  uint32_t first_token = 0;
+  RequestLedger ledger;
+  MSGPACK_DEFINE_MAP(request_id, first_token, ledger);
+};
+// Work for a prefill instance. The reply comes when the job is done (KV committed at decode, new blocks stored);
+// on any failure the decode reservation is aborted first and the reply is the error.
+struct PrefillJobRequest {
+  static constexpr const char* kType = "prefill_job";
+  using Reply = PrefillJobReply;
+  std::string request_id;
+  std::vector<uint32_t> tokens;        // the prompt (traces: synthesized from hash_ids by the submitter)
+  int64_t output_length_tokens = 0;
+  int64_t fetch_prefix_blocks = -1;    // leading complete blocks to read from the store; -1: as many as present
+  std::string prefix_source;           // where the Conductor expects the prefix (segment name; informational)
+  std::string decode_endpoint;         // mc-decode RPC endpoint
+  uint64_t reservation_id = 0;         // from decode_reserve
+  std::vector<uint64_t> decode_block_offsets_bytes;  // from decode_reserve
+  std::string client_endpoint;
+  int64_t chunk_tokens = 0;            // 0: the worker's --chunk-tokens
+  bool store_new_blocks = true;        // put new complete blocks into the store
+  int64_t fail_after_layers = -1;      // fault injection (tests, field report #14): fail once this many layer
+                                       // writes were sent; -1 = never. Refused unless the worker allows it.
+  MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
+                     reservation_id, decode_block_offsets_bytes, client_endpoint, chunk_tokens, store_new_blocks,
+                     fail_after_layers);
+};
+
+struct WorkerLoadReply {
+  std::string role;                 // "prefill" | "decode"
+  std::string backend;              // "ref" | "sim"
+  std::string model;
+  int64_t queued_jobs = 0;          // prefill: jobs waiting
+  int64_t queued_tokens = 0;        // prefill: prompt tokens waiting
+  int64_t running_tokens = 0;       // prefill: tokens of the job in progress; decode: context tokens in the batch
+  int64_t predicted_queue_ms = 0;   // prefill: cost-model time of the queue (sim) or measured rate (ref)
+  int64_t batch_size = 0;           // decode: running sequences
+  int64_t reservations = 0;         // decode: reserved, not yet committed
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;       // physically holding KV
+  int64_t kv_blocks_committed = 0;  // decode: promised to running + reserved requests at full length
+  int64_t kv_blocks_free = 0;       // total - committed (decode) / total - used (prefill)
+  double recent_step_ms = 0;        // decode: mean of the recent steps
+  MSGPACK_DEFINE_MAP(role, backend, model, queued_jobs, queued_tokens, running_tokens, predicted_queue_ms, batch_size,
+                     reservations, kv_blocks_total, kv_blocks_used, kv_blocks_committed, kv_blocks_free,
+                     recent_step_ms);
+};
+struct WorkerLoadRequest {
+  static constexpr const char* kType = "worker_load";
+  using Reply = WorkerLoadReply;
+  bool detailed = false;  // reserved; no effect yet
+  MSGPACK_DEFINE_MAP(detailed);
+};
+
+struct ClientAck {
+  bool ok = true;
+  MSGPACK_DEFINE_MAP(ok);
+};
+// decode -> client: one output token. index 0 is the first token (produced by prefill).
+struct TokenEvent {
+  static constexpr const char* kType = "token_event";
+  using Reply = ClientAck;
+  std::string request_id;
+  int64_t index = 0;
+  uint32_t token = 0;
+  int64_t emitted_unix_ns = 0;
+  MSGPACK_DEFINE_MAP(request_id, index, token, emitted_unix_ns);
+};
+// decode -> client: the request finished (all output_length_tokens generated).
+struct RequestDone {
+  static constexpr const char* kType = "request_done";
+  using Reply = ClientAck;
+  std::string request_id;
+  RequestLedger ledger;
+  MSGPACK_DEFINE_MAP(request_id, ledger);
+};
+// decode -> client: the request failed (prefill aborted, KV incomplete, decode error). No request_done follows.
+struct RequestError {
+  static constexpr const char* kType = "request_error";
+  using Reply = ClientAck;
+  std::string request_id;
+  uint16_t code = 0;  // mc::Code
+  std::string message;
+  int64_t output_tokens = 0;  // tokens sent before the failure
+  MSGPACK_DEFINE_MAP(request_id, code, message, output_tokens);
+};
 
 // ---------------------------------------------------------------------------------------------
 // Conductor (sched/): client submissions, worker registration, heartbeats, job reports
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_sched / mc-conductor)
+//
+// Clients (mc-trace-replay) and workers (mc-prefill, mc-decode) are RpcClients of mc-conductor's one
+// ROUTER endpoint. A request's life:
+//   client    -> conductor  conductor.submit       the Conductor decides at once; a rejection is the reply
+//   conductor -> mc-decode  decode_reserve         (worker section) for the chosen decode instance
+//                                                  conductor.submit is answered "accepted" once it holds
+//   conductor -> mc-prefill prefill_job            (worker section) prefix plan, decode target, client_endpoint;
+//                                                  its reply (job done, ledger) refits the predictors
+//   mc-decode -> client     token_event, request_done / request_error   (worker section, to client_endpoint)
+//   workers   -> conductor  conductor.register once (again when a heartbeat reply says so),
+//                           conductor.heartbeat (load) every heartbeat_interval_ms,
+//                           conductor.job_report (optional: first_token / done / failed seen by mc-decode)
+
+// A request (SYSTEM.md §3 step 1). The prompt is given by `tokens`; the Conductor keys its complete
+// blocks with its own key namespace (block_key.hpp) unless the client sends `block_hashes` (the seq
+// hashes of the complete blocks, computed with the same namespace). 0 for an SLO means the
+// Conductor's default (--slo-ttft-ms, --slo-tbt-ms).
+struct ConductorSubmitReply {
+  std::string request_id;
+  bool accepted = false;
+  std::string prefill_id;           // chosen prefill instance (empty when rejected)
+  std::string decode_id;            // chosen decode instance (empty when rejected)
+  double predicted_ttft_ms = 0;     // also set when rejected: the best prediction seen
+  double predicted_tbt_ms = 0;
+  int64_t hit_tokens = 0;           // prefix tokens the prefill will reuse instead of computing
+  bool replicate_prefix = false;    // the reused prefix is copied near the prefill instance
+  // ttft_slo | tbt_slo | kv_capacity | no_prefill_instance | no_decode_instance | invalid_request |
+  // decode_refused (the chosen decode instance refused the reservation); empty when accepted
+  std::string reject_reason;
+  std::string reason;               // human-readable explanation, names instances and predicted values
+  MSGPACK_DEFINE_MAP(request_id, accepted, prefill_id, decode_id, predicted_ttft_ms, predicted_tbt_ms, hit_tokens,
+                     replicate_prefix, reject_reason, reason);
+};
+struct ConductorSubmitRequest {
+  static constexpr const char* kType = "conductor.submit";
+  using Reply = ConductorSubmitReply;
+  std::string request_id;               // unique per client run
+  int64_t input_tokens = 0;             // prompt length (== tokens.size() when tokens are given)
+  int64_t output_tokens = 0;            // tokens to generate, first token included
+  std::vector<uint32_t> tokens;         // the prompt
+  std::vector<uint64_t> hash_ids;       // trace block ids, kept in the decision log
+  std::vector<uint64_t> block_hashes;   // optional precomputed seq hashes of the complete blocks
+  int64_t block_size_tokens = 0;        // 0: the Conductor's; otherwise must equal it
+  double slo_ttft_ms = 0;
+  double slo_tbt_ms = 0;
+  std::string client_endpoint;          // where mc-decode sends token events (the client's RpcServer)
+  MSGPACK_DEFINE_MAP(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens,
+                     slo_ttft_ms, slo_tbt_ms, client_endpoint);
+};
+
+struct ConductorRegisterReply {
+  int64_t heartbeat_interval_ms = 0;   // send heartbeats at least this often
+  int64_t heartbeat_timeout_ms = 0;    // silent longer than this = dead, removed with its cached blocks
+  int64_t block_size_tokens = 0;       // the Conductor's key namespace block size (must match the worker's)
+  MSGPACK_DEFINE_MAP(heartbeat_interval_ms, heartbeat_timeout_ms, block_size_tokens);
+};
+struct ConductorRegisterRequest {
+  static constexpr const char* kType = "conductor.register";
+  using Reply = ConductorRegisterReply;
+  std::string instance_id;          // unique ("prefill-0")
+  std::string role;                 // prefill | decode
+  std::string host;                 // host name: same-host pricing with storage segments there
+  std::string endpoint;             // the worker's own RPC endpoint (prefill_job / decode_reserve)
+  std::string backend_id;           // its KV-event backend id (own GPU prefix cache); empty: instance_id
+  int64_t kv_capacity_tokens = 0;   // decode: KV tokens it can reserve (required > 0)
+  int64_t block_size_tokens = 0;    // 0: not checked; else must equal the Conductor's
+  MSGPACK_DEFINE_MAP(instance_id, role, host, endpoint, backend_id, kv_capacity_tokens, block_size_tokens);
+};
+
+struct ConductorHeartbeatReply {
+  bool registered = true;           // false: the Conductor forgot this worker (restart, expiry): register again
+  MSGPACK_DEFINE_MAP(registered);
+};
+// Load report. Absent figures are 0, which is right for an idle worker (field report #12).
+struct ConductorHeartbeatRequest {
+  static constexpr const char* kType = "conductor.heartbeat";
+  using Reply = ConductorHeartbeatReply;
+  std::string instance_id;
+  int64_t queued_prefill_tokens = 0;  // prefill: tokens of queued or running jobs not yet prefilled
+  int64_t queued_prefill_jobs = 0;
+  int64_t running_requests = 0;       // decode: requests in the batch
+  int64_t kv_reserved_tokens = 0;     // decode: KV tokens promised (input + output of running and reserved)
+  int64_t context_tokens = 0;         // decode: sum of the batch's context lengths now
+  // decode: measured steps since the last heartbeat (the Conductor refits its TBT model from them)
+  int64_t decode_steps = 0;
+  double decode_step_ms_mean = 0;
+  double decode_batch_mean = 0;       // mean batch size over those steps
+  double decode_context_tokens_mean = 0;
+  MSGPACK_DEFINE_MAP(instance_id, queued_prefill_tokens, queued_prefill_jobs, running_requests, kv_reserved_tokens,
+                     context_tokens, decode_steps, decode_step_ms_mean, decode_batch_mean,
+                     decode_context_tokens_mean);
+};
+
+inline constexpr const char* kPhaseFirstToken = "first_token";  // mc-decode sent the first token
+inline constexpr const char* kPhaseDone = "done";               // mc-decode sent the last token
+inline constexpr const char* kPhaseFailed = "failed";           // the request cannot complete
+
+struct ConductorJobReportReply {
+  bool known = true;  // false: the Conductor has no such request in flight (late or duplicate report)
+  MSGPACK_DEFINE_MAP(known);
+};
+// Optional report from a worker on one request: lets the Conductor measure TTFT where it predicted it
+// and free its decode ledger entry at once (otherwise it frees it at the predicted end).
+struct ConductorJobReportRequest {
+  static constexpr const char* kType = "conductor.job_report";
+  using Reply = ConductorJobReportReply;
+  std::string request_id;
+  std::string instance_id;
+  std::string phase;                  // first_token | done | failed
+  int64_t event_unix_ns = 0;          // when it happened (wall clock of the worker)
+  int64_t output_tokens = 0;          // done: tokens produced
+  std::string message;                // failed: why
+  MSGPACK_DEFINE_MAP(request_id, instance_id, phase, event_unix_ns, output_tokens, message);
+};
+
+// `mc-conductor stat`: the Conductor's state as one JSON document (instances with load and liveness,
+// index size, decisions by kind, predictor state, TTFT prediction error).
+struct ConductorStatusReply {
+  std::string status_json;
+  MSGPACK_DEFINE_MAP(status_json);
+};
+struct ConductorStatusRequest {
+  static constexpr const char* kType = "conductor.status";
+  using Reply = ConductorStatusReply;
+  bool with_instances = true;
+  MSGPACK_DEFINE_MAP(with_instances);
+};
 
 }  // namespace mc::proto
