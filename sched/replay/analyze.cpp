@@ -21,6 +21,24 @@ bool Window::contains(const trace::Request& row) const {
   return true;
 }
 
+Result<std::vector<trace::Request>> read_window(trace::Reader& reader, const Window& window) {
+  std::vector<trace::Request> rows;
+  while (true) {
+    MC_ASSIGN_OR_RETURN(std::optional<trace::Request> row, reader.next());
+    if (!row) break;
+    if (!window.contains(*row)) {
+      // The reader enforces non-decreasing timestamps: past the window's end nothing more can match.
+      if (window.duration_s > 0 &&
+          static_cast<double>(row->timestamp_ms) / 1000.0 >= window.start_s + window.duration_s)
+        break;
+      continue;
+    }
+    if (window.max_requests > 0 && static_cast<int64_t>(rows.size()) >= window.max_requests) break;
+    rows.push_back(std::move(*row));
+  }
+  return rows;
+}
+
 // An LRU set of block ids (capacity_blocks <= 0: never evicts).
 struct PrefixCacheModel::Impl {
   int64_t capacity_blocks;
@@ -86,31 +104,22 @@ Result<TraceAnalysis> analyze(trace::Reader& reader, const AnalyzeOptions& optio
     lru.push_back(std::make_unique<PrefixCacheModel>(c / options.reader.block_size, options.reader.block_size));
   std::vector<double> in_len, out_len, blocks;
   std::unordered_set<uint64_t> distinct;
+  MC_ASSIGN_OR_RETURN(const std::vector<trace::Request> rows, read_window(reader, options.window));
   bool first = true;
-  while (true) {
-    MC_ASSIGN_OR_RETURN(std::optional<trace::Request> row, reader.next());
-    if (!row) break;
-    if (!options.window.contains(*row)) {
-      // Rows are in time order (the reader enforces it): past the window's end nothing more can match.
-      if (options.window.duration_s > 0 &&
-          static_cast<double>(row->timestamp_ms) / 1000.0 >= options.window.start_s + options.window.duration_s)
-        break;
-      continue;
-    }
-    if (options.window.max_requests > 0 && a.requests >= options.window.max_requests) break;
-    double t_s = static_cast<double>(row->timestamp_ms) / 1000.0;
+  for (const trace::Request& row : rows) {
+    double t_s = static_cast<double>(row.timestamp_ms) / 1000.0;
     if (first) a.first_timestamp_s = t_s;
     first = false;
     a.last_timestamp_s = t_s;
     ++a.requests;
-    in_len.push_back(static_cast<double>(row->input_length));
-    out_len.push_back(static_cast<double>(row->output_length));
-    blocks.push_back(static_cast<double>(row->hash_ids.size()));
-    a.total_input_tokens += row->input_length;
-    a.total_blocks += static_cast<int64_t>(row->hash_ids.size());
-    distinct.insert(row->hash_ids.begin(), row->hash_ids.end());
-    infinite.add(*row);
-    for (auto& m : lru) m->add(*row);
+    in_len.push_back(static_cast<double>(row.input_length));
+    out_len.push_back(static_cast<double>(row.output_length));
+    blocks.push_back(static_cast<double>(row.hash_ids.size()));
+    a.total_input_tokens += row.input_length;
+    a.total_blocks += static_cast<int64_t>(row.hash_ids.size());
+    distinct.insert(row.hash_ids.begin(), row.hash_ids.end());
+    infinite.add(row);
+    for (auto& m : lru) m->add(row);
   }
   a.lines = reader.stats().lines;
   a.skipped_rows = reader.stats().skipped;

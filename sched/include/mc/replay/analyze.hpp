@@ -40,6 +40,10 @@ struct Window {
   bool contains(const trace::Request& row) const;
 };
 
+// The rows of `reader` inside `window`, in order (a strict reader's first error is returned). The live
+// replay and analyze() both select rows with it, so they see the same window.
+Result<std::vector<trace::Request>> read_window(trace::Reader& reader, const Window& window);
+
 struct AnalyzeOptions {
   trace::ReaderOptions reader;            // mode, trace block size, source name
   Window window;
