@@ -417,7 +417,9 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
                                        (reasons.empty() ? std::string("none enabled") : reasons) + ")");
     }
     seg->selector = std::make_unique<PathSelector>(*clock_, options_.quarantine);
-    for (const auto& p : seg->ts->paths()) seg->selector->add_path(seg->transport + " " + p.label, p.weight);
+    for (const auto& p : seg->ts->paths()) {
+      seg->selector->add_path(p.label == seg->transport ? p.label : seg->transport + " " + p.label, p.weight);
+    }
     seg->last_error.resize(seg->ts->paths().size());
     seg->slicing = seg->ts->wants_slicing();
     seg->window = seg->ts->path_window_bytes();

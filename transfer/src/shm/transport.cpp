@@ -12,7 +12,7 @@
 #include <deque>
 #include <fstream>
 #include <functional>
-#include <latch>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -46,20 +46,30 @@ class CopyPool {
     chunk = (chunk + 4095) / 4096 * 4096;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     for (uint64_t off = 0; off < n; off += chunk) ranges.emplace_back(off, std::min(chunk, n - off));
-    std::latch done(static_cast<std::ptrdiff_t>(ranges.size() - 1));
+    // The completion state is shared with the tasks, so a worker finishing its last touch of it after the
+    // caller has returned never touches freed memory.
+    struct Done {
+      std::mutex mu;
+      std::condition_variable cv;
+      size_t left;
+    };
+    auto done = std::make_shared<Done>();
+    done->left = ranges.size() - 1;
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (size_t i = 1; i < ranges.size(); ++i) {
         auto [off, len] = ranges[i];
-        tasks_.push_back([dst, src, off, len, &done] {
+        tasks_.push_back([dst, src, off, len, done] {
           std::memcpy(dst + off, src + off, len);
-          done.count_down();
+          std::lock_guard<std::mutex> dl(done->mu);
+          if (--done->left == 0) done->cv.notify_all();
         });
       }
     }
     cv_.notify_all();
     std::memcpy(dst, src, ranges[0].second);
-    done.wait();
+    std::unique_lock<std::mutex> dl(done->mu);
+    done->cv.wait(dl, [&] { return done->left == 0; });
   }
 
  private:
