@@ -181,7 +181,10 @@ class ShmTransport final : public Transport {
         fstat(fd, &st);
         auto mp = std::make_shared<Mapping>();
         mp->size = static_cast<uint64_t>(st.st_size);
-        void* p = mp->size == 0 ? MAP_FAILED : mmap(nullptr, mp->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        // MAP_POPULATE: build the page tables now, so transfers do not pay one minor fault per 4 KiB page on
+        // first touch (measured: a 1 GiB segment read once ran at a few percent of memcpy without it).
+        void* p = mp->size == 0 ? MAP_FAILED
+                                : mmap(nullptr, mp->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         int e = errno;
         ::close(fd);
         if (p == MAP_FAILED) {
