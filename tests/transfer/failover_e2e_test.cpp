@@ -52,6 +52,25 @@ struct TwoLinkNetns {
     sh("ip netns del " + b);
   }
   bool link(int i, bool up) { return sh("ip -n " + a + " link set " + va[i] + (up ? " up" : " down")); }
+  // Bytes received so far on the client side of link i.
+  uint64_t rx_bytes(int i) {
+    std::string out;
+    FILE* p = popen(("ip netns exec " + a + " cat /sys/class/net/" + va[i] + "/statistics/rx_bytes").c_str(), "r");
+    if (p == nullptr) return 0;
+    char buf[64] = {0};
+    if (fgets(buf, sizeof buf, p) != nullptr) out = buf;
+    pclose(p);
+    return out.empty() ? 0 : std::stoull(out);
+  }
+  // Waits (bounded) until link i has carried at least `bytes` more than `base`.
+  bool wait_rx(int i, uint64_t base, uint64_t bytes, int64_t timeout_ms) {
+    const int64_t end = mono_ms() + timeout_ms;
+    while (mono_ms() < end) {
+      if (rx_bytes(i) >= base + bytes) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
 
   std::string a, b, va[2], vb[2], error;
   bool ok = false;
@@ -70,9 +89,11 @@ TEST(XferFailover, OneLinkDownCompletesBothDownFails) {
 
   // 1. One link down in the middle: completes and verifies over the other path.
   {
+    const uint64_t base = net.rx_bytes(1);
     Child client({"ip", "netns", "exec", net.a, kXfer, "read", "--target", seg, "--length", "256MiB", "--verify",
                   "--transport", "tcp", "--timeout-ms", "60000", "--json"});
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    // Mid-transfer: once the second link has carried 8 MiB of this read.
+    ASSERT_TRUE(net.wait_rx(1, base, 8u << 20, 30000)) << "the transfer did not start on link 2";
     ASSERT_TRUE(net.link(1, false));
     std::string out;
     int status = client.finish(90000, &out);
@@ -96,7 +117,7 @@ TEST(XferFailover, OneLinkDownCompletesBothDownFails) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     Child client({"ip", "netns", "exec", net.a, kXfer, "read", "--target", seg, "--length", "256MiB", "--transport",
                   "tcp", "--timeout-ms", "20000", "--json"});
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    ASSERT_TRUE(net.wait_rx(0, net.rx_bytes(0), 8u << 20, 30000)) << "the transfer did not start";
     ASSERT_TRUE(net.link(0, false));
     ASSERT_TRUE(net.link(1, false));
     const int64_t t0 = mono_ms();

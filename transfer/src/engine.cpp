@@ -206,6 +206,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     }
     server_.reset();  // no more server callbacks
     cv_.notify_all();
+    maint_cv_.notify_all();
     notify_cv_.notify_all();
     if (maintenance_.joinable()) maintenance_.join();
     if (notifier_.joinable()) notifier_.join();
@@ -417,7 +418,9 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
                                        (reasons.empty() ? std::string("none enabled") : reasons) + ")");
     }
     seg->selector = std::make_unique<PathSelector>(*clock_, options_.quarantine);
-    for (const auto& p : seg->ts->paths()) seg->selector->add_path(seg->transport + " " + p.label, p.weight);
+    for (const auto& p : seg->ts->paths()) {
+      seg->selector->add_path(p.label == seg->transport ? p.label : seg->transport + " " + p.label, p.weight);
+    }
     seg->last_error.resize(seg->ts->paths().size());
     seg->slicing = seg->ts->wants_slicing();
     seg->window = seg->ts->path_window_bytes();
@@ -663,8 +666,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       }
     }
     finalize_locked(r);
-    pump(lk);
-    cv_.notify_all();
+    pump(lk);  // waiters are woken by finalize_locked only when a request becomes final
   }
 
   // Stops a request: drops its queued slices; it becomes final when its in-flight slices return.
@@ -760,7 +762,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   void maintenance_loop() {
     std::unique_lock<std::mutex> lk(mu_);
     while (!stopped_) {
-      cv_.wait_for(lk, std::chrono::milliseconds(20));
+      maint_cv_.wait_for(lk, std::chrono::milliseconds(20));
       if (stopped_) break;
       const int64_t now = clock_->now_ns();
       // Deadlines.
@@ -920,7 +922,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   uint64_t next_segment_offset_ = 0;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;        // a request became final
+  std::condition_variable maint_cv_;  // wakes the maintenance thread (shutdown)
   bool stopped_ = false;
   std::vector<std::unique_ptr<Transport>> transports_;
   std::map<SegmentHandle, std::shared_ptr<RemoteSeg>> segs_;

@@ -387,8 +387,29 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
   if (!reg.is_ok()) return json_error(o.json, out, reg.status());
   const bool tty = isatty(STDERR_FILENO) != 0;
 
+  // Limits measured side by side in the same run: right before each engine row, at the same block size.
+  struct Base {
+    std::string kind;
+    uint32_t n;
+    uint64_t block;
+    double bps;
+  };
+  std::vector<Base> base;
+  auto measure_limits = [&](uint64_t block) {
+    const double d = std::min(o.duration_s, 2.0);
+    for (uint32_t th : {1u, 2u}) {
+      base.push_back({"memcpy", th, block,
+                      measure_memcpy_bytes_per_second(block, th, std::min<uint64_t>(c.remote_size, 1ull << 30), d)});
+    }
+    for (uint32_t st : {1u, 4u}) {
+      auto r = measure_raw_tcp_bytes_per_second(block, st, d);
+      base.push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0});
+    }
+  };
+
   std::vector<BenchRow> rows;
   for (uint64_t block : o.block_bytes) {
+    if (o.baseline) measure_limits(block);
     const auto before = c.engine->path_stats(c.seg).value_or({});
     std::vector<std::vector<int64_t>> lat(o.threads);
     std::vector<uint64_t> bytes(o.threads, 0), fails(o.threads, 0);
@@ -402,7 +423,7 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
         uint64_t remote = (span / o.threads * t) / block * block;
         std::vector<TransferRequest> reqs(o.batch);
         const double end = t0 + o.duration_s;
-        while (now_s() < end) {
+        do {  // at least one batch per thread, however late the thread starts
           for (uint32_t i = 0; i < o.batch; ++i) {
             if (remote + block > span) remote = 0;
             reqs[i] = TransferRequest{o.op, local + i * block, c.seg, remote, block, ""};
@@ -429,7 +450,7 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
           }
           (void)c.engine->free_batch(id.value());
           if (fails[t] > 0) return;
-        }
+        } while (now_s() < end);
       });
     }
     if (tty) std::cerr << "mc-xfer bench: block " << units::format_bytes(static_cast<int64_t>(block)) << " ...\r" << std::flush;
@@ -463,26 +484,6 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     if (!rows.back().error.empty()) break;
   }
 
-  // Limits measured side by side in the same run.
-  struct Base {
-    std::string kind;
-    uint32_t n;
-    uint64_t block;
-    double bps;
-  };
-  std::vector<Base> base;
-  if (o.baseline) {
-    const double d = std::min(o.duration_s, 2.0);
-    for (uint64_t block : o.block_bytes) {
-      for (uint32_t th : {1u, 2u}) {
-        base.push_back({"memcpy", th, block, measure_memcpy_bytes_per_second(block, th, std::min<uint64_t>(c.remote_size, 1ull << 30), d)});
-      }
-      for (uint32_t st : {1u, 4u}) {
-        auto r = measure_raw_tcp_bytes_per_second(block, st, d);
-        base.push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0});
-      }
-    }
-  }
   auto limit_for = [&](uint64_t block) -> std::pair<std::string, double> {
     double best = 0;
     std::string what;

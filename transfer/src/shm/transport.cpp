@@ -12,7 +12,7 @@
 #include <deque>
 #include <fstream>
 #include <functional>
-#include <latch>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -46,20 +46,30 @@ class CopyPool {
     chunk = (chunk + 4095) / 4096 * 4096;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     for (uint64_t off = 0; off < n; off += chunk) ranges.emplace_back(off, std::min(chunk, n - off));
-    std::latch done(static_cast<std::ptrdiff_t>(ranges.size() - 1));
+    // The completion state is shared with the tasks, so a worker finishing its last touch of it after the
+    // caller has returned never touches freed memory.
+    struct Done {
+      std::mutex mu;
+      std::condition_variable cv;
+      size_t left;
+    };
+    auto done = std::make_shared<Done>();
+    done->left = ranges.size() - 1;
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (size_t i = 1; i < ranges.size(); ++i) {
         auto [off, len] = ranges[i];
-        tasks_.push_back([dst, src, off, len, &done] {
+        tasks_.push_back([dst, src, off, len, done] {
           std::memcpy(dst + off, src + off, len);
-          done.count_down();
+          std::lock_guard<std::mutex> dl(done->mu);
+          if (--done->left == 0) done->cv.notify_all();
         });
       }
     }
     cv_.notify_all();
     std::memcpy(dst, src, ranges[0].second);
-    done.wait();
+    std::unique_lock<std::mutex> dl(done->mu);
+    done->cv.wait(dl, [&] { return done->left == 0; });
   }
 
  private:
@@ -171,7 +181,10 @@ class ShmTransport final : public Transport {
         fstat(fd, &st);
         auto mp = std::make_shared<Mapping>();
         mp->size = static_cast<uint64_t>(st.st_size);
-        void* p = mp->size == 0 ? MAP_FAILED : mmap(nullptr, mp->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        // MAP_POPULATE: build the page tables now, so transfers do not pay one minor fault per 4 KiB page on
+        // first touch (measured: a 1 GiB segment read once ran at a few percent of memcpy without it).
+        void* p = mp->size == 0 ? MAP_FAILED
+                                : mmap(nullptr, mp->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         int e = errno;
         ::close(fd);
         if (p == MAP_FAILED) {

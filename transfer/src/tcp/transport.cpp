@@ -165,10 +165,11 @@ class TcpSegment final : public TransportSegment {
   void assign() {
     std::vector<std::deque<SliceOp>> taken(paths_.size());
     {
+      // Clear the wake flag before taking the queues: a post after the swap then always wakes the loop.
       std::lock_guard<std::mutex> lk(mu_);
+      wake_pending_.store(false);
       for (size_t i = 0; i < paths_.size(); ++i) taken[i].swap(paths_[i].queue);
     }
-    wake_pending_.store(false);
     for (size_t i = 0; i < paths_.size(); ++i) {
       for (const SliceOp& op : taken[i]) {
         PathConns& p = paths_[i];

@@ -84,8 +84,6 @@ struct EngineOptions {
   int64_t idle_connection_ms = 60000;    // pooled connections idle this long are closed
   QuarantinePolicy quarantine;
   int socket_buffer_bytes = 4 << 20;     // SO_SNDBUF/SO_RCVBUF of tcp data connections
-  uint32_t io_threads = 1;               // tcp client epoll threads
-  uint32_t server_threads = 0;           // tcp server: 0 = one thread per connection
   uint32_t shm_threads = 2;              // memcpy threads for large shm requests (the submitter helps)
   uint64_t shm_parallel_min_bytes = 2 << 20;  // shm requests at least this long are split over threads
   uint64_t max_region_bytes = 0;         // split registrations into regions of at most this (0: no limit)
