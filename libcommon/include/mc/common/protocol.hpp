@@ -115,6 +115,73 @@ struct KvEvent {
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_transfer)
 
+// Format version of SegmentDescriptor; a reader rejects a descriptor whose format_version it does not know.
+inline constexpr uint32_t kSegmentDescriptorVersion = 1;
+
+// One registered memory region of a segment. Regions occupy disjoint ranges of the segment's 64-bit
+// offset space; peers address bytes as (segment, offset). A registration larger than the per-region
+// limit of a transport is published as several regions (field report #10), each covering exactly the
+// bytes it says.
+struct RegionDescriptor {
+  uint64_t segment_offset = 0;    // first byte of the region in the segment's offset space
+  uint64_t length_bytes = 0;      // bytes covered; never truncated
+  std::string location;           // "cpu:0", "cuda:0"
+  std::string shm_path;           // memfd/dev-shm file a same-host peer maps ("/proc/<pid>/fd/<fd>"); "" = none
+  uint64_t shm_offset_bytes = 0;  // offset of the region's first byte inside shm_path
+  uint64_t rdma_addr = 0;         // virtual address for one-sided RDMA (0 when not registered with a NIC)
+  std::vector<uint32_t> rdma_rkeys;  // one rkey per RDMA device, in SegmentDescriptor::rdma_devices order
+  MSGPACK_DEFINE_MAP(segment_offset, length_bytes, location, shm_path, shm_offset_bytes, rdma_addr, rdma_rkeys);
+};
+
+// What a peer needs to reach a segment: published by its owner, fetched by name from the peer itself
+// ("host:port", over the transfer engine's own TCP control op) or from a directory service.
+struct SegmentDescriptor {
+  uint32_t format_version = 0;         // kSegmentDescriptorVersion
+  std::string name;                    // "host:port" of the first endpoint
+  std::string host_id;                 // boot id + hostname: equal host_id means shared memory may work
+  int32_t pid = 0;                     // owner process (for shm paths and logs)
+  std::vector<std::string> endpoints;  // "tcp://ADDR:PORT", one per listen address (one path each)
+  std::vector<std::string> rdma_devices;  // "mlx5_0", with GIDs in rdma_gids (same order)
+  std::vector<std::string> rdma_gids;
+  std::vector<RegionDescriptor> regions;  // sorted by segment_offset, disjoint
+  std::string topology_json;           // the owner's topology matrix (topology.hpp), so a peer can pick its side
+  MSGPACK_DEFINE_MAP(format_version, name, host_id, pid, endpoints, rdma_devices, rdma_gids, regions,
+                     topology_json);
+};
+
+// Sent by an initiator to the target of a request that carried a notify tag, after its last byte landed
+// (transfer engine's own TCP control op; the target acknowledges it before the request completes).
+struct TransferNotification {
+  std::string tag;
+  std::string from;               // initiator's segment name, "" when it serves none
+  uint8_t op = 0;                 // 1 read, 2 write
+  uint64_t segment_offset = 0;    // range of the request in the target's segment
+  uint64_t length_bytes = 0;
+  MSGPACK_DEFINE_MAP(tag, from, op, segment_offset, length_bytes);
+};
+
+// Directory service (implemented by the store master): publish and look up descriptors by name.
+struct PublishSegmentReply {
+  uint64_t region_count = 0;  // regions accepted
+  MSGPACK_DEFINE_MAP(region_count);
+};
+struct PublishSegmentRequest {
+  static constexpr const char* kType = "xfer.publish_segment";
+  using Reply = PublishSegmentReply;
+  SegmentDescriptor descriptor;
+  MSGPACK_DEFINE_MAP(descriptor);
+};
+struct GetSegmentReply {
+  SegmentDescriptor descriptor;
+  MSGPACK_DEFINE_MAP(descriptor);
+};
+struct GetSegmentRequest {
+  static constexpr const char* kType = "xfer.get_segment";
+  using Reply = GetSegmentReply;
+  std::string name;  // "host:port"
+  MSGPACK_DEFINE_MAP(name);
+};
+
 // ---------------------------------------------------------------------------------------------
 // Store (store/): master RPCs, storage node RPCs
 // ---------------------------------------------------------------------------------------------
@@ -400,10 +467,342 @@ struct StoreNodeReadRequest {
 // Workers (infer/): prefill and decode instances
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_infer)
+//
+// A request's path through the workers (SYSTEM.md §3):
+//   1. reserver (Conductor or a client) -> mc-decode  "decode_reserve": admission; holds KV for input + output
+//      tokens counting the future growth of everything running or reserved; refuses (kRejected) when it does
+//      not fit, rejects bad lengths (kInvalidArgument, "input too long"; field report #14).
+//   2. reserver -> mc-prefill "prefill_job": tokens, how many leading blocks to fetch from the store, the decode
+//      endpoint + reservation, the client endpoint. The reply is deferred until the job is done and carries the
+//      ledger; an error reply means the decode side was told to abort.
+//   3. mc-prefill -> mc-decode "kv_write" (one per layer as soon as it is computed; the layer-wise arrival
+//      notification), then "kv_commit" (prompt length, first token, ledger) or "decode_abort" on failure.
+//   4. mc-decode -> client endpoint: "token_event" per token (first token included), then "request_done" with
+//      the ledger, or "request_error". A client never gets request_done after an abort.
+//   "decode_release" frees a reservation that will get no job (the reserver changed its mind).
+
+// Per-request cache and timing ledger (SYSTEM.md §5). A time never measured is -1, not 0.
+struct RequestLedger {
+  int64_t prompt_tokens = 0;
+  int64_t hit_tokens = 0;             // prefix tokens whose KV came from the store (= avoided prefill tokens)
+  int64_t hit_tokens_local = 0;       // ... from a replica on this host (shared memory)
+  int64_t hit_tokens_remote = 0;      // ... from another host or over the network
+  int64_t missed_prefix_tokens = 0;   // tokens the job said to fetch that were missing/failed and recomputed
+  int64_t computed_tokens = 0;        // tokens prefilled here
+  int64_t fetch_bytes = 0;            // KV bytes read from the store
+  int64_t kv_sent_bytes = 0;          // KV bytes written to the decode instance
+  int64_t stored_blocks = 0;          // new complete blocks put into the store
+  int64_t queue_ms = -1;              // job received -> started
+  int64_t fetch_ms = -1;              // prefix batch_get
+  int64_t prefill_ms = -1;            // compute of the new tokens
+  int64_t kv_tail_ms = -1;            // last layer computed -> all KV acknowledged by decode
+  int64_t decode_ms = -1;             // first token -> last token (decode side)
+  int64_t output_tokens = 0;          // tokens actually generated (first token included)
+  std::string decision;               // "fetch" (some prefix reused) | "recompute"
+  MSGPACK_DEFINE_MAP(prompt_tokens, hit_tokens, hit_tokens_local, hit_tokens_remote, missed_prefix_tokens,
+                     computed_tokens, fetch_bytes, kv_sent_bytes, stored_blocks, queue_ms, fetch_ms, prefill_ms,
+                     kv_tail_ms, decode_ms, output_tokens, decision);
+};
+
+struct DecodeReserveReply {
+  uint64_t reservation_id = 0;
+  int64_t block_tokens = 0;                     // tokens per KV block of the decode buffer
+  int64_t layer_block_bytes = 0;                // bytes of one layer of one block (one contiguous write)
+  int64_t block_bytes = 0;                      // bytes of one block (all layers)
+  std::vector<uint64_t> block_offsets_bytes;    // offset of each prompt block in the decode KV buffer, in order
+  std::string kv_segment;                       // transfer-engine segment of the buffer ("" = kv_write RPC only)
+  int64_t free_blocks = 0;                      // uncommitted blocks left after this reservation
+  MSGPACK_DEFINE_MAP(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes,
+                     kv_segment, free_blocks);
+};
+struct DecodeReserveRequest {
+  static constexpr const char* kType = "decode_reserve";
+  using Reply = DecodeReserveReply;
+  std::string request_id;
+  int64_t input_length_tokens = 0;    // prompt tokens (> 0)
+  int64_t output_length_tokens = 0;   // tokens to generate (> 0), first token included
+  std::string client_endpoint;        // where token events go (ZeroMQ URI of the client's RpcServer)
+  int64_t ttl_ms = 0;                 // reservation dropped when no kv_commit arrives in time (0: worker default)
+  MSGPACK_DEFINE_MAP(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms);
+};
+
+struct DecodeReleaseReply {
+  bool released = false;  // false: no such reservation (already released, finished or expired)
+  int64_t free_blocks = 0;
+  MSGPACK_DEFINE_MAP(released, free_blocks);
+};
+// Frees a reservation whose job was never dispatched; the client is not told.
+struct DecodeReleaseRequest {
+  static constexpr const char* kType = "decode_release";
+  using Reply = DecodeReleaseReply;
+  uint64_t reservation_id = 0;
+  MSGPACK_DEFINE_MAP(reservation_id);
+};
+// The prefill failed or was aborted (field report #14): decode frees the reservation, never generates from it,
+// and sends "request_error" to the client.
+struct DecodeAbortRequest {
+  static constexpr const char* kType = "decode_abort";
+  using Reply = DecodeReleaseReply;
+  uint64_t reservation_id = 0;
+  uint16_t code = 0;        // mc::Code of the failure
+  std::string reason;
+  MSGPACK_DEFINE_MAP(reservation_id, code, reason);
+};
+
+struct KvWriteReply {
+  int64_t layers_received = 0;  // layers of this reservation with at least one write so far
+  MSGPACK_DEFINE_MAP(layers_received);
+};
+// One layer's KV of some blocks, written into the reservation's blocks: data holds block_indexes.size()
+// consecutive ranges of layer_block_bytes (the decode buffer's layout). block_indexes are positions in the
+// reservation's block list. Used when no transfer-engine segment is available, and as the layer-arrival
+// notification either way (empty data with a transfer-engine WRITE).
+struct KvWriteRequest {
+  static constexpr const char* kType = "kv_write";
+  using Reply = KvWriteReply;
+  uint64_t reservation_id = 0;
+  int64_t layer = 0;
+  std::vector<uint32_t> block_indexes;
+  std::vector<uint8_t> data;  // msgpack bin
+  MSGPACK_DEFINE_MAP(reservation_id, layer, block_indexes, data);
+};
+
+struct KvCommitReply {
+  int64_t batch_size = 0;  // running sequences once this one joined
+  MSGPACK_DEFINE_MAP(batch_size);
+};
+// All layers are sent: decode checks that every layer of every prompt block arrived (else kDataLoss, the
+// reservation is freed and the client gets request_error), then joins the request to its batch.
+struct KvCommitRequest {
+  static constexpr const char* kType = "kv_commit";
+  using Reply = KvCommitReply;
+  uint64_t reservation_id = 0;
+  std::string request_id;
+  int64_t prompt_tokens = 0;
+  uint32_t first_token = 0;
+  int64_t first_token_unix_ns = 0;  // when prefill produced it
+  RequestLedger ledger;
+  MSGPACK_DEFINE_MAP(reservation_id, request_id, prompt_tokens, first_token, first_token_unix_ns, ledger);
+};
+
+struct PrefillJobReply {
+  std::string request_id;
+  uint32_t first_token = 0;
+  RequestLedger ledger;
+  MSGPACK_DEFINE_MAP(request_id, first_token, ledger);
+};
+// Work for a prefill instance. The reply comes when the job is done (KV committed at decode, new blocks stored);
+// on any failure the decode reservation is aborted first and the reply is the error.
+struct PrefillJobRequest {
+  static constexpr const char* kType = "prefill_job";
+  using Reply = PrefillJobReply;
+  std::string request_id;
+  std::vector<uint32_t> tokens;        // the prompt (traces: synthesized from hash_ids by the submitter)
+  int64_t output_length_tokens = 0;
+  int64_t fetch_prefix_blocks = -1;    // leading complete blocks to read from the store; -1: as many as present
+  std::string prefix_source;           // where the Conductor expects the prefix (segment name; informational)
+  std::string decode_endpoint;         // mc-decode RPC endpoint
+  uint64_t reservation_id = 0;         // from decode_reserve
+  std::vector<uint64_t> decode_block_offsets_bytes;  // from decode_reserve
+  std::string client_endpoint;
+  int64_t chunk_tokens = 0;            // 0: the worker's --chunk-tokens
+  bool store_new_blocks = true;        // put new complete blocks into the store
+  int64_t fail_after_layers = -1;      // fault injection (tests, field report #14): fail once this many layer
+                                       // writes were sent; -1 = never. Refused unless the worker allows it.
+  MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
+                     reservation_id, decode_block_offsets_bytes, client_endpoint, chunk_tokens, store_new_blocks,
+                     fail_after_layers);
+};
+
+struct WorkerLoadReply {
+  std::string role;                 // "prefill" | "decode"
+  std::string backend;              // "ref" | "sim"
+  std::string model;
+  int64_t queued_jobs = 0;          // prefill: jobs waiting
+  int64_t queued_tokens = 0;        // prefill: prompt tokens waiting
+  int64_t running_tokens = 0;       // prefill: tokens of the job in progress; decode: context tokens in the batch
+  int64_t predicted_queue_ms = 0;   // prefill: cost-model time of the queue (sim) or measured rate (ref)
+  int64_t batch_size = 0;           // decode: running sequences
+  int64_t reservations = 0;         // decode: reserved, not yet committed
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;       // physically holding KV
+  int64_t kv_blocks_committed = 0;  // decode: promised to running + reserved requests at full length
+  int64_t kv_blocks_free = 0;       // total - committed (decode) / total - used (prefill)
+  double recent_step_ms = 0;        // decode: mean of the recent steps
+  MSGPACK_DEFINE_MAP(role, backend, model, queued_jobs, queued_tokens, running_tokens, predicted_queue_ms, batch_size,
+                     reservations, kv_blocks_total, kv_blocks_used, kv_blocks_committed, kv_blocks_free,
+                     recent_step_ms);
+};
+struct WorkerLoadRequest {
+  static constexpr const char* kType = "worker_load";
+  using Reply = WorkerLoadReply;
+  bool detailed = false;  // reserved; no effect yet
+  MSGPACK_DEFINE_MAP(detailed);
+};
+
+struct ClientAck {
+  bool ok = true;
+  MSGPACK_DEFINE_MAP(ok);
+};
+// decode -> client: one output token. index 0 is the first token (produced by prefill).
+struct TokenEvent {
+  static constexpr const char* kType = "token_event";
+  using Reply = ClientAck;
+  std::string request_id;
+  int64_t index = 0;
+  uint32_t token = 0;
+  int64_t emitted_unix_ns = 0;
+  MSGPACK_DEFINE_MAP(request_id, index, token, emitted_unix_ns);
+};
+// decode -> client: the request finished (all output_length_tokens generated).
+struct RequestDone {
+  static constexpr const char* kType = "request_done";
+  using Reply = ClientAck;
+  std::string request_id;
+  RequestLedger ledger;
+  MSGPACK_DEFINE_MAP(request_id, ledger);
+};
+// decode -> client: the request failed (prefill aborted, KV incomplete, decode error). No request_done follows.
+struct RequestError {
+  static constexpr const char* kType = "request_error";
+  using Reply = ClientAck;
+  std::string request_id;
+  uint16_t code = 0;  // mc::Code
+  std::string message;
+  int64_t output_tokens = 0;  // tokens sent before the failure
+  MSGPACK_DEFINE_MAP(request_id, code, message, output_tokens);
+};
 
 // ---------------------------------------------------------------------------------------------
 // Conductor (sched/): client submissions, worker registration, heartbeats, job reports
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_sched / mc-conductor)
+//
+// Clients (mc-trace-replay) and workers (mc-prefill, mc-decode) are RpcClients of mc-conductor's one
+// ROUTER endpoint. A request's life:
+//   client    -> conductor  conductor.submit       the Conductor decides at once; a rejection is the reply
+//   conductor -> mc-decode  decode_reserve         (worker section) for the chosen decode instance
+//                                                  conductor.submit is answered "accepted" once it holds
+//   conductor -> mc-prefill prefill_job            (worker section) prefix plan, decode target, client_endpoint;
+//                                                  its reply (job done, ledger) refits the predictors
+//   mc-decode -> client     token_event, request_done / request_error   (worker section, to client_endpoint)
+//   workers   -> conductor  conductor.register once (again when a heartbeat reply says so),
+//                           conductor.heartbeat (load) every heartbeat_interval_ms,
+//                           conductor.job_report (optional: first_token / done / failed seen by mc-decode)
+
+// A request (SYSTEM.md §3 step 1). The prompt is given by `tokens`; the Conductor keys its complete
+// blocks with its own key namespace (block_key.hpp) unless the client sends `block_hashes` (the seq
+// hashes of the complete blocks, computed with the same namespace). 0 for an SLO means the
+// Conductor's default (--slo-ttft-ms, --slo-tbt-ms).
+struct ConductorSubmitReply {
+  std::string request_id;
+  bool accepted = false;
+  std::string prefill_id;           // chosen prefill instance (empty when rejected)
+  std::string decode_id;            // chosen decode instance (empty when rejected)
+  double predicted_ttft_ms = 0;     // also set when rejected: the best prediction seen
+  double predicted_tbt_ms = 0;
+  int64_t hit_tokens = 0;           // prefix tokens the prefill will reuse instead of computing
+  bool replicate_prefix = false;    // the reused prefix is copied near the prefill instance
+  // ttft_slo | tbt_slo | kv_capacity | no_prefill_instance | no_decode_instance | invalid_request |
+  // decode_refused (the chosen decode instance refused the reservation); empty when accepted
+  std::string reject_reason;
+  std::string reason;               // human-readable explanation, names instances and predicted values
+  MSGPACK_DEFINE_MAP(request_id, accepted, prefill_id, decode_id, predicted_ttft_ms, predicted_tbt_ms, hit_tokens,
+                     replicate_prefix, reject_reason, reason);
+};
+struct ConductorSubmitRequest {
+  static constexpr const char* kType = "conductor.submit";
+  using Reply = ConductorSubmitReply;
+  std::string request_id;               // unique per client run
+  int64_t input_tokens = 0;             // prompt length (== tokens.size() when tokens are given)
+  int64_t output_tokens = 0;            // tokens to generate, first token included
+  std::vector<uint32_t> tokens;         // the prompt
+  std::vector<uint64_t> hash_ids;       // trace block ids, kept in the decision log
+  std::vector<uint64_t> block_hashes;   // optional precomputed seq hashes of the complete blocks
+  int64_t block_size_tokens = 0;        // 0: the Conductor's; otherwise must equal it
+  double slo_ttft_ms = 0;
+  double slo_tbt_ms = 0;
+  std::string client_endpoint;          // where mc-decode sends token events (the client's RpcServer)
+  MSGPACK_DEFINE_MAP(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens,
+                     slo_ttft_ms, slo_tbt_ms, client_endpoint);
+};
+
+struct ConductorRegisterReply {
+  int64_t heartbeat_interval_ms = 0;   // send heartbeats at least this often
+  int64_t heartbeat_timeout_ms = 0;    // silent longer than this = dead, removed with its cached blocks
+  int64_t block_size_tokens = 0;       // the Conductor's key namespace block size (must match the worker's)
+  MSGPACK_DEFINE_MAP(heartbeat_interval_ms, heartbeat_timeout_ms, block_size_tokens);
+};
+struct ConductorRegisterRequest {
+  static constexpr const char* kType = "conductor.register";
+  using Reply = ConductorRegisterReply;
+  std::string instance_id;          // unique ("prefill-0")
+  std::string role;                 // prefill | decode
+  std::string host;                 // host name: same-host pricing with storage segments there
+  std::string endpoint;             // the worker's own RPC endpoint (prefill_job / decode_reserve)
+  std::string backend_id;           // its KV-event backend id (own GPU prefix cache); empty: instance_id
+  int64_t kv_capacity_tokens = 0;   // decode: KV tokens it can reserve (required > 0)
+  int64_t block_size_tokens = 0;    // 0: not checked; else must equal the Conductor's
+  MSGPACK_DEFINE_MAP(instance_id, role, host, endpoint, backend_id, kv_capacity_tokens, block_size_tokens);
+};
+
+struct ConductorHeartbeatReply {
+  bool registered = true;           // false: the Conductor forgot this worker (restart, expiry): register again
+  MSGPACK_DEFINE_MAP(registered);
+};
+// Load report. Absent figures are 0, which is right for an idle worker (field report #12).
+struct ConductorHeartbeatRequest {
+  static constexpr const char* kType = "conductor.heartbeat";
+  using Reply = ConductorHeartbeatReply;
+  std::string instance_id;
+  int64_t queued_prefill_tokens = 0;  // prefill: tokens of queued or running jobs not yet prefilled
+  int64_t queued_prefill_jobs = 0;
+  int64_t running_requests = 0;       // decode: requests in the batch
+  int64_t kv_reserved_tokens = 0;     // decode: KV tokens promised (input + output of running and reserved)
+  int64_t context_tokens = 0;         // decode: sum of the batch's context lengths now
+  // decode: measured steps since the last heartbeat (the Conductor refits its TBT model from them)
+  int64_t decode_steps = 0;
+  double decode_step_ms_mean = 0;
+  double decode_batch_mean = 0;       // mean batch size over those steps
+  double decode_context_tokens_mean = 0;
+  MSGPACK_DEFINE_MAP(instance_id, queued_prefill_tokens, queued_prefill_jobs, running_requests, kv_reserved_tokens,
+                     context_tokens, decode_steps, decode_step_ms_mean, decode_batch_mean,
+                     decode_context_tokens_mean);
+};
+
+inline constexpr const char* kPhaseFirstToken = "first_token";  // mc-decode sent the first token
+inline constexpr const char* kPhaseDone = "done";               // mc-decode sent the last token
+inline constexpr const char* kPhaseFailed = "failed";           // the request cannot complete
+
+struct ConductorJobReportReply {
+  bool known = true;  // false: the Conductor has no such request in flight (late or duplicate report)
+  MSGPACK_DEFINE_MAP(known);
+};
+// Optional report from a worker on one request: lets the Conductor measure TTFT where it predicted it
+// and free its decode ledger entry at once (otherwise it frees it at the predicted end).
+struct ConductorJobReportRequest {
+  static constexpr const char* kType = "conductor.job_report";
+  using Reply = ConductorJobReportReply;
+  std::string request_id;
+  std::string instance_id;
+  std::string phase;                  // first_token | done | failed
+  int64_t event_unix_ns = 0;          // when it happened (wall clock of the worker)
+  int64_t output_tokens = 0;          // done: tokens produced
+  std::string message;                // failed: why
+  MSGPACK_DEFINE_MAP(request_id, instance_id, phase, event_unix_ns, output_tokens, message);
+};
+
+// `mc-conductor stat`: the Conductor's state as one JSON document (instances with load and liveness,
+// index size, decisions by kind, predictor state, TTFT prediction error).
+struct ConductorStatusReply {
+  std::string status_json;
+  MSGPACK_DEFINE_MAP(status_json);
+};
+struct ConductorStatusRequest {
+  static constexpr const char* kType = "conductor.status";
+  using Reply = ConductorStatusReply;
+  bool with_instances = true;
+  MSGPACK_DEFINE_MAP(with_instances);
+};
 
 }  // namespace mc::proto

@@ -1,0 +1,95 @@
+// mc::infer::Backend: the compute interface of prefill and decode instances (SYSTEM.md §7).
+//
+//   prefill(kv, request, on_layer) : computes the KV of prompt tokens [cached_tokens, n) into the request's block
+//       table — the KV of tokens [0, cached_tokens) must already be there (fetched from the store) — calling
+//       on_layer(layer, token_begin, token_end) as soon as a layer's KV of those tokens is final (layer-wise
+//       streaming), and returns the first output token (greedy argmax of the last prompt token's logits).
+//       With chunk_tokens > 0 the new tokens are processed in chunks of that many tokens (chunked prefill): the
+//       callback then fires once per (chunk, layer), with that chunk's token range.
+//   decode_step(kv, batch, next) : one continuous-batching step. Each sequence contributes its last token at
+//       `position` (= tokens whose KV is already cached); the step writes that token's KV at `position` and
+//       returns the next token of every sequence.
+//
+// Backends:
+//   ref  a real LLaMA-architecture transformer on the CPU (RMSNorm, RoPE, GQA, SwiGLU), fp32, seeded weights,
+//        OpenBLAS sgemm. KV element type fp32: kv_bytes_per_token_layer = 2 · kv_heads · head_dim · 4.
+//   sim  the cost model of cost_model.hpp: sleeps the modelled time / time_scale (prefill: 1/L of it per layer),
+//        writes deterministic KV bytes of the configured size, and generates deterministic tokens (a hash of the
+//        prompt), so cache hits can still be checked byte for byte.
+//
+// Errors: kInvalidArgument for a token id ≥ vocab, an empty prompt, cached_tokens out of [0, n), a block table
+// too short for the tokens; a non-ok Status from on_layer aborts the prefill and is returned (nothing after that
+// layer is computed). Thread-safety: one call at a time per Backend object (a worker owns its backend).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mc/common/status.hpp"
+#include "mc/infer/cost_model.hpp"
+#include "mc/infer/kv_buffer.hpp"
+#include "mc/infer/model_config.hpp"
+
+namespace mc::infer {
+
+struct PrefillRequest {
+  std::span<const uint32_t> tokens;      // the whole prompt
+  int64_t cached_tokens = 0;             // KV of tokens [0, cached_tokens) already in the block table
+  std::span<const int32_t> block_table;  // at least blocks_for_tokens(tokens.size()) blocks of the KvBuffer
+  int64_t chunk_tokens = 0;              // 0: one chunk
+};
+
+struct PrefillResult {
+  uint32_t first_token = 0;
+  std::vector<float> last_logits;  // logits of the last prompt token (ref); empty for sim
+  int64_t computed_tokens = 0;     // = tokens.size() - cached_tokens
+  double compute_s = 0;            // wall time inside the backend
+};
+
+// Called after a layer's KV of tokens [token_begin, token_end) is final. A non-ok Status aborts the prefill.
+using LayerDoneFn = std::function<Status(int64_t layer, int64_t token_begin, int64_t token_end)>;
+
+struct DecodeSequence {
+  uint32_t last_token = 0;
+  int64_t position = 0;                  // tokens already in the KV cache; last_token goes to this position
+  std::span<const int32_t> block_table;  // must cover position + 1 tokens
+};
+
+struct BackendOptions {
+  std::string kind = "ref";      // "ref" | "sim"
+  ModelConfig model;
+  uint64_t seed = 0;             // ref: weights; sim: token stream
+  int threads = 1;               // ref: OpenBLAS threads
+  GpuSpec gpu;                   // sim
+  double time_scale = 1.0;       // sim: sleeps modelled time / time_scale (> 0)
+  int64_t kv_bytes_per_token = 0;  // sim: KV bytes per token (all layers) actually stored; 0 = the model's
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const std::string& kind() const = 0;
+  virtual const ModelConfig& model() const = 0;
+  // K+V bytes of one token in one layer as this backend stores them (sizes the KvBuffer).
+  virtual int64_t kv_bytes_per_token_layer() const = 0;
+
+  virtual Result<PrefillResult> prefill(KvBuffer& kv, const PrefillRequest& request, const LayerDoneFn& on_layer) = 0;
+  virtual Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) = 0;
+
+  // The KvLayout a buffer for this backend needs at `block_size` tokens per block.
+  KvLayout kv_layout(int64_t block_size) const {
+    return KvLayout{model().num_layers, block_size, kv_bytes_per_token_layer()};
+  }
+};
+
+// Builds a backend (validates the options: kInvalidArgument names the bad one).
+Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
+
+// Checks a prefill request against the model and buffer (shared by the backends).
+Status validate_prefill(const ModelConfig& model, const KvBuffer& kv, const PrefillRequest& request);
+
+}  // namespace mc::infer

@@ -1,0 +1,152 @@
+// The `sim` backend: the cost model's time, real KV bytes, deterministic tokens (see backend.hpp).
+//
+// KV contents: token p of a sequence carries a running hash h_p = mix(h_{p-1}, token_p) (h_{-1} = seed). Its K
+// slot in every layer starts with h_p (8 bytes) followed by a splitmix64 stream seeded by h_p ^ layer; V likewise.
+// So the bytes of a token depend on the whole prefix, a cache hit must deliver exactly the recomputed bytes, and a
+// decode step continues the chain from the KV already in the buffer (a corrupted or missing transfer changes the
+// generated tokens). The output token after position p is h_p mod vocab.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "backends.hpp"
+
+namespace mc::infer {
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t mix(uint64_t h, uint32_t token) {
+  uint64_t s = h ^ (static_cast<uint64_t>(token) * 0xff51afd7ed558ccdULL);
+  return splitmix64(s);
+}
+
+class SimBackend final : public Backend {
+ public:
+  explicit SimBackend(const BackendOptions& o) : kind_("sim"), model_(o.model), gpu_(o.gpu), seed_(o.seed),
+                                                 time_scale_(o.time_scale) {
+    const int64_t per_token = o.kv_bytes_per_token > 0 ? o.kv_bytes_per_token : model_.kv_bytes_per_token();
+    int64_t per_layer = (per_token + model_.num_layers - 1) / model_.num_layers;
+    per_layer = std::max<int64_t>(16, (per_layer + 1) / 2 * 2);  // even, room for the 8-byte hash in K and V
+    bytes_per_token_layer_ = per_layer;
+  }
+
+  const std::string& kind() const override { return kind_; }
+  const ModelConfig& model() const override { return model_; }
+  int64_t kv_bytes_per_token_layer() const override { return bytes_per_token_layer_; }
+
+  Result<PrefillResult> prefill(KvBuffer& kv, const PrefillRequest& req, const LayerDoneFn& on_layer) override {
+    MC_RETURN_IF_ERROR(validate_prefill(model_, kv, req));
+    MC_RETURN_IF_ERROR(check_layout(kv));
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t n = static_cast<int64_t>(req.tokens.size());
+    const int64_t chunk = req.chunk_tokens > 0 ? req.chunk_tokens : n;
+    // Running hashes of the new tokens (the cached prefix's last hash is read back from the buffer).
+    uint64_t h = req.cached_tokens > 0 ? read_hash(kv, req.block_table, req.cached_tokens - 1) : seed_;
+    std::vector<uint64_t> hashes(static_cast<size_t>(n - req.cached_tokens));
+    for (int64_t p = req.cached_tokens; p < n; ++p) {
+      h = mix(h, req.tokens[static_cast<size_t>(p)]);
+      hashes[static_cast<size_t>(p - req.cached_tokens)] = h;
+    }
+    for (int64_t begin = req.cached_tokens; begin < n; begin += chunk) {
+      const int64_t end = std::min(n, begin + chunk);
+      const double layer_s = prefill_time_s(model_, gpu_, end - begin, begin) / static_cast<double>(model_.num_layers);
+      for (int64_t l = 0; l < model_.num_layers; ++l) {
+        const auto deadline = std::chrono::steady_clock::now() + to_duration(layer_s);
+        for (int64_t p = begin; p < end; ++p) {
+          write_token(kv, req.block_table, l, p, hashes[static_cast<size_t>(p - req.cached_tokens)]);
+        }
+        std::this_thread::sleep_until(deadline);
+        if (on_layer) MC_RETURN_IF_ERROR(on_layer(l, begin, end));
+      }
+    }
+    PrefillResult result;
+    result.first_token = static_cast<uint32_t>(h % static_cast<uint64_t>(model_.vocab_size));
+    result.computed_tokens = n - req.cached_tokens;
+    result.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return result;
+  }
+
+  Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) override {
+    MC_RETURN_IF_ERROR(check_layout(kv));
+    next.clear();
+    int64_t context = 0;
+    for (const auto& s : batch) {
+      if (s.last_token >= static_cast<uint64_t>(model_.vocab_size) || s.position < 0 ||
+          kv.layout().blocks_for_tokens(s.position + 1) > static_cast<int64_t>(s.block_table.size())) {
+        return error(Code::kInvalidArgument, "sim decode: bad sequence (token " + std::to_string(s.last_token) +
+                                                 ", position " + std::to_string(s.position) + ", " +
+                                                 std::to_string(s.block_table.size()) + " blocks)");
+      }
+      context += s.position + 1;
+    }
+    const auto deadline = std::chrono::steady_clock::now() +
+                          to_duration(decode_step_time_s(model_, gpu_, static_cast<int64_t>(batch.size()), context));
+    for (const auto& s : batch) {
+      for (int32_t b : s.block_table) MC_RETURN_IF_ERROR(kv.check_block(b));
+      const uint64_t prev = s.position > 0 ? read_hash(kv, s.block_table, s.position - 1) : seed_;
+      const uint64_t h = mix(prev, s.last_token);
+      for (int64_t l = 0; l < model_.num_layers; ++l) write_token(kv, s.block_table, l, s.position, h);
+      next.push_back(static_cast<uint32_t>(h % static_cast<uint64_t>(model_.vocab_size)));
+    }
+    std::this_thread::sleep_until(deadline);
+    return Status::ok();
+  }
+
+ private:
+  std::chrono::nanoseconds to_duration(double modelled_s) const {
+    return std::chrono::nanoseconds(static_cast<int64_t>(modelled_s / time_scale_ * 1e9));
+  }
+
+  Status check_layout(const KvBuffer& kv) const {
+    if (kv.layout().bytes_per_token_layer != bytes_per_token_layer_ || kv.layout().num_layers != model_.num_layers) {
+      return error(Code::kInvalidArgument, "sim backend: KV buffer layout does not match (" +
+                                               std::to_string(bytes_per_token_layer_) + " B/token/layer, " +
+                                               std::to_string(model_.num_layers) + " layers expected)");
+    }
+    return Status::ok();
+  }
+
+  uint64_t read_hash(KvBuffer& kv, std::span<const int32_t> table, int64_t pos) const {
+    const int64_t bs = kv.layout().block_size;
+    uint64_t h = 0;
+    std::memcpy(&h, kv.token_kv(table[static_cast<size_t>(pos / bs)], 0, 0, pos % bs), sizeof(h));
+    return h;
+  }
+
+  void write_token(KvBuffer& kv, std::span<const int32_t> table, int64_t layer, int64_t pos, uint64_t h) const {
+    const int64_t bs = kv.layout().block_size;
+    const int32_t block = table[static_cast<size_t>(pos / bs)];
+    const int64_t half = bytes_per_token_layer_ / 2;
+    for (int which = 0; which < 2; ++which) {
+      std::byte* p = kv.token_kv(block, layer, which, pos % bs);
+      std::memcpy(p, &h, sizeof(h));
+      uint64_t state = h ^ (static_cast<uint64_t>(layer) << 1 | static_cast<uint64_t>(which));
+      for (int64_t off = 8; off < half; off += 8) {
+        const uint64_t r = splitmix64(state);
+        std::memcpy(p + off, &r, static_cast<size_t>(std::min<int64_t>(8, half - off)));
+      }
+    }
+  }
+
+  std::string kind_;
+  ModelConfig model_;
+  GpuSpec gpu_;
+  uint64_t seed_;
+  double time_scale_;
+  int64_t bytes_per_token_layer_ = 16;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_sim_backend(const BackendOptions& options) {
+  return std::unique_ptr<Backend>(new SimBackend(options));
+}
+
+}  // namespace mc::infer

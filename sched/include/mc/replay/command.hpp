@@ -1,0 +1,63 @@
+// The commands of mc-trace-replay as library calls (the tool's main only parses flags into these):
+//   replay   TRACE --conductor tcp://...  the live open-loop replay: JSONL records (--out), summary
+//   analyze  TRACE                        offline trace statistics and prefix-cache hit ratios
+//   report   RECORDS.jsonl                the summary of a finished run's records, re-computed
+// Output: the table (default) or one JSON document (--json) on `out`; diagnostics on stderr. In JSON
+// mode a failure is reported as {"error": {"code", "message"}} on `out` as well as returned.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "mc/common/status.hpp"
+#include "mc/common/trace.hpp"
+#include "mc/replay/analyze.hpp"
+#include "mc/replay/conductor_link.hpp"
+#include "mc/replay/replay.hpp"
+#include "mc/replay/report.hpp"
+
+namespace mc::replay {
+
+// Options every trace-reading command shares.
+struct TraceInput {
+  std::string path = "-";          // file, or "-" for stdin
+  bool lenient = false;            // skip bad rows with a warning (default: strict, first bad row fails)
+  int64_t trace_block_size = 512;  // tokens per hash_id in the trace
+  Window window;
+  trace::ReaderOptions reader_options() const;
+};
+
+struct ReplayCommand {
+  TraceInput input;
+  ReplayOptions replay;
+  ConductorLinkOptions conductor;
+  int64_t max_output_tokens = 0;   // 0: as in the trace; else each row's output_length is capped
+  SummaryOptions summary;
+  std::string out_path;            // JSONL records; empty: none
+  bool json = false;
+};
+
+struct AnalyzeCommand {
+  TraceInput input;
+  std::vector<int64_t> capacity_tokens = {1'000'000, 3'000'000, 10'000'000, 50'000'000};
+  bool json = false;
+};
+
+struct ReportCommand {
+  std::string records_path;
+  SummaryOptions summary;
+  bool json = false;
+};
+
+Status run_replay_command(const ReplayCommand& command, std::ostream& out);
+Status run_analyze_command(const AnalyzeCommand& command, std::ostream& out);
+Status run_report_command(const ReportCommand& command, std::ostream& out);
+
+// "100,200,300" -> {100, 200, 300}: positive numbers (milliseconds), comma-separated.
+Result<std::vector<double>> parse_ms_list(const std::string& text, const std::string& flag);
+
+// The header every report carries: tool, build, host, time, then the command's configuration.
+RunInfo base_info(const std::string& command);
+
+}  // namespace mc::replay

@@ -1,0 +1,201 @@
+#include "mc/replay/command.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+
+#include "format.hpp"
+#include "mc/common/cli.hpp"
+#include "mc/common/log.hpp"
+
+namespace mc::replay {
+
+using json = nlohmann::json;
+
+trace::ReaderOptions TraceInput::reader_options() const {
+  trace::ReaderOptions o;
+  o.mode = lenient ? trace::Mode::kLenient : trace::Mode::kStrict;
+  o.block_size = trace_block_size;
+  o.source_name = path == "-" ? "<stdin>" : path;
+  o.warn_on_stderr = true;
+  return o;
+}
+
+RunInfo base_info(const std::string& command) {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
+  std::time_t now = std::time(nullptr);
+  char when[32] = {0};
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return {{"tool", "mc-trace-replay " + command}, {"build", cli::build_id()}, {"host", host}, {"time", when}};
+}
+
+Result<std::vector<double>> parse_ms_list(const std::string& text, const std::string& flag) {
+  std::vector<double> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || !(v > 0))
+      return Status(Code::kInvalidArgument, flag + " \"" + text + "\": \"" + item +
+                                                "\" is not a positive number of milliseconds (example: 100,200,300)");
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+namespace {
+
+std::string num(double v) {
+  std::string s = format::fixed(v, 3);
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+void add_window_info(RunInfo& info, const TraceInput& in, const trace::ReaderStats& stats) {
+  info.emplace_back("trace", in.path);
+  info.emplace_back("mode", in.lenient ? "lenient" : "strict");
+  if (in.window.start_s > 0) info.emplace_back("start_s", num(in.window.start_s));
+  if (in.window.duration_s > 0) info.emplace_back("duration_s", num(in.window.duration_s));
+  if (in.window.max_requests > 0) info.emplace_back("max_requests", std::to_string(in.window.max_requests));
+  if (stats.skipped > 0) info.emplace_back("skipped_rows", std::to_string(stats.skipped));
+}
+
+// In JSON mode the error is also the document (iperf3's convention); the caller prints it on stderr.
+Status fail(bool as_json, std::ostream& out, const Status& st) {
+  if (as_json)
+    out << json{{"error", {{"code", code_name(st.code())}, {"message", st.message()}}}}.dump(2) << "\n";
+  return st;
+}
+
+// Lenient mode: the final count of skipped rows (each was already warned about on its line).
+void warn_skipped(const trace::Reader& reader) {
+  const auto& st = reader.stats();
+  if (st.skipped > 0)
+    MC_LOG_WARN << st.skipped << " rows skipped (lenient mode) of " << st.lines << " lines; "
+                << st.rows << " valid rows read";
+}
+
+Result<std::unique_ptr<trace::Reader>> open_trace(const TraceInput& in) {
+  if (in.trace_block_size < 1)
+    return Status(Code::kInvalidArgument, "--trace-block-size must be >= 1, got " + std::to_string(in.trace_block_size));
+  return trace::Reader::open(in.path, in.reader_options());
+}
+
+}  // namespace
+
+Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
+  auto reader = open_trace(c.input);
+  if (!reader.is_ok()) return fail(c.json, out, reader.status());
+  AnalyzeOptions opt;
+  opt.reader = c.input.reader_options();
+  opt.window = c.input.window;
+  opt.capacity_tokens = c.capacity_tokens;
+  auto a = analyze(**reader, opt);
+  if (!a.is_ok()) return fail(c.json, out, a.status());
+  warn_skipped(**reader);
+  RunInfo info = base_info("analyze");
+  add_window_info(info, c.input, (*reader)->stats());
+  info.emplace_back("block_size", std::to_string(c.input.trace_block_size));
+  if (c.json) {
+    out << to_json(*a, info).dump(2) << "\n";
+  } else {
+    print_table(out, *a, info);
+  }
+  return Status::ok();
+}
+
+Status run_report_command(const ReportCommand& c, std::ostream& out) {
+  std::ifstream in(c.records_path);
+  if (!in)
+    return fail(c.json, out,
+                Status(Code::kNotFound, "cannot open records file " + c.records_path + ": " + std::strerror(errno)));
+  auto records = read_records_jsonl(in, c.records_path);
+  if (!records.is_ok()) return fail(c.json, out, records.status());
+  Summary s = summarize(*records, c.summary);
+  RunInfo info = base_info("report");
+  info.emplace_back("records", c.records_path);
+  if (c.json) {
+    out << to_json(s, info).dump(2) << "\n";
+  } else {
+    print_table(out, s, info);
+  }
+  return Status::ok();
+}
+
+Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
+  auto reader = open_trace(c.input);
+  if (!reader.is_ok()) return fail(c.json, out, reader.status());
+  auto rows = read_window(**reader, c.input.window);
+  if (!rows.is_ok()) return fail(c.json, out, rows.status());
+  warn_skipped(**reader);
+  if (rows->empty())
+    return fail(c.json, out,
+                Status(Code::kInvalidArgument,
+                       "no request to replay: " + c.input.reader_options().source_name +
+                           " has no valid row in the window (empty file, all rows skipped, or --start-s/--duration-s/"
+                           "--max-requests select none)"));
+  if (c.max_output_tokens < 0)
+    return fail(c.json, out, Status(Code::kInvalidArgument, "--max-output-tokens must be >= 0"));
+  if (c.max_output_tokens > 0)
+    for (auto& r : *rows) r.output_length = std::min(r.output_length, c.max_output_tokens);
+  if (c.summary.slo_ttft_ms.empty() || c.summary.slo_tbt_ms.empty())
+    return fail(c.json, out, Status(Code::kInvalidArgument, "--slo-ttft-ms and --slo-tbt-ms need at least one value"));
+
+  std::ofstream records_out;
+  if (!c.out_path.empty()) {
+    records_out.open(c.out_path, std::ios::trunc);
+    if (!records_out)
+      return fail(c.json, out,
+                  Status(Code::kIo, "cannot write records to " + c.out_path + ": " + std::strerror(errno)));
+  }
+  ReplayOptions ro = c.replay;
+  ro.window = c.input.window;
+  ro.synth.trace_block_size = c.input.trace_block_size;
+  ro.slo_ttft_ms = c.summary.slo_ttft_ms.front();
+  ro.slo_tbt_ms = c.summary.slo_tbt_ms.front();
+  ConductorLinkOptions lo = c.conductor;
+  lo.block_size_tokens = ro.synth.block_tokens;
+  MC_LOG_INFO << "replaying " << rows->size() << " requests against " << lo.endpoint;
+  auto result = run_replay(*rows, ro, conductor_link_factory(lo), nullptr);
+  if (!result.is_ok()) return fail(c.json, out, result.status());
+
+  if (records_out.is_open()) {
+    for (const RequestRecord& r : result->records) records_out << to_json(r).dump() << "\n";
+    records_out.flush();
+    if (!records_out)
+      return fail(c.json, out, Status(Code::kIo, "writing records to " + c.out_path + " failed: " + std::strerror(errno)));
+  }
+  Summary s = summarize(result->records, c.summary);
+  RunInfo info = base_info("replay");
+  add_window_info(info, c.input, (*reader)->stats());
+  info.emplace_back("conductor", lo.endpoint);
+  info.emplace_back("speed", num(ro.speed));
+  info.emplace_back("rate_scale", num(ro.rate_scale));
+  info.emplace_back("time_scale", num(ro.time_scale));
+  info.emplace_back("block_tokens", std::to_string(ro.synth.block_tokens));
+  if (c.max_output_tokens > 0) info.emplace_back("max_output_tokens", std::to_string(c.max_output_tokens));
+  info.emplace_back("wall_s", num(result->wall_s));
+  if (result->unknown_events > 0) info.emplace_back("unknown_events", std::to_string(result->unknown_events));
+  if (c.json) {
+    out << to_json(s, info).dump(2) << "\n";
+  } else {
+    print_table(out, s, info);
+  }
+  return Status::ok();
+}
+
+}  // namespace mc::replay

@@ -1,0 +1,155 @@
+// Round trip of every worker message (protocol.hpp, section mc_infer).
+#include <gtest/gtest.h>
+
+#include "mc/common/codec.hpp"
+#include "mc/common/protocol.hpp"
+
+namespace mc::proto {
+namespace {
+
+template <typename T>
+T round_trip(const T& in) {
+  auto out = codec::unpack<T>(codec::pack(in), "test");
+  EXPECT_TRUE(out.is_ok()) << out.status().to_string();
+  return out.is_ok() ? out.value() : T{};
+}
+
+RequestLedger sample_ledger() {
+  RequestLedger l;
+  l.prompt_tokens = 131072;
+  l.hit_tokens = 124416;
+  l.hit_tokens_local = 1024;
+  l.hit_tokens_remote = 123392;
+  l.missed_prefix_tokens = 512;
+  l.computed_tokens = 6656;
+  l.fetch_bytes = int64_t{1} << 40;
+  l.kv_sent_bytes = 42;
+  l.stored_blocks = 13;
+  l.queue_ms = 0;
+  l.fetch_ms = 17;
+  l.prefill_ms = 900;
+  l.kv_tail_ms = 3;
+  l.decode_ms = -1;
+  l.output_tokens = 7;
+  l.decision = "fetch";
+  return l;
+}
+
+void expect_ledger(const RequestLedger& l) {
+  EXPECT_EQ(l.prompt_tokens, 131072);
+  EXPECT_EQ(l.hit_tokens, 124416);
+  EXPECT_EQ(l.hit_tokens_remote, 123392);
+  EXPECT_EQ(l.missed_prefix_tokens, 512);
+  EXPECT_EQ(l.fetch_bytes, int64_t{1} << 40);
+  EXPECT_EQ(l.queue_ms, 0);
+  EXPECT_EQ(l.decode_ms, -1);
+  EXPECT_EQ(l.decision, "fetch");
+}
+
+TEST(WorkerProtocol, ReserveReleaseAbort) {
+  auto r = round_trip(DecodeReserveRequest{"req-1", 32777, 100, "tcp://127.0.0.1:5000", 3000});
+  EXPECT_EQ(r.request_id, "req-1");
+  EXPECT_EQ(r.input_length_tokens, 32777);
+  EXPECT_EQ(r.output_length_tokens, 100);
+  EXPECT_EQ(r.client_endpoint, "tcp://127.0.0.1:5000");
+  EXPECT_EQ(r.ttl_ms, 3000);
+  auto rr = round_trip(DecodeReserveReply{0xfffffffffffULL, 16, 2048, 8192, {0, 8192, 1ULL << 40}, "h:1", 5});
+  EXPECT_EQ(rr.reservation_id, 0xfffffffffffULL);
+  EXPECT_EQ(rr.block_offsets_bytes.back(), 1ULL << 40);
+  EXPECT_EQ(rr.layer_block_bytes, 2048);
+  EXPECT_EQ(rr.kv_segment, "h:1");
+  EXPECT_EQ(round_trip(DecodeReleaseRequest{9}).reservation_id, 9u);
+  auto rel = round_trip(DecodeReleaseReply{true, 77});
+  EXPECT_TRUE(rel.released);
+  EXPECT_EQ(rel.free_blocks, 77);
+  auto ab = round_trip(DecodeAbortRequest{9, 601, "prefill aborted after layer 2"});
+  EXPECT_EQ(ab.code, 601);
+  EXPECT_EQ(ab.reason, "prefill aborted after layer 2");
+}
+
+TEST(WorkerProtocol, KvWriteAndCommit) {
+  KvWriteRequest w{5, 3, {0, 1, 7}, {}};
+  for (int i = 0; i < 300; ++i) w.data.push_back(static_cast<uint8_t>(i));
+  auto w2 = round_trip(w);
+  EXPECT_EQ(w2.reservation_id, 5u);
+  EXPECT_EQ(w2.layer, 3);
+  EXPECT_EQ(w2.block_indexes, (std::vector<uint32_t>{0, 1, 7}));
+  EXPECT_EQ(w2.data, w.data);
+  // bytes travel as msgpack bin, not as an array of integers
+  EXPECT_LT(codec::pack(w).size(), 300u + 64u);
+  EXPECT_EQ(round_trip(KvWriteReply{4}).layers_received, 4);
+  auto c = round_trip(KvCommitRequest{5, "req-1", 61, 4000000000u, 1700000000000000000LL, sample_ledger()});
+  EXPECT_EQ(c.first_token, 4000000000u);
+  EXPECT_EQ(c.first_token_unix_ns, 1700000000000000000LL);
+  EXPECT_EQ(c.prompt_tokens, 61);
+  expect_ledger(c.ledger);
+  EXPECT_EQ(round_trip(KvCommitReply{3}).batch_size, 3);
+}
+
+TEST(WorkerProtocol, PrefillJob) {
+  PrefillJobRequest j;
+  j.request_id = "r";
+  j.tokens = {1, 2, 0xffffffffu};
+  j.output_length_tokens = 10;
+  j.fetch_prefix_blocks = 2;
+  j.prefix_source = "node-1";
+  j.decode_endpoint = "tcp://127.0.0.1:1";
+  j.reservation_id = 3;
+  j.decode_block_offsets_bytes = {4096, 0};
+  j.client_endpoint = "tcp://127.0.0.1:2";
+  j.chunk_tokens = 64;
+  j.store_new_blocks = false;
+  j.fail_after_layers = 2;
+  auto j2 = round_trip(j);
+  EXPECT_EQ(j2.tokens, j.tokens);
+  EXPECT_EQ(j2.fetch_prefix_blocks, 2);
+  EXPECT_EQ(j2.decode_block_offsets_bytes, j.decode_block_offsets_bytes);
+  EXPECT_EQ(j2.chunk_tokens, 64);
+  EXPECT_FALSE(j2.store_new_blocks);
+  EXPECT_EQ(j2.fail_after_layers, 2);
+  EXPECT_EQ(round_trip(PrefillJobRequest{}).fetch_prefix_blocks, -1);
+  auto r = round_trip(PrefillJobReply{"r", 17, sample_ledger()});
+  EXPECT_EQ(r.first_token, 17u);
+  expect_ledger(r.ledger);
+}
+
+TEST(WorkerProtocol, LoadAndClientEvents) {
+  round_trip(WorkerLoadRequest{});
+  WorkerLoadReply l;
+  l.role = "decode";
+  l.backend = "sim";
+  l.model = "llama3-70b";
+  l.queued_tokens = 5;
+  l.batch_size = 3;
+  l.kv_blocks_committed = 40;
+  l.kv_blocks_free = 24;
+  l.recent_step_ms = 12.5;
+  auto l2 = round_trip(l);
+  EXPECT_EQ(l2.role, "decode");
+  EXPECT_EQ(l2.kv_blocks_committed, 40);
+  EXPECT_DOUBLE_EQ(l2.recent_step_ms, 12.5);
+  auto t = round_trip(TokenEvent{"r", 3, 99, 1700000000000000123LL});
+  EXPECT_EQ(t.index, 3);
+  EXPECT_EQ(t.token, 99u);
+  EXPECT_EQ(t.emitted_unix_ns, 1700000000000000123LL);
+  expect_ledger(round_trip(RequestDone{"r", sample_ledger()}).ledger);
+  auto e = round_trip(RequestError{"r", 601, "aborted", 0});
+  EXPECT_EQ(e.code, 601);
+  EXPECT_EQ(e.message, "aborted");
+  EXPECT_TRUE(round_trip(ClientAck{true}).ok);
+}
+
+TEST(WorkerProtocol, WrongTypesAreMalformed) {
+  // input_length of 2^64-1 does not fit the signed field: a decode error, never a wraparound.
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(1);
+  pk.pack(std::string("input_length_tokens"));
+  pk.pack(uint64_t{0xffffffffffffffffULL});
+  auto r = codec::unpack<DecodeReserveRequest>(std::string_view(buf.data(), buf.size()), "reserve");
+  EXPECT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), Code::kMalformedMessage);
+}
+
+}  // namespace
+}  // namespace mc::proto

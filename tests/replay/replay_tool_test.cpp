@@ -1,0 +1,364 @@
+// mc-trace-replay (the real binary) against an in-process Conductor that speaks the real protocol
+// (conductor.submit, pushed conductor.event) on loopback: records, summary, bad input, field reports
+// #16 and #18, and a conductor that is not running. The full cluster is covered by replay_e2e_test.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/common/rpc.hpp"
+#include "mc/replay/conductor_link.hpp"
+#include "mc/replay/report.hpp"
+
+namespace mc::replay {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+const std::string kTool = MC_BINARY_DIR "/bin/mc-trace-replay";
+const std::string kTrace = MC_SOURCE_DIR "/examples/traces/conversation_trace.jsonl";
+
+// A Conductor double: accepts every request (or rejects those with output_length 13), then pushes
+// first_token after 5 ms and one token every 1 ms, then done with a ledger; `stop_after` ends early.
+class FakeConductor {
+ public:
+  explicit FakeConductor(int64_t stop_after = -1) : stop_after_(stop_after) {
+    rpc::ServerOptions o;
+    o.service = "mc-conductor (test double)";
+    o.bind_endpoints = {"tcp://127.0.0.1:0"};
+    server_ = std::move(rpc::RpcServer::bind(o)).value();
+    server_->handle<proto::ConductorSubmitRequest>(
+        [this](const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx)
+            -> Result<proto::ConductorSubmitReply> {
+          ++submits_;
+          prompt_tokens_ += static_cast<int64_t>(req.tokens.size());
+          proto::ConductorSubmitReply r;
+          r.request_id = req.request_id;
+          if (req.output_tokens == 13 || static_cast<int64_t>(req.tokens.size()) != req.input_tokens) {
+            r.reject_reason = "ttft_slo";
+            r.reason = "predicted TTFT 99999 ms > SLO";
+            r.predicted_ttft_ms = 99999;
+            return r;
+          }
+          r.accepted = true;
+          r.prefill_id = "prefill-0";
+          r.decode_id = "decode-1";
+          r.predicted_ttft_ms = 4;
+          r.hit_tokens = 512;
+          const int64_t n = stop_after_ >= 0 ? std::min(stop_after_, req.output_tokens) : req.output_tokens;
+          auto t = std::chrono::steady_clock::now() + 5ms;
+          for (int64_t i = 0; i < n; ++i) {
+            proto::ConductorEvent ev;
+            ev.request_id = req.request_id;
+            ev.kind = i == 0 ? proto::kEventFirstToken : proto::kEventTokens;
+            ev.tokens = {static_cast<uint32_t>(i)};
+            pending_.emplace(t + std::chrono::milliseconds(i), std::make_pair(ctx.peer, ev));
+          }
+          proto::ConductorEvent done;
+          done.request_id = req.request_id;
+          done.kind = proto::kEventDone;
+          done.output_tokens = n;
+          done.ledger.prompt_tokens = req.input_tokens;
+          done.ledger.hit_tokens_local = 512;
+          done.ledger.hit_tokens_remote = 0;
+          done.ledger.hit_tokens_ssd = 0;
+          done.ledger.avoided_prefill_tokens = 512;
+          done.ledger.transfer_bytes = 1000;
+          done.ledger.queue_ms = 1;
+          done.ledger.decision = "fetch";
+          pending_.emplace(t + std::chrono::milliseconds(n), std::make_pair(ctx.peer, done));
+          return r;
+        });
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        (void)server_->poll_once(1);
+        auto now = std::chrono::steady_clock::now();
+        while (!pending_.empty() && pending_.begin()->first <= now) {
+          auto& [peer, ev] = pending_.begin()->second;
+          (void)server_->push_to(peer, ev);
+          pending_.erase(pending_.begin());
+        }
+      }
+    });
+  }
+  ~FakeConductor() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::string endpoint() const { return server_->endpoints().front(); }
+  int submits() const { return submits_; }
+
+ private:
+  int64_t stop_after_;
+  std::unique_ptr<rpc::RpcServer> server_;
+  std::multimap<std::chrono::steady_clock::time_point, std::pair<std::string, proto::ConductorEvent>> pending_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> submits_{0};
+  int64_t prompt_tokens_ = 0;
+  std::thread thread_;
+};
+
+struct ToolRun {
+  int rc = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+// Runs the tool with `args` (and optional stdin), killing it after 60 s.
+ToolRun run_tool(const std::vector<std::string>& args, const std::string& stdin_text = "") {
+  static int seq = 0;
+  const std::string base = ::testing::TempDir() + "replay_tool_" + std::to_string(::getpid()) + "_" + std::to_string(++seq);
+  const std::string in_path = base + ".in", out_path = base + ".out", err_path = base + ".err";
+  std::ofstream(in_path) << stdin_text;
+  auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::freopen(in_path.c_str(), "r", stdin);
+    std::freopen(out_path.c_str(), "w", stdout);
+    std::freopen(err_path.c_str(), "w", stderr);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(kTool.c_str()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(kTool.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ToolRun r;
+  int status = 0;
+  for (int i = 0; i < 6000; ++i) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) break;
+    if (i == 5999) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::stringstream o, e;
+  o << std::ifstream(out_path).rdbuf();
+  e << std::ifstream(err_path).rdbuf();
+  r.out = o.str();
+  r.err = e.str();
+  std::filesystem::remove(in_path);
+  std::filesystem::remove(out_path);
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string& name)
+      : path(::testing::TempDir() + name + "_" + std::to_string(::getpid())) {}
+  ~TempFile() { std::filesystem::remove(path); }
+};
+
+TEST(ReplayTool, FiftyRequestsRecordsAgreeWithSummary) {
+  FakeConductor conductor;
+  TempFile out("records.jsonl");
+  ToolRun r = run_tool({kTrace, "--conductor", conductor.endpoint(), "--max-requests", "50", "--speed", "200",
+                    "--max-output-tokens", "8", "--out", out.path, "--json", "--id-prefix", "t-"});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  json s = json::parse(r.out);
+  auto recs = read_jsonl(out.path);
+  ASSERT_EQ(recs.size(), 50u);
+  EXPECT_EQ(s["requests"]["offered"], 50);
+  int completed = 0;
+  int64_t prompt = 0;
+  for (const json& j : recs) {
+    ASSERT_TRUE(record_from_json(j).is_ok()) << j.dump();
+    if (j["outcome"] == "completed") {
+      ++completed;
+      EXPECT_EQ(j["output_tokens"], std::min<int64_t>(8, j["output_tokens_requested"].get<int64_t>()));
+      EXPECT_EQ(j["output_tokens_source"], "usage");
+      EXPECT_TRUE(j.contains("ttft_ms"));
+      EXPECT_EQ(j["prefill_instance"], "prefill-0");
+      EXPECT_EQ(j["ledger"]["decision"], "fetch");
+      EXPECT_EQ(j["ledger"]["predicted_ttft_ms"], 4.0);
+      prompt += j["ledger"]["prompt_tokens"].get<int64_t>();
+    } else {
+      EXPECT_EQ(j["outcome"], "rejected");
+      EXPECT_FALSE(j["reason"].get<std::string>().empty());
+    }
+  }
+  EXPECT_EQ(s["requests"]["completed"], completed);
+  EXPECT_EQ(s["requests"]["completed"].get<int>() + s["requests"]["rejected"].get<int>(), 50);
+  EXPECT_EQ(s["cache"]["prompt_tokens"], prompt);
+  EXPECT_EQ(s["ttft_ms"]["count"], completed);
+  EXPECT_EQ(conductor.submits(), 50);
+  // The report subcommand re-computes the same summary from the records.
+  ToolRun rep = run_tool({"report", out.path, "--json"});
+  ASSERT_EQ(rep.rc, 0) << rep.err;
+  json s2 = json::parse(rep.out);
+  for (const char* k : {"requests", "ttft_ms", "tbt_ms", "tpot_ms", "e2e_ms", "slo", "cache", "prediction"}) {
+    if (std::string(k) == "requests") {
+      for (const char* c : {"offered", "accepted", "rejected", "completed", "failed", "late_sends"})
+        EXPECT_EQ(s2[k][c], s[k][c]) << c;
+    } else if (std::string(k) == "slo") {
+      for (size_t i = 0; i < s[k].size(); ++i) EXPECT_EQ(s2[k][i]["met"], s[k][i]["met"]);
+    } else {
+      EXPECT_EQ(s2[k], s[k]) << k;
+    }
+  }
+  // The table names units in its headers.
+  ToolRun table = run_tool({"report", out.path});
+  EXPECT_NE(table.out.find("mean_ms"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("hit_%"), std::string::npos);
+}
+
+// Field report #16: 128 tokens requested, the server stops after 7 and says so in "done".
+TEST(ReplayTool, EarlyStopReportsProducedTokens) {
+  FakeConductor conductor(/*stop_after=*/7);
+  TempFile trace("one.jsonl"), out("r16.jsonl");
+  std::ofstream(trace.path) << R"({"timestamp": 0, "input_length": 600, "output_length": 128, "hash_ids": [0, 1]})"
+                            << "\n";
+  ToolRun r = run_tool({trace.path, "--conductor", conductor.endpoint(), "--out", out.path, "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto recs = read_jsonl(out.path);
+  ASSERT_EQ(recs.size(), 1u);
+  const json& j = recs[0];
+  EXPECT_EQ(j["output_tokens_requested"], 128);
+  EXPECT_EQ(j["output_tokens"], 7);
+  EXPECT_NEAR(j["tpot_ms"].get<double>(), (j["e2e_ms"].get<double>() - j["ttft_ms"].get<double>()) / 6, 1e-9);
+  EXPECT_EQ(j["tbt_gaps"], 6);
+  json s = json::parse(r.out);
+  EXPECT_EQ(s["output_tokens"]["produced"], 7);
+  EXPECT_EQ(s["output_tokens"]["requested"], 128);
+}
+
+// Field report #18 through the tool: strict names line 2 and exits 2; lenient replays lines 1 and 6.
+TEST(ReplayTool, MalformedTraceStrictAndLenient) {
+  FakeConductor conductor;
+  TempFile trace("bad.jsonl");
+  std::ofstream(trace.path)
+      << "\xEF\xBB\xBF" << R"({"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [0, 1]})" << "\r\n"
+      << R"({"timestamp": 0, "input_length": 17448, "output_length":2748 610, "hash_ids": []})" << "\r\n\r\n"
+      << R"({"timestamp": 0, "input_length": 512, "output_length": 1})" << "\r\n"
+      << R"({"timestamp": 0, "input_length": 512.5, "output_length": 1, "hash_ids": [0]})" << "\r\n"
+      << R"({"timestamp": 3000, "input_length": 512, "output_length": 5, "hash_ids": [0]})";
+  ToolRun strict = run_tool({trace.path, "--conductor", conductor.endpoint()});
+  EXPECT_EQ(strict.rc, 2);
+  EXPECT_NE(strict.err.find(":2:"), std::string::npos) << strict.err;
+  EXPECT_EQ(conductor.submits(), 0);
+  TempFile out("r18.jsonl");
+  ToolRun lenient = run_tool({trace.path, "--lenient", "--conductor", conductor.endpoint(), "--speed", "100", "--json",
+                          "--out", out.path});
+  ASSERT_EQ(lenient.rc, 0) << lenient.err;
+  json s = json::parse(lenient.out);
+  EXPECT_EQ(s["requests"]["offered"], 2);
+  EXPECT_EQ(s["config"]["skipped_rows"], "3");
+  auto recs = read_jsonl(out.path);
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0]["trace_line"], 1);
+  EXPECT_EQ(recs[1]["trace_line"], 6);
+  EXPECT_EQ(recs[0]["output_tokens_requested"], 10);  // never 2748, 610 or 2748610
+  EXPECT_NE(lenient.err.find("3 rows skipped"), std::string::npos) << lenient.err;
+  // Line 6 arrives 3.0 s of trace after line 1: 30 ms at --speed 100.
+  EXPECT_GE(recs[1]["submit_ms"].get<double>() - recs[0]["submit_ms"].get<double>(), 29.0);
+}
+
+TEST(ReplayTool, EmptyAndSingleRequestTraces) {
+  FakeConductor conductor;
+  ToolRun empty = run_tool({"-", "--conductor", conductor.endpoint(), "--json"}, "");
+  EXPECT_EQ(empty.rc, 2);
+  EXPECT_NE(empty.err.find("no request to replay"), std::string::npos) << empty.err;
+  EXPECT_EQ(json::parse(empty.out)["error"]["code"], "invalid_argument");
+  ToolRun one = run_tool({"-", "--conductor", conductor.endpoint(), "--json"},
+                     R"({"timestamp": 0, "input_length": 100, "output_length": 3, "hash_ids": [42]})" "\n");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  json s = json::parse(one.out);
+  EXPECT_EQ(s["requests"]["offered"], 1);
+  EXPECT_EQ(s["requests"]["completed"], 1);
+  EXPECT_EQ(s["tpot_ms"]["count"], 1);
+  ToolRun rejected = run_tool({"-", "--conductor", conductor.endpoint(), "--json"},
+                          R"({"timestamp": 0, "input_length": 100, "output_length": 13, "hash_ids": [42]})" "\n");
+  ASSERT_EQ(rejected.rc, 0) << rejected.err;
+  json sr = json::parse(rejected.out);
+  EXPECT_EQ(sr["requests"]["rejected"], 1);
+  EXPECT_EQ(sr["reasons"].begin().key(), "ttft_slo: predicted TTFT 99999 ms > SLO");
+}
+
+TEST(ReplayTool, ConductorNotRunning) {
+  // A port that was just free: bind, read the port, close.
+  std::string endpoint;
+  {
+    rpc::ServerOptions o;
+    o.bind_endpoints = {"tcp://127.0.0.1:0"};
+    auto s = rpc::RpcServer::bind(o);
+    ASSERT_TRUE(s.is_ok());
+    endpoint = (*s)->endpoints().front();
+  }
+  ToolRun r = run_tool({kTrace, "--conductor", endpoint, "--max-requests", "3", "--connect-timeout-ms", "500"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("cannot reach the conductor"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(endpoint), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 5.0);  // the connect timeout (0.5 s) plus start-up, not the submit or drain timeouts
+  ToolRun usage = run_tool({kTrace, "--max-requests", "3"});
+  EXPECT_EQ(usage.rc, 2);
+  EXPECT_NE(usage.err.find("--conductor"), std::string::npos);
+}
+
+TEST(ReplayTool, AnalyzeCommand) {
+  ToolRun r = run_tool({"analyze", kTrace, "--max-requests", "50", "--json", "--capacity-tokens", "1M,3M"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json a = json::parse(r.out);
+  EXPECT_EQ(a["requests"], 50);
+  EXPECT_EQ(a["lru"].size(), 2u);
+  EXPECT_EQ(a["lru"][1]["capacity_tokens"], 3000000);
+  ToolRun bad = run_tool({"analyze", kTrace, "--capacity-tokens", "lots"});
+  EXPECT_EQ(bad.rc, 2);
+  ToolRun missing = run_tool({"analyze", "/nonexistent/trace.jsonl"});
+  EXPECT_NE(missing.rc, 0);
+  EXPECT_NE(missing.err.find("/nonexistent/trace.jsonl"), std::string::npos);
+}
+
+TEST(ReplayTool, ConductorEventsMapOntoTheRecord) {
+  proto::RequestLedger l;  // every field -1: nothing measured
+  Ledger g = to_ledger(l);
+  EXPECT_FALSE(g.prompt_tokens);
+  EXPECT_FALSE(g.transfer_ms);
+  EXPECT_FALSE(g.decision);
+  l.prompt_tokens = 0;
+  l.queue_ms = 0;
+  EXPECT_EQ(*to_ledger(l).prompt_tokens, 0);  // measured 0 stays 0
+  EXPECT_EQ(*to_ledger(l).queue_ms, 0.0);
+  proto::ConductorSubmitReply rej;
+  rej.reject_reason = "kv_capacity";
+  rej.reason = "decode-0 has 12 free blocks, needs 40";
+  Admission a = to_admission(rej);
+  EXPECT_FALSE(a.accepted);
+  EXPECT_EQ(a.reason, "kv_capacity: decode-0 has 12 free blocks, needs 40");
+  Submission sub;
+  sub.request_id = "x";
+  sub.tokens = {1, 2, 3};
+  sub.output_length_tokens = 9;
+  auto req = to_submit_request(sub, 16);
+  EXPECT_EQ(req.input_tokens, 3);
+  EXPECT_EQ(req.block_size_tokens, 16);
+  EXPECT_EQ(req.output_tokens, 9);
+}
+
+}  // namespace
+}  // namespace mc::replay

@@ -1,0 +1,162 @@
+// mc-trace-replay: replays a Mooncake JSONL trace against an mc cluster (open loop, through
+// mc-conductor) and reports TTFT, TBT, TPOT, E2E, SLO attainment, goodput and the KV-cache ledger;
+// `analyze` describes a trace without a cluster; `report` re-summarises a run's JSONL records.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "mc/common/cli.hpp"
+#include "mc/common/units.hpp"
+#include "mc/replay/command.hpp"
+
+namespace {
+
+using mc::replay::TraceInput;
+
+// The trace and window flags, declared once for every command that reads a trace.
+void add_trace_flags(CLI::App& app, TraceInput& in) {
+  app.add_option("trace", in.path, "Mooncake JSONL trace file, or - for stdin")->capture_default_str();
+  app.add_flag("--lenient", in.lenient,
+               "Skip malformed rows with a warning and a final count (default: strict, the first bad row fails "
+               "with its line number)");
+  app.add_flag_callback("--strict", [&in] { in.lenient = false; },
+                        "Stop at the first malformed row, naming its line (the default)");
+  app.add_option("--trace-block-size", in.trace_block_size, "Tokens per hash_id in the trace")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  app.add_option("--start-s", in.window.start_s, "Skip rows that arrive before this trace time (seconds)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--duration-s", in.window.duration_s,
+                 "Replay only rows arriving within this many seconds of trace time after --start-s (0: to the end)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-requests", in.window.max_requests, "Replay at most this many rows (0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+// --slo-ttft-ms / --slo-tbt-ms / --late-threshold-ms and --json, for the commands that summarise records.
+struct SummaryFlags {
+  std::string slo_ttft = "30000";
+  std::string slo_tbt = "100,200,300";
+};
+void add_summary_flags(CLI::App& app, SummaryFlags& f, mc::replay::SummaryOptions& opt, bool& json) {
+  app.add_option("--slo-ttft-ms", f.slo_ttft,
+                 "TTFT limits for SLO attainment, comma-separated (ms); replay sends the first with each request")
+      ->capture_default_str();
+  app.add_option("--slo-tbt-ms", f.slo_tbt,
+                 "TBT limits (mean of the longest 10 % of a request's gaps), comma-separated (ms); replay sends the "
+                 "first with each request")
+      ->capture_default_str();
+  app.add_option("--late-threshold-ms", opt.late_send_threshold_ms,
+                 "A send more than this behind its scheduled time counts as late (ms)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--json", json, "Print one JSON document instead of the table");
+}
+mc::Status apply_summary_flags(const SummaryFlags& f, mc::replay::SummaryOptions& opt) {
+  MC_ASSIGN_OR_RETURN(opt.slo_ttft_ms, mc::replay::parse_ms_list(f.slo_ttft, "--slo-ttft-ms"));
+  MC_ASSIGN_OR_RETURN(opt.slo_tbt_ms, mc::replay::parse_ms_list(f.slo_tbt, "--slo-tbt-ms"));
+  return mc::Status::ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string program = "mc-trace-replay";
+  CLI::App app{
+      "mc-trace-replay: replay a Mooncake JSONL trace against an mc cluster through mc-conductor (open loop) and "
+      "report TTFT, TBT, TPOT, E2E, SLO attainment, goodput and the KV-cache ledger.\n"
+      "  mc-trace-replay TRACE --conductor tcp://127.0.0.1:PORT [--speed X] [--out records.jsonl]\n"
+      "  mc-trace-replay analyze TRACE        (no cluster: lengths, arrival rate, prefix-cache hit ratios)\n"
+      "  mc-trace-replay report RECORDS.jsonl (the summary of a finished run)"};
+  mc::cli::add_common_flags(app, program);
+
+  // ---- replay (the default command) ----
+  mc::replay::ReplayCommand rc;
+  SummaryFlags rsf;
+  add_trace_flags(app, rc.input);
+  app.add_option("--conductor", rc.conductor.endpoint, "mc-conductor endpoint (tcp://host:port)")
+      ->envname("MC_CONDUCTOR");
+  app.add_option("--connect-timeout-ms", rc.conductor.connect_timeout_ms,
+                 "Give up when the conductor does not answer the handshake within this time (ms)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600000));
+  app.add_option("--submit-timeout-ms", rc.conductor.submit_timeout_ms,
+                 "A submission not answered within this time fails (ms)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600000));
+  app.add_option("--speed", rc.replay.speed, "Trace time / wall time: 10 replays 10 s of trace per second")
+      ->capture_default_str()
+      ->envname("MC_REPLAY_SPEED");
+  app.add_option("--rate-scale", rc.replay.rate_scale,
+                 "Multiply the arrival rate (divide the gaps between arrivals) on top of --speed")
+      ->capture_default_str();
+  app.add_option("--time-scale", rc.replay.time_scale,
+                 "Multiply measured durations by this (the sim backend's --time-scale), so the report is in "
+                 "modelled time")
+      ->capture_default_str()
+      ->envname("MC_TIME_SCALE");
+  app.add_option("--senders", rc.replay.senders, "Sender threads: submissions that may be in flight at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--drain-timeout-s", rc.replay.drain_timeout_s,
+                 "After the last send, wait this long (wall seconds) for outstanding requests; the rest fail")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--block-tokens", rc.replay.synth.block_tokens,
+                 "Tokens synthesized per trace block (< --trace-block-size scales prompts down; the cluster's "
+                 "block size must equal it)")
+      ->capture_default_str()
+      ->envname("MC_BLOCK_SIZE");
+  app.add_option("--vocab-size", rc.replay.synth.vocab_size, "Synthesized token ids are in [0, vocab size)")
+      ->capture_default_str();
+  app.add_option("--synth-seed", rc.replay.synth.seed, "Seed of the token synthesis (equal ids -> equal tokens)")
+      ->capture_default_str();
+  app.add_option("--max-output-tokens", rc.max_output_tokens, "Cap each row's output_length (0: as in the trace)")
+      ->capture_default_str();
+  app.add_option("--id-prefix", rc.replay.id_prefix, "Request ids are <prefix><trace line> (default: r<pid>-)");
+  app.add_option("--out", rc.out_path, "Write one JSON object per request (JSONL) to this file");
+  bool progress = false, no_progress = false;
+  app.add_flag("--progress", progress, "Show rate and ETA on stderr even when it is not a terminal");
+  app.add_flag("--no-progress", no_progress, "Never show progress");
+  add_summary_flags(app, rsf, rc.summary, rc.json);
+
+  // ---- analyze ----
+  mc::replay::AnalyzeCommand ac;
+  std::string capacities = "1M,3M,10M,50M";
+  auto* analyze = app.add_subcommand("analyze", "Describe a trace without a cluster: counts, arrival rate, length "
+                                                "percentiles, blocks, prefix-cache hit ratio (infinite and LRU)");
+  add_trace_flags(*analyze, ac.input);
+  analyze->add_option("--capacity-tokens", capacities, "LRU capacities to sweep, in tokens (K/M/G suffixes)")
+      ->capture_default_str();
+  analyze->add_flag("--json", ac.json, "Print one JSON document instead of the table");
+
+  // ---- report ----
+  mc::replay::ReportCommand pc;
+  SummaryFlags psf;
+  auto* report = app.add_subcommand("report", "Summarise the JSONL records of a finished replay (--out)");
+  report->add_option("records", pc.records_path, "JSONL records written by --out")->required();
+  add_summary_flags(*report, psf, pc.summary, pc.json);
+
+  if (int rc_parse = mc::cli::parse(app, argc, argv); rc_parse >= 0) return rc_parse;
+
+  if (analyze->parsed()) {
+    auto caps = mc::units::parse_count_list(capacities);
+    if (!caps.is_ok()) return mc::cli::report(program, caps.status().with_context("--capacity-tokens"));
+    ac.capacity_tokens = caps.value();
+    return mc::cli::report(program, mc::replay::run_analyze_command(ac, std::cout));
+  }
+  if (report->parsed()) {
+    if (auto st = apply_summary_flags(psf, pc.summary); !st.is_ok()) return mc::cli::report(program, st);
+    return mc::cli::report(program, mc::replay::run_report_command(pc, std::cout));
+  }
+  if (auto st = apply_summary_flags(rsf, rc.summary); !st.is_ok()) return mc::cli::report(program, st);
+  if (rc.conductor.endpoint.empty())
+    return mc::cli::report(program, mc::Status(mc::Code::kInvalidArgument,
+                                               "no conductor: pass --conductor tcp://host:port (or set MC_CONDUCTOR), "
+                                               "or use `mc-trace-replay analyze TRACE` to study a trace alone"));
+  rc.replay.progress = !no_progress && (progress || ::isatty(STDERR_FILENO));
+  return mc::cli::report(program, mc::replay::run_replay_command(rc, std::cout));
+}
