@@ -8,12 +8,16 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "mc/common/log.hpp"
 
 namespace mc::store {
 
 namespace {
+
+// Bytes per node data RPC (at most proto::kStoreMaxChunkBytes).
+constexpr uint64_t kChunkBytes = 1ULL << 20;
 
 std::string default_host() {
   char buf[256] = {};
@@ -102,7 +106,7 @@ class Client::Impl {
     }
     MC_ASSIGN_OR_RETURN(rpc::RpcClient * c, node(r.endpoint));
     for (uint64_t done = 0; done < data.size();) {
-      uint64_t n = std::min<uint64_t>(proto::kStoreMaxChunkBytes, data.size() - done);
+      uint64_t n = std::min<uint64_t>(kChunkBytes, data.size() - done);
       proto::StoreNodeWriteRequest req;
       req.segment = r.segment;
       req.offset_bytes = r.offset_bytes + done;
@@ -126,7 +130,7 @@ class Client::Impl {
     }
     MC_ASSIGN_OR_RETURN(rpc::RpcClient * c, node(r.endpoint));
     for (uint64_t done = 0; done < out.size();) {
-      uint64_t n = std::min<uint64_t>(proto::kStoreMaxChunkBytes, out.size() - done);
+      uint64_t n = std::min<uint64_t>(kChunkBytes, out.size() - done);
       proto::StoreNodeReadRequest req{r.segment, r.offset_bytes + done, n};
       auto reply = c->call(req, options.node_timeout_ms);
       if (!reply.is_ok()) {
@@ -238,6 +242,24 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
   MC_ASSIGN_OR_RETURN(auto grants, m.master->call(start, m.options.rpc_timeout_ms));
   if (grants.items.size() != items.size()) {
     return Status(Code::kMalformedMessage, "put_start reply from " + m.options.master + " has the wrong item count");
+  }
+  // Items refused with kUnavailable wait for space being freed (demotion to SSD): retry them alone.
+  const uint16_t kRetry = static_cast<uint16_t>(Code::kUnavailable);
+  for (int64_t deadline = steady_ms() + m.options.put_retry_ms, pause_ms = 5;; pause_ms = std::min<int64_t>(pause_ms * 2, 100)) {
+    proto::StorePutStartRequest again = start;
+    again.keys.clear();
+    again.sizes_bytes.clear();
+    std::vector<size_t> idx;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (grants.items[i].code != kRetry) continue;
+      again.keys.push_back(start.keys[i]);
+      again.sizes_bytes.push_back(start.sizes_bytes[i]);
+      idx.push_back(i);
+    }
+    if (idx.empty() || steady_ms() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    MC_ASSIGN_OR_RETURN(auto more, m.master->call(again, m.options.rpc_timeout_ms));
+    for (size_t j = 0; j < idx.size() && j < more.items.size(); ++j) grants.items[idx[j]] = std::move(more.items[j]);
   }
   std::vector<Status> out(items.size());
   proto::StorePutEndRequest end;

@@ -335,7 +335,7 @@ std::string MasterCore::find_disk_segment(const std::string& node_id, uint64_t s
   return "";
 }
 
-uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_bytes) {
+uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_bytes, uint64_t need_contiguous_bytes) {
   auto seg_it = segments_.find(segment);
   if (seg_it == segments_.end()) return 0;
   Segment& seg = seg_it->second;
@@ -348,7 +348,13 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
       if (r.segment == segment && r.complete) leaving += seg.alloc->rounded(o->second.size_bytes);
     }
   }
-  if (seg.alloc->used_bytes() <= target_used_bytes + leaving) return 0;
+  // Done when usage is at the target and, for a pending put, a range of its size is free (or is about
+  // to be: demotions in flight free their ranges when the node reports).
+  auto done = [&] {
+    return seg.alloc->used_bytes() <= target_used_bytes + leaving &&
+           (need_contiguous_bytes == 0 || leaving > 0 || seg.alloc->largest_free_bytes() >= need_contiguous_bytes);
+  };
+  if (done()) return 0;
   // Approximate LRU: candidates ordered by the last access the master saw (get_replicas, put_end).
   std::vector<std::pair<int64_t, std::string>> candidates;
   for (const auto& [key, obj] : objects_) {
@@ -363,7 +369,7 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
   std::sort(candidates.begin(), candidates.end());
   uint64_t freed = 0;
   for (const auto& [t, key] : candidates) {
-    if (seg.alloc->used_bytes() <= target_used_bytes + leaving) break;
+    if (done()) break;
     Object& obj = objects_.at(key);
     auto r = std::find_if(obj.replicas.begin(), obj.replicas.end(), [&](const Replica& x) { return x.segment == segment; });
     uint64_t rounded = seg.alloc->rounded(obj.size_bytes);
@@ -450,9 +456,20 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
       uint64_t need = seg.alloc->rounded(size_bytes);
       uint64_t target = seg.alloc->capacity_bytes() > need ? seg.alloc->capacity_bytes() - need : 0;
       target = std::min<uint64_t>(target, static_cast<uint64_t>(config_.low_watermark * seg.alloc->capacity_bytes()));
-      evict(name, target);
+      evict(name, target, need);
     }
     segs = place(size_bytes, want, options.preferred_segment, {}, "");
+  }
+  if (segs.empty()) {
+    for (const auto& [name, seg] : segments_) {
+      MC_LOG_DEBUG << "put '" << key << "' found no room: segment " << name << " used " << seg.alloc->used_bytes()
+                   << " of " << seg.alloc->capacity_bytes() << " bytes, largest free range " << seg.alloc->largest_free_bytes()
+                   << ", demotions in flight " << demotions_.size();
+    }
+  }
+  if (segs.empty() && !demotions_.empty()) {
+    return Status(Code::kUnavailable, "put '" + key + "': DRAM is full while " + std::to_string(demotions_.size()) +
+                                          " objects are being demoted to SSD; retry shortly");
   }
   if (segs.empty()) {
     return Status(Code::kNoSpace, "put '" + key + "': no DRAM segment has " + std::to_string(size_bytes) +

@@ -506,3 +506,28 @@ TEST_F(MasterCoreTest, LsByPrefixAndStat) {
 
 }  // namespace
 }  // namespace mc::store
+
+namespace mc::store {
+namespace {
+TEST_F(MasterCoreTest, DemotionFreesRoomForTheNextPut) {
+  MasterConfig c = make_config();
+  c.lease_ms = 50;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 2 * kMiB)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 16 * kMiB, Medium::kDisk)).is_ok());
+  for (int i = 0; i < 14; ++i) {
+    auto g = core.put_start({"c", "", ""}, "d/" + std::to_string(i), 204800 + i * 7, {});
+    if (g.status().code() == Code::kUnavailable) {
+      auto tasks = core.node_heartbeat("n1");
+      ASSERT_FALSE(tasks->empty()) << i;
+      for (const auto& t : tasks.value()) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
+      g = core.put_start({"c", "", ""}, "d/" + std::to_string(i), 204800 + i * 7, {});
+    }
+    ASSERT_TRUE(g.is_ok()) << i << ": " << g.status().to_string();
+    ASSERT_TRUE(core.put_end({"c", "", ""}, "d/" + std::to_string(i), g->put_id).is_ok());
+    clock_.advance_ms(1);
+  }
+  EXPECT_GT(core.stat().demotions, 0u);
+}
+}  // namespace
+}  // namespace mc::store

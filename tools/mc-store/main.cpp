@@ -5,6 +5,7 @@
 #include "mc/common/cli.hpp"
 #include "mc/common/units.hpp"
 #include "mc/store/admin.hpp"
+#include "mc/store/bench.hpp"
 #include "mc/store/keys_command.hpp"
 #include "mc/store/master.hpp"
 #include "mc/store/node.hpp"
@@ -122,6 +123,24 @@ int main(int argc, char** argv) {
   watch_cmd->add_option("--count", count, "Stop after this many events (0: never)")->capture_default_str();
   watch_cmd->add_option("--timeout-ms", idle_ms, "Stop after this long without an event (ms, 0: never)")->capture_default_str();
 
+  // ---- bench ----
+  mc::store::BenchOptions bench;
+  std::string bench_clients = "1,8,32";
+  auto* bench_cmd = app.add_subcommand("bench", "Metadata ops/s (put, get, match over 24 keys) or data GB/s (batch_put/batch_get)");
+  add_master_flag(bench_cmd, bench.client);
+  bench_cmd->add_option("--mode", bench.mode, "metadata or data")->capture_default_str();
+  bench_cmd->add_option("--clients", bench_clients, "Concurrent clients, comma-separated (metadata)")->capture_default_str();
+  bench_cmd->add_option("--ops", bench.ops, "Operations: put, get, match (metadata)")->delimiter(',');
+  bench_cmd->add_option("--duration", bench.duration_s, "Seconds per point")->capture_default_str()->check(CLI::Range(0.1, 600.0));
+  bench_cmd->add_option("--kv-bytes-per-token", bench.kv_bytes_per_token, "KV bytes per token (data)")
+      ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
+  bench_cmd->add_option("--block-tokens", bench.block_tokens, "Tokens per block (data)")
+      ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
+  bench_cmd->add_option("--blocks", bench.blocks, "Blocks per round (data)")->capture_default_str()->check(CLI::Range(1, 100000));
+  bench_cmd->add_option("--batch", bench.batch, "Blocks per batch call (data)")->capture_default_str()->check(CLI::Range(1, 4096));
+  bench_cmd->add_option("--client-host", bench.client.host, "Host name the client claims (another name forces the tcp path)");
+  bench_cmd->add_flag("--json", bench.json, "Print JSON");
+
   // ---- keys ----
   mc::store::KeysOptions keys;
   auto* keys_cmd = app.add_subcommand(
@@ -152,6 +171,12 @@ int main(int argc, char** argv) {
   if (ls_cmd->parsed()) return mc::cli::report("mc-store ls", mc::store::admin_ls(admin, prefix, limit, std::cout));
   if (stat_cmd->parsed()) return mc::cli::report("mc-store stat", mc::store::admin_stat(admin, std::cout));
   if (watch_cmd->parsed()) return mc::cli::report("mc-store watch", mc::store::admin_watch(events, count, idle_ms, std::cout));
+  if (bench_cmd->parsed()) {
+    auto counts = mc::units::parse_count_list(bench_clients);
+    if (!counts.is_ok()) return mc::cli::report("mc-store bench", counts.status());
+    bench.clients = counts.value();
+    return mc::cli::report("mc-store bench", mc::store::run_bench(bench, std::cout));
+  }
   if (keys_cmd->parsed()) return mc::cli::report("mc-store keys", mc::store::run_keys(std::cin, std::cout, keys));
   return mc::cli::kExitUsage;
 }

@@ -19,7 +19,9 @@
 // Writes: put_start reserves replicas (distinct nodes, spread over failure domains), the bytes are
 // written, then put_end makes the object visible; if any write fails the put is revoked. Putting a key
 // that exists is kAlreadyExists (batch_put counts it as stored: blocks are content-addressed), unless
-// overwrite is set. A key another writer is writing is kObjectBusy (retryable).
+// overwrite is set. A key another writer is writing is kObjectBusy (retryable). When DRAM is full but
+// space is being freed by demotions to SSD, put waits up to put_retry_ms; kNoSpace means nothing can
+// be evicted (everything leased, pinned or being written) or no node is mounted.
 //
 // Errors: kUnavailable/kTimeout (master or node unreachable, endpoint named), kObjectNotFound (miss),
 // kObjectBusy, kLeaseExpired, kNoSpace, kInvalidArgument (bad key, size 0, buffer too small).
@@ -51,6 +53,7 @@ struct ClientOptions {
   std::string preferred_segment;  // tried first by put (e.g. the segment of this host's storage node)
   bool use_shm = true;         // map same-host DRAM segments instead of going through the node
   bool replicate_hot = true;   // perform hot-object copies the master asks for after a read
+  int put_retry_ms = 3000;     // how long put waits for space that is being freed (DRAM -> SSD demotion)
 };
 
 // One object of a batch_put.

@@ -240,8 +240,9 @@ class MasterCore {
   std::vector<std::string> place(uint64_t size_bytes, uint32_t count, const std::string& preferred,
                                  const std::vector<std::string>& exclude_nodes, const std::string& near_host);
   // Evicts least-recently-used unleased, complete, unpinned objects from `segment` until its usage is
-  // at most target_bytes (demoting to the node's SSD segment when it has one). Returns bytes freed now.
-  uint64_t evict(const std::string& segment, uint64_t target_used_bytes);
+  // at most target_bytes and, when need_contiguous_bytes > 0, a free range of that size exists (demoting
+  // to the node's SSD segment when it has one). Returns bytes freed now.
+  uint64_t evict(const std::string& segment, uint64_t target_used_bytes, uint64_t need_contiguous_bytes = 0);
   std::string find_disk_segment(const std::string& node_id, uint64_t size_bytes);
   ReplicaView view(const Replica& r, uint64_t size_bytes) const;
   int rank_for(const Caller& caller, const Segment& seg) const;

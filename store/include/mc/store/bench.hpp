@@ -1,0 +1,36 @@
+// `mc-store bench`: throughput of the store as its users see it.
+//  metadata: operations per second of put (put_start + put_end of a 4 KiB object), get (get_replicas)
+//            and match (match_prefix over 24 keys), with N concurrent clients, each on its own thread and
+//            connection; the figure to compare with `redis-benchmark -t set,get -c N` (tools/mc-store/bench.sh).
+//  data:     batch_put / batch_get GB/s (decimal) of blocks of block_tokens x kv_bytes_per_token bytes
+//            through the client library, to compare with `mc-xfer bench` on the same path.
+// Every loop is bounded by duration_s and by max_ops. Output: a table (units in headers) or JSON.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "mc/common/status.hpp"
+#include "mc/store/client.hpp"
+
+namespace mc::store {
+
+struct BenchOptions {
+  ClientOptions client;
+  std::string mode = "metadata";            // metadata | data
+  std::vector<int64_t> clients = {1, 8, 32};
+  std::vector<std::string> ops = {"put", "get", "match"};
+  double duration_s = 2.0;                  // per (op, clients) point
+  uint64_t max_ops = 2'000'000;             // per point, all clients together
+  uint64_t kv_bytes_per_token = 2048;       // data mode
+  uint64_t block_tokens = 512;
+  uint64_t blocks = 64;                     // data mode: blocks per round
+  uint64_t batch = 16;                      // data mode: blocks per batch call
+  bool json = false;
+};
+
+Status run_bench(const BenchOptions& options, std::ostream& out);
+
+}  // namespace mc::store

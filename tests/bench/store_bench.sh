@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Store benchmark (issue 4): metadata ops/s of mc-store master side by side with redis-server/redis-benchmark
+# (same machine, same client counts), and data GB/s of batch_put/batch_get side by side with mc-xfer bench
+# on the same path (shm: same host; tcp: loopback). Everything runs on 127.0.0.1 and is stopped on exit.
+# Usage: tests/bench/store_bench.sh [BUILD_DIR] (env: CLIENTS=1,8,32 DURATION=2 KV_BYTES_PER_TOKEN=2048 REQUESTS=100000)
+set -euo pipefail
+BUILD=${1:-build}
+BIN=$BUILD/bin
+CLIENTS=${CLIENTS:-1,8,32}
+DURATION=${DURATION:-2}
+KVB=${KV_BYTES_PER_TOKEN:-2048}
+REQUESTS=${REQUESTS:-100000}
+PORT=$((20000 + RANDOM % 20000))
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$TMP"; }
+trap cleanup EXIT
+wait_ready() { for _ in $(seq 100); do grep -q '^ready' "$1" 2>/dev/null && return 0; sleep 0.1; done; echo "no ready line in $1" >&2; exit 1; }
+
+M=tcp://127.0.0.1:$PORT
+"$BIN/mc-store" master --listen "$M" --events "" --lease-ms 5000 >"$TMP/master" 2>/dev/null & PIDS+=($!)
+wait_ready "$TMP/master"
+"$BIN/mc-store" serve --master "$M" --node-id bench-local --dram-bytes 512MiB >"$TMP/n1" 2>/dev/null & PIDS+=($!)
+wait_ready "$TMP/n1"
+
+echo "== metadata: mc-store master (ops/s)"
+"$BIN/mc-store" bench --master "$M" --clients "$CLIENTS" --duration "$DURATION"
+
+echo "== metadata: redis-server $(redis-server --version | awk '{print $3}') (requests/s, -P 1, 4 KiB SET values)"
+RPORT=$((PORT + 1))
+redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$TMP/redis" 2>&1 & PIDS+=($!)
+for _ in $(seq 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+for c in ${CLIENTS//,/ }; do
+  redis-benchmark -h 127.0.0.1 -p "$RPORT" -t set,get -c "$c" -n "$REQUESTS" -d 4096 --csv 2>/dev/null | sed "s/^/clients=$c,/"
+done
+
+echo "== data: mc-store batch_put/batch_get, blocks of 512 tokens x $KVB B"
+"$BIN/mc-store" bench --master "$M" --mode data --kv-bytes-per-token "$KVB" --duration "$DURATION"
+"$BIN/mc-store" serve --master "$M" --node-id bench-far --host bench-far-host --dram-bytes 512MiB >"$TMP/n2" 2>/dev/null & PIDS+=($!)
+wait_ready "$TMP/n2"
+kill "${PIDS[1]}"; sleep 0.3   # only the far node remains: the tcp path
+"$BIN/mc-store" bench --master "$M" --mode data --kv-bytes-per-token "$KVB" --duration "$DURATION" --client-host bench-client
+
+echo "== data: mc-xfer bench on the same paths (block = one KV block)"
+BLOCK=$((512 * KVB))
+"$BIN/mc-xfer" serve --size 512MiB >"$TMP/xfer" 2>/dev/null & PIDS+=($!)
+wait_ready "$TMP/xfer"
+SEG=$(awk '/^ready/{for(i=1;i<=NF;i++) if ($i ~ /^segment=/) {sub("segment=","",$i); print $i}}' "$TMP/xfer")
+for t in shm tcp; do
+  for op in write read; do
+    echo "-- mc-xfer $t $op"
+    "$BIN/mc-xfer" bench --target "$SEG" --transport "$t" --op "$op" --block "$BLOCK" --duration "$DURATION" --batch 16 2>/dev/null | tail -n 3
+  done
+done

@@ -1,0 +1,122 @@
+// Round trip of every store message of protocol.hpp: pack -> unpack -> pack gives the same bytes, and
+// the non-default values survive (a field missing from MSGPACK_DEFINE_MAP would come back as default).
+#include <gtest/gtest.h>
+
+#include "mc/common/codec.hpp"
+#include "mc/common/protocol.hpp"
+
+namespace mc::proto {
+namespace {
+
+template <typename T>
+T round_trip(const T& v) {
+  std::string bytes = codec::pack(v);
+  Result<T> back = codec::unpack<T>(bytes, "test");
+  EXPECT_TRUE(back.is_ok()) << back.status().to_string();
+  if (!back.is_ok()) return T{};
+  EXPECT_EQ(codec::pack(back.value()), bytes);
+  return back.value();
+}
+
+StoreReplica replica() {
+  return StoreReplica{"n1/dram", "n1", "h1", "rack1", "cpu", "tcp://127.0.0.1:5", "/dev/shm/x", 1ULL << 40, 12345};
+}
+
+TEST(StoreProtocol, ReplicaAndMount) {
+  StoreReplica r = round_trip(replica());
+  EXPECT_EQ(r.offset_bytes, 1ULL << 40);
+  EXPECT_EQ(r.shm_path, "/dev/shm/x");
+  EXPECT_EQ(r.domain, "rack1");
+  StoreMountRequest m{"n1", "n1/ssd", "h1", "rack2", "disk", 5ULL << 30, "tcp://h:1", ""};
+  EXPECT_EQ(round_trip(m).capacity_bytes, 5ULL << 30);
+  EXPECT_EQ(round_trip(m).medium, "disk");
+  EXPECT_EQ(round_trip(StoreUnmountRequest{"n1", "n1/dram"}).segment, "n1/dram");
+  EXPECT_EQ(std::string(StoreMountRequest::kType), "store.mount");
+}
+
+TEST(StoreProtocol, HeartbeatsAndDemotion) {
+  StoreNodeHeartbeatRequest hb{"n1", {{7, true}, {8, false}}};
+  auto b = round_trip(hb);
+  ASSERT_EQ(b.done.size(), 2u);
+  EXPECT_TRUE(b.done[0].ok);
+  EXPECT_EQ(b.done[1].task_id, 8u);
+  StoreNodeHeartbeatReply r{{StoreDemoteTask{3, "k", "n1/dram", 64, "n1/ssd", 128, 4096}}};
+  auto rb = round_trip(r);
+  ASSERT_EQ(rb.tasks.size(), 1u);
+  EXPECT_EQ(rb.tasks[0].dst_offset_bytes, 128u);
+  EXPECT_EQ(round_trip(StoreClientHeartbeatRequest{"c9"}).client_id, "c9");
+  EXPECT_TRUE(round_trip(StoreAck{}).ok);
+}
+
+TEST(StoreProtocol, PutMessages) {
+  StorePutStartRequest ps{"c1", {"a", "b"}, {1, 1ULL << 33}, 3, "n2/dram", true, true};
+  auto p = round_trip(ps);
+  EXPECT_EQ(p.sizes_bytes[1], 1ULL << 33);
+  EXPECT_EQ(p.replicas, 3u);
+  EXPECT_TRUE(p.overwrite);
+  EXPECT_TRUE(p.pin);
+  StorePutStartReply pr{{StorePutStartItem{0, "", 42, {replica()}}, StorePutStartItem{401, "busy", 0, {}}}};
+  auto prb = round_trip(pr);
+  EXPECT_EQ(prb.items[0].put_id, 42u);
+  EXPECT_EQ(prb.items[1].code, 401);
+  EXPECT_EQ(round_trip(StorePutEndRequest{"c1", {"a"}, {42}}).put_ids[0], 42u);
+  EXPECT_EQ(round_trip(StorePutRevokeRequest{"c1", {"a"}, {43}}).put_ids[0], 43u);
+  StoreItemsReply ir{{0, 400}, {"", "not found"}};
+  EXPECT_EQ(round_trip(ir).messages[1], "not found");
+}
+
+TEST(StoreProtocol, ReadMessages) {
+  StoreGetReplicasRequest g{"c1", "h1", "rack1", {"k1", "k2"}};
+  EXPECT_EQ(round_trip(g).client_domain, "rack1");
+  StoreGetItem item{0, "", 4096, 5000, {replica(), replica()}, {replica()}, 77};
+  StoreGetReplicasReply gr{{item}};
+  auto grb = round_trip(gr);
+  EXPECT_EQ(grb.items[0].replicas.size(), 2u);
+  EXPECT_EQ(grb.items[0].replicate_put_id, 77u);
+  EXPECT_EQ(grb.items[0].lease_ms, 5000);
+  EXPECT_TRUE(round_trip(StoreReplicaEndRequest{"c1", "k", 77, true}).ok);
+  EXPECT_EQ(round_trip(StoreExistsRequest{{"a", "b"}}).keys.size(), 2u);
+  auto ex = round_trip(StoreExistsReply{{true, false, true}});
+  EXPECT_EQ(ex.present, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(round_trip(StoreMatchPrefixRequest{{"a", "b", "c"}}).keys.size(), 3u);
+  EXPECT_EQ(round_trip(StoreMatchPrefixReply{24}).matched_blocks, 24u);
+  EXPECT_EQ(round_trip(StoreRemoveRequest{{"x"}}).keys[0], "x");
+}
+
+TEST(StoreProtocol, ListingStatAndData) {
+  EXPECT_EQ(round_trip(StoreLsRequest{"kv/", 7}).limit, 7u);
+  StoreLsReply ls{{StoreObjectInfo{"k", 10, true, true, false, {"n1/dram"}, {"cpu"}}}, true};
+  auto lsb = round_trip(ls);
+  EXPECT_TRUE(lsb.truncated);
+  EXPECT_TRUE(lsb.objects[0].leased);
+  StoreStatReply st;
+  st.segments.push_back(StoreSegmentStat{"n1/dram", "n1", "h", "r", "cpu", 100, 50, 40, 0.2, 3, 1, 9, 2, 1});
+  st.misses = 5;
+  st.last_event_id = 99;
+  st.pending_free_bytes = 4096;
+  auto stb = round_trip(st);
+  EXPECT_DOUBLE_EQ(stb.segments[0].fragmentation, 0.2);
+  EXPECT_EQ(stb.segments[0].demotions, 1u);
+  EXPECT_EQ(stb.last_event_id, 99u);
+  EXPECT_FALSE(round_trip(StoreStatRequest{false}).with_segments);
+  StoreNodeWriteRequest w{"n1/dram", 4096, {'\0', '\xff', 'a'}};
+  auto wb = round_trip(w);
+  EXPECT_EQ(wb.data, (std::vector<char>{'\0', '\xff', 'a'}));
+  EXPECT_EQ(round_trip(StoreNodeReadRequest{"n1/ssd", 8, 16}).length_bytes, 16u);
+  EXPECT_EQ(round_trip(StoreNodeReadReply{{'x'}}).data.size(), 1u);
+}
+
+TEST(StoreProtocol, IllTypedFieldFailsDecode) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(1);
+  pk.pack(std::string("sizes_bytes"));
+  pk.pack(std::string("not a list"));
+  auto r = codec::unpack<StorePutStartRequest>(std::string_view(buf.data(), buf.size()), "test");
+  EXPECT_EQ(r.status().code(), Code::kMalformedMessage);
+  auto t = codec::unpack<StorePutStartRequest>(std::string_view(buf.data(), buf.size() - 3), "test");
+  EXPECT_EQ(t.status().code(), Code::kMalformedMessage);
+}
+
+}  // namespace
+}  // namespace mc::proto

@@ -1,0 +1,537 @@
+// End-to-end: the real mc-store binaries (master + storage nodes) on loopback, driven through the client
+// library, raw RPC and the admin CLI. Every child is killed and every /dev/shm and SSD file removed by
+// RAII guards, also when a test fails.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/common/block_key.hpp"
+#include "mc/common/rpc.hpp"
+#include "mc/store/client.hpp"
+
+namespace mc::store {
+namespace {
+
+const std::string kBin = MC_BINARY_DIR "/bin/mc-store";
+
+// A child process with its stdout on a pipe; killed (SIGKILL) and reaped on destruction.
+class Child {
+ public:
+  explicit Child(std::vector<std::string> args) {
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      close(out[0]);
+      close(out[1]);
+      int devnull = open("/dev/null", O_WRONLY);
+      if (devnull >= 0 && !getenv("MC_TEST_CHILD_STDERR")) dup2(devnull, 2);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(kBin.c_str()));
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(kBin.c_str(), argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    fd_ = out[0];
+  }
+  ~Child() {
+    kill(SIGKILL);
+    if (fd_ >= 0) close(fd_);
+  }
+  // Waits for the "ready <service> <endpoint> k=v..." line; returns its words.
+  std::vector<std::string> wait_ready(int timeout_ms = 5000) {
+    std::string line;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      char c;
+      if (read(fd_, &c, 1) != 1) break;
+      if (c == '\n') {
+        if (line.rfind("ready ", 0) == 0) {
+          std::istringstream s(line);
+          std::vector<std::string> words;
+          for (std::string w; s >> w;) words.push_back(w);
+          return words;
+        }
+        line.clear();
+      } else {
+        line += c;
+      }
+    }
+    return {};
+  }
+  void kill(int sig) {
+    if (pid_ > 0) {
+      ::kill(pid_, sig);
+      if (sig == SIGKILL || sig == SIGTERM) {
+        int st = 0;
+        waitpid(pid_, &st, 0);
+        pid_ = -1;
+      }
+    }
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
+// Runs the tool to completion; returns (exit code, stdout).
+std::pair<int, std::string> run_tool(const std::vector<std::string>& args, const std::string& stdin_file = "") {
+  std::string cmd = kBin;
+  for (const auto& a : args) cmd += " '" + a + "'";
+  if (!stdin_file.empty()) cmd += " < '" + stdin_file + "'";
+  cmd += " 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  int st = pclose(f);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+std::vector<std::byte> random_bytes(size_t n, uint64_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 rng(seed);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/mc-store-e2e-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+class StoreE2E : public ::testing::Test {
+ protected:
+  // Starts a master with extra flags; returns its endpoint.
+  void start_master(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"master", "--listen", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0", "--tick-ms", "50"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    master_ = std::make_unique<Child>(args);
+    auto w = master_->wait_ready();
+    ASSERT_GE(w.size(), 4u) << "master did not print its ready line";
+    endpoint_ = w[2];
+    events_ = w[3].substr(std::string("events=").size());
+  }
+  // Starts a storage node; host "" = this host (shm reachable).
+  Child* start_node(const std::string& id, const std::string& dram, const std::string& host = "",
+                    const std::string& domain = "default", const std::string& ssd_bytes = "") {
+    std::vector<std::string> args = {"serve", "--master", endpoint_, "--node-id", prefix_ + id, "--dram-bytes", dram,
+                                     "--domain", domain, "--heartbeat-ms", "100"};
+    if (!host.empty()) args.insert(args.end(), {"--host", host});
+    if (!ssd_bytes.empty()) args.insert(args.end(), {"--ssd-dir", tmp_.path.string(), "--ssd-bytes", ssd_bytes});
+    nodes_.push_back(std::make_unique<Child>(args));
+    auto w = nodes_.back()->wait_ready();
+    EXPECT_GE(w.size(), 3u) << "node " << id << " did not print its ready line";
+    return nodes_.back().get();
+  }
+  std::unique_ptr<Client> client(const std::string& id = "", uint32_t replicas = 1, const std::string& pref = "") {
+    ClientOptions o;
+    o.master = endpoint_;
+    o.client_id = id;
+    o.replicas = replicas;
+    o.preferred_segment = pref.empty() ? "" : prefix_ + pref;
+    auto c = Client::connect(o);
+    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+    return c.is_ok() ? std::move(c).value() : nullptr;
+  }
+  std::unique_ptr<rpc::RpcClient> raw() {
+    auto c = rpc::RpcClient::connect(endpoint_);
+    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+    return std::move(c).value();
+  }
+  proto::StoreStatReply stat() {
+    auto r = raw()->call(proto::StoreStatRequest{});
+    EXPECT_TRUE(r.is_ok());
+    return r.value_or(proto::StoreStatReply{});
+  }
+  // Polls cond every 50 ms up to timeout_ms; returns elapsed ms or -1.
+  template <typename F>
+  int64_t wait_for(F cond, int64_t timeout_ms) {
+    auto t0 = std::chrono::steady_clock::now();
+    while (true) {
+      int64_t el = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      if (cond()) return el;
+      if (el > timeout_ms) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  void TearDown() override {
+    nodes_.clear();
+    master_.reset();
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      if (e.path().filename().string().rfind("mc-store-" + prefix_, 0) == 0) std::filesystem::remove(e.path());
+    }
+  }
+
+  std::string prefix_ = "e2e" + std::to_string(getpid()) + "-";
+  TempDir tmp_;
+  std::unique_ptr<Child> master_;
+  std::vector<std::unique_ptr<Child>> nodes_;
+  std::string endpoint_, events_;
+};
+
+TEST_F(StoreE2E, PutGetRoundTripsOverShmAndTcp) {
+  start_master();
+  start_node("n1", "32MiB");                     // this host: shm
+  start_node("n2", "32MiB", "far-host-2", "r2");  // another "host": tcp
+  start_node("n3", "32MiB", "far-host-3", "r3");
+  auto c = client("rt", 1);
+  ASSERT_TRUE(c);
+  for (const auto& [seg, seed] : std::vector<std::pair<std::string, int>>{{"n1/dram", 1}, {"n2/dram", 2}, {"n3/dram", 3}}) {
+    ClientOptions o;
+    o.master = endpoint_;
+    o.preferred_segment = prefix_ + seg;
+    auto w = Client::connect(o).value();
+    for (size_t size : {size_t{1}, size_t{4097}, size_t{(3 << 20) + 3}}) {
+      std::string key = seg + "/" + std::to_string(size);
+      auto data = random_bytes(size, seed * 1000 + size);
+      ASSERT_TRUE(w->put(key, data).is_ok()) << key;
+      std::vector<std::byte> back(size + 10, std::byte{0x5a});
+      auto n = c->get(key, back);
+      ASSERT_TRUE(n.is_ok()) << key << ": " << n.status().to_string();
+      ASSERT_EQ(n.value(), size);
+      ASSERT_EQ(0, std::memcmp(back.data(), data.data(), size)) << key << " differs";
+      EXPECT_EQ(back[size], std::byte{0x5a});  // nothing written past the object
+    }
+  }
+  EXPECT_GT(c->counters().bytes_read_shm, 0u);
+  EXPECT_GT(c->counters().bytes_read_tcp, 0u);
+  // Batch forms, with two replicas each on distinct nodes.
+  auto c2 = client("batch", 2);
+  std::vector<std::vector<std::byte>> blobs;
+  std::vector<PutItem> puts;
+  for (int i = 0; i < 16; ++i) blobs.push_back(random_bytes(64 * 1024 + i, 77 + i));
+  for (int i = 0; i < 16; ++i) puts.push_back({"b/" + std::to_string(i), blobs[i]});
+  auto ps = c2->batch_put(puts);
+  ASSERT_TRUE(ps.is_ok());
+  for (const auto& s : ps.value()) EXPECT_TRUE(s.is_ok()) << s.to_string();
+  std::vector<std::vector<std::byte>> outs(17);
+  std::vector<GetItem> gets;
+  for (int i = 0; i < 16; ++i) {
+    outs[i].resize(blobs[i].size());
+    gets.push_back({"b/" + std::to_string(i), outs[i]});
+  }
+  outs[16].resize(10);
+  gets.push_back({"b/absent", outs[16]});
+  auto gs = c->batch_get(gets);
+  ASSERT_TRUE(gs.is_ok());
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(gs.value()[i].is_ok()) << gs.value()[i].to_string();
+    EXPECT_EQ(outs[i], blobs[i]);
+  }
+  EXPECT_EQ(gs.value()[16].code(), Code::kObjectNotFound);
+  auto ls = c->ls("b/");
+  ASSERT_TRUE(ls.is_ok());
+  ASSERT_EQ(ls->objects.size(), 16u);
+  for (const auto& o : ls->objects) EXPECT_EQ(o.segments.size(), 2u);
+  // Putting a key again: already exists for put, ok for batch_put (content-addressed blocks).
+  EXPECT_EQ(c2->put("b/0", blobs[0]).code(), Code::kAlreadyExists);
+}
+
+// Field report #5 and the kill -9 scenario of the issue.
+TEST_F(StoreE2E, KilledNodeLeavesWithin3sAndMatchPrefixStopsAtTheGap) {
+  start_master({"--node-ttl-ms", "1000"});
+  start_node("n1", "16MiB");
+  Child* n2 = start_node("n2", "16MiB", "", "default", "16MiB");
+  start_node("n3", "16MiB");
+  KeyNamespace ns;
+  ns.model_id = "m";
+  std::vector<std::string> chain;
+  for (int i = 0; i < 4; ++i) chain.push_back(block_store_key(ns, 0xabc0 + i));
+  const char* where[] = {"n1/dram", "n3/dram", "n2/dram", "n1/dram"};
+  for (int i = 0; i < 4; ++i) {
+    auto w = client("w" + std::to_string(i), 1, where[i]);
+    ASSERT_TRUE(w->put(chain[i], random_bytes(4096, i)).is_ok());
+  }
+  auto k1w = client("k1", 1, "n2/dram");
+  ASSERT_TRUE(k1w->put("K1", random_bytes(8192, 11)).is_ok());
+  auto k2w = client("k2", 1, "n1/dram");
+  ASSERT_TRUE(k2w->put("K2", random_bytes(8192, 12)).is_ok());
+  auto c = client("reader");
+  ASSERT_EQ(c->match_prefix(chain).value_or(99), 4u);
+
+  n2->kill(SIGKILL);
+  auto r = raw();
+  auto names_n2 = [&] {
+    proto::StoreGetReplicasRequest req;
+    req.client_id = "probe";
+    req.keys = {"K1", "K2", chain[2]};
+    auto rep = r->call(req);
+    if (!rep.is_ok()) return true;
+    for (const auto& item : rep->items) {
+      for (const auto& x : item.replicas) {
+        if (x.node_id == prefix_ + "n2") return true;
+      }
+    }
+    return false;
+  };
+  int64_t ms = wait_for([&] { return !names_n2(); }, 3000);
+  ASSERT_GE(ms, 0) << "a replica on the killed node was still returned after 3 s";
+  EXPECT_EQ(c->match_prefix(chain).value_or(99), 2u);
+  std::vector<std::byte> buf(8192);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c->get("K1", buf).status().code(), Code::kObjectNotFound);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2000));
+  EXPECT_TRUE(c->get("K2", buf).is_ok());
+  EXPECT_GE(stat().dead_nodes, 1u);
+  // N2 comes back, fresh: K1 stays gone.
+  start_node("n2", "16MiB");
+  EXPECT_FALSE(c->exists({"K1"}).value().at(0));
+  EXPECT_EQ(c->match_prefix(chain).value_or(99), 2u);
+}
+
+// Field report #7: a writer dies between put_start and put_end.
+TEST_F(StoreE2E, StaleWriterIsTakenOverAndItsLatePutEndRefused) {
+  start_master({"--put-takeover-ms", "1500", "--free-delay-ms", "500"});
+  start_node("n1", "16MiB");
+  auto used = [&] {
+    uint64_t u = 0;
+    for (const auto& s : stat().segments) u += s.used_bytes;
+    return u;
+  };
+  uint64_t used0 = used();
+  // C1: a separate process would be killed here; from the master's view it simply never comes back.
+  auto c1 = raw();
+  proto::StorePutStartRequest ps;
+  ps.client_id = "C1";
+  ps.keys = {"K"};
+  ps.sizes_bytes = {65536};
+  auto g1 = c1->call(ps);
+  ASSERT_TRUE(g1.is_ok());
+  ASSERT_EQ(g1->items[0].code, 0);
+  auto c2 = client("C2");
+  std::vector<std::byte> buf(65536);
+  EXPECT_EQ(c2->get("K", buf).status().code(), Code::kObjectNotFound);  // step 2: miss
+  auto data2 = random_bytes(65536, 2);
+  Status early = c2->put("K", data2);
+  EXPECT_EQ(early.code(), Code::kObjectBusy) << early.to_string();   // step 3: retryable
+  EXPECT_TRUE(early.is_retryable());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  ASSERT_TRUE(c2->put("K", data2).is_ok());  // step 4
+  proto::StorePutEndRequest late{"C1", {"K"}, {g1->items[0].put_id}};
+  auto le = c1->call(late);
+  ASSERT_TRUE(le.is_ok());
+  EXPECT_EQ(le->codes[0], static_cast<uint16_t>(Code::kFailedPrecondition));  // step 5
+  ASSERT_TRUE(c2->get("K", buf).is_ok());
+  EXPECT_EQ(buf, data2);
+  EXPECT_GE(wait_for([&] { return used() == used0 + 65536; }, 3000), 0) << "C1's range was not released";
+}
+
+TEST_F(StoreE2E, EvictionUnderPressureNeverTouchesAnObjectBeingRead) {
+  start_master({"--lease-ms", "60000"});
+  start_node("n1", "4MiB");
+  auto c = client("w");
+  auto keep = random_bytes(512 * 1024, 5);
+  ASSERT_TRUE(c->put("keep", keep).is_ok());
+  std::vector<std::byte> buf(keep.size());
+  ASSERT_TRUE(c->get("keep", buf).is_ok());  // now leased for 60 s
+  int stored = 0;
+  for (int i = 0; i < 40; ++i) {
+    if (c->put("fill/" + std::to_string(i), random_bytes(256 * 1024, 100 + i)).is_ok()) ++stored;
+  }
+  EXPECT_GT(stored, 8);
+  EXPECT_GT(stat().evictions, 0u);
+  std::fill(buf.begin(), buf.end(), std::byte{0});
+  ASSERT_TRUE(c->get("keep", buf).is_ok());
+  EXPECT_EQ(buf, keep);
+  EXPECT_EQ(c->remove("keep").code(), Code::kObjectBusy);
+}
+
+TEST_F(StoreE2E, DramVictimsAreDemotedToSsdAndReadBack) {
+  start_master({"--lease-ms", "3000"});  // no reads before the demotions; reads under load may be slow
+  start_node("n1", "2MiB", "", "default", "16MiB");
+  auto c = client("w");
+  std::vector<std::vector<std::byte>> blobs;
+  for (int i = 0; i < 12; ++i) {
+    blobs.push_back(random_bytes(200 * 1024 + i * 7, 300 + i));
+    Status s = c->put("d/" + std::to_string(i), blobs.back());
+    ASSERT_TRUE(s.is_ok()) << i << ": " << s.to_string();
+  }
+  ASSERT_GE(wait_for([&] { return stat().demotions > 0; }, 3000), 0) << "no demotion happened";
+  auto ls = c->ls("d/");
+  int on_disk = 0;
+  for (const auto& o : ls->objects) {
+    for (const auto& m : o.media) on_disk += m == "disk";
+  }
+  EXPECT_GT(on_disk, 0);
+  for (int i = 0; i < 12; ++i) {
+    std::vector<std::byte> buf(blobs[i].size());
+    auto n = c->get("d/" + std::to_string(i), buf);
+    ASSERT_TRUE(n.is_ok()) << i << ": " << n.status().to_string();
+    EXPECT_EQ(buf, blobs[i]) << "object " << i << " differs after demotion";
+  }
+  EXPECT_GT(c->counters().bytes_read_tcp, 0u);  // SSD replicas are read through the node
+}
+
+// Field report #3: a namespace change never hits; a size mismatch is a miss.
+TEST_F(StoreE2E, NamespaceChangesNeverHitAndSizeMismatchIsAMiss) {
+  start_master();
+  start_node("n1", "16MiB");
+  auto c = client("w");
+  std::vector<uint32_t> tokens(1024);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = i * 7 + 1;
+  KeyNamespace base;
+  base.model_id = "m";
+  base.kv_dtype = "bf16";
+  base.model_revision = "r1";
+  base.layout = "tp1";
+  auto keys_of = [&](const KeyNamespace& ns) {
+    std::vector<std::string> keys;
+    for (uint64_t h : seq_hashes(tokens, ns)) keys.push_back(block_store_key(ns, h));
+    return keys;
+  };
+  auto stored = keys_of(base);
+  ASSERT_EQ(stored.size(), 2u);
+  for (const auto& k : stored) ASSERT_TRUE(c->put(k, random_bytes(4096, 9)).is_ok());
+  EXPECT_EQ(c->match_prefix(stored).value(), 2u);
+  std::vector<KeyNamespace> variants(5, base);
+  variants[0].kv_dtype = "fp8";
+  variants[1].model_revision = "r2";
+  variants[2].block_size = 256;
+  variants[3].layout = "tp8";
+  variants[4].salt = "tenant-b";
+  for (const auto& v : variants) EXPECT_EQ(c->match_prefix(keys_of(v)).value(), 0u) << v.canonical();
+  // Step 4: the right key, but the reader expects another length -> miss, buffer untouched.
+  std::vector<std::byte> wrong(8192, std::byte{0x11});
+  GetItem item{stored[0], wrong};
+  auto r = c->batch_get(std::span<const GetItem>(&item, 1));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r.value()[0].code(), Code::kObjectNotFound);
+  for (auto b : wrong) ASSERT_EQ(b, std::byte{0x11});
+}
+
+TEST_F(StoreE2E, BadInputGetsErrorsAndTheMasterKeepsServing) {
+  start_master();
+  start_node("n1", "16MiB");
+  auto r = raw();
+  proto::StorePutStartRequest ps;
+  ps.client_id = "bad";
+  ps.keys = {"zero", "huge", "", std::string(4000, 'k'), "ok"};
+  ps.sizes_bytes = {0, 1ULL << 62, 10, 10, 10};
+  auto g = r->call(ps);
+  ASSERT_TRUE(g.is_ok());
+  EXPECT_EQ(g->items[0].code, static_cast<uint16_t>(Code::kInvalidArgument));
+  EXPECT_EQ(g->items[1].code, static_cast<uint16_t>(Code::kInvalidArgument));
+  EXPECT_EQ(g->items[2].code, static_cast<uint16_t>(Code::kInvalidArgument));
+  EXPECT_EQ(g->items[3].code, static_cast<uint16_t>(Code::kInvalidArgument));
+  EXPECT_EQ(g->items[4].code, 0);
+  ps.sizes_bytes = {1};  // arrays of different lengths
+  EXPECT_EQ(r->call(ps).status().code(), Code::kInvalidArgument);
+  proto::StoreGetReplicasRequest gr;
+  gr.keys = {"unknown"};
+  EXPECT_EQ(r->call(gr)->items[0].code, static_cast<uint16_t>(Code::kObjectNotFound));
+  proto::StoreMatchPrefixRequest big;
+  big.keys.assign(proto::kStoreMaxBatch + 1, "k");
+  EXPECT_EQ(r->call(big).status().code(), Code::kInvalidArgument);
+  // Raw frames: truncated body, wrong protocol version, unknown type, garbage header.
+  zmq::socket_t s(rpc::context(), zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(endpoint_);
+  auto send = [&](const std::string& h, const std::string& b) {
+    s.send(zmq::buffer(h), zmq::send_flags::sndmore);
+    s.send(zmq::buffer(b), zmq::send_flags::none);
+  };
+  std::string body = codec::pack(ps);
+  send(codec::pack(proto::Header{proto::kProtocolVersion, "store.put_start", 1}), body.substr(0, body.size() / 2));
+  send(codec::pack(proto::Header{proto::kProtocolVersion + 7, "store.stat", 2}), codec::pack(proto::StoreStatRequest{}));
+  send(codec::pack(proto::Header{proto::kProtocolVersion, "store.nope", 3}), "");
+  send("\xc1garbage", "x");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Still serving, and nothing was stored by the bad calls.
+  auto st = r->call(proto::StoreStatRequest{});
+  ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+  EXPECT_EQ(st->processing, 1u);  // only "ok", never finished
+  EXPECT_EQ(st->objects, 0u);
+  // A node data call out of range is refused too.
+  auto c = client("x");
+  EXPECT_TRUE(c->put("fine", random_bytes(10, 1)).is_ok());
+}
+
+TEST_F(StoreE2E, KvEventsAndAdminCliJson) {
+  start_master({"--lease-ms", "100"});
+  start_node("n1", "16MiB");
+  auto sub = rpc::EventSubscriber::connect(events_).value();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // PUB/SUB join
+  KeyNamespace ns;
+  ns.model_id = "m";
+  std::string k0 = block_store_key(ns, 0x1111), k1 = block_store_key(ns, 0x2222);
+  std::string file = (tmp_.path / "blob").string();
+  {
+    FILE* f = fopen(file.c_str(), "wb");
+    auto d = random_bytes(100000, 4);
+    fwrite(d.data(), 1, d.size(), f);
+    fclose(f);
+  }
+  EXPECT_EQ(run_tool({"put", "--master", endpoint_, k0, file}).first, 0);
+  EXPECT_EQ(run_tool({"put", "--master", endpoint_, k1, "-"}, file).first, 0);
+  auto [rc, bytes] = run_tool({"get", "--master", endpoint_, k0});
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(bytes.size(), 100000u);
+  EXPECT_EQ(run_tool({"get", "--master", endpoint_, "absent"}).first, 1);
+  auto [lrc, ls] = run_tool({"ls", "--master", endpoint_, "--prefix", "kv/", "--json"});
+  ASSERT_EQ(lrc, 0);
+  auto lj = nlohmann::json::parse(ls);
+  ASSERT_EQ(lj["objects"].size(), 2u);
+  EXPECT_EQ(lj["objects"][0]["size_bytes"], 100000);
+  auto [src, st] = run_tool({"stat", "--master", endpoint_, "--json"});
+  ASSERT_EQ(src, 0);
+  auto sj = nlohmann::json::parse(st);
+  EXPECT_EQ(sj["objects"], 2);
+  EXPECT_EQ(sj["segments"][0]["medium"], "cpu");
+  EXPECT_GE(sj["segments"][0]["used_bytes"].get<uint64_t>(), 200000u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_EQ(run_tool({"rm", "--master", endpoint_, k0}).first, 0);
+  // Events: stored k0, stored k1, removed k0, with consecutive ids.
+  std::vector<proto::KvEvent> got;
+  for (int i = 0; i < 40 && got.size() < 3; ++i) {
+    auto e = sub->next(100);
+    if (e.is_ok() && e->has_value()) got.push_back(**e);
+  }
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].type, "stored");
+  EXPECT_EQ(got[0].seq_hashes, std::vector<uint64_t>{0x1111});
+  EXPECT_EQ(got[0].backend_id, prefix_ + "n1/dram");
+  EXPECT_EQ(got[0].medium, "cpu");
+  EXPECT_EQ(got[2].type, "removed");
+  EXPECT_EQ(got[1].event_id, got[0].event_id + 1);
+  EXPECT_EQ(got[2].event_id, got[1].event_id + 1);
+  // watch prints the same stream as JSONL.
+  std::pair<int, std::string> watched;
+  std::thread th([&] { watched = run_tool({"watch", "--events", events_, "--count", "1", "--timeout-ms", "3000"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(run_tool({"put", "--master", endpoint_, block_store_key(ns, 0x3333), file}).first, 0);
+  th.join();
+  EXPECT_EQ(watched.first, 0);
+  auto wj = nlohmann::json::parse(watched.second);
+  EXPECT_EQ(wj["type"], "stored");
+  EXPECT_EQ(wj["seq_hashes"][0], 0x3333);
+  EXPECT_EQ(wj["event_id"], got[2].event_id + 1);
+}
+
+}  // namespace
+}  // namespace mc::store
