@@ -1,14 +1,128 @@
-// mc-store: the KV store's tool. Subcommands: keys (block keys of token ids).
+// mc-store: the KV store's tool. Subcommands: master (metadata service), serve (storage node), put, get,
+// rm, ls, stat, watch (admin and debugging), keys (block keys of token ids).
 #include <iostream>
 
 #include "mc/common/cli.hpp"
+#include "mc/common/units.hpp"
+#include "mc/store/admin.hpp"
 #include "mc/store/keys_command.hpp"
+#include "mc/store/master.hpp"
+#include "mc/store/node.hpp"
+
+namespace {
+
+// A size flag accepting "64KiB", "1GiB", "4096" (units.hpp).
+CLI::Option* add_size(CLI::App* cmd, const std::string& name, uint64_t& target, const std::string& help) {
+  return cmd
+      ->add_option_function<std::string>(
+          name,
+          [&target, name](const std::string& v) {
+            auto r = mc::units::parse_size_bytes(v);
+            if (!r.is_ok() || r.value() < 0) throw CLI::ValidationError(name, r.status().message());
+            target = static_cast<uint64_t>(r.value());
+          },
+          help)
+      ->default_str(std::to_string(target));
+}
+
+void add_master_flag(CLI::App* cmd, mc::store::ClientOptions& c) {
+  cmd->add_option("--master", c.master, "Endpoint of mc-store master")->envname("MC_STORE_MASTER")->capture_default_str();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"mc-store: the KV-cache store (master, storage nodes, admin and debugging commands)"};
   app.require_subcommand(1);
   mc::cli::add_common_flags(app, "mc-store");
 
+  // ---- master ----
+  mc::store::MasterOptions master;
+  auto* master_cmd = app.add_subcommand("master", "Run the metadata service (segments, objects, leases, eviction, KV events)");
+  master_cmd->add_option("--listen", master.listen, "RPC endpoint to bind")->envname("MC_STORE_LISTEN")->capture_default_str();
+  master_cmd->add_option("--events", master.events, "KV event PUB endpoint (empty: no events)")
+      ->envname("MC_STORE_EVENTS")->capture_default_str();
+  auto& mc_cfg = master.config;
+  master_cmd->add_option("--high-watermark", mc_cfg.high_watermark, "Segment usage fraction that starts eviction")
+      ->capture_default_str()->check(CLI::Range(0.01, 1.0));
+  master_cmd->add_option("--low-watermark", mc_cfg.low_watermark, "Segment usage fraction eviction stops at")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  master_cmd->add_option("--node-ttl-ms", mc_cfg.node_ttl_ms, "A storage node silent this long (ms) is dead")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+  master_cmd->add_option("--client-ttl-ms", mc_cfg.client_ttl_ms, "A client silent this long (ms) is dead; its puts are reclaimed")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  master_cmd->add_option("--lease-ms", mc_cfg.lease_ms, "Read lease granted by get (ms)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+  master_cmd->add_option("--put-takeover-ms", mc_cfg.put_takeover_ms, "Another writer may take over a put older than this (ms)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  master_cmd->add_option("--put-reclaim-ms", mc_cfg.put_reclaim_ms, "Unfinished puts older than this (ms) are reclaimed")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  master_cmd->add_option("--free-delay-ms", mc_cfg.free_delay_ms, "Space of discarded puts is freed this long (ms) later")
+      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{3600000}));
+  add_size(master_cmd, "--alignment", mc_cfg.alignment_bytes, "Allocation granularity inside a segment (bytes, power of two)");
+  add_size(master_cmd, "--max-object-bytes", mc_cfg.max_object_bytes, "Largest object accepted (bytes)");
+  master_cmd->add_option("--max-replicas", mc_cfg.max_replicas, "Most replicas of one object, hot copies included")
+      ->capture_default_str()->check(CLI::Range(1u, 64u));
+  master_cmd->add_option("--hot-reads", mc_cfg.hot_read_threshold, "Reads within --hot-window-ms that add a replica (0: off)")
+      ->capture_default_str();
+  master_cmd->add_option("--hot-window-ms", mc_cfg.hot_window_ms, "Window of the hot-object read count (ms)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  master_cmd->add_option("--tick-ms", master.tick_ms, "Period of liveness/eviction checks (ms)")
+      ->capture_default_str()->check(CLI::Range(1, 10000));
+
+  // ---- serve ----
+  mc::store::NodeOptions node;
+  auto* serve_cmd = app.add_subcommand("serve", "Run a storage node contributing DRAM (and optionally SSD) to the pool");
+  serve_cmd->add_option("--master", node.master, "Endpoint of mc-store master")->envname("MC_STORE_MASTER")->capture_default_str();
+  serve_cmd->add_option("--listen", node.listen, "Data endpoint to bind")->capture_default_str();
+  serve_cmd->add_option("--node-id", node.node_id, "Node name, unique in the cluster (default: <hostname>-<pid>)")
+      ->envname("MC_STORE_NODE_ID");
+  serve_cmd->add_option("--host", node.host, "Host name used for nearest-replica ordering (default: hostname)");
+  serve_cmd->add_option("--domain", node.domain, "Failure domain label (rack, zone)")->capture_default_str();
+  add_size(serve_cmd, "--dram-bytes", node.dram_bytes, "DRAM contributed (bytes; 64KiB, 1GiB, ...)");
+  serve_cmd->add_option("--ssd-dir", node.ssd_dir, "Directory of the SSD tier file (empty: no SSD tier)");
+  add_size(serve_cmd, "--ssd-bytes", node.ssd_bytes, "SSD contributed (bytes)");
+  serve_cmd->add_option("--heartbeat-ms", node.heartbeat_ms, "Heartbeat period (ms)")
+      ->capture_default_str()->check(CLI::Range(10, 60000));
+  bool no_shm = false;
+  serve_cmd->add_flag("--no-shm", no_shm, "Back DRAM with private memory (clients always go through the node)");
+
+  // ---- admin ----
+  mc::store::AdminOptions admin;
+  std::string key, file = "-", prefix;
+  bool overwrite = false;
+  uint32_t limit = 1000;
+  auto* put_cmd = app.add_subcommand("put", "Store the bytes of FILE (or stdin: -) under KEY");
+  add_master_flag(put_cmd, admin.client);
+  put_cmd->add_option("KEY", key, "Object key")->required();
+  put_cmd->add_option("FILE", file, "File to store, - for stdin")->capture_default_str();
+  put_cmd->add_option("--replicas", admin.client.replicas, "Copies to write on distinct nodes")
+      ->capture_default_str()->check(CLI::Range(1u, 64u));
+  put_cmd->add_flag("--overwrite", overwrite, "Replace an existing object");
+  auto* get_cmd = app.add_subcommand("get", "Write the bytes of KEY to stdout (exit 1 on a miss)");
+  add_master_flag(get_cmd, admin.client);
+  get_cmd->add_option("KEY", key, "Object key")->required();
+  auto* rm_cmd = app.add_subcommand("rm", "Remove KEY (refused while it is leased or being written)");
+  add_master_flag(rm_cmd, admin.client);
+  rm_cmd->add_option("KEY", key, "Object key")->required();
+  rm_cmd->add_flag("--json", admin.json, "Print the result as JSON");
+  auto* ls_cmd = app.add_subcommand("ls", "List objects");
+  add_master_flag(ls_cmd, admin.client);
+  ls_cmd->add_option("--prefix", prefix, "Only keys starting with this");
+  ls_cmd->add_option("--limit", limit, "Most objects listed")->capture_default_str();
+  ls_cmd->add_flag("--json", admin.json, "Print JSON");
+  auto* stat_cmd = app.add_subcommand("stat", "Per-segment capacity, usage, objects, hits, evictions, demotions, leases");
+  add_master_flag(stat_cmd, admin.client);
+  stat_cmd->add_flag("--json", admin.json, "Print JSON");
+  std::string events = "tcp://127.0.0.1:7451";
+  uint64_t count = 0;
+  int64_t idle_ms = 0;
+  auto* watch_cmd = app.add_subcommand("watch", "Print KV events (stored/removed/cleared) as JSONL");
+  watch_cmd->add_option("--events", events, "KV event endpoint of the master")->envname("MC_STORE_EVENTS")->capture_default_str();
+  watch_cmd->add_option("--count", count, "Stop after this many events (0: never)")->capture_default_str();
+  watch_cmd->add_option("--timeout-ms", idle_ms, "Stop after this long without an event (ms, 0: never)")->capture_default_str();
+
+  // ---- keys ----
   mc::store::KeysOptions keys;
   auto* keys_cmd = app.add_subcommand(
       "keys", "Read token ids (whitespace-separated) on stdin; print the prefix-chained key of each complete block");
@@ -27,8 +141,17 @@ int main(int argc, char** argv) {
   keys_cmd->add_flag("--store-keys", keys.store_keys, "Print full store keys (kv/<namespace>/<hash>)");
 
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
-  if (keys_cmd->parsed()) {
-    return mc::cli::report("mc-store keys", mc::store::run_keys(std::cin, std::cout, keys));
+  if (master_cmd->parsed()) return mc::cli::report("mc-store master", mc::store::run_master(master));
+  if (serve_cmd->parsed()) {
+    node.shm = !no_shm;
+    return mc::cli::report("mc-store serve", mc::store::run_node(node));
   }
+  if (put_cmd->parsed()) return mc::cli::report("mc-store put", mc::store::admin_put(admin, key, file, overwrite));
+  if (get_cmd->parsed()) return mc::cli::report("mc-store get", mc::store::admin_get(admin, key, std::cout));
+  if (rm_cmd->parsed()) return mc::cli::report("mc-store rm", mc::store::admin_rm(admin, key, std::cout));
+  if (ls_cmd->parsed()) return mc::cli::report("mc-store ls", mc::store::admin_ls(admin, prefix, limit, std::cout));
+  if (stat_cmd->parsed()) return mc::cli::report("mc-store stat", mc::store::admin_stat(admin, std::cout));
+  if (watch_cmd->parsed()) return mc::cli::report("mc-store watch", mc::store::admin_watch(events, count, idle_ms, std::cout));
+  if (keys_cmd->parsed()) return mc::cli::report("mc-store keys", mc::store::run_keys(std::cin, std::cout, keys));
   return mc::cli::kExitUsage;
 }

@@ -119,6 +119,282 @@ struct KvEvent {
 // Store (store/): master RPCs, storage node RPCs
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_store)
+// Master RPCs ("store.*"): the metadata service of mc-store master (store/include/mc/store/master_core.hpp
+// documents the semantics). Batch requests carry parallel arrays and are answered item by item: one bad
+// key never fails its neighbours. Per-item results carry `code` (an mc::Code value, 0 = ok) and
+// `message`. Limits: at most kStoreMaxBatch keys per request. Node data RPCs ("store.node.*") move bytes
+// to and from a storage node's segments when the caller cannot map them (other host, SSD).
+
+inline constexpr uint32_t kStoreMaxBatch = 4096;
+
+struct StoreAck {
+  bool ok = true;
+  MSGPACK_DEFINE_MAP(ok);
+};
+
+// Where one replica lives and how to reach it.
+struct StoreReplica {
+  std::string segment;      // segment name, e.g. "node1/dram"
+  std::string node_id;
+  std::string host;
+  std::string domain;       // failure domain label
+  std::string medium;       // cpu | disk
+  std::string endpoint;     // the storage node's data endpoint (tcp://host:port)
+  std::string shm_path;     // same-host clients may map this file; empty for disk segments
+  uint64_t offset_bytes = 0;
+  uint64_t size_bytes = 0;
+  MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, shm_path, offset_bytes, size_bytes);
+};
+
+struct StoreMountRequest {
+  static constexpr const char* kType = "store.mount";
+  using Reply = StoreAck;
+  std::string node_id;
+  std::string segment;
+  std::string host;
+  std::string domain;
+  std::string medium;  // cpu | disk
+  uint64_t capacity_bytes = 0;
+  std::string endpoint;
+  std::string shm_path;
+  MSGPACK_DEFINE_MAP(node_id, segment, host, domain, medium, capacity_bytes, endpoint, shm_path);
+};
+
+struct StoreUnmountRequest {
+  static constexpr const char* kType = "store.unmount";
+  using Reply = StoreAck;
+  std::string node_id;
+  std::string segment;
+  MSGPACK_DEFINE_MAP(node_id, segment);
+};
+
+// A DRAM -> SSD copy the node performs (bytes [src_offset, +size) of src_segment to dst_segment).
+struct StoreDemoteTask {
+  uint64_t task_id = 0;
+  std::string key;
+  std::string src_segment;
+  uint64_t src_offset_bytes = 0;
+  std::string dst_segment;
+  uint64_t dst_offset_bytes = 0;
+  uint64_t size_bytes = 0;
+  MSGPACK_DEFINE_MAP(task_id, key, src_segment, src_offset_bytes, dst_segment, dst_offset_bytes, size_bytes);
+};
+struct StoreDemoteResult {
+  uint64_t task_id = 0;
+  bool ok = false;
+  MSGPACK_DEFINE_MAP(task_id, ok);
+};
+struct StoreNodeHeartbeatReply {
+  std::vector<StoreDemoteTask> tasks;
+  MSGPACK_DEFINE_MAP(tasks);
+};
+// Sent every heartbeat interval; an unknown node gets kNotFound and mounts its segments again.
+struct StoreNodeHeartbeatRequest {
+  static constexpr const char* kType = "store.node_heartbeat";
+  using Reply = StoreNodeHeartbeatReply;
+  std::string node_id;
+  std::vector<StoreDemoteResult> done;
+  MSGPACK_DEFINE_MAP(node_id, done);
+};
+
+struct StoreClientHeartbeatRequest {
+  static constexpr const char* kType = "store.client_heartbeat";
+  using Reply = StoreAck;
+  std::string client_id;
+  MSGPACK_DEFINE_MAP(client_id);
+};
+
+struct StorePutStartItem {
+  uint16_t code = 0;
+  std::string message;
+  uint64_t put_id = 0;
+  std::vector<StoreReplica> replicas;
+  MSGPACK_DEFINE_MAP(code, message, put_id, replicas);
+};
+struct StorePutStartReply {
+  std::vector<StorePutStartItem> items;
+  MSGPACK_DEFINE_MAP(items);
+};
+struct StorePutStartRequest {
+  static constexpr const char* kType = "store.put_start";
+  using Reply = StorePutStartReply;
+  std::string client_id;
+  std::vector<std::string> keys;
+  std::vector<uint64_t> sizes_bytes;  // one per key
+  uint32_t replicas = 1;
+  std::string preferred_segment;
+  bool overwrite = false;
+  bool pin = false;
+  MSGPACK_DEFINE_MAP(client_id, keys, sizes_bytes, replicas, preferred_segment, overwrite, pin);
+};
+
+// Per-item result of batch calls without payload.
+struct StoreItemsReply {
+  std::vector<uint16_t> codes;
+  std::vector<std::string> messages;
+  MSGPACK_DEFINE_MAP(codes, messages);
+};
+struct StorePutEndRequest {
+  static constexpr const char* kType = "store.put_end";
+  using Reply = StoreItemsReply;
+  std::string client_id;
+  std::vector<std::string> keys;
+  std::vector<uint64_t> put_ids;
+  MSGPACK_DEFINE_MAP(client_id, keys, put_ids);
+};
+struct StorePutRevokeRequest {
+  static constexpr const char* kType = "store.put_revoke";
+  using Reply = StoreItemsReply;
+  std::string client_id;
+  std::vector<std::string> keys;
+  std::vector<uint64_t> put_ids;
+  MSGPACK_DEFINE_MAP(client_id, keys, put_ids);
+};
+
+struct StoreGetItem {
+  uint16_t code = 0;  // kObjectNotFound (400) = miss
+  std::string message;
+  uint64_t size_bytes = 0;
+  int64_t lease_ms = 0;                     // the read is valid only if it completes within this
+  std::vector<StoreReplica> replicas;       // complete replicas, nearest first
+  std::vector<StoreReplica> replicate_to;   // 0 or 1: hot object, copy it here and send store.replica_end
+  uint64_t replicate_put_id = 0;
+  MSGPACK_DEFINE_MAP(code, message, size_bytes, lease_ms, replicas, replicate_to, replicate_put_id);
+};
+struct StoreGetReplicasReply {
+  std::vector<StoreGetItem> items;
+  MSGPACK_DEFINE_MAP(items);
+};
+struct StoreGetReplicasRequest {
+  static constexpr const char* kType = "store.get_replicas";
+  using Reply = StoreGetReplicasReply;
+  std::string client_id;
+  std::string client_host;    // nearest-first ordering: same host, then same domain
+  std::string client_domain;
+  std::vector<std::string> keys;
+  MSGPACK_DEFINE_MAP(client_id, client_host, client_domain, keys);
+};
+
+struct StoreReplicaEndRequest {
+  static constexpr const char* kType = "store.replica_end";
+  using Reply = StoreAck;
+  std::string client_id;
+  std::string key;
+  uint64_t put_id = 0;
+  bool ok = false;
+  MSGPACK_DEFINE_MAP(client_id, key, put_id, ok);
+};
+
+struct StoreExistsReply {
+  std::vector<bool> present;
+  MSGPACK_DEFINE_MAP(present);
+};
+struct StoreExistsRequest {
+  static constexpr const char* kType = "store.exists";
+  using Reply = StoreExistsReply;
+  std::vector<std::string> keys;
+  MSGPACK_DEFINE_MAP(keys);
+};
+
+struct StoreMatchPrefixReply {
+  uint64_t matched_blocks = 0;  // leading keys present; stops at the first missing one
+  MSGPACK_DEFINE_MAP(matched_blocks);
+};
+struct StoreMatchPrefixRequest {
+  static constexpr const char* kType = "store.match_prefix";
+  using Reply = StoreMatchPrefixReply;
+  std::vector<std::string> keys;  // block keys in chain order
+  MSGPACK_DEFINE_MAP(keys);
+};
+
+struct StoreRemoveRequest {
+  static constexpr const char* kType = "store.remove";
+  using Reply = StoreItemsReply;
+  std::vector<std::string> keys;
+  MSGPACK_DEFINE_MAP(keys);
+};
+
+struct StoreObjectInfo {
+  std::string key;
+  uint64_t size_bytes = 0;
+  bool complete = false;
+  bool leased = false;
+  bool pinned = false;
+  std::vector<std::string> segments;
+  std::vector<std::string> media;
+  MSGPACK_DEFINE_MAP(key, size_bytes, complete, leased, pinned, segments, media);
+};
+struct StoreLsReply {
+  std::vector<StoreObjectInfo> objects;
+  bool truncated = false;
+  MSGPACK_DEFINE_MAP(objects, truncated);
+};
+struct StoreLsRequest {
+  static constexpr const char* kType = "store.ls";
+  using Reply = StoreLsReply;
+  std::string prefix;
+  uint32_t limit = 1000;
+  MSGPACK_DEFINE_MAP(prefix, limit);
+};
+
+struct StoreSegmentStat {
+  std::string segment;
+  std::string node_id;
+  std::string host;
+  std::string domain;
+  std::string medium;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t largest_free_bytes = 0;
+  double fragmentation = 0.0;
+  uint64_t objects = 0;
+  uint64_t leased_objects = 0;
+  uint64_t hits = 0;
+  uint64_t evictions = 0;
+  uint64_t demotions = 0;
+  MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, capacity_bytes, used_bytes, largest_free_bytes,
+                     fragmentation, objects, leased_objects, hits, evictions, demotions);
+};
+struct StoreStatReply {
+  std::vector<StoreSegmentStat> segments;
+  uint64_t objects = 0, processing = 0, nodes = 0, clients = 0;
+  uint64_t hits = 0, misses = 0, puts = 0, removes = 0, evictions = 0, demotions = 0;
+  uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
+  uint64_t pending_free_bytes = 0;
+  uint64_t last_event_id = 0;
+  MSGPACK_DEFINE_MAP(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions,
+                     demotions, reclaimed_puts, refused_put_ends, hot_replications, dead_nodes,
+                     pending_free_bytes, last_event_id);
+};
+struct StoreStatRequest {
+  static constexpr const char* kType = "store.stat";
+  using Reply = StoreStatReply;
+  bool with_segments = true;
+  MSGPACK_DEFINE_MAP(with_segments);
+};
+
+// Storage node data RPCs (bytes of one segment; chunked by the client to stay under kMaxMessageBytes).
+inline constexpr uint64_t kStoreMaxChunkBytes = 16ULL << 20;
+struct StoreNodeWriteRequest {
+  static constexpr const char* kType = "store.node.write";
+  using Reply = StoreAck;
+  std::string segment;
+  uint64_t offset_bytes = 0;
+  std::vector<char> data;  // msgpack bin
+  MSGPACK_DEFINE_MAP(segment, offset_bytes, data);
+};
+struct StoreNodeReadReply {
+  std::vector<char> data;
+  MSGPACK_DEFINE_MAP(data);
+};
+struct StoreNodeReadRequest {
+  static constexpr const char* kType = "store.node.read";
+  using Reply = StoreNodeReadReply;
+  std::string segment;
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+  MSGPACK_DEFINE_MAP(segment, offset_bytes, length_bytes);
+};
 
 // ---------------------------------------------------------------------------------------------
 // Workers (infer/): prefill and decode instances

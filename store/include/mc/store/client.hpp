@@ -1,0 +1,116 @@
+// mc::store::Client — the KV store's client library (what mc-prefill, mc-conductor and the admin CLI use).
+//
+// Keys are block store keys (block_key.hpp: "kv/<namespace digest>/<16 hex seq hash>"), so a different
+// model, revision, KV dtype, block size, layout, LoRA or salt never hits; any other non-empty string up
+// to 512 bytes is accepted too (admin objects). Values are immutable byte strings (KV blocks).
+//
+// Data path: the master hands out replica locations; the client moves the bytes itself. A replica on
+// the caller's own host whose segment is a shared-memory file is mapped and copied directly (one
+// memcpy, no daemon in the way); any other replica (other host, SSD tier) is read or written through
+// the storage node's data RPCs over tcp, in chunks of at most proto::kStoreMaxChunkBytes.
+//
+// Reads: replicas are tried nearest first (same host, same failure domain, DRAM before SSD); a replica
+// that fails is skipped for the next one. Each read runs under a lease granted by the master: if the
+// copy finishes after the lease ended the bytes are discarded and kLeaseExpired is returned, so a
+// caller gets either the exact bytes or an error, never mixed bytes. An absent object is a miss
+// (kObjectNotFound), never data. batch_get additionally requires the object's size to equal the
+// buffer's (a block of another length is a miss: field report #3, step 4).
+//
+// Writes: put_start reserves replicas (distinct nodes, spread over failure domains), the bytes are
+// written, then put_end makes the object visible; if any write fails the put is revoked. Putting a key
+// that exists is kAlreadyExists (batch_put counts it as stored: blocks are content-addressed), unless
+// overwrite is set. A key another writer is writing is kObjectBusy (retryable).
+//
+// Errors: kUnavailable/kTimeout (master or node unreachable, endpoint named), kObjectNotFound (miss),
+// kObjectBusy, kLeaseExpired, kNoSpace, kInvalidArgument (bad key, size 0, buffer too small).
+// Thread-safety: a Client is not thread-safe (it owns ZeroMQ sockets); use one per thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mc/common/protocol.hpp"
+#include "mc/common/rpc.hpp"
+#include "mc/common/status.hpp"
+
+namespace mc::store {
+
+struct ClientOptions {
+  std::string master = "tcp://127.0.0.1:7450";  // mc-store master endpoint
+  std::string client_id;       // unique per process; empty: "<hostname>-<pid>-<random>"
+  std::string host;            // this host's name for nearest-first; empty: gethostname()
+  std::string domain;          // this host's failure domain label (may be empty)
+  int rpc_timeout_ms = 2000;   // per master call
+  int node_timeout_ms = 2000;  // per storage-node data call (a dead node costs at most this per replica)
+  uint32_t replicas = 1;       // copies written by put/batch_put
+  std::string preferred_segment;  // tried first by put (e.g. the segment of this host's storage node)
+  bool use_shm = true;         // map same-host DRAM segments instead of going through the node
+  bool replicate_hot = true;   // perform hot-object copies the master asks for after a read
+};
+
+// One object of a batch_put.
+struct PutItem {
+  std::string key;
+  std::span<const std::byte> data;
+};
+// One object of a batch_get: the destination buffer (caller-owned; exactly the object's size).
+struct GetItem {
+  std::string key;
+  std::span<std::byte> buffer;
+};
+
+struct WriteOptions {
+  bool overwrite = false;  // replace an existing object (refused while a reader holds a lease)
+  bool pin = false;        // never evicted
+};
+
+// Counters of the data path since connect (for benchmarks and the ledger).
+struct ClientCounters {
+  uint64_t bytes_read_shm = 0, bytes_read_tcp = 0, bytes_written_shm = 0, bytes_written_tcp = 0;
+  uint64_t replica_fallbacks = 0;  // reads that failed on a replica and went to the next
+  uint64_t lease_expired = 0;
+};
+
+class Client {
+ public:
+  // Connects to the master (hello handshake). kUnavailable/kTimeout naming the endpoint.
+  static Result<std::unique_ptr<Client>> connect(ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  Status put(const std::string& key, std::span<const std::byte> data, const WriteOptions& options = {});
+  // Reads the object into `buffer` (which must be at least its size); returns its size in bytes.
+  Result<uint64_t> get(const std::string& key, std::span<std::byte> buffer);
+  // Size of an object without reading it (kObjectNotFound when absent). Grants no lasting lease.
+  Result<uint64_t> size_of(const std::string& key);
+
+  // One Status per item, in order: ok, or why that item was not stored (kAlreadyExists counts as ok).
+  Result<std::vector<Status>> batch_put(std::span<const PutItem> items, const WriteOptions& options = {});
+  // One Status per item: ok (buffer filled exactly), kObjectNotFound (miss, including a size mismatch),
+  // or the read error. The whole call fails only when the master is unreachable or the batch is too big.
+  Result<std::vector<Status>> batch_get(std::span<const GetItem> items);
+
+  Result<std::vector<bool>> exists(const std::vector<std::string>& keys);
+  // Number of leading keys present (blocks of a prefix chain); stops at the first missing one.
+  Result<uint64_t> match_prefix(const std::vector<std::string>& keys);
+  Status remove(const std::string& key);
+  Result<proto::StoreLsReply> ls(const std::string& prefix, uint32_t limit = 1000);
+  Result<proto::StoreStatReply> stat();
+
+  const std::string& client_id() const;
+  const ClientCounters& counters() const;
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mc::store

@@ -1,0 +1,56 @@
+// The mc-store master daemon: MasterCore (master_core.hpp) behind a ZeroMQ ROUTER (rpc.hpp) answering the
+// "store.*" messages of protocol.hpp, plus the KV event publisher (SYSTEM.md §4).
+//
+// KV event stream (PUB socket at `events_endpoint`, topic "kv", frames [topic, BE u64 event_id, KvEvent]):
+//   stored   {seq_hashes:[h], backend_id: segment, medium: cpu|disk}  a replica of block h became readable
+//   removed  {seq_hashes:[h], backend_id: segment, medium}            that replica is gone (evicted, removed,
+//                                                                      demoted away from cpu)
+//   cleared  {seq_hashes:[],  backend_id: segment, medium}            every block of the segment is gone
+//                                                                      (node dead, unmounted or re-mounted)
+// event_id starts at 1 and grows by exactly 1 per event; a subscriber that sees a gap (or restarts) must
+// rebuild its index (store.ls, or match_prefix on demand). Only block keys ("kv/<ns>/<16 hex>",
+// block_key.hpp) are announced; other keys (admin puts) are stored silently.
+//
+// Threading: serve() runs every handler and the periodic tick() on the calling thread; stop() may be
+// called from any thread (and SIGTERM via daemon::stop_requested() also ends serve()).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "mc/common/clock.hpp"
+#include "mc/common/metrics.hpp"
+#include "mc/common/rpc.hpp"
+#include "mc/store/master_core.hpp"
+
+namespace mc::store {
+
+struct MasterOptions {
+  std::string listen = "tcp://127.0.0.1:7450";
+  std::string events = "tcp://127.0.0.1:7451";  // empty: no KV events
+  MasterConfig config;
+  int tick_ms = 100;  // period of liveness / eviction / delayed-free checks
+};
+
+class MasterServer {
+ public:
+  // Binds the RPC and event endpoints. kUnavailable naming the endpoint when a bind fails.
+  static Result<std::unique_ptr<MasterServer>> bind(const MasterOptions& options, const Clock* clock = nullptr);
+  ~MasterServer();
+
+  const std::string& endpoint() const;         // resolved ("tcp://127.0.0.1:41234")
+  std::string events_endpoint() const;         // "" when events are off
+  // Serves until stop() or a stop signal (daemon.hpp).
+  Status serve();
+  void stop();
+
+ private:
+  struct Impl;
+  explicit MasterServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// `mc-store master`: bind, print the ready line, serve until SIGTERM/SIGINT.
+Status run_master(const MasterOptions& options);
+
+}  // namespace mc::store

@@ -1,0 +1,266 @@
+// MasterCore: the metadata of the KV pool (Mooncake Store's master, paper §3/§4): segments mounted by
+// storage nodes, objects -> replicas with states, leases, approximate-LRU eviction with SSD demotion,
+// liveness of nodes and clients, stale-writer reclaim, hot-object replication and the KV event stream.
+// The bytes never pass through it: it hands out (segment, offset) ranges that clients read and write
+// through the data path, and it tells nodes which DRAM ranges to demote to their SSD segment.
+//
+// Pure policy: no sockets, no threads, no real time. State and clock are injected; every time-driven
+// rule (heartbeat TTLs, lease ends, stale-writer takeover, delayed frees, eviction) happens either in a
+// call or in tick(), so unit tests drive it with a ManualClock and the daemon calls tick() every ~100 ms.
+// Thread-safety: none; one owner serialises all calls (the master daemon's RPC thread).
+//
+// Object life (field report #7, Mooncake#974 and its fix #993):
+//   put_start -> processing (invisible; put_id and writer recorded) -> put_end(put_id) -> complete.
+//   put_revoke(put_id), a dead writer, or takeover by another writer after put_takeover_ms discards
+//   the processing replicas; their space is freed only free_delay_ms later (a stale writer may still
+//   be writing into it), and a late put_end from the old put_id is refused with kFailedPrecondition.
+// Leases: get_replicas grants lease_ms; until it ends the object is never evicted, removed or
+// overwritten. A reader that finishes after its lease must discard what it read (client.hpp does).
+// Liveness (field report #5, Mooncake#1914): a node whose heartbeat is older than node_ttl_ms, or that
+// unmounts, loses every replica on every one of its segments (DRAM and SSD alike) at once; an object
+// whose last complete replica is gone no longer exists, so match_prefix stops at the gap.
+// Errors: kInvalidArgument for bad input (empty or oversized key, size 0 or > max_object_bytes,
+// unknown medium), kObjectNotFound, kObjectBusy (retryable: being written, leased), kNoSpace,
+// kAlreadyExists, kFailedPrecondition (stale put_id).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mc/common/clock.hpp"
+#include "mc/common/protocol.hpp"
+#include "mc/common/status.hpp"
+#include "mc/store/allocator.hpp"
+
+namespace mc::store {
+
+enum class Medium : uint8_t { kCpu = 0, kDisk = 1 };
+std::string_view medium_name(Medium medium);  // "cpu" | "disk" (the KV-event medium names)
+Result<Medium> parse_medium(std::string_view name);
+
+struct MasterConfig {
+  double high_watermark = 0.90;          // a segment above this fraction used is evicted ...
+  double low_watermark = 0.80;           // ... down to this fraction
+  int64_t node_ttl_ms = 3000;            // 3 missed heartbeats of 1 s
+  int64_t client_ttl_ms = 10000;         // a client silent this long is dead; its puts are discarded
+  int64_t lease_ms = 5000;               // read lease granted by get_replicas
+  int64_t put_takeover_ms = 30000;       // another writer may take over a put older than this
+  int64_t put_reclaim_ms = 600000;       // tick() discards puts (and replica copies) older than this
+  int64_t free_delay_ms = 5000;          // discarded ranges are freed this long after discard
+  uint64_t alignment_bytes = 64;         // allocation granularity inside a segment
+  uint64_t max_object_bytes = 1ULL << 32;
+  size_t max_key_bytes = 512;
+  uint32_t max_replicas = 4;             // upper bound, including hot-object copies
+  uint32_t hot_read_threshold = 0;       // reads within hot_window_ms that trigger one more replica; 0 = off
+  int64_t hot_window_ms = 10000;
+};
+
+// What a storage node declares when it mounts a segment.
+struct SegmentInfo {
+  std::string name;       // unique in the cluster, e.g. "node1/dram"
+  std::string node_id;
+  std::string host;       // for nearest-first ordering (same host first)
+  std::string domain;     // failure domain label, e.g. "rack1"
+  Medium medium = Medium::kCpu;
+  uint64_t capacity_bytes = 0;
+  std::string endpoint;   // the node's data endpoint (where clients read and write)
+  std::string shm_path;   // same-host clients may map this file (empty: not shared)
+};
+
+// One replica as the caller sees it: where to read or write `size_bytes` bytes.
+struct ReplicaView {
+  SegmentInfo segment;
+  uint64_t offset = 0;
+  uint64_t size_bytes = 0;
+};
+
+struct PutGrant {
+  uint64_t put_id = 0;
+  std::vector<ReplicaView> replicas;  // distinct nodes, spread over failure domains where possible
+};
+
+struct ReadGrant {
+  uint64_t size_bytes = 0;
+  std::vector<ReplicaView> replicas;  // complete replicas only, nearest first for the caller
+  int64_t lease_ms = 0;               // the read is valid only if it finishes within this
+  // Hot object: the caller is asked to copy the bytes it read here and call replica_end(put_id).
+  std::optional<ReplicaView> replicate_to;
+  uint64_t replicate_put_id = 0;
+};
+
+// A DRAM -> SSD copy the node must perform (delivered in the node's heartbeat reply).
+struct DemoteTask {
+  uint64_t task_id = 0;
+  std::string key;
+  std::string src_segment;
+  uint64_t src_offset = 0;
+  std::string dst_segment;
+  uint64_t dst_offset = 0;
+  uint64_t size_bytes = 0;
+};
+
+struct ObjectInfo {
+  std::string key;
+  uint64_t size_bytes = 0;
+  bool complete = false;
+  bool leased = false;
+  bool pinned = false;
+  std::vector<std::string> segments;  // complete replicas
+  std::vector<std::string> media;
+};
+
+struct SegmentStats {
+  SegmentInfo info;
+  uint64_t used_bytes = 0;
+  uint64_t objects = 0;       // replicas held (complete or being written)
+  uint64_t leased_objects = 0;
+  uint64_t hits = 0;          // reads whose nearest replica was here
+  uint64_t evictions = 0;
+  uint64_t demotions = 0;
+  uint64_t largest_free_bytes = 0;
+  double fragmentation = 0.0;
+};
+
+struct MasterStats {
+  std::vector<SegmentStats> segments;
+  uint64_t objects = 0, processing = 0, nodes = 0, clients = 0;
+  uint64_t hits = 0, misses = 0, puts = 0, removes = 0, evictions = 0, demotions = 0;
+  uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
+  uint64_t pending_free_bytes = 0;
+};
+
+struct PutOptions {
+  uint32_t replicas = 1;
+  std::string preferred_segment;  // tried first, e.g. the writer's own node
+  bool overwrite = false;         // replace a complete object (refused while leased)
+  bool pin = false;               // never evicted
+};
+
+struct Caller {
+  std::string client_id;
+  std::string host;
+  std::string domain;
+};
+
+class MasterCore {
+ public:
+  MasterCore(MasterConfig config, const Clock* clock);
+
+  // ---- storage nodes ----
+  // Mounting an existing segment name replaces it (a restarted node starts empty: its old replicas go).
+  Status mount_segment(const SegmentInfo& info);
+  Status unmount_segment(const std::string& node_id, const std::string& segment);
+  // Records a heartbeat; returns the demotion tasks queued for the node. An unknown node -> kNotFound
+  // (the node then mounts its segments again).
+  Result<std::vector<DemoteTask>> node_heartbeat(const std::string& node_id);
+  // The node's report of a demotion: ok -> the SSD replica becomes the copy, the DRAM one is freed.
+  Status demote_done(const std::string& node_id, uint64_t task_id, bool ok);
+
+  // ---- clients ----
+  void client_heartbeat(const std::string& client_id);
+
+  Result<PutGrant> put_start(const Caller& caller, const std::string& key, uint64_t size_bytes,
+                             const PutOptions& options);
+  Status put_end(const Caller& caller, const std::string& key, uint64_t put_id);
+  Status put_revoke(const Caller& caller, const std::string& key, uint64_t put_id);
+  Result<ReadGrant> get_replicas(const Caller& caller, const std::string& key);
+  // Completes (ok) or abandons (!ok) a hot-object copy granted by get_replicas.
+  Status replica_end(const Caller& caller, const std::string& key, uint64_t put_id, bool ok);
+  bool exists(const std::string& key) const;
+  // Number of leading keys that exist (complete). Stops at the first missing one.
+  uint64_t match_prefix(const std::vector<std::string>& keys) const;
+  Status remove(const std::string& key);
+  std::vector<ObjectInfo> ls(const std::string& prefix, size_t limit) const;
+  MasterStats stat() const;
+
+  // Runs the time-driven rules: node/client liveness, stale puts, delayed frees, eviction.
+  void tick();
+
+  // KV events produced since the last call (event_id is assigned by the publisher).
+  std::vector<proto::KvEvent> take_events();
+
+  const MasterConfig& config() const { return config_; }
+
+ private:
+  struct Replica {
+    std::string segment;
+    uint64_t offset = 0;
+    bool complete = false;
+    uint64_t put_id = 0;        // the put or copy that writes it
+    std::string writer;         // client writing it (empty for demotion copies)
+    int64_t started_ns = 0;
+    uint64_t demote_task = 0;   // nonzero while this SSD replica is being filled by a demotion
+  };
+  struct Object {
+    uint64_t size_bytes = 0;
+    bool complete = false;      // visible
+    uint64_t put_id = 0;
+    std::string writer;
+    int64_t started_ns = 0;
+    int64_t lease_until_ns = 0;
+    int64_t last_access_ns = 0;
+    bool pinned = false;
+    int64_t window_start_ns = 0;
+    uint32_t window_reads = 0;
+    std::vector<Replica> replicas;
+  };
+  struct Segment {
+    SegmentInfo info;
+    std::unique_ptr<OffsetAllocator> alloc;
+    uint64_t replicas = 0, hits = 0, evictions = 0, demotions = 0;
+  };
+  struct Node {
+    int64_t last_heartbeat_ns = 0;
+    std::vector<std::string> segments;
+    std::deque<DemoteTask> tasks;
+  };
+  struct PendingFree {
+    std::string segment;
+    uint64_t offset = 0;
+    uint64_t size_bytes = 0;
+    int64_t release_ns = 0;
+  };
+
+  Status validate_key(const std::string& key) const;
+  bool leased(const Object& obj) const;
+  void touch_client(const std::string& client_id);
+  // Frees a replica's range now, or after free_delay_ms when a writer may still be using it.
+  void release_replica(const Replica& r, uint64_t size_bytes, bool delayed);
+  // Drops every replica of obj (events for complete ones) and erases the object.
+  void discard_object(std::map<std::string, Object>::iterator it, bool delayed, bool count_reclaim);
+  void drop_segment(const std::string& segment);
+  void drop_node(const std::string& node_id);
+  void emit(const char* type, const std::string& key, const std::string& segment);
+  std::vector<std::string> place(uint64_t size_bytes, uint32_t count, const std::string& preferred,
+                                 const std::vector<std::string>& exclude_nodes, const std::string& near_host);
+  // Evicts least-recently-used unleased, complete, unpinned objects from `segment` until its usage is
+  // at most target_bytes (demoting to the node's SSD segment when it has one). Returns bytes freed now.
+  uint64_t evict(const std::string& segment, uint64_t target_used_bytes);
+  std::string find_disk_segment(const std::string& node_id, uint64_t size_bytes);
+  ReplicaView view(const Replica& r, uint64_t size_bytes) const;
+  int rank_for(const Caller& caller, const Segment& seg) const;
+
+  MasterConfig config_;
+  const Clock* clock_;
+  std::map<std::string, Object> objects_;   // ordered: ls --prefix is a range scan
+  std::map<std::string, Segment> segments_;
+  std::map<std::string, Node> nodes_;
+  std::map<std::string, int64_t> clients_;  // client_id -> last seen
+  std::map<uint64_t, std::pair<std::string, std::string>> demotions_;  // task_id -> (node, key)
+  std::vector<PendingFree> pending_frees_;
+  std::vector<proto::KvEvent> events_;
+  uint64_t next_put_id_ = 1;
+  uint64_t next_task_id_ = 1;
+  MasterStats counters_;
+};
+
+// The seq hash of a block store key "kv/<namespace>/<16 hex>" (block_key.hpp); nullopt for other keys.
+std::optional<uint64_t> seq_hash_of_key(std::string_view key);
+
+}  // namespace mc::store

@@ -1,0 +1,157 @@
+#include "mc/store/admin.hpp"
+
+#include <cstdio>
+#include <iostream>
+#include <fstream>
+#include <iomanip>
+#include <iterator>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/common/daemon.hpp"
+#include "mc/common/rpc.hpp"
+
+namespace mc::store {
+
+namespace {
+
+Result<std::string> read_all(const std::string& file) {
+  if (file == "-") {
+    std::string data((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    return data;
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status(Code::kInvalidArgument, "cannot open '" + file + "' for reading");
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return data;
+}
+
+std::string mib(uint64_t bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20);
+  return s.str();
+}
+
+}  // namespace
+
+Status admin_put(const AdminOptions& options, const std::string& key, const std::string& file, bool overwrite) {
+  MC_ASSIGN_OR_RETURN(std::string data, read_all(file));
+  MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
+  WriteOptions w;
+  w.overwrite = overwrite;
+  Status s = client->put(key, std::as_bytes(std::span<const char>(data.data(), data.size())), w);
+  return s;
+}
+
+Status admin_get(const AdminOptions& options, const std::string& key, std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
+  // The size may change between the two calls only by a remove+put; get() then fails cleanly.
+  MC_ASSIGN_OR_RETURN(uint64_t size, client->size_of(key));
+  std::vector<std::byte> buf(size);
+  MC_ASSIGN_OR_RETURN(uint64_t n, client->get(key, buf));
+  out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(n));
+  out.flush();
+  if (!out) return Status(Code::kIo, "cannot write " + std::to_string(n) + " bytes to stdout");
+  return Status::ok();
+}
+
+Status admin_rm(const AdminOptions& options, const std::string& key, std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
+  MC_RETURN_IF_ERROR(client->remove(key));
+  if (options.json) out << nlohmann::json{{"removed", key}}.dump() << '\n';
+  return Status::ok();
+}
+
+Status admin_ls(const AdminOptions& options, const std::string& prefix, uint32_t limit, std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
+  MC_ASSIGN_OR_RETURN(auto reply, client->ls(prefix, limit));
+  if (options.json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& o : reply.objects) {
+      arr.push_back({{"key", o.key}, {"size_bytes", o.size_bytes}, {"complete", o.complete}, {"leased", o.leased},
+                     {"pinned", o.pinned}, {"segments", o.segments}, {"media", o.media}});
+    }
+    out << nlohmann::json{{"objects", arr}, {"truncated", reply.truncated}}.dump() << '\n';
+    return Status::ok();
+  }
+  out << std::left << std::setw(60) << "key" << std::right << std::setw(14) << "size(bytes)" << "  state      replicas\n";
+  for (const auto& o : reply.objects) {
+    std::string reps;
+    for (size_t i = 0; i < o.segments.size(); ++i) reps += (i ? "," : "") + o.segments[i] + "(" + o.media[i] + ")";
+    out << std::left << std::setw(60) << o.key << std::right << std::setw(14) << o.size_bytes << "  " << std::left
+        << std::setw(10) << (o.complete ? (o.leased ? "leased" : "complete") : "writing") << " " << reps << '\n';
+  }
+  if (reply.truncated) out << "(truncated at " << limit << " objects; use --limit)\n";
+  return Status::ok();
+}
+
+Status admin_stat(const AdminOptions& options, std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
+  MC_ASSIGN_OR_RETURN(auto s, client->stat());
+  if (options.json) {
+    nlohmann::json segs = nlohmann::json::array();
+    for (const auto& g : s.segments) {
+      segs.push_back({{"segment", g.segment}, {"node_id", g.node_id}, {"host", g.host}, {"domain", g.domain},
+                      {"medium", g.medium}, {"capacity_bytes", g.capacity_bytes}, {"used_bytes", g.used_bytes},
+                      {"largest_free_bytes", g.largest_free_bytes}, {"fragmentation", g.fragmentation},
+                      {"objects", g.objects}, {"leased_objects", g.leased_objects}, {"hits", g.hits},
+                      {"evictions", g.evictions}, {"demotions", g.demotions}});
+    }
+    nlohmann::json j{{"segments", segs},       {"objects", s.objects},
+                     {"processing", s.processing}, {"nodes", s.nodes},
+                     {"clients", s.clients},   {"hits", s.hits},
+                     {"misses", s.misses},     {"puts", s.puts},
+                     {"removes", s.removes},   {"evictions", s.evictions},
+                     {"demotions", s.demotions}, {"reclaimed_puts", s.reclaimed_puts},
+                     {"refused_put_ends", s.refused_put_ends}, {"hot_replications", s.hot_replications},
+                     {"dead_nodes", s.dead_nodes}, {"pending_free_bytes", s.pending_free_bytes},
+                     {"last_event_id", s.last_event_id}};
+    out << j.dump() << '\n';
+    return Status::ok();
+  }
+  out << std::left << std::setw(24) << "segment" << std::setw(8) << "medium" << std::setw(10) << "domain" << std::right
+      << std::setw(14) << "capacity(MiB)" << std::setw(10) << "used(MiB)" << std::setw(9) << "objects" << std::setw(9)
+      << "leased" << std::setw(9) << "hits" << std::setw(11) << "evictions" << std::setw(11) << "demotions"
+      << std::setw(7) << "frag" << '\n';
+  for (const auto& g : s.segments) {
+    out << std::left << std::setw(24) << g.segment << std::setw(8) << g.medium << std::setw(10) << g.domain << std::right
+        << std::setw(14) << mib(g.capacity_bytes) << std::setw(10) << mib(g.used_bytes) << std::setw(9) << g.objects
+        << std::setw(9) << g.leased_objects << std::setw(9) << g.hits << std::setw(11) << g.evictions << std::setw(11)
+        << g.demotions << std::setw(7) << std::fixed << std::setprecision(2) << g.fragmentation << '\n';
+  }
+  out << "objects " << s.objects << " (writing " << s.processing << "), nodes " << s.nodes << ", hits " << s.hits
+      << ", misses " << s.misses << ", evictions " << s.evictions << ", demotions " << s.demotions << ", reclaimed puts "
+      << s.reclaimed_puts << ", hot copies " << s.hot_replications << ", dead nodes " << s.dead_nodes << '\n';
+  return Status::ok();
+}
+
+Status admin_watch(const std::string& events_endpoint, uint64_t count, int64_t timeout_ms, std::ostream& out) {
+  daemon::install_stop_signals();
+  MC_ASSIGN_OR_RETURN(auto sub, rpc::EventSubscriber::connect(events_endpoint, "kv"));
+  uint64_t seen = 0;
+  int64_t idle_ms = 0;
+  while (!daemon::stop_requested() && (count == 0 || seen < count)) {
+    auto ev = sub->next(100);
+    if (!ev.is_ok()) {
+      std::cerr << "mc-store watch: " << ev.status().to_string() << '\n';
+      continue;
+    }
+    if (!ev->has_value()) {
+      idle_ms += 100;
+      if (timeout_ms > 0 && idle_ms >= timeout_ms) break;
+      continue;
+    }
+    idle_ms = 0;
+    const proto::KvEvent& e = **ev;
+    nlohmann::json j{{"type", e.type}, {"event_id", e.event_id}, {"ts_unix_ms", e.ts_unix_ms},
+                     {"seq_hashes", e.seq_hashes}, {"backend_id", e.backend_id}, {"medium", e.medium}};
+    out << j.dump() << '\n';
+    out.flush();
+    ++seen;
+  }
+  return Status::ok();
+}
+
+}  // namespace mc::store

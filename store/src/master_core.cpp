@@ -1,0 +1,754 @@
+#include "mc/store/master_core.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+#include <tuple>
+
+#include "mc/common/log.hpp"
+
+namespace mc::store {
+
+namespace {
+constexpr int64_t kNsPerMs = 1'000'000;
+}
+
+std::string_view medium_name(Medium medium) { return medium == Medium::kDisk ? "disk" : "cpu"; }
+
+Result<Medium> parse_medium(std::string_view name) {
+  if (name == "cpu" || name == "dram") return Medium::kCpu;
+  if (name == "disk" || name == "ssd") return Medium::kDisk;
+  return Status(Code::kInvalidArgument, "unknown medium '" + std::string(name) + "' (expected cpu or disk)");
+}
+
+std::optional<uint64_t> seq_hash_of_key(std::string_view key) {
+  if (key.substr(0, 3) != "kv/") return std::nullopt;
+  size_t slash = key.rfind('/');
+  if (slash == std::string_view::npos || slash < 3) return std::nullopt;
+  std::string_view hex = key.substr(slash + 1);
+  if (hex.size() != 16) return std::nullopt;
+  uint64_t v = 0;
+  auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
+  if (ec != std::errc() || p != hex.data() + hex.size()) return std::nullopt;
+  return v;
+}
+
+MasterCore::MasterCore(MasterConfig config, const Clock* clock) : config_(config), clock_(clock) {}
+
+Status MasterCore::validate_key(const std::string& key) const {
+  if (key.empty()) return Status(Code::kInvalidArgument, "empty object key");
+  if (key.size() > config_.max_key_bytes) {
+    return Status(Code::kInvalidArgument, "object key of " + std::to_string(key.size()) + " bytes exceeds the limit of " +
+                                              std::to_string(config_.max_key_bytes) + " bytes");
+  }
+  return Status::ok();
+}
+
+bool MasterCore::leased(const Object& obj) const { return obj.lease_until_ns > clock_->now_ns(); }
+
+void MasterCore::touch_client(const std::string& client_id) {
+  if (!client_id.empty()) clients_[client_id] = clock_->now_ns();
+}
+
+void MasterCore::emit(const char* type, const std::string& key, const std::string& segment) {
+  std::optional<uint64_t> h = seq_hash_of_key(key);
+  if (!h) return;  // only block keys are announced (the index is of prefix hashes)
+  auto seg = segments_.find(segment);
+  proto::KvEvent e;
+  e.type = type;
+  e.ts_unix_ms = unix_time_ms();
+  e.seq_hashes = {*h};
+  e.backend_id = segment;
+  e.medium = seg == segments_.end() ? "cpu" : std::string(medium_name(seg->second.info.medium));
+  events_.push_back(std::move(e));
+}
+
+std::vector<proto::KvEvent> MasterCore::take_events() {
+  std::vector<proto::KvEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Segments and nodes
+// ---------------------------------------------------------------------------------------------
+
+Status MasterCore::mount_segment(const SegmentInfo& info) {
+  if (info.name.empty() || info.node_id.empty()) {
+    return Status(Code::kInvalidArgument, "mount: segment name and node id must be set");
+  }
+  if (info.capacity_bytes < config_.alignment_bytes) {
+    return Status(Code::kInvalidArgument, "mount: segment '" + info.name + "' capacity of " +
+                                              std::to_string(info.capacity_bytes) + " bytes is below one allocation unit");
+  }
+  auto existing = segments_.find(info.name);
+  if (existing != segments_.end()) {
+    if (existing->second.info.node_id != info.node_id) {
+      return Status(Code::kAlreadyExists, "mount: segment '" + info.name + "' is already mounted by node '" +
+                                              existing->second.info.node_id + "'");
+    }
+    MC_LOG_INFO << "segment " << info.name << " re-mounted by " << info.node_id << ": its old replicas are dropped";
+    drop_segment(info.name);
+  }
+  Segment seg;
+  seg.info = info;
+  seg.alloc = std::make_unique<OffsetAllocator>(info.capacity_bytes, config_.alignment_bytes);
+  segments_.emplace(info.name, std::move(seg));
+  Node& node = nodes_[info.node_id];
+  node.last_heartbeat_ns = clock_->now_ns();
+  if (std::find(node.segments.begin(), node.segments.end(), info.name) == node.segments.end()) {
+    node.segments.push_back(info.name);
+  }
+  return Status::ok();
+}
+
+Status MasterCore::unmount_segment(const std::string& node_id, const std::string& segment) {
+  auto it = segments_.find(segment);
+  if (it == segments_.end() || it->second.info.node_id != node_id) {
+    return Status(Code::kNotFound, "unmount: node '" + node_id + "' has no segment '" + segment + "'");
+  }
+  drop_segment(segment);
+  auto node = nodes_.find(node_id);
+  if (node != nodes_.end()) {
+    auto& segs = node->second.segments;
+    segs.erase(std::remove(segs.begin(), segs.end(), segment), segs.end());
+    if (segs.empty()) nodes_.erase(node);
+  }
+  return Status::ok();
+}
+
+void MasterCore::drop_segment(const std::string& segment) {
+  // Every replica on the segment leaves the metadata; objects left with no complete replica go too.
+  for (auto it = objects_.begin(); it != objects_.end();) {
+    Object& obj = it->second;
+    auto& reps = obj.replicas;
+    auto keep_end = std::remove_if(reps.begin(), reps.end(), [&](const Replica& r) { return r.segment == segment; });
+    bool touched = keep_end != reps.end();
+    for (auto r = keep_end; r != reps.end(); ++r) {
+      if (r->demote_task) demotions_.erase(r->demote_task);
+    }
+    reps.erase(keep_end, reps.end());
+    if (touched) {
+      // A demotion whose source vanished cannot finish: drop its target replica too.
+      for (auto r = reps.begin(); r != reps.end();) {
+        if (r->demote_task && !demotions_.count(r->demote_task)) {
+          release_replica(*r, obj.size_bytes, false);
+          r = reps.erase(r);
+        } else {
+          ++r;
+        }
+      }
+      bool any_complete = std::any_of(reps.begin(), reps.end(), [](const Replica& r) { return r.complete; });
+      if (obj.complete && !any_complete) {
+        for (const Replica& r : reps) release_replica(r, obj.size_bytes, true);
+        it = objects_.erase(it);
+        continue;
+      }
+      if (!obj.complete && reps.empty()) {
+        it = objects_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+  pending_frees_.erase(std::remove_if(pending_frees_.begin(), pending_frees_.end(),
+                                      [&](const PendingFree& p) { return p.segment == segment; }),
+                       pending_frees_.end());
+  for (auto t = demotions_.begin(); t != demotions_.end();) {
+    auto obj = objects_.find(t->second.second);
+    bool alive = obj != objects_.end() &&
+                 std::any_of(obj->second.replicas.begin(), obj->second.replicas.end(),
+                             [&](const Replica& r) { return r.demote_task == t->first; });
+    t = alive ? std::next(t) : demotions_.erase(t);
+  }
+  auto seg = segments_.find(segment);
+  if (seg != segments_.end()) {
+    proto::KvEvent e;
+    e.type = proto::kKvEventCleared;
+    e.ts_unix_ms = unix_time_ms();
+    e.backend_id = segment;
+    e.medium = std::string(medium_name(seg->second.info.medium));
+    events_.push_back(std::move(e));
+    auto node = nodes_.find(seg->second.info.node_id);
+    if (node != nodes_.end()) {
+      auto& tasks = node->second.tasks;
+      tasks.erase(std::remove_if(tasks.begin(), tasks.end(),
+                                 [&](const DemoteTask& t) { return t.src_segment == segment || t.dst_segment == segment; }),
+                  tasks.end());
+    }
+    segments_.erase(seg);
+  }
+}
+
+void MasterCore::drop_node(const std::string& node_id) {
+  auto node = nodes_.find(node_id);
+  if (node == nodes_.end()) return;
+  std::vector<std::string> segs = node->second.segments;
+  for (const std::string& s : segs) drop_segment(s);
+  nodes_.erase(node_id);
+  ++counters_.dead_nodes;
+}
+
+Result<std::vector<DemoteTask>> MasterCore::node_heartbeat(const std::string& node_id) {
+  auto node = nodes_.find(node_id);
+  if (node == nodes_.end()) {
+    return Status(Code::kNotFound, "node '" + node_id + "' is not known to the master (declared dead or never mounted): mount again");
+  }
+  node->second.last_heartbeat_ns = clock_->now_ns();
+  std::vector<DemoteTask> tasks(node->second.tasks.begin(), node->second.tasks.end());
+  node->second.tasks.clear();
+  return tasks;
+}
+
+Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, bool ok) {
+  auto t = demotions_.find(task_id);
+  if (t == demotions_.end() || t->second.first != node_id) {
+    return Status(Code::kNotFound, "demotion task " + std::to_string(task_id) + " of node '" + node_id + "' is not pending");
+  }
+  std::string key = t->second.second;
+  demotions_.erase(t);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return Status::ok();
+  Object& obj = it->second;
+  auto dst = std::find_if(obj.replicas.begin(), obj.replicas.end(), [&](const Replica& r) { return r.demote_task == task_id; });
+  if (dst == obj.replicas.end()) return Status::ok();
+  if (!ok) {
+    release_replica(*dst, obj.size_bytes, false);
+    obj.replicas.erase(dst);
+    return Status::ok();
+  }
+  dst->demote_task = 0;
+  dst->complete = true;
+  std::string dst_segment = dst->segment;
+  emit(proto::kKvEventStored, key, dst_segment);
+  // The DRAM source goes, unless it is leased right now (it then stays until a later eviction).
+  if (!leased(obj)) {
+    auto seg_it = segments_.find(dst_segment);
+    std::string node = seg_it == segments_.end() ? "" : seg_it->second.info.node_id;
+    for (auto r = obj.replicas.begin(); r != obj.replicas.end(); ++r) {
+      auto s = segments_.find(r->segment);
+      if (r->complete && s != segments_.end() && s->second.info.node_id == node && s->second.info.medium == Medium::kCpu) {
+        ++s->second.demotions;
+        ++counters_.demotions;
+        emit(proto::kKvEventRemoved, key, r->segment);
+        release_replica(*r, obj.size_bytes, false);
+        obj.replicas.erase(r);
+        break;
+      }
+    }
+  }
+  return Status::ok();
+}
+
+void MasterCore::client_heartbeat(const std::string& client_id) { touch_client(client_id); }
+
+// ---------------------------------------------------------------------------------------------
+// Space
+// ---------------------------------------------------------------------------------------------
+
+void MasterCore::release_replica(const Replica& r, uint64_t size_bytes, bool delayed) {
+  auto seg = segments_.find(r.segment);
+  if (seg == segments_.end()) return;
+  if (seg->second.replicas > 0) --seg->second.replicas;
+  if (delayed && config_.free_delay_ms > 0) {
+    pending_frees_.push_back({r.segment, r.offset, size_bytes, clock_->now_ns() + config_.free_delay_ms * kNsPerMs});
+    return;
+  }
+  (void)seg->second.alloc->free(r.offset);
+}
+
+void MasterCore::discard_object(std::map<std::string, Object>::iterator it, bool delayed, bool count_reclaim) {
+  Object& obj = it->second;
+  for (const Replica& r : obj.replicas) {
+    if (r.complete && obj.complete) emit(proto::kKvEventRemoved, it->first, r.segment);
+    if (r.demote_task) demotions_.erase(r.demote_task);
+    release_replica(r, obj.size_bytes, delayed || !r.complete);
+  }
+  if (count_reclaim) ++counters_.reclaimed_puts;
+  objects_.erase(it);
+}
+
+int MasterCore::rank_for(const Caller& caller, const Segment& seg) const {
+  int r = 0;
+  if (!caller.host.empty() && seg.info.host == caller.host) {
+    r = 0;
+  } else if (!caller.domain.empty() && seg.info.domain == caller.domain) {
+    r = 1;
+  } else {
+    r = 2;
+  }
+  return r * 2 + (seg.info.medium == Medium::kDisk ? 1 : 0);
+}
+
+std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, const std::string& preferred,
+                                           const std::vector<std::string>& exclude_nodes, const std::string& near_host) {
+  std::vector<std::string> chosen;
+  std::set<std::string> used_nodes(exclude_nodes.begin(), exclude_nodes.end());
+  std::set<std::string> used_domains;
+  for (const std::string& n : exclude_nodes) {
+    for (const auto& [name, seg] : segments_) {
+      if (seg.info.node_id == n) used_domains.insert(seg.info.domain);
+    }
+  }
+  auto fits = [&](const Segment& s) {
+    return s.info.medium == Medium::kCpu && s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes);
+  };
+  auto take = [&](const std::string& name) {
+    const Segment& s = segments_.at(name);
+    chosen.push_back(name);
+    used_nodes.insert(s.info.node_id);
+    used_domains.insert(s.info.domain);
+  };
+  if (!preferred.empty()) {
+    auto p = segments_.find(preferred);
+    if (p != segments_.end() && fits(p->second) && !used_nodes.count(p->second.info.node_id)) take(preferred);
+  }
+  while (chosen.size() < count) {
+    const std::string* best = nullptr;
+    std::tuple<int, int, double> best_score{};
+    for (const auto& [name, seg] : segments_) {
+      if (used_nodes.count(seg.info.node_id) || !fits(seg)) continue;
+      // New failure domain first, then near the caller (hot copies), then the emptiest segment.
+      int domain_rank = used_domains.count(seg.info.domain) ? 1 : 0;
+      int host_rank = (!near_host.empty() && seg.info.host == near_host) ? 0 : 1;
+      double usage = static_cast<double>(seg.alloc->used_bytes() + size_bytes) /
+                     static_cast<double>(seg.alloc->capacity_bytes());
+      std::tuple<int, int, double> score{domain_rank, host_rank, usage};
+      if (!best || score < best_score) {
+        best = &name;
+        best_score = score;
+      }
+    }
+    if (!best) break;
+    take(*best);
+  }
+  return chosen;
+}
+
+std::string MasterCore::find_disk_segment(const std::string& node_id, uint64_t size_bytes) {
+  auto node = nodes_.find(node_id);
+  if (node == nodes_.end()) return "";
+  for (const std::string& name : node->second.segments) {
+    const Segment& s = segments_.at(name);
+    if (s.info.medium == Medium::kDisk && s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes)) return name;
+  }
+  return "";
+}
+
+uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_bytes) {
+  auto seg_it = segments_.find(segment);
+  if (seg_it == segments_.end()) return 0;
+  Segment& seg = seg_it->second;
+  // Bytes already on their way out (demotions in flight) count as gone.
+  uint64_t leaving = 0;
+  for (const auto& [task, who] : demotions_) {
+    auto o = objects_.find(who.second);
+    if (o == objects_.end()) continue;
+    for (const Replica& r : o->second.replicas) {
+      if (r.segment == segment && r.complete) leaving += seg.alloc->rounded(o->second.size_bytes);
+    }
+  }
+  if (seg.alloc->used_bytes() <= target_used_bytes + leaving) return 0;
+  // Approximate LRU: candidates ordered by the last access the master saw (get_replicas, put_end).
+  std::vector<std::pair<int64_t, std::string>> candidates;
+  for (const auto& [key, obj] : objects_) {
+    if (!obj.complete || obj.pinned || leased(obj)) continue;
+    bool here = false, busy = false;
+    for (const Replica& r : obj.replicas) {
+      if (r.segment == segment && r.complete) here = true;
+      if (!r.complete) busy = true;  // a copy or demotion is being written
+    }
+    if (here && !busy) candidates.emplace_back(obj.last_access_ns, key);
+  }
+  std::sort(candidates.begin(), candidates.end());
+  uint64_t freed = 0;
+  for (const auto& [t, key] : candidates) {
+    if (seg.alloc->used_bytes() <= target_used_bytes + leaving) break;
+    Object& obj = objects_.at(key);
+    auto r = std::find_if(obj.replicas.begin(), obj.replicas.end(), [&](const Replica& x) { return x.segment == segment; });
+    uint64_t rounded = seg.alloc->rounded(obj.size_bytes);
+    std::string disk = seg.info.medium == Medium::kCpu ? find_disk_segment(seg.info.node_id, obj.size_bytes) : "";
+    if (!disk.empty()) {
+      Segment& dseg = segments_.at(disk);
+      Result<uint64_t> off = dseg.alloc->allocate(obj.size_bytes);
+      if (off.is_ok()) {
+        DemoteTask task{next_task_id_++, key, segment, r->offset, disk, off.value(), obj.size_bytes};
+        Replica dst;
+        dst.segment = disk;
+        dst.offset = off.value();
+        dst.started_ns = clock_->now_ns();
+        dst.demote_task = task.task_id;
+        ++dseg.replicas;
+        obj.replicas.push_back(dst);
+        demotions_[task.task_id] = {seg.info.node_id, key};
+        nodes_[seg.info.node_id].tasks.push_back(task);
+        leaving += rounded;
+        continue;
+      }
+    }
+    ++seg.evictions;
+    ++counters_.evictions;
+    emit(proto::kKvEventRemoved, key, segment);
+    release_replica(*r, obj.size_bytes, false);
+    obj.replicas.erase(r);
+    freed += rounded;
+    if (std::none_of(obj.replicas.begin(), obj.replicas.end(), [](const Replica& x) { return x.complete; })) {
+      objects_.erase(key);
+    }
+  }
+  return freed;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Objects
+// ---------------------------------------------------------------------------------------------
+
+ReplicaView MasterCore::view(const Replica& r, uint64_t size_bytes) const {
+  ReplicaView v;
+  v.segment = segments_.at(r.segment).info;
+  v.offset = r.offset;
+  v.size_bytes = size_bytes;
+  return v;
+}
+
+Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& key, uint64_t size_bytes,
+                                       const PutOptions& options) {
+  MC_RETURN_IF_ERROR(validate_key(key));
+  if (size_bytes == 0) return Status(Code::kInvalidArgument, "put '" + key + "': size 0 bytes (objects hold at least one byte)");
+  if (size_bytes > config_.max_object_bytes) {
+    return Status(Code::kInvalidArgument, "put '" + key + "': size " + std::to_string(size_bytes) +
+                                              " bytes exceeds the limit of " + std::to_string(config_.max_object_bytes) + " bytes");
+  }
+  if (caller.client_id.empty()) return Status(Code::kInvalidArgument, "put '" + key + "': client id missing");
+  uint32_t want = std::clamp<uint32_t>(options.replicas, 1, config_.max_replicas);
+  touch_client(caller.client_id);
+  int64_t now = clock_->now_ns();
+  auto it = objects_.find(key);
+  if (it != objects_.end()) {
+    Object& obj = it->second;
+    if (obj.complete) {
+      if (!options.overwrite) return Status(Code::kAlreadyExists, "object '" + key + "' already exists");
+      if (leased(obj)) return Status(Code::kObjectBusy, "object '" + key + "' is leased by a reader; retry after its lease");
+      discard_object(it, false, false);
+    } else {
+      auto writer = clients_.find(obj.writer);
+      bool writer_dead = writer == clients_.end() || now - writer->second > config_.client_ttl_ms * kNsPerMs;
+      bool stale = now - obj.started_ns >= config_.put_takeover_ms * kNsPerMs;
+      if (!stale && !writer_dead) {
+        return Status(Code::kObjectBusy, "object '" + key + "' is being written by client '" + obj.writer +
+                                             "'; retry later (taken over after " + std::to_string(config_.put_takeover_ms) + " ms)");
+      }
+      MC_LOG_INFO << "put '" << key << "': taking over from stale writer " << obj.writer;
+      discard_object(it, true, true);
+    }
+  }
+  std::vector<std::string> segs = place(size_bytes, want, options.preferred_segment, {}, "");
+  if (segs.empty()) {
+    // Make room in the fullest DRAM segments, then try again.
+    for (auto& [name, seg] : segments_) {
+      if (seg.info.medium != Medium::kCpu) continue;
+      uint64_t need = seg.alloc->rounded(size_bytes);
+      uint64_t target = seg.alloc->capacity_bytes() > need ? seg.alloc->capacity_bytes() - need : 0;
+      target = std::min<uint64_t>(target, static_cast<uint64_t>(config_.low_watermark * seg.alloc->capacity_bytes()));
+      evict(name, target);
+    }
+    segs = place(size_bytes, want, options.preferred_segment, {}, "");
+  }
+  if (segs.empty()) {
+    return Status(Code::kNoSpace, "put '" + key + "': no DRAM segment has " + std::to_string(size_bytes) +
+                                      " free bytes (every object is leased, pinned or being demoted, or no node is mounted); retry or add nodes");
+  }
+  Object obj;
+  obj.size_bytes = size_bytes;
+  obj.put_id = next_put_id_++;
+  obj.writer = caller.client_id;
+  obj.started_ns = now;
+  obj.last_access_ns = now;
+  obj.pinned = options.pin;
+  PutGrant grant;
+  grant.put_id = obj.put_id;
+  for (const std::string& s : segs) {
+    Segment& seg = segments_.at(s);
+    Result<uint64_t> off = seg.alloc->allocate(size_bytes);
+    if (!off.is_ok()) continue;  // cannot happen: place() checked the largest free range
+    ++seg.replicas;
+    Replica r;
+    r.segment = s;
+    r.offset = off.value();
+    r.put_id = obj.put_id;
+    r.writer = caller.client_id;
+    r.started_ns = now;
+    obj.replicas.push_back(r);
+    grant.replicas.push_back(view(r, size_bytes));
+  }
+  objects_[key] = std::move(obj);
+  // Keep headroom: segments past the high watermark are evicted down to the low one.
+  for (const std::string& s : segs) {
+    Segment& seg = segments_.at(s);
+    double cap = static_cast<double>(seg.alloc->capacity_bytes());
+    if (static_cast<double>(seg.alloc->used_bytes()) > config_.high_watermark * cap) {
+      evict(s, static_cast<uint64_t>(config_.low_watermark * cap));
+    }
+  }
+  return grant;
+}
+
+Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_t put_id) {
+  MC_RETURN_IF_ERROR(validate_key(key));
+  touch_client(caller.client_id);
+  auto it = objects_.find(key);
+  if (it == objects_.end() || it->second.put_id != put_id || it->second.complete) {
+    ++counters_.refused_put_ends;
+    return Status(Code::kFailedPrecondition, "put_end '" + key + "' (put " + std::to_string(put_id) +
+                                                 "): no such put in progress (revoked, reclaimed or taken over by another writer)");
+  }
+  Object& obj = it->second;
+  obj.complete = true;
+  obj.last_access_ns = clock_->now_ns();
+  for (Replica& r : obj.replicas) {
+    r.complete = true;
+    emit(proto::kKvEventStored, key, r.segment);
+  }
+  ++counters_.puts;
+  return Status::ok();
+}
+
+Status MasterCore::put_revoke(const Caller& caller, const std::string& key, uint64_t put_id) {
+  MC_RETURN_IF_ERROR(validate_key(key));
+  touch_client(caller.client_id);
+  auto it = objects_.find(key);
+  if (it == objects_.end() || it->second.put_id != put_id || it->second.complete) {
+    return Status(Code::kFailedPrecondition, "put_revoke '" + key + "' (put " + std::to_string(put_id) + "): no such put in progress");
+  }
+  discard_object(it, true, false);
+  return Status::ok();
+}
+
+Result<ReadGrant> MasterCore::get_replicas(const Caller& caller, const std::string& key) {
+  MC_RETURN_IF_ERROR(validate_key(key));
+  touch_client(caller.client_id);
+  auto it = objects_.find(key);
+  if (it == objects_.end() || !it->second.complete) {
+    ++counters_.misses;
+    return Status(Code::kObjectNotFound, "object '" + key + "' not found");
+  }
+  Object& obj = it->second;
+  int64_t now = clock_->now_ns();
+  std::vector<std::pair<int, const Replica*>> ranked;
+  for (const Replica& r : obj.replicas) {
+    if (!r.complete) continue;
+    ranked.emplace_back(rank_for(caller, segments_.at(r.segment)), &r);
+  }
+  if (ranked.empty()) {
+    ++counters_.misses;
+    return Status(Code::kObjectNotFound, "object '" + key + "' has no complete replica");
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  ReadGrant grant;
+  grant.size_bytes = obj.size_bytes;
+  for (const auto& [rank, r] : ranked) grant.replicas.push_back(view(*r, obj.size_bytes));
+  grant.lease_ms = config_.lease_ms;
+  obj.lease_until_ns = std::max(obj.lease_until_ns, now + config_.lease_ms * kNsPerMs);
+  obj.last_access_ns = now;
+  ++segments_.at(ranked.front().second->segment).hits;
+  ++counters_.hits;
+
+  if (config_.hot_read_threshold > 0) {
+    if (now - obj.window_start_ns > config_.hot_window_ms * kNsPerMs) {
+      obj.window_start_ns = now;
+      obj.window_reads = 0;
+    }
+    ++obj.window_reads;
+    bool copying = std::any_of(obj.replicas.begin(), obj.replicas.end(), [](const Replica& r) { return !r.complete; });
+    if (obj.window_reads > config_.hot_read_threshold && !copying && obj.replicas.size() < config_.max_replicas &&
+        !caller.client_id.empty()) {
+      std::vector<std::string> holders;
+      for (const Replica& r : obj.replicas) holders.push_back(segments_.at(r.segment).info.node_id);
+      std::vector<std::string> segs = place(obj.size_bytes, 1, "", holders, caller.host);
+      if (!segs.empty()) {
+        Segment& seg = segments_.at(segs.front());
+        Result<uint64_t> off = seg.alloc->allocate(obj.size_bytes);
+        if (off.is_ok()) {
+          ++seg.replicas;
+          Replica r;
+          r.segment = segs.front();
+          r.offset = off.value();
+          r.put_id = next_put_id_++;
+          r.writer = caller.client_id;
+          r.started_ns = now;
+          obj.replicas.push_back(r);
+          grant.replicate_to = view(r, obj.size_bytes);
+          grant.replicate_put_id = r.put_id;
+          obj.window_reads = 0;
+          ++counters_.hot_replications;
+        }
+      }
+    }
+  }
+  return grant;
+}
+
+Status MasterCore::replica_end(const Caller& caller, const std::string& key, uint64_t put_id, bool ok) {
+  MC_RETURN_IF_ERROR(validate_key(key));
+  touch_client(caller.client_id);
+  auto it = objects_.find(key);
+  if (it != objects_.end()) {
+    Object& obj = it->second;
+    for (auto r = obj.replicas.begin(); r != obj.replicas.end(); ++r) {
+      if (r->put_id != put_id || r->complete || r->demote_task || !obj.complete) continue;
+      if (ok) {
+        r->complete = true;
+        emit(proto::kKvEventStored, key, r->segment);
+      } else {
+        release_replica(*r, obj.size_bytes, true);
+        obj.replicas.erase(r);
+      }
+      return Status::ok();
+    }
+  }
+  ++counters_.refused_put_ends;
+  return Status(Code::kFailedPrecondition, "replica_end '" + key + "' (copy " + std::to_string(put_id) + "): no such copy in progress");
+}
+
+bool MasterCore::exists(const std::string& key) const {
+  auto it = objects_.find(key);
+  return it != objects_.end() && it->second.complete;
+}
+
+uint64_t MasterCore::match_prefix(const std::vector<std::string>& keys) const {
+  uint64_t n = 0;
+  for (const std::string& k : keys) {
+    if (!exists(k)) break;
+    ++n;
+  }
+  return n;
+}
+
+Status MasterCore::remove(const std::string& key) {
+  MC_RETURN_IF_ERROR(validate_key(key));
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return Status(Code::kObjectNotFound, "object '" + key + "' not found");
+  if (!it->second.complete) {
+    return Status(Code::kObjectBusy, "object '" + key + "' is being written by client '" + it->second.writer + "'; retry later");
+  }
+  if (leased(it->second)) return Status(Code::kObjectBusy, "object '" + key + "' is leased by a reader; retry after its lease");
+  discard_object(it, false, false);
+  ++counters_.removes;
+  return Status::ok();
+}
+
+std::vector<ObjectInfo> MasterCore::ls(const std::string& prefix, size_t limit) const {
+  std::vector<ObjectInfo> out;
+  for (auto it = objects_.lower_bound(prefix); it != objects_.end() && out.size() < limit; ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    ObjectInfo info;
+    info.key = it->first;
+    info.size_bytes = it->second.size_bytes;
+    info.complete = it->second.complete;
+    info.leased = leased(it->second);
+    info.pinned = it->second.pinned;
+    for (const Replica& r : it->second.replicas) {
+      if (!r.complete) continue;
+      info.segments.push_back(r.segment);
+      info.media.emplace_back(medium_name(segments_.at(r.segment).info.medium));
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+MasterStats MasterCore::stat() const {
+  MasterStats s = counters_;
+  std::map<std::string, uint64_t> leased_on;
+  for (const auto& [key, obj] : objects_) {
+    if (obj.complete) ++s.objects; else ++s.processing;
+    if (leased(obj)) {
+      for (const Replica& r : obj.replicas) ++leased_on[r.segment];
+    }
+  }
+  for (const auto& [name, seg] : segments_) {
+    SegmentStats st;
+    st.info = seg.info;
+    st.used_bytes = seg.alloc->used_bytes();
+    st.objects = seg.replicas;
+    st.leased_objects = leased_on[name];
+    st.hits = seg.hits;
+    st.evictions = seg.evictions;
+    st.demotions = seg.demotions;
+    st.largest_free_bytes = seg.alloc->largest_free_bytes();
+    st.fragmentation = seg.alloc->fragmentation();
+    s.segments.push_back(std::move(st));
+  }
+  for (const PendingFree& p : pending_frees_) s.pending_free_bytes += p.size_bytes;
+  s.nodes = nodes_.size();
+  s.clients = clients_.size();
+  return s;
+}
+
+void MasterCore::tick() {
+  int64_t now = clock_->now_ns();
+  // Nodes that missed their heartbeats are dead: all their replicas leave at once.
+  std::vector<std::string> dead;
+  for (const auto& [id, node] : nodes_) {
+    if (now - node.last_heartbeat_ns > config_.node_ttl_ms * kNsPerMs) dead.push_back(id);
+  }
+  for (const std::string& id : dead) {
+    MC_LOG_INFO << "storage node " << id << " missed its heartbeats for " << config_.node_ttl_ms
+                << " ms: dropping its segments and replicas";
+    drop_node(id);
+  }
+  // Dead clients: forget them; their unfinished puts are reclaimed below.
+  std::set<std::string> dead_clients;
+  for (auto c = clients_.begin(); c != clients_.end();) {
+    if (now - c->second > config_.client_ttl_ms * kNsPerMs) {
+      dead_clients.insert(c->first);
+      c = clients_.erase(c);
+    } else {
+      ++c;
+    }
+  }
+  for (auto it = objects_.begin(); it != objects_.end();) {
+    Object& obj = it->second;
+    if (!obj.complete) {
+      if (dead_clients.count(obj.writer) || now - obj.started_ns > config_.put_reclaim_ms * kNsPerMs) {
+        auto next = std::next(it);
+        discard_object(it, true, true);
+        it = next;
+        continue;
+      }
+    } else {
+      // Abandoned hot-object copies.
+      for (auto r = obj.replicas.begin(); r != obj.replicas.end();) {
+        bool abandoned = !r->complete && !r->demote_task &&
+                         (dead_clients.count(r->writer) || now - r->started_ns > config_.put_takeover_ms * kNsPerMs);
+        if (abandoned) {
+          release_replica(*r, obj.size_bytes, true);
+          r = obj.replicas.erase(r);
+        } else {
+          ++r;
+        }
+      }
+    }
+    ++it;
+  }
+  // Delayed frees whose time has come.
+  for (auto p = pending_frees_.begin(); p != pending_frees_.end();) {
+    if (p->release_ns <= now) {
+      auto seg = segments_.find(p->segment);
+      if (seg != segments_.end()) (void)seg->second.alloc->free(p->offset);
+      p = pending_frees_.erase(p);
+    } else {
+      ++p;
+    }
+  }
+  // Watermarks.
+  for (auto& [name, seg] : segments_) {
+    double cap = static_cast<double>(seg.alloc->capacity_bytes());
+    if (static_cast<double>(seg.alloc->used_bytes()) > config_.high_watermark * cap) {
+      evict(name, static_cast<uint64_t>(config_.low_watermark * cap));
+    }
+  }
+}
+
+}  // namespace mc::store

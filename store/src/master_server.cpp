@@ -1,0 +1,295 @@
+#include "mc/store/master.hpp"
+
+#include <chrono>
+
+#include "convert.hpp"
+#include "mc/common/daemon.hpp"
+#include "mc/common/log.hpp"
+
+namespace mc::store {
+
+namespace {
+
+Status check_batch(size_t n, const char* what) {
+  if (n > proto::kStoreMaxBatch) {
+    return Status(Code::kInvalidArgument, std::string(what) + ": " + std::to_string(n) + " keys exceed the batch limit of " +
+                                              std::to_string(proto::kStoreMaxBatch));
+  }
+  return Status::ok();
+}
+
+void add_item(proto::StoreItemsReply& reply, const Status& s) {
+  reply.codes.push_back(static_cast<uint16_t>(s.code()));
+  reply.messages.push_back(s.is_ok() ? "" : s.message());
+}
+
+}  // namespace
+
+struct MasterServer::Impl {
+  MasterOptions options;
+  const Clock* clock;
+  MasterCore core;
+  std::unique_ptr<rpc::RpcServer> server;
+  std::unique_ptr<rpc::EventPublisher> events;
+  metrics::Registry registry;
+
+  Impl(const MasterOptions& o, const Clock* c) : options(o), clock(c), core(o.config, c) {}
+
+  void publish_events() {
+    for (proto::KvEvent& e : core.take_events()) {
+      if (!events) continue;
+      Status s = events->publish(std::move(e));
+      if (!s.is_ok()) MC_LOG_WARN << "KV event not published: " << s.to_string();
+    }
+  }
+
+  void update_metrics() {
+    MasterStats s = core.stat();
+    registry.gauge("mc_store_objects", "complete objects").set(static_cast<double>(s.objects));
+    registry.gauge("mc_store_processing_objects", "objects being written").set(static_cast<double>(s.processing));
+    registry.gauge("mc_store_nodes", "live storage nodes").set(static_cast<double>(s.nodes));
+    registry.gauge("mc_store_hits_total", "reads that found the object").set(static_cast<double>(s.hits));
+    registry.gauge("mc_store_misses_total", "reads of absent objects").set(static_cast<double>(s.misses));
+    registry.gauge("mc_store_evictions_total", "replicas evicted").set(static_cast<double>(s.evictions));
+    registry.gauge("mc_store_demotions_total", "replicas demoted to SSD").set(static_cast<double>(s.demotions));
+    uint64_t cap = 0, used = 0;
+    for (const auto& seg : s.segments) {
+      cap += seg.info.capacity_bytes;
+      used += seg.used_bytes;
+    }
+    registry.gauge("mc_store_capacity_bytes", "mounted capacity").set(static_cast<double>(cap));
+    registry.gauge("mc_store_used_bytes", "allocated bytes").set(static_cast<double>(used));
+  }
+
+  void register_handlers();
+};
+
+void MasterServer::Impl::register_handlers() {
+  using namespace proto;
+  server->handle<StoreMountRequest>([this](const StoreMountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+    MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
+    SegmentInfo info{req.segment, req.node_id, req.host, req.domain, medium, req.capacity_bytes, req.endpoint, req.shm_path};
+    MC_RETURN_IF_ERROR(core.mount_segment(info));
+    MC_LOG_INFO << "mounted segment " << req.segment << " (" << req.medium << ", " << req.capacity_bytes << " bytes) of node "
+                << req.node_id << " at " << req.endpoint;
+    publish_events();
+    return StoreAck{};
+  });
+  server->handle<StoreUnmountRequest>([this](const StoreUnmountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+    MC_RETURN_IF_ERROR(core.unmount_segment(req.node_id, req.segment));
+    MC_LOG_INFO << "unmounted segment " << req.segment << " of node " << req.node_id;
+    publish_events();
+    return StoreAck{};
+  });
+  server->handle<StoreNodeHeartbeatRequest>(
+      [this](const StoreNodeHeartbeatRequest& req, const rpc::CallContext&) -> Result<StoreNodeHeartbeatReply> {
+        MC_ASSIGN_OR_RETURN(std::vector<DemoteTask> tasks, core.node_heartbeat(req.node_id));
+        for (const StoreDemoteResult& d : req.done) (void)core.demote_done(req.node_id, d.task_id, d.ok);
+        publish_events();
+        StoreNodeHeartbeatReply reply;
+        for (const DemoteTask& t : tasks) reply.tasks.push_back(to_wire(t));
+        return reply;
+      });
+  server->handle<StoreClientHeartbeatRequest>(
+      [this](const StoreClientHeartbeatRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+        core.client_heartbeat(req.client_id);
+        return StoreAck{};
+      });
+  server->handle<StorePutStartRequest>(
+      [this](const StorePutStartRequest& req, const rpc::CallContext&) -> Result<StorePutStartReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_start"));
+        if (req.sizes_bytes.size() != req.keys.size()) {
+          return Status(Code::kInvalidArgument, "put_start: " + std::to_string(req.keys.size()) + " keys but " +
+                                                    std::to_string(req.sizes_bytes.size()) + " sizes");
+        }
+        PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin};
+        StorePutStartReply reply;
+        for (size_t i = 0; i < req.keys.size(); ++i) {
+          Result<PutGrant> g = core.put_start({req.client_id, "", ""}, req.keys[i], req.sizes_bytes[i], opt);
+          StorePutStartItem item;
+          if (g.is_ok()) {
+            item.put_id = g->put_id;
+            for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
+          } else {
+            item.code = static_cast<uint16_t>(g.status().code());
+            item.message = g.status().message();
+          }
+          reply.items.push_back(std::move(item));
+        }
+        publish_events();
+        return reply;
+      });
+  server->handle<StorePutEndRequest>([this](const StorePutEndRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
+    if (req.put_ids.size() != req.keys.size()) return Status(Code::kInvalidArgument, "put_end: keys and put_ids differ in length");
+    StoreItemsReply reply;
+    for (size_t i = 0; i < req.keys.size(); ++i) add_item(reply, core.put_end({req.client_id, "", ""}, req.keys[i], req.put_ids[i]));
+    publish_events();
+    return reply;
+  });
+  server->handle<StorePutRevokeRequest>(
+      [this](const StorePutRevokeRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_revoke"));
+        if (req.put_ids.size() != req.keys.size()) {
+          return Status(Code::kInvalidArgument, "put_revoke: keys and put_ids differ in length");
+        }
+        StoreItemsReply reply;
+        for (size_t i = 0; i < req.keys.size(); ++i) {
+          add_item(reply, core.put_revoke({req.client_id, "", ""}, req.keys[i], req.put_ids[i]));
+        }
+        return reply;
+      });
+  server->handle<StoreGetReplicasRequest>(
+      [this](const StoreGetReplicasRequest& req, const rpc::CallContext&) -> Result<StoreGetReplicasReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "get_replicas"));
+        StoreGetReplicasReply reply;
+        Caller caller{req.client_id, req.client_host, req.client_domain};
+        for (const std::string& key : req.keys) {
+          Result<ReadGrant> g = core.get_replicas(caller, key);
+          StoreGetItem item;
+          if (g.is_ok()) {
+            item.size_bytes = g->size_bytes;
+            item.lease_ms = g->lease_ms;
+            for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
+            if (g->replicate_to) {
+              item.replicate_to.push_back(to_wire(*g->replicate_to));
+              item.replicate_put_id = g->replicate_put_id;
+            }
+          } else {
+            item.code = static_cast<uint16_t>(g.status().code());
+            item.message = g.status().message();
+          }
+          reply.items.push_back(std::move(item));
+        }
+        return reply;
+      });
+  server->handle<StoreReplicaEndRequest>([this](const StoreReplicaEndRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+    MC_RETURN_IF_ERROR(core.replica_end({req.client_id, "", ""}, req.key, req.put_id, req.ok));
+    publish_events();
+    return StoreAck{};
+  });
+  server->handle<StoreExistsRequest>([this](const StoreExistsRequest& req, const rpc::CallContext&) -> Result<StoreExistsReply> {
+    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "exists"));
+    StoreExistsReply reply;
+    for (const std::string& k : req.keys) reply.present.push_back(core.exists(k));
+    return reply;
+  });
+  server->handle<StoreMatchPrefixRequest>(
+      [this](const StoreMatchPrefixRequest& req, const rpc::CallContext&) -> Result<StoreMatchPrefixReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "match_prefix"));
+        return StoreMatchPrefixReply{core.match_prefix(req.keys)};
+      });
+  server->handle<StoreRemoveRequest>([this](const StoreRemoveRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "remove"));
+    StoreItemsReply reply;
+    for (const std::string& k : req.keys) add_item(reply, core.remove(k));
+    publish_events();
+    return reply;
+  });
+  server->handle<StoreLsRequest>([this](const StoreLsRequest& req, const rpc::CallContext&) -> Result<StoreLsReply> {
+    uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
+    StoreLsReply reply;
+    std::vector<ObjectInfo> objs = core.ls(req.prefix, limit + 1);
+    reply.truncated = objs.size() > limit;
+    if (reply.truncated) objs.resize(limit);
+    for (ObjectInfo& o : objs) {
+      reply.objects.push_back({o.key, o.size_bytes, o.complete, o.leased, o.pinned, o.segments, o.media});
+    }
+    return reply;
+  });
+  server->handle<StoreStatRequest>([this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
+    MasterStats s = core.stat();
+    StoreStatReply r;
+    if (req.with_segments) {
+      for (const SegmentStats& g : s.segments) {
+        StoreSegmentStat w;
+        w.segment = g.info.name;
+        w.node_id = g.info.node_id;
+        w.host = g.info.host;
+        w.domain = g.info.domain;
+        w.medium = std::string(medium_name(g.info.medium));
+        w.capacity_bytes = g.info.capacity_bytes;
+        w.used_bytes = g.used_bytes;
+        w.largest_free_bytes = g.largest_free_bytes;
+        w.fragmentation = g.fragmentation;
+        w.objects = g.objects;
+        w.leased_objects = g.leased_objects;
+        w.hits = g.hits;
+        w.evictions = g.evictions;
+        w.demotions = g.demotions;
+        r.segments.push_back(std::move(w));
+      }
+    }
+    r.objects = s.objects;
+    r.processing = s.processing;
+    r.nodes = s.nodes;
+    r.clients = s.clients;
+    r.hits = s.hits;
+    r.misses = s.misses;
+    r.puts = s.puts;
+    r.removes = s.removes;
+    r.evictions = s.evictions;
+    r.demotions = s.demotions;
+    r.reclaimed_puts = s.reclaimed_puts;
+    r.refused_put_ends = s.refused_put_ends;
+    r.hot_replications = s.hot_replications;
+    r.dead_nodes = s.dead_nodes;
+    r.pending_free_bytes = s.pending_free_bytes;
+    r.last_event_id = events ? events->last_event_id() : 0;
+    return r;
+  });
+  server->serve_stat(&registry);
+}
+
+MasterServer::MasterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MasterServer::~MasterServer() = default;
+
+Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& options, const Clock* clock) {
+  if (options.config.low_watermark <= 0 || options.config.low_watermark > options.config.high_watermark ||
+      options.config.high_watermark > 1.0) {
+    return Status(Code::kInvalidArgument, "watermarks must satisfy 0 < low <= high <= 1 (got low " +
+                                              std::to_string(options.config.low_watermark) + ", high " +
+                                              std::to_string(options.config.high_watermark) + ")");
+  }
+  auto impl = std::make_unique<Impl>(options, clock ? clock : &RealClock::instance());
+  rpc::ServerOptions so;
+  so.service = "mc-store master";
+  so.bind_endpoints = {options.listen};
+  MC_ASSIGN_OR_RETURN(impl->server, rpc::RpcServer::bind(so));
+  if (!options.events.empty()) {
+    MC_ASSIGN_OR_RETURN(impl->events, rpc::EventPublisher::bind(options.events, "kv"));
+  }
+  impl->register_handlers();
+  return std::unique_ptr<MasterServer>(new MasterServer(std::move(impl)));
+}
+
+const std::string& MasterServer::endpoint() const { return impl_->server->endpoints().at(0); }
+std::string MasterServer::events_endpoint() const { return impl_->events ? impl_->events->endpoint() : ""; }
+void MasterServer::stop() { impl_->server->stop(); }
+
+Status MasterServer::serve() {
+  int64_t next_tick = impl_->clock->now_ms();
+  while (!impl_->server->stopped() && !daemon::stop_requested()) {
+    MC_RETURN_IF_ERROR(impl_->server->poll_once(std::max(1, impl_->options.tick_ms / 2)));
+    int64_t now = impl_->clock->now_ms();
+    if (now >= next_tick) {
+      impl_->core.tick();
+      impl_->publish_events();
+      impl_->update_metrics();
+      next_tick = now + impl_->options.tick_ms;
+    }
+  }
+  return Status::ok();
+}
+
+Status run_master(const MasterOptions& options) {
+  daemon::install_stop_signals();
+  MC_ASSIGN_OR_RETURN(std::unique_ptr<MasterServer> server, MasterServer::bind(options));
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (!server->events_endpoint().empty()) extra.emplace_back("events", server->events_endpoint());
+  daemon::announce_ready("mc-store-master", server->endpoint(), extra);
+  MC_LOG_INFO << "mc-store master serving on " << server->endpoint();
+  return server->serve();
+}
+
+}  // namespace mc::store

@@ -1,0 +1,508 @@
+#include "mc/store/master_core.hpp"
+
+#include <gtest/gtest.h>
+
+#include "mc/common/block_key.hpp"
+
+namespace mc::store {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+SegmentInfo seg(const std::string& node, const std::string& host, const std::string& domain, uint64_t cap,
+                Medium m = Medium::kCpu) {
+  SegmentInfo s;
+  s.name = node + (m == Medium::kCpu ? "/dram" : "/ssd");
+  s.node_id = node;
+  s.host = host;
+  s.domain = domain;
+  s.medium = m;
+  s.capacity_bytes = cap;
+  s.endpoint = "tcp://127.0.0.1:1";
+  return s;
+}
+
+std::string block_key(uint64_t i) {
+  KeyNamespace ns;
+  ns.model_id = "m";
+  return block_store_key(ns, 0x1000 + i);
+}
+
+class MasterCoreTest : public ::testing::Test {
+ protected:
+  MasterCoreTest() : core_(make_config(), &clock_) {}
+  static MasterConfig make_config() {
+    MasterConfig c;
+    c.lease_ms = 1000;
+    c.put_takeover_ms = 5000;
+    c.free_delay_ms = 2000;
+    c.client_ttl_ms = 60000;
+    return c;
+  }
+  void mount3() {
+    ASSERT_TRUE(core_.mount_segment(seg("n1", "h1", "rack1", 16 * kMiB)).is_ok());
+    ASSERT_TRUE(core_.mount_segment(seg("n2", "h2", "rack1", 16 * kMiB)).is_ok());
+    ASSERT_TRUE(core_.mount_segment(seg("n3", "h3", "rack2", 16 * kMiB)).is_ok());
+  }
+  // put_start + put_end; returns the grant.
+  PutGrant put(const std::string& key, uint64_t size, uint32_t replicas = 1, const std::string& pref = "",
+               const std::string& client = "c1") {
+    PutOptions o;
+    o.replicas = replicas;
+    o.preferred_segment = pref;
+    auto g = core_.put_start({client, "", ""}, key, size, o);
+    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+    if (!g.is_ok()) return {};
+    EXPECT_TRUE(core_.put_end({client, "", ""}, key, g->put_id).is_ok());
+    return g.value();
+  }
+  void heartbeat_all() {
+    for (const char* n : {"n1", "n2", "n3"}) (void)core_.node_heartbeat(n);
+  }
+  const SegmentStats* seg_stat(const MasterStats& s, const std::string& name) {
+    for (const auto& x : s.segments) if (x.info.name == name) return &x;
+    return nullptr;
+  }
+
+  ManualClock clock_{1'000'000'000};
+  MasterCore core_;
+};
+
+TEST_F(MasterCoreTest, PutIsInvisibleUntilPutEnd) {
+  mount3();
+  auto g = core_.put_start({"c1", "", ""}, "a", 1000, {});
+  ASSERT_TRUE(g.is_ok());
+  ASSERT_EQ(g->replicas.size(), 1u);
+  EXPECT_FALSE(core_.exists("a"));
+  EXPECT_EQ(core_.get_replicas({"c2", "", ""}, "a").status().code(), Code::kObjectNotFound);
+  ASSERT_TRUE(core_.put_end({"c1", "", ""}, "a", g->put_id).is_ok());
+  EXPECT_TRUE(core_.exists("a"));
+  auto r = core_.get_replicas({"c2", "", ""}, "a");
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->size_bytes, 1000u);
+  EXPECT_EQ(r->replicas[0].offset, g->replicas[0].offset);
+  EXPECT_EQ(r->replicas[0].segment.name, g->replicas[0].segment.name);
+  // Second put of the same key: already exists.
+  EXPECT_EQ(core_.put_start({"c1", "", ""}, "a", 1000, {}).status().code(), Code::kAlreadyExists);
+}
+
+TEST_F(MasterCoreTest, BadInputIsRejected) {
+  mount3();
+  EXPECT_EQ(core_.put_start({"c1", "", ""}, "", 10, {}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(core_.put_start({"c1", "", ""}, "k", 0, {}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(core_.put_start({"c1", "", ""}, "k", 1ULL << 40, {}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(core_.put_start({"c1", "", ""}, std::string(10000, 'x'), 10, {}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(core_.put_start({"", "", ""}, "k", 10, {}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(core_.put_end({"c1", "", ""}, "k", 99).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(core_.remove("nope").code(), Code::kObjectNotFound);
+  // Larger than any segment but under the object limit: no space, nothing leaks.
+  EXPECT_EQ(core_.put_start({"c1", "", ""}, "big", 64 * kMiB, {}).status().code(), Code::kNoSpace);
+  for (const auto& s : core_.stat().segments) EXPECT_EQ(s.used_bytes, 0u);
+  SegmentInfo bad = seg("n9", "h9", "r", 10);
+  EXPECT_EQ(core_.mount_segment(bad).code(), Code::kInvalidArgument);
+  EXPECT_EQ(parse_medium("tape").status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(MasterCoreTest, PlacementSpreadsOverFailureDomainsAndDistinctNodes) {
+  mount3();
+  for (int i = 0; i < 20; ++i) {
+    PutGrant g = put("k" + std::to_string(i), 4096, 2);
+    ASSERT_EQ(g.replicas.size(), 2u);
+    EXPECT_NE(g.replicas[0].segment.node_id, g.replicas[1].segment.node_id);
+    EXPECT_NE(g.replicas[0].segment.domain, g.replicas[1].segment.domain) << "replicas of k" << i << " share a rack";
+  }
+  // More replicas than nodes: one per node, never two on one node.
+  PutGrant g = put("wide", 4096, 4);
+  EXPECT_EQ(g.replicas.size(), 3u);
+  // A preferred segment is used first.
+  PutGrant p = put("pref", 4096, 1, "n2/dram");
+  ASSERT_EQ(p.replicas.size(), 1u);
+  EXPECT_EQ(p.replicas[0].segment.name, "n2/dram");
+}
+
+TEST_F(MasterCoreTest, GetReplicasNearestFirst) {
+  mount3();
+  put("k", 4096, 3);
+  auto r = core_.get_replicas({"c", "h3", "rack2"}, "k");
+  ASSERT_TRUE(r.is_ok());
+  ASSERT_EQ(r->replicas.size(), 3u);
+  EXPECT_EQ(r->replicas[0].segment.host, "h3");
+  auto r2 = core_.get_replicas({"c", "h9", "rack1"}, "k");
+  EXPECT_EQ(r2->replicas[0].segment.domain, "rack1");
+  EXPECT_EQ(r2->replicas[1].segment.domain, "rack1");
+  EXPECT_EQ(r2->replicas[2].segment.domain, "rack2");
+}
+
+TEST_F(MasterCoreTest, LeaseBlocksRemoveAndOverwriteUntilItEnds) {
+  mount3();
+  put("k", 4096);
+  ASSERT_TRUE(core_.get_replicas({"r", "", ""}, "k").is_ok());
+  EXPECT_EQ(core_.remove("k").code(), Code::kObjectBusy);
+  PutOptions o;
+  o.overwrite = true;
+  EXPECT_EQ(core_.put_start({"c1", "", ""}, "k", 4096, o).status().code(), Code::kObjectBusy);
+  EXPECT_EQ(core_.stat().segments[0].leased_objects + core_.stat().segments[1].leased_objects +
+                core_.stat().segments[2].leased_objects, 1u);
+  clock_.advance_ms(999);
+  EXPECT_EQ(core_.remove("k").code(), Code::kObjectBusy);
+  clock_.advance_ms(2);
+  EXPECT_TRUE(core_.remove("k").is_ok());
+  EXPECT_FALSE(core_.exists("k"));
+  for (const auto& s : core_.stat().segments) EXPECT_EQ(s.used_bytes, 0u);
+}
+
+TEST_F(MasterCoreTest, MatchPrefixAndExists) {
+  mount3();
+  std::vector<std::string> keys;
+  for (int i = 0; i < 6; ++i) keys.push_back(block_key(i));
+  for (int i = 0; i < 6; ++i) if (i != 3) put(keys[i], 1024);
+  EXPECT_EQ(core_.match_prefix(keys), 3u);
+  EXPECT_EQ(core_.match_prefix({}), 0u);
+  EXPECT_EQ(core_.match_prefix({"absent", keys[0]}), 0u);
+  EXPECT_TRUE(core_.exists(keys[5]));
+  EXPECT_FALSE(core_.exists(keys[3]));
+}
+
+TEST_F(MasterCoreTest, EvictionLruBetweenWatermarksSkipsLeasedPinnedAndUnfinished) {
+  MasterConfig c = make_config();
+  c.lease_ms = 100000;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 100 * 64 * 1024)).is_ok());  // 100 slots of 64 KiB
+  const uint64_t sz = 64 * 1024;
+  auto put1 = [&](const std::string& k, bool pin = false) {
+    PutOptions o;
+    o.pin = pin;
+    auto g = core.put_start({"c", "", ""}, k, sz, o);
+    ASSERT_TRUE(g.is_ok()) << k << ": " << g.status().to_string();
+    ASSERT_TRUE(core.put_end({"c", "", ""}, k, g->put_id).is_ok());
+    clock_.advance_ms(1);
+  };
+  put1("pinned", true);
+  put1("leased");
+  for (int i = 0; i < 80; ++i) put1("o" + std::to_string(i));
+  ASSERT_TRUE(core.get_replicas({"r", "", ""}, "leased").is_ok());  // leased and freshly used
+  // A put that stays unfinished.
+  auto unfinished = core.put_start({"w", "", ""}, "unfinished", sz, {});
+  ASSERT_TRUE(unfinished.is_ok());
+  clock_.advance_ms(1);
+  // Touch o0 so it becomes most recently used.
+  ASSERT_TRUE(core.get_replicas({"r", "", ""}, "o0").is_ok());
+  clock_.advance_ms(1);
+  // Push usage past 90 %: the put that crosses triggers eviction down to 80 %.
+  for (int i = 80; i < 90; ++i) put1("o" + std::to_string(i));
+  MasterStats s = core.stat();
+  EXPECT_LE(s.segments[0].used_bytes, static_cast<uint64_t>(0.90 * 100 * sz));
+  EXPECT_GT(s.segments[0].evictions, 0u);
+  EXPECT_TRUE(core.exists("pinned"));
+  EXPECT_TRUE(core.exists("leased"));
+  EXPECT_TRUE(core.exists("o0"));   // recently read
+  EXPECT_FALSE(core.exists("o1"));  // least recently used goes first
+  EXPECT_TRUE(core.exists("o89"));
+  EXPECT_TRUE(core.put_end({"w", "", ""}, "unfinished", unfinished->put_id).is_ok());
+  // Leases end: nothing special, leased object is now an ordinary candidate.
+  EXPECT_EQ(s.evictions, s.segments[0].evictions);
+}
+
+TEST_F(MasterCoreTest, FullOfLeasedObjectsMeansNoSpaceNotCorruption) {
+  MasterConfig c = make_config();
+  c.lease_ms = 100000;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 4 * 4096)).is_ok());
+  for (int i = 0; i < 3; ++i) {
+    auto g = core.put_start({"c", "", ""}, "k" + std::to_string(i), 4096, {});
+    ASSERT_TRUE(g.is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, "k" + std::to_string(i), g->put_id).is_ok());
+    ASSERT_TRUE(core.get_replicas({"r", "", ""}, "k" + std::to_string(i)).is_ok());
+  }
+  // 3/4 used, all leased; 2 more do not fit without evicting a leased object.
+  auto g = core.put_start({"c", "", ""}, "x", 8192, {});
+  EXPECT_EQ(g.status().code(), Code::kNoSpace);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(core.exists("k" + std::to_string(i)));
+}
+
+TEST_F(MasterCoreTest, DemotionToSsdChangesMedium) {
+  MasterConfig c = make_config();
+  c.lease_ms = 10;
+  MasterCore core(c, &clock_);
+  const uint64_t sz = 64 * 1024;
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 10 * sz)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 100 * sz, Medium::kDisk)).is_ok());
+  for (int i = 0; i < 10; ++i) {
+    auto g = core.put_start({"c", "", ""}, block_key(i), sz, {});
+    ASSERT_TRUE(g.is_ok()) << i << g.status().to_string();
+    EXPECT_EQ(g->replicas[0].segment.medium, Medium::kCpu);
+    ASSERT_TRUE(core.put_end({"c", "", ""}, block_key(i), g->put_id).is_ok());
+    clock_.advance_ms(1);
+  }
+  (void)core.take_events();
+  // The 10th put pushed DRAM to 100 % > 90 %: the two oldest are queued for demotion.
+  auto tasks = core.node_heartbeat("n1");
+  ASSERT_TRUE(tasks.is_ok());
+  ASSERT_EQ(tasks->size(), 2u);
+  EXPECT_EQ(tasks->at(0).key, block_key(0));
+  EXPECT_EQ(tasks->at(0).src_segment, "n1/dram");
+  EXPECT_EQ(tasks->at(0).dst_segment, "n1/ssd");
+  // Until the node reports, the DRAM copy is what readers get.
+  auto before = core.get_replicas({"r", "h1", ""}, block_key(0));
+  ASSERT_TRUE(before.is_ok());
+  ASSERT_EQ(before->replicas.size(), 1u);
+  EXPECT_EQ(before->replicas[0].segment.medium, Medium::kCpu);
+  clock_.advance_ms(20);  // lease over
+  for (const auto& t : tasks.value()) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
+  auto after = core.get_replicas({"r", "h1", ""}, block_key(0));
+  ASSERT_TRUE(after.is_ok());
+  ASSERT_EQ(after->replicas.size(), 1u);
+  EXPECT_EQ(after->replicas[0].segment.medium, Medium::kDisk);
+  EXPECT_EQ(after->replicas[0].offset, tasks->at(0).dst_offset);
+  MasterStats s = core.stat();
+  EXPECT_EQ(s.demotions, 2u);
+  EXPECT_EQ(s.segments[0].used_bytes, 8 * sz);
+  auto ev = core.take_events();
+  ASSERT_EQ(ev.size(), 4u);  // stored(disk) + removed(cpu) for each
+  EXPECT_EQ(ev[0].type, "stored");
+  EXPECT_EQ(ev[0].medium, "disk");
+  EXPECT_EQ(ev[1].type, "removed");
+  EXPECT_EQ(ev[1].medium, "cpu");
+  // A failed demotion frees the SSD range and keeps the DRAM copy.
+  EXPECT_EQ(core.demote_done("n1", 999, true).code(), Code::kNotFound);
+}
+
+// Field report #5 (Mooncake#1914): replicas on a dead node, DRAM and SSD alike, must vanish.
+TEST_F(MasterCoreTest, FieldReport5DeadNodeReplicasVanishIncludingSsd) {
+  ASSERT_TRUE(core_.mount_segment(seg("n1", "h1", "rack1", 16 * kMiB)).is_ok());
+  ASSERT_TRUE(core_.mount_segment(seg("n2", "h2", "rack1", 16 * kMiB)).is_ok());
+  ASSERT_TRUE(core_.mount_segment(seg("n2", "h2", "rack1", 16 * kMiB, Medium::kDisk)).is_ok());
+  ASSERT_TRUE(core_.mount_segment(seg("n3", "h3", "rack2", 16 * kMiB)).is_ok());
+  std::string k1 = block_key(101), k2 = block_key(102);
+  put(k1, 4096, 1, "n2/dram");
+  put(k2, 4096, 1, "n1/dram");
+  std::vector<std::string> chain = {block_key(0), block_key(1), block_key(2), block_key(3)};
+  put(chain[0], 4096, 1, "n1/dram");
+  put(chain[1], 4096, 1, "n3/dram");
+  put(chain[2], 4096, 1, "n2/dram");
+  put(chain[3], 4096, 1, "n3/dram");
+  EXPECT_EQ(core_.match_prefix(chain), 4u);
+  (void)core_.take_events();
+  // N2 stops heartbeating; the others go on. 2 x the TTL later:
+  for (int i = 0; i < 6; ++i) {
+    clock_.advance_ms(1000);
+    (void)core_.node_heartbeat("n1");
+    (void)core_.node_heartbeat("n3");
+    core_.tick();
+  }
+  EXPECT_EQ(core_.get_replicas({"c", "", ""}, k1).status().code(), Code::kObjectNotFound);
+  auto r2 = core_.get_replicas({"c", "", ""}, k2);
+  ASSERT_TRUE(r2.is_ok());
+  for (const auto& r : r2->replicas) EXPECT_NE(r.segment.node_id, "n2");
+  EXPECT_EQ(core_.match_prefix(chain), 2u);
+  for (const auto& o : core_.ls("", 100)) {
+    for (const auto& s : o.segments) EXPECT_EQ(s.find("n2/"), std::string::npos) << o.key;
+  }
+  auto ev = core_.take_events();
+  int cleared = 0;
+  for (const auto& e : ev) if (e.type == "cleared") { ++cleared; EXPECT_EQ(e.backend_id.substr(0, 3), "n2/"); }
+  EXPECT_EQ(cleared, 2);  // DRAM and SSD segment
+  EXPECT_EQ(core_.node_heartbeat("n2").status().code(), Code::kNotFound);
+  // N2 comes back with fresh, empty segments: K1 does not come back.
+  ASSERT_TRUE(core_.mount_segment(seg("n2", "h2", "rack1", 16 * kMiB)).is_ok());
+  EXPECT_FALSE(core_.exists(k1));
+  EXPECT_EQ(core_.match_prefix(chain), 2u);
+}
+
+TEST_F(MasterCoreTest, DeadNodeSsdReplicaFromDemotionIsDropped) {
+  MasterConfig c = make_config();
+  c.lease_ms = 1;
+  MasterCore core(c, &clock_);
+  const uint64_t sz = 64 * 1024;
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 16 * kMiB)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n2", "h2", "r1", 10 * sz)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n2", "h2", "r1", 10 * sz, Medium::kDisk)).is_ok());
+  for (int i = 0; i < 10; ++i) {
+    PutOptions o;
+    o.preferred_segment = "n2/dram";
+    auto g = core.put_start({"c", "", ""}, block_key(i), sz, o);
+    ASSERT_TRUE(g.is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, block_key(i), g->put_id).is_ok());
+    clock_.advance_ms(1);
+  }
+  auto tasks = core.node_heartbeat("n2");
+  ASSERT_FALSE(tasks->empty());
+  for (const auto& t : tasks.value()) ASSERT_TRUE(core.demote_done("n2", t.task_id, true).is_ok());
+  auto r = core.get_replicas({"c", "", ""}, block_key(0));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->replicas[0].segment.medium, Medium::kDisk);
+  for (int i = 0; i < 5; ++i) {
+    clock_.advance_ms(1000);
+    (void)core.node_heartbeat("n1");
+    core.tick();
+  }
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(core.exists(block_key(i))) << i;
+  EXPECT_EQ(core.stat().objects, 0u);
+}
+
+// Field report #7 (Mooncake#974): a writer that dies mid-put.
+TEST_F(MasterCoreTest, FieldReport7StaleWriterTakeover) {
+  mount3();
+  auto free_before = [&] {
+    uint64_t used = 0;
+    for (const auto& s : core_.stat().segments) used += s.used_bytes;
+    return used;
+  };
+  uint64_t used0 = free_before();
+  auto c1 = core_.put_start({"C1", "", ""}, "K", 8192, {});
+  ASSERT_TRUE(c1.is_ok());
+  // Step 2: read at once -> miss.
+  EXPECT_FALSE(core_.exists("K"));
+  EXPECT_EQ(core_.get_replicas({"R", "", ""}, "K").status().code(), Code::kObjectNotFound);
+  EXPECT_EQ(core_.match_prefix({"K"}), 0u);
+  // Step 3: C2 before the timeout -> retryable busy.
+  clock_.advance_ms(1000);
+  auto early = core_.put_start({"C2", "", ""}, "K", 8192, {});
+  EXPECT_EQ(early.status().code(), Code::kObjectBusy);
+  EXPECT_TRUE(early.status().is_retryable());
+  EXPECT_EQ(core_.remove("K").code(), Code::kObjectBusy);
+  // Step 4: past the 5 s takeover -> C2 succeeds.
+  clock_.advance_ms(4500);
+  auto c2 = core_.put_start({"C2", "", ""}, "K", 8192, {});
+  ASSERT_TRUE(c2.is_ok()) << c2.status().to_string();
+  ASSERT_TRUE(core_.put_end({"C2", "", ""}, "K", c2->put_id).is_ok());
+  // Step 5: C1's delayed put_end is refused; K stays C2's.
+  EXPECT_EQ(core_.put_end({"C1", "", ""}, "K", c1->put_id).code(), Code::kFailedPrecondition);
+  auto r = core_.get_replicas({"R", "", ""}, "K");
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->replicas[0].offset, c2->replicas[0].offset);
+  // C1's range is freed only after the delay; then the pool is back to pre-C1 plus C2's object.
+  EXPECT_GT(core_.stat().pending_free_bytes, 0u);
+  uint64_t used_with_both = free_before();
+  clock_.advance_ms(2001);
+  heartbeat_all();
+  core_.tick();
+  EXPECT_EQ(core_.stat().pending_free_bytes, 0u);
+  EXPECT_EQ(free_before(), used_with_both - 8192);
+  EXPECT_EQ(free_before(), used0 + 8192);
+  EXPECT_EQ(core_.stat().reclaimed_puts, 1u);
+}
+
+TEST_F(MasterCoreTest, DeadWriterPutIsReclaimedByTick) {
+  MasterConfig c = make_config();
+  c.client_ttl_ms = 3000;
+  c.free_delay_ms = 0;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 16 * kMiB)).is_ok());
+  auto g = core.put_start({"C1", "", ""}, "K", 8192, {});
+  ASSERT_TRUE(g.is_ok());
+  for (int i = 0; i < 4; ++i) {
+    clock_.advance_ms(1000);
+    (void)core.node_heartbeat("n1");
+    core.tick();
+  }
+  EXPECT_EQ(core.stat().processing, 0u);
+  EXPECT_EQ(core.stat().segments[0].used_bytes, 0u);
+  // The revived writer's put_end is refused.
+  EXPECT_EQ(core.put_end({"C1", "", ""}, "K", g->put_id).code(), Code::kFailedPrecondition);
+  EXPECT_FALSE(core.exists("K"));
+}
+
+TEST_F(MasterCoreTest, RevokeFreesAfterDelay) {
+  mount3();
+  auto g = core_.put_start({"c1", "", ""}, "K", 8192, {});
+  ASSERT_TRUE(g.is_ok());
+  ASSERT_TRUE(core_.put_revoke({"c1", "", ""}, "K", g->put_id).is_ok());
+  EXPECT_EQ(core_.stat().processing, 0u);
+  EXPECT_EQ(core_.put_end({"c1", "", ""}, "K", g->put_id).code(), Code::kFailedPrecondition);
+  clock_.advance_ms(2001);
+  heartbeat_all();
+  core_.tick();
+  for (const auto& s : core_.stat().segments) EXPECT_EQ(s.used_bytes, 0u);
+}
+
+TEST_F(MasterCoreTest, HotObjectGetsOneMoreReplicaNearItsReaders) {
+  MasterConfig c = make_config();
+  c.hot_read_threshold = 3;
+  c.max_replicas = 2;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 16 * kMiB)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n2", "h2", "r1", 16 * kMiB)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n3", "h3", "r2", 16 * kMiB)).is_ok());
+  PutOptions o;
+  o.preferred_segment = "n1/dram";
+  auto g = core.put_start({"w", "", ""}, "sys", 4096, o);
+  ASSERT_TRUE(core.put_end({"w", "", ""}, "sys", g->put_id).is_ok());
+  std::optional<ReadGrant> hot;
+  for (int i = 0; i < 4; ++i) {
+    auto r = core.get_replicas({"reader", "h3", "r2"}, "sys");
+    ASSERT_TRUE(r.is_ok());
+    if (r->replicate_to) hot = r.value();
+    EXPECT_EQ(r->replicas.size(), 1u);
+  }
+  ASSERT_TRUE(hot.has_value());
+  EXPECT_EQ(hot->replicate_to->segment.host, "h3");  // the copy goes where it is read
+  ASSERT_TRUE(core.replica_end({"reader", "", ""}, "sys", hot->replicate_put_id, true).is_ok());
+  auto r = core.get_replicas({"reader", "h3", "r2"}, "sys");
+  ASSERT_EQ(r->replicas.size(), 2u);
+  EXPECT_EQ(r->replicas[0].segment.host, "h3");
+  EXPECT_FALSE(r->replicate_to.has_value());  // bounded by max_replicas
+  EXPECT_EQ(core.stat().hot_replications, 1u);
+}
+
+TEST_F(MasterCoreTest, KvEventsCarrySeqHashBackendAndMedium) {
+  mount3();
+  std::string k = block_key(7);
+  PutGrant g = put(k, 4096, 2);
+  auto ev = core_.take_events();
+  ASSERT_EQ(ev.size(), 2u);
+  for (const auto& e : ev) {
+    EXPECT_EQ(e.type, "stored");
+    ASSERT_EQ(e.seq_hashes.size(), 1u);
+    EXPECT_EQ(e.seq_hashes[0], 0x1000u + 7);
+    EXPECT_EQ(e.medium, "cpu");
+  }
+  EXPECT_EQ(ev[0].backend_id, g.replicas[0].segment.name);
+  ASSERT_TRUE(core_.remove(k).is_ok());
+  ev = core_.take_events();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].type, "removed");
+  // Keys that are not block keys are stored but not announced.
+  put("plain-key", 10);
+  EXPECT_TRUE(core_.take_events().empty());
+  EXPECT_EQ(seq_hash_of_key("kv/0123456789abcdef/00000000000000ff"), 0xffu);
+  EXPECT_FALSE(seq_hash_of_key("kv/x/zz").has_value());
+}
+
+TEST_F(MasterCoreTest, UnmountDropsReplicasAtOnce) {
+  mount3();
+  put("a", 4096, 1, "n1/dram");
+  put("b", 4096, 2, "n1/dram");
+  ASSERT_TRUE(core_.unmount_segment("n1", "n1/dram").is_ok());
+  EXPECT_FALSE(core_.exists("a"));
+  EXPECT_TRUE(core_.exists("b"));
+  auto r = core_.get_replicas({"c", "", ""}, "b");
+  ASSERT_EQ(r->replicas.size(), 1u);
+  EXPECT_NE(r->replicas[0].segment.node_id, "n1");
+  EXPECT_EQ(core_.unmount_segment("n1", "n1/dram").code(), Code::kNotFound);
+  EXPECT_EQ(core_.stat().nodes, 2u);
+}
+
+TEST_F(MasterCoreTest, LsByPrefixAndStat) {
+  mount3();
+  put("a/1", 100);
+  put("a/2", 100);
+  put("b/1", 100);
+  auto l = core_.ls("a/", 10);
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[0].key, "a/1");
+  EXPECT_EQ(core_.ls("", 2).size(), 2u);
+  (void)core_.get_replicas({"c", "", ""}, "a/1");
+  (void)core_.get_replicas({"c", "", ""}, "zzz");
+  MasterStats s = core_.stat();
+  EXPECT_EQ(s.objects, 3u);
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 1u);
+  EXPECT_EQ(s.nodes, 3u);
+  uint64_t used = 0;
+  for (const auto& x : s.segments) used += x.used_bytes;
+  EXPECT_EQ(used, 3u * 128);  // 100 bytes rounded to the 64-byte alignment
+}
+
+}  // namespace
+}  // namespace mc::store
