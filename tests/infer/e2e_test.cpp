@@ -241,6 +241,54 @@ TEST(InferE2E, SharedPrefixSimBackendScaledKv) {
   shared_prefix_e2e({"--backend", "sim", "--model", "llama3-70b", "--kv-bytes-per-token", "8192", "--time-scale", "100"});
 }
 
+// A real store (master + one node): the second request hits the prefix in the store; after the node is killed
+// the third recomputes and still produces exactly the tokens of a cache-less instance.
+TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
+  const int64_t block = 16;
+  Child master(kBin + "mc-store", {"--log-level", "warn", "master", "--listen", "tcp://127.0.0.1:0"});
+  const std::string mep = master.wait_ready();
+  ASSERT_FALSE(mep.empty());
+  auto node = std::make_unique<Child>(kBin + "mc-store", std::vector<std::string>{
+      "--log-level", "warn", "serve", "--master", mep, "--dram-bytes", "16MiB", "--no-shm"});
+  ASSERT_FALSE(node->wait_ready().empty());
+  const std::vector<std::string> common = {"--backend", "ref", "--block-size", "16", "--kv-blocks", "256",
+                                           "--seed", "9", "--log-level", "error"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  Child decode(kBin + "mc-decode", with({}));
+  Child cached(kBin + "mc-prefill", with({"--store", mep}));
+  Child uncached(kBin + "mc-prefill", with({"--store", "none"}));
+  const std::string dep = decode.wait_ready(), cep = cached.wait_ready(), uep = uncached.wait_ready();
+  ASSERT_FALSE(dep.empty());
+  ASSERT_FALSE(cep.empty()) << "mc-prefill could not reach the store master";
+  ASSERT_FALSE(uep.empty());
+  auto d = rpc::RpcClient::connect(dep).value();
+  auto pc = rpc::RpcClient::connect(cep).value();
+  auto pu = rpc::RpcClient::connect(uep).value();
+  ClientEndpoint client;
+  for (int i = 0; i < 3; ++i) {
+    if (i == 2) node.reset();  // SIGTERM; the node's replicas are gone
+    const auto prompt = prompt_with_shared_prefix(block, 7 + i, static_cast<uint32_t>(i));
+    const std::string id = "s" + std::to_string(i);
+    RequestRun hit = run_request(*d, dep, *pc, client, id + "-store", prompt, 8);
+    RequestRun ref = run_request(*d, dep, *pu, client, id + "-none", prompt, 8);
+    ASSERT_TRUE(hit.job) << hit.job.status().to_string();
+    ASSERT_TRUE(ref.job) << ref.job.status().to_string();
+    ASSERT_TRUE(hit.stream.done.has_value()) << id;
+    EXPECT_EQ(hit.stream.tokens, ref.stream.tokens) << id;
+    if (i == 0) {
+      EXPECT_GE(hit.job->ledger.stored_blocks, 2);
+    }
+    EXPECT_EQ(hit.job->ledger.hit_tokens, i == 1 ? 2 * block : 0) << id;
+    if (i == 1) {
+      EXPECT_EQ(hit.job->ledger.fetch_bytes, 2 * block * 1024);  // tiny: 1 KiB of KV per token
+      EXPECT_EQ(hit.job->ledger.hit_tokens_remote, 2 * block);    // --no-shm: read through the node
+    }
+  }
+}
+
 TEST(InferE2E, FieldReport14OverRpc) {
   std::vector<std::string> args = {"--backend", "ref", "--block-size", "16", "--kv-blocks", "4096", "--log-level", "error"};
   Child decode(kBin + "mc-decode", args);
