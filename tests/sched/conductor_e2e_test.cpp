@@ -275,7 +275,11 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   EXPECT_EQ(j1[0].decode_endpoint, d0.endpoint());
   EXPECT_EQ(j1[0].client_endpoint, "tcp://127.0.0.1:9");
   EXPECT_EQ(j1[0].reservation_id, 1u);
-  size_t jobs_total = wait_jobs(p0, 1).size() + p1.jobs().size();
+  // prefill_job is sent right after the submit is answered: wait for all five.
+  size_t jobs_total = 0;
+  for (int i = 0; i < 300 && (jobs_total = p0.jobs().size() + p1.jobs().size()) < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_EQ(jobs_total, 5u);
   for (auto* w : {&p0, &p1}) {
     for (const auto& j : w->jobs()) {
