@@ -610,5 +610,132 @@ struct RequestError {
 // Conductor (sched/): client submissions, worker registration, heartbeats, job reports
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_sched / mc-conductor)
+//
+// Clients (mc-trace-replay) and workers (mc-prefill, mc-decode) are RpcClients of mc-conductor's one
+// ROUTER endpoint. A request's life:
+//   client    -> conductor  conductor.submit       the Conductor decides at once; a rejection is the reply
+//   conductor -> mc-decode  decode_reserve         (worker section) for the chosen decode instance
+//                                                  conductor.submit is answered "accepted" once it holds
+//   conductor -> mc-prefill prefill_job            (worker section) prefix plan, decode target, client_endpoint;
+//                                                  its reply (job done, ledger) refits the predictors
+//   mc-decode -> client     token_event, request_done / request_error   (worker section, to client_endpoint)
+//   workers   -> conductor  conductor.register once (again when a heartbeat reply says so),
+//                           conductor.heartbeat (load) every heartbeat_interval_ms,
+//                           conductor.job_report (optional: first_token / done / failed seen by mc-decode)
+
+// A request (SYSTEM.md §3 step 1). The prompt is given by `tokens`; the Conductor keys its complete
+// blocks with its own key namespace (block_key.hpp) unless the client sends `block_hashes` (the seq
+// hashes of the complete blocks, computed with the same namespace). 0 for an SLO means the
+// Conductor's default (--slo-ttft-ms, --slo-tbt-ms).
+struct ConductorSubmitReply {
+  std::string request_id;
+  bool accepted = false;
+  std::string prefill_id;           // chosen prefill instance (empty when rejected)
+  std::string decode_id;            // chosen decode instance (empty when rejected)
+  double predicted_ttft_ms = 0;     // also set when rejected: the best prediction seen
+  double predicted_tbt_ms = 0;
+  int64_t hit_tokens = 0;           // prefix tokens the prefill will reuse instead of computing
+  bool replicate_prefix = false;    // the reused prefix is copied near the prefill instance
+  // ttft_slo | tbt_slo | kv_capacity | no_prefill_instance | no_decode_instance | invalid_request |
+  // decode_refused (the chosen decode instance refused the reservation); empty when accepted
+  std::string reject_reason;
+  std::string reason;               // human-readable explanation, names instances and predicted values
+  MSGPACK_DEFINE_MAP(request_id, accepted, prefill_id, decode_id, predicted_ttft_ms, predicted_tbt_ms, hit_tokens,
+                     replicate_prefix, reject_reason, reason);
+};
+struct ConductorSubmitRequest {
+  static constexpr const char* kType = "conductor.submit";
+  using Reply = ConductorSubmitReply;
+  std::string request_id;               // unique per client run
+  int64_t input_tokens = 0;             // prompt length (== tokens.size() when tokens are given)
+  int64_t output_tokens = 0;            // tokens to generate, first token included
+  std::vector<uint32_t> tokens;         // the prompt
+  std::vector<uint64_t> hash_ids;       // trace block ids, kept in the decision log
+  std::vector<uint64_t> block_hashes;   // optional precomputed seq hashes of the complete blocks
+  int64_t block_size_tokens = 0;        // 0: the Conductor's; otherwise must equal it
+  double slo_ttft_ms = 0;
+  double slo_tbt_ms = 0;
+  std::string client_endpoint;          // where mc-decode sends token events (the client's RpcServer)
+  MSGPACK_DEFINE_MAP(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens,
+                     slo_ttft_ms, slo_tbt_ms, client_endpoint);
+};
+
+struct ConductorRegisterReply {
+  int64_t heartbeat_interval_ms = 0;   // send heartbeats at least this often
+  int64_t heartbeat_timeout_ms = 0;    // silent longer than this = dead, removed with its cached blocks
+  int64_t block_size_tokens = 0;       // the Conductor's key namespace block size (must match the worker's)
+  MSGPACK_DEFINE_MAP(heartbeat_interval_ms, heartbeat_timeout_ms, block_size_tokens);
+};
+struct ConductorRegisterRequest {
+  static constexpr const char* kType = "conductor.register";
+  using Reply = ConductorRegisterReply;
+  std::string instance_id;          // unique ("prefill-0")
+  std::string role;                 // prefill | decode
+  std::string host;                 // host name: same-host pricing with storage segments there
+  std::string endpoint;             // the worker's own RPC endpoint (prefill_job / decode_reserve)
+  std::string backend_id;           // its KV-event backend id (own GPU prefix cache); empty: instance_id
+  int64_t kv_capacity_tokens = 0;   // decode: KV tokens it can reserve (required > 0)
+  int64_t block_size_tokens = 0;    // 0: not checked; else must equal the Conductor's
+  MSGPACK_DEFINE_MAP(instance_id, role, host, endpoint, backend_id, kv_capacity_tokens, block_size_tokens);
+};
+
+struct ConductorHeartbeatReply {
+  bool registered = true;           // false: the Conductor forgot this worker (restart, expiry): register again
+  MSGPACK_DEFINE_MAP(registered);
+};
+// Load report. Absent figures are 0, which is right for an idle worker (field report #12).
+struct ConductorHeartbeatRequest {
+  static constexpr const char* kType = "conductor.heartbeat";
+  using Reply = ConductorHeartbeatReply;
+  std::string instance_id;
+  int64_t queued_prefill_tokens = 0;  // prefill: tokens of queued or running jobs not yet prefilled
+  int64_t queued_prefill_jobs = 0;
+  int64_t running_requests = 0;       // decode: requests in the batch
+  int64_t kv_reserved_tokens = 0;     // decode: KV tokens promised (input + output of running and reserved)
+  int64_t context_tokens = 0;         // decode: sum of the batch's context lengths now
+  // decode: measured steps since the last heartbeat (the Conductor refits its TBT model from them)
+  int64_t decode_steps = 0;
+  double decode_step_ms_mean = 0;
+  double decode_batch_mean = 0;       // mean batch size over those steps
+  double decode_context_tokens_mean = 0;
+  MSGPACK_DEFINE_MAP(instance_id, queued_prefill_tokens, queued_prefill_jobs, running_requests, kv_reserved_tokens,
+                     context_tokens, decode_steps, decode_step_ms_mean, decode_batch_mean,
+                     decode_context_tokens_mean);
+};
+
+inline constexpr const char* kPhaseFirstToken = "first_token";  // mc-decode sent the first token
+inline constexpr const char* kPhaseDone = "done";               // mc-decode sent the last token
+inline constexpr const char* kPhaseFailed = "failed";           // the request cannot complete
+
+struct ConductorJobReportReply {
+  bool known = true;  // false: the Conductor has no such request in flight (late or duplicate report)
+  MSGPACK_DEFINE_MAP(known);
+};
+// Optional report from a worker on one request: lets the Conductor measure TTFT where it predicted it
+// and free its decode ledger entry at once (otherwise it frees it at the predicted end).
+struct ConductorJobReportRequest {
+  static constexpr const char* kType = "conductor.job_report";
+  using Reply = ConductorJobReportReply;
+  std::string request_id;
+  std::string instance_id;
+  std::string phase;                  // first_token | done | failed
+  int64_t event_unix_ns = 0;          // when it happened (wall clock of the worker)
+  int64_t output_tokens = 0;          // done: tokens produced
+  std::string message;                // failed: why
+  MSGPACK_DEFINE_MAP(request_id, instance_id, phase, event_unix_ns, output_tokens, message);
+};
+
+// `mc-conductor stat`: the Conductor's state as one JSON document (instances with load and liveness,
+// index size, decisions by kind, predictor state, TTFT prediction error).
+struct ConductorStatusReply {
+  std::string status_json;
+  MSGPACK_DEFINE_MAP(status_json);
+};
+struct ConductorStatusRequest {
+  static constexpr const char* kType = "conductor.status";
+  using Reply = ConductorStatusReply;
+  bool with_instances = true;
+  MSGPACK_DEFINE_MAP(with_instances);
+};
 
 }  // namespace mc::proto

@@ -1,0 +1,131 @@
+// The Conductor's view of the cluster: prefill and decode instances with their hosts, liveness and
+// load, and the cache backends (storage segments, instance-local caches) with the host each sits on.
+//
+// Load is kept from two sources and combined:
+//  * the ledger: jobs the Conductor itself assigned and that are not reported done (assign_prefill /
+//    assign_decode, finish_prefill / finish_decode). Queue time = the predicted work of the queued
+//    prefill jobs, minus the time the head job has already run (paper §5: "queue time = sum of the
+//    predicted prefill times of the requests queued");
+//  * the worker's own report (heartbeat): what it has queued or running that the ledger does not know
+//    (another Conductor, a restart). Only the excess over the ledger is added.
+// Field report #12: a worker that has registered but not yet reported load is *unknown*: its load is
+// what the ledger holds (0 when fresh), never a made-up large value. A worker that misses heartbeats
+// for longer than the timeout is *dead*: expire() removes it, and the caller drops its cached blocks.
+//
+// Pure: no I/O, no threads; time comes in as arguments (ns, from an injected mc::Clock).
+// Thread-safety: none; one owner (the daemon's loop or the simulator).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "mc/common/status.hpp"
+#include "mc/sched/types.hpp"
+
+namespace mc::sched {
+
+inline constexpr uint32_t kNoHost = UINT32_MAX;
+
+// What a worker reports in its heartbeat (protocol.hpp: ConductorHeartbeat).
+struct LoadReport {
+  // prefill
+  int64_t queued_prefill_tokens = 0;  // tokens of jobs queued or running, not yet prefilled
+  int64_t queued_prefill_jobs = 0;
+  // decode
+  int64_t running_requests = 0;       // in the continuous batch
+  int64_t kv_reserved_tokens = 0;     // reserved KV (admitted requests' input+output)
+  int64_t context_tokens = 0;         // sum of the batch's current context lengths
+};
+
+struct InstanceInfo {
+  std::string id;          // unique instance name ("prefill-0")
+  Role role = Role::kPrefill;
+  std::string host;        // host name: instances and segments on one host share memory bandwidth
+  std::string endpoint;    // where the Conductor dispatches jobs (opaque to the policy)
+  std::string backend_id;  // its own KV-event backend id (GPU prefix cache); empty: same as id
+  int64_t kv_capacity_tokens = 0;  // decode: KV tokens it can reserve; prefill: unused
+};
+
+// One queued prefill job in the ledger.
+struct PrefillJob {
+  std::string request_id;
+  double predicted_ms = 0;
+  int64_t tokens = 0;  // uncached tokens to prefill
+};
+
+// One request in a decode instance's ledger, from admission to completion.
+struct DecodeJob {
+  std::string request_id;
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+  int64_t start_ns = 0;          // predicted (then actual) arrival in the batch = end of its prefill
+  int64_t predicted_end_ns = 0;  // start + output_tokens * predicted step
+};
+
+struct Instance {
+  InstanceInfo info;
+  uint32_t host_index = kNoHost;
+  int64_t registered_ns = 0;
+  int64_t last_seen_ns = 0;      // register or heartbeat
+  bool load_known = false;       // a heartbeat with load has arrived
+  LoadReport reported;           // last report (zeros while unknown)
+  LoadReport reported_excess;    // the part of the report the ledger did not account for
+  // ledger
+  std::deque<PrefillJob> prefill_queue;
+  int64_t head_started_ns = 0;   // when the current head of prefill_queue started running
+  std::vector<DecodeJob> decode_jobs;
+};
+
+class ClusterState {
+ public:
+  // Adds or re-registers (same id: info replaced, ledger kept, liveness refreshed).
+  // kInvalidArgument for an empty id or host, or a decode instance without KV capacity.
+  Status register_instance(const InstanceInfo& info, int64_t now_ns);
+  // Removes an instance and its ledger; kNotFound when unknown.
+  Status remove_instance(const std::string& id);
+  // Records a heartbeat (and its load). kNotFound for an unregistered id: the worker must register.
+  Status heartbeat(const std::string& id, const LoadReport& load, int64_t now_ns);
+  // Removes every instance silent for longer than timeout_ms; returns their ids (for index cleanup).
+  std::vector<std::string> expire(int64_t now_ns, int64_t timeout_ms);
+
+  // Host names interned to dense indices (PrefixIndex stores a host index per backend).
+  uint32_t host_index(const std::string& host);  // interns
+  std::optional<uint32_t> find_host(const std::string& host) const;
+  const std::string& host_name(uint32_t index) const;
+
+  // Ledger.
+  void assign_prefill(const std::string& id, PrefillJob job, int64_t now_ns);
+  // Removes the job (wherever it is in the queue); the next head starts at now_ns. No-op if absent.
+  void finish_prefill(const std::string& id, const std::string& request_id, int64_t now_ns);
+  void assign_decode(const std::string& id, DecodeJob job);
+  // Moves a decode job's start (its prefill finished at a different time than predicted).
+  void start_decode(const std::string& id, const std::string& request_id, int64_t start_ns, double step_ms);
+  void finish_decode(const std::string& id, const std::string& request_id);
+
+  // Predicted queue time (ms) of a prefill instance at now_ns: ledger queue (head's elapsed time
+  // subtracted) plus the reported excess tokens priced by ms_per_token. 0 for an unknown fresh worker.
+  double prefill_queue_ms(const Instance& inst, int64_t now_ns, double ms_per_token) const;
+
+  const Instance* find(const std::string& id) const;
+  Instance* find(const std::string& id);
+  // Instances of a role, in registration order (stable: round_robin and tests rely on it).
+  const std::vector<Instance*>& instances(Role role) const { return role == Role::kPrefill ? prefill_ : decode_; }
+  size_t size() const { return by_id_.size(); }
+
+ private:
+  void rebuild_role_lists();
+  void update_excess(Instance& inst);
+
+  std::unordered_map<std::string, std::unique_ptr<Instance>> by_id_;
+  std::vector<std::string> order_;  // registration order
+  std::vector<Instance*> prefill_, decode_;
+  std::vector<std::string> hosts_;
+  std::unordered_map<std::string, uint32_t> host_ids_;
+};
+
+}  // namespace mc::sched

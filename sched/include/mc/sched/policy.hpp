@@ -1,0 +1,38 @@
+// Prefill placement policies (--policy). The Scheduler prices every live prefill instance for the
+// request (PrefillEstimate: queue, cheapest prefix plan, transfer, prefill, TTFT) and a Policy picks
+// one of them. Pricing is shared, so every policy reuses whatever prefix the pool offers its choice;
+// they differ only in where the prefill runs (as in the paper's comparison, §8.?):
+//   random       uniform over live instances (seeded: deterministic)
+//   round_robin  registration order, cycling
+//   least_loaded smallest predicted queue_ms (ties: registration order)
+//   cache_aware  longest prefix in memory on the instance's host (ties: smaller queue_ms)
+//   kvcache      smallest predicted TTFT = queue + prefill(uncached) + transfer (paper §6, Alg. 1)
+// Thread-safety: none. A policy may keep state (counter, RNG); choose() is its only mutation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mc/common/status.hpp"
+#include "mc/sched/types.hpp"
+
+namespace mc::sched {
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual std::string_view name() const = 0;
+  // Index into `candidates` (non-empty, registration order) of the chosen prefill instance.
+  virtual size_t choose(const Request& request, std::span<const PrefillEstimate> candidates) = 0;
+};
+
+// The policy of that name; kInvalidArgument naming the valid ones otherwise.
+Result<std::unique_ptr<Policy>> make_policy(std::string_view name, uint64_t seed);
+// "random", "round_robin", "least_loaded", "cache_aware", "kvcache".
+const std::vector<std::string>& policy_names();
+
+}  // namespace mc::sched

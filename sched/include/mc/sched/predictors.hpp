@@ -1,0 +1,137 @@
+// Predictors of the Conductor (paper §5 and §7; SYSTEM.md §3 step 2):
+//   prefill_ms(new_tokens n, cached_tokens c) = w0 + w1*n + w2*n*(c + (n+1)/2)
+//     -- the terms of a GPU cost model: a fixed launch/step cost, the linear layers' FLOPs (2*params
+//        per token) and causal attention over the cached prefix plus the new tokens (one query-key
+//        pair costs ~4*layers*d_model FLOPs). The weights start from the backend's cost model (the
+//        worker sends them at registration, or PrefillCostPrior::from_hardware) and are refitted
+//        online from the workers' job reports by recursive least squares with forgetting.
+//   decode_step_ms(batch b, context tokens t) = v0 + v1*b + v2*t
+//     -- a memory-bound decode step: read the weights once, a per-sequence overhead, read every
+//        cached KV token once. Refitted the same way from decode step reports.
+//   transfer_ms(class, bytes) = bytes / bandwidth(class), bandwidth an exponential moving average of
+//     observed transfers per path class (same host / remote / SSD), starting from configured priors.
+// Pure, deterministic; thread-safety: none.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mc/sched/types.hpp"
+
+namespace mc::sched {
+
+// Recursive least squares over N features with exponential forgetting (lambda in (0,1]; 1 = plain
+// least squares). Features are divided by `scale` before fitting so the problem stays well
+// conditioned (features span 1 .. 1e9). Starts at `prior` weights with covariance prior_var * I
+// (small = trust the prior longer). observe() ignores non-finite or negative targets.
+template <size_t N>
+class OnlineLeastSquares {
+ public:
+  using Vec = std::array<double, N>;
+  OnlineLeastSquares(Vec prior_weights, Vec scale, double lambda = 0.995, double prior_var = 1.0);
+  double predict(const Vec& x) const;
+  void observe(const Vec& x, double y);
+  Vec weights() const;  // in unscaled feature units
+  uint64_t samples() const { return samples_; }
+
+ private:
+  Vec w_{};  // in scaled units
+  Vec scale_{};
+  std::array<std::array<double, N>, N> p_{};
+  double lambda_;
+  double prior_var_ = 1.0;
+  uint64_t samples_ = 0;
+};
+extern template class OnlineLeastSquares<3>;
+
+// Prior coefficients of the prefill model, in ms.
+struct PrefillCostPrior {
+  double fixed_ms = 5.0;
+  double ms_per_token = 0.112;         // 2*70e9 FLOP / (8 * 312 TFLOP/s * 0.5 MFU)
+  double ms_per_token_pair = 2.1e-6;   // 4*80*8192 FLOP / same
+  // From model and hardware: params, layers, d_model, sustained FLOP/s (peak * MFU).
+  static PrefillCostPrior from_hardware(double params, int64_t layers, int64_t d_model, double flops_per_s,
+                                        double fixed_ms = 5.0);
+};
+
+struct DecodeCostPrior {
+  double fixed_ms = 12.5;              // 140 GB of weights / (8 * 2 TB/s * 0.7)
+  double ms_per_request = 0.05;
+  double ms_per_context_token = 2.9e-5;  // 327,680 B / (8 * 2 TB/s * 0.7)
+};
+
+class PrefillPredictor {
+ public:
+  explicit PrefillPredictor(PrefillCostPrior prior = {}, double lambda = 0.995);
+  // ms to prefill `new_tokens` with `cached_tokens` of reused prefix; >= 0.
+  double predict_ms(int64_t new_tokens, int64_t cached_tokens) const;
+  // A measured prefill (job report): refits.
+  void observe(int64_t new_tokens, int64_t cached_tokens, double actual_ms);
+  // Marginal ms per new token at an empty cache (prices queued token counts from load reports).
+  double ms_per_token() const;
+  PrefillCostPrior current() const;
+  uint64_t samples() const { return ls_.samples(); }
+
+ private:
+  static std::array<double, 3> features(int64_t n, int64_t c);
+  OnlineLeastSquares<3> ls_;
+};
+
+class DecodePredictor {
+ public:
+  explicit DecodePredictor(DecodeCostPrior prior = {}, double lambda = 0.995);
+  double step_ms(int64_t batch_requests, int64_t context_tokens) const;
+  void observe(int64_t batch_requests, int64_t context_tokens, double actual_step_ms);
+  DecodeCostPrior current() const;
+  uint64_t samples() const { return ls_.samples(); }
+
+ private:
+  OnlineLeastSquares<3> ls_;
+};
+
+struct BandwidthPriors {
+  // Decimal bytes/s. same host: DRAM -> GPU over PCIe 4 x16 (~25 GB/s per GPU); remote: 4x200 Gbps
+  // RDMA at the transfer engine's 87 GB/s shared by 8 GPUs (~11 GB/s, SYSTEM.md §6); ssd: NVMe read.
+  double same_host_bytes_per_s = 25e9;
+  double remote_bytes_per_s = 11e9;
+  double ssd_bytes_per_s = 3e9;
+  double fixed_ms[kNumTransferClasses] = {0.05, 0.2, 0.5};  // per fetch (setup, first-byte latency)
+};
+
+class BandwidthEstimator {
+ public:
+  explicit BandwidthEstimator(BandwidthPriors priors = {}, double alpha = 0.2);
+  // ms to move `bytes` over `cls` (0 for kRecompute or 0 bytes).
+  double transfer_ms(PathClass cls, int64_t bytes) const;
+  // A measured transfer; ignored when bytes <= 0 or elapsed_ns <= 0.
+  void observe(PathClass cls, int64_t bytes, int64_t elapsed_ns);
+  double bytes_per_s(PathClass cls) const;
+  uint64_t samples(PathClass cls) const;
+
+ private:
+  BandwidthPriors priors_;
+  double alpha_;
+  std::array<double, kNumTransferClasses> bw_{};
+  std::array<uint64_t, kNumTransferClasses> samples_{};
+};
+
+// Predicted vs actual (e.g. TTFT) absolute errors over the last `window` samples.
+class PredictionErrorStats {
+ public:
+  explicit PredictionErrorStats(size_t window = 4096) : window_(window) {}
+  void add(double predicted_ms, double actual_ms);
+  uint64_t count() const { return count_; }  // all samples ever
+  double mean_abs_error_ms() const;          // over the window; 0 when empty
+  double p90_abs_error_ms() const;
+  double mean_signed_error_ms() const;       // predicted - actual: > 0 means pessimistic
+
+ private:
+  size_t window_;
+  std::vector<double> abs_, signed_;
+  size_t next_ = 0;
+  uint64_t count_ = 0;
+};
+
+}  // namespace mc::sched

@@ -1,0 +1,174 @@
+// The Conductor's decision procedure (paper §6–7; SYSTEM.md §3 step 2), as pure code: the cluster
+// state, the prefix index and the predictors are owned here, time comes from an injected mc::Clock,
+// and nothing here does I/O, sleeps or starts threads. The daemon (mc-conductor) and the simulator
+// (sched/sim) drive the same object: register/heartbeat/expire, apply KV events, decide, commit,
+// and feed back job reports.
+//
+// decide(request):
+//  1. validate; look the request's block hashes up in the prefix index once;
+//  2. price every live prefill instance (PrefillEstimate): for each k in 0..longest pool prefix,
+//     TTFT(k) = queue + prefill(input - k*B, k*B) + sum over blocks < k of transfer by the block's
+//     cheapest path class from that host (same host 0-copy-ish, remote pool, SSD); keep the best k
+//     (k = 0 is recompute: a short prefix can cost more to move than to recompute);
+//  3. the policy chooses the prefill instance;
+//  4. for each live decode instance predict, at the time this prefill finishes, the batch, the KV
+//     reserved (input + output tokens of every request still running then: future growth counted)
+//     and the step time with this request added; take the feasible one with the smallest TBT;
+//  5. early rejection: reject when TTFT > SLO, or no decode instance meets TBT / fits the KV
+//     (with early rejection off only impossible requests are rejected: KV larger than any decode
+//     instance's capacity, or no live instance);
+//  6. hot prefix: when the instance holding the longest prefix on its own host is overloaded and
+//     the chosen one fetches that prefix from the pool, replicate_prefix is set.
+// decide() changes nothing but the policy's own state; commit() books an accepted decision into
+// the ledgers (queue and decode reservations) so the next decision sees it.
+//
+// Thread-safety: none (one owner). Errors: Status values, never aborts on bad input.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "mc/common/clock.hpp"
+#include "mc/common/protocol.hpp"
+#include "mc/common/status.hpp"
+#include "mc/sched/cluster_state.hpp"
+#include "mc/sched/policy.hpp"
+#include "mc/sched/predictors.hpp"
+#include "mc/sched/prefix_index.hpp"
+#include "mc/sched/types.hpp"
+
+namespace mc::sched {
+
+// A finished prefill, from the worker's job report (SYSTEM.md §5 ledger).
+struct PrefillReport {
+  std::string request_id;
+  std::string instance_id;
+  int64_t prefilled_tokens = 0;                      // computed
+  int64_t reused_tokens = 0;                         // loaded from cache
+  double prefill_ms = 0;                             // compute time only
+  int64_t transfer_bytes[kNumTransferClasses] = {};  // by PathClass
+  int64_t transfer_ns[kNumTransferClasses] = {};
+  bool ok = true;                                    // false: failed; the ledger entry is dropped
+};
+
+// One measured decode step (or a mean over several) on a decode instance.
+struct DecodeStepReport {
+  std::string instance_id;
+  int64_t batch_requests = 0;
+  int64_t context_tokens = 0;
+  double step_ms = 0;
+};
+
+struct SchedulerCounters {
+  uint64_t decisions = 0;
+  uint64_t accepted = 0;
+  uint64_t rejected[8] = {};     // by RejectReason
+  uint64_t fetch = 0;            // accepted with reused_blocks > 0
+  uint64_t recompute = 0;        // accepted with reused_blocks == 0
+  uint64_t replicate = 0;
+  uint64_t expired_instances = 0;
+};
+
+class Scheduler {
+ public:
+  // kInvalidArgument for an unknown policy or a non-positive block size / KV size.
+  static Result<std::unique_ptr<Scheduler>> create(SchedulerConfig config, const Clock* clock,
+                                                   PrefillCostPrior prefill_prior = {},
+                                                   DecodeCostPrior decode_prior = {},
+                                                   BandwidthPriors bandwidth_priors = {});
+
+  // ---- registry and liveness ----
+  // Registers (or re-registers) an instance; its own cache backend is placed on its host.
+  Status register_instance(const InstanceInfo& info);
+  Status heartbeat(const std::string& id, const LoadReport& load);
+  // Removes instances silent past heartbeat_timeout_ms and every block cached by their own backend
+  // (InstanceInfo::backend_id); storage segments go when the store says so (events / resync).
+  // Returns their ids.
+  std::vector<std::string> expire();
+  Status remove_instance(const std::string& id);
+  // A storage segment (KV-event backend) and its host: same-host pricing for instances there.
+  void set_backend_host(const std::string& backend_id, const std::string& host);
+
+  // ---- prefix index ----
+  Status apply_event(const proto::KvEvent& event, const std::string& stream = "");
+
+  // ---- decisions ----
+  Decision decide(const Request& request);
+  // Books an accepted decision into the ledgers at now; no-op for a rejected one.
+  void commit(const Request& request, const Decision& decision);
+  // decide + commit.
+  Decision schedule(const Request& request);
+
+  // ---- feedback ----
+  void on_prefill_done(const PrefillReport& report);
+  void on_decode_step(const DecodeStepReport& report);
+  // The first token reached the client: actual TTFT (ms since submit) against the prediction.
+  void on_first_token(const std::string& request_id, double actual_ttft_ms);
+  // The request finished (or failed) on its decode instance: its reservation is released.
+  void on_request_done(const std::string& request_id);
+
+  // ---- inspection ----
+  const ClusterState& cluster() const { return cluster_; }
+  ClusterState& cluster() { return cluster_; }
+  const PrefixIndex& index() const { return index_; }
+  PrefixIndex& index() { return index_; }
+  const PrefillPredictor& prefill_predictor() const { return prefill_; }
+  const DecodePredictor& decode_predictor() const { return decode_; }
+  const BandwidthEstimator& bandwidth() const { return bandwidth_; }
+  const PredictionErrorStats& ttft_error() const { return ttft_error_; }
+  const SchedulerCounters& counters() const { return counters_; }
+  const SchedulerConfig& config() const { return config_; }
+  const Clock& clock() const { return *clock_; }
+  // Predicted queue time of a prefill instance now (ms).
+  double queue_ms(const Instance& inst) const;
+  // Requests accepted and not yet done.
+  size_t in_flight() const { return in_flight_.size(); }
+  bool is_in_flight(const std::string& request_id) const { return in_flight_.count(request_id) != 0; }
+
+ private:
+  Scheduler(SchedulerConfig config, const Clock* clock, std::unique_ptr<Policy> policy,
+            PrefillCostPrior prefill_prior, DecodeCostPrior decode_prior, BandwidthPriors bandwidth_priors);
+
+  // The cheapest "reuse the first k blocks" plan for one host (queue excluded: it is additive).
+  struct HostPlan {
+    int64_t reused_blocks = 0;
+    double cost_ms = 0;  // prefill + transfer
+    double prefill_ms = 0;
+    double transfer_ms = 0;
+    int64_t blocks_by_class[4] = {0, 0, 0, 0};
+    int64_t transfer_bytes = 0;
+    int64_t longest_same_host_blocks = 0;
+  };
+  struct InFlight {
+    std::string prefill_id, decode_id;
+    double predicted_ttft_ms = 0;
+    int64_t decided_at_ns = 0;
+    bool first_token_seen = false;
+  };
+  DecodeEstimate predict_decode(const Request& request, const Instance& inst, int64_t start_ns,
+                                double slo_tbt_ms) const;
+  void drop_instance_blocks(const Instance& inst);
+
+  SchedulerConfig config_;
+  const Clock* clock_;
+  std::unique_ptr<Policy> policy_;
+  ClusterState cluster_;
+  PrefixIndex index_;
+  PrefillPredictor prefill_;
+  DecodePredictor decode_;
+  BandwidthEstimator bandwidth_;
+  PredictionErrorStats ttft_error_;
+  SchedulerCounters counters_;
+  std::unordered_map<std::string, InFlight> in_flight_;
+  // scratch, reused by decide()
+  std::vector<std::span<const Holder>> lookup_;
+  std::vector<PrefillEstimate> estimates_;
+  std::vector<uint32_t> hosts_scratch_;
+  std::vector<std::pair<uint32_t, HostPlan>> plans_scratch_;
+  std::vector<DecodeEstimate> decode_scratch_;
+};
+
+}  // namespace mc::sched

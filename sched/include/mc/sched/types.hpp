@@ -1,0 +1,144 @@
+// Vocabulary of the Conductor's policy library (mc_sched): media, path classes, the request as the
+// scheduler sees it, the configuration, and the Decision with its reasons and predictions.
+//
+// Units: times in milliseconds (double) unless the name says _ns; sizes in bytes; lengths in tokens.
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mc/common/status.hpp"
+
+namespace mc::sched {
+
+// Where a cached KV block lives (SYSTEM.md §4, KV events `medium`).
+enum class Medium : uint8_t { kGpu = 0, kCpu = 1, kDisk = 2 };
+std::string_view medium_name(Medium m);                  // "gpu" | "cpu" | "disk"
+Result<Medium> parse_medium(std::string_view s);         // kInvalidArgument for anything else
+
+// How a prefill instance obtains one block of a cached prefix, cheapest first.
+//   kSameHost  : the block is in memory (GPU or DRAM) on the prefill instance's own host
+//   kRemote    : in memory on another host of the pool (RDMA / TCP through the transfer engine)
+//   kSsd       : only on a disk tier somewhere in the pool
+//   kRecompute : nowhere usable; the prefill computes it
+enum class PathClass : uint8_t { kSameHost = 0, kRemote = 1, kSsd = 2, kRecompute = 3 };
+inline constexpr int kNumTransferClasses = 3;  // kSameHost, kRemote, kSsd
+std::string_view path_class_name(PathClass c);  // "same_host" | "remote" | "ssd" | "recompute"
+
+enum class Role : uint8_t { kPrefill = 0, kDecode = 1 };
+std::string_view role_name(Role r);  // "prefill" | "decode"
+Result<Role> parse_role(std::string_view s);
+
+// A request as the scheduler sees it (SYSTEM.md §3 step 1). block_hashes are the prefix-chained
+// seq hashes (block_key.hpp) of the request's *complete* blocks, in order; a trailing partial block
+// has no key and is always prefilled.
+struct Request {
+  std::string request_id;
+  int64_t input_tokens = 0;    // prompt length, >= 1
+  int64_t output_tokens = 0;   // tokens to generate, >= 0 (reserved on the decode instance)
+  std::vector<uint64_t> block_hashes;
+  double slo_ttft_ms = 0;      // 0: use SchedulerConfig::slo.ttft_ms
+  double slo_tbt_ms = 0;       // 0: use SchedulerConfig::slo.tbt_ms
+};
+
+struct SloConfig {
+  double ttft_ms = 30'000;  // paper §8: TTFT <= 30 s
+  double tbt_ms = 100;      // paper: 100 / 200 / 300 ms; compared with the predicted decode step time
+  // Prediction-based early rejection (paper §7.?, "early rejection based on prediction"). When false,
+  // a request is rejected only when it cannot run at all (no live instance, or its KV does not fit in
+  // any decode instance even when empty); otherwise it is placed on the best pair even if it will
+  // miss its SLO. Switch off to measure what early rejection buys.
+  bool early_reject = true;
+};
+
+// Shape of the model's KV cache and of the keyed blocks.
+struct KvShape {
+  int64_t kv_bytes_per_token = 327'680;  // LLaMA3-70B BF16: 2*80*8*128*2 (SYSTEM.md §1)
+  int64_t block_size_tokens = 512;       // tokens per keyed block (the traces' 512)
+  int64_t block_bytes() const { return kv_bytes_per_token * block_size_tokens; }
+};
+
+struct SchedulerConfig {
+  std::string policy = "kvcache";  // see policy_names()
+  uint64_t seed = 1;               // for the random policy
+  SloConfig slo;
+  KvShape kv;
+  // A prefill instance is "overloaded" for hot-prefix replication when its predicted queue exceeds
+  // this; a request whose best prefix holder is overloaded and that is placed elsewhere fetches a copy.
+  double overload_queue_ms = 1'000;
+  // Liveness (field report #12): a worker silent for longer than this is dead and removed (with its
+  // cached blocks); a registered worker that has not reported load yet is *unknown* (treated as
+  // empty plus what the Conductor itself assigned), never as busy.
+  int64_t heartbeat_timeout_ms = 3'000;
+  // Candidates kept in a Decision (sorted by predicted TTFT) for the decision log; 0 keeps none.
+  int max_logged_candidates = 4;
+};
+
+// Pricing of one prefill instance for one request (SYSTEM.md §3 step 2):
+//   ttft_ms = queue_ms + prefill_ms(uncached tokens, reused tokens) + transfer_ms(bytes of the reused
+//   prefix that is not on the same host ... priced per path class).
+// reused_blocks is the chosen prefix length: the plan that minimises ttft_ms among "reuse the first
+// k blocks" for every k the pool can supply (k = 0: recompute everything).
+struct PrefillEstimate {
+  std::string instance_id;
+  double queue_ms = 0;
+  double prefill_ms = 0;
+  double transfer_ms = 0;
+  double ttft_ms = 0;
+  int64_t reused_blocks = 0;
+  int64_t blocks_by_class[4] = {0, 0, 0, 0};  // indexed by PathClass, over the reused blocks
+  int64_t longest_same_host_blocks = 0;       // longest prefix in memory on this host (cache_aware)
+  int64_t longest_pool_blocks = 0;            // longest prefix anywhere in the pool
+  int64_t transfer_bytes = 0;
+  bool load_known = false;                    // false: registered, no load report yet (#12)
+};
+
+struct DecodeEstimate {
+  std::string instance_id;
+  double tbt_ms = 0;                 // predicted decode step time with this request in the batch
+  int64_t batch_requests = 0;        // predicted batch when the prefill finishes, this request included
+  int64_t kv_reserved_tokens = 0;    // predicted reservation then, this request's input+output included
+  int64_t kv_capacity_tokens = 0;
+  bool fits_kv = false;
+  bool meets_tbt = false;
+};
+
+enum class RejectReason : uint8_t {
+  kNone = 0,
+  kNoPrefillInstance,   // no live prefill instance
+  kNoDecodeInstance,    // no live decode instance
+  kTtftSlo,             // best predicted TTFT > SLO
+  kTbtSlo,              // no decode instance keeps predicted TBT within the SLO
+  kKvCapacity,          // no decode instance can reserve input+output tokens (now, or ever)
+  kInvalidRequest,      // input_tokens < 1, more block hashes than blocks, ...
+};
+std::string_view reject_reason_name(RejectReason r);  // "ttft_slo", "kv_capacity", ...
+
+// The outcome of Scheduler::decide(). Every field is a prediction made at decision time.
+struct Decision {
+  std::string request_id;
+  bool accepted = false;
+  RejectReason reject_reason = RejectReason::kNone;
+  std::string reason;      // human-readable: why this pair, or why rejected (names instances, values)
+  std::string policy;
+  int64_t decided_at_ns = 0;  // Clock::now_ns() when decided
+
+  std::string prefill_id;  // empty when rejected before a prefill was chosen
+  std::string decode_id;
+  PrefillEstimate prefill;
+  DecodeEstimate decode;
+  double predicted_ttft_ms = 0;  // = prefill.ttft_ms (also set on rejection: the best seen)
+  double predicted_tbt_ms = 0;
+  int64_t hit_tokens = 0;        // reused_blocks * block_size_tokens, capped at input_tokens - 1
+  // Hot-prefix replication (paper §6.?): the longest prefix sits on an overloaded instance's host, so
+  // the chosen instance fetches a copy, which the store keeps near it.
+  bool replicate_prefix = false;
+  std::string best_holder_id;    // the prefill instance whose host holds the longest prefix
+  std::vector<PrefillEstimate> candidates;  // best first, at most max_logged_candidates
+};
+
+}  // namespace mc::sched

@@ -1,0 +1,143 @@
+#include "mc/sched/decision_json.hpp"
+
+#include "mc/common/block_key.hpp"
+#include "mc/sched/scheduler.hpp"
+
+namespace mc::sched {
+
+nlohmann::json to_json(const PrefillEstimate& e) {
+  return {
+      {"instance", e.instance_id},
+      {"queue_ms", e.queue_ms},
+      {"prefill_ms", e.prefill_ms},
+      {"transfer_ms", e.transfer_ms},
+      {"ttft_ms", e.ttft_ms},
+      {"reused_blocks", e.reused_blocks},
+      {"same_host_blocks", e.blocks_by_class[0]},
+      {"remote_blocks", e.blocks_by_class[1]},
+      {"ssd_blocks", e.blocks_by_class[2]},
+      {"longest_same_host_blocks", e.longest_same_host_blocks},
+      {"longest_pool_blocks", e.longest_pool_blocks},
+      {"transfer_bytes", e.transfer_bytes},
+      {"load_known", e.load_known},
+  };
+}
+
+nlohmann::json to_json(const DecodeEstimate& e) {
+  return {
+      {"instance", e.instance_id},          {"tbt_ms", e.tbt_ms},
+      {"batch_requests", e.batch_requests}, {"kv_reserved_tokens", e.kv_reserved_tokens},
+      {"kv_capacity_tokens", e.kv_capacity_tokens}, {"fits_kv", e.fits_kv},
+      {"meets_tbt", e.meets_tbt},
+  };
+}
+
+nlohmann::json decision_record(const Request& r, const Decision& d) {
+  nlohmann::json hashes = nlohmann::json::array();
+  for (uint64_t h : r.block_hashes) hashes.push_back(hash_hex(h));
+  nlohmann::json req = {
+      {"request_id", r.request_id},   {"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens},
+      {"block_hashes", hashes},       {"slo_ttft_ms", r.slo_ttft_ms},   {"slo_tbt_ms", r.slo_tbt_ms},
+  };
+  nlohmann::json candidates = nlohmann::json::array();
+  for (const auto& c : d.candidates) candidates.push_back(to_json(c));
+  nlohmann::json dec = {
+      {"accepted", d.accepted},
+      {"reject_reason", d.accepted ? nullptr : nlohmann::json(std::string(reject_reason_name(d.reject_reason)))},
+      {"reason", d.reason},
+      {"policy", d.policy},
+      {"decided_at_ns", d.decided_at_ns},
+      {"prefill", d.prefill_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.prefill_id)},
+      {"decode", d.decode_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.decode_id)},
+      {"predicted_ttft_ms", d.predicted_ttft_ms},
+      {"predicted_tbt_ms", d.accepted ? nlohmann::json(d.predicted_tbt_ms) : nlohmann::json(nullptr)},
+      {"hit_tokens", d.hit_tokens},
+      {"replicate_prefix", d.replicate_prefix},
+      {"best_holder", d.best_holder_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.best_holder_id)},
+      {"prefill_estimate", to_json(d.prefill)},
+      {"decode_estimate", d.decode_id.empty() ? nlohmann::json(nullptr) : to_json(d.decode)},
+      {"candidates", candidates},
+  };
+  return {{"request", req}, {"decision", dec}};
+}
+
+nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
+  const int64_t now = s.clock().now_ns();
+  const SchedulerConfig& cfg = s.config();
+  nlohmann::json out;
+  out["policy"] = cfg.policy;
+  out["slo"] = {{"ttft_ms", cfg.slo.ttft_ms}, {"tbt_ms", cfg.slo.tbt_ms}, {"early_reject", cfg.slo.early_reject}};
+  out["kv"] = {{"kv_bytes_per_token", cfg.kv.kv_bytes_per_token}, {"block_size_tokens", cfg.kv.block_size_tokens}};
+  out["heartbeat_timeout_ms"] = cfg.heartbeat_timeout_ms;
+  if (with_instances) {
+    nlohmann::json insts = nlohmann::json::array();
+    for (Role role : {Role::kPrefill, Role::kDecode}) {
+      for (const Instance* i : s.cluster().instances(role)) {
+        nlohmann::json j = {
+            {"id", i->info.id},
+            {"role", std::string(role_name(role))},
+            {"host", i->info.host},
+            {"endpoint", i->info.endpoint},
+            {"state", i->load_known ? "live" : "unknown"},
+            {"last_seen_ms_ago", static_cast<double>(now - i->last_seen_ns) * 1e-6},
+        };
+        if (role == Role::kPrefill) {
+          j["queue_ms"] = s.queue_ms(*i);
+          j["queued_jobs"] = i->prefill_queue.size();
+          j["reported_queued_prefill_tokens"] = i->reported.queued_prefill_tokens;
+        } else {
+          int64_t reserved = 0;
+          int64_t running = 0;
+          for (const auto& d : i->decode_jobs) {
+            if (d.predicted_end_ns <= now) continue;
+            ++running;
+            reserved += d.input_tokens + d.output_tokens;
+          }
+          j["requests"] = running;
+          j["kv_reserved_tokens"] = reserved + i->reported_excess.kv_reserved_tokens;
+          j["kv_capacity_tokens"] = i->info.kv_capacity_tokens;
+          j["reported_running_requests"] = i->reported.running_requests;
+        }
+        insts.push_back(std::move(j));
+      }
+    }
+    out["instances"] = std::move(insts);
+  }
+  const IndexCounters& ic = s.index().counters();
+  out["index"] = {{"blocks", s.index().blocks()},
+                  {"holder_entries", s.index().holder_entries()},
+                  {"backends", s.index().backends()},
+                  {"events_applied", ic.events_applied},
+                  {"events_duplicate", ic.events_duplicate},
+                  {"gaps", ic.gaps},
+                  {"resyncs", ic.resyncs},
+                  {"resync_failures", ic.resync_failures},
+                  {"bad_events", ic.bad_events}};
+  const SchedulerCounters& c = s.counters();
+  nlohmann::json rejected = nlohmann::json::object();
+  for (int r = 1; r <= static_cast<int>(RejectReason::kInvalidRequest); ++r) {
+    rejected[std::string(reject_reason_name(static_cast<RejectReason>(r)))] = c.rejected[r];
+  }
+  out["decisions"] = {{"total", c.decisions}, {"accepted", c.accepted},   {"fetch", c.fetch},
+                      {"recompute", c.recompute}, {"replicate", c.replicate}, {"rejected", rejected},
+                      {"expired_instances", c.expired_instances}, {"in_flight", s.in_flight()}};
+  PrefillCostPrior p = s.prefill_predictor().current();
+  DecodeCostPrior d = s.decode_predictor().current();
+  out["predictors"] = {
+      {"prefill", {{"fixed_ms", p.fixed_ms}, {"ms_per_token", p.ms_per_token},
+                   {"ms_per_token_pair", p.ms_per_token_pair}, {"samples", s.prefill_predictor().samples()}}},
+      {"decode", {{"fixed_ms", d.fixed_ms}, {"ms_per_request", d.ms_per_request},
+                  {"ms_per_context_token", d.ms_per_context_token}, {"samples", s.decode_predictor().samples()}}},
+      {"bandwidth_bytes_per_s", {{"same_host", s.bandwidth().bytes_per_s(PathClass::kSameHost)},
+                                 {"remote", s.bandwidth().bytes_per_s(PathClass::kRemote)},
+                                 {"ssd", s.bandwidth().bytes_per_s(PathClass::kSsd)}}},
+  };
+  const PredictionErrorStats& e = s.ttft_error();
+  out["ttft_error"] = {{"samples", e.count()},
+                       {"mean_abs_ms", e.mean_abs_error_ms()},
+                       {"p90_abs_ms", e.p90_abs_error_ms()},
+                       {"mean_signed_ms", e.mean_signed_error_ms()}};
+  return out;
+}
+
+}  // namespace mc::sched

@@ -1,0 +1,84 @@
+#include "mc/sched/policy.hpp"
+
+#include <random>
+
+namespace mc::sched {
+namespace {
+
+class RandomPolicy final : public Policy {
+ public:
+  explicit RandomPolicy(uint64_t seed) : rng_(seed) {}
+  std::string_view name() const override { return "random"; }
+  size_t choose(const Request&, std::span<const PrefillEstimate> c) override { return rng_() % c.size(); }
+
+ private:
+  std::mt19937_64 rng_;  // fully specified by the standard: same sequence everywhere for a seed
+};
+
+class RoundRobinPolicy final : public Policy {
+ public:
+  std::string_view name() const override { return "round_robin"; }
+  size_t choose(const Request&, std::span<const PrefillEstimate> c) override { return next_++ % c.size(); }
+
+ private:
+  uint64_t next_ = 0;
+};
+
+// Picks the first candidate minimising `key` (strictly smaller wins: ties keep registration order).
+template <typename Key>
+size_t argmin(std::span<const PrefillEstimate> c, Key key) {
+  size_t best = 0;
+  auto best_key = key(c[0]);
+  for (size_t i = 1; i < c.size(); ++i) {
+    auto k = key(c[i]);
+    if (k < best_key) {
+      best = i;
+      best_key = k;
+    }
+  }
+  return best;
+}
+
+class LeastLoadedPolicy final : public Policy {
+ public:
+  std::string_view name() const override { return "least_loaded"; }
+  size_t choose(const Request&, std::span<const PrefillEstimate> c) override {
+    return argmin(c, [](const PrefillEstimate& e) { return e.queue_ms; });
+  }
+};
+
+class CacheAwarePolicy final : public Policy {
+ public:
+  std::string_view name() const override { return "cache_aware"; }
+  size_t choose(const Request&, std::span<const PrefillEstimate> c) override {
+    return argmin(c, [](const PrefillEstimate& e) { return std::pair(-e.longest_same_host_blocks, e.queue_ms); });
+  }
+};
+
+class KvCachePolicy final : public Policy {
+ public:
+  std::string_view name() const override { return "kvcache"; }
+  size_t choose(const Request&, std::span<const PrefillEstimate> c) override {
+    return argmin(c, [](const PrefillEstimate& e) { return e.ttft_ms; });
+  }
+};
+
+}  // namespace
+
+const std::vector<std::string>& policy_names() {
+  static const std::vector<std::string> kNames = {"random", "round_robin", "least_loaded", "cache_aware", "kvcache"};
+  return kNames;
+}
+
+Result<std::unique_ptr<Policy>> make_policy(std::string_view name, uint64_t seed) {
+  if (name == "random") return std::unique_ptr<Policy>(new RandomPolicy(seed));
+  if (name == "round_robin") return std::unique_ptr<Policy>(new RoundRobinPolicy());
+  if (name == "least_loaded") return std::unique_ptr<Policy>(new LeastLoadedPolicy());
+  if (name == "cache_aware") return std::unique_ptr<Policy>(new CacheAwarePolicy());
+  if (name == "kvcache") return std::unique_ptr<Policy>(new KvCachePolicy());
+  std::string valid;
+  for (const auto& n : policy_names()) valid += (valid.empty() ? "" : ", ") + n;
+  return error(Code::kInvalidArgument, "unknown policy '" + std::string(name) + "': expected one of " + valid);
+}
+
+}  // namespace mc::sched

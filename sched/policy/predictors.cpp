@@ -1,0 +1,191 @@
+#include "mc/sched/predictors.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace mc::sched {
+
+template <size_t N>
+OnlineLeastSquares<N>::OnlineLeastSquares(Vec prior_weights, Vec scale, double lambda, double prior_var)
+    : scale_(scale), lambda_(lambda) {
+  for (size_t i = 0; i < N; ++i) {
+    if (!(scale_[i] > 0)) scale_[i] = 1;
+    w_[i] = prior_weights[i] * scale_[i];
+    p_[i][i] = prior_var;
+  }
+  prior_var_ = prior_var;
+}
+
+template <size_t N>
+double OnlineLeastSquares<N>::predict(const Vec& x) const {
+  double y = 0;
+  for (size_t i = 0; i < N; ++i) y += w_[i] * (x[i] / scale_[i]);
+  return y;
+}
+
+template <size_t N>
+void OnlineLeastSquares<N>::observe(const Vec& x, double y) {
+  if (!std::isfinite(y) || y < 0) return;
+  Vec z;
+  for (size_t i = 0; i < N; ++i) {
+    z[i] = x[i] / scale_[i];
+    if (!std::isfinite(z[i])) return;
+  }
+  Vec pz{};
+  for (size_t i = 0; i < N; ++i)
+    for (size_t j = 0; j < N; ++j) pz[i] += p_[i][j] * z[j];
+  double denom = lambda_;
+  for (size_t i = 0; i < N; ++i) denom += z[i] * pz[i];
+  if (!(denom > 0) || !std::isfinite(denom)) return;
+  double err = y - predict(x);
+  Vec k;
+  for (size_t i = 0; i < N; ++i) k[i] = pz[i] / denom;
+  for (size_t i = 0; i < N; ++i) w_[i] += k[i] * err;
+  // P = (P - k (P z)^T) / lambda; P is symmetric so z^T P = (P z)^T. Forgetting is suspended once the
+  // covariance has grown past its prior (no excitation in some direction: avoid wind-up).
+  double trace = 0;
+  for (size_t i = 0; i < N; ++i)
+    for (size_t j = 0; j < N; ++j) p_[i][j] -= k[i] * pz[j];
+  for (size_t i = 0; i < N; ++i) trace += p_[i][i];
+  double div = trace < prior_var_ * static_cast<double>(N) ? lambda_ : 1.0;
+  for (size_t i = 0; i < N; ++i)
+    for (size_t j = 0; j < N; ++j) p_[i][j] /= div;
+  ++samples_;
+}
+
+template <size_t N>
+typename OnlineLeastSquares<N>::Vec OnlineLeastSquares<N>::weights() const {
+  Vec w;
+  for (size_t i = 0; i < N; ++i) w[i] = w_[i] / scale_[i];
+  return w;
+}
+
+template class OnlineLeastSquares<3>;
+
+PrefillCostPrior PrefillCostPrior::from_hardware(double params, int64_t layers, int64_t d_model,
+                                                 double flops_per_s, double fixed_ms) {
+  PrefillCostPrior p;
+  p.fixed_ms = fixed_ms;
+  p.ms_per_token = 2.0 * params / flops_per_s * 1e3;
+  p.ms_per_token_pair = 4.0 * static_cast<double>(layers) * static_cast<double>(d_model) / flops_per_s * 1e3;
+  return p;
+}
+
+namespace {
+constexpr std::array<double, 3> kPrefillScale = {1.0, 1e3, 1e7};
+constexpr std::array<double, 3> kDecodeScale = {1.0, 10.0, 1e5};
+constexpr double kPriorVar = 1e3;
+}  // namespace
+
+PrefillPredictor::PrefillPredictor(PrefillCostPrior prior, double lambda)
+    : ls_({prior.fixed_ms, prior.ms_per_token, prior.ms_per_token_pair}, kPrefillScale, lambda, kPriorVar) {}
+
+std::array<double, 3> PrefillPredictor::features(int64_t n, int64_t c) {
+  auto nd = static_cast<double>(std::max<int64_t>(0, n));
+  auto cd = static_cast<double>(std::max<int64_t>(0, c));
+  return {1.0, nd, nd * (cd + (nd + 1.0) / 2.0)};
+}
+
+double PrefillPredictor::predict_ms(int64_t new_tokens, int64_t cached_tokens) const {
+  if (new_tokens <= 0) return 0;
+  return std::max(0.0, ls_.predict(features(new_tokens, cached_tokens)));
+}
+
+void PrefillPredictor::observe(int64_t new_tokens, int64_t cached_tokens, double actual_ms) {
+  if (new_tokens <= 0) return;
+  ls_.observe(features(new_tokens, cached_tokens), actual_ms);
+}
+
+double PrefillPredictor::ms_per_token() const {
+  constexpr int64_t kRef = 2048;
+  double per = (predict_ms(kRef, 0) - std::max(0.0, ls_.predict(features(0, 0)))) / kRef;
+  return std::max(0.0, per);
+}
+
+PrefillCostPrior PrefillPredictor::current() const {
+  auto w = ls_.weights();
+  return PrefillCostPrior{w[0], w[1], w[2]};
+}
+
+DecodePredictor::DecodePredictor(DecodeCostPrior prior, double lambda)
+    : ls_({prior.fixed_ms, prior.ms_per_request, prior.ms_per_context_token}, kDecodeScale, lambda, kPriorVar) {}
+
+double DecodePredictor::step_ms(int64_t batch_requests, int64_t context_tokens) const {
+  return std::max(0.0, ls_.predict({1.0, static_cast<double>(batch_requests), static_cast<double>(context_tokens)}));
+}
+
+void DecodePredictor::observe(int64_t batch_requests, int64_t context_tokens, double actual_step_ms) {
+  if (batch_requests <= 0) return;
+  ls_.observe({1.0, static_cast<double>(batch_requests), static_cast<double>(context_tokens)}, actual_step_ms);
+}
+
+DecodeCostPrior DecodePredictor::current() const {
+  auto w = ls_.weights();
+  return DecodeCostPrior{w[0], w[1], w[2]};
+}
+
+BandwidthEstimator::BandwidthEstimator(BandwidthPriors priors, double alpha) : priors_(priors), alpha_(alpha) {
+  bw_ = {priors.same_host_bytes_per_s, priors.remote_bytes_per_s, priors.ssd_bytes_per_s};
+}
+
+double BandwidthEstimator::transfer_ms(PathClass cls, int64_t bytes) const {
+  if (cls == PathClass::kRecompute || bytes <= 0) return 0;
+  auto c = static_cast<size_t>(cls);
+  return priors_.fixed_ms[c] + static_cast<double>(bytes) / bw_[c] * 1e3;
+}
+
+void BandwidthEstimator::observe(PathClass cls, int64_t bytes, int64_t elapsed_ns) {
+  if (cls == PathClass::kRecompute || bytes <= 0 || elapsed_ns <= 0) return;
+  auto c = static_cast<size_t>(cls);
+  double sample = static_cast<double>(bytes) / (static_cast<double>(elapsed_ns) * 1e-9);
+  // The first measurement replaces the prior outright; later ones move the average.
+  bw_[c] = samples_[c] == 0 ? sample : (1 - alpha_) * bw_[c] + alpha_ * sample;
+  ++samples_[c];
+}
+
+double BandwidthEstimator::bytes_per_s(PathClass cls) const {
+  if (cls == PathClass::kRecompute) return 0;
+  return bw_[static_cast<size_t>(cls)];
+}
+
+uint64_t BandwidthEstimator::samples(PathClass cls) const {
+  if (cls == PathClass::kRecompute) return 0;
+  return samples_[static_cast<size_t>(cls)];
+}
+
+void PredictionErrorStats::add(double predicted_ms, double actual_ms) {
+  if (!std::isfinite(predicted_ms) || !std::isfinite(actual_ms)) return;
+  double d = predicted_ms - actual_ms;
+  if (abs_.size() < window_) {
+    abs_.push_back(std::fabs(d));
+    signed_.push_back(d);
+  } else {
+    abs_[next_] = std::fabs(d);
+    signed_[next_] = d;
+    next_ = (next_ + 1) % window_;
+  }
+  ++count_;
+}
+
+double PredictionErrorStats::mean_abs_error_ms() const {
+  if (abs_.empty()) return 0;
+  return std::accumulate(abs_.begin(), abs_.end(), 0.0) / static_cast<double>(abs_.size());
+}
+
+double PredictionErrorStats::mean_signed_error_ms() const {
+  if (signed_.empty()) return 0;
+  return std::accumulate(signed_.begin(), signed_.end(), 0.0) / static_cast<double>(signed_.size());
+}
+
+double PredictionErrorStats::p90_abs_error_ms() const {
+  if (abs_.empty()) return 0;
+  std::vector<double> v = abs_;
+  // nearest-rank p90
+  size_t rank = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(v.size())));
+  rank = std::clamp<size_t>(rank, 1, v.size());
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(rank - 1), v.end());
+  return v[rank - 1];
+}
+
+}  // namespace mc::sched

@@ -1,0 +1,455 @@
+#include "mc/sched/scheduler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+namespace mc::sched {
+
+namespace {
+
+std::string fmt(const char* f, auto... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, f, args...);
+  return buf;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(SchedulerConfig config, const Clock* clock,
+                                                     PrefillCostPrior prefill_prior, DecodeCostPrior decode_prior,
+                                                     BandwidthPriors bandwidth_priors) {
+  if (clock == nullptr) return error(Code::kInvalidArgument, "scheduler: no clock given");
+  if (config.kv.block_size_tokens <= 0) {
+    return error(Code::kInvalidArgument,
+                 "scheduler: block_size_tokens must be > 0 (got " + std::to_string(config.kv.block_size_tokens) + ")");
+  }
+  if (config.kv.kv_bytes_per_token <= 0) {
+    return error(Code::kInvalidArgument, "scheduler: kv_bytes_per_token must be > 0 (got " +
+                                             std::to_string(config.kv.kv_bytes_per_token) + ")");
+  }
+  if (!(config.slo.ttft_ms > 0) || !(config.slo.tbt_ms > 0)) {
+    return error(Code::kInvalidArgument, "scheduler: SLOs must be > 0 ms");
+  }
+  MC_ASSIGN_OR_RETURN(auto policy, make_policy(config.policy, config.seed));
+  return std::unique_ptr<Scheduler>(
+      new Scheduler(std::move(config), clock, std::move(policy), prefill_prior, decode_prior, bandwidth_priors));
+}
+
+Scheduler::Scheduler(SchedulerConfig config, const Clock* clock, std::unique_ptr<Policy> policy,
+                     PrefillCostPrior prefill_prior, DecodeCostPrior decode_prior, BandwidthPriors bandwidth_priors)
+    : config_(std::move(config)),
+      clock_(clock),
+      policy_(std::move(policy)),
+      prefill_(prefill_prior),
+      decode_(decode_prior),
+      bandwidth_(bandwidth_priors) {}
+
+Status Scheduler::register_instance(const InstanceInfo& info) {
+  MC_RETURN_IF_ERROR(cluster_.register_instance(info, clock_->now_ns()));
+  const Instance* inst = cluster_.find(info.id);
+  index_.set_backend_host(inst->info.backend_id, inst->host_index);
+  return Status::ok();
+}
+
+Status Scheduler::heartbeat(const std::string& id, const LoadReport& load) {
+  return cluster_.heartbeat(id, load, clock_->now_ns());
+}
+
+void Scheduler::drop_instance_blocks(const Instance& inst) { index_.remove_backend(inst.info.backend_id); }
+
+std::vector<std::string> Scheduler::expire() {
+  const int64_t now = clock_->now_ns();
+  const int64_t timeout_ns = config_.heartbeat_timeout_ms * 1'000'000;
+  for (Role role : {Role::kPrefill, Role::kDecode}) {
+    for (const Instance* inst : cluster_.instances(role)) {
+      if (now - inst->last_seen_ns > timeout_ns) drop_instance_blocks(*inst);
+    }
+  }
+  std::vector<std::string> dead = cluster_.expire(now, config_.heartbeat_timeout_ms);
+  counters_.expired_instances += dead.size();
+  return dead;
+}
+
+Status Scheduler::remove_instance(const std::string& id) {
+  const Instance* inst = cluster_.find(id);
+  if (inst != nullptr) drop_instance_blocks(*inst);
+  return cluster_.remove_instance(id);
+}
+
+void Scheduler::set_backend_host(const std::string& backend_id, const std::string& host) {
+  index_.set_backend_host(backend_id, cluster_.host_index(host));
+}
+
+Status Scheduler::apply_event(const proto::KvEvent& event, const std::string& stream) {
+  return index_.apply(event, stream);
+}
+
+double Scheduler::queue_ms(const Instance& inst) const {
+  return cluster_.prefill_queue_ms(inst, clock_->now_ns(), prefill_.ms_per_token());
+}
+
+DecodeEstimate Scheduler::predict_decode(const Request& request, const Instance& inst, int64_t start_ns,
+                                         double slo_tbt_ms) const {
+  DecodeEstimate d;
+  d.instance_id = inst.info.id;
+  d.kv_capacity_tokens = inst.info.kv_capacity_tokens;
+  int64_t batch = inst.reported_excess.running_requests;
+  int64_t kv = inst.reported_excess.kv_reserved_tokens;
+  int64_t ctx = inst.reported_excess.context_tokens;
+  // Every request not predicted to have finished by the time this one joins the batch holds its
+  // full reservation (input + output: future growth) and adds its current context.
+  for (const DecodeJob& j : inst.decode_jobs) {
+    if (j.predicted_end_ns <= start_ns) continue;
+    ++batch;
+    kv += j.input_tokens + j.output_tokens;
+    double progress = 0;
+    if (start_ns > j.start_ns && j.predicted_end_ns > j.start_ns) {
+      progress = static_cast<double>(start_ns - j.start_ns) / static_cast<double>(j.predicted_end_ns - j.start_ns);
+    }
+    ctx += j.input_tokens + static_cast<int64_t>(progress * static_cast<double>(j.output_tokens));
+  }
+  d.batch_requests = batch + 1;
+  d.kv_reserved_tokens = kv + request.input_tokens + request.output_tokens;
+  // The step time this request sees at its longest context (its own growth counted).
+  d.tbt_ms = decode_.step_ms(d.batch_requests, ctx + request.input_tokens + request.output_tokens);
+  d.fits_kv = d.kv_reserved_tokens <= d.kv_capacity_tokens;
+  d.meets_tbt = d.tbt_ms <= slo_tbt_ms;
+  return d;
+}
+
+Decision Scheduler::decide(const Request& request) {
+  const int64_t now = clock_->now_ns();
+  const int64_t B = config_.kv.block_size_tokens;
+  const int64_t timeout_ns = config_.heartbeat_timeout_ms * 1'000'000;
+  Decision d;
+  d.request_id = request.request_id;
+  d.policy = std::string(policy_->name());
+  d.decided_at_ns = now;
+  ++counters_.decisions;
+  auto reject = [&](RejectReason r, std::string why) {
+    d.accepted = false;
+    d.reject_reason = r;
+    d.reason = std::move(why);
+    ++counters_.rejected[static_cast<size_t>(r)];
+    return d;
+  };
+
+  if (request.input_tokens < 1 || request.output_tokens < 0 ||
+      static_cast<int64_t>(request.block_hashes.size()) * B > request.input_tokens) {
+    return reject(RejectReason::kInvalidRequest,
+                  fmt("invalid request '%s': input_tokens %lld, output_tokens %lld, %zu complete-block hashes at "
+                      "block size %lld (need input_tokens >= 1 and hashes * block size <= input_tokens)",
+                      request.request_id.c_str(), static_cast<long long>(request.input_tokens),
+                      static_cast<long long>(request.output_tokens), request.block_hashes.size(),
+                      static_cast<long long>(B)));
+  }
+  const double slo_ttft = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
+  const double slo_tbt = request.slo_tbt_ms > 0 ? request.slo_tbt_ms : config_.slo.tbt_ms;
+
+  // ---- 1. index lookup, once ----
+  index_.lookup(request.block_hashes, lookup_);
+  const auto pool_len = static_cast<int64_t>(lookup_.size());
+  // At least one token is always prefilled: it produces the first output token.
+  const int64_t max_reuse = std::min(pool_len, (request.input_tokens - 1) / B);
+
+  // Per block: the best class for a host that holds none of it in memory ("elsewhere"), and the
+  // hosts holding it in memory (for which it is same-host).
+  PathClass generic[64];
+  std::vector<PathClass> generic_big;
+  PathClass* gen = generic;
+  if (max_reuse > 64) {
+    generic_big.resize(static_cast<size_t>(max_reuse));
+    gen = generic_big.data();
+  }
+  hosts_scratch_.clear();
+  for (int64_t i = 0; i < max_reuse; ++i) {
+    PathClass best = PathClass::kRecompute;
+    for (const Holder& h : lookup_[static_cast<size_t>(i)]) {
+      if (h.medium == Medium::kDisk) {
+        if (best == PathClass::kRecompute) best = PathClass::kSsd;
+      } else {
+        best = PathClass::kRemote;
+        uint32_t host = index_.backend_host(h.backend);
+        if (host != kUnknownHost && std::find(hosts_scratch_.begin(), hosts_scratch_.end(), host) == hosts_scratch_.end()) {
+          hosts_scratch_.push_back(host);
+        }
+      }
+    }
+    gen[i] = best;
+  }
+
+  const int64_t block_bytes = config_.kv.block_bytes();
+  auto make_plan = [&](uint32_t host) {
+    HostPlan p;
+    int64_t bytes[kNumTransferClasses] = {0, 0, 0};
+    int64_t count[4] = {0, 0, 0, 0};
+    bool same_host_run = true;
+    p.prefill_ms = prefill_.predict_ms(request.input_tokens, 0);
+    p.cost_ms = p.prefill_ms;
+    for (int64_t k = 1; k <= max_reuse; ++k) {
+      PathClass cls = gen[k - 1];
+      if (host != kUnknownHost && cls == PathClass::kRemote) {
+        for (const Holder& h : lookup_[static_cast<size_t>(k - 1)]) {
+          if (h.medium != Medium::kDisk && index_.backend_host(h.backend) == host) {
+            cls = PathClass::kSameHost;
+            break;
+          }
+        }
+      }
+      if (cls != PathClass::kSameHost) same_host_run = false;
+      if (same_host_run) p.longest_same_host_blocks = k;
+      bytes[static_cast<size_t>(cls)] += block_bytes;
+      ++count[static_cast<size_t>(cls)];
+      double transfer = 0;
+      for (int c = 0; c < kNumTransferClasses; ++c) {
+        transfer += bandwidth_.transfer_ms(static_cast<PathClass>(c), bytes[c]);
+      }
+      double prefill = prefill_.predict_ms(request.input_tokens - k * B, k * B);
+      if (prefill + transfer < p.cost_ms) {
+        p.cost_ms = prefill + transfer;
+        p.prefill_ms = prefill;
+        p.transfer_ms = transfer;
+        p.reused_blocks = k;
+        std::copy(count, count + 4, p.blocks_by_class);
+        p.transfer_bytes = bytes[0] + bytes[1] + bytes[2];
+      }
+    }
+    return p;
+  };
+
+  // ---- 2. price every live prefill instance ----
+  estimates_.clear();
+  plans_scratch_.clear();
+  std::optional<HostPlan> generic_plan;
+  for (const Instance* inst : cluster_.instances(Role::kPrefill)) {
+    if (now - inst->last_seen_ns > timeout_ns) continue;  // silent: not eligible (#12)
+    const HostPlan* plan = nullptr;
+    bool holds = std::find(hosts_scratch_.begin(), hosts_scratch_.end(), inst->host_index) != hosts_scratch_.end();
+    if (!holds) {
+      if (!generic_plan) generic_plan = make_plan(kUnknownHost);
+      plan = &*generic_plan;
+    } else {
+      for (const auto& [h, p] : plans_scratch_) {
+        if (h == inst->host_index) plan = &p;
+      }
+      if (plan == nullptr) {
+        plans_scratch_.emplace_back(inst->host_index, make_plan(inst->host_index));
+        plan = &plans_scratch_.back().second;
+      }
+    }
+    PrefillEstimate e;
+    e.instance_id = inst->info.id;
+    e.queue_ms = cluster_.prefill_queue_ms(*inst, now, prefill_.ms_per_token());
+    e.prefill_ms = plan->prefill_ms;
+    e.transfer_ms = plan->transfer_ms;
+    e.ttft_ms = e.queue_ms + plan->cost_ms;
+    e.reused_blocks = plan->reused_blocks;
+    std::copy(plan->blocks_by_class, plan->blocks_by_class + 4, e.blocks_by_class);
+    e.longest_same_host_blocks = plan->longest_same_host_blocks;
+    e.longest_pool_blocks = pool_len;
+    e.transfer_bytes = plan->transfer_bytes;
+    e.load_known = inst->load_known;
+    estimates_.push_back(std::move(e));
+  }
+  if (estimates_.empty()) {
+    return reject(RejectReason::kNoPrefillInstance, "no live prefill instance is registered");
+  }
+
+  // ---- 3. the policy's choice ----
+  size_t chosen = policy_->choose(request, estimates_);
+  if (chosen >= estimates_.size()) chosen = 0;
+  d.prefill = estimates_[chosen];
+  d.predicted_ttft_ms = d.prefill.ttft_ms;
+  if (config_.max_logged_candidates > 0) {
+    size_t n = std::min(estimates_.size(), static_cast<size_t>(config_.max_logged_candidates));
+    d.candidates.resize(n);
+    std::partial_sort_copy(estimates_.begin(), estimates_.end(), d.candidates.begin(), d.candidates.end(),
+                           [](const PrefillEstimate& a, const PrefillEstimate& b) { return a.ttft_ms < b.ttft_ms; });
+  }
+
+  // ---- 6. hot prefix: the longest same-host prefix sits on an overloaded instance ----
+  const PrefillEstimate* holder = nullptr;
+  for (const auto& e : estimates_) {
+    if (e.longest_same_host_blocks == 0) continue;
+    if (holder == nullptr || e.longest_same_host_blocks > holder->longest_same_host_blocks ||
+        (e.longest_same_host_blocks == holder->longest_same_host_blocks && e.queue_ms < holder->queue_ms)) {
+      holder = &e;
+    }
+  }
+  if (holder != nullptr) {
+    d.best_holder_id = holder->instance_id;
+    d.replicate_prefix = holder->instance_id != d.prefill.instance_id &&
+                         holder->queue_ms > config_.overload_queue_ms &&
+                         d.prefill.longest_same_host_blocks < holder->longest_same_host_blocks &&
+                         d.prefill.blocks_by_class[static_cast<size_t>(PathClass::kRemote)] +
+                                 d.prefill.blocks_by_class[static_cast<size_t>(PathClass::kSsd)] >
+                             0;
+  }
+
+  std::string prefill_why =
+      fmt("%s: %s ttft %.1f ms (queue %.1f + prefill %.1f + transfer %.1f; reuse %lld/%lld pool blocks: %lld same_host, "
+          "%lld remote, %lld ssd)%s",
+          d.policy.c_str(), d.prefill.instance_id.c_str(), d.prefill.ttft_ms, d.prefill.queue_ms, d.prefill.prefill_ms,
+          d.prefill.transfer_ms, static_cast<long long>(d.prefill.reused_blocks), static_cast<long long>(pool_len),
+          static_cast<long long>(d.prefill.blocks_by_class[0]), static_cast<long long>(d.prefill.blocks_by_class[1]),
+          static_cast<long long>(d.prefill.blocks_by_class[2]),
+          d.replicate_prefix ? fmt("; replicating the prefix held by overloaded %s (queue %.1f ms)",
+                                   holder->instance_id.c_str(), holder->queue_ms)
+                                   .c_str()
+                             : "");
+
+  // ---- 5a. early rejection on TTFT ----
+  if (config_.slo.early_reject && d.prefill.ttft_ms > slo_ttft) {
+    d.prefill_id.clear();
+    return reject(RejectReason::kTtftSlo,
+                  fmt("predicted TTFT %.1f ms exceeds the SLO %.1f ms (best: ", d.prefill.ttft_ms, slo_ttft) +
+                      prefill_why + ")");
+  }
+
+  // ---- 4. decode choice at the time the prefill finishes ----
+  const int64_t start_ns = now + static_cast<int64_t>(d.prefill.ttft_ms * 1e6);
+  const DecodeEstimate* best = nullptr;       // fits and meets TBT
+  const DecodeEstimate* best_fit = nullptr;   // fits KV now
+  const DecodeEstimate* best_ever = nullptr;  // could fit when empty
+  DecodeEstimate closest;                     // smallest TBT among those fitting KV, for the message
+  decode_scratch_.clear();
+  for (const Instance* inst : cluster_.instances(Role::kDecode)) {
+    if (now - inst->last_seen_ns > timeout_ns) continue;
+    decode_scratch_.push_back(predict_decode(request, *inst, start_ns, slo_tbt));
+  }
+  if (decode_scratch_.empty()) {
+    return reject(RejectReason::kNoDecodeInstance, "no live decode instance is registered");
+  }
+  for (const auto& de : decode_scratch_) {
+    if (de.fits_kv && de.meets_tbt && (best == nullptr || de.tbt_ms < best->tbt_ms)) best = &de;
+    if (de.fits_kv && (best_fit == nullptr || de.tbt_ms < best_fit->tbt_ms)) best_fit = &de;
+    if (request.input_tokens + request.output_tokens <= de.kv_capacity_tokens &&
+        (best_ever == nullptr || de.kv_reserved_tokens - de.kv_capacity_tokens <
+                                     best_ever->kv_reserved_tokens - best_ever->kv_capacity_tokens)) {
+      best_ever = &de;
+    }
+  }
+  const DecodeEstimate* pick = best;
+  if (pick == nullptr) {
+    if (best_ever == nullptr) {
+      int64_t max_cap = 0;
+      for (const auto& de : decode_scratch_) max_cap = std::max(max_cap, de.kv_capacity_tokens);
+      return reject(RejectReason::kKvCapacity,
+                    fmt("request needs %lld KV tokens (input %lld + output %lld) but the largest decode instance "
+                        "holds %lld",
+                        static_cast<long long>(request.input_tokens + request.output_tokens),
+                        static_cast<long long>(request.input_tokens), static_cast<long long>(request.output_tokens),
+                        static_cast<long long>(max_cap)));
+    }
+    if (config_.slo.early_reject) {
+      if (best_fit == nullptr) {
+        return reject(RejectReason::kKvCapacity,
+                      fmt("no decode instance can reserve %lld KV tokens when the prefill finishes (least loaded: %s "
+                          "at %lld/%lld tokens)",
+                          static_cast<long long>(request.input_tokens + request.output_tokens),
+                          best_ever->instance_id.c_str(),
+                          static_cast<long long>(best_ever->kv_reserved_tokens), 
+                          static_cast<long long>(best_ever->kv_capacity_tokens)));
+      }
+      return reject(RejectReason::kTbtSlo, fmt("predicted TBT %.1f ms on the best decode instance %s exceeds the "
+                                               "SLO %.1f ms (batch %lld)",
+                                               best_fit->tbt_ms, best_fit->instance_id.c_str(), slo_tbt,
+                                               static_cast<long long>(best_fit->batch_requests)));
+    }
+    pick = best_fit != nullptr ? best_fit : best_ever;
+  }
+
+  d.accepted = true;
+  d.prefill_id = d.prefill.instance_id;
+  d.decode = *pick;
+  d.decode_id = pick->instance_id;
+  d.predicted_tbt_ms = pick->tbt_ms;
+  d.hit_tokens = d.prefill.reused_blocks * B;
+  d.reason = prefill_why + fmt("; %s tbt %.1f ms (batch %lld, KV %lld/%lld tokens)%s", d.decode_id.c_str(),
+                               pick->tbt_ms, static_cast<long long>(pick->batch_requests),
+                               static_cast<long long>(pick->kv_reserved_tokens),
+                               static_cast<long long>(pick->kv_capacity_tokens),
+                               (pick->fits_kv && pick->meets_tbt) ? "" : " (SLO not met; early rejection is off)");
+  ++counters_.accepted;
+  if (d.prefill.reused_blocks > 0) {
+    ++counters_.fetch;
+  } else {
+    ++counters_.recompute;
+  }
+  if (d.replicate_prefix) ++counters_.replicate;
+  return d;
+}
+
+void Scheduler::commit(const Request& request, const Decision& d) {
+  if (!d.accepted) return;
+  const int64_t now = clock_->now_ns();
+  cluster_.assign_prefill(d.prefill_id,
+                          PrefillJob{request.request_id, d.prefill.prefill_ms + d.prefill.transfer_ms,
+                                     request.input_tokens - d.hit_tokens},
+                          now);
+  const int64_t start_ns = now + static_cast<int64_t>(d.prefill.ttft_ms * 1e6);
+  cluster_.assign_decode(d.decode_id, DecodeJob{request.request_id, request.input_tokens, request.output_tokens,
+                                                start_ns,
+                                                start_ns + static_cast<int64_t>(static_cast<double>(request.output_tokens) *
+                                                                                d.decode.tbt_ms * 1e6)});
+  in_flight_[request.request_id] = InFlight{d.prefill_id, d.decode_id, d.predicted_ttft_ms, now, false};
+}
+
+Decision Scheduler::schedule(const Request& request) {
+  Decision d = decide(request);
+  commit(request, d);
+  return d;
+}
+
+void Scheduler::on_prefill_done(const PrefillReport& r) {
+  const int64_t now = clock_->now_ns();
+  if (r.ok) {
+    prefill_.observe(r.prefilled_tokens, r.reused_tokens, r.prefill_ms);
+    for (int c = 0; c < kNumTransferClasses; ++c) {
+      bandwidth_.observe(static_cast<PathClass>(c), r.transfer_bytes[c], r.transfer_ns[c]);
+    }
+  }
+  cluster_.finish_prefill(r.instance_id, r.request_id, now);
+  auto it = in_flight_.find(r.request_id);
+  if (it == in_flight_.end()) return;
+  if (!r.ok) {
+    cluster_.finish_decode(it->second.decode_id, r.request_id);
+    in_flight_.erase(it);
+    return;
+  }
+  const Instance* dec = cluster_.find(it->second.decode_id);
+  if (dec != nullptr) {
+    for (const auto& j : dec->decode_jobs) {
+      if (j.request_id != r.request_id) continue;
+      double step = j.output_tokens > 0 && j.predicted_end_ns > j.start_ns
+                        ? static_cast<double>(j.predicted_end_ns - j.start_ns) * 1e-6 / static_cast<double>(j.output_tokens)
+                        : 0.0;
+      cluster_.start_decode(it->second.decode_id, r.request_id, now, step);
+      break;
+    }
+  }
+}
+
+void Scheduler::on_decode_step(const DecodeStepReport& r) {
+  decode_.observe(r.batch_requests, r.context_tokens, r.step_ms);
+}
+
+void Scheduler::on_first_token(const std::string& request_id, double actual_ttft_ms) {
+  auto it = in_flight_.find(request_id);
+  if (it == in_flight_.end() || it->second.first_token_seen) return;
+  it->second.first_token_seen = true;
+  ttft_error_.add(it->second.predicted_ttft_ms, actual_ttft_ms);
+}
+
+void Scheduler::on_request_done(const std::string& request_id) {
+  auto it = in_flight_.find(request_id);
+  if (it == in_flight_.end()) return;
+  const int64_t now = clock_->now_ns();
+  cluster_.finish_prefill(it->second.prefill_id, request_id, now);
+  cluster_.finish_decode(it->second.decode_id, request_id);
+  in_flight_.erase(it);
+}
+
+}  // namespace mc::sched

@@ -1,0 +1,54 @@
+#include "mc/sched/types.hpp"
+
+#include <string>
+
+namespace mc::sched {
+
+std::string_view medium_name(Medium m) {
+  switch (m) {
+    case Medium::kGpu: return "gpu";
+    case Medium::kCpu: return "cpu";
+    case Medium::kDisk: return "disk";
+  }
+  return "unknown";
+}
+
+Result<Medium> parse_medium(std::string_view s) {
+  if (s == "gpu") return Medium::kGpu;
+  if (s == "cpu") return Medium::kCpu;
+  if (s == "disk") return Medium::kDisk;
+  return error(Code::kInvalidArgument, "unknown medium '" + std::string(s) + "': expected gpu, cpu or disk");
+}
+
+std::string_view path_class_name(PathClass c) {
+  switch (c) {
+    case PathClass::kSameHost: return "same_host";
+    case PathClass::kRemote: return "remote";
+    case PathClass::kSsd: return "ssd";
+    case PathClass::kRecompute: return "recompute";
+  }
+  return "unknown";
+}
+
+std::string_view role_name(Role r) { return r == Role::kPrefill ? "prefill" : "decode"; }
+
+Result<Role> parse_role(std::string_view s) {
+  if (s == "prefill") return Role::kPrefill;
+  if (s == "decode") return Role::kDecode;
+  return error(Code::kInvalidArgument, "unknown role '" + std::string(s) + "': expected prefill or decode");
+}
+
+std::string_view reject_reason_name(RejectReason r) {
+  switch (r) {
+    case RejectReason::kNone: return "none";
+    case RejectReason::kNoPrefillInstance: return "no_prefill_instance";
+    case RejectReason::kNoDecodeInstance: return "no_decode_instance";
+    case RejectReason::kTtftSlo: return "ttft_slo";
+    case RejectReason::kTbtSlo: return "tbt_slo";
+    case RejectReason::kKvCapacity: return "kv_capacity";
+    case RejectReason::kInvalidRequest: return "invalid_request";
+  }
+  return "unknown";
+}
+
+}  // namespace mc::sched

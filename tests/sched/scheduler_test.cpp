@@ -1,0 +1,402 @@
+// Policy unit tests on hand-built cluster states with a ManualClock (issue 6): cache-aware picks the
+// longest prefix; kvcache trades a long prefix on a busy instance for a transfer to an idle one and
+// recomputes when the prefix is too short or too slow to fetch; early rejection triggers exactly
+// when the predicted TTFT exceeds the SLO; decode admission counts future growth; field report #12.
+#include "mc/sched/scheduler.hpp"
+
+#include <gtest/gtest.h>
+
+#include "mc/sched/decision_json.hpp"
+#include "test_util.hpp"
+
+namespace mc::sched {
+namespace {
+
+using testing::decode_info;
+using testing::make_scheduler;
+using testing::prefill_info;
+using testing::request;
+
+constexpr int64_t kB = 512;
+// Test cost model: prefill 0.1 ms per new token, nothing else; decode step 20 ms + 1 ms per request.
+const PrefillCostPrior kPrefill{0.0, 0.1, 0.0};
+const DecodeCostPrior kDecode{20.0, 1.0, 0.0};
+// One block = 512 * 327,680 B = 167,772,160 B: same host 6.7 ms, remote 15.3 ms, SSD 55.9 ms
+// (+ fixed), against 51.2 ms to recompute it.
+const BandwidthPriors kBw{};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Scheduler> make(const std::string& policy, SchedulerConfig cfg = {}, BandwidthPriors bw = kBw,
+                                  PrefillCostPrior prefill = kPrefill) {
+    cfg.policy = policy;
+    auto s = make_scheduler(&clock_, cfg, prefill, kDecode, bw);
+    EXPECT_TRUE(s->register_instance(prefill_info("P0", "h0")).is_ok());
+    EXPECT_TRUE(s->register_instance(prefill_info("P1", "h1")).is_ok());
+    EXPECT_TRUE(s->register_instance(decode_info("D0", "h2", 1'000'000)).is_ok());
+    s->set_backend_host("seg-h0", "h0");
+    s->set_backend_host("seg-h1", "h1");
+    return s;
+  }
+  static void store(Scheduler& s, const std::string& backend, int blocks, Medium m = Medium::kCpu,
+                    uint64_t base = 1000) {
+    for (uint64_t h : testing::hashes(blocks, base)) s.index().add(h, backend, m);
+  }
+  // Queue on an instance, reported by its heartbeat as tokens not yet prefilled (0.1 ms each).
+  static void load(Scheduler& s, const std::string& id, double queue_ms) {
+    LoadReport r;
+    r.queued_prefill_tokens = static_cast<int64_t>(queue_ms / 0.1);
+    ASSERT_TRUE(s.heartbeat(id, r).is_ok());
+  }
+  ManualClock clock_{1'000'000'000};
+};
+
+TEST_F(SchedulerTest, CacheAwarePicksTheLongestSameHostPrefix) {
+  auto s = make("cache_aware");
+  ASSERT_TRUE(s->register_instance(prefill_info("P2", "h3")).is_ok());
+  store(*s, "seg-h0", 2);
+  store(*s, "seg-h1", 6);
+  Decision d = s->decide(request("r1", 8 * kB + 10, 10, 8));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_EQ(d.prefill_id, "P1");
+  EXPECT_EQ(d.prefill.longest_same_host_blocks, 6);
+  EXPECT_EQ(d.prefill.blocks_by_class[static_cast<int>(PathClass::kSameHost)], 6);
+  EXPECT_EQ(d.hit_tokens, 6 * kB);
+  // Even when P1 is busy: cache_aware only looks at the prefix.
+  load(*s, "P1", 10'000);
+  EXPECT_EQ(s->decide(request("r2", 8 * kB + 10, 10, 8)).prefill_id, "P1");
+}
+
+TEST_F(SchedulerTest, KvCacheFetchesToAnIdleInstanceWhenTheHolderIsBusy) {
+  auto s = make("kvcache");
+  store(*s, "seg-h0", 10);
+  const int64_t input = 12 * kB + 100;
+  // Idle holder: reuse all 10 blocks on the same host.
+  Decision d = s->decide(request("r1", input, 10, 12));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_EQ(d.prefill_id, "P0");
+  EXPECT_EQ(d.prefill.reused_blocks, 10);
+  EXPECT_EQ(d.prefill.blocks_by_class[static_cast<int>(PathClass::kSameHost)], 10);
+  EXPECT_FALSE(d.replicate_prefix);
+  // Busy holder (5 s queued): P1 fetches the 10 blocks from the remote pool and beats it.
+  load(*s, "P0", 5'000);
+  d = s->decide(request("r2", input, 10, 12));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_EQ(d.prefill_id, "P1");
+  EXPECT_EQ(d.prefill.reused_blocks, 10);
+  EXPECT_EQ(d.prefill.blocks_by_class[static_cast<int>(PathClass::kRemote)], 10);
+  const double block_bytes = 512.0 * 327'680.0;
+  EXPECT_NEAR(d.prefill.transfer_ms, 0.2 + 10 * block_bytes / 11e9 * 1e3, 1e-6);
+  EXPECT_NEAR(d.prefill.prefill_ms, 0.1 * (input - 10 * kB), 1e-6);
+  EXPECT_NEAR(d.predicted_ttft_ms, d.prefill.prefill_ms + d.prefill.transfer_ms, 1e-6);
+  // The hot prefix is replicated near P1.
+  EXPECT_TRUE(d.replicate_prefix);
+  EXPECT_EQ(d.best_holder_id, "P0");
+  EXPECT_NE(d.reason.find("replicating"), std::string::npos) << d.reason;
+  // cache_aware on the same state stays on the busy holder.
+  auto c = make("cache_aware");
+  store(*c, "seg-h0", 10);
+  load(*c, "P0", 5'000);
+  EXPECT_EQ(c->decide(request("r3", input, 10, 12)).prefill_id, "P0");
+}
+
+TEST_F(SchedulerTest, KvCacheRecomputesWhenTheFetchIsTooSlow) {
+  // SSD-only prefix: 55.9 ms per block to read against 51.2 ms to recompute.
+  auto s = make("kvcache");
+  store(*s, "seg-h1", 8, Medium::kDisk);
+  Decision d = s->decide(request("r1", 8 * kB + 1, 1, 8));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_EQ(d.prefill.reused_blocks, 0);
+  EXPECT_EQ(d.hit_tokens, 0);
+  EXPECT_EQ(d.prefill.longest_pool_blocks, 8);
+  EXPECT_NEAR(d.prefill.prefill_ms, 0.1 * (8 * kB + 1), 1e-6);
+  EXPECT_EQ(d.prefill.transfer_ms, 0);
+  // A faster SSD (8 GB/s: 21 ms per block) makes the same prefix worth reading.
+  BandwidthPriors fast = kBw;
+  fast.ssd_bytes_per_s = 8e9;
+  auto f = make("kvcache", {}, fast);
+  store(*f, "seg-h1", 8, Medium::kDisk);
+  d = f->decide(request("r2", 8 * kB + 1, 1, 8));
+  EXPECT_EQ(d.prefill.reused_blocks, 8);
+  EXPECT_EQ(d.prefill.blocks_by_class[static_cast<int>(PathClass::kSsd)], 8);
+}
+
+TEST_F(SchedulerTest, KvCacheRecomputesAShortRemotePrefix) {
+  // A remote fetch costs 100 ms to set up: one block (saves 36 ms) is not worth it, ten are.
+  BandwidthPriors slow_setup = kBw;
+  slow_setup.fixed_ms[static_cast<int>(PathClass::kRemote)] = 100;
+  auto s = make("kvcache", {}, slow_setup);
+  ASSERT_TRUE(s->register_instance(prefill_info("P2", "h3")).is_ok());
+  s->set_backend_host("seg-h3", "h3");
+  store(*s, "seg-h3", 1);
+  load(*s, "P2", 1'000);
+  Decision d = s->decide(request("r1", 12 * kB, 1, 12));
+  EXPECT_EQ(d.prefill_id, "P0");
+  EXPECT_EQ(d.prefill.reused_blocks, 0);
+  store(*s, "seg-h3", 10);
+  d = s->decide(request("r2", 12 * kB, 1, 12));
+  EXPECT_EQ(d.prefill_id, "P0");
+  EXPECT_EQ(d.prefill.reused_blocks, 10);
+  EXPECT_EQ(d.prefill.blocks_by_class[static_cast<int>(PathClass::kRemote)], 10);
+}
+
+TEST_F(SchedulerTest, EarlyRejectionTriggersExactlyAboveTheTtftSlo) {
+  auto s = make("kvcache");
+  load(*s, "P0", 300);
+  load(*s, "P1", 400);
+  Request r = request("r1", 4 * kB, 10, 4);
+  r.slo_ttft_ms = 1e9;
+  const double ttft = s->decide(r).predicted_ttft_ms;
+  EXPECT_NEAR(ttft, 300 + 0.1 * 4 * kB, 1e-6);
+  r.slo_ttft_ms = ttft;  // equal: meets the SLO
+  Decision ok = s->decide(r);
+  EXPECT_TRUE(ok.accepted) << ok.reason;
+  r.slo_ttft_ms = ttft - 1e-6;
+  Decision no = s->decide(r);
+  EXPECT_FALSE(no.accepted);
+  EXPECT_EQ(no.reject_reason, RejectReason::kTtftSlo);
+  EXPECT_NEAR(no.predicted_ttft_ms, ttft, 1e-9);
+  EXPECT_TRUE(no.prefill_id.empty());
+  EXPECT_NE(no.reason.find("exceeds the SLO"), std::string::npos) << no.reason;
+  EXPECT_EQ(s->counters().rejected[static_cast<int>(RejectReason::kTtftSlo)], 1u);
+  // Switched off: the same request is placed anyway, and says so.
+  SchedulerConfig off;
+  off.slo.early_reject = false;
+  auto t = make("kvcache", off);
+  load(*t, "P0", 300);
+  load(*t, "P1", 400);
+  Decision placed = t->decide(r);
+  EXPECT_TRUE(placed.accepted);
+  EXPECT_EQ(placed.prefill_id, "P0");
+}
+
+TEST_F(SchedulerTest, FieldReport12UnknownLoadIsEmptyAndSilentWorkersAreExcluded) {
+  // P1, P2 with 2 s queued each; P3 registered, no load report yet. 8k tokens, 0.5 s prefill.
+  const PrefillCostPrior half_second{0.0, 500.0 / 8192.0, 0.0};
+  SchedulerConfig cfg;
+  cfg.policy = "kvcache";
+  cfg.slo.ttft_ms = 1'500;
+  auto s = make_scheduler(&clock_, cfg, half_second, kDecode, kBw);
+  for (const char* id : {"P1", "P2", "P3"}) ASSERT_TRUE(s->register_instance(prefill_info(id, id)).is_ok());
+  ASSERT_TRUE(s->register_instance(decode_info("D0", "hd", 1'000'000)).is_ok());
+  LoadReport busy;
+  busy.queued_prefill_tokens = 32'768;  // 2 s of work
+  ASSERT_TRUE(s->heartbeat("P1", busy).is_ok());
+  ASSERT_TRUE(s->heartbeat("P2", busy).is_ok());
+  Decision d = s->decide(request("r1", 8192, 10, 0));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_EQ(d.prefill_id, "P3");
+  EXPECT_FALSE(d.prefill.load_known);
+  EXPECT_NEAR(d.prefill.queue_ms, 0.0, 1e-9);
+  EXPECT_NEAR(d.predicted_ttft_ms, 500.0, 1e-6);
+  for (const auto& c : d.candidates) {
+    if (c.instance_id != "P3") {
+      EXPECT_NEAR(c.queue_ms, 2'000.0, 1e-6);
+    }
+  }
+  // P3 misses its heartbeats; P1 and P2 keep reporting.
+  clock_.advance_ms(cfg.heartbeat_timeout_ms + 1);
+  ASSERT_TRUE(s->heartbeat("P1", busy).is_ok());
+  ASSERT_TRUE(s->heartbeat("P2", busy).is_ok());
+  ASSERT_TRUE(s->heartbeat("D0", {}).is_ok());
+  d = s->decide(request("r2", 8192, 10, 0));
+  EXPECT_FALSE(d.accepted);  // P3 is not eligible, and 2.5 s > 1.5 s
+  EXPECT_EQ(d.reject_reason, RejectReason::kTtftSlo);
+  EXPECT_NEAR(d.predicted_ttft_ms, 2'500.0, 1e-6);
+  for (const auto& c : d.candidates) EXPECT_NE(c.instance_id, "P3");
+  EXPECT_EQ(s->expire(), std::vector<std::string>{"P3"});
+  EXPECT_EQ(s->cluster().find("P3"), nullptr);
+}
+
+TEST_F(SchedulerTest, DecodeAdmissionCountsFutureGrowth) {
+  auto s = make_scheduler(&clock_, {}, kPrefill, kDecode, kBw);
+  ASSERT_TRUE(s->register_instance(prefill_info("P0", "h0")).is_ok());
+  ASSERT_TRUE(s->register_instance(decode_info("D0", "h1", 10'000)).is_ok());
+  const int64_t now = clock_.now_ns();
+  // A running request: 1,000 prompt tokens, 1,000 still to generate, decoding for a long time.
+  s->cluster().assign_decode("D0", DecodeJob{"old", 1'000, 1'000, now, now + 3'600'000'000'000});
+  // 4,000 + 5,000 would fit if only the prompt counted (4,000 + 2,000), but not with its growth.
+  Decision d = s->decide(request("big", 4'000, 5'000, 0));
+  EXPECT_FALSE(d.accepted);
+  EXPECT_EQ(d.reject_reason, RejectReason::kKvCapacity) << d.reason;
+  Decision ok = s->decide(request("fits", 4'000, 3'000, 0));
+  ASSERT_TRUE(ok.accepted) << ok.reason;
+  EXPECT_EQ(ok.decode.kv_reserved_tokens, 9'000);
+  EXPECT_EQ(ok.decode.batch_requests, 2);
+  EXPECT_NEAR(ok.predicted_tbt_ms, 22.0, 1e-9);
+  // A request predicted to finish before this prefill ends does not count.
+  s->cluster().finish_decode("D0", "old");
+  s->cluster().assign_decode("D0", DecodeJob{"ending", 1'000, 1'000, now, now + 1'000'000});
+  EXPECT_TRUE(s->decide(request("big2", 4'000, 5'000, 0)).accepted);
+}
+
+TEST_F(SchedulerTest, CommittedRequestsReserveKvForLaterDecisions) {
+  auto s = make_scheduler(&clock_, {}, kPrefill, kDecode, kBw);
+  ASSERT_TRUE(s->register_instance(prefill_info("P0", "h0")).is_ok());
+  ASSERT_TRUE(s->register_instance(decode_info("D0", "h1", 10'000)).is_ok());
+  EXPECT_TRUE(s->schedule(request("a", 3'000, 3'000, 0)).accepted);
+  Decision d = s->schedule(request("b", 3'000, 3'000, 0));
+  EXPECT_FALSE(d.accepted);
+  EXPECT_EQ(d.reject_reason, RejectReason::kKvCapacity);
+  s->on_request_done("a");
+  EXPECT_TRUE(s->schedule(request("c", 3'000, 3'000, 0)).accepted);
+}
+
+TEST_F(SchedulerTest, ReportedLoadIsNotCountedTwiceWithTheLedger) {
+  auto s = make_scheduler(&clock_, {}, kPrefill, kDecode, kBw);
+  ASSERT_TRUE(s->register_instance(prefill_info("P0", "h0")).is_ok());
+  ASSERT_TRUE(s->register_instance(decode_info("D0", "h1", 10'000)).is_ok());
+  ASSERT_TRUE(s->schedule(request("a", 2'000, 2'000, 0)).accepted);
+  // The decode instance reserved a's KV at dispatch, before a's prefill ended, and reports it, plus
+  // 1,000 tokens of a request the Conductor did not place.
+  LoadReport d;
+  d.kv_reserved_tokens = 4'000 + 1'000;
+  ASSERT_TRUE(s->heartbeat("D0", d).is_ok());
+  Decision next = s->decide(request("b", 2'000, 2'000, 0));
+  ASSERT_TRUE(next.accepted) << next.reason;
+  EXPECT_EQ(next.decode.kv_reserved_tokens, 4'000 + 1'000 + 4'000);
+  // The prefill queue the worker reports is the ledger's own job: not added again.
+  LoadReport p;
+  p.queued_prefill_tokens = 2'000;
+  p.queued_prefill_jobs = 1;
+  ASSERT_TRUE(s->heartbeat("P0", p).is_ok());
+  EXPECT_NEAR(s->queue_ms(*s->cluster().find("P0")), 200.0, 1e-6);
+}
+
+TEST_F(SchedulerTest, OversizedRequestIsRejectedEvenWithoutEarlyRejection) {
+  SchedulerConfig off;
+  off.slo.early_reject = false;
+  auto s = make("kvcache", off);
+  Decision d = s->decide(request("huge", 900'000, 200'000, 0));
+  EXPECT_FALSE(d.accepted);
+  EXPECT_EQ(d.reject_reason, RejectReason::kKvCapacity);
+  EXPECT_NE(d.reason.find("1100000"), std::string::npos) << d.reason;
+}
+
+TEST_F(SchedulerTest, TbtSloRejectsAnOverfullBatch) {
+  auto s = make("kvcache");
+  const int64_t now = clock_.now_ns();
+  for (int i = 0; i < 90; ++i) {
+    s->cluster().assign_decode("D0", DecodeJob{"bg" + std::to_string(i), 100, 100, now, now + 3'600'000'000'000});
+  }
+  Decision d = s->decide(request("r", 1'000, 10, 0));  // 20 + 91 = 111 ms > 100 ms
+  EXPECT_FALSE(d.accepted);
+  EXPECT_EQ(d.reject_reason, RejectReason::kTbtSlo) << d.reason;
+  Request relaxed = request("r2", 1'000, 10, 0);
+  relaxed.slo_tbt_ms = 200;
+  EXPECT_TRUE(s->decide(relaxed).accepted);
+}
+
+TEST_F(SchedulerTest, LeastLoadedRoundRobinAndSeededRandom) {
+  auto ll = make("least_loaded");
+  load(*ll, "P0", 50);
+  EXPECT_EQ(ll->decide(request("r", 1'000, 1, 0)).prefill_id, "P1");
+  // Committed work counts: two requests of 100 ms spread over two idle instances.
+  auto ll2 = make("least_loaded");
+  EXPECT_EQ(ll2->schedule(request("a", 1'000, 1, 0)).prefill_id, "P0");
+  EXPECT_EQ(ll2->schedule(request("b", 1'000, 1, 0)).prefill_id, "P1");
+  EXPECT_GT(ll2->queue_ms(*ll2->cluster().find("P0")), 99.0);
+
+  auto rr = make("round_robin");
+  EXPECT_EQ(rr->decide(request("a", 100, 1, 0)).prefill_id, "P0");
+  EXPECT_EQ(rr->decide(request("b", 100, 1, 0)).prefill_id, "P1");
+  EXPECT_EQ(rr->decide(request("c", 100, 1, 0)).prefill_id, "P0");
+
+  SchedulerConfig cfg;
+  cfg.seed = 42;
+  auto r1 = make("random", cfg);
+  auto r2 = make("random", cfg);
+  std::string a, b;
+  for (int i = 0; i < 32; ++i) {
+    a += r1->decide(request("x", 100, 1, 0)).prefill_id;
+    b += r2->decide(request("x", 100, 1, 0)).prefill_id;
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a.find("P0"), std::string::npos);
+  EXPECT_NE(a.find("P1"), std::string::npos);
+}
+
+TEST_F(SchedulerTest, InvalidRequestsAndEmptyClustersAreRejectedWithAReason) {
+  auto s = make("kvcache");
+  Decision d = s->decide(request("bad", 0, 1, 0));
+  EXPECT_EQ(d.reject_reason, RejectReason::kInvalidRequest);
+  d = s->decide(request("bad2", 1'000, 1, 2));  // 2 complete blocks need 1,024 tokens
+  EXPECT_EQ(d.reject_reason, RejectReason::kInvalidRequest);
+  EXPECT_NE(d.reason.find("bad2"), std::string::npos);
+  auto empty = make_scheduler(&clock_, {}, kPrefill, kDecode, kBw);
+  EXPECT_EQ(empty->decide(request("r", 100, 1, 0)).reject_reason, RejectReason::kNoPrefillInstance);
+  ASSERT_TRUE(empty->register_instance(prefill_info("P0", "h0")).is_ok());
+  EXPECT_EQ(empty->decide(request("r", 100, 1, 0)).reject_reason, RejectReason::kNoDecodeInstance);
+  SchedulerConfig bad;
+  bad.policy = "fastest";
+  EXPECT_FALSE(Scheduler::create(bad, &clock_).is_ok());
+}
+
+TEST_F(SchedulerTest, AFullyCachedPromptStillPrefillsItsLastToken) {
+  auto s = make("kvcache");
+  store(*s, "seg-h0", 4);
+  Decision d = s->decide(request("r", 4 * kB, 1, 4));
+  EXPECT_EQ(d.prefill.reused_blocks, 3);
+  EXPECT_EQ(d.hit_tokens, 3 * kB);
+}
+
+TEST_F(SchedulerTest, NodeDeathRemovesItsBlocksFromEveryAnswer) {
+  auto s = make("kvcache");
+  InstanceInfo p2 = prefill_info("P2", "h3");
+  p2.backend_id = "gpu-P2";
+  ASSERT_TRUE(s->register_instance(p2).is_ok());
+  store(*s, "gpu-P2", 6, Medium::kGpu);
+  Decision d = s->decide(request("r", 6 * kB + 5, 1, 6));
+  EXPECT_EQ(d.prefill_id, "P2");
+  EXPECT_EQ(d.prefill.longest_pool_blocks, 6);
+  clock_.advance_ms(3'001);
+  for (const char* id : {"P0", "P1", "D0"}) ASSERT_TRUE(s->heartbeat(id, {}).is_ok());
+  EXPECT_EQ(s->expire(), std::vector<std::string>{"P2"});
+  d = s->decide(request("r", 6 * kB + 5, 1, 6));
+  EXPECT_EQ(d.prefill.longest_pool_blocks, 0);
+  EXPECT_EQ(s->index().blocks(), 0u);
+}
+
+TEST_F(SchedulerTest, FeedbackRefitsPredictorsAndMeasuresTtftError) {
+  auto s = make("kvcache");
+  Request r = request("r", 2'000, 4, 0);
+  Decision d = s->schedule(r);
+  ASSERT_TRUE(d.accepted);
+  EXPECT_EQ(s->in_flight(), 1u);
+  EXPECT_NEAR(d.predicted_ttft_ms, 200.0, 1e-6);
+  // The real instance is 2x slower than the prior: the refit follows.
+  for (int i = 0; i < 50; ++i) {
+    int64_t n = 500 + 100 * i;
+    s->on_prefill_done(PrefillReport{"x" + std::to_string(i), "P0", n, 0, 0.2 * static_cast<double>(n), {}, {}, true});
+  }
+  EXPECT_NEAR(s->prefill_predictor().predict_ms(2'000, 0), 400.0, 8.0);
+  clock_.advance_ms(250);
+  s->on_prefill_done(PrefillReport{"r", "P0", 2'000, 0, 250, {0, 2'000'000'000, 0}, {0, 1'000'000'000, 0}, true});
+  EXPECT_NEAR(s->bandwidth().bytes_per_s(PathClass::kRemote), 2e9, 1);
+  s->on_first_token("r", 260);
+  EXPECT_EQ(s->ttft_error().count(), 1u);
+  EXPECT_NEAR(s->ttft_error().mean_abs_error_ms(), 60.0, 1e-6);
+  s->on_request_done("r");
+  EXPECT_EQ(s->in_flight(), 0u);
+  EXPECT_TRUE(s->cluster().find("D0")->decode_jobs.empty());
+  EXPECT_TRUE(s->cluster().find("P0")->prefill_queue.empty());
+}
+
+TEST_F(SchedulerTest, DecisionRecordCarriesInputsAndUnits) {
+  auto s = make("kvcache");
+  store(*s, "seg-h1", 2);
+  Request r = request("r9", 3 * kB, 7, 3);
+  Decision d = s->decide(r);
+  nlohmann::json j = decision_record(r, d);
+  EXPECT_EQ(j["request"]["request_id"], "r9");
+  EXPECT_EQ(j["request"]["block_hashes"].size(), 3u);
+  EXPECT_EQ(j["decision"]["accepted"], true);
+  EXPECT_EQ(j["decision"]["prefill"], "P1");
+  EXPECT_EQ(j["decision"]["hit_tokens"], 2 * kB);
+  EXPECT_TRUE(j["decision"]["reject_reason"].is_null());
+  EXPECT_EQ(j["decision"]["candidates"].size(), 2u);
+  EXPECT_TRUE(j["decision"]["prefill_estimate"].contains("transfer_ms"));
+}
+
+}  // namespace
+}  // namespace mc::sched
