@@ -30,6 +30,13 @@ void add_backend_flags(CLI::App& app, BackendFlags& f) {
       ->envname("MC_KV_BUFFER_SIZE")->capture_default_str();
 }
 
+void add_conductor_flags(CLI::App& app, ConductorOptions& o) {
+  app.add_option("--conductor", o.endpoint, "mc-conductor endpoint to register with and heartbeat to (empty: none)")
+      ->envname("MC_CONDUCTOR");
+  app.add_option("--instance-id", o.instance_id, "Unique instance name (default: <role>-<host>-<pid>)");
+  app.add_option("--host", o.host, "Host name reported to the conductor (default: gethostname)");
+}
+
 Result<std::unique_ptr<Backend>> backend_from_flags(const BackendFlags& f) {
   BackendOptions o;
   o.kind = f.backend;
@@ -59,6 +66,7 @@ void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
   app.add_option("--listen", c.listen, "RPC endpoint to bind (port 0: any free port)")
       ->envname("MC_DECODE_LISTEN")->capture_default_str();
   add_backend_flags(app, c.backend);
+  add_conductor_flags(app, c.conductor);
   app.add_option("--max-batch", c.max_batch_size, "Running sequences per decode step at most")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--reservation-ttl-ms", c.reservation_ttl_ms,
@@ -78,13 +86,14 @@ Status run_decode_daemon(const DecodeDaemonConfig& c) {
   MC_ASSIGN_OR_RETURN(auto worker,
                       DecodeWorker::create(o, std::move(backend), make_rpc_token_sink(c.client_timeout_ms)));
   daemon::install_stop_signals();
-  return serve_decode(*worker, c.listen);
+  return serve_decode(*worker, c.listen, c.conductor);
 }
 
 void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
   app.add_option("--listen", c.listen, "RPC endpoint to bind (port 0: any free port)")
       ->envname("MC_PREFILL_LISTEN")->capture_default_str();
   add_backend_flags(app, c.backend);
+  add_conductor_flags(app, c.conductor);
   app.add_option("--store", c.store,
                  "Prefix cache: none, mem (in this process) or the mc-store master endpoint (tcp://host:port)")
       ->envname("MC_STORE")->capture_default_str();
@@ -116,6 +125,7 @@ Status run_prefill_daemon(const PrefillDaemonConfig& c) {
   PrefillServeOptions so;
   so.endpoint = c.listen;
   so.gpu = c.backend.gpu;
+  so.conductor = c.conductor;
   return serve_prefill(*worker, so);
 }
 

@@ -289,6 +289,49 @@ TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
   }
 }
 
+// Workers register with the conductor and heartbeat their load (a stand-in conductor in the test).
+TEST(InferE2E, WorkersRegisterAndHeartbeat) {
+  rpc::ServerOptions o;
+  o.service = "fake-conductor";
+  o.bind_endpoints = {"tcp://127.0.0.1:0"};
+  auto conductor = rpc::RpcServer::bind(o).value();
+  std::vector<proto::ConductorRegisterRequest> registered;
+  std::vector<proto::ConductorHeartbeatRequest> beats;
+  conductor->handle<proto::ConductorRegisterRequest>(
+      [&](const proto::ConductorRegisterRequest& r, const auto&) -> Result<proto::ConductorRegisterReply> {
+        registered.push_back(r);
+        return proto::ConductorRegisterReply{100, 1000, 16};
+      });
+  conductor->handle<proto::ConductorHeartbeatRequest>(
+      [&](const proto::ConductorHeartbeatRequest& h, const auto&) -> Result<proto::ConductorHeartbeatReply> {
+        beats.push_back(h);
+        return proto::ConductorHeartbeatReply{true};
+      });
+  const std::string cep = conductor->endpoints().front();
+  Child decode(kBin + "mc-decode", {"--conductor", cep, "--instance-id", "decode-a", "--kv-blocks", "100",
+                                    "--log-level", "error"});
+  Child prefill(kBin + "mc-prefill", {"--conductor", cep, "--instance-id", "prefill-a", "--log-level", "error"});
+  const std::string dep = decode.wait_ready();
+  ASSERT_FALSE(dep.empty());
+  ASSERT_FALSE(prefill.wait_ready().empty());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline && (registered.size() < 2 || beats.size() < 4)) {
+    ASSERT_TRUE(conductor->poll_once(50).is_ok());
+  }
+  ASSERT_EQ(registered.size(), 2u);
+  std::map<std::string, proto::ConductorRegisterRequest> by_id;
+  for (const auto& r : registered) by_id[r.instance_id] = r;
+  ASSERT_TRUE(by_id.count("decode-a"));
+  ASSERT_TRUE(by_id.count("prefill-a"));
+  EXPECT_EQ(by_id["decode-a"].role, "decode");
+  EXPECT_EQ(by_id["decode-a"].endpoint, dep);
+  EXPECT_EQ(by_id["decode-a"].kv_capacity_tokens, 100 * 16);
+  EXPECT_EQ(by_id["decode-a"].block_size_tokens, 16);
+  EXPECT_EQ(by_id["prefill-a"].role, "prefill");
+  EXPECT_GE(beats.size(), 4u);
+  for (const auto& h : beats) EXPECT_TRUE(h.instance_id == "decode-a" || h.instance_id == "prefill-a");
+}
+
 TEST(InferE2E, FieldReport14OverRpc) {
   std::vector<std::string> args = {"--backend", "ref", "--block-size", "16", "--kv-blocks", "4096", "--log-level", "error"};
   Child decode(kBin + "mc-decode", args);

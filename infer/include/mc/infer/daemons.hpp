@@ -14,6 +14,7 @@
 
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
+#include "mc/infer/conductor_link.hpp"
 
 namespace mc::infer {
 
@@ -32,6 +33,8 @@ struct BackendFlags {
 // Blocks of the KV buffer: kv_blocks, or kv_buffer_size / block bytes (kInvalidArgument naming the flag).
 Result<int64_t> kv_blocks_from_flags(const BackendFlags& flags, const Backend& backend);
 void add_backend_flags(CLI::App& app, BackendFlags& flags);
+// --conductor (MC_CONDUCTOR), --instance-id, --host.
+void add_conductor_flags(CLI::App& app, ConductorOptions& options);
 // Resolves --model and --gpu and builds the backend.
 Result<std::unique_ptr<Backend>> backend_from_flags(const BackendFlags& flags);
 
@@ -41,6 +44,7 @@ struct DecodeDaemonConfig {
   int64_t max_batch_size = 64;
   int64_t reservation_ttl_ms = 30000;
   int client_timeout_ms = 2000;
+  ConductorOptions conductor;
 };
 void add_decode_flags(CLI::App& app, DecodeDaemonConfig& config);
 Status run_decode_daemon(const DecodeDaemonConfig& config);
@@ -52,6 +56,7 @@ struct PrefillDaemonConfig {
   int64_t chunk_tokens = 0;
   int decode_timeout_ms = 5000;
   bool allow_fault_injection = false;
+  ConductorOptions conductor;
 };
 void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& config);
 Status run_prefill_daemon(const PrefillDaemonConfig& config);
