@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "mc/store/client.hpp"
+
 namespace mc::infer {
 
 Result<std::vector<Status>> MemoryBlockCache::get(std::span<const BlockGet> items) {
@@ -47,9 +49,43 @@ size_t MemoryBlockCache::size() const {
   return blocks_.size();
 }
 
+namespace {
+
+// The KV store through its client library (one client; not thread-safe, like the client).
+class StoreBlockCache final : public KvBlockCache {
+ public:
+  StoreBlockCache(std::string master, std::unique_ptr<store::Client> client)
+      : master_(std::move(master)), client_(std::move(client)) {}
+
+  Result<std::vector<Status>> get(std::span<const BlockGet> items) override {
+    std::vector<store::GetItem> gets;
+    for (const auto& i : items) gets.push_back({i.key, i.buffer});
+    return client_->batch_get(gets);
+  }
+  Result<std::vector<Status>> put(std::span<const BlockPut> items) override {
+    std::vector<store::PutItem> puts;
+    for (const auto& i : items) puts.push_back({i.key, i.data});
+    return client_->batch_put(puts);
+  }
+  BlockCacheCounters counters() const override {
+    const auto& c = client_->counters();
+    return {static_cast<int64_t>(c.bytes_read_shm), static_cast<int64_t>(c.bytes_read_tcp)};
+  }
+  std::string describe() const override { return "mc-store at " + master_; }
+
+ private:
+  std::string master_;
+  std::unique_ptr<store::Client> client_;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master) {
-  return error(Code::kUnimplemented, "store cache at " + master +
-                                         ": this build has no KV store client yet; use --store mem or --store none");
+  store::ClientOptions o;
+  o.master = master;
+  auto client = store::Client::connect(o);
+  if (!client.is_ok()) return client.status().with_context("prefix cache (--store " + master + ")");
+  return std::unique_ptr<KvBlockCache>(new StoreBlockCache(master, std::move(client).value()));
 }
 
 }  // namespace mc::infer

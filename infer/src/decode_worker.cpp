@@ -450,7 +450,7 @@ Result<int64_t> DecodeWorker::step() {
   return stepped;
 }
 
-Status serve_decode(DecodeWorker& worker, const std::string& endpoint) {
+Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor_in) {
   rpc::ServerOptions so;
   so.service = "mc-decode";
   so.bind_endpoints = {endpoint};
@@ -478,6 +478,29 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint) {
     }
   });
   const auto& layout = worker.kv().layout();
+  const ConductorOptions conductor = resolve_conductor_options(conductor_in, "decode");
+  proto::ConductorRegisterRequest reg;
+  reg.instance_id = conductor.instance_id;
+  reg.role = "decode";
+  reg.host = conductor.host;
+  reg.endpoint = server->endpoints().front();
+  reg.kv_capacity_tokens = worker.kv().num_blocks() * layout.block_size;
+  reg.block_size_tokens = layout.block_size;
+  uint64_t last_steps = 0;
+  ConductorHeartbeat heartbeat(conductor, reg, [&worker, &last_steps, bs = layout.block_size] {
+    const proto::WorkerLoadReply l = worker.load();
+    proto::ConductorHeartbeatRequest hb;
+    hb.running_requests = l.batch_size;
+    hb.kv_reserved_tokens = l.kv_blocks_committed * bs;
+    hb.context_tokens = l.running_tokens;
+    const uint64_t steps = worker.metrics().counter("mc_decode_steps_total").value();
+    hb.decode_steps = static_cast<int64_t>(steps - last_steps);
+    last_steps = steps;
+    hb.decode_step_ms_mean = l.recent_step_ms;
+    hb.decode_batch_mean = static_cast<double>(l.batch_size);
+    hb.decode_context_tokens_mean = static_cast<double>(l.running_tokens);
+    return hb;
+  });
   daemon::announce_ready("mc-decode", server->endpoints().front(),
                          {{"backend", worker.backend().kind()},
                           {"model", worker.backend().model().name},
@@ -489,6 +512,7 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint) {
     served = server->poll_once(50);
     if (!served.is_ok()) break;
   }
+  heartbeat.stop();
   stop.store(true);
   stepper.join();
   MC_LOG_INFO << "mc-decode: stopping";

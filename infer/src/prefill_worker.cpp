@@ -371,7 +371,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     cv.notify_one();
     return proto::PrefillJobReply{};
   });
-  server->handle<proto::WorkerLoadRequest>([&](const auto&, const auto&) -> Result<proto::WorkerLoadReply> {
+  auto current_load = [&]() -> proto::WorkerLoadReply {
     proto::WorkerLoadReply l;
     l.role = "prefill";
     l.backend = worker.backend().kind();
@@ -392,7 +392,9 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     l.kv_blocks_free = worker.kv().free_blocks();
     l.kv_blocks_used = l.kv_blocks_total - l.kv_blocks_free;
     return l;
-  });
+  };
+  server->handle<proto::WorkerLoadRequest>(
+      [&](const auto&, const auto&) -> Result<proto::WorkerLoadReply> { return current_load(); });
 
   std::thread runner([&] {
     for (;;) {
@@ -412,6 +414,21 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     }
   });
 
+  const ConductorOptions conductor = resolve_conductor_options(options.conductor, "prefill");
+  proto::ConductorRegisterRequest reg;
+  reg.instance_id = conductor.instance_id;
+  reg.role = "prefill";
+  reg.host = conductor.host;
+  reg.endpoint = server->endpoints().front();
+  reg.kv_capacity_tokens = worker.kv().num_blocks() * worker.kv().layout().block_size;
+  reg.block_size_tokens = worker.kv().layout().block_size;
+  ConductorHeartbeat heartbeat(conductor, reg, [&] {
+    const proto::WorkerLoadReply l = current_load();
+    proto::ConductorHeartbeatRequest hb;
+    hb.queued_prefill_tokens = l.queued_tokens + l.running_tokens;
+    hb.queued_prefill_jobs = l.queued_jobs + (l.running_tokens > 0 ? 1 : 0);
+    return hb;
+  });
   daemon::announce_ready("mc-prefill", server->endpoints().front(),
                          {{"backend", worker.backend().kind()},
                           {"model", worker.backend().model().name},
@@ -432,6 +449,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
       if (!s.is_ok()) MC_LOG_WARN << "mc-prefill: reply not sent: " << s.to_string();
     }
   }
+  heartbeat.stop();
   {
     std::lock_guard lock(mu);
     stopping = true;

@@ -56,9 +56,10 @@ void ClusterState::update_excess(Instance& inst) {
   for (const auto& j : inst.prefill_queue) ledger_tokens += j.tokens;
   int64_t ledger_running = 0, ledger_kv = 0, ledger_ctx = 0;
   for (const auto& j : inst.decode_jobs) {
-    if (j.start_ns > inst.last_seen_ns) continue;  // not in the batch yet at report time
+    if (j.predicted_end_ns <= inst.last_seen_ns) continue;  // predicted to have finished
+    ledger_kv += j.input_tokens + j.output_tokens;          // reserved at dispatch, before its prefill
+    if (j.start_ns > inst.last_seen_ns) continue;           // not in the batch yet at report time
     ++ledger_running;
-    ledger_kv += j.input_tokens + j.output_tokens;
     ledger_ctx += j.input_tokens;
   }
   inst.reported_excess.queued_prefill_tokens = std::max<int64_t>(0, inst.reported.queued_prefill_tokens - ledger_tokens);

@@ -242,6 +242,27 @@ TEST_F(SchedulerTest, CommittedRequestsReserveKvForLaterDecisions) {
   EXPECT_TRUE(s->schedule(request("c", 3'000, 3'000, 0)).accepted);
 }
 
+TEST_F(SchedulerTest, ReportedLoadIsNotCountedTwiceWithTheLedger) {
+  auto s = make_scheduler(&clock_, {}, kPrefill, kDecode, kBw);
+  ASSERT_TRUE(s->register_instance(prefill_info("P0", "h0")).is_ok());
+  ASSERT_TRUE(s->register_instance(decode_info("D0", "h1", 10'000)).is_ok());
+  ASSERT_TRUE(s->schedule(request("a", 2'000, 2'000, 0)).accepted);
+  // The decode instance reserved a's KV at dispatch, before a's prefill ended, and reports it, plus
+  // 1,000 tokens of a request the Conductor did not place.
+  LoadReport d;
+  d.kv_reserved_tokens = 4'000 + 1'000;
+  ASSERT_TRUE(s->heartbeat("D0", d).is_ok());
+  Decision next = s->decide(request("b", 2'000, 2'000, 0));
+  ASSERT_TRUE(next.accepted) << next.reason;
+  EXPECT_EQ(next.decode.kv_reserved_tokens, 4'000 + 1'000 + 4'000);
+  // The prefill queue the worker reports is the ledger's own job: not added again.
+  LoadReport p;
+  p.queued_prefill_tokens = 2'000;
+  p.queued_prefill_jobs = 1;
+  ASSERT_TRUE(s->heartbeat("P0", p).is_ok());
+  EXPECT_NEAR(s->queue_ms(*s->cluster().find("P0")), 200.0, 1e-6);
+}
+
 TEST_F(SchedulerTest, OversizedRequestIsRejectedEvenWithoutEarlyRejection) {
   SchedulerConfig off;
   off.slo.early_reject = false;

@@ -38,6 +38,7 @@
 #include "mc/common/protocol.hpp"
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
+#include "mc/infer/conductor_link.hpp"
 
 namespace mc::infer {
 
@@ -113,7 +114,8 @@ class DecodeWorker {
 };
 
 // Runs a DecodeWorker as a daemon: binds `endpoint`, announces "ready mc-decode <endpoint> ...", serves the RPCs
-// (plus stat and worker_load) and steps the batch on its own thread until SIGTERM/SIGINT.
-Status serve_decode(DecodeWorker& worker, const std::string& endpoint);
+// (plus stat and worker_load) and steps the batch on its own thread until SIGTERM/SIGINT. With a conductor
+// endpoint it registers there and heartbeats its load (conductor_link.hpp).
+Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor = {});
 
 }  // namespace mc::infer

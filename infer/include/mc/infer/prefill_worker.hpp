@@ -33,6 +33,7 @@
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
 #include "mc/infer/block_cache.hpp"
+#include "mc/infer/conductor_link.hpp"
 
 namespace mc::infer {
 
@@ -99,6 +100,7 @@ class PrefillWorker {
 struct PrefillServeOptions {
   std::string endpoint = "tcp://127.0.0.1:0";
   std::string gpu = "a800x8";  // for predicted_queue_ms of the sim backend
+  ConductorOptions conductor;  // register and heartbeat there when its endpoint is set
 };
 
 // Runs a PrefillWorker as a daemon: binds the endpoint, announces "ready mc-prefill <endpoint> ...", queues

@@ -1,0 +1,85 @@
+#include "mc/infer/conductor_link.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+
+#include "mc/common/log.hpp"
+#include "mc/common/rpc.hpp"
+
+namespace mc::infer {
+
+ConductorOptions resolve_conductor_options(ConductorOptions o, const std::string& role) {
+  if (o.host.empty()) {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) == 0) o.host = name;
+    if (o.host.empty()) o.host = "localhost";
+  }
+  if (o.instance_id.empty()) o.instance_id = role + "-" + o.host + "-" + std::to_string(getpid());
+  return o;
+}
+
+ConductorHeartbeat::ConductorHeartbeat(ConductorOptions options, proto::ConductorRegisterRequest registration,
+                                       std::function<proto::ConductorHeartbeatRequest()> load)
+    : options_(std::move(options)), registration_(std::move(registration)), load_(std::move(load)) {
+  if (!options_.endpoint.empty()) thread_ = std::thread([this] { run(); });
+}
+
+void ConductorHeartbeat::stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void ConductorHeartbeat::run() {
+  auto sleep_ms = [this](int64_t ms) {
+    for (int64_t waited = 0; waited < ms && !stop_.load(); waited += 50) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(50, ms - waited)));
+    }
+  };
+  std::unique_ptr<rpc::RpcClient> client;
+  int64_t interval_ms = 1000;
+  bool registered = false;
+  while (!stop_.load()) {
+    if (!client) {
+      rpc::ClientOptions o;
+      o.client_name = registration_.instance_id;
+      auto c = rpc::RpcClient::connect(options_.endpoint, o);
+      if (!c.is_ok()) {
+        MC_LOG_WARN << registration_.instance_id << ": conductor " << options_.endpoint
+                    << " unreachable, retrying in 1 s: " << c.status().to_string();
+        sleep_ms(1000);
+        continue;
+      }
+      client = std::move(c).value();
+      registered = false;
+    }
+    if (!registered) {
+      auto r = client->call(registration_, 2000);
+      if (!r.is_ok()) {
+        MC_LOG_WARN << registration_.instance_id << ": registration with " << options_.endpoint
+                    << " failed, retrying in 1 s: " << r.status().to_string();
+        if (r.status().code() == Code::kTimeout || r.status().code() == Code::kUnavailable) client.reset();
+        sleep_ms(1000);
+        continue;
+      }
+      interval_ms = r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 1000;
+      registered = true;
+      MC_LOG_INFO << registration_.instance_id << ": registered with conductor " << options_.endpoint
+                  << " (heartbeat every " << interval_ms << " ms)";
+    }
+    proto::ConductorHeartbeatRequest hb = load_();
+    hb.instance_id = registration_.instance_id;
+    auto h = client->call(hb, 2000);
+    if (!h.is_ok()) {
+      MC_LOG_WARN << registration_.instance_id << ": heartbeat to " << options_.endpoint
+                  << " failed: " << h.status().to_string();
+      client.reset();
+    } else {
+      sent_.fetch_add(1);
+      if (!h->registered) registered = false;
+    }
+    sleep_ms(interval_ms);
+  }
+}
+
+}  // namespace mc::infer
