@@ -230,7 +230,7 @@ class Sim {
       r.jobs = prefill_[i]->jobs_done();
       r.cache_blocks = caches_[i]->size_blocks();
       r.cache_evictions = caches_[i]->evictions();
-      fill_nic(r, static_cast<int>(i), span);
+      fill_nic(r, static_cast<int>(i));
       r.utilization = r.busy_s / span;
       out.instances.push_back(r);
     }
@@ -241,7 +241,7 @@ class Sim {
       r.busy_s = static_cast<double>(decode_[j]->busy_ns()) * 1e-9;
       r.jobs = decode_jobs_[j];
       r.tokens = decode_[j]->tokens_produced();
-      fill_nic(r, static_cast<int>(prefill_.size() + j), span);
+      fill_nic(r, static_cast<int>(prefill_.size() + j));
       r.utilization = r.busy_s / span;
       out.instances.push_back(r);
     }
@@ -264,12 +264,11 @@ class Sim {
     int64_t first_token_ns = -1;
   };
 
-  void fill_nic(InstanceReport& r, int nic, double span) const {
+  void fill_nic(InstanceReport& r, int nic) const {
     NicStats s = network_->stats(nic);
     r.nic_tx_bytes = s.tx_bytes;
     r.nic_rx_bytes = s.rx_bytes;
     r.nic_busy_s = static_cast<double>(s.busy_ns) * 1e-9;
-    (void)span;
   }
 
   Status schedule_next_arrival() {
