@@ -77,6 +77,7 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
   opt.window = cmd.window;
   MC_RETURN_IF_ERROR(opt.window.validate());
   opt.progress = cmd.progress;
+  opt.refit_predictors = cmd.refit;
   if (cmd.output_length && *cmd.output_length < 1) {
     return error(Code::kInvalidArgument, "--output-length must be >= 1");
   }
@@ -123,11 +124,65 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
                           {"cache", std::string(cache_mode_name(opt.cluster.cache_mode)) + " " +
                                         std::to_string(opt.cluster.cache_capacity_tokens) + " tokens/instance"},
                           {"rate_scale", std::to_string(opt.window.rate_scale)},
-                          {"early_rejection", opt.cluster.early_rejection ? "on" : "off"}};
+                          {"early_rejection", opt.cluster.early_rejection ? "on" : "off"},
+                          {"refit", cmd.refit ? "on" : "off"}};
   if (cmd.json) {
     out << to_json(result, info).dump(2) << "\n";
   } else {
     print_report(out, result, info);
+  }
+  return Status::ok();
+}
+
+Status run_threshold_command(const ThresholdCommand& cmd, std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(std::vector<int64_t> prefixes, units::parse_count_list(cmd.prefix_tokens));
+  MC_ASSIGN_OR_RETURN(ThresholdReport r, fetch_threshold(cmd.model, cmd.gpu, prefixes, cmd.new_tokens));
+  if (cmd.json) {
+    out << to_json(r).dump(2) << "\n";
+  } else {
+    print_threshold(out, r);
+  }
+  return Status::ok();
+}
+
+Status run_capacity_command(const CapacityCommand& cmd, std::ostream& out) {
+  CapacityOptions o;
+  MC_ASSIGN_OR_RETURN(o.base, resolve_cluster(cmd.cluster_path, cmd.overrides));
+  o.window = cmd.window;
+  MC_RETURN_IF_ERROR(o.window.validate());
+  o.accept = cmd.accept;
+  o.max_instances = cmd.max_instances;
+  o.cache_fraction = cmd.cache_fraction;
+  o.progress = cmd.progress;
+  MC_ASSIGN_OR_RETURN(o.cache_total_tokens, units::parse_count_list(cmd.cache_candidates));
+  MC_ASSIGN_OR_RETURN(std::vector<int64_t> nics, units::parse_size_list(cmd.nic_candidates));
+  o.nic_bytes_per_s.assign(nics.begin(), nics.end());
+  for (double n : o.nic_bytes_per_s) {
+    if (!(n > 0)) return error(Code::kInvalidArgument, "--nic-candidates: every bandwidth must be > 0");
+  }
+  trace::ReaderOptions ro;
+  ro.mode = cmd.lenient ? trace::Mode::kLenient : trace::Mode::kStrict;
+  ro.block_size = o.base.block_size;
+  MC_ASSIGN_OR_RETURN(std::unique_ptr<RequestSource> source, open_trace(cmd.trace_path, ro));
+  // The window is applied once here; the simulations then replay all loaded rows.
+  MC_ASSIGN_OR_RETURN(std::vector<trace::Request> rows, load_window(*source, o.window));
+  o.window.start_s = rows.empty() ? 0 : static_cast<double>(rows.front().timestamp_ms) * 1e-3;
+  o.window.duration_s = 0;
+  o.window.max_requests = 0;
+  MC_ASSIGN_OR_RETURN(CapacityPlan plan, plan_capacity(rows, o));
+  replay::RunInfo info = {{"tool", "mc-plan capacity"},
+                          {"build", cli::build_id()},
+                          {"trace", cmd.trace_path},
+                          {"requests", std::to_string(rows.size())},
+                          {"slo_ttft_ms", std::to_string(o.base.slo_ttft_ms)},
+                          {"slo_tbt_ms", std::to_string(o.base.slo_tbt_ms)},
+                          {"accept", std::to_string(o.accept)},
+                          {"policy", o.base.policy},
+                          {"model", o.base.model + " on " + o.base.gpu}};
+  if (cmd.json) {
+    out << to_json(plan, info).dump(2) << "\n";
+  } else {
+    print_plan(out, plan, info);
   }
   return Status::ok();
 }

@@ -176,9 +176,11 @@ class Sim {
     }
     for (int j = 0; j < D; ++j) {
       decode_.push_back(std::make_unique<DecodeInstance>(events_, model_, cfg_.decode_kv_capacity_tokens, cfg_.decode_max_batch));
-      decode_.back()->set_step_observer([this, j, P](int64_t batch, int64_t ctx, double step_s) {
-        scheduler_->on_decode_step(sched::DecodeStepReport{names_[static_cast<size_t>(P + j)], batch, ctx, step_s * 1e3});
-      });
+      if (opt_.refit_predictors) {
+        decode_.back()->set_step_observer([this, j, P](int64_t batch, int64_t ctx, double step_s) {
+          scheduler_->on_decode_step(sched::DecodeStepReport{names_[static_cast<size_t>(P + j)], batch, ctx, step_s * 1e3});
+        });
+      }
       sched::InstanceInfo info;
       info.id = "decode-" + std::to_string(j);
       info.role = sched::Role::kDecode;
@@ -218,6 +220,7 @@ class Sim {
     out.cluster = cfg_.to_json();
     out.cluster["kv_bytes_per_token"] = kv_bytes_;
     out.cluster["local_load_bytes_per_s"] = opt_.local_load_bytes_per_s;
+    out.cluster["refit_predictors"] = opt_.refit_predictors;
     const double span = std::max(out.totals.span_s, 1e-9);
     for (size_t i = 0; i < prefill_.size(); ++i) {
       InstanceReport r = prefill_stats_[i];
@@ -227,7 +230,7 @@ class Sim {
       r.jobs = prefill_[i]->jobs_done();
       r.cache_blocks = caches_[i]->size_blocks();
       r.cache_evictions = caches_[i]->evictions();
-      fill_nic(r, static_cast<int>(i), span);
+      fill_nic(r, static_cast<int>(i));
       r.utilization = r.busy_s / span;
       out.instances.push_back(r);
     }
@@ -238,7 +241,7 @@ class Sim {
       r.busy_s = static_cast<double>(decode_[j]->busy_ns()) * 1e-9;
       r.jobs = decode_jobs_[j];
       r.tokens = decode_[j]->tokens_produced();
-      fill_nic(r, static_cast<int>(prefill_.size() + j), span);
+      fill_nic(r, static_cast<int>(prefill_.size() + j));
       r.utilization = r.busy_s / span;
       out.instances.push_back(r);
     }
@@ -261,12 +264,11 @@ class Sim {
     int64_t first_token_ns = -1;
   };
 
-  void fill_nic(InstanceReport& r, int nic, double span) const {
+  void fill_nic(InstanceReport& r, int nic) const {
     NicStats s = network_->stats(nic);
     r.nic_tx_bytes = s.tx_bytes;
     r.nic_rx_bytes = s.rx_bytes;
     r.nic_busy_s = static_cast<double>(s.busy_ns) * 1e-9;
-    (void)span;
   }
 
   Status schedule_next_arrival() {
@@ -322,7 +324,7 @@ class Sim {
     std::vector<uint64_t> keys(static_cast<size_t>(full));
     uint64_t parent = 0;
     for (int64_t i = 0; i < full; ++i) {
-      parent = i == 0 ? row.hash_ids[0] : chain_hash(parent, row.hash_ids[static_cast<size_t>(i)], cfg_.seed);
+      parent = i == 0 ? row.hash_ids[0] : chain_hash(parent, row.hash_ids[static_cast<size_t>(i)], 0);
       keys[static_cast<size_t>(i)] = parent;
     }
 
@@ -505,13 +507,16 @@ class Sim {
     rep.instance_id = names_[self];
     rep.prefilled_tokens = job.input_tokens - job.cached_tokens;
     rep.reused_tokens = job.cached_tokens;
-    rep.prefill_ms = compute_s * 1e3;
+    // A negative time is ignored by the refit (predictors.hpp) while the ledger still closes the job.
+    rep.prefill_ms = opt_.refit_predictors ? compute_s * 1e3 : -1.0;
     const int64_t local_bytes = rec.ledger.hit_tokens_local.value_or(0) * kv_bytes_;
     const int64_t remote_bytes = rec.ledger.hit_tokens_remote.value_or(0) * kv_bytes_;
-    rep.transfer_bytes[static_cast<int>(sched::PathClass::kSameHost)] = local_bytes;
-    rep.transfer_ns[static_cast<int>(sched::PathClass::kSameHost)] = to_ns(job.local_load_s);
-    rep.transfer_bytes[static_cast<int>(sched::PathClass::kRemote)] = remote_bytes;
-    rep.transfer_ns[static_cast<int>(sched::PathClass::kRemote)] = to_ns(fetch_s - job.local_load_s);
+    if (opt_.refit_predictors) {
+      rep.transfer_bytes[static_cast<int>(sched::PathClass::kSameHost)] = local_bytes;
+      rep.transfer_ns[static_cast<int>(sched::PathClass::kSameHost)] = to_ns(job.local_load_s);
+      rep.transfer_bytes[static_cast<int>(sched::PathClass::kRemote)] = remote_bytes;
+      rep.transfer_ns[static_cast<int>(sched::PathClass::kRemote)] = to_ns(fetch_s - job.local_load_s);
+    }
     scheduler_->on_prefill_done(rep);
     scheduler_->on_first_token(rec.request_id, *rec.ttft_ms);
     maybe_join(id);

@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
                  "TTFT limits (ms) of the summary's SLO table (default: the cluster's)")->delimiter(',');
   app.add_option("--report-slo-tbt-ms", cmd.report_slo_tbt_ms,
                  "TBT limits (ms) of the summary's SLO table (default: the cluster's)")->delimiter(',');
+  app.add_option("--refit", cmd.refit,
+                 "Feed measured times back into the Conductor's predictor refit (true, as the daemons do) or keep "
+                 "the cost model's priors (false)")->capture_default_str();
   app.add_option("--out", cmd.records_path, "Write one JSON record per request (JSONL) to this file");
   app.add_flag("--json", cmd.json, "Print one JSON document instead of the tables");
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;

@@ -11,6 +11,7 @@
 
 #include "mc/common/status.hpp"
 #include "mc/common/trace.hpp"
+#include "mc/sim/plan.hpp"
 #include "mc/sim/simulator.hpp"
 
 namespace mc::sim {
@@ -45,9 +46,35 @@ struct SimCommand {
   std::vector<double> report_slo_ttft_ms;  // summary thresholds; empty: the cluster's SLO
   std::vector<double> report_slo_tbt_ms;
   bool progress = false;
+  bool refit = true;                   // SimOptions::refit_predictors
 };
 
 Status run_sim_command(const SimCommand& command, std::ostream& out);
+
+struct ThresholdCommand {
+  std::string model = "llama3-70b";
+  std::string gpu = "a800x8";
+  std::string prefix_tokens = "512,1K,2K,4K,8K,16K,32K,64K,128K";  // a count list (units.hpp)
+  int64_t new_tokens = 1;
+  bool json = false;
+};
+Status run_threshold_command(const ThresholdCommand& command, std::ostream& out);
+
+struct CapacityCommand {
+  std::string cluster_path;            // base CLUSTER.json (model, gpu, policy, block size, ...)
+  ClusterOverrides overrides;
+  std::string trace_path = "-";
+  bool lenient = false;
+  TraceWindow window;
+  double accept = 0.99;
+  int64_t max_instances = 64;
+  std::string cache_candidates = "1M,3M,10M,30M,50M,100M";   // total tokens
+  std::string nic_candidates = "12.5GB,25GB,50GB,100GB";     // bytes/s per instance
+  double cache_fraction = 0.95;
+  bool json = false;
+  bool progress = false;
+};
+Status run_capacity_command(const CapacityCommand& command, std::ostream& out);
 
 // Loads the cluster config of a command: the file (if any), then the overrides.
 Result<ClusterConfig> resolve_cluster(const std::string& cluster_path, const ClusterOverrides& overrides);

@@ -1,0 +1,124 @@
+// The paper's experiments (docs/REPRODUCTION.md) on a reduced window of the shipped conversation trace,
+// with the orderings asserted; and determinism of whole runs.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <sstream>
+
+#include "mc/sim/simulator.hpp"
+
+namespace mc::sim {
+namespace {
+
+const char* kTrace = MC_SOURCE_DIR "/examples/traces/conversation_trace.jsonl";
+
+std::vector<trace::Request> window(double duration_s) {
+  trace::ReaderOptions ro;
+  auto src = open_trace(kTrace, ro);
+  EXPECT_TRUE(src.is_ok()) << src.status().to_string();
+  TraceWindow w;
+  w.duration_s = duration_s;
+  auto rows = load_window(**src, w);
+  EXPECT_TRUE(rows.is_ok()) << rows.status().to_string();
+  return std::move(rows).value();
+}
+
+SimResult run(const std::vector<trace::Request>& rows, SimOptions opt, std::ostream* records = nullptr) {
+  opt.records_jsonl = records;
+  auto src = vector_source(rows);
+  replay::SummaryOptions so;
+  so.slo_ttft_ms = {opt.cluster.slo_ttft_ms};
+  so.slo_tbt_ms = {opt.cluster.slo_tbt_ms};
+  auto r = simulate(opt, *src, so);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+// Reproduction 1 (paper: random 19.65 s > load balancing 5.27 s > KVCache-centric 3.07 s mean TTFT).
+// The baselines have only their own instance's cache (as in the paper); kvcache has the global pool.
+TEST(Reproduction, SchedulingPoliciesOrderAsInThePaper) {
+  const auto rows = window(600);
+  ASSERT_GT(rows.size(), 1500u);
+  std::map<std::string, double> mean_ttft_ms;
+  for (const char* policy : {"random", "least_loaded", "cache_aware", "kvcache"}) {
+    SimOptions o;
+    o.cluster.policy = policy;
+    o.cluster.cache_mode = std::string(policy) == "kvcache" ? CacheMode::kGlobal : CacheMode::kLocal;
+    o.window.rate_scale = 1.5;
+    o.refit_predictors = false;
+    SimResult r = run(rows, o);
+    ASSERT_TRUE(r.summary.ttft_ms.has_value());
+    mean_ttft_ms[policy] = r.summary.ttft_ms->mean;
+  }
+  // Measured on this window: random 8.6 s > least_loaded 3.6 s > cache_aware 2.3 s > kvcache 1.7 s.
+  EXPECT_GT(mean_ttft_ms["random"], mean_ttft_ms["least_loaded"]);
+  EXPECT_GT(mean_ttft_ms["least_loaded"], mean_ttft_ms["cache_aware"]);
+  EXPECT_GT(mean_ttft_ms["cache_aware"], mean_ttft_ms["kvcache"]);
+}
+
+// Reproduction 2: a global pool beats equal-capacity local caches in hit ratio and prefill compute.
+TEST(Reproduction, GlobalPoolHitsMoreThanLocalCachesOfEqualCapacity) {
+  auto rows = window(600);
+  for (auto& r : rows) r.output_length = 1;  // as in the paper's cache experiment
+  SimOptions o;
+  o.cluster.prefill_instances = 10;
+  o.cluster.cache_capacity_tokens = 1'000'000;  // scaled with the window (paper: 3 M each, whole trace)
+  o.refit_predictors = false;
+  SimResult global = run(rows, o);
+  o.cluster.cache_mode = CacheMode::kLocal;
+  SimResult local = run(rows, o);
+  // Measured on this window: 26.7 % vs 23.8 % (docs/REPRODUCTION.md: far from the paper's 2.36x).
+  EXPECT_GT(global.totals.hit_ratio(), 1.05 * local.totals.hit_ratio());
+  EXPECT_LT(global.totals.prefill_gpu_s, local.totals.prefill_gpu_s);
+  EXPECT_EQ(local.totals.hit_tokens_remote, 0);
+}
+
+// Reproduction 3: more cache, more hits, up to the infinite-cache ratio.
+TEST(Reproduction, HitRatioGrowsWithCacheCapacity) {
+  const auto rows = window(600);
+  double last = -1;
+  for (int64_t total : {100'000, 1'000'000, 10'000'000}) {
+    SimOptions o;
+    o.cluster.cache_capacity_tokens = total / o.cluster.prefill_instances;
+    o.refit_predictors = false;
+    const double hit = run(rows, o).totals.hit_ratio();
+    EXPECT_GT(hit, last) << total;
+    last = hit;
+  }
+  EXPECT_LT(last, 0.45);  // the window's infinite-cache ratio bounds it
+}
+
+// Reproduction 5: under overload, early rejection keeps goodput up.
+TEST(Reproduction, EarlyRejectionProtectsGoodputUnderOverload) {
+  const auto rows = window(300);
+  SimOptions o;
+  o.window.rate_scale = 4;
+  o.cluster.slo_ttft_ms = 10'000;
+  o.refit_predictors = false;
+  SimResult on = run(rows, o);
+  o.cluster.early_rejection = false;
+  SimResult off = run(rows, o);
+  ASSERT_FALSE(on.summary.slo.empty());
+  EXPECT_GT(on.summary.rejected, 0);
+  EXPECT_EQ(off.summary.rejected, 0);
+  EXPECT_GE(on.summary.slo.front().goodput_rps, off.summary.slo.front().goodput_rps);
+  EXPECT_GT(on.summary.slo.front().attainment_accepted, off.summary.slo.front().attainment_accepted);
+}
+
+TEST(Determinism, SameInputsGiveIdenticalRecordsAndSeedsMatter) {
+  const auto rows = window(120);
+  SimOptions o;
+  o.cluster.policy = "random";
+  o.window.rate_scale = 2;
+  std::ostringstream a, b, c;
+  run(rows, o, &a);
+  run(rows, o, &b);
+  EXPECT_FALSE(a.str().empty());
+  EXPECT_EQ(a.str(), b.str());
+  o.cluster.seed = 2;
+  run(rows, o, &c);
+  EXPECT_NE(a.str(), c.str());
+}
+
+}  // namespace
+}  // namespace mc::sim

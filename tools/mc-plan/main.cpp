@@ -1,0 +1,58 @@
+// mc-plan: capacity planning. `threshold`: the bandwidth above which fetching a cached prefix beats
+// recomputing it. `capacity`: the fewest instances, cache and NIC bandwidth that meet a trace's SLOs.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "mc/common/cli.hpp"
+#include "mc/sim/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"mc-plan: capacity planning for a KVCache-centric cluster (fetch threshold, cluster sizing by simulation)"};
+  app.require_subcommand(1);
+  mc::cli::add_common_flags(app, "mc-plan");
+
+  mc::sim::ThresholdCommand th;
+  auto* th_cmd = app.add_subcommand("threshold", "Bandwidth above which fetching a cached prefix beats recomputing it, "
+                                                 "per prefix length");
+  th_cmd->add_option("--model", th.model, "Model preset or JSON file")->envname("MC_MODEL")->capture_default_str();
+  th_cmd->add_option("--gpu", th.gpu, "GPU preset (a800x8, h800x8)")->envname("MC_GPU")->capture_default_str();
+  th_cmd->add_option("--prefix-tokens", th.prefix_tokens, "Prefix lengths, tokens (comma list, 1K = 1000)")
+      ->capture_default_str();
+  th_cmd->add_option("--new-tokens", th.new_tokens, "Tokens prefilled after the prefix")->capture_default_str();
+  th_cmd->add_flag("--json", th.json, "Print JSON instead of the table");
+
+  mc::sim::CapacityCommand cap;
+  auto* cap_cmd = app.add_subcommand("capacity", "Fewest prefill and decode instances, cache and NIC bandwidth meeting "
+                                                 "the SLOs for a trace (by simulation)");
+  cap_cmd->add_option("cluster", cap.cluster_path, "Base CLUSTER.json (model, gpu, policy, ...); omitted: defaults");
+  cap_cmd->add_option("--trace", cap.trace_path, "Mooncake JSONL trace, or - for stdin")
+      ->envname("MC_TRACE")->capture_default_str();
+  cap_cmd->add_flag("--lenient", cap.lenient, "Skip malformed trace rows with a warning");
+  cap_cmd->add_option("--start-s", cap.window.start_s, "Skip rows before this trace time (s)")->capture_default_str();
+  cap_cmd->add_option("--duration-s", cap.window.duration_s, "Trace seconds from --start-s (0: to the end)")
+      ->capture_default_str();
+  cap_cmd->add_option("--max-requests", cap.window.max_requests, "At most this many rows (0: no limit)")
+      ->capture_default_str();
+  cap_cmd->add_option("--rate-scale", cap.window.rate_scale, "Multiply the arrival rate")->capture_default_str();
+  cap_cmd->add_option("--slo-ttft-ms", cap.overrides.slo_ttft_ms, "TTFT SLO (ms; default: the config's, 30000)");
+  cap_cmd->add_option("--slo-tbt-ms", cap.overrides.slo_tbt_ms, "TBT SLO (ms; default: the config's, 100)");
+  cap_cmd->add_option("--accept", cap.accept, "Fraction of requests that must meet both SLOs")->capture_default_str();
+  cap_cmd->add_option("--model", cap.overrides.model, "Override: model preset");
+  cap_cmd->add_option("--gpu", cap.overrides.gpu, "Override: GPU preset");
+  cap_cmd->add_option("--policy", cap.overrides.policy, "Override: scheduling policy");
+  cap_cmd->add_option("--max-instances", cap.max_instances, "Search bound per role")->capture_default_str();
+  cap_cmd->add_option("--cache-candidates", cap.cache_candidates, "Total cache capacities to consider, tokens")
+      ->capture_default_str();
+  cap_cmd->add_option("--cache-fraction", cap.cache_fraction,
+                      "Pick the smallest cache reaching this fraction of the infinite-cache hit ratio")
+      ->capture_default_str();
+  cap_cmd->add_option("--nic-candidates", cap.nic_candidates, "NIC bandwidths to consider, bytes/s per instance")
+      ->capture_default_str();
+  cap_cmd->add_flag("--json", cap.json, "Print JSON instead of the tables");
+
+  if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (th_cmd->parsed()) return mc::cli::report("mc-plan threshold", mc::sim::run_threshold_command(th, std::cout));
+  cap.progress = isatty(STDERR_FILENO) != 0;
+  return mc::cli::report("mc-plan capacity", mc::sim::run_capacity_command(cap, std::cout));
+}
