@@ -90,8 +90,10 @@ class AsyncCaller {
              });
   }
 
-  // Drains every reply that has arrived (never blocks).
+  // Drains every reply that has arrived (never blocks). Callbacks run after the sockets were read:
+  // they may start new calls (a new endpoint adds a socket), which must not disturb the iteration.
   void poll() {
+    std::vector<std::pair<RawCallback, Result<std::string>>> done;
     for (auto& [endpoint, sock] : sockets_) {
       for (int n = 0; n < 1000; ++n) {
         std::vector<zmq::message_t> frames;
@@ -119,15 +121,16 @@ class AsyncCaller {
         if (header->type == proto::kErrorType) {
           Result<proto::ErrorReply> err = codec::unpack<proto::ErrorReply>(frames[1].to_string_view(), "error reply");
           if (!err.is_ok()) {
-            cb(err.status());
+            done.emplace_back(std::move(cb), err.status());
           } else {
-            cb(Status(static_cast<Code>(err->code), endpoint + ": " + err->message));
+            done.emplace_back(std::move(cb), Status(static_cast<Code>(err->code), endpoint + ": " + err->message));
           }
         } else {
-          cb(frames[1].to_string());
+          done.emplace_back(std::move(cb), frames[1].to_string());
         }
       }
     }
+    for (auto& [cb, result] : done) cb(std::move(result));
   }
 
   // Fails every call past its deadline with kTimeout.
