@@ -170,7 +170,8 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   ConductorLinkOptions lo = c.conductor;
   lo.block_size_tokens = ro.synth.block_tokens;
   MC_LOG_INFO << "replaying " << rows->size() << " requests against " << lo.endpoint;
-  auto result = run_replay(*rows, ro, conductor_link_factory(lo), nullptr);
+  auto events = make_client_event_source(c.client_bind);
+  auto result = run_replay(*rows, ro, conductor_link_factory(lo), events.get());
   if (!result.is_ok()) return fail(c.json, out, result.status());
 
   if (records_out.is_open()) {

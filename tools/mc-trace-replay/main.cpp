@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
   add_trace_flags(app, rc.input);
   app.add_option("--conductor", rc.conductor.endpoint, "mc-conductor endpoint (tcp://host:port)")
       ->envname("MC_CONDUCTOR");
+  app.add_option("--client-bind", rc.client_bind,
+                 "Endpoint this replay binds for token events from mc-decode (an address the decode instances can "
+                 "reach; port 0 picks a free one)")
+      ->capture_default_str()
+      ->envname("MC_CLIENT_BIND");
   app.add_option("--connect-timeout-ms", rc.conductor.connect_timeout_ms,
                  "Give up when the conductor does not answer the handshake within this time (ms)")
       ->capture_default_str()
