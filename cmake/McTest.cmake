@@ -2,6 +2,20 @@
 # One GoogleTest executable registered with ctest through gtest_discover_tests, labelled.
 find_package(GTest REQUIRED)
 include(GoogleTest)
+# mc_test_pch: one precompiled header (GoogleTest, msgpack, ZeroMQ, JSON, CLI11) shared by every test
+# program; compiling these headers once instead of once per test file roughly halves the test build.
+# Call mc_test_pch_target() once mc_common exists. A test whose flags differ simply falls back to the text.
+function(mc_test_pch_target)
+  file(WRITE ${CMAKE_BINARY_DIR}/mc_test_pch.cpp "// translation unit that owns the tests' precompiled header\n")
+  add_library(mc_test_pch OBJECT ${CMAKE_BINARY_DIR}/mc_test_pch.cpp)
+  target_link_libraries(mc_test_pch PRIVATE mc_common GTest::gtest GTest::gmock)
+  target_compile_definitions(mc_test_pch PRIVATE
+    MC_BINARY_DIR="${CMAKE_BINARY_DIR}" MC_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  target_precompile_headers(mc_test_pch PRIVATE
+    <gtest/gtest.h> <gmock/gmock.h> <msgpack.hpp> <zmq.hpp> <zmq_addon.hpp> <nlohmann/json.hpp> <CLI/CLI.hpp>
+    <string> <vector> <map> <memory> <thread> <chrono>)
+endfunction()
+
 function(mc_add_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT T_TIMEOUT)
@@ -11,6 +25,9 @@ function(mc_add_test)
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_definitions(${T_NAME} PRIVATE
     MC_BINARY_DIR="${CMAKE_BINARY_DIR}" MC_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  if(TARGET mc_test_pch)
+    target_precompile_headers(${T_NAME} REUSE_FROM mc_test_pch)
+  endif()
   gtest_discover_tests(${T_NAME}
     PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
     DISCOVERY_TIMEOUT 60)

@@ -115,6 +115,73 @@ struct KvEvent {
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_transfer)
 
+// Format version of SegmentDescriptor; a reader rejects a descriptor whose format_version it does not know.
+inline constexpr uint32_t kSegmentDescriptorVersion = 1;
+
+// One registered memory region of a segment. Regions occupy disjoint ranges of the segment's 64-bit
+// offset space; peers address bytes as (segment, offset). A registration larger than the per-region
+// limit of a transport is published as several regions (field report #10), each covering exactly the
+// bytes it says.
+struct RegionDescriptor {
+  uint64_t segment_offset = 0;    // first byte of the region in the segment's offset space
+  uint64_t length_bytes = 0;      // bytes covered; never truncated
+  std::string location;           // "cpu:0", "cuda:0"
+  std::string shm_path;           // memfd/dev-shm file a same-host peer maps ("/proc/<pid>/fd/<fd>"); "" = none
+  uint64_t shm_offset_bytes = 0;  // offset of the region's first byte inside shm_path
+  uint64_t rdma_addr = 0;         // virtual address for one-sided RDMA (0 when not registered with a NIC)
+  std::vector<uint32_t> rdma_rkeys;  // one rkey per RDMA device, in SegmentDescriptor::rdma_devices order
+  MSGPACK_DEFINE_MAP(segment_offset, length_bytes, location, shm_path, shm_offset_bytes, rdma_addr, rdma_rkeys);
+};
+
+// What a peer needs to reach a segment: published by its owner, fetched by name from the peer itself
+// ("host:port", over the transfer engine's own TCP control op) or from a directory service.
+struct SegmentDescriptor {
+  uint32_t format_version = 0;         // kSegmentDescriptorVersion
+  std::string name;                    // "host:port" of the first endpoint
+  std::string host_id;                 // boot id + hostname: equal host_id means shared memory may work
+  int32_t pid = 0;                     // owner process (for shm paths and logs)
+  std::vector<std::string> endpoints;  // "tcp://ADDR:PORT", one per listen address (one path each)
+  std::vector<std::string> rdma_devices;  // "mlx5_0", with GIDs in rdma_gids (same order)
+  std::vector<std::string> rdma_gids;
+  std::vector<RegionDescriptor> regions;  // sorted by segment_offset, disjoint
+  std::string topology_json;           // the owner's topology matrix (topology.hpp), so a peer can pick its side
+  MSGPACK_DEFINE_MAP(format_version, name, host_id, pid, endpoints, rdma_devices, rdma_gids, regions,
+                     topology_json);
+};
+
+// Sent by an initiator to the target of a request that carried a notify tag, after its last byte landed
+// (transfer engine's own TCP control op; the target acknowledges it before the request completes).
+struct TransferNotification {
+  std::string tag;
+  std::string from;               // initiator's segment name, "" when it serves none
+  uint8_t op = 0;                 // 1 read, 2 write
+  uint64_t segment_offset = 0;    // range of the request in the target's segment
+  uint64_t length_bytes = 0;
+  MSGPACK_DEFINE_MAP(tag, from, op, segment_offset, length_bytes);
+};
+
+// Directory service (implemented by the store master): publish and look up descriptors by name.
+struct PublishSegmentReply {
+  uint64_t region_count = 0;  // regions accepted
+  MSGPACK_DEFINE_MAP(region_count);
+};
+struct PublishSegmentRequest {
+  static constexpr const char* kType = "xfer.publish_segment";
+  using Reply = PublishSegmentReply;
+  SegmentDescriptor descriptor;
+  MSGPACK_DEFINE_MAP(descriptor);
+};
+struct GetSegmentReply {
+  SegmentDescriptor descriptor;
+  MSGPACK_DEFINE_MAP(descriptor);
+};
+struct GetSegmentRequest {
+  static constexpr const char* kType = "xfer.get_segment";
+  using Reply = GetSegmentReply;
+  std::string name;  // "host:port"
+  MSGPACK_DEFINE_MAP(name);
+};
+
 // ---------------------------------------------------------------------------------------------
 // Store (store/): master RPCs, storage node RPCs
 // ---------------------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ class Scheduler {
   double queue_ms(const Instance& inst) const;
   // Requests accepted and not yet done.
   size_t in_flight() const { return in_flight_.size(); }
+  bool is_in_flight(const std::string& request_id) const { return in_flight_.count(request_id) != 0; }
 
  private:
   Scheduler(SchedulerConfig config, const Clock* clock, std::unique_ptr<Policy> policy,

@@ -1,0 +1,75 @@
+// mc::infer::KvBlockCache: where a prefill instance reads cached prefix blocks from and puts new blocks into.
+//
+// One object = one complete KV block, all layers (KvBuffer::block_span), under its block store key
+// (block_key.hpp: "kv/<namespace digest>/<seq hash>"). The production implementation is the KV store
+// (mc-store, through its client library); MemoryBlockCache is an in-process map for tests and single-process
+// runs (`--store mem`).
+//
+// Contract: get() fills each buffer exactly or reports a per-item error (kObjectNotFound for a miss, or the
+// read error); a failed item's buffer content is unspecified and must not be used. A failure is never fatal to
+// a request: the prefill recomputes from the first block that did not arrive. put() stores copies; an existing
+// key counts as stored (blocks are content-addressed).
+// Thread-safety: implementations state their own; the prefill worker calls from its job thread only.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mc/common/block_key.hpp"
+#include "mc/common/status.hpp"
+
+namespace mc::infer {
+
+struct BlockGet {
+  std::string key;
+  std::span<std::byte> buffer;
+};
+struct BlockPut {
+  std::string key;
+  std::span<const std::byte> data;
+};
+
+struct BlockCacheCounters {
+  int64_t local_bytes = 0;   // read from this host (shared memory / in process)
+  int64_t remote_bytes = 0;  // read over the network
+};
+
+class KvBlockCache {
+ public:
+  virtual ~KvBlockCache() = default;
+  // One Status per item, in order. The Result fails as a whole only when the cache is unreachable.
+  virtual Result<std::vector<Status>> get(std::span<const BlockGet> items) = 0;
+  virtual Result<std::vector<Status>> put(std::span<const BlockPut> items) = 0;
+  // Bytes read so far, by locality (for the ledger's local/remote hit split).
+  virtual BlockCacheCounters counters() const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// In-process map. Thread-safe (one mutex). set_available(false) makes every call fail with kUnavailable
+// (a dead store, for tests).
+class MemoryBlockCache final : public KvBlockCache {
+ public:
+  Result<std::vector<Status>> get(std::span<const BlockGet> items) override;
+  Result<std::vector<Status>> put(std::span<const BlockPut> items) override;
+  BlockCacheCounters counters() const override;
+  std::string describe() const override { return "in-process memory"; }
+  void set_available(bool available);
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<std::byte>> blocks_;
+  bool available_ = true;
+  BlockCacheCounters counters_;
+};
+
+// The KV store (mc-store master + storage nodes) through mc::store::Client; `master` is the master's endpoint.
+// Not thread-safe (one store client). kUnavailable naming the endpoint when the master cannot be reached.
+Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master);
+
+}  // namespace mc::infer

@@ -1,0 +1,119 @@
+// mc::infer::DecodeWorker: the decoding instance behind mc-decode (SYSTEM.md §3 step 4).
+//
+// Admission (reserve): a request needs blocks_for(input + output) KV blocks at full length. The worker keeps
+// `committed` = Σ full-length blocks of every running and reserved request, and admits only when
+// committed + need ≤ total, so a request admitted now can always grow to its full output without evicting
+// anyone (admission that ignores future growth is impossible by construction). Prompt blocks are allocated
+// physically at reserve (the prefill writes into them); growth blocks are allocated as decode reaches them.
+// Bad lengths (≤ 0, input + output > the model's max context) are kInvalidArgument ("input too long"), before
+// any allocation (field report #14, steps 1-2). A full instance answers kRejected.
+//
+// KV arrival: kv_write copies one layer of some prompt blocks into the reservation and records which
+// (layer, block) pairs arrived. kv_commit checks that every layer of every prompt block arrived; if not, the
+// reservation is freed, the client gets request_error (kDataLoss) and the commit fails: decode never generates
+// from incomplete KV (field report #14, step 3). abort frees the reservation (or stops a running request) and
+// tells the client. A reservation without commit expires after its ttl and is aborted the same way.
+//
+// Continuous batching: committed requests join the batch at the next step; each step runs the backend once for
+// every running sequence, emits one token per sequence with its wall-clock timestamp, and finished sequences
+// free their KV and get request_done with the ledger (prefill's, plus decode time and output tokens).
+//
+// Threads: handler methods (reserve, kv_write, commit, abort, release, load) may be called from one thread
+// while step() runs on another; shared state is under one mutex, and the backend runs outside it. All client
+// messages are sent from the step() thread through the TokenSink.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "mc/common/clock.hpp"
+#include "mc/common/metrics.hpp"
+#include "mc/common/protocol.hpp"
+#include "mc/common/status.hpp"
+#include "mc/infer/backend.hpp"
+
+namespace mc::infer {
+
+// Delivers client messages. The RPC implementation connects to each client endpoint (RpcServer on the client
+// side) and calls token_event / request_done / request_error. Called from the decode step thread only.
+class TokenSink {
+ public:
+  virtual ~TokenSink() = default;
+  virtual Status token(const std::string& endpoint, const proto::TokenEvent& event) = 0;
+  virtual Status done(const std::string& endpoint, const proto::RequestDone& done) = 0;
+  virtual Status fail(const std::string& endpoint, const proto::RequestError& error) = 0;
+};
+// The RPC sink (one RpcClient per endpoint, timeout per message).
+std::unique_ptr<TokenSink> make_rpc_token_sink(int timeout_ms);
+
+struct DecodeWorkerOptions {
+  int64_t block_tokens = 16;       // tokens per KV block
+  int64_t kv_blocks = 1024;        // blocks in the KV buffer
+  int64_t max_batch_size = 64;     // running sequences at most (more wait in the join queue)
+  int64_t reservation_ttl_ms = 30000;  // default ttl of a reservation without commit
+};
+
+class DecodeWorker {
+ public:
+  // Owns the backend; allocates the KV buffer. kInvalidArgument for bad options.
+  static Result<std::unique_ptr<DecodeWorker>> create(DecodeWorkerOptions options, std::unique_ptr<Backend> backend,
+                                                      std::unique_ptr<TokenSink> sink,
+                                                      const Clock* clock = &RealClock::instance());
+  ~DecodeWorker();
+
+  Result<proto::DecodeReserveReply> reserve(const proto::DecodeReserveRequest& request);
+  Result<proto::DecodeReleaseReply> release(const proto::DecodeReleaseRequest& request);
+  Result<proto::DecodeReleaseReply> abort(const proto::DecodeAbortRequest& request);
+  Result<proto::KvWriteReply> kv_write(const proto::KvWriteRequest& request);
+  Result<proto::KvCommitReply> commit(const proto::KvCommitRequest& request);
+  proto::WorkerLoadReply load() const;
+
+  // One scheduling round: expire reservations, join committed requests (sending their first token), run one
+  // decode step over the batch, send the tokens, finish completed requests. Returns the number of sequences
+  // stepped (0: idle). A backend error fails every sequence of the batch (clients get request_error).
+  Result<int64_t> step();
+
+  // True when nothing is running, joining or reserved.
+  bool idle() const;
+  KvBuffer& kv() { return *kv_; }
+  metrics::Registry& metrics() { return metrics_; }
+  const Backend& backend() const { return *backend_; }
+
+ private:
+  struct Reservation;
+  struct Sequence;
+  struct Outgoing;
+  DecodeWorker(DecodeWorkerOptions options, std::unique_ptr<Backend> backend, std::unique_ptr<TokenSink> sink,
+               std::unique_ptr<KvBuffer> kv, const Clock* clock);
+  void drop_reservation_locked(uint64_t id, const Status& why, bool tell_client);
+  void flush_outgoing();
+
+  DecodeWorkerOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<TokenSink> sink_;
+  std::unique_ptr<KvBuffer> kv_;
+  const Clock* clock_;
+  metrics::Registry metrics_;
+
+  mutable std::mutex mu_;
+  uint64_t next_reservation_ = 1;
+  int64_t committed_blocks_ = 0;
+  std::map<uint64_t, std::unique_ptr<Reservation>> reservations_;
+  std::deque<std::unique_ptr<Sequence>> joining_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<Outgoing> outgoing_;
+  double recent_step_ms_ = 0;
+};
+
+// Runs a DecodeWorker as a daemon: binds `endpoint`, announces "ready mc-decode <endpoint> ...", serves the RPCs
+// (plus stat and worker_load) and steps the batch on its own thread until SIGTERM/SIGINT.
+Status serve_decode(DecodeWorker& worker, const std::string& endpoint);
+
+}  // namespace mc::infer

@@ -1,0 +1,108 @@
+// mc::infer::PrefillWorker: the prefill instance behind mc-prefill (SYSTEM.md §3 step 3).
+//
+// run_job(job):
+//   1. Validates the job (non-empty prompt within the model's max context, tokens in the vocabulary, a decode
+//      target with one block offset per prompt block). Nothing is computed or sent for a bad job; its decode
+//      reservation is aborted so the decode side frees it and tells the client (field report #14).
+//   2. Fetches the prefix: the leading complete blocks (at most fetch_prefix_blocks, never the block holding the
+//      last prompt token) are read from the KvBlockCache straight into this worker's KV buffer, one object per
+//      block. The hit is the leading run of blocks that arrived; everything from the first missing or failed
+//      block on is recomputed (a miss or a dead store only costs time, never an error or wrong KV).
+//   3. Prefills the rest with the backend (chunked by chunk_tokens). As each layer finishes, its KV of the
+//      touched blocks (and of the fetched prefix blocks, with the first chunk) is handed to a streaming thread
+//      that writes it to the decode instance (kv_write), so transfer overlaps compute (layer-wise streaming).
+//   4. Waits for the stream to drain (kv_tail_ms = last layer computed -> every write acknowledged), then
+//      commits at decode (kv_commit with the first token and the ledger); the first token is not delayed by
+//      step 5.
+//   5. Puts the new complete blocks into the cache (store_new_blocks).
+// Any failure after step 1 aborts the decode reservation (decode_abort) before the error is returned.
+//
+// DecodeLink abstracts the messages to decode instances: RPC in production (make_rpc_decode_link), direct calls
+// in unit tests. Thread-safety: run_job is called from one job thread; load() from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "mc/common/block_key.hpp"
+#include "mc/common/metrics.hpp"
+#include "mc/common/protocol.hpp"
+#include "mc/common/status.hpp"
+#include "mc/infer/backend.hpp"
+#include "mc/infer/block_cache.hpp"
+
+namespace mc::infer {
+
+// Messages from a prefill instance to decode instances (named by endpoint). Used by one thread at a time.
+class DecodeLink {
+ public:
+  virtual ~DecodeLink() = default;
+  virtual Result<proto::KvWriteReply> write(const std::string& endpoint, const proto::KvWriteRequest& request) = 0;
+  virtual Result<proto::KvCommitReply> commit(const std::string& endpoint, const proto::KvCommitRequest& request) = 0;
+  virtual Result<proto::DecodeReleaseReply> abort(const std::string& endpoint,
+                                                  const proto::DecodeAbortRequest& request) = 0;
+};
+// One RpcClient per decode endpoint, `timeout_ms` per call.
+std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms);
+
+// The key namespace of this worker's KV blocks (block_key.hpp): model name, backend and its KV encoding
+// (ref: fp32 and the weight seed; sim: bytes per token and layer), block size. Workers that must share cache
+// entries must agree on all of these; anything else never hits.
+KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed);
+
+struct PrefillWorkerOptions {
+  int64_t block_tokens = 16;        // tokens per KV block (= the store's block size for this namespace)
+  int64_t kv_blocks = 1024;         // blocks in this worker's KV buffer (the longest prompt it can take)
+  int64_t chunk_tokens = 0;         // default chunk size of chunked prefill; 0 = whole prompt at once
+  uint64_t weight_seed = 0;         // part of the key namespace
+  bool allow_fault_injection = false;  // honour PrefillJobRequest::fail_after_layers (tests)
+};
+
+class PrefillWorker {
+ public:
+  // `cache` may be null (no store: every job recomputes). kInvalidArgument for bad options.
+  static Result<std::unique_ptr<PrefillWorker>> create(PrefillWorkerOptions options, std::unique_ptr<Backend> backend,
+                                                       std::unique_ptr<KvBlockCache> cache,
+                                                       std::unique_ptr<DecodeLink> link);
+  ~PrefillWorker();
+
+  // Runs one job to completion (see the header comment). `queued_ms` goes into the ledger.
+  Result<proto::PrefillJobReply> run_job(const proto::PrefillJobRequest& job, int64_t queued_ms = 0);
+
+  const Backend& backend() const { return *backend_; }
+  KvBuffer& kv() { return *kv_; }
+  metrics::Registry& metrics() { return metrics_; }
+  const KeyNamespace& key_namespace() const { return ns_; }
+  const PrefillWorkerOptions& options() const { return options_; }
+  // Measured prefill rate (computed tokens per second, moving average); 0 before the first job.
+  double measured_tokens_per_s() const { return tokens_per_s_.load(); }
+
+ private:
+  PrefillWorker(PrefillWorkerOptions options, std::unique_ptr<Backend> backend, std::unique_ptr<KvBlockCache> cache,
+                std::unique_ptr<DecodeLink> link, std::unique_ptr<KvBuffer> kv);
+  Result<proto::PrefillJobReply> run_job_inner(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
+                                               proto::RequestLedger& ledger);
+
+  PrefillWorkerOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<KvBlockCache> cache_;
+  std::unique_ptr<DecodeLink> link_;
+  std::unique_ptr<KvBuffer> kv_;
+  KeyNamespace ns_;
+  metrics::Registry metrics_;
+  std::atomic<double> tokens_per_s_{0};
+};
+
+struct PrefillServeOptions {
+  std::string endpoint = "tcp://127.0.0.1:0";
+  std::string gpu = "a800x8";  // for predicted_queue_ms of the sim backend
+};
+
+// Runs a PrefillWorker as a daemon: binds the endpoint, announces "ready mc-prefill <endpoint> ...", queues
+// prefill_job requests (answered when done), answers worker_load and stat, until SIGTERM/SIGINT.
+Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options);
+
+}  // namespace mc::infer

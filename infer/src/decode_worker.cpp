@@ -1,0 +1,499 @@
+#include "mc/infer/decode_worker.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "mc/common/daemon.hpp"
+#include "mc/common/log.hpp"
+#include "mc/common/rpc.hpp"
+
+namespace mc::infer {
+
+struct DecodeWorker::Reservation {
+  uint64_t id = 0;
+  std::string request_id;
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+  int64_t committed_blocks = 0;  // full-length blocks counted in committed_blocks_
+  std::string client_endpoint;
+  std::vector<int32_t> blocks;   // prompt blocks, allocated
+  std::vector<std::vector<bool>> arrived;  // [layer][block index]
+  int64_t layers_received = 0;
+  int64_t deadline_ns = 0;
+};
+
+struct DecodeWorker::Sequence {
+  uint64_t reservation_id = 0;
+  std::string request_id;
+  std::string client_endpoint;
+  std::vector<int32_t> blocks;
+  int64_t committed_blocks = 0;
+  int64_t position = 0;      // tokens with KV in the cache
+  uint32_t last_token = 0;   // newest token, not yet in the KV cache
+  int64_t emitted = 0;       // tokens sent to the client
+  int64_t output_tokens = 0;
+  int64_t first_token_ns = 0;
+  proto::RequestLedger ledger;
+  bool cancelled = false;
+  Status cancel_reason;
+};
+
+struct DecodeWorker::Outgoing {
+  std::string endpoint;
+  std::variant<proto::TokenEvent, proto::RequestDone, proto::RequestError> msg;
+};
+
+namespace {
+
+class RpcTokenSink final : public TokenSink {
+ public:
+  explicit RpcTokenSink(int timeout_ms) : timeout_ms_(timeout_ms) {}
+  Status token(const std::string& endpoint, const proto::TokenEvent& e) override { return send(endpoint, e); }
+  Status done(const std::string& endpoint, const proto::RequestDone& d) override { return send(endpoint, d); }
+  Status fail(const std::string& endpoint, const proto::RequestError& e) override { return send(endpoint, e); }
+
+ private:
+  template <typename Msg>
+  Status send(const std::string& endpoint, const Msg& msg) {
+    auto it = clients_.find(endpoint);
+    if (it == clients_.end()) {
+      rpc::ClientOptions o;
+      o.client_name = "mc-decode";
+      o.connect_timeout_ms = timeout_ms_;
+      MC_ASSIGN_OR_RETURN(auto client, rpc::RpcClient::connect(endpoint, o));
+      it = clients_.emplace(endpoint, std::move(client)).first;
+    }
+    auto reply = it->second->call(msg, timeout_ms_);
+    if (!reply.is_ok()) {
+      clients_.erase(it);  // reconnect next time (a late reply must not be taken for the next call's)
+      return reply.status();
+    }
+    return Status::ok();
+  }
+  int timeout_ms_;
+  std::map<std::string, std::unique_ptr<rpc::RpcClient>> clients_;
+};
+
+int64_t unix_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::unique_ptr<TokenSink> make_rpc_token_sink(int timeout_ms) { return std::make_unique<RpcTokenSink>(timeout_ms); }
+
+Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(DecodeWorkerOptions options,
+                                                           std::unique_ptr<Backend> backend,
+                                                           std::unique_ptr<TokenSink> sink, const Clock* clock) {
+  if (options.block_tokens <= 0 || options.kv_blocks <= 0 || options.max_batch_size <= 0 ||
+      options.reservation_ttl_ms <= 0) {
+    return error(Code::kInvalidArgument,
+                 "decode worker: --block-tokens, --kv-blocks, --max-batch and --reservation-ttl-ms must be > 0");
+  }
+  if (!backend || !sink) return error(Code::kInvalidArgument, "decode worker: backend and token sink are required");
+  MC_ASSIGN_OR_RETURN(auto kv, KvBuffer::create(backend->kv_layout(options.block_tokens), options.kv_blocks));
+  return std::unique_ptr<DecodeWorker>(
+      new DecodeWorker(options, std::move(backend), std::move(sink), std::move(kv), clock));
+}
+
+DecodeWorker::DecodeWorker(DecodeWorkerOptions options, std::unique_ptr<Backend> backend,
+                           std::unique_ptr<TokenSink> sink, std::unique_ptr<KvBuffer> kv, const Clock* clock)
+    : options_(options), backend_(std::move(backend)), sink_(std::move(sink)), kv_(std::move(kv)), clock_(clock) {
+  metrics_.gauge("mc_decode_kv_blocks_total", "KV blocks of the buffer").set(static_cast<double>(kv_->num_blocks()));
+}
+
+DecodeWorker::~DecodeWorker() = default;
+
+Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReserveRequest& r) {
+  const auto& m = backend_->model();
+  if (r.input_length_tokens <= 0 || r.output_length_tokens <= 0) {
+    metrics_.counter("mc_decode_reserve_invalid_total", "reservations refused for bad lengths").inc();
+    return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id + "': input_length_tokens (" +
+                                             std::to_string(r.input_length_tokens) + ") and output_length_tokens (" +
+                                             std::to_string(r.output_length_tokens) + ") must be > 0");
+  }
+  if (r.input_length_tokens > m.max_context_tokens ||
+      r.output_length_tokens > m.max_context_tokens - r.input_length_tokens) {
+    metrics_.counter("mc_decode_reserve_invalid_total", "reservations refused for bad lengths").inc();
+    return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id + "': input too long: " +
+                                             std::to_string(r.input_length_tokens) + " + " +
+                                             std::to_string(r.output_length_tokens) + " tokens > max context " +
+                                             std::to_string(m.max_context_tokens) + " of model " + m.name);
+  }
+  if (r.client_endpoint.empty()) {
+    return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id + "': client_endpoint is empty");
+  }
+  const KvLayout& layout = kv_->layout();
+  const int64_t need = layout.blocks_for_tokens(r.input_length_tokens + r.output_length_tokens);
+  std::lock_guard lock(mu_);
+  if (committed_blocks_ + need > kv_->num_blocks()) {
+    metrics_.counter("mc_decode_reserve_rejected_total", "reservations refused for lack of KV").inc();
+    return error(Code::kRejected, "decode_reserve '" + r.request_id + "': KV does not fit: needs " +
+                                      std::to_string(need) + " blocks at full length (" +
+                                      std::to_string(r.input_length_tokens) + " + " +
+                                      std::to_string(r.output_length_tokens) + " tokens), " +
+                                      std::to_string(kv_->num_blocks() - committed_blocks_) + " of " +
+                                      std::to_string(kv_->num_blocks()) +
+                                      " blocks uncommitted (running and reserved requests count at full length)");
+  }
+  MC_ASSIGN_OR_RETURN(auto blocks, kv_->allocate(layout.blocks_for_tokens(r.input_length_tokens)));
+  auto res = std::make_unique<Reservation>();
+  res->id = next_reservation_++;
+  res->request_id = r.request_id;
+  res->input_tokens = r.input_length_tokens;
+  res->output_tokens = r.output_length_tokens;
+  res->committed_blocks = need;
+  res->client_endpoint = r.client_endpoint;
+  res->blocks = std::move(blocks);
+  res->arrived.assign(static_cast<size_t>(layout.num_layers), std::vector<bool>(res->blocks.size(), false));
+  res->deadline_ns = clock_->now_ns() + (r.ttl_ms > 0 ? r.ttl_ms : options_.reservation_ttl_ms) * 1'000'000;
+  committed_blocks_ += need;
+
+  proto::DecodeReserveReply reply;
+  reply.reservation_id = res->id;
+  reply.block_tokens = layout.block_size;
+  reply.layer_block_bytes = layout.layer_block_bytes();
+  reply.block_bytes = layout.block_bytes();
+  for (int32_t b : res->blocks) reply.block_offsets_bytes.push_back(static_cast<uint64_t>(kv_->layer_block_offset(b, 0)));
+  reply.free_blocks = kv_->num_blocks() - committed_blocks_;
+  reservations_.emplace(res->id, std::move(res));
+  metrics_.counter("mc_decode_reserve_total", "reservations granted").inc();
+  return reply;
+}
+
+void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool tell_client) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) return;
+  Reservation& r = *it->second;
+  kv_->free(r.blocks);
+  committed_blocks_ -= r.committed_blocks;
+  if (tell_client) {
+    outgoing_.push_back({r.client_endpoint, proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()),
+                                                                why.message(), 0}});
+  }
+  reservations_.erase(it);
+}
+
+Result<proto::DecodeReleaseReply> DecodeWorker::release(const proto::DecodeReleaseRequest& request) {
+  std::lock_guard lock(mu_);
+  proto::DecodeReleaseReply reply;
+  reply.released = reservations_.count(request.reservation_id) > 0;
+  drop_reservation_locked(request.reservation_id, Status::ok(), /*tell_client=*/false);
+  reply.free_blocks = kv_->num_blocks() - committed_blocks_;
+  return reply;
+}
+
+Result<proto::DecodeReleaseReply> DecodeWorker::abort(const proto::DecodeAbortRequest& request) {
+  const Status why(request.code != 0 ? static_cast<Code>(request.code) : Code::kAborted,
+                   "prefill aborted: " + request.reason);
+  std::lock_guard lock(mu_);
+  proto::DecodeReleaseReply reply;
+  if (reservations_.count(request.reservation_id) > 0) {
+    reply.released = true;
+    drop_reservation_locked(request.reservation_id, why, /*tell_client=*/true);
+  } else {
+    auto cancel = [&](std::unique_ptr<Sequence>& s) {
+      if (s->reservation_id == request.reservation_id && !s->cancelled) {
+        s->cancelled = true;
+        s->cancel_reason = why;
+        reply.released = true;
+      }
+    };
+    for (auto& s : joining_) cancel(s);
+    for (auto& s : running_) cancel(s);
+  }
+  metrics_.counter("mc_decode_aborted_total", "requests aborted by prefill").inc();
+  reply.free_blocks = kv_->num_blocks() - committed_blocks_;
+  return reply;
+}
+
+Result<proto::KvWriteReply> DecodeWorker::kv_write(const proto::KvWriteRequest& w) {
+  std::lock_guard lock(mu_);
+  auto it = reservations_.find(w.reservation_id);
+  if (it == reservations_.end()) {
+    return error(Code::kNotFound, "kv_write: no reservation " + std::to_string(w.reservation_id) +
+                                      " (released, aborted, expired or committed)");
+  }
+  Reservation& r = *it->second;
+  const KvLayout& layout = kv_->layout();
+  if (w.layer < 0 || w.layer >= layout.num_layers) {
+    return error(Code::kOutOfRange, "kv_write: layer " + std::to_string(w.layer) + " outside [0, " +
+                                        std::to_string(layout.num_layers) + ")");
+  }
+  const uint64_t expect = w.block_indexes.size() * static_cast<uint64_t>(layout.layer_block_bytes());
+  if (w.data.size() != expect) {
+    return error(Code::kInvalidArgument, "kv_write: " + std::to_string(w.data.size()) + " data bytes for " +
+                                             std::to_string(w.block_indexes.size()) + " layer blocks of " +
+                                             std::to_string(layout.layer_block_bytes()) + " B");
+  }
+  for (uint32_t idx : w.block_indexes) {
+    if (idx >= r.blocks.size()) {
+      return error(Code::kOutOfRange, "kv_write: block index " + std::to_string(idx) + " outside the reservation's " +
+                                          std::to_string(r.blocks.size()) + " prompt blocks");
+    }
+  }
+  auto& arrived = r.arrived[static_cast<size_t>(w.layer)];
+  const bool layer_was_new = std::none_of(arrived.begin(), arrived.end(), [](bool b) { return b; });
+  for (size_t i = 0; i < w.block_indexes.size(); ++i) {
+    const uint32_t idx = w.block_indexes[i];
+    std::memcpy(kv_->layer_block_span(r.blocks[idx], w.layer).data(), w.data.data() + i * layout.layer_block_bytes(),
+                static_cast<size_t>(layout.layer_block_bytes()));
+    arrived[idx] = true;
+  }
+  if (layer_was_new && !w.block_indexes.empty()) ++r.layers_received;
+  metrics_.counter("mc_decode_kv_received_bytes_total", "KV bytes received from prefill").inc(w.data.size());
+  return proto::KvWriteReply{r.layers_received};
+}
+
+Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& c) {
+  std::lock_guard lock(mu_);
+  auto it = reservations_.find(c.reservation_id);
+  if (it == reservations_.end()) {
+    return error(Code::kNotFound, "kv_commit: no reservation " + std::to_string(c.reservation_id) +
+                                      " (released, aborted or expired)");
+  }
+  Reservation& r = *it->second;
+  Status bad;
+  if (c.prompt_tokens != r.input_tokens) {
+    bad = error(Code::kInvalidArgument, "kv_commit '" + r.request_id + "': prompt_tokens " +
+                                            std::to_string(c.prompt_tokens) + " != reserved input " +
+                                            std::to_string(r.input_tokens));
+  } else if (c.first_token >= static_cast<uint64_t>(backend_->model().vocab_size)) {
+    bad = error(Code::kInvalidArgument, "kv_commit '" + r.request_id + "': first token " +
+                                            std::to_string(c.first_token) + " outside the vocabulary");
+  } else {
+    for (size_t l = 0; l < r.arrived.size() && bad.is_ok(); ++l) {
+      for (size_t b = 0; b < r.arrived[l].size(); ++b) {
+        if (!r.arrived[l][b]) {
+          bad = error(Code::kDataLoss, "kv_commit '" + r.request_id + "': KV incomplete: layer " + std::to_string(l) +
+                                           " of block " + std::to_string(b) + " never arrived (" +
+                                           std::to_string(r.layers_received) + " of " +
+                                           std::to_string(r.arrived.size()) + " layers seen); not generating");
+          break;
+        }
+      }
+    }
+  }
+  if (!bad.is_ok()) {
+    metrics_.counter("mc_decode_commit_refused_total", "commits refused (incomplete KV, bad fields)").inc();
+    drop_reservation_locked(c.reservation_id, bad, /*tell_client=*/true);
+    return bad;
+  }
+  auto s = std::make_unique<Sequence>();
+  s->reservation_id = r.id;
+  s->request_id = r.request_id;
+  s->client_endpoint = r.client_endpoint;
+  s->blocks = std::move(r.blocks);
+  s->committed_blocks = r.committed_blocks;
+  s->position = r.input_tokens;
+  s->last_token = c.first_token;
+  s->output_tokens = r.output_tokens;
+  s->ledger = c.ledger;
+  reservations_.erase(it);
+  joining_.push_back(std::move(s));
+  return proto::KvCommitReply{static_cast<int64_t>(running_.size() + joining_.size())};
+}
+
+proto::WorkerLoadReply DecodeWorker::load() const {
+  std::lock_guard lock(mu_);
+  proto::WorkerLoadReply l;
+  l.role = "decode";
+  l.backend = backend_->kind();
+  l.model = backend_->model().name;
+  l.batch_size = static_cast<int64_t>(running_.size());
+  l.queued_jobs = static_cast<int64_t>(joining_.size());
+  l.reservations = static_cast<int64_t>(reservations_.size());
+  for (const auto& s : running_) l.running_tokens += s->position;
+  l.kv_blocks_total = kv_->num_blocks();
+  l.kv_blocks_used = kv_->num_blocks() - kv_->free_blocks();
+  l.kv_blocks_committed = committed_blocks_;
+  l.kv_blocks_free = kv_->num_blocks() - committed_blocks_;
+  l.recent_step_ms = recent_step_ms_;
+  return l;
+}
+
+bool DecodeWorker::idle() const {
+  std::lock_guard lock(mu_);
+  return running_.empty() && joining_.empty() && reservations_.empty() && outgoing_.empty();
+}
+
+void DecodeWorker::flush_outgoing() {
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(mu_);
+    out.swap(outgoing_);
+  }
+  for (auto& o : out) {
+    Status s = std::visit(
+        [&](auto& msg) -> Status {
+          using T = std::decay_t<decltype(msg)>;
+          if constexpr (std::is_same_v<T, proto::TokenEvent>) return sink_->token(o.endpoint, msg);
+          if constexpr (std::is_same_v<T, proto::RequestDone>) return sink_->done(o.endpoint, msg);
+          if constexpr (std::is_same_v<T, proto::RequestError>) return sink_->fail(o.endpoint, msg);
+        },
+        o.msg);
+    if (!s.is_ok()) {
+      metrics_.counter("mc_decode_client_send_errors_total", "messages the client did not acknowledge").inc();
+      MC_LOG_WARN << "decode: client " << o.endpoint << " did not take a message: " << s.to_string();
+    }
+  }
+}
+
+Result<int64_t> DecodeWorker::step() {
+  std::vector<Sequence*> batch;
+  {
+    std::lock_guard lock(mu_);
+    const int64_t now = clock_->now_ns();
+    std::vector<uint64_t> expired;
+    for (const auto& [id, r] : reservations_) {
+      if (now > r->deadline_ns) expired.push_back(id);
+    }
+    for (uint64_t id : expired) {
+      metrics_.counter("mc_decode_reservations_expired_total", "reservations without commit before ttl").inc();
+      drop_reservation_locked(id, error(Code::kTimeout, "reservation expired: no KV commit from prefill in time"),
+                              /*tell_client=*/true);
+    }
+    // Cancelled and new sequences.
+    auto finish = [&](Sequence& s, const Status& why) {
+      kv_->free(s.blocks);
+      committed_blocks_ -= s.committed_blocks;
+      outgoing_.push_back({s.client_endpoint, proto::RequestError{s.request_id, static_cast<uint16_t>(why.code()),
+                                                                  why.message(), s.emitted}});
+    };
+    for (auto it = running_.begin(); it != running_.end();) {
+      if ((*it)->cancelled) {
+        finish(**it, (*it)->cancel_reason);
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    while (!joining_.empty() && static_cast<int64_t>(running_.size()) < options_.max_batch_size) {
+      auto s = std::move(joining_.front());
+      joining_.pop_front();
+      if (s->cancelled) {
+        finish(*s, s->cancel_reason);
+        continue;
+      }
+      s->first_token_ns = clock_->now_ns();
+      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, 0, s->last_token, unix_ns()}});
+      s->emitted = 1;
+      running_.push_back(std::move(s));
+    }
+    // Growth blocks (always available: admission counted them).
+    for (auto& s : running_) {
+      if (s->emitted >= s->output_tokens) continue;
+      while (kv_->layout().blocks_for_tokens(s->position + 1) > static_cast<int64_t>(s->blocks.size())) {
+        auto more = kv_->allocate(1);
+        if (!more.is_ok()) {
+          return error(Code::kInternal, "decode: growth block unavailable despite admission accounting: " +
+                                            more.status().to_string());
+        }
+        s->blocks.push_back(more.value()[0]);
+      }
+      batch.push_back(s.get());
+    }
+  }
+  flush_outgoing();
+
+  int64_t stepped = 0;
+  if (!batch.empty()) {
+    std::vector<DecodeSequence> seqs;
+    for (Sequence* s : batch) seqs.push_back({s->last_token, s->position, s->blocks});
+    std::vector<uint32_t> next;
+    const int64_t t0 = clock_->now_ns();
+    Status st = backend_->decode_step(*kv_, seqs, next);
+    const double step_ms = static_cast<double>(clock_->now_ns() - t0) / 1e6;
+    std::lock_guard lock(mu_);
+    recent_step_ms_ = recent_step_ms_ == 0 ? step_ms : 0.8 * recent_step_ms_ + 0.2 * step_ms;
+    metrics_.counter("mc_decode_steps_total", "decode steps").inc();
+    metrics_.histogram("mc_decode_step_seconds", metrics::latency_buckets_s(), "decode step time").observe(step_ms / 1e3);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Sequence* s = batch[i];
+      if (s->cancelled) continue;
+      if (!st.is_ok()) {
+        s->cancelled = true;
+        s->cancel_reason = st.with_context("decode step");
+        continue;
+      }
+      s->position += 1;
+      s->last_token = next[i];
+      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, s->emitted, next[i], unix_ns()}});
+      s->emitted += 1;
+      metrics_.counter("mc_decode_tokens_total", "output tokens generated").inc();
+    }
+    stepped = static_cast<int64_t>(batch.size());
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = running_.begin(); it != running_.end();) {
+      Sequence& s = **it;
+      if (!s.cancelled && s.emitted >= s.output_tokens) {
+        s.ledger.output_tokens = s.emitted;
+        s.ledger.decode_ms = (clock_->now_ns() - s.first_token_ns) / 1'000'000;
+        outgoing_.push_back({s.client_endpoint, proto::RequestDone{s.request_id, s.ledger}});
+        kv_->free(s.blocks);
+        committed_blocks_ -= s.committed_blocks;
+        metrics_.counter("mc_decode_requests_done_total", "requests completed").inc();
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    metrics_.gauge("mc_decode_batch_size", "running sequences").set(static_cast<double>(running_.size()));
+    metrics_.gauge("mc_decode_kv_blocks_committed", "blocks promised at full length").set(static_cast<double>(committed_blocks_));
+    metrics_.gauge("mc_decode_kv_blocks_used", "blocks holding KV").set(static_cast<double>(kv_->num_blocks() - kv_->free_blocks()));
+  }
+  flush_outgoing();
+  return stepped;
+}
+
+Status serve_decode(DecodeWorker& worker, const std::string& endpoint) {
+  rpc::ServerOptions so;
+  so.service = "mc-decode";
+  so.bind_endpoints = {endpoint};
+  MC_ASSIGN_OR_RETURN(auto server, rpc::RpcServer::bind(so));
+  server->serve_stat(&worker.metrics());
+  server->handle<proto::DecodeReserveRequest>([&](const auto& r, const auto&) { return worker.reserve(r); });
+  server->handle<proto::DecodeReleaseRequest>([&](const auto& r, const auto&) { return worker.release(r); });
+  server->handle<proto::DecodeAbortRequest>([&](const auto& r, const auto&) { return worker.abort(r); });
+  server->handle<proto::KvWriteRequest>([&](const auto& r, const auto&) { return worker.kv_write(r); });
+  server->handle<proto::KvCommitRequest>([&](const auto& r, const auto&) { return worker.commit(r); });
+  server->handle<proto::WorkerLoadRequest>(
+      [&](const auto&, const auto&) -> Result<proto::WorkerLoadReply> { return worker.load(); });
+
+  std::atomic<bool> stop{false};
+  Status step_status;
+  std::thread stepper([&] {
+    while (!stop.load()) {
+      auto n = worker.step();
+      if (!n.is_ok()) {
+        step_status = n.status();
+        daemon::request_stop();
+        return;
+      }
+      if (n.value() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  const auto& layout = worker.kv().layout();
+  daemon::announce_ready("mc-decode", server->endpoints().front(),
+                         {{"backend", worker.backend().kind()},
+                          {"model", worker.backend().model().name},
+                          {"kv_blocks", std::to_string(worker.kv().num_blocks())},
+                          {"block_tokens", std::to_string(layout.block_size)},
+                          {"kv_bytes_per_token", std::to_string(layout.bytes_per_token())}});
+  Status served;
+  while (!daemon::stop_requested()) {
+    served = server->poll_once(50);
+    if (!served.is_ok()) break;
+  }
+  stop.store(true);
+  stepper.join();
+  MC_LOG_INFO << "mc-decode: stopping";
+  MC_RETURN_IF_ERROR(step_status);
+  return served;
+}
+
+}  // namespace mc::infer

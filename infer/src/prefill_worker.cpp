@@ -1,0 +1,445 @@
+#include "mc/infer/prefill_worker.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+
+#include "mc/common/daemon.hpp"
+#include "mc/common/log.hpp"
+#include "mc/common/rpc.hpp"
+#include "mc/infer/cost_model.hpp"
+
+namespace mc::infer {
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+int64_t unix_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+int64_t ms_since(int64_t t0_ns) { return (now_ns() - t0_ns) / 1'000'000; }
+
+class RpcDecodeLink final : public DecodeLink {
+ public:
+  explicit RpcDecodeLink(int timeout_ms) : timeout_ms_(timeout_ms) {}
+  Result<proto::KvWriteReply> write(const std::string& ep, const proto::KvWriteRequest& r) override { return call(ep, r); }
+  Result<proto::KvCommitReply> commit(const std::string& ep, const proto::KvCommitRequest& r) override {
+    return call(ep, r);
+  }
+  Result<proto::DecodeReleaseReply> abort(const std::string& ep, const proto::DecodeAbortRequest& r) override {
+    return call(ep, r);
+  }
+
+ private:
+  template <typename Req>
+  Result<typename Req::Reply> call(const std::string& endpoint, const Req& req) {
+    auto it = clients_.find(endpoint);
+    if (it == clients_.end()) {
+      rpc::ClientOptions o;
+      o.client_name = "mc-prefill";
+      o.connect_timeout_ms = timeout_ms_;
+      MC_ASSIGN_OR_RETURN(auto client, rpc::RpcClient::connect(endpoint, o));
+      it = clients_.emplace(endpoint, std::move(client)).first;
+    }
+    auto reply = it->second->call(req, timeout_ms_);
+    if (!reply.is_ok() && (reply.status().code() == Code::kTimeout || reply.status().code() == Code::kUnavailable)) {
+      clients_.erase(it);
+    }
+    return reply;
+  }
+  int timeout_ms_;
+  std::map<std::string, std::unique_ptr<rpc::RpcClient>> clients_;
+};
+
+// Sends layer writes on its own thread so the transfer of layer l overlaps the compute of layer l+1.
+class LayerStreamer {
+ public:
+  LayerStreamer(DecodeLink& link, std::string endpoint) : link_(link), endpoint_(std::move(endpoint)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~LayerStreamer() { (void)finish(); }
+
+  // Queues a write; fails with the first send error once one happened (the prefill then stops).
+  Status push(proto::KvWriteRequest request) {
+    std::lock_guard lock(mu_);
+    if (!error_.is_ok()) return error_;
+    queue_.push_back(std::move(request));
+    cv_.notify_one();
+    return Status::ok();
+  }
+  // Waits until every queued write was acknowledged (or one failed); idempotent.
+  Status finish() {
+    {
+      std::lock_guard lock(mu_);
+      closing_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+    return error_;
+  }
+  int64_t bytes_sent() const { return bytes_sent_; }
+
+ private:
+  void run() {
+    for (;;) {
+      proto::KvWriteRequest req;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+        if (queue_.empty() || !error_.is_ok()) return;
+        req = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      auto reply = link_.write(endpoint_, req);
+      std::lock_guard lock(mu_);
+      if (!reply.is_ok()) {
+        error_ = reply.status().with_context("streaming layer " + std::to_string(req.layer) + " to " + endpoint_);
+        queue_.clear();
+        return;
+      }
+      bytes_sent_ += static_cast<int64_t>(req.data.size());
+    }
+  }
+
+  DecodeLink& link_;
+  std::string endpoint_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<proto::KvWriteRequest> queue_;
+  bool closing_ = false;
+  Status error_;
+  int64_t bytes_sent_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms) { return std::make_unique<RpcDecodeLink>(timeout_ms); }
+
+KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed) {
+  KeyNamespace ns;
+  ns.model_id = backend.model().name;
+  ns.model_revision = backend.kind() + "-seed" + std::to_string(weight_seed);
+  ns.kv_dtype = backend.kind() == "ref" ? "fp32" : "sim" + std::to_string(backend.kv_bytes_per_token_layer()) + "B";
+  ns.layout = "tp1-l" + std::to_string(backend.model().num_layers);
+  ns.block_size = static_cast<uint32_t>(block_tokens);
+  return ns;
+}
+
+Result<std::unique_ptr<PrefillWorker>> PrefillWorker::create(PrefillWorkerOptions options,
+                                                             std::unique_ptr<Backend> backend,
+                                                             std::unique_ptr<KvBlockCache> cache,
+                                                             std::unique_ptr<DecodeLink> link) {
+  if (options.block_tokens <= 0 || options.block_tokens > (1 << 20) || options.kv_blocks <= 0 ||
+      options.chunk_tokens < 0) {
+    return error(Code::kInvalidArgument,
+                 "prefill worker: --block-tokens and --kv-blocks must be > 0, --chunk-tokens >= 0");
+  }
+  if (!backend || !link) return error(Code::kInvalidArgument, "prefill worker: backend and decode link are required");
+  MC_ASSIGN_OR_RETURN(auto kv, KvBuffer::create(backend->kv_layout(options.block_tokens), options.kv_blocks));
+  return std::unique_ptr<PrefillWorker>(
+      new PrefillWorker(options, std::move(backend), std::move(cache), std::move(link), std::move(kv)));
+}
+
+PrefillWorker::PrefillWorker(PrefillWorkerOptions options, std::unique_ptr<Backend> backend,
+                             std::unique_ptr<KvBlockCache> cache, std::unique_ptr<DecodeLink> link,
+                             std::unique_ptr<KvBuffer> kv)
+    : options_(options), backend_(std::move(backend)), cache_(std::move(cache)), link_(std::move(link)),
+      kv_(std::move(kv)) {
+  ns_ = kv_namespace(*backend_, options_.block_tokens, options_.weight_seed);
+}
+
+PrefillWorker::~PrefillWorker() = default;
+
+Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobRequest& job, int64_t queued_ms) {
+  metrics_.counter("mc_prefill_jobs_total", "prefill jobs received").inc();
+  proto::RequestLedger ledger;
+  ledger.prompt_tokens = static_cast<int64_t>(job.tokens.size());
+  ledger.queue_ms = queued_ms;
+  auto abort_decode = [&](const Status& why) {
+    metrics_.counter("mc_prefill_jobs_failed_total", "prefill jobs that failed (decode told to abort)").inc();
+    if (job.decode_endpoint.empty() || job.reservation_id == 0) return;
+    auto r = link_->abort(job.decode_endpoint,
+                          proto::DecodeAbortRequest{job.reservation_id, static_cast<uint16_t>(why.code()),
+                                                    "request '" + job.request_id + "': " + why.message()});
+    if (!r.is_ok()) {
+      MC_LOG_WARN << "prefill: could not abort reservation " << job.reservation_id << " at " << job.decode_endpoint
+                  << ": " << r.status().to_string();
+    }
+  };
+
+  const auto& m = backend_->model();
+  const int64_t n = static_cast<int64_t>(job.tokens.size());
+  Status bad;
+  if (n == 0) {
+    bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': empty prompt");
+  } else if (n > m.max_context_tokens) {
+    bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': input too long: " + std::to_string(n) +
+                                            " tokens > max context " + std::to_string(m.max_context_tokens));
+  } else if (job.decode_endpoint.empty() || job.reservation_id == 0) {
+    bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': no decode target (decode_endpoint, "
+                                        "reservation_id from decode_reserve)");
+  } else if (static_cast<int64_t>(job.decode_block_offsets_bytes.size()) != kv_->layout().blocks_for_tokens(n)) {
+    bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': decode reservation has " +
+                                            std::to_string(job.decode_block_offsets_bytes.size()) + " blocks, " +
+                                            std::to_string(n) + " tokens need " +
+                                            std::to_string(kv_->layout().blocks_for_tokens(n)) +
+                                            " (decode and prefill must use the same --block-tokens)");
+  } else if (job.fail_after_layers >= 0 && !options_.allow_fault_injection) {
+    bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id +
+                                            "': fail_after_layers needs a worker started with --allow-fault-injection");
+  } else if (job.chunk_tokens < 0) {
+    bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': chunk_tokens must be >= 0");
+  } else {
+    for (size_t i = 0; i < job.tokens.size(); ++i) {
+      if (job.tokens[i] >= static_cast<uint64_t>(m.vocab_size)) {
+        bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': token " +
+                                                std::to_string(job.tokens[i]) + " at position " + std::to_string(i) +
+                                                " >= vocab size " + std::to_string(m.vocab_size));
+        break;
+      }
+    }
+  }
+  if (!bad.is_ok()) {
+    abort_decode(bad);
+    return bad;
+  }
+  auto blocks = kv_->allocate(kv_->layout().blocks_for_tokens(n));
+  if (!blocks.is_ok()) {
+    Status s = blocks.status().with_context("prefill_job '" + job.request_id + "'");
+    abort_decode(s);
+    return s;
+  }
+  auto reply = run_job_inner(job, blocks.value(), ledger);
+  kv_->free(blocks.value());
+  if (!reply.is_ok()) {
+    abort_decode(reply.status());
+    return reply.status();
+  }
+  metrics_.counter("mc_prefill_jobs_done_total", "prefill jobs completed").inc();
+  return reply;
+}
+
+Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::PrefillJobRequest& job,
+                                                            std::vector<int32_t>& blocks,
+                                                            proto::RequestLedger& ledger) {
+  const KvLayout& layout = kv_->layout();
+  const int64_t bs = layout.block_size;
+  const int64_t n = static_cast<int64_t>(job.tokens.size());
+  const std::vector<uint64_t> hashes = seq_hashes(job.tokens, ns_);
+
+  // 1. Prefix fetch: leading complete blocks, never the one holding the last token.
+  int64_t want = (n - 1) / bs;
+  if (job.fetch_prefix_blocks >= 0) want = std::min(want, job.fetch_prefix_blocks);
+  int64_t hit_blocks = 0;
+  if (cache_ && want > 0) {
+    const int64_t t0 = now_ns();
+    std::vector<BlockGet> items;
+    for (int64_t b = 0; b < want; ++b) {
+      items.push_back({block_store_key(ns_, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
+    }
+    const BlockCacheCounters before = cache_->counters();
+    auto got = cache_->get(items);
+    if (got.is_ok()) {
+      while (hit_blocks < want && got.value()[static_cast<size_t>(hit_blocks)].is_ok()) ++hit_blocks;
+      if (hit_blocks < want && job.fetch_prefix_blocks >= 0) {
+        MC_LOG_INFO << "prefill '" << job.request_id << "': prefix block " << hit_blocks << " unavailable ("
+                    << got.value()[static_cast<size_t>(hit_blocks)].to_string() << "); recomputing from there";
+      }
+    } else {
+      MC_LOG_WARN << "prefill '" << job.request_id << "': prefix fetch from " << cache_->describe()
+                  << " failed, recomputing: " << got.status().to_string();
+    }
+    const BlockCacheCounters after = cache_->counters();
+    ledger.fetch_ms = ms_since(t0);
+    ledger.fetch_bytes = hit_blocks * layout.block_bytes();
+    const int64_t local = after.local_bytes - before.local_bytes;
+    const int64_t remote = after.remote_bytes - before.remote_bytes;
+    const int64_t hit_tokens = hit_blocks * bs;
+    ledger.hit_tokens_local = local + remote > 0 ? hit_tokens * local / (local + remote) : 0;
+    ledger.hit_tokens_remote = hit_tokens - ledger.hit_tokens_local;
+  }
+  const int64_t cached = hit_blocks * bs;
+  ledger.hit_tokens = cached;
+  if (job.fetch_prefix_blocks >= 0) ledger.missed_prefix_tokens = (want - hit_blocks) * bs;
+  ledger.computed_tokens = n - cached;
+  ledger.decision = cached > 0 ? "fetch" : "recompute";
+  metrics_.counter("mc_prefill_hit_tokens_total", "prompt tokens whose KV came from the store").inc(cached);
+  metrics_.counter("mc_prefill_computed_tokens_total", "prompt tokens computed").inc(n - cached);
+
+  // 2. Prefill with layer-wise streaming.
+  LayerStreamer streamer(*link_, job.decode_endpoint);
+  int64_t writes = 0;
+  const int64_t t_prefill = now_ns();
+  auto on_layer = [&](int64_t layer, int64_t begin, int64_t end) -> Status {
+    if (job.fail_after_layers >= 0 && writes >= job.fail_after_layers) {
+      return error(Code::kAborted, "injected prefill failure after " + std::to_string(writes) + " layer writes");
+    }
+    proto::KvWriteRequest w;
+    w.reservation_id = job.reservation_id;
+    w.layer = layer;
+    const int64_t first = begin == cached ? 0 : begin / bs;  // the first chunk also carries the fetched prefix
+    const int64_t last = layout.blocks_for_tokens(end);
+    w.data.resize(static_cast<size_t>((last - first) * layout.layer_block_bytes()));
+    for (int64_t b = first; b < last; ++b) {
+      w.block_indexes.push_back(static_cast<uint32_t>(b));
+      std::memcpy(w.data.data() + (b - first) * layout.layer_block_bytes(),
+                  kv_->layer_block_span(blocks[static_cast<size_t>(b)], layer).data(),
+                  static_cast<size_t>(layout.layer_block_bytes()));
+    }
+    ++writes;
+    return streamer.push(std::move(w));
+  };
+  PrefillRequest req{job.tokens, cached, blocks, job.chunk_tokens > 0 ? job.chunk_tokens : options_.chunk_tokens};
+  auto result = backend_->prefill(*kv_, req, on_layer);
+  const int64_t t_last_layer = now_ns();
+  Status streamed = streamer.finish();
+  if (!result.is_ok()) return result.status().with_context("prefill of '" + job.request_id + "'");
+  MC_RETURN_IF_ERROR(streamed);
+  ledger.prefill_ms = (t_last_layer - t_prefill) / 1'000'000;
+  ledger.kv_tail_ms = ms_since(t_last_layer);
+  ledger.kv_sent_bytes = streamer.bytes_sent();
+  if (ledger.computed_tokens > 0 && t_last_layer > t_prefill) {
+    const double rate = static_cast<double>(ledger.computed_tokens) / (static_cast<double>(t_last_layer - t_prefill) * 1e-9);
+    const double prev = tokens_per_s_.load();
+    tokens_per_s_.store(prev == 0 ? rate : 0.7 * prev + 0.3 * rate);
+  }
+  metrics_.histogram("mc_prefill_compute_seconds", metrics::latency_buckets_s(), "prefill compute time")
+      .observe(static_cast<double>(t_last_layer - t_prefill) * 1e-9);
+  metrics_.counter("mc_prefill_kv_sent_bytes_total", "KV bytes streamed to decode").inc(ledger.kv_sent_bytes);
+
+  // 3. Commit at decode: the first token goes out now.
+  proto::KvCommitRequest commit{job.reservation_id, job.request_id, n, result->first_token, unix_ns(), ledger};
+  auto committed = link_->commit(job.decode_endpoint, commit);
+  if (!committed.is_ok()) return committed.status().with_context("kv_commit at " + job.decode_endpoint);
+
+  // 4. New complete blocks into the store.
+  if (cache_ && job.store_new_blocks) {
+    std::vector<BlockPut> puts;
+    for (int64_t b = hit_blocks; b < n / bs; ++b) {
+      puts.push_back({block_store_key(ns_, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
+    }
+    if (!puts.empty()) {
+      auto put = cache_->put(puts);
+      if (put.is_ok()) {
+        for (const auto& s : put.value()) ledger.stored_blocks += s.is_ok() ? 1 : 0;
+      } else {
+        MC_LOG_WARN << "prefill '" << job.request_id << "': storing new blocks failed: " << put.status().to_string();
+      }
+    }
+  }
+  metrics_.counter("mc_prefill_stored_blocks_total", "new blocks put into the store").inc(ledger.stored_blocks);
+  return proto::PrefillJobReply{job.request_id, result->first_token, ledger};
+}
+
+Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) {
+  MC_ASSIGN_OR_RETURN(GpuSpec gpu, gpu_preset(options.gpu));
+  rpc::ServerOptions so;
+  so.service = "mc-prefill";
+  so.bind_endpoints = {options.endpoint};
+  MC_ASSIGN_OR_RETURN(auto server, rpc::RpcServer::bind(so));
+  server->serve_stat(&worker.metrics());
+
+  struct Queued {
+    proto::PrefillJobRequest job;
+    rpc::CallContext ctx;
+    int64_t received_ns;
+  };
+  struct Finished {
+    rpc::CallContext ctx;
+    Result<proto::PrefillJobReply> reply;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Queued> queue;
+  std::deque<Finished> finished;
+  int64_t running_tokens = 0;
+  bool stopping = false;
+
+  server->handle<proto::PrefillJobRequest>([&](const proto::PrefillJobRequest& job,
+                                               const rpc::CallContext& ctx) -> Result<proto::PrefillJobReply> {
+    ctx.defer();
+    std::lock_guard lock(mu);
+    queue.push_back({job, ctx, now_ns()});
+    cv.notify_one();
+    return proto::PrefillJobReply{};
+  });
+  server->handle<proto::WorkerLoadRequest>([&](const auto&, const auto&) -> Result<proto::WorkerLoadReply> {
+    proto::WorkerLoadReply l;
+    l.role = "prefill";
+    l.backend = worker.backend().kind();
+    l.model = worker.backend().model().name;
+    std::lock_guard lock(mu);
+    l.queued_jobs = static_cast<int64_t>(queue.size());
+    double predicted_s = 0;
+    const double rate = worker.measured_tokens_per_s();
+    for (const auto& q : queue) {
+      const int64_t t = static_cast<int64_t>(q.job.tokens.size());
+      l.queued_tokens += t;
+      predicted_s += worker.backend().kind() == "sim" ? prefill_time_s(worker.backend().model(), gpu, t, 0)
+                                                      : (rate > 0 ? static_cast<double>(t) / rate : 0.0);
+    }
+    l.running_tokens = running_tokens;
+    l.predicted_queue_ms = static_cast<int64_t>(predicted_s * 1e3);
+    l.kv_blocks_total = worker.kv().num_blocks();
+    l.kv_blocks_free = worker.kv().free_blocks();
+    l.kv_blocks_used = l.kv_blocks_total - l.kv_blocks_free;
+    return l;
+  });
+
+  std::thread runner([&] {
+    for (;;) {
+      Queued q;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (stopping) return;
+        q = std::move(queue.front());
+        queue.pop_front();
+        running_tokens = static_cast<int64_t>(q.job.tokens.size());
+      }
+      auto reply = worker.run_job(q.job, (now_ns() - q.received_ns) / 1'000'000);
+      std::lock_guard lock(mu);
+      running_tokens = 0;
+      finished.push_back({std::move(q.ctx), std::move(reply)});
+    }
+  });
+
+  daemon::announce_ready("mc-prefill", server->endpoints().front(),
+                         {{"backend", worker.backend().kind()},
+                          {"model", worker.backend().model().name},
+                          {"kv_blocks", std::to_string(worker.kv().num_blocks())},
+                          {"block_tokens", std::to_string(worker.kv().layout().block_size)},
+                          {"namespace", worker.key_namespace().digest_hex()}});
+  Status served;
+  while (!daemon::stop_requested()) {
+    served = server->poll_once(5);
+    if (!served.is_ok()) break;
+    std::deque<Finished> done;
+    {
+      std::lock_guard lock(mu);
+      done.swap(finished);
+    }
+    for (auto& f : done) {
+      Status s = f.reply.is_ok() ? server->reply_to(f.ctx, f.reply.value()) : server->reply_error_to(f.ctx, f.reply.status());
+      if (!s.is_ok()) MC_LOG_WARN << "mc-prefill: reply not sent: " << s.to_string();
+    }
+  }
+  {
+    std::lock_guard lock(mu);
+    stopping = true;
+    cv.notify_one();
+  }
+  runner.join();  // a job in progress finishes first (bounded by its RPC timeouts)
+  MC_LOG_INFO << "mc-prefill: stopping";
+  return served;
+}
+
+}  // namespace mc::infer

@@ -1,0 +1,65 @@
+// mc-conductor, the daemon around the Scheduler (scheduler.hpp): one ZeroMQ ROUTER endpoint for
+// clients (conductor.submit, conductor.status, stat) and workers (conductor.register, .heartbeat,
+// .job_report); KV-event subscriptions that feed the prefix index; and the dispatch of accepted
+// requests to the workers with the worker section's messages (decode_reserve, then prefill_job).
+//
+// Threading: everything runs on the thread that calls run_conductor() (one loop polling the server,
+// the worker connections and the event subscriptions; no locks). Worker calls are asynchronous
+// (DEALER sockets, replies matched by id, deadlines enforced), so a long prefill never blocks the
+// loop. Blocking calls are limited to the store master (resync of the prefix index after a gap, and
+// the segment->host refresh), each bounded by store_timeout_ms.
+//
+// Errors: a bad submit gets an error reply (kInvalidArgument naming the field) or a rejection; a
+// worker that fails or times out turns into a rejected submit (before the prefill started) or a
+// failed prefill report; nothing here aborts on network errors.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "mc/common/block_key.hpp"
+#include "mc/common/status.hpp"
+#include "mc/sched/predictors.hpp"
+#include "mc/sched/types.hpp"
+
+namespace mc::sched {
+
+struct ConductorOptions {
+  std::string listen = "tcp://127.0.0.1:7460";      // clients and workers
+  std::vector<std::string> kv_events;                // store master PUB endpoints (tcp://...:7451)
+  std::string store_master;                          // for index resync and segment hosts; empty: none
+  int store_timeout_ms = 2'000;
+  SchedulerConfig scheduler;
+  KeyNamespace key_namespace;                        // how tokens become block keys (must match the workers)
+  PrefillCostPrior prefill_prior;
+  DecodeCostPrior decode_prior;
+  BandwidthPriors bandwidth_priors;
+  int64_t heartbeat_interval_ms = 500;               // told to workers at registration
+  int64_t reserve_timeout_ms = 5'000;                // decode_reserve
+  int64_t job_timeout_ms = 600'000;                  // prefill_job (its reply comes when the job is done)
+  std::string decisions_path;                        // JSONL of every decision; empty: none
+};
+
+// Sets the prefill and decode priors (and kv_bytes_per_token when it is <= 0) from the backend's GPU
+// cost model (infer/cost_model.hpp): `model_spec` a preset or JSON file, `gpu_name` a GPU preset.
+// kNotFound names the known presets.
+Status apply_cost_model(ConductorOptions& options, const std::string& model_spec, const std::string& gpu_name);
+
+// Runs until SIGTERM/SIGINT (daemon::stop_requested()). Prints the ready line
+// "ready mc-conductor <endpoint> policy=<name>" on stdout once listening.
+Status run_conductor(const ConductorOptions& options);
+
+// `mc-conductor stat`: asks a running Conductor for its status and prints a table (instances with
+// units in the headers, then index, decisions, predictors, TTFT error) or the JSON document.
+Status print_conductor_status(const std::string& endpoint, bool json, int timeout_ms, std::ostream& out);
+
+// Block keys of a submitted prompt: block_hashes when given (their count must not exceed the
+// complete blocks of input_tokens), else seq_hashes(tokens, ns). kInvalidArgument names the field.
+Result<Request> request_from_submit(const std::string& request_id, int64_t input_tokens, int64_t output_tokens,
+                                    const std::vector<uint32_t>& tokens, const std::vector<uint64_t>& block_hashes,
+                                    int64_t block_size_tokens, double slo_ttft_ms, double slo_tbt_ms,
+                                    const KeyNamespace& ns);
+
+}  // namespace mc::sched

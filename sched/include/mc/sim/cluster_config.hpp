@@ -1,0 +1,71 @@
+// CLUSTER.json: the simulated cluster. One JSON object; every key optional (defaults below), unknown
+// keys are an error (a typo must not silently fall back to a default).
+//
+//   {
+//     "model": "llama3-70b",                 // model preset of the cost model (infer/)
+//     "gpu": "a800x8",                       // GPU preset of one instance (one 8-GPU node)
+//     "prefill_instances": 8,
+//     "decode_instances": 8,
+//     "cache_capacity_tokens": 3000000,      // DRAM KV cache of each prefill instance ("3M" accepted)
+//     "cache_mode": "global",                // "global": one pool over every instance's DRAM, fetched
+//                                            // over the NICs; "local": each instance hits only its own
+//     "nic_bandwidth_bytes_per_s": 87e9,     // per instance, each direction ("87GB" accepted)
+//     "policy": "kvcache",                   // random | round_robin | least_loaded | cache_aware | kvcache
+//     "slo_ttft_ms": 30000,
+//     "slo_tbt_ms": 100,
+//     "early_rejection": true,               // reject at arrival what is predicted to miss an SLO
+//     "block_size": 512,                     // tokens per hash block (the traces' 512)
+//     "chunk_tokens": 0,                     // chunked prefill chunk size (0: one pass)
+//     "decode_kv_capacity_tokens": 0,        // HBM KV capacity of a decode instance (0: from the presets)
+//     "decode_max_batch": 0,                 // requests per decode step (0: bounded by KV capacity only)
+//     "max_context_tokens": 131072,          // longer prompts are rejected before any work (report #14)
+//     "seed": 1                              // the random policy's seed
+//   }
+//
+// Units are in the key names; byte and token quantities accept numbers or the strings of
+// mc/common/units.hpp. Errors: kInvalidArgument naming the file, the key and the accepted values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/common/status.hpp"
+
+namespace mc::sim {
+
+enum class CacheMode { kGlobal, kLocal };
+
+struct ClusterConfig {
+  std::string model = "llama3-70b";
+  std::string gpu = "a800x8";
+  int64_t prefill_instances = 8;
+  int64_t decode_instances = 8;
+  int64_t cache_capacity_tokens = 3'000'000;
+  CacheMode cache_mode = CacheMode::kGlobal;
+  double nic_bandwidth_bytes_per_s = 87e9;  // paper §6: 87 GB/s measured on 4x200 Gbps
+  std::string policy = "kvcache";
+  double slo_ttft_ms = 30'000;
+  double slo_tbt_ms = 100;
+  bool early_rejection = true;
+  int64_t block_size = 512;
+  int64_t chunk_tokens = 0;
+  int64_t decode_kv_capacity_tokens = 0;
+  int64_t decode_max_batch = 0;
+  int64_t max_context_tokens = 131'072;
+  uint64_t seed = 1;
+
+  // Checks ranges and names; kInvalidArgument naming the field.
+  Status validate() const;
+  nlohmann::json to_json() const;
+};
+
+std::string_view cache_mode_name(CacheMode mode);
+
+// Parses a CLUSTER.json document; `source` names it in messages.
+Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std::string& source);
+// Reads and parses a file.
+Result<ClusterConfig> load_cluster_config(const std::string& path);
+
+}  // namespace mc::sim

@@ -1,0 +1,55 @@
+// The commands behind the tools' thin mains: `mc-sim` (one simulation of a trace on a CLUSTER.json,
+// with command-line overrides of the config) and `mc-plan threshold|capacity` (plan.hpp holds the
+// arithmetic). Each validates its options, runs, writes data to `out` (a table, or JSON with --json)
+// and returns a Status the main maps to an exit code (0 ok, 1 runtime, 2 bad input).
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "mc/common/status.hpp"
+#include "mc/common/trace.hpp"
+#include "mc/sim/simulator.hpp"
+
+namespace mc::sim {
+
+// Overrides of CLUSTER.json from the command line; strings accept units ("3M", "87GB").
+struct ClusterOverrides {
+  std::optional<std::string> policy;
+  std::optional<std::string> cache_mode;            // global | local
+  std::optional<int64_t> prefill_instances;
+  std::optional<int64_t> decode_instances;
+  std::optional<std::string> cache_capacity_tokens;  // per prefill instance
+  std::optional<std::string> nic_bandwidth;          // bytes/s per instance ("87GB", "25GB")
+  std::optional<bool> early_rejection;
+  std::optional<double> slo_ttft_ms;
+  std::optional<double> slo_tbt_ms;
+  std::optional<std::string> model;
+  std::optional<std::string> gpu;
+  std::optional<uint64_t> seed;
+  // Applies the set fields to `config` and validates it.
+  Status apply(ClusterConfig& config) const;
+};
+
+struct SimCommand {
+  std::string cluster_path;           // CLUSTER.json; empty: the defaults of ClusterConfig
+  ClusterOverrides overrides;
+  std::string trace_path = "-";
+  bool lenient = false;
+  TraceWindow window;
+  std::optional<int64_t> output_length;  // replaces every row's output_length (paper §8.? uses 1)
+  std::string records_path;            // per-request JSONL file ("": none)
+  bool json = false;                   // one JSON document instead of the table
+  std::vector<double> report_slo_ttft_ms;  // summary thresholds; empty: the cluster's SLO
+  std::vector<double> report_slo_tbt_ms;
+  bool progress = false;
+};
+
+Status run_sim_command(const SimCommand& command, std::ostream& out);
+
+// Loads the cluster config of a command: the file (if any), then the overrides.
+Result<ClusterConfig> resolve_cluster(const std::string& cluster_path, const ClusterOverrides& overrides);
+
+}  // namespace mc::sim

@@ -1,0 +1,757 @@
+#include "mc/sched/conductor.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/common/clock.hpp"
+#include "mc/common/daemon.hpp"
+#include "mc/common/log.hpp"
+#include "mc/common/metrics.hpp"
+#include "mc/common/rpc.hpp"
+#include "mc/infer/cost_model.hpp"
+#include "mc/infer/model_config.hpp"
+#include "mc/sched/decision_json.hpp"
+#include "mc/sched/scheduler.hpp"
+
+namespace mc::sched {
+
+Result<Request> request_from_submit(const std::string& request_id, int64_t input_tokens, int64_t output_tokens,
+                                    const std::vector<uint32_t>& tokens, const std::vector<uint64_t>& block_hashes,
+                                    int64_t block_size_tokens, double slo_ttft_ms, double slo_tbt_ms,
+                                    const KeyNamespace& ns) {
+  const std::string what = "submit '" + request_id + "': ";
+  if (request_id.empty()) return error(Code::kInvalidArgument, "submit: empty request_id");
+  if (block_size_tokens != 0 && block_size_tokens != static_cast<int64_t>(ns.block_size)) {
+    return error(Code::kInvalidArgument, what + "block_size_tokens " + std::to_string(block_size_tokens) +
+                                             " differs from the Conductor's " + std::to_string(ns.block_size) +
+                                             " (start both with the same --block-size)");
+  }
+  Request r;
+  r.request_id = request_id;
+  r.input_tokens = tokens.empty() ? input_tokens : static_cast<int64_t>(tokens.size());
+  if (!tokens.empty() && input_tokens != 0 && input_tokens != r.input_tokens) {
+    return error(Code::kInvalidArgument, what + "input_tokens " + std::to_string(input_tokens) + " but " +
+                                             std::to_string(tokens.size()) + " tokens were sent");
+  }
+  if (r.input_tokens < 1) return error(Code::kInvalidArgument, what + "empty prompt (input_tokens must be >= 1)");
+  if (output_tokens < 1) {
+    return error(Code::kInvalidArgument, what + "output_tokens must be >= 1 (got " + std::to_string(output_tokens) + ")");
+  }
+  if (!(slo_ttft_ms >= 0) || !(slo_tbt_ms >= 0)) return error(Code::kInvalidArgument, what + "negative SLO");
+  r.output_tokens = output_tokens;
+  r.slo_ttft_ms = slo_ttft_ms;
+  r.slo_tbt_ms = slo_tbt_ms;
+  const int64_t complete = r.input_tokens / static_cast<int64_t>(ns.block_size);
+  if (!block_hashes.empty()) {
+    if (static_cast<int64_t>(block_hashes.size()) > complete) {
+      return error(Code::kInvalidArgument, what + std::to_string(block_hashes.size()) + " block_hashes but " +
+                                               std::to_string(r.input_tokens) + " tokens hold only " +
+                                               std::to_string(complete) + " complete blocks");
+    }
+    r.block_hashes = block_hashes;
+  } else if (!tokens.empty()) {
+    r.block_hashes = seq_hashes(tokens, ns);
+  }
+  return r;
+}
+
+namespace {
+
+int64_t now_unix_ns() { return unix_time_ms() * 1'000'000; }
+
+// Asynchronous request/reply to workers: one DEALER socket per endpoint, replies matched by call id,
+// deadlines enforced by expire(). Same framing as rpc::RpcClient ([header, body]).
+class AsyncCaller {
+ public:
+  using RawCallback = std::function<void(Result<std::string>)>;
+
+  template <typename Req>
+  void call(const std::string& endpoint, const Req& req, int64_t timeout_ms,
+            std::function<void(Result<typename Req::Reply>)> cb) {
+    std::string type = Req::kType;
+    send_raw(endpoint, type, codec::pack(req), timeout_ms,
+             [cb = std::move(cb), type, endpoint](Result<std::string> body) {
+               if (!body.is_ok()) return cb(body.status());
+               cb(codec::unpack<typename Req::Reply>(body.value(), "reply to '" + type + "' from " + endpoint));
+             });
+  }
+
+  // Drains every reply that has arrived (never blocks).
+  void poll() {
+    for (auto& [endpoint, sock] : sockets_) {
+      for (int n = 0; n < 1000; ++n) {
+        std::vector<zmq::message_t> frames;
+        zmq::recv_result_t got;
+        try {
+          got = zmq::recv_multipart(*sock, std::back_inserter(frames), zmq::recv_flags::dontwait);
+        } catch (const zmq::error_t& e) {
+          MC_LOG_WARN << "receive from worker " << endpoint << " failed: " << e.what();
+          break;
+        }
+        if (!got) break;
+        if (frames.size() != 2) {
+          MC_LOG_WARN << "dropped a reply from " << endpoint << " with " << frames.size() << " frames";
+          continue;
+        }
+        Result<proto::Header> header = codec::unpack<proto::Header>(frames[0].to_string_view(), "reply header");
+        if (!header.is_ok()) {
+          MC_LOG_WARN << "dropped a reply from " << endpoint << ": " << header.status().message();
+          continue;
+        }
+        auto it = pending_.find(header->id);
+        if (it == pending_.end()) continue;  // late reply to a call that timed out
+        RawCallback cb = std::move(it->second.cb);
+        pending_.erase(it);
+        if (header->type == proto::kErrorType) {
+          Result<proto::ErrorReply> err = codec::unpack<proto::ErrorReply>(frames[1].to_string_view(), "error reply");
+          if (!err.is_ok()) {
+            cb(err.status());
+          } else {
+            cb(Status(static_cast<Code>(err->code), endpoint + ": " + err->message));
+          }
+        } else {
+          cb(frames[1].to_string());
+        }
+      }
+    }
+  }
+
+  // Fails every call past its deadline with kTimeout.
+  void expire(int64_t now_ns) {
+    std::vector<std::pair<uint64_t, Pending>> late;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.deadline_ns <= now_ns) {
+        late.emplace_back(it->first, std::move(it->second));
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& [id, p] : late) {
+      p.cb(Status(Code::kTimeout, "no reply to '" + p.type + "' from " + p.endpoint + " within " +
+                                      std::to_string(p.timeout_ms) + " ms"));
+    }
+  }
+
+  size_t pending() const { return pending_.size(); }
+  void forget(const std::string& endpoint) { sockets_.erase(endpoint); }
+
+ private:
+  struct Pending {
+    std::string endpoint, type;
+    int64_t deadline_ns = 0;
+    int64_t timeout_ms = 0;
+    RawCallback cb;
+  };
+
+  void send_raw(const std::string& endpoint, const std::string& type, const std::string& body, int64_t timeout_ms,
+                RawCallback cb) {
+    zmq::socket_t* sock = nullptr;
+    auto it = sockets_.find(endpoint);
+    if (it == sockets_.end()) {
+      try {
+        auto s = std::make_unique<zmq::socket_t>(rpc::context(), zmq::socket_type::dealer);
+        s->set(zmq::sockopt::linger, 0);
+        s->set(zmq::sockopt::maxmsgsize, proto::kMaxMessageBytes);
+        s->connect(endpoint);
+        sock = s.get();
+        sockets_.emplace(endpoint, std::move(s));
+      } catch (const zmq::error_t& e) {
+        return cb(Status(Code::kUnavailable, "cannot connect to worker " + endpoint + ": " + e.what() +
+                                                 " (check the endpoint it registered)"));
+      }
+    } else {
+      sock = it->second.get();
+    }
+    const uint64_t id = next_id_++;
+    std::string head = codec::pack(proto::Header{proto::kProtocolVersion, type, id});
+    try {
+      auto s1 = sock->send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      auto s2 = s1 ? sock->send(zmq::buffer(body), zmq::send_flags::dontwait) : s1;
+      if (!s1 || !s2) return cb(Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint + ": queue full"));
+    } catch (const zmq::error_t& e) {
+      return cb(Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint + ": " + e.what()));
+    }
+    pending_.emplace(id, Pending{endpoint, type, RealClock::instance().now_ns() + timeout_ms * 1'000'000, timeout_ms,
+                                 std::move(cb)});
+  }
+
+  std::unordered_map<std::string, std::unique_ptr<zmq::socket_t>> sockets_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  uint64_t next_id_ = 1;
+};
+
+// Rebuilds the prefix index from the store master (store.stat for the event id and segment hosts,
+// store.ls for the blocks of our key namespace). Failures are rate-limited to one attempt a second.
+class StoreMasterResync final : public ResyncSource {
+ public:
+  StoreMasterResync(std::string endpoint, int timeout_ms, const KeyNamespace& ns, Scheduler* scheduler)
+      : endpoint_(std::move(endpoint)),
+        timeout_ms_(timeout_ms),
+        key_prefix_("kv/" + ns.digest_hex() + "/"),
+        scheduler_(scheduler) {}
+
+  Result<IndexSnapshot> snapshot(const std::string& stream) override {
+    const int64_t now = RealClock::instance().now_ns();
+    if (last_failure_ns_ != 0 && now - last_failure_ns_ < 1'000'000'000) {
+      return error(Code::kUnavailable, "store master " + endpoint_ + " failed less than 1 s ago; retrying later");
+    }
+    Result<IndexSnapshot> snap = fetch(stream);
+    last_failure_ns_ = snap.is_ok() ? 0 : now;
+    return snap;
+  }
+
+  // Segment -> host from store.stat (also refreshed periodically, so same-host pricing sees new nodes).
+  Result<proto::StoreStatReply> refresh_hosts() {
+    MC_RETURN_IF_ERROR(connect());
+    Result<proto::StoreStatReply> st = client_->call(proto::StoreStatRequest{true}, timeout_ms_);
+    if (!st.is_ok()) {
+      client_.reset();
+      return st.status();
+    }
+    for (const auto& seg : st->segments) {
+      if (!seg.host.empty()) scheduler_->set_backend_host(seg.segment, seg.host);
+    }
+    return st;
+  }
+
+ private:
+  Status connect() {
+    if (client_) return Status::ok();
+    rpc::ClientOptions o;
+    o.client_name = "mc-conductor";
+    o.connect_timeout_ms = timeout_ms_;
+    o.default_timeout_ms = timeout_ms_;
+    MC_ASSIGN_OR_RETURN(client_, rpc::RpcClient::connect(endpoint_, o));
+    return Status::ok();
+  }
+
+  Result<IndexSnapshot> fetch(const std::string& stream) {
+    MC_ASSIGN_OR_RETURN(proto::StoreStatReply st, refresh_hosts());
+    proto::StoreLsRequest ls;
+    ls.prefix = key_prefix_;
+    ls.limit = 400'000;  // ~100 B each: stays under the 64 MiB message limit
+    Result<proto::StoreLsReply> objs = client_->call(ls, timeout_ms_);
+    if (!objs.is_ok()) {
+      client_.reset();
+      return objs.status().with_context("resync of KV-event stream '" + stream + "' from " + endpoint_);
+    }
+    if (objs->truncated) {
+      MC_LOG_WARN << "resync from " << endpoint_ << ": store.ls truncated at " << ls.limit
+                  << " objects; the prefix index misses the rest until their next events";
+    }
+    IndexSnapshot snap;
+    snap.as_of_event_id = st.last_event_id;
+    for (const auto& o : objs->objects) {
+      if (!o.complete || o.key.size() != key_prefix_.size() + 16) continue;
+      uint64_t h = 0;
+      if (std::sscanf(o.key.c_str() + key_prefix_.size(), "%16lx", &h) != 1) continue;
+      for (size_t i = 0; i < o.segments.size(); ++i) {
+        Medium m = Medium::kCpu;
+        if (i < o.media.size()) {
+          Result<Medium> pm = parse_medium(o.media[i]);
+          if (pm.is_ok()) m = *pm;
+        }
+        snap.entries.push_back(SnapshotEntry{h, o.segments[i], m});
+      }
+    }
+    MC_LOG_INFO << "prefix index resynced from " << endpoint_ << ": " << snap.entries.size()
+                << " replicas as of event " << snap.as_of_event_id;
+    return snap;
+  }
+
+  std::string endpoint_;
+  int timeout_ms_;
+  std::string key_prefix_;
+  Scheduler* scheduler_;
+  std::unique_ptr<rpc::RpcClient> client_;
+  int64_t last_failure_ns_ = 0;
+};
+
+class Conductor {
+ public:
+  Conductor(const ConductorOptions& options, std::unique_ptr<Scheduler> scheduler)
+      : options_(options), sched_(std::move(scheduler)) {}
+
+  Status start() {
+    rpc::ServerOptions so;
+    so.service = "mc-conductor";
+    so.bind_endpoints = {options_.listen};
+    MC_ASSIGN_OR_RETURN(server_, rpc::RpcServer::bind(so));
+    server_->serve_stat(&metrics_);
+    for (const auto& ep : options_.kv_events) {
+      Result<std::unique_ptr<rpc::EventSubscriber>> sub = rpc::EventSubscriber::connect(ep);
+      if (!sub.is_ok()) return sub.status().with_context("subscribing to KV events at " + ep);
+      subs_.emplace_back(ep, std::move(sub).value());
+    }
+    if (!options_.store_master.empty()) {
+      resync_ = std::make_unique<StoreMasterResync>(options_.store_master, options_.store_timeout_ms,
+                                                    options_.key_namespace, sched_.get());
+      sched_->index().set_resync_source(resync_.get());
+      Result<proto::StoreStatReply> st = resync_->refresh_hosts();
+      if (!st.is_ok()) MC_LOG_WARN << "store master: " << st.status().message() << " (will retry)";
+    }
+    if (!options_.decisions_path.empty()) {
+      decisions_.open(options_.decisions_path, std::ios::app);
+      if (!decisions_) {
+        return error(Code::kIo, "cannot open decision log '" + options_.decisions_path + "': " +
+                                    std::strerror(errno));
+      }
+    }
+    register_handlers();
+    return Status::ok();
+  }
+
+  const std::string& endpoint() const { return server_->endpoints().front(); }
+
+  Status loop() {
+    int64_t last_expire_ns = 0, last_hosts_ns = RealClock::instance().now_ns();
+    while (!daemon::stop_requested()) {
+      MC_RETURN_IF_ERROR(server_->poll_once(2));
+      for (int i = 0; i < 64; ++i) MC_RETURN_IF_ERROR(server_->poll_once(0));
+      calls_.poll();
+      drain_events();
+      const int64_t now = RealClock::instance().now_ns();
+      calls_.expire(now);
+      if (now - last_expire_ns > 100'000'000) {
+        last_expire_ns = now;
+        for (const auto& id : sched_->expire()) {
+          MC_LOG_WARN << "instance '" << id << "' missed its heartbeats for " << options_.scheduler.heartbeat_timeout_ms
+                      << " ms: removed with its cached blocks";
+        }
+        update_metrics();
+      }
+      if (resync_ && now - last_hosts_ns > 5'000'000'000) {
+        last_hosts_ns = now;
+        Result<proto::StoreStatReply> st = resync_->refresh_hosts();
+        if (!st.is_ok()) MC_LOG_DEBUG << "store master: " << st.status().message();
+        (void)sched_->index().resync_stale();  // failures are logged by the index and retried
+      }
+    }
+    MC_LOG_INFO << "mc-conductor: stopping (" << in_flight_.size() << " requests in flight)";
+    return Status::ok();
+  }
+
+ private:
+  struct Flight {
+    rpc::CallContext ctx;  // the client's submit, answered when the reservation holds
+    bool answered = false;
+    int64_t submit_ns = 0;
+    int64_t submit_unix_ns = 0;
+    int64_t dispatch_ns = 0;
+    proto::ConductorSubmitRequest submit;
+    Decision decision;
+    std::string prefill_endpoint, decode_endpoint;
+  };
+
+  void register_handlers() {
+    server_->handle<proto::ConductorSubmitRequest>(
+        [this](const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) { return on_submit(req, ctx); });
+    server_->handle<proto::ConductorRegisterRequest>(
+        [this](const proto::ConductorRegisterRequest& req, const rpc::CallContext&) { return on_register(req); });
+    server_->handle<proto::ConductorHeartbeatRequest>(
+        [this](const proto::ConductorHeartbeatRequest& req, const rpc::CallContext&) { return on_heartbeat(req); });
+    server_->handle<proto::ConductorJobReportRequest>(
+        [this](const proto::ConductorJobReportRequest& req, const rpc::CallContext&) { return on_job_report(req); });
+    server_->handle<proto::ConductorStatusRequest>(
+        [this](const proto::ConductorStatusRequest& req, const rpc::CallContext&) -> Result<proto::ConductorStatusReply> {
+          nlohmann::json j = scheduler_status(*sched_, req.with_instances);
+          j["service"] = "mc-conductor";
+          j["endpoint"] = endpoint();
+          j["requests_dispatching"] = in_flight_.size();
+          return proto::ConductorStatusReply{j.dump()};
+        });
+  }
+
+  static proto::ConductorSubmitReply reply_of(const Decision& d) {
+    proto::ConductorSubmitReply r;
+    r.request_id = d.request_id;
+    r.accepted = d.accepted;
+    r.prefill_id = d.prefill_id;
+    r.decode_id = d.decode_id;
+    r.predicted_ttft_ms = d.predicted_ttft_ms;
+    r.predicted_tbt_ms = d.predicted_tbt_ms;
+    r.hit_tokens = d.hit_tokens;
+    r.replicate_prefix = d.replicate_prefix;
+    r.reject_reason = d.accepted ? "" : std::string(reject_reason_name(d.reject_reason));
+    r.reason = d.reason;
+    return r;
+  }
+
+  void log_decision(const Request& r, const Decision& d, const proto::ConductorSubmitRequest& submit) {
+    if (!decisions_.is_open()) return;
+    nlohmann::json j = decision_record(r, d);
+    j["ts_unix_ms"] = unix_time_ms();
+    if (!submit.hash_ids.empty()) j["request"]["hash_ids"] = submit.hash_ids;
+    decisions_ << j.dump() << '\n';
+    decisions_.flush();
+  }
+
+  Result<proto::ConductorSubmitReply> on_submit(const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) {
+    metrics_.counter("mc_conductor_submits_total", "requests submitted").inc();
+    if (in_flight_.count(req.request_id) != 0) {
+      return error(Code::kAlreadyExists, "request '" + req.request_id + "' is already being dispatched");
+    }
+    MC_ASSIGN_OR_RETURN(Request r, request_from_submit(req.request_id, req.input_tokens, req.output_tokens, req.tokens,
+                                                       req.block_hashes, req.block_size_tokens, req.slo_ttft_ms,
+                                                       req.slo_tbt_ms, options_.key_namespace));
+    if (req.tokens.empty()) {
+      return error(Code::kInvalidArgument, "submit '" + req.request_id +
+                                               "': no tokens: the prefill instance needs the prompt (synthesize "
+                                               "trace prompts from hash_ids on the client)");
+    }
+    Decision d = sched_->decide(r);
+    log_decision(r, d, req);
+    if (!d.accepted) {
+      metrics_.counter("mc_conductor_rejected_total", "requests rejected at submit").inc();
+      return reply_of(d);
+    }
+    const Instance* p = sched_->cluster().find(d.prefill_id);
+    const Instance* dec = sched_->cluster().find(d.decode_id);
+    if (p == nullptr || dec == nullptr) return error(Code::kInternal, "chosen instance vanished");
+    sched_->commit(r, d);
+    ctx.defer();
+    Flight f;
+    f.ctx = ctx;
+    f.submit_ns = RealClock::instance().now_ns();
+    f.submit_unix_ns = now_unix_ns();
+    f.submit = req;
+    f.decision = d;
+    f.prefill_endpoint = p->info.endpoint;
+    f.decode_endpoint = dec->info.endpoint;
+    in_flight_[req.request_id] = std::move(f);
+    reserve(req.request_id);
+    return proto::ConductorSubmitReply{};  // ignored: deferred
+  }
+
+  void answer(Flight& f, const proto::ConductorSubmitReply& reply) {
+    if (f.answered) return;
+    f.answered = true;
+    Status st = server_->reply_to(f.ctx, reply);
+    if (!st.is_ok()) MC_LOG_WARN << "reply to submit '" << f.submit.request_id << "': " << st.message();
+  }
+
+  void reserve(const std::string& id) {
+    Flight& f = in_flight_.at(id);
+    proto::DecodeReserveRequest rr;
+    rr.request_id = id;
+    rr.input_length_tokens = static_cast<int64_t>(f.submit.tokens.size());
+    rr.output_length_tokens = f.submit.output_tokens;
+    rr.client_endpoint = f.submit.client_endpoint;
+    calls_.call<proto::DecodeReserveRequest>(
+        f.decode_endpoint, rr, options_.reserve_timeout_ms,
+        [this, id](Result<proto::DecodeReserveReply> res) { on_reserved(id, std::move(res)); });
+  }
+
+  void on_reserved(const std::string& id, Result<proto::DecodeReserveReply> res) {
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) return;
+    Flight& f = it->second;
+    if (!res.is_ok()) {
+      // Rejected before any prefill started: the client hears it as a rejection.
+      metrics_.counter("mc_conductor_decode_refused_total", "decode_reserve refused or failed").inc();
+      proto::ConductorSubmitReply r = reply_of(f.decision);
+      r.accepted = false;
+      r.reject_reason = "decode_refused";
+      r.reason = "decode instance " + f.decision.decode_id + " refused the KV reservation: " + res.status().message();
+      MC_LOG_WARN << "request '" << id << "': " << r.reason;
+      sched_->on_request_done(id);
+      answer(f, r);
+      in_flight_.erase(it);
+      return;
+    }
+    proto::PrefillJobRequest job;
+    job.request_id = id;
+    job.tokens = f.submit.tokens;
+    job.output_length_tokens = f.submit.output_tokens;
+    job.fetch_prefix_blocks = f.decision.prefill.reused_blocks;
+    job.prefix_source = f.decision.prefill.reused_blocks == 0 ? "recompute"
+                        : f.decision.prefill.blocks_by_class[static_cast<int>(PathClass::kSameHost)] ==
+                                f.decision.prefill.reused_blocks
+                            ? "same_host"
+                            : "pool";
+    job.decode_endpoint = f.decode_endpoint;
+    job.reservation_id = res->reservation_id;
+    job.decode_block_offsets_bytes = res->block_offsets_bytes;
+    job.client_endpoint = f.submit.client_endpoint;
+    f.dispatch_ns = RealClock::instance().now_ns();
+    answer(f, reply_of(f.decision));
+    metrics_.counter("mc_conductor_dispatched_total", "requests dispatched to a prefill instance").inc();
+    calls_.call<proto::PrefillJobRequest>(
+        f.prefill_endpoint, job, options_.job_timeout_ms,
+        [this, id](Result<proto::PrefillJobReply> r) { on_prefill_reply(id, std::move(r)); });
+  }
+
+  void on_prefill_reply(const std::string& id, Result<proto::PrefillJobReply> res) {
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) return;
+    Flight& f = it->second;
+    PrefillReport rep;
+    rep.request_id = id;
+    rep.instance_id = f.decision.prefill_id;
+    if (!res.is_ok()) {
+      metrics_.counter("mc_conductor_prefill_failed_total", "prefill jobs that failed or timed out").inc();
+      MC_LOG_WARN << "request '" << id << "': prefill on " << f.decision.prefill_id
+                  << " failed: " << res.status().message();
+      rep.ok = false;
+      sched_->on_prefill_done(rep);
+      sched_->on_request_done(id);
+      in_flight_.erase(it);
+      return;
+    }
+    const proto::RequestLedger& l = res->ledger;
+    rep.prefilled_tokens = l.computed_tokens;
+    rep.reused_tokens = l.hit_tokens;
+    rep.prefill_ms = static_cast<double>(l.prefill_ms);
+    if (l.prefill_ms < 0) rep.prefill_ms = -1;  // not measured: the refit ignores it
+    // A fetch from one path class only is a clean bandwidth sample.
+    if (l.fetch_bytes > 0 && l.fetch_ms > 0) {
+      const bool local = l.hit_tokens_local > 0, remote = l.hit_tokens_remote > 0;
+      if (local != remote) {
+        int c = local ? static_cast<int>(PathClass::kSameHost) : static_cast<int>(PathClass::kRemote);
+        rep.transfer_bytes[c] = l.fetch_bytes;
+        rep.transfer_ns[c] = l.fetch_ms * 1'000'000;
+      }
+    }
+    sched_->on_prefill_done(rep);
+    // Actual TTFT on the Conductor's clock up to dispatch, then the worker's measured phases (its reply
+    // only comes after the new blocks are stored, which is not on the first token's path).
+    double ttft = static_cast<double>(f.dispatch_ns - f.submit_ns) * 1e-6;
+    for (int64_t part : {l.queue_ms, l.fetch_ms, l.prefill_ms, l.kv_tail_ms}) {
+      if (part > 0) ttft += static_cast<double>(part);
+    }
+    sched_->on_first_token(id, ttft);
+    metrics_.histogram("mc_conductor_ttft_seconds", metrics::latency_buckets_s(), "measured TTFT").observe(ttft * 1e-3);
+    in_flight_.erase(it);  // the decode ledger entry stays until done or its predicted end
+  }
+
+  Result<proto::ConductorRegisterReply> on_register(const proto::ConductorRegisterRequest& req) {
+    MC_ASSIGN_OR_RETURN(Role role, parse_role(req.role));
+    if (req.block_size_tokens != 0 && req.block_size_tokens != static_cast<int64_t>(options_.key_namespace.block_size)) {
+      return error(Code::kInvalidArgument, "register '" + req.instance_id + "': block size " +
+                                               std::to_string(req.block_size_tokens) + " differs from the Conductor's " +
+                                               std::to_string(options_.key_namespace.block_size));
+    }
+    if (req.endpoint.empty()) return error(Code::kInvalidArgument, "register '" + req.instance_id + "': empty endpoint");
+    InstanceInfo info;
+    info.id = req.instance_id;
+    info.role = role;
+    info.host = req.host;
+    info.endpoint = req.endpoint;
+    info.backend_id = req.backend_id;
+    info.kv_capacity_tokens = req.kv_capacity_tokens;
+    const Instance* old = sched_->cluster().find(req.instance_id);
+    if (old != nullptr && old->info.endpoint != req.endpoint) calls_.forget(old->info.endpoint);
+    MC_RETURN_IF_ERROR(sched_->register_instance(info));
+    MC_LOG_INFO << "registered " << req.role << " instance '" << req.instance_id << "' on " << req.host << " at "
+                << req.endpoint;
+    return proto::ConductorRegisterReply{options_.heartbeat_interval_ms, options_.scheduler.heartbeat_timeout_ms,
+                                         static_cast<int64_t>(options_.key_namespace.block_size)};
+  }
+
+  Result<proto::ConductorHeartbeatReply> on_heartbeat(const proto::ConductorHeartbeatRequest& req) {
+    LoadReport l;
+    l.queued_prefill_tokens = req.queued_prefill_tokens;
+    l.queued_prefill_jobs = req.queued_prefill_jobs;
+    l.running_requests = req.running_requests;
+    l.kv_reserved_tokens = req.kv_reserved_tokens;
+    l.context_tokens = req.context_tokens;
+    Status st = sched_->heartbeat(req.instance_id, l);
+    if (st.code() == Code::kNotFound) return proto::ConductorHeartbeatReply{false};
+    MC_RETURN_IF_ERROR(st);
+    if (req.decode_steps > 0 && req.decode_batch_mean > 0) {
+      sched_->on_decode_step(DecodeStepReport{req.instance_id, std::llround(req.decode_batch_mean),
+                                              std::llround(req.decode_context_tokens_mean), req.decode_step_ms_mean});
+    }
+    // Ledger entries past their predicted end are dropped: the report now carries what still runs.
+    Instance* inst = sched_->cluster().find(req.instance_id);
+    if (inst != nullptr && inst->info.role == Role::kDecode) {
+      const int64_t now = sched_->clock().now_ns();
+      std::vector<std::string> ended;
+      for (const auto& j : inst->decode_jobs) {
+        if (j.predicted_end_ns < now) ended.push_back(j.request_id);
+      }
+      for (const auto& id : ended) sched_->cluster().finish_decode(req.instance_id, id);
+      if (!ended.empty()) (void)sched_->heartbeat(req.instance_id, l);  // recompute the unledgered excess
+    }
+    return proto::ConductorHeartbeatReply{true};
+  }
+
+  Result<proto::ConductorJobReportReply> on_job_report(const proto::ConductorJobReportRequest& req) {
+    if (req.phase == proto::kPhaseFirstToken) {
+      auto it = in_flight_.find(req.request_id);
+      if (it != in_flight_.end() && req.event_unix_ns > 0) {
+        sched_->on_first_token(req.request_id, static_cast<double>(req.event_unix_ns - it->second.submit_unix_ns) * 1e-6);
+      }
+      return proto::ConductorJobReportReply{it != in_flight_.end()};
+    }
+    if (req.phase == proto::kPhaseDone || req.phase == proto::kPhaseFailed) {
+      bool known = sched_->is_in_flight(req.request_id);
+      sched_->on_request_done(req.request_id);
+      if (req.phase == proto::kPhaseFailed) {
+        MC_LOG_WARN << "request '" << req.request_id << "' failed on " << req.instance_id << ": " << req.message;
+      }
+      return proto::ConductorJobReportReply{known};
+    }
+    return error(Code::kInvalidArgument, "job_report '" + req.request_id + "': unknown phase '" + req.phase +
+                                             "' (expected first_token, done or failed)");
+  }
+
+  void drain_events() {
+    for (auto& [ep, sub] : subs_) {
+      for (int n = 0; n < 10'000; ++n) {
+        Result<std::optional<proto::KvEvent>> ev = sub->next(0);
+        if (!ev.is_ok()) {
+          MC_LOG_WARN << "KV events from " << ep << ": " << ev.status().message();
+          continue;
+        }
+        if (!ev->has_value()) break;
+        Status st = sched_->apply_event(**ev, ep);
+        if (!st.is_ok()) MC_LOG_WARN << "KV event from " << ep << ": " << st.message();
+      }
+    }
+  }
+
+  void update_metrics() {
+    const SchedulerCounters& c = sched_->counters();
+    metrics_.gauge("mc_conductor_decisions", "decisions made").set(static_cast<double>(c.decisions));
+    metrics_.gauge("mc_conductor_accepted", "decisions that accepted").set(static_cast<double>(c.accepted));
+    metrics_.gauge("mc_conductor_index_blocks", "distinct blocks in the prefix index")
+        .set(static_cast<double>(sched_->index().blocks()));
+    metrics_.gauge("mc_conductor_instances", "registered instances").set(static_cast<double>(sched_->cluster().size()));
+    metrics_.gauge("mc_conductor_ttft_abs_error_ms_mean", "mean |predicted - actual| TTFT")
+        .set(sched_->ttft_error().mean_abs_error_ms());
+  }
+
+  ConductorOptions options_;
+  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<rpc::RpcServer> server_;
+  std::vector<std::pair<std::string, std::unique_ptr<rpc::EventSubscriber>>> subs_;
+  std::unique_ptr<StoreMasterResync> resync_;
+  AsyncCaller calls_;
+  std::unordered_map<std::string, Flight> in_flight_;
+  metrics::Registry metrics_;
+  std::ofstream decisions_;
+};
+
+}  // namespace
+
+Status apply_cost_model(ConductorOptions& options, const std::string& model_spec, const std::string& gpu_name) {
+  MC_ASSIGN_OR_RETURN(infer::ModelConfig model, infer::load_model(model_spec));
+  MC_ASSIGN_OR_RETURN(infer::GpuSpec gpu, infer::gpu_preset(gpu_name));
+  // The cost model's prefill time is linear in the terms n and n*c + n(n+1)/2 (cost_model.hpp), the
+  // same terms as PrefillPredictor: read the two coefficients off two evaluations.
+  const double t1 = infer::prefill_time_s(model, gpu, 1, 0) * 1e3;
+  const double t2 = infer::prefill_time_s(model, gpu, 1, 1000) * 1e3;
+  options.prefill_prior.fixed_ms = 0;
+  options.prefill_prior.ms_per_token_pair = (t2 - t1) / 1000.0;
+  options.prefill_prior.ms_per_token = t1 - options.prefill_prior.ms_per_token_pair;
+  // Decode step: the memory-bound branch (weights + every KV byte once) is linear in the context; the
+  // compute branch only matters for huge batches, which the per-request term approximates.
+  const double d0 = infer::decode_step_time_s(model, gpu, 1, 0) * 1e3;
+  const double dt = infer::decode_step_time_s(model, gpu, 1, 1'000'000) * 1e3;
+  const double db = infer::decode_step_time_s(model, gpu, 257, 0) * 1e3;
+  options.decode_prior.fixed_ms = d0;
+  options.decode_prior.ms_per_context_token = (dt - d0) / 1e6;
+  options.decode_prior.ms_per_request = std::max(0.0, (db - d0) / 256.0);
+  if (options.scheduler.kv.kv_bytes_per_token <= 0) options.scheduler.kv.kv_bytes_per_token = model.kv_bytes_per_token();
+  return Status::ok();
+}
+
+Status run_conductor(const ConductorOptions& options) {
+  ConductorOptions o = options;
+  o.scheduler.kv.block_size_tokens = static_cast<int64_t>(o.key_namespace.block_size);
+  MC_ASSIGN_OR_RETURN(auto sched, Scheduler::create(o.scheduler, &RealClock::instance(), o.prefill_prior,
+                                                    o.decode_prior, o.bandwidth_priors));
+  Conductor c(o, std::move(sched));
+  MC_RETURN_IF_ERROR(c.start());
+  daemon::announce_ready("mc-conductor", c.endpoint(), {{"policy", o.scheduler.policy}});
+  return c.loop();
+}
+
+namespace {
+
+std::string fixed(double v, int prec) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(prec) << v;
+  return s.str();
+}
+
+}  // namespace
+
+Status print_conductor_status(const std::string& endpoint, bool json, int timeout_ms, std::ostream& out) {
+  rpc::ClientOptions o;
+  o.client_name = "mc-conductor stat";
+  o.connect_timeout_ms = timeout_ms;
+  MC_ASSIGN_OR_RETURN(auto client, rpc::RpcClient::connect(endpoint, o));
+  MC_ASSIGN_OR_RETURN(proto::ConductorStatusReply rep, client->call(proto::ConductorStatusRequest{true}, timeout_ms));
+  nlohmann::json j = nlohmann::json::parse(rep.status_json, nullptr, false);
+  if (j.is_discarded()) return error(Code::kMalformedMessage, "status from " + endpoint + " is not JSON");
+  if (json) {
+    out << j.dump(2) << '\n';
+    return Status::ok();
+  }
+  out << "mc-conductor " << endpoint << "  policy " << j.value("policy", "?") << "  SLO TTFT "
+      << fixed(j["slo"].value("ttft_ms", 0.0), 0) << " ms, TBT " << fixed(j["slo"].value("tbt_ms", 0.0), 0)
+      << " ms, early rejection " << (j["slo"].value("early_reject", true) ? "on" : "off") << "\n\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-16s %-8s %-12s %-8s %10s %10s %8s %16s\n", "instance", "role", "host", "state",
+                "seen_ms", "queue_ms", "requests", "kv_tokens");
+  out << line;
+  for (const auto& i : j.value("instances", nlohmann::json::array())) {
+    std::string role = i.value("role", "");
+    std::string kv = role == "decode" ? std::to_string(i.value("kv_reserved_tokens", 0)) + "/" +
+                                            std::to_string(i.value("kv_capacity_tokens", 0))
+                                      : "-";
+    std::string queue = role == "prefill" ? fixed(i.value("queue_ms", 0.0), 1) : "-";
+    int64_t reqs = role == "prefill" ? i.value("queued_jobs", 0) : i.value("requests", 0);
+    std::snprintf(line, sizeof line, "%-16s %-8s %-12s %-8s %10.0f %10s %8lld %16s\n",
+                  i.value("id", "").c_str(), role.c_str(), i.value("host", "").c_str(), i.value("state", "").c_str(),
+                  i.value("last_seen_ms_ago", 0.0), queue.c_str(), static_cast<long long>(reqs), kv.c_str());
+    out << line;
+  }
+  const auto& idx = j["index"];
+  out << "\nindex: " << idx.value("blocks", 0) << " blocks, " << idx.value("holder_entries", 0) << " replicas, "
+      << idx.value("backends", 0) << " backends; events " << idx.value("events_applied", 0) << ", gaps "
+      << idx.value("gaps", 0) << ", resyncs " << idx.value("resyncs", 0) << " (failed "
+      << idx.value("resync_failures", 0) << ")\n";
+  const auto& d = j["decisions"];
+  out << "decisions: " << d.value("total", 0) << " total, " << d.value("accepted", 0) << " accepted (fetch "
+      << d.value("fetch", 0) << ", recompute " << d.value("recompute", 0) << ", replicate " << d.value("replicate", 0)
+      << "); rejected:";
+  for (const auto& [reason, n] : d["rejected"].items()) out << " " << reason << "=" << n.get<uint64_t>();
+  out << "\n";
+  const auto& p = j["predictors"];
+  out << "prefill model: " << fixed(p["prefill"].value("fixed_ms", 0.0), 2) << " ms + "
+      << fixed(p["prefill"].value("ms_per_token", 0.0), 5) << " ms/token + "
+      << p["prefill"].value("ms_per_token_pair", 0.0) << " ms/pair (" << p["prefill"].value("samples", 0)
+      << " samples)\n";
+  out << "decode step:   " << fixed(p["decode"].value("fixed_ms", 0.0), 2) << " ms + "
+      << fixed(p["decode"].value("ms_per_request", 0.0), 4) << " ms/request + "
+      << p["decode"].value("ms_per_context_token", 0.0) << " ms/context token (" << p["decode"].value("samples", 0)
+      << " samples)\n";
+  const auto& bw = p["bandwidth_bytes_per_s"];
+  out << "bandwidth (GB/s): same_host " << fixed(bw.value("same_host", 0.0) / 1e9, 2) << ", remote "
+      << fixed(bw.value("remote", 0.0) / 1e9, 2) << ", ssd " << fixed(bw.value("ssd", 0.0) / 1e9, 2) << "\n";
+  const auto& e = j["ttft_error"];
+  out << "TTFT prediction error: " << e.value("samples", 0) << " samples, mean |err| "
+      << fixed(e.value("mean_abs_ms", 0.0), 1) << " ms, p90 |err| " << fixed(e.value("p90_abs_ms", 0.0), 1)
+      << " ms, mean signed " << fixed(e.value("mean_signed_ms", 0.0), 1) << " ms\n";
+  return Status::ok();
+}
+
+}  // namespace mc::sched

@@ -1,0 +1,164 @@
+#include "mc/sim/cluster_config.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "mc/common/units.hpp"
+
+namespace mc::sim {
+
+namespace {
+
+Status bad(const std::string& source, const std::string& key, const std::string& why) {
+  return error(Code::kInvalidArgument, source + ": \"" + key + "\": " + why);
+}
+
+// A byte or token quantity: a non-negative number or a units string ("3M", "87GB").
+Result<int64_t> quantity(const nlohmann::json& v, const std::string& source, const std::string& key, bool bytes) {
+  if (v.is_number_integer() || v.is_number_unsigned()) {
+    if (v.is_number_integer() && v.get<int64_t>() < 0) return bad(source, key, "must be >= 0");
+    return v.get<int64_t>();
+  }
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (!(d >= 0) || d > 9e18) return bad(source, key, "must be a number in [0, 9e18]");
+    return static_cast<int64_t>(d);
+  }
+  if (v.is_string()) {
+    auto r = bytes ? units::parse_size_bytes(v.get<std::string>()) : units::parse_count(v.get<std::string>());
+    if (!r.is_ok()) return bad(source, key, r.status().message());
+    return r.value();
+  }
+  return bad(source, key, "must be a number or a string like \"3M\" / \"87GB\"");
+}
+
+}  // namespace
+
+std::string_view cache_mode_name(CacheMode mode) { return mode == CacheMode::kGlobal ? "global" : "local"; }
+
+Status ClusterConfig::validate() const {
+  static const std::set<std::string> kPolicies = {"random", "round_robin", "least_loaded", "cache_aware", "kvcache"};
+  const std::string src = "cluster config";
+  if (prefill_instances < 1 || prefill_instances > 4096) return bad(src, "prefill_instances", "must be in [1, 4096]");
+  if (decode_instances < 1 || decode_instances > 4096) return bad(src, "decode_instances", "must be in [1, 4096]");
+  if (cache_capacity_tokens < 0) return bad(src, "cache_capacity_tokens", "must be >= 0");
+  if (!(nic_bandwidth_bytes_per_s > 0)) return bad(src, "nic_bandwidth_bytes_per_s", "must be > 0");
+  if (!kPolicies.count(policy)) {
+    return bad(src, "policy", "unknown policy '" + policy + "' (random|round_robin|least_loaded|cache_aware|kvcache)");
+  }
+  if (!(slo_ttft_ms > 0)) return bad(src, "slo_ttft_ms", "must be > 0");
+  if (!(slo_tbt_ms > 0)) return bad(src, "slo_tbt_ms", "must be > 0");
+  if (block_size < 1 || block_size > (1 << 24)) return bad(src, "block_size", "must be in [1, 16777216]");
+  if (chunk_tokens < 0) return bad(src, "chunk_tokens", "must be >= 0");
+  if (decode_kv_capacity_tokens < 0) return bad(src, "decode_kv_capacity_tokens", "must be >= 0");
+  if (decode_max_batch < 0) return bad(src, "decode_max_batch", "must be >= 0");
+  if (max_context_tokens < 1) return bad(src, "max_context_tokens", "must be >= 1");
+  return Status::ok();
+}
+
+nlohmann::json ClusterConfig::to_json() const {
+  return {{"model", model},
+          {"gpu", gpu},
+          {"prefill_instances", prefill_instances},
+          {"decode_instances", decode_instances},
+          {"cache_capacity_tokens", cache_capacity_tokens},
+          {"cache_mode", cache_mode_name(cache_mode)},
+          {"nic_bandwidth_bytes_per_s", nic_bandwidth_bytes_per_s},
+          {"policy", policy},
+          {"slo_ttft_ms", slo_ttft_ms},
+          {"slo_tbt_ms", slo_tbt_ms},
+          {"early_rejection", early_rejection},
+          {"block_size", block_size},
+          {"chunk_tokens", chunk_tokens},
+          {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
+          {"decode_max_batch", decode_max_batch},
+          {"max_context_tokens", max_context_tokens},
+          {"seed", seed}};
+}
+
+Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std::string& source) {
+  if (!doc.is_object()) return error(Code::kInvalidArgument, source + ": the cluster config must be a JSON object");
+  ClusterConfig c;
+  for (const auto& [key, v] : doc.items()) {
+    auto str = [&](std::string& out) -> Status {
+      if (!v.is_string()) return bad(source, key, "must be a string");
+      out = v.get<std::string>();
+      return Status::ok();
+    };
+    auto num = [&](double& out) -> Status {
+      if (!v.is_number()) return bad(source, key, "must be a number");
+      out = v.get<double>();
+      return Status::ok();
+    };
+    auto qty = [&](int64_t& out, bool bytes) -> Status {
+      MC_ASSIGN_OR_RETURN(out, quantity(v, source, key, bytes));
+      return Status::ok();
+    };
+    if (key == "model") {
+      MC_RETURN_IF_ERROR(str(c.model));
+    } else if (key == "gpu") {
+      MC_RETURN_IF_ERROR(str(c.gpu));
+    } else if (key == "policy") {
+      MC_RETURN_IF_ERROR(str(c.policy));
+    } else if (key == "prefill_instances") {
+      MC_RETURN_IF_ERROR(qty(c.prefill_instances, false));
+    } else if (key == "decode_instances") {
+      MC_RETURN_IF_ERROR(qty(c.decode_instances, false));
+    } else if (key == "cache_capacity_tokens") {
+      MC_RETURN_IF_ERROR(qty(c.cache_capacity_tokens, false));
+    } else if (key == "cache_mode") {
+      std::string m;
+      MC_RETURN_IF_ERROR(str(m));
+      if (m == "global") {
+        c.cache_mode = CacheMode::kGlobal;
+      } else if (m == "local") {
+        c.cache_mode = CacheMode::kLocal;
+      } else {
+        return bad(source, key, "must be \"global\" or \"local\", not \"" + m + "\"");
+      }
+    } else if (key == "nic_bandwidth_bytes_per_s") {
+      int64_t b = 0;
+      MC_RETURN_IF_ERROR(qty(b, true));
+      c.nic_bandwidth_bytes_per_s = static_cast<double>(b);
+    } else if (key == "slo_ttft_ms") {
+      MC_RETURN_IF_ERROR(num(c.slo_ttft_ms));
+    } else if (key == "slo_tbt_ms") {
+      MC_RETURN_IF_ERROR(num(c.slo_tbt_ms));
+    } else if (key == "early_rejection") {
+      if (!v.is_boolean()) return bad(source, key, "must be true or false");
+      c.early_rejection = v.get<bool>();
+    } else if (key == "block_size") {
+      MC_RETURN_IF_ERROR(qty(c.block_size, false));
+    } else if (key == "chunk_tokens") {
+      MC_RETURN_IF_ERROR(qty(c.chunk_tokens, false));
+    } else if (key == "decode_kv_capacity_tokens") {
+      MC_RETURN_IF_ERROR(qty(c.decode_kv_capacity_tokens, false));
+    } else if (key == "decode_max_batch") {
+      MC_RETURN_IF_ERROR(qty(c.decode_max_batch, false));
+    } else if (key == "max_context_tokens") {
+      MC_RETURN_IF_ERROR(qty(c.max_context_tokens, false));
+    } else if (key == "seed") {
+      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+        return bad(source, key, "must be an integer >= 0");
+      }
+      c.seed = v.get<uint64_t>();
+    } else {
+      return bad(source, key, "unknown key (see mc-sim(1), CLUSTER.json)");
+    }
+  }
+  Status s = c.validate();
+  if (!s.is_ok()) return error(s.code(), source + ": " + s.message().substr(s.message().find(':') + 2));
+  return c;
+}
+
+Result<ClusterConfig> load_cluster_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return error(Code::kNotFound, "cannot open cluster config " + path + ": " + std::strerror(errno));
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (doc.is_discarded()) return error(Code::kInvalidArgument, path + ": not valid JSON");
+  return parse_cluster_config(doc, path);
+}
+
+}  // namespace mc::sim

@@ -1,0 +1,317 @@
+// The prefill and decode workers in one process (direct DecodeLink, in-memory block cache, recording token
+// sink): prefix reuse with identical tokens, recompute when the store dies, admission counting future growth,
+// and field report #14 (bad lengths, aborted prefill, incomplete KV).
+#include <map>
+
+#include <gtest/gtest.h>
+
+#include "mc/infer/decode_worker.hpp"
+#include "mc/infer/prefill_worker.hpp"
+
+namespace mc::infer {
+namespace {
+
+constexpr int64_t kBlock = 16;
+
+struct Recorded {
+  std::vector<uint32_t> tokens;
+  std::vector<int64_t> indexes;
+  std::optional<proto::RequestLedger> done;
+  std::optional<proto::RequestError> error;
+};
+
+class RecordingSink final : public TokenSink {
+ public:
+  explicit RecordingSink(std::map<std::string, Recorded>* out) : out_(out) {}
+  Status token(const std::string&, const proto::TokenEvent& e) override {
+    (*out_)[e.request_id].tokens.push_back(e.token);
+    (*out_)[e.request_id].indexes.push_back(e.index);
+    return Status::ok();
+  }
+  Status done(const std::string&, const proto::RequestDone& d) override {
+    (*out_)[d.request_id].done = d.ledger;
+    return Status::ok();
+  }
+  Status fail(const std::string&, const proto::RequestError& e) override {
+    (*out_)[e.request_id].error = e;
+    return Status::ok();
+  }
+
+ private:
+  std::map<std::string, Recorded>* out_;
+};
+
+class DirectLink final : public DecodeLink {
+ public:
+  explicit DirectLink(DecodeWorker** decode) : decode_(decode) {}
+  Result<proto::KvWriteReply> write(const std::string&, const proto::KvWriteRequest& r) override {
+    return (*decode_)->kv_write(r);
+  }
+  Result<proto::KvCommitReply> commit(const std::string&, const proto::KvCommitRequest& r) override {
+    return (*decode_)->commit(r);
+  }
+  Result<proto::DecodeReleaseReply> abort(const std::string&, const proto::DecodeAbortRequest& r) override {
+    return (*decode_)->abort(r);
+  }
+
+ private:
+  DecodeWorker** decode_;
+};
+
+std::unique_ptr<Backend> backend(const std::string& kind) {
+  BackendOptions o;
+  o.kind = kind;
+  o.model = model_preset("tiny").value();
+  o.seed = 3;
+  o.time_scale = 1e6;
+  o.kv_bytes_per_token = 512;
+  return make_backend(o).value();
+}
+
+struct Cluster {
+  std::map<std::string, Recorded> client;
+  DecodeWorker* decode_ptr = nullptr;
+  std::unique_ptr<DecodeWorker> decode;
+  std::unique_ptr<PrefillWorker> prefill;
+  MemoryBlockCache* cache = nullptr;
+  ManualClock clock{1'000'000'000};
+
+  Cluster(const std::string& kind, bool with_cache, int64_t decode_blocks = 256) {
+    DecodeWorkerOptions d;
+    d.block_tokens = kBlock;
+    d.kv_blocks = decode_blocks;
+    decode = DecodeWorker::create(d, backend(kind), std::make_unique<RecordingSink>(&client), &clock).value();
+    decode_ptr = decode.get();
+    PrefillWorkerOptions p;
+    p.block_tokens = kBlock;
+    p.kv_blocks = 64;
+    p.chunk_tokens = 24;
+    p.weight_seed = 3;
+    p.allow_fault_injection = true;
+    std::unique_ptr<KvBlockCache> c;
+    if (with_cache) {
+      auto m = std::make_unique<MemoryBlockCache>();
+      cache = m.get();
+      c = std::move(m);
+    }
+    prefill = PrefillWorker::create(p, backend(kind), std::move(c), std::make_unique<DirectLink>(&decode_ptr)).value();
+  }
+
+  // reserve + prefill job + decode to the end. Returns the prefill job's result.
+  Result<proto::PrefillJobReply> run(const std::string& id, const std::vector<uint32_t>& prompt, int64_t output,
+                                     int64_t fail_after_layers = -1) {
+    auto res = decode->reserve({id, static_cast<int64_t>(prompt.size()), output, "inproc://client", 0});
+    if (!res.is_ok()) return res.status();
+    proto::PrefillJobRequest job;
+    job.request_id = id;
+    job.tokens = prompt;
+    job.output_length_tokens = output;
+    job.decode_endpoint = "inproc://decode";
+    job.reservation_id = res->reservation_id;
+    job.decode_block_offsets_bytes = res->block_offsets_bytes;
+    job.client_endpoint = "inproc://client";
+    job.fail_after_layers = fail_after_layers;
+    auto reply = prefill->run_job(job);
+    for (int i = 0; i < 1000 && !decode->idle(); ++i) EXPECT_TRUE(decode->step().is_ok());
+    EXPECT_TRUE(decode->idle());
+    return reply;
+  }
+};
+
+std::vector<uint32_t> make_prompt(const std::vector<uint32_t>& shared, int64_t tail, uint32_t salt) {
+  std::vector<uint32_t> p = shared;
+  for (int64_t i = 0; i < tail; ++i) p.push_back((salt * 31 + static_cast<uint32_t>(i) * 7 + 5) % 256);
+  return p;
+}
+
+void shared_prefix_run(const std::string& kind) {
+  SCOPED_TRACE(kind);
+  std::vector<uint32_t> shared;
+  for (int i = 0; i < 2 * kBlock; ++i) shared.push_back(static_cast<uint32_t>((i * 37 + 11) % 256));
+  const std::vector<std::vector<uint32_t>> prompts = {make_prompt(shared, 9, 1), make_prompt(shared, 21, 2),
+                                                      make_prompt(shared, 5, 3)};
+  Cluster cached(kind, true), uncached(kind, false);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string id = "r" + std::to_string(i);
+    auto a = cached.run(id, prompts[i], 12);
+    auto b = uncached.run(id, prompts[i], 12);
+    ASSERT_TRUE(a) << a.status().to_string();
+    ASSERT_TRUE(b) << b.status().to_string();
+    EXPECT_EQ(b->ledger.hit_tokens, 0);
+    EXPECT_EQ(b->ledger.decision, "recompute");
+    if (i == 0) {
+      EXPECT_EQ(a->ledger.hit_tokens, 0);
+      EXPECT_GE(a->ledger.stored_blocks, 2);
+    } else {
+      EXPECT_EQ(a->ledger.hit_tokens, 2 * kBlock) << id;
+      EXPECT_EQ(a->ledger.hit_tokens_local, 2 * kBlock);
+      EXPECT_EQ(a->ledger.decision, "fetch");
+      EXPECT_EQ(a->ledger.computed_tokens, static_cast<int64_t>(prompts[i].size()) - 2 * kBlock);
+      EXPECT_EQ(a->ledger.fetch_bytes, 2 * cached.prefill->kv().layout().block_bytes());
+    }
+    const auto& got = cached.client[id];
+    const auto& want = uncached.client[id];
+    ASSERT_TRUE(got.done.has_value()) << id;
+    EXPECT_FALSE(got.error.has_value());
+    EXPECT_EQ(got.tokens.size(), 12u);
+    EXPECT_EQ(got.tokens, want.tokens) << id << ": cache hit changed the output";
+    EXPECT_EQ(got.done->hit_tokens, a->ledger.hit_tokens);
+    EXPECT_EQ(got.done->output_tokens, 12);
+    EXPECT_EQ(got.tokens.front(), a->first_token);
+    for (size_t k = 0; k < got.indexes.size(); ++k) EXPECT_EQ(got.indexes[k], static_cast<int64_t>(k));
+  }
+  EXPECT_EQ(cached.decode->load().kv_blocks_committed, 0);
+  EXPECT_EQ(cached.decode->kv().free_blocks(), cached.decode->kv().num_blocks());
+}
+
+TEST(Workers, SharedPrefixHitsAndGivesTheSameTokensRef) { shared_prefix_run("ref"); }
+TEST(Workers, SharedPrefixHitsAndGivesTheSameTokensSim) { shared_prefix_run("sim"); }
+
+TEST(Workers, DeadStoreMeansRecomputeNotError) {
+  std::vector<uint32_t> shared;
+  for (int i = 0; i < 3 * kBlock; ++i) shared.push_back(static_cast<uint32_t>((i * 13 + 1) % 256));
+  Cluster c("ref", true), ref("ref", false);
+  ASSERT_TRUE(c.run("warm", make_prompt(shared, 4, 9), 3));
+  c.cache->set_available(false);
+  const auto prompt = make_prompt(shared, 7, 10);
+  auto r = c.run("cold", prompt, 8);
+  ASSERT_TRUE(r) << r.status().to_string();
+  EXPECT_EQ(r->ledger.hit_tokens, 0);
+  EXPECT_EQ(r->ledger.decision, "recompute");
+  ASSERT_TRUE(ref.run("cold", prompt, 8));
+  EXPECT_EQ(c.client["cold"].tokens, ref.client["cold"].tokens);
+  ASSERT_TRUE(c.client["cold"].done.has_value());
+}
+
+TEST(Workers, ExplicitPrefixMissIsRecordedAndRecomputed) {
+  Cluster c("ref", true);
+  std::vector<uint32_t> prompt;
+  for (int i = 0; i < 3 * kBlock + 2; ++i) prompt.push_back(static_cast<uint32_t>(i % 256));
+  auto res = c.decode->reserve({"x", static_cast<int64_t>(prompt.size()), 2, "inproc://c", 0}).value();
+  proto::PrefillJobRequest job;
+  job.request_id = "x";
+  job.tokens = prompt;
+  job.fetch_prefix_blocks = 2;  // the conductor believed two blocks were cached: they are not
+  job.decode_endpoint = "inproc://d";
+  job.reservation_id = res.reservation_id;
+  job.decode_block_offsets_bytes = res.block_offsets_bytes;
+  auto r = c.prefill->run_job(job);
+  ASSERT_TRUE(r) << r.status().to_string();
+  EXPECT_EQ(r->ledger.hit_tokens, 0);
+  EXPECT_EQ(r->ledger.missed_prefix_tokens, 2 * kBlock);
+  EXPECT_EQ(r->ledger.computed_tokens, static_cast<int64_t>(prompt.size()));
+}
+
+TEST(Workers, AdmissionCountsFutureGrowth) {
+  // 10 blocks of 16 tokens. Each request: 40-token prompt (3 blocks now) growing to 40 + 60 = 100 tokens
+  // (7 blocks). Both fit now (6 blocks) but not at full length (14): the second must be refused.
+  Cluster c("ref", false, 10);
+  auto first = c.decode->reserve({"a", 40, 60, "inproc://c", 0});
+  ASSERT_TRUE(first) << first.status().to_string();
+  EXPECT_EQ(first->free_blocks, 3);
+  auto second = c.decode->reserve({"b", 40, 60, "inproc://c", 0});
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.status().code(), Code::kRejected);
+  EXPECT_NE(second.status().message().find("full length"), std::string::npos);
+  // A request that fits within what is left is admitted.
+  EXPECT_TRUE(c.decode->reserve({"c", 16, 32, "inproc://c", 0}));
+  EXPECT_TRUE(c.decode->release({first->reservation_id}).value().released);
+  EXPECT_FALSE(c.decode->release({first->reservation_id}).value().released);
+  EXPECT_TRUE(c.decode->reserve({"b", 40, 60, "inproc://c", 0}));
+}
+
+TEST(Workers, FieldReport14BadLengthsRejectedBeforeAllocation) {
+  Cluster c("ref", false, 4096);  // tiny: max context 32768
+  const int64_t baseline = c.decode->kv().free_blocks();
+  auto too_long = c.decode->reserve({"long", 32777, 100, "inproc://c", 0});
+  ASSERT_FALSE(too_long);
+  EXPECT_EQ(too_long.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(too_long.status().message().find("input too long"), std::string::npos);
+  for (int64_t bad : {int64_t{0}, int64_t{-5}, int64_t{1} << 31, std::numeric_limits<int64_t>::max()}) {
+    auto r = c.decode->reserve({"bad", bad, 10, "inproc://c", 0});
+    ASSERT_FALSE(r) << bad;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+  }
+  // output that would overflow input + output
+  EXPECT_FALSE(c.decode->reserve({"ovf", 10, std::numeric_limits<int64_t>::max(), "inproc://c", 0}));
+  EXPECT_EQ(c.decode->kv().free_blocks(), baseline);
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+  EXPECT_TRUE(c.client.empty()) << "no tokens for rejected requests";
+}
+
+TEST(Workers, FieldReport14AbortedPrefillNeverGenerates) {
+  Cluster c("ref", true);
+  const int64_t baseline = c.decode->kv().free_blocks();
+  std::vector<uint32_t> prompt;
+  for (int i = 0; i < 50; ++i) prompt.push_back(static_cast<uint32_t>((i * 5) % 256));
+  auto r = c.run("doomed", prompt, 20, /*fail_after_layers=*/2);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.status().code(), Code::kAborted);
+  const auto& got = c.client["doomed"];
+  EXPECT_TRUE(got.tokens.empty());
+  EXPECT_FALSE(got.done.has_value()) << "a successful completion after an abort";
+  ASSERT_TRUE(got.error.has_value());
+  EXPECT_EQ(got.error->code, static_cast<uint16_t>(Code::kAborted));
+  EXPECT_EQ(c.decode->kv().free_blocks(), baseline);
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+  EXPECT_EQ(c.cache->size(), 0u) << "a failed prefill stores nothing";
+}
+
+TEST(Workers, CommitWithMissingLayersIsRefused) {
+  Cluster c("ref", false);
+  auto res = c.decode->reserve({"partial", 20, 5, "inproc://c", 0}).value();
+  proto::KvWriteRequest w;
+  w.reservation_id = res.reservation_id;
+  w.layer = 0;
+  w.block_indexes = {0, 1};
+  w.data.assign(static_cast<size_t>(2 * res.layer_block_bytes), 0);
+  ASSERT_TRUE(c.decode->kv_write(w));
+  // Malformed writes are refused, nothing copied.
+  auto bad = w;
+  bad.block_indexes = {0, 5};
+  EXPECT_EQ(c.decode->kv_write(bad).status().code(), Code::kOutOfRange);
+  bad = w;
+  bad.data.pop_back();
+  EXPECT_EQ(c.decode->kv_write(bad).status().code(), Code::kInvalidArgument);
+  bad = w;
+  bad.layer = 99;
+  EXPECT_FALSE(c.decode->kv_write(bad));
+  auto commit = c.decode->commit({res.reservation_id, "partial", 20, 1, 0, {}});
+  ASSERT_FALSE(commit);
+  EXPECT_EQ(commit.status().code(), Code::kDataLoss);
+  ASSERT_TRUE(c.decode->step());
+  ASSERT_TRUE(c.client["partial"].error.has_value());
+  EXPECT_TRUE(c.client["partial"].tokens.empty());
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+  EXPECT_EQ(c.decode->kv_write(w).status().code(), Code::kNotFound);
+}
+
+TEST(Workers, ReservationExpiresWithoutCommit) {
+  Cluster c("ref", false);
+  auto res = c.decode->reserve({"late", 20, 5, "inproc://c", 50}).value();
+  ASSERT_TRUE(c.decode->step());
+  EXPECT_EQ(c.decode->load().reservations, 1);
+  c.clock.advance_ms(51);
+  ASSERT_TRUE(c.decode->step());
+  EXPECT_EQ(c.decode->load().reservations, 0);
+  ASSERT_TRUE(c.client["late"].error.has_value());
+  EXPECT_EQ(c.client["late"].error->code, static_cast<uint16_t>(Code::kTimeout));
+}
+
+TEST(Workers, BadJobsAbortTheReservation) {
+  Cluster c("ref", false);
+  auto res = c.decode->reserve({"j", 10, 5, "inproc://c", 0}).value();
+  proto::PrefillJobRequest job;
+  job.request_id = "j";
+  job.tokens = std::vector<uint32_t>(10, 300);  // outside the vocabulary (256)
+  job.decode_endpoint = "inproc://d";
+  job.reservation_id = res.reservation_id;
+  job.decode_block_offsets_bytes = res.block_offsets_bytes;
+  EXPECT_EQ(c.prefill->run_job(job).status().code(), Code::kInvalidArgument);
+  ASSERT_TRUE(c.decode->step());
+  ASSERT_TRUE(c.client["j"].error.has_value());
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+}
+
+}  // namespace
+}  // namespace mc::infer

@@ -1,0 +1,340 @@
+// TransferEngine through a mock transport (slicing at 4 GiB scale, retry accounting, bad requests) and
+// through the real tcp and shm transports between two engines of this process on loopback.
+#include "mc/transfer/engine.hpp"
+
+#include <sys/mman.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "mc/transfer/shared_buffer.hpp"
+#include "mock_transport.hpp"
+
+namespace mc::transfer {
+namespace {
+
+using testing::fake_descriptor;
+using testing::MockLog;
+using testing::MockTransport;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * 1024;
+
+// Address space reserved without memory (PROT_NONE): registration and slicing never touch it.
+struct Reservation {
+  explicit Reservation(uint64_t n) : size(n) {
+    p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  }
+  ~Reservation() {
+    if (p != MAP_FAILED) munmap(p, size);
+  }
+  void* p;
+  uint64_t size;
+};
+
+std::unique_ptr<TransferEngine> mock_engine(MockLog* log, int paths, EngineOptions o = {}) {
+  o.transports = {};
+  auto e = TransferEngine::create(std::move(o));
+  EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+  EXPECT_TRUE(e.value()->add_transport(std::make_unique<MockTransport>(log, paths)).is_ok());
+  return std::move(e).value();
+}
+
+TEST(EngineMock, FieldReport10FourGiBRequestIsSlicedWhole) {
+  const uint64_t len = 4294983687ull;  // 4 GiB + 16 KiB + 7 B
+  Reservation local(len);
+  ASSERT_NE(local.p, MAP_FAILED);
+  MockLog log;
+  EngineOptions o;
+  o.slicing = SlicePolicy{16 * kKiB, 0, 0, 1};
+  auto eng = mock_engine(&log, 2, o);
+  auto reg = eng->register_memory(local.p, len);
+  ASSERT_TRUE(reg.is_ok()) << reg.status().to_string();
+  EXPECT_EQ(reg->length, len) << "registered whole, never truncated";
+  auto seg = eng->open_segment(fake_descriptor("remote:1", 5ull << 30));
+  ASSERT_TRUE(seg.is_ok()) << seg.status().to_string();
+  EXPECT_EQ(eng->segment_transport(seg.value()).value(), "mock");
+  TransferRequest rq{Op::kWrite, local.p, seg.value(), 0, len, ""};
+  RequestStatus st = eng->transfer_sync(rq, 60000);
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.status.to_string();
+  EXPECT_EQ(st.transferred_bytes, len);
+  EXPECT_NE(st.transferred_bytes, 16391u);
+  EXPECT_EQ(st.slice_count, 262146u);
+  ASSERT_EQ(log.posted.size(), 262146u);
+  uint64_t sum = 0;
+  size_t on_path1 = 0;
+  for (const auto& op : log.posted) {
+    ASSERT_GT(op.length, 0u);
+    sum += op.length;
+    on_path1 += op.path == 1;
+  }
+  EXPECT_EQ(sum, len);
+  EXPECT_EQ(log.posted.back().length, 7u);
+  EXPECT_EQ(log.posted.back().remote_offset, len - 7);
+  EXPECT_GT(on_path1, 0u) << "both paths carry slices";
+}
+
+TEST(EngineMock, ZeroLengthCompletesAtOnce) {
+  MockLog log;
+  auto eng = mock_engine(&log, 1);
+  std::vector<char> buf(4096);
+  ASSERT_TRUE(eng->register_memory(buf.data(), buf.size()).is_ok());
+  auto seg = eng->open_segment(fake_descriptor("remote:1", 1 * kMiB)).value();
+  auto id = eng->submit(std::vector<TransferRequest>{{Op::kRead, buf.data(), seg, 0, 0, ""}});
+  ASSERT_TRUE(id.is_ok());
+  auto st = eng->poll(id.value()).value();  // final without waiting
+  EXPECT_EQ(st.state, TransferState::kCompleted);
+  EXPECT_EQ(st.requests[0].slice_count, 0u);
+  EXPECT_TRUE(log.posted.empty());
+  EXPECT_TRUE(eng->free_batch(id.value()).is_ok());
+}
+
+TEST(EngineMock, BadRequestsFailWithNamedErrorsOthersProceed) {
+  MockLog log;
+  auto eng = mock_engine(&log, 1);
+  std::vector<char> buf(64 * kKiB);
+  ASSERT_TRUE(eng->register_memory(buf.data(), buf.size()).is_ok());
+  auto seg = eng->open_segment(fake_descriptor("remote:1", 1 * kMiB)).value();
+  std::vector<char> unregistered(4096);
+  std::vector<TransferRequest> reqs = {
+      {Op::kRead, buf.data(), seg, 1 * kMiB - 10, 100, ""},          // past the end
+      {Op::kRead, buf.data(), seg, ~0ull - 5, 100, ""},              // offset + length overflows
+      {Op::kRead, unregistered.data(), seg, 0, 100, ""},             // local memory not registered
+      {Op::kRead, buf.data() + 60 * kKiB, seg, 0, 8 * kKiB, ""},     // local range runs past its registration
+      {Op::kRead, buf.data(), seg, 4096, 4096, ""},                  // fine
+  };
+  auto id = eng->submit(reqs);
+  ASSERT_TRUE(id.is_ok());
+  auto st = eng->wait(id.value(), 5000).value();
+  ASSERT_EQ(st.requests.size(), 5u);
+  EXPECT_EQ(st.requests[0].state, TransferState::kFailed);
+  EXPECT_EQ(st.requests[0].status.code(), Code::kOutOfRange);
+  EXPECT_NE(st.requests[0].status.message().find("remote:1"), std::string::npos) << st.requests[0].status.message();
+  EXPECT_EQ(st.requests[1].status.code(), Code::kOutOfRange);
+  EXPECT_NE(st.requests[1].status.message().find("overflow"), std::string::npos);
+  EXPECT_EQ(st.requests[2].status.code(), Code::kSegmentNotRegistered);
+  EXPECT_EQ(st.requests[3].status.code(), Code::kSegmentNotRegistered);
+  EXPECT_EQ(st.requests[4].state, TransferState::kCompleted);
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  // Unknown segment handle fails the whole batch; nothing starts.
+  auto bad = eng->submit(std::vector<TransferRequest>{{Op::kRead, buf.data(), 999, 0, 10, ""}});
+  EXPECT_EQ(bad.status().code(), Code::kNotFound);
+  EXPECT_NE(bad.status().message().find("999"), std::string::npos);
+  EXPECT_EQ(eng->submit(std::vector<TransferRequest>{}).status().code(), Code::kInvalidArgument);
+  // Registration errors.
+  EXPECT_EQ(eng->register_memory(buf.data() + 100, 10).status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(eng->register_memory(nullptr, 10).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(eng->register_memory(unregistered.data(), 0).status().code(), Code::kInvalidArgument);
+  // Unknown segment name (nobody listens on port 1).
+  auto unk = eng->open_segment("127.0.0.1:1");
+  EXPECT_FALSE(unk.is_ok());
+  EXPECT_NE(unk.status().message().find("127.0.0.1:1"), std::string::npos) << unk.status().message();
+}
+
+TEST(EngineMock, FailedPathIsRetriedElsewhereAndCounted) {
+  MockLog log;
+  log.fail_paths = {0};
+  EngineOptions o;
+  o.slicing = SlicePolicy{16 * kKiB, 0, 0, 1};
+  o.quarantine = QuarantinePolicy{60000, 60000};  // stays quarantined for the test
+  auto eng = mock_engine(&log, 2, o);
+  std::vector<char> buf(1 * kMiB);
+  ASSERT_TRUE(eng->register_memory(buf.data(), buf.size()).is_ok());
+  auto seg = eng->open_segment(fake_descriptor("remote:1", 1 * kMiB)).value();
+  RequestStatus st = eng->transfer_sync({Op::kWrite, buf.data(), seg, 0, 1 * kMiB, ""}, 5000);
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.status.to_string();
+  EXPECT_EQ(st.transferred_bytes, 1 * kMiB);
+  EXPECT_EQ(log.bytes_ok, 1 * kMiB) << "every byte landed exactly once on the good path";
+  EXPECT_GE(st.retried_slices, 1u);
+  auto paths = eng->path_stats(seg).value();
+  ASSERT_EQ(paths.size(), 2u);
+  EXPECT_EQ(paths[0].state.health, PathHealth::kQuarantined);
+  EXPECT_EQ(paths[1].state.bytes_done, 1 * kMiB);
+  EXPECT_EQ(paths[0].state.bytes_done, 0u);
+}
+
+TEST(EngineMock, NoPathLeftFailsWithTheReason) {
+  MockLog log;
+  log.fail_paths = {0, 1};
+  EngineOptions o;
+  o.max_attempts = 3;
+  o.quarantine = QuarantinePolicy{1, 1};  // probes come back fast but fail
+  o.request_timeout_ms = 3000;
+  auto eng = mock_engine(&log, 2, o);
+  std::vector<char> buf(256 * kKiB);
+  ASSERT_TRUE(eng->register_memory(buf.data(), buf.size()).is_ok());
+  auto seg = eng->open_segment(fake_descriptor("remote:1", 1 * kMiB)).value();
+  RequestStatus st = eng->transfer_sync({Op::kRead, buf.data(), seg, 0, buf.size(), ""}, 10000);
+  ASSERT_EQ(st.state, TransferState::kFailed) << st.status.to_string();
+  EXPECT_EQ(st.status.code(), Code::kNoPath) << st.status.to_string();
+  EXPECT_LT(st.transferred_bytes, buf.size());
+  EXPECT_NE(st.status.message().find("no path left"), std::string::npos) << st.status.message();
+  EXPECT_NE(st.status.message().find("mock"), std::string::npos) << st.status.message();
+  EXPECT_NE(st.status.message().find("remote:1"), std::string::npos) << st.status.message();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two engines in this process over loopback.
+// ---------------------------------------------------------------------------------------------
+
+void fill_pattern(char* p, uint64_t n, uint64_t seed) {
+  auto* w = reinterpret_cast<uint64_t*>(p);
+  for (uint64_t i = 0; i < n / 8; ++i) w[i] = (i + seed) * 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = n / 8 * 8; i < n; ++i) p[i] = static_cast<char>(i + seed);
+}
+
+struct Pair {
+  std::unique_ptr<TransferEngine> server, client;
+  SharedBuffer remote, local;
+  SegmentHandle seg = 0;
+};
+
+Pair make_pair(const std::string& transport, uint64_t remote_size, EngineOptions server_opt = {},
+               std::vector<std::string> listen = {"tcp://127.0.0.1:0"}) {
+  Pair p;
+  server_opt.listen = std::move(listen);
+  auto s = TransferEngine::create(server_opt);
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  p.server = std::move(s).value();
+  p.remote = allocate_shared_buffer(remote_size).value();
+  fill_pattern(static_cast<char*>(p.remote.data()), std::min(remote_size, 32 * kMiB), 1);
+  EXPECT_TRUE(p.server->register_memory(p.remote.data(), remote_size).is_ok());
+  EngineOptions co;
+  co.transports = {transport};
+  p.client = TransferEngine::create(co).value();
+  p.local = allocate_shared_buffer(16 * kMiB).value();
+  EXPECT_TRUE(p.client->register_memory(p.local.data(), p.local.size()).is_ok());
+  auto seg = p.client->open_segment(p.server->segment_name());
+  EXPECT_TRUE(seg.is_ok()) << seg.status().to_string();
+  p.seg = seg.value_or(0);
+  return p;
+}
+
+class EngineLoopback : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EngineLoopback, ReadAndWriteAreByteExact) {
+  Pair p = make_pair(GetParam(), 32 * kMiB);
+  ASSERT_NE(p.seg, 0u);
+  EXPECT_EQ(p.client->segment_transport(p.seg).value(), GetParam());
+  char* local = static_cast<char*>(p.local.data());
+  char* remote = static_cast<char*>(p.remote.data());
+  // Read 5 MiB + 3 bytes from an odd offset.
+  const uint64_t off = 12345, len = 5 * kMiB + 3;
+  RequestStatus st = p.client->transfer_sync({Op::kRead, local, p.seg, off, len, ""}, 10000);
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.status.to_string();
+  EXPECT_EQ(st.transferred_bytes, len);
+  EXPECT_EQ(std::memcmp(local, remote + off, len), 0);
+  // Write a batch of 8 x 1 MiB + 1 at different offsets.
+  fill_pattern(local, 16 * kMiB, 77);
+  std::vector<TransferRequest> reqs;
+  for (uint64_t i = 0; i < 8; ++i) reqs.push_back({Op::kWrite, local + i * (kMiB + 1), p.seg, 20 * kMiB + i * (kMiB + 1), kMiB + 1, ""});
+  auto id = p.client->submit(reqs).value();
+  auto bs = p.client->wait(id, 10000).value();
+  ASSERT_EQ(bs.state, TransferState::kCompleted) << bs.status.to_string();
+  EXPECT_EQ(bs.transferred_bytes, 8 * (kMiB + 1));
+  EXPECT_EQ(std::memcmp(remote + 20 * kMiB, local, 8 * (kMiB + 1)), 0);
+  EXPECT_TRUE(p.client->free_batch(id).is_ok());
+}
+
+TEST_P(EngineLoopback, FieldReport10SplitRegistrationStraddlingWrite) {
+  EngineOptions so;
+  so.max_region_bytes = 64 * kMiB;
+  Pair p = make_pair(GetParam(), 200 * kMiB, so);
+  ASSERT_NE(p.seg, 0u);
+  auto desc = p.client->segment_descriptor(p.seg).value();
+  ASSERT_EQ(desc.regions.size(), 4u);
+  uint64_t covered = 0;
+  for (const auto& r : desc.regions) {
+    EXPECT_LE(r.length_bytes, 64 * kMiB);
+    covered += r.length_bytes;
+  }
+  EXPECT_EQ(covered, 200 * kMiB) << "advertised length equals the range covered";
+  char* local = static_cast<char*>(p.local.data());
+  char* remote = static_cast<char*>(p.remote.data());
+  fill_pattern(local, 128 * kKiB, 5);
+  RequestStatus a = p.client->transfer_sync({Op::kWrite, local, p.seg, 150 * kMiB, 64 * kKiB, ""}, 10000);
+  ASSERT_EQ(a.state, TransferState::kCompleted) << a.status.to_string();
+  EXPECT_EQ(std::memcmp(remote + 150 * kMiB, local, 64 * kKiB), 0);
+  RequestStatus b = p.client->transfer_sync({Op::kWrite, local + 64 * kKiB, p.seg, 64 * kMiB - 8 * kKiB, 16 * kKiB, ""}, 10000);
+  ASSERT_EQ(b.state, TransferState::kCompleted) << b.status.to_string();
+  EXPECT_EQ(b.slice_count, 2u) << "split at the region boundary";
+  EXPECT_EQ(std::memcmp(remote + 64 * kMiB - 8 * kKiB, local + 64 * kKiB, 16 * kKiB), 0);
+}
+
+TEST_P(EngineLoopback, NotificationReachesTheTargetAfterTheBytes) {
+  Pair p = make_pair(GetParam(), 4 * kMiB);
+  ASSERT_NE(p.seg, 0u);
+  char* local = static_cast<char*>(p.local.data());
+  fill_pattern(local, kMiB, 9);
+  RequestStatus st = p.client->transfer_sync({Op::kWrite, local, p.seg, kMiB, kMiB, "req7/layer3"}, 10000);
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.status.to_string();
+  auto n = p.server->wait_notification(5000);
+  ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+  EXPECT_EQ(n->tag, "req7/layer3");
+  EXPECT_EQ(n->segment_offset, kMiB);
+  EXPECT_EQ(n->length, kMiB);
+  EXPECT_EQ(n->op, Op::kWrite);
+  // The bytes were there when the notification arrived (it is sent after the last slice).
+  EXPECT_EQ(std::memcmp(static_cast<char*>(p.remote.data()) + kMiB, local, kMiB), 0);
+  EXPECT_TRUE(p.server->take_notifications().empty());
+}
+
+TEST_P(EngineLoopback, OutOfRangeIsRefusedAndTheServerKeepsServing) {
+  Pair p = make_pair(GetParam(), 4 * kMiB);
+  ASSERT_NE(p.seg, 0u);
+  char* local = static_cast<char*>(p.local.data());
+  RequestStatus bad = p.client->transfer_sync({Op::kRead, local, p.seg, 4 * kMiB - 1, 2, ""}, 5000);
+  EXPECT_EQ(bad.state, TransferState::kFailed);
+  EXPECT_EQ(bad.status.code(), Code::kOutOfRange);
+  RequestStatus good = p.client->transfer_sync({Op::kRead, local, p.seg, 0, 4 * kMiB, ""}, 5000);
+  EXPECT_EQ(good.state, TransferState::kCompleted) << good.status.to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, EngineLoopback, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+TEST(EngineTcp, TwoLoopbackAddressesBothCarrySlices) {
+  Pair p = make_pair("tcp", 64 * kMiB, {}, {"tcp://127.0.0.1:0", "tcp://127.0.0.2:0"});
+  ASSERT_NE(p.seg, 0u);
+  char* local = static_cast<char*>(p.local.data());
+  RequestStatus st = p.client->transfer_sync({Op::kRead, local, p.seg, 0, 16 * kMiB, ""}, 10000);
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.status.to_string();
+  EXPECT_EQ(std::memcmp(local, p.remote.data(), 16 * kMiB), 0);
+  auto paths = p.client->path_stats(p.seg).value();
+  ASSERT_EQ(paths.size(), 2u);
+  EXPECT_NE(paths[0].state.label.find("127.0.0.1"), std::string::npos);
+  EXPECT_NE(paths[1].state.label.find("127.0.0.2"), std::string::npos);
+  EXPECT_GT(paths[0].state.bytes_done, 0u);
+  EXPECT_GT(paths[1].state.bytes_done, 0u);
+  EXPECT_EQ(paths[0].state.bytes_done + paths[1].state.bytes_done, 16 * kMiB);
+}
+
+TEST(EngineTcp, ServerGoneFailsPendingRequestsWithoutHanging) {
+  Pair p = make_pair("tcp", 64 * kMiB);
+  ASSERT_NE(p.seg, 0u);
+  p.server.reset();  // the target process is gone
+  RequestStatus st = p.client->transfer_sync({Op::kRead, p.local.data(), p.seg, 0, 8 * kMiB, ""}, 20000);
+  EXPECT_EQ(st.state, TransferState::kFailed) << st.status.to_string();
+  EXPECT_EQ(st.status.code(), Code::kNoPath) << st.status.to_string();
+  EXPECT_NE(st.status.message().find("refused"), std::string::npos) << st.status.message();
+}
+
+TEST(SharedBufferTest, AllocatesAndIsFoundByAddress) {
+  auto b = allocate_shared_buffer(3 * kMiB + 5);
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(b->size(), 3 * kMiB + 5);
+  auto back = find_shared_backing(static_cast<char*>(b->data()) + 100, 1000);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->offset_bytes, 100u);
+  EXPECT_EQ(back->path, b->path());
+  EXPECT_FALSE(find_shared_backing(static_cast<char*>(b->data()) + 3 * kMiB, kMiB).has_value());
+  EXPECT_EQ(allocate_shared_buffer(0).status().code(), Code::kInvalidArgument);
+  void* addr = b->data();
+  { SharedBuffer gone = std::move(b).value(); }
+  EXPECT_FALSE(find_shared_backing(addr, 1).has_value());
+}
+
+}  // namespace
+}  // namespace mc::transfer

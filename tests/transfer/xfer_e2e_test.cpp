@@ -1,0 +1,165 @@
+// End-to-end: the real mc-xfer binaries on loopback. serve + read/write --verify over tcp and shm,
+// multi-path over 127.0.0.1 and 127.0.0.2, bad requests (the server keeps serving), the serving process
+// killed mid-transfer, bench and topo JSON.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "process_util.hpp"
+
+namespace mc::transfer::testing {
+namespace {
+
+const std::string kXfer = MC_BINARY_DIR "/bin/mc-xfer";
+
+struct Server {
+  explicit Server(std::vector<std::string> extra, const std::string& size = "64MiB") {
+    std::vector<std::string> argv = {kXfer, "serve", "--size", size};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    child = std::make_unique<Child>(argv);
+    line = child->wait_line("ready ", 30000);
+    segment = ready_field(line, "segment");
+  }
+  std::unique_ptr<Child> child;
+  std::string line;
+  std::string segment;
+};
+
+nlohmann::json parse_json(const RunResult& r) {
+  try {
+    return nlohmann::json::parse(r.out);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not JSON: " << e.what() << "\n" << r.out;
+    return nlohmann::json::object();
+  }
+}
+
+class XferE2E : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(XferE2E, ServeReadWriteVerify) {
+  Server s({"--listen", "tcp://127.0.0.1:0"});
+  ASSERT_FALSE(s.segment.empty()) << "no ready line: " << s.line;
+  EXPECT_NE(s.line.find("shm=yes"), std::string::npos) << s.line;
+  auto rd = run({kXfer, "read", "--target", s.segment, "--offset", "12345", "--length", "5MiB", "--verify",
+                 "--transport", GetParam(), "--json"}, 30000);
+  ASSERT_EQ(rd.exit_code, 0) << rd.out;
+  auto j = parse_json(rd);
+  EXPECT_EQ(j["transport"], GetParam());
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_EQ(j["steps"][0]["transferred_bytes"], 5u << 20);
+  EXPECT_EQ(j["steps"][0]["state"], "completed");
+  auto wr = run({kXfer, "write", "--target", s.segment, "--offset", "1MiB", "--length", "3MiB", "--verify",
+                 "--transport", GetParam(), "--json"}, 30000);
+  ASSERT_EQ(wr.exit_code, 0) << wr.out;
+  auto w = parse_json(wr);
+  EXPECT_EQ(w["verified"], true);
+  ASSERT_EQ(w["steps"].size(), 3u);  // write ~pattern, read back, restore
+  // The served pattern is intact after the write's restore step.
+  auto again = run({kXfer, "read", "--target", s.segment, "--length", "8MiB", "--verify", "--transport", GetParam()},
+                   30000);
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_NE(again.out.find("verify: ok"), std::string::npos) << again.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, XferE2E, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+TEST(XferE2EMultipath, TwoLoopbackAddressesBothCarrySlices) {
+  Server s({"--listen", "tcp://127.0.0.1:0", "--listen", "tcp://127.0.0.2:0"});
+  ASSERT_FALSE(s.segment.empty()) << s.line;
+  auto rd = run({kXfer, "read", "--target", s.segment, "--length", "32MiB", "--verify", "--transport", "tcp",
+                 "--json"}, 30000);
+  ASSERT_EQ(rd.exit_code, 0) << rd.out;
+  auto j = parse_json(rd);
+  uint64_t on1 = 0, on2 = 0;
+  for (const auto& sl : j["steps"][0]["slices"]) {
+    const std::string path = sl["path"];
+    if (path.find("127.0.0.1:") != std::string::npos) on1 += sl["length_bytes"].get<uint64_t>();
+    if (path.find("127.0.0.2:") != std::string::npos) on2 += sl["length_bytes"].get<uint64_t>();
+  }
+  EXPECT_GT(on1, 0u);
+  EXPECT_GT(on2, 0u);
+  EXPECT_EQ(on1 + on2, 32u << 20);
+}
+
+TEST(XferE2EBadRequests, ErrorsAndTheServerKeepsServing) {
+  Server s({"--listen", "tcp://127.0.0.1:0"}, "8MiB");
+  ASSERT_FALSE(s.segment.empty()) << s.line;
+  // Unknown segment: nobody serves on port 1.
+  auto unk = run({kXfer, "read", "--target", "127.0.0.1:1", "--length", "4KiB", "--json"}, 20000);
+  EXPECT_EQ(unk.exit_code, 1) << unk.out;
+  EXPECT_NE(parse_json(unk)["error"].get<std::string>().find("127.0.0.1:1"), std::string::npos) << unk.out;
+  // Offset past the end, over both transports.
+  for (const char* t : {"tcp", "shm"}) {
+    auto past = run({kXfer, "read", "--target", s.segment, "--offset", "8MiB", "--length", "1", "--transport", t,
+                     "--json"}, 20000);
+    EXPECT_EQ(past.exit_code, 2) << past.out;
+    EXPECT_NE(parse_json(past)["error"].get<std::string>().find("outside"), std::string::npos) << past.out;
+  }
+  // Length overflow: offset + length wraps 64 bits.
+  auto wrap = run({kXfer, "write", "--target", s.segment, "--offset", "9223372036854775807", "--length", "1MiB",
+                   "--transport", "tcp"}, 20000);
+  EXPECT_EQ(wrap.exit_code, 2) << wrap.out;
+  // Bad usage.
+  EXPECT_EQ(run({kXfer, "read", "--target", s.segment, "--length", "lots"}, 10000).exit_code, 2);
+  EXPECT_EQ(run({kXfer, "bench"}, 10000).exit_code, 2);
+  // Still serving.
+  auto ok = run({kXfer, "read", "--target", s.segment, "--length", "8MiB", "--verify", "--transport", "tcp"}, 20000);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+}
+
+TEST(XferE2EKill, ServerKilledMidTransferClientFailsCleanly) {
+  Server s({"--listen", "tcp://127.0.0.1:0"}, "256MiB");
+  ASSERT_FALSE(s.segment.empty()) << s.line;
+  Child bench({kXfer, "bench", "--target", s.segment, "--transport", "tcp", "--block", "4MiB", "--duration", "30",
+               "--timeout-ms", "20000", "--json"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  s.child->kill_now(SIGKILL, 1000);
+  const int64_t t0 = mono_ms();
+  std::string out;
+  int status = bench.finish(25000, &out);
+  ASSERT_GE(status, 0) << "client hung after the server died";
+  EXPECT_LT(mono_ms() - t0, 20000);
+  ASSERT_TRUE(WIFEXITED(status)) << "client crashed (signal " << WTERMSIG(status) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_TRUE(j.contains("error")) << out;
+}
+
+TEST(XferE2EBench, JsonHasOneResultPerBlock) {
+  Server s({"--listen", "tcp://127.0.0.1:0"});
+  ASSERT_FALSE(s.segment.empty()) << s.line;
+  auto b = run({kXfer, "bench", "--target", s.segment, "--block", "64KiB,1MiB", "--duration", "0.3", "--batch", "8",
+                "--json"}, 60000);
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  auto j = parse_json(b);
+  EXPECT_EQ(j["transport"], "shm");
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_EQ(j["results"][0]["block_bytes"], 65536u);
+  EXPECT_GT(j["results"][0]["bytes_per_second"].get<double>(), 0);
+  EXPECT_GT(j["results"][1]["requests"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["results"][1]["latency_p99_ns"].get<int64_t>(), 0);
+  EXPECT_TRUE(j.contains("build") && j.contains("host"));
+  auto table = run({kXfer, "bench", "--target", s.segment, "--block", "1MiB", "--duration", "0.2", "--transport",
+                    "tcp"}, 60000);
+  ASSERT_EQ(table.exit_code, 0) << table.out;
+  EXPECT_NE(table.out.find("GB/s"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("transport tcp"), std::string::npos) << table.out;
+}
+
+TEST(XferE2ETopo, JsonMatrix) {
+  auto t = run({kXfer, "topo", "--json"}, 10000);
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  auto j = parse_json(t);
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_TRUE(j["matrix"].contains("cpu:0")) << t.out;
+  auto table = run({kXfer, "topo"}, 10000);
+  EXPECT_EQ(table.exit_code, 0);
+  EXPECT_NE(table.out.find("lo"), std::string::npos);
+  auto bad = run({kXfer, "topo", "--topology", "/nonexistent.json"}, 10000);
+  EXPECT_EQ(bad.exit_code, 1);
+}
+
+}  // namespace
+}  // namespace mc::transfer::testing

@@ -1,0 +1,76 @@
+// The commands of mc-xfer (tools/mc-xfer): serve a verifiable buffer, move one request, benchmark, print
+// the topology. The tool's main only parses flags into these option structs and maps the Status to an
+// exit code. Data (tables, JSON) goes to `out`; diagnostics to stderr.
+//
+// The served buffer holds a pattern that depends only on the absolute segment offset, so any client can
+// verify any range: byte at offset o = byte (o mod 8) of the little-endian u64 (o div 8 + 1) * 0x9E3779B97F4A7C15.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "mc/common/status.hpp"
+#include "mc/transfer/engine.hpp"
+
+namespace mc::transfer::xfer {
+
+// Pattern byte at segment offset `offset` (see above); fill_pattern writes it for [offset, offset+n).
+uint8_t pattern_byte(uint64_t offset);
+void fill_pattern(char* dst, uint64_t offset, uint64_t n, bool inverted = false);
+// Offset of the first byte of [offset, offset+n) at `src` that differs from the pattern; -1 when none.
+int64_t find_pattern_mismatch(const char* src, uint64_t offset, uint64_t n, bool inverted = false);
+
+struct ServeOptions {
+  EngineOptions engine;            // listen endpoints in engine.listen
+  uint64_t size_bytes = 1ull << 30;
+  std::string location = "cpu:0";
+  bool json = false;               // print the ready information as one JSON line too
+};
+// Registers a pattern-filled shared buffer, prints the ready line
+//   ready mc-xfer <first endpoint> segment=<name> size_bytes=<n> paths=<ep,ep> shm=<yes|no>
+// and serves until SIGTERM/SIGINT. Notifications received are logged at info level.
+Status run_serve(const ServeOptions& options, std::ostream& out);
+
+struct RwOptions {
+  EngineOptions engine;
+  std::string target;              // segment name "host:port"
+  Op op = Op::kRead;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool verify = false;             // read: check the pattern; write: write ~pattern, read back, restore
+  bool verbose = false;            // one line per slice
+  bool json = false;
+  int64_t timeout_ms = 30000;
+  std::string notify_tag;
+};
+Status run_rw(const RwOptions& options, std::ostream& out);
+
+struct BenchOptions {
+  EngineOptions engine;
+  std::string target;
+  Op op = Op::kRead;
+  std::vector<uint64_t> block_bytes = {64 << 10, 1 << 20, 4 << 20};
+  uint32_t threads = 1;
+  uint32_t batch = 32;
+  double duration_s = 3.0;
+  bool json = false;
+  bool baseline = false;           // also measure memcpy (1, 2 threads) and raw loopback TCP (1, 4 streams)
+};
+// Prints a header (build, host, transport, paths) and one row per block size: requests, bytes, GB/s
+// (decimal), per-path share, request latency p50/p99/p999 in µs; with baseline, the limits and ratios.
+Status run_bench(const BenchOptions& options, std::ostream& out);
+
+// Measurements behind --baseline, usable on their own (bytes per second).
+double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, uint64_t span_bytes, double duration_s);
+// Raw TCP over 127.0.0.1: `streams` connections, each sending block_bytes writes to a receiver thread.
+Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s);
+
+struct TopoOptions {
+  std::string topology_file;       // "" = discover from sysfs
+  bool json = false;
+};
+Status run_topo(const TopoOptions& options, std::ostream& out);
+
+}  // namespace mc::transfer::xfer

@@ -1,0 +1,216 @@
+#include "shm/transport.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <latch>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace mc::transfer::shm {
+namespace {
+
+// Fixed worker threads that run memcpy chunks; the submitting thread copies one chunk itself.
+class CopyPool {
+ public:
+  explicit CopyPool(uint32_t threads) {
+    for (uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this] { run(); });
+  }
+  ~CopyPool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  size_t threads() const { return workers_.size(); }
+
+  void copy(char* dst, const char* src, uint64_t n, uint64_t parallel_min_bytes) {
+    if (workers_.empty() || n < parallel_min_bytes) {
+      std::memcpy(dst, src, n);
+      return;
+    }
+    const uint64_t parts = workers_.size() + 1;
+    uint64_t chunk = (n + parts - 1) / parts;
+    chunk = (chunk + 4095) / 4096 * 4096;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (uint64_t off = 0; off < n; off += chunk) ranges.emplace_back(off, std::min(chunk, n - off));
+    std::latch done(static_cast<std::ptrdiff_t>(ranges.size() - 1));
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (size_t i = 1; i < ranges.size(); ++i) {
+        auto [off, len] = ranges[i];
+        tasks_.push_back([dst, src, off, len, &done] {
+          std::memcpy(dst + off, src + off, len);
+          done.count_down();
+        });
+      }
+    }
+    cv_.notify_all();
+    std::memcpy(dst, src, ranges[0].second);
+    done.wait();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [this] { return stop_ || !tasks_.empty(); });
+        if (stop_ && tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+struct Mapping {
+  void* base = nullptr;
+  uint64_t size = 0;
+  ~Mapping() {
+    if (base != nullptr) munmap(base, size);
+  }
+};
+
+struct MappedRegion {
+  uint64_t segment_offset;
+  uint64_t length;
+  char* ptr;
+};
+
+class ShmSegment final : public TransportSegment {
+ public:
+  ShmSegment(SliceSink* sink, CopyPool* pool, uint64_t parallel_min_bytes)
+      : sink_(sink), pool_(pool), parallel_min_bytes_(parallel_min_bytes) {
+    specs_.push_back(PathSpec{"shm", "", "", 1.0});
+  }
+  const std::vector<PathSpec>& paths() const override { return specs_; }
+  bool wants_slicing() const override { return false; }
+  Status probe(int, int64_t) override { return Status::ok(); }
+
+  void post(const SliceOp& op) override {
+    auto it = std::upper_bound(regions_.begin(), regions_.end(), op.remote_offset,
+                               [](uint64_t off, const MappedRegion& r) { return off < r.segment_offset; });
+    if (it == regions_.begin()) {
+      sink_->slice_done(op.cookie, Status(Code::kOutOfRange, "shm: offset " + std::to_string(op.remote_offset) +
+                                                                 " is before the first region"));
+      return;
+    }
+    --it;
+    const uint64_t rel = op.remote_offset - it->segment_offset;
+    if (rel > it->length || op.length > it->length - rel) {
+      sink_->slice_done(op.cookie, Status(Code::kOutOfRange, "shm: range [" + std::to_string(op.remote_offset) +
+                                                                 ", +" + std::to_string(op.length) +
+                                                                 ") is not inside one region"));
+      return;
+    }
+    char* remote = it->ptr + rel;
+    if (op.op == Op::kRead) {
+      pool_->copy(op.local, remote, op.length, parallel_min_bytes_);
+    } else {
+      pool_->copy(remote, op.local, op.length, parallel_min_bytes_);
+    }
+    sink_->slice_done(op.cookie, Status::ok());
+  }
+
+  std::map<std::string, std::shared_ptr<Mapping>> mappings_;
+  std::vector<MappedRegion> regions_;
+
+ private:
+  SliceSink* sink_;
+  CopyPool* pool_;
+  uint64_t parallel_min_bytes_;
+  std::vector<PathSpec> specs_;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  ShmTransport(const EngineOptions& options, std::string host_id)
+      : options_(options), host_id_(std::move(host_id)), pool_(options.shm_threads) {}
+  std::string_view name() const override { return "shm"; }
+  int rank() const override { return 0; }
+
+  Result<std::unique_ptr<TransportSegment>> open(const proto::SegmentDescriptor& desc, SliceSink* sink) override {
+    if (desc.host_id != host_id_) {
+      return Status(Code::kNoPath, "shm: segment " + desc.name + " is on another host (" + desc.host_id + ")");
+    }
+    if (desc.regions.empty()) return Status(Code::kNoPath, "shm: segment " + desc.name + " has no regions");
+    auto seg = std::make_unique<ShmSegment>(sink, &pool_, options_.shm_parallel_min_bytes);
+    for (const auto& r : desc.regions) {
+      if (r.shm_path.empty()) {
+        return Status(Code::kNoPath, "shm: region at offset " + std::to_string(r.segment_offset) + " of segment " +
+                                         desc.name + " is not in shared memory (allocate it with allocate_shared_buffer)");
+      }
+      auto& m = seg->mappings_[r.shm_path];
+      if (!m) {
+        int fd = ::open(r.shm_path.c_str(), O_RDWR | O_CLOEXEC);
+        if (fd < 0) {
+          return Status(Code::kNoPath, "shm: cannot open " + r.shm_path + " of segment " + desc.name + ": " +
+                                           strerror(errno));
+        }
+        struct stat st {};
+        fstat(fd, &st);
+        auto mp = std::make_shared<Mapping>();
+        mp->size = static_cast<uint64_t>(st.st_size);
+        void* p = mp->size == 0 ? MAP_FAILED : mmap(nullptr, mp->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        int e = errno;
+        ::close(fd);
+        if (p == MAP_FAILED) {
+          return Status(Code::kNoPath, "shm: cannot map " + r.shm_path + " (" + std::to_string(mp->size) +
+                                           " bytes): " + strerror(e));
+        }
+        mp->base = p;
+        m = std::move(mp);
+      }
+      if (r.shm_offset_bytes > m->size || r.length_bytes > m->size - r.shm_offset_bytes) {
+        return Status(Code::kNoPath, "shm: region at offset " + std::to_string(r.segment_offset) +
+                                         " extends past the end of " + r.shm_path);
+      }
+      seg->regions_.push_back({r.segment_offset, r.length_bytes, static_cast<char*>(m->base) + r.shm_offset_bytes});
+    }
+    std::sort(seg->regions_.begin(), seg->regions_.end(),
+              [](const MappedRegion& a, const MappedRegion& b) { return a.segment_offset < b.segment_offset; });
+    return std::unique_ptr<TransportSegment>(std::move(seg));
+  }
+
+ private:
+  const EngineOptions& options_;
+  std::string host_id_;
+  CopyPool pool_;
+};
+
+}  // namespace
+
+std::string local_host_id() {
+  std::string boot;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return boot + "/" + host;
+}
+
+std::unique_ptr<Transport> make_shm_transport(const EngineOptions& options, std::string local_host_id) {
+  return std::make_unique<ShmTransport>(options, std::move(local_host_id));
+}
+
+}  // namespace mc::transfer::shm

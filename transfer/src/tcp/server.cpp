@@ -1,0 +1,210 @@
+#include "tcp/server.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "mc/common/log.hpp"
+
+namespace mc::transfer::tcp {
+namespace {
+
+Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok, const char* data,
+                  uint64_t data_len) {
+  WireReply rep;
+  rep.op = static_cast<uint8_t>(op);
+  rep.code = static_cast<uint16_t>(st.code());
+  const std::string& aux = st.is_ok() ? aux_ok : st.message();
+  rep.aux_bytes = static_cast<uint32_t>(aux.size());
+  rep.length = st.is_ok() ? data_len : 0;
+  iovec iov[3];
+  int n = 0;
+  iov[n++] = {&rep, sizeof rep};
+  if (!aux.empty()) iov[n++] = {const_cast<char*>(aux.data()), aux.size()};
+  if (st.is_ok() && data_len > 0) iov[n++] = {const_cast<char*>(data), data_len};
+  size_t idx = 0;
+  while (idx < static_cast<size_t>(n)) {
+    msghdr mh{};
+    mh.msg_iov = iov + idx;
+    mh.msg_iovlen = static_cast<size_t>(n) - idx;
+    ssize_t k = ::sendmsg(fd, &mh, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return Status(Code::kUnavailable, std::string("reply: sendmsg: ") + strerror(errno));
+    }
+    auto left = static_cast<size_t>(k);
+    while (idx < static_cast<size_t>(n) && left >= iov[idx].iov_len) {
+      left -= iov[idx].iov_len;
+      ++idx;
+    }
+    if (idx < static_cast<size_t>(n)) {
+      iov[idx].iov_base = static_cast<char*>(iov[idx].iov_base) + left;
+      iov[idx].iov_len -= left;
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TcpServer>> TcpServer::start(const ServerOptions& options, ServerHandler* handler) {
+  std::unique_ptr<TcpServer> s(new TcpServer(options, handler));
+  for (const auto& ep : options.listen) {
+    MC_ASSIGN_OR_RETURN(HostPort hp, parse_endpoint(ep));
+    uint16_t port = 0;
+    MC_ASSIGN_OR_RETURN(Fd fd, listen_on(hp, &port));
+    s->listeners_.push_back(std::move(fd));
+    s->endpoints_.push_back("tcp://" + format_host_port(hp.host, port));
+  }
+  s->stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!s->stop_fd_) return Status(Code::kIo, std::string("tcp server: eventfd: ") + strerror(errno));
+  s->accept_thread_ = std::thread([p = s.get()] { p->accept_loop(); });
+  return s;
+}
+
+TcpServer::~TcpServer() {
+  stop_.store(true);
+  uint64_t one = 1;
+  (void)!::write(stop_fd_.get(), &one, sizeof one);
+  if (accept_thread_.joinable()) accept_thread_.join();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& c : conns_) ::shutdown(c->fd.get(), SHUT_RDWR);
+  }
+  reap(true);
+}
+
+void TcpServer::reap(bool all) {
+  std::list<std::unique_ptr<Conn>> finished;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (all || (*it)->done.load()) {
+        finished.push_back(std::move(*it));
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : finished) {
+    if (c->thread.joinable()) c->thread.join();
+  }
+}
+
+void TcpServer::accept_loop() {
+  std::vector<pollfd> pfds;
+  for (auto& l : listeners_) pfds.push_back({l.get(), POLLIN, 0});
+  pfds.push_back({stop_fd_.get(), POLLIN, 0});
+  while (!stop_.load()) {
+    int rc = ::poll(pfds.data(), pfds.size(), 1000);
+    if (rc < 0 && errno != EINTR) {
+      MC_LOG_ERROR << "tcp server: poll: " << strerror(errno);
+      return;
+    }
+    reap(false);
+    for (size_t i = 0; i + 1 < pfds.size(); ++i) {
+      if (!(pfds[i].revents & POLLIN)) continue;
+      int cfd = ::accept4(pfds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (cfd < 0) {
+        if (errno != EAGAIN && errno != EINTR) MC_LOG_WARN << "tcp server " << endpoints_[i] << ": accept: " << strerror(errno);
+        continue;
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      if (conns_.size() >= options_.max_connections) {
+        MC_LOG_WARN << "tcp server " << endpoints_[i] << ": refusing connection: " << conns_.size()
+                    << " connections open (limit " << options_.max_connections << ")";
+        ::close(cfd);
+        continue;
+      }
+      tune_data_socket(cfd, options_.socket_buffer_bytes);
+      auto c = std::make_unique<Conn>();
+      c->fd.reset(cfd);
+      Conn* raw = c.get();
+      conns_.push_back(std::move(c));
+      raw->thread = std::thread([this, raw] { serve_connection(raw); });
+    }
+  }
+}
+
+void TcpServer::serve_connection(Conn* conn) {
+  const int fd = conn->fd.get();
+  const std::string what = "tcp server connection";
+  std::string aux;
+  while (!stop_.load()) {
+    WireRequest req;
+    if (!recv_all(fd, &req, sizeof req, what).is_ok()) break;  // peer closed or reset: normal end
+    if (req.magic != kWireMagic || req.version != kWireVersion) {
+      errors_++;
+      (void)send_reply(fd, WireOp::kPing,
+                       Status(Code::kProtocolMismatch, "bad magic/version: not an mc transfer engine client of "
+                                                       "wire version " + std::to_string(kWireVersion)),
+                       "", nullptr, 0);
+      break;
+    }
+    const auto op = static_cast<WireOp>(req.op);
+    if (req.aux_bytes > kMaxAuxBytes) {
+      errors_++;
+      (void)send_reply(fd, op, Status(Code::kMessageTooLarge, "aux of " + std::to_string(req.aux_bytes) + " bytes"),
+                       "", nullptr, 0);
+      break;
+    }
+    aux.resize(req.aux_bytes);
+    if (req.aux_bytes > 0 && !recv_all(fd, aux.data(), aux.size(), what).is_ok()) break;
+    ops_++;
+    Status sent;
+    switch (op) {
+      case WireOp::kRead:
+      case WireOp::kWrite: {
+        Result<char*> mem = Status(Code::kOutOfRange, "");
+        if (req.length > options_.max_op_bytes) {
+          mem = Status(Code::kOutOfRange, "single " + std::string(op == WireOp::kRead ? "read" : "write") + " of " +
+                                              std::to_string(req.length) + " bytes exceeds the limit of " +
+                                              std::to_string(options_.max_op_bytes) + " bytes per op");
+        } else {
+          mem = handler_->resolve(req.offset, req.length);
+        }
+        if (!mem.is_ok()) {
+          errors_++;
+          sent = send_reply(fd, op, mem.status(), "", nullptr, 0);
+          if (op == WireOp::kWrite && req.length > 0) sent = Status(Code::kAborted, "payload not consumed");
+          break;
+        }
+        if (op == WireOp::kRead) {
+          sent = send_reply(fd, op, Status::ok(), "", mem.value(), req.length);
+        } else {
+          sent = recv_all(fd, mem.value(), req.length, what);
+          if (sent.is_ok()) sent = send_reply(fd, op, Status::ok(), "", nullptr, 0);
+        }
+        break;
+      }
+      case WireOp::kDescribe:
+        sent = send_reply(fd, op, Status::ok(), handler_->describe(), nullptr, 0);
+        break;
+      case WireOp::kNotify: {
+        Status st = handler_->notify(aux);
+        if (!st.is_ok()) errors_++;
+        sent = send_reply(fd, op, st, "", nullptr, 0);
+        break;
+      }
+      case WireOp::kPing:
+        sent = send_reply(fd, op, Status::ok(), "", nullptr, 0);
+        break;
+      default:
+        errors_++;
+        (void)send_reply(fd, op, Status(Code::kMalformedMessage, "unknown op " + std::to_string(req.op)), "",
+                         nullptr, 0);
+        sent = Status(Code::kMalformedMessage, "unknown op");
+        break;
+    }
+    if (!sent.is_ok()) break;
+  }
+  ::shutdown(fd, SHUT_RDWR);  // the fd itself is closed by reap() after join, so its number is never reused early
+  conn->done.store(true);
+}
+
+}  // namespace mc::transfer::tcp

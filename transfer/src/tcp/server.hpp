@@ -1,0 +1,71 @@
+// The target side of the tcp protocol (wire.hpp): serves reads and writes of the engine's segment and
+// the control ops (describe, notify, ping). One accept thread; one blocking thread per connection
+// (connections are few and long-lived: a handful per peer path). Internal header.
+#pragma once
+
+#include <atomic>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mc/common/status.hpp"
+#include "tcp/net.hpp"
+
+namespace mc::transfer::tcp {
+
+class ServerHandler {
+ public:
+  virtual ~ServerHandler() = default;
+  // Local memory of segment range [offset, offset+length); the range must lie inside one region.
+  virtual Result<char*> resolve(uint64_t offset, uint64_t length) = 0;
+  // The packed SegmentDescriptor.
+  virtual std::string describe() = 0;
+  // A packed TransferNotification arrived.
+  virtual Status notify(const std::string& packed) = 0;
+};
+
+struct ServerOptions {
+  std::vector<std::string> listen;        // "tcp://ADDR:PORT"
+  int socket_buffer_bytes = 4 << 20;
+  uint64_t max_op_bytes = 256ull << 20;   // larger single reads/writes are refused
+  size_t max_connections = 1024;
+};
+
+class TcpServer {
+ public:
+  static Result<std::unique_ptr<TcpServer>> start(const ServerOptions& options, ServerHandler* handler);
+  ~TcpServer();
+  // Bound endpoints, "tcp://ADDR:PORT" (port resolved), in listen order.
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  // Served ops (for stats): reads, writes, bytes, errors.
+  uint64_t ops_served() const { return ops_.load(); }
+  uint64_t errors_served() const { return errors_.load(); }
+
+ private:
+  struct Conn {
+    Fd fd;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  TcpServer(ServerOptions options, ServerHandler* handler) : options_(std::move(options)), handler_(handler) {}
+  void accept_loop();
+  void serve_connection(Conn* conn);
+  void reap(bool all);
+
+  ServerOptions options_;
+  ServerHandler* handler_;
+  std::vector<Fd> listeners_;
+  std::vector<std::string> endpoints_;
+  Fd stop_fd_;  // eventfd
+  std::atomic<bool> stop_{false};
+  std::thread accept_thread_;
+  std::mutex mu_;
+  std::list<std::unique_ptr<Conn>> conns_;
+  std::atomic<uint64_t> ops_{0};
+  std::atomic<uint64_t> errors_{0};
+};
+
+}  // namespace mc::transfer::tcp

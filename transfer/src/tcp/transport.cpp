@@ -1,0 +1,514 @@
+#include "tcp/transport.hpp"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "mc/common/clock.hpp"
+#include "mc/common/log.hpp"
+#include "tcp/net.hpp"
+#include "tcp/wire.hpp"
+
+namespace mc::transfer::tcp {
+namespace {
+
+constexpr size_t kMaxIov = 64;
+constexpr uint64_t kConnWindowBytes = 16ull << 20;  // bytes outstanding per connection before the next one is used
+
+int64_t now_ns() { return RealClock::instance().now_ns(); }
+
+struct Pending {
+  SliceOp op;
+  WireRequest hdr;
+};
+
+struct Conn {
+  int path = 0;
+  Fd fd;
+  bool connecting = true;
+  bool want_out = false;
+  std::deque<Pending> to_send;    // assigned, not fully sent; front may be partly sent
+  uint64_t sent_of_front = 0;     // bytes of front (header + payload) already sent
+  std::deque<Pending> in_flight;  // fully sent, awaiting reply (replies come in order)
+  WireReply rep{};
+  size_t rep_got = 0;
+  std::string aux;
+  size_t aux_got = 0;
+  uint64_t data_got = 0;
+  bool in_data = false;
+  uint64_t outstanding_bytes = 0;
+  int64_t last_progress_ns = 0;
+  int64_t last_used_ns = 0;
+};
+
+struct PathConns {
+  HostPort remote;
+  std::string endpoint;
+  std::string local;
+  std::deque<SliceOp> queue;  // posted, not yet assigned (guarded by TcpSegment::mu_)
+  std::list<std::unique_ptr<Conn>> conns;  // I/O thread only
+};
+
+class TcpSegment final : public TransportSegment {
+ public:
+  TcpSegment(const EngineOptions& options, SliceSink* sink, std::vector<PathSpec> specs, std::deque<PathConns> paths)
+      : options_(options), sink_(sink), specs_(std::move(specs)), paths_(std::move(paths)) {}
+
+  Status start() {
+    epfd_.reset(epoll_create1(EPOLL_CLOEXEC));
+    wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!epfd_ || !wake_) return Status(Code::kIo, std::string("tcp transport: epoll/eventfd: ") + strerror(errno));
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;
+    epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
+    thread_ = std::thread([this] { loop(); });
+    return Status::ok();
+  }
+
+  ~TcpSegment() override {
+    stop_.store(true);
+    wake();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const std::vector<PathSpec>& paths() const override { return specs_; }
+  uint64_t path_window_bytes() const override {
+    return static_cast<uint64_t>(options_.connections_per_path) * kConnWindowBytes;
+  }
+
+  void post(const SliceOp& op) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      paths_[static_cast<size_t>(op.path)].queue.push_back(op);
+    }
+    if (!wake_pending_.exchange(true)) wake();
+  }
+
+  Status probe(int path, int64_t timeout_ms) override {
+    const PathConns& p = paths_[static_cast<size_t>(path)];
+    auto r = control_call(p.endpoint, p.local, WireOp::kPing, "", timeout_ms);
+    return r.is_ok() ? Status::ok() : r.status();
+  }
+
+ private:
+  void wake() {
+    uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof one);
+  }
+
+  std::string conn_name(const Conn& c) const { return "tcp path " + specs_[static_cast<size_t>(c.path)].label; }
+
+  void complete(const SliceOp& op, Status st) { done_.emplace_back(op.cookie, std::move(st)); }
+
+  void flush_completions() {
+    for (auto& [cookie, st] : done_) sink_->slice_done(cookie, st);
+    done_.clear();
+  }
+
+  void set_out(Conn& c, bool want) {
+    if (c.want_out == want) return;
+    c.want_out = want;
+    epoll_event ev{};
+    ev.events = EPOLLIN | (want ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+    ev.data.ptr = &c;
+    epoll_ctl(epfd_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
+  }
+
+  void fail_conn(Conn& c, const Status& why) {
+    Status st = why.with_context(conn_name(c));
+    MC_LOG_DEBUG << "closing connection: " << st.to_string();
+    for (auto& p : c.in_flight) complete(p.op, st);
+    for (auto& p : c.to_send) complete(p.op, st);
+    c.in_flight.clear();
+    c.to_send.clear();
+    epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
+    c.fd.reset();
+  }
+
+  Conn* open_conn(int path, Status* err) {
+    PathConns& p = paths_[static_cast<size_t>(path)];
+    bool in_progress = false;
+    auto fd = start_connect(p.remote, p.local, &in_progress);
+    if (!fd.is_ok()) {
+      *err = fd.status();
+      return nullptr;
+    }
+    tune_data_socket(fd.value().get(), options_.socket_buffer_bytes);
+    auto c = std::make_unique<Conn>();
+    c->path = path;
+    c->fd = std::move(fd).value();
+    c->connecting = in_progress;
+    c->want_out = true;
+    c->last_progress_ns = c->last_used_ns = now_ns();
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLOUT;
+    ev.data.ptr = c.get();
+    epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, c->fd.get(), &ev);
+    Conn* raw = c.get();
+    p.conns.push_back(std::move(c));
+    return raw;
+  }
+
+  // Moves posted slices to connections of their path.
+  void assign() {
+    std::vector<std::deque<SliceOp>> taken(paths_.size());
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (size_t i = 0; i < paths_.size(); ++i) taken[i].swap(paths_[i].queue);
+    }
+    wake_pending_.store(false);
+    for (size_t i = 0; i < paths_.size(); ++i) {
+      for (const SliceOp& op : taken[i]) {
+        PathConns& p = paths_[i];
+        Conn* best = nullptr;
+        size_t live = 0;
+        for (auto& c : p.conns) {
+          if (!c->fd) continue;
+          ++live;
+          if (best == nullptr || c->outstanding_bytes < best->outstanding_bytes) best = c.get();
+        }
+        if ((best == nullptr || best->outstanding_bytes >= kConnWindowBytes) &&
+            live < std::max<uint32_t>(1, options_.connections_per_path)) {
+          Status err;
+          Conn* c = open_conn(static_cast<int>(i), &err);
+          if (c != nullptr) {
+            best = c;
+          } else if (best == nullptr) {
+            complete(op, err.with_context("tcp path " + specs_[i].label));
+            continue;
+          }
+        }
+        if (best == nullptr) {
+          complete(op, Status(Code::kInternal, "tcp path " + specs_[i].label + ": no connection"));
+          continue;
+        }
+        Pending pend;
+        pend.op = op;
+        pend.hdr.op = static_cast<uint8_t>(op.op == Op::kRead ? WireOp::kRead : WireOp::kWrite);
+        pend.hdr.offset = op.remote_offset;
+        pend.hdr.length = op.length;
+        if (best->to_send.empty() && best->in_flight.empty()) best->last_progress_ns = now_ns();
+        best->to_send.push_back(pend);
+        best->outstanding_bytes += op.length;
+        best->last_used_ns = now_ns();
+      }
+    }
+  }
+
+  void do_send(Conn& c) {
+    while (!c.to_send.empty()) {
+      iovec iov[kMaxIov];
+      size_t n = 0;
+      uint64_t skip = c.sent_of_front;
+      for (auto it = c.to_send.begin(); it != c.to_send.end() && n + 2 <= kMaxIov; ++it) {
+        char* h = reinterpret_cast<char*>(&it->hdr);
+        uint64_t hlen = sizeof(WireRequest);
+        if (skip < hlen) {
+          iov[n++] = {h + skip, hlen - skip};
+          skip = 0;
+        } else {
+          skip -= hlen;
+        }
+        if (it->op.op == Op::kWrite) {
+          iov[n++] = {it->op.local + skip, it->op.length - skip};
+        }
+        skip = 0;
+      }
+      msghdr mh{};
+      mh.msg_iov = iov;
+      mh.msg_iovlen = n;
+      ssize_t k = ::sendmsg(c.fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        fail_conn(c, Status(Code::kUnavailable, std::string("sendmsg: ") + strerror(errno)));
+        return;
+      }
+      c.last_progress_ns = now_ns();
+      auto left = static_cast<uint64_t>(k) + c.sent_of_front;
+      while (!c.to_send.empty()) {
+        const Pending& f = c.to_send.front();
+        uint64_t total = sizeof(WireRequest) + (f.op.op == Op::kWrite ? f.op.length : 0);
+        if (left < total) break;
+        left -= total;
+        c.in_flight.push_back(f);
+        c.to_send.pop_front();
+      }
+      c.sent_of_front = left;
+    }
+    set_out(c, !c.to_send.empty());
+  }
+
+  // Finishes the front slice of c.in_flight.
+  void finish_front(Conn& c, Status st) {
+    Pending p = c.in_flight.front();
+    c.in_flight.pop_front();
+    c.outstanding_bytes -= std::min(c.outstanding_bytes, p.op.length);
+    c.rep_got = 0;
+    c.aux_got = 0;
+    c.aux.clear();
+    c.data_got = 0;
+    c.in_data = false;
+    complete(p.op, std::move(st));
+  }
+
+  // Reads replies until the socket would block. Returns false when the connection failed.
+  bool do_recv(Conn& c) {
+    for (;;) {
+      if (c.in_flight.empty()) {
+        // No reply is expected: a readable socket here means EOF or a protocol violation.
+        char b;
+        ssize_t k = ::recv(c.fd.get(), &b, 1, MSG_DONTWAIT | MSG_PEEK);
+        if (k == 0) {
+          fail_conn(c, Status(Code::kUnavailable, "peer closed the connection"));
+          return false;
+        }
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+        if (k < 0) {
+          fail_conn(c, Status(Code::kUnavailable, std::string("recv: ") + strerror(errno)));
+          return false;
+        }
+        fail_conn(c, Status(Code::kMalformedMessage, "unexpected bytes from peer"));
+        return false;
+      }
+      Pending& f = c.in_flight.front();
+      ssize_t k;
+      if (c.rep_got < sizeof(WireReply)) {
+        k = ::recv(c.fd.get(), reinterpret_cast<char*>(&c.rep) + c.rep_got, sizeof(WireReply) - c.rep_got, MSG_DONTWAIT);
+      } else if (c.aux_got < c.rep.aux_bytes) {
+        k = ::recv(c.fd.get(), c.aux.data() + c.aux_got, c.rep.aux_bytes - c.aux_got, MSG_DONTWAIT);
+      } else {
+        // READ data straight into local memory; the next reply header rides in the same readv.
+        iovec iov[2];
+        iov[0] = {f.op.local + c.data_got, f.op.length - c.data_got};
+        iov[1] = {next_hdr_, sizeof(WireReply)};
+        k = ::readv(c.fd.get(), iov, c.in_flight.size() > 1 ? 2 : 1);
+      }
+      if (k == 0) {
+        fail_conn(c, Status(Code::kUnavailable, "peer closed the connection"));
+        return false;
+      }
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        fail_conn(c, Status(Code::kUnavailable, std::string("recv: ") + strerror(errno)));
+        return false;
+      }
+      c.last_progress_ns = now_ns();
+      const auto got = static_cast<uint64_t>(k);
+      if (c.rep_got < sizeof(WireReply)) {
+        c.rep_got += got;
+        if (c.rep_got < sizeof(WireReply)) continue;
+        if (c.rep.magic != kWireMagic || c.rep.aux_bytes > kMaxAuxBytes) {
+          fail_conn(c, Status(Code::kMalformedMessage, "bad reply header (magic or size)"));
+          return false;
+        }
+        c.aux.assign(c.rep.aux_bytes, '\0');
+      } else if (c.aux_got < c.rep.aux_bytes) {
+        c.aux_got += got;
+      } else {
+        const uint64_t need = f.op.length - c.data_got;
+        if (got <= need) {
+          c.data_got += got;
+        } else {
+          c.data_got = f.op.length;
+          const uint64_t extra = got - need;
+          finish_front(c, Status::ok());
+          std::memcpy(&c.rep, next_hdr_, extra);
+          c.rep_got = extra;
+          if (c.rep_got == sizeof(WireReply)) {
+            if (c.rep.magic != kWireMagic || c.rep.aux_bytes > kMaxAuxBytes) {
+              fail_conn(c, Status(Code::kMalformedMessage, "bad reply header (magic or size)"));
+              return false;
+            }
+            c.aux.assign(c.rep.aux_bytes, '\0');
+          } else {
+            continue;
+          }
+        }
+      }
+      if (c.in_flight.empty()) continue;
+      Pending& cur = c.in_flight.front();
+      if (c.rep_got < sizeof(WireReply) || c.aux_got < c.rep.aux_bytes) continue;
+      if (c.rep.code != 0) {
+        finish_front(c, Status(static_cast<Code>(c.rep.code), "peer refused " + std::string(op_name(cur.op.op)) +
+                                                                  " at offset " + std::to_string(cur.op.remote_offset) +
+                                                                  ": " + c.aux));
+        continue;
+      }
+      const bool is_read = cur.op.op == Op::kRead;
+      if (is_read && c.rep.length != cur.op.length) {
+        fail_conn(c, Status(Code::kMalformedMessage, "reply length " + std::to_string(c.rep.length) +
+                                                         " != requested " + std::to_string(cur.op.length)));
+        return false;
+      }
+      if (!is_read || c.data_got == cur.op.length) finish_front(c, Status::ok());
+      else c.in_data = true;
+    }
+  }
+
+  void check_timers() {
+    const int64_t now = now_ns();
+    for (auto& p : paths_) {
+      for (auto it = p.conns.begin(); it != p.conns.end();) {
+        Conn& c = **it;
+        const bool busy = !c.to_send.empty() || !c.in_flight.empty();
+        if (c.fd && busy && now - c.last_progress_ns > options_.slice_timeout_ms * 1'000'000) {
+          fail_conn(c, Status(Code::kTimeout, "no progress for " + std::to_string(options_.slice_timeout_ms) +
+                                                  " ms (link down or peer stalled)"));
+        }
+        if (c.fd && !busy && now - c.last_used_ns > options_.idle_connection_ms * 1'000'000) {
+          epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
+          c.fd.reset();
+        }
+        if (!c.fd) {
+          it = p.conns.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  void loop() {
+    epoll_event evs[64];
+    int64_t last_timer = now_ns();
+    while (!stop_.load()) {
+      int n = epoll_wait(epfd_.get(), evs, 64, 50);
+      if (n < 0 && errno != EINTR) {
+        MC_LOG_ERROR << "tcp transport: epoll_wait: " << strerror(errno);
+        break;
+      }
+      for (int i = 0; i < n; ++i) {
+        if (evs[i].data.ptr == nullptr) {
+          uint64_t v;
+          (void)!::read(wake_.get(), &v, sizeof v);
+          continue;
+        }
+        Conn& c = *static_cast<Conn*>(evs[i].data.ptr);
+        if (!c.fd) continue;
+        if (c.connecting) {
+          if (!(evs[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) continue;
+          int err = 0;
+          socklen_t el = sizeof err;
+          getsockopt(c.fd.get(), SOL_SOCKET, SO_ERROR, &err, &el);
+          if (err != 0) {
+            fail_conn(c, Status(Code::kUnavailable, std::string("connect: ") + strerror(err)));
+            continue;
+          }
+          c.connecting = false;
+          c.last_progress_ns = now_ns();
+        }
+        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+          if (!do_recv(c)) continue;
+        }
+        if (c.fd && (evs[i].events & EPOLLOUT)) do_send(c);
+      }
+      assign();
+      for (auto& p : paths_) {
+        for (auto& c : p.conns) {
+          if (c->fd && !c->connecting && !c->to_send.empty()) do_send(*c);
+        }
+      }
+      const int64_t now = now_ns();
+      if (now - last_timer > 20'000'000) {
+        last_timer = now;
+        check_timers();
+      } else {
+        for (auto& p : paths_) {
+          p.conns.remove_if([](const std::unique_ptr<Conn>& c) { return !c->fd; });
+        }
+      }
+      flush_completions();
+    }
+    // Shutting down: everything still queued or in flight fails.
+    assign();
+    for (auto& p : paths_) {
+      for (auto& c : p.conns) {
+        if (c->fd) fail_conn(*c, Status(Code::kCancelled, "transfer engine shutting down"));
+      }
+      p.conns.clear();
+    }
+    flush_completions();
+  }
+
+  const EngineOptions& options_;
+  SliceSink* sink_;
+  std::vector<PathSpec> specs_;
+  std::deque<PathConns> paths_;
+  std::mutex mu_;
+  std::atomic<bool> wake_pending_{false};
+  std::atomic<bool> stop_{false};
+  Fd epfd_;
+  Fd wake_;
+  std::thread thread_;
+  std::vector<std::pair<uint64_t, Status>> done_;
+  char next_hdr_[sizeof(WireReply)];
+};
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(const EngineOptions& options, const Topology& topology) : options_(options), topology_(topology) {}
+  std::string_view name() const override { return "tcp"; }
+  int rank() const override { return 20; }
+
+  Result<std::unique_ptr<TransportSegment>> open(const proto::SegmentDescriptor& desc, SliceSink* sink) override {
+    if (desc.endpoints.empty()) {
+      return Status(Code::kNoPath, "segment " + desc.name + " publishes no tcp endpoint");
+    }
+    std::vector<std::string> locals = options_.local_addresses;
+    if (locals.empty()) locals.push_back("");
+    Topology remote_topo;
+    if (!desc.topology_json.empty()) {
+      auto t = Topology::parse_json(desc.topology_json, "topology of segment " + desc.name);
+      if (t.is_ok()) remote_topo = std::move(t).value();
+    }
+    const std::string location = desc.regions.empty() ? "cpu:0" : desc.regions.front().location;
+    std::vector<PathSpec> specs;
+    std::deque<PathConns> paths;
+    for (const auto& local : locals) {
+      for (const auto& ep : desc.endpoints) {
+        MC_ASSIGN_OR_RETURN(HostPort hp, parse_endpoint(ep));
+        PathSpec s;
+        s.local_device = local.empty() ? "" : topology_.device_of_address(local);
+        s.remote_device = remote_topo.device_of_address(hp.host);
+        s.weight = topology_.weight(options_.default_location, s.local_device) *
+                   remote_topo.weight(location, s.remote_device);
+        s.label = (local.empty() ? std::string("*") : local) + "->" + format_host_port(hp.host, hp.port);
+        specs.push_back(std::move(s));
+        PathConns pc;
+        pc.remote = hp;
+        pc.endpoint = ep;
+        pc.local = local;
+        paths.push_back(std::move(pc));
+      }
+    }
+    auto seg = std::make_unique<TcpSegment>(options_, sink, std::move(specs), std::move(paths));
+    MC_RETURN_IF_ERROR(seg->start());
+    return std::unique_ptr<TransportSegment>(std::move(seg));
+  }
+
+ private:
+  const EngineOptions& options_;
+  const Topology& topology_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_tcp_transport(const EngineOptions& options, const Topology& topology) {
+  return std::make_unique<TcpTransport>(options, topology);
+}
+
+}  // namespace mc::transfer::tcp

@@ -1,0 +1,623 @@
+#include "mc/transfer/xfer_tool.hpp"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/common/cli.hpp"
+#include "mc/common/daemon.hpp"
+#include "mc/common/log.hpp"
+#include "mc/common/units.hpp"
+#include "mc/transfer/shared_buffer.hpp"
+#include "tcp/net.hpp"
+
+namespace mc::transfer::xfer {
+namespace {
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+uint64_t pattern_word(uint64_t word_index) { return (word_index + 1) * kGolden; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string host_name() {
+  char h[256] = {0};
+  gethostname(h, sizeof h - 1);
+  return h;
+}
+
+std::string fmt(double v, int prec) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(prec) << v;
+  return os.str();
+}
+
+// Prints a Status as the JSON document's "error" (iperf3 style) when json, and returns it.
+Status json_error(bool json, std::ostream& out, Status st) {
+  if (json && !st.is_ok()) {
+    out << nlohmann::json{{"error", st.message()}, {"code", std::string(code_name(st.code()))}}.dump() << "\n";
+  }
+  return st;
+}
+
+struct Client {
+  std::unique_ptr<TransferEngine> engine;
+  SegmentHandle seg = 0;
+  proto::SegmentDescriptor desc;
+  uint64_t remote_size = 0;
+  std::string transport;
+};
+
+Result<Client> connect_client(const EngineOptions& eo, const std::string& target) {
+  if (target.empty()) return Status(Code::kInvalidArgument, "--target SEGMENT (host:port) is required");
+  Client c;
+  MC_ASSIGN_OR_RETURN(c.engine, TransferEngine::create(eo));
+  MC_ASSIGN_OR_RETURN(c.seg, c.engine->open_segment(target));
+  MC_ASSIGN_OR_RETURN(c.desc, c.engine->segment_descriptor(c.seg));
+  for (const auto& r : c.desc.regions) c.remote_size = std::max(c.remote_size, r.segment_offset + r.length_bytes);
+  MC_ASSIGN_OR_RETURN(c.transport, c.engine->segment_transport(c.seg));
+  return c;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+}  // namespace
+
+uint8_t pattern_byte(uint64_t offset) {
+  const uint64_t w = pattern_word(offset / 8);
+  return static_cast<uint8_t>(w >> (8 * (offset % 8)));
+}
+
+void fill_pattern(char* dst, uint64_t offset, uint64_t n, bool inverted) {
+  const uint8_t x = inverted ? 0xff : 0;
+  uint64_t i = 0;
+  while (i < n && (offset + i) % 8 != 0) {
+    dst[i] = static_cast<char>(pattern_byte(offset + i) ^ x);
+    ++i;
+  }
+  const uint64_t xw = inverted ? ~0ull : 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint64_t w = pattern_word((offset + i) / 8) ^ xw;
+    std::memcpy(dst + i, &w, 8);
+  }
+  for (; i < n; ++i) dst[i] = static_cast<char>(pattern_byte(offset + i) ^ x);
+}
+
+int64_t find_pattern_mismatch(const char* src, uint64_t offset, uint64_t n, bool inverted) {
+  const uint8_t x = inverted ? 0xff : 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (static_cast<uint8_t>(src[i]) != (pattern_byte(offset + i) ^ x)) return static_cast<int64_t>(offset + i);
+    // Fast path over aligned words.
+    if ((offset + i + 1) % 8 == 0) {
+      uint64_t j = i + 1;
+      const uint64_t xw = inverted ? ~0ull : 0;
+      while (j + 8 <= n) {
+        uint64_t w;
+        std::memcpy(&w, src + j, 8);
+        if (w != (pattern_word((offset + j) / 8) ^ xw)) break;
+        j += 8;
+      }
+      i = j - 1;
+    }
+  }
+  return -1;
+}
+
+// ------------------------------------------------------------------------------------------------
+// serve
+// ------------------------------------------------------------------------------------------------
+
+Status run_serve(const ServeOptions& o, std::ostream& out) {
+  if (o.size_bytes == 0) return Status(Code::kInvalidArgument, "--size must be > 0");
+  if (o.engine.listen.empty()) return Status(Code::kInvalidArgument, "--listen: at least one endpoint is required");
+  MC_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(o.engine));
+  MC_ASSIGN_OR_RETURN(SharedBuffer buf, allocate_shared_buffer(o.size_bytes, "mc-xfer-serve"));
+  fill_pattern(static_cast<char*>(buf.data()), 0, o.size_bytes);
+  MC_ASSIGN_OR_RETURN(RegisteredRegion reg, engine->register_memory(buf.data(), o.size_bytes, o.location));
+  engine->set_notification_handler([](const Notification& n) {
+    MC_LOG_INFO << "notification '" << n.tag << "' from " << (n.from.empty() ? "?" : n.from) << ": " << op_name(n.op)
+                << " of " << n.length << " bytes at offset " << n.segment_offset;
+  });
+  daemon::announce_ready("mc-xfer", engine->endpoints().front(),
+                         {{"segment", engine->segment_name()},
+                          {"size_bytes", std::to_string(o.size_bytes)},
+                          {"paths", join(engine->endpoints(), ",")},
+                          {"regions", std::to_string(reg.region_count)},
+                          {"shm", reg.shm_shareable ? "yes" : "no"}});
+  if (o.json) {
+    out << nlohmann::json{{"segment", engine->segment_name()}, {"endpoints", engine->endpoints()},
+                          {"size_bytes", o.size_bytes}, {"regions", reg.region_count}}
+               .dump()
+        << std::endl;
+  }
+  while (!daemon::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  MC_LOG_INFO << "mc-xfer serve: stopping";
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------------------------------------
+// read / write
+// ------------------------------------------------------------------------------------------------
+
+Status run_rw(const RwOptions& o, std::ostream& out) {
+  EngineOptions eo = o.engine;
+  eo.trace_slices = o.verbose || o.json;
+  auto client = connect_client(eo, o.target);
+  if (!client.is_ok()) return json_error(o.json, out, client.status());
+  Client& c = client.value();
+  if (o.length == 0 && o.offset > c.remote_size) {
+    return json_error(o.json, out, Status(Code::kOutOfRange, "--offset past the end of segment " + o.target));
+  }
+  auto buf = allocate_shared_buffer(std::max<uint64_t>(o.length, 1), "mc-xfer-client");
+  if (!buf.is_ok()) return json_error(o.json, out, buf.status());
+  char* local = static_cast<char*>(buf->data());
+  auto reg = c.engine->register_memory(local, std::max<uint64_t>(o.length, 1));
+  if (!reg.is_ok()) return json_error(o.json, out, reg.status());
+
+  std::vector<RequestStatus> steps;
+  std::vector<std::string> step_names;
+  auto move = [&](Op op, const std::string& tag) {
+    RequestStatus st = c.engine->transfer_sync({op, local, c.seg, o.offset, o.length, tag}, o.timeout_ms);
+    steps.push_back(st);
+    step_names.push_back(op_name(op));
+    return st;
+  };
+  Status result;
+  int64_t mismatch = -1;
+  if (o.op == Op::kRead) {
+    RequestStatus st = move(Op::kRead, o.notify_tag);
+    result = st.state == TransferState::kCompleted ? Status::ok() : st.status;
+    if (result.is_ok() && o.verify) mismatch = find_pattern_mismatch(local, o.offset, o.length);
+  } else if (!o.verify) {
+    fill_pattern(local, o.offset, o.length);
+    RequestStatus st = move(Op::kWrite, o.notify_tag);
+    result = st.state == TransferState::kCompleted ? Status::ok() : st.status;
+  } else {
+    // Write the inverted pattern, read it back, then restore the served pattern.
+    fill_pattern(local, o.offset, o.length, true);
+    RequestStatus w = move(Op::kWrite, o.notify_tag);
+    result = w.state == TransferState::kCompleted ? Status::ok() : w.status;
+    if (result.is_ok()) {
+      std::memset(local, 0, o.length);
+      RequestStatus r = move(Op::kRead, "");
+      result = r.state == TransferState::kCompleted ? Status::ok() : r.status;
+      if (result.is_ok()) mismatch = find_pattern_mismatch(local, o.offset, o.length, true);
+    }
+    if (result.is_ok()) {
+      fill_pattern(local, o.offset, o.length);
+      RequestStatus restore = move(Op::kWrite, "");
+      if (restore.state != TransferState::kCompleted) result = restore.status;
+    }
+  }
+  if (result.is_ok() && mismatch >= 0) {
+    result = Status(Code::kDataLoss, "verify: byte at segment offset " + std::to_string(mismatch) + " of " + o.target +
+                                         " differs from the pattern");
+  }
+
+  if (o.json) {
+    nlohmann::json j;
+    j["target"] = o.target;
+    j["transport"] = c.transport;
+    j["op"] = op_name(o.op);
+    j["offset_bytes"] = o.offset;
+    j["length_bytes"] = o.length;
+    j["verified"] = o.verify && result.is_ok();
+    j["steps"] = nlohmann::json::array();
+    for (size_t i = 0; i < steps.size(); ++i) {
+      nlohmann::json s{{"op", step_names[i]},
+                       {"state", state_name(steps[i].state)},
+                       {"transferred_bytes", steps[i].transferred_bytes},
+                       {"latency_ns", steps[i].latency_ns},
+                       {"slice_count", steps[i].slice_count},
+                       {"retried_slices", steps[i].retried_slices}};
+      s["slices"] = nlohmann::json::array();
+      for (const auto& t : steps[i].slices) {
+        s["slices"].push_back({{"offset_bytes", o.offset + t.request_offset}, {"length_bytes", t.length},
+                               {"path", t.path}, {"attempts", t.attempts}, {"duration_ns", t.duration_ns},
+                               {"ok", t.ok}});
+      }
+      j["steps"].push_back(std::move(s));
+    }
+    if (!result.is_ok()) {
+      j["error"] = result.message();
+      j["code"] = std::string(code_name(result.code()));
+    }
+    out << j.dump() << "\n";
+    return result;
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const RequestStatus& s = steps[i];
+    if (o.verbose) {
+      out << "# " << step_names[i] << ": " << s.slices.size() << " slices\n";
+      out << std::left << std::setw(40) << "path" << std::right << std::setw(16) << "offset_bytes" << std::setw(12)
+          << "bytes" << std::setw(10) << "attempts" << std::setw(12) << "time_us" << "  ok\n";
+      for (const auto& t : s.slices) {
+        out << std::left << std::setw(40) << t.path << std::right << std::setw(16) << o.offset + t.request_offset
+            << std::setw(12) << t.length << std::setw(10) << t.attempts << std::setw(12)
+            << fmt(static_cast<double>(t.duration_ns) / 1e3, 1) << "  " << (t.ok ? "yes" : "no") << "\n";
+      }
+    }
+    const double secs = static_cast<double>(s.latency_ns) / 1e9;
+    out << step_names[i] << " " << o.target << " offset " << o.offset << " length " << o.length << " via "
+        << c.transport << ": " << state_name(s.state) << ", " << s.transferred_bytes << " bytes in "
+        << fmt(secs * 1e3, 3) << " ms (" << fmt(secs > 0 ? static_cast<double>(s.transferred_bytes) / secs / 1e9 : 0, 2)
+        << " GB/s), " << s.slice_count << " slices, " << s.retried_slices << " retried\n";
+  }
+  if (o.verify && result.is_ok()) out << "verify: ok (" << o.length << " bytes match the pattern)\n";
+  return result;
+}
+
+// ------------------------------------------------------------------------------------------------
+// baselines
+// ------------------------------------------------------------------------------------------------
+
+double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, uint64_t span_bytes, double duration_s) {
+  span_bytes = std::max(span_bytes, block_bytes);
+  const uint64_t slab = std::min<uint64_t>(128ull << 20, std::max<uint64_t>(block_bytes * 32, block_bytes));
+  std::vector<char> src(span_bytes, 1);
+  std::vector<std::vector<char>> dst(threads, std::vector<char>(slab, 2));
+  std::atomic<uint64_t> total{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> ts;
+  for (uint32_t t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      while (!go.load()) {
+      }
+      const double end = now_s() + duration_s;
+      uint64_t bytes = 0, so = (t * span_bytes / threads) / block_bytes * block_bytes, d = 0;
+      while (now_s() < end) {
+        for (int k = 0; k < 8; ++k) {
+          if (so + block_bytes > span_bytes) so = 0;
+          if (d + block_bytes > slab) d = 0;
+          std::memcpy(dst[t].data() + d, src.data() + so, block_bytes);
+          so += block_bytes;
+          d += block_bytes;
+          bytes += block_bytes;
+        }
+      }
+      total += bytes;
+    });
+  }
+  const double t0 = now_s();
+  go = true;
+  for (auto& t : ts) t.join();
+  return static_cast<double>(total.load()) / (now_s() - t0);
+}
+
+Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s) {
+  uint16_t port = 0;
+  MC_ASSIGN_OR_RETURN(tcp::Fd lfd, tcp::listen_on(tcp::HostPort{"127.0.0.1", 0}, &port));
+  std::atomic<uint64_t> received{0};
+  std::vector<std::thread> receivers;
+  std::vector<tcp::Fd> senders;
+  for (uint32_t s = 0; s < streams; ++s) {
+    MC_ASSIGN_OR_RETURN(tcp::Fd fd, tcp::connect_blocking(tcp::HostPort{"127.0.0.1", port}, "", 2000, 10000));
+    senders.push_back(std::move(fd));
+    int cfd = ::accept(lfd.get(), nullptr, nullptr);
+    if (cfd < 0) return Status(Code::kIo, std::string("raw tcp baseline: accept: ") + strerror(errno));
+    receivers.emplace_back([cfd, block_bytes, &received] {
+      std::vector<char> buf(block_bytes);
+      uint64_t got = 0;
+      for (;;) {
+        ssize_t k = ::recv(cfd, buf.data(), buf.size(), 0);
+        if (k <= 0) break;
+        got += static_cast<uint64_t>(k);
+      }
+      received += got;
+      ::close(cfd);
+    });
+  }
+  std::vector<std::thread> ts;
+  const double t0 = now_s();
+  for (uint32_t s = 0; s < streams; ++s) {
+    ts.emplace_back([&, s] {
+      std::vector<char> buf(block_bytes, 3);
+      const double end = t0 + duration_s;
+      while (now_s() < end) {
+        if (!tcp::send_all(senders[s].get(), buf.data(), buf.size(), "raw tcp").is_ok()) break;
+      }
+      ::shutdown(senders[s].get(), SHUT_WR);
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (auto& t : receivers) t.join();
+  return static_cast<double>(received.load()) / (now_s() - t0);
+}
+
+// ------------------------------------------------------------------------------------------------
+// bench
+// ------------------------------------------------------------------------------------------------
+
+namespace {
+
+struct BenchRow {
+  uint64_t block_bytes = 0;
+  uint64_t requests = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  double bytes_per_second = 0;
+  int64_t p50_ns = 0, p99_ns = 0, p999_ns = 0;
+  std::vector<std::pair<std::string, double>> path_share;
+  uint64_t failed = 0;
+  std::string error;
+};
+
+int64_t percentile(std::vector<int64_t>& v, double q) {
+  if (v.empty()) return 0;
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+  return v[i];
+}
+
+}  // namespace
+
+Status run_bench(const BenchOptions& o, std::ostream& out) {
+  if (o.threads == 0 || o.batch == 0 || o.duration_s <= 0 || o.block_bytes.empty()) {
+    return json_error(o.json, out, Status(Code::kInvalidArgument, "--threads, --batch, --duration and --block must be > 0"));
+  }
+  auto client = connect_client(o.engine, o.target);
+  if (!client.is_ok()) return json_error(o.json, out, client.status());
+  Client& c = client.value();
+  const uint64_t max_block = *std::max_element(o.block_bytes.begin(), o.block_bytes.end());
+  if (max_block == 0 || max_block > c.remote_size) {
+    return json_error(o.json, out, Status(Code::kInvalidArgument, "--block sizes must be > 0 and at most the segment size (" +
+                                                                      std::to_string(c.remote_size) + " bytes)"));
+  }
+  const uint64_t slab = max_block * o.batch;
+  auto buf = allocate_shared_buffer(slab * o.threads, "mc-xfer-bench");
+  if (!buf.is_ok()) return json_error(o.json, out, buf.status());
+  std::memset(buf->data(), 5, slab * o.threads);
+  auto reg = c.engine->register_memory(buf->data(), slab * o.threads);
+  if (!reg.is_ok()) return json_error(o.json, out, reg.status());
+  const bool tty = isatty(STDERR_FILENO) != 0;
+
+  std::vector<BenchRow> rows;
+  for (uint64_t block : o.block_bytes) {
+    const auto before = c.engine->path_stats(c.seg).value_or({});
+    std::vector<std::vector<int64_t>> lat(o.threads);
+    std::vector<uint64_t> bytes(o.threads, 0), fails(o.threads, 0);
+    std::vector<std::string> errs(o.threads);
+    const uint64_t span = c.remote_size / block * block;
+    std::vector<std::thread> ts;
+    const double t0 = now_s();
+    for (uint32_t t = 0; t < o.threads; ++t) {
+      ts.emplace_back([&, t] {
+        char* local = static_cast<char*>(buf->data()) + t * slab;
+        uint64_t remote = (span / o.threads * t) / block * block;
+        std::vector<TransferRequest> reqs(o.batch);
+        const double end = t0 + o.duration_s;
+        while (now_s() < end) {
+          for (uint32_t i = 0; i < o.batch; ++i) {
+            if (remote + block > span) remote = 0;
+            reqs[i] = TransferRequest{o.op, local + i * block, c.seg, remote, block, ""};
+            remote += block;
+          }
+          auto id = c.engine->submit(reqs);
+          if (!id.is_ok()) {
+            errs[t] = id.status().message();
+            return;
+          }
+          auto st = c.engine->wait(id.value(), o.engine.request_timeout_ms + 5000);
+          if (!st.is_ok() || st->state == TransferState::kPending) {
+            errs[t] = st.is_ok() ? "batch did not finish" : st.status().message();
+            return;
+          }
+          for (const auto& r : st->requests) {
+            if (r.state == TransferState::kCompleted) {
+              lat[t].push_back(r.latency_ns);
+              bytes[t] += r.transferred_bytes;
+            } else {
+              fails[t]++;
+              errs[t] = r.status.message();
+            }
+          }
+          (void)c.engine->free_batch(id.value());
+          if (fails[t] > 0) return;
+        }
+      });
+    }
+    if (tty) std::cerr << "mc-xfer bench: block " << units::format_bytes(static_cast<int64_t>(block)) << " ...\r" << std::flush;
+    for (auto& t : ts) t.join();
+    BenchRow row;
+    row.block_bytes = block;
+    row.seconds = now_s() - t0;
+    std::vector<int64_t> all;
+    for (uint32_t t = 0; t < o.threads; ++t) {
+      all.insert(all.end(), lat[t].begin(), lat[t].end());
+      row.bytes += bytes[t];
+      row.failed += fails[t];
+      if (row.error.empty()) row.error = errs[t];
+    }
+    row.requests = all.size();
+    row.bytes_per_second = static_cast<double>(row.bytes) / row.seconds;
+    row.p50_ns = percentile(all, 0.50);
+    row.p99_ns = percentile(all, 0.99);
+    row.p999_ns = percentile(all, 0.999);
+    const auto after = c.engine->path_stats(c.seg).value_or({});
+    uint64_t total = 0;
+    std::vector<uint64_t> delta(after.size(), 0);
+    for (size_t i = 0; i < after.size(); ++i) {
+      delta[i] = after[i].state.bytes_done - (i < before.size() ? before[i].state.bytes_done : 0);
+      total += delta[i];
+    }
+    for (size_t i = 0; i < after.size(); ++i) {
+      row.path_share.emplace_back(after[i].state.label, total ? static_cast<double>(delta[i]) / static_cast<double>(total) : 0);
+    }
+    rows.push_back(std::move(row));
+    if (!rows.back().error.empty()) break;
+  }
+
+  // Limits measured side by side in the same run.
+  struct Base {
+    std::string kind;
+    uint32_t n;
+    uint64_t block;
+    double bps;
+  };
+  std::vector<Base> base;
+  if (o.baseline) {
+    const double d = std::min(o.duration_s, 2.0);
+    for (uint64_t block : o.block_bytes) {
+      for (uint32_t th : {1u, 2u}) {
+        base.push_back({"memcpy", th, block, measure_memcpy_bytes_per_second(block, th, std::min<uint64_t>(c.remote_size, 1ull << 30), d)});
+      }
+      for (uint32_t st : {1u, 4u}) {
+        auto r = measure_raw_tcp_bytes_per_second(block, st, d);
+        base.push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0});
+      }
+    }
+  }
+  auto limit_for = [&](uint64_t block) -> std::pair<std::string, double> {
+    double best = 0;
+    std::string what;
+    for (const auto& b : base) {
+      if (b.block != block) continue;
+      if (c.transport == "shm" && b.kind == "memcpy" && b.n == std::min<uint32_t>(o.threads, 2)) {
+        return {"memcpy x" + std::to_string(b.n), b.bps};
+      }
+      if (c.transport != "shm" && b.kind == "tcp_raw" && b.bps > best) {
+        best = b.bps;
+        what = "raw tcp x" + std::to_string(b.n);
+      }
+    }
+    return {what, best};
+  };
+
+  std::vector<std::string> path_labels;
+  if (auto ps = c.engine->path_stats(c.seg); ps.is_ok()) {
+    for (const auto& p : ps.value()) path_labels.push_back(p.state.label);
+  }
+  Status result;
+  for (const auto& r : rows) {
+    if (!r.error.empty()) {
+      result = Status(Code::kTransferFailed, "bench at block " + std::to_string(r.block_bytes) + ": " + r.error);
+    }
+  }
+  if (o.json) {
+    nlohmann::json j;
+    j["tool"] = "mc-xfer bench";
+    j["build"] = cli::build_id();
+    j["host"] = host_name();
+    j["unix_time_ms"] = unix_time_ms();
+    j["target"] = o.target;
+    j["transport"] = c.transport;
+    j["op"] = op_name(o.op);
+    j["threads"] = o.threads;
+    j["batch"] = o.batch;
+    j["duration_s"] = o.duration_s;
+    j["slice_bytes"] = o.engine.slicing.slice_bytes;
+    j["paths"] = path_labels;
+    j["results"] = nlohmann::json::array();
+    for (const auto& r : rows) {
+      nlohmann::json jr{{"block_bytes", r.block_bytes},   {"requests", r.requests},
+                        {"bytes", r.bytes},               {"elapsed_ns", static_cast<int64_t>(r.seconds * 1e9)},
+                        {"bytes_per_second", r.bytes_per_second}, {"latency_p50_ns", r.p50_ns},
+                        {"latency_p99_ns", r.p99_ns},     {"latency_p999_ns", r.p999_ns},
+                        {"failed_requests", r.failed}};
+      jr["path_share"] = nlohmann::json::object();
+      for (const auto& [label, share] : r.path_share) jr["path_share"][label] = share;
+      if (o.baseline) {
+        auto [what, lim] = limit_for(r.block_bytes);
+        jr["limit"] = what;
+        jr["limit_bytes_per_second"] = lim;
+        jr["ratio_to_limit"] = lim > 0 ? r.bytes_per_second / lim : 0;
+      }
+      j["results"].push_back(std::move(jr));
+    }
+    if (o.baseline) {
+      j["baseline"] = nlohmann::json::array();
+      for (const auto& b : base) {
+        j["baseline"].push_back({{"kind", b.kind}, {b.kind == "memcpy" ? "threads" : "streams", b.n},
+                                 {"block_bytes", b.block}, {"bytes_per_second", b.bps}});
+      }
+    }
+    if (!result.is_ok()) j["error"] = result.message();
+    out << j.dump(2) << "\n";
+    return result;
+  }
+
+  out << "# mc-xfer bench  build " << cli::build_id() << "  host " << host_name() << "\n"
+      << "# target " << o.target << "  transport " << c.transport << "  op " << op_name(o.op) << "  threads "
+      << o.threads << "  batch " << o.batch << "  duration " << o.duration_s << " s  slice "
+      << units::format_bytes(static_cast<int64_t>(o.engine.slicing.slice_bytes)) << "\n"
+      << "# paths: " << join(path_labels, ", ") << "\n"
+      << "# GB/s is decimal (1e9 bytes per second); latency is per request, submit to completion\n";
+  out << std::right << std::setw(12) << "block_bytes" << std::setw(10) << "requests" << std::setw(15) << "bytes"
+      << std::setw(9) << "GB/s" << std::setw(11) << "p50_us" << std::setw(11) << "p99_us" << std::setw(11)
+      << "p999_us";
+  if (o.baseline) out << std::setw(14) << "limit_GB/s" << std::setw(8) << "ratio" << "  limit";
+  out << "  path_share\n";
+  for (const auto& r : rows) {
+    out << std::setw(12) << r.block_bytes << std::setw(10) << r.requests << std::setw(15) << r.bytes << std::setw(9)
+        << fmt(r.bytes_per_second / 1e9, 2) << std::setw(11) << fmt(static_cast<double>(r.p50_ns) / 1e3, 1)
+        << std::setw(11) << fmt(static_cast<double>(r.p99_ns) / 1e3, 1) << std::setw(11)
+        << fmt(static_cast<double>(r.p999_ns) / 1e3, 1);
+    if (o.baseline) {
+      auto [what, lim] = limit_for(r.block_bytes);
+      out << std::setw(14) << fmt(lim / 1e9, 2) << std::setw(8) << fmt(lim > 0 ? r.bytes_per_second / lim : 0, 2)
+          << "  " << what;
+    }
+    out << "  ";
+    for (size_t i = 0; i < r.path_share.size(); ++i) {
+      out << (i ? " " : "") << r.path_share[i].first << "=" << fmt(100 * r.path_share[i].second, 0) << "%";
+    }
+    out << "\n";
+  }
+  if (o.baseline) {
+    out << "# limits measured in this run (GB/s)\n";
+    out << std::setw(12) << "block_bytes" << std::setw(12) << "memcpy_x1" << std::setw(12) << "memcpy_x2"
+        << std::setw(12) << "tcp_raw_x1" << std::setw(12) << "tcp_raw_x4" << "\n";
+    for (uint64_t block : o.block_bytes) {
+      out << std::setw(12) << block;
+      for (const auto& b : base) {
+        if (b.block == block) out << std::setw(12) << fmt(b.bps / 1e9, 2);
+      }
+      out << "\n";
+    }
+  }
+  return result;
+}
+
+// ------------------------------------------------------------------------------------------------
+// topo
+// ------------------------------------------------------------------------------------------------
+
+Status run_topo(const TopoOptions& o, std::ostream& out) {
+  auto t = o.topology_file.empty() ? Topology::discover() : Topology::load(o.topology_file);
+  if (!t.is_ok()) return json_error(o.json, out, t.status());
+  if (o.json) {
+    out << t->to_json(2) << "\n";
+    return Status::ok();
+  }
+  out << "# devices\n"
+      << std::left << std::setw(16) << "device" << std::setw(7) << "kind" << std::setw(11) << "numa_node"
+      << "addresses\n";
+  for (const auto& d : t->devices()) {
+    out << std::setw(16) << d.name << std::setw(7) << d.kind << std::setw(11) << d.numa_node << join(d.addresses, ",")
+        << "\n";
+  }
+  out << "# matrix (location -> preferred | fallback devices)\n"
+      << std::setw(12) << "location" << std::setw(40) << "preferred" << "fallback\n";
+  for (const auto& [loc, e] : t->matrix()) {
+    out << std::setw(12) << loc << std::setw(40) << join(e.preferred, ",") << join(e.fallback, ",") << "\n";
+  }
+  return Status::ok();
+}
+
+}  // namespace mc::transfer::xfer
