@@ -44,7 +44,7 @@ Result<GpuSpec> gpu_preset(std::string_view name) {
   }
   std::string known;
   for (const auto& n : gpu_preset_names()) known += (known.empty() ? "" : ", ") + n;
-  return error(Code::kNotFound, "unknown GPU preset '" + std::string(name) + "' (known: " + known + ")");
+  return error(Code::kInvalidArgument, "unknown GPU preset '" + std::string(name) + "' (known: " + known + ")");
 }
 
 double prefill_flops(const ModelConfig& model, int64_t new_tokens, int64_t cached_tokens) {

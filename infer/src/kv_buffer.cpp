@@ -1,6 +1,8 @@
 #include "mc/infer/kv_buffer.hpp"
 
-#include <cstdlib>
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <cstring>
 #include <new>
 
@@ -18,14 +20,13 @@ Result<std::unique_ptr<KvBuffer>> KvBuffer::create(KvLayout layout, int64_t num_
   if (bytes / num_blocks != layout.block_bytes()) {
     return error(Code::kInvalidArgument, "KV buffer: size overflows 64 bits");
   }
-  constexpr size_t kAlign = 4096;
-  const size_t rounded = (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, rounded);
-  if (p == nullptr) {
-    return error(Code::kResourceExhausted, "KV buffer: cannot allocate " + std::to_string(bytes) +
-                                               " B; lower --kv-blocks or --kv-bytes-per-token");
+  // Anonymous mapping: page-aligned, zero-filled lazily (a large buffer costs nothing until used).
+  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return error(Code::kResourceExhausted, "KV buffer: cannot map " + std::to_string(bytes) +
+                                               " B: " + std::strerror(errno) +
+                                               "; lower --kv-blocks, --kv-buffer-size or --kv-bytes-per-token");
   }
-  std::memset(p, 0, rounded);
   return std::unique_ptr<KvBuffer>(new KvBuffer(layout, num_blocks, static_cast<std::byte*>(p)));
 }
 
@@ -35,7 +36,7 @@ KvBuffer::KvBuffer(KvLayout layout, int64_t num_blocks, std::byte* data)
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_list_.push_back(static_cast<int32_t>(b));
 }
 
-KvBuffer::~KvBuffer() { std::free(data_); }
+KvBuffer::~KvBuffer() { munmap(data_, static_cast<size_t>(size_bytes())); }
 
 int64_t KvBuffer::free_blocks() const {
   std::lock_guard lock(mu_);

@@ -111,7 +111,7 @@ Result<ModelConfig> model_preset(std::string_view name) {
   }
   std::string known;
   for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
-  return error(Code::kNotFound, "unknown model preset '" + std::string(name) + "' (known: " + known +
+  return error(Code::kInvalidArgument, "unknown model preset '" + std::string(name) + "' (known: " + known +
                                     "; or give a path to a JSON file)");
 }
 

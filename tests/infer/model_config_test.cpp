@@ -44,7 +44,7 @@ TEST(ModelConfig, TinyIsSmallAndValid) {
 TEST(ModelConfig, UnknownPresetListsKnownNames) {
   auto m = model_preset("gpt-5");
   ASSERT_FALSE(m);
-  EXPECT_EQ(m.status().code(), Code::kNotFound);
+  EXPECT_EQ(m.status().code(), Code::kInvalidArgument);
   EXPECT_NE(m.status().message().find("llama3-70b"), std::string::npos);
 }
 

@@ -65,7 +65,7 @@ struct GpuSpec {
 
 // Names accepted by gpu_preset: "a800x8", "h800x8".
 std::vector<std::string> gpu_preset_names();
-// kNotFound lists the known names.
+// kInvalidArgument lists the known names.
 Result<GpuSpec> gpu_preset(std::string_view name);
 
 // FLOPs of prefilling `new_tokens` after `cached_tokens` already in the KV cache (formula above).

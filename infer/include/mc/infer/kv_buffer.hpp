@@ -12,7 +12,7 @@
 // Block allocation is a free list; a sequence owns an ordered block table (token i lives in
 // block_table[i / block_size], slot i % block_size).
 //
-// Ownership: the buffer owns its memory (page-aligned, zeroed). Thread-safety: allocate/free take a mutex;
+// Ownership: the buffer owns its memory (an anonymous mapping: page-aligned, zero-filled on first touch). Thread-safety: allocate/free take a mutex;
 // reading and writing bytes of blocks a caller owns needs no lock (disjoint ranges). Errors: kResourceExhausted
 // when no blocks are free (naming the counts), kOutOfRange for bad block ids.
 #pragma once

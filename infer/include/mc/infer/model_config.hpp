@@ -70,7 +70,7 @@ struct ModelConfig {
 // Names accepted by model_preset, in a stable order.
 std::vector<std::string> model_preset_names();
 
-// A preset by name (see the header comment); kNotFound lists the known names.
+// A preset by name (see the header comment); kInvalidArgument lists the known names.
 Result<ModelConfig> model_preset(std::string_view name);
 
 // Parses a JSON object. Keys (all optional; missing keys keep the `tiny` default unless "base" names a preset):

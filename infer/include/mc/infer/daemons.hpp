@@ -1,0 +1,59 @@
+// The mc-prefill and mc-decode daemons as library calls, and the flags they share (one registry: --help, the
+// man pages and the MC_* environment names come from here).
+//
+// Backend flags (both tools): --backend (MC_BACKEND), --model (MC_MODEL), --seed (MC_SEED), --threads
+// (MC_THREADS), --gpu (MC_GPU), --time-scale (MC_TIME_SCALE), --kv-bytes-per-token (MC_KV_BYTES_PER_TOKEN),
+// --block-size (MC_BLOCK_SIZE), --kv-blocks, --kv-buffer-size (MC_KV_BUFFER_SIZE).
+// run_*_daemon: builds the backend and the worker, serves until SIGTERM/SIGINT, returns the first fatal error
+// (bad configuration: kInvalidArgument/kNotFound -> exit 2; bind failure -> exit 1).
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "mc/common/status.hpp"
+#include "mc/infer/backend.hpp"
+
+namespace mc::infer {
+
+struct BackendFlags {
+  std::string backend = "ref";
+  std::string model = "tiny";
+  uint64_t seed = 0;
+  int threads = 1;
+  std::string gpu = "a800x8";
+  double time_scale = 1.0;
+  int64_t kv_bytes_per_token = 0;
+  int64_t block_tokens = 16;
+  int64_t kv_blocks = 0;                 // 0: as many as fit in kv_buffer_size
+  std::string kv_buffer_size = "256MiB";  // size of the KV buffer when kv_blocks is 0
+};
+// Blocks of the KV buffer: kv_blocks, or kv_buffer_size / block bytes (kInvalidArgument naming the flag).
+Result<int64_t> kv_blocks_from_flags(const BackendFlags& flags, const Backend& backend);
+void add_backend_flags(CLI::App& app, BackendFlags& flags);
+// Resolves --model and --gpu and builds the backend.
+Result<std::unique_ptr<Backend>> backend_from_flags(const BackendFlags& flags);
+
+struct DecodeDaemonConfig {
+  BackendFlags backend;
+  std::string listen = "tcp://127.0.0.1:0";
+  int64_t max_batch_size = 64;
+  int64_t reservation_ttl_ms = 30000;
+  int client_timeout_ms = 2000;
+};
+void add_decode_flags(CLI::App& app, DecodeDaemonConfig& config);
+Status run_decode_daemon(const DecodeDaemonConfig& config);
+
+struct PrefillDaemonConfig {
+  BackendFlags backend;
+  std::string listen = "tcp://127.0.0.1:0";
+  std::string store = "none";  // none | mem | <mc-store master endpoint>
+  int64_t chunk_tokens = 0;
+  int decode_timeout_ms = 5000;
+  bool allow_fault_injection = false;
+};
+void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& config);
+Status run_prefill_daemon(const PrefillDaemonConfig& config);
+
+}  // namespace mc::infer

@@ -1,0 +1,122 @@
+#include "mc/infer/daemons.hpp"
+
+#include "mc/common/daemon.hpp"
+#include "mc/common/units.hpp"
+#include "mc/infer/decode_worker.hpp"
+#include "mc/infer/prefill_worker.hpp"
+
+namespace mc::infer {
+
+void add_backend_flags(CLI::App& app, BackendFlags& f) {
+  app.add_option("--backend", f.backend, "Compute backend: ref (LLaMA on the CPU) or sim (GPU cost model)")
+      ->envname("MC_BACKEND")->capture_default_str()->check(CLI::IsMember({"ref", "sim"}));
+  app.add_option("--model", f.model, "Model preset (tiny, small, llama3-8b, llama3-70b) or a JSON config file")
+      ->envname("MC_MODEL")->capture_default_str();
+  app.add_option("--seed", f.seed, "ref: seed of the weights (prefill and decode must agree); sim: token stream seed")
+      ->envname("MC_SEED")->capture_default_str();
+  app.add_option("--threads", f.threads, "ref: OpenBLAS threads")
+      ->envname("MC_THREADS")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--gpu", f.gpu, "sim: GPU server preset (a800x8, h800x8)")->envname("MC_GPU")->capture_default_str();
+  app.add_option("--time-scale", f.time_scale, "sim: sleep modelled time divided by this (> 0; 10 = ten times faster)")
+      ->envname("MC_TIME_SCALE")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--kv-bytes-per-token", f.kv_bytes_per_token,
+                 "sim: KV bytes per token (all layers) actually stored and moved; 0 = the model's")
+      ->envname("MC_KV_BYTES_PER_TOKEN")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--block-size", f.block_tokens, "Tokens per KV block (prefill, decode and store must agree)")
+      ->envname("MC_BLOCK_SIZE")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--kv-blocks", f.kv_blocks, "KV blocks in this instance's buffer (0: fill --kv-buffer-size)")
+      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--kv-buffer-size", f.kv_buffer_size, "KV buffer size in bytes (64MiB, 2GiB, ...) when --kv-blocks is 0")
+      ->envname("MC_KV_BUFFER_SIZE")->capture_default_str();
+}
+
+Result<std::unique_ptr<Backend>> backend_from_flags(const BackendFlags& f) {
+  BackendOptions o;
+  o.kind = f.backend;
+  MC_ASSIGN_OR_RETURN(o.model, load_model(f.model));
+  o.seed = f.seed;
+  o.threads = f.threads;
+  MC_ASSIGN_OR_RETURN(o.gpu, gpu_preset(f.gpu));
+  o.time_scale = f.time_scale;
+  o.kv_bytes_per_token = f.kv_bytes_per_token;
+  return make_backend(o);
+}
+
+Result<int64_t> kv_blocks_from_flags(const BackendFlags& f, const Backend& backend) {
+  if (f.kv_blocks > 0) return f.kv_blocks;
+  auto bytes = units::parse_size_bytes(f.kv_buffer_size);
+  if (!bytes.is_ok()) return bytes.status().with_context("--kv-buffer-size");
+  const int64_t block_bytes = backend.kv_layout(f.block_tokens).block_bytes();
+  const int64_t blocks = bytes.value() / block_bytes;
+  if (blocks < 1) {
+    return error(Code::kInvalidArgument, "--kv-buffer-size " + f.kv_buffer_size + " holds no block of " +
+                                             std::to_string(block_bytes) + " B; raise it or lower --block-size");
+  }
+  return blocks;
+}
+
+void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
+  app.add_option("--listen", c.listen, "RPC endpoint to bind (port 0: any free port)")
+      ->envname("MC_DECODE_LISTEN")->capture_default_str();
+  add_backend_flags(app, c.backend);
+  app.add_option("--max-batch", c.max_batch_size, "Running sequences per decode step at most")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--reservation-ttl-ms", c.reservation_ttl_ms,
+                 "Reservations without a KV commit are aborted after this many milliseconds")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--client-timeout-ms", c.client_timeout_ms, "Per-message timeout towards client endpoints (ms)")
+      ->capture_default_str()->check(CLI::Range(1, 600000));
+}
+
+Status run_decode_daemon(const DecodeDaemonConfig& c) {
+  MC_ASSIGN_OR_RETURN(auto backend, backend_from_flags(c.backend));
+  DecodeWorkerOptions o;
+  o.block_tokens = c.backend.block_tokens;
+  MC_ASSIGN_OR_RETURN(o.kv_blocks, kv_blocks_from_flags(c.backend, *backend));
+  o.max_batch_size = c.max_batch_size;
+  o.reservation_ttl_ms = c.reservation_ttl_ms;
+  MC_ASSIGN_OR_RETURN(auto worker,
+                      DecodeWorker::create(o, std::move(backend), make_rpc_token_sink(c.client_timeout_ms)));
+  daemon::install_stop_signals();
+  return serve_decode(*worker, c.listen);
+}
+
+void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
+  app.add_option("--listen", c.listen, "RPC endpoint to bind (port 0: any free port)")
+      ->envname("MC_PREFILL_LISTEN")->capture_default_str();
+  add_backend_flags(app, c.backend);
+  app.add_option("--store", c.store,
+                 "Prefix cache: none, mem (in this process) or the mc-store master endpoint (tcp://host:port)")
+      ->envname("MC_STORE")->capture_default_str();
+  app.add_option("--chunk-tokens", c.chunk_tokens, "Chunked prefill: tokens per chunk (0 = whole prompt at once)")
+      ->envname("MC_CHUNK_TOKENS")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--decode-timeout-ms", c.decode_timeout_ms, "Per-call timeout towards decode instances (ms)")
+      ->capture_default_str()->check(CLI::Range(1, 600000));
+  app.add_flag("--allow-fault-injection", c.allow_fault_injection,
+               "Honour the fail_after_layers field of prefill jobs (tests only)");
+}
+
+Status run_prefill_daemon(const PrefillDaemonConfig& c) {
+  MC_ASSIGN_OR_RETURN(auto backend, backend_from_flags(c.backend));
+  std::unique_ptr<KvBlockCache> cache;
+  if (c.store == "mem") {
+    cache = std::make_unique<MemoryBlockCache>();
+  } else if (c.store != "none") {
+    MC_ASSIGN_OR_RETURN(cache, connect_store_cache(c.store));
+  }
+  PrefillWorkerOptions o;
+  o.block_tokens = c.backend.block_tokens;
+  MC_ASSIGN_OR_RETURN(o.kv_blocks, kv_blocks_from_flags(c.backend, *backend));
+  o.chunk_tokens = c.chunk_tokens;
+  o.weight_seed = c.backend.seed;
+  o.allow_fault_injection = c.allow_fault_injection;
+  MC_ASSIGN_OR_RETURN(auto worker, PrefillWorker::create(o, std::move(backend), std::move(cache),
+                                                         make_rpc_decode_link(c.decode_timeout_ms)));
+  daemon::install_stop_signals();
+  PrefillServeOptions so;
+  so.endpoint = c.listen;
+  so.gpu = c.backend.gpu;
+  return serve_prefill(*worker, so);
+}
+
+}  // namespace mc::infer

@@ -1,0 +1,284 @@
+// End to end on loopback: real mc-decode and mc-prefill processes, a client RpcServer in the test.
+// Three requests sharing a 2-block prefix: with the cache the 2nd and 3rd hit (ledger) and produce exactly the
+// tokens of a prefill instance with the cache disabled (ref and sim backends). Field report #14 over RPC.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "mc/common/rpc.hpp"
+
+namespace mc {
+namespace {
+
+// A child process; killed (SIGTERM, then SIGKILL) when the guard goes out of scope, even on test failure.
+class Child {
+ public:
+  Child(const std::string& binary, std::vector<std::string> args) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(binary.c_str()));
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(binary.c_str(), argv.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fds[0];
+  }
+  ~Child() { stop(); }
+
+  // Waits for "ready <service> <endpoint> ..." and returns the endpoint ("" on timeout or exit).
+  std::string wait_ready(int timeout_ms = 30000) {
+    std::string buf;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char c[256];
+      const ssize_t n = read(out_, c, sizeof(c));
+      if (n <= 0) return "";
+      buf.append(c, static_cast<size_t>(n));
+      const auto pos = buf.find("ready ");
+      if (pos != std::string::npos && buf.find('\n', pos) != std::string::npos) {
+        const auto a = buf.find(' ', pos + 6) + 1;
+        return buf.substr(a, buf.find_first_of(" \n", a) - a);
+      }
+    }
+    return "";
+  }
+  // SIGTERM, wait up to 5 s, then SIGKILL. Returns the exit status (-1 when killed hard).
+  int stop() {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 100; ++i) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        close(out_);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    close(out_);
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+};
+
+struct Stream {
+  std::vector<uint32_t> tokens;
+  std::vector<int64_t> times_ns;
+  std::optional<proto::RequestLedger> done;
+  std::optional<proto::RequestError> error;
+};
+
+// The client endpoint: records token events on its own thread.
+class ClientEndpoint {
+ public:
+  ClientEndpoint() {
+    rpc::ServerOptions o;
+    o.service = "e2e-client";
+    o.bind_endpoints = {"tcp://127.0.0.1:0"};
+    server_ = rpc::RpcServer::bind(o).value();
+    server_->handle<proto::TokenEvent>([this](const proto::TokenEvent& e, const auto&) -> Result<proto::ClientAck> {
+      std::lock_guard lock(mu_);
+      auto& s = streams_[e.request_id];
+      EXPECT_EQ(e.index, static_cast<int64_t>(s.tokens.size())) << "tokens out of order";
+      s.tokens.push_back(e.token);
+      s.times_ns.push_back(e.emitted_unix_ns);
+      return proto::ClientAck{true};
+    });
+    server_->handle<proto::RequestDone>([this](const proto::RequestDone& d, const auto&) -> Result<proto::ClientAck> {
+      std::lock_guard lock(mu_);
+      streams_[d.request_id].done = d.ledger;
+      return proto::ClientAck{true};
+    });
+    server_->handle<proto::RequestError>([this](const proto::RequestError& e, const auto&) -> Result<proto::ClientAck> {
+      std::lock_guard lock(mu_);
+      streams_[e.request_id].error = e;
+      return proto::ClientAck{true};
+    });
+    thread_ = std::thread([this] { (void)server_->serve(); });
+  }
+  ~ClientEndpoint() {
+    server_->stop();
+    thread_.join();
+  }
+  std::string endpoint() const { return server_->endpoints().front(); }
+  // Waits (bounded) until the request ended (done or error).
+  Stream wait(const std::string& id, int timeout_ms = 20000) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard lock(mu_);
+        auto it = streams_.find(id);
+        if (it != streams_.end() && (it->second.done || it->second.error)) return it->second;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::lock_guard lock(mu_);
+    return streams_[id];
+  }
+
+ private:
+  std::unique_ptr<rpc::RpcServer> server_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::map<std::string, Stream> streams_;
+};
+
+const std::string kBin = MC_BINARY_DIR "/bin/";
+
+struct RequestRun {
+  Result<proto::PrefillJobReply> job = Status(Code::kInternal, "not run");
+  Stream stream;
+};
+
+RequestRun run_request(rpc::RpcClient& decode, const std::string& decode_ep, rpc::RpcClient& prefill, ClientEndpoint& client,
+                const std::string& id, const std::vector<uint32_t>& prompt, int64_t output,
+                int64_t fail_after_layers = -1) {
+  RequestRun run;
+  auto res = decode.call(proto::DecodeReserveRequest{id, static_cast<int64_t>(prompt.size()), output,
+                                                     client.endpoint(), 10000}, 5000);
+  if (!res.is_ok()) {
+    run.job = res.status();
+    return run;
+  }
+  proto::PrefillJobRequest job;
+  job.request_id = id;
+  job.tokens = prompt;
+  job.output_length_tokens = output;
+  job.decode_endpoint = decode_ep;
+  job.reservation_id = res->reservation_id;
+  job.decode_block_offsets_bytes = res->block_offsets_bytes;
+  job.client_endpoint = client.endpoint();
+  job.fail_after_layers = fail_after_layers;
+  run.job = prefill.call(job, 20000);
+  run.stream = client.wait(id);
+  return run;
+}
+
+std::vector<uint32_t> prompt_with_shared_prefix(int64_t block, int64_t tail, uint32_t salt) {
+  std::vector<uint32_t> p;
+  for (int64_t i = 0; i < 2 * block; ++i) p.push_back(static_cast<uint32_t>((i * 37 + 11) % 256));
+  for (int64_t i = 0; i < tail; ++i) p.push_back(static_cast<uint32_t>((salt * 53 + i * 7 + 3) % 256));
+  return p;
+}
+
+void shared_prefix_e2e(const std::vector<std::string>& backend_args) {
+  const int64_t block = 16;
+  std::vector<std::string> common = backend_args;
+  common.insert(common.end(), {"--block-size", "16", "--kv-blocks", "256", "--seed", "5", "--log-level", "warn"});
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  Child decode(kBin + "mc-decode", with({}));
+  Child cached(kBin + "mc-prefill", with({"--store", "mem", "--chunk-tokens", "20"}));
+  Child uncached(kBin + "mc-prefill", with({"--store", "none"}));
+  const std::string dep = decode.wait_ready(), cep = cached.wait_ready(), uep = uncached.wait_ready();
+  ASSERT_FALSE(dep.empty());
+  ASSERT_FALSE(cep.empty());
+  ASSERT_FALSE(uep.empty());
+  auto d = rpc::RpcClient::connect(dep).value();
+  auto pc = rpc::RpcClient::connect(cep).value();
+  auto pu = rpc::RpcClient::connect(uep).value();
+  ClientEndpoint client;
+  const std::vector<int64_t> tails = {9, 21, 5};
+  for (size_t i = 0; i < tails.size(); ++i) {
+    const auto prompt = prompt_with_shared_prefix(block, tails[i], static_cast<uint32_t>(i));
+    const std::string id = "req-" + std::to_string(i);
+    RequestRun hit = run_request(*d, dep, *pc, client, id + "-cache", prompt, 10);
+    RequestRun ref = run_request(*d, dep, *pu, client, id + "-nocache", prompt, 10);
+    ASSERT_TRUE(hit.job) << hit.job.status().to_string();
+    ASSERT_TRUE(ref.job) << ref.job.status().to_string();
+    ASSERT_TRUE(hit.stream.done.has_value()) << id;
+    ASSERT_TRUE(ref.stream.done.has_value()) << id;
+    EXPECT_EQ(hit.stream.tokens.size(), 10u);
+    EXPECT_EQ(hit.stream.tokens, ref.stream.tokens) << id << ": the cached run produced different tokens";
+    EXPECT_EQ(hit.stream.done->hit_tokens, i == 0 ? 0 : 2 * block) << id;
+    EXPECT_EQ(hit.stream.done->decision, i == 0 ? "recompute" : "fetch");
+    EXPECT_EQ(ref.stream.done->hit_tokens, 0);
+    EXPECT_EQ(hit.stream.done->prompt_tokens, static_cast<int64_t>(prompt.size()));
+    EXPECT_GT(hit.stream.done->kv_sent_bytes, 0);
+    for (size_t k = 1; k < hit.stream.times_ns.size(); ++k) EXPECT_GE(hit.stream.times_ns[k], hit.stream.times_ns[k - 1]);
+  }
+  auto load = d->call(proto::WorkerLoadRequest{}, 2000);
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->kv_blocks_committed, 0);
+  EXPECT_EQ(load->kv_blocks_used, 0);
+  auto stat = d->call(proto::StatRequest{}, 2000);
+  ASSERT_TRUE(stat);
+  EXPECT_NE(stat->metrics_json.find("mc_decode_tokens_total"), std::string::npos);
+  EXPECT_EQ(decode.stop(), 0) << "mc-decode did not exit cleanly on SIGTERM";
+  EXPECT_EQ(cached.stop(), 0);
+}
+
+TEST(InferE2E, SharedPrefixRefBackend) { shared_prefix_e2e({"--backend", "ref", "--model", "tiny"}); }
+
+TEST(InferE2E, SharedPrefixSimBackendScaledKv) {
+  shared_prefix_e2e({"--backend", "sim", "--model", "llama3-70b", "--kv-bytes-per-token", "8192", "--time-scale", "100"});
+}
+
+TEST(InferE2E, FieldReport14OverRpc) {
+  std::vector<std::string> args = {"--backend", "ref", "--block-size", "16", "--kv-blocks", "4096", "--log-level", "error"};
+  Child decode(kBin + "mc-decode", args);
+  args.push_back("--allow-fault-injection");
+  Child prefill(kBin + "mc-prefill", args);
+  const std::string dep = decode.wait_ready(), pep = prefill.wait_ready();
+  ASSERT_FALSE(dep.empty());
+  ASSERT_FALSE(pep.empty());
+  auto d = rpc::RpcClient::connect(dep).value();
+  auto p = rpc::RpcClient::connect(pep).value();
+  ClientEndpoint client;
+  const auto baseline = d->call(proto::WorkerLoadRequest{}, 2000).value();
+  // Step 1: longer than the 32,768-token context: refused before any allocation.
+  auto too_long = d->call(proto::DecodeReserveRequest{"long", 32777, 100, client.endpoint(), 0}, 2000);
+  ASSERT_FALSE(too_long);
+  EXPECT_EQ(too_long.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(too_long.status().message().find("input too long"), std::string::npos);
+  // Step 2: zero, negative, 2^31.
+  for (int64_t bad : {int64_t{0}, int64_t{-1}, int64_t{1} << 31}) {
+    EXPECT_EQ(d->call(proto::DecodeReserveRequest{"bad", bad, 10, client.endpoint(), 0}, 2000).status().code(),
+              Code::kInvalidArgument);
+  }
+  // Step 3: prefill fails after a partial transfer.
+  std::vector<uint32_t> prompt(70, 7);
+  RequestRun failed = run_request(*d, dep, *p, client, "partial", prompt, 20, /*fail_after_layers=*/2);
+  ASSERT_FALSE(failed.job);
+  EXPECT_EQ(failed.job.status().code(), Code::kAborted);
+  ASSERT_TRUE(failed.stream.error.has_value());
+  EXPECT_FALSE(failed.stream.done.has_value());
+  EXPECT_TRUE(failed.stream.tokens.empty());
+  const auto after = d->call(proto::WorkerLoadRequest{}, 2000).value();
+  EXPECT_EQ(after.kv_blocks_free, baseline.kv_blocks_free);
+  EXPECT_EQ(after.kv_blocks_used, baseline.kv_blocks_used);
+  // And the instance still serves a legal request.
+  RequestRun ok = run_request(*d, dep, *p, client, "fine", prompt, 4);
+  ASSERT_TRUE(ok.job) << ok.job.status().to_string();
+  EXPECT_TRUE(ok.stream.done.has_value());
+}
+
+}  // namespace
+}  // namespace mc
