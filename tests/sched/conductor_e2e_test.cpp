@@ -1,0 +1,326 @@
+// mc-conductor end to end on loopback (issue 6): the real daemon, fake workers speaking the worker and
+// Conductor sections of protocol.hpp from this test, and a KV-event publisher standing in for the store.
+// Requests are spread over 2 prefill instances; a repeated prefix goes where the cache is; an oversized
+// request is rejected before any prefill starts; a refused reservation is a rejection; stat reports it.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "mc/common/block_key.hpp"
+#include "mc/common/protocol.hpp"
+#include "mc/common/rpc.hpp"
+
+namespace mc {
+namespace {
+
+constexpr uint32_t kBlock = 16;
+
+// A child process with its stdout piped; killed (SIGTERM, then SIGKILL) when the guard goes away.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fds[0];
+  }
+  ~Child() { stop(); }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  // The first stdout line, within timeout_ms ("" on timeout or exit).
+  std::string read_line(int timeout_ms) {
+    std::string line;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      char c;
+      if (read(out_, &c, 1) != 1) return "";
+      if (c == '\n') return line;
+      line += c;
+    }
+    return "";
+  }
+
+  int stop() {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 100; ++i) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        close(out_);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    close(out_);
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+};
+
+// A fake worker: an RpcServer on its own thread recording the jobs it gets. Prefill jobs are never
+// answered (they stay queued at the Conductor, which makes placement deterministic); reservations are
+// granted unless the request id starts with "refuse".
+class FakeWorker {
+ public:
+  FakeWorker() {
+    std::promise<std::string> ep;
+    auto fut = ep.get_future();
+    thread_ = std::thread([this, ep = std::move(ep)]() mutable {
+      rpc::ServerOptions o;
+      o.service = "fake worker";
+      o.bind_endpoints = {"tcp://127.0.0.1:0"};
+      auto server = rpc::RpcServer::bind(o);
+      if (!server.is_ok()) {
+        ep.set_value("");
+        return;
+      }
+      (*server)->handle<proto::DecodeReserveRequest>(
+          [this](const proto::DecodeReserveRequest& r, const rpc::CallContext&) -> Result<proto::DecodeReserveReply> {
+            std::lock_guard<std::mutex> lock(mu_);
+            reserves_.push_back(r);
+            if (r.request_id.rfind("refuse", 0) == 0) {
+              return error(Code::kRejected, "decode-0: KV full (test)");
+            }
+            proto::DecodeReserveReply rep;
+            rep.reservation_id = reserves_.size();
+            rep.block_offsets_bytes = {0, 4096};
+            return rep;
+          });
+      (*server)->handle<proto::PrefillJobRequest>(
+          [this](const proto::PrefillJobRequest& j, const rpc::CallContext& ctx) -> Result<proto::PrefillJobReply> {
+            std::lock_guard<std::mutex> lock(mu_);
+            jobs_.push_back(j);
+            ctx.defer();
+            return proto::PrefillJobReply{};
+          });
+      ep.set_value((*server)->endpoints().front());
+      while (!stop_.load()) (void)(*server)->poll_once(10);
+    });
+    endpoint_ = fut.get();
+  }
+  ~FakeWorker() {
+    stop_.store(true);
+    thread_.join();
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  std::vector<proto::PrefillJobRequest> jobs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return jobs_;
+  }
+  std::vector<proto::DecodeReserveRequest> reserves() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reserves_;
+  }
+
+ private:
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::string endpoint_;
+  std::mutex mu_;
+  std::vector<proto::PrefillJobRequest> jobs_;
+  std::vector<proto::DecodeReserveRequest> reserves_;
+};
+
+std::vector<uint32_t> prompt(uint32_t base, size_t n) {
+  std::vector<uint32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = base + static_cast<uint32_t>(i * 7 % 1000);
+  return t;
+}
+
+nlohmann::json status(rpc::RpcClient& c) {
+  auto r = c.call(proto::ConductorStatusRequest{true}, 2000);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return r.is_ok() ? nlohmann::json::parse(r->status_json) : nlohmann::json{};
+}
+
+TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
+  auto pub = rpc::EventPublisher::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(pub.is_ok()) << pub.status().to_string();
+  const std::string decisions = ::testing::TempDir() + "/conductor_e2e_decisions.jsonl";
+  std::remove(decisions.c_str());
+  Child conductor({MC_BINARY_DIR "/bin/mc-conductor", "--log-level", "warn", "serve", "--listen", "tcp://127.0.0.1:0", "--kv-events",
+                   (*pub)->endpoint(), "--block-size", std::to_string(kBlock), "--kv-bytes-per-token", "1024",
+                   "--slo-ttft-ms", "60000", "--decisions", decisions});
+  const std::string ready = conductor.read_line(10'000);
+  ASSERT_EQ(ready.rfind("ready mc-conductor tcp://", 0), 0u) << "ready line: '" << ready << "'";
+  const std::string endpoint = ready.substr(19, ready.find(' ', 19) - 19);
+
+  FakeWorker p0, p1, d0;
+  auto client = rpc::RpcClient::connect(endpoint);
+  ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+  rpc::RpcClient& c = **client;
+  ASSERT_TRUE(c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock}).is_ok());
+  ASSERT_TRUE(c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock}).is_ok());
+  auto reg = c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 100'000, kBlock});
+  ASSERT_TRUE(reg.is_ok()) << reg.status().to_string();
+  EXPECT_EQ(reg->block_size_tokens, kBlock);
+  // A worker with another block size is refused, naming both sizes.
+  auto bad = c.call(proto::ConductorRegisterRequest{"PX", "prefill", "h9", p0.endpoint(), "", 0, 512});
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+
+  // P1's own cache holds the first 3 blocks of prompt X: publish until the index has them (a
+  // subscriber joining late misses the first messages; the event-id gap is logged and tolerated).
+  KeyNamespace ns;
+  ns.block_size = kBlock;
+  const std::vector<uint32_t> x = prompt(1, 4 * kBlock + 5);
+  const std::vector<uint64_t> keys = seq_hashes(x, ns);
+  ASSERT_EQ(keys.size(), 4u);
+  bool indexed = false;
+  for (int i = 0; i < 200 && !indexed; ++i) {
+    proto::KvEvent e;
+    e.type = proto::kKvEventStored;
+    e.seq_hashes = {keys[0], keys[1], keys[2]};
+    e.backend_id = "gpu-P1";
+    e.medium = "gpu";
+    ASSERT_TRUE((*pub)->publish(e).is_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    indexed = status(c)["index"]["blocks"] == 3;
+  }
+  ASSERT_TRUE(indexed) << "the Conductor never indexed the published blocks";
+
+  auto submit = [&](const std::string& id, const std::vector<uint32_t>& tokens, int64_t output) {
+    proto::ConductorSubmitRequest s;
+    s.request_id = id;
+    s.tokens = tokens;
+    s.input_tokens = static_cast<int64_t>(tokens.size());
+    s.output_tokens = output;
+    s.client_endpoint = "tcp://127.0.0.1:9";
+    auto r = c.call(s, 5000);
+    EXPECT_TRUE(r.is_ok()) << id << ": " << r.status().to_string();
+    return r.is_ok() ? r.value() : proto::ConductorSubmitReply{};
+  };
+
+  // 1. The repeated prefix goes where the cache is, and the job says how much to fetch.
+  proto::ConductorSubmitReply rx = submit("x", x, 8);
+  ASSERT_TRUE(rx.accepted) << rx.reason;
+  EXPECT_EQ(rx.prefill_id, "P1");
+  EXPECT_EQ(rx.decode_id, "D0");
+  EXPECT_EQ(rx.hit_tokens, 3 * kBlock);
+
+  // 2. Long fresh prompts are spread over both prefill instances (queued work counts).
+  std::vector<std::string> placed;
+  for (int i = 0; i < 4; ++i) {
+    proto::ConductorSubmitReply r = submit("s" + std::to_string(i), prompt(5000 + 10 * i, 8192), 4);
+    ASSERT_TRUE(r.accepted) << r.reason;
+    placed.push_back(r.prefill_id);
+  }
+  EXPECT_NE(std::count(placed.begin(), placed.end(), "P0"), 0) << "all on P1";
+  EXPECT_NE(std::count(placed.begin(), placed.end(), "P1"), 0) << "all on P0";
+
+  // 3. Oversized: 100,000 KV tokens on the only decode instance; rejected before any work.
+  proto::ConductorSubmitReply big = submit("big", prompt(9, 64), 200'000);
+  EXPECT_FALSE(big.accepted);
+  EXPECT_EQ(big.reject_reason, "kv_capacity");
+  EXPECT_NE(big.reason.find("100000"), std::string::npos) << big.reason;
+
+  // 4. A refused reservation is a rejection too, and no prefill job is sent for it.
+  proto::ConductorSubmitReply ref = submit("refuse-1", prompt(77, 40), 4);
+  EXPECT_FALSE(ref.accepted);
+  EXPECT_EQ(ref.reject_reason, "decode_refused");
+  EXPECT_NE(ref.reason.find("KV full"), std::string::npos) << ref.reason;
+
+  // 5. Bad input is an error reply naming the request, never a crash.
+  proto::ConductorSubmitRequest empty;
+  empty.request_id = "empty";
+  empty.output_tokens = 1;
+  auto er = c.call(empty, 2000);
+  EXPECT_EQ(er.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(er.status().message().find("empty"), std::string::npos);
+
+  // The workers saw exactly the accepted requests.
+  auto wait_jobs = [&](FakeWorker& w, size_t n) {
+    for (int i = 0; i < 200 && w.jobs().size() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return w.jobs();
+  };
+  std::vector<proto::PrefillJobRequest> j1 = wait_jobs(p1, 1);
+  ASSERT_FALSE(j1.empty());
+  EXPECT_EQ(j1[0].request_id, "x");
+  EXPECT_EQ(j1[0].fetch_prefix_blocks, 3);
+  EXPECT_EQ(j1[0].tokens, x);
+  EXPECT_EQ(j1[0].decode_endpoint, d0.endpoint());
+  EXPECT_EQ(j1[0].client_endpoint, "tcp://127.0.0.1:9");
+  EXPECT_EQ(j1[0].reservation_id, 1u);
+  size_t jobs_total = wait_jobs(p0, 1).size() + p1.jobs().size();
+  EXPECT_EQ(jobs_total, 5u);
+  for (auto* w : {&p0, &p1}) {
+    for (const auto& j : w->jobs()) {
+      EXPECT_NE(j.request_id, "big");
+      EXPECT_NE(j.request_id, "refuse-1");
+    }
+  }
+  std::vector<proto::DecodeReserveRequest> res = d0.reserves();
+  EXPECT_EQ(res.size(), 6u);  // 5 accepted + the refused one; none for "big"
+  for (const auto& r : res) EXPECT_NE(r.request_id, "big");
+
+  // stat: the real binary, JSON.
+  {
+    std::string cmd = std::string(MC_BINARY_DIR "/bin/mc-conductor stat --json --endpoint ") + endpoint;
+    FILE* f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+    EXPECT_EQ(pclose(f), 0);
+    nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << out;
+    EXPECT_EQ(j["instances"].size(), 3u);
+    EXPECT_EQ(j["decisions"]["total"], 7);
+    EXPECT_EQ(j["decisions"]["accepted"], 6);  // the refused reservation was accepted by the policy
+    EXPECT_EQ(j["decisions"]["rejected"]["kv_capacity"], 1);
+    EXPECT_EQ(j["index"]["blocks"], 3);
+    for (const auto& i : j["instances"]) EXPECT_EQ(i["state"], "unknown");  // no load report yet (#12)
+  }
+  EXPECT_EQ(conductor.stop(), 0);
+
+  // Every decision is in the log with its inputs.
+  std::ifstream log(decisions);
+  std::string line;
+  int lines = 0;
+  while (std::getline(log, line)) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << line;
+    EXPECT_TRUE(j["request"].contains("block_hashes"));
+    EXPECT_TRUE(j["decision"].contains("predicted_ttft_ms"));
+    ++lines;
+  }
+  EXPECT_EQ(lines, 7);
+  std::remove(decisions.c_str());
+}
+
+}  // namespace
+}  // namespace mc
