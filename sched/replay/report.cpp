@@ -459,4 +459,27 @@ void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
                     fixed(p.p90_abs_error_ms, 1), pct(p.mean_abs_pct_error)}});
 }
 
+void print_comparison(std::ostream& out, const std::vector<std::pair<std::string, Summary>>& runs) {
+  std::string slo_head = "slo_%";
+  if (!runs.empty() && !runs.front().second.slo.empty()) {
+    const SloResult& f = runs.front().second.slo.front();
+    slo_head = "slo_" + fixed(f.ttft_ms, 0) + "ms/" + fixed(f.tbt_ms, 0) + "ms_%";
+  }
+  std::vector<std::vector<std::string>> rows = {{"run", "offered", "accepted_%", "completed", "ttft_mean_ms",
+                                                 "ttft_p90_ms", "tbt_p90_ms", slo_head, "goodput_req/s", "hit_%",
+                                                 "avoided_prefill_tokens"}};
+  auto d = [](const std::optional<Distribution>& x, double Distribution::*f) {
+    return x ? fixed((*x).*f, 1) : std::string("-");
+  };
+  for (const auto& [name, s] : runs) {
+    double accept = s.offered > 0 ? static_cast<double>(s.accepted) / static_cast<double>(s.offered) : 0.0;
+    const SloResult* f = s.slo.empty() ? nullptr : &s.slo.front();
+    rows.push_back({name, std::to_string(s.offered), pct(accept), std::to_string(s.completed),
+                    d(s.ttft_ms, &Distribution::mean), d(s.ttft_ms, &Distribution::p90), d(s.tbt_ms, &Distribution::p90),
+                    f ? pct(f->attainment) : "-", f ? fixed(f->goodput_rps, 3) : "-", pct(s.cache.hit_ratio()),
+                    std::to_string(s.cache.avoided_prefill_tokens)});
+  }
+  print_rows(out, rows);
+}
+
 }  // namespace mc::replay

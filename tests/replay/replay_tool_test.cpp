@@ -243,6 +243,20 @@ TEST(ReplayTool, FiftyRequestsRecordsAgreeWithSummary) {
   ToolRun table = run_tool({"report", out.path});
   EXPECT_NE(table.out.find("mean_ms"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("hit_%"), std::string::npos);
+  // Several files: one comparison row per run, labelled by the file's stem.
+  TempFile copy("other.jsonl");
+  std::filesystem::copy_file(out.path, copy.path);
+  ToolRun cmp = run_tool({"report", out.path, copy.path});
+  ASSERT_EQ(cmp.rc, 0) << cmp.err;
+  EXPECT_NE(cmp.out.find("ttft_p90_ms"), std::string::npos) << cmp.out;
+  EXPECT_NE(cmp.out.find("slo_30000ms/100ms_%"), std::string::npos) << cmp.out;
+  EXPECT_NE(cmp.out.find("\nrecords.jsonl"), std::string::npos) << cmp.out;
+  EXPECT_NE(cmp.out.find("\nother.jsonl"), std::string::npos) << cmp.out;
+  ToolRun cmpj = run_tool({"report", out.path, copy.path, "--json"});
+  ASSERT_EQ(cmpj.rc, 0);
+  json arr = json::parse(cmpj.out);
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_EQ(arr[1]["requests"], s["requests"]);
 }
 
 // Field report #16: 128 tokens requested, the server stops after 7 and says so in "done".

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
       "report TTFT, TBT, TPOT, E2E, SLO attainment, goodput and the KV-cache ledger.\n"
       "  mc-trace-replay TRACE --conductor tcp://127.0.0.1:PORT [--speed X] [--out records.jsonl]\n"
       "  mc-trace-replay analyze TRACE        (no cluster: lengths, arrival rate, prefix-cache hit ratios)\n"
-      "  mc-trace-replay report RECORDS.jsonl (the summary of a finished run)"};
+      "  mc-trace-replay report RECORDS.jsonl... (the summary of finished runs; several: one row each)"};
   mc::cli::add_common_flags(app, program);
 
   // ---- replay (the default command) ----
@@ -141,8 +141,9 @@ int main(int argc, char** argv) {
   // ---- report ----
   mc::replay::ReportCommand pc;
   SummaryFlags psf;
-  auto* report = app.add_subcommand("report", "Summarise the JSONL records of a finished replay (--out)");
-  report->add_option("records", pc.records_path, "JSONL records written by --out")->required();
+  auto* report = app.add_subcommand(
+      "report", "Summarise the JSONL records of a finished replay (--out); several files: one comparison row each");
+  report->add_option("records", pc.records_paths, "JSONL records written by --out (one or more files)")->required();
   add_summary_flags(*report, psf, pc.summary, pc.json);
 
   if (int rc_parse = mc::cli::parse(app, argc, argv); rc_parse >= 0) return rc_parse;

@@ -1,7 +1,8 @@
 // The commands of mc-trace-replay as library calls (the tool's main only parses flags into these):
 //   replay   TRACE --conductor tcp://...  the live open-loop replay: JSONL records (--out), summary
 //   analyze  TRACE                        offline trace statistics and prefix-cache hit ratios
-//   report   RECORDS.jsonl                the summary of a finished run's records, re-computed
+//   report   RECORDS.jsonl...             the summary of a finished run's records, re-computed; with
+//                                         several files, one comparison row per run (label: file stem)
 // Output: the table (default) or one JSON document (--json) on `out`; diagnostics on stderr. In JSON
 // mode a failure is reported as {"error": {"code", "message"}} on `out` as well as returned.
 #pragma once
@@ -46,7 +47,7 @@ struct AnalyzeCommand {
 };
 
 struct ReportCommand {
-  std::string records_path;
+  std::vector<std::string> records_paths;  // one: the full summary; several: one comparison row each
   SummaryOptions summary;
   bool json = false;
 };
