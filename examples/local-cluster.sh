@@ -15,6 +15,8 @@
 #   examples/local-cluster.sh [options] -- CMD [ARGS]   run CMD with MC_CONDUCTOR (and the other
 #                                                        endpoints) in its environment, then stop;
 #                                                        exits with CMD's status
+# CMD also gets MC_CLUSTER_STATE, a directory holding cluster.txt (one line per process: name, pid,
+# endpoint) and each process's log, e.g. to kill a storage node in a fault test.
 # On exit, Ctrl-C or SIGTERM it stops every process it started (SIGTERM, then SIGKILL after 5 s),
 # waits for them, and removes its state directory and the /dev/shm files of its storage nodes: no
 # orphan processes, no leftovers.
@@ -31,6 +33,8 @@
 #                                                                        [MC_KV_BYTES_PER_TOKEN, 1024]
 #   --block-size N        tokens per KV block everywhere                 [MC_BLOCK_SIZE, 512]
 #   --policy NAME         conductor policy: random, least_loaded, cache_aware, kvcache [MC_POLICY, kvcache]
+#   --prefix-cache C      store (the pool) or none (cache disabled: every prefill recomputes)
+#                                                                        [MC_PREFIX_CACHE, store]
 #   --dram-bytes SIZE     DRAM per storage node                          [MC_STORE_DRAM, 256MiB]
 #   --kv-buffer-size SIZE KV buffer per prefill/decode instance          [MC_KV_BUFFER_SIZE, 256MiB]
 #   --bin DIR             where the mc binaries are                      [MC_BIN, build/bin next to this script]
@@ -55,6 +59,7 @@ time_scale="${MC_TIME_SCALE:-1}"
 kv_bytes_per_token="${MC_KV_BYTES_PER_TOKEN:-1024}"
 block_size="${MC_BLOCK_SIZE:-512}"
 policy="${MC_POLICY:-kvcache}"
+prefix_cache="${MC_PREFIX_CACHE:-store}"
 dram_bytes="${MC_STORE_DRAM:-256MiB}"
 kv_buffer_size="${MC_KV_BUFFER_SIZE:-256MiB}"
 bin="${MC_BIN:-$root/build/bin}"
@@ -76,6 +81,7 @@ while [[ $# -gt 0 ]]; do
     --kv-bytes-per-token) need "$@"; kv_bytes_per_token="$2"; shift 2 ;;
     --block-size) need "$@"; block_size="$2"; shift 2 ;;
     --policy) need "$@"; policy="$2"; shift 2 ;;
+    --prefix-cache) need "$@"; prefix_cache="$2"; shift 2 ;;
     --dram-bytes) need "$@"; dram_bytes="$2"; shift 2 ;;
     --kv-buffer-size) need "$@"; kv_buffer_size="$2"; shift 2 ;;
     --bin) need "$@"; bin="$2"; shift 2 ;;
@@ -87,6 +93,8 @@ while [[ $# -gt 0 ]]; do
     *) echo "local-cluster.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+[[ "$prefix_cache" == store || "$prefix_cache" == none ]] ||
+  { echo "local-cluster.sh: --prefix-cache must be store or none, got '$prefix_cache'" >&2; exit 2; }
 [[ -n "$model" ]] || { [[ "$backend" == ref ]] && model=tiny || model=llama3-70b; }
 for n in "$store_nodes" "$n_prefill" "$n_decode"; do
   [[ "$n" =~ ^[0-9]+$ ]] || { echo "local-cluster.sh: counts must be integers, got '$n'" >&2; exit 2; }
@@ -148,6 +156,7 @@ wait_ready() {
     line="$(grep -m1 '^ready ' "$log" 2>/dev/null || true)"
     if [[ -n "$line" ]]; then
       echo "$line" > "$state/$name.ready"
+      echo "$name $pid $(awk '{print $3}' <<< "$line")" >> "$state/cluster.txt"
       awk '{print $3}' <<< "$line"
       return 0
     fi
@@ -190,11 +199,14 @@ for ((i = 0; i < n_decode; i++)); do
   wait_ready "decode$i" > /dev/null
 done
 for ((i = 0; i < n_prefill; i++)); do
-  start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 --store "$master" "${worker_flags[@]}"
+  store_flag="$master"
+  [[ "$prefix_cache" == none ]] && store_flag=none
+  start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 --store "$store_flag" "${worker_flags[@]}"
   wait_ready "prefill$i" > /dev/null
 done
 
 export MC_CONDUCTOR="$conductor" MC_STORE_MASTER="$master" MC_STORE_EVENTS="$events" MC_BLOCK_SIZE="$block_size"
+export MC_CLUSTER_STATE="$state"
 {
   echo "local-cluster.sh: up: 1 store master, $store_nodes storage nodes, 1 conductor ($policy)," \
        "$n_prefill prefill and $n_decode decode instances ($backend backend, model $model, block $block_size tokens)"

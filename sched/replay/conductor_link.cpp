@@ -98,7 +98,8 @@ class ClientEventSource final : public EventSource {
       return server.status().with_context("binding the client endpoint for token events (--client-bind)");
     server_ = std::move(server).value();
     server_->handle<proto::TokenEvent>([sink](const proto::TokenEvent& ev, const rpc::CallContext&) {
-      sink->on_tokens(ev.request_id, 1);
+      const uint32_t token = ev.token;
+      sink->on_tokens(ev.request_id, std::span<const uint32_t>(&token, 1));
       return Result<proto::ClientAck>(proto::ClientAck{});
     });
     server_->handle<proto::RequestDone>([sink](const proto::RequestDone& done, const rpc::CallContext&) {

@@ -145,6 +145,7 @@ json to_json(const RequestRecord& r) {
     j["tbt_max_ms"] = r.tbt->max_ms;
     j["tbt_top10_mean_ms"] = r.tbt->top10_mean_ms;
   }
+  if (!r.output_token_ids.empty()) j["output_token_ids"] = r.output_token_ids;
   json l = json::object();
   const Ledger& g = r.ledger;
   put(l, "prompt_tokens", g.prompt_tokens);
@@ -198,6 +199,13 @@ Result<RequestRecord> record_from_json(const json& j) {
     MC_RETURN_IF_ERROR(get_required(j, "tbt_max_ms", t.max_ms));
     MC_RETURN_IF_ERROR(get_required(j, "tbt_top10_mean_ms", t.top10_mean_ms));
     r.tbt = t;
+  }
+  if (auto t = j.find("output_token_ids"); t != j.end()) {
+    try {
+      r.output_token_ids = t->get<std::vector<uint32_t>>();
+    } catch (const std::exception& e) {
+      return Status(Code::kInvalidArgument, std::string("record field \"output_token_ids\": ") + e.what());
+    }
   }
   auto lit = j.find("ledger");
   if (lit != j.end()) {

@@ -265,7 +265,8 @@ TEST(ReplayTool, EarlyStopReportsProducedTokens) {
   TempFile trace("one.jsonl"), out("r16.jsonl");
   std::ofstream(trace.path) << R"({"timestamp": 0, "input_length": 600, "output_length": 128, "hash_ids": [0, 1]})"
                             << "\n";
-  ToolRun r = run_tool({trace.path, "--conductor", conductor.endpoint(), "--out", out.path, "--json"});
+  ToolRun r = run_tool({trace.path, "--conductor", conductor.endpoint(), "--out", out.path, "--json",
+                        "--record-token-ids"});
   ASSERT_EQ(r.rc, 0) << r.err;
   auto recs = read_jsonl(out.path);
   ASSERT_EQ(recs.size(), 1u);
@@ -274,6 +275,7 @@ TEST(ReplayTool, EarlyStopReportsProducedTokens) {
   EXPECT_EQ(j["output_tokens"], 7);
   EXPECT_NEAR(j["tpot_ms"].get<double>(), (j["e2e_ms"].get<double>() - j["ttft_ms"].get<double>()) / 6, 1e-9);
   EXPECT_EQ(j["tbt_gaps"], 6);
+  EXPECT_EQ(j["output_token_ids"], json({0, 1, 2, 3, 4, 5, 6}));
   json s = json::parse(r.out);
   EXPECT_EQ(s["output_tokens"]["produced"], 7);
   EXPECT_EQ(s["output_tokens"]["requested"], 128);

@@ -94,6 +94,8 @@ struct RequestRecord {
   std::optional<double> tpot_ms;
   std::optional<TbtStats> tbt;
 
+  std::vector<uint32_t> output_token_ids;  // only when the run recorded them (--record-token-ids)
+
   Ledger ledger;
 };
 
