@@ -88,9 +88,10 @@ class FakeCluster final : public EventSource {
       for (int64_t i = 0; i < n; ++i) {
         if (i > 0) std::this_thread::sleep_for(b_.gap);
         const uint32_t tok = static_cast<uint32_t>(100 + i);
-        deliver([&](EventSink* s) { s->on_tokens(id, std::span<const uint32_t>(&tok, 1)); });
+        // By value: with a push link the call runs later, on the sender thread.
+        deliver([id, tok](EventSink* s) { s->on_tokens(id, std::span<const uint32_t>(&tok, 1)); });
         if (fail) {
-          deliver([&](EventSink* s) { s->on_error(id, "decode: KV incomplete (kDataLoss)"); });
+          deliver([id](EventSink* s) { s->on_error(id, "decode: KV incomplete (kDataLoss)"); });
           return;
         }
       }
@@ -101,7 +102,7 @@ class FakeCluster final : public EventSource {
       d.ledger.hit_tokens_local = 0;
       d.ledger.hit_tokens_remote = 0;
       d.ledger.prefill_ms = 10;
-      deliver([&](EventSink* s) { s->on_done(id, d); });
+      deliver([id, d](EventSink* s) { s->on_done(id, d); });
     });
     return a;
   }
