@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 
 #include "format.hpp"
@@ -119,19 +120,38 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
 }
 
 Status run_report_command(const ReportCommand& c, std::ostream& out) {
-  std::ifstream in(c.records_path);
-  if (!in)
-    return fail(c.json, out,
-                Status(Code::kNotFound, "cannot open records file " + c.records_path + ": " + std::strerror(errno)));
-  auto records = read_records_jsonl(in, c.records_path);
-  if (!records.is_ok()) return fail(c.json, out, records.status());
-  Summary s = summarize(*records, c.summary);
+  if (c.records_paths.empty()) return fail(c.json, out, Status(Code::kInvalidArgument, "no records file given"));
+  std::vector<std::pair<std::string, Summary>> runs;
+  for (const std::string& path : c.records_paths) {
+    std::ifstream in(path);
+    if (!in)
+      return fail(c.json, out, Status(Code::kNotFound, "cannot open records file " + path + ": " + std::strerror(errno)));
+    auto records = read_records_jsonl(in, path);
+    if (!records.is_ok()) return fail(c.json, out, records.status());
+    std::string label = std::filesystem::path(path).stem().string();
+    runs.emplace_back(label, summarize(*records, c.summary));
+  }
   RunInfo info = base_info("report");
-  info.emplace_back("records", c.records_path);
+  if (runs.size() == 1) {
+    info.emplace_back("records", c.records_paths.front());
+    if (c.json) {
+      out << to_json(runs.front().second, info).dump(2) << "\n";
+    } else {
+      print_table(out, runs.front().second, info);
+    }
+    return Status::ok();
+  }
   if (c.json) {
-    out << to_json(s, info).dump(2) << "\n";
+    json all = json::array();
+    for (const auto& [label, s] : runs) {
+      json j = to_json(s, info);
+      j["run"] = label;
+      all.push_back(std::move(j));
+    }
+    out << all.dump(2) << "\n";
   } else {
-    print_table(out, s, info);
+    format::print_header(out, info);
+    print_comparison(out, runs);
   }
   return Status::ok();
 }
@@ -170,7 +190,8 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   ConductorLinkOptions lo = c.conductor;
   lo.block_size_tokens = ro.synth.block_tokens;
   MC_LOG_INFO << "replaying " << rows->size() << " requests against " << lo.endpoint;
-  auto result = run_replay(*rows, ro, conductor_link_factory(lo), nullptr);
+  auto events = make_client_event_source(c.client_bind);
+  auto result = run_replay(*rows, ro, conductor_link_factory(lo), events.get());
   if (!result.is_ok()) return fail(c.json, out, result.status());
 
   if (records_out.is_open()) {

@@ -1,5 +1,7 @@
 #include "mc/replay/conductor_link.hpp"
 
+#include <thread>
+
 #include "mc/common/rpc.hpp"
 
 namespace mc::replay {
@@ -14,6 +16,7 @@ proto::ConductorSubmitRequest to_submit_request(const Submission& s, int64_t blo
   req.block_size_tokens = block_size_tokens;
   req.slo_ttft_ms = s.slo_ttft_ms;
   req.slo_tbt_ms = s.slo_tbt_ms;
+  req.client_endpoint = s.client_endpoint;
   return req;
 }
 
@@ -36,7 +39,6 @@ Admission to_admission(const proto::ConductorSubmitReply& r) {
 
 namespace {
 
-std::optional<int64_t> measured(int64_t v) { return v < 0 ? std::nullopt : std::optional<int64_t>(v); }
 std::optional<double> measured(double v) { return v < 0 ? std::nullopt : std::optional<double>(v); }
 
 class RpcConductorLink final : public ConductorLink {
@@ -50,30 +52,6 @@ class RpcConductorLink final : public ConductorLink {
     return to_admission(reply.value());
   }
 
-  bool carries_events() const override { return true; }
-
-  Status poll_events(EventSink& sink, int timeout_ms) override {
-    int wait_ms = timeout_ms;
-    while (true) {
-      auto env = client_->recv_push(wait_ms);
-      if (!env.is_ok()) return env.status();
-      if (!env->has_value()) return Status::ok();
-      wait_ms = 0;  // drain what is already there, then return
-      const rpc::Envelope& e = **env;
-      if (e.header.type != proto::ConductorEvent::kType) {
-        MC_LOG_WARN << "replay: ignoring pushed '" << e.header.type << "' from " << options_.endpoint;
-        continue;
-      }
-      auto ev = rpc::decode<proto::ConductorEvent>(e);
-      if (!ev.is_ok()) {
-        MC_LOG_WARN << "replay: " << ev.status().to_string();
-        continue;
-      }
-      Status st = deliver_event(ev.value(), sink);
-      if (!st.is_ok()) MC_LOG_WARN << "replay: " << st.to_string();
-    }
-  }
-
  private:
   std::unique_ptr<rpc::RpcClient> client_;
   ConductorLinkOptions options_;
@@ -83,37 +61,82 @@ class RpcConductorLink final : public ConductorLink {
 
 Ledger to_ledger(const proto::RequestLedger& l) {
   Ledger g;
-  g.prompt_tokens = measured(l.prompt_tokens);
-  g.hit_tokens_local = measured(l.hit_tokens_local);
-  g.hit_tokens_remote = measured(l.hit_tokens_remote);
-  g.hit_tokens_ssd = measured(l.hit_tokens_ssd);
-  g.avoided_prefill_tokens = measured(l.avoided_prefill_tokens);
-  g.transfer_bytes = measured(l.transfer_bytes);
-  g.transfer_ms = measured(l.transfer_ms);
-  g.queue_ms = measured(l.queue_ms);
-  g.prefill_ms = measured(l.prefill_ms);
+  g.prompt_tokens = l.prompt_tokens;
+  g.hit_tokens_local = l.hit_tokens_local;
+  g.hit_tokens_remote = l.hit_tokens_remote;
+  g.avoided_prefill_tokens = l.hit_tokens;
+  g.transfer_bytes = l.fetch_bytes + l.kv_sent_bytes;
+  if (l.fetch_ms >= 0 || l.kv_tail_ms >= 0)
+    g.transfer_ms = static_cast<double>(std::max<int64_t>(0, l.fetch_ms) + std::max<int64_t>(0, l.kv_tail_ms));
+  g.queue_ms = measured(static_cast<double>(l.queue_ms));
+  g.prefill_ms = measured(static_cast<double>(l.prefill_ms));
   if (!l.decision.empty()) g.decision = l.decision;
-  g.predicted_ttft_ms = measured(l.predicted_ttft_ms);
   return g;
 }
 
-Status deliver_event(const proto::ConductorEvent& ev, EventSink& sink) {
-  if (ev.kind == proto::kEventFirstToken) {
-    sink.on_tokens(ev.request_id, std::max<int64_t>(1, static_cast<int64_t>(ev.tokens.size())));
-  } else if (ev.kind == proto::kEventTokens) {
-    sink.on_tokens(ev.request_id, static_cast<int64_t>(ev.tokens.size()));
-  } else if (ev.kind == proto::kEventDone) {
-    DoneReport d;
-    if (ev.output_tokens > 0) d.output_tokens = ev.output_tokens;
-    d.ledger = to_ledger(ev.ledger);
-    sink.on_done(ev.request_id, d);
-  } else if (ev.kind == proto::kEventFailed) {
-    sink.on_error(ev.request_id, ev.message.empty() ? "failed (no message from the conductor)" : ev.message);
-  } else {
-    return Status(Code::kMalformedMessage,
-                  "conductor.event for \"" + ev.request_id + "\" has unknown kind \"" + ev.kind + "\"");
+DoneReport to_done_report(const proto::RequestDone& done) {
+  DoneReport d;
+  if (done.ledger.output_tokens > 0) d.output_tokens = done.ledger.output_tokens;
+  d.ledger = to_ledger(done.ledger);
+  return d;
+}
+
+namespace {
+
+// The client endpoint: token_event / request_done / request_error from mc-decode.
+class ClientEventSource final : public EventSource {
+ public:
+  explicit ClientEventSource(std::string bind) : bind_(std::move(bind)) {}
+  ~ClientEventSource() override { stop(); }
+
+  Result<std::string> start(EventSink* sink) override {
+    rpc::ServerOptions o;
+    o.service = "mc-trace-replay client";
+    o.bind_endpoints = {bind_};
+    auto server = rpc::RpcServer::bind(o);
+    if (!server.is_ok())
+      return server.status().with_context("binding the client endpoint for token events (--client-bind)");
+    server_ = std::move(server).value();
+    server_->handle<proto::TokenEvent>([sink](const proto::TokenEvent& ev, const rpc::CallContext&) {
+      const uint32_t token = ev.token;
+      sink->on_tokens(ev.request_id, std::span<const uint32_t>(&token, 1));
+      return Result<proto::ClientAck>(proto::ClientAck{});
+    });
+    server_->handle<proto::RequestDone>([sink](const proto::RequestDone& done, const rpc::CallContext&) {
+      sink->on_done(done.request_id, to_done_report(done));
+      return Result<proto::ClientAck>(proto::ClientAck{});
+    });
+    server_->handle<proto::RequestError>([sink](const proto::RequestError& err, const rpc::CallContext&) {
+      std::string msg = err.message.empty() ? "request failed (no message)" : err.message;
+      msg += " [" + std::string(code_name(static_cast<Code>(err.code))) + ", " + std::to_string(err.output_tokens) +
+             " tokens sent before the failure]";
+      sink->on_error(err.request_id, msg);
+      return Result<proto::ClientAck>(proto::ClientAck{});
+    });
+    thread_ = std::thread([this] {
+      Status st = server_->serve();
+      if (!st.is_ok()) MC_LOG_ERROR << "replay: client endpoint stopped: " << st.to_string();
+    });
+    return server_->endpoints().front();
   }
-  return Status::ok();
+
+  void stop() override {
+    if (!server_) return;
+    server_->stop();
+    if (thread_.joinable()) thread_.join();
+    server_.reset();
+  }
+
+ private:
+  std::string bind_;
+  std::unique_ptr<rpc::RpcServer> server_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<EventSource> make_client_event_source(std::string bind_endpoint) {
+  return std::make_unique<ClientEventSource>(std::move(bind_endpoint));
 }
 
 Result<std::unique_ptr<ConductorLink>> connect_conductor(const ConductorLinkOptions& options) {

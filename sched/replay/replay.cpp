@@ -27,6 +27,7 @@ struct State {
   int64_t scheduled_ns = 0;  // relative to the run's start
   std::optional<int64_t> sent_ns;
   std::vector<int64_t> token_ns;
+  std::vector<uint32_t> token_ids;  // only with ReplayOptions::record_token_ids
   std::optional<Admission> admission;
   std::optional<DoneReport> done;
   std::optional<std::string> error;
@@ -54,11 +55,13 @@ class Run final : public EventSink {
   }
 
   // ---- EventSink (event thread or sender threads) ----
-  void on_tokens(const std::string& request_id, int64_t count) override {
+  void on_tokens(const std::string& request_id, std::span<const uint32_t> token_ids) override {
     const int64_t now = clock_.now_ns();
     std::lock_guard lock(mu_);
     State* s = find(request_id);
-    if (s && !s->closed && count > 0) s->token_ns.insert(s->token_ns.end(), static_cast<size_t>(count), now);
+    if (!s || s->closed) return;
+    s->token_ns.insert(s->token_ns.end(), token_ids.size(), now);
+    if (options_.record_token_ids) s->token_ids.insert(s->token_ids.end(), token_ids.begin(), token_ids.end());
   }
   void on_done(const std::string& request_id, const DoneReport& report) override {
     std::lock_guard lock(mu_);
@@ -263,6 +266,7 @@ class Run final : public EventSink {
     token_ms.reserve(s.token_ns.size());
     if (s.sent_ns)
       for (int64_t t : s.token_ns) token_ms.push_back(static_cast<double>(t - start_ns_ - *s.sent_ns) / 1e6 * scale);
+    r.output_token_ids = s.token_ids;
     std::optional<int64_t> reported = s.done ? s.done->output_tokens : std::nullopt;
     if (!token_ms.empty() || reported) apply_token_times(r, token_ms, reported);
     if (s.done) {

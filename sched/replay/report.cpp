@@ -145,6 +145,7 @@ json to_json(const RequestRecord& r) {
     j["tbt_max_ms"] = r.tbt->max_ms;
     j["tbt_top10_mean_ms"] = r.tbt->top10_mean_ms;
   }
+  if (!r.output_token_ids.empty()) j["output_token_ids"] = r.output_token_ids;
   json l = json::object();
   const Ledger& g = r.ledger;
   put(l, "prompt_tokens", g.prompt_tokens);
@@ -198,6 +199,13 @@ Result<RequestRecord> record_from_json(const json& j) {
     MC_RETURN_IF_ERROR(get_required(j, "tbt_max_ms", t.max_ms));
     MC_RETURN_IF_ERROR(get_required(j, "tbt_top10_mean_ms", t.top10_mean_ms));
     r.tbt = t;
+  }
+  if (auto t = j.find("output_token_ids"); t != j.end()) {
+    try {
+      r.output_token_ids = t->get<std::vector<uint32_t>>();
+    } catch (const std::exception& e) {
+      return Status(Code::kInvalidArgument, std::string("record field \"output_token_ids\": ") + e.what());
+    }
   }
   auto lit = j.find("ledger");
   if (lit != j.end()) {
@@ -457,6 +465,29 @@ void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
   print_rows(out, {{"TTFT prediction", "count", "mean_abs_err_ms", "mean_err_ms", "p90_abs_err_ms", "mean_abs_err_%"},
                    {"", std::to_string(p.count), fixed(p.mean_abs_error_ms, 1), fixed(p.mean_error_ms, 1),
                     fixed(p.p90_abs_error_ms, 1), pct(p.mean_abs_pct_error)}});
+}
+
+void print_comparison(std::ostream& out, const std::vector<std::pair<std::string, Summary>>& runs) {
+  std::string slo_head = "slo_%";
+  if (!runs.empty() && !runs.front().second.slo.empty()) {
+    const SloResult& f = runs.front().second.slo.front();
+    slo_head = "slo_" + fixed(f.ttft_ms, 0) + "ms/" + fixed(f.tbt_ms, 0) + "ms_%";
+  }
+  std::vector<std::vector<std::string>> rows = {{"run", "offered", "accepted_%", "completed", "ttft_mean_ms",
+                                                 "ttft_p90_ms", "tbt_p90_ms", slo_head, "goodput_req/s", "hit_%",
+                                                 "avoided_prefill_tokens"}};
+  auto d = [](const std::optional<Distribution>& x, double Distribution::*f) {
+    return x ? fixed((*x).*f, 1) : std::string("-");
+  };
+  for (const auto& [name, s] : runs) {
+    double accept = s.offered > 0 ? static_cast<double>(s.accepted) / static_cast<double>(s.offered) : 0.0;
+    const SloResult* f = s.slo.empty() ? nullptr : &s.slo.front();
+    rows.push_back({name, std::to_string(s.offered), pct(accept), std::to_string(s.completed),
+                    d(s.ttft_ms, &Distribution::mean), d(s.ttft_ms, &Distribution::p90), d(s.tbt_ms, &Distribution::p90),
+                    f ? pct(f->attainment) : "-", f ? fixed(f->goodput_rps, 3) : "-", pct(s.cache.hit_ratio()),
+                    std::to_string(s.cache.avoided_prefill_tokens)});
+  }
+  print_rows(out, rows);
 }
 
 }  // namespace mc::replay

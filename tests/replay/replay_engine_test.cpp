@@ -87,9 +87,11 @@ class FakeCluster final : public EventSource {
       std::this_thread::sleep_for(b_.first_token);
       for (int64_t i = 0; i < n; ++i) {
         if (i > 0) std::this_thread::sleep_for(b_.gap);
-        deliver([&](EventSink* s) { s->on_tokens(id, 1); });
+        const uint32_t tok = static_cast<uint32_t>(100 + i);
+        // By value: with a push link the call runs later, on the sender thread.
+        deliver([id, tok](EventSink* s) { s->on_tokens(id, std::span<const uint32_t>(&tok, 1)); });
         if (fail) {
-          deliver([&](EventSink* s) { s->on_error(id, "decode: KV incomplete (kDataLoss)"); });
+          deliver([id](EventSink* s) { s->on_error(id, "decode: KV incomplete (kDataLoss)"); });
           return;
         }
       }
@@ -100,7 +102,7 @@ class FakeCluster final : public EventSource {
       d.ledger.hit_tokens_local = 0;
       d.ledger.hit_tokens_remote = 0;
       d.ledger.prefill_ms = 10;
-      deliver([&](EventSink* s) { s->on_done(id, d); });
+      deliver([id, d](EventSink* s) { s->on_done(id, d); });
     });
     return a;
   }
@@ -355,6 +357,7 @@ TEST(ReplayEngine, EventsOnTheSubmittingLink) {
   };
   auto o = fast_options();
   o.senders = 3;
+  o.record_token_ids = true;
   auto res = run_replay(rows, o, push, nullptr);
   ASSERT_TRUE(res.is_ok()) << res.status().to_string();
   Summary s = summarize(res->records, {});
@@ -365,6 +368,7 @@ TEST(ReplayEngine, EventsOnTheSubmittingLink) {
     if (r.outcome != Outcome::kCompleted) continue;
     EXPECT_EQ(*r.output_tokens, 4);
     EXPECT_EQ(r.tbt->gaps, 3);
+    EXPECT_EQ(r.output_token_ids, (std::vector<uint32_t>{100, 101, 102, 103}));
   }
   cluster.stop();
 }

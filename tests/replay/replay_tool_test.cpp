@@ -1,5 +1,6 @@
 // mc-trace-replay (the real binary) against an in-process Conductor that speaks the real protocol
-// (conductor.submit, pushed conductor.event) on loopback: records, summary, bad input, field reports
+// (conductor.submit; token_event / request_done to the client endpoint, as mc-decode sends them) on
+// loopback: records, summary, bad input, field reports
 // #16 and #18, and a conductor that is not running. The full cluster is covered by replay_e2e_test.
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -31,8 +33,9 @@ using namespace std::chrono_literals;
 const std::string kTool = MC_BINARY_DIR "/bin/mc-trace-replay";
 const std::string kTrace = MC_SOURCE_DIR "/examples/traces/conversation_trace.jsonl";
 
-// A Conductor double: accepts every request (or rejects those with output_length 13), then pushes
-// first_token after 5 ms and one token every 1 ms, then done with a ledger; `stop_after` ends early.
+// A Conductor + decode double: accepts every request (or rejects those with output_length 13), then,
+// as mc-decode would, calls token_event on the client endpoint after 5 ms and every 1 ms after, then
+// request_done with a ledger; `stop_after` ends early (the ledger then says how many were produced).
 class FakeConductor {
  public:
   explicit FakeConductor(int64_t stop_after = -1) : stop_after_(stop_after) {
@@ -61,25 +64,24 @@ class FakeConductor {
           const int64_t n = stop_after_ >= 0 ? std::min(stop_after_, req.output_tokens) : req.output_tokens;
           auto t = std::chrono::steady_clock::now() + 5ms;
           for (int64_t i = 0; i < n; ++i) {
-            proto::ConductorEvent ev;
+            proto::TokenEvent ev;
             ev.request_id = req.request_id;
-            ev.kind = i == 0 ? proto::kEventFirstToken : proto::kEventTokens;
-            ev.tokens = {static_cast<uint32_t>(i)};
-            pending_.emplace(t + std::chrono::milliseconds(i), std::make_pair(ctx.peer, ev));
+            ev.index = i;
+            ev.token = static_cast<uint32_t>(i);
+            pending_.emplace(t + std::chrono::milliseconds(i), Pending{req.client_endpoint, ev, std::nullopt});
           }
-          proto::ConductorEvent done;
+          proto::RequestDone done;
           done.request_id = req.request_id;
-          done.kind = proto::kEventDone;
-          done.output_tokens = n;
           done.ledger.prompt_tokens = req.input_tokens;
+          done.ledger.hit_tokens = 512;
           done.ledger.hit_tokens_local = 512;
-          done.ledger.hit_tokens_remote = 0;
-          done.ledger.hit_tokens_ssd = 0;
-          done.ledger.avoided_prefill_tokens = 512;
-          done.ledger.transfer_bytes = 1000;
+          done.ledger.fetch_bytes = 600;
+          done.ledger.kv_sent_bytes = 400;
           done.ledger.queue_ms = 1;
+          done.ledger.output_tokens = n;
           done.ledger.decision = "fetch";
-          pending_.emplace(t + std::chrono::milliseconds(n), std::make_pair(ctx.peer, done));
+          pending_.emplace(t + std::chrono::milliseconds(n), Pending{req.client_endpoint, std::nullopt, done});
+          (void)ctx;
           return r;
         });
     thread_ = std::thread([this] {
@@ -87,9 +89,16 @@ class FakeConductor {
         (void)server_->poll_once(1);
         auto now = std::chrono::steady_clock::now();
         while (!pending_.empty() && pending_.begin()->first <= now) {
-          auto& [peer, ev] = pending_.begin()->second;
-          (void)server_->push_to(peer, ev);
+          Pending p = pending_.begin()->second;
           pending_.erase(pending_.begin());
+          auto& client = clients_[p.endpoint];
+          if (!client) {
+            auto c = rpc::RpcClient::connect(p.endpoint);
+            if (!c.is_ok()) continue;  // the test then fails on the missing tokens
+            client = std::move(c).value();
+          }
+          if (p.token) (void)client->call(*p.token, 2000);
+          if (p.done) (void)client->call(*p.done, 2000);
         }
       }
     });
@@ -104,7 +113,13 @@ class FakeConductor {
  private:
   int64_t stop_after_;
   std::unique_ptr<rpc::RpcServer> server_;
-  std::multimap<std::chrono::steady_clock::time_point, std::pair<std::string, proto::ConductorEvent>> pending_;
+  struct Pending {
+    std::string endpoint;
+    std::optional<proto::TokenEvent> token;
+    std::optional<proto::RequestDone> done;
+  };
+  std::multimap<std::chrono::steady_clock::time_point, Pending> pending_;
+  std::map<std::string, std::unique_ptr<rpc::RpcClient>> clients_;
   std::atomic<bool> stop_{false};
   std::atomic<int> submits_{0};
   int64_t prompt_tokens_ = 0;
@@ -197,6 +212,8 @@ TEST(ReplayTool, FiftyRequestsRecordsAgreeWithSummary) {
       EXPECT_EQ(j["prefill_instance"], "prefill-0");
       EXPECT_EQ(j["ledger"]["decision"], "fetch");
       EXPECT_EQ(j["ledger"]["predicted_ttft_ms"], 4.0);
+      EXPECT_EQ(j["ledger"]["transfer_bytes"], 1000);
+      EXPECT_EQ(j["ledger"]["avoided_prefill_tokens"], 512);
       prompt += j["ledger"]["prompt_tokens"].get<int64_t>();
     } else {
       EXPECT_EQ(j["outcome"], "rejected");
@@ -226,6 +243,20 @@ TEST(ReplayTool, FiftyRequestsRecordsAgreeWithSummary) {
   ToolRun table = run_tool({"report", out.path});
   EXPECT_NE(table.out.find("mean_ms"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("hit_%"), std::string::npos);
+  // Several files: one comparison row per run, labelled by the file's stem.
+  TempFile copy("other.jsonl");
+  std::filesystem::copy_file(out.path, copy.path);
+  ToolRun cmp = run_tool({"report", out.path, copy.path});
+  ASSERT_EQ(cmp.rc, 0) << cmp.err;
+  EXPECT_NE(cmp.out.find("ttft_p90_ms"), std::string::npos) << cmp.out;
+  EXPECT_NE(cmp.out.find("slo_30000ms/100ms_%"), std::string::npos) << cmp.out;
+  EXPECT_NE(cmp.out.find("\nrecords "), std::string::npos) << cmp.out;
+  EXPECT_NE(cmp.out.find("\nother "), std::string::npos) << cmp.out;
+  ToolRun cmpj = run_tool({"report", out.path, copy.path, "--json"});
+  ASSERT_EQ(cmpj.rc, 0);
+  json arr = json::parse(cmpj.out);
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_EQ(arr[1]["requests"], s["requests"]);
 }
 
 // Field report #16: 128 tokens requested, the server stops after 7 and says so in "done".
@@ -234,7 +265,8 @@ TEST(ReplayTool, EarlyStopReportsProducedTokens) {
   TempFile trace("one.jsonl"), out("r16.jsonl");
   std::ofstream(trace.path) << R"({"timestamp": 0, "input_length": 600, "output_length": 128, "hash_ids": [0, 1]})"
                             << "\n";
-  ToolRun r = run_tool({trace.path, "--conductor", conductor.endpoint(), "--out", out.path, "--json"});
+  ToolRun r = run_tool({trace.path, "--conductor", conductor.endpoint(), "--out", out.path, "--json",
+                        "--record-token-ids"});
   ASSERT_EQ(r.rc, 0) << r.err;
   auto recs = read_jsonl(out.path);
   ASSERT_EQ(recs.size(), 1u);
@@ -243,6 +275,7 @@ TEST(ReplayTool, EarlyStopReportsProducedTokens) {
   EXPECT_EQ(j["output_tokens"], 7);
   EXPECT_NEAR(j["tpot_ms"].get<double>(), (j["e2e_ms"].get<double>() - j["ttft_ms"].get<double>()) / 6, 1e-9);
   EXPECT_EQ(j["tbt_gaps"], 6);
+  EXPECT_EQ(j["output_token_ids"], json({0, 1, 2, 3, 4, 5, 6}));
   json s = json::parse(r.out);
   EXPECT_EQ(s["output_tokens"]["produced"], 7);
   EXPECT_EQ(s["output_tokens"]["requested"], 128);
@@ -335,15 +368,28 @@ TEST(ReplayTool, AnalyzeCommand) {
 }
 
 TEST(ReplayTool, ConductorEventsMapOntoTheRecord) {
-  proto::RequestLedger l;  // every field -1: nothing measured
+  proto::RequestLedger l;  // times -1: never measured
   Ledger g = to_ledger(l);
-  EXPECT_FALSE(g.prompt_tokens);
   EXPECT_FALSE(g.transfer_ms);
+  EXPECT_FALSE(g.queue_ms);
+  EXPECT_FALSE(g.prefill_ms);
   EXPECT_FALSE(g.decision);
-  l.prompt_tokens = 0;
-  l.queue_ms = 0;
-  EXPECT_EQ(*to_ledger(l).prompt_tokens, 0);  // measured 0 stays 0
-  EXPECT_EQ(*to_ledger(l).queue_ms, 0.0);
+  EXPECT_FALSE(g.hit_tokens_ssd);
+  l.queue_ms = 0;  // measured 0 stays 0
+  l.fetch_ms = 3;
+  l.kv_tail_ms = 2;
+  l.hit_tokens = 1024;
+  l.fetch_bytes = 10;
+  l.kv_sent_bytes = 5;
+  g = to_ledger(l);
+  EXPECT_EQ(*g.queue_ms, 0.0);
+  EXPECT_EQ(*g.transfer_ms, 5.0);
+  EXPECT_EQ(*g.avoided_prefill_tokens, 1024);
+  EXPECT_EQ(*g.transfer_bytes, 15);
+  proto::RequestDone done;
+  EXPECT_FALSE(to_done_report(done).output_tokens);  // no count sent: the replay counts and flags
+  done.ledger.output_tokens = 7;
+  EXPECT_EQ(*to_done_report(done).output_tokens, 7);
   proto::ConductorSubmitReply rej;
   rej.reject_reason = "kv_capacity";
   rej.reason = "decode-0 has 12 free blocks, needs 40";
@@ -358,6 +404,8 @@ TEST(ReplayTool, ConductorEventsMapOntoTheRecord) {
   EXPECT_EQ(req.input_tokens, 3);
   EXPECT_EQ(req.block_size_tokens, 16);
   EXPECT_EQ(req.output_tokens, 9);
+  sub.client_endpoint = "tcp://127.0.0.1:5";
+  EXPECT_EQ(to_submit_request(sub, 0).client_endpoint, "tcp://127.0.0.1:5");
 }
 
 }  // namespace

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
       "report TTFT, TBT, TPOT, E2E, SLO attainment, goodput and the KV-cache ledger.\n"
       "  mc-trace-replay TRACE --conductor tcp://127.0.0.1:PORT [--speed X] [--out records.jsonl]\n"
       "  mc-trace-replay analyze TRACE        (no cluster: lengths, arrival rate, prefix-cache hit ratios)\n"
-      "  mc-trace-replay report RECORDS.jsonl (the summary of a finished run)"};
+      "  mc-trace-replay report RECORDS.jsonl... (the summary of finished runs; several: one row each)"};
   mc::cli::add_common_flags(app, program);
 
   // ---- replay (the default command) ----
@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
   add_trace_flags(app, rc.input);
   app.add_option("--conductor", rc.conductor.endpoint, "mc-conductor endpoint (tcp://host:port)")
       ->envname("MC_CONDUCTOR");
+  app.add_option("--client-bind", rc.client_bind,
+                 "Endpoint this replay binds for token events from mc-decode (an address the decode instances can "
+                 "reach; port 0 picks a free one)")
+      ->capture_default_str()
+      ->envname("MC_CLIENT_BIND");
   app.add_option("--connect-timeout-ms", rc.conductor.connect_timeout_ms,
                  "Give up when the conductor does not answer the handshake within this time (ms)")
       ->capture_default_str()
@@ -118,6 +123,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--id-prefix", rc.replay.id_prefix, "Request ids are <prefix><trace line> (default: r<pid>-)");
   app.add_option("--out", rc.out_path, "Write one JSON object per request (JSONL) to this file");
+  app.add_flag("--record-token-ids", rc.replay.record_token_ids,
+               "Keep each request's output token ids in its record (output_token_ids)");
   bool progress = false, no_progress = false;
   app.add_flag("--progress", progress, "Show rate and ETA on stderr even when it is not a terminal");
   app.add_flag("--no-progress", no_progress, "Never show progress");
@@ -136,8 +143,9 @@ int main(int argc, char** argv) {
   // ---- report ----
   mc::replay::ReportCommand pc;
   SummaryFlags psf;
-  auto* report = app.add_subcommand("report", "Summarise the JSONL records of a finished replay (--out)");
-  report->add_option("records", pc.records_path, "JSONL records written by --out")->required();
+  auto* report = app.add_subcommand(
+      "report", "Summarise the JSONL records of a finished replay (--out); several files: one comparison row each");
+  report->add_option("records", pc.records_paths, "JSONL records written by --out (one or more files)")->required();
   add_summary_flags(*report, psf, pc.summary, pc.json);
 
   if (int rc_parse = mc::cli::parse(app, argc, argv); rc_parse >= 0) return rc_parse;

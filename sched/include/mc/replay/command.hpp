@@ -1,7 +1,8 @@
 // The commands of mc-trace-replay as library calls (the tool's main only parses flags into these):
 //   replay   TRACE --conductor tcp://...  the live open-loop replay: JSONL records (--out), summary
 //   analyze  TRACE                        offline trace statistics and prefix-cache hit ratios
-//   report   RECORDS.jsonl                the summary of a finished run's records, re-computed
+//   report   RECORDS.jsonl...             the summary of a finished run's records, re-computed; with
+//                                         several files, one comparison row per run (label: file stem)
 // Output: the table (default) or one JSON document (--json) on `out`; diagnostics on stderr. In JSON
 // mode a failure is reported as {"error": {"code", "message"}} on `out` as well as returned.
 #pragma once
@@ -32,6 +33,7 @@ struct ReplayCommand {
   TraceInput input;
   ReplayOptions replay;
   ConductorLinkOptions conductor;
+  std::string client_bind = "tcp://127.0.0.1:0";  // where mc-decode sends token events (a connectable address)
   int64_t max_output_tokens = 0;   // 0: as in the trace; else each row's output_length is capped
   SummaryOptions summary;
   std::string out_path;            // JSONL records; empty: none
@@ -45,7 +47,7 @@ struct AnalyzeCommand {
 };
 
 struct ReportCommand {
-  std::string records_path;
+  std::vector<std::string> records_paths;  // one: the full summary; several: one comparison row each
   SummaryOptions summary;
   bool json = false;
 };

@@ -1,7 +1,9 @@
-// The real transport of the live replay: a ConductorLink over mc-conductor's RPC endpoint
-// (protocol.hpp, Conductor section). Each link is one RpcClient (DEALER) connection: it sends
-// "conductor.submit" and receives the request's "conductor.event" pushes (first_token, tokens, done
-// with the ledger, failed) on the same connection, so carries_events() is true.
+// The real transports of the live replay (protocol.hpp, Conductor and worker sections):
+//   ConductorLink  one RpcClient (DEALER) connection to mc-conductor sending "conductor.submit"; the
+//                  reply is the admission (accepted with the chosen instances, or rejected at once).
+//   EventSource    an RpcServer (ROUTER) the replay binds (client_bind, default tcp://127.0.0.1:0) and
+//                  names as client_endpoint in every submission; mc-decode connects to it and calls
+//                  "token_event" per token, then "request_done" (with the ledger) or "request_error".
 //
 // Errors: connect() fails with kUnavailable / kTimeout / kProtocolMismatch naming the endpoint and
 // saying to start mc-conductor (or fix --conductor) when the hello handshake does not complete
@@ -27,12 +29,17 @@ struct ConductorLinkOptions {
 Result<std::unique_ptr<ConductorLink>> connect_conductor(const ConductorLinkOptions& options);
 LinkFactory conductor_link_factory(ConductorLinkOptions options);
 
+// Binds `bind_endpoint` and serves the worker -> client messages on its own thread once started.
+// Fails (at start()) with kUnavailable naming the endpoint when it cannot bind.
+std::unique_ptr<EventSource> make_client_event_source(std::string bind_endpoint);
+
 // Conversions between the wire and the report (exposed for tests).
 proto::ConductorSubmitRequest to_submit_request(const Submission& submission, int64_t block_size_tokens);
 Admission to_admission(const proto::ConductorSubmitReply& reply);
-// -1 (never measured) becomes absent.
+// The workers' ledger in the report's terms: avoided prefill = hit tokens; transfer bytes = prefix
+// fetch + KV sent to decode; transfer time = fetch + KV tail; -1 (never measured) becomes absent;
+// the SSD tier is absent (the workers do not split it out).
 Ledger to_ledger(const proto::RequestLedger& ledger);
-// Forwards one pushed event to the sink; kMalformedMessage for an unknown kind.
-Status deliver_event(const proto::ConductorEvent& event, EventSink& sink);
+DoneReport to_done_report(const proto::RequestDone& done);
 
 }  // namespace mc::replay

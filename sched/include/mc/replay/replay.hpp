@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,8 +87,8 @@ struct DoneReport {
 class EventSink {
  public:
   virtual ~EventSink() = default;
-  // `count` output tokens of request_id arrived now (the first call carries the first token).
-  virtual void on_tokens(const std::string& request_id, int64_t count) = 0;
+  // Output tokens of request_id arrived now, in order (the first call carries the first token).
+  virtual void on_tokens(const std::string& request_id, std::span<const uint32_t> token_ids) = 0;
   virtual void on_done(const std::string& request_id, const DoneReport& report) = 0;
   virtual void on_error(const std::string& request_id, const std::string& message) = 0;
 };
@@ -115,6 +116,7 @@ struct ReplayOptions {
   double slo_ttft_ms = 30000;    // sent with each request (modelled ms)
   double slo_tbt_ms = 100;
   bool progress = false;         // rate and ETA on stderr (the tool sets it when stderr is a terminal)
+  bool record_token_ids = false; // keep each request's output token ids in its record
 };
 
 struct ReplayResult {

@@ -94,6 +94,8 @@ struct RequestRecord {
   std::optional<double> tpot_ms;
   std::optional<TbtStats> tbt;
 
+  std::vector<uint32_t> output_token_ids;  // only when the run recorded them (--record-token-ids)
+
   Ledger ledger;
 };
 
@@ -180,6 +182,10 @@ using RunInfo = std::vector<std::pair<std::string, std::string>>;
 nlohmann::json to_json(const Summary& summary, const RunInfo& info = {});
 // The human-readable report: a header line, then tables with units in the column headers.
 void print_table(std::ostream& out, const Summary& summary, const RunInfo& info = {});
+
+// One row per run (label, summary): offered, accepted, completed, TTFT mean/p90, TBT p90, the first
+// SLO pair's attainment and goodput, cache hit ratio, avoided prefill tokens. For comparing policies.
+void print_comparison(std::ostream& out, const std::vector<std::pair<std::string, Summary>>& runs);
 
 // Reads a JSONL file of records (as written by to_json), e.g. to re-summarise a finished run.
 Result<std::vector<RequestRecord>> read_records_jsonl(std::istream& in, const std::string& source_name);

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# local-cluster.sh: compose an mc cluster on loopback from the binaries.
+#
+# Starts, in order, and waits for each one's "ready <service> <endpoint> ..." line on stdout:
+#   1 store master (mc-store master, with its KV-event publisher)
+#   S storage nodes (mc-store serve, DRAM from /dev/shm)
+#   1 conductor (mc-conductor serve, subscribed to the master's KV events)
+#   P prefill instances (mc-prefill, prefix cache = the store)
+#   D decode instances (mc-decode)
+# then prints how to reach it. Every port is picked by the kernel (port 0) and read back from the
+# ready lines, so several clusters can run side by side.
+#
+# Two ways to use it:
+#   examples/local-cluster.sh [options]                 run until Ctrl-C (prints the endpoints)
+#   examples/local-cluster.sh [options] -- CMD [ARGS]   run CMD with MC_CONDUCTOR (and the other
+#                                                        endpoints) in its environment, then stop;
+#                                                        exits with CMD's status
+# CMD also gets MC_CLUSTER_STATE, a directory holding cluster.txt (one line per process: name, pid,
+# endpoint) and each process's log, e.g. to kill a storage node in a fault test.
+# On exit, Ctrl-C or SIGTERM it stops every process it started (SIGTERM, then SIGKILL after 5 s),
+# waits for them, and removes its state directory and the /dev/shm files of its storage nodes: no
+# orphan processes, no leftovers.
+#
+# Options (environment variable in brackets; flag beats environment beats default):
+#   --store-nodes S       storage nodes                                  [MC_STORE_NODES, 2]
+#   --prefill P           prefill instances                              [MC_PREFILL, 2]
+#   --decode D            decode instances                               [MC_DECODE, 2]
+#   --backend B           sim (GPU cost model) or ref (CPU LLaMA)        [MC_BACKEND, sim]
+#   --model M             model preset (tiny, small, llama3-8b, llama3-70b) [MC_MODEL, llama3-70b for sim, tiny for ref]
+#   --gpu G               sim: GPU preset (a800x8, h800x8)               [MC_GPU, a800x8]
+#   --time-scale T        sim: run T times faster than modelled          [MC_TIME_SCALE, 1]
+#   --kv-bytes-per-token N  sim: KV bytes per token actually stored and moved (the KV scale; 0 = the model's)
+#                                                                        [MC_KV_BYTES_PER_TOKEN, 1024]
+#   --block-size N        tokens per KV block everywhere                 [MC_BLOCK_SIZE, 512]
+#   --policy NAME         conductor policy: random, least_loaded, cache_aware, kvcache [MC_POLICY, kvcache]
+#   --prefix-cache C      store (the pool) or none (cache disabled: every prefill recomputes)
+#                                                                        [MC_PREFIX_CACHE, store]
+#   --dram-bytes SIZE     DRAM per storage node                          [MC_STORE_DRAM, 256MiB]
+#   --kv-buffer-size SIZE KV buffer per prefill/decode instance          [MC_KV_BUFFER_SIZE, 256MiB]
+#   --bin DIR             where the mc binaries are                      [MC_BIN, build/bin next to this script]
+#   --ready-timeout-s N   how long to wait for each ready line           [MC_READY_TIMEOUT_S, 60]
+#   --log-level L         daemons' log level                              [MC_LOG_LEVEL, warn]
+#   --keep-logs DIR       copy the daemons' logs to DIR when stopping
+#   -h, --help            this text
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+store_nodes="${MC_STORE_NODES:-2}"
+n_prefill="${MC_PREFILL:-2}"
+n_decode="${MC_DECODE:-2}"
+backend="${MC_BACKEND:-sim}"
+model="${MC_MODEL:-}"
+gpu="${MC_GPU:-a800x8}"
+time_scale="${MC_TIME_SCALE:-1}"
+kv_bytes_per_token="${MC_KV_BYTES_PER_TOKEN:-1024}"
+block_size="${MC_BLOCK_SIZE:-512}"
+policy="${MC_POLICY:-kvcache}"
+prefix_cache="${MC_PREFIX_CACHE:-store}"
+dram_bytes="${MC_STORE_DRAM:-256MiB}"
+kv_buffer_size="${MC_KV_BUFFER_SIZE:-256MiB}"
+bin="${MC_BIN:-$root/build/bin}"
+ready_timeout_s="${MC_READY_TIMEOUT_S:-60}"
+log_level="${MC_LOG_LEVEL:-warn}"
+keep_logs=""
+cmd=()
+
+need() { [[ $# -ge 2 && -n "$2" ]] || { echo "local-cluster.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --store-nodes) need "$@"; store_nodes="$2"; shift 2 ;;
+    --prefill) need "$@"; n_prefill="$2"; shift 2 ;;
+    --decode) need "$@"; n_decode="$2"; shift 2 ;;
+    --backend) need "$@"; backend="$2"; shift 2 ;;
+    --model) need "$@"; model="$2"; shift 2 ;;
+    --gpu) need "$@"; gpu="$2"; shift 2 ;;
+    --time-scale) need "$@"; time_scale="$2"; shift 2 ;;
+    --kv-bytes-per-token) need "$@"; kv_bytes_per_token="$2"; shift 2 ;;
+    --block-size) need "$@"; block_size="$2"; shift 2 ;;
+    --policy) need "$@"; policy="$2"; shift 2 ;;
+    --prefix-cache) need "$@"; prefix_cache="$2"; shift 2 ;;
+    --dram-bytes) need "$@"; dram_bytes="$2"; shift 2 ;;
+    --kv-buffer-size) need "$@"; kv_buffer_size="$2"; shift 2 ;;
+    --bin) need "$@"; bin="$2"; shift 2 ;;
+    --ready-timeout-s) need "$@"; ready_timeout_s="$2"; shift 2 ;;
+    --log-level) need "$@"; log_level="$2"; shift 2 ;;
+    --keep-logs) need "$@"; keep_logs="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; cmd=("$@"); break ;;
+    *) echo "local-cluster.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$prefix_cache" == store || "$prefix_cache" == none ]] ||
+  { echo "local-cluster.sh: --prefix-cache must be store or none, got '$prefix_cache'" >&2; exit 2; }
+[[ -n "$model" ]] || { [[ "$backend" == ref ]] && model=tiny || model=llama3-70b; }
+for n in "$store_nodes" "$n_prefill" "$n_decode"; do
+  [[ "$n" =~ ^[0-9]+$ ]] || { echo "local-cluster.sh: counts must be integers, got '$n'" >&2; exit 2; }
+done
+(( n_prefill >= 1 && n_decode >= 1 )) || { echo "local-cluster.sh: need at least 1 prefill and 1 decode instance" >&2; exit 2; }
+for b in mc-store mc-conductor mc-prefill mc-decode; do
+  [[ -x "$bin/$b" ]] || { echo "local-cluster.sh: $bin/$b not found: build first (cmake --build build) or pass --bin" >&2; exit 1; }
+done
+for b in mc-prefill mc-decode; do
+  if ! "$bin/$b" --help 2>/dev/null | grep -q -- '--conductor'; then
+    echo "local-cluster.sh: $b has no --conductor flag, so it cannot register with mc-conductor;" \
+         "this build cannot compose a cluster (the workers' registration has not landed)" >&2
+    exit 1
+  fi
+done
+
+state="$(mktemp -d "${TMPDIR:-/tmp}/mc-local-cluster.XXXXXX")"
+tag="lc$$"
+pids=()
+names=()
+
+stop_all() {
+  local rc=$?
+  trap - EXIT INT TERM
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+  local deadline=$((SECONDS + 5))
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "local-cluster.sh: pid $pid did not stop on SIGTERM within 5 s: SIGKILL" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+  done
+  if [[ -n "$keep_logs" ]]; then mkdir -p "$keep_logs" && cp "$state"/*.log "$keep_logs"/ 2>/dev/null || true; fi
+  rm -rf "$state"
+  rm -f /dev/shm/mc-store-"$tag"-* 2>/dev/null || true
+  exit "$rc"
+}
+trap stop_all EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start NAME CMD...: runs CMD in the background, stdout and stderr to $state/NAME.log.
+start() {
+  local name="$1"; shift
+  "$@" > "$state/$name.log" 2>&1 &
+  pids+=("$!")
+  names+=("$name")
+}
+
+# wait_ready NAME: waits for NAME's ready line; prints its endpoint; the whole line is in $state/NAME.ready.
+wait_ready() {
+  local name="$1" log="$state/$1.log" pid="${pids[${#pids[@]}-1]}"
+  local deadline=$((SECONDS + ready_timeout_s))
+  while ((SECONDS < deadline)); do
+    local line
+    line="$(grep -m1 '^ready ' "$log" 2>/dev/null || true)"
+    if [[ -n "$line" ]]; then
+      echo "$line" > "$state/$name.ready"
+      echo "$name $pid $(awk '{print $3}' <<< "$line")" >> "$state/cluster.txt"
+      awk '{print $3}' <<< "$line"
+      return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "local-cluster.sh: $name exited before it was ready; its log:" >&2
+      sed 's/^/  /' "$log" >&2
+      return 1
+    fi
+    sleep 0.05
+  done
+  echo "local-cluster.sh: $name printed no ready line within $ready_timeout_s s; its log:" >&2
+  sed 's/^/  /' "$log" >&2
+  return 1
+}
+ready_field() { tr ' ' '\n' < "$state/$1.ready" | sed -n "s/^$2=//p"; }
+
+export MC_LOG_LEVEL="$log_level"
+
+start master "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://127.0.0.1:0
+master="$(wait_ready master)"
+events="$(ready_field master events)"
+
+for ((i = 0; i < store_nodes; i++)); do
+  start "node$i" "$bin/mc-store" serve --master "$master" --node-id "$tag-node$i" \
+    --dram-bytes "$dram_bytes"
+  wait_ready "node$i" > /dev/null
+done
+
+start conductor "$bin/mc-conductor" serve --listen tcp://127.0.0.1:0 --kv-events "$events" --store-master "$master" \
+  --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu"
+conductor="$(wait_ready conductor)"
+
+worker_flags=(--backend "$backend" --model "$model" --block-size "$block_size" --kv-buffer-size "$kv_buffer_size"
+              --conductor "$conductor")
+if [[ "$backend" == sim ]]; then
+  worker_flags+=(--gpu "$gpu" --time-scale "$time_scale" --kv-bytes-per-token "$kv_bytes_per_token")
+fi
+for ((i = 0; i < n_decode; i++)); do
+  start "decode$i" "$bin/mc-decode" --listen tcp://127.0.0.1:0 "${worker_flags[@]}"
+  wait_ready "decode$i" > /dev/null
+done
+for ((i = 0; i < n_prefill; i++)); do
+  store_flag="$master"
+  [[ "$prefix_cache" == none ]] && store_flag=none
+  start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 --store "$store_flag" "${worker_flags[@]}"
+  wait_ready "prefill$i" > /dev/null
+done
+
+export MC_CONDUCTOR="$conductor" MC_STORE_MASTER="$master" MC_STORE_EVENTS="$events" MC_BLOCK_SIZE="$block_size"
+export MC_CLUSTER_STATE="$state"
+{
+  echo "local-cluster.sh: up: 1 store master, $store_nodes storage nodes, 1 conductor ($policy)," \
+       "$n_prefill prefill and $n_decode decode instances ($backend backend, model $model, block $block_size tokens)"
+  echo "  conductor     $conductor      (export MC_CONDUCTOR=$conductor)"
+  echo "  store master  $master      KV events $events"
+  echo "  logs          $state/*.log"
+  echo "  replay:       $bin/mc-trace-replay TRACE --conductor $conductor --block-tokens $block_size"
+  echo "  status:       $bin/mc-conductor stat --endpoint $conductor;  $bin/mc-store stat --master $master"
+} >&2
+
+if [[ ${#cmd[@]} -gt 0 ]]; then
+  set +e
+  "${cmd[@]}"
+  rc=$?
+  set -e
+  exit "$rc"
+fi
+echo "local-cluster.sh: running; Ctrl-C stops everything" >&2
+while true; do
+  for idx in "${!pids[@]}"; do
+    if ! kill -0 "${pids[$idx]}" 2>/dev/null; then
+      echo "local-cluster.sh: ${names[$idx]} (pid ${pids[$idx]}) exited; stopping the cluster. Its log:" >&2
+      sed 's/^/  /' "$state/${names[$idx]}.log" >&2
+      exit 1
+    fi
+  done
+  sleep 1
+done
