@@ -186,7 +186,7 @@ for ((i = 0; i < store_nodes; i++)); do
 done
 
 start conductor "$bin/mc-conductor" serve --listen tcp://127.0.0.1:0 --kv-events "$events" --store-master "$master" \
-  --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu"
+  --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" --time-scale "$time_scale"
 conductor="$(wait_ready conductor)"
 
 worker_flags=(--backend "$backend" --model "$model" --block-size "$block_size" --kv-buffer-size "$kv_buffer_size"
@@ -195,7 +195,9 @@ if [[ "$backend" == sim ]]; then
   worker_flags+=(--gpu "$gpu" --time-scale "$time_scale" --kv-bytes-per-token "$kv_bytes_per_token")
 fi
 for ((i = 0; i < n_decode; i++)); do
-  start "decode$i" "$bin/mc-decode" --listen tcp://127.0.0.1:0 "${worker_flags[@]}"
+  # A reservation waits for its prefill through the prefill queue; a loaded 2-core machine (or a
+  # sanitizer build) can queue for longer than the 30 s default.
+  start "decode$i" "$bin/mc-decode" --listen tcp://127.0.0.1:0 --reservation-ttl-ms 180000 "${worker_flags[@]}"
   wait_ready "decode$i" > /dev/null
 done
 for ((i = 0; i < n_prefill; i++)); do

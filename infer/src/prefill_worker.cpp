@@ -422,6 +422,8 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
   reg.endpoint = server->endpoints().front();
   reg.kv_capacity_tokens = worker.kv().num_blocks() * worker.kv().layout().block_size;
   reg.block_size_tokens = worker.kv().layout().block_size;
+  reg.key_namespace_digest = worker.key_namespace().digest_hex();
+  reg.key_chain_seed = worker.key_namespace().chain_seed();
   ConductorHeartbeat heartbeat(conductor, reg, [&] {
     const proto::WorkerLoadReply l = current_load();
     proto::ConductorHeartbeatRequest hb;

@@ -208,6 +208,9 @@ class StoreMasterResync final : public ResyncSource {
         key_prefix_("kv/" + ns.digest_hex() + "/"),
         scheduler_(scheduler) {}
 
+  // Blocks of another namespace than the one given at construction (adopted from the workers).
+  void set_key_prefix(std::string prefix) { key_prefix_ = std::move(prefix); }
+
   Result<IndexSnapshot> snapshot(const std::string& stream) override {
     const int64_t now = RealClock::instance().now_ns();
     if (last_failure_ns_ != 0 && now - last_failure_ns_ < 1'000'000'000) {
@@ -519,10 +522,11 @@ class Conductor {
     const proto::RequestLedger& l = res->ledger;
     rep.prefilled_tokens = l.computed_tokens;
     rep.reused_tokens = l.hit_tokens;
-    rep.prefill_ms = static_cast<double>(l.prefill_ms);
+    const double scale = options_.time_scale;
+    rep.prefill_ms = static_cast<double>(l.prefill_ms) * scale;
     if (l.prefill_ms < 0) rep.prefill_ms = -1;  // not measured: the refit ignores it
-    // A fetch from one path class only is a clean bandwidth sample.
-    if (l.fetch_bytes > 0 && l.fetch_ms > 0) {
+    // A fetch from one path class only is a clean bandwidth sample (not in a time-scaled cluster).
+    if (scale == 1.0 && l.fetch_bytes > 0 && l.fetch_ms > 0) {
       const bool local = l.hit_tokens_local > 0, remote = l.hit_tokens_remote > 0;
       if (local != remote) {
         int c = local ? static_cast<int>(PathClass::kSameHost) : static_cast<int>(PathClass::kRemote);
@@ -537,13 +541,41 @@ class Conductor {
     for (int64_t part : {l.queue_ms, l.fetch_ms, l.prefill_ms, l.kv_tail_ms}) {
       if (part > 0) ttft += static_cast<double>(part);
     }
+    ttft *= scale;
     sched_->on_first_token(id, ttft);
     metrics_.histogram("mc_conductor_ttft_seconds", metrics::latency_buckets_s(), "measured TTFT").observe(ttft * 1e-3);
     in_flight_.erase(it);  // the decode ledger entry stays until done or its predicted end
   }
 
+  // The Conductor must compute a request's block keys exactly as the prefill workers store them. With no
+  // namespace configured (--model etc.) it adopts the first prefill worker's (digest + chain seed); a
+  // worker of another namespace is then refused, since its blocks could never hit.
+  Status adopt_key_namespace(const proto::ConductorRegisterRequest& req) {
+    if (req.role != "prefill" || req.key_namespace_digest.empty()) return Status::ok();
+    if (key_digest_.empty()) {
+      if (!options_.key_namespace.is_plain()) {
+        key_digest_ = options_.key_namespace.digest_hex();
+      } else {
+        KeyNamespace adopted;
+        adopted.seed = req.key_chain_seed;
+        adopted.block_size = options_.key_namespace.block_size;
+        options_.key_namespace = adopted;
+        key_digest_ = req.key_namespace_digest;
+        if (resync_) resync_->set_key_prefix("kv/" + key_digest_ + "/");
+        MC_LOG_INFO << "block keys: adopted namespace " << key_digest_ << " of prefill '" << req.instance_id << "'";
+      }
+    }
+    if (req.key_namespace_digest != key_digest_) {
+      return error(Code::kInvalidArgument, "register '" + req.instance_id + "': it stores KV blocks in namespace " +
+                                               req.key_namespace_digest + " but this Conductor keys requests in " +
+                                               key_digest_ + ": run one model, dtype and layout per Conductor");
+    }
+    return Status::ok();
+  }
+
   Result<proto::ConductorRegisterReply> on_register(const proto::ConductorRegisterRequest& req) {
     MC_ASSIGN_OR_RETURN(Role role, parse_role(req.role));
+    MC_RETURN_IF_ERROR(adopt_key_namespace(req));
     if (req.block_size_tokens != 0 && req.block_size_tokens != static_cast<int64_t>(options_.key_namespace.block_size)) {
       return error(Code::kInvalidArgument, "register '" + req.instance_id + "': block size " +
                                                std::to_string(req.block_size_tokens) + " differs from the Conductor's " +
@@ -645,6 +677,7 @@ class Conductor {
   std::unique_ptr<rpc::RpcServer> server_;
   std::vector<std::pair<std::string, std::unique_ptr<rpc::EventSubscriber>>> subs_;
   std::unique_ptr<StoreMasterResync> resync_;
+  std::string key_digest_;  // namespace of the workers' block keys, once known
   AsyncCaller calls_;
   std::unordered_map<std::string, Flight> in_flight_;
   metrics::Registry metrics_;

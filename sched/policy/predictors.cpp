@@ -8,13 +8,12 @@ namespace mc::sched {
 
 template <size_t N>
 OnlineLeastSquares<N>::OnlineLeastSquares(Vec prior_weights, Vec scale, double lambda, double prior_var)
-    : scale_(scale), lambda_(lambda) {
+    : scale_(scale), lambda_(lambda), prior_var_(prior_var > 0 ? prior_var : 1.0) {
   for (size_t i = 0; i < N; ++i) {
     if (!(scale_[i] > 0)) scale_[i] = 1;
     w_[i] = prior_weights[i] * scale_[i];
-    p_[i][i] = prior_var;
+    prior_w_[i] = w_[i];
   }
-  prior_var_ = prior_var;
 }
 
 template <size_t N>
@@ -32,26 +31,36 @@ void OnlineLeastSquares<N>::observe(const Vec& x, double y) {
     z[i] = x[i] / scale_[i];
     if (!std::isfinite(z[i])) return;
   }
-  Vec pz{};
-  for (size_t i = 0; i < N; ++i)
-    for (size_t j = 0; j < N; ++j) pz[i] += p_[i][j] * z[j];
-  double denom = lambda_;
-  for (size_t i = 0; i < N; ++i) denom += z[i] * pz[i];
-  if (!(denom > 0) || !std::isfinite(denom)) return;
-  double err = y - predict(x);
-  Vec k;
-  for (size_t i = 0; i < N; ++i) k[i] = pz[i] / denom;
-  for (size_t i = 0; i < N; ++i) w_[i] += k[i] * err;
-  // P = (P - k (P z)^T) / lambda; P is symmetric so z^T P = (P z)^T. Forgetting is suspended once the
-  // covariance has grown past its prior (no excitation in some direction: avoid wind-up).
-  double trace = 0;
-  for (size_t i = 0; i < N; ++i)
-    for (size_t j = 0; j < N; ++j) p_[i][j] -= k[i] * pz[j];
-  for (size_t i = 0; i < N; ++i) trace += p_[i][i];
-  double div = trace < prior_var_ * static_cast<double>(N) ? lambda_ : 1.0;
-  for (size_t i = 0; i < N; ++i)
-    for (size_t j = 0; j < N; ++j) p_[i][j] /= div;
+  for (size_t i = 0; i < N; ++i) {
+    b_[i] = lambda_ * b_[i] + z[i] * y;
+    for (size_t j = 0; j < N; ++j) a_[i][j] = lambda_ * a_[i][j] + z[i] * z[j];
+  }
   ++samples_;
+  // Solve (A + I/prior_var) w = b + prior_w/prior_var by Gaussian elimination with partial pivoting.
+  std::array<std::array<double, N + 1>, N> m{};
+  const double ridge = 1.0 / prior_var_;
+  for (size_t i = 0; i < N; ++i) {
+    for (size_t j = 0; j < N; ++j) m[i][j] = a_[i][j] + (i == j ? ridge : 0.0);
+    m[i][N] = b_[i] + ridge * prior_w_[i];
+  }
+  for (size_t col = 0; col < N; ++col) {
+    size_t piv = col;
+    for (size_t r = col + 1; r < N; ++r)
+      if (std::fabs(m[r][col]) > std::fabs(m[piv][col])) piv = r;
+    if (!(std::fabs(m[piv][col]) > 1e-300)) return;  // singular: keep the last weights
+    std::swap(m[col], m[piv]);
+    for (size_t r = 0; r < N; ++r) {
+      if (r == col) continue;
+      double f = m[r][col] / m[col][col];
+      for (size_t c = col; c <= N; ++c) m[r][c] -= f * m[col][c];
+    }
+  }
+  Vec w;
+  for (size_t i = 0; i < N; ++i) {
+    w[i] = m[i][N] / m[i][i];
+    if (!std::isfinite(w[i])) return;
+  }
+  w_ = w;
 }
 
 template <size_t N>

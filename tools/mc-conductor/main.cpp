@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
   serve->add_option("--job-timeout-ms", o.job_timeout_ms, "Deadline of a prefill job (ms)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   serve->add_option("--decisions", o.decisions_path, "Append every decision with its inputs to FILE (JSONL)");
+  serve->add_option("--time-scale", o.time_scale,
+                    "Workers run this many times faster than the hardware they model (sim backend): measured "
+                    "times are multiplied by it, bandwidth samples ignored")
+      ->envname("MC_TIME_SCALE")->capture_default_str()->check(CLI::PositiveNumber);
   serve->add_option("--cost-model", cost_model, "Model preset or JSON file of the prefill/decode cost prior")
       ->envname("MC_COST_MODEL")->capture_default_str();
   serve->add_option("--gpu", gpu, "GPU preset of the cost prior (a800x8, h800x8)")

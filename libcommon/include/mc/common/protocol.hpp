@@ -743,7 +743,12 @@ struct ConductorRegisterRequest {
   std::string backend_id;           // its KV-event backend id (own GPU prefix cache); empty: instance_id
   int64_t kv_capacity_tokens = 0;   // decode: KV tokens it can reserve (required > 0)
   int64_t block_size_tokens = 0;    // 0: not checked; else must equal the Conductor's
-  MSGPACK_DEFINE_MAP(instance_id, role, host, endpoint, backend_id, kv_capacity_tokens, block_size_tokens);
+  // The block-key namespace the worker stores KV under (block_key.hpp): its digest (store keys
+  // "kv/<digest>/...") and chain seed (KeyNamespace::chain_seed()). Empty digest: not told.
+  std::string key_namespace_digest;
+  uint64_t key_chain_seed = 0;
+  MSGPACK_DEFINE_MAP(instance_id, role, host, endpoint, backend_id, kv_capacity_tokens, block_size_tokens,
+                     key_namespace_digest, key_chain_seed);
 };
 
 struct ConductorHeartbeatReply {

@@ -40,6 +40,11 @@ struct ConductorOptions {
   int64_t reserve_timeout_ms = 5'000;                // decode_reserve
   int64_t job_timeout_ms = 600'000;                  // prefill_job (its reply comes when the job is done)
   std::string decisions_path;                        // JSONL of every decision; empty: none
+  // Workers running X times faster than the hardware they model (the sim backend's --time-scale):
+  // their measured times are multiplied by X before refitting and before TTFT accounting, so the
+  // predictors, SLOs and reports stay in modelled milliseconds. Their KV bytes are scaled by another
+  // factor, so with X != 1 bandwidth samples are not taken and the priors stay.
+  double time_scale = 1.0;
 };
 
 // Sets the prefill and decode priors (and kv_bytes_per_token when it is <= 0) from the backend's GPU

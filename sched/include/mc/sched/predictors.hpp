@@ -37,9 +37,14 @@ class OnlineLeastSquares {
   uint64_t samples() const { return samples_; }
 
  private:
-  Vec w_{};  // in scaled units
+  // Exponentially weighted normal equations, solved afresh on each observation: (A + I/prior_var) w =
+  // b + prior_w/prior_var, i.e. ridge regression pulled toward the prior. Unlike the covariance update of
+  // textbook recursive least squares this cannot lose positive-definiteness over many updates.
+  Vec w_{};        // in scaled units
+  Vec prior_w_{};  // in scaled units
   Vec scale_{};
-  std::array<std::array<double, N>, N> p_{};
+  std::array<std::array<double, N>, N> a_{};  // sum of lambda^age * z z^T
+  Vec b_{};                                   // sum of lambda^age * z y
   double lambda_;
   double prior_var_ = 1.0;
   uint64_t samples_ = 0;
