@@ -62,18 +62,7 @@ int main(int argc, char** argv) {
                     "Prior remote-pool fetch bandwidth (bytes/s) until measured")->capture_default_str();
   serve->add_option("--bw-ssd", o.bandwidth_priors.ssd_bytes_per_s,
                     "Prior SSD fetch bandwidth (bytes/s) until measured")->capture_default_str();
-  serve->add_option("--block-size", o.key_namespace.block_size, "Tokens per keyed block (must match the workers)")
-      ->envname("MC_BLOCK_SIZE")->capture_default_str()->check(CLI::Range(1u, 1u << 24));
-  serve->add_option("--hash-seed", o.key_namespace.seed, "XXH3 seed of the block-key chain")
-      ->envname("MC_HASH_SEED")->capture_default_str();
-  serve->add_option("--model", o.key_namespace.model_id, "Model id of the key namespace (empty: plain RFC chain)")
-      ->envname("MC_MODEL");
-  serve->add_option("--revision", o.key_namespace.model_revision, "Model revision of the key namespace");
-  serve->add_option("--kv-dtype", o.key_namespace.kv_dtype, "KV dtype of the key namespace");
-  serve->add_option("--layout", o.key_namespace.layout, "Parallel layout of the key namespace");
-  serve->add_option("--lora", o.key_namespace.lora_name, "LoRA adapter name of the key namespace");
-  serve->add_option("--lora-version", o.key_namespace.lora_version, "LoRA adapter version of the key namespace");
-  serve->add_option("--salt", o.key_namespace.salt, "Tenant salt of the key namespace")->envname("MC_SALT");
+  mc::cli::add_key_namespace_flags(*serve, o.key_namespace, "--hash-seed");
 
   std::string endpoint = "tcp://127.0.0.1:7460";
   bool json = false;

@@ -145,18 +145,7 @@ int main(int argc, char** argv) {
   mc::store::KeysOptions keys;
   auto* keys_cmd = app.add_subcommand(
       "keys", "Read token ids (whitespace-separated) on stdin; print the prefix-chained key of each complete block");
-  keys_cmd->add_option("--block-size", keys.ns.block_size, "Tokens per block")
-      ->envname("MC_BLOCK_SIZE")->capture_default_str()->check(CLI::Range(1u, 1u << 24));
-  keys_cmd->add_option("--seed", keys.ns.seed, "XXH3 seed of the hash chain")
-      ->envname("MC_HASH_SEED")->capture_default_str();
-  keys_cmd->add_option("--model", keys.ns.model_id, "Model id of the key namespace (empty: plain RFC chain)")
-      ->envname("MC_MODEL");
-  keys_cmd->add_option("--revision", keys.ns.model_revision, "Model revision of the key namespace");
-  keys_cmd->add_option("--kv-dtype", keys.ns.kv_dtype, "KV cache dtype of the key namespace (bf16, fp8, ...)");
-  keys_cmd->add_option("--layout", keys.ns.layout, "Layer/parallel layout of the key namespace (e.g. tp8)");
-  keys_cmd->add_option("--lora", keys.ns.lora_name, "LoRA adapter name of the key namespace");
-  keys_cmd->add_option("--lora-version", keys.ns.lora_version, "LoRA adapter version of the key namespace");
-  keys_cmd->add_option("--salt", keys.ns.salt, "Tenant salt of the key namespace")->envname("MC_SALT");
+  mc::cli::add_key_namespace_flags(*keys_cmd, keys.ns);
   keys_cmd->add_flag("--store-keys", keys.store_keys, "Print full store keys (kv/<namespace>/<hash>)");
 
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;

@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "mc/common/block_key.hpp"
 #include "mc/common/status.hpp"
 
 namespace mc::cli {
@@ -20,6 +21,11 @@ inline constexpr int kExitUsage = 2;
 // Adds --log-level (env MC_LOG_LEVEL) and --version to `app`; call before parsing.
 void add_common_flags(CLI::App& app, const std::string& program);
 // Applies --log-level after parsing (called from a parse callback set up by add_common_flags).
+
+// Adds the block-key namespace flags (--block-size, the seed flag named `seed_flag`, --model, --revision,
+// --kv-dtype, --layout, --lora, --lora-version, --salt; env MC_BLOCK_SIZE, MC_HASH_SEED, MC_MODEL, MC_SALT)
+// bound to `ns`, which must outlive parsing. One declaration for every tool that computes block keys.
+void add_key_namespace_flags(CLI::App& cmd, KeyNamespace& ns, const std::string& seed_flag = "--seed");
 
 // Exit code for a Status: ok -> 0; kInvalidArgument/kOutOfRange/kMalformedMessage -> 2; else 1.
 int exit_code(const Status& status);
