@@ -197,6 +197,7 @@ struct Qp {
   ibv_qp* qp = nullptr;
   tcp::Fd control;  // the handshake's connection: the target keeps its QP while it is open
   uint32_t max_outstanding = 1;
+  uint32_t max_sge = 1;         // scatter/gather entries per work request (a slice spanning local MRs uses several)
   uint32_t outstanding = 0;
   bool broken = false;
   int64_t broken_ns = 0;
@@ -536,6 +537,7 @@ Result<Qp*> RdmaSegment::open_qp(size_t path) {
   ibv_qp_init_attr qia{};
   ibv_query_qp(q->qp, &qa, IBV_QP_CAP, &qia);
   q->max_outstanding = std::max<uint32_t>(1, qia.cap.max_send_wr);
+  q->max_sge = std::max<uint32_t>(1, qia.cap.max_send_sge);
   const uint32_t psn = random_psn();
   proto::RdmaConnectRequest req;
   req.segment = desc_.name;
@@ -610,6 +612,11 @@ Status RdmaSegment::post_one(RdmaPath& p, Qp& q, const SliceOp& op) {
   }
   std::vector<ibv_sge> sges;
   MC_RETURN_IF_ERROR(domain_.local_sges(op.local, op.length, p.local_dev, sges));
+  if (sges.size() > q.max_sge) {
+    return Status(Code::kInvalidArgument, what + ": the slice's local bytes span " + std::to_string(sges.size()) +
+                                              " memory regions, the QP takes " + std::to_string(q.max_sge) +
+                                              " per work request (use a smaller --slice or larger regions)");
+  }
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
   wr.wr_id = op.cookie;
