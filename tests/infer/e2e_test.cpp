@@ -64,6 +64,15 @@ class Child {
     }
     return "";
   }
+  // SIGKILL at once (a crash: no goodbye to anyone), reaped.
+  void kill_hard() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    close(out_);
+  }
   // SIGTERM, wait up to 5 s, then SIGKILL. Returns the exit status (-1 when killed hard).
   int stop() {
     if (pid_ <= 0) return -1;
@@ -275,8 +284,10 @@ TEST(InferE2E, SharedPrefixSimBackendScaledKv) {
   shared_prefix_e2e({"--backend", "sim", "--model", "llama3-70b", "--kv-bytes-per-token", "8192", "--time-scale", "100"});
 }
 
-// A real store (master + one node): the second request hits the prefix in the store; after the node is killed
-// the third recomputes and still produces exactly the tokens of a cache-less instance.
+// A real store (master + one node): the second request hits the prefix in the store; the node is then killed
+// with SIGKILL, so the master still lists its replicas when the third request's prefill asks for the prefix:
+// the fetch fails during the request, the prefill recomputes, and the tokens are exactly those of a cache-less
+// instance.
 TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
   const int64_t block = 16;
   Child master(kBin + "mc-store", {"--log-level", "warn", "master", "--listen", "tcp://127.0.0.1:0"});
@@ -303,7 +314,7 @@ TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
   auto pu = rpc::RpcClient::connect(uep).value();
   ClientEndpoint client;
   for (int i = 0; i < 3; ++i) {
-    if (i == 2) node.reset();  // SIGTERM; the node's replicas are gone
+    if (i == 2) node->kill_hard();  // the node's replicas are gone, the master does not know yet
     const auto prompt = prompt_with_shared_prefix(block, 7 + i, static_cast<uint32_t>(i));
     const std::string id = "s" + std::to_string(i);
     RequestRun hit = run_request(*d, dep, *pc, client, id + "-store", prompt, 8);
