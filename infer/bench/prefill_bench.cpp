@@ -155,6 +155,8 @@ int main(int argc, char** argv) {
     double best_tail_s = 1e30;
     auto& tails = prefill.metrics().histogram("mc_prefill_kv_tail_seconds", metrics::latency_buckets_s());
     for (int r = 0; r < repeats; ++r) {
+      // The previous run's sequence finishes on the decode step thread: wait (bounded) until its KV is free.
+      for (int i = 0; i < 500 && !decode->idle(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       auto res = (*dclient)->call(proto::DecodeReserveRequest{"bench", tokens, 1, "tcp://127.0.0.1:1", 0}, 5000);
       if (!res.is_ok()) {
         std::fprintf(stderr, "infer_bench: %s\n", res.status().to_string().c_str());

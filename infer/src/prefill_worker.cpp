@@ -105,6 +105,8 @@ class LayerStreamer {
     return error_;
   }
   int64_t bytes_sent() const { return bytes_sent_; }
+  // Steady-clock ns when the last span sent so far landed (its send returned); 0 before any.
+  int64_t last_sent_ns() const { return last_sent_ns_; }
 
  private:
   void run() {
@@ -130,6 +132,7 @@ class LayerStreamer {
         queue_.clear();
       } else {
         bytes_sent_ += sent.value();
+        last_sent_ns_ = now_ns();
       }
       cv_.notify_all();
     }
@@ -145,6 +148,7 @@ class LayerStreamer {
   bool done_ = false;
   Status error_;
   int64_t bytes_sent_ = 0;
+  int64_t last_sent_ns_ = 0;
   std::thread thread_;
 };
 
@@ -404,6 +408,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   int64_t writes = 0;
   const int64_t num_layers = layout.num_layers;
   const int64_t t_prefill = now_ns();
+  int64_t t_last_layer_done = 0;  // when the last layer's KV was handed to the stream
   auto on_layer = [&](int64_t layer, int64_t begin, int64_t end) -> Status {
     if (job.fail_after_layers >= 0 && writes >= job.fail_after_layers) {
       return error(Code::kAborted, "injected prefill failure after " + std::to_string(writes) + " layer writes");
@@ -411,6 +416,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
     const int64_t first = begin == cached ? 0 : begin / bs;  // the first chunk also carries the fetched prefix
     ++writes;
     MC_RETURN_IF_ERROR(streamer.push(LayerSpan{layer, first, layout.blocks_for_tokens(end)}));
+    if (layer == num_layers - 1 && end == n) t_last_layer_done = now_ns();
     // The next chunk writes into this chunk's last block: let the stream catch up first.
     if (layer == num_layers - 1 && end < n) MC_RETURN_IF_ERROR(streamer.drain());
     return Status::ok();
@@ -421,12 +427,15 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   Status streamed = streamer.finish();
   if (!result.is_ok()) return result.status().with_context("prefill of '" + job.request_id + "'");
   MC_RETURN_IF_ERROR(streamed);
-  const int64_t t_all_kv = now_ns();
+  // The tail: last layer computed -> its last byte acknowledged by decode (the first token's logits are computed
+  // meanwhile, so it can end before the backend returns).
+  const int64_t t_all_kv = streamer.last_sent_ns() > 0 ? streamer.last_sent_ns() : now_ns();
+  const int64_t tail_ns = std::max<int64_t>(0, t_all_kv - (t_last_layer_done > 0 ? t_last_layer_done : t_last_layer));
   ledger.prefill_ms = (t_last_layer - t_prefill) / 1'000'000;
-  ledger.kv_tail_ms = (t_all_kv - t_last_layer) / 1'000'000;
+  ledger.kv_tail_ms = tail_ns / 1'000'000;
   metrics_.histogram("mc_prefill_kv_tail_seconds", metrics::latency_buckets_s(),
                      "last layer computed -> all KV acknowledged by decode (layer-wise streaming tail)")
-      .observe(static_cast<double>(t_all_kv - t_last_layer) * 1e-9);
+      .observe(static_cast<double>(tail_ns) * 1e-9);
   ledger.kv_sent_bytes = streamer.bytes_sent();
   if (ledger.computed_tokens > 0 && t_last_layer > t_prefill) {
     const double rate = static_cast<double>(ledger.computed_tokens) / (static_cast<double>(t_last_layer - t_prefill) * 1e-9);

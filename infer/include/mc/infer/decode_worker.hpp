@@ -32,8 +32,8 @@
 // every running sequence, emits one token per sequence with its wall-clock timestamp, and finished sequences
 // free their KV and get request_done with the ledger (prefill's, plus decode time and output tokens).
 //
-// Threads: handler methods (reserve, kv_write, commit, abort, release, load) may be called from one thread
-// while step() runs on another; shared state is under one mutex, and the backend runs outside it. All client
+// Threads: handler methods (reserve, kv_write, commit, abort, release, load) may be called from one thread and
+// on_kv_notification from the transfer engine's threads while step() runs on another; shared state is under one mutex, and the backend runs outside it. All client
 // messages are sent from the step() thread through the TokenSink.
 #pragma once
 
