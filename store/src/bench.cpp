@@ -104,6 +104,8 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
   std::vector<std::vector<std::byte>> blocks(o.blocks, std::vector<std::byte>(block_bytes));
   for (uint64_t i = 0; i < o.blocks; ++i) {
     for (uint64_t j = 0; j < block_bytes; j += 4096) blocks[i][j] = static_cast<std::byte>(i + j);
+    // Registered once, as a prefill/decode worker registers its KV cache: transfers use it in place.
+    MC_RETURN_IF_ERROR(cl->register_buffer(blocks[i]));
   }
   std::string run = std::to_string(SteadyClock::now().time_since_epoch().count());
   nlohmann::json points = nlohmann::json::array();

@@ -75,7 +75,10 @@ int main(int argc, char** argv) {
   mc::store::NodeOptions node;
   auto* serve_cmd = app.add_subcommand("serve", "Run a storage node contributing DRAM (and optionally SSD) to the pool");
   serve_cmd->add_option("--master", node.master, "Endpoint of mc-store master")->envname("MC_STORE_MASTER")->capture_default_str();
-  serve_cmd->add_option("--listen", node.listen, "Data endpoint to bind")->capture_default_str();
+  serve_cmd->add_option("--listen", node.listen, "RPC endpoint to bind (SSD-tier data RPCs)")->capture_default_str();
+  serve_cmd->add_option("--xfer-listen", node.xfer_listen,
+                        "Transfer-engine endpoints serving the DRAM segment, comma-separated (one tcp path each)")
+      ->delimiter(',')->envname("MC_STORE_XFER_LISTEN")->capture_default_str();
   serve_cmd->add_option("--node-id", node.node_id, "Node name, unique in the cluster (default: <hostname>-<pid>)")
       ->envname("MC_STORE_NODE_ID");
   serve_cmd->add_option("--host", node.host, "Host name used for nearest-replica ordering (default: hostname)");
@@ -86,7 +89,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--heartbeat-ms", node.heartbeat_ms, "Heartbeat period (ms)")
       ->capture_default_str()->check(CLI::Range(10, 60000));
   bool no_shm = false;
-  serve_cmd->add_flag("--no-shm", no_shm, "Back DRAM with private memory (clients always go through the node)");
+  serve_cmd->add_flag("--no-shm", no_shm, "Back DRAM with private memory: same-host clients use tcp instead of shm");
 
   // ---- admin ----
   mc::store::AdminOptions admin;
