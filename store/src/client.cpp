@@ -444,6 +444,7 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
     start.keys.push_back(it.key);
     start.sizes_bytes.push_back(it.data.size());
   }
+  const int64_t t_start_ms = steady_ms();
   MC_ASSIGN_OR_RETURN(auto grants, m.master->call(start, m.options.rpc_timeout_ms));
   if (grants.items.size() != items.size()) {
     return Status(Code::kMalformedMessage, "put_start reply from " + m.options.master + " has the wrong item count");
@@ -496,7 +497,10 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
       jobs.push_back(Job{i, &r, transfer::Op::kWrite, data, items[i].data.size(), {}});
     }
   }
+  const int64_t t_granted = steady_ms();
   m.run_jobs(jobs);
+  MC_LOG_DEBUG << "batch_put of " << items.size() << " objects: put_start " << (t_granted - t_start_ms) << " ms, "
+               << jobs.size() << " replica writes " << (steady_ms() - t_granted) << " ms";
   for (const Job& j : jobs) {
     if (!j.status.is_ok() && out[j.item].is_ok()) out[j.item] = j.status;
   }

@@ -60,6 +60,23 @@ class DramSegment {
   std::byte* base() { return base_; }
   uint64_t size() const { return size_; }
 
+  // Commits every page now (MADV_POPULATE_WRITE, or one write per page where the kernel lacks it), so
+  // puts never pay the first-touch page allocation and a node without the memory fails at start
+  // instead of a writer taking SIGBUS on a full tmpfs later.
+  Status prefault() {
+    if (madvise(base_, size_, MADV_POPULATE_WRITE) == 0) return Status::ok();
+    const int e = errno;
+    if (e != EINVAL) {
+      return Status(Code::kResourceExhausted, "cannot commit " + std::to_string(size_) + " bytes of DRAM: " + errno_text(e) +
+                                                  " (lower --dram-bytes, or --no-prefault to commit lazily)");
+    }
+    const long page = sysconf(_SC_PAGESIZE);
+    for (uint64_t off = 0; off < size_; off += static_cast<uint64_t>(page)) {
+      reinterpret_cast<volatile std::byte*>(base_)[off] = std::byte{0};
+    }
+    return Status::ok();
+  }
+
  private:
   DramSegment() = default;
   transfer::SharedBuffer shared_;
@@ -160,6 +177,7 @@ class Node {
     }
     if (opt_.dram_bytes == 0) return Status(Code::kInvalidArgument, "--dram-bytes must be positive");
     MC_ASSIGN_OR_RETURN(dram_, DramSegment::create(opt_.dram_bytes, opt_.shm, opt_.node_id));
+    if (opt_.prefault) MC_RETURN_IF_ERROR(dram_->prefault());
     if (!opt_.ssd_dir.empty()) {
       if (opt_.ssd_bytes == 0) return Status(Code::kInvalidArgument, "--ssd-dir needs --ssd-bytes > 0");
       MC_ASSIGN_OR_RETURN(ssd_, SsdSegment::create(opt_.ssd_dir + "/mc-store-" + opt_.node_id + ".ssd", opt_.ssd_bytes));

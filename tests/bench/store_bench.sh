@@ -19,7 +19,7 @@ trap cleanup EXIT
 wait_ready() { for _ in $(seq 100); do grep -q '^ready' "$1" 2>/dev/null && return 0; sleep 0.1; done; echo "no ready line in $1" >&2; exit 1; }
 
 M=tcp://127.0.0.1:$PORT
-"$BIN/mc-store" master --listen "$M" --events "" --lease-ms 5000 >"$TMP/master" 2>/dev/null & PIDS+=($!)
+"$BIN/mc-store" master --listen "$M" --events "" --lease-ms 1000 >"$TMP/master" 2>/dev/null & PIDS+=($!)
 wait_ready "$TMP/master"
 "$BIN/mc-store" serve --master "$M" --node-id bench-local --dram-bytes 512MiB >"$TMP/n1" 2>/dev/null & PIDS+=($!)
 wait_ready "$TMP/n1"
@@ -42,23 +42,29 @@ fi
 # batch, so both sides of a ratio see the same machine load.
 BLOCK=$((512 * KVB))
 BATCH=${BATCH:-16}
-"$BIN/mc-xfer" serve --size 512MiB >"$TMP/xfer" 2>/dev/null & PIDS+=($!)
+"$BIN/mc-xfer" serve --size $((BLOCK * 64)) >"$TMP/xfer" 2>/dev/null & PIDS+=($!)
 wait_ready "$TMP/xfer"
 SEG=$(awk '/^ready/{for(i=1;i<=NF;i++) if ($i ~ /^segment=/) {sub("segment=","",$i); print $i}}' "$TMP/xfer")
+# Both sides move 64 blocks' worth of distinct memory (the mc-xfer segment is 64 blocks), and both are
+# warmed (mc-store bench: one untimed round in-process; mc-xfer: one untimed 1 s write run first).
+store_data() {
+  "$BIN/mc-store" bench --master "$M" --mode data --kv-bytes-per-token "$KVB" --duration "$DURATION" --batch "$BATCH" "$@"
+}
 xfer_pair() {
+  "$BIN/mc-xfer" bench --target "$SEG" --transport "$1" --op write --block "$BLOCK" --duration 1 --batch "$BATCH" >/dev/null 2>&1
   for op in write read; do
     echo "-- mc-xfer bench $1 $op (block $BLOCK B, batch $BATCH)"
-    "$BIN/mc-xfer" bench --target "$SEG" --transport "$1" --op "$op" --block "$BLOCK" --duration "$DURATION" --batch "$BATCH" 2>/dev/null | tail -n 3
+    "$BIN/mc-xfer" bench --target "$SEG" --transport "$1" --op "$op" --block "$BLOCK" --duration "$DURATION" --batch "$BATCH" 2>/dev/null | grep -v '^#' 
   done
 }
 echo "== load: $(uptime)"
 echo "== data shm (same host): mc-store batch_put/batch_get, blocks of 512 tokens x $KVB B"
-"$BIN/mc-store" bench --master "$M" --mode data --kv-bytes-per-token "$KVB" --duration "$DURATION" --batch "$BATCH"
+store_data
 xfer_pair shm
 "$BIN/mc-store" serve --master "$M" --node-id bench-far --host bench-far-host --no-shm --dram-bytes 512MiB >"$TMP/n2" 2>/dev/null & PIDS+=($!)
 wait_ready "$TMP/n2"
 kill "${PIDS[1]}"; sleep 0.3   # only the far node (private memory) remains: the engine's tcp path
 echo "== data tcp (loopback): mc-store batch_put/batch_get"
-"$BIN/mc-store" bench --master "$M" --mode data --kv-bytes-per-token "$KVB" --duration "$DURATION" --batch "$BATCH" --client-host bench-client
+store_data --client-host bench-client
 xfer_pair tcp
 echo "== load: $(uptime)"

@@ -88,7 +88,9 @@ int main(int argc, char** argv) {
   add_size(serve_cmd, "--ssd-bytes", node.ssd_bytes, "SSD contributed (bytes)");
   serve_cmd->add_option("--heartbeat-ms", node.heartbeat_ms, "Heartbeat period (ms)")
       ->capture_default_str()->check(CLI::Range(10, 60000));
-  bool no_shm = false;
+  bool no_shm = false, no_prefault = false;
+  serve_cmd->add_flag("--no-prefault", no_prefault,
+                      "Commit DRAM pages on first write instead of at start (faster start, slower first puts)");
   serve_cmd->add_flag("--no-shm", no_shm, "Back DRAM with private memory: same-host clients use tcp instead of shm");
 
   // ---- admin ----
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
   if (master_cmd->parsed()) return mc::cli::report("mc-store master", mc::store::run_master(master));
   if (serve_cmd->parsed()) {
     node.shm = !no_shm;
+    node.prefault = !no_prefault;
     return mc::cli::report("mc-store serve", mc::store::run_node(node));
   }
   if (put_cmd->parsed()) return mc::cli::report("mc-store put", mc::store::admin_put(admin, key, file, overwrite));

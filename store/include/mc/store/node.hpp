@@ -38,6 +38,7 @@ struct NodeOptions {
   uint64_t ssd_bytes = 0;
   int heartbeat_ms = 1000;
   bool shm = true;                           // DRAM in a memfd that same-host engines map (else tcp only)
+  bool prefault = true;                      // commit the DRAM at start (else on first write, in the put path)
 };
 
 Status run_node(const NodeOptions& options);
