@@ -187,14 +187,6 @@ class ShmTransport final : public Transport {
                                 : mmap(nullptr, mp->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         int e = errno;
         ::close(fd);
-        // MAP_POPULATE of a shared mapping builds read-only page-table entries; the first write to each
-        // page would still take a (write-protect) fault. Populate writable entries too, so WRITEs into
-        // the segment run at memcpy speed from the first byte (the store's puts; measured: 0.2 GB/s
-        // instead of >5 GB/s on the first pass over a storage node's DRAM). Best effort: older kernels
-        // lack MADV_POPULATE_WRITE, and then the faults stay as they were.
-#ifdef MADV_POPULATE_WRITE
-        if (p != MAP_FAILED) (void)madvise(p, mp->size, MADV_POPULATE_WRITE);
-#endif
         if (p == MAP_FAILED) {
           return Status(Code::kNoPath, "shm: cannot map " + r.shm_path + " (" + std::to_string(mp->size) +
                                            " bytes): " + strerror(e));
