@@ -189,8 +189,10 @@ struct GetSegmentRequest {
 // Master RPCs ("store.*"): the metadata service of mc-store master (store/include/mc/store/master_core.hpp
 // documents the semantics). Batch requests carry parallel arrays and are answered item by item: one bad
 // key never fails its neighbours. Per-item results carry `code` (an mc::Code value, 0 = ok) and
-// `message`. Limits: at most kStoreMaxBatch keys per request. Node data RPCs ("store.node.*") move bytes
-// to and from a storage node's segments when the caller cannot map them (other host, SSD).
+// `message`. Limits: at most kStoreMaxBatch keys per request. DRAM bytes move through the transfer engine
+// (the node registers its DRAM segment with its engine; the master is the engine's segment directory,
+// answering xfer.publish_segment / xfer.get_segment). Node data RPCs ("store.node.*") move bytes of SSD
+// segments only, which the transfer engine cannot address (they are files, not memory).
 
 inline constexpr uint32_t kStoreMaxBatch = 4096;
 
@@ -206,11 +208,13 @@ struct StoreReplica {
   std::string host;
   std::string domain;       // failure domain label
   std::string medium;       // cpu | disk
-  std::string endpoint;     // the storage node's data endpoint (tcp://host:port)
-  std::string shm_path;     // same-host clients may map this file; empty for disk segments
-  uint64_t offset_bytes = 0;
+  std::string endpoint;     // the storage node's RPC endpoint (tcp://host:port; store.node.* for disk segments)
+  std::string xfer_segment;  // transfer-engine segment serving these bytes ("host:port"); empty for disk
+  uint64_t xfer_offset_bytes = 0;  // offset of the replica's first byte in xfer_segment
+  uint64_t offset_bytes = 0;  // offset of the replica inside `segment`
   uint64_t size_bytes = 0;
-  MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, shm_path, offset_bytes, size_bytes);
+  MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, xfer_segment, xfer_offset_bytes, offset_bytes,
+                     size_bytes);
 };
 
 struct StoreMountRequest {
@@ -222,9 +226,11 @@ struct StoreMountRequest {
   std::string domain;
   std::string medium;  // cpu | disk
   uint64_t capacity_bytes = 0;
-  std::string endpoint;
-  std::string shm_path;
-  MSGPACK_DEFINE_MAP(node_id, segment, host, domain, medium, capacity_bytes, endpoint, shm_path);
+  std::string endpoint;                // the node's RPC endpoint (store.node.* for disk segments)
+  std::string xfer_segment;            // transfer-engine segment holding a cpu segment ("host:port"); "" for disk
+  uint64_t xfer_base_offset_bytes = 0;  // where byte 0 of `segment` lies in xfer_segment
+  MSGPACK_DEFINE_MAP(node_id, segment, host, domain, medium, capacity_bytes, endpoint, xfer_segment,
+                     xfer_base_offset_bytes);
 };
 
 struct StoreUnmountRequest {
@@ -440,7 +446,8 @@ struct StoreStatRequest {
   MSGPACK_DEFINE_MAP(with_segments);
 };
 
-// Storage node data RPCs (bytes of one segment; chunked by the client to stay under kMaxMessageBytes).
+// Storage node data RPCs for disk (SSD) segments (chunked by the client to stay under kMaxMessageBytes);
+// a node refuses them for its DRAM segment, which is served through the transfer engine.
 inline constexpr uint64_t kStoreMaxChunkBytes = 16ULL << 20;
 struct StoreNodeWriteRequest {
   static constexpr const char* kType = "store.node.write";
