@@ -3,6 +3,8 @@
 // killed mid-transfer, bench and topo JSON.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "process_util.hpp"
@@ -146,6 +148,23 @@ TEST(XferE2EBench, JsonHasOneResultPerBlock) {
   ASSERT_EQ(table.exit_code, 0) << table.out;
   EXPECT_NE(table.out.find("GB/s"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("transport tcp"), std::string::npos) << table.out;
+}
+
+// Here (no RDMA NIC, no soft-RoCE) asking for rdma is a clear runtime error, exit 1, not a hang or a crash.
+TEST(XferE2EBench, RdmaWithoutDeviceFailsClearly) {
+  std::error_code ec;
+  if (std::filesystem::exists("/sys/class/infiniband", ec) &&
+      !std::filesystem::is_empty("/sys/class/infiniband", ec)) {
+    GTEST_SKIP() << "this host has an RDMA device (/sys/class/infiniband): the no-device error cannot be seen";
+  }
+  auto b = run({kXfer, "bench", "--target", "127.0.0.1:9", "--transport", "rdma", "--duration", "0.1", "--json"},
+               20000);
+  EXPECT_EQ(b.exit_code, 1) << b.out;
+  auto j = parse_json(b);
+  const std::string err = j.value("error", "");
+  EXPECT_TRUE(err.find("no RDMA device: ibv_get_device_list returned 0") != std::string::npos ||
+              err.find("rdma transport not built") != std::string::npos)
+      << b.out;
 }
 
 TEST(XferE2ETopo, JsonMatrix) {

@@ -10,12 +10,21 @@ namespace {
 
 using mc::transfer::EngineOptions;
 
+mc::Result<int> parse_socket_buffer(const std::string& text) {
+  MC_ASSIGN_OR_RETURN(int64_t b, mc::units::parse_size_bytes(text));
+  if (b < 0 || b > (1ll << 30)) {
+    return mc::Status(mc::Code::kInvalidArgument, "--socket-buffer " + text + ": want 0 (autotuning) to 1GiB");
+  }
+  return static_cast<int>(b);
+}
+
 // Engine flags shared by the client subcommands; sizes are kept as text and parsed after CLI11.
 struct EngineFlags {
   std::string transport = "auto";
   std::vector<std::string> local;
   std::string slice = "64KiB";
-  uint32_t connections = 2;
+  uint32_t connections = EngineOptions{}.connections_per_path;
+  std::string socket_buffer = std::to_string(EngineOptions{}.socket_buffer_bytes);
   int64_t timeout_ms = 30000;
   std::string topology;
 
@@ -28,6 +37,9 @@ struct EngineFlags {
         ->capture_default_str();
     cmd->add_option("--connections", connections, "TCP connections per path")->capture_default_str()
         ->check(CLI::Range(1u, 64u));
+    cmd->add_option("--socket-buffer", socket_buffer,
+                    "SO_SNDBUF/SO_RCVBUF of tcp data connections in bytes (0: kernel autotuning)")
+        ->envname("MC_XFER_SOCKET_BUFFER")->capture_default_str();
     cmd->add_option("--timeout-ms", timeout_ms, "Deadline of one request in milliseconds")
         ->envname("MC_XFER_TIMEOUT_MS")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
     cmd->add_option("--topology", topology, "Topology matrix JSON file (default: discover from sysfs)")
@@ -43,6 +55,7 @@ struct EngineFlags {
     o.slicing.slice_bytes = static_cast<uint64_t>(s);
     o.slicing.min_tail_bytes = std::min<uint64_t>(o.slicing.min_tail_bytes, o.slicing.slice_bytes);
     o.connections_per_path = connections;
+    MC_ASSIGN_OR_RETURN(o.socket_buffer_bytes, parse_socket_buffer(socket_buffer));
     o.request_timeout_ms = timeout_ms;
     o.topology_file = topology;
     return o;
@@ -61,6 +74,7 @@ int main(int argc, char** argv) {
   // serve
   mc::transfer::xfer::ServeOptions serve;
   std::string serve_size = "1GiB", serve_max_region = "0";
+  std::string serve_socket_buffer = std::to_string(EngineOptions{}.socket_buffer_bytes);
   std::vector<std::string> serve_listen = {"tcp://127.0.0.1:0"};
   auto* serve_cmd = app.add_subcommand("serve", "Register a pattern-filled buffer and serve it until SIGTERM");
   serve_cmd->add_option("--size", serve_size, "Bytes to serve (e.g. 1GiB)")->envname("MC_XFER_SIZE")
@@ -71,6 +85,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-region", serve_max_region,
                         "Split the registration into regions of at most this size (0: whole)")
       ->capture_default_str();
+  serve_cmd->add_option("--socket-buffer", serve_socket_buffer,
+                        "SO_SNDBUF/SO_RCVBUF of accepted tcp connections in bytes (0: kernel autotuning)")
+      ->envname("MC_XFER_SOCKET_BUFFER")->capture_default_str();
   serve_cmd->add_flag("--json", serve.json, "Also print the segment as one JSON line");
 
   // bench
@@ -126,6 +143,9 @@ int main(int argc, char** argv) {
     serve.size_bytes = static_cast<uint64_t>(size.value());
     serve.engine.listen = serve_listen;
     serve.engine.max_region_bytes = static_cast<uint64_t>(max_region.value());
+    auto socket_buffer = parse_socket_buffer(serve_socket_buffer);
+    if (!socket_buffer.is_ok()) return run("mc-xfer serve", socket_buffer.status());
+    serve.engine.socket_buffer_bytes = socket_buffer.value();
     mc::daemon::install_stop_signals();
     return run("mc-xfer serve", mc::transfer::xfer::run_serve(serve, std::cout));
   }

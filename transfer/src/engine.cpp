@@ -15,6 +15,7 @@
 #include "mc/common/log.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/transport.hpp"
+#include "rdma/rdma.hpp"
 #include "shm/transport.hpp"
 #include "tcp/net.hpp"
 #include "tcp/server.hpp"
@@ -126,6 +127,21 @@ struct RemoteSeg {
 
 thread_local const void* tl_pumping = nullptr;
 
+// Stands in for a transport this engine cannot offer (rdma without a device or without ibverbs in the build):
+// opening a segment over it fails with the reason, so "no transport reaches it" says why.
+class UnavailableTransport final : public Transport {
+ public:
+  UnavailableTransport(std::string name, int rank, Status why) : name_(std::move(name)), rank_(rank), why_(std::move(why)) {}
+  std::string_view name() const override { return name_; }
+  int rank() const override { return rank_; }
+  Result<std::unique_ptr<TransportSegment>> open(const proto::SegmentDescriptor&, SliceSink*) override { return why_; }
+
+ private:
+  std::string name_;
+  int rank_;
+  Status why_;
+};
+
 }  // namespace
 
 class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
@@ -159,6 +175,22 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       return std::find(options_.transports.begin(), options_.transports.end(), n) != options_.transports.end();
     };
     if (allowed("shm")) transports_.push_back(shm::make_shm_transport(options_, host_id_));
+    if (allowed("rdma")) {
+      auto dom = rdma::RdmaDomain::open(options_, topology_);
+      if (dom.is_ok()) {
+        rdma_ = std::move(dom).value();
+        transports_.push_back(rdma_->make_transport(options_, topology_));
+      } else {
+        rdma_unavailable_ = dom.status();
+        MC_LOG_DEBUG << "rdma transport unavailable: " << rdma_unavailable_.message();
+        if (options_.transports.size() == 1) {
+          // Asked for rdma alone: say so now rather than at the first open_segment.
+          return Status(rdma_unavailable_.code() == Code::kUnimplemented ? Code::kUnimplemented : Code::kNoPath,
+                        "transport rdma: " + rdma_unavailable_.message());
+        }
+        transports_.push_back(std::make_unique<UnavailableTransport>("rdma", 10, rdma_unavailable_));
+      }
+    }
     if (allowed("tcp")) transports_.push_back(tcp::make_tcp_transport(options_, topology_));
     if (!options_.listen.empty()) {
       tcp::ServerOptions so;
@@ -261,7 +293,10 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     r.segment_offset = next_segment_offset_;
     r.location = location;
     r.shm = find_shared_backing(addr, length);
-    const uint64_t chunk = options_.max_region_bytes == 0 ? length : options_.max_region_bytes;
+    const uint64_t chunk = region_chunk_bytes(length);
+    if (rdma_) {
+      MC_RETURN_IF_ERROR(rdma_->register_memory(r.addr, length, chunk));
+    }
     r.region_count = static_cast<uint32_t>(length / chunk + (length % chunk != 0 ? 1 : 0));
     // Keep segment offsets 4 KiB aligned so regions never share a page of offset space.
     next_segment_offset_ += (length + 4095) / 4096 * 4096;
@@ -274,12 +309,21 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     return out;
   }
 
+  // Bytes per descriptor region of a registration of `length`: max_region_bytes, and no more than one RDMA
+  // memory region may hold (the descriptor gives each region one rkey per device).
+  uint64_t region_chunk_bytes(uint64_t length) const {
+    uint64_t chunk = options_.max_region_bytes == 0 ? length : options_.max_region_bytes;
+    if (rdma_) chunk = std::min(chunk, rdma_->max_region_bytes());
+    return std::max<uint64_t>(chunk, 1);
+  }
+
   Status unregister_memory(void* addr) {
     std::unique_lock<std::shared_mutex> lk(regions_mu_);
     auto it = regions_.find(reinterpret_cast<uintptr_t>(addr));
     if (it == regions_.end()) {
       return Status(Code::kNotFound, "unregister_memory: no registration starts at " + hex_addr(addr));
     }
+    if (rdma_) rdma_->unregister_memory(static_cast<char*>(addr));
     by_offset_.erase(it->second.segment_offset);
     regions_.erase(it);
     return Status::ok();
@@ -313,10 +357,11 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     d.pid = static_cast<int32_t>(getpid());
     d.endpoints = endpoints_;
     d.topology_json = topology_.to_json(-1);
+    if (rdma_) rdma_->describe_devices(d);
     std::shared_lock<std::shared_mutex> lk(regions_mu_);
     for (const auto& [off, a] : by_offset_) {
       const LocalRegion& r = regions_.at(a);
-      const uint64_t chunk = options_.max_region_bytes == 0 ? r.length : options_.max_region_bytes;
+      const uint64_t chunk = region_chunk_bytes(r.length);
       for (uint64_t c = 0; c < r.length; c += chunk) {
         proto::RegionDescriptor rd;
         rd.segment_offset = r.segment_offset + c;
@@ -326,6 +371,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
           rd.shm_path = r.shm->path;
           rd.shm_offset_bytes = r.shm->offset_bytes + c;
         }
+        if (rdma_) rdma_->describe_region(r.addr + c, rd.length_bytes, rd);
         d.regions.push_back(std::move(rd));
       }
     }
@@ -346,6 +392,14 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
                                          ") is not inside one registered region of segment " + segment_name_);
   }
   std::string describe() override { return codec::pack(local_descriptor()); }
+  Result<std::pair<std::string, std::shared_ptr<void>>> rdma_connect(const std::string& packed) override {
+    if (!rdma_) {
+      return Status(Code::kNoPath, "segment " + segment_name_ + " serves no rdma: " +
+                                       (rdma_unavailable_.is_ok() ? std::string("transport rdma not enabled")
+                                                                  : rdma_unavailable_.message()));
+    }
+    return rdma_->accept(packed);
+  }
   Status notify(const std::string& packed) override {
     MC_ASSIGN_OR_RETURN(proto::TransferNotification n,
                         codec::unpack<proto::TransferNotification>(packed, "transfer notification"));
@@ -911,6 +965,9 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   EngineOptions options_;
   const Clock* clock_;
   Topology topology_;
+  // Declared before the server and the transports so that it is destroyed after them (they use its devices).
+  std::unique_ptr<rdma::RdmaDomain> rdma_;
+  Status rdma_unavailable_;  // why rdma_ is null when "rdma" is an allowed transport
   std::string host_id_;
   std::string segment_name_;
   std::vector<std::string> endpoints_;

@@ -180,18 +180,14 @@ Status recv_all(int fd, void* data, size_t n, const std::string& what) {
   return Status::ok();
 }
 
-Result<std::string> control_call(const std::string& endpoint, const std::string& local_address, WireOp op,
-                                 const std::string& aux, int64_t timeout_ms) {
-  MC_ASSIGN_OR_RETURN(HostPort hp, parse_endpoint(endpoint));
-  MC_ASSIGN_OR_RETURN(Fd fd, connect_blocking(hp, local_address, timeout_ms, timeout_ms));
-  const std::string what = "peer " + format_host_port(hp.host, hp.port);
+Result<std::string> control_exchange(int fd, WireOp op, const std::string& aux, const std::string& what) {
   WireRequest req;
   req.op = static_cast<uint8_t>(op);
   req.aux_bytes = static_cast<uint32_t>(aux.size());
-  MC_RETURN_IF_ERROR(send_all(fd.get(), &req, sizeof req, what));
-  if (!aux.empty()) MC_RETURN_IF_ERROR(send_all(fd.get(), aux.data(), aux.size(), what));
+  MC_RETURN_IF_ERROR(send_all(fd, &req, sizeof req, what));
+  if (!aux.empty()) MC_RETURN_IF_ERROR(send_all(fd, aux.data(), aux.size(), what));
   WireReply rep;
-  MC_RETURN_IF_ERROR(recv_all(fd.get(), &rep, sizeof rep, what));
+  MC_RETURN_IF_ERROR(recv_all(fd, &rep, sizeof rep, what));
   if (rep.magic != kWireMagic) {
     return Status(Code::kMalformedMessage, what + ": not an mc transfer engine (bad magic in reply)");
   }
@@ -199,9 +195,16 @@ Result<std::string> control_call(const std::string& endpoint, const std::string&
     return Status(Code::kMessageTooLarge, what + ": reply of " + std::to_string(rep.aux_bytes) + " bytes");
   }
   std::string out(rep.aux_bytes, '\0');
-  if (rep.aux_bytes > 0) MC_RETURN_IF_ERROR(recv_all(fd.get(), out.data(), out.size(), what));
+  if (rep.aux_bytes > 0) MC_RETURN_IF_ERROR(recv_all(fd, out.data(), out.size(), what));
   if (rep.code != 0) return Status(static_cast<Code>(rep.code), what + ": " + out);
   return out;
+}
+
+Result<std::string> control_call(const std::string& endpoint, const std::string& local_address, WireOp op,
+                                 const std::string& aux, int64_t timeout_ms) {
+  MC_ASSIGN_OR_RETURN(HostPort hp, parse_endpoint(endpoint));
+  MC_ASSIGN_OR_RETURN(Fd fd, connect_blocking(hp, local_address, timeout_ms, timeout_ms));
+  return control_exchange(fd.get(), op, aux, "peer " + format_host_port(hp.host, hp.port));
 }
 
 }  // namespace mc::transfer::tcp

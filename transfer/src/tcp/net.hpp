@@ -64,6 +64,9 @@ void tune_data_socket(int fd, int buffer_bytes);
 Status send_all(int fd, const void* data, size_t n, const std::string& what);
 Status recv_all(int fd, void* data, size_t n, const std::string& what);
 
+// One control exchange on an open blocking connection `fd` to `what` ("peer 10.0.0.2:4000").
+Result<std::string> control_exchange(int fd, WireOp op, const std::string& aux, const std::string& what);
+
 // One control exchange on a fresh blocking connection: request with aux bytes, reply with aux bytes.
 // Returns the reply's aux on success; an error reply becomes its Status (code and message from the peer).
 Result<std::string> control_call(const std::string& endpoint, const std::string& local_address, WireOp op,

@@ -135,6 +135,7 @@ void TcpServer::serve_connection(Conn* conn) {
   const int fd = conn->fd.get();
   const std::string what = "tcp server connection";
   std::string aux;
+  std::vector<std::shared_ptr<void>> leases;  // rdma queue pairs set up over this connection
   while (!stop_.load()) {
     WireRequest req;
     if (!recv_all(fd, &req, sizeof req, what).is_ok()) break;  // peer closed or reset: normal end
@@ -194,6 +195,17 @@ void TcpServer::serve_connection(Conn* conn) {
       case WireOp::kPing:
         sent = send_reply(fd, op, Status::ok(), "", nullptr, 0);
         break;
+      case WireOp::kRdmaConnect: {
+        auto r = handler_->rdma_connect(aux);
+        if (!r.is_ok()) {
+          errors_++;
+          sent = send_reply(fd, op, r.status(), "", nullptr, 0);
+          break;
+        }
+        leases.push_back(std::move(r.value().second));
+        sent = send_reply(fd, op, Status::ok(), r.value().first, nullptr, 0);
+        break;
+      }
       default:
         errors_++;
         (void)send_reply(fd, op, Status(Code::kMalformedMessage, "unknown op " + std::to_string(req.op)), "",
@@ -203,6 +215,7 @@ void TcpServer::serve_connection(Conn* conn) {
     }
     if (!sent.is_ok()) break;
   }
+  leases.clear();
   ::shutdown(fd, SHUT_RDWR);  // the fd itself is closed by reap() after join, so its number is never reused early
   conn->done.store(true);
 }

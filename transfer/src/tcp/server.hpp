@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "mc/common/status.hpp"
@@ -25,6 +26,9 @@ class ServerHandler {
   virtual std::string describe() = 0;
   // A packed TransferNotification arrived.
   virtual Status notify(const std::string& packed) = 0;
+  // A packed RdmaConnectRequest arrived: the packed reply and a lease the server holds until this
+  // connection closes (the queue pair lives that long).
+  virtual Result<std::pair<std::string, std::shared_ptr<void>>> rdma_connect(const std::string& packed) = 0;
 };
 
 struct ServerOptions {

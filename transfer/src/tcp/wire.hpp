@@ -16,7 +16,9 @@ inline constexpr uint32_t kWireMagic = 0x3158434d;  // "MCX1"
 inline constexpr uint8_t kWireVersion = 1;
 inline constexpr uint32_t kMaxAuxBytes = 16u << 20;  // descriptors, notifications, error messages
 
-enum class WireOp : uint8_t { kRead = 1, kWrite = 2, kDescribe = 3, kNotify = 4, kPing = 5 };
+// kRdmaConnect: aux = packed proto::RdmaConnectRequest, reply aux = packed proto::RdmaConnectReply; the target
+// keeps the queue pair while this connection stays open (rdma/rdma.hpp).
+enum class WireOp : uint8_t { kRead = 1, kWrite = 2, kDescribe = 3, kNotify = 4, kPing = 5, kRdmaConnect = 6 };
 
 struct WireRequest {
   uint32_t magic = kWireMagic;

@@ -142,11 +142,42 @@ struct SegmentDescriptor {
   int32_t pid = 0;                     // owner process (for shm paths and logs)
   std::vector<std::string> endpoints;  // "tcp://ADDR:PORT", one per listen address (one path each)
   std::vector<std::string> rdma_devices;  // "mlx5_0", with GIDs in rdma_gids (same order)
-  std::vector<std::string> rdma_gids;
+  std::vector<std::string> rdma_gids;     // 32 hex digits (the port's GID at the index the owner uses)
   std::vector<RegionDescriptor> regions;  // sorted by segment_offset, disjoint
   std::string topology_json;           // the owner's topology matrix (topology.hpp), so a peer can pick its side
+  // Added within format version 1 (map keys: a reader of an older descriptor sees them empty, an older
+  // reader ignores them): per RDMA device, its port's LID (InfiniBand; 0 on RoCE) in rdma_devices order.
+  std::vector<uint32_t> rdma_lids;
   MSGPACK_DEFINE_MAP(format_version, name, host_id, pid, endpoints, rdma_devices, rdma_gids, regions,
-                     topology_json);
+                     topology_json, rdma_lids);
+};
+
+// One side of an RDMA RC queue-pair handshake (carried over the transfer engine's tcp control op
+// "rdma connect": the initiator sends RdmaConnectRequest, the target creates its QP and answers
+// RdmaConnectReply; both then move their QP to RTR/RTS with the other's values). The target keeps its QP
+// while the control connection of the handshake stays open and destroys it when that connection closes.
+struct RdmaQpInfo {
+  std::string device;      // "mlx5_0"
+  uint32_t port = 1;       // port number on the device
+  uint32_t qp_num = 0;
+  uint32_t psn = 0;        // initial packet sequence number (24 bits)
+  uint32_t lid = 0;        // InfiniBand LID (0 on RoCE)
+  std::string gid;         // 32 hex digits; all zero when the port has none (IB without GRH)
+  uint32_t gid_index = 0;
+  uint32_t mtu_bytes = 0;  // active MTU of the port (256..4096); both sides use the smaller
+  MSGPACK_DEFINE_MAP(device, port, qp_num, psn, lid, gid, gid_index, mtu_bytes);
+};
+struct RdmaConnectReply {
+  RdmaQpInfo target;        // the target's QP, device and port
+  uint32_t max_rd_atomic = 0;  // RDMA READs the target accepts in flight on this QP
+  MSGPACK_DEFINE_MAP(target, max_rd_atomic);
+};
+struct RdmaConnectRequest {
+  std::string segment;          // target segment name (for its logs and errors)
+  std::string target_device;    // which of the target's rdma_devices the QP is to live on
+  RdmaQpInfo initiator;
+  uint32_t max_rd_atomic = 0;   // RDMA READs the initiator keeps in flight on this QP
+  MSGPACK_DEFINE_MAP(segment, target_device, initiator, max_rd_atomic);
 };
 
 // Sent by an initiator to the target of a request that carried a notify tag, after its last byte landed

@@ -76,7 +76,7 @@ struct EngineOptions {
   // Location of memory registered without one.
   std::string default_location = "cpu:0";
 
-  uint32_t connections_per_path = 2;     // tcp connections opened per path on first use (pool cap)
+  uint32_t connections_per_path = 4;     // tcp connections opened per path on first use (pool cap)
   uint32_t max_attempts = 4;             // attempts per slice (1 + retries) before the request fails
   int64_t connect_timeout_ms = 1000;
   int64_t slice_timeout_ms = 2000;       // a connection making no progress this long is declared broken

@@ -1,0 +1,941 @@
+// The rdma transport over rdma-core ibverbs (see rdma.hpp for the model). Compiled only when configure found
+// infiniband/verbs.h and libibverbs. No device exists on the development machines: this file is compiled
+// and reviewed there; its behaviour is covered by the `rdma`-labelled tests on hosts with a device.
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <map>
+#include <mutex>
+#include <random>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "mc/common/clock.hpp"
+#include "mc/common/codec.hpp"
+#include "mc/common/log.hpp"
+#include "rdma/rdma.hpp"
+#include "tcp/net.hpp"
+#include "tcp/transport.hpp"
+
+namespace mc::transfer::rdma {
+
+bool built() { return true; }
+
+namespace {
+
+constexpr uint32_t kMaxSendWr = 256;     // work requests in flight per initiator QP (clamped to max_qp_wr)
+constexpr int kCqDepth = 4096;           // completion queue entries per (segment, local device)
+constexpr size_t kMaxTargetQps = 4096;   // target-side QPs per engine (handshakes beyond are refused)
+constexpr uint8_t kTimeout = 14;         // local ACK timeout: 4.096 us * 2^14 = 67 ms
+constexpr uint8_t kRetryCount = 7;
+constexpr uint8_t kRnrRetry = 7;
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+
+int64_t now_ns() { return RealClock::instance().now_ns(); }
+uint32_t mtu_bytes_of(ibv_mtu m) { return 128u << static_cast<int>(m); }
+
+struct Device {
+  std::string name;
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* idle_cq = nullptr;  // CQ of target-side QPs: they post nothing, so it never fills
+  uint8_t port = 0;
+  ibv_port_attr port_attr{};
+  ibv_device_attr attr{};
+  uint32_t gid_index = 0;
+  uint8_t gid[16] = {};
+  bool ethernet = false;
+
+  ~Device() {
+    if (idle_cq != nullptr) ibv_destroy_cq(idle_cq);
+    if (pd != nullptr) ibv_dealloc_pd(pd);
+    if (ctx != nullptr) ibv_close_device(ctx);
+  }
+  std::string where() const { return "rdma device " + name + " port " + std::to_string(port); }
+};
+
+bool gid_is_zero(const uint8_t (&g)[16]) {
+  return std::all_of(std::begin(g), std::end(g), [](uint8_t b) { return b == 0; });
+}
+
+// GID index: MC_RDMA_GID_INDEX when set; on RoCE the first RoCE v2 entry; on InfiniBand index 0.
+Status choose_gid(Device& d) {
+  ibv_gid g{};
+  if (const char* env = std::getenv("MC_RDMA_GID_INDEX"); env != nullptr && *env != '\0') {
+    d.gid_index = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+  } else if (d.ethernet) {
+    bool found = false;
+    for (int i = 0; i < d.port_attr.gid_tbl_len && !found; ++i) {
+      ibv_gid_entry e{};
+      if (ibv_query_gid_ex(d.ctx, d.port, static_cast<uint32_t>(i), &e, 0) == 0 &&
+          e.gid_type == IBV_GID_TYPE_ROCE_V2) {
+        d.gid_index = static_cast<uint32_t>(i);
+        found = true;
+      }
+    }
+    if (!found) {
+      return Status(Code::kNoPath, d.where() + ": no RoCE v2 GID in its table (set MC_RDMA_GID_INDEX to choose one)");
+    }
+  }
+  if (ibv_query_gid(d.ctx, d.port, static_cast<int>(d.gid_index), &g) != 0) {
+    return Status(Code::kIo, d.where() + ": ibv_query_gid index " + std::to_string(d.gid_index) + ": " +
+                                 std::strerror(errno));
+  }
+  std::memcpy(d.gid, g.raw, 16);
+  return Status::ok();
+}
+
+proto::RdmaQpInfo qp_info(const Device& d, const ibv_qp* qp, uint32_t psn, ibv_mtu mtu) {
+  proto::RdmaQpInfo i;
+  i.device = d.name;
+  i.port = d.port;
+  i.qp_num = qp->qp_num;
+  i.psn = psn;
+  i.lid = d.port_attr.lid;
+  i.gid = gid_to_hex(d.gid);
+  i.gid_index = d.gid_index;
+  i.mtu_bytes = mtu_bytes_of(mtu);
+  return i;
+}
+
+uint32_t random_psn() {
+  static std::atomic<uint32_t> seed{static_cast<uint32_t>(std::random_device{}())};
+  return (seed.fetch_add(0x9E3779B9u) * 2654435761u) & 0xFFFFFFu;
+}
+
+Result<ibv_qp*> create_qp(const Device& d, ibv_cq* cq, uint32_t max_send_wr, uint32_t max_send_sge) {
+  ibv_qp_init_attr ia{};
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.sq_sig_all = 0;
+  ia.cap.max_send_wr = std::min<uint32_t>(max_send_wr, static_cast<uint32_t>(d.attr.max_qp_wr));
+  ia.cap.max_recv_wr = 1;
+  ia.cap.max_send_sge = std::min<uint32_t>(max_send_sge, static_cast<uint32_t>(d.attr.max_sge));
+  ia.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(d.pd, &ia);
+  if (qp == nullptr) return Status(Code::kIo, d.where() + ": ibv_create_qp (RC): " + std::strerror(errno));
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = d.port;
+  a.qp_access_flags = kAccess;
+  if (int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS); rc != 0) {
+    ibv_destroy_qp(qp);
+    return Status(Code::kIo, d.where() + ": QP " + std::to_string(qp->qp_num) + " -> INIT: " + std::strerror(rc));
+  }
+  return qp;
+}
+
+// INIT -> RTR -> RTS with the peer's values (GID/LID, QPN, PSN) and the negotiated MTU.
+Status connect_qp(const Device& d, ibv_qp* qp, const proto::RdmaQpInfo& peer, ibv_mtu mtu, uint32_t own_psn,
+                  uint32_t max_dest_rd_atomic, uint32_t max_rd_atomic) {
+  const std::string what = d.where() + ": QP " + std::to_string(qp->qp_num) + " (peer " + peer.device + " QP " +
+                           std::to_string(peer.qp_num) + ")";
+  uint8_t dgid[16];
+  MC_RETURN_IF_ERROR(gid_from_hex(peer.gid, dgid));
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = mtu;
+  a.dest_qp_num = peer.qp_num;
+  a.rq_psn = peer.psn;
+  a.max_dest_rd_atomic = static_cast<uint8_t>(std::max<uint32_t>(1, max_dest_rd_atomic));
+  a.min_rnr_timer = 12;
+  a.ah_attr.port_num = d.port;
+  a.ah_attr.dlid = static_cast<uint16_t>(peer.lid);
+  if (d.ethernet || peer.lid == 0) {
+    if (gid_is_zero(dgid)) return Status(Code::kNoPath, what + ": the peer publishes no GID and no LID");
+    a.ah_attr.is_global = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(d.gid_index);
+    a.ah_attr.grh.hop_limit = 64;
+  }
+  int rc = ibv_modify_qp(qp, &a,
+                         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (rc != 0) return Status(Code::kIo, what + " -> RTR: " + std::strerror(rc));
+  ibv_qp_attr s{};
+  s.qp_state = IBV_QPS_RTS;
+  s.timeout = kTimeout;
+  s.retry_cnt = kRetryCount;
+  s.rnr_retry = kRnrRetry;
+  s.sq_psn = own_psn;
+  s.max_rd_atomic = static_cast<uint8_t>(std::max<uint32_t>(1, max_rd_atomic));
+  rc = ibv_modify_qp(qp, &s,
+                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                         IBV_QP_MAX_QP_RD_ATOMIC);
+  if (rc != 0) return Status(Code::kIo, what + " -> RTS: " + std::strerror(rc));
+  return Status::ok();
+}
+
+// One registration chunk, registered with every device (mrs in device order).
+struct Chunk {
+  char* reg_start = nullptr;  // the registration it belongs to
+  char* addr = nullptr;
+  uint64_t length = 0;
+  std::vector<ibv_mr*> mrs;
+};
+
+class Domain;
+
+// ------------------------------------------------------------------------------------------------
+// Initiator side
+// ------------------------------------------------------------------------------------------------
+
+struct Qp {
+  int path = 0;
+  ibv_qp* qp = nullptr;
+  tcp::Fd control;  // the handshake's connection: the target keeps its QP while it is open
+  uint32_t max_outstanding = 1;
+  uint32_t outstanding = 0;
+  bool broken = false;
+  int64_t broken_ns = 0;
+  int64_t last_progress_ns = 0;
+  int64_t last_used_ns = 0;
+  ~Qp() {
+    if (qp != nullptr) ibv_destroy_qp(qp);
+  }
+};
+
+struct RdmaPath {
+  size_t local_dev = 0;      // index into Domain devices
+  size_t remote_index = 0;   // index into the descriptor's rdma_devices
+  std::string remote_device;
+  std::deque<SliceOp> posted;   // guarded by RdmaSegment::mu_
+  std::deque<SliceOp> waiting;  // CQ thread only: not yet given to a QP
+  std::list<std::unique_ptr<Qp>> qps;
+};
+
+struct DevCq {
+  size_t dev = 0;
+  ibv_comp_channel* channel = nullptr;
+  ibv_cq* cq = nullptr;
+};
+
+struct InFlight {
+  SliceOp op;
+  Qp* qp = nullptr;
+};
+
+class RdmaSegment final : public TransportSegment {
+ public:
+  RdmaSegment(Domain& domain, const EngineOptions& options, SliceSink* sink, proto::SegmentDescriptor desc)
+      : domain_(domain), options_(options), sink_(sink), desc_(std::move(desc)) {}
+  ~RdmaSegment() override;
+
+  Status start(const std::vector<DevicePair>& pairs, std::unique_ptr<TransportSegment> tcp_fallback);
+
+  const std::vector<PathSpec>& paths() const override { return specs_; }
+  void post(const SliceOp& op) override {
+    if (static_cast<size_t>(op.path) >= paths_.size()) {
+      SliceOp t = op;
+      t.path -= static_cast<int>(paths_.size());
+      tcp_->post(t);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      paths_[static_cast<size_t>(op.path)].posted.push_back(op);
+    }
+    if (!wake_pending_.exchange(true)) wake();
+  }
+  Status probe(int path, int64_t timeout_ms) override;
+  void evict_idle(int64_t idle_ms) override {
+    idle_ms_.store(idle_ms);
+    if (tcp_) tcp_->evict_idle(idle_ms);
+  }
+
+ private:
+  void wake() {
+    uint64_t one = 1;
+    (void)!::write(wake_fd_.get(), &one, sizeof one);
+  }
+  std::string path_name(size_t p) const { return "rdma path " + specs_[p].label; }
+  void complete(const SliceOp& op, Status st) { done_.emplace_back(op.cookie, std::move(st)); }
+  void flush_completions() {
+    for (auto& [cookie, st] : done_) sink_->slice_done(cookie, st);
+    done_.clear();
+  }
+  DevCq& cq_of(size_t dev) {
+    for (auto& c : cqs_) {
+      if (c.dev == dev) return c;
+    }
+    return cqs_.front();  // unreachable: start() made one per local device of a path
+  }
+
+  Result<Qp*> open_qp(size_t path);
+  void break_qp(Qp& q, const std::string& why);
+  Status post_one(RdmaPath& p, Qp& q, const SliceOp& op);
+  void dispatch();
+  void drain_cqs();
+  void check_timers();
+  void loop();
+
+  Domain& domain_;
+  const EngineOptions& options_;
+  SliceSink* sink_;
+  proto::SegmentDescriptor desc_;
+  std::vector<PathSpec> specs_;  // rdma paths, then the tcp fallback's
+  std::deque<RdmaPath> paths_;
+  std::unique_ptr<TransportSegment> tcp_;
+  std::vector<DevCq> cqs_;
+  std::unordered_map<uint64_t, InFlight> in_flight_;  // by wr_id (= slice cookie)
+  std::mutex mu_;
+  std::atomic<bool> wake_pending_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> idle_ms_;
+  tcp::Fd wake_fd_;
+  std::thread thread_;
+  std::vector<std::pair<uint64_t, Status>> done_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Domain
+// ------------------------------------------------------------------------------------------------
+
+class Domain final : public RdmaDomain {
+ public:
+  std::vector<std::unique_ptr<Device>> devs;
+  std::vector<std::string> names;
+  uint64_t max_mr = UINT64_MAX;
+  mutable std::shared_mutex mu;
+  std::map<uintptr_t, Chunk> chunks;  // by chunk start
+  std::shared_ptr<std::atomic<size_t>> target_qps = std::make_shared<std::atomic<size_t>>(0);
+
+  ~Domain() override {
+    for (auto& [a, c] : chunks) {
+      for (ibv_mr* m : c.mrs) ibv_dereg_mr(m);
+    }
+  }
+
+  const std::vector<std::string>& devices() const override { return names; }
+  uint64_t max_region_bytes() const override { return max_mr; }
+
+  Status register_memory(char* addr, uint64_t length, uint64_t chunk_bytes) override {
+    const uint64_t chunk = std::clamp<uint64_t>(chunk_bytes, 1, max_mr);
+    std::vector<Chunk> made;
+    auto undo = [&] {
+      for (auto& c : made) {
+        for (ibv_mr* m : c.mrs) ibv_dereg_mr(m);
+      }
+    };
+    for (uint64_t off = 0; off < length; off += chunk) {
+      Chunk c;
+      c.reg_start = addr;
+      c.addr = addr + off;
+      c.length = std::min(chunk, length - off);
+      for (auto& d : devs) {
+        ibv_mr* m = ibv_reg_mr(d->pd, c.addr, c.length, kAccess);
+        if (m == nullptr) {
+          Status st(Code::kIo, "ibv_reg_mr on rdma device " + d->name + " for " + std::to_string(c.length) +
+                                   " bytes at offset " + std::to_string(off) + " of a " + std::to_string(length) +
+                                   "-byte registration: " + std::strerror(errno) +
+                                   " (raise `ulimit -l` for pinned memory, or register less)");
+          for (ibv_mr* x : c.mrs) ibv_dereg_mr(x);
+          undo();
+          return st;
+        }
+        c.mrs.push_back(m);
+      }
+      made.push_back(std::move(c));
+    }
+    std::unique_lock<std::shared_mutex> lk(mu);
+    for (auto& c : made) chunks[reinterpret_cast<uintptr_t>(c.addr)] = std::move(c);
+    return Status::ok();
+  }
+
+  void unregister_memory(char* addr) override {
+    std::unique_lock<std::shared_mutex> lk(mu);
+    for (auto it = chunks.lower_bound(reinterpret_cast<uintptr_t>(addr)); it != chunks.end();) {
+      if (it->second.reg_start != addr) break;
+      for (ibv_mr* m : it->second.mrs) ibv_dereg_mr(m);
+      it = chunks.erase(it);
+    }
+  }
+
+  // The chunk holding [p, p+len) whole, or null. Caller holds mu.
+  const Chunk* chunk_locked(const char* p, uint64_t len) const {
+    auto it = chunks.upper_bound(reinterpret_cast<uintptr_t>(p));
+    if (it == chunks.begin()) return nullptr;
+    --it;
+    const Chunk& c = it->second;
+    const auto rel = static_cast<uint64_t>(p - c.addr);
+    if (rel >= c.length || len > c.length - rel) return nullptr;
+    return &c;
+  }
+
+  // Scatter/gather entries for local [p, p+len) on device `dev` (several when it crosses chunks).
+  Status local_sges(char* p, uint64_t len, size_t dev, std::vector<ibv_sge>& out) const {
+    std::shared_lock<std::shared_mutex> lk(mu);
+    out.clear();
+    while (len > 0) {
+      const Chunk* c = chunk_locked(p, 1);
+      if (c == nullptr) {
+        return Status(Code::kSegmentNotRegistered, "local memory at offset of this slice is not registered with rdma "
+                                                   "device " + names[dev]);
+      }
+      const uint64_t n = std::min(len, c->length - static_cast<uint64_t>(p - c->addr));
+      out.push_back(ibv_sge{reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(n), c->mrs[dev]->lkey});
+      p += n;
+      len -= n;
+    }
+    return Status::ok();
+  }
+
+  void describe_devices(proto::SegmentDescriptor& d) const override {
+    for (auto& dev : devs) {
+      d.rdma_devices.push_back(dev->name);
+      d.rdma_gids.push_back(gid_to_hex(dev->gid));
+      d.rdma_lids.push_back(dev->port_attr.lid);
+    }
+  }
+
+  void describe_region(const char* addr, uint64_t length, proto::RegionDescriptor& r) const override {
+    std::shared_lock<std::shared_mutex> lk(mu);
+    const Chunk* c = chunk_locked(addr, length);
+    if (c == nullptr) {
+      MC_LOG_WARN << "rdma: descriptor region of " << length << " bytes is not inside one registered memory region";
+      return;
+    }
+    r.rdma_addr = reinterpret_cast<uintptr_t>(addr);
+    r.rdma_rkeys.clear();
+    for (ibv_mr* m : c->mrs) r.rdma_rkeys.push_back(m->rkey);
+  }
+
+  Result<std::pair<std::string, std::shared_ptr<void>>> accept(const std::string& packed) override {
+    MC_ASSIGN_OR_RETURN(proto::RdmaConnectRequest req,
+                        codec::unpack<proto::RdmaConnectRequest>(packed, "rdma connect request"));
+    Device* d = nullptr;
+    std::string have;
+    for (auto& x : devs) {
+      if (x->name == req.target_device) d = x.get();
+      have += (have.empty() ? "" : ", ") + x->name;
+    }
+    if (d == nullptr) {
+      return Status(Code::kNotFound, "segment " + req.segment + " has no rdma device '" + req.target_device +
+                                         "' (it has: " + have + ")");
+    }
+    const int peer_mtu = mtu_enum(req.initiator.mtu_bytes);
+    if (peer_mtu == 0) {
+      return Status(Code::kInvalidArgument, "rdma connect: MTU " + std::to_string(req.initiator.mtu_bytes) +
+                                                " bytes is not one of 256, 512, 1024, 2048, 4096");
+    }
+    if (target_qps->load() >= kMaxTargetQps) {
+      return Status(Code::kResourceExhausted, d->where() + ": " + std::to_string(kMaxTargetQps) +
+                                                  " queue pairs already serve peers; close idle initiators");
+    }
+    const auto mtu = static_cast<ibv_mtu>(std::min(peer_mtu, static_cast<int>(d->port_attr.active_mtu)));
+    MC_ASSIGN_OR_RETURN(ibv_qp* qp, create_qp(*d, d->idle_cq, 1, 1));
+    std::shared_ptr<void> lease(qp, [counter = target_qps](void* q) {
+      ibv_destroy_qp(static_cast<ibv_qp*>(q));
+      counter->fetch_sub(1);
+    });
+    target_qps->fetch_add(1);
+    const uint32_t psn = random_psn();
+    const uint32_t rd = std::min<uint32_t>(std::max<uint32_t>(1, req.max_rd_atomic),
+                                           static_cast<uint32_t>(std::max(1, d->attr.max_qp_rd_atom)));
+    MC_RETURN_IF_ERROR(connect_qp(*d, qp, req.initiator, mtu, psn, rd, 1));
+    proto::RdmaConnectReply rep;
+    rep.target = qp_info(*d, qp, psn, mtu);
+    rep.max_rd_atomic = rd;
+    MC_LOG_DEBUG << d->where() << ": QP " << qp->qp_num << " serves " << req.initiator.device << " QP "
+                 << req.initiator.qp_num << " (MTU " << mtu_bytes_of(mtu) << ")";
+    return std::make_pair(codec::pack(rep), std::move(lease));
+  }
+
+  std::unique_ptr<Transport> make_transport(const EngineOptions& options, const Topology& topology) override;
+};
+
+// ------------------------------------------------------------------------------------------------
+// RdmaSegment
+// ------------------------------------------------------------------------------------------------
+
+Status RdmaSegment::start(const std::vector<DevicePair>& pairs, std::unique_ptr<TransportSegment> tcp_fallback) {
+  idle_ms_.store(options_.idle_connection_ms);
+  for (const auto& pr : pairs) {
+    RdmaPath p;
+    for (size_t i = 0; i < domain_.names.size(); ++i) {
+      if (domain_.names[i] == pr.local_device) p.local_dev = i;
+    }
+    p.remote_index = pr.remote_index;
+    p.remote_device = desc_.rdma_devices[pr.remote_index];
+    PathSpec s;
+    s.label = pr.local_device + "->" + p.remote_device;
+    s.local_device = pr.local_device;
+    s.remote_device = p.remote_device;
+    s.weight = pr.weight;
+    specs_.push_back(std::move(s));
+    bool have = false;
+    for (auto& c : cqs_) have = have || c.dev == p.local_dev;
+    if (!have) {
+      const Device& d = *domain_.devs[p.local_dev];
+      DevCq c;
+      c.dev = p.local_dev;
+      c.channel = ibv_create_comp_channel(d.ctx);
+      if (c.channel == nullptr) return Status(Code::kIo, d.where() + ": ibv_create_comp_channel: " + std::strerror(errno));
+      c.cq = ibv_create_cq(d.ctx, std::min(kCqDepth, d.attr.max_cqe), nullptr, c.channel, 0);
+      if (c.cq == nullptr) {
+        Status st(Code::kIo, d.where() + ": ibv_create_cq: " + std::strerror(errno));
+        ibv_destroy_comp_channel(c.channel);
+        return st;
+      }
+      if (int rc = ibv_req_notify_cq(c.cq, 0); rc != 0) {
+        ibv_destroy_cq(c.cq);
+        ibv_destroy_comp_channel(c.channel);
+        return Status(Code::kIo, d.where() + ": ibv_req_notify_cq: " + std::strerror(rc));
+      }
+      cqs_.push_back(c);
+    }
+    paths_.push_back(std::move(p));
+  }
+  if (tcp_fallback) {
+    tcp_ = std::move(tcp_fallback);
+    for (PathSpec s : tcp_->paths()) {
+      s.label = "tcp-fallback " + s.label;
+      s.weight *= kTcpFallbackWeight;
+      specs_.push_back(std::move(s));
+    }
+  }
+  wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_) return Status(Code::kIo, std::string("rdma transport: eventfd: ") + std::strerror(errno));
+  thread_ = std::thread([this] { loop(); });
+  return Status::ok();
+}
+
+RdmaSegment::~RdmaSegment() {
+  stop_.store(true);
+  if (wake_fd_) wake();
+  if (thread_.joinable()) thread_.join();
+  tcp_.reset();
+  for (auto& p : paths_) p.qps.clear();  // QPs before their CQs
+  for (auto& c : cqs_) {
+    ibv_destroy_cq(c.cq);
+    ibv_destroy_comp_channel(c.channel);
+  }
+}
+
+Result<Qp*> RdmaSegment::open_qp(size_t path) {
+  RdmaPath& p = paths_[path];
+  const Device& d = *domain_.devs[p.local_dev];
+  const std::string what = path_name(path);
+  if (desc_.endpoints.empty()) return Status(Code::kNoPath, what + ": segment publishes no control endpoint");
+  auto q = std::make_unique<Qp>();
+  q->path = static_cast<int>(path);
+  MC_ASSIGN_OR_RETURN(q->qp, create_qp(d, cq_of(p.local_dev).cq, kMaxSendWr, 4));
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qia{};
+  ibv_query_qp(q->qp, &qa, IBV_QP_CAP, &qia);
+  q->max_outstanding = std::max<uint32_t>(1, qia.cap.max_send_wr);
+  const uint32_t psn = random_psn();
+  proto::RdmaConnectRequest req;
+  req.segment = desc_.name;
+  req.target_device = p.remote_device;
+  req.initiator = qp_info(d, q->qp, psn, d.port_attr.active_mtu);
+  req.max_rd_atomic = static_cast<uint32_t>(std::max(1, d.attr.max_qp_init_rd_atom));
+  Status last(Code::kNoPath, "no endpoint");
+  for (const auto& ep : desc_.endpoints) {
+    auto hp = tcp::parse_endpoint(ep);
+    if (!hp.is_ok()) continue;
+    auto fd = tcp::connect_blocking(hp.value(), "", options_.connect_timeout_ms, options_.connect_timeout_ms);
+    if (!fd.is_ok()) {
+      last = fd.status();
+      continue;
+    }
+    auto rep = tcp::control_exchange(fd.value().get(), tcp::WireOp::kRdmaConnect, codec::pack(req),
+                                     "peer " + tcp::format_host_port(hp->host, hp->port));
+    if (!rep.is_ok()) {
+      last = rep.status();
+      continue;
+    }
+    MC_ASSIGN_OR_RETURN(proto::RdmaConnectReply r, codec::unpack<proto::RdmaConnectReply>(rep.value(), what + " reply"));
+    const int mtu = std::min(mtu_enum(r.target.mtu_bytes), static_cast<int>(d.port_attr.active_mtu));
+    if (mtu == 0) return Status(Code::kMalformedMessage, what + ": peer answered MTU " + std::to_string(r.target.mtu_bytes));
+    MC_RETURN_IF_ERROR(connect_qp(d, q->qp, r.target, static_cast<ibv_mtu>(mtu), psn, 1,
+                                  std::min<uint32_t>(r.max_rd_atomic, req.max_rd_atomic)));
+    q->control = std::move(fd).value();
+    q->last_progress_ns = q->last_used_ns = now_ns();
+    Qp* raw = q.get();
+    p.qps.push_back(std::move(q));
+    MC_LOG_DEBUG << what << ": QP " << raw->qp->qp_num << " connected to " << r.target.device << " QP "
+                 << r.target.qp_num;
+    return raw;
+  }
+  return last.with_context(what + ": queue-pair handshake");
+}
+
+// Moves the QP to the error state: its outstanding work requests come back flushed (each fails its slice).
+void RdmaSegment::break_qp(Qp& q, const std::string& why) {
+  if (q.broken) return;
+  q.broken = true;
+  q.broken_ns = now_ns();
+  MC_LOG_DEBUG << path_name(static_cast<size_t>(q.path)) << ": QP " << q.qp->qp_num << " broken: " << why;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  if (int rc = ibv_modify_qp(q.qp, &a, IBV_QP_STATE); rc != 0) {
+    MC_LOG_WARN << path_name(static_cast<size_t>(q.path)) << ": QP " << q.qp->qp_num << " -> ERR: " << std::strerror(rc);
+  }
+}
+
+Status RdmaSegment::post_one(RdmaPath& p, Qp& q, const SliceOp& op) {
+  const std::string what = path_name(static_cast<size_t>(q.path)) + ": QP " + std::to_string(q.qp->qp_num);
+  // The remote region holding the slice (the engine never lets a slice straddle two).
+  auto it = std::upper_bound(desc_.regions.begin(), desc_.regions.end(), op.remote_offset,
+                             [](uint64_t off, const proto::RegionDescriptor& r) { return off < r.segment_offset; });
+  if (it == desc_.regions.begin()) return Status(Code::kOutOfRange, what + ": offset outside the segment");
+  const proto::RegionDescriptor& reg = *std::prev(it);
+  const uint64_t rel = op.remote_offset - reg.segment_offset;
+  if (rel >= reg.length_bytes || op.length > reg.length_bytes - rel) {
+    return Status(Code::kOutOfRange, what + ": slice at offset " + std::to_string(op.remote_offset) +
+                                         " crosses a region boundary of segment " + desc_.name);
+  }
+  if (reg.rdma_addr == 0 || p.remote_index >= reg.rdma_rkeys.size()) {
+    return Status(Code::kNoPath, what + ": region at offset " + std::to_string(reg.segment_offset) + " of segment " +
+                                     desc_.name + " is not registered with rdma device " + p.remote_device);
+  }
+  const Device& d = *domain_.devs[p.local_dev];
+  if (op.length > d.port_attr.max_msg_sz) {
+    return Status(Code::kInvalidArgument, what + ": slice of " + std::to_string(op.length) +
+                                              " bytes exceeds the port's max_msg_sz " +
+                                              std::to_string(d.port_attr.max_msg_sz) + " (use a smaller --slice)");
+  }
+  std::vector<ibv_sge> sges;
+  MC_RETURN_IF_ERROR(domain_.local_sges(op.local, op.length, p.local_dev, sges));
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = op.cookie;
+  wr.sg_list = sges.data();
+  wr.num_sge = static_cast<int>(sges.size());
+  wr.opcode = op.op == Op::kRead ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reg.rdma_addr + rel;
+  wr.wr.rdma.rkey = reg.rdma_rkeys[p.remote_index];
+  if (int rc = ibv_post_send(q.qp, &wr, &bad); rc != 0) {
+    break_qp(q, std::string("ibv_post_send: ") + std::strerror(rc));
+    return Status(Code::kUnavailable, what + ": ibv_post_send: " + std::strerror(rc));
+  }
+  if (q.outstanding == 0) q.last_progress_ns = now_ns();
+  q.outstanding++;
+  q.last_used_ns = now_ns();
+  in_flight_[op.cookie] = InFlight{op, &q};
+  return Status::ok();
+}
+
+void RdmaSegment::dispatch() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    wake_pending_.store(false);
+    for (auto& p : paths_) {
+      while (!p.posted.empty()) {
+        p.waiting.push_back(p.posted.front());
+        p.posted.pop_front();
+      }
+    }
+  }
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    RdmaPath& p = paths_[i];
+    while (!p.waiting.empty()) {
+      Qp* best = nullptr;
+      size_t live = 0;
+      for (auto& q : p.qps) {
+        if (q->broken) continue;
+        ++live;
+        if (q->outstanding < q->max_outstanding && (best == nullptr || q->outstanding < best->outstanding)) {
+          best = q.get();
+        }
+      }
+      if (best == nullptr && live < std::max<uint32_t>(1, options_.connections_per_path)) {
+        auto q = open_qp(i);
+        if (!q.is_ok()) {
+          // The path does not work now: fail what waits on it (the engine retries elsewhere, quarantines it).
+          for (const SliceOp& op : p.waiting) complete(op, q.status());
+          p.waiting.clear();
+          break;
+        }
+        best = q.value();
+      }
+      if (best == nullptr) break;  // every QP is full: wait for completions
+      const SliceOp op = p.waiting.front();
+      p.waiting.pop_front();
+      Status st = post_one(p, *best, op);
+      if (!st.is_ok()) complete(op, std::move(st));
+    }
+  }
+}
+
+void RdmaSegment::drain_cqs() {
+  ibv_wc wcs[64];
+  for (auto& c : cqs_) {
+    for (;;) {
+      const int n = ibv_poll_cq(c.cq, 64, wcs);
+      if (n < 0) {
+        MC_LOG_ERROR << "rdma device " << domain_.names[c.dev] << ": ibv_poll_cq failed (" << n << ")";
+        break;
+      }
+      for (int i = 0; i < n; ++i) {
+        auto it = in_flight_.find(wcs[i].wr_id);
+        if (it == in_flight_.end()) continue;
+        InFlight f = it->second;
+        in_flight_.erase(it);
+        Qp& q = *f.qp;
+        q.outstanding--;
+        q.last_progress_ns = now_ns();
+        if (wcs[i].status == IBV_WC_SUCCESS) {
+          complete(f.op, Status::ok());
+          continue;
+        }
+        const std::string why = std::string(ibv_wc_status_str(wcs[i].status)) + " (status " +
+                                std::to_string(static_cast<int>(wcs[i].status)) + ", vendor error " +
+                                std::to_string(wcs[i].vendor_err) + ")";
+        const bool flushed = wcs[i].status == IBV_WC_WR_FLUSH_ERR;
+        complete(f.op, Status(Code::kUnavailable, path_name(static_cast<size_t>(q.path)) + ": QP " +
+                                                      std::to_string(q.qp->qp_num) + ": " +
+                                                      std::string(op_name(f.op.op)) + " completion: " + why +
+                                                      (flushed ? " after an earlier failure on this QP" : "")));
+        break_qp(q, why);
+      }
+      if (n < 64) break;
+    }
+  }
+}
+
+void RdmaSegment::check_timers() {
+  const int64_t now = now_ns();
+  const int64_t stall_ns = options_.slice_timeout_ms * 1'000'000;
+  const int64_t idle_ns = idle_ms_.load() * 1'000'000;
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    for (auto it = paths_[i].qps.begin(); it != paths_[i].qps.end();) {
+      Qp& q = **it;
+      if (!q.broken && q.outstanding > 0 && now - q.last_progress_ns > stall_ns) {
+        break_qp(q, "no completion for " + std::to_string(options_.slice_timeout_ms) + " ms (link down or peer gone)");
+      }
+      if (q.broken && q.outstanding > 0 && now - q.broken_ns > 2 * stall_ns) {
+        // The device never flushed: give the slices back as failed rather than hang the request.
+        MC_LOG_WARN << path_name(i) << ": QP " << q.qp->qp_num << ": " << q.outstanding
+                    << " work requests not flushed; failing them";
+        for (auto f = in_flight_.begin(); f != in_flight_.end();) {
+          if (f->second.qp == &q) {
+            complete(f->second.op, Status(Code::kUnavailable, path_name(i) + ": QP " + std::to_string(q.qp->qp_num) +
+                                                                  " broken and its work request never flushed"));
+            f = in_flight_.erase(f);
+          } else {
+            ++f;
+          }
+        }
+        q.outstanding = 0;
+      }
+      const bool idle = !q.broken && q.outstanding == 0 && now - q.last_used_ns > idle_ns;
+      if ((q.broken && q.outstanding == 0) || idle) {
+        it = paths_[i].qps.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void RdmaSegment::loop() {
+  int64_t last_timer = now_ns();
+  std::vector<pollfd> fds;
+  fds.push_back({wake_fd_.get(), POLLIN, 0});
+  for (auto& c : cqs_) fds.push_back({c.channel->fd, POLLIN, 0});
+  while (!stop_.load()) {
+    const bool busy = !in_flight_.empty();
+    int n = ::poll(fds.data(), fds.size(), busy ? 5 : 20);
+    if (n < 0 && errno != EINTR) {
+      MC_LOG_ERROR << "rdma transport: poll: " << std::strerror(errno);
+      break;
+    }
+    if (n > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t v;
+      (void)!::read(wake_fd_.get(), &v, sizeof v);
+    }
+    for (size_t i = 0; n > 0 && i < cqs_.size(); ++i) {
+      if (!(fds[i + 1].revents & POLLIN)) continue;
+      ibv_cq* cq = nullptr;
+      void* ctx = nullptr;
+      if (ibv_get_cq_event(cqs_[i].channel, &cq, &ctx) == 0) {
+        ibv_ack_cq_events(cq, 1);
+        ibv_req_notify_cq(cq, 0);
+      }
+    }
+    drain_cqs();  // also after re-arming, so no completion that raced the notification is left behind
+    dispatch();
+    const int64_t now = now_ns();
+    if (now - last_timer > 20'000'000) {
+      last_timer = now;
+      check_timers();
+    }
+    flush_completions();
+  }
+  // Shutting down: stop every QP, collect the flushes (bounded), fail the rest.
+  for (auto& p : paths_) {
+    for (auto& q : p.qps) break_qp(*q, "transfer engine shutting down");
+  }
+  const int64_t deadline = now_ns() + options_.slice_timeout_ms * 1'000'000;
+  while (!in_flight_.empty() && now_ns() < deadline) {
+    drain_cqs();
+    flush_completions();
+    if (!in_flight_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const Status cancelled(Code::kCancelled, "transfer engine shutting down");
+  for (auto& [cookie, f] : in_flight_) complete(f.op, cancelled);
+  in_flight_.clear();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& p : paths_) {
+      for (auto& op : p.posted) complete(op, cancelled);
+      p.posted.clear();
+    }
+  }
+  for (auto& p : paths_) {
+    for (auto& op : p.waiting) complete(op, cancelled);
+    p.waiting.clear();
+  }
+  flush_completions();
+}
+
+Status RdmaSegment::probe(int path, int64_t timeout_ms) {
+  if (static_cast<size_t>(path) >= paths_.size()) return tcp_->probe(path - static_cast<int>(paths_.size()), timeout_ms);
+  const RdmaPath& p = paths_[static_cast<size_t>(path)];
+  const Device& d = *domain_.devs[p.local_dev];
+  ibv_port_attr pa{};
+  if (int rc = ibv_query_port(d.ctx, d.port, &pa); rc != 0) {
+    return Status(Code::kIo, d.where() + ": ibv_query_port: " + std::strerror(rc));
+  }
+  if (pa.state != IBV_PORT_ACTIVE) {
+    return Status(Code::kUnavailable, d.where() + " is " + ibv_port_state_str(pa.state) + ", not ACTIVE");
+  }
+  Status last(Code::kNoPath, path_name(static_cast<size_t>(path)) + ": segment publishes no control endpoint");
+  for (const auto& ep : desc_.endpoints) {
+    auto r = tcp::control_call(ep, "", tcp::WireOp::kPing, "", timeout_ms);
+    if (r.is_ok()) return Status::ok();
+    last = r.status();
+  }
+  return last;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Transport
+// ------------------------------------------------------------------------------------------------
+
+class RdmaTransport final : public Transport {
+ public:
+  RdmaTransport(Domain& domain, const EngineOptions& options, const Topology& topology)
+      : domain_(domain), options_(options), topology_(topology), tcp_(tcp::make_tcp_transport(options, topology)) {}
+  std::string_view name() const override { return "rdma"; }
+  int rank() const override { return 10; }
+
+  Result<std::unique_ptr<TransportSegment>> open(const proto::SegmentDescriptor& desc, SliceSink* sink) override {
+    if (desc.rdma_devices.empty()) {
+      return Status(Code::kNoPath, "segment " + desc.name + " publishes no rdma device");
+    }
+    if (desc.rdma_gids.size() != desc.rdma_devices.size()) {
+      return Status(Code::kMalformedMessage, "segment " + desc.name + ": " + std::to_string(desc.rdma_devices.size()) +
+                                                 " rdma devices but " + std::to_string(desc.rdma_gids.size()) + " GIDs");
+    }
+    Topology remote_topo;
+    if (!desc.topology_json.empty()) {
+      auto t = Topology::parse_json(desc.topology_json, "topology of segment " + desc.name);
+      if (t.is_ok()) remote_topo = std::move(t).value();
+    }
+    const std::string remote_location = desc.regions.empty() ? "cpu:0" : desc.regions.front().location;
+    auto pairs = plan_paths(topology_, domain_.names, options_.default_location, remote_topo, desc.rdma_devices,
+                            remote_location);
+    if (pairs.empty()) return Status(Code::kNoPath, "segment " + desc.name + ": no (local, remote) rdma device pair");
+    std::unique_ptr<TransportSegment> fallback;
+    if (!desc.endpoints.empty()) {
+      auto t = tcp_->open(desc, sink);
+      if (t.is_ok()) fallback = std::move(t).value();
+    }
+    auto seg = std::make_unique<RdmaSegment>(domain_, options_, sink, desc);
+    MC_RETURN_IF_ERROR(seg->start(pairs, std::move(fallback)));
+    return std::unique_ptr<TransportSegment>(std::move(seg));
+  }
+
+ private:
+  Domain& domain_;
+  const EngineOptions& options_;
+  const Topology& topology_;
+  std::unique_ptr<Transport> tcp_;
+};
+
+std::unique_ptr<Transport> Domain::make_transport(const EngineOptions& options, const Topology& topology) {
+  return std::make_unique<RdmaTransport>(*this, options, topology);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RdmaDomain>> RdmaDomain::open(const EngineOptions& options, const Topology& topology) {
+  (void)options;
+  (void)topology;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list == nullptr) {
+    // NULL: ENOSYS when the kernel has no RDMA support (no ib_uverbs), or another errno.
+    return Status(Code::kNoPath, std::string(kNoDeviceMessage) + " (it failed: " + std::strerror(errno) +
+                                     (errno == ENOSYS ? ": no RDMA support in this kernel)" : ")"));
+  }
+  std::unique_ptr<ibv_device*, void (*)(ibv_device**)> guard(list, ibv_free_device_list);
+  if (n == 0) return Status(Code::kNoPath, kNoDeviceMessage);
+  auto dom = std::make_unique<Domain>();
+  std::string skipped;
+  for (int i = 0; i < n; ++i) {
+    auto d = std::make_unique<Device>();
+    d->name = ibv_get_device_name(list[i]);
+    d->ctx = ibv_open_device(list[i]);
+    if (d->ctx == nullptr) {
+      skipped += "; " + d->name + ": ibv_open_device: " + std::strerror(errno);
+      continue;
+    }
+    if (int rc = ibv_query_device(d->ctx, &d->attr); rc != 0) {
+      skipped += "; " + d->name + ": ibv_query_device: " + std::strerror(rc);
+      continue;
+    }
+    for (uint8_t port = 1; port <= d->attr.phys_port_cnt && d->port == 0; ++port) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(d->ctx, port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
+        d->port = port;
+        d->port_attr = pa;
+      }
+    }
+    if (d->port == 0) {
+      skipped += "; " + d->name + ": no ACTIVE port";
+      continue;
+    }
+    d->ethernet = d->port_attr.link_layer == IBV_LINK_LAYER_ETHERNET;
+    if (Status st = choose_gid(*d); !st.is_ok()) {
+      skipped += "; " + st.message();
+      continue;
+    }
+    d->pd = ibv_alloc_pd(d->ctx);
+    if (d->pd == nullptr) {
+      skipped += "; " + d->where() + ": ibv_alloc_pd: " + std::strerror(errno);
+      continue;
+    }
+    d->idle_cq = ibv_create_cq(d->ctx, 1, nullptr, nullptr, 0);
+    if (d->idle_cq == nullptr) {
+      skipped += "; " + d->where() + ": ibv_create_cq: " + std::strerror(errno);
+      continue;
+    }
+    dom->max_mr = std::min<uint64_t>(dom->max_mr, d->attr.max_mr_size);
+    dom->names.push_back(d->name);
+    dom->devs.push_back(std::move(d));
+  }
+  if (dom->devs.empty()) {
+    return Status(Code::kNoPath, "no usable RDMA device among " + std::to_string(n) + skipped);
+  }
+  if (!skipped.empty()) MC_LOG_WARN << "rdma: skipped devices" << skipped;
+  return std::unique_ptr<RdmaDomain>(std::move(dom));
+}
+
+}  // namespace mc::transfer::rdma
