@@ -82,4 +82,72 @@ void ConductorHeartbeat::run() {
   }
 }
 
+ConductorJobReporter::ConductorJobReporter(ConductorOptions options) : options_(std::move(options)) {
+  if (!options_.endpoint.empty()) thread_ = std::thread([this] { run(); });
+}
+
+void ConductorJobReporter::report(proto::ConductorJobReportRequest report) {
+  if (options_.endpoint.empty()) return;
+  report.instance_id = options_.instance_id;
+  std::lock_guard lock(mu_);
+  if (stopping_ || queue_.size() >= kMaxQueued) {
+    dropped_.fetch_add(1);
+    return;
+  }
+  queue_.push_back(std::move(report));
+  cv_.notify_one();
+}
+
+void ConductorJobReporter::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void ConductorJobReporter::run() {
+  std::unique_ptr<rpc::RpcClient> client;
+  std::chrono::steady_clock::time_point stop_deadline{};
+  for (;;) {
+    proto::ConductorJobReportRequest rep;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_ && stop_deadline == std::chrono::steady_clock::time_point{}) {
+        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      }
+      if (queue_.empty() || (stopping_ && std::chrono::steady_clock::now() > stop_deadline)) {
+        dropped_.fetch_add(queue_.size());
+        return;
+      }
+      rep = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (!client) {
+      rpc::ClientOptions o;
+      o.client_name = options_.instance_id;
+      o.connect_timeout_ms = 2000;
+      auto c = rpc::RpcClient::connect(options_.endpoint, o);
+      if (!c.is_ok()) {
+        dropped_.fetch_add(1);
+        MC_LOG_WARN << options_.instance_id << ": job report '" << rep.request_id << "' (" << rep.phase
+                    << ") not sent: conductor " << options_.endpoint << " unreachable: " << c.status().to_string();
+        continue;
+      }
+      client = std::move(c).value();
+    }
+    auto r = client->call(rep, 2000);
+    if (!r.is_ok()) {
+      dropped_.fetch_add(1);
+      MC_LOG_WARN << options_.instance_id << ": job report '" << rep.request_id << "' (" << rep.phase
+                  << ") to " << options_.endpoint << " failed: " << r.status().to_string();
+      client.reset();
+      continue;
+    }
+    sent_.fetch_add(1);
+  }
+}
+
 }  // namespace mc::infer

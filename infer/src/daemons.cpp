@@ -74,6 +74,28 @@ void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--client-timeout-ms", c.client_timeout_ms, "Per-message timeout towards client endpoints (ms)")
       ->capture_default_str()->check(CLI::Range(1, 600000));
+  app.add_option("--kv-listen", c.kv_listen,
+                 "Transfer-engine endpoint serving the KV buffer to prefill (tcp://host:port; auto = host of "
+                 "--listen, any port; none = kv_write RPC fallback)")
+      ->envname("MC_DECODE_KV_LISTEN")->capture_default_str();
+}
+
+Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen) {
+  if (kv_listen == "none") return std::string();
+  if (kv_listen != "auto") {
+    if (kv_listen.rfind("tcp://", 0) != 0) {
+      return error(Code::kInvalidArgument, "--kv-listen '" + kv_listen + "': expected tcp://host:port, auto or none");
+    }
+    return kv_listen;
+  }
+  const auto colon = rpc_listen.rfind(':');
+  if (rpc_listen.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) {
+    return error(Code::kInvalidArgument, "--kv-listen auto needs a tcp:// --listen (got '" + rpc_listen +
+                                             "'); give --kv-listen tcp://host:port or none");
+  }
+  std::string host = rpc_listen.substr(6, colon - 6);
+  if (host == "*") host = "0.0.0.0";
+  return "tcp://" + host + ":0";
 }
 
 Status run_decode_daemon(const DecodeDaemonConfig& c) {
@@ -85,6 +107,12 @@ Status run_decode_daemon(const DecodeDaemonConfig& c) {
   o.reservation_ttl_ms = c.reservation_ttl_ms;
   MC_ASSIGN_OR_RETURN(auto worker,
                       DecodeWorker::create(o, std::move(backend), make_rpc_token_sink(c.client_timeout_ms)));
+  MC_ASSIGN_OR_RETURN(const std::string kv_listen, resolve_kv_listen(c.kv_listen, c.listen));
+  if (!kv_listen.empty()) {
+    transfer::EngineOptions eo;
+    eo.listen = {kv_listen};
+    MC_RETURN_IF_ERROR(worker->publish_kv_segment(std::move(eo)).with_context("--kv-listen " + kv_listen));
+  }
   daemon::install_stop_signals();
   return serve_decode(*worker, c.listen, c.conductor);
 }
@@ -101,6 +129,10 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
       ->envname("MC_CHUNK_TOKENS")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--decode-timeout-ms", c.decode_timeout_ms, "Per-call timeout towards decode instances (ms)")
       ->capture_default_str()->check(CLI::Range(1, 600000));
+  app.add_option("--kv-engine", c.kv_engine,
+                 "Stream KV to decode instances through the transfer engine when they publish a segment "
+                 "(false: always kv_write RPCs)")
+      ->envname("MC_KV_ENGINE")->capture_default_str();
   app.add_flag("--allow-fault-injection", c.allow_fault_injection,
                "Honour the fail_after_layers field of prefill jobs (tests only)");
 }
@@ -119,6 +151,8 @@ Status run_prefill_daemon(const PrefillDaemonConfig& c) {
   o.chunk_tokens = c.chunk_tokens;
   o.weight_seed = c.backend.seed;
   o.allow_fault_injection = c.allow_fault_injection;
+  o.kv_engine = c.kv_engine;
+  o.kv_transfer_timeout_ms = c.decode_timeout_ms;
   MC_ASSIGN_OR_RETURN(auto worker, PrefillWorker::create(o, std::move(backend), std::move(cache),
                                                          make_rpc_decode_link(c.decode_timeout_ms)));
   daemon::install_stop_signals();

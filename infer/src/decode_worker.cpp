@@ -1,6 +1,7 @@
 #include "mc/infer/decode_worker.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -21,6 +22,13 @@ struct DecodeWorker::Reservation {
   std::vector<std::vector<bool>> arrived;  // [layer][block index]
   int64_t layers_received = 0;
   int64_t deadline_ns = 0;
+  Status poisoned;  // a malformed KV notification for this reservation: its commit fails with this
+};
+
+struct DecodeWorker::Expired {
+  std::vector<int32_t> blocks;
+  int64_t committed_blocks = 0;
+  int64_t release_ns = 0;
 };
 
 struct DecodeWorker::Sequence {
@@ -93,7 +101,8 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(DecodeWorkerOptions o
                  "decode worker: --block-tokens, --kv-blocks, --max-batch and --reservation-ttl-ms must be > 0");
   }
   if (!backend || !sink) return error(Code::kInvalidArgument, "decode worker: backend and token sink are required");
-  MC_ASSIGN_OR_RETURN(auto kv, KvBuffer::create(backend->kv_layout(options.block_tokens), options.kv_blocks));
+  MC_ASSIGN_OR_RETURN(auto kv, KvBuffer::create(backend->kv_layout(options.block_tokens), options.kv_blocks,
+                                                KvMemory::kShared));
   return std::unique_ptr<DecodeWorker>(
       new DecodeWorker(options, std::move(backend), std::move(sink), std::move(kv), clock));
 }
@@ -104,7 +113,113 @@ DecodeWorker::DecodeWorker(DecodeWorkerOptions options, std::unique_ptr<Backend>
   metrics_.gauge("mc_decode_kv_blocks_total", "KV blocks of the buffer").set(static_cast<double>(kv_->num_blocks()));
 }
 
-DecodeWorker::~DecodeWorker() = default;
+DecodeWorker::~DecodeWorker() { engine_.reset(); }
+
+Status DecodeWorker::publish_kv_segment(transfer::EngineOptions options) {
+  if (engine_) return error(Code::kFailedPrecondition, "decode: KV segment already published as " + kv_segment_);
+  if (options.listen.empty()) {
+    return error(Code::kInvalidArgument, "decode: publishing the KV segment needs a listen endpoint (--kv-listen)");
+  }
+  MC_ASSIGN_OR_RETURN(auto engine, transfer::TransferEngine::create(std::move(options)));
+  auto region = engine->register_memory(kv_->data(), static_cast<uint64_t>(kv_->size_bytes()));
+  if (!region.is_ok()) return region.status().with_context("decode: registering the KV buffer");
+  kv_segment_base_ = region->segment_offset;
+  kv_segment_ = engine->segment_name();
+  engine->set_notification_handler([this](const transfer::Notification& n) { on_kv_notification(n); });
+  engine_ = std::move(engine);
+  metrics_.gauge("mc_decode_kv_segment_published", "1 when the KV buffer is served through the transfer engine")
+      .set(1);
+  return Status::ok();
+}
+
+std::string DecodeWorker::kv_segment() const { return kv_segment_; }
+
+void DecodeWorker::set_job_reporter(std::function<void(proto::ConductorJobReportRequest)> reporter) {
+  reporter_ = std::move(reporter);
+}
+
+namespace {
+// "kv/<reservation>/<layer>/<first>-<end>" -> fields; false when malformed.
+bool parse_kv_tag(const std::string& tag, uint64_t& reservation, int64_t& layer, int64_t& first, int64_t& end) {
+  unsigned long long r = 0;
+  long long l = 0, f = 0, e = 0;
+  int consumed = 0;
+  if (std::sscanf(tag.c_str(), "kv/%llu/%lld/%lld-%lld%n", &r, &l, &f, &e, &consumed) != 4 ||
+      consumed != static_cast<int>(tag.size())) {
+    return false;
+  }
+  reservation = r;
+  layer = l;
+  first = f;
+  end = e;
+  return true;
+}
+}  // namespace
+
+void DecodeWorker::on_kv_notification(const transfer::Notification& note) {
+  metrics_.counter("mc_decode_kv_notifications_total", "layer-arrival notifications from the transfer engine").inc();
+  auto reject = [&](const std::string& why) {
+    metrics_.counter("mc_decode_kv_notifications_rejected_total", "notifications naming no valid reserved range")
+        .inc();
+    MC_LOG_WARN << "decode: KV notification '" << note.tag << "' from " << (note.from.empty() ? "?" : note.from)
+                << " (offset " << note.segment_offset << ", " << note.length << " B) ignored: " << why;
+  };
+  uint64_t id = 0;
+  int64_t layer = 0, first = 0, end = 0;
+  if (note.op != transfer::Op::kWrite || !parse_kv_tag(note.tag, id, layer, first, end)) {
+    reject("not a KV write tag kv/<reservation>/<layer>/<first>-<end>");
+    return;
+  }
+  std::lock_guard lock(mu_);
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) {
+    reject(expired_.count(id) > 0 ? "reservation expired" : "no such reservation (released, aborted or committed)");
+    return;
+  }
+  Reservation& r = *it->second;
+  const KvLayout& layout = kv_->layout();
+  const int64_t nblocks = static_cast<int64_t>(r.blocks.size());
+  Status bad;
+  if (layer < 0 || layer >= layout.num_layers || first < 0 || first >= end || end > nblocks) {
+    bad = error(Code::kOutOfRange, "KV notification '" + note.tag + "': layer or blocks outside the reservation (" +
+                                       std::to_string(layout.num_layers) + " layers, " + std::to_string(nblocks) +
+                                       " prompt blocks)");
+  } else {
+    const uint64_t want_offset =
+        kv_segment_base_ + static_cast<uint64_t>(kv_->layer_block_offset(r.blocks[static_cast<size_t>(end - 1)], layer));
+    if (note.segment_offset != want_offset || note.length != static_cast<uint64_t>(layout.layer_block_bytes())) {
+      bad = error(Code::kDataLoss, "KV notification '" + note.tag + "': wrote " + std::to_string(note.length) +
+                                       " B at segment offset " + std::to_string(note.segment_offset) + ", expected " +
+                                       std::to_string(layout.layer_block_bytes()) + " B at " +
+                                       std::to_string(want_offset) +
+                                       " (prefill and decode disagree on the KV layout: model, --block-size, "
+                                       "--kv-bytes-per-token)");
+    }
+  }
+  if (!bad.is_ok()) {
+    if (r.poisoned.is_ok()) {
+      r.poisoned = error(Code::kDataLoss, "kv_commit '" + r.request_id + "': " + bad.message() + "; not generating");
+    }
+    reject(bad.message());
+    return;
+  }
+  auto& arrived = r.arrived[static_cast<size_t>(layer)];
+  const bool layer_was_new = std::none_of(arrived.begin(), arrived.end(), [](bool b) { return b; });
+  for (int64_t b = first; b < end; ++b) arrived[static_cast<size_t>(b)] = true;
+  if (layer_was_new) ++r.layers_received;
+  const auto bytes = static_cast<uint64_t>((end - first) * layout.layer_block_bytes());
+  metrics_.counter("mc_decode_kv_engine_bytes_total", "KV bytes received through the transfer engine").inc(bytes);
+  metrics_.counter("mc_decode_kv_received_bytes_total", "KV bytes received from prefill").inc(bytes);
+}
+
+bool DecodeWorker::release_expired_locked(uint64_t id) {
+  auto it = expired_.find(id);
+  if (it == expired_.end()) return false;
+  kv_->free(it->second.blocks);
+  committed_blocks_ -= it->second.committed_blocks;
+  expired_.erase(it);
+  return true;
+}
 
 Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReserveRequest& r) {
   const auto& m = backend_->model();
@@ -156,19 +271,28 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   reply.block_tokens = layout.block_size;
   reply.layer_block_bytes = layout.layer_block_bytes();
   reply.block_bytes = layout.block_bytes();
-  for (int32_t b : res->blocks) reply.block_offsets_bytes.push_back(static_cast<uint64_t>(kv_->layer_block_offset(b, 0)));
+  for (int32_t b : res->blocks) {
+    reply.block_offsets_bytes.push_back(kv_segment_base_ + static_cast<uint64_t>(kv_->layer_block_offset(b, 0)));
+  }
+  reply.kv_segment = kv_segment_;
   reply.free_blocks = kv_->num_blocks() - committed_blocks_;
   reservations_.emplace(res->id, std::move(res));
   metrics_.counter("mc_decode_reserve_total", "reservations granted").inc();
   return reply;
 }
 
-void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool tell_client) {
+void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool tell_client, bool hold_blocks) {
   auto it = reservations_.find(id);
   if (it == reservations_.end()) return;
   Reservation& r = *it->second;
-  kv_->free(r.blocks);
-  committed_blocks_ -= r.committed_blocks;
+  if (hold_blocks && engine_) {
+    // A prefill may still WRITE into these blocks: keep them (and their admission) until it says it is done.
+    expired_[id] = Expired{std::move(r.blocks), r.committed_blocks,
+                           clock_->now_ns() + options_.expired_hold_ms * 1'000'000};
+  } else {
+    kv_->free(r.blocks);
+    committed_blocks_ -= r.committed_blocks;
+  }
   if (tell_client) {
     outgoing_.push_back({r.client_endpoint, proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()),
                                                                 why.message(), 0}});
@@ -179,7 +303,7 @@ void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool 
 Result<proto::DecodeReleaseReply> DecodeWorker::release(const proto::DecodeReleaseRequest& request) {
   std::lock_guard lock(mu_);
   proto::DecodeReleaseReply reply;
-  reply.released = reservations_.count(request.reservation_id) > 0;
+  reply.released = reservations_.count(request.reservation_id) > 0 || release_expired_locked(request.reservation_id);
   drop_reservation_locked(request.reservation_id, Status::ok(), /*tell_client=*/false);
   reply.free_blocks = kv_->num_blocks() - committed_blocks_;
   return reply;
@@ -190,7 +314,9 @@ Result<proto::DecodeReleaseReply> DecodeWorker::abort(const proto::DecodeAbortRe
                    "prefill aborted: " + request.reason);
   std::lock_guard lock(mu_);
   proto::DecodeReleaseReply reply;
-  if (reservations_.count(request.reservation_id) > 0) {
+  if (release_expired_locked(request.reservation_id)) {
+    reply.released = true;  // expired earlier (the client was told then); the prefill is done writing
+  } else if (reservations_.count(request.reservation_id) > 0) {
     reply.released = true;
     drop_reservation_locked(request.reservation_id, why, /*tell_client=*/true);
   } else {
@@ -210,6 +336,8 @@ Result<proto::DecodeReleaseReply> DecodeWorker::abort(const proto::DecodeAbortRe
 }
 
 Result<proto::KvWriteReply> DecodeWorker::kv_write(const proto::KvWriteRequest& w) {
+  metrics_.counter("mc_decode_kv_write_calls_total", "kv_write RPCs (the fallback without a transfer-engine segment)")
+      .inc();
   std::lock_guard lock(mu_);
   auto it = reservations_.find(w.reservation_id);
   if (it == reservations_.end()) {
@@ -251,12 +379,16 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
   std::lock_guard lock(mu_);
   auto it = reservations_.find(c.reservation_id);
   if (it == reservations_.end()) {
+    const bool expired = release_expired_locked(c.reservation_id);
     return error(Code::kNotFound, "kv_commit: no reservation " + std::to_string(c.reservation_id) +
-                                      " (released, aborted or expired)");
+                                      (expired ? " (expired before the commit; the client was told)"
+                                               : " (released, aborted or expired)"));
   }
   Reservation& r = *it->second;
-  Status bad;
-  if (c.prompt_tokens != r.input_tokens) {
+  Status bad = r.poisoned;
+  if (!bad.is_ok()) {
+    // a malformed KV write for this reservation: never generate from it
+  } else if (c.prompt_tokens != r.input_tokens) {
     bad = error(Code::kInvalidArgument, "kv_commit '" + r.request_id + "': prompt_tokens " +
                                             std::to_string(c.prompt_tokens) + " != reserved input " +
                                             std::to_string(r.input_tokens));
@@ -311,6 +443,7 @@ proto::WorkerLoadReply DecodeWorker::load() const {
   l.kv_blocks_committed = committed_blocks_;
   l.kv_blocks_free = kv_->num_blocks() - committed_blocks_;
   l.recent_step_ms = recent_step_ms_;
+  l.kv_segment = kv_segment_;
   return l;
 }
 
@@ -338,6 +471,26 @@ void DecodeWorker::flush_outgoing() {
       metrics_.counter("mc_decode_client_send_errors_total", "messages the client did not acknowledge").inc();
       MC_LOG_WARN << "decode: client " << o.endpoint << " did not take a message: " << s.to_string();
     }
+    if (reporter_) {
+      proto::ConductorJobReportRequest rep;
+      rep.event_unix_ns = unix_ns();
+      if (const auto* t = std::get_if<proto::TokenEvent>(&o.msg)) {
+        if (t->index != 0) continue;
+        rep.request_id = t->request_id;
+        rep.phase = proto::kPhaseFirstToken;
+        rep.event_unix_ns = t->emitted_unix_ns;
+      } else if (const auto* d = std::get_if<proto::RequestDone>(&o.msg)) {
+        rep.request_id = d->request_id;
+        rep.phase = proto::kPhaseDone;
+        rep.output_tokens = d->ledger.output_tokens;
+      } else if (const auto* e = std::get_if<proto::RequestError>(&o.msg)) {
+        rep.request_id = e->request_id;
+        rep.phase = proto::kPhaseFailed;
+        rep.output_tokens = e->output_tokens;
+        rep.message = e->message;
+      }
+      reporter_(std::move(rep));
+    }
   }
 }
 
@@ -353,8 +506,13 @@ Result<int64_t> DecodeWorker::step() {
     for (uint64_t id : expired) {
       metrics_.counter("mc_decode_reservations_expired_total", "reservations without commit before ttl").inc();
       drop_reservation_locked(id, error(Code::kTimeout, "reservation expired: no KV commit from prefill in time"),
-                              /*tell_client=*/true);
+                              /*tell_client=*/true, /*hold_blocks=*/true);
     }
+    std::vector<uint64_t> overdue;
+    for (const auto& [id, e] : expired_) {
+      if (now > e.release_ns) overdue.push_back(id);
+    }
+    for (uint64_t id : overdue) release_expired_locked(id);
     // Cancelled and new sequences.
     auto finish = [&](Sequence& s, const Status& why) {
       kv_->free(s.blocks);
@@ -486,6 +644,10 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
   reg.endpoint = server->endpoints().front();
   reg.kv_capacity_tokens = worker.kv().num_blocks() * layout.block_size;
   reg.block_size_tokens = layout.block_size;
+  ConductorJobReporter reporter(conductor);
+  if (!conductor.endpoint.empty()) {
+    worker.set_job_reporter([&reporter](proto::ConductorJobReportRequest r) { reporter.report(std::move(r)); });
+  }
   uint64_t last_steps = 0;
   ConductorHeartbeat heartbeat(conductor, reg, [&worker, &last_steps, bs = layout.block_size] {
     const proto::WorkerLoadReply l = worker.load();
@@ -506,7 +668,8 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
                           {"model", worker.backend().model().name},
                           {"kv_blocks", std::to_string(worker.kv().num_blocks())},
                           {"block_tokens", std::to_string(layout.block_size)},
-                          {"kv_bytes_per_token", std::to_string(layout.bytes_per_token())}});
+                          {"kv_bytes_per_token", std::to_string(layout.bytes_per_token())},
+                          {"kv_segment", worker.kv_segment().empty() ? "none" : worker.kv_segment()}});
   Status served;
   while (!daemon::stop_requested()) {
     served = server->poll_once(50);
@@ -515,6 +678,8 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
   heartbeat.stop();
   stop.store(true);
   stepper.join();
+  worker.set_job_reporter(nullptr);
+  reporter.stop();
   MC_LOG_INFO << "mc-decode: stopping";
   MC_RETURN_IF_ERROR(step_status);
   return served;

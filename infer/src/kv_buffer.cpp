@@ -8,7 +8,7 @@
 
 namespace mc::infer {
 
-Result<std::unique_ptr<KvBuffer>> KvBuffer::create(KvLayout layout, int64_t num_blocks) {
+Result<std::unique_ptr<KvBuffer>> KvBuffer::create(KvLayout layout, int64_t num_blocks, KvMemory memory) {
   if (layout.num_layers <= 0 || layout.block_size <= 0 || layout.bytes_per_token_layer <= 0 ||
       layout.bytes_per_token_layer % 2 != 0 || num_blocks <= 0 || num_blocks > (int64_t{1} << 30)) {
     return error(Code::kInvalidArgument,
@@ -20,6 +20,15 @@ Result<std::unique_ptr<KvBuffer>> KvBuffer::create(KvLayout layout, int64_t num_
   if (bytes / num_blocks != layout.block_bytes()) {
     return error(Code::kInvalidArgument, "KV buffer: size overflows 64 bits");
   }
+  if (memory == KvMemory::kShared) {
+    auto shared = transfer::allocate_shared_buffer(static_cast<uint64_t>(bytes), "mc-kv");
+    if (!shared.is_ok()) {
+      return shared.status().with_context("KV buffer of " + std::to_string(bytes) +
+                                          " B (lower --kv-blocks, --kv-buffer-size or --kv-bytes-per-token)");
+    }
+    auto* data = static_cast<std::byte*>(shared->data());
+    return std::unique_ptr<KvBuffer>(new KvBuffer(layout, num_blocks, data, std::move(shared.value())));
+  }
   // Anonymous mapping: page-aligned, zero-filled lazily (a large buffer costs nothing until used).
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
@@ -27,16 +36,22 @@ Result<std::unique_ptr<KvBuffer>> KvBuffer::create(KvLayout layout, int64_t num_
                                                " B: " + std::strerror(errno) +
                                                "; lower --kv-blocks, --kv-buffer-size or --kv-bytes-per-token");
   }
-  return std::unique_ptr<KvBuffer>(new KvBuffer(layout, num_blocks, static_cast<std::byte*>(p)));
+  return std::unique_ptr<KvBuffer>(new KvBuffer(layout, num_blocks, static_cast<std::byte*>(p), {}));
 }
 
-KvBuffer::KvBuffer(KvLayout layout, int64_t num_blocks, std::byte* data)
-    : layout_(layout), num_blocks_(num_blocks), data_(data), allocated_(static_cast<size_t>(num_blocks), false) {
+KvBuffer::KvBuffer(KvLayout layout, int64_t num_blocks, std::byte* data, transfer::SharedBuffer shared)
+    : layout_(layout),
+      num_blocks_(num_blocks),
+      data_(data),
+      shared_(std::move(shared)),
+      allocated_(static_cast<size_t>(num_blocks), false) {
   free_list_.reserve(static_cast<size_t>(num_blocks));
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_list_.push_back(static_cast<int32_t>(b));
 }
 
-KvBuffer::~KvBuffer() { munmap(data_, static_cast<size_t>(size_bytes())); }
+KvBuffer::~KvBuffer() {
+  if (shared_.data() == nullptr) munmap(data_, static_cast<size_t>(size_bytes()));
+}
 
 int64_t KvBuffer::free_blocks() const {
   std::lock_guard lock(mu_);

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -36,6 +37,10 @@ class RpcDecodeLink final : public DecodeLink {
   Result<proto::DecodeReleaseReply> abort(const std::string& ep, const proto::DecodeAbortRequest& r) override {
     return call(ep, r);
   }
+  Result<std::string> kv_segment(const std::string& ep) override {
+    MC_ASSIGN_OR_RETURN(proto::WorkerLoadReply load, call(ep, proto::WorkerLoadRequest{}));
+    return load.kv_segment;
+  }
 
  private:
   template <typename Req>
@@ -58,64 +63,92 @@ class RpcDecodeLink final : public DecodeLink {
   std::map<std::string, std::unique_ptr<rpc::RpcClient>> clients_;
 };
 
-// Sends layer writes on its own thread so the transfer of layer l overlaps the compute of layer l+1.
+// One layer's KV of blocks [first, end) of the job (positions in the prompt's block list).
+struct LayerSpan {
+  int64_t layer = 0;
+  int64_t first = 0;
+  int64_t end = 0;
+};
+
+// Sends layer spans on its own thread so the transfer of layer l overlaps the compute of layer l+1. `send`
+// moves one span (an engine WRITE or a kv_write RPC) and returns the bytes it moved.
 class LayerStreamer {
  public:
-  LayerStreamer(DecodeLink& link, std::string endpoint) : link_(link), endpoint_(std::move(endpoint)) {
+  using Send = std::function<Result<int64_t>(const LayerSpan&)>;
+  LayerStreamer(Send send, std::string target) : send_(std::move(send)), target_(std::move(target)) {
     thread_ = std::thread([this] { run(); });
   }
   ~LayerStreamer() { (void)finish(); }
 
-  // Queues a write; fails with the first send error once one happened (the prefill then stops).
-  Status push(proto::KvWriteRequest request) {
+  // Queues a span; fails with the first send error once one happened (the prefill then stops).
+  Status push(LayerSpan span) {
     std::lock_guard lock(mu_);
     if (!error_.is_ok()) return error_;
-    queue_.push_back(std::move(request));
-    cv_.notify_one();
+    queue_.push_back(span);
+    cv_.notify_all();
     return Status::ok();
   }
-  // Waits until every queued write was acknowledged (or one failed); idempotent.
+  // Waits until every queued span was sent (or one failed).
+  Status drain() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return (queue_.empty() && !busy_) || !error_.is_ok() || done_; });
+    return error_;
+  }
+  // Drains and stops the thread; idempotent.
   Status finish() {
     {
       std::lock_guard lock(mu_);
       closing_ = true;
-      cv_.notify_one();
+      cv_.notify_all();
     }
     if (thread_.joinable()) thread_.join();
     return error_;
   }
   int64_t bytes_sent() const { return bytes_sent_; }
+  // Steady-clock ns when the last span sent so far landed (its send returned); 0 before any.
+  int64_t last_sent_ns() const { return last_sent_ns_; }
 
  private:
   void run() {
     for (;;) {
-      proto::KvWriteRequest req;
+      LayerSpan span;
       {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
-        if (queue_.empty() || !error_.is_ok()) return;
-        req = std::move(queue_.front());
+        if (queue_.empty() || !error_.is_ok()) {
+          done_ = true;
+          cv_.notify_all();
+          return;
+        }
+        span = queue_.front();
         queue_.pop_front();
+        busy_ = true;
       }
-      auto reply = link_.write(endpoint_, req);
+      auto sent = send_(span);
       std::lock_guard lock(mu_);
-      if (!reply.is_ok()) {
-        error_ = reply.status().with_context("streaming layer " + std::to_string(req.layer) + " to " + endpoint_);
+      busy_ = false;
+      if (!sent.is_ok()) {
+        error_ = sent.status().with_context("streaming layer " + std::to_string(span.layer) + " to " + target_);
         queue_.clear();
-        return;
+      } else {
+        bytes_sent_ += sent.value();
+        last_sent_ns_ = now_ns();
       }
-      bytes_sent_ += static_cast<int64_t>(req.data.size());
+      cv_.notify_all();
     }
   }
 
-  DecodeLink& link_;
-  std::string endpoint_;
+  Send send_;
+  std::string target_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<proto::KvWriteRequest> queue_;
+  std::deque<LayerSpan> queue_;
   bool closing_ = false;
+  bool busy_ = false;
+  bool done_ = false;
   Status error_;
   int64_t bytes_sent_ = 0;
+  int64_t last_sent_ns_ = 0;
   std::thread thread_;
 };
 
@@ -143,9 +176,22 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::create(PrefillWorkerOption
                  "prefill worker: --block-tokens and --kv-blocks must be > 0, --chunk-tokens >= 0");
   }
   if (!backend || !link) return error(Code::kInvalidArgument, "prefill worker: backend and decode link are required");
+  if (options.kv_transfer_timeout_ms <= 0) {
+    return error(Code::kInvalidArgument, "prefill worker: kv_transfer_timeout_ms must be > 0");
+  }
   MC_ASSIGN_OR_RETURN(auto kv, KvBuffer::create(backend->kv_layout(options.block_tokens), options.kv_blocks));
-  return std::unique_ptr<PrefillWorker>(
+  std::unique_ptr<transfer::TransferEngine> engine;
+  if (options.kv_engine) {
+    transfer::EngineOptions eo;  // initiator only: no listen endpoint, no segment served
+    eo.request_timeout_ms = options.kv_transfer_timeout_ms;
+    MC_ASSIGN_OR_RETURN(engine, transfer::TransferEngine::create(std::move(eo)));
+    auto region = engine->register_memory(kv->data(), static_cast<uint64_t>(kv->size_bytes()));
+    if (!region.is_ok()) return region.status().with_context("prefill: registering the KV buffer");
+  }
+  auto worker = std::unique_ptr<PrefillWorker>(
       new PrefillWorker(options, std::move(backend), std::move(cache), std::move(link), std::move(kv)));
+  worker->engine_ = std::move(engine);
+  return worker;
 }
 
 PrefillWorker::PrefillWorker(PrefillWorkerOptions options, std::unique_ptr<Backend> backend,
@@ -156,7 +202,53 @@ PrefillWorker::PrefillWorker(PrefillWorkerOptions options, std::unique_ptr<Backe
   ns_ = kv_namespace(*backend_, options_.block_tokens, options_.weight_seed);
 }
 
-PrefillWorker::~PrefillWorker() = default;
+PrefillWorker::~PrefillWorker() { engine_.reset(); }
+
+// Blocks [first, end) of one layer: every block's layer range but the last as one batch, then the last one with
+// the layer-arrival tag, so the notification means the whole span landed.
+Status PrefillWorker::write_layer_engine(const proto::PrefillJobRequest& job, transfer::SegmentHandle segment,
+                                         const std::string& segment_name, const std::vector<int32_t>& blocks, int64_t layer, int64_t first,
+                                         int64_t end) {
+  const int64_t lbb = kv_->layout().layer_block_bytes();
+  auto request = [&](int64_t b) {
+    transfer::TransferRequest r;
+    r.op = transfer::Op::kWrite;
+    r.local_addr = kv_->layer_block_span(blocks[static_cast<size_t>(b)], layer).data();
+    r.segment = segment;
+    r.remote_offset = job.decode_block_offsets_bytes[static_cast<size_t>(b)] + static_cast<uint64_t>(layer * lbb);
+    r.length = static_cast<uint64_t>(lbb);
+    return r;
+  };
+  // Waits past the engine's request deadline for in-flight slices, so no byte lands after this returns.
+  const int64_t wait_ms = options_.kv_transfer_timeout_ms + engine_->options().slice_timeout_ms + 1000;
+  auto check = [&](const transfer::BatchStatus& st, int64_t b0, int64_t b1) -> Status {
+    if (st.state == transfer::TransferState::kCompleted) return Status::ok();
+    const Status why = st.state == transfer::TransferState::kPending
+                           ? error(Code::kTimeout, "still pending after " + std::to_string(wait_ms) + " ms")
+                           : st.status;
+    return why.with_context("transfer-engine WRITE of layer " + std::to_string(layer) + ", blocks [" +
+                            std::to_string(b0) + ", " + std::to_string(b1) + ") to segment " + segment_name);
+  };
+  if (end - first > 1) {
+    std::vector<transfer::TransferRequest> reqs;
+    for (int64_t b = first; b < end - 1; ++b) reqs.push_back(request(b));
+    MC_ASSIGN_OR_RETURN(transfer::BatchId batch, engine_->submit(reqs));
+    auto st = engine_->wait(batch, wait_ms);
+    if (!st.is_ok()) return st.status();
+    const Status ok = check(st.value(), first, end - 1);
+    if (is_final(st->state)) (void)engine_->free_batch(batch);
+    MC_RETURN_IF_ERROR(ok);
+  }
+  transfer::TransferRequest last = request(end - 1);
+  last.notify_tag = "kv/" + std::to_string(job.reservation_id) + "/" + std::to_string(layer) + "/" +
+                    std::to_string(first) + "-" + std::to_string(end);
+  MC_ASSIGN_OR_RETURN(transfer::BatchId batch, engine_->submit(std::span<const transfer::TransferRequest>(&last, 1)));
+  auto st = engine_->wait(batch, wait_ms);
+  if (!st.is_ok()) return st.status();
+  const Status ok = check(st.value(), end - 1, end);
+  if (is_final(st->state)) (void)engine_->free_batch(batch);
+  return ok;
+}
 
 Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobRequest& job, int64_t queued_ms) {
   metrics_.counter("mc_prefill_jobs_total", "prefill jobs received").inc();
@@ -274,28 +366,60 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   metrics_.counter("mc_prefill_hit_tokens_total", "prompt tokens whose KV came from the store").inc(cached);
   metrics_.counter("mc_prefill_computed_tokens_total", "prompt tokens computed").inc(n - cached);
 
-  // 2. Prefill with layer-wise streaming.
-  LayerStreamer streamer(*link_, job.decode_endpoint);
+  // 2. Prefill with layer-wise streaming: transfer-engine WRITEs when decode serves a segment, else kv_write.
+  std::string segment_name = job.decode_kv_segment;
+  if (segment_name.empty() && engine_) {
+    auto asked = link_->kv_segment(job.decode_endpoint);
+    if (!asked.is_ok()) return asked.status().with_context("asking " + job.decode_endpoint + " for its KV segment");
+    segment_name = asked.value();
+  }
+  LayerStreamer::Send send;
+  std::string target = job.decode_endpoint;
+  if (engine_ && !segment_name.empty()) {
+    auto segment = engine_->open_segment(segment_name);
+    if (!segment.is_ok()) {
+      return segment.status().with_context("opening the KV segment of decode instance " + job.decode_endpoint);
+    }
+    target = "segment " + segment_name + " (" + engine_->segment_transport(segment.value()).value_or("?") + ")";
+    send = [this, &job, &blocks, seg = segment.value(), segment_name](const LayerSpan& s) -> Result<int64_t> {
+      Status st = write_layer_engine(job, seg, segment_name, blocks, s.layer, s.first, s.end);
+      if (!st.is_ok()) return st;
+      metrics_.counter("mc_prefill_kv_engine_writes_total", "layer spans written through the transfer engine").inc();
+      return (s.end - s.first) * kv_->layout().layer_block_bytes();
+    };
+  } else {
+    send = [this, &job, &blocks](const LayerSpan& s) -> Result<int64_t> {
+      const int64_t lbb = kv_->layout().layer_block_bytes();
+      proto::KvWriteRequest w;
+      w.reservation_id = job.reservation_id;
+      w.layer = s.layer;
+      w.data.resize(static_cast<size_t>((s.end - s.first) * lbb));
+      for (int64_t b = s.first; b < s.end; ++b) {
+        w.block_indexes.push_back(static_cast<uint32_t>(b));
+        std::memcpy(w.data.data() + (b - s.first) * lbb,
+                    kv_->layer_block_span(blocks[static_cast<size_t>(b)], s.layer).data(), static_cast<size_t>(lbb));
+      }
+      MC_RETURN_IF_ERROR(link_->write(job.decode_endpoint, w).status());
+      metrics_.counter("mc_prefill_kv_rpc_writes_total", "layer spans sent as kv_write RPCs (fallback)").inc();
+      return static_cast<int64_t>(w.data.size());
+    };
+  }
+  LayerStreamer streamer(std::move(send), target);
   int64_t writes = 0;
+  const int64_t num_layers = layout.num_layers;
   const int64_t t_prefill = now_ns();
+  int64_t t_last_layer_done = 0;  // when the last layer's KV was handed to the stream
   auto on_layer = [&](int64_t layer, int64_t begin, int64_t end) -> Status {
     if (job.fail_after_layers >= 0 && writes >= job.fail_after_layers) {
       return error(Code::kAborted, "injected prefill failure after " + std::to_string(writes) + " layer writes");
     }
-    proto::KvWriteRequest w;
-    w.reservation_id = job.reservation_id;
-    w.layer = layer;
     const int64_t first = begin == cached ? 0 : begin / bs;  // the first chunk also carries the fetched prefix
-    const int64_t last = layout.blocks_for_tokens(end);
-    w.data.resize(static_cast<size_t>((last - first) * layout.layer_block_bytes()));
-    for (int64_t b = first; b < last; ++b) {
-      w.block_indexes.push_back(static_cast<uint32_t>(b));
-      std::memcpy(w.data.data() + (b - first) * layout.layer_block_bytes(),
-                  kv_->layer_block_span(blocks[static_cast<size_t>(b)], layer).data(),
-                  static_cast<size_t>(layout.layer_block_bytes()));
-    }
     ++writes;
-    return streamer.push(std::move(w));
+    MC_RETURN_IF_ERROR(streamer.push(LayerSpan{layer, first, layout.blocks_for_tokens(end)}));
+    if (layer == num_layers - 1 && end == n) t_last_layer_done = now_ns();
+    // The next chunk writes into this chunk's last block: let the stream catch up first.
+    if (layer == num_layers - 1 && end < n) MC_RETURN_IF_ERROR(streamer.drain());
+    return Status::ok();
   };
   PrefillRequest req{job.tokens, cached, blocks, job.chunk_tokens > 0 ? job.chunk_tokens : options_.chunk_tokens};
   auto result = backend_->prefill(*kv_, req, on_layer);
@@ -303,8 +427,15 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   Status streamed = streamer.finish();
   if (!result.is_ok()) return result.status().with_context("prefill of '" + job.request_id + "'");
   MC_RETURN_IF_ERROR(streamed);
+  // The tail: last layer computed -> its last byte acknowledged by decode (the first token's logits are computed
+  // meanwhile, so it can end before the backend returns).
+  const int64_t t_all_kv = streamer.last_sent_ns() > 0 ? streamer.last_sent_ns() : now_ns();
+  const int64_t tail_ns = std::max<int64_t>(0, t_all_kv - (t_last_layer_done > 0 ? t_last_layer_done : t_last_layer));
   ledger.prefill_ms = (t_last_layer - t_prefill) / 1'000'000;
-  ledger.kv_tail_ms = ms_since(t_last_layer);
+  ledger.kv_tail_ms = tail_ns / 1'000'000;
+  metrics_.histogram("mc_prefill_kv_tail_seconds", metrics::latency_buckets_s(),
+                     "last layer computed -> all KV acknowledged by decode (layer-wise streaming tail)")
+      .observe(static_cast<double>(tail_ns) * 1e-9);
   ledger.kv_sent_bytes = streamer.bytes_sent();
   if (ledger.computed_tokens > 0 && t_last_layer > t_prefill) {
     const double rate = static_cast<double>(ledger.computed_tokens) / (static_cast<double>(t_last_layer - t_prefill) * 1e-9);

@@ -54,17 +54,24 @@ class SimBackend final : public Backend {
       h = mix(h, req.tokens[static_cast<size_t>(p)]);
       hashes[static_cast<size_t>(p - req.cached_tokens)] = h;
     }
+    // Layer l of a chunk ends at (chunk start + (l + 1) x layer time): the deadlines are cumulative, so the
+    // real work between layers (writing the KV, handing it to the layer callback) runs inside the modelled
+    // time, as the GPU computes the next layer while the previous one streams out; only work longer than
+    // the modelled time delays the prefill.
+    auto chunk_start = std::chrono::steady_clock::now();
     for (int64_t begin = req.cached_tokens; begin < n; begin += chunk) {
       const int64_t end = std::min(n, begin + chunk);
       const double layer_s = prefill_time_s(model_, gpu_, end - begin, begin) / static_cast<double>(model_.num_layers);
       for (int64_t l = 0; l < model_.num_layers; ++l) {
-        const auto deadline = std::chrono::steady_clock::now() + to_duration(layer_s);
+        const auto deadline = chunk_start + to_duration(layer_s * static_cast<double>(l + 1));
         for (int64_t p = begin; p < end; ++p) {
           write_token(kv, req.block_table, l, p, hashes[static_cast<size_t>(p - req.cached_tokens)]);
         }
         std::this_thread::sleep_until(deadline);
         if (on_layer) MC_RETURN_IF_ERROR(on_layer(l, begin, end));
       }
+      chunk_start = std::max(chunk_start + to_duration(layer_s * static_cast<double>(model_.num_layers)),
+                             std::chrono::steady_clock::now());
     }
     PrefillResult result;
     result.first_token = static_cast<uint32_t>(h % static_cast<uint64_t>(model_.vocab_size));

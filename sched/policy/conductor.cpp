@@ -493,6 +493,7 @@ class Conductor {
     job.decode_endpoint = f.decode_endpoint;
     job.reservation_id = res->reservation_id;
     job.decode_block_offsets_bytes = res->block_offsets_bytes;
+    job.decode_kv_segment = res->kv_segment;  // the prefill WRITEs each layer there (transfer engine)
     job.client_endpoint = f.submit.client_endpoint;
     f.dispatch_ns = RealClock::instance().now_ns();
     answer(f, reply_of(f.decision));

@@ -43,10 +43,14 @@ Result<std::vector<trace::Request>> read_window(trace::Reader& reader, const Win
 struct PrefixCacheModel::Impl {
   int64_t capacity_blocks;
   int64_t block_size;
+  bool earlier_arrivals_only;
   std::list<uint64_t> order;  // front = most recently used
   std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where;
   int64_t blocks = 0, hit_blocks = 0;
   int64_t tokens = 0, hit_tokens = 0, hit_tokens_full = 0;
+  // earlier_arrivals_only: rows of the current timestamp, inserted when a later one arrives.
+  std::vector<uint64_t> pending;
+  int64_t pending_timestamp_ms = 0;
 
   void touch(uint64_t id) {
     auto it = where.find(id);
@@ -63,12 +67,18 @@ struct PrefixCacheModel::Impl {
   }
 };
 
-PrefixCacheModel::PrefixCacheModel(int64_t capacity_blocks, int64_t block_size)
-    : impl_(std::make_unique<Impl>(Impl{capacity_blocks, block_size, {}, {}, 0, 0, 0, 0, 0})) {}
+PrefixCacheModel::PrefixCacheModel(int64_t capacity_blocks, int64_t block_size, bool earlier_arrivals_only)
+    : impl_(std::make_unique<Impl>(
+          Impl{capacity_blocks, block_size, earlier_arrivals_only, {}, {}, 0, 0, 0, 0, 0, {}, 0})) {}
 PrefixCacheModel::~PrefixCacheModel() = default;
 
 void PrefixCacheModel::add(const trace::Request& row) {
   Impl& m = *impl_;
+  if (m.earlier_arrivals_only && row.timestamp_ms != m.pending_timestamp_ms) {
+    for (uint64_t id : m.pending) m.touch(id);
+    m.pending.clear();
+    m.pending_timestamp_ms = row.timestamp_ms;
+  }
   const auto n = static_cast<int64_t>(row.hash_ids.size());
   int64_t hit = 0;
   while (hit < n && m.where.count(row.hash_ids[static_cast<size_t>(hit)])) ++hit;
@@ -78,6 +88,10 @@ void PrefixCacheModel::add(const trace::Request& row) {
   m.tokens += row.input_length;
   m.hit_tokens += std::min(hit * m.block_size, row.input_length);
   m.hit_tokens_full += std::min(hit, full_blocks) * m.block_size;
+  if (m.earlier_arrivals_only) {
+    m.pending.insert(m.pending.end(), row.hash_ids.begin(), row.hash_ids.end());
+    return;
+  }
   for (uint64_t id : row.hash_ids) m.touch(id);
 }
 
@@ -99,6 +113,7 @@ Result<TraceAnalysis> analyze(trace::Reader& reader, const AnalyzeOptions& optio
                                                 std::to_string(options.reader.block_size) + " tokens)");
   TraceAnalysis a;
   PrefixCacheModel infinite(0, options.reader.block_size);
+  PrefixCacheModel infinite_earlier(0, options.reader.block_size, true);
   std::vector<std::unique_ptr<PrefixCacheModel>> lru;
   for (int64_t c : options.capacity_tokens)
     lru.push_back(std::make_unique<PrefixCacheModel>(c / options.reader.block_size, options.reader.block_size));
@@ -119,6 +134,7 @@ Result<TraceAnalysis> analyze(trace::Reader& reader, const AnalyzeOptions& optio
     a.total_blocks += static_cast<int64_t>(row.hash_ids.size());
     distinct.insert(row.hash_ids.begin(), row.hash_ids.end());
     infinite.add(row);
+    infinite_earlier.add(row);
     for (auto& m : lru) m->add(row);
   }
   a.lines = reader.stats().lines;
@@ -130,6 +146,7 @@ Result<TraceAnalysis> analyze(trace::Reader& reader, const AnalyzeOptions& optio
   a.blocks_per_request = distribution(std::move(blocks));
   a.distinct_blocks = static_cast<int64_t>(distinct.size());
   a.infinite = infinite.ratios();
+  a.infinite_earlier = infinite_earlier.ratios();
   for (size_t i = 0; i < lru.size(); ++i) a.lru.push_back({options.capacity_tokens[i], lru[i]->ratios()});
   return a;
 }
@@ -174,6 +191,7 @@ json to_json(const TraceAnalysis& a, const RunInfo& info) {
           {"total_blocks", a.total_blocks},
           {"distinct_blocks", a.distinct_blocks},
           {"infinite_cache", ratios_json(a.infinite)},
+          {"infinite_cache_earlier_arrivals", ratios_json(a.infinite_earlier)},
           {"lru", std::move(lru)}};
 }
 
@@ -199,6 +217,7 @@ void print_table(std::ostream& out, const TraceAnalysis& a, const RunInfo& info)
     hits.push_back({name, cap, fixed(100 * r.blocks, 1), fixed(100 * r.tokens, 1), fixed(100 * r.tokens_full_blocks, 1)});
   };
   hit_row("infinite", "-", a.infinite);
+  hit_row("infinite, earlier arrivals", "-", a.infinite_earlier);
   for (const LruPoint& p : a.lru) hit_row("LRU", std::to_string(p.capacity_tokens), p.hit);
   print_rows(out, hits);
 }

@@ -1,22 +1,23 @@
 #include "mc/store/client.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "mc/common/log.hpp"
+#include "mc/store/directory.hpp"
+#include "mc/transfer/engine.hpp"
 
 namespace mc::store {
 
 namespace {
 
-// Bytes per node data RPC (at most proto::kStoreMaxChunkBytes).
+// Bytes per node data RPC of an SSD replica (at most proto::kStoreMaxChunkBytes).
 constexpr uint64_t kChunkBytes = 1ULL << 20;
 
 std::string default_host() {
@@ -33,13 +34,14 @@ int64_t steady_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// A read-write mapping of a storage node's shared-memory segment file.
-struct Mapping {
-  void* addr = nullptr;
-  uint64_t size = 0;
-  ~Mapping() {
-    if (addr) munmap(addr, size);
-  }
+// One replica transfer of a call: `op` between local bytes and a replica.
+struct Job {
+  size_t item = 0;                        // index of the object in the caller's batch
+  const proto::StoreReplica* replica = nullptr;
+  transfer::Op op = transfer::Op::kRead;  // kRead: replica -> local; kWrite: local -> replica
+  std::byte* local = nullptr;
+  uint64_t length = 0;
+  Status status;
 };
 
 }  // namespace
@@ -48,9 +50,120 @@ class Client::Impl {
  public:
   ClientOptions options;
   std::unique_ptr<rpc::RpcClient> master;
-  std::map<std::string, std::unique_ptr<rpc::RpcClient>> nodes;  // data endpoint -> connection
-  std::map<std::string, std::unique_ptr<Mapping>> maps;          // shm path -> mapping
+  std::map<std::string, std::unique_ptr<rpc::RpcClient>> nodes;  // node RPC endpoint -> connection (SSD)
+  std::shared_ptr<MasterSegmentDirectory> directory;
+  std::unique_ptr<transfer::TransferEngine> engine;  // after directory: destroyed first
+  std::map<uintptr_t, uint64_t> registered;          // engine registrations: start -> length
+  std::map<transfer::SegmentHandle, bool> shm_segment;  // opened segment -> moved over shm
   ClientCounters counters;
+
+  std::thread heartbeat_thread;
+  std::mutex heartbeat_mu;
+  std::condition_variable heartbeat_cv;
+  bool heartbeat_stop = false;
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lk(heartbeat_mu);
+      heartbeat_stop = true;
+    }
+    heartbeat_cv.notify_all();
+    if (heartbeat_thread.joinable()) heartbeat_thread.join();
+    engine.reset();
+  }
+
+  // Heartbeats on a connection of its own (the caller's sockets are not thread-safe). A failed beat is
+  // logged once per outage; the next period tries again (reconnecting when the connection is gone).
+  void heartbeat_loop() {
+    std::unique_ptr<rpc::RpcClient> conn;
+    bool warned = false;
+    std::unique_lock<std::mutex> lk(heartbeat_mu);
+    while (!heartbeat_stop) {
+      lk.unlock();
+      Status s = Status::ok();
+      if (!conn) {
+        rpc::ClientOptions co;
+        co.client_name = options.client_id + " heartbeat";
+        co.connect_timeout_ms = options.rpc_timeout_ms;
+        co.default_timeout_ms = options.rpc_timeout_ms;
+        auto c = rpc::RpcClient::connect(options.master, co);
+        if (c.is_ok()) {
+          conn = std::move(c).value();
+        } else {
+          s = c.status();
+        }
+      }
+      if (conn) {
+        s = conn->call(proto::StoreClientHeartbeatRequest{options.client_id}, options.rpc_timeout_ms).status();
+        if (!s.is_ok()) conn.reset();
+      }
+      if (!s.is_ok() && !warned) MC_LOG_WARN << "client " << options.client_id << ": heartbeat failed: " << s.to_string();
+      warned = !s.is_ok();
+      lk.lock();
+      heartbeat_cv.wait_for(lk, std::chrono::milliseconds(options.heartbeat_ms), [&] { return heartbeat_stop; });
+    }
+  }
+
+  // Is [p, p+n) inside one engine registration?
+  bool covered(const std::byte* p, uint64_t n) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = registered.upper_bound(a);
+    if (it == registered.begin()) return false;
+    --it;
+    return a - it->first < it->second && n <= it->second - (a - it->first);
+  }
+
+  Status register_range(std::byte* p, uint64_t n) {
+    MC_RETURN_IF_ERROR(engine->register_memory(p, n).status());
+    registered[reinterpret_cast<uintptr_t>(p)] = n;
+    return Status::ok();
+  }
+  Status unregister_range(void* p) {
+    MC_RETURN_IF_ERROR(engine->unregister_memory(p));
+    registered.erase(reinterpret_cast<uintptr_t>(p));
+    return Status::ok();
+  }
+
+  // Local memory for the engine during one call: registered buffers in place, others registered until
+  // the scope ends, ranges straddling a registration staged through a temporary buffer.
+  class LocalScope {
+   public:
+    explicit LocalScope(Impl& m) : m_(m) {}
+    ~LocalScope() {
+      for (void* p : temporary_) {
+        Status s = m_.unregister_range(p);
+        if (!s.is_ok()) MC_LOG_WARN << "unregistering a call's buffer: " << s.to_string();
+      }
+    }
+    LocalScope(const LocalScope&) = delete;
+    LocalScope& operator=(const LocalScope&) = delete;
+
+    // The address the engine uses for [p, p+n); for a staged kWrite the bytes are copied in now.
+    Result<std::byte*> prepare(std::byte* p, uint64_t n, transfer::Op op) {
+      if (m_.covered(p, n)) return p;
+      if (m_.register_range(p, n).is_ok()) {
+        temporary_.push_back(p);
+        return p;
+      }
+      auto stage = std::make_unique<std::byte[]>(n);
+      MC_RETURN_IF_ERROR(m_.register_range(stage.get(), n));
+      temporary_.push_back(stage.get());
+      if (op == transfer::Op::kWrite) std::memcpy(stage.get(), p, n);
+      std::byte* addr = stage.get();
+      staged_[addr] = {p, std::move(stage)};
+      return addr;
+    }
+    // After a completed kRead into `addr`: copies staged bytes to the caller's memory.
+    void finish_read(std::byte* addr, uint64_t n) {
+      auto it = staged_.find(addr);
+      if (it != staged_.end()) std::memcpy(it->second.first, addr, n);
+    }
+
+   private:
+    Impl& m_;
+    std::vector<void*> temporary_;
+    std::map<std::byte*, std::pair<std::byte*, std::unique_ptr<std::byte[]>>> staged_;
+  };
 
   Result<rpc::RpcClient*> node(const std::string& endpoint) {
     auto it = nodes.find(endpoint);
@@ -65,115 +178,186 @@ class Client::Impl {
     return raw;
   }
 
-  // Same-host DRAM replica that we can map; nullptr when it must go through the node.
-  std::byte* mapped(const proto::StoreReplica& r) {
-    if (!options.use_shm || r.shm_path.empty() || r.host != options.host) return nullptr;
-    auto it = maps.find(r.shm_path);
-    if (it == maps.end()) {
-      int fd = ::open(r.shm_path.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0) {
-        maps[r.shm_path] = nullptr;  // not reachable from here: use the node (remembered)
-        return nullptr;
+  // An SSD replica through the node's RPCs (the engine cannot address a file).
+  Status node_transfer(Job& j) {
+    const proto::StoreReplica& r = *j.replica;
+    MC_ASSIGN_OR_RETURN(rpc::RpcClient * c, node(r.endpoint));
+    for (uint64_t done = 0; done < j.length;) {
+      const uint64_t n = std::min<uint64_t>(kChunkBytes, j.length - done);
+      if (j.op == transfer::Op::kWrite) {
+        proto::StoreNodeWriteRequest req;
+        req.segment = r.segment;
+        req.offset_bytes = r.offset_bytes + done;
+        req.data.assign(reinterpret_cast<const char*>(j.local) + done, reinterpret_cast<const char*>(j.local) + done + n);
+        auto reply = c->call(req, options.node_timeout_ms);
+        if (!reply.is_ok()) {
+          nodes.erase(r.endpoint);
+          return reply.status().with_context("writing " + r.segment + " on " + r.endpoint);
+        }
+      } else {
+        auto reply = c->call(proto::StoreNodeReadRequest{r.segment, r.offset_bytes + done, n}, options.node_timeout_ms);
+        if (!reply.is_ok()) {
+          nodes.erase(r.endpoint);
+          return reply.status().with_context("reading " + r.segment + " on " + r.endpoint);
+        }
+        if (reply->data.size() != n) {
+          return Status(Code::kDataLoss, "node " + r.endpoint + " returned " + std::to_string(reply->data.size()) +
+                                             " bytes of " + r.segment + " for a read of " + std::to_string(n));
+        }
+        std::memcpy(j.local + done, reply->data.data(), n);
       }
-      struct stat st {};
-      auto m = std::make_unique<Mapping>();
-      if (fstat(fd, &st) == 0 && st.st_size > 0) {
-        void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p != MAP_FAILED) {
-          m->addr = p;
-          m->size = static_cast<uint64_t>(st.st_size);
+      done += n;
+    }
+    (j.op == transfer::Op::kWrite ? counters.bytes_written_tcp : counters.bytes_read_tcp) += j.length;
+    return Status::ok();
+  }
+
+  Result<transfer::SegmentHandle> open_segment(const proto::StoreReplica& r) {
+    auto h = engine->open_segment(r.xfer_segment);
+    if (!h.is_ok()) return h.status().with_context("replica of segment " + r.segment + " on node " + r.node_id);
+    if (!shm_segment.count(*h)) shm_segment[*h] = engine->segment_transport(*h).value_or("") == "shm";
+    return h;
+  }
+
+  // Runs every job: engine-served replicas as ONE engine batch, SSD replicas through node RPCs. Sets
+  // each job's status; never leaves a transfer in flight into caller memory when it returns.
+  void run_jobs(std::vector<Job>& jobs) {
+    LocalScope scope(*this);
+    std::vector<transfer::TransferRequest> reqs;
+    std::vector<size_t> req_job;
+    std::vector<transfer::SegmentHandle> req_seg;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      Job& j = jobs[i];
+      if (j.replica->xfer_segment.empty()) continue;  // SSD: below
+      auto h = open_segment(*j.replica);
+      if (!h.is_ok()) {
+        j.status = h.status();
+        continue;
+      }
+      auto local = scope.prepare(j.local, j.length, j.op);
+      if (!local.is_ok()) {
+        j.status = local.status().with_context("local buffer of " + std::to_string(j.length) + " bytes");
+        continue;
+      }
+      reqs.push_back(transfer::TransferRequest{j.op, local.value(), h.value(), j.replica->xfer_offset_bytes, j.length, ""});
+      req_job.push_back(i);
+      req_seg.push_back(h.value());
+    }
+    if (!reqs.empty()) run_batch(reqs, req_job, req_seg, jobs, scope);
+    for (Job& j : jobs) {
+      if (j.replica->xfer_segment.empty()) j.status = node_transfer(j);
+    }
+  }
+
+  void run_batch(const std::vector<transfer::TransferRequest>& reqs, const std::vector<size_t>& req_job,
+                 const std::vector<transfer::SegmentHandle>& req_seg, std::vector<Job>& jobs, LocalScope& scope) {
+    auto batch = engine->submit(reqs);
+    if (!batch.is_ok()) {
+      for (size_t k : req_job) jobs[k].status = batch.status();
+      return;
+    }
+    // The engine makes every request final by its deadline (request_timeout_ms) plus the drain of
+    // in-flight slices; wait that long, twice at most, before giving up on the batch.
+    const auto& eo = engine->options();
+    const int64_t bound_ms = eo.request_timeout_ms + 2 * eo.slice_timeout_ms + 1000;
+    Result<transfer::BatchStatus> st = engine->wait(*batch, bound_ms);
+    if (st.is_ok() && st->state == transfer::TransferState::kPending) st = engine->wait(*batch, bound_ms);
+    if (!st.is_ok() || st->state == transfer::TransferState::kPending || st->requests.size() != reqs.size()) {
+      Status why = st.is_ok() ? Status(Code::kTimeout, "transfer batch still pending after " + std::to_string(2 * bound_ms) + " ms")
+                              : st.status();
+      for (size_t k : req_job) jobs[k].status = why;
+      MC_LOG_ERROR << "transfer batch " << *batch << " not final; its buffers are leaked to stay safe: " << why.to_string();
+      return;
+    }
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      Job& j = jobs[req_job[r]];
+      const transfer::RequestStatus& rs = st->requests[r];
+      if (rs.state == transfer::TransferState::kCompleted) {
+        j.status = Status::ok();
+        if (j.op == transfer::Op::kRead) scope.finish_read(static_cast<std::byte*>(reqs[r].local_addr), j.length);
+        const bool shm = shm_segment[req_seg[r]];
+        if (j.op == transfer::Op::kRead) {
+          (shm ? counters.bytes_read_shm : counters.bytes_read_tcp) += j.length;
+        } else {
+          (shm ? counters.bytes_written_shm : counters.bytes_written_tcp) += j.length;
+        }
+      } else {
+        j.status = (rs.status.is_ok() ? Status(Code::kTransferFailed, transfer::state_name(rs.state)) : rs.status)
+                       .with_context(std::string(transfer::op_name(j.op)) + " of replica " + j.replica->segment + " at " +
+                                     j.replica->xfer_segment);
+        // Forget the segment: the next use looks its descriptor up again (the node may be gone).
+        if (engine->close_segment(req_seg[r]).is_ok()) shm_segment.erase(req_seg[r]);
+      }
+    }
+    (void)engine->free_batch(*batch);
+  }
+
+  // Reads granted objects: item i into outs[i] (exactly its size), nearest replica first, falling back
+  // to the next replica for those that failed; every round is one engine batch. Then checks each
+  // object's lease: bytes that landed after it are reported kLeaseExpired, never as data.
+  std::vector<Status> read_objects(const std::vector<std::string>& keys, const std::vector<const proto::StoreGetItem*>& items,
+                                   int64_t granted_ms, const std::vector<std::span<std::byte>>& outs) {
+    std::vector<Status> out(items.size(), Status(Code::kObjectNotFound, "no replica"));
+    std::vector<size_t> next(items.size(), 0);
+    std::vector<size_t> todo;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i] == nullptr) continue;
+      if (items[i]->replicas.empty()) {
+        out[i] = Status(Code::kObjectNotFound, "object '" + keys[i] + "' has no replica");
+        continue;
+      }
+      todo.push_back(i);
+    }
+    while (!todo.empty()) {
+      std::vector<Job> jobs;
+      for (size_t i : todo) {
+        jobs.push_back(Job{i, &items[i]->replicas[next[i]], transfer::Op::kRead, outs[i].data(), items[i]->size_bytes, {}});
+      }
+      run_jobs(jobs);
+      std::vector<size_t> again;
+      for (Job& j : jobs) {
+        const size_t i = j.item;
+        if (j.status.is_ok()) {
+          out[i] = Status::ok();
+          continue;
+        }
+        MC_LOG_DEBUG << "replica " << j.replica->segment << " of '" << keys[i] << "' failed: " << j.status.to_string();
+        ++counters.replica_fallbacks;
+        if (++next[i] < items[i]->replicas.size()) {
+          again.push_back(i);
+        } else {
+          out[i] = Status(Code::kUnavailable, "every replica of '" + keys[i] + "' failed; last: " + j.status.message());
         }
       }
-      ::close(fd);
-      if (!m->addr) m.reset();
-      it = maps.emplace(r.shm_path, std::move(m)).first;
+      todo = std::move(again);
     }
-    if (!it->second || r.offset_bytes + r.size_bytes > it->second->size) return nullptr;
-    return static_cast<std::byte*>(it->second->addr) + r.offset_bytes;
-  }
-
-  void drop_node(const std::string& endpoint) { nodes.erase(endpoint); }
-
-  Status write_replica(const proto::StoreReplica& r, std::span<const std::byte> data) {
-    if (data.size() != r.size_bytes) {
-      return Status(Code::kInternal, "replica on " + r.segment + " is " + std::to_string(r.size_bytes) + " bytes, data " +
-                                         std::to_string(data.size()));
-    }
-    if (std::byte* dst = mapped(r)) {
-      std::memcpy(dst, data.data(), data.size());
-      counters.bytes_written_shm += data.size();
-      return Status::ok();
-    }
-    MC_ASSIGN_OR_RETURN(rpc::RpcClient * c, node(r.endpoint));
-    for (uint64_t done = 0; done < data.size();) {
-      uint64_t n = std::min<uint64_t>(kChunkBytes, data.size() - done);
-      proto::StoreNodeWriteRequest req;
-      req.segment = r.segment;
-      req.offset_bytes = r.offset_bytes + done;
-      req.data.assign(reinterpret_cast<const char*>(data.data()) + done, reinterpret_cast<const char*>(data.data()) + done + n);
-      auto reply = c->call(req, options.node_timeout_ms);
-      if (!reply.is_ok()) {
-        drop_node(r.endpoint);
-        return reply.status().with_context("writing " + r.segment + " on " + r.endpoint);
-      }
-      done += n;
-    }
-    counters.bytes_written_tcp += data.size();
-    return Status::ok();
-  }
-
-  Status read_replica(const proto::StoreReplica& r, std::span<std::byte> out) {
-    if (const std::byte* src = mapped(r)) {
-      std::memcpy(out.data(), src, out.size());
-      counters.bytes_read_shm += out.size();
-      return Status::ok();
-    }
-    MC_ASSIGN_OR_RETURN(rpc::RpcClient * c, node(r.endpoint));
-    for (uint64_t done = 0; done < out.size();) {
-      uint64_t n = std::min<uint64_t>(kChunkBytes, out.size() - done);
-      proto::StoreNodeReadRequest req{r.segment, r.offset_bytes + done, n};
-      auto reply = c->call(req, options.node_timeout_ms);
-      if (!reply.is_ok()) {
-        drop_node(r.endpoint);
-        return reply.status().with_context("reading " + r.segment + " on " + r.endpoint);
-      }
-      if (reply->data.size() != n) {
-        return Status(Code::kDataLoss, "node " + r.endpoint + " returned " + std::to_string(reply->data.size()) +
-                                           " bytes of " + r.segment + " for a read of " + std::to_string(n));
-      }
-      std::memcpy(out.data() + done, reply->data.data(), n);
-      done += n;
-    }
-    counters.bytes_read_tcp += out.size();
-    return Status::ok();
-  }
-
-  // Reads one granted object into `out` (exactly item.size_bytes), nearest replica first, under its lease.
-  Status read_object(const std::string& key, const proto::StoreGetItem& item, int64_t granted_ms, std::span<std::byte> out) {
-    Status last(Code::kObjectNotFound, "object '" + key + "' has no replica");
-    for (size_t i = 0; i < item.replicas.size(); ++i) {
-      Status s = read_replica(item.replicas[i], out.first(item.size_bytes));
-      if (s.is_ok()) {
-        if (steady_ms() - granted_ms > item.lease_ms) {
-          ++counters.lease_expired;
-          return Status(Code::kLeaseExpired, "read of '" + key + "' finished after its " + std::to_string(item.lease_ms) +
+    const int64_t now = steady_ms();
+    std::vector<Job> hot;
+    std::vector<size_t> hot_item;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i] == nullptr || !out[i].is_ok()) continue;
+      if (now - granted_ms > items[i]->lease_ms) {
+        ++counters.lease_expired;
+        out[i] = Status(Code::kLeaseExpired, "read of '" + keys[i] + "' finished after its " + std::to_string(items[i]->lease_ms) +
                                                  " ms lease; the bytes were discarded, read again");
-        }
-        if (!item.replicate_to.empty() && options.replicate_hot) replicate(key, item, out.first(item.size_bytes));
-        return Status::ok();
+        continue;
       }
-      MC_LOG_DEBUG << "replica " << item.replicas[i].segment << " of '" << key << "' failed: " << s.to_string();
-      ++counters.replica_fallbacks;
-      last = s;
+      if (!items[i]->replicate_to.empty() && options.replicate_hot) {
+        hot.push_back(Job{i, &items[i]->replicate_to.front(), transfer::Op::kWrite, outs[i].data(), items[i]->size_bytes, {}});
+      }
     }
-    return Status(Code::kUnavailable, "every replica of '" + key + "' failed; last: " + last.message());
+    if (!hot.empty()) replicate(keys, items, hot);
+    return out;
   }
 
-  void replicate(const std::string& key, const proto::StoreGetItem& item, std::span<const std::byte> data) {
-    Status s = write_replica(item.replicate_to.front(), data);
-    proto::StoreReplicaEndRequest req{options.client_id, key, item.replicate_put_id, s.is_ok()};
-    auto r = master->call(req, options.rpc_timeout_ms);
-    if (!r.is_ok()) MC_LOG_DEBUG << "hot copy of '" << key << "' not recorded: " << r.status().to_string();
+  // Hot objects: copy each to the replica the master reserved, then tell the master how it went.
+  void replicate(const std::vector<std::string>& keys, const std::vector<const proto::StoreGetItem*>& items, std::vector<Job>& jobs) {
+    run_jobs(jobs);
+    for (const Job& j : jobs) {
+      proto::StoreReplicaEndRequest req{options.client_id, keys[j.item], items[j.item]->replicate_put_id, j.status.is_ok()};
+      auto r = master->call(req, options.rpc_timeout_ms);
+      if (!r.is_ok()) MC_LOG_DEBUG << "hot copy of '" << keys[j.item] << "' not recorded: " << r.status().to_string();
+    }
   }
 
   Result<std::vector<Status>> batch_put(std::span<const PutItem> items, const WriteOptions& options, bool exists_is_ok);
@@ -210,10 +394,31 @@ Result<std::unique_ptr<Client>> Client::connect(ClientOptions options) {
   co.connect_timeout_ms = options.rpc_timeout_ms;
   co.default_timeout_ms = options.rpc_timeout_ms;
   MC_ASSIGN_OR_RETURN(impl->master, rpc::RpcClient::connect(options.master, co));
+  // The data path: an initiator-only transfer engine whose segment directory is the master.
+  MC_ASSIGN_OR_RETURN(impl->directory, MasterSegmentDirectory::connect(options.master, options.client_id + " directory",
+                                                                       options.rpc_timeout_ms));
+  transfer::EngineOptions eo;
+  eo.transports = options.transports;
+  eo.directory = impl->directory;
+  eo.request_timeout_ms = std::max(1, options.node_timeout_ms);
+  eo.slice_timeout_ms = std::max(1, std::min(options.node_timeout_ms, 2000));
+  eo.connect_timeout_ms = std::max(1, std::min(options.node_timeout_ms, 1000));
+  MC_ASSIGN_OR_RETURN(impl->engine, transfer::TransferEngine::create(eo));
+  if (options.heartbeat_ms > 0) {
+    Impl* raw = impl.get();
+    impl->heartbeat_thread = std::thread([raw] { raw->heartbeat_loop(); });
+  }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
 const std::string& Client::client_id() const { return impl_->options.client_id; }
+
+Status Client::register_buffer(std::span<std::byte> buffer) {
+  if (buffer.empty()) return Status(Code::kInvalidArgument, "register_buffer: empty buffer");
+  return impl_->register_range(buffer.data(), buffer.size());
+}
+
+Status Client::unregister_buffer(void* data) { return impl_->unregister_range(data); }
 const ClientCounters& Client::counters() const { return impl_->counters; }
 
 Status Client::put(const std::string& key, std::span<const std::byte> data, const WriteOptions& options) {
@@ -239,6 +444,7 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
     start.keys.push_back(it.key);
     start.sizes_bytes.push_back(it.data.size());
   }
+  const int64_t t_start_ms = steady_ms();
   MC_ASSIGN_OR_RETURN(auto grants, m.master->call(start, m.options.rpc_timeout_ms));
   if (grants.items.size() != items.size()) {
     return Status(Code::kMalformedMessage, "put_start reply from " + m.options.master + " has the wrong item count");
@@ -266,6 +472,9 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
   proto::StorePutRevokeRequest revoke;
   end.client_id = revoke.client_id = m.options.client_id;
   std::vector<size_t> end_index;
+  // Every replica of every granted item: one engine batch.
+  std::vector<Job> jobs;
+  std::vector<bool> granted(items.size(), false);
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& g = grants.items[i];
     if (g.code == static_cast<uint16_t>(Code::kAlreadyExists) && exists_is_ok) {
@@ -276,17 +485,33 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
       out[i] = item_status(g.code, g.message);
       continue;
     }
-    Status s = Status::ok();
+    granted[i] = true;
+    out[i] = Status::ok();
+    auto* data = const_cast<std::byte*>(items[i].data.data());
     for (const auto& r : g.replicas) {
-      s = m.write_replica(r, items[i].data);
-      if (!s.is_ok()) break;
+      if (r.size_bytes != items[i].data.size()) {
+        out[i] = Status(Code::kInternal, "replica on " + r.segment + " is " + std::to_string(r.size_bytes) + " bytes, data " +
+                                             std::to_string(items[i].data.size()));
+        continue;
+      }
+      jobs.push_back(Job{i, &r, transfer::Op::kWrite, data, items[i].data.size(), {}});
     }
-    if (s.is_ok()) {
+  }
+  const int64_t t_granted = steady_ms();
+  m.run_jobs(jobs);
+  MC_LOG_DEBUG << "batch_put of " << items.size() << " objects: put_start " << (t_granted - t_start_ms) << " ms, "
+               << jobs.size() << " replica writes " << (steady_ms() - t_granted) << " ms";
+  for (const Job& j : jobs) {
+    if (!j.status.is_ok() && out[j.item].is_ok()) out[j.item] = j.status;
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!granted[i]) continue;
+    const auto& g = grants.items[i];
+    if (out[i].is_ok()) {
       end.keys.push_back(items[i].key);
       end.put_ids.push_back(g.put_id);
       end_index.push_back(i);
     } else {
-      out[i] = s;
       revoke.keys.push_back(items[i].key);
       revoke.put_ids.push_back(g.put_id);
     }
@@ -310,7 +535,8 @@ Result<uint64_t> Client::get(const std::string& key, std::span<std::byte> buffer
     return Status(Code::kInvalidArgument, "object '" + key + "' is " + std::to_string(item.size_bytes) +
                                               " bytes; the buffer holds " + std::to_string(buffer.size()));
   }
-  MC_RETURN_IF_ERROR(impl_->read_object(key, item, granted, buffer));
+  std::vector<Status> st = impl_->read_objects({key}, {&item}, granted, {buffer.first(item.size_bytes)});
+  MC_RETURN_IF_ERROR(st.front());
   return item.size_bytes;
 }
 
@@ -327,6 +553,11 @@ Result<std::vector<Status>> Client::batch_get(std::span<const GetItem> items) {
   int64_t granted = steady_ms();
   MC_ASSIGN_OR_RETURN(auto reply, impl_->get_replicas(std::move(keys)));
   std::vector<Status> out(items.size());
+  // Objects to read (one engine batch per round, all of them in the first); misses are never read.
+  std::vector<std::string> read_keys;
+  std::vector<const proto::StoreGetItem*> read_items;
+  std::vector<std::span<std::byte>> read_bufs;
+  std::vector<size_t> read_index;
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& item = reply.items[i];
     if (item.code != 0) {
@@ -339,8 +570,13 @@ Result<std::vector<Status>> Client::batch_get(std::span<const GetItem> items) {
                                                  ": treated as a miss");
       continue;
     }
-    out[i] = impl_->read_object(items[i].key, item, granted, items[i].buffer);
+    read_keys.push_back(items[i].key);
+    read_items.push_back(&item);
+    read_bufs.push_back(items[i].buffer);
+    read_index.push_back(i);
   }
+  std::vector<Status> got = impl_->read_objects(read_keys, read_items, granted, read_bufs);
+  for (size_t k = 0; k < read_index.size(); ++k) out[read_index[k]] = std::move(got[k]);
   return out;
 }
 

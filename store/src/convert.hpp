@@ -14,7 +14,8 @@ inline proto::StoreReplica to_wire(const ReplicaView& v) {
   r.domain = v.segment.domain;
   r.medium = std::string(medium_name(v.segment.medium));
   r.endpoint = v.segment.endpoint;
-  r.shm_path = v.segment.shm_path;
+  r.xfer_segment = v.segment.xfer_segment;
+  r.xfer_offset_bytes = v.segment.xfer_segment.empty() ? 0 : v.segment.xfer_base_offset + v.offset;
   r.offset_bytes = v.offset;
   r.size_bytes = v.size_bytes;
   return r;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "convert.hpp"
+#include "mc/store/directory.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 
@@ -32,6 +33,7 @@ struct MasterServer::Impl {
   std::unique_ptr<rpc::RpcServer> server;
   std::unique_ptr<rpc::EventPublisher> events;
   metrics::Registry registry;
+  SegmentRegistry directory;  // the transfer engine's segment directory
 
   Impl(const MasterOptions& o, const Clock* c) : options(o), clock(c), core(o.config, c) {}
 
@@ -61,6 +63,17 @@ struct MasterServer::Impl {
     registry.gauge("mc_store_used_bytes", "allocated bytes").set(static_cast<double>(used));
   }
 
+  // Drops the descriptors of engines whose store segments are all gone (node unmounted or dead).
+  void sync_directory() {
+    std::set<std::string> referenced;
+    for (const SegmentStats& seg : core.stat().segments) {
+      if (!seg.info.xfer_segment.empty()) referenced.insert(seg.info.xfer_segment);
+    }
+    for (const std::string& name : directory.retain_bound(referenced)) {
+      MC_LOG_INFO << "segment directory: dropped " << name << " (no mounted store segment refers to it)";
+    }
+  }
+
   void register_handlers();
 };
 
@@ -68,8 +81,14 @@ void MasterServer::Impl::register_handlers() {
   using namespace proto;
   server->handle<StoreMountRequest>([this](const StoreMountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
     MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
-    SegmentInfo info{req.segment, req.node_id, req.host, req.domain, medium, req.capacity_bytes, req.endpoint, req.shm_path};
+    SegmentInfo info{req.segment, req.node_id, req.host, req.domain, medium, req.capacity_bytes, req.endpoint,
+                     req.xfer_segment, req.xfer_base_offset_bytes};
+    if (medium == Medium::kCpu && !req.xfer_segment.empty()) {
+      MC_RETURN_IF_ERROR(directory.lookup(req.xfer_segment).status().with_context(
+          "mount of " + req.segment + ": publish the transfer-engine segment (xfer.publish_segment) first"));
+    }
     MC_RETURN_IF_ERROR(core.mount_segment(info));
+    sync_directory();
     MC_LOG_INFO << "mounted segment " << req.segment << " (" << req.medium << ", " << req.capacity_bytes << " bytes) of node "
                 << req.node_id << " at " << req.endpoint;
     publish_events();
@@ -79,6 +98,7 @@ void MasterServer::Impl::register_handlers() {
     MC_RETURN_IF_ERROR(core.unmount_segment(req.node_id, req.segment));
     MC_LOG_INFO << "unmounted segment " << req.segment << " of node " << req.node_id;
     publish_events();
+    sync_directory();
     return StoreAck{};
   });
   server->handle<StoreNodeHeartbeatRequest>(
@@ -238,6 +258,16 @@ void MasterServer::Impl::register_handlers() {
     r.last_event_id = events ? events->last_event_id() : 0;
     return r;
   });
+  server->handle<PublishSegmentRequest>(
+      [this](const PublishSegmentRequest& req, const rpc::CallContext&) -> Result<PublishSegmentReply> {
+        MC_ASSIGN_OR_RETURN(uint64_t regions, directory.publish(req.descriptor));
+        MC_LOG_DEBUG << "segment directory: " << req.descriptor.name << " published with " << regions << " region(s)";
+        return PublishSegmentReply{regions};
+      });
+  server->handle<GetSegmentRequest>([this](const GetSegmentRequest& req, const rpc::CallContext&) -> Result<GetSegmentReply> {
+    MC_ASSIGN_OR_RETURN(SegmentDescriptor d, directory.lookup(req.name));
+    return GetSegmentReply{std::move(d)};
+  });
   server->serve_stat(&registry);
 }
 
@@ -275,6 +305,7 @@ Status MasterServer::serve() {
     if (now >= next_tick) {
       impl_->core.tick();
       impl_->publish_events();
+      impl_->sync_directory();
       impl_->update_metrics();
       next_tick = now + impl_->options.tick_ms;
     }

@@ -16,6 +16,10 @@
 #include "mc/common/log.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/common/units.hpp"
+#include "mc/store/directory.hpp"
+#include "mc/transfer/engine.hpp"
+#include "mc/transfer/shared_buffer.hpp"
 
 namespace mc::store {
 
@@ -29,44 +33,56 @@ int64_t steady_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// DRAM segment: a MAP_SHARED mapping of a /dev/shm file (or anonymous memory without shm).
+// DRAM segment: a memfd SharedBuffer (same-host peers of the transfer engine map it; nothing is left
+// in /dev/shm, even after SIGKILL) or, with shm off, private anonymous memory (served over tcp only).
 class DramSegment {
  public:
-  static Result<std::unique_ptr<DramSegment>> create(const std::string& path, uint64_t size) {
+  static Result<std::unique_ptr<DramSegment>> create(uint64_t size, bool shared, const std::string& node_id) {
     auto s = std::unique_ptr<DramSegment>(new DramSegment());
     s->size_ = size;
-    int fd = -1;
-    if (!path.empty()) {
-      fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      if (fd < 0) return Status(Code::kIo, "cannot create shared-memory file " + path + ": " + errno_text(errno));
-      s->path_ = path;
-      if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-        int e = errno;
-        ::close(fd);
-        return Status(Code::kResourceExhausted, "cannot size " + path + " to " + std::to_string(size) + " bytes: " +
-                                                    errno_text(e) + " (is /dev/shm large enough?)");
-      }
+    if (shared) {
+      MC_ASSIGN_OR_RETURN(s->shared_, transfer::allocate_shared_buffer(size, "mc-store-" + node_id));
+      s->base_ = static_cast<std::byte*>(s->shared_.data());
+      return s;
     }
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, fd >= 0 ? MAP_SHARED : (MAP_PRIVATE | MAP_ANONYMOUS), fd, 0);
-    int e = errno;
-    if (fd >= 0) ::close(fd);
-    if (p == MAP_FAILED) return Status(Code::kResourceExhausted, "cannot map " + std::to_string(size) + " bytes: " + errno_text(e));
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return Status(Code::kResourceExhausted, "cannot map " + std::to_string(size) + " bytes of DRAM for node " + node_id +
+                                                  ": " + errno_text(errno));
+    }
     s->base_ = static_cast<std::byte*>(p);
+    s->private_ = true;
     return s;
   }
   ~DramSegment() {
-    if (base_) munmap(base_, size_);
-    if (!path_.empty()) ::unlink(path_.c_str());
+    if (private_ && base_) munmap(base_, size_);
   }
   std::byte* base() { return base_; }
   uint64_t size() const { return size_; }
-  const std::string& path() const { return path_; }
+
+  // Commits every page now (MADV_POPULATE_WRITE, or one write per page where the kernel lacks it), so
+  // puts never pay the first-touch page allocation and a node without the memory fails at start
+  // instead of a writer taking SIGBUS on a full tmpfs later.
+  Status prefault() {
+    if (madvise(base_, size_, MADV_POPULATE_WRITE) == 0) return Status::ok();
+    const int e = errno;
+    if (e != EINVAL) {
+      return Status(Code::kResourceExhausted, "cannot commit " + std::to_string(size_) + " bytes of DRAM: " + errno_text(e) +
+                                                  " (lower --dram-bytes, or --no-prefault to commit lazily)");
+    }
+    const long page = sysconf(_SC_PAGESIZE);
+    for (uint64_t off = 0; off < size_; off += static_cast<uint64_t>(page)) {
+      reinterpret_cast<volatile std::byte*>(base_)[off] = std::byte{0};
+    }
+    return Status::ok();
+  }
 
  private:
   DramSegment() = default;
+  transfer::SharedBuffer shared_;
   std::byte* base_ = nullptr;
   uint64_t size_ = 0;
-  std::string path_;
+  bool private_ = false;
 };
 
 // SSD segment: one file, O_DIRECT where allowed, aligned bounce buffer.
@@ -160,8 +176,8 @@ class Node {
       if (c == '/' || c == ' ') return Status(Code::kInvalidArgument, "--node-id '" + opt_.node_id + "' may not contain '/' or spaces");
     }
     if (opt_.dram_bytes == 0) return Status(Code::kInvalidArgument, "--dram-bytes must be positive");
-    std::string shm_path = opt_.shm ? "/dev/shm/mc-store-" + opt_.node_id + "-" + std::to_string(getpid()) : "";
-    MC_ASSIGN_OR_RETURN(dram_, DramSegment::create(shm_path, opt_.dram_bytes));
+    MC_ASSIGN_OR_RETURN(dram_, DramSegment::create(opt_.dram_bytes, opt_.shm, opt_.node_id));
+    if (opt_.prefault) MC_RETURN_IF_ERROR(dram_->prefault());
     if (!opt_.ssd_dir.empty()) {
       if (opt_.ssd_bytes == 0) return Status(Code::kInvalidArgument, "--ssd-dir needs --ssd-bytes > 0");
       MC_ASSIGN_OR_RETURN(ssd_, SsdSegment::create(opt_.ssd_dir + "/mc-store-" + opt_.node_id + ".ssd", opt_.ssd_bytes));
@@ -175,10 +191,23 @@ class Node {
     rpc::ClientOptions co;
     co.client_name = "mc-store node " + opt_.node_id;
     MC_ASSIGN_OR_RETURN(master_, rpc::RpcClient::connect(opt_.master, co));
+    // The DRAM segment is served by the transfer engine; the master is its segment directory.
+    transfer::EngineOptions eo;
+    eo.listen = opt_.xfer_listen;
+    if (eo.listen.empty()) return Status(Code::kInvalidArgument, "--xfer-listen needs at least one endpoint");
+    MC_ASSIGN_OR_RETURN(directory_, MasterSegmentDirectory::connect(opt_.master, co.client_name + " directory", 2000));
+    eo.directory = directory_;
+    MC_ASSIGN_OR_RETURN(engine_, transfer::TransferEngine::create(eo));
+    MC_ASSIGN_OR_RETURN(transfer::RegisteredRegion region, engine_->register_memory(dram_->base(), dram_->size()));
+    dram_xfer_offset_ = region.segment_offset;
+    MC_LOG_INFO << "DRAM segment " << dram_name() << " (" << dram_->size() << " bytes) served as transfer segment "
+                << engine_->segment_name() << (region.shm_shareable ? " (shm + tcp)" : " (tcp only: --no-shm)");
     return mount();
   }
 
   Status mount() {
+    // Publish the engine's descriptor first: the master refuses a cpu segment it cannot direct peers to.
+    MC_RETURN_IF_ERROR(directory_->publish(engine_->local_descriptor()));
     proto::StoreMountRequest m;
     m.node_id = opt_.node_id;
     m.host = opt_.host;
@@ -187,13 +216,15 @@ class Node {
     m.segment = dram_name();
     m.medium = "cpu";
     m.capacity_bytes = dram_->size();
-    m.shm_path = dram_->path();
+    m.xfer_segment = engine_->segment_name();
+    m.xfer_base_offset_bytes = dram_xfer_offset_;
     MC_RETURN_IF_ERROR(master_->call(m).status());
     if (ssd_) {
       m.segment = ssd_name();
       m.medium = "disk";
       m.capacity_bytes = opt_.ssd_bytes;
-      m.shm_path.clear();
+      m.xfer_segment.clear();
+      m.xfer_base_offset_bytes = 0;
       MC_RETURN_IF_ERROR(master_->call(m).status());
     }
     return Status::ok();
@@ -210,7 +241,8 @@ class Node {
 
   Status serve() {
     daemon::announce_ready("mc-store-node", server_->endpoints().at(0),
-                           {{"node", opt_.node_id}, {"dram_bytes", std::to_string(dram_->size())},
+                           {{"node", opt_.node_id}, {"xfer_segment", engine_->segment_name()},
+                            {"dram_bytes", std::to_string(dram_->size())},
                             {"ssd_bytes", std::to_string(ssd_ ? opt_.ssd_bytes : 0)}});
     int64_t next_hb = steady_ms() + opt_.heartbeat_ms;
     while (!daemon::stop_requested()) {
@@ -257,17 +289,17 @@ class Node {
     return s;
   }
 
-  Status check_range(const std::string& segment, uint64_t offset, uint64_t len, bool& is_ssd) {
-    uint64_t cap = 0;
+  // Node data RPCs serve the SSD segment only: the engine cannot address a file. DRAM bytes go through
+  // the transfer engine (segment xfer_segment), never through these RPCs.
+  Status check_ssd_range(const std::string& segment, uint64_t offset, uint64_t len) {
     if (segment == dram_name()) {
-      cap = dram_->size();
-      is_ssd = false;
-    } else if (ssd_ && segment == ssd_name()) {
-      cap = opt_.ssd_bytes;
-      is_ssd = true;
-    } else {
+      return Status(Code::kFailedPrecondition, "segment '" + segment + "' is served through the transfer engine (segment " +
+                                                   engine_->segment_name() + "), not through store.node RPCs");
+    }
+    if (!ssd_ || segment != ssd_name()) {
       return Status(Code::kNotFound, "node " + opt_.node_id + " has no segment '" + segment + "'");
     }
+    const uint64_t cap = opt_.ssd_bytes;
     if (len > proto::kStoreMaxChunkBytes || offset > cap || len > cap - offset) {
       return Status(Code::kOutOfRange, "range [" + std::to_string(offset) + ", +" + std::to_string(len) + ") is outside segment '" +
                                            segment + "' of " + std::to_string(cap) + " bytes (or over the chunk limit)");
@@ -278,28 +310,16 @@ class Node {
   void register_handlers() {
     server_->handle<proto::StoreNodeWriteRequest>(
         [this](const proto::StoreNodeWriteRequest& req, const rpc::CallContext&) -> Result<proto::StoreAck> {
-          bool is_ssd = false;
-          MC_RETURN_IF_ERROR(check_range(req.segment, req.offset_bytes, req.data.size(), is_ssd));
-          const auto* src = reinterpret_cast<const std::byte*>(req.data.data());
-          if (is_ssd) {
-            MC_RETURN_IF_ERROR(ssd_->write(req.offset_bytes, src, req.data.size()));
-          } else {
-            std::memcpy(dram_->base() + req.offset_bytes, src, req.data.size());
-          }
+          MC_RETURN_IF_ERROR(check_ssd_range(req.segment, req.offset_bytes, req.data.size()));
+          MC_RETURN_IF_ERROR(ssd_->write(req.offset_bytes, reinterpret_cast<const std::byte*>(req.data.data()), req.data.size()));
           return proto::StoreAck{};
         });
     server_->handle<proto::StoreNodeReadRequest>(
         [this](const proto::StoreNodeReadRequest& req, const rpc::CallContext&) -> Result<proto::StoreNodeReadReply> {
-          bool is_ssd = false;
-          MC_RETURN_IF_ERROR(check_range(req.segment, req.offset_bytes, req.length_bytes, is_ssd));
+          MC_RETURN_IF_ERROR(check_ssd_range(req.segment, req.offset_bytes, req.length_bytes));
           proto::StoreNodeReadReply reply;
           reply.data.resize(req.length_bytes);
-          auto* dst = reinterpret_cast<std::byte*>(reply.data.data());
-          if (is_ssd) {
-            MC_RETURN_IF_ERROR(ssd_->read(req.offset_bytes, dst, req.length_bytes));
-          } else {
-            std::memcpy(dst, dram_->base() + req.offset_bytes, req.length_bytes);
-          }
+          MC_RETURN_IF_ERROR(ssd_->read(req.offset_bytes, reinterpret_cast<std::byte*>(reply.data.data()), req.length_bytes));
           return reply;
         });
   }
@@ -309,6 +329,9 @@ class Node {
   std::unique_ptr<SsdSegment> ssd_;
   std::unique_ptr<rpc::RpcServer> server_;
   std::unique_ptr<rpc::RpcClient> master_;
+  std::shared_ptr<MasterSegmentDirectory> directory_;
+  std::unique_ptr<transfer::TransferEngine> engine_;  // serves dram_; destroyed before it (declared after)
+  uint64_t dram_xfer_offset_ = 0;
   std::vector<proto::StoreDemoteResult> done_;
 };
 

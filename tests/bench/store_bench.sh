@@ -2,7 +2,8 @@
 # Store benchmark (issue 4): metadata ops/s of mc-store master side by side with redis-server/redis-benchmark
 # (same machine, same client counts), and data GB/s of batch_put/batch_get side by side with mc-xfer bench
 # on the same path (shm: same host; tcp: loopback). Everything runs on 127.0.0.1 and is stopped on exit.
-# Usage: tests/bench/store_bench.sh [BUILD_DIR] (env: CLIENTS=1,8,32 DURATION=2 KV_BYTES_PER_TOKEN=2048 REQUESTS=100000)
+# Usage: tests/bench/store_bench.sh [BUILD_DIR] (env: CLIENTS=1,8,32 DURATION=2 KV_BYTES_PER_TOKEN=2048 REQUESTS=100000
+#        BATCH=16 DATA_ONLY=0)
 set -euo pipefail
 BUILD=${1:-build}
 BIN=$BUILD/bin
@@ -18,11 +19,13 @@ trap cleanup EXIT
 wait_ready() { for _ in $(seq 100); do grep -q '^ready' "$1" 2>/dev/null && return 0; sleep 0.1; done; echo "no ready line in $1" >&2; exit 1; }
 
 M=tcp://127.0.0.1:$PORT
-"$BIN/mc-store" master --listen "$M" --events "" --lease-ms 5000 >"$TMP/master" 2>/dev/null & PIDS+=($!)
+"$BIN/mc-store" master --listen "$M" --events "" --lease-ms 1000 >"$TMP/master" 2>/dev/null & PIDS+=($!)
 wait_ready "$TMP/master"
 "$BIN/mc-store" serve --master "$M" --node-id bench-local --dram-bytes 512MiB >"$TMP/n1" 2>/dev/null & PIDS+=($!)
 wait_ready "$TMP/n1"
 
+if [ "${DATA_ONLY:-0}" = 0 ]; then
+echo "== load: $(uptime)"
 echo "== metadata: mc-store master (ops/s)"
 "$BIN/mc-store" bench --master "$M" --clients "$CLIENTS" --duration "$DURATION"
 
@@ -33,22 +36,35 @@ for _ in $(seq 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; slee
 for c in ${CLIENTS//,/ }; do
   redis-benchmark -h 127.0.0.1 -p "$RPORT" -t set,get -c "$c" -n "$REQUESTS" -d 4096 --csv 2>/dev/null | sed "s/^/clients=$c,/"
 done
+fi
 
-echo "== data: mc-store batch_put/batch_get, blocks of 512 tokens x $KVB B"
-"$BIN/mc-store" bench --master "$M" --mode data --kv-bytes-per-token "$KVB" --duration "$DURATION"
-"$BIN/mc-store" serve --master "$M" --node-id bench-far --host bench-far-host --dram-bytes 512MiB >"$TMP/n2" 2>/dev/null & PIDS+=($!)
-wait_ready "$TMP/n2"
-kill "${PIDS[1]}"; sleep 0.3   # only the far node remains: the tcp path
-"$BIN/mc-store" bench --master "$M" --mode data --kv-bytes-per-token "$KVB" --duration "$DURATION" --client-host bench-client
-
-echo "== data: mc-xfer bench on the same paths (block = one KV block)"
+# Data: each mc-store point is followed at once by mc-xfer bench on the same path with the same block and
+# batch, so both sides of a ratio see the same machine load.
 BLOCK=$((512 * KVB))
-"$BIN/mc-xfer" serve --size 512MiB >"$TMP/xfer" 2>/dev/null & PIDS+=($!)
+BATCH=${BATCH:-16}
+"$BIN/mc-xfer" serve --size $((BLOCK * 64)) >"$TMP/xfer" 2>/dev/null & PIDS+=($!)
 wait_ready "$TMP/xfer"
 SEG=$(awk '/^ready/{for(i=1;i<=NF;i++) if ($i ~ /^segment=/) {sub("segment=","",$i); print $i}}' "$TMP/xfer")
-for t in shm tcp; do
+# Both sides move 64 blocks' worth of distinct memory (the mc-xfer segment is 64 blocks), and both are
+# warmed (mc-store bench: one untimed round in-process; mc-xfer: one untimed 1 s write run first).
+store_data() {
+  "$BIN/mc-store" bench --master "$M" --mode data --kv-bytes-per-token "$KVB" --duration "$DURATION" --batch "$BATCH" "$@"
+}
+xfer_pair() {
+  "$BIN/mc-xfer" bench --target "$SEG" --transport "$1" --op write --block "$BLOCK" --duration 1 --batch "$BATCH" >/dev/null 2>&1
   for op in write read; do
-    echo "-- mc-xfer $t $op"
-    "$BIN/mc-xfer" bench --target "$SEG" --transport "$t" --op "$op" --block "$BLOCK" --duration "$DURATION" --batch 16 2>/dev/null | tail -n 3
+    echo "-- mc-xfer bench $1 $op (block $BLOCK B, batch $BATCH)"
+    "$BIN/mc-xfer" bench --target "$SEG" --transport "$1" --op "$op" --block "$BLOCK" --duration "$DURATION" --batch "$BATCH" 2>/dev/null | grep -v '^#' 
   done
-done
+}
+echo "== load: $(uptime)"
+echo "== data shm (same host): mc-store batch_put/batch_get, blocks of 512 tokens x $KVB B"
+store_data
+xfer_pair shm
+"$BIN/mc-store" serve --master "$M" --node-id bench-far --host bench-far-host --no-shm --dram-bytes 512MiB >"$TMP/n2" 2>/dev/null & PIDS+=($!)
+wait_ready "$TMP/n2"
+kill "${PIDS[1]}"; sleep 0.3   # only the far node (private memory) remains: the engine's tcp path
+echo "== data tcp (loopback): mc-store batch_put/batch_get"
+store_data --client-host bench-client
+xfer_pair tcp
+echo "== load: $(uptime)"

@@ -1,6 +1,8 @@
 // End to end on loopback: real mc-decode and mc-prefill processes, a client RpcServer in the test.
 // Three requests sharing a 2-block prefix: with the cache the 2nd and 3rd hit (ledger) and produce exactly the
-// tokens of a prefill instance with the cache disabled (ref and sim backends). Field report #14 over RPC.
+// tokens of a prefill instance with the cache disabled (ref and sim backends). The KV goes from prefill to decode
+// through the transfer engine (decode's stat: engine notifications and bytes, no kv_write call), or through
+// kv_write RPCs when decode publishes no segment. Field report #14 over RPC; job reports to a conductor.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -13,6 +15,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "mc/common/rpc.hpp"
 
@@ -60,6 +63,15 @@ class Child {
       }
     }
     return "";
+  }
+  // SIGKILL at once (a crash: no goodbye to anyone), reaped.
+  void kill_hard() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    close(out_);
   }
   // SIGTERM, wait up to 5 s, then SIGKILL. Returns the exit status (-1 when killed hard).
   int stop() {
@@ -186,7 +198,18 @@ std::vector<uint32_t> prompt_with_shared_prefix(int64_t block, int64_t tail, uin
   return p;
 }
 
-void shared_prefix_e2e(const std::vector<std::string>& backend_args) {
+// A counter of a worker's `stat` reply (0 when never incremented).
+uint64_t stat_counter(rpc::RpcClient& worker, const std::string& name) {
+  auto stat = worker.call(proto::StatRequest{}, 2000);
+  EXPECT_TRUE(stat) << stat.status().to_string();
+  if (!stat) return 0;
+  const auto j = nlohmann::json::parse(stat->metrics_json);
+  return j["counters"].contains(name) ? j["counters"][name].get<uint64_t>() : 0;
+}
+
+enum class KvPath { kEngine, kRpc };
+
+void shared_prefix_e2e(const std::vector<std::string>& backend_args, KvPath path = KvPath::kEngine) {
   const int64_t block = 16;
   std::vector<std::string> common = backend_args;
   common.insert(common.end(), {"--block-size", "16", "--kv-blocks", "256", "--seed", "5", "--log-level", "warn"});
@@ -194,7 +217,8 @@ void shared_prefix_e2e(const std::vector<std::string>& backend_args) {
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;
   };
-  Child decode(kBin + "mc-decode", with({}));
+  Child decode(kBin + "mc-decode", with(path == KvPath::kEngine ? std::vector<std::string>{}
+                                                                : std::vector<std::string>{"--kv-listen", "none"}));
   Child cached(kBin + "mc-prefill", with({"--store", "mem", "--chunk-tokens", "20"}));
   Child uncached(kBin + "mc-prefill", with({"--store", "none"}));
   const std::string dep = decode.wait_ready(), cep = cached.wait_ready(), uep = uncached.wait_ready();
@@ -206,6 +230,7 @@ void shared_prefix_e2e(const std::vector<std::string>& backend_args) {
   auto pu = rpc::RpcClient::connect(uep).value();
   ClientEndpoint client;
   const std::vector<int64_t> tails = {9, 21, 5};
+  int64_t sent_bytes = 0;
   for (size_t i = 0; i < tails.size(); ++i) {
     const auto prompt = prompt_with_shared_prefix(block, tails[i], static_cast<uint32_t>(i));
     const std::string id = "req-" + std::to_string(i);
@@ -222,6 +247,7 @@ void shared_prefix_e2e(const std::vector<std::string>& backend_args) {
     EXPECT_EQ(ref.stream.done->hit_tokens, 0);
     EXPECT_EQ(hit.stream.done->prompt_tokens, static_cast<int64_t>(prompt.size()));
     EXPECT_GT(hit.stream.done->kv_sent_bytes, 0);
+    sent_bytes += hit.stream.done->kv_sent_bytes + ref.stream.done->kv_sent_bytes;
     for (size_t k = 1; k < hit.stream.times_ns.size(); ++k) EXPECT_GE(hit.stream.times_ns[k], hit.stream.times_ns[k - 1]);
   }
   auto load = d->call(proto::WorkerLoadRequest{}, 2000);
@@ -231,18 +257,37 @@ void shared_prefix_e2e(const std::vector<std::string>& backend_args) {
   auto stat = d->call(proto::StatRequest{}, 2000);
   ASSERT_TRUE(stat);
   EXPECT_NE(stat->metrics_json.find("mc_decode_tokens_total"), std::string::npos);
+  // Where the bytes went: every KV byte the prefills sent arrived, over the path the decode instance offered.
+  EXPECT_EQ(stat_counter(*d, "mc_decode_kv_received_bytes_total"), static_cast<uint64_t>(sent_bytes));
+  if (path == KvPath::kEngine) {
+    EXPECT_FALSE(load->kv_segment.empty()) << "mc-decode published no KV segment";
+    EXPECT_EQ(stat_counter(*d, "mc_decode_kv_write_calls_total"), 0u) << "KV went over kv_write RPCs";
+    EXPECT_EQ(stat_counter(*d, "mc_decode_kv_engine_bytes_total"), static_cast<uint64_t>(sent_bytes));
+    EXPECT_GE(stat_counter(*d, "mc_decode_kv_notifications_total"), 6u);
+    EXPECT_EQ(stat_counter(*d, "mc_decode_kv_notifications_rejected_total"), 0u);
+  } else {
+    EXPECT_TRUE(load->kv_segment.empty());
+    EXPECT_GT(stat_counter(*d, "mc_decode_kv_write_calls_total"), 0u);
+    EXPECT_EQ(stat_counter(*d, "mc_decode_kv_engine_bytes_total"), 0u);
+  }
   EXPECT_EQ(decode.stop(), 0) << "mc-decode did not exit cleanly on SIGTERM";
   EXPECT_EQ(cached.stop(), 0);
 }
 
 TEST(InferE2E, SharedPrefixRefBackend) { shared_prefix_e2e({"--backend", "ref", "--model", "tiny"}); }
 
+TEST(InferE2E, SharedPrefixRefBackendKvWriteFallback) {
+  shared_prefix_e2e({"--backend", "ref", "--model", "tiny"}, KvPath::kRpc);
+}
+
 TEST(InferE2E, SharedPrefixSimBackendScaledKv) {
   shared_prefix_e2e({"--backend", "sim", "--model", "llama3-70b", "--kv-bytes-per-token", "8192", "--time-scale", "100"});
 }
 
-// A real store (master + one node): the second request hits the prefix in the store; after the node is killed
-// the third recomputes and still produces exactly the tokens of a cache-less instance.
+// A real store (master + one node): the second request hits the prefix in the store; the node is then killed
+// with SIGKILL, so the master still lists its replicas when the third request's prefill asks for the prefix:
+// the fetch fails during the request, the prefill recomputes, and the tokens are exactly those of a cache-less
+// instance.
 TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
   const int64_t block = 16;
   Child master(kBin + "mc-store", {"--log-level", "warn", "master", "--listen", "tcp://127.0.0.1:0"});
@@ -269,7 +314,7 @@ TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
   auto pu = rpc::RpcClient::connect(uep).value();
   ClientEndpoint client;
   for (int i = 0; i < 3; ++i) {
-    if (i == 2) node.reset();  // SIGTERM; the node's replicas are gone
+    if (i == 2) node->kill_hard();  // the node's replicas are gone, the master does not know yet
     const auto prompt = prompt_with_shared_prefix(block, 7 + i, static_cast<uint32_t>(i));
     const std::string id = "s" + std::to_string(i);
     RequestRun hit = run_request(*d, dep, *pc, client, id + "-store", prompt, 8);
@@ -330,6 +375,71 @@ TEST(InferE2E, WorkersRegisterAndHeartbeat) {
   EXPECT_EQ(by_id["prefill-a"].role, "prefill");
   EXPECT_GE(beats.size(), 4u);
   for (const auto& h : beats) EXPECT_TRUE(h.instance_id == "decode-a" || h.instance_id == "prefill-a");
+}
+
+// mc-decode reports first_token / done / failed to the conductor (conductor.job_report); a stand-in conductor
+// serving on its own thread records them.
+TEST(InferE2E, DecodeSendsJobReportsToTheConductor) {
+  rpc::ServerOptions o;
+  o.service = "fake-conductor";
+  o.bind_endpoints = {"tcp://127.0.0.1:0"};
+  auto conductor = rpc::RpcServer::bind(o).value();
+  std::mutex mu;
+  std::vector<proto::ConductorJobReportRequest> reports;
+  conductor->handle<proto::ConductorRegisterRequest>(
+      [](const proto::ConductorRegisterRequest&, const auto&) -> Result<proto::ConductorRegisterReply> {
+        return proto::ConductorRegisterReply{1000, 10000, 16};
+      });
+  conductor->handle<proto::ConductorHeartbeatRequest>(
+      [](const proto::ConductorHeartbeatRequest&, const auto&) -> Result<proto::ConductorHeartbeatReply> {
+        return proto::ConductorHeartbeatReply{true};
+      });
+  conductor->handle<proto::ConductorJobReportRequest>(
+      [&](const proto::ConductorJobReportRequest& r, const auto&) -> Result<proto::ConductorJobReportReply> {
+        std::lock_guard lock(mu);
+        reports.push_back(r);
+        return proto::ConductorJobReportReply{true};
+      });
+  std::thread serving([&] { (void)conductor->serve(); });
+  struct Joiner {
+    rpc::RpcServer& s;
+    std::thread& t;
+    ~Joiner() {
+      s.stop();
+      t.join();
+    }
+  } joiner{*conductor, serving};
+  const std::string cep = conductor->endpoints().front();
+  Child decode(kBin + "mc-decode", {"--conductor", cep, "--instance-id", "decode-r", "--log-level", "error"});
+  Child prefill(kBin + "mc-prefill", {"--allow-fault-injection", "--log-level", "error"});
+  const std::string dep = decode.wait_ready(), pep = prefill.wait_ready();
+  ASSERT_FALSE(dep.empty());
+  ASSERT_FALSE(pep.empty());
+  auto d = rpc::RpcClient::connect(dep).value();
+  auto p = rpc::RpcClient::connect(pep).value();
+  ClientEndpoint client;
+  const std::vector<uint32_t> prompt(40, 3);
+  RequestRun ok = run_request(*d, dep, *p, client, "rep-ok", prompt, 6);
+  ASSERT_TRUE(ok.job) << ok.job.status().to_string();
+  RequestRun bad = run_request(*d, dep, *p, client, "rep-bad", prompt, 6, /*fail_after_layers=*/1);
+  ASSERT_FALSE(bad.job);
+  std::map<std::string, proto::ConductorJobReportRequest> by_phase;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline && by_phase.size() < 3) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::lock_guard lock(mu);
+    for (const auto& r : reports) by_phase[r.request_id + "/" + r.phase] = r;
+  }
+  ASSERT_EQ(by_phase.size(), 3u);
+  const auto& first = by_phase["rep-ok/first_token"];
+  const auto& done = by_phase["rep-ok/done"];
+  const auto& failed = by_phase["rep-bad/failed"];
+  EXPECT_EQ(first.instance_id, "decode-r");
+  EXPECT_EQ(first.event_unix_ns, ok.stream.times_ns.front()) << "first_token must carry the first token's time";
+  EXPECT_EQ(done.output_tokens, 6);
+  EXPECT_GE(done.event_unix_ns, ok.stream.times_ns.back());
+  EXPECT_EQ(failed.instance_id, "decode-r");
+  EXPECT_FALSE(failed.message.empty());
 }
 
 TEST(InferE2E, FieldReport14OverRpc) {

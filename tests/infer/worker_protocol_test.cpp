@@ -96,6 +96,7 @@ TEST(WorkerProtocol, PrefillJob) {
   j.decode_endpoint = "tcp://127.0.0.1:1";
   j.reservation_id = 3;
   j.decode_block_offsets_bytes = {4096, 0};
+  j.decode_kv_segment = "127.0.0.1:40000";
   j.client_endpoint = "tcp://127.0.0.1:2";
   j.chunk_tokens = 64;
   j.store_new_blocks = false;
@@ -104,6 +105,7 @@ TEST(WorkerProtocol, PrefillJob) {
   EXPECT_EQ(j2.tokens, j.tokens);
   EXPECT_EQ(j2.fetch_prefix_blocks, 2);
   EXPECT_EQ(j2.decode_block_offsets_bytes, j.decode_block_offsets_bytes);
+  EXPECT_EQ(j2.decode_kv_segment, "127.0.0.1:40000");
   EXPECT_EQ(j2.chunk_tokens, 64);
   EXPECT_FALSE(j2.store_new_blocks);
   EXPECT_EQ(j2.fail_after_layers, 2);
@@ -124,7 +126,9 @@ TEST(WorkerProtocol, LoadAndClientEvents) {
   l.kv_blocks_committed = 40;
   l.kv_blocks_free = 24;
   l.recent_step_ms = 12.5;
+  l.kv_segment = "10.0.0.7:41000";
   auto l2 = round_trip(l);
+  EXPECT_EQ(l2.kv_segment, "10.0.0.7:41000");
   EXPECT_EQ(l2.role, "decode");
   EXPECT_EQ(l2.kv_blocks_committed, 40);
   EXPECT_DOUBLE_EQ(l2.recent_step_ms, 12.5);
@@ -137,6 +141,23 @@ TEST(WorkerProtocol, LoadAndClientEvents) {
   EXPECT_EQ(e.code, 601);
   EXPECT_EQ(e.message, "aborted");
   EXPECT_TRUE(round_trip(ClientAck{true}).ok);
+}
+
+TEST(WorkerProtocol, FieldsAbsentFromAnOlderPeerKeepTheirDefaults) {
+  // A prefill_job from a sender that does not know decode_kv_segment (e.g. an older conductor).
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(2);
+  pk.pack(std::string("request_id"));
+  pk.pack(std::string("old"));
+  pk.pack(std::string("reservation_id"));
+  pk.pack(uint64_t{4});
+  auto j = codec::unpack<PrefillJobRequest>(std::string_view(buf.data(), buf.size()), "prefill_job");
+  ASSERT_TRUE(j.is_ok()) << j.status().to_string();
+  EXPECT_EQ(j->request_id, "old");
+  EXPECT_EQ(j->reservation_id, 4u);
+  EXPECT_EQ(j->decode_kv_segment, "");
+  EXPECT_EQ(j->fail_after_layers, -1);
 }
 
 TEST(WorkerProtocol, WrongTypesAreMalformed) {

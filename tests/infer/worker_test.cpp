@@ -1,6 +1,7 @@
 // The prefill and decode workers in one process (direct DecodeLink, in-memory block cache, recording token
 // sink): prefix reuse with identical tokens, recompute when the store dies, admission counting future growth,
-// and field report #14 (bad lengths, aborted prefill, incomplete KV).
+// field report #14 (bad lengths, aborted prefill, incomplete KV), and layer-wise streaming through a real
+// transfer engine on loopback (decode publishes its KV segment; prefill WRITEs with layer-arrival notifications).
 #include <map>
 
 #include <gtest/gtest.h>
@@ -76,12 +77,20 @@ struct Cluster {
   MemoryBlockCache* cache = nullptr;
   ManualClock clock{1'000'000'000};
 
-  Cluster(const std::string& kind, bool with_cache, int64_t decode_blocks = 256) {
+  // engine: decode publishes its KV buffer as a transfer-engine segment on loopback and prefill WRITEs into it;
+  // otherwise the kv_write fallback carries the bytes.
+  Cluster(const std::string& kind, bool with_cache, int64_t decode_blocks = 256, bool engine = false) {
     DecodeWorkerOptions d;
     d.block_tokens = kBlock;
     d.kv_blocks = decode_blocks;
     decode = DecodeWorker::create(d, backend(kind), std::make_unique<RecordingSink>(&client), &clock).value();
     decode_ptr = decode.get();
+    if (engine) {
+      transfer::EngineOptions eo;
+      eo.listen = {"tcp://127.0.0.1:0"};
+      const Status published = decode->publish_kv_segment(eo);
+      EXPECT_TRUE(published.is_ok()) << published.to_string();
+    }
     PrefillWorkerOptions p;
     p.block_tokens = kBlock;
     p.kv_blocks = 64;
@@ -109,6 +118,7 @@ struct Cluster {
     job.decode_endpoint = "inproc://decode";
     job.reservation_id = res->reservation_id;
     job.decode_block_offsets_bytes = res->block_offsets_bytes;
+    job.decode_kv_segment = res->kv_segment;
     job.client_endpoint = "inproc://client";
     job.fail_after_layers = fail_after_layers;
     auto reply = prefill->run_job(job);
@@ -124,13 +134,17 @@ std::vector<uint32_t> make_prompt(const std::vector<uint32_t>& shared, int64_t t
   return p;
 }
 
-void shared_prefix_run(const std::string& kind) {
-  SCOPED_TRACE(kind);
+uint64_t counter(DecodeWorker& w, const std::string& name) { return w.metrics().counter(name).value(); }
+
+void shared_prefix_run(const std::string& kind, bool engine = false) {
+  SCOPED_TRACE(kind + (engine ? " through the transfer engine" : " through kv_write"));
   std::vector<uint32_t> shared;
   for (int i = 0; i < 2 * kBlock; ++i) shared.push_back(static_cast<uint32_t>((i * 37 + 11) % 256));
   const std::vector<std::vector<uint32_t>> prompts = {make_prompt(shared, 9, 1), make_prompt(shared, 21, 2),
                                                       make_prompt(shared, 5, 3)};
-  Cluster cached(kind, true), uncached(kind, false);
+  // The reference run always uses the kv_write fallback: the engine path must give the very same tokens.
+  Cluster cached(kind, true, 256, engine), uncached(kind, false);
+  int64_t sent_bytes = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string id = "r" + std::to_string(i);
     auto a = cached.run(id, prompts[i], 12);
@@ -159,13 +173,145 @@ void shared_prefix_run(const std::string& kind) {
     EXPECT_EQ(got.done->output_tokens, 12);
     EXPECT_EQ(got.tokens.front(), a->first_token);
     for (size_t k = 0; k < got.indexes.size(); ++k) EXPECT_EQ(got.indexes[k], static_cast<int64_t>(k));
+    // Every prompt block's every layer went to decode, prefix included (a block split by a chunk boundary of
+    // the 24-token chunks goes twice).
+    const int64_t blocks = (static_cast<int64_t>(prompts[i].size()) + kBlock - 1) / kBlock;
+    EXPECT_GE(a->ledger.kv_sent_bytes, blocks * cached.decode->kv().layout().block_bytes()) << id;
+    sent_bytes += a->ledger.kv_sent_bytes;
   }
+  DecodeWorker& d = *cached.decode;
+  if (engine) {
+    EXPECT_EQ(counter(d, "mc_decode_kv_write_calls_total"), 0u) << "bytes went over kv_write RPCs";
+    EXPECT_EQ(counter(d, "mc_decode_kv_engine_bytes_total"), static_cast<uint64_t>(sent_bytes));
+    EXPECT_GE(counter(d, "mc_decode_kv_notifications_total"), prompts.size() * 4u);  // tiny: 4 layers
+    EXPECT_EQ(counter(d, "mc_decode_kv_notifications_rejected_total"), 0u);
+    EXPECT_GT(cached.prefill->metrics().counter("mc_prefill_kv_engine_writes_total").value(), 0u);
+    EXPECT_EQ(cached.prefill->metrics().counter("mc_prefill_kv_rpc_writes_total").value(), 0u);
+  } else {
+    EXPECT_EQ(counter(d, "mc_decode_kv_engine_bytes_total"), 0u);
+    EXPECT_GT(counter(d, "mc_decode_kv_write_calls_total"), 0u);
+  }
+  EXPECT_EQ(counter(d, "mc_decode_kv_received_bytes_total"), static_cast<uint64_t>(sent_bytes));
   EXPECT_EQ(cached.decode->load().kv_blocks_committed, 0);
   EXPECT_EQ(cached.decode->kv().free_blocks(), cached.decode->kv().num_blocks());
 }
 
 TEST(Workers, SharedPrefixHitsAndGivesTheSameTokensRef) { shared_prefix_run("ref"); }
 TEST(Workers, SharedPrefixHitsAndGivesTheSameTokensSim) { shared_prefix_run("sim"); }
+TEST(Workers, LayerWiseStreamingThroughTheTransferEngineRef) { shared_prefix_run("ref", /*engine=*/true); }
+TEST(Workers, LayerWiseStreamingThroughTheTransferEngineSim) { shared_prefix_run("sim", /*engine=*/true); }
+
+TEST(Workers, EngineReserveReplyNamesTheSegmentAndItsOffsets) {
+  Cluster c("ref", false, 64, /*engine=*/true);
+  const std::string seg = c.decode->kv_segment();
+  ASSERT_FALSE(seg.empty());
+  EXPECT_EQ(seg.rfind("127.0.0.1:", 0), 0u) << seg;
+  auto res = c.decode->reserve({"r", 40, 4, "inproc://c", 0}).value();
+  EXPECT_EQ(res.kv_segment, seg);
+  EXPECT_EQ(c.decode->load().kv_segment, seg);
+  ASSERT_EQ(res.block_offsets_bytes.size(), 3u);
+  for (uint64_t off : res.block_offsets_bytes) EXPECT_EQ(off % static_cast<uint64_t>(res.block_bytes), 0u);
+  // Without a segment: no name, kv_write only.
+  Cluster plain("ref", false, 64);
+  EXPECT_EQ(plain.decode->reserve({"r", 40, 4, "inproc://c", 0}).value().kv_segment, "");
+}
+
+TEST(Workers, FieldReport14AbortedPrefillThroughTheEngineNeverGenerates) {
+  Cluster c("ref", true, 256, /*engine=*/true);
+  const int64_t baseline = c.decode->kv().free_blocks();
+  std::vector<uint32_t> prompt;
+  for (int i = 0; i < 50; ++i) prompt.push_back(static_cast<uint32_t>((i * 5) % 256));
+  auto r = c.run("doomed", prompt, 20, /*fail_after_layers=*/2);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.status().code(), Code::kAborted);
+  const auto& got = c.client["doomed"];
+  EXPECT_TRUE(got.tokens.empty());
+  EXPECT_FALSE(got.done.has_value());
+  ASSERT_TRUE(got.error.has_value());
+  EXPECT_GT(counter(*c.decode, "mc_decode_kv_notifications_total"), 0u) << "some layers did arrive";
+  EXPECT_EQ(c.decode->kv().free_blocks(), baseline);
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+  // The instance still serves a legal request afterwards.
+  ASSERT_TRUE(c.run("fine", prompt, 3));
+  EXPECT_TRUE(c.client["fine"].done.has_value());
+}
+
+// Notifications that do not name a reserved range are refused; one for a live reservation poisons it, so the
+// commit fails and nothing is generated from KV that landed in the wrong place.
+TEST(Workers, MalformedKvNotificationsAreRefused) {
+  Cluster c("ref", false, 64, /*engine=*/true);
+  auto res = c.decode->reserve({"p", 20, 5, "inproc://c", 0}).value();  // 2 blocks
+  const uint64_t lbb = static_cast<uint64_t>(res.layer_block_bytes);
+  auto note = [&](const std::string& tag, uint64_t offset, uint64_t length) {
+    c.decode->on_kv_notification(transfer::Notification{tag, "127.0.0.1:1", transfer::Op::kWrite, offset, length});
+  };
+  note("garbage", 0, lbb);
+  note("kv/999/0/0-1", res.block_offsets_bytes[0], lbb);                          // unknown reservation
+  const std::string id = std::to_string(res.reservation_id);
+  EXPECT_EQ(counter(*c.decode, "mc_decode_kv_notifications_rejected_total"), 2u);
+  for (int64_t l = 0; l < 4; ++l) {
+    note("kv/" + id + "/" + std::to_string(l) + "/0-2", res.block_offsets_bytes[1] + l * lbb, lbb);
+  }
+  EXPECT_EQ(counter(*c.decode, "mc_decode_kv_notifications_rejected_total"), 2u);
+  note("kv/" + id + "/1/0-2", res.block_offsets_bytes[0] + lbb, lbb);  // wrong offset for block 1 of layer 1
+  note("kv/" + id + "/0/0-3", res.block_offsets_bytes[0], lbb);        // block range too long
+  EXPECT_EQ(counter(*c.decode, "mc_decode_kv_notifications_rejected_total"), 4u);
+  auto commit = c.decode->commit({res.reservation_id, "p", 20, 1, 0, {}});
+  ASSERT_FALSE(commit);
+  EXPECT_EQ(commit.status().code(), Code::kDataLoss);
+  EXPECT_NE(commit.status().message().find("disagree on the KV layout"), std::string::npos)
+      << commit.status().to_string();
+  ASSERT_TRUE(c.decode->step());
+  EXPECT_TRUE(c.client["p"].tokens.empty());
+  ASSERT_TRUE(c.client["p"].error.has_value());
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+}
+
+// A prefill may still WRITE into the blocks of a reservation that expired: with a published segment they stay
+// held (and counted) until the prefill's abort/commit for it, or expired_hold_ms.
+TEST(Workers, ExpiredReservationBlocksHeldUntilThePrefillIsDone) {
+  Cluster c("ref", false, 64, /*engine=*/true);
+  auto a = c.decode->reserve({"a", 20, 5, "inproc://c", 50}).value();
+  auto b = c.decode->reserve({"b", 20, 5, "inproc://c", 50}).value();
+  const int64_t held = c.decode->load().kv_blocks_committed;
+  c.clock.advance_ms(51);
+  ASSERT_TRUE(c.decode->step());
+  EXPECT_EQ(c.decode->load().reservations, 0);
+  ASSERT_TRUE(c.client["a"].error.has_value());
+  EXPECT_EQ(c.client["a"].error->code, static_cast<uint16_t>(Code::kTimeout));
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, held) << "blocks freed while a prefill may still write";
+  // The prefill of "a" ends: its abort frees the blocks; the client is not told twice.
+  auto aborted = c.decode->abort({a.reservation_id, static_cast<uint16_t>(Code::kNotFound), "commit refused"});
+  ASSERT_TRUE(aborted);
+  EXPECT_TRUE(aborted->released);
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, held / 2);
+  // "b" never hears from its prefill: freed after expired_hold_ms (60 s by default).
+  c.clock.advance_ms(60'001);
+  ASSERT_TRUE(c.decode->step());
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+  EXPECT_EQ(c.decode->kv().free_blocks(), c.decode->kv().num_blocks());
+  EXPECT_EQ(c.decode->commit({b.reservation_id, "b", 20, 1, 0, {}}).status().code(), Code::kNotFound);
+}
+
+TEST(Workers, DecodeReportsFirstTokenDoneAndFailureToTheConductor) {
+  Cluster c("ref", false, 256);
+  std::vector<proto::ConductorJobReportRequest> reports;
+  c.decode->set_job_reporter([&](proto::ConductorJobReportRequest r) { reports.push_back(std::move(r)); });
+  std::vector<uint32_t> prompt(30, 9);
+  ASSERT_TRUE(c.run("ok", prompt, 5));
+  ASSERT_FALSE(c.run("bad", prompt, 5, /*fail_after_layers=*/1));
+  ASSERT_EQ(reports.size(), 3u);
+  EXPECT_EQ(reports[0].request_id, "ok");
+  EXPECT_EQ(reports[0].phase, proto::kPhaseFirstToken);
+  EXPECT_GT(reports[0].event_unix_ns, 0);
+  EXPECT_EQ(reports[1].request_id, "ok");
+  EXPECT_EQ(reports[1].phase, proto::kPhaseDone);
+  EXPECT_EQ(reports[1].output_tokens, 5);
+  EXPECT_GE(reports[1].event_unix_ns, reports[0].event_unix_ns);
+  EXPECT_EQ(reports[2].request_id, "bad");
+  EXPECT_EQ(reports[2].phase, proto::kPhaseFailed);
+  EXPECT_NE(reports[2].message.find("injected"), std::string::npos) << reports[2].message;
+}
 
 TEST(Workers, DeadStoreMeansRecomputeNotError) {
   std::vector<uint32_t> shared;

@@ -79,6 +79,8 @@ TEST(ReplayAnalyze, HitCountingOnSmallTraces) {
   EXPECT_DOUBLE_EQ(a->infinite.tokens, (1024.0 + 1000.0) / 3100.0);
   EXPECT_DOUBLE_EQ(a->infinite.tokens_full_blocks, (1024.0 + 512.0) / 3100.0);
   EXPECT_DOUBLE_EQ(a->lru[0].hit.blocks, 2.0 / 7);  // r2 hits 0,1; r3: 0 evicted -> prefix miss
+  // Distinct timestamps: every earlier row is visible, so the earlier-arrivals figure is the same.
+  EXPECT_DOUBLE_EQ(a->infinite_earlier.blocks, a->infinite.blocks);
   EXPECT_DOUBLE_EQ(a->span_s, 3.0);
   EXPECT_DOUBLE_EQ(a->arrival_rate_rps, 1.0);
 
@@ -99,6 +101,21 @@ TEST(ReplayAnalyze, HitCountingOnSmallTraces) {
   auto bad = analyze_text(t, tiny);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("smaller than one block"), std::string::npos);
+}
+
+TEST(ReplayAnalyze, EarlierArrivalsOnlyIgnoresRowsOfTheSameTimestamp) {
+  // r1 and r2 share a timestamp: r2 cannot reuse r1's blocks (they run concurrently); r3 arrives later
+  // and hits [0,1] from either.
+  std::string t =
+      R"({"timestamp": 3000, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1]})" "\n"
+      R"({"timestamp": 3000, "input_length": 1536, "output_length": 1, "hash_ids": [0, 1, 2]})" "\n"
+      R"({"timestamp": 6000, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1]})" "\n";
+  auto a = analyze_text(t, AnalyzeOptions{});
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  EXPECT_DOUBLE_EQ(a->infinite.blocks, 4.0 / 7);          // r2: 2, r3: 2
+  EXPECT_DOUBLE_EQ(a->infinite_earlier.blocks, 2.0 / 7);  // r3 only
+  EXPECT_DOUBLE_EQ(a->infinite_earlier.tokens_full_blocks, 1024.0 / 3584.0);
+  EXPECT_EQ(to_json(*a)["infinite_cache_earlier_arrivals"]["hit_ratio_blocks"], 2.0 / 7);
 }
 
 TEST(ReplayAnalyze, EmptyAndOneRequestTraces) {

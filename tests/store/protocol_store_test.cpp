@@ -19,17 +19,22 @@ T round_trip(const T& v) {
 }
 
 StoreReplica replica() {
-  return StoreReplica{"n1/dram", "n1", "h1", "rack1", "cpu", "tcp://127.0.0.1:5", "/dev/shm/x", 1ULL << 40, 12345};
+  return StoreReplica{"n1/dram", "n1", "h1", "rack1", "cpu", "tcp://127.0.0.1:5", "127.0.0.1:6", (1ULL << 40) + 4096,
+                      1ULL << 40, 12345};
 }
 
 TEST(StoreProtocol, ReplicaAndMount) {
   StoreReplica r = round_trip(replica());
   EXPECT_EQ(r.offset_bytes, 1ULL << 40);
-  EXPECT_EQ(r.shm_path, "/dev/shm/x");
+  EXPECT_EQ(r.xfer_segment, "127.0.0.1:6");
+  EXPECT_EQ(r.xfer_offset_bytes, (1ULL << 40) + 4096);
   EXPECT_EQ(r.domain, "rack1");
-  StoreMountRequest m{"n1", "n1/ssd", "h1", "rack2", "disk", 5ULL << 30, "tcp://h:1", ""};
+  StoreMountRequest m{"n1", "n1/ssd", "h1", "rack2", "disk", 5ULL << 30, "tcp://h:1", "", 0};
   EXPECT_EQ(round_trip(m).capacity_bytes, 5ULL << 30);
   EXPECT_EQ(round_trip(m).medium, "disk");
+  StoreMountRequest dram{"n1", "n1/dram", "h1", "rack2", "cpu", 1ULL << 33, "tcp://h:1", "10.0.0.1:4000", 1ULL << 36};
+  EXPECT_EQ(round_trip(dram).xfer_segment, "10.0.0.1:4000");
+  EXPECT_EQ(round_trip(dram).xfer_base_offset_bytes, 1ULL << 36);
   EXPECT_EQ(round_trip(StoreUnmountRequest{"n1", "n1/dram"}).segment, "n1/dram");
   EXPECT_EQ(std::string(StoreMountRequest::kType), "store.mount");
 }
@@ -104,6 +109,30 @@ TEST(StoreProtocol, ListingStatAndData) {
   EXPECT_EQ(wb.data, (std::vector<char>{'\0', '\xff', 'a'}));
   EXPECT_EQ(round_trip(StoreNodeReadRequest{"n1/ssd", 8, 16}).length_bytes, 16u);
   EXPECT_EQ(round_trip(StoreNodeReadReply{{'x'}}).data.size(), 1u);
+}
+
+// The transfer engine's directory messages, which the master answers.
+TEST(StoreProtocol, SegmentDirectoryMessages) {
+  SegmentDescriptor d;
+  d.format_version = kSegmentDescriptorVersion;
+  d.name = "127.0.0.1:4000";
+  d.host_id = "boot-1/h";
+  d.pid = 42;
+  d.endpoints = {"tcp://127.0.0.1:4000"};
+  RegionDescriptor r;
+  r.segment_offset = 1ULL << 34;
+  r.length_bytes = 5ULL << 30;
+  r.shm_path = "/proc/42/fd/7";
+  d.regions.push_back(r);
+  auto p = round_trip(PublishSegmentRequest{d});
+  EXPECT_EQ(p.descriptor.name, "127.0.0.1:4000");
+  ASSERT_EQ(p.descriptor.regions.size(), 1u);
+  EXPECT_EQ(p.descriptor.regions[0].length_bytes, 5ULL << 30);
+  EXPECT_EQ(p.descriptor.regions[0].shm_path, "/proc/42/fd/7");
+  EXPECT_EQ(round_trip(PublishSegmentReply{3}).region_count, 3u);
+  EXPECT_EQ(round_trip(GetSegmentRequest{"h:1"}).name, "h:1");
+  EXPECT_EQ(round_trip(GetSegmentReply{d}).descriptor.pid, 42);
+  EXPECT_EQ(std::string(GetSegmentRequest::kType), "xfer.get_segment");
 }
 
 TEST(StoreProtocol, IllTypedFieldFailsDecode) {

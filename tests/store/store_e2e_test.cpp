@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -137,16 +138,21 @@ class StoreE2E : public ::testing::Test {
     endpoint_ = w[2];
     events_ = w[3].substr(std::string("events=").size());
   }
-  // Starts a storage node; host "" = this host (shm reachable).
+  // Starts a storage node; host "" = this host (shm reachable). A simulated other host cannot share memory
+  // with this process, so it runs with --no-shm: its DRAM is reached over the engine's tcp transport.
   Child* start_node(const std::string& id, const std::string& dram, const std::string& host = "",
                     const std::string& domain = "default", const std::string& ssd_bytes = "") {
     std::vector<std::string> args = {"serve", "--master", endpoint_, "--node-id", prefix_ + id, "--dram-bytes", dram,
                                      "--domain", domain, "--heartbeat-ms", "100"};
-    if (!host.empty()) args.insert(args.end(), {"--host", host});
+    if (!host.empty()) args.insert(args.end(), {"--host", host, "--no-shm"});
     if (!ssd_bytes.empty()) args.insert(args.end(), {"--ssd-dir", tmp_.path.string(), "--ssd-bytes", ssd_bytes});
     nodes_.push_back(std::make_unique<Child>(args));
     auto w = nodes_.back()->wait_ready();
-    EXPECT_GE(w.size(), 3u) << "node " << id << " did not print its ready line";
+    EXPECT_GE(w.size(), 4u) << "node " << id << " did not print its ready line";
+    if (w.size() >= 4) {
+      node_rpc_[id] = w[2];
+      node_xfer_[id] = w[4].substr(w[4].find('=') + 1);  // "xfer_segment=host:port"
+    }
     return nodes_.back().get();
   }
   std::unique_ptr<Client> client(const std::string& id = "", uint32_t replicas = 1, const std::string& pref = "") {
@@ -192,6 +198,7 @@ class StoreE2E : public ::testing::Test {
   TempDir tmp_;
   std::unique_ptr<Child> master_;
   std::vector<std::unique_ptr<Child>> nodes_;
+  std::map<std::string, std::string> node_rpc_, node_xfer_;  // node id -> RPC endpoint, engine segment
   std::string endpoint_, events_;
 };
 
@@ -221,6 +228,13 @@ TEST_F(StoreE2E, PutGetRoundTripsOverShmAndTcp) {
   }
   EXPECT_GT(c->counters().bytes_read_shm, 0u);
   EXPECT_GT(c->counters().bytes_read_tcp, 0u);
+  // The DRAM segments are served through the transfer engine only: the node's RPCs refuse them.
+  auto node_rpc = rpc::RpcClient::connect(node_rpc_["n2"]).value();
+  EXPECT_EQ(node_rpc->call(proto::StoreNodeReadRequest{prefix_ + "n2/dram", 0, 16}).status().code(), Code::kFailedPrecondition);
+  // No shared-memory file is left anywhere: the DRAM is a memfd.
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_NE(e.path().filename().string().rfind("mc-store-" + prefix_, 0), 0u) << e.path();
+  }
   // Batch forms, with two replicas each on distinct nodes.
   auto c2 = client("batch", 2);
   std::vector<std::vector<std::byte>> blobs;
@@ -245,6 +259,19 @@ TEST_F(StoreE2E, PutGetRoundTripsOverShmAndTcp) {
     EXPECT_EQ(outs[i], blobs[i]);
   }
   EXPECT_EQ(gs.value()[16].code(), Code::kObjectNotFound);
+  // Zero-copy: one registered buffer, the blocks read into slices of it; a slice straddling the end of
+  // the registration is staged and still exact.
+  std::vector<std::byte> arena(16 * 70 * 1024 + 1);
+  ASSERT_TRUE(c->register_buffer(std::span<std::byte>(arena).first(8 * 70 * 1024)).is_ok());
+  std::vector<GetItem> into;
+  for (int i = 0; i < 16; ++i) into.push_back({"b/" + std::to_string(i), std::span<std::byte>(arena).subspan(i * 70 * 1024 - (i == 8 ? 7 : 0), blobs[i].size())});
+  auto zs = c->batch_get(into);
+  ASSERT_TRUE(zs.is_ok());
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(zs.value()[i].is_ok()) << i << ": " << zs.value()[i].to_string();
+    EXPECT_EQ(0, std::memcmp(into[i].buffer.data(), blobs[i].data(), blobs[i].size())) << "block " << i;
+  }
+  EXPECT_TRUE(c->unregister_buffer(arena.data()).is_ok());
   auto ls = c->ls("b/");
   ASSERT_TRUE(ls.is_ok());
   ASSERT_EQ(ls->objects.size(), 16u);
@@ -299,6 +326,10 @@ TEST_F(StoreE2E, KilledNodeLeavesWithin3sAndMatchPrefixStopsAtTheGap) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2000));
   EXPECT_TRUE(c->get("K2", buf).is_ok());
   EXPECT_GE(stat().dead_nodes, 1u);
+  // The master, as segment directory, no longer hands out the dead node's transfer segment.
+  auto gone = r->call(proto::GetSegmentRequest{node_xfer_["n2"]});
+  EXPECT_EQ(gone.status().code(), Code::kNotFound) << node_xfer_["n2"];
+  EXPECT_TRUE(r->call(proto::GetSegmentRequest{node_xfer_["n1"]}).is_ok());
   // N2 comes back, fresh: K1 stays gone.
   start_node("n2", "16MiB");
   EXPECT_FALSE(c->exists({"K1"}).value().at(0));
@@ -340,6 +371,81 @@ TEST_F(StoreE2E, StaleWriterIsTakenOverAndItsLatePutEndRefused) {
   ASSERT_TRUE(c2->get("K", buf).is_ok());
   EXPECT_EQ(buf, data2);
   EXPECT_GE(wait_for([&] { return used() == used0 + 65536; }, 3000), 0) << "C1's range was not released";
+}
+
+// The master is the transfer engine's segment directory: nodes publish their descriptor before mounting,
+// lookups by name return it, and a descriptor of an unknown format version is refused.
+TEST_F(StoreE2E, MasterIsTheTransferEnginesSegmentDirectory) {
+  start_master();
+  start_node("n1", "8MiB");
+  auto r = raw();
+  auto d = r->call(proto::GetSegmentRequest{node_xfer_["n1"]});
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(d->descriptor.format_version, proto::kSegmentDescriptorVersion);
+  ASSERT_EQ(d->descriptor.regions.size(), 1u);
+  EXPECT_EQ(d->descriptor.regions[0].length_bytes, 8u << 20);
+  EXPECT_FALSE(d->descriptor.regions[0].shm_path.empty());  // memfd that same-host engines map
+  EXPECT_EQ(r->call(proto::GetSegmentRequest{"127.0.0.1:1"}).status().code(), Code::kNotFound);
+  proto::SegmentDescriptor future = d->descriptor;
+  future.name = "127.0.0.1:2";
+  future.format_version = proto::kSegmentDescriptorVersion + 1;
+  EXPECT_EQ(r->call(proto::PublishSegmentRequest{future}).status().code(), Code::kProtocolMismatch);
+  // A cpu segment whose engine segment was never published cannot be mounted (clients could not reach it).
+  proto::StoreMountRequest m{"ghost", "ghost/dram", "h", "d", "cpu", 1 << 20, "tcp://127.0.0.1:1", "127.0.0.1:3", 0};
+  EXPECT_EQ(r->call(m).status().code(), Code::kNotFound);
+  // Another engine may use the master as its directory too.
+  future.format_version = proto::kSegmentDescriptorVersion;
+  EXPECT_EQ(r->call(proto::PublishSegmentRequest{future}).value_or(proto::PublishSegmentReply{}).region_count, 1u);
+  EXPECT_EQ(r->call(proto::GetSegmentRequest{"127.0.0.1:2"}).value_or(proto::GetSegmentReply{}).descriptor.name, "127.0.0.1:2");
+  // And the data still flows: put/get through the engine, byte for byte.
+  auto c = client("dir");
+  auto data = random_bytes(1 << 20, 8);
+  ASSERT_TRUE(c->put("x", data).is_ok());
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE(c->get("x", back).is_ok());
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(c->counters().bytes_written_shm, data.size());
+  EXPECT_EQ(c->counters().bytes_read_shm, data.size());
+}
+
+// Liveness of clients: a live writer that is idle keeps its unfinished put (its library heartbeats in
+// the background); a writer that stops heartbeating loses it after the client TTL, and its late put_end
+// is refused (field report #7).
+TEST_F(StoreE2E, ClientHeartbeatKeepsAnIdleWriterAndADeadOnesPutIsReclaimed) {
+  start_master({"--client-ttl-ms", "600", "--free-delay-ms", "100"});
+  start_node("n1", "8MiB");
+  ClientOptions o;
+  o.master = endpoint_;
+  o.client_id = "live";
+  o.heartbeat_ms = 100;
+  auto live = Client::connect(o).value();
+  auto r = raw();
+  auto start = [&](const std::string& who, const std::string& key) {
+    proto::StorePutStartRequest ps;
+    ps.client_id = who;
+    ps.keys = {key};
+    ps.sizes_bytes = {4096};
+    auto g = r->call(ps);
+    EXPECT_TRUE(g.is_ok() && g->items[0].code == 0);
+    return g.is_ok() ? g->items[0].put_id : 0;
+  };
+  uint64_t live_put = start("live", "L");  // the live client's put, finished much later
+  uint64_t dead_put = start("dead", "D");  // a writer that never heartbeats again
+  ASSERT_GE(wait_for([&] { return stat().reclaimed_puts >= 1; }, 3000), 0) << "the dead writer's put was not reclaimed";
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // more than one TTL of idleness
+  auto st = stat();
+  EXPECT_EQ(st.reclaimed_puts, 1u);
+  EXPECT_EQ(st.processing, 1u);  // L is still being written
+  auto le = r->call(proto::StorePutEndRequest{"dead", {"D"}, {dead_put}});
+  ASSERT_TRUE(le.is_ok());
+  EXPECT_EQ(le->codes[0], static_cast<uint16_t>(Code::kFailedPrecondition));
+  auto ok = r->call(proto::StorePutEndRequest{"live", {"L"}, {live_put}});
+  ASSERT_TRUE(ok.is_ok());
+  EXPECT_EQ(ok->codes[0], 0) << (ok->messages.empty() ? "" : ok->messages[0]);
+  EXPECT_TRUE(live->exists({"L"}).value().at(0));
+  // Once the client is gone its heartbeats stop, and the master forgets it.
+  live.reset();
+  EXPECT_GE(wait_for([&] { return stat().clients == 0; }, 3000), 0);
 }
 
 TEST_F(StoreE2E, EvictionUnderPressureNeverTouchesAnObjectBeingRead) {

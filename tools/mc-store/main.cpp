@@ -75,7 +75,10 @@ int main(int argc, char** argv) {
   mc::store::NodeOptions node;
   auto* serve_cmd = app.add_subcommand("serve", "Run a storage node contributing DRAM (and optionally SSD) to the pool");
   serve_cmd->add_option("--master", node.master, "Endpoint of mc-store master")->envname("MC_STORE_MASTER")->capture_default_str();
-  serve_cmd->add_option("--listen", node.listen, "Data endpoint to bind")->capture_default_str();
+  serve_cmd->add_option("--listen", node.listen, "RPC endpoint to bind (SSD-tier data RPCs)")->capture_default_str();
+  serve_cmd->add_option("--xfer-listen", node.xfer_listen,
+                        "Transfer-engine endpoints serving the DRAM segment, comma-separated (one tcp path each)")
+      ->delimiter(',')->envname("MC_STORE_XFER_LISTEN")->capture_default_str();
   serve_cmd->add_option("--node-id", node.node_id, "Node name, unique in the cluster (default: <hostname>-<pid>)")
       ->envname("MC_STORE_NODE_ID");
   serve_cmd->add_option("--host", node.host, "Host name used for nearest-replica ordering (default: hostname)");
@@ -85,8 +88,10 @@ int main(int argc, char** argv) {
   add_size(serve_cmd, "--ssd-bytes", node.ssd_bytes, "SSD contributed (bytes)");
   serve_cmd->add_option("--heartbeat-ms", node.heartbeat_ms, "Heartbeat period (ms)")
       ->capture_default_str()->check(CLI::Range(10, 60000));
-  bool no_shm = false;
-  serve_cmd->add_flag("--no-shm", no_shm, "Back DRAM with private memory (clients always go through the node)");
+  bool no_shm = false, no_prefault = false;
+  serve_cmd->add_flag("--no-prefault", no_prefault,
+                      "Commit DRAM pages on first write instead of at start (faster start, slower first puts)");
+  serve_cmd->add_flag("--no-shm", no_shm, "Back DRAM with private memory: same-host clients use tcp instead of shm");
 
   // ---- admin ----
   mc::store::AdminOptions admin;
@@ -152,6 +157,7 @@ int main(int argc, char** argv) {
   if (master_cmd->parsed()) return mc::cli::report("mc-store master", mc::store::run_master(master));
   if (serve_cmd->parsed()) {
     node.shm = !no_shm;
+    node.prefault = !no_prefault;
     return mc::cli::report("mc-store serve", mc::store::run_node(node));
   }
   if (put_cmd->parsed()) return mc::cli::report("mc-store put", mc::store::admin_put(admin, key, file, overwrite));

@@ -9,7 +9,10 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -38,6 +41,35 @@ class ConductorHeartbeat {
   std::function<proto::ConductorHeartbeatRequest()> load_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> sent_{0};
+  std::thread thread_;
+};
+
+// mc::infer::ConductorJobReporter: sends conductor.job_report (first_token / done / failed) for requests a worker
+// serves, so the Conductor measures TTFT where it predicted it and frees its decode ledger entry at once.
+// report() never blocks: reports go to a queue (at most kMaxQueued; beyond that they are dropped and counted, as
+// reports are optional to the Conductor) drained by a background thread, one RpcClient, 2 s per call; a failed
+// call drops that report and reconnects for the next. With an empty endpoint, report() does nothing.
+// Thread-safety: report() may be called from any thread; stop() (or the destructor) sends what is queued for at
+// most ~2 s, then ends the thread.
+class ConductorJobReporter {
+ public:
+  static constexpr size_t kMaxQueued = 4096;
+  explicit ConductorJobReporter(ConductorOptions options);
+  ~ConductorJobReporter() { stop(); }
+  void report(proto::ConductorJobReportRequest report);
+  void stop();
+  uint64_t sent() const { return sent_.load(); }
+  uint64_t dropped() const { return dropped_.load(); }
+
+ private:
+  void run();
+  ConductorOptions options_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<proto::ConductorJobReportRequest> queue_;
+  bool stopping_ = false;
+  std::atomic<uint64_t> sent_{0};
+  std::atomic<uint64_t> dropped_{0};
   std::thread thread_;
 };
 

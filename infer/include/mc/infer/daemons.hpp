@@ -44,8 +44,13 @@ struct DecodeDaemonConfig {
   int64_t max_batch_size = 64;
   int64_t reservation_ttl_ms = 30000;
   int client_timeout_ms = 2000;
+  // Transfer-engine endpoint serving the KV buffer to prefill instances: "auto" = the host of --listen with any
+  // free port; "none" = publish no segment (prefill falls back to kv_write RPCs).
+  std::string kv_listen = "auto";
   ConductorOptions conductor;
 };
+// The engine endpoint for DecodeDaemonConfig::kv_listen ("" for "none"); kInvalidArgument for a bad --listen.
+Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen);
 void add_decode_flags(CLI::App& app, DecodeDaemonConfig& config);
 Status run_decode_daemon(const DecodeDaemonConfig& config);
 
@@ -55,6 +60,7 @@ struct PrefillDaemonConfig {
   std::string store = "none";  // none | mem | <mc-store master endpoint>
   int64_t chunk_tokens = 0;
   int decode_timeout_ms = 5000;
+  bool kv_engine = true;  // write KV through the transfer engine when the decode instance publishes a segment
   bool allow_fault_injection = false;
   ConductorOptions conductor;
 };

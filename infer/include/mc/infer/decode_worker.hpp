@@ -8,24 +8,39 @@
 // Bad lengths (≤ 0, input + output > the model's max context) are kInvalidArgument ("input too long"), before
 // any allocation (field report #14, steps 1-2). A full instance answers kRejected.
 //
-// KV arrival: kv_write copies one layer of some prompt blocks into the reservation and records which
-// (layer, block) pairs arrived. kv_commit checks that every layer of every prompt block arrived; if not, the
-// reservation is freed, the client gets request_error (kDataLoss) and the commit fails: decode never generates
-// from incomplete KV (field report #14, step 3). abort frees the reservation (or stops a running request) and
-// tells the client. A reservation without commit expires after its ttl and is aborted the same way.
+// KV arrival (layer-wise streaming, Mooncake §4). The KV buffer is shared memory (KvMemory::kShared).
+// publish_kv_segment() registers it with a transfer engine (transfer/engine.hpp; peer-to-peer directory, segment
+// name = the engine's "host:port"); reserve then returns that segment and, per prompt block, the segment offset of
+// its layer 0. The prefill WRITEs each layer's blocks straight into the reservation (the engine picks shm on the
+// same host, else rdma or tcp) and tags the last WRITE of each layer "kv/<reservation>/<layer>/<first>-<end>",
+// issued only after the layer's other blocks landed. Its notification (on an engine thread, before the engine
+// acknowledges it, so before the prefill's WRITE completes) marks blocks [first, end) of that layer arrived;
+// a tag whose range does not match the reservation (unknown id, layer or block out of range, offset/length not
+// that of block end-1's layer) is counted and, for a known reservation, poisons it (its commit fails).
+// Without a published segment, kv_write RPCs carrying the bytes are the fallback (still accepted either way).
+// kv_commit checks that every layer of every prompt block arrived; if not, the reservation is freed, the client
+// gets request_error (kDataLoss) and the commit fails: decode never generates from incomplete KV (field report
+// #14, step 3). abort frees the reservation (or stops a running request) and tells the client. A reservation
+// without commit expires after its ttl and is aborted the same way; with a published segment its blocks stay
+// held (and counted against admission) until the prefill's kv_commit/decode_abort for it arrives or
+// expired_hold_ms passes, since a prefill still computing may WRITE into them (one-sided writes cannot be refused).
+//
+// Conductor job reports: with set_job_reporter(), every first token, completion and failure sent to a client is
+// also reported (conductor.job_report: first_token / done / failed).
 //
 // Continuous batching: committed requests join the batch at the next step; each step runs the backend once for
 // every running sequence, emits one token per sequence with its wall-clock timestamp, and finished sequences
 // free their KV and get request_done with the ledger (prefill's, plus decode time and output tokens).
 //
-// Threads: handler methods (reserve, kv_write, commit, abort, release, load) may be called from one thread
-// while step() runs on another; shared state is under one mutex, and the backend runs outside it. All client
+// Threads: handler methods (reserve, kv_write, commit, abort, release, load) may be called from one thread and
+// on_kv_notification from the transfer engine's threads while step() runs on another; shared state is under one mutex, and the backend runs outside it. All client
 // messages are sent from the step() thread through the TokenSink.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,6 +54,7 @@
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
 #include "mc/infer/conductor_link.hpp"
+#include "mc/transfer/engine.hpp"
 
 namespace mc::infer {
 
@@ -59,6 +75,7 @@ struct DecodeWorkerOptions {
   int64_t kv_blocks = 1024;        // blocks in the KV buffer
   int64_t max_batch_size = 64;     // running sequences at most (more wait in the join queue)
   int64_t reservation_ttl_ms = 30000;  // default ttl of a reservation without commit
+  int64_t expired_hold_ms = 60000;     // blocks of an expired reservation held at most this long (segment only)
 };
 
 class DecodeWorker {
@@ -76,6 +93,17 @@ class DecodeWorker {
   Result<proto::KvCommitReply> commit(const proto::KvCommitRequest& request);
   proto::WorkerLoadReply load() const;
 
+  // Serves the KV buffer as a transfer-engine segment (options.listen must name at least one endpoint) and takes
+  // layer-arrival notifications. Errors: those of TransferEngine::create/register_memory; kFailedPrecondition
+  // when already published. Call before serving reservations.
+  Status publish_kv_segment(transfer::EngineOptions options);
+  // "host:port" of the published segment; "" when none.
+  std::string kv_segment() const;
+  // A transfer-engine notification (the engine's handler; public for tests).
+  void on_kv_notification(const transfer::Notification& note);
+  // Called (from the step thread) for each first token / done / failure sent to a client. Set before serving.
+  void set_job_reporter(std::function<void(proto::ConductorJobReportRequest)> reporter);
+
   // One scheduling round: expire reservations, join committed requests (sending their first token), run one
   // decode step over the batch, send the tokens, finish completed requests. Returns the number of sequences
   // stepped (0: idle). A backend error fails every sequence of the batch (clients get request_error).
@@ -91,9 +119,11 @@ class DecodeWorker {
   struct Reservation;
   struct Sequence;
   struct Outgoing;
+  struct Expired;
   DecodeWorker(DecodeWorkerOptions options, std::unique_ptr<Backend> backend, std::unique_ptr<TokenSink> sink,
                std::unique_ptr<KvBuffer> kv, const Clock* clock);
-  void drop_reservation_locked(uint64_t id, const Status& why, bool tell_client);
+  void drop_reservation_locked(uint64_t id, const Status& why, bool tell_client, bool hold_blocks = false);
+  bool release_expired_locked(uint64_t id);
   void flush_outgoing();
 
   DecodeWorkerOptions options_;
@@ -110,7 +140,13 @@ class DecodeWorker {
   std::deque<std::unique_ptr<Sequence>> joining_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<Outgoing> outgoing_;
+  std::map<uint64_t, Expired> expired_;  // expired reservations whose blocks are still held
   double recent_step_ms_ = 0;
+  std::function<void(proto::ConductorJobReportRequest)> reporter_;
+  std::string kv_segment_;       // set once by publish_kv_segment, before serving
+  uint64_t kv_segment_base_ = 0; // segment offset of kv_->data()
+  // Last member: destroyed first, so no notification handler runs into a half-destroyed worker.
+  std::unique_ptr<transfer::TransferEngine> engine_;
 };
 
 // Runs a DecodeWorker as a daemon: binds `endpoint`, announces "ready mc-decode <endpoint> ...", serves the RPCs

@@ -12,7 +12,10 @@
 // Block allocation is a free list; a sequence owns an ordered block table (token i lives in
 // block_table[i / block_size], slot i % block_size).
 //
-// Ownership: the buffer owns its memory (an anonymous mapping: page-aligned, zero-filled on first touch). Thread-safety: allocate/free take a mutex;
+// Ownership: the buffer owns its memory: an anonymous private mapping (KvMemory::kPrivate), or a memfd shared
+// buffer (KvMemory::kShared, transfer/shared_buffer.hpp) that a same-host transfer engine peer can map, which a
+// decode instance needs so that prefill's layer writes over the shm transport are one memcpy. Both are
+// page-aligned and zero-filled on first touch. Thread-safety: allocate/free take a mutex;
 // reading and writing bytes of blocks a caller owns needs no lock (disjoint ranges). Errors: kResourceExhausted
 // when no blocks are free (naming the counts), kOutOfRange for bad block ids.
 #pragma once
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "mc/common/status.hpp"
+#include "mc/transfer/shared_buffer.hpp"
 
 namespace mc::infer {
 
@@ -39,11 +43,14 @@ struct KvLayout {
   int64_t blocks_for_tokens(int64_t tokens) const { return tokens <= 0 ? 0 : (tokens + block_size - 1) / block_size; }
 };
 
+enum class KvMemory : uint8_t { kPrivate, kShared };
+
 class KvBuffer {
  public:
   // kInvalidArgument for a non-positive shape or an odd bytes_per_token_layer; kResourceExhausted when the
   // memory cannot be allocated (naming the size).
-  static Result<std::unique_ptr<KvBuffer>> create(KvLayout layout, int64_t num_blocks);
+  static Result<std::unique_ptr<KvBuffer>> create(KvLayout layout, int64_t num_blocks,
+                                                  KvMemory memory = KvMemory::kPrivate);
   ~KvBuffer();
   KvBuffer(const KvBuffer&) = delete;
   KvBuffer& operator=(const KvBuffer&) = delete;
@@ -78,10 +85,11 @@ class KvBuffer {
   Status check_block(int32_t block) const;
 
  private:
-  KvBuffer(KvLayout layout, int64_t num_blocks, std::byte* data);
+  KvBuffer(KvLayout layout, int64_t num_blocks, std::byte* data, transfer::SharedBuffer shared);
   KvLayout layout_;
   int64_t num_blocks_;
   std::byte* data_;
+  transfer::SharedBuffer shared_;  // owns data_ when KvMemory::kShared (else empty; data_ is an mmap)
   mutable std::mutex mu_;
   std::vector<int32_t> free_list_;
   std::vector<bool> allocated_;

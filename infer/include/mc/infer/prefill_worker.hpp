@@ -10,7 +10,16 @@
 //      block on is recomputed (a miss or a dead store only costs time, never an error or wrong KV).
 //   3. Prefills the rest with the backend (chunked by chunk_tokens). As each layer finishes, its KV of the
 //      touched blocks (and of the fetched prefix blocks, with the first chunk) is handed to a streaming thread
-//      that writes it to the decode instance (kv_write), so transfer overlaps compute (layer-wise streaming).
+//      that writes it to the decode instance, so transfer overlaps compute (layer-wise streaming, Mooncake §4):
+//      - transfer engine (the default): when the decode instance publishes a KV segment (job.decode_kv_segment,
+//        or asked once per job through DecodeLink::kv_segment), a transfer-engine WRITE of each block's layer
+//        range from this worker's KV buffer straight into the reserved decode blocks (shm on the same host, else
+//        rdma/tcp; the engine pools endpoints), the layer's last block written after the others landed and tagged
+//        "kv/<reservation>/<layer>/<first>-<end>" so decode learns the layer arrived (decode_worker.hpp);
+//      - fallback, only when decode publishes no segment (or options.kv_engine is false): kv_write RPCs carrying
+//        the bytes.
+//      At a chunk boundary the stream is drained before the next chunk is computed, so no block is sent while
+//      the backend writes into it.
 //   4. Waits for the stream to drain (kv_tail_ms = last layer computed -> every write acknowledged), then
 //      commits at decode (kv_commit with the first token and the ledger); the first token is not delayed by
 //      step 5.
@@ -34,6 +43,7 @@
 #include "mc/infer/backend.hpp"
 #include "mc/infer/block_cache.hpp"
 #include "mc/infer/conductor_link.hpp"
+#include "mc/transfer/engine.hpp"
 
 namespace mc::infer {
 
@@ -45,6 +55,8 @@ class DecodeLink {
   virtual Result<proto::KvCommitReply> commit(const std::string& endpoint, const proto::KvCommitRequest& request) = 0;
   virtual Result<proto::DecodeReleaseReply> abort(const std::string& endpoint,
                                                   const proto::DecodeAbortRequest& request) = 0;
+  // The transfer-engine segment the decode instance serves its KV buffer on ("" = none: use write()).
+  virtual Result<std::string> kv_segment(const std::string& /*endpoint*/) { return std::string(); }
 };
 // One RpcClient per decode endpoint, `timeout_ms` per call.
 std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms);
@@ -60,6 +72,8 @@ struct PrefillWorkerOptions {
   int64_t chunk_tokens = 0;         // default chunk size of chunked prefill; 0 = whole prompt at once
   uint64_t weight_seed = 0;         // part of the key namespace
   bool allow_fault_injection = false;  // honour PrefillJobRequest::fail_after_layers (tests)
+  bool kv_engine = true;               // WRITE KV through a transfer engine to decode instances with a segment
+  int64_t kv_transfer_timeout_ms = 5000;  // deadline of one layer's WRITEs (engine request timeout)
 };
 
 class PrefillWorker {
@@ -86,6 +100,9 @@ class PrefillWorker {
                 std::unique_ptr<DecodeLink> link, std::unique_ptr<KvBuffer> kv);
   Result<proto::PrefillJobReply> run_job_inner(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
                                                proto::RequestLedger& ledger);
+  Status write_layer_engine(const proto::PrefillJobRequest& job, transfer::SegmentHandle segment,
+                            const std::string& segment_name, const std::vector<int32_t>& blocks, int64_t layer,
+                            int64_t first, int64_t end);
 
   PrefillWorkerOptions options_;
   std::unique_ptr<Backend> backend_;
@@ -95,6 +112,7 @@ class PrefillWorker {
   KeyNamespace ns_;
   metrics::Registry metrics_;
   std::atomic<double> tokens_per_s_{0};
+  std::unique_ptr<transfer::TransferEngine> engine_;  // initiator only (no segment served); null: kv_engine off
 };
 
 struct PrefillServeOptions {

@@ -220,8 +220,10 @@ struct GetSegmentRequest {
 // Master RPCs ("store.*"): the metadata service of mc-store master (store/include/mc/store/master_core.hpp
 // documents the semantics). Batch requests carry parallel arrays and are answered item by item: one bad
 // key never fails its neighbours. Per-item results carry `code` (an mc::Code value, 0 = ok) and
-// `message`. Limits: at most kStoreMaxBatch keys per request. Node data RPCs ("store.node.*") move bytes
-// to and from a storage node's segments when the caller cannot map them (other host, SSD).
+// `message`. Limits: at most kStoreMaxBatch keys per request. DRAM bytes move through the transfer engine
+// (the node registers its DRAM segment with its engine; the master is the engine's segment directory,
+// answering xfer.publish_segment / xfer.get_segment). Node data RPCs ("store.node.*") move bytes of SSD
+// segments only, which the transfer engine cannot address (they are files, not memory).
 
 inline constexpr uint32_t kStoreMaxBatch = 4096;
 
@@ -237,11 +239,13 @@ struct StoreReplica {
   std::string host;
   std::string domain;       // failure domain label
   std::string medium;       // cpu | disk
-  std::string endpoint;     // the storage node's data endpoint (tcp://host:port)
-  std::string shm_path;     // same-host clients may map this file; empty for disk segments
-  uint64_t offset_bytes = 0;
+  std::string endpoint;     // the storage node's RPC endpoint (tcp://host:port; store.node.* for disk segments)
+  std::string xfer_segment;  // transfer-engine segment serving these bytes ("host:port"); empty for disk
+  uint64_t xfer_offset_bytes = 0;  // offset of the replica's first byte in xfer_segment
+  uint64_t offset_bytes = 0;  // offset of the replica inside `segment`
   uint64_t size_bytes = 0;
-  MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, shm_path, offset_bytes, size_bytes);
+  MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, xfer_segment, xfer_offset_bytes, offset_bytes,
+                     size_bytes);
 };
 
 struct StoreMountRequest {
@@ -253,9 +257,11 @@ struct StoreMountRequest {
   std::string domain;
   std::string medium;  // cpu | disk
   uint64_t capacity_bytes = 0;
-  std::string endpoint;
-  std::string shm_path;
-  MSGPACK_DEFINE_MAP(node_id, segment, host, domain, medium, capacity_bytes, endpoint, shm_path);
+  std::string endpoint;                // the node's RPC endpoint (store.node.* for disk segments)
+  std::string xfer_segment;            // transfer-engine segment holding a cpu segment ("host:port"); "" for disk
+  uint64_t xfer_base_offset_bytes = 0;  // where byte 0 of `segment` lies in xfer_segment
+  MSGPACK_DEFINE_MAP(node_id, segment, host, domain, medium, capacity_bytes, endpoint, xfer_segment,
+                     xfer_base_offset_bytes);
 };
 
 struct StoreUnmountRequest {
@@ -471,7 +477,8 @@ struct StoreStatRequest {
   MSGPACK_DEFINE_MAP(with_segments);
 };
 
-// Storage node data RPCs (bytes of one segment; chunked by the client to stay under kMaxMessageBytes).
+// Storage node data RPCs for disk (SSD) segments (chunked by the client to stay under kMaxMessageBytes);
+// a node refuses them for its DRAM segment, which is served through the transfer engine.
 inline constexpr uint64_t kStoreMaxChunkBytes = 16ULL << 20;
 struct StoreNodeWriteRequest {
   static constexpr const char* kType = "store.node.write";
@@ -506,8 +513,11 @@ struct StoreNodeReadRequest {
 //   2. reserver -> mc-prefill "prefill_job": tokens, how many leading blocks to fetch from the store, the decode
 //      endpoint + reservation, the client endpoint. The reply is deferred until the job is done and carries the
 //      ledger; an error reply means the decode side was told to abort.
-//   3. mc-prefill -> mc-decode "kv_write" (one per layer as soon as it is computed; the layer-wise arrival
-//      notification), then "kv_commit" (prompt length, first token, ledger) or "decode_abort" on failure.
+//   3. mc-prefill -> mc-decode: each layer's KV as soon as it is computed. When the decode instance publishes a
+//      transfer-engine segment (DecodeReserveReply::kv_segment, also in WorkerLoadReply), a transfer-engine WRITE
+//      straight into the reserved blocks with notify_tag "kv/<reservation_id>/<layer>/<first block>-<end block>"
+//      (the layer-arrival notification); otherwise, as a fallback, "kv_write" RPCs carrying the bytes. Then
+//      "kv_commit" (prompt length, first token, ledger) or "decode_abort" on failure.
 //   4. mc-decode -> client endpoint: "token_event" per token (first token included), then "request_done" with
 //      the ledger, or "request_error". A client never gets request_done after an abort.
 //   "decode_release" frees a reservation that will get no job (the reserver changed its mind).
@@ -540,7 +550,9 @@ struct DecodeReserveReply {
   int64_t block_tokens = 0;                     // tokens per KV block of the decode buffer
   int64_t layer_block_bytes = 0;                // bytes of one layer of one block (one contiguous write)
   int64_t block_bytes = 0;                      // bytes of one block (all layers)
-  std::vector<uint64_t> block_offsets_bytes;    // offset of each prompt block in the decode KV buffer, in order
+  // Offset of each prompt block (its layer 0) in order: in the transfer-engine segment `kv_segment` when one is
+  // published, else in the decode KV buffer. Layer l of block i is at block_offsets_bytes[i] + l * layer_block_bytes.
+  std::vector<uint64_t> block_offsets_bytes;
   std::string kv_segment;                       // transfer-engine segment of the buffer ("" = kv_write RPC only)
   int64_t free_blocks = 0;                      // uncommitted blocks left after this reservation
   MSGPACK_DEFINE_MAP(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes,
@@ -586,8 +598,7 @@ struct KvWriteReply {
 };
 // One layer's KV of some blocks, written into the reservation's blocks: data holds block_indexes.size()
 // consecutive ranges of layer_block_bytes (the decode buffer's layout). block_indexes are positions in the
-// reservation's block list. Used when no transfer-engine segment is available, and as the layer-arrival
-// notification either way (empty data with a transfer-engine WRITE).
+// reservation's block list. The fallback for decode instances that publish no transfer-engine segment.
 struct KvWriteRequest {
   static constexpr const char* kType = "kv_write";
   using Reply = KvWriteReply;
@@ -635,14 +646,15 @@ struct PrefillJobRequest {
   std::string decode_endpoint;         // mc-decode RPC endpoint
   uint64_t reservation_id = 0;         // from decode_reserve
   std::vector<uint64_t> decode_block_offsets_bytes;  // from decode_reserve
+  std::string decode_kv_segment;       // from decode_reserve (kv_segment); "": the prefill asks decode (worker_load)
   std::string client_endpoint;
   int64_t chunk_tokens = 0;            // 0: the worker's --chunk-tokens
   bool store_new_blocks = true;        // put new complete blocks into the store
   int64_t fail_after_layers = -1;      // fault injection (tests, field report #14): fail once this many layer
                                        // writes were sent; -1 = never. Refused unless the worker allows it.
   MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
-                     reservation_id, decode_block_offsets_bytes, client_endpoint, chunk_tokens, store_new_blocks,
-                     fail_after_layers);
+                     reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
+                     store_new_blocks, fail_after_layers);
 };
 
 struct WorkerLoadReply {
@@ -660,9 +672,10 @@ struct WorkerLoadReply {
   int64_t kv_blocks_committed = 0;  // decode: promised to running + reserved requests at full length
   int64_t kv_blocks_free = 0;       // total - committed (decode) / total - used (prefill)
   double recent_step_ms = 0;        // decode: mean of the recent steps
+  std::string kv_segment;           // decode: transfer-engine segment prefill writes KV into ("" = kv_write only)
   MSGPACK_DEFINE_MAP(role, backend, model, queued_jobs, queued_tokens, running_tokens, predicted_queue_ms, batch_size,
                      reservations, kv_blocks_total, kv_blocks_used, kv_blocks_committed, kv_blocks_free,
-                     recent_step_ms);
+                     recent_step_ms, kv_segment);
 };
 struct WorkerLoadRequest {
   static constexpr const char* kType = "worker_load";

@@ -8,6 +8,10 @@
 //   tokens  hit blocks x block_size, capped at input_length, / all input tokens (the 37.4 % figure).
 //   tokens_full_blocks  the same counting only complete blocks: a block-keyed store never keys the
 //           partial last block (field report #19), so this is what a live cluster can reach at most.
+//   infinite_earlier  the infinite cache when a request can reuse only blocks of requests that arrived
+//           strictly before it (the trace's timestamps come in 3 s buckets, and requests of one bucket
+//           run concurrently in a live cluster: none has stored its blocks when the others look up).
+//           This is the figure a live replay is compared with.
 // Under LRU a request hits the longest prefix of its blocks still cached (a prefix cache cannot use a
 // block whose parent is gone); afterwards every block of the request is inserted or refreshed, oldest
 // evicted first. Capacity in tokens is converted to floor(capacity / block_size) blocks.
@@ -72,6 +76,7 @@ struct TraceAnalysis {
   int64_t total_blocks = 0;
   int64_t distinct_blocks = 0;
   HitRatios infinite;
+  HitRatios infinite_earlier;             // infinite cache, blocks of strictly earlier arrivals only
   std::vector<LruPoint> lru;
 };
 
@@ -83,10 +88,11 @@ nlohmann::json to_json(const TraceAnalysis& analysis, const RunInfo& info = {});
 void print_table(std::ostream& out, const TraceAnalysis& analysis, const RunInfo& info = {});
 
 // Prefix-cache hit accounting of one trace, shared by the infinite and LRU simulations: feed rows in
-// arrival order. capacity_blocks <= 0 means infinite.
+// arrival order. capacity_blocks <= 0 means infinite. With earlier_arrivals_only, the blocks of a row
+// become visible only to rows with a later timestamp (rows of one timestamp do not hit each other).
 class PrefixCacheModel {
  public:
-  PrefixCacheModel(int64_t capacity_blocks, int64_t block_size);
+  PrefixCacheModel(int64_t capacity_blocks, int64_t block_size, bool earlier_arrivals_only = false);
   ~PrefixCacheModel();
   PrefixCacheModel(const PrefixCacheModel&) = delete;
   PrefixCacheModel& operator=(const PrefixCacheModel&) = delete;

@@ -3,7 +3,10 @@
 //            and match (match_prefix over 24 keys), with N concurrent clients, each on its own thread and
 //            connection; the figure to compare with `redis-benchmark -t set,get -c N` (tools/mc-store/bench.sh).
 //  data:     batch_put / batch_get GB/s (decimal) of blocks of block_tokens x kv_bytes_per_token bytes
-//            through the client library, to compare with `mc-xfer bench` on the same path.
+//            through the client library (blocks registered with the client's transfer engine once, as a
+//            worker registers its KV cache), to compare with `mc-xfer bench` on the same path. Puts run
+//            for duration_s over fresh keys (each round removed right after), then gets for duration_s
+//            over one round of stored blocks, so both stream without waiting for leases.
 // Every loop is bounded by duration_s and by max_ops. Output: a table (units in headers) or JSON.
 #pragma once
 

@@ -4,10 +4,15 @@
 // model, revision, KV dtype, block size, layout, LoRA or salt never hits; any other non-empty string up
 // to 512 bytes is accepted too (admin objects). Values are immutable byte strings (KV blocks).
 //
-// Data path: the master hands out replica locations; the client moves the bytes itself. A replica on
-// the caller's own host whose segment is a shared-memory file is mapped and copied directly (one
-// memcpy, no daemon in the way); any other replica (other host, SSD tier) is read or written through
-// the storage node's data RPCs over tcp, in chunks of at most proto::kStoreMaxChunkBytes.
+// Data path (Mooncake §5): the master hands out replica locations; the client moves the bytes itself with
+// its own mc::transfer::TransferEngine (initiator only), whose segment directory is the master
+// (directory.hpp). A replica names the storage node's engine segment and the offset in it; the engine
+// opens the segment (shm — one memcpy from the node's memfd — when both run on one host, else rdma or
+// tcp) and moves the bytes. Each batch call posts one engine batch for all its objects (and replicas).
+// Local memory: a buffer registered with register_buffer() is used in place (zero-copy); any other
+// buffer is registered for the duration of the call (or staged through a temporary buffer when it
+// straddles the edge of a registered one). SSD replicas are files, which the engine cannot address: they
+// are read and written through the storage node's store.node.* RPCs (chunks of at most 1 MiB).
 //
 // Reads: replicas are tried nearest first (same host, same failure domain, DRAM before SSD); a replica
 // that fails is skipped for the next one. Each read runs under a lease granted by the master: if the
@@ -23,9 +28,14 @@
 // space is being freed by demotions to SSD, put waits up to put_retry_ms; kNoSpace means nothing can
 // be evicted (everything leased, pinned or being written) or no node is mounted.
 //
+// Liveness: a background thread heartbeats the master every heartbeat_ms on its own connection, so an
+// idle but live writer keeps its unfinished puts, and a dead one's are reclaimed after the master's
+// client TTL (field report #7).
+//
 // Errors: kUnavailable/kTimeout (master or node unreachable, endpoint named), kObjectNotFound (miss),
 // kObjectBusy, kLeaseExpired, kNoSpace, kInvalidArgument (bad key, size 0, buffer too small).
-// Thread-safety: a Client is not thread-safe (it owns ZeroMQ sockets); use one per thread.
+// Thread-safety: a Client is not thread-safe (it owns ZeroMQ sockets); use one per thread. Its heartbeat
+// thread and the engine's threads are internal and stop in the destructor.
 #pragma once
 
 #include <cstddef>
@@ -48,10 +58,13 @@ struct ClientOptions {
   std::string host;            // this host's name for nearest-first; empty: gethostname()
   std::string domain;          // this host's failure domain label (may be empty)
   int rpc_timeout_ms = 2000;   // per master call
-  int node_timeout_ms = 2000;  // per storage-node data call (a dead node costs at most this per replica)
+  int node_timeout_ms = 2000;  // per transfer (engine request deadline) or SSD data call; a dead node costs
+                               // at most this per replica
+  int heartbeat_ms = 1000;     // background heartbeat to the master (0: off; the master's client TTL is 10 s)
   uint32_t replicas = 1;       // copies written by put/batch_put
   std::string preferred_segment;  // tried first by put (e.g. the segment of this host's storage node)
-  bool use_shm = true;         // map same-host DRAM segments instead of going through the node
+  std::vector<std::string> transports = {"shm", "rdma", "tcp"};  // engine transports allowed; the best that
+                                                                 // reaches a replica's segment is used
   bool replicate_hot = true;   // perform hot-object copies the master asks for after a read
   int put_retry_ms = 3000;     // how long put waits for space that is being freed (DRAM -> SSD demotion)
 };
@@ -72,7 +85,8 @@ struct WriteOptions {
   bool pin = false;        // never evicted
 };
 
-// Counters of the data path since connect (for benchmarks and the ledger).
+// Counters of the data path since connect (for benchmarks and the ledger). "shm" counts bytes the engine
+// moved over shm; "tcp" counts every other path (tcp, rdma, and SSD replicas through node RPCs).
 struct ClientCounters {
   uint64_t bytes_read_shm = 0, bytes_read_tcp = 0, bytes_written_shm = 0, bytes_written_tcp = 0;
   uint64_t replica_fallbacks = 0;  // reads that failed on a replica and went to the next
@@ -105,6 +119,11 @@ class Client {
   Status remove(const std::string& key);
   Result<proto::StoreLsReply> ls(const std::string& prefix, uint32_t limit = 1000);
   Result<proto::StoreStatReply> stat();
+
+  // Registers caller memory with the client's transfer engine so reads and writes use it in place
+  // (zero-copy). kAlreadyExists when it overlaps a registered buffer, kInvalidArgument for an empty span.
+  Status register_buffer(std::span<std::byte> buffer);
+  Status unregister_buffer(void* data);  // kNotFound when no registered buffer starts at data
 
   const std::string& client_id() const;
   const ClientCounters& counters() const;

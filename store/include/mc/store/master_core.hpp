@@ -69,8 +69,9 @@ struct SegmentInfo {
   std::string domain;     // failure domain label, e.g. "rack1"
   Medium medium = Medium::kCpu;
   uint64_t capacity_bytes = 0;
-  std::string endpoint;   // the node's data endpoint (where clients read and write)
-  std::string shm_path;   // same-host clients may map this file (empty: not shared)
+  std::string endpoint;   // the node's RPC endpoint (store.node.* reads/writes of disk segments)
+  std::string xfer_segment;         // transfer-engine segment holding the bytes ("host:port"); "" for disk
+  uint64_t xfer_base_offset = 0;    // offset of the segment's byte 0 in xfer_segment
 };
 
 // One replica as the caller sees it: where to read or write `size_bytes` bytes.

@@ -1,18 +1,26 @@
-// `mc-store serve`: a storage node. Contributes dram_bytes of memory (a shared-memory file under
-// /dev/shm, which same-host clients map directly) and optionally ssd_bytes of a file in ssd_dir as
-// segments of the pool; mounts them at the master, heartbeats every heartbeat_ms, answers the data RPCs
-// (store.node.read / store.node.write) for clients that cannot map its memory, performs the DRAM -> SSD
-// demotions the master asks for, and unmounts on SIGTERM/SIGINT (removing its /dev/shm file).
+// `mc-store serve`: a storage node. Contributes dram_bytes of memory (and optionally ssd_bytes of a file
+// in ssd_dir) as segments of the pool; mounts them at the master, heartbeats every heartbeat_ms, performs
+// the DRAM -> SSD demotions the master asks for, and unmounts on SIGTERM/SIGINT.
+//
+// Data path (Mooncake §5): the DRAM segment is registered with the node's own mc::transfer::TransferEngine
+// listening on xfer_listen; the engine's descriptor is published at the master (the cluster's segment
+// directory, directory.hpp) before every mount, and the mount names the engine segment ("host:port") and
+// the DRAM segment's offset inside it. Clients READ/WRITE replicas with their own engine: shm (one memcpy)
+// when on the same host — the DRAM is a memfd SharedBuffer, so nothing is left in /dev/shm even after
+// SIGKILL — and tcp (or rdma) otherwise. With shm off the DRAM is private memory, served over tcp only.
+// The SSD segment is a file, which the engine cannot address: its bytes are read and written through the
+// node's store.node.read / store.node.write RPCs on `listen` (which refuse the DRAM segment).
 //
 // SSD I/O: pread/pwrite on a file opened with O_DIRECT where the file system allows it (tmpfs does
 // not; then buffered I/O), through an aligned bounce buffer so any (offset, length) works.
 // Segment names: "<node_id>/dram" and "<node_id>/ssd". A node that the master declared dead (missed
-// heartbeats) mounts its segments again, empty, on its next heartbeat.
-// Threading: run_node() serves on the calling thread until a stop signal.
+// heartbeats) publishes and mounts its segments again, empty, on its next heartbeat.
+// Threading: run_node() serves on the calling thread until a stop signal; the engine has its own threads.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "mc/common/status.hpp"
 
@@ -20,7 +28,8 @@ namespace mc::store {
 
 struct NodeOptions {
   std::string master = "tcp://127.0.0.1:7450";
-  std::string listen = "tcp://127.0.0.1:0";  // data endpoint (port 0: any free port)
+  std::string listen = "tcp://127.0.0.1:0";  // RPC endpoint (SSD data RPCs; port 0: any free port)
+  std::vector<std::string> xfer_listen = {"tcp://127.0.0.1:0"};  // transfer-engine endpoints (one path each)
   std::string node_id;                       // empty: "<hostname>-<pid>"
   std::string host;                          // empty: gethostname()
   std::string domain = "default";            // failure domain label
@@ -28,7 +37,8 @@ struct NodeOptions {
   std::string ssd_dir;                       // empty: no SSD tier
   uint64_t ssd_bytes = 0;
   int heartbeat_ms = 1000;
-  bool shm = true;                           // back DRAM with /dev/shm (same-host zero-daemon reads)
+  bool shm = true;                           // DRAM in a memfd that same-host engines map (else tcp only)
+  bool prefault = true;                      // commit the DRAM at start (else on first write, in the put path)
 };
 
 Status run_node(const NodeOptions& options);

@@ -1,0 +1,74 @@
+// The store master as the transfer engine's segment directory (Mooncake §5: the metadata service that
+// tells a peer how to reach a segment).
+//
+// Storage nodes create their TransferEngine with a MasterSegmentDirectory: registering the DRAM pool
+// publishes the engine's descriptor (xfer.publish_segment), and the node publishes it again on every
+// mount. Clients create theirs with one too: open_segment(name) looks the descriptor up at the master
+// (xfer.get_segment) instead of asking the peer. The master keeps one descriptor per segment name
+// (the newest publish wins) and forgets a descriptor once no mounted store segment refers to it any more
+// (its node unmounted or was declared dead), so a lookup of a dead node's segment is kNotFound.
+//
+// SegmentRegistry is the master's side (pure: no sockets); MasterSegmentDirectory the engine's side.
+// Errors: kProtocolMismatch for a descriptor whose format_version is not proto::kSegmentDescriptorVersion
+// (checked on publish by the master and on lookup by the client); kInvalidArgument for an empty name or
+// overlapping / unsorted regions; kNotFound naming the segment; the RPC's kUnavailable/kTimeout naming the
+// master endpoint.
+// Thread-safety: MasterSegmentDirectory may be called from any thread (one RPC connection behind a mutex);
+// SegmentRegistry is not thread-safe (the master's RPC thread owns it).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "mc/common/protocol.hpp"
+#include "mc/common/rpc.hpp"
+#include "mc/common/status.hpp"
+#include "mc/transfer/engine.hpp"
+
+namespace mc::store {
+
+// Checks what a directory accepts: known format version, a name, disjoint regions sorted by offset.
+Status validate_descriptor(const proto::SegmentDescriptor& descriptor);
+
+class SegmentRegistry {
+ public:
+  // Stores (or replaces) the descriptor under its name; returns the number of regions accepted.
+  Result<uint64_t> publish(const proto::SegmentDescriptor& descriptor);
+  Result<proto::SegmentDescriptor> lookup(const std::string& name) const;
+  // Called with the xfer segment names that mounted store segments refer to now. A descriptor that was
+  // referred to before and is not any more (its node is gone) is dropped; descriptors never referred
+  // to (other engines using the master as directory) stay until replaced. Returns the names dropped.
+  std::set<std::string> retain_bound(const std::set<std::string>& referenced);
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    proto::SegmentDescriptor descriptor;
+    bool bound = false;  // some mounted store segment referred to it
+  };
+  std::map<std::string, Entry> entries_;
+};
+
+class MasterSegmentDirectory final : public transfer::SegmentDirectory {
+ public:
+  // Connects to the master (hello handshake); client_name appears in the master's logs.
+  static Result<std::shared_ptr<MasterSegmentDirectory>> connect(const std::string& master_endpoint,
+                                                                const std::string& client_name,
+                                                                int64_t rpc_timeout_ms);
+  Result<proto::SegmentDescriptor> lookup(const std::string& name, int64_t timeout_ms) override;
+  // An initiator-only engine (empty name) serves nothing: nothing is published.
+  Status publish(const proto::SegmentDescriptor& descriptor) override;
+
+ private:
+  MasterSegmentDirectory() = default;
+  std::mutex mu_;
+  std::unique_ptr<rpc::RpcClient> master_;
+  std::string endpoint_;
+  int64_t rpc_timeout_ms_ = 2000;
+};
+
+}  // namespace mc::store

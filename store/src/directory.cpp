@@ -1,0 +1,90 @@
+#include "mc/store/directory.hpp"
+
+namespace mc::store {
+
+Status validate_descriptor(const proto::SegmentDescriptor& d) {
+  if (d.format_version != proto::kSegmentDescriptorVersion) {
+    return Status(Code::kProtocolMismatch, "segment descriptor '" + d.name + "' has format version " +
+                                               std::to_string(d.format_version) + "; this build reads version " +
+                                               std::to_string(proto::kSegmentDescriptorVersion) +
+                                               " (upgrade the older side)");
+  }
+  if (d.name.empty()) return Status(Code::kInvalidArgument, "segment descriptor without a name");
+  uint64_t end = 0;
+  for (const auto& r : d.regions) {
+    if (r.segment_offset < end || r.segment_offset + r.length_bytes < r.segment_offset) {
+      return Status(Code::kInvalidArgument, "segment descriptor '" + d.name + "': region at offset " +
+                                                std::to_string(r.segment_offset) + " overlaps or is out of order");
+    }
+    end = r.segment_offset + r.length_bytes;
+  }
+  return Status::ok();
+}
+
+Result<uint64_t> SegmentRegistry::publish(const proto::SegmentDescriptor& descriptor) {
+  MC_RETURN_IF_ERROR(validate_descriptor(descriptor));
+  Entry& e = entries_[descriptor.name];
+  e.descriptor = descriptor;
+  return static_cast<uint64_t>(descriptor.regions.size());
+}
+
+Result<proto::SegmentDescriptor> SegmentRegistry::lookup(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return Status(Code::kNotFound, "segment " + name + " is not in the master's directory (its storage node "
+                                   "never published it, unmounted or was declared dead)");
+  }
+  return it->second.descriptor;
+}
+
+std::set<std::string> SegmentRegistry::retain_bound(const std::set<std::string>& referenced) {
+  std::set<std::string> dropped;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (referenced.count(it->first)) {
+      it->second.bound = true;
+      ++it;
+    } else if (it->second.bound) {
+      dropped.insert(it->first);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
+Result<std::shared_ptr<MasterSegmentDirectory>> MasterSegmentDirectory::connect(const std::string& master_endpoint,
+                                                                               const std::string& client_name,
+                                                                               int64_t rpc_timeout_ms) {
+  std::shared_ptr<MasterSegmentDirectory> d(new MasterSegmentDirectory());
+  rpc::ClientOptions co;
+  co.client_name = client_name;
+  co.connect_timeout_ms = static_cast<int>(rpc_timeout_ms);
+  co.default_timeout_ms = static_cast<int>(rpc_timeout_ms);
+  MC_ASSIGN_OR_RETURN(d->master_, rpc::RpcClient::connect(master_endpoint, co));
+  d->endpoint_ = master_endpoint;
+  d->rpc_timeout_ms_ = rpc_timeout_ms;
+  return d;
+}
+
+Result<proto::SegmentDescriptor> MasterSegmentDirectory::lookup(const std::string& name, int64_t timeout_ms) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto reply = master_->call(proto::GetSegmentRequest{name}, static_cast<int>(timeout_ms > 0 ? timeout_ms : rpc_timeout_ms_));
+  if (!reply.is_ok()) return reply.status().with_context("looking up segment " + name + " at " + endpoint_);
+  MC_RETURN_IF_ERROR(validate_descriptor(reply->descriptor));
+  if (reply->descriptor.name != name) {
+    return Status(Code::kMalformedMessage, "master " + endpoint_ + " answered segment '" + reply->descriptor.name +
+                                               "' for a lookup of '" + name + "'");
+  }
+  return std::move(reply->descriptor);
+}
+
+Status MasterSegmentDirectory::publish(const proto::SegmentDescriptor& descriptor) {
+  if (descriptor.name.empty()) return Status::ok();
+  std::lock_guard<std::mutex> lk(mu_);
+  auto reply = master_->call(proto::PublishSegmentRequest{descriptor}, static_cast<int>(rpc_timeout_ms_));
+  if (!reply.is_ok()) return reply.status().with_context("publishing segment " + descriptor.name + " at " + endpoint_);
+  return Status::ok();
+}
+
+}  // namespace mc::store
