@@ -400,8 +400,8 @@ Result<std::unique_ptr<Client>> Client::connect(ClientOptions options) {
   transfer::EngineOptions eo;
   eo.transports = options.transports;
   eo.directory = impl->directory;
-  eo.request_timeout_ms = std::max(1, options.node_timeout_ms);
-  eo.slice_timeout_ms = std::max(1, std::min(options.node_timeout_ms, 2000));
+  eo.request_timeout_ms = std::max(1, options.transfer_timeout_ms);
+  eo.slice_timeout_ms = std::max(1, options.node_timeout_ms);
   eo.connect_timeout_ms = std::max(1, std::min(options.node_timeout_ms, 1000));
   MC_ASSIGN_OR_RETURN(impl->engine, transfer::TransferEngine::create(eo));
   if (options.heartbeat_ms > 0) {

@@ -58,8 +58,10 @@ struct ClientOptions {
   std::string host;            // this host's name for nearest-first; empty: gethostname()
   std::string domain;          // this host's failure domain label (may be empty)
   int rpc_timeout_ms = 2000;   // per master call
-  int node_timeout_ms = 2000;  // per transfer (engine request deadline) or SSD data call; a dead node costs
-                               // at most this per replica
+  int node_timeout_ms = 2000;  // a storage node making no progress this long has failed (engine slice
+                               // timeout and connect bound; per SSD data call)
+  int transfer_timeout_ms = 30000;  // deadline of one replica transfer from submit, queueing behind the rest
+                                    // of its batch included (engine request timeout)
   int heartbeat_ms = 1000;     // background heartbeat to the master (0: off; the master's client TTL is 10 s)
   uint32_t replicas = 1;       // copies written by put/batch_put
   std::string preferred_segment;  // tried first by put (e.g. the segment of this host's storage node)
