@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
   auto engine_prefill =
       PrefillWorker::create(popt, make_backend(bo).value(), nullptr, make_rpc_decode_link(30000)).value();
   popt.kv_engine = false;
-  auto rpc_prefill = PrefillWorker::create(popt, make_backend(bo).value(), nullptr, make_rpc_decode_link(30000)).value();
+  auto rpc_prefill =
+      PrefillWorker::create(popt, make_backend(bo).value(), nullptr, make_rpc_decode_link(30000)).value();
   // The limit: one layer's KV (every block of the prompt) copied once by memcpy.
   const int64_t layer_bytes = ((tokens + block - 1) / block) * backend->kv_layout(block).layer_block_bytes();
   double memcpy_layer_s = 1e30;

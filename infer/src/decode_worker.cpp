@@ -185,8 +185,8 @@ void DecodeWorker::on_kv_notification(const transfer::Notification& note) {
                                        std::to_string(layout.num_layers) + " layers, " + std::to_string(nblocks) +
                                        " prompt blocks)");
   } else {
-    const uint64_t want_offset =
-        kv_segment_base_ + static_cast<uint64_t>(kv_->layer_block_offset(r.blocks[static_cast<size_t>(end - 1)], layer));
+    const int32_t last_block = r.blocks[static_cast<size_t>(end - 1)];
+    const uint64_t want_offset = kv_segment_base_ + static_cast<uint64_t>(kv_->layer_block_offset(last_block, layer));
     if (note.segment_offset != want_offset || note.length != static_cast<uint64_t>(layout.layer_block_bytes())) {
       bad = error(Code::kDataLoss, "KV notification '" + note.tag + "': wrote " + std::to_string(note.length) +
                                        " B at segment offset " + std::to_string(note.segment_offset) + ", expected " +

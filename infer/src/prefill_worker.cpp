@@ -207,8 +207,8 @@ PrefillWorker::~PrefillWorker() { engine_.reset(); }
 // Blocks [first, end) of one layer: every block's layer range but the last as one batch, then the last one with
 // the layer-arrival tag, so the notification means the whole span landed.
 Status PrefillWorker::write_layer_engine(const proto::PrefillJobRequest& job, transfer::SegmentHandle segment,
-                                         const std::string& segment_name, const std::vector<int32_t>& blocks, int64_t layer, int64_t first,
-                                         int64_t end) {
+                                         const std::string& segment_name, const std::vector<int32_t>& blocks,
+                                         int64_t layer, int64_t first, int64_t end) {
   const int64_t lbb = kv_->layout().layer_block_bytes();
   auto request = [&](int64_t b) {
     transfer::TransferRequest r;
@@ -430,7 +430,8 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   // The tail: last layer computed -> its last byte acknowledged by decode (the first token's logits are computed
   // meanwhile, so it can end before the backend returns).
   const int64_t t_all_kv = streamer.last_sent_ns() > 0 ? streamer.last_sent_ns() : now_ns();
-  const int64_t tail_ns = std::max<int64_t>(0, t_all_kv - (t_last_layer_done > 0 ? t_last_layer_done : t_last_layer));
+  const int64_t tail_from = t_last_layer_done > 0 ? t_last_layer_done : t_last_layer;
+  const int64_t tail_ns = std::max<int64_t>(0, t_all_kv - tail_from);
   ledger.prefill_ms = (t_last_layer - t_prefill) / 1'000'000;
   ledger.kv_tail_ms = tail_ns / 1'000'000;
   metrics_.histogram("mc_prefill_kv_tail_seconds", metrics::latency_buckets_s(),

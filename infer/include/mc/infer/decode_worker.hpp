@@ -33,8 +33,9 @@
 // free their KV and get request_done with the ledger (prefill's, plus decode time and output tokens).
 //
 // Threads: handler methods (reserve, kv_write, commit, abort, release, load) may be called from one thread and
-// on_kv_notification from the transfer engine's threads while step() runs on another; shared state is under one mutex, and the backend runs outside it. All client
-// messages are sent from the step() thread through the TokenSink.
+// on_kv_notification from the transfer engine's threads while step() runs on another; shared state is under one
+// mutex, and the backend runs outside it. All client messages are sent from the step() thread through the
+// TokenSink.
 #pragma once
 
 #include <atomic>
