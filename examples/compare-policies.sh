@@ -11,13 +11,13 @@
 # Options (environment variable in brackets):
 #   --duration-s S      trace window in seconds of trace time          [MC_DURATION_S, 60]
 #   --start-s S         where the window starts                        [MC_START_S, 0]
-#   --speed X           time compression of cluster and replay         [MC_SPEED, 10]
+#   --speed X           time compression of cluster and replay         [MC_SPEED, 4]
 #   --policies LIST     comma-separated                                [MC_POLICIES, random,least_loaded,cache_aware,kvcache]
 #   --keep DIR          keep the records (DIR/<policy>.jsonl)          [MC_KEEP]
 #   --json              print the summaries as one JSON list
 #   --build-dir DIR     binaries in DIR/bin (built if missing)         [MC_BUILD_DIR, build]
 #   -h, --help          this text
-# About 1.5-2 minutes per policy on a 2-core machine with the defaults.
+# About 25 s per policy on a 2-core machine with the defaults.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,7 +26,7 @@ usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0
 
 duration_s="${MC_DURATION_S:-60}"
 start_s="${MC_START_S:-0}"
-speed="${MC_SPEED:-10}"
+speed="${MC_SPEED:-4}"
 policies="${MC_POLICIES:-random,least_loaded,cache_aware,kvcache}"
 keep="${MC_KEEP:-}"
 build_dir="${MC_BUILD_DIR:-$root/build}"

@@ -14,14 +14,16 @@
 # Options (environment variable in brackets):
 #   --duration-s S     trace window in seconds of trace time          [MC_DURATION_S, 120]
 #   --start-s S        where the window starts in the trace           [MC_START_S, 0]
-#   --speed X          time compression of cluster and replay         [MC_SPEED, 10]
+#   --speed X          time compression of cluster and replay         [MC_SPEED, 4]
 #   --policy NAME      random | least_loaded | cache_aware | kvcache  [MC_POLICY, kvcache]
+#   --prefill P        prefill instances                              [MC_PREFILL, 2]
+#   --decode D         decode instances                               [MC_DECODE, 2]
 #   --out FILE         also keep the per-request JSONL records        [MC_OUT]
 #   --json             print the summary as JSON
 #   --build-dir DIR    where to build / find the binaries             [MC_BUILD_DIR, build]
 #   -h, --help         this text
 # Any other option after -- is passed to mc-trace-replay (for example -- --max-requests 100).
-# It takes about 2-4 minutes on a 2-core machine once built (the build itself takes longer).
+# It takes about 1 minute on a 2-core machine once built (the build itself takes longer).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,8 +32,10 @@ usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0
 
 duration_s="${MC_DURATION_S:-120}"
 start_s="${MC_START_S:-0}"
-speed="${MC_SPEED:-10}"
+speed="${MC_SPEED:-4}"
 policy="${MC_POLICY:-kvcache}"
+n_prefill="${MC_PREFILL:-2}"
+n_decode="${MC_DECODE:-2}"
 out="${MC_OUT:-}"
 build_dir="${MC_BUILD_DIR:-$root/build}"
 json=()
@@ -43,6 +47,8 @@ while [[ $# -gt 0 ]]; do
     --start-s) need "$@"; start_s="$2"; shift 2 ;;
     --speed) need "$@"; speed="$2"; shift 2 ;;
     --policy) need "$@"; policy="$2"; shift 2 ;;
+    --prefill) need "$@"; n_prefill="$2"; shift 2 ;;
+    --decode) need "$@"; n_decode="$2"; shift 2 ;;
     --out) need "$@"; out="$2"; shift 2 ;;
     --json) json=(--json); shift ;;
     --build-dir) need "$@"; build_dir="$2"; shift 2 ;;
@@ -72,4 +78,4 @@ echo "replay-conversation.sh: ${duration_s} s of $(basename "$trace") from ${sta
      "${speed}x compressed; policy $policy" >&2
 # The conductor's endpoint reaches the replay through MC_CONDUCTOR (set by local-cluster.sh).
 exec "$here/local-cluster.sh" --bin "$bin" --backend sim --model llama3-70b --gpu a800x8 --time-scale "$speed" \
-  --block-size 512 --store-nodes 2 --prefill 2 --decode 2 --policy "$policy" -- "${replay[@]}"
+  --block-size 512 --store-nodes 2 --prefill "$n_prefill" --decode "$n_decode" --policy "$policy" -- "${replay[@]}"
