@@ -8,6 +8,7 @@
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
+#include "client_pool.hpp"
 
 namespace mc::infer {
 
@@ -56,7 +57,7 @@ namespace {
 
 class RpcTokenSink final : public TokenSink {
  public:
-  explicit RpcTokenSink(int timeout_ms) : timeout_ms_(timeout_ms) {}
+  explicit RpcTokenSink(int timeout_ms) : pool_("mc-decode", timeout_ms) {}
   Status token(const std::string& endpoint, const proto::TokenEvent& e) override { return send(endpoint, e); }
   Status done(const std::string& endpoint, const proto::RequestDone& d) override { return send(endpoint, d); }
   Status fail(const std::string& endpoint, const proto::RequestError& e) override { return send(endpoint, e); }
@@ -64,23 +65,9 @@ class RpcTokenSink final : public TokenSink {
  private:
   template <typename Msg>
   Status send(const std::string& endpoint, const Msg& msg) {
-    auto it = clients_.find(endpoint);
-    if (it == clients_.end()) {
-      rpc::ClientOptions o;
-      o.client_name = "mc-decode";
-      o.connect_timeout_ms = timeout_ms_;
-      MC_ASSIGN_OR_RETURN(auto client, rpc::RpcClient::connect(endpoint, o));
-      it = clients_.emplace(endpoint, std::move(client)).first;
-    }
-    auto reply = it->second->call(msg, timeout_ms_);
-    if (!reply.is_ok()) {
-      clients_.erase(it);  // reconnect next time (a late reply must not be taken for the next call's)
-      return reply.status();
-    }
-    return Status::ok();
+    return pool_.call(endpoint, msg).status();
   }
-  int timeout_ms_;
-  std::map<std::string, std::unique_ptr<rpc::RpcClient>> clients_;
+  ClientPool pool_;
 };
 
 int64_t unix_ns() {

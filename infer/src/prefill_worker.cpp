@@ -12,6 +12,7 @@
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
+#include "client_pool.hpp"
 #include "mc/infer/cost_model.hpp"
 
 namespace mc::infer {
@@ -29,7 +30,7 @@ int64_t ms_since(int64_t t0_ns) { return (now_ns() - t0_ns) / 1'000'000; }
 
 class RpcDecodeLink final : public DecodeLink {
  public:
-  explicit RpcDecodeLink(int timeout_ms) : timeout_ms_(timeout_ms) {}
+  explicit RpcDecodeLink(int timeout_ms) : pool_("mc-prefill", timeout_ms) {}
   Result<proto::KvWriteReply> write(const std::string& ep, const proto::KvWriteRequest& r) override { return call(ep, r); }
   Result<proto::KvCommitReply> commit(const std::string& ep, const proto::KvCommitRequest& r) override {
     return call(ep, r);
@@ -45,22 +46,9 @@ class RpcDecodeLink final : public DecodeLink {
  private:
   template <typename Req>
   Result<typename Req::Reply> call(const std::string& endpoint, const Req& req) {
-    auto it = clients_.find(endpoint);
-    if (it == clients_.end()) {
-      rpc::ClientOptions o;
-      o.client_name = "mc-prefill";
-      o.connect_timeout_ms = timeout_ms_;
-      MC_ASSIGN_OR_RETURN(auto client, rpc::RpcClient::connect(endpoint, o));
-      it = clients_.emplace(endpoint, std::move(client)).first;
-    }
-    auto reply = it->second->call(req, timeout_ms_);
-    if (!reply.is_ok() && (reply.status().code() == Code::kTimeout || reply.status().code() == Code::kUnavailable)) {
-      clients_.erase(it);
-    }
-    return reply;
+    return pool_.call(endpoint, req);
   }
-  int timeout_ms_;
-  std::map<std::string, std::unique_ptr<rpc::RpcClient>> clients_;
+  ClientPool pool_;
 };
 
 // One layer's KV of blocks [first, end) of the job (positions in the prompt's block list).
