@@ -11,16 +11,10 @@
 #include <thread>
 
 #include "backends.hpp"
+#include "mc/common/splitmix.hpp"
 
 namespace mc::infer {
 namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 uint64_t mix(uint64_t h, uint32_t token) {
   uint64_t s = h ^ (static_cast<uint64_t>(token) * 0xff51afd7ed558ccdULL);

@@ -3,19 +3,9 @@
 #include <algorithm>
 #include <string>
 
+#include "mc/common/splitmix.hpp"
+
 namespace mc::replay {
-
-namespace {
-
-// SplitMix64 (Steele, Lea, Flood 2014): a bijective 64-bit mixer, so distinct ids give distinct streams.
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 Status SynthOptions::validate() const {
   if (trace_block_size < 1)
