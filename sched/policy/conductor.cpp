@@ -690,21 +690,10 @@ class Conductor {
 Status apply_cost_model(ConductorOptions& options, const std::string& model_spec, const std::string& gpu_name) {
   MC_ASSIGN_OR_RETURN(infer::ModelConfig model, infer::load_model(model_spec));
   MC_ASSIGN_OR_RETURN(infer::GpuSpec gpu, infer::gpu_preset(gpu_name));
-  // The cost model's prefill time is linear in the terms n and n*c + n(n+1)/2 (cost_model.hpp), the
-  // same terms as PrefillPredictor: read the two coefficients off two evaluations.
-  const double t1 = infer::prefill_time_s(model, gpu, 1, 0) * 1e3;
-  const double t2 = infer::prefill_time_s(model, gpu, 1, 1000) * 1e3;
-  options.prefill_prior.fixed_ms = 0;
-  options.prefill_prior.ms_per_token_pair = (t2 - t1) / 1000.0;
-  options.prefill_prior.ms_per_token = t1 - options.prefill_prior.ms_per_token_pair;
-  // Decode step: the memory-bound branch (weights + every KV byte once) is linear in the context; the
-  // compute branch only matters for huge batches, which the per-request term approximates.
-  const double d0 = infer::decode_step_time_s(model, gpu, 1, 0) * 1e3;
-  const double dt = infer::decode_step_time_s(model, gpu, 1, 1'000'000) * 1e3;
-  const double db = infer::decode_step_time_s(model, gpu, 257, 0) * 1e3;
-  options.decode_prior.fixed_ms = d0;
-  options.decode_prior.ms_per_context_token = (dt - d0) / 1e6;
-  options.decode_prior.ms_per_request = std::max(0.0, (db - d0) / 256.0);
+  options.prefill_prior = prefill_prior_from_cost_model(
+      [&](int64_t n, int64_t c) { return infer::prefill_time_s(model, gpu, n, c) * 1e3; });
+  options.decode_prior = decode_prior_from_cost_model(
+      [&](int64_t b, int64_t t) { return infer::decode_step_time_s(model, gpu, b, t) * 1e3; });
   if (options.scheduler.kv.kv_bytes_per_token <= 0) options.scheduler.kv.kv_bytes_per_token = model.kv_bytes_per_token();
   return Status::ok();
 }

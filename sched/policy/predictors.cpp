@@ -197,4 +197,26 @@ double PredictionErrorStats::p90_abs_error_ms() const {
   return v[rank - 1];
 }
 
+PrefillCostPrior prefill_prior_from_cost_model(const CostFn& prefill_ms) {
+  constexpr double kCached = 10'000;
+  const double t10 = prefill_ms(1, 0);
+  const double t20 = prefill_ms(2, 0);
+  const double t1c = prefill_ms(1, static_cast<int64_t>(kCached));
+  PrefillCostPrior p;
+  p.ms_per_token_pair = std::max(0.0, (t1c - t10) / kCached);          // w2
+  p.ms_per_token = std::max(0.0, t20 - t10 - 2 * p.ms_per_token_pair);  // w1: (w1 + 2 w2) - ...
+  p.fixed_ms = std::max(0.0, t10 - p.ms_per_token - p.ms_per_token_pair);
+  return p;
+}
+
+DecodeCostPrior decode_prior_from_cost_model(const CostFn& step_ms) {
+  constexpr double kContext = 1'000'000;
+  const double s10 = step_ms(1, 0);
+  DecodeCostPrior p;
+  p.ms_per_context_token = std::max(0.0, (step_ms(1, static_cast<int64_t>(kContext)) - s10) / kContext);
+  p.ms_per_request = std::max(0.0, (step_ms(257, 0) - s10) / 256.0);
+  p.fixed_ms = std::max(0.0, s10 - p.ms_per_request);
+  return p;
+}
+
 }  // namespace mc::sched

@@ -104,32 +104,16 @@ class InferCostModel final : public CostModel {
   infer::GpuSpec gpu_;
 };
 
-// The scheduler's prior coefficients, read off the cost model itself (three probes each), so the
-// Conductor starts from the same model the simulated GPUs follow and refits from there.
+// The scheduler's prior coefficients, read off the cost model itself by the same functions mc-conductor
+// uses (sched/predictors.hpp), so it starts from the model the simulated GPUs follow and refits from there.
 //   prefill_ms(n, c) = w0 + w1*n + w2*n*(c + (n+1)/2)   (sched/predictors.hpp)
 //   step_ms(b, t)    = v0 + v1*b + v2*t
 sched::PrefillCostPrior prefill_prior(const CostModel& m) {
-  const double kC = 10'000;
-  const double t10 = m.prefill_time_s(1, 0) * 1e3;
-  const double t20 = m.prefill_time_s(2, 0) * 1e3;
-  const double t1c = m.prefill_time_s(1, static_cast<int64_t>(kC)) * 1e3;
-  sched::PrefillCostPrior p;
-  p.ms_per_token_pair = std::max(0.0, (t1c - t10) / kC);
-  p.ms_per_token = std::max(0.0, t20 - t10 - 2 * p.ms_per_token_pair);
-  p.fixed_ms = std::max(0.0, t10 - p.ms_per_token - p.ms_per_token_pair);
-  return p;
+  return sched::prefill_prior_from_cost_model([&](int64_t n, int64_t c) { return m.prefill_time_s(n, c) * 1e3; });
 }
 
 sched::DecodeCostPrior decode_prior(const CostModel& m) {
-  const double kT = 1'000'000;
-  const double s10 = m.decode_step_time_s(1, 0) * 1e3;
-  const double s20 = m.decode_step_time_s(2, 0) * 1e3;
-  const double s1t = m.decode_step_time_s(1, static_cast<int64_t>(kT)) * 1e3;
-  sched::DecodeCostPrior p;
-  p.ms_per_request = std::max(0.0, s20 - s10);
-  p.fixed_ms = std::max(0.0, s10 - p.ms_per_request);
-  p.ms_per_context_token = std::max(0.0, (s1t - s10) / kT);
-  return p;
+  return sched::decode_prior_from_cost_model([&](int64_t b, int64_t t) { return m.decode_step_time_s(b, t) * 1e3; });
 }
 
 // ---------------------------------------------------------------------------------------------

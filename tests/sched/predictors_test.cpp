@@ -42,6 +42,27 @@ TEST(Predictors, FromHardwareUsesFlopsPerTokenAndPerPair) {
   EXPECT_NEAR(p.ms_per_token_pair, 4.0 * 80 * 8192 / 1.248e15 * 1e3, 1e-15);
 }
 
+TEST(Predictors, PriorsFromACostModelRecoverItsCoefficients) {
+  // A cost model of exactly the predictors' form: the priors are its coefficients.
+  auto prefill_ms = [](int64_t n, int64_t c) {
+    const double nd = static_cast<double>(n), cd = static_cast<double>(c);
+    return 3.0 + 0.1 * nd + 2e-6 * nd * (cd + (nd + 1) / 2);
+  };
+  PrefillCostPrior p = prefill_prior_from_cost_model(prefill_ms);
+  EXPECT_NEAR(p.fixed_ms, 3.0, 1e-9);
+  EXPECT_NEAR(p.ms_per_token, 0.1, 1e-9);
+  EXPECT_NEAR(p.ms_per_token_pair, 2e-6, 1e-12);
+  auto step_ms = [](int64_t b, int64_t t) { return 10.0 + 0.05 * static_cast<double>(b) + 3e-5 * static_cast<double>(t); };
+  DecodeCostPrior d = decode_prior_from_cost_model(step_ms);
+  EXPECT_NEAR(d.fixed_ms, 10.0, 1e-9);
+  EXPECT_NEAR(d.ms_per_request, 0.05, 1e-9);
+  EXPECT_NEAR(d.ms_per_context_token, 3e-5, 1e-12);
+  // Never negative, whatever the model.
+  PrefillCostPrior z = prefill_prior_from_cost_model([](int64_t, int64_t) { return 0.0; });
+  EXPECT_EQ(z.fixed_ms, 0.0);
+  EXPECT_EQ(z.ms_per_token, 0.0);
+}
+
 TEST(Predictors, DecodeStepRefit) {
   DecodePredictor d;
   for (int i = 0; i < 300; ++i) {

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "mc/sched/types.hpp"
@@ -66,6 +67,16 @@ struct DecodeCostPrior {
   double ms_per_request = 0.05;
   double ms_per_context_token = 2.9e-5;  // 327,680 B / (8 * 2 TB/s * 0.7)
 };
+
+// Priors read off a cost model (the compute backends' one, infer/cost_model.hpp), given as functions in ms,
+// so the Conductor and the simulator start from the same coefficients. prefill_ms(new, cached) must have
+// the predictor's form w0 + w1*n + w2*n*(c + (n+1)/2): evaluated at (1,0), (2,0) and (1,10'000) it gives
+// the three weights exactly. step_ms(batch, context): the per-context-token term from (1,0) and
+// (1,1'000'000); the per-request term as the secant to a batch of 257 (the compute-bound branch of large
+// batches); the rest is fixed. Every coefficient is clamped at >= 0.
+using CostFn = std::function<double(int64_t, int64_t)>;
+PrefillCostPrior prefill_prior_from_cost_model(const CostFn& prefill_ms);
+DecodeCostPrior decode_prior_from_cost_model(const CostFn& step_ms);
 
 class PrefillPredictor {
  public:
