@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <numeric>
 
 #include "mc/transfer/shared_buffer.hpp"
@@ -291,6 +294,62 @@ TEST_P(EngineLoopback, NotificationReachesTheTargetAfterTheBytes) {
   EXPECT_TRUE(p.server->take_notifications().empty());
 }
 
+// Many notifications in a row travel over one persistent connection (no connection per notification), and
+// each arrives only after the bytes it announces.
+TEST_P(EngineLoopback, NotificationsInARowReuseOneConnectionAndFollowTheirBytes) {
+  Pair p = make_pair(GetParam(), 4 * kMiB);
+  ASSERT_NE(p.seg, 0u);
+  char* local = static_cast<char*>(p.local.data());
+  char* remote = static_cast<char*>(p.remote.data());
+  fill_pattern(local, 2 * kMiB, 21);
+  std::mutex mu;
+  std::set<std::string> tags;
+  std::atomic<int> early{0}, duplicate{0};
+  p.server->set_notification_handler([&](const Notification& n) {
+    // The announced bytes must be in the target's memory when the notification is delivered.
+    if (std::memcmp(remote + n.segment_offset, local + n.segment_offset, n.length) != 0) early++;
+    std::lock_guard<std::mutex> lk(mu);
+    if (!tags.insert(n.tag).second) duplicate++;
+  });
+  RequestStatus first = p.client->transfer_sync({Op::kWrite, local, p.seg, 0, 4 * kKiB, "warmup"}, 10000);
+  ASSERT_EQ(first.state, TransferState::kCompleted) << first.status.to_string();
+  const EngineStats c0 = p.client->stats();
+  const EngineStats s0 = p.server->stats();
+  EXPECT_EQ(c0.notify_connections_opened, 1u);
+  // A batch of 200 tagged 4 KiB writes (completing in any order), then 50 one after the other.
+  constexpr int kBatch = 200, kSerial = 50;
+  std::vector<TransferRequest> reqs;
+  for (int i = 0; i < kBatch; ++i) {
+    const uint64_t off = static_cast<uint64_t>(i + 1) * 4 * kKiB;
+    reqs.push_back({Op::kWrite, local + off, p.seg, off, 4 * kKiB, "kv/1/" + std::to_string(i) + "/1"});
+  }
+  auto id = p.client->submit(reqs).value();
+  auto bs = p.client->wait(id, 20000).value();
+  ASSERT_EQ(bs.state, TransferState::kCompleted) << bs.status.to_string();
+  for (int i = 0; i < kSerial; ++i) {
+    const uint64_t off = static_cast<uint64_t>(kBatch + 1 + i) * 4 * kKiB;
+    RequestStatus st = p.client->transfer_sync({Op::kWrite, local + off, p.seg, off, 4 * kKiB, "s" + std::to_string(i)}, 10000);
+    ASSERT_EQ(st.state, TransferState::kCompleted) << st.status.to_string();
+  }
+  const EngineStats c1 = p.client->stats();
+  const EngineStats s1 = p.server->stats();
+  EXPECT_EQ(c1.notifications_sent, 1u + kBatch + kSerial);
+  EXPECT_EQ(c1.notifications_failed, 0u);
+  EXPECT_EQ(c1.notify_connections_opened, 1u) << "one connection carried every notification";
+  EXPECT_EQ(c1.notify_connections_broken, 0u);
+  EXPECT_EQ(s1.notifications_received, 1u + kBatch + kSerial);
+  // The target accepted no connection for notifications: any new one is a data connection of the client.
+  const auto data_conns = [](const EngineStats& s) {
+    auto it = s.transport_counters.find("tcp_connections_opened");
+    return it == s.transport_counters.end() ? uint64_t{0} : it->second;
+  };
+  EXPECT_EQ(s1.connections_accepted - s0.connections_accepted, data_conns(c1) - data_conns(c0));
+  EXPECT_EQ(early.load(), 0) << "a notification arrived before its bytes";
+  EXPECT_EQ(duplicate.load(), 0);
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_EQ(tags.size(), static_cast<size_t>(1 + kBatch + kSerial));
+}
+
 TEST_P(EngineLoopback, OutOfRangeIsRefusedAndTheServerKeepsServing) {
   Pair p = make_pair(GetParam(), 4 * kMiB);
   ASSERT_NE(p.seg, 0u);
@@ -329,6 +388,45 @@ TEST(EngineTcp, ServerGoneFailsPendingRequestsWithoutHanging) {
   EXPECT_EQ(st.state, TransferState::kFailed) << st.status.to_string();
   EXPECT_EQ(st.status.code(), Code::kNoPath) << st.status.to_string();
   EXPECT_NE(st.status.message().find("refused"), std::string::npos) << st.status.message();
+}
+
+// The pooled notification connection breaks (the target restarts on the same port): the next notification
+// finds it closed, reconnects once and is delivered; with the target gone for good, the request fails with
+// the reason instead of hanging.
+TEST(EngineTcp, BrokenNotificationConnectionIsReplaced) {
+  Pair p = make_pair("tcp", kMiB);
+  ASSERT_NE(p.seg, 0u);
+  const std::string endpoint = p.server->endpoints().front();
+  RequestStatus a = p.client->transfer_sync({Op::kWrite, nullptr, p.seg, 0, 0, "before"}, 10000);
+  ASSERT_EQ(a.state, TransferState::kCompleted) << a.status.to_string();
+  ASSERT_EQ(p.server->wait_notification(5000).value_or({}).tag, "before");
+  EXPECT_EQ(p.client->stats().notify_connections_opened, 1u);
+
+  // Restart the target on the same endpoint: the pooled connection is now closed by its peer.
+  p.server.reset();
+  EngineOptions so;
+  so.listen = {endpoint};
+  auto restarted = TransferEngine::create(so);
+  ASSERT_TRUE(restarted.is_ok()) << restarted.status().to_string();
+  SharedBuffer mem = allocate_shared_buffer(kMiB).value();
+  ASSERT_TRUE(restarted.value()->register_memory(mem.data(), mem.size()).is_ok());
+  RequestStatus b = p.client->transfer_sync({Op::kWrite, nullptr, p.seg, 0, 0, "after"}, 10000);
+  ASSERT_EQ(b.state, TransferState::kCompleted) << b.status.to_string();
+  auto n = restarted.value()->wait_notification(5000);
+  ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+  EXPECT_EQ(n->tag, "after");
+  EXPECT_TRUE(restarted.value()->take_notifications().empty()) << "delivered once";
+  EngineStats cs = p.client->stats();
+  EXPECT_EQ(cs.notify_connections_opened, 2u);
+  EXPECT_EQ(cs.notify_connections_broken, 1u);
+  EXPECT_EQ(cs.notifications_sent, 2u);
+
+  // The target is gone: the notification cannot be delivered, the request fails and says why.
+  restarted.value().reset();
+  RequestStatus c = p.client->transfer_sync({Op::kWrite, nullptr, p.seg, 0, 0, "lost"}, 10000);
+  EXPECT_EQ(c.state, TransferState::kFailed);
+  EXPECT_NE(c.status.message().find("notification 'lost'"), std::string::npos) << c.status.message();
+  EXPECT_EQ(p.client->stats().notifications_failed, 1u);
 }
 
 TEST(SharedBufferTest, AllocatesAndIsFoundByAddress) {

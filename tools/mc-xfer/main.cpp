@@ -24,6 +24,7 @@ struct EngineFlags {
   std::vector<std::string> local;
   std::string slice = "64KiB";
   uint32_t connections = EngineOptions{}.connections_per_path;
+  uint32_t io_threads = EngineOptions{}.tcp_io_threads;
   std::string socket_buffer = std::to_string(EngineOptions{}.socket_buffer_bytes);
   int64_t timeout_ms = 30000;
   std::string topology;
@@ -37,6 +38,9 @@ struct EngineFlags {
         ->capture_default_str();
     cmd->add_option("--connections", connections, "TCP connections per path")->capture_default_str()
         ->check(CLI::Range(1u, 64u));
+    cmd->add_option("--io-threads", io_threads,
+                    "tcp I/O threads per segment, each owning a share of the connections (0: one per connection)")
+        ->envname("MC_XFER_IO_THREADS")->capture_default_str()->check(CLI::Range(0u, 64u));
     cmd->add_option("--socket-buffer", socket_buffer,
                     "SO_SNDBUF/SO_RCVBUF of tcp data connections in bytes (0: kernel autotuning)")
         ->envname("MC_XFER_SOCKET_BUFFER")->capture_default_str();
@@ -55,6 +59,7 @@ struct EngineFlags {
     o.slicing.slice_bytes = static_cast<uint64_t>(s);
     o.slicing.min_tail_bytes = std::min<uint64_t>(o.slicing.min_tail_bytes, o.slicing.slice_bytes);
     o.connections_per_path = connections;
+    o.tcp_io_threads = io_threads;
     MC_ASSIGN_OR_RETURN(o.socket_buffer_bytes, parse_socket_buffer(socket_buffer));
     o.request_timeout_ms = timeout_ms;
     o.topology_file = topology;
@@ -105,6 +110,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.01, 3600.0));
   bench_cmd->add_flag("--baseline", bench.baseline,
                       "Also measure memcpy (1, 2 threads) and raw loopback TCP (1, 4 streams) and print ratios");
+  bool no_warmup = false;
+  bench_cmd->add_flag("--no-warmup", no_warmup,
+                      "Skip the untimed pass that reads the swept range once before timing (first-touch page faults "
+                      "then count)");
   bench_cmd->add_flag("--json", bench.json, "One JSON document instead of the table");
   bench_engine.add(bench_cmd);
 
@@ -157,6 +166,7 @@ int main(int argc, char** argv) {
     bench.engine = eo.value();
     bench.block_bytes.assign(blocks->begin(), blocks->end());
     bench.op = bench_op == "write" ? mc::transfer::Op::kWrite : mc::transfer::Op::kRead;
+    bench.warmup = !no_warmup;
     return run("mc-xfer bench", mc::transfer::xfer::run_bench(bench, std::cout));
   }
   if (read_cmd->parsed() || write_cmd->parsed()) {

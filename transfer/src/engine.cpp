@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -403,6 +405,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   Status notify(const std::string& packed) override {
     MC_ASSIGN_OR_RETURN(proto::TransferNotification n,
                         codec::unpack<proto::TransferNotification>(packed, "transfer notification"));
+    notifications_received_++;
     Notification out{n.tag, n.from, n.op == 1 ? Op::kRead : Op::kWrite, n.segment_offset, n.length_bytes};
     std::function<void(const Notification&)> handler;
     {
@@ -559,20 +562,23 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
 
   Status check_request(const ReqState& r) const {
     const TransferRequest& q = r.req;
-    const std::string what = std::string(op_name(q.op)) + " of " + std::to_string(q.length) + " bytes at offset " +
-                             std::to_string(q.remote_offset) + " of segment " + r.seg->desc.name;
     if (q.length == 0) return Status::ok();
+    // Built only for an error: submit() checks every request, and small shm requests are cheap.
+    const auto what_of = [&] {
+      return std::string(op_name(q.op)) + " of " + std::to_string(q.length) + " bytes at offset " +
+             std::to_string(q.remote_offset) + " of segment " + r.seg->desc.name;
+    };
     if (q.remote_offset + q.length < q.remote_offset) {
-      return Status(Code::kOutOfRange, what + ": offset + length overflows 64 bits");
+      return Status(Code::kOutOfRange, what_of() + ": offset + length overflows 64 bits");
     }
     const auto la = reinterpret_cast<uintptr_t>(q.local_addr);
     if (q.local_addr == nullptr || la + q.length < la) {
-      return Status(Code::kInvalidArgument, what + ": bad local address " + hex_addr(q.local_addr));
+      return Status(Code::kInvalidArgument, what_of() + ": bad local address " + hex_addr(q.local_addr));
     }
     {
       std::shared_lock<std::shared_mutex> rl(regions_mu_);
       if (local_region_locked(q.local_addr, q.length) == nullptr) {
-        return Status(Code::kSegmentNotRegistered, what + ": local memory [" + hex_addr(q.local_addr) + ", +" +
+        return Status(Code::kSegmentNotRegistered, what_of() + ": local memory [" + hex_addr(q.local_addr) + ", +" +
                                                        std::to_string(q.length) +
                                                        ") is not inside one registered region (register_memory first)");
       }
@@ -586,7 +592,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       pos = reg.segment_offset + reg.length_bytes;
       if (pos >= end) return Status::ok();
     }
-    return Status(Code::kOutOfRange, what + ": range [" + std::to_string(q.remote_offset) + ", " + std::to_string(end) +
+    return Status(Code::kOutOfRange, what_of() + ": range [" + std::to_string(q.remote_offset) + ", " + std::to_string(end) +
                                          ") is outside the segment's registered memory (" +
                                          std::to_string(r.seg->size_bytes) + " bytes)");
   }
@@ -775,41 +781,155 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   // Notifications (initiator side) and maintenance
   // ---------------------------------------------------------------------------------------------
 
+  // Initiator side of notifications. One thread serves the queue in order, over one persistent connection
+  // per target endpoint (notify_conns_, this thread only): a run of queued notifications to one peer goes out
+  // as one send and its replies are read in order, instead of a connection (handshake, thread on the target,
+  // teardown) per notification. A request is queued here only once every slice was acknowledged by the
+  // target (its bytes landed), so a notification never arrives before the bytes it announces, and per peer
+  // notifications arrive in the order their requests completed.
+  struct NotifyJob {
+    ReqState* r = nullptr;
+    std::string packed;                  // proto::TransferNotification
+    std::vector<std::string> endpoints;  // the target segment's, tried in order
+    Status st;
+  };
+  struct NotifyConn {
+    tcp::Fd fd;
+    int64_t last_used_ns = 0;
+    bool reused = false;  // has carried a run before (so it may have gone stale since)
+  };
+  static constexpr size_t kMaxNotifyRun = 256;          // notifications sent back to back on one connection
+  static constexpr size_t kMaxNotifyConnections = 64;   // pooled peers; the least recently used goes first
+
   void notifier_loop() {
+    const auto idle_check = std::chrono::milliseconds(std::clamp<int64_t>(options_.idle_connection_ms / 2, 10, 1000));
     for (;;) {
-      ReqState* r = nullptr;
-      proto::TransferNotification n;
-      std::vector<std::string> endpoints;
+      std::vector<NotifyJob> jobs;
       {
         std::unique_lock<std::mutex> lk(mu_);
-        notify_cv_.wait(lk, [&] { return stopped_ || !notify_jobs_.empty(); });
-        if (notify_jobs_.empty()) return;
-        r = notify_jobs_.front();
-        notify_jobs_.pop_front();
-        n.tag = r->req.notify_tag;
-        n.from = segment_name_;
-        n.op = static_cast<uint8_t>(r->req.op);
-        n.segment_offset = r->req.remote_offset;
-        n.length_bytes = r->req.length;
-        endpoints = r->seg->desc.endpoints;
+        notify_cv_.wait_for(lk, idle_check, [&] { return stopped_ || !notify_jobs_.empty(); });
+        if (notify_jobs_.empty()) {
+          if (stopped_) break;
+          lk.unlock();
+          evict_idle_notify_conns();
+          continue;
+        }
+        while (!notify_jobs_.empty() && jobs.size() < kMaxNotifyRun) {
+          ReqState* r = notify_jobs_.front();
+          notify_jobs_.pop_front();
+          proto::TransferNotification n;
+          n.tag = r->req.notify_tag;
+          n.from = segment_name_;
+          n.op = static_cast<uint8_t>(r->req.op);
+          n.segment_offset = r->req.remote_offset;
+          n.length_bytes = r->req.length;
+          jobs.push_back(NotifyJob{r, codec::pack(n), r->seg->desc.endpoints, Status::ok()});
+        }
       }
-      Status st(Code::kNoPath, "segment publishes no endpoint for notifications");
-      const std::string packed = codec::pack(n);
-      for (const auto& ep : endpoints) {
-        auto rep = tcp::control_call(ep, "", tcp::WireOp::kNotify, packed, options_.connect_timeout_ms);
-        st = rep.is_ok() ? Status::ok() : rep.status();
-        if (st.is_ok()) break;
-      }
+      send_notifications(jobs);
       std::lock_guard<std::mutex> lk(mu_);
-      r->notifying = false;
-      r->notified = true;
-      if (!st.is_ok()) {
-        r->abort_state = TransferState::kFailed;
-        r->status = Status(Code::kTransferFailed, "all " + std::to_string(r->req.length) +
-                                                      " bytes landed but notification '" + r->req.notify_tag +
-                                                      "' to segment " + r->seg->desc.name + " failed: " + st.message());
+      for (auto& j : jobs) {
+        ReqState* r = j.r;
+        r->notifying = false;
+        r->notified = true;
+        if (!j.st.is_ok()) {
+          notifications_failed_++;
+          r->abort_state = TransferState::kFailed;
+          r->status = Status(Code::kTransferFailed, "all " + std::to_string(r->req.length) +
+                                                        " bytes landed but notification '" + r->req.notify_tag +
+                                                        "' to segment " + r->seg->desc.name + " failed: " + j.st.message());
+        } else {
+          notifications_sent_++;
+        }
+        finalize_locked(*r);
       }
-      finalize_locked(*r);
+    }
+    notify_conns_.clear();
+  }
+
+  // Sends jobs, grouped by target (first appearance order; each group keeps its order), setting each job's st.
+  void send_notifications(std::vector<NotifyJob>& jobs) {
+    std::vector<bool> grouped(jobs.size(), false);
+    for (size_t first = 0; first < jobs.size(); ++first) {
+      if (grouped[first]) continue;
+      std::vector<size_t> left;
+      for (size_t i = first; i < jobs.size(); ++i) {
+        if (!grouped[i] && jobs[i].endpoints == jobs[first].endpoints) {
+          grouped[i] = true;
+          left.push_back(i);
+        }
+      }
+      Status last(Code::kNoPath, "the segment publishes no endpoint for notifications");
+      for (const auto& ep : jobs[first].endpoints) {
+        // A pooled connection that broke mid-run is replaced once by a fresh one; a fresh one that fails
+        // (or cannot be opened) moves on to the next endpoint.
+        for (int attempt = 0; attempt < 2 && !left.empty(); ++attempt) {
+          NotifyConn* c = notify_conn(ep, &last);
+          if (c == nullptr) break;
+          std::vector<std::string> auxes;
+          for (size_t i : left) auxes.push_back(jobs[i].packed);
+          std::vector<Status> replies;
+          Status conn_error;
+          const size_t n = tcp::control_pipeline(c->fd.get(), tcp::WireOp::kNotify, auxes, &replies, &conn_error,
+                                                 "notifications to " + ep);
+          for (size_t k = 0; k < n; ++k) jobs[left[k]].st = replies[k];
+          left.erase(left.begin(), left.begin() + static_cast<std::ptrdiff_t>(n));
+          if (conn_error.is_ok()) {
+            c->last_used_ns = clock_->now_ns();
+            c->reused = true;
+            break;
+          }
+          last = conn_error;
+          const bool was_reused = c->reused;
+          notify_conns_.erase(ep);
+          notify_connections_broken_++;
+          MC_LOG_DEBUG << "notification connection to " << ep << " broke: " << conn_error.message();
+          if (!was_reused) break;
+        }
+        if (left.empty()) break;
+      }
+      for (size_t i : left) jobs[i].st = last;
+    }
+  }
+
+  // The pooled notification connection to `ep` (opened when missing or found closed by the peer), or null
+  // with *err set.
+  NotifyConn* notify_conn(const std::string& ep, Status* err) {
+    auto it = notify_conns_.find(ep);
+    if (it != notify_conns_.end() && tcp::idle_connection_broken(it->second.fd.get())) {
+      notify_conns_.erase(it);
+      notify_connections_broken_++;
+      it = notify_conns_.end();
+    }
+    if (it != notify_conns_.end()) return &it->second;
+    auto hp = tcp::parse_endpoint(ep);
+    if (!hp.is_ok()) {
+      *err = hp.status();
+      return nullptr;
+    }
+    auto fd = tcp::connect_blocking(hp.value(), "", options_.connect_timeout_ms, options_.connect_timeout_ms);
+    if (!fd.is_ok()) {
+      *err = fd.status();
+      return nullptr;
+    }
+    if (notify_conns_.size() >= kMaxNotifyConnections) {
+      auto lru = std::min_element(notify_conns_.begin(), notify_conns_.end(), [](const auto& a, const auto& b) {
+        return a.second.last_used_ns < b.second.last_used_ns;
+      });
+      notify_conns_.erase(lru);
+    }
+    notify_connections_opened_++;
+    NotifyConn& c = notify_conns_[ep];
+    c.fd = std::move(fd).value();
+    c.last_used_ns = clock_->now_ns();
+    return &c;
+  }
+
+  void evict_idle_notify_conns() {
+    const int64_t now = clock_->now_ns();
+    for (auto it = notify_conns_.begin(); it != notify_conns_.end();) {
+      it = now - it->second.last_used_ns > options_.idle_connection_ms * 1'000'000 ? notify_conns_.erase(it)
+                                                                                   : std::next(it);
     }
   }
 
@@ -990,6 +1110,9 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   BatchId next_batch_ = 1;
   std::deque<ReqState*> notify_jobs_;
   std::condition_variable notify_cv_;
+  std::map<std::string, NotifyConn> notify_conns_;  // notifier thread only: endpoint -> persistent connection
+  std::atomic<uint64_t> notifications_sent_{0}, notifications_failed_{0}, notifications_received_{0};
+  std::atomic<uint64_t> notify_connections_opened_{0}, notify_connections_broken_{0};
   std::thread maintenance_;
   std::thread notifier_;
 
@@ -1111,6 +1234,23 @@ Result<Notification> TransferEngine::wait_notification(int64_t timeout_ms) {
   Notification n = std::move(impl_->notes_.front());
   impl_->notes_.pop_front();
   return n;
+}
+
+EngineStats TransferEngine::stats() const {
+  EngineStats s;
+  const Impl& m = *impl_;
+  s.notifications_sent = m.notifications_sent_.load();
+  s.notifications_failed = m.notifications_failed_.load();
+  s.notify_connections_opened = m.notify_connections_opened_.load();
+  s.notify_connections_broken = m.notify_connections_broken_.load();
+  s.notifications_received = m.notifications_received_.load();
+  s.connections_accepted = m.server_ ? m.server_->connections_accepted() : 0;
+  // Under mu_: a segment still listed has not been closed (close_segment drops its transport after unlisting).
+  std::lock_guard<std::mutex> lk(m.mu_);
+  for (const auto& [h, seg] : m.segs_) {
+    if (seg->ts) seg->ts->add_counters(s.transport_counters);
+  }
+  return s;
 }
 
 Status TransferEngine::add_transport(std::unique_ptr<Transport> transport) {

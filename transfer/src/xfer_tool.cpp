@@ -1,6 +1,7 @@
 #include "mc/transfer/xfer_tool.hpp"
 
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <iomanip>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -354,9 +356,26 @@ struct BenchRow {
   double bytes_per_second = 0;
   int64_t p50_ns = 0, p99_ns = 0, p999_ns = 0;
   std::vector<std::pair<std::string, double>> path_share;
+  std::map<std::string, uint64_t> counters;  // EngineStats::transport_counters, delta over the row
+  double cpu_s = 0;                           // user + system CPU of this (client) process over the row
   uint64_t failed = 0;
   std::string error;
 };
+
+double process_cpu_s() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+uint64_t counter(const BenchRow& r, const std::string& name) {
+  auto it = r.counters.find(name);
+  return it == r.counters.end() ? 0 : it->second;
+}
+
+// Per-row cost figures of the tcp data path (issue 3: bytes per wakeup, system calls per MiB).
+double per(uint64_t num, uint64_t den) { return den == 0 ? 0 : static_cast<double>(num) / static_cast<double>(den); }
 
 int64_t percentile(std::vector<int64_t>& v, double q) {
   if (v.empty()) return 0;
@@ -407,10 +426,38 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     }
   };
 
+  // Untimed warm-up: one READ pass over the range the rows sweep, in the largest block (bounded in time).
+  double warmup_s = 0;
+  uint64_t warmup_bytes = 0;
+  if (o.warmup) {
+    const double w0 = now_s();
+    const uint64_t span = c.remote_size / max_block * max_block;
+    std::vector<TransferRequest> reqs;
+    char* local = static_cast<char*>(buf->data());
+    for (uint64_t off = 0; off < span && now_s() - w0 < 60; off += max_block * o.batch) {
+      reqs.clear();
+      for (uint32_t i = 0; i < o.batch && off + (i + 1) * max_block <= span; ++i) {
+        reqs.push_back(TransferRequest{Op::kRead, local + i * max_block, c.seg, off + i * max_block, max_block, ""});
+      }
+      auto id = c.engine->submit(reqs);
+      if (!id.is_ok()) return json_error(o.json, out, id.status().with_context("bench warm-up"));
+      auto st = c.engine->wait(id.value(), o.engine.request_timeout_ms + 5000);
+      if (!st.is_ok() || st->state != TransferState::kCompleted) {
+        return json_error(o.json, out, Status(Code::kTransferFailed, "bench warm-up at offset " + std::to_string(off) +
+                                                                         ": " + (st.is_ok() ? st->status.message() : st.status().message())));
+      }
+      warmup_bytes += st->transferred_bytes;
+      (void)c.engine->free_batch(id.value());
+    }
+    warmup_s = now_s() - w0;
+  }
+
   std::vector<BenchRow> rows;
   for (uint64_t block : o.block_bytes) {
     if (o.baseline) measure_limits(block);
     const auto before = c.engine->path_stats(c.seg).value_or({});
+    const EngineStats stats_before = c.engine->stats();
+    const double cpu_before = process_cpu_s();
     std::vector<std::vector<int64_t>> lat(o.threads);
     std::vector<uint64_t> bytes(o.threads, 0), fails(o.threads, 0);
     std::vector<std::string> errs(o.threads);
@@ -467,6 +514,11 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     }
     row.requests = all.size();
     row.bytes_per_second = static_cast<double>(row.bytes) / row.seconds;
+    row.cpu_s = process_cpu_s() - cpu_before;
+    for (const auto& [k, v] : c.engine->stats().transport_counters) {
+      auto it = stats_before.transport_counters.find(k);
+      row.counters[k] = v - (it == stats_before.transport_counters.end() ? 0 : it->second);
+    }
     row.p50_ns = percentile(all, 0.50);
     row.p99_ns = percentile(all, 0.99);
     row.p999_ns = percentile(all, 0.999);
@@ -523,6 +575,8 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     j["batch"] = o.batch;
     j["duration_s"] = o.duration_s;
     j["slice_bytes"] = o.engine.slicing.slice_bytes;
+    j["warmup_bytes"] = warmup_bytes;
+    j["warmup_ns"] = static_cast<int64_t>(warmup_s * 1e9);
     j["paths"] = path_labels;
     j["results"] = nlohmann::json::array();
     for (const auto& r : rows) {
@@ -533,6 +587,14 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
                         {"failed_requests", r.failed}};
       jr["path_share"] = nlohmann::json::object();
       for (const auto& [label, share] : r.path_share) jr["path_share"][label] = share;
+      jr["client_cpu_s"] = r.cpu_s;
+      jr["transport_counters"] = r.counters;
+      if (counter(r, "tcp_bytes") > 0) {
+        jr["tcp_bytes_per_wakeup"] = per(counter(r, "tcp_bytes"), counter(r, "tcp_wakeups"));
+        jr["tcp_bytes_per_wire_op"] = per(counter(r, "tcp_bytes"), counter(r, "tcp_wire_ops"));
+        jr["tcp_syscalls_per_mib"] =
+            per((counter(r, "tcp_send_calls") + counter(r, "tcp_recv_calls")) << 20, counter(r, "tcp_bytes"));
+      }
       if (o.baseline) {
         auto [what, lim] = limit_for(r.block_bytes);
         jr["limit"] = what;
@@ -558,6 +620,7 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       << o.threads << "  batch " << o.batch << "  duration " << o.duration_s << " s  slice "
       << units::format_bytes(static_cast<int64_t>(o.engine.slicing.slice_bytes)) << "\n"
       << "# paths: " << join(path_labels, ", ") << "\n"
+      << "# warm-up (untimed): " << warmup_bytes << " bytes read in " << fmt(warmup_s, 2) << " s\n"
       << "# GB/s is decimal (1e9 bytes per second); latency is per request, submit to completion\n";
   out << std::right << std::setw(12) << "block_bytes" << std::setw(10) << "requests" << std::setw(15) << "bytes"
       << std::setw(9) << "GB/s" << std::setw(11) << "p50_us" << std::setw(11) << "p99_us" << std::setw(11)
@@ -579,6 +642,20 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       out << (i ? " " : "") << r.path_share[i].first << "=" << fmt(100 * r.path_share[i].second, 0) << "%";
     }
     out << "\n";
+  }
+  if (std::any_of(rows.begin(), rows.end(), [](const BenchRow& r) { return counter(r, "tcp_bytes") > 0; })) {
+    out << "# client data path (tcp): costs per row\n";
+    out << std::setw(12) << "block_bytes" << std::setw(10) << "wire_ops" << std::setw(16) << "bytes/wire_op"
+        << std::setw(15) << "bytes/wakeup" << std::setw(14) << "syscalls/MiB" << std::setw(13) << "cpu_s/GB"
+        << std::setw(8) << "conns" << "\n";
+    for (const auto& r : rows) {
+      const uint64_t b = counter(r, "tcp_bytes");
+      out << std::setw(12) << r.block_bytes << std::setw(10) << counter(r, "tcp_wire_ops") << std::setw(16)
+          << fmt(per(b, counter(r, "tcp_wire_ops")), 0) << std::setw(15) << fmt(per(b, counter(r, "tcp_wakeups")), 0)
+          << std::setw(14) << fmt(per((counter(r, "tcp_send_calls") + counter(r, "tcp_recv_calls")) << 20, b), 1)
+          << std::setw(13) << fmt(r.bytes > 0 ? r.cpu_s / (static_cast<double>(r.bytes) / 1e9) : 0, 3)
+          << std::setw(8) << counter(r, "tcp_connections_opened") << "\n";
+    }
   }
   if (o.baseline) {
     out << "# limits measured in this run (GB/s)\n";

@@ -200,6 +200,51 @@ Result<std::string> control_exchange(int fd, WireOp op, const std::string& aux, 
   return out;
 }
 
+size_t control_pipeline(int fd, WireOp op, const std::vector<std::string>& auxes, std::vector<Status>* replies,
+                        Status* conn_error, const std::string& what) {
+  replies->assign(auxes.size(), Status::ok());
+  *conn_error = Status::ok();
+  // All requests in one buffer: one send for the whole run (headers are 32 bytes, notifications ~100).
+  std::string wire;
+  for (const auto& aux : auxes) {
+    WireRequest req;
+    req.op = static_cast<uint8_t>(op);
+    req.aux_bytes = static_cast<uint32_t>(aux.size());
+    wire.append(reinterpret_cast<const char*>(&req), sizeof req);
+    wire.append(aux);
+  }
+  if (Status st = send_all(fd, wire.data(), wire.size(), what); !st.is_ok()) {
+    *conn_error = st;
+    return 0;
+  }
+  std::string out;
+  for (size_t i = 0; i < auxes.size(); ++i) {
+    WireReply rep;
+    Status st = recv_all(fd, &rep, sizeof rep, what);
+    if (st.is_ok() && (rep.magic != kWireMagic || rep.aux_bytes > kMaxAuxBytes)) {
+      st = Status(Code::kMalformedMessage, what + ": bad reply header (magic or size)");
+    }
+    if (st.is_ok()) {
+      out.assign(rep.aux_bytes, '\0');
+      if (rep.aux_bytes > 0) st = recv_all(fd, out.data(), out.size(), what);
+    }
+    if (!st.is_ok()) {
+      *conn_error = st;
+      return i;
+    }
+    if (rep.code != 0) (*replies)[i] = Status(static_cast<Code>(rep.code), what + ": " + out);
+  }
+  return auxes.size();
+}
+
+bool idle_connection_broken(int fd) {
+  char b;
+  ssize_t k = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (k == 0) return true;                                              // FIN
+  if (k > 0) return true;                                               // bytes nobody asked for
+  return !(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);  // reset, ...
+}
+
 Result<std::string> control_call(const std::string& endpoint, const std::string& local_address, WireOp op,
                                  const std::string& aux, int64_t timeout_ms) {
   MC_ASSIGN_OR_RETURN(HostPort hp, parse_endpoint(endpoint));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "mc/common/status.hpp"
 #include "tcp/wire.hpp"
@@ -66,6 +67,18 @@ Status recv_all(int fd, void* data, size_t n, const std::string& what);
 
 // One control exchange on an open blocking connection `fd` to `what` ("peer 10.0.0.2:4000").
 Result<std::string> control_exchange(int fd, WireOp op, const std::string& aux, const std::string& what);
+
+// Several control requests of one op sent back to back on the open blocking connection `fd`, then their
+// replies read in order (the target serves a connection's requests in order). (*replies)[i] is the i-th
+// reply: ok, or the peer's error (code and message). Returns how many replies arrived; when the connection
+// breaks first, *conn_error says why and the requests from the returned index on have no reply (the peer
+// may or may not have served the first of them).
+size_t control_pipeline(int fd, WireOp op, const std::vector<std::string>& auxes, std::vector<Status>* replies,
+                        Status* conn_error, const std::string& what);
+
+// True when the idle blocking connection `fd` was closed or reset by the peer (or has unexpected bytes):
+// a pooled connection to drop before reusing it. Does not block.
+bool idle_connection_broken(int fd);
 
 // One control exchange on a fresh blocking connection: request with aux bytes, reply with aux bytes.
 // Returns the reply's aux on success; an error reply becomes its Status (code and message from the peer).

@@ -121,6 +121,7 @@ void TcpServer::accept_loop() {
         ::close(cfd);
         continue;
       }
+      accepted_++;
       tune_data_socket(cfd, options_.socket_buffer_bytes);
       auto c = std::make_unique<Conn>();
       c->fd.reset(cfd);

@@ -47,6 +47,7 @@ class TcpServer {
   // Served ops (for stats): reads, writes, bytes, errors.
   uint64_t ops_served() const { return ops_.load(); }
   uint64_t errors_served() const { return errors_.load(); }
+  uint64_t connections_accepted() const { return accepted_.load(); }
 
  private:
   struct Conn {
@@ -70,6 +71,7 @@ class TcpServer {
   std::list<std::unique_ptr<Conn>> conns_;
   std::atomic<uint64_t> ops_{0};
   std::atomic<uint64_t> errors_{0};
+  std::atomic<uint64_t> accepted_{0};
 };
 
 }  // namespace mc::transfer::tcp

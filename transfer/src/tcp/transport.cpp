@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <list>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -24,7 +25,7 @@ namespace mc::transfer::tcp {
 namespace {
 
 constexpr size_t kMaxIov = 64;
-constexpr uint64_t kConnWindowBytes = 16ull << 20;  // bytes outstanding per connection before the next one is used
+constexpr uint64_t kConnWindowBytes = 16ull << 20;  // bytes the engine keeps in flight per connection of a path
 // Contiguous slices queued on one connection travel as one wire op of at most this many bytes: one request
 // header, one reply, one large send/receive instead of one per slice (each slice still completes on its own,
 // as soon as its last byte has landed). The cost per wire op (a header each way, a wakeup and two or three
@@ -70,12 +71,15 @@ struct PathConns {
   std::list<std::unique_ptr<Conn>> conns;  // I/O thread only
 };
 
-class TcpSegment final : public TransportSegment {
+// One I/O thread with its own epoll set and its own connections on every path of a segment: the segment
+// (TcpSegment below) spreads posted slices over several workers, so receiving, sending and the kernel's
+// copies run on several cores, as several raw TCP streams do.
+class IoWorker {
  public:
-  TcpSegment(const EngineOptions& options, SliceSink* sink, std::vector<PathSpec> specs, std::deque<PathConns> paths,
-             std::vector<uint64_t> region_ends)
-      : options_(options), sink_(sink), specs_(std::move(specs)), paths_(std::move(paths)),
-        region_ends_(std::move(region_ends)) {}
+  IoWorker(const EngineOptions& options, SliceSink* sink, const std::vector<PathSpec>& specs,
+           std::deque<PathConns> paths, const std::vector<uint64_t>& region_ends, uint32_t conns_per_path)
+      : options_(options), sink_(sink), specs_(specs), paths_(std::move(paths)), region_ends_(region_ends),
+        conns_per_path_(std::max<uint32_t>(1, conns_per_path)) {}
 
   Status start() {
     epfd_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -89,18 +93,14 @@ class TcpSegment final : public TransportSegment {
     return Status::ok();
   }
 
-  ~TcpSegment() override {
+  ~IoWorker() {
     stop_.store(true);
     wake();
     if (thread_.joinable()) thread_.join();
   }
 
-  const std::vector<PathSpec>& paths() const override { return specs_; }
-  uint64_t path_window_bytes() const override {
-    return static_cast<uint64_t>(options_.connections_per_path) * kConnWindowBytes;
-  }
-
-  void post(const SliceOp& op) override {
+  void post(const SliceOp& op) {
+    outstanding_bytes_.fetch_add(op.length);
     {
       std::lock_guard<std::mutex> lk(mu_);
       paths_[static_cast<size_t>(op.path)].queue.push_back(op);
@@ -108,10 +108,16 @@ class TcpSegment final : public TransportSegment {
     if (!wake_pending_.exchange(true)) wake();
   }
 
-  Status probe(int path, int64_t timeout_ms) override {
-    const PathConns& p = paths_[static_cast<size_t>(path)];
-    auto r = control_call(p.endpoint, p.local, WireOp::kPing, "", timeout_ms);
-    return r.is_ok() ? Status::ok() : r.status();
+  // Bytes posted to this worker and not completed yet (the segment gives new runs to the least loaded).
+  uint64_t outstanding_bytes() const { return outstanding_bytes_.load(std::memory_order_relaxed); }
+
+  void add_counters(std::map<std::string, uint64_t>& out) const {
+    out["tcp_wire_ops"] += wire_ops_.load(std::memory_order_relaxed);
+    out["tcp_send_calls"] += send_calls_.load(std::memory_order_relaxed);
+    out["tcp_recv_calls"] += recv_calls_.load(std::memory_order_relaxed);
+    out["tcp_wakeups"] += wakeups_.load(std::memory_order_relaxed);
+    out["tcp_bytes"] += bytes_.load(std::memory_order_relaxed);
+    out["tcp_connections_opened"] += conns_opened_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -122,10 +128,16 @@ class TcpSegment final : public TransportSegment {
 
   std::string conn_name(const Conn& c) const { return "tcp path " + specs_[static_cast<size_t>(c.path)].label; }
 
-  void complete(const SliceOp& op, Status st) { done_.emplace_back(op.cookie, std::move(st)); }
+  void complete(const SliceOp& op, Status st) { done_.push_back(Done{op.cookie, op.length, std::move(st)}); }
+  // Completes slice i of p (the next one not completed).
+  void complete_next(Pending& p, const Status& st) {
+    const uint64_t begin = p.done == 0 ? 0 : p.ends[p.done - 1];
+    done_.push_back(Done{p.cookies[p.done], p.ends[p.done] - begin, st});
+    ++p.done;
+  }
   // Completes the slices of p not yet completed.
   void complete_rest(Pending& p, const Status& st) {
-    for (; p.done < p.cookies.size(); ++p.done) done_.emplace_back(p.cookies[p.done], st);
+    while (p.done < p.cookies.size()) complete_next(p, st);
   }
   // Index of the remote region holding segment offset `off` (slices never straddle regions).
   size_t region_of(uint64_t off) const {
@@ -139,7 +151,11 @@ class TcpSegment final : public TransportSegment {
   }
 
   void flush_completions() {
-    for (auto& [cookie, st] : done_) sink_->slice_done(cookie, st);
+    uint64_t finished = 0;
+    for (auto& d : done_) finished += d.length;
+    // Before the callbacks: the engine posts more from inside slice_done, and picks the least loaded worker.
+    outstanding_bytes_.fetch_sub(finished);
+    for (auto& d : done_) sink_->slice_done(d.cookie, d.status);
     done_.clear();
   }
 
@@ -184,6 +200,7 @@ class TcpSegment final : public TransportSegment {
     epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, c->fd.get(), &ev);
     Conn* raw = c.get();
     p.conns.push_back(std::move(c));
+    conns_opened_.fetch_add(1, std::memory_order_relaxed);
     return raw;
   }
 
@@ -224,8 +241,9 @@ class TcpSegment final : public TransportSegment {
           ++live;
           if (best == nullptr || c->outstanding_bytes < best->outstanding_bytes) best = c.get();
         }
-        if ((best == nullptr || best->outstanding_bytes >= kConnWindowBytes) &&
-            live < std::max<uint32_t>(1, options_.connections_per_path)) {
+        // Spread over the path's connections (the target serves each on its own thread): open another once
+        // the least loaded one already carries a full wire op, up to this worker's share of the cap.
+        if ((best == nullptr || best->outstanding_bytes >= kMaxWireOpBytes) && live < conns_per_path_) {
           Status err;
           Conn* c = open_conn(static_cast<int>(i), &err);
           if (c != nullptr) {
@@ -278,6 +296,7 @@ class TcpSegment final : public TransportSegment {
       mh.msg_iov = iov;
       mh.msg_iovlen = n;
       ssize_t k = ::sendmsg(c.fd.get(), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+      send_calls_.fetch_add(1, std::memory_order_relaxed);
       if (k < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -285,12 +304,14 @@ class TcpSegment final : public TransportSegment {
         return;
       }
       c.last_progress_ns = now_ns();
+      bytes_.fetch_add(static_cast<uint64_t>(k), std::memory_order_relaxed);
       auto left = static_cast<uint64_t>(k) + c.sent_of_front;
       while (!c.to_send.empty()) {
         const Pending& f = c.to_send.front();
         uint64_t total = sizeof(WireRequest) + (f.op.op == Op::kWrite ? f.op.length : 0);
         if (left < total) break;
         left -= total;
+        wire_ops_.fetch_add(1, std::memory_order_relaxed);
         c.in_flight.push_back(std::move(c.to_send.front()));
         c.to_send.pop_front();
       }
@@ -315,10 +336,7 @@ class TcpSegment final : public TransportSegment {
   // READ: completes the slices of the front wire op whose bytes have all landed.
   void complete_landed(Conn& c) {
     Pending& f = c.in_flight.front();
-    while (f.done < f.cookies.size() && f.ends[f.done] <= c.data_got) {
-      done_.emplace_back(f.cookies[f.done], Status::ok());
-      ++f.done;
-    }
+    while (f.done < f.cookies.size() && f.ends[f.done] <= c.data_got) complete_next(f, Status::ok());
   }
 
   // Reads replies until the socket would block. Returns false when the connection failed.
@@ -353,6 +371,7 @@ class TcpSegment final : public TransportSegment {
         iov[1] = {next_hdr_, sizeof(WireReply)};
         k = ::readv(c.fd.get(), iov, c.in_flight.size() > 1 ? 2 : 1);
       }
+      recv_calls_.fetch_add(1, std::memory_order_relaxed);
       if (k == 0) {
         fail_conn(c, Status(Code::kUnavailable, "peer closed the connection"));
         return false;
@@ -365,6 +384,7 @@ class TcpSegment final : public TransportSegment {
       }
       c.last_progress_ns = now_ns();
       const auto got = static_cast<uint64_t>(k);
+      bytes_.fetch_add(got, std::memory_order_relaxed);
       if (c.rep_got < sizeof(WireReply)) {
         c.rep_got += got;
         if (c.rep_got < sizeof(WireReply)) continue;
@@ -445,6 +465,7 @@ class TcpSegment final : public TransportSegment {
     int64_t last_timer = now_ns();
     while (!stop_.load()) {
       int n = epoll_wait(epfd_.get(), evs, 64, 50);
+      if (n > 0) wakeups_.fetch_add(1, std::memory_order_relaxed);
       if (n < 0 && errno != EINTR) {
         MC_LOG_ERROR << "tcp transport: epoll_wait: " << strerror(errno);
         break;
@@ -502,19 +523,117 @@ class TcpSegment final : public TransportSegment {
     flush_completions();
   }
 
+  struct Done {
+    uint64_t cookie;
+    uint64_t length;
+    Status status;
+  };
+
   const EngineOptions& options_;
   SliceSink* sink_;
-  std::vector<PathSpec> specs_;
-  std::deque<PathConns> paths_;
+  const std::vector<PathSpec>& specs_;      // the segment's
+  std::deque<PathConns> paths_;             // this worker's queue and connections per path
+  const std::vector<uint64_t>& region_ends_;  // end offsets of the segment's regions, sorted (the segment's)
+  const uint32_t conns_per_path_;
   std::mutex mu_;
   std::atomic<bool> wake_pending_{false};
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> outstanding_bytes_{0};
+  std::atomic<uint64_t> wire_ops_{0}, send_calls_{0}, recv_calls_{0}, wakeups_{0}, bytes_{0}, conns_opened_{0};
   Fd epfd_;
   Fd wake_;
   std::thread thread_;
-  std::vector<std::pair<uint64_t, Status>> done_;
-  std::vector<uint64_t> region_ends_;  // end offsets of the segment's regions, sorted
+  std::vector<Done> done_;
   char next_hdr_[sizeof(WireReply)];
+};
+
+// The tcp side of one opened segment: its paths, and io_threads workers that each own connections on every
+// path. Contiguous slices of a request posted in a row stay on one worker (so they merge into wire ops of up to
+// kMaxWireOpBytes); a new run goes to the worker with the fewest bytes outstanding.
+class TcpSegment final : public TransportSegment {
+ public:
+  TcpSegment(const EngineOptions& options, SliceSink* sink, std::vector<PathSpec> specs,
+             const std::deque<PathConns>& paths, std::vector<uint64_t> region_ends)
+      : options_(options), specs_(std::move(specs)), region_ends_(std::move(region_ends)), runs_(specs_.size()) {
+    const uint32_t per_path = std::max<uint32_t>(1, options.connections_per_path);
+    const uint32_t n = std::clamp<uint32_t>(options.tcp_io_threads == 0 ? per_path : options.tcp_io_threads, 1, per_path);
+    for (const auto& p : paths) endpoints_.emplace_back(p.endpoint, p.local);
+    for (uint32_t w = 0; w < n; ++w) {
+      // Connections per path split over the workers: together they open connections_per_path at most.
+      const uint32_t conns = per_path / n + (w < per_path % n ? 1 : 0);
+      std::deque<PathConns> own;
+      for (const auto& p : paths) {
+        PathConns pc;
+        pc.remote = p.remote;
+        pc.endpoint = p.endpoint;
+        pc.local = p.local;
+        own.push_back(std::move(pc));
+      }
+      workers_.push_back(std::make_unique<IoWorker>(options, sink, specs_, std::move(own), region_ends_, conns));
+    }
+  }
+
+  Status start() {
+    for (auto& w : workers_) MC_RETURN_IF_ERROR(w->start());
+    return Status::ok();
+  }
+
+  const std::vector<PathSpec>& paths() const override { return specs_; }
+  uint64_t path_window_bytes() const override {
+    return static_cast<uint64_t>(std::max<uint32_t>(1, options_.connections_per_path)) * kConnWindowBytes;
+  }
+
+  void post(const SliceOp& op) override {
+    IoWorker* w = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      Run& run = runs_[static_cast<size_t>(op.path)];
+      if (run.worker != nullptr && run.op == op.op && run.local_end == op.local &&
+          run.remote_end == op.remote_offset && run.bytes + op.length <= kMaxWireOpBytes) {
+        w = run.worker;
+        run.bytes += op.length;
+      } else {
+        for (auto& cand : workers_) {
+          if (w == nullptr || cand->outstanding_bytes() < w->outstanding_bytes()) w = cand.get();
+        }
+        run.worker = w;
+        run.op = op.op;
+        run.bytes = op.length;
+      }
+      run.local_end = op.local + op.length;
+      run.remote_end = op.remote_offset + op.length;
+    }
+    w->post(op);
+  }
+
+  Status probe(int path, int64_t timeout_ms) override {
+    const auto& [endpoint, local] = endpoints_[static_cast<size_t>(path)];
+    auto r = control_call(endpoint, local, WireOp::kPing, "", timeout_ms);
+    return r.is_ok() ? Status::ok() : r.status();
+  }
+
+  void add_counters(std::map<std::string, uint64_t>& out) const override {
+    for (const auto& w : workers_) w->add_counters(out);
+  }
+
+ private:
+  // The last slice posted on a path: where it ended and which worker took it.
+  struct Run {
+    IoWorker* worker = nullptr;
+    Op op = Op::kRead;
+    const char* local_end = nullptr;
+    uint64_t remote_end = 0;
+    uint64_t bytes = 0;
+  };
+
+  const EngineOptions& options_;
+  std::vector<PathSpec> specs_;
+  std::vector<uint64_t> region_ends_;
+  std::vector<std::pair<std::string, std::string>> endpoints_;  // per path: remote endpoint, local address
+  std::mutex mu_;
+  std::vector<Run> runs_;  // per path
+  // Declared last: destroyed first, so their threads stop before the members they read go away.
+  std::vector<std::unique_ptr<IoWorker>> workers_;
 };
 
 class TcpTransport final : public Transport {
@@ -557,7 +676,7 @@ class TcpTransport final : public Transport {
     std::vector<uint64_t> region_ends;
     for (const auto& r : desc.regions) region_ends.push_back(r.segment_offset + r.length_bytes);
     std::sort(region_ends.begin(), region_ends.end());
-    auto seg = std::make_unique<TcpSegment>(options_, sink, std::move(specs), std::move(paths), std::move(region_ends));
+    auto seg = std::make_unique<TcpSegment>(options_, sink, std::move(specs), paths, std::move(region_ends));
     MC_RETURN_IF_ERROR(seg->start());
     return std::unique_ptr<TransportSegment>(std::move(seg));
   }

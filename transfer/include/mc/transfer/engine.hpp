@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -77,6 +78,9 @@ struct EngineOptions {
   std::string default_location = "cpu:0";
 
   uint32_t connections_per_path = 4;     // tcp connections opened per path on first use (pool cap)
+  // tcp I/O threads per opened segment, each with its own epoll set and share of the connections of every
+  // path (0: one per connection, i.e. connections_per_path; at most connections_per_path).
+  uint32_t tcp_io_threads = 0;
   uint32_t max_attempts = 4;             // attempts per slice (1 + retries) before the request fails
   int64_t connect_timeout_ms = 1000;
   int64_t slice_timeout_ms = 2000;       // a connection making no progress this long is declared broken
@@ -106,6 +110,22 @@ struct RegisteredRegion {
 struct PathStats {
   std::string transport;
   PathState state;
+};
+
+// Counters of one engine since create(), monotonic (tests, `mc-xfer bench -v`, metrics). Thread-safe copy.
+struct EngineStats {
+  // Initiator side of completion notifications (TransferRequest::notify_tag).
+  uint64_t notifications_sent = 0;         // acknowledged by their target
+  uint64_t notifications_failed = 0;       // no endpoint of the target took them
+  uint64_t notify_connections_opened = 0;  // persistent notification connections opened (one per target
+                                           // endpoint while it works; reopened when broken or idle-evicted)
+  uint64_t notify_connections_broken = 0;  // pooled notification connections found closed/reset and dropped
+  // Target side.
+  uint64_t notifications_received = 0;
+  uint64_t connections_accepted = 0;       // tcp connections accepted by this engine's server (any purpose)
+  // Data-path counters of the transports, summed over open segments (tcp: "tcp_wire_ops", "tcp_send_calls",
+  // "tcp_recv_calls", "tcp_wakeups", "tcp_bytes", "tcp_connections_opened"; shm: "shm_inline_copies", ...).
+  std::map<std::string, uint64_t> transport_counters;
 };
 
 class TransferEngine {
@@ -165,6 +185,8 @@ class TransferEngine {
   void set_notification_handler(std::function<void(const Notification&)> handler);
   std::vector<Notification> take_notifications(size_t max_count = SIZE_MAX);
   Result<Notification> wait_notification(int64_t timeout_ms);
+
+  EngineStats stats() const;
 
   // Adds a transport (tests: a mock; or a custom backend). Used for segments opened afterwards.
   Status add_transport(std::unique_ptr<Transport> transport);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,6 +60,8 @@ class TransportSegment {
   virtual Status probe(int path, int64_t timeout_ms) = 0;
   // Drop pooled connections idle for longer than idle_ms (called periodically by the engine).
   virtual void evict_idle(int64_t idle_ms) { (void)idle_ms; }
+  // Adds this segment's data-path counters (monotonic) into `out` (EngineStats::transport_counters).
+  virtual void add_counters(std::map<std::string, uint64_t>& out) const { (void)out; }
 };
 
 class Transport {

@@ -57,6 +57,10 @@ struct BenchOptions {
   double duration_s = 3.0;
   bool json = false;
   bool baseline = false;           // also measure memcpy (1, 2 threads) and raw loopback TCP (1, 4 streams)
+  // Before timing, move every byte of the swept range once (untimed), so the figures are steady state: the
+  // first touch of each page of a fresh peer mapping (shm) is a page fault — ~13 us per 4 KiB page on a
+  // shadow-paging guest — and a short run at small blocks would otherwise measure only that.
+  bool warmup = true;
 };
 // Prints a header (build, host, transport, paths) and one row per block size: requests, bytes, GB/s
 // (decimal), per-path share, request latency p50/p99/p999 in µs; with baseline, the limits and ratios.
