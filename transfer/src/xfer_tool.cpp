@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <iomanip>
 #include <map>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "mc/common/log.hpp"
 #include "mc/common/units.hpp"
 #include "mc/transfer/shared_buffer.hpp"
+#include "shm/transport.hpp"
 #include "tcp/net.hpp"
 
 namespace mc::transfer::xfer {
@@ -271,8 +273,14 @@ Status run_rw(const RwOptions& o, std::ostream& out) {
 
 double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, uint64_t span_bytes, double duration_s) {
   span_bytes = std::max(span_bytes, block_bytes);
-  const uint64_t slab = std::min<uint64_t>(128ull << 20, std::max<uint64_t>(block_bytes * 32, block_bytes));
   std::vector<char> src(span_bytes, 1);
+  return measure_memcpy_bytes_per_second(block_bytes, threads, src.data(), span_bytes, duration_s);
+}
+
+double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, const char* src_bytes,
+                                       uint64_t span_bytes, double duration_s) {
+  if (span_bytes < block_bytes) return 0;
+  const uint64_t slab = std::min<uint64_t>(128ull << 20, std::max<uint64_t>(block_bytes * 32, block_bytes));
   std::vector<std::vector<char>> dst(threads, std::vector<char>(slab, 2));
   std::atomic<uint64_t> total{0};
   std::atomic<bool> go{false};
@@ -287,7 +295,7 @@ double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, u
         for (int k = 0; k < 8; ++k) {
           if (so + block_bytes > span_bytes) so = 0;
           if (d + block_bytes > slab) d = 0;
-          std::memcpy(dst[t].data() + d, src.data() + so, block_bytes);
+          std::memcpy(dst[t].data() + d, src_bytes + so, block_bytes);
           so += block_bytes;
           d += block_bytes;
           bytes += block_bytes;
@@ -358,6 +366,7 @@ struct BenchRow {
   std::vector<std::pair<std::string, double>> path_share;
   std::map<std::string, uint64_t> counters;  // EngineStats::transport_counters, delta over the row
   double cpu_s = 0;                           // user + system CPU of this (client) process over the row
+  double server_cpu_s = -1;                   // the same of the serving process (same host only; -1: unknown)
   uint64_t failed = 0;
   std::string error;
 };
@@ -367,6 +376,22 @@ double process_cpu_s() {
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// utime + stime of process `pid` from /proc/PID/stat (0 when unreadable).
+double process_cpu_s_of(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(text.substr(close + 2));
+  std::string f;
+  double ticks = 0;
+  for (int i = 3; fields >> f; ++i) {  // field 3 is the state; 14 utime, 15 stime
+    if (i == 14 || i == 15) ticks += std::strtod(f.c_str(), nullptr);
+    if (i == 15) break;
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 uint64_t counter(const BenchRow& r, const std::string& name) {
@@ -412,20 +437,41 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     uint32_t n;
     uint64_t block;
     double bps;
+    double cpu_s_per_gb;  // CPU of both ends (all in this process) per 1e9 bytes moved
   };
   std::vector<Base> base;
+  std::vector<char> memcpy_src;  // the memcpy limit's source, allocated and touched once for all blocks
   auto measure_limits = [&](uint64_t block) {
     const double d = std::min(o.duration_s, 2.0);
+    // The byte count is recovered from the rate and the measured time (the functions return rates).
     for (uint32_t th : {1u, 2u}) {
-      base.push_back({"memcpy", th, block,
-                      measure_memcpy_bytes_per_second(block, th, std::min<uint64_t>(c.remote_size, 1ull << 30), d)});
+      const double c0 = process_cpu_s(), t0 = now_s();
+      const double bps = measure_memcpy_bytes_per_second(block, th, memcpy_src.data(), memcpy_src.size(), d);
+      const double bytes = bps * (now_s() - t0);
+      base.push_back({"memcpy", th, block, bps, bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
     }
     for (uint32_t st : {1u, 4u}) {
+      const double c0 = process_cpu_s(), t0 = now_s();
       auto r = measure_raw_tcp_bytes_per_second(block, st, d);
-      base.push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0});
+      const double bytes = r.is_ok() ? r.value() * (now_s() - t0) : 0;
+      base.push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0,
+                      bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
     }
   };
+  // The serving process's CPU, when it runs on this host (/proc/PID/stat of the descriptor's pid): with the
+  // client's, the engine's CPU per byte, comparable with the baselines' (both ends in one process) on a
+  // machine too loaded for wall-clock rates to mean much.
+  const bool same_host = c.desc.host_id == shm::local_host_id() && c.desc.pid > 0;
+  auto server_cpu_s = [&]() -> double { return same_host ? process_cpu_s_of(c.desc.pid) : 0; };
 
+  // The limits first, for every block, then the warm-up and the engine rows back to back: touching the
+  // baseline's own gigabyte between engine rows evicted the peer mapping's pages from the (shadow) page
+  // tables of this guest, and the next small-block shm row paid first-touch faults again.
+  if (o.baseline) {
+    memcpy_src.assign(std::min<uint64_t>(c.remote_size, 1ull << 30), 1);
+    for (uint64_t block : o.block_bytes) measure_limits(block);
+    std::vector<char>().swap(memcpy_src);
+  }
   // Untimed warm-up: one READ pass over the range the rows sweep, in the largest block (bounded in time).
   double warmup_s = 0;
   uint64_t warmup_bytes = 0;
@@ -454,10 +500,10 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
 
   std::vector<BenchRow> rows;
   for (uint64_t block : o.block_bytes) {
-    if (o.baseline) measure_limits(block);
     const auto before = c.engine->path_stats(c.seg).value_or({});
     const EngineStats stats_before = c.engine->stats();
     const double cpu_before = process_cpu_s();
+    const double server_cpu_before = server_cpu_s();
     std::vector<std::vector<int64_t>> lat(o.threads);
     std::vector<uint64_t> bytes(o.threads, 0), fails(o.threads, 0);
     std::vector<std::string> errs(o.threads);
@@ -515,6 +561,7 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     row.requests = all.size();
     row.bytes_per_second = static_cast<double>(row.bytes) / row.seconds;
     row.cpu_s = process_cpu_s() - cpu_before;
+    row.server_cpu_s = same_host ? server_cpu_s() - server_cpu_before : -1;
     for (const auto& [k, v] : c.engine->stats().transport_counters) {
       auto it = stats_before.transport_counters.find(k);
       row.counters[k] = v - (it == stats_before.transport_counters.end() ? 0 : it->second);
@@ -550,6 +597,19 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       }
     }
     return {what, best};
+  };
+  // CPU per GB of the limit named `what` ("memcpy x1", "raw tcp x4") at `block`.
+  auto limit_cpu_for = [&](uint64_t block, const std::string& what) -> double {
+    for (const auto& b : base) {
+      const std::string name = (b.kind == "memcpy" ? "memcpy x" : "raw tcp x") + std::to_string(b.n);
+      if (b.block == block && name == what) return b.cpu_s_per_gb;
+    }
+    return 0;
+  };
+  // CPU per GB of the engine: client plus server (when known; shm's server does no work per byte).
+  auto engine_cpu_per_gb = [&](const BenchRow& r) -> double {
+    if (r.bytes == 0) return 0;
+    return (r.cpu_s + std::max(0.0, r.server_cpu_s)) / (static_cast<double>(r.bytes) / 1e9);
   };
 
   std::vector<std::string> path_labels;
@@ -588,6 +648,7 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       jr["path_share"] = nlohmann::json::object();
       for (const auto& [label, share] : r.path_share) jr["path_share"][label] = share;
       jr["client_cpu_s"] = r.cpu_s;
+      if (r.server_cpu_s >= 0) jr["server_cpu_s"] = r.server_cpu_s;
       jr["transport_counters"] = r.counters;
       if (counter(r, "tcp_bytes") > 0) {
         jr["tcp_bytes_per_wakeup"] = per(counter(r, "tcp_bytes"), counter(r, "tcp_wakeups"));
@@ -597,9 +658,15 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       }
       if (o.baseline) {
         auto [what, lim] = limit_for(r.block_bytes);
+        const double lim_cpu = limit_cpu_for(r.block_bytes, what);
         jr["limit"] = what;
         jr["limit_bytes_per_second"] = lim;
         jr["ratio_to_limit"] = lim > 0 ? r.bytes_per_second / lim : 0;
+        if (lim_cpu > 0 && engine_cpu_per_gb(r) > 0) {
+          jr["limit_cpu_s_per_gb"] = lim_cpu;
+          jr["cpu_s_per_gb"] = engine_cpu_per_gb(r);
+          jr["cpu_efficiency_ratio"] = lim_cpu / engine_cpu_per_gb(r);
+        }
       }
       j["results"].push_back(std::move(jr));
     }
@@ -625,7 +692,10 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
   out << std::right << std::setw(12) << "block_bytes" << std::setw(10) << "requests" << std::setw(15) << "bytes"
       << std::setw(9) << "GB/s" << std::setw(11) << "p50_us" << std::setw(11) << "p99_us" << std::setw(11)
       << "p999_us";
-  if (o.baseline) out << std::setw(14) << "limit_GB/s" << std::setw(8) << "ratio" << "  limit";
+  if (o.baseline) {
+    out << std::setw(14) << "limit_GB/s" << std::setw(8) << "ratio" << std::setw(11) << "cpu_s/GB" << std::setw(17)
+        << "limit_cpu_s/GB" << std::setw(11) << "cpu_ratio" << "  limit";
+  }
   out << "  path_share\n";
   for (const auto& r : rows) {
     out << std::setw(12) << r.block_bytes << std::setw(10) << r.requests << std::setw(15) << r.bytes << std::setw(9)
@@ -634,8 +704,10 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
         << fmt(static_cast<double>(r.p999_ns) / 1e3, 1);
     if (o.baseline) {
       auto [what, lim] = limit_for(r.block_bytes);
+      const double lim_cpu = limit_cpu_for(r.block_bytes, what), cpu = engine_cpu_per_gb(r);
       out << std::setw(14) << fmt(lim / 1e9, 2) << std::setw(8) << fmt(lim > 0 ? r.bytes_per_second / lim : 0, 2)
-          << "  " << what;
+          << std::setw(11) << fmt(cpu, 3) << std::setw(17) << fmt(lim_cpu, 3) << std::setw(11)
+          << fmt(cpu > 0 ? lim_cpu / cpu : 0, 2) << "  " << what;
     }
     out << "  ";
     for (size_t i = 0; i < r.path_share.size(); ++i) {

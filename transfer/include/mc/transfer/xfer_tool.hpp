@@ -68,6 +68,9 @@ Status run_bench(const BenchOptions& options, std::ostream& out);
 
 // Measurements behind --baseline, usable on their own (bytes per second).
 double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, uint64_t span_bytes, double duration_s);
+// Same, copying from [src, src + span_bytes) (caller's memory, already touched); 0 when span < block.
+double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, const char* src, uint64_t span_bytes,
+                                       double duration_s);
 // Raw TCP over 127.0.0.1: `streams` connections, each sending block_bytes writes to a receiver thread.
 Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s);
 
