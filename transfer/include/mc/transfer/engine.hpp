@@ -13,6 +13,11 @@
 //    topology preference and bytes in flight (path_policy.hpp). A failed slice is retried on another path
 //    (at most max_attempts attempts per slice); the failed path is quarantined with backoff and probed
 //    before reuse. A request completes only when every byte landed.
+//  - A request with a notify_tag is announced to the target after its last slice was acknowledged, over one
+//    persistent tcp connection per target endpoint (pooled: at most 64, idle ones closed after
+//    idle_connection_ms, one found broken replaced once); queued notifications to one peer go out back to back
+//    in completion order. When a pooled connection breaks after a run was sent but before its replies came,
+//    the unacknowledged notifications are sent again on a fresh connection (at-least-once in that case).
 //
 // Minimal use (initiator):
 //   auto eng = TransferEngine::create({}).value();
@@ -124,7 +129,7 @@ struct EngineStats {
   uint64_t notifications_received = 0;
   uint64_t connections_accepted = 0;       // tcp connections accepted by this engine's server (any purpose)
   // Data-path counters of the transports, summed over open segments (tcp: "tcp_wire_ops", "tcp_send_calls",
-  // "tcp_recv_calls", "tcp_wakeups", "tcp_bytes", "tcp_connections_opened"; shm: "shm_inline_copies", ...).
+  // "tcp_recv_calls", "tcp_wakeups", "tcp_bytes", "tcp_connections_opened"; shm and rdma report none yet).
   std::map<std::string, uint64_t> transport_counters;
 };
 
