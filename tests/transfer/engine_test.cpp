@@ -380,6 +380,44 @@ TEST(EngineTcp, TwoLoopbackAddressesBothCarrySlices) {
   EXPECT_EQ(paths[0].state.bytes_done + paths[1].state.bytes_done, 16 * kMiB);
 }
 
+// A large read is spread over the path's connections (the target serves each on its own thread), whether the
+// client runs one I/O thread per connection (default) or one for all; bytes stay exact.
+TEST(EngineTcp, LargeReadIsSpreadOverAllConnectionsOfThePath) {
+  for (uint32_t io_threads : {0u, 1u}) {
+    SCOPED_TRACE("tcp_io_threads " + std::to_string(io_threads));
+    EngineOptions so;
+    so.listen = {"tcp://127.0.0.1:0"};
+    auto server = TransferEngine::create(so).value();
+    SharedBuffer remote = allocate_shared_buffer(32 * kMiB).value();
+    fill_pattern(static_cast<char*>(remote.data()), 32 * kMiB, 3);
+    ASSERT_TRUE(server->register_memory(remote.data(), remote.size()).is_ok());
+    EngineOptions co;
+    co.transports = {"tcp"};
+    co.connections_per_path = 4;
+    co.tcp_io_threads = io_threads;
+    auto client = TransferEngine::create(co).value();
+    SharedBuffer local = allocate_shared_buffer(16 * kMiB).value();
+    ASSERT_TRUE(client->register_memory(local.data(), local.size()).is_ok());
+    const uint64_t accepted_before = server->stats().connections_accepted;  // 0: nothing connected yet
+    SegmentHandle seg = client->open_segment(server->segment_name()).value();
+    RequestStatus st = client->transfer_sync({Op::kRead, local.data(), seg, 8 * kMiB, 16 * kMiB, ""}, 20000);
+    ASSERT_EQ(st.state, TransferState::kCompleted) << st.status.to_string();
+    EXPECT_EQ(std::memcmp(local.data(), static_cast<char*>(remote.data()) + 8 * kMiB, 16 * kMiB), 0);
+    const EngineStats cs = client->stats();
+    // 16 MiB posted at once: 4 connections unless an early wire op completed before the rest was posted (a
+    // loaded machine); main's client used one connection until 16 MiB were outstanding on it.
+    const uint64_t conns = cs.transport_counters.at("tcp_connections_opened");
+    EXPECT_GE(conns, 2u);
+    EXPECT_LE(conns, 4u) << "connections_per_path caps the pool";
+    EXPECT_GE(cs.transport_counters.at("tcp_bytes"), 16 * kMiB);
+    // 16 MiB in wire ops of at most 1 MiB: at least 16 of them, far fewer than the 256 slices.
+    EXPECT_GE(cs.transport_counters.at("tcp_wire_ops"), 16u);
+    EXPECT_LT(cs.transport_counters.at("tcp_wire_ops"), 256u);
+    // The target saw the descriptor fetch and the data connections.
+    EXPECT_EQ(server->stats().connections_accepted - accepted_before, 1u + conns);
+  }
+}
+
 TEST(EngineTcp, ServerGoneFailsPendingRequestsWithoutHanging) {
   Pair p = make_pair("tcp", 64 * kMiB);
   ASSERT_NE(p.seg, 0u);
