@@ -22,6 +22,7 @@
 
 #include "mc/replay/analyze.hpp"
 #include "mc/replay/report.hpp"
+#include "mc/testkit/process.hpp"
 
 namespace mc::replay {
 namespace {
@@ -46,54 +47,6 @@ std::string cluster_unavailable() {
   return "";
 }
 
-// A child process in its own process group; the destructor stops the whole group.
-class Child {
- public:
-  Child(const std::vector<std::string>& argv, const std::string& out_path, const std::string& err_path) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      std::freopen("/dev/null", "r", stdin);
-      std::freopen(out_path.c_str(), "w", stdout);
-      std::freopen(err_path.c_str(), "w", stderr);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    ::setpgid(pid_, pid_);
-  }
-  ~Child() {
-    if (pid_ <= 0 || exited_) return;
-    ::kill(-pid_, SIGTERM);  // the script's trap stops and reaps its daemons
-    for (int i = 0; i < 100 && !poll(); ++i) std::this_thread::sleep_for(100ms);
-    if (!exited_) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool poll() {
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      exited_ = true;
-      rc_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    return exited_;
-  }
-  // Waits up to `limit` for the exit; -1 on timeout.
-  int wait(std::chrono::seconds limit) {
-    auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!poll() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
-    return exited_ ? rc_ : -1;
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int rc_ = -1;
-};
 
 std::string slurp(const std::string& path) {
   std::stringstream s;
@@ -126,8 +79,16 @@ int run_cluster_command(const Scratch& s, const std::string& tag, const std::vec
   argv.insert(argv.end(), cluster_args.begin(), cluster_args.end());
   argv.push_back("--");
   argv.insert(argv.end(), cmd.begin(), cmd.end());
-  Child child(argv, s.path(tag + ".out"), s.path(tag + ".err"));
-  return child.wait(std::chrono::seconds(150));
+  // Its own process group: on the way out the group gets SIGTERM (the script's trap stops and reaps its
+  // daemons), then SIGKILL after 10 s.
+  testkit::ChildOptions o;
+  o.own_process_group = true;
+  o.stdin_path = "/dev/null";
+  o.stdout_path = s.path(tag + ".out");
+  o.stderr_path = s.path(tag + ".err");
+  o.stop_grace_ms = 10000;
+  testkit::Child child(argv, o);
+  return child.wait_exit(150'000);
 }
 
 ClusterRun read_run(const Scratch& s, const std::string& tag, int rc, const std::string& summary_path) {
