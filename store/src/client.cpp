@@ -34,6 +34,9 @@ Status item_status(uint16_t code, const std::string& message) {
 int64_t steady_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+int64_t steady_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // One replica transfer of a call: `op` between local bytes and a replica.
 struct Job {
@@ -485,7 +488,7 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
     start.keys.push_back(it.key);
     start.sizes_bytes.push_back(it.data.size());
   }
-  const int64_t t_start_ms = steady_ms();
+  const int64_t t_start_us = steady_us();
   MC_ASSIGN_OR_RETURN(auto grants, m.call_master(start));
   if (grants.items.size() != items.size()) {
     return Status(Code::kMalformedMessage, "put_start reply from " + m.options.master + " has the wrong item count");
@@ -538,10 +541,9 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
       jobs.push_back(Job{i, &r, transfer::Op::kWrite, data, items[i].data.size(), {}});
     }
   }
-  const int64_t t_granted = steady_ms();
+  const int64_t t_granted_us = steady_us();
   m.run_jobs(jobs);
-  MC_LOG_DEBUG << "batch_put of " << items.size() << " objects: put_start " << (t_granted - t_start_ms) << " ms, "
-               << jobs.size() << " replica writes " << (steady_ms() - t_granted) << " ms";
+  const int64_t t_written_us = steady_us();
   for (const Job& j : jobs) {
     if (!j.status.is_ok() && out[j.item].is_ok()) out[j.item] = j.status;
   }
@@ -564,6 +566,9 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
       out[end_index[j]] = item_status(ends.codes[j], j < ends.messages.size() ? ends.messages[j] : "");
     }
   }
+  MC_LOG_DEBUG << "batch_put of " << items.size() << " objects: put_start " << (t_granted_us - t_start_us) << " us, "
+               << jobs.size() << " replica writes " << (t_written_us - t_granted_us) << " us, put_end "
+               << (steady_us() - t_written_us) << " us";
   return out;
 }
 

@@ -187,7 +187,10 @@ FastServer::~FastServer() {
 void FastServer::add_poll_items(std::vector<zmq::pollitem_t>& items) const {
   items.push_back({nullptr, listen_fd_, ZMQ_POLLIN, 0});
   for (const auto& c : conns_) {
-    short ev = c->closing ? 0 : ZMQ_POLLIN;
+    // A client that sends without reading its replies stops being read once kMaxPendingReplyBytes of them
+    // wait: its requests stay in the kernel's buffers (TCP flow control), the master's memory stays bounded.
+    const bool backlog = c->out.size() - c->out_pos > kMaxPendingReplyBytes;
+    short ev = (c->closing || backlog) ? 0 : ZMQ_POLLIN;
     if (c->out_pos < c->out.size()) ev |= ZMQ_POLLOUT;
     items.push_back({nullptr, c->fd, ev, 0});
   }

@@ -38,6 +38,7 @@ namespace mc::store::fast {
 
 inline constexpr uint32_t kMaxHeaderBytes = 4096;
 inline constexpr size_t kPrefixBytes = 8;
+inline constexpr size_t kMaxPendingReplyBytes = 64u << 20;  // per connection, see FastServer
 
 // Appends one frame (prefix, header, body) to `out`.
 void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body);
