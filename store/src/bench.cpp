@@ -1,6 +1,11 @@
 #include "mc/store/bench.hpp"
 
+#include <poll.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
 #include <chrono>
 #include <iomanip>
 #include <thread>
@@ -9,6 +14,8 @@
 
 #include "mc/common/cli.hpp"
 #include "mc/common/rpc.hpp"
+
+#include "fast_rpc.hpp"
 
 namespace mc::store {
 
@@ -24,8 +31,157 @@ struct Point {
   double rate() const { return seconds > 0 ? static_cast<double>(ops) / seconds : 0; }
 };
 
-// One metadata point: `clients` threads issuing `op` until the deadline or max_ops.
-Result<Point> metadata_point(const BenchOptions& o, const std::string& op, int64_t clients, const std::string& run_id) {
+// The keys read by get and match: 24 blocks of one chain, stored (pinned) once.
+Result<std::vector<std::string>> stored_chain(const BenchOptions& o, const std::string& run_id) {
+  std::vector<std::string> chain;
+  for (int i = 0; i < 24; ++i) chain.push_back("bench/" + run_id + "/chain/" + std::to_string(i));
+  MC_ASSIGN_OR_RETURN(auto cl, Client::connect(o.client));
+  std::vector<std::byte> blob(4096, std::byte{1});
+  for (const auto& k : chain) {
+    Status s = cl->put(k, blob, {false, true});
+    if (!s.is_ok() && s.code() != Code::kAlreadyExists) return s;
+  }
+  return chain;
+}
+
+// One metadata request of `op` for connection `conn`: (type, msgpack body). A put is two requests:
+// put_start (stage 0) then put_end (stage 1) with the granted put_id.
+struct Request {
+  const char* type;
+  std::string body;
+};
+Request make_request(const std::string& op, const std::string& cid, const std::string& key_prefix, uint64_t n,
+                     const std::vector<std::string>& chain) {
+  if (op == "put") {
+    proto::StorePutStartRequest ps;
+    ps.client_id = cid;
+    ps.keys = {key_prefix + std::to_string(n)};
+    ps.sizes_bytes = {4096};
+    return {proto::StorePutStartRequest::kType, codec::pack(ps)};
+  }
+  if (op == "get") {
+    proto::StoreGetReplicasRequest g;
+    g.client_id = cid;
+    g.keys = {chain[n % chain.size()]};
+    return {proto::StoreGetReplicasRequest::kType, codec::pack(g)};
+  }
+  return {proto::StoreMatchPrefixRequest::kType, codec::pack(proto::StoreMatchPrefixRequest{chain})};
+}
+
+// Fast path, driven like redis-benchmark: one thread, `clients` connections, each with `pipeline`
+// requests in flight; a reply is checked and answered by the connection's next request at once.
+Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t clients, const std::string& run_id,
+                         const std::vector<std::string>& chain) {
+  MC_ASSIGN_OR_RETURN(std::string host, fast::tcp_host_of(o.client.master));
+  uint16_t port = 0;
+  {
+    rpc::ClientOptions co;
+    co.client_name = "bench-" + run_id;
+    MC_ASSIGN_OR_RETURN(auto z, rpc::RpcClient::connect(o.client.master, co));
+    MC_ASSIGN_OR_RETURN(auto info, z->call(proto::StoreInfoRequest{co.client_name}, o.client.rpc_timeout_ms));
+    if (info.fast_port == 0) {
+      return Status(Code::kUnimplemented, "master " + o.client.master + " offers no fast path (started with --fast-listen off?); "
+                                          "use --transport zmq");
+    }
+    port = static_cast<uint16_t>(info.fast_port);
+  }
+  struct InFlight {
+    uint64_t id;
+    int stage;  // put: 0 put_start, 1 put_end
+    uint64_t n;
+  };
+  struct Conn {
+    std::unique_ptr<fast::FastClient> c;
+    std::string cid, key_prefix;
+    std::deque<InFlight> flight;
+    uint64_t next_n = 0;
+  };
+  std::vector<Conn> conns(static_cast<size_t>(clients));
+  for (int64_t i = 0; i < clients; ++i) {
+    Conn& k = conns[static_cast<size_t>(i)];
+    k.cid = "bench-" + run_id + "-" + std::to_string(i);
+    k.key_prefix = "bench/" + run_id + "/" + std::to_string(i) + "/";
+    MC_ASSIGN_OR_RETURN(k.c, fast::FastClient::connect(host, port, k.cid, o.client.rpc_timeout_ms));
+  }
+  uint64_t started = 0, done = 0, errors = 0;
+  auto issue = [&](Conn& k) -> Status {
+    if (started >= o.max_ops) return Status::ok();
+    Request r = make_request(op, k.cid, k.key_prefix, k.next_n, chain);
+    MC_ASSIGN_OR_RETURN(uint64_t id, k.c->send(r.type, r.body));
+    k.flight.push_back({id, 0, k.next_n++});
+    ++started;
+    return Status::ok();
+  };
+  const auto t0 = SteadyClock::now();
+  const auto deadline = t0 + std::chrono::duration<double>(o.duration_s);
+  for (auto& k : conns) {
+    for (uint32_t p = 0; p < o.pipeline; ++p) MC_RETURN_IF_ERROR(issue(k));
+  }
+  std::vector<pollfd> fds(conns.size());
+  bool stopping = false;
+  while (true) {
+    if (!stopping && SteadyClock::now() >= deadline) stopping = true;
+    size_t in_flight = 0;
+    for (size_t i = 0; i < conns.size(); ++i) {
+      in_flight += conns[i].flight.size();
+      fds[i] = {conns[i].c->fd(), static_cast<short>(POLLIN | (conns[i].c->wants_write() ? POLLOUT : 0)), 0};
+    }
+    if (in_flight == 0) break;
+    if (SteadyClock::now() > deadline + std::chrono::milliseconds(o.client.rpc_timeout_ms)) {
+      return Status(Code::kTimeout, std::to_string(in_flight) + " requests to the master's fast path unanswered after " +
+                                        std::to_string(o.client.rpc_timeout_ms) + " ms");
+    }
+    if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) return Status(Code::kIo, "poll: " + std::string(strerror(errno)));
+    for (size_t i = 0; i < conns.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Conn& k = conns[i];
+      while (true) {
+        MC_ASSIGN_OR_RETURN(std::optional<fast::FastClient::Reply> r, k.c->try_recv());
+        if (!r) break;
+        if (k.flight.empty() || k.flight.front().id != r->id) {
+          return Status(Code::kMalformedMessage, "reply " + std::to_string(r->id) + " from " + k.c->endpoint() + " out of order");
+        }
+        InFlight f = k.flight.front();
+        k.flight.pop_front();
+        bool ok = r->status.is_ok();
+        if (ok && op == "put" && f.stage == 0) {
+          auto g = codec::unpack<proto::StorePutStartReply>(r->body, "put_start reply");
+          if (g.is_ok() && g->items.size() == 1 && g->items[0].code == 0) {
+            proto::StorePutEndRequest e{k.cid, {k.key_prefix + std::to_string(f.n)}, {g->items[0].put_id}};
+            MC_ASSIGN_OR_RETURN(uint64_t id, k.c->send(proto::StorePutEndRequest::kType, codec::pack(e)));
+            k.flight.push_back({id, 1, f.n});
+            continue;
+          }
+          ok = false;
+        } else if (ok && op == "put") {
+          auto e = codec::unpack<proto::StoreItemsReply>(r->body, "put_end reply");
+          ok = e.is_ok() && e->codes.size() == 1 && e->codes[0] == 0;
+        } else if (ok && op == "get") {
+          auto g = codec::unpack<proto::StoreGetReplicasReply>(r->body, "get_replicas reply");
+          ok = g.is_ok() && g->items.size() == 1 && g->items[0].code == 0;
+        } else if (ok) {
+          auto m = codec::unpack<proto::StoreMatchPrefixReply>(r->body, "match_prefix reply");
+          ok = m.is_ok() && m->matched_blocks == chain.size();
+        }
+        ++done;
+        if (!ok) ++errors;
+        if (!stopping) MC_RETURN_IF_ERROR(issue(k));
+      }
+    }
+  }
+  Point p;
+  p.op = op;
+  p.clients = clients;
+  p.ops = done;
+  p.errors = errors;
+  p.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  return p;
+}
+
+// ZeroMQ path (the RpcClient every other service uses): `clients` threads, one connection and one
+// request in flight each.
+Result<Point> zmq_point(const BenchOptions& o, const std::string& op, int64_t clients, const std::string& run_id,
+                        const std::vector<std::string>& chain) {
   std::vector<std::unique_ptr<rpc::RpcClient>> conns;
   for (int64_t i = 0; i < clients; ++i) {
     rpc::ClientOptions co;
@@ -33,27 +189,16 @@ Result<Point> metadata_point(const BenchOptions& o, const std::string& op, int64
     MC_ASSIGN_OR_RETURN(auto c, rpc::RpcClient::connect(o.client.master, co));
     conns.push_back(std::move(c));
   }
-  // Keys read by get and match: 24 blocks of one chain, stored once.
-  std::vector<std::string> chain;
-  for (int i = 0; i < 24; ++i) chain.push_back("bench/" + run_id + "/chain/" + std::to_string(i));
-  if (op != "put") {
-    MC_ASSIGN_OR_RETURN(auto cl, Client::connect(o.client));
-    std::vector<std::byte> blob(4096, std::byte{1});
-    for (const auto& k : chain) {
-      Status s = cl->put(k, blob, {false, true});
-      if (!s.is_ok() && s.code() != Code::kAlreadyExists) return s;
-    }
-  }
   std::atomic<uint64_t> total{0}, errors{0};
   std::atomic<bool> go{false};
   auto deadline_ns = static_cast<int64_t>(o.duration_s * 1e9);
   std::vector<std::thread> threads;
-  auto t0 = SteadyClock::now();
   for (int64_t i = 0; i < clients; ++i) {
     threads.emplace_back([&, i] {
       while (!go.load()) std::this_thread::yield();
       rpc::RpcClient& c = *conns[i];
       std::string cid = "bench-" + run_id + "-" + std::to_string(i);
+      std::string prefix = "bench/" + run_id + "/" + std::to_string(i) + "/";
       uint64_t n = 0;
       auto start = SteadyClock::now();
       while (total.load(std::memory_order_relaxed) < o.max_ops) {
@@ -62,7 +207,7 @@ Result<Point> metadata_point(const BenchOptions& o, const std::string& op, int64
         if (op == "put") {
           proto::StorePutStartRequest ps;
           ps.client_id = cid;
-          ps.keys = {"bench/" + run_id + "/" + std::to_string(i) + "/" + std::to_string(n)};
+          ps.keys = {prefix + std::to_string(n)};
           ps.sizes_bytes = {4096};
           auto g = c.call(ps);
           ok = g.is_ok() && g->items[0].code == 0;
@@ -86,7 +231,7 @@ Result<Point> metadata_point(const BenchOptions& o, const std::string& op, int64
       }
     });
   }
-  t0 = SteadyClock::now();
+  auto t0 = SteadyClock::now();
   go.store(true);
   for (auto& t : threads) t.join();
   Point p;
@@ -96,6 +241,15 @@ Result<Point> metadata_point(const BenchOptions& o, const std::string& op, int64
   p.errors = errors.load();
   p.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
   return p;
+}
+
+Result<Point> metadata_point(const BenchOptions& o, const std::string& op, int64_t clients, const std::string& run_id) {
+  std::vector<std::string> chain;
+  if (op != "put") {
+    MC_ASSIGN_OR_RETURN(chain, stored_chain(o, run_id));
+  }
+  if (o.transport == "fast") return fast_point(o, op, clients, run_id, chain);
+  return zmq_point(o, op, clients, run_id, chain);
 }
 
 Status data_bench(const BenchOptions& o, std::ostream& out) {
@@ -202,22 +356,40 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       return Status(Code::kInvalidArgument, "--ops: unknown operation '" + op + "' (put, get, match)");
     }
   }
+  if (o.transport != "fast" && o.transport != "zmq") {
+    return Status(Code::kInvalidArgument, "--transport must be fast or zmq, not '" + o.transport + "'");
+  }
+  if (o.pipeline < 1 || o.pipeline > 1024) {
+    return Status(Code::kInvalidArgument, "--pipeline: " + std::to_string(o.pipeline) + " is outside 1..1024");
+  }
+  if (o.transport == "zmq" && o.pipeline != 1) {
+    return Status(Code::kInvalidArgument, "--pipeline > 1 needs --transport fast (the ZeroMQ client waits for each reply)");
+  }
   for (int64_t n : o.clients) {
     if (n < 1 || n > 256) return Status(Code::kInvalidArgument, "--clients: " + std::to_string(n) + " is outside 1..256");
   }
   std::string run = std::to_string(SteadyClock::now().time_since_epoch().count() % 1000000007);
   nlohmann::json arr = nlohmann::json::array();
   if (!o.json) {
-    out << "mc-store bench metadata " << cli::build_id() << " master=" << o.client.master << " duration=" << o.duration_s
-        << " s per point\n";
+    out << "mc-store bench metadata " << cli::build_id() << " master=" << o.client.master << " transport=" << o.transport
+        << " pipeline=" << o.pipeline << " duration=" << o.duration_s << " s per point\n";
     out << std::left << std::setw(8) << "op" << std::right << std::setw(9) << "clients" << std::setw(12) << "ops" << std::setw(9)
         << "errors" << std::setw(14) << "ops/s" << '\n';
   }
   for (const auto& op : o.ops) {
-    for (int64_t n : o.clients) {
+    if (o.transport != "fast" && o.transport != "zmq") {
+    return Status(Code::kInvalidArgument, "--transport must be fast or zmq, not '" + o.transport + "'");
+  }
+  if (o.pipeline < 1 || o.pipeline > 1024) {
+    return Status(Code::kInvalidArgument, "--pipeline: " + std::to_string(o.pipeline) + " is outside 1..1024");
+  }
+  if (o.transport == "zmq" && o.pipeline != 1) {
+    return Status(Code::kInvalidArgument, "--pipeline > 1 needs --transport fast (the ZeroMQ client waits for each reply)");
+  }
+  for (int64_t n : o.clients) {
       MC_ASSIGN_OR_RETURN(Point p, metadata_point(o, op, n, run + "-" + op + std::to_string(n)));
       if (o.json) {
-        arr.push_back({{"op", op}, {"clients", n}, {"ops", p.ops}, {"errors", p.errors}, {"elapsed_ns", static_cast<int64_t>(p.seconds * 1e9)},
+        arr.push_back({{"op", op}, {"clients", n}, {"transport", o.transport}, {"pipeline", o.pipeline}, {"ops", p.ops}, {"errors", p.errors}, {"elapsed_ns", static_cast<int64_t>(p.seconds * 1e9)},
                        {"ops_per_second", p.rate()}});
       } else {
         out << std::left << std::setw(8) << op << std::right << std::setw(9) << n << std::setw(12) << p.ops << std::setw(9)

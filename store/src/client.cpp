@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "mc/common/log.hpp"
+#include "fast_rpc.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/transfer/engine.hpp"
 
@@ -33,6 +34,9 @@ Status item_status(uint16_t code, const std::string& message) {
 int64_t steady_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+int64_t steady_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // One replica transfer of a call: `op` between local bytes and a replica.
 struct Job {
@@ -50,6 +54,7 @@ class Client::Impl {
  public:
   ClientOptions options;
   std::unique_ptr<rpc::RpcClient> master;
+  std::unique_ptr<fast::FastClient> fast_master;  // the master's fast path when it offers one (fast_rpc.hpp)
   std::map<std::string, std::unique_ptr<rpc::RpcClient>> nodes;  // node RPC endpoint -> connection (SSD)
   std::shared_ptr<MasterSegmentDirectory> directory;
   std::unique_ptr<transfer::TransferEngine> engine;  // after directory: destroyed first
@@ -102,6 +107,44 @@ class Client::Impl {
       lk.lock();
       heartbeat_cv.wait_for(lk, std::chrono::milliseconds(options.heartbeat_ms), [&] { return heartbeat_stop; });
     }
+  }
+
+  // Every metadata call: the fast path when connected, else ZeroMQ. A fast connection that breaks (master
+  // restarted, stream failed) answers this call with its error and is dropped: later calls use ZeroMQ,
+  // which reconnects by itself. A request is never sent twice (put_start is not idempotent).
+  template <typename Req>
+  Result<typename Req::Reply> call_master(const Req& req) {
+    if (fast_master) {
+      ++counters.master_calls_fast;
+      Result<typename Req::Reply> r = fast_master->call(req, options.rpc_timeout_ms);
+      if (fast_master->broken()) {
+        MC_LOG_WARN << "client " << options.client_id << ": fast path to the master failed (" << r.status().to_string()
+                    << "); using " << options.master << " from now on";
+        fast_master.reset();
+      }
+      return r;
+    }
+    ++counters.master_calls_zmq;
+    return master->call(req, options.rpc_timeout_ms);
+  }
+
+  // Asks the master for its fast path and connects to it; stays on ZeroMQ when there is none.
+  void connect_fast() {
+    Result<proto::StoreInfoReply> info = master->call(proto::StoreInfoRequest{options.client_id}, options.rpc_timeout_ms);
+    if (!info.is_ok() || info->fast_port == 0) {
+      MC_LOG_DEBUG << "client " << options.client_id << ": master offers no fast path"
+                   << (info.is_ok() ? std::string() : ": " + info.status().to_string());
+      return;
+    }
+    Result<std::string> host = fast::tcp_host_of(options.master);
+    if (!host.is_ok()) return;
+    auto c = fast::FastClient::connect(*host, static_cast<uint16_t>(info->fast_port), options.client_id, options.rpc_timeout_ms);
+    if (!c.is_ok()) {
+      MC_LOG_WARN << "client " << options.client_id << ": fast path of " << options.master << " unreachable ("
+                  << c.status().to_string() << "); using ZeroMQ";
+      return;
+    }
+    fast_master = std::move(c).value();
   }
 
   // Is [p, p+n) inside one engine registration?
@@ -355,7 +398,7 @@ class Client::Impl {
     run_jobs(jobs);
     for (const Job& j : jobs) {
       proto::StoreReplicaEndRequest req{options.client_id, keys[j.item], items[j.item]->replicate_put_id, j.status.is_ok()};
-      auto r = master->call(req, options.rpc_timeout_ms);
+      auto r = call_master(req);
       if (!r.is_ok()) MC_LOG_DEBUG << "hot copy of '" << keys[j.item] << "' not recorded: " << r.status().to_string();
     }
   }
@@ -368,7 +411,7 @@ class Client::Impl {
     req.client_host = options.host;
     req.client_domain = options.domain;
     req.keys = std::move(keys);
-    MC_ASSIGN_OR_RETURN(auto reply, master->call(req, options.rpc_timeout_ms));
+    MC_ASSIGN_OR_RETURN(auto reply, call_master(req));
     if (reply.items.size() != req.keys.size()) {
       return Status(Code::kMalformedMessage, "get_replicas reply from " + options.master + " has " +
                                                  std::to_string(reply.items.size()) + " items for " +
@@ -394,6 +437,7 @@ Result<std::unique_ptr<Client>> Client::connect(ClientOptions options) {
   co.connect_timeout_ms = options.rpc_timeout_ms;
   co.default_timeout_ms = options.rpc_timeout_ms;
   MC_ASSIGN_OR_RETURN(impl->master, rpc::RpcClient::connect(options.master, co));
+  if (options.fast_rpc) impl->connect_fast();
   // The data path: an initiator-only transfer engine whose segment directory is the master.
   MC_ASSIGN_OR_RETURN(impl->directory, MasterSegmentDirectory::connect(options.master, options.client_id + " directory",
                                                                        options.rpc_timeout_ms));
@@ -444,8 +488,8 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
     start.keys.push_back(it.key);
     start.sizes_bytes.push_back(it.data.size());
   }
-  const int64_t t_start_ms = steady_ms();
-  MC_ASSIGN_OR_RETURN(auto grants, m.master->call(start, m.options.rpc_timeout_ms));
+  const int64_t t_start_us = steady_us();
+  MC_ASSIGN_OR_RETURN(auto grants, m.call_master(start));
   if (grants.items.size() != items.size()) {
     return Status(Code::kMalformedMessage, "put_start reply from " + m.options.master + " has the wrong item count");
   }
@@ -464,7 +508,7 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
     }
     if (idx.empty() || steady_ms() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-    MC_ASSIGN_OR_RETURN(auto more, m.master->call(again, m.options.rpc_timeout_ms));
+    MC_ASSIGN_OR_RETURN(auto more, m.call_master(again));
     for (size_t j = 0; j < idx.size() && j < more.items.size(); ++j) grants.items[idx[j]] = std::move(more.items[j]);
   }
   std::vector<Status> out(items.size());
@@ -497,10 +541,9 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
       jobs.push_back(Job{i, &r, transfer::Op::kWrite, data, items[i].data.size(), {}});
     }
   }
-  const int64_t t_granted = steady_ms();
+  const int64_t t_granted_us = steady_us();
   m.run_jobs(jobs);
-  MC_LOG_DEBUG << "batch_put of " << items.size() << " objects: put_start " << (t_granted - t_start_ms) << " ms, "
-               << jobs.size() << " replica writes " << (steady_ms() - t_granted) << " ms";
+  const int64_t t_written_us = steady_us();
   for (const Job& j : jobs) {
     if (!j.status.is_ok() && out[j.item].is_ok()) out[j.item] = j.status;
   }
@@ -516,13 +559,16 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
       revoke.put_ids.push_back(g.put_id);
     }
   }
-  if (!revoke.keys.empty()) (void)m.master->call(revoke, m.options.rpc_timeout_ms);
+  if (!revoke.keys.empty()) (void)m.call_master(revoke);
   if (!end.keys.empty()) {
-    MC_ASSIGN_OR_RETURN(auto ends, m.master->call(end, m.options.rpc_timeout_ms));
+    MC_ASSIGN_OR_RETURN(auto ends, m.call_master(end));
     for (size_t j = 0; j < end_index.size() && j < ends.codes.size(); ++j) {
       out[end_index[j]] = item_status(ends.codes[j], j < ends.messages.size() ? ends.messages[j] : "");
     }
   }
+  MC_LOG_DEBUG << "batch_put of " << items.size() << " objects: put_start " << (t_granted_us - t_start_us) << " us, "
+               << jobs.size() << " replica writes " << (t_written_us - t_granted_us) << " us, put_end "
+               << (steady_us() - t_written_us) << " us";
   return out;
 }
 
@@ -582,31 +628,31 @@ Result<std::vector<Status>> Client::batch_get(std::span<const GetItem> items) {
 
 Result<std::vector<bool>> Client::exists(const std::vector<std::string>& keys) {
   proto::StoreExistsRequest req{keys};
-  MC_ASSIGN_OR_RETURN(auto reply, impl_->master->call(req, impl_->options.rpc_timeout_ms));
+  MC_ASSIGN_OR_RETURN(auto reply, impl_->call_master(req));
   return reply.present;
 }
 
 Result<uint64_t> Client::match_prefix(const std::vector<std::string>& keys) {
   proto::StoreMatchPrefixRequest req{keys};
-  MC_ASSIGN_OR_RETURN(auto reply, impl_->master->call(req, impl_->options.rpc_timeout_ms));
+  MC_ASSIGN_OR_RETURN(auto reply, impl_->call_master(req));
   return reply.matched_blocks;
 }
 
 Status Client::remove(const std::string& key) {
   proto::StoreRemoveRequest req{{key}};
-  MC_ASSIGN_OR_RETURN(auto reply, impl_->master->call(req, impl_->options.rpc_timeout_ms));
+  MC_ASSIGN_OR_RETURN(auto reply, impl_->call_master(req));
   if (reply.codes.empty()) return Status(Code::kMalformedMessage, "remove reply without a result");
   return item_status(reply.codes[0], reply.messages.empty() ? "" : reply.messages[0]);
 }
 
 Result<proto::StoreLsReply> Client::ls(const std::string& prefix, uint32_t limit) {
   proto::StoreLsRequest req{prefix, limit};
-  return impl_->master->call(req, impl_->options.rpc_timeout_ms);
+  return impl_->call_master(req);
 }
 
 Result<proto::StoreStatReply> Client::stat() {
   proto::StoreStatRequest req;
-  return impl_->master->call(req, impl_->options.rpc_timeout_ms);
+  return impl_->call_master(req);
 }
 
 }  // namespace mc::store

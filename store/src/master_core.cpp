@@ -499,6 +499,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
     grant.replicas.push_back(view(r, size_bytes));
   }
   objects_[key] = std::move(obj);
+  unfinished_.insert(key);
   // Keep headroom: segments past the high watermark are evicted down to the low one.
   for (const std::string& s : segs) {
     Segment& seg = segments_.at(s);
@@ -595,6 +596,7 @@ Result<ReadGrant> MasterCore::get_replicas(const Caller& caller, const std::stri
           r.writer = caller.client_id;
           r.started_ns = now;
           obj.replicas.push_back(r);
+          unfinished_.insert(key);
           grant.replicate_to = view(r, obj.size_bytes);
           grant.replicate_put_id = r.put_id;
           obj.window_reads = 0;
@@ -675,14 +677,22 @@ std::vector<ObjectInfo> MasterCore::ls(const std::string& prefix, size_t limit) 
   return out;
 }
 
-MasterStats MasterCore::stat() const {
+MasterStats MasterCore::stat(bool scan_objects) const {
   MasterStats s = counters_;
   std::map<std::string, uint64_t> leased_on;
-  for (const auto& [key, obj] : objects_) {
-    if (obj.complete) ++s.objects; else ++s.processing;
-    if (leased(obj)) {
-      for (const Replica& r : obj.replicas) ++leased_on[r.segment];
+  if (scan_objects) {
+    for (const auto& [key, obj] : objects_) {
+      if (obj.complete) ++s.objects; else ++s.processing;
+      if (leased(obj)) {
+        for (const Replica& r : obj.replicas) ++leased_on[r.segment];
+      }
     }
+  } else {
+    for (const std::string& k : unfinished_) {
+      auto it = objects_.find(k);
+      if (it != objects_.end() && !it->second.complete) ++s.processing;
+    }
+    s.objects = objects_.size() - s.processing;
   }
   for (const auto& [name, seg] : segments_) {
     SegmentStats st;
@@ -725,29 +735,37 @@ void MasterCore::tick() {
       ++c;
     }
   }
-  for (auto it = objects_.begin(); it != objects_.end();) {
+  // Unfinished puts and hot copies (only keys in unfinished_ can have them; finished ones leave the set).
+  for (auto k = unfinished_.begin(); k != unfinished_.end();) {
+    auto it = objects_.find(*k);
+    if (it == objects_.end()) {
+      k = unfinished_.erase(k);
+      continue;
+    }
     Object& obj = it->second;
+    bool pending = false;
     if (!obj.complete) {
       if (dead_clients.count(obj.writer) || now - obj.started_ns > config_.put_reclaim_ms * kNsPerMs) {
-        auto next = std::next(it);
         discard_object(it, true, true);
-        it = next;
+        k = unfinished_.erase(k);
         continue;
       }
+      pending = true;
     } else {
       // Abandoned hot-object copies.
       for (auto r = obj.replicas.begin(); r != obj.replicas.end();) {
-        bool abandoned = !r->complete && !r->demote_task &&
-                         (dead_clients.count(r->writer) || now - r->started_ns > config_.put_takeover_ms * kNsPerMs);
+        const bool copy = !r->complete && !r->demote_task;
+        bool abandoned = copy && (dead_clients.count(r->writer) || now - r->started_ns > config_.put_takeover_ms * kNsPerMs);
         if (abandoned) {
           release_replica(*r, obj.size_bytes, true);
           r = obj.replicas.erase(r);
         } else {
+          pending = pending || copy;
           ++r;
         }
       }
     }
-    ++it;
+    k = pending ? std::next(k) : unfinished_.erase(k);
   }
   // Delayed frees whose time has come.
   for (auto p = pending_frees_.begin(); p != pending_frees_.end();) {

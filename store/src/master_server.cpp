@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "convert.hpp"
+#include "fast_rpc.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
@@ -46,7 +47,7 @@ struct MasterServer::Impl {
   }
 
   void update_metrics() {
-    MasterStats s = core.stat();
+    MasterStats s = core.stat(false);
     registry.gauge("mc_store_objects", "complete objects").set(static_cast<double>(s.objects));
     registry.gauge("mc_store_processing_objects", "objects being written").set(static_cast<double>(s.processing));
     registry.gauge("mc_store_nodes", "live storage nodes").set(static_cast<double>(s.nodes));
@@ -66,7 +67,7 @@ struct MasterServer::Impl {
   // Drops the descriptors of engines whose store segments are all gone (node unmounted or dead).
   void sync_directory() {
     std::set<std::string> referenced;
-    for (const SegmentStats& seg : core.stat().segments) {
+    for (const SegmentStats& seg : core.stat(false).segments) {
       if (!seg.info.xfer_segment.empty()) referenced.insert(seg.info.xfer_segment);
     }
     for (const std::string& name : directory.retain_bound(referenced)) {
@@ -75,11 +76,37 @@ struct MasterServer::Impl {
   }
 
   void register_handlers();
+
+  // Handlers of the fast path (fast_rpc.hpp), by message type: the same functions as the ZeroMQ ones.
+  std::unordered_map<std::string, std::function<Result<std::string>(std::string_view body)>> fast_handlers;
+  std::unique_ptr<fast::FastServer> fast_server;
+  std::vector<zmq::pollitem_t> poll_items;
+
+  // Registers `fn` for Req on the ZeroMQ server and on the fast path.
+  template <typename Req, typename Fn>
+  void on(Fn fn) {
+    server->handle<Req>(fn);
+    fast_handlers[Req::kType] = [this, fn = std::move(fn)](std::string_view body) -> Result<std::string> {
+      Result<Req> req = codec::unpack<Req>(body, Req::kType);
+      if (!req.is_ok()) return req.status();
+      Result<typename Req::Reply> reply = fn(req.value(), fast_context_);
+      if (!reply.is_ok()) return reply.status();
+      return codec::pack(reply.value());
+    };
+  }
+  Result<std::string> fast_dispatch(std::string_view type, std::string_view body) {
+    auto it = fast_handlers.find(std::string(type));
+    if (it == fast_handlers.end()) {
+      return Status(Code::kUnimplemented, "mc-store master does not handle message type '" + std::string(type) + "'");
+    }
+    return it->second(body);
+  }
+  rpc::CallContext fast_context_;
 };
 
 void MasterServer::Impl::register_handlers() {
   using namespace proto;
-  server->handle<StoreMountRequest>([this](const StoreMountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+  on<StoreMountRequest>([this](const StoreMountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
     MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
     SegmentInfo info{req.segment, req.node_id, req.host, req.domain, medium, req.capacity_bytes, req.endpoint,
                      req.xfer_segment, req.xfer_base_offset_bytes};
@@ -94,14 +121,14 @@ void MasterServer::Impl::register_handlers() {
     publish_events();
     return StoreAck{};
   });
-  server->handle<StoreUnmountRequest>([this](const StoreUnmountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+  on<StoreUnmountRequest>([this](const StoreUnmountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
     MC_RETURN_IF_ERROR(core.unmount_segment(req.node_id, req.segment));
     MC_LOG_INFO << "unmounted segment " << req.segment << " of node " << req.node_id;
     publish_events();
     sync_directory();
     return StoreAck{};
   });
-  server->handle<StoreNodeHeartbeatRequest>(
+  on<StoreNodeHeartbeatRequest>(
       [this](const StoreNodeHeartbeatRequest& req, const rpc::CallContext&) -> Result<StoreNodeHeartbeatReply> {
         MC_ASSIGN_OR_RETURN(std::vector<DemoteTask> tasks, core.node_heartbeat(req.node_id));
         for (const StoreDemoteResult& d : req.done) (void)core.demote_done(req.node_id, d.task_id, d.ok);
@@ -110,12 +137,12 @@ void MasterServer::Impl::register_handlers() {
         for (const DemoteTask& t : tasks) reply.tasks.push_back(to_wire(t));
         return reply;
       });
-  server->handle<StoreClientHeartbeatRequest>(
+  on<StoreClientHeartbeatRequest>(
       [this](const StoreClientHeartbeatRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
         core.client_heartbeat(req.client_id);
         return StoreAck{};
       });
-  server->handle<StorePutStartRequest>(
+  on<StorePutStartRequest>(
       [this](const StorePutStartRequest& req, const rpc::CallContext&) -> Result<StorePutStartReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_start"));
         if (req.sizes_bytes.size() != req.keys.size()) {
@@ -139,7 +166,7 @@ void MasterServer::Impl::register_handlers() {
         publish_events();
         return reply;
       });
-  server->handle<StorePutEndRequest>([this](const StorePutEndRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+  on<StorePutEndRequest>([this](const StorePutEndRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
     MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
     if (req.put_ids.size() != req.keys.size()) return Status(Code::kInvalidArgument, "put_end: keys and put_ids differ in length");
     StoreItemsReply reply;
@@ -147,7 +174,7 @@ void MasterServer::Impl::register_handlers() {
     publish_events();
     return reply;
   });
-  server->handle<StorePutRevokeRequest>(
+  on<StorePutRevokeRequest>(
       [this](const StorePutRevokeRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_revoke"));
         if (req.put_ids.size() != req.keys.size()) {
@@ -159,7 +186,7 @@ void MasterServer::Impl::register_handlers() {
         }
         return reply;
       });
-  server->handle<StoreGetReplicasRequest>(
+  on<StoreGetReplicasRequest>(
       [this](const StoreGetReplicasRequest& req, const rpc::CallContext&) -> Result<StoreGetReplicasReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "get_replicas"));
         StoreGetReplicasReply reply;
@@ -183,30 +210,30 @@ void MasterServer::Impl::register_handlers() {
         }
         return reply;
       });
-  server->handle<StoreReplicaEndRequest>([this](const StoreReplicaEndRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+  on<StoreReplicaEndRequest>([this](const StoreReplicaEndRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
     MC_RETURN_IF_ERROR(core.replica_end({req.client_id, "", ""}, req.key, req.put_id, req.ok));
     publish_events();
     return StoreAck{};
   });
-  server->handle<StoreExistsRequest>([this](const StoreExistsRequest& req, const rpc::CallContext&) -> Result<StoreExistsReply> {
+  on<StoreExistsRequest>([this](const StoreExistsRequest& req, const rpc::CallContext&) -> Result<StoreExistsReply> {
     MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "exists"));
     StoreExistsReply reply;
     for (const std::string& k : req.keys) reply.present.push_back(core.exists(k));
     return reply;
   });
-  server->handle<StoreMatchPrefixRequest>(
+  on<StoreMatchPrefixRequest>(
       [this](const StoreMatchPrefixRequest& req, const rpc::CallContext&) -> Result<StoreMatchPrefixReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "match_prefix"));
         return StoreMatchPrefixReply{core.match_prefix(req.keys)};
       });
-  server->handle<StoreRemoveRequest>([this](const StoreRemoveRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+  on<StoreRemoveRequest>([this](const StoreRemoveRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
     MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "remove"));
     StoreItemsReply reply;
     for (const std::string& k : req.keys) add_item(reply, core.remove(k));
     publish_events();
     return reply;
   });
-  server->handle<StoreLsRequest>([this](const StoreLsRequest& req, const rpc::CallContext&) -> Result<StoreLsReply> {
+  on<StoreLsRequest>([this](const StoreLsRequest& req, const rpc::CallContext&) -> Result<StoreLsReply> {
     uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
     StoreLsReply reply;
     std::vector<ObjectInfo> objs = core.ls(req.prefix, limit + 1);
@@ -217,7 +244,7 @@ void MasterServer::Impl::register_handlers() {
     }
     return reply;
   });
-  server->handle<StoreStatRequest>([this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
+  on<StoreStatRequest>([this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
     MasterStats s = core.stat();
     StoreStatReply r;
     if (req.with_segments) {
@@ -258,15 +285,18 @@ void MasterServer::Impl::register_handlers() {
     r.last_event_id = events ? events->last_event_id() : 0;
     return r;
   });
-  server->handle<PublishSegmentRequest>(
+  on<PublishSegmentRequest>(
       [this](const PublishSegmentRequest& req, const rpc::CallContext&) -> Result<PublishSegmentReply> {
         MC_ASSIGN_OR_RETURN(uint64_t regions, directory.publish(req.descriptor));
         MC_LOG_DEBUG << "segment directory: " << req.descriptor.name << " published with " << regions << " region(s)";
         return PublishSegmentReply{regions};
       });
-  server->handle<GetSegmentRequest>([this](const GetSegmentRequest& req, const rpc::CallContext&) -> Result<GetSegmentReply> {
+  on<GetSegmentRequest>([this](const GetSegmentRequest& req, const rpc::CallContext&) -> Result<GetSegmentReply> {
     MC_ASSIGN_OR_RETURN(SegmentDescriptor d, directory.lookup(req.name));
     return GetSegmentReply{std::move(d)};
+  });
+  on<StoreInfoRequest>([this](const StoreInfoRequest&, const rpc::CallContext&) -> Result<StoreInfoReply> {
+    return StoreInfoReply{fast_server ? fast_server->port() : 0u, "mc-store master"};
   });
   server->serve_stat(&registry);
 }
@@ -289,18 +319,44 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
   if (!options.events.empty()) {
     MC_ASSIGN_OR_RETURN(impl->events, rpc::EventPublisher::bind(options.events, "kv"));
   }
+  if (options.fast_listen != "off") {
+    std::string fast_ep = options.fast_listen;
+    if (fast_ep.empty()) {
+      Result<std::string> host = fast::tcp_host_of(impl->server->endpoints().at(0));
+      if (host.is_ok()) fast_ep = "tcp://" + (host->find(':') != std::string::npos ? "[" + *host + "]" : *host) + ":0";
+    }
+    if (!fast_ep.empty()) {
+      Impl* raw = impl.get();
+      MC_ASSIGN_OR_RETURN(impl->fast_server,
+                          fast::FastServer::listen(fast_ep, "mc-store master", [raw](std::string_view type, std::string_view body) {
+                            return raw->fast_dispatch(type, body);
+                          }));
+    }
+  }
   impl->register_handlers();
   return std::unique_ptr<MasterServer>(new MasterServer(std::move(impl)));
 }
 
 const std::string& MasterServer::endpoint() const { return impl_->server->endpoints().at(0); }
 std::string MasterServer::events_endpoint() const { return impl_->events ? impl_->events->endpoint() : ""; }
+uint16_t MasterServer::fast_port() const { return impl_->fast_server ? impl_->fast_server->port() : 0; }
 void MasterServer::stop() { impl_->server->stop(); }
 
 Status MasterServer::serve() {
   int64_t next_tick = impl_->clock->now_ms();
+  auto& items = impl_->poll_items;
   while (!impl_->server->stopped() && !daemon::stop_requested()) {
-    MC_RETURN_IF_ERROR(impl_->server->poll_once(std::max(1, impl_->options.tick_ms / 2)));
+    // One poll over the ZeroMQ socket and the fast path's sockets: every handler runs on this thread.
+    items.clear();
+    items.push_back({impl_->server->socket().handle(), 0, ZMQ_POLLIN, 0});
+    if (impl_->fast_server) impl_->fast_server->add_poll_items(items);
+    try {
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::max(1, impl_->options.tick_ms / 2)));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) return Status(Code::kUnavailable, "mc-store master: poll failed: " + std::string(e.what()));
+    }
+    if (items[0].revents & ZMQ_POLLIN) MC_RETURN_IF_ERROR(impl_->server->poll_once(0));
+    if (impl_->fast_server) impl_->fast_server->handle(items.data() + 1, items.size() - 1);
     int64_t now = impl_->clock->now_ms();
     if (now >= next_tick) {
       impl_->core.tick();
@@ -318,6 +374,7 @@ Status run_master(const MasterOptions& options) {
   MC_ASSIGN_OR_RETURN(std::unique_ptr<MasterServer> server, MasterServer::bind(options));
   std::vector<std::pair<std::string, std::string>> extra;
   if (!server->events_endpoint().empty()) extra.emplace_back("events", server->events_endpoint());
+  if (server->fast_port() != 0) extra.emplace_back("fast_port", std::to_string(server->fast_port()));
   daemon::announce_ready("mc-store-master", server->endpoint(), extra);
   MC_LOG_INFO << "mc-store master serving on " << server->endpoint();
   return server->serve();

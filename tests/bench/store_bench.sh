@@ -3,7 +3,7 @@
 # (same machine, same client counts), and data GB/s of batch_put/batch_get side by side with mc-xfer bench
 # on the same path (shm: same host; tcp: loopback). Everything runs on 127.0.0.1 and is stopped on exit.
 # Usage: tests/bench/store_bench.sh [BUILD_DIR] (env: CLIENTS=1,8,32 DURATION=2 KV_BYTES_PER_TOKEN=2048 REQUESTS=100000
-#        BATCH=16 DATA_ONLY=0)
+#        BATCH=16 DATA_ONLY=0 PIPELINE=1 TRANSPORTS=fast[,zmq])
 set -euo pipefail
 BUILD=${1:-build}
 BIN=$BUILD/bin
@@ -11,6 +11,8 @@ CLIENTS=${CLIENTS:-1,8,32}
 DURATION=${DURATION:-2}
 KVB=${KV_BYTES_PER_TOKEN:-2048}
 REQUESTS=${REQUESTS:-100000}
+PIPELINE=${PIPELINE:-1}
+TRANSPORTS=${TRANSPORTS:-fast}  # add zmq to see the ZeroMQ path (--pipeline 1 only)
 PORT=$((20000 + RANDOM % 20000))
 TMP=$(mktemp -d)
 PIDS=()
@@ -25,16 +27,19 @@ wait_ready "$TMP/master"
 wait_ready "$TMP/n1"
 
 if [ "${DATA_ONLY:-0}" = 0 ]; then
-echo "== load: $(uptime)"
-echo "== metadata: mc-store master (ops/s)"
-"$BIN/mc-store" bench --master "$M" --clients "$CLIENTS" --duration "$DURATION"
-
-echo "== metadata: redis-server $(redis-server --version | awk '{print $3}') (requests/s, -P 1, 4 KiB SET values)"
+# Like with like: redis-benchmark drives its -c connections from one event loop with -P requests in flight
+# each; `mc-store bench --transport fast` does the same (one thread, N connections, --pipeline P). Each
+# client count runs mc-store then redis back to back, so both sides of a ratio see the same machine load.
 RPORT=$((PORT + 1))
 redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$TMP/redis" 2>&1 & PIDS+=($!)
 for _ in $(seq 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+echo "== load: $(uptime)"
+echo "== metadata: mc-store master (ops/s; put = put_start + put_end, two requests) vs redis-server $(redis-server --version | awk '{print $3}') (requests/s, 4 KiB SET values), pipeline $PIPELINE"
 for c in ${CLIENTS//,/ }; do
-  redis-benchmark -h 127.0.0.1 -p "$RPORT" -t set,get -c "$c" -n "$REQUESTS" -d 4096 --csv 2>/dev/null | sed "s/^/clients=$c,/"
+  for t in ${TRANSPORTS//,/ }; do
+    "$BIN/mc-store" bench --master "$M" --clients "$c" --duration "$DURATION" --transport "$t" --pipeline "$PIPELINE" | grep -v '^mc-store\|^op ' | sed "s/^/mc-store $t /"
+  done
+  redis-benchmark -h 127.0.0.1 -p "$RPORT" -t set,get -c "$c" -n "$REQUESTS" -P "$PIPELINE" -d 4096 --csv 2>/dev/null | grep -v '^"test"' | sed "s/^/redis clients=$c,/"
 done
 fi
 

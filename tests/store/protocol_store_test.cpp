@@ -140,5 +140,13 @@ TEST(StoreProtocol, IllTypedFieldFailsDecode) {
   EXPECT_EQ(t.status().code(), Code::kMalformedMessage);
 }
 
+TEST(StoreProtocol, Info) {
+  EXPECT_EQ(round_trip(StoreInfoRequest{"client-7"}).client_id, "client-7");
+  StoreInfoReply r = round_trip(StoreInfoReply{40123, "mc-store master"});
+  EXPECT_EQ(r.fast_port, 40123u);
+  EXPECT_EQ(r.service, "mc-store master");
+  EXPECT_EQ(std::string(StoreInfoRequest::kType), "store.info");
+}
+
 }  // namespace
 }  // namespace mc::proto

@@ -2,6 +2,8 @@
 // library, raw RPC and the admin CLI. Every child is killed and every /dev/shm and SSD file removed by
 // RAII guards, also when a test fails.
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -137,6 +139,8 @@ class StoreE2E : public ::testing::Test {
     ASSERT_GE(w.size(), 4u) << "master did not print its ready line";
     endpoint_ = w[2];
     events_ = w[3].substr(std::string("events=").size());
+    master_ready_.clear();
+    for (const auto& word : w) master_ready_ += word + " ";
   }
   // Starts a storage node; host "" = this host (shm reachable). A simulated other host cannot share memory
   // with this process, so it runs with --no-shm: its DRAM is reached over the engine's tcp transport.
@@ -199,7 +203,7 @@ class StoreE2E : public ::testing::Test {
   std::unique_ptr<Child> master_;
   std::vector<std::unique_ptr<Child>> nodes_;
   std::map<std::string, std::string> node_rpc_, node_xfer_;  // node id -> RPC endpoint, engine segment
-  std::string endpoint_, events_;
+  std::string endpoint_, events_, master_ready_;
 };
 
 TEST_F(StoreE2E, PutGetRoundTripsOverShmAndTcp) {
@@ -278,6 +282,54 @@ TEST_F(StoreE2E, PutGetRoundTripsOverShmAndTcp) {
   for (const auto& o : ls->objects) EXPECT_EQ(o.segments.size(), 2u);
   // Putting a key again: already exists for put, ok for batch_put (content-addressed blocks).
   EXPECT_EQ(c2->put("b/0", blobs[0]).code(), Code::kAlreadyExists);
+}
+
+// The master's fast path (plain TCP frames): announced in the ready line and by store.info, used by the
+// client for every metadata call; a master started with --fast-listen off serves the same client over
+// ZeroMQ; garbage on the fast port is refused without disturbing the master.
+TEST_F(StoreE2E, MetadataOverTheFastPathAndZmqWhenItIsOff) {
+  start_master();
+  ASSERT_NE(master_ready_.find("fast_port="), std::string::npos) << master_ready_;
+  start_node("n1", "16MiB");
+  auto info = raw()->call(proto::StoreInfoRequest{"e2e"});
+  ASSERT_TRUE(info.is_ok()) << info.status().to_string();
+  ASSERT_NE(info->fast_port, 0u);
+  EXPECT_NE(master_ready_.find("fast_port=" + std::to_string(info->fast_port)), std::string::npos);
+  // Garbage, then a truncated frame, on the fast port: connections closed, master unharmed.
+  for (const std::string& junk : {std::string("GET / HTTP/1.0\r\n\r\n"), std::string("\0\0\0\x10\0\0", 6)}) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(info->fast_port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ASSERT_EQ(::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL), static_cast<ssize_t>(junk.size()));
+    ::close(fd);
+  }
+  auto c = client("fast");
+  ASSERT_TRUE(c);
+  auto data = random_bytes(100000, 5);
+  ASSERT_TRUE(c->put("f/1", data).is_ok());
+  std::vector<std::byte> back(data.size());
+  ASSERT_EQ(c->get("f/1", back).value_or(0), data.size());
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(c->match_prefix({"f/1", "f/2"}).value_or(9), 1u);
+  EXPECT_EQ(c->get("f/2", back).status().code(), Code::kObjectNotFound);  // a miss, carried as an error reply
+  EXPECT_GE(c->counters().master_calls_fast, 5u);
+  EXPECT_EQ(c->counters().master_calls_zmq, 0u);
+
+  nodes_.clear();
+  master_.reset();
+  start_master({"--fast-listen", "off"});
+  EXPECT_EQ(master_ready_.find("fast_port="), std::string::npos) << master_ready_;
+  start_node("n1", "16MiB");
+  auto z = client("zmq");
+  ASSERT_TRUE(z);
+  ASSERT_TRUE(z->put("z/1", data).is_ok());
+  ASSERT_EQ(z->get("z/1", back).value_or(0), data.size());
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(z->counters().master_calls_fast, 0u);
+  EXPECT_GE(z->counters().master_calls_zmq, 3u);
 }
 
 // Field report #5 and the kill -9 scenario of the issue.

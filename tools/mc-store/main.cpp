@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
   master_cmd->add_option("--listen", master.listen, "RPC endpoint to bind")->envname("MC_STORE_LISTEN")->capture_default_str();
   master_cmd->add_option("--events", master.events, "KV event PUB endpoint (empty: no events)")
       ->envname("MC_STORE_EVENTS")->capture_default_str();
+  master_cmd->add_option("--fast-listen", master.fast_listen,
+                         "Plain-TCP fast path for clients (tcp://HOST:PORT; empty: host of --listen, free port; off: none)")
+      ->envname("MC_STORE_FAST_LISTEN")->capture_default_str();
   auto& mc_cfg = master.config;
   master_cmd->add_option("--high-watermark", mc_cfg.high_watermark, "Segment usage fraction that starts eviction")
       ->capture_default_str()->check(CLI::Range(0.01, 1.0));
@@ -136,6 +139,10 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--mode", bench.mode, "metadata or data")->capture_default_str();
   bench_cmd->add_option("--clients", bench_clients, "Concurrent clients, comma-separated (metadata)")->capture_default_str();
   bench_cmd->add_option("--ops", bench.ops, "Operations: put, get, match (metadata)")->delimiter(',');
+  bench_cmd->add_option("--transport", bench.transport, "Metadata path: fast (plain TCP) or zmq (ZeroMQ RpcClient)")
+      ->capture_default_str();
+  bench_cmd->add_option("--pipeline", bench.pipeline, "Requests in flight per client, fast transport (redis-benchmark -P)")
+      ->capture_default_str()->check(CLI::Range(1u, 1024u));
   bench_cmd->add_option("--duration", bench.duration_s, "Seconds per point")->capture_default_str()->check(CLI::Range(0.1, 600.0));
   bench_cmd->add_option("--kv-bytes-per-token", bench.kv_bytes_per_token, "KV bytes per token (data)")
       ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));

@@ -477,6 +477,22 @@ struct StoreStatRequest {
   MSGPACK_DEFINE_MAP(with_segments);
 };
 
+// Where the master answers store.* messages without ZeroMQ (store/src/fast_rpc.hpp: length-prefixed frames
+// [BE u32 header bytes, BE u32 body bytes, msgpack Header, msgpack body] on one plain TCP connection, in
+// order, pipelining allowed). A client that gets fast_port 0 (or kUnimplemented from an older master)
+// stays on the ZeroMQ endpoint. The host is the one the client reached the master's endpoint with.
+struct StoreInfoReply {
+  uint32_t fast_port = 0;  // 0: no fast endpoint
+  std::string service;
+  MSGPACK_DEFINE_MAP(fast_port, service);
+};
+struct StoreInfoRequest {
+  static constexpr const char* kType = "store.info";
+  using Reply = StoreInfoReply;
+  std::string client_id;
+  MSGPACK_DEFINE_MAP(client_id);
+};
+
 // Storage node data RPCs for disk (SSD) segments (chunked by the client to stay under kMaxMessageBytes);
 // a node refuses them for its DRAM segment, which is served through the transfer engine.
 inline constexpr uint64_t kStoreMaxChunkBytes = 16ULL << 20;

@@ -1,7 +1,10 @@
 // `mc-store bench`: throughput of the store as its users see it.
-//  metadata: operations per second of put (put_start + put_end of a 4 KiB object), get (get_replicas)
-//            and match (match_prefix over 24 keys), with N concurrent clients, each on its own thread and
-//            connection; the figure to compare with `redis-benchmark -t set,get -c N` (tools/mc-store/bench.sh).
+//  metadata: operations per second of put (put_start + put_end of a 4 KiB object: two requests), get
+//            (get_replicas) and match (match_prefix over 24 keys), with N concurrent clients (connections),
+//            each with `pipeline` requests in flight; the figure to compare with
+//            `redis-benchmark -t set,get -c N -P pipeline` (tests/bench/store_bench.sh). transport "fast": one
+//            thread drives every connection over the master's fast path, as redis-benchmark drives its
+//            connections from one event loop; "zmq": one thread and RpcClient per connection.
 //  data:     batch_put / batch_get GB/s (decimal) of blocks of block_tokens x kv_bytes_per_token bytes
 //            through the client library (blocks registered with the client's transfer engine once, as a
 //            worker registers its KV cache), to compare with `mc-xfer bench` on the same path. Puts run
@@ -25,6 +28,9 @@ struct BenchOptions {
   std::string mode = "metadata";            // metadata | data
   std::vector<int64_t> clients = {1, 8, 32};
   std::vector<std::string> ops = {"put", "get", "match"};
+  std::string transport = "fast";           // metadata: fast (plain TCP, one thread driving every connection,
+                                            // as redis-benchmark does) or zmq (RpcClient, one thread each)
+  uint32_t pipeline = 1;                    // metadata, fast: requests in flight per connection (redis -P)
   double duration_s = 2.0;                  // per (op, clients) point
   uint64_t max_ops = 2'000'000;             // per point, all clients together
   uint64_t kv_bytes_per_token = 2048;       // data mode

@@ -69,6 +69,8 @@ struct ClientOptions {
                                                                  // reaches a replica's segment is used
   bool replicate_hot = true;   // perform hot-object copies the master asks for after a read
   int put_retry_ms = 3000;     // how long put waits for space that is being freed (DRAM -> SSD demotion)
+  bool fast_rpc = true;        // metadata calls over the master's plain-TCP fast path when it offers one
+                               // (store.info); else, or after that connection fails, over ZeroMQ
 };
 
 // One object of a batch_put.
@@ -93,6 +95,7 @@ struct ClientCounters {
   uint64_t bytes_read_shm = 0, bytes_read_tcp = 0, bytes_written_shm = 0, bytes_written_tcp = 0;
   uint64_t replica_fallbacks = 0;  // reads that failed on a replica and went to the next
   uint64_t lease_expired = 0;
+  uint64_t master_calls_fast = 0, master_calls_zmq = 0;  // metadata calls by path (fast_rpc / ZeroMQ)
 };
 
 class Client {

@@ -11,6 +11,9 @@
 // rebuild its index (store.ls, or match_prefix on demand). Only block keys ("kv/<ns>/<16 hex>",
 // block_key.hpp) are announced; other keys (admin puts) are stored silently.
 //
+// Fast path: the same handlers also answer on a plain TCP port (store/src/fast_rpc.hpp), which clients
+// learn with store.info; one zmq::poll covers both, so the master stays one thread without locks.
+//
 // Threading: serve() runs every handler and the periodic tick() on the calling thread; stop() may be
 // called from any thread (and SIGTERM via daemon::stop_requested() also ends serve()).
 #pragma once
@@ -28,6 +31,9 @@ namespace mc::store {
 struct MasterOptions {
   std::string listen = "tcp://127.0.0.1:7450";
   std::string events = "tcp://127.0.0.1:7451";  // empty: no KV events
+  // Fast path (plain TCP frames, no ZeroMQ I/O threads; announced by store.info): "tcp://HOST:PORT";
+  // empty: the host of `listen` on a free port; "off": none (clients then use `listen` only).
+  std::string fast_listen;
   MasterConfig config;
   int tick_ms = 100;  // period of liveness / eviction / delayed-free checks
 };
@@ -40,6 +46,7 @@ class MasterServer {
 
   const std::string& endpoint() const;         // resolved ("tcp://127.0.0.1:41234")
   std::string events_endpoint() const;         // "" when events are off
+  uint16_t fast_port() const;                  // port of the fast path (same host as endpoint()); 0 when off
   // Serves until stop() or a stop signal (daemon.hpp).
   Status serve();
   void stop();

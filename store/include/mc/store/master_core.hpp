@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -178,7 +179,9 @@ class MasterCore {
   uint64_t match_prefix(const std::vector<std::string>& keys) const;
   Status remove(const std::string& key);
   std::vector<ObjectInfo> ls(const std::string& prefix, size_t limit) const;
-  MasterStats stat() const;
+  // scan_objects=false skips the pass over every object (O(objects)); it leaves leased_objects at 0 and
+  // counts objects/processing from the unfinished-put set: what the master's periodic metrics use.
+  MasterStats stat(bool scan_objects = true) const;
 
   // Runs the time-driven rules: node/client liveness, stale puts, delayed frees, eviction.
   void tick();
@@ -254,6 +257,9 @@ class MasterCore {
   std::map<std::string, Segment> segments_;
   std::map<std::string, Node> nodes_;
   std::map<std::string, int64_t> clients_;  // client_id -> last seen
+  // Keys that may hold an unfinished put or hot copy (a superset, pruned by tick()): tick() looks at
+  // these instead of every object, so its cost does not grow with the number of stored objects.
+  std::set<std::string> unfinished_;
   std::map<uint64_t, std::pair<std::string, std::string>> demotions_;  // task_id -> (node, key)
   std::vector<PendingFree> pending_frees_;
   std::vector<proto::KvEvent> events_;

@@ -1,0 +1,492 @@
+#include "fast_rpc.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "mc/common/log.hpp"
+
+namespace mc {
+const char* build_id_string();
+}
+
+namespace mc::store::fast {
+
+namespace {
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string errno_text(int e) { return std::string(std::strerror(e)); }
+
+void put_u32(char* p, uint32_t v) {
+  p[0] = static_cast<char>(v >> 24);
+  p[1] = static_cast<char>(v >> 16);
+  p[2] = static_cast<char>(v >> 8);
+  p[3] = static_cast<char>(v);
+}
+uint32_t get_u32(const char* p) {
+  const auto* b = reinterpret_cast<const unsigned char*>(p);
+  return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | uint32_t{b[3]};
+}
+
+void set_options(int fd) {
+  int one = 1;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int flags = fcntl(fd, F_GETFL, 0);
+  (void)fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+std::string peer_name(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = {};
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+Result<std::string> tcp_host_of(const std::string& endpoint) {
+  const std::string scheme = "tcp://";
+  if (endpoint.rfind(scheme, 0) != 0) {
+    return Status(Code::kInvalidArgument, "endpoint '" + endpoint + "' is not tcp://HOST:PORT");
+  }
+  std::string rest = endpoint.substr(scheme.size());
+  auto colon = rest.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return Status(Code::kInvalidArgument, "endpoint '" + endpoint + "' has no HOST:PORT");
+  }
+  std::string host = rest.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body) {
+  // proto::Header's map (the keys MSGPACK_DEFINE_MAP writes), packed in place: no temporary strings.
+  msgpack::sbuffer head;
+  msgpack::packer<msgpack::sbuffer> pk(head);
+  pk.pack_map(3);
+  pk.pack(std::string_view("v"));
+  pk.pack(proto::kProtocolVersion);
+  pk.pack(std::string_view("type"));
+  pk.pack(type);
+  pk.pack(std::string_view("id"));
+  pk.pack(id);
+  char prefix[kPrefixBytes];
+  put_u32(prefix, static_cast<uint32_t>(head.size()));
+  put_u32(prefix + 4, static_cast<uint32_t>(body.size()));
+  out.append(prefix, kPrefixBytes);
+  out.append(head.data(), head.size());
+  out.append(body.data(), body.size());
+}
+
+void FrameReader::feed(const char* data, size_t n) {
+  if (pos_ > 0 && pos_ == buf_.size()) {
+    buf_.clear();
+    pos_ = 0;
+  } else if (pos_ > (1u << 16) && pos_ * 2 > buf_.size()) {
+    buf_.erase(0, pos_);
+    pos_ = 0;
+  }
+  buf_.append(data, n);
+}
+
+Result<std::optional<Frame>> FrameReader::next(const std::string& peer, uint64_t max_body_bytes) {
+  const size_t avail = buf_.size() - pos_;
+  if (avail < kPrefixBytes) return std::optional<Frame>();
+  const char* p = buf_.data() + pos_;
+  const uint32_t head_bytes = get_u32(p), body_bytes = get_u32(p + 4);
+  if (head_bytes == 0 || head_bytes > kMaxHeaderBytes) {
+    return Status(Code::kMalformedMessage, "frame from " + peer + " declares a " + std::to_string(head_bytes) +
+                                               "-byte header (limit " + std::to_string(kMaxHeaderBytes) +
+                                               "): not an mc store frame");
+  }
+  if (body_bytes > max_body_bytes) {
+    return Status(Code::kMessageTooLarge, "frame from " + peer + " declares a " + std::to_string(body_bytes) +
+                                              "-byte body (limit " + std::to_string(max_body_bytes) + " bytes)");
+  }
+  if (avail < kPrefixBytes + head_bytes + body_bytes) return std::optional<Frame>();
+  Result<proto::Header> h = codec::unpack<proto::Header>(std::string_view(p + kPrefixBytes, head_bytes), "frame header");
+  if (!h.is_ok()) return h.status().with_context("from " + peer);
+  Frame f{std::move(h).value(), std::string(p + kPrefixBytes + head_bytes, body_bytes)};
+  pos_ += kPrefixBytes + head_bytes + body_bytes;
+  return std::optional<Frame>(std::move(f));
+}
+
+// ------------------------------------------------------------------------------------------------
+// FastServer
+
+Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoint, std::string service, Dispatch dispatch) {
+  MC_ASSIGN_OR_RETURN(std::string host, tcp_host_of(endpoint));
+  if (host == "*") host = "0.0.0.0";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), "0", &hints, &res);
+  if (rc != 0) {
+    return Status(Code::kInvalidArgument, service + ": cannot resolve '" + host + "' (fast endpoint of " + endpoint +
+                                              "): " + gai_strerror(rc));
+  }
+  std::unique_ptr<FastServer> s(new FastServer(std::move(service), std::move(dispatch)));
+  int err = 0;
+  for (addrinfo* a = res; a != nullptr && s->listen_fd_ < 0; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 512) != 0) {
+      err = errno;
+      ::close(fd);
+      continue;
+    }
+    s->listen_fd_ = fd;
+  }
+  freeaddrinfo(res);
+  if (s->listen_fd_ < 0) {
+    return Status(Code::kUnavailable, s->service_ + ": cannot listen on " + host + " (fast endpoint of " + endpoint + "): " +
+                                          errno_text(err));
+  }
+  set_options(s->listen_fd_);
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+    s->port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                        : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  }
+  return s;
+}
+
+FastServer::~FastServer() {
+  for (auto& c : conns_) ::close(c->fd);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+void FastServer::add_poll_items(std::vector<zmq::pollitem_t>& items) const {
+  items.push_back({nullptr, listen_fd_, ZMQ_POLLIN, 0});
+  for (const auto& c : conns_) {
+    // A client that sends without reading its replies stops being read once kMaxPendingReplyBytes of them
+    // wait: its requests stay in the kernel's buffers (TCP flow control), the master's memory stays bounded.
+    const bool backlog = c->out.size() - c->out_pos > kMaxPendingReplyBytes;
+    short ev = (c->closing || backlog) ? 0 : ZMQ_POLLIN;
+    if (c->out_pos < c->out.size()) ev |= ZMQ_POLLOUT;
+    items.push_back({nullptr, c->fd, ev, 0});
+  }
+}
+
+void FastServer::accept_all() {
+  for (int n = 0; n < 64; ++n) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+        MC_LOG_WARN << service_ << ": accept on the fast endpoint failed: " << errno_text(errno);
+      }
+      return;
+    }
+    set_options(fd);
+    auto c = std::make_unique<Conn>();
+    c->fd = fd;
+    c->peer = peer_name(ss);
+    conns_.push_back(std::move(c));
+    ++counters_.accepted;
+  }
+}
+
+void FastServer::answer(Conn& c, const Frame& f) {
+  auto error = [&](const Status& s) {
+    ++counters_.errors;
+    proto::ErrorReply err{static_cast<uint16_t>(s.code()), s.message()};
+    append_frame(c.out, proto::kErrorType, f.header.id, codec::pack(err));
+  };
+  if (f.header.v != proto::kProtocolVersion) {
+    ++counters_.malformed;
+    error(Status(Code::kProtocolMismatch, "message '" + f.header.type + "' is protocol v" + std::to_string(f.header.v) + " but " +
+                                              service_ + " speaks v" + std::to_string(proto::kProtocolVersion) +
+                                              ": run the same mc version on both sides"));
+    return;
+  }
+  if (f.header.type == proto::HelloRequest::kType) {
+    Result<proto::HelloRequest> hello = codec::unpack<proto::HelloRequest>(f.body, "body of 'hello'");
+    if (!hello.is_ok()) return error(hello.status());
+    if (hello->protocol_version != proto::kProtocolVersion) {
+      return error(Status(Code::kProtocolMismatch, "client '" + hello->client_name + "' speaks protocol v" +
+                                                       std::to_string(hello->protocol_version) + " but " + service_ +
+                                                       " speaks v" + std::to_string(proto::kProtocolVersion)));
+    }
+    append_frame(c.out, f.header.type + ".reply", f.header.id,
+                 codec::pack(proto::HelloReply{proto::kProtocolVersion, service_, build_id_string()}));
+    return;
+  }
+  Result<std::string> reply = Status(Code::kInternal, "handler did not run");
+  try {
+    reply = dispatch_(f.header.type, f.body);
+  } catch (const std::exception& e) {
+    reply = Status(Code::kInternal, service_ + ": handler for '" + f.header.type + "' threw: " + e.what());
+  }
+  if (!reply.is_ok()) {
+    if (reply.status().code() == Code::kMalformedMessage) ++counters_.malformed;
+    return error(reply.status());
+  }
+  ++counters_.handled;
+  std::string type = f.header.type;
+  type += ".reply";
+  append_frame(c.out, type, f.header.id, reply.value());
+}
+
+bool FastServer::on_readable(Conn& c) {
+  char buf[64 * 1024];
+  // Bounded: a client flooding one connection cannot starve the others.
+  for (int round = 0; round < 16; ++round) {
+    ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+    if (n == 0) return false;  // peer closed
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      MC_LOG_DEBUG << service_ << ": fast connection from " << c.peer << " failed: " << errno_text(errno);
+      return false;
+    }
+    c.reader.feed(buf, static_cast<size_t>(n));
+    while (true) {
+      Result<std::optional<Frame>> f = c.reader.next(c.peer, static_cast<uint64_t>(proto::kMaxMessageBytes));
+      if (!f.is_ok()) {
+        ++counters_.malformed;
+        MC_LOG_WARN << service_ << ": closing a fast connection: " << f.status().message();
+        proto::ErrorReply err{static_cast<uint16_t>(f.status().code()), f.status().message()};
+        append_frame(c.out, proto::kErrorType, 0, codec::pack(err));
+        c.closing = true;
+        return true;
+      }
+      if (!f->has_value()) break;
+      answer(c, **f);
+    }
+    if (static_cast<size_t>(n) < sizeof(buf)) break;
+  }
+  return true;
+}
+
+bool FastServer::flush(Conn& c) {
+  while (c.out_pos < c.out.size()) {
+    ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      MC_LOG_DEBUG << service_ << ": cannot answer " << c.peer << ": " << errno_text(errno);
+      return false;
+    }
+    c.out_pos += static_cast<size_t>(n);
+  }
+  c.out.clear();
+  c.out_pos = 0;
+  return !c.closing;
+}
+
+void FastServer::handle(const zmq::pollitem_t* items, size_t count) {
+  if (count == 0) return;
+  const bool accept = (items[0].revents & ZMQ_POLLIN) != 0;
+  // Connections are items[1..]; conns_ is only changed below (after the loop), so indices match.
+  std::vector<size_t> dead;
+  for (size_t i = 1; i < count && i - 1 < conns_.size(); ++i) {
+    Conn& c = *conns_[i - 1];
+    const short ev = items[i].revents;
+    if (ev == 0) continue;
+    bool alive = true;
+    if (ev & ZMQ_POLLIN) alive = on_readable(c);
+    if (alive && (ev & ZMQ_POLLERR) && !(ev & ZMQ_POLLIN)) alive = false;
+    if (alive) alive = flush(c);
+    if (!alive) dead.push_back(i - 1);
+  }
+  for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
+    ::close(conns_[*it]->fd);
+    conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(*it));
+    ++counters_.closed;
+  }
+  if (accept) accept_all();
+}
+
+// ------------------------------------------------------------------------------------------------
+// FastClient
+
+Result<std::unique_ptr<FastClient>> FastClient::connect(const std::string& host, uint16_t port, const std::string& client_name,
+                                                        int timeout_ms) {
+  const std::string ep = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  std::unique_ptr<FastClient> c(new FastClient("tcp://" + ep + " (fast)"));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) return Status(Code::kUnavailable, "cannot resolve " + c->endpoint_ + ": " + gai_strerror(rc));
+  int err = 0;
+  const int64_t deadline = now_ms() + std::max(1, timeout_ms);
+  for (addrinfo* a = res; a != nullptr && c->fd_ < 0; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    set_options(fd);
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      err = errno;
+      ::close(fd);
+      continue;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    int left = static_cast<int>(std::max<int64_t>(0, deadline - now_ms()));
+    int so_error = ETIMEDOUT;
+    if (::poll(&p, 1, left) == 1) {
+      socklen_t len = sizeof(so_error);
+      (void)getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
+    }
+    if (so_error != 0) {
+      err = so_error;
+      ::close(fd);
+      continue;
+    }
+    c->fd_ = fd;
+  }
+  freeaddrinfo(res);
+  if (c->fd_ < 0) return Status(Code::kUnavailable, "cannot connect to " + c->endpoint_ + ": " + errno_text(err));
+  proto::HelloRequest hello{proto::kProtocolVersion, client_name};
+  MC_ASSIGN_OR_RETURN(proto::HelloReply reply, c->call(hello, timeout_ms));
+  if (reply.protocol_version != proto::kProtocolVersion) {
+    return Status(Code::kProtocolMismatch, reply.service + " at " + c->endpoint_ + " speaks protocol v" +
+                                               std::to_string(reply.protocol_version) + ", this client v" +
+                                               std::to_string(proto::kProtocolVersion));
+  }
+  return c;
+}
+
+FastClient::~FastClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status FastClient::fail(Status s) {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  return s;
+}
+
+Status FastClient::write_some() {
+  while (out_pos_ < out_.size()) {
+    ssize_t n = ::send(fd_, out_.data() + out_pos_, out_.size() - out_pos_, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
+      return fail(Status(Code::kUnavailable, "cannot send to " + endpoint_ + ": " + errno_text(errno)));
+    }
+    out_pos_ += static_cast<size_t>(n);
+  }
+  out_.clear();
+  out_pos_ = 0;
+  return Status::ok();
+}
+
+Result<bool> FastClient::read_some() {
+  char buf[64 * 1024];
+  bool got = false;
+  while (true) {
+    ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    if (n == 0) return fail(Status(Code::kUnavailable, endpoint_ + " closed the connection (master stopped?)"));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return got;
+      return fail(Status(Code::kUnavailable, "cannot read from " + endpoint_ + ": " + errno_text(errno)));
+    }
+    reader_.feed(buf, static_cast<size_t>(n));
+    got = true;
+    if (static_cast<size_t>(n) < sizeof(buf)) return got;
+  }
+}
+
+Result<uint64_t> FastClient::send(std::string_view type, std::string_view body) {
+  if (fd_ < 0) return Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed after an earlier failure");
+  if (body.size() > static_cast<uint64_t>(proto::kMaxMessageBytes)) {
+    return Status(Code::kMessageTooLarge, "'" + std::string(type) + "' to " + endpoint_ + " is " + std::to_string(body.size()) +
+                                              " bytes (limit " + std::to_string(proto::kMaxMessageBytes) + ")");
+  }
+  const uint64_t id = next_id_++;
+  append_frame(out_, type, id, body);
+  MC_RETURN_IF_ERROR(write_some());
+  return id;
+}
+
+Result<std::optional<FastClient::Reply>> FastClient::try_recv() {
+  if (fd_ < 0) return Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed after an earlier failure");
+  MC_RETURN_IF_ERROR(write_some());
+  for (int pass = 0; pass < 2; ++pass) {
+    Result<std::optional<Frame>> f = reader_.next(endpoint_, static_cast<uint64_t>(proto::kMaxMessageBytes));
+    if (!f.is_ok()) return fail(f.status());
+    if (f->has_value()) {
+      Frame& fr = **f;
+      Reply r;
+      r.id = fr.header.id;
+      if (fr.header.type == proto::kErrorType) {
+        Result<proto::ErrorReply> err = codec::unpack<proto::ErrorReply>(fr.body, reply_what_);
+        if (!err.is_ok()) return fail(err.status());
+        r.status = Status(static_cast<Code>(err->code), err->message);
+        if (r.id == 0) return fail(r.status.with_context(endpoint_ + " closed the connection"));
+      } else if (fr.header.v != proto::kProtocolVersion) {
+        r.status = Status(Code::kProtocolMismatch, endpoint_ + " answered in protocol v" + std::to_string(fr.header.v));
+      } else {
+        r.body = std::move(fr.body);
+      }
+      return std::optional<Reply>(std::move(r));
+    }
+    if (pass == 0) MC_RETURN_IF_ERROR(read_some().status());
+  }
+  return std::optional<Reply>();
+}
+
+Result<std::string> FastClient::call_raw(std::string_view type, std::string_view body, int timeout_ms) {
+  MC_ASSIGN_OR_RETURN(uint64_t id, send(type, body));
+  const int64_t deadline = now_ms() + std::max(0, timeout_ms);
+  while (true) {
+    MC_ASSIGN_OR_RETURN(std::optional<Reply> r, try_recv());
+    if (r.has_value()) {
+      if (r->id != id) continue;  // a late reply to an abandoned call
+      if (!r->status.is_ok()) return r->status;
+      return std::move(r->body);
+    }
+    const int64_t left = deadline - now_ms();
+    if (left <= 0) break;
+    pollfd p{fd_, static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
+    int rc = ::poll(&p, 1, static_cast<int>(left));
+    if (rc < 0 && errno != EINTR) return fail(Status(Code::kUnavailable, "poll on " + endpoint_ + ": " + errno_text(errno)));
+  }
+  // A request not fully written leaves the stream mid-frame: the connection cannot be used again.
+  if (wants_write()) {
+    return fail(Status(Code::kTimeout, "'" + std::string(type) + "' to " + endpoint_ + " not sent within " +
+                                           std::to_string(timeout_ms) + " ms"));
+  }
+  return Status(Code::kTimeout, "no reply to '" + std::string(type) + "' from " + endpoint_ + " within " +
+                                    std::to_string(timeout_ms) + " ms (is the master running and not overloaded?)");
+}
+
+}  // namespace mc::store::fast

@@ -1,0 +1,235 @@
+// The master's fast RPC path (store/src/fast_rpc.hpp): frames split anywhere, pipelined calls answered in
+// order, errors carried as Status, bad input (garbage, oversized, truncated, wrong version) answered or
+// the connection closed while the server keeps serving others; a client whose server vanished fails
+// with kUnavailable and stays failed (broken), never hangs or returns data.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "../../store/src/fast_rpc.hpp"
+
+namespace mc::store::fast {
+namespace {
+
+TEST(FastFrames, RoundTripFedByteByByte) {
+  std::string wire;
+  append_frame(wire, "store.exists", 7, codec::pack(proto::StoreExistsRequest{{"a", "b"}}));
+  append_frame(wire, "store.stat", 8, "");
+  FrameReader r;
+  std::vector<Frame> got;
+  for (char c : wire) {
+    r.feed(&c, 1);
+    while (true) {
+      auto f = r.next("test", 1 << 20);
+      ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+      if (!f->has_value()) break;
+      got.push_back(std::move(**f));
+    }
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].header.type, "store.exists");
+  EXPECT_EQ(got[0].header.id, 7u);
+  EXPECT_EQ(got[0].header.v, proto::kProtocolVersion);
+  auto req = codec::unpack<proto::StoreExistsRequest>(got[0].body, "body");
+  ASSERT_TRUE(req.is_ok());
+  EXPECT_EQ(req->keys, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(got[1].header.id, 8u);
+  EXPECT_TRUE(got[1].body.empty());
+  EXPECT_EQ(r.buffered(), 0u);
+}
+
+TEST(FastFrames, LimitsAndGarbageAreErrors) {
+  {
+    FrameReader r;
+    std::string wire;
+    append_frame(wire, "x", 1, std::string(100, 'a'));
+    r.feed(wire.data(), wire.size());
+    auto f = r.next("peer1", 99);
+    ASSERT_FALSE(f.is_ok());
+    EXPECT_EQ(f.status().code(), Code::kMessageTooLarge);
+    EXPECT_NE(f.status().message().find("peer1"), std::string::npos);
+  }
+  {
+    FrameReader r;
+    std::string garbage = "GET / HTTP/1.1\r\n\r\n";
+    r.feed(garbage.data(), garbage.size());
+    auto f = r.next("peer2", 1 << 20);
+    ASSERT_FALSE(f.is_ok());
+    EXPECT_EQ(f.status().code(), Code::kMalformedMessage);
+  }
+  {
+    // A well-sized frame whose header is not msgpack.
+    FrameReader r;
+    std::string wire("\0\0\0\4\0\0\0\0\xc1\xc1\xc1\xc1", 12);
+    r.feed(wire.data(), wire.size());
+    auto f = r.next("peer3", 1 << 20);
+    ASSERT_FALSE(f.is_ok());
+    EXPECT_EQ(f.status().code(), Code::kMalformedMessage);
+  }
+  EXPECT_FALSE(tcp_host_of("ipc:///tmp/x").is_ok());
+  EXPECT_EQ(tcp_host_of("tcp://[::1]:5").value(), "::1");
+  EXPECT_EQ(tcp_host_of("tcp://127.0.0.1:5").value(), "127.0.0.1");
+}
+
+// A server on 127.0.0.1 driven by its own thread: "echo" returns the body, anything else is kNotFound.
+class FastServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = FastServer::listen("tcp://127.0.0.1:0", "test-service", [](std::string_view type, std::string_view body) -> Result<std::string> {
+      if (type == "echo") return std::string(body);
+      return Status(Code::kNotFound, "no handler for " + std::string(type));
+    });
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    server_ = std::move(s).value();
+    ASSERT_NE(server_->port(), 0);
+    thread_ = std::thread([this] {
+      std::vector<zmq::pollitem_t> items;
+      while (!stop_.load()) {
+        items.clear();
+        server_->add_poll_items(items);
+        zmq::poll(items.data(), items.size(), std::chrono::milliseconds(10));
+        server_->handle(items.data(), items.size());
+      }
+    });
+  }
+  void TearDown() override {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  std::unique_ptr<FastClient> client() {
+    auto c = FastClient::connect("127.0.0.1", server_->port(), "test-client", 2000);
+    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+    return c.is_ok() ? std::move(c).value() : nullptr;
+  }
+  int raw_socket() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(server_->port());
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    return fd;
+  }
+
+  std::unique_ptr<FastServer> server_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+};
+
+TEST_F(FastServerTest, CallsErrorsAndPipelining) {
+  auto c = client();
+  ASSERT_TRUE(c);
+  auto r = c->call_raw("echo", "hello", 2000);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r.value(), "hello");
+  auto e = c->call_raw("nope", "", 2000);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_EQ(e.status().code(), Code::kNotFound);
+  EXPECT_FALSE(c->broken());  // an error reply is an answer, not a failed connection
+  // 100 requests in flight; replies come back in order with their ids and bodies.
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 100; ++i) ids.push_back(c->send("echo", std::string(1000 + i, static_cast<char>('a' + i % 26))).value());
+  size_t next = 0;
+  for (int spins = 0; next < ids.size() && spins < 200000; ++spins) {
+    auto got = c->try_recv();
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    if (!got->has_value()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      continue;
+    }
+    EXPECT_EQ((*got)->id, ids[next]);
+    EXPECT_EQ((*got)->body, std::string(1000 + next, static_cast<char>('a' + next % 26)));
+    ++next;
+  }
+  EXPECT_EQ(next, ids.size());
+  // A large body (4 MiB) crosses many socket writes and reads.
+  std::string big(4 << 20, 'z');
+  big[12345] = 'q';
+  auto b = c->call_raw("echo", big, 5000);
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  EXPECT_EQ(b.value(), big);
+  EXPECT_EQ(server_->counters().handled, 102u);
+}
+
+TEST_F(FastServerTest, BadInputNeverStopsTheServer) {
+  // Garbage: the server answers an error frame and closes that connection.
+  int g = raw_socket();
+  std::string garbage = "this is not a frame at all";
+  ASSERT_EQ(::send(g, garbage.data(), garbage.size(), 0), static_cast<ssize_t>(garbage.size()));
+  std::string back;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(g, buf, sizeof(buf), 0)) > 0;) back.append(buf, static_cast<size_t>(n));
+  ::close(g);
+  FrameReader r;
+  r.feed(back.data(), back.size());
+  auto f = r.next("server", 1 << 20);
+  ASSERT_TRUE(f.is_ok() && f->has_value());
+  EXPECT_EQ((*f)->header.type, proto::kErrorType);
+  // Truncated: half a frame, then the peer goes away.
+  int t = raw_socket();
+  std::string wire;
+  append_frame(wire, "echo", 1, "0123456789");
+  ASSERT_EQ(::send(t, wire.data(), wire.size() / 2, 0), static_cast<ssize_t>(wire.size() / 2));
+  ::close(t);
+  // Wrong protocol version in a header: an error reply with kProtocolMismatch, connection kept.
+  int v = raw_socket();
+  msgpack::sbuffer head;
+  msgpack::pack(head, proto::Header{proto::kProtocolVersion + 1, "echo", 5});
+  std::string frame(8, '\0');
+  frame[3] = static_cast<char>(head.size());
+  frame.append(head.data(), head.size());
+  ASSERT_EQ(::send(v, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
+  FrameReader vr;
+  std::optional<Frame> vf;
+  for (int i = 0; i < 100 && !vf; ++i) {
+    ssize_t n = ::recv(v, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    vr.feed(buf, static_cast<size_t>(n));
+    auto x = vr.next("server", 1 << 20);
+    ASSERT_TRUE(x.is_ok());
+    if (x->has_value()) vf = std::move(**x);
+  }
+  ::close(v);
+  ASSERT_TRUE(vf.has_value());
+  EXPECT_EQ(vf->header.type, proto::kErrorType);
+  EXPECT_EQ(vf->header.id, 5u);
+  auto err = codec::unpack<proto::ErrorReply>(vf->body, "error");
+  ASSERT_TRUE(err.is_ok());
+  EXPECT_EQ(err->code, static_cast<uint16_t>(Code::kProtocolMismatch));
+  // An oversized declared body: refused without reading (or allocating) it.
+  int o = raw_socket();
+  std::string huge(8, '\0');
+  huge[3] = 4;
+  huge[4] = 0x7f;  // body of ~2 GiB
+  huge += std::string("\x83\xa1v\x01", 4);
+  ASSERT_EQ(::send(o, huge.data(), huge.size(), 0), static_cast<ssize_t>(huge.size()));
+  ::close(o);
+  // The server still answers a good client.
+  auto c = client();
+  ASSERT_TRUE(c);
+  auto r2 = c->call_raw("echo", "still here", 2000);
+  ASSERT_TRUE(r2.is_ok()) << r2.status().to_string();
+  EXPECT_EQ(r2.value(), "still here");
+  EXPECT_GE(server_->counters().malformed, 2u);
+}
+
+TEST_F(FastServerTest, ServerGoneIsUnavailableNotAHang) {
+  auto c = client();
+  ASSERT_TRUE(c);
+  stop_.store(true);
+  thread_.join();
+  server_.reset();  // closes every connection
+  auto r = c->call_raw("echo", "x", 2000);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().to_string();
+  EXPECT_TRUE(c->broken());
+  EXPECT_EQ(c->call_raw("echo", "x", 100).status().code(), Code::kUnavailable);
+  EXPECT_EQ(FastClient::connect("127.0.0.1", 1, "c", 500).status().code(), Code::kUnavailable);
+}
+
+}  // namespace
+}  // namespace mc::store::fast
