@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
@@ -70,10 +71,6 @@ class RpcTokenSink final : public TokenSink {
   ClientPool pool_;
 };
 
-int64_t unix_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -460,7 +457,7 @@ void DecodeWorker::flush_outgoing() {
     }
     if (reporter_) {
       proto::ConductorJobReportRequest rep;
-      rep.event_unix_ns = unix_ns();
+      rep.event_unix_ns = unix_time_ns();
       if (const auto* t = std::get_if<proto::TokenEvent>(&o.msg)) {
         if (t->index != 0) continue;
         rep.request_id = t->request_id;
@@ -523,7 +520,7 @@ Result<int64_t> DecodeWorker::step() {
         continue;
       }
       s->first_token_ns = clock_->now_ns();
-      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, 0, s->last_token, unix_ns()}});
+      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, 0, s->last_token, unix_time_ns()}});
       s->emitted = 1;
       running_.push_back(std::move(s));
     }
@@ -565,7 +562,7 @@ Result<int64_t> DecodeWorker::step() {
       }
       s->position += 1;
       s->last_token = next[i];
-      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, s->emitted, next[i], unix_ns()}});
+      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, s->emitted, next[i], unix_time_ns()}});
       s->emitted += 1;
       metrics_.counter("mc_decode_tokens_total", "output tokens generated").inc();
     }

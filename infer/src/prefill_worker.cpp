@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
@@ -20,10 +21,6 @@ namespace {
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-int64_t unix_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 int64_t ms_since(int64_t t0_ns) { return (now_ns() - t0_ns) / 1'000'000; }
@@ -436,7 +433,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   metrics_.counter("mc_prefill_kv_sent_bytes_total", "KV bytes streamed to decode").inc(ledger.kv_sent_bytes);
 
   // 3. Commit at decode: the first token goes out now.
-  proto::KvCommitRequest commit{job.reservation_id, job.request_id, n, result->first_token, unix_ns(), ledger};
+  proto::KvCommitRequest commit{job.reservation_id, job.request_id, n, result->first_token, unix_time_ns(), ledger};
   auto committed = link_->commit(job.decode_endpoint, commit);
   if (!committed.is_ok()) return committed.status().with_context("kv_commit at " + job.decode_endpoint);
 

@@ -4,22 +4,19 @@
 
 #include "mc/common/log.hpp"
 
-#ifndef MC_BUILD_ID
-#define MC_BUILD_ID "unknown"
-#endif
-
 namespace mc {
-const char* build_id_string() { return MC_BUILD_ID; }
+extern const char* const kBuildId;  // generated at build time (cmake/McBuildId.cmake)
+const char* build_id_string() { return kBuildId; }
 }  // namespace mc
 
 namespace mc::cli {
 
-const char* build_id() { return MC_BUILD_ID; }
+const char* build_id() { return kBuildId; }
 
 void add_common_flags(CLI::App& app, const std::string& program) {
   log::set_program(program);
   log::init_from_env();
-  app.set_version_flag("--version", std::string(program) + " " + MC_BUILD_ID);
+  app.set_version_flag("--version", std::string(program) + " " + kBuildId);
   app.add_option_function<std::string>(
          "--log-level",
          [](const std::string& v) {

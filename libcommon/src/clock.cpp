@@ -20,6 +20,11 @@ void ManualClock::set_ns(int64_t t_ns) {
   }
 }
 
+int64_t unix_time_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 int64_t unix_time_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();

@@ -395,6 +395,7 @@ class Conductor {
     r.predicted_ttft_ms = d.predicted_ttft_ms;
     r.predicted_tbt_ms = d.predicted_tbt_ms;
     r.hit_tokens = d.hit_tokens;
+    r.pool_prefix_tokens = d.pool_prefix_tokens;
     r.replicate_prefix = d.replicate_prefix;
     r.reject_reason = d.accepted ? "" : std::string(reject_reason_name(d.reject_reason));
     r.reason = d.reason;

@@ -52,6 +52,7 @@ nlohmann::json decision_record(const Request& r, const Decision& d) {
       {"predicted_ttft_ms", d.predicted_ttft_ms},
       {"predicted_tbt_ms", d.accepted ? nlohmann::json(d.predicted_tbt_ms) : nlohmann::json(nullptr)},
       {"hit_tokens", d.hit_tokens},
+      {"pool_prefix_tokens", d.pool_prefix_tokens},
       {"replicate_prefix", d.replicate_prefix},
       {"best_holder", d.best_holder_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.best_holder_id)},
       {"prefill_estimate", to_json(d.prefill)},

@@ -151,6 +151,7 @@ Decision Scheduler::decide(const Request& request) {
   // ---- 1. index lookup, once ----
   index_.lookup(request.block_hashes, lookup_);
   const auto pool_len = static_cast<int64_t>(lookup_.size());
+  d.pool_prefix_tokens = pool_len * B;
   // At least one token is always prefilled: it produces the first output token.
   const int64_t max_reuse = std::min(pool_len, (request.input_tokens - 1) / B);
 

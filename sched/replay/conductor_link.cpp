@@ -28,6 +28,7 @@ Admission to_admission(const proto::ConductorSubmitReply& r) {
   if (r.accepted || r.predicted_ttft_ms > 0) a.predicted_ttft_ms = r.predicted_ttft_ms;
   if (r.accepted) {
     a.predicted_hit_tokens = r.hit_tokens;
+    a.pool_prefix_tokens = r.pool_prefix_tokens;
     a.decision = r.hit_tokens > 0 ? "fetch" : "recompute";
   }
   if (!r.accepted) {

@@ -159,6 +159,8 @@ json to_json(const RequestRecord& r) {
   put(l, "prefill_ms", g.prefill_ms);
   put(l, "decision", g.decision);
   put(l, "predicted_ttft_ms", g.predicted_ttft_ms);
+  put(l, "planned_hit_tokens", g.planned_hit_tokens);
+  put(l, "pool_prefix_tokens", g.pool_prefix_tokens);
   j["ledger"] = std::move(l);
   return j;
 }
@@ -223,6 +225,8 @@ Result<RequestRecord> record_from_json(const json& j) {
     MC_RETURN_IF_ERROR(get(l, "prefill_ms", g.prefill_ms));
     MC_RETURN_IF_ERROR(get(l, "decision", g.decision));
     MC_RETURN_IF_ERROR(get(l, "predicted_ttft_ms", g.predicted_ttft_ms));
+    MC_RETURN_IF_ERROR(get(l, "planned_hit_tokens", g.planned_hit_tokens));
+    MC_RETURN_IF_ERROR(get(l, "pool_prefix_tokens", g.pool_prefix_tokens));
   }
   return r;
 }

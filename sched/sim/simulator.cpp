@@ -358,6 +358,8 @@ class Sim {
     rec.prefill_instance = d.prefill_id;
     rec.decode_instance = d.decode_id;
     rec.ledger.predicted_ttft_ms = d.predicted_ttft_ms;
+    rec.ledger.planned_hit_tokens = d.hit_tokens;
+    rec.ledger.pool_prefix_tokens = d.pool_prefix_tokens;
     rec.ledger.prompt_tokens = req.input_tokens;
 
     decode_[static_cast<size_t>(lv.decode)]->reserve_or_wait(lv.reserve_tokens, [this, id] {

@@ -18,85 +18,18 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/rpc.hpp"
+#include "mc/testkit/process.hpp"
 
 namespace mc {
 namespace {
 
-// A child process; killed (SIGTERM, then SIGKILL) when the guard goes out of scope, even on test failure.
-class Child {
- public:
-  Child(const std::string& binary, std::vector<std::string> args) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(binary.c_str()));
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fds[0];
-  }
-  ~Child() { stop(); }
+using testkit::Child;
 
-  // Waits for "ready <service> <endpoint> ..." and returns the endpoint ("" on timeout or exit).
-  std::string wait_ready(int timeout_ms = 30000) {
-    std::string buf;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char c[256];
-      const ssize_t n = read(out_, c, sizeof(c));
-      if (n <= 0) return "";
-      buf.append(c, static_cast<size_t>(n));
-      const auto pos = buf.find("ready ");
-      if (pos != std::string::npos && buf.find('\n', pos) != std::string::npos) {
-        const auto a = buf.find(' ', pos + 6) + 1;
-        return buf.substr(a, buf.find_first_of(" \n", a) - a);
-      }
-    }
-    return "";
-  }
-  // SIGKILL at once (a crash: no goodbye to anyone), reaped.
-  void kill_hard() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    close(out_);
-  }
-  // SIGTERM, wait up to 5 s, then SIGKILL. Returns the exit status (-1 when killed hard).
-  int stop() {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 100; ++i) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        close(out_);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    close(out_);
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-};
+// argv of `binary` with `args`.
+std::vector<std::string> cmd(const std::string& binary, std::vector<std::string> args) {
+  args.insert(args.begin(), binary);
+  return args;
+}
 
 struct Stream {
   std::vector<uint32_t> tokens;
@@ -217,10 +150,10 @@ void shared_prefix_e2e(const std::vector<std::string>& backend_args, KvPath path
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;
   };
-  Child decode(kBin + "mc-decode", with(path == KvPath::kEngine ? std::vector<std::string>{}
-                                                                : std::vector<std::string>{"--kv-listen", "none"}));
-  Child cached(kBin + "mc-prefill", with({"--store", "mem", "--chunk-tokens", "20"}));
-  Child uncached(kBin + "mc-prefill", with({"--store", "none"}));
+  Child decode(cmd(kBin + "mc-decode", with(path == KvPath::kEngine ? std::vector<std::string>{}
+                                                                : std::vector<std::string>{"--kv-listen", "none"})));
+  Child cached(cmd(kBin + "mc-prefill", with({"--store", "mem", "--chunk-tokens", "20"})));
+  Child uncached(cmd(kBin + "mc-prefill", with({"--store", "none"})));
   const std::string dep = decode.wait_ready(), cep = cached.wait_ready(), uep = uncached.wait_ready();
   ASSERT_FALSE(dep.empty());
   ASSERT_FALSE(cep.empty());
@@ -290,11 +223,11 @@ TEST(InferE2E, SharedPrefixSimBackendScaledKv) {
 // instance.
 TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
   const int64_t block = 16;
-  Child master(kBin + "mc-store", {"--log-level", "warn", "master", "--listen", "tcp://127.0.0.1:0"});
+  Child master(cmd(kBin + "mc-store", {"--log-level", "warn", "master", "--listen", "tcp://127.0.0.1:0"}));
   const std::string mep = master.wait_ready();
   ASSERT_FALSE(mep.empty());
-  auto node = std::make_unique<Child>(kBin + "mc-store", std::vector<std::string>{
-      "--log-level", "warn", "serve", "--master", mep, "--dram-bytes", "16MiB", "--no-shm"});
+  auto node = std::make_unique<Child>(cmd(kBin + "mc-store", {
+      "--log-level", "warn", "serve", "--master", mep, "--dram-bytes", "16MiB", "--no-shm"}));
   ASSERT_FALSE(node->wait_ready().empty());
   const std::vector<std::string> common = {"--backend", "ref", "--block-size", "16", "--kv-blocks", "256",
                                            "--seed", "9", "--log-level", "error"};
@@ -302,9 +235,9 @@ TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;
   };
-  Child decode(kBin + "mc-decode", with({}));
-  Child cached(kBin + "mc-prefill", with({"--store", mep}));
-  Child uncached(kBin + "mc-prefill", with({"--store", "none"}));
+  Child decode(cmd(kBin + "mc-decode", with({})));
+  Child cached(cmd(kBin + "mc-prefill", with({"--store", mep})));
+  Child uncached(cmd(kBin + "mc-prefill", with({"--store", "none"})));
   const std::string dep = decode.wait_ready(), cep = cached.wait_ready(), uep = uncached.wait_ready();
   ASSERT_FALSE(dep.empty());
   ASSERT_FALSE(cep.empty()) << "mc-prefill could not reach the store master";
@@ -353,9 +286,9 @@ TEST(InferE2E, WorkersRegisterAndHeartbeat) {
         return proto::ConductorHeartbeatReply{true};
       });
   const std::string cep = conductor->endpoints().front();
-  Child decode(kBin + "mc-decode", {"--conductor", cep, "--instance-id", "decode-a", "--kv-blocks", "100",
-                                    "--log-level", "error"});
-  Child prefill(kBin + "mc-prefill", {"--conductor", cep, "--instance-id", "prefill-a", "--log-level", "error"});
+  Child decode(cmd(kBin + "mc-decode", {"--conductor", cep, "--instance-id", "decode-a", "--kv-blocks", "100",
+                                    "--log-level", "error"}));
+  Child prefill(cmd(kBin + "mc-prefill", {"--conductor", cep, "--instance-id", "prefill-a", "--log-level", "error"}));
   const std::string dep = decode.wait_ready();
   ASSERT_FALSE(dep.empty());
   ASSERT_FALSE(prefill.wait_ready().empty());
@@ -410,8 +343,8 @@ TEST(InferE2E, DecodeSendsJobReportsToTheConductor) {
     }
   } joiner{*conductor, serving};
   const std::string cep = conductor->endpoints().front();
-  Child decode(kBin + "mc-decode", {"--conductor", cep, "--instance-id", "decode-r", "--log-level", "error"});
-  Child prefill(kBin + "mc-prefill", {"--allow-fault-injection", "--log-level", "error"});
+  Child decode(cmd(kBin + "mc-decode", {"--conductor", cep, "--instance-id", "decode-r", "--log-level", "error"}));
+  Child prefill(cmd(kBin + "mc-prefill", {"--allow-fault-injection", "--log-level", "error"}));
   const std::string dep = decode.wait_ready(), pep = prefill.wait_ready();
   ASSERT_FALSE(dep.empty());
   ASSERT_FALSE(pep.empty());
@@ -444,9 +377,9 @@ TEST(InferE2E, DecodeSendsJobReportsToTheConductor) {
 
 TEST(InferE2E, FieldReport14OverRpc) {
   std::vector<std::string> args = {"--backend", "ref", "--block-size", "16", "--kv-blocks", "4096", "--log-level", "error"};
-  Child decode(kBin + "mc-decode", args);
+  Child decode(cmd(kBin + "mc-decode", args));
   args.push_back("--allow-fault-injection");
-  Child prefill(kBin + "mc-prefill", args);
+  Child prefill(cmd(kBin + "mc-prefill", args));
   const std::string dep = decode.wait_ready(), pep = prefill.wait_ready();
   ASSERT_FALSE(dep.empty());
   ASSERT_FALSE(pep.empty());

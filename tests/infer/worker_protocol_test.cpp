@@ -3,16 +3,12 @@
 
 #include "mc/common/codec.hpp"
 #include "mc/common/protocol.hpp"
+#include "mc/testkit/round_trip.hpp"
 
 namespace mc::proto {
 namespace {
 
-template <typename T>
-T round_trip(const T& in) {
-  auto out = codec::unpack<T>(codec::pack(in), "test");
-  EXPECT_TRUE(out.is_ok()) << out.status().to_string();
-  return out.is_ok() ? out.value() : T{};
-}
+using mc::testkit::round_trip;
 
 RequestLedger sample_ledger() {
   RequestLedger l;

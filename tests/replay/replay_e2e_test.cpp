@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -20,6 +22,7 @@
 
 #include "mc/replay/analyze.hpp"
 #include "mc/replay/report.hpp"
+#include "mc/testkit/process.hpp"
 
 namespace mc::replay {
 namespace {
@@ -44,54 +47,6 @@ std::string cluster_unavailable() {
   return "";
 }
 
-// A child process in its own process group; the destructor stops the whole group.
-class Child {
- public:
-  Child(const std::vector<std::string>& argv, const std::string& out_path, const std::string& err_path) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      std::freopen("/dev/null", "r", stdin);
-      std::freopen(out_path.c_str(), "w", stdout);
-      std::freopen(err_path.c_str(), "w", stderr);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    ::setpgid(pid_, pid_);
-  }
-  ~Child() {
-    if (pid_ <= 0 || exited_) return;
-    ::kill(-pid_, SIGTERM);  // the script's trap stops and reaps its daemons
-    for (int i = 0; i < 100 && !poll(); ++i) std::this_thread::sleep_for(100ms);
-    if (!exited_) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool poll() {
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      exited_ = true;
-      rc_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    return exited_;
-  }
-  // Waits up to `limit` for the exit; -1 on timeout.
-  int wait(std::chrono::seconds limit) {
-    auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!poll() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
-    return exited_ ? rc_ : -1;
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int rc_ = -1;
-};
 
 std::string slurp(const std::string& path) {
   std::stringstream s;
@@ -124,8 +79,16 @@ int run_cluster_command(const Scratch& s, const std::string& tag, const std::vec
   argv.insert(argv.end(), cluster_args.begin(), cluster_args.end());
   argv.push_back("--");
   argv.insert(argv.end(), cmd.begin(), cmd.end());
-  Child child(argv, s.path(tag + ".out"), s.path(tag + ".err"));
-  return child.wait(std::chrono::seconds(150));
+  // Its own process group: on the way out the group gets SIGTERM (the script's trap stops and reaps its
+  // daemons), then SIGKILL after 10 s.
+  testkit::ChildOptions o;
+  o.own_process_group = true;
+  o.stdin_path = "/dev/null";
+  o.stdout_path = s.path(tag + ".out");
+  o.stderr_path = s.path(tag + ".err");
+  o.stop_grace_ms = 10000;
+  testkit::Child child(argv, o);
+  return child.wait_exit(150'000);
 }
 
 ClusterRun read_run(const Scratch& s, const std::string& tag, int rc, const std::string& summary_path) {
@@ -169,15 +132,12 @@ int count_shm_files(const std::string& marker) {
 // 50 requests of the conversation trace (lines 4174..4223, 1353 s..1365 s: every request shares the
 // first block, and one reuses a 54-block conversation prefix) through 1 master / 2 nodes / 1 conductor /
 // 2 prefill / 2 decode with the sim backend. The cluster runs 20x faster than the hardware it models and
-// the replay sends at half the trace's pace: a fortieth of the trace's load on these two prefill instances
-// (which could take about half of it), so that even a sanitizer build sharing two cores with other tests
-// has stored line 4182's 59 blocks when line 4211 reuses 54 of them (9 s of trace later, 18 s of wall
-// time here); and a TTFT SLO no request misses, so the test checks the cache
-// path rather than overload and admission (which the main job and the conductor's tests show). The
-// policy is cache_aware, which always reuses the longest cached prefix: kvcache weighs each fetch against
-// a prefill time it refits from measured times, and a sanitizer build on a busy machine measures (and
-// the time scale multiplies) real overheads that make short fetches look not worth it, which is the
-// policy's business (tests/sched), not the cache path's.
+// the replay sends at half the trace's pace, with a TTFT SLO no request misses, so the test checks the
+// cache path rather than overload and admission (which the main job and the conductor's tests show).
+// How fast this machine runs the window decides which blocks are stored when each request is sent, and
+// the conductor prices each fetch against recomputing with times it measures, so the test asserts
+// bounds computed from the run's own records rather than one expected hit ratio (see below). The policy
+// is cache_aware: the test is about the cache path, not about which instance the kvcache policy picks.
 TEST(ReplayE2E, SimClusterFiftyRequests) {
   if (auto why = cluster_unavailable(); !why.empty()) GTEST_SKIP() << why;
   Scratch s;
@@ -187,7 +147,8 @@ TEST(ReplayE2E, SimClusterFiftyRequests) {
   replay.insert(replay.end(), window.begin(), window.end());
   ClusterRun r = run_on_cluster(s, "sim",
                                 {"--backend", "sim", "--time-scale", "20", "--store-nodes", "2", "--prefill", "2",
-                                 "--decode", "2", "--policy", "cache_aware", "--kv-buffer-size", "512MiB"},
+                                 "--decode", "2", "--policy", "cache_aware", "--kv-buffer-size", "512MiB",
+                                 "--kv-bytes-per-token", "256"},
                                 replay);
   ASSERT_EQ(r.rc, 0) << r.err;
   ASSERT_EQ(r.records.size(), 50u) << r.err;
@@ -220,10 +181,19 @@ TEST(ReplayE2E, SimClusterFiftyRequests) {
   EXPECT_EQ(completed, 50) << r.err;  // no SLO can be missed, and the KV buffers hold the whole window
   EXPECT_EQ(count_shm_files("mc-store-lc"), 0);
 
-  // The hit ratio the cluster achieved vs what analyze predicts for the same window with an infinite
-  // cache of complete blocks, counting only blocks of requests that arrived strictly earlier (the 12
-  // requests of the first timestamp run concurrently and cannot reuse each other's blocks). Tolerance:
-  // 0.03 absolute (the live figure covers accepted requests only).
+  // The hit ratio the cluster achieved, between two bounds that do not depend on how fast this
+  // machine ran the window:
+  //  - at most what analyze predicts for the same window with an infinite cache of complete blocks,
+  //    counting only blocks of requests that arrived strictly earlier (the 12 requests of the first
+  //    timestamp run concurrently and cannot reuse each other's blocks);
+  //  - per request, the pool (the conductor's index of the store) held at least what the records show
+  //    was stored before the request was sent: the complete blocks of every request whose last token
+  //    had arrived by then (prefill puts its new blocks before it replies, long before the last
+  //    token; at 256 bytes per token the window's ~145 MiB of blocks fit the two 256 MiB nodes, so
+  //    nothing is evicted);
+  //  - per request, the prefill reused exactly the prefix the conductor planned. How much of the
+  //    pool's prefix to plan (fetch vs recompute, priced from measured times) is the policy's
+  //    business and tested in tests/sched; here it only has to be honoured.
   AnalyzeOptions ao;
   ao.window.start_s = 1352.9;
   ao.window.max_requests = 50;
@@ -233,8 +203,55 @@ TEST(ReplayE2E, SimClusterFiftyRequests) {
   const double live = r.summary["cache"]["hit_ratio"].get<double>();
   EXPECT_GT(predicted, 0.05);
   EXPECT_GT(hits, 0);
-  EXPECT_NEAR(live, predicted, 0.03) << "live " << live << " vs analyze (earlier arrivals) " << predicted << "\n"
-                                     << r.err;
+  EXPECT_LE(live, predicted + 1e-9) << "live " << live << " vs analyze (earlier arrivals) " << predicted;
+
+  constexpr int64_t kBlockTokens = 512;
+  std::map<int64_t, json> rows;  // trace line -> row, for the lines of this window
+  for (const json& j : r.records) rows[j["trace_line"].get<int64_t>()] = json();
+  {
+    std::ifstream in(kTrace);
+    std::string line;
+    for (int64_t n = 1; std::getline(in, line); ++n)
+      if (rows.count(n)) rows[n] = json::parse(line);
+  }
+  int64_t lower_hits = 0;
+  std::ostringstream detail;
+  for (const json& req : r.records) {
+    if (req["outcome"] != "completed") continue;
+    const double sent = req["submit_ms"].get<double>();
+    std::set<uint64_t> stored;
+    for (const json& q : r.records) {
+      if (q["outcome"] != "completed" || &q == &req) continue;
+      if (q["submit_ms"].get<double>() + q["e2e_ms"].get<double>() >= sent) continue;
+      const json& row = rows[q["trace_line"].get<int64_t>()];
+      const auto ids = row["hash_ids"].get<std::vector<uint64_t>>();
+      const auto full = static_cast<size_t>(row["input_length"].get<int64_t>() / kBlockTokens);
+      stored.insert(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(std::min(full, ids.size())));
+    }
+    const json& row = rows[req["trace_line"].get<int64_t>()];
+    const auto ids = row["hash_ids"].get<std::vector<uint64_t>>();
+    int64_t k = 0;
+    while (k < static_cast<int64_t>(ids.size()) && stored.count(ids[static_cast<size_t>(k)])) ++k;
+    const int64_t input = row["input_length"].get<int64_t>();
+    const int64_t bound = std::min(k * kBlockTokens, (input / kBlockTokens) * kBlockTokens);
+    lower_hits += bound;
+    const json& l = req["ledger"];
+    const int64_t got = l.value("hit_tokens_local", int64_t{0}) + l.value("hit_tokens_remote", int64_t{0}) +
+                        l.value("hit_tokens_ssd", int64_t{0});
+    const int64_t pool = l.value("pool_prefix_tokens", int64_t{-1});
+    const int64_t planned = l.value("planned_hit_tokens", int64_t{-1});
+    std::ostringstream one;
+    one << "line " << req["trace_line"] << " sent_ms " << sent << " ttft_ms " << req["ttft_ms"] << " e2e_ms "
+        << req["e2e_ms"] << " prefill " << req["prefill_instance"] << " stored_before_tokens " << bound
+        << " pool_prefix_tokens " << pool << " planned_hit_tokens " << planned << " hit_tokens " << got
+        << " decision " << l.value("decision", std::string("-"));
+    detail << one.str() << "\n";
+    EXPECT_GE(pool, bound) << "the conductor did not know blocks stored before the request was sent: " << one.str();
+    EXPECT_LE(planned, pool) << one.str();
+    EXPECT_EQ(got, planned) << "the prefill did not reuse the prefix it was told to: " << one.str();
+  }
+  EXPECT_GT(lower_hits, 0) << "no request of the window was sent after an earlier one had finished:\n" << detail.str();
+  if (HasFailure()) ADD_FAILURE() << detail.str() << r.err;
 }
 
 // The ref backend (a real tiny transformer) on a window of three timestamps (lines 4174..4206: 12, 13

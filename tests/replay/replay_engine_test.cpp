@@ -72,6 +72,8 @@ class FakeCluster final : public EventSource {
     a.decode_instance = "decode-0";
     a.predicted_ttft_ms = 15;
     a.decision = "recompute";
+    a.predicted_hit_tokens = 0;
+    a.pool_prefix_tokens = 512;
     const bool fail = b_.fail && b_.fail(sub);
     int64_t n = b_.stop_after_tokens >= 0 ? std::min(b_.stop_after_tokens, sub.output_length_tokens)
                                           : sub.output_length_tokens;
@@ -215,6 +217,8 @@ TEST(ReplayEngine, EveryRequestCompletesWithTimesAndLedger) {
     EXPECT_EQ(*r.ledger.prompt_tokens, 600);
     EXPECT_EQ(*r.ledger.predicted_ttft_ms, 15.0);
     EXPECT_EQ(*r.ledger.decision, "recompute");
+    EXPECT_EQ(r.ledger.planned_hit_tokens, 0);
+    EXPECT_EQ(r.ledger.pool_prefix_tokens, 512);  // the admission's figures survive the done ledger
     // Scheduled i * 100 ms of trace / speed 100 = i ms after the start.
     EXPECT_GE(*r.submit_ms, static_cast<double>(i) - 0.5);
   }

@@ -23,6 +23,7 @@
 #include "mc/common/rpc.hpp"
 #include "mc/replay/conductor_link.hpp"
 #include "mc/replay/report.hpp"
+#include "mc/testkit/process.hpp"
 
 namespace mc::replay {
 namespace {
@@ -139,30 +140,19 @@ ToolRun run_tool(const std::vector<std::string>& args, const std::string& stdin_
   const std::string in_path = base + ".in", out_path = base + ".out", err_path = base + ".err";
   std::ofstream(in_path) << stdin_text;
   auto t0 = std::chrono::steady_clock::now();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    std::freopen(in_path.c_str(), "r", stdin);
-    std::freopen(out_path.c_str(), "w", stdout);
-    std::freopen(err_path.c_str(), "w", stderr);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(kTool.c_str()));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(kTool.c_str(), argv.data());
-    ::_exit(127);
-  }
+  std::vector<std::string> argv = {kTool};
+  argv.insert(argv.end(), args.begin(), args.end());
+  testkit::ChildOptions options;
+  options.stdin_path = in_path;
+  options.stdout_path = out_path;
+  options.stderr_path = err_path;
   ToolRun r;
-  int status = 0;
-  for (int i = 0; i < 6000; ++i) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) break;
-    if (i == 5999) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-    }
-    std::this_thread::sleep_for(10ms);
+  {
+    testkit::Child child(argv, options);
+    r.rc = child.wait_exit(60'000);
+    if (r.rc >= 128) r.rc = -1;  // killed by a signal
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   std::stringstream o, e;
   o << std::ifstream(out_path).rdbuf();
   e << std::ifstream(err_path).rdbuf();

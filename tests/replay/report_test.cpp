@@ -105,11 +105,15 @@ TEST(ReplayRecord, JsonRoundTrip) {
   r.ledger.prefill_ms = 700;
   r.ledger.decision = "fetch";
   r.ledger.predicted_ttft_ms = 790;
+  r.ledger.planned_hit_tokens = 1536;
+  r.ledger.pool_prefix_tokens = 2048;
   auto j = to_json(r);
   auto back = record_from_json(nlohmann::json::parse(j.dump()));
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(to_json(*back), j);
   EXPECT_EQ(back->ledger.hit_tokens(), 1536);
+  EXPECT_EQ(j["ledger"]["planned_hit_tokens"], 1536);
+  EXPECT_EQ(j["ledger"]["pool_prefix_tokens"], 2048);
 
   auto bad = record_from_json(nlohmann::json{{"request_id", "x"}});
   EXPECT_FALSE(bad.is_ok());

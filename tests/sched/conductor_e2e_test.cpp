@@ -23,74 +23,14 @@
 #include "mc/common/block_key.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/testkit/process.hpp"
 
 namespace mc {
 namespace {
 
 constexpr uint32_t kBlock = 16;
 
-// A child process with its stdout piped; killed (SIGTERM, then SIGKILL) when the guard goes away.
-class Child {
- public:
-  explicit Child(const std::vector<std::string>& argv) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    out_ = fds[0];
-  }
-  ~Child() { stop(); }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  // The first stdout line, within timeout_ms ("" on timeout or exit).
-  std::string read_line(int timeout_ms) {
-    std::string line;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out_, POLLIN, 0};
-      if (poll(&p, 1, 50) <= 0) continue;
-      char c;
-      if (read(out_, &c, 1) != 1) return "";
-      if (c == '\n') return line;
-      line += c;
-    }
-    return "";
-  }
-
-  int stop() {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 100; ++i) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        close(out_);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    close(out_);
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-};
+using testkit::Child;
 
 // A fake worker: an RpcServer on its own thread recording the jobs it gets. Prefill jobs are never
 // answered (they stay queued at the Conductor, which makes placement deterministic); reservations are

@@ -6,16 +6,12 @@
 
 #include "mc/common/codec.hpp"
 #include "mc/common/protocol.hpp"
+#include "mc/testkit/round_trip.hpp"
 
 namespace mc::proto {
 namespace {
 
-template <typename T>
-T round_trip(const T& in) {
-  auto out = codec::unpack<T>(codec::pack(in), "test");
-  EXPECT_TRUE(out.is_ok()) << out.status().to_string();
-  return out.is_ok() ? out.value() : T{};
-}
+using mc::testkit::round_trip;
 
 TEST(ConductorProtocol, SubmitRoundTrip) {
   ConductorSubmitRequest r;
@@ -42,7 +38,7 @@ TEST(ConductorProtocol, SubmitRoundTrip) {
   EXPECT_EQ(o.client_endpoint, "tcp://127.0.0.1:7000");
   EXPECT_STREQ(ConductorSubmitRequest::kType, "conductor.submit");
 
-  ConductorSubmitReply a{"r-17", true, "prefill-1", "decode-0", 812.5, 31.25, 4096, true, "", "kvcache: ..."};
+  ConductorSubmitReply a{"r-17", true, "prefill-1", "decode-0", 812.5, 31.25, 4096, 6144, true, "", "kvcache: ..."};
   auto ao = round_trip(a);
   EXPECT_TRUE(ao.accepted);
   EXPECT_EQ(ao.prefill_id, "prefill-1");
@@ -50,6 +46,7 @@ TEST(ConductorProtocol, SubmitRoundTrip) {
   EXPECT_EQ(ao.predicted_ttft_ms, 812.5);
   EXPECT_EQ(ao.predicted_tbt_ms, 31.25);
   EXPECT_EQ(ao.hit_tokens, 4096);
+  EXPECT_EQ(ao.pool_prefix_tokens, 6144);
   EXPECT_TRUE(ao.replicate_prefix);
   EXPECT_EQ(ao.reason, "kvcache: ...");
   ConductorSubmitReply rej;

@@ -109,6 +109,7 @@ TEST_F(SchedulerTest, KvCacheRecomputesWhenTheFetchIsTooSlow) {
   EXPECT_EQ(d.prefill.reused_blocks, 0);
   EXPECT_EQ(d.hit_tokens, 0);
   EXPECT_EQ(d.prefill.longest_pool_blocks, 8);
+  EXPECT_EQ(d.pool_prefix_tokens, 8 * kB);  // the pool held it; recomputing was faster
   EXPECT_NEAR(d.prefill.prefill_ms, 0.1 * (8 * kB + 1), 1e-6);
   EXPECT_EQ(d.prefill.transfer_ms, 0);
   // A faster SSD (8 GB/s: 21 ms per block) makes the same prefix worth reading.
@@ -393,6 +394,7 @@ TEST_F(SchedulerTest, DecisionRecordCarriesInputsAndUnits) {
   EXPECT_EQ(j["decision"]["accepted"], true);
   EXPECT_EQ(j["decision"]["prefill"], "P1");
   EXPECT_EQ(j["decision"]["hit_tokens"], 2 * kB);
+  EXPECT_EQ(j["decision"]["pool_prefix_tokens"], 2 * kB);
   EXPECT_TRUE(j["decision"]["reject_reason"].is_null());
   EXPECT_EQ(j["decision"]["candidates"].size(), 2u);
   EXPECT_TRUE(j["decision"]["prefill_estimate"].contains("transfer_ms"));

@@ -4,19 +4,12 @@
 
 #include "mc/common/codec.hpp"
 #include "mc/common/protocol.hpp"
+#include "mc/testkit/round_trip.hpp"
 
 namespace mc::proto {
 namespace {
 
-template <typename T>
-T round_trip(const T& v) {
-  std::string bytes = codec::pack(v);
-  Result<T> back = codec::unpack<T>(bytes, "test");
-  EXPECT_TRUE(back.is_ok()) << back.status().to_string();
-  if (!back.is_ok()) return T{};
-  EXPECT_EQ(codec::pack(back.value()), bytes);
-  return back.value();
-}
+using mc::testkit::round_trip;
 
 StoreReplica replica() {
   return StoreReplica{"n1/dram", "n1", "h1", "rack1", "cpu", "tcp://127.0.0.1:5", "127.0.0.1:6", (1ULL << 40) + 4096,

@@ -8,9 +8,10 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
-#include "process_util.hpp"
+#include "mc/testkit/process.hpp"
 
 namespace mc::transfer::testing {
+using namespace mc::testkit;  // NOLINT: Child, run, ready_field
 namespace {
 
 const std::string kXfer = MC_BINARY_DIR "/bin/mc-xfer";

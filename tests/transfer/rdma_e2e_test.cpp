@@ -9,13 +9,14 @@
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/xfer_tool.hpp"
-#include "process_util.hpp"
+#include "mc/testkit/process.hpp"
 
 #ifdef MC_TRANSFER_HAVE_RDMA
 #include <infiniband/verbs.h>
 #endif
 
 namespace mc::transfer::testing {
+using namespace mc::testkit;  // NOLINT: Child, run, ready_field
 namespace {
 
 const std::string kXfer = MC_BINARY_DIR "/bin/mc-xfer";

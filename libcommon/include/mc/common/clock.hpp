@@ -41,7 +41,9 @@ class ManualClock final : public Clock {
   std::atomic<int64_t> now_ns_;
 };
 
-// Wall-clock milliseconds since the Unix epoch (for records that must be compared across hosts).
+// Wall-clock time since the Unix epoch (for records that must be compared across hosts, such as a
+// token's emission time sent to a client on another host). Not monotonic: never use it for intervals.
 int64_t unix_time_ms();
+int64_t unix_time_ns();
 
 }  // namespace mc

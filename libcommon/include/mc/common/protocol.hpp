@@ -747,13 +747,16 @@ struct ConductorSubmitReply {
   double predicted_ttft_ms = 0;     // also set when rejected: the best prediction seen
   double predicted_tbt_ms = 0;
   int64_t hit_tokens = 0;           // prefix tokens the prefill will reuse instead of computing
+  // The longest prefix of the prompt held anywhere in the pool (complete blocks, tokens) when the
+  // request was placed: hit_tokens < pool_prefix_tokens means recomputing part of it was predicted faster.
+  int64_t pool_prefix_tokens = 0;
   bool replicate_prefix = false;    // the reused prefix is copied near the prefill instance
   // ttft_slo | tbt_slo | kv_capacity | no_prefill_instance | no_decode_instance | invalid_request |
   // decode_refused (the chosen decode instance refused the reservation); empty when accepted
   std::string reject_reason;
   std::string reason;               // human-readable explanation, names instances and predicted values
   MSGPACK_DEFINE_MAP(request_id, accepted, prefill_id, decode_id, predicted_ttft_ms, predicted_tbt_ms, hit_tokens,
-                     replicate_prefix, reject_reason, reason);
+                     pool_prefix_tokens, replicate_prefix, reject_reason, reason);
 };
 struct ConductorSubmitRequest {
   static constexpr const char* kType = "conductor.submit";

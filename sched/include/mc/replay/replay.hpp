@@ -59,6 +59,7 @@ struct Admission {
   std::optional<double> predicted_ttft_ms;  // modelled ms
   std::optional<std::string> decision;      // fetch | recompute
   std::optional<int64_t> predicted_hit_tokens;
+  std::optional<int64_t> pool_prefix_tokens;  // the longest prefix the pool held at placement
 };
 
 // A connection to the Conductor used by one sender thread.

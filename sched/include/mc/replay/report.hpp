@@ -66,6 +66,11 @@ struct Ledger {
   std::optional<double> prefill_ms;
   std::optional<std::string> decision;       // fetch | recompute | reject
   std::optional<double> predicted_ttft_ms;   // the conductor's prediction when it placed the request
+  // At placement: the prefix tokens the conductor planned to reuse, and the longest prefix the pool
+  // held (complete blocks). planned < pool: recomputing the rest was predicted faster than fetching it;
+  // hit < planned: blocks planned were missing or failed when the prefill fetched them.
+  std::optional<int64_t> planned_hit_tokens;
+  std::optional<int64_t> pool_prefix_tokens;
 
   int64_t hit_tokens() const;  // sum of the three tiers present (0 when none is)
 };

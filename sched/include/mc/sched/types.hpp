@@ -134,6 +134,7 @@ struct Decision {
   double predicted_ttft_ms = 0;  // = prefill.ttft_ms (also set on rejection: the best seen)
   double predicted_tbt_ms = 0;
   int64_t hit_tokens = 0;        // reused_blocks * block_size_tokens, capped at input_tokens - 1
+  int64_t pool_prefix_tokens = 0;  // the longest prefix held anywhere in the pool: blocks * block_size_tokens
   // Hot-prefix replication (paper §6.?): the longest prefix sits on an overloaded instance's host, so
   // the chosen instance fetches a copy, which the store keeps near it.
   bool replicate_prefix = false;

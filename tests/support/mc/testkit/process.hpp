@@ -1,0 +1,232 @@
+// Child processes for e2e tests, shared by every area's tests: start a binary, wait for its "ready"
+// line (daemon.hpp), run a command to completion with a deadline. The RAII guard stops what it started
+// (SIGTERM, then SIGKILL after a grace period) even when a test fails, so no daemon outlives its test.
+//
+// Output: by default the child's stdout is a pipe the test reads (wait_line, wait_ready, finish) and
+// its stderr is inherited, so diagnostics land in the test log; ChildOptions can send either to a file
+// instead. With own_process_group the child leads a new process group and stop()/kill signal the whole
+// group (for scripts that start daemons of their own, such as examples/local-cluster.sh).
+// Thread-safety: a Child is used by one thread.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace mc::testkit {
+
+inline int64_t mono_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct ChildOptions {
+  bool own_process_group = false;  // setpgid(0, 0) in the child; signals go to the group
+  std::string stdout_path;         // non-empty: stdout to this file (no pipe; wait_line returns "")
+  std::string stderr_path;         // non-empty: stderr to this file; else inherited
+  std::string stdin_path;          // non-empty: stdin from this file (e.g. /dev/null); else inherited
+  int64_t stop_grace_ms = 5000;    // the destructor's SIGTERM -> SIGKILL grace period
+};
+
+class Child {
+ public:
+  // argv[0] is a path or a name looked up in PATH. A failed fork leaves pid() == -1; a failed exec
+  // makes the child exit 127.
+  explicit Child(const std::vector<std::string>& argv, ChildOptions options = {}) : options_(std::move(options)) {
+    int fds[2] = {-1, -1};
+    const bool piped = options_.stdout_path.empty();
+    if (piped && pipe2(fds, O_CLOEXEC) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (options_.own_process_group) setpgid(0, 0);
+      if (!options_.stdin_path.empty() && std::freopen(options_.stdin_path.c_str(), "r", stdin) == nullptr) _exit(126);
+      if (piped) {
+        dup2(fds[1], STDOUT_FILENO);
+      } else if (std::freopen(options_.stdout_path.c_str(), "w", stdout) == nullptr) {
+        _exit(126);
+      }
+      if (!options_.stderr_path.empty() && std::freopen(options_.stderr_path.c_str(), "w", stderr) == nullptr) _exit(126);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+    if (options_.own_process_group && pid_ > 0) setpgid(pid_, pid_);  // no race with the first signal
+    if (piped) {
+      close(fds[1]);
+      out_fd_ = fds[0];
+    }
+  }
+  ~Child() {
+    stop(options_.stop_grace_ms);
+    if (out_fd_ >= 0) close(out_fd_);
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running() { return pid_ > 0 && !reap(false); }
+
+  // Reads stdout until a line starting with `prefix` appears; that line, or "" on timeout or EOF.
+  std::string wait_line(const std::string& prefix, int64_t timeout_ms) {
+    const int64_t end = mono_ms() + timeout_ms;
+    for (;;) {
+      size_t nl;
+      while ((nl = buf_.find('\n')) != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        out_ += line + "\n";
+        if (line.rfind(prefix, 0) == 0) return line;
+      }
+      const int64_t left = end - mono_ms();
+      if (left <= 0 || out_fd_ < 0) return "";
+      pollfd p{out_fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left)) <= 0) return "";
+      char tmp[4096];
+      ssize_t k = read(out_fd_, tmp, sizeof tmp);
+      if (k <= 0) return "";
+      buf_.append(tmp, static_cast<size_t>(k));
+    }
+  }
+  // The next stdout line ("" on timeout or EOF).
+  std::string read_line(int64_t timeout_ms) { return wait_line("", timeout_ms); }
+  // Waits for "ready <service> <endpoint> ..." and returns the endpoint ("" on timeout or exit).
+  std::string wait_ready(int64_t timeout_ms = 30000) {
+    std::istringstream is(wait_line("ready ", timeout_ms));
+    std::string word, service, endpoint;
+    is >> word >> service >> endpoint;
+    return endpoint;
+  }
+
+  // Reads the rest of stdout and waits for the exit, killing the child at the deadline. The status as
+  // from waitpid, or -1 when it was killed for the deadline. `out`: everything read from stdout.
+  int finish(int64_t timeout_ms, std::string* out) {
+    const int64_t end = mono_ms() + timeout_ms;
+    while (out_fd_ >= 0) {
+      const int64_t left = end - mono_ms();
+      if (left <= 0) break;
+      pollfd p{out_fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left)) <= 0) break;
+      char tmp[65536];
+      ssize_t k = read(out_fd_, tmp, sizeof tmp);
+      if (k <= 0) break;
+      buf_.append(tmp, static_cast<size_t>(k));
+    }
+    if (out != nullptr) *out = out_ + buf_;
+    for (;;) {
+      if (pid_ <= 0 || reap(false)) return status_;
+      if (mono_ms() > end) {
+        kill_now(SIGKILL, 1000);
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  // Waits up to timeout_ms for the exit: the exit code (128 + signal when killed), -1 on timeout.
+  int wait_exit(int64_t timeout_ms) {
+    const int64_t end = mono_ms() + timeout_ms;
+    while (pid_ > 0 && !reap(false) && mono_ms() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (pid_ > 0) return -1;
+    return exit_code(status_);
+  }
+
+  // SIGTERM, then SIGKILL after grace_ms. The exit code when it exited by itself within the grace
+  // period (128 + signal when a signal ended it), -1 when it had to be killed or was not running.
+  int stop(int64_t grace_ms = 5000) {
+    if (pid_ <= 0) return -1;
+    signal(SIGTERM);
+    const int64_t end = mono_ms() + grace_ms;
+    while (mono_ms() < end) {
+      if (reap(false)) return exit_code(status_);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    kill_now(SIGKILL, 0);
+    return -1;
+  }
+  // SIGKILL at once (a crash: no goodbye to anyone), reaped.
+  void kill_hard() { kill_now(SIGKILL, 0); }
+  // Sends `sig`, waits up to grace_ms for the exit, then SIGKILL; always reaps.
+  void kill_now(int sig, int64_t grace_ms) {
+    if (pid_ <= 0) return;
+    signal(sig);
+    const int64_t end = mono_ms() + grace_ms;
+    while (mono_ms() < end) {
+      if (reap(false)) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    signal(SIGKILL);
+    reap(true);
+  }
+  // Sends `sig` to the child (its group with own_process_group).
+  void signal(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(options_.own_process_group ? -pid_ : pid_, sig);
+  }
+
+  static int exit_code(int status) {
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return -1;
+  }
+
+ private:
+  // True when the child has exited (status_ set, pid_ cleared).
+  bool reap(bool block) {
+    int status = 0;
+    if (waitpid(pid_, &status, block ? 0 : WNOHANG) == pid_) {
+      status_ = status;
+      pid_ = -1;
+      return true;
+    }
+    return false;
+  }
+
+  ChildOptions options_;
+  pid_t pid_ = -1;
+  int status_ = -1;
+  int out_fd_ = -1;
+  std::string buf_;
+  std::string out_;
+};
+
+struct RunResult {
+  int exit_code = -1;  // -1: killed at the deadline
+  bool signaled = false;
+  std::string out;
+  int64_t elapsed_ms = 0;
+};
+
+// Runs argv to completion (stdout captured, stderr inherited), killing it at timeout_ms.
+inline RunResult run(const std::vector<std::string>& argv, int64_t timeout_ms) {
+  RunResult r;
+  const int64_t t0 = mono_ms();
+  Child c(argv);
+  int status = c.finish(timeout_ms, &r.out);
+  r.elapsed_ms = mono_ms() - t0;
+  if (status >= 0 && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (status >= 0 && WIFSIGNALED(status)) r.signaled = true;
+  return r;
+}
+
+// The value of key=value in a ready line ("" when absent).
+inline std::string ready_field(const std::string& line, const std::string& key) {
+  std::istringstream is(line);
+  std::string tok;
+  while (is >> tok) {
+    if (tok.rfind(key + "=", 0) == 0) return tok.substr(key.size() + 1);
+  }
+  return "";
+}
+
+}  // namespace mc::testkit
