@@ -21,8 +21,16 @@
 # waits for them, and removes its state directory and the /dev/shm files of its storage nodes: no
 # orphan processes, no leftovers.
 #
+# Instances are named prefill0.., decode0.. (their --instance-id), as in cluster.txt.
+#
 # Options (environment variable in brackets; flag beats environment beats default):
 #   --store-nodes S       storage nodes                                  [MC_STORE_NODES, 2]
+#   --hosts N             host labels host0..hostN-1: storage node i and prefill/decode instance i get
+#                         label host(i mod N) (their --host), so the store master places a prefill's new
+#                         blocks and hot-prefix copies on its "own host" and the conductor prices a
+#                         prefix there as a same-host fetch. On one real machine the label drives
+#                         placement and scheduling only: transfers between labels still use whatever
+#                         transport works here (shm, tcp).                    [MC_HOSTS, 1]
 #   --prefill P           prefill instances                              [MC_PREFILL, 2]
 #   --decode D            decode instances                               [MC_DECODE, 2]
 #   --backend B           sim (GPU cost model) or ref (CPU LLaMA)        [MC_BACKEND, sim]
@@ -33,6 +41,8 @@
 #                                                                        [MC_KV_BYTES_PER_TOKEN, 1024]
 #   --block-size N        tokens per KV block everywhere                 [MC_BLOCK_SIZE, 512]
 #   --policy NAME         conductor policy: random, least_loaded, cache_aware, kvcache [MC_POLICY, kvcache]
+#   --conductor-args "A"  extra flags for mc-conductor serve, split on spaces, e.g. "--overload-queue-ms 100"
+#                                                                        [MC_CONDUCTOR_ARGS, none]
 #   --prefix-cache C      store (the pool) or none (cache disabled: every prefill recomputes)
 #                                                                        [MC_PREFIX_CACHE, store]
 #   --dram-bytes SIZE     DRAM per storage node                          [MC_STORE_DRAM, 256MiB]
@@ -50,6 +60,8 @@ root="$(dirname "$here")"
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 store_nodes="${MC_STORE_NODES:-2}"
+n_hosts="${MC_HOSTS:-1}"
+conductor_args="${MC_CONDUCTOR_ARGS:-}"
 n_prefill="${MC_PREFILL:-2}"
 n_decode="${MC_DECODE:-2}"
 backend="${MC_BACKEND:-sim}"
@@ -72,6 +84,8 @@ need() { [[ $# -ge 2 && -n "$2" ]] || { echo "local-cluster.sh: $1 needs a value
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --store-nodes) need "$@"; store_nodes="$2"; shift 2 ;;
+    --hosts) need "$@"; n_hosts="$2"; shift 2 ;;
+    --conductor-args) need "$@"; conductor_args="$2"; shift 2 ;;
     --prefill) need "$@"; n_prefill="$2"; shift 2 ;;
     --decode) need "$@"; n_decode="$2"; shift 2 ;;
     --backend) need "$@"; backend="$2"; shift 2 ;;
@@ -96,9 +110,11 @@ done
 [[ "$prefix_cache" == store || "$prefix_cache" == none ]] ||
   { echo "local-cluster.sh: --prefix-cache must be store or none, got '$prefix_cache'" >&2; exit 2; }
 [[ -n "$model" ]] || { [[ "$backend" == ref ]] && model=tiny || model=llama3-70b; }
-for n in "$store_nodes" "$n_prefill" "$n_decode"; do
+for n in "$store_nodes" "$n_prefill" "$n_decode" "$n_hosts"; do
   [[ "$n" =~ ^[0-9]+$ ]] || { echo "local-cluster.sh: counts must be integers, got '$n'" >&2; exit 2; }
 done
+(( n_hosts >= 1 )) || { echo "local-cluster.sh: --hosts must be at least 1" >&2; exit 2; }
+read -r -a extra_conductor_flags <<< "$conductor_args"
 (( n_prefill >= 1 && n_decode >= 1 )) || { echo "local-cluster.sh: need at least 1 prefill and 1 decode instance" >&2; exit 2; }
 for b in mc-store mc-conductor mc-prefill mc-decode; do
   [[ -x "$bin/$b" ]] || { echo "local-cluster.sh: $bin/$b not found: build first (cmake --build build) or pass --bin" >&2; exit 1; }
@@ -147,6 +163,9 @@ start() {
   names+=("$name")
 }
 
+# host_label I: the host label of storage node / instance I.
+host_label() { echo "host$(($1 % n_hosts))"; }
+
 # wait_ready NAME: waits for NAME's ready line; prints its endpoint; the whole line is in $state/NAME.ready.
 wait_ready() {
   local name="$1" log="$state/$1.log" pid="${pids[${#pids[@]}-1]}"
@@ -180,13 +199,14 @@ master="$(wait_ready master)"
 events="$(ready_field master events)"
 
 for ((i = 0; i < store_nodes; i++)); do
-  start "node$i" "$bin/mc-store" serve --master "$master" --node-id "$tag-node$i" \
+  start "node$i" "$bin/mc-store" serve --master "$master" --node-id "$tag-node$i" --host "$(host_label "$i")" \
     --dram-bytes "$dram_bytes"
   wait_ready "node$i" > /dev/null
 done
 
 start conductor "$bin/mc-conductor" serve --listen tcp://127.0.0.1:0 --kv-events "$events" --store-master "$master" \
-  --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" --time-scale "$time_scale"
+  --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" --time-scale "$time_scale" \
+  ${extra_conductor_flags[@]+"${extra_conductor_flags[@]}"}
 conductor="$(wait_ready conductor)"
 
 worker_flags=(--backend "$backend" --model "$model" --block-size "$block_size" --kv-buffer-size "$kv_buffer_size"
@@ -197,13 +217,15 @@ fi
 for ((i = 0; i < n_decode; i++)); do
   # A reservation waits for its prefill through the prefill queue; a loaded 2-core machine (or a
   # sanitizer build) can queue for longer than the 30 s default.
-  start "decode$i" "$bin/mc-decode" --listen tcp://127.0.0.1:0 --reservation-ttl-ms 180000 "${worker_flags[@]}"
+  start "decode$i" "$bin/mc-decode" --listen tcp://127.0.0.1:0 --reservation-ttl-ms 180000 "${worker_flags[@]}" \
+    --instance-id "decode$i" --host "$(host_label "$i")"
   wait_ready "decode$i" > /dev/null
 done
 for ((i = 0; i < n_prefill; i++)); do
   store_flag="$master"
   [[ "$prefix_cache" == none ]] && store_flag=none
-  start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 --store "$store_flag" "${worker_flags[@]}"
+  start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 --store "$store_flag" "${worker_flags[@]}" \
+    --instance-id "prefill$i" --host "$(host_label "$i")"
   wait_ready "prefill$i" > /dev/null
 done
 
@@ -211,7 +233,8 @@ export MC_CONDUCTOR="$conductor" MC_STORE_MASTER="$master" MC_STORE_EVENTS="$eve
 export MC_CLUSTER_STATE="$state"
 {
   echo "local-cluster.sh: up: 1 store master, $store_nodes storage nodes, 1 conductor ($policy)," \
-       "$n_prefill prefill and $n_decode decode instances ($backend backend, model $model, block $block_size tokens)"
+       "$n_prefill prefill and $n_decode decode instances ($backend backend, model $model, block $block_size tokens)," \
+       "$n_hosts host label(s)"
   echo "  conductor     $conductor      (export MC_CONDUCTOR=$conductor)"
   echo "  store master  $master      KV events $events"
   echo "  logs          $state/*.log"

@@ -80,9 +80,10 @@ class StoreBlockCache final : public KvBlockCache {
 
 }  // namespace
 
-Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master) {
+Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master, const std::string& host) {
   store::ClientOptions o;
   o.master = master;
+  o.host = host;
   auto client = store::Client::connect(o);
   if (!client.is_ok()) return client.status().with_context("prefix cache (--store " + master + ")");
   return std::unique_ptr<KvBlockCache>(new StoreBlockCache(master, std::move(client).value()));

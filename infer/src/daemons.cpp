@@ -34,7 +34,9 @@ void add_conductor_flags(CLI::App& app, ConductorOptions& o) {
   app.add_option("--conductor", o.endpoint, "mc-conductor endpoint to register with and heartbeat to (empty: none)")
       ->envname("MC_CONDUCTOR");
   app.add_option("--instance-id", o.instance_id, "Unique instance name (default: <role>-<host>-<pid>)");
-  app.add_option("--host", o.host, "Host name reported to the conductor (default: gethostname)");
+  app.add_option("--host", o.host, "Host label reported to the conductor and (mc-prefill) to the store master, which place "
+                 "KV blocks and schedule by it; only placement uses it, not the choice of transport "
+                 "(default: gethostname)");
 }
 
 Result<std::unique_ptr<Backend>> backend_from_flags(const BackendFlags& f) {
@@ -143,7 +145,8 @@ Status run_prefill_daemon(const PrefillDaemonConfig& c) {
   if (c.store == "mem") {
     cache = std::make_unique<MemoryBlockCache>();
   } else if (c.store != "none") {
-    MC_ASSIGN_OR_RETURN(cache, connect_store_cache(c.store));
+    // The store sees the host label the Conductor sees (--host), so "same host" means one thing to both.
+    MC_ASSIGN_OR_RETURN(cache, connect_store_cache(c.store, resolve_conductor_options(c.conductor, "prefill").host));
   }
   PrefillWorkerOptions o;
   o.block_tokens = c.backend.block_tokens;

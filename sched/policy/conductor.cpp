@@ -362,6 +362,9 @@ class Conductor {
     proto::ConductorSubmitRequest submit;
     Decision decision;
     std::string prefill_endpoint, decode_endpoint;
+    std::string prefill_host;                // replicate_prefix: where the store copies the prefix
+    std::vector<std::string> replicate_keys;  // replicate_prefix: store keys of the reused blocks
+    proto::DecodeReserveReply reservation;
   };
 
   void register_handlers() {
@@ -440,6 +443,19 @@ class Conductor {
     f.decision = d;
     f.prefill_endpoint = p->info.endpoint;
     f.decode_endpoint = dec->info.endpoint;
+    if (d.replicate_prefix && !options_.store_master.empty()) {
+      f.prefill_host = p->info.host;
+      const size_t n =
+          std::min(r.block_hashes.size(), static_cast<size_t>(std::max<int64_t>(d.prefill.reused_blocks, 0)));
+      // The workers' store keys: "kv/<digest>/<seq hash>", with the digest adopted from them when this
+      // Conductor was given no namespace (adopt_key_namespace).
+      const std::string digest = key_digest_.empty() ? options_.key_namespace.digest_hex() : key_digest_;
+      for (size_t i = 0; i < n; ++i) {
+        char hex[17];
+        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(r.block_hashes[i]));
+        f.replicate_keys.push_back("kv/" + digest + "/" + hex);
+      }
+    }
     in_flight_[req.request_id] = std::move(f);
     reserve(req.request_id);
     return proto::ConductorSubmitReply{};  // ignored: deferred
@@ -481,6 +497,36 @@ class Conductor {
       in_flight_.erase(it);
       return;
     }
+    f.reservation = std::move(res).value();
+    if (f.replicate_keys.empty()) return dispatch(id);
+    // Hot prefix on an overloaded holder (Decision::replicate_prefix): ask the store master to copy the reused
+    // blocks near the chosen prefill instance before it reads them; its store client makes the copy on that
+    // read (master_core.hpp replicate_near), so the next request finds a same-host copy. A failure only
+    // loses the copy, never the request.
+    proto::StoreReplicateNearRequest rn;
+    rn.keys = f.replicate_keys;
+    rn.host = f.prefill_host;
+    calls_.call<proto::StoreReplicateNearRequest>(
+        options_.store_master, rn, options_.store_timeout_ms,
+        [this, id](Result<proto::StoreReplicateNearReply> r) {
+          if (r.is_ok()) {
+            metrics_
+                .counter("mc_conductor_replicated_blocks_total",
+                         "prefix blocks the store master was asked to copy near the chosen prefill instance")
+                .inc(r->marked);
+          } else {
+            MC_LOG_WARN << "request '" << id << "': store.replicate_near at " << options_.store_master
+                        << " failed (the prefix is read remotely, not copied): " << r.status().message();
+          }
+          dispatch(id);
+        });
+  }
+
+  void dispatch(const std::string& id) {
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) return;
+    Flight& f = it->second;
+    const proto::DecodeReserveReply& res = f.reservation;
     proto::PrefillJobRequest job;
     job.request_id = id;
     job.tokens = f.submit.tokens;
@@ -492,9 +538,9 @@ class Conductor {
                             ? "same_host"
                             : "pool";
     job.decode_endpoint = f.decode_endpoint;
-    job.reservation_id = res->reservation_id;
-    job.decode_block_offsets_bytes = res->block_offsets_bytes;
-    job.decode_kv_segment = res->kv_segment;  // the prefill WRITEs each layer there (transfer engine)
+    job.reservation_id = res.reservation_id;
+    job.decode_block_offsets_bytes = res.block_offsets_bytes;
+    job.decode_kv_segment = res.kv_segment;  // the prefill WRITEs each layer there (transfer engine)
     job.client_endpoint = f.submit.client_endpoint;
     f.dispatch_ns = RealClock::instance().now_ns();
     answer(f, reply_of(f.decision));

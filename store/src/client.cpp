@@ -480,6 +480,7 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
   Impl& m = *this;
   proto::StorePutStartRequest start;
   start.client_id = m.options.client_id;
+  start.client_host = m.options.host;
   start.replicas = m.options.replicas;
   start.preferred_segment = m.options.preferred_segment;
   start.overwrite = options.overwrite;

@@ -281,7 +281,8 @@ int MasterCore::rank_for(const Caller& caller, const Segment& seg) const {
 }
 
 std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, const std::string& preferred,
-                                           const std::vector<std::string>& exclude_nodes, const std::string& near_host) {
+                                           const std::vector<std::string>& exclude_nodes, const std::string& near_host,
+                                           bool host_first) {
   std::vector<std::string> chosen;
   std::set<std::string> used_nodes(exclude_nodes.begin(), exclude_nodes.end());
   std::set<std::string> used_domains;
@@ -308,12 +309,14 @@ std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, 
     std::tuple<int, int, double> best_score{};
     for (const auto& [name, seg] : segments_) {
       if (used_nodes.count(seg.info.node_id) || !fits(seg)) continue;
-      // New failure domain first, then near the caller (hot copies), then the emptiest segment.
+      // New failure domain first, then near the caller (hot copies), then the emptiest segment; host_first
+      // swaps the first two (a copy that is only useful on near_host).
       int domain_rank = used_domains.count(seg.info.domain) ? 1 : 0;
       int host_rank = (!near_host.empty() && seg.info.host == near_host) ? 0 : 1;
       double usage = static_cast<double>(seg.alloc->used_bytes() + size_bytes) /
                      static_cast<double>(seg.alloc->capacity_bytes());
-      std::tuple<int, int, double> score{domain_rank, host_rank, usage};
+      std::tuple<int, int, double> score =
+          host_first ? std::make_tuple(host_rank, domain_rank, usage) : std::make_tuple(domain_rank, host_rank, usage);
       if (!best || score < best_score) {
         best = &name;
         best_score = score;
@@ -448,7 +451,9 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
       discard_object(it, true, true);
     }
   }
-  std::vector<std::string> segs = place(size_bytes, want, options.preferred_segment, {}, "");
+  // The first replica goes to the writer's host when a segment there has room (a prefill instance stores the
+  // blocks it computed next to itself, where the Conductor will look for them), the others to new failure domains.
+  std::vector<std::string> segs = place(size_bytes, want, options.preferred_segment, {}, caller.host);
   if (segs.empty()) {
     // Make room in the fullest DRAM segments, then try again.
     for (auto& [name, seg] : segments_) {
@@ -458,7 +463,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
       target = std::min<uint64_t>(target, static_cast<uint64_t>(config_.low_watermark * seg.alloc->capacity_bytes()));
       evict(name, target, need);
     }
-    segs = place(size_bytes, want, options.preferred_segment, {}, "");
+    segs = place(size_bytes, want, options.preferred_segment, {}, caller.host);
   }
   if (segs.empty()) {
     for (const auto& [name, seg] : segments_) {
@@ -572,40 +577,75 @@ Result<ReadGrant> MasterCore::get_replicas(const Caller& caller, const std::stri
   ++segments_.at(ranked.front().second->segment).hits;
   ++counters_.hits;
 
+  bool copying = std::any_of(obj.replicas.begin(), obj.replicas.end(), [](const Replica& r) { return !r.complete; });
+  const bool wanted_here = !obj.wanted_host.empty() && obj.wanted_host == caller.host && now <= obj.wanted_until_ns;
+  if (wanted_here && !copying && !caller.client_id.empty() && !has_replica_on_host(obj, caller.host)) {
+    if (grant_copy(key, obj, caller, true, now, grant)) {
+      obj.wanted_host.clear();
+      ++counters_.hot_replications;
+      copying = true;
+    }
+  }
   if (config_.hot_read_threshold > 0) {
     if (now - obj.window_start_ns > config_.hot_window_ms * kNsPerMs) {
       obj.window_start_ns = now;
       obj.window_reads = 0;
     }
     ++obj.window_reads;
-    bool copying = std::any_of(obj.replicas.begin(), obj.replicas.end(), [](const Replica& r) { return !r.complete; });
-    if (obj.window_reads > config_.hot_read_threshold && !copying && obj.replicas.size() < config_.max_replicas &&
-        !caller.client_id.empty()) {
-      std::vector<std::string> holders;
-      for (const Replica& r : obj.replicas) holders.push_back(segments_.at(r.segment).info.node_id);
-      std::vector<std::string> segs = place(obj.size_bytes, 1, "", holders, caller.host);
-      if (!segs.empty()) {
-        Segment& seg = segments_.at(segs.front());
-        Result<uint64_t> off = seg.alloc->allocate(obj.size_bytes);
-        if (off.is_ok()) {
-          ++seg.replicas;
-          Replica r;
-          r.segment = segs.front();
-          r.offset = off.value();
-          r.put_id = next_put_id_++;
-          r.writer = caller.client_id;
-          r.started_ns = now;
-          obj.replicas.push_back(r);
-          unfinished_.insert(key);
-          grant.replicate_to = view(r, obj.size_bytes);
-          grant.replicate_put_id = r.put_id;
-          obj.window_reads = 0;
-          ++counters_.hot_replications;
-        }
-      }
+    if (obj.window_reads > config_.hot_read_threshold && !copying && !caller.client_id.empty() &&
+        grant_copy(key, obj, caller, false, now, grant)) {
+      obj.window_reads = 0;
+      ++counters_.hot_replications;
     }
   }
   return grant;
+}
+
+bool MasterCore::has_replica_on_host(const Object& obj, const std::string& host) const {
+  return std::any_of(obj.replicas.begin(), obj.replicas.end(),
+                     [&](const Replica& r) { return segments_.at(r.segment).info.host == host; });
+}
+
+bool MasterCore::grant_copy(const std::string& key, Object& obj, const Caller& caller, bool require_near_host,
+                            int64_t now_ns, ReadGrant& grant) {
+  if (obj.replicas.size() >= config_.max_replicas) return false;
+  std::vector<std::string> holders;
+  for (const Replica& r : obj.replicas) holders.push_back(segments_.at(r.segment).info.node_id);
+  std::vector<std::string> segs = place(obj.size_bytes, 1, "", holders, caller.host, require_near_host);
+  if (segs.empty()) return false;
+  Segment& seg = segments_.at(segs.front());
+  if (require_near_host && seg.info.host != caller.host) return false;
+  Result<uint64_t> off = seg.alloc->allocate(obj.size_bytes);
+  if (!off.is_ok()) return false;  // cannot happen: place() checked the largest free range
+  ++seg.replicas;
+  Replica r;
+  r.segment = segs.front();
+  r.offset = off.value();
+  r.put_id = next_put_id_++;
+  r.writer = caller.client_id;
+  r.started_ns = now_ns;
+  obj.replicas.push_back(r);
+  unfinished_.insert(key);  // tick() reclaims the copy if its writer never finishes it
+  grant.replicate_to = view(r, obj.size_bytes);
+  grant.replicate_put_id = r.put_id;
+  return true;
+}
+
+Result<uint32_t> MasterCore::replicate_near(const std::vector<std::string>& keys, const std::string& host) {
+  if (host.empty()) return Status(Code::kInvalidArgument, "replicate_near: empty host (name the host to copy to)");
+  const int64_t now = clock_->now_ns();
+  uint32_t marked = 0;
+  for (const std::string& key : keys) {
+    MC_RETURN_IF_ERROR(validate_key(key));
+    auto it = objects_.find(key);
+    if (it == objects_.end() || !it->second.complete) continue;
+    Object& obj = it->second;
+    if (obj.replicas.size() >= config_.max_replicas || has_replica_on_host(obj, host)) continue;
+    obj.wanted_host = host;
+    obj.wanted_until_ns = now + config_.hot_window_ms * kNsPerMs;
+    ++marked;
+  }
+  return marked;
 }
 
 Status MasterCore::replica_end(const Caller& caller, const std::string& key, uint64_t put_id, bool ok) {

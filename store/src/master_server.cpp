@@ -152,7 +152,7 @@ void MasterServer::Impl::register_handlers() {
         PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin};
         StorePutStartReply reply;
         for (size_t i = 0; i < req.keys.size(); ++i) {
-          Result<PutGrant> g = core.put_start({req.client_id, "", ""}, req.keys[i], req.sizes_bytes[i], opt);
+          Result<PutGrant> g = core.put_start({req.client_id, req.client_host, ""}, req.keys[i], req.sizes_bytes[i], opt);
           StorePutStartItem item;
           if (g.is_ok()) {
             item.put_id = g->put_id;
@@ -209,6 +209,12 @@ void MasterServer::Impl::register_handlers() {
           reply.items.push_back(std::move(item));
         }
         return reply;
+      });
+  on<StoreReplicateNearRequest>(
+      [this](const StoreReplicateNearRequest& req, const rpc::CallContext&) -> Result<StoreReplicateNearReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "replicate_near"));
+        MC_ASSIGN_OR_RETURN(uint32_t marked, core.replicate_near(req.keys, req.host));
+        return StoreReplicateNearReply{marked};
       });
   on<StoreReplicaEndRequest>([this](const StoreReplicaEndRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
     MC_RETURN_IF_ERROR(core.replica_end({req.client_id, "", ""}, req.key, req.put_id, req.ok));

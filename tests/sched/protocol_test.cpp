@@ -1,5 +1,8 @@
-// Round trip of every message of protocol.hpp's Conductor section.
+// Round trip of every message of protocol.hpp's Conductor section (and of the store fields it relies on).
 #include <gtest/gtest.h>
+
+#include <map>
+#include <string>
 
 #include "mc/common/codec.hpp"
 #include "mc/common/protocol.hpp"
@@ -54,6 +57,33 @@ TEST(ConductorProtocol, SubmitRoundTrip) {
   EXPECT_FALSE(ro.accepted);
   EXPECT_EQ(ro.reject_reason, "ttft_slo");
   EXPECT_EQ(ro.predicted_ttft_ms, 2500);
+}
+
+TEST(ConductorProtocol, ReplicateNearRoundTrip) {
+  StoreReplicateNearRequest q;
+  q.keys = {"kv/0123456789abcdef/00000000000000ff", "kv/0123456789abcdef/0000000000000100"};
+  q.host = "host1";
+  auto o = round_trip(q);
+  EXPECT_EQ(o.keys, q.keys);
+  EXPECT_EQ(o.host, "host1");
+  EXPECT_EQ(round_trip(StoreReplicateNearReply{7}).marked, 7u);
+  EXPECT_STREQ(StoreReplicateNearRequest::kType, "store.replicate_near");
+}
+
+// put_start carries the writer's host label (master placement near the writer); a message from a client
+// that predates the field decodes with an empty host.
+TEST(ConductorProtocol, PutStartCarriesTheWritersHost) {
+  StorePutStartRequest q;
+  q.client_id = "prefill0-1";
+  q.keys = {"k"};
+  q.sizes_bytes = {512};
+  q.client_host = "host0";
+  EXPECT_EQ(round_trip(q).client_host, "host0");
+  std::map<std::string, std::string> old{{"client_id", "c"}};
+  auto o = codec::unpack<StorePutStartRequest>(codec::pack(old), "test");
+  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+  EXPECT_EQ(o->client_id, "c");
+  EXPECT_EQ(o->client_host, "");
 }
 
 TEST(ConductorProtocol, StatusRoundTrip) {

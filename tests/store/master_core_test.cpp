@@ -445,6 +445,94 @@ TEST_F(MasterCoreTest, HotObjectGetsOneMoreReplicaNearItsReaders) {
   EXPECT_EQ(core.stat().hot_replications, 1u);
 }
 
+TEST_F(MasterCoreTest, PutPlacesTheFirstReplicaOnTheWritersHost) {
+  mount3();
+  // Without a host label the emptiest segment wins; with one, the writer's host wins whatever the usage.
+  put("filler", 4 * kMiB, 1, "n2/dram");
+  for (const char* host : {"h1", "h2", "h3"}) {
+    std::string key = std::string("k-") + host;
+    auto g = core_.put_start({"c1", host, ""}, key, 4096, {});
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    ASSERT_EQ(g->replicas.size(), 1u);
+    EXPECT_EQ(g->replicas[0].segment.host, host) << key;
+    ASSERT_TRUE(core_.put_end({"c1", host, ""}, key, g->put_id).is_ok());
+  }
+  // A host with no segment: placement as before (any segment with room).
+  auto g = core_.put_start({"c1", "elsewhere", ""}, "k-elsewhere", 4096, {});
+  ASSERT_TRUE(g.is_ok());
+  EXPECT_EQ(g->replicas.size(), 1u);
+  // The host's only segment is full: the put goes to another host rather than failing.
+  MasterCore small(make_config(), &clock_);
+  ASSERT_TRUE(small.mount_segment(seg("n1", "h1", "rack1", 1 * kMiB)).is_ok());
+  ASSERT_TRUE(small.mount_segment(seg("n2", "h2", "rack1", 16 * kMiB)).is_ok());
+  auto big = small.put_start({"c1", "h1", ""}, "big", 2 * kMiB, {});
+  ASSERT_TRUE(big.is_ok()) << big.status().to_string();
+  EXPECT_EQ(big->replicas[0].segment.host, "h2");
+}
+
+TEST_F(MasterCoreTest, ReplicateNearCopiesOnTheNextReadFromThatHost) {
+  mount3();
+  const std::string k0 = block_key(0), k1 = block_key(1), absent = block_key(2);
+  for (const auto& k : {k0, k1}) {
+    auto g = core_.put_start({"p1", "h1", ""}, k, 4096, {});
+    ASSERT_TRUE(g.is_ok());
+    ASSERT_EQ(g->replicas[0].segment.host, "h1");
+    ASSERT_TRUE(core_.put_end({"p1", "h1", ""}, k, g->put_id).is_ok());
+  }
+  (void)core_.take_events();
+  // Already on h1, absent: skipped. Remote holders for h3: marked.
+  EXPECT_EQ(core_.replicate_near({k0, k1, absent}, "h1").value(), 0u);
+  EXPECT_EQ(core_.replicate_near({k0, k1, absent}, "h3").value(), 2u);
+  EXPECT_EQ(core_.replicate_near({k0}, "").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(core_.replicate_near({""}, "h3").status().code(), Code::kInvalidArgument);
+
+  // A reader on another host gets no copy order; the one on h3 does, on h3's segment.
+  auto other = core_.get_replicas({"p2", "h2", ""}, k0);
+  ASSERT_TRUE(other.is_ok());
+  EXPECT_FALSE(other->replicate_to.has_value());
+  auto r = core_.get_replicas({"p3", "h3", ""}, k0);
+  ASSERT_TRUE(r.is_ok());
+  ASSERT_EQ(r->replicas.size(), 1u);
+  EXPECT_EQ(r->replicas[0].segment.host, "h1");  // it reads the existing copy ...
+  ASSERT_TRUE(r->replicate_to.has_value());       // ... and writes it here
+  EXPECT_EQ(r->replicate_to->segment.host, "h3");
+  // One copy: a second read while it is being written orders none.
+  EXPECT_FALSE(core_.get_replicas({"p3", "h3", ""}, k0)->replicate_to.has_value());
+  ASSERT_TRUE(core_.replica_end({"p3", "h3", ""}, k0, r->replicate_put_id, true).is_ok());
+  auto events = core_.take_events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, proto::kKvEventStored);
+  EXPECT_EQ(events[0].backend_id, "n3/dram");
+  // Now the nearest replica for h3 is local, and no further copy is made.
+  auto again = core_.get_replicas({"p3", "h3", ""}, k0);
+  ASSERT_EQ(again->replicas.size(), 2u);
+  EXPECT_EQ(again->replicas[0].segment.host, "h3");
+  EXPECT_FALSE(again->replicate_to.has_value());
+  EXPECT_EQ(core_.stat().hot_replications, 1u);
+
+  // The mark expires after hot_window_ms.
+  clock_.advance_ms(core_.config().hot_window_ms + 1);
+  heartbeat_all();
+  EXPECT_FALSE(core_.get_replicas({"p3", "h3", ""}, k1)->replicate_to.has_value());
+}
+
+TEST_F(MasterCoreTest, ReplicateNearNeedsRoomOnThatHost) {
+  MasterConfig c = make_config();
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "rack1", 16 * kMiB)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n2", "h2", "rack1", 16 * kMiB)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n3", "h3", "rack1", 1 * kMiB)).is_ok());
+  auto g = core.put_start({"w", "h1", ""}, "big", 2 * kMiB, {});
+  ASSERT_TRUE(g.is_ok());
+  ASSERT_TRUE(core.put_end({"w", "h1", ""}, "big", g->put_id).is_ok());
+  EXPECT_EQ(core.replicate_near({"big"}, "h3").value(), 1u);
+  // h3 has no room: no copy elsewhere either (a copy on h2 would not be near the reader).
+  auto r = core.get_replicas({"p3", "h3", ""}, "big");
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_FALSE(r->replicate_to.has_value());
+  EXPECT_EQ(core.stat().hot_replications, 0u);
+}
+
 TEST_F(MasterCoreTest, KvEventsCarrySeqHashBackendAndMedium) {
   mount3();
   std::string k = block_key(7);

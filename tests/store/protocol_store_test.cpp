@@ -47,7 +47,7 @@ TEST(StoreProtocol, HeartbeatsAndDemotion) {
 }
 
 TEST(StoreProtocol, PutMessages) {
-  StorePutStartRequest ps{"c1", {"a", "b"}, {1, 1ULL << 33}, 3, "n2/dram", true, true};
+  StorePutStartRequest ps{"c1", {"a", "b"}, {1, 1ULL << 33}, 3, "n2/dram", true, true, "h1"};
   auto p = round_trip(ps);
   EXPECT_EQ(p.sizes_bytes[1], 1ULL << 33);
   EXPECT_EQ(p.replicas, 3u);

@@ -68,8 +68,11 @@ class MemoryBlockCache final : public KvBlockCache {
   BlockCacheCounters counters_;
 };
 
-// The KV store (mc-store master + storage nodes) through mc::store::Client; `master` is the master's endpoint.
-// Not thread-safe (one store client). kUnavailable naming the endpoint when the master cannot be reached.
-Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master);
+// The KV store (mc-store master + storage nodes) through mc::store::Client; `master` is the master's endpoint,
+// `host` the host label the client presents to the master (nearest-replica reads, puts placed on this host,
+// copies of hot prefixes made here); empty: gethostname(). The prefill daemon passes its --host, so the
+// master and the Conductor see one name per host. Not thread-safe (one store client). kUnavailable naming
+// the endpoint when the master cannot be reached.
+Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master, const std::string& host = "");
 
 }  // namespace mc::infer

@@ -329,7 +329,8 @@ struct StorePutStartRequest {
   std::string preferred_segment;
   bool overwrite = false;
   bool pin = false;
-  MSGPACK_DEFINE_MAP(client_id, keys, sizes_bytes, replicas, preferred_segment, overwrite, pin);
+  std::string client_host;  // the writer's host label: the first replica goes there when a segment has room
+  MSGPACK_DEFINE_MAP(client_id, keys, sizes_bytes, replicas, preferred_segment, overwrite, pin, client_host);
 };
 
 // Per-item result of batch calls without payload.
@@ -871,6 +872,22 @@ struct ConductorStatusRequest {
   using Reply = ConductorStatusReply;
   bool with_instances = true;
   MSGPACK_DEFINE_MAP(with_instances);
+};
+
+// conductor -> store master: hot-prefix replication (SYSTEM.md §3 step 2). Sent before the prefill job of
+// a decision with replicate_prefix: the master marks each key so that the next read of it by a client on
+// `host` (the chosen prefill instance's host) is granted a copy on a DRAM segment there, which that
+// reader fills with the bytes it read (store.replica_end; master_core.hpp replicate_near).
+struct StoreReplicateNearReply {
+  uint32_t marked = 0;  // keys that will be copied (absent keys and keys already on `host` are skipped)
+  MSGPACK_DEFINE_MAP(marked);
+};
+struct StoreReplicateNearRequest {
+  static constexpr const char* kType = "store.replicate_near";
+  using Reply = StoreReplicateNearReply;
+  std::vector<std::string> keys;  // block store keys, at most kStoreMaxBatch
+  std::string host;               // host label of the reader that will copy them
+  MSGPACK_DEFINE_MAP(keys, host);
 };
 
 }  // namespace mc::proto

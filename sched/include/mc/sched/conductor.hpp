@@ -1,7 +1,9 @@
 // mc-conductor, the daemon around the Scheduler (scheduler.hpp): one ZeroMQ ROUTER endpoint for
 // clients (conductor.submit, conductor.status, stat) and workers (conductor.register, .heartbeat,
 // .job_report); KV-event subscriptions that feed the prefix index; and the dispatch of accepted
-// requests to the workers with the worker section's messages (decode_reserve, then prefill_job).
+// requests to the workers with the worker section's messages (decode_reserve, then prefill_job). A decision
+// with replicate_prefix first sends store.replicate_near (asynchronous, bounded by store_timeout_ms) to the
+// store master, so that the chosen prefill instance's read of the prefix leaves a copy on its host.
 //
 // Threading: everything runs on the thread that calls run_conductor() (one loop polling the server,
 // the worker connections and the event subscriptions; no locks). Worker calls are asynchronous

@@ -133,7 +133,8 @@ struct MasterStats {
   std::vector<SegmentStats> segments;
   uint64_t objects = 0, processing = 0, nodes = 0, clients = 0;
   uint64_t hits = 0, misses = 0, puts = 0, removes = 0, evictions = 0, demotions = 0;
-  uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
+  uint64_t reclaimed_puts = 0, refused_put_ends = 0, dead_nodes = 0;
+  uint64_t hot_replications = 0;  // copies granted to readers: hot objects and replicate_near
   uint64_t pending_free_bytes = 0;
 };
 
@@ -171,7 +172,18 @@ class MasterCore {
                              const PutOptions& options);
   Status put_end(const Caller& caller, const std::string& key, uint64_t put_id);
   Status put_revoke(const Caller& caller, const std::string& key, uint64_t put_id);
+  // Replicas nearest first for `caller` (rank_for). When the object is hot (hot_read_threshold) or a copy
+  // near the caller's host was asked for (replicate_near), the grant also names one new replica for the
+  // caller to fill with the bytes it read (replicate_to, then replica_end).
   Result<ReadGrant> get_replicas(const Caller& caller, const std::string& key);
+  // Asks for one more replica of each key on a DRAM segment of `host`: the Conductor moves a hot prefix
+  // near the prefill instance that will read it (paper §4 "hot blocks replicated"; SYSTEM.md §3 step 2).
+  // The master moves no bytes: the next get_replicas of that key by a caller on `host` within
+  // hot_window_ms is granted replicate_to on a segment of `host` (when one has room), and that reader
+  // copies the bytes it has just read, as for hot objects. Keys that are absent or incomplete, that
+  // already have a replica (complete or being copied) on `host`, or that are at max_replicas are skipped;
+  // the result is how many keys were marked. kInvalidArgument for an empty host or a bad key.
+  Result<uint32_t> replicate_near(const std::vector<std::string>& keys, const std::string& host);
   // Completes (ok) or abandons (!ok) a hot-object copy granted by get_replicas.
   Status replica_end(const Caller& caller, const std::string& key, uint64_t put_id, bool ok);
   bool exists(const std::string& key) const;
@@ -212,6 +224,8 @@ class MasterCore {
     bool pinned = false;
     int64_t window_start_ns = 0;
     uint32_t window_reads = 0;
+    std::string wanted_host;    // replicate_near: copy for the next reader on this host ...
+    int64_t wanted_until_ns = 0;  // ... until then
     std::vector<Replica> replicas;
   };
   struct Segment {
@@ -242,7 +256,8 @@ class MasterCore {
   void drop_node(const std::string& node_id);
   void emit(const char* type, const std::string& key, const std::string& segment);
   std::vector<std::string> place(uint64_t size_bytes, uint32_t count, const std::string& preferred,
-                                 const std::vector<std::string>& exclude_nodes, const std::string& near_host);
+                                 const std::vector<std::string>& exclude_nodes, const std::string& near_host,
+                                 bool host_first = false);
   // Evicts least-recently-used unleased, complete, unpinned objects from `segment` until its usage is
   // at most target_bytes and, when need_contiguous_bytes > 0, a free range of that size exists (demoting
   // to the node's SSD segment when it has one). Returns bytes freed now.
@@ -250,6 +265,12 @@ class MasterCore {
   std::string find_disk_segment(const std::string& node_id, uint64_t size_bytes);
   ReplicaView view(const Replica& r, uint64_t size_bytes) const;
   int rank_for(const Caller& caller, const Segment& seg) const;
+  // True when obj has a replica (complete or being written) on a segment of `host`.
+  bool has_replica_on_host(const Object& obj, const std::string& host) const;
+  // Allocates one new replica of obj for `caller` to copy into (hot object or replicate_near): a node that
+  // holds none yet, near_host preferred (required when require_near_host). Fills grant.replicate_to.
+  bool grant_copy(const std::string& key, Object& obj, const Caller& caller, bool require_near_host, int64_t now_ns,
+                  ReadGrant& grant);
 
   MasterConfig config_;
   const Clock* clock_;

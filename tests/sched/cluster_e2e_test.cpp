@@ -1,0 +1,357 @@
+// The Conductor end to end with the real daemons: examples/local-cluster.sh starts a store master, 2 storage
+// nodes, mc-conductor, 2 prefill and 2 decode instances (sim backend) spread over two host labels (--hosts 2:
+// node0, prefill0, decode0 on host0; node1, prefill1, decode1 on host1). The test then replays small traces
+// it writes itself through mc-trace-replay, phase by phase on the same cluster, and checks what the Conductor
+// decided against what the daemons did (their stat counters, the store's replicas):
+//   (a) independent requests are spread over both prefill instances;
+//   (b) a request repeating a long prefix stored by an earlier one runs on the prefill instance whose host
+//       holds that prefix (the master put the blocks on the writer's host) and reuses it;
+//   (r) while that holder is busy with a long job, a request with the same prefix goes to the idle instance
+//       and the Conductor has the store copy the prefix to the idle instance's host (replicate_prefix);
+//   (c) a request longer than any decode instance's KV capacity is rejected with its reason before any
+//       prefill instance receives a job.
+// Only loopback. The cluster script runs in its own process group; a guard ends it (and so every daemon,
+// its state directory and /dev/shm files) on the way out, also when an assertion fails.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/common/protocol.hpp"
+#include "mc/common/rpc.hpp"
+
+namespace mc::sched {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+const std::string kBin = MC_BINARY_DIR "/bin";
+const std::string kScript = MC_SOURCE_DIR "/examples/local-cluster.sh";
+constexpr int64_t kBlockTokens = 512;
+
+std::string slurp(const std::string& path) {
+  std::stringstream s;
+  s << std::ifstream(path).rdbuf();
+  return s.str();
+}
+
+// A child process in its own process group, stdout and stderr to files; the destructor stops the group.
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::string& out_path, const std::string& err_path) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      std::freopen("/dev/null", "r", stdin);
+      std::freopen(out_path.c_str(), "w", stdout);
+      std::freopen(err_path.c_str(), "w", stderr);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::setpgid(pid_, pid_);
+  }
+  ~Child() {
+    if (pid_ <= 0 || exited_) return;
+    ::kill(-pid_, SIGTERM);  // local-cluster.sh's trap stops and reaps its daemons
+    for (int i = 0; i < 100 && !poll(); ++i) std::this_thread::sleep_for(100ms);
+    if (!exited_) {
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  bool poll() {
+    int status = 0;
+    if (!exited_ && ::waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      rc_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    return exited_;
+  }
+  // Waits up to `limit` for the exit; -1 on timeout.
+  int wait(std::chrono::seconds limit) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!poll() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+    return exited_ ? rc_ : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int rc_ = -1;
+};
+
+struct Scratch {
+  std::string dir;
+  Scratch() {
+    dir = ::testing::TempDir() + "cluster_e2e_" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir);
+  }
+  ~Scratch() { std::filesystem::remove_all(dir); }
+  std::string path(const std::string& name) const { return dir + "/" + name; }
+};
+
+// One trace row: `ids` full blocks of 512 tokens.
+std::string trace_row(int64_t timestamp_ms, const std::vector<uint64_t>& ids, int64_t output_tokens = 2) {
+  json j = {{"timestamp", timestamp_ms},
+            {"input_length", static_cast<int64_t>(ids.size()) * kBlockTokens},
+            {"output_length", output_tokens},
+            {"hash_ids", ids}};
+  return j.dump();
+}
+
+std::vector<uint64_t> ids_range(uint64_t first, size_t n) {
+  std::vector<uint64_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = first + i;
+  return v;
+}
+
+std::vector<uint64_t> concat(std::vector<uint64_t> a, const std::vector<uint64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+class ClusterE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* tool : {"mc-store", "mc-conductor", "mc-prefill", "mc-decode", "mc-trace-replay"}) {
+      if (::access((kBin + "/" + tool).c_str(), X_OK) != 0) GTEST_SKIP() << kBin << "/" << tool << " is not built";
+    }
+    // The cluster runs until the test creates `done`; CMD prints where its state directory is.
+    const std::string cmd = "echo \"$MC_CLUSTER_STATE\" > " + s_.path("state.tmp") + " && mv " + s_.path("state.tmp") +
+                            " " + s_.path("state") + "; while [ ! -e " + s_.path("done") + " ]; do sleep 0.1; done";
+    cluster_ = std::make_unique<Child>(
+        std::vector<std::string>{"/bin/bash", kScript, "--bin", kBin, "--ready-timeout-s", "90", "--hosts", "2",
+                                 "--store-nodes", "2", "--prefill", "2", "--decode", "2", "--backend", "sim",
+                                 "--time-scale", "20", "--kv-buffer-size", "128MiB", "--policy", "kvcache",
+                                 "--conductor-args", "--overload-queue-ms 100", "--", "/bin/bash", "-c", cmd},
+        s_.path("cluster.out"), s_.path("cluster.err"));
+    const auto deadline = std::chrono::steady_clock::now() + 180s;
+    while (!std::filesystem::exists(s_.path("state"))) {
+      ASSERT_FALSE(cluster_->poll()) << "local-cluster.sh exited before the cluster was up:\n"
+                                     << slurp(s_.path("cluster.err"));
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "cluster not up in 180 s:\n"
+                                                             << slurp(s_.path("cluster.err"));
+      std::this_thread::sleep_for(100ms);
+    }
+    std::string state = slurp(s_.path("state"));
+    state.erase(state.find_last_not_of("\n ") + 1);
+    std::istringstream lines(slurp(state + "/cluster.txt"));
+    std::string name, pid, endpoint;
+    while (lines >> name >> pid >> endpoint) endpoints_[name] = endpoint;
+    for (const char* n : {"master", "conductor", "prefill0", "prefill1", "decode0", "decode1"}) {
+      ASSERT_TRUE(endpoints_.count(n)) << n << " missing from " << state << "/cluster.txt";
+    }
+  }
+
+  void TearDown() override {
+    if (!cluster_) return;
+    std::ofstream(s_.path("done")).put('\n');
+    const int rc = cluster_->wait(60s);
+    EXPECT_EQ(rc, 0) << slurp(s_.path("cluster.err"));
+    cluster_.reset();
+  }
+
+  template <typename Req>
+  typename Req::Reply call(const std::string& name, const Req& req) {
+    rpc::ClientOptions o;
+    o.client_name = "cluster_e2e_test";
+    o.connect_timeout_ms = 10000;
+    auto client = rpc::RpcClient::connect(endpoints_.at(name), o);
+    EXPECT_TRUE(client.is_ok()) << name << ": " << client.status().to_string();
+    if (!client.is_ok()) return {};
+    auto reply = (*client)->call(req, 10000);
+    EXPECT_TRUE(reply.is_ok()) << name << ": " << reply.status().to_string();
+    return reply.is_ok() ? reply.value() : typename Req::Reply{};
+  }
+  double counter(const std::string& daemon, const std::string& name) {
+    json m = json::parse(call(daemon, proto::StatRequest{}).metrics_json, nullptr, false);
+    if (m.is_discarded() || !m["counters"].contains(name)) return 0;
+    return m["counters"][name].get<double>();
+  }
+  double prefill_jobs() {
+    return counter("prefill0", "mc_prefill_jobs_total") + counter("prefill1", "mc_prefill_jobs_total");
+  }
+  json conductor_status() {
+    return json::parse(call("conductor", proto::ConductorStatusRequest{true}).status_json, nullptr, false);
+  }
+  // Polls the Conductor until its prefix index holds at least `entries` (block, holder) pairs.
+  bool wait_index(int64_t entries, json* last) {
+    for (int i = 0; i < 300; ++i) {
+      *last = conductor_status();
+      if ((*last)["index"].value("holder_entries", int64_t{0}) >= entries) return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+  // Polls the Conductor until nothing is queued or dispatching: a replay ends at the last token, and the
+  // prefill's job reply (which ends its queue entry) comes after it stored the new blocks.
+  bool wait_idle(json* last) {
+    for (int i = 0; i < 300; ++i) {
+      *last = conductor_status();
+      bool idle = last->value("requests_dispatching", 1) == 0;
+      for (const json& inst : (*last)["instances"]) idle = idle && inst.value("queue_ms", 0.0) == 0.0;
+      if (idle) return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+  // The store's objects of the KV namespace, key -> segments of its complete replicas.
+  std::map<std::string, std::vector<std::string>> store_objects() {
+    proto::StoreLsRequest ls;
+    ls.prefix = "kv/";
+    ls.limit = 10000;
+    std::map<std::string, std::vector<std::string>> out;
+    for (const auto& o : call("master", ls).objects) {
+      if (o.complete) out[o.key] = o.segments;
+    }
+    return out;
+  }
+
+  // Replays `rows` (one phase) and returns the records by trace line (1-based).
+  std::map<int64_t, json> replay(const std::string& tag, const std::vector<std::string>& rows) {
+    {
+      std::ofstream t(s_.path(tag + ".trace.jsonl"));
+      for (const auto& r : rows) t << r << '\n';
+    }
+    Child c({kBin + "/mc-trace-replay", s_.path(tag + ".trace.jsonl"), "--conductor", endpoints_.at("conductor"),
+             "--json", "--out", s_.path(tag + ".jsonl"), "--no-progress", "--time-scale", "20", "--slo-ttft-ms",
+             "600000", "--slo-tbt-ms", "600000", "--drain-timeout-s", "60", "--id-prefix", tag + "-",
+             // One sender: submissions in trace order (a long prompt takes longer to synthesize and send).
+             "--senders", "1"},
+            s_.path(tag + ".out"), s_.path(tag + ".err"));
+    const int rc = c.wait(120s);
+    EXPECT_EQ(rc, 0) << tag << ":\n" << slurp(s_.path(tag + ".err"));
+    std::map<int64_t, json> records;
+    std::ifstream in(s_.path(tag + ".jsonl"));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      json j = json::parse(line);
+      records[j.value("trace_line", int64_t{0})] = j;
+    }
+    EXPECT_EQ(records.size(), rows.size()) << tag << ":\n" << slurp(s_.path(tag + ".err"));
+    return records;
+  }
+  static int64_t hit_tokens(const json& record) {
+    const json& l = record.value("ledger", json::object());
+    return l.value("hit_tokens_local", int64_t{0}) + l.value("hit_tokens_remote", int64_t{0}) +
+           l.value("hit_tokens_ssd", int64_t{0});
+  }
+  std::string why(const std::string& tag) {
+    return "\nreplay stderr:\n" + slurp(s_.path(tag + ".err")) + "\nconductor: " + conductor_status().dump();
+  }
+
+  Scratch s_;
+  std::unique_ptr<Child> cluster_;
+  std::map<std::string, std::string> endpoints_;
+};
+
+TEST_F(ClusterE2E, PlacementFollowsLoadCacheHostsAndCapacity) {
+  // Host labels as the Conductor sees them (the workers' --host).
+  json st = conductor_status();
+  std::map<std::string, std::string> host_of;
+  for (const json& i : st["instances"]) host_of[i["id"]] = i["host"];
+  ASSERT_EQ(host_of["prefill0"], "host0") << st.dump();
+  ASSERT_EQ(host_of["prefill1"], "host1") << st.dump();
+  ASSERT_EQ(host_of["decode1"], "host1") << st.dump();
+
+  // (a) Four independent 4-block requests at once: both prefill instances get work.
+  std::vector<std::string> rows;
+  for (uint64_t i = 0; i < 4; ++i) rows.push_back(trace_row(0, ids_range(1000 + 100 * i, 4)));
+  auto a = replay("a", rows);
+  std::set<std::string> used;
+  for (const auto& [line, r] : a) {
+    ASSERT_EQ(r.value("outcome", ""), "completed") << r.dump() << why("a");
+    used.insert(r.value("prefill_instance", ""));
+  }
+  EXPECT_EQ(used, (std::set<std::string>{"prefill0", "prefill1"})) << why("a");
+  json idx;
+  ASSERT_TRUE(wait_index(16, &idx)) << idx.dump();
+  const auto stored_a = store_objects();
+  for (const auto& [key, segs] : stored_a) ASSERT_EQ(segs.size(), 1u) << key;
+
+  // (b) A 16-block prefix P, then P + 1 block: the second runs where P is, and reuses it.
+  const std::vector<uint64_t> prefix = ids_range(5000, 16);
+  ASSERT_TRUE(wait_idle(&idx)) << idx.dump();
+  auto b1 = replay("b1", {trace_row(0, prefix)});
+  ASSERT_EQ(b1[1].value("outcome", ""), "completed") << b1[1].dump() << why("b1");
+  const std::string holder = b1[1].value("prefill_instance", "");
+  const std::string other = holder == "prefill0" ? "prefill1" : "prefill0";
+  ASSERT_TRUE(wait_index(32, &idx)) << idx.dump();
+  ASSERT_TRUE(wait_idle(&idx)) << idx.dump();
+  // The master put P's blocks on the storage node of the writer's host (node i has label host(i)).
+  const std::string holder_node = "-node" + holder.substr(std::string("prefill").size()) + "/dram";
+  int p_blocks = 0;
+  for (const auto& [key, segs] : store_objects()) {
+    if (stored_a.count(key)) continue;
+    ++p_blocks;
+    ASSERT_EQ(segs.size(), 1u) << key;
+    EXPECT_NE(segs[0].find(holder_node), std::string::npos) << key << " on " << segs[0] << ", written by " << holder;
+  }
+  EXPECT_EQ(p_blocks, 16);
+  auto b2 = replay("b2", {trace_row(0, concat(prefix, {5100}))});
+  ASSERT_EQ(b2[1].value("outcome", ""), "completed") << b2[1].dump() << why("b2");
+  EXPECT_EQ(b2[1].value("prefill_instance", ""), holder) << b2[1].dump() << why("b2");
+  EXPECT_EQ(hit_tokens(b2[1]), 16 * kBlockTokens) << b2[1].dump();
+  EXPECT_GT(b2[1]["ledger"].value("hit_tokens_local", int64_t{0}), 0) << b2[1].dump();
+
+  // (r) The holder gets a long job (P + 60 blocks: it wins P's same-host hit); 10 ms later P + 1 block
+  // finds the holder's queue long, goes to the idle instance, which fetches P from the other host, and
+  // the Conductor asks the store for a copy of P near it (replicate_prefix).
+  ASSERT_TRUE(wait_idle(&idx)) << idx.dump();
+  const double replicate_before = conductor_status()["decisions"].value("replicate", 0.0);
+  const double marked_before = counter("conductor", "mc_conductor_replicated_blocks_total");
+  auto r = replay("r", {trace_row(0, concat(prefix, ids_range(6000, 60))), trace_row(10, concat(prefix, {5200}))});
+  ASSERT_EQ(r[1].value("outcome", ""), "completed") << r[1].dump() << why("r");
+  ASSERT_EQ(r[2].value("outcome", ""), "completed") << r[2].dump() << why("r");
+  EXPECT_EQ(r[1].value("prefill_instance", ""), holder) << why("r");
+  EXPECT_EQ(r[2].value("prefill_instance", ""), other) << why("r");
+  EXPECT_EQ(hit_tokens(r[2]), 16 * kBlockTokens) << r[2].dump();
+  json after = conductor_status();
+  EXPECT_GE(after["decisions"].value("replicate", 0.0), replicate_before + 1) << after.dump();
+  const double marked = counter("conductor", "mc_conductor_replicated_blocks_total");
+  EXPECT_EQ(marked - marked_before, 16) << why("r");  // P's blocks, none of which was on the other host
+  // The copies are made by the reads of the instances they were marked for: every marked block now has a
+  // replica on each node (P's 16 among them).
+  int copied = 0;
+  for (int i = 0; i < 100 && copied < marked; ++i) {
+    copied = 0;
+    for (const auto& [key, segs] : store_objects()) copied += segs.size() == 2 ? 1 : 0;
+    if (copied < marked) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(copied, marked) << why("r");
+  // ... and the Conductor's index has them: blocks of (a) 16, P 16, (b) 1, (r) 60 + 1, and the copies.
+  EXPECT_TRUE(wait_index(16 + 16 + 1 + 60 + 1 + static_cast<int64_t>(marked), &idx)) << idx.dump();
+
+  // (c) 300 blocks (153,600 tokens) exceed every decode instance's KV capacity (128 MiB at 1 KiB per
+  // token = 131,072 tokens): rejected at once with the reason, and no prefill instance got a job.
+  const double jobs_before = prefill_jobs();
+  auto c = replay("c", {trace_row(0, ids_range(9000, 300))});
+  ASSERT_EQ(c[1].value("outcome", ""), "rejected") << c[1].dump() << why("c");
+  EXPECT_NE(c[1].value("reason", "").find("kv"), std::string::npos) << c[1].dump();
+  EXPECT_EQ(prefill_jobs(), jobs_before);
+  json final_status = conductor_status();
+  EXPECT_EQ(final_status["decisions"]["rejected"].value("kv_capacity", 0), 1) << final_status.dump();
+}
+
+}  // namespace
+}  // namespace mc::sched
