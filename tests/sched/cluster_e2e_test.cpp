@@ -12,8 +12,6 @@
 //       prefill instance receives a job.
 // Only loopback. The cluster script runs in its own process group; a guard ends it (and so every daemon,
 // its state directory and /dev/shm files) on the way out, also when an assertion fails.
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -32,6 +30,7 @@
 
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/testkit/process.hpp"
 
 namespace mc::sched {
 namespace {
@@ -49,55 +48,18 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
-// A child process in its own process group, stdout and stderr to files; the destructor stops the group.
-class Child {
- public:
-  Child(const std::vector<std::string>& argv, const std::string& out_path, const std::string& err_path) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      std::freopen("/dev/null", "r", stdin);
-      std::freopen(out_path.c_str(), "w", stdout);
-      std::freopen(err_path.c_str(), "w", stderr);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    ::setpgid(pid_, pid_);
-  }
-  ~Child() {
-    if (pid_ <= 0 || exited_) return;
-    ::kill(-pid_, SIGTERM);  // local-cluster.sh's trap stops and reaps its daemons
-    for (int i = 0; i < 100 && !poll(); ++i) std::this_thread::sleep_for(100ms);
-    if (!exited_) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  bool poll() {
-    int status = 0;
-    if (!exited_ && ::waitpid(pid_, &status, WNOHANG) == pid_) {
-      exited_ = true;
-      rc_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    return exited_;
-  }
-  // Waits up to `limit` for the exit; -1 on timeout.
-  int wait(std::chrono::seconds limit) {
-    auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!poll() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
-    return exited_ ? rc_ : -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int rc_ = -1;
-};
+// A child in its own process group, stdin from /dev/null, stdout and stderr to files; on the way out the
+// group gets SIGTERM (local-cluster.sh's trap stops and reaps its daemons), then SIGKILL after 10 s.
+std::unique_ptr<testkit::Child> start_child(const std::vector<std::string>& argv, const std::string& out_path,
+                                            const std::string& err_path) {
+  testkit::ChildOptions o;
+  o.own_process_group = true;
+  o.stdin_path = "/dev/null";
+  o.stdout_path = out_path;
+  o.stderr_path = err_path;
+  o.stop_grace_ms = 10000;
+  return std::make_unique<testkit::Child>(argv, o);
+}
 
 struct Scratch {
   std::string dir;
@@ -138,7 +100,7 @@ class ClusterE2E : public ::testing::Test {
     // The cluster runs until the test creates `done`; CMD prints where its state directory is.
     const std::string cmd = "echo \"$MC_CLUSTER_STATE\" > " + s_.path("state.tmp") + " && mv " + s_.path("state.tmp") +
                             " " + s_.path("state") + "; while [ ! -e " + s_.path("done") + " ]; do sleep 0.1; done";
-    cluster_ = std::make_unique<Child>(
+    cluster_ = start_child(
         std::vector<std::string>{"/bin/bash", kScript, "--bin", kBin, "--ready-timeout-s", "90", "--hosts", "2",
                                  "--store-nodes", "2", "--prefill", "2", "--decode", "2", "--backend", "sim",
                                  "--time-scale", "20", "--kv-buffer-size", "128MiB", "--policy", "kvcache",
@@ -146,7 +108,7 @@ class ClusterE2E : public ::testing::Test {
         s_.path("cluster.out"), s_.path("cluster.err"));
     const auto deadline = std::chrono::steady_clock::now() + 180s;
     while (!std::filesystem::exists(s_.path("state"))) {
-      ASSERT_FALSE(cluster_->poll()) << "local-cluster.sh exited before the cluster was up:\n"
+      ASSERT_EQ(cluster_->wait_exit(0), -1) << "local-cluster.sh exited before the cluster was up:\n"
                                      << slurp(s_.path("cluster.err"));
       ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "cluster not up in 180 s:\n"
                                                              << slurp(s_.path("cluster.err"));
@@ -165,7 +127,7 @@ class ClusterE2E : public ::testing::Test {
   void TearDown() override {
     if (!cluster_) return;
     std::ofstream(s_.path("done")).put('\n');
-    const int rc = cluster_->wait(60s);
+    const int rc = cluster_->wait_exit(60'000);
     EXPECT_EQ(rc, 0) << slurp(s_.path("cluster.err"));
     cluster_.reset();
   }
@@ -232,13 +194,13 @@ class ClusterE2E : public ::testing::Test {
       std::ofstream t(s_.path(tag + ".trace.jsonl"));
       for (const auto& r : rows) t << r << '\n';
     }
-    Child c({kBin + "/mc-trace-replay", s_.path(tag + ".trace.jsonl"), "--conductor", endpoints_.at("conductor"),
+    auto c = start_child({kBin + "/mc-trace-replay", s_.path(tag + ".trace.jsonl"), "--conductor", endpoints_.at("conductor"),
              "--json", "--out", s_.path(tag + ".jsonl"), "--no-progress", "--time-scale", "20", "--slo-ttft-ms",
              "600000", "--slo-tbt-ms", "600000", "--drain-timeout-s", "60", "--id-prefix", tag + "-",
              // One sender: submissions in trace order (a long prompt takes longer to synthesize and send).
              "--senders", "1"},
             s_.path(tag + ".out"), s_.path(tag + ".err"));
-    const int rc = c.wait(120s);
+    const int rc = c->wait_exit(120'000);
     EXPECT_EQ(rc, 0) << tag << ":\n" << slurp(s_.path(tag + ".err"));
     std::map<int64_t, json> records;
     std::ifstream in(s_.path(tag + ".jsonl"));
@@ -261,7 +223,7 @@ class ClusterE2E : public ::testing::Test {
   }
 
   Scratch s_;
-  std::unique_ptr<Child> cluster_;
+  std::unique_ptr<testkit::Child> cluster_;
   std::map<std::string, std::string> endpoints_;
 };
 
