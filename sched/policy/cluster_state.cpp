@@ -57,7 +57,7 @@ void ClusterState::update_excess(Instance& inst) {
   int64_t ledger_running = 0, ledger_kv = 0, ledger_ctx = 0;
   for (const auto& j : inst.decode_jobs) {
     if (j.predicted_end_ns <= inst.last_seen_ns) continue;  // predicted to have finished
-    ledger_kv += j.input_tokens + j.output_tokens;          // reserved at dispatch, before its prefill
+    ledger_kv += kv_reservation_tokens(j.input_tokens + j.output_tokens);  // reserved at dispatch, before its prefill
     if (j.start_ns > inst.last_seen_ns) continue;           // not in the batch yet at report time
     ++ledger_running;
     ledger_ctx += j.input_tokens;

@@ -92,7 +92,7 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
           for (const auto& d : i->decode_jobs) {
             if (d.predicted_end_ns <= now) continue;
             ++running;
-            reserved += d.input_tokens + d.output_tokens;
+            reserved += s.cluster().kv_reservation_tokens(d.input_tokens + d.output_tokens);
           }
           j["requests"] = running;
           j["kv_reserved_tokens"] = reserved + i->reported_excess.kv_reserved_tokens;

@@ -44,7 +44,9 @@ Scheduler::Scheduler(SchedulerConfig config, const Clock* clock, std::unique_ptr
       policy_(std::move(policy)),
       prefill_(prefill_prior),
       decode_(decode_prior),
-      bandwidth_(bandwidth_priors) {}
+      bandwidth_(bandwidth_priors) {
+  cluster_.set_kv_block_tokens(config_.kv.block_size_tokens);
+}
 
 Status Scheduler::register_instance(const InstanceInfo& info) {
   MC_RETURN_IF_ERROR(cluster_.register_instance(info, clock_->now_ns()));
@@ -90,7 +92,7 @@ double Scheduler::queue_ms(const Instance& inst) const {
   return cluster_.prefill_queue_ms(inst, clock_->now_ns(), prefill_.ms_per_token());
 }
 
-DecodeEstimate Scheduler::predict_decode(const Request& request, const Instance& inst, int64_t start_ns,
+DecodeEstimate Scheduler::predict_decode(const Request& request, const Instance& inst, int64_t now_ns, int64_t start_ns,
                                          double slo_tbt_ms) const {
   DecodeEstimate d;
   d.instance_id = inst.info.id;
@@ -98,12 +100,15 @@ DecodeEstimate Scheduler::predict_decode(const Request& request, const Instance&
   int64_t batch = inst.reported_excess.running_requests;
   int64_t kv = inst.reported_excess.kv_reserved_tokens;
   int64_t ctx = inst.reported_excess.context_tokens;
-  // Every request not predicted to have finished by the time this one joins the batch holds its
-  // full reservation (input + output: future growth) and adds its current context.
+  // KV: the decode instance reserves this request's KV now, at dispatch, so every request it holds now
+  // counts at its full reservation (input + output: future growth, in whole blocks), even one predicted
+  // to finish before this prefill ends: the instance checks exactly that and refuses otherwise.
+  // TBT: only requests not predicted to have finished by the time this one joins the batch are in it,
+  // each with its context at that time.
   for (const DecodeJob& j : inst.decode_jobs) {
+    if (j.predicted_end_ns > now_ns) kv += cluster_.kv_reservation_tokens(j.input_tokens + j.output_tokens);
     if (j.predicted_end_ns <= start_ns) continue;
     ++batch;
-    kv += j.input_tokens + j.output_tokens;
     double progress = 0;
     if (start_ns > j.start_ns && j.predicted_end_ns > j.start_ns) {
       progress = static_cast<double>(start_ns - j.start_ns) / static_cast<double>(j.predicted_end_ns - j.start_ns);
@@ -111,7 +116,7 @@ DecodeEstimate Scheduler::predict_decode(const Request& request, const Instance&
     ctx += j.input_tokens + static_cast<int64_t>(progress * static_cast<double>(j.output_tokens));
   }
   d.batch_requests = batch + 1;
-  d.kv_reserved_tokens = kv + request.input_tokens + request.output_tokens;
+  d.kv_reserved_tokens = kv + cluster_.kv_reservation_tokens(request.input_tokens + request.output_tokens);
   // The step time this request sees at its longest context (its own growth counted).
   d.tbt_ms = decode_.step_ms(d.batch_requests, ctx + request.input_tokens + request.output_tokens);
   d.fits_kv = d.kv_reserved_tokens <= d.kv_capacity_tokens;
@@ -318,7 +323,7 @@ Decision Scheduler::decide(const Request& request) {
   decode_scratch_.clear();
   for (const Instance* inst : cluster_.instances(Role::kDecode)) {
     if (now - inst->last_seen_ns > timeout_ns) continue;
-    decode_scratch_.push_back(predict_decode(request, *inst, start_ns, slo_tbt));
+    decode_scratch_.push_back(predict_decode(request, *inst, now, start_ns, slo_tbt));
   }
   if (decode_scratch_.empty()) {
     return reject(RejectReason::kNoDecodeInstance, "no live decode instance is registered");

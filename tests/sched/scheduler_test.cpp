@@ -222,13 +222,24 @@ TEST_F(SchedulerTest, DecodeAdmissionCountsFutureGrowth) {
   EXPECT_EQ(d.reject_reason, RejectReason::kKvCapacity) << d.reason;
   Decision ok = s->decide(request("fits", 4'000, 3'000, 0));
   ASSERT_TRUE(ok.accepted) << ok.reason;
-  EXPECT_EQ(ok.decode.kv_reserved_tokens, 9'000);
+  // Reservations in whole 512-token blocks, as the decode instance makes them: 4 + 14 blocks.
+  EXPECT_EQ(ok.decode.kv_reserved_tokens, (4 + 14) * kB);
   EXPECT_EQ(ok.decode.batch_requests, 2);
   EXPECT_NEAR(ok.predicted_tbt_ms, 22.0, 1e-9);
-  // A request predicted to finish before this prefill ends does not count.
+  // A request predicted to finish before this prefill ends is not in the batch this one joins (TBT),
+  // but it still holds its KV now, when the decode instance reserves this one's.
   s->cluster().finish_decode("D0", "old");
   s->cluster().assign_decode("D0", DecodeJob{"ending", 1'000, 1'000, now, now + 1'000'000});
-  EXPECT_TRUE(s->decide(request("big2", 4'000, 5'000, 0)).accepted);
+  Decision big2 = s->decide(request("big2", 4'000, 5'000, 0));
+  EXPECT_FALSE(big2.accepted);
+  EXPECT_EQ(big2.reject_reason, RejectReason::kKvCapacity) << big2.reason;
+  Decision small = s->decide(request("small", 4'000, 3'000, 0));
+  ASSERT_TRUE(small.accepted) << small.reason;
+  EXPECT_EQ(small.decode.batch_requests, 1);
+  EXPECT_EQ(small.decode.kv_reserved_tokens, (4 + 14) * kB);
+  // Once it has ended (by the clock), its KV no longer counts either.
+  clock_.advance_ms(2);
+  EXPECT_TRUE(s->decide(request("big3", 4'000, 5'000, 0)).accepted);
 }
 
 TEST_F(SchedulerTest, CommittedRequestsReserveKvForLaterDecisions) {
@@ -251,11 +262,12 @@ TEST_F(SchedulerTest, ReportedLoadIsNotCountedTwiceWithTheLedger) {
   // The decode instance reserved a's KV at dispatch, before a's prefill ended, and reports it, plus
   // 1,000 tokens of a request the Conductor did not place.
   LoadReport d;
-  d.kv_reserved_tokens = 4'000 + 1'000;
+  // (The instance reports whole blocks: a's 4,000 tokens are 8 blocks, the other request's 2.)
+  d.kv_reserved_tokens = (8 + 2) * kB;
   ASSERT_TRUE(s->heartbeat("D0", d).is_ok());
   Decision next = s->decide(request("b", 2'000, 2'000, 0));
   ASSERT_TRUE(next.accepted) << next.reason;
-  EXPECT_EQ(next.decode.kv_reserved_tokens, 4'000 + 1'000 + 4'000);
+  EXPECT_EQ(next.decode.kv_reserved_tokens, (8 + 2 + 8) * kB);
   // The prefill queue the worker reports is the ledger's own job: not added again.
   LoadReport p;
   p.queued_prefill_tokens = 2'000;

@@ -83,6 +83,12 @@ struct Instance {
 
 class ClusterState {
  public:
+  // Decode instances reserve KV in whole blocks of this many tokens (the request's input + output,
+  // rounded up): the ledger counts reservations the same way. 1 = exact tokens.
+  void set_kv_block_tokens(int64_t tokens) { kv_block_tokens_ = tokens > 0 ? tokens : 1; }
+  int64_t kv_reservation_tokens(int64_t tokens) const {
+    return (tokens + kv_block_tokens_ - 1) / kv_block_tokens_ * kv_block_tokens_;
+  }
   // Adds or re-registers (same id: info replaced, ledger kept, liveness refreshed).
   // kInvalidArgument for an empty id or host, or a decode instance without KV capacity.
   Status register_instance(const InstanceInfo& info, int64_t now_ns);
@@ -118,6 +124,7 @@ class ClusterState {
   size_t size() const { return by_id_.size(); }
 
  private:
+  int64_t kv_block_tokens_ = 1;
   void rebuild_role_lists();
   void update_excess(Instance& inst);
 
