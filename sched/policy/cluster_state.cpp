@@ -56,8 +56,8 @@ void ClusterState::update_excess(Instance& inst) {
   for (const auto& j : inst.prefill_queue) ledger_tokens += j.tokens;
   int64_t ledger_running = 0, ledger_kv = 0, ledger_ctx = 0;
   for (const auto& j : inst.decode_jobs) {
+    ledger_kv += kv_reservation_tokens(j.input_tokens + j.output_tokens);  // reserved at dispatch, until done
     if (j.predicted_end_ns <= inst.last_seen_ns) continue;  // predicted to have finished
-    ledger_kv += kv_reservation_tokens(j.input_tokens + j.output_tokens);  // reserved at dispatch, before its prefill
     if (j.start_ns > inst.last_seen_ns) continue;           // not in the batch yet at report time
     ++ledger_running;
     ledger_ctx += j.input_tokens;

@@ -90,9 +90,9 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
           int64_t reserved = 0;
           int64_t running = 0;
           for (const auto& d : i->decode_jobs) {
+            reserved += s.cluster().kv_reservation_tokens(d.input_tokens + d.output_tokens);  // until done
             if (d.predicted_end_ns <= now) continue;
             ++running;
-            reserved += s.cluster().kv_reservation_tokens(d.input_tokens + d.output_tokens);
           }
           j["requests"] = running;
           j["kv_reserved_tokens"] = reserved + i->reported_excess.kv_reserved_tokens;

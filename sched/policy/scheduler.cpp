@@ -92,7 +92,7 @@ double Scheduler::queue_ms(const Instance& inst) const {
   return cluster_.prefill_queue_ms(inst, clock_->now_ns(), prefill_.ms_per_token());
 }
 
-DecodeEstimate Scheduler::predict_decode(const Request& request, const Instance& inst, int64_t now_ns, int64_t start_ns,
+DecodeEstimate Scheduler::predict_decode(const Request& request, const Instance& inst, int64_t start_ns,
                                          double slo_tbt_ms) const {
   DecodeEstimate d;
   d.instance_id = inst.info.id;
@@ -100,13 +100,15 @@ DecodeEstimate Scheduler::predict_decode(const Request& request, const Instance&
   int64_t batch = inst.reported_excess.running_requests;
   int64_t kv = inst.reported_excess.kv_reserved_tokens;
   int64_t ctx = inst.reported_excess.context_tokens;
-  // KV: the decode instance reserves this request's KV now, at dispatch, so every request it holds now
+  // KV: the decode instance reserves this request's KV now, at dispatch, so every request in the ledger
   // counts at its full reservation (input + output: future growth, in whole blocks), even one predicted
-  // to finish before this prefill ends: the instance checks exactly that and refuses otherwise.
+  // to finish before this prefill ends: the instance checks exactly that and refuses otherwise. A ledger
+  // entry leaves when the request's done report arrives, or at the first heartbeat after its predicted
+  // end (the report then carries what still runs, in reported_excess).
   // TBT: only requests not predicted to have finished by the time this one joins the batch are in it,
   // each with its context at that time.
   for (const DecodeJob& j : inst.decode_jobs) {
-    if (j.predicted_end_ns > now_ns) kv += cluster_.kv_reservation_tokens(j.input_tokens + j.output_tokens);
+    kv += cluster_.kv_reservation_tokens(j.input_tokens + j.output_tokens);
     if (j.predicted_end_ns <= start_ns) continue;
     ++batch;
     double progress = 0;
@@ -323,7 +325,7 @@ Decision Scheduler::decide(const Request& request) {
   decode_scratch_.clear();
   for (const Instance* inst : cluster_.instances(Role::kDecode)) {
     if (now - inst->last_seen_ns > timeout_ns) continue;
-    decode_scratch_.push_back(predict_decode(request, *inst, now, start_ns, slo_tbt));
+    decode_scratch_.push_back(predict_decode(request, *inst, start_ns, slo_tbt));
   }
   if (decode_scratch_.empty()) {
     return reject(RejectReason::kNoDecodeInstance, "no live decode instance is registered");

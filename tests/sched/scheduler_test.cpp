@@ -237,9 +237,12 @@ TEST_F(SchedulerTest, DecodeAdmissionCountsFutureGrowth) {
   ASSERT_TRUE(small.accepted) << small.reason;
   EXPECT_EQ(small.decode.batch_requests, 1);
   EXPECT_EQ(small.decode.kv_reserved_tokens, (4 + 14) * kB);
-  // Once it has ended (by the clock), its KV no longer counts either.
+  // Once the conductor hears it has ended (its done report, or a heartbeat after its predicted end),
+  // its KV no longer counts either.
   clock_.advance_ms(2);
-  EXPECT_TRUE(s->decide(request("big3", 4'000, 5'000, 0)).accepted);
+  EXPECT_FALSE(s->decide(request("big3", 4'000, 5'000, 0)).accepted);
+  s->cluster().finish_decode("D0", "ending");
+  EXPECT_TRUE(s->decide(request("big4", 4'000, 5'000, 0)).accepted);
 }
 
 TEST_F(SchedulerTest, CommittedRequestsReserveKvForLaterDecisions) {

@@ -148,7 +148,7 @@ class Scheduler {
     int64_t decided_at_ns = 0;
     bool first_token_seen = false;
   };
-  DecodeEstimate predict_decode(const Request& request, const Instance& inst, int64_t now_ns, int64_t start_ns,
+  DecodeEstimate predict_decode(const Request& request, const Instance& inst, int64_t start_ns,
                                 double slo_tbt_ms) const;
   void drop_instance_blocks(const Instance& inst);
 
