@@ -9,6 +9,7 @@
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/xfer_tool.hpp"
+#include "mc/testkit/json.hpp"
 #include "mc/testkit/process.hpp"
 
 #ifdef MC_TRANSFER_HAVE_RDMA
@@ -16,7 +17,7 @@
 #endif
 
 namespace mc::transfer::testing {
-using namespace mc::testkit;  // NOLINT: Child, run, ready_field
+using namespace mc::testkit;  // NOLINT: Child, run, ready_field, parse_json
 namespace {
 
 const std::string kXfer = MC_BINARY_DIR "/bin/mc-xfer";
@@ -42,15 +43,6 @@ std::string skip_reason() {
     const std::string why = skip_reason();              \
     if (!why.empty()) GTEST_SKIP() << why;              \
   } while (0)
-
-nlohmann::json parse_json(const RunResult& r) {
-  try {
-    return nlohmann::json::parse(r.out);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not JSON: " << e.what() << "\n" << r.out;
-    return nlohmann::json::object();
-  }
-}
 
 TEST(RdmaE2E, ServeReadWriteVerify) {
   MC_REQUIRE_RDMA();

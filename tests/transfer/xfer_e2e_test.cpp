@@ -7,10 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/testkit/json.hpp"
 #include "mc/testkit/process.hpp"
 
 namespace mc::transfer::testing {
-using namespace mc::testkit;  // NOLINT: Child, run, ready_field
+using namespace mc::testkit;  // NOLINT: Child, run, ready_field, parse_json
 namespace {
 
 const std::string kXfer = MC_BINARY_DIR "/bin/mc-xfer";
@@ -27,15 +28,6 @@ struct Server {
   std::string line;
   std::string segment;
 };
-
-nlohmann::json parse_json(const RunResult& r) {
-  try {
-    return nlohmann::json::parse(r.out);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not JSON: " << e.what() << "\n" << r.out;
-    return nlohmann::json::object();
-  }
-}
 
 class XferE2E : public ::testing::TestWithParam<std::string> {};
 
