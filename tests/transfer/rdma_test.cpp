@@ -1,6 +1,8 @@
 // The rdma transport's device-free parts: the handshake messages and the descriptor's rdma fields (round
 // trip, and a descriptor written before rdma_lids existed), device selection from a fake sysfs tree, GID and
-// MTU helpers, the error when no device exists (or rdma is not built), and an engine asked for rdma on such
+// MTU helpers, GID index choice, validation of a peer's QP values, READ-depth and MTU negotiation, the
+// memory-region split, the RLIMIT_MEMLOCK remedy, the queue-pair transition attributes (builds with
+// ibverbs), the error when no device exists (or rdma is not built), and an engine asked for rdma on such
 // a host. The parts that need a device are in rdma_e2e_test.cpp (label rdma).
 #include <gtest/gtest.h>
 
@@ -16,7 +18,11 @@
 
 #ifdef MC_TRANSFER_HAVE_RDMA
 #include <infiniband/verbs.h>
+
+#include "rdma/qp_attr.hpp"
 #endif
+#include <cerrno>
+#include <cstring>
 
 namespace mc::transfer::rdma {
 namespace {
@@ -193,6 +199,232 @@ TEST(RdmaHelpers, GidHexAndMtu) {
   EXPECT_EQ(mtu_enum(4096), 5);
   EXPECT_EQ(mtu_enum(1500), 0);
 }
+
+GidEntry gid(uint32_t index, GidType type, const std::string& hex) {
+  GidEntry e;
+  e.index = index;
+  e.type = type;
+  EXPECT_TRUE(gid_from_hex(hex, e.raw).is_ok()) << hex;
+  return e;
+}
+
+// A RoCE port as mlx5 fills it: v1 and v2 of the link-local address, then v1 and v2 of the IPv4 address.
+std::vector<GidEntry> roce_table() {
+  return {gid(0, GidType::kRoceV1, "fe800000000000000a5f9afffe123456"),
+          gid(1, GidType::kRoceV2, "fe800000000000000a5f9afffe123456"),
+          gid(2, GidType::kRoceV1, "00000000000000000000ffffc0a80a02"),
+          gid(3, GidType::kRoceV2, "00000000000000000000ffffc0a80a02")};
+}
+
+TEST(RdmaGid, RoceChoosesTheIpv4MappedV2Entry) {
+  auto i = choose_gid_index(roce_table(), true, "", "mlx5_0 port 1");
+  ASSERT_TRUE(i.is_ok()) << i.status().to_string();
+  EXPECT_EQ(i.value(), 3u) << "not the link-local v2 entry at 1, not a v1 entry";
+}
+
+TEST(RdmaGid, RoceFallsBackToGlobalThenLinkLocalV2AndSkipsZeroSlots) {
+  std::vector<GidEntry> t = {gid(0, GidType::kRoceV2, std::string(32, '0')),
+                             gid(1, GidType::kRoceV2, "fe800000000000000a5f9afffe123456"),
+                             gid(5, GidType::kRoceV2, "20010db8000000000000000000000007")};
+  EXPECT_EQ(choose_gid_index(t, true, "", "d").value(), 5u) << "global IPv6 before link-local";
+  t.pop_back();
+  EXPECT_EQ(choose_gid_index(t, true, "", "d").value(), 1u) << "link-local v2 as the last resort; zero skipped";
+  t.pop_back();
+  auto none = choose_gid_index(t, true, "", "mlx5_0 port 1");
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_EQ(none.status().code(), Code::kNoPath);
+  EXPECT_NE(none.status().message().find("no RoCE v2 GID"), std::string::npos) << none.status().message();
+  EXPECT_NE(none.status().message().find("MC_RDMA_GID_INDEX"), std::string::npos);
+  // Only v1 entries: refused (a v1 end cannot talk to a v2 end), naming what the table holds.
+  std::vector<GidEntry> v1 = {gid(0, GidType::kRoceV1, "fe800000000000000a5f9afffe123456")};
+  auto r = choose_gid_index(v1, true, "", "d");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("0:RoCE v1:fe80"), std::string::npos) << r.status().message();
+}
+
+TEST(RdmaGid, InfinibandUsesItsPortGid) {
+  std::vector<GidEntry> t = {gid(0, GidType::kIb, "fe800000000000000202c9fffe000001"),
+                             gid(1, GidType::kIb, std::string(32, '0'))};
+  EXPECT_EQ(choose_gid_index(t, false, "", "d").value(), 0u);
+  EXPECT_FALSE(choose_gid_index({}, false, "", "d").is_ok());
+}
+
+TEST(RdmaGid, OverrideMustNameAPresentNonZeroEntry) {
+  EXPECT_EQ(choose_gid_index(roce_table(), true, "1", "d").value(), 1u);
+  for (const char* bad : {"abc", "3x", "-1", " 3", "99"}) {
+    auto r = choose_gid_index(roce_table(), true, bad, "mlx5_0 port 1");
+    ASSERT_FALSE(r.is_ok()) << bad;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("MC_RDMA_GID_INDEX"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("mlx5_0 port 1"), std::string::npos) << r.status().message();
+  }
+  std::vector<GidEntry> t = roce_table();
+  std::memset(t[3].raw, 0, 16);
+  EXPECT_FALSE(choose_gid_index(t, true, "3", "d").is_ok()) << "a zero slot cannot be forced";
+}
+
+proto::RdmaQpInfo good_peer() {
+  return proto::RdmaQpInfo{"mlx5_1", 1, 0x1234, 0xabcdef, 0, "00000000000000000000ffffc0a80a02", 3, 4096};
+}
+
+TEST(RdmaHandshake, PeerValidation) {
+  EXPECT_TRUE(validate_peer_qp(good_peer(), true, "w").is_ok());
+  auto expect_bad = [](proto::RdmaQpInfo q, bool eth, const std::string& field) {
+    Status st = validate_peer_qp(q, eth, "rdma connect from x");
+    ASSERT_FALSE(st.is_ok()) << field;
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << field;
+    EXPECT_NE(st.message().find(field), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("rdma connect from x"), std::string::npos) << st.message();
+  };
+  auto q = good_peer();
+  q.qp_num = 0;
+  expect_bad(q, true, "qp_num 0");
+  q.qp_num = 1;
+  expect_bad(q, true, "qp_num 1");
+  q.qp_num = 1u << 24;
+  expect_bad(q, true, "qp_num");
+  q = good_peer();
+  q.psn = 1u << 24;
+  expect_bad(q, true, "psn");
+  q = good_peer();
+  q.mtu_bytes = 1500;
+  expect_bad(q, true, "MTU 1500");
+  q = good_peer();
+  q.gid = "zz";
+  expect_bad(q, true, "GID");
+  q = good_peer();
+  q.gid = std::string(32, '0');
+  expect_bad(q, true, "zero GID");
+  q.lid = 7;
+  EXPECT_TRUE(validate_peer_qp(q, false, "w").is_ok()) << "InfiniBand: a LID is enough";
+  q.lid = 0;
+  expect_bad(q, false, "neither a LID nor a GID");
+  q.lid = 0x10000;
+  expect_bad(q, false, "LID");
+}
+
+TEST(RdmaHandshake, NegotiatedLimits) {
+  EXPECT_EQ(negotiate_rd_atomic(16, 8), 8);
+  EXPECT_EQ(negotiate_rd_atomic(4, 16), 4);
+  EXPECT_EQ(negotiate_rd_atomic(0, 16), 1) << "at least one READ in flight";
+  EXPECT_EQ(negotiate_rd_atomic(300, 1000), 255) << "8-bit field: clamped, not wrapped";
+  EXPECT_EQ(negotiate_rd_atomic(-1, 5), 1);
+  EXPECT_EQ(negotiate_mtu(5, 1024), 3);
+  EXPECT_EQ(negotiate_mtu(3, 4096), 3);
+  EXPECT_EQ(negotiate_mtu(5, 4096), 5);
+  EXPECT_EQ(negotiate_mtu(5, 1500), 0);
+  EXPECT_EQ(negotiate_mtu(0, 4096), 0);
+  EXPECT_EQ(negotiate_mtu(6, 4096), 0);
+}
+
+TEST(RdmaRegistration, SplitAtTheDeviceLimit) {
+  auto sum = [](const std::vector<std::pair<uint64_t, uint64_t>>& v) {
+    uint64_t s = 0, next = 0;
+    for (auto [off, len] : v) {
+      EXPECT_EQ(off, next);
+      EXPECT_GT(len, 0u);
+      s += len;
+      next = off + len;
+    }
+    return s;
+  };
+  const uint64_t big = (4ull << 30) + (16 << 10) + 7;
+  auto v = split_registration(big, 1ull << 30, 1ull << 31);
+  ASSERT_EQ(v.size(), 5u);
+  EXPECT_EQ(v.back().second, (16u << 10) + 7);
+  EXPECT_EQ(sum(v), big);
+  // The device limit wins over a larger chunk request.
+  auto w = split_registration(big, UINT64_MAX, 1ull << 31);
+  EXPECT_EQ(w.size(), 3u);
+  EXPECT_EQ(w[0].second, 1ull << 31);
+  EXPECT_EQ(sum(w), big);
+  EXPECT_EQ(split_registration(4096, 4096, UINT64_MAX).size(), 1u);
+  EXPECT_TRUE(split_registration(0, 4096, UINT64_MAX).empty());
+  EXPECT_EQ(split_registration(3, 0, UINT64_MAX).size(), 3u) << "chunk 0 means 1, never a zero step";
+}
+
+TEST(RdmaRegistration, MemlockRemedy) {
+  const std::string m = reg_mr_remedy(ENOMEM, 8ull << 20);
+  EXPECT_NE(m.find("RLIMIT_MEMLOCK"), std::string::npos) << m;
+  EXPECT_NE(m.find("8388608 bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find("ulimit -l"), std::string::npos) << m;
+  EXPECT_NE(m.find("LimitMEMLOCK"), std::string::npos) << m;
+  EXPECT_NE(reg_mr_remedy(EPERM, UINT64_MAX).find("unlimited"), std::string::npos);
+  EXPECT_EQ(reg_mr_remedy(EINVAL, 0), "") << "not a pinning problem: no misleading remedy";
+}
+
+TEST(RdmaDomainOpen, NoDeviceMessageIsHonest) {
+  EXPECT_EQ(no_device_message(false, 0), "no RDMA device: ibv_get_device_list returned 0");
+  const std::string failed = no_device_message(true, EPROTONOSUPPORT);
+  EXPECT_EQ(failed.rfind("no RDMA device: ibv_get_device_list failed: ", 0), 0u) << failed;
+  EXPECT_EQ(failed.find("returned 0"), std::string::npos) << "it returned NULL, not an empty list";
+  EXPECT_NE(failed.find("ib_uverbs"), std::string::npos) << failed;
+}
+
+#ifdef MC_TRANSFER_HAVE_RDMA
+TEST(RdmaQpAttr, InitGrantsRemoteAccessOnlyOnTheTarget) {
+  auto t = init_transition(2, QpRole::kTarget);
+  EXPECT_EQ(t.attr.qp_state, IBV_QPS_INIT);
+  EXPECT_EQ(t.attr.port_num, 2);
+  EXPECT_EQ(t.attr.pkey_index, 0);
+  EXPECT_EQ(t.attr.qp_access_flags, unsigned(IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE));
+  EXPECT_EQ(t.mask, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  auto i = init_transition(1, QpRole::kInitiator);
+  EXPECT_EQ(i.attr.qp_access_flags, 0u);
+  EXPECT_EQ(i.mask, t.mask);
+}
+
+TEST(RdmaQpAttr, RtrOnRoceCarriesAGrh) {
+  auto peer = good_peer();
+  auto r = rtr_transition(LocalPort{1, true, 3}, peer, IBV_MTU_1024, 16);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const ibv_qp_attr& a = r.value().attr;
+  EXPECT_EQ(a.qp_state, IBV_QPS_RTR);
+  EXPECT_EQ(a.path_mtu, IBV_MTU_1024);
+  EXPECT_EQ(a.dest_qp_num, 0x1234u);
+  EXPECT_EQ(a.rq_psn, 0xabcdefu);
+  EXPECT_EQ(a.max_dest_rd_atomic, 16);
+  EXPECT_EQ(a.min_rnr_timer, kQpMinRnrTimer);
+  EXPECT_EQ(a.ah_attr.port_num, 1);
+  EXPECT_EQ(a.ah_attr.is_global, 1) << "link layer Ethernet requires a GRH";
+  EXPECT_EQ(a.ah_attr.dlid, 0);
+  EXPECT_EQ(a.ah_attr.grh.sgid_index, 3);
+  EXPECT_EQ(a.ah_attr.grh.hop_limit, kGrhHopLimit);
+  EXPECT_EQ(a.ah_attr.grh.dgid.raw[10], 0xff);
+  EXPECT_EQ(a.ah_attr.grh.dgid.raw[15], 0x02);
+  EXPECT_EQ(r.value().mask, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+TEST(RdmaQpAttr, RtrOnInfinibandUsesTheLid) {
+  auto peer = good_peer();
+  peer.lid = 0x2a;
+  auto r = rtr_transition(LocalPort{1, false, 0}, peer, IBV_MTU_4096, 0);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r.value().attr.ah_attr.dlid, 0x2a);
+  EXPECT_EQ(r.value().attr.ah_attr.is_global, 0) << "same subnet: no GRH needed";
+  EXPECT_EQ(r.value().attr.max_dest_rd_atomic, 1) << "never 0";
+  peer.lid = 0;  // an IB peer known only by GID (another subnet): routed with a GRH
+  EXPECT_EQ(rtr_transition(LocalPort{1, false, 0}, peer, IBV_MTU_4096, 1).value().attr.ah_attr.is_global, 1);
+  EXPECT_FALSE(rtr_transition(LocalPort{1, true, 0}, peer, 0, 1).is_ok()) << "MTU enum 0";
+  EXPECT_FALSE(rtr_transition(LocalPort{1, true, 0}, peer, 6, 1).is_ok());
+  peer.gid = "nothex";
+  EXPECT_FALSE(rtr_transition(LocalPort{1, true, 0}, peer, IBV_MTU_1024, 1).is_ok());
+}
+
+TEST(RdmaQpAttr, RtsSetsTimersAnd24BitPsn) {
+  auto t = rts_transition(0x1abcdef, 8);
+  EXPECT_EQ(t.attr.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(t.attr.sq_psn, 0xabcdefu) << "24 bits";
+  EXPECT_EQ(t.attr.max_rd_atomic, 8);
+  EXPECT_EQ(t.attr.timeout, kQpTimeout);
+  EXPECT_EQ(t.attr.retry_cnt, kQpRetryCount);
+  EXPECT_EQ(t.attr.rnr_retry, kQpRnrRetry);
+  EXPECT_EQ(t.mask, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                        IBV_QP_MAX_QP_RD_ATOMIC);
+  EXPECT_EQ(rts_transition(1, 0).attr.max_rd_atomic, 1);
+}
+#endif
 
 TEST(RdmaDomainOpen, NoDeviceIsAClearError) {
   if (device_count() > 0) GTEST_SKIP() << "this host has an RDMA device; the no-device error cannot be seen";

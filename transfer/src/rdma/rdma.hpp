@@ -73,6 +73,53 @@ Status gid_from_hex(const std::string& hex, uint8_t (&raw)[16]);
 // ibv_mtu enum value (1..5) for 256..4096 bytes; 0 for anything else.
 int mtu_enum(uint32_t mtu_bytes);
 
+// The message a caller of ibv_get_device_list gives when it finds no device: kNoDeviceMessage when the list
+// was empty (`list_is_null` false, n == 0); when the call failed (NULL: no RDMA in the kernel, no
+// ib_uverbs, EPROTONOSUPPORT/ENOSYS) "no RDMA device: ibv_get_device_list failed: <strerror(errno_value)>".
+std::string no_device_message(bool list_is_null, int errno_value);
+
+// One entry of a port's GID table (ibv_query_gid_ex), with the fields GID selection looks at.
+enum class GidType { kIb, kRoceV1, kRoceV2 };
+struct GidEntry {
+  uint32_t index = 0;
+  GidType type = GidType::kIb;
+  uint8_t raw[16] = {};
+};
+// Pure: the GID index a port uses. `override_text` (MC_RDMA_GID_INDEX; empty = unset) must be a decimal
+// index present in `entries` with a non-zero GID. Otherwise on InfiniBand (ethernet false) the first
+// non-zero IB GID (index 0 in practice); on RoCE (ethernet true) a RoCE v2 GID, preferring an IPv4-mapped
+// address (::ffff:a.b.c.d, routable and what RoCE v2 fabrics configure), then a global IPv6 address, then
+// a link-local one (fe80::/10, same L2 only). Zero GIDs (empty slots) are never chosen; RoCE v1 entries are
+// not used (both ends must use v2). Errors (kNoPath / kInvalidArgument) say what the table held and how
+// to choose (MC_RDMA_GID_INDEX, `show_gids`).
+Result<uint32_t> choose_gid_index(const std::vector<GidEntry>& entries, bool ethernet,
+                                  const std::string& override_text, const std::string& where);
+
+// Pure: checks a peer's half of the QP handshake before any of it reaches ibv_modify_qp. `local_ethernet`:
+// this side's link layer (RoCE needs the peer's GID; InfiniBand needs a LID or a GID). Checks: qp_num in
+// [2, 2^24) (0 and 1 are the special QPs), psn < 2^24, mtu_bytes one of 256..4096, gid 32 hex digits, lid
+// < 2^16. kInvalidArgument naming `what` and the field.
+Status validate_peer_qp(const proto::RdmaQpInfo& peer, bool local_ethernet, const std::string& what);
+
+// Pure: RDMA READs in flight on one QP (max_rd_atomic of the initiator = max_dest_rd_atomic of the target):
+// the smaller of what the initiator offers (its device's max_qp_init_rd_atom) and what the target's device
+// accepts (max_qp_rd_atom), at least 1 and at most 255 (the field is 8 bits wide).
+uint8_t negotiate_rd_atomic(int64_t initiator_offer, int64_t target_limit);
+
+// Pure: the path MTU (ibv_mtu enum 1..5) both ends use: the smaller of this port's active MTU enum and the
+// peer's MTU in bytes; 0 when either is not a valid MTU.
+int negotiate_mtu(int local_active_mtu_enum, uint32_t peer_mtu_bytes);
+
+// Pure: memory-region split of a registration [0, length) into chunks of chunk_bytes (clamped to
+// [1, max_region_bytes]); (offset, length) pairs, the last one shorter, summing to `length`.
+std::vector<std::pair<uint64_t, uint64_t>> split_registration(uint64_t length, uint64_t chunk_bytes,
+                                                              uint64_t max_region_bytes);
+
+// Pure: the remedy part of an ibv_reg_mr failure message for errno `err` given RLIMIT_MEMLOCK's soft limit
+// (`memlock_limit_bytes`, UINT64_MAX for unlimited): ENOMEM/EPERM point at the pinned-memory limit (ulimit
+// -l, systemd LimitMEMLOCK=, docker --ulimit memlock=-1); anything else gets no remedy text.
+std::string reg_mr_remedy(int err, uint64_t memlock_limit_bytes);
+
 class RdmaDomain {
  public:
   // Opens every device with an ACTIVE port. Errors: kUnimplemented kNotBuiltMessage (no rdma in this build),
