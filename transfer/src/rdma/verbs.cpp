@@ -2,8 +2,10 @@
 // infiniband/verbs.h and libibverbs. No device exists on the development machines: this file is compiled
 // and reviewed there; its behaviour is covered by the `rdma`-labelled tests on hosts with a device.
 #include <infiniband/verbs.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
+#include "rdma/qp_attr.hpp"
 #include "rdma/rdma.hpp"
 #include "tcp/net.hpp"
 #include "tcp/transport.hpp"
@@ -36,9 +39,6 @@ namespace {
 constexpr uint32_t kMaxSendWr = 256;     // work requests in flight per initiator QP (clamped to max_qp_wr)
 constexpr int kCqDepth = 4096;           // completion queue entries per (segment, local device)
 constexpr size_t kMaxTargetQps = 4096;   // target-side QPs per engine (handshakes beyond are refused)
-constexpr uint8_t kTimeout = 14;         // local ACK timeout: 4.096 us * 2^14 = 67 ms
-constexpr uint8_t kRetryCount = 7;
-constexpr uint8_t kRnrRetry = 7;
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
 
 int64_t now_ns() { return RealClock::instance().now_ns(); }
@@ -113,68 +113,48 @@ uint32_t random_psn() {
   return (seed.fetch_add(0x9E3779B9u) * 2654435761u) & 0xFFFFFFu;
 }
 
-Result<ibv_qp*> create_qp(const Device& d, ibv_cq* cq, uint32_t max_send_wr, uint32_t max_send_sge) {
+// An RC QP in INIT. `cap` in: the wanted depths (clamped to the device's max_qp_wr / max_sge); out: what the
+// provider gave (ibv_create_qp updates it).
+Result<ibv_qp*> create_qp(const Device& d, ibv_cq* cq, QpRole role, ibv_qp_cap& cap) {
   ibv_qp_init_attr ia{};
   ia.send_cq = cq;
   ia.recv_cq = cq;
   ia.qp_type = IBV_QPT_RC;
   ia.sq_sig_all = 0;
-  ia.cap.max_send_wr = std::min<uint32_t>(max_send_wr, static_cast<uint32_t>(d.attr.max_qp_wr));
-  ia.cap.max_recv_wr = 1;
-  ia.cap.max_send_sge = std::min<uint32_t>(max_send_sge, static_cast<uint32_t>(d.attr.max_sge));
+  ia.cap.max_send_wr = std::min<uint32_t>(cap.max_send_wr, static_cast<uint32_t>(std::max(1, d.attr.max_qp_wr)));
+  ia.cap.max_recv_wr = 1;  // no receive is ever posted (one-sided READ/WRITE only)
+  ia.cap.max_send_sge = std::min<uint32_t>(cap.max_send_sge, static_cast<uint32_t>(std::max(1, d.attr.max_sge)));
   ia.cap.max_recv_sge = 1;
   ibv_qp* qp = ibv_create_qp(d.pd, &ia);
   if (qp == nullptr) return Status(Code::kIo, d.where() + ": ibv_create_qp (RC): " + std::strerror(errno));
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = 0;
-  a.port_num = d.port;
-  a.qp_access_flags = kAccess;
-  if (int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS); rc != 0) {
+  cap = ia.cap;
+  const QpTransition init = init_transition(d.port, role);
+  ibv_qp_attr a = init.attr;
+  if (int rc = ibv_modify_qp(qp, &a, init.mask); rc != 0) {
+    Status st(Code::kIo, d.where() + ": QP " + std::to_string(qp->qp_num) + " RESET -> INIT: " + std::strerror(rc));
     ibv_destroy_qp(qp);
-    return Status(Code::kIo, d.where() + ": QP " + std::to_string(qp->qp_num) + " -> INIT: " + std::strerror(rc));
+    return st;
   }
   return qp;
 }
 
-// INIT -> RTR -> RTS with the peer's values (GID/LID, QPN, PSN) and the negotiated MTU.
-Status connect_qp(const Device& d, ibv_qp* qp, const proto::RdmaQpInfo& peer, ibv_mtu mtu, uint32_t own_psn,
-                  uint32_t max_dest_rd_atomic, uint32_t max_rd_atomic) {
+// INIT -> RTR -> RTS with the peer's values (GID/LID, QPN, PSN; validated by validate_peer_qp) and the
+// negotiated MTU (enum) and READ depths.
+Status connect_qp(const Device& d, ibv_qp* qp, const proto::RdmaQpInfo& peer, int path_mtu, uint32_t own_psn,
+                  uint8_t max_dest_rd_atomic, uint8_t max_rd_atomic) {
   const std::string what = d.where() + ": QP " + std::to_string(qp->qp_num) + " (peer " + peer.device + " QP " +
                            std::to_string(peer.qp_num) + ")";
-  uint8_t dgid[16];
-  MC_RETURN_IF_ERROR(gid_from_hex(peer.gid, dgid));
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = mtu;
-  a.dest_qp_num = peer.qp_num;
-  a.rq_psn = peer.psn;
-  a.max_dest_rd_atomic = static_cast<uint8_t>(std::max<uint32_t>(1, max_dest_rd_atomic));
-  a.min_rnr_timer = 12;
-  a.ah_attr.port_num = d.port;
-  a.ah_attr.dlid = static_cast<uint16_t>(peer.lid);
-  if (d.ethernet || peer.lid == 0) {
-    if (gid_is_zero(dgid)) return Status(Code::kNoPath, what + ": the peer publishes no GID and no LID");
-    a.ah_attr.is_global = 1;
-    std::memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
-    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(d.gid_index);
-    a.ah_attr.grh.hop_limit = 64;
+  auto rtr = rtr_transition(LocalPort{d.port, d.ethernet, d.gid_index}, peer, path_mtu, max_dest_rd_atomic);
+  if (!rtr.is_ok()) return rtr.status().with_context(what);
+  ibv_qp_attr a = rtr.value().attr;
+  if (int rc = ibv_modify_qp(qp, &a, rtr.value().mask); rc != 0) {
+    return Status(Code::kIo, what + " INIT -> RTR: " + std::strerror(rc));
   }
-  int rc = ibv_modify_qp(qp, &a,
-                         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-  if (rc != 0) return Status(Code::kIo, what + " -> RTR: " + std::strerror(rc));
-  ibv_qp_attr s{};
-  s.qp_state = IBV_QPS_RTS;
-  s.timeout = kTimeout;
-  s.retry_cnt = kRetryCount;
-  s.rnr_retry = kRnrRetry;
-  s.sq_psn = own_psn;
-  s.max_rd_atomic = static_cast<uint8_t>(std::max<uint32_t>(1, max_rd_atomic));
-  rc = ibv_modify_qp(qp, &s,
-                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                         IBV_QP_MAX_QP_RD_ATOMIC);
-  if (rc != 0) return Status(Code::kIo, what + " -> RTS: " + std::strerror(rc));
+  const QpTransition rts = rts_transition(own_psn, max_rd_atomic);
+  ibv_qp_attr b = rts.attr;
+  if (int rc = ibv_modify_qp(qp, &b, rts.mask); rc != 0) {
+    return Status(Code::kIo, what + " RTR -> RTS: " + std::strerror(rc));
+  }
   return Status::ok();
 }
 
@@ -426,31 +406,40 @@ class Domain final : public RdmaDomain {
       return Status(Code::kNotFound, "segment " + req.segment + " has no rdma device '" + req.target_device +
                                          "' (it has: " + have + ")");
     }
-    const int peer_mtu = mtu_enum(req.initiator.mtu_bytes);
-    if (peer_mtu == 0) {
-      return Status(Code::kInvalidArgument, "rdma connect: MTU " + std::to_string(req.initiator.mtu_bytes) +
-                                                " bytes is not one of 256, 512, 1024, 2048, 4096");
-    }
-    if (target_qps->load() >= kMaxTargetQps) {
+    const std::string what = d->where() + ": rdma connect from " + req.initiator.device + " for segment " + req.segment;
+    MC_RETURN_IF_ERROR(validate_peer_qp(req.initiator, d->ethernet, what));
+    const int mtu = negotiate_mtu(static_cast<int>(d->port_attr.active_mtu), req.initiator.mtu_bytes);
+    if (mtu == 0) return Status(Code::kInvalidArgument, what + ": no common MTU");
+    // Counted before the QP exists (and given back by the lease, or at once when refused), so concurrent
+    // handshakes cannot pass the cap together.
+    if (target_qps->fetch_add(1) >= kMaxTargetQps) {
+      target_qps->fetch_sub(1);
       return Status(Code::kResourceExhausted, d->where() + ": " + std::to_string(kMaxTargetQps) +
                                                   " queue pairs already serve peers; close idle initiators");
     }
-    const auto mtu = static_cast<ibv_mtu>(std::min(peer_mtu, static_cast<int>(d->port_attr.active_mtu)));
-    MC_ASSIGN_OR_RETURN(ibv_qp* qp, create_qp(*d, d->idle_cq, 1, 1));
+    ibv_qp_cap cap{};
+    cap.max_send_wr = 1;
+    cap.max_send_sge = 1;
+    auto made = create_qp(*d, d->idle_cq, QpRole::kTarget, cap);
+    if (!made.is_ok()) {
+      target_qps->fetch_sub(1);
+      return made.status();
+    }
+    ibv_qp* qp = made.value();
     std::shared_ptr<void> lease(qp, [counter = target_qps](void* q) {
       ibv_destroy_qp(static_cast<ibv_qp*>(q));
       counter->fetch_sub(1);
     });
-    target_qps->fetch_add(1);
     const uint32_t psn = random_psn();
-    const uint32_t rd = std::min<uint32_t>(std::max<uint32_t>(1, req.max_rd_atomic),
-                                           static_cast<uint32_t>(std::max(1, d->attr.max_qp_rd_atom)));
+    // READs the initiator may keep in flight against this QP: what it offers, bounded by this device.
+    const uint8_t rd = negotiate_rd_atomic(req.max_rd_atomic, d->attr.max_qp_rd_atom);
     MC_RETURN_IF_ERROR(connect_qp(*d, qp, req.initiator, mtu, psn, rd, 1));
     proto::RdmaConnectReply rep;
-    rep.target = qp_info(*d, qp, psn, mtu);
+    rep.target = qp_info(*d, qp, psn, static_cast<ibv_mtu>(mtu));
     rep.max_rd_atomic = rd;
     MC_LOG_DEBUG << d->where() << ": QP " << qp->qp_num << " serves " << req.initiator.device << " QP "
-                 << req.initiator.qp_num << " (MTU " << mtu_bytes_of(mtu) << ")";
+                 << req.initiator.qp_num << " (MTU " << mtu_bytes_of(static_cast<ibv_mtu>(mtu)) << ", "
+                 << static_cast<int>(rd) << " READs in flight)";
     return std::make_pair(codec::pack(rep), std::move(lease));
   }
 
@@ -532,12 +521,12 @@ Result<Qp*> RdmaSegment::open_qp(size_t path) {
   if (desc_.endpoints.empty()) return Status(Code::kNoPath, what + ": segment publishes no control endpoint");
   auto q = std::make_unique<Qp>();
   q->path = static_cast<int>(path);
-  MC_ASSIGN_OR_RETURN(q->qp, create_qp(d, cq_of(p.local_dev).cq, kMaxSendWr, 4));
-  ibv_qp_attr qa{};
-  ibv_qp_init_attr qia{};
-  ibv_query_qp(q->qp, &qa, IBV_QP_CAP, &qia);
-  q->max_outstanding = std::max<uint32_t>(1, qia.cap.max_send_wr);
-  q->max_sge = std::max<uint32_t>(1, qia.cap.max_send_sge);
+  ibv_qp_cap cap{};
+  cap.max_send_wr = kMaxSendWr;
+  cap.max_send_sge = 4;
+  MC_ASSIGN_OR_RETURN(q->qp, create_qp(d, cq_of(p.local_dev).cq, QpRole::kInitiator, cap));
+  q->max_outstanding = std::max<uint32_t>(1, cap.max_send_wr);
+  q->max_sge = std::max<uint32_t>(1, cap.max_send_sge);
   const uint32_t psn = random_psn();
   proto::RdmaConnectRequest req;
   req.segment = desc_.name;
@@ -560,10 +549,16 @@ Result<Qp*> RdmaSegment::open_qp(size_t path) {
       continue;
     }
     MC_ASSIGN_OR_RETURN(proto::RdmaConnectReply r, codec::unpack<proto::RdmaConnectReply>(rep.value(), what + " reply"));
-    const int mtu = std::min(mtu_enum(r.target.mtu_bytes), static_cast<int>(d.port_attr.active_mtu));
+    MC_RETURN_IF_ERROR(validate_peer_qp(r.target, d.ethernet, what + " reply"));
+    if (r.target.device != p.remote_device) {
+      return Status(Code::kMalformedMessage, what + ": asked for a QP on " + p.remote_device + ", the peer made one on " +
+                                                 r.target.device);
+    }
+    const int mtu = negotiate_mtu(static_cast<int>(d.port_attr.active_mtu), r.target.mtu_bytes);
     if (mtu == 0) return Status(Code::kMalformedMessage, what + ": peer answered MTU " + std::to_string(r.target.mtu_bytes));
-    MC_RETURN_IF_ERROR(connect_qp(d, q->qp, r.target, static_cast<ibv_mtu>(mtu), psn, 1,
-                                  std::min<uint32_t>(r.max_rd_atomic, req.max_rd_atomic)));
+    // The initiator reads at most what both devices allow in flight; as a responder it serves nothing.
+    MC_RETURN_IF_ERROR(connect_qp(d, q->qp, r.target, mtu, psn, 1,
+                                  negotiate_rd_atomic(req.max_rd_atomic, r.max_rd_atomic)));
     q->control = std::move(fd).value();
     q->last_progress_ns = q->last_used_ns = now_ns();
     Qp* raw = q.get();
