@@ -64,34 +64,35 @@ struct Device {
   std::string where() const { return "rdma device " + name + " port " + std::to_string(port); }
 };
 
-bool gid_is_zero(const uint8_t (&g)[16]) {
-  return std::all_of(std::begin(g), std::end(g), [](uint8_t b) { return b == 0; });
-}
-
-// GID index: MC_RDMA_GID_INDEX when set; on RoCE the first RoCE v2 entry; on InfiniBand index 0.
+// Reads the port's GID table and picks the index (choose_gid_index: MC_RDMA_GID_INDEX, else a RoCE v2
+// IPv4-mapped GID on Ethernet, the IB GID on InfiniBand).
 Status choose_gid(Device& d) {
-  ibv_gid g{};
-  if (const char* env = std::getenv("MC_RDMA_GID_INDEX"); env != nullptr && *env != '\0') {
-    d.gid_index = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
-  } else if (d.ethernet) {
-    bool found = false;
-    for (int i = 0; i < d.port_attr.gid_tbl_len && !found; ++i) {
-      ibv_gid_entry e{};
-      if (ibv_query_gid_ex(d.ctx, d.port, static_cast<uint32_t>(i), &e, 0) == 0 &&
-          e.gid_type == IBV_GID_TYPE_ROCE_V2) {
-        d.gid_index = static_cast<uint32_t>(i);
-        found = true;
-      }
+  std::vector<GidEntry> entries;
+  for (int i = 0; i < d.port_attr.gid_tbl_len; ++i) {
+    GidEntry e;
+    e.index = static_cast<uint32_t>(i);
+    ibv_gid_entry x{};
+    if (int rc = ibv_query_gid_ex(d.ctx, d.port, e.index, &x, 0); rc == 0) {
+      e.type = x.gid_type == IBV_GID_TYPE_ROCE_V2 ? GidType::kRoceV2
+               : x.gid_type == IBV_GID_TYPE_ROCE_V1 ? GidType::kRoceV1
+                                                    : GidType::kIb;
+      std::memcpy(e.raw, x.gid.raw, 16);
+    } else if (rc == ENODATA) {
+      continue;  // an empty slot
+    } else {
+      // No typed query (old kernel): the plain GID, typed by the link layer (RoCE then needs MC_RDMA_GID_INDEX).
+      ibv_gid g{};
+      if (ibv_query_gid(d.ctx, d.port, i, &g) != 0) continue;
+      e.type = d.ethernet ? GidType::kRoceV1 : GidType::kIb;
+      std::memcpy(e.raw, g.raw, 16);
     }
-    if (!found) {
-      return Status(Code::kNoPath, d.where() + ": no RoCE v2 GID in its table (set MC_RDMA_GID_INDEX to choose one)");
-    }
+    entries.push_back(e);
   }
-  if (ibv_query_gid(d.ctx, d.port, static_cast<int>(d.gid_index), &g) != 0) {
-    return Status(Code::kIo, d.where() + ": ibv_query_gid index " + std::to_string(d.gid_index) + ": " +
-                                 std::strerror(errno));
+  const char* env = std::getenv("MC_RDMA_GID_INDEX");
+  MC_ASSIGN_OR_RETURN(d.gid_index, choose_gid_index(entries, d.ethernet, env == nullptr ? "" : env, d.where()));
+  for (const auto& e : entries) {
+    if (e.index == d.gid_index) std::memcpy(d.gid, e.raw, 16);
   }
-  std::memcpy(d.gid, g.raw, 16);
   return Status::ok();
 }
 
