@@ -179,7 +179,8 @@ struct Qp {
   tcp::Fd control;  // the handshake's connection: the target keeps its QP while it is open
   uint32_t max_outstanding = 1;
   uint32_t max_sge = 1;         // scatter/gather entries per work request (a slice spanning local MRs uses several)
-  uint32_t outstanding = 0;
+  uint32_t outstanding = 0;     // posted work requests whose completion has not come back (or was given up)
+  uint32_t abandoned = 0;       // of those, failed without a completion (the device never flushed them)
   bool broken = false;
   int64_t broken_ns = 0;
   int64_t last_progress_ns = 0;
@@ -198,15 +199,21 @@ struct RdmaPath {
   std::list<std::unique_ptr<Qp>> qps;
 };
 
+// One CQ per (segment, local device), shared by every QP of the segment on that device. `unpolled` counts the
+// work requests posted to those QPs whose completion entry has not been polled yet; nothing is posted while
+// it equals `capacity` (the CQ's real depth), so the CQ cannot overflow however many paths and QPs share it.
 struct DevCq {
   size_t dev = 0;
   ibv_comp_channel* channel = nullptr;
   ibv_cq* cq = nullptr;
+  uint32_t capacity = 0;
+  uint32_t unpolled = 0;
 };
 
 struct InFlight {
   SliceOp op;
   Qp* qp = nullptr;
+  size_t dev = 0;  // whose CQ the completion lands in
 };
 
 class RdmaSegment final : public TransportSegment {
@@ -271,7 +278,10 @@ class RdmaSegment final : public TransportSegment {
   std::deque<RdmaPath> paths_;
   std::unique_ptr<TransportSegment> tcp_;
   std::vector<DevCq> cqs_;
-  std::unordered_map<uint64_t, InFlight> in_flight_;  // by wr_id (= slice cookie)
+  // By wr_id: a number of this segment's own, never reused, so a late completion of a work request whose slice
+  // was already failed (and maybe retried under the same cookie) matches nothing instead of the retry.
+  std::unordered_map<uint64_t, InFlight> in_flight_;
+  uint64_t next_wr_id_ = 1;
   std::mutex mu_;
   std::atomic<bool> wake_pending_{false};
   std::atomic<bool> stop_{false};
@@ -480,6 +490,15 @@ Status RdmaSegment::start(const std::vector<DevicePair>& pairs, std::unique_ptr<
         ibv_destroy_comp_channel(c.channel);
         return st;
       }
+      c.capacity = static_cast<uint32_t>(std::max(1, c.cq->cqe));
+      // Non-blocking: the loop reads events only after poll() says so, and drains until EAGAIN.
+      const int fl = fcntl(c.channel->fd, F_GETFL);
+      if (fl < 0 || fcntl(c.channel->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        Status st(Code::kIo, d.where() + ": completion channel O_NONBLOCK: " + std::strerror(errno));
+        ibv_destroy_cq(c.cq);
+        ibv_destroy_comp_channel(c.channel);
+        return st;
+      }
       if (int rc = ibv_req_notify_cq(c.cq, 0); rc != 0) {
         ibv_destroy_cq(c.cq);
         ibv_destroy_comp_channel(c.channel);
@@ -615,13 +634,15 @@ Status RdmaSegment::post_one(RdmaPath& p, Qp& q, const SliceOp& op) {
   }
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
-  wr.wr_id = op.cookie;
+  const uint64_t wr_id = next_wr_id_++;
+  wr.wr_id = wr_id;
   wr.sg_list = sges.data();
   wr.num_sge = static_cast<int>(sges.size());
   wr.opcode = op.op == Op::kRead ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.wr.rdma.remote_addr = reg.rdma_addr + rel;
   wr.wr.rdma.rkey = reg.rdma_rkeys[p.remote_index];
+  // One WR per call: on failure `bad` is this WR and nothing was posted, so the caller fails the slice once.
   if (int rc = ibv_post_send(q.qp, &wr, &bad); rc != 0) {
     break_qp(q, std::string("ibv_post_send: ") + std::strerror(rc));
     return Status(Code::kUnavailable, what + ": ibv_post_send: " + std::strerror(rc));
@@ -629,7 +650,8 @@ Status RdmaSegment::post_one(RdmaPath& p, Qp& q, const SliceOp& op) {
   if (q.outstanding == 0) q.last_progress_ns = now_ns();
   q.outstanding++;
   q.last_used_ns = now_ns();
-  in_flight_[op.cookie] = InFlight{op, &q};
+  cq_of(p.local_dev).unpolled++;
+  in_flight_[wr_id] = InFlight{op, &q, p.local_dev};
   return Status::ok();
 }
 
@@ -646,7 +668,8 @@ void RdmaSegment::dispatch() {
   }
   for (size_t i = 0; i < paths_.size(); ++i) {
     RdmaPath& p = paths_[i];
-    while (!p.waiting.empty()) {
+    const DevCq& cq = cq_of(p.local_dev);
+    while (!p.waiting.empty() && cq.unpolled < cq.capacity) {  // a full CQ waits for completions
       Qp* best = nullptr;
       size_t live = 0;
       for (auto& q : p.qps) {
@@ -685,8 +708,9 @@ void RdmaSegment::drain_cqs() {
         break;
       }
       for (int i = 0; i < n; ++i) {
+        if (c.unpolled > 0) c.unpolled--;
         auto it = in_flight_.find(wcs[i].wr_id);
-        if (it == in_flight_.end()) continue;
+        if (it == in_flight_.end()) continue;  // its slice was given up already (check_timers)
         InFlight f = it->second;
         in_flight_.erase(it);
         Qp& q = *f.qp;
@@ -734,10 +758,14 @@ void RdmaSegment::check_timers() {
             ++f;
           }
         }
+        q.abandoned = q.outstanding;
         q.outstanding = 0;
       }
       const bool idle = !q.broken && q.outstanding == 0 && now - q.last_used_ns > idle_ns;
       if ((q.broken && q.outstanding == 0) || idle) {
+        // Destroying the QP discards the completions it never produced: give their CQ room back.
+        DevCq& cq = cq_of(paths_[i].local_dev);
+        cq.unpolled -= std::min(cq.unpolled, q.abandoned);
         it = paths_[i].qps.erase(it);
       } else {
         ++it;
@@ -766,9 +794,14 @@ void RdmaSegment::loop() {
       if (!(fds[i + 1].revents & POLLIN)) continue;
       ibv_cq* cq = nullptr;
       void* ctx = nullptr;
-      if (ibv_get_cq_event(cqs_[i].channel, &cq, &ctx) == 0) {
-        ibv_ack_cq_events(cq, 1);
-        ibv_req_notify_cq(cq, 0);
+      unsigned events = 0;
+      while (ibv_get_cq_event(cqs_[i].channel, &cq, &ctx) == 0) ++events;  // non-blocking: ends at EAGAIN
+      if (events > 0) {
+        ibv_ack_cq_events(cqs_[i].cq, events);
+        if (int rc = ibv_req_notify_cq(cqs_[i].cq, 0); rc != 0) {
+          MC_LOG_WARN << "rdma device " << domain_.names[cqs_[i].dev] << ": ibv_req_notify_cq: " << std::strerror(rc)
+                      << " (completions are still polled every few ms)";
+        }
       }
     }
     drain_cqs();  // also after re-arming, so no completion that raced the notification is left behind
