@@ -314,25 +314,27 @@ class Domain final : public RdmaDomain {
   uint64_t max_region_bytes() const override { return max_mr; }
 
   Status register_memory(char* addr, uint64_t length, uint64_t chunk_bytes) override {
-    const uint64_t chunk = std::clamp<uint64_t>(chunk_bytes, 1, max_mr);
     std::vector<Chunk> made;
     auto undo = [&] {
       for (auto& c : made) {
         for (ibv_mr* m : c.mrs) ibv_dereg_mr(m);
       }
     };
-    for (uint64_t off = 0; off < length; off += chunk) {
+    for (auto [off, len] : split_registration(length, chunk_bytes, max_mr)) {
       Chunk c;
       c.reg_start = addr;
       c.addr = addr + off;
-      c.length = std::min(chunk, length - off);
+      c.length = len;
       for (auto& d : devs) {
         ibv_mr* m = ibv_reg_mr(d->pd, c.addr, c.length, kAccess);
         if (m == nullptr) {
+          const int err = errno;
+          rlimit rl{};
+          const uint64_t memlock =
+              getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
           Status st(Code::kIo, "ibv_reg_mr on rdma device " + d->name + " for " + std::to_string(c.length) +
                                    " bytes at offset " + std::to_string(off) + " of a " + std::to_string(length) +
-                                   "-byte registration: " + std::strerror(errno) +
-                                   " (raise `ulimit -l` for pinned memory, or register less)");
+                                   "-byte registration: " + std::strerror(err) + reg_mr_remedy(err, memlock));
           for (ibv_mr* x : c.mrs) ibv_dereg_mr(x);
           undo();
           return st;
@@ -914,15 +916,21 @@ std::unique_ptr<Transport> Domain::make_transport(const EngineOptions& options, 
 Result<std::unique_ptr<RdmaDomain>> RdmaDomain::open(const EngineOptions& options, const Topology& topology) {
   (void)options;
   (void)topology;
+  // Fork safety: registered pages must not become copy-on-write in a forked child (the NIC would keep the
+  // child's copy). Kernels from 5.13 on make that safe themselves (IBV_FORK_UNNEEDED); on older ones ask
+  // ibverbs for MADV_DONTFORK on every registration (ibv_fork_init(3); it fails with EINVAL once memory is
+  // registered, e.g. by a second engine in this process, which already made the same call).
+  if (ibv_is_fork_initialized() == IBV_FORK_DISABLED) {
+    if (int rc = ibv_fork_init(); rc != 0) {
+      MC_LOG_WARN << "rdma: ibv_fork_init: " << std::strerror(rc)
+                  << " (a fork() while memory is registered may corrupt it on this kernel; set RDMAV_FORK_SAFE=1)";
+    }
+  }
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
-  if (list == nullptr) {
-    // NULL: ENOSYS when the kernel has no RDMA support (no ib_uverbs), or another errno.
-    return Status(Code::kNoPath, std::string(kNoDeviceMessage) + " (it failed: " + std::strerror(errno) +
-                                     (errno == ENOSYS ? ": no RDMA support in this kernel)" : ")"));
-  }
+  if (list == nullptr) return Status(Code::kNoPath, no_device_message(true, errno));
   std::unique_ptr<ibv_device*, void (*)(ibv_device**)> guard(list, ibv_free_device_list);
-  if (n == 0) return Status(Code::kNoPath, kNoDeviceMessage);
+  if (n == 0) return Status(Code::kNoPath, no_device_message(false, 0));
   auto dom = std::make_unique<Domain>();
   std::string skipped;
   for (int i = 0; i < n; ++i) {
