@@ -267,6 +267,12 @@ proto::RdmaQpInfo good_peer() {
   return proto::RdmaQpInfo{"mlx5_1", 1, 0x1234, 0xabcdef, 0, "00000000000000000000ffffc0a80a02", 3, 4096};
 }
 
+proto::RdmaQpInfo good_peer_with_lid(uint32_t lid) {
+  auto q = good_peer();
+  q.lid = lid;
+  return q;
+}
+
 TEST(RdmaHandshake, PeerValidation) {
   EXPECT_TRUE(validate_peer_qp(good_peer(), true, "w").is_ok());
   auto expect_bad = [](proto::RdmaQpInfo q, bool eth, const std::string& field) {
@@ -297,6 +303,7 @@ TEST(RdmaHandshake, PeerValidation) {
   expect_bad(q, true, "zero GID");
   q.lid = 7;
   EXPECT_TRUE(validate_peer_qp(q, false, "w").is_ok()) << "InfiniBand: a LID is enough";
+  expect_bad(good_peer_with_lid(7), true, "link layers must match");
   q.lid = 0;
   expect_bad(q, false, "neither a LID nor a GID");
   q.lid = 0x10000;

@@ -172,6 +172,10 @@ Status validate_peer_qp(const proto::RdmaQpInfo& peer, bool local_ethernet, cons
   if (peer.lid > 0xFFFFu) return bad("LID " + std::to_string(peer.lid) + " does not fit 16 bits");
   uint8_t g[16];
   if (Status st = gid_from_hex(peer.gid, g); !st.is_ok()) return bad(st.message());
+  if (local_ethernet && peer.lid != 0) {
+    return bad("LID " + std::to_string(peer.lid) + ": an InfiniBand port, but this port is Ethernet (RoCE); the "
+               "link layers must match");
+  }
   if (local_ethernet && gid_zero(g)) return bad("zero GID, but RoCE addresses a peer by its GID");
   if (!local_ethernet && peer.lid == 0 && gid_zero(g)) return bad("neither a LID nor a GID");
   return Status::ok();

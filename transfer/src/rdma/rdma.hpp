@@ -96,7 +96,8 @@ Result<uint32_t> choose_gid_index(const std::vector<GidEntry>& entries, bool eth
                                   const std::string& override_text, const std::string& where);
 
 // Pure: checks a peer's half of the QP handshake before any of it reaches ibv_modify_qp. `local_ethernet`:
-// this side's link layer (RoCE needs the peer's GID; InfiniBand needs a LID or a GID). Checks: qp_num in
+// this side's link layer (RoCE needs the peer's GID and refuses a peer with a LID, i.e. an InfiniBand port;
+// InfiniBand needs a LID or a GID). Checks: qp_num in
 // [2, 2^24) (0 and 1 are the special QPs), psn < 2^24, mtu_bytes one of 256..4096, gid 32 hex digits, lid
 // < 2^16. kInvalidArgument naming `what` and the field.
 Status validate_peer_qp(const proto::RdmaQpInfo& peer, bool local_ethernet, const std::string& what);
