@@ -213,7 +213,6 @@ struct DevCq {
 struct InFlight {
   SliceOp op;
   Qp* qp = nullptr;
-  size_t dev = 0;  // whose CQ the completion lands in
 };
 
 class RdmaSegment final : public TransportSegment {
@@ -653,7 +652,7 @@ Status RdmaSegment::post_one(RdmaPath& p, Qp& q, const SliceOp& op) {
   q.outstanding++;
   q.last_used_ns = now_ns();
   cq_of(p.local_dev).unpolled++;
-  in_flight_[wr_id] = InFlight{op, &q, p.local_dev};
+  in_flight_[wr_id] = InFlight{op, &q};
   return Status::ok();
 }
 
