@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -170,6 +171,13 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
                                           errno_text(err));
   }
   set_options(s->listen_fd_);
+  s->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // the listener
+  if (s->epoll_fd_ < 0 || ::epoll_ctl(s->epoll_fd_, EPOLL_CTL_ADD, s->listen_fd_, &ev) != 0) {
+    return Status(Code::kUnavailable, s->service_ + ": epoll for the fast endpoint " + endpoint + ": " + errno_text(errno));
+  }
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
@@ -180,20 +188,33 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
 }
 
 FastServer::~FastServer() {
-  for (auto& c : conns_) ::close(c->fd);
+  for (auto& [p, c] : conns_) ::close(c->fd);
   if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
-void FastServer::add_poll_items(std::vector<zmq::pollitem_t>& items) const {
-  items.push_back({nullptr, listen_fd_, ZMQ_POLLIN, 0});
-  for (const auto& c : conns_) {
-    // A client that sends without reading its replies stops being read once kMaxPendingReplyBytes of them
-    // wait: its requests stay in the kernel's buffers (TCP flow control), the master's memory stays bounded.
-    const bool backlog = c->out.size() - c->out_pos > kMaxPendingReplyBytes;
-    short ev = (c->closing || backlog) ? 0 : ZMQ_POLLIN;
-    if (c->out_pos < c->out.size()) ev |= ZMQ_POLLOUT;
-    items.push_back({nullptr, c->fd, ev, 0});
+bool FastServer::update_interest(Conn& c) {
+  // A client that sends without reading its replies stops being read once kMaxPendingReplyBytes of them
+  // wait: its requests stay in the kernel's buffers (TCP flow control), the master's memory stays bounded.
+  const bool backlog = c.out.size() - c.out_pos > kMaxPendingReplyBytes;
+  uint32_t want = (c.closing || backlog) ? 0u : static_cast<uint32_t>(EPOLLIN);
+  if (c.out_pos < c.out.size()) want |= EPOLLOUT;
+  if (want == c.events) return true;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.ptr = &c;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev) != 0) {
+    MC_LOG_WARN << service_ << ": epoll_ctl for " << c.peer << " failed: " << errno_text(errno) << "; closing it";
+    return false;
   }
+  c.events = want;
+  return true;
+}
+
+void FastServer::close_conn(Conn* c) {
+  ::close(c->fd);  // also leaves the epoll set
+  conns_.erase(c);
+  ++counters_.closed;
 }
 
 void FastServer::accept_all() {
@@ -211,7 +232,17 @@ void FastServer::accept_all() {
     auto c = std::make_unique<Conn>();
     c->fd = fd;
     c->peer = peer_name(ss);
-    conns_.push_back(std::move(c));
+    c->events = EPOLLIN;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = c.get();
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      MC_LOG_WARN << service_ << ": cannot watch the connection from " << c->peer << ": " << errno_text(errno);
+      ::close(fd);
+      continue;
+    }
+    Conn* raw = c.get();
+    conns_.emplace(raw, std::move(c));
     ++counters_.accepted;
   }
 }
@@ -304,26 +335,32 @@ bool FastServer::flush(Conn& c) {
   return !c.closing;
 }
 
-void FastServer::handle(const zmq::pollitem_t* items, size_t count) {
-  if (count == 0) return;
-  const bool accept = (items[0].revents & ZMQ_POLLIN) != 0;
-  // Connections are items[1..]; conns_ is only changed below (after the loop), so indices match.
-  std::vector<size_t> dead;
-  for (size_t i = 1; i < count && i - 1 < conns_.size(); ++i) {
-    Conn& c = *conns_[i - 1];
-    const short ev = items[i].revents;
-    if (ev == 0) continue;
+void FastServer::wait_and_handle(int timeout_ms) {
+  epoll_event evs[kMaxEvents];
+  const int n = ::epoll_wait(epoll_fd_, evs, kMaxEvents, timeout_ms);
+  if (n <= 0) return;  // idle, or EINTR
+  bool accept = false;
+  // Connections are closed after the loop: a later event of this batch may name one.
+  Conn* dead[kMaxEvents];
+  int n_dead = 0;
+  for (int i = 0; i < n; ++i) {
+    auto* c = static_cast<Conn*>(evs[i].data.ptr);
+    if (c == nullptr) {
+      accept = true;
+      continue;
+    }
+    const uint32_t ev = evs[i].events;
     bool alive = true;
-    if (ev & ZMQ_POLLIN) alive = on_readable(c);
-    if (alive && (ev & ZMQ_POLLERR) && !(ev & ZMQ_POLLIN)) alive = false;
-    if (alive) alive = flush(c);
-    if (!alive) dead.push_back(i - 1);
+    if (ev & EPOLLIN) {
+      alive = on_readable(*c);
+    } else if (ev & (EPOLLERR | EPOLLHUP)) {
+      alive = false;
+    }
+    if (alive) alive = flush(*c);
+    if (alive) alive = update_interest(*c);
+    if (!alive) dead[n_dead++] = c;
   }
-  for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
-    ::close(conns_[*it]->fd);
-    conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(*it));
-    ++counters_.closed;
-  }
+  for (int i = 0; i < n_dead; ++i) close_conn(dead[i]);
   if (accept) accept_all();
 }
 
@@ -425,7 +462,7 @@ Result<bool> FastClient::read_some() {
   }
 }
 
-Result<uint64_t> FastClient::send(std::string_view type, std::string_view body) {
+Result<uint64_t> FastClient::send(std::string_view type, std::string_view body, bool write_now) {
   if (fd_ < 0) return Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed after an earlier failure");
   if (body.size() > static_cast<uint64_t>(proto::kMaxMessageBytes)) {
     return Status(Code::kMessageTooLarge, "'" + std::string(type) + "' to " + endpoint_ + " is " + std::to_string(body.size()) +
@@ -433,7 +470,7 @@ Result<uint64_t> FastClient::send(std::string_view type, std::string_view body) 
   }
   const uint64_t id = next_id_++;
   append_frame(out_, type, id, body);
-  MC_RETURN_IF_ERROR(write_some());
+  if (write_now) MC_RETURN_IF_ERROR(write_some());
   return id;
 }
 
@@ -464,21 +501,31 @@ Result<std::optional<FastClient::Reply>> FastClient::try_recv() {
   return std::optional<Reply>();
 }
 
-Result<std::string> FastClient::call_raw(std::string_view type, std::string_view body, int timeout_ms) {
-  MC_ASSIGN_OR_RETURN(uint64_t id, send(type, body));
+Result<std::optional<FastClient::Reply>> FastClient::recv(int timeout_ms) {
   const int64_t deadline = now_ms() + std::max(0, timeout_ms);
   while (true) {
     MC_ASSIGN_OR_RETURN(std::optional<Reply> r, try_recv());
-    if (r.has_value()) {
-      if (r->id != id) continue;  // a late reply to an abandoned call
-      if (!r->status.is_ok()) return r->status;
-      return std::move(r->body);
-    }
+    if (r.has_value()) return r;
     const int64_t left = deadline - now_ms();
-    if (left <= 0) break;
+    if (left <= 0) return std::optional<Reply>();
     pollfd p{fd_, static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
     int rc = ::poll(&p, 1, static_cast<int>(left));
     if (rc < 0 && errno != EINTR) return fail(Status(Code::kUnavailable, "poll on " + endpoint_ + ": " + errno_text(errno)));
+  }
+}
+
+Result<std::string> FastClient::call_raw(std::string_view type, std::string_view body, int timeout_ms, const OtherReply& other) {
+  MC_ASSIGN_OR_RETURN(uint64_t id, send(type, body));
+  const int64_t deadline = now_ms() + std::max(0, timeout_ms);
+  while (true) {
+    MC_ASSIGN_OR_RETURN(std::optional<Reply> r, recv(static_cast<int>(std::max<int64_t>(0, deadline - now_ms()))));
+    if (!r.has_value()) break;
+    if (r->id != id) {  // a reply to an earlier send(): the caller's, or an abandoned call's
+      if (other) other(*r);
+      continue;
+    }
+    if (!r->status.is_ok()) return r->status;
+    return std::move(r->body);
   }
   // A request not fully written leaves the stream mid-frame: the connection cannot be used again.
   if (wants_write()) {

@@ -355,14 +355,14 @@ Status MasterServer::serve() {
     // One poll over the ZeroMQ socket and the fast path's sockets: every handler runs on this thread.
     items.clear();
     items.push_back({impl_->server->socket().handle(), 0, ZMQ_POLLIN, 0});
-    if (impl_->fast_server) impl_->fast_server->add_poll_items(items);
+    if (impl_->fast_server) items.push_back({nullptr, impl_->fast_server->poll_fd(), ZMQ_POLLIN, 0});
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::max(1, impl_->options.tick_ms / 2)));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) return Status(Code::kUnavailable, "mc-store master: poll failed: " + std::string(e.what()));
     }
     if (items[0].revents & ZMQ_POLLIN) MC_RETURN_IF_ERROR(impl_->server->poll_once(0));
-    if (impl_->fast_server) impl_->fast_server->handle(items.data() + 1, items.size() - 1);
+    if (impl_->fast_server && (items[1].revents & ZMQ_POLLIN)) impl_->fast_server->handle_ready();
     int64_t now = impl_->clock->now_ms();
     if (now >= next_tick) {
       impl_->core.tick();

@@ -1,5 +1,8 @@
 // `mc-store bench`: throughput of the store as its users see it.
-//  metadata: operations per second of put (put_start + put_end of a 4 KiB object: two requests), get
+//  metadata: operations per second of put (put_start + put_end of a 4 KiB object: two requests, the
+//            put_end sent write-behind with the next put_start as WriteOptions::wait_commit = false does;
+//            a put counts when its put_end reply arrives), put_sync (the same, each reply waited for:
+//            two round trips; with --transport zmq, put is put_sync), get
 //            (get_replicas) and match (match_prefix over 24 keys), with N concurrent clients (connections),
 //            each with `pipeline` requests in flight; the figure to compare with
 //            `redis-benchmark -t set,get -c N -P pipeline` (tests/bench/store_bench.sh). transport "fast": one
@@ -27,7 +30,7 @@ struct BenchOptions {
   ClientOptions client;
   std::string mode = "metadata";            // metadata | data
   std::vector<int64_t> clients = {1, 8, 32};
-  std::vector<std::string> ops = {"put", "get", "match"};
+  std::vector<std::string> ops = {"put", "put_sync", "get", "match"};
   std::string transport = "fast";           // metadata: fast (plain TCP, one thread driving every connection,
                                             // as redis-benchmark does) or zmq (RpcClient, one thread each)
   uint32_t pipeline = 1;                    // metadata, fast: requests in flight per connection (redis -P)
