@@ -80,22 +80,32 @@ Result<std::string> tcp_host_of(const std::string& endpoint) {
   return host;
 }
 
-void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body) {
-  // proto::Header's map (the keys MSGPACK_DEFINE_MAP writes), packed in place: no temporary strings.
-  msgpack::sbuffer head;
-  msgpack::packer<msgpack::sbuffer> pk(head);
+namespace {
+// A msgpack packer's sink appending to a std::string.
+struct StringSink {
+  std::string* out;
+  void write(const char* data, size_t n) { out->append(data, n); }
+};
+}  // namespace
+
+void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body, std::string_view type_suffix) {
+  // proto::Header's map (the keys MSGPACK_DEFINE_MAP writes), packed straight into `out` after a prefix
+  // that is filled in once the header's length is known: no temporary buffer or string per frame.
+  const size_t at = out.size();
+  out.append(kPrefixBytes, '\0');
+  StringSink sink{&out};
+  msgpack::packer<StringSink> pk(sink);
   pk.pack_map(3);
   pk.pack(std::string_view("v"));
   pk.pack(proto::kProtocolVersion);
   pk.pack(std::string_view("type"));
-  pk.pack(type);
+  pk.pack_str(static_cast<uint32_t>(type.size() + type_suffix.size()));
+  pk.pack_str_body(type.data(), static_cast<uint32_t>(type.size()));
+  pk.pack_str_body(type_suffix.data(), static_cast<uint32_t>(type_suffix.size()));
   pk.pack(std::string_view("id"));
   pk.pack(id);
-  char prefix[kPrefixBytes];
-  put_u32(prefix, static_cast<uint32_t>(head.size()));
-  put_u32(prefix + 4, static_cast<uint32_t>(body.size()));
-  out.append(prefix, kPrefixBytes);
-  out.append(head.data(), head.size());
+  put_u32(&out[at], static_cast<uint32_t>(out.size() - at - kPrefixBytes));
+  put_u32(&out[at + 4], static_cast<uint32_t>(body.size()));
   out.append(body.data(), body.size());
 }
 
@@ -268,8 +278,8 @@ void FastServer::answer(Conn& c, const Frame& f) {
                                                        std::to_string(hello->protocol_version) + " but " + service_ +
                                                        " speaks v" + std::to_string(proto::kProtocolVersion)));
     }
-    append_frame(c.out, f.header.type + ".reply", f.header.id,
-                 codec::pack(proto::HelloReply{proto::kProtocolVersion, service_, build_id_string()}));
+    append_frame(c.out, f.header.type, f.header.id,
+                 codec::pack(proto::HelloReply{proto::kProtocolVersion, service_, build_id_string()}), ".reply");
     return;
   }
   Result<std::string> reply = Status(Code::kInternal, "handler did not run");
@@ -283,9 +293,7 @@ void FastServer::answer(Conn& c, const Frame& f) {
     return error(reply.status());
   }
   ++counters_.handled;
-  std::string type = f.header.type;
-  type += ".reply";
-  append_frame(c.out, type, f.header.id, reply.value());
+  append_frame(c.out, f.header.type, f.header.id, reply.value(), ".reply");
 }
 
 bool FastServer::on_readable(Conn& c) {

@@ -43,8 +43,9 @@ inline constexpr uint32_t kMaxHeaderBytes = 4096;
 inline constexpr size_t kPrefixBytes = 8;
 inline constexpr size_t kMaxPendingReplyBytes = 64u << 20;  // per connection, see FastServer
 
-// Appends one frame (prefix, header, body) to `out`.
-void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body);
+// Appends one frame (prefix, header, body) to `out`; the header's type is `type` followed by `type_suffix`
+// (".reply" for a reply), written in place without a temporary.
+void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body, std::string_view type_suffix = {});
 
 // A decoded frame.
 struct Frame {

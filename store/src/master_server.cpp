@@ -78,7 +78,13 @@ struct MasterServer::Impl {
   void register_handlers();
 
   // Handlers of the fast path (fast_rpc.hpp), by message type: the same functions as the ZeroMQ ones.
-  std::unordered_map<std::string, std::function<Result<std::string>(std::string_view body)>> fast_handlers;
+  struct TypeHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // Looked up by string_view (heterogeneous lookup): no string built per request.
+  std::unordered_map<std::string, std::function<Result<std::string>(std::string_view body)>, TypeHash, std::equal_to<>>
+      fast_handlers;
   std::unique_ptr<fast::FastServer> fast_server;
   std::vector<zmq::pollitem_t> poll_items;
 
@@ -95,7 +101,7 @@ struct MasterServer::Impl {
     };
   }
   Result<std::string> fast_dispatch(std::string_view type, std::string_view body) {
-    auto it = fast_handlers.find(std::string(type));
+    auto it = fast_handlers.find(type);
     if (it == fast_handlers.end()) {
       return Status(Code::kUnimplemented, "mc-store master does not handle message type '" + std::string(type) + "'");
     }
