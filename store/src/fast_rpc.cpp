@@ -343,15 +343,31 @@ bool FastServer::flush(Conn& c) {
   return !c.closing;
 }
 
-void FastServer::wait_and_handle(int timeout_ms) {
+Status FastServer::watch(int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = &watched_tag_;
+  if (watched_fd_ >= 0 || ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    return Status(Code::kInternal, service_ + ": cannot watch fd " + std::to_string(fd) + " with the fast path's epoll set: " +
+                                       (watched_fd_ >= 0 ? std::string("one is watched already") : errno_text(errno)));
+  }
+  watched_fd_ = fd;
+  return Status::ok();
+}
+
+bool FastServer::wait_and_handle(int timeout_ms) {
   epoll_event evs[kMaxEvents];
   const int n = ::epoll_wait(epoll_fd_, evs, kMaxEvents, timeout_ms);
-  if (n <= 0) return;  // idle, or EINTR
-  bool accept = false;
+  if (n <= 0) return false;  // idle, or EINTR
+  bool accept = false, watched = false;
   // Connections are closed after the loop: a later event of this batch may name one.
   Conn* dead[kMaxEvents];
   int n_dead = 0;
   for (int i = 0; i < n; ++i) {
+    if (evs[i].data.ptr == &watched_tag_) {
+      watched = true;
+      continue;
+    }
     auto* c = static_cast<Conn*>(evs[i].data.ptr);
     if (c == nullptr) {
       accept = true;
@@ -370,6 +386,7 @@ void FastServer::wait_and_handle(int timeout_ms) {
   }
   for (int i = 0; i < n_dead; ++i) close_conn(dead[i]);
   if (accept) accept_all();
+  return watched;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -86,10 +86,14 @@ class FastServer {
 
   // The epoll fd: readable (POLLIN) while a connection or the listener is ready.
   int poll_fd() const { return epoll_fd_; }
+  // Adds the owner's fd (e.g. a ZeroMQ socket's ZMQ_FD) to the epoll set, readable-level: the owner can
+  // then block in wait_and_handle() alone, one syscall per wakeup instead of a poll plus an epoll_wait.
+  Status watch(int fd);
   // Accepts, reads, answers and writes what is ready now (never blocks; at most kMaxEvents sockets).
-  void handle_ready() { wait_and_handle(0); }
-  // Waits up to timeout_ms for a ready socket, then handles what is ready (for a loop of its own).
-  void wait_and_handle(int timeout_ms);
+  // True when the watched fd was reported readable.
+  bool handle_ready() { return wait_and_handle(0); }
+  // Waits up to timeout_ms for a ready socket, then handles what is ready; true as handle_ready().
+  bool wait_and_handle(int timeout_ms);
   static constexpr int kMaxEvents = 256;
 
   struct Counters {
@@ -122,6 +126,8 @@ class FastServer {
   Dispatch dispatch_;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
+  int watched_fd_ = -1;
+  char watched_tag_ = 0;  // its epoll data.ptr
   uint16_t port_ = 0;
   std::unordered_map<Conn*, std::unique_ptr<Conn>> conns_;
   Counters counters_;
