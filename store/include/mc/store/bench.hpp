@@ -12,7 +12,9 @@
 //            through the client library (blocks registered with the client's transfer engine once, as a
 //            worker registers its KV cache), to compare with `mc-xfer bench` on the same path. Puts run
 //            for duration_s over fresh keys (each round removed right after), then gets for duration_s
-//            over one round of stored blocks, so both stream without waiting for leases.
+//            over one round of stored blocks, so both stream without waiting for leases. Refused
+//            (kInvalidArgument) when the mounted DRAM cannot hold three rounds below 80 % (the default low
+//            watermark): blocks would be evicted under the benchmark.
 // Every loop is bounded by duration_s and by max_ops. Output: a table (units in headers) or JSON.
 #pragma once
 
