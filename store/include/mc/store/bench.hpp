@@ -10,7 +10,8 @@
 //            connections from one event loop; "zmq": one thread and RpcClient per connection.
 //  data:     batch_put / batch_get GB/s (decimal) of blocks of block_tokens x kv_bytes_per_token bytes
 //            through the client library (blocks registered with the client's transfer engine once, as a
-//            worker registers its KV cache), to compare with `mc-xfer bench` on the same path. Puts run
+//            worker registers its KV cache), to compare with `mc-xfer bench` on the same path; puts commit
+//            write-behind (WriteOptions::wait_commit = false) with a timed flush() per round. Puts run
 //            for duration_s over fresh keys (each round removed right after), then gets for duration_s
 //            over one round of stored blocks, so both stream without waiting for leases. Refused
 //            (kInvalidArgument) when the mounted DRAM cannot hold three rounds below 80 % (the default low
