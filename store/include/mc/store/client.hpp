@@ -38,7 +38,8 @@
 // is never lost: it is counted (ClientCounters::commit_failures), logged with its key, and returned by
 // flush(); the object is then simply absent (a later get is a miss, never data). A connection that breaks
 // with commits outstanding reports them as failed (kUnavailable: unconfirmed), although the master may
-// have applied some. No request is ever sent twice. Without a fast path (master started with
+// have applied some. No request is ever sent twice. The destructor waits up to rpc_timeout_ms for the
+// replies of outstanding commits, so that a failure is still logged. Without a fast path (master started with
 // --fast-listen off, or after that connection failed) the commit is waited for, as with wait_commit.
 //
 // Liveness: a background thread heartbeats the master every heartbeat_ms on its own connection, so an
