@@ -316,11 +316,20 @@ Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t s
   std::atomic<uint64_t> received{0};
   std::vector<std::thread> receivers;
   std::vector<tcp::Fd> senders;
-  for (uint32_t s = 0; s < streams; ++s) {
-    MC_ASSIGN_OR_RETURN(tcp::Fd fd, tcp::connect_blocking(tcp::HostPort{"127.0.0.1", port}, "", 2000, 10000));
-    senders.push_back(std::move(fd));
+  Status setup;
+  for (uint32_t s = 0; s < streams && setup.is_ok(); ++s) {
+    auto fd = tcp::connect_blocking(tcp::HostPort{"127.0.0.1", port}, "", 2000, 10000);
+    if (!fd.is_ok()) {
+      setup = fd.status();
+      break;
+    }
+    senders.push_back(std::move(fd.value()));
     int cfd = ::accept(lfd.get(), nullptr, nullptr);
-    if (cfd < 0) return Status(Code::kIo, std::string("raw tcp baseline: accept: ") + strerror(errno));
+    if (cfd < 0) {
+      setup = Status(Code::kIo, std::string("raw tcp baseline: accept on 127.0.0.1:") + std::to_string(port) + ": " +
+                                    strerror(errno));
+      break;
+    }
     receivers.emplace_back([cfd, block_bytes, &received] {
       std::vector<char> buf(block_bytes);
       uint64_t got = 0;
@@ -332,6 +341,11 @@ Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t s
       received += got;
       ::close(cfd);
     });
+  }
+  if (!setup.is_ok()) {  // no thread may outlive this frame: end the receivers that started
+    for (auto& fd : senders) ::shutdown(fd.get(), SHUT_RDWR);
+    for (auto& t : receivers) t.join();
+    return setup;
   }
   std::vector<std::thread> ts;
   const double t0 = now_s();
