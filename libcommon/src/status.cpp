@@ -26,6 +26,7 @@ std::string_view code_name(Code code) {
     case Code::kTransferFailed: return "transfer_failed";
     case Code::kSegmentNotRegistered: return "segment_not_registered";
     case Code::kNoPath: return "no_path";
+    case Code::kLocalDeviceDown: return "local_device_down";
     case Code::kObjectNotFound: return "object_not_found";
     case Code::kObjectBusy: return "object_busy";
     case Code::kLeaseExpired: return "lease_expired";

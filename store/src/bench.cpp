@@ -44,6 +44,8 @@ Result<std::vector<std::string>> stored_chain(const BenchOptions& o, const std::
   return chain;
 }
 
+bool is_put(const std::string& op) { return op == "put" || op == "put_sync"; }
+
 // One metadata request of `op` for connection `conn`: (type, msgpack body). A put is two requests:
 // put_start (stage 0) then put_end (stage 1) with the granted put_id.
 struct Request {
@@ -52,7 +54,7 @@ struct Request {
 };
 Request make_request(const std::string& op, const std::string& cid, const std::string& key_prefix, uint64_t n,
                      const std::vector<std::string>& chain) {
-  if (op == "put") {
+  if (is_put(op)) {
     proto::StorePutStartRequest ps;
     ps.client_id = cid;
     ps.keys = {key_prefix + std::to_string(n)};
@@ -70,6 +72,9 @@ Request make_request(const std::string& op, const std::string& cid, const std::s
 
 // Fast path, driven like redis-benchmark: one thread, `clients` connections, each with `pipeline`
 // requests in flight; a reply is checked and answered by the connection's next request at once.
+// put_sync: put_start, its reply, put_end, its reply, then the next put_start (two round trips per put).
+// put (write-behind, as Client with WriteOptions::wait_commit = false): on put_start's reply the put_end
+// and the next put_start leave together in one send; a put counts when its put_end reply arrives.
 Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t clients, const std::string& run_id,
                          const std::vector<std::string>& chain) {
   MC_ASSIGN_OR_RETURN(std::string host, fast::tcp_host_of(o.client.master));
@@ -105,7 +110,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
   }
   uint64_t started = 0, done = 0, errors = 0;
   auto issue = [&](Conn& k) -> Status {
-    if (started >= o.max_ops) return Status::ok();
+    if (started >= o.max_ops) return k.c->write_queued();
     Request r = make_request(op, k.cid, k.key_prefix, k.next_n, chain);
     MC_ASSIGN_OR_RETURN(uint64_t id, k.c->send(r.type, r.body));
     k.flight.push_back({id, 0, k.next_n++});
@@ -144,16 +149,24 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
         InFlight f = k.flight.front();
         k.flight.pop_front();
         bool ok = r->status.is_ok();
-        if (ok && op == "put" && f.stage == 0) {
+        if (ok && is_put(op) && f.stage == 0) {
           auto g = codec::unpack<proto::StorePutStartReply>(r->body, "put_start reply");
           if (g.is_ok() && g->items.size() == 1 && g->items[0].code == 0) {
             proto::StorePutEndRequest e{k.cid, {k.key_prefix + std::to_string(f.n)}, {g->items[0].put_id}};
-            MC_ASSIGN_OR_RETURN(uint64_t id, k.c->send(proto::StorePutEndRequest::kType, codec::pack(e)));
+            const bool behind = op == "put";
+            MC_ASSIGN_OR_RETURN(uint64_t id, k.c->send(proto::StorePutEndRequest::kType, codec::pack(e), !behind));
             k.flight.push_back({id, 1, f.n});
+            if (behind) {
+              if (stopping) {
+                MC_RETURN_IF_ERROR(k.c->write_queued());
+              } else {
+                MC_RETURN_IF_ERROR(issue(k));
+              }
+            }
             continue;
           }
           ok = false;
-        } else if (ok && op == "put") {
+        } else if (ok && is_put(op)) {
           auto e = codec::unpack<proto::StoreItemsReply>(r->body, "put_end reply");
           ok = e.is_ok() && e->codes.size() == 1 && e->codes[0] == 0;
         } else if (ok && op == "get") {
@@ -165,7 +178,9 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
         }
         ++done;
         if (!ok) ++errors;
-        if (!stopping) MC_RETURN_IF_ERROR(issue(k));
+        // A write-behind put's next put_start already left with its put_end (unless put_start failed).
+        const bool issued = op == "put" && f.stage == 1;
+        if (!stopping && !issued) MC_RETURN_IF_ERROR(issue(k));
       }
     }
   }
@@ -204,7 +219,7 @@ Result<Point> zmq_point(const BenchOptions& o, const std::string& op, int64_t cl
       while (total.load(std::memory_order_relaxed) < o.max_ops) {
         if ((n & 15) == 0 && (SteadyClock::now() - start).count() > deadline_ns) break;
         bool ok = true;
-        if (op == "put") {
+        if (is_put(op)) {
           proto::StorePutStartRequest ps;
           ps.client_id = cid;
           ps.keys = {prefix + std::to_string(n)};
@@ -245,7 +260,7 @@ Result<Point> zmq_point(const BenchOptions& o, const std::string& op, int64_t cl
 
 Result<Point> metadata_point(const BenchOptions& o, const std::string& op, int64_t clients, const std::string& run_id) {
   std::vector<std::string> chain;
-  if (op != "put") {
+  if (!is_put(op)) {
     MC_ASSIGN_OR_RETURN(chain, stored_chain(o, run_id));
   }
   if (o.transport == "fast") return fast_point(o, op, clients, run_id, chain);
@@ -255,6 +270,26 @@ Result<Point> metadata_point(const BenchOptions& o, const std::string& op, int64
 Status data_bench(const BenchOptions& o, std::ostream& out) {
   uint64_t block_bytes = o.kv_bytes_per_token * o.block_tokens;
   MC_ASSIGN_OR_RETURN(auto cl, Client::connect(o.client));
+  // Up to three rounds of blocks live at once (the warm-up's, while its leases run; the read set; a put
+  // round). If the mounted DRAM cannot hold them below the eviction watermark, blocks would be evicted
+  // under the benchmark: refuse up front rather than measure misses.
+  {
+    MC_ASSIGN_OR_RETURN(auto st, cl->stat());
+    uint64_t dram_bytes = 0;
+    for (const auto& seg : st.segments) {
+      if (seg.medium == "cpu") dram_bytes += seg.capacity_bytes;
+    }
+    const uint64_t working_set_bytes = 3 * o.blocks * block_bytes;
+    const double kUsable = 0.8;  // the master's default low watermark
+    if (static_cast<double>(working_set_bytes) > kUsable * static_cast<double>(dram_bytes)) {
+      return Status(Code::kInvalidArgument,
+                    "the data benchmark keeps up to " + std::to_string(working_set_bytes) + " bytes stored (3 rounds of " +
+                        std::to_string(o.blocks) + " blocks of " + std::to_string(block_bytes) + " bytes) but the nodes of " +
+                        o.client.master + " mount " + std::to_string(dram_bytes) +
+                        " bytes of DRAM (usable before eviction: 80 %); use fewer --blocks or start the node with a larger "
+                        "--dram-bytes");
+    }
+  }
   std::vector<std::vector<std::byte>> blocks(o.blocks, std::vector<std::byte>(block_bytes));
   for (uint64_t i = 0; i < o.blocks; ++i) {
     for (uint64_t j = 0; j < block_bytes; j += 4096) blocks[i][j] = static_cast<std::byte>(i + j);
@@ -272,18 +307,25 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
     }
     return keys;
   };
+  // Write-behind commits, as a prefill worker storing its blocks would use them (client.hpp); the
+  // round's flush() is inside the timed span.
+  const WriteOptions behind{false, false, false};
   auto put_round = [&](const std::vector<std::string>& keys, bool timed) -> Status {
     for (uint64_t b = 0; b < o.blocks; b += o.batch) {
       std::vector<PutItem> items;
       for (uint64_t i = b; i < std::min(o.blocks, b + o.batch); ++i) items.push_back({keys[i], blocks[i]});
       auto t = SteadyClock::now();
-      MC_ASSIGN_OR_RETURN(auto st, cl->batch_put(items));
+      MC_ASSIGN_OR_RETURN(auto st, cl->batch_put(items, behind));
       if (timed) put_s += std::chrono::duration<double>(SteadyClock::now() - t).count();
       for (const auto& s : st) {
         if (!s.is_ok()) return s.with_context("batch_put in the data benchmark");
       }
       if (timed) put_bytes += items.size() * block_bytes;
     }
+    // Every commit of the round confirmed (timed): a refused one fails the benchmark.
+    auto t = SteadyClock::now();
+    MC_RETURN_IF_ERROR(cl->flush().with_context("commits of batch_put in the data benchmark"));
+    if (timed) put_s += std::chrono::duration<double>(SteadyClock::now() - t).count();
     return Status::ok();
   };
   // Warm-up (untimed): one round put, read and removed, so the engine's connections and mappings exist
@@ -297,6 +339,7 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
       auto part = std::span<const GetItem>(gets).subspan(b, std::min(o.batch, o.blocks - b));
       MC_RETURN_IF_ERROR(cl->batch_get(part).status());
     }
+    for (const auto& k : keys) (void)cl->remove(k);  // best effort: a block still leased expires later
   }
   // Puts: rounds of fresh keys, each round removed right after (never read, so never leased): the
   // allocator hands the same ranges out again and the segment never fills.
@@ -304,7 +347,11 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
   for (int round = 0; round == 0 || (SteadyClock::now() < deadline && round < 100000); ++round) {
     auto keys = keys_of("put", round);
     MC_RETURN_IF_ERROR(put_round(keys, true));
-    for (const auto& k : keys) MC_RETURN_IF_ERROR(cl->remove(k).with_context("remove in the data benchmark"));
+    for (const auto& k : keys) {
+      Status s = cl->remove(k);
+      // Evicted already (another writer filled the node): nothing to remove.
+      if (!s.is_ok() && s.code() != Code::kObjectNotFound) return s.with_context("remove in the data benchmark");
+    }
   }
   // Gets: one round of blocks stored (untimed), then read again and again until the deadline.
   auto keys = keys_of("get", 0);
@@ -352,8 +399,8 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
   if (o.mode == "data") return data_bench(o, out);
   if (o.mode != "metadata") return Status(Code::kInvalidArgument, "--mode must be metadata or data, not '" + o.mode + "'");
   for (const auto& op : o.ops) {
-    if (op != "put" && op != "get" && op != "match") {
-      return Status(Code::kInvalidArgument, "--ops: unknown operation '" + op + "' (put, get, match)");
+    if (!is_put(op) && op != "get" && op != "match") {
+      return Status(Code::kInvalidArgument, "--ops: unknown operation '" + op + "' (put, put_sync, get, match)");
     }
   }
   if (o.transport != "fast" && o.transport != "zmq") {

@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -62,12 +64,26 @@ class Client::Impl {
   std::map<transfer::SegmentHandle, bool> shm_segment;  // opened segment -> moved over shm
   ClientCounters counters;
 
+  // Write-behind commits (WriteOptions::wait_commit = false): put_ends sent on fast_master whose replies
+  // have not been read yet, in send order, and the failures collected since the last flush().
+  struct PendingCommit {
+    uint64_t id = 0;
+    std::vector<std::string> keys;
+  };
+  std::deque<PendingCommit> pending_commits;
+  std::vector<CommitFailure> commit_failures;  // at most kKeptCommitFailures; the rest only counted
+  uint64_t commit_failures_unlisted = 0;
+  static constexpr size_t kKeptCommitFailures = 4096;
+  const fast::FastClient::OtherReply on_other_reply = [this](fast::FastClient::Reply& r) { collect_commit(r); };
+
   std::thread heartbeat_thread;
   std::mutex heartbeat_mu;
   std::condition_variable heartbeat_cv;
   bool heartbeat_stop = false;
 
   ~Impl() {
+    // Outstanding commits were sent; read their replies so that no failure goes unlogged (bounded).
+    if (!pending_commits.empty()) (void)drain_commits(steady_ms() + options.rpc_timeout_ms);
     {
       std::lock_guard<std::mutex> lk(heartbeat_mu);
       heartbeat_stop = true;
@@ -111,21 +127,100 @@ class Client::Impl {
 
   // Every metadata call: the fast path when connected, else ZeroMQ. A fast connection that breaks (master
   // restarted, stream failed) answers this call with its error and is dropped: later calls use ZeroMQ,
-  // which reconnects by itself. A request is never sent twice (put_start is not idempotent).
+  // which reconnects by itself. A request is never sent twice (put_start is not idempotent). Replies to
+  // write-behind commits that arrive before this call's own are collected on the way.
   template <typename Req>
   Result<typename Req::Reply> call_master(const Req& req) {
     if (fast_master) {
       ++counters.master_calls_fast;
-      Result<typename Req::Reply> r = fast_master->call(req, options.rpc_timeout_ms);
-      if (fast_master->broken()) {
-        MC_LOG_WARN << "client " << options.client_id << ": fast path to the master failed (" << r.status().to_string()
-                    << "); using " << options.master << " from now on";
-        fast_master.reset();
-      }
+      Result<typename Req::Reply> r = fast_master->call(req, options.rpc_timeout_ms, on_other_reply);
+      if (fast_master->broken()) fast_failed(r.status());
       return r;
     }
     ++counters.master_calls_zmq;
     return master->call(req, options.rpc_timeout_ms);
+  }
+
+  // The fast connection failed: drop it (later calls use ZeroMQ) and report the commits still waiting on it.
+  void fast_failed(const Status& why) {
+    MC_LOG_WARN << "client " << options.client_id << ": fast path to the master failed (" << why.to_string() << "); using "
+                << options.master << " from now on";
+    fast_master.reset();
+    std::deque<PendingCommit> lost = std::move(pending_commits);
+    pending_commits.clear();
+    for (const PendingCommit& pc : lost) {
+      for (const std::string& key : pc.keys) {
+        commit_failed(key, Status(Code::kUnavailable, "write-behind commit unconfirmed: the connection to the master failed (" +
+                                                          why.message() + "); the master may or may not have applied it"));
+      }
+    }
+  }
+
+  void commit_failed(const std::string& key, Status s) {
+    ++counters.commit_failures;
+    MC_LOG_WARN << "client " << options.client_id << ": write-behind commit of '" << key << "' failed: " << s.to_string();
+    if (commit_failures.size() < kKeptCommitFailures) {
+      commit_failures.push_back({key, std::move(s)});
+    } else {
+      ++commit_failures_unlisted;
+    }
+  }
+
+  // A reply read from the fast connection that is not the current call's: a write-behind commit's (its
+  // per-key codes), or an abandoned call's (ignored). A reply that cannot be decoded fails its commit.
+  void collect_commit(fast::FastClient::Reply& r) {
+    auto it = std::find_if(pending_commits.begin(), pending_commits.end(), [&](const PendingCommit& p) { return p.id == r.id; });
+    if (it == pending_commits.end()) return;
+    PendingCommit pc = std::move(*it);
+    pending_commits.erase(it);
+    if (!r.status.is_ok()) {
+      for (const std::string& key : pc.keys) commit_failed(key, r.status);
+      return;
+    }
+    Result<proto::StoreItemsReply> reply = codec::unpack<proto::StoreItemsReply>(r.body, "put_end reply from " + options.master);
+    if (reply.is_ok() && reply->codes.size() != pc.keys.size()) {
+      reply = Status(Code::kMalformedMessage, "put_end reply from " + options.master + " has " +
+                                                  std::to_string(reply->codes.size()) + " codes for " +
+                                                  std::to_string(pc.keys.size()) + " keys");
+    }
+    if (!reply.is_ok()) {
+      for (const std::string& key : pc.keys) commit_failed(key, reply.status());
+      return;
+    }
+    for (size_t j = 0; j < pc.keys.size(); ++j) {
+      if (reply->codes[j] == 0) continue;
+      commit_failed(pc.keys[j], item_status(reply->codes[j], j < reply->messages.size() ? reply->messages[j] : ""));
+    }
+  }
+
+  // Sends a put_end without waiting for its reply; false when there is no fast path (commit synchronously).
+  Result<bool> commit_behind(const proto::StorePutEndRequest& end) {
+    if (!fast_master) return false;
+    ++counters.master_calls_fast;
+    Result<uint64_t> id = fast_master->send(proto::StorePutEndRequest::kType, codec::pack(end));
+    if (!id.is_ok()) {
+      if (fast_master->broken()) fast_failed(id.status());
+      return id.status().with_context("put_end (write-behind)");
+    }
+    pending_commits.push_back({*id, end.keys});
+    counters.commits_behind += end.keys.size();
+    return true;
+  }
+
+  // Reads commit replies until none is pending or the deadline passes; false on timeout.
+  bool drain_commits(int64_t deadline_ms) {
+    while (!pending_commits.empty() && fast_master) {
+      const int64_t left = deadline_ms - steady_ms();
+      if (left <= 0) return false;
+      Result<std::optional<fast::FastClient::Reply>> r = fast_master->recv(static_cast<int>(left));
+      if (!r.is_ok()) {
+        fast_failed(r.status());
+        break;
+      }
+      if (!r->has_value()) return false;
+      collect_commit(**r);
+    }
+    return pending_commits.empty();
   }
 
   // Asks the master for its fast path and connects to it; stays on ZeroMQ when there is none.
@@ -561,7 +656,15 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
     }
   }
   if (!revoke.keys.empty()) (void)m.call_master(revoke);
-  if (!end.keys.empty()) {
+  bool behind = false;
+  if (!end.keys.empty() && !options.wait_commit) {
+    Result<bool> sent = m.commit_behind(end);
+    if (!sent.is_ok()) {
+      for (size_t i : end_index) out[i] = sent.status();
+    }
+    behind = !sent.is_ok() || *sent;
+  }
+  if (!end.keys.empty() && !behind) {
     MC_ASSIGN_OR_RETURN(auto ends, m.call_master(end));
     for (size_t j = 0; j < end_index.size() && j < ends.codes.size(); ++j) {
       out[end_index[j]] = item_status(ends.codes[j], j < ends.messages.size() ? ends.messages[j] : "");
@@ -625,6 +728,33 @@ Result<std::vector<Status>> Client::batch_get(std::span<const GetItem> items) {
   std::vector<Status> got = impl_->read_objects(read_keys, read_items, granted, read_bufs);
   for (size_t k = 0; k < read_index.size(); ++k) out[read_index[k]] = std::move(got[k]);
   return out;
+}
+
+Status Client::flush(std::vector<CommitFailure>* failures) {
+  Impl& m = *impl_;
+  const bool drained = m.drain_commits(steady_ms() + m.options.rpc_timeout_ms);
+  if (!drained) {
+    return Status(Code::kTimeout, std::to_string(m.pending_commits.size()) + " write-behind commit(s) to " + m.options.master +
+                                      " unanswered after " + std::to_string(m.options.rpc_timeout_ms) +
+                                      " ms (is the master overloaded?); flush again");
+  }
+  std::vector<CommitFailure> failed = std::move(m.commit_failures);
+  m.commit_failures.clear();
+  const uint64_t total = failed.size() + m.commit_failures_unlisted;
+  m.commit_failures_unlisted = 0;
+  Status s = Status::ok();
+  if (!failed.empty()) {
+    s = Status(failed.front().status.code(), std::to_string(total) + " write-behind commit(s) failed; first: '" +
+                                                 failed.front().key + "': " + failed.front().status.message());
+  }
+  if (failures) failures->insert(failures->end(), std::make_move_iterator(failed.begin()), std::make_move_iterator(failed.end()));
+  return s;
+}
+
+size_t Client::commits_pending() const {
+  size_t n = 0;
+  for (const auto& pc : impl_->pending_commits) n += pc.keys.size();
+  return n;
 }
 
 Result<std::vector<bool>> Client::exists(const std::vector<std::string>& keys) {

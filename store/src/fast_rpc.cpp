@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -79,22 +80,32 @@ Result<std::string> tcp_host_of(const std::string& endpoint) {
   return host;
 }
 
-void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body) {
-  // proto::Header's map (the keys MSGPACK_DEFINE_MAP writes), packed in place: no temporary strings.
-  msgpack::sbuffer head;
-  msgpack::packer<msgpack::sbuffer> pk(head);
+namespace {
+// A msgpack packer's sink appending to a std::string.
+struct StringSink {
+  std::string* out;
+  void write(const char* data, size_t n) { out->append(data, n); }
+};
+}  // namespace
+
+void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body, std::string_view type_suffix) {
+  // proto::Header's map (the keys MSGPACK_DEFINE_MAP writes), packed straight into `out` after a prefix
+  // that is filled in once the header's length is known: no temporary buffer or string per frame.
+  const size_t at = out.size();
+  out.append(kPrefixBytes, '\0');
+  StringSink sink{&out};
+  msgpack::packer<StringSink> pk(sink);
   pk.pack_map(3);
   pk.pack(std::string_view("v"));
   pk.pack(proto::kProtocolVersion);
   pk.pack(std::string_view("type"));
-  pk.pack(type);
+  pk.pack_str(static_cast<uint32_t>(type.size() + type_suffix.size()));
+  pk.pack_str_body(type.data(), static_cast<uint32_t>(type.size()));
+  pk.pack_str_body(type_suffix.data(), static_cast<uint32_t>(type_suffix.size()));
   pk.pack(std::string_view("id"));
   pk.pack(id);
-  char prefix[kPrefixBytes];
-  put_u32(prefix, static_cast<uint32_t>(head.size()));
-  put_u32(prefix + 4, static_cast<uint32_t>(body.size()));
-  out.append(prefix, kPrefixBytes);
-  out.append(head.data(), head.size());
+  put_u32(&out[at], static_cast<uint32_t>(out.size() - at - kPrefixBytes));
+  put_u32(&out[at + 4], static_cast<uint32_t>(body.size()));
   out.append(body.data(), body.size());
 }
 
@@ -170,6 +181,13 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
                                           errno_text(err));
   }
   set_options(s->listen_fd_);
+  s->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // the listener
+  if (s->epoll_fd_ < 0 || ::epoll_ctl(s->epoll_fd_, EPOLL_CTL_ADD, s->listen_fd_, &ev) != 0) {
+    return Status(Code::kUnavailable, s->service_ + ": epoll for the fast endpoint " + endpoint + ": " + errno_text(errno));
+  }
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
@@ -180,20 +198,33 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
 }
 
 FastServer::~FastServer() {
-  for (auto& c : conns_) ::close(c->fd);
+  for (auto& [p, c] : conns_) ::close(c->fd);
   if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
-void FastServer::add_poll_items(std::vector<zmq::pollitem_t>& items) const {
-  items.push_back({nullptr, listen_fd_, ZMQ_POLLIN, 0});
-  for (const auto& c : conns_) {
-    // A client that sends without reading its replies stops being read once kMaxPendingReplyBytes of them
-    // wait: its requests stay in the kernel's buffers (TCP flow control), the master's memory stays bounded.
-    const bool backlog = c->out.size() - c->out_pos > kMaxPendingReplyBytes;
-    short ev = (c->closing || backlog) ? 0 : ZMQ_POLLIN;
-    if (c->out_pos < c->out.size()) ev |= ZMQ_POLLOUT;
-    items.push_back({nullptr, c->fd, ev, 0});
+bool FastServer::update_interest(Conn& c) {
+  // A client that sends without reading its replies stops being read once kMaxPendingReplyBytes of them
+  // wait: its requests stay in the kernel's buffers (TCP flow control), the master's memory stays bounded.
+  const bool backlog = c.out.size() - c.out_pos > kMaxPendingReplyBytes;
+  uint32_t want = (c.closing || backlog) ? 0u : static_cast<uint32_t>(EPOLLIN);
+  if (c.out_pos < c.out.size()) want |= EPOLLOUT;
+  if (want == c.events) return true;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.ptr = &c;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev) != 0) {
+    MC_LOG_WARN << service_ << ": epoll_ctl for " << c.peer << " failed: " << errno_text(errno) << "; closing it";
+    return false;
   }
+  c.events = want;
+  return true;
+}
+
+void FastServer::close_conn(Conn* c) {
+  ::close(c->fd);  // also leaves the epoll set
+  conns_.erase(c);
+  ++counters_.closed;
 }
 
 void FastServer::accept_all() {
@@ -211,7 +242,17 @@ void FastServer::accept_all() {
     auto c = std::make_unique<Conn>();
     c->fd = fd;
     c->peer = peer_name(ss);
-    conns_.push_back(std::move(c));
+    c->events = EPOLLIN;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = c.get();
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      MC_LOG_WARN << service_ << ": cannot watch the connection from " << c->peer << ": " << errno_text(errno);
+      ::close(fd);
+      continue;
+    }
+    Conn* raw = c.get();
+    conns_.emplace(raw, std::move(c));
     ++counters_.accepted;
   }
 }
@@ -237,8 +278,8 @@ void FastServer::answer(Conn& c, const Frame& f) {
                                                        std::to_string(hello->protocol_version) + " but " + service_ +
                                                        " speaks v" + std::to_string(proto::kProtocolVersion)));
     }
-    append_frame(c.out, f.header.type + ".reply", f.header.id,
-                 codec::pack(proto::HelloReply{proto::kProtocolVersion, service_, build_id_string()}));
+    append_frame(c.out, f.header.type, f.header.id,
+                 codec::pack(proto::HelloReply{proto::kProtocolVersion, service_, build_id_string()}), ".reply");
     return;
   }
   Result<std::string> reply = Status(Code::kInternal, "handler did not run");
@@ -252,9 +293,7 @@ void FastServer::answer(Conn& c, const Frame& f) {
     return error(reply.status());
   }
   ++counters_.handled;
-  std::string type = f.header.type;
-  type += ".reply";
-  append_frame(c.out, type, f.header.id, reply.value());
+  append_frame(c.out, f.header.type, f.header.id, reply.value(), ".reply");
 }
 
 bool FastServer::on_readable(Conn& c) {
@@ -304,27 +343,50 @@ bool FastServer::flush(Conn& c) {
   return !c.closing;
 }
 
-void FastServer::handle(const zmq::pollitem_t* items, size_t count) {
-  if (count == 0) return;
-  const bool accept = (items[0].revents & ZMQ_POLLIN) != 0;
-  // Connections are items[1..]; conns_ is only changed below (after the loop), so indices match.
-  std::vector<size_t> dead;
-  for (size_t i = 1; i < count && i - 1 < conns_.size(); ++i) {
-    Conn& c = *conns_[i - 1];
-    const short ev = items[i].revents;
-    if (ev == 0) continue;
+Status FastServer::watch(int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = &watched_tag_;
+  if (watched_fd_ >= 0 || ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    return Status(Code::kInternal, service_ + ": cannot watch fd " + std::to_string(fd) + " with the fast path's epoll set: " +
+                                       (watched_fd_ >= 0 ? std::string("one is watched already") : errno_text(errno)));
+  }
+  watched_fd_ = fd;
+  return Status::ok();
+}
+
+bool FastServer::wait_and_handle(int timeout_ms) {
+  epoll_event evs[kMaxEvents];
+  const int n = ::epoll_wait(epoll_fd_, evs, kMaxEvents, timeout_ms);
+  if (n <= 0) return false;  // idle, or EINTR
+  bool accept = false, watched = false;
+  // Connections are closed after the loop: a later event of this batch may name one.
+  Conn* dead[kMaxEvents];
+  int n_dead = 0;
+  for (int i = 0; i < n; ++i) {
+    if (evs[i].data.ptr == &watched_tag_) {
+      watched = true;
+      continue;
+    }
+    auto* c = static_cast<Conn*>(evs[i].data.ptr);
+    if (c == nullptr) {
+      accept = true;
+      continue;
+    }
+    const uint32_t ev = evs[i].events;
     bool alive = true;
-    if (ev & ZMQ_POLLIN) alive = on_readable(c);
-    if (alive && (ev & ZMQ_POLLERR) && !(ev & ZMQ_POLLIN)) alive = false;
-    if (alive) alive = flush(c);
-    if (!alive) dead.push_back(i - 1);
+    if (ev & EPOLLIN) {
+      alive = on_readable(*c);
+    } else if (ev & (EPOLLERR | EPOLLHUP)) {
+      alive = false;
+    }
+    if (alive) alive = flush(*c);
+    if (alive) alive = update_interest(*c);
+    if (!alive) dead[n_dead++] = c;
   }
-  for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
-    ::close(conns_[*it]->fd);
-    conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(*it));
-    ++counters_.closed;
-  }
+  for (int i = 0; i < n_dead; ++i) close_conn(dead[i]);
   if (accept) accept_all();
+  return watched;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -425,7 +487,7 @@ Result<bool> FastClient::read_some() {
   }
 }
 
-Result<uint64_t> FastClient::send(std::string_view type, std::string_view body) {
+Result<uint64_t> FastClient::send(std::string_view type, std::string_view body, bool write_now) {
   if (fd_ < 0) return Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed after an earlier failure");
   if (body.size() > static_cast<uint64_t>(proto::kMaxMessageBytes)) {
     return Status(Code::kMessageTooLarge, "'" + std::string(type) + "' to " + endpoint_ + " is " + std::to_string(body.size()) +
@@ -433,7 +495,7 @@ Result<uint64_t> FastClient::send(std::string_view type, std::string_view body) 
   }
   const uint64_t id = next_id_++;
   append_frame(out_, type, id, body);
-  MC_RETURN_IF_ERROR(write_some());
+  if (write_now) MC_RETURN_IF_ERROR(write_some());
   return id;
 }
 
@@ -464,21 +526,31 @@ Result<std::optional<FastClient::Reply>> FastClient::try_recv() {
   return std::optional<Reply>();
 }
 
-Result<std::string> FastClient::call_raw(std::string_view type, std::string_view body, int timeout_ms) {
-  MC_ASSIGN_OR_RETURN(uint64_t id, send(type, body));
+Result<std::optional<FastClient::Reply>> FastClient::recv(int timeout_ms) {
   const int64_t deadline = now_ms() + std::max(0, timeout_ms);
   while (true) {
     MC_ASSIGN_OR_RETURN(std::optional<Reply> r, try_recv());
-    if (r.has_value()) {
-      if (r->id != id) continue;  // a late reply to an abandoned call
-      if (!r->status.is_ok()) return r->status;
-      return std::move(r->body);
-    }
+    if (r.has_value()) return r;
     const int64_t left = deadline - now_ms();
-    if (left <= 0) break;
+    if (left <= 0) return std::optional<Reply>();
     pollfd p{fd_, static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
     int rc = ::poll(&p, 1, static_cast<int>(left));
     if (rc < 0 && errno != EINTR) return fail(Status(Code::kUnavailable, "poll on " + endpoint_ + ": " + errno_text(errno)));
+  }
+}
+
+Result<std::string> FastClient::call_raw(std::string_view type, std::string_view body, int timeout_ms, const OtherReply& other) {
+  MC_ASSIGN_OR_RETURN(uint64_t id, send(type, body));
+  const int64_t deadline = now_ms() + std::max(0, timeout_ms);
+  while (true) {
+    MC_ASSIGN_OR_RETURN(std::optional<Reply> r, recv(static_cast<int>(std::max<int64_t>(0, deadline - now_ms()))));
+    if (!r.has_value()) break;
+    if (r->id != id) {  // a reply to an earlier send(): the caller's, or an abandoned call's
+      if (other) other(*r);
+      continue;
+    }
+    if (!r->status.is_ok()) return r->status;
+    return std::move(r->body);
   }
   // A request not fully written leaves the stream mid-frame: the connection cannot be used again.
   if (wants_write()) {

@@ -13,10 +13,12 @@
 // over a limit, or an undecodable header, gets an error reply and the connection is closed (the stream
 // cannot be resynchronised). A header whose protocol version differs gets a kProtocolMismatch reply.
 //
-// FastServer is driven by its owner's poll loop (no thread of its own): add_poll_items() appends the
-// listening socket and the connections to a zmq::pollitem_t array (plain fds, so one zmq::poll covers them
-// and a ZeroMQ socket together), handle() processes what poll() reported. FastClient is blocking with
-// deadlines (call), or split (send / try_recv) for a driver polling many connections from one thread.
+// FastServer is driven by its owner's loop (no thread of its own). Its sockets live in one epoll set whose
+// fd (poll_fd()) is readable when any of them is ready, so the owner polls one fd (together with a ZeroMQ
+// socket in one zmq::poll) and handle_ready() touches only the ready connections: O(ready) per wakeup,
+// not O(connections). Each connection's replies to everything one read brought are written with one
+// send. FastClient is blocking with deadlines (call), or split (send / try_recv) for a driver polling
+// many connections from one thread.
 // Thread-safety: neither is thread-safe; one per thread.
 #pragma once
 
@@ -26,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <zmq.hpp>
@@ -40,8 +43,9 @@ inline constexpr uint32_t kMaxHeaderBytes = 4096;
 inline constexpr size_t kPrefixBytes = 8;
 inline constexpr size_t kMaxPendingReplyBytes = 64u << 20;  // per connection, see FastServer
 
-// Appends one frame (prefix, header, body) to `out`.
-void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body);
+// Appends one frame (prefix, header, body) to `out`; the header's type is `type` followed by `type_suffix`
+// (".reply" for a reply), written in place without a temporary.
+void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body, std::string_view type_suffix = {});
 
 // A decoded frame.
 struct Frame {
@@ -80,10 +84,17 @@ class FastServer {
   uint16_t port() const { return port_; }
   size_t connections() const { return conns_.size(); }
 
-  // Appends the listener and every connection (POLLIN; POLLOUT while replies wait to be sent).
-  void add_poll_items(std::vector<zmq::pollitem_t>& items) const;
-  // Processes the revents of the items add_poll_items() appended (same order, `items` points at the first).
-  void handle(const zmq::pollitem_t* items, size_t count);
+  // The epoll fd: readable (POLLIN) while a connection or the listener is ready.
+  int poll_fd() const { return epoll_fd_; }
+  // Adds the owner's fd (e.g. a ZeroMQ socket's ZMQ_FD) to the epoll set, readable-level: the owner can
+  // then block in wait_and_handle() alone, one syscall per wakeup instead of a poll plus an epoll_wait.
+  Status watch(int fd);
+  // Accepts, reads, answers and writes what is ready now (never blocks; at most kMaxEvents sockets).
+  // True when the watched fd was reported readable.
+  bool handle_ready() { return wait_and_handle(0); }
+  // Waits up to timeout_ms for a ready socket, then handles what is ready; true as handle_ready().
+  bool wait_and_handle(int timeout_ms);
+  static constexpr int kMaxEvents = 256;
 
   struct Counters {
     uint64_t handled = 0, errors = 0, malformed = 0, accepted = 0, closed = 0;
@@ -98,9 +109,14 @@ class FastServer {
     std::string out;      // replies not yet written
     size_t out_pos = 0;
     bool closing = false;  // close once `out` is written (after a malformed frame)
+    uint32_t events = 0;   // epoll interest now registered
   };
   FastServer(std::string service, Dispatch dispatch) : service_(std::move(service)), dispatch_(std::move(dispatch)) {}
   void accept_all();
+  // Registers the interest the connection needs now (EPOLLIN unless closing or backlogged; EPOLLOUT while
+  // replies wait); false when epoll_ctl fails.
+  bool update_interest(Conn& c);
+  void close_conn(Conn* c);
   // Reads and answers; false when the connection must be closed now.
   bool on_readable(Conn& c);
   bool flush(Conn& c);
@@ -109,8 +125,11 @@ class FastServer {
   std::string service_;
   Dispatch dispatch_;
   int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int watched_fd_ = -1;
+  char watched_tag_ = 0;  // its epoll data.ptr
   uint16_t port_ = 0;
-  std::vector<std::unique_ptr<Conn>> conns_;
+  std::unordered_map<Conn*, std::unique_ptr<Conn>> conns_;
   Counters counters_;
 };
 
@@ -124,26 +143,38 @@ class FastClient {
   FastClient(const FastClient&) = delete;
   FastClient& operator=(const FastClient&) = delete;
 
-  template <typename Req>
-  Result<typename Req::Reply> call(const Req& req, int timeout_ms) {
-    MC_ASSIGN_OR_RETURN(std::string body, call_raw(Req::kType, codec::pack(req), timeout_ms));
-    return codec::unpack<typename Req::Reply>(body, reply_what_);
-  }
-  // Sends one request and waits up to timeout_ms for its reply (replies to earlier, abandoned calls are
-  // skipped). The server's error reply comes back as its Status. A connection that failed (peer closed,
-  // write timed out, malformed reply) is closed: every later call answers kUnavailable (broken() is true).
-  Result<std::string> call_raw(std::string_view type, std::string_view body, int timeout_ms);
-
-  // Pipelining: queue a request and write what the socket takes now; returns its id.
-  Result<uint64_t> send(std::string_view type, std::string_view body);
-  // Writes queued bytes and reads what has arrived, without blocking; the next complete reply (body or the
-  // server's error as Status in `status`), or nullopt when none is complete yet.
+  // A reply: its request's id, and the body or the server's error reply as Status in `status`.
   struct Reply {
     uint64_t id = 0;
     Status status;
     std::string body;
   };
+  // Receives replies to requests other than the call's own (earlier send()s whose replies the caller
+  // collects later, e.g. the client's write-behind put_end). Called on the calling thread, in order.
+  using OtherReply = std::function<void(Reply&)>;
+
+  template <typename Req>
+  Result<typename Req::Reply> call(const Req& req, int timeout_ms, const OtherReply& other = {}) {
+    MC_ASSIGN_OR_RETURN(std::string body, call_raw(Req::kType, codec::pack(req), timeout_ms, other));
+    return codec::unpack<typename Req::Reply>(body, reply_what_);
+  }
+  // Sends one request and waits up to timeout_ms for its reply. Replies that arrive before it (to earlier
+  // send()s) go to `other`, or are skipped when it is empty (abandoned calls). The server's error reply
+  // comes back as its Status. A connection that failed (peer closed, write timed out, malformed reply) is
+  // closed: every later call answers kUnavailable (broken() is true).
+  Result<std::string> call_raw(std::string_view type, std::string_view body, int timeout_ms, const OtherReply& other = {});
+
+  // Pipelining: queue a request and, when write_now, write what the socket takes now; returns its id.
+  // Requests queued with write_now = false leave in one send with the next write (fewer syscalls and
+  // segments; the server reads them in one recv).
+  Result<uint64_t> send(std::string_view type, std::string_view body, bool write_now = true);
+  // Writes queued bytes that the socket takes now (never blocks).
+  Status write_queued() { return fd_ < 0 ? Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed") : write_some(); }
+  // Writes queued bytes and reads what has arrived, without blocking; the next complete reply, or nullopt
+  // when none is complete yet.
   Result<std::optional<Reply>> try_recv();
+  // Like try_recv, but waits up to timeout_ms for a reply (nullopt when none came in time).
+  Result<std::optional<Reply>> recv(int timeout_ms);
   bool wants_write() const { return out_pos_ < out_.size(); }
   int fd() const { return fd_; }
   bool broken() const { return fd_ < 0; }

@@ -257,7 +257,7 @@ void MasterCore::release_replica(const Replica& r, uint64_t size_bytes, bool del
   (void)seg->second.alloc->free(r.offset);
 }
 
-void MasterCore::discard_object(std::map<std::string, Object>::iterator it, bool delayed, bool count_reclaim) {
+void MasterCore::discard_object(ObjectMap::iterator it, bool delayed, bool count_reclaim) {
   Object& obj = it->second;
   for (const Replica& r : obj.replicas) {
     if (r.complete && obj.complete) emit(proto::kKvEventRemoved, it->first, r.segment);
@@ -358,22 +358,32 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
            (need_contiguous_bytes == 0 || leaving > 0 || seg.alloc->largest_free_bytes() >= need_contiguous_bytes);
   };
   if (done()) return 0;
-  // Approximate LRU: candidates ordered by the last access the master saw (get_replicas, put_end).
-  std::vector<std::pair<int64_t, std::string>> candidates;
-  for (const auto& [key, obj] : objects_) {
+  // Approximate LRU: candidates ordered by the last access the master saw (get_replicas, put_end), oldest
+  // first (ties by key). A heap, popped only as far as needed: a pass that frees the 10 % between the
+  // watermarks pays O(n) to build it plus O(log n) per victim, not a full sort. Entries point into
+  // objects_; only the entry being processed is erased below, which leaves the others valid.
+  using Candidate = std::pair<int64_t, ObjectMap::iterator>;
+  std::vector<Candidate> candidates;
+  for (auto it = objects_.begin(); it != objects_.end(); ++it) {
+    const Object& obj = it->second;
     if (!obj.complete || obj.pinned || leased(obj)) continue;
     bool here = false, busy = false;
     for (const Replica& r : obj.replicas) {
       if (r.segment == segment && r.complete) here = true;
       if (!r.complete) busy = true;  // a copy or demotion is being written
     }
-    if (here && !busy) candidates.emplace_back(obj.last_access_ns, key);
+    if (here && !busy) candidates.emplace_back(obj.last_access_ns, it);
   }
-  std::sort(candidates.begin(), candidates.end());
+  auto newer = [](const Candidate& a, const Candidate& b) {
+    return a.first != b.first ? a.first > b.first : a.second->first > b.second->first;
+  };
+  std::make_heap(candidates.begin(), candidates.end(), newer);
   uint64_t freed = 0;
-  for (const auto& [t, key] : candidates) {
-    if (done()) break;
-    Object& obj = objects_.at(key);
+  for (auto end = candidates.end(); end != candidates.begin() && !done(); --end) {
+    std::pop_heap(candidates.begin(), end, newer);
+    const auto obj_it = (end - 1)->second;
+    const std::string& key = obj_it->first;
+    Object& obj = obj_it->second;
     auto r = std::find_if(obj.replicas.begin(), obj.replicas.end(), [&](const Replica& x) { return x.segment == segment; });
     uint64_t rounded = seg.alloc->rounded(obj.size_bytes);
     std::string disk = seg.info.medium == Medium::kCpu ? find_disk_segment(seg.info.node_id, obj.size_bytes) : "";
@@ -402,7 +412,7 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
     obj.replicas.erase(r);
     freed += rounded;
     if (std::none_of(obj.replicas.begin(), obj.replicas.end(), [](const Replica& x) { return x.complete; })) {
-      objects_.erase(key);
+      objects_.erase(obj_it);
     }
   }
   return freed;
@@ -699,8 +709,16 @@ Status MasterCore::remove(const std::string& key) {
 
 std::vector<ObjectInfo> MasterCore::ls(const std::string& prefix, size_t limit) const {
   std::vector<ObjectInfo> out;
-  for (auto it = objects_.lower_bound(prefix); it != objects_.end() && out.size() < limit; ++it) {
-    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+  // The first `limit` matching keys in key order: a scan (the map is hashed), then a partial sort.
+  std::vector<ObjectMap::const_iterator> match;
+  for (auto it = objects_.begin(); it != objects_.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) == 0) match.push_back(it);
+  }
+  const size_t n = std::min(limit, match.size());
+  std::partial_sort(match.begin(), match.begin() + static_cast<std::ptrdiff_t>(n), match.end(),
+                    [](const auto& a, const auto& b) { return a->first < b->first; });
+  match.resize(n);
+  for (auto it : match) {
     ObjectInfo info;
     info.key = it->first;
     info.size_bytes = it->second.size_bytes;

@@ -77,8 +77,22 @@ struct MasterServer::Impl {
 
   void register_handlers();
 
+  // The periodic work: liveness, eviction, delayed frees, then events, directory and metrics.
+  void tick() {
+    core.tick();
+    publish_events();
+    sync_directory();
+    update_metrics();
+  }
+
   // Handlers of the fast path (fast_rpc.hpp), by message type: the same functions as the ZeroMQ ones.
-  std::unordered_map<std::string, std::function<Result<std::string>(std::string_view body)>> fast_handlers;
+  struct TypeHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // Looked up by string_view (heterogeneous lookup): no string built per request.
+  std::unordered_map<std::string, std::function<Result<std::string>(std::string_view body)>, TypeHash, std::equal_to<>>
+      fast_handlers;
   std::unique_ptr<fast::FastServer> fast_server;
   std::vector<zmq::pollitem_t> poll_items;
 
@@ -95,7 +109,7 @@ struct MasterServer::Impl {
     };
   }
   Result<std::string> fast_dispatch(std::string_view type, std::string_view body) {
-    auto it = fast_handlers.find(std::string(type));
+    auto it = fast_handlers.find(type);
     if (it == fast_handlers.end()) {
       return Status(Code::kUnimplemented, "mc-store master does not handle message type '" + std::string(type) + "'");
     }
@@ -351,24 +365,47 @@ void MasterServer::stop() { impl_->server->stop(); }
 Status MasterServer::serve() {
   int64_t next_tick = impl_->clock->now_ms();
   auto& items = impl_->poll_items;
-  while (!impl_->server->stopped() && !daemon::stop_requested()) {
+  const int wait_ms = std::max(1, impl_->options.tick_ms / 2);
+  // With a fast path, the ZeroMQ socket's ZMQ_FD joins its epoll set and the loop blocks in one
+  // epoll_wait. ZMQ_FD only signals that the socket's state may have changed: after serving ZeroMQ the
+  // loop asks ZMQ_EVENTS and, while a message is still waiting, polls again without sleeping.
+  int zmq_fd = -1;
+  if (impl_->fast_server) {
+    size_t len = sizeof(zmq_fd);
+    if (zmq_getsockopt(impl_->server->socket().handle(), ZMQ_FD, &zmq_fd, &len) != 0 || !impl_->fast_server->watch(zmq_fd).is_ok()) {
+      zmq_fd = -1;
+    }
+  }
+  bool zmq_pending = true;
+  while (zmq_fd >= 0 && !impl_->server->stopped() && !daemon::stop_requested()) {
+    const bool zmq_ready = impl_->fast_server->wait_and_handle(zmq_pending ? 0 : wait_ms);
+    if (zmq_ready || zmq_pending) {
+      MC_RETURN_IF_ERROR(impl_->server->poll_once(0));
+      int events = 0;
+      size_t len = sizeof(events);
+      zmq_pending = zmq_getsockopt(impl_->server->socket().handle(), ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN);
+    }
+    int64_t now = impl_->clock->now_ms();
+    if (now >= next_tick) {
+      impl_->tick();
+      next_tick = now + impl_->options.tick_ms;
+    }
+  }
+  while (zmq_fd < 0 && !impl_->server->stopped() && !daemon::stop_requested()) {
     // One poll over the ZeroMQ socket and the fast path's sockets: every handler runs on this thread.
     items.clear();
     items.push_back({impl_->server->socket().handle(), 0, ZMQ_POLLIN, 0});
-    if (impl_->fast_server) impl_->fast_server->add_poll_items(items);
+    if (impl_->fast_server) items.push_back({nullptr, impl_->fast_server->poll_fd(), ZMQ_POLLIN, 0});
     try {
-      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::max(1, impl_->options.tick_ms / 2)));
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(wait_ms));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) return Status(Code::kUnavailable, "mc-store master: poll failed: " + std::string(e.what()));
     }
     if (items[0].revents & ZMQ_POLLIN) MC_RETURN_IF_ERROR(impl_->server->poll_once(0));
-    if (impl_->fast_server) impl_->fast_server->handle(items.data() + 1, items.size() - 1);
+    if (impl_->fast_server && (items[1].revents & ZMQ_POLLIN)) impl_->fast_server->handle_ready();
     int64_t now = impl_->clock->now_ms();
     if (now >= next_tick) {
-      impl_->core.tick();
-      impl_->publish_events();
-      impl_->sync_directory();
-      impl_->update_metrics();
+      impl_->tick();
       next_tick = now + impl_->options.tick_ms;
     }
   }

@@ -5,19 +5,13 @@
 
 #include "linear_cost_model.hpp"
 #include "mc/sim/simulator.hpp"
+#include "mc/testkit/trace_rows.hpp"
 
 namespace mc::sim {
 namespace {
 
-trace::Request row(int64_t line, int64_t ts_ms, int64_t input, int64_t output, std::vector<uint64_t> ids) {
-  trace::Request r;
-  r.line_no = line;
-  r.timestamp_ms = ts_ms;
-  r.input_length = input;
-  r.output_length = output;
-  r.hash_ids = std::move(ids);
-  return r;
-}
+using testkit::trace_row;
+
 
 // One prefill and one decode instance; prefill 1 ms per token, decode 10 ms per step, 1,000 B of KV
 // per token, 1 GB/s NICs, local cache loads at 1.024 GB/s.
@@ -45,7 +39,7 @@ TEST(Scenario, TwoRequestsQueueOnOneInstance) {
   //       after the compute starts; decode steps end at 1.034 and 1.044 s (E2E 1.044 s, gaps 10 ms).
   //   r2: waits for r1 (queue 0.524 s), prefill 1.024 -> 2.560 s: TTFT = 2.560 - 0.5 = 2.060 s;
   //       one decode step: last token at 2.570 s, E2E 2.070 s.
-  auto r = run(one_instance(), {row(1, 0, 1024, 3, {1, 2}), row(2, 500, 1536, 2, {1, 2, 3})});
+  auto r = run(one_instance(), {trace_row(1, 0, 1024, 3, {1, 2}), trace_row(2, 500, 1536, 2, {1, 2, 3})});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   ASSERT_EQ(r->records.size(), 2u);
   const auto& a = r->records[0];
@@ -72,7 +66,7 @@ TEST(Scenario, TwoRequestsQueueOnOneInstance) {
 TEST(Scenario, ALaterRequestReusesTheCachedPrefix) {
   // r2 arrives at 2 s, after r1's blocks were cached: it reuses 1,024 tokens (2 blocks), loads
   // 1.024 MB from local DRAM at 1.024 GB/s (1 ms) and prefills 512 tokens (0.512 s): TTFT 0.513 s.
-  auto r = run(one_instance(), {row(1, 0, 1024, 3, {1, 2}), row(2, 2000, 1536, 2, {1, 2, 3})});
+  auto r = run(one_instance(), {trace_row(1, 0, 1024, 3, {1, 2}), trace_row(2, 2000, 1536, 2, {1, 2, 3})});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   const auto& b = r->records[1];
   EXPECT_NEAR(*b.ttft_ms, 513.0, 1e-6);
@@ -83,7 +77,7 @@ TEST(Scenario, ALaterRequestReusesTheCachedPrefix) {
   EXPECT_NEAR(r->totals.prefill_gpu_s_saved, 8 * 1.024, 1e-6);
   // The last, partial block of a prompt is never cached: a 1,100-token prompt keys 2 blocks, and
   // the next request with the same 3 ids can reuse only those 2.
-  auto p = run(one_instance(), {row(1, 0, 1100, 1, {7, 8, 9}), row(2, 5000, 1100, 1, {7, 8, 9})});
+  auto p = run(one_instance(), {trace_row(1, 0, 1100, 1, {7, 8, 9}), trace_row(2, 5000, 1100, 1, {7, 8, 9})});
   ASSERT_TRUE(p.is_ok());
   EXPECT_EQ(*p->records[1].ledger.hit_tokens_local, 1024);
 }
@@ -92,7 +86,7 @@ TEST(Scenario, TheGlobalPoolFetchesFromAnotherInstanceOverTheNic) {
   SimOptions o = one_instance();
   o.cluster.prefill_instances = 2;
   o.cluster.policy = "round_robin";  // r2 lands on the instance that does not hold the prefix
-  auto r = run(o, {row(1, 0, 1024, 1, {1, 2}), row(2, 2000, 1536, 1, {1, 2, 3})});
+  auto r = run(o, {trace_row(1, 0, 1024, 1, {1, 2}), trace_row(2, 2000, 1536, 1, {1, 2, 3})});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   const auto& b = r->records[1];
   EXPECT_EQ(b.prefill_instance, "prefill-1");
@@ -100,7 +94,7 @@ TEST(Scenario, TheGlobalPoolFetchesFromAnotherInstanceOverTheNic) {
   // 1.024 MB over 1 GB/s NICs (1.024 ms) then 512 tokens (512 ms).
   EXPECT_NEAR(*b.ttft_ms, 513.024, 1e-3);
   o.cluster.cache_mode = CacheMode::kLocal;
-  auto l = run(o, {row(1, 0, 1024, 1, {1, 2}), row(2, 2000, 1536, 1, {1, 2, 3})});
+  auto l = run(o, {trace_row(1, 0, 1024, 1, {1, 2}), trace_row(2, 2000, 1536, 1, {1, 2, 3})});
   ASSERT_TRUE(l.is_ok());
   EXPECT_EQ(l->records[1].ledger.hit_tokens(), 0);
   EXPECT_NEAR(*l->records[1].ttft_ms, 1536.0, 1e-6);
@@ -109,7 +103,7 @@ TEST(Scenario, TheGlobalPoolFetchesFromAnotherInstanceOverTheNic) {
 TEST(Scenario, OversizedPromptsAreRejectedBeforeAnyWork) {
   SimOptions o = one_instance();
   o.cluster.max_context_tokens = 32'768;
-  auto r = run(o, {row(1, 0, 32'777, 100, std::vector<uint64_t>(65, 0)), row(2, 0, 512, 1, {5})});
+  auto r = run(o, {trace_row(1, 0, 32'777, 100, std::vector<uint64_t>(65, 0)), trace_row(2, 0, 512, 1, {5})});
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(r->records[0].outcome, replay::Outcome::kRejected);
   EXPECT_EQ(r->records[0].reason, "input_too_long");
@@ -136,7 +130,7 @@ TEST(Scenario, BadOptionsAreErrorsNotCrashes) {
 
 TEST(Scenario, WindowSkipsStopsAndScalesArrivals) {
   std::vector<trace::Request> rows;
-  for (int i = 0; i < 10; ++i) rows.push_back(row(i + 1, i * 1000, 512, 1, {static_cast<uint64_t>(100 + i)}));
+  for (int i = 0; i < 10; ++i) rows.push_back(trace_row(i + 1, i * 1000, 512, 1, {static_cast<uint64_t>(100 + i)}));
   SimOptions o = one_instance();
   o.window.start_s = 2;
   o.window.duration_s = 5;   // rows at 2..6 s

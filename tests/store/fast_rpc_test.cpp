@@ -87,13 +87,7 @@ class FastServerTest : public ::testing::Test {
     server_ = std::move(s).value();
     ASSERT_NE(server_->port(), 0);
     thread_ = std::thread([this] {
-      std::vector<zmq::pollitem_t> items;
-      while (!stop_.load()) {
-        items.clear();
-        server_->add_poll_items(items);
-        zmq::poll(items.data(), items.size(), std::chrono::milliseconds(10));
-        server_->handle(items.data(), items.size());
-      }
+      while (!stop_.load()) server_->wait_and_handle(10);
     });
   }
   void TearDown() override {

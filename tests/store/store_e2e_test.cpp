@@ -330,6 +330,58 @@ TEST_F(StoreE2E, MetadataOverTheFastPathAndZmqWhenItIsOff) {
   EXPECT_EQ(back, data);
   EXPECT_EQ(z->counters().master_calls_fast, 0u);
   EXPECT_GE(z->counters().master_calls_zmq, 3u);
+  // Without a fast path a write-behind put commits synchronously (nothing is left to flush).
+  ASSERT_TRUE(z->put("z/2", data, {false, false, false}).is_ok());
+  EXPECT_EQ(z->counters().commits_behind, 0u);
+  EXPECT_EQ(z->commits_pending(), 0u);
+  ASSERT_EQ(z->get("z/2", back).value_or(0), data.size());
+  EXPECT_TRUE(z->flush().is_ok());
+}
+
+// Write-behind commit against the real master: a put that returns before its put_end is answered is seen
+// by the same client's next call (one ordered connection), byte for byte; many commits outstanding at once
+// all land; the KV event announces the object; flush reports no failure.
+TEST_F(StoreE2E, WriteBehindPutIsSeenByTheSameClientsNextCall) {
+  start_master();
+  start_node("n1", "16MiB");
+  auto c = client("wb");
+  ASSERT_TRUE(c);
+  const WriteOptions behind{false, false, false};
+  std::vector<std::byte> back(65536);
+  for (int i = 0; i < 20; ++i) {
+    auto data = random_bytes(65536, 100 + i);
+    const std::string key = "wb/" + std::to_string(i);
+    ASSERT_TRUE(c->put(key, data, behind).is_ok());
+    auto got = c->get(key, back);
+    ASSERT_TRUE(got.is_ok()) << key << ": " << got.status().to_string();
+    EXPECT_EQ(back, data) << key;
+  }
+  // A prefix chain of block keys written in batches without waiting; match_prefix right after sees it all.
+  KeyNamespace ns;
+  ns.model_id = "m";
+  ns.block_size = 16;
+  std::vector<uint32_t> tokens(16 * 24);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7);
+  std::vector<std::string> chain;
+  for (uint64_t h : seq_hashes(tokens, ns)) chain.push_back(block_store_key(ns, h));
+  auto block = random_bytes(4096, 7);
+  for (size_t b = 0; b < chain.size(); b += 8) {
+    std::vector<PutItem> items;
+    for (size_t i = b; i < b + 8; ++i) items.push_back({chain[i], block});
+    auto st = c->batch_put(items, behind);
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    for (const Status& s : *st) EXPECT_TRUE(s.is_ok()) << s.to_string();
+  }
+  EXPECT_EQ(c->match_prefix(chain).value_or(0), chain.size());
+  EXPECT_TRUE(c->flush().is_ok());
+  EXPECT_EQ(c->counters().commits_behind, 20u + chain.size());
+  EXPECT_EQ(c->counters().commit_failures, 0u);
+  EXPECT_EQ(c->commits_pending(), 0u);
+  // Another client (another connection) sees them once the writer has flushed.
+  auto r = client("reader");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->match_prefix(chain).value_or(0), chain.size());
+  EXPECT_EQ(stat().objects, 20u + chain.size());
 }
 
 // Field report #5 and the kill -9 scenario of the issue.

@@ -158,6 +158,57 @@ TEST(EngineMock, FailedPathIsRetriedElsewhereAndCounted) {
   EXPECT_EQ(paths[0].state.bytes_done, 0u);
 }
 
+// Issue 3, failover: local device eth0 is down. A local-side failure (kLocalDeviceDown, what the tcp
+// transport reports when a source address is gone or its interface has no route) takes both eth0 paths out
+// after one failed slice, and the retry goes to eth1 towards the other remote device; a failure of unknown
+// side (kUnavailable) takes out only the path it happened on, so the other eth0 path still gets tried.
+TEST(EngineMock, LocalDeviceFailureSwitchesTheLocalDevice) {
+  for (const Code code : {Code::kLocalDeviceDown, Code::kUnavailable}) {
+    SCOPED_TRACE(code_name(code));
+    MockLog log;
+    log.devices = {{"eth0", "A"}, {"eth0", "B"}, {"eth1", "A"}, {"eth1", "B"}};
+    log.fail_paths = {0, 1};
+    log.fail_code = code;
+    EngineOptions o;
+    o.slicing = SlicePolicy{16 * kKiB, 0, 0, 1};
+    o.quarantine = QuarantinePolicy{60000, 60000};  // stays quarantined for the test
+    auto eng = mock_engine(&log, 4, o);
+    std::vector<char> buf(1 * kMiB);
+    ASSERT_TRUE(eng->register_memory(buf.data(), buf.size()).is_ok());
+    auto seg = eng->open_segment(fake_descriptor("remote:1", 1 * kMiB)).value();
+    // One slice: it goes to eth0->A (all idle; first), fails, and is retried on eth1->B (shares nothing).
+    RequestStatus one = eng->transfer_sync({Op::kWrite, buf.data(), seg, 0, 16 * kKiB, ""}, 5000);
+    ASSERT_EQ(one.state, TransferState::kCompleted) << one.status.to_string();
+    {
+      std::lock_guard<std::mutex> lk(log.mu);
+      ASSERT_EQ(log.posted.size(), 2u);
+      EXPECT_EQ(log.posted[0].path, 0);
+      EXPECT_EQ(log.posted[1].path, 3);
+    }
+    auto paths = eng->path_stats(seg).value();
+    EXPECT_EQ(paths[0].state.health, PathHealth::kQuarantined);
+    EXPECT_EQ(paths[1].state.health,
+              code == Code::kLocalDeviceDown ? PathHealth::kQuarantined : PathHealth::kHealthy);
+    // A larger write: every byte lands once, on eth1's paths; eth0->B is tried only when the side was unknown.
+    RequestStatus big = eng->transfer_sync({Op::kWrite, buf.data(), seg, 0, 1 * kMiB, ""}, 5000);
+    ASSERT_EQ(big.state, TransferState::kCompleted) << big.status.to_string();
+    EXPECT_EQ(log.bytes_ok, 16 * kKiB + 1 * kMiB);
+    size_t on_eth0_b = 0;
+    {
+      std::lock_guard<std::mutex> lk(log.mu);
+      for (const auto& op : log.posted) on_eth0_b += op.path == 1 ? 1 : 0;
+    }
+    if (code == Code::kLocalDeviceDown) {
+      EXPECT_EQ(on_eth0_b, 0u) << "eth0->B was never tried once eth0 was known to be down";
+    } else {
+      EXPECT_GT(on_eth0_b, 0u);
+    }
+    paths = eng->path_stats(seg).value();
+    EXPECT_EQ(paths[1].state.health, PathHealth::kQuarantined);
+    EXPECT_EQ(paths[2].state.bytes_done + paths[3].state.bytes_done, 16 * kKiB + 1 * kMiB);
+  }
+}
+
 TEST(EngineMock, NoPathLeftFailsWithTheReason) {
   MockLog log;
   log.fail_paths = {0, 1};

@@ -4,6 +4,8 @@
 
 #include <mutex>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "mc/transfer/transport.hpp"
@@ -16,12 +18,19 @@ struct MockLog {
   std::set<int> fail_paths;
   bool touch_memory = false;  // memset local bytes on READ (only when local memory is real)
   uint64_t bytes_ok = 0;
+  // Per path (by index): (local device, remote device) its PathSpec names; paths past the end name none.
+  std::vector<std::pair<std::string, std::string>> devices;
+  Code fail_code = Code::kUnavailable;  // what a slice on a path of fail_paths fails with
 };
 
 class MockSegment final : public TransportSegment {
  public:
   MockSegment(SliceSink* sink, MockLog* log, int paths) : sink_(sink), log_(log) {
-    for (int i = 0; i < paths; ++i) specs_.push_back(PathSpec{"mock" + std::to_string(i), "", "", 1.0});
+    for (int i = 0; i < paths; ++i) {
+      const auto dev = static_cast<size_t>(i) < log->devices.size() ? log->devices[static_cast<size_t>(i)]
+                                                                     : std::pair<std::string, std::string>{};
+      specs_.push_back(PathSpec{"mock" + std::to_string(i), dev.first, dev.second, 1.0});
+    }
   }
   const std::vector<PathSpec>& paths() const override { return specs_; }
   void post(const SliceOp& op) override {
@@ -32,7 +41,7 @@ class MockSegment final : public TransportSegment {
       fail = log_->fail_paths.count(op.path) > 0;
       if (!fail) log_->bytes_ok += op.length;
     }
-    sink_->slice_done(op.cookie, fail ? Status(Code::kUnavailable, "mock path " + std::to_string(op.path) + " is down")
+    sink_->slice_done(op.cookie, fail ? Status(log_->fail_code, "mock path " + std::to_string(op.path) + " is down")
                                       : Status::ok());
   }
   Status probe(int path, int64_t) override {

@@ -137,6 +137,57 @@ TEST(PathPolicy, WeightAndBytesInFlightSteerSlices) {
   EXPECT_EQ(sel.path(b).bytes_in_flight, 10 * 64 * kKiB);
 }
 
+// Issue 3, failover: the retry of a failed slice moves to another local device (and another remote one)
+// where one exists, and a local-side failure takes every path of that local device out at once.
+TEST(PathPolicy, RetryAvoidsTheFailedDevicesAndLocalFaultsTakeTheDeviceOut) {
+  ManualClock clock;
+  PathSelector sel(clock, QuarantinePolicy{1000, 1000});
+  const int e0a = sel.add_path("eth0->A", 1.0, "eth0", "A");
+  const int e0b = sel.add_path("eth0->B", 1.0, "eth0", "B");
+  const int e1a = sel.add_path("eth1->A", 1.0, "eth1", "A");
+  const int e1b = sel.add_path("eth1->B", 1.0, "eth1", "B");
+  // Load the path that shares nothing with eth0->A: it still wins the retry over the idle ones that share
+  // the local device (eth0->B) or the remote one (eth1->A).
+  sel.on_post(e1b, 1 << 20);
+  EXPECT_EQ(sel.pick(4096), e0a) << "no failure: the least loaded path (ties: first)";
+  EXPECT_EQ(sel.pick(4096, e0a), e1b);
+  // With eth1->B gone, the retry takes a path that shares one device; the failed path itself comes last.
+  sel.on_done(e1b, 1 << 20, false);
+  EXPECT_EQ(sel.path(e1b).health, PathHealth::kQuarantined);
+  const int next = sel.pick(4096, e0a);
+  EXPECT_TRUE(next == e0b || next == e1a) << next;
+  // A failure of unknown side quarantines only its own path.
+  sel.on_post(e0a, 4096);
+  sel.on_done(e0a, 4096, false, true, false);
+  EXPECT_EQ(sel.path(e0a).health, PathHealth::kQuarantined);
+  EXPECT_EQ(sel.path(e0b).health, PathHealth::kHealthy);
+  // A local-side failure on eth0->B takes eth0 out: no eth0 path is left, eth1->A carries on alone.
+  sel.on_post(e0b, 4096);
+  sel.on_done(e0b, 4096, false, true, true);
+  EXPECT_EQ(sel.path(e0b).health, PathHealth::kQuarantined);
+  EXPECT_EQ(sel.pick(4096), e1a);
+  EXPECT_EQ(sel.pick(4096, e1a), e1a) << "the failed path is used when nothing else is usable";
+  // Paths without device names share nothing: the old rule (skip the failed path unless alone) holds.
+  PathSelector plain(clock, QuarantinePolicy{1000, 1000});
+  const int p0 = plain.add_path("p0", 1.0);
+  const int p1 = plain.add_path("p1", 1.0);
+  plain.on_post(p1, 1 << 20);
+  EXPECT_EQ(plain.pick(4096, p0), p1);
+  plain.on_done(p0, 0, false, true, true);  // a local fault without a device name: only this path
+  EXPECT_EQ(plain.path(p0).health, PathHealth::kQuarantined);
+  EXPECT_EQ(plain.path(p1).health, PathHealth::kHealthy);
+  // A fallback path (an rdma segment's tcp path, weight <= kFallbackPathWeight) shares no device with the
+  // failed rdma path, yet the retry takes the other rdma path (which shares the local NIC) first.
+  PathSelector rdma(clock, QuarantinePolicy{1000, 1000});
+  const int m0r0 = rdma.add_path("rdma mlx5_0->r0", 1.0, "mlx5_0", "r0");
+  const int m0r1 = rdma.add_path("rdma mlx5_0->r1", 1.0, "mlx5_0", "r1");
+  const int tcp = rdma.add_path("tcp *->peer", 1e-9);
+  EXPECT_EQ(rdma.pick(4096, m0r0), m0r1);
+  rdma.on_done(m0r0, 0, false);
+  rdma.on_done(m0r1, 0, false);
+  EXPECT_EQ(rdma.pick(4096, m0r1), tcp) << "the fallback when no rdma path is left";
+}
+
 TEST(PathPolicy, QuarantineBackoffAndProbe) {
   ManualClock clock;
   PathSelector sel(clock, QuarantinePolicy{100, 350});

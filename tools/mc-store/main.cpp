@@ -134,11 +134,11 @@ int main(int argc, char** argv) {
   // ---- bench ----
   mc::store::BenchOptions bench;
   std::string bench_clients = "1,8,32";
-  auto* bench_cmd = app.add_subcommand("bench", "Metadata ops/s (put, get, match over 24 keys) or data GB/s (batch_put/batch_get)");
+  auto* bench_cmd = app.add_subcommand("bench", "Metadata ops/s (put, put_sync, get, match over 24 keys) or data GB/s (batch_put/batch_get)");
   add_master_flag(bench_cmd, bench.client);
   bench_cmd->add_option("--mode", bench.mode, "metadata or data")->capture_default_str();
   bench_cmd->add_option("--clients", bench_clients, "Concurrent clients, comma-separated (metadata)")->capture_default_str();
-  bench_cmd->add_option("--ops", bench.ops, "Operations: put, get, match (metadata)")->delimiter(',');
+  bench_cmd->add_option("--ops", bench.ops, "Operations: put (write-behind commit), put_sync (commit waited for), get, match (metadata)")->delimiter(',');
   bench_cmd->add_option("--transport", bench.transport, "Metadata path: fast (plain TCP) or zmq (ZeroMQ RpcClient)")
       ->capture_default_str();
   bench_cmd->add_option("--pipeline", bench.pipeline, "Requests in flight per client, fast transport (redis-benchmark -P)")

@@ -476,7 +476,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     }
     seg->selector = std::make_unique<PathSelector>(*clock_, options_.quarantine);
     for (const auto& p : seg->ts->paths()) {
-      seg->selector->add_path(p.label == seg->transport ? p.label : seg->transport + " " + p.label, p.weight);
+      seg->selector->add_path(p.label == seg->transport ? p.label : seg->transport + " " + p.label, p.weight,
+                              p.local_device, p.remote_device);
     }
     seg->last_error.resize(seg->ts->paths().size());
     seg->slicing = seg->ts->wants_slicing();
@@ -691,7 +692,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     RemoteSeg& seg = *r.seg;
     const bool ok = st.is_ok();
     const bool request_fault = !ok && is_request_fault(st.code());
-    seg.selector->on_done(s->path, s->length, ok, !request_fault);
+    seg.selector->on_done(s->path, s->length, ok, !request_fault, st.code() == Code::kLocalDeviceDown);
     r.in_flight--;
     if (!ok) seg.last_error[static_cast<size_t>(s->path)] = st;
     const bool retry = !ok && !request_fault && s->attempts < options_.max_attempts &&

@@ -113,12 +113,22 @@ Result<Fd> start_connect(const HostPort& remote, const std::string& local_addres
     socklen_t llen = 0;
     MC_ASSIGN_OR_RETURN(sockaddr_storage ls, resolve(local_address, 0, &llen));
     if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ls), llen) != 0) {
-      return Status(Code::kUnavailable, where + ": bind source: " + strerror(errno));
+      // The address left this host (its interface was removed or reconfigured): a local-side failure.
+      const int e = errno;
+      return Status(e == EADDRNOTAVAIL || e == ENODEV ? Code::kLocalDeviceDown : Code::kUnavailable,
+                    where + ": bind source: " + strerror(e));
     }
   }
   *in_progress = false;
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
-    if (errno != EINPROGRESS) return Status(Code::kUnavailable, where + ": " + strerror(errno));
+    const int e = errno;
+    // From a bound source address, an immediate ENETDOWN/ENETUNREACH means no route leaves through that
+    // address's interface (it is down): a local-side failure. A remote-side failure shows up later.
+    if (e != EINPROGRESS) {
+      return Status(!local_address.empty() && (e == ENETDOWN || e == ENETUNREACH) ? Code::kLocalDeviceDown
+                                                                                   : Code::kUnavailable,
+                    where + ": " + strerror(e));
+    }
     *in_progress = true;
   }
   return fd;

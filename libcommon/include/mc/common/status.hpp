@@ -43,6 +43,7 @@ enum class Code : uint16_t {
   kTransferFailed = 300,
   kSegmentNotRegistered = 301,
   kNoPath = 302,
+  kLocalDeviceDown = 303,   // a local address or device of a path is gone (down, removed): use another
   // 4xx store
   kObjectNotFound = 400,
   kObjectBusy = 401,        // being written or leased; retryable

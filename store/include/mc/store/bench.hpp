@@ -1,5 +1,8 @@
 // `mc-store bench`: throughput of the store as its users see it.
-//  metadata: operations per second of put (put_start + put_end of a 4 KiB object: two requests), get
+//  metadata: operations per second of put (put_start + put_end of a 4 KiB object: two requests, the
+//            put_end sent write-behind with the next put_start as WriteOptions::wait_commit = false does;
+//            a put counts when its put_end reply arrives), put_sync (the same, each reply waited for:
+//            two round trips; with --transport zmq, put is put_sync), get
 //            (get_replicas) and match (match_prefix over 24 keys), with N concurrent clients (connections),
 //            each with `pipeline` requests in flight; the figure to compare with
 //            `redis-benchmark -t set,get -c N -P pipeline` (tests/bench/store_bench.sh). transport "fast": one
@@ -7,9 +10,12 @@
 //            connections from one event loop; "zmq": one thread and RpcClient per connection.
 //  data:     batch_put / batch_get GB/s (decimal) of blocks of block_tokens x kv_bytes_per_token bytes
 //            through the client library (blocks registered with the client's transfer engine once, as a
-//            worker registers its KV cache), to compare with `mc-xfer bench` on the same path. Puts run
+//            worker registers its KV cache), to compare with `mc-xfer bench` on the same path; puts commit
+//            write-behind (WriteOptions::wait_commit = false) with a timed flush() per round. Puts run
 //            for duration_s over fresh keys (each round removed right after), then gets for duration_s
-//            over one round of stored blocks, so both stream without waiting for leases.
+//            over one round of stored blocks, so both stream without waiting for leases. Refused
+//            (kInvalidArgument) when the mounted DRAM cannot hold three rounds below 80 % (the default low
+//            watermark): blocks would be evicted under the benchmark.
 // Every loop is bounded by duration_s and by max_ops. Output: a table (units in headers) or JSON.
 #pragma once
 
@@ -27,7 +33,7 @@ struct BenchOptions {
   ClientOptions client;
   std::string mode = "metadata";            // metadata | data
   std::vector<int64_t> clients = {1, 8, 32};
-  std::vector<std::string> ops = {"put", "get", "match"};
+  std::vector<std::string> ops = {"put", "put_sync", "get", "match"};
   std::string transport = "fast";           // metadata: fast (plain TCP, one thread driving every connection,
                                             // as redis-benchmark does) or zmq (RpcClient, one thread each)
   uint32_t pipeline = 1;                    // metadata, fast: requests in flight per connection (redis -P)

@@ -28,6 +28,20 @@
 // space is being freed by demotions to SSD, put waits up to put_retry_ms; kNoSpace means nothing can
 // be evicted (everything leased, pinned or being written) or no node is mounted.
 //
+// Write-behind commit (WriteOptions::wait_commit = false): put/batch_put return once the bytes are
+// written and the put_end is queued on the client's ordered fast-path connection to the master, without
+// waiting for its reply (one round trip per put instead of two). The object becomes visible when the
+// master processes that put_end (the conductor learns it from the KV `stored` event). Calls on the same
+// connection are processed in order, so a get, exists or match_prefix by this client after the put sees
+// the object (if the commit succeeded). The put_end's reply is collected by the next master call of this
+// client or by flush(); a refused commit (e.g. the master reclaimed a stale put, or the key was removed)
+// is never lost: it is counted (ClientCounters::commit_failures), logged with its key, and returned by
+// flush(); the object is then simply absent (a later get is a miss, never data). A connection that breaks
+// with commits outstanding reports them as failed (kUnavailable: unconfirmed), although the master may
+// have applied some. No request is ever sent twice. The destructor waits up to rpc_timeout_ms for the
+// replies of outstanding commits, so that a failure is still logged. Without a fast path (master started with
+// --fast-listen off, or after that connection failed) the commit is waited for, as with wait_commit.
+//
 // Liveness: a background thread heartbeats the master every heartbeat_ms on its own connection, so an
 // idle but live writer keeps its unfinished puts, and a dead one's are reclaimed after the master's
 // client TTL (field report #7).
@@ -87,6 +101,13 @@ struct GetItem {
 struct WriteOptions {
   bool overwrite = false;  // replace an existing object (refused while a reader holds a lease)
   bool pin = false;        // never evicted
+  bool wait_commit = true; // false: write-behind commit (see above); its outcome comes from flush()
+};
+
+// A write-behind commit (put_end) the master refused or that could not be confirmed.
+struct CommitFailure {
+  std::string key;
+  Status status;
 };
 
 // Counters of the data path since connect (for benchmarks and the ledger). "shm" counts bytes the engine
@@ -96,6 +117,8 @@ struct ClientCounters {
   uint64_t replica_fallbacks = 0;  // reads that failed on a replica and went to the next
   uint64_t lease_expired = 0;
   uint64_t master_calls_fast = 0, master_calls_zmq = 0;  // metadata calls by path (fast_rpc / ZeroMQ)
+  uint64_t commits_behind = 0;     // objects committed write-behind (put_end sent without waiting)
+  uint64_t commit_failures = 0;    // of those, refused by the master or unconfirmed (connection lost)
 };
 
 class Client {
@@ -117,6 +140,13 @@ class Client {
   // One Status per item: ok (buffer filled exactly), kObjectNotFound (miss, including a size mismatch),
   // or the read error. The whole call fails only when the master is unreachable or the batch is too big.
   Result<std::vector<Status>> batch_get(std::span<const GetItem> items);
+
+  // Waits up to rpc_timeout_ms for the replies of every outstanding write-behind commit. Ok when every
+  // commit since the last flush() succeeded; else the first failure's code with a message naming its key
+  // and the number of failures, and `failures` (when given) receives them (up to 4096 since the last
+  // flush; the rest are counted and logged only); the list is then cleared. kTimeout when replies are still outstanding (they stay pending for a later call or flush).
+  Status flush(std::vector<CommitFailure>* failures = nullptr);
+  size_t commits_pending() const;  // write-behind commits whose reply has not been read yet
 
   Result<std::vector<bool>> exists(const std::vector<std::string>& keys);
   // Number of leading keys present (blocks of a prefix chain); stops at the first missing one.

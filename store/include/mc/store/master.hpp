@@ -12,7 +12,8 @@
 // block_key.hpp) are announced; other keys (admin puts) are stored silently.
 //
 // Fast path: the same handlers also answer on a plain TCP port (store/src/fast_rpc.hpp), which clients
-// learn with store.info; one zmq::poll covers both, so the master stays one thread without locks.
+// learn with store.info; one zmq::poll covers both (the ZeroMQ socket and the fast path's epoll fd), so
+// the master stays one thread without locks.
 //
 // Threading: serve() runs every handler and the periodic tick() on the calling thread; stop() may be
 // called from any thread (and SIGTERM via daemon::stop_requested() also ends serve()).

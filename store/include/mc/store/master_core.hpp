@@ -32,6 +32,8 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "mc/common/clock.hpp"
@@ -251,7 +253,8 @@ class MasterCore {
   // Frees a replica's range now, or after free_delay_ms when a writer may still be using it.
   void release_replica(const Replica& r, uint64_t size_bytes, bool delayed);
   // Drops every replica of obj (events for complete ones) and erases the object.
-  void discard_object(std::map<std::string, Object>::iterator it, bool delayed, bool count_reclaim);
+  using ObjectMap = std::unordered_map<std::string, Object>;
+  void discard_object(ObjectMap::iterator it, bool delayed, bool count_reclaim);
   void drop_segment(const std::string& segment);
   void drop_node(const std::string& node_id);
   void emit(const char* type, const std::string& key, const std::string& segment);
@@ -274,13 +277,15 @@ class MasterCore {
 
   MasterConfig config_;
   const Clock* clock_;
-  std::map<std::string, Object> objects_;   // ordered: ls --prefix is a range scan
+  // Hashed: every put/get/match is a point lookup (one hash, one compare, not ~log2(n) string compares
+  // over keys sharing a long prefix); ls --prefix (admin) scans and sorts.
+  ObjectMap objects_;
   std::map<std::string, Segment> segments_;
   std::map<std::string, Node> nodes_;
   std::map<std::string, int64_t> clients_;  // client_id -> last seen
   // Keys that may hold an unfinished put or hot copy (a superset, pruned by tick()): tick() looks at
   // these instead of every object, so its cost does not grow with the number of stored objects.
-  std::set<std::string> unfinished_;
+  std::unordered_set<std::string> unfinished_;
   std::map<uint64_t, std::pair<std::string, std::string>> demotions_;  // task_id -> (node, key)
   std::vector<PendingFree> pending_frees_;
   std::vector<proto::KvEvent> events_;

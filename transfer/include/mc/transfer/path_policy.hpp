@@ -7,6 +7,12 @@
 // further failure up to max_backoff_ms; once the backoff has passed it must be probed (the engine connects
 // and pings) before slices go to it again. A successful probe or slice resets the backoff.
 //
+// Failover across devices (issue 3): a slice retried after a failure goes first to a path that shares
+// neither the failed path's local device nor its remote device, then to one that shares only one of them,
+// and to the failed path itself only when nothing else is usable. A failure the transport attributes to the
+// local side (Code::kLocalDeviceDown: the local address or device is gone) quarantines every path of that
+// local device at once, so the engine switches the local device, not only the remote one.
+//
 // Thread-safety: none; the engine serialises calls. Time comes from the injected Clock.
 #pragma once
 
@@ -18,6 +24,10 @@
 
 namespace mc::transfer {
 
+// A path of at most this weight is a fallback (e.g. the tcp paths an rdma segment carries): it takes a
+// slice only when no regular path is usable, whatever the device ranking below says.
+inline constexpr double kFallbackPathWeight = 1e-6;
+
 struct QuarantinePolicy {
   int64_t initial_backoff_ms = 200;
   int64_t max_backoff_ms = 5000;
@@ -28,6 +38,8 @@ const char* health_name(PathHealth h);
 
 struct PathState {
   std::string label;
+  std::string local_device;   // topology device of the local side ("" = unknown: shares with nothing)
+  std::string remote_device;  // the peer's device or endpoint ("" = unknown: shares with nothing)
   double weight = 1.0;
   PathHealth health = PathHealth::kHealthy;
   uint64_t bytes_in_flight = 0;
@@ -44,18 +56,21 @@ class PathSelector {
  public:
   PathSelector(const Clock& clock, QuarantinePolicy policy) : clock_(&clock), policy_(policy) {}
 
-  // Adds a path; returns its index. weight > 0.
-  int add_path(std::string label, double weight);
+  // Adds a path; returns its index. weight > 0. The devices name the two ends for failover ("" = unknown).
+  int add_path(std::string label, double weight, std::string local_device = "", std::string remote_device = "");
 
-  // Index of the path for a slice of `length` bytes, or -1 when no path is usable now. `avoid` (a path the
-  // slice just failed on) is skipped unless it is the only usable one. A path already carrying
-  // max_in_flight_bytes or more (0 = no limit) is not usable now (the slice waits for a completion).
+  // Index of the path for a slice of `length` bytes, or -1 when no path is usable now. With `avoid` (a path
+  // the slice just failed on), paths sharing fewer devices with it come first (see above); among equals, the
+  // smallest (bytes in flight + length) / weight. A path already carrying max_in_flight_bytes or more (0 =
+  // no limit) is not usable now (the slice waits for a completion).
   int pick(uint64_t length, int avoid = -1, uint64_t max_in_flight_bytes = 0) const;
 
   void on_post(int path, uint64_t length);
   // A slice finished on `path`. ok=false with path_fault quarantines the path (or lengthens its quarantine);
   // path_fault=false is a refusal by the peer (out of range, ...) that says nothing about the path.
-  void on_done(int path, uint64_t length, bool ok, bool path_fault = true);
+  // local_fault: the transport says the local side failed (device or address gone): every healthy path of
+  // the same local device is quarantined with it (a path without a local device name: only itself).
+  void on_done(int path, uint64_t length, bool ok, bool path_fault = true, bool local_fault = false);
 
   // Quarantined paths whose backoff has passed; the caller probes each and reports with on_probe.
   std::vector<int> due_for_probe();

@@ -1,0 +1,25 @@
+// Trace rows for tests that build a Mooncake trace in memory instead of reading a JSONL file.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "mc/common/trace.hpp"
+
+namespace mc::testkit {
+
+// One request of a trace: its 1-based line number, arrival time (ms from the trace's start), prompt and
+// output lengths (tokens) and the prompt's block hash ids (one per block, prefix-chained as in the trace).
+inline trace::Request trace_row(int64_t line_no, int64_t timestamp_ms, int64_t input_length, int64_t output_length,
+                                std::vector<uint64_t> hash_ids) {
+  trace::Request r;
+  r.line_no = line_no;
+  r.timestamp_ms = timestamp_ms;
+  r.input_length = input_length;
+  r.output_length = output_length;
+  r.hash_ids = std::move(hash_ids);
+  return r;
+}
+
+}  // namespace mc::testkit
