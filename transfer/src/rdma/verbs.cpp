@@ -109,6 +109,19 @@ proto::RdmaQpInfo qp_info(const Device& d, const ibv_qp* qp, uint32_t psn, ibv_m
   return i;
 }
 
+// OK while the device's port is ACTIVE; kLocalDeviceDown (the engine then quarantines every path of this
+// local device and retries elsewhere) when it is not; kIo when the query fails.
+Status local_port_state(const Device& d) {
+  ibv_port_attr pa{};
+  if (int rc = ibv_query_port(d.ctx, d.port, &pa); rc != 0) {
+    return Status(Code::kIo, d.where() + ": ibv_query_port: " + std::strerror(rc));
+  }
+  if (pa.state != IBV_PORT_ACTIVE) {
+    return Status(Code::kLocalDeviceDown, d.where() + " is " + ibv_port_state_str(pa.state) + ", not ACTIVE");
+  }
+  return Status::ok();
+}
+
 uint32_t random_psn() {
   static std::atomic<uint32_t> seed{static_cast<uint32_t>(std::random_device{}())};
   return (seed.fetch_add(0x9E3779B9u) * 2654435761u) & 0xFFFFFFu;
@@ -183,6 +196,7 @@ struct Qp {
   uint32_t abandoned = 0;       // of those, failed without a completion (the device never flushed them)
   bool broken = false;
   int64_t broken_ns = 0;
+  Code fail_code = Code::kUnavailable;  // what its failed slices report: kLocalDeviceDown when our port went down
   int64_t last_progress_ns = 0;
   int64_t last_used_ns = 0;
   ~Qp() {
@@ -596,6 +610,10 @@ void RdmaSegment::break_qp(Qp& q, const std::string& why) {
   if (q.broken) return;
   q.broken = true;
   q.broken_ns = now_ns();
+  if (Status port = local_port_state(*domain_.devs[paths_[static_cast<size_t>(q.path)].local_dev]);
+      port.code() == Code::kLocalDeviceDown) {
+    q.fail_code = Code::kLocalDeviceDown;
+  }
   MC_LOG_DEBUG << path_name(static_cast<size_t>(q.path)) << ": QP " << q.qp->qp_num << " broken: " << why;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
@@ -725,11 +743,12 @@ void RdmaSegment::drain_cqs() {
                                 std::to_string(static_cast<int>(wcs[i].status)) + ", vendor error " +
                                 std::to_string(wcs[i].vendor_err) + ")";
         const bool flushed = wcs[i].status == IBV_WC_WR_FLUSH_ERR;
-        complete(f.op, Status(Code::kUnavailable, path_name(static_cast<size_t>(q.path)) + ": QP " +
+        break_qp(q, why);  // first, so that fail_code says whether our own port went down
+        complete(f.op, Status(q.fail_code, path_name(static_cast<size_t>(q.path)) + ": QP " +
                                                       std::to_string(q.qp->qp_num) + ": " +
                                                       std::string(op_name(f.op.op)) + " completion: " + why +
-                                                      (flushed ? " after an earlier failure on this QP" : "")));
-        break_qp(q, why);
+                                                      (flushed ? " after an earlier failure on this QP" : "") +
+                                                      (q.fail_code == Code::kLocalDeviceDown ? " (local port down)" : "")));
       }
       if (n < 64) break;
     }
@@ -752,7 +771,7 @@ void RdmaSegment::check_timers() {
                     << " work requests not flushed; failing them";
         for (auto f = in_flight_.begin(); f != in_flight_.end();) {
           if (f->second.qp == &q) {
-            complete(f->second.op, Status(Code::kUnavailable, path_name(i) + ": QP " + std::to_string(q.qp->qp_num) +
+            complete(f->second.op, Status(q.fail_code, path_name(i) + ": QP " + std::to_string(q.qp->qp_num) +
                                                                   " broken and its work request never flushed"));
             f = in_flight_.erase(f);
           } else {
@@ -844,14 +863,7 @@ void RdmaSegment::loop() {
 Status RdmaSegment::probe(int path, int64_t timeout_ms) {
   if (static_cast<size_t>(path) >= paths_.size()) return tcp_->probe(path - static_cast<int>(paths_.size()), timeout_ms);
   const RdmaPath& p = paths_[static_cast<size_t>(path)];
-  const Device& d = *domain_.devs[p.local_dev];
-  ibv_port_attr pa{};
-  if (int rc = ibv_query_port(d.ctx, d.port, &pa); rc != 0) {
-    return Status(Code::kIo, d.where() + ": ibv_query_port: " + std::strerror(rc));
-  }
-  if (pa.state != IBV_PORT_ACTIVE) {
-    return Status(Code::kUnavailable, d.where() + " is " + ibv_port_state_str(pa.state) + ", not ACTIVE");
-  }
+  MC_RETURN_IF_ERROR(local_port_state(*domain_.devs[p.local_dev]));
   Status last(Code::kNoPath, path_name(static_cast<size_t>(path)) + ": segment publishes no control endpoint");
   for (const auto& ep : desc_.endpoints) {
     auto r = tcp::control_call(ep, "", tcp::WireOp::kPing, "", timeout_ms);
