@@ -47,10 +47,8 @@ Status admin_put(const AdminOptions& options, const std::string& key, const std:
 
 Status admin_get(const AdminOptions& options, const std::string& key, std::ostream& out) {
   MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
-  // The size may change between the two calls only by a remove+put; get() then fails cleanly.
-  MC_ASSIGN_OR_RETURN(uint64_t size, client->size_of(key));
-  std::vector<std::byte> buf(size);
-  MC_ASSIGN_OR_RETURN(uint64_t n, client->get(key, buf));
+  MC_ASSIGN_OR_RETURN(std::vector<std::byte> buf, client->get(key));  // one lookup: one hit in `stat`
+  const uint64_t n = buf.size();
   out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(n));
   out.flush();
   if (!out) return Status(Code::kIo, "cannot write " + std::to_string(n) + " bytes to stdout");

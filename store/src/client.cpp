@@ -690,6 +690,17 @@ Result<uint64_t> Client::get(const std::string& key, std::span<std::byte> buffer
   return item.size_bytes;
 }
 
+Result<std::vector<std::byte>> Client::get(const std::string& key) {
+  int64_t granted = steady_ms();
+  MC_ASSIGN_OR_RETURN(auto reply, impl_->get_replicas({key}));
+  const auto& item = reply.items.front();
+  MC_RETURN_IF_ERROR(item_status(item.code, item.message));
+  std::vector<std::byte> data(item.size_bytes);
+  std::vector<Status> st = impl_->read_objects({key}, {&item}, granted, {std::span<std::byte>(data)});
+  MC_RETURN_IF_ERROR(st.front());
+  return data;
+}
+
 Result<uint64_t> Client::size_of(const std::string& key) {
   MC_ASSIGN_OR_RETURN(auto reply, impl_->get_replicas({key}));
   const auto& item = reply.items.front();

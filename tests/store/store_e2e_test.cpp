@@ -691,17 +691,18 @@ TEST_F(StoreE2E, KvEventsAndAdminCliJson) {
   ns.model_id = "m";
   std::string k0 = block_store_key(ns, 0x1111), k1 = block_store_key(ns, 0x2222);
   std::string file = (tmp_.path / "blob").string();
+  const auto written = random_bytes(100000, 4);
   {
     FILE* f = fopen(file.c_str(), "wb");
-    auto d = random_bytes(100000, 4);
-    fwrite(d.data(), 1, d.size(), f);
+    fwrite(written.data(), 1, written.size(), f);
     fclose(f);
   }
   EXPECT_EQ(run_tool({"put", "--master", endpoint_, k0, file}).first, 0);
   EXPECT_EQ(run_tool({"put", "--master", endpoint_, k1, "-"}, file).first, 0);
   auto [rc, bytes] = run_tool({"get", "--master", endpoint_, k0});
   EXPECT_EQ(rc, 0);
-  EXPECT_EQ(bytes.size(), 100000u);
+  ASSERT_EQ(bytes.size(), 100000u);
+  EXPECT_EQ(std::memcmp(bytes.data(), written.data(), written.size()), 0) << "get returns the bytes put";
   EXPECT_EQ(run_tool({"get", "--master", endpoint_, "absent"}).first, 1);
   auto [lrc, ls] = run_tool({"ls", "--master", endpoint_, "--prefix", "kv/", "--json"});
   ASSERT_EQ(lrc, 0);
@@ -712,6 +713,8 @@ TEST_F(StoreE2E, KvEventsAndAdminCliJson) {
   ASSERT_EQ(src, 0);
   auto sj = nlohmann::json::parse(st);
   EXPECT_EQ(sj["objects"], 2);
+  EXPECT_EQ(sj["hits"], 1) << "one `get` is one lookup: one hit";
+  EXPECT_EQ(sj["misses"], 1) << "the absent key";
   EXPECT_EQ(sj["segments"][0]["medium"], "cpu");
   EXPECT_GE(sj["segments"][0]["used_bytes"].get<uint64_t>(), 200000u);
   std::this_thread::sleep_for(std::chrono::milliseconds(150));

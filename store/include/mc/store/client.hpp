@@ -132,6 +132,9 @@ class Client {
   Status put(const std::string& key, std::span<const std::byte> data, const WriteOptions& options = {});
   // Reads the object into `buffer` (which must be at least its size); returns its size in bytes.
   Result<uint64_t> get(const std::string& key, std::span<std::byte> buffer);
+  // Reads the whole object into a new buffer of its size: one get_replicas (one hit, one lease), for callers
+  // that do not know the size (the admin CLI). Same errors as above.
+  Result<std::vector<std::byte>> get(const std::string& key);
   // Size of an object without reading it (kObjectNotFound when absent). Grants no lasting lease.
   Result<uint64_t> size_of(const std::string& key);
 
