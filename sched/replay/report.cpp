@@ -295,7 +295,12 @@ Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& 
       case Outcome::kFailed: ++s.accepted; ++s.failed; break;
       case Outcome::kRejected: ++s.rejected; break;
     }
-    if (r.outcome != Outcome::kCompleted) s.reasons[r.reason.empty() ? "(no reason given)" : r.reason]++;
+    if (r.outcome != Outcome::kCompleted) {
+      const std::string reason = r.reason.empty() ? "(no reason given)" : r.reason;
+      s.reasons[reason]++;
+      auto& [count, example] = s.reason_kinds[reason.substr(0, reason.find(':'))];
+      if (count++ == 0) example = reason;
+    }
     if (r.send_lag_ms) {
       if (*r.send_lag_ms > options.late_send_threshold_ms) ++s.late_sends;
       s.max_send_lag_ms = std::max(s.max_send_lag_ms.value_or(*r.send_lag_ms), *r.send_lag_ms);
@@ -381,6 +386,8 @@ json to_json(const Summary& s, const RunInfo& info) {
   if (s.max_send_lag_ms) j["requests"]["max_send_lag_ms"] = *s.max_send_lag_ms;
   j["acceptance_rate"] = s.offered > 0 ? static_cast<double>(s.accepted) / static_cast<double>(s.offered) : 0.0;
   j["reasons"] = s.reasons;
+  j["reason_kinds"] = json::object();
+  for (const auto& [kind, ce] : s.reason_kinds) j["reason_kinds"][kind] = {{"count", ce.first}, {"example", ce.second}};
   j["span_s"] = s.span_s;
   j["output_tokens"] = {{"requested", s.output_tokens_requested},
                         {"produced", s.output_tokens},
@@ -428,7 +435,16 @@ void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
                    {"", std::to_string(s.offered), std::to_string(s.accepted), std::to_string(s.rejected),
                     std::to_string(s.completed), std::to_string(s.failed), pct(accept), std::to_string(s.late_sends),
                     fixed(s.span_s, 1)}});
-  for (const auto& [reason, n] : s.reasons) out << "  " << n << " x " << reason << "\n";
+  // One line per kind of reason (a run can reject hundreds of requests, each message with its own numbers);
+  // --json has every distinct reason.
+  for (const auto& [kind, ce] : s.reason_kinds) {
+    out << "  " << ce.first << " x " << kind;
+    if (ce.second != kind) {
+      const size_t from = ce.second.find_first_not_of(' ', kind.size() + 1);
+      out << "  (e.g. " << (from == std::string::npos ? ce.second : ce.second.substr(from)) << ")";
+    }
+    out << "\n";
+  }
   out << "\n";
 
   std::vector<std::vector<std::string>> lat = {{"latency", "count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms"}};

@@ -251,6 +251,38 @@ TEST(ReplaySummary, JsonAndTableRender) {
   EXPECT_EQ(to_json(empty)["ttft_ms"]["count"], 0);
 }
 
+// The table names each kind of reason once, with a count and an example (a run rejects hundreds of
+// requests, each message with its own numbers); --json keeps every distinct reason too.
+TEST(ReplaySummary, ReasonsAreGroupedByKind) {
+  std::vector<RequestRecord> rs;
+  for (const char* why : {"kv_capacity: no decode instance can reserve 5973 KV tokens",
+                          "kv_capacity: no decode instance can reserve 103270 KV tokens", "ttft_slo: predicted 30598 ms",
+                          "kv_capacity: no decode instance can reserve 5973 KV tokens", "prefill aborted"}) {
+    RequestRecord r;
+    r.request_id = "r" + std::to_string(rs.size());
+    r.outcome = Outcome::kRejected;
+    r.reason = why;
+    rs.push_back(r);
+  }
+  Summary s = summarize(rs, SummaryOptions{});
+  EXPECT_EQ(s.reasons.size(), 4u);
+  ASSERT_EQ(s.reason_kinds.size(), 3u);
+  EXPECT_EQ(s.reason_kinds.at("kv_capacity").first, 3);
+  EXPECT_EQ(s.reason_kinds.at("kv_capacity").second, "kv_capacity: no decode instance can reserve 5973 KV tokens");
+  EXPECT_EQ(s.reason_kinds.at("ttft_slo").first, 1);
+  EXPECT_EQ(s.reason_kinds.at("prefill aborted").first, 1);
+  std::ostringstream os;
+  print_table(os, s);
+  const std::string t = os.str();
+  EXPECT_NE(t.find("  3 x kv_capacity  (e.g. no decode instance can reserve 5973 KV tokens)\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("  1 x ttft_slo  (e.g. predicted 30598 ms)\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("  1 x prefill aborted\n"), std::string::npos) << t;
+  EXPECT_EQ(t.find("103270"), std::string::npos) << "one line per kind\n" << t;
+  auto j = to_json(s);
+  EXPECT_EQ(j["reason_kinds"]["kv_capacity"]["count"], 3);
+  EXPECT_EQ(j["reasons"].size(), 4u);
+}
+
 TEST(ReplayRecords, JsonlReadBack) {
   auto rs = sample_run();
   std::string text;
