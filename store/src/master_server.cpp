@@ -389,6 +389,9 @@ Status MasterServer::serve() {
     if (now >= next_tick) {
       impl_->tick();
       next_tick = now + impl_->options.tick_ms;
+      // tick() may use the ZeroMQ socket (deferred replies, pushes), which can consume the ZMQ_FD edge of a
+      // message that arrived meanwhile: look at the socket once more before sleeping.
+      zmq_pending = true;
     }
   }
   while (zmq_fd < 0 && !impl_->server->stopped() && !daemon::stop_requested()) {
