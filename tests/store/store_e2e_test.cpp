@@ -24,78 +24,31 @@
 #include "mc/common/block_key.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/store/client.hpp"
+#include "mc/testkit/process.hpp"
 
 namespace mc::store {
 namespace {
 
 const std::string kBin = MC_BINARY_DIR "/bin/mc-store";
 
-// A child process with its stdout on a pipe; killed (SIGKILL) and reaped on destruction.
-class Child {
- public:
-  explicit Child(std::vector<std::string> args) {
-    int out[2];
-    if (pipe(out) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      close(out[1]);
-      int devnull = open("/dev/null", O_WRONLY);
-      if (devnull >= 0 && !getenv("MC_TEST_CHILD_STDERR")) dup2(devnull, 2);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(kBin.c_str()));
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(kBin.c_str(), argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    fd_ = out[0];
-  }
-  ~Child() {
-    kill(SIGKILL);
-    if (fd_ >= 0) close(fd_);
-  }
-  // Waits for the "ready <service> <endpoint> k=v..." line; returns its words.
-  std::vector<std::string> wait_ready(int timeout_ms = 5000) {
-    std::string line;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 50) <= 0) continue;
-      char c;
-      if (read(fd_, &c, 1) != 1) break;
-      if (c == '\n') {
-        if (line.rfind("ready ", 0) == 0) {
-          std::istringstream s(line);
-          std::vector<std::string> words;
-          for (std::string w; s >> w;) words.push_back(w);
-          return words;
-        }
-        line.clear();
-      } else {
-        line += c;
-      }
-    }
-    return {};
-  }
-  void kill(int sig) {
-    if (pid_ > 0) {
-      ::kill(pid_, sig);
-      if (sig == SIGKILL || sig == SIGTERM) {
-        int st = 0;
-        waitpid(pid_, &st, 0);
-        pid_ = -1;
-      }
-    }
-  }
-  pid_t pid() const { return pid_; }
+// An mc-store child (testkit::Child: stdout on a pipe, stopped and reaped on destruction); its stderr goes to
+// /dev/null unless MC_TEST_CHILD_STDERR is set.
+std::unique_ptr<testkit::Child> start_store(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {kBin};
+  argv.insert(argv.end(), args.begin(), args.end());
+  testkit::ChildOptions o;
+  if (getenv("MC_TEST_CHILD_STDERR") == nullptr) o.stderr_path = "/dev/null";
+  o.stop_grace_ms = 2000;
+  return std::make_unique<testkit::Child>(argv, o);
+}
 
- private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-};
+// Waits for the child's "ready <service> <endpoint> k=v..." line; returns its words (none on timeout).
+std::vector<std::string> ready_words(testkit::Child& c, int64_t timeout_ms = 5000) {
+  std::istringstream s(c.wait_line("ready ", timeout_ms));
+  std::vector<std::string> words;
+  for (std::string w; s >> w;) words.push_back(w);
+  return words;
+}
 
 // Runs the tool to completion; returns (exit code, stdout).
 std::pair<int, std::string> run_tool(const std::vector<std::string>& args, const std::string& stdin_file = "") {
@@ -134,8 +87,8 @@ class StoreE2E : public ::testing::Test {
   void start_master(std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"master", "--listen", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0", "--tick-ms", "50"};
     args.insert(args.end(), extra.begin(), extra.end());
-    master_ = std::make_unique<Child>(args);
-    auto w = master_->wait_ready();
+    master_ = start_store(args);
+    auto w = ready_words(*master_);
     ASSERT_GE(w.size(), 4u) << "master did not print its ready line";
     endpoint_ = w[2];
     events_ = w[3].substr(std::string("events=").size());
@@ -144,14 +97,14 @@ class StoreE2E : public ::testing::Test {
   }
   // Starts a storage node; host "" = this host (shm reachable). A simulated other host cannot share memory
   // with this process, so it runs with --no-shm: its DRAM is reached over the engine's tcp transport.
-  Child* start_node(const std::string& id, const std::string& dram, const std::string& host = "",
+  testkit::Child* start_node(const std::string& id, const std::string& dram, const std::string& host = "",
                     const std::string& domain = "default", const std::string& ssd_bytes = "") {
     std::vector<std::string> args = {"serve", "--master", endpoint_, "--node-id", prefix_ + id, "--dram-bytes", dram,
                                      "--domain", domain, "--heartbeat-ms", "100"};
     if (!host.empty()) args.insert(args.end(), {"--host", host, "--no-shm"});
     if (!ssd_bytes.empty()) args.insert(args.end(), {"--ssd-dir", tmp_.path.string(), "--ssd-bytes", ssd_bytes});
-    nodes_.push_back(std::make_unique<Child>(args));
-    auto w = nodes_.back()->wait_ready();
+    nodes_.push_back(start_store(args));
+    auto w = ready_words(*nodes_.back());
     EXPECT_GE(w.size(), 4u) << "node " << id << " did not print its ready line";
     if (w.size() >= 4) {
       node_rpc_[id] = w[2];
@@ -200,8 +153,8 @@ class StoreE2E : public ::testing::Test {
 
   std::string prefix_ = "e2e" + std::to_string(getpid()) + "-";
   TempDir tmp_;
-  std::unique_ptr<Child> master_;
-  std::vector<std::unique_ptr<Child>> nodes_;
+  std::unique_ptr<testkit::Child> master_;
+  std::vector<std::unique_ptr<testkit::Child>> nodes_;
   std::map<std::string, std::string> node_rpc_, node_xfer_;  // node id -> RPC endpoint, engine segment
   std::string endpoint_, events_, master_ready_;
 };
@@ -388,7 +341,7 @@ TEST_F(StoreE2E, WriteBehindPutIsSeenByTheSameClientsNextCall) {
 TEST_F(StoreE2E, KilledNodeLeavesWithin3sAndMatchPrefixStopsAtTheGap) {
   start_master({"--node-ttl-ms", "1000"});
   start_node("n1", "16MiB");
-  Child* n2 = start_node("n2", "16MiB", "", "default", "16MiB");
+  testkit::Child* n2 = start_node("n2", "16MiB", "", "default", "16MiB");
   start_node("n3", "16MiB");
   KeyNamespace ns;
   ns.model_id = "m";
@@ -406,7 +359,7 @@ TEST_F(StoreE2E, KilledNodeLeavesWithin3sAndMatchPrefixStopsAtTheGap) {
   auto c = client("reader");
   ASSERT_EQ(c->match_prefix(chain).value_or(99), 4u);
 
-  n2->kill(SIGKILL);
+  n2->kill_hard();
   auto r = raw();
   auto names_n2 = [&] {
     proto::StoreGetReplicasRequest req;
