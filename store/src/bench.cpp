@@ -14,6 +14,7 @@
 
 #include "mc/common/cli.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/store/master_core.hpp"
 
 #include "fast_rpc.hpp"
 
@@ -280,13 +281,13 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
       if (seg.medium == "cpu") dram_bytes += seg.capacity_bytes;
     }
     const uint64_t working_set_bytes = 3 * o.blocks * block_bytes;
-    const double kUsable = 0.8;  // the master's default low watermark
+    const double kUsable = MasterConfig{}.low_watermark;  // eviction brings a segment down to this
     if (static_cast<double>(working_set_bytes) > kUsable * static_cast<double>(dram_bytes)) {
       return Status(Code::kInvalidArgument,
                     "the data benchmark keeps up to " + std::to_string(working_set_bytes) + " bytes stored (3 rounds of " +
                         std::to_string(o.blocks) + " blocks of " + std::to_string(block_bytes) + " bytes) but the nodes of " +
                         o.client.master + " mount " + std::to_string(dram_bytes) +
-                        " bytes of DRAM (usable before eviction: 80 %); use fewer --blocks or start the node with a larger "
+                        " bytes of DRAM (usable before eviction: " + std::to_string(static_cast<int>(kUsable * 100)) + " %); use fewer --blocks or start the node with a larger "
                         "--dram-bytes");
     }
   }

@@ -376,6 +376,14 @@ Status MasterServer::serve() {
       zmq_fd = -1;
     }
   }
+  // The periodic work once tick_ms has passed; true when it ran.
+  auto tick_if_due = [&] {
+    const int64_t now = impl_->clock->now_ms();
+    if (now < next_tick) return false;
+    impl_->tick();
+    next_tick = now + impl_->options.tick_ms;
+    return true;
+  };
   bool zmq_pending = true;
   while (zmq_fd >= 0 && !impl_->server->stopped() && !daemon::stop_requested()) {
     const bool zmq_ready = impl_->fast_server->wait_and_handle(zmq_pending ? 0 : wait_ms);
@@ -385,14 +393,9 @@ Status MasterServer::serve() {
       size_t len = sizeof(events);
       zmq_pending = zmq_getsockopt(impl_->server->socket().handle(), ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN);
     }
-    int64_t now = impl_->clock->now_ms();
-    if (now >= next_tick) {
-      impl_->tick();
-      next_tick = now + impl_->options.tick_ms;
-      // tick() may use the ZeroMQ socket (deferred replies, pushes), which can consume the ZMQ_FD edge of a
-      // message that arrived meanwhile: look at the socket once more before sleeping.
-      zmq_pending = true;
-    }
+    // tick() may use the ZeroMQ socket (deferred replies, pushes), which can consume the ZMQ_FD edge of a
+    // message that arrived meanwhile: look at the socket once more before sleeping.
+    if (tick_if_due()) zmq_pending = true;
   }
   while (zmq_fd < 0 && !impl_->server->stopped() && !daemon::stop_requested()) {
     // One poll over the ZeroMQ socket and the fast path's sockets: every handler runs on this thread.
@@ -406,11 +409,7 @@ Status MasterServer::serve() {
     }
     if (items[0].revents & ZMQ_POLLIN) MC_RETURN_IF_ERROR(impl_->server->poll_once(0));
     if (impl_->fast_server && (items[1].revents & ZMQ_POLLIN)) impl_->fast_server->handle_ready();
-    int64_t now = impl_->clock->now_ms();
-    if (now >= next_tick) {
-      impl_->tick();
-      next_tick = now + impl_->options.tick_ms;
-    }
+    tick_if_due();
   }
   return Status::ok();
 }
