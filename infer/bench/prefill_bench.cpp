@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
   auto backend = make_backend(bo).value();
   auto kv = KvBuffer::create(backend->kv_layout(block), 2 * ((tokens + block - 1) / block) + 2).value();
   std::vector<uint32_t> prompt(static_cast<size_t>(tokens));
-  for (int64_t i = 0; i < tokens; ++i) prompt[static_cast<size_t>(i)] = static_cast<uint32_t>((i * 7919 + 13) % model->vocab_size);
+  for (int64_t i = 0; i < tokens; ++i)
+    prompt[static_cast<size_t>(i)] = static_cast<uint32_t>((i * 7919 + 13) % model->vocab_size);
   auto table = kv->allocate((tokens + block - 1) / block).value();
 
   // Full prefill first (fills the KV of every token, which the cached runs then reuse in place).
@@ -219,8 +220,8 @@ int main(int argc, char** argv) {
   }
   std::printf("\nlayer-wise streaming (limit: memcpy of one layer's %lld B = %.3f ms)\n",
               static_cast<long long>(layer_bytes), memcpy_layer_s * 1e3);
-  std::printf("%-26s %-12s %-20s %-22s %-20s %-14s\n", "path", "prefill_ms", "last_layer->all_KV_ms",
-              "tail/prefill", "tail/memcpy_layer", "KV_bytes");
+  std::printf("%-26s %-12s %-20s %-22s %-20s %-14s\n", "path", "prefill_ms", "last_layer->all_KV_ms", "tail/prefill",
+              "tail/memcpy_layer", "KV_bytes");
   for (const auto& r : stream) {
     if (r.empty()) continue;
     std::printf("%-26s %-12lld %-20.3f %-22.5f %-20.1f %-14lld\n", r["path"].get<std::string>().c_str(),

@@ -20,7 +20,8 @@ Status validate_prefill(const ModelConfig& model, const KvBuffer& kv, const Pref
   for (size_t i = 0; i < request.tokens.size(); ++i) {
     if (request.tokens[i] >= static_cast<uint64_t>(model.vocab_size)) {
       return error(Code::kInvalidArgument, "prefill: token " + std::to_string(request.tokens[i]) + " at position " +
-                                               std::to_string(i) + " >= vocab size " + std::to_string(model.vocab_size));
+                                               std::to_string(i) + " >= vocab size " +
+                                               std::to_string(model.vocab_size));
     }
   }
   const int64_t need = kv.layout().blocks_for_tokens(n);
@@ -37,8 +38,8 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
   if (options.kind == "ref") return make_ref_backend(options);
   if (options.kind == "sim") {
     if (!(options.time_scale > 0)) {
-      return error(Code::kInvalidArgument, "sim backend: --time-scale must be > 0 (got " +
-                                               std::to_string(options.time_scale) + ")");
+      return error(Code::kInvalidArgument,
+                   "sim backend: --time-scale must be > 0 (got " + std::to_string(options.time_scale) + ")");
     }
     if (options.kv_bytes_per_token < 0) {
       return error(Code::kInvalidArgument, "sim backend: --kv-bytes-per-token must be >= 0 (0 = the model's)");

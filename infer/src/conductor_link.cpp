@@ -141,8 +141,8 @@ void ConductorJobReporter::run() {
     auto r = client->call(rep, 2000);
     if (!r.is_ok()) {
       dropped_.fetch_add(1);
-      MC_LOG_WARN << options_.instance_id << ": job report '" << rep.request_id << "' (" << rep.phase
-                  << ") to " << options_.endpoint << " failed: " << r.status().to_string();
+      MC_LOG_WARN << options_.instance_id << ": job report '" << rep.request_id << "' (" << rep.phase << ") to "
+                  << options_.endpoint << " failed: " << r.status().to_string();
       client.reset();
       continue;
     }

@@ -9,32 +9,48 @@ namespace mc::infer {
 
 void add_backend_flags(CLI::App& app, BackendFlags& f) {
   app.add_option("--backend", f.backend, "Compute backend: ref (LLaMA on the CPU) or sim (GPU cost model)")
-      ->envname("MC_BACKEND")->capture_default_str()->check(CLI::IsMember({"ref", "sim"}));
+      ->envname("MC_BACKEND")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ref", "sim"}));
   app.add_option("--model", f.model, "Model preset (tiny, small, llama3-8b, llama3-70b) or a JSON config file")
-      ->envname("MC_MODEL")->capture_default_str();
+      ->envname("MC_MODEL")
+      ->capture_default_str();
   app.add_option("--seed", f.seed, "ref: seed of the weights (prefill and decode must agree); sim: token stream seed")
-      ->envname("MC_SEED")->capture_default_str();
+      ->envname("MC_SEED")
+      ->capture_default_str();
   app.add_option("--threads", f.threads, "ref: OpenBLAS threads")
-      ->envname("MC_THREADS")->capture_default_str()->check(CLI::Range(1, 256));
+      ->envname("MC_THREADS")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   app.add_option("--gpu", f.gpu, "sim: GPU server preset (a800x8, h800x8)")->envname("MC_GPU")->capture_default_str();
   app.add_option("--time-scale", f.time_scale, "sim: sleep modelled time divided by this (> 0; 10 = ten times faster)")
-      ->envname("MC_TIME_SCALE")->capture_default_str()->check(CLI::PositiveNumber);
+      ->envname("MC_TIME_SCALE")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--kv-bytes-per-token", f.kv_bytes_per_token,
                  "sim: KV bytes per token (all layers) actually stored and moved; 0 = the model's")
-      ->envname("MC_KV_BYTES_PER_TOKEN")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->envname("MC_KV_BYTES_PER_TOKEN")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", f.block_tokens, "Tokens per KV block (prefill, decode and store must agree)")
-      ->envname("MC_BLOCK_SIZE")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->envname("MC_BLOCK_SIZE")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--kv-blocks", f.kv_blocks, "KV blocks in this instance's buffer (0: fill --kv-buffer-size)")
-      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  app.add_option("--kv-buffer-size", f.kv_buffer_size, "KV buffer size in bytes (64MiB, 2GiB, ...) when --kv-blocks is 0")
-      ->envname("MC_KV_BUFFER_SIZE")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--kv-buffer-size", f.kv_buffer_size,
+                 "KV buffer size in bytes (64MiB, 2GiB, ...) when --kv-blocks is 0")
+      ->envname("MC_KV_BUFFER_SIZE")
+      ->capture_default_str();
 }
 
 void add_conductor_flags(CLI::App& app, ConductorOptions& o) {
   app.add_option("--conductor", o.endpoint, "mc-conductor endpoint to register with and heartbeat to (empty: none)")
       ->envname("MC_CONDUCTOR");
   app.add_option("--instance-id", o.instance_id, "Unique instance name (default: <role>-<host>-<pid>)");
-  app.add_option("--host", o.host, "Host label reported to the conductor and (mc-prefill) to the store master, which place "
+  app.add_option("--host", o.host,
+                 "Host label reported to the conductor and (mc-prefill) to the store master, which place "
                  "KV blocks and schedule by it; only placement uses it, not the choice of transport "
                  "(default: gethostname)");
 }
@@ -66,20 +82,25 @@ Result<int64_t> kv_blocks_from_flags(const BackendFlags& f, const Backend& backe
 
 void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
   app.add_option("--listen", c.listen, "RPC endpoint to bind (port 0: any free port)")
-      ->envname("MC_DECODE_LISTEN")->capture_default_str();
+      ->envname("MC_DECODE_LISTEN")
+      ->capture_default_str();
   add_backend_flags(app, c.backend);
   add_conductor_flags(app, c.conductor);
   app.add_option("--max-batch", c.max_batch_size, "Running sequences per decode step at most")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--reservation-ttl-ms", c.reservation_ttl_ms,
                  "Reservations without a KV commit are aborted after this many milliseconds")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--client-timeout-ms", c.client_timeout_ms, "Per-message timeout towards client endpoints (ms)")
-      ->capture_default_str()->check(CLI::Range(1, 600000));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600000));
   app.add_option("--kv-listen", c.kv_listen,
                  "Transfer-engine endpoint serving the KV buffer to prefill (tcp://host:port; auto = host of "
                  "--listen, any port; none = kv_write RPC fallback)")
-      ->envname("MC_DECODE_KV_LISTEN")->capture_default_str();
+      ->envname("MC_DECODE_KV_LISTEN")
+      ->capture_default_str();
 }
 
 Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen) {
@@ -121,20 +142,26 @@ Status run_decode_daemon(const DecodeDaemonConfig& c) {
 
 void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
   app.add_option("--listen", c.listen, "RPC endpoint to bind (port 0: any free port)")
-      ->envname("MC_PREFILL_LISTEN")->capture_default_str();
+      ->envname("MC_PREFILL_LISTEN")
+      ->capture_default_str();
   add_backend_flags(app, c.backend);
   add_conductor_flags(app, c.conductor);
   app.add_option("--store", c.store,
                  "Prefix cache: none, mem (in this process) or the mc-store master endpoint (tcp://host:port)")
-      ->envname("MC_STORE")->capture_default_str();
+      ->envname("MC_STORE")
+      ->capture_default_str();
   app.add_option("--chunk-tokens", c.chunk_tokens, "Chunked prefill: tokens per chunk (0 = whole prompt at once)")
-      ->envname("MC_CHUNK_TOKENS")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->envname("MC_CHUNK_TOKENS")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--decode-timeout-ms", c.decode_timeout_ms, "Per-call timeout towards decode instances (ms)")
-      ->capture_default_str()->check(CLI::Range(1, 600000));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600000));
   app.add_option("--kv-engine", c.kv_engine,
                  "Stream KV to decode instances through the transfer engine when they publish a segment "
                  "(false: always kv_write RPCs)")
-      ->envname("MC_KV_ENGINE")->capture_default_str();
+      ->envname("MC_KV_ENGINE")
+      ->capture_default_str();
   app.add_flag("--allow-fault-injection", c.allow_fault_injection,
                "Honour the fail_after_layers field of prefill jobs (tests only)");
 }

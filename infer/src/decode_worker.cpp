@@ -5,11 +5,11 @@
 #include <cstring>
 #include <thread>
 
+#include "client_pool.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
-#include "client_pool.hpp"
 
 namespace mc::infer {
 
@@ -20,7 +20,7 @@ struct DecodeWorker::Reservation {
   int64_t output_tokens = 0;
   int64_t committed_blocks = 0;  // full-length blocks counted in committed_blocks_
   std::string client_endpoint;
-  std::vector<int32_t> blocks;   // prompt blocks, allocated
+  std::vector<int32_t> blocks;             // prompt blocks, allocated
   std::vector<std::vector<bool>> arrived;  // [layer][block index]
   int64_t layers_received = 0;
   int64_t deadline_ns = 0;
@@ -39,9 +39,9 @@ struct DecodeWorker::Sequence {
   std::string client_endpoint;
   std::vector<int32_t> blocks;
   int64_t committed_blocks = 0;
-  int64_t position = 0;      // tokens with KV in the cache
-  uint32_t last_token = 0;   // newest token, not yet in the KV cache
-  int64_t emitted = 0;       // tokens sent to the client
+  int64_t position = 0;     // tokens with KV in the cache
+  uint32_t last_token = 0;  // newest token, not yet in the KV cache
+  int64_t emitted = 0;      // tokens sent to the client
   int64_t output_tokens = 0;
   int64_t first_token_ns = 0;
   proto::RequestLedger ledger;
@@ -71,7 +71,6 @@ class RpcTokenSink final : public TokenSink {
   ClientPool pool_;
 };
 
-
 }  // namespace
 
 std::unique_ptr<TokenSink> make_rpc_token_sink(int timeout_ms) { return std::make_unique<RpcTokenSink>(timeout_ms); }
@@ -85,8 +84,8 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(DecodeWorkerOptions o
                  "decode worker: --block-tokens, --kv-blocks, --max-batch and --reservation-ttl-ms must be > 0");
   }
   if (!backend || !sink) return error(Code::kInvalidArgument, "decode worker: backend and token sink are required");
-  MC_ASSIGN_OR_RETURN(auto kv, KvBuffer::create(backend->kv_layout(options.block_tokens), options.kv_blocks,
-                                                KvMemory::kShared));
+  MC_ASSIGN_OR_RETURN(auto kv,
+                      KvBuffer::create(backend->kv_layout(options.block_tokens), options.kv_blocks, KvMemory::kShared));
   return std::unique_ptr<DecodeWorker>(
       new DecodeWorker(options, std::move(backend), std::move(sink), std::move(kv), clock));
 }
@@ -111,8 +110,7 @@ Status DecodeWorker::publish_kv_segment(transfer::EngineOptions options) {
   kv_segment_ = engine->segment_name();
   engine->set_notification_handler([this](const transfer::Notification& n) { on_kv_notification(n); });
   engine_ = std::move(engine);
-  metrics_.gauge("mc_decode_kv_segment_published", "1 when the KV buffer is served through the transfer engine")
-      .set(1);
+  metrics_.gauge("mc_decode_kv_segment_published", "1 when the KV buffer is served through the transfer engine").set(1);
   return Status::ok();
 }
 
@@ -143,8 +141,7 @@ bool parse_kv_tag(const std::string& tag, uint64_t& reservation, int64_t& layer,
 void DecodeWorker::on_kv_notification(const transfer::Notification& note) {
   metrics_.counter("mc_decode_kv_notifications_total", "layer-arrival notifications from the transfer engine").inc();
   auto reject = [&](const std::string& why) {
-    metrics_.counter("mc_decode_kv_notifications_rejected_total", "notifications naming no valid reserved range")
-        .inc();
+    metrics_.counter("mc_decode_kv_notifications_rejected_total", "notifications naming no valid reserved range").inc();
     MC_LOG_WARN << "decode: KV notification '" << note.tag << "' from " << (note.from.empty() ? "?" : note.from)
                 << " (offset " << note.segment_offset << ", " << note.length << " B) ignored: " << why;
   };
@@ -216,8 +213,8 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   if (r.input_length_tokens > m.max_context_tokens ||
       r.output_length_tokens > m.max_context_tokens - r.input_length_tokens) {
     metrics_.counter("mc_decode_reserve_invalid_total", "reservations refused for bad lengths").inc();
-    return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id + "': input too long: " +
-                                             std::to_string(r.input_length_tokens) + " + " +
+    return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id +
+                                             "': input too long: " + std::to_string(r.input_length_tokens) + " + " +
                                              std::to_string(r.output_length_tokens) + " tokens > max context " +
                                              std::to_string(m.max_context_tokens) + " of model " + m.name);
   }
@@ -271,15 +268,15 @@ void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool 
   Reservation& r = *it->second;
   if (hold_blocks && engine_) {
     // A prefill may still WRITE into these blocks: keep them (and their admission) until it says it is done.
-    expired_[id] = Expired{std::move(r.blocks), r.committed_blocks,
-                           clock_->now_ns() + options_.expired_hold_ms * 1'000'000};
+    expired_[id] =
+        Expired{std::move(r.blocks), r.committed_blocks, clock_->now_ns() + options_.expired_hold_ms * 1'000'000};
   } else {
     kv_->free(r.blocks);
     committed_blocks_ -= r.committed_blocks;
   }
   if (tell_client) {
-    outgoing_.push_back({r.client_endpoint, proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()),
-                                                                why.message(), 0}});
+    outgoing_.push_back(
+        {r.client_endpoint, proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()), why.message(), 0}});
   }
   reservations_.erase(it);
 }
@@ -530,8 +527,8 @@ Result<int64_t> DecodeWorker::step() {
       while (kv_->layout().blocks_for_tokens(s->position + 1) > static_cast<int64_t>(s->blocks.size())) {
         auto more = kv_->allocate(1);
         if (!more.is_ok()) {
-          return error(Code::kInternal, "decode: growth block unavailable despite admission accounting: " +
-                                            more.status().to_string());
+          return error(Code::kInternal,
+                       "decode: growth block unavailable despite admission accounting: " + more.status().to_string());
         }
         s->blocks.push_back(more.value()[0]);
       }
@@ -551,7 +548,8 @@ Result<int64_t> DecodeWorker::step() {
     std::lock_guard lock(mu_);
     recent_step_ms_ = recent_step_ms_ == 0 ? step_ms : 0.8 * recent_step_ms_ + 0.2 * step_ms;
     metrics_.counter("mc_decode_steps_total", "decode steps").inc();
-    metrics_.histogram("mc_decode_step_seconds", metrics::latency_buckets_s(), "decode step time").observe(step_ms / 1e3);
+    metrics_.histogram("mc_decode_step_seconds", metrics::latency_buckets_s(), "decode step time")
+        .observe(step_ms / 1e3);
     for (size_t i = 0; i < batch.size(); ++i) {
       Sequence* s = batch[i];
       if (s->cancelled) continue;
@@ -585,8 +583,10 @@ Result<int64_t> DecodeWorker::step() {
       }
     }
     metrics_.gauge("mc_decode_batch_size", "running sequences").set(static_cast<double>(running_.size()));
-    metrics_.gauge("mc_decode_kv_blocks_committed", "blocks promised at full length").set(static_cast<double>(committed_blocks_));
-    metrics_.gauge("mc_decode_kv_blocks_used", "blocks holding KV").set(static_cast<double>(kv_->num_blocks() - kv_->free_blocks()));
+    metrics_.gauge("mc_decode_kv_blocks_committed", "blocks promised at full length")
+        .set(static_cast<double>(committed_blocks_));
+    metrics_.gauge("mc_decode_kv_blocks_used", "blocks holding KV")
+        .set(static_cast<double>(kv_->num_blocks() - kv_->free_blocks()));
   }
   flush_outgoing();
   return stepped;

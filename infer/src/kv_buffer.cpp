@@ -82,8 +82,8 @@ void KvBuffer::free(std::span<const int32_t> blocks) {
 
 Status KvBuffer::check_block(int32_t block) const {
   if (block < 0 || block >= num_blocks_) {
-    return error(Code::kOutOfRange, "KV buffer: block " + std::to_string(block) + " outside [0, " +
-                                        std::to_string(num_blocks_) + ")");
+    return error(Code::kOutOfRange,
+                 "KV buffer: block " + std::to_string(block) + " outside [0, " + std::to_string(num_blocks_) + ")");
   }
   return Status::ok();
 }

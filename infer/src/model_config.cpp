@@ -38,14 +38,14 @@ const std::vector<ModelConfig>& presets() {
 }
 
 int64_t attention_params(const ModelConfig& m) {
-  return m.hidden_size * m.num_heads * m.head_dim          // q
+  return m.hidden_size * m.num_heads * m.head_dim           // q
          + 2 * m.hidden_size * m.num_kv_heads * m.head_dim  // k, v
          + m.num_heads * m.head_dim * m.hidden_size;        // o
 }
 
 Status field_error(std::string_view field, int64_t value, std::string_view why) {
-  return error(Code::kInvalidArgument, "model config: " + std::string(field) + " = " + std::to_string(value) + ": " +
-                                           std::string(why));
+  return error(Code::kInvalidArgument,
+               "model config: " + std::string(field) + " = " + std::to_string(value) + ": " + std::string(why));
 }
 
 }  // namespace
@@ -55,22 +55,23 @@ int64_t ModelConfig::matmul_param_count() const {
 }
 
 int64_t ModelConfig::param_count() const {
-  return matmul_param_count() + vocab_size * hidden_size /* embedding */ + num_layers * 2 * hidden_size +
-         hidden_size;
+  return matmul_param_count() + vocab_size * hidden_size /* embedding */ + num_layers * 2 * hidden_size + hidden_size;
 }
 
 Status ModelConfig::validate() const {
   const std::pair<const char*, int64_t> positive[] = {
-      {"num_layers", num_layers}, {"hidden_size", hidden_size}, {"num_heads", num_heads},
-      {"num_kv_heads", num_kv_heads}, {"head_dim", head_dim}, {"ffn_size", ffn_size},
+      {"num_layers", num_layers}, {"hidden_size", hidden_size},
+      {"num_heads", num_heads},   {"num_kv_heads", num_kv_heads},
+      {"head_dim", head_dim},     {"ffn_size", ffn_size},
       {"vocab_size", vocab_size}, {"max_context_tokens", max_context_tokens}};
   for (const auto& [field, value] : positive) {
     if (value <= 0) return field_error(field, value, "must be > 0");
     if (value > (int64_t{1} << 31)) return field_error(field, value, "must be < 2^31");
   }
   if (num_heads % num_kv_heads != 0) {
-    return field_error("num_heads", num_heads,
-                       "must be a multiple of num_kv_heads = " + std::to_string(num_kv_heads) + " (grouped-query attention)");
+    return field_error(
+        "num_heads", num_heads,
+        "must be a multiple of num_kv_heads = " + std::to_string(num_kv_heads) + " (grouped-query attention)");
   }
   if (head_dim % 2 != 0) return field_error("head_dim", head_dim, "must be even (RoPE rotates pairs)");
   if (dtype_bytes != 1 && dtype_bytes != 2 && dtype_bytes != 4) {
@@ -112,7 +113,7 @@ Result<ModelConfig> model_preset(std::string_view name) {
   std::string known;
   for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
   return error(Code::kInvalidArgument, "unknown model preset '" + std::string(name) + "' (known: " + known +
-                                    "; or give a path to a JSON file)");
+                                           "; or give a path to a JSON file)");
 }
 
 Result<ModelConfig> model_from_json(std::string_view json_text) {
@@ -141,7 +142,8 @@ Result<ModelConfig> model_from_json(std::string_view json_text) {
   auto get_double = [&](const char* key, double& out) -> Status {
     auto it = j.find(key);
     if (it == j.end()) return Status::ok();
-    if (!it->is_number()) return error(Code::kInvalidArgument, std::string("model config: \"") + key + "\" must be a number");
+    if (!it->is_number())
+      return error(Code::kInvalidArgument, std::string("model config: \"") + key + "\" must be a number");
     out = it->get<double>();
     return Status::ok();
   };
@@ -186,13 +188,13 @@ Result<ModelConfig> model_from_json(std::string_view json_text) {
 }
 
 Result<ModelConfig> load_model(std::string_view spec) {
-  const bool is_path = spec.find('/') != std::string_view::npos ||
-                       (spec.size() > 5 && spec.substr(spec.size() - 5) == ".json");
+  const bool is_path =
+      spec.find('/') != std::string_view::npos || (spec.size() > 5 && spec.substr(spec.size() - 5) == ".json");
   if (!is_path) return model_preset(spec);
   std::ifstream in{std::string(spec)};
   if (!in) {
-    return error(Code::kNotFound, "model config file '" + std::string(spec) + "' cannot be opened: " +
-                                      std::strerror(errno));
+    return error(Code::kNotFound,
+                 "model config file '" + std::string(spec) + "' cannot be opened: " + std::strerror(errno));
   }
   std::stringstream ss;
   ss << in.rdbuf();

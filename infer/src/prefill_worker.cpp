@@ -9,11 +9,11 @@
 #include <map>
 #include <thread>
 
+#include "client_pool.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
-#include "client_pool.hpp"
 #include "mc/infer/cost_model.hpp"
 
 namespace mc::infer {
@@ -28,7 +28,9 @@ int64_t ms_since(int64_t t0_ns) { return (now_ns() - t0_ns) / 1'000'000; }
 class RpcDecodeLink final : public DecodeLink {
  public:
   explicit RpcDecodeLink(int timeout_ms) : pool_("mc-prefill", timeout_ms) {}
-  Result<proto::KvWriteReply> write(const std::string& ep, const proto::KvWriteRequest& r) override { return call(ep, r); }
+  Result<proto::KvWriteReply> write(const std::string& ep, const proto::KvWriteRequest& r) override {
+    return call(ep, r);
+  }
   Result<proto::KvCommitReply> commit(const std::string& ep, const proto::KvCommitRequest& r) override {
     return call(ep, r);
   }
@@ -182,7 +184,10 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::create(PrefillWorkerOption
 PrefillWorker::PrefillWorker(PrefillWorkerOptions options, std::unique_ptr<Backend> backend,
                              std::unique_ptr<KvBlockCache> cache, std::unique_ptr<DecodeLink> link,
                              std::unique_ptr<KvBuffer> kv)
-    : options_(options), backend_(std::move(backend)), cache_(std::move(cache)), link_(std::move(link)),
+    : options_(options),
+      backend_(std::move(backend)),
+      cache_(std::move(cache)),
+      link_(std::move(link)),
       kv_(std::move(kv)) {
   ns_ = kv_namespace(*backend_, options_.block_tokens, options_.weight_seed);
 }
@@ -261,8 +266,9 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
     bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': input too long: " + std::to_string(n) +
                                             " tokens > max context " + std::to_string(m.max_context_tokens));
   } else if (job.decode_endpoint.empty() || job.reservation_id == 0) {
-    bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': no decode target (decode_endpoint, "
-                                        "reservation_id from decode_reserve)");
+    bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id +
+                                            "': no decode target (decode_endpoint, "
+                                            "reservation_id from decode_reserve)");
   } else if (static_cast<int64_t>(job.decode_block_offsets_bytes.size()) != kv_->layout().blocks_for_tokens(n)) {
     bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': decode reservation has " +
                                             std::to_string(job.decode_block_offsets_bytes.size()) + " blocks, " +
@@ -320,7 +326,8 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
     const int64_t t0 = now_ns();
     std::vector<BlockGet> items;
     for (int64_t b = 0; b < want; ++b) {
-      items.push_back({block_store_key(ns_, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
+      items.push_back(
+          {block_store_key(ns_, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
     }
     const BlockCacheCounters before = cache_->counters();
     auto got = cache_->get(items);
@@ -419,12 +426,14 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   const int64_t tail_ns = std::max<int64_t>(0, t_all_kv - tail_from);
   ledger.prefill_ms = (t_last_layer - t_prefill) / 1'000'000;
   ledger.kv_tail_ms = tail_ns / 1'000'000;
-  metrics_.histogram("mc_prefill_kv_tail_seconds", metrics::latency_buckets_s(),
-                     "last layer computed -> all KV acknowledged by decode (layer-wise streaming tail)")
+  metrics_
+      .histogram("mc_prefill_kv_tail_seconds", metrics::latency_buckets_s(),
+                 "last layer computed -> all KV acknowledged by decode (layer-wise streaming tail)")
       .observe(static_cast<double>(tail_ns) * 1e-9);
   ledger.kv_sent_bytes = streamer.bytes_sent();
   if (ledger.computed_tokens > 0 && t_last_layer > t_prefill) {
-    const double rate = static_cast<double>(ledger.computed_tokens) / (static_cast<double>(t_last_layer - t_prefill) * 1e-9);
+    const double rate =
+        static_cast<double>(ledger.computed_tokens) / (static_cast<double>(t_last_layer - t_prefill) * 1e-9);
     const double prev = tokens_per_s_.load();
     tokens_per_s_.store(prev == 0 ? rate : 0.7 * prev + 0.3 * rate);
   }
@@ -441,7 +450,8 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   if (cache_ && job.store_new_blocks) {
     std::vector<BlockPut> puts;
     for (int64_t b = hit_blocks; b < n / bs; ++b) {
-      puts.push_back({block_store_key(ns_, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
+      puts.push_back(
+          {block_store_key(ns_, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
     }
     if (!puts.empty()) {
       auto put = cache_->put(puts);
@@ -480,14 +490,14 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
   int64_t running_tokens = 0;
   bool stopping = false;
 
-  server->handle<proto::PrefillJobRequest>([&](const proto::PrefillJobRequest& job,
-                                               const rpc::CallContext& ctx) -> Result<proto::PrefillJobReply> {
-    ctx.defer();
-    std::lock_guard lock(mu);
-    queue.push_back({job, ctx, now_ns()});
-    cv.notify_one();
-    return proto::PrefillJobReply{};
-  });
+  server->handle<proto::PrefillJobRequest>(
+      [&](const proto::PrefillJobRequest& job, const rpc::CallContext& ctx) -> Result<proto::PrefillJobReply> {
+        ctx.defer();
+        std::lock_guard lock(mu);
+        queue.push_back({job, ctx, now_ns()});
+        cv.notify_one();
+        return proto::PrefillJobReply{};
+      });
   auto current_load = [&]() -> proto::WorkerLoadReply {
     proto::WorkerLoadReply l;
     l.role = "prefill";
@@ -564,7 +574,8 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
       done.swap(finished);
     }
     for (auto& f : done) {
-      Status s = f.reply.is_ok() ? server->reply_to(f.ctx, f.reply.value()) : server->reply_error_to(f.ctx, f.reply.status());
+      Status s =
+          f.reply.is_ok() ? server->reply_to(f.ctx, f.reply.value()) : server->reply_error_to(f.ctx, f.reply.status());
       if (!s.is_ok()) MC_LOG_WARN << "mc-prefill: reply not sent: " << s.to_string();
     }
   }

@@ -89,8 +89,8 @@ namespace {
 
 // y (m×n) = x (m×k) · w (k×n), row-major.
 void matmul(const float* x, const float* w, float* y, int64_t m, int64_t k, int64_t n) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.0f, x, static_cast<int>(k), w, static_cast<int>(n), 0.0f, y, static_cast<int>(n));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+              1.0f, x, static_cast<int>(k), w, static_cast<int>(n), 0.0f, y, static_cast<int>(n));
 }
 
 // One row of the forward pass: a token of sequence `seq` at absolute position `pos`.
@@ -102,8 +102,7 @@ struct Row {
 
 class RefBackend final : public Backend {
  public:
-  explicit RefBackend(const BackendOptions& o)
-      : kind_("ref"), model_(o.model), w_(ref::make_weights(o.model, o.seed)) {
+  explicit RefBackend(const BackendOptions& o) : kind_("ref"), model_(o.model), w_(ref::make_weights(o.model, o.seed)) {
     openblas_set_num_threads(std::max(1, o.threads));
   }
 
@@ -148,7 +147,8 @@ class RefBackend final : public Backend {
         return error(Code::kInvalidArgument, "decode: token " + std::to_string(s.last_token) + " >= vocab " +
                                                  std::to_string(model_.vocab_size));
       }
-      if (s.position < 0 || kv.layout().blocks_for_tokens(s.position + 1) > static_cast<int64_t>(s.block_table.size())) {
+      if (s.position < 0 ||
+          kv.layout().blocks_for_tokens(s.position + 1) > static_cast<int64_t>(s.block_table.size())) {
         return error(Code::kInvalidArgument, "decode: block table of " + std::to_string(s.block_table.size()) +
                                                  " blocks does not cover position " + std::to_string(s.position));
       }
@@ -158,7 +158,8 @@ class RefBackend final : public Backend {
     next.clear();
     if (rows.empty()) return Status::ok();
     std::vector<float> logits;
-    MC_RETURN_IF_ERROR(forward(kv, rows, tables, &logits, [](int64_t) { return Status::ok(); }, /*all_logits=*/true));
+    MC_RETURN_IF_ERROR(forward(
+        kv, rows, tables, &logits, [](int64_t) { return Status::ok(); }, /*all_logits=*/true));
     for (size_t i = 0; i < rows.size(); ++i) {
       next.push_back(argmax(logits.data() + i * static_cast<size_t>(model_.vocab_size)));
     }
@@ -167,7 +168,8 @@ class RefBackend final : public Backend {
 
  private:
   Status check_layout(const KvBuffer& kv) const {
-    if (kv.layout().bytes_per_token_layer != kv_bytes_per_token_layer() || kv.layout().num_layers != model_.num_layers) {
+    if (kv.layout().bytes_per_token_layer != kv_bytes_per_token_layer() ||
+        kv.layout().num_layers != model_.num_layers) {
       return error(Code::kInvalidArgument, "ref backend: KV buffer layout (" + std::to_string(kv.layout().num_layers) +
                                                " layers, " + std::to_string(kv.layout().bytes_per_token_layer) +
                                                " B/token/layer) does not match the model (" +
@@ -198,8 +200,8 @@ class RefBackend final : public Backend {
     }
 
     std::vector<float> x(static_cast<size_t>(n * h)), xn(x.size()), q(static_cast<size_t>(n * qd)),
-        k(static_cast<size_t>(n * kvd)), v(k.size()), attn(q.size()), o(x.size()), g(static_cast<size_t>(n * m.ffn_size)),
-        up(g.size());
+        k(static_cast<size_t>(n * kvd)), v(k.size()), attn(q.size()), o(x.size()),
+        g(static_cast<size_t>(n * m.ffn_size)), up(g.size());
     for (int64_t r = 0; r < n; ++r) {
       std::memcpy(&x[r * h], &w_.embed[static_cast<size_t>(rows[r].token) * h], sizeof(float) * h);
     }

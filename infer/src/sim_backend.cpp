@@ -23,8 +23,8 @@ uint64_t mix(uint64_t h, uint32_t token) {
 
 class SimBackend final : public Backend {
  public:
-  explicit SimBackend(const BackendOptions& o) : kind_("sim"), model_(o.model), gpu_(o.gpu), seed_(o.seed),
-                                                 time_scale_(o.time_scale) {
+  explicit SimBackend(const BackendOptions& o)
+      : kind_("sim"), model_(o.model), gpu_(o.gpu), seed_(o.seed), time_scale_(o.time_scale) {
     const int64_t per_token = o.kv_bytes_per_token > 0 ? o.kv_bytes_per_token : model_.kv_bytes_per_token();
     int64_t per_layer = (per_token + model_.num_layers - 1) / model_.num_layers;
     per_layer = std::max<int64_t>(16, (per_layer + 1) / 2 * 2);  // even, room for the 8-byte hash in K and V

@@ -30,8 +30,12 @@ void add_common_flags(CLI::App& app, const std::string& program) {
 
 void add_key_namespace_flags(CLI::App& cmd, KeyNamespace& ns, const std::string& seed_flag) {
   cmd.add_option("--block-size", ns.block_size, "Tokens per keyed block (must match the workers)")
-      ->envname("MC_BLOCK_SIZE")->capture_default_str()->check(CLI::Range(1u, 1u << 24));
-  cmd.add_option(seed_flag, ns.seed, "XXH3 seed of the block-key chain")->envname("MC_HASH_SEED")->capture_default_str();
+      ->envname("MC_BLOCK_SIZE")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 24));
+  cmd.add_option(seed_flag, ns.seed, "XXH3 seed of the block-key chain")
+      ->envname("MC_HASH_SEED")
+      ->capture_default_str();
   cmd.add_option("--model", ns.model_id, "Model id of the key namespace (empty: plain RFC chain)")->envname("MC_MODEL");
   cmd.add_option("--revision", ns.model_revision, "Model revision of the key namespace");
   cmd.add_option("--kv-dtype", ns.kv_dtype, "KV cache dtype of the key namespace (bf16, fp8, ...)");
@@ -43,11 +47,14 @@ void add_key_namespace_flags(CLI::App& cmd, KeyNamespace& ns, const std::string&
 
 int exit_code(const Status& status) {
   switch (status.code()) {
-    case Code::kOk: return kExitOk;
+    case Code::kOk:
+      return kExitOk;
     case Code::kInvalidArgument:
     case Code::kOutOfRange:
-    case Code::kMalformedMessage: return kExitUsage;
-    default: return kExitRuntime;
+    case Code::kMalformedMessage:
+      return kExitUsage;
+    default:
+      return kExitRuntime;
   }
 }
 

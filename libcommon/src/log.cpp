@@ -24,18 +24,24 @@ Result<Level> parse_level(std::string_view name) {
   if (name == "warn" || name == "warning") return Level::kWarn;
   if (name == "error") return Level::kError;
   if (name == "off") return Level::kOff;
-  return Status(Code::kInvalidArgument, "log level '" + std::string(name) +
-                                            "' is not one of trace, debug, info, warn, error, off");
+  return Status(Code::kInvalidArgument,
+                "log level '" + std::string(name) + "' is not one of trace, debug, info, warn, error, off");
 }
 
 std::string_view level_name(Level level) {
   switch (level) {
-    case Level::kTrace: return "trace";
-    case Level::kDebug: return "debug";
-    case Level::kInfo: return "info";
-    case Level::kWarn: return "warn";
-    case Level::kError: return "error";
-    case Level::kOff: return "off";
+    case Level::kTrace:
+      return "trace";
+    case Level::kDebug:
+      return "debug";
+    case Level::kInfo:
+      return "info";
+    case Level::kWarn:
+      return "warn";
+    case Level::kError:
+      return "error";
+    case Level::kOff:
+      return "off";
   }
   return "?";
 }

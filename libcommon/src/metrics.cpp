@@ -106,8 +106,10 @@ std::string Registry::json() const {
     auto counts = e.metric->bucket_counts();
     nlohmann::json buckets = nlohmann::json::array();
     for (size_t i = 0; i < counts.size(); ++i) {
-      if (i < e.metric->bounds().size()) buckets.push_back({e.metric->bounds()[i], counts[i]});
-      else buckets.push_back({"+Inf", counts[i]});
+      if (i < e.metric->bounds().size())
+        buckets.push_back({e.metric->bounds()[i], counts[i]});
+      else
+        buckets.push_back({"+Inf", counts[i]});
     }
     h["buckets"] = buckets;
     j["histograms"][name] = h;
@@ -116,8 +118,8 @@ std::string Registry::json() const {
 }
 
 std::vector<double> latency_buckets_s() {
-  return {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
-          0.1,  0.25,   0.5,  1,    2.5,    5,    10,   25,     50,   100};
+  return {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+          5e-2, 0.1,    0.25, 0.5,  1,      2.5,  5,    10,     25,   50,   100};
 }
 
 }  // namespace mc::metrics

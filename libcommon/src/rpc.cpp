@@ -60,8 +60,8 @@ Result<std::unique_ptr<RpcServer>> RpcServer::bind(ServerOptions options) {
         if (req.protocol_version != proto::kProtocolVersion) {
           return Status(Code::kProtocolMismatch,
                         "client '" + req.client_name + "' speaks protocol v" + std::to_string(req.protocol_version) +
-                            " but " + self->options_.service + " speaks v" +
-                            std::to_string(proto::kProtocolVersion) + ": run the same mc version on both sides");
+                            " but " + self->options_.service + " speaks v" + std::to_string(proto::kProtocolVersion) +
+                            ": run the same mc version on both sides");
         }
         return proto::HelloReply{proto::kProtocolVersion, self->options_.service, build_id_string()};
       });
@@ -72,14 +72,14 @@ Result<std::unique_ptr<RpcServer>> RpcServer::bind(ServerOptions options) {
 }
 
 void RpcServer::serve_stat(const metrics::Registry* registry) {
-  handle<proto::StatRequest>([this, registry](const proto::StatRequest& req,
-                                              const CallContext&) -> Result<proto::StatReply> {
-    proto::StatReply reply;
-    reply.service = options_.service;
-    reply.metrics_json = registry->json();
-    if (req.with_prometheus_text) reply.prometheus_text = registry->prometheus_text();
-    return reply;
-  });
+  handle<proto::StatRequest>(
+      [this, registry](const proto::StatRequest& req, const CallContext&) -> Result<proto::StatReply> {
+        proto::StatReply reply;
+        reply.service = options_.service;
+        reply.metrics_json = registry->json();
+        if (req.with_prometheus_text) reply.prometheus_text = registry->prometheus_text();
+        return reply;
+      });
 }
 
 Status RpcServer::send_raw(const std::string& peer, const std::string& type, uint64_t id, const std::string& body) {
@@ -90,9 +90,8 @@ Status RpcServer::send_raw(const std::string& peer, const std::string& type, uin
     socket_.send(zmq::buffer(head), zmq::send_flags::sndmore);
     socket_.send(zmq::buffer(body), zmq::send_flags::none);
   } catch (const zmq::error_t& e) {
-    return Status(Code::kUnavailable,
-                  options_.service + ": cannot send '" + type + "' to a client: " + zmq_text(e) +
-                      (e.num() == EHOSTUNREACH ? " (the client has disconnected)" : ""));
+    return Status(Code::kUnavailable, options_.service + ": cannot send '" + type + "' to a client: " + zmq_text(e) +
+                                          (e.num() == EHOSTUNREACH ? " (the client has disconnected)" : ""));
   }
   return Status::ok();
 }
@@ -141,8 +140,8 @@ void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
   auto it = handlers_.find(header->type);
   if (it == handlers_.end()) {
     ++counters_.malformed;
-    reply_error(Status(Code::kUnimplemented,
-                       options_.service + " does not handle message type '" + header->type + "'"));
+    reply_error(
+        Status(Code::kUnimplemented, options_.service + " does not handle message type '" + header->type + "'"));
     return;
   }
   Result<std::string> reply = Status(Code::kInternal, "handler did not run");
@@ -237,8 +236,8 @@ Result<std::optional<Envelope>> RpcClient::recv_one(int timeout_ms) {
     auto got = zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait);
     if (!got) return std::optional<Envelope>();
     if (frames.size() != 2) {
-      return Status(Code::kMalformedMessage, "message from " + endpoint_ + " has " + std::to_string(frames.size()) +
-                                                 " frames, expected 2");
+      return Status(Code::kMalformedMessage,
+                    "message from " + endpoint_ + " has " + std::to_string(frames.size()) + " frames, expected 2");
     }
     Result<proto::Header> header =
         codec::unpack<proto::Header>(frames[0].to_string_view(), "header of a message from " + endpoint_);

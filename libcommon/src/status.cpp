@@ -6,34 +6,62 @@ namespace mc {
 
 std::string_view code_name(Code code) {
   switch (code) {
-    case Code::kOk: return "ok";
-    case Code::kInvalidArgument: return "invalid_argument";
-    case Code::kNotFound: return "not_found";
-    case Code::kAlreadyExists: return "already_exists";
-    case Code::kOutOfRange: return "out_of_range";
-    case Code::kTimeout: return "timeout";
-    case Code::kUnavailable: return "unavailable";
-    case Code::kResourceExhausted: return "resource_exhausted";
-    case Code::kFailedPrecondition: return "failed_precondition";
-    case Code::kCancelled: return "cancelled";
-    case Code::kInternal: return "internal";
-    case Code::kUnimplemented: return "unimplemented";
-    case Code::kIo: return "io";
-    case Code::kDataLoss: return "data_loss";
-    case Code::kProtocolMismatch: return "protocol_mismatch";
-    case Code::kMalformedMessage: return "malformed_message";
-    case Code::kMessageTooLarge: return "message_too_large";
-    case Code::kTransferFailed: return "transfer_failed";
-    case Code::kSegmentNotRegistered: return "segment_not_registered";
-    case Code::kNoPath: return "no_path";
-    case Code::kLocalDeviceDown: return "local_device_down";
-    case Code::kObjectNotFound: return "object_not_found";
-    case Code::kObjectBusy: return "object_busy";
-    case Code::kLeaseExpired: return "lease_expired";
-    case Code::kNoSpace: return "no_space";
-    case Code::kRejected: return "rejected";
-    case Code::kInferenceFailed: return "inference_failed";
-    case Code::kAborted: return "aborted";
+    case Code::kOk:
+      return "ok";
+    case Code::kInvalidArgument:
+      return "invalid_argument";
+    case Code::kNotFound:
+      return "not_found";
+    case Code::kAlreadyExists:
+      return "already_exists";
+    case Code::kOutOfRange:
+      return "out_of_range";
+    case Code::kTimeout:
+      return "timeout";
+    case Code::kUnavailable:
+      return "unavailable";
+    case Code::kResourceExhausted:
+      return "resource_exhausted";
+    case Code::kFailedPrecondition:
+      return "failed_precondition";
+    case Code::kCancelled:
+      return "cancelled";
+    case Code::kInternal:
+      return "internal";
+    case Code::kUnimplemented:
+      return "unimplemented";
+    case Code::kIo:
+      return "io";
+    case Code::kDataLoss:
+      return "data_loss";
+    case Code::kProtocolMismatch:
+      return "protocol_mismatch";
+    case Code::kMalformedMessage:
+      return "malformed_message";
+    case Code::kMessageTooLarge:
+      return "message_too_large";
+    case Code::kTransferFailed:
+      return "transfer_failed";
+    case Code::kSegmentNotRegistered:
+      return "segment_not_registered";
+    case Code::kNoPath:
+      return "no_path";
+    case Code::kLocalDeviceDown:
+      return "local_device_down";
+    case Code::kObjectNotFound:
+      return "object_not_found";
+    case Code::kObjectBusy:
+      return "object_busy";
+    case Code::kLeaseExpired:
+      return "lease_expired";
+    case Code::kNoSpace:
+      return "no_space";
+    case Code::kRejected:
+      return "rejected";
+    case Code::kInferenceFailed:
+      return "inference_failed";
+    case Code::kAborted:
+      return "aborted";
   }
   return "unknown";
 }

@@ -24,8 +24,8 @@ Result<int64_t> int_field(const json& obj, const char* key, int64_t lo, int64_t 
   if (it->is_number_unsigned()) {
     uint64_t v = it->get<uint64_t>();
     if (v > static_cast<uint64_t>(hi))
-      return bad(where, std::string("\"") + key + "\" = " + std::to_string(v) + " is larger than " +
-                            std::to_string(hi));
+      return bad(where,
+                 std::string("\"") + key + "\" = " + std::to_string(v) + " is larger than " + std::to_string(hi));
     if (static_cast<int64_t>(v) < lo)
       return bad(where, std::string("\"") + key + "\" = " + std::to_string(v) + " is below " + std::to_string(lo));
     return static_cast<int64_t>(v);
@@ -74,9 +74,8 @@ Result<Request> parse_row(const std::string& line, int64_t block_size, const std
   const int64_t expected = (r.input_length + block_size - 1) / block_size;
   if (static_cast<int64_t>(r.hash_ids.size()) != expected) {
     return bad(where, "input_length " + std::to_string(r.input_length) + " needs ceil(" +
-                          std::to_string(r.input_length) + "/" + std::to_string(block_size) +
-                          ") = " + std::to_string(expected) + " hash_ids, the row has " +
-                          std::to_string(r.hash_ids.size()));
+                          std::to_string(r.input_length) + "/" + std::to_string(block_size) + ") = " +
+                          std::to_string(expected) + " hash_ids, the row has " + std::to_string(r.hash_ids.size()));
   }
   return r;
 }
@@ -134,8 +133,8 @@ Result<std::optional<Request>> Reader::next() {
     return std::optional<Request>(std::move(row).value());
   }
   if (in_->bad()) {
-    return Status(Code::kIo, "reading " + options_.source_name + " after line " + std::to_string(stats_.lines) +
-                                 ": " + std::strerror(errno));
+    return Status(Code::kIo, "reading " + options_.source_name + " after line " + std::to_string(stats_.lines) + ": " +
+                                 std::strerror(errno));
   }
   return std::optional<Request>();
 }

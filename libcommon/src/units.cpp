@@ -25,16 +25,26 @@ Result<int64_t> parse_with_suffix(std::string_view text, bool sizes) {
   std::string suf = s.substr(i);
   for (auto& c : suf) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double mult = 1;
-  if (suf.empty() || suf == "b") mult = 1;
-  else if (suf == "k" || suf == "kb") mult = 1e3;
-  else if (suf == "m" || suf == "mb") mult = 1e6;
-  else if (suf == "g" || suf == "gb") mult = 1e9;
-  else if (suf == "t" || suf == "tb") mult = 1e12;
-  else if (sizes && (suf == "ki" || suf == "kib")) mult = 1024.0;
-  else if (sizes && (suf == "mi" || suf == "mib")) mult = 1024.0 * 1024;
-  else if (sizes && (suf == "gi" || suf == "gib")) mult = 1024.0 * 1024 * 1024;
-  else if (sizes && (suf == "ti" || suf == "tib")) mult = 1024.0 * 1024 * 1024 * 1024;
-  else return bad("unknown suffix '" + suf + "'");
+  if (suf.empty() || suf == "b")
+    mult = 1;
+  else if (suf == "k" || suf == "kb")
+    mult = 1e3;
+  else if (suf == "m" || suf == "mb")
+    mult = 1e6;
+  else if (suf == "g" || suf == "gb")
+    mult = 1e9;
+  else if (suf == "t" || suf == "tb")
+    mult = 1e12;
+  else if (sizes && (suf == "ki" || suf == "kib"))
+    mult = 1024.0;
+  else if (sizes && (suf == "mi" || suf == "mib"))
+    mult = 1024.0 * 1024;
+  else if (sizes && (suf == "gi" || suf == "gib"))
+    mult = 1024.0 * 1024 * 1024;
+  else if (sizes && (suf == "ti" || suf == "tib"))
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return bad("unknown suffix '" + suf + "'");
   if (num.find('.') == std::string::npos) {
     // Exact integer path (no double rounding for large plain numbers).
     unsigned long long v = 0;
@@ -88,8 +98,10 @@ std::string format_bytes(int64_t bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
   return buf;
 }
 

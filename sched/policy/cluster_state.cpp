@@ -57,12 +57,13 @@ void ClusterState::update_excess(Instance& inst) {
   int64_t ledger_running = 0, ledger_kv = 0, ledger_ctx = 0;
   for (const auto& j : inst.decode_jobs) {
     ledger_kv += kv_reservation_tokens(j.input_tokens + j.output_tokens);  // reserved at dispatch, until done
-    if (j.predicted_end_ns <= inst.last_seen_ns) continue;  // predicted to have finished
-    if (j.start_ns > inst.last_seen_ns) continue;           // not in the batch yet at report time
+    if (j.predicted_end_ns <= inst.last_seen_ns) continue;                 // predicted to have finished
+    if (j.start_ns > inst.last_seen_ns) continue;                          // not in the batch yet at report time
     ++ledger_running;
     ledger_ctx += j.input_tokens;
   }
-  inst.reported_excess.queued_prefill_tokens = std::max<int64_t>(0, inst.reported.queued_prefill_tokens - ledger_tokens);
+  inst.reported_excess.queued_prefill_tokens =
+      std::max<int64_t>(0, inst.reported.queued_prefill_tokens - ledger_tokens);
   inst.reported_excess.queued_prefill_jobs =
       std::max<int64_t>(0, inst.reported.queued_prefill_jobs - static_cast<int64_t>(inst.prefill_queue.size()));
   inst.reported_excess.running_requests = std::max<int64_t>(0, inst.reported.running_requests - ledger_running);
@@ -139,8 +140,7 @@ void ClusterState::finish_decode(const std::string& id, const std::string& reque
   Instance* inst = find(id);
   if (inst == nullptr) return;
   auto& v = inst->decode_jobs;
-  v.erase(std::remove_if(v.begin(), v.end(), [&](const DecodeJob& j) { return j.request_id == request_id; }),
-          v.end());
+  v.erase(std::remove_if(v.begin(), v.end(), [&](const DecodeJob& j) { return j.request_id == request_id; }), v.end());
 }
 
 double ClusterState::prefill_queue_ms(const Instance& inst, int64_t now_ns, double ms_per_token) const {

@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -49,7 +49,8 @@ Result<Request> request_from_submit(const std::string& request_id, int64_t input
   }
   if (r.input_tokens < 1) return error(Code::kInvalidArgument, what + "empty prompt (input_tokens must be >= 1)");
   if (output_tokens < 1) {
-    return error(Code::kInvalidArgument, what + "output_tokens must be >= 1 (got " + std::to_string(output_tokens) + ")");
+    return error(Code::kInvalidArgument,
+                 what + "output_tokens must be >= 1 (got " + std::to_string(output_tokens) + ")");
   }
   if (!(slo_ttft_ms >= 0) || !(slo_tbt_ms >= 0)) return error(Code::kInvalidArgument, what + "negative SLO");
   r.output_tokens = output_tokens;
@@ -185,7 +186,8 @@ class AsyncCaller {
     try {
       auto s1 = sock->send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
       auto s2 = s1 ? sock->send(zmq::buffer(body), zmq::send_flags::dontwait) : s1;
-      if (!s1 || !s2) return cb(Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint + ": queue full"));
+      if (!s1 || !s2)
+        return cb(Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint + ": queue full"));
     } catch (const zmq::error_t& e) {
       return cb(Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint + ": " + e.what()));
     }
@@ -275,8 +277,8 @@ class StoreMasterResync final : public ResyncSource {
         snap.entries.push_back(SnapshotEntry{h, o.segments[i], m});
       }
     }
-    MC_LOG_INFO << "prefix index resynced from " << endpoint_ << ": " << snap.entries.size()
-                << " replicas as of event " << snap.as_of_event_id;
+    MC_LOG_INFO << "prefix index resynced from " << endpoint_ << ": " << snap.entries.size() << " replicas as of event "
+                << snap.as_of_event_id;
     return snap;
   }
 
@@ -314,8 +316,7 @@ class Conductor {
     if (!options_.decisions_path.empty()) {
       decisions_.open(options_.decisions_path, std::ios::app);
       if (!decisions_) {
-        return error(Code::kIo, "cannot open decision log '" + options_.decisions_path + "': " +
-                                    std::strerror(errno));
+        return error(Code::kIo, "cannot open decision log '" + options_.decisions_path + "': " + std::strerror(errno));
       }
     }
     register_handlers();
@@ -362,7 +363,7 @@ class Conductor {
     proto::ConductorSubmitRequest submit;
     Decision decision;
     std::string prefill_endpoint, decode_endpoint;
-    std::string prefill_host;                // replicate_prefix: where the store copies the prefix
+    std::string prefill_host;                 // replicate_prefix: where the store copies the prefix
     std::vector<std::string> replicate_keys;  // replicate_prefix: store keys of the reused blocks
     proto::DecodeReserveReply reservation;
   };
@@ -377,7 +378,8 @@ class Conductor {
     server_->handle<proto::ConductorJobReportRequest>(
         [this](const proto::ConductorJobReportRequest& req, const rpc::CallContext&) { return on_job_report(req); });
     server_->handle<proto::ConductorStatusRequest>(
-        [this](const proto::ConductorStatusRequest& req, const rpc::CallContext&) -> Result<proto::ConductorStatusReply> {
+        [this](const proto::ConductorStatusRequest& req,
+               const rpc::CallContext&) -> Result<proto::ConductorStatusReply> {
           nlohmann::json j = scheduler_status(*sched_, req.with_instances);
           j["service"] = "mc-conductor";
           j["endpoint"] = endpoint();
@@ -507,8 +509,7 @@ class Conductor {
     rn.keys = f.replicate_keys;
     rn.host = f.prefill_host;
     calls_.call<proto::StoreReplicateNearRequest>(
-        options_.store_master, rn, options_.store_timeout_ms,
-        [this, id](Result<proto::StoreReplicateNearReply> r) {
+        options_.store_master, rn, options_.store_timeout_ms, [this, id](Result<proto::StoreReplicateNearReply> r) {
           if (r.is_ok()) {
             metrics_
                 .counter("mc_conductor_replicated_blocks_total",
@@ -532,11 +533,11 @@ class Conductor {
     job.tokens = f.submit.tokens;
     job.output_length_tokens = f.submit.output_tokens;
     job.fetch_prefix_blocks = f.decision.prefill.reused_blocks;
-    job.prefix_source = f.decision.prefill.reused_blocks == 0 ? "recompute"
-                        : f.decision.prefill.blocks_by_class[static_cast<int>(PathClass::kSameHost)] ==
-                                f.decision.prefill.reused_blocks
-                            ? "same_host"
-                            : "pool";
+    job.prefix_source =
+        f.decision.prefill.reused_blocks == 0 ? "recompute"
+        : f.decision.prefill.blocks_by_class[static_cast<int>(PathClass::kSameHost)] == f.decision.prefill.reused_blocks
+            ? "same_host"
+            : "pool";
     job.decode_endpoint = f.decode_endpoint;
     job.reservation_id = res.reservation_id;
     job.decode_block_offsets_bytes = res.block_offsets_bytes;
@@ -624,12 +625,14 @@ class Conductor {
   Result<proto::ConductorRegisterReply> on_register(const proto::ConductorRegisterRequest& req) {
     MC_ASSIGN_OR_RETURN(Role role, parse_role(req.role));
     MC_RETURN_IF_ERROR(adopt_key_namespace(req));
-    if (req.block_size_tokens != 0 && req.block_size_tokens != static_cast<int64_t>(options_.key_namespace.block_size)) {
-      return error(Code::kInvalidArgument, "register '" + req.instance_id + "': block size " +
-                                               std::to_string(req.block_size_tokens) + " differs from the Conductor's " +
-                                               std::to_string(options_.key_namespace.block_size));
+    if (req.block_size_tokens != 0 &&
+        req.block_size_tokens != static_cast<int64_t>(options_.key_namespace.block_size)) {
+      return error(Code::kInvalidArgument,
+                   "register '" + req.instance_id + "': block size " + std::to_string(req.block_size_tokens) +
+                       " differs from the Conductor's " + std::to_string(options_.key_namespace.block_size));
     }
-    if (req.endpoint.empty()) return error(Code::kInvalidArgument, "register '" + req.instance_id + "': empty endpoint");
+    if (req.endpoint.empty())
+      return error(Code::kInvalidArgument, "register '" + req.instance_id + "': empty endpoint");
     InstanceInfo info;
     info.id = req.instance_id;
     info.role = role;
@@ -678,7 +681,8 @@ class Conductor {
     if (req.phase == proto::kPhaseFirstToken) {
       auto it = in_flight_.find(req.request_id);
       if (it != in_flight_.end() && req.event_unix_ns > 0) {
-        sched_->on_first_token(req.request_id, static_cast<double>(req.event_unix_ns - it->second.submit_unix_ns) * 1e-6);
+        sched_->on_first_token(req.request_id,
+                               static_cast<double>(req.event_unix_ns - it->second.submit_unix_ns) * 1e-6);
       }
       return proto::ConductorJobReportReply{it != in_flight_.end()};
     }
@@ -741,7 +745,8 @@ Status apply_cost_model(ConductorOptions& options, const std::string& model_spec
       [&](int64_t n, int64_t c) { return infer::prefill_time_s(model, gpu, n, c) * 1e3; });
   options.decode_prior = decode_prior_from_cost_model(
       [&](int64_t b, int64_t t) { return infer::decode_step_time_s(model, gpu, b, t) * 1e3; });
-  if (options.scheduler.kv.kv_bytes_per_token <= 0) options.scheduler.kv.kv_bytes_per_token = model.kv_bytes_per_token();
+  if (options.scheduler.kv.kv_bytes_per_token <= 0)
+    options.scheduler.kv.kv_bytes_per_token = model.kv_bytes_per_token();
   return Status::ok();
 }
 
@@ -792,8 +797,8 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
                                       : "-";
     std::string queue = role == "prefill" ? fixed(i.value("queue_ms", 0.0), 1) : "-";
     int64_t reqs = role == "prefill" ? i.value("queued_jobs", 0) : i.value("requests", 0);
-    std::snprintf(line, sizeof line, "%-16s %-8s %-12s %-8s %10.0f %10s %8lld %16s\n",
-                  i.value("id", "").c_str(), role.c_str(), i.value("host", "").c_str(), i.value("state", "").c_str(),
+    std::snprintf(line, sizeof line, "%-16s %-8s %-12s %-8s %10.0f %10s %8lld %16s\n", i.value("id", "").c_str(),
+                  role.c_str(), i.value("host", "").c_str(), i.value("state", "").c_str(),
                   i.value("last_seen_ms_ago", 0.0), queue.c_str(), static_cast<long long>(reqs), kv.c_str());
     out << line;
   }

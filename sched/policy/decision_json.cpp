@@ -25,9 +25,12 @@ nlohmann::json to_json(const PrefillEstimate& e) {
 
 nlohmann::json to_json(const DecodeEstimate& e) {
   return {
-      {"instance", e.instance_id},          {"tbt_ms", e.tbt_ms},
-      {"batch_requests", e.batch_requests}, {"kv_reserved_tokens", e.kv_reserved_tokens},
-      {"kv_capacity_tokens", e.kv_capacity_tokens}, {"fits_kv", e.fits_kv},
+      {"instance", e.instance_id},
+      {"tbt_ms", e.tbt_ms},
+      {"batch_requests", e.batch_requests},
+      {"kv_reserved_tokens", e.kv_reserved_tokens},
+      {"kv_capacity_tokens", e.kv_capacity_tokens},
+      {"fits_kv", e.fits_kv},
       {"meets_tbt", e.meets_tbt},
   };
 }
@@ -36,8 +39,8 @@ nlohmann::json decision_record(const Request& r, const Decision& d) {
   nlohmann::json hashes = nlohmann::json::array();
   for (uint64_t h : r.block_hashes) hashes.push_back(hash_hex(h));
   nlohmann::json req = {
-      {"request_id", r.request_id},   {"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens},
-      {"block_hashes", hashes},       {"slo_ttft_ms", r.slo_ttft_ms},   {"slo_tbt_ms", r.slo_tbt_ms},
+      {"request_id", r.request_id}, {"input_tokens", r.input_tokens}, {"output_tokens", r.output_tokens},
+      {"block_hashes", hashes},     {"slo_ttft_ms", r.slo_ttft_ms},   {"slo_tbt_ms", r.slo_tbt_ms},
   };
   nlohmann::json candidates = nlohmann::json::array();
   for (const auto& c : d.candidates) candidates.push_back(to_json(c));
@@ -119,19 +122,31 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
   for (int r = 1; r <= static_cast<int>(RejectReason::kInvalidRequest); ++r) {
     rejected[std::string(reject_reason_name(static_cast<RejectReason>(r)))] = c.rejected[r];
   }
-  out["decisions"] = {{"total", c.decisions}, {"accepted", c.accepted},   {"fetch", c.fetch},
-                      {"recompute", c.recompute}, {"replicate", c.replicate}, {"rejected", rejected},
-                      {"expired_instances", c.expired_instances}, {"in_flight", s.in_flight()}};
+  out["decisions"] = {{"total", c.decisions},
+                      {"accepted", c.accepted},
+                      {"fetch", c.fetch},
+                      {"recompute", c.recompute},
+                      {"replicate", c.replicate},
+                      {"rejected", rejected},
+                      {"expired_instances", c.expired_instances},
+                      {"in_flight", s.in_flight()}};
   PrefillCostPrior p = s.prefill_predictor().current();
   DecodeCostPrior d = s.decode_predictor().current();
   out["predictors"] = {
-      {"prefill", {{"fixed_ms", p.fixed_ms}, {"ms_per_token", p.ms_per_token},
-                   {"ms_per_token_pair", p.ms_per_token_pair}, {"samples", s.prefill_predictor().samples()}}},
-      {"decode", {{"fixed_ms", d.fixed_ms}, {"ms_per_request", d.ms_per_request},
-                  {"ms_per_context_token", d.ms_per_context_token}, {"samples", s.decode_predictor().samples()}}},
-      {"bandwidth_bytes_per_s", {{"same_host", s.bandwidth().bytes_per_s(PathClass::kSameHost)},
-                                 {"remote", s.bandwidth().bytes_per_s(PathClass::kRemote)},
-                                 {"ssd", s.bandwidth().bytes_per_s(PathClass::kSsd)}}},
+      {"prefill",
+       {{"fixed_ms", p.fixed_ms},
+        {"ms_per_token", p.ms_per_token},
+        {"ms_per_token_pair", p.ms_per_token_pair},
+        {"samples", s.prefill_predictor().samples()}}},
+      {"decode",
+       {{"fixed_ms", d.fixed_ms},
+        {"ms_per_request", d.ms_per_request},
+        {"ms_per_context_token", d.ms_per_context_token},
+        {"samples", s.decode_predictor().samples()}}},
+      {"bandwidth_bytes_per_s",
+       {{"same_host", s.bandwidth().bytes_per_s(PathClass::kSameHost)},
+        {"remote", s.bandwidth().bytes_per_s(PathClass::kRemote)},
+        {"ssd", s.bandwidth().bytes_per_s(PathClass::kSsd)}}},
   };
   const PredictionErrorStats& e = s.ttft_error();
   out["ttft_error"] = {{"samples", e.count()},

@@ -72,8 +72,8 @@ typename OnlineLeastSquares<N>::Vec OnlineLeastSquares<N>::weights() const {
 
 template class OnlineLeastSquares<3>;
 
-PrefillCostPrior PrefillCostPrior::from_hardware(double params, int64_t layers, int64_t d_model,
-                                                 double flops_per_s, double fixed_ms) {
+PrefillCostPrior PrefillCostPrior::from_hardware(double params, int64_t layers, int64_t d_model, double flops_per_s,
+                                                 double fixed_ms) {
   PrefillCostPrior p;
   p.fixed_ms = fixed_ms;
   p.ms_per_token = 2.0 * params / flops_per_s * 1e3;
@@ -203,7 +203,7 @@ PrefillCostPrior prefill_prior_from_cost_model(const CostFn& prefill_ms) {
   const double t20 = prefill_ms(2, 0);
   const double t1c = prefill_ms(1, static_cast<int64_t>(kCached));
   PrefillCostPrior p;
-  p.ms_per_token_pair = std::max(0.0, (t1c - t10) / kCached);          // w2
+  p.ms_per_token_pair = std::max(0.0, (t1c - t10) / kCached);           // w2
   p.ms_per_token = std::max(0.0, t20 - t10 - 2 * p.ms_per_token_pair);  // w1: (w1 + 2 w2) - ...
   p.fixed_ms = std::max(0.0, t10 - p.ms_per_token - p.ms_per_token_pair);
   return p;

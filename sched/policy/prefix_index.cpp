@@ -40,8 +40,7 @@ void PrefixIndex::remove_holder(uint64_t seq_hash, Holder h) {
   if (pos == v.end()) return;
   v.erase(pos);
   --holder_entries_;
-  bool backend_still_holds =
-      std::any_of(v.begin(), v.end(), [&](const Holder& o) { return o.backend == h.backend; });
+  bool backend_still_holds = std::any_of(v.begin(), v.end(), [&](const Holder& o) { return o.backend == h.backend; });
   if (!backend_still_holds) backends_[h.backend].hashes.erase(seq_hash);
   if (v.empty()) blocks_.erase(it);
 }
@@ -107,8 +106,8 @@ Status PrefixIndex::resync(uint32_t s) {
   if (resync_ == nullptr) {
     stream.stale = true;
     ++counters_.resync_failures;
-    return error(Code::kUnavailable, "prefix index: stream '" + stream.name +
-                                         "' lost events and no resync source is configured");
+    return error(Code::kUnavailable,
+                 "prefix index: stream '" + stream.name + "' lost events and no resync source is configured");
   }
   Result<IndexSnapshot> snap = resync_->snapshot(stream.name);
   if (!snap.is_ok()) {

@@ -145,12 +145,12 @@ Decision Scheduler::decide(const Request& request) {
 
   if (request.input_tokens < 1 || request.output_tokens < 0 ||
       static_cast<int64_t>(request.block_hashes.size()) * B > request.input_tokens) {
-    return reject(RejectReason::kInvalidRequest,
-                  fmt("invalid request '%s': input_tokens %lld, output_tokens %lld, %zu complete-block hashes at "
-                      "block size %lld (need input_tokens >= 1 and hashes * block size <= input_tokens)",
-                      request.request_id.c_str(), static_cast<long long>(request.input_tokens),
-                      static_cast<long long>(request.output_tokens), request.block_hashes.size(),
-                      static_cast<long long>(B)));
+    return reject(
+        RejectReason::kInvalidRequest,
+        fmt("invalid request '%s': input_tokens %lld, output_tokens %lld, %zu complete-block hashes at "
+            "block size %lld (need input_tokens >= 1 and hashes * block size <= input_tokens)",
+            request.request_id.c_str(), static_cast<long long>(request.input_tokens),
+            static_cast<long long>(request.output_tokens), request.block_hashes.size(), static_cast<long long>(B)));
   }
   const double slo_ttft = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
   const double slo_tbt = request.slo_tbt_ms > 0 ? request.slo_tbt_ms : config_.slo.tbt_ms;
@@ -180,7 +180,8 @@ Decision Scheduler::decide(const Request& request) {
       } else {
         best = PathClass::kRemote;
         uint32_t host = index_.backend_host(h.backend);
-        if (host != kUnknownHost && std::find(hosts_scratch_.begin(), hosts_scratch_.end(), host) == hosts_scratch_.end()) {
+        if (host != kUnknownHost &&
+            std::find(hosts_scratch_.begin(), hosts_scratch_.end(), host) == hosts_scratch_.end()) {
           hosts_scratch_.push_back(host);
         }
       }
@@ -288,32 +289,31 @@ Decision Scheduler::decide(const Request& request) {
   }
   if (holder != nullptr) {
     d.best_holder_id = holder->instance_id;
-    d.replicate_prefix = holder->instance_id != d.prefill.instance_id &&
-                         holder->queue_ms > config_.overload_queue_ms &&
+    d.replicate_prefix = holder->instance_id != d.prefill.instance_id && holder->queue_ms > config_.overload_queue_ms &&
                          d.prefill.longest_same_host_blocks < holder->longest_same_host_blocks &&
                          d.prefill.blocks_by_class[static_cast<size_t>(PathClass::kRemote)] +
                                  d.prefill.blocks_by_class[static_cast<size_t>(PathClass::kSsd)] >
                              0;
   }
 
-  std::string prefill_why =
-      fmt("%s: %s ttft %.1f ms (queue %.1f + prefill %.1f + transfer %.1f; reuse %lld/%lld pool blocks: %lld same_host, "
-          "%lld remote, %lld ssd)%s",
-          d.policy.c_str(), d.prefill.instance_id.c_str(), d.prefill.ttft_ms, d.prefill.queue_ms, d.prefill.prefill_ms,
-          d.prefill.transfer_ms, static_cast<long long>(d.prefill.reused_blocks), static_cast<long long>(pool_len),
-          static_cast<long long>(d.prefill.blocks_by_class[0]), static_cast<long long>(d.prefill.blocks_by_class[1]),
-          static_cast<long long>(d.prefill.blocks_by_class[2]),
-          d.replicate_prefix ? fmt("; replicating the prefix held by overloaded %s (queue %.1f ms)",
-                                   holder->instance_id.c_str(), holder->queue_ms)
-                                   .c_str()
-                             : "");
+  std::string prefill_why = fmt(
+      "%s: %s ttft %.1f ms (queue %.1f + prefill %.1f + transfer %.1f; reuse %lld/%lld pool blocks: %lld same_host, "
+      "%lld remote, %lld ssd)%s",
+      d.policy.c_str(), d.prefill.instance_id.c_str(), d.prefill.ttft_ms, d.prefill.queue_ms, d.prefill.prefill_ms,
+      d.prefill.transfer_ms, static_cast<long long>(d.prefill.reused_blocks), static_cast<long long>(pool_len),
+      static_cast<long long>(d.prefill.blocks_by_class[0]), static_cast<long long>(d.prefill.blocks_by_class[1]),
+      static_cast<long long>(d.prefill.blocks_by_class[2]),
+      d.replicate_prefix ? fmt("; replicating the prefix held by overloaded %s (queue %.1f ms)",
+                               holder->instance_id.c_str(), holder->queue_ms)
+                               .c_str()
+                         : "");
 
   // ---- 5a. early rejection on TTFT ----
   if (config_.slo.early_reject && d.prefill.ttft_ms > slo_ttft) {
     d.prefill_id.clear();
-    return reject(RejectReason::kTtftSlo,
-                  fmt("predicted TTFT %.1f ms exceeds the SLO %.1f ms (best: ", d.prefill.ttft_ms, slo_ttft) +
-                      prefill_why + ")");
+    return reject(
+        RejectReason::kTtftSlo,
+        fmt("predicted TTFT %.1f ms exceeds the SLO %.1f ms (best: ", d.prefill.ttft_ms, slo_ttft) + prefill_why + ")");
   }
 
   // ---- 4. decode choice at the time the prefill finishes ----
@@ -357,8 +357,7 @@ Decision Scheduler::decide(const Request& request) {
                       fmt("no decode instance can reserve %lld KV tokens when the prefill finishes (least loaded: %s "
                           "at %lld/%lld tokens)",
                           static_cast<long long>(request.input_tokens + request.output_tokens),
-                          best_ever->instance_id.c_str(),
-                          static_cast<long long>(best_ever->kv_reserved_tokens), 
+                          best_ever->instance_id.c_str(), static_cast<long long>(best_ever->kv_reserved_tokens),
                           static_cast<long long>(best_ever->kv_capacity_tokens)));
       }
       return reject(RejectReason::kTbtSlo, fmt("predicted TBT %.1f ms on the best decode instance %s exceeds the "
@@ -375,11 +374,11 @@ Decision Scheduler::decide(const Request& request) {
   d.decode_id = pick->instance_id;
   d.predicted_tbt_ms = pick->tbt_ms;
   d.hit_tokens = d.prefill.reused_blocks * B;
-  d.reason = prefill_why + fmt("; %s tbt %.1f ms (batch %lld, KV %lld/%lld tokens)%s", d.decode_id.c_str(),
-                               pick->tbt_ms, static_cast<long long>(pick->batch_requests),
-                               static_cast<long long>(pick->kv_reserved_tokens),
-                               static_cast<long long>(pick->kv_capacity_tokens),
-                               (pick->fits_kv && pick->meets_tbt) ? "" : " (SLO not met; early rejection is off)");
+  d.reason =
+      prefill_why + fmt("; %s tbt %.1f ms (batch %lld, KV %lld/%lld tokens)%s", d.decode_id.c_str(), pick->tbt_ms,
+                        static_cast<long long>(pick->batch_requests), static_cast<long long>(pick->kv_reserved_tokens),
+                        static_cast<long long>(pick->kv_capacity_tokens),
+                        (pick->fits_kv && pick->meets_tbt) ? "" : " (SLO not met; early rejection is off)");
   ++counters_.accepted;
   if (d.prefill.reused_blocks > 0) {
     ++counters_.fetch;
@@ -393,15 +392,15 @@ Decision Scheduler::decide(const Request& request) {
 void Scheduler::commit(const Request& request, const Decision& d) {
   if (!d.accepted) return;
   const int64_t now = clock_->now_ns();
-  cluster_.assign_prefill(d.prefill_id,
-                          PrefillJob{request.request_id, d.prefill.prefill_ms + d.prefill.transfer_ms,
-                                     request.input_tokens - d.hit_tokens},
-                          now);
+  cluster_.assign_prefill(
+      d.prefill_id,
+      PrefillJob{request.request_id, d.prefill.prefill_ms + d.prefill.transfer_ms, request.input_tokens - d.hit_tokens},
+      now);
   const int64_t start_ns = now + static_cast<int64_t>(d.prefill.ttft_ms * 1e6);
-  cluster_.assign_decode(d.decode_id, DecodeJob{request.request_id, request.input_tokens, request.output_tokens,
-                                                start_ns,
-                                                start_ns + static_cast<int64_t>(static_cast<double>(request.output_tokens) *
-                                                                                d.decode.tbt_ms * 1e6)});
+  cluster_.assign_decode(
+      d.decode_id,
+      DecodeJob{request.request_id, request.input_tokens, request.output_tokens, start_ns,
+                start_ns + static_cast<int64_t>(static_cast<double>(request.output_tokens) * d.decode.tbt_ms * 1e6)});
   in_flight_[request.request_id] = InFlight{d.prefill_id, d.decode_id, d.predicted_ttft_ms, now, false};
 }
 
@@ -431,9 +430,10 @@ void Scheduler::on_prefill_done(const PrefillReport& r) {
   if (dec != nullptr) {
     for (const auto& j : dec->decode_jobs) {
       if (j.request_id != r.request_id) continue;
-      double step = j.output_tokens > 0 && j.predicted_end_ns > j.start_ns
-                        ? static_cast<double>(j.predicted_end_ns - j.start_ns) * 1e-6 / static_cast<double>(j.output_tokens)
-                        : 0.0;
+      double step =
+          j.output_tokens > 0 && j.predicted_end_ns > j.start_ns
+              ? static_cast<double>(j.predicted_end_ns - j.start_ns) * 1e-6 / static_cast<double>(j.output_tokens)
+              : 0.0;
       cluster_.start_decode(it->second.decode_id, r.request_id, now, step);
       break;
     }

@@ -6,9 +6,12 @@ namespace mc::sched {
 
 std::string_view medium_name(Medium m) {
   switch (m) {
-    case Medium::kGpu: return "gpu";
-    case Medium::kCpu: return "cpu";
-    case Medium::kDisk: return "disk";
+    case Medium::kGpu:
+      return "gpu";
+    case Medium::kCpu:
+      return "cpu";
+    case Medium::kDisk:
+      return "disk";
   }
   return "unknown";
 }
@@ -22,10 +25,14 @@ Result<Medium> parse_medium(std::string_view s) {
 
 std::string_view path_class_name(PathClass c) {
   switch (c) {
-    case PathClass::kSameHost: return "same_host";
-    case PathClass::kRemote: return "remote";
-    case PathClass::kSsd: return "ssd";
-    case PathClass::kRecompute: return "recompute";
+    case PathClass::kSameHost:
+      return "same_host";
+    case PathClass::kRemote:
+      return "remote";
+    case PathClass::kSsd:
+      return "ssd";
+    case PathClass::kRecompute:
+      return "recompute";
   }
   return "unknown";
 }
@@ -40,13 +47,20 @@ Result<Role> parse_role(std::string_view s) {
 
 std::string_view reject_reason_name(RejectReason r) {
   switch (r) {
-    case RejectReason::kNone: return "none";
-    case RejectReason::kNoPrefillInstance: return "no_prefill_instance";
-    case RejectReason::kNoDecodeInstance: return "no_decode_instance";
-    case RejectReason::kTtftSlo: return "ttft_slo";
-    case RejectReason::kTbtSlo: return "tbt_slo";
-    case RejectReason::kKvCapacity: return "kv_capacity";
-    case RejectReason::kInvalidRequest: return "invalid_request";
+    case RejectReason::kNone:
+      return "none";
+    case RejectReason::kNoPrefillInstance:
+      return "no_prefill_instance";
+    case RejectReason::kNoDecodeInstance:
+      return "no_decode_instance";
+    case RejectReason::kTtftSlo:
+      return "ttft_slo";
+    case RejectReason::kTbtSlo:
+      return "tbt_slo";
+    case RejectReason::kKvCapacity:
+      return "kv_capacity";
+    case RejectReason::kInvalidRequest:
+      return "invalid_request";
   }
   return "unknown";
 }

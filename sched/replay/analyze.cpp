@@ -164,7 +164,9 @@ using format::print_rows;
 namespace {
 
 json ratios_json(const HitRatios& r) {
-  return {{"hit_ratio_blocks", r.blocks}, {"hit_ratio_tokens", r.tokens}, {"hit_ratio_tokens_full_blocks", r.tokens_full_blocks}};
+  return {{"hit_ratio_blocks", r.blocks},
+          {"hit_ratio_tokens", r.tokens},
+          {"hit_ratio_tokens_full_blocks", r.tokens_full_blocks}};
 }
 
 }  // namespace
@@ -197,9 +199,10 @@ json to_json(const TraceAnalysis& a, const RunInfo& info) {
 
 void print_table(std::ostream& out, const TraceAnalysis& a, const RunInfo& info) {
   format::print_header(out, info);
-  print_rows(out, {{"trace", "requests", "skipped_rows", "span_s", "arrival_rate_req/s", "blocks_total", "blocks_distinct"},
-                   {"", std::to_string(a.requests), std::to_string(a.skipped_rows), fixed(a.span_s, 1),
-                    fixed(a.arrival_rate_rps, 2), std::to_string(a.total_blocks), std::to_string(a.distinct_blocks)}});
+  print_rows(out,
+             {{"trace", "requests", "skipped_rows", "span_s", "arrival_rate_req/s", "blocks_total", "blocks_distinct"},
+              {"", std::to_string(a.requests), std::to_string(a.skipped_rows), fixed(a.span_s, 1),
+               fixed(a.arrival_rate_rps, 2), std::to_string(a.total_blocks), std::to_string(a.distinct_blocks)}});
   out << "\n";
   std::vector<std::vector<std::string>> len = {{"lengths", "mean", "p50", "p90", "p99", "max"}};
   auto row = [&](const char* name, const std::optional<Distribution>& d) {
@@ -214,7 +217,8 @@ void print_table(std::ostream& out, const TraceAnalysis& a, const RunInfo& info)
   std::vector<std::vector<std::string>> hits = {
       {"prefix cache", "capacity_tokens", "hit_blocks_%", "hit_tokens_%", "hit_tokens_full_blocks_%"}};
   auto hit_row = [&](const std::string& name, const std::string& cap, const HitRatios& r) {
-    hits.push_back({name, cap, fixed(100 * r.blocks, 1), fixed(100 * r.tokens, 1), fixed(100 * r.tokens_full_blocks, 1)});
+    hits.push_back(
+        {name, cap, fixed(100 * r.blocks, 1), fixed(100 * r.tokens, 1), fixed(100 * r.tokens_full_blocks, 1)});
   };
   hit_row("infinite", "-", a.infinite);
   hit_row("infinite, earlier arrivals", "-", a.infinite_earlier);

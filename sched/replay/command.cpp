@@ -77,8 +77,7 @@ void add_window_info(RunInfo& info, const TraceInput& in, const trace::ReaderSta
 
 // In JSON mode the error is also the document (iperf3's convention); the caller prints it on stderr.
 Status fail(bool as_json, std::ostream& out, const Status& st) {
-  if (as_json)
-    out << json{{"error", {{"code", code_name(st.code())}, {"message", st.message()}}}}.dump(2) << "\n";
+  if (as_json) out << json{{"error", {{"code", code_name(st.code())}, {"message", st.message()}}}}.dump(2) << "\n";
   return st;
 }
 
@@ -86,13 +85,14 @@ Status fail(bool as_json, std::ostream& out, const Status& st) {
 void warn_skipped(const trace::Reader& reader) {
   const auto& st = reader.stats();
   if (st.skipped > 0)
-    MC_LOG_WARN << st.skipped << " rows skipped (lenient mode) of " << st.lines << " lines; "
-                << st.rows << " valid rows read";
+    MC_LOG_WARN << st.skipped << " rows skipped (lenient mode) of " << st.lines << " lines; " << st.rows
+                << " valid rows read";
 }
 
 Result<std::unique_ptr<trace::Reader>> open_trace(const TraceInput& in) {
   if (in.trace_block_size < 1)
-    return Status(Code::kInvalidArgument, "--trace-block-size must be >= 1, got " + std::to_string(in.trace_block_size));
+    return Status(Code::kInvalidArgument,
+                  "--trace-block-size must be >= 1, got " + std::to_string(in.trace_block_size));
   return trace::Reader::open(in.path, in.reader_options());
 }
 
@@ -125,7 +125,8 @@ Status run_report_command(const ReportCommand& c, std::ostream& out) {
   for (const std::string& path : c.records_paths) {
     std::ifstream in(path);
     if (!in)
-      return fail(c.json, out, Status(Code::kNotFound, "cannot open records file " + path + ": " + std::strerror(errno)));
+      return fail(c.json, out,
+                  Status(Code::kNotFound, "cannot open records file " + path + ": " + std::strerror(errno)));
     auto records = read_records_jsonl(in, path);
     if (!records.is_ok()) return fail(c.json, out, records.status());
     std::string label = std::filesystem::path(path).stem().string();
@@ -198,7 +199,8 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
     for (const RequestRecord& r : result->records) records_out << to_json(r).dump() << "\n";
     records_out.flush();
     if (!records_out)
-      return fail(c.json, out, Status(Code::kIo, "writing records to " + c.out_path + " failed: " + std::strerror(errno)));
+      return fail(c.json, out,
+                  Status(Code::kIo, "writing records to " + c.out_path + " failed: " + std::strerror(errno)));
   }
   Summary s = summarize(result->records, c.summary);
   RunInfo info = base_info("replay");

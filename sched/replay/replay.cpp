@@ -177,7 +177,8 @@ class Run final : public EventSink {
 
     // Drain: wait for every record to close, or the deadline.
     const auto drain = std::chrono::duration<double>(options_.drain_timeout_s);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(drain);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(drain);
     {
       std::unique_lock lock(mu_);
       while (closed_count_ < rows_.size() && std::chrono::steady_clock::now() < deadline) {
@@ -308,8 +309,7 @@ class Run final : public EventSink {
     }
     const double el = static_cast<double>(now) / 1e9;
     const double rate = el > 0 ? static_cast<double>(sent) / el : 0.0;
-    const double total_s =
-        rows_.empty() ? 0.0 : static_cast<double>(states_.back().scheduled_ns) / 1e9;
+    const double total_s = rows_.empty() ? 0.0 : static_cast<double>(states_.back().scheduled_ns) / 1e9;
     const double eta = std::max(0.0, total_s - el);
     std::fprintf(stderr, "\rmc-trace-replay: sent %zu/%zu (%.1f req/s), closed %zu, elapsed %.0f s, ETA %.0f s   %s",
                  sent, rows_.size(), rate, closed, el, eta, final_line ? "\n" : "");

@@ -16,9 +16,12 @@ using json = nlohmann::json;
 
 std::string_view outcome_name(Outcome outcome) {
   switch (outcome) {
-    case Outcome::kCompleted: return "completed";
-    case Outcome::kRejected: return "rejected";
-    case Outcome::kFailed: return "failed";
+    case Outcome::kCompleted:
+      return "completed";
+    case Outcome::kRejected:
+      return "rejected";
+    case Outcome::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -104,8 +107,8 @@ Status get(const json& j, const char* key, std::optional<T>& out) {
     }
     out = it->get<T>();
   } catch (const std::exception& e) {
-    return Status(Code::kInvalidArgument, std::string("record field \"") + key + "\" = " + it->dump() + ": " +
-                                              e.what());
+    return Status(Code::kInvalidArgument,
+                  std::string("record field \"") + key + "\" = " + it->dump() + ": " + e.what());
   }
   return Status::ok();
 }
@@ -291,9 +294,17 @@ Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& 
   for (const RequestRecord& r : records) {
     ++s.offered;
     switch (r.outcome) {
-      case Outcome::kCompleted: ++s.accepted; ++s.completed; break;
-      case Outcome::kFailed: ++s.accepted; ++s.failed; break;
-      case Outcome::kRejected: ++s.rejected; break;
+      case Outcome::kCompleted:
+        ++s.accepted;
+        ++s.completed;
+        break;
+      case Outcome::kFailed:
+        ++s.accepted;
+        ++s.failed;
+        break;
+      case Outcome::kRejected:
+        ++s.rejected;
+        break;
     }
     if (r.outcome != Outcome::kCompleted) {
       const std::string reason = r.reason.empty() ? "(no reason given)" : r.reason;
@@ -349,7 +360,7 @@ Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& 
       s.prediction.mean_abs_pct_error =
           std::accumulate(pct_err.begin(), pct_err.end(), 0.0) / static_cast<double>(pct_err.size());
   }
-  s.span_s = options.span_s > 0 ? options.span_s
+  s.span_s = options.span_s > 0           ? options.span_s
              : (first_submit && last_end) ? (*last_end - *first_submit) / 1000.0
                                           : 0.0;
   for (double ttft_limit : options.slo_ttft_ms) {
@@ -430,8 +441,8 @@ void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
   format::print_header(out, info);
 
   double accept = s.offered > 0 ? static_cast<double>(s.accepted) / static_cast<double>(s.offered) : 0.0;
-  print_rows(out, {{"requests", "offered", "accepted", "rejected", "completed", "failed", "accepted_%",
-                    "late_sends", "span_s"},
+  print_rows(out, {{"requests", "offered", "accepted", "rejected", "completed", "failed", "accepted_%", "late_sends",
+                    "span_s"},
                    {"", std::to_string(s.offered), std::to_string(s.accepted), std::to_string(s.rejected),
                     std::to_string(s.completed), std::to_string(s.failed), pct(accept), std::to_string(s.late_sends),
                     fixed(s.span_s, 1)}});
@@ -503,9 +514,9 @@ void print_comparison(std::ostream& out, const std::vector<std::pair<std::string
     double accept = s.offered > 0 ? static_cast<double>(s.accepted) / static_cast<double>(s.offered) : 0.0;
     const SloResult* f = s.slo.empty() ? nullptr : &s.slo.front();
     rows.push_back({name, std::to_string(s.offered), pct(accept), std::to_string(s.completed),
-                    d(s.ttft_ms, &Distribution::mean), d(s.ttft_ms, &Distribution::p90), d(s.tbt_ms, &Distribution::p90),
-                    f ? pct(f->attainment) : "-", f ? fixed(f->goodput_rps, 3) : "-", pct(s.cache.hit_ratio()),
-                    std::to_string(s.cache.avoided_prefill_tokens)});
+                    d(s.ttft_ms, &Distribution::mean), d(s.ttft_ms, &Distribution::p90),
+                    d(s.tbt_ms, &Distribution::p90), f ? pct(f->attainment) : "-", f ? fixed(f->goodput_rps, 3) : "-",
+                    pct(s.cache.hit_ratio()), std::to_string(s.cache.avoided_prefill_tokens)});
   }
   print_rows(out, rows);
 }

@@ -13,7 +13,8 @@ Status SynthOptions::validate() const {
   if (block_tokens < 1 || block_tokens > trace_block_size)
     return Status(Code::kInvalidArgument, "tokens per trace block must be in [1, " + std::to_string(trace_block_size) +
                                               "], got " + std::to_string(block_tokens));
-  if (vocab_size < 2) return Status(Code::kInvalidArgument, "vocabulary size must be >= 2, got " + std::to_string(vocab_size));
+  if (vocab_size < 2)
+    return Status(Code::kInvalidArgument, "vocabulary size must be >= 2, got " + std::to_string(vocab_size));
   return Status::ok();
 }
 
@@ -35,8 +36,9 @@ int64_t synthesized_length(const trace::Request& row, const SynthOptions& option
   const int64_t full = row.input_length / options.trace_block_size;
   const int64_t partial = row.input_length % options.trace_block_size;
   int64_t len = full * options.block_tokens;
-  if (partial > 0) len += std::max<int64_t>(1, (partial * options.block_tokens + options.trace_block_size - 1) /
-                                                   options.trace_block_size);
+  if (partial > 0)
+    len += std::max<int64_t>(
+        1, (partial * options.block_tokens + options.trace_block_size - 1) / options.trace_block_size);
   return len;
 }
 
@@ -47,7 +49,8 @@ std::vector<uint32_t> synthesize_prompt(const trace::Request& row, const SynthOp
   for (uint64_t id : row.hash_ids) {
     if (pos >= len) break;
     const int64_t n = std::min(options.block_tokens, len - pos);
-    synthesize_block(id, std::span<uint32_t>(tokens).subspan(static_cast<size_t>(pos), static_cast<size_t>(n)), options);
+    synthesize_block(id, std::span<uint32_t>(tokens).subspan(static_cast<size_t>(pos), static_cast<size_t>(n)),
+                     options);
     pos += n;
   }
   // A row with fewer ids than blocks (only possible with a lenient reader's caller bypassing checks)

@@ -107,25 +107,26 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
   }
 
   replay::SummaryOptions so;
-  so.slo_ttft_ms = cmd.report_slo_ttft_ms.empty() ? std::vector<double>{opt.cluster.slo_ttft_ms} : cmd.report_slo_ttft_ms;
+  so.slo_ttft_ms =
+      cmd.report_slo_ttft_ms.empty() ? std::vector<double>{opt.cluster.slo_ttft_ms} : cmd.report_slo_ttft_ms;
   so.slo_tbt_ms = cmd.report_slo_tbt_ms.empty() ? std::vector<double>{opt.cluster.slo_tbt_ms} : cmd.report_slo_tbt_ms;
   MC_ASSIGN_OR_RETURN(SimResult result, simulate(opt, *src, so));
   if (records_file.is_open() && !records_file.flush()) {
     return error(Code::kIo, "writing records to " + cmd.records_path + " failed: " + std::strerror(errno));
   }
 
-  replay::RunInfo info = {{"tool", "mc-sim"},
-                          {"build", cli::build_id()},
-                          {"trace", cmd.trace_path},
-                          {"policy", opt.cluster.policy},
-                          {"cluster", std::to_string(opt.cluster.prefill_instances) + "P+" +
-                                          std::to_string(opt.cluster.decode_instances) + "D " + opt.cluster.model +
-                                          " on " + opt.cluster.gpu},
-                          {"cache", std::string(cache_mode_name(opt.cluster.cache_mode)) + " " +
-                                        std::to_string(opt.cluster.cache_capacity_tokens) + " tokens/instance"},
-                          {"rate_scale", std::to_string(opt.window.rate_scale)},
-                          {"early_rejection", opt.cluster.early_rejection ? "on" : "off"},
-                          {"refit", cmd.refit ? "on" : "off"}};
+  replay::RunInfo info = {
+      {"tool", "mc-sim"},
+      {"build", cli::build_id()},
+      {"trace", cmd.trace_path},
+      {"policy", opt.cluster.policy},
+      {"cluster", std::to_string(opt.cluster.prefill_instances) + "P+" + std::to_string(opt.cluster.decode_instances) +
+                      "D " + opt.cluster.model + " on " + opt.cluster.gpu},
+      {"cache", std::string(cache_mode_name(opt.cluster.cache_mode)) + " " +
+                    std::to_string(opt.cluster.cache_capacity_tokens) + " tokens/instance"},
+      {"rate_scale", std::to_string(opt.window.rate_scale)},
+      {"early_rejection", opt.cluster.early_rejection ? "on" : "off"},
+      {"refit", cmd.refit ? "on" : "off"}};
   if (cmd.json) {
     out << to_json(result, info).dump(2) << "\n";
   } else {

@@ -10,8 +10,7 @@ namespace {
 int64_t to_ns(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 }  // namespace
 
-double chunked_prefill_time_s(const CostModel& model, int64_t new_tokens, int64_t cached_tokens,
-                              int64_t chunk_tokens) {
+double chunked_prefill_time_s(const CostModel& model, int64_t new_tokens, int64_t cached_tokens, int64_t chunk_tokens) {
   if (new_tokens <= 0) return 0.0;
   if (chunk_tokens <= 0 || new_tokens <= chunk_tokens) return model.prefill_time_s(new_tokens, cached_tokens);
   double total = 0;
@@ -48,7 +47,10 @@ void PrefillInstance::submit(PrefillJob job, Hooks hooks) {
   e.predicted_service_s = predicted_service_s(e.job);
   queued_tokens_ += e.job.input_tokens - e.job.cached_tokens;
   queue_.push_back(std::move(e));
-  if (!running_) events_.schedule_after(0, [this] { if (!running_) start_next(); });
+  if (!running_)
+    events_.schedule_after(0, [this] {
+      if (!running_) start_next();
+    });
 }
 
 double PrefillInstance::predicted_queue_s() const {
@@ -111,8 +113,7 @@ void PrefillInstance::start_compute() {
 // ---------------------------------------------------------------------------------------------
 // DecodeInstance
 
-DecodeInstance::DecodeInstance(EventQueue& queue, const CostModel& model, int64_t kv_capacity_tokens,
-                               int64_t max_batch)
+DecodeInstance::DecodeInstance(EventQueue& queue, const CostModel& model, int64_t kv_capacity_tokens, int64_t max_batch)
     : events_(queue), model_(model), kv_capacity_tokens_(kv_capacity_tokens), max_batch_(max_batch) {}
 
 bool DecodeInstance::fits(int64_t tokens) const {
@@ -169,9 +170,7 @@ double DecodeInstance::current_step_s() const {
   return running_.empty() ? 0.0 : model_.decode_step_time_s(static_cast<int64_t>(running_.size()), context_tokens_);
 }
 
-int64_t DecodeInstance::busy_ns() const {
-  return busy_ns_ + (stepping_ ? events_.now_ns() - step_started_ns_ : 0);
-}
+int64_t DecodeInstance::busy_ns() const { return busy_ns_ + (stepping_ ? events_.now_ns() - step_started_ns_ : 0); }
 
 void DecodeInstance::maybe_start_step() {
   if (stepping_) return;

@@ -42,7 +42,8 @@ Result<ThresholdReport> fetch_threshold(const std::string& model, const std::str
     row.prefix_bytes = p * r.kv_bytes_per_token;
     row.saved_s = infer::recompute_saved_s(m, g, new_tokens, p);
     row.threshold_bytes_per_s = static_cast<double>(row.prefix_bytes) / row.saved_s;
-    row.threshold_at_peak_bytes_per_s = static_cast<double>(row.prefix_bytes) / infer::recompute_saved_s(m, peak, new_tokens, p);
+    row.threshold_at_peak_bytes_per_s =
+        static_cast<double>(row.prefix_bytes) / infer::recompute_saved_s(m, peak, new_tokens, p);
     r.rows.push_back(row);
   }
   return r;
@@ -162,8 +163,8 @@ Result<CapacityPlan> plan_capacity(const std::vector<trace::Request>& rows, cons
       if (r.ttft_ms && *r.ttft_ms <= c.slo_ttft_ms) ++ttft_met;
     }
     e.ttft_attainment = static_cast<double>(ttft_met) / static_cast<double>(res.records.size());
-    CapacityTrial t{step, p, d, s.cluster.cache_capacity_tokens, nic, e.attainment, e.ttft_attainment,
-                    res.totals.wall_s};
+    CapacityTrial t{
+        step, p, d, s.cluster.cache_capacity_tokens, nic, e.attainment, e.ttft_attainment, res.totals.wall_s};
     plan.trials.push_back(t);
     if (o.progress) {
       std::cerr << "mc-plan: " << step << " P=" << p << " D=" << d << " nic=" << fixed(nic * 1e-9, 1)
@@ -191,24 +192,25 @@ Result<CapacityPlan> plan_capacity(const std::vector<trace::Request>& rows, cons
 
   // 2. Prefill: decode and NIC generous, TTFT attainment.
   MC_ASSIGN_OR_RETURN(int64_t p, fewest([&](int64_t n) -> Result<bool> {
-    MC_ASSIGN_OR_RETURN(Evaluation e, evaluate("prefill", n, o.max_instances, nics.back()));
-    return e.ttft_attainment >= o.accept;
-  }));
+                        MC_ASSIGN_OR_RETURN(Evaluation e, evaluate("prefill", n, o.max_instances, nics.back()));
+                        return e.ttft_attainment >= o.accept;
+                      }));
   if (p > o.max_instances) {
     return error(Code::kResourceExhausted, "even " + std::to_string(o.max_instances) +
                                                " prefill instances miss the TTFT SLO for more than " +
-                                               pct(1 - o.accept) + " % of the requests: raise --max-instances or "
+                                               pct(1 - o.accept) +
+                                               " % of the requests: raise --max-instances or "
                                                "relax --slo-ttft-ms");
   }
   // 3. Decode: both SLOs.
   MC_ASSIGN_OR_RETURN(int64_t d, fewest([&](int64_t n) -> Result<bool> {
-    MC_ASSIGN_OR_RETURN(Evaluation e, evaluate("decode", p, n, nics.back()));
-    return e.attainment >= o.accept;
-  }));
+                        MC_ASSIGN_OR_RETURN(Evaluation e, evaluate("decode", p, n, nics.back()));
+                        return e.attainment >= o.accept;
+                      }));
   if (d > o.max_instances) {
     return error(Code::kResourceExhausted, "even " + std::to_string(o.max_instances) +
-                                               " decode instances miss the TBT SLO for more than " +
-                                               pct(1 - o.accept) + " % of the requests: raise --max-instances or "
+                                               " decode instances miss the TBT SLO for more than " + pct(1 - o.accept) +
+                                               " % of the requests: raise --max-instances or "
                                                "relax --slo-tbt-ms");
   }
   // 4. NIC: the slowest candidate that keeps attainment.
@@ -274,12 +276,12 @@ void print_plan(std::ostream& out, const CapacityPlan& p, const replay::RunInfo&
                     "nic_GB/s", "attainment_%", "feasible"},
                    {"", std::to_string(p.prefill_instances), std::to_string(p.decode_instances),
                     std::to_string(p.cache_total_tokens), std::to_string(p.cache_capacity_tokens),
-                    fixed(static_cast<double>(p.cache_total_bytes) * 1e-9, 0), fixed(p.nic_bandwidth_bytes_per_s * 1e-9, 1),
-                    pct(p.attainment), p.feasible ? "yes" : "no"}});
+                    fixed(static_cast<double>(p.cache_total_bytes) * 1e-9, 0),
+                    fixed(p.nic_bandwidth_bytes_per_s * 1e-9, 1), pct(p.attainment), p.feasible ? "yes" : "no"}});
   out << "cache: LRU hit ratio " << pct(p.cache_hit_ratio) << " % of prompt tokens at the chosen capacity, "
       << pct(p.cache_hit_ratio_infinite) << " % with an infinite cache\n\n";
-  std::vector<std::vector<std::string>> rows = {
-      {"trial", "prefill", "decode", "cache_per_prefill_tokens", "nic_GB/s", "attainment_%", "ttft_attainment_%", "wall_s"}};
+  std::vector<std::vector<std::string>> rows = {{"trial", "prefill", "decode", "cache_per_prefill_tokens", "nic_GB/s",
+                                                 "attainment_%", "ttft_attainment_%", "wall_s"}};
   for (const CapacityTrial& t : p.trials) {
     rows.push_back({t.step, std::to_string(t.prefill_instances), std::to_string(t.decode_instances),
                     std::to_string(t.cache_capacity_tokens), fixed(t.nic_bandwidth_bytes_per_s * 1e-9, 1),

@@ -30,8 +30,10 @@ nlohmann::json to_json(const SimResult& r, const replay::RunInfo& info) {
       o["prompt_tokens"] = i.prompt_tokens;
       o["hit_tokens_local"] = i.hit_tokens_local;
       o["hit_tokens_remote"] = i.hit_tokens_remote;
-      o["hit_ratio_local"] = i.prompt_tokens > 0 ? static_cast<double>(i.hit_tokens_local) / static_cast<double>(i.prompt_tokens) : 0.0;
-      o["hit_ratio_remote"] = i.prompt_tokens > 0 ? static_cast<double>(i.hit_tokens_remote) / static_cast<double>(i.prompt_tokens) : 0.0;
+      o["hit_ratio_local"] =
+          i.prompt_tokens > 0 ? static_cast<double>(i.hit_tokens_local) / static_cast<double>(i.prompt_tokens) : 0.0;
+      o["hit_ratio_remote"] =
+          i.prompt_tokens > 0 ? static_cast<double>(i.hit_tokens_remote) / static_cast<double>(i.prompt_tokens) : 0.0;
       o["cache_blocks"] = i.cache_blocks;
       o["cache_evictions"] = i.cache_evictions;
     }
@@ -61,11 +63,13 @@ void print_report(std::ostream& out, const SimResult& r, const replay::RunInfo& 
   replay::print_table(out, r.summary, info);
   out << "\n";
   std::vector<std::vector<std::string>> rows = {{"instance", "busy_s", "util_%", "jobs", "tokens", "hit_local_%",
-                                                 "hit_remote_%", "cache_blocks", "evictions", "nic_tx_GB", "nic_rx_GB"}};
+                                                 "hit_remote_%", "cache_blocks", "evictions", "nic_tx_GB",
+                                                 "nic_rx_GB"}};
   for (const InstanceReport& i : r.instances) {
     const bool p = i.role == "prefill";
     auto ratio = [&](int64_t v) {
-      return p && i.prompt_tokens > 0 ? pct(static_cast<double>(v) / static_cast<double>(i.prompt_tokens)) : std::string("-");
+      return p && i.prompt_tokens > 0 ? pct(static_cast<double>(v) / static_cast<double>(i.prompt_tokens))
+                                      : std::string("-");
     };
     rows.push_back({i.id, fixed(i.busy_s, 1), pct(i.utilization), std::to_string(i.jobs), std::to_string(i.tokens),
                     ratio(i.hit_tokens_local), ratio(i.hit_tokens_remote), p ? std::to_string(i.cache_blocks) : "-",
@@ -76,14 +80,16 @@ void print_report(std::ostream& out, const SimResult& r, const replay::RunInfo& 
   out << "\n";
   const SimTotals& t = r.totals;
   const double saved = t.prefill_gpu_s_without_cache > 0 ? t.prefill_gpu_s_saved / t.prefill_gpu_s_without_cache : 0.0;
-  print_rows(out, {{"prefill ledger", "hit_%", "local_%", "remote_%", "lost_to_eviction_tokens", "gpu_s_spent",
-                    "gpu_s_saved", "saved_%", "prefix_GB", "kv_to_decode_GB", "replicas"},
-                   {"", pct(t.hit_ratio()),
-                    pct(t.prompt_tokens > 0 ? static_cast<double>(t.hit_tokens_local) / static_cast<double>(t.prompt_tokens) : 0),
-                    pct(t.prompt_tokens > 0 ? static_cast<double>(t.hit_tokens_remote) / static_cast<double>(t.prompt_tokens) : 0),
-                    std::to_string(t.hit_tokens_lost), fixed(t.prefill_gpu_s, 1), fixed(t.prefill_gpu_s_saved, 1),
-                    pct(saved), fixed(static_cast<double>(t.transfer_bytes_prefix) * 1e-9, 1),
-                    fixed(static_cast<double>(t.transfer_bytes_kv) * 1e-9, 1), std::to_string(t.replicated_prefixes)}});
+  print_rows(
+      out,
+      {{"prefill ledger", "hit_%", "local_%", "remote_%", "lost_to_eviction_tokens", "gpu_s_spent", "gpu_s_saved",
+        "saved_%", "prefix_GB", "kv_to_decode_GB", "replicas"},
+       {"", pct(t.hit_ratio()),
+        pct(t.prompt_tokens > 0 ? static_cast<double>(t.hit_tokens_local) / static_cast<double>(t.prompt_tokens) : 0),
+        pct(t.prompt_tokens > 0 ? static_cast<double>(t.hit_tokens_remote) / static_cast<double>(t.prompt_tokens) : 0),
+        std::to_string(t.hit_tokens_lost), fixed(t.prefill_gpu_s, 1), fixed(t.prefill_gpu_s_saved, 1), pct(saved),
+        fixed(static_cast<double>(t.transfer_bytes_prefix) * 1e-9, 1),
+        fixed(static_cast<double>(t.transfer_bytes_kv) * 1e-9, 1), std::to_string(t.replicated_prefixes)}});
   out << "\nsimulated " << fixed(t.span_s, 1) << " s in " << fixed(t.wall_s, 2) << " s wall (" << t.events
       << " events)\n";
 }

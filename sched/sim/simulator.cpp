@@ -75,7 +75,8 @@ class Windowed {
   }
   // Arrival in virtual ns since the window start.
   int64_t arrival_ns(const trace::Request& r) const {
-    return static_cast<int64_t>(std::llround((static_cast<double>(r.timestamp_ms) - w_.start_s * 1e3) / w_.rate_scale * 1e6));
+    return static_cast<int64_t>(
+        std::llround((static_cast<double>(r.timestamp_ms) - w_.start_s * 1e3) / w_.rate_scale * 1e6));
   }
 
  private:
@@ -122,13 +123,19 @@ sched::DecodeCostPrior decode_prior(const CostModel& m) {
 class Sim {
  public:
   Sim(const SimOptions& opt, const CostModel& model, int64_t gpu_count)
-      : opt_(opt), cfg_(opt.cluster), model_(model), gpu_count_(gpu_count), events_(clock_),
-        kv_bytes_(model.kv_bytes_per_token()), block_(cfg_.block_size) {}
+      : opt_(opt),
+        cfg_(opt.cluster),
+        model_(model),
+        gpu_count_(gpu_count),
+        events_(clock_),
+        kv_bytes_(model.kv_bytes_per_token()),
+        block_(cfg_.block_size) {}
 
   Status init() {
     const auto P = static_cast<int>(cfg_.prefill_instances);
     const auto D = static_cast<int>(cfg_.decode_instances);
-    network_ = std::make_unique<Network>(events_, std::vector<double>(static_cast<size_t>(P + D), cfg_.nic_bandwidth_bytes_per_s));
+    network_ = std::make_unique<Network>(
+        events_, std::vector<double>(static_cast<size_t>(P + D), cfg_.nic_bandwidth_bytes_per_s));
     sched::SchedulerConfig sc;
     sc.policy = cfg_.policy;
     sc.seed = cfg_.seed;
@@ -144,7 +151,8 @@ class Sim {
     // as unreachable and only ever reuses an instance's own cache.
     bw.remote_bytes_per_s = cfg_.cache_mode == CacheMode::kGlobal ? cfg_.nic_bandwidth_bytes_per_s : 1e-9;
     bw.fixed_ms[0] = bw.fixed_ms[1] = bw.fixed_ms[2] = 0;
-    MC_ASSIGN_OR_RETURN(scheduler_, sched::Scheduler::create(sc, &clock_, prefill_prior(model_), decode_prior(model_), bw));
+    MC_ASSIGN_OR_RETURN(scheduler_,
+                        sched::Scheduler::create(sc, &clock_, prefill_prior(model_), decode_prior(model_), bw));
     const int64_t cache_blocks = cfg_.cache_capacity_tokens / block_;
     for (int i = 0; i < P; ++i) {
       prefill_.push_back(std::make_unique<PrefillInstance>(i, events_, *network_, model_, cfg_.chunk_tokens));
@@ -159,10 +167,12 @@ class Sim {
       names_.push_back(info.id);
     }
     for (int j = 0; j < D; ++j) {
-      decode_.push_back(std::make_unique<DecodeInstance>(events_, model_, cfg_.decode_kv_capacity_tokens, cfg_.decode_max_batch));
+      decode_.push_back(
+          std::make_unique<DecodeInstance>(events_, model_, cfg_.decode_kv_capacity_tokens, cfg_.decode_max_batch));
       if (opt_.refit_predictors) {
         decode_.back()->set_step_observer([this, j, P](int64_t batch, int64_t ctx, double step_s) {
-          scheduler_->on_decode_step(sched::DecodeStepReport{names_[static_cast<size_t>(P + j)], batch, ctx, step_s * 1e3});
+          scheduler_->on_decode_step(
+              sched::DecodeStepReport{names_[static_cast<size_t>(P + j)], batch, ctx, step_s * 1e3});
         });
       }
       sched::InstanceInfo info;
@@ -236,8 +246,8 @@ class Sim {
 
  private:
   struct Live {
-    size_t record = 0;             // index into records_
-    std::vector<uint64_t> keys;    // seq hashes of the complete blocks
+    size_t record = 0;           // index into records_
+    std::vector<uint64_t> keys;  // seq hashes of the complete blocks
     int64_t arrival_ns = 0;
     int prefill = -1, decode = -1;
     int64_t planned_blocks = 0;
@@ -280,7 +290,8 @@ class Sim {
       l.context_tokens = decode_[j]->context_tokens();
       (void)scheduler_->heartbeat(names_[prefill_.size() + j], l);
     }
-    if (!arrivals_done_ || !live_.empty()) events_.schedule_after(opt_.heartbeat_ms * 1'000'000, [this] { heartbeat(); });
+    if (!arrivals_done_ || !live_.empty())
+      events_.schedule_after(opt_.heartbeat_ms * 1'000'000, [this] { heartbeat(); });
   }
 
   void progress() {
@@ -439,9 +450,10 @@ class Sim {
     for (size_t h = 0; h < caches_.size(); ++h) {
       if (h == self) continue;
       int64_t run = 0;
-      while (i + run < static_cast<int64_t>(keys.size()) && caches_[h]->contains(keys[static_cast<size_t>(i + run)])) ++run;
-      if (run > best_run || (run == best_run && run > 0 && network_->active_flows(static_cast<int>(h)) <
-                                                              network_->active_flows(best))) {
+      while (i + run < static_cast<int64_t>(keys.size()) && caches_[h]->contains(keys[static_cast<size_t>(i + run)]))
+        ++run;
+      if (run > best_run ||
+          (run == best_run && run > 0 && network_->active_flows(static_cast<int>(h)) < network_->active_flows(best))) {
         best = static_cast<int>(h);
         best_run = run;
       }
@@ -515,7 +527,8 @@ class Sim {
     removed_.clear();
     BlockCache& c = *caches_[inst];
     c.touch(protect, static_cast<int64_t>(protect.size()));
-    c.insert(chain, [this](uint64_t k) { stored_.push_back(k); }, [this](uint64_t k) { removed_.push_back(k); });
+    c.insert(
+        chain, [this](uint64_t k) { stored_.push_back(k); }, [this](uint64_t k) { removed_.push_back(k); });
     publish(inst, proto::kKvEventStored, stored_);
     publish(inst, proto::kKvEventRemoved, removed_);
   }
@@ -627,7 +640,9 @@ Result<std::vector<trace::Request>> load_window(RequestSource& source, const Tra
 }
 
 double SimTotals::hit_ratio() const {
-  return prompt_tokens > 0 ? static_cast<double>(hit_tokens_local + hit_tokens_remote) / static_cast<double>(prompt_tokens) : 0.0;
+  return prompt_tokens > 0
+             ? static_cast<double>(hit_tokens_local + hit_tokens_remote) / static_cast<double>(prompt_tokens)
+             : 0.0;
 }
 
 Result<std::unique_ptr<CostModel>> make_infer_cost_model(const std::string& model, const std::string& gpu) {
@@ -641,8 +656,7 @@ Result<SimResult> simulate_with(const SimOptions& options, RequestSource& source
   MC_RETURN_IF_ERROR(options.cluster.validate());
   MC_RETURN_IF_ERROR(options.window.validate());
   if (options.cluster.decode_kv_capacity_tokens <= 0) {
-    return error(Code::kInvalidArgument,
-                 "decode_kv_capacity_tokens must be set (> 0) when the cost model is injected");
+    return error(Code::kInvalidArgument, "decode_kv_capacity_tokens must be set (> 0) when the cost model is injected");
   }
   if (!(options.local_load_bytes_per_s > 0) || options.heartbeat_ms < 1) {
     return error(Code::kInvalidArgument, "local_load_bytes_per_s must be > 0 and heartbeat_ms >= 1");

@@ -1,9 +1,9 @@
 #include "mc/store/admin.hpp"
 
 #include <cstdio>
-#include <iostream>
 #include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <iterator>
 #include <sstream>
 #include <vector>
@@ -68,13 +68,19 @@ Status admin_ls(const AdminOptions& options, const std::string& prefix, uint32_t
   if (options.json) {
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& o : reply.objects) {
-      arr.push_back({{"key", o.key}, {"size_bytes", o.size_bytes}, {"complete", o.complete}, {"leased", o.leased},
-                     {"pinned", o.pinned}, {"segments", o.segments}, {"media", o.media}});
+      arr.push_back({{"key", o.key},
+                     {"size_bytes", o.size_bytes},
+                     {"complete", o.complete},
+                     {"leased", o.leased},
+                     {"pinned", o.pinned},
+                     {"segments", o.segments},
+                     {"media", o.media}});
     }
     out << nlohmann::json{{"objects", arr}, {"truncated", reply.truncated}}.dump() << '\n';
     return Status::ok();
   }
-  out << std::left << std::setw(60) << "key" << std::right << std::setw(14) << "size(bytes)" << "  state      replicas\n";
+  out << std::left << std::setw(60) << "key" << std::right << std::setw(14) << "size(bytes)"
+      << "  state      replicas\n";
   for (const auto& o : reply.objects) {
     std::string reps;
     for (size_t i = 0; i < o.segments.size(); ++i) reps += (i ? "," : "") + o.segments[i] + "(" + o.media[i] + ")";
@@ -91,20 +97,37 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
   if (options.json) {
     nlohmann::json segs = nlohmann::json::array();
     for (const auto& g : s.segments) {
-      segs.push_back({{"segment", g.segment}, {"node_id", g.node_id}, {"host", g.host}, {"domain", g.domain},
-                      {"medium", g.medium}, {"capacity_bytes", g.capacity_bytes}, {"used_bytes", g.used_bytes},
-                      {"largest_free_bytes", g.largest_free_bytes}, {"fragmentation", g.fragmentation},
-                      {"objects", g.objects}, {"leased_objects", g.leased_objects}, {"hits", g.hits},
-                      {"evictions", g.evictions}, {"demotions", g.demotions}});
+      segs.push_back({{"segment", g.segment},
+                      {"node_id", g.node_id},
+                      {"host", g.host},
+                      {"domain", g.domain},
+                      {"medium", g.medium},
+                      {"capacity_bytes", g.capacity_bytes},
+                      {"used_bytes", g.used_bytes},
+                      {"largest_free_bytes", g.largest_free_bytes},
+                      {"fragmentation", g.fragmentation},
+                      {"objects", g.objects},
+                      {"leased_objects", g.leased_objects},
+                      {"hits", g.hits},
+                      {"evictions", g.evictions},
+                      {"demotions", g.demotions}});
     }
-    nlohmann::json j{{"segments", segs},       {"objects", s.objects},
-                     {"processing", s.processing}, {"nodes", s.nodes},
-                     {"clients", s.clients},   {"hits", s.hits},
-                     {"misses", s.misses},     {"puts", s.puts},
-                     {"removes", s.removes},   {"evictions", s.evictions},
-                     {"demotions", s.demotions}, {"reclaimed_puts", s.reclaimed_puts},
-                     {"refused_put_ends", s.refused_put_ends}, {"hot_replications", s.hot_replications},
-                     {"dead_nodes", s.dead_nodes}, {"pending_free_bytes", s.pending_free_bytes},
+    nlohmann::json j{{"segments", segs},
+                     {"objects", s.objects},
+                     {"processing", s.processing},
+                     {"nodes", s.nodes},
+                     {"clients", s.clients},
+                     {"hits", s.hits},
+                     {"misses", s.misses},
+                     {"puts", s.puts},
+                     {"removes", s.removes},
+                     {"evictions", s.evictions},
+                     {"demotions", s.demotions},
+                     {"reclaimed_puts", s.reclaimed_puts},
+                     {"refused_put_ends", s.refused_put_ends},
+                     {"hot_replications", s.hot_replications},
+                     {"dead_nodes", s.dead_nodes},
+                     {"pending_free_bytes", s.pending_free_bytes},
                      {"last_event_id", s.last_event_id}};
     out << j.dump() << '\n';
     return Status::ok();
@@ -114,14 +137,16 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
       << "leased" << std::setw(9) << "hits" << std::setw(11) << "evictions" << std::setw(11) << "demotions"
       << std::setw(7) << "frag" << '\n';
   for (const auto& g : s.segments) {
-    out << std::left << std::setw(24) << g.segment << std::setw(8) << g.medium << std::setw(10) << g.domain << std::right
-        << std::setw(14) << mib(g.capacity_bytes) << std::setw(10) << mib(g.used_bytes) << std::setw(9) << g.objects
-        << std::setw(9) << g.leased_objects << std::setw(9) << g.hits << std::setw(11) << g.evictions << std::setw(11)
-        << g.demotions << std::setw(7) << std::fixed << std::setprecision(2) << g.fragmentation << '\n';
+    out << std::left << std::setw(24) << g.segment << std::setw(8) << g.medium << std::setw(10) << g.domain
+        << std::right << std::setw(14) << mib(g.capacity_bytes) << std::setw(10) << mib(g.used_bytes) << std::setw(9)
+        << g.objects << std::setw(9) << g.leased_objects << std::setw(9) << g.hits << std::setw(11) << g.evictions
+        << std::setw(11) << g.demotions << std::setw(7) << std::fixed << std::setprecision(2) << g.fragmentation
+        << '\n';
   }
   out << "objects " << s.objects << " (writing " << s.processing << "), nodes " << s.nodes << ", hits " << s.hits
-      << ", misses " << s.misses << ", evictions " << s.evictions << ", demotions " << s.demotions << ", reclaimed puts "
-      << s.reclaimed_puts << ", hot copies " << s.hot_replications << ", dead nodes " << s.dead_nodes << '\n';
+      << ", misses " << s.misses << ", evictions " << s.evictions << ", demotions " << s.demotions
+      << ", reclaimed puts " << s.reclaimed_puts << ", hot copies " << s.hot_replications << ", dead nodes "
+      << s.dead_nodes << '\n';
   return Status::ok();
 }
 
@@ -143,8 +168,12 @@ Status admin_watch(const std::string& events_endpoint, uint64_t count, int64_t t
     }
     idle_ms = 0;
     const proto::KvEvent& e = **ev;
-    nlohmann::json j{{"type", e.type}, {"event_id", e.event_id}, {"ts_unix_ms", e.ts_unix_ms},
-                     {"seq_hashes", e.seq_hashes}, {"backend_id", e.backend_id}, {"medium", e.medium}};
+    nlohmann::json j{{"type", e.type},
+                     {"event_id", e.event_id},
+                     {"ts_unix_ms", e.ts_unix_ms},
+                     {"seq_hashes", e.seq_hashes},
+                     {"backend_id", e.backend_id},
+                     {"medium", e.medium}};
     out << j.dump() << '\n';
     out.flush();
     ++seen;

@@ -30,8 +30,8 @@ Result<uint64_t> OffsetAllocator::allocate(uint64_t size_bytes) {
   if (size_bytes == 0) return Status(Code::kInvalidArgument, "allocation of 0 bytes");
   uint64_t need = rounded(size_bytes);
   if (need == 0 || need > capacity_) {
-    return Status(Code::kNoSpace, "allocation of " + std::to_string(size_bytes) + " bytes exceeds the segment capacity of " +
-                                      std::to_string(capacity_) + " bytes");
+    return Status(Code::kNoSpace, "allocation of " + std::to_string(size_bytes) +
+                                      " bytes exceeds the segment capacity of " + std::to_string(capacity_) + " bytes");
   }
   auto best = free_by_size_.lower_bound({need, 0});
   if (best == free_by_size_.end()) {

@@ -4,9 +4,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
-#include <chrono>
 #include <iomanip>
 #include <thread>
 
@@ -86,8 +86,9 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
     MC_ASSIGN_OR_RETURN(auto z, rpc::RpcClient::connect(o.client.master, co));
     MC_ASSIGN_OR_RETURN(auto info, z->call(proto::StoreInfoRequest{co.client_name}, o.client.rpc_timeout_ms));
     if (info.fast_port == 0) {
-      return Status(Code::kUnimplemented, "master " + o.client.master + " offers no fast path (started with --fast-listen off?); "
-                                          "use --transport zmq");
+      return Status(Code::kUnimplemented, "master " + o.client.master +
+                                              " offers no fast path (started with --fast-listen off?); "
+                                              "use --transport zmq");
     }
     port = static_cast<uint16_t>(info.fast_port);
   }
@@ -134,10 +135,12 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
     }
     if (in_flight == 0) break;
     if (SteadyClock::now() > deadline + std::chrono::milliseconds(o.client.rpc_timeout_ms)) {
-      return Status(Code::kTimeout, std::to_string(in_flight) + " requests to the master's fast path unanswered after " +
+      return Status(Code::kTimeout, std::to_string(in_flight) +
+                                        " requests to the master's fast path unanswered after " +
                                         std::to_string(o.client.rpc_timeout_ms) + " ms");
     }
-    if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) return Status(Code::kIo, "poll: " + std::string(strerror(errno)));
+    if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR)
+      return Status(Code::kIo, "poll: " + std::string(strerror(errno)));
     for (size_t i = 0; i < conns.size(); ++i) {
       if (fds[i].revents == 0) continue;
       Conn& k = conns[i];
@@ -145,7 +148,8 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
         MC_ASSIGN_OR_RETURN(std::optional<fast::FastClient::Reply> r, k.c->try_recv());
         if (!r) break;
         if (k.flight.empty() || k.flight.front().id != r->id) {
-          return Status(Code::kMalformedMessage, "reply " + std::to_string(r->id) + " from " + k.c->endpoint() + " out of order");
+          return Status(Code::kMalformedMessage,
+                        "reply " + std::to_string(r->id) + " from " + k.c->endpoint() + " out of order");
         }
         InFlight f = k.flight.front();
         k.flight.pop_front();
@@ -284,10 +288,12 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
     const double kUsable = MasterConfig{}.low_watermark;  // eviction brings a segment down to this
     if (static_cast<double>(working_set_bytes) > kUsable * static_cast<double>(dram_bytes)) {
       return Status(Code::kInvalidArgument,
-                    "the data benchmark keeps up to " + std::to_string(working_set_bytes) + " bytes stored (3 rounds of " +
-                        std::to_string(o.blocks) + " blocks of " + std::to_string(block_bytes) + " bytes) but the nodes of " +
-                        o.client.master + " mount " + std::to_string(dram_bytes) +
-                        " bytes of DRAM (usable before eviction: " + std::to_string(static_cast<int>(kUsable * 100)) + " %); use fewer --blocks or start the node with a larger "
+                    "the data benchmark keeps up to " + std::to_string(working_set_bytes) +
+                        " bytes stored (3 rounds of " + std::to_string(o.blocks) + " blocks of " +
+                        std::to_string(block_bytes) + " bytes) but the nodes of " + o.client.master + " mount " +
+                        std::to_string(dram_bytes) +
+                        " bytes of DRAM (usable before eviction: " + std::to_string(static_cast<int>(kUsable * 100)) +
+                        " %); use fewer --blocks or start the node with a larger "
                         "--dram-bytes");
     }
   }
@@ -377,19 +383,27 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
   std::string path = c.bytes_read_tcp > 0 ? "tcp" : "shm";
   double put_gbs = put_s > 0 ? put_bytes / put_s / 1e9 : 0, get_gbs = get_s > 0 ? get_bytes / get_s / 1e9 : 0;
   if (o.json) {
-    out << nlohmann::json{{"build", cli::build_id()}, {"mode", "data"}, {"path", path}, {"block_bytes", block_bytes},
-                          {"kv_bytes_per_token", o.kv_bytes_per_token}, {"batch", o.batch},
-                          {"batch_put_bytes", put_bytes}, {"batch_put_bytes_per_second", put_gbs * 1e9},
-                          {"batch_get_bytes", get_bytes}, {"batch_get_bytes_per_second", get_gbs * 1e9}}
+    out << nlohmann::json{{"build", cli::build_id()},
+                          {"mode", "data"},
+                          {"path", path},
+                          {"block_bytes", block_bytes},
+                          {"kv_bytes_per_token", o.kv_bytes_per_token},
+                          {"batch", o.batch},
+                          {"batch_put_bytes", put_bytes},
+                          {"batch_put_bytes_per_second", put_gbs * 1e9},
+                          {"batch_get_bytes", get_bytes},
+                          {"batch_get_bytes_per_second", get_gbs * 1e9}}
                .dump()
         << '\n';
   } else {
     out << "mc-store bench data " << cli::build_id() << " master=" << o.client.master << " path=" << path
         << " block=" << block_bytes << " B batch=" << o.batch << '\n';
-    out << std::left << std::setw(12) << "op" << std::right << std::setw(16) << "bytes" << std::setw(10) << "GB/s" << '\n';
-    out << std::left << std::setw(12) << "batch_put" << std::right << std::setw(16) << put_bytes << std::setw(10) << std::fixed
-        << std::setprecision(3) << put_gbs << '\n';
-    out << std::left << std::setw(12) << "batch_get" << std::right << std::setw(16) << get_bytes << std::setw(10) << get_gbs << '\n';
+    out << std::left << std::setw(12) << "op" << std::right << std::setw(16) << "bytes" << std::setw(10) << "GB/s"
+        << '\n';
+    out << std::left << std::setw(12) << "batch_put" << std::right << std::setw(16) << put_bytes << std::setw(10)
+        << std::fixed << std::setprecision(3) << put_gbs << '\n';
+    out << std::left << std::setw(12) << "batch_get" << std::right << std::setw(16) << get_bytes << std::setw(10)
+        << get_gbs << '\n';
   }
   return Status::ok();
 }
@@ -398,7 +412,8 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
 
 Status run_bench(const BenchOptions& o, std::ostream& out) {
   if (o.mode == "data") return data_bench(o, out);
-  if (o.mode != "metadata") return Status(Code::kInvalidArgument, "--mode must be metadata or data, not '" + o.mode + "'");
+  if (o.mode != "metadata")
+    return Status(Code::kInvalidArgument, "--mode must be metadata or data, not '" + o.mode + "'");
   for (const auto& op : o.ops) {
     if (!is_put(op) && op != "get" && op != "match") {
       return Status(Code::kInvalidArgument, "--ops: unknown operation '" + op + "' (put, put_sync, get, match)");
@@ -411,28 +426,37 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     return Status(Code::kInvalidArgument, "--pipeline: " + std::to_string(o.pipeline) + " is outside 1..1024");
   }
   if (o.transport == "zmq" && o.pipeline != 1) {
-    return Status(Code::kInvalidArgument, "--pipeline > 1 needs --transport fast (the ZeroMQ client waits for each reply)");
+    return Status(Code::kInvalidArgument,
+                  "--pipeline > 1 needs --transport fast (the ZeroMQ client waits for each reply)");
   }
   for (int64_t n : o.clients) {
-    if (n < 1 || n > 256) return Status(Code::kInvalidArgument, "--clients: " + std::to_string(n) + " is outside 1..256");
+    if (n < 1 || n > 256)
+      return Status(Code::kInvalidArgument, "--clients: " + std::to_string(n) + " is outside 1..256");
   }
   std::string run = std::to_string(SteadyClock::now().time_since_epoch().count() % 1000000007);
   nlohmann::json arr = nlohmann::json::array();
   if (!o.json) {
-    out << "mc-store bench metadata " << cli::build_id() << " master=" << o.client.master << " transport=" << o.transport
-        << " pipeline=" << o.pipeline << " duration=" << o.duration_s << " s per point\n";
-    out << std::left << std::setw(8) << "op" << std::right << std::setw(9) << "clients" << std::setw(12) << "ops" << std::setw(9)
-        << "errors" << std::setw(14) << "ops/s" << '\n';
+    out << "mc-store bench metadata " << cli::build_id() << " master=" << o.client.master
+        << " transport=" << o.transport << " pipeline=" << o.pipeline << " duration=" << o.duration_s
+        << " s per point\n";
+    out << std::left << std::setw(8) << "op" << std::right << std::setw(9) << "clients" << std::setw(12) << "ops"
+        << std::setw(9) << "errors" << std::setw(14) << "ops/s" << '\n';
   }
   for (const auto& op : o.ops) {
     for (int64_t n : o.clients) {
       MC_ASSIGN_OR_RETURN(Point p, metadata_point(o, op, n, run + "-" + op + std::to_string(n)));
       if (o.json) {
-        arr.push_back({{"op", op}, {"clients", n}, {"transport", o.transport}, {"pipeline", o.pipeline}, {"ops", p.ops}, {"errors", p.errors}, {"elapsed_ns", static_cast<int64_t>(p.seconds * 1e9)},
+        arr.push_back({{"op", op},
+                       {"clients", n},
+                       {"transport", o.transport},
+                       {"pipeline", o.pipeline},
+                       {"ops", p.ops},
+                       {"errors", p.errors},
+                       {"elapsed_ns", static_cast<int64_t>(p.seconds * 1e9)},
                        {"ops_per_second", p.rate()}});
       } else {
-        out << std::left << std::setw(8) << op << std::right << std::setw(9) << n << std::setw(12) << p.ops << std::setw(9)
-            << p.errors << std::setw(14) << std::fixed << std::setprecision(0) << p.rate() << '\n';
+        out << std::left << std::setw(8) << op << std::right << std::setw(9) << n << std::setw(12) << p.ops
+            << std::setw(9) << p.errors << std::setw(14) << std::fixed << std::setprecision(0) << p.rate() << '\n';
       }
     }
   }

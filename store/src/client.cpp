@@ -11,8 +11,8 @@
 #include <random>
 #include <thread>
 
-#include "mc/common/log.hpp"
 #include "fast_rpc.hpp"
+#include "mc/common/log.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/transfer/engine.hpp"
 
@@ -34,15 +34,17 @@ Status item_status(uint16_t code, const std::string& message) {
 }
 
 int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 int64_t steady_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // One replica transfer of a call: `op` between local bytes and a replica.
 struct Job {
-  size_t item = 0;                        // index of the object in the caller's batch
+  size_t item = 0;  // index of the object in the caller's batch
   const proto::StoreReplica* replica = nullptr;
   transfer::Op op = transfer::Op::kRead;  // kRead: replica -> local; kWrite: local -> replica
   std::byte* local = nullptr;
@@ -59,8 +61,8 @@ class Client::Impl {
   std::unique_ptr<fast::FastClient> fast_master;  // the master's fast path when it offers one (fast_rpc.hpp)
   std::map<std::string, std::unique_ptr<rpc::RpcClient>> nodes;  // node RPC endpoint -> connection (SSD)
   std::shared_ptr<MasterSegmentDirectory> directory;
-  std::unique_ptr<transfer::TransferEngine> engine;  // after directory: destroyed first
-  std::map<uintptr_t, uint64_t> registered;          // engine registrations: start -> length
+  std::unique_ptr<transfer::TransferEngine> engine;     // after directory: destroyed first
+  std::map<uintptr_t, uint64_t> registered;             // engine registrations: start -> length
   std::map<transfer::SegmentHandle, bool> shm_segment;  // opened segment -> moved over shm
   ClientCounters counters;
 
@@ -118,7 +120,8 @@ class Client::Impl {
         s = conn->call(proto::StoreClientHeartbeatRequest{options.client_id}, options.rpc_timeout_ms).status();
         if (!s.is_ok()) conn.reset();
       }
-      if (!s.is_ok() && !warned) MC_LOG_WARN << "client " << options.client_id << ": heartbeat failed: " << s.to_string();
+      if (!s.is_ok() && !warned)
+        MC_LOG_WARN << "client " << options.client_id << ": heartbeat failed: " << s.to_string();
       warned = !s.is_ok();
       lk.lock();
       heartbeat_cv.wait_for(lk, std::chrono::milliseconds(options.heartbeat_ms), [&] { return heartbeat_stop; });
@@ -143,22 +146,24 @@ class Client::Impl {
 
   // The fast connection failed: drop it (later calls use ZeroMQ) and report the commits still waiting on it.
   void fast_failed(const Status& why) {
-    MC_LOG_WARN << "client " << options.client_id << ": fast path to the master failed (" << why.to_string() << "); using "
-                << options.master << " from now on";
+    MC_LOG_WARN << "client " << options.client_id << ": fast path to the master failed (" << why.to_string()
+                << "); using " << options.master << " from now on";
     fast_master.reset();
     std::deque<PendingCommit> lost = std::move(pending_commits);
     pending_commits.clear();
     for (const PendingCommit& pc : lost) {
       for (const std::string& key : pc.keys) {
-        commit_failed(key, Status(Code::kUnavailable, "write-behind commit unconfirmed: the connection to the master failed (" +
-                                                          why.message() + "); the master may or may not have applied it"));
+        commit_failed(
+            key, Status(Code::kUnavailable, "write-behind commit unconfirmed: the connection to the master failed (" +
+                                                why.message() + "); the master may or may not have applied it"));
       }
     }
   }
 
   void commit_failed(const std::string& key, Status s) {
     ++counters.commit_failures;
-    MC_LOG_WARN << "client " << options.client_id << ": write-behind commit of '" << key << "' failed: " << s.to_string();
+    MC_LOG_WARN << "client " << options.client_id << ": write-behind commit of '" << key
+                << "' failed: " << s.to_string();
     if (commit_failures.size() < kKeptCommitFailures) {
       commit_failures.push_back({key, std::move(s)});
     } else {
@@ -169,7 +174,8 @@ class Client::Impl {
   // A reply read from the fast connection that is not the current call's: a write-behind commit's (its
   // per-key codes), or an abandoned call's (ignored). A reply that cannot be decoded fails its commit.
   void collect_commit(fast::FastClient::Reply& r) {
-    auto it = std::find_if(pending_commits.begin(), pending_commits.end(), [&](const PendingCommit& p) { return p.id == r.id; });
+    auto it = std::find_if(pending_commits.begin(), pending_commits.end(),
+                           [&](const PendingCommit& p) { return p.id == r.id; });
     if (it == pending_commits.end()) return;
     PendingCommit pc = std::move(*it);
     pending_commits.erase(it);
@@ -177,7 +183,8 @@ class Client::Impl {
       for (const std::string& key : pc.keys) commit_failed(key, r.status);
       return;
     }
-    Result<proto::StoreItemsReply> reply = codec::unpack<proto::StoreItemsReply>(r.body, "put_end reply from " + options.master);
+    Result<proto::StoreItemsReply> reply =
+        codec::unpack<proto::StoreItemsReply>(r.body, "put_end reply from " + options.master);
     if (reply.is_ok() && reply->codes.size() != pc.keys.size()) {
       reply = Status(Code::kMalformedMessage, "put_end reply from " + options.master + " has " +
                                                   std::to_string(reply->codes.size()) + " codes for " +
@@ -225,7 +232,8 @@ class Client::Impl {
 
   // Asks the master for its fast path and connects to it; stays on ZeroMQ when there is none.
   void connect_fast() {
-    Result<proto::StoreInfoReply> info = master->call(proto::StoreInfoRequest{options.client_id}, options.rpc_timeout_ms);
+    Result<proto::StoreInfoReply> info =
+        master->call(proto::StoreInfoRequest{options.client_id}, options.rpc_timeout_ms);
     if (!info.is_ok() || info->fast_port == 0) {
       MC_LOG_DEBUG << "client " << options.client_id << ": master offers no fast path"
                    << (info.is_ok() ? std::string() : ": " + info.status().to_string());
@@ -233,7 +241,8 @@ class Client::Impl {
     }
     Result<std::string> host = fast::tcp_host_of(options.master);
     if (!host.is_ok()) return;
-    auto c = fast::FastClient::connect(*host, static_cast<uint16_t>(info->fast_port), options.client_id, options.rpc_timeout_ms);
+    auto c = fast::FastClient::connect(*host, static_cast<uint16_t>(info->fast_port), options.client_id,
+                                       options.rpc_timeout_ms);
     if (!c.is_ok()) {
       MC_LOG_WARN << "client " << options.client_id << ": fast path of " << options.master << " unreachable ("
                   << c.status().to_string() << "); using ZeroMQ";
@@ -326,7 +335,8 @@ class Client::Impl {
         proto::StoreNodeWriteRequest req;
         req.segment = r.segment;
         req.offset_bytes = r.offset_bytes + done;
-        req.data.assign(reinterpret_cast<const char*>(j.local) + done, reinterpret_cast<const char*>(j.local) + done + n);
+        req.data.assign(reinterpret_cast<const char*>(j.local) + done,
+                        reinterpret_cast<const char*>(j.local) + done + n);
         auto reply = c->call(req, options.node_timeout_ms);
         if (!reply.is_ok()) {
           nodes.erase(r.endpoint);
@@ -377,7 +387,8 @@ class Client::Impl {
         j.status = local.status().with_context("local buffer of " + std::to_string(j.length) + " bytes");
         continue;
       }
-      reqs.push_back(transfer::TransferRequest{j.op, local.value(), h.value(), j.replica->xfer_offset_bytes, j.length, ""});
+      reqs.push_back(
+          transfer::TransferRequest{j.op, local.value(), h.value(), j.replica->xfer_offset_bytes, j.length, ""});
       req_job.push_back(i);
       req_seg.push_back(h.value());
     }
@@ -401,10 +412,12 @@ class Client::Impl {
     Result<transfer::BatchStatus> st = engine->wait(*batch, bound_ms);
     if (st.is_ok() && st->state == transfer::TransferState::kPending) st = engine->wait(*batch, bound_ms);
     if (!st.is_ok() || st->state == transfer::TransferState::kPending || st->requests.size() != reqs.size()) {
-      Status why = st.is_ok() ? Status(Code::kTimeout, "transfer batch still pending after " + std::to_string(2 * bound_ms) + " ms")
+      Status why = st.is_ok() ? Status(Code::kTimeout,
+                                       "transfer batch still pending after " + std::to_string(2 * bound_ms) + " ms")
                               : st.status();
       for (size_t k : req_job) jobs[k].status = why;
-      MC_LOG_ERROR << "transfer batch " << *batch << " not final; its buffers are leaked to stay safe: " << why.to_string();
+      MC_LOG_ERROR << "transfer batch " << *batch
+                   << " not final; its buffers are leaked to stay safe: " << why.to_string();
       return;
     }
     for (size_t r = 0; r < reqs.size(); ++r) {
@@ -421,8 +434,8 @@ class Client::Impl {
         }
       } else {
         j.status = (rs.status.is_ok() ? Status(Code::kTransferFailed, transfer::state_name(rs.state)) : rs.status)
-                       .with_context(std::string(transfer::op_name(j.op)) + " of replica " + j.replica->segment + " at " +
-                                     j.replica->xfer_segment);
+                       .with_context(std::string(transfer::op_name(j.op)) + " of replica " + j.replica->segment +
+                                     " at " + j.replica->xfer_segment);
         // Forget the segment: the next use looks its descriptor up again (the node may be gone).
         if (engine->close_segment(req_seg[r]).is_ok()) shm_segment.erase(req_seg[r]);
       }
@@ -433,8 +446,9 @@ class Client::Impl {
   // Reads granted objects: item i into outs[i] (exactly its size), nearest replica first, falling back
   // to the next replica for those that failed; every round is one engine batch. Then checks each
   // object's lease: bytes that landed after it are reported kLeaseExpired, never as data.
-  std::vector<Status> read_objects(const std::vector<std::string>& keys, const std::vector<const proto::StoreGetItem*>& items,
-                                   int64_t granted_ms, const std::vector<std::span<std::byte>>& outs) {
+  std::vector<Status> read_objects(const std::vector<std::string>& keys,
+                                   const std::vector<const proto::StoreGetItem*>& items, int64_t granted_ms,
+                                   const std::vector<std::span<std::byte>>& outs) {
     std::vector<Status> out(items.size(), Status(Code::kObjectNotFound, "no replica"));
     std::vector<size_t> next(items.size(), 0);
     std::vector<size_t> todo;
@@ -449,7 +463,8 @@ class Client::Impl {
     while (!todo.empty()) {
       std::vector<Job> jobs;
       for (size_t i : todo) {
-        jobs.push_back(Job{i, &items[i]->replicas[next[i]], transfer::Op::kRead, outs[i].data(), items[i]->size_bytes, {}});
+        jobs.push_back(
+            Job{i, &items[i]->replicas[next[i]], transfer::Op::kRead, outs[i].data(), items[i]->size_bytes, {}});
       }
       run_jobs(jobs);
       std::vector<size_t> again;
@@ -476,12 +491,14 @@ class Client::Impl {
       if (items[i] == nullptr || !out[i].is_ok()) continue;
       if (now - granted_ms > items[i]->lease_ms) {
         ++counters.lease_expired;
-        out[i] = Status(Code::kLeaseExpired, "read of '" + keys[i] + "' finished after its " + std::to_string(items[i]->lease_ms) +
+        out[i] = Status(Code::kLeaseExpired, "read of '" + keys[i] + "' finished after its " +
+                                                 std::to_string(items[i]->lease_ms) +
                                                  " ms lease; the bytes were discarded, read again");
         continue;
       }
       if (!items[i]->replicate_to.empty() && options.replicate_hot) {
-        hot.push_back(Job{i, &items[i]->replicate_to.front(), transfer::Op::kWrite, outs[i].data(), items[i]->size_bytes, {}});
+        hot.push_back(
+            Job{i, &items[i]->replicate_to.front(), transfer::Op::kWrite, outs[i].data(), items[i]->size_bytes, {}});
       }
     }
     if (!hot.empty()) replicate(keys, items, hot);
@@ -489,10 +506,12 @@ class Client::Impl {
   }
 
   // Hot objects: copy each to the replica the master reserved, then tell the master how it went.
-  void replicate(const std::vector<std::string>& keys, const std::vector<const proto::StoreGetItem*>& items, std::vector<Job>& jobs) {
+  void replicate(const std::vector<std::string>& keys, const std::vector<const proto::StoreGetItem*>& items,
+                 std::vector<Job>& jobs) {
     run_jobs(jobs);
     for (const Job& j : jobs) {
-      proto::StoreReplicaEndRequest req{options.client_id, keys[j.item], items[j.item]->replicate_put_id, j.status.is_ok()};
+      proto::StoreReplicaEndRequest req{options.client_id, keys[j.item], items[j.item]->replicate_put_id,
+                                        j.status.is_ok()};
       auto r = call_master(req);
       if (!r.is_ok()) MC_LOG_DEBUG << "hot copy of '" << keys[j.item] << "' not recorded: " << r.status().to_string();
     }
@@ -591,7 +610,8 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
   }
   // Items refused with kUnavailable wait for space being freed (demotion to SSD): retry them alone.
   const uint16_t kRetry = static_cast<uint16_t>(Code::kUnavailable);
-  for (int64_t deadline = steady_ms() + m.options.put_retry_ms, pause_ms = 5;; pause_ms = std::min<int64_t>(pause_ms * 2, 100)) {
+  for (int64_t deadline = steady_ms() + m.options.put_retry_ms, pause_ms = 5;;
+       pause_ms = std::min<int64_t>(pause_ms * 2, 100)) {
     proto::StorePutStartRequest again = start;
     again.keys.clear();
     again.sizes_bytes.clear();
@@ -630,8 +650,8 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
     auto* data = const_cast<std::byte*>(items[i].data.data());
     for (const auto& r : g.replicas) {
       if (r.size_bytes != items[i].data.size()) {
-        out[i] = Status(Code::kInternal, "replica on " + r.segment + " is " + std::to_string(r.size_bytes) + " bytes, data " +
-                                             std::to_string(items[i].data.size()));
+        out[i] = Status(Code::kInternal, "replica on " + r.segment + " is " + std::to_string(r.size_bytes) +
+                                             " bytes, data " + std::to_string(items[i].data.size()));
         continue;
       }
       jobs.push_back(Job{i, &r, transfer::Op::kWrite, data, items[i].data.size(), {}});
@@ -745,8 +765,9 @@ Status Client::flush(std::vector<CommitFailure>* failures) {
   Impl& m = *impl_;
   const bool drained = m.drain_commits(steady_ms() + m.options.rpc_timeout_ms);
   if (!drained) {
-    return Status(Code::kTimeout, std::to_string(m.pending_commits.size()) + " write-behind commit(s) to " + m.options.master +
-                                      " unanswered after " + std::to_string(m.options.rpc_timeout_ms) +
+    return Status(Code::kTimeout, std::to_string(m.pending_commits.size()) + " write-behind commit(s) to " +
+                                      m.options.master + " unanswered after " +
+                                      std::to_string(m.options.rpc_timeout_ms) +
                                       " ms (is the master overloaded?); flush again");
   }
   std::vector<CommitFailure> failed = std::move(m.commit_failures);
@@ -758,7 +779,8 @@ Status Client::flush(std::vector<CommitFailure>* failures) {
     s = Status(failed.front().status.code(), std::to_string(total) + " write-behind commit(s) failed; first: '" +
                                                  failed.front().key + "': " + failed.front().status.message());
   }
-  if (failures) failures->insert(failures->end(), std::make_move_iterator(failed.begin()), std::make_move_iterator(failed.end()));
+  if (failures)
+    failures->insert(failures->end(), std::make_move_iterator(failed.begin()), std::make_move_iterator(failed.end()));
   return s;
 }
 

@@ -22,7 +22,8 @@ inline proto::StoreReplica to_wire(const ReplicaView& v) {
 }
 
 inline proto::StoreDemoteTask to_wire(const DemoteTask& t) {
-  return proto::StoreDemoteTask{t.task_id, t.key, t.src_segment, t.src_offset, t.dst_segment, t.dst_offset, t.size_bytes};
+  return proto::StoreDemoteTask{t.task_id,     t.key,        t.src_segment, t.src_offset,
+                                t.dst_segment, t.dst_offset, t.size_bytes};
 }
 
 }  // namespace mc::store

@@ -31,8 +31,9 @@ Result<uint64_t> SegmentRegistry::publish(const proto::SegmentDescriptor& descri
 Result<proto::SegmentDescriptor> SegmentRegistry::lookup(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) {
-    return Status(Code::kNotFound, "segment " + name + " is not in the master's directory (its storage node "
-                                   "never published it, unmounted or was declared dead)");
+    return Status(Code::kNotFound, "segment " + name +
+                                       " is not in the master's directory (its storage node "
+                                       "never published it, unmounted or was declared dead)");
   }
   return it->second.descriptor;
 }
@@ -54,8 +55,8 @@ std::set<std::string> SegmentRegistry::retain_bound(const std::set<std::string>&
 }
 
 Result<std::shared_ptr<MasterSegmentDirectory>> MasterSegmentDirectory::connect(const std::string& master_endpoint,
-                                                                               const std::string& client_name,
-                                                                               int64_t rpc_timeout_ms) {
+                                                                                const std::string& client_name,
+                                                                                int64_t rpc_timeout_ms) {
   std::shared_ptr<MasterSegmentDirectory> d(new MasterSegmentDirectory());
   rpc::ClientOptions co;
   co.client_name = client_name;
@@ -69,7 +70,8 @@ Result<std::shared_ptr<MasterSegmentDirectory>> MasterSegmentDirectory::connect(
 
 Result<proto::SegmentDescriptor> MasterSegmentDirectory::lookup(const std::string& name, int64_t timeout_ms) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto reply = master_->call(proto::GetSegmentRequest{name}, static_cast<int>(timeout_ms > 0 ? timeout_ms : rpc_timeout_ms_));
+  auto reply =
+      master_->call(proto::GetSegmentRequest{name}, static_cast<int>(timeout_ms > 0 ? timeout_ms : rpc_timeout_ms_));
   if (!reply.is_ok()) return reply.status().with_context("looking up segment " + name + " at " + endpoint_);
   MC_RETURN_IF_ERROR(validate_descriptor(reply->descriptor));
   if (reply->descriptor.name != name) {

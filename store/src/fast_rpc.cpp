@@ -25,7 +25,8 @@ namespace mc::store::fast {
 namespace {
 
 int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 std::string errno_text(int e) { return std::string(std::strerror(e)); }
@@ -88,7 +89,8 @@ struct StringSink {
 };
 }  // namespace
 
-void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body, std::string_view type_suffix) {
+void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body,
+                  std::string_view type_suffix) {
   // proto::Header's map (the keys MSGPACK_DEFINE_MAP writes), packed straight into `out` after a prefix
   // that is filled in once the header's length is known: no temporary buffer or string per frame.
   const size_t at = out.size();
@@ -135,7 +137,8 @@ Result<std::optional<Frame>> FrameReader::next(const std::string& peer, uint64_t
                                               "-byte body (limit " + std::to_string(max_body_bytes) + " bytes)");
   }
   if (avail < kPrefixBytes + head_bytes + body_bytes) return std::optional<Frame>();
-  Result<proto::Header> h = codec::unpack<proto::Header>(std::string_view(p + kPrefixBytes, head_bytes), "frame header");
+  Result<proto::Header> h =
+      codec::unpack<proto::Header>(std::string_view(p + kPrefixBytes, head_bytes), "frame header");
   if (!h.is_ok()) return h.status().with_context("from " + peer);
   Frame f{std::move(h).value(), std::string(p + kPrefixBytes + head_bytes, body_bytes)};
   pos_ += kPrefixBytes + head_bytes + body_bytes;
@@ -145,7 +148,8 @@ Result<std::optional<Frame>> FrameReader::next(const std::string& peer, uint64_t
 // ------------------------------------------------------------------------------------------------
 // FastServer
 
-Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoint, std::string service, Dispatch dispatch) {
+Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoint, std::string service,
+                                                       Dispatch dispatch) {
   MC_ASSIGN_OR_RETURN(std::string host, tcp_host_of(endpoint));
   if (host == "*") host = "0.0.0.0";
   addrinfo hints{};
@@ -155,8 +159,8 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
   addrinfo* res = nullptr;
   int rc = getaddrinfo(host.c_str(), "0", &hints, &res);
   if (rc != 0) {
-    return Status(Code::kInvalidArgument, service + ": cannot resolve '" + host + "' (fast endpoint of " + endpoint +
-                                              "): " + gai_strerror(rc));
+    return Status(Code::kInvalidArgument,
+                  service + ": cannot resolve '" + host + "' (fast endpoint of " + endpoint + "): " + gai_strerror(rc));
   }
   std::unique_ptr<FastServer> s(new FastServer(std::move(service), std::move(dispatch)));
   int err = 0;
@@ -177,8 +181,8 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
   }
   freeaddrinfo(res);
   if (s->listen_fd_ < 0) {
-    return Status(Code::kUnavailable, s->service_ + ": cannot listen on " + host + " (fast endpoint of " + endpoint + "): " +
-                                          errno_text(err));
+    return Status(Code::kUnavailable, s->service_ + ": cannot listen on " + host + " (fast endpoint of " + endpoint +
+                                          "): " + errno_text(err));
   }
   set_options(s->listen_fd_);
   s->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -186,7 +190,8 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // the listener
   if (s->epoll_fd_ < 0 || ::epoll_ctl(s->epoll_fd_, EPOLL_CTL_ADD, s->listen_fd_, &ev) != 0) {
-    return Status(Code::kUnavailable, s->service_ + ": epoll for the fast endpoint " + endpoint + ": " + errno_text(errno));
+    return Status(Code::kUnavailable,
+                  s->service_ + ": epoll for the fast endpoint " + endpoint + ": " + errno_text(errno));
   }
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
@@ -265,8 +270,9 @@ void FastServer::answer(Conn& c, const Frame& f) {
   };
   if (f.header.v != proto::kProtocolVersion) {
     ++counters_.malformed;
-    error(Status(Code::kProtocolMismatch, "message '" + f.header.type + "' is protocol v" + std::to_string(f.header.v) + " but " +
-                                              service_ + " speaks v" + std::to_string(proto::kProtocolVersion) +
+    error(Status(Code::kProtocolMismatch, "message '" + f.header.type + "' is protocol v" + std::to_string(f.header.v) +
+                                              " but " + service_ + " speaks v" +
+                                              std::to_string(proto::kProtocolVersion) +
                                               ": run the same mc version on both sides"));
     return;
   }
@@ -348,7 +354,8 @@ Status FastServer::watch(int fd) {
   ev.events = EPOLLIN;
   ev.data.ptr = &watched_tag_;
   if (watched_fd_ >= 0 || ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-    return Status(Code::kInternal, service_ + ": cannot watch fd " + std::to_string(fd) + " with the fast path's epoll set: " +
+    return Status(Code::kInternal, service_ + ": cannot watch fd " + std::to_string(fd) +
+                                       " with the fast path's epoll set: " +
                                        (watched_fd_ >= 0 ? std::string("one is watched already") : errno_text(errno)));
   }
   watched_fd_ = fd;
@@ -392,8 +399,8 @@ bool FastServer::wait_and_handle(int timeout_ms) {
 // ------------------------------------------------------------------------------------------------
 // FastClient
 
-Result<std::unique_ptr<FastClient>> FastClient::connect(const std::string& host, uint16_t port, const std::string& client_name,
-                                                        int timeout_ms) {
+Result<std::unique_ptr<FastClient>> FastClient::connect(const std::string& host, uint16_t port,
+                                                        const std::string& client_name, int timeout_ms) {
   const std::string ep = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
   std::unique_ptr<FastClient> c(new FastClient("tcp://" + ep + " (fast)"));
   addrinfo hints{};
@@ -490,8 +497,9 @@ Result<bool> FastClient::read_some() {
 Result<uint64_t> FastClient::send(std::string_view type, std::string_view body, bool write_now) {
   if (fd_ < 0) return Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed after an earlier failure");
   if (body.size() > static_cast<uint64_t>(proto::kMaxMessageBytes)) {
-    return Status(Code::kMessageTooLarge, "'" + std::string(type) + "' to " + endpoint_ + " is " + std::to_string(body.size()) +
-                                              " bytes (limit " + std::to_string(proto::kMaxMessageBytes) + ")");
+    return Status(Code::kMessageTooLarge, "'" + std::string(type) + "' to " + endpoint_ + " is " +
+                                              std::to_string(body.size()) + " bytes (limit " +
+                                              std::to_string(proto::kMaxMessageBytes) + ")");
   }
   const uint64_t id = next_id_++;
   append_frame(out_, type, id, body);
@@ -535,11 +543,13 @@ Result<std::optional<FastClient::Reply>> FastClient::recv(int timeout_ms) {
     if (left <= 0) return std::optional<Reply>();
     pollfd p{fd_, static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
     int rc = ::poll(&p, 1, static_cast<int>(left));
-    if (rc < 0 && errno != EINTR) return fail(Status(Code::kUnavailable, "poll on " + endpoint_ + ": " + errno_text(errno)));
+    if (rc < 0 && errno != EINTR)
+      return fail(Status(Code::kUnavailable, "poll on " + endpoint_ + ": " + errno_text(errno)));
   }
 }
 
-Result<std::string> FastClient::call_raw(std::string_view type, std::string_view body, int timeout_ms, const OtherReply& other) {
+Result<std::string> FastClient::call_raw(std::string_view type, std::string_view body, int timeout_ms,
+                                         const OtherReply& other) {
   MC_ASSIGN_OR_RETURN(uint64_t id, send(type, body));
   const int64_t deadline = now_ms() + std::max(0, timeout_ms);
   while (true) {

@@ -45,7 +45,8 @@ inline constexpr size_t kMaxPendingReplyBytes = 64u << 20;  // per connection, s
 
 // Appends one frame (prefix, header, body) to `out`; the header's type is `type` followed by `type_suffix`
 // (".reply" for a reply), written in place without a temporary.
-void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body, std::string_view type_suffix = {});
+void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body,
+                  std::string_view type_suffix = {});
 
 // A decoded frame.
 struct Frame {
@@ -76,7 +77,8 @@ class FastServer {
 
   // Listens on host:port of a "tcp://HOST:PORT" endpoint ("*" = every address; port 0 = any free port).
   // kInvalidArgument for a non-tcp endpoint, kUnavailable naming the endpoint and strerror when bind fails.
-  static Result<std::unique_ptr<FastServer>> listen(const std::string& endpoint, std::string service, Dispatch dispatch);
+  static Result<std::unique_ptr<FastServer>> listen(const std::string& endpoint, std::string service,
+                                                    Dispatch dispatch);
   ~FastServer();
   FastServer(const FastServer&) = delete;
   FastServer& operator=(const FastServer&) = delete;
@@ -106,7 +108,7 @@ class FastServer {
     int fd = -1;
     std::string peer;
     FrameReader reader;
-    std::string out;      // replies not yet written
+    std::string out;  // replies not yet written
     size_t out_pos = 0;
     bool closing = false;  // close once `out` is written (after a malformed frame)
     uint32_t events = 0;   // epoll interest now registered
@@ -137,8 +139,8 @@ class FastClient {
  public:
   // Connects to host:port (names resolved with getaddrinfo, TCP_NODELAY) and checks the protocol version
   // with a hello. kUnavailable naming the endpoint (with strerror), kTimeout, kProtocolMismatch.
-  static Result<std::unique_ptr<FastClient>> connect(const std::string& host, uint16_t port, const std::string& client_name,
-                                                     int timeout_ms);
+  static Result<std::unique_ptr<FastClient>> connect(const std::string& host, uint16_t port,
+                                                     const std::string& client_name, int timeout_ms);
   ~FastClient();
   FastClient(const FastClient&) = delete;
   FastClient& operator=(const FastClient&) = delete;
@@ -162,14 +164,17 @@ class FastClient {
   // send()s) go to `other`, or are skipped when it is empty (abandoned calls). The server's error reply
   // comes back as its Status. A connection that failed (peer closed, write timed out, malformed reply) is
   // closed: every later call answers kUnavailable (broken() is true).
-  Result<std::string> call_raw(std::string_view type, std::string_view body, int timeout_ms, const OtherReply& other = {});
+  Result<std::string> call_raw(std::string_view type, std::string_view body, int timeout_ms,
+                               const OtherReply& other = {});
 
   // Pipelining: queue a request and, when write_now, write what the socket takes now; returns its id.
   // Requests queued with write_now = false leave in one send with the next write (fewer syscalls and
   // segments; the server reads them in one recv).
   Result<uint64_t> send(std::string_view type, std::string_view body, bool write_now = true);
   // Writes queued bytes that the socket takes now (never blocks).
-  Status write_queued() { return fd_ < 0 ? Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed") : write_some(); }
+  Status write_queued() {
+    return fd_ < 0 ? Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed") : write_some();
+  }
   // Writes queued bytes and reads what has arrived, without blocking; the next complete reply, or nullopt
   // when none is complete yet.
   Result<std::optional<Reply>> try_recv();

@@ -38,8 +38,9 @@ MasterCore::MasterCore(MasterConfig config, const Clock* clock) : config_(config
 Status MasterCore::validate_key(const std::string& key) const {
   if (key.empty()) return Status(Code::kInvalidArgument, "empty object key");
   if (key.size() > config_.max_key_bytes) {
-    return Status(Code::kInvalidArgument, "object key of " + std::to_string(key.size()) + " bytes exceeds the limit of " +
-                                              std::to_string(config_.max_key_bytes) + " bytes");
+    return Status(Code::kInvalidArgument, "object key of " + std::to_string(key.size()) +
+                                              " bytes exceeds the limit of " + std::to_string(config_.max_key_bytes) +
+                                              " bytes");
   }
   return Status::ok();
 }
@@ -79,7 +80,8 @@ Status MasterCore::mount_segment(const SegmentInfo& info) {
   }
   if (info.capacity_bytes < config_.alignment_bytes) {
     return Status(Code::kInvalidArgument, "mount: segment '" + info.name + "' capacity of " +
-                                              std::to_string(info.capacity_bytes) + " bytes is below one allocation unit");
+                                              std::to_string(info.capacity_bytes) +
+                                              " bytes is below one allocation unit");
   }
   auto existing = segments_.find(info.name);
   if (existing != segments_.end()) {
@@ -156,9 +158,8 @@ void MasterCore::drop_segment(const std::string& segment) {
                        pending_frees_.end());
   for (auto t = demotions_.begin(); t != demotions_.end();) {
     auto obj = objects_.find(t->second.second);
-    bool alive = obj != objects_.end() &&
-                 std::any_of(obj->second.replicas.begin(), obj->second.replicas.end(),
-                             [&](const Replica& r) { return r.demote_task == t->first; });
+    bool alive = obj != objects_.end() && std::any_of(obj->second.replicas.begin(), obj->second.replicas.end(),
+                                                      [&](const Replica& r) { return r.demote_task == t->first; });
     t = alive ? std::next(t) : demotions_.erase(t);
   }
   auto seg = segments_.find(segment);
@@ -172,9 +173,10 @@ void MasterCore::drop_segment(const std::string& segment) {
     auto node = nodes_.find(seg->second.info.node_id);
     if (node != nodes_.end()) {
       auto& tasks = node->second.tasks;
-      tasks.erase(std::remove_if(tasks.begin(), tasks.end(),
-                                 [&](const DemoteTask& t) { return t.src_segment == segment || t.dst_segment == segment; }),
-                  tasks.end());
+      tasks.erase(
+          std::remove_if(tasks.begin(), tasks.end(),
+                         [&](const DemoteTask& t) { return t.src_segment == segment || t.dst_segment == segment; }),
+          tasks.end());
     }
     segments_.erase(seg);
   }
@@ -192,7 +194,8 @@ void MasterCore::drop_node(const std::string& node_id) {
 Result<std::vector<DemoteTask>> MasterCore::node_heartbeat(const std::string& node_id) {
   auto node = nodes_.find(node_id);
   if (node == nodes_.end()) {
-    return Status(Code::kNotFound, "node '" + node_id + "' is not known to the master (declared dead or never mounted): mount again");
+    return Status(Code::kNotFound,
+                  "node '" + node_id + "' is not known to the master (declared dead or never mounted): mount again");
   }
   node->second.last_heartbeat_ns = clock_->now_ns();
   std::vector<DemoteTask> tasks(node->second.tasks.begin(), node->second.tasks.end());
@@ -203,14 +206,16 @@ Result<std::vector<DemoteTask>> MasterCore::node_heartbeat(const std::string& no
 Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, bool ok) {
   auto t = demotions_.find(task_id);
   if (t == demotions_.end() || t->second.first != node_id) {
-    return Status(Code::kNotFound, "demotion task " + std::to_string(task_id) + " of node '" + node_id + "' is not pending");
+    return Status(Code::kNotFound,
+                  "demotion task " + std::to_string(task_id) + " of node '" + node_id + "' is not pending");
   }
   std::string key = t->second.second;
   demotions_.erase(t);
   auto it = objects_.find(key);
   if (it == objects_.end()) return Status::ok();
   Object& obj = it->second;
-  auto dst = std::find_if(obj.replicas.begin(), obj.replicas.end(), [&](const Replica& r) { return r.demote_task == task_id; });
+  auto dst = std::find_if(obj.replicas.begin(), obj.replicas.end(),
+                          [&](const Replica& r) { return r.demote_task == task_id; });
   if (dst == obj.replicas.end()) return Status::ok();
   if (!ok) {
     release_replica(*dst, obj.size_bytes, false);
@@ -227,7 +232,8 @@ Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, boo
     std::string node = seg_it == segments_.end() ? "" : seg_it->second.info.node_id;
     for (auto r = obj.replicas.begin(); r != obj.replicas.end(); ++r) {
       auto s = segments_.find(r->segment);
-      if (r->complete && s != segments_.end() && s->second.info.node_id == node && s->second.info.medium == Medium::kCpu) {
+      if (r->complete && s != segments_.end() && s->second.info.node_id == node &&
+          s->second.info.medium == Medium::kCpu) {
         ++s->second.demotions;
         ++counters_.demotions;
         emit(proto::kKvEventRemoved, key, r->segment);
@@ -313,8 +319,8 @@ std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, 
       // swaps the first two (a copy that is only useful on near_host).
       int domain_rank = used_domains.count(seg.info.domain) ? 1 : 0;
       int host_rank = (!near_host.empty() && seg.info.host == near_host) ? 0 : 1;
-      double usage = static_cast<double>(seg.alloc->used_bytes() + size_bytes) /
-                     static_cast<double>(seg.alloc->capacity_bytes());
+      double usage =
+          static_cast<double>(seg.alloc->used_bytes() + size_bytes) / static_cast<double>(seg.alloc->capacity_bytes());
       std::tuple<int, int, double> score =
           host_first ? std::make_tuple(host_rank, domain_rank, usage) : std::make_tuple(domain_rank, host_rank, usage);
       if (!best || score < best_score) {
@@ -384,7 +390,8 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
     const auto obj_it = (end - 1)->second;
     const std::string& key = obj_it->first;
     Object& obj = obj_it->second;
-    auto r = std::find_if(obj.replicas.begin(), obj.replicas.end(), [&](const Replica& x) { return x.segment == segment; });
+    auto r =
+        std::find_if(obj.replicas.begin(), obj.replicas.end(), [&](const Replica& x) { return x.segment == segment; });
     uint64_t rounded = seg.alloc->rounded(obj.size_bytes);
     std::string disk = seg.info.medium == Medium::kCpu ? find_disk_segment(seg.info.node_id, obj.size_bytes) : "";
     if (!disk.empty()) {
@@ -433,10 +440,12 @@ ReplicaView MasterCore::view(const Replica& r, uint64_t size_bytes) const {
 Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& key, uint64_t size_bytes,
                                        const PutOptions& options) {
   MC_RETURN_IF_ERROR(validate_key(key));
-  if (size_bytes == 0) return Status(Code::kInvalidArgument, "put '" + key + "': size 0 bytes (objects hold at least one byte)");
+  if (size_bytes == 0)
+    return Status(Code::kInvalidArgument, "put '" + key + "': size 0 bytes (objects hold at least one byte)");
   if (size_bytes > config_.max_object_bytes) {
     return Status(Code::kInvalidArgument, "put '" + key + "': size " + std::to_string(size_bytes) +
-                                              " bytes exceeds the limit of " + std::to_string(config_.max_object_bytes) + " bytes");
+                                              " bytes exceeds the limit of " +
+                                              std::to_string(config_.max_object_bytes) + " bytes");
   }
   if (caller.client_id.empty()) return Status(Code::kInvalidArgument, "put '" + key + "': client id missing");
   uint32_t want = std::clamp<uint32_t>(options.replicas, 1, config_.max_replicas);
@@ -447,7 +456,8 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
     Object& obj = it->second;
     if (obj.complete) {
       if (!options.overwrite) return Status(Code::kAlreadyExists, "object '" + key + "' already exists");
-      if (leased(obj)) return Status(Code::kObjectBusy, "object '" + key + "' is leased by a reader; retry after its lease");
+      if (leased(obj))
+        return Status(Code::kObjectBusy, "object '" + key + "' is leased by a reader; retry after its lease");
       discard_object(it, false, false);
     } else {
       auto writer = clients_.find(obj.writer);
@@ -455,7 +465,8 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
       bool stale = now - obj.started_ns >= config_.put_takeover_ms * kNsPerMs;
       if (!stale && !writer_dead) {
         return Status(Code::kObjectBusy, "object '" + key + "' is being written by client '" + obj.writer +
-                                             "'; retry later (taken over after " + std::to_string(config_.put_takeover_ms) + " ms)");
+                                             "'; retry later (taken over after " +
+                                             std::to_string(config_.put_takeover_ms) + " ms)");
       }
       MC_LOG_INFO << "put '" << key << "': taking over from stale writer " << obj.writer;
       discard_object(it, true, true);
@@ -478,8 +489,8 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
   if (segs.empty()) {
     for (const auto& [name, seg] : segments_) {
       MC_LOG_DEBUG << "put '" << key << "' found no room: segment " << name << " used " << seg.alloc->used_bytes()
-                   << " of " << seg.alloc->capacity_bytes() << " bytes, largest free range " << seg.alloc->largest_free_bytes()
-                   << ", demotions in flight " << demotions_.size();
+                   << " of " << seg.alloc->capacity_bytes() << " bytes, largest free range "
+                   << seg.alloc->largest_free_bytes() << ", demotions in flight " << demotions_.size();
     }
   }
   if (segs.empty() && !demotions_.empty()) {
@@ -487,8 +498,10 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
                                           " objects are being demoted to SSD; retry shortly");
   }
   if (segs.empty()) {
-    return Status(Code::kNoSpace, "put '" + key + "': no DRAM segment has " + std::to_string(size_bytes) +
-                                      " free bytes (every object is leased, pinned or being demoted, or no node is mounted); retry or add nodes");
+    return Status(
+        Code::kNoSpace,
+        "put '" + key + "': no DRAM segment has " + std::to_string(size_bytes) +
+            " free bytes (every object is leased, pinned or being demoted, or no node is mounted); retry or add nodes");
   }
   Object obj;
   obj.size_bytes = size_bytes;
@@ -532,8 +545,9 @@ Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_
   auto it = objects_.find(key);
   if (it == objects_.end() || it->second.put_id != put_id || it->second.complete) {
     ++counters_.refused_put_ends;
-    return Status(Code::kFailedPrecondition, "put_end '" + key + "' (put " + std::to_string(put_id) +
-                                                 "): no such put in progress (revoked, reclaimed or taken over by another writer)");
+    return Status(Code::kFailedPrecondition,
+                  "put_end '" + key + "' (put " + std::to_string(put_id) +
+                      "): no such put in progress (revoked, reclaimed or taken over by another writer)");
   }
   Object& obj = it->second;
   obj.complete = true;
@@ -551,7 +565,8 @@ Status MasterCore::put_revoke(const Caller& caller, const std::string& key, uint
   touch_client(caller.client_id);
   auto it = objects_.find(key);
   if (it == objects_.end() || it->second.put_id != put_id || it->second.complete) {
-    return Status(Code::kFailedPrecondition, "put_revoke '" + key + "' (put " + std::to_string(put_id) + "): no such put in progress");
+    return Status(Code::kFailedPrecondition,
+                  "put_revoke '" + key + "' (put " + std::to_string(put_id) + "): no such put in progress");
   }
   discard_object(it, true, false);
   return Status::ok();
@@ -576,8 +591,7 @@ Result<ReadGrant> MasterCore::get_replicas(const Caller& caller, const std::stri
     ++counters_.misses;
     return Status(Code::kObjectNotFound, "object '" + key + "' has no complete replica");
   }
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   ReadGrant grant;
   grant.size_bytes = obj.size_bytes;
   for (const auto& [rank, r] : ranked) grant.replicas.push_back(view(*r, obj.size_bytes));
@@ -677,7 +691,8 @@ Status MasterCore::replica_end(const Caller& caller, const std::string& key, uin
     }
   }
   ++counters_.refused_put_ends;
-  return Status(Code::kFailedPrecondition, "replica_end '" + key + "' (copy " + std::to_string(put_id) + "): no such copy in progress");
+  return Status(Code::kFailedPrecondition,
+                "replica_end '" + key + "' (copy " + std::to_string(put_id) + "): no such copy in progress");
 }
 
 bool MasterCore::exists(const std::string& key) const {
@@ -699,9 +714,11 @@ Status MasterCore::remove(const std::string& key) {
   auto it = objects_.find(key);
   if (it == objects_.end()) return Status(Code::kObjectNotFound, "object '" + key + "' not found");
   if (!it->second.complete) {
-    return Status(Code::kObjectBusy, "object '" + key + "' is being written by client '" + it->second.writer + "'; retry later");
+    return Status(Code::kObjectBusy,
+                  "object '" + key + "' is being written by client '" + it->second.writer + "'; retry later");
   }
-  if (leased(it->second)) return Status(Code::kObjectBusy, "object '" + key + "' is leased by a reader; retry after its lease");
+  if (leased(it->second))
+    return Status(Code::kObjectBusy, "object '" + key + "' is leased by a reader; retry after its lease");
   discard_object(it, false, false);
   ++counters_.removes;
   return Status::ok();
@@ -740,7 +757,10 @@ MasterStats MasterCore::stat(bool scan_objects) const {
   std::map<std::string, uint64_t> leased_on;
   if (scan_objects) {
     for (const auto& [key, obj] : objects_) {
-      if (obj.complete) ++s.objects; else ++s.processing;
+      if (obj.complete)
+        ++s.objects;
+      else
+        ++s.processing;
       if (leased(obj)) {
         for (const Replica& r : obj.replicas) ++leased_on[r.segment];
       }
@@ -813,7 +833,8 @@ void MasterCore::tick() {
       // Abandoned hot-object copies.
       for (auto r = obj.replicas.begin(); r != obj.replicas.end();) {
         const bool copy = !r->complete && !r->demote_task;
-        bool abandoned = copy && (dead_clients.count(r->writer) || now - r->started_ns > config_.put_takeover_ms * kNsPerMs);
+        bool abandoned =
+            copy && (dead_clients.count(r->writer) || now - r->started_ns > config_.put_takeover_ms * kNsPerMs);
         if (abandoned) {
           release_replica(*r, obj.size_bytes, true);
           r = obj.replicas.erase(r);

@@ -4,9 +4,9 @@
 
 #include "convert.hpp"
 #include "fast_rpc.hpp"
-#include "mc/store/directory.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
+#include "mc/store/directory.hpp"
 
 namespace mc::store {
 
@@ -14,7 +14,8 @@ namespace {
 
 Status check_batch(size_t n, const char* what) {
   if (n > proto::kStoreMaxBatch) {
-    return Status(Code::kInvalidArgument, std::string(what) + ": " + std::to_string(n) + " keys exceed the batch limit of " +
+    return Status(Code::kInvalidArgument, std::string(what) + ": " + std::to_string(n) +
+                                              " keys exceed the batch limit of " +
                                               std::to_string(proto::kStoreMaxBatch));
   }
   return Status::ok();
@@ -122,16 +123,19 @@ void MasterServer::Impl::register_handlers() {
   using namespace proto;
   on<StoreMountRequest>([this](const StoreMountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
     MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
-    SegmentInfo info{req.segment, req.node_id, req.host, req.domain, medium, req.capacity_bytes, req.endpoint,
-                     req.xfer_segment, req.xfer_base_offset_bytes};
+    SegmentInfo info{req.segment,  req.node_id,      req.host,
+                     req.domain,   medium,           req.capacity_bytes,
+                     req.endpoint, req.xfer_segment, req.xfer_base_offset_bytes};
     if (medium == Medium::kCpu && !req.xfer_segment.empty()) {
-      MC_RETURN_IF_ERROR(directory.lookup(req.xfer_segment).status().with_context(
-          "mount of " + req.segment + ": publish the transfer-engine segment (xfer.publish_segment) first"));
+      MC_RETURN_IF_ERROR(directory.lookup(req.xfer_segment)
+                             .status()
+                             .with_context("mount of " + req.segment +
+                                           ": publish the transfer-engine segment (xfer.publish_segment) first"));
     }
     MC_RETURN_IF_ERROR(core.mount_segment(info));
     sync_directory();
-    MC_LOG_INFO << "mounted segment " << req.segment << " (" << req.medium << ", " << req.capacity_bytes << " bytes) of node "
-                << req.node_id << " at " << req.endpoint;
+    MC_LOG_INFO << "mounted segment " << req.segment << " (" << req.medium << ", " << req.capacity_bytes
+                << " bytes) of node " << req.node_id << " at " << req.endpoint;
     publish_events();
     return StoreAck{};
   });
@@ -156,35 +160,37 @@ void MasterServer::Impl::register_handlers() {
         core.client_heartbeat(req.client_id);
         return StoreAck{};
       });
-  on<StorePutStartRequest>(
-      [this](const StorePutStartRequest& req, const rpc::CallContext&) -> Result<StorePutStartReply> {
-        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_start"));
-        if (req.sizes_bytes.size() != req.keys.size()) {
-          return Status(Code::kInvalidArgument, "put_start: " + std::to_string(req.keys.size()) + " keys but " +
-                                                    std::to_string(req.sizes_bytes.size()) + " sizes");
-        }
-        PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin};
-        StorePutStartReply reply;
-        for (size_t i = 0; i < req.keys.size(); ++i) {
-          Result<PutGrant> g = core.put_start({req.client_id, req.client_host, ""}, req.keys[i], req.sizes_bytes[i], opt);
-          StorePutStartItem item;
-          if (g.is_ok()) {
-            item.put_id = g->put_id;
-            for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
-          } else {
-            item.code = static_cast<uint16_t>(g.status().code());
-            item.message = g.status().message();
-          }
-          reply.items.push_back(std::move(item));
-        }
-        publish_events();
-        return reply;
-      });
+  on<StorePutStartRequest>([this](const StorePutStartRequest& req,
+                                  const rpc::CallContext&) -> Result<StorePutStartReply> {
+    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_start"));
+    if (req.sizes_bytes.size() != req.keys.size()) {
+      return Status(Code::kInvalidArgument, "put_start: " + std::to_string(req.keys.size()) + " keys but " +
+                                                std::to_string(req.sizes_bytes.size()) + " sizes");
+    }
+    PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin};
+    StorePutStartReply reply;
+    for (size_t i = 0; i < req.keys.size(); ++i) {
+      Result<PutGrant> g = core.put_start({req.client_id, req.client_host, ""}, req.keys[i], req.sizes_bytes[i], opt);
+      StorePutStartItem item;
+      if (g.is_ok()) {
+        item.put_id = g->put_id;
+        for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
+      } else {
+        item.code = static_cast<uint16_t>(g.status().code());
+        item.message = g.status().message();
+      }
+      reply.items.push_back(std::move(item));
+    }
+    publish_events();
+    return reply;
+  });
   on<StorePutEndRequest>([this](const StorePutEndRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
     MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
-    if (req.put_ids.size() != req.keys.size()) return Status(Code::kInvalidArgument, "put_end: keys and put_ids differ in length");
+    if (req.put_ids.size() != req.keys.size())
+      return Status(Code::kInvalidArgument, "put_end: keys and put_ids differ in length");
     StoreItemsReply reply;
-    for (size_t i = 0; i < req.keys.size(); ++i) add_item(reply, core.put_end({req.client_id, "", ""}, req.keys[i], req.put_ids[i]));
+    for (size_t i = 0; i < req.keys.size(); ++i)
+      add_item(reply, core.put_end({req.client_id, "", ""}, req.keys[i], req.put_ids[i]));
     publish_events();
     return reply;
   });
@@ -347,10 +353,11 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
     }
     if (!fast_ep.empty()) {
       Impl* raw = impl.get();
-      MC_ASSIGN_OR_RETURN(impl->fast_server,
-                          fast::FastServer::listen(fast_ep, "mc-store master", [raw](std::string_view type, std::string_view body) {
-                            return raw->fast_dispatch(type, body);
-                          }));
+      MC_ASSIGN_OR_RETURN(
+          impl->fast_server,
+          fast::FastServer::listen(fast_ep, "mc-store master", [raw](std::string_view type, std::string_view body) {
+            return raw->fast_dispatch(type, body);
+          }));
     }
   }
   impl->register_handlers();
@@ -372,7 +379,8 @@ Status MasterServer::serve() {
   int zmq_fd = -1;
   if (impl_->fast_server) {
     size_t len = sizeof(zmq_fd);
-    if (zmq_getsockopt(impl_->server->socket().handle(), ZMQ_FD, &zmq_fd, &len) != 0 || !impl_->fast_server->watch(zmq_fd).is_ok()) {
+    if (zmq_getsockopt(impl_->server->socket().handle(), ZMQ_FD, &zmq_fd, &len) != 0 ||
+        !impl_->fast_server->watch(zmq_fd).is_ok()) {
       zmq_fd = -1;
     }
   }
@@ -391,7 +399,8 @@ Status MasterServer::serve() {
       MC_RETURN_IF_ERROR(impl_->server->poll_once(0));
       int events = 0;
       size_t len = sizeof(events);
-      zmq_pending = zmq_getsockopt(impl_->server->socket().handle(), ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN);
+      zmq_pending =
+          zmq_getsockopt(impl_->server->socket().handle(), ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN);
     }
     // tick() may use the ZeroMQ socket (deferred replies, pushes), which can consume the ZMQ_FD edge of a
     // message that arrived meanwhile: look at the socket once more before sleeping.

@@ -30,7 +30,8 @@ constexpr uint64_t kDirectAlign = 4096;
 std::string errno_text(int e) { return std::string(std::strerror(e)); }
 
 int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // DRAM segment: a memfd SharedBuffer (same-host peers of the transfer engine map it; nothing is left
@@ -47,8 +48,8 @@ class DramSegment {
     }
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-      return Status(Code::kResourceExhausted, "cannot map " + std::to_string(size) + " bytes of DRAM for node " + node_id +
-                                                  ": " + errno_text(errno));
+      return Status(Code::kResourceExhausted, "cannot map " + std::to_string(size) + " bytes of DRAM for node " +
+                                                  node_id + ": " + errno_text(errno));
     }
     s->base_ = static_cast<std::byte*>(p);
     s->private_ = true;
@@ -67,7 +68,8 @@ class DramSegment {
     if (madvise(base_, size_, MADV_POPULATE_WRITE) == 0) return Status::ok();
     const int e = errno;
     if (e != EINVAL) {
-      return Status(Code::kResourceExhausted, "cannot commit " + std::to_string(size_) + " bytes of DRAM: " + errno_text(e) +
+      return Status(Code::kResourceExhausted, "cannot commit " + std::to_string(size_) +
+                                                  " bytes of DRAM: " + errno_text(e) +
                                                   " (lower --dram-bytes, or --no-prefault to commit lazily)");
     }
     const long page = sysconf(_SC_PAGESIZE);
@@ -97,7 +99,8 @@ class SsdSegment {
     if (s->fd_ < 0) s->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (s->fd_ < 0) return Status(Code::kIo, "cannot open SSD file " + path + ": " + errno_text(errno));
     if (ftruncate(s->fd_, static_cast<off_t>(size)) != 0) {
-      return Status(Code::kIo, "cannot size SSD file " + path + " to " + std::to_string(size) + " bytes: " + errno_text(errno));
+      return Status(Code::kIo,
+                    "cannot size SSD file " + path + " to " + std::to_string(size) + " bytes: " + errno_text(errno));
     }
     return s;
   }
@@ -135,7 +138,8 @@ class SsdSegment {
     std::free(bounce_);
     bounce_ = nullptr;
     void* p = nullptr;
-    if (posix_memalign(&p, kDirectAlign, n) != 0) return Status(Code::kResourceExhausted, "cannot allocate SSD bounce buffer");
+    if (posix_memalign(&p, kDirectAlign, n) != 0)
+      return Status(Code::kResourceExhausted, "cannot allocate SSD bounce buffer");
     bounce_ = static_cast<std::byte*>(p);
     bounce_size_ = n;
     return Status::ok();
@@ -148,7 +152,8 @@ class SsdSegment {
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         return Status(Code::kIo, std::string(write ? "pwrite" : "pread") + " of " + path_ + " at " +
-                                     std::to_string(offset + done) + ": " + (n == 0 ? "end of file" : errno_text(errno)));
+                                     std::to_string(offset + done) + ": " +
+                                     (n == 0 ? "end of file" : errno_text(errno)));
       }
       done += static_cast<uint64_t>(n);
     }
@@ -173,15 +178,18 @@ class Node {
     }
     if (opt_.node_id.empty()) opt_.node_id = opt_.host + "-" + std::to_string(getpid());
     for (char c : opt_.node_id) {
-      if (c == '/' || c == ' ') return Status(Code::kInvalidArgument, "--node-id '" + opt_.node_id + "' may not contain '/' or spaces");
+      if (c == '/' || c == ' ')
+        return Status(Code::kInvalidArgument, "--node-id '" + opt_.node_id + "' may not contain '/' or spaces");
     }
     if (opt_.dram_bytes == 0) return Status(Code::kInvalidArgument, "--dram-bytes must be positive");
     MC_ASSIGN_OR_RETURN(dram_, DramSegment::create(opt_.dram_bytes, opt_.shm, opt_.node_id));
     if (opt_.prefault) MC_RETURN_IF_ERROR(dram_->prefault());
     if (!opt_.ssd_dir.empty()) {
       if (opt_.ssd_bytes == 0) return Status(Code::kInvalidArgument, "--ssd-dir needs --ssd-bytes > 0");
-      MC_ASSIGN_OR_RETURN(ssd_, SsdSegment::create(opt_.ssd_dir + "/mc-store-" + opt_.node_id + ".ssd", opt_.ssd_bytes));
-      MC_LOG_INFO << "SSD segment in " << opt_.ssd_dir << (ssd_->direct() ? " (O_DIRECT)" : " (buffered: O_DIRECT refused)");
+      MC_ASSIGN_OR_RETURN(ssd_,
+                          SsdSegment::create(opt_.ssd_dir + "/mc-store-" + opt_.node_id + ".ssd", opt_.ssd_bytes));
+      MC_LOG_INFO << "SSD segment in " << opt_.ssd_dir
+                  << (ssd_->direct() ? " (O_DIRECT)" : " (buffered: O_DIRECT refused)");
     }
     rpc::ServerOptions so;
     so.service = "mc-store node " + opt_.node_id;
@@ -241,7 +249,8 @@ class Node {
 
   Status serve() {
     daemon::announce_ready("mc-store-node", server_->endpoints().at(0),
-                           {{"node", opt_.node_id}, {"xfer_segment", engine_->segment_name()},
+                           {{"node", opt_.node_id},
+                            {"xfer_segment", engine_->segment_name()},
                             {"dram_bytes", std::to_string(dram_->size())},
                             {"ssd_bytes", std::to_string(ssd_ ? opt_.ssd_bytes : 0)}});
     int64_t next_hb = steady_ms() + opt_.heartbeat_ms;
@@ -293,7 +302,8 @@ class Node {
   // the transfer engine (segment xfer_segment), never through these RPCs.
   Status check_ssd_range(const std::string& segment, uint64_t offset, uint64_t len) {
     if (segment == dram_name()) {
-      return Status(Code::kFailedPrecondition, "segment '" + segment + "' is served through the transfer engine (segment " +
+      return Status(Code::kFailedPrecondition, "segment '" + segment +
+                                                   "' is served through the transfer engine (segment " +
                                                    engine_->segment_name() + "), not through store.node RPCs");
     }
     if (!ssd_ || segment != ssd_name()) {
@@ -301,8 +311,9 @@ class Node {
     }
     const uint64_t cap = opt_.ssd_bytes;
     if (len > proto::kStoreMaxChunkBytes || offset > cap || len > cap - offset) {
-      return Status(Code::kOutOfRange, "range [" + std::to_string(offset) + ", +" + std::to_string(len) + ") is outside segment '" +
-                                           segment + "' of " + std::to_string(cap) + " bytes (or over the chunk limit)");
+      return Status(Code::kOutOfRange, "range [" + std::to_string(offset) + ", +" + std::to_string(len) +
+                                           ") is outside segment '" + segment + "' of " + std::to_string(cap) +
+                                           " bytes (or over the chunk limit)");
     }
     return Status::ok();
   }
@@ -311,7 +322,8 @@ class Node {
     server_->handle<proto::StoreNodeWriteRequest>(
         [this](const proto::StoreNodeWriteRequest& req, const rpc::CallContext&) -> Result<proto::StoreAck> {
           MC_RETURN_IF_ERROR(check_ssd_range(req.segment, req.offset_bytes, req.data.size()));
-          MC_RETURN_IF_ERROR(ssd_->write(req.offset_bytes, reinterpret_cast<const std::byte*>(req.data.data()), req.data.size()));
+          MC_RETURN_IF_ERROR(
+              ssd_->write(req.offset_bytes, reinterpret_cast<const std::byte*>(req.data.data()), req.data.size()));
           return proto::StoreAck{};
         });
     server_->handle<proto::StoreNodeReadRequest>(
@@ -319,7 +331,8 @@ class Node {
           MC_RETURN_IF_ERROR(check_ssd_range(req.segment, req.offset_bytes, req.length_bytes));
           proto::StoreNodeReadReply reply;
           reply.data.resize(req.length_bytes);
-          MC_RETURN_IF_ERROR(ssd_->read(req.offset_bytes, reinterpret_cast<std::byte*>(reply.data.data()), req.length_bytes));
+          MC_RETURN_IF_ERROR(
+              ssd_->read(req.offset_bytes, reinterpret_cast<std::byte*>(reply.data.data()), req.length_bytes));
           return reply;
         });
   }

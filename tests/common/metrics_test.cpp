@@ -12,8 +12,12 @@ TEST(Metrics, CountersGaugesHistograms) {
   Registry reg;
   Counter& c = reg.counter("mc_test_ops_total", "Operations");
   EXPECT_EQ(&c, &reg.counter("mc_test_ops_total"));
-  std::thread t1([&] { for (int i = 0; i < 10000; ++i) c.inc(); });
-  std::thread t2([&] { for (int i = 0; i < 10000; ++i) c.inc(); });
+  std::thread t1([&] {
+    for (int i = 0; i < 10000; ++i) c.inc();
+  });
+  std::thread t2([&] {
+    for (int i = 0; i < 10000; ++i) c.inc();
+  });
   t1.join();
   t2.join();
   EXPECT_EQ(c.value(), 20000u);

@@ -26,7 +26,7 @@ TEST(Protocol, CommonMessagesRoundTrip) {
   EXPECT_EQ(hr.service, "mc-store master");
   EXPECT_EQ(round_trip(PingReply{123456789012LL}).server_unix_ms, 123456789012LL);
   EXPECT_EQ(round_trip(PingRequest{42}).client_unix_ms, 42);
-    EXPECT_TRUE(round_trip(StatRequest{true}).with_prometheus_text);
+  EXPECT_TRUE(round_trip(StatRequest{true}).with_prometheus_text);
   auto st = round_trip(StatReply{"svc", R"({"counters":{}})", "x 1\n"});
   EXPECT_EQ(st.prometheus_text, "x 1\n");
   EXPECT_EQ(st.metrics_json, R"({"counters":{}})");

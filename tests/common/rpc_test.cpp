@@ -112,16 +112,16 @@ TEST_F(RpcTest, ProtocolMismatchOnConnectAndPerMessage) {
   Status s = error_of(hello);
   EXPECT_EQ(s.code(), Code::kProtocolMismatch);
   EXPECT_NE(s.message().find("future-client"), std::string::npos);
-  auto msg = raw_call({codec::pack(proto::Header{proto::kProtocolVersion + 1, "test.echo", 2}),
-                       codec::pack(EchoRequest{"x"})});
+  auto msg = raw_call(
+      {codec::pack(proto::Header{proto::kProtocolVersion + 1, "test.echo", 2}), codec::pack(EchoRequest{"x"})});
   EXPECT_EQ(error_of(msg).code(), Code::kProtocolMismatch);
   expect_still_serving();
 }
 
 TEST_F(RpcTest, TruncatedIllTypedAndMissingFrames) {
   std::string body = codec::pack(EchoRequest{"some text"});
-  auto truncated = raw_call({codec::pack(proto::Header{proto::kProtocolVersion, "test.echo", 3}),
-                             body.substr(0, body.size() / 2)});
+  auto truncated =
+      raw_call({codec::pack(proto::Header{proto::kProtocolVersion, "test.echo", 3}), body.substr(0, body.size() / 2)});
   Status s = error_of(truncated);
   EXPECT_EQ(s.code(), Code::kMalformedMessage);
   EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.message();
@@ -138,9 +138,8 @@ TEST_F(RpcTest, TruncatedIllTypedAndMissingFrames) {
 
 TEST_F(RpcTest, OversizedMessageIsDroppedAndServerSurvives) {
   std::string big(2 << 20, 'x');  // over the 1 MiB limit of this server
-  auto r = raw_call({codec::pack(proto::Header{proto::kProtocolVersion, "test.echo", 6}),
-                     codec::pack(EchoRequest{big})},
-                    500);
+  auto r = raw_call(
+      {codec::pack(proto::Header{proto::kProtocolVersion, "test.echo", 6}), codec::pack(EchoRequest{big})}, 500);
   EXPECT_TRUE(r.empty());
   expect_still_serving();
 }

@@ -103,9 +103,9 @@ TEST(Trace, SixtyFourBitIds) {
   EXPECT_TRUE(ids.count(9007199254740993ULL));
   EXPECT_TRUE(ids.count(18446744073709551615ULL));
   for (const char* bad : {"18446744073709551616", "-1", "1.5", "\"7\""}) {
-    auto b = read_all(std::string(R"({"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [)") +
-                          bad + "]}\n",
-                      Mode::kStrict);
+    auto b = read_all(
+        std::string(R"({"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [)") + bad + "]}\n",
+        Mode::kStrict);
     ASSERT_FALSE(b.status.is_ok()) << bad;
     EXPECT_NE(b.status.message().find("t.jsonl:1: hash_ids[0]"), std::string::npos) << b.status.message();
   }

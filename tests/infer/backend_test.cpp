@@ -175,9 +175,11 @@ TEST(RefBackend, MatchesNaiveForwardPass) {
   for (int64_t l = 0; l < m.num_layers; ++l) {
     for (int64_t p = 0; p < 37; ++p) {
       ASSERT_LE(max_abs_diff(token_floats(*f.kv, table, l, 0, p), {&naive.k[l][p * kvd], static_cast<size_t>(kvd)}),
-                1e-4) << "K layer " << l << " pos " << p;
+                1e-4)
+          << "K layer " << l << " pos " << p;
       ASSERT_LE(max_abs_diff(token_floats(*f.kv, table, l, 1, p), {&naive.v[l][p * kvd], static_cast<size_t>(kvd)}),
-                1e-4) << "V layer " << l << " pos " << p;
+                1e-4)
+          << "V layer " << l << " pos " << p;
     }
   }
 }
@@ -202,7 +204,8 @@ std::vector<uint32_t> generate(Backend& b, KvBuffer& kv, std::vector<int32_t>& t
 
 // Prefill with the first `cached` tokens' KV copied block-wise from a full run (what a store hit delivers).
 void check_cached_equals_full(const std::string& kind, int64_t n, int64_t cached, int64_t chunk) {
-  SCOPED_TRACE(kind + " n=" + std::to_string(n) + " cached=" + std::to_string(cached) + " chunk=" + std::to_string(chunk));
+  SCOPED_TRACE(kind + " n=" + std::to_string(n) + " cached=" + std::to_string(cached) +
+               " chunk=" + std::to_string(chunk));
   auto full = make(kind);
   auto hit = make(kind);
   const auto& m = full.backend->model();
@@ -294,7 +297,7 @@ TEST(RefBackend, BadInputIsAnError) {
   std::vector<uint32_t> empty;
   EXPECT_EQ(f.backend->prefill(*f.kv, {empty, 0, table, 0}, nullptr).status().code(), Code::kInvalidArgument);
   auto ok = prompt(10, 4, vocab);
-  EXPECT_FALSE(f.backend->prefill(*f.kv, {ok, 10, table, 0}, nullptr));   // nothing left to compute
+  EXPECT_FALSE(f.backend->prefill(*f.kv, {ok, 10, table, 0}, nullptr));  // nothing left to compute
   EXPECT_FALSE(f.backend->prefill(*f.kv, {ok, -1, table, 0}, nullptr));
   std::vector<int32_t> short_table = {table[0]};
   EXPECT_FALSE(f.backend->prefill(*f.kv, {ok, 0, short_table, 0}, nullptr));
@@ -309,7 +312,8 @@ TEST(RefBackend, BatchedDecodeEqualsSingleDecode) {
   auto batched = make("ref");
   auto single = make("ref");
   const int64_t vocab = batched.backend->model().vocab_size;
-  const std::vector<std::vector<uint32_t>> prompts = {prompt(11, 10, vocab), prompt(19, 11, vocab), prompt(3, 12, vocab)};
+  const std::vector<std::vector<uint32_t>> prompts = {prompt(11, 10, vocab), prompt(19, 11, vocab),
+                                                      prompt(3, 12, vocab)};
   std::vector<std::vector<int32_t>> tb, ts;
   std::vector<uint32_t> last_b, last_s;
   for (const auto& p : prompts) {

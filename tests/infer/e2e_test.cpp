@@ -100,12 +100,12 @@ struct RequestRun {
   Stream stream;
 };
 
-RequestRun run_request(rpc::RpcClient& decode, const std::string& decode_ep, rpc::RpcClient& prefill, ClientEndpoint& client,
-                const std::string& id, const std::vector<uint32_t>& prompt, int64_t output,
-                int64_t fail_after_layers = -1) {
+RequestRun run_request(rpc::RpcClient& decode, const std::string& decode_ep, rpc::RpcClient& prefill,
+                       ClientEndpoint& client, const std::string& id, const std::vector<uint32_t>& prompt,
+                       int64_t output, int64_t fail_after_layers = -1) {
   RequestRun run;
-  auto res = decode.call(proto::DecodeReserveRequest{id, static_cast<int64_t>(prompt.size()), output,
-                                                     client.endpoint(), 10000}, 5000);
+  auto res = decode.call(
+      proto::DecodeReserveRequest{id, static_cast<int64_t>(prompt.size()), output, client.endpoint(), 10000}, 5000);
   if (!res.is_ok()) {
     run.job = res.status();
     return run;
@@ -150,8 +150,9 @@ void shared_prefix_e2e(const std::vector<std::string>& backend_args, KvPath path
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;
   };
-  Child decode(cmd(kBin + "mc-decode", with(path == KvPath::kEngine ? std::vector<std::string>{}
-                                                                : std::vector<std::string>{"--kv-listen", "none"})));
+  Child decode(cmd(
+      kBin + "mc-decode",
+      with(path == KvPath::kEngine ? std::vector<std::string>{} : std::vector<std::string>{"--kv-listen", "none"})));
   Child cached(cmd(kBin + "mc-prefill", with({"--store", "mem", "--chunk-tokens", "20"})));
   Child uncached(cmd(kBin + "mc-prefill", with({"--store", "none"})));
   const std::string dep = decode.wait_ready(), cep = cached.wait_ready(), uep = uncached.wait_ready();
@@ -181,7 +182,8 @@ void shared_prefix_e2e(const std::vector<std::string>& backend_args, KvPath path
     EXPECT_EQ(hit.stream.done->prompt_tokens, static_cast<int64_t>(prompt.size()));
     EXPECT_GT(hit.stream.done->kv_sent_bytes, 0);
     sent_bytes += hit.stream.done->kv_sent_bytes + ref.stream.done->kv_sent_bytes;
-    for (size_t k = 1; k < hit.stream.times_ns.size(); ++k) EXPECT_GE(hit.stream.times_ns[k], hit.stream.times_ns[k - 1]);
+    for (size_t k = 1; k < hit.stream.times_ns.size(); ++k)
+      EXPECT_GE(hit.stream.times_ns[k], hit.stream.times_ns[k - 1]);
   }
   auto load = d->call(proto::WorkerLoadRequest{}, 2000);
   ASSERT_TRUE(load);
@@ -214,7 +216,8 @@ TEST(InferE2E, SharedPrefixRefBackendKvWriteFallback) {
 }
 
 TEST(InferE2E, SharedPrefixSimBackendScaledKv) {
-  shared_prefix_e2e({"--backend", "sim", "--model", "llama3-70b", "--kv-bytes-per-token", "8192", "--time-scale", "100"});
+  shared_prefix_e2e(
+      {"--backend", "sim", "--model", "llama3-70b", "--kv-bytes-per-token", "8192", "--time-scale", "100"});
 }
 
 // A real store (master + one node): the second request hits the prefix in the store; the node is then killed
@@ -226,11 +229,11 @@ TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
   Child master(cmd(kBin + "mc-store", {"--log-level", "warn", "master", "--listen", "tcp://127.0.0.1:0"}));
   const std::string mep = master.wait_ready();
   ASSERT_FALSE(mep.empty());
-  auto node = std::make_unique<Child>(cmd(kBin + "mc-store", {
-      "--log-level", "warn", "serve", "--master", mep, "--dram-bytes", "16MiB", "--no-shm"}));
+  auto node = std::make_unique<Child>(
+      cmd(kBin + "mc-store", {"--log-level", "warn", "serve", "--master", mep, "--dram-bytes", "16MiB", "--no-shm"}));
   ASSERT_FALSE(node->wait_ready().empty());
-  const std::vector<std::string> common = {"--backend", "ref", "--block-size", "16", "--kv-blocks", "256",
-                                           "--seed", "9", "--log-level", "error"};
+  const std::vector<std::string> common = {"--backend", "ref", "--block-size", "16",   "--kv-blocks", "256",
+                                           "--seed",    "9",   "--log-level",  "error"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;
@@ -262,7 +265,7 @@ TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
     EXPECT_EQ(hit.job->ledger.hit_tokens, i == 1 ? 2 * block : 0) << id;
     if (i == 1) {
       EXPECT_EQ(hit.job->ledger.fetch_bytes, 2 * block * 1024);  // tiny: 1 KiB of KV per token
-      EXPECT_EQ(hit.job->ledger.hit_tokens_remote, 2 * block);    // --no-shm: read through the node
+      EXPECT_EQ(hit.job->ledger.hit_tokens_remote, 2 * block);   // --no-shm: read through the node
     }
   }
 }
@@ -286,8 +289,8 @@ TEST(InferE2E, WorkersRegisterAndHeartbeat) {
         return proto::ConductorHeartbeatReply{true};
       });
   const std::string cep = conductor->endpoints().front();
-  Child decode(cmd(kBin + "mc-decode", {"--conductor", cep, "--instance-id", "decode-a", "--kv-blocks", "100",
-                                    "--log-level", "error"}));
+  Child decode(cmd(kBin + "mc-decode",
+                   {"--conductor", cep, "--instance-id", "decode-a", "--kv-blocks", "100", "--log-level", "error"}));
   Child prefill(cmd(kBin + "mc-prefill", {"--conductor", cep, "--instance-id", "prefill-a", "--log-level", "error"}));
   const std::string dep = decode.wait_ready();
   ASSERT_FALSE(dep.empty());
@@ -376,7 +379,8 @@ TEST(InferE2E, DecodeSendsJobReportsToTheConductor) {
 }
 
 TEST(InferE2E, FieldReport14OverRpc) {
-  std::vector<std::string> args = {"--backend", "ref", "--block-size", "16", "--kv-blocks", "4096", "--log-level", "error"};
+  std::vector<std::string> args = {"--backend",   "ref",  "--block-size", "16",
+                                   "--kv-blocks", "4096", "--log-level",  "error"};
   Child decode(cmd(kBin + "mc-decode", args));
   args.push_back("--allow-fault-injection");
   Child prefill(cmd(kBin + "mc-prefill", args));

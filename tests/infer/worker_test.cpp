@@ -257,7 +257,7 @@ TEST(Workers, MalformedKvNotificationsAreRefused) {
     c.decode->on_kv_notification(transfer::Notification{tag, "127.0.0.1:1", transfer::Op::kWrite, offset, length});
   };
   note("garbage", 0, lbb);
-  note("kv/999/0/0-1", res.block_offsets_bytes[0], lbb);                          // unknown reservation
+  note("kv/999/0/0-1", res.block_offsets_bytes[0], lbb);  // unknown reservation
   const std::string id = std::to_string(res.reservation_id);
   EXPECT_EQ(counter(*c.decode, "mc_decode_kv_notifications_rejected_total"), 2u);
   for (int64_t l = 0; l < 4; ++l) {

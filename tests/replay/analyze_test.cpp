@@ -64,10 +64,12 @@ TEST(ReplayAnalyze, HitCountingOnSmallTraces) {
   // r1 [0,1] 1000 tokens; r2 [0,1,2] 1100 tokens -> blocks 0,1 hit; tokens min(1024, 1100) = 1024;
   // full-block hit: r2 has 2 full blocks -> 1024; r3 [0,1] 1000 again: blocks hit 2, tokens
   // min(1024, 1000) = 1000, full blocks: only block 0 is complete -> 512.
-  std::string t =
-      R"({"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [0, 1]})" "\n"
-      R"({"timestamp": 1000, "input_length": 1100, "output_length": 1, "hash_ids": [0, 1, 2]})" "\n"
-      R"({"timestamp": 3000, "input_length": 1000, "output_length": 1, "hash_ids": [0, 1]})" "\n";
+  std::string t = R"({"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [0, 1]})"
+                  "\n"
+                  R"({"timestamp": 1000, "input_length": 1100, "output_length": 1, "hash_ids": [0, 1, 2]})"
+                  "\n"
+                  R"({"timestamp": 3000, "input_length": 1000, "output_length": 1, "hash_ids": [0, 1]})"
+                  "\n";
   AnalyzeOptions opt;
   opt.capacity_tokens = {1024};  // two blocks: r2 inserts 0,1,2 -> 0 evicted -> r3 misses at block 0
   auto a = analyze_text(t, opt);
@@ -106,10 +108,12 @@ TEST(ReplayAnalyze, HitCountingOnSmallTraces) {
 TEST(ReplayAnalyze, EarlierArrivalsOnlyIgnoresRowsOfTheSameTimestamp) {
   // r1 and r2 share a timestamp: r2 cannot reuse r1's blocks (they run concurrently); r3 arrives later
   // and hits [0,1] from either.
-  std::string t =
-      R"({"timestamp": 3000, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1]})" "\n"
-      R"({"timestamp": 3000, "input_length": 1536, "output_length": 1, "hash_ids": [0, 1, 2]})" "\n"
-      R"({"timestamp": 6000, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1]})" "\n";
+  std::string t = R"({"timestamp": 3000, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1]})"
+                  "\n"
+                  R"({"timestamp": 3000, "input_length": 1536, "output_length": 1, "hash_ids": [0, 1, 2]})"
+                  "\n"
+                  R"({"timestamp": 6000, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1]})"
+                  "\n";
   auto a = analyze_text(t, AnalyzeOptions{});
   ASSERT_TRUE(a.is_ok()) << a.status().to_string();
   EXPECT_DOUBLE_EQ(a->infinite.blocks, 4.0 / 7);          // r2: 2, r3: 2

@@ -42,11 +42,11 @@ std::string cluster_unavailable() {
   for (const char* tool : {"mc-prefill", "mc-decode"}) {
     std::string cmd = kBin + "/" + tool + " --help 2>/dev/null | grep -q -- --conductor";
     if (std::system(cmd.c_str()) != 0)
-      return std::string(tool) + " has no --conductor flag: the workers cannot register with mc-conductor in this build";
+      return std::string(tool) +
+             " has no --conductor flag: the workers cannot register with mc-conductor in this build";
   }
   return "";
 }
-
 
 std::string slurp(const std::string& path) {
   std::stringstream s;
@@ -108,8 +108,8 @@ ClusterRun read_run(const Scratch& s, const std::string& tag, int rc, const std:
 
 std::vector<std::string> replay_command(const Scratch& s, const std::string& tag,
                                         const std::vector<std::string>& replay_args) {
-  std::vector<std::string> cmd = {kBin + "/mc-trace-replay", kTrace, "--json", "--out", s.path(tag + ".jsonl"),
-                                  "--no-progress"};
+  std::vector<std::string> cmd = {kBin + "/mc-trace-replay", kTrace,         "--json", "--out",
+                                  s.path(tag + ".jsonl"),    "--no-progress"};
   cmd.insert(cmd.end(), replay_args.begin(), replay_args.end());
   return cmd;
 }
@@ -142,14 +142,15 @@ TEST(ReplayE2E, SimClusterFiftyRequests) {
   if (auto why = cluster_unavailable(); !why.empty()) GTEST_SKIP() << why;
   Scratch s;
   const std::vector<std::string> window = {"--start-s", "1352.9", "--max-requests", "50"};
-  std::vector<std::string> replay = {"--speed", "0.5", "--time-scale", "20", "--max-output-tokens", "16",
-                                     "--drain-timeout-s", "90", "--id-prefix", "e2e-", "--slo-ttft-ms", "600000"};
+  std::vector<std::string> replay = {
+      "--speed",           "0.5", "--time-scale", "20",   "--max-output-tokens", "16",
+      "--drain-timeout-s", "90",  "--id-prefix",  "e2e-", "--slo-ttft-ms",       "600000"};
   replay.insert(replay.end(), window.begin(), window.end());
-  ClusterRun r = run_on_cluster(s, "sim",
-                                {"--backend", "sim", "--time-scale", "20", "--store-nodes", "2", "--prefill", "2",
-                                 "--decode", "2", "--policy", "cache_aware", "--kv-buffer-size", "512MiB",
-                                 "--kv-bytes-per-token", "256"},
-                                replay);
+  ClusterRun r =
+      run_on_cluster(s, "sim",
+                     {"--backend", "sim", "--time-scale", "20", "--store-nodes", "2", "--prefill", "2", "--decode", "2",
+                      "--policy", "cache_aware", "--kv-buffer-size", "512MiB", "--kv-bytes-per-token", "256"},
+                     replay);
   ASSERT_EQ(r.rc, 0) << r.err;
   ASSERT_EQ(r.records.size(), 50u) << r.err;
   int completed = 0, rejected = 0;
@@ -243,8 +244,8 @@ TEST(ReplayE2E, SimClusterFiftyRequests) {
     std::ostringstream one;
     one << "line " << req["trace_line"] << " sent_ms " << sent << " ttft_ms " << req["ttft_ms"] << " e2e_ms "
         << req["e2e_ms"] << " prefill " << req["prefill_instance"] << " stored_before_tokens " << bound
-        << " pool_prefix_tokens " << pool << " planned_hit_tokens " << planned << " hit_tokens " << got
-        << " decision " << l.value("decision", std::string("-"));
+        << " pool_prefix_tokens " << pool << " planned_hit_tokens " << planned << " hit_tokens " << got << " decision "
+        << l.value("decision", std::string("-"));
     detail << one.str() << "\n";
     EXPECT_GE(pool, bound) << "the conductor did not know blocks stored before the request was sent: " << one.str();
     EXPECT_LE(planned, pool) << one.str();
@@ -256,15 +257,30 @@ TEST(ReplayE2E, SimClusterFiftyRequests) {
 
 // The ref backend (a real tiny transformer) on a window of three timestamps (lines 4174..4206: 12, 13
 // and 8 requests 3 s apart, each sharing the first block; at --speed 1 the later ones find it stored).
-const std::vector<std::string> kRefReplay = {"--start-s", "1352.9", "--max-requests", "33", "--block-tokens", "16",
-                                             "--vocab-size", "256", "--max-output-tokens", "6", "--speed", "1",
-                                             "--record-token-ids", "--drain-timeout-s", "60", "--slo-ttft-ms",
-                                             "600000", "--slo-tbt-ms", "600000"};
+const std::vector<std::string> kRefReplay = {"--start-s",
+                                             "1352.9",
+                                             "--max-requests",
+                                             "33",
+                                             "--block-tokens",
+                                             "16",
+                                             "--vocab-size",
+                                             "256",
+                                             "--max-output-tokens",
+                                             "6",
+                                             "--speed",
+                                             "1",
+                                             "--record-token-ids",
+                                             "--drain-timeout-s",
+                                             "60",
+                                             "--slo-ttft-ms",
+                                             "600000",
+                                             "--slo-tbt-ms",
+                                             "600000"};
 // cache_aware always reuses the longest cached prefix: on a tiny CPU model recomputing is cheaper than
 // fetching, so kvcache would (rightly) never fetch and the test would not exercise the cache.
-const std::vector<std::string> kRefCluster = {"--backend", "ref", "--model", "tiny", "--block-size", "16",
-                                              "--store-nodes", "2", "--prefill", "2", "--decode", "2",
-                                              "--policy", "cache_aware"};
+const std::vector<std::string> kRefCluster = {"--backend",     "ref",        "--model",   "tiny", "--block-size", "16",
+                                              "--store-nodes", "2",          "--prefill", "2",    "--decode",     "2",
+                                              "--policy",      "cache_aware"};
 
 // The same window with the cache disabled, run once for the tests that compare against it.
 const ClusterRun& ref_without_cache() {

@@ -23,7 +23,7 @@ struct FakeBehaviour {
   std::chrono::milliseconds admit_delay{0};  // conductor's answer time
   std::chrono::milliseconds first_token{20};
   std::chrono::milliseconds gap{2};
-  int64_t stop_after_tokens = -1;            // stop early (field report #16); -1: output_length
+  int64_t stop_after_tokens = -1;  // stop early (field report #16); -1: output_length
   bool report_usage = true;
   bool send_done = true;
   std::function<bool(const Submission&)> reject;  // reject when true
@@ -68,8 +68,8 @@ class FakeCluster final : public EventSource {
     a.predicted_hit_tokens = 0;
     a.pool_prefix_tokens = 512;
     const bool fail = b_.fail && b_.fail(sub);
-    int64_t n = b_.stop_after_tokens >= 0 ? std::min(b_.stop_after_tokens, sub.output_length_tokens)
-                                          : sub.output_length_tokens;
+    int64_t n =
+        b_.stop_after_tokens >= 0 ? std::min(b_.stop_after_tokens, sub.output_length_tokens) : sub.output_length_tokens;
     std::lock_guard lock(mu_);
     threads_.emplace_back([this, via, id = sub.request_id, prompt = static_cast<int64_t>(sub.tokens.size()), n, fail] {
       auto deliver = [&](std::function<void(EventSink*)> f) {

@@ -45,8 +45,8 @@ class FakeConductor {
     o.bind_endpoints = {"tcp://127.0.0.1:0"};
     server_ = std::move(rpc::RpcServer::bind(o)).value();
     server_->handle<proto::ConductorSubmitRequest>(
-        [this](const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx)
-            -> Result<proto::ConductorSubmitReply> {
+        [this](const proto::ConductorSubmitRequest& req,
+               const rpc::CallContext& ctx) -> Result<proto::ConductorSubmitReply> {
           ++submits_;
           prompt_tokens_ += static_cast<int64_t>(req.tokens.size());
           proto::ConductorSubmitReply r;
@@ -136,7 +136,8 @@ struct ToolRun {
 // Runs the tool with `args` (and optional stdin), killing it after 60 s.
 ToolRun run_tool(const std::vector<std::string>& args, const std::string& stdin_text = "") {
   static int seq = 0;
-  const std::string base = ::testing::TempDir() + "replay_tool_" + std::to_string(::getpid()) + "_" + std::to_string(++seq);
+  const std::string base =
+      ::testing::TempDir() + "replay_tool_" + std::to_string(::getpid()) + "_" + std::to_string(++seq);
   const std::string in_path = base + ".in", out_path = base + ".out", err_path = base + ".err";
   std::ofstream(in_path) << stdin_text;
   auto t0 = std::chrono::steady_clock::now();
@@ -175,8 +176,7 @@ std::vector<json> read_jsonl(const std::string& path) {
 
 struct TempFile {
   std::string path;
-  explicit TempFile(const std::string& name)
-      : path(::testing::TempDir() + name + "_" + std::to_string(::getpid())) {}
+  explicit TempFile(const std::string& name) : path(::testing::TempDir() + name + "_" + std::to_string(::getpid())) {}
   ~TempFile() { std::filesystem::remove(path); }
 };
 
@@ -184,7 +184,7 @@ TEST(ReplayTool, FiftyRequestsRecordsAgreeWithSummary) {
   FakeConductor conductor;
   TempFile out("records.jsonl");
   ToolRun r = run_tool({kTrace, "--conductor", conductor.endpoint(), "--max-requests", "50", "--speed", "200",
-                    "--max-output-tokens", "8", "--out", out.path, "--json", "--id-prefix", "t-"});
+                        "--max-output-tokens", "8", "--out", out.path, "--json", "--id-prefix", "t-"});
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   json s = json::parse(r.out);
   auto recs = read_jsonl(out.path);
@@ -255,8 +255,8 @@ TEST(ReplayTool, EarlyStopReportsProducedTokens) {
   TempFile trace("one.jsonl"), out("r16.jsonl");
   std::ofstream(trace.path) << R"({"timestamp": 0, "input_length": 600, "output_length": 128, "hash_ids": [0, 1]})"
                             << "\n";
-  ToolRun r = run_tool({trace.path, "--conductor", conductor.endpoint(), "--out", out.path, "--json",
-                        "--record-token-ids"});
+  ToolRun r =
+      run_tool({trace.path, "--conductor", conductor.endpoint(), "--out", out.path, "--json", "--record-token-ids"});
   ASSERT_EQ(r.rc, 0) << r.err;
   auto recs = read_jsonl(out.path);
   ASSERT_EQ(recs.size(), 1u);
@@ -275,19 +275,23 @@ TEST(ReplayTool, EarlyStopReportsProducedTokens) {
 TEST(ReplayTool, MalformedTraceStrictAndLenient) {
   FakeConductor conductor;
   TempFile trace("bad.jsonl");
-  std::ofstream(trace.path)
-      << "\xEF\xBB\xBF" << R"({"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [0, 1]})" << "\r\n"
-      << R"({"timestamp": 0, "input_length": 17448, "output_length":2748 610, "hash_ids": []})" << "\r\n\r\n"
-      << R"({"timestamp": 0, "input_length": 512, "output_length": 1})" << "\r\n"
-      << R"({"timestamp": 0, "input_length": 512.5, "output_length": 1, "hash_ids": [0]})" << "\r\n"
-      << R"({"timestamp": 3000, "input_length": 512, "output_length": 5, "hash_ids": [0]})";
+  std::ofstream(trace.path) << "\xEF\xBB\xBF"
+                            << R"({"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [0, 1]})"
+                            << "\r\n"
+                            << R"({"timestamp": 0, "input_length": 17448, "output_length":2748 610, "hash_ids": []})"
+                            << "\r\n\r\n"
+                            << R"({"timestamp": 0, "input_length": 512, "output_length": 1})"
+                            << "\r\n"
+                            << R"({"timestamp": 0, "input_length": 512.5, "output_length": 1, "hash_ids": [0]})"
+                            << "\r\n"
+                            << R"({"timestamp": 3000, "input_length": 512, "output_length": 5, "hash_ids": [0]})";
   ToolRun strict = run_tool({trace.path, "--conductor", conductor.endpoint()});
   EXPECT_EQ(strict.rc, 2);
   EXPECT_NE(strict.err.find(":2:"), std::string::npos) << strict.err;
   EXPECT_EQ(conductor.submits(), 0);
   TempFile out("r18.jsonl");
-  ToolRun lenient = run_tool({trace.path, "--lenient", "--conductor", conductor.endpoint(), "--speed", "100", "--json",
-                          "--out", out.path});
+  ToolRun lenient = run_tool(
+      {trace.path, "--lenient", "--conductor", conductor.endpoint(), "--speed", "100", "--json", "--out", out.path});
   ASSERT_EQ(lenient.rc, 0) << lenient.err;
   json s = json::parse(lenient.out);
   EXPECT_EQ(s["requests"]["offered"], 2);
@@ -310,14 +314,16 @@ TEST(ReplayTool, EmptyAndSingleRequestTraces) {
   EXPECT_NE(empty.err.find("no request to replay"), std::string::npos) << empty.err;
   EXPECT_EQ(json::parse(empty.out)["error"]["code"], "invalid_argument");
   ToolRun one = run_tool({"-", "--conductor", conductor.endpoint(), "--json"},
-                     R"({"timestamp": 0, "input_length": 100, "output_length": 3, "hash_ids": [42]})" "\n");
+                         R"({"timestamp": 0, "input_length": 100, "output_length": 3, "hash_ids": [42]})"
+                         "\n");
   ASSERT_EQ(one.rc, 0) << one.err;
   json s = json::parse(one.out);
   EXPECT_EQ(s["requests"]["offered"], 1);
   EXPECT_EQ(s["requests"]["completed"], 1);
   EXPECT_EQ(s["tpot_ms"]["count"], 1);
   ToolRun rejected = run_tool({"-", "--conductor", conductor.endpoint(), "--json"},
-                          R"({"timestamp": 0, "input_length": 100, "output_length": 13, "hash_ids": [42]})" "\n");
+                              R"({"timestamp": 0, "input_length": 100, "output_length": 13, "hash_ids": [42]})"
+                              "\n");
   ASSERT_EQ(rejected.rc, 0) << rejected.err;
   json sr = json::parse(rejected.out);
   EXPECT_EQ(sr["requests"]["rejected"], 1);

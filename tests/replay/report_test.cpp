@@ -255,9 +255,10 @@ TEST(ReplaySummary, JsonAndTableRender) {
 // requests, each message with its own numbers); --json keeps every distinct reason too.
 TEST(ReplaySummary, ReasonsAreGroupedByKind) {
   std::vector<RequestRecord> rs;
-  for (const char* why : {"kv_capacity: no decode instance can reserve 5973 KV tokens",
-                          "kv_capacity: no decode instance can reserve 103270 KV tokens", "ttft_slo: predicted 30598 ms",
-                          "kv_capacity: no decode instance can reserve 5973 KV tokens", "prefill aborted"}) {
+  for (const char* why :
+       {"kv_capacity: no decode instance can reserve 5973 KV tokens",
+        "kv_capacity: no decode instance can reserve 103270 KV tokens", "ttft_slo: predicted 30598 ms",
+        "kv_capacity: no decode instance can reserve 5973 KV tokens", "prefill aborted"}) {
     RequestRecord r;
     r.request_id = "r" + std::to_string(rs.size());
     r.outcome = Outcome::kRejected;
@@ -274,7 +275,8 @@ TEST(ReplaySummary, ReasonsAreGroupedByKind) {
   std::ostringstream os;
   print_table(os, s);
   const std::string t = os.str();
-  EXPECT_NE(t.find("  3 x kv_capacity  (e.g. no decode instance can reserve 5973 KV tokens)\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("  3 x kv_capacity  (e.g. no decode instance can reserve 5973 KV tokens)\n"), std::string::npos)
+      << t;
   EXPECT_NE(t.find("  1 x ttft_slo  (e.g. predicted 30598 ms)\n"), std::string::npos) << t;
   EXPECT_NE(t.find("  1 x prefill aborted\n"), std::string::npos) << t;
   EXPECT_EQ(t.find("103270"), std::string::npos) << "one line per kind\n" << t;

@@ -86,7 +86,7 @@ TEST(ReplaySynth, ScaledDownKeepsPrefixStructure) {
   opt.block_tokens = 16;
   opt.vocab_size = 256;
   ASSERT_TRUE(opt.validate().is_ok());
-  EXPECT_EQ(synthesized_length(row(1025, {0, 1, 2}), opt), 33);      // 2 x 16 + ceil(1 x 16 / 512) = 1
+  EXPECT_EQ(synthesized_length(row(1025, {0, 1, 2}), opt), 33);  // 2 x 16 + ceil(1 x 16 / 512) = 1
   EXPECT_EQ(synthesized_length(row(17448, std::vector<uint64_t>(35)), opt), 34 * 16 + 2);  // ceil(40 x 16/512)
   EXPECT_EQ(synthesized_length(row(512, {0}), opt), 16);
   auto a = synthesize_prompt(row(1100, {0, 1, 2}), opt);

@@ -104,18 +104,41 @@ class ClusterE2E : public ::testing::Test {
     // The cluster runs until the test creates `done`; CMD prints where its state directory is.
     const std::string cmd = "echo \"$MC_CLUSTER_STATE\" > " + s_.path("state.tmp") + " && mv " + s_.path("state.tmp") +
                             " " + s_.path("state") + "; while [ ! -e " + s_.path("done") + " ]; do sleep 0.1; done";
-    cluster_ = start_child(
-        std::vector<std::string>{"/bin/bash", kScript, "--bin", kBin, "--ready-timeout-s", "90", "--hosts", "2",
-                                 "--store-nodes", "2", "--prefill", "2", "--decode", "2", "--backend", "sim",
-                                 "--time-scale", kTimeScale, "--kv-buffer-size", "128MiB", "--policy", "kvcache",
-                                 "--conductor-args", "--overload-queue-ms 100", "--", "/bin/bash", "-c", cmd},
-        s_.path("cluster.out"), s_.path("cluster.err"));
+    cluster_ = start_child(std::vector<std::string>{"/bin/bash",
+                                                    kScript,
+                                                    "--bin",
+                                                    kBin,
+                                                    "--ready-timeout-s",
+                                                    "90",
+                                                    "--hosts",
+                                                    "2",
+                                                    "--store-nodes",
+                                                    "2",
+                                                    "--prefill",
+                                                    "2",
+                                                    "--decode",
+                                                    "2",
+                                                    "--backend",
+                                                    "sim",
+                                                    "--time-scale",
+                                                    kTimeScale,
+                                                    "--kv-buffer-size",
+                                                    "128MiB",
+                                                    "--policy",
+                                                    "kvcache",
+                                                    "--conductor-args",
+                                                    "--overload-queue-ms 100",
+                                                    "--",
+                                                    "/bin/bash",
+                                                    "-c",
+                                                    cmd},
+                           s_.path("cluster.out"), s_.path("cluster.err"));
     const auto deadline = std::chrono::steady_clock::now() + 180s;
     while (!std::filesystem::exists(s_.path("state"))) {
       ASSERT_EQ(cluster_->wait_exit(0), -1) << "local-cluster.sh exited before the cluster was up:\n"
-                                     << slurp(s_.path("cluster.err"));
+                                            << slurp(s_.path("cluster.err"));
       ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "cluster not up in 180 s:\n"
-                                                             << slurp(s_.path("cluster.err"));
+                                                            << slurp(s_.path("cluster.err"));
       std::this_thread::sleep_for(100ms);
     }
     std::string state = slurp(s_.path("state"));
@@ -198,12 +221,13 @@ class ClusterE2E : public ::testing::Test {
       std::ofstream t(s_.path(tag + ".trace.jsonl"));
       for (const auto& r : rows) t << r << '\n';
     }
-    auto c = start_child({kBin + "/mc-trace-replay", s_.path(tag + ".trace.jsonl"), "--conductor", endpoints_.at("conductor"),
-             "--json", "--out", s_.path(tag + ".jsonl"), "--no-progress", "--time-scale", kTimeScale, "--slo-ttft-ms",
-             "600000", "--slo-tbt-ms", "600000", "--drain-timeout-s", "60", "--id-prefix", tag + "-",
-             // One sender: submissions in trace order (a long prompt takes longer to synthesize and send).
-             "--senders", "1"},
-            s_.path(tag + ".out"), s_.path(tag + ".err"));
+    auto c = start_child(
+        {kBin + "/mc-trace-replay", s_.path(tag + ".trace.jsonl"), "--conductor", endpoints_.at("conductor"), "--json",
+         "--out", s_.path(tag + ".jsonl"), "--no-progress", "--time-scale", kTimeScale, "--slo-ttft-ms", "600000",
+         "--slo-tbt-ms", "600000", "--drain-timeout-s", "60", "--id-prefix", tag + "-",
+         // One sender: submissions in trace order (a long prompt takes longer to synthesize and send).
+         "--senders", "1"},
+        s_.path(tag + ".out"), s_.path(tag + ".err"));
     const int rc = c->wait_exit(120'000);
     EXPECT_EQ(rc, 0) << tag << ":\n" << slurp(s_.path(tag + ".err"));
     std::map<int64_t, json> records;

@@ -113,9 +113,9 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   ASSERT_TRUE(pub.is_ok()) << pub.status().to_string();
   const std::string decisions = ::testing::TempDir() + "/conductor_e2e_decisions.jsonl";
   std::remove(decisions.c_str());
-  Child conductor({MC_BINARY_DIR "/bin/mc-conductor", "--log-level", "warn", "serve", "--listen", "tcp://127.0.0.1:0", "--kv-events",
-                   (*pub)->endpoint(), "--block-size", std::to_string(kBlock), "--kv-bytes-per-token", "1024",
-                   "--slo-ttft-ms", "60000", "--decisions", decisions});
+  Child conductor({MC_BINARY_DIR "/bin/mc-conductor", "--log-level", "warn", "serve", "--listen", "tcp://127.0.0.1:0",
+                   "--kv-events", (*pub)->endpoint(), "--block-size", std::to_string(kBlock), "--kv-bytes-per-token",
+                   "1024", "--slo-ttft-ms", "60000", "--decisions", decisions});
   const std::string ready = conductor.read_line(10'000);
   ASSERT_EQ(ready.rfind("ready mc-conductor tcp://", 0), 0u) << "ready line: '" << ready << "'";
   const std::string endpoint = ready.substr(19, ready.find(' ', 19) - 19);
@@ -125,7 +125,8 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   ASSERT_TRUE(client.is_ok()) << client.status().to_string();
   rpc::RpcClient& c = **client;
   ASSERT_TRUE(c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock}).is_ok());
-  ASSERT_TRUE(c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock}).is_ok());
+  ASSERT_TRUE(
+      c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock}).is_ok());
   auto reg = c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 100'000, kBlock});
   ASSERT_TRUE(reg.is_ok()) << reg.status().to_string();
   EXPECT_EQ(reg->block_size_tokens, kBlock);

@@ -52,7 +52,9 @@ TEST(Predictors, PriorsFromACostModelRecoverItsCoefficients) {
   EXPECT_NEAR(p.fixed_ms, 3.0, 1e-9);
   EXPECT_NEAR(p.ms_per_token, 0.1, 1e-9);
   EXPECT_NEAR(p.ms_per_token_pair, 2e-6, 1e-12);
-  auto step_ms = [](int64_t b, int64_t t) { return 10.0 + 0.05 * static_cast<double>(b) + 3e-5 * static_cast<double>(t); };
+  auto step_ms = [](int64_t b, int64_t t) {
+    return 10.0 + 0.05 * static_cast<double>(b) + 3e-5 * static_cast<double>(t);
+  };
   DecodeCostPrior d = decode_prior_from_cost_model(step_ms);
   EXPECT_NEAR(d.fixed_ms, 10.0, 1e-9);
   EXPECT_NEAR(d.ms_per_request, 0.05, 1e-9);

@@ -51,7 +51,7 @@ TEST(PrefixIndex, StoredAndRemovedInOrder) {
   EXPECT_EQ(idx.holders(1)[1].medium, Medium::kDisk);
   ASSERT_TRUE(idx.apply(ev("removed", 3, {2}, "seg-a")).is_ok());
   EXPECT_EQ(holders_of(idx, 2), 1u);
-  EXPECT_EQ(longest(idx, {1, 2, 3}), 3u);  // block 2 still on seg-b's disk
+  EXPECT_EQ(longest(idx, {1, 2, 3}), 3u);                              // block 2 still on seg-b's disk
   ASSERT_TRUE(idx.apply(ev("removed", 4, {2}, "seg-b", "")).is_ok());  // no medium: every medium
   EXPECT_EQ(longest(idx, {1, 2, 3}), 1u);
   EXPECT_EQ(master.calls, 0);

@@ -39,7 +39,8 @@ std::vector<trace::Request> small_trace() {
     r.timestamp_ms = i * 500;
     r.input_length = 8192;
     r.output_length = 50;
-    for (int b = 0; b < 16; ++b) r.hash_ids.push_back(b < 8 ? static_cast<uint64_t>(b) : static_cast<uint64_t>(1000 + i * 16 + b));
+    for (int b = 0; b < 16; ++b)
+      r.hash_ids.push_back(b < 8 ? static_cast<uint64_t>(b) : static_cast<uint64_t>(1000 + i * 16 + b));
     rows.push_back(r);
   }
   return rows;
@@ -89,7 +90,9 @@ TEST(Tools, McSimAndMcPlanPrintJsonAndMapErrorsToExitCodes) {
   const std::string sim = MC_BINARY_DIR "/bin/mc-sim";
   const std::string trace = MC_SOURCE_DIR "/examples/traces/conversation_trace.jsonl";
   int rc = 0;
-  std::string out = run_tool(sim + " --trace " + trace + " --max-requests 50 --prefill-instances 2 --decode-instances 2 --json 2>/dev/null", rc);
+  std::string out = run_tool(
+      sim + " --trace " + trace + " --max-requests 50 --prefill-instances 2 --decode-instances 2 --json 2>/dev/null",
+      rc);
   ASSERT_EQ(rc, 0) << out;
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["summary"]["requests"]["offered"], 50);

@@ -115,7 +115,7 @@ TEST(PrefillInstance, FifoWithFetchThenCompute) {
   PrefillJob j2;
   j2.request = 2;
   j2.input_tokens = 3000;
-  j2.cached_tokens = 2000;        // 1000 to compute: 1.0 s
+  j2.cached_tokens = 2000;                 // 1000 to compute: 1.0 s
   j2.fetches = {Fetch{1, 1'000'000'000}};  // from NIC 1 at 10 GB/s: 0.1 s
   PrefillInstance::Hooks hooks;
   hooks.on_done = [&](const PrefillJob& j) { done.push_back(j); };

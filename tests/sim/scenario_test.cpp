@@ -12,7 +12,6 @@ namespace {
 
 using testkit::trace_row;
 
-
 // One prefill and one decode instance; prefill 1 ms per token, decode 10 ms per step, 1,000 B of KV
 // per token, 1 GB/s NICs, local cache loads at 1.024 GB/s.
 SimOptions one_instance() {
@@ -133,7 +132,7 @@ TEST(Scenario, WindowSkipsStopsAndScalesArrivals) {
   for (int i = 0; i < 10; ++i) rows.push_back(trace_row(i + 1, i * 1000, 512, 1, {static_cast<uint64_t>(100 + i)}));
   SimOptions o = one_instance();
   o.window.start_s = 2;
-  o.window.duration_s = 5;   // rows at 2..6 s
+  o.window.duration_s = 5;    // rows at 2..6 s
   o.window.max_requests = 4;  // of which the first 4
   o.window.rate_scale = 2;    // arrive at 0, 0.5, 1.0, 1.5 s
   auto r = run(o, rows);

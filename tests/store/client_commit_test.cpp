@@ -29,12 +29,14 @@ class FakeMaster {
     so.service = "fake master";
     so.bind_endpoints = {"tcp://127.0.0.1:0"};
     zmq_ = rpc::RpcServer::bind(so).value();
-    auto fs = fast::FastServer::listen("tcp://127.0.0.1:0", "fake master",
-                                       [this](std::string_view type, std::string_view body) { return dispatch(type, body); });
+    auto fs =
+        fast::FastServer::listen("tcp://127.0.0.1:0", "fake master",
+                                 [this](std::string_view type, std::string_view body) { return dispatch(type, body); });
     fast_ = std::move(fs).value();
-    zmq_->handle<proto::StoreInfoRequest>([this](const proto::StoreInfoRequest&, const rpc::CallContext&) -> Result<proto::StoreInfoReply> {
-      return proto::StoreInfoReply{fast_port_, "fake master"};
-    });
+    zmq_->handle<proto::StoreInfoRequest>(
+        [this](const proto::StoreInfoRequest&, const rpc::CallContext&) -> Result<proto::StoreInfoReply> {
+          return proto::StoreInfoReply{fast_port_, "fake master"};
+        });
     fast_port_ = fast_->port();
     thread_ = std::thread([this] { loop(); });
   }

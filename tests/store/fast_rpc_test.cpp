@@ -79,10 +79,11 @@ TEST(FastFrames, LimitsAndGarbageAreErrors) {
 class FastServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = FastServer::listen("tcp://127.0.0.1:0", "test-service", [](std::string_view type, std::string_view body) -> Result<std::string> {
-      if (type == "echo") return std::string(body);
-      return Status(Code::kNotFound, "no handler for " + std::string(type));
-    });
+    auto s = FastServer::listen("tcp://127.0.0.1:0", "test-service",
+                                [](std::string_view type, std::string_view body) -> Result<std::string> {
+                                  if (type == "echo") return std::string(body);
+                                  return Status(Code::kNotFound, "no handler for " + std::string(type));
+                                });
     ASSERT_TRUE(s.is_ok()) << s.status().to_string();
     server_ = std::move(s).value();
     ASSERT_NE(server_->port(), 0);
@@ -126,7 +127,8 @@ TEST_F(FastServerTest, CallsErrorsAndPipelining) {
   EXPECT_FALSE(c->broken());  // an error reply is an answer, not a failed connection
   // 100 requests in flight; replies come back in order with their ids and bodies.
   std::vector<uint64_t> ids;
-  for (int i = 0; i < 100; ++i) ids.push_back(c->send("echo", std::string(1000 + i, static_cast<char>('a' + i % 26))).value());
+  for (int i = 0; i < 100; ++i)
+    ids.push_back(c->send("echo", std::string(1000 + i, static_cast<char>('a' + i % 26))).value());
   size_t next = 0;
   for (int spins = 0; next < ids.size() && spins < 200000; ++spins) {
     auto got = c->try_recv();

@@ -60,7 +60,8 @@ class MasterCoreTest : public ::testing::Test {
     for (const char* n : {"n1", "n2", "n3"}) (void)core_.node_heartbeat(n);
   }
   const SegmentStats* seg_stat(const MasterStats& s, const std::string& name) {
-    for (const auto& x : s.segments) if (x.info.name == name) return &x;
+    for (const auto& x : s.segments)
+      if (x.info.name == name) return &x;
     return nullptr;
   }
 
@@ -142,7 +143,8 @@ TEST_F(MasterCoreTest, LeaseBlocksRemoveAndOverwriteUntilItEnds) {
   o.overwrite = true;
   EXPECT_EQ(core_.put_start({"c1", "", ""}, "k", 4096, o).status().code(), Code::kObjectBusy);
   EXPECT_EQ(core_.stat().segments[0].leased_objects + core_.stat().segments[1].leased_objects +
-                core_.stat().segments[2].leased_objects, 1u);
+                core_.stat().segments[2].leased_objects,
+            1u);
   clock_.advance_ms(999);
   EXPECT_EQ(core_.remove("k").code(), Code::kObjectBusy);
   clock_.advance_ms(2);
@@ -155,7 +157,8 @@ TEST_F(MasterCoreTest, MatchPrefixAndExists) {
   mount3();
   std::vector<std::string> keys;
   for (int i = 0; i < 6; ++i) keys.push_back(block_key(i));
-  for (int i = 0; i < 6; ++i) if (i != 3) put(keys[i], 1024);
+  for (int i = 0; i < 6; ++i)
+    if (i != 3) put(keys[i], 1024);
   EXPECT_EQ(core_.match_prefix(keys), 3u);
   EXPECT_EQ(core_.match_prefix({}), 0u);
   EXPECT_EQ(core_.match_prefix({"absent", keys[0]}), 0u);
@@ -300,7 +303,11 @@ TEST_F(MasterCoreTest, FieldReport5DeadNodeReplicasVanishIncludingSsd) {
   }
   auto ev = core_.take_events();
   int cleared = 0;
-  for (const auto& e : ev) if (e.type == "cleared") { ++cleared; EXPECT_EQ(e.backend_id.substr(0, 3), "n2/"); }
+  for (const auto& e : ev)
+    if (e.type == "cleared") {
+      ++cleared;
+      EXPECT_EQ(e.backend_id.substr(0, 3), "n2/");
+    }
   EXPECT_EQ(cleared, 2);  // DRAM and SSD segment
   EXPECT_EQ(core_.node_heartbeat("n2").status().code(), Code::kNotFound);
   // N2 comes back with fresh, empty segments: K1 does not come back.
@@ -494,7 +501,7 @@ TEST_F(MasterCoreTest, ReplicateNearCopiesOnTheNextReadFromThatHost) {
   ASSERT_TRUE(r.is_ok());
   ASSERT_EQ(r->replicas.size(), 1u);
   EXPECT_EQ(r->replicas[0].segment.host, "h1");  // it reads the existing copy ...
-  ASSERT_TRUE(r->replicate_to.has_value());       // ... and writes it here
+  ASSERT_TRUE(r->replicate_to.has_value());      // ... and writes it here
   EXPECT_EQ(r->replicate_to->segment.host, "h3");
   // One copy: a second read while it is being written orders none.
   EXPECT_FALSE(core_.get_replicas({"p3", "h3", ""}, k0)->replicate_to.has_value());

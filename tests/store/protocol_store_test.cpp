@@ -12,8 +12,8 @@ namespace {
 using mc::testkit::round_trip;
 
 StoreReplica replica() {
-  return StoreReplica{"n1/dram", "n1", "h1", "rack1", "cpu", "tcp://127.0.0.1:5", "127.0.0.1:6", (1ULL << 40) + 4096,
-                      1ULL << 40, 12345};
+  return StoreReplica{"n1/dram",           "n1",       "h1", "rack1", "cpu", "tcp://127.0.0.1:5", "127.0.0.1:6",
+                      (1ULL << 40) + 4096, 1ULL << 40, 12345};
 }
 
 TEST(StoreProtocol, ReplicaAndMount) {

@@ -3,9 +3,9 @@
 // RAII guards, also when a test fails.
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,7 +85,8 @@ class StoreE2E : public ::testing::Test {
  protected:
   // Starts a master with extra flags; returns its endpoint.
   void start_master(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"master", "--listen", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0", "--tick-ms", "50"};
+    std::vector<std::string> args = {"master",    "--listen", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0",
+                                     "--tick-ms", "50"};
     args.insert(args.end(), extra.begin(), extra.end());
     master_ = start_store(args);
     auto w = ready_words(*master_);
@@ -98,9 +99,9 @@ class StoreE2E : public ::testing::Test {
   // Starts a storage node; host "" = this host (shm reachable). A simulated other host cannot share memory
   // with this process, so it runs with --no-shm: its DRAM is reached over the engine's tcp transport.
   testkit::Child* start_node(const std::string& id, const std::string& dram, const std::string& host = "",
-                    const std::string& domain = "default", const std::string& ssd_bytes = "") {
-    std::vector<std::string> args = {"serve", "--master", endpoint_, "--node-id", prefix_ + id, "--dram-bytes", dram,
-                                     "--domain", domain, "--heartbeat-ms", "100"};
+                             const std::string& domain = "default", const std::string& ssd_bytes = "") {
+    std::vector<std::string> args = {"serve", "--master", endpoint_, "--node-id",      prefix_ + id, "--dram-bytes",
+                                     dram,    "--domain", domain,    "--heartbeat-ms", "100"};
     if (!host.empty()) args.insert(args.end(), {"--host", host, "--no-shm"});
     if (!ssd_bytes.empty()) args.insert(args.end(), {"--ssd-dir", tmp_.path.string(), "--ssd-bytes", ssd_bytes});
     nodes_.push_back(start_store(args));
@@ -161,12 +162,13 @@ class StoreE2E : public ::testing::Test {
 
 TEST_F(StoreE2E, PutGetRoundTripsOverShmAndTcp) {
   start_master();
-  start_node("n1", "32MiB");                     // this host: shm
+  start_node("n1", "32MiB");                      // this host: shm
   start_node("n2", "32MiB", "far-host-2", "r2");  // another "host": tcp
   start_node("n3", "32MiB", "far-host-3", "r3");
   auto c = client("rt", 1);
   ASSERT_TRUE(c);
-  for (const auto& [seg, seed] : std::vector<std::pair<std::string, int>>{{"n1/dram", 1}, {"n2/dram", 2}, {"n3/dram", 3}}) {
+  for (const auto& [seg, seed] :
+       std::vector<std::pair<std::string, int>>{{"n1/dram", 1}, {"n2/dram", 2}, {"n3/dram", 3}}) {
     ClientOptions o;
     o.master = endpoint_;
     o.preferred_segment = prefix_ + seg;
@@ -187,7 +189,8 @@ TEST_F(StoreE2E, PutGetRoundTripsOverShmAndTcp) {
   EXPECT_GT(c->counters().bytes_read_tcp, 0u);
   // The DRAM segments are served through the transfer engine only: the node's RPCs refuse them.
   auto node_rpc = rpc::RpcClient::connect(node_rpc_["n2"]).value();
-  EXPECT_EQ(node_rpc->call(proto::StoreNodeReadRequest{prefix_ + "n2/dram", 0, 16}).status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(node_rpc->call(proto::StoreNodeReadRequest{prefix_ + "n2/dram", 0, 16}).status().code(),
+            Code::kFailedPrecondition);
   // No shared-memory file is left anywhere: the DRAM is a memfd.
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
     EXPECT_NE(e.path().filename().string().rfind("mc-store-" + prefix_, 0), 0u) << e.path();
@@ -221,7 +224,9 @@ TEST_F(StoreE2E, PutGetRoundTripsOverShmAndTcp) {
   std::vector<std::byte> arena(16 * 70 * 1024 + 1);
   ASSERT_TRUE(c->register_buffer(std::span<std::byte>(arena).first(8 * 70 * 1024)).is_ok());
   std::vector<GetItem> into;
-  for (int i = 0; i < 16; ++i) into.push_back({"b/" + std::to_string(i), std::span<std::byte>(arena).subspan(i * 70 * 1024 - (i == 8 ? 7 : 0), blobs[i].size())});
+  for (int i = 0; i < 16; ++i)
+    into.push_back({"b/" + std::to_string(i),
+                    std::span<std::byte>(arena).subspan(i * 70 * 1024 - (i == 8 ? 7 : 0), blobs[i].size())});
   auto zs = c->batch_get(into);
   ASSERT_TRUE(zs.is_ok());
   for (int i = 0; i < 16; ++i) {
@@ -417,7 +422,7 @@ TEST_F(StoreE2E, StaleWriterIsTakenOverAndItsLatePutEndRefused) {
   EXPECT_EQ(c2->get("K", buf).status().code(), Code::kObjectNotFound);  // step 2: miss
   auto data2 = random_bytes(65536, 2);
   Status early = c2->put("K", data2);
-  EXPECT_EQ(early.code(), Code::kObjectBusy) << early.to_string();   // step 3: retryable
+  EXPECT_EQ(early.code(), Code::kObjectBusy) << early.to_string();  // step 3: retryable
   EXPECT_TRUE(early.is_retryable());
   std::this_thread::sleep_for(std::chrono::milliseconds(1600));
   ASSERT_TRUE(c2->put("K", data2).is_ok());  // step 4
@@ -453,7 +458,8 @@ TEST_F(StoreE2E, MasterIsTheTransferEnginesSegmentDirectory) {
   // Another engine may use the master as its directory too.
   future.format_version = proto::kSegmentDescriptorVersion;
   EXPECT_EQ(r->call(proto::PublishSegmentRequest{future}).value_or(proto::PublishSegmentReply{}).region_count, 1u);
-  EXPECT_EQ(r->call(proto::GetSegmentRequest{"127.0.0.1:2"}).value_or(proto::GetSegmentReply{}).descriptor.name, "127.0.0.1:2");
+  EXPECT_EQ(r->call(proto::GetSegmentRequest{"127.0.0.1:2"}).value_or(proto::GetSegmentReply{}).descriptor.name,
+            "127.0.0.1:2");
   // And the data still flows: put/get through the engine, byte for byte.
   auto c = client("dir");
   auto data = random_bytes(1 << 20, 8);
@@ -621,7 +627,8 @@ TEST_F(StoreE2E, BadInputGetsErrorsAndTheMasterKeepsServing) {
   };
   std::string body = codec::pack(ps);
   send(codec::pack(proto::Header{proto::kProtocolVersion, "store.put_start", 1}), body.substr(0, body.size() / 2));
-  send(codec::pack(proto::Header{proto::kProtocolVersion + 7, "store.stat", 2}), codec::pack(proto::StoreStatRequest{}));
+  send(codec::pack(proto::Header{proto::kProtocolVersion + 7, "store.stat", 2}),
+       codec::pack(proto::StoreStatRequest{}));
   send(codec::pack(proto::Header{proto::kProtocolVersion, "store.nope", 3}), "");
   send("\xc1garbage", "x");
   std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -59,8 +59,10 @@ std::set<std::string> subcommands_of(const std::string& help) {
     }
     if (in_section) {
       std::smatch m;
-      if (std::regex_match(line, m, re)) out.insert(m[1].str());
-      else if (!line.empty() && line[0] != ' ') in_section = false;
+      if (std::regex_match(line, m, re))
+        out.insert(m[1].str());
+      else if (!line.empty() && line[0] != ' ')
+        in_section = false;
     }
   }
   return out;
@@ -110,15 +112,13 @@ TEST(ManSync, EveryToolHasAPageListingEveryFlag) {
     }
     flags.erase("--help");  // CLI11 adds it everywhere; every page need not say so
     for (const auto& f : flags) {
-      EXPECT_NE(text.find(f), std::string::npos) << page << " does not document " << f << " (from " << tool
-                                                 << " --help)";
+      EXPECT_NE(text.find(f), std::string::npos)
+          << page << " does not document " << f << " (from " << tool << " --help)";
     }
   }
   EXPECT_GT(tools, 0) << "no mc-* tools in " << bin;
 }
 
-TEST(ManSync, OverviewPageExists) {
-  EXPECT_TRUE(fs::exists(fs::path(MC_SOURCE_DIR) / "man" / "mc.7"));
-}
+TEST(ManSync, OverviewPageExists) { EXPECT_TRUE(fs::exists(fs::path(MC_SOURCE_DIR) / "man" / "mc.7")); }
 
 }  // namespace

@@ -9,8 +9,8 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
-#include <set>
 #include <numeric>
+#include <set>
 
 #include "mc/transfer/shared_buffer.hpp"
 #include "mock_transport.hpp"
@@ -102,11 +102,11 @@ TEST(EngineMock, BadRequestsFailWithNamedErrorsOthersProceed) {
   auto seg = eng->open_segment(fake_descriptor("remote:1", 1 * kMiB)).value();
   std::vector<char> unregistered(4096);
   std::vector<TransferRequest> reqs = {
-      {Op::kRead, buf.data(), seg, 1 * kMiB - 10, 100, ""},          // past the end
-      {Op::kRead, buf.data(), seg, ~0ull - 5, 100, ""},              // offset + length overflows
-      {Op::kRead, unregistered.data(), seg, 0, 100, ""},             // local memory not registered
-      {Op::kRead, buf.data() + 60 * kKiB, seg, 0, 8 * kKiB, ""},     // local range runs past its registration
-      {Op::kRead, buf.data(), seg, 4096, 4096, ""},                  // fine
+      {Op::kRead, buf.data(), seg, 1 * kMiB - 10, 100, ""},       // past the end
+      {Op::kRead, buf.data(), seg, ~0ull - 5, 100, ""},           // offset + length overflows
+      {Op::kRead, unregistered.data(), seg, 0, 100, ""},          // local memory not registered
+      {Op::kRead, buf.data() + 60 * kKiB, seg, 0, 8 * kKiB, ""},  // local range runs past its registration
+      {Op::kRead, buf.data(), seg, 4096, 4096, ""},               // fine
   };
   auto id = eng->submit(reqs);
   ASSERT_TRUE(id.is_ok());
@@ -187,8 +187,7 @@ TEST(EngineMock, LocalDeviceFailureSwitchesTheLocalDevice) {
     }
     auto paths = eng->path_stats(seg).value();
     EXPECT_EQ(paths[0].state.health, PathHealth::kQuarantined);
-    EXPECT_EQ(paths[1].state.health,
-              code == Code::kLocalDeviceDown ? PathHealth::kQuarantined : PathHealth::kHealthy);
+    EXPECT_EQ(paths[1].state.health, code == Code::kLocalDeviceDown ? PathHealth::kQuarantined : PathHealth::kHealthy);
     // A larger write: every byte lands once, on eth1's paths; eth0->B is tried only when the side was unknown.
     RequestStatus big = eng->transfer_sync({Op::kWrite, buf.data(), seg, 0, 1 * kMiB, ""}, 5000);
     ASSERT_EQ(big.state, TransferState::kCompleted) << big.status.to_string();
@@ -283,7 +282,8 @@ TEST_P(EngineLoopback, ReadAndWriteAreByteExact) {
   // Write a batch of 8 x 1 MiB + 1 at different offsets.
   fill_pattern(local, 16 * kMiB, 77);
   std::vector<TransferRequest> reqs;
-  for (uint64_t i = 0; i < 8; ++i) reqs.push_back({Op::kWrite, local + i * (kMiB + 1), p.seg, 20 * kMiB + i * (kMiB + 1), kMiB + 1, ""});
+  for (uint64_t i = 0; i < 8; ++i)
+    reqs.push_back({Op::kWrite, local + i * (kMiB + 1), p.seg, 20 * kMiB + i * (kMiB + 1), kMiB + 1, ""});
   auto id = p.client->submit(reqs).value();
   auto bs = p.client->wait(id, 10000).value();
   ASSERT_EQ(bs.state, TransferState::kCompleted) << bs.status.to_string();
@@ -311,7 +311,8 @@ TEST_P(EngineLoopback, FieldReport10SplitRegistrationStraddlingWrite) {
   RequestStatus a = p.client->transfer_sync({Op::kWrite, local, p.seg, 150 * kMiB, 64 * kKiB, ""}, 10000);
   ASSERT_EQ(a.state, TransferState::kCompleted) << a.status.to_string();
   EXPECT_EQ(std::memcmp(remote + 150 * kMiB, local, 64 * kKiB), 0);
-  RequestStatus b = p.client->transfer_sync({Op::kWrite, local + 64 * kKiB, p.seg, 64 * kMiB - 8 * kKiB, 16 * kKiB, ""}, 10000);
+  RequestStatus b =
+      p.client->transfer_sync({Op::kWrite, local + 64 * kKiB, p.seg, 64 * kMiB - 8 * kKiB, 16 * kKiB, ""}, 10000);
   ASSERT_EQ(b.state, TransferState::kCompleted) << b.status.to_string();
   EXPECT_EQ(b.slice_count, 2u) << "split at the region boundary";
   EXPECT_EQ(std::memcmp(remote + 64 * kMiB - 8 * kKiB, local + 64 * kKiB, 16 * kKiB), 0);
@@ -379,7 +380,8 @@ TEST_P(EngineLoopback, NotificationsInARowReuseOneConnectionAndFollowTheirBytes)
   ASSERT_EQ(bs.state, TransferState::kCompleted) << bs.status.to_string();
   for (int i = 0; i < kSerial; ++i) {
     const uint64_t off = static_cast<uint64_t>(kBatch + 1 + i) * 4 * kKiB;
-    RequestStatus st = p.client->transfer_sync({Op::kWrite, local + off, p.seg, off, 4 * kKiB, "s" + std::to_string(i)}, 10000);
+    RequestStatus st =
+        p.client->transfer_sync({Op::kWrite, local + off, p.seg, off, 4 * kKiB, "s" + std::to_string(i)}, 10000);
     ASSERT_EQ(st.state, TransferState::kCompleted) << st.status.to_string();
   }
   const EngineStats c1 = p.client->stats();

@@ -38,7 +38,8 @@ struct TwoLinkNetns {
       cmds.push_back("ip -n " + b + " addr add " + net + ".2/24 dev " + vb[i]);
       cmds.push_back("ip -n " + a + " link set " + va[i] + " up");
       cmds.push_back("ip -n " + b + " link set " + vb[i] + " up");
-      cmds.push_back("ip netns exec " + a + " tc qdisc add dev " + va[i] + " root tbf rate 1gbit burst 256kb latency 100ms");
+      cmds.push_back("ip netns exec " + a + " tc qdisc add dev " + va[i] +
+                     " root tbf rate 1gbit burst 256kb latency 100ms");
     }
     for (const auto& c : cmds) {
       if (!sh(c)) {

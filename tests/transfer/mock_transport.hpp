@@ -28,7 +28,7 @@ class MockSegment final : public TransportSegment {
   MockSegment(SliceSink* sink, MockLog* log, int paths) : sink_(sink), log_(log) {
     for (int i = 0; i < paths; ++i) {
       const auto dev = static_cast<size_t>(i) < log->devices.size() ? log->devices[static_cast<size_t>(i)]
-                                                                     : std::pair<std::string, std::string>{};
+                                                                    : std::pair<std::string, std::string>{};
       specs_.push_back(PathSpec{"mock" + std::to_string(i), dev.first, dev.second, 1.0});
     }
   }
@@ -41,8 +41,8 @@ class MockSegment final : public TransportSegment {
       fail = log_->fail_paths.count(op.path) > 0;
       if (!fail) log_->bytes_ok += op.length;
     }
-    sink_->slice_done(op.cookie, fail ? Status(log_->fail_code, "mock path " + std::to_string(op.path) + " is down")
-                                      : Status::ok());
+    sink_->slice_done(
+        op.cookie, fail ? Status(log_->fail_code, "mock path " + std::to_string(op.path) + " is down") : Status::ok());
   }
   Status probe(int path, int64_t) override {
     std::lock_guard<std::mutex> lk(log_->mu);

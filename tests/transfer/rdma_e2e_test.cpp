@@ -6,11 +6,11 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "mc/testkit/json.hpp"
+#include "mc/testkit/process.hpp"
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/xfer_tool.hpp"
-#include "mc/testkit/json.hpp"
-#include "mc/testkit/process.hpp"
 
 #ifdef MC_TRANSFER_HAVE_RDMA
 #include <infiniband/verbs.h>
@@ -41,10 +41,10 @@ std::string skip_reason() {
 #endif
 }
 
-#define MC_REQUIRE_RDMA()                               \
-  do {                                                  \
-    const std::string why = skip_reason();              \
-    if (!why.empty()) GTEST_SKIP() << why;              \
+#define MC_REQUIRE_RDMA()                  \
+  do {                                     \
+    const std::string why = skip_reason(); \
+    if (!why.empty()) GTEST_SKIP() << why; \
   } while (0)
 
 TEST(RdmaE2E, ServeReadWriteVerify) {
@@ -53,20 +53,22 @@ TEST(RdmaE2E, ServeReadWriteVerify) {
   const std::string line = server.wait_line("ready ", 30000);
   const std::string segment = ready_field(line, "segment");
   ASSERT_FALSE(segment.empty()) << "no ready line: " << line;
-  auto rd = run({kXfer, "read", "--target", segment, "--offset", "12345", "--length", "5MiB", "--verify",
-                 "--transport", "rdma", "--json"}, 30000);
+  auto rd = run({kXfer, "read", "--target", segment, "--offset", "12345", "--length", "5MiB", "--verify", "--transport",
+                 "rdma", "--json"},
+                30000);
   ASSERT_EQ(rd.exit_code, 0) << rd.out;
   auto j = parse_json(rd);
   EXPECT_EQ(j["transport"], "rdma");
   EXPECT_EQ(j["verified"], true);
   EXPECT_EQ(j["steps"][0]["transferred_bytes"], 5u << 20);
-  auto wr = run({kXfer, "write", "--target", segment, "--offset", "1MiB", "--length", "3MiB", "--verify",
-                 "--transport", "rdma", "--json"}, 30000);
+  auto wr = run({kXfer, "write", "--target", segment, "--offset", "1MiB", "--length", "3MiB", "--verify", "--transport",
+                 "rdma", "--json"},
+                30000);
   ASSERT_EQ(wr.exit_code, 0) << wr.out;
   EXPECT_EQ(parse_json(wr)["verified"], true);
   // Bad requests fail with an error and the server keeps serving.
-  auto past = run({kXfer, "read", "--target", segment, "--offset", "64MiB", "--length", "1", "--transport", "rdma"},
-                  30000);
+  auto past =
+      run({kXfer, "read", "--target", segment, "--offset", "64MiB", "--length", "1", "--transport", "rdma"}, 30000);
   EXPECT_NE(past.exit_code, 0);
   auto again = run({kXfer, "read", "--target", segment, "--length", "8MiB", "--verify", "--transport", "rdma"}, 30000);
   EXPECT_EQ(again.exit_code, 0) << again.out;

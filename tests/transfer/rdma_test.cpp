@@ -494,8 +494,8 @@ TEST(RdmaEngine, WithoutDeviceOtherTransportsCarryOnAndThePeerRefusesRdmaConnect
   EXPECT_EQ(rep.status().code(), Code::kNoPath);
   EXPECT_NE(rep.status().message().find("serves no rdma"), std::string::npos) << rep.status().message();
   // Garbage in the request: still an error reply.
-  auto bad = tcp::control_call("tcp://" + server.value()->segment_name(), "", tcp::WireOp::kRdmaConnect, "\xc1\xc1",
-                               5000);
+  auto bad =
+      tcp::control_call("tcp://" + server.value()->segment_name(), "", tcp::WireOp::kRdmaConnect, "\xc1\xc1", 5000);
   EXPECT_FALSE(bad.is_ok());
   auto again = client.value()->transfer_sync({Op::kRead, local.data(), seg.value(), 0, local.size(), ""}, 10000);
   EXPECT_EQ(again.state, TransferState::kCompleted) << again.status.to_string();

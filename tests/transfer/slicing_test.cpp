@@ -255,7 +255,8 @@ TEST(TransferProtocol, MessagesRoundTrip) {
   EXPECT_EQ(d2.topology_json, d.topology_json);
   auto p = codec::unpack<proto::PublishSegmentRequest>(codec::pack(proto::PublishSegmentRequest{d}), "t").value();
   EXPECT_EQ(p.descriptor.name, d.name);
-  EXPECT_EQ(codec::unpack<proto::PublishSegmentReply>(codec::pack(proto::PublishSegmentReply{3}), "t")->region_count, 3u);
+  EXPECT_EQ(codec::unpack<proto::PublishSegmentReply>(codec::pack(proto::PublishSegmentReply{3}), "t")->region_count,
+            3u);
   EXPECT_EQ(codec::unpack<proto::GetSegmentRequest>(codec::pack(proto::GetSegmentRequest{"h:1"}), "t")->name, "h:1");
   EXPECT_EQ(codec::unpack<proto::GetSegmentReply>(codec::pack(proto::GetSegmentReply{d}), "t")->descriptor.host_id,
             "boot/host");

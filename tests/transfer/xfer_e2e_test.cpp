@@ -36,7 +36,8 @@ TEST_P(XferE2E, ServeReadWriteVerify) {
   ASSERT_FALSE(s.segment.empty()) << "no ready line: " << s.line;
   EXPECT_NE(s.line.find("shm=yes"), std::string::npos) << s.line;
   auto rd = run({kXfer, "read", "--target", s.segment, "--offset", "12345", "--length", "5MiB", "--verify",
-                 "--transport", GetParam(), "--json"}, 30000);
+                 "--transport", GetParam(), "--json"},
+                30000);
   ASSERT_EQ(rd.exit_code, 0) << rd.out;
   auto j = parse_json(rd);
   EXPECT_EQ(j["transport"], GetParam());
@@ -44,14 +45,15 @@ TEST_P(XferE2E, ServeReadWriteVerify) {
   EXPECT_EQ(j["steps"][0]["transferred_bytes"], 5u << 20);
   EXPECT_EQ(j["steps"][0]["state"], "completed");
   auto wr = run({kXfer, "write", "--target", s.segment, "--offset", "1MiB", "--length", "3MiB", "--verify",
-                 "--transport", GetParam(), "--json"}, 30000);
+                 "--transport", GetParam(), "--json"},
+                30000);
   ASSERT_EQ(wr.exit_code, 0) << wr.out;
   auto w = parse_json(wr);
   EXPECT_EQ(w["verified"], true);
   ASSERT_EQ(w["steps"].size(), 3u);  // write ~pattern, read back, restore
   // The served pattern is intact after the write's restore step.
-  auto again = run({kXfer, "read", "--target", s.segment, "--length", "8MiB", "--verify", "--transport", GetParam()},
-                   30000);
+  auto again =
+      run({kXfer, "read", "--target", s.segment, "--length", "8MiB", "--verify", "--transport", GetParam()}, 30000);
   EXPECT_EQ(again.exit_code, 0) << again.out;
   EXPECT_NE(again.out.find("verify: ok"), std::string::npos) << again.out;
 }
@@ -62,8 +64,8 @@ INSTANTIATE_TEST_SUITE_P(Transports, XferE2E, ::testing::Values("tcp", "shm"),
 TEST(XferE2EMultipath, TwoLoopbackAddressesBothCarrySlices) {
   Server s({"--listen", "tcp://127.0.0.1:0", "--listen", "tcp://127.0.0.2:0"});
   ASSERT_FALSE(s.segment.empty()) << s.line;
-  auto rd = run({kXfer, "read", "--target", s.segment, "--length", "32MiB", "--verify", "--transport", "tcp",
-                 "--json"}, 30000);
+  auto rd = run({kXfer, "read", "--target", s.segment, "--length", "32MiB", "--verify", "--transport", "tcp", "--json"},
+                30000);
   ASSERT_EQ(rd.exit_code, 0) << rd.out;
   auto j = parse_json(rd);
   uint64_t on1 = 0, on2 = 0;
@@ -86,14 +88,15 @@ TEST(XferE2EBadRequests, ErrorsAndTheServerKeepsServing) {
   EXPECT_NE(parse_json(unk)["error"].get<std::string>().find("127.0.0.1:1"), std::string::npos) << unk.out;
   // Offset past the end, over both transports.
   for (const char* t : {"tcp", "shm"}) {
-    auto past = run({kXfer, "read", "--target", s.segment, "--offset", "8MiB", "--length", "1", "--transport", t,
-                     "--json"}, 20000);
+    auto past = run(
+        {kXfer, "read", "--target", s.segment, "--offset", "8MiB", "--length", "1", "--transport", t, "--json"}, 20000);
     EXPECT_EQ(past.exit_code, 2) << past.out;
     EXPECT_NE(parse_json(past)["error"].get<std::string>().find("outside"), std::string::npos) << past.out;
   }
   // Length overflow: offset + length wraps 64 bits.
   auto wrap = run({kXfer, "write", "--target", s.segment, "--offset", "9223372036854775807", "--length", "1MiB",
-                   "--transport", "tcp"}, 20000);
+                   "--transport", "tcp"},
+                  20000);
   EXPECT_EQ(wrap.exit_code, 2) << wrap.out;
   // Bad usage.
   EXPECT_EQ(run({kXfer, "read", "--target", s.segment, "--length", "lots"}, 10000).exit_code, 2);
@@ -125,8 +128,9 @@ TEST(XferE2EKill, ServerKilledMidTransferClientFailsCleanly) {
 TEST(XferE2EBench, JsonHasOneResultPerBlock) {
   Server s({"--listen", "tcp://127.0.0.1:0"});
   ASSERT_FALSE(s.segment.empty()) << s.line;
-  auto b = run({kXfer, "bench", "--target", s.segment, "--block", "64KiB,1MiB", "--duration", "0.3", "--batch", "8",
-                "--json"}, 60000);
+  auto b = run(
+      {kXfer, "bench", "--target", s.segment, "--block", "64KiB,1MiB", "--duration", "0.3", "--batch", "8", "--json"},
+      60000);
   ASSERT_EQ(b.exit_code, 0) << b.out;
   auto j = parse_json(b);
   EXPECT_EQ(j["transport"], "shm");
@@ -136,8 +140,8 @@ TEST(XferE2EBench, JsonHasOneResultPerBlock) {
   EXPECT_GT(j["results"][1]["requests"].get<uint64_t>(), 0u);
   EXPECT_GT(j["results"][1]["latency_p99_ns"].get<int64_t>(), 0);
   EXPECT_TRUE(j.contains("build") && j.contains("host"));
-  auto table = run({kXfer, "bench", "--target", s.segment, "--block", "1MiB", "--duration", "0.2", "--transport",
-                    "tcp"}, 60000);
+  auto table =
+      run({kXfer, "bench", "--target", s.segment, "--block", "1MiB", "--duration", "0.2", "--transport", "tcp"}, 60000);
   ASSERT_EQ(table.exit_code, 0) << table.out;
   EXPECT_NE(table.out.find("GB/s"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("transport tcp"), std::string::npos) << table.out;
@@ -146,12 +150,11 @@ TEST(XferE2EBench, JsonHasOneResultPerBlock) {
 // Here (no RDMA NIC, no soft-RoCE) asking for rdma is a clear runtime error, exit 1, not a hang or a crash.
 TEST(XferE2EBench, RdmaWithoutDeviceFailsClearly) {
   std::error_code ec;
-  if (std::filesystem::exists("/sys/class/infiniband", ec) &&
-      !std::filesystem::is_empty("/sys/class/infiniband", ec)) {
+  if (std::filesystem::exists("/sys/class/infiniband", ec) && !std::filesystem::is_empty("/sys/class/infiniband", ec)) {
     GTEST_SKIP() << "this host has an RDMA device (/sys/class/infiniband): the no-device error cannot be seen";
   }
-  auto b = run({kXfer, "bench", "--target", "127.0.0.1:9", "--transport", "rdma", "--duration", "0.1", "--json"},
-               20000);
+  auto b =
+      run({kXfer, "bench", "--target", "127.0.0.1:9", "--transport", "rdma", "--duration", "0.1", "--json"}, 20000);
   EXPECT_EQ(b.exit_code, 1) << b.out;
   auto j = parse_json(b);
   const std::string err = j.value("error", "");

@@ -17,66 +17,95 @@ int main(int argc, char** argv) {
   o.scheduler.kv.kv_bytes_per_token = 0;  // from the cost model unless given
   auto* serve = app.add_subcommand("serve", "Run the Conductor daemon until SIGTERM/SIGINT");
   serve->add_option("--listen", o.listen, "ZeroMQ endpoint for clients and workers")
-      ->envname("MC_CONDUCTOR_LISTEN")->capture_default_str();
+      ->envname("MC_CONDUCTOR_LISTEN")
+      ->capture_default_str();
   serve->add_option("--kv-events", o.kv_events, "Store master KV-event PUB endpoint(s) to subscribe to")
-      ->envname("MC_KV_EVENTS")->delimiter(',');
-  serve->add_option("--store-master", o.store_master,
-                    "Store master RPC endpoint: index resync after an event gap, segment hosts")
+      ->envname("MC_KV_EVENTS")
+      ->delimiter(',');
+  serve
+      ->add_option("--store-master", o.store_master,
+                   "Store master RPC endpoint: index resync after an event gap, segment hosts")
       ->envname("MC_STORE_MASTER");
   serve->add_option("--policy", o.scheduler.policy, "Prefill placement policy")
-      ->envname("MC_POLICY")->capture_default_str()->check(CLI::IsMember(mc::sched::policy_names()));
+      ->envname("MC_POLICY")
+      ->capture_default_str()
+      ->check(CLI::IsMember(mc::sched::policy_names()));
   serve->add_option("--seed", o.scheduler.seed, "Seed of the random policy")->capture_default_str();
   serve->add_option("--slo-ttft-ms", o.scheduler.slo.ttft_ms, "Default TTFT SLO (ms) of requests that set none")
-      ->envname("MC_SLO_TTFT_MS")->capture_default_str()->check(CLI::PositiveNumber);
+      ->envname("MC_SLO_TTFT_MS")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   serve->add_option("--slo-tbt-ms", o.scheduler.slo.tbt_ms, "Default TBT SLO (ms) of requests that set none")
-      ->envname("MC_SLO_TBT_MS")->capture_default_str()->check(CLI::PositiveNumber);
+      ->envname("MC_SLO_TBT_MS")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   serve->add_flag("--no-early-reject", no_early_reject,
                   "Place requests even when they are predicted to miss their SLO (reject only impossible ones)");
-  serve->add_option("--overload-queue-ms", o.scheduler.overload_queue_ms,
-                    "Queue (ms) above which a prefix holder counts as overloaded (hot-prefix replication)")
+  serve
+      ->add_option("--overload-queue-ms", o.scheduler.overload_queue_ms,
+                   "Queue (ms) above which a prefix holder counts as overloaded (hot-prefix replication)")
       ->capture_default_str();
   serve->add_option("--heartbeat-interval-ms", o.heartbeat_interval_ms, "Heartbeat interval told to workers (ms)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  serve->add_option("--heartbeat-timeout-ms", o.scheduler.heartbeat_timeout_ms,
-                    "A worker silent this long (ms) is removed with its cached blocks")
-      ->envname("MC_HEARTBEAT_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--heartbeat-timeout-ms", o.scheduler.heartbeat_timeout_ms,
+                   "A worker silent this long (ms) is removed with its cached blocks")
+      ->envname("MC_HEARTBEAT_TIMEOUT_MS")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   serve->add_option("--reserve-timeout-ms", o.reserve_timeout_ms, "Deadline of decode_reserve (ms)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   serve->add_option("--job-timeout-ms", o.job_timeout_ms, "Deadline of a prefill job (ms)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   serve->add_option("--decisions", o.decisions_path, "Append every decision with its inputs to FILE (JSONL)");
-  serve->add_option("--time-scale", o.time_scale,
-                    "Workers run this many times faster than the hardware they model (sim backend): measured "
-                    "times are multiplied by it, bandwidth samples ignored")
-      ->envname("MC_TIME_SCALE")->capture_default_str()->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--time-scale", o.time_scale,
+                   "Workers run this many times faster than the hardware they model (sim backend): measured "
+                   "times are multiplied by it, bandwidth samples ignored")
+      ->envname("MC_TIME_SCALE")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   serve->add_option("--cost-model", cost_model, "Model preset or JSON file of the prefill/decode cost prior")
-      ->envname("MC_COST_MODEL")->capture_default_str();
+      ->envname("MC_COST_MODEL")
+      ->capture_default_str();
   serve->add_option("--gpu", gpu, "GPU preset of the cost prior (a800x8, h800x8)")
-      ->envname("MC_GPU")->capture_default_str();
-  serve->add_option("--kv-bytes-per-token", o.scheduler.kv.kv_bytes_per_token,
-                    "KV bytes per token for transfer pricing (default: the cost model's)")
-      ->envname("MC_KV_BYTES_PER_TOKEN")->check(CLI::PositiveNumber);
-  serve->add_option("--bw-same-host", o.bandwidth_priors.same_host_bytes_per_s,
-                    "Prior same-host fetch bandwidth (bytes/s) until measured")->capture_default_str();
-  serve->add_option("--bw-remote", o.bandwidth_priors.remote_bytes_per_s,
-                    "Prior remote-pool fetch bandwidth (bytes/s) until measured")->capture_default_str();
-  serve->add_option("--bw-ssd", o.bandwidth_priors.ssd_bytes_per_s,
-                    "Prior SSD fetch bandwidth (bytes/s) until measured")->capture_default_str();
+      ->envname("MC_GPU")
+      ->capture_default_str();
+  serve
+      ->add_option("--kv-bytes-per-token", o.scheduler.kv.kv_bytes_per_token,
+                   "KV bytes per token for transfer pricing (default: the cost model's)")
+      ->envname("MC_KV_BYTES_PER_TOKEN")
+      ->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--bw-same-host", o.bandwidth_priors.same_host_bytes_per_s,
+                   "Prior same-host fetch bandwidth (bytes/s) until measured")
+      ->capture_default_str();
+  serve
+      ->add_option("--bw-remote", o.bandwidth_priors.remote_bytes_per_s,
+                   "Prior remote-pool fetch bandwidth (bytes/s) until measured")
+      ->capture_default_str();
+  serve
+      ->add_option("--bw-ssd", o.bandwidth_priors.ssd_bytes_per_s, "Prior SSD fetch bandwidth (bytes/s) until measured")
+      ->capture_default_str();
   mc::cli::add_key_namespace_flags(*serve, o.key_namespace, "--hash-seed");
 
   std::string endpoint = "tcp://127.0.0.1:7460";
   bool json = false;
   int timeout_ms = 2000;
-  auto* stat = app.add_subcommand("stat", "Print a running Conductor's instances, loads, index, decisions and "
-                                          "TTFT prediction error");
-  stat->add_option("--endpoint", endpoint, "The Conductor's endpoint")
-      ->envname("MC_CONDUCTOR")->capture_default_str();
+  auto* stat = app.add_subcommand("stat",
+                                  "Print a running Conductor's instances, loads, index, decisions and "
+                                  "TTFT prediction error");
+  stat->add_option("--endpoint", endpoint, "The Conductor's endpoint")->envname("MC_CONDUCTOR")->capture_default_str();
   stat->add_flag("--json", json, "Print the status document as JSON");
   stat->add_option("--timeout-ms", timeout_ms, "Reply deadline (ms)")->capture_default_str();
 
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (stat->parsed()) {
-    return mc::cli::report("mc-conductor stat", mc::sched::print_conductor_status(endpoint, json, timeout_ms, std::cout));
+    return mc::cli::report("mc-conductor stat",
+                           mc::sched::print_conductor_status(endpoint, json, timeout_ms, std::cout));
   }
   o.scheduler.slo.early_reject = !no_early_reject;
   if (mc::Status st = mc::sched::apply_cost_model(o, cost_model, gpu); !st.is_ok()) {

@@ -3,8 +3,9 @@
 #include "mc/infer/daemons.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"mc-decode: decoding instance: reserves KV at admission, receives KV from prefill, continuous "
-               "batching, streams tokens to clients"};
+  CLI::App app{
+      "mc-decode: decoding instance: reserves KV at admission, receives KV from prefill, continuous "
+      "batching, streams tokens to clients"};
   mc::cli::add_common_flags(app, "mc-decode");
   mc::infer::DecodeDaemonConfig config;
   mc::infer::add_decode_flags(app, config);

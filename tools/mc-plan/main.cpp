@@ -8,13 +8,15 @@
 #include "mc/sim/commands.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"mc-plan: capacity planning for a KVCache-centric cluster (fetch threshold, cluster sizing by simulation)"};
+  CLI::App app{
+      "mc-plan: capacity planning for a KVCache-centric cluster (fetch threshold, cluster sizing by simulation)"};
   app.require_subcommand(1);
   mc::cli::add_common_flags(app, "mc-plan");
 
   mc::sim::ThresholdCommand th;
-  auto* th_cmd = app.add_subcommand("threshold", "Bandwidth above which fetching a cached prefix beats recomputing it, "
-                                                 "per prefix length");
+  auto* th_cmd = app.add_subcommand("threshold",
+                                    "Bandwidth above which fetching a cached prefix beats recomputing it, "
+                                    "per prefix length");
   th_cmd->add_option("--model", th.model, "Model preset or JSON file")->envname("MC_MODEL")->capture_default_str();
   th_cmd->add_option("--gpu", th.gpu, "GPU preset (a800x8, h800x8)")->envname("MC_GPU")->capture_default_str();
   th_cmd->add_option("--prefix-tokens", th.prefix_tokens, "Prefix lengths, tokens (comma list, 1K = 1000)")
@@ -23,11 +25,13 @@ int main(int argc, char** argv) {
   th_cmd->add_flag("--json", th.json, "Print JSON instead of the table");
 
   mc::sim::CapacityCommand cap;
-  auto* cap_cmd = app.add_subcommand("capacity", "Fewest prefill and decode instances, cache and NIC bandwidth meeting "
-                                                 "the SLOs for a trace (by simulation)");
+  auto* cap_cmd = app.add_subcommand("capacity",
+                                     "Fewest prefill and decode instances, cache and NIC bandwidth meeting "
+                                     "the SLOs for a trace (by simulation)");
   cap_cmd->add_option("cluster", cap.cluster_path, "Base CLUSTER.json (model, gpu, policy, ...); omitted: defaults");
   cap_cmd->add_option("--trace", cap.trace_path, "Mooncake JSONL trace, or - for stdin")
-      ->envname("MC_TRACE")->capture_default_str();
+      ->envname("MC_TRACE")
+      ->capture_default_str();
   cap_cmd->add_flag("--lenient", cap.lenient, "Skip malformed trace rows with a warning");
   cap_cmd->add_option("--start-s", cap.window.start_s, "Skip rows before this trace time (s)")->capture_default_str();
   cap_cmd->add_option("--duration-s", cap.window.duration_s, "Trace seconds from --start-s (0: to the end)")
@@ -44,8 +48,9 @@ int main(int argc, char** argv) {
   cap_cmd->add_option("--max-instances", cap.max_instances, "Search bound per role")->capture_default_str();
   cap_cmd->add_option("--cache-candidates", cap.cache_candidates, "Total cache capacities to consider, tokens")
       ->capture_default_str();
-  cap_cmd->add_option("--cache-fraction", cap.cache_fraction,
-                      "Pick the smallest cache reaching this fraction of the infinite-cache hit ratio")
+  cap_cmd
+      ->add_option("--cache-fraction", cap.cache_fraction,
+                   "Pick the smallest cache reaching this fraction of the infinite-cache hit ratio")
       ->capture_default_str();
   cap_cmd->add_option("--nic-candidates", cap.nic_candidates, "NIC bandwidths to consider, bytes/s per instance")
       ->capture_default_str();

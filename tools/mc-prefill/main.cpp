@@ -3,8 +3,9 @@
 #include "mc/infer/daemons.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"mc-prefill: prefill instance: fetches cached prefix KV, prefills the rest, streams KV layer by "
-               "layer to a decode instance, stores new blocks"};
+  CLI::App app{
+      "mc-prefill: prefill instance: fetches cached prefix KV, prefills the rest, streams KV layer by "
+      "layer to a decode instance, stores new blocks"};
   mc::cli::add_common_flags(app, "mc-prefill");
   mc::infer::PrefillDaemonConfig config;
   mc::infer::add_prefill_flags(app, config);

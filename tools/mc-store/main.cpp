@@ -27,7 +27,9 @@ CLI::Option* add_size(CLI::App* cmd, const std::string& name, uint64_t& target, 
 }
 
 void add_master_flag(CLI::App* cmd, mc::store::ClientOptions& c) {
-  cmd->add_option("--master", c.master, "Endpoint of mc-store master")->envname("MC_STORE_MASTER")->capture_default_str();
+  cmd->add_option("--master", c.master, "Endpoint of mc-store master")
+      ->envname("MC_STORE_MASTER")
+      ->capture_default_str();
 }
 
 }  // namespace
@@ -39,49 +41,80 @@ int main(int argc, char** argv) {
 
   // ---- master ----
   mc::store::MasterOptions master;
-  auto* master_cmd = app.add_subcommand("master", "Run the metadata service (segments, objects, leases, eviction, KV events)");
-  master_cmd->add_option("--listen", master.listen, "RPC endpoint to bind")->envname("MC_STORE_LISTEN")->capture_default_str();
+  auto* master_cmd =
+      app.add_subcommand("master", "Run the metadata service (segments, objects, leases, eviction, KV events)");
+  master_cmd->add_option("--listen", master.listen, "RPC endpoint to bind")
+      ->envname("MC_STORE_LISTEN")
+      ->capture_default_str();
   master_cmd->add_option("--events", master.events, "KV event PUB endpoint (empty: no events)")
-      ->envname("MC_STORE_EVENTS")->capture_default_str();
-  master_cmd->add_option("--fast-listen", master.fast_listen,
-                         "Plain-TCP fast path for clients (tcp://HOST:PORT; empty: host of --listen, free port; off: none)")
-      ->envname("MC_STORE_FAST_LISTEN")->capture_default_str();
+      ->envname("MC_STORE_EVENTS")
+      ->capture_default_str();
+  master_cmd
+      ->add_option("--fast-listen", master.fast_listen,
+                   "Plain-TCP fast path for clients (tcp://HOST:PORT; empty: host of --listen, free port; off: none)")
+      ->envname("MC_STORE_FAST_LISTEN")
+      ->capture_default_str();
   auto& mc_cfg = master.config;
   master_cmd->add_option("--high-watermark", mc_cfg.high_watermark, "Segment usage fraction that starts eviction")
-      ->capture_default_str()->check(CLI::Range(0.01, 1.0));
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1.0));
   master_cmd->add_option("--low-watermark", mc_cfg.low_watermark, "Segment usage fraction eviction stops at")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   master_cmd->add_option("--node-ttl-ms", mc_cfg.node_ttl_ms, "A storage node silent this long (ms) is dead")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{3600000}));
-  master_cmd->add_option("--client-ttl-ms", mc_cfg.client_ttl_ms, "A client silent this long (ms) is dead; its puts are reclaimed")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+  master_cmd
+      ->add_option("--client-ttl-ms", mc_cfg.client_ttl_ms,
+                   "A client silent this long (ms) is dead; its puts are reclaimed")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
   master_cmd->add_option("--lease-ms", mc_cfg.lease_ms, "Read lease granted by get (ms)")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{3600000}));
-  master_cmd->add_option("--put-takeover-ms", mc_cfg.put_takeover_ms, "Another writer may take over a put older than this (ms)")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
-  master_cmd->add_option("--put-reclaim-ms", mc_cfg.put_reclaim_ms, "Unfinished puts older than this (ms) are reclaimed")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
-  master_cmd->add_option("--free-delay-ms", mc_cfg.free_delay_ms, "Space of discarded puts is freed this long (ms) later")
-      ->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{3600000}));
-  add_size(master_cmd, "--alignment", mc_cfg.alignment_bytes, "Allocation granularity inside a segment (bytes, power of two)");
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+  master_cmd
+      ->add_option("--put-takeover-ms", mc_cfg.put_takeover_ms,
+                   "Another writer may take over a put older than this (ms)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  master_cmd
+      ->add_option("--put-reclaim-ms", mc_cfg.put_reclaim_ms, "Unfinished puts older than this (ms) are reclaimed")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  master_cmd
+      ->add_option("--free-delay-ms", mc_cfg.free_delay_ms, "Space of discarded puts is freed this long (ms) later")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
+  add_size(master_cmd, "--alignment", mc_cfg.alignment_bytes,
+           "Allocation granularity inside a segment (bytes, power of two)");
   add_size(master_cmd, "--max-object-bytes", mc_cfg.max_object_bytes, "Largest object accepted (bytes)");
   master_cmd->add_option("--max-replicas", mc_cfg.max_replicas, "Most replicas of one object, hot copies included")
-      ->capture_default_str()->check(CLI::Range(1u, 64u));
-  master_cmd->add_option("--hot-reads", mc_cfg.hot_read_threshold, "Reads within --hot-window-ms that add a replica (0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
+  master_cmd
+      ->add_option("--hot-reads", mc_cfg.hot_read_threshold, "Reads within --hot-window-ms that add a replica (0: off)")
       ->capture_default_str();
   master_cmd->add_option("--hot-window-ms", mc_cfg.hot_window_ms, "Window of the hot-object read count (ms)")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
   master_cmd->add_option("--tick-ms", master.tick_ms, "Period of liveness/eviction checks (ms)")
-      ->capture_default_str()->check(CLI::Range(1, 10000));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
 
   // ---- serve ----
   mc::store::NodeOptions node;
-  auto* serve_cmd = app.add_subcommand("serve", "Run a storage node contributing DRAM (and optionally SSD) to the pool");
-  serve_cmd->add_option("--master", node.master, "Endpoint of mc-store master")->envname("MC_STORE_MASTER")->capture_default_str();
+  auto* serve_cmd =
+      app.add_subcommand("serve", "Run a storage node contributing DRAM (and optionally SSD) to the pool");
+  serve_cmd->add_option("--master", node.master, "Endpoint of mc-store master")
+      ->envname("MC_STORE_MASTER")
+      ->capture_default_str();
   serve_cmd->add_option("--listen", node.listen, "RPC endpoint to bind (SSD-tier data RPCs)")->capture_default_str();
-  serve_cmd->add_option("--xfer-listen", node.xfer_listen,
-                        "Transfer-engine endpoints serving the DRAM segment, comma-separated (one tcp path each)")
-      ->delimiter(',')->envname("MC_STORE_XFER_LISTEN")->capture_default_str();
+  serve_cmd
+      ->add_option("--xfer-listen", node.xfer_listen,
+                   "Transfer-engine endpoints serving the DRAM segment, comma-separated (one tcp path each)")
+      ->delimiter(',')
+      ->envname("MC_STORE_XFER_LISTEN")
+      ->capture_default_str();
   serve_cmd->add_option("--node-id", node.node_id, "Node name, unique in the cluster (default: <hostname>-<pid>)")
       ->envname("MC_STORE_NODE_ID");
   serve_cmd->add_option("--host", node.host, "Host name used for nearest-replica ordering (default: hostname)");
@@ -90,7 +123,8 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--ssd-dir", node.ssd_dir, "Directory of the SSD tier file (empty: no SSD tier)");
   add_size(serve_cmd, "--ssd-bytes", node.ssd_bytes, "SSD contributed (bytes)");
   serve_cmd->add_option("--heartbeat-ms", node.heartbeat_ms, "Heartbeat period (ms)")
-      ->capture_default_str()->check(CLI::Range(10, 60000));
+      ->capture_default_str()
+      ->check(CLI::Range(10, 60000));
   bool no_shm = false, no_prefault = false;
   serve_cmd->add_flag("--no-prefault", no_prefault,
                       "Commit DRAM pages on first write instead of at start (faster start, slower first puts)");
@@ -106,7 +140,8 @@ int main(int argc, char** argv) {
   put_cmd->add_option("KEY", key, "Object key")->required();
   put_cmd->add_option("FILE", file, "File to store, - for stdin")->capture_default_str();
   put_cmd->add_option("--replicas", admin.client.replicas, "Copies to write on distinct nodes")
-      ->capture_default_str()->check(CLI::Range(1u, 64u));
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
   put_cmd->add_flag("--overwrite", overwrite, "Replace an existing object");
   auto* get_cmd = app.add_subcommand("get", "Write the bytes of KEY to stdout (exit 1 on a miss)");
   add_master_flag(get_cmd, admin.client);
@@ -120,37 +155,57 @@ int main(int argc, char** argv) {
   ls_cmd->add_option("--prefix", prefix, "Only keys starting with this");
   ls_cmd->add_option("--limit", limit, "Most objects listed")->capture_default_str();
   ls_cmd->add_flag("--json", admin.json, "Print JSON");
-  auto* stat_cmd = app.add_subcommand("stat", "Per-segment capacity, usage, objects, hits, evictions, demotions, leases");
+  auto* stat_cmd =
+      app.add_subcommand("stat", "Per-segment capacity, usage, objects, hits, evictions, demotions, leases");
   add_master_flag(stat_cmd, admin.client);
   stat_cmd->add_flag("--json", admin.json, "Print JSON");
   std::string events = "tcp://127.0.0.1:7451";
   uint64_t count = 0;
   int64_t idle_ms = 0;
   auto* watch_cmd = app.add_subcommand("watch", "Print KV events (stored/removed/cleared) as JSONL");
-  watch_cmd->add_option("--events", events, "KV event endpoint of the master")->envname("MC_STORE_EVENTS")->capture_default_str();
+  watch_cmd->add_option("--events", events, "KV event endpoint of the master")
+      ->envname("MC_STORE_EVENTS")
+      ->capture_default_str();
   watch_cmd->add_option("--count", count, "Stop after this many events (0: never)")->capture_default_str();
-  watch_cmd->add_option("--timeout-ms", idle_ms, "Stop after this long without an event (ms, 0: never)")->capture_default_str();
+  watch_cmd->add_option("--timeout-ms", idle_ms, "Stop after this long without an event (ms, 0: never)")
+      ->capture_default_str();
 
   // ---- bench ----
   mc::store::BenchOptions bench;
   std::string bench_clients = "1,8,32";
-  auto* bench_cmd = app.add_subcommand("bench", "Metadata ops/s (put, put_sync, get, match over 24 keys) or data GB/s (batch_put/batch_get)");
+  auto* bench_cmd = app.add_subcommand(
+      "bench", "Metadata ops/s (put, put_sync, get, match over 24 keys) or data GB/s (batch_put/batch_get)");
   add_master_flag(bench_cmd, bench.client);
   bench_cmd->add_option("--mode", bench.mode, "metadata or data")->capture_default_str();
-  bench_cmd->add_option("--clients", bench_clients, "Concurrent clients, comma-separated (metadata)")->capture_default_str();
-  bench_cmd->add_option("--ops", bench.ops, "Operations: put (write-behind commit), put_sync (commit waited for), get, match (metadata)")->delimiter(',');
+  bench_cmd->add_option("--clients", bench_clients, "Concurrent clients, comma-separated (metadata)")
+      ->capture_default_str();
+  bench_cmd
+      ->add_option("--ops", bench.ops,
+                   "Operations: put (write-behind commit), put_sync (commit waited for), get, match (metadata)")
+      ->delimiter(',');
   bench_cmd->add_option("--transport", bench.transport, "Metadata path: fast (plain TCP) or zmq (ZeroMQ RpcClient)")
       ->capture_default_str();
-  bench_cmd->add_option("--pipeline", bench.pipeline, "Requests in flight per client, fast transport (redis-benchmark -P)")
-      ->capture_default_str()->check(CLI::Range(1u, 1024u));
-  bench_cmd->add_option("--duration", bench.duration_s, "Seconds per point")->capture_default_str()->check(CLI::Range(0.1, 600.0));
+  bench_cmd
+      ->add_option("--pipeline", bench.pipeline, "Requests in flight per client, fast transport (redis-benchmark -P)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1024u));
+  bench_cmd->add_option("--duration", bench.duration_s, "Seconds per point")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 600.0));
   bench_cmd->add_option("--kv-bytes-per-token", bench.kv_bytes_per_token, "KV bytes per token (data)")
-      ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
   bench_cmd->add_option("--block-tokens", bench.block_tokens, "Tokens per block (data)")
-      ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
-  bench_cmd->add_option("--blocks", bench.blocks, "Blocks per round (data)")->capture_default_str()->check(CLI::Range(1, 100000));
-  bench_cmd->add_option("--batch", bench.batch, "Blocks per batch call (data)")->capture_default_str()->check(CLI::Range(1, 4096));
-  bench_cmd->add_option("--client-host", bench.client.host, "Host name the client claims (another name forces the tcp path)");
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
+  bench_cmd->add_option("--blocks", bench.blocks, "Blocks per round (data)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  bench_cmd->add_option("--batch", bench.batch, "Blocks per batch call (data)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  bench_cmd->add_option("--client-host", bench.client.host,
+                        "Host name the client claims (another name forces the tcp path)");
   bench_cmd->add_flag("--json", bench.json, "Print JSON");
 
   // ---- keys ----
@@ -172,7 +227,8 @@ int main(int argc, char** argv) {
   if (rm_cmd->parsed()) return mc::cli::report("mc-store rm", mc::store::admin_rm(admin, key, std::cout));
   if (ls_cmd->parsed()) return mc::cli::report("mc-store ls", mc::store::admin_ls(admin, prefix, limit, std::cout));
   if (stat_cmd->parsed()) return mc::cli::report("mc-store stat", mc::store::admin_stat(admin, std::cout));
-  if (watch_cmd->parsed()) return mc::cli::report("mc-store watch", mc::store::admin_watch(events, count, idle_ms, std::cout));
+  if (watch_cmd->parsed())
+    return mc::cli::report("mc-store watch", mc::store::admin_watch(events, count, idle_ms, std::cout));
   if (bench_cmd->parsed()) {
     auto counts = mc::units::parse_count_list(bench_clients);
     if (!counts.is_ok()) return mc::cli::report("mc-store bench", counts.status());

@@ -19,8 +19,8 @@ void add_trace_flags(CLI::App& app, TraceInput& in) {
   app.add_flag("--lenient", in.lenient,
                "Skip malformed rows with a warning and a final count (default: strict, the first bad row fails "
                "with its line number)");
-  app.add_flag_callback("--strict", [&in] { in.lenient = false; },
-                        "Stop at the first malformed row, naming its line (the default)");
+  app.add_flag_callback(
+      "--strict", [&in] { in.lenient = false; }, "Stop at the first malformed row, naming its line (the default)");
   app.add_option("--trace-block-size", in.trace_block_size, "Tokens per hash_id in the trace")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
@@ -133,8 +133,9 @@ int main(int argc, char** argv) {
   // ---- analyze ----
   mc::replay::AnalyzeCommand ac;
   std::string capacities = "1M,3M,10M,50M";
-  auto* analyze = app.add_subcommand("analyze", "Describe a trace without a cluster: counts, arrival rate, length "
-                                                "percentiles, blocks, prefix-cache hit ratio (infinite and LRU)");
+  auto* analyze = app.add_subcommand("analyze",
+                                     "Describe a trace without a cluster: counts, arrival rate, length "
+                                     "percentiles, blocks, prefix-cache hit ratio (infinite and LRU)");
   add_trace_flags(*analyze, ac.input);
   analyze->add_option("--capacity-tokens", capacities, "LRU capacities to sweep, in tokens (K/M/G suffixes)")
       ->capture_default_str();

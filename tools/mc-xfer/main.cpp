@@ -31,21 +31,30 @@ struct EngineFlags {
 
   void add(CLI::App* cmd) {
     cmd->add_option("--transport", transport, "Transport: auto (shm on the same host, else tcp), tcp, shm or rdma")
-        ->envname("MC_XFER_TRANSPORT")->capture_default_str()->check(CLI::IsMember({"auto", "tcp", "shm", "rdma"}));
+        ->envname("MC_XFER_TRANSPORT")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "tcp", "shm", "rdma"}));
     cmd->add_option("--local", local, "Local source address of outgoing tcp paths (repeat for several NICs)")
         ->envname("MC_XFER_LOCAL");
-    cmd->add_option("--slice", slice, "Slice size (e.g. 16KiB, 64KiB, 256KiB)")->envname("MC_XFER_SLICE")
+    cmd->add_option("--slice", slice, "Slice size (e.g. 16KiB, 64KiB, 256KiB)")
+        ->envname("MC_XFER_SLICE")
         ->capture_default_str();
-    cmd->add_option("--connections", connections, "TCP connections per path")->capture_default_str()
+    cmd->add_option("--connections", connections, "TCP connections per path")
+        ->capture_default_str()
         ->check(CLI::Range(1u, 64u));
     cmd->add_option("--io-threads", io_threads,
                     "tcp I/O threads per segment, each owning a share of the connections (0: one per connection)")
-        ->envname("MC_XFER_IO_THREADS")->capture_default_str()->check(CLI::Range(0u, 64u));
+        ->envname("MC_XFER_IO_THREADS")
+        ->capture_default_str()
+        ->check(CLI::Range(0u, 64u));
     cmd->add_option("--socket-buffer", socket_buffer,
                     "SO_SNDBUF/SO_RCVBUF of tcp data connections in bytes (0: kernel autotuning)")
-        ->envname("MC_XFER_SOCKET_BUFFER")->capture_default_str();
+        ->envname("MC_XFER_SOCKET_BUFFER")
+        ->capture_default_str();
     cmd->add_option("--timeout-ms", timeout_ms, "Deadline of one request in milliseconds")
-        ->envname("MC_XFER_TIMEOUT_MS")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+        ->envname("MC_XFER_TIMEOUT_MS")
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
     cmd->add_option("--topology", topology, "Topology matrix JSON file (default: discover from sysfs)")
         ->envname("MC_XFER_TOPOLOGY");
   }
@@ -82,17 +91,22 @@ int main(int argc, char** argv) {
   std::string serve_socket_buffer = std::to_string(EngineOptions{}.socket_buffer_bytes);
   std::vector<std::string> serve_listen = {"tcp://127.0.0.1:0"};
   auto* serve_cmd = app.add_subcommand("serve", "Register a pattern-filled buffer and serve it until SIGTERM");
-  serve_cmd->add_option("--size", serve_size, "Bytes to serve (e.g. 1GiB)")->envname("MC_XFER_SIZE")
+  serve_cmd->add_option("--size", serve_size, "Bytes to serve (e.g. 1GiB)")
+      ->envname("MC_XFER_SIZE")
       ->capture_default_str();
   serve_cmd->add_option("--listen", serve_listen, "Endpoint to serve on, tcp://ADDR:PORT (repeat: one path each)")
-      ->envname("MC_XFER_LISTEN")->capture_default_str();
-  serve_cmd->add_option("--location", serve.location, "Memory location of the buffer (cpu:N)")->capture_default_str();
-  serve_cmd->add_option("--max-region", serve_max_region,
-                        "Split the registration into regions of at most this size (0: whole)")
+      ->envname("MC_XFER_LISTEN")
       ->capture_default_str();
-  serve_cmd->add_option("--socket-buffer", serve_socket_buffer,
-                        "SO_SNDBUF/SO_RCVBUF of accepted tcp connections in bytes (0: kernel autotuning)")
-      ->envname("MC_XFER_SOCKET_BUFFER")->capture_default_str();
+  serve_cmd->add_option("--location", serve.location, "Memory location of the buffer (cpu:N)")->capture_default_str();
+  serve_cmd
+      ->add_option("--max-region", serve_max_region,
+                   "Split the registration into regions of at most this size (0: whole)")
+      ->capture_default_str();
+  serve_cmd
+      ->add_option("--socket-buffer", serve_socket_buffer,
+                   "SO_SNDBUF/SO_RCVBUF of accepted tcp connections in bytes (0: kernel autotuning)")
+      ->envname("MC_XFER_SOCKET_BUFFER")
+      ->capture_default_str();
   serve_cmd->add_flag("--json", serve.json, "Also print the segment as one JSON line");
 
   // bench
@@ -101,12 +115,20 @@ int main(int argc, char** argv) {
   std::string bench_op = "read", bench_blocks = "64KiB,1MiB,4MiB";
   auto* bench_cmd = app.add_subcommand("bench", "Measure throughput and latency against a served segment");
   bench_cmd->add_option("--target", bench.target, "Segment to use, HOST:PORT (printed by mc-xfer serve)")
-      ->envname("MC_XFER_TARGET")->required();
-  bench_cmd->add_option("--op", bench_op, "read or write")->capture_default_str()->check(CLI::IsMember({"read", "write"}));
+      ->envname("MC_XFER_TARGET")
+      ->required();
+  bench_cmd->add_option("--op", bench_op, "read or write")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"read", "write"}));
   bench_cmd->add_option("--block", bench_blocks, "Request sizes, comma-separated")->capture_default_str();
-  bench_cmd->add_option("--threads", bench.threads, "Submitting threads")->capture_default_str()->check(CLI::Range(1u, 64u));
-  bench_cmd->add_option("--batch", bench.batch, "Requests per batch")->capture_default_str()->check(CLI::Range(1u, 4096u));
-  bench_cmd->add_option("--duration", bench.duration_s, "Seconds per block size")->capture_default_str()
+  bench_cmd->add_option("--threads", bench.threads, "Submitting threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
+  bench_cmd->add_option("--batch", bench.batch, "Requests per batch")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 4096u));
+  bench_cmd->add_option("--duration", bench.duration_s, "Seconds per block size")
+      ->capture_default_str()
       ->check(CLI::Range(0.01, 3600.0));
   bench_cmd->add_flag("--baseline", bench.baseline,
                       "Also measure memcpy (1, 2 threads) and raw loopback TCP (1, 4 streams) and print ratios");
@@ -139,14 +161,18 @@ int main(int argc, char** argv) {
   // topo
   mc::transfer::xfer::TopoOptions topo;
   auto* topo_cmd = app.add_subcommand("topo", "Print this host's topology matrix");
-  topo_cmd->add_option("--topology", topo.topology_file, "Read this JSON file instead of sysfs")->envname("MC_XFER_TOPOLOGY");
+  topo_cmd->add_option("--topology", topo.topology_file, "Read this JSON file instead of sysfs")
+      ->envname("MC_XFER_TOPOLOGY");
   topo_cmd->add_flag("--json", topo.json, "JSON (the --topology file format)");
 
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   if (serve_cmd->parsed()) {
     auto size = mc::units::parse_size_bytes(serve_size);
-    if (!size.is_ok() || size.value() <= 0) return run("mc-xfer serve", mc::Status(mc::Code::kInvalidArgument, "--size: " + (size.is_ok() ? std::string("must be > 0") : size.status().message())));
+    if (!size.is_ok() || size.value() <= 0)
+      return run("mc-xfer serve",
+                 mc::Status(mc::Code::kInvalidArgument,
+                            "--size: " + (size.is_ok() ? std::string("must be > 0") : size.status().message())));
     auto max_region = mc::units::parse_size_bytes(serve_max_region);
     if (!max_region.is_ok()) return run("mc-xfer serve", max_region.status());
     serve.size_bytes = static_cast<uint64_t>(size.value());
@@ -177,7 +203,8 @@ int main(int argc, char** argv) {
     auto len = mc::units::parse_size_bytes(rw_length);
     if (!off.is_ok()) return run(name, off.status().with_context("--offset"));
     if (!len.is_ok()) return run(name, len.status().with_context("--length"));
-    if (off.value() < 0 || len.value() < 0) return run(name, mc::Status(mc::Code::kInvalidArgument, "--offset/--length must be >= 0"));
+    if (off.value() < 0 || len.value() < 0)
+      return run(name, mc::Status(mc::Code::kInvalidArgument, "--offset/--length must be >= 0"));
     rw.engine = eo.value();
     rw.timeout_ms = rw.engine.request_timeout_ms;
     rw.op = read_cmd->parsed() ? mc::transfer::Op::kRead : mc::transfer::Op::kWrite;

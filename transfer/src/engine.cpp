@@ -123,7 +123,7 @@ struct RemoteSeg {
   uint64_t window = 0;
   uint64_t size_bytes = 0;  // end of the last region
   std::deque<SliceRec*> queue;
-  uint64_t active_slices = 0;  // queued + in flight
+  uint64_t active_slices = 0;      // queued + in flight
   std::vector<Status> last_error;  // per path
 };
 
@@ -133,7 +133,8 @@ thread_local const void* tl_pumping = nullptr;
 // opening a segment over it fails with the reason, so "no transport reaches it" says why.
 class UnavailableTransport final : public Transport {
  public:
-  UnavailableTransport(std::string name, int rank, Status why) : name_(std::move(name)), rank_(rank), why_(std::move(why)) {}
+  UnavailableTransport(std::string name, int rank, Status why)
+      : name_(std::move(name)), rank_(rank), why_(std::move(why)) {}
   std::string_view name() const override { return name_; }
   int rank() const override { return rank_; }
   Result<std::unique_ptr<TransportSegment>> open(const proto::SegmentDescriptor&, SliceSink*) override { return why_; }
@@ -431,8 +432,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       auto it = by_name_.find(name);
       if (it != by_name_.end()) return it->second;
     }
-    MC_ASSIGN_OR_RETURN(proto::SegmentDescriptor d,
-                        options_.directory->lookup(name, options_.connect_timeout_ms));
+    MC_ASSIGN_OR_RETURN(proto::SegmentDescriptor d, options_.directory->lookup(name, options_.connect_timeout_ms));
     if (d.name.empty()) d.name = name;
     return open_segment(d, name);
   }
@@ -488,8 +488,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     seg->handle = next_handle_++;
     segs_[seg->handle] = seg;
     by_name_[alias.empty() ? d.name : alias] = seg->handle;
-    MC_LOG_DEBUG << "opened segment " << d.name << " over " << seg->transport << " with "
-                 << seg->ts->paths().size() << " path(s)";
+    MC_LOG_DEBUG << "opened segment " << d.name << " over " << seg->transport << " with " << seg->ts->paths().size()
+                 << " path(s)";
     return seg->handle;
   }
 
@@ -530,8 +530,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     if (stopped_) return Status(Code::kCancelled, "submit: transfer engine is shutting down");
     for (const auto& rq : requests) {
       if (segs_.find(rq.segment) == segs_.end()) {
-        return Status(Code::kNotFound, "submit: unknown segment handle " + std::to_string(rq.segment) +
-                                           " (open_segment first)");
+        return Status(Code::kNotFound,
+                      "submit: unknown segment handle " + std::to_string(rq.segment) + " (open_segment first)");
       }
     }
     auto batch = std::make_unique<Batch>();
@@ -593,8 +593,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       pos = reg.segment_offset + reg.length_bytes;
       if (pos >= end) return Status::ok();
     }
-    return Status(Code::kOutOfRange, what_of() + ": range [" + std::to_string(q.remote_offset) + ", " + std::to_string(end) +
-                                         ") is outside the segment's registered memory (" +
+    return Status(Code::kOutOfRange, what_of() + ": range [" + std::to_string(q.remote_offset) + ", " +
+                                         std::to_string(end) + ") is outside the segment's registered memory (" +
                                          std::to_string(r.seg->size_bytes) + " bytes)");
   }
 
@@ -625,8 +625,10 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
         s.length = sr.length;
         r.slices.push_back(s);
       };
-      if (seg.slicing) for_each_slice(len, options_.slicing, add);
-      else add(SliceRange{0, len});
+      if (seg.slicing)
+        for_each_slice(len, options_.slicing, add);
+      else
+        add(SliceRange{0, len});
     }
     for (auto& s : r.slices) seg.queue.push_back(&s);
     r.queued = static_cast<uint32_t>(r.slices.size());
@@ -710,8 +712,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       seg.queue.push_front(s);
       r.queued++;
       MC_LOG_DEBUG << "slice at offset " << s->req_offset << " of a " << op_name(r.req.op) << " on "
-                   << seg.selector->path(s->path).label << " failed (attempt " << s->attempts << "), retrying: "
-                   << st.message();
+                   << seg.selector->path(s->path).label << " failed (attempt " << s->attempts
+                   << "), retrying: " << st.message();
     } else {
       seg.active_slices--;
       if (r.abort_state == TransferState::kPending) {
@@ -720,8 +722,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
                                  seg.desc.name;
         Status why = request_fault ? Status(st.code(), what + ": " + st.message())
                                    : Status(Code::kTransferFailed, what + ": slice at request offset " +
-                                                                       std::to_string(s->req_offset) + " failed after " +
-                                                                       std::to_string(s->attempts) +
+                                                                       std::to_string(s->req_offset) +
+                                                                       " failed after " + std::to_string(s->attempts) +
                                                                        " attempt(s); last error: " + st.message());
         abort_locked(r, TransferState::kFailed, std::move(why));
       }
@@ -738,8 +740,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     if (r.queued > 0) {
       auto& q = r.seg->queue;
       const size_t before = q.size();
-      q.erase(std::remove_if(q.begin(), q.end(), [&](SliceRec* s) { return &s->batch->reqs[s->req] == &r; }),
-              q.end());
+      q.erase(std::remove_if(q.begin(), q.end(), [&](SliceRec* s) { return &s->batch->reqs[s->req] == &r; }), q.end());
       r.seg->active_slices -= before - q.size();
       r.queued = 0;
     }
@@ -799,8 +800,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     int64_t last_used_ns = 0;
     bool reused = false;  // has carried a run before (so it may have gone stale since)
   };
-  static constexpr size_t kMaxNotifyRun = 256;          // notifications sent back to back on one connection
-  static constexpr size_t kMaxNotifyConnections = 64;   // pooled peers; the least recently used goes first
+  static constexpr size_t kMaxNotifyRun = 256;         // notifications sent back to back on one connection
+  static constexpr size_t kMaxNotifyConnections = 64;  // pooled peers; the least recently used goes first
 
   void notifier_loop() {
     const auto idle_check = std::chrono::milliseconds(std::clamp<int64_t>(options_.idle_connection_ms / 2, 10, 1000));
@@ -836,9 +837,10 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
         if (!j.st.is_ok()) {
           notifications_failed_++;
           r->abort_state = TransferState::kFailed;
-          r->status = Status(Code::kTransferFailed, "all " + std::to_string(r->req.length) +
-                                                        " bytes landed but notification '" + r->req.notify_tag +
-                                                        "' to segment " + r->seg->desc.name + " failed: " + j.st.message());
+          r->status =
+              Status(Code::kTransferFailed, "all " + std::to_string(r->req.length) +
+                                                " bytes landed but notification '" + r->req.notify_tag +
+                                                "' to segment " + r->seg->desc.name + " failed: " + j.st.message());
         } else {
           notifications_sent_++;
         }
@@ -1001,12 +1003,11 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   }
 
   Status timeout_status(const ReqState& r) const {
-    return Status(Code::kTimeout, std::string(op_name(r.req.op)) + " of " + std::to_string(r.req.length) +
-                                      " bytes at offset " + std::to_string(r.req.remote_offset) + " of segment " +
-                                      r.seg->desc.name + ": not done within " +
-                                      std::to_string(options_.request_timeout_ms) + " ms (" +
-                                      std::to_string(r.transferred) + " bytes landed); paths: " +
-                                      paths_summary(*r.seg));
+    return Status(Code::kTimeout,
+                  std::string(op_name(r.req.op)) + " of " + std::to_string(r.req.length) + " bytes at offset " +
+                      std::to_string(r.req.remote_offset) + " of segment " + r.seg->desc.name + ": not done within " +
+                      std::to_string(options_.request_timeout_ms) + " ms (" + std::to_string(r.transferred) +
+                      " bytes landed); paths: " + paths_summary(*r.seg));
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -1095,8 +1096,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   std::unique_ptr<tcp::TcpServer> server_;
 
   mutable std::shared_mutex regions_mu_;
-  std::map<uintptr_t, LocalRegion> regions_;    // by address
-  std::map<uint64_t, uintptr_t> by_offset_;     // segment offset -> address
+  std::map<uintptr_t, LocalRegion> regions_;  // by address
+  std::map<uint64_t, uintptr_t> by_offset_;   // segment offset -> address
   uint64_t next_segment_offset_ = 0;
 
   mutable std::mutex mu_;
@@ -1148,7 +1149,9 @@ Status TransferEngine::unregister_memory(void* addr) { return impl_->unregister_
 Result<uint64_t> TransferEngine::segment_offset(const void* addr) const { return impl_->segment_offset(addr); }
 proto::SegmentDescriptor TransferEngine::local_descriptor() const { return impl_->local_descriptor(); }
 
-Result<SegmentHandle> TransferEngine::open_segment(const std::string& name) { return impl_->open_segment_by_name(name); }
+Result<SegmentHandle> TransferEngine::open_segment(const std::string& name) {
+  return impl_->open_segment_by_name(name);
+}
 Result<SegmentHandle> TransferEngine::open_segment(const proto::SegmentDescriptor& descriptor) {
   return impl_->open_segment(descriptor, descriptor.name);
 }
@@ -1199,9 +1202,9 @@ RequestStatus TransferEngine::transfer_sync(const TransferRequest& request, int6
   }
   auto st = wait_request(id.value(), 0, timeout_ms);
   if (st.is_ok() && st->state == TransferState::kPending) {
-    impl_->cancel_batch(id.value(), Status(Code::kTimeout, std::string(op_name(request.op)) + " of " +
-                                                               std::to_string(request.length) + " bytes: not done within " +
-                                                               std::to_string(timeout_ms) + " ms"));
+    impl_->cancel_batch(
+        id.value(), Status(Code::kTimeout, std::string(op_name(request.op)) + " of " + std::to_string(request.length) +
+                                               " bytes: not done within " + std::to_string(timeout_ms) + " ms"));
     st = wait_request(id.value(), 0, impl_->options_.slice_timeout_ms * 2 + 1000);
   }
   if (!st.is_ok()) {

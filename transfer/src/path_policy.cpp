@@ -7,9 +7,12 @@ namespace mc::transfer {
 
 const char* health_name(PathHealth h) {
   switch (h) {
-    case PathHealth::kHealthy: return "healthy";
-    case PathHealth::kQuarantined: return "quarantined";
-    case PathHealth::kProbing: return "probing";
+    case PathHealth::kHealthy:
+      return "healthy";
+    case PathHealth::kQuarantined:
+      return "quarantined";
+    case PathHealth::kProbing:
+      return "probing";
   }
   return "unknown";
 }
@@ -61,8 +64,7 @@ void PathSelector::on_post(int path, uint64_t length) {
 }
 
 void PathSelector::quarantine(PathState& p) {
-  p.backoff_ms = p.backoff_ms == 0 ? policy_.initial_backoff_ms
-                                   : std::min(policy_.max_backoff_ms, p.backoff_ms * 2);
+  p.backoff_ms = p.backoff_ms == 0 ? policy_.initial_backoff_ms : std::min(policy_.max_backoff_ms, p.backoff_ms * 2);
   p.health = PathHealth::kQuarantined;
   p.retry_at_ns = clock_->now_ns() + p.backoff_ms * 1'000'000;
 }

@@ -10,8 +10,8 @@ Status validate(const SlicePolicy& policy) {
   if (policy.align_bytes == 0) return Status(Code::kInvalidArgument, "slicing: align_bytes must be > 0");
   if (policy.min_tail_bytes > policy.slice_bytes) {
     return Status(Code::kInvalidArgument, "slicing: min_tail_bytes (" + std::to_string(policy.min_tail_bytes) +
-                                              ") must not exceed slice_bytes (" +
-                                              std::to_string(policy.slice_bytes) + ")");
+                                              ") must not exceed slice_bytes (" + std::to_string(policy.slice_bytes) +
+                                              ")");
   }
   return Status::ok();
 }
@@ -51,10 +51,14 @@ const char* op_name(Op op) { return op == Op::kRead ? "read" : "write"; }
 
 const char* state_name(TransferState state) {
   switch (state) {
-    case TransferState::kPending: return "pending";
-    case TransferState::kCompleted: return "completed";
-    case TransferState::kFailed: return "failed";
-    case TransferState::kTimeout: return "timeout";
+    case TransferState::kPending:
+      return "pending";
+    case TransferState::kCompleted:
+      return "completed";
+    case TransferState::kFailed:
+      return "failed";
+    case TransferState::kTimeout:
+      return "timeout";
   }
   return "unknown";
 }

@@ -153,7 +153,8 @@ std::string Topology::to_json(int indent) const {
   j["version"] = 1;
   j["devices"] = nlohmann::json::array();
   for (const auto& d : devices_) {
-    j["devices"].push_back({{"name", d.name}, {"kind", d.kind}, {"numa_node", d.numa_node}, {"addresses", d.addresses}});
+    j["devices"].push_back(
+        {{"name", d.name}, {"kind", d.kind}, {"numa_node", d.numa_node}, {"addresses", d.addresses}});
   }
   j["matrix"] = nlohmann::json::object();
   for (const auto& [loc, e] : matrix_) j["matrix"][loc] = {{"preferred", e.preferred}, {"fallback", e.fallback}};

@@ -32,9 +32,7 @@ constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 
 uint64_t pattern_word(uint64_t word_index) { return (word_index + 1) * kGolden; }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::string host_name() {
   char h[256] = {0};
@@ -145,8 +143,10 @@ Status run_serve(const ServeOptions& o, std::ostream& out) {
                           {"regions", std::to_string(reg.region_count)},
                           {"shm", reg.shm_shareable ? "yes" : "no"}});
   if (o.json) {
-    out << nlohmann::json{{"segment", engine->segment_name()}, {"endpoints", engine->endpoints()},
-                          {"size_bytes", o.size_bytes}, {"regions", reg.region_count}}
+    out << nlohmann::json{{"segment", engine->segment_name()},
+                          {"endpoints", engine->endpoints()},
+                          {"size_bytes", o.size_bytes},
+                          {"regions", reg.region_count}}
                .dump()
         << std::endl;
   }
@@ -232,8 +232,11 @@ Status run_rw(const RwOptions& o, std::ostream& out) {
                        {"retried_slices", steps[i].retried_slices}};
       s["slices"] = nlohmann::json::array();
       for (const auto& t : steps[i].slices) {
-        s["slices"].push_back({{"offset_bytes", o.offset + t.request_offset}, {"length_bytes", t.length},
-                               {"path", t.path}, {"attempts", t.attempts}, {"duration_ns", t.duration_ns},
+        s["slices"].push_back({{"offset_bytes", o.offset + t.request_offset},
+                               {"length_bytes", t.length},
+                               {"path", t.path},
+                               {"attempts", t.attempts},
+                               {"duration_ns", t.duration_ns},
                                {"ok", t.ok}});
       }
       j["steps"].push_back(std::move(s));
@@ -250,7 +253,8 @@ Status run_rw(const RwOptions& o, std::ostream& out) {
     if (o.verbose) {
       out << "# " << step_names[i] << ": " << s.slices.size() << " slices\n";
       out << std::left << std::setw(40) << "path" << std::right << std::setw(16) << "offset_bytes" << std::setw(12)
-          << "bytes" << std::setw(10) << "attempts" << std::setw(12) << "time_us" << "  ok\n";
+          << "bytes" << std::setw(10) << "attempts" << std::setw(12) << "time_us"
+          << "  ok\n";
       for (const auto& t : s.slices) {
         out << std::left << std::setw(40) << t.path << std::right << std::setw(16) << o.offset + t.request_offset
             << std::setw(12) << t.length << std::setw(10) << t.attempts << std::setw(12)
@@ -379,8 +383,8 @@ struct BenchRow {
   int64_t p50_ns = 0, p99_ns = 0, p999_ns = 0;
   std::vector<std::pair<std::string, double>> path_share;
   std::map<std::string, uint64_t> counters;  // EngineStats::transport_counters, delta over the row
-  double cpu_s = 0;                           // user + system CPU of this (client) process over the row
-  double server_cpu_s = -1;                   // the same of the serving process (same host only; -1: unknown)
+  double cpu_s = 0;                          // user + system CPU of this (client) process over the row
+  double server_cpu_s = -1;                  // the same of the serving process (same host only; -1: unknown)
   uint64_t failed = 0;
   std::string error;
 };
@@ -427,15 +431,17 @@ int64_t percentile(std::vector<int64_t>& v, double q) {
 
 Status run_bench(const BenchOptions& o, std::ostream& out) {
   if (o.threads == 0 || o.batch == 0 || o.duration_s <= 0 || o.block_bytes.empty()) {
-    return json_error(o.json, out, Status(Code::kInvalidArgument, "--threads, --batch, --duration and --block must be > 0"));
+    return json_error(o.json, out,
+                      Status(Code::kInvalidArgument, "--threads, --batch, --duration and --block must be > 0"));
   }
   auto client = connect_client(o.engine, o.target);
   if (!client.is_ok()) return json_error(o.json, out, client.status());
   Client& c = client.value();
   const uint64_t max_block = *std::max_element(o.block_bytes.begin(), o.block_bytes.end());
   if (max_block == 0 || max_block > c.remote_size) {
-    return json_error(o.json, out, Status(Code::kInvalidArgument, "--block sizes must be > 0 and at most the segment size (" +
-                                                                      std::to_string(c.remote_size) + " bytes)"));
+    return json_error(o.json, out,
+                      Status(Code::kInvalidArgument, "--block sizes must be > 0 and at most the segment size (" +
+                                                         std::to_string(c.remote_size) + " bytes)"));
   }
   const uint64_t slab = max_block * o.batch;
   auto buf = allocate_shared_buffer(slab * o.threads, "mc-xfer-bench");
@@ -468,8 +474,8 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       const double c0 = process_cpu_s(), t0 = now_s();
       auto r = measure_raw_tcp_bytes_per_second(block, st, d);
       const double bytes = r.is_ok() ? r.value() * (now_s() - t0) : 0;
-      base.push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0,
-                      bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
+      base.push_back(
+          {"tcp_raw", st, block, r.is_ok() ? r.value() : 0, bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
     }
   };
   // The serving process's CPU, when it runs on this host (/proc/PID/stat of the descriptor's pid): with the
@@ -503,8 +509,10 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       if (!id.is_ok()) return json_error(o.json, out, id.status().with_context("bench warm-up"));
       auto st = c.engine->wait(id.value(), o.engine.request_timeout_ms + 5000);
       if (!st.is_ok() || st->state != TransferState::kCompleted) {
-        return json_error(o.json, out, Status(Code::kTransferFailed, "bench warm-up at offset " + std::to_string(off) +
-                                                                         ": " + (st.is_ok() ? st->status.message() : st.status().message())));
+        return json_error(
+            o.json, out,
+            Status(Code::kTransferFailed, "bench warm-up at offset " + std::to_string(off) + ": " +
+                                              (st.is_ok() ? st->status.message() : st.status().message())));
       }
       warmup_bytes += st->transferred_bytes;
       (void)c.engine->free_batch(id.value());
@@ -560,7 +568,9 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
         } while (now_s() < end);
       });
     }
-    if (tty) std::cerr << "mc-xfer bench: block " << units::format_bytes(static_cast<int64_t>(block)) << " ...\r" << std::flush;
+    if (tty)
+      std::cerr << "mc-xfer bench: block " << units::format_bytes(static_cast<int64_t>(block)) << " ...\r"
+                << std::flush;
     for (auto& t : ts) t.join();
     BenchRow row;
     row.block_bytes = block;
@@ -591,7 +601,8 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       total += delta[i];
     }
     for (size_t i = 0; i < after.size(); ++i) {
-      row.path_share.emplace_back(after[i].state.label, total ? static_cast<double>(delta[i]) / static_cast<double>(total) : 0);
+      row.path_share.emplace_back(after[i].state.label,
+                                  total ? static_cast<double>(delta[i]) / static_cast<double>(total) : 0);
     }
     rows.push_back(std::move(row));
     if (!rows.back().error.empty()) break;
@@ -654,10 +665,14 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     j["paths"] = path_labels;
     j["results"] = nlohmann::json::array();
     for (const auto& r : rows) {
-      nlohmann::json jr{{"block_bytes", r.block_bytes},   {"requests", r.requests},
-                        {"bytes", r.bytes},               {"elapsed_ns", static_cast<int64_t>(r.seconds * 1e9)},
-                        {"bytes_per_second", r.bytes_per_second}, {"latency_p50_ns", r.p50_ns},
-                        {"latency_p99_ns", r.p99_ns},     {"latency_p999_ns", r.p999_ns},
+      nlohmann::json jr{{"block_bytes", r.block_bytes},
+                        {"requests", r.requests},
+                        {"bytes", r.bytes},
+                        {"elapsed_ns", static_cast<int64_t>(r.seconds * 1e9)},
+                        {"bytes_per_second", r.bytes_per_second},
+                        {"latency_p50_ns", r.p50_ns},
+                        {"latency_p99_ns", r.p99_ns},
+                        {"latency_p999_ns", r.p999_ns},
                         {"failed_requests", r.failed}};
       jr["path_share"] = nlohmann::json::object();
       for (const auto& [label, share] : r.path_share) jr["path_share"][label] = share;
@@ -687,8 +702,10 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     if (o.baseline) {
       j["baseline"] = nlohmann::json::array();
       for (const auto& b : base) {
-        j["baseline"].push_back({{"kind", b.kind}, {b.kind == "memcpy" ? "threads" : "streams", b.n},
-                                 {"block_bytes", b.block}, {"bytes_per_second", b.bps}});
+        j["baseline"].push_back({{"kind", b.kind},
+                                 {b.kind == "memcpy" ? "threads" : "streams", b.n},
+                                 {"block_bytes", b.block},
+                                 {"bytes_per_second", b.bps}});
       }
     }
     if (!result.is_ok()) j["error"] = result.message();
@@ -704,11 +721,11 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       << "# warm-up (untimed): " << warmup_bytes << " bytes read in " << fmt(warmup_s, 2) << " s\n"
       << "# GB/s is decimal (1e9 bytes per second); latency is per request, submit to completion\n";
   out << std::right << std::setw(12) << "block_bytes" << std::setw(10) << "requests" << std::setw(15) << "bytes"
-      << std::setw(9) << "GB/s" << std::setw(11) << "p50_us" << std::setw(11) << "p99_us" << std::setw(11)
-      << "p999_us";
+      << std::setw(9) << "GB/s" << std::setw(11) << "p50_us" << std::setw(11) << "p99_us" << std::setw(11) << "p999_us";
   if (o.baseline) {
     out << std::setw(14) << "limit_GB/s" << std::setw(8) << "ratio" << std::setw(11) << "cpu_s/GB" << std::setw(17)
-        << "limit_cpu_s/GB" << std::setw(11) << "cpu_ratio" << "  limit";
+        << "limit_cpu_s/GB" << std::setw(11) << "cpu_ratio"
+        << "  limit";
   }
   out << "  path_share\n";
   for (const auto& r : rows) {
@@ -733,20 +750,22 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     out << "# client data path (tcp): costs per row\n";
     out << std::setw(12) << "block_bytes" << std::setw(10) << "wire_ops" << std::setw(16) << "bytes/wire_op"
         << std::setw(15) << "bytes/wakeup" << std::setw(14) << "syscalls/MiB" << std::setw(13) << "cpu_s/GB"
-        << std::setw(8) << "conns" << "\n";
+        << std::setw(8) << "conns"
+        << "\n";
     for (const auto& r : rows) {
       const uint64_t b = counter(r, "tcp_bytes");
       out << std::setw(12) << r.block_bytes << std::setw(10) << counter(r, "tcp_wire_ops") << std::setw(16)
           << fmt(per(b, counter(r, "tcp_wire_ops")), 0) << std::setw(15) << fmt(per(b, counter(r, "tcp_wakeups")), 0)
           << std::setw(14) << fmt(per((counter(r, "tcp_send_calls") + counter(r, "tcp_recv_calls")) << 20, b), 1)
-          << std::setw(13) << fmt(r.bytes > 0 ? r.cpu_s / (static_cast<double>(r.bytes) / 1e9) : 0, 3)
-          << std::setw(8) << counter(r, "tcp_connections_opened") << "\n";
+          << std::setw(13) << fmt(r.bytes > 0 ? r.cpu_s / (static_cast<double>(r.bytes) / 1e9) : 0, 3) << std::setw(8)
+          << counter(r, "tcp_connections_opened") << "\n";
     }
   }
   if (o.baseline) {
     out << "# limits measured in this run (GB/s)\n";
     out << std::setw(12) << "block_bytes" << std::setw(12) << "memcpy_x1" << std::setw(12) << "memcpy_x2"
-        << std::setw(12) << "tcp_raw_x1" << std::setw(12) << "tcp_raw_x4" << "\n";
+        << std::setw(12) << "tcp_raw_x1" << std::setw(12) << "tcp_raw_x4"
+        << "\n";
     for (uint64_t block : o.block_bytes) {
       out << std::setw(12) << block;
       for (const auto& b : base) {
@@ -777,7 +796,8 @@ Status run_topo(const TopoOptions& o, std::ostream& out) {
         << "\n";
   }
   out << "# matrix (location -> preferred | fallback devices)\n"
-      << std::setw(12) << "location" << std::setw(40) << "preferred" << "fallback\n";
+      << std::setw(12) << "location" << std::setw(40) << "preferred"
+      << "fallback\n";
   for (const auto& [loc, e] : t->matrix()) {
     out << std::setw(12) << loc << std::setw(40) << join(e.preferred, ",") << join(e.fallback, ",") << "\n";
   }

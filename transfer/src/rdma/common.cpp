@@ -13,8 +13,7 @@ namespace mc::transfer::rdma {
 
 std::vector<DevicePair> plan_paths(const Topology& local, const std::vector<std::string>& local_devices,
                                    const std::string& local_location, const Topology& remote,
-                                   const std::vector<std::string>& remote_devices,
-                                   const std::string& remote_location) {
+                                   const std::vector<std::string>& remote_devices, const std::string& remote_location) {
   std::vector<DevicePair> out;
   for (const auto& ld : local_devices) {
     for (size_t ri = 0; ri < remote_devices.size(); ++ri) {
@@ -70,12 +69,18 @@ Status gid_from_hex(const std::string& hex, uint8_t (&raw)[16]) {
 
 int mtu_enum(uint32_t mtu_bytes) {
   switch (mtu_bytes) {
-    case 256: return 1;
-    case 512: return 2;
-    case 1024: return 3;
-    case 2048: return 4;
-    case 4096: return 5;
-    default: return 0;
+    case 256:
+      return 1;
+    case 512:
+      return 2;
+    case 1024:
+      return 3;
+    case 2048:
+      return 4;
+    case 4096:
+      return 5;
+    default:
+      return 0;
   }
 }
 
@@ -103,17 +108,20 @@ bool gid_link_local(const uint8_t (&g)[16]) { return g[0] == 0xfe && (g[1] & 0xc
 
 const char* gid_type_name(GidType t) {
   switch (t) {
-    case GidType::kIb: return "IB";
-    case GidType::kRoceV1: return "RoCE v1";
-    case GidType::kRoceV2: return "RoCE v2";
+    case GidType::kIb:
+      return "IB";
+    case GidType::kRoceV1:
+      return "RoCE v1";
+    case GidType::kRoceV2:
+      return "RoCE v2";
   }
   return "?";
 }
 
 }  // namespace
 
-Result<uint32_t> choose_gid_index(const std::vector<GidEntry>& entries, bool ethernet,
-                                  const std::string& override_text, const std::string& where) {
+Result<uint32_t> choose_gid_index(const std::vector<GidEntry>& entries, bool ethernet, const std::string& override_text,
+                                  const std::string& where) {
   auto table = [&] {
     std::string t;
     for (const auto& e : entries) {
@@ -173,7 +181,8 @@ Status validate_peer_qp(const proto::RdmaQpInfo& peer, bool local_ethernet, cons
   uint8_t g[16];
   if (Status st = gid_from_hex(peer.gid, g); !st.is_ok()) return bad(st.message());
   if (local_ethernet && peer.lid != 0) {
-    return bad("LID " + std::to_string(peer.lid) + ": an InfiniBand port, but this port is Ethernet (RoCE); the "
+    return bad("LID " + std::to_string(peer.lid) +
+               ": an InfiniBand port, but this port is Ethernet (RoCE); the "
                "link layers must match");
   }
   if (local_ethernet && gid_zero(g)) return bad("zero GID, but RoCE addresses a peer by its GID");

@@ -57,7 +57,8 @@ QpTransition rts_transition(uint32_t own_psn, uint8_t max_rd_atomic) {
   t.attr.rnr_retry = kQpRnrRetry;
   t.attr.sq_psn = own_psn & 0xFFFFFFu;
   t.attr.max_rd_atomic = max_rd_atomic == 0 ? 1 : max_rd_atomic;
-  t.mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+  t.mask =
+      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
   return t;
 }
 

@@ -53,9 +53,9 @@ bool built();
 
 // One usable (local device, remote device) pair.
 struct DevicePair {
-  std::string local_device;   // one of local_devices
-  size_t remote_index = 0;    // index into the descriptor's rdma_devices
-  double weight = 0;          // local topology weight x remote topology weight
+  std::string local_device;  // one of local_devices
+  size_t remote_index = 0;   // index into the descriptor's rdma_devices
+  double weight = 0;         // local topology weight x remote topology weight
 };
 // Pure: the paths for memory at `local_location` (ours) and `remote_location` (the peer's first region).
 // Each local device is paired with each remote device; pairs are ordered by weight (highest first, then
@@ -64,8 +64,7 @@ struct DevicePair {
 // either side has no device.
 std::vector<DevicePair> plan_paths(const Topology& local, const std::vector<std::string>& local_devices,
                                    const std::string& local_location, const Topology& remote,
-                                   const std::vector<std::string>& remote_devices,
-                                   const std::string& remote_location);
+                                   const std::vector<std::string>& remote_devices, const std::string& remote_location);
 
 // "fe800000000000000202c9fffe000001" <-> 16 raw bytes; kInvalidArgument for bad text.
 std::string gid_to_hex(const uint8_t (&raw)[16]);
@@ -92,8 +91,8 @@ struct GidEntry {
 // a link-local one (fe80::/10, same L2 only). Zero GIDs (empty slots) are never chosen; RoCE v1 entries are
 // not used (both ends must use v2). Errors (kNoPath / kInvalidArgument) say what the table held and how
 // to choose (MC_RDMA_GID_INDEX, `show_gids`).
-Result<uint32_t> choose_gid_index(const std::vector<GidEntry>& entries, bool ethernet,
-                                  const std::string& override_text, const std::string& where);
+Result<uint32_t> choose_gid_index(const std::vector<GidEntry>& entries, bool ethernet, const std::string& override_text,
+                                  const std::string& where);
 
 // Pure: checks a peer's half of the QP handshake before any of it reaches ibv_modify_qp. `local_ethernet`:
 // this side's link layer (RoCE needs the peer's GID and refuses a peer with a LID, i.e. an InfiniBand port;

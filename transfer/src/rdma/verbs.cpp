@@ -1,8 +1,8 @@
 // The rdma transport over rdma-core ibverbs (see rdma.hpp for the model). Compiled only when configure found
 // infiniband/verbs.h and libibverbs. No device exists on the development machines: this file is compiled
 // and reviewed there; its behaviour is covered by the `rdma`-labelled tests on hosts with a device.
-#include <infiniband/verbs.h>
 #include <fcntl.h>
+#include <infiniband/verbs.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -36,9 +36,9 @@ bool built() { return true; }
 
 namespace {
 
-constexpr uint32_t kMaxSendWr = 256;     // work requests in flight per initiator QP (clamped to max_qp_wr)
-constexpr int kCqDepth = 4096;           // completion queue entries per (segment, local device)
-constexpr size_t kMaxTargetQps = 4096;   // target-side QPs per engine (handshakes beyond are refused)
+constexpr uint32_t kMaxSendWr = 256;    // work requests in flight per initiator QP (clamped to max_qp_wr)
+constexpr int kCqDepth = 4096;          // completion queue entries per (segment, local device)
+constexpr size_t kMaxTargetQps = 4096;  // target-side QPs per engine (handshakes beyond are refused)
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
 
 int64_t now_ns() { return RealClock::instance().now_ns(); }
@@ -73,7 +73,7 @@ Status choose_gid(Device& d) {
     e.index = static_cast<uint32_t>(i);
     ibv_gid_entry x{};
     if (int rc = ibv_query_gid_ex(d.ctx, d.port, e.index, &x, 0); rc == 0) {
-      e.type = x.gid_type == IBV_GID_TYPE_ROCE_V2 ? GidType::kRoceV2
+      e.type = x.gid_type == IBV_GID_TYPE_ROCE_V2   ? GidType::kRoceV2
                : x.gid_type == IBV_GID_TYPE_ROCE_V1 ? GidType::kRoceV1
                                                     : GidType::kIb;
       std::memcpy(e.raw, x.gid.raw, 16);
@@ -191,9 +191,9 @@ struct Qp {
   ibv_qp* qp = nullptr;
   tcp::Fd control;  // the handshake's connection: the target keeps its QP while it is open
   uint32_t max_outstanding = 1;
-  uint32_t max_sge = 1;         // scatter/gather entries per work request (a slice spanning local MRs uses several)
-  uint32_t outstanding = 0;     // posted work requests whose completion has not come back (or was given up)
-  uint32_t abandoned = 0;       // of those, failed without a completion (the device never flushed them)
+  uint32_t max_sge = 1;      // scatter/gather entries per work request (a slice spanning local MRs uses several)
+  uint32_t outstanding = 0;  // posted work requests whose completion has not come back (or was given up)
+  uint32_t abandoned = 0;    // of those, failed without a completion (the device never flushed them)
   bool broken = false;
   int64_t broken_ns = 0;
   Code fail_code = Code::kUnavailable;  // what its failed slices report: kLocalDeviceDown when our port went down
@@ -205,8 +205,8 @@ struct Qp {
 };
 
 struct RdmaPath {
-  size_t local_dev = 0;      // index into Domain devices
-  size_t remote_index = 0;   // index into the descriptor's rdma_devices
+  size_t local_dev = 0;     // index into Domain devices
+  size_t remote_index = 0;  // index into the descriptor's rdma_devices
   std::string remote_device;
   std::deque<SliceOp> posted;   // guarded by RdmaSegment::mu_
   std::deque<SliceOp> waiting;  // CQ thread only: not yet given to a QP
@@ -388,8 +388,10 @@ class Domain final : public RdmaDomain {
     while (len > 0) {
       const Chunk* c = chunk_locked(p, 1);
       if (c == nullptr) {
-        return Status(Code::kSegmentNotRegistered, "local memory at offset of this slice is not registered with rdma "
-                                                   "device " + names[dev]);
+        return Status(Code::kSegmentNotRegistered,
+                      "local memory at offset of this slice is not registered with rdma "
+                      "device " +
+                          names[dev]);
       }
       const uint64_t n = std::min(len, c->length - static_cast<uint64_t>(p - c->addr));
       out.push_back(ibv_sge{reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(n), c->mrs[dev]->lkey});
@@ -498,7 +500,8 @@ Status RdmaSegment::start(const std::vector<DevicePair>& pairs, std::unique_ptr<
       DevCq c;
       c.dev = p.local_dev;
       c.channel = ibv_create_comp_channel(d.ctx);
-      if (c.channel == nullptr) return Status(Code::kIo, d.where() + ": ibv_create_comp_channel: " + std::strerror(errno));
+      if (c.channel == nullptr)
+        return Status(Code::kIo, d.where() + ": ibv_create_comp_channel: " + std::strerror(errno));
       c.cq = ibv_create_cq(d.ctx, std::min(kCqDepth, d.attr.max_cqe), nullptr, c.channel, 0);
       if (c.cq == nullptr) {
         Status st(Code::kIo, d.where() + ": ibv_create_cq: " + std::strerror(errno));
@@ -583,17 +586,19 @@ Result<Qp*> RdmaSegment::open_qp(size_t path) {
       last = rep.status();
       continue;
     }
-    MC_ASSIGN_OR_RETURN(proto::RdmaConnectReply r, codec::unpack<proto::RdmaConnectReply>(rep.value(), what + " reply"));
+    MC_ASSIGN_OR_RETURN(proto::RdmaConnectReply r,
+                        codec::unpack<proto::RdmaConnectReply>(rep.value(), what + " reply"));
     MC_RETURN_IF_ERROR(validate_peer_qp(r.target, d.ethernet, what + " reply"));
     if (r.target.device != p.remote_device) {
-      return Status(Code::kMalformedMessage, what + ": asked for a QP on " + p.remote_device + ", the peer made one on " +
-                                                 r.target.device);
+      return Status(Code::kMalformedMessage,
+                    what + ": asked for a QP on " + p.remote_device + ", the peer made one on " + r.target.device);
     }
     const int mtu = negotiate_mtu(static_cast<int>(d.port_attr.active_mtu), r.target.mtu_bytes);
-    if (mtu == 0) return Status(Code::kMalformedMessage, what + ": peer answered MTU " + std::to_string(r.target.mtu_bytes));
+    if (mtu == 0)
+      return Status(Code::kMalformedMessage, what + ": peer answered MTU " + std::to_string(r.target.mtu_bytes));
     // The initiator reads at most what both devices allow in flight; as a responder it serves nothing.
-    MC_RETURN_IF_ERROR(connect_qp(d, q->qp, r.target, mtu, psn, 1,
-                                  negotiate_rd_atomic(req.max_rd_atomic, r.max_rd_atomic)));
+    MC_RETURN_IF_ERROR(
+        connect_qp(d, q->qp, r.target, mtu, psn, 1, negotiate_rd_atomic(req.max_rd_atomic, r.max_rd_atomic)));
     q->control = std::move(fd).value();
     q->last_progress_ns = q->last_used_ns = now_ns();
     Qp* raw = q.get();
@@ -618,7 +623,8 @@ void RdmaSegment::break_qp(Qp& q, const std::string& why) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
   if (int rc = ibv_modify_qp(q.qp, &a, IBV_QP_STATE); rc != 0) {
-    MC_LOG_WARN << path_name(static_cast<size_t>(q.path)) << ": QP " << q.qp->qp_num << " -> ERR: " << std::strerror(rc);
+    MC_LOG_WARN << path_name(static_cast<size_t>(q.path)) << ": QP " << q.qp->qp_num
+                << " -> ERR: " << std::strerror(rc);
   }
 }
 
@@ -744,11 +750,11 @@ void RdmaSegment::drain_cqs() {
                                 std::to_string(wcs[i].vendor_err) + ")";
         const bool flushed = wcs[i].status == IBV_WC_WR_FLUSH_ERR;
         break_qp(q, why);  // first, so that fail_code says whether our own port went down
-        complete(f.op, Status(q.fail_code, path_name(static_cast<size_t>(q.path)) + ": QP " +
-                                                      std::to_string(q.qp->qp_num) + ": " +
-                                                      std::string(op_name(f.op.op)) + " completion: " + why +
-                                                      (flushed ? " after an earlier failure on this QP" : "") +
-                                                      (q.fail_code == Code::kLocalDeviceDown ? " (local port down)" : "")));
+        complete(f.op,
+                 Status(q.fail_code, path_name(static_cast<size_t>(q.path)) + ": QP " + std::to_string(q.qp->qp_num) +
+                                         ": " + std::string(op_name(f.op.op)) + " completion: " + why +
+                                         (flushed ? " after an earlier failure on this QP" : "") +
+                                         (q.fail_code == Code::kLocalDeviceDown ? " (local port down)" : "")));
       }
       if (n < 64) break;
     }
@@ -772,7 +778,7 @@ void RdmaSegment::check_timers() {
         for (auto f = in_flight_.begin(); f != in_flight_.end();) {
           if (f->second.qp == &q) {
             complete(f->second.op, Status(q.fail_code, path_name(i) + ": QP " + std::to_string(q.qp->qp_num) +
-                                                                  " broken and its work request never flushed"));
+                                                           " broken and its work request never flushed"));
             f = in_flight_.erase(f);
           } else {
             ++f;
@@ -861,7 +867,8 @@ void RdmaSegment::loop() {
 }
 
 Status RdmaSegment::probe(int path, int64_t timeout_ms) {
-  if (static_cast<size_t>(path) >= paths_.size()) return tcp_->probe(path - static_cast<int>(paths_.size()), timeout_ms);
+  if (static_cast<size_t>(path) >= paths_.size())
+    return tcp_->probe(path - static_cast<int>(paths_.size()), timeout_ms);
   const RdmaPath& p = paths_[static_cast<size_t>(path)];
   MC_RETURN_IF_ERROR(local_port_state(*domain_.devs[p.local_dev]));
   Status last(Code::kNoPath, path_name(static_cast<size_t>(path)) + ": segment publishes no control endpoint");
@@ -890,7 +897,8 @@ class RdmaTransport final : public Transport {
     }
     if (desc.rdma_gids.size() != desc.rdma_devices.size()) {
       return Status(Code::kMalformedMessage, "segment " + desc.name + ": " + std::to_string(desc.rdma_devices.size()) +
-                                                 " rdma devices but " + std::to_string(desc.rdma_gids.size()) + " GIDs");
+                                                 " rdma devices but " + std::to_string(desc.rdma_gids.size()) +
+                                                 " GIDs");
     }
     Topology remote_topo;
     if (!desc.topology_json.empty()) {

@@ -12,8 +12,8 @@
 #include <deque>
 #include <fstream>
 #include <functional>
-#include <memory>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -128,9 +128,9 @@ class ShmSegment final : public TransportSegment {
     --it;
     const uint64_t rel = op.remote_offset - it->segment_offset;
     if (rel > it->length || op.length > it->length - rel) {
-      sink_->slice_done(op.cookie, Status(Code::kOutOfRange, "shm: range [" + std::to_string(op.remote_offset) +
-                                                                 ", +" + std::to_string(op.length) +
-                                                                 ") is not inside one region"));
+      sink_->slice_done(op.cookie,
+                        Status(Code::kOutOfRange, "shm: range [" + std::to_string(op.remote_offset) + ", +" +
+                                                      std::to_string(op.length) + ") is not inside one region"));
       return;
     }
     char* remote = it->ptr + rel;
@@ -168,14 +168,15 @@ class ShmTransport final : public Transport {
     for (const auto& r : desc.regions) {
       if (r.shm_path.empty()) {
         return Status(Code::kNoPath, "shm: region at offset " + std::to_string(r.segment_offset) + " of segment " +
-                                         desc.name + " is not in shared memory (allocate it with allocate_shared_buffer)");
+                                         desc.name +
+                                         " is not in shared memory (allocate it with allocate_shared_buffer)");
       }
       auto& m = seg->mappings_[r.shm_path];
       if (!m) {
         int fd = ::open(r.shm_path.c_str(), O_RDWR | O_CLOEXEC);
         if (fd < 0) {
-          return Status(Code::kNoPath, "shm: cannot open " + r.shm_path + " of segment " + desc.name + ": " +
-                                           strerror(errno));
+          return Status(Code::kNoPath,
+                        "shm: cannot open " + r.shm_path + " of segment " + desc.name + ": " + strerror(errno));
         }
         struct stat st {};
         fstat(fd, &st);
@@ -188,8 +189,8 @@ class ShmTransport final : public Transport {
         int e = errno;
         ::close(fd);
         if (p == MAP_FAILED) {
-          return Status(Code::kNoPath, "shm: cannot map " + r.shm_path + " (" + std::to_string(mp->size) +
-                                           " bytes): " + strerror(e));
+          return Status(Code::kNoPath,
+                        "shm: cannot map " + r.shm_path + " (" + std::to_string(mp->size) + " bytes): " + strerror(e));
         }
         mp->base = p;
         m = std::move(mp);

@@ -21,7 +21,8 @@ void Fd::reset(int fd) {
 
 Result<HostPort> parse_endpoint(const std::string& text) {
   std::string s = text;
-  if (s.rfind("tcp://", 0) == 0) s = s.substr(6);
+  if (s.rfind("tcp://", 0) == 0)
+    s = s.substr(6);
   else if (s.find("://") != std::string::npos) {
     return Status(Code::kInvalidArgument, "endpoint '" + text + "': only tcp://HOST:PORT is supported");
   }
@@ -125,9 +126,9 @@ Result<Fd> start_connect(const HostPort& remote, const std::string& local_addres
     // From a bound source address, an immediate ENETDOWN/ENETUNREACH means no route leaves through that
     // address's interface (it is down): a local-side failure. A remote-side failure shows up later.
     if (e != EINPROGRESS) {
-      return Status(!local_address.empty() && (e == ENETDOWN || e == ENETUNREACH) ? Code::kLocalDeviceDown
-                                                                                   : Code::kUnavailable,
-                    where + ": " + strerror(e));
+      return Status(
+          !local_address.empty() && (e == ENETDOWN || e == ENETUNREACH) ? Code::kLocalDeviceDown : Code::kUnavailable,
+          where + ": " + strerror(e));
     }
     *in_progress = true;
   }

@@ -13,8 +13,7 @@
 namespace mc::transfer::tcp {
 namespace {
 
-Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok, const char* data,
-                  uint64_t data_len) {
+Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok, const char* data, uint64_t data_len) {
   WireReply rep;
   rep.op = static_cast<uint8_t>(op);
   rep.code = static_cast<uint16_t>(st.code());
@@ -111,7 +110,8 @@ void TcpServer::accept_loop() {
       if (!(pfds[i].revents & POLLIN)) continue;
       int cfd = ::accept4(pfds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (cfd < 0) {
-        if (errno != EAGAIN && errno != EINTR) MC_LOG_WARN << "tcp server " << endpoints_[i] << ": accept: " << strerror(errno);
+        if (errno != EAGAIN && errno != EINTR)
+          MC_LOG_WARN << "tcp server " << endpoints_[i] << ": accept: " << strerror(errno);
         continue;
       }
       std::lock_guard<std::mutex> lk(mu_);
@@ -143,16 +143,18 @@ void TcpServer::serve_connection(Conn* conn) {
     if (req.magic != kWireMagic || req.version != kWireVersion) {
       errors_++;
       (void)send_reply(fd, WireOp::kPing,
-                       Status(Code::kProtocolMismatch, "bad magic/version: not an mc transfer engine client of "
-                                                       "wire version " + std::to_string(kWireVersion)),
+                       Status(Code::kProtocolMismatch,
+                              "bad magic/version: not an mc transfer engine client of "
+                              "wire version " +
+                                  std::to_string(kWireVersion)),
                        "", nullptr, 0);
       break;
     }
     const auto op = static_cast<WireOp>(req.op);
     if (req.aux_bytes > kMaxAuxBytes) {
       errors_++;
-      (void)send_reply(fd, op, Status(Code::kMessageTooLarge, "aux of " + std::to_string(req.aux_bytes) + " bytes"),
-                       "", nullptr, 0);
+      (void)send_reply(fd, op, Status(Code::kMessageTooLarge, "aux of " + std::to_string(req.aux_bytes) + " bytes"), "",
+                       nullptr, 0);
       break;
     }
     aux.resize(req.aux_bytes);
@@ -209,8 +211,8 @@ void TcpServer::serve_connection(Conn* conn) {
       }
       default:
         errors_++;
-        (void)send_reply(fd, op, Status(Code::kMalformedMessage, "unknown op " + std::to_string(req.op)), "",
-                         nullptr, 0);
+        (void)send_reply(fd, op, Status(Code::kMalformedMessage, "unknown op " + std::to_string(req.op)), "", nullptr,
+                         0);
         sent = Status(Code::kMalformedMessage, "unknown op");
         break;
     }

@@ -32,9 +32,9 @@ class ServerHandler {
 };
 
 struct ServerOptions {
-  std::vector<std::string> listen;        // "tcp://ADDR:PORT"
+  std::vector<std::string> listen;  // "tcp://ADDR:PORT"
   int socket_buffer_bytes = 4 << 20;
-  uint64_t max_op_bytes = 256ull << 20;   // larger single reads/writes are refused
+  uint64_t max_op_bytes = 256ull << 20;  // larger single reads/writes are refused
   size_t max_connections = 1024;
 };
 

@@ -67,7 +67,7 @@ struct PathConns {
   HostPort remote;
   std::string endpoint;
   std::string local;
-  std::deque<SliceOp> queue;  // posted, not yet assigned (guarded by TcpSegment::mu_)
+  std::deque<SliceOp> queue;               // posted, not yet assigned (guarded by TcpSegment::mu_)
   std::list<std::unique_ptr<Conn>> conns;  // I/O thread only
 };
 
@@ -78,7 +78,11 @@ class IoWorker {
  public:
   IoWorker(const EngineOptions& options, SliceSink* sink, const std::vector<PathSpec>& specs,
            std::deque<PathConns> paths, const std::vector<uint64_t>& region_ends, uint32_t conns_per_path)
-      : options_(options), sink_(sink), specs_(specs), paths_(std::move(paths)), region_ends_(region_ends),
+      : options_(options),
+        sink_(sink),
+        specs_(specs),
+        paths_(std::move(paths)),
+        region_ends_(region_ends),
         conns_per_path_(std::max<uint32_t>(1, conns_per_path)) {}
 
   Status start() {
@@ -268,7 +272,6 @@ class IoWorker {
         best->to_send.push_back(std::move(pend));
         best->outstanding_bytes += op.length;
         best->last_used_ns = now_ns();
-
       }
     }
   }
@@ -361,7 +364,8 @@ class IoWorker {
       Pending& f = c.in_flight.front();
       ssize_t k;
       if (c.rep_got < sizeof(WireReply)) {
-        k = ::recv(c.fd.get(), reinterpret_cast<char*>(&c.rep) + c.rep_got, sizeof(WireReply) - c.rep_got, MSG_DONTWAIT);
+        k = ::recv(c.fd.get(), reinterpret_cast<char*>(&c.rep) + c.rep_got, sizeof(WireReply) - c.rep_got,
+                   MSG_DONTWAIT);
       } else if (c.aux_got < c.rep.aux_bytes) {
         k = ::recv(c.fd.get(), c.aux.data() + c.aux_got, c.rep.aux_bytes - c.aux_got, MSG_DONTWAIT);
       } else {
@@ -421,19 +425,21 @@ class IoWorker {
       Pending& cur = c.in_flight.front();
       if (c.rep_got < sizeof(WireReply) || c.aux_got < c.rep.aux_bytes) continue;
       if (c.rep.code != 0) {
-        finish_front(c, Status(static_cast<Code>(c.rep.code), "peer refused " + std::string(op_name(cur.op.op)) +
-                                                                  " at offset " + std::to_string(cur.op.remote_offset) +
-                                                                  ": " + c.aux));
+        finish_front(
+            c, Status(static_cast<Code>(c.rep.code), "peer refused " + std::string(op_name(cur.op.op)) + " at offset " +
+                                                         std::to_string(cur.op.remote_offset) + ": " + c.aux));
         continue;
       }
       const bool is_read = cur.op.op == Op::kRead;
       if (is_read && c.rep.length != cur.op.length) {
-        fail_conn(c, Status(Code::kMalformedMessage, "reply length " + std::to_string(c.rep.length) +
-                                                         " != requested " + std::to_string(cur.op.length)));
+        fail_conn(c, Status(Code::kMalformedMessage, "reply length " + std::to_string(c.rep.length) + " != requested " +
+                                                         std::to_string(cur.op.length)));
         return false;
       }
-      if (!is_read || c.data_got == cur.op.length) finish_front(c, Status::ok());
-      else c.in_data = true;
+      if (!is_read || c.data_got == cur.op.length)
+        finish_front(c, Status::ok());
+      else
+        c.in_data = true;
     }
   }
 
@@ -531,8 +537,8 @@ class IoWorker {
 
   const EngineOptions& options_;
   SliceSink* sink_;
-  const std::vector<PathSpec>& specs_;      // the segment's
-  std::deque<PathConns> paths_;             // this worker's queue and connections per path
+  const std::vector<PathSpec>& specs_;        // the segment's
+  std::deque<PathConns> paths_;               // this worker's queue and connections per path
   const std::vector<uint64_t>& region_ends_;  // end offsets of the segment's regions, sorted (the segment's)
   const uint32_t conns_per_path_;
   std::mutex mu_;
@@ -556,7 +562,8 @@ class TcpSegment final : public TransportSegment {
              const std::deque<PathConns>& paths, std::vector<uint64_t> region_ends)
       : options_(options), specs_(std::move(specs)), region_ends_(std::move(region_ends)), runs_(specs_.size()) {
     const uint32_t per_path = std::max<uint32_t>(1, options.connections_per_path);
-    const uint32_t n = std::clamp<uint32_t>(options.tcp_io_threads == 0 ? per_path : options.tcp_io_threads, 1, per_path);
+    const uint32_t n =
+        std::clamp<uint32_t>(options.tcp_io_threads == 0 ? per_path : options.tcp_io_threads, 1, per_path);
     for (const auto& p : paths) endpoints_.emplace_back(p.endpoint, p.local);
     for (uint32_t w = 0; w < n; ++w) {
       // Connections per path split over the workers: together they open connections_per_path at most.
@@ -588,8 +595,8 @@ class TcpSegment final : public TransportSegment {
     {
       std::lock_guard<std::mutex> lk(mu_);
       Run& run = runs_[static_cast<size_t>(op.path)];
-      if (run.worker != nullptr && run.op == op.op && run.local_end == op.local &&
-          run.remote_end == op.remote_offset && run.bytes + op.length <= kMaxWireOpBytes) {
+      if (run.worker != nullptr && run.op == op.op && run.local_end == op.local && run.remote_end == op.remote_offset &&
+          run.bytes + op.length <= kMaxWireOpBytes) {
         w = run.worker;
         run.bytes += op.length;
       } else {
@@ -662,8 +669,8 @@ class TcpTransport final : public Transport {
         PathSpec s;
         s.local_device = local.empty() ? "" : topology_.device_of_address(local);
         s.remote_device = remote_topo.device_of_address(hp.host);
-        s.weight = topology_.weight(options_.default_location, s.local_device) *
-                   remote_topo.weight(location, s.remote_device);
+        s.weight =
+            topology_.weight(options_.default_location, s.local_device) * remote_topo.weight(location, s.remote_device);
         s.label = (local.empty() ? std::string("*") : local) + "->" + format_host_port(hp.host, hp.port);
         specs.push_back(std::move(s));
         PathConns pc;

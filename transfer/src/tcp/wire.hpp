@@ -34,7 +34,7 @@ static_assert(sizeof(WireRequest) == 32);
 
 struct WireReply {
   uint32_t magic = kWireMagic;
-  uint16_t code = 0;    // mc::Code; 0 = ok
+  uint16_t code = 0;  // mc::Code; 0 = ok
   uint8_t op = 0;
   uint8_t reserved = 0;
   uint32_t aux_bytes = 0;

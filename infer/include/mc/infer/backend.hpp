@@ -60,12 +60,12 @@ struct DecodeSequence {
 };
 
 struct BackendOptions {
-  std::string kind = "ref";      // "ref" | "sim"
+  std::string kind = "ref";  // "ref" | "sim"
   ModelConfig model;
-  uint64_t seed = 0;             // ref: weights; sim: token stream
-  int threads = 1;               // ref: OpenBLAS threads
-  GpuSpec gpu;                   // sim
-  double time_scale = 1.0;       // sim: sleeps modelled time / time_scale (> 0)
+  uint64_t seed = 0;               // ref: weights; sim: token stream
+  int threads = 1;                 // ref: OpenBLAS threads
+  GpuSpec gpu;                     // sim
+  double time_scale = 1.0;         // sim: sleeps modelled time / time_scale (> 0)
   int64_t kv_bytes_per_token = 0;  // sim: KV bytes per token (all layers) actually stored; 0 = the model's
 };
 

@@ -48,11 +48,11 @@ namespace mc::infer {
 struct GpuSpec {
   std::string name = "a800x8";
   int64_t gpu_count = 8;
-  double peak_flops_per_s = 8 * 312e12;      // dense BF16, whole server
-  double hbm_bytes_per_s = 8 * 2039e9;       // whole server
+  double peak_flops_per_s = 8 * 312e12;        // dense BF16, whole server
+  double hbm_bytes_per_s = 8 * 2039e9;         // whole server
   int64_t hbm_bytes = 8LL * 80 * (1LL << 30);  // HBM capacity, whole server
-  double compute_efficiency = 0.6;           // achieved / peak FLOP/s in prefill
-  double memory_efficiency = 0.8;            // achieved / peak HBM bandwidth in decode
+  double compute_efficiency = 0.6;             // achieved / peak FLOP/s in prefill
+  double memory_efficiency = 0.8;              // achieved / peak HBM bandwidth in decode
 
   // The same server at 100 % efficiency (the paper's threshold arithmetic).
   GpuSpec at_peak() const {

@@ -27,7 +27,7 @@ struct BackendFlags {
   double time_scale = 1.0;
   int64_t kv_bytes_per_token = 0;
   int64_t block_tokens = 16;
-  int64_t kv_blocks = 0;                 // 0: as many as fit in kv_buffer_size
+  int64_t kv_blocks = 0;                  // 0: as many as fit in kv_buffer_size
   std::string kv_buffer_size = "256MiB";  // size of the KV buffer when kv_blocks is 0
 };
 // Blocks of the KV buffer: kv_blocks, or kv_buffer_size / block bytes (kInvalidArgument naming the flag).

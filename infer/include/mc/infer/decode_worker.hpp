@@ -72,9 +72,9 @@ class TokenSink {
 std::unique_ptr<TokenSink> make_rpc_token_sink(int timeout_ms);
 
 struct DecodeWorkerOptions {
-  int64_t block_tokens = 16;       // tokens per KV block
-  int64_t kv_blocks = 1024;        // blocks in the KV buffer
-  int64_t max_batch_size = 64;     // running sequences at most (more wait in the join queue)
+  int64_t block_tokens = 16;           // tokens per KV block
+  int64_t kv_blocks = 1024;            // blocks in the KV buffer
+  int64_t max_batch_size = 64;         // running sequences at most (more wait in the join queue)
   int64_t reservation_ttl_ms = 30000;  // default ttl of a reservation without commit
   int64_t expired_hold_ms = 60000;     // blocks of an expired reservation held at most this long (segment only)
 };
@@ -144,8 +144,8 @@ class DecodeWorker {
   std::map<uint64_t, Expired> expired_;  // expired reservations whose blocks are still held
   double recent_step_ms_ = 0;
   std::function<void(proto::ConductorJobReportRequest)> reporter_;
-  std::string kv_segment_;       // set once by publish_kv_segment, before serving
-  uint64_t kv_segment_base_ = 0; // segment offset of kv_->data()
+  std::string kv_segment_;        // set once by publish_kv_segment, before serving
+  uint64_t kv_segment_base_ = 0;  // segment offset of kv_->data()
   // Last member: destroyed first, so no notification handler runs into a half-destroyed worker.
   std::unique_ptr<transfer::TransferEngine> engine_;
 };

@@ -34,8 +34,8 @@ namespace mc::infer {
 
 struct KvLayout {
   int64_t num_layers = 1;
-  int64_t block_size = 16;             // tokens per block
-  int64_t bytes_per_token_layer = 0;   // K+V bytes of one token in one layer (even)
+  int64_t block_size = 16;            // tokens per block
+  int64_t bytes_per_token_layer = 0;  // K+V bytes of one token in one layer (even)
 
   int64_t layer_block_bytes() const { return block_size * bytes_per_token_layer; }
   int64_t block_bytes() const { return num_layers * layer_block_bytes(); }

@@ -45,10 +45,10 @@ struct ModelConfig {
   int64_t head_dim = 16;
   int64_t ffn_size = 128;
   int64_t vocab_size = 256;
-  int64_t dtype_bytes = 4;            // bytes of one stored KV/weight element
-  double rope_theta = 10000.0;        // RoPE base frequency
+  int64_t dtype_bytes = 4;      // bytes of one stored KV/weight element
+  double rope_theta = 10000.0;  // RoPE base frequency
   double rms_norm_eps = 1e-5;
-  int64_t max_context_tokens = 32768; // longest prompt + output accepted (field report #14)
+  int64_t max_context_tokens = 32768;  // longest prompt + output accepted (field report #14)
 
   // 2 · layers · kv_heads · head_dim · dtype_bytes.
   int64_t kv_bytes_per_token() const { return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes; }

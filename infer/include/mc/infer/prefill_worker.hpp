@@ -67,12 +67,12 @@ std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms);
 KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed);
 
 struct PrefillWorkerOptions {
-  int64_t block_tokens = 16;        // tokens per KV block (= the store's block size for this namespace)
-  int64_t kv_blocks = 1024;         // blocks in this worker's KV buffer (the longest prompt it can take)
-  int64_t chunk_tokens = 0;         // default chunk size of chunked prefill; 0 = whole prompt at once
-  uint64_t weight_seed = 0;         // part of the key namespace
-  bool allow_fault_injection = false;  // honour PrefillJobRequest::fail_after_layers (tests)
-  bool kv_engine = true;               // WRITE KV through a transfer engine to decode instances with a segment
+  int64_t block_tokens = 16;              // tokens per KV block (= the store's block size for this namespace)
+  int64_t kv_blocks = 1024;               // blocks in this worker's KV buffer (the longest prompt it can take)
+  int64_t chunk_tokens = 0;               // default chunk size of chunked prefill; 0 = whole prompt at once
+  uint64_t weight_seed = 0;               // part of the key namespace
+  bool allow_fault_injection = false;     // honour PrefillJobRequest::fail_after_layers (tests)
+  bool kv_engine = true;                  // WRITE KV through a transfer engine to decode instances with a segment
   int64_t kv_transfer_timeout_ms = 5000;  // deadline of one layer's WRITEs (engine request timeout)
 };
 

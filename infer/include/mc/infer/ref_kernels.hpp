@@ -25,7 +25,7 @@ struct LayerWeights {
   std::vector<float> w2;         // ffn × hidden (down)
 };
 struct Weights {
-  std::vector<float> embed;       // vocab × hidden
+  std::vector<float> embed;  // vocab × hidden
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // hidden
   std::vector<float> lm_head;     // hidden × vocab

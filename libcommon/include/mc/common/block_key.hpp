@@ -29,9 +29,9 @@ struct KeyNamespace {
   std::string layout;          // layer / tensor / pipeline parallel layout, e.g. "tp8"
   std::string lora_name;
   std::string lora_version;
-  std::string salt;            // tenant isolation
-  uint64_t seed = 0;           // the explicit XXH3 seed
-  uint32_t block_size = 512;   // tokens per block; part of the namespace
+  std::string salt;           // tenant isolation
+  uint64_t seed = 0;          // the explicit XXH3 seed
+  uint32_t block_size = 512;  // tokens per block; part of the namespace
 
   // True when no field but seed and block_size is set (block size already changes every digest,
   // since it changes what a block holds).

@@ -31,9 +31,7 @@ inline std::atomic<int>& level_storage() {
   static std::atomic<int> lvl{static_cast<int>(Level::kInfo)};
   return lvl;
 }
-inline bool enabled(Level lvl) {
-  return static_cast<int>(lvl) >= level_storage().load(std::memory_order_relaxed);
-}
+inline bool enabled(Level lvl) { return static_cast<int>(lvl) >= level_storage().load(std::memory_order_relaxed); }
 
 class Line {
  public:
@@ -51,9 +49,8 @@ class Line {
 }  // namespace mc::log
 
 // A for-loop (not if/else) so that `if (x) MC_LOG_WARN << ...; else ...` parses as written.
-#define MC_LOG(lvl)                                                                   \
-  for (bool mc_log_once_ = ::mc::log::enabled(::mc::log::Level::lvl); mc_log_once_; \
-       mc_log_once_ = false)                                                          \
+#define MC_LOG(lvl)                                                                                       \
+  for (bool mc_log_once_ = ::mc::log::enabled(::mc::log::Level::lvl); mc_log_once_; mc_log_once_ = false) \
   ::mc::log::Line(::mc::log::Level::lvl, __FILE__, __LINE__).stream()
 
 #define MC_LOG_TRACE MC_LOG(kTrace)

@@ -101,8 +101,8 @@ inline constexpr const char* kKvEventRemoved = "removed";
 inline constexpr const char* kKvEventCleared = "cleared";  // every block of backend_id is gone
 
 struct KvEvent {
-  std::string type;                  // stored | removed | cleared
-  uint64_t event_id = 0;             // same as frame 1
+  std::string type;       // stored | removed | cleared
+  uint64_t event_id = 0;  // same as frame 1
   int64_t ts_unix_ms = 0;
   std::vector<uint64_t> seq_hashes;  // prefix-chained block hashes (block_key.hpp)
   std::string backend_id;            // the holder: storage segment or instance name
@@ -123,12 +123,12 @@ inline constexpr uint32_t kSegmentDescriptorVersion = 1;
 // limit of a transport is published as several regions (field report #10), each covering exactly the
 // bytes it says.
 struct RegionDescriptor {
-  uint64_t segment_offset = 0;    // first byte of the region in the segment's offset space
-  uint64_t length_bytes = 0;      // bytes covered; never truncated
-  std::string location;           // "cpu:0", "cuda:0"
-  std::string shm_path;           // memfd/dev-shm file a same-host peer maps ("/proc/<pid>/fd/<fd>"); "" = none
-  uint64_t shm_offset_bytes = 0;  // offset of the region's first byte inside shm_path
-  uint64_t rdma_addr = 0;         // virtual address for one-sided RDMA (0 when not registered with a NIC)
+  uint64_t segment_offset = 0;       // first byte of the region in the segment's offset space
+  uint64_t length_bytes = 0;         // bytes covered; never truncated
+  std::string location;              // "cpu:0", "cuda:0"
+  std::string shm_path;              // memfd/dev-shm file a same-host peer maps ("/proc/<pid>/fd/<fd>"); "" = none
+  uint64_t shm_offset_bytes = 0;     // offset of the region's first byte inside shm_path
+  uint64_t rdma_addr = 0;            // virtual address for one-sided RDMA (0 when not registered with a NIC)
   std::vector<uint32_t> rdma_rkeys;  // one rkey per RDMA device, in SegmentDescriptor::rdma_devices order
   MSGPACK_DEFINE_MAP(segment_offset, length_bytes, location, shm_path, shm_offset_bytes, rdma_addr, rdma_rkeys);
 };
@@ -136,20 +136,20 @@ struct RegionDescriptor {
 // What a peer needs to reach a segment: published by its owner, fetched by name from the peer itself
 // ("host:port", over the transfer engine's own TCP control op) or from a directory service.
 struct SegmentDescriptor {
-  uint32_t format_version = 0;         // kSegmentDescriptorVersion
-  std::string name;                    // "host:port" of the first endpoint
-  std::string host_id;                 // boot id + hostname: equal host_id means shared memory may work
-  int32_t pid = 0;                     // owner process (for shm paths and logs)
-  std::vector<std::string> endpoints;  // "tcp://ADDR:PORT", one per listen address (one path each)
+  uint32_t format_version = 0;            // kSegmentDescriptorVersion
+  std::string name;                       // "host:port" of the first endpoint
+  std::string host_id;                    // boot id + hostname: equal host_id means shared memory may work
+  int32_t pid = 0;                        // owner process (for shm paths and logs)
+  std::vector<std::string> endpoints;     // "tcp://ADDR:PORT", one per listen address (one path each)
   std::vector<std::string> rdma_devices;  // "mlx5_0", with GIDs in rdma_gids (same order)
   std::vector<std::string> rdma_gids;     // 32 hex digits (the port's GID at the index the owner uses)
   std::vector<RegionDescriptor> regions;  // sorted by segment_offset, disjoint
-  std::string topology_json;           // the owner's topology matrix (topology.hpp), so a peer can pick its side
+  std::string topology_json;              // the owner's topology matrix (topology.hpp), so a peer can pick its side
   // Added within format version 1 (map keys: a reader of an older descriptor sees them empty, an older
   // reader ignores them): per RDMA device, its port's LID (InfiniBand; 0 on RoCE) in rdma_devices order.
   std::vector<uint32_t> rdma_lids;
-  MSGPACK_DEFINE_MAP(format_version, name, host_id, pid, endpoints, rdma_devices, rdma_gids, regions,
-                     topology_json, rdma_lids);
+  MSGPACK_DEFINE_MAP(format_version, name, host_id, pid, endpoints, rdma_devices, rdma_gids, regions, topology_json,
+                     rdma_lids);
 };
 
 // One side of an RDMA RC queue-pair handshake (carried over the transfer engine's tcp control op
@@ -157,26 +157,26 @@ struct SegmentDescriptor {
 // RdmaConnectReply; both then move their QP to RTR/RTS with the other's values). The target keeps its QP
 // while the control connection of the handshake stays open and destroys it when that connection closes.
 struct RdmaQpInfo {
-  std::string device;      // "mlx5_0"
-  uint32_t port = 1;       // port number on the device
+  std::string device;  // "mlx5_0"
+  uint32_t port = 1;   // port number on the device
   uint32_t qp_num = 0;
-  uint32_t psn = 0;        // initial packet sequence number (24 bits)
-  uint32_t lid = 0;        // InfiniBand LID (0 on RoCE)
-  std::string gid;         // 32 hex digits; all zero when the port has none (IB without GRH)
+  uint32_t psn = 0;  // initial packet sequence number (24 bits)
+  uint32_t lid = 0;  // InfiniBand LID (0 on RoCE)
+  std::string gid;   // 32 hex digits; all zero when the port has none (IB without GRH)
   uint32_t gid_index = 0;
   uint32_t mtu_bytes = 0;  // active MTU of the port (256..4096); both sides use the smaller
   MSGPACK_DEFINE_MAP(device, port, qp_num, psn, lid, gid, gid_index, mtu_bytes);
 };
 struct RdmaConnectReply {
-  RdmaQpInfo target;        // the target's QP, device and port
+  RdmaQpInfo target;           // the target's QP, device and port
   uint32_t max_rd_atomic = 0;  // RDMA READs the target accepts in flight on this QP
   MSGPACK_DEFINE_MAP(target, max_rd_atomic);
 };
 struct RdmaConnectRequest {
-  std::string segment;          // target segment name (for its logs and errors)
-  std::string target_device;    // which of the target's rdma_devices the QP is to live on
+  std::string segment;        // target segment name (for its logs and errors)
+  std::string target_device;  // which of the target's rdma_devices the QP is to live on
   RdmaQpInfo initiator;
-  uint32_t max_rd_atomic = 0;   // RDMA READs the initiator keeps in flight on this QP
+  uint32_t max_rd_atomic = 0;  // RDMA READs the initiator keeps in flight on this QP
   MSGPACK_DEFINE_MAP(segment, target_device, initiator, max_rd_atomic);
 };
 
@@ -184,9 +184,9 @@ struct RdmaConnectRequest {
 // (transfer engine's own TCP control op; the target acknowledges it before the request completes).
 struct TransferNotification {
   std::string tag;
-  std::string from;               // initiator's segment name, "" when it serves none
-  uint8_t op = 0;                 // 1 read, 2 write
-  uint64_t segment_offset = 0;    // range of the request in the target's segment
+  std::string from;             // initiator's segment name, "" when it serves none
+  uint8_t op = 0;               // 1 read, 2 write
+  uint64_t segment_offset = 0;  // range of the request in the target's segment
   uint64_t length_bytes = 0;
   MSGPACK_DEFINE_MAP(tag, from, op, segment_offset, length_bytes);
 };
@@ -234,15 +234,15 @@ struct StoreAck {
 
 // Where one replica lives and how to reach it.
 struct StoreReplica {
-  std::string segment;      // segment name, e.g. "node1/dram"
+  std::string segment;  // segment name, e.g. "node1/dram"
   std::string node_id;
   std::string host;
-  std::string domain;       // failure domain label
-  std::string medium;       // cpu | disk
-  std::string endpoint;     // the storage node's RPC endpoint (tcp://host:port; store.node.* for disk segments)
-  std::string xfer_segment;  // transfer-engine segment serving these bytes ("host:port"); empty for disk
+  std::string domain;              // failure domain label
+  std::string medium;              // cpu | disk
+  std::string endpoint;            // the storage node's RPC endpoint (tcp://host:port; store.node.* for disk segments)
+  std::string xfer_segment;        // transfer-engine segment serving these bytes ("host:port"); empty for disk
   uint64_t xfer_offset_bytes = 0;  // offset of the replica's first byte in xfer_segment
-  uint64_t offset_bytes = 0;  // offset of the replica inside `segment`
+  uint64_t offset_bytes = 0;       // offset of the replica inside `segment`
   uint64_t size_bytes = 0;
   MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, xfer_segment, xfer_offset_bytes, offset_bytes,
                      size_bytes);
@@ -257,8 +257,8 @@ struct StoreMountRequest {
   std::string domain;
   std::string medium;  // cpu | disk
   uint64_t capacity_bytes = 0;
-  std::string endpoint;                // the node's RPC endpoint (store.node.* for disk segments)
-  std::string xfer_segment;            // transfer-engine segment holding a cpu segment ("host:port"); "" for disk
+  std::string endpoint;                 // the node's RPC endpoint (store.node.* for disk segments)
+  std::string xfer_segment;             // transfer-engine segment holding a cpu segment ("host:port"); "" for disk
   uint64_t xfer_base_offset_bytes = 0;  // where byte 0 of `segment` lies in xfer_segment
   MSGPACK_DEFINE_MAP(node_id, segment, host, domain, medium, capacity_bytes, endpoint, xfer_segment,
                      xfer_base_offset_bytes);
@@ -360,9 +360,9 @@ struct StoreGetItem {
   uint16_t code = 0;  // kObjectNotFound (400) = miss
   std::string message;
   uint64_t size_bytes = 0;
-  int64_t lease_ms = 0;                     // the read is valid only if it completes within this
-  std::vector<StoreReplica> replicas;       // complete replicas, nearest first
-  std::vector<StoreReplica> replicate_to;   // 0 or 1: hot object, copy it here and send store.replica_end
+  int64_t lease_ms = 0;                    // the read is valid only if it completes within this
+  std::vector<StoreReplica> replicas;      // complete replicas, nearest first
+  std::vector<StoreReplica> replicate_to;  // 0 or 1: hot object, copy it here and send store.replica_end
   uint64_t replicate_put_id = 0;
   MSGPACK_DEFINE_MAP(code, message, size_bytes, lease_ms, replicas, replicate_to, replicate_put_id);
 };
@@ -374,7 +374,7 @@ struct StoreGetReplicasRequest {
   static constexpr const char* kType = "store.get_replicas";
   using Reply = StoreGetReplicasReply;
   std::string client_id;
-  std::string client_host;    // nearest-first ordering: same host, then same domain
+  std::string client_host;  // nearest-first ordering: same host, then same domain
   std::string client_domain;
   std::vector<std::string> keys;
   MSGPACK_DEFINE_MAP(client_id, client_host, client_domain, keys);
@@ -467,9 +467,8 @@ struct StoreStatReply {
   uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
   uint64_t pending_free_bytes = 0;
   uint64_t last_event_id = 0;
-  MSGPACK_DEFINE_MAP(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions,
-                     demotions, reclaimed_puts, refused_put_ends, hot_replications, dead_nodes,
-                     pending_free_bytes, last_event_id);
+  MSGPACK_DEFINE_MAP(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions, demotions,
+                     reclaimed_puts, refused_put_ends, hot_replications, dead_nodes, pending_free_bytes, last_event_id);
 };
 struct StoreStatRequest {
   static constexpr const char* kType = "store.stat";
@@ -542,21 +541,21 @@ struct StoreNodeReadRequest {
 // Per-request cache and timing ledger (SYSTEM.md §5). A time never measured is -1, not 0.
 struct RequestLedger {
   int64_t prompt_tokens = 0;
-  int64_t hit_tokens = 0;             // prefix tokens whose KV came from the store (= avoided prefill tokens)
-  int64_t hit_tokens_local = 0;       // ... from a replica on this host (shared memory)
-  int64_t hit_tokens_remote = 0;      // ... from another host or over the network
-  int64_t missed_prefix_tokens = 0;   // tokens the job said to fetch that were missing/failed and recomputed
-  int64_t computed_tokens = 0;        // tokens prefilled here
-  int64_t fetch_bytes = 0;            // KV bytes read from the store
-  int64_t kv_sent_bytes = 0;          // KV bytes written to the decode instance
-  int64_t stored_blocks = 0;          // new complete blocks put into the store
-  int64_t queue_ms = -1;              // job received -> started
-  int64_t fetch_ms = -1;              // prefix batch_get
-  int64_t prefill_ms = -1;            // compute of the new tokens
-  int64_t kv_tail_ms = -1;            // last layer computed -> all KV acknowledged by decode
-  int64_t decode_ms = -1;             // first token -> last token (decode side)
-  int64_t output_tokens = 0;          // tokens actually generated (first token included)
-  std::string decision;               // "fetch" (some prefix reused) | "recompute"
+  int64_t hit_tokens = 0;            // prefix tokens whose KV came from the store (= avoided prefill tokens)
+  int64_t hit_tokens_local = 0;      // ... from a replica on this host (shared memory)
+  int64_t hit_tokens_remote = 0;     // ... from another host or over the network
+  int64_t missed_prefix_tokens = 0;  // tokens the job said to fetch that were missing/failed and recomputed
+  int64_t computed_tokens = 0;       // tokens prefilled here
+  int64_t fetch_bytes = 0;           // KV bytes read from the store
+  int64_t kv_sent_bytes = 0;         // KV bytes written to the decode instance
+  int64_t stored_blocks = 0;         // new complete blocks put into the store
+  int64_t queue_ms = -1;             // job received -> started
+  int64_t fetch_ms = -1;             // prefix batch_get
+  int64_t prefill_ms = -1;           // compute of the new tokens
+  int64_t kv_tail_ms = -1;           // last layer computed -> all KV acknowledged by decode
+  int64_t decode_ms = -1;            // first token -> last token (decode side)
+  int64_t output_tokens = 0;         // tokens actually generated (first token included)
+  std::string decision;              // "fetch" (some prefix reused) | "recompute"
   MSGPACK_DEFINE_MAP(prompt_tokens, hit_tokens, hit_tokens_local, hit_tokens_remote, missed_prefix_tokens,
                      computed_tokens, fetch_bytes, kv_sent_bytes, stored_blocks, queue_ms, fetch_ms, prefill_ms,
                      kv_tail_ms, decode_ms, output_tokens, decision);
@@ -564,25 +563,25 @@ struct RequestLedger {
 
 struct DecodeReserveReply {
   uint64_t reservation_id = 0;
-  int64_t block_tokens = 0;                     // tokens per KV block of the decode buffer
-  int64_t layer_block_bytes = 0;                // bytes of one layer of one block (one contiguous write)
-  int64_t block_bytes = 0;                      // bytes of one block (all layers)
+  int64_t block_tokens = 0;       // tokens per KV block of the decode buffer
+  int64_t layer_block_bytes = 0;  // bytes of one layer of one block (one contiguous write)
+  int64_t block_bytes = 0;        // bytes of one block (all layers)
   // Offset of each prompt block (its layer 0) in order: in the transfer-engine segment `kv_segment` when one is
   // published, else in the decode KV buffer. Layer l of block i is at block_offsets_bytes[i] + l * layer_block_bytes.
   std::vector<uint64_t> block_offsets_bytes;
-  std::string kv_segment;                       // transfer-engine segment of the buffer ("" = kv_write RPC only)
-  int64_t free_blocks = 0;                      // uncommitted blocks left after this reservation
-  MSGPACK_DEFINE_MAP(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes,
-                     kv_segment, free_blocks);
+  std::string kv_segment;   // transfer-engine segment of the buffer ("" = kv_write RPC only)
+  int64_t free_blocks = 0;  // uncommitted blocks left after this reservation
+  MSGPACK_DEFINE_MAP(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes, kv_segment,
+                     free_blocks);
 };
 struct DecodeReserveRequest {
   static constexpr const char* kType = "decode_reserve";
   using Reply = DecodeReserveReply;
   std::string request_id;
-  int64_t input_length_tokens = 0;    // prompt tokens (> 0)
-  int64_t output_length_tokens = 0;   // tokens to generate (> 0), first token included
-  std::string client_endpoint;        // where token events go (ZeroMQ URI of the client's RpcServer)
-  int64_t ttl_ms = 0;                 // reservation dropped when no kv_commit arrives in time (0: worker default)
+  int64_t input_length_tokens = 0;   // prompt tokens (> 0)
+  int64_t output_length_tokens = 0;  // tokens to generate (> 0), first token included
+  std::string client_endpoint;       // where token events go (ZeroMQ URI of the client's RpcServer)
+  int64_t ttl_ms = 0;                // reservation dropped when no kv_commit arrives in time (0: worker default)
   MSGPACK_DEFINE_MAP(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms);
 };
 
@@ -604,7 +603,7 @@ struct DecodeAbortRequest {
   static constexpr const char* kType = "decode_abort";
   using Reply = DecodeReleaseReply;
   uint64_t reservation_id = 0;
-  uint16_t code = 0;        // mc::Code of the failure
+  uint16_t code = 0;  // mc::Code of the failure
   std::string reason;
   MSGPACK_DEFINE_MAP(reservation_id, code, reason);
 };
@@ -656,34 +655,34 @@ struct PrefillJobRequest {
   static constexpr const char* kType = "prefill_job";
   using Reply = PrefillJobReply;
   std::string request_id;
-  std::vector<uint32_t> tokens;        // the prompt (traces: synthesized from hash_ids by the submitter)
+  std::vector<uint32_t> tokens;  // the prompt (traces: synthesized from hash_ids by the submitter)
   int64_t output_length_tokens = 0;
-  int64_t fetch_prefix_blocks = -1;    // leading complete blocks to read from the store; -1: as many as present
-  std::string prefix_source;           // where the Conductor expects the prefix (segment name; informational)
-  std::string decode_endpoint;         // mc-decode RPC endpoint
-  uint64_t reservation_id = 0;         // from decode_reserve
+  int64_t fetch_prefix_blocks = -1;  // leading complete blocks to read from the store; -1: as many as present
+  std::string prefix_source;         // where the Conductor expects the prefix (segment name; informational)
+  std::string decode_endpoint;       // mc-decode RPC endpoint
+  uint64_t reservation_id = 0;       // from decode_reserve
   std::vector<uint64_t> decode_block_offsets_bytes;  // from decode_reserve
-  std::string decode_kv_segment;       // from decode_reserve (kv_segment); "": the prefill asks decode (worker_load)
+  std::string decode_kv_segment;  // from decode_reserve (kv_segment); "": the prefill asks decode (worker_load)
   std::string client_endpoint;
-  int64_t chunk_tokens = 0;            // 0: the worker's --chunk-tokens
-  bool store_new_blocks = true;        // put new complete blocks into the store
-  int64_t fail_after_layers = -1;      // fault injection (tests, field report #14): fail once this many layer
-                                       // writes were sent; -1 = never. Refused unless the worker allows it.
+  int64_t chunk_tokens = 0;        // 0: the worker's --chunk-tokens
+  bool store_new_blocks = true;    // put new complete blocks into the store
+  int64_t fail_after_layers = -1;  // fault injection (tests, field report #14): fail once this many layer
+                                   // writes were sent; -1 = never. Refused unless the worker allows it.
   MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
                      reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
                      store_new_blocks, fail_after_layers);
 };
 
 struct WorkerLoadReply {
-  std::string role;                 // "prefill" | "decode"
-  std::string backend;              // "ref" | "sim"
+  std::string role;     // "prefill" | "decode"
+  std::string backend;  // "ref" | "sim"
   std::string model;
-  int64_t queued_jobs = 0;          // prefill: jobs waiting
-  int64_t queued_tokens = 0;        // prefill: prompt tokens waiting
-  int64_t running_tokens = 0;       // prefill: tokens of the job in progress; decode: context tokens in the batch
-  int64_t predicted_queue_ms = 0;   // prefill: cost-model time of the queue (sim) or measured rate (ref)
-  int64_t batch_size = 0;           // decode: running sequences
-  int64_t reservations = 0;         // decode: reserved, not yet committed
+  int64_t queued_jobs = 0;         // prefill: jobs waiting
+  int64_t queued_tokens = 0;       // prefill: prompt tokens waiting
+  int64_t running_tokens = 0;      // prefill: tokens of the job in progress; decode: context tokens in the batch
+  int64_t predicted_queue_ms = 0;  // prefill: cost-model time of the queue (sim) or measured rate (ref)
+  int64_t batch_size = 0;          // decode: running sequences
+  int64_t reservations = 0;        // decode: reserved, not yet committed
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_used = 0;       // physically holding KV
   int64_t kv_blocks_committed = 0;  // decode: promised to running + reserved requests at full length
@@ -691,8 +690,8 @@ struct WorkerLoadReply {
   double recent_step_ms = 0;        // decode: mean of the recent steps
   std::string kv_segment;           // decode: transfer-engine segment prefill writes KV into ("" = kv_write only)
   MSGPACK_DEFINE_MAP(role, backend, model, queued_jobs, queued_tokens, running_tokens, predicted_queue_ms, batch_size,
-                     reservations, kv_blocks_total, kv_blocks_used, kv_blocks_committed, kv_blocks_free,
-                     recent_step_ms, kv_segment);
+                     reservations, kv_blocks_total, kv_blocks_used, kv_blocks_committed, kv_blocks_free, recent_step_ms,
+                     kv_segment);
 };
 struct WorkerLoadRequest {
   static constexpr const char* kType = "worker_load";
@@ -758,55 +757,55 @@ struct RequestError {
 struct ConductorSubmitReply {
   std::string request_id;
   bool accepted = false;
-  std::string prefill_id;           // chosen prefill instance (empty when rejected)
-  std::string decode_id;            // chosen decode instance (empty when rejected)
-  double predicted_ttft_ms = 0;     // also set when rejected: the best prediction seen
+  std::string prefill_id;        // chosen prefill instance (empty when rejected)
+  std::string decode_id;         // chosen decode instance (empty when rejected)
+  double predicted_ttft_ms = 0;  // also set when rejected: the best prediction seen
   double predicted_tbt_ms = 0;
-  int64_t hit_tokens = 0;           // prefix tokens the prefill will reuse instead of computing
+  int64_t hit_tokens = 0;  // prefix tokens the prefill will reuse instead of computing
   // The longest prefix of the prompt held anywhere in the pool (complete blocks, tokens) when the
   // request was placed: hit_tokens < pool_prefix_tokens means recomputing part of it was predicted faster.
   int64_t pool_prefix_tokens = 0;
-  bool replicate_prefix = false;    // the reused prefix is copied near the prefill instance
+  bool replicate_prefix = false;  // the reused prefix is copied near the prefill instance
   // ttft_slo | tbt_slo | kv_capacity | no_prefill_instance | no_decode_instance | invalid_request |
   // decode_refused (the chosen decode instance refused the reservation); empty when accepted
   std::string reject_reason;
-  std::string reason;               // human-readable explanation, names instances and predicted values
+  std::string reason;  // human-readable explanation, names instances and predicted values
   MSGPACK_DEFINE_MAP(request_id, accepted, prefill_id, decode_id, predicted_ttft_ms, predicted_tbt_ms, hit_tokens,
                      pool_prefix_tokens, replicate_prefix, reject_reason, reason);
 };
 struct ConductorSubmitRequest {
   static constexpr const char* kType = "conductor.submit";
   using Reply = ConductorSubmitReply;
-  std::string request_id;               // unique per client run
-  int64_t input_tokens = 0;             // prompt length (== tokens.size() when tokens are given)
-  int64_t output_tokens = 0;            // tokens to generate, first token included
-  std::vector<uint32_t> tokens;         // the prompt
-  std::vector<uint64_t> hash_ids;       // trace block ids, kept in the decision log
-  std::vector<uint64_t> block_hashes;   // optional precomputed seq hashes of the complete blocks
-  int64_t block_size_tokens = 0;        // 0: the Conductor's; otherwise must equal it
+  std::string request_id;              // unique per client run
+  int64_t input_tokens = 0;            // prompt length (== tokens.size() when tokens are given)
+  int64_t output_tokens = 0;           // tokens to generate, first token included
+  std::vector<uint32_t> tokens;        // the prompt
+  std::vector<uint64_t> hash_ids;      // trace block ids, kept in the decision log
+  std::vector<uint64_t> block_hashes;  // optional precomputed seq hashes of the complete blocks
+  int64_t block_size_tokens = 0;       // 0: the Conductor's; otherwise must equal it
   double slo_ttft_ms = 0;
   double slo_tbt_ms = 0;
-  std::string client_endpoint;          // where mc-decode sends token events (the client's RpcServer)
+  std::string client_endpoint;  // where mc-decode sends token events (the client's RpcServer)
   MSGPACK_DEFINE_MAP(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens,
                      slo_ttft_ms, slo_tbt_ms, client_endpoint);
 };
 
 struct ConductorRegisterReply {
-  int64_t heartbeat_interval_ms = 0;   // send heartbeats at least this often
-  int64_t heartbeat_timeout_ms = 0;    // silent longer than this = dead, removed with its cached blocks
-  int64_t block_size_tokens = 0;       // the Conductor's key namespace block size (must match the worker's)
+  int64_t heartbeat_interval_ms = 0;  // send heartbeats at least this often
+  int64_t heartbeat_timeout_ms = 0;   // silent longer than this = dead, removed with its cached blocks
+  int64_t block_size_tokens = 0;      // the Conductor's key namespace block size (must match the worker's)
   MSGPACK_DEFINE_MAP(heartbeat_interval_ms, heartbeat_timeout_ms, block_size_tokens);
 };
 struct ConductorRegisterRequest {
   static constexpr const char* kType = "conductor.register";
   using Reply = ConductorRegisterReply;
-  std::string instance_id;          // unique ("prefill-0")
-  std::string role;                 // prefill | decode
-  std::string host;                 // host name: same-host pricing with storage segments there
-  std::string endpoint;             // the worker's own RPC endpoint (prefill_job / decode_reserve)
-  std::string backend_id;           // its KV-event backend id (own GPU prefix cache); empty: instance_id
-  int64_t kv_capacity_tokens = 0;   // decode: KV tokens it can reserve (required > 0)
-  int64_t block_size_tokens = 0;    // 0: not checked; else must equal the Conductor's
+  std::string instance_id;         // unique ("prefill-0")
+  std::string role;                // prefill | decode
+  std::string host;                // host name: same-host pricing with storage segments there
+  std::string endpoint;            // the worker's own RPC endpoint (prefill_job / decode_reserve)
+  std::string backend_id;          // its KV-event backend id (own GPU prefix cache); empty: instance_id
+  int64_t kv_capacity_tokens = 0;  // decode: KV tokens it can reserve (required > 0)
+  int64_t block_size_tokens = 0;   // 0: not checked; else must equal the Conductor's
   // The block-key namespace the worker stores KV under (block_key.hpp): its digest (store keys
   // "kv/<digest>/...") and chain seed (KeyNamespace::chain_seed()). Empty digest: not told.
   std::string key_namespace_digest;
@@ -816,7 +815,7 @@ struct ConductorRegisterRequest {
 };
 
 struct ConductorHeartbeatReply {
-  bool registered = true;           // false: the Conductor forgot this worker (restart, expiry): register again
+  bool registered = true;  // false: the Conductor forgot this worker (restart, expiry): register again
   MSGPACK_DEFINE_MAP(registered);
 };
 // Load report. Absent figures are 0, which is right for an idle worker (field report #12).
@@ -826,17 +825,16 @@ struct ConductorHeartbeatRequest {
   std::string instance_id;
   int64_t queued_prefill_tokens = 0;  // prefill: tokens of queued or running jobs not yet prefilled
   int64_t queued_prefill_jobs = 0;
-  int64_t running_requests = 0;       // decode: requests in the batch
-  int64_t kv_reserved_tokens = 0;     // decode: KV tokens promised (input + output of running and reserved)
-  int64_t context_tokens = 0;         // decode: sum of the batch's context lengths now
+  int64_t running_requests = 0;    // decode: requests in the batch
+  int64_t kv_reserved_tokens = 0;  // decode: KV tokens promised (input + output of running and reserved)
+  int64_t context_tokens = 0;      // decode: sum of the batch's context lengths now
   // decode: measured steps since the last heartbeat (the Conductor refits its TBT model from them)
   int64_t decode_steps = 0;
   double decode_step_ms_mean = 0;
-  double decode_batch_mean = 0;       // mean batch size over those steps
+  double decode_batch_mean = 0;  // mean batch size over those steps
   double decode_context_tokens_mean = 0;
   MSGPACK_DEFINE_MAP(instance_id, queued_prefill_tokens, queued_prefill_jobs, running_requests, kv_reserved_tokens,
-                     context_tokens, decode_steps, decode_step_ms_mean, decode_batch_mean,
-                     decode_context_tokens_mean);
+                     context_tokens, decode_steps, decode_step_ms_mean, decode_batch_mean, decode_context_tokens_mean);
 };
 
 inline constexpr const char* kPhaseFirstToken = "first_token";  // mc-decode sent the first token
@@ -854,10 +852,10 @@ struct ConductorJobReportRequest {
   using Reply = ConductorJobReportReply;
   std::string request_id;
   std::string instance_id;
-  std::string phase;                  // first_token | done | failed
-  int64_t event_unix_ns = 0;          // when it happened (wall clock of the worker)
-  int64_t output_tokens = 0;          // done: tokens produced
-  std::string message;                // failed: why
+  std::string phase;          // first_token | done | failed
+  int64_t event_unix_ns = 0;  // when it happened (wall clock of the worker)
+  int64_t output_tokens = 0;  // done: tokens produced
+  std::string message;        // failed: why
   MSGPACK_DEFINE_MAP(request_id, instance_id, phase, event_unix_ns, output_tokens, message);
 };
 

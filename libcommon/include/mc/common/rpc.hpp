@@ -49,7 +49,7 @@ struct Envelope {
 };
 
 struct CallContext {
-  std::string peer;       // ROUTER identity of the caller (opaque bytes)
+  std::string peer;  // ROUTER identity of the caller (opaque bytes)
   uint64_t call_id = 0;
   std::string type;
   // Set by a handler that will answer later with RpcServer::reply_to(); its return value is then ignored.
@@ -58,8 +58,8 @@ struct CallContext {
 };
 
 struct ServerOptions {
-  std::string service = "mc";                // named in hello replies and error messages
-  std::vector<std::string> bind_endpoints;   // e.g. {"tcp://127.0.0.1:0"}
+  std::string service = "mc";               // named in hello replies and error messages
+  std::vector<std::string> bind_endpoints;  // e.g. {"tcp://127.0.0.1:0"}
   int64_t max_message_bytes = proto::kMaxMessageBytes;
 };
 
@@ -130,7 +130,7 @@ class RpcServer {
 
 struct ClientOptions {
   std::string client_name = "mc";
-  int connect_timeout_ms = 2000;     // hello handshake
+  int connect_timeout_ms = 2000;  // hello handshake
   int default_timeout_ms = 5000;
   int64_t max_message_bytes = proto::kMaxMessageBytes;
 };

@@ -22,19 +22,19 @@ namespace mc {
 enum class Code : uint16_t {
   kOk = 0,
   // 1xx general
-  kInvalidArgument = 100,   // bad input from a caller or a file: the message names the field and value
-  kNotFound = 101,          // a named thing does not exist (key, segment, file, instance)
+  kInvalidArgument = 100,  // bad input from a caller or a file: the message names the field and value
+  kNotFound = 101,         // a named thing does not exist (key, segment, file, instance)
   kAlreadyExists = 102,
-  kOutOfRange = 103,        // offset/length/index past a bound
-  kTimeout = 104,           // deadline passed; retrying may succeed
-  kUnavailable = 105,       // peer not reachable or not ready; retrying later may succeed
-  kResourceExhausted = 106, // no space / too many; free something or add capacity
+  kOutOfRange = 103,         // offset/length/index past a bound
+  kTimeout = 104,            // deadline passed; retrying may succeed
+  kUnavailable = 105,        // peer not reachable or not ready; retrying later may succeed
+  kResourceExhausted = 106,  // no space / too many; free something or add capacity
   kFailedPrecondition = 107,
   kCancelled = 108,
-  kInternal = 109,          // a bug in mc: please report with the message
+  kInternal = 109,  // a bug in mc: please report with the message
   kUnimplemented = 110,
-  kIo = 111,                // file/socket I/O error (errno text included)
-  kDataLoss = 112,          // bytes did not arrive intact
+  kIo = 111,        // file/socket I/O error (errno text included)
+  kDataLoss = 112,  // bytes did not arrive intact
   // 2xx protocol / RPC
   kProtocolMismatch = 200,  // peers speak different protocol versions
   kMalformedMessage = 201,  // truncated, ill-typed or unknown message
@@ -43,14 +43,14 @@ enum class Code : uint16_t {
   kTransferFailed = 300,
   kSegmentNotRegistered = 301,
   kNoPath = 302,
-  kLocalDeviceDown = 303,   // a local address or device of a path is gone (down, removed): use another
+  kLocalDeviceDown = 303,  // a local address or device of a path is gone (down, removed): use another
   // 4xx store
   kObjectNotFound = 400,
-  kObjectBusy = 401,        // being written or leased; retryable
+  kObjectBusy = 401,  // being written or leased; retryable
   kLeaseExpired = 402,
   kNoSpace = 403,
   // 5xx scheduler
-  kRejected = 500,          // request rejected by admission control (reason in message)
+  kRejected = 500,  // request rejected by admission control (reason in message)
   // 6xx inference
   kInferenceFailed = 600,
   kAborted = 601,
@@ -91,7 +91,7 @@ inline Status error(Code code, std::string message) { return Status(code, std::m
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(v_).is_ok()) {
       v_ = Status(Code::kInternal, "Result constructed from an ok Status without a value");
@@ -106,9 +106,18 @@ class [[nodiscard]] Result {
     return is_ok() ? kOkStatus : std::get<Status>(v_);
   }
 
-  T& value() & { check(); return std::get<T>(v_); }
-  const T& value() const& { check(); return std::get<T>(v_); }
-  T&& value() && { check(); return std::get<T>(std::move(v_)); }
+  T& value() & {
+    check();
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    check();
+    return std::get<T>(v_);
+  }
+  T&& value() && {
+    check();
+    return std::get<T>(std::move(v_));
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -135,9 +144,9 @@ void Result<T>::fail_access(const Status& s) {
 }  // namespace mc
 
 // Propagate a non-ok Status from an expression returning Status.
-#define MC_RETURN_IF_ERROR(expr)             \
-  do {                                       \
-    ::mc::Status mc_status_ = (expr);        \
+#define MC_RETURN_IF_ERROR(expr)                \
+  do {                                          \
+    ::mc::Status mc_status_ = (expr);           \
     if (!mc_status_.is_ok()) return mc_status_; \
   } while (0)
 

@@ -41,9 +41,9 @@ struct ReaderOptions {
 };
 
 struct ReaderStats {
-  int64_t lines = 0;     // lines read, blank ones included
-  int64_t rows = 0;      // valid rows returned
-  int64_t skipped = 0;   // invalid rows skipped (lenient)
+  int64_t lines = 0;    // lines read, blank ones included
+  int64_t rows = 0;     // valid rows returned
+  int64_t skipped = 0;  // invalid rows skipped (lenient)
   int64_t blank = 0;
   std::vector<std::string> first_errors;  // up to 10 messages of skipped rows
 };

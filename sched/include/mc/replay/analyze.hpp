@@ -37,9 +37,9 @@ namespace mc::replay {
 
 // Which rows of a trace a run uses, in trace time.
 struct Window {
-  double start_s = 0;             // skip rows with timestamp < start_s
-  double duration_s = 0;          // <= 0: to the end; else rows with timestamp < start_s + duration_s
-  int64_t max_requests = 0;       // <= 0: no limit
+  double start_s = 0;        // skip rows with timestamp < start_s
+  double duration_s = 0;     // <= 0: to the end; else rows with timestamp < start_s + duration_s
+  int64_t max_requests = 0;  // <= 0: no limit
   // True when `row` lies in the window (the count limit is applied by the caller).
   bool contains(const trace::Request& row) const;
 };
@@ -49,7 +49,7 @@ struct Window {
 Result<std::vector<trace::Request>> read_window(trace::Reader& reader, const Window& window);
 
 struct AnalyzeOptions {
-  trace::ReaderOptions reader;            // mode, trace block size, source name
+  trace::ReaderOptions reader;  // mode, trace block size, source name
   Window window;
   std::vector<int64_t> capacity_tokens = {1'000'000, 3'000'000, 10'000'000, 50'000'000};
 };
@@ -67,16 +67,16 @@ struct LruPoint {
 
 struct TraceAnalysis {
   int64_t requests = 0;
-  int64_t lines = 0, skipped_rows = 0;    // from the reader (lenient mode skips)
+  int64_t lines = 0, skipped_rows = 0;  // from the reader (lenient mode skips)
   double first_timestamp_s = 0, last_timestamp_s = 0;
-  double span_s = 0;                      // last - first arrival
-  double arrival_rate_rps = 0;            // requests / span (0 for a single instant)
+  double span_s = 0;            // last - first arrival
+  double arrival_rate_rps = 0;  // requests / span (0 for a single instant)
   std::optional<Distribution> input_tokens, output_tokens, blocks_per_request;
   int64_t total_input_tokens = 0;
   int64_t total_blocks = 0;
   int64_t distinct_blocks = 0;
   HitRatios infinite;
-  HitRatios infinite_earlier;             // infinite cache, blocks of strictly earlier arrivals only
+  HitRatios infinite_earlier;  // infinite cache, blocks of strictly earlier arrivals only
   std::vector<LruPoint> lru;
 };
 

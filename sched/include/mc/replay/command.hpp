@@ -34,9 +34,9 @@ struct ReplayCommand {
   ReplayOptions replay;
   ConductorLinkOptions conductor;
   std::string client_bind = "tcp://127.0.0.1:0";  // where mc-decode sends token events (a connectable address)
-  int64_t max_output_tokens = 0;   // 0: as in the trace; else each row's output_length is capped
+  int64_t max_output_tokens = 0;                  // 0: as in the trace; else each row's output_length is capped
   SummaryOptions summary;
-  std::string out_path;            // JSONL records; empty: none
+  std::string out_path;  // JSONL records; empty: none
   bool json = false;
 };
 

@@ -20,10 +20,10 @@
 namespace mc::replay {
 
 struct ConductorLinkOptions {
-  std::string endpoint;              // tcp://host:port of mc-conductor
+  std::string endpoint;  // tcp://host:port of mc-conductor
   int connect_timeout_ms = 2000;
   int submit_timeout_ms = 10000;
-  int64_t block_size_tokens = 0;     // sent with each submission: the Conductor refuses a mismatch; 0: not checked
+  int64_t block_size_tokens = 0;  // sent with each submission: the Conductor refuses a mismatch; 0: not checked
 };
 
 Result<std::unique_ptr<ConductorLink>> connect_conductor(const ConductorLinkOptions& options);

@@ -44,9 +44,9 @@ struct Submission {
   const trace::Request* row = nullptr;  // the trace row (input_length, output_length, hash_ids); owned by run_replay
   std::vector<uint32_t> tokens;         // the synthesized prompt (synth.hpp)
   int64_t output_length_tokens = 0;
-  double slo_ttft_ms = 0;               // the request's SLO (modelled ms)
+  double slo_ttft_ms = 0;  // the request's SLO (modelled ms)
   double slo_tbt_ms = 0;
-  std::string client_endpoint;          // where the decode instance sends token events
+  std::string client_endpoint;  // where the decode instance sends token events
 };
 
 class EventSink;
@@ -54,7 +54,7 @@ class EventSink;
 // The Conductor's answer to a submission.
 struct Admission {
   bool accepted = false;
-  std::string reason;                   // why rejected
+  std::string reason;  // why rejected
   std::string prefill_instance, decode_instance;
   std::optional<double> predicted_ttft_ms;  // modelled ms
   std::optional<std::string> decision;      // fetch | recompute
@@ -107,17 +107,17 @@ class EventSource {
 
 struct ReplayOptions {
   Window window;
-  double speed = 1.0;            // trace time / wall time
-  double rate_scale = 1.0;       // multiplies the arrival rate (divides the gaps) on top of speed
-  double time_scale = 1.0;       // measured durations x time_scale = reported (see above)
+  double speed = 1.0;       // trace time / wall time
+  double rate_scale = 1.0;  // multiplies the arrival rate (divides the gaps) on top of speed
+  double time_scale = 1.0;  // measured durations x time_scale = reported (see above)
   SynthOptions synth;
   int senders = 16;              // sender threads (concurrent submissions in flight)
   double drain_timeout_s = 120;  // after the last send: wait this long (wall) for outstanding requests
   std::string id_prefix;         // request ids are "<id_prefix><trace line>"; empty: "r<pid>-<line>-"
   double slo_ttft_ms = 30000;    // sent with each request (modelled ms)
   double slo_tbt_ms = 100;
-  bool progress = false;         // rate and ETA on stderr (the tool sets it when stderr is a terminal)
-  bool record_token_ids = false; // keep each request's output token ids in its record
+  bool progress = false;          // rate and ETA on stderr (the tool sets it when stderr is a terminal)
+  bool record_token_ids = false;  // keep each request's output token ids in its record
 };
 
 struct ReplayResult {

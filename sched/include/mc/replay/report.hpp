@@ -44,7 +44,7 @@ Result<Outcome> parse_outcome(std::string_view name);
 
 // The paper's TBT statistics of one request, from its inter-token gaps.
 struct TbtStats {
-  int64_t gaps = 0;          // output tokens - 1 (timed gaps)
+  int64_t gaps = 0;  // output tokens - 1 (timed gaps)
   double mean_ms = 0;
   double max_ms = 0;
   double top10_mean_ms = 0;  // mean of the longest ceil(10 %) gaps: the SLO statistic
@@ -56,16 +56,16 @@ std::optional<TbtStats> tbt_stats(std::span<const double> gaps_ms);
 // provide stay absent.
 struct Ledger {
   std::optional<int64_t> prompt_tokens;
-  std::optional<int64_t> hit_tokens_local;   // prefix found on the chosen prefill instance itself
-  std::optional<int64_t> hit_tokens_remote;  // fetched from the pool's DRAM on another node
-  std::optional<int64_t> hit_tokens_ssd;     // fetched from an SSD tier
+  std::optional<int64_t> hit_tokens_local;        // prefix found on the chosen prefill instance itself
+  std::optional<int64_t> hit_tokens_remote;       // fetched from the pool's DRAM on another node
+  std::optional<int64_t> hit_tokens_ssd;          // fetched from an SSD tier
   std::optional<int64_t> avoided_prefill_tokens;  // tokens not recomputed thanks to the cache
-  std::optional<int64_t> transfer_bytes;     // KV bytes moved for this request (pool -> prefill, prefill -> decode)
+  std::optional<int64_t> transfer_bytes;  // KV bytes moved for this request (pool -> prefill, prefill -> decode)
   std::optional<double> transfer_ms;
-  std::optional<double> queue_ms;            // waiting before prefill started
+  std::optional<double> queue_ms;  // waiting before prefill started
   std::optional<double> prefill_ms;
-  std::optional<std::string> decision;       // fetch | recompute | reject
-  std::optional<double> predicted_ttft_ms;   // the conductor's prediction when it placed the request
+  std::optional<std::string> decision;      // fetch | recompute | reject
+  std::optional<double> predicted_ttft_ms;  // the conductor's prediction when it placed the request
   // At placement: the prefix tokens the conductor planned to reuse, and the longest prefix the pool
   // held (complete blocks). planned < pool: recomputing the rest was predicted faster than fetching it;
   // hit < planned: blocks planned were missing or failed when the prefill fetched them.
@@ -83,15 +83,15 @@ struct RequestRecord {
   std::optional<double> send_lag_ms;  // actual - scheduled send time (open loop); > late threshold = late
 
   int64_t input_tokens = 0;
-  int64_t output_tokens_requested = 0;  // the trace's output_length
-  std::optional<int64_t> output_tokens; // actually produced
+  int64_t output_tokens_requested = 0;   // the trace's output_length
+  std::optional<int64_t> output_tokens;  // actually produced
   // Where output_tokens came from: "usage" (the server's final count) or "counted" (streamed tokens
   // counted because the server reported none: flagged, field report #16).
   std::string output_tokens_source;
 
   Outcome outcome = Outcome::kRejected;
-  std::string reason;                  // why rejected/failed; empty when completed
-  std::string prefill_instance;        // empty when never placed
+  std::string reason;            // why rejected/failed; empty when completed
+  std::string prefill_instance;  // empty when never placed
   std::string decode_instance;
 
   std::optional<double> ttft_ms;
@@ -109,8 +109,7 @@ struct RequestRecord {
 // once is n equal entries). `reported_tokens` is the server's final count when it sent one; it wins over
 // the count of streamed tokens (tokens may be coalesced), which is used and flagged otherwise.
 // Empty `token_ms` leaves the times absent. Does not change outcome.
-void apply_token_times(RequestRecord& record, std::span<const double> token_ms,
-                       std::optional<int64_t> reported_tokens);
+void apply_token_times(RequestRecord& record, std::span<const double> token_ms, std::optional<int64_t> reported_tokens);
 // TPOT per SYSTEM.md §5; nullopt when fewer than 2 tokens or a time is missing.
 std::optional<double> tpot_ms(std::optional<double> ttft_ms, std::optional<double> e2e_ms, int64_t tokens);
 
@@ -132,28 +131,28 @@ double quantile_sorted(std::span<const double> sorted, double q);
 struct SloResult {
   double ttft_ms = 0;
   double tbt_ms = 0;
-  int64_t met = 0;                  // completed within both limits
-  double attainment = 0;            // met / offered
-  double attainment_accepted = 0;   // met / accepted
-  double goodput_rps = 0;           // met / span_s
+  int64_t met = 0;                 // completed within both limits
+  double attainment = 0;           // met / offered
+  double attainment_accepted = 0;  // met / accepted
+  double goodput_rps = 0;          // met / span_s
 };
 
 struct CacheSummary {
-  int64_t prompt_tokens = 0;      // over requests whose ledger has prompt_tokens
+  int64_t prompt_tokens = 0;  // over requests whose ledger has prompt_tokens
   int64_t hit_tokens_local = 0, hit_tokens_remote = 0, hit_tokens_ssd = 0;
   int64_t avoided_prefill_tokens = 0;
   int64_t transfer_bytes = 0;
   int64_t requests_with_ledger = 0;
-  double hit_ratio() const;        // (local + remote + ssd) / prompt tokens; 0 when no prompt tokens
+  double hit_ratio() const;  // (local + remote + ssd) / prompt tokens; 0 when no prompt tokens
   double ratio(int64_t tokens) const;
 };
 
 struct PredictionSummary {
-  int64_t count = 0;               // completed requests with both predicted and measured TTFT
+  int64_t count = 0;  // completed requests with both predicted and measured TTFT
   double mean_abs_error_ms = 0;
-  double mean_error_ms = 0;        // measured - predicted (positive: the conductor was optimistic)
+  double mean_error_ms = 0;  // measured - predicted (positive: the conductor was optimistic)
   double p90_abs_error_ms = 0;
-  double mean_abs_pct_error = 0;   // |measured - predicted| / measured, as a fraction
+  double mean_abs_pct_error = 0;  // |measured - predicted| / measured, as a fraction
 };
 
 struct SummaryOptions {
@@ -173,11 +172,11 @@ struct Summary {
   int64_t late_sends = 0;
   std::optional<double> max_send_lag_ms;
   double span_s = 0;
-  int64_t output_tokens_requested = 0;   // of completed requests
-  int64_t output_tokens = 0;             // actually produced, completed requests
-  int64_t output_tokens_counted = 0;     // requests whose token count was counted, not reported (flagged)
+  int64_t output_tokens_requested = 0;  // of completed requests
+  int64_t output_tokens = 0;            // actually produced, completed requests
+  int64_t output_tokens_counted = 0;    // requests whose token count was counted, not reported (flagged)
   std::optional<Distribution> ttft_ms, tbt_ms, tpot_ms, e2e_ms;  // tbt: per-request top-10 % statistic
-  std::vector<SloResult> slo;            // every (ttft, tbt) pair of the options, ttft-major
+  std::vector<SloResult> slo;                                    // every (ttft, tbt) pair of the options, ttft-major
   CacheSummary cache;
   PredictionSummary prediction;
 };

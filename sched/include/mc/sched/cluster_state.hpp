@@ -37,17 +37,17 @@ struct LoadReport {
   int64_t queued_prefill_tokens = 0;  // tokens of jobs queued or running, not yet prefilled
   int64_t queued_prefill_jobs = 0;
   // decode
-  int64_t running_requests = 0;       // in the continuous batch
-  int64_t kv_reserved_tokens = 0;     // reserved KV (admitted requests' input+output)
-  int64_t context_tokens = 0;         // sum of the batch's current context lengths
+  int64_t running_requests = 0;    // in the continuous batch
+  int64_t kv_reserved_tokens = 0;  // reserved KV (admitted requests' input+output)
+  int64_t context_tokens = 0;      // sum of the batch's current context lengths
 };
 
 struct InstanceInfo {
-  std::string id;          // unique instance name ("prefill-0")
+  std::string id;  // unique instance name ("prefill-0")
   Role role = Role::kPrefill;
-  std::string host;        // host name: instances and segments on one host share memory bandwidth
-  std::string endpoint;    // where the Conductor dispatches jobs (opaque to the policy)
-  std::string backend_id;  // its own KV-event backend id (GPU prefix cache); empty: same as id
+  std::string host;                // host name: instances and segments on one host share memory bandwidth
+  std::string endpoint;            // where the Conductor dispatches jobs (opaque to the policy)
+  std::string backend_id;          // its own KV-event backend id (GPU prefix cache); empty: same as id
   int64_t kv_capacity_tokens = 0;  // decode: KV tokens it can reserve; prefill: unused
 };
 
@@ -71,13 +71,13 @@ struct Instance {
   InstanceInfo info;
   uint32_t host_index = kNoHost;
   int64_t registered_ns = 0;
-  int64_t last_seen_ns = 0;      // register or heartbeat
-  bool load_known = false;       // a heartbeat with load has arrived
-  LoadReport reported;           // last report (zeros while unknown)
-  LoadReport reported_excess;    // the part of the report the ledger did not account for
+  int64_t last_seen_ns = 0;    // register or heartbeat
+  bool load_known = false;     // a heartbeat with load has arrived
+  LoadReport reported;         // last report (zeros while unknown)
+  LoadReport reported_excess;  // the part of the report the ledger did not account for
   // ledger
   std::deque<PrefillJob> prefill_queue;
-  int64_t head_started_ns = 0;   // when the current head of prefill_queue started running
+  int64_t head_started_ns = 0;  // when the current head of prefill_queue started running
   std::vector<DecodeJob> decode_jobs;
 };
 

@@ -29,19 +29,19 @@
 namespace mc::sched {
 
 struct ConductorOptions {
-  std::string listen = "tcp://127.0.0.1:7460";      // clients and workers
-  std::vector<std::string> kv_events;                // store master PUB endpoints (tcp://...:7451)
-  std::string store_master;                          // for index resync and segment hosts; empty: none
+  std::string listen = "tcp://127.0.0.1:7460";  // clients and workers
+  std::vector<std::string> kv_events;           // store master PUB endpoints (tcp://...:7451)
+  std::string store_master;                     // for index resync and segment hosts; empty: none
   int store_timeout_ms = 2'000;
   SchedulerConfig scheduler;
-  KeyNamespace key_namespace;                        // how tokens become block keys (must match the workers)
+  KeyNamespace key_namespace;  // how tokens become block keys (must match the workers)
   PrefillCostPrior prefill_prior;
   DecodeCostPrior decode_prior;
   BandwidthPriors bandwidth_priors;
-  int64_t heartbeat_interval_ms = 500;               // told to workers at registration
-  int64_t reserve_timeout_ms = 5'000;                // decode_reserve
-  int64_t job_timeout_ms = 600'000;                  // prefill_job (its reply comes when the job is done)
-  std::string decisions_path;                        // JSONL of every decision; empty: none
+  int64_t heartbeat_interval_ms = 500;  // told to workers at registration
+  int64_t reserve_timeout_ms = 5'000;   // decode_reserve
+  int64_t job_timeout_ms = 600'000;     // prefill_job (its reply comes when the job is done)
+  std::string decisions_path;           // JSONL of every decision; empty: none
   // Workers running X times faster than the hardware they model (the sim backend's --time-scale):
   // their measured times are multiplied by X before refitting and before TTFT accounting, so the
   // predictors, SLOs and reports stay in modelled milliseconds. Their KV bytes are scaled by another

@@ -55,15 +55,15 @@ extern template class OnlineLeastSquares<3>;
 // Prior coefficients of the prefill model, in ms.
 struct PrefillCostPrior {
   double fixed_ms = 5.0;
-  double ms_per_token = 0.112;         // 2*70e9 FLOP / (8 * 312 TFLOP/s * 0.5 MFU)
-  double ms_per_token_pair = 2.1e-6;   // 4*80*8192 FLOP / same
+  double ms_per_token = 0.112;        // 2*70e9 FLOP / (8 * 312 TFLOP/s * 0.5 MFU)
+  double ms_per_token_pair = 2.1e-6;  // 4*80*8192 FLOP / same
   // From model and hardware: params, layers, d_model, sustained FLOP/s (peak * MFU).
   static PrefillCostPrior from_hardware(double params, int64_t layers, int64_t d_model, double flops_per_s,
                                         double fixed_ms = 5.0);
 };
 
 struct DecodeCostPrior {
-  double fixed_ms = 12.5;              // 140 GB of weights / (8 * 2 TB/s * 0.7)
+  double fixed_ms = 12.5;  // 140 GB of weights / (8 * 2 TB/s * 0.7)
   double ms_per_request = 0.05;
   double ms_per_context_token = 2.9e-5;  // 327,680 B / (8 * 2 TB/s * 0.7)
 };
@@ -141,7 +141,7 @@ class PredictionErrorStats {
   uint64_t count() const { return count_; }  // all samples ever
   double mean_abs_error_ms() const;          // over the window; 0 when empty
   double p90_abs_error_ms() const;
-  double mean_signed_error_ms() const;       // predicted - actual: > 0 means pessimistic
+  double mean_signed_error_ms() const;  // predicted - actual: > 0 means pessimistic
 
  private:
   size_t window_;

@@ -61,7 +61,7 @@ struct IndexCounters {
   uint64_t gaps = 0;              // id > last + 1
   uint64_t resyncs = 0;           // successful snapshots
   uint64_t resync_failures = 0;
-  uint64_t bad_events = 0;        // unknown type/medium: ignored with a counted error
+  uint64_t bad_events = 0;  // unknown type/medium: ignored with a counted error
 };
 
 class PrefixIndex {
@@ -95,7 +95,7 @@ class PrefixIndex {
   // is the longest prefix anywhere in the pool. `out` is cleared first (reuse it: no allocation).
   void lookup(std::span<const uint64_t> seq_hashes, std::vector<std::span<const Holder>>& out) const;
 
-  size_t blocks() const { return blocks_.size(); }        // distinct keys
+  size_t blocks() const { return blocks_.size(); }  // distinct keys
   size_t holder_entries() const { return holder_entries_; }
   size_t backends() const { return backends_.size(); }
   const IndexCounters& counters() const { return counters_; }

@@ -51,7 +51,7 @@ struct PrefillReport {
   double prefill_ms = 0;                             // compute time only
   int64_t transfer_bytes[kNumTransferClasses] = {};  // by PathClass
   int64_t transfer_ns[kNumTransferClasses] = {};
-  bool ok = true;                                    // false: failed; the ledger entry is dropped
+  bool ok = true;  // false: failed; the ledger entry is dropped
 };
 
 // One measured decode step (or a mean over several) on a decode instance.
@@ -65,9 +65,9 @@ struct DecodeStepReport {
 struct SchedulerCounters {
   uint64_t decisions = 0;
   uint64_t accepted = 0;
-  uint64_t rejected[8] = {};     // by RejectReason
-  uint64_t fetch = 0;            // accepted with reused_blocks > 0
-  uint64_t recompute = 0;        // accepted with reused_blocks == 0
+  uint64_t rejected[8] = {};  // by RejectReason
+  uint64_t fetch = 0;         // accepted with reused_blocks > 0
+  uint64_t recompute = 0;     // accepted with reused_blocks == 0
   uint64_t replicate = 0;
   uint64_t expired_instances = 0;
 };
@@ -129,8 +129,8 @@ class Scheduler {
   bool is_in_flight(const std::string& request_id) const { return in_flight_.count(request_id) != 0; }
 
  private:
-  Scheduler(SchedulerConfig config, const Clock* clock, std::unique_ptr<Policy> policy,
-            PrefillCostPrior prefill_prior, DecodeCostPrior decode_prior, BandwidthPriors bandwidth_priors);
+  Scheduler(SchedulerConfig config, const Clock* clock, std::unique_ptr<Policy> policy, PrefillCostPrior prefill_prior,
+            DecodeCostPrior decode_prior, BandwidthPriors bandwidth_priors);
 
   // The cheapest "reuse the first k blocks" plan for one host (queue excluded: it is additive).
   struct HostPlan {

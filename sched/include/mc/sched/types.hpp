@@ -17,8 +17,8 @@ namespace mc::sched {
 
 // Where a cached KV block lives (SYSTEM.md §4, KV events `medium`).
 enum class Medium : uint8_t { kGpu = 0, kCpu = 1, kDisk = 2 };
-std::string_view medium_name(Medium m);                  // "gpu" | "cpu" | "disk"
-Result<Medium> parse_medium(std::string_view s);         // kInvalidArgument for anything else
+std::string_view medium_name(Medium m);           // "gpu" | "cpu" | "disk"
+Result<Medium> parse_medium(std::string_view s);  // kInvalidArgument for anything else
 
 // How a prefill instance obtains one block of a cached prefix, cheapest first.
 //   kSameHost  : the block is in memory (GPU or DRAM) on the prefill instance's own host
@@ -26,7 +26,7 @@ Result<Medium> parse_medium(std::string_view s);         // kInvalidArgument for
 //   kSsd       : only on a disk tier somewhere in the pool
 //   kRecompute : nowhere usable; the prefill computes it
 enum class PathClass : uint8_t { kSameHost = 0, kRemote = 1, kSsd = 2, kRecompute = 3 };
-inline constexpr int kNumTransferClasses = 3;  // kSameHost, kRemote, kSsd
+inline constexpr int kNumTransferClasses = 3;   // kSameHost, kRemote, kSsd
 std::string_view path_class_name(PathClass c);  // "same_host" | "remote" | "ssd" | "recompute"
 
 enum class Role : uint8_t { kPrefill = 0, kDecode = 1 };
@@ -38,11 +38,11 @@ Result<Role> parse_role(std::string_view s);
 // has no key and is always prefilled.
 struct Request {
   std::string request_id;
-  int64_t input_tokens = 0;    // prompt length, >= 1
-  int64_t output_tokens = 0;   // tokens to generate, >= 0 (reserved on the decode instance)
+  int64_t input_tokens = 0;   // prompt length, >= 1
+  int64_t output_tokens = 0;  // tokens to generate, >= 0 (reserved on the decode instance)
   std::vector<uint64_t> block_hashes;
-  double slo_ttft_ms = 0;      // 0: use SchedulerConfig::slo.ttft_ms
-  double slo_tbt_ms = 0;       // 0: use SchedulerConfig::slo.tbt_ms
+  double slo_ttft_ms = 0;  // 0: use SchedulerConfig::slo.ttft_ms
+  double slo_tbt_ms = 0;   // 0: use SchedulerConfig::slo.tbt_ms
 };
 
 struct SloConfig {
@@ -94,14 +94,14 @@ struct PrefillEstimate {
   int64_t longest_same_host_blocks = 0;       // longest prefix in memory on this host (cache_aware)
   int64_t longest_pool_blocks = 0;            // longest prefix anywhere in the pool
   int64_t transfer_bytes = 0;
-  bool load_known = false;                    // false: registered, no load report yet (#12)
+  bool load_known = false;  // false: registered, no load report yet (#12)
 };
 
 struct DecodeEstimate {
   std::string instance_id;
-  double tbt_ms = 0;                 // predicted decode step time with this request in the batch
-  int64_t batch_requests = 0;        // predicted batch when the prefill finishes, this request included
-  int64_t kv_reserved_tokens = 0;    // predicted reservation then, this request's input+output included
+  double tbt_ms = 0;               // predicted decode step time with this request in the batch
+  int64_t batch_requests = 0;      // predicted batch when the prefill finishes, this request included
+  int64_t kv_reserved_tokens = 0;  // predicted reservation then, this request's input+output included
   int64_t kv_capacity_tokens = 0;
   bool fits_kv = false;
   bool meets_tbt = false;
@@ -109,12 +109,12 @@ struct DecodeEstimate {
 
 enum class RejectReason : uint8_t {
   kNone = 0,
-  kNoPrefillInstance,   // no live prefill instance
-  kNoDecodeInstance,    // no live decode instance
-  kTtftSlo,             // best predicted TTFT > SLO
-  kTbtSlo,              // no decode instance keeps predicted TBT within the SLO
-  kKvCapacity,          // no decode instance can reserve input+output tokens (now, or ever)
-  kInvalidRequest,      // input_tokens < 1, more block hashes than blocks, ...
+  kNoPrefillInstance,  // no live prefill instance
+  kNoDecodeInstance,   // no live decode instance
+  kTtftSlo,            // best predicted TTFT > SLO
+  kTbtSlo,             // no decode instance keeps predicted TBT within the SLO
+  kKvCapacity,         // no decode instance can reserve input+output tokens (now, or ever)
+  kInvalidRequest,     // input_tokens < 1, more block hashes than blocks, ...
 };
 std::string_view reject_reason_name(RejectReason r);  // "ttft_slo", "kv_capacity", ...
 
@@ -123,7 +123,7 @@ struct Decision {
   std::string request_id;
   bool accepted = false;
   RejectReason reject_reason = RejectReason::kNone;
-  std::string reason;      // human-readable: why this pair, or why rejected (names instances, values)
+  std::string reason;  // human-readable: why this pair, or why rejected (names instances, values)
   std::string policy;
   int64_t decided_at_ns = 0;  // Clock::now_ns() when decided
 
@@ -133,12 +133,12 @@ struct Decision {
   DecodeEstimate decode;
   double predicted_ttft_ms = 0;  // = prefill.ttft_ms (also set on rejection: the best seen)
   double predicted_tbt_ms = 0;
-  int64_t hit_tokens = 0;        // reused_blocks * block_size_tokens, capped at input_tokens - 1
+  int64_t hit_tokens = 0;          // reused_blocks * block_size_tokens, capped at input_tokens - 1
   int64_t pool_prefix_tokens = 0;  // the longest prefix held anywhere in the pool: blocks * block_size_tokens
   // Hot-prefix replication (paper §6.?): the longest prefix sits on an overloaded instance's host, so
   // the chosen instance fetches a copy, which the store keeps near it.
   bool replicate_prefix = false;
-  std::string best_holder_id;    // the prefill instance whose host holds the longest prefix
+  std::string best_holder_id;               // the prefill instance whose host holds the longest prefix
   std::vector<PrefillEstimate> candidates;  // best first, at most max_logged_candidates
 };
 

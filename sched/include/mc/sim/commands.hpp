@@ -19,7 +19,7 @@ namespace mc::sim {
 // Overrides of CLUSTER.json from the command line; strings accept units ("3M", "87GB").
 struct ClusterOverrides {
   std::optional<std::string> policy;
-  std::optional<std::string> cache_mode;            // global | local
+  std::optional<std::string> cache_mode;  // global | local
   std::optional<int64_t> prefill_instances;
   std::optional<int64_t> decode_instances;
   std::optional<std::string> cache_capacity_tokens;  // per prefill instance
@@ -35,18 +35,18 @@ struct ClusterOverrides {
 };
 
 struct SimCommand {
-  std::string cluster_path;           // CLUSTER.json; empty: the defaults of ClusterConfig
+  std::string cluster_path;  // CLUSTER.json; empty: the defaults of ClusterConfig
   ClusterOverrides overrides;
   std::string trace_path = "-";
   bool lenient = false;
   TraceWindow window;
-  std::optional<int64_t> output_length;  // replaces every row's output_length (paper §8.? uses 1)
-  std::string records_path;            // per-request JSONL file ("": none)
-  bool json = false;                   // one JSON document instead of the table
+  std::optional<int64_t> output_length;    // replaces every row's output_length (paper §8.? uses 1)
+  std::string records_path;                // per-request JSONL file ("": none)
+  bool json = false;                       // one JSON document instead of the table
   std::vector<double> report_slo_ttft_ms;  // summary thresholds; empty: the cluster's SLO
   std::vector<double> report_slo_tbt_ms;
   bool progress = false;
-  bool refit = true;                   // SimOptions::refit_predictors
+  bool refit = true;  // SimOptions::refit_predictors
 };
 
 Status run_sim_command(const SimCommand& command, std::ostream& out);
@@ -61,15 +61,15 @@ struct ThresholdCommand {
 Status run_threshold_command(const ThresholdCommand& command, std::ostream& out);
 
 struct CapacityCommand {
-  std::string cluster_path;            // base CLUSTER.json (model, gpu, policy, block size, ...)
+  std::string cluster_path;  // base CLUSTER.json (model, gpu, policy, block size, ...)
   ClusterOverrides overrides;
   std::string trace_path = "-";
   bool lenient = false;
   TraceWindow window;
   double accept = 0.99;
   int64_t max_instances = 64;
-  std::string cache_candidates = "1M,3M,10M,30M,50M,100M";   // total tokens
-  std::string nic_candidates = "12.5GB,25GB,50GB,100GB";     // bytes/s per instance
+  std::string cache_candidates = "1M,3M,10M,30M,50M,100M";  // total tokens
+  std::string nic_candidates = "12.5GB,25GB,50GB,100GB";    // bytes/s per instance
   double cache_fraction = 0.95;
   bool json = false;
   bool progress = false;

@@ -25,7 +25,6 @@ class CostModel {
 // Prefill time of `new_tokens` after `cached_tokens`, cut into chunks of `chunk_tokens` (<= 0: one
 // pass): the sum of the chunks' pass times, each chunk attending to the cache and to the chunks
 // before it (chunked prefill, paper §5: chunked pipeline parallelism runs chunk after chunk).
-double chunked_prefill_time_s(const CostModel& model, int64_t new_tokens, int64_t cached_tokens,
-                              int64_t chunk_tokens);
+double chunked_prefill_time_s(const CostModel& model, int64_t new_tokens, int64_t cached_tokens, int64_t chunk_tokens);
 
 }  // namespace mc::sim

@@ -27,11 +27,11 @@ struct Fetch {
 
 // One request's prefill work as placed by the scheduler.
 struct PrefillJob {
-  uint64_t request = 0;         // simulator's id, opaque to the instance
-  int64_t input_tokens = 0;     // prompt length
-  int64_t cached_tokens = 0;    // prefix reused (local + fetched); input_tokens - cached_tokens computed
-  std::vector<Fetch> fetches;   // remote prefix parts, moved in parallel before computing
-  double local_load_s = 0;      // loading the local part of the prefix into HBM (after the fetches)
+  uint64_t request = 0;        // simulator's id, opaque to the instance
+  int64_t input_tokens = 0;    // prompt length
+  int64_t cached_tokens = 0;   // prefix reused (local + fetched); input_tokens - cached_tokens computed
+  std::vector<Fetch> fetches;  // remote prefix parts, moved in parallel before computing
+  double local_load_s = 0;     // loading the local part of the prefix into HBM (after the fetches)
   // Filled in by the instance (ns of virtual time).
   int64_t enqueue_ns = -1;
   int64_t start_ns = -1;          // left the queue: fetches start
@@ -107,11 +107,11 @@ struct DecodeJob {
 
 struct DecodeResult {
   uint64_t request = 0;
-  int64_t tokens = 0;            // produced here
-  int64_t join_ns = -1;          // first step that included it began
+  int64_t tokens = 0;    // produced here
+  int64_t join_ns = -1;  // first step that included it began
   int64_t last_token_ns = -1;
-  std::vector<double> gaps_ms;   // one per token produced here: since the previous token (the first
-                                 // one since the prefill's first token)
+  std::vector<double> gaps_ms;  // one per token produced here: since the previous token (the first
+                                // one since the prefill's first token)
 };
 
 class DecodeInstance {

@@ -41,8 +41,8 @@ namespace mc::sim {
 struct ThresholdRow {
   int64_t prefix_tokens = 0;
   int64_t prefix_bytes = 0;
-  double saved_s = 0;                     // prefill time the prefix avoids (preset efficiency)
-  double threshold_bytes_per_s = 0;       // fetch beats recompute above this (preset efficiency)
+  double saved_s = 0;                        // prefill time the prefix avoids (preset efficiency)
+  double threshold_bytes_per_s = 0;          // fetch beats recompute above this (preset efficiency)
   double threshold_at_peak_bytes_per_s = 0;  // same at 100 % of peak FLOP/s (the paper's arithmetic)
 };
 
@@ -63,28 +63,28 @@ nlohmann::json to_json(const ThresholdReport& report);
 void print_threshold(std::ostream& out, const ThresholdReport& report);
 
 struct CapacityOptions {
-  ClusterConfig base;                 // model, gpu, policy, block size ... (counts are searched)
+  ClusterConfig base;  // model, gpu, policy, block size ... (counts are searched)
   TraceWindow window;
-  double accept = 0.99;               // attainment to reach, fraction of offered requests
-  int64_t max_instances = 64;         // search bound per role
+  double accept = 0.99;        // attainment to reach, fraction of offered requests
+  int64_t max_instances = 64;  // search bound per role
   std::vector<int64_t> cache_total_tokens = {1'000'000, 3'000'000, 10'000'000, 30'000'000, 50'000'000, 100'000'000};
-  double cache_fraction = 0.95;       // of the infinite-cache hit ratio
+  double cache_fraction = 0.95;  // of the infinite-cache hit ratio
   std::vector<double> nic_bytes_per_s = {12.5e9, 25e9, 50e9, 100e9};
-  bool progress = false;              // one line per trial on stderr
+  bool progress = false;  // one line per trial on stderr
 };
 
 struct CapacityTrial {
-  std::string step;                   // prefill | decode | nic | final
+  std::string step;  // prefill | decode | nic | final
   int64_t prefill_instances = 0, decode_instances = 0;
   int64_t cache_capacity_tokens = 0;  // per prefill instance
   double nic_bandwidth_bytes_per_s = 0;
-  double attainment = 0;              // TTFT and TBT, of offered
-  double ttft_attainment = 0;         // TTFT only
+  double attainment = 0;       // TTFT and TBT, of offered
+  double ttft_attainment = 0;  // TTFT only
   double wall_s = 0;
 };
 
 struct CapacityPlan {
-  bool feasible = false;              // the final run meets `accept`
+  bool feasible = false;  // the final run meets `accept`
   int64_t prefill_instances = 0, decode_instances = 0;
   int64_t cache_total_tokens = 0, cache_capacity_tokens = 0;  // total, per prefill instance
   int64_t cache_total_bytes = 0;
@@ -93,7 +93,7 @@ struct CapacityPlan {
   double attainment = 0;
   std::vector<CapacityTrial> trials;
   SimResult final_run;
-  ClusterConfig cluster;              // the plan as a CLUSTER.json
+  ClusterConfig cluster;  // the plan as a CLUSTER.json
 };
 
 // Errors: a bad option or trace (kInvalidArgument), or kResourceExhausted when even max_instances of

@@ -87,42 +87,42 @@ struct SimOptions {
   // See docs/REPRODUCTION.md: on the conversation trace at 2.5x load the refit of mc_sched (recursive
   // least squares) drifts after ~9,000 jobs and the TTFT predictions collapse.
   bool refit_predictors = true;
-  std::ostream* records_jsonl = nullptr;     // one replay::RequestRecord per line, in completion order
-  bool progress = false;                     // progress line on stderr (callers set it when stderr is a tty)
+  std::ostream* records_jsonl = nullptr;  // one replay::RequestRecord per line, in completion order
+  bool progress = false;                  // progress line on stderr (callers set it when stderr is a tty)
 };
 
 struct InstanceReport {
-  std::string id;                  // "prefill-0", "decode-3"
-  std::string role;                // "prefill" | "decode"
-  double busy_s = 0;               // computing (prefill) or stepping (decode)
-  double utilization = 0;          // busy / span
-  int64_t jobs = 0;                // prefills done, or requests decoded
-  int64_t tokens = 0;              // prompt tokens prefilled (computed), or output tokens produced
-  int64_t hit_tokens_local = 0;    // prefill: prefix reused from its own cache
-  int64_t hit_tokens_remote = 0;   // prefill: prefix fetched from another instance's cache
-  int64_t prompt_tokens = 0;       // prefill: prompts served
-  int64_t cache_blocks = 0;        // prefill: blocks in its cache at the end
+  std::string id;                 // "prefill-0", "decode-3"
+  std::string role;               // "prefill" | "decode"
+  double busy_s = 0;              // computing (prefill) or stepping (decode)
+  double utilization = 0;         // busy / span
+  int64_t jobs = 0;               // prefills done, or requests decoded
+  int64_t tokens = 0;             // prompt tokens prefilled (computed), or output tokens produced
+  int64_t hit_tokens_local = 0;   // prefill: prefix reused from its own cache
+  int64_t hit_tokens_remote = 0;  // prefill: prefix fetched from another instance's cache
+  int64_t prompt_tokens = 0;      // prefill: prompts served
+  int64_t cache_blocks = 0;       // prefill: blocks in its cache at the end
   int64_t cache_evictions = 0;
   int64_t nic_tx_bytes = 0, nic_rx_bytes = 0;
   double nic_busy_s = 0;
 };
 
 struct SimTotals {
-  int64_t prompt_tokens = 0;             // of accepted requests
+  int64_t prompt_tokens = 0;  // of accepted requests
   int64_t hit_tokens_local = 0;
   int64_t hit_tokens_remote = 0;
-  int64_t hit_tokens_planned = 0;        // what the Scheduler planned to reuse
-  int64_t hit_tokens_lost = 0;           // planned but evicted before the job started: recomputed
-  double prefill_gpu_s = 0;              // GPU-seconds of prefill compute spent (instance s x GPUs)
-  double prefill_gpu_s_saved = 0;        // GPU-seconds the reused prefixes avoided
+  int64_t hit_tokens_planned = 0;  // what the Scheduler planned to reuse
+  int64_t hit_tokens_lost = 0;     // planned but evicted before the job started: recomputed
+  double prefill_gpu_s = 0;        // GPU-seconds of prefill compute spent (instance s x GPUs)
+  double prefill_gpu_s_saved = 0;  // GPU-seconds the reused prefixes avoided
   double prefill_gpu_s_without_cache = 0;
-  int64_t transfer_bytes_prefix = 0;     // pool -> prefill
-  int64_t transfer_bytes_kv = 0;         // prefill -> decode
-  int64_t events = 0;                    // discrete events run
-  double span_s = 0;                     // virtual: first arrival -> last event
-  double wall_s = 0;                     // host time the simulation took
+  int64_t transfer_bytes_prefix = 0;  // pool -> prefill
+  int64_t transfer_bytes_kv = 0;      // prefill -> decode
+  int64_t events = 0;                 // discrete events run
+  double span_s = 0;                  // virtual: first arrival -> last event
+  double wall_s = 0;                  // host time the simulation took
   int64_t replicated_prefixes = 0;
-  double hit_ratio() const;              // (local + remote) / prompt tokens
+  double hit_ratio() const;  // (local + remote) / prompt tokens
 };
 
 struct SimResult {

@@ -47,9 +47,9 @@ class OffsetAllocator {
   uint64_t capacity_;
   uint64_t alignment_;
   uint64_t used_ = 0;
-  std::map<uint64_t, uint64_t> free_by_offset_;          // offset -> size
+  std::map<uint64_t, uint64_t> free_by_offset_;           // offset -> size
   std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (size, offset)
-  std::map<uint64_t, uint64_t> allocated_;               // offset -> rounded size
+  std::map<uint64_t, uint64_t> allocated_;                // offset -> rounded size
 };
 
 }  // namespace mc::store

@@ -31,18 +31,18 @@ namespace mc::store {
 
 struct BenchOptions {
   ClientOptions client;
-  std::string mode = "metadata";            // metadata | data
+  std::string mode = "metadata";  // metadata | data
   std::vector<int64_t> clients = {1, 8, 32};
   std::vector<std::string> ops = {"put", "put_sync", "get", "match"};
-  std::string transport = "fast";           // metadata: fast (plain TCP, one thread driving every connection,
-                                            // as redis-benchmark does) or zmq (RpcClient, one thread each)
-  uint32_t pipeline = 1;                    // metadata, fast: requests in flight per connection (redis -P)
-  double duration_s = 2.0;                  // per (op, clients) point
-  uint64_t max_ops = 2'000'000;             // per point, all clients together
-  uint64_t kv_bytes_per_token = 2048;       // data mode
+  std::string transport = "fast";      // metadata: fast (plain TCP, one thread driving every connection,
+                                       // as redis-benchmark does) or zmq (RpcClient, one thread each)
+  uint32_t pipeline = 1;               // metadata, fast: requests in flight per connection (redis -P)
+  double duration_s = 2.0;             // per (op, clients) point
+  uint64_t max_ops = 2'000'000;        // per point, all clients together
+  uint64_t kv_bytes_per_token = 2048;  // data mode
   uint64_t block_tokens = 512;
-  uint64_t blocks = 64;                     // data mode: blocks per round
-  uint64_t batch = 16;                      // data mode: blocks per batch call
+  uint64_t blocks = 64;  // data mode: blocks per round
+  uint64_t batch = 16;   // data mode: blocks per batch call
   bool json = false;
 };
 

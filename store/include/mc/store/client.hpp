@@ -68,23 +68,23 @@ namespace mc::store {
 
 struct ClientOptions {
   std::string master = "tcp://127.0.0.1:7450";  // mc-store master endpoint
-  std::string client_id;       // unique per process; empty: "<hostname>-<pid>-<random>"
-  std::string host;            // this host's name for nearest-first; empty: gethostname()
-  std::string domain;          // this host's failure domain label (may be empty)
-  int rpc_timeout_ms = 2000;   // per master call
-  int node_timeout_ms = 2000;  // a storage node making no progress this long has failed (engine slice
-                               // timeout and connect bound; per SSD data call)
+  std::string client_id;                        // unique per process; empty: "<hostname>-<pid>-<random>"
+  std::string host;                             // this host's name for nearest-first; empty: gethostname()
+  std::string domain;                           // this host's failure domain label (may be empty)
+  int rpc_timeout_ms = 2000;                    // per master call
+  int node_timeout_ms = 2000;                   // a storage node making no progress this long has failed (engine slice
+                                                // timeout and connect bound; per SSD data call)
   int transfer_timeout_ms = 30000;  // deadline of one replica transfer from submit, queueing behind the rest
                                     // of its batch included (engine request timeout)
-  int heartbeat_ms = 1000;     // background heartbeat to the master (0: off; the master's client TTL is 10 s)
-  uint32_t replicas = 1;       // copies written by put/batch_put
-  std::string preferred_segment;  // tried first by put (e.g. the segment of this host's storage node)
+  int heartbeat_ms = 1000;          // background heartbeat to the master (0: off; the master's client TTL is 10 s)
+  uint32_t replicas = 1;            // copies written by put/batch_put
+  std::string preferred_segment;    // tried first by put (e.g. the segment of this host's storage node)
   std::vector<std::string> transports = {"shm", "rdma", "tcp"};  // engine transports allowed; the best that
                                                                  // reaches a replica's segment is used
-  bool replicate_hot = true;   // perform hot-object copies the master asks for after a read
-  int put_retry_ms = 3000;     // how long put waits for space that is being freed (DRAM -> SSD demotion)
-  bool fast_rpc = true;        // metadata calls over the master's plain-TCP fast path when it offers one
-                               // (store.info); else, or after that connection fails, over ZeroMQ
+  bool replicate_hot = true;  // perform hot-object copies the master asks for after a read
+  int put_retry_ms = 3000;    // how long put waits for space that is being freed (DRAM -> SSD demotion)
+  bool fast_rpc = true;       // metadata calls over the master's plain-TCP fast path when it offers one
+                              // (store.info); else, or after that connection fails, over ZeroMQ
 };
 
 // One object of a batch_put.
@@ -99,9 +99,9 @@ struct GetItem {
 };
 
 struct WriteOptions {
-  bool overwrite = false;  // replace an existing object (refused while a reader holds a lease)
-  bool pin = false;        // never evicted
-  bool wait_commit = true; // false: write-behind commit (see above); its outcome comes from flush()
+  bool overwrite = false;   // replace an existing object (refused while a reader holds a lease)
+  bool pin = false;         // never evicted
+  bool wait_commit = true;  // false: write-behind commit (see above); its outcome comes from flush()
 };
 
 // A write-behind commit (put_end) the master refused or that could not be confirmed.
@@ -117,8 +117,8 @@ struct ClientCounters {
   uint64_t replica_fallbacks = 0;  // reads that failed on a replica and went to the next
   uint64_t lease_expired = 0;
   uint64_t master_calls_fast = 0, master_calls_zmq = 0;  // metadata calls by path (fast_rpc / ZeroMQ)
-  uint64_t commits_behind = 0;     // objects committed write-behind (put_end sent without waiting)
-  uint64_t commit_failures = 0;    // of those, refused by the master or unconfirmed (connection lost)
+  uint64_t commits_behind = 0;   // objects committed write-behind (put_end sent without waiting)
+  uint64_t commit_failures = 0;  // of those, refused by the master or unconfirmed (connection lost)
 };
 
 class Client {
@@ -147,7 +147,8 @@ class Client {
   // Waits up to rpc_timeout_ms for the replies of every outstanding write-behind commit. Ok when every
   // commit since the last flush() succeeded; else the first failure's code with a message naming its key
   // and the number of failures, and `failures` (when given) receives them (up to 4096 since the last
-  // flush; the rest are counted and logged only); the list is then cleared. kTimeout when replies are still outstanding (they stay pending for a later call or flush).
+  // flush; the rest are counted and logged only); the list is then cleared. kTimeout when replies are still outstanding
+  // (they stay pending for a later call or flush).
   Status flush(std::vector<CommitFailure>* failures = nullptr);
   size_t commits_pending() const;  // write-behind commits whose reply has not been read yet
 

@@ -57,8 +57,8 @@ class MasterSegmentDirectory final : public transfer::SegmentDirectory {
  public:
   // Connects to the master (hello handshake); client_name appears in the master's logs.
   static Result<std::shared_ptr<MasterSegmentDirectory>> connect(const std::string& master_endpoint,
-                                                                const std::string& client_name,
-                                                                int64_t rpc_timeout_ms);
+                                                                 const std::string& client_name,
+                                                                 int64_t rpc_timeout_ms);
   Result<proto::SegmentDescriptor> lookup(const std::string& name, int64_t timeout_ms) override;
   // An initiator-only engine (empty name) serves nothing: nothing is published.
   Status publish(const proto::SegmentDescriptor& descriptor) override;

@@ -45,9 +45,9 @@ class MasterServer {
   static Result<std::unique_ptr<MasterServer>> bind(const MasterOptions& options, const Clock* clock = nullptr);
   ~MasterServer();
 
-  const std::string& endpoint() const;         // resolved ("tcp://127.0.0.1:41234")
-  std::string events_endpoint() const;         // "" when events are off
-  uint16_t fast_port() const;                  // port of the fast path (same host as endpoint()); 0 when off
+  const std::string& endpoint() const;  // resolved ("tcp://127.0.0.1:41234")
+  std::string events_endpoint() const;  // "" when events are off
+  uint16_t fast_port() const;           // port of the fast path (same host as endpoint()); 0 when off
   // Serves until stop() or a stop signal (daemon.hpp).
   Status serve();
   void stop();

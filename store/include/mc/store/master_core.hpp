@@ -48,33 +48,33 @@ std::string_view medium_name(Medium medium);  // "cpu" | "disk" (the KV-event me
 Result<Medium> parse_medium(std::string_view name);
 
 struct MasterConfig {
-  double high_watermark = 0.90;          // a segment above this fraction used is evicted ...
-  double low_watermark = 0.80;           // ... down to this fraction
-  int64_t node_ttl_ms = 3000;            // 3 missed heartbeats of 1 s
-  int64_t client_ttl_ms = 10000;         // a client silent this long is dead; its puts are discarded
-  int64_t lease_ms = 5000;               // read lease granted by get_replicas
-  int64_t put_takeover_ms = 30000;       // another writer may take over a put older than this
-  int64_t put_reclaim_ms = 600000;       // tick() discards puts (and replica copies) older than this
-  int64_t free_delay_ms = 5000;          // discarded ranges are freed this long after discard
-  uint64_t alignment_bytes = 64;         // allocation granularity inside a segment
+  double high_watermark = 0.90;     // a segment above this fraction used is evicted ...
+  double low_watermark = 0.80;      // ... down to this fraction
+  int64_t node_ttl_ms = 3000;       // 3 missed heartbeats of 1 s
+  int64_t client_ttl_ms = 10000;    // a client silent this long is dead; its puts are discarded
+  int64_t lease_ms = 5000;          // read lease granted by get_replicas
+  int64_t put_takeover_ms = 30000;  // another writer may take over a put older than this
+  int64_t put_reclaim_ms = 600000;  // tick() discards puts (and replica copies) older than this
+  int64_t free_delay_ms = 5000;     // discarded ranges are freed this long after discard
+  uint64_t alignment_bytes = 64;    // allocation granularity inside a segment
   uint64_t max_object_bytes = 1ULL << 32;
   size_t max_key_bytes = 512;
-  uint32_t max_replicas = 4;             // upper bound, including hot-object copies
-  uint32_t hot_read_threshold = 0;       // reads within hot_window_ms that trigger one more replica; 0 = off
+  uint32_t max_replicas = 4;        // upper bound, including hot-object copies
+  uint32_t hot_read_threshold = 0;  // reads within hot_window_ms that trigger one more replica; 0 = off
   int64_t hot_window_ms = 10000;
 };
 
 // What a storage node declares when it mounts a segment.
 struct SegmentInfo {
-  std::string name;       // unique in the cluster, e.g. "node1/dram"
+  std::string name;  // unique in the cluster, e.g. "node1/dram"
   std::string node_id;
-  std::string host;       // for nearest-first ordering (same host first)
-  std::string domain;     // failure domain label, e.g. "rack1"
+  std::string host;    // for nearest-first ordering (same host first)
+  std::string domain;  // failure domain label, e.g. "rack1"
   Medium medium = Medium::kCpu;
   uint64_t capacity_bytes = 0;
-  std::string endpoint;   // the node's RPC endpoint (store.node.* reads/writes of disk segments)
-  std::string xfer_segment;         // transfer-engine segment holding the bytes ("host:port"); "" for disk
-  uint64_t xfer_base_offset = 0;    // offset of the segment's byte 0 in xfer_segment
+  std::string endpoint;           // the node's RPC endpoint (store.node.* reads/writes of disk segments)
+  std::string xfer_segment;       // transfer-engine segment holding the bytes ("host:port"); "" for disk
+  uint64_t xfer_base_offset = 0;  // offset of the segment's byte 0 in xfer_segment
 };
 
 // One replica as the caller sees it: where to read or write `size_bytes` bytes.
@@ -122,9 +122,9 @@ struct ObjectInfo {
 struct SegmentStats {
   SegmentInfo info;
   uint64_t used_bytes = 0;
-  uint64_t objects = 0;       // replicas held (complete or being written)
+  uint64_t objects = 0;  // replicas held (complete or being written)
   uint64_t leased_objects = 0;
-  uint64_t hits = 0;          // reads whose nearest replica was here
+  uint64_t hits = 0;  // reads whose nearest replica was here
   uint64_t evictions = 0;
   uint64_t demotions = 0;
   uint64_t largest_free_bytes = 0;
@@ -210,14 +210,14 @@ class MasterCore {
     std::string segment;
     uint64_t offset = 0;
     bool complete = false;
-    uint64_t put_id = 0;        // the put or copy that writes it
-    std::string writer;         // client writing it (empty for demotion copies)
+    uint64_t put_id = 0;  // the put or copy that writes it
+    std::string writer;   // client writing it (empty for demotion copies)
     int64_t started_ns = 0;
-    uint64_t demote_task = 0;   // nonzero while this SSD replica is being filled by a demotion
+    uint64_t demote_task = 0;  // nonzero while this SSD replica is being filled by a demotion
   };
   struct Object {
     uint64_t size_bytes = 0;
-    bool complete = false;      // visible
+    bool complete = false;  // visible
     uint64_t put_id = 0;
     std::string writer;
     int64_t started_ns = 0;
@@ -226,7 +226,7 @@ class MasterCore {
     bool pinned = false;
     int64_t window_start_ns = 0;
     uint32_t window_reads = 0;
-    std::string wanted_host;    // replicate_near: copy for the next reader on this host ...
+    std::string wanted_host;      // replicate_near: copy for the next reader on this host ...
     int64_t wanted_until_ns = 0;  // ... until then
     std::vector<Replica> replicas;
   };

@@ -28,17 +28,17 @@ namespace mc::store {
 
 struct NodeOptions {
   std::string master = "tcp://127.0.0.1:7450";
-  std::string listen = "tcp://127.0.0.1:0";  // RPC endpoint (SSD data RPCs; port 0: any free port)
+  std::string listen = "tcp://127.0.0.1:0";                      // RPC endpoint (SSD data RPCs; port 0: any free port)
   std::vector<std::string> xfer_listen = {"tcp://127.0.0.1:0"};  // transfer-engine endpoints (one path each)
-  std::string node_id;                       // empty: "<hostname>-<pid>"
-  std::string host;                          // empty: gethostname()
-  std::string domain = "default";            // failure domain label
+  std::string node_id;                                           // empty: "<hostname>-<pid>"
+  std::string host;                                              // empty: gethostname()
+  std::string domain = "default";                                // failure domain label
   uint64_t dram_bytes = 256ULL << 20;
-  std::string ssd_dir;                       // empty: no SSD tier
+  std::string ssd_dir;  // empty: no SSD tier
   uint64_t ssd_bytes = 0;
   int heartbeat_ms = 1000;
-  bool shm = true;                           // DRAM in a memfd that same-host engines map (else tcp only)
-  bool prefault = true;                      // commit the DRAM at start (else on first write, in the put path)
+  bool shm = true;       // DRAM in a memfd that same-host engines map (else tcp only)
+  bool prefault = true;  // commit the DRAM at start (else on first write, in the put path)
 };
 
 Status run_node(const NodeOptions& options);

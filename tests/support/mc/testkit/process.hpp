@@ -55,7 +55,8 @@ class Child {
       } else if (std::freopen(options_.stdout_path.c_str(), "w", stdout) == nullptr) {
         _exit(126);
       }
-      if (!options_.stderr_path.empty() && std::freopen(options_.stderr_path.c_str(), "w", stderr) == nullptr) _exit(126);
+      if (!options_.stderr_path.empty() && std::freopen(options_.stderr_path.c_str(), "w", stderr) == nullptr)
+        _exit(126);
       std::vector<char*> args;
       for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);

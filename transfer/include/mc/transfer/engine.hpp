@@ -82,24 +82,24 @@ struct EngineOptions {
   // Location of memory registered without one.
   std::string default_location = "cpu:0";
 
-  uint32_t connections_per_path = 4;     // tcp connections opened per path on first use (pool cap)
+  uint32_t connections_per_path = 4;  // tcp connections opened per path on first use (pool cap)
   // tcp I/O threads per opened segment, each with its own epoll set and share of the connections of every
   // path (0: one per connection, i.e. connections_per_path; at most connections_per_path).
   uint32_t tcp_io_threads = 0;
-  uint32_t max_attempts = 4;             // attempts per slice (1 + retries) before the request fails
+  uint32_t max_attempts = 4;  // attempts per slice (1 + retries) before the request fails
   int64_t connect_timeout_ms = 1000;
-  int64_t slice_timeout_ms = 2000;       // a connection making no progress this long is declared broken
-  int64_t request_timeout_ms = 30000;    // deadline of a request from submit (TransferState::kTimeout)
-  int64_t idle_connection_ms = 60000;    // pooled connections idle this long are closed
+  int64_t slice_timeout_ms = 2000;     // a connection making no progress this long is declared broken
+  int64_t request_timeout_ms = 30000;  // deadline of a request from submit (TransferState::kTimeout)
+  int64_t idle_connection_ms = 60000;  // pooled connections idle this long are closed
   QuarantinePolicy quarantine;
-  int socket_buffer_bytes = 4 << 20;     // SO_SNDBUF/SO_RCVBUF of tcp data connections
-  uint32_t shm_threads = 2;              // memcpy threads for large shm requests (the submitter helps)
-  uint64_t shm_parallel_min_bytes = 2 << 20;  // shm requests at least this long are split over threads
-  uint64_t max_region_bytes = 0;         // split registrations into regions of at most this (0: no limit)
+  int socket_buffer_bytes = 4 << 20;               // SO_SNDBUF/SO_RCVBUF of tcp data connections
+  uint32_t shm_threads = 2;                        // memcpy threads for large shm requests (the submitter helps)
+  uint64_t shm_parallel_min_bytes = 2 << 20;       // shm requests at least this long are split over threads
+  uint64_t max_region_bytes = 0;                   // split registrations into regions of at most this (0: no limit)
   uint64_t max_slice_bytes_served = 256ull << 20;  // server rejects larger single ops
-  bool trace_slices = false;             // fill RequestStatus::slices
-  std::shared_ptr<SegmentDirectory> directory;  // null: peer-to-peer
-  const Clock* clock = nullptr;          // null: RealClock (quarantine timing)
+  bool trace_slices = false;                       // fill RequestStatus::slices
+  std::shared_ptr<SegmentDirectory> directory;     // null: peer-to-peer
+  const Clock* clock = nullptr;                    // null: RealClock (quarantine timing)
 };
 
 // A registered range as published: where it sits in this engine's segment.
@@ -108,8 +108,8 @@ struct RegisteredRegion {
   uint64_t length = 0;
   uint64_t segment_offset = 0;  // offset of addr in this engine's segment
   std::string location;
-  bool shm_shareable = false;   // backed by a SharedBuffer
-  uint32_t region_count = 0;    // descriptor regions it was split into (max_region_bytes)
+  bool shm_shareable = false;  // backed by a SharedBuffer
+  uint32_t region_count = 0;   // descriptor regions it was split into (max_region_bytes)
 };
 
 struct PathStats {
@@ -127,7 +127,7 @@ struct EngineStats {
   uint64_t notify_connections_broken = 0;  // pooled notification connections found closed/reset and dropped
   // Target side.
   uint64_t notifications_received = 0;
-  uint64_t connections_accepted = 0;       // tcp connections accepted by this engine's server (any purpose)
+  uint64_t connections_accepted = 0;  // tcp connections accepted by this engine's server (any purpose)
   // Data-path counters of the transports, summed over open segments (tcp: "tcp_wire_ops", "tcp_send_calls",
   // "tcp_recv_calls", "tcp_wakeups", "tcp_bytes", "tcp_connections_opened"; shm and rdma report none yet).
   std::map<std::string, uint64_t> transport_counters;

@@ -44,12 +44,12 @@ struct PathState {
   PathHealth health = PathHealth::kHealthy;
   uint64_t bytes_in_flight = 0;
   uint64_t slices_in_flight = 0;
-  uint64_t bytes_done = 0;     // bytes of successful slices
+  uint64_t bytes_done = 0;  // bytes of successful slices
   uint64_t slices_done = 0;
-  uint64_t failures = 0;       // failed slices and probes
+  uint64_t failures = 0;              // failed slices and probes
   uint32_t consecutive_failures = 0;  // since the last success (slice or probe); 0 when it works
-  int64_t backoff_ms = 0;      // current backoff (0 when healthy)
-  int64_t retry_at_ns = 0;     // quarantined until this time
+  int64_t backoff_ms = 0;             // current backoff (0 when healthy)
+  int64_t retry_at_ns = 0;            // quarantined until this time
 };
 
 class PathSelector {

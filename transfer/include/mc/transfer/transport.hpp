@@ -27,11 +27,11 @@ struct EngineOptions;
 // One slice as handed to a transport. The slice never straddles a remote region or a local registration.
 struct SliceOp {
   Op op = Op::kRead;
-  char* local = nullptr;        // local bytes (registered memory)
-  uint64_t remote_offset = 0;   // segment offset of the first byte
-  uint64_t length = 0;          // > 0
-  int path = 0;                 // index into TransportSegment::paths()
-  uint64_t cookie = 0;          // passed back to slice_done
+  char* local = nullptr;       // local bytes (registered memory)
+  uint64_t remote_offset = 0;  // segment offset of the first byte
+  uint64_t length = 0;         // > 0
+  int path = 0;                // index into TransportSegment::paths()
+  uint64_t cookie = 0;         // passed back to slice_done
 };
 
 class SliceSink {
@@ -41,10 +41,10 @@ class SliceSink {
 };
 
 struct PathSpec {
-  std::string label;            // "tcp 127.0.0.1->127.0.0.2:4000"
-  std::string local_device;     // topology device of the local side ("lo", "eth0", "mlx5_0"), "" = any
-  std::string remote_device;    // the peer's device for this path, "" = unknown
-  double weight = 1.0;          // topology preference, product of both sides' weights
+  std::string label;          // "tcp 127.0.0.1->127.0.0.2:4000"
+  std::string local_device;   // topology device of the local side ("lo", "eth0", "mlx5_0"), "" = any
+  std::string remote_device;  // the peer's device for this path, "" = unknown
+  double weight = 1.0;        // topology preference, product of both sides' weights
 };
 
 class TransportSegment {

@@ -12,7 +12,7 @@
 namespace mc::transfer {
 
 enum class Op : uint8_t { kRead = 1, kWrite = 2 };  // READ: remote -> local; WRITE: local -> remote
-const char* op_name(Op op);                          // "read" | "write"
+const char* op_name(Op op);                         // "read" | "write"
 
 // Handle of an opened remote segment (TransferEngine::open_segment). 0 is never valid.
 using SegmentHandle = uint64_t;
@@ -46,9 +46,9 @@ inline bool is_final(TransferState s) { return s != TransferState::kPending; }
 struct SliceTrace {
   uint64_t request_offset = 0;  // offset of the slice inside its request
   uint64_t length = 0;
-  std::string path;             // "tcp 127.0.0.1->127.0.0.2:4000", "shm", ...
-  uint32_t attempts = 0;        // 1 = first try succeeded
-  int64_t duration_ns = 0;      // post of the last attempt -> its completion
+  std::string path;         // "tcp 127.0.0.1->127.0.0.2:4000", "shm", ...
+  uint32_t attempts = 0;    // 1 = first try succeeded
+  int64_t duration_ns = 0;  // post of the last attempt -> its completion
   bool ok = false;
 };
 
@@ -75,10 +75,10 @@ struct BatchStatus {
 
 // Delivered to the target process of a request that carried a notify_tag.
 struct Notification {
-  std::string tag;             // TransferRequest::notify_tag
-  std::string from;            // initiator's segment name ("host:port") or "" when it serves none
+  std::string tag;   // TransferRequest::notify_tag
+  std::string from;  // initiator's segment name ("host:port") or "" when it serves none
   Op op = Op::kWrite;
-  uint64_t segment_offset = 0; // the request's remote range in the target's segment
+  uint64_t segment_offset = 0;  // the request's remote range in the target's segment
   uint64_t length = 0;
 };
 

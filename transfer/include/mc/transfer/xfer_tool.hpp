@@ -23,10 +23,10 @@ void fill_pattern(char* dst, uint64_t offset, uint64_t n, bool inverted = false)
 int64_t find_pattern_mismatch(const char* src, uint64_t offset, uint64_t n, bool inverted = false);
 
 struct ServeOptions {
-  EngineOptions engine;            // listen endpoints in engine.listen
+  EngineOptions engine;  // listen endpoints in engine.listen
   uint64_t size_bytes = 1ull << 30;
   std::string location = "cpu:0";
-  bool json = false;               // print the ready information as one JSON line too
+  bool json = false;  // print the ready information as one JSON line too
 };
 // Registers a pattern-filled shared buffer, prints the ready line
 //   ready mc-xfer <first endpoint> segment=<name> size_bytes=<n> paths=<ep,ep> shm=<yes|no>
@@ -35,12 +35,12 @@ Status run_serve(const ServeOptions& options, std::ostream& out);
 
 struct RwOptions {
   EngineOptions engine;
-  std::string target;              // segment name "host:port"
+  std::string target;  // segment name "host:port"
   Op op = Op::kRead;
   uint64_t offset = 0;
   uint64_t length = 0;
-  bool verify = false;             // read: check the pattern; write: write ~pattern, read back, restore
-  bool verbose = false;            // one line per slice
+  bool verify = false;   // read: check the pattern; write: write ~pattern, read back, restore
+  bool verbose = false;  // one line per slice
   bool json = false;
   int64_t timeout_ms = 30000;
   std::string notify_tag;
@@ -56,7 +56,7 @@ struct BenchOptions {
   uint32_t batch = 32;
   double duration_s = 3.0;
   bool json = false;
-  bool baseline = false;           // also measure memcpy (1, 2 threads) and raw loopback TCP (1, 4 streams)
+  bool baseline = false;  // also measure memcpy (1, 2 threads) and raw loopback TCP (1, 4 streams)
   // Before timing, move every byte of the swept range once (untimed), so the figures are steady state: the
   // first touch of each page of a fresh peer mapping (shm) is a page fault — ~13 us per 4 KiB page on a
   // shadow-paging guest — and a short run at small blocks would otherwise measure only that.
@@ -75,7 +75,7 @@ double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, c
 Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s);
 
 struct TopoOptions {
-  std::string topology_file;       // "" = discover from sysfs
+  std::string topology_file;  // "" = discover from sysfs
   bool json = false;
 };
 Status run_topo(const TopoOptions& options, std::ostream& out);
