@@ -313,7 +313,7 @@ class Sim {
     records_.push_back(rec);
     const size_t idx = records_.size() - 1;
 
-    // Prefix-chained keys of the complete blocks only (field report #19: the partial last block is
+    // Prefix-chained keys of the complete blocks only (DESIGN.md §13.19: the partial last block is
     // never cached nor counted as a hit).
     const int64_t full = std::min<int64_t>(row.input_length / block_, static_cast<int64_t>(row.hash_ids.size()));
     std::vector<uint64_t> keys(static_cast<size_t>(full));

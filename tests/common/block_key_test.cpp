@@ -22,7 +22,7 @@ std::vector<uint32_t> iota_tokens(size_t n) {
 }
 
 // Golden values: a change of algorithm, byte order or seed handling must break this test, not the cache
-// (field report #1). local[0] was cross-checked with the xxhsum tool (XXH3-64, seed 0) over the same
+// (DESIGN.md §13.1). local[0] was cross-checked with the xxhsum tool (XXH3-64, seed 0) over the same
 // 2048 bytes of little-endian u32 tokens 0..511.
 TEST(BlockKey, GoldenDigests) {
   KeyNamespace ns;  // plain: seed 0, block size 512

@@ -57,7 +57,7 @@ TEST(CostModel, PrefillMonotonic) {
 }
 
 TEST(CostModel, PrefixHitSavesMostOfALongPrefill) {
-  // Paper (SYSTEM.md §6): a 95 % hit on a 128 K input removes 92 % of prefill time. The formula must land in
+  // Paper (DESIGN.md §6): a 95 % hit on a 128 K input removes 92 % of prefill time. The formula must land in
   // that regime: more than 90 % saved, and less than 95 %, because the last 5 % of tokens attend over the
   // longest context and so cost more than 5 % of the FLOPs.
   const ModelConfig m = llama70b();

@@ -11,7 +11,7 @@ namespace {
 TEST(ModelConfig, Llama3_70bKvBytesPerTokenMatchesPaper) {
   auto m = model_preset("llama3-70b");
   ASSERT_TRUE(m) << m.status().to_string();
-  EXPECT_EQ(m->kv_bytes_per_token(), 327680);  // 2·80·8·128·2 (SYSTEM.md §1)
+  EXPECT_EQ(m->kv_bytes_per_token(), 327680);  // 2·80·8·128·2 (DESIGN.md §1)
   EXPECT_EQ(m->kv_bytes_per_token_layer() * m->num_layers, m->kv_bytes_per_token());
 }
 

@@ -1,6 +1,6 @@
 // The prefill and decode workers in one process (direct DecodeLink, in-memory block cache, recording token
 // sink): prefix reuse with identical tokens, recompute when the store dies, admission counting future growth,
-// field report #14 (bad lengths, aborted prefill, incomplete KV), and layer-wise streaming through a real
+// DESIGN.md §13.14 (bad lengths, aborted prefill, incomplete KV), and layer-wise streaming through a real
 // transfer engine on loopback (decode publishes its KV segment; prefill WRITEs with layer-arrival notifications).
 #include <map>
 

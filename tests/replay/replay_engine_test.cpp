@@ -23,7 +23,7 @@ struct FakeBehaviour {
   std::chrono::milliseconds admit_delay{0};  // conductor's answer time
   std::chrono::milliseconds first_token{20};
   std::chrono::milliseconds gap{2};
-  int64_t stop_after_tokens = -1;  // stop early (field report #16); -1: output_length
+  int64_t stop_after_tokens = -1;  // stop early (DESIGN.md §13.16); -1: output_length
   bool report_usage = true;
   bool send_done = true;
   std::function<bool(const Submission&)> reject;  // reject when true

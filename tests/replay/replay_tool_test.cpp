@@ -1,6 +1,6 @@
 // mc-trace-replay (the real binary) against an in-process Conductor that speaks the real protocol
 // (conductor.submit; token_event / request_done to the client endpoint, as mc-decode sends them) on
-// loopback: records, summary, bad input, field reports
+// loopback: records, summary, bad input, the field cases of DESIGN.md §13
 // #16 and #18, and a conductor that is not running. The full cluster is covered by replay_e2e_test.
 #include <signal.h>
 #include <sys/wait.h>

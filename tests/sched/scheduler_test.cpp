@@ -1,7 +1,7 @@
 // Policy unit tests on hand-built cluster states with a ManualClock (issue 6): cache-aware picks the
 // longest prefix; kvcache trades a long prefix on a busy instance for a transfer to an idle one and
 // recomputes when the prefix is too short or too slow to fetch; early rejection triggers exactly
-// when the predicted TTFT exceeds the SLO; decode admission counts future growth; field report #12.
+// when the predicted TTFT exceeds the SLO; decode admission counts future growth; DESIGN.md §13.12.
 #include "mc/sched/scheduler.hpp"
 
 #include <gtest/gtest.h>

@@ -473,7 +473,7 @@ TEST_F(StoreE2E, MasterIsTheTransferEnginesSegmentDirectory) {
 
 // Liveness of clients: a live writer that is idle keeps its unfinished put (its library heartbeats in
 // the background); a writer that stops heartbeating loses it after the client TTL, and its late put_end
-// is refused (field report #7).
+// is refused (DESIGN.md §13.7).
 TEST_F(StoreE2E, ClientHeartbeatKeepsAnIdleWriterAndADeadOnesPutIsReclaimed) {
   start_master({"--client-ttl-ms", "600", "--free-delay-ms", "100"});
   start_node("n1", "8MiB");

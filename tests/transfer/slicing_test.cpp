@@ -1,4 +1,4 @@
-// Slicing and path policy: field reports #8 (zero-length slices, tail merge) and #10 (64-bit lengths),
+// Slicing and path policy: DESIGN.md §13.8 (zero-length slices, tail merge) and §13.10 (64-bit lengths),
 // path selection by weight and bytes in flight, quarantine with backoff and probes, and the transfer
 // section of protocol.hpp.
 #include "mc/transfer/slicing.hpp"

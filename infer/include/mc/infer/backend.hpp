@@ -1,4 +1,4 @@
-// mc::infer::Backend: the compute interface of prefill and decode instances (SYSTEM.md §7).
+// mc::infer::Backend: the compute interface of prefill and decode instances (DESIGN.md §7).
 //
 //   prefill(kv, request, on_layer) : computes the KV of prompt tokens [cached_tokens, n) into the request's block
 //       table — the KV of tokens [0, cached_tokens) must already be there (fetched from the store) — calling

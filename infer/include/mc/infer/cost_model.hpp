@@ -25,7 +25,7 @@
 //                      (decode reads every weight once per step and every KV byte of the batch once; it is
 //                      memory-bound unless the batch is very large)
 //   prefill_rate_tokens_per_s = peak_flops_per_s · compute_efficiency / (2·P)   (short-context rate, linear term)
-//   fetch_threshold_bytes_per_s = kv_bytes_per_token · prefill_rate_tokens_per_s   (SYSTEM.md §1: fetching a cached
+//   fetch_threshold_bytes_per_s = kv_bytes_per_token · prefill_rate_tokens_per_s   (DESIGN.md §1: fetching a cached
 //                      prefix beats recomputing it when the fetch bandwidth exceeds this)
 //   With the GPU at peak (gpu.at_peak(), efficiency 1) and llama3-70b this gives 5.9 GB/s on a800x8 and 18.7 GB/s on
 //   h800x8 — the paper's "≈ 6 GB/s" and "≈ 19 GB/s" (Mooncake FAST'25 §2 / our seed article). With the presets'
@@ -81,7 +81,7 @@ double decode_step_time_s(const ModelConfig& model, const GpuSpec& gpu, int64_t 
 // Prefill tokens per second on a short context (linear term only).
 double prefill_rate_tokens_per_s(const ModelConfig& model, const GpuSpec& gpu);
 
-// Fetch bandwidth (bytes/s) above which loading cached KV is faster than recomputing it (SYSTEM.md §1).
+// Fetch bandwidth (bytes/s) above which loading cached KV is faster than recomputing it (DESIGN.md §1).
 double fetch_threshold_bytes_per_s(const ModelConfig& model, const GpuSpec& gpu);
 
 // Seconds of prefill that reusing `cached_tokens` saves for a prompt of cached_tokens + new_tokens:

@@ -1,4 +1,4 @@
-// mc::infer::DecodeWorker: the decoding instance behind mc-decode (SYSTEM.md §3 step 4).
+// mc::infer::DecodeWorker: the decoding instance behind mc-decode (DESIGN.md §3 step 4).
 //
 // Admission (reserve): a request needs blocks_for(input + output) KV blocks at full length. The worker keeps
 // `committed` = Σ full-length blocks of every running and reserved request, and admits only when
@@ -6,7 +6,7 @@
 // anyone (admission that ignores future growth is impossible by construction). Prompt blocks are allocated
 // physically at reserve (the prefill writes into them); growth blocks are allocated as decode reaches them.
 // Bad lengths (≤ 0, input + output > the model's max context) are kInvalidArgument ("input too long"), before
-// any allocation (field report #14, steps 1-2). A full instance answers kRejected.
+// any allocation (DESIGN.md §13.14, steps 1-2). A full instance answers kRejected.
 //
 // KV arrival (layer-wise streaming, Mooncake §4). The KV buffer is shared memory (KvMemory::kShared).
 // publish_kv_segment() registers it with a transfer engine (transfer/engine.hpp; peer-to-peer directory, segment
@@ -19,8 +19,8 @@
 // that of block end-1's layer) is counted and, for a known reservation, poisons it (its commit fails).
 // Without a published segment, kv_write RPCs carrying the bytes are the fallback (still accepted either way).
 // kv_commit checks that every layer of every prompt block arrived; if not, the reservation is freed, the client
-// gets request_error (kDataLoss) and the commit fails: decode never generates from incomplete KV (field report
-// #14, step 3). abort frees the reservation (or stops a running request) and tells the client. A reservation
+// gets request_error (kDataLoss) and the commit fails: decode never generates from incomplete KV (DESIGN.md
+// §13.14, step 3). abort frees the reservation (or stops a running request) and tells the client. A reservation
 // without commit expires after its ttl and is aborted the same way; with a published segment its blocks stay
 // held (and counted against admission) until the prefill's kv_commit/decode_abort for it arrives or
 // expired_hold_ms passes, since a prefill still computing may WRITE into them (one-sided writes cannot be refused).

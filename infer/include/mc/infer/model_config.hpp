@@ -1,4 +1,4 @@
-// mc::infer::ModelConfig: the shape of a LLaMA-architecture decoder model (SYSTEM.md §7).
+// mc::infer::ModelConfig: the shape of a LLaMA-architecture decoder model (DESIGN.md §7).
 //
 // A ModelConfig fixes everything that decides KV-cache size and compute cost: layers, hidden size,
 // attention heads, KV heads (grouped-query attention), head dimension, FFN (SwiGLU intermediate)
@@ -15,7 +15,7 @@
 //
 // Derived quantities:
 //   kv_bytes_per_token = 2 (K and V) · layers · kv_heads · head_dim · dtype_bytes
-//                        (llama3-70b BF16: 2·80·8·128·2 = 327,680 B; SYSTEM.md §1)
+//                        (llama3-70b BF16: 2·80·8·128·2 = 327,680 B; DESIGN.md §1)
 //   kv_bytes_per_token_layer = kv_bytes_per_token / layers (one layer's K+V of one token)
 //   param_count        = embedding (vocab·hidden) + lm_head (vocab·hidden)
 //                        + layers · (q: hidden·heads·head_dim + k,v: 2·hidden·kv_heads·head_dim
@@ -48,7 +48,7 @@ struct ModelConfig {
   int64_t dtype_bytes = 4;      // bytes of one stored KV/weight element
   double rope_theta = 10000.0;  // RoPE base frequency
   double rms_norm_eps = 1e-5;
-  int64_t max_context_tokens = 32768;  // longest prompt + output accepted (field report #14)
+  int64_t max_context_tokens = 32768;  // longest prompt + output accepted (DESIGN.md §13.14)
 
   // 2 · layers · kv_heads · head_dim · dtype_bytes.
   int64_t kv_bytes_per_token() const { return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes; }

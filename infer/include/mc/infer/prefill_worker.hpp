@@ -1,9 +1,9 @@
-// mc::infer::PrefillWorker: the prefill instance behind mc-prefill (SYSTEM.md §3 step 3).
+// mc::infer::PrefillWorker: the prefill instance behind mc-prefill (DESIGN.md §3 step 3).
 //
 // run_job(job):
 //   1. Validates the job (non-empty prompt within the model's max context, tokens in the vocabulary, a decode
 //      target with one block offset per prompt block). Nothing is computed or sent for a bad job; its decode
-//      reservation is aborted so the decode side frees it and tells the client (field report #14).
+//      reservation is aborted so the decode side frees it and tells the client (DESIGN.md §13.14).
 //   2. Fetches the prefix: the leading complete blocks (at most fetch_prefix_blocks, never the block holding the
 //      last prompt token) are read from the KvBlockCache straight into this worker's KV buffer, one object per
 //      block. The hit is the leading run of blocks that arrived; everything from the first missing or failed

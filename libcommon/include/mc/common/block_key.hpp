@@ -1,4 +1,4 @@
-// Prefix-chained block keys (SYSTEM.md §4, after the open KV-events contract, Mooncake RFC #1527).
+// Prefix-chained block keys (DESIGN.md §4, after the open KV-events contract, Mooncake RFC #1527).
 //
 // Tokens are cut into blocks of block_size tokens; only complete blocks are keyed. With seed s:
 //   local[i] = XXH3_64(tokens of block i as u32 little-endian, s)

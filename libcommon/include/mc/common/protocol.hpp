@@ -1,4 +1,4 @@
-// Every control-plane message of mc, in one schema header (SYSTEM.md §2).
+// Every control-plane message of mc, in one schema header (DESIGN.md §2).
 //
 // Wire format (ZeroMQ, see rpc.hpp): a request or reply is two frames
 //   frame 0: header, a msgpack map {"v": protocol version (u32), "type": message type (str), "id": call id (u64)}
@@ -90,7 +90,7 @@ struct StatRequest {
 };
 
 // ---------------------------------------------------------------------------------------------
-// KV events (SYSTEM.md §4, after the open KV-events contract, Mooncake RFC #1527)
+// KV events (DESIGN.md §4, after the open KV-events contract, Mooncake RFC #1527)
 // Published on a ZeroMQ PUB socket as three frames:
 //   [topic (str, e.g. "kv"), event_id as big-endian u64, msgpack KvEvent]
 // event_id increases by exactly 1 per event on one stream; a subscriber that sees a gap resyncs.
@@ -120,7 +120,7 @@ inline constexpr uint32_t kSegmentDescriptorVersion = 1;
 
 // One registered memory region of a segment. Regions occupy disjoint ranges of the segment's 64-bit
 // offset space; peers address bytes as (segment, offset). A registration larger than the per-region
-// limit of a transport is published as several regions (field report #10), each covering exactly the
+// limit of a transport is published as several regions (DESIGN.md §13.10), each covering exactly the
 // bytes it says.
 struct RegionDescriptor {
   uint64_t segment_offset = 0;       // first byte of the region in the segment's offset space
@@ -522,10 +522,10 @@ struct StoreNodeReadRequest {
 // ---------------------------------------------------------------------------------------------
 // (section owned by mc_infer)
 //
-// A request's path through the workers (SYSTEM.md §3):
+// A request's path through the workers (DESIGN.md §3):
 //   1. reserver (Conductor or a client) -> mc-decode  "decode_reserve": admission; holds KV for input + output
 //      tokens counting the future growth of everything running or reserved; refuses (kRejected) when it does
-//      not fit, rejects bad lengths (kInvalidArgument, "input too long"; field report #14).
+//      not fit, rejects bad lengths (kInvalidArgument, "input too long"; DESIGN.md §13.14).
 //   2. reserver -> mc-prefill "prefill_job": tokens, how many leading blocks to fetch from the store, the decode
 //      endpoint + reservation, the client endpoint. The reply is deferred until the job is done and carries the
 //      ledger; an error reply means the decode side was told to abort.
@@ -538,7 +538,7 @@ struct StoreNodeReadRequest {
 //      the ledger, or "request_error". A client never gets request_done after an abort.
 //   "decode_release" frees a reservation that will get no job (the reserver changed its mind).
 
-// Per-request cache and timing ledger (SYSTEM.md §5). A time never measured is -1, not 0.
+// Per-request cache and timing ledger (DESIGN.md §5). A time never measured is -1, not 0.
 struct RequestLedger {
   int64_t prompt_tokens = 0;
   int64_t hit_tokens = 0;            // prefix tokens whose KV came from the store (= avoided prefill tokens)
@@ -597,7 +597,7 @@ struct DecodeReleaseRequest {
   uint64_t reservation_id = 0;
   MSGPACK_DEFINE_MAP(reservation_id);
 };
-// The prefill failed or was aborted (field report #14): decode frees the reservation, never generates from it,
+// The prefill failed or was aborted (DESIGN.md §13.14): decode frees the reservation, never generates from it,
 // and sends "request_error" to the client.
 struct DecodeAbortRequest {
   static constexpr const char* kType = "decode_abort";
@@ -666,7 +666,7 @@ struct PrefillJobRequest {
   std::string client_endpoint;
   int64_t chunk_tokens = 0;        // 0: the worker's --chunk-tokens
   bool store_new_blocks = true;    // put new complete blocks into the store
-  int64_t fail_after_layers = -1;  // fault injection (tests, field report #14): fail once this many layer
+  int64_t fail_after_layers = -1;  // fault injection (tests, DESIGN.md §13.14): fail once this many layer
                                    // writes were sent; -1 = never. Refused unless the worker allows it.
   MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
                      reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
@@ -750,7 +750,7 @@ struct RequestError {
 //                           conductor.heartbeat (load) every heartbeat_interval_ms,
 //                           conductor.job_report (optional: first_token / done / failed seen by mc-decode)
 
-// A request (SYSTEM.md §3 step 1). The prompt is given by `tokens`; the Conductor keys its complete
+// A request (DESIGN.md §3 step 1). The prompt is given by `tokens`; the Conductor keys its complete
 // blocks with its own key namespace (block_key.hpp) unless the client sends `block_hashes` (the seq
 // hashes of the complete blocks, computed with the same namespace). 0 for an SLO means the
 // Conductor's default (--slo-ttft-ms, --slo-tbt-ms).
@@ -818,7 +818,7 @@ struct ConductorHeartbeatReply {
   bool registered = true;  // false: the Conductor forgot this worker (restart, expiry): register again
   MSGPACK_DEFINE_MAP(registered);
 };
-// Load report. Absent figures are 0, which is right for an idle worker (field report #12).
+// Load report. Absent figures are 0, which is right for an idle worker (DESIGN.md §13.12).
 struct ConductorHeartbeatRequest {
   static constexpr const char* kType = "conductor.heartbeat";
   using Reply = ConductorHeartbeatReply;
@@ -872,7 +872,7 @@ struct ConductorStatusRequest {
   MSGPACK_DEFINE_MAP(with_instances);
 };
 
-// conductor -> store master: hot-prefix replication (SYSTEM.md §3 step 2). Sent before the prefill job of
+// conductor -> store master: hot-prefix replication (DESIGN.md §3 step 2). Sent before the prefill job of
 // a decision with replicate_prefix: the master marks each key so that the next read of it by a client on
 // `host` (the chosen prefill instance's host) is granted a copy on a DRAM segment there, which that
 // reader fills with the bytes it read (store.replica_end; master_core.hpp replicate_near).

@@ -1,8 +1,8 @@
-// Streaming reader of Mooncake FAST'25 JSONL request traces (SYSTEM.md §4).
+// Streaming reader of Mooncake FAST'25 JSONL request traces (DESIGN.md §4).
 //
 // One JSON object per line: {"timestamp": ms since start, "input_length": tokens,
 // "output_length": tokens, "hash_ids": [one u64 per block_size-token block; the last may be partial]}.
-// Validation (field reports #17, #18, #19): every field present and an integer of the right range
+// Validation (DESIGN.md §13.17–13.19): every field present and an integer of the right range
 // (timestamp >= 0, input_length >= 1, output_length >= 0, ids in [0, 2^64-1] kept as exact u64 —
 // no double rounding, no 32-bit truncation); len(hash_ids) == ceil(input_length / block_size);
 // timestamps non-decreasing. Blank lines are ignored; CRLF line ends and a UTF-8 BOM are accepted.

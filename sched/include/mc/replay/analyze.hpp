@@ -2,12 +2,12 @@
 // blocks total/distinct, and the prefix-cache hit ratio with an infinite cache and under LRU for a
 // sweep of capacities in tokens (`mc-trace-replay analyze`).
 //
-// Hit ratios (SYSTEM.md §1, §6; the conversation trace's README):
+// Hit ratios (DESIGN.md §1, §6; the conversation trace's README):
 //   blocks  hit blocks / all blocks. With an infinite cache a block hits when its id was seen before
 //           (ids encode the whole prefix, so a seen id implies its prefix was seen: the 36.6 % figure).
 //   tokens  hit blocks x block_size, capped at input_length, / all input tokens (the 37.4 % figure).
 //   tokens_full_blocks  the same counting only complete blocks: a block-keyed store never keys the
-//           partial last block (field report #19), so this is what a live cluster can reach at most.
+//           partial last block (DESIGN.md §13.19), so this is what a live cluster can reach at most.
 //   infinite_earlier  the infinite cache when a request can reuse only blocks of requests that arrived
 //           strictly before it (the trace's timestamps come in 3 s buckets, and requests of one bucket
 //           run concurrently in a live cluster: none has stored its blocks when the others look up).

@@ -1,4 +1,4 @@
-// The live, open-loop trace replay of mc-trace-replay (SYSTEM.md §3–5).
+// The live, open-loop trace replay of mc-trace-replay (DESIGN.md §3–5).
 //
 // Rows of the trace window are sent at their scheduled times whether or not earlier requests have
 // finished: row i is due at (timestamp_i - timestamp_first) / (speed * rate_scale) wall seconds after

@@ -1,12 +1,12 @@
-// Per-request records and the run summary of a trace replay (SYSTEM.md §5), shared by the live replay
+// Per-request records and the run summary of a trace replay (DESIGN.md §5), shared by the live replay
 // (mc-trace-replay) and the cluster simulator (mc_sim): both fill RequestRecords, write them as JSONL,
 // and summarise them with summarize() into the same table / JSON document.
 //
-// Definitions (SYSTEM.md §5; the paper, Mooncake FAST'25 §2 and §8):
+// Definitions (DESIGN.md §5; the paper, Mooncake FAST'25 §2 and §8):
 //   TTFT  submit -> first output token.
 //   TBT   the gaps between consecutive output tokens; the per-request SLO statistic is the paper's:
 //         the mean of the longest 10 % of a request's gaps (at least one gap: ceil(0.1 * gaps)).
-//   TPOT  (E2E - TTFT) / (output tokens - 1), on the tokens actually produced (field report #16), never
+//   TPOT  (E2E - TTFT) / (output tokens - 1), on the tokens actually produced (DESIGN.md §13.16), never
 //         on the trace's requested output_length.
 //   E2E   submit -> last output token.
 // A time never measured is absent (std::nullopt; no key in JSON), never 0. All times are milliseconds
@@ -52,7 +52,7 @@ struct TbtStats {
 // Statistics of `gaps_ms`; nullopt when there is no gap.
 std::optional<TbtStats> tbt_stats(std::span<const double> gaps_ms);
 
-// The cache/compute ledger of one request (SYSTEM.md §5). Fields that the reporting component did not
+// The cache/compute ledger of one request (DESIGN.md §5). Fields that the reporting component did not
 // provide stay absent.
 struct Ledger {
   std::optional<int64_t> prompt_tokens;
@@ -86,7 +86,7 @@ struct RequestRecord {
   int64_t output_tokens_requested = 0;   // the trace's output_length
   std::optional<int64_t> output_tokens;  // actually produced
   // Where output_tokens came from: "usage" (the server's final count) or "counted" (streamed tokens
-  // counted because the server reported none: flagged, field report #16).
+  // counted because the server reported none: flagged, DESIGN.md §13.16).
   std::string output_tokens_source;
 
   Outcome outcome = Outcome::kRejected;
@@ -110,7 +110,7 @@ struct RequestRecord {
 // the count of streamed tokens (tokens may be coalesced), which is used and flagged otherwise.
 // Empty `token_ms` leaves the times absent. Does not change outcome.
 void apply_token_times(RequestRecord& record, std::span<const double> token_ms, std::optional<int64_t> reported_tokens);
-// TPOT per SYSTEM.md §5; nullopt when fewer than 2 tokens or a time is missing.
+// TPOT per DESIGN.md §5; nullopt when fewer than 2 tokens or a time is missing.
 std::optional<double> tpot_ms(std::optional<double> ttft_ms, std::optional<double> e2e_ms, int64_t tokens);
 
 nlohmann::json to_json(const RequestRecord& record);

@@ -1,4 +1,4 @@
-// Predictors of the Conductor (paper §5 and §7; SYSTEM.md §3 step 2):
+// Predictors of the Conductor (paper §5 and §7; DESIGN.md §3 step 2):
 //   prefill_ms(new_tokens n, cached_tokens c) = w0 + w1*n + w2*n*(c + (n+1)/2)
 //     -- the terms of a GPU cost model: a fixed launch/step cost, the linear layers' FLOPs (2*params
 //        per token) and causal attention over the cached prefix plus the new tokens (one query-key
@@ -109,7 +109,7 @@ class DecodePredictor {
 
 struct BandwidthPriors {
   // Decimal bytes/s. same host: DRAM -> GPU over PCIe 4 x16 (~25 GB/s per GPU); remote: 4x200 Gbps
-  // RDMA at the transfer engine's 87 GB/s shared by 8 GPUs (~11 GB/s, SYSTEM.md §6); ssd: NVMe read.
+  // RDMA at the transfer engine's 87 GB/s shared by 8 GPUs (~11 GB/s, DESIGN.md §6); ssd: NVMe read.
   double same_host_bytes_per_s = 25e9;
   double remote_bytes_per_s = 11e9;
   double ssd_bytes_per_s = 3e9;

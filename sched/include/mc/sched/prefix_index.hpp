@@ -1,4 +1,4 @@
-// The global prefix index (paper §6; SYSTEM.md §4): block key (prefix-chained seq hash) -> holders,
+// The global prefix index (paper §6; DESIGN.md §4): block key (prefix-chained seq hash) -> holders,
 // each a cache backend (a storage segment or an instance's own cache) and a medium (gpu/cpu/disk).
 // Maintained from the store's KV events (stored / removed / cleared, proto::KvEvent).
 //
@@ -8,7 +8,7 @@
 // than the snapshot. Events at or below the last applied id are duplicates and ignored. When the
 // snapshot fails the stream is marked stale, the event is applied anyway (best effort: a wrong
 // answer of the index only ever costs time: the worker finds the block missing and recomputes,
-// SYSTEM.md §3), and the resync is retried on the stream's next event or on resync_stale().
+// DESIGN.md §3), and the resync is retried on the stream's next event or on resync_stale().
 // Node death: remove_backend() drops every block of a backend at once.
 //
 // Memory: one hash-map entry per indexed block (~80 B with one holder). Lookups are O(blocks of the

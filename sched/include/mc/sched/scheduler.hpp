@@ -1,4 +1,4 @@
-// The Conductor's decision procedure (paper §6–7; SYSTEM.md §3 step 2), as pure code: the cluster
+// The Conductor's decision procedure (paper §6–7; DESIGN.md §3 step 2), as pure code: the cluster
 // state, the prefix index and the predictors are owned here, time comes from an injected mc::Clock,
 // and nothing here does I/O, sleeps or starts threads. The daemon (mc-conductor) and the simulator
 // (sched/sim) drive the same object: register/heartbeat/expire, apply KV events, decide, commit,
@@ -42,7 +42,7 @@
 
 namespace mc::sched {
 
-// A finished prefill, from the worker's job report (SYSTEM.md §5 ledger).
+// A finished prefill, from the worker's job report (DESIGN.md §5 ledger).
 struct PrefillReport {
   std::string request_id;
   std::string instance_id;

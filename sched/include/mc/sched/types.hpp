@@ -15,7 +15,7 @@
 
 namespace mc::sched {
 
-// Where a cached KV block lives (SYSTEM.md §4, KV events `medium`).
+// Where a cached KV block lives (DESIGN.md §4, KV events `medium`).
 enum class Medium : uint8_t { kGpu = 0, kCpu = 1, kDisk = 2 };
 std::string_view medium_name(Medium m);           // "gpu" | "cpu" | "disk"
 Result<Medium> parse_medium(std::string_view s);  // kInvalidArgument for anything else
@@ -33,7 +33,7 @@ enum class Role : uint8_t { kPrefill = 0, kDecode = 1 };
 std::string_view role_name(Role r);  // "prefill" | "decode"
 Result<Role> parse_role(std::string_view s);
 
-// A request as the scheduler sees it (SYSTEM.md §3 step 1). block_hashes are the prefix-chained
+// A request as the scheduler sees it (DESIGN.md §3 step 1). block_hashes are the prefix-chained
 // seq hashes (block_key.hpp) of the request's *complete* blocks, in order; a trailing partial block
 // has no key and is always prefilled.
 struct Request {
@@ -57,7 +57,7 @@ struct SloConfig {
 
 // Shape of the model's KV cache and of the keyed blocks.
 struct KvShape {
-  int64_t kv_bytes_per_token = 327'680;  // LLaMA3-70B BF16: 2*80*8*128*2 (SYSTEM.md §1)
+  int64_t kv_bytes_per_token = 327'680;  // LLaMA3-70B BF16: 2*80*8*128*2 (DESIGN.md §1)
   int64_t block_size_tokens = 512;       // tokens per keyed block (the traces' 512)
   int64_t block_bytes() const { return kv_bytes_per_token * block_size_tokens; }
 };
@@ -70,7 +70,7 @@ struct SchedulerConfig {
   // A prefill instance is "overloaded" for hot-prefix replication when its predicted queue exceeds
   // this; a request whose best prefix holder is overloaded and that is placed elsewhere fetches a copy.
   double overload_queue_ms = 1'000;
-  // Liveness (field report #12): a worker silent for longer than this is dead and removed (with its
+  // Liveness (DESIGN.md §13.12): a worker silent for longer than this is dead and removed (with its
   // cached blocks); a registered worker that has not reported load yet is *unknown* (treated as
   // empty plus what the Conductor itself assigned), never as busy.
   int64_t heartbeat_timeout_ms = 3'000;
@@ -78,7 +78,7 @@ struct SchedulerConfig {
   int max_logged_candidates = 4;
 };
 
-// Pricing of one prefill instance for one request (SYSTEM.md §3 step 2):
+// Pricing of one prefill instance for one request (DESIGN.md §3 step 2):
 //   ttft_ms = queue_ms + prefill_ms(uncached tokens, reused tokens) + transfer_ms(bytes of the reused
 //   prefix that is not on the same host ... priced per path class).
 // reused_blocks is the chosen prefix length: the plan that minimises ttft_ms among "reuse the first

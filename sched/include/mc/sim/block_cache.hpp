@@ -1,5 +1,5 @@
 // One instance's DRAM KV cache in the simulator: a set of prefix-chained block keys with a capacity
-// in blocks and LRU eviction, as the store evicts (SYSTEM.md §2; paper §4: hot blocks replicated,
+// in blocks and LRU eviction, as the store evicts (DESIGN.md §2; paper §4: hot blocks replicated,
 // cold ones evicted by LRU).
 //
 // A request's chain is touched tail first and head last, so the head of a chain is always more

@@ -1,7 +1,7 @@
 // Capacity planning (mc-plan): the fetch-vs-recompute bandwidth threshold of a model on a GPU preset,
 // and the smallest cluster that meets a trace's SLOs, found by simulation.
 //
-// Threshold (SYSTEM.md §1; paper §2/§4): reusing a cached prefix of p tokens saves
+// Threshold (DESIGN.md §1; paper §2/§4): reusing a cached prefix of p tokens saves
 //   saved_s(p) = prefill_time(p + n, 0) - prefill_time(n, p)        (n: the new tokens after it)
 // of prefill, and costs p * kv_bytes_per_token / bandwidth of transfer; fetching wins when
 //   bandwidth > p * kv_bytes_per_token / saved_s(p).

@@ -6,7 +6,7 @@
 //
 // What is modelled (and how a request flows):
 //  1. Arrival at its trace time, shifted by the window start and divided by rate_scale. Prompts longer
-//     than max_context_tokens are rejected before any work (field report #14).
+//     than max_context_tokens are rejected before any work (DESIGN.md §13.14).
 //  2. The Scheduler decides (and commits) with the cluster's true prefix index (every cache insert and
 //     eviction is applied as a KV event) and the load the instances report every heartbeat_ms.
 //     Rejected requests end here.
@@ -22,7 +22,7 @@
 //  5. The prefill instance keeps the prompt's new complete blocks in its DRAM cache (LRU), and the
 //     fetched ones too when the Scheduler asked for a hot-prefix replica. In "local" cache mode an
 //     instance can only reuse its own cache (the scheduler is given no remote path).
-//  Partial last blocks are never cached or counted as hits (field report #19).
+//  Partial last blocks are never cached or counted as hits (DESIGN.md §13.19).
 //
 // Determinism: one thread, events ordered by (time, sequence), the random policy seeded from the
 // config: the same inputs give byte-identical records. Memory: per in-flight request plus one record

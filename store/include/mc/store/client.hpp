@@ -19,7 +19,7 @@
 // copy finishes after the lease ended the bytes are discarded and kLeaseExpired is returned, so a
 // caller gets either the exact bytes or an error, never mixed bytes. An absent object is a miss
 // (kObjectNotFound), never data. batch_get additionally requires the object's size to equal the
-// buffer's (a block of another length is a miss: field report #3, step 4).
+// buffer's (a block of another length is a miss: DESIGN.md §13.3, step 4).
 //
 // Writes: put_start reserves replicas (distinct nodes, spread over failure domains), the bytes are
 // written, then put_end makes the object visible; if any write fails the put is revoked. Putting a key
@@ -44,7 +44,7 @@
 //
 // Liveness: a background thread heartbeats the master every heartbeat_ms on its own connection, so an
 // idle but live writer keeps its unfinished puts, and a dead one's are reclaimed after the master's
-// client TTL (field report #7).
+// client TTL (DESIGN.md §13.7).
 //
 // Errors: kUnavailable/kTimeout (master or node unreachable, endpoint named), kObjectNotFound (miss),
 // kObjectBusy, kLeaseExpired, kNoSpace, kInvalidArgument (bad key, size 0, buffer too small).

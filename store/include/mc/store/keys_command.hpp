@@ -1,5 +1,5 @@
 // `mc-store keys`: token ids on an input stream -> the prefix-chained block key (seq hash) of each
-// complete block, one per line as 0x + 16 hex digits (SYSTEM.md §4). For admins asking why a prefix
+// complete block, one per line as 0x + 16 hex digits (DESIGN.md §4). For admins asking why a prefix
 // did not hit: same tokens and namespace give the same keys in every process, on every host.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The mc-store master daemon: MasterCore (master_core.hpp) behind a ZeroMQ ROUTER (rpc.hpp) answering the
-// "store.*" messages of protocol.hpp, plus the KV event publisher (SYSTEM.md §4).
+// "store.*" messages of protocol.hpp, plus the KV event publisher (DESIGN.md §4).
 //
 // KV event stream (PUB socket at `events_endpoint`, topic "kv", frames [topic, BE u64 event_id, KvEvent]):
 //   stored   {seq_hashes:[h], backend_id: segment, medium: cpu|disk}  a replica of block h became readable

@@ -9,14 +9,14 @@
 // call or in tick(), so unit tests drive it with a ManualClock and the daemon calls tick() every ~100 ms.
 // Thread-safety: none; one owner serialises all calls (the master daemon's RPC thread).
 //
-// Object life (field report #7, Mooncake#974 and its fix #993):
+// Object life (DESIGN.md §13.7, Mooncake#974 and its fix #993):
 //   put_start -> processing (invisible; put_id and writer recorded) -> put_end(put_id) -> complete.
 //   put_revoke(put_id), a dead writer, or takeover by another writer after put_takeover_ms discards
 //   the processing replicas; their space is freed only free_delay_ms later (a stale writer may still
 //   be writing into it), and a late put_end from the old put_id is refused with kFailedPrecondition.
 // Leases: get_replicas grants lease_ms; until it ends the object is never evicted, removed or
 // overwritten. A reader that finishes after its lease must discard what it read (client.hpp does).
-// Liveness (field report #5, Mooncake#1914): a node whose heartbeat is older than node_ttl_ms, or that
+// Liveness (DESIGN.md §13.5, Mooncake#1914): a node whose heartbeat is older than node_ttl_ms, or that
 // unmounts, loses every replica on every one of its segments (DRAM and SSD alike) at once; an object
 // whose last complete replica is gone no longer exists, so match_prefix stops at the gap.
 // Errors: kInvalidArgument for bad input (empty or oversized key, size 0 or > max_object_bytes,
@@ -179,7 +179,7 @@ class MasterCore {
   // caller to fill with the bytes it read (replicate_to, then replica_end).
   Result<ReadGrant> get_replicas(const Caller& caller, const std::string& key);
   // Asks for one more replica of each key on a DRAM segment of `host`: the Conductor moves a hot prefix
-  // near the prefill instance that will read it (paper §4 "hot blocks replicated"; SYSTEM.md §3 step 2).
+  // near the prefill instance that will read it (paper §4 "hot blocks replicated"; DESIGN.md §3 step 2).
   // The master moves no bytes: the next get_replicas of that key by a caller on `host` within
   // hot_window_ms is granted replicate_to on a segment of `host` (when one has room), and that reader
   // copies the bytes it has just read, as for hot objects. Keys that are absent or incomplete, that

@@ -149,7 +149,7 @@ class TransferEngine {
   const EngineOptions& options() const;
 
   // Registers [addr, addr+length) whole, or fails: kInvalidArgument (null, zero length, address-space
-  // overflow), kAlreadyExists (overlaps a registered range). Never truncates (field report #10).
+  // overflow), kAlreadyExists (overlaps a registered range). Never truncates (DESIGN.md §13.10).
   Result<RegisteredRegion> register_memory(void* addr, uint64_t length, const std::string& location = "");
   // Removes the registration starting at addr; kNotFound when none.
   Status unregister_memory(void* addr);

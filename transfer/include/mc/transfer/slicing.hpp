@@ -1,6 +1,6 @@
 // Slicing of a request into the units that are sprayed over paths (pure functions, no I/O).
 //
-// Rules (field report #8, kvcache-ai/Mooncake#3981): for length L > 0 and slice size S,
+// Rules (DESIGN.md §13.8, kvcache-ai/Mooncake#3981): for length L > 0 and slice size S,
 //  - without a cap the count is ceil(L / S); every slice is S bytes except the last;
 //  - a tail shorter than min_tail_bytes is folded into the previous slice (only the tail: the other
 //    slices keep size S), so the last slice is at most S + min_tail_bytes - 1 bytes; min_tail_bytes = 0
@@ -9,7 +9,7 @@
 //    align_bytes) and the count is ceil(L / size) (3 MiB, cap 32, align 64 KiB -> 24 x 128 KiB, not 32);
 //  - slices are contiguous, never overlap, never have length 0, and their lengths sum to exactly L;
 //  - L = 0 gives no slices (the request completes at once).
-// All arithmetic is 64-bit: 4 GiB + 16 KiB + 7 B at 16 KiB is 262,146 slices (field report #10).
+// All arithmetic is 64-bit: 4 GiB + 16 KiB + 7 B at 16 KiB is 262,146 slices (DESIGN.md §13.10).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Value types of the transfer engine's public API: operations, requests, per-request status, slices
-// and notifications. All lengths and offsets are 64-bit (field report #10: nothing is truncated to 32 bits).
+// and notifications. All lengths and offsets are 64-bit (DESIGN.md §13.10: nothing is truncated to 32 bits).
 // Thread-safety: plain values.
 #pragma once
 
