@@ -11,6 +11,7 @@ packages=(
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   iproute2 man-db groff-base
+  clang-format clang-tidy
 )
 if [[ "${1:-}" == "--with-bench" ]]; then
   packages+=(redis-server redis-tools)
