@@ -1,4 +1,4 @@
-#include "mc/sched/conductor.hpp"
+#include "mc/conductor/conductor.hpp"
 
 #include <unistd.h>
 
