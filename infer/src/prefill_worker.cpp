@@ -14,7 +14,7 @@
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
-#include "mc/infer/cost_model.hpp"
+#include "mc/model/cost_model.hpp"
 
 namespace mc::infer {
 namespace {
