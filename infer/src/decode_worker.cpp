@@ -1,8 +1,8 @@
 #include "mc/infer/decode_worker.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "client_pool.hpp"
@@ -120,24 +120,6 @@ void DecodeWorker::set_job_reporter(std::function<void(proto::ConductorJobReport
   reporter_ = std::move(reporter);
 }
 
-namespace {
-// "kv/<reservation>/<layer>/<first>-<end>" -> fields; false when malformed.
-bool parse_kv_tag(const std::string& tag, uint64_t& reservation, int64_t& layer, int64_t& first, int64_t& end) {
-  unsigned long long r = 0;
-  long long l = 0, f = 0, e = 0;
-  int consumed = 0;
-  if (std::sscanf(tag.c_str(), "kv/%llu/%lld/%lld-%lld%n", &r, &l, &f, &e, &consumed) != 4 ||
-      consumed != static_cast<int>(tag.size())) {
-    return false;
-  }
-  reservation = r;
-  layer = l;
-  first = f;
-  end = e;
-  return true;
-}
-}  // namespace
-
 void DecodeWorker::on_kv_notification(const transfer::Notification& note) {
   metrics_.counter("mc_decode_kv_notifications_total", "layer-arrival notifications from the transfer engine").inc();
   auto reject = [&](const std::string& why) {
@@ -145,12 +127,14 @@ void DecodeWorker::on_kv_notification(const transfer::Notification& note) {
     MC_LOG_WARN << "decode: KV notification '" << note.tag << "' from " << (note.from.empty() ? "?" : note.from)
                 << " (offset " << note.segment_offset << ", " << note.length << " B) ignored: " << why;
   };
-  uint64_t id = 0;
-  int64_t layer = 0, first = 0, end = 0;
-  if (note.op != transfer::Op::kWrite || !parse_kv_tag(note.tag, id, layer, first, end)) {
+  const std::optional<proto::KvLayerTag> tag =
+      note.op == transfer::Op::kWrite ? proto::KvLayerTag::decode(note.tag) : std::nullopt;
+  if (!tag) {
     reject("not a KV write tag kv/<reservation>/<layer>/<first>-<end>");
     return;
   }
+  const uint64_t id = tag->reservation_id;
+  const int64_t layer = tag->layer, first = tag->first_block, end = tag->end_block;
   std::lock_guard lock(mu_);
   auto it = reservations_.find(id);
   if (it == reservations_.end()) {

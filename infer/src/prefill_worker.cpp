@@ -14,7 +14,7 @@
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
-#include "mc/infer/cost_model.hpp"
+#include "mc/model/cost_model.hpp"
 
 namespace mc::infer {
 namespace {
@@ -230,8 +230,7 @@ Status PrefillWorker::write_layer_engine(const proto::PrefillJobRequest& job, tr
     MC_RETURN_IF_ERROR(ok);
   }
   transfer::TransferRequest last = request(end - 1);
-  last.notify_tag = "kv/" + std::to_string(job.reservation_id) + "/" + std::to_string(layer) + "/" +
-                    std::to_string(first) + "-" + std::to_string(end);
+  last.notify_tag = proto::KvLayerTag{job.reservation_id, layer, first, end}.encode();
   MC_ASSIGN_OR_RETURN(transfer::BatchId batch, engine_->submit(std::span<const transfer::TransferRequest>(&last, 1)));
   auto st = engine_->wait(batch, wait_ms);
   if (!st.is_ok()) return st.status();

@@ -128,49 +128,82 @@ DecodeEstimate Scheduler::predict_decode(const Request& request, const Instance&
 
 Decision Scheduler::decide(const Request& request) {
   const int64_t now = clock_->now_ns();
-  const int64_t B = config_.kv.block_size_tokens;
-  const int64_t timeout_ns = config_.heartbeat_timeout_ms * 1'000'000;
   Decision d;
   d.request_id = request.request_id;
   d.policy = std::string(policy_->name());
   d.decided_at_ns = now;
   ++counters_.decisions;
-  auto reject = [&](RejectReason r, std::string why) {
-    d.accepted = false;
-    d.reject_reason = r;
-    d.reason = std::move(why);
-    ++counters_.rejected[static_cast<size_t>(r)];
-    return d;
-  };
-
-  if (request.input_tokens < 1 || request.output_tokens < 0 ||
-      static_cast<int64_t>(request.block_hashes.size()) * B > request.input_tokens) {
-    return reject(
-        RejectReason::kInvalidRequest,
-        fmt("invalid request '%s': input_tokens %lld, output_tokens %lld, %zu complete-block hashes at "
-            "block size %lld (need input_tokens >= 1 and hashes * block size <= input_tokens)",
-            request.request_id.c_str(), static_cast<long long>(request.input_tokens),
-            static_cast<long long>(request.output_tokens), request.block_hashes.size(), static_cast<long long>(B)));
+  if (std::optional<std::string> why = request_problem(request)) {
+    return reject(d, RejectReason::kInvalidRequest, std::move(*why));
   }
   const double slo_ttft = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
   const double slo_tbt = request.slo_tbt_ms > 0 ? request.slo_tbt_ms : config_.slo.tbt_ms;
 
   // ---- 1. index lookup, once ----
+  const int64_t max_reuse = look_up_prefix(request);
+  d.pool_prefix_tokens = static_cast<int64_t>(lookup_.size()) * config_.kv.block_size_tokens;
+
+  // ---- 2. price every live prefill instance ----
+  price_prefill_instances(request, now, max_reuse);
+  if (estimates_.empty()) {
+    return reject(d, RejectReason::kNoPrefillInstance, "no live prefill instance is registered");
+  }
+
+  // ---- 3. the policy's choice ----
+  choose_prefill(request, d);
+
+  // ---- 6. hot prefix: the longest same-host prefix sits on an overloaded instance ----
+  const PrefillEstimate* holder = mark_hot_prefix(d);
+  const std::string prefill_why = explain_prefill(d, holder);
+
+  // ---- 5a. early rejection on TTFT ----
+  if (config_.slo.early_reject && d.prefill.ttft_ms > slo_ttft) {
+    std::string why =
+        fmt("predicted TTFT %.1f ms exceeds the SLO %.1f ms (best: ", d.prefill.ttft_ms, slo_ttft) + prefill_why + ")";
+    return reject(d, RejectReason::kTtftSlo, std::move(why));
+  }
+
+  // ---- 4. decode choice at the time the prefill finishes ----
+  const int64_t start_ns = now + static_cast<int64_t>(d.prefill.ttft_ms * 1e6);
+  predict_decode_instances(request, now, start_ns, slo_tbt);
+
+  // ---- 5b. early rejection on TBT and KV capacity ----
+  DecodePick pick = pick_decode(request, slo_tbt);
+  if (pick.estimate == nullptr) return reject(d, pick.reject_reason, std::move(pick.why));
+  return accept(d, *pick.estimate, prefill_why);
+}
+
+Decision Scheduler::reject(Decision& d, RejectReason reason, std::string why) {
+  d.accepted = false;
+  d.reject_reason = reason;
+  d.reason = std::move(why);
+  ++counters_.rejected[static_cast<size_t>(reason)];
+  return std::move(d);
+}
+
+std::optional<std::string> Scheduler::request_problem(const Request& request) const {
+  const int64_t B = config_.kv.block_size_tokens;
+  if (request.input_tokens >= 1 && request.output_tokens >= 0 &&
+      static_cast<int64_t>(request.block_hashes.size()) * B <= request.input_tokens) {
+    return std::nullopt;
+  }
+  return fmt(
+      "invalid request '%s': input_tokens %lld, output_tokens %lld, %zu complete-block hashes at "
+      "block size %lld (need input_tokens >= 1 and hashes * block size <= input_tokens)",
+      request.request_id.c_str(), static_cast<long long>(request.input_tokens),
+      static_cast<long long>(request.output_tokens), request.block_hashes.size(), static_cast<long long>(B));
+}
+
+int64_t Scheduler::look_up_prefix(const Request& request) {
+  const int64_t B = config_.kv.block_size_tokens;
   index_.lookup(request.block_hashes, lookup_);
   const auto pool_len = static_cast<int64_t>(lookup_.size());
-  d.pool_prefix_tokens = pool_len * B;
   // At least one token is always prefilled: it produces the first output token.
   const int64_t max_reuse = std::min(pool_len, (request.input_tokens - 1) / B);
 
   // Per block: the best class for a host that holds none of it in memory ("elsewhere"), and the
   // hosts holding it in memory (for which it is same-host).
-  PathClass generic[64];
-  std::vector<PathClass> generic_big;
-  PathClass* gen = generic;
-  if (max_reuse > 64) {
-    generic_big.resize(static_cast<size_t>(max_reuse));
-    gen = generic_big.data();
-  }
+  block_class_scratch_.assign(static_cast<size_t>(max_reuse), PathClass::kRecompute);
   hosts_scratch_.clear();
   for (int64_t i = 0; i < max_reuse; ++i) {
     PathClass best = PathClass::kRecompute;
@@ -186,49 +219,54 @@ Decision Scheduler::decide(const Request& request) {
         }
       }
     }
-    gen[i] = best;
+    block_class_scratch_[static_cast<size_t>(i)] = best;
   }
+  return max_reuse;
+}
 
+Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t host, int64_t max_reuse) const {
+  const int64_t B = config_.kv.block_size_tokens;
   const int64_t block_bytes = config_.kv.block_bytes();
-  auto make_plan = [&](uint32_t host) {
-    HostPlan p;
-    int64_t bytes[kNumTransferClasses] = {0, 0, 0};
-    int64_t count[4] = {0, 0, 0, 0};
-    bool same_host_run = true;
-    p.prefill_ms = prefill_.predict_ms(request.input_tokens, 0);
-    p.cost_ms = p.prefill_ms;
-    for (int64_t k = 1; k <= max_reuse; ++k) {
-      PathClass cls = gen[k - 1];
-      if (host != kUnknownHost && cls == PathClass::kRemote) {
-        for (const Holder& h : lookup_[static_cast<size_t>(k - 1)]) {
-          if (h.medium != Medium::kDisk && index_.backend_host(h.backend) == host) {
-            cls = PathClass::kSameHost;
-            break;
-          }
+  HostPlan p;
+  int64_t bytes[kNumTransferClasses] = {0, 0, 0};
+  int64_t count[4] = {0, 0, 0, 0};
+  bool same_host_run = true;
+  p.prefill_ms = prefill_.predict_ms(request.input_tokens, 0);
+  p.cost_ms = p.prefill_ms;
+  for (int64_t k = 1; k <= max_reuse; ++k) {
+    PathClass cls = block_class_scratch_[static_cast<size_t>(k - 1)];
+    if (host != kUnknownHost && cls == PathClass::kRemote) {
+      for (const Holder& h : lookup_[static_cast<size_t>(k - 1)]) {
+        if (h.medium != Medium::kDisk && index_.backend_host(h.backend) == host) {
+          cls = PathClass::kSameHost;
+          break;
         }
       }
-      if (cls != PathClass::kSameHost) same_host_run = false;
-      if (same_host_run) p.longest_same_host_blocks = k;
-      bytes[static_cast<size_t>(cls)] += block_bytes;
-      ++count[static_cast<size_t>(cls)];
-      double transfer = 0;
-      for (int c = 0; c < kNumTransferClasses; ++c) {
-        transfer += bandwidth_.transfer_ms(static_cast<PathClass>(c), bytes[c]);
-      }
-      double prefill = prefill_.predict_ms(request.input_tokens - k * B, k * B);
-      if (prefill + transfer < p.cost_ms) {
-        p.cost_ms = prefill + transfer;
-        p.prefill_ms = prefill;
-        p.transfer_ms = transfer;
-        p.reused_blocks = k;
-        std::copy(count, count + 4, p.blocks_by_class);
-        p.transfer_bytes = bytes[0] + bytes[1] + bytes[2];
-      }
     }
-    return p;
-  };
+    if (cls != PathClass::kSameHost) same_host_run = false;
+    if (same_host_run) p.longest_same_host_blocks = k;
+    bytes[static_cast<size_t>(cls)] += block_bytes;
+    ++count[static_cast<size_t>(cls)];
+    double transfer = 0;
+    for (int c = 0; c < kNumTransferClasses; ++c) {
+      transfer += bandwidth_.transfer_ms(static_cast<PathClass>(c), bytes[c]);
+    }
+    double prefill = prefill_.predict_ms(request.input_tokens - k * B, k * B);
+    if (prefill + transfer < p.cost_ms) {
+      p.cost_ms = prefill + transfer;
+      p.prefill_ms = prefill;
+      p.transfer_ms = transfer;
+      p.reused_blocks = k;
+      std::copy(count, count + 4, p.blocks_by_class);
+      p.transfer_bytes = bytes[0] + bytes[1] + bytes[2];
+    }
+  }
+  return p;
+}
 
-  // ---- 2. price every live prefill instance ----
+void Scheduler::price_prefill_instances(const Request& request, int64_t now, int64_t max_reuse) {
+  const int64_t timeout_ns = config_.heartbeat_timeout_ms * 1'000'000;
+  const auto pool_len = static_cast<int64_t>(lookup_.size());
   estimates_.clear();
   plans_scratch_.clear();
   std::optional<HostPlan> generic_plan;
@@ -237,14 +275,14 @@ Decision Scheduler::decide(const Request& request) {
     const HostPlan* plan = nullptr;
     bool holds = std::find(hosts_scratch_.begin(), hosts_scratch_.end(), inst->host_index) != hosts_scratch_.end();
     if (!holds) {
-      if (!generic_plan) generic_plan = make_plan(kUnknownHost);
+      if (!generic_plan) generic_plan = plan_for_host(request, kUnknownHost, max_reuse);
       plan = &*generic_plan;
     } else {
       for (const auto& [h, p] : plans_scratch_) {
         if (h == inst->host_index) plan = &p;
       }
       if (plan == nullptr) {
-        plans_scratch_.emplace_back(inst->host_index, make_plan(inst->host_index));
+        plans_scratch_.emplace_back(inst->host_index, plan_for_host(request, inst->host_index, max_reuse));
         plan = &plans_scratch_.back().second;
       }
     }
@@ -262,11 +300,9 @@ Decision Scheduler::decide(const Request& request) {
     e.load_known = inst->load_known;
     estimates_.push_back(std::move(e));
   }
-  if (estimates_.empty()) {
-    return reject(RejectReason::kNoPrefillInstance, "no live prefill instance is registered");
-  }
+}
 
-  // ---- 3. the policy's choice ----
+void Scheduler::choose_prefill(const Request& request, Decision& d) {
   size_t chosen = policy_->choose(request, estimates_);
   if (chosen >= estimates_.size()) chosen = 0;
   d.prefill = estimates_[chosen];
@@ -277,8 +313,9 @@ Decision Scheduler::decide(const Request& request) {
     std::partial_sort_copy(estimates_.begin(), estimates_.end(), d.candidates.begin(), d.candidates.end(),
                            [](const PrefillEstimate& a, const PrefillEstimate& b) { return a.ttft_ms < b.ttft_ms; });
   }
+}
 
-  // ---- 6. hot prefix: the longest same-host prefix sits on an overloaded instance ----
+const PrefillEstimate* Scheduler::mark_hot_prefix(Decision& d) const {
   const PrefillEstimate* holder = nullptr;
   for (const auto& e : estimates_) {
     if (e.longest_same_host_blocks == 0) continue;
@@ -295,8 +332,12 @@ Decision Scheduler::decide(const Request& request) {
                                  d.prefill.blocks_by_class[static_cast<size_t>(PathClass::kSsd)] >
                              0;
   }
+  return holder;
+}
 
-  std::string prefill_why = fmt(
+std::string Scheduler::explain_prefill(const Decision& d, const PrefillEstimate* holder) const {
+  const auto pool_len = static_cast<int64_t>(lookup_.size());
+  return fmt(
       "%s: %s ttft %.1f ms (queue %.1f + prefill %.1f + transfer %.1f; reuse %lld/%lld pool blocks: %lld same_host, "
       "%lld remote, %lld ssd)%s",
       d.policy.c_str(), d.prefill.instance_id.c_str(), d.prefill.ttft_ms, d.prefill.queue_ms, d.prefill.prefill_ms,
@@ -307,29 +348,24 @@ Decision Scheduler::decide(const Request& request) {
                                holder->instance_id.c_str(), holder->queue_ms)
                                .c_str()
                          : "");
+}
 
-  // ---- 5a. early rejection on TTFT ----
-  if (config_.slo.early_reject && d.prefill.ttft_ms > slo_ttft) {
-    d.prefill_id.clear();
-    return reject(
-        RejectReason::kTtftSlo,
-        fmt("predicted TTFT %.1f ms exceeds the SLO %.1f ms (best: ", d.prefill.ttft_ms, slo_ttft) + prefill_why + ")");
-  }
-
-  // ---- 4. decode choice at the time the prefill finishes ----
-  const int64_t start_ns = now + static_cast<int64_t>(d.prefill.ttft_ms * 1e6);
-  const DecodeEstimate* best = nullptr;       // fits and meets TBT
-  const DecodeEstimate* best_fit = nullptr;   // fits KV now
-  const DecodeEstimate* best_ever = nullptr;  // could fit when empty
-  DecodeEstimate closest;                     // smallest TBT among those fitting KV, for the message
+void Scheduler::predict_decode_instances(const Request& request, int64_t now, int64_t start_ns, double slo_tbt) {
+  const int64_t timeout_ns = config_.heartbeat_timeout_ms * 1'000'000;
   decode_scratch_.clear();
   for (const Instance* inst : cluster_.instances(Role::kDecode)) {
     if (now - inst->last_seen_ns > timeout_ns) continue;
     decode_scratch_.push_back(predict_decode(request, *inst, start_ns, slo_tbt));
   }
+}
+
+Scheduler::DecodePick Scheduler::pick_decode(const Request& request, double slo_tbt) const {
   if (decode_scratch_.empty()) {
-    return reject(RejectReason::kNoDecodeInstance, "no live decode instance is registered");
+    return {nullptr, RejectReason::kNoDecodeInstance, "no live decode instance is registered"};
   }
+  const DecodeEstimate* best = nullptr;       // fits and meets TBT
+  const DecodeEstimate* best_fit = nullptr;   // fits KV now
+  const DecodeEstimate* best_ever = nullptr;  // could fit when empty
   for (const auto& de : decode_scratch_) {
     if (de.fits_kv && de.meets_tbt && (best == nullptr || de.tbt_ms < best->tbt_ms)) best = &de;
     if (de.fits_kv && (best_fit == nullptr || de.tbt_ms < best_fit->tbt_ms)) best_fit = &de;
@@ -339,46 +375,46 @@ Decision Scheduler::decide(const Request& request) {
       best_ever = &de;
     }
   }
-  const DecodeEstimate* pick = best;
-  if (pick == nullptr) {
-    if (best_ever == nullptr) {
-      int64_t max_cap = 0;
-      for (const auto& de : decode_scratch_) max_cap = std::max(max_cap, de.kv_capacity_tokens);
-      return reject(RejectReason::kKvCapacity,
-                    fmt("request needs %lld KV tokens (input %lld + output %lld) but the largest decode instance "
-                        "holds %lld",
-                        static_cast<long long>(request.input_tokens + request.output_tokens),
-                        static_cast<long long>(request.input_tokens), static_cast<long long>(request.output_tokens),
-                        static_cast<long long>(max_cap)));
-    }
-    if (config_.slo.early_reject) {
-      if (best_fit == nullptr) {
-        return reject(RejectReason::kKvCapacity,
-                      fmt("no decode instance can reserve %lld KV tokens when the prefill finishes (least loaded: %s "
-                          "at %lld/%lld tokens)",
-                          static_cast<long long>(request.input_tokens + request.output_tokens),
-                          best_ever->instance_id.c_str(), static_cast<long long>(best_ever->kv_reserved_tokens),
-                          static_cast<long long>(best_ever->kv_capacity_tokens)));
-      }
-      return reject(RejectReason::kTbtSlo, fmt("predicted TBT %.1f ms on the best decode instance %s exceeds the "
-                                               "SLO %.1f ms (batch %lld)",
-                                               best_fit->tbt_ms, best_fit->instance_id.c_str(), slo_tbt,
-                                               static_cast<long long>(best_fit->batch_requests)));
-    }
-    pick = best_fit != nullptr ? best_fit : best_ever;
+  if (best != nullptr) return {best, RejectReason::kNone, ""};
+  if (best_ever == nullptr) {
+    int64_t max_cap = 0;
+    for (const auto& de : decode_scratch_) max_cap = std::max(max_cap, de.kv_capacity_tokens);
+    return {nullptr, RejectReason::kKvCapacity,
+            fmt("request needs %lld KV tokens (input %lld + output %lld) but the largest decode instance "
+                "holds %lld",
+                static_cast<long long>(request.input_tokens + request.output_tokens),
+                static_cast<long long>(request.input_tokens), static_cast<long long>(request.output_tokens),
+                static_cast<long long>(max_cap))};
   }
+  if (config_.slo.early_reject) {
+    if (best_fit == nullptr) {
+      return {nullptr, RejectReason::kKvCapacity,
+              fmt("no decode instance can reserve %lld KV tokens when the prefill finishes (least loaded: %s "
+                  "at %lld/%lld tokens)",
+                  static_cast<long long>(request.input_tokens + request.output_tokens), best_ever->instance_id.c_str(),
+                  static_cast<long long>(best_ever->kv_reserved_tokens),
+                  static_cast<long long>(best_ever->kv_capacity_tokens))};
+    }
+    return {nullptr, RejectReason::kTbtSlo,
+            fmt("predicted TBT %.1f ms on the best decode instance %s exceeds the SLO %.1f ms (batch %lld)",
+                best_fit->tbt_ms, best_fit->instance_id.c_str(), slo_tbt,
+                static_cast<long long>(best_fit->batch_requests))};
+  }
+  return {best_fit != nullptr ? best_fit : best_ever, RejectReason::kNone, ""};
+}
 
+Decision Scheduler::accept(Decision& d, const DecodeEstimate& pick, const std::string& prefill_why) {
   d.accepted = true;
   d.prefill_id = d.prefill.instance_id;
-  d.decode = *pick;
-  d.decode_id = pick->instance_id;
-  d.predicted_tbt_ms = pick->tbt_ms;
-  d.hit_tokens = d.prefill.reused_blocks * B;
+  d.decode = pick;
+  d.decode_id = pick.instance_id;
+  d.predicted_tbt_ms = pick.tbt_ms;
+  d.hit_tokens = d.prefill.reused_blocks * config_.kv.block_size_tokens;
   d.reason =
-      prefill_why + fmt("; %s tbt %.1f ms (batch %lld, KV %lld/%lld tokens)%s", d.decode_id.c_str(), pick->tbt_ms,
-                        static_cast<long long>(pick->batch_requests), static_cast<long long>(pick->kv_reserved_tokens),
-                        static_cast<long long>(pick->kv_capacity_tokens),
-                        (pick->fits_kv && pick->meets_tbt) ? "" : " (SLO not met; early rejection is off)");
+      prefill_why + fmt("; %s tbt %.1f ms (batch %lld, KV %lld/%lld tokens)%s", d.decode_id.c_str(), pick.tbt_ms,
+                        static_cast<long long>(pick.batch_requests), static_cast<long long>(pick.kv_reserved_tokens),
+                        static_cast<long long>(pick.kv_capacity_tokens),
+                        (pick.fits_kv && pick.meets_tbt) ? "" : " (SLO not met; early rejection is off)");
   ++counters_.accepted;
   if (d.prefill.reused_blocks > 0) {
     ++counters_.fetch;
@@ -386,7 +422,7 @@ Decision Scheduler::decide(const Request& request) {
     ++counters_.recompute;
   }
   if (d.replicate_prefix) ++counters_.replicate;
-  return d;
+  return std::move(d);
 }
 
 void Scheduler::commit(const Request& request, const Decision& d) {

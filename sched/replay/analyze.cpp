@@ -1,6 +1,6 @@
 #include "mc/replay/analyze.hpp"
 
-#include "format.hpp"
+#include "mc/report/format.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "format.hpp"
 #include "mc/common/cli.hpp"
 #include "mc/common/log.hpp"
+#include "mc/report/format.hpp"
 
 namespace mc::replay {
 

@@ -4,10 +4,10 @@
 #include <chrono>
 #include <iostream>
 
-#include "../replay/format.hpp"  // replay's table printer, shared rather than copied
-#include "mc/infer/cost_model.hpp"
-#include "mc/infer/model_config.hpp"
+#include "mc/model/cost_model.hpp"
+#include "mc/model/model_config.hpp"
 #include "mc/replay/analyze.hpp"
+#include "mc/report/format.hpp"
 
 namespace mc::sim {
 

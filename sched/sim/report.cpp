@@ -2,7 +2,7 @@
 // same table); the simulator adds the instance and cache/compute ledgers.
 #include <ostream>
 
-#include "../replay/format.hpp"  // replay's table printer, shared rather than copied
+#include "mc/report/format.hpp"
 #include "mc/sim/simulator.hpp"
 
 namespace mc::sim {

@@ -1,4 +1,4 @@
-#include "mc/infer/cost_model.hpp"
+#include "mc/model/cost_model.hpp"
 
 #include <gtest/gtest.h>
 

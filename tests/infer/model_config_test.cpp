@@ -1,4 +1,4 @@
-#include "mc/infer/model_config.hpp"
+#include "mc/model/model_config.hpp"
 
 #include <cstdio>
 #include <fstream>

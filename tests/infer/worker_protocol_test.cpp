@@ -168,5 +168,24 @@ TEST(WorkerProtocol, WrongTypesAreMalformed) {
   EXPECT_EQ(r.status().code(), Code::kMalformedMessage);
 }
 
+TEST(WorkerProtocol, KvLayerTagRoundTrip) {
+  const KvLayerTag tag{UINT64_MAX, 79, 0, 8192};
+  EXPECT_EQ(tag.encode(), "kv/18446744073709551615/79/0-8192");
+  EXPECT_EQ(KvLayerTag::decode(tag.encode()), tag);
+  const KvLayerTag small{7, 3, 12, 13};
+  EXPECT_EQ(small.encode(), "kv/7/3/12-13");
+  EXPECT_EQ(KvLayerTag::decode("kv/7/3/12-13"), small);
+  // Negative layers and blocks parse (the decode worker rejects them against the reservation).
+  EXPECT_EQ(KvLayerTag::decode("kv/1/-1/0-1"), (KvLayerTag{1, -1, 0, 1}));
+}
+
+TEST(WorkerProtocol, KvLayerTagRejectsOtherText) {
+  for (const char* bad :
+       {"", "kv/", "kv/1/2/3", "kv/1/2/3-", "kv/1/2/3-4x", "kv/1/2/3-4/", "kv//2/3-4", "kv/1/2-3-4", "kv/-1/2/3-4",
+        "xv/1/2/3-4", "kv/1/2/3_4", "kv/ 1/2/3-4", "kv/18446744073709551616/0/0-1", "kv/1/2/3-4 "}) {
+    EXPECT_EQ(KvLayerTag::decode(bad), std::nullopt) << "'" << bad << "'";
+  }
+}
+
 }  // namespace
 }  // namespace mc::proto

@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/replay/analyze.hpp"
-#include "mc/replay/report.hpp"
+#include "mc/report/report.hpp"
 #include "mc/testkit/process.hpp"
 
 namespace mc::replay {

@@ -22,7 +22,7 @@
 
 #include "mc/common/rpc.hpp"
 #include "mc/replay/conductor_link.hpp"
-#include "mc/replay/report.hpp"
+#include "mc/report/report.hpp"
 #include "mc/testkit/process.hpp"
 
 namespace mc::replay {

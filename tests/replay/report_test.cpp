@@ -1,4 +1,4 @@
-#include "mc/replay/report.hpp"
+#include "mc/report/report.hpp"
 
 #include <gtest/gtest.h>
 

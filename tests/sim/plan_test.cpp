@@ -26,7 +26,7 @@ TEST(Threshold, MatchesThePapersFiguresAtPeakAndFallsWithPrefixLength) {
   auto h = fetch_threshold("llama3-70b", "h800x8", {1000}, 1);
   ASSERT_TRUE(h.is_ok());
   EXPECT_NEAR(h->linear_threshold_at_peak_bytes_per_s, 19e9, 1e9);
-  // An unknown preset is bad input (infer/cost_model.hpp): the tools exit 2.
+  // An unknown preset is bad input (mc/model/cost_model.hpp): the tools exit 2.
   EXPECT_EQ(fetch_threshold("llama3-70b", "b200x8", {1000}, 1).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(fetch_threshold("llama3-70b", "a800x8", {0}, 1).status().code(), Code::kInvalidArgument);
 }

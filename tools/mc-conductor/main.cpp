@@ -3,7 +3,7 @@
 
 #include "mc/common/cli.hpp"
 #include "mc/common/daemon.hpp"
-#include "mc/sched/conductor.hpp"
+#include "mc/conductor/conductor.hpp"
 #include "mc/sched/policy.hpp"
 
 int main(int argc, char** argv) {

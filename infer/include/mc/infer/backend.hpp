@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "mc/common/status.hpp"
-#include "mc/infer/cost_model.hpp"
 #include "mc/infer/kv_buffer.hpp"
-#include "mc/infer/model_config.hpp"
+#include "mc/model/cost_model.hpp"
+#include "mc/model/model_config.hpp"
 
 namespace mc::infer {
 

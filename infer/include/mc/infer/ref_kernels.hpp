@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "mc/infer/model_config.hpp"
+#include "mc/model/model_config.hpp"
 
 namespace mc::infer::ref {
 

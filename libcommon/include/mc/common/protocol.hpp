@@ -16,9 +16,13 @@
 // tests/common/protocol_test.cpp for every new message.
 #pragma once
 
+#include <charconv>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <msgpack.hpp>
@@ -531,8 +535,8 @@ struct StoreNodeReadRequest {
 //      ledger; an error reply means the decode side was told to abort.
 //   3. mc-prefill -> mc-decode: each layer's KV as soon as it is computed. When the decode instance publishes a
 //      transfer-engine segment (DecodeReserveReply::kv_segment, also in WorkerLoadReply), a transfer-engine WRITE
-//      straight into the reserved blocks with notify_tag "kv/<reservation_id>/<layer>/<first block>-<end block>"
-//      (the layer-arrival notification); otherwise, as a fallback, "kv_write" RPCs carrying the bytes. Then
+//      straight into the reserved blocks with notify_tag KvLayerTag ("kv/<reservation_id>/<layer>/<first block>-<end
+//      block>", the layer-arrival notification); otherwise, as a fallback, "kv_write" RPCs carrying the bytes. Then
 //      "kv_commit" (prompt length, first token, ledger) or "decode_abort" on failure.
 //   4. mc-decode -> client endpoint: "token_event" per token (first token included), then "request_done" with
 //      the ledger, or "request_error". A client never gets request_done after an abort.
@@ -623,6 +627,46 @@ struct KvWriteRequest {
   std::vector<uint32_t> block_indexes;
   std::vector<uint8_t> data;  // msgpack bin
   MSGPACK_DEFINE_MAP(reservation_id, layer, block_indexes, data);
+};
+
+// The notify_tag of the transfer-engine WRITE that completes one layer of prompt blocks [first_block, end_block)
+// of a reservation (step 3 above; block numbers are positions in the reservation's block list, as in
+// KvWriteRequest::block_indexes). Text form, all decimal: "kv/<reservation_id>/<layer>/<first_block>-<end_block>".
+// decode() accepts exactly what encode() writes (no other prefix, no missing or trailing text) and checks no
+// ranges: the decode worker checks them against the reservation. Plain value; pure functions.
+struct KvLayerTag {
+  uint64_t reservation_id = 0;
+  int64_t layer = 0;
+  int64_t first_block = 0;
+  int64_t end_block = 0;  // exclusive
+
+  std::string encode() const {
+    return "kv/" + std::to_string(reservation_id) + "/" + std::to_string(layer) + "/" + std::to_string(first_block) +
+           "-" + std::to_string(end_block);
+  }
+  // nullopt when `tag` is not of the form above.
+  static std::optional<KvLayerTag> decode(std::string_view tag) {
+    constexpr std::string_view kPrefix = "kv/";
+    if (!tag.starts_with(kPrefix)) return std::nullopt;
+    const char* p = tag.data() + kPrefix.size();
+    const char* const end = tag.data() + tag.size();
+    KvLayerTag t;
+    // One decimal field, then `sep` (or the end of the tag when sep is 0).
+    auto field = [&](auto& value, char sep) {
+      auto [next, ec] = std::from_chars(p, end, value);
+      if (ec != std::errc() || next == p) return false;
+      p = next;
+      if (sep == 0) return p == end;
+      if (p == end || *p != sep) return false;
+      ++p;
+      return true;
+    };
+    if (!field(t.reservation_id, '/') || !field(t.layer, '/') || !field(t.first_block, '-') || !field(t.end_block, 0)) {
+      return std::nullopt;
+    }
+    return t;
+  }
+  bool operator==(const KvLayerTag&) const = default;
 };
 
 struct KvCommitReply {

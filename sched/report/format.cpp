@@ -1,4 +1,4 @@
-#include "format.hpp"
+#include "mc/report/format.hpp"
 
 #include <algorithm>
 #include <iomanip>

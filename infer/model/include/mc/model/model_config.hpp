@@ -1,4 +1,4 @@
-// mc::infer::ModelConfig: the shape of a LLaMA-architecture decoder model (DESIGN.md §7).
+// mc::infer::ModelConfig (library mc_model): the shape of a LLaMA-architecture decoder model (DESIGN.md §7).
 //
 // A ModelConfig fixes everything that decides KV-cache size and compute cost: layers, hidden size,
 // attention heads, KV heads (grouped-query attention), head dimension, FFN (SwiGLU intermediate)

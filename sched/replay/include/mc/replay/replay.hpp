@@ -33,8 +33,8 @@
 #include "mc/common/status.hpp"
 #include "mc/common/trace.hpp"
 #include "mc/replay/analyze.hpp"
-#include "mc/replay/report.hpp"
 #include "mc/replay/synth.hpp"
+#include "mc/report/report.hpp"
 
 namespace mc::replay {
 

@@ -1,5 +1,7 @@
-// Internal helpers of mc_replay's reports (not a public header): fixed-point text, the aligned table
-// printer with units in the column headers, and the JSON of a Distribution.
+// The text helpers of mc_report's tables, shared by every report of the replay, the simulator and the
+// capacity planner (so that their tables look alike): fixed-point text, the aligned table printer with
+// units in the column headers, the run-configuration header, and the JSON of a Distribution.
+// Thread-safety: pure functions; the printers write only to the stream they are given.
 #pragma once
 
 #include <optional>
@@ -9,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/replay/report.hpp"
+#include "mc/report/report.hpp"
 
 namespace mc::replay::format {
 

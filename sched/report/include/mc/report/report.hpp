@@ -1,6 +1,7 @@
-// Per-request records and the run summary of a trace replay (DESIGN.md §5), shared by the live replay
-// (mc-trace-replay) and the cluster simulator (mc_sim): both fill RequestRecords, write them as JSONL,
-// and summarise them with summarize() into the same table / JSON document.
+// Per-request records and the run summary of a trace replay (DESIGN.md §5; library mc_report, namespace
+// mc::replay), shared by the live replay (mc-trace-replay), the cluster simulator and the capacity planner
+// (mc_sim): all fill RequestRecords, write them as JSONL, and summarise them with summarize() into the
+// same table / JSON document.
 //
 // Definitions (DESIGN.md §5; the paper, Mooncake FAST'25 §2 and §8):
 //   TTFT  submit -> first output token.

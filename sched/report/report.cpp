@@ -1,6 +1,6 @@
-#include "mc/replay/report.hpp"
+#include "mc/report/report.hpp"
 
-#include "format.hpp"
+#include "mc/report/format.hpp"
 
 #include <algorithm>
 #include <cmath>

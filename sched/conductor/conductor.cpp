@@ -1,4 +1,4 @@
-#include "mc/sched/conductor.hpp"
+#include "mc/conductor/conductor.hpp"
 
 #include <unistd.h>
 
@@ -22,8 +22,8 @@
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
 #include "mc/common/rpc.hpp"
-#include "mc/infer/cost_model.hpp"
-#include "mc/infer/model_config.hpp"
+#include "mc/model/cost_model.hpp"
+#include "mc/model/model_config.hpp"
 #include "mc/sched/decision_json.hpp"
 #include "mc/sched/scheduler.hpp"
 

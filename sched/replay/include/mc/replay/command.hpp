@@ -16,7 +16,7 @@
 #include "mc/replay/analyze.hpp"
 #include "mc/replay/conductor_link.hpp"
 #include "mc/replay/replay.hpp"
-#include "mc/replay/report.hpp"
+#include "mc/report/report.hpp"
 
 namespace mc::replay {
 

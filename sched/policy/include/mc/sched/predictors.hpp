@@ -68,7 +68,7 @@ struct DecodeCostPrior {
   double ms_per_context_token = 2.9e-5;  // 327,680 B / (8 * 2 TB/s * 0.7)
 };
 
-// Priors read off a cost model (the compute backends' one, infer/cost_model.hpp), given as functions in ms,
+// Priors read off a cost model (the compute backends' one, mc/model/cost_model.hpp), given as functions in ms,
 // so the Conductor and the simulator start from the same coefficients. prefill_ms(new, cached) must have
 // the predictor's form w0 + w1*n + w2*n*(c + (n+1)/2): evaluated at (1,0), (2,0) and (1,10'000) it gives
 // the three weights exactly. step_ms(batch, context): the per-context-token term from (1,0) and

@@ -1,7 +1,9 @@
-// mc::infer cost model: predicted prefill and decode-step times of a model on a GPU server, as pure functions.
+// mc::infer cost model (library mc_model): predicted prefill and decode-step times of a model on a GPU server,
+// as pure functions.
 //
-// One model serves three users: the `sim` backend sleeps these times, the Conductor (mc_sched) predicts
-// TTFT with them, and the cluster simulator replays traces with them. Keep them pure: no clocks, no state.
+// One model serves three users: the `sim` backend sleeps these times, the Conductor (mc_conductor) sets its
+// predictors' priors with them, and the cluster simulator replays traces with them. Keep them pure: no clocks, no
+// state.
 //
 // GPU presets (whole 8-GPU server, tensor-parallel over 8; figures are NVIDIA datasheet numbers, dense
 // i.e. without 2:4 sparsity):
@@ -41,7 +43,7 @@
 #include <vector>
 
 #include "mc/common/status.hpp"
-#include "mc/infer/model_config.hpp"
+#include "mc/model/model_config.hpp"
 
 namespace mc::infer {
 

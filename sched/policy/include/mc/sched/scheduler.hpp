@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -148,6 +149,39 @@ class Scheduler {
     int64_t decided_at_ns = 0;
     bool first_token_seen = false;
   };
+  // The decision procedure by step (see decide() above); each step reads what the previous one left in the
+  // scratch members below.
+  // The decode instance to take, or why none is (reject_reason, why) when `estimate` is null.
+  struct DecodePick {
+    const DecodeEstimate* estimate = nullptr;  // into decode_scratch_
+    RejectReason reject_reason = RejectReason::kNone;
+    std::string why;
+  };
+  // Marks `d` rejected with `reason` and `why`, counts it, and returns it.
+  Decision reject(Decision& d, RejectReason reason, std::string why);
+  // Validation: why `request` cannot be decided on (kInvalidRequest), nullopt when it can.
+  std::optional<std::string> request_problem(const Request& request) const;
+  // Step 1: looks the request's block hashes up once (lookup_) and fills block_class_scratch_ (each leading
+  // block's cheapest class from a host holding none of it in memory) and hosts_scratch_ (the hosts holding
+  // some of them in memory). Returns how many leading blocks may be reused (one token is always prefilled).
+  int64_t look_up_prefix(const Request& request);
+  // The cheapest "reuse the first k <= max_reuse blocks" plan from `host` (kUnknownHost: a host holding none).
+  HostPlan plan_for_host(const Request& request, uint32_t host, int64_t max_reuse) const;
+  // Step 2: one PrefillEstimate per live prefill instance into estimates_ (plans shared by host).
+  void price_prefill_instances(const Request& request, int64_t now_ns, int64_t max_reuse);
+  // Step 3: the policy's choice among estimates_ into d.prefill (and the logged candidates).
+  void choose_prefill(const Request& request, Decision& d);
+  // Step 6: sets d.best_holder_id and d.replicate_prefix; returns the instance whose host holds the longest
+  // prefix (null when none does).
+  const PrefillEstimate* mark_hot_prefix(Decision& d) const;
+  // The prefill half of the decision's reason: the chosen instance's TTFT breakdown (and the replication).
+  std::string explain_prefill(const Decision& d, const PrefillEstimate* holder) const;
+  // Step 4: every live decode instance at `start_ns`, when the chosen prefill finishes, into decode_scratch_.
+  void predict_decode_instances(const Request& request, int64_t now_ns, int64_t start_ns, double slo_tbt_ms);
+  // Step 5b: the feasible decode instance with the smallest TBT, or (early rejection off) the best that fits.
+  DecodePick pick_decode(const Request& request, double slo_tbt_ms) const;
+  // Marks `d` accepted on `pick` (commit() books it), writes the reason, counts it, and returns it.
+  Decision accept(Decision& d, const DecodeEstimate& pick, const std::string& prefill_why);
   DecodeEstimate predict_decode(const Request& request, const Instance& inst, int64_t start_ns,
                                 double slo_tbt_ms) const;
   void drop_instance_blocks(const Instance& inst);
@@ -165,6 +199,7 @@ class Scheduler {
   std::unordered_map<std::string, InFlight> in_flight_;
   // scratch, reused by decide()
   std::vector<std::span<const Holder>> lookup_;
+  std::vector<PathClass> block_class_scratch_;
   std::vector<PrefillEstimate> estimates_;
   std::vector<uint32_t> hosts_scratch_;
   std::vector<std::pair<uint32_t, HostPlan>> plans_scratch_;

@@ -50,7 +50,7 @@ struct ConductorOptions {
 };
 
 // Sets the prefill and decode priors (and kv_bytes_per_token when it is <= 0) from the backend's GPU
-// cost model (infer/cost_model.hpp): `model_spec` a preset or JSON file, `gpu_name` a GPU preset.
+// cost model (mc/model/cost_model.hpp): `model_spec` a preset or JSON file, `gpu_name` a GPU preset.
 // kNotFound names the known presets.
 Status apply_cost_model(ConductorOptions& options, const std::string& model_spec, const std::string& gpu_name);
 

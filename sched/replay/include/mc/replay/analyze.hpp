@@ -31,7 +31,7 @@
 
 #include "mc/common/status.hpp"
 #include "mc/common/trace.hpp"
-#include "mc/replay/report.hpp"
+#include "mc/report/report.hpp"
 
 namespace mc::replay {
 

@@ -43,7 +43,7 @@
 
 #include "mc/common/status.hpp"
 #include "mc/common/trace.hpp"
-#include "mc/replay/report.hpp"
+#include "mc/report/report.hpp"
 #include "mc/sim/cluster_config.hpp"
 #include "mc/sim/cost_model.hpp"
 
