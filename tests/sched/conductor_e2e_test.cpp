@@ -125,14 +125,16 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   auto client = rpc::RpcClient::connect(endpoint);
   ASSERT_TRUE(client.is_ok()) << client.status().to_string();
   rpc::RpcClient& c = **client;
-  ASSERT_TRUE(c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock}).is_ok());
+  // The workers do not tell their key namespace (empty digest, chain seed 0).
   ASSERT_TRUE(
-      c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock}).is_ok());
-  auto reg = c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 100'000, kBlock});
+      c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock, "", 0}).is_ok());
+  ASSERT_TRUE(c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock, "", 0})
+                  .is_ok());
+  auto reg = c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 100'000, kBlock, "", 0});
   ASSERT_TRUE(reg.is_ok()) << reg.status().to_string();
   EXPECT_EQ(reg->block_size_tokens, kBlock);
   // A worker with another block size is refused, naming both sizes.
-  auto bad = c.call(proto::ConductorRegisterRequest{"PX", "prefill", "h9", p0.endpoint(), "", 0, 512});
+  auto bad = c.call(proto::ConductorRegisterRequest{"PX", "prefill", "h9", p0.endpoint(), "", 0, 512, "", 0});
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
 
   // P1's own cache holds the first 3 blocks of prompt X: publish until the index has them (a
