@@ -1,5 +1,8 @@
 # mc_add_test(NAME name SOURCES a.cpp ... LIBS lib ... LABELS unit|e2e|rdma|cuda [TIMEOUT s])
-# One GoogleTest executable registered with ctest through gtest_discover_tests, labelled.
+# One GoogleTest executable registered with ctest through gtest_discover_tests, labelled by what it does:
+#   unit  in-process only (may use loopback sockets and threads; starts no binary)
+#   e2e   starts one of the project's binaries (or a script that does); add_dependencies on what it starts
+#   rdma  needs an RDMA device (skips with the reason elsewhere); cuda: needs a GPU
 find_package(GTest REQUIRED)
 include(GoogleTest)
 # mc_test_pch: one precompiled header (GoogleTest, msgpack, ZeroMQ, JSON, CLI11) shared by every test

@@ -19,6 +19,7 @@
 
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc {
 namespace {
@@ -73,15 +74,13 @@ class ClientEndpoint {
   std::string endpoint() const { return server_->endpoints().front(); }
   // Waits (bounded) until the request ended (done or error).
   Stream wait(const std::string& id, int timeout_ms = 20000) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      {
-        std::lock_guard lock(mu_);
-        auto it = streams_.find(id);
-        if (it != streams_.end() && (it->second.done || it->second.error)) return it->second;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    testkit::wait_until(
+        [&] {
+          std::lock_guard lock(mu_);
+          auto it = streams_.find(id);
+          return it != streams_.end() && (it->second.done || it->second.error);
+        },
+        timeout_ms, 5);
     std::lock_guard lock(mu_);
     return streams_[id];
   }
@@ -360,12 +359,13 @@ TEST(InferE2E, DecodeSendsJobReportsToTheConductor) {
   RequestRun bad = run_request(*d, dep, *p, client, "rep-bad", prompt, 6, /*fail_after_layers=*/1);
   ASSERT_FALSE(bad.job);
   std::map<std::string, proto::ConductorJobReportRequest> by_phase;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline && by_phase.size() < 3) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    std::lock_guard lock(mu);
-    for (const auto& r : reports) by_phase[r.request_id + "/" + r.phase] = r;
-  }
+  testkit::wait_until(
+      [&] {
+        std::lock_guard lock(mu);
+        for (const auto& r : reports) by_phase[r.request_id + "/" + r.phase] = r;
+        return by_phase.size() >= 3;
+      },
+      10'000, 20);
   ASSERT_EQ(by_phase.size(), 3u);
   const auto& first = by_phase["rep-ok/first_token"];
   const auto& done = by_phase["rep-ok/done"];

@@ -31,12 +31,12 @@
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc::sched {
 namespace {
 
 using json = nlohmann::json;
-using namespace std::chrono_literals;
 
 // The cluster runs 2x faster than the hardware it models: phase (r)'s long job then keeps the holder busy
 // for about 4.5 s of wall time, far longer than a sanitizer build on a loaded machine takes to send the
@@ -133,14 +133,12 @@ class ClusterE2E : public ::testing::Test {
                                                     "-c",
                                                     cmd},
                            s_.path("cluster.out"), s_.path("cluster.err"));
-    const auto deadline = std::chrono::steady_clock::now() + 180s;
-    while (!std::filesystem::exists(s_.path("state"))) {
-      ASSERT_EQ(cluster_->wait_exit(0), -1) << "local-cluster.sh exited before the cluster was up:\n"
-                                            << slurp(s_.path("cluster.err"));
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "cluster not up in 180 s:\n"
-                                                            << slurp(s_.path("cluster.err"));
-      std::this_thread::sleep_for(100ms);
-    }
+    bool exited = false;
+    const bool up = testkit::wait_until(
+        [&] { return std::filesystem::exists(s_.path("state")) || (exited = cluster_->wait_exit(0) != -1); }, 180'000,
+        100);
+    ASSERT_FALSE(exited) << "local-cluster.sh exited before the cluster was up:\n" << slurp(s_.path("cluster.err"));
+    ASSERT_TRUE(up) << "cluster not up in 180 s:\n" << slurp(s_.path("cluster.err"));
     std::string state = slurp(s_.path("state"));
     state.erase(state.find_last_not_of("\n ") + 1);
     std::istringstream lines(slurp(state + "/cluster.txt"));
@@ -184,24 +182,24 @@ class ClusterE2E : public ::testing::Test {
   }
   // Polls the Conductor until its prefix index holds at least `entries` (block, holder) pairs.
   bool wait_index(int64_t entries, json* last) {
-    for (int i = 0; i < 300; ++i) {
-      *last = conductor_status();
-      if ((*last)["index"].value("holder_entries", int64_t{0}) >= entries) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
+    return testkit::wait_until(
+        [&] {
+          *last = conductor_status();
+          return (*last)["index"].value("holder_entries", int64_t{0}) >= entries;
+        },
+        40'000, 100);
   }
   // Polls the Conductor until nothing is queued or dispatching: a replay ends at the last token, and the
   // prefill's job reply (which ends its queue entry) comes after it stored the new blocks.
   bool wait_idle(json* last) {
-    for (int i = 0; i < 300; ++i) {
-      *last = conductor_status();
-      bool idle = last->value("requests_dispatching", 1) == 0;
-      for (const json& inst : (*last)["instances"]) idle = idle && inst.value("queue_ms", 0.0) == 0.0;
-      if (idle) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
+    return testkit::wait_until(
+        [&] {
+          *last = conductor_status();
+          bool idle = last->value("requests_dispatching", 1) == 0;
+          for (const json& inst : (*last)["instances"]) idle = idle && inst.value("queue_ms", 0.0) == 0.0;
+          return idle;
+        },
+        40'000, 100);
   }
   // The store's objects of the KV namespace, key -> segments of its complete replicas.
   std::map<std::string, std::vector<std::string>> store_objects() {
@@ -323,11 +321,13 @@ TEST_F(ClusterE2E, PlacementFollowsLoadCacheHostsAndCapacity) {
   // The copies are made by the reads of the instances they were marked for: every marked block now has a
   // replica on each node (P's 16 among them).
   int copied = 0;
-  for (int i = 0; i < 100 && copied < marked; ++i) {
-    copied = 0;
-    for (const auto& [key, segs] : store_objects()) copied += segs.size() == 2 ? 1 : 0;
-    if (copied < marked) std::this_thread::sleep_for(100ms);
-  }
+  testkit::wait_until(
+      [&] {
+        copied = 0;
+        for (const auto& [key, segs] : store_objects()) copied += segs.size() == 2 ? 1 : 0;
+        return copied >= marked;
+      },
+      15'000, 100);
   EXPECT_EQ(copied, marked) << why("r");
   // ... and the Conductor's index has them: blocks of (a) 16, P 16, (b) 1, (r) 60 + 1, and the copies.
   EXPECT_TRUE(wait_index(16 + 16 + 1 + 60 + 1 + static_cast<int64_t>(marked), &idx)) << idx.dump();

@@ -24,6 +24,7 @@
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc {
 namespace {
@@ -124,14 +125,16 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   auto client = rpc::RpcClient::connect(endpoint);
   ASSERT_TRUE(client.is_ok()) << client.status().to_string();
   rpc::RpcClient& c = **client;
-  ASSERT_TRUE(c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock}).is_ok());
+  // The workers do not tell their key namespace (empty digest, chain seed 0).
   ASSERT_TRUE(
-      c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock}).is_ok());
-  auto reg = c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 100'000, kBlock});
+      c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock, "", 0}).is_ok());
+  ASSERT_TRUE(c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock, "", 0})
+                  .is_ok());
+  auto reg = c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 100'000, kBlock, "", 0});
   ASSERT_TRUE(reg.is_ok()) << reg.status().to_string();
   EXPECT_EQ(reg->block_size_tokens, kBlock);
   // A worker with another block size is refused, naming both sizes.
-  auto bad = c.call(proto::ConductorRegisterRequest{"PX", "prefill", "h9", p0.endpoint(), "", 0, 512});
+  auto bad = c.call(proto::ConductorRegisterRequest{"PX", "prefill", "h9", p0.endpoint(), "", 0, 512, "", 0});
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
 
   // P1's own cache holds the first 3 blocks of prompt X: publish until the index has them (a
@@ -141,17 +144,19 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   const std::vector<uint32_t> x = prompt(1, 4 * kBlock + 5);
   const std::vector<uint64_t> keys = seq_hashes(x, ns);
   ASSERT_EQ(keys.size(), 4u);
-  bool indexed = false;
-  for (int i = 0; i < 200 && !indexed; ++i) {
-    proto::KvEvent e;
-    e.type = proto::kKvEventStored;
-    e.seq_hashes = {keys[0], keys[1], keys[2]};
-    e.backend_id = "gpu-P1";
-    e.medium = "gpu";
-    ASSERT_TRUE((*pub)->publish(e).is_ok());
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    indexed = status(c)["index"]["blocks"] == 3;
-  }
+  proto::KvEvent e;
+  e.type = proto::kKvEventStored;
+  e.seq_hashes = {keys[0], keys[1], keys[2]};
+  e.backend_id = "gpu-P1";
+  e.medium = "gpu";
+  Status published;
+  const bool indexed = testkit::wait_until(
+      [&] {
+        published = (*pub)->publish(e);
+        return !published.is_ok() || status(c)["index"]["blocks"] == 3;
+      },
+      4000, 20);
+  ASSERT_TRUE(published.is_ok()) << published.to_string();
   ASSERT_TRUE(indexed) << "the Conductor never indexed the published blocks";
 
   auto submit = [&](const std::string& id, const std::vector<uint32_t>& tokens, int64_t output) {
@@ -205,7 +210,7 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
 
   // The workers saw exactly the accepted requests.
   auto wait_jobs = [&](FakeWorker& w, size_t n) {
-    for (int i = 0; i < 200 && w.jobs().size() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    testkit::wait_until([&] { return w.jobs().size() >= n; }, 2000);
     return w.jobs();
   };
   std::vector<proto::PrefillJobRequest> j1 = wait_jobs(p1, 1);
@@ -218,9 +223,7 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   EXPECT_EQ(j1[0].reservation_id, 1u);
   // prefill_job is sent right after the submit is answered: wait for all five.
   size_t jobs_total = 0;
-  for (int i = 0; i < 300 && (jobs_total = p0.jobs().size() + p1.jobs().size()) < 5; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  testkit::wait_until([&] { return (jobs_total = p0.jobs().size() + p1.jobs().size()) >= 5; }, 3000);
   EXPECT_EQ(jobs_total, 5u);
   for (auto* w : {&p0, &p1}) {
     for (const auto& j : w->jobs()) {

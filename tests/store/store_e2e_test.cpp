@@ -25,6 +25,7 @@
 #include "mc/common/rpc.hpp"
 #include "mc/store/client.hpp"
 #include "mc/testkit/process.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc::store {
 namespace {
@@ -132,17 +133,6 @@ class StoreE2E : public ::testing::Test {
     auto r = raw()->call(proto::StoreStatRequest{});
     EXPECT_TRUE(r.is_ok());
     return r.value_or(proto::StoreStatReply{});
-  }
-  // Polls cond every 50 ms up to timeout_ms; returns elapsed ms or -1.
-  template <typename F>
-  int64_t wait_for(F cond, int64_t timeout_ms) {
-    auto t0 = std::chrono::steady_clock::now();
-    while (true) {
-      int64_t el = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-      if (cond()) return el;
-      if (el > timeout_ms) return -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
   }
   void TearDown() override {
     nodes_.clear();
@@ -379,8 +369,8 @@ TEST_F(StoreE2E, KilledNodeLeavesWithin3sAndMatchPrefixStopsAtTheGap) {
     }
     return false;
   };
-  int64_t ms = wait_for([&] { return !names_n2(); }, 3000);
-  ASSERT_GE(ms, 0) << "a replica on the killed node was still returned after 3 s";
+  ASSERT_TRUE(testkit::wait_until([&] { return !names_n2(); }, 3000, 50))
+      << "a replica on the killed node was still returned after 3 s";
   EXPECT_EQ(c->match_prefix(chain).value_or(99), 2u);
   std::vector<std::byte> buf(8192);
   auto t0 = std::chrono::steady_clock::now();
@@ -424,6 +414,8 @@ TEST_F(StoreE2E, StaleWriterIsTakenOverAndItsLatePutEndRefused) {
   Status early = c2->put("K", data2);
   EXPECT_EQ(early.code(), Code::kObjectBusy) << early.to_string();  // step 3: retryable
   EXPECT_TRUE(early.is_retryable());
+  // C1's put must grow older than --put-takeover-ms (1500) before another writer may take the key over:
+  // waiting out that period is what this step tests, so it is a sleep, not a wait on a condition.
   std::this_thread::sleep_for(std::chrono::milliseconds(1600));
   ASSERT_TRUE(c2->put("K", data2).is_ok());  // step 4
   proto::StorePutEndRequest late{"C1", {"K"}, {g1->items[0].put_id}};
@@ -432,7 +424,7 @@ TEST_F(StoreE2E, StaleWriterIsTakenOverAndItsLatePutEndRefused) {
   EXPECT_EQ(le->codes[0], static_cast<uint16_t>(Code::kFailedPrecondition));  // step 5
   ASSERT_TRUE(c2->get("K", buf).is_ok());
   EXPECT_EQ(buf, data2);
-  EXPECT_GE(wait_for([&] { return used() == used0 + 65536; }, 3000), 0) << "C1's range was not released";
+  EXPECT_TRUE(testkit::wait_until([&] { return used() == used0 + 65536; }, 3000, 50)) << "C1's range was not released";
 }
 
 // The master is the transfer engine's segment directory: nodes publish their descriptor before mounting,
@@ -494,8 +486,10 @@ TEST_F(StoreE2E, ClientHeartbeatKeepsAnIdleWriterAndADeadOnesPutIsReclaimed) {
   };
   uint64_t live_put = start("live", "L");  // the live client's put, finished much later
   uint64_t dead_put = start("dead", "D");  // a writer that never heartbeats again
-  ASSERT_GE(wait_for([&] { return stat().reclaimed_puts >= 1; }, 3000), 0) << "the dead writer's put was not reclaimed";
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // more than one TTL of idleness
+  ASSERT_TRUE(testkit::wait_until([&] { return stat().reclaimed_puts >= 1; }, 3000, 50))
+      << "the dead writer's put was not reclaimed";
+  // The point of the test: the live writer stays idle for more than one client TTL (600 ms) and keeps its put.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
   auto st = stat();
   EXPECT_EQ(st.reclaimed_puts, 1u);
   EXPECT_EQ(st.processing, 1u);  // L is still being written
@@ -508,7 +502,7 @@ TEST_F(StoreE2E, ClientHeartbeatKeepsAnIdleWriterAndADeadOnesPutIsReclaimed) {
   EXPECT_TRUE(live->exists({"L"}).value().at(0));
   // Once the client is gone its heartbeats stop, and the master forgets it.
   live.reset();
-  EXPECT_GE(wait_for([&] { return stat().clients == 0; }, 3000), 0);
+  EXPECT_TRUE(testkit::wait_until([&] { return stat().clients == 0; }, 3000, 50));
 }
 
 TEST_F(StoreE2E, EvictionUnderPressureNeverTouchesAnObjectBeingRead) {
@@ -541,7 +535,7 @@ TEST_F(StoreE2E, DramVictimsAreDemotedToSsdAndReadBack) {
     Status s = c->put("d/" + std::to_string(i), blobs.back());
     ASSERT_TRUE(s.is_ok()) << i << ": " << s.to_string();
   }
-  ASSERT_GE(wait_for([&] { return stat().demotions > 0; }, 3000), 0) << "no demotion happened";
+  ASSERT_TRUE(testkit::wait_until([&] { return stat().demotions > 0; }, 3000, 50)) << "no demotion happened";
   auto ls = c->ls("d/");
   int on_disk = 0;
   for (const auto& o : ls->objects) {
@@ -631,7 +625,18 @@ TEST_F(StoreE2E, BadInputGetsErrorsAndTheMasterKeepsServing) {
        codec::pack(proto::StoreStatRequest{}));
   send(codec::pack(proto::Header{proto::kProtocolVersion, "store.nope", 3}), "");
   send("\xc1garbage", "x");
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The master handles one peer's frames in order: once it answers a well-formed call sent after the bad
+  // frames, it has handled them (bounded by the socket's receive timeout).
+  send(codec::pack(proto::Header{proto::kProtocolVersion, "store.stat", 4}), codec::pack(proto::StoreStatRequest{}));
+  s.set(zmq::sockopt::rcvtimeo, 5000);
+  bool answered = false;
+  while (!answered) {
+    std::vector<zmq::message_t> frames;
+    if (!zmq::recv_multipart(s, std::back_inserter(frames)) || frames.empty()) break;  // timed out
+    auto h = codec::unpack<proto::Header>(frames[0].to_string_view(), "reply header");
+    answered = h.is_ok() && h->id == 4;
+  }
+  ASSERT_TRUE(answered) << "the master did not answer a call sent after the bad frames within 5 s";
   // Still serving, and nothing was stored by the bad calls.
   auto st = r->call(proto::StoreStatRequest{});
   ASSERT_TRUE(st.is_ok()) << st.status().to_string();
@@ -646,7 +651,9 @@ TEST_F(StoreE2E, KvEventsAndAdminCliJson) {
   start_master({"--lease-ms", "100"});
   start_node("n1", "16MiB");
   auto sub = rpc::EventSubscriber::connect(events_).value();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // PUB/SUB join
+  // PUB/SUB join: ZeroMQ tells neither end when a subscription has reached the publisher, so there is no
+  // condition to wait on; events published before it are dropped (and the test would miss the first).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   KeyNamespace ns;
   ns.model_id = "m";
   std::string k0 = block_store_key(ns, 0x1111), k1 = block_store_key(ns, 0x2222);
@@ -677,7 +684,13 @@ TEST_F(StoreE2E, KvEventsAndAdminCliJson) {
   EXPECT_EQ(sj["misses"], 1) << "the absent key";
   EXPECT_EQ(sj["segments"][0]["medium"], "cpu");
   EXPECT_GE(sj["segments"][0]["used_bytes"].get<uint64_t>(), 200000u);
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  // The get leased k0 for --lease-ms (100); rm refuses a leased object.
+  auto leased = [&] {
+    uint64_t n = 0;
+    for (const auto& seg : stat().segments) n += seg.leased_objects;
+    return n;
+  };
+  ASSERT_TRUE(testkit::wait_until([&] { return leased() == 0; }, 3000, 20)) << "k0's lease never ended";
   EXPECT_EQ(run_tool({"rm", "--master", endpoint_, k0}).first, 0);
   // Events: stored k0, stored k1, removed k0, with consecutive ids.
   std::vector<proto::KvEvent> got;
@@ -696,6 +709,8 @@ TEST_F(StoreE2E, KvEventsAndAdminCliJson) {
   // watch prints the same stream as JSONL.
   std::pair<int, std::string> watched;
   std::thread th([&] { watched = run_tool({"watch", "--events", events_, "--count", "1", "--timeout-ms", "3000"}); });
+  // The watch process's subscription has to reach the publisher before the put (PUB/SUB join, see above):
+  // nothing observable says when, so this is a sleep.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(run_tool({"put", "--master", endpoint_, block_store_key(ns, 0x3333), file}).first, 0);
   th.join();

@@ -9,9 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/testkit/process.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc::transfer::testing {
-using namespace mc::testkit;  // NOLINT: Child, run, ready_field
+using namespace mc::testkit;  // NOLINT: Child, run, ready_field, wait_until
 namespace {
 
 const std::string kXfer = MC_BINARY_DIR "/bin/mc-xfer";
@@ -54,24 +55,29 @@ struct TwoLinkNetns {
     sh("ip netns del " + b);
   }
   bool link(int i, bool up) { return sh("ip -n " + a + " link set " + va[i] + (up ? " up" : " down")); }
-  // Bytes received so far on the client side of link i.
-  uint64_t rx_bytes(int i) {
+  // The first line of /sys/class/net/<client side of link i>/<file>, read inside namespace a ("" when
+  // unreadable).
+  std::string client_sys(int i, const std::string& file) {
     std::string out;
-    FILE* p = popen(("ip netns exec " + a + " cat /sys/class/net/" + va[i] + "/statistics/rx_bytes").c_str(), "r");
-    if (p == nullptr) return 0;
+    FILE* p = popen(("ip netns exec " + a + " cat /sys/class/net/" + va[i] + "/" + file).c_str(), "r");
+    if (p == nullptr) return out;
     char buf[64] = {0};
     if (fgets(buf, sizeof buf, p) != nullptr) out = buf;
     pclose(p);
+    return out;
+  }
+  // Bytes received so far on the client side of link i.
+  uint64_t rx_bytes(int i) {
+    const std::string out = client_sys(i, "statistics/rx_bytes");
     return out.empty() ? 0 : std::stoull(out);
   }
   // Waits (bounded) until link i has carried at least `bytes` more than `base`.
   bool wait_rx(int i, uint64_t base, uint64_t bytes, int64_t timeout_ms) {
-    const int64_t end = mono_ms() + timeout_ms;
-    while (mono_ms() < end) {
-      if (rx_bytes(i) >= base + bytes) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+    return wait_until([&] { return rx_bytes(i) >= base + bytes; }, timeout_ms, 20);
+  }
+  // Waits (bounded) until the client side of link i reports operstate "up" (carrier back after link(i, true)).
+  bool wait_up(int i, int64_t timeout_ms) {
+    return wait_until([&] { return client_sys(i, "operstate").rfind("up", 0) == 0; }, timeout_ms, 20);
   }
 
   std::string a, b, va[2], vb[2], error;
@@ -116,7 +122,7 @@ TEST(XferFailover, OneLinkDownCompletesBothDownFails) {
   // 2. Both links down in the middle: fails within its timeout with the reason.
   {
     ASSERT_TRUE(net.link(1, true));
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ASSERT_TRUE(net.wait_up(1, 5000)) << "link 2 did not come back up";
     Child client({"ip", "netns", "exec", net.a, kXfer, "read", "--target", seg, "--length", "256MiB", "--transport",
                   "tcp", "--timeout-ms", "20000", "--json"});
     ASSERT_TRUE(net.wait_rx(0, net.rx_bytes(0), 8u << 20, 30000)) << "the transfer did not start";

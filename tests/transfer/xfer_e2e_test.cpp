@@ -4,14 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "mc/testkit/json.hpp"
 #include "mc/testkit/process.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc::transfer::testing {
-using namespace mc::testkit;  // NOLINT: Child, run, ready_field, parse_json
+using namespace mc::testkit;  // NOLINT: Child, run, ready_field, parse_json, wait_until
 namespace {
 
 const std::string kXfer = MC_BINARY_DIR "/bin/mc-xfer";
@@ -28,6 +30,17 @@ struct Server {
   std::string line;
   std::string segment;
 };
+
+// Bytes process `pid` has passed to read()/readv() so far (rchar of /proc/PID/io; 0 when unreadable).
+uint64_t read_chars(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/io");
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
 
 class XferE2E : public ::testing::TestWithParam<std::string> {};
 
@@ -111,7 +124,10 @@ TEST(XferE2EKill, ServerKilledMidTransferClientFailsCleanly) {
   ASSERT_FALSE(s.segment.empty()) << s.line;
   Child bench({kXfer, "bench", "--target", s.segment, "--transport", "tcp", "--block", "4MiB", "--duration", "30",
                "--timeout-ms", "20000", "--json"});
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Mid-transfer: once the client has read 16 MiB from its sockets (the tcp transport reads data with readv,
+  // which /proc/PID/io counts in rchar; the warm-up alone reads the whole 256 MiB).
+  ASSERT_TRUE(wait_until([&] { return read_chars(bench.pid()) >= (16u << 20); }, 20000))
+      << "the bench did not start transferring";
   s.child->kill_now(SIGKILL, 1000);
   const int64_t t0 = mono_ms();
   std::string out;

@@ -17,6 +17,7 @@
 #include "mc/common/log.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/transport.hpp"
+#include "notifier.hpp"
 #include "rdma/rdma.hpp"
 #include "shm/transport.hpp"
 #include "tcp/net.hpp"
@@ -38,31 +39,9 @@ bool is_request_fault(Code c) {
          c == Code::kMessageTooLarge || c == Code::kNotFound;
 }
 
-class PeerDirectory final : public SegmentDirectory {
- public:
-  Result<proto::SegmentDescriptor> lookup(const std::string& name, int64_t timeout_ms) override {
-    auto aux = tcp::control_call("tcp://" + name, "", tcp::WireOp::kDescribe, "", timeout_ms);
-    if (!aux.is_ok()) {
-      return Status(aux.status().code() == Code::kInvalidArgument ? Code::kInvalidArgument : Code::kUnavailable,
-                    "segment " + name + ": cannot fetch its descriptor from the peer: " + aux.status().message() +
-                        " (is `mc-xfer serve` or the owning process running there?)");
-    }
-    MC_ASSIGN_OR_RETURN(proto::SegmentDescriptor d,
-                        codec::unpack<proto::SegmentDescriptor>(aux.value(), "descriptor of segment " + name));
-    return d;
-  }
-  Status publish(const proto::SegmentDescriptor&) override { return Status::ok(); }
-};
-
-}  // namespace
-
-std::shared_ptr<SegmentDirectory> make_peer_directory() { return std::make_shared<PeerDirectory>(); }
-
 // ------------------------------------------------------------------------------------------------
 // Internal state
 // ------------------------------------------------------------------------------------------------
-
-namespace {
 
 struct LocalRegion {
   char* addr = nullptr;
@@ -149,9 +128,10 @@ class UnavailableTransport final : public Transport {
 
 class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
  public:
-  explicit Impl(EngineOptions options) : options_(std::move(options)) {
-    clock_ = options_.clock != nullptr ? options_.clock : &RealClock::instance();
-  }
+  explicit Impl(EngineOptions options)
+      : options_(std::move(options)),
+        clock_(options_.clock != nullptr ? options_.clock : &RealClock::instance()),
+        sender_(*clock_, options_.connect_timeout_ms, options_.idle_connection_ms) {}
 
   ~Impl() override { shutdown(); }
 
@@ -403,24 +383,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     }
     return rdma_->accept(packed);
   }
-  Status notify(const std::string& packed) override {
-    MC_ASSIGN_OR_RETURN(proto::TransferNotification n,
-                        codec::unpack<proto::TransferNotification>(packed, "transfer notification"));
-    notifications_received_++;
-    Notification out{n.tag, n.from, n.op == 1 ? Op::kRead : Op::kWrite, n.segment_offset, n.length_bytes};
-    std::function<void(const Notification&)> handler;
-    {
-      std::lock_guard<std::mutex> lk(notes_mu_);
-      handler = note_handler_;
-      if (!handler) {
-        notes_.push_back(std::move(out));
-        notes_cv_.notify_all();
-        return Status::ok();
-      }
-    }
-    handler(out);
-    return Status::ok();
-  }
+  Status notify(const std::string& packed) override { return inbox_.deliver(packed); }
 
   // ---------------------------------------------------------------------------------------------
   // Segments
@@ -783,157 +746,53 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   // Notifications (initiator side) and maintenance
   // ---------------------------------------------------------------------------------------------
 
-  // Initiator side of notifications. One thread serves the queue in order, over one persistent connection
-  // per target endpoint (notify_conns_, this thread only): a run of queued notifications to one peer goes out
-  // as one send and its replies are read in order, instead of a connection (handshake, thread on the target,
-  // teardown) per notification. A request is queued here only once every slice was acknowledged by the
-  // target (its bytes landed), so a notification never arrives before the bytes it announces, and per peer
-  // notifications arrive in the order their requests completed.
-  struct NotifyJob {
-    ReqState* r = nullptr;
-    std::string packed;                  // proto::TransferNotification
-    std::vector<std::string> endpoints;  // the target segment's, tried in order
-    Status st;
-  };
-  struct NotifyConn {
-    tcp::Fd fd;
-    int64_t last_used_ns = 0;
-    bool reused = false;  // has carried a run before (so it may have gone stale since)
-  };
-  static constexpr size_t kMaxNotifyRun = 256;         // notifications sent back to back on one connection
-  static constexpr size_t kMaxNotifyConnections = 64;  // pooled peers; the least recently used goes first
-
+  // Initiator side of notifications (notifier.hpp). This thread takes the queued requests in order, in runs of
+  // at most NotificationSender::kMaxRun, and hands them to the sender (one persistent connection per target
+  // endpoint). A request is queued here only once every slice was acknowledged by the target (its bytes
+  // landed), so a notification never arrives before the bytes it announces, and per peer notifications
+  // arrive in the order their requests completed.
   void notifier_loop() {
     const auto idle_check = std::chrono::milliseconds(std::clamp<int64_t>(options_.idle_connection_ms / 2, 10, 1000));
     for (;;) {
-      std::vector<NotifyJob> jobs;
+      std::vector<ReqState*> reqs;
+      std::vector<OutgoingNotification> jobs;
       {
         std::unique_lock<std::mutex> lk(mu_);
         notify_cv_.wait_for(lk, idle_check, [&] { return stopped_ || !notify_jobs_.empty(); });
         if (notify_jobs_.empty()) {
           if (stopped_) break;
           lk.unlock();
-          evict_idle_notify_conns();
+          sender_.evict_idle();
           continue;
         }
-        while (!notify_jobs_.empty() && jobs.size() < kMaxNotifyRun) {
+        while (!notify_jobs_.empty() && jobs.size() < NotificationSender::kMaxRun) {
           ReqState* r = notify_jobs_.front();
           notify_jobs_.pop_front();
-          proto::TransferNotification n;
-          n.tag = r->req.notify_tag;
-          n.from = segment_name_;
-          n.op = static_cast<uint8_t>(r->req.op);
-          n.segment_offset = r->req.remote_offset;
-          n.length_bytes = r->req.length;
-          jobs.push_back(NotifyJob{r, codec::pack(n), r->seg->desc.endpoints, Status::ok()});
+          reqs.push_back(r);
+          jobs.push_back(
+              OutgoingNotification{pack_notification(r->req, segment_name_), r->seg->desc.endpoints, Status::ok()});
         }
       }
-      send_notifications(jobs);
+      sender_.send(jobs);
       std::lock_guard<std::mutex> lk(mu_);
-      for (auto& j : jobs) {
-        ReqState* r = j.r;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        ReqState* r = reqs[i];
         r->notifying = false;
         r->notified = true;
-        if (!j.st.is_ok()) {
+        if (!jobs[i].status.is_ok()) {
           notifications_failed_++;
           r->abort_state = TransferState::kFailed;
           r->status =
-              Status(Code::kTransferFailed, "all " + std::to_string(r->req.length) +
-                                                " bytes landed but notification '" + r->req.notify_tag +
-                                                "' to segment " + r->seg->desc.name + " failed: " + j.st.message());
+              Status(Code::kTransferFailed,
+                     "all " + std::to_string(r->req.length) + " bytes landed but notification '" + r->req.notify_tag +
+                         "' to segment " + r->seg->desc.name + " failed: " + jobs[i].status.message());
         } else {
           notifications_sent_++;
         }
         finalize_locked(*r);
       }
     }
-    notify_conns_.clear();
-  }
-
-  // Sends jobs, grouped by target (first appearance order; each group keeps its order), setting each job's st.
-  void send_notifications(std::vector<NotifyJob>& jobs) {
-    std::vector<bool> grouped(jobs.size(), false);
-    for (size_t first = 0; first < jobs.size(); ++first) {
-      if (grouped[first]) continue;
-      std::vector<size_t> left;
-      for (size_t i = first; i < jobs.size(); ++i) {
-        if (!grouped[i] && jobs[i].endpoints == jobs[first].endpoints) {
-          grouped[i] = true;
-          left.push_back(i);
-        }
-      }
-      Status last(Code::kNoPath, "the segment publishes no endpoint for notifications");
-      for (const auto& ep : jobs[first].endpoints) {
-        // A pooled connection that broke mid-run is replaced once by a fresh one; a fresh one that fails
-        // (or cannot be opened) moves on to the next endpoint.
-        for (int attempt = 0; attempt < 2 && !left.empty(); ++attempt) {
-          NotifyConn* c = notify_conn(ep, &last);
-          if (c == nullptr) break;
-          std::vector<std::string> auxes;
-          for (size_t i : left) auxes.push_back(jobs[i].packed);
-          std::vector<Status> replies;
-          Status conn_error;
-          const size_t n = tcp::control_pipeline(c->fd.get(), tcp::WireOp::kNotify, auxes, &replies, &conn_error,
-                                                 "notifications to " + ep);
-          for (size_t k = 0; k < n; ++k) jobs[left[k]].st = replies[k];
-          left.erase(left.begin(), left.begin() + static_cast<std::ptrdiff_t>(n));
-          if (conn_error.is_ok()) {
-            c->last_used_ns = clock_->now_ns();
-            c->reused = true;
-            break;
-          }
-          last = conn_error;
-          const bool was_reused = c->reused;
-          notify_conns_.erase(ep);
-          notify_connections_broken_++;
-          MC_LOG_DEBUG << "notification connection to " << ep << " broke: " << conn_error.message();
-          if (!was_reused) break;
-        }
-        if (left.empty()) break;
-      }
-      for (size_t i : left) jobs[i].st = last;
-    }
-  }
-
-  // The pooled notification connection to `ep` (opened when missing or found closed by the peer), or null
-  // with *err set.
-  NotifyConn* notify_conn(const std::string& ep, Status* err) {
-    auto it = notify_conns_.find(ep);
-    if (it != notify_conns_.end() && tcp::idle_connection_broken(it->second.fd.get())) {
-      notify_conns_.erase(it);
-      notify_connections_broken_++;
-      it = notify_conns_.end();
-    }
-    if (it != notify_conns_.end()) return &it->second;
-    auto hp = tcp::parse_endpoint(ep);
-    if (!hp.is_ok()) {
-      *err = hp.status();
-      return nullptr;
-    }
-    auto fd = tcp::connect_blocking(hp.value(), "", options_.connect_timeout_ms, options_.connect_timeout_ms);
-    if (!fd.is_ok()) {
-      *err = fd.status();
-      return nullptr;
-    }
-    if (notify_conns_.size() >= kMaxNotifyConnections) {
-      auto lru = std::min_element(notify_conns_.begin(), notify_conns_.end(), [](const auto& a, const auto& b) {
-        return a.second.last_used_ns < b.second.last_used_ns;
-      });
-      notify_conns_.erase(lru);
-    }
-    notify_connections_opened_++;
-    NotifyConn& c = notify_conns_[ep];
-    c.fd = std::move(fd).value();
-    c.last_used_ns = clock_->now_ns();
-    return &c;
-  }
-
-  void evict_idle_notify_conns() {
-    const int64_t now = clock_->now_ns();
-    for (auto it = notify_conns_.begin(); it != notify_conns_.end();) {
-      it = now - it->second.last_used_ns > options_.idle_connection_ms * 1'000'000 ? notify_conns_.erase(it)
-                                                                                   : std::next(it);
-    }
+    sender_.close_all();
   }
 
   void maintenance_loop() {
@@ -1112,16 +971,12 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   BatchId next_batch_ = 1;
   std::deque<ReqState*> notify_jobs_;
   std::condition_variable notify_cv_;
-  std::map<std::string, NotifyConn> notify_conns_;  // notifier thread only: endpoint -> persistent connection
-  std::atomic<uint64_t> notifications_sent_{0}, notifications_failed_{0}, notifications_received_{0};
-  std::atomic<uint64_t> notify_connections_opened_{0}, notify_connections_broken_{0};
+  NotificationSender sender_;  // notifier thread only (its counters: any thread)
+  std::atomic<uint64_t> notifications_sent_{0}, notifications_failed_{0};
   std::thread maintenance_;
   std::thread notifier_;
 
-  std::mutex notes_mu_;
-  std::condition_variable notes_cv_;
-  std::deque<Notification> notes_;
-  std::function<void(const Notification&)> note_handler_;
+  NotificationInbox inbox_;  // target side: what the server received
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -1218,36 +1073,19 @@ RequestStatus TransferEngine::transfer_sync(const TransferRequest& request, int6
 }
 
 void TransferEngine::set_notification_handler(std::function<void(const Notification&)> handler) {
-  std::lock_guard<std::mutex> lk(impl_->notes_mu_);
-  impl_->note_handler_ = std::move(handler);
+  impl_->inbox_.set_handler(std::move(handler));
 }
-std::vector<Notification> TransferEngine::take_notifications(size_t max_count) {
-  std::lock_guard<std::mutex> lk(impl_->notes_mu_);
-  std::vector<Notification> out;
-  while (!impl_->notes_.empty() && out.size() < max_count) {
-    out.push_back(std::move(impl_->notes_.front()));
-    impl_->notes_.pop_front();
-  }
-  return out;
-}
-Result<Notification> TransferEngine::wait_notification(int64_t timeout_ms) {
-  std::unique_lock<std::mutex> lk(impl_->notes_mu_);
-  if (!impl_->notes_cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return !impl_->notes_.empty(); })) {
-    return Status(Code::kTimeout, "no notification within " + std::to_string(timeout_ms) + " ms");
-  }
-  Notification n = std::move(impl_->notes_.front());
-  impl_->notes_.pop_front();
-  return n;
-}
+std::vector<Notification> TransferEngine::take_notifications(size_t max_count) { return impl_->inbox_.take(max_count); }
+Result<Notification> TransferEngine::wait_notification(int64_t timeout_ms) { return impl_->inbox_.wait(timeout_ms); }
 
 EngineStats TransferEngine::stats() const {
   EngineStats s;
   const Impl& m = *impl_;
   s.notifications_sent = m.notifications_sent_.load();
   s.notifications_failed = m.notifications_failed_.load();
-  s.notify_connections_opened = m.notify_connections_opened_.load();
-  s.notify_connections_broken = m.notify_connections_broken_.load();
-  s.notifications_received = m.notifications_received_.load();
+  s.notify_connections_opened = m.sender_.connections_opened();
+  s.notify_connections_broken = m.sender_.connections_broken();
+  s.notifications_received = m.inbox_.received();
   s.connections_accepted = m.server_ ? m.server_->connections_accepted() : 0;
   // Under mu_: a segment still listed has not been closed (close_segment drops its transport after unlisting).
   std::lock_guard<std::mutex> lk(m.mu_);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <map>
 #include <sstream>
@@ -427,42 +428,25 @@ int64_t percentile(std::vector<int64_t>& v, double q) {
   return v[i];
 }
 
-}  // namespace
+// One limit measured by --baseline: memcpy with n threads, or raw loopback tcp with n streams, at `block`.
+struct BenchLimit {
+  std::string kind;  // "memcpy" | "tcp_raw"
+  uint32_t n;
+  uint64_t block;
+  double bps;
+  double cpu_s_per_gb;  // CPU of both ends (all in this process) per 1e9 bytes moved
+};
 
-Status run_bench(const BenchOptions& o, std::ostream& out) {
-  if (o.threads == 0 || o.batch == 0 || o.duration_s <= 0 || o.block_bytes.empty()) {
-    return json_error(o.json, out,
-                      Status(Code::kInvalidArgument, "--threads, --batch, --duration and --block must be > 0"));
-  }
-  auto client = connect_client(o.engine, o.target);
-  if (!client.is_ok()) return json_error(o.json, out, client.status());
-  Client& c = client.value();
-  const uint64_t max_block = *std::max_element(o.block_bytes.begin(), o.block_bytes.end());
-  if (max_block == 0 || max_block > c.remote_size) {
-    return json_error(o.json, out,
-                      Status(Code::kInvalidArgument, "--block sizes must be > 0 and at most the segment size (" +
-                                                         std::to_string(c.remote_size) + " bytes)"));
-  }
-  const uint64_t slab = max_block * o.batch;
-  auto buf = allocate_shared_buffer(slab * o.threads, "mc-xfer-bench");
-  if (!buf.is_ok()) return json_error(o.json, out, buf.status());
-  std::memset(buf->data(), 5, slab * o.threads);
-  auto reg = c.engine->register_memory(buf->data(), slab * o.threads);
-  if (!reg.is_ok()) return json_error(o.json, out, reg.status());
-  const bool tty = isatty(STDERR_FILENO) != 0;
-
-  // Limits measured side by side in the same run: right before each engine row, at the same block size.
-  struct Base {
-    std::string kind;
-    uint32_t n;
-    uint64_t block;
-    double bps;
-    double cpu_s_per_gb;  // CPU of both ends (all in this process) per 1e9 bytes moved
-  };
-  std::vector<Base> base;
-  std::vector<char> memcpy_src;  // the memcpy limit's source, allocated and touched once for all blocks
-  auto measure_limits = [&](uint64_t block) {
-    const double d = std::min(o.duration_s, 2.0);
+// Phase 1 (--baseline): the limits, for every block: memcpy x1 and x2 (from a source of up to 1 GiB,
+// allocated and touched once for all blocks), raw tcp x1 and x4; each for min(duration, 2 s). Measured
+// before the warm-up and the engine rows, all back to back: touching the baseline's own gigabyte between
+// engine rows evicted the peer mapping's pages from the (shadow) page tables of this guest, and the next
+// small-block shm row paid first-touch faults again.
+std::vector<BenchLimit> measure_limits(const BenchOptions& o, uint64_t remote_size) {
+  std::vector<BenchLimit> base;
+  std::vector<char> memcpy_src(std::min<uint64_t>(remote_size, 1ull << 30), 1);
+  const double d = std::min(o.duration_s, 2.0);
+  for (uint64_t block : o.block_bytes) {
     // The byte count is recovered from the rate and the measured time (the functions return rates).
     for (uint32_t th : {1u, 2u}) {
       const double c0 = process_cpu_s(), t0 = now_s();
@@ -477,138 +461,144 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       base.push_back(
           {"tcp_raw", st, block, r.is_ok() ? r.value() : 0, bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
     }
-  };
-  // The serving process's CPU, when it runs on this host (/proc/PID/stat of the descriptor's pid): with the
-  // client's, the engine's CPU per byte, comparable with the baselines' (both ends in one process) on a
-  // machine too loaded for wall-clock rates to mean much.
-  const bool same_host = c.desc.host_id == shm::local_host_id() && c.desc.pid > 0;
-  auto server_cpu_s = [&]() -> double { return same_host ? process_cpu_s_of(c.desc.pid) : 0; };
-
-  // The limits first, for every block, then the warm-up and the engine rows back to back: touching the
-  // baseline's own gigabyte between engine rows evicted the peer mapping's pages from the (shadow) page
-  // tables of this guest, and the next small-block shm row paid first-touch faults again.
-  if (o.baseline) {
-    memcpy_src.assign(std::min<uint64_t>(c.remote_size, 1ull << 30), 1);
-    for (uint64_t block : o.block_bytes) measure_limits(block);
-    std::vector<char>().swap(memcpy_src);
   }
-  // Untimed warm-up: one READ pass over the range the rows sweep, in the largest block (bounded in time).
-  double warmup_s = 0;
-  uint64_t warmup_bytes = 0;
-  if (o.warmup) {
-    const double w0 = now_s();
-    const uint64_t span = c.remote_size / max_block * max_block;
-    std::vector<TransferRequest> reqs;
-    char* local = static_cast<char*>(buf->data());
-    for (uint64_t off = 0; off < span && now_s() - w0 < 60; off += max_block * o.batch) {
-      reqs.clear();
-      for (uint32_t i = 0; i < o.batch && off + (i + 1) * max_block <= span; ++i) {
-        reqs.push_back(TransferRequest{Op::kRead, local + i * max_block, c.seg, off + i * max_block, max_block, ""});
-      }
-      auto id = c.engine->submit(reqs);
-      if (!id.is_ok()) return json_error(o.json, out, id.status().with_context("bench warm-up"));
-      auto st = c.engine->wait(id.value(), o.engine.request_timeout_ms + 5000);
-      if (!st.is_ok() || st->state != TransferState::kCompleted) {
-        return json_error(
-            o.json, out,
-            Status(Code::kTransferFailed, "bench warm-up at offset " + std::to_string(off) + ": " +
-                                              (st.is_ok() ? st->status.message() : st.status().message())));
-      }
-      warmup_bytes += st->transferred_bytes;
-      (void)c.engine->free_batch(id.value());
+  return base;
+}
+
+struct BenchWarmup {
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Phase 2 (untimed warm-up): one READ pass over the range the rows sweep, in the largest block, `o.batch`
+// requests at a time into `local` (bounded to 60 s). kTransferFailed naming the offset when a batch fails.
+Result<BenchWarmup> warm_up(const BenchOptions& o, Client& c, char* local, uint64_t max_block) {
+  BenchWarmup w;
+  const double w0 = now_s();
+  const uint64_t span = c.remote_size / max_block * max_block;
+  std::vector<TransferRequest> reqs;
+  for (uint64_t off = 0; off < span && now_s() - w0 < 60; off += max_block * o.batch) {
+    reqs.clear();
+    for (uint32_t i = 0; i < o.batch && off + (i + 1) * max_block <= span; ++i) {
+      reqs.push_back(TransferRequest{Op::kRead, local + i * max_block, c.seg, off + i * max_block, max_block, ""});
     }
-    warmup_s = now_s() - w0;
+    auto id = c.engine->submit(reqs);
+    if (!id.is_ok()) return id.status().with_context("bench warm-up");
+    auto st = c.engine->wait(id.value(), o.engine.request_timeout_ms + 5000);
+    if (!st.is_ok() || st->state != TransferState::kCompleted) {
+      return Status(Code::kTransferFailed, "bench warm-up at offset " + std::to_string(off) + ": " +
+                                               (st.is_ok() ? st->status.message() : st.status().message()));
+    }
+    w.bytes += st->transferred_bytes;
+    (void)c.engine->free_batch(id.value());
   }
+  w.seconds = now_s() - w0;
+  return w;
+}
 
+// Phase 3: one row, `o.threads` threads each submitting batches of `o.batch` requests of `block` bytes for
+// `o.duration_s` (at least one batch each), thread t from its own `slab` bytes of `buf` and its own part of
+// the remote range. The row's error is the first failure seen (the threads stop at their first).
+// `server_cpu_s`: the serving process's CPU seconds so far (same host only, else -1 in the row).
+BenchRow run_row(const BenchOptions& o, Client& c, char* buf, uint64_t slab, uint64_t block, bool same_host,
+                 const std::function<double()>& server_cpu_s) {
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  const auto before = c.engine->path_stats(c.seg).value_or({});
+  const EngineStats stats_before = c.engine->stats();
+  const double cpu_before = process_cpu_s();
+  const double server_cpu_before = server_cpu_s();
+  std::vector<std::vector<int64_t>> lat(o.threads);
+  std::vector<uint64_t> bytes(o.threads, 0), fails(o.threads, 0);
+  std::vector<std::string> errs(o.threads);
+  const uint64_t span = c.remote_size / block * block;
+  std::vector<std::thread> ts;
+  const double t0 = now_s();
+  for (uint32_t t = 0; t < o.threads; ++t) {
+    ts.emplace_back([&, t] {
+      char* local = buf + t * slab;
+      uint64_t remote = (span / o.threads * t) / block * block;
+      std::vector<TransferRequest> reqs(o.batch);
+      const double end = t0 + o.duration_s;
+      do {  // at least one batch per thread, however late the thread starts
+        for (uint32_t i = 0; i < o.batch; ++i) {
+          if (remote + block > span) remote = 0;
+          reqs[i] = TransferRequest{o.op, local + i * block, c.seg, remote, block, ""};
+          remote += block;
+        }
+        auto id = c.engine->submit(reqs);
+        if (!id.is_ok()) {
+          errs[t] = id.status().message();
+          return;
+        }
+        auto st = c.engine->wait(id.value(), o.engine.request_timeout_ms + 5000);
+        if (!st.is_ok() || st->state == TransferState::kPending) {
+          errs[t] = st.is_ok() ? "batch did not finish" : st.status().message();
+          return;
+        }
+        for (const auto& r : st->requests) {
+          if (r.state == TransferState::kCompleted) {
+            lat[t].push_back(r.latency_ns);
+            bytes[t] += r.transferred_bytes;
+          } else {
+            fails[t]++;
+            errs[t] = r.status.message();
+          }
+        }
+        (void)c.engine->free_batch(id.value());
+        if (fails[t] > 0) return;
+      } while (now_s() < end);
+    });
+  }
+  if (tty)
+    std::cerr << "mc-xfer bench: block " << units::format_bytes(static_cast<int64_t>(block)) << " ...\r" << std::flush;
+  for (auto& t : ts) t.join();
+  BenchRow row;
+  row.block_bytes = block;
+  row.seconds = now_s() - t0;
+  std::vector<int64_t> all;
+  for (uint32_t t = 0; t < o.threads; ++t) {
+    all.insert(all.end(), lat[t].begin(), lat[t].end());
+    row.bytes += bytes[t];
+    row.failed += fails[t];
+    if (row.error.empty()) row.error = errs[t];
+  }
+  row.requests = all.size();
+  row.bytes_per_second = static_cast<double>(row.bytes) / row.seconds;
+  row.cpu_s = process_cpu_s() - cpu_before;
+  row.server_cpu_s = same_host ? server_cpu_s() - server_cpu_before : -1;
+  for (const auto& [k, v] : c.engine->stats().transport_counters) {
+    auto it = stats_before.transport_counters.find(k);
+    row.counters[k] = v - (it == stats_before.transport_counters.end() ? 0 : it->second);
+  }
+  row.p50_ns = percentile(all, 0.50);
+  row.p99_ns = percentile(all, 0.99);
+  row.p999_ns = percentile(all, 0.999);
+  const auto after = c.engine->path_stats(c.seg).value_or({});
+  uint64_t total = 0;
+  std::vector<uint64_t> delta(after.size(), 0);
+  for (size_t i = 0; i < after.size(); ++i) {
+    delta[i] = after[i].state.bytes_done - (i < before.size() ? before[i].state.bytes_done : 0);
+    total += delta[i];
+  }
+  for (size_t i = 0; i < after.size(); ++i) {
+    row.path_share.emplace_back(after[i].state.label,
+                                total ? static_cast<double>(delta[i]) / static_cast<double>(total) : 0);
+  }
+  return row;
+}
+
+// Phase 4: what the report writers read.
+struct BenchReport {
+  const BenchOptions& o;
+  const Client& c;
   std::vector<BenchRow> rows;
-  for (uint64_t block : o.block_bytes) {
-    const auto before = c.engine->path_stats(c.seg).value_or({});
-    const EngineStats stats_before = c.engine->stats();
-    const double cpu_before = process_cpu_s();
-    const double server_cpu_before = server_cpu_s();
-    std::vector<std::vector<int64_t>> lat(o.threads);
-    std::vector<uint64_t> bytes(o.threads, 0), fails(o.threads, 0);
-    std::vector<std::string> errs(o.threads);
-    const uint64_t span = c.remote_size / block * block;
-    std::vector<std::thread> ts;
-    const double t0 = now_s();
-    for (uint32_t t = 0; t < o.threads; ++t) {
-      ts.emplace_back([&, t] {
-        char* local = static_cast<char*>(buf->data()) + t * slab;
-        uint64_t remote = (span / o.threads * t) / block * block;
-        std::vector<TransferRequest> reqs(o.batch);
-        const double end = t0 + o.duration_s;
-        do {  // at least one batch per thread, however late the thread starts
-          for (uint32_t i = 0; i < o.batch; ++i) {
-            if (remote + block > span) remote = 0;
-            reqs[i] = TransferRequest{o.op, local + i * block, c.seg, remote, block, ""};
-            remote += block;
-          }
-          auto id = c.engine->submit(reqs);
-          if (!id.is_ok()) {
-            errs[t] = id.status().message();
-            return;
-          }
-          auto st = c.engine->wait(id.value(), o.engine.request_timeout_ms + 5000);
-          if (!st.is_ok() || st->state == TransferState::kPending) {
-            errs[t] = st.is_ok() ? "batch did not finish" : st.status().message();
-            return;
-          }
-          for (const auto& r : st->requests) {
-            if (r.state == TransferState::kCompleted) {
-              lat[t].push_back(r.latency_ns);
-              bytes[t] += r.transferred_bytes;
-            } else {
-              fails[t]++;
-              errs[t] = r.status.message();
-            }
-          }
-          (void)c.engine->free_batch(id.value());
-          if (fails[t] > 0) return;
-        } while (now_s() < end);
-      });
-    }
-    if (tty)
-      std::cerr << "mc-xfer bench: block " << units::format_bytes(static_cast<int64_t>(block)) << " ...\r"
-                << std::flush;
-    for (auto& t : ts) t.join();
-    BenchRow row;
-    row.block_bytes = block;
-    row.seconds = now_s() - t0;
-    std::vector<int64_t> all;
-    for (uint32_t t = 0; t < o.threads; ++t) {
-      all.insert(all.end(), lat[t].begin(), lat[t].end());
-      row.bytes += bytes[t];
-      row.failed += fails[t];
-      if (row.error.empty()) row.error = errs[t];
-    }
-    row.requests = all.size();
-    row.bytes_per_second = static_cast<double>(row.bytes) / row.seconds;
-    row.cpu_s = process_cpu_s() - cpu_before;
-    row.server_cpu_s = same_host ? server_cpu_s() - server_cpu_before : -1;
-    for (const auto& [k, v] : c.engine->stats().transport_counters) {
-      auto it = stats_before.transport_counters.find(k);
-      row.counters[k] = v - (it == stats_before.transport_counters.end() ? 0 : it->second);
-    }
-    row.p50_ns = percentile(all, 0.50);
-    row.p99_ns = percentile(all, 0.99);
-    row.p999_ns = percentile(all, 0.999);
-    const auto after = c.engine->path_stats(c.seg).value_or({});
-    uint64_t total = 0;
-    std::vector<uint64_t> delta(after.size(), 0);
-    for (size_t i = 0; i < after.size(); ++i) {
-      delta[i] = after[i].state.bytes_done - (i < before.size() ? before[i].state.bytes_done : 0);
-      total += delta[i];
-    }
-    for (size_t i = 0; i < after.size(); ++i) {
-      row.path_share.emplace_back(after[i].state.label,
-                                  total ? static_cast<double>(delta[i]) / static_cast<double>(total) : 0);
-    }
-    rows.push_back(std::move(row));
-    if (!rows.back().error.empty()) break;
-  }
+  std::vector<BenchLimit> base;  // empty without --baseline
+  BenchWarmup warmup;
+  std::vector<std::string> path_labels;
+  Status result;  // the failed row's error (the rows stop at the first), else ok
 
-  auto limit_for = [&](uint64_t block) -> std::pair<std::string, double> {
+  // The limit a row is compared with: memcpy x min(threads, 2) for shm, the best raw tcp otherwise.
+  std::pair<std::string, double> limit_for(uint64_t block) const {
     double best = 0;
     std::string what;
     for (const auto& b : base) {
@@ -622,97 +612,111 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       }
     }
     return {what, best};
-  };
+  }
   // CPU per GB of the limit named `what` ("memcpy x1", "raw tcp x4") at `block`.
-  auto limit_cpu_for = [&](uint64_t block, const std::string& what) -> double {
+  double limit_cpu_for(uint64_t block, const std::string& what) const {
     for (const auto& b : base) {
       const std::string name = (b.kind == "memcpy" ? "memcpy x" : "raw tcp x") + std::to_string(b.n);
       if (b.block == block && name == what) return b.cpu_s_per_gb;
     }
     return 0;
-  };
+  }
   // CPU per GB of the engine: client plus server (when known; shm's server does no work per byte).
-  auto engine_cpu_per_gb = [&](const BenchRow& r) -> double {
+  static double engine_cpu_per_gb(const BenchRow& r) {
     if (r.bytes == 0) return 0;
     return (r.cpu_s + std::max(0.0, r.server_cpu_s)) / (static_cast<double>(r.bytes) / 1e9);
-  };
+  }
+};
 
-  std::vector<std::string> path_labels;
-  if (auto ps = c.engine->path_stats(c.seg); ps.is_ok()) {
-    for (const auto& p : ps.value()) path_labels.push_back(p.state.label);
-  }
-  Status result;
+// The report as one JSON document (--json).
+void write_bench_json(const BenchReport& rep, std::ostream& out) {
+  const BenchOptions& o = rep.o;
+  const Client& c = rep.c;
+  const auto& rows = rep.rows;
+  const auto& base = rep.base;
+  const auto& path_labels = rep.path_labels;
+  const Status& result = rep.result;
+  const uint64_t warmup_bytes = rep.warmup.bytes;
+  const double warmup_s = rep.warmup.seconds;
+  auto limit_for = [&](uint64_t block) { return rep.limit_for(block); };
+  auto limit_cpu_for = [&](uint64_t block, const std::string& what) { return rep.limit_cpu_for(block, what); };
+  auto engine_cpu_per_gb = &BenchReport::engine_cpu_per_gb;
+  nlohmann::json j;
+  j["tool"] = "mc-xfer bench";
+  j["build"] = cli::build_id();
+  j["host"] = host_name();
+  j["unix_time_ms"] = unix_time_ms();
+  j["target"] = o.target;
+  j["transport"] = c.transport;
+  j["op"] = op_name(o.op);
+  j["threads"] = o.threads;
+  j["batch"] = o.batch;
+  j["duration_s"] = o.duration_s;
+  j["slice_bytes"] = o.engine.slicing.slice_bytes;
+  j["warmup_bytes"] = warmup_bytes;
+  j["warmup_ns"] = static_cast<int64_t>(warmup_s * 1e9);
+  j["paths"] = path_labels;
+  j["results"] = nlohmann::json::array();
   for (const auto& r : rows) {
-    if (!r.error.empty()) {
-      result = Status(Code::kTransferFailed, "bench at block " + std::to_string(r.block_bytes) + ": " + r.error);
-    }
-  }
-  if (o.json) {
-    nlohmann::json j;
-    j["tool"] = "mc-xfer bench";
-    j["build"] = cli::build_id();
-    j["host"] = host_name();
-    j["unix_time_ms"] = unix_time_ms();
-    j["target"] = o.target;
-    j["transport"] = c.transport;
-    j["op"] = op_name(o.op);
-    j["threads"] = o.threads;
-    j["batch"] = o.batch;
-    j["duration_s"] = o.duration_s;
-    j["slice_bytes"] = o.engine.slicing.slice_bytes;
-    j["warmup_bytes"] = warmup_bytes;
-    j["warmup_ns"] = static_cast<int64_t>(warmup_s * 1e9);
-    j["paths"] = path_labels;
-    j["results"] = nlohmann::json::array();
-    for (const auto& r : rows) {
-      nlohmann::json jr{{"block_bytes", r.block_bytes},
-                        {"requests", r.requests},
-                        {"bytes", r.bytes},
-                        {"elapsed_ns", static_cast<int64_t>(r.seconds * 1e9)},
-                        {"bytes_per_second", r.bytes_per_second},
-                        {"latency_p50_ns", r.p50_ns},
-                        {"latency_p99_ns", r.p99_ns},
-                        {"latency_p999_ns", r.p999_ns},
-                        {"failed_requests", r.failed}};
-      jr["path_share"] = nlohmann::json::object();
-      for (const auto& [label, share] : r.path_share) jr["path_share"][label] = share;
-      jr["client_cpu_s"] = r.cpu_s;
-      if (r.server_cpu_s >= 0) jr["server_cpu_s"] = r.server_cpu_s;
-      jr["transport_counters"] = r.counters;
-      if (counter(r, "tcp_bytes") > 0) {
-        jr["tcp_bytes_per_wakeup"] = per(counter(r, "tcp_bytes"), counter(r, "tcp_wakeups"));
-        jr["tcp_bytes_per_wire_op"] = per(counter(r, "tcp_bytes"), counter(r, "tcp_wire_ops"));
-        jr["tcp_syscalls_per_mib"] =
-            per((counter(r, "tcp_send_calls") + counter(r, "tcp_recv_calls")) << 20, counter(r, "tcp_bytes"));
-      }
-      if (o.baseline) {
-        auto [what, lim] = limit_for(r.block_bytes);
-        const double lim_cpu = limit_cpu_for(r.block_bytes, what);
-        jr["limit"] = what;
-        jr["limit_bytes_per_second"] = lim;
-        jr["ratio_to_limit"] = lim > 0 ? r.bytes_per_second / lim : 0;
-        if (lim_cpu > 0 && engine_cpu_per_gb(r) > 0) {
-          jr["limit_cpu_s_per_gb"] = lim_cpu;
-          jr["cpu_s_per_gb"] = engine_cpu_per_gb(r);
-          jr["cpu_efficiency_ratio"] = lim_cpu / engine_cpu_per_gb(r);
-        }
-      }
-      j["results"].push_back(std::move(jr));
+    nlohmann::json jr{{"block_bytes", r.block_bytes},
+                      {"requests", r.requests},
+                      {"bytes", r.bytes},
+                      {"elapsed_ns", static_cast<int64_t>(r.seconds * 1e9)},
+                      {"bytes_per_second", r.bytes_per_second},
+                      {"latency_p50_ns", r.p50_ns},
+                      {"latency_p99_ns", r.p99_ns},
+                      {"latency_p999_ns", r.p999_ns},
+                      {"failed_requests", r.failed}};
+    jr["path_share"] = nlohmann::json::object();
+    for (const auto& [label, share] : r.path_share) jr["path_share"][label] = share;
+    jr["client_cpu_s"] = r.cpu_s;
+    if (r.server_cpu_s >= 0) jr["server_cpu_s"] = r.server_cpu_s;
+    jr["transport_counters"] = r.counters;
+    if (counter(r, "tcp_bytes") > 0) {
+      jr["tcp_bytes_per_wakeup"] = per(counter(r, "tcp_bytes"), counter(r, "tcp_wakeups"));
+      jr["tcp_bytes_per_wire_op"] = per(counter(r, "tcp_bytes"), counter(r, "tcp_wire_ops"));
+      jr["tcp_syscalls_per_mib"] =
+          per((counter(r, "tcp_send_calls") + counter(r, "tcp_recv_calls")) << 20, counter(r, "tcp_bytes"));
     }
     if (o.baseline) {
-      j["baseline"] = nlohmann::json::array();
-      for (const auto& b : base) {
-        j["baseline"].push_back({{"kind", b.kind},
-                                 {b.kind == "memcpy" ? "threads" : "streams", b.n},
-                                 {"block_bytes", b.block},
-                                 {"bytes_per_second", b.bps}});
+      auto [what, lim] = limit_for(r.block_bytes);
+      const double lim_cpu = limit_cpu_for(r.block_bytes, what);
+      jr["limit"] = what;
+      jr["limit_bytes_per_second"] = lim;
+      jr["ratio_to_limit"] = lim > 0 ? r.bytes_per_second / lim : 0;
+      if (lim_cpu > 0 && engine_cpu_per_gb(r) > 0) {
+        jr["limit_cpu_s_per_gb"] = lim_cpu;
+        jr["cpu_s_per_gb"] = engine_cpu_per_gb(r);
+        jr["cpu_efficiency_ratio"] = lim_cpu / engine_cpu_per_gb(r);
       }
     }
-    if (!result.is_ok()) j["error"] = result.message();
-    out << j.dump(2) << "\n";
-    return result;
+    j["results"].push_back(std::move(jr));
   }
+  if (o.baseline) {
+    j["baseline"] = nlohmann::json::array();
+    for (const auto& b : base) {
+      j["baseline"].push_back({{"kind", b.kind},
+                               {b.kind == "memcpy" ? "threads" : "streams", b.n},
+                               {"block_bytes", b.block},
+                               {"bytes_per_second", b.bps}});
+    }
+  }
+  if (!result.is_ok()) j["error"] = result.message();
+  out << j.dump(2) << "\n";
+}
 
+// The report as a table (the default).
+void write_bench_table(const BenchReport& rep, std::ostream& out) {
+  const BenchOptions& o = rep.o;
+  const Client& c = rep.c;
+  const auto& rows = rep.rows;
+  const auto& base = rep.base;
+  const auto& path_labels = rep.path_labels;
+  const uint64_t warmup_bytes = rep.warmup.bytes;
+  const double warmup_s = rep.warmup.seconds;
+  auto limit_for = [&](uint64_t block) { return rep.limit_for(block); };
+  auto limit_cpu_for = [&](uint64_t block, const std::string& what) { return rep.limit_cpu_for(block, what); };
+  auto engine_cpu_per_gb = &BenchReport::engine_cpu_per_gb;
   out << "# mc-xfer bench  build " << cli::build_id() << "  host " << host_name() << "\n"
       << "# target " << o.target << "  transport " << c.transport << "  op " << op_name(o.op) << "  threads "
       << o.threads << "  batch " << o.batch << "  duration " << o.duration_s << " s  slice "
@@ -774,7 +778,63 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
       out << "\n";
     }
   }
-  return result;
+}
+
+}  // namespace
+
+Status run_bench(const BenchOptions& o, std::ostream& out) {
+  if (o.threads == 0 || o.batch == 0 || o.duration_s <= 0 || o.block_bytes.empty()) {
+    return json_error(o.json, out,
+                      Status(Code::kInvalidArgument, "--threads, --batch, --duration and --block must be > 0"));
+  }
+  auto client = connect_client(o.engine, o.target);
+  if (!client.is_ok()) return json_error(o.json, out, client.status());
+  Client& c = client.value();
+  const uint64_t max_block = *std::max_element(o.block_bytes.begin(), o.block_bytes.end());
+  if (max_block == 0 || max_block > c.remote_size) {
+    return json_error(o.json, out,
+                      Status(Code::kInvalidArgument, "--block sizes must be > 0 and at most the segment size (" +
+                                                         std::to_string(c.remote_size) + " bytes)"));
+  }
+  const uint64_t slab = max_block * o.batch;
+  auto buf = allocate_shared_buffer(slab * o.threads, "mc-xfer-bench");
+  if (!buf.is_ok()) return json_error(o.json, out, buf.status());
+  std::memset(buf->data(), 5, slab * o.threads);
+  auto reg = c.engine->register_memory(buf->data(), slab * o.threads);
+  if (!reg.is_ok()) return json_error(o.json, out, reg.status());
+  char* local = static_cast<char*>(buf->data());
+  // The serving process's CPU, when it runs on this host (/proc/PID/stat of the descriptor's pid): with the
+  // client's, the engine's CPU per byte, comparable with the baselines' (both ends in one process) on a
+  // machine too loaded for wall-clock rates to mean much.
+  const bool same_host = c.desc.host_id == shm::local_host_id() && c.desc.pid > 0;
+  auto server_cpu_s = [&]() -> double { return same_host ? process_cpu_s_of(c.desc.pid) : 0; };
+
+  BenchReport rep{o, c, {}, {}, {}, {}, Status::ok()};
+  if (o.baseline) rep.base = measure_limits(o, c.remote_size);
+  if (o.warmup) {
+    auto w = warm_up(o, c, local, max_block);
+    if (!w.is_ok()) return json_error(o.json, out, w.status());
+    rep.warmup = w.value();
+  }
+  for (uint64_t block : o.block_bytes) {
+    rep.rows.push_back(run_row(o, c, local, slab, block, same_host, server_cpu_s));
+    if (!rep.rows.back().error.empty()) break;
+  }
+
+  if (auto ps = c.engine->path_stats(c.seg); ps.is_ok()) {
+    for (const auto& p : ps.value()) rep.path_labels.push_back(p.state.label);
+  }
+  for (const auto& r : rep.rows) {
+    if (!r.error.empty()) {
+      rep.result = Status(Code::kTransferFailed, "bench at block " + std::to_string(r.block_bytes) + ": " + r.error);
+    }
+  }
+  if (o.json) {
+    write_bench_json(rep, out);
+  } else {
+    write_bench_table(rep, out);
+  }
+  return rep.result;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -44,11 +44,41 @@ constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_AC
 int64_t now_ns() { return RealClock::instance().now_ns(); }
 uint32_t mtu_bytes_of(ibv_mtu m) { return 128u << static_cast<int>(m); }
 
+// RAII holders of ibverbs objects: each frees its handle with the matching ibv_* call (its return value is
+// ignored: at teardown nothing can be done about a failure). Objects that depend on another one (a QP on its
+// CQ and PD, an MR on its PD, a CQ on its context and completion channel) must be freed first: declare the
+// holders in dependency order, or reset them explicitly where an object outlives its declaration scope.
+struct ContextDeleter {
+  void operator()(ibv_context* c) const { ibv_close_device(c); }
+};
+struct PdDeleter {
+  void operator()(ibv_pd* pd) const { ibv_dealloc_pd(pd); }
+};
+struct CqDeleter {
+  void operator()(ibv_cq* cq) const { ibv_destroy_cq(cq); }
+};
+struct CompChannelDeleter {
+  void operator()(ibv_comp_channel* ch) const { ibv_destroy_comp_channel(ch); }
+};
+struct QpDeleter {
+  void operator()(ibv_qp* qp) const { ibv_destroy_qp(qp); }
+};
+struct MrDeleter {
+  void operator()(ibv_mr* mr) const { ibv_dereg_mr(mr); }
+};
+using ContextPtr = std::unique_ptr<ibv_context, ContextDeleter>;
+using PdPtr = std::unique_ptr<ibv_pd, PdDeleter>;
+using CqPtr = std::unique_ptr<ibv_cq, CqDeleter>;
+using CompChannelPtr = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
+using QpPtr = std::unique_ptr<ibv_qp, QpDeleter>;
+using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
+
+// Members in dependency order: the CQ and the PD go before the context they were made on.
 struct Device {
   std::string name;
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_cq* idle_cq = nullptr;  // CQ of target-side QPs: they post nothing, so it never fills
+  ContextPtr ctx;
+  PdPtr pd;
+  CqPtr idle_cq;  // CQ of target-side QPs: they post nothing, so it never fills
   uint8_t port = 0;
   ibv_port_attr port_attr{};
   ibv_device_attr attr{};
@@ -56,11 +86,6 @@ struct Device {
   uint8_t gid[16] = {};
   bool ethernet = false;
 
-  ~Device() {
-    if (idle_cq != nullptr) ibv_destroy_cq(idle_cq);
-    if (pd != nullptr) ibv_dealloc_pd(pd);
-    if (ctx != nullptr) ibv_close_device(ctx);
-  }
   std::string where() const { return "rdma device " + name + " port " + std::to_string(port); }
 };
 
@@ -72,7 +97,7 @@ Status choose_gid(Device& d) {
     GidEntry e;
     e.index = static_cast<uint32_t>(i);
     ibv_gid_entry x{};
-    if (int rc = ibv_query_gid_ex(d.ctx, d.port, e.index, &x, 0); rc == 0) {
+    if (int rc = ibv_query_gid_ex(d.ctx.get(), d.port, e.index, &x, 0); rc == 0) {
       e.type = x.gid_type == IBV_GID_TYPE_ROCE_V2   ? GidType::kRoceV2
                : x.gid_type == IBV_GID_TYPE_ROCE_V1 ? GidType::kRoceV1
                                                     : GidType::kIb;
@@ -82,7 +107,7 @@ Status choose_gid(Device& d) {
     } else {
       // No typed query (old kernel): the plain GID, typed by the link layer (RoCE then needs MC_RDMA_GID_INDEX).
       ibv_gid g{};
-      if (ibv_query_gid(d.ctx, d.port, i, &g) != 0) continue;
+      if (ibv_query_gid(d.ctx.get(), d.port, i, &g) != 0) continue;
       e.type = d.ethernet ? GidType::kRoceV1 : GidType::kIb;
       std::memcpy(e.raw, g.raw, 16);
     }
@@ -113,7 +138,7 @@ proto::RdmaQpInfo qp_info(const Device& d, const ibv_qp* qp, uint32_t psn, ibv_m
 // local device and retries elsewhere) when it is not; kIo when the query fails.
 Status local_port_state(const Device& d) {
   ibv_port_attr pa{};
-  if (int rc = ibv_query_port(d.ctx, d.port, &pa); rc != 0) {
+  if (int rc = ibv_query_port(d.ctx.get(), d.port, &pa); rc != 0) {
     return Status(Code::kIo, d.where() + ": ibv_query_port: " + std::strerror(rc));
   }
   if (pa.state != IBV_PORT_ACTIVE) {
@@ -129,7 +154,7 @@ uint32_t random_psn() {
 
 // An RC QP in INIT. `cap` in: the wanted depths (clamped to the device's max_qp_wr / max_sge); out: what the
 // provider gave (ibv_create_qp updates it).
-Result<ibv_qp*> create_qp(const Device& d, ibv_cq* cq, QpRole role, ibv_qp_cap& cap) {
+Result<QpPtr> create_qp(const Device& d, ibv_cq* cq, QpRole role, ibv_qp_cap& cap) {
   ibv_qp_init_attr ia{};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -139,15 +164,13 @@ Result<ibv_qp*> create_qp(const Device& d, ibv_cq* cq, QpRole role, ibv_qp_cap& 
   ia.cap.max_recv_wr = 1;  // no receive is ever posted (one-sided READ/WRITE only)
   ia.cap.max_send_sge = std::min<uint32_t>(cap.max_send_sge, static_cast<uint32_t>(std::max(1, d.attr.max_sge)));
   ia.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(d.pd, &ia);
-  if (qp == nullptr) return Status(Code::kIo, d.where() + ": ibv_create_qp (RC): " + std::strerror(errno));
+  QpPtr qp(ibv_create_qp(d.pd.get(), &ia));
+  if (!qp) return Status(Code::kIo, d.where() + ": ibv_create_qp (RC): " + std::strerror(errno));
   cap = ia.cap;
   const QpTransition init = init_transition(d.port, role);
   ibv_qp_attr a = init.attr;
-  if (int rc = ibv_modify_qp(qp, &a, init.mask); rc != 0) {
-    Status st(Code::kIo, d.where() + ": QP " + std::to_string(qp->qp_num) + " RESET -> INIT: " + std::strerror(rc));
-    ibv_destroy_qp(qp);
-    return st;
+  if (int rc = ibv_modify_qp(qp.get(), &a, init.mask); rc != 0) {
+    return Status(Code::kIo, d.where() + ": QP " + std::to_string(qp->qp_num) + " RESET -> INIT: " + std::strerror(rc));
   }
   return qp;
 }
@@ -172,12 +195,12 @@ Status connect_qp(const Device& d, ibv_qp* qp, const proto::RdmaQpInfo& peer, in
   return Status::ok();
 }
 
-// One registration chunk, registered with every device (mrs in device order).
+// One registration chunk, registered with every device (mrs in device order; deregistered when it goes).
 struct Chunk {
   char* reg_start = nullptr;  // the registration it belongs to
   char* addr = nullptr;
   uint64_t length = 0;
-  std::vector<ibv_mr*> mrs;
+  std::vector<MrPtr> mrs;
 };
 
 class Domain;
@@ -188,8 +211,8 @@ class Domain;
 
 struct Qp {
   int path = 0;
-  ibv_qp* qp = nullptr;
   tcp::Fd control;  // the handshake's connection: the target keeps its QP while it is open
+  QpPtr qp;         // declared after `control`: destroyed before that connection closes
   uint32_t max_outstanding = 1;
   uint32_t max_sge = 1;      // scatter/gather entries per work request (a slice spanning local MRs uses several)
   uint32_t outstanding = 0;  // posted work requests whose completion has not come back (or was given up)
@@ -199,9 +222,6 @@ struct Qp {
   Code fail_code = Code::kUnavailable;  // what its failed slices report: kLocalDeviceDown when our port went down
   int64_t last_progress_ns = 0;
   int64_t last_used_ns = 0;
-  ~Qp() {
-    if (qp != nullptr) ibv_destroy_qp(qp);
-  }
 };
 
 struct RdmaPath {
@@ -216,10 +236,11 @@ struct RdmaPath {
 // One CQ per (segment, local device), shared by every QP of the segment on that device. `unpolled` counts the
 // work requests posted to those QPs whose completion entry has not been polled yet; nothing is posted while
 // it equals `capacity` (the CQ's real depth), so the CQ cannot overflow however many paths and QPs share it.
+// Members in dependency order: the CQ goes before its completion channel.
 struct DevCq {
   size_t dev = 0;
-  ibv_comp_channel* channel = nullptr;
-  ibv_cq* cq = nullptr;
+  CompChannelPtr channel;
+  CqPtr cq;
   uint32_t capacity = 0;
   uint32_t unpolled = 0;
 };
@@ -316,31 +337,21 @@ class Domain final : public RdmaDomain {
   mutable std::shared_mutex mu;
   std::map<uintptr_t, Chunk> chunks;  // by chunk start
   std::shared_ptr<std::atomic<size_t>> target_qps = std::make_shared<std::atomic<size_t>>(0);
-
-  ~Domain() override {
-    for (auto& [a, c] : chunks) {
-      for (ibv_mr* m : c.mrs) ibv_dereg_mr(m);
-    }
-  }
+  // devs is declared first, so the chunks' MRs are deregistered before their devices' PDs go.
 
   const std::vector<std::string>& devices() const override { return names; }
   uint64_t max_region_bytes() const override { return max_mr; }
 
   Status register_memory(char* addr, uint64_t length, uint64_t chunk_bytes) override {
-    std::vector<Chunk> made;
-    auto undo = [&] {
-      for (auto& c : made) {
-        for (ibv_mr* m : c.mrs) ibv_dereg_mr(m);
-      }
-    };
+    std::vector<Chunk> made;  // deregistered on return unless moved into chunks
     for (auto [off, len] : split_registration(length, chunk_bytes, max_mr)) {
       Chunk c;
       c.reg_start = addr;
       c.addr = addr + off;
       c.length = len;
       for (auto& d : devs) {
-        ibv_mr* m = ibv_reg_mr(d->pd, c.addr, c.length, kAccess);
-        if (m == nullptr) {
+        MrPtr m(ibv_reg_mr(d->pd.get(), c.addr, c.length, kAccess));
+        if (!m) {
           const int err = errno;
           rlimit rl{};
           const uint64_t memlock =
@@ -348,11 +359,9 @@ class Domain final : public RdmaDomain {
           Status st(Code::kIo, "ibv_reg_mr on rdma device " + d->name + " for " + std::to_string(c.length) +
                                    " bytes at offset " + std::to_string(off) + " of a " + std::to_string(length) +
                                    "-byte registration: " + std::strerror(err) + reg_mr_remedy(err, memlock));
-          for (ibv_mr* x : c.mrs) ibv_dereg_mr(x);
-          undo();
           return st;
         }
-        c.mrs.push_back(m);
+        c.mrs.push_back(std::move(m));
       }
       made.push_back(std::move(c));
     }
@@ -365,8 +374,7 @@ class Domain final : public RdmaDomain {
     std::unique_lock<std::shared_mutex> lk(mu);
     for (auto it = chunks.lower_bound(reinterpret_cast<uintptr_t>(addr)); it != chunks.end();) {
       if (it->second.reg_start != addr) break;
-      for (ibv_mr* m : it->second.mrs) ibv_dereg_mr(m);
-      it = chunks.erase(it);
+      it = chunks.erase(it);  // deregisters its MRs
     }
   }
 
@@ -418,7 +426,7 @@ class Domain final : public RdmaDomain {
     }
     r.rdma_addr = reinterpret_cast<uintptr_t>(addr);
     r.rdma_rkeys.clear();
-    for (ibv_mr* m : c->mrs) r.rdma_rkeys.push_back(m->rkey);
+    for (const MrPtr& m : c->mrs) r.rdma_rkeys.push_back(m->rkey);
   }
 
   Result<std::pair<std::string, std::shared_ptr<void>>> accept(const std::string& packed) override {
@@ -448,14 +456,15 @@ class Domain final : public RdmaDomain {
     ibv_qp_cap cap{};
     cap.max_send_wr = 1;
     cap.max_send_sge = 1;
-    auto made = create_qp(*d, d->idle_cq, QpRole::kTarget, cap);
+    auto made = create_qp(*d, d->idle_cq.get(), QpRole::kTarget, cap);
     if (!made.is_ok()) {
       target_qps->fetch_sub(1);
       return made.status();
     }
-    ibv_qp* qp = made.value();
-    std::shared_ptr<void> lease(qp, [counter = target_qps](void* q) {
-      ibv_destroy_qp(static_cast<ibv_qp*>(q));
+    ibv_qp* qp = made.value().get();
+    // The lease owns the QP from here on: it is destroyed (and counted off) when the lease goes.
+    std::shared_ptr<void> lease(made.value().release(), [counter = target_qps](void* q) {
+      QpDeleter()(static_cast<ibv_qp*>(q));
       counter->fetch_sub(1);
     });
     const uint32_t psn = random_psn();
@@ -497,32 +506,22 @@ Status RdmaSegment::start(const std::vector<DevicePair>& pairs, std::unique_ptr<
     for (auto& c : cqs_) have = have || c.dev == p.local_dev;
     if (!have) {
       const Device& d = *domain_.devs[p.local_dev];
-      DevCq c;
+      DevCq c;  // its CQ and channel are destroyed on an early return
       c.dev = p.local_dev;
-      c.channel = ibv_create_comp_channel(d.ctx);
-      if (c.channel == nullptr)
-        return Status(Code::kIo, d.where() + ": ibv_create_comp_channel: " + std::strerror(errno));
-      c.cq = ibv_create_cq(d.ctx, std::min(kCqDepth, d.attr.max_cqe), nullptr, c.channel, 0);
-      if (c.cq == nullptr) {
-        Status st(Code::kIo, d.where() + ": ibv_create_cq: " + std::strerror(errno));
-        ibv_destroy_comp_channel(c.channel);
-        return st;
-      }
+      c.channel.reset(ibv_create_comp_channel(d.ctx.get()));
+      if (!c.channel) return Status(Code::kIo, d.where() + ": ibv_create_comp_channel: " + std::strerror(errno));
+      c.cq.reset(ibv_create_cq(d.ctx.get(), std::min(kCqDepth, d.attr.max_cqe), nullptr, c.channel.get(), 0));
+      if (!c.cq) return Status(Code::kIo, d.where() + ": ibv_create_cq: " + std::strerror(errno));
       c.capacity = static_cast<uint32_t>(std::max(1, c.cq->cqe));
       // Non-blocking: the loop reads events only after poll() says so, and drains until EAGAIN.
       const int fl = fcntl(c.channel->fd, F_GETFL);
       if (fl < 0 || fcntl(c.channel->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-        Status st(Code::kIo, d.where() + ": completion channel O_NONBLOCK: " + std::strerror(errno));
-        ibv_destroy_cq(c.cq);
-        ibv_destroy_comp_channel(c.channel);
-        return st;
+        return Status(Code::kIo, d.where() + ": completion channel O_NONBLOCK: " + std::strerror(errno));
       }
-      if (int rc = ibv_req_notify_cq(c.cq, 0); rc != 0) {
-        ibv_destroy_cq(c.cq);
-        ibv_destroy_comp_channel(c.channel);
+      if (int rc = ibv_req_notify_cq(c.cq.get(), 0); rc != 0) {
         return Status(Code::kIo, d.where() + ": ibv_req_notify_cq: " + std::strerror(rc));
       }
-      cqs_.push_back(c);
+      cqs_.push_back(std::move(c));
     }
     paths_.push_back(std::move(p));
   }
@@ -546,10 +545,7 @@ RdmaSegment::~RdmaSegment() {
   if (thread_.joinable()) thread_.join();
   tcp_.reset();
   for (auto& p : paths_) p.qps.clear();  // QPs before their CQs
-  for (auto& c : cqs_) {
-    ibv_destroy_cq(c.cq);
-    ibv_destroy_comp_channel(c.channel);
-  }
+  cqs_.clear();
 }
 
 Result<Qp*> RdmaSegment::open_qp(size_t path) {
@@ -562,14 +558,14 @@ Result<Qp*> RdmaSegment::open_qp(size_t path) {
   ibv_qp_cap cap{};
   cap.max_send_wr = kMaxSendWr;
   cap.max_send_sge = 4;
-  MC_ASSIGN_OR_RETURN(q->qp, create_qp(d, cq_of(p.local_dev).cq, QpRole::kInitiator, cap));
+  MC_ASSIGN_OR_RETURN(q->qp, create_qp(d, cq_of(p.local_dev).cq.get(), QpRole::kInitiator, cap));
   q->max_outstanding = std::max<uint32_t>(1, cap.max_send_wr);
   q->max_sge = std::max<uint32_t>(1, cap.max_send_sge);
   const uint32_t psn = random_psn();
   proto::RdmaConnectRequest req;
   req.segment = desc_.name;
   req.target_device = p.remote_device;
-  req.initiator = qp_info(d, q->qp, psn, d.port_attr.active_mtu);
+  req.initiator = qp_info(d, q->qp.get(), psn, d.port_attr.active_mtu);
   req.max_rd_atomic = static_cast<uint32_t>(std::max(1, d.attr.max_qp_init_rd_atom));
   Status last(Code::kNoPath, "no endpoint");
   for (const auto& ep : desc_.endpoints) {
@@ -598,7 +594,7 @@ Result<Qp*> RdmaSegment::open_qp(size_t path) {
       return Status(Code::kMalformedMessage, what + ": peer answered MTU " + std::to_string(r.target.mtu_bytes));
     // The initiator reads at most what both devices allow in flight; as a responder it serves nothing.
     MC_RETURN_IF_ERROR(
-        connect_qp(d, q->qp, r.target, mtu, psn, 1, negotiate_rd_atomic(req.max_rd_atomic, r.max_rd_atomic)));
+        connect_qp(d, q->qp.get(), r.target, mtu, psn, 1, negotiate_rd_atomic(req.max_rd_atomic, r.max_rd_atomic)));
     q->control = std::move(fd).value();
     q->last_progress_ns = q->last_used_ns = now_ns();
     Qp* raw = q.get();
@@ -622,7 +618,7 @@ void RdmaSegment::break_qp(Qp& q, const std::string& why) {
   MC_LOG_DEBUG << path_name(static_cast<size_t>(q.path)) << ": QP " << q.qp->qp_num << " broken: " << why;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
-  if (int rc = ibv_modify_qp(q.qp, &a, IBV_QP_STATE); rc != 0) {
+  if (int rc = ibv_modify_qp(q.qp.get(), &a, IBV_QP_STATE); rc != 0) {
     MC_LOG_WARN << path_name(static_cast<size_t>(q.path)) << ": QP " << q.qp->qp_num
                 << " -> ERR: " << std::strerror(rc);
   }
@@ -668,7 +664,7 @@ Status RdmaSegment::post_one(RdmaPath& p, Qp& q, const SliceOp& op) {
   wr.wr.rdma.remote_addr = reg.rdma_addr + rel;
   wr.wr.rdma.rkey = reg.rdma_rkeys[p.remote_index];
   // One WR per call: on failure `bad` is this WR and nothing was posted, so the caller fails the slice once.
-  if (int rc = ibv_post_send(q.qp, &wr, &bad); rc != 0) {
+  if (int rc = ibv_post_send(q.qp.get(), &wr, &bad); rc != 0) {
     break_qp(q, std::string("ibv_post_send: ") + std::strerror(rc));
     return Status(Code::kUnavailable, what + ": ibv_post_send: " + std::strerror(rc));
   }
@@ -727,7 +723,7 @@ void RdmaSegment::drain_cqs() {
   ibv_wc wcs[64];
   for (auto& c : cqs_) {
     for (;;) {
-      const int n = ibv_poll_cq(c.cq, 64, wcs);
+      const int n = ibv_poll_cq(c.cq.get(), 64, wcs);
       if (n < 0) {
         MC_LOG_ERROR << "rdma device " << domain_.names[c.dev] << ": ibv_poll_cq failed (" << n << ")";
         break;
@@ -821,10 +817,10 @@ void RdmaSegment::loop() {
       ibv_cq* cq = nullptr;
       void* ctx = nullptr;
       unsigned events = 0;
-      while (ibv_get_cq_event(cqs_[i].channel, &cq, &ctx) == 0) ++events;  // non-blocking: ends at EAGAIN
+      while (ibv_get_cq_event(cqs_[i].channel.get(), &cq, &ctx) == 0) ++events;  // non-blocking: ends at EAGAIN
       if (events > 0) {
-        ibv_ack_cq_events(cqs_[i].cq, events);
-        if (int rc = ibv_req_notify_cq(cqs_[i].cq, 0); rc != 0) {
+        ibv_ack_cq_events(cqs_[i].cq.get(), events);
+        if (int rc = ibv_req_notify_cq(cqs_[i].cq.get(), 0); rc != 0) {
           MC_LOG_WARN << "rdma device " << domain_.names[cqs_[i].dev] << ": ibv_req_notify_cq: " << std::strerror(rc)
                       << " (completions are still polled every few ms)";
         }
@@ -955,18 +951,18 @@ Result<std::unique_ptr<RdmaDomain>> RdmaDomain::open(const EngineOptions& option
   for (int i = 0; i < n; ++i) {
     auto d = std::make_unique<Device>();
     d->name = ibv_get_device_name(list[i]);
-    d->ctx = ibv_open_device(list[i]);
-    if (d->ctx == nullptr) {
+    d->ctx.reset(ibv_open_device(list[i]));
+    if (!d->ctx) {
       skipped += "; " + d->name + ": ibv_open_device: " + std::strerror(errno);
       continue;
     }
-    if (int rc = ibv_query_device(d->ctx, &d->attr); rc != 0) {
+    if (int rc = ibv_query_device(d->ctx.get(), &d->attr); rc != 0) {
       skipped += "; " + d->name + ": ibv_query_device: " + std::strerror(rc);
       continue;
     }
     for (uint8_t port = 1; port <= d->attr.phys_port_cnt && d->port == 0; ++port) {
       ibv_port_attr pa{};
-      if (ibv_query_port(d->ctx, port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
+      if (ibv_query_port(d->ctx.get(), port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
         d->port = port;
         d->port_attr = pa;
       }
@@ -980,13 +976,13 @@ Result<std::unique_ptr<RdmaDomain>> RdmaDomain::open(const EngineOptions& option
       skipped += "; " + st.message();
       continue;
     }
-    d->pd = ibv_alloc_pd(d->ctx);
-    if (d->pd == nullptr) {
+    d->pd.reset(ibv_alloc_pd(d->ctx.get()));
+    if (!d->pd) {
       skipped += "; " + d->where() + ": ibv_alloc_pd: " + std::strerror(errno);
       continue;
     }
-    d->idle_cq = ibv_create_cq(d->ctx, 1, nullptr, nullptr, 0);
-    if (d->idle_cq == nullptr) {
+    d->idle_cq.reset(ibv_create_cq(d->ctx.get(), 1, nullptr, nullptr, 0));
+    if (!d->idle_cq) {
       skipped += "; " + d->where() + ": ibv_create_cq: " + std::strerror(errno);
       continue;
     }
