@@ -22,10 +22,8 @@ void add_backend_flags(CLI::App& app, BackendFlags& f) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   cli::add_gpu_option(app, f.gpu);
-  app.add_option("--time-scale", f.time_scale, "sim: sleep modelled time divided by this (> 0; 10 = ten times faster)")
-      ->envname("MC_TIME_SCALE")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  cli::add_time_scale_option(app, f.time_scale,
+                             "sim: sleep modelled time divided by this (> 0; 10 = ten times faster)");
   app.add_option("--kv-bytes-per-token", f.kv_bytes_per_token,
                  "sim: KV bytes per token (all layers) actually stored and moved; 0 = the model's")
       ->envname("MC_KV_BYTES_PER_TOKEN")

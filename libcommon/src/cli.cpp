@@ -103,6 +103,13 @@ CLI::Option* add_rate_scale_option(CLI::App& cmd, double& rate_scale) {
       ->check(kPositiveFinite);
 }
 
+CLI::Option* add_time_scale_option(CLI::App& cmd, double& time_scale, const std::string& help) {
+  return cmd.add_option("--time-scale", time_scale, help)
+      ->envname("MC_TIME_SCALE")
+      ->capture_default_str()
+      ->check(kPositiveFinite);
+}
+
 CLI::Option* add_trace_file_option(CLI::App& cmd, std::string& path) {
   return cmd.add_option("--trace", path, "Mooncake JSONL trace file, or - for stdin")
       ->envname("MC_TRACE")

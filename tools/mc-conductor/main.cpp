@@ -54,13 +54,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   serve->add_option("--decisions", o.decisions_path, "Append every decision with its inputs to FILE (JSONL)");
-  serve
-      ->add_option("--time-scale", o.time_scale,
-                   "Workers run this many times faster than the hardware they model (sim backend): measured "
-                   "times are multiplied by it, bandwidth samples ignored")
-      ->envname("MC_TIME_SCALE")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  mc::cli::add_time_scale_option(*serve, o.time_scale,
+                                 "Workers run this many times faster than the hardware they model (sim backend): "
+                                 "measured times are multiplied by it, bandwidth samples ignored");
   serve->add_option("--cost-model", cost_model, "Model preset or JSON file of the prefill/decode cost prior")
       ->envname("MC_COST_MODEL")
       ->capture_default_str();

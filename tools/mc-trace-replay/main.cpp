@@ -72,11 +72,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->envname("MC_REPLAY_SPEED");
   mc::cli::add_rate_scale_option(app, rc.replay.rate_scale);  // on top of --speed
-  app.add_option("--time-scale", rc.replay.time_scale,
-                 "Multiply measured durations by this (the sim backend's --time-scale), so the report is in "
-                 "modelled time")
-      ->capture_default_str()
-      ->envname("MC_TIME_SCALE");
+  mc::cli::add_time_scale_option(app, rc.replay.time_scale,
+                                 "Multiply measured durations by this (the sim backend's --time-scale), so the "
+                                 "report is in modelled time");
   app.add_option("--senders", rc.replay.senders, "Sender threads: submissions that may be in flight at once")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

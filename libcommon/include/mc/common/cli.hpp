@@ -49,6 +49,9 @@ CLI::Option* add_size_option(CLI::App& cmd, const std::string& name, uint64_t& b
 void add_trace_window_flags(CLI::App& cmd, double& start_s, double& duration_s, int64_t& max_requests);
 // The load: --rate-scale (env MC_RATE_SCALE), multiplier of the trace's arrival rate, > 0.
 CLI::Option* add_rate_scale_option(CLI::App& cmd, double& rate_scale);
+// --time-scale (env MC_TIME_SCALE), > 0: how many times faster than the hardware they model the sim-backend
+// workers run; one number for the whole cluster, `help` says what this tool does with it.
+CLI::Option* add_time_scale_option(CLI::App& cmd, double& time_scale, const std::string& help);
 // --trace FILE (env MC_TRACE): a Mooncake JSONL trace, or - for stdin.
 CLI::Option* add_trace_file_option(CLI::App& cmd, std::string& path);
 
