@@ -5,16 +5,13 @@
 #include <chrono>
 
 #include "mc/common/log.hpp"
+#include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 
 namespace mc::infer {
 
 ConductorOptions resolve_conductor_options(ConductorOptions o, const std::string& role) {
-  if (o.host.empty()) {
-    char name[256] = {};
-    if (gethostname(name, sizeof(name) - 1) == 0) o.host = name;
-    if (o.host.empty()) o.host = "localhost";
-  }
+  if (o.host.empty()) o.host = mc::report::host_name();
   if (o.instance_id.empty()) o.instance_id = role + "-" + o.host + "-" + std::to_string(getpid());
   return o;
 }

@@ -1,5 +1,6 @@
 #include "mc/infer/daemons.hpp"
 
+#include "mc/common/cli.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/units.hpp"
 #include "mc/infer/decode_worker.hpp"
@@ -12,9 +13,7 @@ void add_backend_flags(CLI::App& app, BackendFlags& f) {
       ->envname("MC_BACKEND")
       ->capture_default_str()
       ->check(CLI::IsMember({"ref", "sim"}));
-  app.add_option("--model", f.model, "Model preset (tiny, small, llama3-8b, llama3-70b) or a JSON config file")
-      ->envname("MC_MODEL")
-      ->capture_default_str();
+  cli::add_model_option(app, f.model, /*env=*/true);
   app.add_option("--seed", f.seed, "ref: seed of the weights (prefill and decode must agree); sim: token stream seed")
       ->envname("MC_SEED")
       ->capture_default_str();
@@ -22,27 +21,22 @@ void add_backend_flags(CLI::App& app, BackendFlags& f) {
       ->envname("MC_THREADS")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  app.add_option("--gpu", f.gpu, "sim: GPU server preset (a800x8, h800x8)")->envname("MC_GPU")->capture_default_str();
-  app.add_option("--time-scale", f.time_scale, "sim: sleep modelled time divided by this (> 0; 10 = ten times faster)")
-      ->envname("MC_TIME_SCALE")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  cli::add_gpu_option(app, f.gpu);
+  cli::add_time_scale_option(app, f.time_scale,
+                             "sim: sleep modelled time divided by this (> 0; 10 = ten times faster)");
   app.add_option("--kv-bytes-per-token", f.kv_bytes_per_token,
                  "sim: KV bytes per token (all layers) actually stored and moved; 0 = the model's")
       ->envname("MC_KV_BYTES_PER_TOKEN")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--block-size", f.block_tokens, "Tokens per KV block (prefill, decode and store must agree)")
-      ->envname("MC_BLOCK_SIZE")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cli::add_block_size_option(app, f.block_tokens, "--block-size",
+                             "Tokens per KV block (prefill, decode and store must agree)");
   app.add_option("--kv-blocks", f.kv_blocks, "KV blocks in this instance's buffer (0: fill --kv-buffer-size)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  app.add_option("--kv-buffer-size", f.kv_buffer_size,
-                 "KV buffer size in bytes (64MiB, 2GiB, ...) when --kv-blocks is 0")
-      ->envname("MC_KV_BUFFER_SIZE")
-      ->capture_default_str();
+  cli::add_size_option(app, "--kv-buffer-size", f.kv_buffer_size_bytes,
+                       "KV buffer size in bytes (64MiB, 2GiB, ...) when --kv-blocks is 0")
+      ->envname("MC_KV_BUFFER_SIZE");
 }
 
 void add_conductor_flags(CLI::App& app, ConductorOptions& o) {
@@ -69,13 +63,12 @@ Result<std::unique_ptr<Backend>> backend_from_flags(const BackendFlags& f) {
 
 Result<int64_t> kv_blocks_from_flags(const BackendFlags& f, const Backend& backend) {
   if (f.kv_blocks > 0) return f.kv_blocks;
-  auto bytes = units::parse_size_bytes(f.kv_buffer_size);
-  if (!bytes.is_ok()) return bytes.status().with_context("--kv-buffer-size");
   const int64_t block_bytes = backend.kv_layout(f.block_tokens).block_bytes();
-  const int64_t blocks = bytes.value() / block_bytes;
+  const int64_t blocks = static_cast<int64_t>(f.kv_buffer_size_bytes / static_cast<uint64_t>(block_bytes));
   if (blocks < 1) {
-    return error(Code::kInvalidArgument, "--kv-buffer-size " + f.kv_buffer_size + " holds no block of " +
-                                             std::to_string(block_bytes) + " B; raise it or lower --block-size");
+    return error(Code::kInvalidArgument,
+                 "--kv-buffer-size " + units::format_bytes(static_cast<int64_t>(f.kv_buffer_size_bytes)) +
+                     " holds no block of " + std::to_string(block_bytes) + " B; raise it or lower --block-size");
   }
   return blocks;
 }

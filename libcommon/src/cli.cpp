@@ -1,8 +1,11 @@
 #include "mc/common/cli.hpp"
 
+#include <cmath>
 #include <iostream>
 
 #include "mc/common/log.hpp"
+#include "mc/common/report.hpp"
+#include "mc/common/units.hpp"
 
 namespace mc {
 extern const char* const kBuildId;  // generated at build time (cmake/McBuildId.cmake)
@@ -29,10 +32,7 @@ void add_common_flags(CLI::App& app, const std::string& program) {
 }
 
 void add_key_namespace_flags(CLI::App& cmd, KeyNamespace& ns, const std::string& seed_flag) {
-  cmd.add_option("--block-size", ns.block_size, "Tokens per keyed block (must match the workers)")
-      ->envname("MC_BLOCK_SIZE")
-      ->capture_default_str()
-      ->check(CLI::Range(1u, 1u << 24));
+  add_block_size_option(cmd, ns.block_size, "--block-size", "Tokens per keyed block (must match the workers)");
   cmd.add_option(seed_flag, ns.seed, "XXH3 seed of the block-key chain")
       ->envname("MC_HASH_SEED")
       ->capture_default_str();
@@ -43,6 +43,147 @@ void add_key_namespace_flags(CLI::App& cmd, KeyNamespace& ns, const std::string&
   cmd.add_option("--lora", ns.lora_name, "LoRA adapter name of the key namespace");
   cmd.add_option("--lora-version", ns.lora_version, "LoRA adapter version of the key namespace");
   cmd.add_option("--salt", ns.salt, "Tenant salt of the key namespace")->envname("MC_SALT");
+}
+
+namespace {
+
+// A finite number > 0 (CLI::PositiveNumber lets "nan" and "inf" through).
+const CLI::Validator kPositiveFinite(
+    [](std::string& text) -> std::string {
+      double v = 0;
+      if (!CLI::detail::lexical_cast(text, v) || !(v > 0) || !std::isfinite(v))
+        return "value " + text + " is not a finite number > 0";
+      return {};
+    },
+    "POSITIVE");
+
+}  // namespace
+
+CLI::Option* add_json_flag(CLI::App& cmd, bool& json, const std::string& help) {
+  return cmd.add_flag("--json", json, help);
+}
+
+CLI::Option* add_size_option(CLI::App& cmd, const std::string& name, uint64_t& bytes, const std::string& help,
+                             uint64_t min_bytes, uint64_t max_bytes) {
+  return cmd
+      .add_option_function<std::string>(
+          name,
+          [&bytes, name, min_bytes, max_bytes](const std::string& v) {
+            Result<int64_t> r = units::parse_size_bytes(v);
+            if (!r.is_ok()) throw CLI::ValidationError(name, r.status().message());
+            if (r.value() < 0 || static_cast<uint64_t>(r.value()) < min_bytes ||
+                static_cast<uint64_t>(r.value()) > max_bytes)
+              throw CLI::ValidationError(
+                  name, v + ": want " + std::to_string(min_bytes) + " to " + std::to_string(max_bytes) + " bytes");
+            bytes = static_cast<uint64_t>(r.value());
+          },
+          help)
+      ->default_str(std::to_string(bytes));
+}
+
+void add_trace_window_flags(CLI::App& cmd, double& start_s, double& duration_s, int64_t& max_requests) {
+  cmd.add_option("--start-s", start_s, "Skip rows that arrive before this trace time (seconds)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--duration-s", duration_s,
+                 "Only rows arriving within this many trace seconds after --start-s (0: to the end)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--max-requests", max_requests, "At most this many rows (0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+CLI::Option* add_rate_scale_option(CLI::App& cmd, double& rate_scale) {
+  return cmd
+      .add_option("--rate-scale", rate_scale,
+                  "Multiply the arrival rate (divide the gaps between arrivals; 2: twice as many requests/s)")
+      ->envname("MC_RATE_SCALE")
+      ->capture_default_str()
+      ->check(kPositiveFinite);
+}
+
+CLI::Option* add_time_scale_option(CLI::App& cmd, double& time_scale, const std::string& help) {
+  return cmd.add_option("--time-scale", time_scale, help)
+      ->envname("MC_TIME_SCALE")
+      ->capture_default_str()
+      ->check(kPositiveFinite);
+}
+
+CLI::Option* add_trace_file_option(CLI::App& cmd, std::string& path) {
+  return cmd.add_option("--trace", path, "Mooncake JSONL trace file, or - for stdin")
+      ->envname("MC_TRACE")
+      ->capture_default_str();
+}
+
+void add_slo_default_flags(CLI::App& cmd, double& ttft_ms, double& tbt_ms) {
+  cmd.add_option("--slo-ttft-ms", ttft_ms, "Default TTFT SLO (ms) of requests that set none")
+      ->envname("MC_SLO_TTFT_MS")
+      ->capture_default_str()
+      ->check(kPositiveFinite);
+  cmd.add_option("--slo-tbt-ms", tbt_ms, "Default TBT SLO (ms) of requests that set none")
+      ->envname("MC_SLO_TBT_MS")
+      ->capture_default_str()
+      ->check(kPositiveFinite);
+}
+
+void add_slo_override_flags(CLI::App& cmd, std::optional<double>& ttft_ms, std::optional<double>& tbt_ms,
+                            const std::string& config) {
+  cmd.add_option("--slo-ttft-ms", ttft_ms, "Override: TTFT SLO (ms; default: " + config + ")")->check(kPositiveFinite);
+  cmd.add_option("--slo-tbt-ms", tbt_ms, "Override: TBT SLO (ms; default: " + config + ")")->check(kPositiveFinite);
+}
+
+void add_slo_list_flags(CLI::App& cmd, const std::string& ttft_flag, std::vector<double>& ttft_ms,
+                        const std::string& tbt_flag, std::vector<double>& tbt_ms, const std::string& help_suffix) {
+  cmd.add_option(ttft_flag, ttft_ms, "TTFT limits (ms), comma-separated" + help_suffix)
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->capture_default_str()
+      ->check(kPositiveFinite);
+  cmd.add_option(tbt_flag, tbt_ms,
+                 "TBT limits (ms; mean of the longest 10 % of a request's gaps), comma-separated" + help_suffix)
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->capture_default_str()
+      ->check(kPositiveFinite);
+}
+
+namespace {
+
+template <typename T>
+CLI::Option* add_block_size(CLI::App& cmd, T& tokens, const std::string& name, const std::string& help) {
+  return cmd.add_option(name, tokens, help)
+      ->envname("MC_BLOCK_SIZE")
+      ->capture_default_str()
+      ->check(CLI::Range(T{1}, static_cast<T>(kMaxBlockTokens)));
+}
+
+}  // namespace
+
+CLI::Option* add_block_size_option(CLI::App& cmd, int64_t& tokens, const std::string& name, const std::string& help) {
+  return add_block_size(cmd, tokens, name, help);
+}
+
+CLI::Option* add_block_size_option(CLI::App& cmd, uint32_t& tokens, const std::string& name, const std::string& help) {
+  return add_block_size(cmd, tokens, name, help);
+}
+
+namespace {
+const char* const kModelHelp = "Model preset (tiny, small, llama3-8b, llama3-70b) or a JSON config file";
+}  // namespace
+
+CLI::Option* add_model_option(CLI::App& cmd, std::string& model, bool env) {
+  CLI::Option* opt = cmd.add_option("--model", model, kModelHelp)->capture_default_str();
+  if (env) opt->envname("MC_MODEL");
+  return opt;
+}
+
+CLI::Option* add_model_option(CLI::App& cmd, std::optional<std::string>& model) {
+  return cmd.add_option("--model", model, std::string("Override: ") + kModelHelp);
+}
+
+CLI::Option* add_gpu_option(CLI::App& cmd, std::string& gpu) {
+  return cmd.add_option("--gpu", gpu, "GPU server preset (a800x8, h800x8)")->envname("MC_GPU")->capture_default_str();
 }
 
 int exit_code(const Status& status) {
@@ -61,6 +202,10 @@ int exit_code(const Status& status) {
 int report(const std::string& program, const Status& status) {
   if (!status.is_ok()) std::cerr << program << ": error: " << status.message() << '\n';
   return exit_code(status);
+}
+
+int report(const std::string& program, const Status& status, bool json) {
+  return report(program, mc::report::print_error(json, std::cout, status));
 }
 
 int parse(CLI::App& app, int argc, char** argv) {

@@ -9,10 +9,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <iomanip>
 #include <memory>
 #include <ostream>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +19,7 @@
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
+#include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/model/cost_model.hpp"
 #include "mc/model/model_config.hpp"
@@ -761,15 +760,7 @@ Status run_conductor(const ConductorOptions& options) {
   return c.loop();
 }
 
-namespace {
-
-std::string fixed(double v, int prec) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(prec) << v;
-  return s.str();
-}
-
-}  // namespace
+using mc::report::fixed;
 
 Status print_conductor_status(const std::string& endpoint, bool json, int timeout_ms, std::ostream& out) {
   rpc::ClientOptions o;
@@ -786,10 +777,8 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
   out << "mc-conductor " << endpoint << "  policy " << j.value("policy", "?") << "  SLO TTFT "
       << fixed(j["slo"].value("ttft_ms", 0.0), 0) << " ms, TBT " << fixed(j["slo"].value("tbt_ms", 0.0), 0)
       << " ms, early rejection " << (j["slo"].value("early_reject", true) ? "on" : "off") << "\n\n";
-  char line[256];
-  std::snprintf(line, sizeof line, "%-16s %-8s %-12s %-8s %10s %10s %8s %16s\n", "instance", "role", "host", "state",
-                "seen_ms", "queue_ms", "requests", "kv_tokens");
-  out << line;
+  std::vector<std::vector<std::string>> rows = {
+      {"instance", "role", "host", "state", "seen_ms", "queue_ms", "requests", "kv_tokens"}};
   for (const auto& i : j.value("instances", nlohmann::json::array())) {
     std::string role = i.value("role", "");
     std::string kv = role == "decode" ? std::to_string(i.value("kv_reserved_tokens", 0)) + "/" +
@@ -797,11 +786,10 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
                                       : "-";
     std::string queue = role == "prefill" ? fixed(i.value("queue_ms", 0.0), 1) : "-";
     int64_t reqs = role == "prefill" ? i.value("queued_jobs", 0) : i.value("requests", 0);
-    std::snprintf(line, sizeof line, "%-16s %-8s %-12s %-8s %10.0f %10s %8lld %16s\n", i.value("id", "").c_str(),
-                  role.c_str(), i.value("host", "").c_str(), i.value("state", "").c_str(),
-                  i.value("last_seen_ms_ago", 0.0), queue.c_str(), static_cast<long long>(reqs), kv.c_str());
-    out << line;
+    rows.push_back({i.value("id", ""), role, i.value("host", ""), i.value("state", ""),
+                    fixed(i.value("last_seen_ms_ago", 0.0), 0), queue, std::to_string(reqs), kv});
   }
+  mc::report::print_table(out, rows);
   const auto& idx = j["index"];
   out << "\nindex: " << idx.value("blocks", 0) << " blocks, " << idx.value("holder_entries", 0) << " replicas, "
       << idx.value("backends", 0) << " backends; events " << idx.value("events_applied", 0) << ", gaps "

@@ -1,5 +1,6 @@
 #include "mc/replay/analyze.hpp"
 
+#include "mc/common/report.hpp"
 #include "mc/report/format.hpp"
 
 #include <algorithm>
@@ -158,8 +159,7 @@ Result<TraceAnalysis> analyze_file(const std::string& path, const AnalyzeOptions
   return analyze(*reader, options);
 }
 
-using format::fixed;
-using format::print_rows;
+using mc::report::fixed;
 
 namespace {
 
@@ -178,7 +178,7 @@ json to_json(const TraceAnalysis& a, const RunInfo& info) {
     e["capacity_tokens"] = p.capacity_tokens;
     lru.push_back(std::move(e));
   }
-  return {{"config", format::info_json(info)},
+  return {{"config", mc::report::run_info_json(info)},
           {"requests", a.requests},
           {"lines", a.lines},
           {"skipped_rows", a.skipped_rows},
@@ -198,11 +198,11 @@ json to_json(const TraceAnalysis& a, const RunInfo& info) {
 }
 
 void print_table(std::ostream& out, const TraceAnalysis& a, const RunInfo& info) {
-  format::print_header(out, info);
-  print_rows(out,
-             {{"trace", "requests", "skipped_rows", "span_s", "arrival_rate_req/s", "blocks_total", "blocks_distinct"},
-              {"", std::to_string(a.requests), std::to_string(a.skipped_rows), fixed(a.span_s, 1),
-               fixed(a.arrival_rate_rps, 2), std::to_string(a.total_blocks), std::to_string(a.distinct_blocks)}});
+  mc::report::print_run_header(out, info);
+  mc::report::print_table(
+      out, {{"trace", "requests", "skipped_rows", "span_s", "arrival_rate_req/s", "blocks_total", "blocks_distinct"},
+            {"", std::to_string(a.requests), std::to_string(a.skipped_rows), fixed(a.span_s, 1),
+             fixed(a.arrival_rate_rps, 2), std::to_string(a.total_blocks), std::to_string(a.distinct_blocks)}});
   out << "\n";
   std::vector<std::vector<std::string>> len = {{"lengths", "mean", "p50", "p90", "p99", "max"}};
   auto row = [&](const char* name, const std::optional<Distribution>& d) {
@@ -212,7 +212,7 @@ void print_table(std::ostream& out, const TraceAnalysis& a, const RunInfo& info)
   row("input_tokens", a.input_tokens);
   row("output_tokens", a.output_tokens);
   row("blocks_per_request", a.blocks_per_request);
-  print_rows(out, len);
+  mc::report::print_table(out, len);
   out << "\n";
   std::vector<std::vector<std::string>> hits = {
       {"prefix cache", "capacity_tokens", "hit_blocks_%", "hit_tokens_%", "hit_tokens_full_blocks_%"}};
@@ -223,7 +223,7 @@ void print_table(std::ostream& out, const TraceAnalysis& a, const RunInfo& info)
   hit_row("infinite", "-", a.infinite);
   hit_row("infinite, earlier arrivals", "-", a.infinite_earlier);
   for (const LruPoint& p : a.lru) hit_row("LRU", std::to_string(p.capacity_tokens), p.hit);
-  print_rows(out, hits);
+  mc::report::print_table(out, hits);
 }
 
 }  // namespace mc::replay

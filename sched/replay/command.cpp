@@ -1,15 +1,13 @@
 #include "mc/replay/command.hpp"
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 
 #include "mc/common/cli.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/report.hpp"
 #include "mc/report/format.hpp"
 
 namespace mc::replay {
@@ -25,42 +23,10 @@ trace::ReaderOptions TraceInput::reader_options() const {
   return o;
 }
 
-RunInfo base_info(const std::string& command) {
-  char host[256] = {0};
-  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
-  std::time_t now = std::time(nullptr);
-  char when[32] = {0};
-  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return {{"tool", "mc-trace-replay " + command}, {"build", cli::build_id()}, {"host", host}, {"time", when}};
-}
-
-Result<std::vector<double>> parse_ms_list(const std::string& text, const std::string& flag) {
-  std::vector<double> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || !(v > 0))
-      return Status(Code::kInvalidArgument, flag + " \"" + text + "\": \"" + item +
-                                                "\" is not a positive number of milliseconds (example: 100,200,300)");
-    out.push_back(v);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
-
 namespace {
 
 std::string num(double v) {
-  std::string s = format::fixed(v, 3);
+  std::string s = mc::report::fixed(v, 3);
   while (!s.empty() && s.back() == '0') s.pop_back();
   if (!s.empty() && s.back() == '.') s.pop_back();
   return s;
@@ -73,12 +39,6 @@ void add_window_info(RunInfo& info, const TraceInput& in, const trace::ReaderSta
   if (in.window.duration_s > 0) info.emplace_back("duration_s", num(in.window.duration_s));
   if (in.window.max_requests > 0) info.emplace_back("max_requests", std::to_string(in.window.max_requests));
   if (stats.skipped > 0) info.emplace_back("skipped_rows", std::to_string(stats.skipped));
-}
-
-// In JSON mode the error is also the document (iperf3's convention); the caller prints it on stderr.
-Status fail(bool as_json, std::ostream& out, const Status& st) {
-  if (as_json) out << json{{"error", {{"code", code_name(st.code())}, {"message", st.message()}}}}.dump(2) << "\n";
-  return st;
 }
 
 // Lenient mode: the final count of skipped rows (each was already warned about on its line).
@@ -100,15 +60,15 @@ Result<std::unique_ptr<trace::Reader>> open_trace(const TraceInput& in) {
 
 Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
   auto reader = open_trace(c.input);
-  if (!reader.is_ok()) return fail(c.json, out, reader.status());
+  if (!reader.is_ok()) return mc::report::print_error(c.json, out, reader.status());
   AnalyzeOptions opt;
   opt.reader = c.input.reader_options();
   opt.window = c.input.window;
   opt.capacity_tokens = c.capacity_tokens;
   auto a = analyze(**reader, opt);
-  if (!a.is_ok()) return fail(c.json, out, a.status());
+  if (!a.is_ok()) return mc::report::print_error(c.json, out, a.status());
   warn_skipped(**reader);
-  RunInfo info = base_info("analyze");
+  RunInfo info = mc::report::host_run_info("mc-trace-replay analyze");
   add_window_info(info, c.input, (*reader)->stats());
   info.emplace_back("block_size", std::to_string(c.input.trace_block_size));
   if (c.json) {
@@ -120,19 +80,20 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
 }
 
 Status run_report_command(const ReportCommand& c, std::ostream& out) {
-  if (c.records_paths.empty()) return fail(c.json, out, Status(Code::kInvalidArgument, "no records file given"));
+  if (c.records_paths.empty())
+    return mc::report::print_error(c.json, out, Status(Code::kInvalidArgument, "no records file given"));
   std::vector<std::pair<std::string, Summary>> runs;
   for (const std::string& path : c.records_paths) {
     std::ifstream in(path);
     if (!in)
-      return fail(c.json, out,
-                  Status(Code::kNotFound, "cannot open records file " + path + ": " + std::strerror(errno)));
+      return mc::report::print_error(
+          c.json, out, Status(Code::kNotFound, "cannot open records file " + path + ": " + std::strerror(errno)));
     auto records = read_records_jsonl(in, path);
-    if (!records.is_ok()) return fail(c.json, out, records.status());
+    if (!records.is_ok()) return mc::report::print_error(c.json, out, records.status());
     std::string label = std::filesystem::path(path).stem().string();
     runs.emplace_back(label, summarize(*records, c.summary));
   }
-  RunInfo info = base_info("report");
+  RunInfo info = mc::report::host_run_info("mc-trace-replay report");
   if (runs.size() == 1) {
     info.emplace_back("records", c.records_paths.front());
     if (c.json) {
@@ -151,7 +112,7 @@ Status run_report_command(const ReportCommand& c, std::ostream& out) {
     }
     out << all.dump(2) << "\n";
   } else {
-    format::print_header(out, info);
+    mc::report::print_run_header(out, info);
     print_comparison(out, runs);
   }
   return Status::ok();
@@ -159,29 +120,31 @@ Status run_report_command(const ReportCommand& c, std::ostream& out) {
 
 Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   auto reader = open_trace(c.input);
-  if (!reader.is_ok()) return fail(c.json, out, reader.status());
+  if (!reader.is_ok()) return mc::report::print_error(c.json, out, reader.status());
   auto rows = read_window(**reader, c.input.window);
-  if (!rows.is_ok()) return fail(c.json, out, rows.status());
+  if (!rows.is_ok()) return mc::report::print_error(c.json, out, rows.status());
   warn_skipped(**reader);
   if (rows->empty())
-    return fail(c.json, out,
-                Status(Code::kInvalidArgument,
-                       "no request to replay: " + c.input.reader_options().source_name +
-                           " has no valid row in the window (empty file, all rows skipped, or --start-s/--duration-s/"
-                           "--max-requests select none)"));
+    return mc::report::print_error(
+        c.json, out,
+        Status(Code::kInvalidArgument,
+               "no request to replay: " + c.input.reader_options().source_name +
+                   " has no valid row in the window (empty file, all rows skipped, or --start-s/--duration-s/"
+                   "--max-requests select none)"));
   if (c.max_output_tokens < 0)
-    return fail(c.json, out, Status(Code::kInvalidArgument, "--max-output-tokens must be >= 0"));
+    return mc::report::print_error(c.json, out, Status(Code::kInvalidArgument, "--max-output-tokens must be >= 0"));
   if (c.max_output_tokens > 0)
     for (auto& r : *rows) r.output_length = std::min(r.output_length, c.max_output_tokens);
   if (c.summary.slo_ttft_ms.empty() || c.summary.slo_tbt_ms.empty())
-    return fail(c.json, out, Status(Code::kInvalidArgument, "--slo-ttft-ms and --slo-tbt-ms need at least one value"));
+    return mc::report::print_error(
+        c.json, out, Status(Code::kInvalidArgument, "--slo-ttft-ms and --slo-tbt-ms need at least one value"));
 
   std::ofstream records_out;
   if (!c.out_path.empty()) {
     records_out.open(c.out_path, std::ios::trunc);
     if (!records_out)
-      return fail(c.json, out,
-                  Status(Code::kIo, "cannot write records to " + c.out_path + ": " + std::strerror(errno)));
+      return mc::report::print_error(
+          c.json, out, Status(Code::kIo, "cannot write records to " + c.out_path + ": " + std::strerror(errno)));
   }
   ReplayOptions ro = c.replay;
   ro.window = c.input.window;
@@ -193,17 +156,17 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   MC_LOG_INFO << "replaying " << rows->size() << " requests against " << lo.endpoint;
   auto events = make_client_event_source(c.client_bind);
   auto result = run_replay(*rows, ro, conductor_link_factory(lo), events.get());
-  if (!result.is_ok()) return fail(c.json, out, result.status());
+  if (!result.is_ok()) return mc::report::print_error(c.json, out, result.status());
 
   if (records_out.is_open()) {
     for (const RequestRecord& r : result->records) records_out << to_json(r).dump() << "\n";
     records_out.flush();
     if (!records_out)
-      return fail(c.json, out,
-                  Status(Code::kIo, "writing records to " + c.out_path + " failed: " + std::strerror(errno)));
+      return mc::report::print_error(
+          c.json, out, Status(Code::kIo, "writing records to " + c.out_path + " failed: " + std::strerror(errno)));
   }
   Summary s = summarize(result->records, c.summary);
-  RunInfo info = base_info("replay");
+  RunInfo info = mc::report::host_run_info("mc-trace-replay replay");
   add_window_info(info, c.input, (*reader)->stats());
   info.emplace_back("conductor", lo.endpoint);
   info.emplace_back("speed", num(ro.speed));

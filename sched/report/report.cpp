@@ -1,5 +1,6 @@
 #include "mc/report/report.hpp"
 
+#include "mc/common/report.hpp"
 #include "mc/report/format.hpp"
 
 #include <algorithm>
@@ -385,13 +386,12 @@ Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& 
 
 // ---- rendering ----
 
-using format::fixed;
-using format::pct;
-using format::print_rows;
+using mc::report::fixed;
+using mc::report::pct;
 
 json to_json(const Summary& s, const RunInfo& info) {
   json j = json::object();
-  j["config"] = format::info_json(info);
+  j["config"] = mc::report::run_info_json(info);
   j["requests"] = {{"offered", s.offered},     {"accepted", s.accepted}, {"rejected", s.rejected},
                    {"completed", s.completed}, {"failed", s.failed},     {"late_sends", s.late_sends}};
   if (s.max_send_lag_ms) j["requests"]["max_send_lag_ms"] = *s.max_send_lag_ms;
@@ -438,14 +438,14 @@ json to_json(const Summary& s, const RunInfo& info) {
 }
 
 void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
-  format::print_header(out, info);
+  mc::report::print_run_header(out, info);
 
   double accept = s.offered > 0 ? static_cast<double>(s.accepted) / static_cast<double>(s.offered) : 0.0;
-  print_rows(out, {{"requests", "offered", "accepted", "rejected", "completed", "failed", "accepted_%", "late_sends",
-                    "span_s"},
-                   {"", std::to_string(s.offered), std::to_string(s.accepted), std::to_string(s.rejected),
-                    std::to_string(s.completed), std::to_string(s.failed), pct(accept), std::to_string(s.late_sends),
-                    fixed(s.span_s, 1)}});
+  mc::report::print_table(out, {{"requests", "offered", "accepted", "rejected", "completed", "failed", "accepted_%",
+                                 "late_sends", "span_s"},
+                                {"", std::to_string(s.offered), std::to_string(s.accepted), std::to_string(s.rejected),
+                                 std::to_string(s.completed), std::to_string(s.failed), pct(accept),
+                                 std::to_string(s.late_sends), fixed(s.span_s, 1)}});
   // One line per kind of reason (a run can reject hundreds of requests, each message with its own numbers);
   // --json has every distinct reason.
   for (const auto& [kind, ce] : s.reason_kinds) {
@@ -471,7 +471,7 @@ void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
   row("TBT (top-10% mean)", s.tbt_ms);
   row("TPOT", s.tpot_ms);
   row("E2E", s.e2e_ms);
-  print_rows(out, lat);
+  mc::report::print_table(out, lat);
   out << "output tokens: " << s.output_tokens << " produced of " << s.output_tokens_requested << " requested";
   if (s.output_tokens_counted > 0)
     out << " (" << s.output_tokens_counted << " requests without a server count: tokens counted)";
@@ -482,20 +482,22 @@ void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
   for (const SloResult& r : s.slo)
     slo.push_back({"", fixed(r.ttft_ms, 0), fixed(r.tbt_ms, 0), std::to_string(r.met), pct(r.attainment),
                    pct(r.attainment_accepted), fixed(r.goodput_rps, 3)});
-  print_rows(out, slo);
+  mc::report::print_table(out, slo);
   out << "\n";
 
   const CacheSummary& c = s.cache;
-  print_rows(out, {{"cache", "prompt_tokens", "hit_%", "local_%", "remote_%", "ssd_%", "avoided_prefill_tokens",
-                    "transfer_bytes"},
-                   {"", std::to_string(c.prompt_tokens), pct(c.hit_ratio()), pct(c.ratio(c.hit_tokens_local)),
-                    pct(c.ratio(c.hit_tokens_remote)), pct(c.ratio(c.hit_tokens_ssd)),
-                    std::to_string(c.avoided_prefill_tokens), std::to_string(c.transfer_bytes)}});
+  mc::report::print_table(
+      out,
+      {{"cache", "prompt_tokens", "hit_%", "local_%", "remote_%", "ssd_%", "avoided_prefill_tokens", "transfer_bytes"},
+       {"", std::to_string(c.prompt_tokens), pct(c.hit_ratio()), pct(c.ratio(c.hit_tokens_local)),
+        pct(c.ratio(c.hit_tokens_remote)), pct(c.ratio(c.hit_tokens_ssd)), std::to_string(c.avoided_prefill_tokens),
+        std::to_string(c.transfer_bytes)}});
   out << "\n";
   const PredictionSummary& p = s.prediction;
-  print_rows(out, {{"TTFT prediction", "count", "mean_abs_err_ms", "mean_err_ms", "p90_abs_err_ms", "mean_abs_err_%"},
-                   {"", std::to_string(p.count), fixed(p.mean_abs_error_ms, 1), fixed(p.mean_error_ms, 1),
-                    fixed(p.p90_abs_error_ms, 1), pct(p.mean_abs_pct_error)}});
+  mc::report::print_table(
+      out, {{"TTFT prediction", "count", "mean_abs_err_ms", "mean_err_ms", "p90_abs_err_ms", "mean_abs_err_%"},
+            {"", std::to_string(p.count), fixed(p.mean_abs_error_ms, 1), fixed(p.mean_error_ms, 1),
+             fixed(p.p90_abs_error_ms, 1), pct(p.mean_abs_pct_error)}});
 }
 
 void print_comparison(std::ostream& out, const std::vector<std::pair<std::string, Summary>>& runs) {
@@ -518,7 +520,7 @@ void print_comparison(std::ostream& out, const std::vector<std::pair<std::string
                     d(s.tbt_ms, &Distribution::p90), f ? pct(f->attainment) : "-", f ? fixed(f->goodput_rps, 3) : "-",
                     pct(s.cache.hit_ratio()), std::to_string(s.cache.avoided_prefill_tokens)});
   }
-  print_rows(out, rows);
+  mc::report::print_table(out, rows);
 }
 
 }  // namespace mc::replay

@@ -6,7 +6,7 @@
 #include <iostream>
 #include <memory>
 
-#include "mc/common/cli.hpp"
+#include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
 
 namespace mc::sim {
@@ -115,18 +115,17 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
     return error(Code::kIo, "writing records to " + cmd.records_path + " failed: " + std::strerror(errno));
   }
 
-  replay::RunInfo info = {
-      {"tool", "mc-sim"},
-      {"build", cli::build_id()},
-      {"trace", cmd.trace_path},
-      {"policy", opt.cluster.policy},
-      {"cluster", std::to_string(opt.cluster.prefill_instances) + "P+" + std::to_string(opt.cluster.decode_instances) +
-                      "D " + opt.cluster.model + " on " + opt.cluster.gpu},
-      {"cache", std::string(cache_mode_name(opt.cluster.cache_mode)) + " " +
-                    std::to_string(opt.cluster.cache_capacity_tokens) + " tokens/instance"},
-      {"rate_scale", std::to_string(opt.window.rate_scale)},
-      {"early_rejection", opt.cluster.early_rejection ? "on" : "off"},
-      {"refit", cmd.refit ? "on" : "off"}};
+  replay::RunInfo info = mc::report::run_info("mc-sim");
+  info.insert(info.end(), {{"trace", cmd.trace_path},
+                           {"policy", opt.cluster.policy},
+                           {"cluster", std::to_string(opt.cluster.prefill_instances) + "P+" +
+                                           std::to_string(opt.cluster.decode_instances) + "D " + opt.cluster.model +
+                                           " on " + opt.cluster.gpu},
+                           {"cache", std::string(cache_mode_name(opt.cluster.cache_mode)) + " " +
+                                         std::to_string(opt.cluster.cache_capacity_tokens) + " tokens/instance"},
+                           {"rate_scale", std::to_string(opt.window.rate_scale)},
+                           {"early_rejection", opt.cluster.early_rejection ? "on" : "off"},
+                           {"refit", cmd.refit ? "on" : "off"}});
   if (cmd.json) {
     out << to_json(result, info).dump(2) << "\n";
   } else {
@@ -171,15 +170,14 @@ Status run_capacity_command(const CapacityCommand& cmd, std::ostream& out) {
   o.window.duration_s = 0;
   o.window.max_requests = 0;
   MC_ASSIGN_OR_RETURN(CapacityPlan plan, plan_capacity(rows, o));
-  replay::RunInfo info = {{"tool", "mc-plan capacity"},
-                          {"build", cli::build_id()},
-                          {"trace", cmd.trace_path},
-                          {"requests", std::to_string(rows.size())},
-                          {"slo_ttft_ms", std::to_string(o.base.slo_ttft_ms)},
-                          {"slo_tbt_ms", std::to_string(o.base.slo_tbt_ms)},
-                          {"accept", std::to_string(o.accept)},
-                          {"policy", o.base.policy},
-                          {"model", o.base.model + " on " + o.base.gpu}};
+  replay::RunInfo info = mc::report::run_info("mc-plan capacity");
+  info.insert(info.end(), {{"trace", cmd.trace_path},
+                           {"requests", std::to_string(rows.size())},
+                           {"slo_ttft_ms", std::to_string(o.base.slo_ttft_ms)},
+                           {"slo_tbt_ms", std::to_string(o.base.slo_tbt_ms)},
+                           {"accept", std::to_string(o.accept)},
+                           {"policy", o.base.policy},
+                           {"model", o.base.model + " on " + o.base.gpu}});
   if (cmd.json) {
     out << to_json(plan, info).dump(2) << "\n";
   } else {

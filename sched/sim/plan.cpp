@@ -4,6 +4,7 @@
 #include <chrono>
 #include <iostream>
 
+#include "mc/common/report.hpp"
 #include "mc/model/cost_model.hpp"
 #include "mc/model/model_config.hpp"
 #include "mc/replay/analyze.hpp"
@@ -11,9 +12,8 @@
 
 namespace mc::sim {
 
-using replay::format::fixed;
-using replay::format::pct;
-using replay::format::print_rows;
+using mc::report::fixed;
+using mc::report::pct;
 
 // ---------------------------------------------------------------------------------------------
 // Threshold
@@ -81,7 +81,7 @@ void print_threshold(std::ostream& out, const ThresholdReport& r) {
                     fixed(x.saved_s, 4), fixed(x.threshold_bytes_per_s * 1e-9, 2),
                     fixed(x.threshold_at_peak_bytes_per_s * 1e-9, 2)});
   }
-  print_rows(out, rows);
+  mc::report::print_table(out, rows);
   out << "\nlinear term only (kv_bytes_per_token x prefill rate): " << fixed(r.linear_threshold_bytes_per_s * 1e-9, 2)
       << " GB/s at the preset's efficiency, " << fixed(r.linear_threshold_at_peak_bytes_per_s * 1e-9, 2)
       << " GB/s at peak";
@@ -254,7 +254,7 @@ nlohmann::json to_json(const CapacityPlan& p, const replay::RunInfo& info) {
                       {"ttft_attainment", t.ttft_attainment},
                       {"wall_s", t.wall_s}});
   }
-  return {{"config", replay::format::info_json(info)},
+  return {{"config", mc::report::run_info_json(info)},
           {"feasible", p.feasible},
           {"prefill_instances", p.prefill_instances},
           {"decode_instances", p.decode_instances},
@@ -271,13 +271,14 @@ nlohmann::json to_json(const CapacityPlan& p, const replay::RunInfo& info) {
 }
 
 void print_plan(std::ostream& out, const CapacityPlan& p, const replay::RunInfo& info) {
-  replay::format::print_header(out, info);
-  print_rows(out, {{"plan", "prefill", "decode", "cache_total_tokens", "cache_per_prefill_tokens", "cache_total_GB",
-                    "nic_GB/s", "attainment_%", "feasible"},
-                   {"", std::to_string(p.prefill_instances), std::to_string(p.decode_instances),
-                    std::to_string(p.cache_total_tokens), std::to_string(p.cache_capacity_tokens),
-                    fixed(static_cast<double>(p.cache_total_bytes) * 1e-9, 0),
-                    fixed(p.nic_bandwidth_bytes_per_s * 1e-9, 1), pct(p.attainment), p.feasible ? "yes" : "no"}});
+  mc::report::print_run_header(out, info);
+  mc::report::print_table(
+      out, {{"plan", "prefill", "decode", "cache_total_tokens", "cache_per_prefill_tokens", "cache_total_GB",
+             "nic_GB/s", "attainment_%", "feasible"},
+            {"", std::to_string(p.prefill_instances), std::to_string(p.decode_instances),
+             std::to_string(p.cache_total_tokens), std::to_string(p.cache_capacity_tokens),
+             fixed(static_cast<double>(p.cache_total_bytes) * 1e-9, 0), fixed(p.nic_bandwidth_bytes_per_s * 1e-9, 1),
+             pct(p.attainment), p.feasible ? "yes" : "no"}});
   out << "cache: LRU hit ratio " << pct(p.cache_hit_ratio) << " % of prompt tokens at the chosen capacity, "
       << pct(p.cache_hit_ratio_infinite) << " % with an infinite cache\n\n";
   std::vector<std::vector<std::string>> rows = {{"trial", "prefill", "decode", "cache_per_prefill_tokens", "nic_GB/s",
@@ -287,7 +288,7 @@ void print_plan(std::ostream& out, const CapacityPlan& p, const replay::RunInfo&
                     std::to_string(t.cache_capacity_tokens), fixed(t.nic_bandwidth_bytes_per_s * 1e-9, 1),
                     pct(t.attainment), pct(t.ttft_attainment), fixed(t.wall_s, 2)});
   }
-  print_rows(out, rows);
+  mc::report::print_table(out, rows);
   out << "\nCLUSTER.json of the plan:\n" << p.cluster.to_json().dump(2) << "\n";
 }
 

@@ -2,14 +2,14 @@
 // same table); the simulator adds the instance and cache/compute ledgers.
 #include <ostream>
 
+#include "mc/common/report.hpp"
 #include "mc/report/format.hpp"
 #include "mc/sim/simulator.hpp"
 
 namespace mc::sim {
 
-using replay::format::fixed;
-using replay::format::pct;
-using replay::format::print_rows;
+using mc::report::fixed;
+using mc::report::pct;
 
 nlohmann::json to_json(const SimResult& r, const replay::RunInfo& info) {
   nlohmann::json j;
@@ -76,11 +76,11 @@ void print_report(std::ostream& out, const SimResult& r, const replay::RunInfo& 
                     p ? std::to_string(i.cache_evictions) : "-", fixed(static_cast<double>(i.nic_tx_bytes) * 1e-9, 1),
                     fixed(static_cast<double>(i.nic_rx_bytes) * 1e-9, 1)});
   }
-  print_rows(out, rows);
+  mc::report::print_table(out, rows);
   out << "\n";
   const SimTotals& t = r.totals;
   const double saved = t.prefill_gpu_s_without_cache > 0 ? t.prefill_gpu_s_saved / t.prefill_gpu_s_without_cache : 0.0;
-  print_rows(
+  mc::report::print_table(
       out,
       {{"prefill ledger", "hit_%", "local_%", "remote_%", "lost_to_eviction_tokens", "gpu_s_spent", "gpu_s_saved",
         "saved_%", "prefix_GB", "kv_to_decode_GB", "replicas"},

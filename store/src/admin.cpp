@@ -2,15 +2,14 @@
 
 #include <cstdio>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
 #include <iterator>
-#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "mc/common/daemon.hpp"
+#include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 
 namespace mc::store {
@@ -28,11 +27,7 @@ Result<std::string> read_all(const std::string& file) {
   return data;
 }
 
-std::string mib(uint64_t bytes) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20);
-  return s.str();
-}
+std::string mib(uint64_t bytes) { return report::fixed(static_cast<double>(bytes) / (1 << 20), 1); }
 
 }  // namespace
 
@@ -79,14 +74,14 @@ Status admin_ls(const AdminOptions& options, const std::string& prefix, uint32_t
     out << nlohmann::json{{"objects", arr}, {"truncated", reply.truncated}}.dump() << '\n';
     return Status::ok();
   }
-  out << std::left << std::setw(60) << "key" << std::right << std::setw(14) << "size(bytes)"
-      << "  state      replicas\n";
+  std::vector<std::vector<std::string>> rows = {{"key", "size(bytes)", "state", "replicas"}};
   for (const auto& o : reply.objects) {
     std::string reps;
     for (size_t i = 0; i < o.segments.size(); ++i) reps += (i ? "," : "") + o.segments[i] + "(" + o.media[i] + ")";
-    out << std::left << std::setw(60) << o.key << std::right << std::setw(14) << o.size_bytes << "  " << std::left
-        << std::setw(10) << (o.complete ? (o.leased ? "leased" : "complete") : "writing") << " " << reps << '\n';
+    rows.push_back(
+        {o.key, std::to_string(o.size_bytes), o.complete ? (o.leased ? "leased" : "complete") : "writing", reps});
   }
+  report::print_table(out, rows);
   if (reply.truncated) out << "(truncated at " << limit << " objects; use --limit)\n";
   return Status::ok();
 }
@@ -132,17 +127,14 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
     out << j.dump() << '\n';
     return Status::ok();
   }
-  out << std::left << std::setw(24) << "segment" << std::setw(8) << "medium" << std::setw(10) << "domain" << std::right
-      << std::setw(14) << "capacity(MiB)" << std::setw(10) << "used(MiB)" << std::setw(9) << "objects" << std::setw(9)
-      << "leased" << std::setw(9) << "hits" << std::setw(11) << "evictions" << std::setw(11) << "demotions"
-      << std::setw(7) << "frag" << '\n';
+  std::vector<std::vector<std::string>> rows = {{"segment", "medium", "domain", "capacity(MiB)", "used(MiB)", "objects",
+                                                 "leased", "hits", "evictions", "demotions", "frag"}};
   for (const auto& g : s.segments) {
-    out << std::left << std::setw(24) << g.segment << std::setw(8) << g.medium << std::setw(10) << g.domain
-        << std::right << std::setw(14) << mib(g.capacity_bytes) << std::setw(10) << mib(g.used_bytes) << std::setw(9)
-        << g.objects << std::setw(9) << g.leased_objects << std::setw(9) << g.hits << std::setw(11) << g.evictions
-        << std::setw(11) << g.demotions << std::setw(7) << std::fixed << std::setprecision(2) << g.fragmentation
-        << '\n';
+    rows.push_back({g.segment, g.medium, g.domain, mib(g.capacity_bytes), mib(g.used_bytes), std::to_string(g.objects),
+                    std::to_string(g.leased_objects), std::to_string(g.hits), std::to_string(g.evictions),
+                    std::to_string(g.demotions), report::fixed(g.fragmentation, 2)});
   }
+  report::print_table(out, rows);
   out << "objects " << s.objects << " (writing " << s.processing << "), nodes " << s.nodes << ", hits " << s.hits
       << ", misses " << s.misses << ", evictions " << s.evictions << ", demotions " << s.demotions
       << ", reclaimed puts " << s.reclaimed_puts << ", hot copies " << s.hot_replications << ", dead nodes "

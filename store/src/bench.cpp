@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/cli.hpp"
+#include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/store/master_core.hpp"
 
@@ -401,9 +402,9 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
     out << std::left << std::setw(12) << "op" << std::right << std::setw(16) << "bytes" << std::setw(10) << "GB/s"
         << '\n';
     out << std::left << std::setw(12) << "batch_put" << std::right << std::setw(16) << put_bytes << std::setw(10)
-        << std::fixed << std::setprecision(3) << put_gbs << '\n';
+        << report::fixed(put_gbs, 3) << '\n';
     out << std::left << std::setw(12) << "batch_get" << std::right << std::setw(16) << get_bytes << std::setw(10)
-        << get_gbs << '\n';
+        << report::fixed(get_gbs, 3) << '\n';
   }
   return Status::ok();
 }
@@ -456,7 +457,7 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
                        {"ops_per_second", p.rate()}});
       } else {
         out << std::left << std::setw(8) << op << std::right << std::setw(9) << n << std::setw(12) << p.ops
-            << std::setw(9) << p.errors << std::setw(14) << std::fixed << std::setprecision(0) << p.rate() << '\n';
+            << std::setw(9) << p.errors << std::setw(14) << report::fixed(p.rate(), 0) << '\n';
       }
     }
   }

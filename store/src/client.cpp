@@ -13,6 +13,7 @@
 
 #include "fast_rpc.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/report.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/transfer/engine.hpp"
 
@@ -22,12 +23,6 @@ namespace {
 
 // Bytes per node data RPC of an SSD replica (at most proto::kStoreMaxChunkBytes).
 constexpr uint64_t kChunkBytes = 1ULL << 20;
-
-std::string default_host() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
-}
 
 Status item_status(uint16_t code, const std::string& message) {
   return code == 0 ? Status::ok() : Status(static_cast<Code>(code), message);
@@ -539,7 +534,7 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
 Result<std::unique_ptr<Client>> Client::connect(ClientOptions options) {
-  if (options.host.empty()) options.host = default_host();
+  if (options.host.empty()) options.host = mc::report::host_name();
   if (options.client_id.empty()) {
     std::random_device rd;
     options.client_id = options.host + "-" + std::to_string(getpid()) + "-" + std::to_string(rd() % 1000000);

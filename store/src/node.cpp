@@ -15,6 +15,7 @@
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/protocol.hpp"
+#include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/common/units.hpp"
 #include "mc/store/directory.hpp"
@@ -172,10 +173,7 @@ class Node {
   explicit Node(NodeOptions o) : opt_(std::move(o)) {}
 
   Status start() {
-    if (opt_.host.empty()) {
-      char buf[256] = {};
-      opt_.host = gethostname(buf, sizeof(buf) - 1) == 0 ? buf : "localhost";
-    }
+    if (opt_.host.empty()) opt_.host = mc::report::host_name();
     if (opt_.node_id.empty()) opt_.node_id = opt_.host + "-" + std::to_string(getpid());
     for (char c : opt_.node_id) {
       if (c == '/' || c == ' ')

@@ -136,7 +136,7 @@ TEST(XferFailover, OneLinkDownCompletesBothDownFails) {
     EXPECT_LT(mono_ms() - t0, 25000);
     auto j = nlohmann::json::parse(out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << out;
-    const std::string err = j.value("error", "");
+    const std::string err = j["error"].value("message", "");
     EXPECT_TRUE(err.find("no path left") != std::string::npos || err.find("not done within") != std::string::npos)
         << err;
     EXPECT_NE(err.find("10.201.1.2"), std::string::npos) << err;

@@ -98,13 +98,13 @@ TEST(XferE2EBadRequests, ErrorsAndTheServerKeepsServing) {
   // Unknown segment: nobody serves on port 1.
   auto unk = run({kXfer, "read", "--target", "127.0.0.1:1", "--length", "4KiB", "--json"}, 20000);
   EXPECT_EQ(unk.exit_code, 1) << unk.out;
-  EXPECT_NE(parse_json(unk)["error"].get<std::string>().find("127.0.0.1:1"), std::string::npos) << unk.out;
+  EXPECT_NE(parse_json(unk)["error"]["message"].get<std::string>().find("127.0.0.1:1"), std::string::npos) << unk.out;
   // Offset past the end, over both transports.
   for (const char* t : {"tcp", "shm"}) {
     auto past = run(
         {kXfer, "read", "--target", s.segment, "--offset", "8MiB", "--length", "1", "--transport", t, "--json"}, 20000);
     EXPECT_EQ(past.exit_code, 2) << past.out;
-    EXPECT_NE(parse_json(past)["error"].get<std::string>().find("outside"), std::string::npos) << past.out;
+    EXPECT_NE(parse_json(past)["error"]["message"].get<std::string>().find("outside"), std::string::npos) << past.out;
   }
   // Length overflow: offset + length wraps 64 bits.
   auto wrap = run({kXfer, "write", "--target", s.segment, "--offset", "9223372036854775807", "--length", "1MiB",
@@ -173,7 +173,7 @@ TEST(XferE2EBench, RdmaWithoutDeviceFailsClearly) {
       run({kXfer, "bench", "--target", "127.0.0.1:9", "--transport", "rdma", "--duration", "0.1", "--json"}, 20000);
   EXPECT_EQ(b.exit_code, 1) << b.out;
   auto j = parse_json(b);
-  const std::string err = j.value("error", "");
+  const std::string err = j["error"].value("message", "");
   // "returned 0" (an empty list) or "failed: <strerror>" (NULL: no RDMA in this kernel).
   EXPECT_TRUE(err.find("no RDMA device: ibv_get_device_list ") != std::string::npos ||
               err.find("rdma transport not built") != std::string::npos)

@@ -31,14 +31,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember(mc::sched::policy_names()));
   serve->add_option("--seed", o.scheduler.seed, "Seed of the random policy")->capture_default_str();
-  serve->add_option("--slo-ttft-ms", o.scheduler.slo.ttft_ms, "Default TTFT SLO (ms) of requests that set none")
-      ->envname("MC_SLO_TTFT_MS")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  serve->add_option("--slo-tbt-ms", o.scheduler.slo.tbt_ms, "Default TBT SLO (ms) of requests that set none")
-      ->envname("MC_SLO_TBT_MS")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  mc::cli::add_slo_default_flags(*serve, o.scheduler.slo.ttft_ms, o.scheduler.slo.tbt_ms);
   serve->add_flag("--no-early-reject", no_early_reject,
                   "Place requests even when they are predicted to miss their SLO (reject only impossible ones)");
   serve
@@ -61,19 +54,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   serve->add_option("--decisions", o.decisions_path, "Append every decision with its inputs to FILE (JSONL)");
-  serve
-      ->add_option("--time-scale", o.time_scale,
-                   "Workers run this many times faster than the hardware they model (sim backend): measured "
-                   "times are multiplied by it, bandwidth samples ignored")
-      ->envname("MC_TIME_SCALE")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  mc::cli::add_time_scale_option(*serve, o.time_scale,
+                                 "Workers run this many times faster than the hardware they model (sim backend): "
+                                 "measured times are multiplied by it, bandwidth samples ignored");
   serve->add_option("--cost-model", cost_model, "Model preset or JSON file of the prefill/decode cost prior")
       ->envname("MC_COST_MODEL")
       ->capture_default_str();
-  serve->add_option("--gpu", gpu, "GPU preset of the cost prior (a800x8, h800x8)")
-      ->envname("MC_GPU")
-      ->capture_default_str();
+  mc::cli::add_gpu_option(*serve, gpu);
   serve
       ->add_option("--kv-bytes-per-token", o.scheduler.kv.kv_bytes_per_token,
                    "KV bytes per token for transfer pricing (default: the cost model's)")
@@ -99,13 +86,13 @@ int main(int argc, char** argv) {
                                   "Print a running Conductor's instances, loads, index, decisions and "
                                   "TTFT prediction error");
   stat->add_option("--endpoint", endpoint, "The Conductor's endpoint")->envname("MC_CONDUCTOR")->capture_default_str();
-  stat->add_flag("--json", json, "Print the status document as JSON");
+  mc::cli::add_json_flag(*stat, json, "Print the status document as JSON");
   stat->add_option("--timeout-ms", timeout_ms, "Reply deadline (ms)")->capture_default_str();
 
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (stat->parsed()) {
     return mc::cli::report("mc-conductor stat",
-                           mc::sched::print_conductor_status(endpoint, json, timeout_ms, std::cout));
+                           mc::sched::print_conductor_status(endpoint, json, timeout_ms, std::cout), json);
   }
   o.scheduler.slo.early_reject = !no_early_reject;
   if (mc::Status st = mc::sched::apply_cost_model(o, cost_model, gpu); !st.is_ok()) {

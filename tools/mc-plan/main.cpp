@@ -17,32 +17,26 @@ int main(int argc, char** argv) {
   auto* th_cmd = app.add_subcommand("threshold",
                                     "Bandwidth above which fetching a cached prefix beats recomputing it, "
                                     "per prefix length");
-  th_cmd->add_option("--model", th.model, "Model preset or JSON file")->envname("MC_MODEL")->capture_default_str();
-  th_cmd->add_option("--gpu", th.gpu, "GPU preset (a800x8, h800x8)")->envname("MC_GPU")->capture_default_str();
+  mc::cli::add_model_option(*th_cmd, th.model, /*env=*/true);
+  mc::cli::add_gpu_option(*th_cmd, th.gpu);
   th_cmd->add_option("--prefix-tokens", th.prefix_tokens, "Prefix lengths, tokens (comma list, 1K = 1000)")
       ->capture_default_str();
   th_cmd->add_option("--new-tokens", th.new_tokens, "Tokens prefilled after the prefix")->capture_default_str();
-  th_cmd->add_flag("--json", th.json, "Print JSON instead of the table");
+  mc::cli::add_json_flag(*th_cmd, th.json, "Print JSON instead of the table");
 
   mc::sim::CapacityCommand cap;
   auto* cap_cmd = app.add_subcommand("capacity",
                                      "Fewest prefill and decode instances, cache and NIC bandwidth meeting "
                                      "the SLOs for a trace (by simulation)");
   cap_cmd->add_option("cluster", cap.cluster_path, "Base CLUSTER.json (model, gpu, policy, ...); omitted: defaults");
-  cap_cmd->add_option("--trace", cap.trace_path, "Mooncake JSONL trace, or - for stdin")
-      ->envname("MC_TRACE")
-      ->capture_default_str();
+  mc::cli::add_trace_file_option(*cap_cmd, cap.trace_path);
   cap_cmd->add_flag("--lenient", cap.lenient, "Skip malformed trace rows with a warning");
-  cap_cmd->add_option("--start-s", cap.window.start_s, "Skip rows before this trace time (s)")->capture_default_str();
-  cap_cmd->add_option("--duration-s", cap.window.duration_s, "Trace seconds from --start-s (0: to the end)")
-      ->capture_default_str();
-  cap_cmd->add_option("--max-requests", cap.window.max_requests, "At most this many rows (0: no limit)")
-      ->capture_default_str();
-  cap_cmd->add_option("--rate-scale", cap.window.rate_scale, "Multiply the arrival rate")->capture_default_str();
-  cap_cmd->add_option("--slo-ttft-ms", cap.overrides.slo_ttft_ms, "TTFT SLO (ms; default: the config's, 30000)");
-  cap_cmd->add_option("--slo-tbt-ms", cap.overrides.slo_tbt_ms, "TBT SLO (ms; default: the config's, 100)");
+  mc::cli::add_trace_window_flags(*cap_cmd, cap.window.start_s, cap.window.duration_s, cap.window.max_requests);
+  mc::cli::add_rate_scale_option(*cap_cmd, cap.window.rate_scale);
+  mc::cli::add_slo_override_flags(*cap_cmd, cap.overrides.slo_ttft_ms, cap.overrides.slo_tbt_ms,
+                                  "the config's, 30000 and 100");
   cap_cmd->add_option("--accept", cap.accept, "Fraction of requests that must meet both SLOs")->capture_default_str();
-  cap_cmd->add_option("--model", cap.overrides.model, "Override: model preset");
+  mc::cli::add_model_option(*cap_cmd, cap.overrides.model);
   cap_cmd->add_option("--gpu", cap.overrides.gpu, "Override: GPU preset");
   cap_cmd->add_option("--policy", cap.overrides.policy, "Override: scheduling policy");
   cap_cmd->add_option("--max-instances", cap.max_instances, "Search bound per role")->capture_default_str();
@@ -54,10 +48,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   cap_cmd->add_option("--nic-candidates", cap.nic_candidates, "NIC bandwidths to consider, bytes/s per instance")
       ->capture_default_str();
-  cap_cmd->add_flag("--json", cap.json, "Print JSON instead of the tables");
+  mc::cli::add_json_flag(*cap_cmd, cap.json, "Print JSON instead of the tables");
 
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
-  if (th_cmd->parsed()) return mc::cli::report("mc-plan threshold", mc::sim::run_threshold_command(th, std::cout));
+  if (th_cmd->parsed())
+    return mc::cli::report("mc-plan threshold", mc::sim::run_threshold_command(th, std::cout), th.json);
   cap.progress = isatty(STDERR_FILENO) != 0;
-  return mc::cli::report("mc-plan capacity", mc::sim::run_capacity_command(cap, std::cout));
+  return mc::cli::report("mc-plan capacity", mc::sim::run_capacity_command(cap, std::cout), cap.json);
 }

@@ -12,20 +12,6 @@
 
 namespace {
 
-// A size flag accepting "64KiB", "1GiB", "4096" (units.hpp).
-CLI::Option* add_size(CLI::App* cmd, const std::string& name, uint64_t& target, const std::string& help) {
-  return cmd
-      ->add_option_function<std::string>(
-          name,
-          [&target, name](const std::string& v) {
-            auto r = mc::units::parse_size_bytes(v);
-            if (!r.is_ok() || r.value() < 0) throw CLI::ValidationError(name, r.status().message());
-            target = static_cast<uint64_t>(r.value());
-          },
-          help)
-      ->default_str(std::to_string(target));
-}
-
 void add_master_flag(CLI::App* cmd, mc::store::ClientOptions& c) {
   cmd->add_option("--master", c.master, "Endpoint of mc-store master")
       ->envname("MC_STORE_MASTER")
@@ -85,9 +71,10 @@ int main(int argc, char** argv) {
       ->add_option("--free-delay-ms", mc_cfg.free_delay_ms, "Space of discarded puts is freed this long (ms) later")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
-  add_size(master_cmd, "--alignment", mc_cfg.alignment_bytes,
-           "Allocation granularity inside a segment (bytes, power of two)");
-  add_size(master_cmd, "--max-object-bytes", mc_cfg.max_object_bytes, "Largest object accepted (bytes)");
+  mc::cli::add_size_option(*master_cmd, "--alignment", mc_cfg.alignment_bytes,
+                           "Allocation granularity inside a segment (bytes, power of two)");
+  mc::cli::add_size_option(*master_cmd, "--max-object-bytes", mc_cfg.max_object_bytes,
+                           "Largest object accepted (bytes)");
   master_cmd->add_option("--max-replicas", mc_cfg.max_replicas, "Most replicas of one object, hot copies included")
       ->capture_default_str()
       ->check(CLI::Range(1u, 64u));
@@ -119,9 +106,9 @@ int main(int argc, char** argv) {
       ->envname("MC_STORE_NODE_ID");
   serve_cmd->add_option("--host", node.host, "Host name used for nearest-replica ordering (default: hostname)");
   serve_cmd->add_option("--domain", node.domain, "Failure domain label (rack, zone)")->capture_default_str();
-  add_size(serve_cmd, "--dram-bytes", node.dram_bytes, "DRAM contributed (bytes; 64KiB, 1GiB, ...)");
+  mc::cli::add_size_option(*serve_cmd, "--dram-bytes", node.dram_bytes, "DRAM contributed (bytes; 64KiB, 1GiB, ...)");
   serve_cmd->add_option("--ssd-dir", node.ssd_dir, "Directory of the SSD tier file (empty: no SSD tier)");
-  add_size(serve_cmd, "--ssd-bytes", node.ssd_bytes, "SSD contributed (bytes)");
+  mc::cli::add_size_option(*serve_cmd, "--ssd-bytes", node.ssd_bytes, "SSD contributed (bytes)");
   serve_cmd->add_option("--heartbeat-ms", node.heartbeat_ms, "Heartbeat period (ms)")
       ->capture_default_str()
       ->check(CLI::Range(10, 60000));
@@ -149,16 +136,16 @@ int main(int argc, char** argv) {
   auto* rm_cmd = app.add_subcommand("rm", "Remove KEY (refused while it is leased or being written)");
   add_master_flag(rm_cmd, admin.client);
   rm_cmd->add_option("KEY", key, "Object key")->required();
-  rm_cmd->add_flag("--json", admin.json, "Print the result as JSON");
+  mc::cli::add_json_flag(*rm_cmd, admin.json, "Print the result as JSON");
   auto* ls_cmd = app.add_subcommand("ls", "List objects");
   add_master_flag(ls_cmd, admin.client);
   ls_cmd->add_option("--prefix", prefix, "Only keys starting with this");
   ls_cmd->add_option("--limit", limit, "Most objects listed")->capture_default_str();
-  ls_cmd->add_flag("--json", admin.json, "Print JSON");
+  mc::cli::add_json_flag(*ls_cmd, admin.json, "Print JSON");
   auto* stat_cmd =
       app.add_subcommand("stat", "Per-segment capacity, usage, objects, hits, evictions, demotions, leases");
   add_master_flag(stat_cmd, admin.client);
-  stat_cmd->add_flag("--json", admin.json, "Print JSON");
+  mc::cli::add_json_flag(*stat_cmd, admin.json, "Print JSON");
   std::string events = "tcp://127.0.0.1:7451";
   uint64_t count = 0;
   int64_t idle_ms = 0;
@@ -206,7 +193,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   bench_cmd->add_option("--client-host", bench.client.host,
                         "Host name the client claims (another name forces the tcp path)");
-  bench_cmd->add_flag("--json", bench.json, "Print JSON");
+  mc::cli::add_json_flag(*bench_cmd, bench.json, "Print JSON");
 
   // ---- keys ----
   mc::store::KeysOptions keys;
@@ -224,16 +211,17 @@ int main(int argc, char** argv) {
   }
   if (put_cmd->parsed()) return mc::cli::report("mc-store put", mc::store::admin_put(admin, key, file, overwrite));
   if (get_cmd->parsed()) return mc::cli::report("mc-store get", mc::store::admin_get(admin, key, std::cout));
-  if (rm_cmd->parsed()) return mc::cli::report("mc-store rm", mc::store::admin_rm(admin, key, std::cout));
-  if (ls_cmd->parsed()) return mc::cli::report("mc-store ls", mc::store::admin_ls(admin, prefix, limit, std::cout));
-  if (stat_cmd->parsed()) return mc::cli::report("mc-store stat", mc::store::admin_stat(admin, std::cout));
+  if (rm_cmd->parsed()) return mc::cli::report("mc-store rm", mc::store::admin_rm(admin, key, std::cout), admin.json);
+  if (ls_cmd->parsed())
+    return mc::cli::report("mc-store ls", mc::store::admin_ls(admin, prefix, limit, std::cout), admin.json);
+  if (stat_cmd->parsed()) return mc::cli::report("mc-store stat", mc::store::admin_stat(admin, std::cout), admin.json);
   if (watch_cmd->parsed())
     return mc::cli::report("mc-store watch", mc::store::admin_watch(events, count, idle_ms, std::cout));
   if (bench_cmd->parsed()) {
     auto counts = mc::units::parse_count_list(bench_clients);
-    if (!counts.is_ok()) return mc::cli::report("mc-store bench", counts.status());
+    if (!counts.is_ok()) return mc::cli::report("mc-store bench", counts.status(), bench.json);
     bench.clients = counts.value();
-    return mc::cli::report("mc-store bench", mc::store::run_bench(bench, std::cout));
+    return mc::cli::report("mc-store bench", mc::store::run_bench(bench, std::cout), bench.json);
   }
   if (keys_cmd->parsed()) return mc::cli::report("mc-store keys", mc::store::run_keys(std::cin, std::cout, keys));
   return mc::cli::kExitUsage;

@@ -24,41 +24,18 @@ void add_trace_flags(CLI::App& app, TraceInput& in) {
   app.add_option("--trace-block-size", in.trace_block_size, "Tokens per hash_id in the trace")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
-  app.add_option("--start-s", in.window.start_s, "Skip rows that arrive before this trace time (seconds)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--duration-s", in.window.duration_s,
-                 "Replay only rows arriving within this many seconds of trace time after --start-s (0: to the end)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-requests", in.window.max_requests, "Replay at most this many rows (0: no limit)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  mc::cli::add_trace_window_flags(app, in.window.start_s, in.window.duration_s, in.window.max_requests);
 }
 
 // --slo-ttft-ms / --slo-tbt-ms / --late-threshold-ms and --json, for the commands that summarise records.
-struct SummaryFlags {
-  std::string slo_ttft = "30000";
-  std::string slo_tbt = "100,200,300";
-};
-void add_summary_flags(CLI::App& app, SummaryFlags& f, mc::replay::SummaryOptions& opt, bool& json) {
-  app.add_option("--slo-ttft-ms", f.slo_ttft,
-                 "TTFT limits for SLO attainment, comma-separated (ms); replay sends the first with each request")
-      ->capture_default_str();
-  app.add_option("--slo-tbt-ms", f.slo_tbt,
-                 "TBT limits (mean of the longest 10 % of a request's gaps), comma-separated (ms); replay sends the "
-                 "first with each request")
-      ->capture_default_str();
+void add_summary_flags(CLI::App& app, mc::replay::SummaryOptions& opt, bool& json) {
+  mc::cli::add_slo_list_flags(app, "--slo-ttft-ms", opt.slo_ttft_ms, "--slo-tbt-ms", opt.slo_tbt_ms,
+                              " of SLO attainment; replay sends the first with each request");
   app.add_option("--late-threshold-ms", opt.late_send_threshold_ms,
                  "A send more than this behind its scheduled time counts as late (ms)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_flag("--json", json, "Print one JSON document instead of the table");
-}
-mc::Status apply_summary_flags(const SummaryFlags& f, mc::replay::SummaryOptions& opt) {
-  MC_ASSIGN_OR_RETURN(opt.slo_ttft_ms, mc::replay::parse_ms_list(f.slo_ttft, "--slo-ttft-ms"));
-  MC_ASSIGN_OR_RETURN(opt.slo_tbt_ms, mc::replay::parse_ms_list(f.slo_tbt, "--slo-tbt-ms"));
-  return mc::Status::ok();
+  mc::cli::add_json_flag(app, json, "Print one JSON document instead of the table");
 }
 
 }  // namespace
@@ -75,7 +52,6 @@ int main(int argc, char** argv) {
 
   // ---- replay (the default command) ----
   mc::replay::ReplayCommand rc;
-  SummaryFlags rsf;
   add_trace_flags(app, rc.input);
   app.add_option("--conductor", rc.conductor.endpoint, "mc-conductor endpoint (tcp://host:port)")
       ->envname("MC_CONDUCTOR");
@@ -95,14 +71,10 @@ int main(int argc, char** argv) {
   app.add_option("--speed", rc.replay.speed, "Trace time / wall time: 10 replays 10 s of trace per second")
       ->capture_default_str()
       ->envname("MC_REPLAY_SPEED");
-  app.add_option("--rate-scale", rc.replay.rate_scale,
-                 "Multiply the arrival rate (divide the gaps between arrivals) on top of --speed")
-      ->capture_default_str();
-  app.add_option("--time-scale", rc.replay.time_scale,
-                 "Multiply measured durations by this (the sim backend's --time-scale), so the report is in "
-                 "modelled time")
-      ->capture_default_str()
-      ->envname("MC_TIME_SCALE");
+  mc::cli::add_rate_scale_option(app, rc.replay.rate_scale);  // on top of --speed
+  mc::cli::add_time_scale_option(app, rc.replay.time_scale,
+                                 "Multiply measured durations by this (the sim backend's --time-scale), so the "
+                                 "report is in modelled time");
   app.add_option("--senders", rc.replay.senders, "Sender threads: submissions that may be in flight at once")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -110,11 +82,9 @@ int main(int argc, char** argv) {
                  "After the last send, wait this long (wall seconds) for outstanding requests; the rest fail")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--block-tokens", rc.replay.synth.block_tokens,
-                 "Tokens synthesized per trace block (< --trace-block-size scales prompts down; the cluster's "
-                 "block size must equal it)")
-      ->capture_default_str()
-      ->envname("MC_BLOCK_SIZE");
+  mc::cli::add_block_size_option(app, rc.replay.synth.block_tokens, "--block-tokens",
+                                 "Tokens synthesized per trace block (< --trace-block-size scales prompts down; "
+                                 "the cluster's block size must equal it)");
   app.add_option("--vocab-size", rc.replay.synth.vocab_size, "Synthesized token ids are in [0, vocab size)")
       ->capture_default_str();
   app.add_option("--synth-seed", rc.replay.synth.seed, "Seed of the token synthesis (equal ids -> equal tokens)")
@@ -128,7 +98,7 @@ int main(int argc, char** argv) {
   bool progress = false, no_progress = false;
   app.add_flag("--progress", progress, "Show rate and ETA on stderr even when it is not a terminal");
   app.add_flag("--no-progress", no_progress, "Never show progress");
-  add_summary_flags(app, rsf, rc.summary, rc.json);
+  add_summary_flags(app, rc.summary, rc.json);
 
   // ---- analyze ----
   mc::replay::AnalyzeCommand ac;
@@ -139,15 +109,14 @@ int main(int argc, char** argv) {
   add_trace_flags(*analyze, ac.input);
   analyze->add_option("--capacity-tokens", capacities, "LRU capacities to sweep, in tokens (K/M/G suffixes)")
       ->capture_default_str();
-  analyze->add_flag("--json", ac.json, "Print one JSON document instead of the table");
+  mc::cli::add_json_flag(*analyze, ac.json, "Print one JSON document instead of the table");
 
   // ---- report ----
   mc::replay::ReportCommand pc;
-  SummaryFlags psf;
   auto* report = app.add_subcommand(
       "report", "Summarise the JSONL records of a finished replay (--out); several files: one comparison row each");
   report->add_option("records", pc.records_paths, "JSONL records written by --out (one or more files)")->required();
-  add_summary_flags(*report, psf, pc.summary, pc.json);
+  add_summary_flags(*report, pc.summary, pc.json);
 
   if (int rc_parse = mc::cli::parse(app, argc, argv); rc_parse >= 0) return rc_parse;
 
@@ -158,10 +127,8 @@ int main(int argc, char** argv) {
     return mc::cli::report(program, mc::replay::run_analyze_command(ac, std::cout));
   }
   if (report->parsed()) {
-    if (auto st = apply_summary_flags(psf, pc.summary); !st.is_ok()) return mc::cli::report(program, st);
     return mc::cli::report(program, mc::replay::run_report_command(pc, std::cout));
   }
-  if (auto st = apply_summary_flags(rsf, rc.summary); !st.is_ok()) return mc::cli::report(program, st);
   if (rc.conductor.endpoint.empty())
     return mc::cli::report(program, mc::Status(mc::Code::kInvalidArgument,
                                                "no conductor: pass --conductor tcp://host:port (or set MC_CONDUCTOR), "

@@ -10,22 +10,17 @@ namespace {
 
 using mc::transfer::EngineOptions;
 
-mc::Result<int> parse_socket_buffer(const std::string& text) {
-  MC_ASSIGN_OR_RETURN(int64_t b, mc::units::parse_size_bytes(text));
-  if (b < 0 || b > (1ll << 30)) {
-    return mc::Status(mc::Code::kInvalidArgument, "--socket-buffer " + text + ": want 0 (autotuning) to 1GiB");
-  }
-  return static_cast<int>(b);
-}
+// SO_SNDBUF/SO_RCVBUF: 0 (kernel autotuning) to 1GiB.
+constexpr uint64_t kMaxSocketBufferBytes = 1ull << 30;
 
-// Engine flags shared by the client subcommands; sizes are kept as text and parsed after CLI11.
+// Engine flags shared by the client subcommands.
 struct EngineFlags {
   std::string transport = "auto";
   std::vector<std::string> local;
-  std::string slice = "64KiB";
+  uint64_t slice_bytes = 64 << 10;
   uint32_t connections = EngineOptions{}.connections_per_path;
   uint32_t io_threads = EngineOptions{}.tcp_io_threads;
-  std::string socket_buffer = std::to_string(EngineOptions{}.socket_buffer_bytes);
+  uint64_t socket_buffer_bytes = static_cast<uint64_t>(EngineOptions{}.socket_buffer_bytes);
   int64_t timeout_ms = 30000;
   std::string topology;
 
@@ -36,9 +31,8 @@ struct EngineFlags {
         ->check(CLI::IsMember({"auto", "tcp", "shm", "rdma"}));
     cmd->add_option("--local", local, "Local source address of outgoing tcp paths (repeat for several NICs)")
         ->envname("MC_XFER_LOCAL");
-    cmd->add_option("--slice", slice, "Slice size (e.g. 16KiB, 64KiB, 256KiB)")
-        ->envname("MC_XFER_SLICE")
-        ->capture_default_str();
+    mc::cli::add_size_option(*cmd, "--slice", slice_bytes, "Slice size (e.g. 16KiB, 64KiB, 256KiB)", 1)
+        ->envname("MC_XFER_SLICE");
     cmd->add_option("--connections", connections, "TCP connections per path")
         ->capture_default_str()
         ->check(CLI::Range(1u, 64u));
@@ -47,10 +41,10 @@ struct EngineFlags {
         ->envname("MC_XFER_IO_THREADS")
         ->capture_default_str()
         ->check(CLI::Range(0u, 64u));
-    cmd->add_option("--socket-buffer", socket_buffer,
-                    "SO_SNDBUF/SO_RCVBUF of tcp data connections in bytes (0: kernel autotuning)")
-        ->envname("MC_XFER_SOCKET_BUFFER")
-        ->capture_default_str();
+    mc::cli::add_size_option(*cmd, "--socket-buffer", socket_buffer_bytes,
+                             "SO_SNDBUF/SO_RCVBUF of tcp data connections in bytes (0: kernel autotuning)", 0,
+                             kMaxSocketBufferBytes)
+        ->envname("MC_XFER_SOCKET_BUFFER");
     cmd->add_option("--timeout-ms", timeout_ms, "Deadline of one request in milliseconds")
         ->envname("MC_XFER_TIMEOUT_MS")
         ->capture_default_str()
@@ -59,17 +53,15 @@ struct EngineFlags {
         ->envname("MC_XFER_TOPOLOGY");
   }
 
-  mc::Result<EngineOptions> to_options() const {
+  EngineOptions to_options() const {
     EngineOptions o;
     if (transport != "auto") o.transports = {transport};
     o.local_addresses = local;
-    MC_ASSIGN_OR_RETURN(int64_t s, mc::units::parse_size_bytes(slice));
-    if (s <= 0) return mc::Status(mc::Code::kInvalidArgument, "--slice must be > 0");
-    o.slicing.slice_bytes = static_cast<uint64_t>(s);
+    o.slicing.slice_bytes = slice_bytes;
     o.slicing.min_tail_bytes = std::min<uint64_t>(o.slicing.min_tail_bytes, o.slicing.slice_bytes);
     o.connections_per_path = connections;
     o.tcp_io_threads = io_threads;
-    MC_ASSIGN_OR_RETURN(o.socket_buffer_bytes, parse_socket_buffer(socket_buffer));
+    o.socket_buffer_bytes = static_cast<int>(socket_buffer_bytes);
     o.request_timeout_ms = timeout_ms;
     o.topology_file = topology;
     return o;
@@ -87,27 +79,22 @@ int main(int argc, char** argv) {
 
   // serve
   mc::transfer::xfer::ServeOptions serve;
-  std::string serve_size = "1GiB", serve_max_region = "0";
-  std::string serve_socket_buffer = std::to_string(EngineOptions{}.socket_buffer_bytes);
+  uint64_t serve_socket_buffer_bytes = static_cast<uint64_t>(EngineOptions{}.socket_buffer_bytes);
   std::vector<std::string> serve_listen = {"tcp://127.0.0.1:0"};
   auto* serve_cmd = app.add_subcommand("serve", "Register a pattern-filled buffer and serve it until SIGTERM");
-  serve_cmd->add_option("--size", serve_size, "Bytes to serve (e.g. 1GiB)")
-      ->envname("MC_XFER_SIZE")
-      ->capture_default_str();
+  mc::cli::add_size_option(*serve_cmd, "--size", serve.size_bytes, "Bytes to serve (e.g. 1GiB)", 1)
+      ->envname("MC_XFER_SIZE");
   serve_cmd->add_option("--listen", serve_listen, "Endpoint to serve on, tcp://ADDR:PORT (repeat: one path each)")
       ->envname("MC_XFER_LISTEN")
       ->capture_default_str();
   serve_cmd->add_option("--location", serve.location, "Memory location of the buffer (cpu:N)")->capture_default_str();
-  serve_cmd
-      ->add_option("--max-region", serve_max_region,
-                   "Split the registration into regions of at most this size (0: whole)")
-      ->capture_default_str();
-  serve_cmd
-      ->add_option("--socket-buffer", serve_socket_buffer,
-                   "SO_SNDBUF/SO_RCVBUF of accepted tcp connections in bytes (0: kernel autotuning)")
-      ->envname("MC_XFER_SOCKET_BUFFER")
-      ->capture_default_str();
-  serve_cmd->add_flag("--json", serve.json, "Also print the segment as one JSON line");
+  mc::cli::add_size_option(*serve_cmd, "--max-region", serve.engine.max_region_bytes,
+                           "Split the registration into regions of at most this size (0: whole)");
+  mc::cli::add_size_option(*serve_cmd, "--socket-buffer", serve_socket_buffer_bytes,
+                           "SO_SNDBUF/SO_RCVBUF of accepted tcp connections in bytes (0: kernel autotuning)", 0,
+                           kMaxSocketBufferBytes)
+      ->envname("MC_XFER_SOCKET_BUFFER");
+  mc::cli::add_json_flag(*serve_cmd, serve.json, "Also print the segment as one JSON line");
 
   // bench
   mc::transfer::xfer::BenchOptions bench;
@@ -136,22 +123,22 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("--no-warmup", no_warmup,
                       "Skip the untimed pass that reads the swept range once before timing (first-touch page faults "
                       "then count)");
-  bench_cmd->add_flag("--json", bench.json, "One JSON document instead of the table");
+  mc::cli::add_json_flag(*bench_cmd, bench.json, "One JSON document instead of the table");
   bench_engine.add(bench_cmd);
 
   // read / write
   mc::transfer::xfer::RwOptions rw;
   EngineFlags rw_engine;
-  std::string rw_offset = "0", rw_length = "1MiB";
+  rw.length = 1 << 20;
   auto add_rw = [&](const char* name, const char* help) {
     auto* cmd = app.add_subcommand(name, help);
     cmd->add_option("--target", rw.target, "Segment, HOST:PORT")->envname("MC_XFER_TARGET")->required();
-    cmd->add_option("--offset", rw_offset, "Segment offset in bytes (size suffixes allowed)")->capture_default_str();
-    cmd->add_option("--length", rw_length, "Bytes to move")->capture_default_str();
+    mc::cli::add_size_option(*cmd, "--offset", rw.offset, "Segment offset in bytes (size suffixes allowed)");
+    mc::cli::add_size_option(*cmd, "--length", rw.length, "Bytes to move");
     cmd->add_flag("--verify", rw.verify, "Check the served pattern (write: write, read back, restore)");
     cmd->add_flag("-v,--verbose", rw.verbose, "Print each slice: path, offset, bytes, attempts, time");
     cmd->add_option("--notify", rw.notify_tag, "Notification tag delivered to the target after the bytes");
-    cmd->add_flag("--json", rw.json, "One JSON document instead of text");
+    mc::cli::add_json_flag(*cmd, rw.json, "One JSON document instead of text");
     rw_engine.add(cmd);
     return cmd;
   };
@@ -163,33 +150,20 @@ int main(int argc, char** argv) {
   auto* topo_cmd = app.add_subcommand("topo", "Print this host's topology matrix");
   topo_cmd->add_option("--topology", topo.topology_file, "Read this JSON file instead of sysfs")
       ->envname("MC_XFER_TOPOLOGY");
-  topo_cmd->add_flag("--json", topo.json, "JSON (the --topology file format)");
+  mc::cli::add_json_flag(*topo_cmd, topo.json, "JSON (the --topology file format)");
 
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   if (serve_cmd->parsed()) {
-    auto size = mc::units::parse_size_bytes(serve_size);
-    if (!size.is_ok() || size.value() <= 0)
-      return run("mc-xfer serve",
-                 mc::Status(mc::Code::kInvalidArgument,
-                            "--size: " + (size.is_ok() ? std::string("must be > 0") : size.status().message())));
-    auto max_region = mc::units::parse_size_bytes(serve_max_region);
-    if (!max_region.is_ok()) return run("mc-xfer serve", max_region.status());
-    serve.size_bytes = static_cast<uint64_t>(size.value());
     serve.engine.listen = serve_listen;
-    serve.engine.max_region_bytes = static_cast<uint64_t>(max_region.value());
-    auto socket_buffer = parse_socket_buffer(serve_socket_buffer);
-    if (!socket_buffer.is_ok()) return run("mc-xfer serve", socket_buffer.status());
-    serve.engine.socket_buffer_bytes = socket_buffer.value();
+    serve.engine.socket_buffer_bytes = static_cast<int>(serve_socket_buffer_bytes);
     mc::daemon::install_stop_signals();
     return run("mc-xfer serve", mc::transfer::xfer::run_serve(serve, std::cout));
   }
   if (bench_cmd->parsed()) {
-    auto eo = bench_engine.to_options();
-    if (!eo.is_ok()) return run("mc-xfer bench", eo.status());
     auto blocks = mc::units::parse_size_list(bench_blocks);
     if (!blocks.is_ok()) return run("mc-xfer bench", blocks.status());
-    bench.engine = eo.value();
+    bench.engine = bench_engine.to_options();
     bench.block_bytes.assign(blocks->begin(), blocks->end());
     bench.op = bench_op == "write" ? mc::transfer::Op::kWrite : mc::transfer::Op::kRead;
     bench.warmup = !no_warmup;
@@ -197,19 +171,9 @@ int main(int argc, char** argv) {
   }
   if (read_cmd->parsed() || write_cmd->parsed()) {
     const std::string name = read_cmd->parsed() ? "mc-xfer read" : "mc-xfer write";
-    auto eo = rw_engine.to_options();
-    if (!eo.is_ok()) return run(name, eo.status());
-    auto off = mc::units::parse_size_bytes(rw_offset);
-    auto len = mc::units::parse_size_bytes(rw_length);
-    if (!off.is_ok()) return run(name, off.status().with_context("--offset"));
-    if (!len.is_ok()) return run(name, len.status().with_context("--length"));
-    if (off.value() < 0 || len.value() < 0)
-      return run(name, mc::Status(mc::Code::kInvalidArgument, "--offset/--length must be >= 0"));
-    rw.engine = eo.value();
+    rw.engine = rw_engine.to_options();
     rw.timeout_ms = rw.engine.request_timeout_ms;
     rw.op = read_cmd->parsed() ? mc::transfer::Op::kRead : mc::transfer::Op::kWrite;
-    rw.offset = static_cast<uint64_t>(off.value());
-    rw.length = static_cast<uint64_t>(len.value());
     return run(name, mc::transfer::xfer::run_rw(rw, std::cout));
   }
   if (topo_cmd->parsed()) return run("mc-xfer topo", mc::transfer::xfer::run_topo(topo, std::cout));

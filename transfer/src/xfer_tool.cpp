@@ -21,6 +21,7 @@
 #include "mc/common/cli.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "shm/transport.hpp"
@@ -34,26 +35,6 @@ constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 uint64_t pattern_word(uint64_t word_index) { return (word_index + 1) * kGolden; }
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-std::string host_name() {
-  char h[256] = {0};
-  gethostname(h, sizeof h - 1);
-  return h;
-}
-
-std::string fmt(double v, int prec) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(prec) << v;
-  return os.str();
-}
-
-// Prints a Status as the JSON document's "error" (iperf3 style) when json, and returns it.
-Status json_error(bool json, std::ostream& out, Status st) {
-  if (json && !st.is_ok()) {
-    out << nlohmann::json{{"error", st.message()}, {"code", std::string(code_name(st.code()))}}.dump() << "\n";
-  }
-  return st;
-}
 
 struct Client {
   std::unique_ptr<TransferEngine> engine;
@@ -164,16 +145,16 @@ Status run_rw(const RwOptions& o, std::ostream& out) {
   EngineOptions eo = o.engine;
   eo.trace_slices = o.verbose || o.json;
   auto client = connect_client(eo, o.target);
-  if (!client.is_ok()) return json_error(o.json, out, client.status());
+  if (!client.is_ok()) return report::print_error(o.json, out, client.status());
   Client& c = client.value();
   if (o.length == 0 && o.offset > c.remote_size) {
-    return json_error(o.json, out, Status(Code::kOutOfRange, "--offset past the end of segment " + o.target));
+    return report::print_error(o.json, out, Status(Code::kOutOfRange, "--offset past the end of segment " + o.target));
   }
   auto buf = allocate_shared_buffer(std::max<uint64_t>(o.length, 1), "mc-xfer-client");
-  if (!buf.is_ok()) return json_error(o.json, out, buf.status());
+  if (!buf.is_ok()) return report::print_error(o.json, out, buf.status());
   char* local = static_cast<char*>(buf->data());
   auto reg = c.engine->register_memory(local, std::max<uint64_t>(o.length, 1));
-  if (!reg.is_ok()) return json_error(o.json, out, reg.status());
+  if (!reg.is_ok()) return report::print_error(o.json, out, reg.status());
 
   std::vector<RequestStatus> steps;
   std::vector<std::string> step_names;
@@ -242,10 +223,7 @@ Status run_rw(const RwOptions& o, std::ostream& out) {
       }
       j["steps"].push_back(std::move(s));
     }
-    if (!result.is_ok()) {
-      j["error"] = result.message();
-      j["code"] = std::string(code_name(result.code()));
-    }
+    if (!result.is_ok()) j.update(report::error_json(result));
     out << j.dump() << "\n";
     return result;
   }
@@ -259,14 +237,15 @@ Status run_rw(const RwOptions& o, std::ostream& out) {
       for (const auto& t : s.slices) {
         out << std::left << std::setw(40) << t.path << std::right << std::setw(16) << o.offset + t.request_offset
             << std::setw(12) << t.length << std::setw(10) << t.attempts << std::setw(12)
-            << fmt(static_cast<double>(t.duration_ns) / 1e3, 1) << "  " << (t.ok ? "yes" : "no") << "\n";
+            << report::fixed(static_cast<double>(t.duration_ns) / 1e3, 1) << "  " << (t.ok ? "yes" : "no") << "\n";
       }
     }
     const double secs = static_cast<double>(s.latency_ns) / 1e9;
     out << step_names[i] << " " << o.target << " offset " << o.offset << " length " << o.length << " via "
         << c.transport << ": " << state_name(s.state) << ", " << s.transferred_bytes << " bytes in "
-        << fmt(secs * 1e3, 3) << " ms (" << fmt(secs > 0 ? static_cast<double>(s.transferred_bytes) / secs / 1e9 : 0, 2)
-        << " GB/s), " << s.slice_count << " slices, " << s.retried_slices << " retried\n";
+        << report::fixed(secs * 1e3, 3) << " ms ("
+        << report::fixed(secs > 0 ? static_cast<double>(s.transferred_bytes) / secs / 1e9 : 0, 2) << " GB/s), "
+        << s.slice_count << " slices, " << s.retried_slices << " retried\n";
   }
   if (o.verify && result.is_ok()) out << "verify: ok (" << o.length << " bytes match the pattern)\n";
   return result;
@@ -644,7 +623,7 @@ void write_bench_json(const BenchReport& rep, std::ostream& out) {
   nlohmann::json j;
   j["tool"] = "mc-xfer bench";
   j["build"] = cli::build_id();
-  j["host"] = host_name();
+  j["host"] = report::host_name();
   j["unix_time_ms"] = unix_time_ms();
   j["target"] = o.target;
   j["transport"] = c.transport;
@@ -701,7 +680,7 @@ void write_bench_json(const BenchReport& rep, std::ostream& out) {
                                {"bytes_per_second", b.bps}});
     }
   }
-  if (!result.is_ok()) j["error"] = result.message();
+  if (!result.is_ok()) j.update(report::error_json(result));
   out << j.dump(2) << "\n";
 }
 
@@ -717,12 +696,12 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
   auto limit_for = [&](uint64_t block) { return rep.limit_for(block); };
   auto limit_cpu_for = [&](uint64_t block, const std::string& what) { return rep.limit_cpu_for(block, what); };
   auto engine_cpu_per_gb = &BenchReport::engine_cpu_per_gb;
-  out << "# mc-xfer bench  build " << cli::build_id() << "  host " << host_name() << "\n"
+  out << "# mc-xfer bench  build " << cli::build_id() << "  host " << report::host_name() << "\n"
       << "# target " << o.target << "  transport " << c.transport << "  op " << op_name(o.op) << "  threads "
       << o.threads << "  batch " << o.batch << "  duration " << o.duration_s << " s  slice "
       << units::format_bytes(static_cast<int64_t>(o.engine.slicing.slice_bytes)) << "\n"
       << "# paths: " << join(path_labels, ", ") << "\n"
-      << "# warm-up (untimed): " << warmup_bytes << " bytes read in " << fmt(warmup_s, 2) << " s\n"
+      << "# warm-up (untimed): " << warmup_bytes << " bytes read in " << report::fixed(warmup_s, 2) << " s\n"
       << "# GB/s is decimal (1e9 bytes per second); latency is per request, submit to completion\n";
   out << std::right << std::setw(12) << "block_bytes" << std::setw(10) << "requests" << std::setw(15) << "bytes"
       << std::setw(9) << "GB/s" << std::setw(11) << "p50_us" << std::setw(11) << "p99_us" << std::setw(11) << "p999_us";
@@ -734,19 +713,21 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
   out << "  path_share\n";
   for (const auto& r : rows) {
     out << std::setw(12) << r.block_bytes << std::setw(10) << r.requests << std::setw(15) << r.bytes << std::setw(9)
-        << fmt(r.bytes_per_second / 1e9, 2) << std::setw(11) << fmt(static_cast<double>(r.p50_ns) / 1e3, 1)
-        << std::setw(11) << fmt(static_cast<double>(r.p99_ns) / 1e3, 1) << std::setw(11)
-        << fmt(static_cast<double>(r.p999_ns) / 1e3, 1);
+        << report::fixed(r.bytes_per_second / 1e9, 2) << std::setw(11)
+        << report::fixed(static_cast<double>(r.p50_ns) / 1e3, 1) << std::setw(11)
+        << report::fixed(static_cast<double>(r.p99_ns) / 1e3, 1) << std::setw(11)
+        << report::fixed(static_cast<double>(r.p999_ns) / 1e3, 1);
     if (o.baseline) {
       auto [what, lim] = limit_for(r.block_bytes);
       const double lim_cpu = limit_cpu_for(r.block_bytes, what), cpu = engine_cpu_per_gb(r);
-      out << std::setw(14) << fmt(lim / 1e9, 2) << std::setw(8) << fmt(lim > 0 ? r.bytes_per_second / lim : 0, 2)
-          << std::setw(11) << fmt(cpu, 3) << std::setw(17) << fmt(lim_cpu, 3) << std::setw(11)
-          << fmt(cpu > 0 ? lim_cpu / cpu : 0, 2) << "  " << what;
+      out << std::setw(14) << report::fixed(lim / 1e9, 2) << std::setw(8)
+          << report::fixed(lim > 0 ? r.bytes_per_second / lim : 0, 2) << std::setw(11) << report::fixed(cpu, 3)
+          << std::setw(17) << report::fixed(lim_cpu, 3) << std::setw(11)
+          << report::fixed(cpu > 0 ? lim_cpu / cpu : 0, 2) << "  " << what;
     }
     out << "  ";
     for (size_t i = 0; i < r.path_share.size(); ++i) {
-      out << (i ? " " : "") << r.path_share[i].first << "=" << fmt(100 * r.path_share[i].second, 0) << "%";
+      out << (i ? " " : "") << r.path_share[i].first << "=" << report::fixed(100 * r.path_share[i].second, 0) << "%";
     }
     out << "\n";
   }
@@ -759,10 +740,11 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
     for (const auto& r : rows) {
       const uint64_t b = counter(r, "tcp_bytes");
       out << std::setw(12) << r.block_bytes << std::setw(10) << counter(r, "tcp_wire_ops") << std::setw(16)
-          << fmt(per(b, counter(r, "tcp_wire_ops")), 0) << std::setw(15) << fmt(per(b, counter(r, "tcp_wakeups")), 0)
-          << std::setw(14) << fmt(per((counter(r, "tcp_send_calls") + counter(r, "tcp_recv_calls")) << 20, b), 1)
-          << std::setw(13) << fmt(r.bytes > 0 ? r.cpu_s / (static_cast<double>(r.bytes) / 1e9) : 0, 3) << std::setw(8)
-          << counter(r, "tcp_connections_opened") << "\n";
+          << report::fixed(per(b, counter(r, "tcp_wire_ops")), 0) << std::setw(15)
+          << report::fixed(per(b, counter(r, "tcp_wakeups")), 0) << std::setw(14)
+          << report::fixed(per((counter(r, "tcp_send_calls") + counter(r, "tcp_recv_calls")) << 20, b), 1)
+          << std::setw(13) << report::fixed(r.bytes > 0 ? r.cpu_s / (static_cast<double>(r.bytes) / 1e9) : 0, 3)
+          << std::setw(8) << counter(r, "tcp_connections_opened") << "\n";
     }
   }
   if (o.baseline) {
@@ -773,7 +755,7 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
     for (uint64_t block : o.block_bytes) {
       out << std::setw(12) << block;
       for (const auto& b : base) {
-        if (b.block == block) out << std::setw(12) << fmt(b.bps / 1e9, 2);
+        if (b.block == block) out << std::setw(12) << report::fixed(b.bps / 1e9, 2);
       }
       out << "\n";
     }
@@ -784,24 +766,25 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
 
 Status run_bench(const BenchOptions& o, std::ostream& out) {
   if (o.threads == 0 || o.batch == 0 || o.duration_s <= 0 || o.block_bytes.empty()) {
-    return json_error(o.json, out,
-                      Status(Code::kInvalidArgument, "--threads, --batch, --duration and --block must be > 0"));
+    return report::print_error(
+        o.json, out, Status(Code::kInvalidArgument, "--threads, --batch, --duration and --block must be > 0"));
   }
   auto client = connect_client(o.engine, o.target);
-  if (!client.is_ok()) return json_error(o.json, out, client.status());
+  if (!client.is_ok()) return report::print_error(o.json, out, client.status());
   Client& c = client.value();
   const uint64_t max_block = *std::max_element(o.block_bytes.begin(), o.block_bytes.end());
   if (max_block == 0 || max_block > c.remote_size) {
-    return json_error(o.json, out,
-                      Status(Code::kInvalidArgument, "--block sizes must be > 0 and at most the segment size (" +
-                                                         std::to_string(c.remote_size) + " bytes)"));
+    return report::print_error(
+        o.json, out,
+        Status(Code::kInvalidArgument,
+               "--block sizes must be > 0 and at most the segment size (" + std::to_string(c.remote_size) + " bytes)"));
   }
   const uint64_t slab = max_block * o.batch;
   auto buf = allocate_shared_buffer(slab * o.threads, "mc-xfer-bench");
-  if (!buf.is_ok()) return json_error(o.json, out, buf.status());
+  if (!buf.is_ok()) return report::print_error(o.json, out, buf.status());
   std::memset(buf->data(), 5, slab * o.threads);
   auto reg = c.engine->register_memory(buf->data(), slab * o.threads);
-  if (!reg.is_ok()) return json_error(o.json, out, reg.status());
+  if (!reg.is_ok()) return report::print_error(o.json, out, reg.status());
   char* local = static_cast<char*>(buf->data());
   // The serving process's CPU, when it runs on this host (/proc/PID/stat of the descriptor's pid): with the
   // client's, the engine's CPU per byte, comparable with the baselines' (both ends in one process) on a
@@ -813,7 +796,7 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
   if (o.baseline) rep.base = measure_limits(o, c.remote_size);
   if (o.warmup) {
     auto w = warm_up(o, c, local, max_block);
-    if (!w.is_ok()) return json_error(o.json, out, w.status());
+    if (!w.is_ok()) return report::print_error(o.json, out, w.status());
     rep.warmup = w.value();
   }
   for (uint64_t block : o.block_bytes) {
@@ -843,7 +826,7 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
 
 Status run_topo(const TopoOptions& o, std::ostream& out) {
   auto t = o.topology_file.empty() ? Topology::discover() : Topology::load(o.topology_file);
-  if (!t.is_ok()) return json_error(o.json, out, t.status());
+  if (!t.is_ok()) return report::print_error(o.json, out, t.status());
   if (o.json) {
     out << t->to_json(2) << "\n";
     return Status::ok();

@@ -17,6 +17,8 @@
 #include <mutex>
 #include <thread>
 
+#include "mc/common/report.hpp"
+
 namespace mc::transfer::shm {
 namespace {
 
@@ -218,9 +220,7 @@ std::string local_host_id() {
   std::string boot;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot);
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  return boot + "/" + host;
+  return boot + "/" + mc::report::host_name();
 }
 
 std::unique_ptr<Transport> make_shm_transport(const EngineOptions& options, std::string local_host_id) {

@@ -27,10 +27,10 @@ struct BackendFlags {
   double time_scale = 1.0;
   int64_t kv_bytes_per_token = 0;
   int64_t block_tokens = 16;
-  int64_t kv_blocks = 0;                  // 0: as many as fit in kv_buffer_size
-  std::string kv_buffer_size = "256MiB";  // size of the KV buffer when kv_blocks is 0
+  int64_t kv_blocks = 0;                         // 0: as many as fit in kv_buffer_size_bytes
+  uint64_t kv_buffer_size_bytes = 256ull << 20;  // size of the KV buffer when kv_blocks is 0
 };
-// Blocks of the KV buffer: kv_blocks, or kv_buffer_size / block bytes (kInvalidArgument naming the flag).
+// Blocks of the KV buffer: kv_blocks, or kv_buffer_size_bytes / block bytes (kInvalidArgument naming the flag).
 Result<int64_t> kv_blocks_from_flags(const BackendFlags& flags, const Backend& backend);
 void add_backend_flags(CLI::App& app, BackendFlags& flags);
 // --conductor (MC_CONDUCTOR), --instance-id, --host.

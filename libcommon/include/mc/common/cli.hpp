@@ -1,11 +1,17 @@
-// What every mc tool's main shares: the common flags (--log-level), the MC_* environment fallbacks,
-// and the mapping of a Status to the exit codes 0 (ok), 1 (runtime error), 2 (usage / bad input).
+// What every mc tool's main shares: the common flags (--log-level), the flag groups several tools take
+// (trace window and load, SLOs, byte sizes, model and key namespace, --json), each declared here once
+// with its MC_* variable, and the mapping of a Status to the exit codes 0 (ok), 1 (runtime error),
+// 2 (usage / bad input). Printed output (tables, run header, the JSON error document) is report.hpp's.
 //
-// Flag beats environment beats default: declare each option once with add_env(), which names the
-// MC_* variable in --help.
+// Flag beats environment beats default; CLI11 names the MC_* variable in --help ("(Env:MC_...)").
+// Every add_* function binds references that must outlive parsing; a value refused by a check exits
+// 2 at parse time with CLI11's message naming the flag.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -27,10 +33,62 @@ void add_common_flags(CLI::App& app, const std::string& program);
 // bound to `ns`, which must outlive parsing. One declaration for every tool that computes block keys.
 void add_key_namespace_flags(CLI::App& cmd, KeyNamespace& ns, const std::string& seed_flag = "--seed");
 
+// --json: print one JSON document instead of text; in that mode an error is the document
+// {"error": {"code", "message"}} (report.hpp's print_error, or report(program, status, json) below).
+CLI::Option* add_json_flag(CLI::App& cmd, bool& json,
+                           const std::string& help = "Print one JSON document instead of text");
+
+// A byte-size option: "4096", "64KiB", "1GiB", "1.5MB" (units::parse_size_bytes) stored in `bytes`, which
+// holds the default (shown in --help in bytes); values outside [min_bytes, max_bytes] are refused.
+CLI::Option* add_size_option(CLI::App& cmd, const std::string& name, uint64_t& bytes, const std::string& help,
+                             uint64_t min_bytes = 0, uint64_t max_bytes = INT64_MAX);
+
+// The trace window of every command that reads a Mooncake trace: --start-s (skip rows before this trace
+// time, s), --duration-s (trace seconds after --start-s, 0: to the end), --max-requests (at most this
+// many rows, 0: no limit); all >= 0.
+void add_trace_window_flags(CLI::App& cmd, double& start_s, double& duration_s, int64_t& max_requests);
+// The load: --rate-scale (env MC_RATE_SCALE), multiplier of the trace's arrival rate, > 0.
+CLI::Option* add_rate_scale_option(CLI::App& cmd, double& rate_scale);
+// --time-scale (env MC_TIME_SCALE), > 0: how many times faster than the hardware they model the sim-backend
+// workers run; one number for the whole cluster, `help` says what this tool does with it.
+CLI::Option* add_time_scale_option(CLI::App& cmd, double& time_scale, const std::string& help);
+// --trace FILE (env MC_TRACE): a Mooncake JSONL trace, or - for stdin.
+CLI::Option* add_trace_file_option(CLI::App& cmd, std::string& path);
+
+// The SLO flags, in milliseconds, every value > 0.
+// Defaults a daemon applies to requests that set none: --slo-ttft-ms, --slo-tbt-ms (env MC_SLO_TTFT_MS,
+// MC_SLO_TBT_MS); the variables hold the defaults.
+void add_slo_default_flags(CLI::App& cmd, double& ttft_ms, double& tbt_ms);
+// Overrides of a configuration's SLOs (empty: the configuration's); `config` names it in --help.
+void add_slo_override_flags(CLI::App& cmd, std::optional<double>& ttft_ms, std::optional<double>& tbt_ms,
+                            const std::string& config);
+// Limits of a report's SLO-attainment table, comma-separated ("100,200,300"); the vectors hold the
+// defaults. The flag names are the caller's (--slo-ttft-ms, --report-slo-tbt-ms, ...).
+void add_slo_list_flags(CLI::App& cmd, const std::string& ttft_flag, std::vector<double>& ttft_ms,
+                        const std::string& tbt_flag, std::vector<double>& tbt_ms, const std::string& help_suffix);
+
+// Tokens per KV block (env MC_BLOCK_SIZE), 1 to kMaxBlockTokens: prefill, decode, the store's keys and
+// the Conductor must agree. `name` is --block-size, or mc-trace-replay's --block-tokens.
+inline constexpr int64_t kMaxBlockTokens = int64_t{1} << 20;
+CLI::Option* add_block_size_option(CLI::App& cmd, int64_t& tokens, const std::string& name, const std::string& help);
+CLI::Option* add_block_size_option(CLI::App& cmd, uint32_t& tokens, const std::string& name, const std::string& help);
+
+// --model: a model preset (tiny, small, llama3-8b, llama3-70b) or a JSON config file, the model the tool
+// runs or prices. With `env` the variable MC_MODEL is its fallback (daemons, mc-plan threshold); the
+// overrides of a cluster file take none. (The key namespace's --model, below, is the model id hashed
+// into block keys: the same variable with a different meaning, see add_key_namespace_flags.)
+CLI::Option* add_model_option(CLI::App& cmd, std::string& model, bool env);
+CLI::Option* add_model_option(CLI::App& cmd, std::optional<std::string>& model);
+// --gpu: a GPU server preset (a800x8, h800x8), env MC_GPU.
+CLI::Option* add_gpu_option(CLI::App& cmd, std::string& gpu);
+
 // Exit code for a Status: ok -> 0; kInvalidArgument/kOutOfRange/kMalformedMessage -> 2; else 1.
 int exit_code(const Status& status);
 // Prints "program: error: <message>" on stderr and returns exit_code(status).
 int report(const std::string& program, const Status& status);
+// The same, and in --json mode (`json`) first the error document on stdout (report::print_error), for
+// commands whose library prints nothing on failure.
+int report(const std::string& program, const Status& status, bool json);
 
 // Runs CLI11 parsing with mc's exit-code convention (2 for usage errors, 0 for --help).
 // Returns -1 when parsing succeeded and the program should continue.

@@ -56,10 +56,4 @@ Status run_replay_command(const ReplayCommand& command, std::ostream& out);
 Status run_analyze_command(const AnalyzeCommand& command, std::ostream& out);
 Status run_report_command(const ReportCommand& command, std::ostream& out);
 
-// "100,200,300" -> {100, 200, 300}: positive numbers (milliseconds), comma-separated.
-Result<std::vector<double>> parse_ms_list(const std::string& text, const std::string& flag);
-
-// The header every report carries: tool, build, host, time, then the command's configuration.
-RunInfo base_info(const std::string& command);
-
 }  // namespace mc::replay

@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/common/report.hpp"
 #include "mc/common/status.hpp"
 
 namespace mc::replay {
@@ -185,7 +186,7 @@ struct Summary {
 Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& options);
 
 // `config`: what the header line names (tool, build, host, trace, speed, ...), printed in order.
-using RunInfo = std::vector<std::pair<std::string, std::string>>;
+using RunInfo = ::mc::report::RunInfo;
 
 nlohmann::json to_json(const Summary& summary, const RunInfo& info = {});
 // The human-readable report: a header line, then tables with units in the column headers.

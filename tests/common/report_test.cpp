@@ -1,0 +1,146 @@
+// The report kit (report.hpp) and the shared flag groups (cli.hpp): one formatter, table, run header,
+// JSON error document and host name; flags declared once with their checks and MC_* variables.
+#include "mc/common/report.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "mc/common/cli.hpp"
+
+namespace mc {
+namespace {
+
+TEST(Report, FixedAndPercent) {
+  EXPECT_EQ(report::fixed(12.5, 2), "12.50");
+  EXPECT_EQ(report::fixed(2.0 / 3.0, 0), "1");
+  EXPECT_EQ(report::pct(0.374), "37.4");
+}
+
+TEST(Report, TableAlignsFirstColumnLeftOthersRight) {
+  std::ostringstream out;
+  report::print_table(out, {{"name", "n"}, {"a", "1234"}, {"longer", "5"}});
+  EXPECT_EQ(out.str(), "name       n\na       1234\nlonger     5\n");
+}
+
+TEST(Report, RunHeaderLineAndJson) {
+  report::RunInfo info = report::run_info("mc-test");
+  ASSERT_EQ(info.size(), 2u);
+  EXPECT_EQ(info[0], (std::pair<std::string, std::string>{"tool", "mc-test"}));
+  EXPECT_EQ(info[1].first, "build");
+  report::RunInfo live = report::host_run_info("mc-test run");
+  ASSERT_EQ(live.size(), 4u);
+  EXPECT_EQ(live[2].first, "host");
+  EXPECT_EQ(live[2].second, report::host_name());
+  EXPECT_EQ(live[3].first, "time");
+  EXPECT_EQ(live[3].second.size(), 20u);  // 2026-12-01T19:46:35Z
+  std::ostringstream out;
+  report::print_run_header(out, {{"a", "1"}, {"b", "x y"}});
+  EXPECT_EQ(out.str(), "a=1  b=x y\n\n");
+  std::ostringstream none;
+  report::print_run_header(none, {});
+  EXPECT_EQ(none.str(), "");
+  EXPECT_EQ(report::run_info_json({{"a", "1"}}), (nlohmann::json{{"a", "1"}}));
+}
+
+TEST(Report, OneErrorDocumentShape) {
+  const Status st(Code::kInvalidArgument, "bad --size");
+  EXPECT_EQ(report::error_json(st),
+            (nlohmann::json{{"error", {{"code", "invalid_argument"}, {"message", "bad --size"}}}}));
+  std::ostringstream out;
+  EXPECT_EQ(report::print_error(true, out, st).code(), Code::kInvalidArgument);
+  EXPECT_EQ(nlohmann::json::parse(out.str())["error"]["message"], "bad --size");
+  std::ostringstream text;
+  EXPECT_FALSE(report::print_error(false, text, st).is_ok());
+  EXPECT_EQ(text.str(), "");
+  std::ostringstream ok;
+  EXPECT_TRUE(report::print_error(true, ok, Status::ok()).is_ok());
+  EXPECT_EQ(ok.str(), "");
+}
+
+TEST(Report, HostNameIsNeverEmpty) { EXPECT_FALSE(report::host_name().empty()); }
+
+// Parses `args` (after the program name) into `app`; true when CLI11 accepted them.
+bool parses(CLI::App& app, std::vector<std::string> args) {
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError&) {
+    return false;
+  }
+  return true;
+}
+
+TEST(CliFlags, SizeOptionTakesSuffixesAndChecksTheRange) {
+  CLI::App app;
+  uint64_t bytes = 4096;
+  cli::add_size_option(app, "--size", bytes, "bytes", 1, 1ull << 30);
+  EXPECT_TRUE(parses(app, {"--size", "64KiB"}));
+  EXPECT_EQ(bytes, 64u << 10);
+  EXPECT_FALSE(parses(app, {"--size", "0"}));
+  EXPECT_FALSE(parses(app, {"--size", "2GiB"}));
+  EXPECT_FALSE(parses(app, {"--size", "lots"}));
+  EXPECT_FALSE(parses(app, {"--size", "-1"}));
+}
+
+TEST(CliFlags, TraceWindowRefusesNegativeValues) {
+  CLI::App app;
+  double start_s = 0, duration_s = 0;
+  int64_t max_requests = 0;
+  cli::add_trace_window_flags(app, start_s, duration_s, max_requests);
+  EXPECT_TRUE(parses(app, {"--start-s", "1.5", "--duration-s", "10", "--max-requests", "7"}));
+  EXPECT_DOUBLE_EQ(start_s, 1.5);
+  EXPECT_DOUBLE_EQ(duration_s, 10);
+  EXPECT_EQ(max_requests, 7);
+  EXPECT_FALSE(parses(app, {"--start-s", "-1"}));
+  EXPECT_FALSE(parses(app, {"--duration-s", "-1"}));
+  EXPECT_FALSE(parses(app, {"--max-requests", "-1"}));
+}
+
+TEST(CliFlags, RateScaleIsPositiveWithItsVariable) {
+  CLI::App app;
+  double rate_scale = 1;
+  cli::add_rate_scale_option(app, rate_scale);
+  EXPECT_FALSE(parses(app, {"--rate-scale", "0"}));
+  EXPECT_FALSE(parses(app, {"--rate-scale", "nan"}));
+  ASSERT_EQ(setenv("MC_RATE_SCALE", "4", 1), 0);
+  EXPECT_TRUE(parses(app, {}));
+  unsetenv("MC_RATE_SCALE");
+  EXPECT_DOUBLE_EQ(rate_scale, 4);
+}
+
+TEST(CliFlags, SloListsSplitOnCommasAndTakeOneArgument) {
+  CLI::App app;
+  std::vector<double> ttft = {30000}, tbt = {100, 200, 300};
+  std::string positional;
+  cli::add_slo_list_flags(app, "--slo-ttft-ms", ttft, "--slo-tbt-ms", tbt, "");
+  app.add_option("trace", positional);
+  EXPECT_TRUE(parses(app, {"--slo-tbt-ms", "50,60", "trace.jsonl"}));
+  EXPECT_EQ(tbt, (std::vector<double>{50, 60}));
+  EXPECT_EQ(ttft, (std::vector<double>{30000}));
+  EXPECT_EQ(positional, "trace.jsonl");
+  EXPECT_FALSE(parses(app, {"--slo-ttft-ms", "100,-1"}));
+}
+
+TEST(CliFlags, SloOverridesStayEmptyUnlessGiven) {
+  CLI::App app;
+  std::optional<double> ttft, tbt;
+  cli::add_slo_override_flags(app, ttft, tbt, "the cluster's");
+  EXPECT_TRUE(parses(app, {"--slo-ttft-ms", "500"}));
+  EXPECT_EQ(ttft, 500.0);
+  EXPECT_FALSE(tbt.has_value());
+  EXPECT_FALSE(parses(app, {"--slo-tbt-ms", "0"}));
+}
+
+TEST(CliFlags, BlockSizeIsBoundedTheSameEverywhere) {
+  CLI::App app;
+  int64_t tokens = 16;
+  cli::add_block_size_option(app, tokens, "--block-size", "tokens");
+  EXPECT_TRUE(parses(app, {"--block-size", "1048576"}));
+  EXPECT_FALSE(parses(app, {"--block-size", "1048577"}));
+  EXPECT_FALSE(parses(app, {"--block-size", "0"}));
+}
+
+}  // namespace
+}  // namespace mc
