@@ -78,8 +78,7 @@ Request make_request(const std::string& op, const std::string& cid, const std::s
 // and the next put_start leave together in one send; a put counts when its put_end reply arrives.
 Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t clients, const std::string& run_id,
                          const std::vector<std::string>& chain) {
-  MC_ASSIGN_OR_RETURN(std::string host, fast::tcp_host_of(o.client.master));
-  uint16_t port = 0;
+  MC_ASSIGN_OR_RETURN(Endpoint fast_ep, parse_endpoint(o.client.master));
   {
     rpc::ClientOptions co;
     co.client_name = "bench-" + run_id;
@@ -90,7 +89,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
                                               " offers no fast path (started with --fast-listen off?); "
                                               "use --transport zmq");
     }
-    port = static_cast<uint16_t>(info.fast_port);
+    fast_ep.port = static_cast<uint16_t>(info.fast_port);
   }
   struct InFlight {
     uint64_t id;
@@ -108,7 +107,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
     Conn& k = conns[static_cast<size_t>(i)];
     k.cid = "bench-" + run_id + "-" + std::to_string(i);
     k.key_prefix = "bench/" + run_id + "/" + std::to_string(i) + "/";
-    MC_ASSIGN_OR_RETURN(k.c, fast::FastClient::connect(host, port, k.cid, o.client.rpc_timeout_ms));
+    MC_ASSIGN_OR_RETURN(k.c, fast::FastClient::connect(fast_ep, k.cid, o.client.rpc_timeout_ms));
   }
   uint64_t started = 0, done = 0, errors = 0;
   auto issue = [&](Conn& k) -> Status {

@@ -239,10 +239,10 @@ class Client::Impl {
                    << (info.is_ok() ? std::string() : ": " + info.status().to_string());
       return;
     }
-    Result<std::string> host = fast::tcp_host_of(options.master);
-    if (!host.is_ok()) return;
-    auto c = fast::FastClient::connect(*host, static_cast<uint16_t>(info->fast_port), options.client_id,
-                                       options.rpc_timeout_ms);
+    Result<Endpoint> fast_ep = parse_endpoint(options.master);
+    if (!fast_ep.is_ok() || !fast_ep->is_tcp()) return;
+    fast_ep->port = static_cast<uint16_t>(info->fast_port);
+    auto c = fast::FastClient::connect(*fast_ep, options.client_id, options.rpc_timeout_ms);
     if (!c.is_ok()) {
       MC_LOG_WARN << "client " << options.client_id << ": fast path of " << options.master << " unreachable ("
                   << c.status().to_string() << "); using ZeroMQ";

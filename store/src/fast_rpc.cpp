@@ -66,21 +66,6 @@ std::string peer_name(const sockaddr_storage& ss) {
 
 }  // namespace
 
-Result<std::string> tcp_host_of(const std::string& endpoint) {
-  const std::string scheme = "tcp://";
-  if (endpoint.rfind(scheme, 0) != 0) {
-    return Status(Code::kInvalidArgument, "endpoint '" + endpoint + "' is not tcp://HOST:PORT");
-  }
-  std::string rest = endpoint.substr(scheme.size());
-  auto colon = rest.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return Status(Code::kInvalidArgument, "endpoint '" + endpoint + "' has no HOST:PORT");
-  }
-  std::string host = rest.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host;
-}
-
 namespace {
 // A msgpack packer's sink appending to a std::string.
 struct StringSink {
@@ -150,14 +135,19 @@ Result<std::optional<Frame>> FrameReader::next(const std::string& peer, uint64_t
 
 Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoint, std::string service,
                                                        Dispatch dispatch) {
-  MC_ASSIGN_OR_RETURN(std::string host, tcp_host_of(endpoint));
-  if (host == "*") host = "0.0.0.0";
+  MC_ASSIGN_OR_RETURN(Endpoint ep, parse_endpoint(endpoint));
+  if (!ep.is_tcp()) {
+    return Status(Code::kInvalidArgument,
+                  service + ": the fast path listens on tcp://HOST:PORT, not '" + endpoint + "'");
+  }
+  const std::string host = ep.host == "*" ? "0.0.0.0" : ep.host;
+  const std::string port = std::to_string(ep.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), "0", &hints, &res);
+  int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
   if (rc != 0) {
     return Status(Code::kInvalidArgument,
                   service + ": cannot resolve '" + host + "' (fast endpoint of " + endpoint + "): " + gai_strerror(rc));
@@ -181,8 +171,8 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
   }
   freeaddrinfo(res);
   if (s->listen_fd_ < 0) {
-    return Status(Code::kUnavailable, s->service_ + ": cannot listen on " + host + " (fast endpoint of " + endpoint +
-                                          "): " + errno_text(err));
+    return Status(Code::kUnavailable, s->service_ + ": cannot listen on " + format_host_port(host, ep.port) +
+                                          " (fast endpoint of " + endpoint + "): " + errno_text(err));
   }
   set_options(s->listen_fd_);
   s->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -399,16 +389,17 @@ bool FastServer::wait_and_handle(int timeout_ms) {
 // ------------------------------------------------------------------------------------------------
 // FastClient
 
-Result<std::unique_ptr<FastClient>> FastClient::connect(const std::string& host, uint16_t port,
-                                                        const std::string& client_name, int timeout_ms) {
-  const std::string ep = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
-  std::unique_ptr<FastClient> c(new FastClient("tcp://" + ep + " (fast)"));
+Result<std::unique_ptr<FastClient>> FastClient::connect(const Endpoint& endpoint, const std::string& client_name,
+                                                        int timeout_ms) {
+  std::unique_ptr<FastClient> c(new FastClient(endpoint.str() + " (fast)"));
+  if (!endpoint.is_tcp())
+    return Status(Code::kInvalidArgument, "the fast path connects over tcp, not to " + c->endpoint_);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  int rc = getaddrinfo(endpoint.host.c_str(), std::to_string(endpoint.port).c_str(), &hints, &res);
   if (rc != 0) return Status(Code::kUnavailable, "cannot resolve " + c->endpoint_ + ": " + gai_strerror(rc));
   int err = 0;
   const int64_t deadline = now_ms() + std::max(1, timeout_ms);

@@ -34,6 +34,7 @@
 #include <zmq.hpp>
 
 #include "mc/common/codec.hpp"
+#include "mc/common/endpoint.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/status.hpp"
 
@@ -75,7 +76,7 @@ class FastServer {
   // answered as kInternal).
   using Dispatch = std::function<Result<std::string>(std::string_view type, std::string_view body)>;
 
-  // Listens on host:port of a "tcp://HOST:PORT" endpoint ("*" = every address; port 0 = any free port).
+  // Listens on a "tcp://HOST:PORT" endpoint ("*" = every address; port 0 = any free port).
   // kInvalidArgument for a non-tcp endpoint, kUnavailable naming the endpoint and strerror when bind fails.
   static Result<std::unique_ptr<FastServer>> listen(const std::string& endpoint, std::string service,
                                                     Dispatch dispatch);
@@ -137,10 +138,11 @@ class FastServer {
 
 class FastClient {
  public:
-  // Connects to host:port (names resolved with getaddrinfo, TCP_NODELAY) and checks the protocol version
-  // with a hello. kUnavailable naming the endpoint (with strerror), kTimeout, kProtocolMismatch.
-  static Result<std::unique_ptr<FastClient>> connect(const std::string& host, uint16_t port,
-                                                     const std::string& client_name, int timeout_ms);
+  // Connects to a tcp endpoint (names resolved with getaddrinfo, TCP_NODELAY) and checks the protocol
+  // version with a hello. kInvalidArgument for an ipc endpoint; kUnavailable naming the endpoint (with
+  // strerror), kTimeout, kProtocolMismatch.
+  static Result<std::unique_ptr<FastClient>> connect(const Endpoint& endpoint, const std::string& client_name,
+                                                     int timeout_ms);
   ~FastClient();
   FastClient(const FastClient&) = delete;
   FastClient& operator=(const FastClient&) = delete;
@@ -199,8 +201,5 @@ class FastClient {
   size_t out_pos_ = 0;
   FrameReader reader_;
 };
-
-// "tcp://HOST:PORT" -> HOST ("[::1]" -> "::1"); kInvalidArgument for other transports.
-Result<std::string> tcp_host_of(const std::string& endpoint);
 
 }  // namespace mc::store::fast

@@ -348,8 +348,8 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
   if (options.fast_listen != "off") {
     std::string fast_ep = options.fast_listen;
     if (fast_ep.empty()) {
-      Result<std::string> host = fast::tcp_host_of(impl->server->endpoints().at(0));
-      if (host.is_ok()) fast_ep = "tcp://" + (host->find(':') != std::string::npos ? "[" + *host + "]" : *host) + ":0";
+      Result<Endpoint> zmq_ep = parse_endpoint(impl->server->endpoints().at(0));
+      if (zmq_ep.is_ok() && zmq_ep->is_tcp()) fast_ep = Endpoint::tcp(zmq_ep->host, 0).str();
     }
     if (!fast_ep.empty()) {
       Impl* raw = impl.get();
