@@ -16,7 +16,7 @@
 #include "mc/common/rpc.hpp"
 #include "mc/store/master_core.hpp"
 
-#include "fast_rpc.hpp"
+#include "mc/common/fast_rpc.hpp"
 
 namespace mc::store {
 
@@ -97,7 +97,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
     uint64_t n;
   };
   struct Conn {
-    std::unique_ptr<fast::FastClient> c;
+    std::unique_ptr<rpc::fast::FastClient> c;
     std::string cid, key_prefix;
     std::deque<InFlight> flight;
     uint64_t next_n = 0;
@@ -107,7 +107,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
     Conn& k = conns[static_cast<size_t>(i)];
     k.cid = "bench-" + run_id + "-" + std::to_string(i);
     k.key_prefix = "bench/" + run_id + "/" + std::to_string(i) + "/";
-    MC_ASSIGN_OR_RETURN(k.c, fast::FastClient::connect(fast_ep, k.cid, o.client.rpc_timeout_ms));
+    MC_ASSIGN_OR_RETURN(k.c, rpc::fast::FastClient::connect(fast_ep, k.cid, o.client.rpc_timeout_ms));
   }
   uint64_t started = 0, done = 0, errors = 0;
   auto issue = [&](Conn& k) -> Status {
@@ -144,7 +144,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
       if (fds[i].revents == 0) continue;
       Conn& k = conns[i];
       while (true) {
-        MC_ASSIGN_OR_RETURN(std::optional<fast::FastClient::Reply> r, k.c->try_recv());
+        MC_ASSIGN_OR_RETURN(std::optional<rpc::fast::FastClient::Reply> r, k.c->try_recv());
         if (!r) break;
         if (k.flight.empty() || k.flight.front().id != r->id) {
           return Status(Code::kMalformedMessage,
