@@ -2,6 +2,7 @@
 
 #include "mc/common/cli.hpp"
 #include "mc/common/daemon.hpp"
+#include "mc/common/endpoint.hpp"
 #include "mc/common/units.hpp"
 #include "mc/infer/decode_worker.hpp"
 #include "mc/infer/prefill_worker.hpp"
@@ -99,19 +100,19 @@ void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
 Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen) {
   if (kv_listen == "none") return std::string();
   if (kv_listen != "auto") {
-    if (kv_listen.rfind("tcp://", 0) != 0) {
-      return error(Code::kInvalidArgument, "--kv-listen '" + kv_listen + "': expected tcp://host:port, auto or none");
+    Result<Endpoint> ep = parse_endpoint(kv_listen);
+    if (!ep.is_ok() || !ep->is_tcp()) {
+      return error(Code::kInvalidArgument, "--kv-listen '" + kv_listen + "': expected tcp://host:port, auto or none" +
+                                               (ep.is_ok() ? std::string() : " (" + ep.status().message() + ")"));
     }
     return kv_listen;
   }
-  const auto colon = rpc_listen.rfind(':');
-  if (rpc_listen.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6) {
+  Result<Endpoint> rpc_ep = parse_endpoint(rpc_listen);
+  if (!rpc_ep.is_ok() || !rpc_ep->is_tcp()) {
     return error(Code::kInvalidArgument, "--kv-listen auto needs a tcp:// --listen (got '" + rpc_listen +
                                              "'); give --kv-listen tcp://host:port or none");
   }
-  std::string host = rpc_listen.substr(6, colon - 6);
-  if (host == "*") host = "0.0.0.0";
-  return "tcp://" + host + ":0";
+  return Endpoint::tcp(rpc_ep->host == "*" ? "0.0.0.0" : rpc_ep->host, 0).str();
 }
 
 Status run_decode_daemon(const DecodeDaemonConfig& c) {

@@ -16,7 +16,46 @@ int64_t now_ms() { return RealClock::instance().now_ms(); }
 
 std::string zmq_text(const zmq::error_t& e) { return std::string(e.what()); }
 
+const std::string kSameVersion = ": run the same mc version on both sides";
+
 }  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Shared by both transports
+
+Status version_mismatch(const proto::Header& header, std::string_view service) {
+  return Status(Code::kProtocolMismatch, "message '" + header.type + "' is protocol v" + std::to_string(header.v) +
+                                             " but " + std::string(service) + " speaks v" +
+                                             std::to_string(proto::kProtocolVersion) + kSameVersion);
+}
+
+Status reply_version_mismatch(const proto::Header& header, std::string_view endpoint) {
+  return Status(Code::kProtocolMismatch, std::string(endpoint) + " answered '" + header.type + "' in protocol v" +
+                                             std::to_string(header.v) + ", this client speaks v" +
+                                             std::to_string(proto::kProtocolVersion) + kSameVersion);
+}
+
+Result<proto::HelloReply> answer_hello(const proto::HelloRequest& hello, std::string_view service) {
+  if (hello.protocol_version != proto::kProtocolVersion) {
+    return Status(Code::kProtocolMismatch, "client '" + hello.client_name + "' speaks protocol v" +
+                                               std::to_string(hello.protocol_version) + " but " + std::string(service) +
+                                               " speaks v" + std::to_string(proto::kProtocolVersion) + kSameVersion);
+  }
+  return proto::HelloReply{proto::kProtocolVersion, std::string(service), build_id_string()};
+}
+
+Status check_hello_reply(const proto::HelloReply& reply, std::string_view endpoint) {
+  if (reply.protocol_version == proto::kProtocolVersion) return Status::ok();
+  return Status(Code::kProtocolMismatch, reply.service + " at " + std::string(endpoint) + " speaks protocol v" +
+                                             std::to_string(reply.protocol_version) + ", this client v" +
+                                             std::to_string(proto::kProtocolVersion) + kSameVersion);
+}
+
+std::string error_reply_body(const Status& status) {
+  return codec::pack(proto::ErrorReply{static_cast<uint16_t>(status.code()), status.message()});
+}
+
+Status status_of(const proto::ErrorReply& reply) { return Status(static_cast<Code>(reply.code), reply.message); }
 
 zmq::context_t& context() {
   static zmq::context_t ctx(2);
@@ -56,15 +95,7 @@ Result<std::unique_ptr<RpcServer>> RpcServer::bind(ServerOptions options) {
   }
   RpcServer* self = server.get();
   server->handle<proto::HelloRequest>(
-      [self](const proto::HelloRequest& req, const CallContext&) -> Result<proto::HelloReply> {
-        if (req.protocol_version != proto::kProtocolVersion) {
-          return Status(Code::kProtocolMismatch,
-                        "client '" + req.client_name + "' speaks protocol v" + std::to_string(req.protocol_version) +
-                            " but " + self->options_.service + " speaks v" + std::to_string(proto::kProtocolVersion) +
-                            ": run the same mc version on both sides");
-        }
-        return proto::HelloReply{proto::kProtocolVersion, self->options_.service, build_id_string()};
-      });
+      [self](const proto::HelloRequest& req, const CallContext&) { return answer_hello(req, self->options_.service); });
   server->handle<proto::PingRequest>([](const proto::PingRequest&, const CallContext&) -> Result<proto::PingReply> {
     return proto::PingReply{unix_time_ms()};
   });
@@ -97,8 +128,20 @@ Status RpcServer::send_raw(const std::string& peer, const std::string& type, uin
 }
 
 Status RpcServer::reply_error_to(const CallContext& ctx, const Status& status) {
-  proto::ErrorReply err{static_cast<uint16_t>(status.code()), status.message()};
-  return send_raw(ctx.peer, proto::kErrorType, ctx.call_id, codec::pack(err));
+  return send_raw(ctx.peer, proto::kErrorType, ctx.call_id, error_reply_body(status));
+}
+
+Result<std::string> RpcServer::dispatch(std::string_view type, std::string_view body, const CallContext& ctx) const {
+  auto it = handlers_.find(type);
+  if (it == handlers_.end()) {
+    return Status(Code::kUnimplemented, options_.service + " does not handle message type '" + std::string(type) + "'");
+  }
+  Result<std::string> reply = it->second(ctx, body);
+  if (ctx.deferred) {
+    return Status(Code::kUnimplemented, options_.service + ": the handler of '" + std::string(type) +
+                                            "' defers its reply, which only the ZeroMQ transport carries");
+  }
+  return reply;
 }
 
 void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
@@ -125,10 +168,7 @@ void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
   };
   if (header->v != proto::kProtocolVersion) {
     ++counters_.malformed;
-    reply_error(Status(Code::kProtocolMismatch, "message '" + header->type + "' is protocol v" +
-                                                    std::to_string(header->v) + " but " + options_.service +
-                                                    " speaks v" + std::to_string(proto::kProtocolVersion) +
-                                                    ": run the same mc version on both sides"));
+    reply_error(version_mismatch(header.value(), options_.service));
     return;
   }
   if (frames.size() != 3) {
@@ -217,12 +257,7 @@ Result<std::unique_ptr<RpcClient>> RpcClient::connect(const std::string& endpoin
     }
     return reply.status();
   }
-  if (reply->protocol_version != proto::kProtocolVersion) {
-    return Status(Code::kProtocolMismatch, reply->service + " at " + endpoint + " speaks protocol v" +
-                                               std::to_string(reply->protocol_version) + ", this client v" +
-                                               std::to_string(proto::kProtocolVersion) +
-                                               ": run the same mc version on both sides");
-  }
+  MC_RETURN_IF_ERROR(check_hello_reply(reply.value(), endpoint));
   client->hello_ = reply.value();
   return client;
 }
@@ -284,13 +319,9 @@ Result<std::string> RpcClient::call_raw(const std::string& type, const std::stri
     if (env.header.type == proto::kErrorType) {
       Result<proto::ErrorReply> err = codec::unpack<proto::ErrorReply>(env.body, "error reply from " + endpoint_);
       if (!err.is_ok()) return err.status();
-      return Status(static_cast<Code>(err->code), err->message);
+      return status_of(err.value());
     }
-    if (env.header.v != proto::kProtocolVersion) {
-      return Status(Code::kProtocolMismatch, endpoint_ + " answered '" + type + "' in protocol v" +
-                                                 std::to_string(env.header.v) + ", this client speaks v" +
-                                                 std::to_string(proto::kProtocolVersion));
-    }
+    if (env.header.v != proto::kProtocolVersion) return reply_version_mismatch(env.header, endpoint_);
     return std::move(env.body);
   }
   return Status(Code::kTimeout, "no reply to '" + type + "' from " + endpoint_ + " within " +

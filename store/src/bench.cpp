@@ -17,7 +17,7 @@
 #include "mc/common/rpc.hpp"
 #include "mc/store/master_core.hpp"
 
-#include "fast_rpc.hpp"
+#include "mc/common/fast_rpc.hpp"
 
 namespace mc::store {
 
@@ -79,8 +79,7 @@ Request make_request(const std::string& op, const std::string& cid, const std::s
 // and the next put_start leave together in one send; a put counts when its put_end reply arrives.
 Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t clients, const std::string& run_id,
                          const std::vector<std::string>& chain) {
-  MC_ASSIGN_OR_RETURN(std::string host, fast::tcp_host_of(o.client.master));
-  uint16_t port = 0;
+  MC_ASSIGN_OR_RETURN(Endpoint fast_ep, parse_endpoint(o.client.master));
   {
     rpc::ClientOptions co;
     co.client_name = "bench-" + run_id;
@@ -91,7 +90,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
                                               " offers no fast path (started with --fast-listen off?); "
                                               "use --transport zmq");
     }
-    port = static_cast<uint16_t>(info.fast_port);
+    fast_ep.port = static_cast<uint16_t>(info.fast_port);
   }
   struct InFlight {
     uint64_t id;
@@ -99,7 +98,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
     uint64_t n;
   };
   struct Conn {
-    std::unique_ptr<fast::FastClient> c;
+    std::unique_ptr<rpc::fast::FastClient> c;
     std::string cid, key_prefix;
     std::deque<InFlight> flight;
     uint64_t next_n = 0;
@@ -109,7 +108,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
     Conn& k = conns[static_cast<size_t>(i)];
     k.cid = "bench-" + run_id + "-" + std::to_string(i);
     k.key_prefix = "bench/" + run_id + "/" + std::to_string(i) + "/";
-    MC_ASSIGN_OR_RETURN(k.c, fast::FastClient::connect(host, port, k.cid, o.client.rpc_timeout_ms));
+    MC_ASSIGN_OR_RETURN(k.c, rpc::fast::FastClient::connect(fast_ep, k.cid, o.client.rpc_timeout_ms));
   }
   uint64_t started = 0, done = 0, errors = 0;
   auto issue = [&](Conn& k) -> Status {
@@ -146,7 +145,7 @@ Result<Point> fast_point(const BenchOptions& o, const std::string& op, int64_t c
       if (fds[i].revents == 0) continue;
       Conn& k = conns[i];
       while (true) {
-        MC_ASSIGN_OR_RETURN(std::optional<fast::FastClient::Reply> r, k.c->try_recv());
+        MC_ASSIGN_OR_RETURN(std::optional<rpc::fast::FastClient::Reply> r, k.c->try_recv());
         if (!r) break;
         if (k.flight.empty() || k.flight.front().id != r->id) {
           return Status(Code::kMalformedMessage,

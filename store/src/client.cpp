@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "fast_rpc.hpp"
+#include "mc/common/fast_rpc.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
 #include "mc/store/directory.hpp"
@@ -53,7 +53,7 @@ class Client::Impl {
  public:
   ClientOptions options;
   std::unique_ptr<rpc::RpcClient> master;
-  std::unique_ptr<fast::FastClient> fast_master;  // the master's fast path when it offers one (fast_rpc.hpp)
+  std::unique_ptr<rpc::fast::FastClient> fast_master;  // the master's fast path when it offers one (fast_rpc.hpp)
   std::map<std::string, std::unique_ptr<rpc::RpcClient>> nodes;  // node RPC endpoint -> connection (SSD)
   std::shared_ptr<MasterSegmentDirectory> directory;
   std::unique_ptr<transfer::TransferEngine> engine;     // after directory: destroyed first
@@ -71,7 +71,9 @@ class Client::Impl {
   std::vector<CommitFailure> commit_failures;  // at most kKeptCommitFailures; the rest only counted
   uint64_t commit_failures_unlisted = 0;
   static constexpr size_t kKeptCommitFailures = 4096;
-  const fast::FastClient::OtherReply on_other_reply = [this](fast::FastClient::Reply& r) { collect_commit(r); };
+  const rpc::fast::FastClient::OtherReply on_other_reply = [this](rpc::fast::FastClient::Reply& r) {
+    collect_commit(r);
+  };
 
   std::thread heartbeat_thread;
   std::mutex heartbeat_mu;
@@ -168,7 +170,7 @@ class Client::Impl {
 
   // A reply read from the fast connection that is not the current call's: a write-behind commit's (its
   // per-key codes), or an abandoned call's (ignored). A reply that cannot be decoded fails its commit.
-  void collect_commit(fast::FastClient::Reply& r) {
+  void collect_commit(rpc::fast::FastClient::Reply& r) {
     auto it = std::find_if(pending_commits.begin(), pending_commits.end(),
                            [&](const PendingCommit& p) { return p.id == r.id; });
     if (it == pending_commits.end()) return;
@@ -214,7 +216,7 @@ class Client::Impl {
     while (!pending_commits.empty() && fast_master) {
       const int64_t left = deadline_ms - steady_ms();
       if (left <= 0) return false;
-      Result<std::optional<fast::FastClient::Reply>> r = fast_master->recv(static_cast<int>(left));
+      Result<std::optional<rpc::fast::FastClient::Reply>> r = fast_master->recv(static_cast<int>(left));
       if (!r.is_ok()) {
         fast_failed(r.status());
         break;
@@ -234,10 +236,10 @@ class Client::Impl {
                    << (info.is_ok() ? std::string() : ": " + info.status().to_string());
       return;
     }
-    Result<std::string> host = fast::tcp_host_of(options.master);
-    if (!host.is_ok()) return;
-    auto c = fast::FastClient::connect(*host, static_cast<uint16_t>(info->fast_port), options.client_id,
-                                       options.rpc_timeout_ms);
+    Result<Endpoint> fast_ep = parse_endpoint(options.master);
+    if (!fast_ep.is_ok() || !fast_ep->is_tcp()) return;
+    fast_ep->port = static_cast<uint16_t>(info->fast_port);
+    auto c = rpc::fast::FastClient::connect(*fast_ep, options.client_id, options.rpc_timeout_ms);
     if (!c.is_ok()) {
       MC_LOG_WARN << "client " << options.client_id << ": fast path of " << options.master << " unreachable ("
                   << c.status().to_string() << "); using ZeroMQ";

@@ -3,8 +3,8 @@
 #include <chrono>
 
 #include "convert.hpp"
-#include "fast_rpc.hpp"
 #include "mc/common/daemon.hpp"
+#include "mc/common/fast_rpc.hpp"
 #include "mc/common/log.hpp"
 #include "mc/store/directory.hpp"
 
@@ -86,42 +86,14 @@ struct MasterServer::Impl {
     update_metrics();
   }
 
-  // Handlers of the fast path (fast_rpc.hpp), by message type: the same functions as the ZeroMQ ones.
-  struct TypeHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
-  // Looked up by string_view (heterogeneous lookup): no string built per request.
-  std::unordered_map<std::string, std::function<Result<std::string>(std::string_view body)>, TypeHash, std::equal_to<>>
-      fast_handlers;
-  std::unique_ptr<fast::FastServer> fast_server;
+  // The fast path (mc/common/fast_rpc.hpp), answered by the ZeroMQ server's handlers (RpcServer::dispatch).
+  std::unique_ptr<rpc::fast::FastServer> fast_server;
   std::vector<zmq::pollitem_t> poll_items;
-
-  // Registers `fn` for Req on the ZeroMQ server and on the fast path.
-  template <typename Req, typename Fn>
-  void on(Fn fn) {
-    server->handle<Req>(fn);
-    fast_handlers[Req::kType] = [this, fn = std::move(fn)](std::string_view body) -> Result<std::string> {
-      Result<Req> req = codec::unpack<Req>(body, Req::kType);
-      if (!req.is_ok()) return req.status();
-      Result<typename Req::Reply> reply = fn(req.value(), fast_context_);
-      if (!reply.is_ok()) return reply.status();
-      return codec::pack(reply.value());
-    };
-  }
-  Result<std::string> fast_dispatch(std::string_view type, std::string_view body) {
-    auto it = fast_handlers.find(type);
-    if (it == fast_handlers.end()) {
-      return Status(Code::kUnimplemented, "mc-store master does not handle message type '" + std::string(type) + "'");
-    }
-    return it->second(body);
-  }
-  rpc::CallContext fast_context_;
 };
 
 void MasterServer::Impl::register_handlers() {
   using namespace proto;
-  on<StoreMountRequest>([this](const StoreMountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+  server->handle<StoreMountRequest>([this](const StoreMountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
     MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
     SegmentInfo info{req.segment,  req.node_id,      req.host,
                      req.domain,   medium,           req.capacity_bytes,
@@ -139,14 +111,15 @@ void MasterServer::Impl::register_handlers() {
     publish_events();
     return StoreAck{};
   });
-  on<StoreUnmountRequest>([this](const StoreUnmountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
-    MC_RETURN_IF_ERROR(core.unmount_segment(req.node_id, req.segment));
-    MC_LOG_INFO << "unmounted segment " << req.segment << " of node " << req.node_id;
-    publish_events();
-    sync_directory();
-    return StoreAck{};
-  });
-  on<StoreNodeHeartbeatRequest>(
+  server->handle<StoreUnmountRequest>(
+      [this](const StoreUnmountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+        MC_RETURN_IF_ERROR(core.unmount_segment(req.node_id, req.segment));
+        MC_LOG_INFO << "unmounted segment " << req.segment << " of node " << req.node_id;
+        publish_events();
+        sync_directory();
+        return StoreAck{};
+      });
+  server->handle<StoreNodeHeartbeatRequest>(
       [this](const StoreNodeHeartbeatRequest& req, const rpc::CallContext&) -> Result<StoreNodeHeartbeatReply> {
         MC_ASSIGN_OR_RETURN(std::vector<DemoteTask> tasks, core.node_heartbeat(req.node_id));
         for (const StoreDemoteResult& d : req.done) (void)core.demote_done(req.node_id, d.task_id, d.ok);
@@ -155,13 +128,13 @@ void MasterServer::Impl::register_handlers() {
         for (const DemoteTask& t : tasks) reply.tasks.push_back(to_wire(t));
         return reply;
       });
-  on<StoreClientHeartbeatRequest>(
+  server->handle<StoreClientHeartbeatRequest>(
       [this](const StoreClientHeartbeatRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
         core.client_heartbeat(req.client_id);
         return StoreAck{};
       });
-  on<StorePutStartRequest>([this](const StorePutStartRequest& req,
-                                  const rpc::CallContext&) -> Result<StorePutStartReply> {
+  server->handle<StorePutStartRequest>([this](const StorePutStartRequest& req,
+                                              const rpc::CallContext&) -> Result<StorePutStartReply> {
     MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_start"));
     if (req.sizes_bytes.size() != req.keys.size()) {
       return Status(Code::kInvalidArgument, "put_start: " + std::to_string(req.keys.size()) + " keys but " +
@@ -184,17 +157,18 @@ void MasterServer::Impl::register_handlers() {
     publish_events();
     return reply;
   });
-  on<StorePutEndRequest>([this](const StorePutEndRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
-    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
-    if (req.put_ids.size() != req.keys.size())
-      return Status(Code::kInvalidArgument, "put_end: keys and put_ids differ in length");
-    StoreItemsReply reply;
-    for (size_t i = 0; i < req.keys.size(); ++i)
-      add_item(reply, core.put_end({req.client_id, "", ""}, req.keys[i], req.put_ids[i]));
-    publish_events();
-    return reply;
-  });
-  on<StorePutRevokeRequest>(
+  server->handle<StorePutEndRequest>(
+      [this](const StorePutEndRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
+        if (req.put_ids.size() != req.keys.size())
+          return Status(Code::kInvalidArgument, "put_end: keys and put_ids differ in length");
+        StoreItemsReply reply;
+        for (size_t i = 0; i < req.keys.size(); ++i)
+          add_item(reply, core.put_end({req.client_id, "", ""}, req.keys[i], req.put_ids[i]));
+        publish_events();
+        return reply;
+      });
+  server->handle<StorePutRevokeRequest>(
       [this](const StorePutRevokeRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_revoke"));
         if (req.put_ids.size() != req.keys.size()) {
@@ -206,7 +180,7 @@ void MasterServer::Impl::register_handlers() {
         }
         return reply;
       });
-  on<StoreGetReplicasRequest>(
+  server->handle<StoreGetReplicasRequest>(
       [this](const StoreGetReplicasRequest& req, const rpc::CallContext&) -> Result<StoreGetReplicasReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "get_replicas"));
         StoreGetReplicasReply reply;
@@ -230,36 +204,39 @@ void MasterServer::Impl::register_handlers() {
         }
         return reply;
       });
-  on<StoreReplicateNearRequest>(
+  server->handle<StoreReplicateNearRequest>(
       [this](const StoreReplicateNearRequest& req, const rpc::CallContext&) -> Result<StoreReplicateNearReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "replicate_near"));
         MC_ASSIGN_OR_RETURN(uint32_t marked, core.replicate_near(req.keys, req.host));
         return StoreReplicateNearReply{marked};
       });
-  on<StoreReplicaEndRequest>([this](const StoreReplicaEndRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
-    MC_RETURN_IF_ERROR(core.replica_end({req.client_id, "", ""}, req.key, req.put_id, req.ok));
-    publish_events();
-    return StoreAck{};
-  });
-  on<StoreExistsRequest>([this](const StoreExistsRequest& req, const rpc::CallContext&) -> Result<StoreExistsReply> {
-    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "exists"));
-    StoreExistsReply reply;
-    for (const std::string& k : req.keys) reply.present.push_back(core.exists(k));
-    return reply;
-  });
-  on<StoreMatchPrefixRequest>(
+  server->handle<StoreReplicaEndRequest>(
+      [this](const StoreReplicaEndRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+        MC_RETURN_IF_ERROR(core.replica_end({req.client_id, "", ""}, req.key, req.put_id, req.ok));
+        publish_events();
+        return StoreAck{};
+      });
+  server->handle<StoreExistsRequest>(
+      [this](const StoreExistsRequest& req, const rpc::CallContext&) -> Result<StoreExistsReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "exists"));
+        StoreExistsReply reply;
+        for (const std::string& k : req.keys) reply.present.push_back(core.exists(k));
+        return reply;
+      });
+  server->handle<StoreMatchPrefixRequest>(
       [this](const StoreMatchPrefixRequest& req, const rpc::CallContext&) -> Result<StoreMatchPrefixReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "match_prefix"));
         return StoreMatchPrefixReply{core.match_prefix(req.keys)};
       });
-  on<StoreRemoveRequest>([this](const StoreRemoveRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
-    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "remove"));
-    StoreItemsReply reply;
-    for (const std::string& k : req.keys) add_item(reply, core.remove(k));
-    publish_events();
-    return reply;
-  });
-  on<StoreLsRequest>([this](const StoreLsRequest& req, const rpc::CallContext&) -> Result<StoreLsReply> {
+  server->handle<StoreRemoveRequest>(
+      [this](const StoreRemoveRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "remove"));
+        StoreItemsReply reply;
+        for (const std::string& k : req.keys) add_item(reply, core.remove(k));
+        publish_events();
+        return reply;
+      });
+  server->handle<StoreLsRequest>([this](const StoreLsRequest& req, const rpc::CallContext&) -> Result<StoreLsReply> {
     uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
     StoreLsReply reply;
     std::vector<ObjectInfo> objs = core.ls(req.prefix, limit + 1);
@@ -270,58 +247,60 @@ void MasterServer::Impl::register_handlers() {
     }
     return reply;
   });
-  on<StoreStatRequest>([this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
-    MasterStats s = core.stat();
-    StoreStatReply r;
-    if (req.with_segments) {
-      for (const SegmentStats& g : s.segments) {
-        StoreSegmentStat w;
-        w.segment = g.info.name;
-        w.node_id = g.info.node_id;
-        w.host = g.info.host;
-        w.domain = g.info.domain;
-        w.medium = std::string(medium_name(g.info.medium));
-        w.capacity_bytes = g.info.capacity_bytes;
-        w.used_bytes = g.used_bytes;
-        w.largest_free_bytes = g.largest_free_bytes;
-        w.fragmentation = g.fragmentation;
-        w.objects = g.objects;
-        w.leased_objects = g.leased_objects;
-        w.hits = g.hits;
-        w.evictions = g.evictions;
-        w.demotions = g.demotions;
-        r.segments.push_back(std::move(w));
-      }
-    }
-    r.objects = s.objects;
-    r.processing = s.processing;
-    r.nodes = s.nodes;
-    r.clients = s.clients;
-    r.hits = s.hits;
-    r.misses = s.misses;
-    r.puts = s.puts;
-    r.removes = s.removes;
-    r.evictions = s.evictions;
-    r.demotions = s.demotions;
-    r.reclaimed_puts = s.reclaimed_puts;
-    r.refused_put_ends = s.refused_put_ends;
-    r.hot_replications = s.hot_replications;
-    r.dead_nodes = s.dead_nodes;
-    r.pending_free_bytes = s.pending_free_bytes;
-    r.last_event_id = events ? events->last_event_id() : 0;
-    return r;
-  });
-  on<PublishSegmentRequest>(
+  server->handle<StoreStatRequest>(
+      [this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
+        MasterStats s = core.stat();
+        StoreStatReply r;
+        if (req.with_segments) {
+          for (const SegmentStats& g : s.segments) {
+            StoreSegmentStat w;
+            w.segment = g.info.name;
+            w.node_id = g.info.node_id;
+            w.host = g.info.host;
+            w.domain = g.info.domain;
+            w.medium = std::string(medium_name(g.info.medium));
+            w.capacity_bytes = g.info.capacity_bytes;
+            w.used_bytes = g.used_bytes;
+            w.largest_free_bytes = g.largest_free_bytes;
+            w.fragmentation = g.fragmentation;
+            w.objects = g.objects;
+            w.leased_objects = g.leased_objects;
+            w.hits = g.hits;
+            w.evictions = g.evictions;
+            w.demotions = g.demotions;
+            r.segments.push_back(std::move(w));
+          }
+        }
+        r.objects = s.objects;
+        r.processing = s.processing;
+        r.nodes = s.nodes;
+        r.clients = s.clients;
+        r.hits = s.hits;
+        r.misses = s.misses;
+        r.puts = s.puts;
+        r.removes = s.removes;
+        r.evictions = s.evictions;
+        r.demotions = s.demotions;
+        r.reclaimed_puts = s.reclaimed_puts;
+        r.refused_put_ends = s.refused_put_ends;
+        r.hot_replications = s.hot_replications;
+        r.dead_nodes = s.dead_nodes;
+        r.pending_free_bytes = s.pending_free_bytes;
+        r.last_event_id = events ? events->last_event_id() : 0;
+        return r;
+      });
+  server->handle<PublishSegmentRequest>(
       [this](const PublishSegmentRequest& req, const rpc::CallContext&) -> Result<PublishSegmentReply> {
         MC_ASSIGN_OR_RETURN(uint64_t regions, directory.publish(req.descriptor));
         MC_LOG_DEBUG << "segment directory: " << req.descriptor.name << " published with " << regions << " region(s)";
         return PublishSegmentReply{regions};
       });
-  on<GetSegmentRequest>([this](const GetSegmentRequest& req, const rpc::CallContext&) -> Result<GetSegmentReply> {
-    MC_ASSIGN_OR_RETURN(SegmentDescriptor d, directory.lookup(req.name));
-    return GetSegmentReply{std::move(d)};
-  });
-  on<StoreInfoRequest>([this](const StoreInfoRequest&, const rpc::CallContext&) -> Result<StoreInfoReply> {
+  server->handle<GetSegmentRequest>(
+      [this](const GetSegmentRequest& req, const rpc::CallContext&) -> Result<GetSegmentReply> {
+        MC_ASSIGN_OR_RETURN(SegmentDescriptor d, directory.lookup(req.name));
+        return GetSegmentReply{std::move(d)};
+      });
+  server->handle<StoreInfoRequest>([this](const StoreInfoRequest&, const rpc::CallContext&) -> Result<StoreInfoReply> {
     return StoreInfoReply{fast_server ? fast_server->port() : 0u, "mc-store master"};
   });
   server->serve_stat(&registry);
@@ -348,16 +327,16 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
   if (options.fast_listen != "off") {
     std::string fast_ep = options.fast_listen;
     if (fast_ep.empty()) {
-      Result<std::string> host = fast::tcp_host_of(impl->server->endpoints().at(0));
-      if (host.is_ok()) fast_ep = "tcp://" + (host->find(':') != std::string::npos ? "[" + *host + "]" : *host) + ":0";
+      Result<Endpoint> zmq_ep = parse_endpoint(impl->server->endpoints().at(0));
+      if (zmq_ep.is_ok() && zmq_ep->is_tcp()) fast_ep = Endpoint::tcp(zmq_ep->host, 0).str();
     }
     if (!fast_ep.empty()) {
       Impl* raw = impl.get();
-      MC_ASSIGN_OR_RETURN(
-          impl->fast_server,
-          fast::FastServer::listen(fast_ep, "mc-store master", [raw](std::string_view type, std::string_view body) {
-            return raw->fast_dispatch(type, body);
-          }));
+      MC_ASSIGN_OR_RETURN(impl->fast_server,
+                          rpc::fast::FastServer::listen(fast_ep, "mc-store master",
+                                                        [raw](std::string_view type, std::string_view body) {
+                                                          return raw->server->dispatch(type, body, rpc::CallContext{});
+                                                        }));
     }
   }
   impl->register_handlers();

@@ -11,7 +11,7 @@
 #include <set>
 #include <thread>
 
-#include "../../store/src/fast_rpc.hpp"
+#include "mc/common/fast_rpc.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/store/client.hpp"
 
@@ -29,9 +29,9 @@ class FakeMaster {
     so.service = "fake master";
     so.bind_endpoints = {"tcp://127.0.0.1:0"};
     zmq_ = rpc::RpcServer::bind(so).value();
-    auto fs =
-        fast::FastServer::listen("tcp://127.0.0.1:0", "fake master",
-                                 [this](std::string_view type, std::string_view body) { return dispatch(type, body); });
+    auto fs = rpc::fast::FastServer::listen(
+        "tcp://127.0.0.1:0", "fake master",
+        [this](std::string_view type, std::string_view body) { return dispatch(type, body); });
     fast_ = std::move(fs).value();
     zmq_->handle<proto::StoreInfoRequest>(
         [this](const proto::StoreInfoRequest&, const rpc::CallContext&) -> Result<proto::StoreInfoReply> {
@@ -108,7 +108,7 @@ class FakeMaster {
 
   std::unique_ptr<rpc::RpcServer> zmq_;
   std::mutex mu_;
-  std::unique_ptr<fast::FastServer> fast_;
+  std::unique_ptr<rpc::fast::FastServer> fast_;
   uint32_t fast_port_ = 0;
   uint64_t next_put_id_ = 0;
   std::atomic<bool> stop_{false}, paused_{false};

@@ -182,8 +182,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       so.max_op_bytes = options_.max_slice_bytes_served;
       MC_ASSIGN_OR_RETURN(server_, tcp::TcpServer::start(so, this));
       endpoints_ = publishable_endpoints(server_->endpoints());
-      auto hp = tcp::parse_endpoint(endpoints_.front());
-      if (hp.is_ok()) segment_name_ = tcp::format_host_port(hp->host, hp->port);
+      auto hp = parse_tcp_endpoint(endpoints_.front());
+      if (hp.is_ok()) segment_name_ = hp->host_port();
     }
     maintenance_ = std::thread([this] { maintenance_loop(); });
     notifier_ = std::thread([this] { notifier_loop(); });
@@ -194,7 +194,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
   std::vector<std::string> publishable_endpoints(const std::vector<std::string>& bound) const {
     std::vector<std::string> out;
     for (const auto& ep : bound) {
-      auto hp = tcp::parse_endpoint(ep);
+      auto hp = parse_tcp_endpoint(ep);
       if (!hp.is_ok()) continue;
       if (hp->host != "0.0.0.0" && hp->host != "::") {
         out.push_back(ep);
@@ -204,7 +204,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
         if (d.name == "lo") continue;
         for (const auto& a : d.addresses) {
           if ((hp->host == "0.0.0.0") == (a.find(':') == std::string::npos) && a.rfind("fe80", 0) != 0) {
-            out.push_back("tcp://" + tcp::format_host_port(a, hp->port));
+            out.push_back(Endpoint::tcp(a, hp->port).str());
           }
         }
       }

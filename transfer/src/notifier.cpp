@@ -76,7 +76,7 @@ NotificationSender::Conn* NotificationSender::connection(const std::string& ep, 
     it = conns_.end();
   }
   if (it != conns_.end()) return &it->second;
-  auto hp = tcp::parse_endpoint(ep);
+  auto hp = parse_tcp_endpoint(ep);
   if (!hp.is_ok()) {
     *err = hp.status();
     return nullptr;

@@ -296,13 +296,13 @@ double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, c
 
 Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s) {
   uint16_t port = 0;
-  MC_ASSIGN_OR_RETURN(tcp::Fd lfd, tcp::listen_on(tcp::HostPort{"127.0.0.1", 0}, &port));
+  MC_ASSIGN_OR_RETURN(tcp::Fd lfd, tcp::listen_on(Endpoint::tcp("127.0.0.1", 0), &port));
   std::atomic<uint64_t> received{0};
   std::vector<std::thread> receivers;
   std::vector<tcp::Fd> senders;
   Status setup;
   for (uint32_t s = 0; s < streams && setup.is_ok(); ++s) {
-    auto fd = tcp::connect_blocking(tcp::HostPort{"127.0.0.1", port}, "", 2000, 10000);
+    auto fd = tcp::connect_blocking(Endpoint::tcp("127.0.0.1", port), "", 2000, 10000);
     if (!fd.is_ok()) {
       setup = fd.status();
       break;

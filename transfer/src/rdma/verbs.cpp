@@ -569,7 +569,7 @@ Result<Qp*> RdmaSegment::open_qp(size_t path) {
   req.max_rd_atomic = static_cast<uint32_t>(std::max(1, d.attr.max_qp_init_rd_atom));
   Status last(Code::kNoPath, "no endpoint");
   for (const auto& ep : desc_.endpoints) {
-    auto hp = tcp::parse_endpoint(ep);
+    auto hp = parse_tcp_endpoint(ep);
     if (!hp.is_ok()) continue;
     auto fd = tcp::connect_blocking(hp.value(), "", options_.connect_timeout_ms, options_.connect_timeout_ms);
     if (!fd.is_ok()) {
@@ -577,7 +577,7 @@ Result<Qp*> RdmaSegment::open_qp(size_t path) {
       continue;
     }
     auto rep = tcp::control_exchange(fd.value().get(), tcp::WireOp::kRdmaConnect, codec::pack(req),
-                                     "peer " + tcp::format_host_port(hp->host, hp->port));
+                                     "peer " + format_host_port(hp->host, hp->port));
     if (!rep.is_ok()) {
       last = rep.status();
       continue;

@@ -14,48 +14,6 @@
 
 namespace mc::transfer::tcp {
 
-void Fd::reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
-Result<HostPort> parse_endpoint(const std::string& text) {
-  std::string s = text;
-  if (s.rfind("tcp://", 0) == 0)
-    s = s.substr(6);
-  else if (s.find("://") != std::string::npos) {
-    return Status(Code::kInvalidArgument, "endpoint '" + text + "': only tcp://HOST:PORT is supported");
-  }
-  HostPort hp;
-  std::string port_text;
-  if (!s.empty() && s[0] == '[') {
-    auto close = s.find(']');
-    if (close == std::string::npos || close + 1 >= s.size() || s[close + 1] != ':') {
-      return Status(Code::kInvalidArgument, "endpoint '" + text + "': expected [IPv6]:PORT");
-    }
-    hp.host = s.substr(1, close - 1);
-    port_text = s.substr(close + 2);
-  } else {
-    auto colon = s.rfind(':');
-    if (colon == std::string::npos || colon == 0) {
-      return Status(Code::kInvalidArgument, "endpoint '" + text + "': expected HOST:PORT (e.g. tcp://127.0.0.1:4000)");
-    }
-    hp.host = s.substr(0, colon);
-    port_text = s.substr(colon + 1);
-  }
-  if (port_text.empty() || port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port_text) > 65535) {
-    return Status(Code::kInvalidArgument, "endpoint '" + text + "': bad port '" + port_text + "' (0-65535)");
-  }
-  hp.port = static_cast<uint16_t>(std::stoul(port_text));
-  return hp;
-}
-
-std::string format_host_port(const std::string& host, uint16_t port) {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
-}
-
 Result<sockaddr_storage> resolve(const std::string& host, uint16_t port, socklen_t* len) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -73,7 +31,7 @@ Result<sockaddr_storage> resolve(const std::string& host, uint16_t port, socklen
   return ss;
 }
 
-Result<Fd> listen_on(const HostPort& hp, uint16_t* bound_port) {
+Result<Fd> listen_on(const Endpoint& hp, uint16_t* bound_port) {
   socklen_t len = 0;
   MC_ASSIGN_OR_RETURN(sockaddr_storage ss, resolve(hp.host, hp.port, &len));
   Fd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -103,7 +61,7 @@ void tune_data_socket(int fd, int buffer_bytes) {
   }
 }
 
-Result<Fd> start_connect(const HostPort& remote, const std::string& local_address, bool* in_progress) {
+Result<Fd> start_connect(const Endpoint& remote, const std::string& local_address, bool* in_progress) {
   socklen_t len = 0;
   MC_ASSIGN_OR_RETURN(sockaddr_storage ss, resolve(remote.host, remote.port, &len));
   const std::string where = "connect to " + format_host_port(remote.host, remote.port) +
@@ -135,7 +93,7 @@ Result<Fd> start_connect(const HostPort& remote, const std::string& local_addres
   return fd;
 }
 
-Result<Fd> connect_blocking(const HostPort& remote, const std::string& local_address, int64_t timeout_ms,
+Result<Fd> connect_blocking(const Endpoint& remote, const std::string& local_address, int64_t timeout_ms,
                             int64_t io_timeout_ms) {
   bool in_progress = false;
   MC_ASSIGN_OR_RETURN(Fd fd, start_connect(remote, local_address, &in_progress));
@@ -258,7 +216,7 @@ bool idle_connection_broken(int fd) {
 
 Result<std::string> control_call(const std::string& endpoint, const std::string& local_address, WireOp op,
                                  const std::string& aux, int64_t timeout_ms) {
-  MC_ASSIGN_OR_RETURN(HostPort hp, parse_endpoint(endpoint));
+  MC_ASSIGN_OR_RETURN(Endpoint hp, parse_tcp_endpoint(endpoint));
   MC_ASSIGN_OR_RETURN(Fd fd, connect_blocking(hp, local_address, timeout_ms, timeout_ms));
   return control_exchange(fd.get(), op, aux, "peer " + format_host_port(hp.host, hp.port));
 }

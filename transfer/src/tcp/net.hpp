@@ -7,56 +7,28 @@
 #include <string>
 #include <vector>
 
+#include "mc/common/endpoint.hpp"
+#include "mc/common/fd.hpp"
 #include "mc/common/status.hpp"
 #include "tcp/wire.hpp"
 
 namespace mc::transfer::tcp {
 
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { reset(); }
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) reset(o.release());
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-  void reset(int fd = -1);
-  explicit operator bool() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
-
-struct HostPort {
-  std::string host;  // "127.0.0.1", "::1", "node-a"
-  uint16_t port = 0;
-};
-// "tcp://HOST:PORT", "HOST:PORT", "tcp://[::1]:PORT". kInvalidArgument naming the text otherwise.
-Result<HostPort> parse_endpoint(const std::string& text);
-std::string format_host_port(const std::string& host, uint16_t port);  // brackets IPv6
+// The shared owned descriptor and endpoint type (libcommon), under the names this code has used.
+using mc::Endpoint;
+using mc::Fd;
 
 // Resolves host (numeric or name) to a socket address.
 Result<sockaddr_storage> resolve(const std::string& host, uint16_t port, socklen_t* len);
 
 // Binds and listens; returns the socket and the bound port (port 0 picks one).
-Result<Fd> listen_on(const HostPort& hp, uint16_t* bound_port);
+Result<Fd> listen_on(const Endpoint& hp, uint16_t* bound_port);
 
 // Non-blocking connect started; *in_progress tells whether EPOLLOUT must be awaited. local_address ("" =
 // any) binds the source address.
-Result<Fd> start_connect(const HostPort& remote, const std::string& local_address, bool* in_progress);
+Result<Fd> start_connect(const Endpoint& remote, const std::string& local_address, bool* in_progress);
 // Blocking connect bounded by timeout_ms; the returned socket is blocking with SO_RCVTIMEO/SO_SNDTIMEO = io_timeout_ms.
-Result<Fd> connect_blocking(const HostPort& remote, const std::string& local_address, int64_t timeout_ms,
+Result<Fd> connect_blocking(const Endpoint& remote, const std::string& local_address, int64_t timeout_ms,
                             int64_t io_timeout_ms);
 
 void tune_data_socket(int fd, int buffer_bytes);

@@ -53,11 +53,11 @@ Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok
 Result<std::unique_ptr<TcpServer>> TcpServer::start(const ServerOptions& options, ServerHandler* handler) {
   std::unique_ptr<TcpServer> s(new TcpServer(options, handler));
   for (const auto& ep : options.listen) {
-    MC_ASSIGN_OR_RETURN(HostPort hp, parse_endpoint(ep));
+    MC_ASSIGN_OR_RETURN(Endpoint hp, parse_tcp_endpoint(ep));
     uint16_t port = 0;
     MC_ASSIGN_OR_RETURN(Fd fd, listen_on(hp, &port));
     s->listeners_.push_back(std::move(fd));
-    s->endpoints_.push_back("tcp://" + format_host_port(hp.host, port));
+    s->endpoints_.push_back(Endpoint::tcp(hp.host, port).str());
   }
   s->stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!s->stop_fd_) return Status(Code::kIo, std::string("tcp server: eventfd: ") + strerror(errno));

@@ -64,7 +64,7 @@ struct Conn {
 };
 
 struct PathConns {
-  HostPort remote;
+  Endpoint remote;
   std::string endpoint;
   std::string local;
   std::deque<SliceOp> queue;               // posted, not yet assigned (guarded by TcpSegment::mu_)
@@ -665,7 +665,7 @@ class TcpTransport final : public Transport {
     std::deque<PathConns> paths;
     for (const auto& local : locals) {
       for (const auto& ep : desc.endpoints) {
-        MC_ASSIGN_OR_RETURN(HostPort hp, parse_endpoint(ep));
+        MC_ASSIGN_OR_RETURN(Endpoint hp, parse_tcp_endpoint(ep));
         PathSpec s;
         s.local_device = local.empty() ? "" : topology_.device_of_address(local);
         s.remote_device = remote_topo.device_of_address(hp.host);

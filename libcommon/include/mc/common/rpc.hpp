@@ -13,6 +13,10 @@
 // timeout_ms and returns kTimeout naming the endpoint and message type; late replies to abandoned
 // calls are recognised by id and discarded. Pushed messages are queued and read with recv_push().
 //
+// Transports: this ZeroMQ one, and the plain-TCP fast path of fast_rpc.hpp. Both use the header and the
+// hello, version and error-reply rules of the "shared by both transports" functions below; an
+// RpcServer's handlers can serve a fast::FastServer too (dispatch()).
+//
 // Thread-safety: neither class is thread-safe (ZeroMQ sockets are not); use one per thread. stop()
 // is the exception: any thread may call it. A zmq::context_t is shared process-wide (context()).
 #pragma once
@@ -75,13 +79,20 @@ class RpcServer {
   template <typename Req, typename Fn>
   void handle(Fn fn) {
     handlers_[Req::kType] = [fn = std::move(fn)](const CallContext& ctx, std::string_view body) -> Result<std::string> {
-      Result<Req> req = codec::unpack<Req>(body, std::string("body of '") + Req::kType + "'");
+      static const std::string what = std::string("body of '") + Req::kType + "'";
+      Result<Req> req = codec::unpack<Req>(body, what);
       if (!req.is_ok()) return req.status();
       Result<typename Req::Reply> reply = fn(req.value(), ctx);
       if (!reply.is_ok()) return reply.status();
       return codec::pack(reply.value());
     };
   }
+
+  // Runs the handler registered for `type` on `body`, for a request that arrived by another transport
+  // (fast::FastServer's Dispatch): the reply body, the handler's error, or kUnimplemented naming the
+  // service and the type. `ctx` is the caller's (no peer); a handler that defers cannot answer this way
+  // and gets kUnimplemented. Exceptions from the handler propagate (FastServer catches them).
+  Result<std::string> dispatch(std::string_view type, std::string_view body, const CallContext& ctx) const;
 
   // Answers "stat" requests from `registry` (not owned; must outlive the server).
   void serve_stat(const metrics::Registry* registry);
@@ -123,7 +134,12 @@ class RpcServer {
   ServerOptions options_;
   zmq::socket_t socket_;
   std::vector<std::string> endpoints_;
-  std::unordered_map<std::string, RawHandler> handlers_;
+  struct TypeHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // By message type, looked up by string_view (no string built per request).
+  std::unordered_map<std::string, RawHandler, TypeHash, std::equal_to<>> handlers_;
   std::atomic<bool> stop_{false};
   Counters counters_;
 };
@@ -176,6 +192,23 @@ template <typename T>
 Result<T> decode(const Envelope& env) {
   return codec::unpack<T>(env.body, "pushed '" + env.header.type + "'");
 }
+
+// ---- Shared by both transports (this ZeroMQ one and fast_rpc.hpp's plain TCP) ----
+
+// kProtocolMismatch for a request whose header is another protocol version, naming its type and `service`.
+Status version_mismatch(const proto::Header& header, std::string_view service);
+// kProtocolMismatch for a reply from `endpoint` whose header is another protocol version.
+Status reply_version_mismatch(const proto::Header& header, std::string_view endpoint);
+// A server's answer to "hello": its protocol version, `service` and build id; kProtocolMismatch naming
+// the client and both versions when the client speaks another version.
+Result<proto::HelloReply> answer_hello(const proto::HelloRequest& hello, std::string_view service);
+// A client's check of the hello reply from `endpoint`: kProtocolMismatch naming the service, the endpoint
+// and both versions.
+Status check_hello_reply(const proto::HelloReply& reply, std::string_view endpoint);
+// The body of an "error" reply carrying `status` (its code and message).
+std::string error_reply_body(const Status& status);
+// The Status an "error" reply carries: the server's code and message, unchanged.
+Status status_of(const proto::ErrorReply& reply);
 
 // ---- KV events: PUB/SUB with three frames [topic, big-endian u64 event_id, msgpack KvEvent] ----
 

@@ -1,4 +1,4 @@
-// The master's fast RPC path (store/src/fast_rpc.hpp): frames split anywhere, pipelined calls answered in
+// The fast RPC transport (mc/common/fast_rpc.hpp): frames split anywhere, pipelined calls answered in
 // order, errors carried as Status, bad input (garbage, oversized, truncated, wrong version) answered or
 // the connection closed while the server keeps serving others; a client whose server vanished fails
 // with kUnavailable and stays failed (broken), never hangs or returns data.
@@ -10,9 +10,10 @@
 #include <atomic>
 #include <thread>
 
-#include "../../store/src/fast_rpc.hpp"
+#include "mc/common/fast_rpc.hpp"
+#include "mc/common/rpc.hpp"
 
-namespace mc::store::fast {
+namespace mc::rpc::fast {
 namespace {
 
 TEST(FastFrames, RoundTripFedByteByByte) {
@@ -70,9 +71,6 @@ TEST(FastFrames, LimitsAndGarbageAreErrors) {
     ASSERT_FALSE(f.is_ok());
     EXPECT_EQ(f.status().code(), Code::kMalformedMessage);
   }
-  EXPECT_FALSE(tcp_host_of("ipc:///tmp/x").is_ok());
-  EXPECT_EQ(tcp_host_of("tcp://[::1]:5").value(), "::1");
-  EXPECT_EQ(tcp_host_of("tcp://127.0.0.1:5").value(), "127.0.0.1");
 }
 
 // A server on 127.0.0.1 driven by its own thread: "echo" returns the body, anything else is kNotFound.
@@ -96,7 +94,7 @@ class FastServerTest : public ::testing::Test {
     if (thread_.joinable()) thread_.join();
   }
   std::unique_ptr<FastClient> client() {
-    auto c = FastClient::connect("127.0.0.1", server_->port(), "test-client", 2000);
+    auto c = FastClient::connect(Endpoint::tcp("127.0.0.1", server_->port()), "test-client", 2000);
     EXPECT_TRUE(c.is_ok()) << c.status().to_string();
     return c.is_ok() ? std::move(c).value() : nullptr;
   }
@@ -224,8 +222,57 @@ TEST_F(FastServerTest, ServerGoneIsUnavailableNotAHang) {
   EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().to_string();
   EXPECT_TRUE(c->broken());
   EXPECT_EQ(c->call_raw("echo", "x", 100).status().code(), Code::kUnavailable);
-  EXPECT_EQ(FastClient::connect("127.0.0.1", 1, "c", 500).status().code(), Code::kUnavailable);
+  EXPECT_EQ(FastClient::connect(Endpoint::tcp("127.0.0.1", 1), "c", 500).status().code(), Code::kUnavailable);
+}
+
+// One request/reply API, two transports: a FastServer answering with an RpcServer's handlers (dispatch)
+// gives the same replies, the same unknown-type error and the same hello refusal as the ZeroMQ socket.
+TEST(FastAndZmq, SameHandlersHelloAndErrors) {
+  ServerOptions so;
+  so.service = "twin";
+  so.bind_endpoints = {"tcp://127.0.0.1:0"};
+  auto zs = RpcServer::bind(so);
+  ASSERT_TRUE(zs.is_ok()) << zs.status().to_string();
+  RpcServer* z = zs->get();
+  auto fs = FastServer::listen("tcp://127.0.0.1:0", "twin", [z](std::string_view type, std::string_view body) {
+    return z->dispatch(type, body, CallContext{});
+  });
+  ASSERT_TRUE(fs.is_ok()) << fs.status().to_string();
+  FastServer* f = fs->get();
+  std::atomic<bool> stop{false};
+  std::thread serve([&] {
+    while (!stop.load()) {
+      (void)z->poll_once(2);
+      f->wait_and_handle(2);
+    }
+  });
+  auto zc = RpcClient::connect(z->endpoints().at(0));
+  ASSERT_TRUE(zc.is_ok()) << zc.status().to_string();
+  auto fc = FastClient::connect(Endpoint::tcp("127.0.0.1", f->port()), "twin-client", 2000);
+  ASSERT_TRUE(fc.is_ok()) << fc.status().to_string();
+
+  EXPECT_TRUE((*zc)->call(proto::PingRequest{}, 2000).is_ok());
+  auto ping = (*fc)->call(proto::PingRequest{}, 2000);
+  EXPECT_TRUE(ping.is_ok()) << ping.status().to_string();
+
+  auto ze = (*zc)->call_raw("nope", "", 2000);
+  auto fe = (*fc)->call_raw("nope", "", 2000);
+  ASSERT_FALSE(ze.is_ok());
+  EXPECT_EQ(ze.status().code(), Code::kUnimplemented);
+  EXPECT_EQ(fe.status().to_string(), ze.status().to_string());
+
+  const proto::HelloRequest old{proto::kProtocolVersion + 1, "old-client"};
+  auto zh = (*zc)->call(old, 2000);
+  auto fh = (*fc)->call(old, 2000);
+  ASSERT_FALSE(zh.is_ok());
+  EXPECT_EQ(zh.status().code(), Code::kProtocolMismatch);
+  EXPECT_NE(zh.status().message().find("old-client"), std::string::npos) << zh.status().message();
+  EXPECT_EQ(fh.status().to_string(), zh.status().to_string());
+  EXPECT_FALSE((*fc)->broken());  // an error reply is an answer
+
+  stop.store(true);
+  serve.join();
 }
 
 }  // namespace
-}  // namespace mc::store::fast
+}  // namespace mc::rpc::fast

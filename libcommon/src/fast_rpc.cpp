@@ -1,4 +1,4 @@
-#include "fast_rpc.hpp"
+#include "mc/common/fast_rpc.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -13,14 +13,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 
 #include "mc/common/log.hpp"
+#include "mc/common/rpc.hpp"
 
-namespace mc {
-const char* build_id_string();
-}
-
-namespace mc::store::fast {
+namespace mc::rpc::fast {
 
 namespace {
 
@@ -49,6 +47,24 @@ void set_options(int fd) {
   (void)fcntl(fd, F_SETFL, flags | O_NONBLOCK);
 }
 
+// getaddrinfo's list, freed with freeaddrinfo.
+struct AddrInfoFree {
+  void operator()(addrinfo* a) const { freeaddrinfo(a); }
+};
+using AddrInfoList = std::unique_ptr<addrinfo, AddrInfoFree>;
+
+// Resolves host and port for a stream socket; the gai_strerror text on failure.
+Result<AddrInfoList> resolve_stream(const std::string& host, uint16_t port, int flags) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = flags | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) return Status(Code::kUnavailable, gai_strerror(rc));
+  return AddrInfoList(res);
+}
+
 std::string peer_name(const sockaddr_storage& ss) {
   char host[INET6_ADDRSTRLEN] = {};
   uint16_t port = 0;
@@ -64,24 +80,6 @@ std::string peer_name(const sockaddr_storage& ss) {
   return std::string(host) + ":" + std::to_string(port);
 }
 
-}  // namespace
-
-Result<std::string> tcp_host_of(const std::string& endpoint) {
-  const std::string scheme = "tcp://";
-  if (endpoint.rfind(scheme, 0) != 0) {
-    return Status(Code::kInvalidArgument, "endpoint '" + endpoint + "' is not tcp://HOST:PORT");
-  }
-  std::string rest = endpoint.substr(scheme.size());
-  auto colon = rest.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return Status(Code::kInvalidArgument, "endpoint '" + endpoint + "' has no HOST:PORT");
-  }
-  std::string host = rest.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host;
-}
-
-namespace {
 // A msgpack packer's sink appending to a std::string.
 struct StringSink {
   std::string* out;
@@ -130,7 +128,7 @@ Result<std::optional<Frame>> FrameReader::next(const std::string& peer, uint64_t
   if (head_bytes == 0 || head_bytes > kMaxHeaderBytes) {
     return Status(Code::kMalformedMessage, "frame from " + peer + " declares a " + std::to_string(head_bytes) +
                                                "-byte header (limit " + std::to_string(kMaxHeaderBytes) +
-                                               "): not an mc store frame");
+                                               "): not an mc RPC frame");
   }
   if (body_bytes > max_body_bytes) {
     return Status(Code::kMessageTooLarge, "frame from " + peer + " declares a " + std::to_string(body_bytes) +
@@ -150,62 +148,53 @@ Result<std::optional<Frame>> FrameReader::next(const std::string& peer, uint64_t
 
 Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoint, std::string service,
                                                        Dispatch dispatch) {
-  MC_ASSIGN_OR_RETURN(std::string host, tcp_host_of(endpoint));
-  if (host == "*") host = "0.0.0.0";
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), "0", &hints, &res);
-  if (rc != 0) {
+  MC_ASSIGN_OR_RETURN(Endpoint ep, parse_endpoint(endpoint));
+  if (!ep.is_tcp()) {
     return Status(Code::kInvalidArgument,
-                  service + ": cannot resolve '" + host + "' (fast endpoint of " + endpoint + "): " + gai_strerror(rc));
+                  service + ": the fast path listens on tcp://HOST:PORT, not '" + endpoint + "'");
+  }
+  const std::string host = ep.host == "*" ? "0.0.0.0" : ep.host;
+  Result<AddrInfoList> addrs = resolve_stream(host, ep.port, AI_PASSIVE);
+  if (!addrs.is_ok()) {
+    return Status(Code::kInvalidArgument, service + ": cannot resolve '" + host + "' (fast endpoint of " + endpoint +
+                                              "): " + addrs.status().message());
   }
   std::unique_ptr<FastServer> s(new FastServer(std::move(service), std::move(dispatch)));
   int err = 0;
-  for (addrinfo* a = res; a != nullptr && s->listen_fd_ < 0; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
+  for (addrinfo* a = addrs->get(); a != nullptr && !s->listen_fd_; a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd) {
       err = errno;
       continue;
     }
     int one = 1;
-    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 512) != 0) {
+    (void)setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 512) != 0) {
       err = errno;
-      ::close(fd);
       continue;
     }
-    s->listen_fd_ = fd;
+    s->listen_fd_ = std::move(fd);
   }
-  freeaddrinfo(res);
-  if (s->listen_fd_ < 0) {
-    return Status(Code::kUnavailable, s->service_ + ": cannot listen on " + host + " (fast endpoint of " + endpoint +
-                                          "): " + errno_text(err));
+  if (!s->listen_fd_) {
+    return Status(Code::kUnavailable, s->service_ + ": cannot listen on " + format_host_port(host, ep.port) +
+                                          " (fast endpoint of " + endpoint + "): " + errno_text(err));
   }
-  set_options(s->listen_fd_);
-  s->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  set_options(s->listen_fd_.get());
+  s->epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // the listener
-  if (s->epoll_fd_ < 0 || ::epoll_ctl(s->epoll_fd_, EPOLL_CTL_ADD, s->listen_fd_, &ev) != 0) {
+  if (!s->epoll_fd_ || ::epoll_ctl(s->epoll_fd_.get(), EPOLL_CTL_ADD, s->listen_fd_.get(), &ev) != 0) {
     return Status(Code::kUnavailable,
                   s->service_ + ": epoll for the fast endpoint " + endpoint + ": " + errno_text(errno));
   }
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
-  if (getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+  if (getsockname(s->listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
     s->port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
                                         : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
   }
   return s;
-}
-
-FastServer::~FastServer() {
-  for (auto& [p, c] : conns_) ::close(c->fd);
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
 bool FastServer::update_interest(Conn& c) {
@@ -218,7 +207,7 @@ bool FastServer::update_interest(Conn& c) {
   epoll_event ev{};
   ev.events = want;
   ev.data.ptr = &c;
-  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev) != 0) {
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) != 0) {
     MC_LOG_WARN << service_ << ": epoll_ctl for " << c.peer << " failed: " << errno_text(errno) << "; closing it";
     return false;
   }
@@ -227,8 +216,7 @@ bool FastServer::update_interest(Conn& c) {
 }
 
 void FastServer::close_conn(Conn* c) {
-  ::close(c->fd);  // also leaves the epoll set
-  conns_.erase(c);
+  conns_.erase(c);  // closes the socket, which also leaves the epoll set
   ++counters_.closed;
 }
 
@@ -236,24 +224,23 @@ void FastServer::accept_all() {
   for (int n = 0; n < 64; ++n) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
-    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
-    if (fd < 0) {
+    Fd fd(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC));
+    if (!fd) {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
         MC_LOG_WARN << service_ << ": accept on the fast endpoint failed: " << errno_text(errno);
       }
       return;
     }
-    set_options(fd);
+    set_options(fd.get());
     auto c = std::make_unique<Conn>();
-    c->fd = fd;
+    c->fd = std::move(fd);
     c->peer = peer_name(ss);
     c->events = EPOLLIN;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = c.get();
-    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c->fd.get(), &ev) != 0) {
       MC_LOG_WARN << service_ << ": cannot watch the connection from " << c->peer << ": " << errno_text(errno);
-      ::close(fd);
       continue;
     }
     Conn* raw = c.get();
@@ -265,27 +252,18 @@ void FastServer::accept_all() {
 void FastServer::answer(Conn& c, const Frame& f) {
   auto error = [&](const Status& s) {
     ++counters_.errors;
-    proto::ErrorReply err{static_cast<uint16_t>(s.code()), s.message()};
-    append_frame(c.out, proto::kErrorType, f.header.id, codec::pack(err));
+    append_frame(c.out, proto::kErrorType, f.header.id, error_reply_body(s));
   };
   if (f.header.v != proto::kProtocolVersion) {
     ++counters_.malformed;
-    error(Status(Code::kProtocolMismatch, "message '" + f.header.type + "' is protocol v" + std::to_string(f.header.v) +
-                                              " but " + service_ + " speaks v" +
-                                              std::to_string(proto::kProtocolVersion) +
-                                              ": run the same mc version on both sides"));
-    return;
+    return error(version_mismatch(f.header, service_));
   }
   if (f.header.type == proto::HelloRequest::kType) {
     Result<proto::HelloRequest> hello = codec::unpack<proto::HelloRequest>(f.body, "body of 'hello'");
     if (!hello.is_ok()) return error(hello.status());
-    if (hello->protocol_version != proto::kProtocolVersion) {
-      return error(Status(Code::kProtocolMismatch, "client '" + hello->client_name + "' speaks protocol v" +
-                                                       std::to_string(hello->protocol_version) + " but " + service_ +
-                                                       " speaks v" + std::to_string(proto::kProtocolVersion)));
-    }
-    append_frame(c.out, f.header.type, f.header.id,
-                 codec::pack(proto::HelloReply{proto::kProtocolVersion, service_, build_id_string()}), ".reply");
+    Result<proto::HelloReply> reply = answer_hello(hello.value(), service_);
+    if (!reply.is_ok()) return error(reply.status());
+    append_frame(c.out, f.header.type, f.header.id, codec::pack(reply.value()), ".reply");
     return;
   }
   Result<std::string> reply = Status(Code::kInternal, "handler did not run");
@@ -306,7 +284,7 @@ bool FastServer::on_readable(Conn& c) {
   char buf[64 * 1024];
   // Bounded: a client flooding one connection cannot starve the others.
   for (int round = 0; round < 16; ++round) {
-    ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+    ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), 0);
     if (n == 0) return false;  // peer closed
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -320,8 +298,7 @@ bool FastServer::on_readable(Conn& c) {
       if (!f.is_ok()) {
         ++counters_.malformed;
         MC_LOG_WARN << service_ << ": closing a fast connection: " << f.status().message();
-        proto::ErrorReply err{static_cast<uint16_t>(f.status().code()), f.status().message()};
-        append_frame(c.out, proto::kErrorType, 0, codec::pack(err));
+        append_frame(c.out, proto::kErrorType, 0, error_reply_body(f.status()));
         c.closing = true;
         return true;
       }
@@ -335,7 +312,7 @@ bool FastServer::on_readable(Conn& c) {
 
 bool FastServer::flush(Conn& c) {
   while (c.out_pos < c.out.size()) {
-    ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+    ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
@@ -353,7 +330,7 @@ Status FastServer::watch(int fd) {
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = &watched_tag_;
-  if (watched_fd_ >= 0 || ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+  if (watched_fd_ >= 0 || ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
     return Status(Code::kInternal, service_ + ": cannot watch fd " + std::to_string(fd) +
                                        " with the fast path's epoll set: " +
                                        (watched_fd_ >= 0 ? std::string("one is watched already") : errno_text(errno)));
@@ -364,7 +341,7 @@ Status FastServer::watch(int fd) {
 
 bool FastServer::wait_and_handle(int timeout_ms) {
   epoll_event evs[kMaxEvents];
-  const int n = ::epoll_wait(epoll_fd_, evs, kMaxEvents, timeout_ms);
+  const int n = ::epoll_wait(epoll_fd_.get(), evs, kMaxEvents, timeout_ms);
   if (n <= 0) return false;  // idle, or EINTR
   bool accept = false, watched = false;
   // Connections are closed after the loop: a later event of this batch may name one.
@@ -399,72 +376,54 @@ bool FastServer::wait_and_handle(int timeout_ms) {
 // ------------------------------------------------------------------------------------------------
 // FastClient
 
-Result<std::unique_ptr<FastClient>> FastClient::connect(const std::string& host, uint16_t port,
-                                                        const std::string& client_name, int timeout_ms) {
-  const std::string ep = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
-  std::unique_ptr<FastClient> c(new FastClient("tcp://" + ep + " (fast)"));
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0) return Status(Code::kUnavailable, "cannot resolve " + c->endpoint_ + ": " + gai_strerror(rc));
+Result<std::unique_ptr<FastClient>> FastClient::connect(const Endpoint& endpoint, const std::string& client_name,
+                                                        int timeout_ms) {
+  std::unique_ptr<FastClient> c(new FastClient(endpoint.str() + " (fast)"));
+  if (!endpoint.is_tcp())
+    return Status(Code::kInvalidArgument, "the fast path connects over tcp, not to " + c->endpoint_);
+  Result<AddrInfoList> addrs = resolve_stream(endpoint.host, endpoint.port, 0);
+  if (!addrs.is_ok()) return addrs.status().with_context("cannot resolve " + c->endpoint_);
   int err = 0;
   const int64_t deadline = now_ms() + std::max(1, timeout_ms);
-  for (addrinfo* a = res; a != nullptr && c->fd_ < 0; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
+  for (addrinfo* a = addrs->get(); a != nullptr && !c->fd_; a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd) {
       err = errno;
       continue;
     }
-    set_options(fd);
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+    set_options(fd.get());
+    if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
       err = errno;
-      ::close(fd);
       continue;
     }
-    pollfd p{fd, POLLOUT, 0};
+    pollfd p{fd.get(), POLLOUT, 0};
     int left = static_cast<int>(std::max<int64_t>(0, deadline - now_ms()));
     int so_error = ETIMEDOUT;
     if (::poll(&p, 1, left) == 1) {
       socklen_t len = sizeof(so_error);
-      (void)getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
+      (void)getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &so_error, &len);
     }
     if (so_error != 0) {
       err = so_error;
-      ::close(fd);
       continue;
     }
-    c->fd_ = fd;
+    c->fd_ = std::move(fd);
   }
-  freeaddrinfo(res);
-  if (c->fd_ < 0) return Status(Code::kUnavailable, "cannot connect to " + c->endpoint_ + ": " + errno_text(err));
+  if (!c->fd_) return Status(Code::kUnavailable, "cannot connect to " + c->endpoint_ + ": " + errno_text(err));
   proto::HelloRequest hello{proto::kProtocolVersion, client_name};
   MC_ASSIGN_OR_RETURN(proto::HelloReply reply, c->call(hello, timeout_ms));
-  if (reply.protocol_version != proto::kProtocolVersion) {
-    return Status(Code::kProtocolMismatch, reply.service + " at " + c->endpoint_ + " speaks protocol v" +
-                                               std::to_string(reply.protocol_version) + ", this client v" +
-                                               std::to_string(proto::kProtocolVersion));
-  }
+  MC_RETURN_IF_ERROR(check_hello_reply(reply, c->endpoint_));
   return c;
 }
 
-FastClient::~FastClient() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 Status FastClient::fail(Status s) {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
+  fd_.reset();
   return s;
 }
 
 Status FastClient::write_some() {
   while (out_pos_ < out_.size()) {
-    ssize_t n = ::send(fd_, out_.data() + out_pos_, out_.size() - out_pos_, MSG_NOSIGNAL);
+    ssize_t n = ::send(fd_.get(), out_.data() + out_pos_, out_.size() - out_pos_, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
@@ -481,7 +440,7 @@ Result<bool> FastClient::read_some() {
   char buf[64 * 1024];
   bool got = false;
   while (true) {
-    ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    ssize_t n = ::recv(fd_.get(), buf, sizeof(buf), 0);
     if (n == 0) return fail(Status(Code::kUnavailable, endpoint_ + " closed the connection (master stopped?)"));
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -495,7 +454,7 @@ Result<bool> FastClient::read_some() {
 }
 
 Result<uint64_t> FastClient::send(std::string_view type, std::string_view body, bool write_now) {
-  if (fd_ < 0) return Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed after an earlier failure");
+  if (!fd_) return Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed after an earlier failure");
   if (body.size() > static_cast<uint64_t>(proto::kMaxMessageBytes)) {
     return Status(Code::kMessageTooLarge, "'" + std::string(type) + "' to " + endpoint_ + " is " +
                                               std::to_string(body.size()) + " bytes (limit " +
@@ -508,7 +467,7 @@ Result<uint64_t> FastClient::send(std::string_view type, std::string_view body, 
 }
 
 Result<std::optional<FastClient::Reply>> FastClient::try_recv() {
-  if (fd_ < 0) return Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed after an earlier failure");
+  if (!fd_) return Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed after an earlier failure");
   MC_RETURN_IF_ERROR(write_some());
   for (int pass = 0; pass < 2; ++pass) {
     Result<std::optional<Frame>> f = reader_.next(endpoint_, static_cast<uint64_t>(proto::kMaxMessageBytes));
@@ -520,10 +479,10 @@ Result<std::optional<FastClient::Reply>> FastClient::try_recv() {
       if (fr.header.type == proto::kErrorType) {
         Result<proto::ErrorReply> err = codec::unpack<proto::ErrorReply>(fr.body, reply_what_);
         if (!err.is_ok()) return fail(err.status());
-        r.status = Status(static_cast<Code>(err->code), err->message);
+        r.status = status_of(err.value());
         if (r.id == 0) return fail(r.status.with_context(endpoint_ + " closed the connection"));
       } else if (fr.header.v != proto::kProtocolVersion) {
-        r.status = Status(Code::kProtocolMismatch, endpoint_ + " answered in protocol v" + std::to_string(fr.header.v));
+        r.status = reply_version_mismatch(fr.header, endpoint_);
       } else {
         r.body = std::move(fr.body);
       }
@@ -541,7 +500,7 @@ Result<std::optional<FastClient::Reply>> FastClient::recv(int timeout_ms) {
     if (r.has_value()) return r;
     const int64_t left = deadline - now_ms();
     if (left <= 0) return std::optional<Reply>();
-    pollfd p{fd_, static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
+    pollfd p{fd_.get(), static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
     int rc = ::poll(&p, 1, static_cast<int>(left));
     if (rc < 0 && errno != EINTR)
       return fail(Status(Code::kUnavailable, "poll on " + endpoint_ + ": " + errno_text(errno)));
@@ -571,4 +530,4 @@ Result<std::string> FastClient::call_raw(std::string_view type, std::string_view
                                     std::to_string(timeout_ms) + " ms (is the master running and not overloaded?)");
 }
 
-}  // namespace mc::store::fast
+}  // namespace mc::rpc::fast

@@ -1,5 +1,8 @@
-// The master's fast RPC path: the store.* messages of protocol.hpp over one plain TCP connection per
-// client, without ZeroMQ.
+// The fast RPC transport: the typed messages of protocol.hpp over one plain TCP connection per client,
+// without ZeroMQ. The second transport behind the request/reply API of rpc.hpp: the same header, the
+// same hello/version check and the same error replies (rpc.hpp, "shared by both transports"); a server
+// usually answers with its RpcServer's handlers (RpcServer::dispatch). The store's master serves its
+// clients' store.* calls on it.
 //
 // Why: a ZeroMQ round trip passes through an I/O thread on each side (client thread -> client I/O thread ->
 // master I/O thread -> master thread and back: six thread wake-ups per call), which on a loaded machine
@@ -19,6 +22,7 @@
 // not O(connections). Each connection's replies to everything one read brought are written with one
 // send. FastClient is blocking with deadlines (call), or split (send / try_recv) for a driver polling
 // many connections from one thread.
+// Ownership: every socket and the epoll set are Fd (closed by the destructors).
 // Thread-safety: neither is thread-safe; one per thread.
 #pragma once
 
@@ -31,13 +35,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include <zmq.hpp>
-
 #include "mc/common/codec.hpp"
+#include "mc/common/endpoint.hpp"
+#include "mc/common/fd.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/status.hpp"
 
-namespace mc::store::fast {
+namespace mc::rpc::fast {
 
 inline constexpr uint32_t kMaxHeaderBytes = 4096;
 inline constexpr size_t kPrefixBytes = 8;
@@ -71,15 +75,14 @@ class FrameReader {
 
 class FastServer {
  public:
-  // Answers one request: (type, body) -> reply body or error. Must not throw (exceptions are caught and
-  // answered as kInternal).
+  // Answers one request: (type, body) -> reply body or error, e.g. RpcServer::dispatch. Exceptions are
+  // caught and answered as kInternal. "hello" is answered by the server itself (rpc::answer_hello).
   using Dispatch = std::function<Result<std::string>(std::string_view type, std::string_view body)>;
 
-  // Listens on host:port of a "tcp://HOST:PORT" endpoint ("*" = every address; port 0 = any free port).
+  // Listens on a "tcp://HOST:PORT" endpoint ("*" = every address; port 0 = any free port).
   // kInvalidArgument for a non-tcp endpoint, kUnavailable naming the endpoint and strerror when bind fails.
   static Result<std::unique_ptr<FastServer>> listen(const std::string& endpoint, std::string service,
                                                     Dispatch dispatch);
-  ~FastServer();
   FastServer(const FastServer&) = delete;
   FastServer& operator=(const FastServer&) = delete;
 
@@ -87,7 +90,7 @@ class FastServer {
   size_t connections() const { return conns_.size(); }
 
   // The epoll fd: readable (POLLIN) while a connection or the listener is ready.
-  int poll_fd() const { return epoll_fd_; }
+  int poll_fd() const { return epoll_fd_.get(); }
   // Adds the owner's fd (e.g. a ZeroMQ socket's ZMQ_FD) to the epoll set, readable-level: the owner can
   // then block in wait_and_handle() alone, one syscall per wakeup instead of a poll plus an epoll_wait.
   Status watch(int fd);
@@ -105,7 +108,7 @@ class FastServer {
 
  private:
   struct Conn {
-    int fd = -1;
+    Fd fd;
     std::string peer;
     FrameReader reader;
     std::string out;  // replies not yet written
@@ -126,8 +129,8 @@ class FastServer {
 
   std::string service_;
   Dispatch dispatch_;
-  int listen_fd_ = -1;
-  int epoll_fd_ = -1;
+  Fd listen_fd_;
+  Fd epoll_fd_;
   int watched_fd_ = -1;
   char watched_tag_ = 0;  // its epoll data.ptr
   uint16_t port_ = 0;
@@ -137,11 +140,11 @@ class FastServer {
 
 class FastClient {
  public:
-  // Connects to host:port (names resolved with getaddrinfo, TCP_NODELAY) and checks the protocol version
-  // with a hello. kUnavailable naming the endpoint (with strerror), kTimeout, kProtocolMismatch.
-  static Result<std::unique_ptr<FastClient>> connect(const std::string& host, uint16_t port,
-                                                     const std::string& client_name, int timeout_ms);
-  ~FastClient();
+  // Connects to a tcp endpoint (names resolved with getaddrinfo, TCP_NODELAY) and checks the protocol
+  // version with a hello. kInvalidArgument for an ipc endpoint; kUnavailable naming the endpoint (with
+  // strerror), kTimeout, kProtocolMismatch.
+  static Result<std::unique_ptr<FastClient>> connect(const Endpoint& endpoint, const std::string& client_name,
+                                                     int timeout_ms);
   FastClient(const FastClient&) = delete;
   FastClient& operator=(const FastClient&) = delete;
 
@@ -173,7 +176,7 @@ class FastClient {
   Result<uint64_t> send(std::string_view type, std::string_view body, bool write_now = true);
   // Writes queued bytes that the socket takes now (never blocks).
   Status write_queued() {
-    return fd_ < 0 ? Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed") : write_some();
+    return !fd_ ? Status(Code::kUnavailable, "connection to " + endpoint_ + " is closed") : write_some();
   }
   // Writes queued bytes and reads what has arrived, without blocking; the next complete reply, or nullopt
   // when none is complete yet.
@@ -181,8 +184,8 @@ class FastClient {
   // Like try_recv, but waits up to timeout_ms for a reply (nullopt when none came in time).
   Result<std::optional<Reply>> recv(int timeout_ms);
   bool wants_write() const { return out_pos_ < out_.size(); }
-  int fd() const { return fd_; }
-  bool broken() const { return fd_ < 0; }
+  int fd() const { return fd_.get(); }
+  bool broken() const { return !fd_; }
   const std::string& endpoint() const { return endpoint_; }
 
  private:
@@ -193,14 +196,11 @@ class FastClient {
 
   std::string endpoint_;
   std::string reply_what_;
-  int fd_ = -1;
+  Fd fd_;
   uint64_t next_id_ = 1;
   std::string out_;
   size_t out_pos_ = 0;
   FrameReader reader_;
 };
 
-// "tcp://HOST:PORT" -> HOST ("[::1]" -> "::1"); kInvalidArgument for other transports.
-Result<std::string> tcp_host_of(const std::string& endpoint);
-
-}  // namespace mc::store::fast
+}  // namespace mc::rpc::fast
