@@ -95,7 +95,7 @@ TEST(ConductorProtocol, StatusRoundTrip) {
 }
 
 TEST(ConductorProtocol, WorkerMessagesRoundTrip) {
-  ConductorRegisterRequest reg{"decode-0", "decode", "node-a", "tcp://127.0.0.1:5001", "gpu-d0", 131072, 512};
+  ConductorRegisterRequest reg{"decode-0", "decode", "node-a", "tcp://127.0.0.1:5001", "gpu-d0", 131072, 512, "", 0};
   auto ro = round_trip(reg);
   EXPECT_EQ(ro.instance_id, "decode-0");
   EXPECT_EQ(ro.role, "decode");
