@@ -5,7 +5,6 @@
 #include <optional>
 #include <thread>
 
-#include "client_pool.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
@@ -58,7 +57,7 @@ namespace {
 
 class RpcTokenSink final : public TokenSink {
  public:
-  explicit RpcTokenSink(int timeout_ms) : pool_("mc-decode", timeout_ms) {}
+  explicit RpcTokenSink(int timeout_ms) : client_(client_options()), timeout_ms_(timeout_ms) {}
   Status token(const std::string& endpoint, const proto::TokenEvent& e) override { return send(endpoint, e); }
   Status done(const std::string& endpoint, const proto::RequestDone& d) override { return send(endpoint, d); }
   Status fail(const std::string& endpoint, const proto::RequestError& e) override { return send(endpoint, e); }
@@ -66,9 +65,15 @@ class RpcTokenSink final : public TokenSink {
  private:
   template <typename Msg>
   Status send(const std::string& endpoint, const Msg& msg) {
-    return pool_.call(endpoint, msg).status();
+    return client_.call_sync(endpoint, msg, timeout_ms_).status();
   }
-  ClientPool pool_;
+  static rpc::AsyncClientOptions client_options() {
+    rpc::AsyncClientOptions o;
+    o.client_name = "mc-decode";
+    return o;
+  }
+  rpc::AsyncClient client_;
+  int timeout_ms_;
 };
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include <map>
 #include <thread>
 
-#include "client_pool.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
@@ -27,7 +26,7 @@ int64_t ms_since(int64_t t0_ns) { return (now_ns() - t0_ns) / 1'000'000; }
 
 class RpcDecodeLink final : public DecodeLink {
  public:
-  explicit RpcDecodeLink(int timeout_ms) : pool_("mc-prefill", timeout_ms) {}
+  explicit RpcDecodeLink(int timeout_ms) : client_(client_options()), timeout_ms_(timeout_ms) {}
   Result<proto::KvWriteReply> write(const std::string& ep, const proto::KvWriteRequest& r) override {
     return call(ep, r);
   }
@@ -45,9 +44,15 @@ class RpcDecodeLink final : public DecodeLink {
  private:
   template <typename Req>
   Result<typename Req::Reply> call(const std::string& endpoint, const Req& req) {
-    return pool_.call(endpoint, req);
+    return client_.call_sync(endpoint, req, timeout_ms_);
   }
-  ClientPool pool_;
+  static rpc::AsyncClientOptions client_options() {
+    rpc::AsyncClientOptions o;
+    o.client_name = "mc-prefill";
+    return o;
+  }
+  rpc::AsyncClient client_;
+  int timeout_ms_;
 };
 
 // One layer's KV of blocks [first, end) of the job (positions in the prompt's block list).

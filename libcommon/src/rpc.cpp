@@ -12,7 +12,6 @@ const char* build_id_string();
 namespace mc::rpc {
 namespace {
 
-int64_t now_ms() { return RealClock::instance().now_ms(); }
 
 std::string zmq_text(const zmq::error_t& e) { return std::string(e.what()); }
 
@@ -225,125 +224,6 @@ Status RpcServer::serve() {
     MC_RETURN_IF_ERROR(poll_once(50));
   }
   return Status::ok();
-}
-
-// ------------------------------------------------------------------------------------------------
-// RpcClient
-
-RpcClient::RpcClient(std::string endpoint, ClientOptions options)
-    : endpoint_(std::move(endpoint)), options_(std::move(options)), socket_(context(), zmq::socket_type::dealer) {}
-
-RpcClient::~RpcClient() = default;
-
-Result<std::unique_ptr<RpcClient>> RpcClient::connect(const std::string& endpoint, ClientOptions options) {
-  std::unique_ptr<RpcClient> client(new RpcClient(endpoint, options));
-  try {
-    client->socket_.set(zmq::sockopt::linger, 0);
-    client->socket_.set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
-    client->socket_.set(zmq::sockopt::sndhwm, 100000);
-    client->socket_.set(zmq::sockopt::rcvhwm, 100000);
-    client->socket_.connect(endpoint);
-  } catch (const zmq::error_t& e) {
-    return Status(Code::kInvalidArgument, "cannot connect to '" + endpoint + "': " + zmq_text(e) +
-                                              " (endpoints look like tcp://127.0.0.1:5555 or ipc:///tmp/x)");
-  }
-  proto::HelloRequest hello{proto::kProtocolVersion, options.client_name};
-  Result<proto::HelloReply> reply = client->call(hello, options.connect_timeout_ms);
-  if (!reply.is_ok()) {
-    if (reply.status().code() == Code::kTimeout) {
-      return Status(Code::kUnavailable, "no answer from " + endpoint + " within " +
-                                            std::to_string(options.connect_timeout_ms) +
-                                            " ms: is the server running and the address right?");
-    }
-    return reply.status();
-  }
-  MC_RETURN_IF_ERROR(check_hello_reply(reply.value(), endpoint));
-  client->hello_ = reply.value();
-  return client;
-}
-
-Result<std::optional<Envelope>> RpcClient::recv_one(int timeout_ms) {
-  try {
-    zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
-    zmq::poll(items, 1, std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms));
-    if (!(items[0].revents & ZMQ_POLLIN)) return std::optional<Envelope>();
-    std::vector<zmq::message_t> frames;
-    auto got = zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait);
-    if (!got) return std::optional<Envelope>();
-    if (frames.size() != 2) {
-      return Status(Code::kMalformedMessage,
-                    "message from " + endpoint_ + " has " + std::to_string(frames.size()) + " frames, expected 2");
-    }
-    Result<proto::Header> header =
-        codec::unpack<proto::Header>(frames[0].to_string_view(), "header of a message from " + endpoint_);
-    if (!header.is_ok()) return header.status();
-    return std::optional<Envelope>(Envelope{header.value(), frames[1].to_string()});
-  } catch (const zmq::error_t& e) {
-    if (e.num() == EINTR) return std::optional<Envelope>();
-    return Status(Code::kUnavailable, "socket to " + endpoint_ + " failed: " + zmq_text(e));
-  }
-}
-
-Result<std::string> RpcClient::call_raw(const std::string& type, const std::string& body, int timeout_ms) {
-  if (timeout_ms < 0) timeout_ms = options_.default_timeout_ms;
-  const uint64_t id = next_id_++;
-  std::string head = codec::pack(proto::Header{proto::kProtocolVersion, type, id});
-  try {
-    auto s1 = socket_.send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    auto s2 = s1 ? socket_.send(zmq::buffer(body), zmq::send_flags::dontwait) : s1;
-    if (!s1 || !s2) {
-      return Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint_ + ": send queue full");
-    }
-  } catch (const zmq::error_t& e) {
-    return Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint_ + ": " + zmq_text(e));
-  }
-  const int64_t deadline = now_ms() + timeout_ms;
-  while (true) {
-    int64_t left = deadline - now_ms();
-    if (left < 0) break;
-    Result<std::optional<Envelope>> got = recv_one(static_cast<int>(left));
-    if (!got.is_ok()) {
-      if (got.status().code() == Code::kMalformedMessage) {
-        MC_LOG_WARN << got.status().message();
-        continue;
-      }
-      return got.status();
-    }
-    if (!got->has_value()) continue;
-    Envelope& env = **got;
-    if (env.header.id == 0) {
-      pushed_.push_back(std::move(env));
-      continue;
-    }
-    if (env.header.id != id) continue;  // a late reply to an abandoned call
-    if (env.header.type == proto::kErrorType) {
-      Result<proto::ErrorReply> err = codec::unpack<proto::ErrorReply>(env.body, "error reply from " + endpoint_);
-      if (!err.is_ok()) return err.status();
-      return status_of(err.value());
-    }
-    if (env.header.v != proto::kProtocolVersion) return reply_version_mismatch(env.header, endpoint_);
-    return std::move(env.body);
-  }
-  return Status(Code::kTimeout, "no reply to '" + type + "' from " + endpoint_ + " within " +
-                                    std::to_string(timeout_ms) + " ms (is the server running and not overloaded?)");
-}
-
-Result<std::optional<Envelope>> RpcClient::recv_push(int timeout_ms) {
-  const int64_t deadline = now_ms() + std::max(0, timeout_ms);
-  while (pushed_.empty()) {
-    int64_t left = deadline - now_ms();
-    if (left < 0) return std::optional<Envelope>();
-    Result<std::optional<Envelope>> got = recv_one(static_cast<int>(left));
-    if (!got.is_ok()) return got.status();
-    if (!got->has_value()) {
-      if (left == 0) return std::optional<Envelope>();
-      continue;
-    }
-    if ((*got)->header.id == 0) pushed_.push_back(std::move(**got));
-  }
-  Envelope env = std::move(pushed_.front());
-  pushed_.pop_front();
-  return std::optional<Envelope>(std::move(env));
 }
 
 // ------------------------------------------------------------------------------------------------

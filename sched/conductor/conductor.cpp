@@ -73,132 +73,6 @@ namespace {
 
 int64_t now_unix_ns() { return unix_time_ms() * 1'000'000; }
 
-// Asynchronous request/reply to workers: one DEALER socket per endpoint, replies matched by call id,
-// deadlines enforced by expire(). Same framing as rpc::RpcClient ([header, body]).
-class AsyncCaller {
- public:
-  using RawCallback = std::function<void(Result<std::string>)>;
-
-  template <typename Req>
-  void call(const std::string& endpoint, const Req& req, int64_t timeout_ms,
-            std::function<void(Result<typename Req::Reply>)> cb) {
-    std::string type = Req::kType;
-    send_raw(endpoint, type, codec::pack(req), timeout_ms,
-             [cb = std::move(cb), type, endpoint](Result<std::string> body) {
-               if (!body.is_ok()) return cb(body.status());
-               cb(codec::unpack<typename Req::Reply>(body.value(), "reply to '" + type + "' from " + endpoint));
-             });
-  }
-
-  // Drains every reply that has arrived (never blocks). Callbacks run after the sockets were read:
-  // they may start new calls (a new endpoint adds a socket), which must not disturb the iteration.
-  void poll() {
-    std::vector<std::pair<RawCallback, Result<std::string>>> done;
-    for (auto& [endpoint, sock] : sockets_) {
-      for (int n = 0; n < 1000; ++n) {
-        std::vector<zmq::message_t> frames;
-        zmq::recv_result_t got;
-        try {
-          got = zmq::recv_multipart(*sock, std::back_inserter(frames), zmq::recv_flags::dontwait);
-        } catch (const zmq::error_t& e) {
-          MC_LOG_WARN << "receive from worker " << endpoint << " failed: " << e.what();
-          break;
-        }
-        if (!got) break;
-        if (frames.size() != 2) {
-          MC_LOG_WARN << "dropped a reply from " << endpoint << " with " << frames.size() << " frames";
-          continue;
-        }
-        Result<proto::Header> header = codec::unpack<proto::Header>(frames[0].to_string_view(), "reply header");
-        if (!header.is_ok()) {
-          MC_LOG_WARN << "dropped a reply from " << endpoint << ": " << header.status().message();
-          continue;
-        }
-        auto it = pending_.find(header->id);
-        if (it == pending_.end()) continue;  // late reply to a call that timed out
-        RawCallback cb = std::move(it->second.cb);
-        pending_.erase(it);
-        if (header->type == proto::kErrorType) {
-          Result<proto::ErrorReply> err = codec::unpack<proto::ErrorReply>(frames[1].to_string_view(), "error reply");
-          if (!err.is_ok()) {
-            done.emplace_back(std::move(cb), err.status());
-          } else {
-            done.emplace_back(std::move(cb), Status(static_cast<Code>(err->code), endpoint + ": " + err->message));
-          }
-        } else {
-          done.emplace_back(std::move(cb), frames[1].to_string());
-        }
-      }
-    }
-    for (auto& [cb, result] : done) cb(std::move(result));
-  }
-
-  // Fails every call past its deadline with kTimeout.
-  void expire(int64_t now_ns) {
-    std::vector<std::pair<uint64_t, Pending>> late;
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second.deadline_ns <= now_ns) {
-        late.emplace_back(it->first, std::move(it->second));
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    for (auto& [id, p] : late) {
-      p.cb(Status(Code::kTimeout, "no reply to '" + p.type + "' from " + p.endpoint + " within " +
-                                      std::to_string(p.timeout_ms) + " ms"));
-    }
-  }
-
-  size_t pending() const { return pending_.size(); }
-  void forget(const std::string& endpoint) { sockets_.erase(endpoint); }
-
- private:
-  struct Pending {
-    std::string endpoint, type;
-    int64_t deadline_ns = 0;
-    int64_t timeout_ms = 0;
-    RawCallback cb;
-  };
-
-  void send_raw(const std::string& endpoint, const std::string& type, const std::string& body, int64_t timeout_ms,
-                RawCallback cb) {
-    zmq::socket_t* sock = nullptr;
-    auto it = sockets_.find(endpoint);
-    if (it == sockets_.end()) {
-      try {
-        auto s = std::make_unique<zmq::socket_t>(rpc::context(), zmq::socket_type::dealer);
-        s->set(zmq::sockopt::linger, 0);
-        s->set(zmq::sockopt::maxmsgsize, proto::kMaxMessageBytes);
-        s->connect(endpoint);
-        sock = s.get();
-        sockets_.emplace(endpoint, std::move(s));
-      } catch (const zmq::error_t& e) {
-        return cb(Status(Code::kUnavailable, "cannot connect to worker " + endpoint + ": " + e.what() +
-                                                 " (check the endpoint it registered)"));
-      }
-    } else {
-      sock = it->second.get();
-    }
-    const uint64_t id = next_id_++;
-    std::string head = codec::pack(proto::Header{proto::kProtocolVersion, type, id});
-    try {
-      auto s1 = sock->send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      auto s2 = s1 ? sock->send(zmq::buffer(body), zmq::send_flags::dontwait) : s1;
-      if (!s1 || !s2)
-        return cb(Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint + ": queue full"));
-    } catch (const zmq::error_t& e) {
-      return cb(Status(Code::kUnavailable, "cannot send '" + type + "' to " + endpoint + ": " + e.what()));
-    }
-    pending_.emplace(id, Pending{endpoint, type, RealClock::instance().now_ns() + timeout_ms * 1'000'000, timeout_ms,
-                                 std::move(cb)});
-  }
-
-  std::unordered_map<std::string, std::unique_ptr<zmq::socket_t>> sockets_;
-  std::unordered_map<uint64_t, Pending> pending_;
-  uint64_t next_id_ = 1;
-};
-
 // Rebuilds the prefix index from the store master (store.stat for the event id and segment hosts,
 // store.ls for the blocks of our key namespace). Failures are rate-limited to one attempt a second.
 class StoreMasterResync final : public ResyncSource {
@@ -329,10 +203,9 @@ class Conductor {
     while (!daemon::stop_requested()) {
       MC_RETURN_IF_ERROR(server_->poll_once(2));
       for (int i = 0; i < 64; ++i) MC_RETURN_IF_ERROR(server_->poll_once(0));
-      calls_.poll();
+      calls_.poll(0);
       drain_events();
       const int64_t now = RealClock::instance().now_ns();
-      calls_.expire(now);
       if (now - last_expire_ns > 100'000'000) {
         last_expire_ns = now;
         for (const auto& id : sched_->expire()) {
@@ -729,7 +602,11 @@ class Conductor {
   std::vector<std::pair<std::string, std::unique_ptr<rpc::EventSubscriber>>> subs_;
   std::unique_ptr<StoreMasterResync> resync_;
   std::string key_digest_;  // namespace of the workers' block keys, once known
-  AsyncCaller calls_;
+  rpc::AsyncClient calls_{[] {
+    rpc::AsyncClientOptions o;
+    o.client_name = "mc-conductor";
+    return o;
+  }()};
   std::unordered_map<std::string, Flight> in_flight_;
   metrics::Registry metrics_;
   std::ofstream decisions_;

@@ -23,6 +23,7 @@ namespace {
 
 // Bytes per node data RPC of an SSD replica (at most proto::kStoreMaxChunkBytes).
 constexpr uint64_t kChunkBytes = 1ULL << 20;
+constexpr int kNodeChunksInFlight = 8;  // SSD replica chunks pipelined per node_transfer
 
 Status item_status(uint16_t code, const std::string& message) {
   return code == 0 ? Status::ok() : Status(static_cast<Code>(code), message);
@@ -54,7 +55,7 @@ class Client::Impl {
   ClientOptions options;
   std::unique_ptr<rpc::RpcClient> master;
   std::unique_ptr<rpc::fast::FastClient> fast_master;  // the master's fast path when it offers one (fast_rpc.hpp)
-  std::map<std::string, std::unique_ptr<rpc::RpcClient>> nodes;  // node RPC endpoint -> connection (SSD)
+  std::unique_ptr<rpc::AsyncClient> nodes;             // to the nodes' RPC endpoints (SSD replicas)
   std::shared_ptr<MasterSegmentDirectory> directory;
   std::unique_ptr<transfer::TransferEngine> engine;     // after directory: destroyed first
   std::map<uintptr_t, uint64_t> registered;             // engine registrations: start -> length
@@ -309,50 +310,48 @@ class Client::Impl {
     std::map<std::byte*, std::pair<std::byte*, std::unique_ptr<std::byte[]>>> staged_;
   };
 
-  Result<rpc::RpcClient*> node(const std::string& endpoint) {
-    auto it = nodes.find(endpoint);
-    if (it != nodes.end()) return it->second.get();
-    rpc::ClientOptions co;
-    co.client_name = options.client_id;
-    co.connect_timeout_ms = options.node_timeout_ms;
-    co.default_timeout_ms = options.node_timeout_ms;
-    MC_ASSIGN_OR_RETURN(auto c, rpc::RpcClient::connect(endpoint, co));
-    rpc::RpcClient* raw = c.get();
-    nodes[endpoint] = std::move(c);
-    return raw;
-  }
-
-  // An SSD replica through the node's RPCs (the engine cannot address a file).
+  // An SSD replica through the node's RPCs (the engine cannot address a file): its chunks pipelined, at most
+  // kNodeChunksInFlight at once. Returns only when no chunk call is left in flight into caller memory.
   Status node_transfer(Job& j) {
     const proto::StoreReplica& r = *j.replica;
-    MC_ASSIGN_OR_RETURN(rpc::RpcClient * c, node(r.endpoint));
-    for (uint64_t done = 0; done < j.length;) {
-      const uint64_t n = std::min<uint64_t>(kChunkBytes, j.length - done);
-      if (j.op == transfer::Op::kWrite) {
-        proto::StoreNodeWriteRequest req;
-        req.segment = r.segment;
-        req.offset_bytes = r.offset_bytes + done;
-        req.data.assign(reinterpret_cast<const char*>(j.local) + done,
-                        reinterpret_cast<const char*>(j.local) + done + n);
-        auto reply = c->call(req, options.node_timeout_ms);
-        if (!reply.is_ok()) {
-          nodes.erase(r.endpoint);
-          return reply.status().with_context("writing " + r.segment + " on " + r.endpoint);
-        }
-      } else {
-        auto reply = c->call(proto::StoreNodeReadRequest{r.segment, r.offset_bytes + done, n}, options.node_timeout_ms);
-        if (!reply.is_ok()) {
-          nodes.erase(r.endpoint);
-          return reply.status().with_context("reading " + r.segment + " on " + r.endpoint);
-        }
-        if (reply->data.size() != n) {
-          return Status(Code::kDataLoss, "node " + r.endpoint + " returned " + std::to_string(reply->data.size()) +
-                                             " bytes of " + r.segment + " for a read of " + std::to_string(n));
-        }
-        std::memcpy(j.local + done, reply->data.data(), n);
+    const bool write = j.op == transfer::Op::kWrite;
+    Status failed = Status::ok();
+    int in_flight = 0;
+    auto on_done = [&](Status s) {
+      --in_flight;
+      if (!s.is_ok() && failed.is_ok()) {
+        failed = s.with_context((write ? "writing " : "reading ") + r.segment + " on " + r.endpoint);
       }
-      done += n;
+    };
+    for (uint64_t next = 0; next < j.length || in_flight > 0;) {
+      while (next < j.length && in_flight < kNodeChunksInFlight && failed.is_ok()) {
+        const uint64_t at = next, n = std::min<uint64_t>(kChunkBytes, j.length - next);
+        next += n;
+        ++in_flight;
+        if (write) {
+          proto::StoreNodeWriteRequest req;
+          req.segment = r.segment;
+          req.offset_bytes = r.offset_bytes + at;
+          req.data.assign(reinterpret_cast<const char*>(j.local) + at, reinterpret_cast<const char*>(j.local) + at + n);
+          nodes->call(r.endpoint, req, options.node_timeout_ms,
+                      [&](Result<proto::StoreNodeWriteRequest::Reply> reply) { on_done(reply.status()); });
+        } else {
+          nodes->call(r.endpoint, proto::StoreNodeReadRequest{r.segment, r.offset_bytes + at, n},
+                      options.node_timeout_ms, [&, at, n](Result<proto::StoreNodeReadReply> reply) {
+                        if (reply.is_ok() && reply->data.size() != n) {
+                          reply = Status(Code::kDataLoss, "node " + r.endpoint + " returned " +
+                                                              std::to_string(reply->data.size()) + " bytes of " +
+                                                              r.segment + " for a read of " + std::to_string(n));
+                        }
+                        if (reply.is_ok()) std::memcpy(j.local + at, reply->data.data(), n);
+                        on_done(reply.status());
+                      });
+        }
+      }
+      if (!failed.is_ok() && in_flight == 0) break;
+      if (in_flight > 0) nodes->poll(options.node_timeout_ms);
     }
+    MC_RETURN_IF_ERROR(failed);
     (j.op == transfer::Op::kWrite ? counters.bytes_written_tcp : counters.bytes_read_tcp) += j.length;
     return Status::ok();
   }
@@ -548,6 +547,9 @@ Result<std::unique_ptr<Client>> Client::connect(ClientOptions options) {
   co.connect_timeout_ms = options.rpc_timeout_ms;
   co.default_timeout_ms = options.rpc_timeout_ms;
   MC_ASSIGN_OR_RETURN(impl->master, rpc::RpcClient::connect(options.master, co));
+  rpc::AsyncClientOptions no;
+  no.client_name = options.client_id;
+  impl->nodes = std::make_unique<rpc::AsyncClient>(no);
   if (options.fast_rpc) impl->connect_fast();
   // The data path: an initiator-only transfer engine whose segment directory is the master.
   MC_ASSIGN_OR_RETURN(impl->directory, MasterSegmentDirectory::connect(options.master, options.client_id + " directory",

@@ -8,10 +8,10 @@
 // A handler may also defer its reply (CallContext::defer) and answer later with reply_to(), and the
 // server may push messages (id 0) to any connected client with push_to().
 //
-// Client: one DEALER socket connected to one endpoint. connect() performs the hello handshake and
-// fails with kProtocolMismatch / kTimeout / kUnavailable naming the endpoint. call() blocks up to
-// timeout_ms and returns kTimeout naming the endpoint and message type; late replies to abandoned
-// calls are recognised by id and discarded. Pushed messages are queued and read with recv_push().
+// Client: AsyncClient, one DEALER socket per endpoint, many calls in flight (pipelined), timeouts, a bound
+// on calls in flight, reconnect after a timeout; used by the store client, the Conductor and the workers.
+// RpcClient is its blocking facade for one endpoint. Late replies to abandoned calls are recognised by id
+// and discarded.
 //
 // Transports: this ZeroMQ one, and the plain-TCP fast path of fast_rpc.hpp. Both use the header and the
 // hello, version and error-reply rules of the "shared by both transports" functions below; an
@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -35,6 +36,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "mc/common/clock.hpp"
 #include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
@@ -144,6 +146,127 @@ class RpcServer {
   Counters counters_;
 };
 
+// ---- The client: one asynchronous, pipelined core (AsyncClient) and its one-endpoint blocking facade ----
+
+struct AsyncClientOptions {
+  std::string client_name = "mc";  // sent in the hello to every endpoint
+  // Calls awaiting a reply per endpoint; one more is failed at once with kResourceExhausted (a peer that does
+  // not keep up must not grow this client's memory without bound).
+  int64_t max_in_flight_per_endpoint = 65536;
+  // Pushed messages (id 0) queued per endpoint until read; beyond this the oldest is dropped with a warning.
+  int64_t max_queued_pushes = 65536;
+  int64_t max_message_bytes = proto::kMaxMessageBytes;
+  const Clock* clock = nullptr;  // deadlines; nullptr = RealClock. Not owned; must outlive the client.
+};
+
+// Request/reply to any number of endpoints over one DEALER socket each, many calls in flight at once.
+//
+// - Pipelined: call() sends at once and returns; replies are matched by call id in any order.
+// - Hello: the first call to an endpoint opens its socket and queues a hello ahead of it (not waited for).
+//   A hello reply of another protocol version fails every call in flight to that endpoint with
+//   kProtocolMismatch (naming the service, the endpoint and both versions) and closes the socket.
+// - Timeouts: a call with no reply by its deadline fails with kTimeout naming the message type, the
+//   endpoint and the timeout; a late reply is recognised by its id and dropped.
+// - Bounded: at most max_in_flight_per_endpoint calls per endpoint (kResourceExhausted beyond).
+// - Reconnect: after a timeout the endpoint's socket is closed once no call to it is left in flight, so
+//   requests queued for a dead peer are dropped instead of reaching it when it restarts; the next call opens
+//   a fresh socket (with a fresh hello). forget() closes it at once.
+// - Errors the server replies with reach the callback with the server's code and message unchanged.
+//
+// Callbacks run only inside poll() (and call_sync()/connect(), which poll), never inside call() or forget(),
+// so a callback may start new calls or forget endpoints. Callbacks of calls still in flight when the client is
+// destroyed are dropped without running.
+// Thread-safety: none (ZeroMQ sockets are not); one client per thread.
+class AsyncClient {
+ public:
+  using RawCallback = std::function<void(Result<std::string>)>;
+
+  explicit AsyncClient(AsyncClientOptions options = {});
+  ~AsyncClient();
+  AsyncClient(const AsyncClient&) = delete;
+  AsyncClient& operator=(const AsyncClient&) = delete;
+
+  // Sends `req` to `endpoint`; `cb` gets the decoded reply or the error within about timeout_ms.
+  template <typename Req>
+  void call(const std::string& endpoint, const Req& req, int64_t timeout_ms,
+            std::function<void(Result<typename Req::Reply>)> cb) {
+    call_raw(endpoint, Req::kType, codec::pack(req), timeout_ms,
+             [cb = std::move(cb), endpoint](Result<std::string> body) {
+               if (!body.is_ok()) return cb(body.status());
+               cb(codec::unpack<typename Req::Reply>(body.value(),
+                                                     "reply to '" + std::string(Req::kType) + "' from " + endpoint));
+             });
+  }
+  void call_raw(const std::string& endpoint, const std::string& type, std::string body, int64_t timeout_ms,
+                RawCallback cb);
+
+  // Sends `req` and polls until its reply or its deadline; the callbacks of other calls that complete
+  // meanwhile run too.
+  template <typename Req>
+  Result<typename Req::Reply> call_sync(const std::string& endpoint, const Req& req, int64_t timeout_ms) {
+    Result<std::string> body = call_raw_sync(endpoint, Req::kType, codec::pack(req), timeout_ms);
+    if (!body.is_ok()) return body.status();
+    return codec::unpack<typename Req::Reply>(body.value(),
+                                              "reply to '" + std::string(Req::kType) + "' from " + endpoint);
+  }
+  Result<std::string> call_raw_sync(const std::string& endpoint, const std::string& type, std::string body,
+                                    int64_t timeout_ms);
+
+  // Opens `endpoint` (if not open) and waits up to timeout_ms for its hello reply: kUnavailable when none
+  // comes ("is the server running?"), kProtocolMismatch, or kInvalidArgument for an endpoint that is not
+  // tcp://HOST:PORT or ipc://PATH.
+  Status connect(const std::string& endpoint, int64_t timeout_ms);
+
+  // Waits up to timeout_ms (0: not at all) for a reply on any endpoint, reads every reply that has arrived,
+  // fails the calls past their deadline, and runs the callbacks of every completed call. Returns how many
+  // callbacks ran. Never fails: socket errors fail the calls of that endpoint.
+  int poll(int timeout_ms = 0);
+
+  // The next pushed message (id 0) from `endpoint`, waiting up to timeout_ms; nullopt when none came.
+  std::optional<Envelope> recv_push(const std::string& endpoint, int timeout_ms);
+
+  // Closes the socket of `endpoint`; its calls in flight fail with kCancelled at the next poll().
+  void forget(const std::string& endpoint);
+
+  size_t in_flight() const { return pending_.size(); }
+  size_t in_flight(const std::string& endpoint) const;
+  // The hello reply of `endpoint`, once received on its current socket; nullptr before.
+  const proto::HelloReply* server_hello(const std::string& endpoint) const;
+
+  struct Counters {
+    uint64_t sent = 0, replies = 0, errors = 0, timeouts = 0, late_replies = 0, malformed = 0, reconnects = 0;
+  };
+  const Counters& counters() const { return counters_; }
+
+ private:
+  struct Peer;
+  struct Pending {
+    std::string endpoint, type;
+    int64_t deadline_ns = 0, timeout_ms = 0;
+    RawCallback cb;
+  };
+
+  Result<Peer*> open(const std::string& endpoint, int64_t hello_timeout_ms);
+  void send(Peer& peer, const std::string& endpoint, const std::string& type, const std::string& body,
+            int64_t timeout_ms, RawCallback cb);
+  void complete(uint64_t id, Result<std::string> result);
+  void read_replies(const std::string& endpoint, Peer& peer);
+  void fail_endpoint(const std::string& endpoint, const Status& status);
+  void expire();
+  void close_idle_stale();
+  int run_ready();
+  int64_t now_ns() const;
+
+  AsyncClientOptions options_;
+  std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  std::set<std::pair<int64_t, uint64_t>> deadlines_;                // (deadline_ns, call id) of pending_
+  std::vector<std::pair<RawCallback, Result<std::string>>> ready_;  // completed, callbacks not yet run
+  std::unordered_map<std::string, Status> hello_failures_;          // why an endpoint's hello failed (connect())
+  uint64_t next_id_ = 1;
+  Counters counters_;
+};
+
 struct ClientOptions {
   std::string client_name = "mc";
   int connect_timeout_ms = 2000;  // hello handshake
@@ -151,22 +274,21 @@ struct ClientOptions {
   int64_t max_message_bytes = proto::kMaxMessageBytes;
 };
 
+// A blocking client of one endpoint: an AsyncClient used one call at a time. connect() performs the hello
+// handshake and fails with kProtocolMismatch / kUnavailable naming the endpoint. call() blocks up to
+// timeout_ms and returns kTimeout naming the endpoint and message type. Pushed messages are read with
+// recv_push(). Thread-safety: none; one per thread.
 class RpcClient {
  public:
-  // Connects and performs the hello handshake.
   static Result<std::unique_ptr<RpcClient>> connect(const std::string& endpoint, ClientOptions options = {});
   ~RpcClient();
 
   template <typename Req>
   Result<typename Req::Reply> call(const Req& req, int timeout_ms = -1) {
-    Result<std::string> body = call_raw(Req::kType, codec::pack(req), timeout_ms);
-    if (!body.is_ok()) return body.status();
-    return codec::unpack<typename Req::Reply>(body.value(),
-                                              "reply to '" + std::string(Req::kType) + "' from " + endpoint_);
+    return client_.call_sync(endpoint_, req, timeout_ms < 0 ? options_.default_timeout_ms : timeout_ms);
   }
 
-  // Sends a request and returns the raw reply body, or the error the server sent (code preserved,
-  // message prefixed with the endpoint).
+  // Sends a request and returns the raw reply body, or the error the server sent (code and message kept).
   Result<std::string> call_raw(const std::string& type, const std::string& body, int timeout_ms = -1);
 
   // Next pushed message (id 0), waiting up to timeout_ms; nullopt on timeout.
@@ -177,13 +299,10 @@ class RpcClient {
 
  private:
   RpcClient(std::string endpoint, ClientOptions options);
-  Result<std::optional<Envelope>> recv_one(int timeout_ms);
 
   std::string endpoint_;
   ClientOptions options_;
-  zmq::socket_t socket_;
-  uint64_t next_id_ = 1;
-  std::deque<Envelope> pushed_;
+  AsyncClient client_;
   proto::HelloReply hello_;
 };
 
