@@ -46,6 +46,8 @@
 #   --prefix-cache C      store (the pool) or none (cache disabled: every prefill recomputes)
 #                                                                        [MC_PREFIX_CACHE, store]
 #   --dram-bytes SIZE     DRAM per storage node                          [MC_STORE_DRAM, 256MiB]
+#   --hot-reads N         store master: reads of one object within 10 s that add a replica near its
+#                         reader (hot-object replication; 0 = off)         [MC_HOT_READS, 0]
 #   --kv-buffer-size SIZE KV buffer per prefill/decode instance          [MC_KV_BUFFER_SIZE, 256MiB]
 #   --bin DIR             where the mc binaries are                      [MC_BIN, build/bin next to this script]
 #   --ready-timeout-s N   how long to wait for each ready line           [MC_READY_TIMEOUT_S, 60]
@@ -73,6 +75,7 @@ block_size="${MC_BLOCK_SIZE:-512}"
 policy="${MC_POLICY:-kvcache}"
 prefix_cache="${MC_PREFIX_CACHE:-store}"
 dram_bytes="${MC_STORE_DRAM:-256MiB}"
+hot_reads="${MC_HOT_READS:-0}"
 kv_buffer_size="${MC_KV_BUFFER_SIZE:-256MiB}"
 bin="${MC_BIN:-$root/build/bin}"
 ready_timeout_s="${MC_READY_TIMEOUT_S:-60}"
@@ -97,6 +100,7 @@ while [[ $# -gt 0 ]]; do
     --policy) need "$@"; policy="$2"; shift 2 ;;
     --prefix-cache) need "$@"; prefix_cache="$2"; shift 2 ;;
     --dram-bytes) need "$@"; dram_bytes="$2"; shift 2 ;;
+    --hot-reads) need "$@"; hot_reads="$2"; shift 2 ;;
     --kv-buffer-size) need "$@"; kv_buffer_size="$2"; shift 2 ;;
     --bin) need "$@"; bin="$2"; shift 2 ;;
     --ready-timeout-s) need "$@"; ready_timeout_s="$2"; shift 2 ;;
@@ -194,7 +198,7 @@ ready_field() { tr ' ' '\n' < "$state/$1.ready" | sed -n "s/^$2=//p"; }
 
 export MC_LOG_LEVEL="$log_level"
 
-start master "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://127.0.0.1:0
+start master "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://127.0.0.1:0 --hot-reads "$hot_reads"
 master="$(wait_ready master)"
 events="$(ready_field master events)"
 
