@@ -366,10 +366,11 @@ Scheduler::DecodePick Scheduler::pick_decode(const Request& request, double slo_
   const DecodeEstimate* best = nullptr;       // fits and meets TBT
   const DecodeEstimate* best_fit = nullptr;   // fits KV now
   const DecodeEstimate* best_ever = nullptr;  // could fit when empty
+  const int64_t kv_tokens_needed = request.input_tokens + request.output_tokens;
   for (const auto& de : decode_scratch_) {
     if (de.fits_kv && de.meets_tbt && (best == nullptr || de.tbt_ms < best->tbt_ms)) best = &de;
     if (de.fits_kv && (best_fit == nullptr || de.tbt_ms < best_fit->tbt_ms)) best_fit = &de;
-    if (request.input_tokens + request.output_tokens <= de.kv_capacity_tokens &&
+    if (kv_tokens_needed <= de.kv_capacity_tokens &&
         (best_ever == nullptr || de.kv_reserved_tokens - de.kv_capacity_tokens <
                                      best_ever->kv_reserved_tokens - best_ever->kv_capacity_tokens)) {
       best_ever = &de;
@@ -382,16 +383,15 @@ Scheduler::DecodePick Scheduler::pick_decode(const Request& request, double slo_
     return {nullptr, RejectReason::kKvCapacity,
             fmt("request needs %lld KV tokens (input %lld + output %lld) but the largest decode instance "
                 "holds %lld",
-                static_cast<long long>(request.input_tokens + request.output_tokens),
-                static_cast<long long>(request.input_tokens), static_cast<long long>(request.output_tokens),
-                static_cast<long long>(max_cap))};
+                static_cast<long long>(kv_tokens_needed), static_cast<long long>(request.input_tokens),
+                static_cast<long long>(request.output_tokens), static_cast<long long>(max_cap))};
   }
   if (config_.slo.early_reject) {
     if (best_fit == nullptr) {
       return {nullptr, RejectReason::kKvCapacity,
               fmt("no decode instance can reserve %lld KV tokens when the prefill finishes (least loaded: %s "
                   "at %lld/%lld tokens)",
-                  static_cast<long long>(request.input_tokens + request.output_tokens), best_ever->instance_id.c_str(),
+                  static_cast<long long>(kv_tokens_needed), best_ever->instance_id.c_str(),
                   static_cast<long long>(best_ever->kv_reserved_tokens),
                   static_cast<long long>(best_ever->kv_capacity_tokens))};
     }

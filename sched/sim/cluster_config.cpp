@@ -81,7 +81,11 @@ nlohmann::json ClusterConfig::to_json() const {
 Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std::string& source) {
   if (!doc.is_object()) return error(Code::kInvalidArgument, source + ": the cluster config must be a JSON object");
   ClusterConfig c;
-  for (const auto& [key, v] : doc.items()) {
+  for (const auto& item : doc.items()) {
+    // Named references, not a structured binding: the lambdas below capture them (clang before 16 cannot
+    // capture a structured binding, and clang-tidy parses with clang).
+    const std::string& key = item.key();
+    const nlohmann::json& v = item.value();
     auto str = [&](std::string& out) -> Status {
       if (!v.is_string()) return bad(source, key, "must be a string");
       out = v.get<std::string>();

@@ -170,9 +170,9 @@ class Sim {
       decode_.push_back(
           std::make_unique<DecodeInstance>(events_, model_, cfg_.decode_kv_capacity_tokens, cfg_.decode_max_batch));
       if (opt_.refit_predictors) {
-        decode_.back()->set_step_observer([this, j, P](int64_t batch, int64_t ctx, double step_s) {
-          scheduler_->on_decode_step(
-              sched::DecodeStepReport{names_[static_cast<size_t>(P + j)], batch, ctx, step_s * 1e3});
+        const size_t name_at = static_cast<size_t>(P) + static_cast<size_t>(j);  // after the P prefill names
+        decode_.back()->set_step_observer([this, name_at](int64_t batch, int64_t ctx, double step_s) {
+          scheduler_->on_decode_step(sched::DecodeStepReport{names_[name_at], batch, ctx, step_s * 1e3});
         });
       }
       sched::InstanceInfo info;

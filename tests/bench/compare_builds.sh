@@ -16,27 +16,18 @@ DURATION=${DURATION:-2}
 REQUESTS=${REQUESTS:-20000}
 BLOCKS=${BLOCKS:-64KiB,1MiB,4MiB}
 XFER_DURATION=${XFER_DURATION:-1}
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$TMP"; }
-trap cleanup EXIT
-wait_ready() { for _ in $(seq 200); do grep -q '^ready' "$1" 2>/dev/null && return 0; sleep 0.1; done; echo "no ready line in $1" >&2; exit 1; }
-field() { awk -v k="$2=" '/^ready/{for(i=1;i<=NF;i++) if (index($i,k)==1) {print substr($i,length(k)+1)}}' "$1"; }
+source "$(dirname "$0")/bench_lib.sh"
 port=$((20000 + RANDOM % 20000))
 
 declare -A MASTER
 for tag in A B; do
   build=${!tag}
   m=tcp://127.0.0.1:$port; port=$((port + 2))
-  "$build/bin/mc-store" master --listen "$m" --events "" >"$TMP/master-$tag" 2>/dev/null & PIDS+=($!)
-  wait_ready "$TMP/master-$tag"
-  "$build/bin/mc-store" serve --master "$m" --node-id "cmp-$tag" --dram-bytes 512MiB >"$TMP/node-$tag" 2>/dev/null & PIDS+=($!)
-  wait_ready "$TMP/node-$tag"
+  start_store "$build/bin" "$m" "cmp-$tag"
   MASTER[$tag]=$m
 done
 rport=$port; port=$((port + 1))
-redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$TMP/redis" 2>&1 & PIDS+=($!)
-for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+start_redis "$rport"
 
 echo "== A=$A ($("$A/bin/mc-store" --version 2>/dev/null | head -1)) B=$B ($("$B/bin/mc-store" --version 2>/dev/null | head -1))"
 echo "== load: $(uptime)"
@@ -61,7 +52,7 @@ done
 for transport in shm tcp; do
   for tag in A B; do
     build=${!tag}
-    seg=$(field "$TMP/xfer-$tag" segment)
+    seg=$(ready_field "$TMP/xfer-$tag" segment)
     echo "-- $tag $transport"
     "$build/bin/mc-xfer" bench --target "$seg" --transport "$transport" --block "$BLOCKS" --duration "$XFER_DURATION" \
       --baseline 2>/dev/null | grep -v '^#'

@@ -14,25 +14,18 @@ REQUESTS=${REQUESTS:-100000}
 PIPELINE=${PIPELINE:-1}
 TRANSPORTS=${TRANSPORTS:-fast}  # add zmq to see the ZeroMQ path (--pipeline 1 only)
 PORT=$((20000 + RANDOM % 20000))
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$TMP"; }
-trap cleanup EXIT
-wait_ready() { for _ in $(seq 100); do grep -q '^ready' "$1" 2>/dev/null && return 0; sleep 0.1; done; echo "no ready line in $1" >&2; exit 1; }
+source "$(dirname "$0")/bench_lib.sh"
 
 M=tcp://127.0.0.1:$PORT
-"$BIN/mc-store" master --listen "$M" --events "" --lease-ms 1000 >"$TMP/master" 2>/dev/null & PIDS+=($!)
-wait_ready "$TMP/master"
-"$BIN/mc-store" serve --master "$M" --node-id bench-local --dram-bytes 512MiB >"$TMP/n1" 2>/dev/null & PIDS+=($!)
-wait_ready "$TMP/n1"
+start_store "$BIN" "$M" bench-local --lease-ms 1000
+LOCAL_NODE_PID=$NODE_PID
 
 if [ "${DATA_ONLY:-0}" = 0 ]; then
 # Like with like: redis-benchmark drives its -c connections from one event loop with -P requests in flight
 # each; `mc-store bench --transport fast` does the same (one thread, N connections, --pipeline P). Each
 # client count runs mc-store then redis back to back, so both sides of a ratio see the same machine load.
 RPORT=$((PORT + 1))
-redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >"$TMP/redis" 2>&1 & PIDS+=($!)
-for _ in $(seq 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+start_redis "$RPORT"
 echo "== load: $(uptime)"
 echo "== metadata: mc-store master (ops/s; put = put_start + put_end, two requests) vs redis-server $(redis-server --version | awk '{print $3}') (requests/s, 4 KiB SET values), pipeline $PIPELINE"
 for c in ${CLIENTS//,/ }; do
@@ -49,7 +42,7 @@ BLOCK=$((512 * KVB))
 BATCH=${BATCH:-16}
 "$BIN/mc-xfer" serve --size $((BLOCK * 64)) >"$TMP/xfer" 2>/dev/null & PIDS+=($!)
 wait_ready "$TMP/xfer"
-SEG=$(awk '/^ready/{for(i=1;i<=NF;i++) if ($i ~ /^segment=/) {sub("segment=","",$i); print $i}}' "$TMP/xfer")
+SEG=$(ready_field "$TMP/xfer" segment)
 # Both sides move 64 blocks' worth of distinct memory (the mc-xfer segment is 64 blocks), and both are
 # warmed (mc-store bench: one untimed round in-process; mc-xfer: one untimed 1 s write run first).
 store_data() {
@@ -68,7 +61,8 @@ store_data
 xfer_pair shm
 "$BIN/mc-store" serve --master "$M" --node-id bench-far --host bench-far-host --no-shm --dram-bytes 512MiB >"$TMP/n2" 2>/dev/null & PIDS+=($!)
 wait_ready "$TMP/n2"
-kill "${PIDS[1]}"; sleep 0.3   # only the far node (private memory) remains: the engine's tcp path
+# Only the far node (private memory) remains: the engine's tcp path.
+kill "$LOCAL_NODE_PID"; wait "$LOCAL_NODE_PID" 2>/dev/null || true
 echo "== data tcp (loopback): mc-store batch_put/batch_get"
 store_data --client-host bench-client
 xfer_pair tcp

@@ -579,7 +579,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       total += seg.slicing ? slice_count(e - s, options_.slicing) : 1;
     }
     r.slices.reserve(static_cast<size_t>(total));
-    for (auto [off, len] : pieces) {
+    for (const auto& piece : pieces) {
+      const uint64_t off = piece.first, len = piece.second;  // captured below: no structured binding
       auto add = [&](SliceRange sr) {
         SliceRec s;
         s.batch = b;

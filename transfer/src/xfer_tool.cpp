@@ -609,34 +609,23 @@ struct BenchReport {
 
 // The report as one JSON document (--json).
 void write_bench_json(const BenchReport& rep, std::ostream& out) {
-  const BenchOptions& o = rep.o;
-  const Client& c = rep.c;
-  const auto& rows = rep.rows;
-  const auto& base = rep.base;
-  const auto& path_labels = rep.path_labels;
-  const Status& result = rep.result;
-  const uint64_t warmup_bytes = rep.warmup.bytes;
-  const double warmup_s = rep.warmup.seconds;
-  auto limit_for = [&](uint64_t block) { return rep.limit_for(block); };
-  auto limit_cpu_for = [&](uint64_t block, const std::string& what) { return rep.limit_cpu_for(block, what); };
-  auto engine_cpu_per_gb = &BenchReport::engine_cpu_per_gb;
   nlohmann::json j;
   j["tool"] = "mc-xfer bench";
   j["build"] = cli::build_id();
   j["host"] = report::host_name();
   j["unix_time_ms"] = unix_time_ms();
-  j["target"] = o.target;
-  j["transport"] = c.transport;
-  j["op"] = op_name(o.op);
-  j["threads"] = o.threads;
-  j["batch"] = o.batch;
-  j["duration_s"] = o.duration_s;
-  j["slice_bytes"] = o.engine.slicing.slice_bytes;
-  j["warmup_bytes"] = warmup_bytes;
-  j["warmup_ns"] = static_cast<int64_t>(warmup_s * 1e9);
-  j["paths"] = path_labels;
+  j["target"] = rep.o.target;
+  j["transport"] = rep.c.transport;
+  j["op"] = op_name(rep.o.op);
+  j["threads"] = rep.o.threads;
+  j["batch"] = rep.o.batch;
+  j["duration_s"] = rep.o.duration_s;
+  j["slice_bytes"] = rep.o.engine.slicing.slice_bytes;
+  j["warmup_bytes"] = rep.warmup.bytes;
+  j["warmup_ns"] = static_cast<int64_t>(rep.warmup.seconds * 1e9);
+  j["paths"] = rep.path_labels;
   j["results"] = nlohmann::json::array();
-  for (const auto& r : rows) {
+  for (const auto& r : rep.rows) {
     nlohmann::json jr{{"block_bytes", r.block_bytes},
                       {"requests", r.requests},
                       {"bytes", r.bytes},
@@ -657,69 +646,60 @@ void write_bench_json(const BenchReport& rep, std::ostream& out) {
       jr["tcp_syscalls_per_mib"] =
           per((counter(r, "tcp_send_calls") + counter(r, "tcp_recv_calls")) << 20, counter(r, "tcp_bytes"));
     }
-    if (o.baseline) {
-      auto [what, lim] = limit_for(r.block_bytes);
-      const double lim_cpu = limit_cpu_for(r.block_bytes, what);
+    if (rep.o.baseline) {
+      auto [what, lim] = rep.limit_for(r.block_bytes);
+      const double lim_cpu = rep.limit_cpu_for(r.block_bytes, what);
       jr["limit"] = what;
       jr["limit_bytes_per_second"] = lim;
       jr["ratio_to_limit"] = lim > 0 ? r.bytes_per_second / lim : 0;
-      if (lim_cpu > 0 && engine_cpu_per_gb(r) > 0) {
+      if (lim_cpu > 0 && BenchReport::engine_cpu_per_gb(r) > 0) {
         jr["limit_cpu_s_per_gb"] = lim_cpu;
-        jr["cpu_s_per_gb"] = engine_cpu_per_gb(r);
-        jr["cpu_efficiency_ratio"] = lim_cpu / engine_cpu_per_gb(r);
+        jr["cpu_s_per_gb"] = BenchReport::engine_cpu_per_gb(r);
+        jr["cpu_efficiency_ratio"] = lim_cpu / BenchReport::engine_cpu_per_gb(r);
       }
     }
     j["results"].push_back(std::move(jr));
   }
-  if (o.baseline) {
+  if (rep.o.baseline) {
     j["baseline"] = nlohmann::json::array();
-    for (const auto& b : base) {
+    for (const auto& b : rep.base) {
       j["baseline"].push_back({{"kind", b.kind},
                                {b.kind == "memcpy" ? "threads" : "streams", b.n},
                                {"block_bytes", b.block},
                                {"bytes_per_second", b.bps}});
     }
   }
-  if (!result.is_ok()) j.update(report::error_json(result));
+  if (!rep.result.is_ok()) j.update(report::error_json(rep.result));
   out << j.dump(2) << "\n";
 }
 
 // The report as a table (the default).
 void write_bench_table(const BenchReport& rep, std::ostream& out) {
-  const BenchOptions& o = rep.o;
-  const Client& c = rep.c;
-  const auto& rows = rep.rows;
-  const auto& base = rep.base;
-  const auto& path_labels = rep.path_labels;
-  const uint64_t warmup_bytes = rep.warmup.bytes;
-  const double warmup_s = rep.warmup.seconds;
-  auto limit_for = [&](uint64_t block) { return rep.limit_for(block); };
-  auto limit_cpu_for = [&](uint64_t block, const std::string& what) { return rep.limit_cpu_for(block, what); };
-  auto engine_cpu_per_gb = &BenchReport::engine_cpu_per_gb;
   out << "# mc-xfer bench  build " << cli::build_id() << "  host " << report::host_name() << "\n"
-      << "# target " << o.target << "  transport " << c.transport << "  op " << op_name(o.op) << "  threads "
-      << o.threads << "  batch " << o.batch << "  duration " << o.duration_s << " s  slice "
-      << units::format_bytes(static_cast<int64_t>(o.engine.slicing.slice_bytes)) << "\n"
-      << "# paths: " << join(path_labels, ", ") << "\n"
-      << "# warm-up (untimed): " << warmup_bytes << " bytes read in " << report::fixed(warmup_s, 2) << " s\n"
+      << "# target " << rep.o.target << "  transport " << rep.c.transport << "  op " << op_name(rep.o.op)
+      << "  threads " << rep.o.threads << "  batch " << rep.o.batch << "  duration " << rep.o.duration_s << " s  slice "
+      << units::format_bytes(static_cast<int64_t>(rep.o.engine.slicing.slice_bytes)) << "\n"
+      << "# paths: " << join(rep.path_labels, ", ") << "\n"
+      << "# warm-up (untimed): " << rep.warmup.bytes << " bytes read in " << report::fixed(rep.warmup.seconds, 2)
+      << " s\n"
       << "# GB/s is decimal (1e9 bytes per second); latency is per request, submit to completion\n";
   out << std::right << std::setw(12) << "block_bytes" << std::setw(10) << "requests" << std::setw(15) << "bytes"
       << std::setw(9) << "GB/s" << std::setw(11) << "p50_us" << std::setw(11) << "p99_us" << std::setw(11) << "p999_us";
-  if (o.baseline) {
+  if (rep.o.baseline) {
     out << std::setw(14) << "limit_GB/s" << std::setw(8) << "ratio" << std::setw(11) << "cpu_s/GB" << std::setw(17)
         << "limit_cpu_s/GB" << std::setw(11) << "cpu_ratio"
         << "  limit";
   }
   out << "  path_share\n";
-  for (const auto& r : rows) {
+  for (const auto& r : rep.rows) {
     out << std::setw(12) << r.block_bytes << std::setw(10) << r.requests << std::setw(15) << r.bytes << std::setw(9)
         << report::fixed(r.bytes_per_second / 1e9, 2) << std::setw(11)
         << report::fixed(static_cast<double>(r.p50_ns) / 1e3, 1) << std::setw(11)
         << report::fixed(static_cast<double>(r.p99_ns) / 1e3, 1) << std::setw(11)
         << report::fixed(static_cast<double>(r.p999_ns) / 1e3, 1);
-    if (o.baseline) {
-      auto [what, lim] = limit_for(r.block_bytes);
-      const double lim_cpu = limit_cpu_for(r.block_bytes, what), cpu = engine_cpu_per_gb(r);
+    if (rep.o.baseline) {
+      auto [what, lim] = rep.limit_for(r.block_bytes);
+      const double lim_cpu = rep.limit_cpu_for(r.block_bytes, what), cpu = BenchReport::engine_cpu_per_gb(r);
       out << std::setw(14) << report::fixed(lim / 1e9, 2) << std::setw(8)
           << report::fixed(lim > 0 ? r.bytes_per_second / lim : 0, 2) << std::setw(11) << report::fixed(cpu, 3)
           << std::setw(17) << report::fixed(lim_cpu, 3) << std::setw(11)
@@ -731,13 +711,13 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
     }
     out << "\n";
   }
-  if (std::any_of(rows.begin(), rows.end(), [](const BenchRow& r) { return counter(r, "tcp_bytes") > 0; })) {
+  if (std::any_of(rep.rows.begin(), rep.rows.end(), [](const BenchRow& r) { return counter(r, "tcp_bytes") > 0; })) {
     out << "# client data path (tcp): costs per row\n";
     out << std::setw(12) << "block_bytes" << std::setw(10) << "wire_ops" << std::setw(16) << "bytes/wire_op"
         << std::setw(15) << "bytes/wakeup" << std::setw(14) << "syscalls/MiB" << std::setw(13) << "cpu_s/GB"
         << std::setw(8) << "conns"
         << "\n";
-    for (const auto& r : rows) {
+    for (const auto& r : rep.rows) {
       const uint64_t b = counter(r, "tcp_bytes");
       out << std::setw(12) << r.block_bytes << std::setw(10) << counter(r, "tcp_wire_ops") << std::setw(16)
           << report::fixed(per(b, counter(r, "tcp_wire_ops")), 0) << std::setw(15)
@@ -747,14 +727,14 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
           << std::setw(8) << counter(r, "tcp_connections_opened") << "\n";
     }
   }
-  if (o.baseline) {
+  if (rep.o.baseline) {
     out << "# limits measured in this run (GB/s)\n";
     out << std::setw(12) << "block_bytes" << std::setw(12) << "memcpy_x1" << std::setw(12) << "memcpy_x2"
         << std::setw(12) << "tcp_raw_x1" << std::setw(12) << "tcp_raw_x4"
         << "\n";
-    for (uint64_t block : o.block_bytes) {
+    for (uint64_t block : rep.o.block_bytes) {
       out << std::setw(12) << block;
-      for (const auto& b : base) {
+      for (const auto& b : rep.base) {
         if (b.block == block) out << std::setw(12) << report::fixed(b.bps / 1e9, 2);
       }
       out << "\n";

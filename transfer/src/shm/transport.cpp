@@ -60,7 +60,7 @@ class CopyPool {
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (size_t i = 1; i < ranges.size(); ++i) {
-        auto [off, len] = ranges[i];
+        const uint64_t off = ranges[i].first, len = ranges[i].second;  // captured: no structured binding
         tasks_.push_back([dst, src, off, len, done] {
           std::memcpy(dst + off, src + off, len);
           std::lock_guard<std::mutex> dl(done->mu);
