@@ -38,7 +38,7 @@ TEST(StoreProtocol, HeartbeatsAndDemotion) {
   ASSERT_EQ(b.done.size(), 2u);
   EXPECT_TRUE(b.done[0].ok);
   EXPECT_EQ(b.done[1].task_id, 8u);
-  StoreNodeHeartbeatReply r{{StoreDemoteTask{3, "k", "n1/dram", 64, "n1/ssd", 128, 4096}}};
+  StoreNodeHeartbeatReply r{{StoreDemoteTask{3, "k", "n1/dram", 64, "n1/ssd", 128, 4096}}, {}};
   auto rb = round_trip(r);
   ASSERT_EQ(rb.tasks.size(), 1u);
   EXPECT_EQ(rb.tasks[0].dst_offset_bytes, 128u);
@@ -55,7 +55,7 @@ TEST(StoreProtocol, HeartbeatsAndDemotion) {
 }
 
 TEST(StoreProtocol, PutMessages) {
-  StorePutStartRequest ps{"c1", {"a", "b"}, {1, 1ULL << 33}, 3, "n2/dram", true, true, "h1"};
+  StorePutStartRequest ps{"c1", {"a", "b"}, {1, 1ULL << 33}, 3, "n2/dram", true, true, "h1", 0};
   auto p = round_trip(ps);
   EXPECT_EQ(p.sizes_bytes[1], 1ULL << 33);
   EXPECT_EQ(p.replicas, 3u);

@@ -294,7 +294,7 @@ TEST_F(StoreE2E, WriteBehindPutIsSeenByTheSameClientsNextCall) {
   start_node("n1", "16MiB");
   auto c = client("wb");
   ASSERT_TRUE(c);
-  const WriteOptions behind{false, false, false};
+  const WriteOptions behind{false, false, false, 0};
   std::vector<std::byte> back(65536);
   for (int i = 0; i < 20; ++i) {
     auto data = random_bytes(65536, 100 + i);

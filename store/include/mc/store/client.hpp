@@ -101,8 +101,8 @@ struct GetItem {
 struct WriteOptions {
   bool overwrite = false;   // replace an existing object (refused while a reader holds a lease)
   bool pin = false;         // never evicted nor demoted to SSD (until unpin, or pin_ttl_ms)
-  int64_t pin_ttl_ms = 0;   // with pin: 0 = until unpin, > 0 = soft pin ending this long after the put started
   bool wait_commit = true;  // false: write-behind commit (see above); its outcome comes from flush()
+  int64_t pin_ttl_ms = 0;   // with pin: 0 = until unpin, > 0 = soft pin ending this long after the put started
 };
 
 // A write-behind commit (put_end) the master refused or that could not be confirmed.
