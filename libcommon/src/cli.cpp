@@ -3,6 +3,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "mc/common/location.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
@@ -79,6 +80,19 @@ CLI::Option* add_size_option(CLI::App& cmd, const std::string& name, uint64_t& b
           },
           help)
       ->default_str(std::to_string(bytes));
+}
+
+CLI::Option* add_location_option(CLI::App& cmd, std::string& location, const std::string& help) {
+  return cmd
+      .add_option_function<std::string>(
+          "--location",
+          [&location](const std::string& v) {
+            Status s = check_memory_location(v);
+            if (!s.is_ok()) throw CLI::ValidationError("--location", s.message());
+            location = v;
+          },
+          help)
+      ->default_str(location);
 }
 
 void add_trace_window_flags(CLI::App& cmd, double& start_s, double& duration_s, int64_t& max_requests) {

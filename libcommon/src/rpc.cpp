@@ -101,15 +101,16 @@ Result<std::unique_ptr<RpcServer>> RpcServer::bind(ServerOptions options) {
   return server;
 }
 
-void RpcServer::serve_stat(const metrics::Registry* registry) {
-  handle<proto::StatRequest>(
-      [this, registry](const proto::StatRequest& req, const CallContext&) -> Result<proto::StatReply> {
-        proto::StatReply reply;
-        reply.service = options_.service;
-        reply.metrics_json = registry->json();
-        if (req.with_prometheus_text) reply.prometheus_text = registry->prometheus_text();
-        return reply;
-      });
+void RpcServer::serve_stat(const metrics::Registry* registry, std::function<void()> refresh) {
+  handle<proto::StatRequest>([this, registry, refresh = std::move(refresh)](
+                                 const proto::StatRequest& req, const CallContext&) -> Result<proto::StatReply> {
+    if (refresh) refresh();
+    proto::StatReply reply;
+    reply.service = options_.service;
+    reply.metrics_json = registry->json();
+    if (req.with_prometheus_text) reply.prometheus_text = registry->prometheus_text();
+    return reply;
+  });
 }
 
 Status RpcServer::send_raw(const std::string& peer, const std::string& type, uint64_t id, const std::string& body) {

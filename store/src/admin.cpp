@@ -31,13 +31,24 @@ std::string mib(uint64_t bytes) { return report::fixed(static_cast<double>(bytes
 
 }  // namespace
 
-Status admin_put(const AdminOptions& options, const std::string& key, const std::string& file, bool overwrite) {
+Status admin_put(const AdminOptions& options, const std::string& key, const std::string& file,
+                 const WriteOptions& write) {
   MC_ASSIGN_OR_RETURN(std::string data, read_all(file));
   MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
-  WriteOptions w;
-  w.overwrite = overwrite;
-  Status s = client->put(key, std::as_bytes(std::span<const char>(data.data(), data.size())), w);
-  return s;
+  return client->put(key, std::as_bytes(std::span<const char>(data.data(), data.size())), write);
+}
+
+Status admin_pin(const AdminOptions& options, const std::vector<std::string>& keys, bool pin, int64_t ttl_ms,
+                 std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
+  MC_ASSIGN_OR_RETURN(std::vector<Status> results, pin ? client->pin(keys, ttl_ms) : client->unpin(keys));
+  for (const Status& r : results) MC_RETURN_IF_ERROR(r);
+  if (options.json) {
+    nlohmann::json j{{pin ? "pinned" : "unpinned", keys}};
+    if (pin) j["ttl_ms"] = ttl_ms;
+    out << j.dump() << '\n';
+  }
+  return Status::ok();
 }
 
 Status admin_get(const AdminOptions& options, const std::string& key, std::ostream& out) {
@@ -123,7 +134,10 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
                      {"hot_replications", s.hot_replications},
                      {"dead_nodes", s.dead_nodes},
                      {"pending_free_bytes", s.pending_free_bytes},
-                     {"last_event_id", s.last_event_id}};
+                     {"last_event_id", s.last_event_id},
+                     {"pinned_objects", s.pinned_objects},
+                     {"pinned_bytes", s.pinned_bytes},
+                     {"expired_pins", s.expired_pins}};
     out << j.dump() << '\n';
     return Status::ok();
   }
@@ -138,7 +152,8 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
   out << "objects " << s.objects << " (writing " << s.processing << "), nodes " << s.nodes << ", hits " << s.hits
       << ", misses " << s.misses << ", evictions " << s.evictions << ", demotions " << s.demotions
       << ", reclaimed puts " << s.reclaimed_puts << ", hot copies " << s.hot_replications << ", dead nodes "
-      << s.dead_nodes << '\n';
+      << s.dead_nodes << ", pinned " << s.pinned_objects << " (" << s.pinned_bytes << " bytes, expired soft pins "
+      << s.expired_pins << ")\n";
   return Status::ok();
 }
 

@@ -316,7 +316,7 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
   };
   // Write-behind commits, as a prefill worker storing its blocks would use them (client.hpp); the
   // round's flush() is inside the timed span.
-  const WriteOptions behind{false, false, false};
+  const WriteOptions behind{false, false, false, 0};
   auto put_round = [&](const std::vector<std::string>& keys, bool timed) -> Status {
     for (uint64_t b = 0; b < o.blocks; b += o.batch) {
       std::vector<PutItem> items;

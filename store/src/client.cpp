@@ -598,6 +598,7 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
   start.preferred_segment = m.options.preferred_segment;
   start.overwrite = options.overwrite;
   start.pin = options.pin;
+  start.pin_ttl_ms = options.pin_ttl_ms;
   for (const PutItem& it : items) {
     start.keys.push_back(it.key);
     start.sizes_bytes.push_back(it.data.size());
@@ -806,6 +807,32 @@ Status Client::remove(const std::string& key) {
   MC_ASSIGN_OR_RETURN(auto reply, impl_->call_master(req));
   if (reply.codes.empty()) return Status(Code::kMalformedMessage, "remove reply without a result");
   return item_status(reply.codes[0], reply.messages.empty() ? "" : reply.messages[0]);
+}
+
+namespace {
+
+// The per-key results of a batch reply without payload, or kMalformedMessage when it does not match `keys`.
+Result<std::vector<Status>> item_statuses(const proto::StoreItemsReply& reply, size_t keys, const std::string& what) {
+  if (reply.codes.size() != keys) {
+    return Status(Code::kMalformedMessage, what + " reply has " + std::to_string(reply.codes.size()) + " results for " +
+                                               std::to_string(keys) + " keys");
+  }
+  std::vector<Status> out;
+  for (size_t i = 0; i < keys; ++i)
+    out.push_back(item_status(reply.codes[i], i < reply.messages.size() ? reply.messages[i] : ""));
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<Status>> Client::pin(const std::vector<std::string>& keys, int64_t ttl_ms) {
+  MC_ASSIGN_OR_RETURN(auto reply, impl_->call_master(proto::StorePinRequest{keys, ttl_ms}));
+  return item_statuses(reply, keys.size(), "pin");
+}
+
+Result<std::vector<Status>> Client::unpin(const std::vector<std::string>& keys) {
+  MC_ASSIGN_OR_RETURN(auto reply, impl_->call_master(proto::StoreUnpinRequest{keys}));
+  return item_statuses(reply, keys.size(), "unpin");
 }
 
 Result<proto::StoreLsReply> Client::ls(const std::string& prefix, uint32_t limit) {

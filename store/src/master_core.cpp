@@ -47,6 +47,20 @@ Status MasterCore::validate_key(const std::string& key) const {
 
 bool MasterCore::leased(const Object& obj) const { return obj.lease_until_ns > clock_->now_ns(); }
 
+bool MasterCore::pinned(const Object& obj) const {
+  return obj.pinned && (obj.pin_until_ns == 0 || obj.pin_until_ns > clock_->now_ns());
+}
+
+bool MasterCore::pin_holds(Object& obj) {
+  if (pinned(obj)) return true;
+  if (obj.pinned) {  // a soft pin that ran out: counted once, here or in tick(), whichever sees it first
+    obj.pinned = false;
+    obj.pin_until_ns = 0;
+    ++counters_.expired_pins;
+  }
+  return false;
+}
+
 void MasterCore::touch_client(const std::string& client_id) {
   if (!client_id.empty()) clients_[client_id] = clock_->now_ns();
 }
@@ -226,8 +240,9 @@ Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, boo
   dst->complete = true;
   std::string dst_segment = dst->segment;
   emit(proto::kKvEventStored, key, dst_segment);
-  // The DRAM source goes, unless it is leased right now (it then stays until a later eviction).
-  if (!leased(obj)) {
+  // The DRAM source goes, unless it is leased right now (it then stays until a later eviction) or was pinned
+  // while the copy ran (a pin keeps its DRAM copy; the SSD one stays as a second replica).
+  if (!leased(obj) && !pinned(obj)) {
     auto seg_it = segments_.find(dst_segment);
     std::string node = seg_it == segments_.end() ? "" : seg_it->second.info.node_id;
     for (auto r = obj.replicas.begin(); r != obj.replicas.end(); ++r) {
@@ -371,8 +386,8 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
   using Candidate = std::pair<int64_t, ObjectMap::iterator>;
   std::vector<Candidate> candidates;
   for (auto it = objects_.begin(); it != objects_.end(); ++it) {
-    const Object& obj = it->second;
-    if (!obj.complete || obj.pinned || leased(obj)) continue;
+    Object& obj = it->second;
+    if (!obj.complete || leased(obj) || pin_holds(obj)) continue;
     bool here = false, busy = false;
     for (const Replica& r : obj.replicas) {
       if (r.segment == segment && r.complete) here = true;
@@ -448,6 +463,10 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
                                               std::to_string(config_.max_object_bytes) + " bytes");
   }
   if (caller.client_id.empty()) return Status(Code::kInvalidArgument, "put '" + key + "': client id missing");
+  if (options.pin_ttl_ms < 0) {
+    return Status(Code::kInvalidArgument, "put '" + key + "': pin TTL of " + std::to_string(options.pin_ttl_ms) +
+                                              " ms is negative (0: pinned until unpin)");
+  }
   uint32_t want = std::clamp<uint32_t>(options.replicas, 1, config_.max_replicas);
   touch_client(caller.client_id);
   int64_t now = clock_->now_ns();
@@ -510,6 +529,8 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
   obj.started_ns = now;
   obj.last_access_ns = now;
   obj.pinned = options.pin;
+  obj.pin_until_ns = options.pin && options.pin_ttl_ms > 0 ? now + options.pin_ttl_ms * kNsPerMs : 0;
+  if (options.pin) pinned_keys_.insert(key);
   PutGrant grant;
   grant.put_id = obj.put_id;
   for (const std::string& s : segs) {
@@ -724,6 +745,37 @@ Status MasterCore::remove(const std::string& key) {
   return Status::ok();
 }
 
+Status MasterCore::pin(const std::string& key, int64_t ttl_ms) {
+  MC_RETURN_IF_ERROR(validate_key(key));
+  if (ttl_ms < 0) {
+    return Status(Code::kInvalidArgument,
+                  "pin '" + key + "': TTL of " + std::to_string(ttl_ms) + " ms is negative (0: pinned until unpin)");
+  }
+  auto it = objects_.find(key);
+  if (it == objects_.end()) {
+    return Status(Code::kObjectNotFound, "pin '" + key + "': object not found (put it first)");
+  }
+  Object& obj = it->second;
+  if (!obj.complete) {
+    return Status(Code::kObjectBusy,
+                  "pin '" + key + "': object is being written by client '" + obj.writer + "'; retry after its put");
+  }
+  obj.pinned = true;
+  obj.pin_until_ns = ttl_ms > 0 ? clock_->now_ns() + ttl_ms * kNsPerMs : 0;
+  pinned_keys_.insert(key);
+  return Status::ok();
+}
+
+Status MasterCore::unpin(const std::string& key) {
+  MC_RETURN_IF_ERROR(validate_key(key));
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return Status(Code::kObjectNotFound, "unpin '" + key + "': object not found");
+  it->second.pinned = false;
+  it->second.pin_until_ns = 0;
+  pinned_keys_.erase(key);
+  return Status::ok();
+}
+
 std::vector<ObjectInfo> MasterCore::ls(const std::string& prefix, size_t limit) const {
   std::vector<ObjectInfo> out;
   // The first `limit` matching keys in key order: a scan (the map is hashed), then a partial sort.
@@ -741,7 +793,7 @@ std::vector<ObjectInfo> MasterCore::ls(const std::string& prefix, size_t limit) 
     info.size_bytes = it->second.size_bytes;
     info.complete = it->second.complete;
     info.leased = leased(it->second);
-    info.pinned = it->second.pinned;
+    info.pinned = pinned(it->second);
     for (const Replica& r : it->second.replicas) {
       if (!r.complete) continue;
       info.segments.push_back(r.segment);
@@ -786,6 +838,12 @@ MasterStats MasterCore::stat(bool scan_objects) const {
     s.segments.push_back(std::move(st));
   }
   for (const PendingFree& p : pending_frees_) s.pending_free_bytes += p.size_bytes;
+  for (const std::string& k : pinned_keys_) {
+    auto it = objects_.find(k);
+    if (it == objects_.end() || !it->second.complete || !pinned(it->second)) continue;
+    ++s.pinned_objects;
+    s.pinned_bytes += it->second.size_bytes;
+  }
   s.nodes = nodes_.size();
   s.clients = clients_.size();
   return s;
@@ -845,6 +903,16 @@ void MasterCore::tick() {
       }
     }
     k = pending ? std::next(k) : unfinished_.erase(k);
+  }
+  // Soft pins that ran out (pinned() already ignores them; here they are counted and forgotten), and keys
+  // whose object is gone or unpinned.
+  for (auto k = pinned_keys_.begin(); k != pinned_keys_.end();) {
+    auto it = objects_.find(*k);
+    if (it == objects_.end() || !it->second.pinned) {
+      k = pinned_keys_.erase(k);
+      continue;
+    }
+    k = pin_holds(it->second) ? std::next(k) : pinned_keys_.erase(k);
   }
   // Delayed frees whose time has come.
   for (auto p = pending_frees_.begin(); p != pending_frees_.end();) {

@@ -56,6 +56,9 @@ struct MasterServer::Impl {
     registry.gauge("mc_store_misses_total", "reads of absent objects").set(static_cast<double>(s.misses));
     registry.gauge("mc_store_evictions_total", "replicas evicted").set(static_cast<double>(s.evictions));
     registry.gauge("mc_store_demotions_total", "replicas demoted to SSD").set(static_cast<double>(s.demotions));
+    registry.gauge("mc_store_pinned_objects", "objects pinned (never evicted)")
+        .set(static_cast<double>(s.pinned_objects));
+    registry.gauge("mc_store_pinned_bytes", "bytes of pinned objects").set(static_cast<double>(s.pinned_bytes));
     uint64_t cap = 0, used = 0;
     for (const auto& seg : s.segments) {
       cap += seg.info.capacity_bytes;
@@ -126,6 +129,11 @@ void MasterServer::Impl::register_handlers() {
         publish_events();
         StoreNodeHeartbeatReply reply;
         for (const DemoteTask& t : tasks) reply.tasks.push_back(to_wire(t));
+        for (const SegmentStats& g : core.stat(false).segments) {
+          if (g.info.node_id != req.node_id) continue;
+          reply.segments.push_back({g.info.name, std::string(medium_name(g.info.medium)), g.info.capacity_bytes,
+                                    g.used_bytes, g.objects, g.hits});
+        }
         return reply;
       });
   server->handle<StoreClientHeartbeatRequest>(
@@ -140,7 +148,7 @@ void MasterServer::Impl::register_handlers() {
       return Status(Code::kInvalidArgument, "put_start: " + std::to_string(req.keys.size()) + " keys but " +
                                                 std::to_string(req.sizes_bytes.size()) + " sizes");
     }
-    PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin};
+    PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin, req.pin_ttl_ms};
     StorePutStartReply reply;
     for (size_t i = 0; i < req.keys.size(); ++i) {
       Result<PutGrant> g = core.put_start({req.client_id, req.client_host, ""}, req.keys[i], req.sizes_bytes[i], opt);
@@ -236,6 +244,20 @@ void MasterServer::Impl::register_handlers() {
         publish_events();
         return reply;
       });
+  server->handle<StorePinRequest>(
+      [this](const StorePinRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "pin"));
+        StoreItemsReply reply;
+        for (const std::string& k : req.keys) add_item(reply, core.pin(k, req.ttl_ms));
+        return reply;
+      });
+  server->handle<StoreUnpinRequest>(
+      [this](const StoreUnpinRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "unpin"));
+        StoreItemsReply reply;
+        for (const std::string& k : req.keys) add_item(reply, core.unpin(k));
+        return reply;
+      });
   server->handle<StoreLsRequest>([this](const StoreLsRequest& req, const rpc::CallContext&) -> Result<StoreLsReply> {
     uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
     StoreLsReply reply;
@@ -286,6 +308,9 @@ void MasterServer::Impl::register_handlers() {
         r.hot_replications = s.hot_replications;
         r.dead_nodes = s.dead_nodes;
         r.pending_free_bytes = s.pending_free_bytes;
+        r.pinned_objects = s.pinned_objects;
+        r.pinned_bytes = s.pinned_bytes;
+        r.expired_pins = s.expired_pins;
         r.last_event_id = events ? events->last_event_id() : 0;
         return r;
       });

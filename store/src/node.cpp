@@ -14,6 +14,7 @@
 
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/metrics.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
@@ -194,6 +195,7 @@ class Node {
     so.bind_endpoints = {opt_.listen};
     MC_ASSIGN_OR_RETURN(server_, rpc::RpcServer::bind(so));
     register_handlers();
+    server_->serve_stat(&registry_, [this] { update_metrics(); });
     rpc::ClientOptions co;
     co.client_name = "mc-store node " + opt_.node_id;
     MC_ASSIGN_OR_RETURN(master_, rpc::RpcClient::connect(opt_.master, co));
@@ -282,7 +284,37 @@ class Node {
       return;
     }
     done_.clear();
-    for (const auto& t : reply->tasks) done_.push_back({t.task_id, demote(t).is_ok()});
+    for (const auto& t : reply->tasks) {
+      const bool ok = demote(t).is_ok();
+      (ok ? demotions_ : demotion_failures_).inc();
+      done_.push_back({t.task_id, ok});
+    }
+    usage_ = reply->segments;
+  }
+
+  // The node's `stat`: capacities, the master's view of usage (last heartbeat), the SSD RPCs and demotions
+  // this node served, and its engine's tcp service of the DRAM segment.
+  void update_metrics() {
+    auto gauge = [&](const std::string& name, const std::string& help, uint64_t v) {
+      registry_.gauge(name, help).set(static_cast<double>(v));
+    };
+    struct Tier {
+      std::string medium, segment;
+      uint64_t capacity_bytes;
+    };
+    const Tier tiers[] = {{"dram", dram_name(), dram_->size()}, {"ssd", ssd_name(), ssd_ ? opt_.ssd_bytes : 0}};
+    for (const auto& [medium, name, capacity] : tiers) {
+      const std::string prefix = "mc_store_node_" + medium;
+      proto::StoreNodeSegmentUsage u;
+      for (const auto& x : usage_) {
+        if (x.segment == name) u = x;
+      }
+      gauge(prefix + "_capacity_bytes", medium + " contributed", capacity);
+      gauge(prefix + "_used_bytes", medium + " allocated (master's view at the last heartbeat)", u.used_bytes);
+      gauge(prefix + "_objects", medium + " replicas held (master's view at the last heartbeat)", u.objects);
+      gauge(prefix + "_hits_total", "reads whose nearest replica was on this " + medium + " segment", u.hits);
+    }
+    transfer::export_served_metrics(engine_->stats(), registry_);
   }
 
   Status demote(const proto::StoreDemoteTask& t) {
@@ -322,6 +354,8 @@ class Node {
           MC_RETURN_IF_ERROR(check_ssd_range(req.segment, req.offset_bytes, req.data.size()));
           MC_RETURN_IF_ERROR(
               ssd_->write(req.offset_bytes, reinterpret_cast<const std::byte*>(req.data.data()), req.data.size()));
+          ssd_writes_.inc();
+          ssd_written_bytes_.inc(req.data.size());
           return proto::StoreAck{};
         });
     server_->handle<proto::StoreNodeReadRequest>(
@@ -331,6 +365,8 @@ class Node {
           reply.data.resize(req.length_bytes);
           MC_RETURN_IF_ERROR(
               ssd_->read(req.offset_bytes, reinterpret_cast<std::byte*>(reply.data.data()), req.length_bytes));
+          ssd_reads_.inc();
+          ssd_read_bytes_.inc(req.length_bytes);
           return reply;
         });
   }
@@ -344,6 +380,18 @@ class Node {
   std::unique_ptr<transfer::TransferEngine> engine_;  // serves dram_; destroyed before it (declared after)
   uint64_t dram_xfer_offset_ = 0;
   std::vector<proto::StoreDemoteResult> done_;
+  std::vector<proto::StoreNodeSegmentUsage> usage_;  // the master's view of our segments (last heartbeat)
+  metrics::Registry registry_;                       // answered by `stat` (update_metrics first)
+  metrics::Counter& ssd_reads_ = registry_.counter("mc_store_node_ssd_reads_total", "store.node.read RPCs served");
+  metrics::Counter& ssd_writes_ = registry_.counter("mc_store_node_ssd_writes_total", "store.node.write RPCs served");
+  metrics::Counter& ssd_read_bytes_ =
+      registry_.counter("mc_store_node_ssd_read_bytes_total", "bytes read from the SSD segment by store.node.read");
+  metrics::Counter& ssd_written_bytes_ =
+      registry_.counter("mc_store_node_ssd_written_bytes_total", "bytes written by store.node.write");
+  metrics::Counter& demotions_ =
+      registry_.counter("mc_store_node_demotions_total", "DRAM -> SSD copies done for the master");
+  metrics::Counter& demotion_failures_ =
+      registry_.counter("mc_store_node_demotion_failures_total", "DRAM -> SSD copies that failed");
 };
 
 }  // namespace

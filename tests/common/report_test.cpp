@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "mc/common/cli.hpp"
+#include "mc/common/location.hpp"
 
 namespace mc {
 namespace {
@@ -82,6 +83,27 @@ TEST(CliFlags, SizeOptionTakesSuffixesAndChecksTheRange) {
   EXPECT_FALSE(parses(app, {"--size", "2GiB"}));
   EXPECT_FALSE(parses(app, {"--size", "lots"}));
   EXPECT_FALSE(parses(app, {"--size", "-1"}));
+}
+
+TEST(CliFlags, LocationIsHostMemoryOrAGpuOfACudaBuild) {
+  CLI::App app;
+  std::string location = "cpu:0";
+  cli::add_location_option(app, location, "where");
+  EXPECT_TRUE(parses(app, {"--location", "cpu:1"}));
+  EXPECT_EQ(location, "cpu:1");
+  EXPECT_FALSE(parses(app, {"--location", "cpu"}));
+  EXPECT_FALSE(parses(app, {"--location", "cpu:x"}));
+  EXPECT_FALSE(parses(app, {"--location", "tpu:0"}));
+  EXPECT_EQ(parses(app, {"--location", "cuda:0"}), build_has_cuda());
+  EXPECT_TRUE(check_memory_location("cuda:3", true).is_ok());
+  const Status gpu = check_memory_location("cuda:3", false);
+  EXPECT_EQ(gpu.code(), Code::kInvalidArgument);
+  EXPECT_NE(gpu.message().find("'cuda:3'"), std::string::npos) << gpu.message();
+  EXPECT_NE(gpu.message().find("MC_WITH_CUDA"), std::string::npos) << gpu.message();
+  EXPECT_NE(gpu.message().find("cpu:0"), std::string::npos) << gpu.message();
+  EXPECT_TRUE(check_memory_location("cpu:12", false).is_ok());
+  EXPECT_EQ(check_memory_location("cuda:", true).code(), Code::kInvalidArgument);
+  EXPECT_EQ(check_memory_location("", true).code(), Code::kInvalidArgument);
 }
 
 TEST(CliFlags, TraceWindowRefusesNegativeValues) {

@@ -126,7 +126,7 @@ std::unique_ptr<Client> connect(const FakeMaster& m) {
   return c.is_ok() ? std::move(c).value() : nullptr;
 }
 
-const WriteOptions kBehind{false, false, false};
+const WriteOptions kBehind{false, false, false, 0};
 
 TEST(WriteBehindCommit, RefusedCommitSurfacesInFlushWithItsKey) {
   FakeMaster m;

@@ -206,6 +206,119 @@ TEST_F(MasterCoreTest, EvictionLruBetweenWatermarksSkipsLeasedPinnedAndUnfinishe
   EXPECT_EQ(s.evictions, s.segments[0].evictions);
 }
 
+// Pins (issue 16 item 4): eviction and demotion never take a pinned object; unpin makes it an ordinary
+// candidate; a soft pin ends on the injected clock; a pin of a missing key names it.
+TEST_F(MasterCoreTest, PinsSurviveEvictionAndDemotionUntilUnpinnedOrExpired) {
+  const uint64_t sz = 64 * 1024;
+  MasterConfig c = make_config();
+  c.lease_ms = 1;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 10 * sz)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 100 * sz, Medium::kDisk)).is_ok());
+  auto put1 = [&](const std::string& k, bool pin = false, int64_t ttl_ms = 0) {
+    PutOptions o;
+    o.pin = pin;
+    o.pin_ttl_ms = ttl_ms;
+    auto g = core.put_start({"c", "", ""}, k, sz, o);
+    ASSERT_TRUE(g.is_ok()) << k << ": " << g.status().to_string();
+    ASSERT_TRUE(core.put_end({"c", "", ""}, k, g->put_id).is_ok());
+    clock_.advance_ms(1);
+  };
+  put1("hard", true);
+  put1("soft", true, 1000);
+  put1("later");
+  ASSERT_TRUE(core.pin("later", 0).is_ok());
+  MasterStats s = core.stat();
+  EXPECT_EQ(s.pinned_objects, 3u);
+  EXPECT_EQ(s.pinned_bytes, 3 * sz);
+  // Fill DRAM past the high watermark twice over: only unpinned objects are demoted.
+  for (int i = 0; i < 14; ++i) {
+    put1("o" + std::to_string(i));
+    auto tasks = core.node_heartbeat("n1");
+    ASSERT_TRUE(tasks.is_ok());
+    for (const DemoteTask& t : tasks.value()) {
+      EXPECT_NE(t.key, "hard");
+      EXPECT_NE(t.key, "soft");
+      EXPECT_NE(t.key, "later");
+      ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
+    }
+    core.tick();
+  }
+  auto medium_of = [&](const std::string& k) {
+    auto objs = core.ls(k, 1);
+    return objs.size() == 1 && objs[0].key == k && !objs[0].media.empty() ? objs[0].media[0] : std::string("gone");
+  };
+  for (const char* k : {"hard", "soft", "later"}) EXPECT_EQ(medium_of(k), "cpu") << k;
+  EXPECT_EQ(medium_of("o0"), "disk");
+  EXPECT_GT(core.stat().demotions, 0u);
+  // The soft pin ends on the clock; tick() counts it.
+  clock_.advance_ms(1000);
+  core.tick();
+  s = core.stat();
+  EXPECT_EQ(s.pinned_objects, 2u);
+  EXPECT_EQ(s.expired_pins, 1u);
+  EXPECT_FALSE(core.ls("soft", 1).at(0).pinned);
+  // Unpinned, "later" is the least recently used object: the next fill demotes it (and "soft").
+  ASSERT_TRUE(core.unpin("later").is_ok());
+  for (int i = 14; i < 20; ++i) {
+    put1("o" + std::to_string(i));
+    auto tasks = core.node_heartbeat("n1");
+    ASSERT_TRUE(tasks.is_ok());
+    for (const DemoteTask& t : tasks.value()) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
+    core.tick();
+  }
+  EXPECT_EQ(medium_of("hard"), "cpu");
+  EXPECT_EQ(medium_of("later"), "disk");
+  EXPECT_EQ(medium_of("soft"), "disk");
+  s = core.stat();
+  EXPECT_EQ(s.pinned_objects, 1u);
+  EXPECT_EQ(s.pinned_bytes, sz);
+  // Errors name the key.
+  Status missing = core.pin("nope", 0);
+  EXPECT_EQ(missing.code(), Code::kObjectNotFound);
+  EXPECT_NE(missing.message().find("'nope'"), std::string::npos) << missing.message();
+  EXPECT_EQ(core.unpin("nope").code(), Code::kObjectNotFound);
+  EXPECT_EQ(core.pin("hard", -1).code(), Code::kInvalidArgument);
+  auto writing = core.put_start({"w", "", ""}, "writing", sz, {});
+  ASSERT_TRUE(writing.is_ok());
+  EXPECT_EQ(core.pin("writing", 0).code(), Code::kObjectBusy);
+}
+
+TEST_F(MasterCoreTest, PinnedObjectsAreNeverEvictedWithoutSsd) {
+  const uint64_t sz = 64 * 1024;
+  MasterConfig c = make_config();
+  c.lease_ms = 1;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 10 * sz)).is_ok());
+  for (int i = 0; i < 30; ++i) {
+    PutOptions o;
+    o.pin = i == 0;
+    o.pin_ttl_ms = 0;
+    auto g = core.put_start({"c", "", ""}, "k" + std::to_string(i), sz, o);
+    ASSERT_TRUE(g.is_ok()) << i << ": " << g.status().to_string();
+    ASSERT_TRUE(core.put_end({"c", "", ""}, "k" + std::to_string(i), g->put_id).is_ok());
+    clock_.advance_ms(1);
+    core.tick();
+  }
+  EXPECT_TRUE(core.exists("k0"));
+  EXPECT_FALSE(core.exists("k1"));
+  EXPECT_GT(core.stat().evictions, 0u);
+  // A pinned-full segment refuses a put with kNoSpace instead of taking a pin.
+  MasterCore full(c, &clock_);
+  ASSERT_TRUE(full.mount_segment(seg("n1", "h1", "r1", 2 * sz)).is_ok());
+  PutOptions pin;
+  pin.pin = true;
+  for (const char* k : {"a", "b"}) {
+    auto g = full.put_start({"c", "", ""}, k, sz, pin);
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    ASSERT_TRUE(full.put_end({"c", "", ""}, k, g->put_id).is_ok());
+  }
+  clock_.advance_ms(10);
+  EXPECT_EQ(full.put_start({"c", "", ""}, "x", sz, {}).status().code(), Code::kNoSpace);
+  EXPECT_TRUE(full.exists("a"));
+  EXPECT_TRUE(full.exists("b"));
+}
+
 TEST_F(MasterCoreTest, FullOfLeasedObjectsMeansNoSpaceNotCorruption) {
   MasterConfig c = make_config();
   c.lease_ms = 100000;

@@ -38,21 +38,36 @@ TEST(StoreProtocol, HeartbeatsAndDemotion) {
   ASSERT_EQ(b.done.size(), 2u);
   EXPECT_TRUE(b.done[0].ok);
   EXPECT_EQ(b.done[1].task_id, 8u);
-  StoreNodeHeartbeatReply r{{StoreDemoteTask{3, "k", "n1/dram", 64, "n1/ssd", 128, 4096}}};
+  StoreNodeHeartbeatReply r{{StoreDemoteTask{3, "k", "n1/dram", 64, "n1/ssd", 128, 4096}}, {}};
   auto rb = round_trip(r);
   ASSERT_EQ(rb.tasks.size(), 1u);
   EXPECT_EQ(rb.tasks[0].dst_offset_bytes, 128u);
+  EXPECT_TRUE(rb.segments.empty());
+  r.segments = {StoreNodeSegmentUsage{"n1/dram", "cpu", 1ULL << 34, 4096, 3, 9}};
+  rb = round_trip(r);
+  ASSERT_EQ(rb.segments.size(), 1u);
+  EXPECT_EQ(rb.segments[0].capacity_bytes, 1ULL << 34);
+  EXPECT_EQ(rb.segments[0].used_bytes, 4096u);
+  EXPECT_EQ(rb.segments[0].objects, 3u);
+  EXPECT_EQ(rb.segments[0].hits, 9u);
   EXPECT_EQ(round_trip(StoreClientHeartbeatRequest{"c9"}).client_id, "c9");
   EXPECT_TRUE(round_trip(StoreAck{}).ok);
 }
 
 TEST(StoreProtocol, PutMessages) {
-  StorePutStartRequest ps{"c1", {"a", "b"}, {1, 1ULL << 33}, 3, "n2/dram", true, true, "h1"};
+  StorePutStartRequest ps{"c1", {"a", "b"}, {1, 1ULL << 33}, 3, "n2/dram", true, true, "h1", 0};
   auto p = round_trip(ps);
   EXPECT_EQ(p.sizes_bytes[1], 1ULL << 33);
   EXPECT_EQ(p.replicas, 3u);
   EXPECT_TRUE(p.overwrite);
   EXPECT_TRUE(p.pin);
+  EXPECT_EQ(p.pin_ttl_ms, 0);
+  ps.pin_ttl_ms = 86400000;
+  EXPECT_EQ(round_trip(ps).pin_ttl_ms, 86400000);
+  StorePinRequest pin{{"a", "b"}, 1500};
+  EXPECT_EQ(round_trip(pin).keys, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(round_trip(pin).ttl_ms, 1500);
+  EXPECT_EQ(round_trip(StoreUnpinRequest{{"c"}}).keys.at(0), "c");
   StorePutStartReply pr{{StorePutStartItem{0, "", 42, {replica()}}, StorePutStartItem{401, "busy", 0, {}}}};
   auto prb = round_trip(pr);
   EXPECT_EQ(prb.items[0].put_id, 42u);
@@ -92,7 +107,13 @@ TEST(StoreProtocol, ListingStatAndData) {
   st.misses = 5;
   st.last_event_id = 99;
   st.pending_free_bytes = 4096;
+  st.pinned_objects = 2;
+  st.pinned_bytes = 1ULL << 33;
+  st.expired_pins = 7;
   auto stb = round_trip(st);
+  EXPECT_EQ(stb.pinned_objects, 2u);
+  EXPECT_EQ(stb.pinned_bytes, 1ULL << 33);
+  EXPECT_EQ(stb.expired_pins, 7u);
   EXPECT_DOUBLE_EQ(stb.segments[0].fragmentation, 0.2);
   EXPECT_EQ(stb.segments[0].demotions, 1u);
   EXPECT_EQ(stb.last_event_id, 99u);

@@ -294,7 +294,7 @@ TEST_F(StoreE2E, WriteBehindPutIsSeenByTheSameClientsNextCall) {
   start_node("n1", "16MiB");
   auto c = client("wb");
   ASSERT_TRUE(c);
-  const WriteOptions behind{false, false, false};
+  const WriteOptions behind{false, false, false, 0};
   std::vector<std::byte> back(65536);
   for (int i = 0; i < 20; ++i) {
     auto data = random_bytes(65536, 100 + i);
@@ -719,6 +719,134 @@ TEST_F(StoreE2E, KvEventsAndAdminCliJson) {
   EXPECT_EQ(wj["type"], "stored");
   EXPECT_EQ(wj["seq_hashes"][0], 0x3333);
   EXPECT_EQ(wj["event_id"], got[2].event_id + 1);
+}
+
+// Issue 16 item 4, through the binaries: put --pin keeps an object in a pool filled far past its capacity
+// while unpinned ones are evicted; unpin, fill again, it goes; a soft pin (--pin-ttl-ms) expires on the
+// master's clock and its object goes too; pinning a missing key is exit 1 naming it; stat counts the pins.
+TEST_F(StoreE2E, PinsSurviveEvictionUntilUnpinnedOrExpired) {
+  start_master({"--lease-ms", "50"});
+  start_node("n1", "1MiB");  // 16 objects of 64 KiB
+  const size_t kObj = 64 << 10;
+  const std::string file = (tmp_.path / "obj").string();
+  {
+    const auto bytes = random_bytes(kObj, 16);
+    FILE* f = fopen(file.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    fwrite(bytes.data(), 1, bytes.size(), f);
+    fclose(f);
+  }
+  ASSERT_EQ(run_tool({"put", "--master", endpoint_, "--pin", "hard", file}).first, 0);
+  ASSERT_EQ(run_tool({"put", "--master", endpoint_, "--pin", "--pin-ttl-ms", "1500", "soft", file}).first, 0);
+  auto stat_json = [&] {
+    auto [rc, out] = run_tool({"stat", "--master", endpoint_, "--json"});
+    EXPECT_EQ(rc, 0) << out;
+    return nlohmann::json::parse(out, nullptr, false);
+  };
+  nlohmann::json st = stat_json();
+  EXPECT_GE(st.value("pinned_objects", 0), 1) << st.dump();
+  EXPECT_GE(st.value("pinned_bytes", 0), static_cast<int64_t>(kObj)) << st.dump();
+  // A pin of a missing key is a runtime error naming it; the other keys are still pinned.
+  auto [mrc, missing] = run_tool({"pin", "--master", endpoint_, "--json", "hard", "no-such-key"});
+  EXPECT_EQ(mrc, 1) << missing;
+  EXPECT_NE(missing.find("no-such-key"), std::string::npos) << missing;
+  EXPECT_EQ(run_tool({"unpin", "--master", endpoint_, "no-such-key"}).first, 1);
+  auto c = client("pin-filler");
+  ASSERT_TRUE(c);
+  const auto data = random_bytes(kObj, 17);
+  auto fill = [&](const std::string& tag) {
+    for (int i = 0; i < 40; ++i) {
+      Status s = c->put(tag + std::to_string(i), data);
+      ASSERT_TRUE(s.is_ok()) << tag << i << ": " << s.to_string();
+    }
+  };
+  auto exists = [&](const std::string& key) {
+    auto e = c->exists({key});
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    return e.is_ok() && e->at(0);
+  };
+  fill("a");
+  EXPECT_TRUE(exists("hard")) << "a pinned object was evicted";
+  EXPECT_FALSE(exists("a0")) << "the pool holds 16 objects: the oldest unpinned ones go";
+  st = stat_json();
+  EXPECT_GT(st.value("evictions", 0), 0) << st.dump();
+  auto [lrc, ls] = run_tool({"ls", "--master", endpoint_, "--prefix", "hard", "--json"});
+  ASSERT_EQ(lrc, 0);
+  EXPECT_EQ(nlohmann::json::parse(ls)["objects"][0]["pinned"], true) << ls;
+  // The soft pin runs out on the master's clock.
+  ASSERT_TRUE(testkit::wait_until([&] { return stat_json().value("expired_pins", 0) == 1; }, 10000, 100))
+      << stat_json().dump();
+  st = stat_json();
+  EXPECT_EQ(st.value("pinned_objects", -1), 1) << st.dump();
+  EXPECT_EQ(st.value("pinned_bytes", -1), static_cast<int64_t>(kObj)) << st.dump();
+  // Unpinned, the object is evicted like any other.
+  auto [urc, unpinned] = run_tool({"unpin", "--master", endpoint_, "--json", "hard"});
+  ASSERT_EQ(urc, 0) << unpinned;
+  EXPECT_EQ(nlohmann::json::parse(unpinned)["unpinned"][0], "hard") << unpinned;
+  EXPECT_EQ(stat_json().value("pinned_objects", -1), 0);
+  fill("b");
+  EXPECT_FALSE(exists("hard")) << "unpinned, it should have been evicted";
+  EXPECT_FALSE(exists("soft")) << "its soft pin expired, it should have been evicted";
+  // pin KEY... pins existing objects again (and --ttl-ms makes it soft).
+  auto [prc, pinned] = run_tool({"pin", "--master", endpoint_, "--ttl-ms", "60000", "--json", "b39"});
+  ASSERT_EQ(prc, 0) << pinned;
+  EXPECT_EQ(nlohmann::json::parse(pinned)["ttl_ms"], 60000) << pinned;
+  EXPECT_EQ(stat_json().value("pinned_objects", -1), 1);
+  // --pin-ttl-ms without --pin is a usage error.
+  EXPECT_EQ(run_tool({"put", "--master", endpoint_, "--pin-ttl-ms", "10", "x", file}).first, 2);
+}
+
+// Issue 16 item 8: a storage node answers `stat` with its own counters (mc-store stat --node).
+TEST_F(StoreE2E, NodeAnswersStatWithItsCounters) {
+  start_master();
+  start_node("n1", "4MiB", "far-host-1", "r1", "8MiB");  // another "host": its DRAM is served over tcp
+  ASSERT_EQ(node_rpc_.count("n1"), 1u);
+  const std::string node = node_rpc_["n1"];
+  auto node_stat = [&] {
+    auto [rc, out] = run_tool({"stat", "--node", node, "--json"});
+    EXPECT_EQ(rc, 0) << out;
+    return nlohmann::json::parse(out, nullptr, false);
+  };
+  auto gauge = [](const nlohmann::json& j, const std::string& name) {
+    return j.contains("metrics") ? j["metrics"]["gauges"].value(name, -1.0) : -1.0;
+  };
+  nlohmann::json j = node_stat();
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_NE(j.value("service", "").find(prefix_ + "n1"), std::string::npos) << j.dump();
+  EXPECT_EQ(gauge(j, "mc_store_node_dram_capacity_bytes"), 4.0 * (1 << 20)) << j.dump();
+  EXPECT_EQ(gauge(j, "mc_store_node_ssd_capacity_bytes"), 8.0 * (1 << 20)) << j.dump();
+  auto c = client("node-stat");
+  ASSERT_TRUE(c);
+  const auto data = random_bytes(300000, 8);
+  ASSERT_TRUE(c->put("blob", data).is_ok());
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE(c->get("blob", back).is_ok());
+  // The master's view arrives with the next heartbeat (100 ms); the engine's counts are immediate.
+  ASSERT_TRUE(testkit::wait_until(
+      [&] {
+        nlohmann::json now = node_stat();
+        return gauge(now, "mc_store_node_dram_objects") == 1 && gauge(now, "mc_store_node_dram_used_bytes") >= 300000 &&
+               gauge(now, "mc_store_node_dram_hits_total") == 1;
+      },
+      5000, 50))
+      << node_stat().dump();
+  j = node_stat();
+  EXPECT_GE(gauge(j, "mc_xfer_served_written_bytes_total"), 300000.0) << j.dump();
+  EXPECT_GE(gauge(j, "mc_xfer_served_read_bytes_total"), 300000.0) << j.dump();
+  EXPECT_GE(gauge(j, "mc_xfer_served_reads_total"), 1.0) << j.dump();
+  EXPECT_EQ(j["metrics"]["counters"].value("mc_store_node_ssd_reads_total", -1), 0) << j.dump();
+  // The table, and the master's stat is unchanged by --node's existence.
+  auto [trc, table] = run_tool({"stat", "--node", node});
+  ASSERT_EQ(trc, 0) << table;
+  EXPECT_NE(table.find("mc_store_node_dram_used_bytes"), std::string::npos) << table;
+  EXPECT_NE(table.find("mc_xfer_served_read_bytes_total"), std::string::npos) << table;
+  auto [mrc, master] = run_tool({"stat", "--master", endpoint_, "--json"});
+  ASSERT_EQ(mrc, 0);
+  EXPECT_EQ(nlohmann::json::parse(master)["objects"], 1) << master;
+  // An unreachable node is a runtime error naming it.
+  auto [brc, bad] = run_tool({"stat", "--node", "tcp://127.0.0.1:1", "--json"});
+  EXPECT_EQ(brc, 1) << bad;
+  EXPECT_NE(bad.find("127.0.0.1:1"), std::string::npos) << bad;
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // mc-store: the KV store's tool. Subcommands: master (metadata service), serve (storage node), put, get,
-// rm, ls, stat, watch (admin and debugging), keys (block keys of token ids).
+// rm, pin, unpin, ls, stat, watch (admin and debugging), keys (block keys of token ids).
 #include <iostream>
 
 #include "mc/common/cli.hpp"
+#include "mc/common/daemon_stat.hpp"
 #include "mc/common/units.hpp"
 #include "mc/store/admin.hpp"
 #include "mc/store/bench.hpp"
@@ -130,6 +131,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1u, 64u));
   put_cmd->add_flag("--overwrite", overwrite, "Replace an existing object");
+  mc::store::WriteOptions put_write;
+  auto* put_pin = put_cmd->add_flag("--pin", put_write.pin, "Pin the object: never evicted nor demoted to SSD");
+  put_cmd
+      ->add_option("--pin-ttl-ms", put_write.pin_ttl_ms,
+                   "With --pin: soft pin ending this long after the put (ms; 0: until mc-store unpin)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000} * 365))
+      ->needs(put_pin);
   auto* get_cmd = app.add_subcommand("get", "Write the bytes of KEY to stdout (exit 1 on a miss)");
   add_master_flag(get_cmd, admin.client);
   get_cmd->add_option("KEY", key, "Object key")->required();
@@ -137,6 +146,20 @@ int main(int argc, char** argv) {
   add_master_flag(rm_cmd, admin.client);
   rm_cmd->add_option("KEY", key, "Object key")->required();
   mc::cli::add_json_flag(*rm_cmd, admin.json, "Print the result as JSON");
+  std::vector<std::string> pin_keys;
+  int64_t pin_ttl_ms = 0;
+  auto* pin_cmd =
+      app.add_subcommand("pin", "Pin objects: never evicted nor demoted to SSD (exit 1 naming a missing key)");
+  add_master_flag(pin_cmd, admin.client);
+  pin_cmd->add_option("KEY", pin_keys, "Object keys")->required();
+  pin_cmd->add_option("--ttl-ms", pin_ttl_ms, "Soft pin ending this long from now (ms; 0: until mc-store unpin)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000} * 365));
+  mc::cli::add_json_flag(*pin_cmd, admin.json, "Print the result as JSON");
+  auto* unpin_cmd = app.add_subcommand("unpin", "End the pins of objects (exit 1 naming a missing key)");
+  add_master_flag(unpin_cmd, admin.client);
+  unpin_cmd->add_option("KEY", pin_keys, "Object keys")->required();
+  mc::cli::add_json_flag(*unpin_cmd, admin.json, "Print the result as JSON");
   auto* ls_cmd = app.add_subcommand("ls", "List objects");
   add_master_flag(ls_cmd, admin.client);
   ls_cmd->add_option("--prefix", prefix, "Only keys starting with this");
@@ -145,6 +168,11 @@ int main(int argc, char** argv) {
   auto* stat_cmd =
       app.add_subcommand("stat", "Per-segment capacity, usage, objects, hits, evictions, demotions, leases");
   add_master_flag(stat_cmd, admin.client);
+  std::string stat_node;
+  stat_cmd
+      ->add_option("--node", stat_node,
+                   "Ask this storage node (its RPC endpoint, in its ready line) for its own counters instead")
+      ->envname("MC_STORE_NODE");
   mc::cli::add_json_flag(*stat_cmd, admin.json, "Print JSON");
   std::string events = "tcp://127.0.0.1:7451";
   uint64_t count = 0;
@@ -209,11 +237,24 @@ int main(int argc, char** argv) {
     node.prefault = !no_prefault;
     return mc::cli::report("mc-store serve", mc::store::run_node(node));
   }
-  if (put_cmd->parsed()) return mc::cli::report("mc-store put", mc::store::admin_put(admin, key, file, overwrite));
+  if (put_cmd->parsed()) {
+    put_write.overwrite = overwrite;
+    return mc::cli::report("mc-store put", mc::store::admin_put(admin, key, file, put_write));
+  }
+  if (pin_cmd->parsed() || unpin_cmd->parsed()) {
+    const bool pin = pin_cmd->parsed();
+    return mc::cli::report(pin ? "mc-store pin" : "mc-store unpin",
+                           mc::store::admin_pin(admin, pin_keys, pin, pin_ttl_ms, std::cout), admin.json);
+  }
   if (get_cmd->parsed()) return mc::cli::report("mc-store get", mc::store::admin_get(admin, key, std::cout));
   if (rm_cmd->parsed()) return mc::cli::report("mc-store rm", mc::store::admin_rm(admin, key, std::cout), admin.json);
   if (ls_cmd->parsed())
     return mc::cli::report("mc-store ls", mc::store::admin_ls(admin, prefix, limit, std::cout), admin.json);
+  if (stat_cmd->parsed() && !stat_node.empty()) {
+    return mc::cli::report("mc-store stat",
+                           mc::daemon::print_stat(stat_node, admin.json, admin.client.rpc_timeout_ms, std::cout),
+                           admin.json);
+  }
   if (stat_cmd->parsed()) return mc::cli::report("mc-store stat", mc::store::admin_stat(admin, std::cout), admin.json);
   if (watch_cmd->parsed())
     return mc::cli::report("mc-store watch", mc::store::admin_watch(events, count, idle_ms, std::cout));

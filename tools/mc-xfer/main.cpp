@@ -1,4 +1,4 @@
-// mc-xfer: the transfer engine's tool. Subcommands: serve, bench, read, write, topo (man/mc-xfer.1).
+// mc-xfer: the transfer engine's tool. Subcommands: serve, stat, bench, read, write, topo (man/mc-xfer.1).
 #include <iostream>
 
 #include "mc/common/cli.hpp"
@@ -87,14 +87,32 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--listen", serve_listen, "Endpoint to serve on, tcp://ADDR:PORT (repeat: one path each)")
       ->envname("MC_XFER_LISTEN")
       ->capture_default_str();
-  serve_cmd->add_option("--location", serve.location, "Memory location of the buffer (cpu:N)")->capture_default_str();
+  mc::cli::add_location_option(*serve_cmd, serve.location,
+                               "Memory location of the buffer: cpu:N, or cuda:N in a CUDA build");
   mc::cli::add_size_option(*serve_cmd, "--max-region", serve.engine.max_region_bytes,
                            "Split the registration into regions of at most this size (0: whole)");
   mc::cli::add_size_option(*serve_cmd, "--socket-buffer", serve_socket_buffer_bytes,
                            "SO_SNDBUF/SO_RCVBUF of accepted tcp connections in bytes (0: kernel autotuning)", 0,
                            kMaxSocketBufferBytes)
       ->envname("MC_XFER_SOCKET_BUFFER");
+  serve_cmd
+      ->add_option("--stat-listen", serve.stat_listen,
+                   "RPC endpoint answering mc-xfer stat, tcp://ADDR:PORT (port 0: a free port; in the ready line)")
+      ->envname("MC_XFER_STAT_LISTEN")
+      ->capture_default_str();
   mc::cli::add_json_flag(*serve_cmd, serve.json, "Also print the segment as one JSON line");
+
+  // stat
+  mc::transfer::xfer::StatOptions stat;
+  auto* stat_cmd =
+      app.add_subcommand("stat", "Print the counters of a running mc-xfer serve (bytes, transfers, errors)");
+  stat_cmd->add_option("--endpoint", stat.endpoint, "Its stat endpoint, tcp://HOST:PORT (stat= in its ready line)")
+      ->envname("MC_XFER_STAT")
+      ->required();
+  stat_cmd->add_option("--timeout-ms", stat.timeout_ms, "Reply deadline (ms)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600000));
+  mc::cli::add_json_flag(*stat_cmd, stat.json, "Print the counters as one JSON document");
 
   // bench
   mc::transfer::xfer::BenchOptions bench;
@@ -176,6 +194,8 @@ int main(int argc, char** argv) {
     rw.op = read_cmd->parsed() ? mc::transfer::Op::kRead : mc::transfer::Op::kWrite;
     return run(name, mc::transfer::xfer::run_rw(rw, std::cout));
   }
+  if (stat_cmd->parsed())
+    return mc::cli::report("mc-xfer stat", mc::transfer::xfer::run_stat(stat, std::cout), stat.json);
   if (topo_cmd->parsed()) return run("mc-xfer topo", mc::transfer::xfer::run_topo(topo, std::cout));
   return mc::cli::kExitUsage;
 }

@@ -14,7 +14,9 @@
 #include <thread>
 
 #include "mc/common/codec.hpp"
+#include "mc/common/location.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/metrics.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/transport.hpp"
 #include "notifier.hpp"
@@ -257,6 +259,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
                                                 " bytes overflows the address space");
     }
     const std::string location = location_in.empty() ? options_.default_location : location_in;
+    MC_RETURN_IF_ERROR(check_memory_location(location).with_context("register_memory"));
     std::unique_lock<std::shared_mutex> lk(regions_mu_);
     auto it = regions_.upper_bound(a);
     if (it != regions_.end() && it->first < a + length) {
@@ -1079,6 +1082,19 @@ void TransferEngine::set_notification_handler(std::function<void(const Notificat
 std::vector<Notification> TransferEngine::take_notifications(size_t max_count) { return impl_->inbox_.take(max_count); }
 Result<Notification> TransferEngine::wait_notification(int64_t timeout_ms) { return impl_->inbox_.wait(timeout_ms); }
 
+void export_served_metrics(const EngineStats& s, metrics::Registry& registry) {
+  auto set = [&](const char* name, const char* help, uint64_t v) {
+    registry.gauge(name, help).set(static_cast<double>(v));
+  };
+  set("mc_xfer_served_reads_total", "reads of this segment served over tcp", s.served_reads);
+  set("mc_xfer_served_writes_total", "writes into this segment served over tcp", s.served_writes);
+  set("mc_xfer_served_read_bytes_total", "bytes read from this segment over tcp", s.served_read_bytes);
+  set("mc_xfer_served_written_bytes_total", "bytes written into this segment over tcp", s.served_written_bytes);
+  set("mc_xfer_served_errors_total", "ops refused or broken off (bad range, oversized, peer gone)", s.served_errors);
+  set("mc_xfer_connections_accepted_total", "tcp connections accepted", s.connections_accepted);
+  set("mc_xfer_notifications_received_total", "completion notifications received", s.notifications_received);
+}
+
 EngineStats TransferEngine::stats() const {
   EngineStats s;
   const Impl& m = *impl_;
@@ -1088,6 +1104,13 @@ EngineStats TransferEngine::stats() const {
   s.notify_connections_broken = m.sender_.connections_broken();
   s.notifications_received = m.inbox_.received();
   s.connections_accepted = m.server_ ? m.server_->connections_accepted() : 0;
+  if (m.server_) {
+    s.served_reads = m.server_->reads_served();
+    s.served_writes = m.server_->writes_served();
+    s.served_read_bytes = m.server_->read_bytes_served();
+    s.served_written_bytes = m.server_->written_bytes_served();
+    s.served_errors = m.server_->errors_served();
+  }
   // Under mu_: a segment still listed has not been closed (close_segment drops its transport after unlisting).
   std::lock_guard<std::mutex> lk(m.mu_);
   for (const auto& [h, seg] : m.segs_) {

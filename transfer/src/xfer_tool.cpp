@@ -20,8 +20,11 @@
 
 #include "mc/common/cli.hpp"
 #include "mc/common/daemon.hpp"
+#include "mc/common/daemon_stat.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/metrics.hpp"
 #include "mc/common/report.hpp"
+#include "mc/common/rpc.hpp"
 #include "mc/common/units.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "shm/transport.hpp"
@@ -114,6 +117,12 @@ Status run_serve(const ServeOptions& o, std::ostream& out) {
   MC_ASSIGN_OR_RETURN(SharedBuffer buf, allocate_shared_buffer(o.size_bytes, "mc-xfer-serve"));
   fill_pattern(static_cast<char*>(buf.data()), 0, o.size_bytes);
   MC_ASSIGN_OR_RETURN(RegisteredRegion reg, engine->register_memory(buf.data(), o.size_bytes, o.location));
+  metrics::Registry registry;
+  rpc::ServerOptions so;
+  so.service = "mc-xfer serve " + engine->segment_name();
+  so.bind_endpoints = {o.stat_listen};
+  MC_ASSIGN_OR_RETURN(auto stat_server, rpc::RpcServer::bind(so));
+  stat_server->serve_stat(&registry, [&] { export_served_metrics(engine->stats(), registry); });
   engine->set_notification_handler([](const Notification& n) {
     MC_LOG_INFO << "notification '" << n.tag << "' from " << (n.from.empty() ? "?" : n.from) << ": " << op_name(n.op)
                 << " of " << n.length << " bytes at offset " << n.segment_offset;
@@ -123,18 +132,25 @@ Status run_serve(const ServeOptions& o, std::ostream& out) {
                           {"size_bytes", std::to_string(o.size_bytes)},
                           {"paths", join(engine->endpoints(), ",")},
                           {"regions", std::to_string(reg.region_count)},
-                          {"shm", reg.shm_shareable ? "yes" : "no"}});
+                          {"shm", reg.shm_shareable ? "yes" : "no"},
+                          {"stat", stat_server->endpoints().at(0)}});
   if (o.json) {
     out << nlohmann::json{{"segment", engine->segment_name()},
                           {"endpoints", engine->endpoints()},
                           {"size_bytes", o.size_bytes},
-                          {"regions", reg.region_count}}
+                          {"regions", reg.region_count},
+                          {"stat", stat_server->endpoints().at(0)}}
                .dump()
         << std::endl;
   }
-  while (!daemon::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!daemon::stop_requested()) MC_RETURN_IF_ERROR(stat_server->poll_once(50));
   MC_LOG_INFO << "mc-xfer serve: stopping";
   return Status::ok();
+}
+
+Status run_stat(const StatOptions& o, std::ostream& out) {
+  if (o.endpoint.empty()) return Status(Code::kInvalidArgument, "--endpoint tcp://HOST:PORT is required");
+  return daemon::print_stat(o.endpoint, o.json, o.timeout_ms, out);
 }
 
 // ------------------------------------------------------------------------------------------------

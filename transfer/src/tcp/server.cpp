@@ -179,11 +179,18 @@ void TcpServer::serve_connection(Conn* conn) {
           break;
         }
         if (op == WireOp::kRead) {
+          reads_++;
+          read_bytes_ += req.length;
           sent = send_reply(fd, op, Status::ok(), "", mem.value(), req.length);
         } else {
           sent = recv_all(fd, mem.value(), req.length, what);
-          if (sent.is_ok()) sent = send_reply(fd, op, Status::ok(), "", nullptr, 0);
+          if (sent.is_ok()) {
+            writes_++;
+            written_bytes_ += req.length;
+            sent = send_reply(fd, op, Status::ok(), "", nullptr, 0);
+          }
         }
+        if (!sent.is_ok()) errors_++;
         break;
       }
       case WireOp::kDescribe:

@@ -44,9 +44,14 @@ class TcpServer {
   ~TcpServer();
   // Bound endpoints, "tcp://ADDR:PORT" (port resolved), in listen order.
   const std::vector<std::string>& endpoints() const { return endpoints_; }
-  // Served ops (for stats): reads, writes, bytes, errors.
+  // Served ops (for stats): every op, errors (refused or failed ops), and the reads and writes of segment
+  // bytes that completed with their byte counts (counted before the reply leaves).
   uint64_t ops_served() const { return ops_.load(); }
   uint64_t errors_served() const { return errors_.load(); }
+  uint64_t reads_served() const { return reads_.load(); }
+  uint64_t writes_served() const { return writes_.load(); }
+  uint64_t read_bytes_served() const { return read_bytes_.load(); }
+  uint64_t written_bytes_served() const { return written_bytes_.load(); }
   uint64_t connections_accepted() const { return accepted_.load(); }
 
  private:
@@ -71,6 +76,7 @@ class TcpServer {
   std::list<std::unique_ptr<Conn>> conns_;
   std::atomic<uint64_t> ops_{0};
   std::atomic<uint64_t> errors_{0};
+  std::atomic<uint64_t> reads_{0}, writes_{0}, read_bytes_{0}, written_bytes_{0};
   std::atomic<uint64_t> accepted_{0};
 };
 

@@ -43,6 +43,10 @@ CLI::Option* add_json_flag(CLI::App& cmd, bool& json,
 CLI::Option* add_size_option(CLI::App& cmd, const std::string& name, uint64_t& bytes, const std::string& help,
                              uint64_t min_bytes = 0, uint64_t max_bytes = INT64_MAX);
 
+// --location: a memory location (location.hpp: cpu:N, or cuda:N in a CUDA build) stored in `location`,
+// which holds the default; anything else exits 2 at parse time naming the flag, the value and the remedy.
+CLI::Option* add_location_option(CLI::App& cmd, std::string& location, const std::string& help);
+
 // The trace window of every command that reads a Mooncake trace: --start-s (skip rows before this trace
 // time, s), --duration-s (trace seconds after --start-s, 0: to the end), --max-requests (at most this
 // many rows, 0: no limit); all >= 0.

@@ -292,9 +292,20 @@ struct StoreDemoteResult {
   bool ok = false;
   MSGPACK_DEFINE_MAP(task_id, ok);
 };
+// The master's view of one of the node's segments, for the node's own `stat` (as of this heartbeat).
+struct StoreNodeSegmentUsage {
+  std::string segment;
+  std::string medium;  // cpu | disk
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t objects = 0;  // replicas held (complete or being written)
+  uint64_t hits = 0;     // reads whose nearest replica was here
+  MSGPACK_DEFINE_MAP(segment, medium, capacity_bytes, used_bytes, objects, hits);
+};
 struct StoreNodeHeartbeatReply {
   std::vector<StoreDemoteTask> tasks;
-  MSGPACK_DEFINE_MAP(tasks);
+  std::vector<StoreNodeSegmentUsage> segments;  // the node's segments (a master before issue 16: none)
+  MSGPACK_DEFINE_MAP(tasks, segments);
 };
 // Sent every heartbeat interval; an unknown node gets kNotFound and mounts its segments again.
 struct StoreNodeHeartbeatRequest {
@@ -332,9 +343,11 @@ struct StorePutStartRequest {
   uint32_t replicas = 1;
   std::string preferred_segment;
   bool overwrite = false;
-  bool pin = false;
+  bool pin = false;         // never evicted nor demoted (master_core.hpp "Pins")
   std::string client_host;  // the writer's host label: the first replica goes there when a segment has room
-  MSGPACK_DEFINE_MAP(client_id, keys, sizes_bytes, replicas, preferred_segment, overwrite, pin, client_host);
+  int64_t pin_ttl_ms = 0;   // with pin: 0 = until store.unpin, > 0 = soft pin ending this long after put_start
+  MSGPACK_DEFINE_MAP(client_id, keys, sizes_bytes, replicas, preferred_segment, overwrite, pin, client_host,
+                     pin_ttl_ms);
 };
 
 // Per-item result of batch calls without payload.
@@ -471,8 +484,12 @@ struct StoreStatReply {
   uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
   uint64_t pending_free_bytes = 0;
   uint64_t last_event_id = 0;
+  uint64_t pinned_objects = 0;  // objects pinned now (unexpired soft pins included)
+  uint64_t pinned_bytes = 0;    // their sizes, one copy each
+  uint64_t expired_pins = 0;    // soft pins that ran out
   MSGPACK_DEFINE_MAP(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions, demotions,
-                     reclaimed_puts, refused_put_ends, hot_replications, dead_nodes, pending_free_bytes, last_event_id);
+                     reclaimed_puts, refused_put_ends, hot_replications, dead_nodes, pending_free_bytes, last_event_id,
+                     pinned_objects, pinned_bytes, expired_pins);
 };
 struct StoreStatRequest {
   static constexpr const char* kType = "store.stat";
@@ -519,6 +536,22 @@ struct StoreNodeReadRequest {
   uint64_t offset_bytes = 0;
   uint64_t length_bytes = 0;
   MSGPACK_DEFINE_MAP(segment, offset_bytes, length_bytes);
+};
+
+// admin -> master: pins (master_core.hpp "Pins"). A pinned object is never evicted nor demoted to SSD.
+// Answered item by item: kObjectNotFound for an absent key (naming it), kObjectBusy while it is written.
+struct StorePinRequest {
+  static constexpr const char* kType = "store.pin";
+  using Reply = StoreItemsReply;
+  std::vector<std::string> keys;  // at most kStoreMaxBatch
+  int64_t ttl_ms = 0;             // 0: until store.unpin; > 0: soft pin ending ttl_ms after the master got this
+  MSGPACK_DEFINE_MAP(keys, ttl_ms);
+};
+struct StoreUnpinRequest {
+  static constexpr const char* kType = "store.unpin";
+  using Reply = StoreItemsReply;
+  std::vector<std::string> keys;  // at most kStoreMaxBatch
+  MSGPACK_DEFINE_MAP(keys);
 };
 
 // ---------------------------------------------------------------------------------------------

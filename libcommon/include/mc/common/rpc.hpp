@@ -96,8 +96,9 @@ class RpcServer {
   // and gets kUnimplemented. Exceptions from the handler propagate (FastServer catches them).
   Result<std::string> dispatch(std::string_view type, std::string_view body, const CallContext& ctx) const;
 
-  // Answers "stat" requests from `registry` (not owned; must outlive the server).
-  void serve_stat(const metrics::Registry* registry);
+  // Answers "stat" requests from `registry` (not owned; must outlive the server). `refresh`, when set, runs
+  // first on the serving thread (a daemon copies counters kept elsewhere into the registry there).
+  void serve_stat(const metrics::Registry* registry, std::function<void()> refresh = nullptr);
 
   // Waits up to timeout_ms for one message and handles it. Returns ok when idle or handled;
   // an error only when the socket itself failed (context terminated).

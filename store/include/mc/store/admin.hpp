@@ -7,6 +7,7 @@
 #include <istream>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "mc/common/status.hpp"
 #include "mc/store/client.hpp"
@@ -18,11 +19,17 @@ struct AdminOptions {
   bool json = false;
 };
 
-// Stores the bytes of `file` ("-" = stdin) under key.
-Status admin_put(const AdminOptions& options, const std::string& key, const std::string& file, bool overwrite);
+// Stores the bytes of `file` ("-" = stdin) under key (write.overwrite, write.pin, write.pin_ttl_ms).
+Status admin_put(const AdminOptions& options, const std::string& key, const std::string& file,
+                 const WriteOptions& write);
 // Writes the object's bytes to `out` (a miss is kObjectNotFound and writes nothing).
 Status admin_get(const AdminOptions& options, const std::string& key, std::ostream& out);
 Status admin_rm(const AdminOptions& options, const std::string& key, std::ostream& out);
+// Pins (pin = true; ttl_ms 0: until unpin, > 0: soft pin) or unpins every key. Every key is tried; the result
+// is the first failure (kObjectNotFound naming an absent key; the other keys are still done), else ok and,
+// with --json, {"pinned": [keys], "ttl_ms": n} or {"unpinned": [keys]} on `out`.
+Status admin_pin(const AdminOptions& options, const std::vector<std::string>& keys, bool pin, int64_t ttl_ms,
+                 std::ostream& out);
 Status admin_ls(const AdminOptions& options, const std::string& prefix, uint32_t limit, std::ostream& out);
 // Per segment and medium: capacity, used, objects, hits, evictions, demotions, leases; totals.
 Status admin_stat(const AdminOptions& options, std::ostream& out);

@@ -100,8 +100,9 @@ struct GetItem {
 
 struct WriteOptions {
   bool overwrite = false;   // replace an existing object (refused while a reader holds a lease)
-  bool pin = false;         // never evicted
+  bool pin = false;         // never evicted nor demoted to SSD (until unpin, or pin_ttl_ms)
   bool wait_commit = true;  // false: write-behind commit (see above); its outcome comes from flush()
+  int64_t pin_ttl_ms = 0;   // with pin: 0 = until unpin, > 0 = soft pin ending this long after the put started
 };
 
 // A write-behind commit (put_end) the master refused or that could not be confirmed.
@@ -156,6 +157,12 @@ class Client {
   // Number of leading keys present (blocks of a prefix chain); stops at the first missing one.
   Result<uint64_t> match_prefix(const std::vector<std::string>& keys);
   Status remove(const std::string& key);
+  // Pins objects (never evicted nor demoted): ttl_ms 0 until unpin, > 0 a soft pin ending ttl_ms from now.
+  // One Status per key, in order: ok, kObjectNotFound naming an absent key, kObjectBusy while it is being
+  // written. The whole call fails only when the master is unreachable or the batch is too big.
+  Result<std::vector<Status>> pin(const std::vector<std::string>& keys, int64_t ttl_ms = 0);
+  // Ends the pins of objects; one Status per key (kObjectNotFound naming an absent key).
+  Result<std::vector<Status>> unpin(const std::vector<std::string>& keys);
   Result<proto::StoreLsReply> ls(const std::string& prefix, uint32_t limit = 1000);
   Result<proto::StoreStatReply> stat();
 

@@ -16,6 +16,9 @@
 //   be writing into it), and a late put_end from the old put_id is refused with kFailedPrecondition.
 // Leases: get_replicas grants lease_ms; until it ends the object is never evicted, removed or
 // overwritten. A reader that finishes after its lease must discard what it read (client.hpp does).
+// Pins (DESIGN.md §8): a pinned object is never evicted nor demoted to SSD (remove, overwrite and the
+// death of its node still take it). A pin is hard (until unpin) or soft: it ends pin_ttl_ms after it was
+// set, on the injected clock, and the object is then an eviction candidate like any other.
 // Liveness (DESIGN.md §13.5, Mooncake#1914): a node whose heartbeat is older than node_ttl_ms, or that
 // unmounts, loses every replica on every one of its segments (DRAM and SSD alike) at once; an object
 // whose last complete replica is gone no longer exists, so match_prefix stops at the gap.
@@ -138,13 +141,17 @@ struct MasterStats {
   uint64_t reclaimed_puts = 0, refused_put_ends = 0, dead_nodes = 0;
   uint64_t hot_replications = 0;  // copies granted to readers: hot objects and replicate_near
   uint64_t pending_free_bytes = 0;
+  uint64_t pinned_objects = 0;  // complete objects pinned now (soft pins not yet expired included)
+  uint64_t pinned_bytes = 0;    // their sizes (one copy each, whatever their replica count)
+  uint64_t expired_pins = 0;    // soft pins that ran out (counted by tick())
 };
 
 struct PutOptions {
   uint32_t replicas = 1;
   std::string preferred_segment;  // tried first, e.g. the writer's own node
   bool overwrite = false;         // replace a complete object (refused while leased)
-  bool pin = false;               // never evicted
+  bool pin = false;               // never evicted nor demoted
+  int64_t pin_ttl_ms = 0;         // with pin: 0 = until unpinned, > 0 = soft pin ending this long after put_start
 };
 
 struct Caller {
@@ -192,6 +199,12 @@ class MasterCore {
   // Number of leading keys that exist (complete). Stops at the first missing one.
   uint64_t match_prefix(const std::vector<std::string>& keys) const;
   Status remove(const std::string& key);
+  // Pins a complete object: ttl_ms 0 until unpin, > 0 a soft pin ending ttl_ms from now (replacing an
+  // earlier pin of the key). kObjectNotFound naming the key when it does not exist, kObjectBusy while it is
+  // being written, kInvalidArgument for a bad key or ttl_ms < 0.
+  Status pin(const std::string& key, int64_t ttl_ms);
+  // Ends the pin of an object (no-op when it has none); kObjectNotFound naming the key when absent.
+  Status unpin(const std::string& key);
   std::vector<ObjectInfo> ls(const std::string& prefix, size_t limit) const;
   // scan_objects=false skips the pass over every object (O(objects)); it leaves leased_objects at 0 and
   // counts objects/processing from the unfinished-put set: what the master's periodic metrics use.
@@ -224,6 +237,7 @@ class MasterCore {
     int64_t lease_until_ns = 0;
     int64_t last_access_ns = 0;
     bool pinned = false;
+    int64_t pin_until_ns = 0;  // with pinned: 0 = hard pin, else the soft pin's end
     int64_t window_start_ns = 0;
     uint32_t window_reads = 0;
     std::string wanted_host;      // replicate_near: copy for the next reader on this host ...
@@ -249,6 +263,8 @@ class MasterCore {
 
   Status validate_key(const std::string& key) const;
   bool leased(const Object& obj) const;
+  bool pinned(const Object& obj) const;  // pinned now (a soft pin past its end is not)
+  bool pin_holds(Object& obj);           // pinned(); else ends a soft pin that ran out (counts expired_pins)
   void touch_client(const std::string& client_id);
   // Frees a replica's range now, or after free_delay_ms when a writer may still be using it.
   void release_replica(const Replica& r, uint64_t size_bytes, bool delayed);
@@ -286,6 +302,8 @@ class MasterCore {
   // Keys that may hold an unfinished put or hot copy (a superset, pruned by tick()): tick() looks at
   // these instead of every object, so its cost does not grow with the number of stored objects.
   std::unordered_set<std::string> unfinished_;
+  // Keys whose object may hold a pin (a superset, pruned by tick()): stat() counts pins from these.
+  std::unordered_set<std::string> pinned_keys_;
   std::map<uint64_t, std::pair<std::string, std::string>> demotions_;  // task_id -> (node, key)
   std::vector<PendingFree> pending_frees_;
   std::vector<proto::KvEvent> events_;

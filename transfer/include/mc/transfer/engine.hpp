@@ -45,6 +45,10 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/status.hpp"
+
+namespace mc::metrics {
+class Registry;
+}
 #include "mc/transfer/path_policy.hpp"
 #include "mc/transfer/slicing.hpp"
 #include "mc/transfer/topology.hpp"
@@ -128,10 +132,19 @@ struct EngineStats {
   // Target side.
   uint64_t notifications_received = 0;
   uint64_t connections_accepted = 0;  // tcp connections accepted by this engine's server (any purpose)
+  // Reads and writes of this engine's segment served over tcp, with their bytes, and the ops refused or
+  // broken off (bad range, oversized, peer gone). shm and rdma peers copy by themselves: not seen here.
+  uint64_t served_reads = 0, served_writes = 0, served_read_bytes = 0, served_written_bytes = 0, served_errors = 0;
   // Data-path counters of the transports, summed over open segments (tcp: "tcp_wire_ops", "tcp_send_calls",
   // "tcp_recv_calls", "tcp_wakeups", "tcp_bytes", "tcp_connections_opened"; shm and rdma report none yet).
   std::map<std::string, uint64_t> transport_counters;
 };
+
+// Sets the target-side counters of `stats` as gauges of `registry` (mc_xfer_served_reads_total,
+// mc_xfer_served_writes_total, mc_xfer_served_read_bytes_total, mc_xfer_served_written_bytes_total,
+// mc_xfer_served_errors_total, mc_xfer_connections_accepted_total, mc_xfer_notifications_received_total):
+// what a daemon serving a segment answers in `stat`.
+void export_served_metrics(const EngineStats& stats, metrics::Registry& registry);
 
 class TransferEngine {
  public:

@@ -26,11 +26,15 @@ struct ServeOptions {
   EngineOptions engine;  // listen endpoints in engine.listen
   uint64_t size_bytes = 1ull << 30;
   std::string location = "cpu:0";
-  bool json = false;  // print the ready information as one JSON line too
+  std::string stat_listen = "tcp://127.0.0.1:0";  // RPC endpoint answering `stat` (port 0: a free port)
+  bool json = false;                              // print the ready information as one JSON line too
 };
 // Registers a pattern-filled shared buffer, prints the ready line
-//   ready mc-xfer <first endpoint> segment=<name> size_bytes=<n> paths=<ep,ep> shm=<yes|no>
-// and serves until SIGTERM/SIGINT. Notifications received are logged at info level.
+//   ready mc-xfer <first endpoint> segment=<name> size_bytes=<n> paths=<ep,ep> regions=<n> shm=<yes|no> stat=<ep>
+// and serves until SIGTERM/SIGINT. Notifications received are logged at info level. The `stat` endpoint
+// answers StatRequest (run_stat) with the engine's served counters (export_served_metrics: tcp reads and
+// writes of the segment with their bytes, errors, connections, notifications).
+// Errors: kInvalidArgument (size 0, no endpoint, bad location), the engine's and the stat server's bind errors.
 Status run_serve(const ServeOptions& options, std::ostream& out);
 
 struct RwOptions {
@@ -73,6 +77,14 @@ double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, c
                                        double duration_s);
 // Raw TCP over 127.0.0.1: `streams` connections, each sending block_bytes writes to a receiver thread.
 Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s);
+
+// `mc-xfer stat`: the counters of the `mc-xfer serve` whose stat endpoint is `endpoint` (daemon::print_stat).
+struct StatOptions {
+  std::string endpoint;  // tcp://HOST:PORT, the stat= field of the serve's ready line
+  int timeout_ms = 2000;
+  bool json = false;
+};
+Status run_stat(const StatOptions& options, std::ostream& out);
 
 struct TopoOptions {
   std::string topology_file;  // "" = discover from sysfs
