@@ -259,7 +259,9 @@ TEST_F(NamespaceE2E, EqualScopesShareBlocksOthersNever) {
     // that prefix is its pricing, tested in tests/sched); another scope's blocks are never reused.
     const int64_t pool = r.value("ledger", json::object()).value("pool_prefix_tokens", int64_t{-1});
     EXPECT_EQ(pool, p.hit ? 2 * kBlockTokens : 0) << p.tag << ": " << r.dump();
-    if (!p.hit) EXPECT_EQ(hit_tokens(r), 0) << p.tag << " shared a block of another scope: " << r.dump();
+    if (!p.hit) {
+      EXPECT_EQ(hit_tokens(r), 0) << p.tag << " shared a block of another scope: " << r.dump();
+    }
     ASSERT_TRUE(wait_settled(p.index_blocks, &st)) << p.tag << ": " << st.dump();
     std::set<std::string> now;
     for (const auto& [key, bytes] : store_objects()) now.insert(key);
