@@ -4,6 +4,24 @@
 
 namespace mc::infer {
 
+uint64_t lora_weight_seed(const LoraAdapter& adapter) {
+  if (adapter.is_base()) return 0;
+  KeyNamespace scope;  // only the adapter set: chain_seed() is XXH3 of its canonical bytes
+  scope.lora_name = adapter.name;
+  scope.lora_version = adapter.version;
+  return scope.chain_seed();
+}
+
+KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed) {
+  KeyNamespace ns;
+  ns.model_id = backend.model().name;
+  ns.model_revision = backend.kind() + "-seed" + std::to_string(weight_seed);
+  ns.kv_dtype = backend.kind() == "ref" ? "fp32" : "sim" + std::to_string(backend.kv_bytes_per_token_layer()) + "B";
+  ns.layout = "tp1-l" + std::to_string(backend.model().num_layers);
+  ns.block_size = static_cast<uint32_t>(block_tokens);
+  return ns;
+}
+
 Status validate_prefill(const ModelConfig& model, const KvBuffer& kv, const PrefillRequest& request) {
   const int64_t n = static_cast<int64_t>(request.tokens.size());
   if (n == 0) return error(Code::kInvalidArgument, "prefill: empty prompt (input_length must be > 0)");

@@ -122,6 +122,7 @@ Status run_decode_daemon(const DecodeDaemonConfig& c) {
   MC_ASSIGN_OR_RETURN(o.kv_blocks, kv_blocks_from_flags(c.backend, *backend));
   o.max_batch_size = c.max_batch_size;
   o.reservation_ttl_ms = c.reservation_ttl_ms;
+  o.weight_seed = c.backend.seed;
   MC_ASSIGN_OR_RETURN(auto worker,
                       DecodeWorker::create(o, std::move(backend), make_rpc_token_sink(c.client_timeout_ms)));
   MC_ASSIGN_OR_RETURN(const std::string kv_listen, resolve_kv_listen(c.kv_listen, c.listen));

@@ -23,7 +23,10 @@ struct DecodeWorker::Reservation {
   std::vector<std::vector<bool>> arrived;  // [layer][block index]
   int64_t layers_received = 0;
   int64_t deadline_ns = 0;
-  Status poisoned;  // a malformed KV notification for this reservation: its commit fails with this
+  Status poisoned;   // a malformed KV notification for this reservation: its commit fails with this
+  LoraAdapter lora;  // the request's adapter
+  RequestKeyScope scope;
+  std::string kv_namespace_digest;  // the request's namespace (base with its scope): the KV must be of it
 };
 
 struct DecodeWorker::Expired {
@@ -44,6 +47,7 @@ struct DecodeWorker::Sequence {
   int64_t output_tokens = 0;
   int64_t first_token_ns = 0;
   proto::RequestLedger ledger;
+  LoraAdapter lora;
   bool cancelled = false;
   Status cancel_reason;
 };
@@ -98,6 +102,7 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(DecodeWorkerOptions o
 DecodeWorker::DecodeWorker(DecodeWorkerOptions options, std::unique_ptr<Backend> backend,
                            std::unique_ptr<TokenSink> sink, std::unique_ptr<KvBuffer> kv, const Clock* clock)
     : options_(options), backend_(std::move(backend)), sink_(std::move(sink)), kv_(std::move(kv)), clock_(clock) {
+  ns_ = kv_namespace(*backend_, options_.block_tokens, options_.weight_seed);
   metrics_.gauge("mc_decode_kv_blocks_total", "KV blocks of the buffer").set(static_cast<double>(kv_->num_blocks()));
 }
 
@@ -210,6 +215,8 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   if (r.client_endpoint.empty()) {
     return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id + "': client_endpoint is empty");
   }
+  const RequestKeyScope scope{r.lora_name, r.lora_version, r.salt};
+  MC_RETURN_IF_ERROR(validate_key_scope(scope, "decode_reserve '" + r.request_id + "'"));
   const KvLayout& layout = kv_->layout();
   const int64_t need = layout.blocks_for_tokens(r.input_length_tokens + r.output_length_tokens);
   std::lock_guard lock(mu_);
@@ -232,6 +239,9 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   res->committed_blocks = need;
   res->client_endpoint = r.client_endpoint;
   res->blocks = std::move(blocks);
+  res->lora = LoraAdapter{r.lora_name, r.lora_version};
+  res->scope = scope;
+  res->kv_namespace_digest = ns_.with_request(scope).digest_hex();
   res->arrived.assign(static_cast<size_t>(layout.num_layers), std::vector<bool>(res->blocks.size(), false));
   res->deadline_ns = clock_->now_ns() + (r.ttl_ms > 0 ? r.ttl_ms : options_.reservation_ttl_ms) * 1'000'000;
   committed_blocks_ += need;
@@ -362,6 +372,13 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
     bad = error(Code::kInvalidArgument, "kv_commit '" + r.request_id + "': prompt_tokens " +
                                             std::to_string(c.prompt_tokens) + " != reserved input " +
                                             std::to_string(r.input_tokens));
+  } else if (!c.kv_namespace_digest.empty() && c.kv_namespace_digest != r.kv_namespace_digest) {
+    bad = error(Code::kFailedPrecondition,
+                "kv_commit '" + r.request_id + "': the KV was computed in key namespace " + c.kv_namespace_digest +
+                    " but the request runs in " + r.kv_namespace_digest + " (" + r.scope.describe() + " on model " +
+                    ns_.model_id + ", " + ns_.model_revision +
+                    "); not generating: prefill and decode must run the "
+                    "same model, --seed and --block-size, and the prefill the request's adapter and salt");
   } else if (c.first_token >= static_cast<uint64_t>(backend_->model().vocab_size)) {
     bad = error(Code::kInvalidArgument, "kv_commit '" + r.request_id + "': first token " +
                                             std::to_string(c.first_token) + " outside the vocabulary");
@@ -393,6 +410,7 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
   s->last_token = c.first_token;
   s->output_tokens = r.output_tokens;
   s->ledger = c.ledger;
+  s->lora = r.lora;
   reservations_.erase(it);
   joining_.push_back(std::move(s));
   return proto::KvCommitReply{static_cast<int64_t>(running_.size() + joining_.size())};
@@ -529,7 +547,7 @@ Result<int64_t> DecodeWorker::step() {
   int64_t stepped = 0;
   if (!batch.empty()) {
     std::vector<DecodeSequence> seqs;
-    for (Sequence* s : batch) seqs.push_back({s->last_token, s->position, s->blocks});
+    for (Sequence* s : batch) seqs.push_back({s->last_token, s->position, s->blocks, s->lora});
     std::vector<uint32_t> next;
     const int64_t t0 = clock_->now_ns();
     Status st = backend_->decode_step(*kv_, seqs, next);

@@ -148,16 +148,6 @@ class LayerStreamer {
 
 std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms) { return std::make_unique<RpcDecodeLink>(timeout_ms); }
 
-KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed) {
-  KeyNamespace ns;
-  ns.model_id = backend.model().name;
-  ns.model_revision = backend.kind() + "-seed" + std::to_string(weight_seed);
-  ns.kv_dtype = backend.kind() == "ref" ? "fp32" : "sim" + std::to_string(backend.kv_bytes_per_token_layer()) + "B";
-  ns.layout = "tp1-l" + std::to_string(backend.model().num_layers);
-  ns.block_size = static_cast<uint32_t>(block_tokens);
-  return ns;
-}
-
 Result<std::unique_ptr<PrefillWorker>> PrefillWorker::create(PrefillWorkerOptions options,
                                                              std::unique_ptr<Backend> backend,
                                                              std::unique_ptr<KvBlockCache> cache,
@@ -284,6 +274,10 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
                                             "': fail_after_layers needs a worker started with --allow-fault-injection");
   } else if (job.chunk_tokens < 0) {
     bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': chunk_tokens must be >= 0");
+  } else if (Status scope = validate_key_scope(RequestKeyScope{job.lora_name, job.lora_version, job.salt},
+                                               "prefill_job '" + job.request_id + "'");
+             !scope.is_ok()) {
+    bad = scope;
   } else {
     for (size_t i = 0; i < job.tokens.size(); ++i) {
       if (job.tokens[i] >= static_cast<uint64_t>(m.vocab_size)) {
@@ -320,7 +314,9 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   const KvLayout& layout = kv_->layout();
   const int64_t bs = layout.block_size;
   const int64_t n = static_cast<int64_t>(job.tokens.size());
-  const std::vector<uint64_t> hashes = seq_hashes(job.tokens, ns_);
+  // The request's namespace: this worker's base with the job's adapter and salt (block_key.hpp).
+  const KeyNamespace ns = ns_.with_request(RequestKeyScope{job.lora_name, job.lora_version, job.salt});
+  const std::vector<uint64_t> hashes = seq_hashes(job.tokens, ns);
 
   // 1. Prefix fetch: leading complete blocks, never the one holding the last token.
   int64_t want = (n - 1) / bs;
@@ -331,7 +327,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
     std::vector<BlockGet> items;
     for (int64_t b = 0; b < want; ++b) {
       items.push_back(
-          {block_store_key(ns_, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
+          {block_store_key(ns, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
     }
     const BlockCacheCounters before = cache_->counters();
     auto got = cache_->get(items);
@@ -417,7 +413,8 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
     if (layer == num_layers - 1 && end < n) MC_RETURN_IF_ERROR(streamer.drain());
     return Status::ok();
   };
-  PrefillRequest req{job.tokens, cached, blocks, job.chunk_tokens > 0 ? job.chunk_tokens : options_.chunk_tokens};
+  PrefillRequest req{job.tokens, cached, blocks, job.chunk_tokens > 0 ? job.chunk_tokens : options_.chunk_tokens,
+                     LoraAdapter{job.lora_name, job.lora_version}};
   auto result = backend_->prefill(*kv_, req, on_layer);
   const int64_t t_last_layer = now_ns();
   Status streamed = streamer.finish();
@@ -447,6 +444,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
 
   // 3. Commit at decode: the first token goes out now.
   proto::KvCommitRequest commit{job.reservation_id, job.request_id, n, result->first_token, unix_time_ns(), ledger};
+  commit.kv_namespace_digest = ns.digest_hex();  // decode refuses KV of another namespace than the request's
   auto committed = link_->commit(job.decode_endpoint, commit);
   if (!committed.is_ok()) return committed.status().with_context("kv_commit at " + job.decode_endpoint);
 
@@ -455,7 +453,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
     std::vector<BlockPut> puts;
     for (int64_t b = hit_blocks; b < n / bs; ++b) {
       puts.push_back(
-          {block_store_key(ns_, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
+          {block_store_key(ns, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
     }
     if (!puts.empty()) {
       auto put = cache_->put(puts);
@@ -555,6 +553,11 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
   reg.block_size_tokens = worker.kv().layout().block_size;
   reg.key_namespace_digest = worker.key_namespace().digest_hex();
   reg.key_chain_seed = worker.key_namespace().chain_seed();
+  reg.key_model_id = worker.key_namespace().model_id;
+  reg.key_model_revision = worker.key_namespace().model_revision;
+  reg.key_kv_dtype = worker.key_namespace().kv_dtype;
+  reg.key_layout = worker.key_namespace().layout;
+  reg.key_seed = worker.key_namespace().seed;
   ConductorHeartbeat heartbeat(conductor, reg, [&] {
     const proto::WorkerLoadReply l = current_load();
     proto::ConductorHeartbeatRequest hb;

@@ -6,7 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
+#include <set>
+#include <utility>
 
 #include "backends.hpp"
 #include "mc/infer/ref_kernels.hpp"
@@ -93,6 +96,49 @@ void matmul(const float* x, const float* w, float* y, int64_t m, int64_t k, int6
               1.0f, x, static_cast<int>(k), w, static_cast<int>(n), 0.0f, y, static_cast<int>(n));
 }
 
+// A LoRA adapter's delta for every layer: q += (x·aq)·bq, k += (x·ak)·bk, v += (x·av)·bv, rank kLoraRank.
+struct LoraLayer {
+  std::vector<float> aq, ak, av;  // hidden × rank
+  std::vector<float> bq;          // rank × heads·head_dim
+  std::vector<float> bk, bv;      // rank × kv_heads·head_dim
+};
+using LoraWeights = std::vector<LoraLayer>;
+
+LoraWeights make_lora(const ModelConfig& m, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto fill = [&](std::vector<float>& v, int64_t rows, int64_t cols, float scale) {
+    v.resize(static_cast<size_t>(rows * cols));
+    for (float& x : v) x = u(rng) * scale;
+  };
+  const int64_t h = m.hidden_size, qd = m.num_heads * m.head_dim, kvd = m.num_kv_heads * m.head_dim;
+  const float sa = 1.0f / std::sqrt(static_cast<float>(h));
+  const float sb = 0.5f / std::sqrt(static_cast<float>(kLoraRank));
+  LoraWeights w(static_cast<size_t>(m.num_layers));
+  for (auto& l : w) {
+    fill(l.aq, h, kLoraRank, sa);
+    fill(l.bq, kLoraRank, qd, sb);
+    fill(l.ak, h, kLoraRank, sa);
+    fill(l.bk, kLoraRank, kvd, sb);
+    fill(l.av, h, kLoraRank, sa);
+    fill(l.bv, kLoraRank, kvd, sb);
+  }
+  return w;
+}
+
+// y (1×n) += (x (1×k) · a (k×rank)) · b (rank×n).
+void add_lora_delta(const float* x, const std::vector<float>& a, const std::vector<float>& b, float* y, int64_t k,
+                    int64_t n) {
+  float t[kLoraRank] = {};
+  for (int64_t i = 0; i < k; ++i) {
+    for (int64_t j = 0; j < kLoraRank; ++j) t[j] += x[i] * a[static_cast<size_t>(i * kLoraRank + j)];
+  }
+  for (int64_t j = 0; j < kLoraRank; ++j) {
+    const float* brow = &b[static_cast<size_t>(j * n)];
+    for (int64_t c = 0; c < n; ++c) y[c] += t[j] * brow[c];
+  }
+}
+
 // One row of the forward pass: a token of sequence `seq` at absolute position `pos`.
 struct Row {
   uint32_t token;
@@ -121,13 +167,15 @@ class RefBackend final : public Backend {
     PrefillResult result;
     std::vector<std::span<const int32_t>> tables = {req.block_table};
     std::vector<float> logits;
+    std::vector<const LoraWeights*> loras;
+    MC_RETURN_IF_ERROR(adapters(std::span<const LoraAdapter>(&req.lora, 1), loras));
     for (int64_t begin = req.cached_tokens; begin < n; begin += chunk) {
       const int64_t end = std::min(n, begin + chunk);
       std::vector<Row> rows;
       rows.reserve(static_cast<size_t>(end - begin));
       for (int64_t p = begin; p < end; ++p) rows.push_back({req.tokens[static_cast<size_t>(p)], p, 0});
       const bool last_chunk = end == n;
-      MC_RETURN_IF_ERROR(forward(kv, rows, tables, last_chunk ? &logits : nullptr,
+      MC_RETURN_IF_ERROR(forward(kv, rows, tables, loras, last_chunk ? &logits : nullptr,
                                  [&](int64_t layer) { return on_layer ? on_layer(layer, begin, end) : Status::ok(); }));
     }
     result.first_token = argmax(logits.data());
@@ -141,6 +189,10 @@ class RefBackend final : public Backend {
     MC_RETURN_IF_ERROR(check_layout(kv));
     std::vector<Row> rows;
     std::vector<std::span<const int32_t>> tables;
+    std::vector<LoraAdapter> wanted;
+    for (const auto& s : batch) wanted.push_back(s.lora);
+    std::vector<const LoraWeights*> loras;
+    MC_RETURN_IF_ERROR(adapters(wanted, loras));
     for (size_t i = 0; i < batch.size(); ++i) {
       const auto& s = batch[i];
       if (s.last_token >= static_cast<uint64_t>(model_.vocab_size)) {
@@ -159,7 +211,7 @@ class RefBackend final : public Backend {
     if (rows.empty()) return Status::ok();
     std::vector<float> logits;
     MC_RETURN_IF_ERROR(forward(
-        kv, rows, tables, &logits, [](int64_t) { return Status::ok(); }, /*all_logits=*/true));
+        kv, rows, tables, loras, &logits, [](int64_t) { return Status::ok(); }, /*all_logits=*/true));
     for (size_t i = 0; i < rows.size(); ++i) {
       next.push_back(argmax(logits.data() + i * static_cast<size_t>(model_.vocab_size)));
     }
@@ -179,6 +231,34 @@ class RefBackend final : public Backend {
     return Status::ok();
   }
 
+  // The weights of each adapter in `wanted` (nullptr for the base model), made on first use. The cache holds
+  // at most kMaxLoraAdapters; when a call needs more than fit, it is emptied first (the weights are
+  // deterministic, so a re-made adapter is the same).
+  Status adapters(std::span<const LoraAdapter> wanted, std::vector<const LoraWeights*>& out) {
+    std::set<std::pair<std::string, std::string>> missing;
+    for (const auto& a : wanted) {
+      if (!a.is_base() && lora_.count({a.name, a.version}) == 0) missing.insert({a.name, a.version});
+    }
+    if (lora_.size() + missing.size() > kMaxLoraAdapters) {
+      lora_.clear();
+      missing.clear();
+      for (const auto& a : wanted) {
+        if (!a.is_base()) missing.insert({a.name, a.version});
+      }
+      if (missing.size() > kMaxLoraAdapters) {
+        return error(Code::kResourceExhausted, "ref backend: one batch needs " + std::to_string(missing.size()) +
+                                                   " LoRA adapters, at most " + std::to_string(kMaxLoraAdapters) +
+                                                   " are held at once (lower --max-batch)");
+      }
+    }
+    for (const auto& key : missing) {
+      lora_.emplace(key, make_lora(model_, lora_weight_seed(LoraAdapter{key.first, key.second})));
+    }
+    out.clear();
+    for (const auto& a : wanted) out.push_back(a.is_base() ? nullptr : &lora_.at({a.name, a.version}));
+    return Status::ok();
+  }
+
   uint32_t argmax(const float* logits) const {
     return static_cast<uint32_t>(std::max_element(logits, logits + model_.vocab_size) - logits);
   }
@@ -186,9 +266,11 @@ class RefBackend final : public Backend {
   // Runs all layers over `rows`. Rows of one sequence must be contiguous and in increasing position; every
   // earlier position of that sequence must already have its KV in the buffer. Writes the rows' KV, calls
   // layer_done(l) after each layer, and fills `logits` for the last row (or every row when all_logits).
+  // loras[seq] is the adapter of sequence seq (nullptr: the base model).
   template <typename LayerDone>
   Status forward(KvBuffer& kv, const std::vector<Row>& rows, const std::vector<std::span<const int32_t>>& tables,
-                 std::vector<float>* logits, LayerDone&& layer_done, bool all_logits = false) {
+                 const std::vector<const LoraWeights*>& loras, std::vector<float>* logits, LayerDone&& layer_done,
+                 bool all_logits = false) {
     const auto& m = model_;
     const int64_t n = static_cast<int64_t>(rows.size());
     const int64_t h = m.hidden_size, hd = m.head_dim, nh = m.num_heads, nkv = m.num_kv_heads;
@@ -212,6 +294,14 @@ class RefBackend final : public Backend {
       matmul(xn.data(), w.wq.data(), q.data(), n, h, qd);
       matmul(xn.data(), w.wk.data(), k.data(), n, h, kvd);
       matmul(xn.data(), w.wv.data(), v.data(), n, h, kvd);
+      for (int64_t r = 0; r < n; ++r) {
+        const LoraWeights* lora = loras[rows[r].seq];
+        if (lora == nullptr) continue;
+        const LoraLayer& d = (*lora)[static_cast<size_t>(l)];
+        add_lora_delta(&xn[r * h], d.aq, d.bq, &q[r * qd], h, qd);
+        add_lora_delta(&xn[r * h], d.ak, d.bk, &k[r * kvd], h, kvd);
+        add_lora_delta(&xn[r * h], d.av, d.bv, &v[r * kvd], h, kvd);
+      }
       for (int64_t r = 0; r < n; ++r) {
         ref::rope(&q[r * qd], nh, hd, rows[r].pos, m.rope_theta);
         ref::rope(&k[r * kvd], nkv, hd, rows[r].pos, m.rope_theta);
@@ -280,6 +370,7 @@ class RefBackend final : public Backend {
   std::string kind_;
   ModelConfig model_;
   ref::Weights w_;
+  std::map<std::pair<std::string, std::string>, LoraWeights> lora_;  // (name, version) -> weights
 };
 
 }  // namespace

@@ -1,10 +1,10 @@
 // The `sim` backend: the cost model's time, real KV bytes, deterministic tokens (see backend.hpp).
 //
-// KV contents: token p of a sequence carries a running hash h_p = mix(h_{p-1}, token_p) (h_{-1} = seed). Its K
-// slot in every layer starts with h_p (8 bytes) followed by a splitmix64 stream seeded by h_p ^ layer; V likewise.
-// So the bytes of a token depend on the whole prefix, a cache hit must deliver exactly the recomputed bytes, and a
-// decode step continues the chain from the KV already in the buffer (a corrupted or missing transfer changes the
-// generated tokens). The output token after position p is h_p mod vocab.
+// KV contents: token p of a sequence carries a running hash h_p = mix(h_{p-1}, token_p) (h_{-1} = seed ^
+// lora_weight_seed(adapter)). Its K slot in every layer starts with h_p (8 bytes) followed by a splitmix64 stream
+// seeded by h_p ^ layer; V likewise. So the bytes of a token depend on the whole prefix, a cache hit must deliver
+// exactly the recomputed bytes, and a decode step continues the chain from the KV already in the buffer (a corrupted or
+// missing transfer changes the generated tokens). The output token after position p is h_p mod vocab.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -42,7 +42,8 @@ class SimBackend final : public Backend {
     const int64_t n = static_cast<int64_t>(req.tokens.size());
     const int64_t chunk = req.chunk_tokens > 0 ? req.chunk_tokens : n;
     // Running hashes of the new tokens (the cached prefix's last hash is read back from the buffer).
-    uint64_t h = req.cached_tokens > 0 ? read_hash(kv, req.block_table, req.cached_tokens - 1) : seed_;
+    uint64_t h = req.cached_tokens > 0 ? read_hash(kv, req.block_table, req.cached_tokens - 1)
+                                       : seed_ ^ lora_weight_seed(req.lora);
     std::vector<uint64_t> hashes(static_cast<size_t>(n - req.cached_tokens));
     for (int64_t p = req.cached_tokens; p < n; ++p) {
       h = mix(h, req.tokens[static_cast<size_t>(p)]);
@@ -91,7 +92,8 @@ class SimBackend final : public Backend {
                           to_duration(decode_step_time_s(model_, gpu_, static_cast<int64_t>(batch.size()), context));
     for (const auto& s : batch) {
       for (int32_t b : s.block_table) MC_RETURN_IF_ERROR(kv.check_block(b));
-      const uint64_t prev = s.position > 0 ? read_hash(kv, s.block_table, s.position - 1) : seed_;
+      const uint64_t prev =
+          s.position > 0 ? read_hash(kv, s.block_table, s.position - 1) : seed_ ^ lora_weight_seed(s.lora);
       const uint64_t h = mix(prev, s.last_token);
       for (int64_t l = 0; l < model_.num_layers; ++l) write_token(kv, s.block_table, l, s.position, h);
       next.push_back(static_cast<uint32_t>(h % static_cast<uint64_t>(model_.vocab_size)));

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 namespace mc {
 namespace {
@@ -48,6 +49,42 @@ std::string KeyNamespace::digest_hex() const {
   std::snprintf(buf, sizeof buf, "%016llx",
                 static_cast<unsigned long long>(XXH3_64bits_withSeed(c.data(), c.size(), seed)));
   return buf;
+}
+
+KeyNamespace KeyNamespace::with_request(const RequestKeyScope& scope) const {
+  KeyNamespace ns = *this;
+  ns.lora_name = scope.lora_name;
+  ns.lora_version = scope.lora_version;
+  ns.salt = scope.salt;
+  return ns;
+}
+
+std::string RequestKeyScope::describe() const {
+  std::string out = lora_name.empty() ? "base" : lora_name + (lora_version.empty() ? "" : "@" + lora_version);
+  if (!salt.empty()) out += " salt=" + salt;
+  return out;
+}
+
+Status validate_key_scope(const RequestKeyScope& scope, const std::string& where) {
+  const std::pair<const char*, const std::string*> fields[] = {
+      {"lora_name", &scope.lora_name}, {"lora_version", &scope.lora_version}, {"salt", &scope.salt}};
+  for (const auto& [name, value] : fields) {
+    if (value->size() > kMaxKeyScopeFieldBytes) {
+      return error(Code::kInvalidArgument, where + ": " + name + " has " + std::to_string(value->size()) +
+                                               " bytes, at most " + std::to_string(kMaxKeyScopeFieldBytes) +
+                                               " are accepted");
+    }
+    for (char c : *value) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        return error(Code::kInvalidArgument, where + ": " + name + " holds a control character");
+      }
+    }
+  }
+  if (scope.lora_name.empty() && !scope.lora_version.empty()) {
+    return error(Code::kInvalidArgument,
+                 where + ": lora_version '" + scope.lora_version + "' without lora_name (name the adapter)");
+  }
+  return Status::ok();
 }
 
 uint64_t local_block_hash(std::span<const uint32_t> block_tokens, uint64_t seed) {

@@ -40,6 +40,14 @@ Result<int64_t> int_field(const json& obj, const char* key, int64_t lo, int64_t 
   return bad(where, std::string("\"") + key + "\" must be an integer, got " + it->dump());
 }
 
+// An optional string field ("" when absent).
+Result<std::string> optional_string_field(const json& obj, const char* key, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return std::string();
+  if (!it->is_string()) return bad(where, std::string("\"") + key + "\" must be a string, got " + it->dump());
+  return it->get<std::string>();
+}
+
 }  // namespace
 
 Result<Request> parse_row(const std::string& line, int64_t block_size, const std::string& where) {
@@ -71,6 +79,10 @@ Result<Request> parse_row(const std::string& line, int64_t block_size, const std
                             " is not an integer in [0, 18446744073709551615]");
     }
   }
+  MC_ASSIGN_OR_RETURN(r.scope.lora_name, optional_string_field(obj, "lora_name", where));
+  MC_ASSIGN_OR_RETURN(r.scope.lora_version, optional_string_field(obj, "lora_version", where));
+  MC_ASSIGN_OR_RETURN(r.scope.salt, optional_string_field(obj, "salt", where));
+  MC_RETURN_IF_ERROR(validate_key_scope(r.scope, where));
   const int64_t expected = (r.input_length + block_size - 1) / block_size;
   if (static_cast<int64_t>(r.hash_ids.size()) != expected) {
     return bad(where, "input_length " + std::to_string(r.input_length) + " needs ceil(" +

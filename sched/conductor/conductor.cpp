@@ -74,17 +74,13 @@ namespace {
 int64_t now_unix_ns() { return unix_time_ms() * 1'000'000; }
 
 // Rebuilds the prefix index from the store master (store.stat for the event id and segment hosts,
-// store.ls for the blocks of our key namespace). Failures are rate-limited to one attempt a second.
+// store.ls for the blocks of every key namespace: requests choose theirs, and seq hashes of different
+// namespaces differ, so blocks of any namespace only ever match requests of it). Failures are
+// rate-limited to one attempt a second.
 class StoreMasterResync final : public ResyncSource {
  public:
-  StoreMasterResync(std::string endpoint, int timeout_ms, const KeyNamespace& ns, Scheduler* scheduler)
-      : endpoint_(std::move(endpoint)),
-        timeout_ms_(timeout_ms),
-        key_prefix_("kv/" + ns.digest_hex() + "/"),
-        scheduler_(scheduler) {}
-
-  // Blocks of another namespace than the one given at construction (adopted from the workers).
-  void set_key_prefix(std::string prefix) { key_prefix_ = std::move(prefix); }
+  StoreMasterResync(std::string endpoint, int timeout_ms, Scheduler* scheduler)
+      : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms), scheduler_(scheduler) {}
 
   Result<IndexSnapshot> snapshot(const std::string& stream) override {
     const int64_t now = RealClock::instance().now_ns();
@@ -123,8 +119,11 @@ class StoreMasterResync final : public ResyncSource {
 
   Result<IndexSnapshot> fetch(const std::string& stream) {
     MC_ASSIGN_OR_RETURN(proto::StoreStatReply st, refresh_hosts());
+    // Block keys "kv/<16 hex namespace digest>/<16 hex seq hash>" (block_key.hpp block_store_key).
+    constexpr std::string_view kPrefix = "kv/";
+    constexpr size_t kDigestEnd = kPrefix.size() + 16;
     proto::StoreLsRequest ls;
-    ls.prefix = key_prefix_;
+    ls.prefix = std::string(kPrefix);
     ls.limit = 400'000;  // ~100 B each: stays under the 64 MiB message limit
     Result<proto::StoreLsReply> objs = client_->call(ls, timeout_ms_);
     if (!objs.is_ok()) {
@@ -138,9 +137,9 @@ class StoreMasterResync final : public ResyncSource {
     IndexSnapshot snap;
     snap.as_of_event_id = st.last_event_id;
     for (const auto& o : objs->objects) {
-      if (!o.complete || o.key.size() != key_prefix_.size() + 16) continue;
+      if (!o.complete || o.key.size() != kDigestEnd + 1 + 16 || o.key[kDigestEnd] != '/') continue;
       uint64_t h = 0;
-      if (std::sscanf(o.key.c_str() + key_prefix_.size(), "%16lx", &h) != 1) continue;
+      if (std::sscanf(o.key.c_str() + kDigestEnd + 1, "%16lx", &h) != 1) continue;
       for (size_t i = 0; i < o.segments.size(); ++i) {
         Medium m = Medium::kCpu;
         if (i < o.media.size()) {
@@ -157,7 +156,6 @@ class StoreMasterResync final : public ResyncSource {
 
   std::string endpoint_;
   int timeout_ms_;
-  std::string key_prefix_;
   Scheduler* scheduler_;
   std::unique_ptr<rpc::RpcClient> client_;
   int64_t last_failure_ns_ = 0;
@@ -166,7 +164,12 @@ class StoreMasterResync final : public ResyncSource {
 class Conductor {
  public:
   Conductor(const ConductorOptions& options, std::unique_ptr<Scheduler> scheduler)
-      : options_(options), sched_(std::move(scheduler)) {}
+      : options_(options), sched_(std::move(scheduler)) {
+    // The configured adapter and salt are the requests' default scope, not part of the workers' base.
+    default_scope_ = options_.key_namespace.request_scope();
+    options_.key_namespace = options_.key_namespace.with_request({});
+    base_known_ = !options_.key_namespace.is_plain();
+  }
 
   Status start() {
     rpc::ServerOptions so;
@@ -180,8 +183,7 @@ class Conductor {
       subs_.emplace_back(ep, std::move(sub).value());
     }
     if (!options_.store_master.empty()) {
-      resync_ = std::make_unique<StoreMasterResync>(options_.store_master, options_.store_timeout_ms,
-                                                    options_.key_namespace, sched_.get());
+      resync_ = std::make_unique<StoreMasterResync>(options_.store_master, options_.store_timeout_ms, sched_.get());
       sched_->index().set_resync_source(resync_.get());
       Result<proto::StoreStatReply> st = resync_->refresh_hosts();
       if (!st.is_ok()) MC_LOG_WARN << "store master: " << st.status().message() << " (will retry)";
@@ -238,6 +240,7 @@ class Conductor {
     std::string prefill_host;                 // replicate_prefix: where the store copies the prefix
     std::vector<std::string> replicate_keys;  // replicate_prefix: store keys of the reused blocks
     proto::DecodeReserveReply reservation;
+    RequestKeyScope scope;  // the request's adapter and salt (or the default scope)
   };
 
   void register_handlers() {
@@ -290,9 +293,15 @@ class Conductor {
     if (in_flight_.count(req.request_id) != 0) {
       return error(Code::kAlreadyExists, "request '" + req.request_id + "' is already being dispatched");
     }
-    MC_ASSIGN_OR_RETURN(Request r, request_from_submit(req.request_id, req.input_tokens, req.output_tokens, req.tokens,
-                                                       req.block_hashes, req.block_size_tokens, req.slo_ttft_ms,
-                                                       req.slo_tbt_ms, options_.key_namespace));
+    RequestKeyScope scope{req.lora_name, req.lora_version, req.salt};
+    MC_RETURN_IF_ERROR(validate_key_scope(scope, "submit '" + req.request_id + "'"));
+    if (scope.empty()) scope = default_scope_;
+    // The request's namespace: the workers' base with its adapter and salt, so its prefix matches only
+    // blocks computed by the same model with the same adapter, version and salt.
+    const KeyNamespace ns = options_.key_namespace.with_request(scope);
+    MC_ASSIGN_OR_RETURN(
+        Request r, request_from_submit(req.request_id, req.input_tokens, req.output_tokens, req.tokens,
+                                       req.block_hashes, req.block_size_tokens, req.slo_ttft_ms, req.slo_tbt_ms, ns));
     if (req.tokens.empty()) {
       return error(Code::kInvalidArgument, "submit '" + req.request_id +
                                                "': no tokens: the prefill instance needs the prompt (synthesize "
@@ -315,15 +324,16 @@ class Conductor {
     f.submit_unix_ns = now_unix_ns();
     f.submit = req;
     f.decision = d;
+    f.scope = scope;
     f.prefill_endpoint = p->info.endpoint;
     f.decode_endpoint = dec->info.endpoint;
     if (d.replicate_prefix && !options_.store_master.empty()) {
       f.prefill_host = p->info.host;
       const size_t n =
           std::min(r.block_hashes.size(), static_cast<size_t>(std::max<int64_t>(d.prefill.reused_blocks, 0)));
-      // The workers' store keys: "kv/<digest>/<seq hash>", with the digest adopted from them when this
-      // Conductor was given no namespace (adopt_key_namespace).
-      const std::string digest = key_digest_.empty() ? options_.key_namespace.digest_hex() : key_digest_;
+      // The workers' store keys: "kv/<digest of the request's namespace>/<seq hash>"; the base's digest as a
+      // worker told it when it named no namespace fields (adopt_key_namespace).
+      const std::string digest = base_known_ || key_digest_.empty() ? ns.digest_hex() : key_digest_;
       for (size_t i = 0; i < n; ++i) {
         char hex[17];
         std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(r.block_hashes[i]));
@@ -349,6 +359,9 @@ class Conductor {
     rr.input_length_tokens = static_cast<int64_t>(f.submit.tokens.size());
     rr.output_length_tokens = f.submit.output_tokens;
     rr.client_endpoint = f.submit.client_endpoint;
+    rr.lora_name = f.scope.lora_name;
+    rr.lora_version = f.scope.lora_version;
+    rr.salt = f.scope.salt;
     calls_.call<proto::DecodeReserveRequest>(
         f.decode_endpoint, rr, options_.reserve_timeout_ms,
         [this, id](Result<proto::DecodeReserveReply> res) { on_reserved(id, std::move(res)); });
@@ -415,6 +428,9 @@ class Conductor {
     job.decode_block_offsets_bytes = res.block_offsets_bytes;
     job.decode_kv_segment = res.kv_segment;  // the prefill WRITEs each layer there (transfer engine)
     job.client_endpoint = f.submit.client_endpoint;
+    job.lora_name = f.scope.lora_name;
+    job.lora_version = f.scope.lora_version;
+    job.salt = f.scope.salt;
     f.dispatch_ns = RealClock::instance().now_ns();
     answer(f, reply_of(f.decision));
     metrics_.counter("mc_conductor_dispatched_total", "requests dispatched to a prefill instance").inc();
@@ -468,28 +484,44 @@ class Conductor {
     in_flight_.erase(it);  // the decode ledger entry stays until done or its predicted end
   }
 
-  // The Conductor must compute a request's block keys exactly as the prefill workers store them. With no
-  // namespace configured (--model etc.) it adopts the first prefill worker's (digest + chain seed); a
-  // worker of another namespace is then refused, since its blocks could never hit.
+  // The Conductor must compute a request's block keys exactly as the prefill workers store them: in their
+  // base namespace with the request's adapter and salt. With no base configured (--model etc.; --lora and
+  // --salt are only the requests' default scope) it adopts the first prefill worker's: its namespace fields
+  // when it names them (checked against its digest), else only its chain seed (then requests of a non-empty
+  // scope find no prefix). A worker of another base namespace is then refused, since its blocks could never hit.
   Status adopt_key_namespace(const proto::ConductorRegisterRequest& req) {
     if (req.role != "prefill" || req.key_namespace_digest.empty()) return Status::ok();
     if (key_digest_.empty()) {
-      if (!options_.key_namespace.is_plain()) {
+      if (base_known_) {
         key_digest_ = options_.key_namespace.digest_hex();
       } else {
-        KeyNamespace adopted;
-        adopted.seed = req.key_chain_seed;
-        adopted.block_size = options_.key_namespace.block_size;
-        options_.key_namespace = adopted;
+        KeyNamespace named;
+        named.model_id = req.key_model_id;
+        named.model_revision = req.key_model_revision;
+        named.kv_dtype = req.key_kv_dtype;
+        named.layout = req.key_layout;
+        named.seed = req.key_seed;
+        named.block_size = options_.key_namespace.block_size;
+        if (named.digest_hex() == req.key_namespace_digest) {
+          options_.key_namespace = named;
+          base_known_ = true;
+        } else {
+          KeyNamespace adopted;
+          adopted.seed = req.key_chain_seed;
+          adopted.block_size = options_.key_namespace.block_size;
+          options_.key_namespace = adopted;
+        }
         key_digest_ = req.key_namespace_digest;
-        if (resync_) resync_->set_key_prefix("kv/" + key_digest_ + "/");
-        MC_LOG_INFO << "block keys: adopted namespace " << key_digest_ << " of prefill '" << req.instance_id << "'";
+        MC_LOG_INFO << "block keys: adopted namespace " << key_digest_ << " of prefill '" << req.instance_id << "'"
+                    << (base_known_ ? "" : " (its fields unknown: only requests of the default scope match prefixes)");
       }
     }
     if (req.key_namespace_digest != key_digest_) {
       return error(Code::kInvalidArgument, "register '" + req.instance_id + "': it stores KV blocks in namespace " +
                                                req.key_namespace_digest + " but this Conductor keys requests in " +
-                                               key_digest_ + ": run one model, dtype and layout per Conductor");
+                                               key_digest_ +
+                                               ": run one model, dtype, layout and seed per Conductor (an adapter "
+                                               "or salt is the request's, not the worker's)");
     }
     return Status::ok();
   }
@@ -601,7 +633,9 @@ class Conductor {
   std::unique_ptr<rpc::RpcServer> server_;
   std::vector<std::pair<std::string, std::unique_ptr<rpc::EventSubscriber>>> subs_;
   std::unique_ptr<StoreMasterResync> resync_;
-  std::string key_digest_;  // namespace of the workers' block keys, once known
+  std::string key_digest_;         // base namespace of the workers' block keys, once known
+  bool base_known_ = false;        // options_.key_namespace holds the base's fields (configured or named)
+  RequestKeyScope default_scope_;  // --lora, --lora-version, --salt: the scope of requests that name none
   rpc::AsyncClient calls_{[] {
     rpc::AsyncClientOptions o;
     o.client_name = "mc-conductor";

@@ -12,7 +12,12 @@ proto::ConductorSubmitRequest to_submit_request(const Submission& s, int64_t blo
   req.input_tokens = static_cast<int64_t>(s.tokens.size());
   req.output_tokens = s.output_length_tokens;
   req.tokens = s.tokens;
-  if (s.row) req.hash_ids = s.row->hash_ids;
+  if (s.row) {
+    req.hash_ids = s.row->hash_ids;
+    req.lora_name = s.row->scope.lora_name;  // the row's adapter and salt (absent: the Conductor's default)
+    req.lora_version = s.row->scope.lora_version;
+    req.salt = s.row->scope.salt;
+  }
   req.block_size_tokens = block_size_tokens;
   req.slo_ttft_ms = s.slo_ttft_ms;
   req.slo_tbt_ms = s.slo_tbt_ms;

@@ -88,5 +88,45 @@ TEST(BlockKey, NamespaceFieldsSeparateKeys) {
   EXPECT_EQ(block_store_key(base, 0x1234).substr(20), "0000000000001234");
 }
 
+// A request's namespace is the worker's base with the request's adapter and salt: equal scopes give equal
+// keys, any difference in adapter, version or salt gives other keys (and another store-key digest), and
+// the base's own adapter and salt are replaced, never kept.
+TEST(BlockKey, RequestScopeSelectsTheNamespace) {
+  auto tokens = iota_tokens(64);
+  KeyNamespace base;
+  base.model_id = "tiny";
+  base.model_revision = "ref-seed0";
+  base.block_size = 16;
+  const RequestKeyScope a1{"a", "1", ""}, a2{"a", "2", ""}, b1{"b", "1", ""}, a1t{"a", "1", "t"};
+  EXPECT_EQ(seq_hashes(tokens, base.with_request({})), seq_hashes(tokens, base));
+  EXPECT_EQ(seq_hashes(tokens, base.with_request(a1)), seq_hashes(tokens, base.with_request(RequestKeyScope{a1})));
+  std::set<uint64_t> first;
+  std::set<std::string> digests;
+  for (const RequestKeyScope& s : {RequestKeyScope{}, a1, a2, b1, a1t, RequestKeyScope{"", "", "t"}}) {
+    const KeyNamespace ns = base.with_request(s);
+    EXPECT_EQ(ns.request_scope(), s);
+    EXPECT_EQ(ns.model_id, "tiny");
+    EXPECT_TRUE(first.insert(seq_hashes(tokens, ns)[0]).second) << s.describe();
+    EXPECT_TRUE(digests.insert(ns.digest_hex()).second) << s.describe();
+  }
+  KeyNamespace salted = base.with_request(a1t);
+  EXPECT_EQ(salted.with_request(a1).digest_hex(), base.with_request(a1).digest_hex());
+  EXPECT_EQ(salted.with_request({}).digest_hex(), base.digest_hex());
+  EXPECT_EQ(a1t.describe(), "a@1 salt=t");
+  EXPECT_EQ(RequestKeyScope{}.describe(), "base");
+}
+
+TEST(BlockKey, KeyScopeValidation) {
+  EXPECT_TRUE(validate_key_scope({}, "r").is_ok());
+  EXPECT_TRUE(validate_key_scope({"a", "", "t"}, "r").is_ok());
+  Status no_name = validate_key_scope({"", "2", ""}, "row 3");
+  EXPECT_EQ(no_name.code(), Code::kInvalidArgument);
+  EXPECT_NE(no_name.message().find("row 3: lora_version '2' without lora_name"), std::string::npos)
+      << no_name.message();
+  Status long_salt = validate_key_scope({"", "", std::string(kMaxKeyScopeFieldBytes + 1, 'x')}, "r");
+  EXPECT_NE(long_salt.message().find("salt has 257 bytes"), std::string::npos) << long_salt.message();
+  EXPECT_FALSE(validate_key_scope({"a\n", "", ""}, "r").is_ok());
+}
+
 }  // namespace
 }  // namespace mc

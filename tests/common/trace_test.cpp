@@ -163,6 +163,29 @@ TEST(Trace, ShippedConversationTrace) {
   EXPECT_EQ((*reader)->stats().skipped, 0);
 }
 
+// The optional key scope of a row (DESIGN.md §4.1): absent = base model, no salt; strings only.
+TEST(Trace, OptionalKeyScope) {
+  auto r = read_all(std::string(kValid1) + "\n" +
+                        R"({"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [5], )"
+                        R"("lora_name": "sql", "lora_version": "v2", "salt": "tenant-7"})" +
+                        "\n",
+                    Mode::kStrict);
+  ASSERT_TRUE(r.status.is_ok()) << r.status.to_string();
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_TRUE(r.rows[0].scope.empty());
+  EXPECT_EQ(r.rows[1].scope, (RequestKeyScope{"sql", "v2", "tenant-7"}));
+  auto bad_type =
+      read_all(R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [5], "salt": 7})", Mode::kStrict);
+  EXPECT_EQ(bad_type.status.code(), Code::kInvalidArgument);
+  EXPECT_NE(bad_type.status.message().find("t.jsonl:1: \"salt\" must be a string"), std::string::npos)
+      << bad_type.status.message();
+  auto no_name =
+      read_all(R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [5], "lora_version": "1"})",
+               Mode::kStrict);
+  EXPECT_NE(no_name.status.message().find("lora_version '1' without lora_name"), std::string::npos)
+      << no_name.status.message();
+}
+
 TEST(Trace, MissingFileIsNotFound) {
   auto r = Reader::open("/nonexistent/trace.jsonl", ReaderOptions{});
   ASSERT_FALSE(r.is_ok());

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "mc/common/block_key.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"
@@ -101,10 +102,14 @@ struct RequestRun {
 
 RequestRun run_request(rpc::RpcClient& decode, const std::string& decode_ep, rpc::RpcClient& prefill,
                        ClientEndpoint& client, const std::string& id, const std::vector<uint32_t>& prompt,
-                       int64_t output, int64_t fail_after_layers = -1) {
+                       int64_t output, int64_t fail_after_layers = -1, const RequestKeyScope& reserve_scope = {},
+                       const RequestKeyScope& job_scope = {}) {
   RequestRun run;
-  auto res = decode.call(
-      proto::DecodeReserveRequest{id, static_cast<int64_t>(prompt.size()), output, client.endpoint(), 10000}, 5000);
+  proto::DecodeReserveRequest rr{id, static_cast<int64_t>(prompt.size()), output, client.endpoint(), 10000};
+  rr.lora_name = reserve_scope.lora_name;
+  rr.lora_version = reserve_scope.lora_version;
+  rr.salt = reserve_scope.salt;
+  auto res = decode.call(rr, 5000);
   if (!res.is_ok()) {
     run.job = res.status();
     return run;
@@ -118,6 +123,9 @@ RequestRun run_request(rpc::RpcClient& decode, const std::string& decode_ep, rpc
   job.decode_block_offsets_bytes = res->block_offsets_bytes;
   job.client_endpoint = client.endpoint();
   job.fail_after_layers = fail_after_layers;
+  job.lora_name = job_scope.lora_name;
+  job.lora_version = job_scope.lora_version;
+  job.salt = job_scope.salt;
   run.job = prefill.call(job, 20000);
   run.stream = client.wait(id);
   return run;
@@ -217,6 +225,59 @@ TEST(InferE2E, SharedPrefixRefBackendKvWriteFallback) {
 TEST(InferE2E, SharedPrefixSimBackendScaledKv) {
   shared_prefix_e2e(
       {"--backend", "sim", "--model", "llama3-70b", "--kv-bytes-per-token", "8192", "--time-scale", "100"});
+}
+
+// mc-decode refuses KV of another key namespace than the request's (DESIGN.md §4.1): a prefill started with
+// another --seed (another model), or a job run with another adapter or salt than the reservation's, never
+// becomes tokens; the client gets request_error naming both namespaces, and the reservation is freed.
+TEST(InferE2E, DecodeRefusesKvOfAnotherNamespace) {
+  const std::vector<std::string> common = {"--backend", "ref",         "--model", "tiny",        "--block-size",
+                                           "16",        "--kv-blocks", "256",     "--log-level", "error"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  Child decode(cmd(kBin + "mc-decode", with({"--seed", "5"})));
+  Child same(cmd(kBin + "mc-prefill", with({"--seed", "5"})));
+  Child other(cmd(kBin + "mc-prefill", with({"--seed", "6"})));
+  const std::string dep = decode.wait_ready(), sep = same.wait_ready(), oep = other.wait_ready();
+  ASSERT_FALSE(dep.empty());
+  ASSERT_FALSE(sep.empty());
+  ASSERT_FALSE(oep.empty());
+  auto d = rpc::RpcClient::connect(dep).value();
+  auto ps = rpc::RpcClient::connect(sep).value();
+  auto po = rpc::RpcClient::connect(oep).value();
+  ClientEndpoint client;
+  const auto prompt = prompt_with_shared_prefix(16, 5, 1);
+  const RequestKeyScope a1{"a", "1", ""}, a2{"a", "2", ""}, a1t{"a", "1", "t"};
+  struct Case {
+    std::string id;
+    rpc::RpcClient* prefill;
+    RequestKeyScope reserve, job;
+    bool ok;
+  };
+  const std::vector<Case> cases = {{"seed", po.get(), {}, {}, false},  {"version", ps.get(), a1, a2, false},
+                                   {"salt", ps.get(), a1, a1t, false}, {"no-adapter", ps.get(), a1, {}, false},
+                                   {"equal", ps.get(), a1, a1, true},  {"base", ps.get(), {}, {}, true}};
+  for (const Case& c : cases) {
+    RequestRun run = run_request(*d, dep, *c.prefill, client, c.id, prompt, 4, -1, c.reserve, c.job);
+    if (c.ok) {
+      ASSERT_TRUE(run.job) << c.id << ": " << run.job.status().to_string();
+      ASSERT_TRUE(run.stream.done.has_value()) << c.id;
+      EXPECT_EQ(run.stream.tokens.size(), 4u) << c.id;
+      continue;
+    }
+    ASSERT_FALSE(run.job) << c.id << ": decode accepted KV of another namespace";
+    EXPECT_NE(run.job.status().message().find("key namespace"), std::string::npos)
+        << c.id << ": " << run.job.status().message();
+    ASSERT_TRUE(run.stream.error.has_value()) << c.id;
+    EXPECT_EQ(run.stream.error->code, static_cast<uint16_t>(Code::kFailedPrecondition)) << c.id;
+    EXPECT_NE(run.stream.error->message.find(c.reserve.describe()), std::string::npos) << run.stream.error->message;
+    EXPECT_TRUE(run.stream.tokens.empty()) << c.id << ": tokens generated from foreign KV";
+  }
+  auto load = d->call(proto::WorkerLoadRequest{}, 2000);
+  ASSERT_TRUE(load);
+  EXPECT_EQ(load->kv_blocks_committed, 0);
 }
 
 // A real store (master + one node): the second request hits the prefix in the store; the node is then killed

@@ -74,7 +74,9 @@ TEST(WorkerProtocol, KvWriteAndCommit) {
   // bytes travel as msgpack bin, not as an array of integers
   EXPECT_LT(codec::pack(w).size(), 300u + 64u);
   EXPECT_EQ(round_trip(KvWriteReply{4}).layers_received, 4);
-  auto c = round_trip(KvCommitRequest{5, "req-1", 61, 4000000000u, 1700000000000000000LL, sample_ledger()});
+  auto c = round_trip(
+      KvCommitRequest{5, "req-1", 61, 4000000000u, 1700000000000000000LL, sample_ledger(), "00112233aabbccdd"});
+  EXPECT_EQ(c.kv_namespace_digest, "00112233aabbccdd");
   EXPECT_EQ(c.first_token, 4000000000u);
   EXPECT_EQ(c.first_token_unix_ns, 1700000000000000000LL);
   EXPECT_EQ(c.prompt_tokens, 61);
@@ -97,7 +99,13 @@ TEST(WorkerProtocol, PrefillJob) {
   j.chunk_tokens = 64;
   j.store_new_blocks = false;
   j.fail_after_layers = 2;
+  j.lora_name = "sql";
+  j.lora_version = "3";
+  j.salt = "tenant-7";
   auto j2 = round_trip(j);
+  EXPECT_EQ(j2.lora_name, "sql");
+  EXPECT_EQ(j2.lora_version, "3");
+  EXPECT_EQ(j2.salt, "tenant-7");
   EXPECT_EQ(j2.tokens, j.tokens);
   EXPECT_EQ(j2.fetch_prefix_blocks, 2);
   EXPECT_EQ(j2.decode_block_offsets_bytes, j.decode_block_offsets_bytes);
@@ -154,6 +162,16 @@ TEST(WorkerProtocol, FieldsAbsentFromAnOlderPeerKeepTheirDefaults) {
   EXPECT_EQ(j->reservation_id, 4u);
   EXPECT_EQ(j->decode_kv_segment, "");
   EXPECT_EQ(j->fail_after_layers, -1);
+  EXPECT_EQ(j->lora_name, "");  // no key scope: the base model, no salt
+  EXPECT_EQ(j->salt, "");
+  // A kv_commit and a decode_reserve without a key scope or namespace digest.
+  auto c = codec::unpack<KvCommitRequest>(std::string_view(buf.data(), buf.size()), "kv_commit");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->kv_namespace_digest, "");
+  auto r = codec::unpack<DecodeReserveRequest>(std::string_view(buf.data(), buf.size()), "decode_reserve");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->lora_name, "");
+  EXPECT_EQ(r->lora_version, "");
 }
 
 TEST(WorkerProtocol, WrongTypesAreMalformed) {

@@ -83,6 +83,7 @@ struct Cluster {
     DecodeWorkerOptions d;
     d.block_tokens = kBlock;
     d.kv_blocks = decode_blocks;
+    d.weight_seed = 3;  // the backend's seed, as the prefill's below
     decode = DecodeWorker::create(d, backend(kind), std::make_unique<RecordingSink>(&client), &clock).value();
     decode_ptr = decode.get();
     if (engine) {
@@ -108,8 +109,12 @@ struct Cluster {
 
   // reserve + prefill job + decode to the end. Returns the prefill job's result.
   Result<proto::PrefillJobReply> run(const std::string& id, const std::vector<uint32_t>& prompt, int64_t output,
-                                     int64_t fail_after_layers = -1) {
-    auto res = decode->reserve({id, static_cast<int64_t>(prompt.size()), output, "inproc://client", 0});
+                                     int64_t fail_after_layers = -1, const RequestKeyScope& scope = {}) {
+    proto::DecodeReserveRequest rr{id, static_cast<int64_t>(prompt.size()), output, "inproc://client", 0};
+    rr.lora_name = scope.lora_name;
+    rr.lora_version = scope.lora_version;
+    rr.salt = scope.salt;
+    auto res = decode->reserve(rr);
     if (!res.is_ok()) return res.status();
     proto::PrefillJobRequest job;
     job.request_id = id;
@@ -121,6 +126,9 @@ struct Cluster {
     job.decode_kv_segment = res->kv_segment;
     job.client_endpoint = "inproc://client";
     job.fail_after_layers = fail_after_layers;
+    job.lora_name = scope.lora_name;
+    job.lora_version = scope.lora_version;
+    job.salt = scope.salt;
     auto reply = prefill->run_job(job);
     for (int i = 0; i < 1000 && !decode->idle(); ++i) EXPECT_TRUE(decode->step().is_ok());
     EXPECT_TRUE(decode->idle());
@@ -431,6 +439,90 @@ TEST(Workers, CommitWithMissingLayersIsRefused) {
   EXPECT_TRUE(c.client["partial"].tokens.empty());
   EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
   EXPECT_EQ(c.decode->kv_write(w).status().code(), Code::kNotFound);
+}
+
+// The request's key scope (DESIGN.md §4.1): equal scopes share blocks, another adapter, version or salt never
+// does; the adapter changes the KV bytes (a seeded low-rank delta), the salt only the keys.
+void key_scope_run(const std::string& kind) {
+  SCOPED_TRACE(kind);
+  Cluster c(kind, true);
+  std::vector<uint32_t> prompt;
+  for (int i = 0; i < 2 * kBlock + 7; ++i) prompt.push_back(static_cast<uint32_t>((i * 53 + 3) % 256));
+  const RequestKeyScope base{}, a1{"a", "1", ""}, a2{"a", "2", ""}, b1{"b", "1", ""}, a1t{"a", "1", "t"};
+  struct Step {
+    RequestKeyScope scope;
+    int64_t hit_tokens;
+  };
+  const std::vector<Step> steps = {{base, 0}, {a1, 0},  {a1, 2 * kBlock},  {a2, 0},
+                                   {b1, 0},   {a1t, 0}, {base, 2 * kBlock}};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string id = "s" + std::to_string(i);
+    auto r = c.run(id, prompt, 4, -1, steps[i].scope);
+    ASSERT_TRUE(r) << r.status().to_string();
+    EXPECT_EQ(r->ledger.hit_tokens, steps[i].hit_tokens) << id << " " << steps[i].scope.describe();
+    ASSERT_TRUE(c.client[id].done.has_value()) << id;
+  }
+  EXPECT_EQ(c.cache->size(), 5u * 2u);  // two blocks in each of the five namespaces
+  // Block 0's bytes per namespace.
+  const KeyNamespace ns = kv_namespace(c.prefill->backend(), kBlock, 3);
+  const uint64_t block_bytes = static_cast<uint64_t>(c.prefill->kv().layout().block_bytes());
+  auto block0 = [&](const RequestKeyScope& scope) {
+    const KeyNamespace scoped = ns.with_request(scope);
+    std::vector<std::byte> buf(block_bytes);
+    BlockGet g{block_store_key(scoped, seq_hashes(prompt, scoped)[0]), buf};
+    auto got = c.cache->get(std::span<const BlockGet>(&g, 1));
+    EXPECT_TRUE(got.is_ok() && got->front().is_ok()) << scope.describe();
+    return buf;
+  };
+  EXPECT_NE(block0(base), block0(a1));
+  EXPECT_NE(block0(a1), block0(a2));
+  EXPECT_NE(block0(a1), block0(b1));
+  EXPECT_EQ(block0(a1), block0(a1t)) << "a salt changes the keys, not the KV";
+}
+
+TEST(Workers, KeyScopeSeparatesBlocksRef) { key_scope_run("ref"); }
+TEST(Workers, KeyScopeSeparatesBlocksSim) { key_scope_run("sim"); }
+
+// The adapter also changes what is generated: the same prompt under two adapters gives other tokens (ref).
+TEST(Workers, AdapterChangesTheOutputRef) {
+  Cluster c("ref", false);
+  std::vector<uint32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(static_cast<uint32_t>((i * 29 + 1) % 256));
+  ASSERT_TRUE(c.run("base", prompt, 8));
+  ASSERT_TRUE(c.run("x", prompt, 8, -1, {"x", "1", ""}));
+  ASSERT_TRUE(c.run("x-again", prompt, 8, -1, {"x", "1", ""}));
+  EXPECT_NE(c.client["base"].tokens, c.client["x"].tokens);
+  EXPECT_EQ(c.client["x"].tokens, c.client["x-again"].tokens);
+}
+
+// Decode refuses KV of another namespace than the request's: the reservation is freed, the client told.
+TEST(Workers, CommitOfAnotherNamespaceIsRefused) {
+  Cluster c("ref", false);
+  proto::DecodeReserveRequest rr{"foreign", 20, 5, "inproc://c", 0};
+  rr.lora_name = "a";
+  rr.lora_version = "1";
+  auto res = c.decode->reserve(rr).value();
+  proto::KvWriteRequest w;
+  w.reservation_id = res.reservation_id;
+  w.block_indexes = {0, 1};
+  w.data.assign(static_cast<size_t>(2 * res.layer_block_bytes), 0);
+  for (int64_t l = 0; l < c.decode->kv().layout().num_layers; ++l) {
+    w.layer = l;
+    ASSERT_TRUE(c.decode->kv_write(w));
+  }
+  const KeyNamespace other = kv_namespace(c.decode->backend(), kBlock, 3).with_request({"a", "2", ""});
+  proto::KvCommitRequest commit{res.reservation_id, "foreign", 20, 1, 0, {}, other.digest_hex()};
+  auto refused = c.decode->commit(commit);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("a@1"), std::string::npos) << refused.status().message();
+  ASSERT_TRUE(c.decode->step());
+  ASSERT_TRUE(c.client["foreign"].error.has_value());
+  EXPECT_TRUE(c.client["foreign"].tokens.empty());
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+  // A bad scope is refused at reservation.
+  rr.lora_name = "";
+  EXPECT_EQ(c.decode->reserve(rr).status().code(), Code::kInvalidArgument);
 }
 
 TEST(Workers, ReservationExpiresWithoutCommit) {

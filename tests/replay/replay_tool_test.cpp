@@ -403,6 +403,17 @@ TEST(ReplayTool, ConductorEventsMapOntoTheRecord) {
   EXPECT_EQ(req.output_tokens, 9);
   sub.client_endpoint = "tcp://127.0.0.1:5";
   EXPECT_EQ(to_submit_request(sub, 0).client_endpoint, "tcp://127.0.0.1:5");
+  EXPECT_TRUE(req.lora_name.empty() && req.lora_version.empty() && req.salt.empty());
+  // The row's key scope goes with the request.
+  trace::Request row;
+  row.hash_ids = {4};
+  row.scope = {"sql", "2", "tenant-7"};
+  sub.row = &row;
+  auto scoped = to_submit_request(sub, 16);
+  EXPECT_EQ(scoped.hash_ids, row.hash_ids);
+  EXPECT_EQ(scoped.lora_name, "sql");
+  EXPECT_EQ(scoped.lora_version, "2");
+  EXPECT_EQ(scoped.salt, "tenant-7");
 }
 
 }  // namespace

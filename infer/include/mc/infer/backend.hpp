@@ -13,9 +13,15 @@
 // Backends:
 //   ref  a real LLaMA-architecture transformer on the CPU (RMSNorm, RoPE, GQA, SwiGLU), fp32, seeded weights,
 //        OpenBLAS sgemm. KV element type fp32: kv_bytes_per_token_layer = 2 · kv_heads · head_dim · 4.
+//        A LoRA adapter (LoraAdapter, per sequence) adds a rank-kLoraRank delta A·B to the Q, K and V
+//        projections of every layer, A and B drawn from lora_weight_seed(adapter): deterministic in name and
+//        version, so two adapters give different KV and tokens for equal prompts, and one adapter the same
+//        everywhere. Adapter weights are made on first use and cached (at most kMaxLoraAdapters; the cache is
+//        emptied when a call needs more, and a batch of more distinct adapters fails with kResourceExhausted).
 //   sim  the cost model of cost_model.hpp: sleeps the modelled time / time_scale (prefill: 1/L of it per layer),
 //        writes deterministic KV bytes of the configured size, and generates deterministic tokens (a hash of the
-//        prompt), so cache hits can still be checked byte for byte.
+//        prompt), so cache hits can still be checked byte for byte. An adapter changes the hash chain's start
+//        (seed ^ lora_weight_seed), so its KV bytes and tokens differ too.
 //
 // Errors: kInvalidArgument for a token id ≥ vocab, an empty prompt, cached_tokens out of [0, n), a block table
 // too short for the tokens; a non-ok Status from on_layer aborts the prefill and is returned (nothing after that
@@ -29,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "mc/common/block_key.hpp"
 #include "mc/common/status.hpp"
 #include "mc/infer/kv_buffer.hpp"
 #include "mc/model/cost_model.hpp"
@@ -36,11 +43,23 @@
 
 namespace mc::infer {
 
+// The LoRA adapter a sequence runs with (block_key.hpp RequestKeyScope's lora_name / lora_version).
+struct LoraAdapter {
+  std::string name;  // empty: the base model
+  std::string version;
+  bool is_base() const { return name.empty(); }
+};
+// The seed of an adapter's weights: 0 for the base model, else XXH3 of the (name, version) key scope.
+uint64_t lora_weight_seed(const LoraAdapter& adapter);
+inline constexpr int64_t kLoraRank = 4;
+inline constexpr size_t kMaxLoraAdapters = 64;
+
 struct PrefillRequest {
   std::span<const uint32_t> tokens;      // the whole prompt
   int64_t cached_tokens = 0;             // KV of tokens [0, cached_tokens) already in the block table
   std::span<const int32_t> block_table;  // at least blocks_for_tokens(tokens.size()) blocks of the KvBuffer
   int64_t chunk_tokens = 0;              // 0: one chunk
+  LoraAdapter lora{};                    // the adapter the prompt runs with (default: the base model)
 };
 
 struct PrefillResult {
@@ -57,6 +76,7 @@ struct DecodeSequence {
   uint32_t last_token = 0;
   int64_t position = 0;                  // tokens already in the KV cache; last_token goes to this position
   std::span<const int32_t> block_table;  // must cover position + 1 tokens
+  LoraAdapter lora{};                    // the adapter its prefill ran with
 };
 
 struct BackendOptions {
@@ -88,6 +108,11 @@ class Backend {
 
 // Builds a backend (validates the options: kInvalidArgument names the bad one).
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
+
+// The base key namespace of a worker's KV blocks (block_key.hpp): model name, backend and its KV encoding
+// (ref: fp32 and the weight seed; sim: bytes per token and layer), block size. Workers that must share cache
+// entries must agree on all of these; anything else never hits. A request's namespace adds its key scope.
+KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed);
 
 // Checks a prefill request against the model and buffer (shared by the backends).
 Status validate_prefill(const ModelConfig& model, const KvBuffer& kv, const PrefillRequest& request);

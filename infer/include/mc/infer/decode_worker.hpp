@@ -25,6 +25,11 @@
 // held (and counted against admission) until the prefill's kv_commit/decode_abort for it arrives or
 // expired_hold_ms passes, since a prefill still computing may WRITE into them (one-sided writes cannot be refused).
 //
+// Key namespace (block_key.hpp): a reservation carries the request's key scope (adapter and salt); decode runs
+// that adapter and expects the KV in its base namespace (kv_namespace) with that scope. A kv_commit naming
+// another namespace digest (another adapter, salt, model, seed or block size at the prefill) is refused with
+// kFailedPrecondition, the reservation freed and the client told: decode never generates from foreign KV.
+//
 // Conductor job reports: with set_job_reporter(), every first token, completion and failure sent to a client is
 // also reported (conductor.job_report: first_token / done / failed).
 //
@@ -77,6 +82,7 @@ struct DecodeWorkerOptions {
   int64_t max_batch_size = 64;         // running sequences at most (more wait in the join queue)
   int64_t reservation_ttl_ms = 30000;  // default ttl of a reservation without commit
   int64_t expired_hold_ms = 60000;     // blocks of an expired reservation held at most this long (segment only)
+  uint64_t weight_seed = 0;            // part of the key namespace (kv_namespace; the prefill's --seed)
 };
 
 class DecodeWorker {
@@ -132,6 +138,7 @@ class DecodeWorker {
   std::unique_ptr<TokenSink> sink_;
   std::unique_ptr<KvBuffer> kv_;
   const Clock* clock_;
+  KeyNamespace ns_;  // base namespace of this worker's KV
   metrics::Registry metrics_;
 
   mutable std::mutex mu_;

@@ -4,6 +4,9 @@
 //   1. Validates the job (non-empty prompt within the model's max context, tokens in the vocabulary, a decode
 //      target with one block offset per prompt block). Nothing is computed or sent for a bad job; its decode
 //      reservation is aborted so the decode side frees it and tells the client (DESIGN.md §13.14).
+//   The job's key scope (adapter and salt, PrefillJobRequest::lora_name/lora_version/salt) selects the request's
+//   namespace: this worker's base namespace (kv_namespace) with that scope; every block key below is in it, the
+//   backend runs the job's adapter, and kv_commit names the namespace's digest.
 //   2. Fetches the prefix: the leading complete blocks (at most fetch_prefix_blocks, never the block holding the
 //      last prompt token) are read from the KvBlockCache straight into this worker's KV buffer, one object per
 //      block. The hit is the leading run of blocks that arrived; everything from the first missing or failed
@@ -60,11 +63,6 @@ class DecodeLink {
 };
 // One RpcClient per decode endpoint, `timeout_ms` per call.
 std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms);
-
-// The key namespace of this worker's KV blocks (block_key.hpp): model name, backend and its KV encoding
-// (ref: fp32 and the weight seed; sim: bytes per token and layer), block size. Workers that must share cache
-// entries must agree on all of these; anything else never hits.
-KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed);
 
 struct PrefillWorkerOptions {
   int64_t block_tokens = 16;              // tokens per KV block (= the store's block size for this namespace)

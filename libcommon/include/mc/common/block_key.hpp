@@ -12,6 +12,11 @@
 // each other. KeyNamespace::chain_seed() folds all of these into the seed used above, so every key
 // of a different namespace differs; with an empty namespace (all fields default) the chain seed is
 // the plain seed, which keeps the digests identical to the RFC's for tools that only know the seed.
+//
+// Per request (DESIGN.md §4.1): the model, revision, dtype, layout, seed and block size are the serving
+// instance's (its base namespace); the LoRA adapter (name + version) and the tenant salt are the request's.
+// A request's namespace is base.with_request(scope): every key of two requests with equal tokens differs
+// when their adapter, version or salt differ, and is equal when they agree.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -20,7 +25,26 @@
 #include <string>
 #include <vector>
 
+#include "mc/common/status.hpp"
+
 namespace mc {
+
+// The part of a block-key namespace a request chooses. All empty: the base model, no salt.
+struct RequestKeyScope {
+  std::string lora_name;     // LoRA adapter; empty = the base model
+  std::string lora_version;  // the adapter's version; needs lora_name
+  std::string salt;          // tenant isolation; independent of the adapter
+
+  bool empty() const { return lora_name.empty() && lora_version.empty() && salt.empty(); }
+  // "name@version" (or "name" without a version), "base" for no adapter, then " salt=<salt>" when salted.
+  std::string describe() const;
+  bool operator==(const RequestKeyScope&) const = default;
+};
+// Longest lora_name, lora_version or salt accepted from a request (bytes).
+inline constexpr size_t kMaxKeyScopeFieldBytes = 256;
+// kInvalidArgument naming `where` when a field is longer than kMaxKeyScopeFieldBytes or holds a control
+// character, or when lora_version is set without lora_name.
+Status validate_key_scope(const RequestKeyScope& scope, const std::string& where);
 
 struct KeyNamespace {
   std::string model_id;        // e.g. "llama3-70b"
@@ -42,6 +66,10 @@ struct KeyNamespace {
   uint64_t chain_seed() const;
   // 16 hex digits of XXH3_64(canonical(), seed): names the namespace in store keys.
   std::string digest_hex() const;
+  // This namespace with the request's adapter and salt in place of its own (the base's are replaced).
+  KeyNamespace with_request(const RequestKeyScope& scope) const;
+  // The adapter and salt of this namespace.
+  RequestKeyScope request_scope() const { return {lora_name, lora_version, salt}; }
 };
 
 // local[i] of one block of tokens.

@@ -619,7 +619,13 @@ struct DecodeReserveRequest {
   int64_t output_length_tokens = 0;  // tokens to generate (> 0), first token included
   std::string client_endpoint;       // where token events go (ZeroMQ URI of the client's RpcServer)
   int64_t ttl_ms = 0;                // reservation dropped when no kv_commit arrives in time (0: worker default)
-  MSGPACK_DEFINE_MAP(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms);
+  // The request's key scope (block_key.hpp RequestKeyScope; all empty: base model, no salt): decode runs the
+  // adapter and refuses a kv_commit whose KV namespace is not this scope in its own base namespace.
+  std::string lora_name{};
+  std::string lora_version{};
+  std::string salt{};
+  MSGPACK_DEFINE_MAP(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms, lora_name,
+                     lora_version, salt);
 };
 
 struct DecodeReleaseReply {
@@ -717,7 +723,11 @@ struct KvCommitRequest {
   uint32_t first_token = 0;
   int64_t first_token_unix_ns = 0;  // when prefill produced it
   RequestLedger ledger;
-  MSGPACK_DEFINE_MAP(reservation_id, request_id, prompt_tokens, first_token, first_token_unix_ns, ledger);
+  // KeyNamespace::digest_hex() of the namespace the KV was computed in (the prefill's base namespace with the
+  // job's key scope); "" = not told (an older prefill). Decode refuses a digest that is not the request's.
+  std::string kv_namespace_digest{};  // {}: older aggregate initialisations stay complete
+  MSGPACK_DEFINE_MAP(reservation_id, request_id, prompt_tokens, first_token, first_token_unix_ns, ledger,
+                     kv_namespace_digest);
 };
 
 struct PrefillJobReply {
@@ -745,9 +755,14 @@ struct PrefillJobRequest {
   bool store_new_blocks = true;    // put new complete blocks into the store
   int64_t fail_after_layers = -1;  // fault injection (tests, DESIGN.md §13.14): fail once this many layer
                                    // writes were sent; -1 = never. Refused unless the worker allows it.
+  // The request's key scope (block_key.hpp RequestKeyScope; all empty: base model, no salt): the prefill runs
+  // the adapter and keys, fetches and stores the blocks in its base namespace with this scope.
+  std::string lora_name{};
+  std::string lora_version{};
+  std::string salt{};
   MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
                      reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
-                     store_new_blocks, fail_after_layers);
+                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt);
 };
 
 struct WorkerLoadReply {
@@ -863,8 +878,15 @@ struct ConductorSubmitRequest {
   double slo_ttft_ms = 0;
   double slo_tbt_ms = 0;
   std::string client_endpoint;  // where mc-decode sends token events (the client's RpcServer)
+  // The request's key scope (block_key.hpp RequestKeyScope): the LoRA adapter it runs with and its tenant
+  // salt. All empty: the Conductor's default (--lora, --lora-version, --salt; by default the base model, no
+  // salt). The Conductor keys the blocks (block_hashes must then be computed in that scope too), matches the
+  // prefix and places by it, and passes it on to the prefill and decode instances.
+  std::string lora_name{};
+  std::string lora_version{};
+  std::string salt{};
   MSGPACK_DEFINE_MAP(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens,
-                     slo_ttft_ms, slo_tbt_ms, client_endpoint);
+                     slo_ttft_ms, slo_tbt_ms, client_endpoint, lora_name, lora_version, salt);
 };
 
 struct ConductorRegisterReply {
@@ -887,8 +909,17 @@ struct ConductorRegisterRequest {
   // "kv/<digest>/...") and chain seed (KeyNamespace::chain_seed()). Empty digest: not told.
   std::string key_namespace_digest;
   uint64_t key_chain_seed = 0;
+  // The fields of that (base) namespace, from which the Conductor derives each request's namespace (its
+  // adapter and salt added, block_key.hpp with_request). Checked against key_namespace_digest; a worker that
+  // sends none (older) serves only requests of the base scope.
+  std::string key_model_id{};
+  std::string key_model_revision{};
+  std::string key_kv_dtype{};
+  std::string key_layout{};
+  uint64_t key_seed = 0;
   MSGPACK_DEFINE_MAP(instance_id, role, host, endpoint, backend_id, kv_capacity_tokens, block_size_tokens,
-                     key_namespace_digest, key_chain_seed);
+                     key_namespace_digest, key_chain_seed, key_model_id, key_model_revision, key_kv_dtype, key_layout,
+                     key_seed);
 };
 
 struct ConductorHeartbeatReply {

@@ -1,11 +1,14 @@
 // Streaming reader of Mooncake FAST'25 JSONL request traces (DESIGN.md §4).
 //
 // One JSON object per line: {"timestamp": ms since start, "input_length": tokens,
-// "output_length": tokens, "hash_ids": [one u64 per block_size-token block; the last may be partial]}.
+// "output_length": tokens, "hash_ids": [one u64 per block_size-token block; the last may be partial]},
+// and optionally the request's key scope (block_key.hpp, DESIGN.md §4.1): "lora_name" and "lora_version"
+// (the LoRA adapter it runs with) and "salt" (its tenant salt), strings; absent = the base model, no salt.
 // Validation (DESIGN.md §13.17–13.19): every field present and an integer of the right range
 // (timestamp >= 0, input_length >= 1, output_length >= 0, ids in [0, 2^64-1] kept as exact u64 —
 // no double rounding, no 32-bit truncation); len(hash_ids) == ceil(input_length / block_size);
-// timestamps non-decreasing. Blank lines are ignored; CRLF line ends and a UTF-8 BOM are accepted.
+// timestamps non-decreasing; the scope fields strings as validate_key_scope() accepts. Blank lines are ignored; CRLF
+// line ends and a UTF-8 BOM are accepted.
 //
 // Modes: kStrict — the first bad line is an error (kInvalidArgument "trace.jsonl:2: ..."), the
 // caller exits 2. kLenient — a bad line is skipped, warned about on stderr and counted (stats()).
@@ -19,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "mc/common/block_key.hpp"
 #include "mc/common/status.hpp"
 
 namespace mc::trace {
@@ -29,6 +33,7 @@ struct Request {
   int64_t input_length = 0;   // prompt tokens
   int64_t output_length = 0;  // tokens to generate (requested)
   std::vector<uint64_t> hash_ids;
+  RequestKeyScope scope;  // adapter and salt; empty = base model, no salt
 };
 
 enum class Mode { kStrict, kLenient };

@@ -34,7 +34,11 @@ struct ConductorOptions {
   std::string store_master;                     // for index resync and segment hosts; empty: none
   int store_timeout_ms = 2'000;
   SchedulerConfig scheduler;
-  KeyNamespace key_namespace;  // how tokens become block keys (must match the workers)
+  // How tokens become block keys (DESIGN.md §4.1). Its model, revision, dtype, layout and seed are the base
+  // namespace (must match the prefill workers'; all empty: adopted from the first prefill worker); its LoRA
+  // adapter and salt are the default key scope of requests that name none. A request's blocks are keyed in
+  // the base with its own scope (ConductorSubmitRequest::lora_name/lora_version/salt).
+  KeyNamespace key_namespace;
   PrefillCostPrior prefill_prior;
   DecodeCostPrior decode_prior;
   BandwidthPriors bandwidth_priors;
