@@ -46,6 +46,8 @@
 #   --prefix-cache C      store (the pool) or none (cache disabled: every prefill recomputes)
 #                                                                        [MC_PREFIX_CACHE, store]
 #   --dram-bytes SIZE     DRAM per storage node                          [MC_STORE_DRAM, 256MiB]
+#   --ssd-bytes SIZE      an SSD tier per storage node, in a directory of the state directory: DRAM
+#                         victims are demoted there instead of dropped (none: DRAM only) [MC_STORE_SSD, none]
 #   --kv-buffer-size SIZE KV buffer per prefill/decode instance          [MC_KV_BUFFER_SIZE, 256MiB]
 #   --bin DIR             where the mc binaries are                      [MC_BIN, build/bin next to this script]
 #   --ready-timeout-s N   how long to wait for each ready line           [MC_READY_TIMEOUT_S, 60]
@@ -73,6 +75,7 @@ block_size="${MC_BLOCK_SIZE:-512}"
 policy="${MC_POLICY:-kvcache}"
 prefix_cache="${MC_PREFIX_CACHE:-store}"
 dram_bytes="${MC_STORE_DRAM:-256MiB}"
+ssd_bytes="${MC_STORE_SSD:-none}"
 kv_buffer_size="${MC_KV_BUFFER_SIZE:-256MiB}"
 bin="${MC_BIN:-$root/build/bin}"
 ready_timeout_s="${MC_READY_TIMEOUT_S:-60}"
@@ -97,6 +100,7 @@ while [[ $# -gt 0 ]]; do
     --policy) need "$@"; policy="$2"; shift 2 ;;
     --prefix-cache) need "$@"; prefix_cache="$2"; shift 2 ;;
     --dram-bytes) need "$@"; dram_bytes="$2"; shift 2 ;;
+    --ssd-bytes) need "$@"; ssd_bytes="$2"; shift 2 ;;
     --kv-buffer-size) need "$@"; kv_buffer_size="$2"; shift 2 ;;
     --bin) need "$@"; bin="$2"; shift 2 ;;
     --ready-timeout-s) need "$@"; ready_timeout_s="$2"; shift 2 ;;
@@ -198,9 +202,14 @@ start master "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://12
 master="$(wait_ready master)"
 events="$(ready_field master events)"
 
+ssd_flags=()
+if [[ "$ssd_bytes" != none ]]; then
+  mkdir -p "$state/ssd"
+  ssd_flags=(--ssd-dir "$state/ssd" --ssd-bytes "$ssd_bytes")
+fi
 for ((i = 0; i < store_nodes; i++)); do
   start "node$i" "$bin/mc-store" serve --master "$master" --node-id "$tag-node$i" --host "$(host_label "$i")" \
-    --dram-bytes "$dram_bytes"
+    --dram-bytes "$dram_bytes" ${ssd_flags[@]+"${ssd_flags[@]}"}
   wait_ready "node$i" > /dev/null
 done
 

@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "mc/common/clock.hpp"
 #include "mc/common/fast_rpc.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
@@ -326,6 +327,7 @@ class Client::Impl {
   Status node_transfer(Job& j) {
     const proto::StoreReplica& r = *j.replica;
     MC_ASSIGN_OR_RETURN(rpc::RpcClient * c, node(r.endpoint));
+    const int64_t t0 = RealClock::instance().now_ns();
     for (uint64_t done = 0; done < j.length;) {
       const uint64_t n = std::min<uint64_t>(kChunkBytes, j.length - done);
       if (j.op == transfer::Op::kWrite) {
@@ -353,7 +355,12 @@ class Client::Impl {
       }
       done += n;
     }
-    (j.op == transfer::Op::kWrite ? counters.bytes_written_tcp : counters.bytes_read_tcp) += j.length;
+    if (j.op == transfer::Op::kWrite) {
+      counters.bytes_written_tcp += j.length;
+    } else {
+      counters.bytes_read_ssd += j.length;
+      counters.read_ssd_ns += static_cast<uint64_t>(RealClock::instance().now_ns() - t0);
+    }
     return Status::ok();
   }
 
