@@ -1,5 +1,6 @@
-// The paper's experiments (docs/REPRODUCTION.md) on a reduced window of the shipped conversation trace,
-// with the orderings asserted; and determinism of whole runs.
+// The paper's experiments (docs/REPRODUCTION.md) on a reduced window of the shipped conversation trace, with
+// the predictors refitted as the daemons do and the orderings asserted; the refit does not drift under
+// overload; and determinism of whole runs.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -45,7 +46,6 @@ TEST(Reproduction, SchedulingPoliciesOrderAsInThePaper) {
     o.cluster.policy = policy;
     o.cluster.cache_mode = std::string(policy) == "kvcache" ? CacheMode::kGlobal : CacheMode::kLocal;
     o.window.rate_scale = 1.5;
-    o.refit_predictors = false;
     SimResult r = run(rows, o);
     ASSERT_TRUE(r.summary.ttft_ms.has_value());
     mean_ttft_ms[policy] = r.summary.ttft_ms->mean;
@@ -63,7 +63,6 @@ TEST(Reproduction, GlobalPoolHitsMoreThanLocalCachesOfEqualCapacity) {
   SimOptions o;
   o.cluster.prefill_instances = 10;
   o.cluster.cache_capacity_tokens = 1'000'000;  // scaled with the window (paper: 3 M each, whole trace)
-  o.refit_predictors = false;
   SimResult global = run(rows, o);
   o.cluster.cache_mode = CacheMode::kLocal;
   SimResult local = run(rows, o);
@@ -80,7 +79,6 @@ TEST(Reproduction, HitRatioGrowsWithCacheCapacity) {
   for (int64_t total : {100'000, 1'000'000, 10'000'000}) {
     SimOptions o;
     o.cluster.cache_capacity_tokens = total / o.cluster.prefill_instances;
-    o.refit_predictors = false;
     const double hit = run(rows, o).totals.hit_ratio();
     EXPECT_GT(hit, last) << total;
     last = hit;
@@ -94,7 +92,6 @@ TEST(Reproduction, EarlyRejectionProtectsGoodputUnderOverload) {
   SimOptions o;
   o.window.rate_scale = 4;
   o.cluster.slo_ttft_ms = 10'000;
-  o.refit_predictors = false;
   SimResult on = run(rows, o);
   o.cluster.early_rejection = false;
   SimResult off = run(rows, o);
