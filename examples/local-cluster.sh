@@ -48,6 +48,8 @@
 #   --dram-bytes SIZE     DRAM per storage node                          [MC_STORE_DRAM, 256MiB]
 #   --hot-reads N         store master: reads of one object within 10 s that add a replica near its
 #                         reader (hot-object replication; 0 = off)         [MC_HOT_READS, 0]
+#   --ssd-bytes SIZE      an SSD tier per storage node, in a directory of the state directory: DRAM
+#                         victims are demoted there instead of dropped (none: DRAM only) [MC_STORE_SSD, none]
 #   --kv-buffer-size SIZE KV buffer per prefill/decode instance          [MC_KV_BUFFER_SIZE, 256MiB]
 #   --bin DIR             where the mc binaries are                      [MC_BIN, build/bin next to this script]
 #   --ready-timeout-s N   how long to wait for each ready line           [MC_READY_TIMEOUT_S, 60]
@@ -76,6 +78,7 @@ policy="${MC_POLICY:-kvcache}"
 prefix_cache="${MC_PREFIX_CACHE:-store}"
 dram_bytes="${MC_STORE_DRAM:-256MiB}"
 hot_reads="${MC_HOT_READS:-0}"
+ssd_bytes="${MC_STORE_SSD:-none}"
 kv_buffer_size="${MC_KV_BUFFER_SIZE:-256MiB}"
 bin="${MC_BIN:-$root/build/bin}"
 ready_timeout_s="${MC_READY_TIMEOUT_S:-60}"
@@ -101,6 +104,7 @@ while [[ $# -gt 0 ]]; do
     --prefix-cache) need "$@"; prefix_cache="$2"; shift 2 ;;
     --dram-bytes) need "$@"; dram_bytes="$2"; shift 2 ;;
     --hot-reads) need "$@"; hot_reads="$2"; shift 2 ;;
+    --ssd-bytes) need "$@"; ssd_bytes="$2"; shift 2 ;;
     --kv-buffer-size) need "$@"; kv_buffer_size="$2"; shift 2 ;;
     --bin) need "$@"; bin="$2"; shift 2 ;;
     --ready-timeout-s) need "$@"; ready_timeout_s="$2"; shift 2 ;;
@@ -202,9 +206,14 @@ start master "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://12
 master="$(wait_ready master)"
 events="$(ready_field master events)"
 
+ssd_flags=()
+if [[ "$ssd_bytes" != none ]]; then
+  mkdir -p "$state/ssd"
+  ssd_flags=(--ssd-dir "$state/ssd" --ssd-bytes "$ssd_bytes")
+fi
 for ((i = 0; i < store_nodes; i++)); do
   start "node$i" "$bin/mc-store" serve --master "$master" --node-id "$tag-node$i" --host "$(host_label "$i")" \
-    --dram-bytes "$dram_bytes"
+    --dram-bytes "$dram_bytes" ${ssd_flags[@]+"${ssd_flags[@]}"}
   wait_ready "node$i" > /dev/null
 done
 

@@ -69,7 +69,8 @@ class StoreBlockCache final : public KvBlockCache {
   }
   BlockCacheCounters counters() const override {
     const auto& c = client_->counters();
-    return {static_cast<int64_t>(c.bytes_read_shm), static_cast<int64_t>(c.bytes_read_tcp)};
+    return {static_cast<int64_t>(c.bytes_read_shm), static_cast<int64_t>(c.bytes_read_tcp),
+            static_cast<int64_t>(c.bytes_read_ssd), static_cast<int64_t>(c.read_ssd_ns)};
   }
   std::string describe() const override { return "mc-store at " + master_; }
 

@@ -554,6 +554,12 @@ Result<int64_t> DecodeWorker::step() {
     const double step_ms = static_cast<double>(clock_->now_ns() - t0) / 1e6;
     std::lock_guard lock(mu_);
     recent_step_ms_ = recent_step_ms_ == 0 ? step_ms : 0.8 * recent_step_ms_ + 0.2 * step_ms;
+    if (st.is_ok()) {
+      int64_t context = 0;
+      for (const DecodeSequence& q : seqs) context += q.position + 1;  // the tokens this step attends over
+      if (step_samples_.size() >= proto::kMaxDecodeStepSamples) step_samples_.pop_front();
+      step_samples_.push_back(proto::DecodeStepSample{static_cast<int64_t>(seqs.size()), context, step_ms});
+    }
     metrics_.counter("mc_decode_steps_total", "decode steps").inc();
     metrics_.histogram("mc_decode_step_seconds", metrics::latency_buckets_s(), "decode step time")
         .observe(step_ms / 1e3);
@@ -597,6 +603,13 @@ Result<int64_t> DecodeWorker::step() {
   }
   flush_outgoing();
   return stepped;
+}
+
+std::vector<proto::DecodeStepSample> DecodeWorker::take_step_samples() {
+  std::lock_guard lock(mu_);
+  std::vector<proto::DecodeStepSample> out(step_samples_.begin(), step_samples_.end());
+  step_samples_.clear();
+  return out;
 }
 
 Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor_in) {
@@ -649,9 +662,7 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
     const uint64_t steps = worker.metrics().counter("mc_decode_steps_total").value();
     hb.decode_steps = static_cast<int64_t>(steps - last_steps);
     last_steps = steps;
-    hb.decode_step_ms_mean = l.recent_step_ms;
-    hb.decode_batch_mean = static_cast<double>(l.batch_size);
-    hb.decode_context_tokens_mean = static_cast<double>(l.running_tokens);
+    hb.decode_step_samples = worker.take_step_samples();
     return hb;
   });
   daemon::announce_ready("mc-decode", server->endpoints().front(),

@@ -344,11 +344,18 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
     const BlockCacheCounters after = cache_->counters();
     ledger.fetch_ms = ms_since(t0);
     ledger.fetch_bytes = hit_blocks * layout.block_bytes();
+    // The hits split by the tier the bytes came from (DRAM here, DRAM elsewhere, SSD), in proportion to the
+    // bytes each tier delivered in this call.
     const int64_t local = after.local_bytes - before.local_bytes;
     const int64_t remote = after.remote_bytes - before.remote_bytes;
+    const int64_t ssd = after.ssd_bytes - before.ssd_bytes;
     const int64_t hit_tokens = hit_blocks * bs;
-    ledger.hit_tokens_local = local + remote > 0 ? hit_tokens * local / (local + remote) : 0;
-    ledger.hit_tokens_remote = hit_tokens - ledger.hit_tokens_local;
+    const int64_t read = local + remote + ssd;
+    ledger.hit_tokens_local = read > 0 ? hit_tokens * local / read : 0;
+    ledger.hit_tokens_ssd = read > 0 ? hit_tokens * ssd / read : 0;
+    ledger.hit_tokens_remote = hit_tokens - ledger.hit_tokens_local - ledger.hit_tokens_ssd;
+    ledger.fetch_ssd_bytes = ssd;
+    ledger.fetch_ssd_us = (after.ssd_read_ns - before.ssd_read_ns) / 1000;
   }
   const int64_t cached = hit_blocks * bs;
   ledger.hit_tokens = cached;

@@ -281,7 +281,7 @@ class Conductor {
 
   void log_decision(const Request& r, const Decision& d, const proto::ConductorSubmitRequest& submit) {
     if (!decisions_.is_open()) return;
-    nlohmann::json j = decision_record(r, d);
+    nlohmann::json j = decision_record(r, d, sched_->last_estimates());
     j["ts_unix_ms"] = unix_time_ms();
     if (!submit.hash_ids.empty()) j["request"]["hash_ids"] = submit.hash_ids;
     decisions_ << j.dump() << '\n';
@@ -462,8 +462,13 @@ class Conductor {
     const double scale = options_.time_scale;
     rep.prefill_ms = static_cast<double>(l.prefill_ms) * scale;
     if (l.prefill_ms < 0) rep.prefill_ms = -1;  // not measured: the refit ignores it
-    // A fetch from one path class only is a clean bandwidth sample (not in a time-scaled cluster).
-    if (scale == 1.0 && l.fetch_bytes > 0 && l.fetch_ms > 0) {
+    // Bandwidth samples (not in a time-scaled cluster): the SSD reads are timed on their own; a fetch from one
+    // DRAM path class only, with no SSD part, is a clean sample of that class.
+    if (scale == 1.0 && l.fetch_ssd_bytes > 0 && l.fetch_ssd_us > 0) {
+      rep.transfer_bytes[static_cast<int>(PathClass::kSsd)] = l.fetch_ssd_bytes;
+      rep.transfer_ns[static_cast<int>(PathClass::kSsd)] = l.fetch_ssd_us * 1'000;
+    }
+    if (scale == 1.0 && l.fetch_bytes > 0 && l.fetch_ms > 0 && l.fetch_ssd_bytes == 0) {
       const bool local = l.hit_tokens_local > 0, remote = l.hit_tokens_remote > 0;
       if (local != remote) {
         int c = local ? static_cast<int>(PathClass::kSameHost) : static_cast<int>(PathClass::kRemote);
@@ -560,12 +565,19 @@ class Conductor {
     l.running_requests = req.running_requests;
     l.kv_reserved_tokens = req.kv_reserved_tokens;
     l.context_tokens = req.context_tokens;
+    if (req.decode_step_samples.size() > proto::kMaxDecodeStepSamples) {
+      return error(Code::kInvalidArgument, "heartbeat of '" + req.instance_id +
+                                               "': " + std::to_string(req.decode_step_samples.size()) +
+                                               " decode step samples, at most " +
+                                               std::to_string(proto::kMaxDecodeStepSamples) + " (send the latest)");
+    }
     Status st = sched_->heartbeat(req.instance_id, l);
     if (st.code() == Code::kNotFound) return proto::ConductorHeartbeatReply{false};
     MC_RETURN_IF_ERROR(st);
-    if (req.decode_steps > 0 && req.decode_batch_mean > 0) {
-      sched_->on_decode_step(DecodeStepReport{req.instance_id, std::llround(req.decode_batch_mean),
-                                              std::llround(req.decode_context_tokens_mean), req.decode_step_ms_mean});
+    // Each step with its own batch and context (bad figures are ignored by the scheduler), in modelled ms.
+    for (const proto::DecodeStepSample& step : req.decode_step_samples) {
+      sched_->on_decode_step(DecodeStepReport{req.instance_id, step.batch_requests, step.context_tokens,
+                                              step.step_ms * options_.time_scale});
     }
     // Ledger entries past their predicted end are dropped: the report now carries what still runs.
     Instance* inst = sched_->cluster().find(req.instance_id);
@@ -722,12 +734,18 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
       << p["decode"].value("ms_per_context_token", 0.0) << " ms/context token (" << p["decode"].value("samples", 0)
       << " samples)\n";
   const auto& bw = p["bandwidth_bytes_per_s"];
-  out << "bandwidth (GB/s): same_host " << fixed(bw.value("same_host", 0.0) / 1e9, 2) << ", remote "
-      << fixed(bw.value("remote", 0.0) / 1e9, 2) << ", ssd " << fixed(bw.value("ssd", 0.0) / 1e9, 2) << "\n";
-  const auto& e = j["ttft_error"];
-  out << "TTFT prediction error: " << e.value("samples", 0) << " samples, mean |err| "
-      << fixed(e.value("mean_abs_ms", 0.0), 1) << " ms, p90 |err| " << fixed(e.value("p90_abs_ms", 0.0), 1)
-      << " ms, mean signed " << fixed(e.value("mean_signed_ms", 0.0), 1) << " ms\n";
+  const auto& bw_samples = p.value("bandwidth_samples", nlohmann::json::object());
+  out << "bandwidth (GB/s): same_host " << fixed(bw.value("same_host", 0.0) / 1e9, 2) << " ("
+      << bw_samples.value("same_host", 0) << " samples), remote " << fixed(bw.value("remote", 0.0) / 1e9, 2) << " ("
+      << bw_samples.value("remote", 0) << " samples), ssd " << fixed(bw.value("ssd", 0.0) / 1e9, 2) << " ("
+      << bw_samples.value("ssd", 0) << " samples)\n";
+  for (const auto& [key, name] : {std::pair{"ttft_error", "TTFT prediction error"},
+                                  std::pair{"decode_step_error", "decode step prediction error"}}) {
+    const nlohmann::json e = j.value(key, nlohmann::json::object());
+    out << name << ": " << e.value("samples", 0) << " samples, mean |err| " << fixed(e.value("mean_abs_ms", 0.0), 2)
+        << " ms, p90 |err| " << fixed(e.value("p90_abs_ms", 0.0), 2) << " ms, mean signed "
+        << fixed(e.value("mean_signed_ms", 0.0), 2) << " ms\n";
+  }
   return Status::ok();
 }
 

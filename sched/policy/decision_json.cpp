@@ -35,7 +35,30 @@ nlohmann::json to_json(const DecodeEstimate& e) {
   };
 }
 
-nlohmann::json decision_record(const Request& r, const Decision& d) {
+Result<PrefillEstimate> estimate_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return error(Code::kInvalidArgument, "prefill estimate is not a JSON object");
+  PrefillEstimate e;
+  try {
+    e.instance_id = j.at("instance").get<std::string>();
+    e.queue_ms = j.at("queue_ms").get<double>();
+    e.prefill_ms = j.at("prefill_ms").get<double>();
+    e.transfer_ms = j.at("transfer_ms").get<double>();
+    e.ttft_ms = j.at("ttft_ms").get<double>();
+    e.reused_blocks = j.at("reused_blocks").get<int64_t>();
+    e.blocks_by_class[0] = j.at("same_host_blocks").get<int64_t>();
+    e.blocks_by_class[1] = j.at("remote_blocks").get<int64_t>();
+    e.blocks_by_class[2] = j.at("ssd_blocks").get<int64_t>();
+    e.longest_same_host_blocks = j.at("longest_same_host_blocks").get<int64_t>();
+    e.longest_pool_blocks = j.at("longest_pool_blocks").get<int64_t>();
+    e.transfer_bytes = j.at("transfer_bytes").get<int64_t>();
+    e.load_known = j.at("load_known").get<bool>();
+  } catch (const nlohmann::json::exception& ex) {
+    return error(Code::kInvalidArgument, std::string("prefill estimate: ") + ex.what());
+  }
+  return e;
+}
+
+nlohmann::json decision_record(const Request& r, const Decision& d, std::span<const PrefillEstimate> estimates) {
   nlohmann::json hashes = nlohmann::json::array();
   for (uint64_t h : r.block_hashes) hashes.push_back(hash_hex(h));
   nlohmann::json req = {
@@ -61,7 +84,14 @@ nlohmann::json decision_record(const Request& r, const Decision& d) {
       {"prefill_estimate", to_json(d.prefill)},
       {"decode_estimate", d.decode_id.empty() ? nlohmann::json(nullptr) : to_json(d.decode)},
       {"candidates", candidates},
+      {"slo_ttft_ms_applied", d.slo_ttft_ms},
+      {"early_reject", d.early_reject},
   };
+  if (!estimates.empty()) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto& e : estimates) all.push_back(to_json(e));
+    dec["estimates"] = std::move(all);
+  }
   return {{"request", req}, {"decision", dec}};
 }
 
@@ -147,12 +177,19 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
        {{"same_host", s.bandwidth().bytes_per_s(PathClass::kSameHost)},
         {"remote", s.bandwidth().bytes_per_s(PathClass::kRemote)},
         {"ssd", s.bandwidth().bytes_per_s(PathClass::kSsd)}}},
+      {"bandwidth_samples",
+       {{"same_host", s.bandwidth().samples(PathClass::kSameHost)},
+        {"remote", s.bandwidth().samples(PathClass::kRemote)},
+        {"ssd", s.bandwidth().samples(PathClass::kSsd)}}},
   };
-  const PredictionErrorStats& e = s.ttft_error();
-  out["ttft_error"] = {{"samples", e.count()},
-                       {"mean_abs_ms", e.mean_abs_error_ms()},
-                       {"p90_abs_ms", e.p90_abs_error_ms()},
-                       {"mean_signed_ms", e.mean_signed_error_ms()}};
+  auto error_json = [](const PredictionErrorStats& e) {
+    return nlohmann::json{{"samples", e.count()},
+                          {"mean_abs_ms", e.mean_abs_error_ms()},
+                          {"p90_abs_ms", e.p90_abs_error_ms()},
+                          {"mean_signed_ms", e.mean_signed_error_ms()}};
+  };
+  out["ttft_error"] = error_json(s.ttft_error());
+  out["decode_step_error"] = error_json(s.decode_step_error());
   return out;
 }
 

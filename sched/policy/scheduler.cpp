@@ -133,11 +133,14 @@ Decision Scheduler::decide(const Request& request) {
   d.policy = std::string(policy_->name());
   d.decided_at_ns = now;
   ++counters_.decisions;
+  estimates_.clear();
   if (std::optional<std::string> why = request_problem(request)) {
     return reject(d, RejectReason::kInvalidRequest, std::move(*why));
   }
   const double slo_ttft = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
   const double slo_tbt = request.slo_tbt_ms > 0 ? request.slo_tbt_ms : config_.slo.tbt_ms;
+  d.slo_ttft_ms = slo_ttft;
+  d.early_reject = config_.slo.early_reject;
 
   // ---- 1. index lookup, once ----
   const int64_t max_reuse = look_up_prefix(request);
@@ -477,6 +480,9 @@ void Scheduler::on_prefill_done(const PrefillReport& r) {
 }
 
 void Scheduler::on_decode_step(const DecodeStepReport& r) {
+  if (r.batch_requests <= 0 || r.context_tokens < 0 || !std::isfinite(r.step_ms) || r.step_ms < 0) return;
+  // The error of the model as it stood before this step: what a decision made just then would have predicted.
+  decode_error_.add(decode_.step_ms(r.batch_requests, r.context_tokens), r.step_ms);
   decode_.observe(r.batch_requests, r.context_tokens, r.step_ms);
 }
 

@@ -31,6 +31,7 @@ Admission to_admission(const proto::ConductorSubmitReply& r) {
   a.prefill_instance = r.prefill_id;
   a.decode_instance = r.decode_id;
   if (r.accepted || r.predicted_ttft_ms > 0) a.predicted_ttft_ms = r.predicted_ttft_ms;
+  if (r.accepted) a.predicted_tbt_ms = r.predicted_tbt_ms;
   if (r.accepted) {
     a.predicted_hit_tokens = r.hit_tokens;
     a.pool_prefix_tokens = r.pool_prefix_tokens;
@@ -70,6 +71,7 @@ Ledger to_ledger(const proto::RequestLedger& l) {
   g.prompt_tokens = l.prompt_tokens;
   g.hit_tokens_local = l.hit_tokens_local;
   g.hit_tokens_remote = l.hit_tokens_remote;
+  g.hit_tokens_ssd = l.hit_tokens_ssd;
   g.avoided_prefill_tokens = l.hit_tokens;
   g.transfer_bytes = l.fetch_bytes + l.kv_sent_bytes;
   if (l.fetch_ms >= 0 || l.kv_tail_ms >= 0)

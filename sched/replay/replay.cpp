@@ -255,6 +255,7 @@ class Run final : public EventSink {
       r.prefill_instance = a.prefill_instance;
       r.decode_instance = a.decode_instance;
       r.ledger.predicted_ttft_ms = a.predicted_ttft_ms;
+      r.ledger.predicted_tbt_ms = a.predicted_tbt_ms;
       r.ledger.planned_hit_tokens = a.predicted_hit_tokens;
       r.ledger.pool_prefix_tokens = a.pool_prefix_tokens;
       if (a.decision) r.ledger.decision = a.decision;
@@ -277,6 +278,7 @@ class Run final : public EventSink {
       for (std::optional<double>* t : {&l.transfer_ms, &l.queue_ms, &l.prefill_ms})
         if (*t) **t *= scale;
       l.predicted_ttft_ms = r.ledger.predicted_ttft_ms;
+      l.predicted_tbt_ms = r.ledger.predicted_tbt_ms;
       l.planned_hit_tokens = r.ledger.planned_hit_tokens;
       l.pool_prefix_tokens = r.ledger.pool_prefix_tokens;
       if (!l.decision) l.decision = r.ledger.decision;

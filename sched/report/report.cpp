@@ -165,6 +165,7 @@ json to_json(const RequestRecord& r) {
   put(l, "predicted_ttft_ms", g.predicted_ttft_ms);
   put(l, "planned_hit_tokens", g.planned_hit_tokens);
   put(l, "pool_prefix_tokens", g.pool_prefix_tokens);
+  put(l, "predicted_tbt_ms", g.predicted_tbt_ms);
   j["ledger"] = std::move(l);
   return j;
 }
@@ -231,6 +232,7 @@ Result<RequestRecord> record_from_json(const json& j) {
     MC_RETURN_IF_ERROR(get(l, "predicted_ttft_ms", g.predicted_ttft_ms));
     MC_RETURN_IF_ERROR(get(l, "planned_hit_tokens", g.planned_hit_tokens));
     MC_RETURN_IF_ERROR(get(l, "pool_prefix_tokens", g.pool_prefix_tokens));
+    MC_RETURN_IF_ERROR(get(l, "predicted_tbt_ms", g.predicted_tbt_ms));
   }
   return r;
 }
@@ -287,10 +289,42 @@ double CacheSummary::ratio(int64_t tokens) const {
 }
 double CacheSummary::hit_ratio() const { return ratio(hit_tokens_local + hit_tokens_remote + hit_tokens_ssd); }
 
+namespace {
+
+// Measured-vs-predicted pairs of one figure, summarised into a PredictionSummary.
+class PredictionAccumulator {
+ public:
+  void add(double measured, double predicted) {
+    const double err = measured - predicted;
+    err_sum_ += err;
+    abs_err_.push_back(std::abs(err));
+    if (measured > 0) pct_err_.push_back(std::abs(err) / measured);
+  }
+  PredictionSummary summary() const {
+    PredictionSummary p;
+    if (abs_err_.empty()) return p;
+    auto d = distribution(abs_err_);
+    p.count = d->count;
+    p.mean_abs_error_ms = d->mean;
+    p.p90_abs_error_ms = d->p90;
+    p.mean_error_ms = err_sum_ / static_cast<double>(abs_err_.size());
+    if (!pct_err_.empty())
+      p.mean_abs_pct_error =
+          std::accumulate(pct_err_.begin(), pct_err_.end(), 0.0) / static_cast<double>(pct_err_.size());
+    return p;
+  }
+
+ private:
+  std::vector<double> abs_err_, pct_err_;
+  double err_sum_ = 0;
+};
+
+}  // namespace
+
 Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& options) {
   Summary s;
-  std::vector<double> ttft, tbt, tpot, e2e, abs_err, pct_err;
-  double err_sum = 0;
+  std::vector<double> ttft, tbt, tpot, e2e;
+  PredictionAccumulator ttft_pred, tbt_pred;
   std::optional<double> first_submit, last_end;
   for (const RequestRecord& r : records) {
     ++s.offered;
@@ -340,27 +374,15 @@ Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& 
     if (r.tbt) tbt.push_back(r.tbt->top10_mean_ms);
     if (r.tpot_ms) tpot.push_back(*r.tpot_ms);
     if (r.e2e_ms) e2e.push_back(*r.e2e_ms);
-    if (r.ttft_ms && g.predicted_ttft_ms) {
-      double err = *r.ttft_ms - *g.predicted_ttft_ms;
-      err_sum += err;
-      abs_err.push_back(std::abs(err));
-      if (*r.ttft_ms > 0) pct_err.push_back(std::abs(err) / *r.ttft_ms);
-    }
+    if (r.ttft_ms && g.predicted_ttft_ms) ttft_pred.add(*r.ttft_ms, *g.predicted_ttft_ms);
+    if (r.tbt && g.predicted_tbt_ms) tbt_pred.add(r.tbt->mean_ms, *g.predicted_tbt_ms);
   }
   s.ttft_ms = distribution(std::move(ttft));
   s.tbt_ms = distribution(std::move(tbt));
   s.tpot_ms = distribution(std::move(tpot));
   s.e2e_ms = distribution(std::move(e2e));
-  if (!abs_err.empty()) {
-    auto d = distribution(abs_err);
-    s.prediction.count = d->count;
-    s.prediction.mean_abs_error_ms = d->mean;
-    s.prediction.p90_abs_error_ms = d->p90;
-    s.prediction.mean_error_ms = err_sum / static_cast<double>(abs_err.size());
-    if (!pct_err.empty())
-      s.prediction.mean_abs_pct_error =
-          std::accumulate(pct_err.begin(), pct_err.end(), 0.0) / static_cast<double>(pct_err.size());
-  }
+  s.prediction = ttft_pred.summary();
+  s.tbt_prediction = tbt_pred.summary();
   s.span_s = options.span_s > 0           ? options.span_s
              : (first_submit && last_end) ? (*last_end - *first_submit) / 1000.0
                                           : 0.0;
@@ -429,11 +451,15 @@ json to_json(const Summary& s, const RunInfo& info) {
                 {"hit_ratio_ssd", c.ratio(c.hit_tokens_ssd)},
                 {"avoided_prefill_tokens", c.avoided_prefill_tokens},
                 {"transfer_bytes", c.transfer_bytes}};
-  j["prediction"] = {{"count", s.prediction.count},
-                     {"mean_abs_error_ms", s.prediction.mean_abs_error_ms},
-                     {"mean_error_ms", s.prediction.mean_error_ms},
-                     {"p90_abs_error_ms", s.prediction.p90_abs_error_ms},
-                     {"mean_abs_pct_error", s.prediction.mean_abs_pct_error}};
+  auto prediction_json = [](const PredictionSummary& p) {
+    return json{{"count", p.count},
+                {"mean_abs_error_ms", p.mean_abs_error_ms},
+                {"mean_error_ms", p.mean_error_ms},
+                {"p90_abs_error_ms", p.p90_abs_error_ms},
+                {"mean_abs_pct_error", p.mean_abs_pct_error}};
+  };
+  j["prediction"] = prediction_json(s.prediction);
+  j["tbt_prediction"] = prediction_json(s.tbt_prediction);
   return j;
 }
 
@@ -493,11 +519,14 @@ void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
         pct(c.ratio(c.hit_tokens_remote)), pct(c.ratio(c.hit_tokens_ssd)), std::to_string(c.avoided_prefill_tokens),
         std::to_string(c.transfer_bytes)}});
   out << "\n";
-  const PredictionSummary& p = s.prediction;
-  mc::report::print_table(
-      out, {{"TTFT prediction", "count", "mean_abs_err_ms", "mean_err_ms", "p90_abs_err_ms", "mean_abs_err_%"},
-            {"", std::to_string(p.count), fixed(p.mean_abs_error_ms, 1), fixed(p.mean_error_ms, 1),
-             fixed(p.p90_abs_error_ms, 1), pct(p.mean_abs_pct_error)}});
+  std::vector<std::vector<std::string>> pred = {
+      {"prediction", "count", "mean_abs_err_ms", "mean_err_ms", "p90_abs_err_ms", "mean_abs_err_%"}};
+  for (const auto& [name, p] : {std::pair<const char*, const PredictionSummary&>{"TTFT", s.prediction},
+                                std::pair<const char*, const PredictionSummary&>{"TBT (mean gap)", s.tbt_prediction}}) {
+    pred.push_back({name, std::to_string(p.count), fixed(p.mean_abs_error_ms, 1), fixed(p.mean_error_ms, 1),
+                    fixed(p.p90_abs_error_ms, 1), pct(p.mean_abs_pct_error)});
+  }
+  mc::report::print_table(out, pred);
 }
 
 void print_comparison(std::ostream& out, const std::vector<std::pair<std::string, Summary>>& runs) {

@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "mc/common/clock.hpp"
 #include "mc/common/fast_rpc.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
@@ -315,6 +316,7 @@ class Client::Impl {
   Status node_transfer(Job& j) {
     const proto::StoreReplica& r = *j.replica;
     const bool write = j.op == transfer::Op::kWrite;
+    const int64_t t0 = RealClock::instance().now_ns();
     Status failed = Status::ok();
     int in_flight = 0;
     auto on_done = [&](Status s) {
@@ -352,7 +354,12 @@ class Client::Impl {
       if (in_flight > 0) nodes->poll(options.node_timeout_ms);
     }
     MC_RETURN_IF_ERROR(failed);
-    (j.op == transfer::Op::kWrite ? counters.bytes_written_tcp : counters.bytes_read_tcp) += j.length;
+    if (write) {
+      counters.bytes_written_tcp += j.length;
+    } else {
+      counters.bytes_read_ssd += j.length;
+      counters.read_ssd_ns += static_cast<uint64_t>(RealClock::instance().now_ns() - t0);
+    }
     return Status::ok();
   }
 

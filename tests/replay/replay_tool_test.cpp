@@ -371,14 +371,18 @@ TEST(ReplayTool, ConductorEventsMapOntoTheRecord) {
   EXPECT_FALSE(g.queue_ms);
   EXPECT_FALSE(g.prefill_ms);
   EXPECT_FALSE(g.decision);
-  EXPECT_FALSE(g.hit_tokens_ssd);
-  l.queue_ms = 0;  // measured 0 stays 0
+  EXPECT_EQ(g.hit_tokens_ssd, 0);  // the SSD tier is reported like the other two
+  l.queue_ms = 0;                  // measured 0 stays 0
   l.fetch_ms = 3;
   l.kv_tail_ms = 2;
   l.hit_tokens = 1024;
   l.fetch_bytes = 10;
   l.kv_sent_bytes = 5;
+  l.hit_tokens_remote = 512;
+  l.hit_tokens_ssd = 512;
   g = to_ledger(l);
+  EXPECT_EQ(*g.hit_tokens_remote, 512);
+  EXPECT_EQ(*g.hit_tokens_ssd, 512);
   EXPECT_EQ(*g.queue_ms, 0.0);
   EXPECT_EQ(*g.transfer_ms, 5.0);
   EXPECT_EQ(*g.avoided_prefill_tokens, 1024);
@@ -392,6 +396,7 @@ TEST(ReplayTool, ConductorEventsMapOntoTheRecord) {
   rej.reason = "decode-0 has 12 free blocks, needs 40";
   Admission a = to_admission(rej);
   EXPECT_FALSE(a.accepted);
+  EXPECT_FALSE(a.predicted_tbt_ms);  // a rejection predicts no TBT
   EXPECT_EQ(a.reason, "kv_capacity: decode-0 has 12 free blocks, needs 40");
   Submission sub;
   sub.request_id = "x";

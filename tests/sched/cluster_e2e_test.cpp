@@ -10,6 +10,9 @@
 //       and the Conductor has the store copy the prefix to the idle instance's host (replicate_prefix);
 //   (c) a request longer than any decode instance's KV capacity is rejected with its reason before any
 //       prefill instance receives a job.
+// TieredClusterE2E (issue 16) runs storage nodes with little DRAM and an SSD tier, and a Conductor logging its
+// decisions: SSD hits reach the ledger and refit the SSD bandwidth; the decode predictor learns from every
+// step; `mc-conductor replay-decisions` re-runs the log through every policy.
 // Only loopback. The cluster script runs in its own process group; a guard ends it (and so every daemon,
 // its state directory and /dev/shm files) on the way out, also when an assertion fails.
 #include <unistd.h>
@@ -18,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -95,44 +99,22 @@ std::vector<uint64_t> concat(std::vector<uint64_t> a, const std::vector<uint64_t
   return a;
 }
 
-class ClusterE2E : public ::testing::Test {
+// A cluster started by local-cluster.sh with `flags` (after --bin and --ready-timeout-s), its daemons running
+// `time_scale` times faster than the hardware they model; replays use the same scale.
+class ClusterFixture : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void start_cluster(const std::vector<std::string>& flags, const std::string& time_scale) {
     for (const char* tool : {"mc-store", "mc-conductor", "mc-prefill", "mc-decode", "mc-trace-replay"}) {
       if (::access((kBin + "/" + tool).c_str(), X_OK) != 0) GTEST_SKIP() << kBin << "/" << tool << " is not built";
     }
+    time_scale_ = time_scale;
     // The cluster runs until the test creates `done`; CMD prints where its state directory is.
     const std::string cmd = "echo \"$MC_CLUSTER_STATE\" > " + s_.path("state.tmp") + " && mv " + s_.path("state.tmp") +
                             " " + s_.path("state") + "; while [ ! -e " + s_.path("done") + " ]; do sleep 0.1; done";
-    cluster_ = start_child(std::vector<std::string>{"/bin/bash",
-                                                    kScript,
-                                                    "--bin",
-                                                    kBin,
-                                                    "--ready-timeout-s",
-                                                    "90",
-                                                    "--hosts",
-                                                    "2",
-                                                    "--store-nodes",
-                                                    "2",
-                                                    "--prefill",
-                                                    "2",
-                                                    "--decode",
-                                                    "2",
-                                                    "--backend",
-                                                    "sim",
-                                                    "--time-scale",
-                                                    kTimeScale,
-                                                    "--kv-buffer-size",
-                                                    "128MiB",
-                                                    "--policy",
-                                                    "kvcache",
-                                                    "--conductor-args",
-                                                    "--overload-queue-ms 100",
-                                                    "--",
-                                                    "/bin/bash",
-                                                    "-c",
-                                                    cmd},
-                           s_.path("cluster.out"), s_.path("cluster.err"));
+    std::vector<std::string> argv = {"/bin/bash", kScript, "--bin", kBin, "--ready-timeout-s", "90"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"--time-scale", time_scale, "--", "/bin/bash", "-c", cmd});
+    cluster_ = start_child(argv, s_.path("cluster.out"), s_.path("cluster.err"));
     bool exited = false;
     const bool up = testkit::wait_until(
         [&] { return std::filesystem::exists(s_.path("state")) || (exited = cluster_->wait_exit(0) != -1); }, 180'000,
@@ -221,7 +203,7 @@ class ClusterE2E : public ::testing::Test {
     }
     auto c = start_child(
         {kBin + "/mc-trace-replay", s_.path(tag + ".trace.jsonl"), "--conductor", endpoints_.at("conductor"), "--json",
-         "--out", s_.path(tag + ".jsonl"), "--no-progress", "--time-scale", kTimeScale, "--slo-ttft-ms", "600000",
+         "--out", s_.path(tag + ".jsonl"), "--no-progress", "--time-scale", time_scale_, "--slo-ttft-ms", "600000",
          "--slo-tbt-ms", "600000", "--drain-timeout-s", "60", "--id-prefix", tag + "-",
          // One sender: submissions in trace order (a long prompt takes longer to synthesize and send).
          "--senders", "1"},
@@ -244,6 +226,19 @@ class ClusterE2E : public ::testing::Test {
     return l.value("hit_tokens_local", int64_t{0}) + l.value("hit_tokens_remote", int64_t{0}) +
            l.value("hit_tokens_ssd", int64_t{0});
   }
+  // Runs one of the tools to its end (60 s at most); its exit status, stdout and stderr.
+  struct ToolRun {
+    int rc = -1;
+    std::string out, err;
+  };
+  ToolRun run_tool(const std::string& tag, const std::vector<std::string>& argv) {
+    auto c = start_child(argv, s_.path(tag + ".out"), s_.path(tag + ".err"));
+    ToolRun r;
+    r.rc = c->wait_exit(60'000);
+    r.out = slurp(s_.path(tag + ".out"));
+    r.err = slurp(s_.path(tag + ".err"));
+    return r;
+  }
   std::string why(const std::string& tag) {
     return "\nreplay stderr:\n" + slurp(s_.path(tag + ".err")) + "\nconductor: " + conductor_status().dump();
   }
@@ -251,6 +246,16 @@ class ClusterE2E : public ::testing::Test {
   Scratch s_;
   std::unique_ptr<testkit::Child> cluster_;
   std::map<std::string, std::string> endpoints_;
+  std::string time_scale_;
+};
+
+class ClusterE2E : public ClusterFixture {
+ protected:
+  void SetUp() override {
+    start_cluster({"--hosts", "2", "--store-nodes", "2", "--prefill", "2", "--decode", "2", "--backend", "sim",
+                   "--kv-buffer-size", "128MiB", "--policy", "kvcache", "--conductor-args", "--overload-queue-ms 100"},
+                  kTimeScale);
+  }
 };
 
 TEST_F(ClusterE2E, PlacementFollowsLoadCacheHostsAndCapacity) {
@@ -341,6 +346,162 @@ TEST_F(ClusterE2E, PlacementFollowsLoadCacheHostsAndCapacity) {
   EXPECT_EQ(prefill_jobs(), jobs_before);
   json final_status = conductor_status();
   EXPECT_EQ(final_status["decisions"]["rejected"].value("kv_capacity", 0), 1) << final_status.dump();
+}
+
+// A cluster whose storage nodes have little DRAM (8 blocks each) and an SSD tier, at the modelled speed (time
+// scale 1: the Conductor takes bandwidth samples only then), the Conductor pricing transfers at the bytes the
+// sim workers really move (1 KiB per token) and logging every decision.
+class TieredClusterE2E : public ClusterFixture {
+ protected:
+  void SetUp() override {
+    start_cluster({"--store-nodes", "2", "--prefill", "2", "--decode", "2", "--backend", "sim", "--kv-buffer-size",
+                   "64MiB", "--dram-bytes", "4MiB", "--ssd-bytes", "64MiB", "--policy", "kvcache", "--conductor-args",
+                   "--kv-bytes-per-token 1024 --decisions " + s_.path("decisions.jsonl")},
+                  "1");
+  }
+  json json_of(const ToolRun& r) {
+    json j = json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.out << r.err;
+    return j;
+  }
+  json store_stat() {
+    return json_of(run_tool("store_stat", {kBin + "/mc-store", "stat", "--master", endpoints_.at("master"), "--json"}));
+  }
+  json replay_summary(const std::string& tag) {
+    ToolRun r = run_tool(tag + "_report", {kBin + "/mc-trace-replay", "report", s_.path(tag + ".jsonl"), "--json"});
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return json_of(r);
+  }
+};
+
+// Issue 16 item 1: hits served from a storage node's SSD tier reach the ledger as SSD hits (not remote ones),
+// in the amount the store counted, and the Conductor refits its SSD bandwidth from those reads.
+TEST_F(TieredClusterE2E, SsdHitsReachTheLedgerAndRefitTheSsdBandwidth) {
+  // Phase 1: a 4-block prompt A, then 5 other 4-block prompts: 24 blocks on 16 blocks of DRAM, so the oldest
+  // (A's) are demoted to SSD.
+  std::vector<std::string> rows = {trace_row(0, ids_range(100, 4), 4)};
+  for (uint64_t i = 1; i <= 5; ++i)
+    rows.push_back(trace_row(static_cast<int64_t>(i) * 10, ids_range(100 + 100 * i, 4), 4));
+  auto fill = replay("fill", rows);
+  for (const auto& [line, r] : fill) ASSERT_EQ(r.value("outcome", ""), "completed") << r.dump() << why("fill");
+  json st;
+  ASSERT_TRUE(testkit::wait_until(
+      [&] {
+        st = store_stat();
+        int64_t on_ssd = 0;
+        for (const json& seg : st["segments"]) {
+          if (seg.value("medium", "") == "disk") on_ssd += seg.value("objects", int64_t{0});
+        }
+        return on_ssd >= 8;
+      },
+      60'000, 200))
+      << st.dump();
+  const double ssd_prior = conductor_status()["predictors"]["bandwidth_bytes_per_s"].value("ssd", 0.0);
+  json idx;
+  ASSERT_TRUE(wait_idle(&idx)) << idx.dump();
+
+  // Phase 2: A's prefix again with a new block: its blocks come back from SSD.
+  auto again = replay("again", {trace_row(0, concat(ids_range(100, 4), {999}), 4)});
+  ASSERT_EQ(again[1].value("outcome", ""), "completed") << again[1].dump() << why("again");
+  const int64_t ssd_tokens = again[1]["ledger"].value("hit_tokens_ssd", int64_t{0});
+  EXPECT_GT(ssd_tokens, 0) << again[1].dump() << why("again");
+
+  // The store's count of reads served by SSD segments matches the ledger's SSD tokens (every read of this
+  // test is a prefill's prefix fetch; phase 1 reused nothing).
+  st = store_stat();
+  int64_t ssd_hits = 0;
+  for (const json& seg : st["segments"]) {
+    if (seg.value("medium", "") == "disk") ssd_hits += seg.value("hits", int64_t{0});
+  }
+  EXPECT_GT(ssd_hits, 0) << st.dump();
+  EXPECT_EQ(ssd_tokens, ssd_hits * kBlockTokens) << again[1].dump() << "\n" << st.dump();
+
+  // The report shows the SSD share: ssd_% > 0 in the table, hit_tokens_ssd in the JSON.
+  json sum = replay_summary("again");
+  EXPECT_EQ(sum["cache"].value("hit_tokens_ssd", int64_t{0}), ssd_tokens) << sum.dump();
+  EXPECT_GT(sum["cache"].value("hit_ratio_ssd", 0.0), 0.0) << sum.dump();
+
+  // The Conductor refit its SSD bandwidth from the timed SSD reads: samples, and a value off the prior.
+  json after;
+  ASSERT_TRUE(wait_idle(&after)) << after.dump();
+  after = conductor_status();
+  EXPECT_GE(after["predictors"]["bandwidth_samples"].value("ssd", 0), 1) << after.dump();
+  EXPECT_NE(after["predictors"]["bandwidth_bytes_per_s"].value("ssd", 0.0), ssd_prior) << after.dump();
+  ToolRun table =
+      run_tool("conductor_stat", {kBin + "/mc-conductor", "stat", "--endpoint", endpoints_.at("conductor")});
+  EXPECT_EQ(table.rc, 0) << table.err;
+  EXPECT_EQ(table.out.find("ssd 3.00 (0 samples)"), std::string::npos) << table.out;
+}
+
+// Issue 16 item 6: the decode predictor learns from every decode step, each with its own batch and context,
+// and its error shows in the Conductor's stat and in the replay's report.
+TEST_F(TieredClusterE2E, DecodePredictorLearnsFromEachStepAndShowsItsError) {
+  std::vector<std::string> rows;
+  for (uint64_t i = 0; i < 6; ++i)
+    rows.push_back(trace_row(static_cast<int64_t>(i) * 20, ids_range(3000 + 10 * i, 2), 24));
+  auto r = replay("decode", rows);
+  for (const auto& [line, rec] : r) ASSERT_EQ(rec.value("outcome", ""), "completed") << rec.dump() << why("decode");
+  // Heartbeats carry the steps: wait for them to arrive (every 500 ms).
+  json st;
+  ASSERT_TRUE(testkit::wait_until(
+      [&] {
+        st = conductor_status();
+        return st["predictors"]["decode"].value("samples", 0) >= 20;
+      },
+      30'000, 100))
+      << st.dump();
+  const json& err = st["decode_step_error"];
+  EXPECT_GE(err.value("samples", 0), 20) << st.dump();
+  EXPECT_TRUE(std::isfinite(err.value("mean_abs_ms", -1.0)) && err.value("mean_abs_ms", -1.0) >= 0) << st.dump();
+  ToolRun table =
+      run_tool("conductor_stat", {kBin + "/mc-conductor", "stat", "--endpoint", endpoints_.at("conductor")});
+  EXPECT_NE(table.out.find("decode step prediction error: "), std::string::npos) << table.out;
+  // The report: the TBT prediction of every completed request against its measured mean gap.
+  json sum = replay_summary("decode");
+  EXPECT_EQ(sum["tbt_prediction"].value("count", 0), 6) << sum.dump();
+  EXPECT_TRUE(std::isfinite(sum["tbt_prediction"].value("mean_abs_error_ms", -1.0))) << sum.dump();
+  ToolRun report = run_tool("decode_report", {kBin + "/mc-trace-replay", "report", s_.path("decode.jsonl")});
+  EXPECT_NE(report.out.find("TBT (mean gap)"), std::string::npos) << report.out;
+}
+
+// Issue 16 item 7: a --decisions log replays through the policy library: the logged policy reproduces each of
+// its choices, and another policy chooses differently somewhere.
+TEST_F(TieredClusterE2E, DecisionLogReplaysThroughEveryPolicy) {
+  // Two shared prefixes, each repeated: kvcache sends a repeat where its prefix is; other policies need not.
+  std::vector<std::string> rows;
+  for (uint64_t i = 0; i < 10; ++i) {
+    rows.push_back(trace_row(static_cast<int64_t>(i) * 30, concat(ids_range(7000 + 100 * (i % 2), 3), {7500 + i}), 2));
+  }
+  auto r = replay("dec", rows);
+  for (const auto& [line, rec] : r) ASSERT_EQ(rec.value("outcome", ""), "completed") << rec.dump() << why("dec");
+  ToolRun rep =
+      run_tool("replay_decisions", {kBin + "/mc-conductor", "replay-decisions", s_.path("decisions.jsonl"), "--policy",
+                                    "kvcache,least_loaded,cache_aware,random,round_robin", "--json"});
+  ASSERT_EQ(rep.rc, 0) << rep.err;
+  json j = json_of(rep);
+  EXPECT_EQ(j.value("logged", 0), 10) << j.dump();
+  EXPECT_EQ(j.value("replayable", 0), 10) << j.dump();
+  EXPECT_EQ(j["logged_policies"], json::array({"kvcache"})) << j.dump();
+  int64_t others_differing = 0;
+  for (const json& p : j["policies"]) {
+    EXPECT_EQ(p.value("decisions", 0), 10) << p.dump();
+    if (p.value("policy", "") == "kvcache") {
+      EXPECT_EQ(p.value("same_choice", 0), 10) << p.dump();
+      EXPECT_EQ(p.value("different_choice", -1), 0) << p.dump();
+      EXPECT_EQ(p.value("max_abs_ttft_diff_ms", -1.0), 0.0) << p.dump();
+    } else {
+      others_differing += p.value("different_choice", 0);
+    }
+  }
+  EXPECT_GT(others_differing, 0) << j.dump();
+  // The table, and a clear error for a log that is not one.
+  ToolRun table = run_tool("replay_table", {kBin + "/mc-conductor", "replay-decisions", s_.path("decisions.jsonl")});
+  EXPECT_EQ(table.rc, 0) << table.err;
+  EXPECT_NE(table.out.find("p99_abs_ttft_diff_ms"), std::string::npos) << table.out;
+  std::ofstream(s_.path("bad.jsonl")) << "{\"not\": \"a decision\"}\n";
+  ToolRun bad = run_tool("replay_bad", {kBin + "/mc-conductor", "replay-decisions", s_.path("bad.jsonl")});
+  EXPECT_EQ(bad.rc, 2) << bad.err;
+  EXPECT_NE(bad.err.find("bad.jsonl:1"), std::string::npos) << bad.err;
 }
 
 }  // namespace

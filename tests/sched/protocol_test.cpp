@@ -117,9 +117,7 @@ TEST(ConductorProtocol, WorkerMessagesRoundTrip) {
   hb.kv_reserved_tokens = 4;
   hb.context_tokens = 5;
   hb.decode_steps = 6;
-  hb.decode_step_ms_mean = 7.5;
-  hb.decode_batch_mean = 8.5;
-  hb.decode_context_tokens_mean = 9.5;
+  hb.decode_step_samples = {DecodeStepSample{8, 9000, 7.5}, DecodeStepSample{2, 100, 3.25}};
   auto ho = round_trip(hb);
   EXPECT_EQ(ho.instance_id, "decode-0");
   EXPECT_EQ(ho.queued_prefill_tokens, 1);
@@ -128,9 +126,11 @@ TEST(ConductorProtocol, WorkerMessagesRoundTrip) {
   EXPECT_EQ(ho.kv_reserved_tokens, 4);
   EXPECT_EQ(ho.context_tokens, 5);
   EXPECT_EQ(ho.decode_steps, 6);
-  EXPECT_EQ(ho.decode_step_ms_mean, 7.5);
-  EXPECT_EQ(ho.decode_batch_mean, 8.5);
-  EXPECT_EQ(ho.decode_context_tokens_mean, 9.5);
+  ASSERT_EQ(ho.decode_step_samples.size(), 2u);
+  EXPECT_EQ(ho.decode_step_samples[0].batch_requests, 8);
+  EXPECT_EQ(ho.decode_step_samples[0].context_tokens, 9000);
+  EXPECT_EQ(ho.decode_step_samples[0].step_ms, 7.5);
+  EXPECT_EQ(ho.decode_step_samples[1].step_ms, 3.25);
   EXPECT_FALSE(round_trip(ConductorHeartbeatReply{false}).registered);
 
   ConductorJobReportRequest j{"r-1", "decode-0", kPhaseDone, 1'700'000'000'000'000'000, 9, "m"};

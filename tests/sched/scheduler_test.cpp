@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "mc/sched/decision_json.hpp"
+#include "mc/sched/decision_replay.hpp"
 #include "test_util.hpp"
 
 namespace mc::sched {
@@ -413,6 +416,72 @@ TEST_F(SchedulerTest, DecisionRecordCarriesInputsAndUnits) {
   EXPECT_TRUE(j["decision"]["reject_reason"].is_null());
   EXPECT_EQ(j["decision"]["candidates"].size(), 2u);
   EXPECT_TRUE(j["decision"]["prefill_estimate"].contains("transfer_ms"));
+}
+
+// Issue 16 item 7: a logged decision holds the policy's whole input; replaying the log through the policy that
+// wrote it reproduces every choice and TTFT, and another policy's differences are counted.
+TEST_F(SchedulerTest, DecisionLogReplaysThroughThePolicies) {
+  auto s = make("kvcache");
+  store(*s, "seg-h1", 6);
+  load(*s, "P0", 50);
+  std::vector<LoggedDecision> log;
+  for (int i = 0; i < 4; ++i) {
+    const Request r = request("r" + std::to_string(i), 8 * kB + 10, 10, 8);
+    Decision d = s->schedule(r);
+    ASSERT_TRUE(d.accepted) << d.reason;
+    nlohmann::json line = nlohmann::json::parse(decision_record(r, d, s->last_estimates()).dump());
+    ASSERT_EQ(line["decision"]["estimates"].size(), 2u) << line.dump();
+    Result<LoggedDecision> back = logged_decision_from_json(line);
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(back->chosen_prefill, d.prefill.instance_id);
+    log.push_back(std::move(back).value());
+  }
+  // A TTFT over a tight SLO: the logged rejection carries the same input.
+  Request tight = request("tight", 8 * kB + 10, 10, 8);
+  tight.slo_ttft_ms = 1;
+  Decision rd = s->decide(tight);
+  ASSERT_FALSE(rd.accepted);
+  log.push_back(logged_decision_from_json(decision_record(tight, rd, s->last_estimates())).value());
+
+  Result<DecisionReplay> r = replay_decisions(log, {"kvcache", "cache_aware"}, 1);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->replayable, 5);
+  EXPECT_EQ(r->logged_rejected, 1);
+  const PolicyReplay& same = r->policies[0];
+  EXPECT_EQ(same.same_choice, 5);
+  EXPECT_EQ(same.different_choice, 0);
+  EXPECT_EQ(same.max_abs_ttft_diff_ms, 0.0);
+  EXPECT_EQ(same.rejected_ttft, 1);
+  EXPECT_EQ(same.accepted, 4);
+  // kvcache put the first on P1 (its same-host prefix), the second on P0 (P1's queue then cost more than a
+  // remote fetch); cache_aware always takes P1, the longest same-host prefix: another choice at another TTFT.
+  const PolicyReplay& other = r->policies[1];
+  EXPECT_EQ(other.decisions, 5);
+  EXPECT_EQ(other.same_choice + other.different_choice, 5);
+  EXPECT_GT(other.different_choice, 0);
+  EXPECT_GT(other.max_abs_ttft_diff_ms, 0.0);
+  EXPECT_FALSE(replay_decisions(log, {"no_such_policy"}, 1).is_ok());
+  EXPECT_FALSE(replay_decisions(log, {}, 1).is_ok());
+  EXPECT_FALSE(logged_decision_from_json(nlohmann::json{{"request", 1}}).is_ok());
+}
+
+// Issue 16 item 6: every measured decode step refits the decode predictor, and its error (the prediction
+// before the refit against the measurement) is kept; empty or non-finite steps are ignored.
+TEST_F(SchedulerTest, DecodeStepsRefitAndRecordTheirError) {
+  auto s = make("kvcache");
+  const double before = s->decode_predictor().step_ms(4, 8000);
+  for (int i = 0; i < 50; ++i) s->on_decode_step(DecodeStepReport{"D0", 4, 8000, 40.0});
+  s->on_decode_step(DecodeStepReport{"D0", 0, 0, 5.0});
+  s->on_decode_step(DecodeStepReport{"D0", 4, 8000, std::nan("")});
+  EXPECT_EQ(s->decode_predictor().samples(), 50u);
+  EXPECT_EQ(s->decode_step_error().count(), 50u);
+  EXPECT_NEAR(before, 24.0, 1e-9);  // the prior: 20 ms + 1 ms per request
+  EXPECT_NEAR(s->decode_predictor().step_ms(4, 8000), 40.0, 1.0);
+  EXPECT_GT(s->decode_step_error().mean_abs_error_ms(), 0.0);
+  EXPECT_LT(s->decode_step_error().mean_signed_error_ms(), 0.0);  // the prior was optimistic
+  nlohmann::json st = scheduler_status(*s);
+  EXPECT_EQ(st["decode_step_error"]["samples"], 50) << st.dump();
+  EXPECT_EQ(st["predictors"]["bandwidth_samples"]["ssd"], 0) << st.dump();
 }
 
 }  // namespace

@@ -548,7 +548,8 @@ TEST_F(StoreE2E, DramVictimsAreDemotedToSsdAndReadBack) {
     ASSERT_TRUE(n.is_ok()) << i << ": " << n.status().to_string();
     EXPECT_EQ(buf, blobs[i]) << "object " << i << " differs after demotion";
   }
-  EXPECT_GT(c->counters().bytes_read_tcp, 0u);  // SSD replicas are read through the node
+  EXPECT_GT(c->counters().bytes_read_ssd, 0u);  // SSD replicas are read through the node, and timed
+  EXPECT_GT(c->counters().read_ssd_ns, 0u);
 }
 
 // Field report #3: a namespace change never hits; a size mismatch is a miss.

@@ -1,4 +1,5 @@
-// mc-conductor: the global scheduler. Subcommands: serve (the daemon), stat (ask a running one).
+// mc-conductor: the global scheduler. Subcommands: serve (the daemon), stat (ask a running one),
+// replay-decisions (re-run a decision log through other policies).
 #include <iostream>
 
 #include "mc/common/cli.hpp"
@@ -89,7 +90,28 @@ int main(int argc, char** argv) {
   mc::cli::add_json_flag(*stat, json, "Print the status document as JSON");
   stat->add_option("--timeout-ms", timeout_ms, "Reply deadline (ms)")->capture_default_str();
 
+  std::string log_path;
+  std::vector<std::string> replay_policies = mc::sched::policy_names();
+  uint64_t replay_seed = 1;
+  bool replay_json = false;
+  auto* replay = app.add_subcommand("replay-decisions",
+                                    "Re-run each decision of a --decisions log through other policies and compare "
+                                    "their choices and predicted TTFTs with the logged ones");
+  replay->add_option("FILE", log_path, "Decision log (JSONL) written by serve --decisions")->required();
+  replay->add_option("--policy", replay_policies, "Policies to re-run, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::IsMember(mc::sched::policy_names()));
+  replay->add_option("--seed", replay_seed, "Seed of the random policy (the serving Conductor's --seed)")
+      ->capture_default_str();
+  mc::cli::add_json_flag(*replay, replay_json, "Print the comparison as JSON");
+
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (replay->parsed()) {
+    return mc::cli::report(
+        "mc-conductor replay-decisions",
+        mc::sched::print_decision_replay(log_path, replay_policies, replay_seed, replay_json, std::cout), replay_json);
+  }
   if (stat->parsed()) {
     return mc::cli::report("mc-conductor stat",
                            mc::sched::print_conductor_status(endpoint, json, timeout_ms, std::cout), json);

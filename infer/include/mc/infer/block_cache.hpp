@@ -35,8 +35,10 @@ struct BlockPut {
 };
 
 struct BlockCacheCounters {
-  int64_t local_bytes = 0;   // read from this host (shared memory / in process)
-  int64_t remote_bytes = 0;  // read over the network
+  int64_t local_bytes = 0;   // read from DRAM on this host (shared memory / in process)
+  int64_t remote_bytes = 0;  // read from DRAM over the network
+  int64_t ssd_bytes = 0;     // read from an SSD tier (any host)
+  int64_t ssd_read_ns = 0;   // wall time of the SSD reads
 };
 
 class KvBlockCache {
@@ -45,7 +47,7 @@ class KvBlockCache {
   // One Status per item, in order. The Result fails as a whole only when the cache is unreachable.
   virtual Result<std::vector<Status>> get(std::span<const BlockGet> items) = 0;
   virtual Result<std::vector<Status>> put(std::span<const BlockPut> items) = 0;
-  // Bytes read so far, by locality (for the ledger's local/remote hit split).
+  // Bytes read so far, by tier (for the ledger's local/remote/SSD hit split).
   virtual BlockCacheCounters counters() const = 0;
   virtual std::string describe() const = 0;
 };

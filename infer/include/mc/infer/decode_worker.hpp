@@ -99,6 +99,9 @@ class DecodeWorker {
   Result<proto::KvWriteReply> kv_write(const proto::KvWriteRequest& request);
   Result<proto::KvCommitReply> commit(const proto::KvCommitRequest& request);
   proto::WorkerLoadReply load() const;
+  // The decode steps measured since the last call (the latest proto::kMaxDecodeStepSamples), each with its batch
+  // size, context tokens and wall time, oldest first; the heartbeat sends them to the Conductor's TBT refit.
+  std::vector<proto::DecodeStepSample> take_step_samples();
 
   // Serves the KV buffer as a transfer-engine segment (options.listen must name at least one endpoint) and takes
   // layer-arrival notifications. Errors: those of TransferEngine::create/register_memory; kFailedPrecondition
@@ -150,6 +153,7 @@ class DecodeWorker {
   std::vector<Outgoing> outgoing_;
   std::map<uint64_t, Expired> expired_;  // expired reservations whose blocks are still held
   double recent_step_ms_ = 0;
+  std::deque<proto::DecodeStepSample> step_samples_;  // since the last take_step_samples(), bounded
   std::function<void(proto::ConductorJobReportRequest)> reporter_;
   std::string kv_segment_;        // set once by publish_kv_segment, before serving
   uint64_t kv_segment_base_ = 0;  // segment offset of kv_->data()

@@ -593,9 +593,15 @@ struct RequestLedger {
   int64_t decode_ms = -1;            // first token -> last token (decode side)
   int64_t output_tokens = 0;         // tokens actually generated (first token included)
   std::string decision;              // "fetch" (some prefix reused) | "recompute"
+  // The SSD tier of the hits (DESIGN.md §5): hit tokens read from a storage node's SSD segment (not counted in
+  // local or remote), and the bytes and wall time of those SSD reads (the Conductor refits its SSD bandwidth
+  // from them; microseconds, since one block's read can take less than a millisecond). 0: none.
+  int64_t hit_tokens_ssd = 0;
+  int64_t fetch_ssd_bytes = 0;
+  int64_t fetch_ssd_us = 0;
   MSGPACK_DEFINE_MAP(prompt_tokens, hit_tokens, hit_tokens_local, hit_tokens_remote, missed_prefix_tokens,
                      computed_tokens, fetch_bytes, kv_sent_bytes, stored_blocks, queue_ms, fetch_ms, prefill_ms,
-                     kv_tail_ms, decode_ms, output_tokens, decision);
+                     kv_tail_ms, decode_ms, output_tokens, decision, hit_tokens_ssd, fetch_ssd_bytes, fetch_ssd_us);
 };
 
 struct DecodeReserveReply {
@@ -926,6 +932,17 @@ struct ConductorHeartbeatReply {
   bool registered = true;  // false: the Conductor forgot this worker (restart, expiry): register again
   MSGPACK_DEFINE_MAP(registered);
 };
+// One measured decode step: the batch it ran, the context tokens of that batch (sum over its sequences) and
+// its wall time (the worker's ms; the Conductor multiplies by its --time-scale).
+struct DecodeStepSample {
+  int64_t batch_requests = 0;
+  int64_t context_tokens = 0;
+  double step_ms = 0;
+  MSGPACK_DEFINE_MAP(batch_requests, context_tokens, step_ms);
+};
+// Most step samples one heartbeat carries (the latest ones; older steps of that interval are only counted).
+inline constexpr size_t kMaxDecodeStepSamples = 256;
+
 // Load report. Absent figures are 0, which is right for an idle worker (DESIGN.md §13.12).
 struct ConductorHeartbeatRequest {
   static constexpr const char* kType = "conductor.heartbeat";
@@ -936,13 +953,12 @@ struct ConductorHeartbeatRequest {
   int64_t running_requests = 0;    // decode: requests in the batch
   int64_t kv_reserved_tokens = 0;  // decode: KV tokens promised (input + output of running and reserved)
   int64_t context_tokens = 0;      // decode: sum of the batch's context lengths now
-  // decode: measured steps since the last heartbeat (the Conductor refits its TBT model from them)
+  // decode: steps run since the last heartbeat, and the latest of them (at most kMaxDecodeStepSamples; the
+  // Conductor refuses more), each with its own batch and context: the Conductor refits its TBT model from them
   int64_t decode_steps = 0;
-  double decode_step_ms_mean = 0;
-  double decode_batch_mean = 0;  // mean batch size over those steps
-  double decode_context_tokens_mean = 0;
+  std::vector<DecodeStepSample> decode_step_samples;
   MSGPACK_DEFINE_MAP(instance_id, queued_prefill_tokens, queued_prefill_jobs, running_requests, kv_reserved_tokens,
-                     context_tokens, decode_steps, decode_step_ms_mean, decode_batch_mean, decode_context_tokens_mean);
+                     context_tokens, decode_steps, decode_step_samples);
 };
 
 inline constexpr const char* kPhaseFirstToken = "first_token";  // mc-decode sent the first token

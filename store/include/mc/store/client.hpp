@@ -112,7 +112,8 @@ struct CommitFailure {
 };
 
 // Counters of the data path since connect (for benchmarks and the ledger). "shm" counts bytes the engine
-// moved over shm; "tcp" counts every other path (tcp, rdma, and SSD replicas through node RPCs).
+// moved over shm; "tcp" counts every other engine path (tcp, rdma); SSD replicas, read through node RPCs,
+// count in bytes_read_ssd (with the wall time of those reads), never in shm or tcp.
 struct ClientCounters {
   uint64_t bytes_read_shm = 0, bytes_read_tcp = 0, bytes_written_shm = 0, bytes_written_tcp = 0;
   uint64_t replica_fallbacks = 0;  // reads that failed on a replica and went to the next
@@ -120,6 +121,8 @@ struct ClientCounters {
   uint64_t master_calls_fast = 0, master_calls_zmq = 0;  // metadata calls by path (fast_rpc / ZeroMQ)
   uint64_t commits_behind = 0;   // objects committed write-behind (put_end sent without waiting)
   uint64_t commit_failures = 0;  // of those, refused by the master or unconfirmed (connection lost)
+  uint64_t bytes_read_ssd = 0;   // read from SSD replicas (node RPCs)
+  uint64_t read_ssd_ns = 0;      // wall time of those SSD reads (RPC round trips and copies included)
 };
 
 class Client {

@@ -66,6 +66,14 @@ Status run_conductor(const ConductorOptions& options);
 // units in the headers, then index, decisions, predictors, TTFT error) or the JSON document.
 Status print_conductor_status(const std::string& endpoint, bool json, int timeout_ms, std::ostream& out);
 
+// `mc-conductor replay-decisions FILE`: reads a decision log (serve --decisions), re-runs every logged decision
+// through each of `policies` (decision_replay.hpp; `seed` for random) and prints one row per policy (same and
+// different choices, acceptances, rejections, predicted-TTFT difference mean / p99 / max) or the JSON
+// document. kNotFound for a missing file; kInvalidArgument naming the line of a malformed record, or an
+// unknown policy.
+Status print_decision_replay(const std::string& path, const std::vector<std::string>& policies, uint64_t seed,
+                             bool json, std::ostream& out);
+
 // Block keys of a submitted prompt: block_hashes when given (their count must not exceed the
 // complete blocks of input_tokens), else seq_hashes(tokens, ns). kInvalidArgument names the field.
 Result<Request> request_from_submit(const std::string& request_id, int64_t input_tokens, int64_t output_tokens,

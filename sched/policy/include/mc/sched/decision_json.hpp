@@ -5,8 +5,11 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <span>
+
 #include <nlohmann/json.hpp>
 
+#include "mc/common/status.hpp"
 #include "mc/sched/types.hpp"
 
 namespace mc::sched {
@@ -17,11 +20,18 @@ namespace mc::sched {
 
 nlohmann::json to_json(const PrefillEstimate& e);
 nlohmann::json to_json(const DecodeEstimate& e);
-// {"request": {...}, "decision": {...}}; block hashes as 16-hex-digit strings ("0x...").
-nlohmann::json decision_record(const Request& request, const Decision& decision);
+// Inverse of to_json(PrefillEstimate); kInvalidArgument naming the missing or mistyped key.
+Result<PrefillEstimate> estimate_from_json(const nlohmann::json& j);
+// {"request": {...}, "decision": {...}}; block hashes as 16-hex-digit strings ("0x..."). The decision holds
+// the applied TTFT SLO ("slo_ttft_ms_applied") and "early_reject", and, when `estimates` (the policy's input:
+// Scheduler::last_estimates()) is not empty, "estimates": every priced prefill instance in registration
+// order, so that `mc-conductor replay-decisions` can re-run any policy on it (decision_replay.hpp).
+nlohmann::json decision_record(const Request& request, const Decision& decision,
+                               std::span<const PrefillEstimate> estimates = {});
 // The scheduler's state for `mc-conductor stat`: config, instances (role, host, liveness "live" or
 // "unknown" (no load report yet), last_seen_ms_ago, queue_ms, ledger and reported load), index size
-// and counters, decisions by kind, predictor coefficients, bandwidths and the TTFT prediction error.
+// and counters, decisions by kind, predictor coefficients, bandwidths (with their sample counts), the TTFT
+// prediction error and the decode step prediction error ("decode_step_error").
 nlohmann::json scheduler_status(const Scheduler& scheduler, bool with_instances = true);
 
 }  // namespace mc::sched

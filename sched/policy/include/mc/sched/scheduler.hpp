@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -55,7 +56,7 @@ struct PrefillReport {
   bool ok = true;  // false: failed; the ledger entry is dropped
 };
 
-// One measured decode step (or a mean over several) on a decode instance.
+// One measured decode step on a decode instance: its batch, the context tokens of that batch and its time.
 struct DecodeStepReport {
   std::string instance_id;
   int64_t batch_requests = 0;
@@ -105,6 +106,9 @@ class Scheduler {
 
   // ---- feedback ----
   void on_prefill_done(const PrefillReport& report);
+  // A measured decode step: its predicted step time (before the refit) against the measured one goes into
+  // decode_step_error(), then the decode predictor refits. Ignored when the batch is empty or a figure is
+  // negative or not finite.
   void on_decode_step(const DecodeStepReport& report);
   // The first token reached the client: actual TTFT (ms since submit) against the prediction.
   void on_first_token(const std::string& request_id, double actual_ttft_ms);
@@ -120,8 +124,12 @@ class Scheduler {
   const DecodePredictor& decode_predictor() const { return decode_; }
   const BandwidthEstimator& bandwidth() const { return bandwidth_; }
   const PredictionErrorStats& ttft_error() const { return ttft_error_; }
+  const PredictionErrorStats& decode_step_error() const { return decode_error_; }
   const SchedulerCounters& counters() const { return counters_; }
   const SchedulerConfig& config() const { return config_; }
+  // Every live prefill instance as the last decide() priced it, in registration order: the policy's input
+  // (empty when that decision was rejected before pricing). Valid until the next decide().
+  std::span<const PrefillEstimate> last_estimates() const { return estimates_; }
   const Clock& clock() const { return *clock_; }
   // Predicted queue time of a prefill instance now (ms).
   double queue_ms(const Instance& inst) const;
@@ -195,6 +203,7 @@ class Scheduler {
   DecodePredictor decode_;
   BandwidthEstimator bandwidth_;
   PredictionErrorStats ttft_error_;
+  PredictionErrorStats decode_error_;  // predicted vs measured decode step ms
   SchedulerCounters counters_;
   std::unordered_map<std::string, InFlight> in_flight_;
   // scratch, reused by decide()

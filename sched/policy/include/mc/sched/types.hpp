@@ -126,6 +126,8 @@ struct Decision {
   std::string reason;  // human-readable: why this pair, or why rejected (names instances, values)
   std::string policy;
   int64_t decided_at_ns = 0;  // Clock::now_ns() when decided
+  double slo_ttft_ms = 0;     // the TTFT SLO applied (the request's, else the configured one)
+  bool early_reject = true;   // whether prediction-based early rejection was on
 
   std::string prefill_id;  // empty when rejected before a prefill was chosen
   std::string decode_id;

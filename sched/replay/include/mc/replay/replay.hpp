@@ -57,6 +57,7 @@ struct Admission {
   std::string reason;  // why rejected
   std::string prefill_instance, decode_instance;
   std::optional<double> predicted_ttft_ms;  // modelled ms
+  std::optional<double> predicted_tbt_ms;   // accepted: the decode step time predicted for it (modelled ms)
   std::optional<std::string> decision;      // fetch | recompute
   std::optional<int64_t> predicted_hit_tokens;
   std::optional<int64_t> pool_prefix_tokens;  // the longest prefix the pool held at placement

@@ -73,6 +73,8 @@ struct Ledger {
   // hit < planned: blocks planned were missing or failed when the prefill fetched them.
   std::optional<int64_t> planned_hit_tokens;
   std::optional<int64_t> pool_prefix_tokens;
+  // The conductor's predicted decode step time for it (its TBT), against the request's measured mean gap.
+  std::optional<double> predicted_tbt_ms;
 
   int64_t hit_tokens() const;  // sum of the three tiers present (0 when none is)
 };
@@ -150,7 +152,7 @@ struct CacheSummary {
 };
 
 struct PredictionSummary {
-  int64_t count = 0;  // completed requests with both predicted and measured TTFT
+  int64_t count = 0;  // completed requests with both the predicted and the measured figure
   double mean_abs_error_ms = 0;
   double mean_error_ms = 0;  // measured - predicted (positive: the conductor was optimistic)
   double p90_abs_error_ms = 0;
@@ -180,7 +182,8 @@ struct Summary {
   std::optional<Distribution> ttft_ms, tbt_ms, tpot_ms, e2e_ms;  // tbt: per-request top-10 % statistic
   std::vector<SloResult> slo;                                    // every (ttft, tbt) pair of the options, ttft-major
   CacheSummary cache;
-  PredictionSummary prediction;
+  PredictionSummary prediction;      // TTFT
+  PredictionSummary tbt_prediction;  // predicted decode step (ledger predicted_tbt_ms) vs the measured mean gap
 };
 
 Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& options);
