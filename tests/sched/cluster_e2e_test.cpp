@@ -34,50 +34,20 @@
 
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
-#include "mc/testkit/process.hpp"
-#include "mc/testkit/wait.hpp"
+#include "mc/testkit/local_cluster.hpp"
 
 namespace mc::sched {
 namespace {
 
 using json = nlohmann::json;
+using testkit::slurp;
 
 // The cluster runs 2x faster than the hardware it models: phase (r)'s long job then keeps the holder busy
 // for about 4.5 s of wall time, far longer than a sanitizer build on a loaded machine takes to send the
 // next request (at 20x it lasted 0.45 s, and a late sender found the holder idle again).
 const char* const kTimeScale = "2";
 const std::string kBin = MC_BINARY_DIR "/bin";
-const std::string kScript = MC_SOURCE_DIR "/examples/local-cluster.sh";
 constexpr int64_t kBlockTokens = 512;
-
-std::string slurp(const std::string& path) {
-  std::stringstream s;
-  s << std::ifstream(path).rdbuf();
-  return s.str();
-}
-
-// A child in its own process group, stdin from /dev/null, stdout and stderr to files; on the way out the
-// group gets SIGTERM (local-cluster.sh's trap stops and reaps its daemons), then SIGKILL after 10 s.
-std::unique_ptr<testkit::Child> start_child(const std::vector<std::string>& argv, const std::string& out_path,
-                                            const std::string& err_path) {
-  testkit::ChildOptions o;
-  o.own_process_group = true;
-  o.stdin_path = "/dev/null";
-  o.stdout_path = out_path;
-  o.stderr_path = err_path;
-  o.stop_grace_ms = 10000;
-  return std::make_unique<testkit::Child>(argv, o);
-}
-
-struct Scratch {
-  std::string dir;
-  Scratch() {
-    dir = ::testing::TempDir() + "cluster_e2e_" + std::to_string(::getpid());
-    std::filesystem::create_directories(dir);
-  }
-  ~Scratch() { std::filesystem::remove_all(dir); }
-  std::string path(const std::string& name) const { return dir + "/" + name; }
-};
 
 // One trace row: `ids` full blocks of 512 tokens.
 std::string trace_row(int64_t timestamp_ms, const std::vector<uint64_t>& ids, int64_t output_tokens = 2) {
@@ -101,56 +71,15 @@ std::vector<uint64_t> concat(std::vector<uint64_t> a, const std::vector<uint64_t
 
 // A cluster started by local-cluster.sh with `flags` (after --bin and --ready-timeout-s), its daemons running
 // `time_scale` times faster than the hardware they model; replays use the same scale.
-class ClusterFixture : public ::testing::Test {
+class ClusterFixture : public testkit::LocalClusterFixture {
  protected:
-  void start_cluster(const std::vector<std::string>& flags, const std::string& time_scale) {
-    for (const char* tool : {"mc-store", "mc-conductor", "mc-prefill", "mc-decode", "mc-trace-replay"}) {
-      if (::access((kBin + "/" + tool).c_str(), X_OK) != 0) GTEST_SKIP() << kBin << "/" << tool << " is not built";
-    }
+  ClusterFixture() : LocalClusterFixture("cluster_e2e") {}
+  void start_cluster(std::vector<std::string> flags, const std::string& time_scale) {
     time_scale_ = time_scale;
-    // The cluster runs until the test creates `done`; CMD prints where its state directory is.
-    const std::string cmd = "echo \"$MC_CLUSTER_STATE\" > " + s_.path("state.tmp") + " && mv " + s_.path("state.tmp") +
-                            " " + s_.path("state") + "; while [ ! -e " + s_.path("done") + " ]; do sleep 0.1; done";
-    std::vector<std::string> argv = {"/bin/bash", kScript, "--bin", kBin, "--ready-timeout-s", "90"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(), {"--time-scale", time_scale, "--", "/bin/bash", "-c", cmd});
-    cluster_ = start_child(argv, s_.path("cluster.out"), s_.path("cluster.err"));
-    bool exited = false;
-    const bool up = testkit::wait_until(
-        [&] { return std::filesystem::exists(s_.path("state")) || (exited = cluster_->wait_exit(0) != -1); }, 180'000,
-        100);
-    ASSERT_FALSE(exited) << "local-cluster.sh exited before the cluster was up:\n" << slurp(s_.path("cluster.err"));
-    ASSERT_TRUE(up) << "cluster not up in 180 s:\n" << slurp(s_.path("cluster.err"));
-    std::string state = slurp(s_.path("state"));
-    state.erase(state.find_last_not_of("\n ") + 1);
-    std::istringstream lines(slurp(state + "/cluster.txt"));
-    std::string name, pid, endpoint;
-    while (lines >> name >> pid >> endpoint) endpoints_[name] = endpoint;
-    for (const char* n : {"master", "conductor", "prefill0", "prefill1", "decode0", "decode1"}) {
-      ASSERT_TRUE(endpoints_.count(n)) << n << " missing from " << state << "/cluster.txt";
-    }
+    flags.insert(flags.end(), {"--time-scale", time_scale});
+    LocalClusterFixture::start_cluster(flags, {"master", "conductor", "prefill0", "prefill1", "decode0", "decode1"});
   }
 
-  void TearDown() override {
-    if (!cluster_) return;
-    std::ofstream(s_.path("done")).put('\n');
-    const int rc = cluster_->wait_exit(60'000);
-    EXPECT_EQ(rc, 0) << slurp(s_.path("cluster.err"));
-    cluster_.reset();
-  }
-
-  template <typename Req>
-  typename Req::Reply call(const std::string& name, const Req& req) {
-    rpc::ClientOptions o;
-    o.client_name = "cluster_e2e_test";
-    o.connect_timeout_ms = 10000;
-    auto client = rpc::RpcClient::connect(endpoints_.at(name), o);
-    EXPECT_TRUE(client.is_ok()) << name << ": " << client.status().to_string();
-    if (!client.is_ok()) return {};
-    auto reply = (*client)->call(req, 10000);
-    EXPECT_TRUE(reply.is_ok()) << name << ": " << reply.status().to_string();
-    return reply.is_ok() ? reply.value() : typename Req::Reply{};
-  }
   double counter(const std::string& daemon, const std::string& name) {
     json m = json::parse(call(daemon, proto::StatRequest{}).metrics_json, nullptr, false);
     if (m.is_discarded() || !m["counters"].contains(name)) return 0;
@@ -158,9 +87,6 @@ class ClusterFixture : public ::testing::Test {
   }
   double prefill_jobs() {
     return counter("prefill0", "mc_prefill_jobs_total") + counter("prefill1", "mc_prefill_jobs_total");
-  }
-  json conductor_status() {
-    return json::parse(call("conductor", proto::ConductorStatusRequest{true}).status_json, nullptr, false);
   }
   // Polls the Conductor until its prefix index holds at least `entries` (block, holder) pairs.
   bool wait_index(int64_t entries, json* last) {
@@ -201,7 +127,7 @@ class ClusterFixture : public ::testing::Test {
       std::ofstream t(s_.path(tag + ".trace.jsonl"));
       for (const auto& r : rows) t << r << '\n';
     }
-    auto c = start_child(
+    auto c = testkit::start_group_child(
         {kBin + "/mc-trace-replay", s_.path(tag + ".trace.jsonl"), "--conductor", endpoints_.at("conductor"), "--json",
          "--out", s_.path(tag + ".jsonl"), "--no-progress", "--time-scale", time_scale_, "--slo-ttft-ms", "600000",
          "--slo-tbt-ms", "600000", "--drain-timeout-s", "60", "--id-prefix", tag + "-",
@@ -221,18 +147,13 @@ class ClusterFixture : public ::testing::Test {
     EXPECT_EQ(records.size(), rows.size()) << tag << ":\n" << slurp(s_.path(tag + ".err"));
     return records;
   }
-  static int64_t hit_tokens(const json& record) {
-    const json& l = record.value("ledger", json::object());
-    return l.value("hit_tokens_local", int64_t{0}) + l.value("hit_tokens_remote", int64_t{0}) +
-           l.value("hit_tokens_ssd", int64_t{0});
-  }
   // Runs one of the tools to its end (60 s at most); its exit status, stdout and stderr.
   struct ToolRun {
     int rc = -1;
     std::string out, err;
   };
   ToolRun run_tool(const std::string& tag, const std::vector<std::string>& argv) {
-    auto c = start_child(argv, s_.path(tag + ".out"), s_.path(tag + ".err"));
+    auto c = testkit::start_group_child(argv, s_.path(tag + ".out"), s_.path(tag + ".err"));
     ToolRun r;
     r.rc = c->wait_exit(60'000);
     r.out = slurp(s_.path(tag + ".out"));
@@ -243,9 +164,6 @@ class ClusterFixture : public ::testing::Test {
     return "\nreplay stderr:\n" + slurp(s_.path(tag + ".err")) + "\nconductor: " + conductor_status().dump();
   }
 
-  Scratch s_;
-  std::unique_ptr<testkit::Child> cluster_;
-  std::map<std::string, std::string> endpoints_;
   std::string time_scale_;
 };
 

@@ -25,46 +25,16 @@
 
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
-#include "mc/testkit/process.hpp"
-#include "mc/testkit/wait.hpp"
+#include "mc/testkit/local_cluster.hpp"
 
 namespace mc::sched {
 namespace {
 
 using json = nlohmann::json;
+using testkit::slurp;
 
 const std::string kBin = MC_BINARY_DIR "/bin";
-const std::string kScript = MC_SOURCE_DIR "/examples/local-cluster.sh";
 constexpr int64_t kBlockTokens = 16;
-
-std::string slurp(const std::string& path) {
-  std::stringstream s;
-  s << std::ifstream(path).rdbuf();
-  return s.str();
-}
-
-// A child in its own process group, stdin from /dev/null, stdout and stderr to files; on the way out the
-// group gets SIGTERM (local-cluster.sh's trap stops and reaps its daemons), then SIGKILL after 10 s.
-std::unique_ptr<testkit::Child> start_child(const std::vector<std::string>& argv, const std::string& out_path,
-                                            const std::string& err_path) {
-  testkit::ChildOptions o;
-  o.own_process_group = true;
-  o.stdin_path = "/dev/null";
-  o.stdout_path = out_path;
-  o.stderr_path = err_path;
-  o.stop_grace_ms = 10000;
-  return std::make_unique<testkit::Child>(argv, o);
-}
-
-struct Scratch {
-  std::string dir;
-  Scratch() {
-    dir = ::testing::TempDir() + "namespace_e2e_" + std::to_string(::getpid());
-    std::filesystem::create_directories(dir);
-  }
-  ~Scratch() { std::filesystem::remove_all(dir); }
-  std::string path(const std::string& name) const { return dir + "/" + name; }
-};
 
 // One trace row of 2 complete blocks and a partial one (40 tokens; the same ids, so the same tokens, in
 // every row), with the given key-scope fields (absent when empty).
@@ -76,82 +46,16 @@ std::string trace_row(const std::string& lora_name, const std::string& lora_vers
   return j.dump();
 }
 
-class NamespaceE2E : public ::testing::Test {
+class NamespaceE2E : public testkit::LocalClusterFixture {
  protected:
+  NamespaceE2E() : LocalClusterFixture("namespace_e2e") {}
   void SetUp() override {
-    for (const char* tool : {"mc-store", "mc-conductor", "mc-prefill", "mc-decode", "mc-trace-replay"}) {
-      if (::access((kBin + "/" + tool).c_str(), X_OK) != 0) GTEST_SKIP() << kBin << "/" << tool << " is not built";
-    }
-    const std::string cmd = "echo \"$MC_CLUSTER_STATE\" > " + s_.path("state.tmp") + " && mv " + s_.path("state.tmp") +
-                            " " + s_.path("state") + "; while [ ! -e " + s_.path("done") + " ]; do sleep 0.1; done";
-    cluster_ = start_child({"/bin/bash",
-                            kScript,
-                            "--bin",
-                            kBin,
-                            "--ready-timeout-s",
-                            "90",
-                            "--store-nodes",
-                            "1",
-                            "--prefill",
-                            "1",
-                            "--decode",
-                            "1",
-                            "--backend",
-                            "ref",
-                            "--model",
-                            "tiny",
-                            "--block-size",
-                            std::to_string(kBlockTokens),
-                            "--kv-buffer-size",
-                            "16MiB",
-                            "--policy",
-                            "cache_aware",
-                            "--conductor-args",
-                            "--lora house --lora-version 1",
-                            "--",
-                            "/bin/bash",
-                            "-c",
-                            cmd},
-                           s_.path("cluster.out"), s_.path("cluster.err"));
-    bool exited = false;
-    const bool up = testkit::wait_until(
-        [&] { return std::filesystem::exists(s_.path("state")) || (exited = cluster_->wait_exit(0) != -1); }, 180'000,
-        100);
-    ASSERT_FALSE(exited) << "local-cluster.sh exited before the cluster was up:\n" << slurp(s_.path("cluster.err"));
-    ASSERT_TRUE(up) << "cluster not up in 180 s:\n" << slurp(s_.path("cluster.err"));
-    std::string state = slurp(s_.path("state"));
-    state.erase(state.find_last_not_of("\n ") + 1);
-    std::istringstream lines(slurp(state + "/cluster.txt"));
-    std::string name, pid, endpoint;
-    while (lines >> name >> pid >> endpoint) endpoints_[name] = endpoint;
-    for (const char* n : {"master", "conductor", "prefill0", "decode0"}) {
-      ASSERT_TRUE(endpoints_.count(n)) << n << " missing from " << state << "/cluster.txt";
-    }
+    start_cluster({"--store-nodes", "1", "--prefill", "1", "--decode", "1", "--backend", "ref", "--model", "tiny",
+                   "--block-size", std::to_string(kBlockTokens), "--kv-buffer-size", "16MiB", "--policy", "cache_aware",
+                   "--conductor-args", "--lora house --lora-version 1"},
+                  {"master", "conductor", "prefill0", "decode0"});
   }
 
-  void TearDown() override {
-    if (!cluster_) return;
-    std::ofstream(s_.path("done")).put('\n');
-    const int rc = cluster_->wait_exit(60'000);
-    EXPECT_EQ(rc, 0) << slurp(s_.path("cluster.err"));
-    cluster_.reset();
-  }
-
-  template <typename Req>
-  typename Req::Reply call(const std::string& name, const Req& req) {
-    rpc::ClientOptions o;
-    o.client_name = "namespace_e2e_test";
-    o.connect_timeout_ms = 10000;
-    auto client = rpc::RpcClient::connect(endpoints_.at(name), o);
-    EXPECT_TRUE(client.is_ok()) << name << ": " << client.status().to_string();
-    if (!client.is_ok()) return {};
-    auto reply = (*client)->call(req, 10000);
-    EXPECT_TRUE(reply.is_ok()) << name << ": " << reply.status().to_string();
-    return reply.is_ok() ? reply.value() : typename Req::Reply{};
-  }
-  json conductor_status() {
-    return json::parse(call("conductor", proto::ConductorStatusRequest{true}).status_json, nullptr, false);
-  }
   // The store's complete KV objects: key -> bytes (read with `mc-store get`, as a user would).
   std::map<std::string, std::string> store_objects() {
     proto::StoreLsRequest ls;
@@ -160,8 +64,8 @@ class NamespaceE2E : public ::testing::Test {
     std::map<std::string, std::string> out;
     for (const auto& o : call("master", ls).objects) {
       if (!o.complete) continue;
-      auto c = start_child({kBin + "/mc-store", "get", "--master", endpoints_.at("master"), o.key}, s_.path("get.out"),
-                           s_.path("get.err"));
+      auto c = testkit::start_group_child({kBin + "/mc-store", "get", "--master", endpoints_.at("master"), o.key},
+                                          s_.path("get.out"), s_.path("get.err"));
       const int rc = c->wait_exit(30'000);
       EXPECT_EQ(rc, 0) << o.key << ": " << slurp(s_.path("get.err"));
       out[o.key] = slurp(s_.path("get.out"));
@@ -185,29 +89,29 @@ class NamespaceE2E : public ::testing::Test {
   // Replays one row and returns its record.
   json replay(const std::string& tag, const std::string& row) {
     std::ofstream(s_.path(tag + ".trace.jsonl")) << row << '\n';
-    auto c = start_child({kBin + "/mc-trace-replay",
-                          s_.path(tag + ".trace.jsonl"),
-                          "--conductor",
-                          endpoints_.at("conductor"),
-                          "--json",
-                          "--out",
-                          s_.path(tag + ".jsonl"),
-                          "--no-progress",
-                          "--trace-block-size",
-                          std::to_string(kBlockTokens),
-                          "--block-tokens",
-                          std::to_string(kBlockTokens),
-                          "--vocab-size",
-                          "256",
-                          "--slo-ttft-ms",
-                          "600000",
-                          "--slo-tbt-ms",
-                          "600000",
-                          "--drain-timeout-s",
-                          "60",
-                          "--id-prefix",
-                          tag + "-"},
-                         s_.path(tag + ".out"), s_.path(tag + ".err"));
+    auto c = testkit::start_group_child({kBin + "/mc-trace-replay",
+                                         s_.path(tag + ".trace.jsonl"),
+                                         "--conductor",
+                                         endpoints_.at("conductor"),
+                                         "--json",
+                                         "--out",
+                                         s_.path(tag + ".jsonl"),
+                                         "--no-progress",
+                                         "--trace-block-size",
+                                         std::to_string(kBlockTokens),
+                                         "--block-tokens",
+                                         std::to_string(kBlockTokens),
+                                         "--vocab-size",
+                                         "256",
+                                         "--slo-ttft-ms",
+                                         "600000",
+                                         "--slo-tbt-ms",
+                                         "600000",
+                                         "--drain-timeout-s",
+                                         "60",
+                                         "--id-prefix",
+                                         tag + "-"},
+                                        s_.path(tag + ".out"), s_.path(tag + ".err"));
     const int rc = c->wait_exit(120'000);
     EXPECT_EQ(rc, 0) << tag << ":\n" << slurp(s_.path(tag + ".err"));
     std::ifstream in(s_.path(tag + ".jsonl"));
@@ -220,15 +124,6 @@ class NamespaceE2E : public ::testing::Test {
                                                         << slurp(s_.path(tag + ".err"));
     return record;
   }
-  static int64_t hit_tokens(const json& record) {
-    const json& l = record.value("ledger", json::object());
-    return l.value("hit_tokens_local", int64_t{0}) + l.value("hit_tokens_remote", int64_t{0}) +
-           l.value("hit_tokens_ssd", int64_t{0});
-  }
-
-  Scratch s_;
-  std::unique_ptr<testkit::Child> cluster_;
-  std::map<std::string, std::string> endpoints_;
 };
 
 // The namespace digest of a block key "kv/<digest>/<seq hash>".
