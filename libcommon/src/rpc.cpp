@@ -12,7 +12,6 @@ const char* build_id_string();
 namespace mc::rpc {
 namespace {
 
-
 std::string zmq_text(const zmq::error_t& e) { return std::string(e.what()); }
 
 const std::string kSameVersion = ": run the same mc version on both sides";
