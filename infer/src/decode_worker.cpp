@@ -61,7 +61,8 @@ namespace {
 
 class RpcTokenSink final : public TokenSink {
  public:
-  explicit RpcTokenSink(int timeout_ms) : client_(client_options()), timeout_ms_(timeout_ms) {}
+  explicit RpcTokenSink(int timeout_ms)
+      : client_(rpc::AsyncClientOptions{.client_name = "mc-decode"}), timeout_ms_(timeout_ms) {}
   Status token(const std::string& endpoint, const proto::TokenEvent& e) override { return send(endpoint, e); }
   Status done(const std::string& endpoint, const proto::RequestDone& d) override { return send(endpoint, d); }
   Status fail(const std::string& endpoint, const proto::RequestError& e) override { return send(endpoint, e); }
@@ -70,11 +71,6 @@ class RpcTokenSink final : public TokenSink {
   template <typename Msg>
   Status send(const std::string& endpoint, const Msg& msg) {
     return client_.call_sync(endpoint, msg, timeout_ms_).status();
-  }
-  static rpc::AsyncClientOptions client_options() {
-    rpc::AsyncClientOptions o;
-    o.client_name = "mc-decode";
-    return o;
   }
   rpc::AsyncClient client_;
   int timeout_ms_;

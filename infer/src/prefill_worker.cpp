@@ -26,7 +26,8 @@ int64_t ms_since(int64_t t0_ns) { return (now_ns() - t0_ns) / 1'000'000; }
 
 class RpcDecodeLink final : public DecodeLink {
  public:
-  explicit RpcDecodeLink(int timeout_ms) : client_(client_options()), timeout_ms_(timeout_ms) {}
+  explicit RpcDecodeLink(int timeout_ms)
+      : client_(rpc::AsyncClientOptions{.client_name = "mc-prefill"}), timeout_ms_(timeout_ms) {}
   Result<proto::KvWriteReply> write(const std::string& ep, const proto::KvWriteRequest& r) override {
     return call(ep, r);
   }
@@ -45,11 +46,6 @@ class RpcDecodeLink final : public DecodeLink {
   template <typename Req>
   Result<typename Req::Reply> call(const std::string& endpoint, const Req& req) {
     return client_.call_sync(endpoint, req, timeout_ms_);
-  }
-  static rpc::AsyncClientOptions client_options() {
-    rpc::AsyncClientOptions o;
-    o.client_name = "mc-prefill";
-    return o;
   }
   rpc::AsyncClient client_;
   int timeout_ms_;
