@@ -13,6 +13,7 @@
 // TieredClusterE2E (issue 16) runs storage nodes with little DRAM and an SSD tier, and a Conductor logging its
 // decisions: SSD hits reach the ledger and refit the SSD bandwidth; the decode predictor learns from every
 // step; `mc-conductor replay-decisions` re-runs the log through every policy.
+// HotReadsClusterE2E (issue 16 item 5) turns hot-object replication on through local-cluster.sh --hot-reads.
 // Only loopback. The cluster script runs in its own process group; a guard ends it (and so every daemon,
 // its state directory and /dev/shm files) on the way out, also when an assertion fails.
 #include <unistd.h>
@@ -420,6 +421,50 @@ TEST_F(TieredClusterE2E, DecisionLogReplaysThroughEveryPolicy) {
   ToolRun bad = run_tool("replay_bad", {kBin + "/mc-conductor", "replay-decisions", s_.path("bad.jsonl")});
   EXPECT_EQ(bad.rc, 2) << bad.err;
   EXPECT_NE(bad.err.find("bad.jsonl:1"), std::string::npos) << bad.err;
+}
+
+// Issue 16 item 5: `local-cluster.sh --hot-reads N` turns the store's hot-object replication on. A prefix read
+// a second time within the window gets a second replica on the other storage node, made by the reading
+// prefill; the master counts the copies.
+class HotReadsClusterE2E : public ClusterFixture {
+ protected:
+  void SetUp() override {
+    start_cluster({"--store-nodes", "2", "--prefill", "2", "--decode", "2", "--backend", "sim", "--kv-buffer-size",
+                   "64MiB", "--policy", "kvcache", "--hot-reads", "1"},
+                  kTimeScale);
+  }
+};
+
+TEST_F(HotReadsClusterE2E, PrefixReadTwiceGetsASecondReplica) {
+  const std::vector<uint64_t> prefix = ids_range(8000, 4);
+  json idx;
+  auto p = replay("hot_p", {trace_row(0, prefix)});
+  ASSERT_EQ(p[1].value("outcome", ""), "completed") << p[1].dump() << why("hot_p");
+  ASSERT_TRUE(wait_index(4, &idx)) << idx.dump();
+  ASSERT_TRUE(wait_idle(&idx)) << idx.dump();
+  for (const auto& [key, segs] : store_objects()) ASSERT_EQ(segs.size(), 1u) << key;
+  // Two more requests on the prefix, one after the other: each reads its 4 blocks; the second read of each
+  // block is over the threshold (1).
+  for (const std::string tag : {"hot_r1", "hot_r2"}) {
+    ASSERT_TRUE(wait_idle(&idx)) << idx.dump();
+    auto r = replay(tag, {trace_row(0, concat(prefix, {static_cast<uint64_t>(8100 + tag.back() - '0')}))});
+    ASSERT_EQ(r[1].value("outcome", ""), "completed") << r[1].dump() << why(tag);
+    EXPECT_EQ(hit_tokens(r[1]), 4 * kBlockTokens) << r[1].dump();
+  }
+  // The reader makes the copies after its read: wait for them.
+  std::map<std::string, std::vector<std::string>> objects;
+  int doubled = 0;
+  testkit::wait_until(
+      [&] {
+        objects = store_objects();
+        doubled = 0;
+        for (const auto& [key, segs] : objects) doubled += segs.size() == 2 ? 1 : 0;
+        return doubled >= 4;
+      },
+      20'000, 100);
+  EXPECT_EQ(doubled, 4) << why("hot_r2");
+  proto::StoreStatRequest stat;
+  EXPECT_GE(call("master", stat).hot_replications, 4u);
 }
 
 }  // namespace
