@@ -50,6 +50,8 @@
 #                         reader (hot-object replication; 0 = off)         [MC_HOT_READS, 0]
 #   --ssd-bytes SIZE      an SSD tier per storage node, in a directory of the state directory: DRAM
 #                         victims are demoted there instead of dropped (none: DRAM only) [MC_STORE_SSD, none]
+#   --ssd-dir DIR         where the SSD tier files go (e.g. a small filesystem mounted by a fault test)
+#                                                      [MC_STORE_SSD_DIR, a directory of the state directory]
 #   --kv-buffer-size SIZE KV buffer per prefill/decode instance          [MC_KV_BUFFER_SIZE, 256MiB]
 #   --bin DIR             where the mc binaries are                      [MC_BIN, build/bin next to this script]
 #   --ready-timeout-s N   how long to wait for each ready line           [MC_READY_TIMEOUT_S, 60]
@@ -79,6 +81,7 @@ prefix_cache="${MC_PREFIX_CACHE:-store}"
 dram_bytes="${MC_STORE_DRAM:-256MiB}"
 hot_reads="${MC_HOT_READS:-0}"
 ssd_bytes="${MC_STORE_SSD:-none}"
+ssd_dir="${MC_STORE_SSD_DIR:-}"
 kv_buffer_size="${MC_KV_BUFFER_SIZE:-256MiB}"
 bin="${MC_BIN:-$root/build/bin}"
 ready_timeout_s="${MC_READY_TIMEOUT_S:-60}"
@@ -105,6 +108,7 @@ while [[ $# -gt 0 ]]; do
     --dram-bytes) need "$@"; dram_bytes="$2"; shift 2 ;;
     --hot-reads) need "$@"; hot_reads="$2"; shift 2 ;;
     --ssd-bytes) need "$@"; ssd_bytes="$2"; shift 2 ;;
+    --ssd-dir) need "$@"; ssd_dir="$2"; shift 2 ;;
     --kv-buffer-size) need "$@"; kv_buffer_size="$2"; shift 2 ;;
     --bin) need "$@"; bin="$2"; shift 2 ;;
     --ready-timeout-s) need "$@"; ready_timeout_s="$2"; shift 2 ;;
@@ -157,6 +161,7 @@ stop_all() {
   if [[ -n "$keep_logs" ]]; then mkdir -p "$keep_logs" && cp "$state"/*.log "$keep_logs"/ 2>/dev/null || true; fi
   rm -rf "$state"
   rm -f /dev/shm/mc-store-"$tag"-* 2>/dev/null || true
+  if [[ -n "$ssd_dir" ]]; then rm -f "$ssd_dir"/mc-store-"$tag"-* 2>/dev/null || true; fi
   exit "$rc"
 }
 trap stop_all EXIT
@@ -208,8 +213,9 @@ events="$(ready_field master events)"
 
 ssd_flags=()
 if [[ "$ssd_bytes" != none ]]; then
-  mkdir -p "$state/ssd"
-  ssd_flags=(--ssd-dir "$state/ssd" --ssd-bytes "$ssd_bytes")
+  [[ -n "$ssd_dir" ]] || ssd_dir="$state/ssd"
+  mkdir -p "$ssd_dir"
+  ssd_flags=(--ssd-dir "$ssd_dir" --ssd-bytes "$ssd_bytes")
 fi
 for ((i = 0; i < store_nodes; i++)); do
   start "node$i" "$bin/mc-store" serve --master "$master" --node-id "$tag-node$i" --host "$(host_label "$i")" \

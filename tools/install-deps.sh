@@ -10,7 +10,7 @@ packages=(
   libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  iproute2 man-db groff-base
+  iproute2 man-db groff-base jq
   clang-format clang-tidy
 )
 if [[ "${1:-}" == "--with-bench" ]]; then

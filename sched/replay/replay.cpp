@@ -157,6 +157,9 @@ class Run final : public EventSink {
     std::vector<std::thread> senders;
     for (auto& c : conns) senders.emplace_back([this, &c, &endpoint] { sender_loop(*c, endpoint); });
     start_ns_ = clock_.now_ns();
+    start_unix_ms_ =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
 
     // Open loop: hand each row to the senders at its scheduled time.
     int64_t last_progress_ns = 0;
@@ -245,6 +248,7 @@ class Run final : public EventSink {
     done_cv_.notify_all();
     last_close_ns_ = std::max(last_close_ns_, clock_.now_ns() - start_ns_);
     RequestRecord& r = records_[i];
+    r.end_unix_ms = start_unix_ms_ + (clock_.now_ns() - start_ns_) / 1'000'000;
     const double scale = options_.time_scale;
     if (s.sent_ns) {
       r.submit_ms = static_cast<double>(*s.sent_ns) / 1e6 * scale;
@@ -332,6 +336,7 @@ class Run final : public EventSink {
   size_t closed_count_ = 0;
   int64_t unknown_events_ = 0;
   int64_t start_ns_ = 0;
+  int64_t start_unix_ms_ = 0;  // wall clock at start_ns_ (RequestRecord::end_unix_ms)
   int64_t last_close_ns_ = 0;
 };
 

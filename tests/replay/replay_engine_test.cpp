@@ -193,12 +193,21 @@ TEST(ReplayEngine, EveryRequestCompletesWithTimesAndLedger) {
   std::vector<trace::Request> rows;
   for (int i = 0; i < 20; ++i) rows.push_back(trace_row(i + 1, i * 100, 600, 5, {0, static_cast<uint64_t>(i + 1)}));
   FakeCluster cluster({});
+  const auto unix_ms = [] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const int64_t before_ms = unix_ms();
   auto res = run_replay(rows, fast_options(), links_to(cluster), &cluster);
+  const int64_t after_ms = unix_ms();
   ASSERT_TRUE(res.is_ok()) << res.status().to_string();
   ASSERT_EQ(res->records.size(), 20u);
   for (size_t i = 0; i < rows.size(); ++i) {
     const RequestRecord& r = res->records[i];
     EXPECT_EQ(r.request_id, "t-" + std::to_string(i + 1));
+    ASSERT_TRUE(r.end_unix_ms);  // the wall clock of its terminal event, inside the run
+    EXPECT_GE(*r.end_unix_ms, before_ms);
+    EXPECT_LE(*r.end_unix_ms, after_ms);
     EXPECT_EQ(r.outcome, Outcome::kCompleted) << r.reason;
     ASSERT_TRUE(r.ttft_ms && r.e2e_ms && r.tpot_ms && r.tbt && r.submit_ms);
     EXPECT_GE(*r.ttft_ms, 20.0);

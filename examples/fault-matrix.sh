@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# fault-matrix.sh: inject one fault per run into a live local cluster in the middle of a replay, and tabulate
+# what became of the requests (docs/RELIABILITY.md, "Fault matrix").
+#
+# Each run starts examples/local-cluster.sh (1 store master, 2 storage nodes, the Conductor, 2 prefill and
+# 2 decode instances), replays a window of the conversation trace, injects the fault AT seconds after the
+# replay started, and waits for the replay to end. One row per fault:
+#   offered, accepted, rejected, completed, failed, lost (accepted, no terminal event before the replay's drain
+#   timeout), terminal_s (wall seconds from the fault until the last request that was in flight on the victim
+#   had its terminal event; for the store, the master and the Conductor every request in flight counts),
+#   ttft_mean_ms and its cost against the run without a fault, and the replay's exit status.
+# With --check-tokens (use it with --backend ref) a cache-off run is made first and every completed request's
+# output tokens must equal its tokens there (column tokens_equal).
+#
+# Faults (--faults, comma-separated; default: all):
+#   none                       no fault (the baseline)
+#   prefill-kill prefill-stop  SIGKILL / SIGSTOP for --stop-s then SIGCONT, of prefill0
+#   decode-kill  decode-stop   the same for decode0
+#   node-kill    node-stop     the same for storage node node0
+#   master-kill  master-stop   the same for the store master
+#   master-restart             SIGKILL the store master, restart it at once on the same ports
+#   conductor-kill conductor-stop  the same for the Conductor
+#   ssd-full                   the storage nodes' SSD tier on a small tmpfs (needs root to mount it), filled up
+#   ssd-removed                the SSD tier's directory removed while serving
+#
+# Options (environment variable in brackets):
+#   --faults LIST     which faults, comma-separated                         [MC_FAULTS, all]
+#   --duration-s S    trace window, seconds of trace time                   [MC_DURATION_S, 60]
+#   --speed X         time compression of the cluster and the replay        [MC_SPEED, 4]
+#   --at-s S          wall seconds after the replay starts to inject        [MC_FAULT_AT_S, 4]
+#   --stop-s S        how long a SIGSTOP lasts                              [MC_STOP_S, 10]
+#   --backend B       sim or ref                                            [MC_BACKEND, sim]
+#   --drain-timeout-s S  the replay's wait for the last terminal events     [MC_DRAIN_TIMEOUT_S, 60]
+#   --check-tokens    compare completed requests' tokens with a cache-off run
+#   --out DIR         keep each run's records, fault time and logs here     [MC_OUT, a temporary directory]
+#   --bin DIR         where the mc binaries are                             [MC_BIN, build/bin]
+#   --json            one JSON object per row instead of the table
+#   -h, --help        this text
+# Exit status: 0 when every row has lost = 0 (and, with --check-tokens, equal tokens), 1 otherwise, 2 for bad
+# usage. Only loopback; every process, mount and file it makes is removed on exit.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+all_faults="none,prefill-kill,prefill-stop,decode-kill,decode-stop,node-kill,node-stop,master-kill,master-stop"
+all_faults+=",master-restart,conductor-kill,conductor-stop,ssd-full,ssd-removed"
+
+# ---- inner mode: run by local-cluster.sh as its CMD (MC_CLUSTER_STATE and MC_CONDUCTOR are set) ----
+if [[ "${1:-}" == --inner ]]; then
+  fault="$2" out="$3" trace="$4" duration_s="$5" speed="$6" at_s="$7" stop_s="$8" drain_s="$9" bin="${10}"
+  ssd_dir="${11}"
+  state="$MC_CLUSTER_STATE"
+  pid_of() { awk -v n="$1" '$1 == n {print $2}' "$state/cluster.txt"; }
+  now_ms() { date +%s%3N; }
+  restarted=""
+  cleanup() { if [[ -n "$restarted" ]]; then kill -TERM "$restarted" 2>/dev/null || true; wait "$restarted" 2>/dev/null || true; fi; }
+  trap cleanup EXIT
+  now_ms > "$out/$fault.start_ms"
+  "$bin/mc-trace-replay" "$trace" --duration-s "$duration_s" --speed "$speed" --time-scale "$speed" \
+    --block-tokens 512 --drain-timeout-s "$drain_s" --no-progress --record-token-ids \
+    --out "$out/$fault.jsonl" > "$out/$fault.summary" 2> "$out/$fault.replay.err" &
+  replay=$!
+  sleep "$at_s"  # not a synchronisation: the fault is meant to land at this moment of the replay
+  victim=""
+  case "$fault" in
+    prefill-*) victim=prefill0 ;;
+    decode-*) victim=decode0 ;;
+    node-*) victim=node0 ;;
+    master-*) victim=master ;;
+    conductor-*) victim=conductor ;;
+  esac
+  now_ms > "$out/$fault.fault_ms"
+  echo "$victim" > "$out/$fault.victim"
+  case "$fault" in
+    none) ;;
+    *-kill) kill -KILL "$(pid_of "$victim")" ;;
+    *-stop) kill -STOP "$(pid_of "$victim")"; sleep "$stop_s"; kill -CONT "$(pid_of "$victim")" ;;
+    master-restart)
+      pid="$(pid_of master)"
+      mapfile -d '' argv < "/proc/$pid/cmdline"
+      listen="$(awk '{print $3}' "$state/master.ready")"
+      events="$(tr ' ' '\n' < "$state/master.ready" | sed -n 's/^events=//p')"
+      kill -KILL "$pid"
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.01; done
+      new=()
+      for ((i = 0; i < ${#argv[@]}; i++)); do
+        case "${argv[$i]}" in
+          --listen) new+=(--listen "$listen"); i=$((i + 1)) ;;
+          --events) new+=(--events "$events"); i=$((i + 1)) ;;
+          *) new+=("${argv[$i]}") ;;
+        esac
+      done
+      "${new[@]}" >> "$state/master-restarted.log" 2>&1 &
+      restarted=$!
+      ;;
+    ssd-full)
+      # Fill the tmpfs under the SSD tier files: their next writes get ENOSPC.
+      dd if=/dev/zero of="$ssd_dir/filler" bs=1M 2>/dev/null || true
+      ;;
+    ssd-removed) rm -rf "$ssd_dir" ;;
+    *) echo "fault-matrix.sh: unknown fault '$fault'" >&2; exit 2 ;;
+  esac
+  set +e
+  wait "$replay"
+  rc=$?
+  set -e
+  echo "$rc" > "$out/$fault.rc"
+  exit 0
+fi
+
+faults="${MC_FAULTS:-$all_faults}"
+duration_s="${MC_DURATION_S:-60}"
+speed="${MC_SPEED:-4}"
+at_s="${MC_FAULT_AT_S:-4}"
+stop_s="${MC_STOP_S:-10}"
+backend="${MC_BACKEND:-sim}"
+drain_s="${MC_DRAIN_TIMEOUT_S:-60}"
+out="${MC_OUT:-}"
+bin="${MC_BIN:-$root/build/bin}"
+check_tokens=0
+json=0
+need() { [[ $# -ge 2 && -n "$2" ]] || { echo "fault-matrix.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --faults) need "$@"; faults="$2"; shift 2 ;;
+    --duration-s) need "$@"; duration_s="$2"; shift 2 ;;
+    --speed) need "$@"; speed="$2"; shift 2 ;;
+    --at-s) need "$@"; at_s="$2"; shift 2 ;;
+    --stop-s) need "$@"; stop_s="$2"; shift 2 ;;
+    --backend) need "$@"; backend="$2"; shift 2 ;;
+    --drain-timeout-s) need "$@"; drain_s="$2"; shift 2 ;;
+    --check-tokens) check_tokens=1; shift ;;
+    --out) need "$@"; out="$2"; shift 2 ;;
+    --bin) need "$@"; bin="$2"; shift 2 ;;
+    --json) json=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "fault-matrix.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+for v in "$duration_s" "$speed" "$at_s" "$stop_s" "$drain_s"; do
+  [[ "$v" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "fault-matrix.sh: '$v' is not a number of seconds" >&2; exit 2; }
+done
+IFS=',' read -r -a fault_list <<< "$faults"
+for f in "${fault_list[@]}"; do
+  [[ ",$all_faults," == *",$f,"* ]] || { echo "fault-matrix.sh: unknown fault '$f' (known: $all_faults)" >&2; exit 2; }
+done
+[[ "$backend" == sim || "$backend" == ref ]] || { echo "fault-matrix.sh: --backend must be sim or ref" >&2; exit 2; }
+command -v jq > /dev/null || { echo "fault-matrix.sh: needs jq (tools/install-deps.sh installs it)" >&2; exit 1; }
+[[ -x "$bin/mc-trace-replay" ]] || { echo "fault-matrix.sh: $bin/mc-trace-replay not found: build first or pass --bin" >&2; exit 1; }
+
+tmp_out=""
+mnt=""
+cleanup() {
+  if [[ -n "$mnt" ]]; then umount "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true; fi
+  if [[ -n "$tmp_out" ]]; then rm -rf "$tmp_out"; fi
+}
+trap cleanup EXIT
+if [[ -z "$out" ]]; then tmp_out="$(mktemp -d "${TMPDIR:-/tmp}/mc-fault-matrix.XXXXXX")"; out="$tmp_out"; fi
+mkdir -p "$out"
+trace="$root/examples/traces/conversation_trace.jsonl"
+
+# run FAULT [extra local-cluster flags...]: one cluster, one replay, one fault.
+run() {
+  local fault="$1"; shift
+  local ssd_dir=""
+  local flags=(--bin "$bin" --backend "$backend" --time-scale "$speed" --block-size 512 --store-nodes 2
+               --prefill 2 --decode 2 --keep-logs "$out/$fault.logs")
+  [[ "$backend" == sim ]] && flags+=(--model llama3-70b --gpu a800x8)
+  case "$fault" in
+    ssd-full)
+      if [[ $(id -u) -ne 0 ]]; then echo "skip" > "$out/$fault.rc"; echo "not root: cannot mount a small tmpfs" > "$out/$fault.skip"; return; fi
+      mnt="$(mktemp -d "${TMPDIR:-/tmp}/mc-fault-ssd.XXXXXX")"
+      mount -t tmpfs -o size=64m mc-fault-ssd "$mnt"
+      ssd_dir="$mnt"
+      flags+=(--dram-bytes 32MiB --ssd-bytes 24MiB --ssd-dir "$ssd_dir")
+      ;;
+    ssd-removed)
+      ssd_dir="$out/$fault.ssd"
+      flags+=(--dram-bytes 32MiB --ssd-bytes 256MiB --ssd-dir "$ssd_dir")
+      ;;
+  esac
+  flags+=("$@")
+  local rc=0
+  "$here/local-cluster.sh" "${flags[@]}" -- "$here/fault-matrix.sh" --inner "$fault" "$out" "$trace" "$duration_s" \
+    "$speed" "$at_s" "$stop_s" "$drain_s" "$bin" "$ssd_dir" > /dev/null 2> "$out/$fault.cluster.err" || rc=$?
+  if ((rc != 0)); then echo "fault-matrix.sh: $fault: local-cluster.sh exited $rc (see $out/$fault.cluster.err)" >&2; fi
+  if [[ -n "$mnt" ]]; then umount "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true; mnt=""; fi
+  rm -rf "$out/$fault.ssd"
+}
+
+if ((check_tokens)); then
+  echo "fault-matrix.sh: the cache-off run (tokens to compare with)" >&2
+  run cache-off --prefix-cache none
+fi
+
+fail=0
+((json)) || printf '%-15s %7s %8s %8s %9s %6s %4s %10s %12s %12s %6s %s\n' fault offered accepted rejected completed \
+  failed lost terminal_s ttft_mean_ms ttft_cost_ms rc tokens_equal
+base_ttft=""
+for fault in "${fault_list[@]}"; do
+  echo "fault-matrix.sh: $fault" >&2
+  run "$fault"
+  if [[ -f "$out/$fault.skip" ]]; then
+    ((json)) && jq -cn --arg f "$fault" --arg why "$(cat "$out/$fault.skip")" '{fault: $f, skipped: $why}' ||
+      printf '%-15s skipped: %s\n' "$fault" "$(cat "$out/$fault.skip")"
+    continue
+  fi
+  recs="$out/$fault.jsonl"
+  if [[ ! -s "$recs" ]]; then
+    echo "fault-matrix.sh: $fault: no records (see $out/$fault.cluster.err and $out/$fault.replay.err)" >&2
+    fail=1
+    continue
+  fi
+  start_ms="$(cat "$out/$fault.start_ms")"
+  fault_ms="$(cat "$out/$fault.fault_ms")"
+  victim="$(cat "$out/$fault.victim")"
+  row="$(jq -s --arg fault "$fault" --arg victim "$victim" --argjson start "$start_ms" --argjson at "$fault_ms" \
+    --argjson speed "$speed" '
+    def lost: .outcome == "failed" and ((.reason // "") | startswith("no completion within the drain timeout"));
+    def accepted: .outcome != "rejected";
+    # In flight at the fault: sent before it, terminal after it; on the victim when the victim is a worker.
+    def affected: accepted and (.submit_ms != null) and ($start + .submit_ms / $speed < $at) and
+      ((.end_unix_ms // 0) >= $at) and
+      (if ($victim | test("^(prefill|decode)")) then (.prefill_instance == $victim or .decode_instance == $victim)
+       else true end);
+    [.[] | select(.outcome == "completed") | .ttft_ms] as $ttft |
+    {fault: $fault, offered: length, accepted: (map(select(accepted)) | length),
+     rejected: (map(select(.outcome == "rejected")) | length),
+     completed: (map(select(.outcome == "completed")) | length),
+     failed: (map(select(.outcome == "failed" and (lost | not))) | length),
+     lost: (map(select(lost)) | length),
+     terminal_s: ((((map(select(affected) | .end_unix_ms) | max) // $at) - $at) / 1000),
+     ttft_mean_ms: (if ($ttft | length) > 0 then ($ttft | add / length) else null end)}' "$recs")"
+  ttft="$(jq -r '.ttft_mean_ms // "null"' <<< "$row")"
+  [[ "$fault" == none ]] && base_ttft="$ttft"
+  cost="null"
+  if [[ -n "$base_ttft" && "$base_ttft" != null && "$ttft" != null ]]; then
+    cost="$(jq -n --argjson a "$ttft" --argjson b "$base_ttft" '$a - $b')"
+  fi
+  equal="null"
+  if ((check_tokens)) && [[ -s "$out/cache-off.jsonl" ]]; then
+    equal="$(jq -s -r '
+      (.[0] | map(select(.outcome == "completed")) | map({key: (.trace_line | tostring), value: .output_token_ids})
+       | from_entries) as $ref |
+      [.[1][] | select(.outcome == "completed") | select($ref[.trace_line | tostring] != null)
+       | (.output_token_ids == $ref[.trace_line | tostring])] | all' "$out/cache-off.jsonl" "$recs")"
+  fi
+  rc="$(cat "$out/$fault.rc" 2>/dev/null || echo "?")"
+  row="$(jq -c --argjson cost "$cost" --argjson eq "$equal" --arg rc "$rc" \
+    '. + {ttft_cost_ms: $cost, tokens_equal: $eq, replay_rc: $rc}' <<< "$row")"
+  [[ "$(jq -r .lost <<< "$row")" == 0 ]] || fail=1
+  [[ "$equal" != false ]] || fail=1
+  if ((json)); then
+    echo "$row"
+  else
+    jq -r '[.fault, .offered, .accepted, .rejected, .completed, .failed, .lost, (.terminal_s * 10 | round / 10),
+            ((.ttft_mean_ms // 0) | round), ((.ttft_cost_ms // 0) | round), .replay_rc, (.tokens_equal // "-")]
+           | @tsv' <<< "$row" |
+      awk -F'\t' '{printf "%-15s %7s %8s %8s %9s %6s %4s %10s %12s %12s %6s %s\n", $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12}'
+  fi
+done
+exit "$fail"
