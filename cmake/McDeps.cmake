@@ -21,19 +21,5 @@ if(NOT MC_WITH_RDMA STREQUAL "off")
 endif()
 message(STATUS "mc: RDMA transport ${MC_HAVE_RDMA}")
 
-# CUDA: auto = build when /usr/local/cuda (or nvcc on PATH) exists.
-set(MC_HAVE_CUDA OFF)
-if(NOT MC_WITH_CUDA STREQUAL "off")
-  if(EXISTS /usr/local/cuda/bin/nvcc AND NOT CMAKE_CUDA_COMPILER)
-    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
-  endif()
-  include(CheckLanguage)
-  check_language(CUDA)
-  if(CMAKE_CUDA_COMPILER)
-    enable_language(CUDA)
-    set(MC_HAVE_CUDA ON)
-  elseif(MC_WITH_CUDA STREQUAL "on")
-    message(FATAL_ERROR "MC_WITH_CUDA=on but no CUDA compiler was found (looked in /usr/local/cuda)")
-  endif()
-endif()
-message(STATUS "mc: CUDA ${MC_HAVE_CUDA}")
+# No CUDA: mc has no GPU memory backend and no GPU model backend yet (a GPU location is refused,
+# libcommon/include/mc/common/location.hpp), so a CUDA toolkit found here would build nothing.

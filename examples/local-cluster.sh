@@ -250,6 +250,11 @@ done
 
 export MC_CONDUCTOR="$conductor" MC_STORE_MASTER="$master" MC_STORE_EVENTS="$events" MC_BLOCK_SIZE="$block_size"
 export MC_CLUSTER_STATE="$state"
+# The replay's synthesized token ids must be in the model's vocabulary (the ref backend checks them).
+case "$model" in
+  tiny) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-256}" ;;
+  small) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-1024}" ;;
+esac
 {
   echo "local-cluster.sh: up: 1 store master, $store_nodes storage nodes, 1 conductor ($policy)," \
        "$n_prefill prefill and $n_decode decode instances ($backend backend, model $model, block $block_size tokens)," \
@@ -262,8 +267,13 @@ export MC_CLUSTER_STATE="$state"
 } >&2
 
 if [[ ${#cmd[@]} -gt 0 ]]; then
+  # In the background (stdin kept: a trace may be piped in) so that a SIGTERM to this script runs its trap at
+  # once instead of after CMD: stop_all then stops CMD first (the last pid), then the cluster.
+  "${cmd[@]}" <&0 &
+  pids+=("$!")
+  names+=("command")
   set +e
-  "${cmd[@]}"
+  wait "$!"
   rc=$?
   set -e
   exit "$rc"

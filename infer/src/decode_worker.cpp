@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -59,10 +60,27 @@ struct DecodeWorker::Outgoing {
 
 namespace {
 
+// Pipelined: a message is sent at once and its reply collected by a later send (or the destructor), so the
+// decode step never waits on a client. A client that lets a message time out (dead, stopped, or hostile) is
+// quarantined for kQuarantineMs: messages to it fail at once with kUnavailable instead of each costing the
+// batch a timeout; at most kMaxInFlightPerClient messages wait for one client's replies.
 class RpcTokenSink final : public TokenSink {
  public:
+  static constexpr int64_t kQuarantineMs = 10'000;
+  static constexpr int64_t kMaxInFlightPerClient = 4096;
+
   explicit RpcTokenSink(int timeout_ms)
-      : client_(rpc::AsyncClientOptions{.client_name = "mc-decode"}), timeout_ms_(timeout_ms) {}
+      : client_(
+            rpc::AsyncClientOptions{.client_name = "mc-decode", .max_in_flight_per_endpoint = kMaxInFlightPerClient}),
+        timeout_ms_(timeout_ms) {}
+  ~RpcTokenSink() override {
+    // Deliver what is in flight (the last done events) before the socket closes, within one timeout.
+    const int64_t end_ns = RealClock::instance().now_ns() + static_cast<int64_t>(timeout_ms_) * 1'000'000;
+    while (client_.in_flight() > 0 && RealClock::instance().now_ns() < end_ns) client_.poll(10);
+  }
+  RpcTokenSink(const RpcTokenSink&) = delete;
+  RpcTokenSink& operator=(const RpcTokenSink&) = delete;
+
   Status token(const std::string& endpoint, const proto::TokenEvent& e) override { return send(endpoint, e); }
   Status done(const std::string& endpoint, const proto::RequestDone& d) override { return send(endpoint, d); }
   Status fail(const std::string& endpoint, const proto::RequestError& e) override { return send(endpoint, e); }
@@ -70,10 +88,34 @@ class RpcTokenSink final : public TokenSink {
  private:
   template <typename Msg>
   Status send(const std::string& endpoint, const Msg& msg) {
-    return client_.call_sync(endpoint, msg, timeout_ms_).status();
+    client_.poll(0);
+    const int64_t now_ms = RealClock::instance().now_ns() / 1'000'000;
+    if (auto it = quarantined_until_ms_.find(endpoint); it != quarantined_until_ms_.end()) {
+      if (now_ms < it->second) {
+        return Status(Code::kUnavailable, "client " + endpoint + " let a message time out (" +
+                                              std::to_string(timeout_ms_) + " ms); messages to it are dropped for " +
+                                              std::to_string(kQuarantineMs) + " ms");
+      }
+      quarantined_until_ms_.erase(it);
+    }
+    if (quarantined_until_ms_.size() > kMaxInFlightPerClient) {
+      std::erase_if(quarantined_until_ms_, [now_ms](const auto& q) { return q.second <= now_ms; });
+    }
+    client_.call(endpoint, msg, timeout_ms_, [this, endpoint](Result<typename Msg::Reply> r) {
+      if (r.is_ok()) return;
+      if (r.status().code() == Code::kTimeout || r.status().code() == Code::kUnavailable) {
+        const bool first = quarantined_until_ms_.count(endpoint) == 0;
+        quarantined_until_ms_[endpoint] = RealClock::instance().now_ns() / 1'000'000 + kQuarantineMs;
+        if (first) MC_LOG_WARN << "decode: client " << endpoint << " quarantined: " << r.status().to_string();
+      } else {
+        MC_LOG_WARN << "decode: client " << endpoint << " refused a message: " << r.status().to_string();
+      }
+    });
+    return Status::ok();
   }
   rpc::AsyncClient client_;
   int timeout_ms_;
+  std::map<std::string, int64_t> quarantined_until_ms_;  // endpoint -> end of its quarantine (ms, steady clock)
 };
 
 }  // namespace
@@ -453,7 +495,10 @@ void DecodeWorker::flush_outgoing() {
         o.msg);
     if (!s.is_ok()) {
       metrics_.counter("mc_decode_client_send_errors_total", "messages the client did not acknowledge").inc();
-      MC_LOG_WARN << "decode: client " << o.endpoint << " did not take a message: " << s.to_string();
+      // A quarantined client was named once by the sink; its every dropped token is not logged again.
+      if (s.code() != Code::kUnavailable) {
+        MC_LOG_WARN << "decode: client " << o.endpoint << " did not take a message: " << s.to_string();
+      }
     }
     if (reporter_) {
       proto::ConductorJobReportRequest rep;

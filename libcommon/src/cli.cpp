@@ -37,7 +37,8 @@ void add_key_namespace_flags(CLI::App& cmd, KeyNamespace& ns, const std::string&
   cmd.add_option(seed_flag, ns.seed, "XXH3 seed of the block-key chain")
       ->envname("MC_HASH_SEED")
       ->capture_default_str();
-  cmd.add_option("--model", ns.model_id, "Model id of the key namespace (empty: plain RFC chain)")->envname("MC_MODEL");
+  cmd.add_option("--model", ns.model_id, "Model id of the key namespace (empty: plain RFC chain)")
+      ->envname("MC_KEY_MODEL");
   cmd.add_option("--revision", ns.model_revision, "Model revision of the key namespace");
   cmd.add_option("--kv-dtype", ns.kv_dtype, "KV cache dtype of the key namespace (bf16, fp8, ...)");
   cmd.add_option("--layout", ns.layout, "Layer/parallel layout of the key namespace (e.g. tp8)");
@@ -64,6 +65,25 @@ CLI::Option* add_json_flag(CLI::App& cmd, bool& json, const std::string& help) {
   return cmd.add_flag("--json", json, help);
 }
 
+namespace {
+
+// A default as --help shows it and the flag takes it back: "256MiB", "1GiB", "1000" (bytes when no binary unit
+// divides it exactly).
+std::string exact_size_text(uint64_t bytes) {
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes == 0) return "0";
+  std::string unit;
+  uint64_t v = bytes;
+  for (const char* u : kUnits) {
+    if (v % 1024 != 0) break;
+    v /= 1024;
+    unit = u;
+  }
+  return std::to_string(v) + unit;
+}
+
+}  // namespace
+
 CLI::Option* add_size_option(CLI::App& cmd, const std::string& name, uint64_t& bytes, const std::string& help,
                              uint64_t min_bytes, uint64_t max_bytes) {
   return cmd
@@ -79,7 +99,7 @@ CLI::Option* add_size_option(CLI::App& cmd, const std::string& name, uint64_t& b
             bytes = static_cast<uint64_t>(r.value());
           },
           help)
-      ->default_str(std::to_string(bytes));
+      ->default_str(exact_size_text(bytes));
 }
 
 CLI::Option* add_location_option(CLI::App& cmd, std::string& location, const std::string& help) {
@@ -222,7 +242,24 @@ int report(const std::string& program, const Status& status, bool json) {
   return report(program, mc::report::print_error(json, std::cout, status));
 }
 
+namespace {
+
+// CLI11 2.1 reads the MC_* variables of every subcommand, also of those not on the command line, and runs
+// their options' callbacks: where two subcommands bind one variable (each `mc-store` verb's --master), a later
+// one's variable overwrote the flag given to the chosen one. A subcommand with a parse-complete callback has
+// its variables read only when it is itself parsed.
+void env_only_for_parsed_subcommands(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name().empty()) continue;  // an option group belongs to its parent
+    sub->parse_complete_callback([] {});
+    env_only_for_parsed_subcommands(*sub);
+  }
+}
+
+}  // namespace
+
 int parse(CLI::App& app, int argc, char** argv) {
+  env_only_for_parsed_subcommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -5,17 +5,7 @@
 
 namespace mc {
 
-bool build_has_cuda() {
-#if defined(MC_HAVE_CUDA) && MC_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
-Status check_memory_location(std::string_view location) { return check_memory_location(location, build_has_cuda()); }
-
-Status check_memory_location(std::string_view location, bool with_cuda) {
+Status check_memory_location(std::string_view location) {
   const std::string quoted = "'" + std::string(location) + "'";
   const size_t colon = location.find(':');
   const std::string_view kind = location.substr(0, colon);
@@ -27,11 +17,12 @@ Status check_memory_location(std::string_view location, bool with_cuda) {
     return Status(Code::kInvalidArgument,
                   "memory location " + quoted + " is not cpu:N (host memory of NUMA node N) or cuda:N (GPU N)");
   }
-  if (kind == "cuda" && !with_cuda) {
-    return Status(Code::kInvalidArgument, "memory location " + quoted +
-                                              " is GPU memory, but this build of mc has no CUDA support: rebuild "
-                                              "with CUDA (cmake -DMC_WITH_CUDA=on, with the CUDA toolkit installed) "
-                                              "or use a host location (cpu:0)");
+  if (kind == "cuda") {
+    return Status(Code::kInvalidArgument,
+                  "memory location " + quoted +
+                      " is GPU memory, which mc cannot register yet: it has no GPU memory backend (a CUDA toolkit "
+                      "on the build machine adds none), and serving host memory under a GPU name would mislead "
+                      "path selection; use a host location (cpu:0)");
   }
   return Status::ok();
 }

@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "mc/common/clock.hpp"
+#include "mc/common/endpoint.hpp"
 
 namespace mc {
 const char* build_id_string();
@@ -71,6 +72,10 @@ RpcServer::~RpcServer() = default;
 Result<std::unique_ptr<RpcServer>> RpcServer::bind(ServerOptions options) {
   if (options.bind_endpoints.empty()) {
     return Status(Code::kInvalidArgument, options.service + ": no endpoint to listen on (e.g. tcp://127.0.0.1:0)");
+  }
+  // One grammar for every endpoint (endpoint.hpp): ZeroMQ would take port 65537 as 1 and 99999 as a free one.
+  for (const auto& ep : options.bind_endpoints) {
+    MC_RETURN_IF_ERROR(parse_endpoint(ep).status().with_context(options.service + ": cannot listen on '" + ep + "'"));
   }
   std::unique_ptr<RpcServer> server(new RpcServer(options));
   try {
@@ -230,6 +235,7 @@ Status RpcServer::serve() {
 // KV events
 
 Result<std::unique_ptr<EventPublisher>> EventPublisher::bind(const std::string& endpoint, std::string topic) {
+  MC_RETURN_IF_ERROR(parse_endpoint(endpoint).status().with_context("cannot publish KV events on '" + endpoint + "'"));
   std::unique_ptr<EventPublisher> pub(new EventPublisher());
   pub->socket_ = zmq::socket_t(context(), zmq::socket_type::pub);
   pub->topic_ = std::move(topic);
@@ -261,6 +267,8 @@ Status EventPublisher::publish(proto::KvEvent event) {
 }
 
 Result<std::unique_ptr<EventSubscriber>> EventSubscriber::connect(const std::string& endpoint, std::string topic) {
+  MC_RETURN_IF_ERROR(
+      parse_endpoint(endpoint).status().with_context("cannot subscribe to KV events at '" + endpoint + "'"));
   std::unique_ptr<EventSubscriber> sub(new EventSubscriber());
   sub->socket_ = zmq::socket_t(context(), zmq::socket_type::sub);
   sub->endpoint_ = endpoint;

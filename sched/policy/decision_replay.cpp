@@ -59,6 +59,12 @@ Result<LoggedDecision> logged_decision_from_json(const nlohmann::json& line) {
 Result<DecisionReplay> replay_decisions(std::span<const LoggedDecision> log, const std::vector<std::string>& policies,
                                         uint64_t seed) {
   if (policies.empty()) return error(Code::kInvalidArgument, "replay-decisions: no policy to replay");
+  for (size_t i = 0; i < policies.size(); ++i) {
+    if (std::find(policies.begin(), policies.begin() + static_cast<std::ptrdiff_t>(i), policies[i]) !=
+        policies.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return error(Code::kInvalidArgument, "replay-decisions: policy '" + policies[i] + "' is named twice in --policy");
+    }
+  }
   DecisionReplay out;
   std::vector<std::unique_ptr<Policy>> runners;
   std::vector<std::vector<double>> diffs(policies.size());

@@ -10,6 +10,9 @@ Status run_keys(std::istream& in, std::ostream& out, const KeysOptions& options)
   if (options.ns.block_size == 0) {
     return Status(Code::kInvalidArgument, "--block-size must be at least 1 token");
   }
+  // The rules a request's scope must meet (trace rows, the Conductor): no keys for a scope no request can carry.
+  MC_RETURN_IF_ERROR(validate_key_scope({options.ns.lora_name, options.ns.lora_version, options.ns.salt},
+                                        "--lora/--lora-version/--salt"));
   std::vector<uint32_t> tokens;
   std::string word;
   int64_t position = 0;

@@ -463,9 +463,10 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
                                               std::to_string(config_.max_object_bytes) + " bytes");
   }
   if (caller.client_id.empty()) return Status(Code::kInvalidArgument, "put '" + key + "': client id missing");
-  if (options.pin_ttl_ms < 0) {
+  if (options.pin_ttl_ms < 0 || options.pin_ttl_ms > kMaxPinTtlMs) {
     return Status(Code::kInvalidArgument, "put '" + key + "': pin TTL of " + std::to_string(options.pin_ttl_ms) +
-                                              " ms is negative (0: pinned until unpin)");
+                                              " ms is outside 0.." + std::to_string(kMaxPinTtlMs) +
+                                              " (0: pinned until unpin)");
   }
   uint32_t want = std::clamp<uint32_t>(options.replicas, 1, config_.max_replicas);
   touch_client(caller.client_id);
@@ -747,9 +748,9 @@ Status MasterCore::remove(const std::string& key) {
 
 Status MasterCore::pin(const std::string& key, int64_t ttl_ms) {
   MC_RETURN_IF_ERROR(validate_key(key));
-  if (ttl_ms < 0) {
-    return Status(Code::kInvalidArgument,
-                  "pin '" + key + "': TTL of " + std::to_string(ttl_ms) + " ms is negative (0: pinned until unpin)");
+  if (ttl_ms < 0 || ttl_ms > kMaxPinTtlMs) {
+    return Status(Code::kInvalidArgument, "pin '" + key + "': TTL of " + std::to_string(ttl_ms) + " ms is outside 0.." +
+                                              std::to_string(kMaxPinTtlMs) + " (0: pinned until unpin)");
   }
   auto it = objects_.find(key);
   if (it == objects_.end()) {

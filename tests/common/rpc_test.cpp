@@ -169,6 +169,24 @@ TEST(Rpc, BindFailureNamesEndpoint) {
   EXPECT_NE(b.status().message().find((*a)->endpoints()[0]), std::string::npos);
 }
 
+// Listening and subscribing go through the one endpoint grammar: ZeroMQ itself would take port 65537 as 1 and
+// 99999 as a free port, and accept 'tcp://[::1' to subscribe to nothing.
+TEST(Rpc, BadEndpointsAreRefusedBeforeZeroMq) {
+  ServerOptions opt;
+  opt.service = "svc";
+  for (const char* bad : {"tcp://127.0.0.1:65537", "tcp://127.0.0.1:99999", "tcp://[::1", "udp://127.0.0.1:1"}) {
+    opt.bind_endpoints = {bad};
+    auto s = RpcServer::bind(opt);
+    ASSERT_FALSE(s.is_ok()) << bad;
+    EXPECT_EQ(s.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(s.status().message().find(bad), std::string::npos) << s.status().message();
+    auto pub = EventPublisher::bind(bad, "kv");
+    EXPECT_EQ(pub.status().code(), Code::kInvalidArgument) << bad;
+    auto sub = EventSubscriber::connect(bad, "kv");
+    EXPECT_EQ(sub.status().code(), Code::kInvalidArgument) << bad;
+  }
+}
+
 TEST(Rpc, DeferredReplyAndPush) {
   ServerOptions opt;
   opt.bind_endpoints = {"tcp://127.0.0.1:0"};

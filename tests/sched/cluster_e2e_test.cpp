@@ -467,5 +467,38 @@ TEST_F(HotReadsClusterE2E, PrefixReadTwiceGetsASecondReplica) {
   EXPECT_GE(call("master", stat).hot_replications, 4u);
 }
 
+// The script's promise: a SIGTERM to local-cluster.sh while its command runs stops the command and every
+// daemon at once (its command used to run in the foreground, so bash ran the trap only after it ended).
+TEST(LocalClusterScript, SigtermStopsTheCommandAndEveryDaemon) {
+  for (const char* tool : {"mc-store", "mc-conductor", "mc-prefill", "mc-decode"}) {
+    if (::access((kBin + "/" + tool).c_str(), X_OK) != 0) GTEST_SKIP() << kBin << "/" << tool << " is not built";
+  }
+  testkit::Scratch s("lc_sigterm");
+  const std::string cmd = "cp \"$MC_CLUSTER_STATE/cluster.txt\" " + s.path("pids.tmp") + " && mv " +
+                          s.path("pids.tmp") + " " + s.path("pids") + " && exec sleep 600";
+  testkit::ChildOptions o;
+  o.stdin_path = "/dev/null";
+  o.stdout_path = s.path("out");
+  o.stderr_path = s.path("err");
+  o.stop_grace_ms = 10000;
+  testkit::Child script({"/bin/bash", MC_SOURCE_DIR "/examples/local-cluster.sh", "--bin", kBin, "--store-nodes", "1",
+                         "--prefill", "1", "--decode", "1", "--", "/bin/bash", "-c", cmd},
+                        o);
+  ASSERT_TRUE(
+      testkit::wait_until([&] { return std::filesystem::exists(s.path("pids")) || !script.running(); }, 120'000, 100))
+      << slurp(s.path("err"));
+  ASSERT_TRUE(std::filesystem::exists(s.path("pids"))) << slurp(s.path("err"));
+  std::vector<pid_t> daemons;
+  std::istringstream lines(slurp(s.path("pids")));
+  std::string name, endpoint;
+  pid_t pid = 0;
+  while (lines >> name >> pid >> endpoint) daemons.push_back(pid);
+  ASSERT_EQ(daemons.size(), 5u) << slurp(s.path("pids"));
+  ASSERT_EQ(::kill(script.pid(), SIGTERM), 0);
+  // The trap gives each daemon 5 s to stop before SIGKILL.
+  EXPECT_EQ(script.wait_exit(30'000), 143) << slurp(s.path("err"));
+  for (pid_t d : daemons) EXPECT_NE(::kill(d, 0), 0) << "daemon pid " << d << " still runs";
+}
+
 }  // namespace
 }  // namespace mc::sched

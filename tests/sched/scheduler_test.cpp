@@ -462,6 +462,9 @@ TEST_F(SchedulerTest, DecisionLogReplaysThroughThePolicies) {
   EXPECT_GT(other.max_abs_ttft_diff_ms, 0.0);
   EXPECT_FALSE(replay_decisions(log, {"no_such_policy"}, 1).is_ok());
   EXPECT_FALSE(replay_decisions(log, {}, 1).is_ok());
+  Result<DecisionReplay> twice = replay_decisions(log, {"kvcache", "random", "kvcache"}, 1);
+  ASSERT_FALSE(twice.is_ok());
+  EXPECT_NE(twice.status().message().find("'kvcache' is named twice"), std::string::npos) << twice.status().message();
   EXPECT_FALSE(logged_decision_from_json(nlohmann::json{{"request", 1}}).is_ok());
 }
 

@@ -279,6 +279,13 @@ TEST_F(MasterCoreTest, PinsSurviveEvictionAndDemotionUntilUnpinnedOrExpired) {
   EXPECT_NE(missing.message().find("'nope'"), std::string::npos) << missing.message();
   EXPECT_EQ(core.unpin("nope").code(), Code::kObjectNotFound);
   EXPECT_EQ(core.pin("hard", -1).code(), Code::kInvalidArgument);
+  // A TTL past a year is refused (now + TTL in ns would overflow near 1e13 ms, and the pin silently ended).
+  EXPECT_EQ(core.pin("hard", kMaxPinTtlMs + 1).code(), Code::kInvalidArgument);
+  EXPECT_EQ(core.pin("hard", int64_t{10'000'000'000'000}).code(), Code::kInvalidArgument);
+  PutOptions long_pin;
+  long_pin.pin = true;
+  long_pin.pin_ttl_ms = int64_t{1} << 62;
+  EXPECT_EQ(core.put_start({"w", "", ""}, "long", sz, long_pin).status().code(), Code::kInvalidArgument);
   auto writing = core.put_start({"w", "", ""}, "writing", sz, {});
   ASSERT_TRUE(writing.is_ok());
   EXPECT_EQ(core.pin("writing", 0).code(), Code::kObjectBusy);

@@ -108,8 +108,10 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--host", node.host, "Host name used for nearest-replica ordering (default: hostname)");
   serve_cmd->add_option("--domain", node.domain, "Failure domain label (rack, zone)")->capture_default_str();
   mc::cli::add_size_option(*serve_cmd, "--dram-bytes", node.dram_bytes, "DRAM contributed (bytes; 64KiB, 1GiB, ...)");
-  serve_cmd->add_option("--ssd-dir", node.ssd_dir, "Directory of the SSD tier file (empty: no SSD tier)");
-  mc::cli::add_size_option(*serve_cmd, "--ssd-bytes", node.ssd_bytes, "SSD contributed (bytes)");
+  auto* ssd_dir =
+      serve_cmd->add_option("--ssd-dir", node.ssd_dir, "Directory of the SSD tier file (empty: no SSD tier)");
+  mc::cli::add_size_option(*serve_cmd, "--ssd-bytes", node.ssd_bytes, "SSD contributed (bytes; needs --ssd-dir)")
+      ->needs(ssd_dir);
   serve_cmd->add_option("--heartbeat-ms", node.heartbeat_ms, "Heartbeat period (ms)")
       ->capture_default_str()
       ->check(CLI::Range(10, 60000));
@@ -137,7 +139,7 @@ int main(int argc, char** argv) {
       ->add_option("--pin-ttl-ms", put_write.pin_ttl_ms,
                    "With --pin: soft pin ending this long after the put (ms; 0: until mc-store unpin)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{86400000} * 365))
+      ->check(CLI::Range(int64_t{0}, mc::store::kMaxPinTtlMs))
       ->needs(put_pin);
   auto* get_cmd = app.add_subcommand("get", "Write the bytes of KEY to stdout (exit 1 on a miss)");
   add_master_flag(get_cmd, admin.client);
@@ -154,7 +156,7 @@ int main(int argc, char** argv) {
   pin_cmd->add_option("KEY", pin_keys, "Object keys")->required();
   pin_cmd->add_option("--ttl-ms", pin_ttl_ms, "Soft pin ending this long from now (ms; 0: until mc-store unpin)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{86400000} * 365));
+      ->check(CLI::Range(int64_t{0}, mc::store::kMaxPinTtlMs));
   mc::cli::add_json_flag(*pin_cmd, admin.json, "Print the result as JSON");
   auto* unpin_cmd = app.add_subcommand("unpin", "End the pins of objects (exit 1 naming a missing key)");
   add_master_flag(unpin_cmd, admin.client);

@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
   mc::cli::add_block_size_option(app, rc.replay.synth.block_tokens, "--block-tokens",
                                  "Tokens synthesized per trace block (< --trace-block-size scales prompts down; "
                                  "the cluster's block size must equal it)");
-  app.add_option("--vocab-size", rc.replay.synth.vocab_size, "Synthesized token ids are in [0, vocab size)")
+  app.add_option("--vocab-size", rc.replay.synth.vocab_size,
+                 "Synthesized token ids are in [0, vocab size) (local-cluster.sh sets it to its model's)")
+      ->envname("MC_VOCAB_SIZE")
       ->capture_default_str();
   app.add_option("--synth-seed", rc.replay.synth.seed, "Seed of the token synthesis (equal ids -> equal tokens)")
       ->capture_default_str();

@@ -146,6 +146,10 @@ struct MasterStats {
   uint64_t expired_pins = 0;    // soft pins that ran out (counted by tick())
 };
 
+// The longest soft pin (one year, in ms): a peer's TTL beyond it is refused, as the CLI refuses it, so
+// now + TTL in ns can never overflow.
+inline constexpr int64_t kMaxPinTtlMs = int64_t{86'400'000} * 365;
+
 struct PutOptions {
   uint32_t replicas = 1;
   std::string preferred_segment;  // tried first, e.g. the writer's own node
