@@ -40,6 +40,28 @@ Result<std::vector<trace::Request>> read_window(trace::Reader& reader, const Win
   return rows;
 }
 
+namespace {
+
+// A row's block ids as the cache sees them: a request's adapter and salt put its blocks in a namespace of their
+// own (DESIGN.md §4.1), so equal hash ids of different scopes are different blocks; the base scope keeps the
+// trace's ids.
+std::vector<uint64_t> scoped_block_ids(const trace::Request& row) {
+  if (row.scope.empty()) return row.hash_ids;
+  const uint64_t scope =
+      std::hash<std::string>{}(row.scope.lora_name + '\0' + row.scope.lora_version + '\0' + row.scope.salt);
+  std::vector<uint64_t> ids;
+  ids.reserve(row.hash_ids.size());
+  for (uint64_t id : row.hash_ids) {
+    uint64_t z = scope ^ (id + 0x9e3779b97f4a7c15ULL + (scope << 6) + (scope >> 2));  // splitmix64 finalizer
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    ids.push_back(z ^ (z >> 31));
+  }
+  return ids;
+}
+
+}  // namespace
+
 // An LRU set of block ids (capacity_blocks <= 0: never evicts).
 struct PrefixCacheModel::Impl {
   int64_t capacity_blocks;
@@ -80,9 +102,10 @@ void PrefixCacheModel::add(const trace::Request& row) {
     m.pending.clear();
     m.pending_timestamp_ms = row.timestamp_ms;
   }
-  const auto n = static_cast<int64_t>(row.hash_ids.size());
+  const std::vector<uint64_t> ids = scoped_block_ids(row);
+  const auto n = static_cast<int64_t>(ids.size());
   int64_t hit = 0;
-  while (hit < n && m.where.count(row.hash_ids[static_cast<size_t>(hit)])) ++hit;
+  while (hit < n && m.where.count(ids[static_cast<size_t>(hit)])) ++hit;
   const int64_t full_blocks = row.input_length / m.block_size;
   m.blocks += n;
   m.hit_blocks += hit;
@@ -90,10 +113,10 @@ void PrefixCacheModel::add(const trace::Request& row) {
   m.hit_tokens += std::min(hit * m.block_size, row.input_length);
   m.hit_tokens_full += std::min(hit, full_blocks) * m.block_size;
   if (m.earlier_arrivals_only) {
-    m.pending.insert(m.pending.end(), row.hash_ids.begin(), row.hash_ids.end());
+    m.pending.insert(m.pending.end(), ids.begin(), ids.end());
     return;
   }
-  for (uint64_t id : row.hash_ids) m.touch(id);
+  for (uint64_t id : ids) m.touch(id);
 }
 
 HitRatios PrefixCacheModel::ratios() const {
@@ -133,7 +156,8 @@ Result<TraceAnalysis> analyze(trace::Reader& reader, const AnalyzeOptions& optio
     blocks.push_back(static_cast<double>(row.hash_ids.size()));
     a.total_input_tokens += row.input_length;
     a.total_blocks += static_cast<int64_t>(row.hash_ids.size());
-    distinct.insert(row.hash_ids.begin(), row.hash_ids.end());
+    const std::vector<uint64_t> ids = scoped_block_ids(row);
+    distinct.insert(ids.begin(), ids.end());
     infinite.add(row);
     infinite_earlier.add(row);
     for (auto& m : lru) m->add(row);
