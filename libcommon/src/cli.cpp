@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <string_view>
 
 #include "mc/common/location.hpp"
 #include "mc/common/log.hpp"
@@ -270,6 +271,13 @@ int parse(CLI::App& app, int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
+    // A script that asked for --json reads the error document on stdout, as for every other error.
+    for (int i = 1; i < argc; ++i) {
+      if (std::string_view(argv[i]) == "--json") {
+        std::cout << report::error_json(Status(Code::kInvalidArgument, e.what())).dump() << "\n";
+        break;
+      }
+    }
     return kExitUsage;
   }
   return -1;

@@ -157,6 +157,27 @@ TEST(CliFlags, FlagBeatsVariableWhenVerbsShareIt) {
   EXPECT_EQ(run({"put"}), "default");
 }
 
+// A usage error in --json mode is also the one error document on stdout (exit 2), not only CLI11's text.
+TEST(CliFlags, UsageErrorInJsonModeIsTheErrorDocument) {
+  CLI::App app;
+  bool json = false;
+  int64_t ttl_ms = 0;
+  cli::add_json_flag(app, json, "JSON");
+  app.add_option("--ttl-ms", ttl_ms)->check(CLI::NonNegativeNumber);
+  std::vector<std::string> args = {"tool", "--json", "--ttl-ms", "soon"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  std::ostringstream out;
+  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
+  const int rc = cli::parse(app, static_cast<int>(argv.size()), argv.data());
+  std::cout.rdbuf(saved);
+  EXPECT_EQ(rc, 2);
+  const nlohmann::json doc = nlohmann::json::parse(out.str(), nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << out.str();
+  EXPECT_EQ(doc["error"]["code"], "invalid_argument") << out.str();
+  EXPECT_NE(doc["error"]["message"].get<std::string>().find("--ttl-ms"), std::string::npos) << out.str();
+}
+
 TEST(CliFlags, SloListsSplitOnCommasAndTakeOneArgument) {
   CLI::App app;
   std::vector<double> ttft = {30000}, tbt = {100, 200, 300};
