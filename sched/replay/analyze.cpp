@@ -40,6 +40,12 @@ Result<std::vector<trace::Request>> read_window(trace::Reader& reader, const Win
   return rows;
 }
 
+Status empty_window_error(std::string_view action, const std::string& source_name) {
+  return Status(Code::kInvalidArgument, "no request to " + std::string(action) + ": " + source_name +
+                                            " has no valid row in the window (empty file, all rows skipped, or "
+                                            "--start-s/--duration-s/--max-requests select none)");
+}
+
 // An LRU set of block ids (capacity_blocks <= 0: never evicts).
 struct PrefixCacheModel::Impl {
   int64_t capacity_blocks;
