@@ -174,7 +174,6 @@ void TcpServer::accept_loop() {
       backoff_ms[i] = 0;
       std::lock_guard<std::mutex> lk(mu_);
       if (conns_.size() >= options_.max_connections) {
-        refused_++;
         if (refuse_log_.allow(now)) {
           const uint64_t more = refuse_log_.take_suppressed();
           MC_LOG_WARN << "tcp server " << endpoints_[i] << ": refusing connection: " << conns_.size()
@@ -209,7 +208,6 @@ void TcpServer::serve_connection(Conn* conn) {
     WireRequest req;
     if (Status got = recv_all(fd, &req, sizeof req, what); !got.is_ok()) {  // peer closed or reset: normal end
       if (got.code() == Code::kTimeout) {
-        idle_closed_++;
         MC_LOG_DEBUG << what << ": closed after " << options_.idle_timeout_ms << " ms idle";
       }
       break;

@@ -59,9 +59,6 @@ class TcpServer {
   uint64_t read_bytes_served() const { return read_bytes_.load(); }
   uint64_t written_bytes_served() const { return written_bytes_.load(); }
   uint64_t connections_accepted() const { return accepted_.load(); }
-  // Connections closed at accept (cap reached) and closed for idleness.
-  uint64_t connections_refused() const { return refused_.load(); }
-  uint64_t connections_idle_closed() const { return idle_closed_.load(); }
 
  private:
   struct Conn {
@@ -87,8 +84,6 @@ class TcpServer {
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> reads_{0}, writes_{0}, read_bytes_{0}, written_bytes_{0};
   std::atomic<uint64_t> accepted_{0};
-  std::atomic<uint64_t> refused_{0};
-  std::atomic<uint64_t> idle_closed_{0};
   // Used by the accept thread only.
   mc::limits::LogBudget refuse_log_{10000};
   mc::limits::LogBudget accept_log_{10000};
