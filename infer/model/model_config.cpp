@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+#include "mc/common/input_file.hpp"
 
 namespace mc::infer {
 namespace {
@@ -191,11 +192,8 @@ Result<ModelConfig> load_model(std::string_view spec) {
   const bool is_path =
       spec.find('/') != std::string_view::npos || (spec.size() > 5 && spec.substr(spec.size() - 5) == ".json");
   if (!is_path) return model_preset(spec);
-  std::ifstream in{std::string(spec)};
-  if (!in) {
-    return error(Code::kNotFound,
-                 "model config file '" + std::string(spec) + "' cannot be opened: " + std::strerror(errno));
-  }
+  MC_ASSIGN_OR_RETURN(std::ifstream in,
+                      open_input_file(std::string(spec), "model config file", "name a preset or a JSON config file"));
   std::stringstream ss;
   ss << in.rdbuf();
   auto m = model_from_json(ss.str());

@@ -95,6 +95,7 @@ void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
                  "--listen, any port; none = kv_write RPC fallback)")
       ->envname("MC_DECODE_KV_LISTEN")
       ->capture_default_str();
+  cli::add_xfer_server_flags(app, c.kv_max_connections, c.kv_idle_timeout_ms);
 }
 
 Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen) {
@@ -129,6 +130,8 @@ Status run_decode_daemon(const DecodeDaemonConfig& c) {
   if (!kv_listen.empty()) {
     transfer::EngineOptions eo;
     eo.listen = {kv_listen};
+    eo.max_connections_served = c.kv_max_connections;
+    eo.idle_timeout_served_ms = c.kv_idle_timeout_ms;
     MC_RETURN_IF_ERROR(worker->publish_kv_segment(std::move(eo)).with_context("--kv-listen " + kv_listen));
   }
   daemon::install_stop_signals();

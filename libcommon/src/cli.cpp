@@ -221,6 +221,19 @@ CLI::Option* add_gpu_option(CLI::App& cmd, std::string& gpu) {
   return cmd.add_option("--gpu", gpu, "GPU server preset (a800x8, h800x8)")->envname("MC_GPU")->capture_default_str();
 }
 
+void add_xfer_server_flags(CLI::App& cmd, size_t& max_connections, int64_t& idle_timeout_ms) {
+  cmd.add_option("--xfer-max-connections", max_connections,
+                 "Open connections the transfer port accepts; more are closed at once (lowered to fit ulimit -n)")
+      ->envname("MC_XFER_MAX_CONNECTIONS")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  cmd.add_option("--xfer-idle-timeout-ms", idle_timeout_ms,
+                 "A transfer connection silent this long (ms) is closed and frees its slot (rdma ones excepted)")
+      ->envname("MC_XFER_IDLE_TIMEOUT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+}
+
 int exit_code(const Status& status) {
   switch (status.code()) {
     case Code::kOk:

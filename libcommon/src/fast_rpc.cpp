@@ -109,15 +109,30 @@ void append_frame(std::string& out, std::string_view type, uint64_t id, std::str
   out.append(body.data(), body.size());
 }
 
+// A buffer emptied after a large frame gives its memory back rather than keeping it for the connection's life.
+constexpr size_t kKeepCapacityBytes = 1u << 20;
+
 void FrameReader::feed(const char* data, size_t n) {
   if (pos_ > 0 && pos_ == buf_.size()) {
-    buf_.clear();
+    if (buf_.capacity() > kKeepCapacityBytes) {
+      std::string().swap(buf_);
+    } else {
+      buf_.clear();
+    }
     pos_ = 0;
   } else if (pos_ > (1u << 16) && pos_ * 2 > buf_.size()) {
     buf_.erase(0, pos_);
     pos_ = 0;
   }
   buf_.append(data, n);
+}
+
+uint64_t FrameReader::partial_frame_bytes() const {
+  const size_t avail = buf_.size() - pos_;
+  if (avail < kPrefixBytes) return 0;
+  const char* p = buf_.data() + pos_;
+  const uint64_t total = kPrefixBytes + uint64_t{get_u32(p)} + uint64_t{get_u32(p + 4)};
+  return avail < total ? total : 0;
 }
 
 Result<std::optional<Frame>> FrameReader::next(const std::string& peer, uint64_t max_body_bytes) {
@@ -147,7 +162,26 @@ Result<std::optional<Frame>> FrameReader::next(const std::string& peer, uint64_t
 // FastServer
 
 Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoint, std::string service,
-                                                       Dispatch dispatch) {
+                                                       Dispatch dispatch, const FastServerLimits& requested) {
+  for (const auto& [name, value] :
+       {std::pair<const char*, int64_t>{"max_frame_bytes", static_cast<int64_t>(requested.max_frame_bytes)},
+        {"max_conn_buffer_bytes", static_cast<int64_t>(requested.max_conn_buffer_bytes)},
+        {"max_buffer_bytes", static_cast<int64_t>(requested.max_buffer_bytes)},
+        {"max_connections", static_cast<int64_t>(requested.max_connections)},
+        {"idle_timeout_ms", requested.idle_timeout_ms}}) {
+    if (value <= 0) {
+      return Status(Code::kInvalidArgument,
+                    service + ": fast path limit " + name + " must be > 0 (got " + std::to_string(value) + ")");
+    }
+  }
+  FastServerLimits lim = requested;
+  lim.max_frame_bytes = std::min<uint64_t>(lim.max_frame_bytes, static_cast<uint64_t>(proto::kMaxMessageBytes));
+  lim.max_connections = mc::limits::cap_to_fd_limit(requested.max_connections);
+  if (lim.max_connections < requested.max_connections) {
+    MC_LOG_INFO << service << ": fast path connection cap lowered from " << requested.max_connections << " to "
+                << lim.max_connections << " to stay under the file-descriptor limit (ulimit -n) with "
+                << mc::limits::kReservedFds << " to spare";
+  }
   MC_ASSIGN_OR_RETURN(Endpoint ep, parse_endpoint(endpoint));
   if (!ep.is_tcp()) {
     return Status(Code::kInvalidArgument,
@@ -159,7 +193,7 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
     return Status(Code::kInvalidArgument, service + ": cannot resolve '" + host + "' (fast endpoint of " + endpoint +
                                               "): " + addrs.status().message());
   }
-  std::unique_ptr<FastServer> s(new FastServer(std::move(service), std::move(dispatch)));
+  std::unique_ptr<FastServer> s(new FastServer(std::move(service), std::move(dispatch), lim));
   int err = 0;
   for (addrinfo* a = addrs->get(); a != nullptr && !s->listen_fd_; a = a->ai_next) {
     Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
@@ -198,9 +232,9 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
 }
 
 bool FastServer::update_interest(Conn& c) {
-  // A client that sends without reading its replies stops being read once kMaxPendingReplyBytes of them
+  // A client that sends without reading its replies stops being read once max_conn_buffer_bytes of them
   // wait: its requests stay in the kernel's buffers (TCP flow control), the master's memory stays bounded.
-  const bool backlog = c.out.size() - c.out_pos > kMaxPendingReplyBytes;
+  const bool backlog = c.out.size() - c.out_pos > limits_.max_conn_buffer_bytes;
   uint32_t want = (c.closing || backlog) ? 0u : static_cast<uint32_t>(EPOLLIN);
   if (c.out_pos < c.out.size()) want |= EPOLLOUT;
   if (want == c.events) return true;
@@ -216,26 +250,141 @@ bool FastServer::update_interest(Conn& c) {
 }
 
 void FastServer::close_conn(Conn* c) {
+  release(*c);
   conns_.erase(c);  // closes the socket, which also leaves the epoll set
   ++counters_.closed;
 }
 
-void FastServer::accept_all() {
+void FastServer::log_closing(const Status& why) {
+  if (!frame_log_.allow(now_ms())) return;
+  const uint64_t more = frame_log_.take_suppressed();
+  MC_LOG_WARN << service_ << ": closing a fast connection: " << why.message()
+              << (more > 0 ? " (" + std::to_string(more) + " more closed for bad frames in the last 10 s)"
+                           : std::string());
+}
+
+void FastServer::release(Conn& c) {
+  buffered_bytes_ -= c.reserved;
+  c.reserved = 0;
+}
+
+bool FastServer::admit(Conn& c) {
+  const uint64_t want = c.reader.partial_frame_bytes();
+  if (want == c.reserved) return true;
+  release(c);
+  if (want == 0) return true;
+  // The frame's own size was checked by next() (max_frame_bytes); here its share of the total.
+  if (buffered_bytes_ + want > limits_.max_buffer_bytes) {
+    const Status refused(Code::kResourceExhausted, service_ + " is buffering " + std::to_string(buffered_bytes_) +
+                                                       " bytes of partial requests (limit " +
+                                                       std::to_string(limits_.max_buffer_bytes) +
+                                                       ", --fast-buffer-bytes): refusing a " + std::to_string(want) +
+                                                       "-byte frame from " + c.peer + "; retry, or use ZeroMQ");
+    ++counters_.refused;
+    log_closing(refused);
+    append_frame(c.out, proto::kErrorType, 0, error_reply_body(refused));
+    c.closing = true;
+    return false;
+  }
+  c.reserved = want;
+  buffered_bytes_ += want;
+  c.reader.reserve(want);
+  return true;
+}
+
+FastServer::Conn* FastServer::idlest(int64_t now) const {
+  Conn* best = nullptr;
+  for (const auto& [raw, c] : conns_) {
+    if (now - c->last_active_ms < limits_.idle_timeout_ms || c->closing) continue;
+    if (best == nullptr || c->last_active_ms < best->last_active_ms) best = raw;
+  }
+  return best;
+}
+
+void FastServer::sweep(int64_t now) {
+  if (now < next_sweep_ms_) return;
+  next_sweep_ms_ = now + std::min<int64_t>(1000, limits_.idle_timeout_ms);
+  std::vector<Conn*> stalled;
+  for (const auto& [raw, c] : conns_) {
+    if (c->reader.buffered() > 0 && now - c->last_active_ms >= limits_.idle_timeout_ms) stalled.push_back(raw);
+  }
+  for (Conn* c : stalled) {
+    MC_LOG_INFO << service_ << ": closing the fast connection from " << c->peer << ": stalled inside a frame for "
+                << now - c->last_active_ms << " ms (--fast-idle-timeout-ms " << limits_.idle_timeout_ms << ")";
+    ++counters_.evicted;
+    close_conn(c);
+  }
+}
+
+void FastServer::set_listener_interest(bool on) {
+  if (listener_on_ == on) return;
+  epoll_event ev{};
+  ev.events = on ? static_cast<uint32_t>(EPOLLIN) : 0u;
+  ev.data.ptr = nullptr;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &ev) == 0) listener_on_ = on;
+}
+
+void FastServer::accept_failed(int err, int64_t now) {
+  ++counters_.accept_failures;
+  const bool no_resources = err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+  if (no_resources) {
+    // The listener stays readable while the backlog waits: polling it again at once would spin. Pause it,
+    // and free a descriptor held by an idle connection if there is one.
+    accept_backoff_ms_ = accept_backoff_ms_ == 0 ? 10 : std::min<int64_t>(1000, accept_backoff_ms_ * 2);
+    accept_resume_ms_ = now + accept_backoff_ms_;
+    set_listener_interest(false);
+    if (Conn* c = idlest(now)) {
+      ++counters_.evicted;
+      close_conn(c);
+    }
+  }
+  if (accept_log_.allow(now)) {
+    const uint64_t more = accept_log_.take_suppressed();
+    MC_LOG_WARN << service_ << ": accept on the fast endpoint failed: " << errno_text(err)
+                << (no_resources ? "; pausing accepts for " + std::to_string(accept_backoff_ms_) +
+                                       " ms (raise the descriptor limit, ulimit -n, or lower --fast-max-connections)"
+                                 : std::string())
+                << (more > 0 ? " (" + std::to_string(more) + " more failures in the last 10 s not logged)"
+                             : std::string());
+  }
+}
+
+void FastServer::accept_all(int64_t now) {
   for (int n = 0; n < 64; ++n) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
     Fd fd(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC));
     if (!fd) {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        MC_LOG_WARN << service_ << ": accept on the fast endpoint failed: " << errno_text(errno);
+        accept_failed(errno, now);
       }
       return;
+    }
+    accept_backoff_ms_ = 0;
+    if (conns_.size() >= limits_.max_connections) {
+      Conn* idle = idlest(now);
+      if (idle == nullptr) {
+        ++counters_.rejected;
+        if (reject_log_.allow(now)) {
+          const uint64_t more = reject_log_.take_suppressed();
+          MC_LOG_WARN << service_ << ": refusing a fast connection from " << peer_name(ss) << ": " << conns_.size()
+                      << " open, none idle for " << limits_.idle_timeout_ms << " ms (--fast-max-connections "
+                      << limits_.max_connections << ")"
+                      << (more > 0 ? " (" + std::to_string(more) + " more refused in the last 10 s)" : std::string());
+        }
+        continue;  // `fd` closes: the client sees the connection end and falls back to ZeroMQ
+      }
+      ++counters_.evicted;
+      MC_LOG_DEBUG << service_ << ": closing the fast connection from " << idle->peer << " (idle "
+                   << now - idle->last_active_ms << " ms) for a new one";
+      close_conn(idle);
     }
     set_options(fd.get());
     auto c = std::make_unique<Conn>();
     c->fd = std::move(fd);
     c->peer = peer_name(ss);
     c->events = EPOLLIN;
+    c->last_active_ms = now;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = c.get();
@@ -282,6 +431,7 @@ void FastServer::answer(Conn& c, const Frame& f) {
 
 bool FastServer::on_readable(Conn& c) {
   char buf[64 * 1024];
+  c.last_active_ms = now_ms();
   // Bounded: a client flooding one connection cannot starve the others.
   for (int round = 0; round < 16; ++round) {
     ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), 0);
@@ -294,10 +444,14 @@ bool FastServer::on_readable(Conn& c) {
     }
     c.reader.feed(buf, static_cast<size_t>(n));
     while (true) {
-      Result<std::optional<Frame>> f = c.reader.next(c.peer, static_cast<uint64_t>(proto::kMaxMessageBytes));
+      Result<std::optional<Frame>> f = c.reader.next(c.peer, limits_.max_frame_bytes);
       if (!f.is_ok()) {
-        ++counters_.malformed;
-        MC_LOG_WARN << service_ << ": closing a fast connection: " << f.status().message();
+        if (f.status().code() == Code::kMessageTooLarge) {
+          ++counters_.refused;
+        } else {
+          ++counters_.malformed;
+        }
+        log_closing(f.status());
         append_frame(c.out, proto::kErrorType, 0, error_reply_body(f.status()));
         c.closing = true;
         return true;
@@ -305,6 +459,7 @@ bool FastServer::on_readable(Conn& c) {
       if (!f->has_value()) break;
       answer(c, **f);
     }
+    if (!admit(c)) return true;
     if (static_cast<size_t>(n) < sizeof(buf)) break;
   }
   return true;
@@ -321,7 +476,11 @@ bool FastServer::flush(Conn& c) {
     }
     c.out_pos += static_cast<size_t>(n);
   }
-  c.out.clear();
+  if (c.out.capacity() > kKeepCapacityBytes) {
+    std::string().swap(c.out);
+  } else {
+    c.out.clear();
+  }
   c.out_pos = 0;
   return !c.closing;
 }
@@ -340,9 +499,21 @@ Status FastServer::watch(int fd) {
 }
 
 bool FastServer::wait_and_handle(int timeout_ms) {
+  if (!listener_on_) {
+    const int64_t left = accept_resume_ms_ - now_ms();
+    if (left <= 0) {
+      set_listener_interest(true);
+    } else {
+      timeout_ms = static_cast<int>(std::min<int64_t>(timeout_ms, left));
+    }
+  }
   epoll_event evs[kMaxEvents];
   const int n = ::epoll_wait(epoll_fd_.get(), evs, kMaxEvents, timeout_ms);
-  if (n <= 0) return false;  // idle, or EINTR
+  const int64_t now = now_ms();
+  if (n <= 0) {  // idle, or EINTR
+    sweep(now);
+    return false;
+  }
   bool accept = false, watched = false;
   // Connections are closed after the loop: a later event of this batch may name one.
   Conn* dead[kMaxEvents];
@@ -369,7 +540,8 @@ bool FastServer::wait_and_handle(int timeout_ms) {
     if (!alive) dead[n_dead++] = c;
   }
   for (int i = 0; i < n_dead; ++i) close_conn(dead[i]);
-  if (accept) accept_all();
+  sweep(now);
+  if (accept && listener_on_) accept_all(now);
   return watched;
 }
 

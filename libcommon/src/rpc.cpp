@@ -16,6 +16,9 @@ namespace {
 std::string zmq_text(const zmq::error_t& e) { return std::string(e.what()); }
 
 const std::string kSameVersion = ": run the same mc version on both sides";
+// Messages queued per peer before ZeroMQ stops reading it, and the ZMTP handshake deadline (RpcServer::bind).
+constexpr int kServerRcvHwm = 1024;
+constexpr int kHandshakeMs = 5000;
 
 }  // namespace
 
@@ -80,10 +83,15 @@ Result<std::unique_ptr<RpcServer>> RpcServer::bind(ServerOptions options) {
   std::unique_ptr<RpcServer> server(new RpcServer(options));
   try {
     server->socket_.set(zmq::sockopt::linger, 0);
+    // The bounds ZeroMQ offers (DESIGN.md §2 "Bounds"): a message over max_message_bytes closes its peer's
+    // connection before it is buffered; at most kServerRcvHwm messages wait per peer, beyond which
+    // ZeroMQ stops reading that peer (TCP flow control, nothing dropped); a connection that has not
+    // completed the ZMTP handshake within kHandshakeMs is closed. ZeroMQ has no cap on the number of peers.
     server->socket_.set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
     server->socket_.set(zmq::sockopt::router_mandatory, 1);
     server->socket_.set(zmq::sockopt::sndhwm, 100000);
-    server->socket_.set(zmq::sockopt::rcvhwm, 100000);
+    server->socket_.set(zmq::sockopt::rcvhwm, kServerRcvHwm);
+    server->socket_.set(zmq::sockopt::handshake_ivl, kHandshakeMs);
   } catch (const zmq::error_t& e) {
     return Status(Code::kInternal, options.service + ": setting socket options: " + zmq_text(e));
   }

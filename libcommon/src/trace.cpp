@@ -7,6 +7,7 @@
 #include <limits>
 
 #include <nlohmann/json.hpp>
+#include "mc/common/input_file.hpp"
 
 namespace mc::trace {
 namespace {
@@ -100,11 +101,9 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& path, ReaderOpti
     if (options.source_name == "-") options.source_name = "<stdin>";
     return std::make_unique<Reader>(std::cin, std::move(options));
   }
-  auto file = std::make_unique<std::ifstream>(path, std::ios::binary);
-  if (!*file) {
-    return Status(Code::kNotFound, "cannot open trace file '" + path + "': " + std::strerror(errno) +
-                                       " (give a path to a Mooncake JSONL trace, or - for stdin)");
-  }
+  MC_ASSIGN_OR_RETURN(std::ifstream in,
+                      open_input_file(path, "trace file", "give a path to a Mooncake JSONL trace, or - for stdin"));
+  auto file = std::make_unique<std::ifstream>(std::move(in));
   if (options.source_name == "-") options.source_name = path;
   auto reader = std::make_unique<Reader>(*file, std::move(options));
   reader->owned_ = std::move(file);

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/common/input_file.hpp"
 #include "mc/common/report.hpp"
 #include "mc/conductor/conductor.hpp"
 #include "mc/sched/decision_replay.hpp"
@@ -15,11 +16,8 @@ namespace mc::sched {
 namespace {
 
 Result<std::vector<LoggedDecision>> read_decision_log(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return error(Code::kNotFound,
-                 "cannot open decision log '" + path + "' (write one with mc-conductor serve --decisions FILE)");
-  }
+  MC_ASSIGN_OR_RETURN(std::ifstream in,
+                      open_input_file(path, "decision log", "write one with mc-conductor serve --decisions FILE"));
   std::vector<LoggedDecision> log;
   std::string line;
   int64_t n = 0;

@@ -40,6 +40,13 @@ Result<std::vector<trace::Request>> read_window(trace::Reader& reader, const Win
   return rows;
 }
 
+Status empty_window_error(std::string_view action, const std::string& source_name) {
+  return Status(Code::kInvalidArgument, "no request to " + std::string(action) + ": " + source_name +
+                                            " has no valid row in the window (empty file, all rows skipped, or "
+                                            "--start-s/--duration-s/--max-requests select none)");
+}
+
+
 namespace {
 
 // A row's block ids as the cache sees them: a request's adapter and salt put its blocks in a namespace of their

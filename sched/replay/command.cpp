@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "mc/common/cli.hpp"
+#include "mc/common/input_file.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
 #include "mc/report/format.hpp"
@@ -67,6 +68,8 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
   opt.capacity_tokens = c.capacity_tokens;
   auto a = analyze(**reader, opt);
   if (!a.is_ok()) return mc::report::print_error(c.json, out, a.status());
+  if (a->requests == 0)
+    return mc::report::print_error(c.json, out, empty_window_error("analyze", opt.reader.source_name));
   warn_skipped(**reader);
   RunInfo info = mc::report::host_run_info("mc-trace-replay analyze");
   add_window_info(info, c.input, (*reader)->stats());
@@ -84,12 +87,17 @@ Status run_report_command(const ReportCommand& c, std::ostream& out) {
     return mc::report::print_error(c.json, out, Status(Code::kInvalidArgument, "no records file given"));
   std::vector<std::pair<std::string, Summary>> runs;
   for (const std::string& path : c.records_paths) {
-    std::ifstream in(path);
-    if (!in)
-      return mc::report::print_error(
-          c.json, out, Status(Code::kNotFound, "cannot open records file " + path + ": " + std::strerror(errno)));
-    auto records = read_records_jsonl(in, path);
+    Result<std::ifstream> in = open_input_file(path, "records file", "write one with mc-trace-replay --out FILE");
+    if (!in.is_ok()) return mc::report::print_error(c.json, out, in.status());
+    auto records = read_records_jsonl(*in, path);
     if (!records.is_ok()) return mc::report::print_error(c.json, out, records.status());
+    if (records->empty()) {
+      return mc::report::print_error(
+          c.json, out,
+          Status(Code::kInvalidArgument,
+                 "no record in records file '" + path +
+                     "': empty (write records with mc-trace-replay --out FILE or mc-sim --out)"));
+    }
     std::string label = std::filesystem::path(path).stem().string();
     runs.emplace_back(label, summarize(*records, c.summary));
   }
@@ -125,12 +133,7 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   if (!rows.is_ok()) return mc::report::print_error(c.json, out, rows.status());
   warn_skipped(**reader);
   if (rows->empty())
-    return mc::report::print_error(
-        c.json, out,
-        Status(Code::kInvalidArgument,
-               "no request to replay: " + c.input.reader_options().source_name +
-                   " has no valid row in the window (empty file, all rows skipped, or --start-s/--duration-s/"
-                   "--max-requests select none)"));
+    return mc::report::print_error(c.json, out, empty_window_error("replay", c.input.reader_options().source_name));
   if (c.max_output_tokens < 0)
     return mc::report::print_error(c.json, out, Status(Code::kInvalidArgument, "--max-output-tokens must be >= 0"));
   if (c.max_output_tokens > 0)

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 
+#include "mc/common/input_file.hpp"
 #include "mc/common/units.hpp"
 
 namespace mc::sim {
@@ -158,8 +159,7 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
 }
 
 Result<ClusterConfig> load_cluster_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return error(Code::kNotFound, "cannot open cluster config " + path + ": " + std::strerror(errno));
+  MC_ASSIGN_OR_RETURN(std::ifstream in, open_input_file(path, "cluster config"));
   nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (doc.is_discarded()) return error(Code::kInvalidArgument, path + ": not valid JSON");
   return parse_cluster_config(doc, path);

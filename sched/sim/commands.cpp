@@ -8,6 +8,7 @@
 
 #include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
+#include "mc/replay/analyze.hpp"
 
 namespace mc::sim {
 
@@ -111,6 +112,7 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
       cmd.report_slo_ttft_ms.empty() ? std::vector<double>{opt.cluster.slo_ttft_ms} : cmd.report_slo_ttft_ms;
   so.slo_tbt_ms = cmd.report_slo_tbt_ms.empty() ? std::vector<double>{opt.cluster.slo_tbt_ms} : cmd.report_slo_tbt_ms;
   MC_ASSIGN_OR_RETURN(SimResult result, simulate(opt, *src, so));
+  if (result.records.empty()) return replay::empty_window_error("simulate", cmd.trace_path);
   if (records_file.is_open() && !records_file.flush()) {
     return error(Code::kIo, "writing records to " + cmd.records_path + " failed: " + std::strerror(errno));
   }
@@ -166,6 +168,7 @@ Status run_capacity_command(const CapacityCommand& cmd, std::ostream& out) {
   MC_ASSIGN_OR_RETURN(std::unique_ptr<RequestSource> source, open_trace(cmd.trace_path, ro));
   // The window is applied once here; the simulations then replay all loaded rows.
   MC_ASSIGN_OR_RETURN(std::vector<trace::Request> rows, load_window(*source, o.window));
+  if (rows.empty()) return replay::empty_window_error("plan for", cmd.trace_path);
   o.window.start_s = rows.empty() ? 0 : static_cast<double>(rows.front().timestamp_ms) * 1e-3;
   o.window.duration_s = 0;
   o.window.max_requests = 0;

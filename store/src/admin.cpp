@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/daemon.hpp"
+#include "mc/common/input_file.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 
@@ -21,8 +22,7 @@ Result<std::string> read_all(const std::string& file) {
     std::string data((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
     return data;
   }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Status(Code::kInvalidArgument, "cannot open '" + file + "' for reading");
+  MC_ASSIGN_OR_RETURN(std::ifstream in, open_input_file(file, "input file", "give a readable file, or - for stdin"));
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return data;
 }

@@ -66,6 +66,21 @@ struct MasterServer::Impl {
     }
     registry.gauge("mc_store_capacity_bytes", "mounted capacity").set(static_cast<double>(cap));
     registry.gauge("mc_store_used_bytes", "allocated bytes").set(static_cast<double>(used));
+    if (fast_server) {
+      const rpc::fast::FastServer::Counters& f = fast_server->counters();
+      registry.gauge("mc_store_fast_connections", "open fast-path connections")
+          .set(static_cast<double>(fast_server->connections()));
+      registry.gauge("mc_store_fast_buffered_bytes", "request bytes buffered in partial fast-path frames")
+          .set(static_cast<double>(fast_server->buffered_bytes()));
+      registry.gauge("mc_store_fast_refused_frames_total", "fast-path frames refused (too large, buffer full)")
+          .set(static_cast<double>(f.refused));
+      registry.gauge("mc_store_fast_rejected_connections_total", "fast connections closed at accept (cap reached)")
+          .set(static_cast<double>(f.rejected));
+      registry.gauge("mc_store_fast_evicted_connections_total", "idle or stalled fast connections closed")
+          .set(static_cast<double>(f.evicted));
+      registry.gauge("mc_store_fast_accept_failures_total", "failed accept() calls on the fast port")
+          .set(static_cast<double>(f.accept_failures));
+    }
   }
 
   // Drops the descriptors of engines whose store segments are all gone (node unmounted or dead).
@@ -357,11 +372,12 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
     }
     if (!fast_ep.empty()) {
       Impl* raw = impl.get();
-      MC_ASSIGN_OR_RETURN(impl->fast_server,
-                          rpc::fast::FastServer::listen(fast_ep, "mc-store master",
-                                                        [raw](std::string_view type, std::string_view body) {
-                                                          return raw->server->dispatch(type, body, rpc::CallContext{});
-                                                        }));
+      MC_ASSIGN_OR_RETURN(impl->fast_server, rpc::fast::FastServer::listen(
+                                                 fast_ep, "mc-store master",
+                                                 [raw](std::string_view type, std::string_view body) {
+                                                   return raw->server->dispatch(type, body, rpc::CallContext{});
+                                                 },
+                                                 options.fast_limits));
     }
   }
   impl->register_handlers();

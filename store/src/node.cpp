@@ -202,6 +202,8 @@ class Node {
     // The DRAM segment is served by the transfer engine; the master is its segment directory.
     transfer::EngineOptions eo;
     eo.listen = opt_.xfer_listen;
+    eo.max_connections_served = opt_.xfer_max_connections;
+    eo.idle_timeout_served_ms = opt_.xfer_idle_timeout_ms;
     if (eo.listen.empty()) return Status(Code::kInvalidArgument, "--xfer-listen needs at least one endpoint");
     MC_ASSIGN_OR_RETURN(directory_, MasterSegmentDirectory::connect(opt_.master, co.client_name + " directory", 2000));
     eo.directory = directory_;

@@ -12,6 +12,7 @@
 
 #include "mc/common/fast_rpc.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc::rpc::fast {
 namespace {
@@ -77,11 +78,13 @@ TEST(FastFrames, LimitsAndGarbageAreErrors) {
 class FastServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = FastServer::listen("tcp://127.0.0.1:0", "test-service",
-                                [](std::string_view type, std::string_view body) -> Result<std::string> {
-                                  if (type == "echo") return std::string(body);
-                                  return Status(Code::kNotFound, "no handler for " + std::string(type));
-                                });
+    auto s = FastServer::listen(
+        "tcp://127.0.0.1:0", "test-service",
+        [](std::string_view type, std::string_view body) -> Result<std::string> {
+          if (type == "echo") return std::string(body);
+          return Status(Code::kNotFound, "no handler for " + std::string(type));
+        },
+        limits());
     ASSERT_TRUE(s.is_ok()) << s.status().to_string();
     server_ = std::move(s).value();
     ASSERT_NE(server_->port(), 0);
@@ -93,6 +96,7 @@ class FastServerTest : public ::testing::Test {
     stop_.store(true);
     if (thread_.joinable()) thread_.join();
   }
+  virtual FastServerLimits limits() const { return {}; }
   std::unique_ptr<FastClient> client() {
     auto c = FastClient::connect(Endpoint::tcp("127.0.0.1", server_->port()), "test-client", 2000);
     EXPECT_TRUE(c.is_ok()) << c.status().to_string();
@@ -272,6 +276,82 @@ TEST(FastAndZmq, SameHandlersHelloAndErrors) {
 
   stop.store(true);
   serve.join();
+}
+
+}  // namespace
+}  // namespace mc::rpc::fast
+
+namespace mc::rpc::fast {
+namespace {
+
+// Small bounds (DESIGN.md §2 "Bounds"): 1 KiB frames, 1.5 KiB of partial frames in all, two connections,
+// a 2 s idle timeout (long enough that a slow test thread does not see it pass between two steps).
+class FastServerBoundsTest : public FastServerTest {
+ protected:
+  FastServerLimits limits() const override {
+    FastServerLimits l;
+    l.max_frame_bytes = 1024;
+    l.max_buffer_bytes = 1536;
+    l.max_connections = 2;
+    l.idle_timeout_ms = 2000;
+    return l;
+  }
+  // Sends the prefix and header of an "echo" frame declaring body_bytes, and `sent` bytes of its body.
+  void send_partial(int fd, uint32_t body_bytes, size_t sent) {
+    std::string wire;
+    append_frame(wire, "echo", 9, std::string(body_bytes, 'b'));
+    wire.resize(wire.size() - body_bytes + sent);
+    ASSERT_EQ(::send(fd, wire.data(), wire.size(), MSG_NOSIGNAL), static_cast<ssize_t>(wire.size()));
+  }
+  // Reads until the server closes; the error code of its goodbye frame (0 when there is none).
+  uint16_t goodbye_code(int fd) {
+    std::string back;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) back.append(buf, static_cast<size_t>(n));
+    FrameReader r;
+    r.feed(back.data(), back.size());
+    auto f = r.next("server", 1 << 20);
+    if (!f.is_ok() || !f->has_value() || (*f)->header.type != proto::kErrorType) return 0;
+    auto e = codec::unpack<proto::ErrorReply>((*f)->body, "error");
+    return e.is_ok() ? e->code : 0;
+  }
+};
+
+TEST_F(FastServerBoundsTest, FrameOverTheLimitIsRefusedAtItsPrefix) {
+  int fd = raw_socket();
+  send_partial(fd, 4096, 0);
+  EXPECT_EQ(goodbye_code(fd), static_cast<uint16_t>(Code::kMessageTooLarge));
+  ::close(fd);
+  EXPECT_EQ(server_->buffered_bytes(), 0u);
+}
+
+TEST_F(FastServerBoundsTest, PartialFramesShareOneBudget) {
+  int a = raw_socket();
+  send_partial(a, 1000, 10);  // admitted: about 1 KiB of the 1.5 KiB
+  ASSERT_TRUE(testkit::wait_until([&] { return server_->buffered_bytes() > 0; }, 5000));
+  int b = raw_socket();
+  send_partial(b, 1000, 10);  // would pass the total: refused
+  EXPECT_EQ(goodbye_code(b), static_cast<uint16_t>(Code::kResourceExhausted));
+  ::close(b);
+  EXPECT_LE(server_->buffered_bytes(), 1536u);
+  // The first connection, stalled inside its frame past the idle timeout, is closed and frees its share.
+  EXPECT_EQ(goodbye_code(a), 0);
+  ::close(a);
+  EXPECT_TRUE(testkit::wait_until([&] { return server_->buffered_bytes() == 0; }, 5000));
+}
+
+TEST_F(FastServerBoundsTest, AtTheCapAnIdleConnectionGivesWay) {
+  int a = raw_socket(), b = raw_socket();  // the cap, both idle
+  ASSERT_TRUE(testkit::wait_until([&] { return server_->connections() == 2; }, 5000));
+  // Once they have been idle for 2 s a new client takes a slot and is served.
+  auto served = [&] {
+    auto c = FastClient::connect(Endpoint::tcp("127.0.0.1", server_->port()), "late", 2000);
+    return c.is_ok() && (*c)->call_raw("echo", "in", 2000).is_ok();
+  };
+  EXPECT_TRUE(testkit::wait_until(served, 10000, 50));
+  EXPECT_GE(server_->counters().evicted, 1u);
+  ::close(a);
+  ::close(b);
 }
 
 }  // namespace

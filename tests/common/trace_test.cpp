@@ -186,10 +186,10 @@ TEST(Trace, OptionalKeyScope) {
       << no_name.status.message();
 }
 
-TEST(Trace, MissingFileIsNotFound) {
+TEST(Trace, MissingFileIsBadInput) {
   auto r = Reader::open("/nonexistent/trace.jsonl", ReaderOptions{});
   ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().code(), Code::kNotFound);
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);  // a user mistake: exit 2 (input_file.hpp)
   EXPECT_NE(r.status().message().find("/nonexistent/trace.jsonl"), std::string::npos);
 }
 

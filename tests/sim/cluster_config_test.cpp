@@ -56,7 +56,7 @@ TEST(ClusterConfig, RejectsTyposAndBadValuesNamingTheKey) {
     EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << r.status().message();
     EXPECT_NE(r.status().message().find("c.json"), std::string::npos) << r.status().message();
   }
-  EXPECT_EQ(load_cluster_config("/nonexistent/cluster.json").status().code(), Code::kNotFound);
+  EXPECT_EQ(load_cluster_config("/nonexistent/cluster.json").status().code(), Code::kInvalidArgument);
 }
 
 TEST(ClusterConfig, OverridesApplyOnTopAndAreValidated) {

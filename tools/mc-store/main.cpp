@@ -88,6 +88,34 @@ int main(int argc, char** argv) {
   master_cmd->add_option("--tick-ms", master.tick_ms, "Period of liveness/eviction checks (ms)")
       ->capture_default_str()
       ->check(CLI::Range(1, 10000));
+  auto& fast = master.fast_limits;
+  mc::cli::add_size_option(*master_cmd, "--fast-max-frame-bytes", fast.max_frame_bytes,
+                           "Largest request body on the fast path; a frame declaring more is refused and its "
+                           "connection closed before it is buffered",
+                           1, 64ull << 20)
+      ->envname("MC_STORE_FAST_MAX_FRAME_BYTES");
+  mc::cli::add_size_option(*master_cmd, "--fast-conn-buffer-bytes", fast.max_conn_buffer_bytes,
+                           "Unsent replies of one fast connection above which it is not read until they drain", 1)
+      ->envname("MC_STORE_FAST_CONN_BUFFER_BYTES");
+  mc::cli::add_size_option(*master_cmd, "--fast-buffer-bytes", fast.max_buffer_bytes,
+                           "Request bytes in partial frames over all fast connections; a frame that would exceed "
+                           "it is refused and its connection closed",
+                           1)
+      ->envname("MC_STORE_FAST_BUFFER_BYTES");
+  master_cmd
+      ->add_option("--fast-max-connections", fast.max_connections,
+                   "Open fast connections; at the cap a new one takes the slot of one idle for "
+                   "--fast-idle-timeout-ms, else it is closed (lowered to fit ulimit -n)")
+      ->envname("MC_STORE_FAST_MAX_CONNECTIONS")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  master_cmd
+      ->add_option("--fast-idle-timeout-ms", fast.idle_timeout_ms,
+                   "A fast connection silent this long (ms) may lose its slot to a new one; one stalled inside a "
+                   "frame that long is closed")
+      ->envname("MC_STORE_FAST_IDLE_TIMEOUT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
 
   // ---- serve ----
   mc::store::NodeOptions node;
@@ -119,6 +147,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_flag("--no-prefault", no_prefault,
                       "Commit DRAM pages on first write instead of at start (faster start, slower first puts)");
   serve_cmd->add_flag("--no-shm", no_shm, "Back DRAM with private memory: same-host clients use tcp instead of shm");
+  mc::cli::add_xfer_server_flags(*serve_cmd, node.xfer_max_connections, node.xfer_idle_timeout_ms);
 
   // ---- admin ----
   mc::store::AdminOptions admin;

@@ -182,6 +182,8 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       so.listen = options_.listen;
       so.socket_buffer_bytes = options_.socket_buffer_bytes;
       so.max_op_bytes = options_.max_slice_bytes_served;
+      so.max_connections = options_.max_connections_served;
+      so.idle_timeout_ms = options_.idle_timeout_served_ms;
       MC_ASSIGN_OR_RETURN(server_, tcp::TcpServer::start(so, this));
       endpoints_ = publishable_endpoints(server_->endpoints());
       auto hp = parse_tcp_endpoint(endpoints_.front());

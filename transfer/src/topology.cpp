@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+#include "mc/common/input_file.hpp"
 
 namespace mc::transfer {
 namespace fs = std::filesystem;
@@ -141,8 +142,7 @@ Result<Topology> Topology::parse_json(std::string_view json_text, std::string_vi
 }
 
 Result<Topology> Topology::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status(Code::kNotFound, "topology file " + path + ": cannot open: " + strerror(errno));
+  MC_ASSIGN_OR_RETURN(std::ifstream in, open_input_file(path, "topology file"));
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_json(ss.str(), "topology file " + path);

@@ -2,16 +2,33 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "mc/common/log.hpp"
 
 namespace mc::transfer::tcp {
 namespace {
+
+// SO_RCVTIMEO of a blocking socket; 0 waits forever.
+void set_receive_timeout(int fd, int64_t timeout_ms) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout_ms / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout_ms % 1000) * 1000);
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+int64_t mono_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok, const char* data, uint64_t data_len) {
   WireReply rep;
@@ -51,7 +68,17 @@ Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok
 }  // namespace
 
 Result<std::unique_ptr<TcpServer>> TcpServer::start(const ServerOptions& options, ServerHandler* handler) {
+  if (options.max_connections == 0 || options.idle_timeout_ms <= 0) {
+    return Status(Code::kInvalidArgument, "tcp server: max_connections (" + std::to_string(options.max_connections) +
+                                              ") and idle_timeout_ms (" + std::to_string(options.idle_timeout_ms) +
+                                              ") must be > 0");
+  }
   std::unique_ptr<TcpServer> s(new TcpServer(options, handler));
+  s->options_.max_connections = mc::limits::cap_to_fd_limit(options.max_connections);
+  if (s->options_.max_connections < options.max_connections) {
+    MC_LOG_INFO << "tcp server: connection cap lowered from " << options.max_connections << " to "
+                << s->options_.max_connections << " to stay under the file-descriptor limit (ulimit -n)";
+  }
   for (const auto& ep : options.listen) {
     MC_ASSIGN_OR_RETURN(Endpoint hp, parse_tcp_endpoint(ep));
     uint16_t port = 0;
@@ -99,30 +126,70 @@ void TcpServer::accept_loop() {
   std::vector<pollfd> pfds;
   for (auto& l : listeners_) pfds.push_back({l.get(), POLLIN, 0});
   pfds.push_back({stop_fd_.get(), POLLIN, 0});
+  // A listener whose accept failed for lack of descriptors stays readable: it is left out of the poll set
+  // (fd -1) until resume_ms, the pause doubling from 10 ms to 1 s while failures repeat.
+  std::vector<int64_t> resume_ms(listeners_.size(), 0), backoff_ms(listeners_.size(), 0);
   while (!stop_.load()) {
-    int rc = ::poll(pfds.data(), pfds.size(), 1000);
+    int64_t now = mono_ms();
+    int wait_ms = 1000;
+    for (size_t i = 0; i < listeners_.size(); ++i) {
+      if (pfds[i].fd >= 0) continue;
+      if (now >= resume_ms[i]) {
+        pfds[i].fd = listeners_[i].get();
+      } else {
+        wait_ms = static_cast<int>(std::min<int64_t>(wait_ms, resume_ms[i] - now));
+      }
+    }
+    int rc = ::poll(pfds.data(), pfds.size(), wait_ms);
     if (rc < 0 && errno != EINTR) {
       MC_LOG_ERROR << "tcp server: poll: " << strerror(errno);
       return;
     }
     reap(false);
+    now = mono_ms();
     for (size_t i = 0; i + 1 < pfds.size(); ++i) {
-      if (!(pfds[i].revents & POLLIN)) continue;
+      if (pfds[i].fd < 0 || !(pfds[i].revents & POLLIN)) continue;
       int cfd = ::accept4(pfds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (cfd < 0) {
-        if (errno != EAGAIN && errno != EINTR)
-          MC_LOG_WARN << "tcp server " << endpoints_[i] << ": accept: " << strerror(errno);
+        const int err = errno;
+        if (err == EAGAIN || err == EINTR || err == ECONNABORTED) continue;
+        const bool no_resources = err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+        if (no_resources) {
+          backoff_ms[i] = backoff_ms[i] == 0 ? 10 : std::min<int64_t>(1000, backoff_ms[i] * 2);
+          resume_ms[i] = now + backoff_ms[i];
+          pfds[i].fd = -1;
+        }
+        if (accept_log_.allow(now)) {
+          const uint64_t more = accept_log_.take_suppressed();
+          MC_LOG_WARN << "tcp server " << endpoints_[i] << ": accept: " << strerror(err)
+                      << (no_resources ? "; pausing accepts for " + std::to_string(backoff_ms[i]) +
+                                             " ms (raise the descriptor limit, ulimit -n, or lower "
+                                             "--xfer-max-connections)"
+                                       : std::string())
+                      << (more > 0 ? " (" + std::to_string(more) + " more failures in the last 10 s not logged)"
+                                   : std::string());
+        }
         continue;
       }
+      backoff_ms[i] = 0;
       std::lock_guard<std::mutex> lk(mu_);
       if (conns_.size() >= options_.max_connections) {
-        MC_LOG_WARN << "tcp server " << endpoints_[i] << ": refusing connection: " << conns_.size()
-                    << " connections open (limit " << options_.max_connections << ")";
+        if (refuse_log_.allow(now)) {
+          const uint64_t more = refuse_log_.take_suppressed();
+          MC_LOG_WARN << "tcp server " << endpoints_[i] << ": refusing connection: " << conns_.size()
+                      << " connections open (limit " << options_.max_connections
+                      << ", --xfer-max-connections; idle ones close after --xfer-idle-timeout-ms "
+                      << options_.idle_timeout_ms << ")"
+                      << (more > 0 ? " (" + std::to_string(more) + " more refused in the last 10 s)" : std::string());
+        }
         ::close(cfd);
         continue;
       }
       accepted_++;
       tune_data_socket(cfd, options_.socket_buffer_bytes);
+      // Every recv of this connection waits at most idle_timeout_ms (SO_RCVTIMEO): a connection silent that
+      // long, between requests or inside one, is closed and gives its slot and thread back.
+      set_receive_timeout(cfd, options_.idle_timeout_ms);
       auto c = std::make_unique<Conn>();
       c->fd.reset(cfd);
       Conn* raw = c.get();
@@ -139,7 +206,12 @@ void TcpServer::serve_connection(Conn* conn) {
   std::vector<std::shared_ptr<void>> leases;  // rdma queue pairs set up over this connection
   while (!stop_.load()) {
     WireRequest req;
-    if (!recv_all(fd, &req, sizeof req, what).is_ok()) break;  // peer closed or reset: normal end
+    if (Status got = recv_all(fd, &req, sizeof req, what); !got.is_ok()) {  // peer closed or reset: normal end
+      if (got.code() == Code::kTimeout) {
+        MC_LOG_DEBUG << what << ": closed after " << options_.idle_timeout_ms << " ms idle";
+      }
+      break;
+    }
     if (req.magic != kWireMagic || req.version != kWireVersion) {
       errors_++;
       (void)send_reply(fd, WireOp::kPing,
@@ -213,6 +285,7 @@ void TcpServer::serve_connection(Conn* conn) {
           break;
         }
         leases.push_back(std::move(r.value().second));
+        set_receive_timeout(fd, 0);  // the queue pair lives as long as this connection: never idle-closed
         sent = send_reply(fd, op, Status::ok(), r.value().first, nullptr, 0);
         break;
       }

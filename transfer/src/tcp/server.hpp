@@ -1,6 +1,10 @@
 // The target side of the tcp protocol (wire.hpp): serves reads and writes of the engine's segment and
 // the control ops (describe, notify, ping). One accept thread; one blocking thread per connection
 // (connections are few and long-lived: a handful per peer path). Internal header.
+// Bounds (DESIGN.md §2 "Bounds"): at most max_connections open (lowered to fit RLIMIT_NOFILE), further
+// ones are closed at accept; a connection silent for idle_timeout_ms (between requests or inside one) is
+// closed, unless it set up an rdma queue pair; accept() failures for lack of descriptors or memory pause that listener
+// for a growing interval (10 ms doubling to 1 s); such log lines are at most one per 10 s.
 #pragma once
 
 #include <atomic>
@@ -12,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "mc/common/limits.hpp"
 #include "mc/common/status.hpp"
 #include "tcp/net.hpp"
 
@@ -36,6 +41,7 @@ struct ServerOptions {
   int socket_buffer_bytes = 4 << 20;
   uint64_t max_op_bytes = 256ull << 20;  // larger single reads/writes are refused
   size_t max_connections = 1024;
+  int64_t idle_timeout_ms = 120000;  // > 0
 };
 
 class TcpServer {
@@ -78,6 +84,9 @@ class TcpServer {
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> reads_{0}, writes_{0}, read_bytes_{0}, written_bytes_{0};
   std::atomic<uint64_t> accepted_{0};
+  // Used by the accept thread only.
+  mc::limits::LogBudget refuse_log_{10000};
+  mc::limits::LogBudget accept_log_{10000};
 };
 
 }  // namespace mc::transfer::tcp

@@ -15,6 +15,7 @@
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
 #include "mc/infer/conductor_link.hpp"
+#include "mc/transfer/engine.hpp"
 
 namespace mc::infer {
 
@@ -47,6 +48,9 @@ struct DecodeDaemonConfig {
   // Transfer-engine endpoint serving the KV buffer to prefill instances: "auto" = the host of --listen with any
   // free port; "none" = publish no segment (prefill falls back to kv_write RPCs).
   std::string kv_listen = "auto";
+  // Bounds of that transfer port (transfer::EngineOptions, --xfer-max-connections, --xfer-idle-timeout-ms).
+  size_t kv_max_connections = transfer::EngineOptions{}.max_connections_served;
+  int64_t kv_idle_timeout_ms = transfer::EngineOptions{}.idle_timeout_served_ms;
   ConductorOptions conductor;
 };
 // The engine endpoint for DecodeDaemonConfig::kv_listen ("" for "none"); kInvalidArgument for a bad --listen.

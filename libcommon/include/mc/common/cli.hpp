@@ -86,6 +86,12 @@ CLI::Option* add_model_option(CLI::App& cmd, std::optional<std::string>& model);
 // --gpu: a GPU server preset (a800x8, h800x8), env MC_GPU.
 CLI::Option* add_gpu_option(CLI::App& cmd, std::string& gpu);
 
+// The bounds of a served transfer-engine tcp port (transfer::EngineOptions::max_connections_served and
+// idle_timeout_served_ms), for every daemon that serves one: --xfer-max-connections (env
+// MC_XFER_MAX_CONNECTIONS, >= 1) and --xfer-idle-timeout-ms (env MC_XFER_IDLE_TIMEOUT_MS, >= 1); the
+// variables hold the defaults.
+void add_xfer_server_flags(CLI::App& cmd, size_t& max_connections, int64_t& idle_timeout_ms);
+
 // Exit code for a Status: ok -> 0; kInvalidArgument/kOutOfRange/kMalformedMessage -> 2; else 1.
 int exit_code(const Status& status);
 // Prints "program: error: <message>" on stderr and returns exit_code(status).

@@ -12,9 +12,21 @@
 // Frame (both directions): BE u32 header_bytes, BE u32 body_bytes, msgpack proto::Header {v, type, id},
 // msgpack body. A request's reply carries its id and type "<type>.reply", or type "error" with a
 // proto::ErrorReply body. Replies come in request order; a client may pipeline (send several requests
-// before reading). Limits: header_bytes <= kMaxHeaderBytes, body_bytes <= proto::kMaxMessageBytes; a frame
-// over a limit, or an undecodable header, gets an error reply and the connection is closed (the stream
-// cannot be resynchronised). A header whose protocol version differs gets a kProtocolMismatch reply.
+// before reading). Limits: header_bytes <= kMaxHeaderBytes, body_bytes <= proto::kMaxMessageBytes (the
+// server: <= FastServerLimits::max_frame_bytes); a frame over a limit, or an undecodable header, gets an
+// error reply and the connection is closed (the stream cannot be resynchronised). A header whose protocol
+// version differs gets a kProtocolMismatch reply.
+//
+// Bounds of a server (FastServerLimits, DESIGN.md §2 "Bounds"): a frame is admitted when its 8-byte prefix
+// arrives, before its bytes are buffered: one declaring more than max_frame_bytes, or one that would take
+// the partial frames of all connections past max_buffer_bytes, is refused (error reply, connection
+// closed). A connection with more than max_conn_buffer_bytes of unsent replies is not read until they
+// drain. At max_connections (lowered to fit RLIMIT_NOFILE, limits.hpp) a new connection takes the slot of
+// the one idle longest when that one has been idle for idle_timeout_ms, else it is closed at once; a
+// connection stalled that long inside a frame is closed. Idle connections are otherwise kept (a store
+// client keeps its one connection for life). accept() failures for lack of descriptors or memory pause
+// accepting for a growing interval (10 ms doubling to 1 s). Each kind of log line a peer can trigger
+// (refused frames, refused connections, accept failures) is written at most once per 10 s.
 //
 // FastServer is driven by its owner's loop (no thread of its own). Its sockets live in one epoll set whose
 // fd (poll_fd()) is readable when any of them is ready, so the owner polls one fd (together with a ZeroMQ
@@ -38,6 +50,7 @@
 #include "mc/common/codec.hpp"
 #include "mc/common/endpoint.hpp"
 #include "mc/common/fd.hpp"
+#include "mc/common/limits.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/status.hpp"
 
@@ -45,7 +58,15 @@ namespace mc::rpc::fast {
 
 inline constexpr uint32_t kMaxHeaderBytes = 4096;
 inline constexpr size_t kPrefixBytes = 8;
-inline constexpr size_t kMaxPendingReplyBytes = 64u << 20;  // per connection, see FastServer
+
+// The bounds of a FastServer (see above); every field > 0.
+struct FastServerLimits {
+  uint64_t max_frame_bytes = 16ull << 20;        // declared body of one request frame
+  uint64_t max_conn_buffer_bytes = 64ull << 20;  // unsent replies of one connection before it is not read
+  uint64_t max_buffer_bytes = 256ull << 20;      // request bytes buffered in partial frames, all connections
+  size_t max_connections = 1024;                 // open connections (lowered to fit RLIMIT_NOFILE)
+  int64_t idle_timeout_ms = 30000;               // idle time after which a connection may lose its slot
+};
 
 // Appends one frame (prefix, header, body) to `out`; the header's type is `type` followed by `type_suffix`
 // (".reply" for a reply), written in place without a temporary.
@@ -63,6 +84,12 @@ class FrameReader {
  public:
   // Appends received bytes.
   void feed(const char* data, size_t n);
+  // Bytes of the frame at the head of the buffer as its prefix declares them (prefix, header and body),
+  // when the prefix has arrived and the frame is not complete yet; 0 otherwise.
+  uint64_t partial_frame_bytes() const;
+  // Makes room for `bytes` buffered bytes at once (a frame admitted by its prefix), so that the buffer
+  // never grows past what the frame needs.
+  void reserve(uint64_t bytes) { buf_.reserve(pos_ + bytes); }
   // The next complete frame; nullopt when more bytes are needed; an error (kMalformedMessage naming
   // `peer`) for a frame over the limits or an undecodable header (the stream is then unusable).
   Result<std::optional<Frame>> next(const std::string& peer, uint64_t max_body_bytes);
@@ -80,14 +107,19 @@ class FastServer {
   using Dispatch = std::function<Result<std::string>(std::string_view type, std::string_view body)>;
 
   // Listens on a "tcp://HOST:PORT" endpoint ("*" = every address; port 0 = any free port).
-  // kInvalidArgument for a non-tcp endpoint, kUnavailable naming the endpoint and strerror when bind fails.
-  static Result<std::unique_ptr<FastServer>> listen(const std::string& endpoint, std::string service,
-                                                    Dispatch dispatch);
+  // kInvalidArgument for a non-tcp endpoint or a limit <= 0 (naming it), kUnavailable naming the endpoint
+  // and strerror when bind fails.
+  static Result<std::unique_ptr<FastServer>> listen(const std::string& endpoint, std::string service, Dispatch dispatch,
+                                                    const FastServerLimits& limits = {});
   FastServer(const FastServer&) = delete;
   FastServer& operator=(const FastServer&) = delete;
 
   uint16_t port() const { return port_; }
   size_t connections() const { return conns_.size(); }
+  // The limits in force (max_connections after the RLIMIT_NOFILE cap).
+  const FastServerLimits& limits() const { return limits_; }
+  // Request bytes now reserved by partial frames, all connections (<= limits().max_buffer_bytes).
+  uint64_t buffered_bytes() const { return buffered_bytes_; }
 
   // The epoll fd: readable (POLLIN) while a connection or the listener is ready.
   int poll_fd() const { return epoll_fd_.get(); }
@@ -101,8 +133,12 @@ class FastServer {
   bool wait_and_handle(int timeout_ms);
   static constexpr int kMaxEvents = 256;
 
+  // refused: frames over max_frame_bytes or max_buffer_bytes; rejected: connections closed at accept
+  // (cap reached); evicted: idle connections closed for a new one or stalled inside a frame;
+  // accept_failures: accept() errors other than a connection aborted meanwhile.
   struct Counters {
     uint64_t handled = 0, errors = 0, malformed = 0, accepted = 0, closed = 0;
+    uint64_t refused = 0, rejected = 0, evicted = 0, accept_failures = 0;
   };
   const Counters& counters() const { return counters_; }
 
@@ -113,11 +149,28 @@ class FastServer {
     FrameReader reader;
     std::string out;  // replies not yet written
     size_t out_pos = 0;
-    bool closing = false;  // close once `out` is written (after a malformed frame)
-    uint32_t events = 0;   // epoll interest now registered
+    bool closing = false;        // close once `out` is written (after a malformed frame)
+    uint32_t events = 0;         // epoll interest now registered
+    uint64_t reserved = 0;       // bytes of its partial frame counted in buffered_bytes_
+    int64_t last_active_ms = 0;  // last time bytes arrived (or accept)
   };
-  FastServer(std::string service, Dispatch dispatch) : service_(std::move(service)), dispatch_(std::move(dispatch)) {}
-  void accept_all();
+  FastServer(std::string service, Dispatch dispatch, const FastServerLimits& limits)
+      : service_(std::move(service)), dispatch_(std::move(dispatch)), limits_(limits) {}
+  void accept_all(int64_t now);
+  // Accept failed with errno `err`: back off (stop polling the listener) when it is for lack of
+  // descriptors or memory; log within the budget.
+  void accept_failed(int err, int64_t now);
+  void set_listener_interest(bool on);
+  // The connection idle longest, when idle for idle_timeout_ms; nullptr otherwise.
+  Conn* idlest(int64_t now) const;
+  // Closes connections stalled inside a frame for idle_timeout_ms (checked at most once a second).
+  void sweep(int64_t now);
+  // Admits the partial frame at the head of c's buffer against the limits; false (error reply queued,
+  // closing) when it is refused.
+  bool admit(Conn& c);
+  void release(Conn& c);
+  // Logs why a connection is closed for its frames, within frame_log_'s budget.
+  void log_closing(const Status& why);
   // Registers the interest the connection needs now (EPOLLIN unless closing or backlogged; EPOLLOUT while
   // replies wait); false when epoll_ctl fails.
   bool update_interest(Conn& c);
@@ -136,6 +189,15 @@ class FastServer {
   uint16_t port_ = 0;
   std::unordered_map<Conn*, std::unique_ptr<Conn>> conns_;
   Counters counters_;
+  FastServerLimits limits_;
+  uint64_t buffered_bytes_ = 0;
+  bool listener_on_ = true;
+  int64_t accept_resume_ms_ = 0;  // while the listener is paused
+  int64_t accept_backoff_ms_ = 0;
+  int64_t next_sweep_ms_ = 0;
+  mc::limits::LogBudget accept_log_{10000};
+  mc::limits::LogBudget reject_log_{10000};
+  mc::limits::LogBudget frame_log_{10000};
 };
 
 class FastClient {

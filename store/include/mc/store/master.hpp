@@ -23,6 +23,7 @@
 #include <string>
 
 #include "mc/common/clock.hpp"
+#include "mc/common/fast_rpc.hpp"
 #include "mc/common/metrics.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/store/master_core.hpp"
@@ -35,6 +36,7 @@ struct MasterOptions {
   // Fast path (plain TCP frames, no ZeroMQ I/O threads; announced by store.info): "tcp://HOST:PORT";
   // empty: the host of `listen` on a free port; "off": none (clients then use `listen` only).
   std::string fast_listen;
+  rpc::fast::FastServerLimits fast_limits;  // bounds of the fast path (fast_rpc.hpp)
   MasterConfig config;
   int tick_ms = 100;  // period of liveness / eviction / delayed-free checks
 };

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "mc/common/status.hpp"
+#include "mc/transfer/engine.hpp"
 
 namespace mc::store {
 
@@ -39,6 +40,9 @@ struct NodeOptions {
   int heartbeat_ms = 1000;
   bool shm = true;       // DRAM in a memfd that same-host engines map (else tcp only)
   bool prefault = true;  // commit the DRAM at start (else on first write, in the put path)
+  // Bounds of the served transfer port (transfer::EngineOptions, --xfer-max-connections, --xfer-idle-timeout-ms).
+  size_t xfer_max_connections = transfer::EngineOptions{}.max_connections_served;
+  int64_t xfer_idle_timeout_ms = transfer::EngineOptions{}.idle_timeout_served_ms;
 };
 
 Status run_node(const NodeOptions& options);

@@ -101,9 +101,15 @@ struct EngineOptions {
   uint64_t shm_parallel_min_bytes = 2 << 20;       // shm requests at least this long are split over threads
   uint64_t max_region_bytes = 0;                   // split registrations into regions of at most this (0: no limit)
   uint64_t max_slice_bytes_served = 256ull << 20;  // server rejects larger single ops
-  bool trace_slices = false;                       // fill RequestStatus::slices
-  std::shared_ptr<SegmentDirectory> directory;     // null: peer-to-peer
-  const Clock* clock = nullptr;                    // null: RealClock (quarantine timing)
+  // The served tcp port's bounds (DESIGN.md §2 "Bounds"): at most this many open connections (lowered to
+  // fit RLIMIT_NOFILE, mc/common/limits.hpp); a connection that sends nothing for idle_timeout_served_ms
+  // is closed (clients close theirs after idle_connection_ms, below it by default), except one that set
+  // up an rdma queue pair, which lives as long as it.
+  size_t max_connections_served = 1024;
+  int64_t idle_timeout_served_ms = 120000;
+  bool trace_slices = false;                    // fill RequestStatus::slices
+  std::shared_ptr<SegmentDirectory> directory;  // null: peer-to-peer
+  const Clock* clock = nullptr;                 // null: RealClock (quarantine timing)
 };
 
 // A registered range as published: where it sits in this engine's segment.

@@ -25,6 +25,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -47,6 +48,9 @@ struct Window {
 // The rows of `reader` inside `window`, in order (a strict reader's first error is returned). The live
 // replay and analyze() both select rows with it, so they see the same window.
 Result<std::vector<trace::Request>> read_window(trace::Reader& reader, const Window& window);
+// The error of every command given a trace window without a valid row (kInvalidArgument: exit 2, like
+// any bad input): "no request to <action>: <source> has no valid row in the window (...)".
+Status empty_window_error(std::string_view action, const std::string& source_name);
 
 struct AnalyzeOptions {
   trace::ReaderOptions reader;  // mode, trace block size, source name
