@@ -169,5 +169,61 @@ TEST(StoreProtocol, Info) {
   EXPECT_EQ(std::string(StoreInfoRequest::kType), "store.info");
 }
 
+// Issue 17: checksums, object tables, re-reports, corrupt replicas, SSD faults and the master's epoch.
+TEST(StoreProtocol, FaultMessagesKeepTheirFields) {
+  StorePutEndRequest end{"c", {"a", "b"}, {1, 2}, {0xfedcba9876543210ULL, 7}};
+  EXPECT_EQ(round_trip(end).checksums, (std::vector<uint64_t>{0xfedcba9876543210ULL, 7}));
+  StoreGetItem item;
+  item.checksum = ~0ULL;
+  EXPECT_EQ(round_trip(item).checksum, ~0ULL);
+  StoreDemoteTask task{1, "k", "n/dram", 0, "n/ssd", 64, 100, 99};
+  EXPECT_EQ(round_trip(task).checksum, 99u);
+  StoreDemoteResult done{3, false, static_cast<uint16_t>(400 + 3), "No space left on device"};
+  EXPECT_EQ(round_trip(done).code, 403u);
+  EXPECT_EQ(round_trip(done).message, "No space left on device");
+  StoreNodeHeartbeatReply beat;
+  beat.changes.push_back({true, "n/dram", 4096, "k", 100, 5});
+  beat.changes.push_back({false, "n/dram", 0, "", 0, 0});
+  beat.more = true;
+  beat.report = true;
+  auto b = round_trip(beat);
+  ASSERT_EQ(b.changes.size(), 2u);
+  EXPECT_TRUE(b.changes[0].present);
+  EXPECT_EQ(b.changes[0].offset_bytes, 4096u);
+  EXPECT_EQ(b.changes[0].checksum, 5u);
+  EXPECT_FALSE(b.changes[1].present);
+  EXPECT_TRUE(b.more && b.report);
+  StoreNodeReportRequest rep{"n", "n/dram", {{"k", 1ULL << 40, 3, 4}}, true, false};
+  auto r = round_trip(rep);
+  ASSERT_EQ(r.objects.size(), 1u);
+  EXPECT_EQ(r.objects[0].offset_bytes, 1ULL << 40);
+  EXPECT_TRUE(r.first);
+  EXPECT_FALSE(r.last);
+  EXPECT_EQ(round_trip(StoreNodeReportReply{2, {64, 128}}).refused_offsets, (std::vector<uint64_t>{64, 128}));
+  EXPECT_EQ(round_trip(StoreReportCorruptRequest{"c", "k", "n/dram", 640}).offset_bytes, 640u);
+  StoreMountRequest m{"n1", "n1/dram", "h1", "r", "cpu", 1 << 20, "tcp://h:1", "h:2", 0, true};
+  EXPECT_TRUE(round_trip(m).restore);
+  EXPECT_EQ(round_trip(StoreInfoReply{1, "mc-store master", 1ULL << 63}).epoch, 1ULL << 63);
+  StoreStatReply st;
+  st.corrupt_replicas = 1;
+  st.suspect_nodes = 2;
+  st.returned_nodes = 3;
+  st.reported_replicas = 4;
+  st.refused_reports = 5;
+  st.ssd_failures = 6;
+  StoreSegmentStat seg;
+  seg.suspect = true;
+  seg.read_only = true;
+  st.segments.push_back(seg);
+  auto s = round_trip(st);
+  EXPECT_EQ(s.corrupt_replicas + s.suspect_nodes + s.returned_nodes + s.reported_replicas + s.refused_reports +
+                s.ssd_failures,
+            21u);
+  ASSERT_EQ(s.segments.size(), 1u);
+  EXPECT_TRUE(s.segments[0].suspect && s.segments[0].read_only);
+  EXPECT_EQ(std::string(StoreNodeReportRequest::kType), "store.node_report");
+  EXPECT_EQ(std::string(StoreReportCorruptRequest::kType), "store.report_corrupt");
+}
+
 }  // namespace
 }  // namespace mc::proto
