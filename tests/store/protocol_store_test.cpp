@@ -22,10 +22,11 @@ TEST(StoreProtocol, ReplicaAndMount) {
   EXPECT_EQ(r.xfer_segment, "127.0.0.1:6");
   EXPECT_EQ(r.xfer_offset_bytes, (1ULL << 40) + 4096);
   EXPECT_EQ(r.domain, "rack1");
-  StoreMountRequest m{"n1", "n1/ssd", "h1", "rack2", "disk", 5ULL << 30, "tcp://h:1", "", 0};
+  StoreMountRequest m{"n1", "n1/ssd", "h1", "rack2", "disk", 5ULL << 30, "tcp://h:1", "", 0, false};
   EXPECT_EQ(round_trip(m).capacity_bytes, 5ULL << 30);
   EXPECT_EQ(round_trip(m).medium, "disk");
-  StoreMountRequest dram{"n1", "n1/dram", "h1", "rack2", "cpu", 1ULL << 33, "tcp://h:1", "10.0.0.1:4000", 1ULL << 36};
+  StoreMountRequest dram{"n1",        "n1/dram",       "h1",       "rack2", "cpu", 1ULL << 33,
+                         "tcp://h:1", "10.0.0.1:4000", 1ULL << 36, false};
   EXPECT_EQ(round_trip(dram).xfer_segment, "10.0.0.1:4000");
   EXPECT_EQ(round_trip(dram).xfer_base_offset_bytes, 1ULL << 36);
   EXPECT_EQ(round_trip(StoreUnmountRequest{"n1", "n1/dram"}).segment, "n1/dram");
@@ -33,12 +34,12 @@ TEST(StoreProtocol, ReplicaAndMount) {
 }
 
 TEST(StoreProtocol, HeartbeatsAndDemotion) {
-  StoreNodeHeartbeatRequest hb{"n1", {{7, true}, {8, false}}};
+  StoreNodeHeartbeatRequest hb{"n1", {{7, true, 0, ""}, {8, false, 403, "full"}}};
   auto b = round_trip(hb);
   ASSERT_EQ(b.done.size(), 2u);
   EXPECT_TRUE(b.done[0].ok);
   EXPECT_EQ(b.done[1].task_id, 8u);
-  StoreNodeHeartbeatReply r{{StoreDemoteTask{3, "k", "n1/dram", 64, "n1/ssd", 128, 4096}}, {}};
+  StoreNodeHeartbeatReply r{{StoreDemoteTask{3, "k", "n1/dram", 64, "n1/ssd", 128, 4096, 0}}, {}, {}, false, false};
   auto rb = round_trip(r);
   ASSERT_EQ(rb.tasks.size(), 1u);
   EXPECT_EQ(rb.tasks[0].dst_offset_bytes, 128u);
@@ -72,7 +73,7 @@ TEST(StoreProtocol, PutMessages) {
   auto prb = round_trip(pr);
   EXPECT_EQ(prb.items[0].put_id, 42u);
   EXPECT_EQ(prb.items[1].code, 401);
-  EXPECT_EQ(round_trip(StorePutEndRequest{"c1", {"a"}, {42}}).put_ids[0], 42u);
+  EXPECT_EQ(round_trip(StorePutEndRequest{"c1", {"a"}, {42}, {1}}).put_ids[0], 42u);
   EXPECT_EQ(round_trip(StorePutRevokeRequest{"c1", {"a"}, {43}}).put_ids[0], 43u);
   StoreItemsReply ir{{0, 400}, {"", "not found"}};
   EXPECT_EQ(round_trip(ir).messages[1], "not found");
@@ -103,7 +104,8 @@ TEST(StoreProtocol, ListingStatAndData) {
   EXPECT_TRUE(lsb.truncated);
   EXPECT_TRUE(lsb.objects[0].leased);
   StoreStatReply st;
-  st.segments.push_back(StoreSegmentStat{"n1/dram", "n1", "h", "r", "cpu", 100, 50, 40, 0.2, 3, 1, 9, 2, 1});
+  st.segments.push_back(
+      StoreSegmentStat{"n1/dram", "n1", "h", "r", "cpu", 100, 50, 40, 0.2, 3, 1, 9, 2, 1, false, false});
   st.misses = 5;
   st.last_event_id = 99;
   st.pending_free_bytes = 4096;
@@ -163,7 +165,7 @@ TEST(StoreProtocol, IllTypedFieldFailsDecode) {
 
 TEST(StoreProtocol, Info) {
   EXPECT_EQ(round_trip(StoreInfoRequest{"client-7"}).client_id, "client-7");
-  StoreInfoReply r = round_trip(StoreInfoReply{40123, "mc-store master"});
+  StoreInfoReply r = round_trip(StoreInfoReply{40123, "mc-store master", 0});
   EXPECT_EQ(r.fast_port, 40123u);
   EXPECT_EQ(r.service, "mc-store master");
   EXPECT_EQ(std::string(StoreInfoRequest::kType), "store.info");

@@ -423,7 +423,7 @@ TEST_F(StoreE2E, StaleWriterIsTakenOverAndItsLatePutEndRefused) {
   // waiting out that period is what this step tests, so it is a sleep, not a wait on a condition.
   std::this_thread::sleep_for(std::chrono::milliseconds(1600));
   ASSERT_TRUE(c2->put("K", data2).is_ok());  // step 4
-  proto::StorePutEndRequest late{"C1", {"K"}, {g1->items[0].put_id}};
+  proto::StorePutEndRequest late{"C1", {"K"}, {g1->items[0].put_id}, {0}};
   auto le = c1->call(late);
   ASSERT_TRUE(le.is_ok());
   EXPECT_EQ(le->codes[0], static_cast<uint16_t>(Code::kFailedPrecondition));  // step 5
@@ -450,7 +450,8 @@ TEST_F(StoreE2E, MasterIsTheTransferEnginesSegmentDirectory) {
   future.format_version = proto::kSegmentDescriptorVersion + 1;
   EXPECT_EQ(r->call(proto::PublishSegmentRequest{future}).status().code(), Code::kProtocolMismatch);
   // A cpu segment whose engine segment was never published cannot be mounted (clients could not reach it).
-  proto::StoreMountRequest m{"ghost", "ghost/dram", "h", "d", "cpu", 1 << 20, "tcp://127.0.0.1:1", "127.0.0.1:3", 0};
+  proto::StoreMountRequest m{"ghost", "ghost/dram",        "h",           "d", "cpu",
+                             1 << 20, "tcp://127.0.0.1:1", "127.0.0.1:3", 0,   false};
   EXPECT_EQ(r->call(m).status().code(), Code::kNotFound);
   // Another engine may use the master as its directory too.
   future.format_version = proto::kSegmentDescriptorVersion;
@@ -498,10 +499,10 @@ TEST_F(StoreE2E, ClientHeartbeatKeepsAnIdleWriterAndADeadOnesPutIsReclaimed) {
   auto st = stat();
   EXPECT_EQ(st.reclaimed_puts, 1u);
   EXPECT_EQ(st.processing, 1u);  // L is still being written
-  auto le = r->call(proto::StorePutEndRequest{"dead", {"D"}, {dead_put}});
+  auto le = r->call(proto::StorePutEndRequest{"dead", {"D"}, {dead_put}, {0}});
   ASSERT_TRUE(le.is_ok());
   EXPECT_EQ(le->codes[0], static_cast<uint16_t>(Code::kFailedPrecondition));
-  auto ok = r->call(proto::StorePutEndRequest{"live", {"L"}, {live_put}});
+  auto ok = r->call(proto::StorePutEndRequest{"live", {"L"}, {live_put}, {0}});
   ASSERT_TRUE(ok.is_ok());
   EXPECT_EQ(ok->codes[0], 0) << (ok->messages.empty() ? "" : ok->messages[0]);
   EXPECT_TRUE(live->exists({"L"}).value().at(0));
@@ -950,15 +951,23 @@ TEST_F(StoreE2E, PausedNodeIsSuspectThenComesBackWithItsCache) {
   // The node's object table follows the master's heartbeat replies.
   ASSERT_TRUE(
       testkit::wait_until([&] { return node_gauge(node_rpc_["n2"], "mc_store_node_objects_known") == 20; }, 5000, 50));
-  const uint64_t used_before = find_segment(stat(), prefix_ + "n2/dram")->used_bytes;
+  const proto::StoreStatReply before = stat();
+  ASSERT_NE(find_segment(before, prefix_ + "n2/dram"), nullptr);
+  const uint64_t used_before = find_segment(before, prefix_ + "n2/dram")->used_bytes;
   n2->signal(SIGSTOP);
-  ASSERT_TRUE(testkit::wait_until([&] { return stat().suspect_nodes == 1; }, 5000, 50)) << "n2 never suspect";
+  auto n2_suspect = [&] {
+    const proto::StoreStatReply now = stat();
+    const proto::StoreSegmentStat* g = find_segment(now, prefix_ + "n2/dram");
+    return g != nullptr && g->suspect;
+  };
+  ASSERT_TRUE(testkit::wait_until(n2_suspect, 5000, 50)) << "n2 never suspect";
   auto c = client("reader");
   std::vector<std::byte> buf(64 * 1024);
   EXPECT_EQ(c->get("n2/dram/0", buf).status().code(), Code::kObjectNotFound);  // not offered ...
   proto::StoreStatReply during = stat();
   EXPECT_EQ(during.objects, 40u);  // ... but kept
   EXPECT_EQ(during.dead_nodes, 0u);
+  ASSERT_NE(find_segment(during, prefix_ + "n2/dram"), nullptr);
   EXPECT_TRUE(find_segment(during, prefix_ + "n2/dram")->suspect);
   EXPECT_TRUE(c->get("n1/dram/0", buf).is_ok());
   n2->signal(SIGCONT);
@@ -969,11 +978,13 @@ TEST_F(StoreE2E, PausedNodeIsSuspectThenComesBackWithItsCache) {
     ASSERT_TRUE(n.is_ok()) << i << ": " << n.status().to_string();
     EXPECT_EQ(buf, blobs[20 + i]) << i;
   }
+  // (A loaded machine may delay n1's heartbeats too: it would be suspect for a moment and come back likewise.)
+  ASSERT_TRUE(testkit::wait_until([&] { return stat().suspect_nodes == 0; }, 5000, 50));
   proto::StoreStatReply after = stat();
   EXPECT_EQ(after.dead_nodes, 0u);
-  EXPECT_EQ(after.suspect_nodes, 0u);
-  EXPECT_EQ(after.returned_nodes, 1u);
-  EXPECT_EQ(after.reported_replicas, 20u);
+  EXPECT_GE(after.returned_nodes, 1u);
+  EXPECT_GE(after.reported_replicas, 20u);
+  ASSERT_NE(find_segment(after, prefix_ + "n2/dram"), nullptr);
   EXPECT_EQ(find_segment(after, prefix_ + "n2/dram")->used_bytes, used_before);
   // Field report 20: 20 new puts without a preference spread over both nodes (fair share 10, margin 2).
   auto w = client("spread");
@@ -1015,7 +1026,7 @@ TEST_F(StoreE2E, MasterKilledAndRestartedRebuildsThePoolFromTheNodes) {
   ASSERT_TRUE(testkit::wait_until([&] { return stat().objects == 20; }, 10000, 50))
       << "objects after the restart: " << stat().objects;
   proto::StoreStatReply st = stat();
-  EXPECT_EQ(st.reported_replicas, 20u);
+  EXPECT_GE(st.reported_replicas, 20u);
   EXPECT_EQ(st.refused_reports, 0u);
   EXPECT_EQ(st.nodes, 2u);
   // The surviving client: its first call may fail on the broken fast connection; then every key reads right.
@@ -1155,9 +1166,19 @@ TEST_F(StoreE2E, VanishedSsdDirectoryIsDetectedAndItsObjectsDropped) {
   ASSERT_TRUE(testkit::wait_until([&] { return find_segment(stat(), prefix_ + "n1/ssd") == nullptr; }, 5000, 50))
       << "the SSD segment is still mounted after its directory vanished";
   EXPECT_EQ(node_gauge(node_rpc, "mc_store_node_ssd_lost"), 1.0);
+  // Demotions cut short by the unmount leave DRAM above the high watermark until the next tick evicts: wait
+  // for that, so that the counts below do not move under the reads.
+  ASSERT_TRUE(testkit::wait_until(
+      [&] {
+        const proto::StoreStatReply now = stat();
+        const proto::StoreSegmentStat* dram = find_segment(now, prefix_ + "n1/dram");
+        return dram != nullptr && dram->used_bytes <= dram->capacity_bytes * 9 / 10;
+      },
+      5000, 50));
   proto::StoreStatReply st = stat();
   EXPECT_LT(st.objects, 24u);  // the SSD-only objects are gone from the metadata
   int held = 0;
+  std::string misses;
   for (int i = 0; i < 24; ++i) {
     std::vector<std::byte> buf(blobs[i].size());
     auto n = c->get("v/" + std::to_string(i), buf);
@@ -1166,9 +1187,10 @@ TEST_F(StoreE2E, VanishedSsdDirectoryIsDetectedAndItsObjectsDropped) {
       EXPECT_EQ(buf, blobs[i]) << i;
     } else {
       EXPECT_EQ(n.status().code(), Code::kObjectNotFound) << i << ": " << n.status().to_string();
+      misses += n.status().message() + "\n";
     }
   }
-  EXPECT_EQ(static_cast<uint64_t>(held), st.objects);
+  EXPECT_EQ(static_cast<uint64_t>(held), st.objects) << misses;
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(c->put("after/" + std::to_string(i), blobs[i]).is_ok()) << i;
 }
 
