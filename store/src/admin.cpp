@@ -116,7 +116,9 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
                       {"leased_objects", g.leased_objects},
                       {"hits", g.hits},
                       {"evictions", g.evictions},
-                      {"demotions", g.demotions}});
+                      {"demotions", g.demotions},
+                      {"suspect", g.suspect},
+                      {"read_only", g.read_only}});
     }
     nlohmann::json j{{"segments", segs},
                      {"objects", s.objects},
@@ -137,16 +139,23 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
                      {"last_event_id", s.last_event_id},
                      {"pinned_objects", s.pinned_objects},
                      {"pinned_bytes", s.pinned_bytes},
-                     {"expired_pins", s.expired_pins}};
+                     {"expired_pins", s.expired_pins},
+                     {"corrupt_replicas", s.corrupt_replicas},
+                     {"suspect_nodes", s.suspect_nodes},
+                     {"returned_nodes", s.returned_nodes},
+                     {"reported_replicas", s.reported_replicas},
+                     {"refused_reports", s.refused_reports},
+                     {"ssd_failures", s.ssd_failures}};
     out << j.dump() << '\n';
     return Status::ok();
   }
   std::vector<std::vector<std::string>> rows = {{"segment", "medium", "domain", "capacity(MiB)", "used(MiB)", "objects",
-                                                 "leased", "hits", "evictions", "demotions", "frag"}};
+                                                 "leased", "hits", "evictions", "demotions", "frag", "state"}};
   for (const auto& g : s.segments) {
+    const std::string state = g.suspect ? "suspect" : g.read_only ? "read-only" : "ok";
     rows.push_back({g.segment, g.medium, g.domain, mib(g.capacity_bytes), mib(g.used_bytes), std::to_string(g.objects),
                     std::to_string(g.leased_objects), std::to_string(g.hits), std::to_string(g.evictions),
-                    std::to_string(g.demotions), report::fixed(g.fragmentation, 2)});
+                    std::to_string(g.demotions), report::fixed(g.fragmentation, 2), state});
   }
   report::print_table(out, rows);
   out << "objects " << s.objects << " (writing " << s.processing << "), nodes " << s.nodes << ", hits " << s.hits
@@ -154,6 +163,9 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
       << ", reclaimed puts " << s.reclaimed_puts << ", hot copies " << s.hot_replications << ", dead nodes "
       << s.dead_nodes << ", pinned " << s.pinned_objects << " (" << s.pinned_bytes << " bytes, expired soft pins "
       << s.expired_pins << ")\n";
+  out << "faults: corrupt replicas " << s.corrupt_replicas << ", suspect nodes " << s.suspect_nodes
+      << ", returned nodes " << s.returned_nodes << ", reported replicas " << s.reported_replicas
+      << ", refused reports " << s.refused_reports << ", SSD failures " << s.ssd_failures << "\n";
   return Status::ok();
 }
 

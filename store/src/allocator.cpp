@@ -48,6 +48,30 @@ Result<uint64_t> OffsetAllocator::allocate(uint64_t size_bytes) {
   return offset;
 }
 
+Status OffsetAllocator::allocate_at(uint64_t offset, uint64_t size_bytes) {
+  const uint64_t need = rounded(size_bytes);
+  if (size_bytes == 0 || need == 0 || offset % alignment_ != 0 || offset > capacity_ || need > capacity_ - offset) {
+    return Status(Code::kInvalidArgument, "range [" + std::to_string(offset) + ", +" + std::to_string(size_bytes) +
+                                              ") is not an aligned range inside the segment of " +
+                                              std::to_string(capacity_) + " bytes");
+  }
+  auto it = free_by_offset_.upper_bound(offset);
+  if (it == free_by_offset_.begin()) {
+    return Status(Code::kNoSpace, "range at offset " + std::to_string(offset) + " overlaps an allocated one");
+  }
+  --it;
+  const uint64_t start = it->first, size = it->second;
+  if (offset + need > start + size) {
+    return Status(Code::kNoSpace, "range at offset " + std::to_string(offset) + " overlaps an allocated one");
+  }
+  erase_free(it);
+  if (offset > start) insert_free(start, offset - start);
+  if (start + size > offset + need) insert_free(offset + need, start + size - offset - need);
+  allocated_.emplace(offset, need);
+  used_ += need;
+  return Status::ok();
+}
+
 Status OffsetAllocator::free(uint64_t offset) {
   auto a = allocated_.find(offset);
   if (a == allocated_.end()) {

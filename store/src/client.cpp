@@ -15,6 +15,7 @@
 #include "mc/common/fast_rpc.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
+#include "mc/store/checksum.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/transfer/engine.hpp"
 
@@ -56,7 +57,10 @@ class Client::Impl {
   ClientOptions options;
   std::unique_ptr<rpc::RpcClient> master;
   std::unique_ptr<rpc::fast::FastClient> fast_master;  // the master's fast path when it offers one (fast_rpc.hpp)
-  std::unique_ptr<rpc::AsyncClient> nodes;             // to the nodes' RPC endpoints (SSD replicas)
+  static constexpr int64_t kFastRetryMs = 1000;        // a lost fast path is looked for again this often
+  bool fast_lost = false;                              // the fast path failed: connect_fast is tried again
+  int64_t next_fast_attempt_ms = 0;
+  std::unique_ptr<rpc::AsyncClient> nodes;  // to the nodes' RPC endpoints (SSD replicas)
   std::shared_ptr<MasterSegmentDirectory> directory;
   std::unique_ptr<transfer::TransferEngine> engine;     // after directory: destroyed first
   std::map<uintptr_t, uint64_t> registered;             // engine registrations: start -> length
@@ -133,6 +137,11 @@ class Client::Impl {
   // write-behind commits that arrive before this call's own are collected on the way.
   template <typename Req>
   Result<typename Req::Reply> call_master(const Req& req) {
+    if (fast_lost && steady_ms() >= next_fast_attempt_ms) {
+      // Back to the fast path after it failed (a restarted master offers a new one): at most once a second.
+      next_fast_attempt_ms = steady_ms() + kFastRetryMs;
+      connect_fast();
+    }
     if (fast_master) {
       ++counters.master_calls_fast;
       Result<typename Req::Reply> r = fast_master->call(req, options.rpc_timeout_ms, on_other_reply);
@@ -143,11 +152,14 @@ class Client::Impl {
     return master->call(req, options.rpc_timeout_ms);
   }
 
-  // The fast connection failed: drop it (later calls use ZeroMQ) and report the commits still waiting on it.
+  // The fast connection failed: drop it (later calls use ZeroMQ until connect_fast succeeds again, tried
+  // at most every kFastRetryMs) and report the commits still waiting on it.
   void fast_failed(const Status& why) {
     MC_LOG_WARN << "client " << options.client_id << ": fast path to the master failed (" << why.to_string()
-                << "); using " << options.master << " from now on";
+                << "); using " << options.master << " until the fast path answers again";
     fast_master.reset();
+    fast_lost = true;
+    next_fast_attempt_ms = steady_ms() + kFastRetryMs;
     std::deque<PendingCommit> lost = std::move(pending_commits);
     pending_commits.clear();
     for (const PendingCommit& pc : lost) {
@@ -248,6 +260,8 @@ class Client::Impl {
       return;
     }
     fast_master = std::move(c).value();
+    if (fast_lost) MC_LOG_INFO << "client " << options.client_id << ": back on the fast path of " << options.master;
+    fast_lost = false;
   }
 
   // Is [p, p+n) inside one engine registration?
@@ -473,6 +487,17 @@ class Client::Impl {
       std::vector<size_t> again;
       for (Job& j : jobs) {
         const size_t i = j.item;
+        if (j.status.is_ok() && object_checksum(outs[i].first(items[i]->size_bytes)) != items[i]->checksum) {
+          // Bytes that differ from what was put: never returned; the master drops the replica.
+          ++counters.corrupt_replicas;
+          j.status = Status(Code::kObjectNotFound, "replica of '" + keys[i] + "' on " + j.replica->segment +
+                                                       " failed its checksum (dropped): treated as a miss");
+          MC_LOG_WARN << "client " << options.client_id << ": " << j.status.message();
+          auto r = call_master(proto::StoreReportCorruptRequest{options.client_id, keys[i], j.replica->segment,
+                                                                j.replica->offset_bytes});
+          if (!r.is_ok())
+            MC_LOG_DEBUG << "corrupt replica of '" << keys[i] << "' not reported: " << r.status().to_string();
+        }
         if (j.status.is_ok()) {
           out[i] = Status::ok();
           continue;
@@ -481,6 +506,8 @@ class Client::Impl {
         ++counters.replica_fallbacks;
         if (++next[i] < items[i]->replicas.size()) {
           again.push_back(i);
+        } else if (j.status.code() == Code::kObjectNotFound) {
+          out[i] = j.status;  // the last replica was corrupt: a miss (the caller recomputes)
         } else {
           out[i] = Status(Code::kUnavailable, "every replica of '" + keys[i] + "' failed; last: " + j.status.message());
         }
@@ -676,6 +703,7 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
     if (out[i].is_ok()) {
       end.keys.push_back(items[i].key);
       end.put_ids.push_back(g.put_id);
+      end.checksums.push_back(object_checksum(items[i].data));
       end_index.push_back(i);
     } else {
       revoke.keys.push_back(items[i].key);

@@ -23,7 +23,7 @@ inline proto::StoreReplica to_wire(const ReplicaView& v) {
 
 inline proto::StoreDemoteTask to_wire(const DemoteTask& t) {
   return proto::StoreDemoteTask{t.task_id,     t.key,        t.src_segment, t.src_offset,
-                                t.dst_segment, t.dst_offset, t.size_bytes};
+                                t.dst_segment, t.dst_offset, t.size_bytes,  t.checksum};
 }
 
 }  // namespace mc::store

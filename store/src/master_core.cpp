@@ -78,6 +78,56 @@ void MasterCore::emit(const char* type, const std::string& key, const std::strin
   events_.push_back(std::move(e));
 }
 
+bool MasterCore::offered(const Replica& r) const {
+  if (!r.complete) return false;
+  auto seg = segments_.find(r.segment);
+  return seg != segments_.end() && !seg->second.offline;
+}
+
+bool MasterCore::any_offered(const Object& obj) const {
+  return std::any_of(obj.replicas.begin(), obj.replicas.end(), [&](const Replica& r) { return offered(r); });
+}
+
+void MasterCore::set_offline(Node& node, bool offline) {
+  for (const std::string& name : node.segments) {
+    auto seg = segments_.find(name);
+    if (seg != segments_.end()) seg->second.offline = offline;
+  }
+}
+
+void MasterCore::journal(const std::string& segment, uint64_t offset, bool present, const std::string& key,
+                         const Object* obj) {
+  auto seg = segments_.find(segment);
+  if (seg == segments_.end()) return;
+  auto node = nodes_.find(seg->second.info.node_id);
+  if (node == nodes_.end()) return;
+  proto::StoreNodeObjectChange c;
+  c.present = present;
+  c.segment = segment;
+  c.offset_bytes = offset;
+  if (present && obj != nullptr) {
+    c.key = key;
+    c.size_bytes = obj->size_bytes;
+    c.checksum = obj->checksum;
+  }
+  node->second.journal.push_back(std::move(c));
+}
+
+bool MasterCore::drop_replica(ObjectMap::iterator it, size_t index) {
+  Object& obj = it->second;
+  const Replica r = obj.replicas[index];
+  if (r.complete && obj.complete) emit(proto::kKvEventRemoved, it->first, r.segment);
+  if (r.demote_task) demotions_.erase(r.demote_task);
+  obj.replicas.erase(obj.replicas.begin() + static_cast<std::ptrdiff_t>(index));
+  release_replica(r, obj.size_bytes, true);  // a reader may still be copying from it
+  if (obj.complete &&
+      std::none_of(obj.replicas.begin(), obj.replicas.end(), [](const Replica& x) { return x.complete; })) {
+    discard_object(it, true, false);
+    return true;
+  }
+  return false;
+}
+
 std::vector<proto::KvEvent> MasterCore::take_events() {
   std::vector<proto::KvEvent> out;
   out.swap(events_);
@@ -88,7 +138,7 @@ std::vector<proto::KvEvent> MasterCore::take_events() {
 // Segments and nodes
 // ---------------------------------------------------------------------------------------------
 
-Status MasterCore::mount_segment(const SegmentInfo& info) {
+Status MasterCore::mount_segment(const SegmentInfo& info, bool restore) {
   if (info.name.empty() || info.node_id.empty()) {
     return Status(Code::kInvalidArgument, "mount: segment name and node id must be set");
   }
@@ -106,9 +156,21 @@ Status MasterCore::mount_segment(const SegmentInfo& info) {
     MC_LOG_INFO << "segment " << info.name << " re-mounted by " << info.node_id << ": its old replicas are dropped";
     drop_segment(info.name);
   }
+  auto known = nodes_.find(info.node_id);
+  if (known != nodes_.end() && (known->second.suspect || known->second.reporting)) {
+    // A suspect node that mounts again was restarted: whatever it held (DRAM and SSD alike) is gone.
+    MC_LOG_INFO << "suspect node " << info.node_id << " mounts again (restarted): its old segments are dropped";
+    std::vector<std::string> old = known->second.segments;
+    for (const std::string& name : old) drop_segment(name);
+    known->second.segments.clear();
+    known->second.journal.clear();
+    known->second.suspect = known->second.reporting = false;
+  }
   Segment seg;
   seg.info = info;
   seg.alloc = std::make_unique<OffsetAllocator>(info.capacity_bytes, config_.alignment_bytes);
+  seg.restoring = restore;
+  seg.offline = restore;
   segments_.emplace(info.name, std::move(seg));
   Node& node = nodes_[info.node_id];
   node.last_heartbeat_ns = clock_->now_ns();
@@ -186,6 +248,10 @@ void MasterCore::drop_segment(const std::string& segment) {
     events_.push_back(std::move(e));
     auto node = nodes_.find(seg->second.info.node_id);
     if (node != nodes_.end()) {
+      auto& changes = node->second.journal;
+      changes.erase(std::remove_if(changes.begin(), changes.end(),
+                                   [&](const proto::StoreNodeObjectChange& c) { return c.segment == segment; }),
+                    changes.end());
       auto& tasks = node->second.tasks;
       tasks.erase(
           std::remove_if(tasks.begin(), tasks.end(),
@@ -205,19 +271,170 @@ void MasterCore::drop_node(const std::string& node_id) {
   ++counters_.dead_nodes;
 }
 
-Result<std::vector<DemoteTask>> MasterCore::node_heartbeat(const std::string& node_id) {
+Result<NodeBeat> MasterCore::node_heartbeat(const std::string& node_id) {
   auto node = nodes_.find(node_id);
   if (node == nodes_.end()) {
     return Status(Code::kNotFound,
                   "node '" + node_id + "' is not known to the master (declared dead or never mounted): mount again");
   }
-  node->second.last_heartbeat_ns = clock_->now_ns();
-  std::vector<DemoteTask> tasks(node->second.tasks.begin(), node->second.tasks.end());
-  node->second.tasks.clear();
-  return tasks;
+  Node& n = node->second;
+  const int64_t now = clock_->now_ns();
+  if (n.suspect) {
+    MC_LOG_INFO << "suspect storage node " << node_id << " is back after " << (now - n.last_heartbeat_ns) / kNsPerMs
+                << " ms of silence: asking it to re-report its objects";
+    n.suspect = false;
+    n.reporting = true;
+    n.reported_segments.clear();
+  }
+  n.last_heartbeat_ns = now;
+  NodeBeat beat;
+  beat.tasks.assign(n.tasks.begin(), n.tasks.end());
+  n.tasks.clear();
+  const size_t take = std::min<size_t>(n.journal.size(), proto::kStoreMaxBatch);
+  beat.changes.assign(std::make_move_iterator(n.journal.begin()),
+                      std::make_move_iterator(n.journal.begin() + static_cast<std::ptrdiff_t>(take)));
+  n.journal.erase(n.journal.begin(), n.journal.begin() + static_cast<std::ptrdiff_t>(take));
+  beat.more = !n.journal.empty();
+  beat.report = n.reporting;
+  return beat;
 }
 
-Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, bool ok) {
+Result<proto::StoreNodeReportReply> MasterCore::node_report(const std::string& node_id, const std::string& segment,
+                                                            const std::vector<proto::StoreNodeObject>& objects,
+                                                            bool first, bool last) {
+  auto node = nodes_.find(node_id);
+  auto seg_it = segments_.find(segment);
+  if (node == nodes_.end() || seg_it == segments_.end() || seg_it->second.info.node_id != node_id) {
+    return Status(Code::kNotFound, "node_report: node '" + node_id + "' has no segment '" + segment +
+                                       "' at this master: mount it first");
+  }
+  Segment& seg = seg_it->second;
+  for (const proto::StoreNodeObject& o : objects) {
+    MC_RETURN_IF_ERROR(validate_key(o.key).with_context("node_report of " + segment));
+    if (o.size_bytes == 0 || o.size_bytes > config_.max_object_bytes || o.offset_bytes > seg.info.capacity_bytes ||
+        o.size_bytes > seg.info.capacity_bytes - o.offset_bytes) {
+      return Status(Code::kInvalidArgument, "node_report of " + segment + ": object '" + o.key + "' of " +
+                                                std::to_string(o.size_bytes) + " bytes at offset " +
+                                                std::to_string(o.offset_bytes) + " does not fit the segment");
+    }
+  }
+  if (first) {
+    seg.reported.clear();
+    seg.report_open = true;
+  }
+  if (!seg.report_open) {
+    return Status(Code::kFailedPrecondition,
+                  "node_report of " + segment + ": no report round is open (send a page with first)");
+  }
+  proto::StoreNodeReportReply reply;
+  const int64_t now = clock_->now_ns();
+  for (const proto::StoreNodeObject& o : objects) {
+    auto it = objects_.find(o.key);
+    bool ok = false;
+    if (it != objects_.end()) {
+      Object& obj = it->second;
+      auto r = std::find_if(obj.replicas.begin(), obj.replicas.end(),
+                            [&](const Replica& x) { return x.segment == segment && x.offset == o.offset_bytes; });
+      const bool same = obj.complete && obj.size_bytes == o.size_bytes && obj.checksum == o.checksum;
+      if (r != obj.replicas.end()) {
+        ok = same && r->complete;
+      } else if (same && seg.restoring && obj.replicas.size() < config_.max_replicas &&
+                 std::none_of(obj.replicas.begin(), obj.replicas.end(),
+                              [&](const Replica& x) { return segments_.at(x.segment).info.node_id == node_id; }) &&
+                 seg.alloc->allocate_at(o.offset_bytes, o.size_bytes).is_ok()) {
+        Replica nr;
+        nr.segment = segment;
+        nr.offset = o.offset_bytes;
+        nr.complete = true;
+        nr.started_ns = now;
+        obj.replicas.push_back(nr);
+        ++seg.replicas;
+        emit(proto::kKvEventStored, o.key, segment);
+        ok = true;
+      }
+    } else if (seg.restoring && seg.alloc->allocate_at(o.offset_bytes, o.size_bytes).is_ok()) {
+      Object obj;
+      obj.size_bytes = o.size_bytes;
+      obj.checksum = o.checksum;
+      obj.complete = true;
+      obj.put_id = next_put_id_++;
+      obj.started_ns = obj.last_access_ns = now;
+      Replica nr;
+      nr.segment = segment;
+      nr.offset = o.offset_bytes;
+      nr.complete = true;
+      nr.started_ns = now;
+      obj.replicas.push_back(nr);
+      ++seg.replicas;
+      objects_.emplace(o.key, std::move(obj));
+      emit(proto::kKvEventStored, o.key, segment);
+      ok = true;
+    }
+    if (ok) {
+      seg.reported.insert(o.offset_bytes);
+      ++reply.accepted;
+    } else {
+      reply.refused_offsets.push_back(o.offset_bytes);
+    }
+  }
+  counters_.reported_replicas += reply.accepted;
+  counters_.refused_reports += reply.refused_offsets.size();
+  if (!last) return reply;
+  // The round is complete: replicas of this segment that the node did not confirm are gone.
+  uint64_t dropped = 0;
+  for (auto it = objects_.begin(); it != objects_.end();) {
+    auto next = std::next(it);  // drop_replica may erase `it` (only it)
+    for (size_t i = 0; i < it->second.replicas.size();) {
+      const Replica& r = it->second.replicas[i];
+      if (r.segment == segment && r.complete && !seg.reported.count(r.offset)) {
+        ++dropped;
+        if (drop_replica(it, i)) break;
+        continue;
+      }
+      ++i;
+    }
+    it = next;
+  }
+  seg.report_open = false;
+  seg.restoring = false;
+  seg.reported.clear();
+  MC_LOG_INFO << "segment " << segment << " of node " << node_id << " re-reported: " << reply.accepted
+              << " replicas in the last page, " << dropped << " unconfirmed replicas dropped";
+  Node& n = node->second;
+  n.reported_segments.insert(segment);
+  const bool all = std::all_of(n.segments.begin(), n.segments.end(),
+                               [&](const std::string& name) { return n.reported_segments.count(name) > 0; });
+  if (n.reporting && all) {
+    n.reporting = false;
+    set_offline(n, false);
+    ++counters_.returned_nodes;
+    MC_LOG_INFO << "storage node " << node_id << " re-reported every segment: its replicas are offered again";
+  } else if (!n.reporting && !n.suspect) {
+    seg.offline = false;  // a restored segment (master restart)
+  }
+  return reply;
+}
+
+Status MasterCore::report_corrupt(const std::string& key, const std::string& segment, uint64_t offset) {
+  MC_RETURN_IF_ERROR(validate_key(key));
+  auto it = objects_.find(key);
+  if (it != objects_.end()) {
+    auto& reps = it->second.replicas;
+    for (size_t i = 0; i < reps.size(); ++i) {
+      if (reps[i].segment != segment || reps[i].offset != offset || !reps[i].complete) continue;
+      MC_LOG_WARN << "replica of '" << key << "' on " << segment << " at offset " << offset
+                  << " failed its checksum: dropped";
+      ++counters_.corrupt_replicas;
+      drop_replica(it, i);
+      return Status::ok();
+    }
+  }
+  return Status(Code::kObjectNotFound, "report_corrupt: object '" + key + "' has no complete replica on " + segment +
+                                           " at offset " + std::to_string(offset) + " (already dropped?)");
+}
+
+Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, bool ok, Code code,
+                               const std::string& message) {
   auto t = demotions_.find(task_id);
   if (t == demotions_.end() || t->second.first != node_id) {
     return Status(Code::kNotFound,
@@ -232,13 +449,36 @@ Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, boo
                           [&](const Replica& r) { return r.demote_task == task_id; });
   if (dst == obj.replicas.end()) return Status::ok();
   if (!ok) {
+    const std::string dst_segment = dst->segment;
     release_replica(*dst, obj.size_bytes, false);
     obj.replicas.erase(dst);
+    auto dseg = segments_.find(dst_segment);
+    if ((code == Code::kNoSpace || code == Code::kIo) && dseg != segments_.end() && !dseg->second.read_only) {
+      dseg->second.read_only = true;
+      ++counters_.ssd_failures;
+      MC_LOG_WARN << "SSD segment " << dst_segment << " of node " << node_id
+                  << " is read-only from now on: demotion of '" << key << "' failed (" << message
+                  << "); DRAM victims are evicted instead";
+    }
+    if (code == Code::kDataLoss) {
+      for (size_t i = 0; i < obj.replicas.size(); ++i) {
+        auto s = segments_.find(obj.replicas[i].segment);
+        if (s == segments_.end() || s->second.info.node_id != node_id || s->second.info.medium != Medium::kCpu ||
+            !obj.replicas[i].complete) {
+          continue;
+        }
+        MC_LOG_WARN << "replica of '" << key << "' on " << s->first << " failed its checksum before demotion: dropped";
+        ++counters_.corrupt_replicas;
+        drop_replica(it, i);
+        break;
+      }
+    }
     return Status::ok();
   }
   dst->demote_task = 0;
   dst->complete = true;
   std::string dst_segment = dst->segment;
+  journal(dst_segment, dst->offset, true, key, &obj);
   emit(proto::kKvEventStored, key, dst_segment);
   // The DRAM source goes, unless it is leased right now (it then stays until a later eviction) or was pinned
   // while the copy ran (a pin keeps its DRAM copy; the SSD one stays as a second replica).
@@ -271,6 +511,7 @@ void MasterCore::release_replica(const Replica& r, uint64_t size_bytes, bool del
   auto seg = segments_.find(r.segment);
   if (seg == segments_.end()) return;
   if (seg->second.replicas > 0) --seg->second.replicas;
+  if (r.complete) journal(r.segment, r.offset, false);
   if (delayed && config_.free_delay_ms > 0) {
     pending_frees_.push_back({r.segment, r.offset, size_bytes, clock_->now_ns() + config_.free_delay_ms * kNsPerMs});
     return;
@@ -313,7 +554,7 @@ std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, 
     }
   }
   auto fits = [&](const Segment& s) {
-    return s.info.medium == Medium::kCpu && s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes);
+    return s.info.medium == Medium::kCpu && !s.offline && s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes);
   };
   auto take = [&](const std::string& name) {
     const Segment& s = segments_.at(name);
@@ -354,14 +595,17 @@ std::string MasterCore::find_disk_segment(const std::string& node_id, uint64_t s
   if (node == nodes_.end()) return "";
   for (const std::string& name : node->second.segments) {
     const Segment& s = segments_.at(name);
-    if (s.info.medium == Medium::kDisk && s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes)) return name;
+    if (s.info.medium == Medium::kDisk && !s.read_only && !s.offline &&
+        s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes)) {
+      return name;
+    }
   }
   return "";
 }
 
 uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_bytes, uint64_t need_contiguous_bytes) {
   auto seg_it = segments_.find(segment);
-  if (seg_it == segments_.end()) return 0;
+  if (seg_it == segments_.end() || seg_it->second.offline) return 0;  // a suspect node's replicas are kept
   Segment& seg = seg_it->second;
   // Bytes already on their way out (demotions in flight) count as gone.
   uint64_t leaving = 0;
@@ -413,7 +657,7 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
       Segment& dseg = segments_.at(disk);
       Result<uint64_t> off = dseg.alloc->allocate(obj.size_bytes);
       if (off.is_ok()) {
-        DemoteTask task{next_task_id_++, key, segment, r->offset, disk, off.value(), obj.size_bytes};
+        DemoteTask task{next_task_id_++, key, segment, r->offset, disk, off.value(), obj.size_bytes, obj.checksum};
         Replica dst;
         dst.segment = disk;
         dst.offset = off.value();
@@ -561,7 +805,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
   return grant;
 }
 
-Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_t put_id) {
+Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_t put_id, uint64_t checksum) {
   MC_RETURN_IF_ERROR(validate_key(key));
   touch_client(caller.client_id);
   auto it = objects_.find(key);
@@ -573,9 +817,11 @@ Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_
   }
   Object& obj = it->second;
   obj.complete = true;
+  obj.checksum = checksum;
   obj.last_access_ns = clock_->now_ns();
   for (Replica& r : obj.replicas) {
     r.complete = true;
+    journal(r.segment, r.offset, true, key, &obj);
     emit(proto::kKvEventStored, key, r.segment);
   }
   ++counters_.puts;
@@ -606,16 +852,18 @@ Result<ReadGrant> MasterCore::get_replicas(const Caller& caller, const std::stri
   int64_t now = clock_->now_ns();
   std::vector<std::pair<int, const Replica*>> ranked;
   for (const Replica& r : obj.replicas) {
-    if (!r.complete) continue;
+    if (!offered(r)) continue;
     ranked.emplace_back(rank_for(caller, segments_.at(r.segment)), &r);
   }
   if (ranked.empty()) {
     ++counters_.misses;
-    return Status(Code::kObjectNotFound, "object '" + key + "' has no complete replica");
+    return Status(Code::kObjectNotFound,
+                  "object '" + key + "' has no replica offered now (its nodes are suspect or re-reporting)");
   }
   std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   ReadGrant grant;
   grant.size_bytes = obj.size_bytes;
+  grant.checksum = obj.checksum;
   for (const auto& [rank, r] : ranked) grant.replicas.push_back(view(*r, obj.size_bytes));
   grant.lease_ms = config_.lease_ms;
   obj.lease_until_ns = std::max(obj.lease_until_ns, now + config_.lease_ms * kNsPerMs);
@@ -704,6 +952,7 @@ Status MasterCore::replica_end(const Caller& caller, const std::string& key, uin
       if (r->put_id != put_id || r->complete || r->demote_task || !obj.complete) continue;
       if (ok) {
         r->complete = true;
+        journal(r->segment, r->offset, true, key, &obj);
         emit(proto::kKvEventStored, key, r->segment);
       } else {
         release_replica(*r, obj.size_bytes, true);
@@ -719,7 +968,7 @@ Status MasterCore::replica_end(const Caller& caller, const std::string& key, uin
 
 bool MasterCore::exists(const std::string& key) const {
   auto it = objects_.find(key);
-  return it != objects_.end() && it->second.complete;
+  return it != objects_.end() && it->second.complete && any_offered(it->second);
 }
 
 uint64_t MasterCore::match_prefix(const std::vector<std::string>& keys) const {
@@ -836,6 +1085,8 @@ MasterStats MasterCore::stat(bool scan_objects) const {
     st.demotions = seg.demotions;
     st.largest_free_bytes = seg.alloc->largest_free_bytes();
     st.fragmentation = seg.alloc->fragmentation();
+    st.suspect = seg.offline;
+    st.read_only = seg.read_only;
     s.segments.push_back(std::move(st));
   }
   for (const PendingFree& p : pending_frees_) s.pending_free_bytes += p.size_bytes;
@@ -846,20 +1097,33 @@ MasterStats MasterCore::stat(bool scan_objects) const {
     s.pinned_bytes += it->second.size_bytes;
   }
   s.nodes = nodes_.size();
+  for (const auto& [id, node] : nodes_) s.suspect_nodes += node.suspect || node.reporting ? 1 : 0;
   s.clients = clients_.size();
   return s;
 }
 
 void MasterCore::tick() {
   int64_t now = clock_->now_ns();
-  // Nodes that missed their heartbeats are dead: all their replicas leave at once.
+  // Nodes that missed their heartbeats are suspect (replicas kept, not offered); after the grace period
+  // they are dead: all their replicas leave at once.
   std::vector<std::string> dead;
-  for (const auto& [id, node] : nodes_) {
-    if (now - node.last_heartbeat_ns > config_.node_ttl_ms * kNsPerMs) dead.push_back(id);
+  for (auto& [id, node] : nodes_) {
+    const int64_t silent_ns = now - node.last_heartbeat_ns;
+    if (silent_ns <= config_.node_ttl_ms * kNsPerMs) continue;
+    if (config_.node_grace_ms <= 0 || silent_ns > (config_.node_ttl_ms + config_.node_grace_ms) * kNsPerMs) {
+      dead.push_back(id);
+    } else if (!node.suspect) {
+      MC_LOG_WARN << "storage node " << id << " missed its heartbeats for " << config_.node_ttl_ms
+                  << " ms: suspect, its replicas are kept but not offered for " << config_.node_grace_ms << " ms";
+      node.suspect = true;
+      node.reporting = false;
+      set_offline(node, true);
+    }
   }
   for (const std::string& id : dead) {
-    MC_LOG_INFO << "storage node " << id << " missed its heartbeats for " << config_.node_ttl_ms
-                << " ms: dropping its segments and replicas";
+    MC_LOG_INFO << "storage node " << id << " missed its heartbeats for "
+                << config_.node_ttl_ms + std::max<int64_t>(config_.node_grace_ms, 0)
+                << " ms: dead, dropping its segments and replicas";
     drop_node(id);
   }
   // Dead clients: forget them; their unfinished puts are reclaimed below.

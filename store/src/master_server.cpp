@@ -1,6 +1,7 @@
 #include "mc/store/master.hpp"
 
 #include <chrono>
+#include <random>
 
 #include "convert.hpp"
 #include "mc/common/daemon.hpp"
@@ -36,6 +37,7 @@ struct MasterServer::Impl {
   std::unique_ptr<rpc::EventPublisher> events;
   metrics::Registry registry;
   SegmentRegistry directory;  // the transfer engine's segment directory
+  const uint64_t epoch = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);  // store.info
 
   Impl(const MasterOptions& o, const Clock* c) : options(o), clock(c), core(o.config, c) {}
 
@@ -59,6 +61,12 @@ struct MasterServer::Impl {
     registry.gauge("mc_store_pinned_objects", "objects pinned (never evicted)")
         .set(static_cast<double>(s.pinned_objects));
     registry.gauge("mc_store_pinned_bytes", "bytes of pinned objects").set(static_cast<double>(s.pinned_bytes));
+    registry.gauge("mc_store_corrupt_replicas_total", "replicas dropped: bytes failed the checksum")
+        .set(static_cast<double>(s.corrupt_replicas));
+    registry.gauge("mc_store_suspect_nodes", "nodes that missed heartbeats, within the grace period")
+        .set(static_cast<double>(s.suspect_nodes));
+    registry.gauge("mc_store_ssd_failures_total", "SSD segments made read-only by ENOSPC/EIO")
+        .set(static_cast<double>(s.ssd_failures));
     uint64_t cap = 0, used = 0;
     for (const auto& seg : s.segments) {
       cap += seg.info.capacity_bytes;
@@ -122,10 +130,11 @@ void MasterServer::Impl::register_handlers() {
                              .with_context("mount of " + req.segment +
                                            ": publish the transfer-engine segment (xfer.publish_segment) first"));
     }
-    MC_RETURN_IF_ERROR(core.mount_segment(info));
+    MC_RETURN_IF_ERROR(core.mount_segment(info, req.restore));
     sync_directory();
     MC_LOG_INFO << "mounted segment " << req.segment << " (" << req.medium << ", " << req.capacity_bytes
-                << " bytes) of node " << req.node_id << " at " << req.endpoint;
+                << " bytes) of node " << req.node_id << " at " << req.endpoint
+                << (req.restore ? " (restoring: the node re-reports its objects)" : "");
     publish_events();
     return StoreAck{};
   });
@@ -139,11 +148,17 @@ void MasterServer::Impl::register_handlers() {
       });
   server->handle<StoreNodeHeartbeatRequest>(
       [this](const StoreNodeHeartbeatRequest& req, const rpc::CallContext&) -> Result<StoreNodeHeartbeatReply> {
-        MC_ASSIGN_OR_RETURN(std::vector<DemoteTask> tasks, core.node_heartbeat(req.node_id));
-        for (const StoreDemoteResult& d : req.done) (void)core.demote_done(req.node_id, d.task_id, d.ok);
+        MC_RETURN_IF_ERROR(check_batch(req.done.size(), "node_heartbeat done"));
+        MC_ASSIGN_OR_RETURN(NodeBeat beat, core.node_heartbeat(req.node_id));
+        for (const StoreDemoteResult& d : req.done) {
+          (void)core.demote_done(req.node_id, d.task_id, d.ok, static_cast<Code>(d.code), d.message);
+        }
         publish_events();
         StoreNodeHeartbeatReply reply;
-        for (const DemoteTask& t : tasks) reply.tasks.push_back(to_wire(t));
+        for (const DemoteTask& t : beat.tasks) reply.tasks.push_back(to_wire(t));
+        reply.changes = std::move(beat.changes);
+        reply.more = beat.more;
+        reply.report = beat.report;
         for (const SegmentStats& g : core.stat(false).segments) {
           if (g.info.node_id != req.node_id) continue;
           reply.segments.push_back({g.info.name, std::string(medium_name(g.info.medium)), g.info.capacity_bytes,
@@ -183,11 +198,14 @@ void MasterServer::Impl::register_handlers() {
   server->handle<StorePutEndRequest>(
       [this](const StorePutEndRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
-        if (req.put_ids.size() != req.keys.size())
-          return Status(Code::kInvalidArgument, "put_end: keys and put_ids differ in length");
+        if (req.put_ids.size() != req.keys.size() || req.checksums.size() != req.keys.size()) {
+          return Status(Code::kInvalidArgument, "put_end: " + std::to_string(req.keys.size()) + " keys but " +
+                                                    std::to_string(req.put_ids.size()) + " put_ids and " +
+                                                    std::to_string(req.checksums.size()) + " checksums");
+        }
         StoreItemsReply reply;
         for (size_t i = 0; i < req.keys.size(); ++i)
-          add_item(reply, core.put_end({req.client_id, "", ""}, req.keys[i], req.put_ids[i]));
+          add_item(reply, core.put_end({req.client_id, "", ""}, req.keys[i], req.put_ids[i], req.checksums[i]));
         publish_events();
         return reply;
       });
@@ -213,6 +231,7 @@ void MasterServer::Impl::register_handlers() {
           StoreGetItem item;
           if (g.is_ok()) {
             item.size_bytes = g->size_bytes;
+            item.checksum = g->checksum;
             item.lease_ms = g->lease_ms;
             for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
             if (g->replicate_to) {
@@ -305,6 +324,8 @@ void MasterServer::Impl::register_handlers() {
             w.hits = g.hits;
             w.evictions = g.evictions;
             w.demotions = g.demotions;
+            w.suspect = g.suspect;
+            w.read_only = g.read_only;
             r.segments.push_back(std::move(w));
           }
         }
@@ -326,6 +347,12 @@ void MasterServer::Impl::register_handlers() {
         r.pinned_objects = s.pinned_objects;
         r.pinned_bytes = s.pinned_bytes;
         r.expired_pins = s.expired_pins;
+        r.corrupt_replicas = s.corrupt_replicas;
+        r.suspect_nodes = s.suspect_nodes;
+        r.returned_nodes = s.returned_nodes;
+        r.reported_replicas = s.reported_replicas;
+        r.refused_reports = s.refused_reports;
+        r.ssd_failures = s.ssd_failures;
         r.last_event_id = events ? events->last_event_id() : 0;
         return r;
       });
@@ -341,8 +368,22 @@ void MasterServer::Impl::register_handlers() {
         return GetSegmentReply{std::move(d)};
       });
   server->handle<StoreInfoRequest>([this](const StoreInfoRequest&, const rpc::CallContext&) -> Result<StoreInfoReply> {
-    return StoreInfoReply{fast_server ? fast_server->port() : 0u, "mc-store master"};
+    return StoreInfoReply{fast_server ? fast_server->port() : 0u, "mc-store master", epoch};
   });
+  server->handle<StoreReportCorruptRequest>(
+      [this](const StoreReportCorruptRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+        MC_RETURN_IF_ERROR(core.report_corrupt(req.key, req.segment, req.offset_bytes));
+        publish_events();
+        return StoreAck{};
+      });
+  server->handle<StoreNodeReportRequest>(
+      [this](const StoreNodeReportRequest& req, const rpc::CallContext&) -> Result<StoreNodeReportReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.objects.size(), "node_report"));
+        MC_ASSIGN_OR_RETURN(StoreNodeReportReply reply,
+                            core.node_report(req.node_id, req.segment, req.objects, req.first, req.last));
+        publish_events();
+        return reply;
+      });
   server->serve_stat(&registry);
 }
 

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -19,6 +21,7 @@
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/common/units.hpp"
+#include "mc/store/checksum.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"
@@ -112,6 +115,14 @@ class SsdSegment {
     std::free(bounce_);
   }
   bool direct() const { return direct_; }
+  const std::string& path() const { return path_; }
+  // False once the file is no longer reachable under its path (the directory was removed or replaced).
+  bool still_there() const {
+    struct stat by_path {
+    }, by_fd{};
+    if (::stat(path_.c_str(), &by_path) != 0 || fstat(fd_, &by_fd) != 0) return false;
+    return by_path.st_ino == by_fd.st_ino && by_path.st_dev == by_fd.st_dev;
+  }
 
   Status write(uint64_t offset, const std::byte* data, uint64_t len) {
     if (!direct_) return full_io(true, offset, const_cast<std::byte*>(data), len);
@@ -153,9 +164,10 @@ class SsdSegment {
                         : pread(fd_, buf + done, len - done, static_cast<off_t>(offset + done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        return Status(Code::kIo, std::string(write ? "pwrite" : "pread") + " of " + path_ + " at " +
-                                     std::to_string(offset + done) + ": " +
-                                     (n == 0 ? "end of file" : errno_text(errno)));
+        // A full file system is kNoSpace (the master then stops demoting here), any other failure kIo.
+        return Status(n < 0 && errno == ENOSPC ? Code::kNoSpace : Code::kIo,
+                      std::string(write ? "pwrite" : "pread") + " of " + path_ + " at " +
+                          std::to_string(offset + done) + ": " + (n == 0 ? "end of file" : errno_text(errno)));
       }
       done += static_cast<uint64_t>(n);
     }
@@ -185,6 +197,7 @@ class Node {
     if (opt_.prefault) MC_RETURN_IF_ERROR(dram_->prefault());
     if (!opt_.ssd_dir.empty()) {
       if (opt_.ssd_bytes == 0) return Status(Code::kInvalidArgument, "--ssd-dir needs --ssd-bytes > 0");
+      MC_RETURN_IF_ERROR(check_ssd_space());
       MC_ASSIGN_OR_RETURN(ssd_,
                           SsdSegment::create(opt_.ssd_dir + "/mc-store-" + opt_.node_id + ".ssd", opt_.ssd_bytes));
       MC_LOG_INFO << "SSD segment in " << opt_.ssd_dir
@@ -215,7 +228,25 @@ class Node {
     return mount();
   }
 
-  Status mount() {
+  // --ssd-bytes must fit the free space of --ssd-dir: the SSD file is sparse, so a tier larger than the file
+  // system would only fail later, demotion by demotion (refused here; DESIGN.md §8 disks).
+  Status check_ssd_space() const {
+    struct statvfs fs {};
+    if (statvfs(opt_.ssd_dir.c_str(), &fs) != 0) {
+      return Status(Code::kInvalidArgument, "--ssd-dir " + opt_.ssd_dir + ": " + errno_text(errno));
+    }
+    const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * static_cast<uint64_t>(fs.f_frsize);
+    if (opt_.ssd_bytes > free_bytes) {
+      return Status(Code::kInvalidArgument, "--ssd-bytes " + std::to_string(opt_.ssd_bytes) +
+                                                " exceeds the free space of --ssd-dir " + opt_.ssd_dir + " (" +
+                                                std::to_string(free_bytes) +
+                                                " bytes free): lower --ssd-bytes or free space there");
+    }
+    return Status::ok();
+  }
+
+  // restore: the master restarted; mount the segments as restoring and re-report their objects.
+  Status mount(bool restore = false) {
     // Publish the engine's descriptor first: the master refuses a cpu segment it cannot direct peers to.
     MC_RETURN_IF_ERROR(directory_->publish(engine_->local_descriptor()));
     proto::StoreMountRequest m;
@@ -228,6 +259,7 @@ class Node {
     m.capacity_bytes = dram_->size();
     m.xfer_segment = engine_->segment_name();
     m.xfer_base_offset_bytes = dram_xfer_offset_;
+    m.restore = restore;
     MC_RETURN_IF_ERROR(master_->call(m).status());
     if (ssd_) {
       m.segment = ssd_name();
@@ -237,6 +269,43 @@ class Node {
       m.xfer_base_offset_bytes = 0;
       MC_RETURN_IF_ERROR(master_->call(m).status());
     }
+    // The master's incarnation: told "unknown node" later, the node compares it to learn whether the
+    // master restarted (re-report) or declared it dead (start empty).
+    auto info = master_->call(proto::StoreInfoRequest{opt_.node_id});
+    if (info.is_ok()) master_epoch_ = info->epoch;
+    if (restore) return report_all();
+    return Status::ok();
+  }
+
+  // Re-reports every segment's objects in pages (store.node_report); forgets the ones the master refuses.
+  Status report_all() {
+    std::vector<std::string> names = {dram_name()};
+    if (ssd_) names.push_back(ssd_name());
+    uint64_t accepted = 0, refused = 0;
+    for (const std::string& name : names) {
+      auto& table = tables_[name];
+      std::vector<proto::StoreNodeObject> all;
+      all.reserve(table.size());
+      for (const auto& [offset, o] : table) all.push_back(o);
+      for (size_t at = 0; at < all.size() || at == 0; at += proto::kStoreMaxBatch) {
+        proto::StoreNodeReportRequest req;
+        req.node_id = opt_.node_id;
+        req.segment = name;
+        const size_t end = std::min<size_t>(all.size(), at + proto::kStoreMaxBatch);
+        req.objects.assign(all.begin() + static_cast<std::ptrdiff_t>(std::min(at, all.size())),
+                           all.begin() + static_cast<std::ptrdiff_t>(end));
+        req.first = at == 0;
+        req.last = end >= all.size();
+        auto reply = master_->call(req);
+        if (!reply.is_ok()) return reply.status().with_context("re-reporting " + name + " to " + opt_.master);
+        accepted += reply->accepted;
+        refused += reply->refused_offsets.size();
+        for (uint64_t off : reply->refused_offsets) table.erase(off);
+        if (req.last) break;
+      }
+    }
+    MC_LOG_INFO << "node " << opt_.node_id << " re-reported its objects: " << accepted << " kept, " << refused
+                << " refused";
     return Status::ok();
   }
 
@@ -259,8 +328,8 @@ class Node {
     while (!daemon::stop_requested()) {
       MC_RETURN_IF_ERROR(server_->poll_once(20));
       if (steady_ms() >= next_hb) {
-        heartbeat();
-        next_hb = steady_ms() + (done_.empty() ? opt_.heartbeat_ms : 0);
+        const bool more = heartbeat();
+        next_hb = steady_ms() + (more ? 0 : opt_.heartbeat_ms);
       }
     }
     unmount();
@@ -271,27 +340,71 @@ class Node {
   std::string dram_name() const { return opt_.node_id + "/dram"; }
   std::string ssd_name() const { return opt_.node_id + "/ssd"; }
 
-  void heartbeat() {
+  // Returns true when the master has more for the node at once (queued table changes, demotion results).
+  bool heartbeat() {
+    check_ssd();
     proto::StoreNodeHeartbeatRequest hb{opt_.node_id, done_};
     auto reply = master_->call(hb, std::max(500, opt_.heartbeat_ms));
     if (!reply.is_ok()) {
-      if (reply.status().code() == Code::kNotFound) {
-        MC_LOG_WARN << "master forgot node " << opt_.node_id << " (declared dead): mounting again, empty";
-        done_.clear();
-        Status s = mount();
-        if (!s.is_ok()) MC_LOG_WARN << "re-mount failed: " << s.to_string();
-      } else {
+      if (reply.status().code() == Code::kNotFound)
+        rejoin();
+      else
         MC_LOG_WARN << "heartbeat to " << opt_.master << " failed: " << reply.status().to_string();
-      }
-      return;
+      return false;
     }
     done_.clear();
+    for (const proto::StoreNodeObjectChange& c : reply->changes) {
+      auto& table = tables_[c.segment];
+      if (c.present) {
+        table[c.offset_bytes] = proto::StoreNodeObject{c.key, c.offset_bytes, c.size_bytes, c.checksum};
+      } else {
+        table.erase(c.offset_bytes);
+      }
+    }
+    if (reply->report) {
+      Status s = report_all();
+      if (!s.is_ok()) MC_LOG_WARN << "re-report failed (asked again next heartbeat): " << s.to_string();
+    }
     for (const auto& t : reply->tasks) {
-      const bool ok = demote(t).is_ok();
-      (ok ? demotions_ : demotion_failures_).inc();
-      done_.push_back({t.task_id, ok});
+      Status s = demote(t);
+      (s.is_ok() ? demotions_ : demotion_failures_).inc();
+      done_.push_back({t.task_id, s.is_ok(), static_cast<uint16_t>(s.code()), s.is_ok() ? "" : s.message()});
     }
     usage_ = reply->segments;
+    return reply->more || !done_.empty();
+  }
+
+  // The master does not know this node: it restarted (another epoch: mount restoring and re-report the
+  // objects) or declared the node dead after its grace period (mount empty).
+  void rejoin() {
+    done_.clear();
+    auto info = master_->call(proto::StoreInfoRequest{opt_.node_id});
+    const bool restarted = info.is_ok() && master_epoch_ != 0 && info->epoch != master_epoch_;
+    size_t held = 0;
+    for (const auto& [name, table] : tables_) held += table.size();
+    if (restarted && held > 0) {
+      MC_LOG_WARN << "master " << opt_.master << " restarted: mounting again and re-reporting " << held << " objects";
+    } else {
+      MC_LOG_WARN << "master forgot node " << opt_.node_id << " (declared dead): mounting again, empty";
+      tables_.clear();
+    }
+    Status s = mount(restarted && held > 0);
+    if (!s.is_ok()) MC_LOG_WARN << "re-mount failed: " << s.to_string();
+  }
+
+  // A vanished SSD directory (or file) is detected here: the tier is unmounted at the master (its objects
+  // leave the metadata) and the node goes on with DRAM only.
+  void check_ssd() {
+    if (!ssd_ || ssd_->still_there()) return;
+    MC_LOG_ERROR << "SSD file " << ssd_->path() << " is gone (was --ssd-dir " << opt_.ssd_dir
+                 << " removed?): unmounting the SSD tier; its " << tables_[ssd_name()].size()
+                 << " objects leave the pool";
+    proto::StoreUnmountRequest u{opt_.node_id, ssd_name()};
+    Status s = master_->call(u, 1000).status();
+    if (!s.is_ok()) MC_LOG_WARN << "unmount of " << ssd_name() << " failed: " << s.to_string();
+    tables_.erase(ssd_name());
+    ssd_.reset();
+    ssd_lost_ = true;
   }
 
   // The node's `stat`: capacities, the master's view of usage (last heartbeat), the SSD RPCs and demotions
@@ -316,6 +429,14 @@ class Node {
       gauge(prefix + "_objects", medium + " replicas held (master's view at the last heartbeat)", u.objects);
       gauge(prefix + "_hits_total", "reads whose nearest replica was on this " + medium + " segment", u.hits);
     }
+    size_t known = 0;
+    for (const auto& [name, table] : tables_) known += table.size();
+    gauge("mc_store_node_objects_known",
+          "objects in the node's table (re-reported after a suspect spell or a "
+          "master restart)",
+          known);
+    gauge("mc_store_node_ssd_read_only", "1 once a demotion hit ENOSPC or EIO", ssd_read_only_ ? 1 : 0);
+    gauge("mc_store_node_ssd_lost", "1 once the SSD file vanished (tier unmounted)", ssd_lost_ ? 1 : 0);
     transfer::export_served_metrics(engine_->stats(), registry_);
   }
 
@@ -325,8 +446,17 @@ class Node {
       MC_LOG_WARN << "demotion task " << t.task_id << " of '" << t.key << "' does not fit this node's segments";
       return Status(Code::kInvalidArgument, "bad demotion task");
     }
-    Status s = ssd_->write(t.dst_offset_bytes, dram_->base() + t.src_offset_bytes, t.size_bytes);
-    if (!s.is_ok()) MC_LOG_WARN << "demotion of '" << t.key << "' failed: " << s.to_string();
+    const std::byte* src = dram_->base() + t.src_offset_bytes;
+    if (object_checksum({src, t.size_bytes}) != t.checksum) {
+      MC_LOG_WARN << "demotion of '" << t.key << "': its DRAM bytes fail the checksum; not copied";
+      return Status(Code::kDataLoss, "DRAM replica of '" + t.key + "' fails its checksum");
+    }
+    Status s = ssd_->write(t.dst_offset_bytes, src, t.size_bytes);
+    if (!s.is_ok()) {
+      MC_LOG_WARN << "demotion of '" << t.key << "' failed: " << s.to_string()
+                  << (ssd_read_only_ ? "" : " (the master makes the SSD tier read-only)");
+      ssd_read_only_ = ssd_read_only_ || s.code() == Code::kNoSpace || s.code() == Code::kIo;
+    }
     return s;
   }
 
@@ -383,7 +513,12 @@ class Node {
   uint64_t dram_xfer_offset_ = 0;
   std::vector<proto::StoreDemoteResult> done_;
   std::vector<proto::StoreNodeSegmentUsage> usage_;  // the master's view of our segments (last heartbeat)
-  metrics::Registry registry_;                       // answered by `stat` (update_metrics first)
+  // The node's objects per segment, offset -> (key, size, checksum): the master's changes, applied in order.
+  std::map<std::string, std::map<uint64_t, proto::StoreNodeObject>> tables_;
+  uint64_t master_epoch_ = 0;  // store.info epoch of the master mounted at
+  bool ssd_read_only_ = false;
+  bool ssd_lost_ = false;
+  metrics::Registry registry_;  // answered by `stat` (update_metrics first)
   metrics::Counter& ssd_reads_ = registry_.counter("mc_store_node_ssd_reads_total", "store.node.read RPCs served");
   metrics::Counter& ssd_writes_ = registry_.counter("mc_store_node_ssd_writes_total", "store.node.write RPCs served");
   metrics::Counter& ssd_read_bytes_ =

@@ -35,7 +35,7 @@ class FakeMaster {
     fast_ = std::move(fs).value();
     zmq_->handle<proto::StoreInfoRequest>(
         [this](const proto::StoreInfoRequest&, const rpc::CallContext&) -> Result<proto::StoreInfoReply> {
-          return proto::StoreInfoReply{fast_port_, "fake master"};
+          return proto::StoreInfoReply{fast_port_, "fake master", 0};
         });
     fast_port_ = fast_->port();
     thread_ = std::thread([this] { loop(); });

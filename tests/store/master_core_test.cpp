@@ -37,6 +37,7 @@ class MasterCoreTest : public ::testing::Test {
     c.put_takeover_ms = 5000;
     c.free_delay_ms = 2000;
     c.client_ttl_ms = 60000;
+    c.node_grace_ms = 0;  // dead at the TTL (the suspect state has tests of its own)
     return c;
   }
   void mount3() {
@@ -53,8 +54,16 @@ class MasterCoreTest : public ::testing::Test {
     auto g = core_.put_start({client, "", ""}, key, size, o);
     EXPECT_TRUE(g.is_ok()) << g.status().to_string();
     if (!g.is_ok()) return {};
-    EXPECT_TRUE(core_.put_end({client, "", ""}, key, g->put_id).is_ok());
+    EXPECT_TRUE(core_.put_end({client, "", ""}, key, g->put_id, 0).is_ok());
     return g.value();
+  }
+  // put_start + put_end into `core` (checksum 0), the first replica preferably on `pref`.
+  void put_into(MasterCore& core, const std::string& key, const std::string& pref, uint64_t size = 4096) {
+    PutOptions o;
+    o.preferred_segment = pref;
+    auto g = core.put_start({"c", "", ""}, key, size, o);
+    ASSERT_TRUE(g.is_ok()) << key << ": " << g.status().to_string();
+    ASSERT_TRUE(core.put_end({"c", "", ""}, key, g->put_id, 0).is_ok());
   }
   void heartbeat_all() {
     for (const char* n : {"n1", "n2", "n3"}) (void)core_.node_heartbeat(n);
@@ -76,7 +85,7 @@ TEST_F(MasterCoreTest, PutIsInvisibleUntilPutEnd) {
   ASSERT_EQ(g->replicas.size(), 1u);
   EXPECT_FALSE(core_.exists("a"));
   EXPECT_EQ(core_.get_replicas({"c2", "", ""}, "a").status().code(), Code::kObjectNotFound);
-  ASSERT_TRUE(core_.put_end({"c1", "", ""}, "a", g->put_id).is_ok());
+  ASSERT_TRUE(core_.put_end({"c1", "", ""}, "a", g->put_id, 0).is_ok());
   EXPECT_TRUE(core_.exists("a"));
   auto r = core_.get_replicas({"c2", "", ""}, "a");
   ASSERT_TRUE(r.is_ok());
@@ -94,7 +103,7 @@ TEST_F(MasterCoreTest, BadInputIsRejected) {
   EXPECT_EQ(core_.put_start({"c1", "", ""}, "k", 1ULL << 40, {}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(core_.put_start({"c1", "", ""}, std::string(10000, 'x'), 10, {}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(core_.put_start({"", "", ""}, "k", 10, {}).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(core_.put_end({"c1", "", ""}, "k", 99).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(core_.put_end({"c1", "", ""}, "k", 99, 0).code(), Code::kFailedPrecondition);
   EXPECT_EQ(core_.remove("nope").code(), Code::kObjectNotFound);
   // Larger than any segment but under the object limit: no space, nothing leaks.
   EXPECT_EQ(core_.put_start({"c1", "", ""}, "big", 64 * kMiB, {}).status().code(), Code::kNoSpace);
@@ -177,7 +186,7 @@ TEST_F(MasterCoreTest, EvictionLruBetweenWatermarksSkipsLeasedPinnedAndUnfinishe
     o.pin = pin;
     auto g = core.put_start({"c", "", ""}, k, sz, o);
     ASSERT_TRUE(g.is_ok()) << k << ": " << g.status().to_string();
-    ASSERT_TRUE(core.put_end({"c", "", ""}, k, g->put_id).is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, k, g->put_id, 0).is_ok());
     clock_.advance_ms(1);
   };
   put1("pinned", true);
@@ -201,7 +210,7 @@ TEST_F(MasterCoreTest, EvictionLruBetweenWatermarksSkipsLeasedPinnedAndUnfinishe
   EXPECT_TRUE(core.exists("o0"));   // recently read
   EXPECT_FALSE(core.exists("o1"));  // least recently used goes first
   EXPECT_TRUE(core.exists("o89"));
-  EXPECT_TRUE(core.put_end({"w", "", ""}, "unfinished", unfinished->put_id).is_ok());
+  EXPECT_TRUE(core.put_end({"w", "", ""}, "unfinished", unfinished->put_id, 0).is_ok());
   // Leases end: nothing special, leased object is now an ordinary candidate.
   EXPECT_EQ(s.evictions, s.segments[0].evictions);
 }
@@ -221,7 +230,7 @@ TEST_F(MasterCoreTest, PinsSurviveEvictionAndDemotionUntilUnpinnedOrExpired) {
     o.pin_ttl_ms = ttl_ms;
     auto g = core.put_start({"c", "", ""}, k, sz, o);
     ASSERT_TRUE(g.is_ok()) << k << ": " << g.status().to_string();
-    ASSERT_TRUE(core.put_end({"c", "", ""}, k, g->put_id).is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, k, g->put_id, 0).is_ok());
     clock_.advance_ms(1);
   };
   put1("hard", true);
@@ -236,7 +245,7 @@ TEST_F(MasterCoreTest, PinsSurviveEvictionAndDemotionUntilUnpinnedOrExpired) {
     put1("o" + std::to_string(i));
     auto tasks = core.node_heartbeat("n1");
     ASSERT_TRUE(tasks.is_ok());
-    for (const DemoteTask& t : tasks.value()) {
+    for (const DemoteTask& t : tasks->tasks) {
       EXPECT_NE(t.key, "hard");
       EXPECT_NE(t.key, "soft");
       EXPECT_NE(t.key, "later");
@@ -264,7 +273,7 @@ TEST_F(MasterCoreTest, PinsSurviveEvictionAndDemotionUntilUnpinnedOrExpired) {
     put1("o" + std::to_string(i));
     auto tasks = core.node_heartbeat("n1");
     ASSERT_TRUE(tasks.is_ok());
-    for (const DemoteTask& t : tasks.value()) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
+    for (const DemoteTask& t : tasks->tasks) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
     core.tick();
   }
   EXPECT_EQ(medium_of("hard"), "cpu");
@@ -303,7 +312,7 @@ TEST_F(MasterCoreTest, PinnedObjectsAreNeverEvictedWithoutSsd) {
     o.pin_ttl_ms = 0;
     auto g = core.put_start({"c", "", ""}, "k" + std::to_string(i), sz, o);
     ASSERT_TRUE(g.is_ok()) << i << ": " << g.status().to_string();
-    ASSERT_TRUE(core.put_end({"c", "", ""}, "k" + std::to_string(i), g->put_id).is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, "k" + std::to_string(i), g->put_id, 0).is_ok());
     clock_.advance_ms(1);
     core.tick();
   }
@@ -318,7 +327,7 @@ TEST_F(MasterCoreTest, PinnedObjectsAreNeverEvictedWithoutSsd) {
   for (const char* k : {"a", "b"}) {
     auto g = full.put_start({"c", "", ""}, k, sz, pin);
     ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-    ASSERT_TRUE(full.put_end({"c", "", ""}, k, g->put_id).is_ok());
+    ASSERT_TRUE(full.put_end({"c", "", ""}, k, g->put_id, 0).is_ok());
   }
   clock_.advance_ms(10);
   EXPECT_EQ(full.put_start({"c", "", ""}, "x", sz, {}).status().code(), Code::kNoSpace);
@@ -334,7 +343,7 @@ TEST_F(MasterCoreTest, FullOfLeasedObjectsMeansNoSpaceNotCorruption) {
   for (int i = 0; i < 3; ++i) {
     auto g = core.put_start({"c", "", ""}, "k" + std::to_string(i), 4096, {});
     ASSERT_TRUE(g.is_ok());
-    ASSERT_TRUE(core.put_end({"c", "", ""}, "k" + std::to_string(i), g->put_id).is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, "k" + std::to_string(i), g->put_id, 0).is_ok());
     ASSERT_TRUE(core.get_replicas({"r", "", ""}, "k" + std::to_string(i)).is_ok());
   }
   // 3/4 used, all leased; 2 more do not fit without evicting a leased object.
@@ -354,29 +363,29 @@ TEST_F(MasterCoreTest, DemotionToSsdChangesMedium) {
     auto g = core.put_start({"c", "", ""}, block_key(i), sz, {});
     ASSERT_TRUE(g.is_ok()) << i << g.status().to_string();
     EXPECT_EQ(g->replicas[0].segment.medium, Medium::kCpu);
-    ASSERT_TRUE(core.put_end({"c", "", ""}, block_key(i), g->put_id).is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, block_key(i), g->put_id, 0).is_ok());
     clock_.advance_ms(1);
   }
   (void)core.take_events();
   // The 10th put pushed DRAM to 100 % > 90 %: the two oldest are queued for demotion.
   auto tasks = core.node_heartbeat("n1");
   ASSERT_TRUE(tasks.is_ok());
-  ASSERT_EQ(tasks->size(), 2u);
-  EXPECT_EQ(tasks->at(0).key, block_key(0));
-  EXPECT_EQ(tasks->at(0).src_segment, "n1/dram");
-  EXPECT_EQ(tasks->at(0).dst_segment, "n1/ssd");
+  ASSERT_EQ(tasks->tasks.size(), 2u);
+  EXPECT_EQ(tasks->tasks.at(0).key, block_key(0));
+  EXPECT_EQ(tasks->tasks.at(0).src_segment, "n1/dram");
+  EXPECT_EQ(tasks->tasks.at(0).dst_segment, "n1/ssd");
   // Until the node reports, the DRAM copy is what readers get.
   auto before = core.get_replicas({"r", "h1", ""}, block_key(0));
   ASSERT_TRUE(before.is_ok());
   ASSERT_EQ(before->replicas.size(), 1u);
   EXPECT_EQ(before->replicas[0].segment.medium, Medium::kCpu);
   clock_.advance_ms(20);  // lease over
-  for (const auto& t : tasks.value()) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
+  for (const auto& t : tasks->tasks) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
   auto after = core.get_replicas({"r", "h1", ""}, block_key(0));
   ASSERT_TRUE(after.is_ok());
   ASSERT_EQ(after->replicas.size(), 1u);
   EXPECT_EQ(after->replicas[0].segment.medium, Medium::kDisk);
-  EXPECT_EQ(after->replicas[0].offset, tasks->at(0).dst_offset);
+  EXPECT_EQ(after->replicas[0].offset, tasks->tasks.at(0).dst_offset);
   MasterStats s = core.stat();
   EXPECT_EQ(s.demotions, 2u);
   EXPECT_EQ(s.segments[0].used_bytes, 8 * sz);
@@ -449,12 +458,12 @@ TEST_F(MasterCoreTest, DeadNodeSsdReplicaFromDemotionIsDropped) {
     o.preferred_segment = "n2/dram";
     auto g = core.put_start({"c", "", ""}, block_key(i), sz, o);
     ASSERT_TRUE(g.is_ok());
-    ASSERT_TRUE(core.put_end({"c", "", ""}, block_key(i), g->put_id).is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, block_key(i), g->put_id, 0).is_ok());
     clock_.advance_ms(1);
   }
   auto tasks = core.node_heartbeat("n2");
-  ASSERT_FALSE(tasks->empty());
-  for (const auto& t : tasks.value()) ASSERT_TRUE(core.demote_done("n2", t.task_id, true).is_ok());
+  ASSERT_FALSE(tasks->tasks.empty());
+  for (const auto& t : tasks->tasks) ASSERT_TRUE(core.demote_done("n2", t.task_id, true).is_ok());
   auto r = core.get_replicas({"c", "", ""}, block_key(0));
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(r->replicas[0].segment.medium, Medium::kDisk);
@@ -492,9 +501,9 @@ TEST_F(MasterCoreTest, FieldReport7StaleWriterTakeover) {
   clock_.advance_ms(4500);
   auto c2 = core_.put_start({"C2", "", ""}, "K", 8192, {});
   ASSERT_TRUE(c2.is_ok()) << c2.status().to_string();
-  ASSERT_TRUE(core_.put_end({"C2", "", ""}, "K", c2->put_id).is_ok());
+  ASSERT_TRUE(core_.put_end({"C2", "", ""}, "K", c2->put_id, 0).is_ok());
   // Step 5: C1's delayed put_end is refused; K stays C2's.
-  EXPECT_EQ(core_.put_end({"C1", "", ""}, "K", c1->put_id).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(core_.put_end({"C1", "", ""}, "K", c1->put_id, 0).code(), Code::kFailedPrecondition);
   auto r = core_.get_replicas({"R", "", ""}, "K");
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(r->replicas[0].offset, c2->replicas[0].offset);
@@ -526,7 +535,7 @@ TEST_F(MasterCoreTest, DeadWriterPutIsReclaimedByTick) {
   EXPECT_EQ(core.stat().processing, 0u);
   EXPECT_EQ(core.stat().segments[0].used_bytes, 0u);
   // The revived writer's put_end is refused.
-  EXPECT_EQ(core.put_end({"C1", "", ""}, "K", g->put_id).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(core.put_end({"C1", "", ""}, "K", g->put_id, 0).code(), Code::kFailedPrecondition);
   EXPECT_FALSE(core.exists("K"));
 }
 
@@ -536,7 +545,7 @@ TEST_F(MasterCoreTest, RevokeFreesAfterDelay) {
   ASSERT_TRUE(g.is_ok());
   ASSERT_TRUE(core_.put_revoke({"c1", "", ""}, "K", g->put_id).is_ok());
   EXPECT_EQ(core_.stat().processing, 0u);
-  EXPECT_EQ(core_.put_end({"c1", "", ""}, "K", g->put_id).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(core_.put_end({"c1", "", ""}, "K", g->put_id, 0).code(), Code::kFailedPrecondition);
   clock_.advance_ms(2001);
   heartbeat_all();
   core_.tick();
@@ -554,7 +563,7 @@ TEST_F(MasterCoreTest, HotObjectGetsOneMoreReplicaNearItsReaders) {
   PutOptions o;
   o.preferred_segment = "n1/dram";
   auto g = core.put_start({"w", "", ""}, "sys", 4096, o);
-  ASSERT_TRUE(core.put_end({"w", "", ""}, "sys", g->put_id).is_ok());
+  ASSERT_TRUE(core.put_end({"w", "", ""}, "sys", g->put_id, 0).is_ok());
   std::optional<ReadGrant> hot;
   for (int i = 0; i < 4; ++i) {
     auto r = core.get_replicas({"reader", "h3", "r2"}, "sys");
@@ -582,7 +591,7 @@ TEST_F(MasterCoreTest, PutPlacesTheFirstReplicaOnTheWritersHost) {
     ASSERT_TRUE(g.is_ok()) << g.status().to_string();
     ASSERT_EQ(g->replicas.size(), 1u);
     EXPECT_EQ(g->replicas[0].segment.host, host) << key;
-    ASSERT_TRUE(core_.put_end({"c1", host, ""}, key, g->put_id).is_ok());
+    ASSERT_TRUE(core_.put_end({"c1", host, ""}, key, g->put_id, 0).is_ok());
   }
   // A host with no segment: placement as before (any segment with room).
   auto g = core_.put_start({"c1", "elsewhere", ""}, "k-elsewhere", 4096, {});
@@ -604,7 +613,7 @@ TEST_F(MasterCoreTest, ReplicateNearCopiesOnTheNextReadFromThatHost) {
     auto g = core_.put_start({"p1", "h1", ""}, k, 4096, {});
     ASSERT_TRUE(g.is_ok());
     ASSERT_EQ(g->replicas[0].segment.host, "h1");
-    ASSERT_TRUE(core_.put_end({"p1", "h1", ""}, k, g->put_id).is_ok());
+    ASSERT_TRUE(core_.put_end({"p1", "h1", ""}, k, g->put_id, 0).is_ok());
   }
   (void)core_.take_events();
   // Already on h1, absent: skipped. Remote holders for h3: marked.
@@ -651,7 +660,7 @@ TEST_F(MasterCoreTest, ReplicateNearNeedsRoomOnThatHost) {
   ASSERT_TRUE(core.mount_segment(seg("n3", "h3", "rack1", 1 * kMiB)).is_ok());
   auto g = core.put_start({"w", "h1", ""}, "big", 2 * kMiB, {});
   ASSERT_TRUE(g.is_ok());
-  ASSERT_TRUE(core.put_end({"w", "h1", ""}, "big", g->put_id).is_ok());
+  ASSERT_TRUE(core.put_end({"w", "h1", ""}, "big", g->put_id, 0).is_ok());
   EXPECT_EQ(core.replicate_near({"big"}, "h3").value(), 1u);
   // h3 has no room: no copy elsewhere either (a copy on h2 would not be near the reader).
   auto r = core.get_replicas({"p3", "h3", ""}, "big");
@@ -734,15 +743,188 @@ TEST_F(MasterCoreTest, DemotionFreesRoomForTheNextPut) {
     auto g = core.put_start({"c", "", ""}, "d/" + std::to_string(i), 204800 + i * 7, {});
     if (g.status().code() == Code::kUnavailable) {
       auto tasks = core.node_heartbeat("n1");
-      ASSERT_FALSE(tasks->empty()) << i;
-      for (const auto& t : tasks.value()) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
+      ASSERT_FALSE(tasks->tasks.empty()) << i;
+      for (const auto& t : tasks->tasks) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
       g = core.put_start({"c", "", ""}, "d/" + std::to_string(i), 204800 + i * 7, {});
     }
     ASSERT_TRUE(g.is_ok()) << i << ": " << g.status().to_string();
-    ASSERT_TRUE(core.put_end({"c", "", ""}, "d/" + std::to_string(i), g->put_id).is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, "d/" + std::to_string(i), g->put_id, 0).is_ok());
     clock_.advance_ms(1);
   }
   EXPECT_GT(core.stat().demotions, 0u);
 }
+}  // namespace
+}  // namespace mc::store
+
+namespace mc::store {
+namespace {
+
+// Issue 17 (DESIGN.md §8 liveness): a node that misses heartbeats is suspect first — its replicas kept but not
+// offered — and, back within the grace period, re-reports; what it confirms is offered again, the rest dropped.
+TEST_F(MasterCoreTest, SuspectNodeKeepsItsReplicasAndGetsThemBackAfterReReporting) {
+  MasterConfig c = make_config();
+  c.node_ttl_ms = 1000;
+  c.node_grace_ms = 10000;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 16 * kMiB)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n2", "h2", "r2", 16 * kMiB)).is_ok());
+  std::vector<proto::StoreNodeObject> table;  // n2's object table, as the heartbeats tell it
+  for (int i = 0; i < 3; ++i) {
+    PutOptions o;
+    o.preferred_segment = "n2/dram";
+    auto g = core.put_start({"c", "", ""}, block_key(i), 4096, o);
+    ASSERT_TRUE(g.is_ok());
+    ASSERT_TRUE(core.put_end({"c", "", ""}, block_key(i), g->put_id, 100 + i).is_ok());
+  }
+  auto beat = core.node_heartbeat("n2");
+  ASSERT_TRUE(beat.is_ok());
+  ASSERT_EQ(beat->changes.size(), 3u);
+  for (const auto& ch : beat->changes) {
+    EXPECT_TRUE(ch.present);
+    EXPECT_EQ(ch.segment, "n2/dram");
+    table.push_back({ch.key, ch.offset_bytes, ch.size_bytes, ch.checksum});
+  }
+  EXPECT_EQ(table[1].checksum, 101u);
+  // n2 goes silent past its TTL: suspect, its objects not offered, yet not dropped.
+  for (int i = 0; i < 3; ++i) {
+    clock_.advance_ms(600);
+    (void)core.node_heartbeat("n1");
+    core.tick();
+  }
+  MasterStats s = core.stat();
+  EXPECT_EQ(s.suspect_nodes, 1u);
+  EXPECT_EQ(s.dead_nodes, 0u);
+  EXPECT_EQ(s.objects, 3u);
+  EXPECT_EQ(core.get_replicas({"r", "", ""}, block_key(0)).status().code(), Code::kObjectNotFound);
+  EXPECT_FALSE(core.exists(block_key(0)));
+  // New puts avoid the suspect node.
+  auto g = core.put_start({"c", "", ""}, "new", 4096, PutOptions{1, "n2/dram", false, false, 0});
+  ASSERT_TRUE(g.is_ok());
+  EXPECT_EQ(g->replicas.at(0).segment.name, "n1/dram");
+  // Meanwhile block 2 is removed: the change waits for n2.
+  ASSERT_TRUE(core.remove(block_key(2)).is_ok());
+  // n2 is back: asked to re-report; it reports 0 and 1 (it applied the removal of 2), plus a bogus entry.
+  auto back = core.node_heartbeat("n2");
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_TRUE(back->report);
+  ASSERT_EQ(back->changes.size(), 1u);
+  EXPECT_FALSE(back->changes[0].present);
+  std::vector<proto::StoreNodeObject> report = {table[0], table[1], {"bogus", 1 << 20, 4096, 7}};
+  auto rep = core.node_report("n2", "n2/dram", report, true, true);
+  ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+  EXPECT_EQ(rep->accepted, 2u);
+  ASSERT_EQ(rep->refused_offsets.size(), 1u);
+  EXPECT_EQ(rep->refused_offsets[0], uint64_t{1} << 20);
+  auto got = core.get_replicas({"r", "", ""}, block_key(1));
+  ASSERT_TRUE(got.is_ok());
+  EXPECT_EQ(got->replicas.at(0).segment.name, "n2/dram");
+  EXPECT_EQ(got->checksum, 101u);
+  EXPECT_FALSE(core.exists("bogus"));
+  s = core.stat();
+  EXPECT_EQ(s.suspect_nodes, 0u);
+  EXPECT_EQ(s.returned_nodes, 1u);
+  EXPECT_EQ(s.reported_replicas, 2u);
+  EXPECT_EQ(s.refused_reports, 1u);
+}
+
+TEST_F(MasterCoreTest, SuspectNodeUnconfirmedReplicasAreDroppedAndAfterTheGraceItIsDead) {
+  MasterConfig c = make_config();
+  c.node_ttl_ms = 1000;
+  c.node_grace_ms = 2000;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 16 * kMiB)).is_ok());
+  put_into(core, "a", "n1/dram");
+  put_into(core, "b", "n1/dram");
+  clock_.advance_ms(1500);
+  core.tick();
+  ASSERT_EQ(core.stat().suspect_nodes, 1u);
+  ASSERT_TRUE(core.node_heartbeat("n1")->report);
+  // The node reports nothing (its memory was lost): both objects go.
+  ASSERT_TRUE(core.node_report("n1", "n1/dram", {}, true, true).is_ok());
+  EXPECT_EQ(core.stat().objects, 0u);
+  EXPECT_EQ(core.stat().suspect_nodes, 0u);
+  // Silent again, past TTL + grace: dead.
+  put_into(core, "c", "n1/dram");
+  clock_.advance_ms(1500);
+  core.tick();
+  EXPECT_FALSE(core.exists("c"));
+  clock_.advance_ms(1600);
+  core.tick();
+  EXPECT_EQ(core.stat().dead_nodes, 1u);
+  EXPECT_EQ(core.node_heartbeat("n1").status().code(), Code::kNotFound);
+}
+
+// Issue 17: a restarted master rebuilds the pool from the nodes' reports (mount with restore).
+TEST_F(MasterCoreTest, RestartedMasterRebuildsObjectsFromNodeReports) {
+  MasterCore core(make_config(), &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 16 * kMiB), true).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n2", "h2", "r2", 16 * kMiB), true).is_ok());
+  // Restoring segments are not offered before their report ends.
+  EXPECT_EQ(core.put_start({"c", "", ""}, "x", 4096, {}).status().code(), Code::kNoSpace);
+  auto r1 = core.node_report("n1", "n1/dram", {{"k", 0, 4096, 42}, {"solo", 4096, 100, 9}}, true, true);
+  ASSERT_TRUE(r1.is_ok());
+  EXPECT_EQ(r1->accepted, 2u);
+  // n2 holds a second replica of k (same size and checksum) and a conflicting copy of solo.
+  auto r2 = core.node_report("n2", "n2/dram", {{"k", 8192, 4096, 42}, {"solo", 0, 100, 10}}, true, true);
+  ASSERT_TRUE(r2.is_ok());
+  EXPECT_EQ(r2->accepted, 1u);
+  ASSERT_EQ(r2->refused_offsets, std::vector<uint64_t>{0});
+  auto g = core.get_replicas({"r", "", ""}, "k");
+  ASSERT_TRUE(g.is_ok());
+  EXPECT_EQ(g->replicas.size(), 2u);
+  EXPECT_EQ(g->checksum, 42u);
+  // The restored ranges are allocated: a new put does not overlap them.
+  auto p = core.put_start({"c", "", ""}, "x", 4096, PutOptions{1, "n1/dram", false, false, 0});
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_GE(p->replicas.at(0).offset, 4096u + 100u);
+  // A page without an open round is refused.
+  EXPECT_EQ(core.node_report("n1", "n1/dram", {}, false, true).status().code(), Code::kFailedPrecondition);
+}
+
+TEST_F(MasterCoreTest, CorruptReplicaIsDroppedAndCounted) {
+  mount3();
+  PutGrant g = put("k", 4096, 2);
+  ASSERT_EQ(g.replicas.size(), 2u);
+  const ReplicaView bad = g.replicas[0];
+  ASSERT_TRUE(core_.report_corrupt("k", bad.segment.name, bad.offset).is_ok());
+  auto r = core_.get_replicas({"r", "", ""}, "k");
+  ASSERT_TRUE(r.is_ok());
+  ASSERT_EQ(r->replicas.size(), 1u);
+  EXPECT_NE(r->replicas[0].segment.name, bad.segment.name);
+  EXPECT_EQ(core_.report_corrupt("k", bad.segment.name, bad.offset).code(), Code::kObjectNotFound);
+  clock_.advance_ms(2000);  // lease over
+  ASSERT_TRUE(core_.report_corrupt("k", r->replicas[0].segment.name, r->replicas[0].offset).is_ok());
+  EXPECT_FALSE(core_.exists("k"));
+  EXPECT_EQ(core_.stat().corrupt_replicas, 2u);
+}
+
+// Issue 17 (disks): ENOSPC during a demotion makes the SSD read-only and eviction takes over.
+TEST_F(MasterCoreTest, FailedDemotionMakesSsdReadOnlyAndPutsKeepSucceeding) {
+  MasterConfig c = make_config();
+  c.lease_ms = 1;
+  MasterCore core(c, &clock_);
+  const uint64_t sz = 64 * 1024;
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 10 * sz)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 100 * sz, Medium::kDisk)).is_ok());
+  for (int i = 0; i < 10; ++i) put_into(core, block_key(i), "", sz);
+  auto beat = core.node_heartbeat("n1");
+  ASSERT_FALSE(beat->tasks.empty());
+  for (const auto& t : beat->tasks) {
+    ASSERT_TRUE(core.demote_done("n1", t.task_id, false, Code::kNoSpace, "No space left on device").is_ok());
+  }
+  MasterStats s = core.stat();
+  EXPECT_EQ(s.ssd_failures, 1u);
+  EXPECT_TRUE(s.segments.at(1).read_only);
+  clock_.advance_ms(5);
+  for (int i = 10; i < 40; ++i) {
+    auto g = core.put_start({"c", "", ""}, block_key(i), sz, {});
+    ASSERT_TRUE(g.is_ok()) << i << ": " << g.status().to_string();
+    ASSERT_TRUE(core.put_end({"c", "", ""}, block_key(i), g->put_id, 0).is_ok());
+    clock_.advance_ms(5);
+  }
+  EXPECT_TRUE(core.node_heartbeat("n1")->tasks.empty());
+  EXPECT_GT(core.stat().evictions, 0u);
+}
+
 }  // namespace
 }  // namespace mc::store

@@ -22,10 +22,11 @@ TEST(StoreProtocol, ReplicaAndMount) {
   EXPECT_EQ(r.xfer_segment, "127.0.0.1:6");
   EXPECT_EQ(r.xfer_offset_bytes, (1ULL << 40) + 4096);
   EXPECT_EQ(r.domain, "rack1");
-  StoreMountRequest m{"n1", "n1/ssd", "h1", "rack2", "disk", 5ULL << 30, "tcp://h:1", "", 0};
+  StoreMountRequest m{"n1", "n1/ssd", "h1", "rack2", "disk", 5ULL << 30, "tcp://h:1", "", 0, false};
   EXPECT_EQ(round_trip(m).capacity_bytes, 5ULL << 30);
   EXPECT_EQ(round_trip(m).medium, "disk");
-  StoreMountRequest dram{"n1", "n1/dram", "h1", "rack2", "cpu", 1ULL << 33, "tcp://h:1", "10.0.0.1:4000", 1ULL << 36};
+  StoreMountRequest dram{"n1",        "n1/dram",       "h1",       "rack2", "cpu", 1ULL << 33,
+                         "tcp://h:1", "10.0.0.1:4000", 1ULL << 36, false};
   EXPECT_EQ(round_trip(dram).xfer_segment, "10.0.0.1:4000");
   EXPECT_EQ(round_trip(dram).xfer_base_offset_bytes, 1ULL << 36);
   EXPECT_EQ(round_trip(StoreUnmountRequest{"n1", "n1/dram"}).segment, "n1/dram");
@@ -33,12 +34,12 @@ TEST(StoreProtocol, ReplicaAndMount) {
 }
 
 TEST(StoreProtocol, HeartbeatsAndDemotion) {
-  StoreNodeHeartbeatRequest hb{"n1", {{7, true}, {8, false}}};
+  StoreNodeHeartbeatRequest hb{"n1", {{7, true, 0, ""}, {8, false, 403, "full"}}};
   auto b = round_trip(hb);
   ASSERT_EQ(b.done.size(), 2u);
   EXPECT_TRUE(b.done[0].ok);
   EXPECT_EQ(b.done[1].task_id, 8u);
-  StoreNodeHeartbeatReply r{{StoreDemoteTask{3, "k", "n1/dram", 64, "n1/ssd", 128, 4096}}, {}};
+  StoreNodeHeartbeatReply r{{StoreDemoteTask{3, "k", "n1/dram", 64, "n1/ssd", 128, 4096, 0}}, {}, {}, false, false};
   auto rb = round_trip(r);
   ASSERT_EQ(rb.tasks.size(), 1u);
   EXPECT_EQ(rb.tasks[0].dst_offset_bytes, 128u);
@@ -72,7 +73,7 @@ TEST(StoreProtocol, PutMessages) {
   auto prb = round_trip(pr);
   EXPECT_EQ(prb.items[0].put_id, 42u);
   EXPECT_EQ(prb.items[1].code, 401);
-  EXPECT_EQ(round_trip(StorePutEndRequest{"c1", {"a"}, {42}}).put_ids[0], 42u);
+  EXPECT_EQ(round_trip(StorePutEndRequest{"c1", {"a"}, {42}, {1}}).put_ids[0], 42u);
   EXPECT_EQ(round_trip(StorePutRevokeRequest{"c1", {"a"}, {43}}).put_ids[0], 43u);
   StoreItemsReply ir{{0, 400}, {"", "not found"}};
   EXPECT_EQ(round_trip(ir).messages[1], "not found");
@@ -103,7 +104,8 @@ TEST(StoreProtocol, ListingStatAndData) {
   EXPECT_TRUE(lsb.truncated);
   EXPECT_TRUE(lsb.objects[0].leased);
   StoreStatReply st;
-  st.segments.push_back(StoreSegmentStat{"n1/dram", "n1", "h", "r", "cpu", 100, 50, 40, 0.2, 3, 1, 9, 2, 1});
+  st.segments.push_back(
+      StoreSegmentStat{"n1/dram", "n1", "h", "r", "cpu", 100, 50, 40, 0.2, 3, 1, 9, 2, 1, false, false});
   st.misses = 5;
   st.last_event_id = 99;
   st.pending_free_bytes = 4096;
@@ -163,10 +165,66 @@ TEST(StoreProtocol, IllTypedFieldFailsDecode) {
 
 TEST(StoreProtocol, Info) {
   EXPECT_EQ(round_trip(StoreInfoRequest{"client-7"}).client_id, "client-7");
-  StoreInfoReply r = round_trip(StoreInfoReply{40123, "mc-store master"});
+  StoreInfoReply r = round_trip(StoreInfoReply{40123, "mc-store master", 0});
   EXPECT_EQ(r.fast_port, 40123u);
   EXPECT_EQ(r.service, "mc-store master");
   EXPECT_EQ(std::string(StoreInfoRequest::kType), "store.info");
+}
+
+// Issue 17: checksums, object tables, re-reports, corrupt replicas, SSD faults and the master's epoch.
+TEST(StoreProtocol, FaultMessagesKeepTheirFields) {
+  StorePutEndRequest end{"c", {"a", "b"}, {1, 2}, {0xfedcba9876543210ULL, 7}};
+  EXPECT_EQ(round_trip(end).checksums, (std::vector<uint64_t>{0xfedcba9876543210ULL, 7}));
+  StoreGetItem item;
+  item.checksum = ~0ULL;
+  EXPECT_EQ(round_trip(item).checksum, ~0ULL);
+  StoreDemoteTask task{1, "k", "n/dram", 0, "n/ssd", 64, 100, 99};
+  EXPECT_EQ(round_trip(task).checksum, 99u);
+  StoreDemoteResult done{3, false, static_cast<uint16_t>(400 + 3), "No space left on device"};
+  EXPECT_EQ(round_trip(done).code, 403u);
+  EXPECT_EQ(round_trip(done).message, "No space left on device");
+  StoreNodeHeartbeatReply beat;
+  beat.changes.push_back({true, "n/dram", 4096, "k", 100, 5});
+  beat.changes.push_back({false, "n/dram", 0, "", 0, 0});
+  beat.more = true;
+  beat.report = true;
+  auto b = round_trip(beat);
+  ASSERT_EQ(b.changes.size(), 2u);
+  EXPECT_TRUE(b.changes[0].present);
+  EXPECT_EQ(b.changes[0].offset_bytes, 4096u);
+  EXPECT_EQ(b.changes[0].checksum, 5u);
+  EXPECT_FALSE(b.changes[1].present);
+  EXPECT_TRUE(b.more && b.report);
+  StoreNodeReportRequest rep{"n", "n/dram", {{"k", 1ULL << 40, 3, 4}}, true, false};
+  auto r = round_trip(rep);
+  ASSERT_EQ(r.objects.size(), 1u);
+  EXPECT_EQ(r.objects[0].offset_bytes, 1ULL << 40);
+  EXPECT_TRUE(r.first);
+  EXPECT_FALSE(r.last);
+  EXPECT_EQ(round_trip(StoreNodeReportReply{2, {64, 128}}).refused_offsets, (std::vector<uint64_t>{64, 128}));
+  EXPECT_EQ(round_trip(StoreReportCorruptRequest{"c", "k", "n/dram", 640}).offset_bytes, 640u);
+  StoreMountRequest m{"n1", "n1/dram", "h1", "r", "cpu", 1 << 20, "tcp://h:1", "h:2", 0, true};
+  EXPECT_TRUE(round_trip(m).restore);
+  EXPECT_EQ(round_trip(StoreInfoReply{1, "mc-store master", 1ULL << 63}).epoch, 1ULL << 63);
+  StoreStatReply st;
+  st.corrupt_replicas = 1;
+  st.suspect_nodes = 2;
+  st.returned_nodes = 3;
+  st.reported_replicas = 4;
+  st.refused_reports = 5;
+  st.ssd_failures = 6;
+  StoreSegmentStat seg;
+  seg.suspect = true;
+  seg.read_only = true;
+  st.segments.push_back(seg);
+  auto s = round_trip(st);
+  EXPECT_EQ(s.corrupt_replicas + s.suspect_nodes + s.returned_nodes + s.reported_replicas + s.refused_reports +
+                s.ssd_failures,
+            21u);
+  ASSERT_EQ(s.segments.size(), 1u);
+  EXPECT_TRUE(s.segments[0].suspect && s.segments[0].read_only);
+  EXPECT_EQ(std::string(StoreNodeReportRequest::kType), "store.node_report");
+  EXPECT_EQ(std::string(StoreReportCorruptRequest::kType), "store.report_corrupt");
 }
 
 }  // namespace

@@ -48,9 +48,17 @@ int main(int argc, char** argv) {
   master_cmd->add_option("--low-watermark", mc_cfg.low_watermark, "Segment usage fraction eviction stops at")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
-  master_cmd->add_option("--node-ttl-ms", mc_cfg.node_ttl_ms, "A storage node silent this long (ms) is dead")
+  master_cmd
+      ->add_option("--node-ttl-ms", mc_cfg.node_ttl_ms,
+                   "A storage node silent this long (ms) is suspect: its replicas are kept but not offered")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+  master_cmd
+      ->add_option("--node-grace-ms", mc_cfg.node_grace_ms,
+                   "A suspect node silent this much longer (ms) is dead and its replicas dropped; one back sooner "
+                   "re-reports its objects (0: dead at --node-ttl-ms)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000}));
   master_cmd
       ->add_option("--client-ttl-ms", mc_cfg.client_ttl_ms,
                    "A client silent this long (ms) is dead; its puts are reclaimed")

@@ -264,8 +264,11 @@ struct StoreMountRequest {
   std::string endpoint;                 // the node's RPC endpoint (store.node.* for disk segments)
   std::string xfer_segment;             // transfer-engine segment holding a cpu segment ("host:port"); "" for disk
   uint64_t xfer_base_offset_bytes = 0;  // where byte 0 of `segment` lies in xfer_segment
+  // The node still holds objects on this segment (the master restarted) and re-reports them at once
+  // (store.node_report): the segment is offered for reads and new puts only after the report's last page.
+  bool restore = false;
   MSGPACK_DEFINE_MAP(node_id, segment, host, domain, medium, capacity_bytes, endpoint, xfer_segment,
-                     xfer_base_offset_bytes);
+                     xfer_base_offset_bytes, restore);
 };
 
 struct StoreUnmountRequest {
@@ -285,12 +288,17 @@ struct StoreDemoteTask {
   std::string dst_segment;
   uint64_t dst_offset_bytes = 0;
   uint64_t size_bytes = 0;
-  MSGPACK_DEFINE_MAP(task_id, key, src_segment, src_offset_bytes, dst_segment, dst_offset_bytes, size_bytes);
+  uint64_t checksum = 0;  // the object's XXH3-64: the node checks the DRAM bytes against it before copying
+  MSGPACK_DEFINE_MAP(task_id, key, src_segment, src_offset_bytes, dst_segment, dst_offset_bytes, size_bytes, checksum);
 };
 struct StoreDemoteResult {
   uint64_t task_id = 0;
   bool ok = false;
-  MSGPACK_DEFINE_MAP(task_id, ok);
+  // Why it failed (an mc::Code value, 0 with ok): kNoSpace or kIo make the SSD segment read-only at the
+  // master (eviction then drops DRAM victims); kDataLoss means the DRAM source failed its checksum (dropped).
+  uint16_t code = 0;
+  std::string message;
+  MSGPACK_DEFINE_MAP(task_id, ok, code, message);
 };
 // The master's view of one of the node's segments, for the node's own `stat` (as of this heartbeat).
 struct StoreNodeSegmentUsage {
@@ -302,10 +310,25 @@ struct StoreNodeSegmentUsage {
   uint64_t hits = 0;     // reads whose nearest replica was here
   MSGPACK_DEFINE_MAP(segment, medium, capacity_bytes, used_bytes, objects, hits);
 };
+// One change of the node's object table, in the master's order: a complete replica placed on one of the
+// node's segments (present, with its key, size and checksum) or gone from it (present = false). The node
+// keeps the table to re-report its objects (store.node_report) after a suspect spell or a master restart.
+struct StoreNodeObjectChange {
+  bool present = false;
+  std::string segment;
+  uint64_t offset_bytes = 0;
+  std::string key;
+  uint64_t size_bytes = 0;
+  uint64_t checksum = 0;  // XXH3-64 of the object's bytes
+  MSGPACK_DEFINE_MAP(present, segment, offset_bytes, key, size_bytes, checksum);
+};
 struct StoreNodeHeartbeatReply {
   std::vector<StoreDemoteTask> tasks;
   std::vector<StoreNodeSegmentUsage> segments;  // the node's segments (a master before issue 16: none)
-  MSGPACK_DEFINE_MAP(tasks, segments);
+  std::vector<StoreNodeObjectChange> changes;   // at most kStoreMaxBatch, oldest first
+  bool more = false;                            // more changes are queued: heartbeat again at once
+  bool report = false;  // the node was suspect: re-report every segment's objects (store.node_report)
+  MSGPACK_DEFINE_MAP(tasks, segments, changes, more, report);
 };
 // Sent every heartbeat interval; an unknown node gets kNotFound and mounts its segments again.
 struct StoreNodeHeartbeatRequest {
@@ -362,7 +385,8 @@ struct StorePutEndRequest {
   std::string client_id;
   std::vector<std::string> keys;
   std::vector<uint64_t> put_ids;
-  MSGPACK_DEFINE_MAP(client_id, keys, put_ids);
+  std::vector<uint64_t> checksums;  // XXH3-64 of each object's bytes, one per key
+  MSGPACK_DEFINE_MAP(client_id, keys, put_ids, checksums);
 };
 struct StorePutRevokeRequest {
   static constexpr const char* kType = "store.put_revoke";
@@ -381,7 +405,8 @@ struct StoreGetItem {
   std::vector<StoreReplica> replicas;      // complete replicas, nearest first
   std::vector<StoreReplica> replicate_to;  // 0 or 1: hot object, copy it here and send store.replica_end
   uint64_t replicate_put_id = 0;
-  MSGPACK_DEFINE_MAP(code, message, size_bytes, lease_ms, replicas, replicate_to, replicate_put_id);
+  uint64_t checksum = 0;  // XXH3-64 of the object's bytes: a replica that reads otherwise is store.report_corrupt
+  MSGPACK_DEFINE_MAP(code, message, size_bytes, lease_ms, replicas, replicate_to, replicate_put_id, checksum);
 };
 struct StoreGetReplicasReply {
   std::vector<StoreGetItem> items;
@@ -474,8 +499,10 @@ struct StoreSegmentStat {
   uint64_t hits = 0;
   uint64_t evictions = 0;
   uint64_t demotions = 0;
+  bool suspect = false;    // its node missed heartbeats (or is re-reporting): replicas kept, not offered
+  bool read_only = false;  // an SSD segment after ENOSPC/EIO: read, never demoted to
   MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, capacity_bytes, used_bytes, largest_free_bytes,
-                     fragmentation, objects, leased_objects, hits, evictions, demotions);
+                     fragmentation, objects, leased_objects, hits, evictions, demotions, suspect, read_only);
 };
 struct StoreStatReply {
   std::vector<StoreSegmentStat> segments;
@@ -484,12 +511,19 @@ struct StoreStatReply {
   uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
   uint64_t pending_free_bytes = 0;
   uint64_t last_event_id = 0;
-  uint64_t pinned_objects = 0;  // objects pinned now (unexpired soft pins included)
-  uint64_t pinned_bytes = 0;    // their sizes, one copy each
-  uint64_t expired_pins = 0;    // soft pins that ran out
+  uint64_t pinned_objects = 0;     // objects pinned now (unexpired soft pins included)
+  uint64_t pinned_bytes = 0;       // their sizes, one copy each
+  uint64_t expired_pins = 0;       // soft pins that ran out
+  uint64_t corrupt_replicas = 0;   // replicas dropped because their bytes failed the checksum
+  uint64_t suspect_nodes = 0;      // nodes suspect now (missed heartbeats, within the grace period)
+  uint64_t returned_nodes = 0;     // suspect nodes that came back within the grace period
+  uint64_t reported_replicas = 0;  // replicas confirmed or restored from the nodes' store.node_report
+  uint64_t refused_reports = 0;    // reported replicas refused (unknown, conflicting or overlapping)
+  uint64_t ssd_failures = 0;       // SSD segments made read-only (ENOSPC/EIO) or lost (directory gone)
   MSGPACK_DEFINE_MAP(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions, demotions,
                      reclaimed_puts, refused_put_ends, hot_replications, dead_nodes, pending_free_bytes, last_event_id,
-                     pinned_objects, pinned_bytes, expired_pins);
+                     pinned_objects, pinned_bytes, expired_pins, corrupt_replicas, suspect_nodes, returned_nodes,
+                     reported_replicas, refused_reports, ssd_failures);
 };
 struct StoreStatRequest {
   static constexpr const char* kType = "store.stat";
@@ -505,7 +539,8 @@ struct StoreStatRequest {
 struct StoreInfoReply {
   uint32_t fast_port = 0;  // 0: no fast endpoint
   std::string service;
-  MSGPACK_DEFINE_MAP(fast_port, service);
+  uint64_t epoch = 0;  // random per master start: a node told "unknown" learns here whether the master restarted
+  MSGPACK_DEFINE_MAP(fast_port, service, epoch);
 };
 struct StoreInfoRequest {
   static constexpr const char* kType = "store.info";
@@ -552,6 +587,47 @@ struct StoreUnpinRequest {
   using Reply = StoreItemsReply;
   std::vector<std::string> keys;  // at most kStoreMaxBatch
   MSGPACK_DEFINE_MAP(keys);
+};
+
+// client -> master: the bytes read from a replica failed the object's checksum. The master drops that
+// replica (counted in stat corrupt_replicas; an object left without one is gone) and never offers it again.
+struct StoreReportCorruptRequest {
+  static constexpr const char* kType = "store.report_corrupt";
+  using Reply = StoreAck;
+  std::string client_id;
+  std::string key;
+  std::string segment;
+  uint64_t offset_bytes = 0;
+  MSGPACK_DEFINE_MAP(client_id, key, segment, offset_bytes);
+};
+
+// node -> master: the node's objects on one segment, in pages (after a suspect spell, when the heartbeat
+// reply asks for it, or after mounting at a restarted master). Page `first` opens a round, `last` ends
+// it: a suspect node's replicas of that segment that were not reported are dropped, and its segment is
+// offered again; a restarted master creates the reported objects (leases expired, no pins). Refused
+// entries (unknown after a suspect spell, size or checksum conflicting with the object's, a range that
+// overlaps another) come back by offset: the node forgets them.
+struct StoreNodeObject {
+  std::string key;
+  uint64_t offset_bytes = 0;
+  uint64_t size_bytes = 0;
+  uint64_t checksum = 0;
+  MSGPACK_DEFINE_MAP(key, offset_bytes, size_bytes, checksum);
+};
+struct StoreNodeReportReply {
+  uint64_t accepted = 0;
+  std::vector<uint64_t> refused_offsets;
+  MSGPACK_DEFINE_MAP(accepted, refused_offsets);
+};
+struct StoreNodeReportRequest {
+  static constexpr const char* kType = "store.node_report";
+  using Reply = StoreNodeReportReply;
+  std::string node_id;
+  std::string segment;
+  std::vector<StoreNodeObject> objects;  // at most kStoreMaxBatch
+  bool first = false;
+  bool last = false;
+  MSGPACK_DEFINE_MAP(node_id, segment, objects, first, last);
 };
 
 // ---------------------------------------------------------------------------------------------

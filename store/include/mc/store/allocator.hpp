@@ -24,7 +24,11 @@ class OffsetAllocator {
 
   // Reserves size_bytes (rounded up to the alignment); returns the offset. size 0 -> kInvalidArgument.
   Result<uint64_t> allocate(uint64_t size_bytes);
-  // Releases the range that allocate() returned at `offset`.
+  // Reserves exactly [offset, offset + size_bytes rounded up): a range a storage node re-reports after a
+  // master restart. kInvalidArgument for an unaligned or out-of-segment range, kNoSpace when it overlaps
+  // an allocated one (nothing changes then).
+  Status allocate_at(uint64_t offset, uint64_t size_bytes);
+  // Releases the range that allocate() (or allocate_at()) reserved at `offset`.
   Status free(uint64_t offset);
 
   uint64_t capacity_bytes() const { return capacity_; }

@@ -18,8 +18,11 @@
 // that fails is skipped for the next one. Each read runs under a lease granted by the master: if the
 // copy finishes after the lease ended the bytes are discarded and kLeaseExpired is returned, so a
 // caller gets either the exact bytes or an error, never mixed bytes. An absent object is a miss
-// (kObjectNotFound), never data. batch_get additionally requires the object's size to equal the
-// buffer's (a block of another length is a miss: DESIGN.md §13.3, step 4).
+// (kObjectNotFound), never data. Integrity: put sends the XXH3-64 of each object's bytes (checksum.hpp)
+// with its put_end; a read checks the bytes of every replica (DRAM or SSD) against the checksum the master
+// hands out, and a replica that fails it is reported (store.report_corrupt: the master drops it) and
+// skipped for the next; when none is left the read is a miss (kObjectNotFound). batch_get additionally requires the
+// object's size to equal the buffer's (a block of another length is a miss: DESIGN.md §13.3, step 4).
 //
 // Writes: put_start reserves replicas (distinct nodes, spread over failure domains), the bytes are
 // written, then put_end makes the object visible; if any write fails the put is revoked. Putting a key
@@ -40,7 +43,9 @@
 // with commits outstanding reports them as failed (kUnavailable: unconfirmed), although the master may
 // have applied some. No request is ever sent twice. The destructor waits up to rpc_timeout_ms for the
 // replies of outstanding commits, so that a failure is still logged. Without a fast path (master started with
-// --fast-listen off, or after that connection failed) the commit is waited for, as with wait_commit.
+// --fast-listen off, or after that connection failed) the commit is waited for, as with wait_commit. A
+// fast path that failed (e.g. the master restarted, with a new fast port) is looked for again (store.info)
+// at most once a second, on the next call; calls go over ZeroMQ meanwhile.
 //
 // Liveness: a background thread heartbeats the master every heartbeat_ms on its own connection, so an
 // idle but live writer keeps its unfinished puts, and a dead one's are reclaimed after the master's
@@ -119,10 +124,11 @@ struct ClientCounters {
   uint64_t replica_fallbacks = 0;  // reads that failed on a replica and went to the next
   uint64_t lease_expired = 0;
   uint64_t master_calls_fast = 0, master_calls_zmq = 0;  // metadata calls by path (fast_rpc / ZeroMQ)
-  uint64_t commits_behind = 0;   // objects committed write-behind (put_end sent without waiting)
-  uint64_t commit_failures = 0;  // of those, refused by the master or unconfirmed (connection lost)
-  uint64_t bytes_read_ssd = 0;   // read from SSD replicas (node RPCs)
-  uint64_t read_ssd_ns = 0;      // wall time of those SSD reads (RPC round trips and copies included)
+  uint64_t commits_behind = 0;    // objects committed write-behind (put_end sent without waiting)
+  uint64_t commit_failures = 0;   // of those, refused by the master or unconfirmed (connection lost)
+  uint64_t bytes_read_ssd = 0;    // read from SSD replicas (node RPCs)
+  uint64_t read_ssd_ns = 0;       // wall time of those SSD reads (RPC round trips and copies included)
+  uint64_t corrupt_replicas = 0;  // replicas whose bytes failed the object's checksum (reported, skipped)
 };
 
 class Client {

@@ -19,9 +19,22 @@
 // Pins (DESIGN.md §8): a pinned object is never evicted nor demoted to SSD (remove, overwrite and the
 // death of its node still take it). A pin is hard (until unpin) or soft: it ends pin_ttl_ms after it was
 // set, on the injected clock, and the object is then an eviction candidate like any other.
-// Liveness (DESIGN.md §13.5, Mooncake#1914): a node whose heartbeat is older than node_ttl_ms, or that
-// unmounts, loses every replica on every one of its segments (DRAM and SSD alike) at once; an object
-// whose last complete replica is gone no longer exists, so match_prefix stops at the gap.
+// Liveness (DESIGN.md §8, §13.5, Mooncake#1914): a node whose heartbeat is older than node_ttl_ms is
+// *suspect*: its replicas stay in the metadata but are not offered (get, exists, match_prefix, placement,
+// eviction and demotion skip them). A suspect node that heartbeats again within node_grace_ms re-reports
+// its objects (node_report; the heartbeat reply asks for it): the replicas it confirms (same key, offset,
+// size, checksum) are offered again, the others dropped. After the grace period, or with node_grace_ms 0
+// at once, or when it unmounts, the node loses every replica on every one of its segments (DRAM and SSD
+// alike) at once; an object whose last complete replica is gone no longer exists, so match_prefix stops
+// at the gap.
+// Node object tables: every complete replica placed on or removed from a node's segment is queued for
+// that node (node_heartbeat hands the changes out in order), so the node knows its objects (key, offset,
+// size, checksum) and can re-report them after a suspect spell or to a restarted master, which mounts its
+// segments with restore and rebuilds the objects from the reports (leases expired, no pins).
+// Integrity (DESIGN.md §8): every object carries the XXH3-64 of its bytes, given at put_end and handed to
+// readers and to demotions; report_corrupt drops a replica whose bytes failed it (counted).
+// Disks: a demotion that fails with kNoSpace or kIo makes that SSD segment read-only (no more demotions to
+// it; its replicas stay readable); eviction then drops DRAM victims instead.
 // Errors: kInvalidArgument for bad input (empty or oversized key, size 0 or > max_object_bytes,
 // unknown medium), kObjectNotFound, kObjectBusy (retryable: being written, leased), kNoSpace,
 // kAlreadyExists, kFailedPrecondition (stale put_id).
@@ -53,7 +66,8 @@ Result<Medium> parse_medium(std::string_view name);
 struct MasterConfig {
   double high_watermark = 0.90;     // a segment above this fraction used is evicted ...
   double low_watermark = 0.80;      // ... down to this fraction
-  int64_t node_ttl_ms = 3000;       // 3 missed heartbeats of 1 s
+  int64_t node_ttl_ms = 3000;       // 3 missed heartbeats of 1 s: the node is suspect
+  int64_t node_grace_ms = 30000;    // ... and dead this long after that (0: dead at node_ttl_ms)
   int64_t client_ttl_ms = 10000;    // a client silent this long is dead; its puts are discarded
   int64_t lease_ms = 5000;          // read lease granted by get_replicas
   int64_t put_takeover_ms = 30000;  // another writer may take over a put older than this
@@ -94,6 +108,7 @@ struct PutGrant {
 
 struct ReadGrant {
   uint64_t size_bytes = 0;
+  uint64_t checksum = 0;              // XXH3-64 of the object's bytes
   std::vector<ReplicaView> replicas;  // complete replicas only, nearest first for the caller
   int64_t lease_ms = 0;               // the read is valid only if it finishes within this
   // Hot object: the caller is asked to copy the bytes it read here and call replica_end(put_id).
@@ -110,6 +125,7 @@ struct DemoteTask {
   std::string dst_segment;
   uint64_t dst_offset = 0;
   uint64_t size_bytes = 0;
+  uint64_t checksum = 0;  // the object's: the node checks the source bytes before copying
 };
 
 struct ObjectInfo {
@@ -132,6 +148,8 @@ struct SegmentStats {
   uint64_t demotions = 0;
   uint64_t largest_free_bytes = 0;
   double fragmentation = 0.0;
+  bool suspect = false;    // not offered: its node is suspect or re-reporting
+  bool read_only = false;  // SSD segment after a failed demotion
 };
 
 struct MasterStats {
@@ -141,9 +159,23 @@ struct MasterStats {
   uint64_t reclaimed_puts = 0, refused_put_ends = 0, dead_nodes = 0;
   uint64_t hot_replications = 0;  // copies granted to readers: hot objects and replicate_near
   uint64_t pending_free_bytes = 0;
-  uint64_t pinned_objects = 0;  // complete objects pinned now (soft pins not yet expired included)
-  uint64_t pinned_bytes = 0;    // their sizes (one copy each, whatever their replica count)
-  uint64_t expired_pins = 0;    // soft pins that ran out (counted by tick())
+  uint64_t pinned_objects = 0;     // complete objects pinned now (soft pins not yet expired included)
+  uint64_t pinned_bytes = 0;       // their sizes (one copy each, whatever their replica count)
+  uint64_t expired_pins = 0;       // soft pins that ran out (counted by tick())
+  uint64_t corrupt_replicas = 0;   // replicas dropped by report_corrupt or a demotion's checksum check
+  uint64_t suspect_nodes = 0;      // suspect now (stat() fills it)
+  uint64_t returned_nodes = 0;     // suspect nodes that came back within node_grace_ms
+  uint64_t reported_replicas = 0;  // replicas confirmed or restored by node_report
+  uint64_t refused_reports = 0;    // reported replicas refused
+  uint64_t ssd_failures = 0;       // SSD segments made read-only by a failed demotion (ENOSPC, EIO)
+};
+
+// What a heartbeat hands the node: demotions to do and the changes of its object table.
+struct NodeBeat {
+  std::vector<DemoteTask> tasks;
+  std::vector<proto::StoreNodeObjectChange> changes;  // at most proto::kStoreMaxBatch, oldest first
+  bool more = false;                                  // more changes are queued
+  bool report = false;                                // re-report every segment (node_report)
 };
 
 // The longest soft pin (one year, in ms): a peer's TTL beyond it is refused, as the CLI refuses it, so
@@ -170,20 +202,32 @@ class MasterCore {
 
   // ---- storage nodes ----
   // Mounting an existing segment name replaces it (a restarted node starts empty: its old replicas go).
-  Status mount_segment(const SegmentInfo& info);
+  // restore: the node still holds objects there (this master restarted) and re-reports them at once with
+  // node_report; the segment is offered only after the report's last page.
+  Status mount_segment(const SegmentInfo& info, bool restore = false);
   Status unmount_segment(const std::string& node_id, const std::string& segment);
-  // Records a heartbeat; returns the demotion tasks queued for the node. An unknown node -> kNotFound
-  // (the node then mounts its segments again).
-  Result<std::vector<DemoteTask>> node_heartbeat(const std::string& node_id);
+  // Records a heartbeat; returns the demotion tasks and object-table changes queued for the node, and
+  // asks a suspect node to re-report. An unknown node -> kNotFound (the node then mounts its segments again).
+  Result<NodeBeat> node_heartbeat(const std::string& node_id);
   // The node's report of a demotion: ok -> the SSD replica becomes the copy, the DRAM one is freed.
-  Status demote_done(const std::string& node_id, uint64_t task_id, bool ok);
+  // Failed with kNoSpace/kIo: the SSD segment becomes read-only. kDataLoss: the DRAM source failed its
+  // checksum and is dropped (counted as corrupt).
+  Status demote_done(const std::string& node_id, uint64_t task_id, bool ok, Code code = Code::kOk,
+                     const std::string& message = "");
+  // One page of a node's objects on `segment` (protocol.hpp store.node_report has the rules). Returns the
+  // offsets refused. kNotFound for an unknown node or segment, kFailedPrecondition for a page without an
+  // open round, kInvalidArgument for a bad entry (the page is refused whole).
+  Result<proto::StoreNodeReportReply> node_report(const std::string& node_id, const std::string& segment,
+                                                  const std::vector<proto::StoreNodeObject>& objects, bool first,
+                                                  bool last);
 
   // ---- clients ----
   void client_heartbeat(const std::string& client_id);
 
   Result<PutGrant> put_start(const Caller& caller, const std::string& key, uint64_t size_bytes,
                              const PutOptions& options);
-  Status put_end(const Caller& caller, const std::string& key, uint64_t put_id);
+  // checksum: XXH3-64 of the bytes written (handed to every reader and demotion).
+  Status put_end(const Caller& caller, const std::string& key, uint64_t put_id, uint64_t checksum);
   Status put_revoke(const Caller& caller, const std::string& key, uint64_t put_id);
   // Replicas nearest first for `caller` (rank_for). When the object is hot (hot_read_threshold) or a copy
   // near the caller's host was asked for (replicate_near), the grant also names one new replica for the
@@ -199,6 +243,10 @@ class MasterCore {
   Result<uint32_t> replicate_near(const std::vector<std::string>& keys, const std::string& host);
   // Completes (ok) or abandons (!ok) a hot-object copy granted by get_replicas.
   Status replica_end(const Caller& caller, const std::string& key, uint64_t put_id, bool ok);
+  // A reader found the bytes of `key`'s replica at (segment, offset) failing the checksum: the replica is
+  // dropped (an object left without a complete one is gone) and counted. kObjectNotFound when there is no
+  // such replica (already dropped).
+  Status report_corrupt(const std::string& key, const std::string& segment, uint64_t offset);
   bool exists(const std::string& key) const;
   // Number of leading keys that exist (complete). Stops at the first missing one.
   uint64_t match_prefix(const std::vector<std::string>& keys) const;
@@ -234,6 +282,7 @@ class MasterCore {
   };
   struct Object {
     uint64_t size_bytes = 0;
+    uint64_t checksum = 0;  // XXH3-64 of the bytes
     bool complete = false;  // visible
     uint64_t put_id = 0;
     std::string writer;
@@ -252,11 +301,20 @@ class MasterCore {
     SegmentInfo info;
     std::unique_ptr<OffsetAllocator> alloc;
     uint64_t replicas = 0, hits = 0, evictions = 0, demotions = 0;
+    bool offline = false;    // node suspect or re-reporting, or restoring: not offered
+    bool read_only = false;  // SSD after a failed demotion: never demoted to
+    bool restoring = false;  // mounted with restore: node_report may create objects until its last page
+    bool report_open = false;
+    std::unordered_set<uint64_t> reported;  // offsets confirmed in the open report round
   };
   struct Node {
     int64_t last_heartbeat_ns = 0;
     std::vector<std::string> segments;
     std::deque<DemoteTask> tasks;
+    bool suspect = false;    // missed heartbeats; dropped after node_grace_ms
+    bool reporting = false;  // came back: offered again once every segment was re-reported
+    std::set<std::string> reported_segments;
+    std::deque<proto::StoreNodeObjectChange> journal;  // object-table changes not yet handed out
   };
   struct PendingFree {
     std::string segment;
@@ -278,6 +336,16 @@ class MasterCore {
   void drop_segment(const std::string& segment);
   void drop_node(const std::string& node_id);
   void emit(const char* type, const std::string& key, const std::string& segment);
+  // The segment's replica can be offered to readers (complete, its node neither suspect nor reporting).
+  bool offered(const Replica& r) const;
+  bool any_offered(const Object& obj) const;
+  void set_offline(Node& node, bool offline);
+  // Queue an object-table change for the node of `segment` (present: a complete replica placed there).
+  void journal(const std::string& segment, uint64_t offset, bool present, const std::string& key = "",
+               const Object* obj = nullptr);
+  // Drops one replica (by index) of the object at `it`: event, journal, space; the object goes when no
+  // complete replica is left. Returns true when the object was erased.
+  bool drop_replica(ObjectMap::iterator it, size_t index);
   std::vector<std::string> place(uint64_t size_bytes, uint32_t count, const std::string& preferred,
                                  const std::vector<std::string>& exclude_nodes, const std::string& near_host,
                                  bool host_first = false);

@@ -13,8 +13,16 @@
 //
 // SSD I/O: pread/pwrite on a file opened with O_DIRECT where the file system allows it (tmpfs does
 // not; then buffered I/O), through an aligned bounce buffer so any (offset, length) works.
-// Segment names: "<node_id>/dram" and "<node_id>/ssd". A node that the master declared dead (missed
-// heartbeats) publishes and mounts its segments again, empty, on its next heartbeat.
+// Segment names: "<node_id>/dram" and "<node_id>/ssd". Object table: the node applies the changes the
+// master sends with each heartbeat reply (complete replicas placed on / removed from its segments: key,
+// offset, size, checksum), so it can re-report its objects (store.node_report) when the master asks after a
+// suspect spell, or to a restarted master (another store.info epoch), mounting its segments with restore.
+// A node that the master declared dead (silent past the grace period: same epoch) forgets its table and
+// publishes and mounts its segments again, empty, on its next heartbeat.
+// Disks: --ssd-bytes beyond the free space of --ssd-dir is refused at start (kInvalidArgument: exit 2). A
+// demotion failing with ENOSPC (kNoSpace) or EIO (kIo) is reported with its code (the master makes the tier
+// read-only); a demotion whose DRAM bytes fail the object's checksum is not copied (kDataLoss). Each
+// heartbeat checks that the SSD file is still there; when it vanished the tier is unmounted at the master.
 // Threading: run_node() serves on the calling thread until a stop signal; the engine has its own threads.
 #pragma once
 
