@@ -207,6 +207,7 @@ class Run final : public EventSink {
     for (size_t i = 0; i < rows_.size(); ++i) {
       State& s = states_[i];
       if (!s.closed) {
+        if (s.admission && s.admission->accepted) ++out.lost;
         s.error = "no completion within the drain timeout of " + std::to_string(options_.drain_timeout_s) + " s (" +
                   std::to_string(s.token_ns.size()) + " tokens received)";
         close(s, i);
