@@ -21,8 +21,7 @@ Status validate_conductor_options(const ConductorOptions& o) {
   if (o.endpoint.empty()) return Status::ok();
   Result<Endpoint> ep = parse_endpoint(o.endpoint);
   if (!ep.is_ok()) {
-    return error(Code::kInvalidArgument, "--conductor '" + o.endpoint + "': " + ep.status().message() +
-                                             " (expected tcp://host:port or ipc://path)");
+    return error(Code::kInvalidArgument, "--conductor '" + o.endpoint + "': " + ep.status().message());
   }
   if (o.start_wait_ms < 0) return error(Code::kInvalidArgument, "--conductor-wait-ms must be >= 0");
   return Status::ok();

@@ -275,25 +275,27 @@ class Conductor {
         [this](const proto::ConductorHeartbeatRequest& req, const rpc::CallContext&) { return on_heartbeat(req); });
     server_->handle<proto::ConductorJobReportRequest>(
         [this](const proto::ConductorJobReportRequest& req, const rpc::CallContext&) { return on_job_report(req); });
-    server_->handle<proto::ConductorStatusRequest>(
-        [this](const proto::ConductorStatusRequest& req,
-               const rpc::CallContext&) -> Result<proto::ConductorStatusReply> {
-          nlohmann::json j = scheduler_status(*sched_, req.with_instances);
-          j["service"] = "mc-conductor";
-          j["endpoint"] = endpoint();
-          j["requests_dispatching"] = in_flight_.size();
-          j["requests_decoding"] = decoding_.size();
-          nlohmann::json faults;
-          for (const char* k : {"redispatched", "failed_by_instance_death", "reservations_released"}) {
-            faults[k] = fault_counter(k).value();
-          }
-          for (const char* k : {"heartbeat", "job_report", "prefill_ledger"}) {
-            faults["refused_" + std::string(k)] =
-                metrics_.counter("mc_conductor_refused_" + std::string(k) + "_total", "refused values").value();
-          }
-          j["faults"] = faults;
-          return proto::ConductorStatusReply{j.dump()};
-        });
+    server_->handle<proto::ConductorStatusRequest>([this](
+                                                       const proto::ConductorStatusRequest& req,
+                                                       const rpc::CallContext&) -> Result<proto::ConductorStatusReply> {
+      nlohmann::json j = scheduler_status(*sched_, req.with_instances);
+      j["service"] = "mc-conductor";
+      j["endpoint"] = endpoint();
+      j["requests_dispatching"] = in_flight_.size();
+      j["requests_decoding"] = decoding_.size();
+      nlohmann::json faults;
+      for (const char* k : {"redispatched", "failed_by_instance_death", "reservations_released"}) {
+        faults[k] = fault_counter(k).value();
+      }
+      for (const char* k : {"heartbeat", "job_report", "prefill_ledger"}) {
+        faults["refused_" + std::string(k)] =
+            metrics_
+                .counter("mc_conductor_refused_" + std::string(k) + "_total", "refused " + std::string(k) + " values")
+                .value();
+      }
+      j["faults"] = faults;
+      return proto::ConductorStatusReply{j.dump()};
+    });
   }
 
   static proto::ConductorSubmitReply reply_of(const Decision& d) {
@@ -703,24 +705,29 @@ class Conductor {
         release_reservation(f.decode_endpoint, f.reservation.reservation_id, d.request_id, nullptr);
       ++f.attempt;
       if (d.action == FaultAction::kRedispatch) {
-        redispatch(d.request_id, d.remaining_ttft_ms, d.reason);
+        redispatch(d.request_id, d.remaining_ttft_ms, d.instance_cause);
       } else {
         fail_flight(d.request_id, d.reason);
       }
     }
   }
 
-  // A new decision for a request whose attempt was lost, with the TTFT budget that is left.
+  // A new decision for a request whose attempt was lost (`why`: the instance and the cause), with the TTFT budget
+  // that is left.
   void redispatch(const std::string& id, double remaining_ttft_ms, const std::string& why) {
     Flight& f = in_flight_.at(id);
     Request r = f.request;
     r.slo_ttft_ms = remaining_ttft_ms;
     Decision d = sched_->decide(r);
     log_decision(r, d, f.submit);
-    if (!d.accepted) return fail_flight(id, why + "; no pair can take it now: " + d.reason);
+    if (!d.accepted) {
+      return fail_flight(id, why + " before the first token, not re-dispatched: no pair can take it now: " + d.reason);
+    }
     const Instance* p = sched_->cluster().find(d.prefill_id);
     const Instance* dec = sched_->cluster().find(d.decode_id);
-    if (p == nullptr || dec == nullptr) return fail_flight(id, why + "; the chosen instance vanished");
+    if (p == nullptr || dec == nullptr) {
+      return fail_flight(id, why + " before the first token, not re-dispatched: the chosen instance vanished");
+    }
     sched_->commit(r, d);
     f.decision = d;
     f.prefill_endpoint = p->info.endpoint;

@@ -23,8 +23,8 @@ std::vector<FaultDecision> decide_instance_death(std::span<const TrackedRequest>
     if (!decode_died && !prefill_died) continue;
     FaultDecision d;
     d.request_id = r.request_id;
-    const std::string who =
-        std::string(decode_died ? "decode" : "prefill") + " instance '" + instance_id + "' " + cause;
+    const std::string& who = d.instance_cause;
+    d.instance_cause = std::string(decode_died ? "decode" : "prefill") + " instance '" + instance_id + "' " + cause;
     // A reservation on a decode instance that is still alive is freed now; one on the dead instance went with it.
     d.release_reservation = !decode_died && r.reservation_held;
     if (r.phase != RequestPhase::kDispatching) {
@@ -39,15 +39,15 @@ std::vector<FaultDecision> decide_instance_death(std::span<const TrackedRequest>
     d.remaining_ttft_ms = r.slo_ttft_ms - elapsed_ms;
     if (r.attempts >= config.max_attempts) {
       d.action = FaultAction::kFail;
-      d.reason = who + " before the first token; not re-dispatched: " + std::to_string(r.attempts) + " of " +
+      d.reason = who + " before the first token, not re-dispatched: " + std::to_string(r.attempts) + " of " +
                  std::to_string(config.max_attempts) + " dispatch attempts used";
     } else if (!(d.remaining_ttft_ms > 0)) {
       d.action = FaultAction::kFail;
-      d.reason = who + " before the first token; not re-dispatched: " + ms_text(elapsed_ms) +
+      d.reason = who + " before the first token, not re-dispatched: " + ms_text(elapsed_ms) +
                  " ms since submit, past the TTFT SLO of " + ms_text(r.slo_ttft_ms) + " ms";
     } else {
       d.action = FaultAction::kRedispatch;
-      d.reason = who + " before the first token; re-dispatched (attempt " + std::to_string(r.attempts + 1) + " of " +
+      d.reason = who + " before the first token: re-dispatched (attempt " + std::to_string(r.attempts + 1) + " of " +
                  std::to_string(config.max_attempts) + ", " + ms_text(d.remaining_ttft_ms) +
                  " ms of the TTFT SLO left)";
     }

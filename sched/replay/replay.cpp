@@ -244,9 +244,11 @@ class Run final : public EventSink {
     s.closed = true;
     ++closed_count_;
     done_cv_.notify_all();
-    last_close_ns_ = std::max(last_close_ns_, clock_.now_ns() - start_ns_);
+    const int64_t closed_ns = clock_.now_ns() - start_ns_;
+    last_close_ns_ = std::max(last_close_ns_, closed_ns);
     RequestRecord& r = records_[i];
     const double scale = options_.time_scale;
+    r.end_ms = static_cast<double>(closed_ns) / 1e6 * scale;
     if (s.sent_ns) {
       r.submit_ms = static_cast<double>(*s.sent_ns) / 1e6 * scale;
       r.send_lag_ms = static_cast<double>(*s.sent_ns - s.scheduled_ns) / 1e6;  // wall: a property of the sender

@@ -41,6 +41,7 @@ TEST(Faults, PrefillDeathRedispatchesItsDispatchingRequestsAndReleasesTheirReser
   EXPECT_DOUBLE_EQ(ds[0].remaining_ttft_ms, 8'000);  // 2 s of the 10 s SLO are gone
   EXPECT_NE(ds[0].reason.find("prefill instance 'p0' missed its heartbeats"), std::string::npos) << ds[0].reason;
   EXPECT_NE(ds[0].reason.find("attempt 2 of 3"), std::string::npos) << ds[0].reason;
+  EXPECT_EQ(ds[0].instance_cause, "prefill instance 'p0' missed its heartbeats for 3000 ms");
   EXPECT_EQ(ds[1].request_id, "d");
   EXPECT_FALSE(ds[1].release_reservation);  // no reservation held yet
 }

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "mc/common/protocol.hpp"
+#include "mc/common/status.hpp"
 
 namespace mc::infer {
 

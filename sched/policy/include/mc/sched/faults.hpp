@@ -59,6 +59,7 @@ struct FaultDecision {
   bool release_reservation = false;
   double remaining_ttft_ms = 0;  // kRedispatch: the SLO budget left for the new decision (> 0)
   std::string reason;            // names the instance and the cause; kFail: what the client is told
+  std::string instance_cause;    // "<role> instance '<id>' <cause>": the start of reason
 };
 
 // The decisions for every request of `requests` that the death of `instance_id` (for `cause`, e.g. "missed its

@@ -85,6 +85,9 @@ struct RequestRecord {
   int64_t trace_timestamp_ms = 0;     // arrival in trace time (before --speed / --rate-scale)
   std::optional<double> submit_ms;    // when it was sent, ms since the run started (run clock)
   std::optional<double> send_lag_ms;  // actual - scheduled send time (open loop); > late threshold = late
+  // When the record closed (its terminal event: done, error or rejection; or the drain timeout), ms since the
+  // run started (run clock): with submit_ms, how long a fault took to reach each request (docs/RELIABILITY.md).
+  std::optional<double> end_ms;
 
   int64_t input_tokens = 0;
   int64_t output_tokens_requested = 0;   // the trace's output_length
