@@ -53,8 +53,9 @@ files=()
 IFS=',' read -r -a list <<< "$policies"
 for p in "${list[@]}"; do
   echo "compare-policies.sh: policy $p" >&2
+  # Every policy's records count, also when some of its requests failed (--allow-failures).
   "$here/replay-conversation.sh" --build-dir "$build_dir" --start-s "$start_s" --duration-s "$duration_s" \
-    --speed "$speed" --policy "$p" --out "$dir/$p.jsonl" > "$dir/$p.summary.txt"
+    --speed "$speed" --policy "$p" --out "$dir/$p.jsonl" -- --allow-failures > "$dir/$p.summary.txt"
   files+=("$dir/$p.jsonl")
 done
 "$build_dir/bin/mc-trace-replay" report "${files[@]}" "${json[@]}"

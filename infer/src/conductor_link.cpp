@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "mc/common/endpoint.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
@@ -16,6 +17,16 @@ ConductorOptions resolve_conductor_options(ConductorOptions o, const std::string
   return o;
 }
 
+Status validate_conductor_options(const ConductorOptions& o) {
+  if (o.endpoint.empty()) return Status::ok();
+  Result<Endpoint> ep = parse_endpoint(o.endpoint);
+  if (!ep.is_ok()) {
+    return error(Code::kInvalidArgument, "--conductor '" + o.endpoint + "': " + ep.status().message());
+  }
+  if (o.start_wait_ms < 0) return error(Code::kInvalidArgument, "--conductor-wait-ms must be >= 0");
+  return Status::ok();
+}
+
 ConductorHeartbeat::ConductorHeartbeat(ConductorOptions options, proto::ConductorRegisterRequest registration,
                                        std::function<proto::ConductorHeartbeatRequest()> load)
     : options_(std::move(options)), registration_(std::move(registration)), load_(std::move(load)) {
@@ -25,6 +36,25 @@ ConductorHeartbeat::ConductorHeartbeat(ConductorOptions options, proto::Conducto
 void ConductorHeartbeat::stop() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
+}
+
+void ConductorHeartbeat::set_state(bool registered, std::string last_error) {
+  std::lock_guard lock(state_mu_);
+  if (registered) registered_once_ = true;
+  if (!last_error.empty()) last_error_ = std::move(last_error);
+  state_cv_.notify_all();
+}
+
+Status ConductorHeartbeat::wait_registered(int64_t timeout_ms) {
+  if (options_.endpoint.empty()) return Status::ok();
+  std::unique_lock lock(state_mu_);
+  if (state_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return registered_once_; })) {
+    return Status::ok();
+  }
+  return error(Code::kUnavailable, registration_.instance_id + ": could not register with conductor " +
+                                       options_.endpoint + " within " + std::to_string(timeout_ms) +
+                                       " ms: " + last_error_ +
+                                       " (is mc-conductor running there? --conductor-wait-ms waits longer)");
 }
 
 void ConductorHeartbeat::run() {
@@ -44,6 +74,7 @@ void ConductorHeartbeat::run() {
       if (!c.is_ok()) {
         MC_LOG_WARN << registration_.instance_id << ": conductor " << options_.endpoint
                     << " unreachable, retrying in 1 s: " << c.status().to_string();
+        set_state(false, c.status().to_string());
         sleep_ms(1000);
         continue;
       }
@@ -55,12 +86,14 @@ void ConductorHeartbeat::run() {
       if (!r.is_ok()) {
         MC_LOG_WARN << registration_.instance_id << ": registration with " << options_.endpoint
                     << " failed, retrying in 1 s: " << r.status().to_string();
+        set_state(false, r.status().to_string());
         if (r.status().code() == Code::kTimeout || r.status().code() == Code::kUnavailable) client.reset();
         sleep_ms(1000);
         continue;
       }
       interval_ms = r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 1000;
       registered = true;
+      set_state(true, "");
       MC_LOG_INFO << registration_.instance_id << ": registered with conductor " << options_.endpoint
                   << " (heartbeat every " << interval_ms << " ms)";
     }

@@ -43,6 +43,11 @@ void add_backend_flags(CLI::App& app, BackendFlags& f) {
 void add_conductor_flags(CLI::App& app, ConductorOptions& o) {
   app.add_option("--conductor", o.endpoint, "mc-conductor endpoint to register with and heartbeat to (empty: none)")
       ->envname("MC_CONDUCTOR");
+  app.add_option("--conductor-wait-ms", o.start_wait_ms,
+                 "At start, retry this long (ms) to reach and register with --conductor, then exit 1 naming it")
+      ->envname("MC_CONDUCTOR_WAIT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
   app.add_option("--instance-id", o.instance_id, "Unique instance name (default: <role>-<host>-<pid>)");
   app.add_option("--host", o.host,
                  "Host label reported to the conductor and (mc-prefill) to the store master, which place "
@@ -87,6 +92,10 @@ void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
                  "Reservations without a KV commit are aborted after this many milliseconds")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--max-reservation-ttl-ms", c.max_reservation_ttl_ms,
+                 "The longest ttl_ms a decode_reserve may ask for (ms); longer or negative ones are refused")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--client-timeout-ms", c.client_timeout_ms, "Per-message timeout towards client endpoints (ms)")
       ->capture_default_str()
       ->check(CLI::Range(1, 600000));
@@ -117,12 +126,14 @@ Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::s
 }
 
 Status run_decode_daemon(const DecodeDaemonConfig& c) {
+  MC_RETURN_IF_ERROR(validate_conductor_options(c.conductor));
   MC_ASSIGN_OR_RETURN(auto backend, backend_from_flags(c.backend));
   DecodeWorkerOptions o;
   o.block_tokens = c.backend.block_tokens;
   MC_ASSIGN_OR_RETURN(o.kv_blocks, kv_blocks_from_flags(c.backend, *backend));
   o.max_batch_size = c.max_batch_size;
   o.reservation_ttl_ms = c.reservation_ttl_ms;
+  o.max_reservation_ttl_ms = c.max_reservation_ttl_ms;
   o.weight_seed = c.backend.seed;
   MC_ASSIGN_OR_RETURN(auto worker,
                       DecodeWorker::create(o, std::move(backend), make_rpc_token_sink(c.client_timeout_ms)));
@@ -165,6 +176,7 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
 }
 
 Status run_prefill_daemon(const PrefillDaemonConfig& c) {
+  MC_RETURN_IF_ERROR(validate_conductor_options(c.conductor));
   MC_ASSIGN_OR_RETURN(auto backend, backend_from_flags(c.backend));
   std::unique_ptr<KvBlockCache> cache;
   if (c.store == "mem") {

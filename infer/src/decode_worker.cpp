@@ -130,6 +130,11 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::create(DecodeWorkerOptions o
     return error(Code::kInvalidArgument,
                  "decode worker: --block-tokens, --kv-blocks, --max-batch and --reservation-ttl-ms must be > 0");
   }
+  if (options.reservation_ttl_ms > options.max_reservation_ttl_ms) {
+    return error(Code::kInvalidArgument,
+                 "decode worker: --reservation-ttl-ms " + std::to_string(options.reservation_ttl_ms) +
+                     " exceeds --max-reservation-ttl-ms " + std::to_string(options.max_reservation_ttl_ms));
+  }
   if (!backend || !sink) return error(Code::kInvalidArgument, "decode worker: backend and token sink are required");
   MC_ASSIGN_OR_RETURN(auto kv,
                       KvBuffer::create(backend->kv_layout(options.block_tokens), options.kv_blocks, KvMemory::kShared));
@@ -252,6 +257,13 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   }
   if (r.client_endpoint.empty()) {
     return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id + "': client_endpoint is empty");
+  }
+  // A client-supplied duration is bounded (issue 17 item 5): an endless reservation would hold KV forever.
+  if (r.ttl_ms < 0 || r.ttl_ms > options_.max_reservation_ttl_ms) {
+    metrics_.counter("mc_decode_reserve_invalid_total", "reservations refused for bad lengths").inc();
+    return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id + "': ttl_ms " + std::to_string(r.ttl_ms) +
+                                             " is outside [0, " + std::to_string(options_.max_reservation_ttl_ms) +
+                                             "] ms (--max-reservation-ttl-ms; 0: the worker's --reservation-ttl-ms)");
   }
   const RequestKeyScope scope{r.lora_name, r.lora_version, r.salt};
   MC_RETURN_IF_ERROR(validate_key_scope(scope, "decode_reserve '" + r.request_id + "'"));
@@ -706,6 +718,14 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
     hb.decode_step_samples = worker.take_step_samples();
     return hb;
   });
+  if (Status reg_status = heartbeat.wait_registered(conductor.start_wait_ms); !reg_status.is_ok()) {
+    heartbeat.stop();
+    stop.store(true);
+    stepper.join();
+    worker.set_job_reporter(nullptr);
+    reporter.stop();
+    return reg_status;
+  }
   daemon::announce_ready("mc-decode", server->endpoints().front(),
                          {{"backend", worker.backend().kind()},
                           {"model", worker.backend().model().name},

@@ -568,14 +568,16 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     hb.queued_prefill_jobs = l.queued_jobs + (l.running_tokens > 0 ? 1 : 0);
     return hb;
   });
-  daemon::announce_ready("mc-prefill", server->endpoints().front(),
-                         {{"backend", worker.backend().kind()},
-                          {"model", worker.backend().model().name},
-                          {"kv_blocks", std::to_string(worker.kv().num_blocks())},
-                          {"block_tokens", std::to_string(worker.kv().layout().block_size)},
-                          {"namespace", worker.key_namespace().digest_hex()}});
-  Status served;
-  while (!daemon::stop_requested()) {
+  Status served = heartbeat.wait_registered(conductor.start_wait_ms);
+  if (served.is_ok()) {
+    daemon::announce_ready("mc-prefill", server->endpoints().front(),
+                           {{"backend", worker.backend().kind()},
+                            {"model", worker.backend().model().name},
+                            {"kv_blocks", std::to_string(worker.kv().num_blocks())},
+                            {"block_tokens", std::to_string(worker.kv().layout().block_size)},
+                            {"namespace", worker.key_namespace().digest_hex()}});
+  }
+  while (served.is_ok() && !daemon::stop_requested()) {
     served = server->poll_once(5);
     if (!served.is_ok()) break;
     std::deque<Finished> done;

@@ -24,6 +24,7 @@
 #include "mc/model/cost_model.hpp"
 #include "mc/model/model_config.hpp"
 #include "mc/sched/decision_json.hpp"
+#include "mc/sched/faults.hpp"
 #include "mc/sched/scheduler.hpp"
 
 namespace mc::sched {
@@ -51,7 +52,8 @@ Result<Request> request_from_submit(const std::string& request_id, int64_t input
     return error(Code::kInvalidArgument,
                  what + "output_tokens must be >= 1 (got " + std::to_string(output_tokens) + ")");
   }
-  if (!(slo_ttft_ms >= 0) || !(slo_tbt_ms >= 0)) return error(Code::kInvalidArgument, what + "negative SLO");
+  MC_RETURN_IF_ERROR(validate_slo_ms(slo_ttft_ms, "slo_ttft_ms", "submit '" + request_id + "'"));
+  MC_RETURN_IF_ERROR(validate_slo_ms(slo_tbt_ms, "slo_tbt_ms", "submit '" + request_id + "'"));
   r.output_tokens = output_tokens;
   r.slo_ttft_ms = slo_ttft_ms;
   r.slo_tbt_ms = slo_tbt_ms;
@@ -169,6 +171,7 @@ class Conductor {
     default_scope_ = options_.key_namespace.request_scope();
     options_.key_namespace = options_.key_namespace.with_request({});
     base_known_ = !options_.key_namespace.is_plain();
+    fault_config_.max_attempts = std::max(1, options_.max_dispatch_attempts);
   }
 
   Status start() {
@@ -213,7 +216,10 @@ class Conductor {
         for (const auto& id : sched_->expire()) {
           MC_LOG_WARN << "instance '" << id << "' missed its heartbeats for " << options_.scheduler.heartbeat_timeout_ms
                       << " ms: removed with its cached blocks";
+          on_instance_lost(
+              id, "missed its heartbeats for " + std::to_string(options_.scheduler.heartbeat_timeout_ms) + " ms");
         }
+        sweep_decoding(now);
         update_metrics();
       }
       if (resync_ && now - last_hosts_ns > 5'000'000'000) {
@@ -228,9 +234,18 @@ class Conductor {
   }
 
  private:
+  // Where a dispatching request is: which worker call of its current attempt is outstanding.
+  enum class Stage : uint8_t { kReserving, kReplicating, kPrefilling, kReleasing };
   struct Flight {
     rpc::CallContext ctx;  // the client's submit, answered when the reservation holds
     bool answered = false;
+    int attempt = 1;  // dispatch attempt (a worker's death re-dispatches); callbacks of older attempts are ignored
+    Stage stage = Stage::kReserving;
+    bool reservation_held = false;   // `reservation` exists on the decode instance and was not consumed
+    bool decode_finished = false;    // mc-decode reported done/failed before the prefill's reply came
+    double slo_ttft_ms = 0;          // the TTFT SLO applied at submit (re-dispatches get what is left of it)
+    int64_t last_event_unix_ns = 0;  // the latest job-report event time (monotone)
+    Request request;                 // as decided (re-dispatches decide it again)
     int64_t submit_ns = 0;
     int64_t submit_unix_ns = 0;
     int64_t dispatch_ns = 0;
@@ -242,6 +257,14 @@ class Conductor {
     proto::DecodeReserveReply reservation;
     RequestKeyScope scope;  // the request's adapter and salt (or the default scope)
   };
+  // An accepted request whose KV was committed: its decode instance streams the tokens. Kept until mc-decode
+  // reports it done or failed (or job_timeout_ms after its prefill), so that the death of that instance can be
+  // told to the client.
+  struct Decoding {
+    std::string client_endpoint, prefill_id, decode_id;
+    int64_t submit_ns = 0, submit_unix_ns = 0, since_ns = 0;
+    int64_t last_event_unix_ns = 0;
+  };
 
   void register_handlers() {
     server_->handle<proto::ConductorSubmitRequest>(
@@ -252,15 +275,27 @@ class Conductor {
         [this](const proto::ConductorHeartbeatRequest& req, const rpc::CallContext&) { return on_heartbeat(req); });
     server_->handle<proto::ConductorJobReportRequest>(
         [this](const proto::ConductorJobReportRequest& req, const rpc::CallContext&) { return on_job_report(req); });
-    server_->handle<proto::ConductorStatusRequest>(
-        [this](const proto::ConductorStatusRequest& req,
-               const rpc::CallContext&) -> Result<proto::ConductorStatusReply> {
-          nlohmann::json j = scheduler_status(*sched_, req.with_instances);
-          j["service"] = "mc-conductor";
-          j["endpoint"] = endpoint();
-          j["requests_dispatching"] = in_flight_.size();
-          return proto::ConductorStatusReply{j.dump()};
-        });
+    server_->handle<proto::ConductorStatusRequest>([this](
+                                                       const proto::ConductorStatusRequest& req,
+                                                       const rpc::CallContext&) -> Result<proto::ConductorStatusReply> {
+      nlohmann::json j = scheduler_status(*sched_, req.with_instances);
+      j["service"] = "mc-conductor";
+      j["endpoint"] = endpoint();
+      j["requests_dispatching"] = in_flight_.size();
+      j["requests_decoding"] = decoding_.size();
+      nlohmann::json faults;
+      for (const char* k : {"redispatched", "failed_by_instance_death", "reservations_released"}) {
+        faults[k] = fault_counter(k).value();
+      }
+      for (const char* k : {"heartbeat", "job_report", "prefill_ledger"}) {
+        faults["refused_" + std::string(k)] =
+            metrics_
+                .counter("mc_conductor_refused_" + std::string(k) + "_total", "refused " + std::string(k) + " values")
+                .value();
+      }
+      j["faults"] = faults;
+      return proto::ConductorStatusReply{j.dump()};
+    });
   }
 
   static proto::ConductorSubmitReply reply_of(const Decision& d) {
@@ -325,6 +360,8 @@ class Conductor {
     f.submit = req;
     f.decision = d;
     f.scope = scope;
+    f.slo_ttft_ms = d.slo_ttft_ms;
+    f.request = r;
     f.prefill_endpoint = p->info.endpoint;
     f.decode_endpoint = dec->info.endpoint;
     if (d.replicate_prefix && !options_.store_master.empty()) {
@@ -352,8 +389,21 @@ class Conductor {
     if (!st.is_ok()) MC_LOG_WARN << "reply to submit '" << f.submit.request_id << "': " << st.message();
   }
 
+  // The flight of `id` when `attempt` is still its current attempt, else null (a late callback of an attempt
+  // that a worker's death replaced).
+  Flight* current(const std::string& id, int attempt) {
+    auto it = in_flight_.find(id);
+    return it == in_flight_.end() || it->second.attempt != attempt ? nullptr : &it->second;
+  }
+
+  static bool transport_failure(const Status& st) {
+    return st.code() == Code::kTimeout || st.code() == Code::kUnavailable;
+  }
+
   void reserve(const std::string& id) {
     Flight& f = in_flight_.at(id);
+    f.stage = Stage::kReserving;
+    f.reservation_held = false;
     proto::DecodeReserveRequest rr;
     rr.request_id = id;
     rr.input_length_tokens = static_cast<int64_t>(f.submit.tokens.size());
@@ -364,15 +414,25 @@ class Conductor {
     rr.salt = f.scope.salt;
     calls_.call<proto::DecodeReserveRequest>(
         f.decode_endpoint, rr, options_.reserve_timeout_ms,
-        [this, id](Result<proto::DecodeReserveReply> res) { on_reserved(id, std::move(res)); });
+        [this, id, attempt = f.attempt, ep = f.decode_endpoint](Result<proto::DecodeReserveReply> res) {
+          on_reserved(id, attempt, ep, std::move(res));
+        });
   }
 
-  void on_reserved(const std::string& id, Result<proto::DecodeReserveReply> res) {
-    auto it = in_flight_.find(id);
-    if (it == in_flight_.end()) return;
-    Flight& f = it->second;
+  void on_reserved(const std::string& id, int attempt, const std::string& decode_endpoint,
+                   Result<proto::DecodeReserveReply> res) {
+    Flight* fp = current(id, attempt);
+    if (fp == nullptr) {
+      // The attempt was given up (its prefill instance died): a reservation made meanwhile is freed at once.
+      if (res.is_ok()) release_reservation(decode_endpoint, res->reservation_id, id, nullptr);
+      return;
+    }
+    Flight& f = *fp;
     if (!res.is_ok()) {
-      // Rejected before any prefill started: the client hears it as a rejection.
+      if (transport_failure(res.status())) {
+        return on_instance_lost(f.decision.decode_id, "did not answer decode_reserve (" + res.status().message() + ")");
+      }
+      // Refused before any prefill started: the client hears it as a rejection.
       metrics_.counter("mc_conductor_decode_refused_total", "decode_reserve refused or failed").inc();
       proto::ConductorSubmitReply r = reply_of(f.decision);
       r.accepted = false;
@@ -381,20 +441,23 @@ class Conductor {
       MC_LOG_WARN << "request '" << id << "': " << r.reason;
       sched_->on_request_done(id);
       answer(f, r);
-      in_flight_.erase(it);
+      in_flight_.erase(id);
       return;
     }
     f.reservation = std::move(res).value();
+    f.reservation_held = true;
     if (f.replicate_keys.empty()) return dispatch(id);
     // Hot prefix on an overloaded holder (Decision::replicate_prefix): ask the store master to copy the reused
     // blocks near the chosen prefill instance before it reads them; its store client makes the copy on that
     // read (master_core.hpp replicate_near), so the next request finds a same-host copy. A failure only
     // loses the copy, never the request.
+    f.stage = Stage::kReplicating;
     proto::StoreReplicateNearRequest rn;
     rn.keys = f.replicate_keys;
     rn.host = f.prefill_host;
     calls_.call<proto::StoreReplicateNearRequest>(
-        options_.store_master, rn, options_.store_timeout_ms, [this, id](Result<proto::StoreReplicateNearReply> r) {
+        options_.store_master, rn, options_.store_timeout_ms,
+        [this, id, attempt](Result<proto::StoreReplicateNearReply> r) {
           if (r.is_ok()) {
             metrics_
                 .counter("mc_conductor_replicated_blocks_total",
@@ -404,7 +467,7 @@ class Conductor {
             MC_LOG_WARN << "request '" << id << "': store.replicate_near at " << options_.store_master
                         << " failed (the prefix is read remotely, not copied): " << r.status().message();
           }
-          dispatch(id);
+          if (current(id, attempt) != nullptr) dispatch(id);
         });
   }
 
@@ -412,6 +475,7 @@ class Conductor {
     auto it = in_flight_.find(id);
     if (it == in_flight_.end()) return;
     Flight& f = it->second;
+    f.stage = Stage::kPrefilling;
     const proto::DecodeReserveReply& res = f.reservation;
     proto::PrefillJobRequest job;
     job.request_id = id;
@@ -434,9 +498,12 @@ class Conductor {
     f.dispatch_ns = RealClock::instance().now_ns();
     answer(f, reply_of(f.decision));
     metrics_.counter("mc_conductor_dispatched_total", "requests dispatched to a prefill instance").inc();
-    calls_.call<proto::PrefillJobRequest>(
-        f.prefill_endpoint, job, options_.job_timeout_ms,
-        [this, id](Result<proto::PrefillJobReply> r) { on_prefill_reply(id, std::move(r)); });
+    calls_.call<proto::PrefillJobRequest>(f.prefill_endpoint, job, options_.job_timeout_ms,
+                                          [this, id, attempt = f.attempt](Result<proto::PrefillJobReply> r) {
+                                            const Flight* g = current(id, attempt);
+                                            if (g != nullptr && g->stage == Stage::kPrefilling)
+                                              on_prefill_reply(id, std::move(r));
+                                          });
   }
 
   void on_prefill_reply(const std::string& id, Result<proto::PrefillJobReply> res) {
@@ -450,10 +517,14 @@ class Conductor {
       metrics_.counter("mc_conductor_prefill_failed_total", "prefill jobs that failed or timed out").inc();
       MC_LOG_WARN << "request '" << id << "': prefill on " << f.decision.prefill_id
                   << " failed: " << res.status().message();
+      if (transport_failure(res.status())) {
+        return on_instance_lost(f.decision.prefill_id, "did not answer prefill_job (" + res.status().message() + ")");
+      }
+      // The prefill aborted the reservation when it could (decode then told the client); whether it could is
+      // what decode_release says.
       rep.ok = false;
       sched_->on_prefill_done(rep);
-      sched_->on_request_done(id);
-      in_flight_.erase(it);
+      release_then_decide(id, f.decision.prefill_id, "failed the prefill job (" + res.status().message() + ")");
       return;
     }
     const proto::RequestLedger& l = res->ledger;
@@ -462,13 +533,23 @@ class Conductor {
     const double scale = options_.time_scale;
     rep.prefill_ms = static_cast<double>(l.prefill_ms) * scale;
     if (l.prefill_ms < 0) rep.prefill_ms = -1;  // not measured: the refit ignores it
+    // Absurd phase times (issue 17 item 5) refit nothing and are not counted as a TTFT.
+    bool sane = true;
+    for (int64_t part : {l.queue_ms, l.fetch_ms, l.prefill_ms, l.kv_tail_ms}) {
+      sane = sane && part >= -1 && static_cast<double>(part) <= kMaxReportedMs;
+    }
+    if (!sane) {
+      refused("prefill_ledger", "prefill ledger of '" + id + "' from " + f.decision.prefill_id +
+                                    ": a phase time outside [-1, 3600000] ms (ignored for the refit)");
+      rep.prefill_ms = -1;
+    }
     // Bandwidth samples (not in a time-scaled cluster): the SSD reads are timed on their own; a fetch from one
     // DRAM path class only, with no SSD part, is a clean sample of that class.
-    if (scale == 1.0 && l.fetch_ssd_bytes > 0 && l.fetch_ssd_us > 0) {
+    if (sane && scale == 1.0 && l.fetch_ssd_bytes > 0 && l.fetch_ssd_us > 0) {
       rep.transfer_bytes[static_cast<int>(PathClass::kSsd)] = l.fetch_ssd_bytes;
       rep.transfer_ns[static_cast<int>(PathClass::kSsd)] = l.fetch_ssd_us * 1'000;
     }
-    if (scale == 1.0 && l.fetch_bytes > 0 && l.fetch_ms > 0 && l.fetch_ssd_bytes == 0) {
+    if (sane && scale == 1.0 && l.fetch_bytes > 0 && l.fetch_ms > 0 && l.fetch_ssd_bytes == 0) {
       const bool local = l.hit_tokens_local > 0, remote = l.hit_tokens_remote > 0;
       if (local != remote) {
         int c = local ? static_cast<int>(PathClass::kSameHost) : static_cast<int>(PathClass::kRemote);
@@ -477,16 +558,228 @@ class Conductor {
       }
     }
     sched_->on_prefill_done(rep);
-    // Actual TTFT on the Conductor's clock up to dispatch, then the worker's measured phases (its reply
-    // only comes after the new blocks are stored, which is not on the first token's path).
-    double ttft = static_cast<double>(f.dispatch_ns - f.submit_ns) * 1e-6;
-    for (int64_t part : {l.queue_ms, l.fetch_ms, l.prefill_ms, l.kv_tail_ms}) {
-      if (part > 0) ttft += static_cast<double>(part);
+    if (sane) {
+      // Actual TTFT on the Conductor's clock up to dispatch, then the worker's measured phases (its reply
+      // only comes after the new blocks are stored, which is not on the first token's path).
+      double ttft = static_cast<double>(f.dispatch_ns - f.submit_ns) * 1e-6;
+      for (int64_t part : {l.queue_ms, l.fetch_ms, l.prefill_ms, l.kv_tail_ms}) {
+        if (part > 0) ttft += static_cast<double>(part);
+      }
+      ttft *= scale;
+      sched_->on_first_token(id, ttft);
+      metrics_.histogram("mc_conductor_ttft_seconds", metrics::latency_buckets_s(), "measured TTFT")
+          .observe(ttft * 1e-3);
     }
-    ttft *= scale;
-    sched_->on_first_token(id, ttft);
-    metrics_.histogram("mc_conductor_ttft_seconds", metrics::latency_buckets_s(), "measured TTFT").observe(ttft * 1e-3);
-    in_flight_.erase(it);  // the decode ledger entry stays until done or its predicted end
+    to_decoding(id);  // the decode ledger entry stays until done or its predicted end
+  }
+
+  // The request's KV is at its decode instance (or its abort was told to the client there): it leaves the
+  // dispatch and is tracked as decoding until mc-decode reports its end.
+  void to_decoding(const std::string& id) {
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) return;
+    const Flight& f = it->second;
+    if (!f.decode_finished) {
+      decoding_[id] =
+          Decoding{f.submit.client_endpoint, f.decision.prefill_id,          f.decision.decode_id, f.submit_ns,
+                   f.submit_unix_ns,         RealClock::instance().now_ns(), f.last_event_unix_ns};
+    }
+    in_flight_.erase(it);
+  }
+
+  // decode_release of a reservation that will get no (further) job; `then` (may be null) gets the reply.
+  void release_reservation(const std::string& decode_endpoint, uint64_t reservation_id, const std::string& id,
+                           std::function<void(Result<proto::DecodeReleaseReply>)> then) {
+    calls_.call<proto::DecodeReleaseRequest>(
+        decode_endpoint, proto::DecodeReleaseRequest{reservation_id}, options_.reserve_timeout_ms,
+        [this, id, decode_endpoint, then = std::move(then)](Result<proto::DecodeReleaseReply> r) {
+          if (r.is_ok() && r->released) fault_counter("reservations_released").inc();
+          if (!r.is_ok()) {
+            MC_LOG_WARN << "request '" << id << "': decode_release at " << decode_endpoint
+                        << " failed: " << r.status().message();
+          }
+          if (then) then(std::move(r));
+        });
+  }
+
+  // A request whose prefill failed or whose prefill instance died while its KV may have been committed: the
+  // decode instance's answer to decode_release tells. Released: nothing reached the client, and faults.hpp
+  // decides as for a request never dispatched; not released: the prefill aborted it (decode told the client)
+  // or committed it (decode streams it); no answer: the decode instance is lost too.
+  void release_then_decide(const std::string& id, const std::string& instance_id, const std::string& cause) {
+    Flight& f = in_flight_.at(id);
+    f.stage = Stage::kReleasing;
+    release_reservation(f.decode_endpoint, f.reservation.reservation_id, id,
+                        [this, id, attempt = f.attempt, instance_id, cause](Result<proto::DecodeReleaseReply> r) {
+                          Flight* g = current(id, attempt);
+                          if (g == nullptr) return;
+                          if (!r.is_ok()) {
+                            if (transport_failure(r.status())) {
+                              on_instance_lost(g->decision.decode_id,
+                                               "did not answer decode_release (" + r.status().message() + ")");
+                            } else {
+                              fail_flight(id, "instance '" + instance_id + "' " + cause +
+                                                  ", and the reservation's state is unknown: " + r.status().message());
+                            }
+                            return;
+                          }
+                          if (!r->released) return to_decoding(id);
+                          g->stage = Stage::kReserving;  // unconsumed: as if never dispatched
+                          g->reservation_held = false;
+                          apply_faults(instance_id, cause, {tracked(id, *g)});
+                        });
+  }
+
+  // ---- worker faults (faults.hpp decides, this applies) ----
+  metrics::Counter& fault_counter(const std::string& what) {
+    return metrics_.counter("mc_conductor_" + what + "_total", "worker faults: " + what);
+  }
+  // A refused report or reply value (issue 17 item 5): counted by kind and logged (rate-limited by count).
+  void refused(const std::string& kind, const std::string& message) {
+    metrics::Counter& c = metrics_.counter("mc_conductor_refused_" + kind + "_total", "refused " + kind + " values");
+    c.inc();
+    if (c.value() <= 10 || c.value() % 1000 == 0) MC_LOG_WARN << message << " (" << c.value() << " refused)";
+  }
+
+  static TrackedRequest tracked(const std::string& id, const Flight& f) {
+    TrackedRequest t;
+    t.request_id = id;
+    t.prefill_id = f.decision.prefill_id;
+    t.decode_id = f.decision.decode_id;
+    t.phase = f.stage == Stage::kReleasing ? RequestPhase::kReleasing : RequestPhase::kDispatching;
+    t.submit_ns = f.submit_ns;
+    t.slo_ttft_ms = f.slo_ttft_ms;
+    t.attempts = f.attempt;
+    t.reservation_held = f.reservation_held;
+    return t;
+  }
+
+  // `instance_id` is gone (missed heartbeats, or a call to it failed on transport): it leaves the scheduler,
+  // and every request it touches is re-dispatched or failed at once (faults.hpp).
+  void on_instance_lost(const std::string& instance_id, const std::string& cause) {
+    if (sched_->cluster().find(instance_id) != nullptr) {
+      MC_LOG_WARN << "instance '" << instance_id << "' " << cause << ": removed with its cached blocks";
+      (void)sched_->remove_instance(instance_id);
+    }
+    std::vector<TrackedRequest> touched;
+    for (const auto& [id, f] : in_flight_) touched.push_back(tracked(id, f));
+    for (const auto& [id, d] : decoding_) {
+      TrackedRequest t;
+      t.request_id = id;
+      t.prefill_id = d.prefill_id;
+      t.decode_id = d.decode_id;
+      t.phase = RequestPhase::kDecoding;
+      touched.push_back(std::move(t));
+    }
+    apply_faults(instance_id, cause, touched);
+  }
+
+  void apply_faults(const std::string& instance_id, const std::string& cause,
+                    const std::vector<TrackedRequest>& requests) {
+    const int64_t now = RealClock::instance().now_ns();
+    for (const FaultDecision& d : decide_instance_death(requests, instance_id, cause, now, fault_config_)) {
+      MC_LOG_WARN << "request '" << d.request_id << "': " << d.reason;
+      auto dec = decoding_.find(d.request_id);
+      if (dec != decoding_.end()) {
+        send_client_error(dec->second.client_endpoint, d.request_id, d.reason);
+        sched_->on_request_done(d.request_id);
+        decoding_.erase(dec);
+        fault_counter("failed_by_instance_death").inc();
+        continue;
+      }
+      auto it = in_flight_.find(d.request_id);
+      if (it == in_flight_.end()) continue;
+      Flight& f = it->second;
+      if (d.action == FaultAction::kRedispatch && d.release_reservation && f.stage == Stage::kPrefilling) {
+        sched_->on_prefill_done(
+            PrefillReport{.request_id = d.request_id, .instance_id = f.decision.prefill_id, .ok = false});
+        release_then_decide(d.request_id, instance_id, cause);  // the prefill may have committed just before
+        continue;
+      }
+      // The old attempt's ledger entries (prefill queue, decode reservation) go now; its late callbacks are
+      // ignored from here on (the attempt number changes below or the flight ends).
+      sched_->on_prefill_done(
+          PrefillReport{.request_id = d.request_id, .instance_id = f.decision.prefill_id, .ok = false});
+      sched_->on_request_done(d.request_id);
+      if (d.release_reservation)
+        release_reservation(f.decode_endpoint, f.reservation.reservation_id, d.request_id, nullptr);
+      ++f.attempt;
+      if (d.action == FaultAction::kRedispatch) {
+        redispatch(d.request_id, d.remaining_ttft_ms, d.instance_cause);
+      } else {
+        fail_flight(d.request_id, d.reason);
+      }
+    }
+  }
+
+  // A new decision for a request whose attempt was lost (`why`: the instance and the cause), with the TTFT budget
+  // that is left.
+  void redispatch(const std::string& id, double remaining_ttft_ms, const std::string& why) {
+    Flight& f = in_flight_.at(id);
+    Request r = f.request;
+    r.slo_ttft_ms = remaining_ttft_ms;
+    Decision d = sched_->decide(r);
+    log_decision(r, d, f.submit);
+    if (!d.accepted) {
+      return fail_flight(id, why + " before the first token, not re-dispatched: no pair can take it now: " + d.reason);
+    }
+    const Instance* p = sched_->cluster().find(d.prefill_id);
+    const Instance* dec = sched_->cluster().find(d.decode_id);
+    if (p == nullptr || dec == nullptr) {
+      return fail_flight(id, why + " before the first token, not re-dispatched: the chosen instance vanished");
+    }
+    sched_->commit(r, d);
+    f.decision = d;
+    f.prefill_endpoint = p->info.endpoint;
+    f.decode_endpoint = dec->info.endpoint;
+    f.replicate_keys.clear();  // a re-dispatch reads the prefix where it is
+    fault_counter("redispatched").inc();
+    reserve(id);
+  }
+
+  // Ends a dispatching request for good: a rejection when its submit was not answered yet, else request_error
+  // to the client.
+  void fail_flight(const std::string& id, const std::string& reason) {
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) return;
+    Flight& f = it->second;
+    fault_counter("failed_by_instance_death").inc();
+    sched_->on_request_done(id);
+    if (!f.answered) {
+      proto::ConductorSubmitReply r = reply_of(f.decision);
+      r.accepted = false;
+      r.reject_reason = "instance_lost";
+      r.reason = reason;
+      answer(f, r);
+    } else {
+      send_client_error(f.submit.client_endpoint, id, reason);
+    }
+    in_flight_.erase(it);
+  }
+
+  void send_client_error(const std::string& client_endpoint, const std::string& id, const std::string& reason) {
+    if (client_endpoint.empty()) {
+      MC_LOG_WARN << "request '" << id << "' failed but names no client endpoint to tell: " << reason;
+      return;
+    }
+    proto::RequestError err;
+    err.request_id = id;
+    err.code = static_cast<uint16_t>(Code::kUnavailable);
+    err.message = reason;
+    calls_.call<proto::RequestError>(client_endpoint, err, options_.reserve_timeout_ms,
+                                     [id, client_endpoint](Result<proto::ClientAck> r) {
+                                       if (!r.is_ok()) {
+                                         MC_LOG_WARN << "request '" << id << "': request_error to client "
+                                                     << client_endpoint << " failed: " << r.status().message();
+                                       }
+                                     });
+  }
+
+  // Decoding entries whose end mc-decode never reported (a dropped report) are forgotten after job_timeout_ms.
+  void sweep_decoding(int64_t now_ns) {
+    for (auto it = decoding_.begin(); it != decoding_.end();) {
+      it = now_ns - it->second.since_ns > options_.job_timeout_ms * 1'000'000 ? decoding_.erase(it) : std::next(it);
+    }
   }
 
   // The Conductor must compute a request's block keys exactly as the prefill workers store them: in their
@@ -565,7 +858,19 @@ class Conductor {
     l.running_requests = req.running_requests;
     l.kv_reserved_tokens = req.kv_reserved_tokens;
     l.context_tokens = req.context_tokens;
+    if (Status bad = validate_load_report(l, req.instance_id); !bad.is_ok()) {
+      refused("heartbeat", bad.message());
+      return bad;
+    }
+    for (const proto::DecodeStepSample& step : req.decode_step_samples) {
+      if (Status bad = validate_decode_step(step.batch_requests, step.context_tokens, step.step_ms, req.instance_id);
+          !bad.is_ok()) {
+        refused("heartbeat", bad.message());
+        return bad;
+      }
+    }
     if (req.decode_step_samples.size() > proto::kMaxDecodeStepSamples) {
+      refused("heartbeat", "heartbeat of '" + req.instance_id + "': too many decode step samples");
       return error(Code::kInvalidArgument, "heartbeat of '" + req.instance_id +
                                                "': " + std::to_string(req.decode_step_samples.size()) +
                                                " decode step samples, at most " +
@@ -594,24 +899,50 @@ class Conductor {
   }
 
   Result<proto::ConductorJobReportReply> on_job_report(const proto::ConductorJobReportRequest& req) {
+    const std::string what = "job_report '" + req.request_id + "' (" + req.phase + ") from '" + req.instance_id + "'";
+    if (req.phase != proto::kPhaseFirstToken && req.phase != proto::kPhaseDone && req.phase != proto::kPhaseFailed) {
+      refused("job_report", what + ": unknown phase");
+      return error(Code::kInvalidArgument, "job_report '" + req.request_id + "': unknown phase '" + req.phase +
+                                               "' (expected first_token, done or failed)");
+    }
+    if (req.output_tokens < 0 || req.output_tokens > kMaxReportedCount) {
+      refused("job_report", what + ": output_tokens out of range");
+      return error(Code::kInvalidArgument,
+                   what + ": output_tokens " + std::to_string(req.output_tokens) + " is outside [0, 2^40] (refused)");
+    }
+    // The event time: not before the submit nor the request's previous event, not in the future (a skew allowed).
+    auto fl = in_flight_.find(req.request_id);
+    auto dec = decoding_.find(req.request_id);
+    const int64_t now_unix = now_unix_ns();
+    int64_t* last_event = fl != in_flight_.end()   ? &fl->second.last_event_unix_ns
+                          : dec != decoding_.end() ? &dec->second.last_event_unix_ns
+                                                   : nullptr;
+    const int64_t submit_unix = fl != in_flight_.end()   ? fl->second.submit_unix_ns
+                                : dec != decoding_.end() ? dec->second.submit_unix_ns
+                                                         : now_unix - options_.job_timeout_ms * 1'000'000;
+    if (req.event_unix_ns != 0) {
+      Status bad = validate_event_time(req.event_unix_ns, std::max(submit_unix, last_event ? *last_event : 0), now_unix,
+                                       options_.max_clock_skew_ms, what);
+      if (!bad.is_ok()) {
+        refused("job_report", bad.message());
+        return bad;
+      }
+      if (last_event != nullptr) *last_event = std::max(*last_event, req.event_unix_ns);
+    }
     if (req.phase == proto::kPhaseFirstToken) {
-      auto it = in_flight_.find(req.request_id);
-      if (it != in_flight_.end() && req.event_unix_ns > 0) {
-        sched_->on_first_token(req.request_id,
-                               static_cast<double>(req.event_unix_ns - it->second.submit_unix_ns) * 1e-6);
+      if (req.event_unix_ns > 0 && last_event != nullptr) {
+        sched_->on_first_token(req.request_id, static_cast<double>(req.event_unix_ns - submit_unix) * 1e-6);
       }
-      return proto::ConductorJobReportReply{it != in_flight_.end()};
+      return proto::ConductorJobReportReply{last_event != nullptr};
     }
-    if (req.phase == proto::kPhaseDone || req.phase == proto::kPhaseFailed) {
-      bool known = sched_->is_in_flight(req.request_id);
-      sched_->on_request_done(req.request_id);
-      if (req.phase == proto::kPhaseFailed) {
-        MC_LOG_WARN << "request '" << req.request_id << "' failed on " << req.instance_id << ": " << req.message;
-      }
-      return proto::ConductorJobReportReply{known};
+    const bool known = sched_->is_in_flight(req.request_id) || last_event != nullptr;
+    sched_->on_request_done(req.request_id);
+    if (fl != in_flight_.end()) fl->second.decode_finished = true;  // the prefill's reply is still to come
+    if (dec != decoding_.end()) decoding_.erase(dec);
+    if (req.phase == proto::kPhaseFailed) {
+      MC_LOG_WARN << "request '" << req.request_id << "' failed on " << req.instance_id << ": " << req.message;
     }
-    return error(Code::kInvalidArgument, "job_report '" + req.request_id + "': unknown phase '" + req.phase +
-                                             "' (expected first_token, done or failed)");
+    return proto::ConductorJobReportReply{known};
   }
 
   void drain_events() {
@@ -654,6 +985,8 @@ class Conductor {
     return o;
   }()};
   std::unordered_map<std::string, Flight> in_flight_;
+  std::unordered_map<std::string, Decoding> decoding_;
+  FaultPolicyConfig fault_config_;
   metrics::Registry metrics_;
   std::ofstream decisions_;
 };
@@ -746,6 +1079,11 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
         << " ms, p90 |err| " << fixed(e.value("p90_abs_ms", 0.0), 2) << " ms, mean signed "
         << fixed(e.value("mean_signed_ms", 0.0), 2) << " ms\n";
   }
+  const nlohmann::json f = j.value("faults", nlohmann::json::object());
+  out << "worker faults: redispatched " << f.value("redispatched", 0) << ", failed_by_instance_death "
+      << f.value("failed_by_instance_death", 0) << ", reservations_released " << f.value("reservations_released", 0)
+      << "; refused: heartbeat " << f.value("refused_heartbeat", 0) << ", job_report "
+      << f.value("refused_job_report", 0) << ", prefill_ledger " << f.value("refused_prefill_ledger", 0) << "\n";
   return Status::ok();
 }
 

@@ -1,9 +1,11 @@
 #include "mc/replay/command.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "mc/common/cli.hpp"
 #include "mc/common/input_file.hpp"
@@ -179,12 +181,24 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   if (c.max_output_tokens > 0) info.emplace_back("max_output_tokens", std::to_string(c.max_output_tokens));
   info.emplace_back("wall_s", num(result->wall_s));
   if (result->unknown_events > 0) info.emplace_back("unknown_events", std::to_string(result->unknown_events));
+  info.emplace_back("lost", std::to_string(result->lost));
   if (c.json) {
     out << to_json(s, info).dump(2) << "\n";
   } else {
     print_table(out, s, info);
   }
-  return Status::ok();
+  if (s.failed == 0 || c.allow_failures) return Status::ok();
+  // The records say why; the message names the most frequent reason (issue 17 item 6: scripts can trust it).
+  std::map<std::string, int64_t> reasons;
+  for (const RequestRecord& r : result->records) {
+    if (r.outcome == Outcome::kFailed) ++reasons[r.reason];
+  }
+  auto top = std::max_element(reasons.begin(), reasons.end(),
+                              [](const auto& a, const auto& b) { return a.second < b.second; });
+  return Status(Code::kUnavailable,
+                std::to_string(s.failed) + " of " + std::to_string(s.accepted) + " accepted requests failed (" +
+                    std::to_string(result->lost) + " lost: no terminal event within the drain timeout); most often (" +
+                    std::to_string(top->second) + "x): " + top->first + " (--allow-failures exits 0 all the same)");
 }
 
 }  // namespace mc::replay

@@ -210,6 +210,7 @@ class Run final : public EventSink {
     for (size_t i = 0; i < rows_.size(); ++i) {
       State& s = states_[i];
       if (!s.closed) {
+        if (s.admission && s.admission->accepted) ++out.lost;
         s.error = "no completion within the drain timeout of " + std::to_string(options_.drain_timeout_s) + " s (" +
                   std::to_string(s.token_ns.size()) + " tokens received)";
         close(s, i);
@@ -246,10 +247,12 @@ class Run final : public EventSink {
     s.closed = true;
     ++closed_count_;
     done_cv_.notify_all();
-    last_close_ns_ = std::max(last_close_ns_, clock_.now_ns() - start_ns_);
+    const int64_t closed_ns = clock_.now_ns() - start_ns_;
+    last_close_ns_ = std::max(last_close_ns_, closed_ns);
     RequestRecord& r = records_[i];
-    r.end_unix_ms = start_unix_ms_ + (clock_.now_ns() - start_ns_) / 1'000'000;
+    r.end_unix_ms = start_unix_ms_ + closed_ns / 1'000'000;
     const double scale = options_.time_scale;
+    r.end_ms = static_cast<double>(closed_ns) / 1e6 * scale;
     if (s.sent_ns) {
       r.submit_ms = static_cast<double>(*s.sent_ns) / 1e6 * scale;
       r.send_lag_ms = static_cast<double>(*s.sent_ns - s.scheduled_ns) / 1e6;  // wall: a property of the sender

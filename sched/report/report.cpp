@@ -131,6 +131,7 @@ json to_json(const RequestRecord& r) {
   j["trace_line"] = r.trace_line;
   j["trace_timestamp_ms"] = r.trace_timestamp_ms;
   put(j, "submit_ms", r.submit_ms);
+  put(j, "end_ms", r.end_ms);
   put(j, "send_lag_ms", r.send_lag_ms);
   put(j, "end_unix_ms", r.end_unix_ms);
   j["input_tokens"] = r.input_tokens;
@@ -178,6 +179,7 @@ Result<RequestRecord> record_from_json(const json& j) {
   MC_RETURN_IF_ERROR(get_required(j, "trace_line", r.trace_line));
   MC_RETURN_IF_ERROR(get_required(j, "trace_timestamp_ms", r.trace_timestamp_ms));
   MC_RETURN_IF_ERROR(get(j, "submit_ms", r.submit_ms));
+  MC_RETURN_IF_ERROR(get(j, "end_ms", r.end_ms));
   MC_RETURN_IF_ERROR(get(j, "send_lag_ms", r.send_lag_ms));
   MC_RETURN_IF_ERROR(get(j, "end_unix_ms", r.end_unix_ms));
   MC_RETURN_IF_ERROR(get_required(j, "input_tokens", r.input_tokens));

@@ -3,15 +3,21 @@
 // tokens of a prefill instance with the cache disabled (ref and sim backends). The KV goes from prefill to decode
 // through the transfer engine (decode's stat: engine notifications and bytes, no kv_write call), or through
 // kv_write RPCs when decode publishes no segment. Field report #14 over RPC; job reports to a conductor.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -330,24 +336,37 @@ TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
   }
 }
 
-// Workers register with the conductor and heartbeat their load (a stand-in conductor in the test).
+// Workers register with the conductor and heartbeat their load (a stand-in conductor in the test). They print
+// their ready line only once registered, so the stand-in serves on its own thread from the start.
 TEST(InferE2E, WorkersRegisterAndHeartbeat) {
   rpc::ServerOptions o;
   o.service = "fake-conductor";
   o.bind_endpoints = {"tcp://127.0.0.1:0"};
   auto conductor = rpc::RpcServer::bind(o).value();
+  std::mutex mu;
   std::vector<proto::ConductorRegisterRequest> registered;
   std::vector<proto::ConductorHeartbeatRequest> beats;
   conductor->handle<proto::ConductorRegisterRequest>(
       [&](const proto::ConductorRegisterRequest& r, const auto&) -> Result<proto::ConductorRegisterReply> {
+        std::lock_guard lock(mu);
         registered.push_back(r);
         return proto::ConductorRegisterReply{100, 1000, 16};
       });
   conductor->handle<proto::ConductorHeartbeatRequest>(
       [&](const proto::ConductorHeartbeatRequest& h, const auto&) -> Result<proto::ConductorHeartbeatReply> {
+        std::lock_guard lock(mu);
         beats.push_back(h);
         return proto::ConductorHeartbeatReply{true};
       });
+  std::thread serving([&] { (void)conductor->serve(); });
+  struct Joiner {
+    rpc::RpcServer& s;
+    std::thread& t;
+    ~Joiner() {
+      s.stop();
+      t.join();
+    }
+  } joiner{*conductor, serving};
   const std::string cep = conductor->endpoints().front();
   Child decode(cmd(kBin + "mc-decode",
                    {"--conductor", cep, "--instance-id", "decode-a", "--kv-blocks", "100", "--log-level", "error"}));
@@ -355,10 +374,15 @@ TEST(InferE2E, WorkersRegisterAndHeartbeat) {
   const std::string dep = decode.wait_ready();
   ASSERT_FALSE(dep.empty());
   ASSERT_FALSE(prefill.wait_ready().empty());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline && (registered.size() < 2 || beats.size() < 4)) {
-    ASSERT_TRUE(conductor->poll_once(50).is_ok());
-  }
+  EXPECT_TRUE(testkit::wait_until(
+      [&] {
+        std::lock_guard lock(mu);
+        return registered.size() >= 2 && beats.size() >= 4;
+      },
+      10'000, 20));
+  decode.stop();
+  prefill.stop();
+  std::lock_guard lock(mu);
   ASSERT_EQ(registered.size(), 2u);
   std::map<std::string, proto::ConductorRegisterRequest> by_id;
   for (const auto& r : registered) by_id[r.instance_id] = r;
@@ -371,6 +395,56 @@ TEST(InferE2E, WorkersRegisterAndHeartbeat) {
   EXPECT_EQ(by_id["prefill-a"].role, "prefill");
   EXPECT_GE(beats.size(), 4u);
   for (const auto& h : beats) EXPECT_TRUE(h.instance_id == "decode-a" || h.instance_id == "prefill-a");
+}
+
+// Issue 17 item 6: a worker whose --conductor cannot be reached at start retries for --conductor-wait-ms, then
+// exits 1 naming the address and the reason, without a ready line (it used to start and warn forever); a
+// malformed endpoint is a usage error (2).
+TEST(InferE2E, UnreachableConductorAtStartExitsOne) {
+  int port = 0;
+  {  // a loopback port nobody listens on: bound, then closed
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port = ntohs(a.sin_port);
+    ::close(fd);
+  }
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
+  const std::string base = ::testing::TempDir() + "conductor_wait_" + std::to_string(::getpid());
+  auto run = [&](const std::string& tool, const std::vector<std::string>& args, std::string* out, std::string* err) {
+    testkit::ChildOptions o;
+    o.stdin_path = "/dev/null";
+    o.stdout_path = base + ".out";
+    o.stderr_path = base + ".err";
+    int rc = -1;
+    {
+      Child c(cmd(kBin + tool, args), o);
+      rc = c.wait_exit(60'000);  // -1 when it is still running (the old behaviour): the child is then stopped
+    }
+    std::stringstream so, se;
+    so << std::ifstream(base + ".out").rdbuf();
+    se << std::ifstream(base + ".err").rdbuf();
+    *out = so.str();
+    *err = se.str();
+    std::remove((base + ".out").c_str());
+    std::remove((base + ".err").c_str());
+    return rc;
+  };
+  for (const std::string tool : {"mc-decode", "mc-prefill"}) {
+    std::string out, err;
+    EXPECT_EQ(run(tool, {"--conductor", ep, "--conductor-wait-ms", "1500", "--log-level", "error"}, &out, &err), 1)
+        << tool << ": " << err;
+    EXPECT_NE(err.find(ep), std::string::npos) << tool << ": " << err;
+    EXPECT_NE(err.find("could not register"), std::string::npos) << tool << ": " << err;
+    EXPECT_EQ(out.find("ready "), std::string::npos) << tool << ": " << out;
+    EXPECT_EQ(run(tool, {"--conductor", "bogus", "--log-level", "error"}, &out, &err), 2) << tool << ": " << err;
+    EXPECT_NE(err.find("--conductor 'bogus'"), std::string::npos) << tool << ": " << err;
+  }
 }
 
 // mc-decode reports first_token / done / failed to the conductor (conductor.job_report); a stand-in conductor

@@ -36,7 +36,8 @@ const std::string kTrace = MC_SOURCE_DIR "/examples/traces/conversation_trace.js
 
 // A Conductor + decode double: accepts every request (or rejects those with output_length 13), then,
 // as mc-decode would, calls token_event on the client endpoint after 5 ms and every 1 ms after, then
-// request_done with a ledger; `stop_after` ends early (the ledger then says how many were produced).
+// request_done with a ledger; `stop_after` ends early (the ledger then says how many were produced). A request
+// with output_length 11 is accepted and then failed (request_error after 5 ms, as when its decode instance died).
 class FakeConductor {
  public:
   explicit FakeConductor(int64_t stop_after = -1) : stop_after_(stop_after) {
@@ -64,12 +65,21 @@ class FakeConductor {
           r.hit_tokens = 512;
           const int64_t n = stop_after_ >= 0 ? std::min(stop_after_, req.output_tokens) : req.output_tokens;
           auto t = std::chrono::steady_clock::now() + 5ms;
+          if (req.output_tokens == 11) {
+            proto::RequestError err;
+            err.request_id = req.request_id;
+            err.code = static_cast<uint16_t>(Code::kUnavailable);
+            err.message = "decode instance 'decode-1' missed its heartbeats";
+            pending_.emplace(t, Pending{req.client_endpoint, std::nullopt, std::nullopt, err});
+            return r;
+          }
           for (int64_t i = 0; i < n; ++i) {
             proto::TokenEvent ev;
             ev.request_id = req.request_id;
             ev.index = i;
             ev.token = static_cast<uint32_t>(i);
-            pending_.emplace(t + std::chrono::milliseconds(i), Pending{req.client_endpoint, ev, std::nullopt});
+            pending_.emplace(t + std::chrono::milliseconds(i),
+                             Pending{req.client_endpoint, ev, std::nullopt, std::nullopt});
           }
           proto::RequestDone done;
           done.request_id = req.request_id;
@@ -81,7 +91,8 @@ class FakeConductor {
           done.ledger.queue_ms = 1;
           done.ledger.output_tokens = n;
           done.ledger.decision = "fetch";
-          pending_.emplace(t + std::chrono::milliseconds(n), Pending{req.client_endpoint, std::nullopt, done});
+          pending_.emplace(t + std::chrono::milliseconds(n),
+                           Pending{req.client_endpoint, std::nullopt, done, std::nullopt});
           (void)ctx;
           return r;
         });
@@ -100,6 +111,7 @@ class FakeConductor {
           }
           if (p.token) (void)client->call(*p.token, 2000);
           if (p.done) (void)client->call(*p.done, 2000);
+          if (p.error) (void)client->call(*p.error, 2000);
         }
       }
     });
@@ -118,6 +130,7 @@ class FakeConductor {
     std::string endpoint;
     std::optional<proto::TokenEvent> token;
     std::optional<proto::RequestDone> done;
+    std::optional<proto::RequestError> error;
   };
   std::multimap<std::chrono::steady_clock::time_point, Pending> pending_;
   std::map<std::string, std::unique_ptr<rpc::RpcClient>> clients_;
@@ -247,6 +260,54 @@ TEST(ReplayTool, FiftyRequestsRecordsAgreeWithSummary) {
   json arr = json::parse(cmpj.out);
   ASSERT_EQ(arr.size(), 2u);
   EXPECT_EQ(arr[1]["requests"], s["requests"]);
+}
+
+// Issue 17 item 6: a run in which an accepted request failed exits 1 after its summary (naming the count and the
+// reason), and so does one in which a request was lost (no terminal event by the drain timeout: the conductor
+// accepts, nobody answers); --allow-failures exits 0 with the same summary. Rejections alone exit 0.
+TEST(ReplayTool, ExitsOneWhenAcceptedRequestsFail) {
+  FakeConductor conductor;
+  TempFile trace("fail.jsonl");
+  std::ofstream(trace.path) << R"({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]})"
+                            << "\n"
+                            << R"({"timestamp": 1, "input_length": 600, "output_length": 11, "hash_ids": [2, 3]})"
+                            << "\n"
+                            << R"({"timestamp": 2, "input_length": 600, "output_length": 13, "hash_ids": [4, 5]})"
+                            << "\n";
+  ToolRun failed = run_tool({trace.path, "--conductor", conductor.endpoint(), "--json"});
+  EXPECT_EQ(failed.rc, 1) << failed.err;
+  EXPECT_NE(failed.err.find("1 of 2 accepted requests failed"), std::string::npos) << failed.err;
+  EXPECT_NE(failed.err.find("decode-1"), std::string::npos) << failed.err;
+  json s = json::parse(failed.out, nullptr, false);  // the summary is still printed
+  ASSERT_FALSE(s.is_discarded()) << failed.out;
+  EXPECT_EQ(s["requests"]["failed"], 1);
+  EXPECT_EQ(s["requests"]["rejected"], 1);
+  ToolRun allowed = run_tool({trace.path, "--conductor", conductor.endpoint(), "--json", "--allow-failures"});
+  EXPECT_EQ(allowed.rc, 0) << allowed.err;
+  EXPECT_EQ(json::parse(allowed.out, nullptr, false)["requests"]["failed"], 1);
+
+  // Lost: a conductor that accepts and never answers again.
+  rpc::ServerOptions o;
+  o.bind_endpoints = {"tcp://127.0.0.1:0"};
+  auto silent = std::move(rpc::RpcServer::bind(o)).value();
+  silent->handle<proto::ConductorSubmitRequest>(
+      [](const proto::ConductorSubmitRequest& req, const rpc::CallContext&) -> Result<proto::ConductorSubmitReply> {
+        proto::ConductorSubmitReply r;
+        r.request_id = req.request_id;
+        r.accepted = true;
+        return r;
+      });
+  std::atomic<bool> stop{false};
+  std::thread serving([&] {
+    while (!stop) (void)silent->poll_once(5);
+  });
+  ToolRun lost = run_tool(
+      {trace.path, "--conductor", silent->endpoints().front(), "--max-requests", "1", "--drain-timeout-s", "0.5"});
+  stop = true;
+  serving.join();
+  EXPECT_EQ(lost.rc, 1) << lost.err;
+  EXPECT_NE(lost.err.find("(1 lost"), std::string::npos) << lost.err;
+  EXPECT_NE(lost.out.find("lost=1"), std::string::npos) << lost.out;
 }
 
 // Field report #16: 128 tokens requested, the server stops after 7 and says so in "done".

@@ -54,6 +54,18 @@ int main(int argc, char** argv) {
   serve->add_option("--job-timeout-ms", o.job_timeout_ms, "Deadline of a prefill job (ms)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--max-clock-skew-ms", o.max_clock_skew_ms,
+                   "Refuse a job report whose event time is more than this (ms) before its request's submit or "
+                   "previous event, or ahead of this Conductor's clock")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}));
+  serve
+      ->add_option("--max-dispatch-attempts", o.max_dispatch_attempts,
+                   "Dispatch attempts per request, the first included: a request whose worker died before its "
+                   "first token is re-dispatched while attempts and TTFT SLO are left, else failed")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
   serve->add_option("--decisions", o.decisions_path, "Append every decision with its inputs to FILE (JSONL)");
   mc::cli::add_time_scale_option(*serve, o.time_scale,
                                  "Workers run this many times faster than the hardware they model (sim backend): "

@@ -95,6 +95,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--id-prefix", rc.replay.id_prefix, "Request ids are <prefix><trace line> (default: r<pid>-)");
   app.add_option("--out", rc.out_path, "Write one JSON object per request (JSONL) to this file");
+  app.add_flag("--allow-failures", rc.allow_failures,
+               "Exit 0 even when accepted requests failed or were lost (default: exit 1 after the summary)");
   app.add_flag("--record-token-ids", rc.replay.record_token_ids,
                "Keep each request's output token ids in its record (output_token_ids)");
   bool progress = false, no_progress = false;

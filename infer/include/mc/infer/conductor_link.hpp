@@ -3,8 +3,10 @@
 //
 // A background thread connects to the Conductor (retrying every second while it is unreachable), registers,
 // then sends a heartbeat built by `load()` every heartbeat_interval_ms from the register reply, registering again
-// when a reply says the Conductor forgot this worker. Failures are logged and retried, never fatal: a worker
-// keeps serving jobs sent to it directly. stop() (or the destructor) ends the thread within ~100 ms.
+// when a reply says the Conductor forgot this worker. Failures are logged and retried, never fatal once
+// registered: a worker keeps serving jobs sent to it directly. At start the daemons wait (wait_registered,
+// bounded by ConductorOptions::start_wait_ms) for the first registration and exit when it does not come.
+// stop() (or the destructor) ends the thread within ~100 ms.
 // Thread-safety: `load` is called on the heartbeat thread and must be safe to call concurrently with the worker.
 #pragma once
 
@@ -17,6 +19,7 @@
 #include <thread>
 
 #include "mc/common/protocol.hpp"
+#include "mc/common/status.hpp"
 
 namespace mc::infer {
 
@@ -24,7 +27,13 @@ struct ConductorOptions {
   std::string endpoint;     // mc-conductor RPC endpoint; empty: no registration
   std::string instance_id;  // unique name; empty: "<role>-<host>-<pid>"
   std::string host;         // empty: gethostname()
+  // At start, how long the daemon retries to reach and register with the Conductor before it exits (ms).
+  int64_t start_wait_ms = 30000;
 };
+
+// kInvalidArgument naming the flag when `options.endpoint` is not empty and not a ZeroMQ endpoint
+// (tcp://host:port, ipc://path).
+Status validate_conductor_options(const ConductorOptions& options);
 
 class ConductorHeartbeat {
  public:
@@ -33,10 +42,18 @@ class ConductorHeartbeat {
   ~ConductorHeartbeat() { stop(); }
   void stop();
   uint64_t heartbeats_sent() const { return sent_.load(); }
+  // Blocks until the first registration succeeded (ok at once without an endpoint); kUnavailable naming the
+  // endpoint, the time waited and the last failure when it has not within timeout_ms.
+  Status wait_registered(int64_t timeout_ms);
 
  private:
   void run();
+  void set_state(bool registered, std::string last_error);
   ConductorOptions options_;
+  std::mutex state_mu_;
+  std::condition_variable state_cv_;
+  bool registered_once_ = false;
+  std::string last_error_ = "no answer yet";
   proto::ConductorRegisterRequest registration_;
   std::function<proto::ConductorHeartbeatRequest()> load_;
   std::atomic<bool> stop_{false};

@@ -44,6 +44,7 @@ struct DecodeDaemonConfig {
   std::string listen = "tcp://127.0.0.1:0";
   int64_t max_batch_size = 64;
   int64_t reservation_ttl_ms = 30000;
+  int64_t max_reservation_ttl_ms = 600000;  // decode_reserve ttl_ms above this is refused
   int client_timeout_ms = 2000;
   // Transfer-engine endpoint serving the KV buffer to prefill instances: "auto" = the host of --listen with any
   // free port; "none" = publish no segment (prefill falls back to kv_write RPCs).

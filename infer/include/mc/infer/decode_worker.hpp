@@ -81,8 +81,11 @@ struct DecodeWorkerOptions {
   int64_t kv_blocks = 1024;            // blocks in the KV buffer
   int64_t max_batch_size = 64;         // running sequences at most (more wait in the join queue)
   int64_t reservation_ttl_ms = 30000;  // default ttl of a reservation without commit
-  int64_t expired_hold_ms = 60000;     // blocks of an expired reservation held at most this long (segment only)
-  uint64_t weight_seed = 0;            // part of the key namespace (kv_namespace; the prefill's --seed)
+  // The longest ttl_ms a decode_reserve may ask for (and reservation_ttl_ms may be); more is refused with
+  // kInvalidArgument, as is a negative one.
+  int64_t max_reservation_ttl_ms = 600000;
+  int64_t expired_hold_ms = 60000;  // blocks of an expired reservation held at most this long (segment only)
+  uint64_t weight_seed = 0;         // part of the key namespace (kv_namespace; the prefill's --seed)
 };
 
 class DecodeWorker {

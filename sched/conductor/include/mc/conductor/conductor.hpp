@@ -11,9 +11,20 @@
 // loop. Blocking calls are limited to the store master (resync of the prefix index after a gap, and
 // the segment->host refresh), each bounded by store_timeout_ms.
 //
-// Errors: a bad submit gets an error reply (kInvalidArgument naming the field) or a rejection; a
-// worker that fails or times out turns into a rejected submit (before the prefill started) or a
-// failed prefill report; nothing here aborts on network errors.
+// Worker faults (DESIGN.md §10, sched/policy faults.hpp): an instance that misses its heartbeats for
+// heartbeat_timeout_ms, or whose decode_reserve / prefill_job / decode_release fails on transport (timeout,
+// unavailable), is removed, and within the same loop pass (100 ms tick) each request it holds is re-dispatched
+// (nothing reached the client, attempts and TTFT budget left) or failed: a rejection when the submit was not
+// answered yet, else "request_error" sent by the Conductor to the client endpoint naming the instance and the
+// cause. A reservation on a live decode instance is released (decode_release) at once; when a prefill died or
+// failed after it may have committed, decode_release's answer decides (released: re-dispatch; not released:
+// the decode instance has the request). A decode instance's death fails the requests it was streaming.
+// `stat` counts them (faults: redispatched, failed_by_instance_death, reservations_released, refused_*).
+//
+// Errors: a bad submit gets an error reply (kInvalidArgument naming the field; an SLO above 24 h is refused)
+// or a rejection; a heartbeat with a negative or absurd figure, and a job report with an event time before
+// its request's submit or previous event or beyond max_clock_skew_ms in the future, get an error reply and
+// are counted, never fed to the predictors; nothing here aborts on network errors.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +56,8 @@ struct ConductorOptions {
   int64_t heartbeat_interval_ms = 500;  // told to workers at registration
   int64_t reserve_timeout_ms = 5'000;   // decode_reserve
   int64_t job_timeout_ms = 600'000;     // prefill_job (its reply comes when the job is done)
+  int64_t max_clock_skew_ms = 60'000;   // job-report event times may be off the Conductor's clock by this much
+  int max_dispatch_attempts = 3;        // per request, the first included: re-dispatches after worker faults
   std::string decisions_path;           // JSONL of every decision; empty: none
   // Workers running X times faster than the hardware they model (the sim backend's --time-scale):
   // their measured times are multiplied by X before refitting and before TTFT accounting, so the

@@ -38,6 +38,9 @@ struct ReplayCommand {
   SummaryOptions summary;
   std::string out_path;  // JSONL records; empty: none
   bool json = false;
+  // Exit status 0 even when accepted requests failed or were lost (default: such a run is an error, kUnavailable
+  // after the summary is printed).
+  bool allow_failures = false;
 };
 
 struct AnalyzeCommand {
@@ -52,6 +55,8 @@ struct ReportCommand {
   bool json = false;
 };
 
+// The summary is printed whatever the outcome; then, unless allow_failures, kUnavailable (exit 1) when an
+// accepted request failed or was lost, naming the counts and the most frequent reason.
 Status run_replay_command(const ReplayCommand& command, std::ostream& out);
 Status run_analyze_command(const AnalyzeCommand& command, std::ostream& out);
 Status run_report_command(const ReportCommand& command, std::ostream& out);

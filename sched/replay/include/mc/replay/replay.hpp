@@ -124,6 +124,7 @@ struct ReplayOptions {
 struct ReplayResult {
   std::vector<RequestRecord> records;  // one per offered request, in trace order
   int64_t unknown_events = 0;          // events naming no request of this run (ignored)
+  int64_t lost = 0;                    // accepted requests with no terminal event by the drain timeout (failed)
   double wall_s = 0;                   // first send -> last record closed
 };
 

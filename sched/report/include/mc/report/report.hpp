@@ -85,6 +85,9 @@ struct RequestRecord {
   int64_t trace_timestamp_ms = 0;     // arrival in trace time (before --speed / --rate-scale)
   std::optional<double> submit_ms;    // when it was sent, ms since the run started (run clock)
   std::optional<double> send_lag_ms;  // actual - scheduled send time (open loop); > late threshold = late
+  // When the record closed (its terminal event: done, error or rejection; or the drain timeout), ms since the
+  // run started (run clock): with submit_ms, how long a fault took to reach each request (docs/RELIABILITY.md).
+  std::optional<double> end_ms;
   // Wall clock (Unix ms) when its terminal event arrived (or the drain timeout closed it): for lining a run up
   // against faults injected from outside, e.g. examples/fault-matrix.sh (docs/RELIABILITY.md).
   std::optional<int64_t> end_unix_ms;

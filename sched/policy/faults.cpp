@@ -1,0 +1,125 @@
+#include "mc/sched/faults.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace mc::sched {
+
+namespace {
+
+std::string ms_text(double ms) { return std::to_string(static_cast<int64_t>(std::llround(ms))); }
+
+}  // namespace
+
+std::string_view fault_action_name(FaultAction a) { return a == FaultAction::kRedispatch ? "redispatch" : "fail"; }
+
+std::vector<FaultDecision> decide_instance_death(std::span<const TrackedRequest> requests,
+                                                 const std::string& instance_id, const std::string& cause,
+                                                 int64_t now_ns, const FaultPolicyConfig& config) {
+  std::vector<FaultDecision> out;
+  for (const TrackedRequest& r : requests) {
+    const bool decode_died = r.decode_id == instance_id;
+    const bool prefill_died = r.prefill_id == instance_id && r.phase == RequestPhase::kDispatching;
+    if (!decode_died && !prefill_died) continue;
+    FaultDecision d;
+    d.request_id = r.request_id;
+    const std::string& who = d.instance_cause;
+    d.instance_cause = std::string(decode_died ? "decode" : "prefill") + " instance '" + instance_id + "' " + cause;
+    // A reservation on a decode instance that is still alive is freed now; one on the dead instance went with it.
+    d.release_reservation = !decode_died && r.reservation_held;
+    if (r.phase != RequestPhase::kDispatching) {
+      d.action = FaultAction::kFail;
+      d.reason = who + (r.phase == RequestPhase::kDecoding
+                            ? " while the request was decoding (the tokens received so far are counted)"
+                            : " while its failed prefill was being cleaned up");
+      out.push_back(std::move(d));
+      continue;
+    }
+    const double elapsed_ms = static_cast<double>(now_ns - r.submit_ns) * 1e-6;
+    d.remaining_ttft_ms = r.slo_ttft_ms - elapsed_ms;
+    if (r.attempts >= config.max_attempts) {
+      d.action = FaultAction::kFail;
+      d.reason = who + " before the first token, not re-dispatched: " + std::to_string(r.attempts) + " of " +
+                 std::to_string(config.max_attempts) + " dispatch attempts used";
+    } else if (!(d.remaining_ttft_ms > 0)) {
+      d.action = FaultAction::kFail;
+      d.reason = who + " before the first token, not re-dispatched: " + ms_text(elapsed_ms) +
+                 " ms since submit, past the TTFT SLO of " + ms_text(r.slo_ttft_ms) + " ms";
+    } else {
+      d.action = FaultAction::kRedispatch;
+      d.reason = who + " before the first token: re-dispatched (attempt " + std::to_string(r.attempts + 1) + " of " +
+                 std::to_string(config.max_attempts) + ", " + ms_text(d.remaining_ttft_ms) +
+                 " ms of the TTFT SLO left)";
+    }
+    if (d.action == FaultAction::kFail) d.remaining_ttft_ms = 0;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+Status validate_load_report(const LoadReport& load, std::string_view instance_id) {
+  const std::pair<const char*, int64_t> fields[] = {{"queued_prefill_tokens", load.queued_prefill_tokens},
+                                                    {"queued_prefill_jobs", load.queued_prefill_jobs},
+                                                    {"running_requests", load.running_requests},
+                                                    {"kv_reserved_tokens", load.kv_reserved_tokens},
+                                                    {"context_tokens", load.context_tokens}};
+  for (const auto& [name, value] : fields) {
+    if (value < 0 || value > kMaxReportedCount) {
+      return error(Code::kInvalidArgument, "heartbeat of '" + std::string(instance_id) + "': " + name + " " +
+                                               std::to_string(value) +
+                                               " is outside [0, 2^40] (refused; fix the "
+                                               "worker's load report)");
+    }
+  }
+  return Status::ok();
+}
+
+Status validate_decode_step(int64_t batch_requests, int64_t context_tokens, double step_ms,
+                            std::string_view instance_id) {
+  const std::string what = "heartbeat of '" + std::string(instance_id) + "': decode step sample ";
+  if (batch_requests < 0 || batch_requests > kMaxReportedCount || context_tokens < 0 ||
+      context_tokens > kMaxReportedCount) {
+    return error(Code::kInvalidArgument, what + "with batch " + std::to_string(batch_requests) + " and context " +
+                                             std::to_string(context_tokens) + " tokens (each must be in [0, 2^40])");
+  }
+  if (!std::isfinite(step_ms) || step_ms < 0 || step_ms > kMaxReportedMs) {
+    return error(Code::kInvalidArgument,
+                 what + "of " + std::to_string(step_ms) + " ms (must be finite, in [0, 3600000] ms)");
+  }
+  return Status::ok();
+}
+
+Status validate_event_time(int64_t event_unix_ns, int64_t not_before_unix_ns, int64_t now_unix_ns,
+                           int64_t max_clock_skew_ms, std::string_view what) {
+  // The bounds come from the Conductor's own clock and configuration (near the present, no overflow); the
+  // event time may be any int64, so it is only compared, and differences are taken in double.
+  const int64_t skew_ns = max_clock_skew_ms * 1'000'000;
+  auto ms_apart = [](int64_t a, int64_t b) {
+    return std::to_string(static_cast<int64_t>((static_cast<double>(a) - static_cast<double>(b)) * 1e-6));
+  };
+  if (event_unix_ns < not_before_unix_ns - skew_ns) {
+    return error(Code::kInvalidArgument, std::string(what) + ": event_unix_ns " + std::to_string(event_unix_ns) +
+                                             " is " + ms_apart(not_before_unix_ns, event_unix_ns) +
+                                             " ms before the submit or the request's previous event (at most " +
+                                             std::to_string(max_clock_skew_ms) + " ms of clock skew allowed; refused)");
+  }
+  if (event_unix_ns > now_unix_ns + skew_ns) {
+    return error(Code::kInvalidArgument, std::string(what) + ": event_unix_ns " + std::to_string(event_unix_ns) +
+                                             " lies " + ms_apart(event_unix_ns, now_unix_ns) +
+                                             " ms in the Conductor's future (at most " +
+                                             std::to_string(max_clock_skew_ms) +
+                                             " ms of clock skew allowed; refused: synchronise the workers' clocks)");
+  }
+  return Status::ok();
+}
+
+Status validate_slo_ms(double slo_ms, std::string_view field, std::string_view what) {
+  if (!std::isfinite(slo_ms) || slo_ms < 0 || slo_ms > kMaxSloMs) {
+    return error(Code::kInvalidArgument, std::string(what) + ": " + std::string(field) + " " + std::to_string(slo_ms) +
+                                             " ms is outside [0, 86400000] ms (0: the "
+                                             "Conductor's default)");
+  }
+  return Status::ok();
+}
+
+}  // namespace mc::sched
