@@ -46,7 +46,6 @@ Status empty_window_error(std::string_view action, const std::string& source_nam
                                             "--start-s/--duration-s/--max-requests select none)");
 }
 
-
 namespace {
 
 // A row's block ids as the cache sees them: a request's adapter and salt put its blocks in a namespace of their
