@@ -354,9 +354,14 @@ TEST(ReplayE2E, StorageNodeKilledMidReplay) {
   const std::string ls = slurp(s.path("ls.json"));
   const std::string stat = slurp(s.path("stat.json"));
   ASSERT_FALSE(ls.empty()) << killed.err;
-  EXPECT_EQ(ls.find("-node1/"), std::string::npos) << "store ls still names the dead node: " << ls.substr(0, 2000);
+  // Issue 17 item 2: the dead node is suspect (its replicas kept but not offered) for --node-grace-ms (30 s)
+  // before it is dropped; the survivor still answers.
   json st = json::parse(stat);
-  EXPECT_EQ(st.dump().find("-node1/"), std::string::npos) << stat;
+  for (const json& seg : st["segments"]) {
+    if (seg.dump().find("-node1/") != std::string::npos) {
+      EXPECT_TRUE(seg.value("suspect", false)) << seg.dump();
+    }
+  }
   EXPECT_NE(st.dump().find("-node0/"), std::string::npos) << stat;  // the survivor still answers
 }
 

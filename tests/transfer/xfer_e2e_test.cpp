@@ -243,7 +243,7 @@ TEST(XferE2ETopo, JsonMatrix) {
   EXPECT_EQ(table.exit_code, 0);
   EXPECT_NE(table.out.find("lo"), std::string::npos);
   auto bad = run({kXfer, "topo", "--topology", "/nonexistent.json"}, 10000);
-  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.exit_code, 2);  // a missing input file is a usage error in every tool (issue 17 item 6)
 }
 
 }  // namespace
