@@ -329,6 +329,17 @@ Result<proto::StoreNodeReportReply> MasterCore::node_report(const std::string& n
   proto::StoreNodeReportReply reply;
   const int64_t now = clock_->now_ns();
   for (const proto::StoreNodeObject& o : objects) {
+    // A complete replica of `o` at its reported offset, announced as stored.
+    const auto add_restored = [&](Object& obj) {
+      Replica nr;
+      nr.segment = segment;
+      nr.offset = o.offset_bytes;
+      nr.complete = true;
+      nr.started_ns = now;
+      obj.replicas.push_back(nr);
+      ++seg.replicas;
+      emit(proto::kKvEventStored, o.key, segment);
+    };
     auto it = objects_.find(o.key);
     bool ok = false;
     if (it != objects_.end()) {
@@ -342,14 +353,7 @@ Result<proto::StoreNodeReportReply> MasterCore::node_report(const std::string& n
                  std::none_of(obj.replicas.begin(), obj.replicas.end(),
                               [&](const Replica& x) { return segments_.at(x.segment).info.node_id == node_id; }) &&
                  seg.alloc->allocate_at(o.offset_bytes, o.size_bytes).is_ok()) {
-        Replica nr;
-        nr.segment = segment;
-        nr.offset = o.offset_bytes;
-        nr.complete = true;
-        nr.started_ns = now;
-        obj.replicas.push_back(nr);
-        ++seg.replicas;
-        emit(proto::kKvEventStored, o.key, segment);
+        add_restored(obj);
         ok = true;
       }
     } else if (seg.restoring && seg.alloc->allocate_at(o.offset_bytes, o.size_bytes).is_ok()) {
@@ -359,15 +363,8 @@ Result<proto::StoreNodeReportReply> MasterCore::node_report(const std::string& n
       obj.complete = true;
       obj.put_id = next_put_id_++;
       obj.started_ns = obj.last_access_ns = now;
-      Replica nr;
-      nr.segment = segment;
-      nr.offset = o.offset_bytes;
-      nr.complete = true;
-      nr.started_ns = now;
-      obj.replicas.push_back(nr);
-      ++seg.replicas;
+      add_restored(obj);
       objects_.emplace(o.key, std::move(obj));
-      emit(proto::kKvEventStored, o.key, segment);
       ok = true;
     }
     if (ok) {

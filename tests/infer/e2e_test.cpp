@@ -31,6 +31,23 @@
 namespace mc {
 namespace {
 
+// Serves `server` on a thread of its own (a stand-in Conductor the workers register with before their ready
+// line); stops and joins it on the way out, also when an assertion fails.
+class ServingThread {
+ public:
+  explicit ServingThread(rpc::RpcServer& server) : server_(server), thread_([this] { (void)server_.serve(); }) {}
+  ~ServingThread() {
+    server_.stop();
+    thread_.join();
+  }
+  ServingThread(const ServingThread&) = delete;
+  ServingThread& operator=(const ServingThread&) = delete;
+
+ private:
+  rpc::RpcServer& server_;
+  std::thread thread_;
+};
+
 using testkit::Child;
 
 // argv of `binary` with `args`.
@@ -358,15 +375,7 @@ TEST(InferE2E, WorkersRegisterAndHeartbeat) {
         beats.push_back(h);
         return proto::ConductorHeartbeatReply{true};
       });
-  std::thread serving([&] { (void)conductor->serve(); });
-  struct Joiner {
-    rpc::RpcServer& s;
-    std::thread& t;
-    ~Joiner() {
-      s.stop();
-      t.join();
-    }
-  } joiner{*conductor, serving};
+  ServingThread serving(*conductor);
   const std::string cep = conductor->endpoints().front();
   Child decode(cmd(kBin + "mc-decode",
                    {"--conductor", cep, "--instance-id", "decode-a", "--kv-blocks", "100", "--log-level", "error"}));
@@ -470,15 +479,7 @@ TEST(InferE2E, DecodeSendsJobReportsToTheConductor) {
         reports.push_back(r);
         return proto::ConductorJobReportReply{true};
       });
-  std::thread serving([&] { (void)conductor->serve(); });
-  struct Joiner {
-    rpc::RpcServer& s;
-    std::thread& t;
-    ~Joiner() {
-      s.stop();
-      t.join();
-    }
-  } joiner{*conductor, serving};
+  ServingThread serving(*conductor);
   const std::string cep = conductor->endpoints().front();
   Child decode(cmd(kBin + "mc-decode", {"--conductor", cep, "--instance-id", "decode-r", "--log-level", "error"}));
   Child prefill(cmd(kBin + "mc-prefill", {"--allow-fault-injection", "--log-level", "error"}));

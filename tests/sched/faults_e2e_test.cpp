@@ -51,14 +51,8 @@ class FaultsFixture : public testkit::LocalClusterFixture {
 
   // The pid of `name` in the cluster's cluster.txt.
   pid_t pid_of(const std::string& name) {
-    std::string state = slurp(s_.path("state"));
-    state.erase(state.find_last_not_of("\n ") + 1);
-    std::istringstream lines(slurp(state + "/cluster.txt"));
-    std::string n, pid, endpoint;
-    while (lines >> n >> pid >> endpoint) {
-      if (n == name) return static_cast<pid_t>(std::stol(pid));
-    }
-    ADD_FAILURE() << name << " not in " << state << "/cluster.txt";
+    if (auto it = pids_.find(name); it != pids_.end()) return it->second;
+    ADD_FAILURE() << name << " not in cluster.txt";
     return 0;
   }
 
@@ -153,7 +147,9 @@ TEST_F(FaultsE2E, PrefillKilledMidReplayLosesNothing) {
       },
       60'000, 20))
       << last.dump();
-  ASSERT_EQ(::kill(pid_of("prefill0"), SIGKILL), 0);
+  const pid_t victim_pid = pid_of("prefill0");
+  ASSERT_GT(victim_pid, 0);  // never kill(0): that is the test's own process group
+  ASSERT_EQ(::kill(victim_pid, SIGKILL), 0);
   const int rc = replay->wait_exit(150'000);
   EXPECT_TRUE(rc == 0 || rc == 1) << rc << slurp(s_.path("pkill.err"));
   const std::vector<std::string> failed = expect_nothing_lost("pkill", n);
@@ -179,7 +175,9 @@ TEST_F(FaultsE2E, DecodeKilledMidReplayFailsItsRequestsAndLosesNothing) {
       },
       60'000, 20))
       << load.batch_size;
-  ASSERT_EQ(::kill(pid_of("decode0"), SIGKILL), 0);
+  const pid_t victim_pid = pid_of("decode0");
+  ASSERT_GT(victim_pid, 0);  // never kill(0): that is the test's own process group
+  ASSERT_EQ(::kill(victim_pid, SIGKILL), 0);
   const int rc = replay->wait_exit(150'000);
   const std::vector<std::string> failed = expect_nothing_lost("dkill", n);
   ASSERT_GE(failed.size(), 2u);

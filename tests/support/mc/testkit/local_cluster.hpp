@@ -87,7 +87,10 @@ class LocalClusterFixture : public ::testing::Test {
     state.erase(state.find_last_not_of("\n ") + 1);
     std::istringstream lines(slurp(state + "/cluster.txt"));
     std::string name, pid, endpoint;
-    while (lines >> name >> pid >> endpoint) endpoints_[name] = endpoint;
+    while (lines >> name >> pid >> endpoint) {
+      endpoints_[name] = endpoint;
+      pids_[name] = static_cast<pid_t>(std::stol(pid));
+    }
     for (const std::string& n : required) {
       ASSERT_TRUE(endpoints_.count(n)) << n << " missing from " << state << "/cluster.txt";
     }
@@ -129,6 +132,7 @@ class LocalClusterFixture : public ::testing::Test {
   std::string client_name_;
   std::unique_ptr<Child> cluster_;
   std::map<std::string, std::string> endpoints_;
+  std::map<std::string, pid_t> pids_;  // name -> pid, from cluster.txt (e.g. to kill one in a fault test)
 };
 
 }  // namespace mc::testkit
