@@ -5,10 +5,13 @@
 # Each run starts examples/local-cluster.sh (1 store master, 2 storage nodes, the Conductor, 2 prefill and
 # 2 decode instances), replays a window of the conversation trace, injects the fault AT seconds after the
 # replay started, and waits for the replay to end. One row per fault:
-#   offered, accepted, rejected, completed, failed, lost (accepted, no terminal event before the replay's drain
-#   timeout), terminal_s (wall seconds from the fault until the last request that was in flight on the victim
+#   offered = accepted + rejected + submit_failed (failed before the Conductor answered: not accepted),
+#   accepted = completed + failed + lost (accepted, no terminal event before the replay's drain timeout), terminal_s (wall seconds from the fault until the last request that was in flight on the victim
 #   had its terminal event; for the store, the master and the Conductor every request in flight counts),
-#   ttft_mean_ms and its cost against the run without a fault, and the replay's exit status.
+#   ttft_mean_ms and its cost against the run without a fault, the replay's exit status, and the Conductor's
+#   counters at the end (mc-conductor stat; "-" when it was killed): redisp (requests re-dispatched after an
+#   instance died), killed (failed by an instance's death), planned_miss_tk (planned prefix hits the prefill found
+#   missing); --json adds reservations_released, publisher_restarts and stale_replicas (index reconciliation).
 # With --check-tokens (use it with --backend ref) a cache-off run is made first and every completed request's
 # output tokens must equal its tokens there (column tokens_equal).
 #
@@ -104,6 +107,8 @@ if [[ "${1:-}" == --inner ]]; then
   set +e
   wait "$replay"
   rc=$?
+  # The Conductor's fault and index counters at the end (none when it was the victim of a kill).
+  "$bin/mc-conductor" stat --endpoint "$MC_CONDUCTOR" --json --timeout-ms 5000 > "$out/$fault.conductor.json" 2>/dev/null
   set -e
   echo "$rc" > "$out/$fault.rc"
   exit 0
@@ -195,8 +200,9 @@ if ((check_tokens)); then
 fi
 
 fail=0
-((json)) || printf '%-15s %7s %8s %8s %9s %6s %4s %10s %12s %12s %6s %s\n' fault offered accepted rejected completed \
-  failed lost terminal_s ttft_mean_ms ttft_cost_ms rc tokens_equal
+((json)) || printf '%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %6s %6s %6s %14s %s\n' fault offered accepted \
+  rejected completed failed submit_failed lost terminal_s ttft_mean_ms ttft_cost_ms rc redisp killed \
+  planned_miss_tk tokens_equal
 base_ttft=""
 for fault in "${fault_list[@]}"; do
   echo "fault-matrix.sh: $fault" >&2
@@ -217,8 +223,11 @@ for fault in "${fault_list[@]}"; do
   victim="$(cat "$out/$fault.victim")"
   row="$(jq -s --arg fault "$fault" --arg victim "$victim" --argjson start "$start_ms" --argjson at "$fault_ms" \
     --argjson speed "$speed" '
-    def lost: .outcome == "failed" and ((.reason // "") | startswith("no completion within the drain timeout"));
-    def accepted: .outcome != "rejected";
+    # A failed submit (the Conductor never answered) is not an accepted request; records of older runs lack
+    # the field: there every record not rejected was accepted.
+    def accepted: if .accepted == null then .outcome != "rejected" else .accepted end;
+    def lost: accepted and .outcome == "failed" and
+      ((.reason // "") | startswith("no completion within the drain timeout"));
     # In flight at the fault: sent before it, terminal after it; on the victim when the victim is a worker.
     def affected: accepted and (.submit_ms != null) and ($start + .submit_ms / $speed < $at) and
       ((.end_unix_ms // 0) >= $at) and
@@ -228,7 +237,8 @@ for fault in "${fault_list[@]}"; do
     {fault: $fault, offered: length, accepted: (map(select(accepted)) | length),
      rejected: (map(select(.outcome == "rejected")) | length),
      completed: (map(select(.outcome == "completed")) | length),
-     failed: (map(select(.outcome == "failed" and (lost | not))) | length),
+     failed: (map(select(.outcome == "failed" and accepted and (lost | not))) | length),
+     submit_failed: (map(select(.outcome == "failed" and (accepted | not))) | length),
      lost: (map(select(lost)) | length),
      terminal_s: ((((map(select(affected) | .end_unix_ms) | max) // $at) - $at) / 1000),
      ttft_mean_ms: (if ($ttft | length) > 0 then ($ttft | add / length) else null end)}' "$recs")"
@@ -247,17 +257,26 @@ for fault in "${fault_list[@]}"; do
        | (.output_token_ids == $ref[.trace_line | tostring])] | all' "$out/cache-off.jsonl" "$recs")"
   fi
   rc="$(cat "$out/$fault.rc" 2>/dev/null || echo "?")"
-  row="$(jq -c --argjson cost "$cost" --argjson eq "$equal" --arg rc "$rc" \
-    '. + {ttft_cost_ms: $cost, tokens_equal: $eq, replay_rc: $rc}' <<< "$row")"
+  conductor="$(jq -c '{redispatched: .faults.redispatched, failed_by_death: .faults.failed_by_instance_death,
+                      reservations_released: .faults.reservations_released,
+                      publisher_restarts: .index.publisher_restarts, stale_replicas: .index.resync_stale_replicas,
+                      planned_missing_tokens: .index.planned_missing_tokens}' "$out/$fault.conductor.json" \
+               2>/dev/null || echo '{}')"
+  [[ -n "$conductor" ]] || conductor='{}'
+  row="$(jq -c --argjson cost "$cost" --argjson eq "$equal" --arg rc "$rc" --argjson c "$conductor" \
+    '. + {ttft_cost_ms: $cost, tokens_equal: $eq, replay_rc: $rc} + $c' <<< "$row")"
   [[ "$(jq -r .lost <<< "$row")" == 0 ]] || fail=1
   [[ "$equal" != false ]] || fail=1
   if ((json)); then
     echo "$row"
   else
-    jq -r '[.fault, .offered, .accepted, .rejected, .completed, .failed, .lost, (.terminal_s * 10 | round / 10),
-            ((.ttft_mean_ms // 0) | round), ((.ttft_cost_ms // 0) | round), .replay_rc, (.tokens_equal // "-")]
+    jq -r '[.fault, .offered, .accepted, .rejected, .completed, .failed, .submit_failed, .lost,
+            (.terminal_s * 10 | round / 10),
+            ((.ttft_mean_ms // 0) | round), ((.ttft_cost_ms // 0) | round), .replay_rc, (.redispatched // "-"),
+            (.failed_by_death // "-"), (.planned_missing_tokens // "-"), (.tokens_equal // "-")]
            | @tsv' <<< "$row" |
-      awk -F'\t' '{printf "%-15s %7s %8s %8s %9s %6s %4s %10s %12s %12s %6s %s\n", $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12}'
+      awk -F'\t' '{printf "%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %6s %6s %6s %14s %s\n",
+                   $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16}'
   fi
 done
 exit "$fail"

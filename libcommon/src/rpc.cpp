@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <iterator>
+#include <random>
 
 #include "mc/common/clock.hpp"
 #include "mc/common/endpoint.hpp"
@@ -247,6 +248,8 @@ Result<std::unique_ptr<EventPublisher>> EventPublisher::bind(const std::string& 
   std::unique_ptr<EventPublisher> pub(new EventPublisher());
   pub->socket_ = zmq::socket_t(context(), zmq::socket_type::pub);
   pub->topic_ = std::move(topic);
+  std::random_device rd;
+  while (pub->incarnation_ == 0) pub->incarnation_ = (uint64_t{rd()} << 32) | rd();
   try {
     pub->socket_.set(zmq::sockopt::linger, 0);
     pub->socket_.set(zmq::sockopt::sndhwm, 1000000);
@@ -260,6 +263,7 @@ Result<std::unique_ptr<EventPublisher>> EventPublisher::bind(const std::string& 
 
 Status EventPublisher::publish(proto::KvEvent event) {
   event.event_id = ++last_event_id_;
+  event.incarnation = incarnation_;
   if (event.ts_unix_ms == 0) event.ts_unix_ms = unix_time_ms();
   unsigned char seq[8];
   for (int i = 0; i < 8; ++i) seq[i] = static_cast<unsigned char>(event.event_id >> (8 * (7 - i)));

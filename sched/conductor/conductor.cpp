@@ -102,10 +102,30 @@ class StoreMasterResync final : public ResyncSource {
       client_.reset();
       return st.status();
     }
-    for (const auto& seg : st->segments) {
-      if (!seg.host.empty()) scheduler_->set_backend_host(seg.segment, seg.host);
-    }
+    apply_stat(*st);
     return st;
+  }
+
+  // What a store.stat reply tells the index: segment hosts, suspect segments (parked), a restarted master.
+  void apply_stat(const proto::StoreStatReply& st) {
+    // A restarted master (another publisher incarnation), even one with no event to send yet: every block the
+    // index has from the old one is checked against the new one's (field report 24).
+    if (st.events_incarnation != 0 && master_incarnation_ != 0 && st.events_incarnation != master_incarnation_) {
+      MC_LOG_WARN << "store master " << endpoint_
+                  << " restarted (new KV-event incarnation): resyncing the prefix index";
+      scheduler_->index().source_restarted(st.events_incarnation);
+    }
+    if (st.events_incarnation != 0) master_incarnation_ = st.events_incarnation;
+    for (const auto& seg : st.segments) {
+      if (!seg.host.empty()) scheduler_->set_backend_host(seg.segment, seg.host);
+      // A suspect node's replicas are not offered for reads: no plan counts on them until it is back.
+      const bool was_offline = scheduler_->index().backend_offline(seg.segment);
+      const size_t moved = scheduler_->index().set_backend_offline(seg.segment, seg.suspect);
+      if (was_offline != seg.suspect) {
+        MC_LOG_INFO << "prefix index: segment " << seg.segment << (seg.suspect ? " is suspect: " : " is back: ")
+                    << moved << " replicas " << (seg.suspect ? "parked" : "offered again");
+      }
+    }
   }
 
  private:
@@ -161,6 +181,7 @@ class StoreMasterResync final : public ResyncSource {
   Scheduler* scheduler_;
   std::unique_ptr<rpc::RpcClient> client_;
   int64_t last_failure_ns_ = 0;
+  uint64_t master_incarnation_ = 0;  // StoreStatReply::events_incarnation last seen
 };
 
 class Conductor {
@@ -222,11 +243,24 @@ class Conductor {
         sweep_decoding(now);
         update_metrics();
       }
-      if (resync_ && now - last_hosts_ns > 5'000'000'000) {
+      // Segment hosts and suspect nodes, once a second (a suspect node is parked within 1 s of the master
+      // saying so, DESIGN.md §5).
+      // Asynchronous: a master that is down or stopped never stalls this loop (a resync, which blocks for up
+      // to --store-timeout-ms, only follows a stat that was answered).
+      if (resync_ && !stat_pending_ && now - last_hosts_ns > 1'000'000'000) {
         last_hosts_ns = now;
-        Result<proto::StoreStatReply> st = resync_->refresh_hosts();
-        if (!st.is_ok()) MC_LOG_DEBUG << "store master: " << st.status().message();
-        (void)sched_->index().resync_stale();  // failures are logged by the index and retried
+        stat_pending_ = true;
+        calls_.call<proto::StoreStatRequest>(
+            options_.store_master, proto::StoreStatRequest{true}, options_.store_timeout_ms,
+            [this](Result<proto::StoreStatReply> st) {
+              stat_pending_ = false;
+              if (!st.is_ok()) {
+                MC_LOG_DEBUG << "store master: " << st.status().message();
+                return;
+              }
+              resync_->apply_stat(*st);
+              (void)sched_->index().resync_stale();  // failures are logged by the index and retried
+            });
       }
     }
     MC_LOG_INFO << "mc-conductor: stopping (" << in_flight_.size() << " requests in flight)";
@@ -294,6 +328,14 @@ class Conductor {
                 .value();
       }
       j["faults"] = faults;
+      j["index"]["planned_missing_tokens"] = metrics_
+                                                 .counter("mc_conductor_planned_missing_tokens_total",
+                                                          "prefix tokens planned as hits that the prefill found "
+                                                          "missing and recomputed")
+                                                 .value();
+      j["index"]["planned_missing_requests"] =
+          metrics_.counter("mc_conductor_planned_missing_requests_total", "requests with planned hits found missing")
+              .value();
       return proto::ConductorStatusReply{j.dump()};
     });
   }
@@ -530,6 +572,14 @@ class Conductor {
     const proto::RequestLedger& l = res->ledger;
     rep.prefilled_tokens = l.computed_tokens;
     rep.reused_tokens = l.hit_tokens;
+    // Planned hits the worker found missing (or failed to read) and recomputed: a stale index, field report 24.
+    if (l.missed_prefix_tokens > 0 && l.missed_prefix_tokens <= kMaxReportedCount) {
+      metrics_
+          .counter("mc_conductor_planned_missing_tokens_total",
+                   "prefix tokens planned as hits that the prefill found missing and recomputed")
+          .inc(static_cast<uint64_t>(l.missed_prefix_tokens));
+      metrics_.counter("mc_conductor_planned_missing_requests_total", "requests with planned hits found missing").inc();
+    }
     const double scale = options_.time_scale;
     rep.prefill_ms = static_cast<double>(l.prefill_ms) * scale;
     if (l.prefill_ms < 0) rep.prefill_ms = -1;  // not measured: the refit ignores it
@@ -976,6 +1026,7 @@ class Conductor {
   std::unique_ptr<rpc::RpcServer> server_;
   std::vector<std::pair<std::string, std::unique_ptr<rpc::EventSubscriber>>> subs_;
   std::unique_ptr<StoreMasterResync> resync_;
+  bool stat_pending_ = false;      // a periodic store.stat is outstanding
   std::string key_digest_;         // base namespace of the workers' block keys, once known
   bool base_known_ = false;        // options_.key_namespace holds the base's fields (configured or named)
   RequestKeyScope default_scope_;  // --lora, --lora-version, --salt: the scope of requests that name none
@@ -1050,7 +1101,12 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
   out << "\nindex: " << idx.value("blocks", 0) << " blocks, " << idx.value("holder_entries", 0) << " replicas, "
       << idx.value("backends", 0) << " backends; events " << idx.value("events_applied", 0) << ", gaps "
       << idx.value("gaps", 0) << ", resyncs " << idx.value("resyncs", 0) << " (failed "
-      << idx.value("resync_failures", 0) << ")\n";
+      << idx.value("resync_failures", 0) << "), publisher restarts " << idx.value("publisher_restarts", 0)
+      << ", offline backends " << idx.value("offline_backends", 0)
+      << "\nreconciled: " << idx.value("resync_stale_replicas", 0) << " stale replicas dropped, "
+      << idx.value("resync_missing_replicas", 0)
+      << " missing added; planned hits found missing: " << idx.value("planned_missing_tokens", 0) << " tokens in "
+      << idx.value("planned_missing_requests", 0) << " requests\n";
   const auto& d = j["decisions"];
   out << "decisions: " << d.value("total", 0) << " total, " << d.value("accepted", 0) << " accepted (fetch "
       << d.value("fetch", 0) << ", recompute " << d.value("recompute", 0) << ", replicate " << d.value("replicate", 0)

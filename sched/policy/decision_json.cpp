@@ -146,7 +146,13 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
                   {"gaps", ic.gaps},
                   {"resyncs", ic.resyncs},
                   {"resync_failures", ic.resync_failures},
-                  {"bad_events", ic.bad_events}};
+                  {"bad_events", ic.bad_events},
+                  {"publisher_restarts", ic.publisher_restarts},
+                  {"resync_stale_replicas", ic.resync_stale_replicas},
+                  {"resync_missing_replicas", ic.resync_missing_replicas},
+                  {"offline_backends", s.index().offline_backends()},
+                  {"backends_parked", ic.backends_parked},
+                  {"backends_returned", ic.backends_returned}};
   const SchedulerCounters& c = s.counters();
   nlohmann::json rejected = nlohmann::json::object();
   for (int r = 1; r <= static_cast<int>(RejectReason::kInvalidRequest); ++r) {

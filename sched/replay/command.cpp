@@ -195,10 +195,13 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   }
   auto top = std::max_element(reasons.begin(), reasons.end(),
                               [](const auto& a, const auto& b) { return a.second < b.second; });
-  return Status(Code::kUnavailable,
-                std::to_string(s.failed) + " of " + std::to_string(s.accepted) + " accepted requests failed (" +
-                    std::to_string(result->lost) + " lost: no terminal event within the drain timeout); most often (" +
-                    std::to_string(top->second) + "x): " + top->first + " (--allow-failures exits 0 all the same)");
+  const std::string submits =
+      s.submit_failed > 0 ? ", and " + std::to_string(s.submit_failed) + " submits failed before any answer" : "";
+  return Status(Code::kUnavailable, std::to_string(s.failed - s.submit_failed) + " of " + std::to_string(s.accepted) +
+                                        " accepted requests failed (" + std::to_string(result->lost) +
+                                        " lost: no terminal event within the drain timeout)" + submits +
+                                        "; most often (" + std::to_string(top->second) + "x): " + top->first +
+                                        " (--allow-failures exits 0 all the same)");
 }
 
 }  // namespace mc::replay

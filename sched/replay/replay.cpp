@@ -257,6 +257,7 @@ class Run final : public EventSink {
       r.submit_ms = static_cast<double>(*s.sent_ns) / 1e6 * scale;
       r.send_lag_ms = static_cast<double>(*s.sent_ns - s.scheduled_ns) / 1e6;  // wall: a property of the sender
     }
+    r.accepted = s.admission && s.admission->accepted;  // no answer at all: its submit failed
     if (s.admission) {
       const Admission& a = *s.admission;
       r.prefill_instance = a.prefill_instance;

@@ -100,6 +100,8 @@ Status get(const json& j, const char* key, std::optional<T>& out) {
   try {
     if constexpr (std::is_same_v<T, std::string>) {
       if (!it->is_string()) throw std::invalid_argument("not a string");
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!it->is_boolean()) throw std::invalid_argument("not true or false");
     } else {
       if (!it->is_number()) throw std::invalid_argument("not a number");
       if constexpr (std::is_integral_v<T>) {
@@ -140,6 +142,7 @@ json to_json(const RequestRecord& r) {
   if (!r.output_tokens_source.empty()) j["output_tokens_source"] = r.output_tokens_source;
   j["outcome"] = outcome_name(r.outcome);
   if (!r.reason.empty()) j["reason"] = r.reason;
+  put(j, "accepted", r.accepted);
   if (!r.prefill_instance.empty()) j["prefill_instance"] = r.prefill_instance;
   if (!r.decode_instance.empty()) j["decode_instance"] = r.decode_instance;
   put(j, "ttft_ms", r.ttft_ms);
@@ -191,6 +194,7 @@ Result<RequestRecord> record_from_json(const json& j) {
   std::string outcome;
   MC_RETURN_IF_ERROR(get_required(j, "outcome", outcome));
   MC_ASSIGN_OR_RETURN(r.outcome, parse_outcome(outcome));
+  MC_RETURN_IF_ERROR(get(j, "accepted", r.accepted));
   s.reset();
   MC_RETURN_IF_ERROR(get(j, "reason", s));
   r.reason = s.value_or("");
@@ -338,8 +342,12 @@ Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& 
         ++s.completed;
         break;
       case Outcome::kFailed:
-        ++s.accepted;
         ++s.failed;
+        if (r.accepted.value_or(true)) {
+          ++s.accepted;
+        } else {
+          ++s.submit_failed;
+        }
         break;
       case Outcome::kRejected:
         ++s.rejected;
@@ -418,8 +426,9 @@ using mc::report::pct;
 json to_json(const Summary& s, const RunInfo& info) {
   json j = json::object();
   j["config"] = mc::report::run_info_json(info);
-  j["requests"] = {{"offered", s.offered},     {"accepted", s.accepted}, {"rejected", s.rejected},
-                   {"completed", s.completed}, {"failed", s.failed},     {"late_sends", s.late_sends}};
+  j["requests"] = {{"offered", s.offered},      {"accepted", s.accepted}, {"rejected", s.rejected},
+                   {"completed", s.completed},  {"failed", s.failed},     {"submit_failed", s.submit_failed},
+                   {"late_sends", s.late_sends}};
   if (s.max_send_lag_ms) j["requests"]["max_send_lag_ms"] = *s.max_send_lag_ms;
   j["acceptance_rate"] = s.offered > 0 ? static_cast<double>(s.accepted) / static_cast<double>(s.offered) : 0.0;
   j["reasons"] = s.reasons;
@@ -471,11 +480,11 @@ void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
   mc::report::print_run_header(out, info);
 
   double accept = s.offered > 0 ? static_cast<double>(s.accepted) / static_cast<double>(s.offered) : 0.0;
-  mc::report::print_table(out, {{"requests", "offered", "accepted", "rejected", "completed", "failed", "accepted_%",
-                                 "late_sends", "span_s"},
+  mc::report::print_table(out, {{"requests", "offered", "accepted", "rejected", "completed", "failed", "submit_failed",
+                                 "accepted_%", "late_sends", "span_s"},
                                 {"", std::to_string(s.offered), std::to_string(s.accepted), std::to_string(s.rejected),
-                                 std::to_string(s.completed), std::to_string(s.failed), pct(accept),
-                                 std::to_string(s.late_sends), fixed(s.span_s, 1)}});
+                                 std::to_string(s.completed), std::to_string(s.failed), std::to_string(s.submit_failed),
+                                 pct(accept), std::to_string(s.late_sends), fixed(s.span_s, 1)}});
   // One line per kind of reason (a run can reject hundreds of requests, each message with its own numbers);
   // --json has every distinct reason.
   for (const auto& [kind, ce] : s.reason_kinds) {

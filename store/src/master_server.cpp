@@ -354,6 +354,7 @@ void MasterServer::Impl::register_handlers() {
         r.refused_reports = s.refused_reports;
         r.ssd_failures = s.ssd_failures;
         r.last_event_id = events ? events->last_event_id() : 0;
+        r.events_incarnation = events ? events->incarnation() : 0;
         return r;
       });
   server->handle<PublishSegmentRequest>(

@@ -308,6 +308,40 @@ TEST(ReplayTool, ExitsOneWhenAcceptedRequestsFail) {
   EXPECT_EQ(lost.rc, 1) << lost.err;
   EXPECT_NE(lost.err.find("(1 lost"), std::string::npos) << lost.err;
   EXPECT_NE(lost.out.find("lost=1"), std::string::npos) << lost.out;
+
+  // Submits that fail before any answer (a Conductor going down answers errors, or nothing): those requests were
+  // never accepted (the report's submit_failed, not its accepted), and the run still exits 1.
+  auto failing = std::move(rpc::RpcServer::bind(o)).value();
+  failing->handle<proto::ConductorSubmitRequest>(
+      [](const proto::ConductorSubmitRequest&, const rpc::CallContext&) -> Result<proto::ConductorSubmitReply> {
+        return error(Code::kUnavailable, "mc-conductor: shutting down");
+      });
+  stop = false;
+  std::thread serving_errors([&] {
+    while (!stop) (void)failing->poll_once(5);
+  });
+  TempFile records("submit_failed.jsonl");
+  ToolRun unanswered = run_tool({trace.path, "--conductor", failing->endpoints().front(), "--max-requests", "2",
+                                 "--json", "--out", records.path, "--drain-timeout-s", "5"});
+  stop = true;
+  serving_errors.join();
+  EXPECT_EQ(unanswered.rc, 1) << unanswered.err;
+  EXPECT_NE(unanswered.err.find("2 submits failed before any answer"), std::string::npos) << unanswered.err;
+  json u = json::parse(unanswered.out, nullptr, false);
+  ASSERT_FALSE(u.is_discarded()) << unanswered.out;
+  EXPECT_EQ(u["requests"]["offered"], 2);
+  EXPECT_EQ(u["requests"]["accepted"], 0);
+  EXPECT_EQ(u["requests"]["failed"], 2);
+  EXPECT_EQ(u["requests"]["submit_failed"], 2);
+  for (const json& r : read_jsonl(records.path)) {
+    EXPECT_EQ(r["outcome"], "failed") << r.dump();
+    EXPECT_EQ(r["accepted"], false) << r.dump();
+  }
+  // The report of those records says the same.
+  ToolRun rep = run_tool({"report", records.path, "--json"});
+  ASSERT_EQ(rep.rc, 0) << rep.err;
+  EXPECT_EQ(json::parse(rep.out)["requests"]["submit_failed"], 2);
+  EXPECT_EQ(json::parse(rep.out)["requests"]["accepted"], 0);
 }
 
 // Field report #16: 128 tokens requested, the server stops after 7 and says so in "done".

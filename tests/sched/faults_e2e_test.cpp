@@ -8,6 +8,9 @@
 //   * hostile values: decode_reserve with ttl_ms = 2^62 is refused while real reservations still succeed; a
 //     heartbeat with a negative queue length and a job report with event_unix_ns = 2^63-1 are refused and
 //     counted, and the predictions stay sane (requests are still accepted).
+//   * the Conductor's prefix index after store faults (item 2, field report 24): a master killed and restarted
+//     (with node0 killed too) and a node paused past its TTL: the index follows the master (resync on the new
+//     incarnation; the suspect node's blocks parked, then returned), and a replay plans no hit that is gone.
 // Every wait is bounded; the cluster script runs in its own process group and is stopped on the way out.
 #include <signal.h>
 #include <sys/types.h>
@@ -16,6 +19,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -34,7 +38,6 @@ namespace {
 using json = nlohmann::json;
 using testkit::slurp;
 
-const std::string kBin = MC_BINARY_DIR "/bin";
 constexpr int64_t kBlockTokens = 512;
 // Lost requests wait out this drain timeout; today's code lost them for good (the reservation TTL is 180 s).
 constexpr const char* kDrainTimeoutS = "60";
@@ -75,7 +78,7 @@ class FaultsFixture : public testkit::LocalClusterFixture {
 
   std::unique_ptr<testkit::Child> start_replay(const std::string& tag, const std::string& trace,
                                                std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {kBin + "/mc-trace-replay",
+    std::vector<std::string> argv = {bin() + "/mc-trace-replay",
                                      trace,
                                      "--conductor",
                                      endpoints_.at("conductor"),
@@ -277,6 +280,149 @@ TEST_F(FaultsE2E, HostileValuesAreRefusedAndPredictionsStaySane) {
       EXPECT_LT(i.value("queue_ms", 0.0), 600'000) << i.dump();
     }
   }
+}
+
+// The Conductor's prefix index after store faults (issue 17 item 2, field report 24): a smaller cluster, whose
+// trace is replayed twice (the second replay's prefixes are the first one's blocks).
+class IndexFaultsE2E : public FaultsFixture {
+ protected:
+  void SetUp() override {
+    start_cluster({"--store-nodes", "2", "--prefill", "1", "--decode", "1", "--backend", "sim", "--time-scale", "2",
+                   "--kv-buffer-size", "64MiB"},
+                  {"master", "conductor", "node0", "node1", "prefill0", "decode0"});
+  }
+
+  json index() { return conductor_status().value("index", json::object()); }
+
+  // The kv/ block keys the store master holds, with their segments.
+  std::vector<proto::StoreObjectInfo> kv_objects() {
+    proto::StoreLsRequest ls;
+    ls.prefix = "kv/";
+    ls.limit = 100'000;
+    return call("master", ls).objects;
+  }
+
+  // Replays `trace` under `tag` to its end; every request must complete.
+  void replay_all(const std::string& tag, const std::string& trace, size_t n) {
+    auto replay = start_replay(tag, trace);
+    ASSERT_EQ(replay->wait_exit(150'000), 0) << slurp(s_.path(tag + ".err"));
+    std::vector<json> recs = records(tag);
+    ASSERT_EQ(recs.size(), n);
+    for (const json& r : recs) ASSERT_EQ(r.value("outcome", ""), "completed") << r.dump();
+  }
+
+  // Waits until the index holds exactly the replicas the master lists (bounded).
+  void expect_index_matches_master(const char* when) {
+    json idx;
+    size_t replicas = 0;
+    const bool same = testkit::wait_until(
+        [&] {
+          replicas = 0;
+          for (const auto& o : kv_objects()) replicas += o.segments.size();
+          idx = index();
+          return idx.value("holder_entries", size_t{0}) == replicas;
+        },
+        20'000, 100);
+    EXPECT_TRUE(same) << when << ": the master lists " << replicas << " replicas, the index " << idx.dump();
+  }
+};
+
+// kill -9 of the store master and of node0, then the master restarted on the same ports: the new master knows
+// only node1's blocks (rebuilt from its report). The Conductor sees the restart (a new KV-event incarnation),
+// resyncs, drops node0's blocks and counts them; the same trace replayed again plans no hit that is gone.
+TEST_F(IndexFaultsE2E, MasterRestartReconcilesTheConductorIndex) {
+  const int n = 8;
+  const std::string trace = write_trace("first", n, 3, 4);
+  replay_all("first", trace, n);
+  expect_index_matches_master("after the first replay");
+  size_t on_node0 = 0, total = 0;
+  for (const auto& o : kv_objects()) {
+    for (const auto& seg : o.segments) {
+      ++total;
+      on_node0 += seg.find("node0") != std::string::npos ? 1 : 0;
+    }
+  }
+  ASSERT_GT(total, 0u);
+  ASSERT_GT(on_node0, 0u) << "the store placed no block on node0 (of " << total << ")";
+  ASSERT_LT(on_node0, total) << "the store placed every block on node0";
+  // The master's command line and its two endpoints, to start it again just as it was.
+  std::string state = slurp(s_.path("state"));
+  state.erase(state.find_last_not_of("\n ") + 1);
+  std::istringstream ready(slurp(state + "/master.ready"));
+  std::string word, events;
+  while (ready >> word) {
+    if (word.rfind("events=", 0) == 0) events = word.substr(7);
+  }
+  ASSERT_FALSE(events.empty()) << slurp(state + "/master.ready");
+  const pid_t master_pid = pid_of("master"), node0_pid = pid_of("node0");
+  ASSERT_GT(master_pid, 0);
+  ASSERT_GT(node0_pid, 0);
+  std::vector<std::string> argv;
+  {
+    std::ifstream cmdline("/proc/" + std::to_string(master_pid) + "/cmdline");
+    std::string arg;
+    while (std::getline(cmdline, arg, '\0')) argv.push_back(arg);
+  }
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--listen") argv[i + 1] = endpoints_.at("master");
+    if (argv[i] == "--events") argv[i + 1] = events;
+  }
+  ASSERT_EQ(::kill(node0_pid, SIGKILL), 0);
+  ASSERT_EQ(::kill(master_pid, SIGKILL), 0);
+  ASSERT_TRUE(testkit::wait_until([&] { return ::kill(master_pid, 0) != 0; }, 10'000, 10));
+  auto master = testkit::start_group_child(argv, s_.path("master2.out"), s_.path("master2.err"));
+  ASSERT_TRUE(
+      testkit::wait_until([&] { return slurp(s_.path("master2.out")).find("ready") != std::string::npos; }, 30'000, 50))
+      << slurp(s_.path("master2.err"));
+  // node1 re-reports to the new master; the Conductor resyncs against it.
+  ASSERT_TRUE(testkit::wait_until([&] { return index().value("publisher_restarts", 0) >= 1; }, 20'000, 100))
+      << index().dump();
+  expect_index_matches_master("after the master restart");
+  const json idx = index();
+  EXPECT_GE(idx.value("resync_stale_replicas", size_t{0}), on_node0) << idx.dump();
+  std::cerr << "blocks: " << total << ", " << on_node0 << " on node0; index after the restart: " << idx.dump() << "\n";
+  for (const auto& o : kv_objects()) {
+    for (const auto& seg : o.segments) EXPECT_EQ(seg.find("node0"), std::string::npos) << o.key << " on " << seg;
+  }
+  // The same prompts again: every planned hit is found.
+  replay_all("second", trace, n);
+  const json after = index();
+  EXPECT_EQ(after.value("planned_missing_tokens", -1), 0) << after.dump();
+  int64_t hits = 0;
+  for (const json& r : records("second")) hits += hit_tokens(r);
+  EXPECT_GT(hits, 0) << "node1's blocks were not reused";
+}
+
+// SIGSTOP of node0 past the master's node TTL: the master makes it suspect, and the Conductor parks its blocks
+// (no plan counts on them, so a replay meanwhile finds every planned hit); after SIGCONT they are offered again.
+TEST_F(IndexFaultsE2E, SuspectNodeIsParkedInTheConductorIndexAndReturns) {
+  const int n = 8;
+  const std::string trace = write_trace("first", n, 3, 4);
+  replay_all("first", trace, n);
+  expect_index_matches_master("after the first replay");
+  size_t on_node0 = 0;
+  for (const auto& o : kv_objects()) {
+    for (const auto& seg : o.segments) on_node0 += seg.find("node0") != std::string::npos ? 1 : 0;
+  }
+  if (on_node0 == 0) GTEST_SKIP() << "the store placed no block on node0";
+  const size_t entries_before = index().value("holder_entries", size_t{0});
+  const pid_t node0_pid = pid_of("node0");
+  ASSERT_GT(node0_pid, 0);
+  struct Resume {  // a stopped node must not outlive a failed assertion stopped
+    pid_t pid;
+    ~Resume() { ::kill(pid, SIGCONT); }
+  } resume{node0_pid};
+  ASSERT_EQ(::kill(node0_pid, SIGSTOP), 0);
+  ASSERT_TRUE(testkit::wait_until([&] { return index().value("offline_backends", 0) >= 1; }, 20'000, 100))
+      << index().dump();
+  EXPECT_EQ(index().value("holder_entries", size_t{0}), entries_before - on_node0) << index().dump();
+  replay_all("while-stopped", trace, n);
+  EXPECT_EQ(index().value("planned_missing_tokens", -1), 0) << index().dump();
+  ASSERT_EQ(::kill(node0_pid, SIGCONT), 0);
+  ASSERT_TRUE(testkit::wait_until([&] { return index().value("offline_backends", 1) == 0; }, 20'000, 100))
+      << index().dump();
+  EXPECT_GE(index().value("backends_returned", 0), 1) << index().dump();
+  expect_index_matches_master("after node0 came back");
 }
 
 }  // namespace

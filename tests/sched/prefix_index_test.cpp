@@ -160,5 +160,83 @@ TEST(PrefixIndex, BadEventsAreReportedAndSkipped) {
   EXPECT_EQ(idx.blocks(), 1u);
 }
 
+// Issue 17 item 2 and field report 24: a restarted publisher (a store master killed and started again) numbers
+// its events from 1 under another incarnation. Those events are not duplicates: the stream is resynced at once,
+// the blocks the new master does not have leave the index, and the differences are counted.
+TEST(PrefixIndex, PublisherRestartResyncsAndCountsTheMismatches) {
+  FakeMaster master;
+  PrefixIndex idx(&master);
+  auto inc = [](proto::KvEvent e, uint64_t incarnation) {
+    e.incarnation = incarnation;
+    return e;
+  };
+  for (uint64_t id = 1; id <= 10; ++id) {
+    ASSERT_TRUE(idx.apply(inc(ev("stored", id, {id}, "seg-a"), 111), "master").is_ok());
+  }
+  EXPECT_EQ(master.calls, 0);
+  EXPECT_EQ(idx.blocks(), 10u);
+  // The new master rebuilt blocks 1..4 from the node's report (and knows block 50 the index never saw).
+  master.snap.as_of_event_id = 5;
+  master.snap.entries = {{1, "seg-a", Medium::kCpu},
+                         {2, "seg-a", Medium::kCpu},
+                         {3, "seg-a", Medium::kCpu},
+                         {4, "seg-a", Medium::kCpu},
+                         {50, "seg-a", Medium::kCpu}};
+  ASSERT_TRUE(idx.apply(inc(ev("stored", 1, {1}, "seg-a"), 222), "master").is_ok());
+  EXPECT_EQ(master.calls, 1);
+  EXPECT_EQ(idx.counters().publisher_restarts, 1u);
+  EXPECT_EQ(idx.counters().events_duplicate, 0u);
+  EXPECT_EQ(idx.counters().gaps, 0u);
+  EXPECT_EQ(idx.counters().resync_stale_replicas, 6u);  // blocks 5..10: gone with the old master
+  EXPECT_EQ(idx.counters().resync_missing_replicas, 1u);
+  EXPECT_EQ(longest(idx, {1, 2, 3, 4, 5}), 4u);
+  EXPECT_EQ(holders_of(idx, 50), 1u);
+  // Its later events apply in order; the old incarnation's numbering is forgotten.
+  ASSERT_TRUE(idx.apply(inc(ev("stored", 6, {60}, "seg-a"), 222), "master").is_ok());
+  EXPECT_EQ(holders_of(idx, 60), 1u);
+  EXPECT_EQ(master.calls, 1);
+  EXPECT_EQ(idx.counters().events_applied, 11u);
+}
+
+// Issue 17 item 2: a suspect node's replicas are parked (no lookup finds them) while events still edit them,
+// and they are offered again at once when the node is back.
+TEST(PrefixIndex, SuspectBackendIsParkedAndReturns) {
+  FakeMaster master;
+  PrefixIndex idx(&master);
+  ASSERT_TRUE(idx.apply(ev("stored", 1, {1, 2, 3}, "seg-a")).is_ok());
+  ASSERT_TRUE(idx.apply(ev("stored", 2, {1}, "seg-b")).is_ok());
+  EXPECT_EQ(idx.set_backend_offline("seg-a", true), 3u);
+  EXPECT_TRUE(idx.backend_offline("seg-a"));
+  EXPECT_EQ(idx.offline_backends(), 1u);
+  EXPECT_EQ(idx.set_backend_offline("seg-a", true), 0u);  // already parked
+  EXPECT_EQ(longest(idx, {1, 2, 3}), 1u);                 // only seg-b's block 1
+  EXPECT_EQ(holders_of(idx, 1), 1u);
+  EXPECT_EQ(idx.holder_entries(), 1u);
+  // While parked: block 2 is removed and block 4 stored on it.
+  ASSERT_TRUE(idx.apply(ev("removed", 3, {2}, "seg-a")).is_ok());
+  ASSERT_TRUE(idx.apply(ev("stored", 4, {4}, "seg-a")).is_ok());
+  EXPECT_EQ(holders_of(idx, 4), 0u);
+  EXPECT_EQ(idx.set_backend_offline("seg-a", false), 3u);  // blocks 1, 3, 4
+  EXPECT_EQ(idx.offline_backends(), 0u);
+  EXPECT_EQ(longest(idx, {1, 2}), 1u);
+  EXPECT_EQ(holders_of(idx, 1), 2u);
+  EXPECT_EQ(holders_of(idx, 3), 1u);
+  EXPECT_EQ(holders_of(idx, 4), 1u);
+  EXPECT_EQ(idx.holder_entries(), 4u);
+  EXPECT_EQ(idx.counters().backends_parked, 1u);
+  EXPECT_EQ(idx.counters().backends_returned, 1u);
+  // A resync while parked keeps it parked, and a node that dies parked leaves nothing behind.
+  idx.set_backend_offline("seg-a", true);
+  master.snap.as_of_event_id = 10;
+  master.snap.entries = {{1, "seg-a", Medium::kCpu}, {7, "seg-a", Medium::kCpu}};
+  ASSERT_TRUE(idx.apply(ev("stored", 11, {8}, "seg-b")).is_ok());
+  EXPECT_EQ(holders_of(idx, 7), 0u);
+  EXPECT_EQ(idx.counters().resync_stale_replicas, 3u);  // seg-a's 3 and 4, seg-b's 1
+  EXPECT_EQ(holders_of(idx, 8), 1u);
+  EXPECT_EQ(idx.remove_backend("seg-a"), 2u);
+  EXPECT_EQ(idx.set_backend_offline("seg-a", false), 0u);
+  EXPECT_EQ(holders_of(idx, 7), 0u);
+}
+
 }  // namespace
 }  // namespace mc::sched

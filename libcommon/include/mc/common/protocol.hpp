@@ -111,7 +111,10 @@ struct KvEvent {
   std::vector<uint64_t> seq_hashes;  // prefix-chained block hashes (block_key.hpp)
   std::string backend_id;            // the holder: storage segment or instance name
   std::string medium;                // gpu | cpu | disk
-  MSGPACK_DEFINE_MAP(type, event_id, ts_unix_ms, seq_hashes, backend_id, medium);
+  // Random per publisher start (EventPublisher::incarnation), never 0; 0 from a publisher that does not say.
+  // Another value on a stream means its publisher restarted: its event ids begin again at 1.
+  uint64_t incarnation = 0;
+  MSGPACK_DEFINE_MAP(type, event_id, ts_unix_ms, seq_hashes, backend_id, medium, incarnation);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -511,19 +514,20 @@ struct StoreStatReply {
   uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
   uint64_t pending_free_bytes = 0;
   uint64_t last_event_id = 0;
-  uint64_t pinned_objects = 0;     // objects pinned now (unexpired soft pins included)
-  uint64_t pinned_bytes = 0;       // their sizes, one copy each
-  uint64_t expired_pins = 0;       // soft pins that ran out
-  uint64_t corrupt_replicas = 0;   // replicas dropped because their bytes failed the checksum
-  uint64_t suspect_nodes = 0;      // nodes suspect now (missed heartbeats, within the grace period)
-  uint64_t returned_nodes = 0;     // suspect nodes that came back within the grace period
-  uint64_t reported_replicas = 0;  // replicas confirmed or restored from the nodes' store.node_report
-  uint64_t refused_reports = 0;    // reported replicas refused (unknown, conflicting or overlapping)
-  uint64_t ssd_failures = 0;       // SSD segments made read-only (ENOSPC/EIO) or lost (directory gone)
+  uint64_t pinned_objects = 0;      // objects pinned now (unexpired soft pins included)
+  uint64_t pinned_bytes = 0;        // their sizes, one copy each
+  uint64_t expired_pins = 0;        // soft pins that ran out
+  uint64_t corrupt_replicas = 0;    // replicas dropped because their bytes failed the checksum
+  uint64_t suspect_nodes = 0;       // nodes suspect now (missed heartbeats, within the grace period)
+  uint64_t returned_nodes = 0;      // suspect nodes that came back within the grace period
+  uint64_t reported_replicas = 0;   // replicas confirmed or restored from the nodes' store.node_report
+  uint64_t refused_reports = 0;     // reported replicas refused (unknown, conflicting or overlapping)
+  uint64_t ssd_failures = 0;        // SSD segments made read-only (ENOSPC/EIO) or lost (directory gone)
+  uint64_t events_incarnation = 0;  // of the master's KV-event publisher (KvEvent::incarnation); 0: none
   MSGPACK_DEFINE_MAP(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions, demotions,
                      reclaimed_puts, refused_put_ends, hot_replications, dead_nodes, pending_free_bytes, last_event_id,
                      pinned_objects, pinned_bytes, expired_pins, corrupt_replicas, suspect_nodes, returned_nodes,
-                     reported_replicas, refused_reports, ssd_failures);
+                     reported_replicas, refused_reports, ssd_failures, events_incarnation);
 };
 struct StoreStatRequest {
   static constexpr const char* kType = "store.stat";

@@ -335,9 +335,11 @@ Status status_of(const proto::ErrorReply& reply);
 class EventPublisher {
  public:
   static Result<std::unique_ptr<EventPublisher>> bind(const std::string& endpoint, std::string topic = "kv");
-  // Assigns the next event_id (starting at 1) and publishes. Not thread-safe.
+  // Assigns the next event_id (starting at 1) and this publisher's incarnation, and publishes. Not thread-safe.
   Status publish(proto::KvEvent event);
   uint64_t last_event_id() const { return last_event_id_; }
+  // Random and non-zero, drawn at bind: subscribers tell a restarted publisher by it (KvEvent::incarnation).
+  uint64_t incarnation() const { return incarnation_; }
   const std::string& endpoint() const { return endpoint_; }
 
  private:
@@ -346,6 +348,7 @@ class EventPublisher {
   std::string topic_;
   std::string endpoint_;
   uint64_t last_event_id_ = 0;
+  uint64_t incarnation_ = 0;
 };
 
 class EventSubscriber {

@@ -8,8 +8,12 @@
 // Threading: everything runs on the thread that calls run_conductor() (one loop polling the server,
 // the worker connections and the event subscriptions; no locks). Worker calls are asynchronous
 // (DEALER sockets, replies matched by id, deadlines enforced), so a long prefill never blocks the
-// loop. Blocking calls are limited to the store master (resync of the prefix index after a gap, and
-// the segment->host refresh), each bounded by store_timeout_ms.
+// loop. Blocking calls are limited to the store master's resync of the prefix index (after a gap or a
+// restart), bounded by store_timeout_ms. The store master's store.stat is asked every second, asynchronously:
+// segment hosts (same-host pricing), suspect segments (their blocks parked out of the index until the node is
+// back) and the KV-event incarnation (another one: the master restarted, and the index is resynced against it;
+// prefix_index.hpp). The index's reconciliation counters and the planned hits the prefill found missing
+// (mc_conductor_planned_missing_tokens_total) are in `mc-conductor stat` (field report 24).
 //
 // Worker faults (DESIGN.md §10, sched/policy faults.hpp): an instance that misses its heartbeats for
 // heartbeat_timeout_ms, or whose decode_reserve / prefill_job / decode_release fails on transport (timeout,

@@ -9,7 +9,15 @@
 // snapshot fails the stream is marked stale, the event is applied anyway (best effort: a wrong
 // answer of the index only ever costs time: the worker finds the block missing and recomputes,
 // DESIGN.md §3), and the resync is retried on the stream's next event or on resync_stale().
-// Node death: remove_backend() drops every block of a backend at once.
+// A publisher restart (an event of another `incarnation`: a restarted store master numbers its events
+// from 1 again) is a gap too: the stream is resynced at once, so blocks the old publisher knew and the new
+// one does not are gone from the index (field report 24).
+// Node death: remove_backend() drops every block of a backend at once. A suspect node (the master keeps
+// its replicas but offers none for reads, DESIGN.md §5) is parked: set_backend_offline() takes its blocks
+// out of lookups and keeps them aside (events still edit them); when it is back they return at once.
+// Reconciliation: each resync compares the stream's blocks before and after and counts the differences
+// (IndexCounters::resync_stale_replicas: held by the index, gone from the store: a planned hit that would
+// have been a miss; resync_missing_replicas: in the store, unknown to the index).
 //
 // Memory: one hash-map entry per indexed block (~80 B with one holder). Lookups are O(blocks of the
 // request). Pure: no I/O; the ResyncSource is called synchronously. Thread-safety: none.
@@ -61,7 +69,12 @@ struct IndexCounters {
   uint64_t gaps = 0;              // id > last + 1
   uint64_t resyncs = 0;           // successful snapshots
   uint64_t resync_failures = 0;
-  uint64_t bad_events = 0;  // unknown type/medium: ignored with a counted error
+  uint64_t bad_events = 0;               // unknown type/medium: ignored with a counted error
+  uint64_t publisher_restarts = 0;       // events of a new incarnation of a stream's publisher
+  uint64_t resync_stale_replicas = 0;    // replicas the index had that a resync found gone
+  uint64_t resync_missing_replicas = 0;  // replicas a resync found that the index lacked
+  uint64_t backends_parked = 0;          // set_backend_offline(.., true) of an online backend
+  uint64_t backends_returned = 0;        // set_backend_offline(.., false) of a parked backend
 };
 
 class PrefixIndex {
@@ -74,6 +87,10 @@ class PrefixIndex {
   Status apply(const proto::KvEvent& event, const std::string& stream = "");
   // Retries the resync of every stale stream. Returns the first failure.
   Status resync_stale();
+  // The resync source restarted as `incarnation` (the store master's store.stat names another
+  // events_incarnation): every stream not yet on that incarnation's events is stale, resynced by the next
+  // resync_stale() or event. Counted once as a publisher restart unless the events told it first.
+  void source_restarted(uint64_t incarnation);
   bool stale(const std::string& stream = "") const;
 
   // Direct edits (tests, the simulator, snapshots).
@@ -81,6 +98,11 @@ class PrefixIndex {
   void remove(uint64_t seq_hash, const std::string& backend_id, Medium medium);
   // Drops every block of the backend (node death or "cleared"); returns how many holder entries went.
   size_t remove_backend(const std::string& backend_id);
+  // Parks (offline = true) or returns a backend's blocks; returns how many holder entries moved. While
+  // parked, lookups and holders() do not see them; events and resyncs still add and remove them.
+  size_t set_backend_offline(const std::string& backend_id, bool offline);
+  bool backend_offline(const std::string& backend_id) const;
+  size_t offline_backends() const;
 
   // The host a backend sits on (ClusterState::host_index), kUnknownHost until told. Setting it interns
   // the backend, so it can be done before any of its blocks is indexed.
@@ -107,11 +129,14 @@ class PrefixIndex {
     uint32_t host = kUnknownHost;
     uint32_t stream = UINT32_MAX;  // the stream that last reported it
     std::unordered_set<uint64_t> hashes;
+    bool offline = false;
+    std::unordered_map<uint64_t, Medium> parked;  // while offline: its blocks, out of blocks_
   };
   struct Stream {
     std::string name;
     uint64_t last_event_id = 0;
     bool stale = false;
+    uint64_t incarnation = 0;  // of its publisher (KvEvent::incarnation); 0: not told
   };
   uint32_t intern_backend(const std::string& name);
   uint32_t intern_stream(const std::string& name);

@@ -100,7 +100,11 @@ struct RequestRecord {
   std::string output_tokens_source;
 
   Outcome outcome = Outcome::kRejected;
-  std::string reason;            // why rejected/failed; empty when completed
+  std::string reason;  // why rejected/failed; empty when completed
+  // Whether the Conductor accepted it (answered its submit with "accepted"). false: rejected, or failed before
+  // any answer (its submit failed, e.g. the Conductor was down): such a failure is not an accepted request
+  // (Summary::submit_failed). Absent in records of older runs: then every record not rejected counts as accepted.
+  std::optional<bool> accepted;
   std::string prefill_instance;  // empty when never placed
   std::string decode_instance;
 
@@ -174,7 +178,9 @@ struct SummaryOptions {
 };
 
 struct Summary {
-  int64_t offered = 0, accepted = 0, rejected = 0, completed = 0, failed = 0;
+  // offered = accepted + rejected + submit_failed; failed counts every failed record, submit_failed those of them
+  // the Conductor never accepted (their submit failed). accepted = completed + (failed - submit_failed).
+  int64_t offered = 0, accepted = 0, rejected = 0, completed = 0, failed = 0, submit_failed = 0;
   std::map<std::string, int64_t> reasons;  // rejected/failed reasons -> count
   // The same by kind: the text before a reason's first ':' ("kv_capacity", "ttft_slo", "decode_refused"),
   // or the whole reason when it has none; each with its count and one full reason as an example.
