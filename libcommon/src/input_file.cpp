@@ -18,4 +18,29 @@ Result<std::ifstream> open_input_file(const std::string& path, std::string_view 
   return in;
 }
 
+LineRead read_line_bounded(std::istream& in, std::string& line, size_t max_bytes) {
+  line.clear();
+  std::streambuf* buf = in.rdbuf();
+  if (buf == nullptr || !in.good()) {
+    in.setstate(std::ios::failbit);
+    return LineRead::kEnd;
+  }
+  bool any = false;
+  for (;;) {
+    const int c = buf->sgetc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(any ? std::ios::eofbit : std::ios::eofbit | std::ios::failbit);
+      return any ? LineRead::kLine : LineRead::kEnd;
+    }
+    any = true;
+    if (c == '\n') {
+      buf->sbumpc();
+      return LineRead::kLine;
+    }
+    if (line.size() == max_bytes) return LineRead::kTooLong;  // the rest stays unread
+    line.push_back(static_cast<char>(c));
+    buf->sbumpc();
+  }
+}
+
 }  // namespace mc

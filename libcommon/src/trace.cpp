@@ -114,25 +114,30 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& path, ReaderOpti
 Result<std::optional<Request>> Reader::next() {
   if (options_.block_size <= 0) return Status(Code::kInvalidArgument, "trace block size must be positive");
   std::string line;
-  while (std::getline(*in_, line)) {
+  for (LineRead got; (got = read_line_bounded(*in_, line)) != LineRead::kEnd;) {
     const int64_t line_no = ++stats_.lines;
     if (line_no == 1 && line.size() >= 3 && static_cast<unsigned char>(line[0]) == 0xEF &&
         static_cast<unsigned char>(line[1]) == 0xBB && static_cast<unsigned char>(line[2]) == 0xBF) {
       line.erase(0, 3);
     }
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) {
+    if (got == LineRead::kLine && line.find_first_not_of(" \t") == std::string::npos) {
       ++stats_.blank;
       continue;
     }
     const std::string where = options_.source_name + ":" + std::to_string(line_no);
-    Result<Request> row = parse_row(line, options_.block_size, where);
+    Result<Request> row =
+        got == LineRead::kTooLong
+            ? Result<Request>(bad(where, "a line longer than " + std::to_string(kMaxInputLineBytes >> 20) +
+                                             " MiB (no newline?): not a trace row"))
+            : parse_row(line, options_.block_size, where);
     if (row.is_ok() && row.value().timestamp_ms < last_timestamp_ms_) {
       row = bad(where, "timestamp " + std::to_string(row.value().timestamp_ms) + " ms goes back from " +
                            std::to_string(last_timestamp_ms_) + " ms (rows must be in arrival order)");
     }
     if (!row.is_ok()) {
       if (options_.mode == Mode::kStrict) return row.status();
+      if (got == LineRead::kTooLong) in_->ignore(std::numeric_limits<std::streamsize>::max(), '\n');
       ++stats_.skipped;
       if (stats_.first_errors.size() < 10) stats_.first_errors.push_back(row.status().message());
       if (options_.warn_on_stderr) std::cerr << "warning: skipping row: " << row.status().message() << '\n';

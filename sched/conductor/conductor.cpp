@@ -114,6 +114,7 @@ class StoreMasterResync final : public ResyncSource {
       MC_LOG_WARN << "store master " << endpoint_
                   << " restarted (new KV-event incarnation): resyncing the prefix index";
       scheduler_->index().source_restarted(st.events_incarnation);
+      rebuild_until_ns_ = RealClock::instance().now_ns() + kRebuildWaitNs;
     }
     if (st.events_incarnation != 0) master_incarnation_ = st.events_incarnation;
     for (const auto& seg : st.segments) {
@@ -141,6 +142,13 @@ class StoreMasterResync final : public ResyncSource {
 
   Result<IndexSnapshot> fetch(const std::string& stream) {
     MC_ASSIGN_OR_RETURN(proto::StoreStatReply st, refresh_hosts());
+    // A restarted master rebuilds its metadata from the nodes' reports: a listing taken before they are in
+    // would drop (and count as stale) replicas that are only late. Wait for them, kRebuildWaitNs at most.
+    if (st.suspect_nodes > 0 && RealClock::instance().now_ns() < rebuild_until_ns_) {
+      return error(Code::kUnavailable, "store master " + endpoint_ + " restarted and " +
+                                           std::to_string(st.suspect_nodes) +
+                                           " of its nodes are still re-reporting: the resync waits for them");
+    }
     // Block keys "kv/<16 hex namespace digest>/<16 hex seq hash>" (block_key.hpp block_store_key).
     constexpr std::string_view kPrefix = "kv/";
     constexpr size_t kDigestEnd = kPrefix.size() + 16;
@@ -182,6 +190,8 @@ class StoreMasterResync final : public ResyncSource {
   std::unique_ptr<rpc::RpcClient> client_;
   int64_t last_failure_ns_ = 0;
   uint64_t master_incarnation_ = 0;  // StoreStatReply::events_incarnation last seen
+  static constexpr int64_t kRebuildWaitNs = 15'000'000'000;
+  int64_t rebuild_until_ns_ = 0;  // after a master restart: resyncs wait for re-reporting nodes until then
 };
 
 class Conductor {
@@ -225,13 +235,27 @@ class Conductor {
   const std::string& endpoint() const { return server_->endpoints().front(); }
 
   Status loop() {
-    int64_t last_expire_ns = 0, last_hosts_ns = RealClock::instance().now_ns();
+    int64_t last_expire_ns = 0, last_hosts_ns = RealClock::instance().now_ns(), last_pass_ns = last_hosts_ns;
     while (!daemon::stop_requested()) {
       MC_RETURN_IF_ERROR(server_->poll_once(2));
       for (int i = 0; i < 64; ++i) MC_RETURN_IF_ERROR(server_->poll_once(0));
       calls_.poll(0);
       drain_events();
       const int64_t now = RealClock::instance().now_ns();
+      // A pass of this loop takes a few ms. A longer gap means the Conductor itself did not run (descheduled on
+      // a loaded host, or blocked in a store-master resync): the heartbeats waiting in its socket are not late,
+      // so that silence is excused instead of removing every worker at once.
+      if (const int64_t gap = now - last_pass_ns; gap > kLoopStallNs) {
+        sched_->cluster().excuse_silence(gap, now);
+        metrics::Counter& stalls =
+            metrics_.counter("mc_conductor_loop_stalls_total", "passes of the main loop more than 250 ms apart");
+        stalls.inc();
+        if (stalls.value() <= 10 || stalls.value() % 100 == 0) {
+          MC_LOG_WARN << "mc-conductor: the main loop stalled for " << gap / 1'000'000
+                      << " ms; the workers' silence during it is excused (" << stalls.value() << " stalls)";
+        }
+      }
+      last_pass_ns = now;
       if (now - last_expire_ns > 100'000'000) {
         last_expire_ns = now;
         for (const auto& id : sched_->expire()) {
@@ -321,7 +345,9 @@ class Conductor {
       for (const char* k : {"redispatched", "failed_by_instance_death", "reservations_released"}) {
         faults[k] = fault_counter(k).value();
       }
-      for (const char* k : {"heartbeat", "job_report", "prefill_ledger"}) {
+      faults["loop_stalls"] =
+          metrics_.counter("mc_conductor_loop_stalls_total", "passes of the main loop more than 250 ms apart").value();
+      for (const char* k : {"heartbeat", "job_report", "prefill_ledger", "decode_step"}) {
         faults["refused_" + std::string(k)] =
             metrics_
                 .counter("mc_conductor_refused_" + std::string(k) + "_total", "refused " + std::string(k) + " values")
@@ -685,9 +711,9 @@ class Conductor {
     return metrics_.counter("mc_conductor_" + what + "_total", "worker faults: " + what);
   }
   // A refused report or reply value (issue 17 item 5): counted by kind and logged (rate-limited by count).
-  void refused(const std::string& kind, const std::string& message) {
+  void refused(const std::string& kind, const std::string& message, uint64_t n = 1) {
     metrics::Counter& c = metrics_.counter("mc_conductor_refused_" + kind + "_total", "refused " + kind + " values");
-    c.inc();
+    c.inc(n);
     if (c.value() <= 10 || c.value() % 1000 == 0) MC_LOG_WARN << message << " (" << c.value() << " refused)";
   }
 
@@ -885,6 +911,12 @@ class Conductor {
     }
     if (req.endpoint.empty())
       return error(Code::kInvalidArgument, "register '" + req.instance_id + "': empty endpoint");
+    if (req.kv_capacity_tokens < 0 || req.kv_capacity_tokens > kMaxReportedCount) {
+      refused("register", "register '" + req.instance_id + "': kv_capacity_tokens out of range");
+      return error(Code::kInvalidArgument, "register '" + req.instance_id + "': kv_capacity_tokens " +
+                                               std::to_string(req.kv_capacity_tokens) +
+                                               " is outside [0, 2^40] (refused)");
+    }
     InstanceInfo info;
     info.id = req.instance_id;
     info.role = role;
@@ -908,7 +940,9 @@ class Conductor {
     l.running_requests = req.running_requests;
     l.kv_reserved_tokens = req.kv_reserved_tokens;
     l.context_tokens = req.context_tokens;
-    if (Status bad = validate_load_report(l, req.instance_id); !bad.is_ok()) {
+    const Instance* known = sched_->cluster().find(req.instance_id);
+    if (Status bad = validate_load_report(l, req.instance_id, known != nullptr ? known->info.kv_capacity_tokens : 0);
+        !bad.is_ok()) {
       refused("heartbeat", bad.message());
       return bad;
     }
@@ -929,10 +963,21 @@ class Conductor {
     Status st = sched_->heartbeat(req.instance_id, l);
     if (st.code() == Code::kNotFound) return proto::ConductorHeartbeatReply{false};
     MC_RETURN_IF_ERROR(st);
-    // Each step with its own batch and context (bad figures are ignored by the scheduler), in modelled ms.
+    // Each step with its own batch and context (bad figures are ignored by the scheduler, implausible ones
+    // refused and counted), in modelled ms.
+    std::vector<DecodeStepReport> steps;
+    steps.reserve(req.decode_step_samples.size());
     for (const proto::DecodeStepSample& step : req.decode_step_samples) {
-      sched_->on_decode_step(DecodeStepReport{req.instance_id, step.batch_requests, step.context_tokens,
-                                              step.step_ms * options_.time_scale});
+      steps.push_back(DecodeStepReport{req.instance_id, step.batch_requests, step.context_tokens,
+                                       step.step_ms * options_.time_scale});
+    }
+    const uint64_t refused_before = sched_->counters().refused_decode_steps;
+    sched_->on_decode_steps(steps);
+    if (const uint64_t n = sched_->counters().refused_decode_steps - refused_before; n > 0) {
+      refused("decode_step",
+              "heartbeat of '" + req.instance_id + "': " + std::to_string(n) +
+                  " decode step sample(s) more than 10x (and 1 s above) the predicted step time: refused, not refitted",
+              n);
     }
     // Ledger entries past their predicted end are dropped: the report now carries what still runs.
     Instance* inst = sched_->cluster().find(req.instance_id);
@@ -1020,6 +1065,8 @@ class Conductor {
     metrics_.gauge("mc_conductor_ttft_abs_error_ms_mean", "mean |predicted - actual| TTFT")
         .set(sched_->ttft_error().mean_abs_error_ms());
   }
+
+  static constexpr int64_t kLoopStallNs = 250'000'000;
 
   ConductorOptions options_;
   std::unique_ptr<Scheduler> sched_;
@@ -1139,7 +1186,8 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
   out << "worker faults: redispatched " << f.value("redispatched", 0) << ", failed_by_instance_death "
       << f.value("failed_by_instance_death", 0) << ", reservations_released " << f.value("reservations_released", 0)
       << "; refused: heartbeat " << f.value("refused_heartbeat", 0) << ", job_report "
-      << f.value("refused_job_report", 0) << ", prefill_ledger " << f.value("refused_prefill_ledger", 0) << "\n";
+      << f.value("refused_job_report", 0) << ", prefill_ledger " << f.value("refused_prefill_ledger", 0)
+      << ", decode_step " << f.value("refused_decode_step", 0) << "\n";
   return Status::ok();
 }
 

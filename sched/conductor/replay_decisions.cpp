@@ -21,8 +21,13 @@ Result<std::vector<LoggedDecision>> read_decision_log(const std::string& path) {
   std::vector<LoggedDecision> log;
   std::string line;
   int64_t n = 0;
-  while (std::getline(in, line)) {
+  for (LineRead got; (got = read_line_bounded(in, line)) != LineRead::kEnd;) {
     ++n;
+    if (got == LineRead::kTooLong) {
+      return error(Code::kInvalidArgument, path + ":" + std::to_string(n) + ": a line longer than " +
+                                               std::to_string(kMaxInputLineBytes >> 20) +
+                                               " MiB: not a decision (one JSON object per line)");
+    }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded()) {
@@ -33,6 +38,10 @@ Result<std::vector<LoggedDecision>> read_decision_log(const std::string& path) {
     Result<LoggedDecision> d = logged_decision_from_json(j);
     if (!d.is_ok()) return d.status().with_context(path + ":" + std::to_string(n));
     log.push_back(std::move(d).value());
+  }
+  if (log.empty()) {  // the same mistake as an empty trace, the same exit code (issue 17 item 6)
+    return error(Code::kInvalidArgument,
+                 "decision log '" + path + "' holds no decision (write one with mc-conductor serve --decisions FILE)");
   }
   return log;
 }

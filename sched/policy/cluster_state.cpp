@@ -81,6 +81,11 @@ std::vector<std::string> ClusterState::expire(int64_t now_ns, int64_t timeout_ms
   return dead;
 }
 
+void ClusterState::excuse_silence(int64_t stall_ns, int64_t now_ns) {
+  if (stall_ns <= 0) return;
+  for (auto& [id, inst] : by_id_) inst->last_seen_ns = std::min(now_ns, inst->last_seen_ns + stall_ns);
+}
+
 uint32_t ClusterState::host_index(const std::string& host) {
   auto it = host_ids_.find(host);
   if (it != host_ids_.end()) return it->second;

@@ -165,6 +165,7 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
                       {"replicate", c.replicate},
                       {"rejected", rejected},
                       {"expired_instances", c.expired_instances},
+                      {"refused_decode_steps", c.refused_decode_steps},
                       {"in_flight", s.in_flight()}};
   PrefillCostPrior p = s.prefill_predictor().current();
   DecodeCostPrior d = s.decode_predictor().current();

@@ -57,7 +57,7 @@ std::vector<FaultDecision> decide_instance_death(std::span<const TrackedRequest>
   return out;
 }
 
-Status validate_load_report(const LoadReport& load, std::string_view instance_id) {
+Status validate_load_report(const LoadReport& load, std::string_view instance_id, int64_t kv_capacity_tokens) {
   const std::pair<const char*, int64_t> fields[] = {{"queued_prefill_tokens", load.queued_prefill_tokens},
                                                     {"queued_prefill_jobs", load.queued_prefill_jobs},
                                                     {"running_requests", load.running_requests},
@@ -70,6 +70,22 @@ Status validate_load_report(const LoadReport& load, std::string_view instance_id
                                                " is outside [0, 2^40] (refused; fix the "
                                                "worker's load report)");
     }
+  }
+  const std::string what = "heartbeat of '" + std::string(instance_id) + "': ";
+  if (load.queued_prefill_tokens > load.queued_prefill_jobs * kMaxTokensPerRequest) {
+    return error(Code::kInvalidArgument, what + std::to_string(load.queued_prefill_tokens) +
+                                             " queued prefill tokens in " + std::to_string(load.queued_prefill_jobs) +
+                                             " queued jobs (at most 2^24 tokens a job; refused)");
+  }
+  if (load.context_tokens > load.running_requests * kMaxTokensPerRequest) {
+    return error(Code::kInvalidArgument, what + std::to_string(load.context_tokens) + " context tokens in " +
+                                             std::to_string(load.running_requests) +
+                                             " running requests (at most 2^24 tokens a request; refused)");
+  }
+  if (kv_capacity_tokens > 0 && load.kv_reserved_tokens > kv_capacity_tokens) {
+    return error(Code::kInvalidArgument, what + std::to_string(load.kv_reserved_tokens) +
+                                             " KV tokens reserved, above the registered capacity of " +
+                                             std::to_string(kv_capacity_tokens) + " (refused)");
   }
   return Status::ok();
 }

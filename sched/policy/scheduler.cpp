@@ -479,11 +479,28 @@ void Scheduler::on_prefill_done(const PrefillReport& r) {
   }
 }
 
-void Scheduler::on_decode_step(const DecodeStepReport& r) {
-  if (r.batch_requests <= 0 || r.context_tokens < 0 || !std::isfinite(r.step_ms) || r.step_ms < 0) return;
-  // The error of the model as it stood before this step: what a decision made just then would have predicted.
-  decode_error_.add(decode_.step_ms(r.batch_requests, r.context_tokens), r.step_ms);
-  decode_.observe(r.batch_requests, r.context_tokens, r.step_ms);
+void Scheduler::on_decode_step(const DecodeStepReport& r) { on_decode_steps({&r, 1}); }
+
+void Scheduler::on_decode_steps(std::span<const DecodeStepReport> reports) {
+  // Every gate from the model as it stood before the batch.
+  std::vector<double> gates(reports.size(), -1.0);
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const DecodeStepReport& r = reports[i];
+    if (r.batch_requests <= 0 || r.context_tokens < 0 || !std::isfinite(r.step_ms) || r.step_ms < 0) continue;
+    const double predicted = decode_.step_ms(r.batch_requests, r.context_tokens);
+    gates[i] = std::max(kDecodeStepGateFactor * predicted, predicted + kDecodeStepGateSlackMs);
+  }
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const DecodeStepReport& r = reports[i];
+    if (gates[i] < 0) continue;
+    if (r.step_ms > gates[i]) {
+      ++counters_.refused_decode_steps;
+      continue;
+    }
+    // The error of the model as it stood before this step: what a decision made just then would have predicted.
+    decode_error_.add(decode_.step_ms(r.batch_requests, r.context_tokens), r.step_ms);
+    decode_.observe(r.batch_requests, r.context_tokens, r.step_ms);
+  }
 }
 
 void Scheduler::on_first_token(const std::string& request_id, double actual_ttft_ms) {

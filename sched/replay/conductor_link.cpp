@@ -116,8 +116,11 @@ class ClientEventSource final : public EventSource {
     });
     server_->handle<proto::RequestError>([sink](const proto::RequestError& err, const rpc::CallContext&) {
       std::string msg = err.message.empty() ? "request failed (no message)" : err.message;
-      msg += " [" + std::string(code_name(static_cast<Code>(err.code))) + ", " + std::to_string(err.output_tokens) +
-             " tokens sent before the failure]";
+      // The sender's count when it has one (a decode instance does; the Conductor, failing a request for a dead
+      // instance, does not know it: the record counts the tokens that arrived).
+      msg += " [" + std::string(code_name(static_cast<Code>(err.code)));
+      if (err.output_tokens > 0) msg += ", " + std::to_string(err.output_tokens) + " tokens sent before the failure";
+      msg += "]";
       sink->on_error(err.request_id, msg);
       return Result<proto::ClientAck>(proto::ClientAck{});
     });

@@ -1,5 +1,6 @@
 #include "mc/report/report.hpp"
 
+#include "mc/common/input_file.hpp"
 #include "mc/common/report.hpp"
 #include "mc/report/format.hpp"
 
@@ -249,8 +250,13 @@ Result<std::vector<RequestRecord>> read_records_jsonl(std::istream& in, const st
   std::vector<RequestRecord> out;
   std::string line;
   int64_t line_no = 0;
-  while (std::getline(in, line)) {
+  for (LineRead got; (got = read_line_bounded(in, line)) != LineRead::kEnd;) {
     ++line_no;
+    if (got == LineRead::kTooLong) {
+      return Status(Code::kInvalidArgument, source_name + ":" + std::to_string(line_no) + ": a line longer than " +
+                                                std::to_string(kMaxInputLineBytes >> 20) +
+                                                " MiB: not a record (one JSON object per line)");
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     json j;

@@ -192,7 +192,8 @@ Status admin_watch(const std::string& events_endpoint, uint64_t count, int64_t t
                      {"ts_unix_ms", e.ts_unix_ms},
                      {"seq_hashes", e.seq_hashes},
                      {"backend_id", e.backend_id},
-                     {"medium", e.medium}};
+                     {"medium", e.medium},
+                     {"incarnation", e.incarnation}};
     out << j.dump() << '\n';
     out.flush();
     ++seen;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -86,6 +87,13 @@ class Client::Impl {
   std::condition_variable heartbeat_cv;
   bool heartbeat_stop = false;
 
+  // The master did not answer (client.hpp "A master that does not answer"): calls fail at once until
+  // master_down_until_ms, or until a heartbeat succeeds after master_down_since_ms.
+  static constexpr int64_t kMasterDownFirstMs = 1000, kMasterDownMaxMs = 8000;
+  int64_t master_down_since_ms = 0, master_down_until_ms = 0, master_down_window_ms = 0;
+  Status master_down_why;
+  std::atomic<int64_t> last_heartbeat_ok_ms{0};  // written by the heartbeat thread
+
   ~Impl() {
     // Outstanding commits were sent; read their replies so that no failure goes unlogged (bounded).
     if (!pending_commits.empty()) (void)drain_commits(steady_ms() + options.rpc_timeout_ms);
@@ -122,6 +130,7 @@ class Client::Impl {
       if (conn) {
         s = conn->call(proto::StoreClientHeartbeatRequest{options.client_id}, options.rpc_timeout_ms).status();
         if (!s.is_ok()) conn.reset();
+        if (s.is_ok()) last_heartbeat_ok_ms.store(steady_ms());
       }
       if (!s.is_ok() && !warned)
         MC_LOG_WARN << "client " << options.client_id << ": heartbeat failed: " << s.to_string();
@@ -137,6 +146,40 @@ class Client::Impl {
   // write-behind commits that arrive before this call's own are collected on the way.
   template <typename Req>
   Result<typename Req::Reply> call_master(const Req& req) {
+    if (master_down_until_ms != 0) {
+      const int64_t now = steady_ms();
+      if (now < master_down_until_ms && last_heartbeat_ok_ms.load() <= master_down_since_ms) {
+        ++counters.master_fast_failures;
+        return Status(Code::kUnavailable, "store master " + options.master + " did not answer " +
+                                              std::to_string(now - master_down_since_ms) + " ms ago (" +
+                                              master_down_why.message() + "); not asked again for " +
+                                              std::to_string(master_down_until_ms - now) + " ms");
+      }
+    }
+    Result<typename Req::Reply> r = call_master_now(req);
+    note_master_result(r.status());
+    return r;
+  }
+
+  // Opens or closes the back-off window after a master call: a timeout opens it (the master answers its errors,
+  // e.g. kUnavailable "DRAM is full", so only silence counts; a broken fast connection falls back to ZeroMQ,
+  // whose next call times out when the master is gone).
+  void note_master_result(const Status& s) {
+    if (s.code() != Code::kTimeout) {
+      if (master_down_until_ms != 0)
+        MC_LOG_INFO << "client " << options.client_id << ": the store master answers again";
+      master_down_until_ms = master_down_window_ms = 0;
+      return;
+    }
+    master_down_window_ms =
+        master_down_window_ms == 0 ? kMasterDownFirstMs : std::min(master_down_window_ms * 2, kMasterDownMaxMs);
+    master_down_since_ms = steady_ms();
+    master_down_until_ms = master_down_since_ms + master_down_window_ms;
+    master_down_why = s;
+  }
+
+  template <typename Req>
+  Result<typename Req::Reply> call_master_now(const Req& req) {
     if (fast_lost && steady_ms() >= next_fast_attempt_ms) {
       // Back to the fast path after it failed (a restarted master offers a new one): at most once a second.
       next_fast_attempt_ms = steady_ms() + kFastRetryMs;

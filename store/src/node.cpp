@@ -211,7 +211,7 @@ class Node {
     server_->serve_stat(&registry_, [this] { update_metrics(); });
     rpc::ClientOptions co;
     co.client_name = "mc-store node " + opt_.node_id;
-    MC_ASSIGN_OR_RETURN(master_, rpc::RpcClient::connect(opt_.master, co));
+    MC_ASSIGN_OR_RETURN(master_, connect_master(co));
     // The DRAM segment is served by the transfer engine; the master is its segment directory.
     transfer::EngineOptions eo;
     eo.listen = opt_.xfer_listen;
@@ -230,6 +230,29 @@ class Node {
 
   // --ssd-bytes must fit the free space of --ssd-dir: the SSD file is sparse, so a tier larger than the file
   // system would only fail later, demotion by demotion (refused here; DESIGN.md §8 disks).
+  // The master at start: asked every 2 s (each try's connect bounded by the rest of the wait) until
+  // master_wait_ms has passed; then kUnavailable naming it and the last reason.
+  Result<std::unique_ptr<rpc::RpcClient>> connect_master(rpc::ClientOptions co) const {
+    const int64_t deadline = steady_ms() + std::max<int64_t>(0, opt_.master_wait_ms);
+    Status last;
+    for (int attempt = 0;; ++attempt) {
+      const int64_t left = deadline - steady_ms();
+      co.connect_timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 100, 2000));
+      Result<std::unique_ptr<rpc::RpcClient>> c = rpc::RpcClient::connect(opt_.master, co);
+      if (c.is_ok() || c.status().code() == Code::kInvalidArgument || c.status().code() == Code::kProtocolMismatch) {
+        return c;
+      }
+      last = c.status();
+      if (attempt == 0)
+        MC_LOG_WARN << "store master " << opt_.master << " does not answer yet (" << last.message() << "); trying for "
+                    << opt_.master_wait_ms << " ms";
+      if (steady_ms() >= deadline) break;
+    }
+    return Status(Code::kUnavailable, "store master " + opt_.master + " did not answer within " +
+                                          std::to_string(opt_.master_wait_ms) + " ms: " + last.message() +
+                                          " (is mc-store master running there? --master-wait-ms waits longer)");
+  }
+
   Status check_ssd_space() const {
     struct statvfs fs {};
     if (statvfs(opt_.ssd_dir.c_str(), &fs) != 0) {

@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <chrono>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include "mc/common/input_file.hpp"
 
 namespace mc::trace {
 namespace {
@@ -184,6 +188,42 @@ TEST(Trace, OptionalKeyScope) {
                Mode::kStrict);
   EXPECT_NE(no_name.status.message().find("lora_version '1' without lora_name"), std::string::npos)
       << no_name.status.message();
+}
+
+// Issue 17 item 5: a line is read with a bound; the rest of a longer one stays unread (no newline: no growth).
+TEST(Trace, LinesAreBounded) {
+  std::istringstream in("abc\n" + std::string(40, 'x') + "\nlast");
+  std::string line;
+  EXPECT_EQ(read_line_bounded(in, line, 16), LineRead::kLine);
+  EXPECT_EQ(line, "abc");
+  EXPECT_EQ(read_line_bounded(in, line, 16), LineRead::kTooLong);
+  EXPECT_EQ(line, std::string(16, 'x'));
+  in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  EXPECT_EQ(read_line_bounded(in, line, 16), LineRead::kLine);
+  EXPECT_EQ(line, "last");
+  EXPECT_EQ(read_line_bounded(in, line, 16), LineRead::kEnd);
+  std::istringstream exact(std::string(16, 'y') + "\n");
+  EXPECT_EQ(read_line_bounded(exact, line, 16), LineRead::kLine);  // exactly the bound fits
+  // A trace row longer than the bound: strict names its line; lenient skips it and reads on.
+  const std::string row = R"({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]})";
+  std::istringstream huge(std::string(kMaxInputLineBytes + 10, ' ') + "x\n" + row + "\n");
+  ReaderOptions o;
+  o.block_size = 512;
+  o.source_name = "huge.jsonl";
+  o.warn_on_stderr = false;
+  Reader strict(huge, o);
+  auto r = strict.next();
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("huge.jsonl:1"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("longer than 16 MiB"), std::string::npos) << r.status().message();
+  std::istringstream huge2(std::string(kMaxInputLineBytes + 10, ' ') + "x\n" + row + "\n");
+  o.mode = Mode::kLenient;
+  Reader lenient(huge2, o);
+  auto l = lenient.next();
+  ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+  ASSERT_TRUE(l->has_value());
+  EXPECT_EQ((*l)->line_no, 2);
+  EXPECT_EQ(lenient.stats().skipped, 1);
 }
 
 TEST(Trace, MissingFileIsBadInput) {

@@ -94,6 +94,7 @@ TEST(Faults, UntouchedInstanceChangesNothing) {
 TEST(Faults, LoadReportsOutsideTheirRangeAreRefused) {
   LoadReport ok;
   ok.queued_prefill_tokens = 5'000;
+  ok.queued_prefill_jobs = 1;
   EXPECT_TRUE(validate_load_report(ok, "p0").is_ok());
   LoadReport negative = ok;
   negative.queued_prefill_tokens = -1;

@@ -10,6 +10,7 @@
 
 #include "mc/sched/decision_json.hpp"
 #include "mc/sched/decision_replay.hpp"
+#include "mc/sched/faults.hpp"
 #include "test_util.hpp"
 
 namespace mc::sched {
@@ -485,6 +486,75 @@ TEST_F(SchedulerTest, DecodeStepsRefitAndRecordTheirError) {
   nlohmann::json st = scheduler_status(*s);
   EXPECT_EQ(st["decode_step_error"]["samples"], 50) << st.dump();
   EXPECT_EQ(st["predictors"]["bandwidth_samples"]["ssd"], 0) << st.dump();
+}
+
+// Issue 17 item 5: a decode step far beyond the model's prediction (a worker's bug, or a forged heartbeat) is
+// refused and counted, so one message cannot make every request miss its TBT; a heartbeat's samples are all
+// gated by the model as it stood before them (no ratchet within one batch); a model that is too fast still
+// learns a slower truth.
+TEST_F(SchedulerTest, ImplausibleDecodeStepsAreRefusedAndTheModelStillLearns) {
+  auto s = make("kvcache");
+  for (int i = 0; i < 50; ++i) s->on_decode_step(DecodeStepReport{"D0", 4, 8000, 40.0});
+  const double settled = s->decode_predictor().step_ms(4, 8000);
+  ASSERT_NEAR(settled, 40.0, 1.0);
+  s->on_decode_step(DecodeStepReport{"D0", 1, 10, 3.5e6});
+  EXPECT_EQ(s->counters().refused_decode_steps, 1u);
+  EXPECT_NEAR(s->decode_predictor().step_ms(4, 8000), settled, 1e-9);
+  // 256 samples, each just under the gate of the one before it, in one heartbeat: all beyond the first gate
+  // are refused.
+  std::vector<DecodeStepReport> ratchet;
+  double v = 1000.0;
+  for (int i = 0; i < 256; ++i, v *= 5) ratchet.push_back(DecodeStepReport{"D0", 4, 8000, v});
+  s->on_decode_steps(ratchet);
+  EXPECT_EQ(s->counters().refused_decode_steps, 1u + 255u);
+  EXPECT_LT(s->decode_predictor().step_ms(4, 8000), 1100.0);
+  nlohmann::json st = scheduler_status(*s);
+  EXPECT_EQ(st["decisions"]["refused_decode_steps"], 256) << st.dump();
+  // A slower machine than the prior: 300 ms steps are learnt (each within 10x or +1 s of the prediction).
+  auto slow = make("kvcache");
+  for (int i = 0; i < 50; ++i) slow->on_decode_step(DecodeStepReport{"D0", 4, 8000, 300.0});
+  EXPECT_EQ(slow->counters().refused_decode_steps, 0u);
+  EXPECT_NEAR(slow->decode_predictor().step_ms(4, 8000), 300.0, 10.0);
+}
+
+// Issue 17 item 5: a load report whose figures disagree with each other, or exceed what the instance
+// registered, is refused.
+TEST(LoadReport, FiguresMustAgree) {
+  LoadReport l;
+  EXPECT_TRUE(validate_load_report(l, "p0").is_ok());
+  l.queued_prefill_tokens = int64_t{1} << 40;  // at the absolute bound, but in no job
+  EXPECT_FALSE(validate_load_report(l, "p0").is_ok());
+  l.queued_prefill_jobs = 2;
+  EXPECT_FALSE(validate_load_report(l, "p0").is_ok());  // 2^39 tokens a job
+  l.queued_prefill_tokens = 2 * 100'000;
+  EXPECT_TRUE(validate_load_report(l, "p0").is_ok());
+  l.context_tokens = 5;
+  EXPECT_FALSE(validate_load_report(l, "d0").is_ok());  // context without a running request
+  l.running_requests = 1;
+  EXPECT_TRUE(validate_load_report(l, "d0").is_ok());
+  l.kv_reserved_tokens = 4096;
+  EXPECT_TRUE(validate_load_report(l, "d0", 4096).is_ok());
+  Status over = validate_load_report(l, "d0", 4000);
+  EXPECT_FALSE(over.is_ok());
+  EXPECT_NE(over.message().find("registered capacity"), std::string::npos) << over.message();
+}
+
+// The Conductor's own stall (its loop descheduled or blocked) is not the workers' silence.
+TEST(ClusterStateLiveness, TheObserversStallIsExcused) {
+  ClusterState c;
+  InstanceInfo p;
+  p.id = "p0";
+  p.role = Role::kPrefill;
+  p.endpoint = "tcp://127.0.0.1:9";
+  p.host = "host0";
+  Status reg = c.register_instance(p, 0);
+  ASSERT_TRUE(reg.is_ok()) << reg.to_string();
+  const int64_t ms = 1'000'000;
+  c.excuse_silence(3'500 * ms, 4'000 * ms);  // the observer did not run from 0.5 s to 4 s
+  EXPECT_TRUE(c.expire(4'000 * ms, 3'000).empty());
+  c.excuse_silence(10'000 * ms, 4'100 * ms);  // never past now
+  EXPECT_TRUE(c.expire(7'000 * ms, 3'000).empty());
+  EXPECT_EQ(c.expire(7'200 * ms, 3'000).size(), 1u);
 }
 
 }  // namespace

@@ -1061,6 +1061,40 @@ TEST_F(StoreE2E, MasterKilledAndRestartedRebuildsThePoolFromTheNodes) {
   }
 }
 
+// Issue 17 (a miss may cost time, never a request): a master that stops answering costs a client one timeout,
+// not one per call. After the first timeout the client's calls fail at once (counted) until the back-off window
+// ends or a heartbeat gets through; once the master answers again, so does every call.
+TEST_F(StoreE2E, SilentMasterCostsOneTimeoutNotOnePerCall) {
+  start_master();
+  start_node("n1", "16MiB");
+  auto c = client("patient");
+  ASSERT_NE(c, nullptr);
+  const auto blob = random_bytes(4096, 3);
+  ASSERT_TRUE(c->put("k", blob).is_ok());
+  std::vector<std::byte> buf(blob.size());
+  master_->signal(SIGSTOP);
+  struct Resume {
+    testkit::Child* m;
+    ~Resume() { m->signal(SIGCONT); }
+  } resume{master_.get()};
+  auto first = c->get("k", buf);
+  ASSERT_FALSE(first.is_ok());
+  EXPECT_EQ(first.status().code(), Code::kTimeout) << first.status().to_string();
+  for (int i = 0; i < 5; ++i) {
+    auto again = c->get("k", buf);
+    ASSERT_FALSE(again.is_ok());
+    EXPECT_EQ(again.status().code(), Code::kUnavailable) << again.status().to_string();
+    EXPECT_NE(again.status().message().find("did not answer"), std::string::npos) << again.status().to_string();
+    EXPECT_FALSE(c->put("k2", blob).is_ok());
+  }
+  EXPECT_EQ(c->counters().master_fast_failures, 10u);
+  master_->signal(SIGCONT);
+  ASSERT_TRUE(testkit::wait_until([&] { return c->get("k", buf).is_ok(); }, 20'000, 50))
+      << "calls never reached the master again";
+  EXPECT_EQ(buf, blob);
+  EXPECT_TRUE(c->put("k2", blob).is_ok());
+}
+
 // Issue 17 item 4: an SSD tier larger than the file system's free space is refused at start (exit 2),
 // naming the directory, the free bytes and the flag.
 TEST_F(StoreE2E, SsdBytesBeyondTheFreeSpaceAreRefusedAtStart) {

@@ -95,6 +95,22 @@ TEST(ExitCodes, MissingFileIsUsageEverywhere) {
                     "missing file");
 }
 
+// Issue 17 item 5: an input with no newline (/dev/zero) is refused after one bounded line (16 MiB), in every
+// line-oriented reader, instead of growing without end; each says which line and why.
+TEST(ExitCodes, EndlessLineIsUsageEverywhere) {
+  TempDir dir;
+  const std::string f = "/dev/zero";
+  expect_usage_exit(dir,
+                    {
+                        {{"mc-trace-replay", f, "--conductor", kNoConductor}, "longer than 16 MiB"},
+                        {{"mc-trace-replay", "analyze", f}, "longer than 16 MiB"},
+                        {{"mc-trace-replay", "report", f}, "longer than 16 MiB"},
+                        {{"mc-sim", "--trace", f}, "longer than 16 MiB"},
+                        {{"mc-conductor", "replay-decisions", f}, "longer than 16 MiB"},
+                    },
+                    "endless line");
+}
+
 TEST(ExitCodes, EmptyTraceIsUsageEverywhere) {
   TempDir dir;
   const std::string f = dir.file("empty.jsonl", "");
@@ -105,6 +121,7 @@ TEST(ExitCodes, EmptyTraceIsUsageEverywhere) {
                         {{"mc-trace-replay", "report", f}, f},
                         {{"mc-sim", "--trace", f}, f},
                         {{"mc-plan", "capacity", "--trace", f}, f},
+                        {{"mc-conductor", "replay-decisions", f}, f},
                     },
                     "empty trace");
 }

@@ -151,6 +151,12 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--heartbeat-ms", node.heartbeat_ms, "Heartbeat period (ms)")
       ->capture_default_str()
       ->check(CLI::Range(10, 60000));
+  serve_cmd
+      ->add_option("--master-wait-ms", node.master_wait_ms,
+                   "At start, how long to keep asking an unreachable master (ms) before exiting 1")
+      ->envname("MC_STORE_MASTER_WAIT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   bool no_shm = false, no_prefault = false;
   serve_cmd->add_flag("--no-prefault", no_prefault,
                       "Commit DRAM pages on first write instead of at start (faster start, slower first puts)");

@@ -51,6 +51,13 @@
 // idle but live writer keeps its unfinished puts, and a dead one's are reclaimed after the master's
 // client TTL (DESIGN.md §13.7).
 //
+// A master that does not answer (issue 17: a miss may cost time, never a request): after a master call times
+// out (no reply within rpc_timeout_ms), further calls fail at once with kUnavailable, without waiting
+// rpc_timeout_ms each, for a back-off window of 1 s doubling with each further failed probe up to 8 s; the first
+// call after the window probes the master again, and a heartbeat that succeeds ends the window at once. So a
+// prefill instance whose master is down recomputes at full speed instead of waiting two timeouts per job.
+// ClientCounters::master_fast_failures counts the calls refused that way.
+//
 // Errors: kUnavailable/kTimeout (master or node unreachable, endpoint named), kObjectNotFound (miss),
 // kObjectBusy, kLeaseExpired, kNoSpace, kInvalidArgument (bad key, size 0, buffer too small).
 // Thread-safety: a Client is not thread-safe (it owns ZeroMQ sockets); use one per thread. Its heartbeat
@@ -124,11 +131,12 @@ struct ClientCounters {
   uint64_t replica_fallbacks = 0;  // reads that failed on a replica and went to the next
   uint64_t lease_expired = 0;
   uint64_t master_calls_fast = 0, master_calls_zmq = 0;  // metadata calls by path (fast_rpc / ZeroMQ)
-  uint64_t commits_behind = 0;    // objects committed write-behind (put_end sent without waiting)
-  uint64_t commit_failures = 0;   // of those, refused by the master or unconfirmed (connection lost)
-  uint64_t bytes_read_ssd = 0;    // read from SSD replicas (node RPCs)
-  uint64_t read_ssd_ns = 0;       // wall time of those SSD reads (RPC round trips and copies included)
-  uint64_t corrupt_replicas = 0;  // replicas whose bytes failed the object's checksum (reported, skipped)
+  uint64_t commits_behind = 0;        // objects committed write-behind (put_end sent without waiting)
+  uint64_t commit_failures = 0;       // of those, refused by the master or unconfirmed (connection lost)
+  uint64_t bytes_read_ssd = 0;        // read from SSD replicas (node RPCs)
+  uint64_t read_ssd_ns = 0;           // wall time of those SSD reads (RPC round trips and copies included)
+  uint64_t corrupt_replicas = 0;      // replicas whose bytes failed the object's checksum (reported, skipped)
+  uint64_t master_fast_failures = 0;  // master calls failed at once: the master did not answer a moment ago
 };
 
 class Client {

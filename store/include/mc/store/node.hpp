@@ -46,6 +46,9 @@ struct NodeOptions {
   std::string ssd_dir;  // empty: no SSD tier
   uint64_t ssd_bytes = 0;
   int heartbeat_ms = 1000;
+  // At start the master must answer within this (ms; asked again every 2 s meanwhile), else start() fails with
+  // kUnavailable naming it (issue 17 item 6: a daemon whose required peer is not there exits 1, bounded).
+  int64_t master_wait_ms = 30'000;
   bool shm = true;       // DRAM in a memfd that same-host engines map (else tcp only)
   bool prefault = true;  // commit the DRAM at start (else on first write, in the put path)
   // Bounds of the served transfer port (transfer::EngineOptions, --xfer-max-connections, --xfer-idle-timeout-ms).

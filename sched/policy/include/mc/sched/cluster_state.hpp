@@ -98,6 +98,9 @@ class ClusterState {
   Status heartbeat(const std::string& id, const LoadReport& load, int64_t now_ns);
   // Removes every instance silent for longer than timeout_ms; returns their ids (for index cleanup).
   std::vector<std::string> expire(int64_t now_ns, int64_t timeout_ms);
+  // The observer itself did not run for stall_ns (its loop stalled: descheduled, or blocked in a call): that
+  // long a silence is not the instances' fault, so every last_seen_ns moves forward by it (never past now_ns).
+  void excuse_silence(int64_t stall_ns, int64_t now_ns);
 
   // Host names interned to dense indices (PrefixIndex stores a host index per backend).
   uint32_t host_index(const std::string& host);  // interns

@@ -76,9 +76,15 @@ inline constexpr double kMaxReportedMs = 3'600'000;
 // A client's SLO above this is refused (24 h): it would keep requests and reservations forever.
 inline constexpr double kMaxSloMs = 86'400'000;
 
+// The most tokens one request can have (16 M: beyond every context window), to check that a report's token
+// counts agree with its counts of jobs and requests.
+inline constexpr int64_t kMaxTokensPerRequest = int64_t{1} << 24;
+
 // kInvalidArgument naming the instance and the field when a figure of `load` is negative or above
-// kMaxReportedCount.
-Status validate_load_report(const LoadReport& load, std::string_view instance_id);
+// kMaxReportedCount, or when the figures disagree with each other: queued tokens without (or beyond
+// kMaxTokensPerRequest per) queued job, context tokens likewise per running request, or KV reserved beyond
+// the capacity the instance registered (kv_capacity_tokens > 0).
+Status validate_load_report(const LoadReport& load, std::string_view instance_id, int64_t kv_capacity_tokens = 0);
 // kInvalidArgument when a decode step's batch or context is negative or absurd, or its time is negative,
 // not finite or above kMaxReportedMs.
 Status validate_decode_step(int64_t batch_requests, int64_t context_tokens, double step_ms,

@@ -72,6 +72,7 @@ struct SchedulerCounters {
   uint64_t recompute = 0;     // accepted with reused_blocks == 0
   uint64_t replicate = 0;
   uint64_t expired_instances = 0;
+  uint64_t refused_decode_steps = 0;  // decode step samples above the plausibility gate (on_decode_steps)
 };
 
 class Scheduler {
@@ -108,8 +109,18 @@ class Scheduler {
   void on_prefill_done(const PrefillReport& report);
   // A measured decode step: its predicted step time (before the refit) against the measured one goes into
   // decode_step_error(), then the decode predictor refits. Ignored when the batch is empty or a figure is
-  // negative or not finite.
+  // negative or not finite. Same as on_decode_steps() with one step.
   void on_decode_step(const DecodeStepReport& report);
+  // The steps of one heartbeat. Plausibility gate (issue 17 item 5): a step longer than
+  // max(kDecodeStepGateFactor x predicted, predicted + kDecodeStepGateSlackMs), predicted by the model as it
+  // stood before this batch, is refused and counted (SchedulerCounters::refused_decode_steps), never refitted:
+  // an absurd sample (a worker's bug, or a forged heartbeat) cannot throw the model so far that every request
+  // is rejected, and one heartbeat's samples cannot ratchet it up one after the other. A model too fast for
+  // the hardware still learns: every sample up to ten times its prediction (or 1 s above it) is refitted.
+  // A worker that keeps lying is beyond this check: issue 18 binds heartbeats to the key that registered.
+  void on_decode_steps(std::span<const DecodeStepReport> reports);
+  static constexpr double kDecodeStepGateFactor = 10.0;
+  static constexpr double kDecodeStepGateSlackMs = 1000.0;
   // The first token reached the client: actual TTFT (ms since submit) against the prediction.
   void on_first_token(const std::string& request_id, double actual_ttft_ms);
   // The request finished (or failed) on its decode instance: its reservation is released.
