@@ -13,7 +13,7 @@
 #   instance died), killed (failed by an instance's death), planned_miss_tk (planned prefix hits the prefill found
 #   missing); --json adds reservations_released, publisher_restarts and stale_replicas (index reconciliation).
 # With --check-tokens (use it with --backend ref) a cache-off run is made first and every completed request's
-# output tokens must equal its tokens there (column tokens_equal).
+# output tokens must equal its tokens there (column tokens_equal, with how many requests completed in both runs).
 #
 # Faults (--faults, comma-separated; default: all):
 #   none                       no fault (the baseline)
@@ -76,7 +76,7 @@ if [[ "${1:-}" == --inner ]]; then
   now_ms > "$out/$fault.fault_ms"
   echo "$victim" > "$out/$fault.victim"
   case "$fault" in
-    none) ;;
+    none | cache-off) ;;
     *-kill) kill -KILL "$(pid_of "$victim")" ;;
     *-stop) kill -STOP "$(pid_of "$victim")"; sleep "$stop_s"; kill -CONT "$(pid_of "$victim")" ;;
     master-restart)
@@ -249,12 +249,15 @@ for fault in "${fault_list[@]}"; do
     cost="$(jq -n --argjson a "$ttft" --argjson b "$base_ttft" '$a - $b')"
   fi
   equal="null"
+  compared="null"
   if ((check_tokens)) && [[ -s "$out/cache-off.jsonl" ]]; then
-    equal="$(jq -s -r '
-      (.[0] | map(select(.outcome == "completed")) | map({key: (.trace_line | tostring), value: .output_token_ids})
+    equal="$(jq -n -r --slurpfile off "$out/cache-off.jsonl" --slurpfile run "$recs" '
+      ($off | map(select(.outcome == "completed")) | map({key: (.trace_line | tostring), value: .output_token_ids})
        | from_entries) as $ref |
-      [.[1][] | select(.outcome == "completed") | select($ref[.trace_line | tostring] != null)
-       | (.output_token_ids == $ref[.trace_line | tostring])] | all' "$out/cache-off.jsonl" "$recs")"
+      [$run[] | select(.outcome == "completed") | select($ref[.trace_line | tostring] != null)
+       | (.output_token_ids == $ref[.trace_line | tostring])] | "\(all) \(length)"')"
+    compared="${equal#* }"
+    equal="${equal% *}"
   fi
   rc="$(cat "$out/$fault.rc" 2>/dev/null || echo "?")"
   conductor="$(jq -c '{redispatched: .faults.redispatched, failed_by_death: .faults.failed_by_instance_death,
@@ -263,8 +266,9 @@ for fault in "${fault_list[@]}"; do
                       planned_missing_tokens: .index.planned_missing_tokens}' "$out/$fault.conductor.json" \
                2>/dev/null || echo '{}')"
   [[ -n "$conductor" ]] || conductor='{}'
-  row="$(jq -c --argjson cost "$cost" --argjson eq "$equal" --arg rc "$rc" --argjson c "$conductor" \
-    '. + {ttft_cost_ms: $cost, tokens_equal: $eq, replay_rc: $rc} + $c' <<< "$row")"
+  row="$(jq -c --argjson cost "$cost" --argjson eq "$equal" --argjson n "$compared" --arg rc "$rc" \
+    --argjson c "$conductor" '. + {ttft_cost_ms: $cost, tokens_equal: $eq, tokens_compared: $n, replay_rc: $rc} + $c' \
+    <<< "$row")"
   [[ "$(jq -r .lost <<< "$row")" == 0 ]] || fail=1
   [[ "$equal" != false ]] || fail=1
   if ((json)); then
@@ -273,7 +277,8 @@ for fault in "${fault_list[@]}"; do
     jq -r '[.fault, .offered, .accepted, .rejected, .completed, .failed, .submit_failed, .lost,
             (.terminal_s * 10 | round / 10),
             ((.ttft_mean_ms // 0) | round), ((.ttft_cost_ms // 0) | round), .replay_rc, (.redispatched // "-"),
-            (.failed_by_death // "-"), (.planned_missing_tokens // "-"), (.tokens_equal // "-")]
+            (.failed_by_death // "-"), (.planned_missing_tokens // "-"),
+            (if .tokens_equal == null then "-" else "\(.tokens_equal) (\(.tokens_compared))" end)]
            | @tsv' <<< "$row" |
       awk -F'\t' '{printf "%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %6s %6s %6s %14s %s\n",
                    $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16}'

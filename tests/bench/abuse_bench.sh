@@ -5,6 +5,10 @@
 #   fds     the master under RLIMIT_NOFILE 256, 400 connections to its fast port held open for WINDOW_S
 #   xfer    1,024 idle connections to mc-xfer serve's port, then a new client (mc-xfer read) tried every
 #           0.5 s until it is served or XFER_WAIT_S passes
+#   cluster every daemon of examples/local-cluster.sh (store master, 2 nodes, Conductor, prefill, decode; sim
+#           backend), one after the other: 2,000 malformed messages (random bytes, 16 B to 4 KiB) to its RPC port,
+#           then 1,000 connections held open for WINDOW_S; its RSS (start, peak) and CPU, and whether the cluster
+#           still serves a 20-request replay afterwards
 # Usage: tests/bench/abuse_bench.sh [BUILD_DIR] (env: WINDOW_S=6 XFER_WAIT_S=20 XFER_ARGS="--xfer-idle-timeout-ms 2000")
 # Everything runs on 127.0.0.1 and is stopped on exit. Needs python3 (the abusing clients) and prlimit.
 set -euo pipefail
@@ -13,6 +17,8 @@ WINDOW_S=${WINDOW_S:-6}
 XFER_WAIT_S=${XFER_WAIT_S:-20}
 XFER_ARGS=${XFER_ARGS:-}
 WORK=$(mktemp -d /tmp/mc-abuse-XXXXXX)
+CLIENTS="$(cd "$(dirname "$0")" && pwd)/abuse_clients.py"
+export CLIENTS
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -72,17 +78,7 @@ kill "$MPID"; wait "$MPID" 2>/dev/null || true
 # ---- fds ----
 start_master prlimit --nofile=256:256 --
 cpu0=$(cpu_s "$MPID")
-python3 - "$FAST" "$WINDOW_S" <<'EOF' &
-import socket, sys, time
-port, window = int(sys.argv[1]), float(sys.argv[2])
-keep = []
-for i in range(400):
-    s = socket.socket()
-    s.setblocking(False)
-    s.connect_ex(("127.0.0.1", port))
-    keep.append(s)
-time.sleep(window)
-EOF
+python3 "$CLIENTS" hold "$FAST" 400 "$WINDOW_S" &
 HOLD=$!
 sleep 1
 st=$(stat_ok)
@@ -122,3 +118,29 @@ done
 echo "xfer: 1024 idle connections ($full_threads threads once opened), new client served: $served; serve VmHWM" \
   "$(kb "$XPID" VmHWM) kB, threads $(awk '$1 == "Threads:" {print $2}' "/proc/$XPID/status") after, CPU $(cpu_s "$XPID") s," \
   "$(wc -l <"$WORK/x.err") log lines"
+
+# ---- cluster ----
+cluster_inner() {  # run by local-cluster.sh as its CMD
+  local name pid ep port rss0 cpu0
+  echo "cluster: daemon, VmRSS at start, VmHWM peak, VmRSS after, CPU during the abuse, threads after"
+  while read -r name pid ep; do
+    [[ "$ep" == tcp://127.0.0.1:* ]] || continue
+    port=${ep##*:}
+    rss0=$(kb "$pid" VmRSS)
+    cpu0=$(cpu_s "$pid")
+    python3 "$CLIENTS" garbage "$port" 2000
+    python3 "$CLIENTS" hold "$port" 1000 "$WINDOW_S"
+    echo "  $name: ${rss0} kB, peak $(kb "$pid" VmHWM) kB, now $(kb "$pid" VmRSS) kB," \
+      "CPU $(echo "$(cpu_s "$pid") - $cpu0" | bc) s, threads $(awk '$1 == "Threads:" {print $2}' "/proc/$pid/status")"
+  done < "$MC_CLUSTER_STATE/cluster.txt"
+  local rc=0
+  "$BIN/mc-trace-replay" "$ROOT/examples/traces/conversation_trace.jsonl" --max-requests 20 --speed 8 \
+    --time-scale 8 --block-tokens 512 --no-progress --allow-failures --json >"$WORK/replay.json" \
+    2>"$WORK/replay.err" || rc=$?
+  echo "  replay after the abuse: exit $rc, $(jq -c .requests "$WORK/replay.json" 2>/dev/null)"
+}
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+export -f cluster_inner kb cpu_s
+export BIN WORK WINDOW_S ROOT
+"$ROOT/examples/local-cluster.sh" --bin "$BIN" --store-nodes 2 --prefill 1 --decode 1 --backend sim \
+  --time-scale 8 -- bash -c cluster_inner
