@@ -223,9 +223,12 @@ for ((i = 0; i < store_nodes; i++)); do
   wait_ready "node$i" > /dev/null
 done
 
+# The ref backend computes on the CPU, which the GPU cost model does not describe: no decode envelope there.
+envelope_flags=()
+[[ "$backend" == ref ]] && envelope_flags=(--decode-envelope 0)
 start conductor "$bin/mc-conductor" serve --listen tcp://127.0.0.1:0 --kv-events "$events" --store-master "$master" \
   --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" --time-scale "$time_scale" \
-  ${extra_conductor_flags[@]+"${extra_conductor_flags[@]}"}
+  ${envelope_flags[@]+"${envelope_flags[@]}"} ${extra_conductor_flags[@]+"${extra_conductor_flags[@]}"}
 conductor="$(wait_ready conductor)"
 
 worker_flags=(--backend "$backend" --model "$model" --block-size "$block_size" --kv-buffer-size "$kv_buffer_size"

@@ -976,7 +976,8 @@ class Conductor {
     if (const uint64_t n = sched_->counters().refused_decode_steps - refused_before; n > 0) {
       refused("decode_step",
               "heartbeat of '" + req.instance_id + "': " + std::to_string(n) +
-                  " decode step sample(s) more than 10x (and 1 s above) the predicted step time: refused, not refitted",
+                  " decode step sample(s) above the decode model's envelope (4x the cost model's step, or 50 ms more): "
+                  "refused, not refitted",
               n);
     }
     // Ledger entries past their predicted end are dropped: the report now carries what still runs.

@@ -159,7 +159,10 @@ double ClusterState::prefill_queue_ms(const Instance& inst, int64_t now_ns, doub
     }
     total += std::max(0.0, ms);
   }
-  total += static_cast<double>(inst.reported_excess.queued_prefill_tokens) * ms_per_token;
+  // Work the Conductor did not dispatch (left from before its restart, or a forged report) counts for at most
+  // kMaxUnledgeredQueueMs: it cannot make an instance look busy for hours.
+  total += std::min(kMaxUnledgeredQueueMs,
+                    static_cast<double>(inst.reported_excess.queued_prefill_tokens) * std::max(0.0, ms_per_token));
   return total;
 }
 

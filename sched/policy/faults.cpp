@@ -82,6 +82,13 @@ Status validate_load_report(const LoadReport& load, std::string_view instance_id
                                              std::to_string(load.running_requests) +
                                              " running requests (at most 2^24 tokens a request; refused)");
   }
+  if (kv_capacity_tokens > 0 &&
+      (load.running_requests > kv_capacity_tokens || load.context_tokens > kv_capacity_tokens)) {
+    return error(Code::kInvalidArgument, what + std::to_string(load.running_requests) + " running requests with " +
+                                             std::to_string(load.context_tokens) +
+                                             " context tokens: more than the registered KV capacity of " +
+                                             std::to_string(kv_capacity_tokens) + " tokens holds (refused)");
+  }
   if (kv_capacity_tokens > 0 && load.kv_reserved_tokens > kv_capacity_tokens) {
     return error(Code::kInvalidArgument, what + std::to_string(load.kv_reserved_tokens) +
                                              " KV tokens reserved, above the registered capacity of " +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace mc::sched {
@@ -117,16 +118,29 @@ PrefillCostPrior PrefillPredictor::current() const {
   return PrefillCostPrior{w[0], w[1], w[2]};
 }
 
-DecodePredictor::DecodePredictor(DecodeCostPrior prior, double lambda)
-    : ls_({prior.fixed_ms, prior.ms_per_request, prior.ms_per_context_token}, kDecodeScale, lambda, kPriorVar) {}
+DecodePredictor::DecodePredictor(DecodeCostPrior prior, double lambda, double envelope_factor)
+    : prior_(prior),
+      envelope_factor_(envelope_factor),
+      ls_({prior.fixed_ms, prior.ms_per_request, prior.ms_per_context_token}, kDecodeScale, lambda, kPriorVar) {}
 
-double DecodePredictor::step_ms(int64_t batch_requests, int64_t context_tokens) const {
-  return std::max(0.0, ls_.predict({1.0, static_cast<double>(batch_requests), static_cast<double>(context_tokens)}));
+double DecodePredictor::envelope_ms(int64_t batch_requests, int64_t context_tokens) const {
+  if (envelope_factor_ <= 0) return std::numeric_limits<double>::infinity();
+  const double prior = std::max(0.0, prior_.fixed_ms + prior_.ms_per_request * static_cast<double>(batch_requests) +
+                                         prior_.ms_per_context_token * static_cast<double>(context_tokens));
+  return std::max(envelope_factor_ * prior, prior + kEnvelopeSlackMs);
 }
 
-void DecodePredictor::observe(int64_t batch_requests, int64_t context_tokens, double actual_step_ms) {
-  if (batch_requests <= 0) return;
+double DecodePredictor::step_ms(int64_t batch_requests, int64_t context_tokens) const {
+  const double fit =
+      std::max(0.0, ls_.predict({1.0, static_cast<double>(batch_requests), static_cast<double>(context_tokens)}));
+  return std::min(fit, envelope_ms(batch_requests, context_tokens));
+}
+
+bool DecodePredictor::observe(int64_t batch_requests, int64_t context_tokens, double actual_step_ms) {
+  if (batch_requests <= 0) return false;
+  if (actual_step_ms > envelope_ms(batch_requests, context_tokens)) return false;
   ls_.observe({1.0, static_cast<double>(batch_requests), static_cast<double>(context_tokens)}, actual_step_ms);
+  return true;
 }
 
 DecodeCostPrior DecodePredictor::current() const {

@@ -43,7 +43,7 @@ Scheduler::Scheduler(SchedulerConfig config, const Clock* clock, std::unique_ptr
       clock_(clock),
       policy_(std::move(policy)),
       prefill_(prefill_prior),
-      decode_(decode_prior),
+      decode_(decode_prior, 0.995, config_.decode_envelope_factor),
       bandwidth_(bandwidth_priors) {
   cluster_.set_kv_block_tokens(config_.kv.block_size_tokens);
 }
@@ -482,24 +482,15 @@ void Scheduler::on_prefill_done(const PrefillReport& r) {
 void Scheduler::on_decode_step(const DecodeStepReport& r) { on_decode_steps({&r, 1}); }
 
 void Scheduler::on_decode_steps(std::span<const DecodeStepReport> reports) {
-  // Every gate from the model as it stood before the batch.
-  std::vector<double> gates(reports.size(), -1.0);
-  for (size_t i = 0; i < reports.size(); ++i) {
-    const DecodeStepReport& r = reports[i];
+  for (const DecodeStepReport& r : reports) {
     if (r.batch_requests <= 0 || r.context_tokens < 0 || !std::isfinite(r.step_ms) || r.step_ms < 0) continue;
+    // The error of the model as it stood before this step: what a decision made just then would have predicted.
     const double predicted = decode_.step_ms(r.batch_requests, r.context_tokens);
-    gates[i] = std::max(kDecodeStepGateFactor * predicted, predicted + kDecodeStepGateSlackMs);
-  }
-  for (size_t i = 0; i < reports.size(); ++i) {
-    const DecodeStepReport& r = reports[i];
-    if (gates[i] < 0) continue;
-    if (r.step_ms > gates[i]) {
+    if (!decode_.observe(r.batch_requests, r.context_tokens, r.step_ms)) {
       ++counters_.refused_decode_steps;
       continue;
     }
-    // The error of the model as it stood before this step: what a decision made just then would have predicted.
-    decode_error_.add(decode_.step_ms(r.batch_requests, r.context_tokens), r.step_ms);
-    decode_.observe(r.batch_requests, r.context_tokens, r.step_ms);
+    decode_error_.add(predicted, r.step_ms);
   }
 }
 

@@ -48,6 +48,12 @@ int main(int argc, char** argv) {
       ->envname("MC_HEARTBEAT_TIMEOUT_MS")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--decode-envelope", o.scheduler.decode_envelope_factor,
+                   "Reported decode steps may move the decode model up to this many times the cost model's step "
+                   "time (or 50 ms more); slower reports are refused (0: no envelope, e.g. the ref backend)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   serve->add_option("--reserve-timeout-ms", o.reserve_timeout_ms, "Deadline of decode_reserve (ms)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

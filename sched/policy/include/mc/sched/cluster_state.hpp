@@ -96,6 +96,9 @@ class ClusterState {
   Status remove_instance(const std::string& id);
   // Records a heartbeat (and its load). kNotFound for an unregistered id: the worker must register.
   Status heartbeat(const std::string& id, const LoadReport& load, int64_t now_ns);
+  // The most queue time (ms) that reported prefill work beyond the ledger (reported_excess) adds to
+  // prefill_queue_ms(): 10 s (DESIGN.md §10, bounds on what workers report).
+  static constexpr double kMaxUnledgeredQueueMs = 10'000;
   // Removes every instance silent for longer than timeout_ms; returns their ids (for index cleanup).
   std::vector<std::string> expire(int64_t now_ns, int64_t timeout_ms);
   // The observer itself did not run for stall_ns (its loop stalled: descheduled, or blocked in a call): that

@@ -82,8 +82,8 @@ inline constexpr int64_t kMaxTokensPerRequest = int64_t{1} << 24;
 
 // kInvalidArgument naming the instance and the field when a figure of `load` is negative or above
 // kMaxReportedCount, or when the figures disagree with each other: queued tokens without (or beyond
-// kMaxTokensPerRequest per) queued job, context tokens likewise per running request, or KV reserved beyond
-// the capacity the instance registered (kv_capacity_tokens > 0).
+// kMaxTokensPerRequest per) queued job, context tokens likewise per running request, or running requests,
+// context tokens or KV reserved beyond the KV capacity the instance registered (kv_capacity_tokens > 0).
 Status validate_load_report(const LoadReport& load, std::string_view instance_id, int64_t kv_capacity_tokens = 0);
 // kInvalidArgument when a decode step's batch or context is negative or absurd, or its time is negative,
 // not finite or above kMaxReportedMs.

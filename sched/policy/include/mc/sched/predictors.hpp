@@ -95,15 +95,29 @@ class PrefillPredictor {
   OnlineLeastSquares<3> ls_;
 };
 
+// The envelope (issue 17 item 5): what workers report may move the model only within a band around the cost
+// model's prior: a step slower than max(kEnvelopeFactor x prior, prior + kEnvelopeSlackMs) at its (batch,
+// context) is not a decode step of this hardware but a fault or a forgery: observe() refuses it, and step_ms()
+// never predicts beyond that band either, so no run of reports, however long, can price every decode step out
+// of the TBT SLO. Inside the band the model follows the measurements (a machine up to 4x slower than modelled,
+// or 50 ms a step more, is learnt). envelope_factor 0: no envelope (a backend the cost model does not describe).
 class DecodePredictor {
  public:
-  explicit DecodePredictor(DecodeCostPrior prior = {}, double lambda = 0.995);
+  static constexpr double kEnvelopeFactor = 4.0;
+  static constexpr double kEnvelopeSlackMs = 50.0;
+
+  explicit DecodePredictor(DecodeCostPrior prior = {}, double lambda = 0.995, double envelope_factor = kEnvelopeFactor);
   double step_ms(int64_t batch_requests, int64_t context_tokens) const;
-  void observe(int64_t batch_requests, int64_t context_tokens, double actual_step_ms);
+  // False (and nothing refitted) for a step above the envelope.
+  bool observe(int64_t batch_requests, int64_t context_tokens, double actual_step_ms);
+  // The most a step of (batch, context) may take: max(factor x prior, prior + kEnvelopeSlackMs); +inf without.
+  double envelope_ms(int64_t batch_requests, int64_t context_tokens) const;
   DecodeCostPrior current() const;
   uint64_t samples() const { return ls_.samples(); }
 
  private:
+  DecodeCostPrior prior_;
+  double envelope_factor_;
   OnlineLeastSquares<3> ls_;
 };
 

@@ -111,16 +111,12 @@ class Scheduler {
   // decode_step_error(), then the decode predictor refits. Ignored when the batch is empty or a figure is
   // negative or not finite. Same as on_decode_steps() with one step.
   void on_decode_step(const DecodeStepReport& report);
-  // The steps of one heartbeat. Plausibility gate (issue 17 item 5): a step longer than
-  // max(kDecodeStepGateFactor x predicted, predicted + kDecodeStepGateSlackMs), predicted by the model as it
-  // stood before this batch, is refused and counted (SchedulerCounters::refused_decode_steps), never refitted:
-  // an absurd sample (a worker's bug, or a forged heartbeat) cannot throw the model so far that every request
-  // is rejected, and one heartbeat's samples cannot ratchet it up one after the other. A model too fast for
-  // the hardware still learns: every sample up to ten times its prediction (or 1 s above it) is refitted.
-  // A worker that keeps lying is beyond this check: issue 18 binds heartbeats to the key that registered.
+  // The steps of one heartbeat. A step above the decode model's envelope (predictors.hpp DecodePredictor: 4x
+  // the cost model's prior, or 50 ms a step more) is refused and counted (SchedulerCounters::
+  // refused_decode_steps), never refitted, and no prediction exceeds the envelope either: neither an absurd
+  // sample (a worker's bug, a forged heartbeat) nor any run of plausible-looking ones can price every decode
+  // step out of the TBT SLO. Who may send heartbeats at all is issue 18's (keys bound to instance ids).
   void on_decode_steps(std::span<const DecodeStepReport> reports);
-  static constexpr double kDecodeStepGateFactor = 10.0;
-  static constexpr double kDecodeStepGateSlackMs = 1000.0;
   // The first token reached the client: actual TTFT (ms since submit) against the prediction.
   void on_first_token(const std::string& request_id, double actual_ttft_ms);
   // The request finished (or failed) on its decode instance: its reservation is released.

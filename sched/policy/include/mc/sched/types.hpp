@@ -74,6 +74,10 @@ struct SchedulerConfig {
   // cached blocks); a registered worker that has not reported load yet is *unknown* (treated as
   // empty plus what the Conductor itself assigned), never as busy.
   int64_t heartbeat_timeout_ms = 3'000;
+  // The decode model's envelope (predictors.hpp DecodePredictor): reported decode steps may move it up to this
+  // many times the cost model's step time (or 50 ms more); 0: no envelope, for a backend the cost model does not
+  // describe (the CPU reference backend).
+  double decode_envelope_factor = 4.0;
   // Candidates kept in a Decision (sorted by predicted TTFT) for the decision log; 0 keeps none.
   int max_logged_candidates = 4;
 };
