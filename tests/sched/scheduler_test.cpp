@@ -551,14 +551,19 @@ TEST(LoadReport, FiguresMustAgree) {
 }
 
 // The Conductor's own stall (its loop descheduled or blocked) is not the workers' silence.
-TEST(ClusterStateLiveness, TheObserversStallIsExcused) {
-  ClusterState c;
+// A prefill instance "p0" registered at time 0.
+InstanceInfo prefill_p0() {
   InstanceInfo p;
   p.id = "p0";
   p.role = Role::kPrefill;
   p.endpoint = "tcp://127.0.0.1:9";
   p.host = "host0";
-  Status reg = c.register_instance(p, 0);
+  return p;
+}
+
+TEST(ClusterStateLiveness, TheObserversStallIsExcused) {
+  ClusterState c;
+  Status reg = c.register_instance(prefill_p0(), 0);
   ASSERT_TRUE(reg.is_ok()) << reg.to_string();
   const int64_t ms = 1'000'000;
   c.excuse_silence(3'500 * ms, 4'000 * ms);  // the observer did not run from 0.5 s to 4 s
@@ -571,12 +576,7 @@ TEST(ClusterStateLiveness, TheObserversStallIsExcused) {
 // Reported prefill work the Conductor did not dispatch counts for at most 10 s of queue.
 TEST(ClusterStateLiveness, UnledgeredQueueIsBounded) {
   ClusterState c;
-  InstanceInfo p;
-  p.id = "p0";
-  p.role = Role::kPrefill;
-  p.endpoint = "tcp://127.0.0.1:9";
-  p.host = "host0";
-  ASSERT_TRUE(c.register_instance(p, 0).is_ok());
+  ASSERT_TRUE(c.register_instance(prefill_p0(), 0).is_ok());
   LoadReport forged;
   forged.queued_prefill_jobs = 65'536;
   forged.queued_prefill_tokens = int64_t{1} << 40;
