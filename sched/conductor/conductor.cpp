@@ -247,8 +247,7 @@ class Conductor {
       // so that silence is excused instead of removing every worker at once.
       if (const int64_t gap = now - last_pass_ns; gap > kLoopStallNs) {
         sched_->cluster().excuse_silence(gap, now);
-        metrics::Counter& stalls =
-            metrics_.counter("mc_conductor_loop_stalls_total", "passes of the main loop more than 250 ms apart");
+        metrics::Counter& stalls = loop_stalls();
         stalls.inc();
         if (stalls.value() <= 10 || stalls.value() % 100 == 0) {
           MC_LOG_WARN << "mc-conductor: the main loop stalled for " << gap / 1'000'000
@@ -268,7 +267,7 @@ class Conductor {
         update_metrics();
       }
       // Segment hosts and suspect nodes, once a second (a suspect node is parked within 1 s of the master
-      // saying so, DESIGN.md §5).
+      // saying so, DESIGN.md §10 "Reconciliation after store faults").
       // Asynchronous: a master that is down or stopped never stalls this loop (a resync, which blocks for up
       // to --store-timeout-ms, only follows a stat that was answered).
       if (resync_ && !stat_pending_ && now - last_hosts_ns > 1'000'000'000) {
@@ -345,8 +344,7 @@ class Conductor {
       for (const char* k : {"redispatched", "failed_by_instance_death", "reservations_released"}) {
         faults[k] = fault_counter(k).value();
       }
-      faults["loop_stalls"] =
-          metrics_.counter("mc_conductor_loop_stalls_total", "passes of the main loop more than 250 ms apart").value();
+      faults["loop_stalls"] = loop_stalls().value();
       for (const char* k : {"heartbeat", "job_report", "prefill_ledger", "decode_step"}) {
         faults["refused_" + std::string(k)] =
             metrics_
@@ -354,14 +352,8 @@ class Conductor {
                 .value();
       }
       j["faults"] = faults;
-      j["index"]["planned_missing_tokens"] = metrics_
-                                                 .counter("mc_conductor_planned_missing_tokens_total",
-                                                          "prefix tokens planned as hits that the prefill found "
-                                                          "missing and recomputed")
-                                                 .value();
-      j["index"]["planned_missing_requests"] =
-          metrics_.counter("mc_conductor_planned_missing_requests_total", "requests with planned hits found missing")
-              .value();
+      j["index"]["planned_missing_tokens"] = planned_missing_tokens().value();
+      j["index"]["planned_missing_requests"] = planned_missing_requests().value();
       return proto::ConductorStatusReply{j.dump()};
     });
   }
@@ -600,11 +592,8 @@ class Conductor {
     rep.reused_tokens = l.hit_tokens;
     // Planned hits the worker found missing (or failed to read) and recomputed: a stale index, field report 24.
     if (l.missed_prefix_tokens > 0 && l.missed_prefix_tokens <= kMaxReportedCount) {
-      metrics_
-          .counter("mc_conductor_planned_missing_tokens_total",
-                   "prefix tokens planned as hits that the prefill found missing and recomputed")
-          .inc(static_cast<uint64_t>(l.missed_prefix_tokens));
-      metrics_.counter("mc_conductor_planned_missing_requests_total", "requests with planned hits found missing").inc();
+      planned_missing_tokens().inc(static_cast<uint64_t>(l.missed_prefix_tokens));
+      planned_missing_requests().inc();
     }
     const double scale = options_.time_scale;
     rep.prefill_ms = static_cast<double>(l.prefill_ms) * scale;
@@ -707,6 +696,18 @@ class Conductor {
   }
 
   // ---- worker faults (faults.hpp decides, this applies) ----
+  // Counters named in more than one place (the stat document, the metrics, where they count).
+  metrics::Counter& planned_missing_tokens() {
+    return metrics_.counter("mc_conductor_planned_missing_tokens_total",
+                            "prefix tokens planned as hits that the prefill found missing and recomputed");
+  }
+  metrics::Counter& planned_missing_requests() {
+    return metrics_.counter("mc_conductor_planned_missing_requests_total", "requests with planned hits found missing");
+  }
+  metrics::Counter& loop_stalls() {
+    return metrics_.counter("mc_conductor_loop_stalls_total", "passes of the main loop more than 250 ms apart");
+  }
+
   metrics::Counter& fault_counter(const std::string& what) {
     return metrics_.counter("mc_conductor_" + what + "_total", "worker faults: " + what);
   }
