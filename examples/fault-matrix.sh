@@ -11,7 +11,9 @@
 #   ttft_mean_ms and its cost against the run without a fault, the replay's exit status, and the Conductor's
 #   counters at the end (mc-conductor stat; "-" when it was killed): redisp (requests re-dispatched after an
 #   instance died), killed (failed by an instance's death), planned_miss_tk (planned prefix hits the prefill found
-#   missing); --json adds reservations_released, publisher_restarts and stale_replicas (index reconciliation).
+#   missing); for a worker victim, detect_ms (fault to the Conductor removing it) and settled_ms (fault to the last
+#   request event naming it: each of its requests failed or re-dispatched), from the Conductor's log; --json adds
+#   reservations_released, publisher_restarts and stale_replicas (index reconciliation).
 # With --check-tokens (use it with --backend ref) a cache-off run is made first and every completed request's
 # output tokens must equal its tokens there (column tokens_equal, with how many requests completed in both runs).
 #
@@ -114,6 +116,7 @@ if [[ "${1:-}" == --inner ]]; then
   # The Conductor's fault and index counters at the end (none when it was the victim of a kill).
   "$bin/mc-conductor" stat --endpoint "$MC_CONDUCTOR" --json --timeout-ms 5000 > "$out/$fault.conductor.json" 2>/dev/null
   set -e
+  cp "$state/conductor.log" "$out/$fault.conductor.log" 2>/dev/null || true
   echo "$rc" > "$out/$fault.rc"
   exit 0
 fi
@@ -208,9 +211,9 @@ if ((check_tokens)); then
 fi
 
 fail=0
-((json)) || printf '%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %6s %6s %6s %14s %s\n' fault offered accepted \
-  rejected completed failed submit_failed lost terminal_s ttft_mean_ms ttft_cost_ms rc redisp killed \
-  planned_miss_tk tokens_equal
+((json)) || printf '%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %6s %6s %6s %14s %9s %10s %s\n' fault offered \
+  accepted rejected completed failed submit_failed lost terminal_s ttft_mean_ms ttft_cost_ms rc redisp killed \
+  planned_miss_tk detect_ms settled_ms tokens_equal
 base_ttft=""
 for fault in "${fault_list[@]}"; do
   echo "fault-matrix.sh: $fault" >&2
@@ -268,6 +271,32 @@ for fault in "${fault_list[@]}"; do
     equal="${equal% *}"
   fi
   rc="$(cat "$out/$fault.rc" 2>/dev/null || echo "?")"
+  # A worker victim: from the fault to the Conductor's removal of it (detect_ms) and to the last request event
+  # naming it (settled_ms: each of its requests failed or re-dispatched), from the Conductor's log.
+  timing="$(python3 - "$out/$fault.conductor.log" "$victim" "$fault_ms" <<'TIMING'
+import datetime, json, re, sys
+path, victim, fault_ms = sys.argv[1], sys.argv[2], int(sys.argv[3])
+detect = settled = None
+if re.match(r"^(prefill|decode)", victim):
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ", line)
+        if not m:
+            continue
+        t = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc)
+        ms = int(t.timestamp() * 1000) - fault_ms
+        if ms < 0:
+            continue
+        if detect is None and f"instance '{victim}' " in line and "removed" in line:
+            detect = ms
+        if detect is not None and f"instance '{victim}'" in line and re.search(r"request '[^']*': ", line):
+            settled = ms
+print(json.dumps({"detect_ms": detect, "settled_ms": settled}))
+TIMING
+)" || timing='{}'
   conductor="$(jq -c '{redispatched: .faults.redispatched, failed_by_death: .faults.failed_by_instance_death,
                       reservations_released: .faults.reservations_released,
                       publisher_restarts: .index.publisher_restarts, stale_replicas: .index.resync_stale_replicas,
@@ -275,8 +304,8 @@ for fault in "${fault_list[@]}"; do
                2>/dev/null || echo '{}')"
   [[ -n "$conductor" ]] || conductor='{}'
   row="$(jq -c --argjson cost "$cost" --argjson eq "$equal" --argjson n "$compared" --arg rc "$rc" \
-    --argjson c "$conductor" '. + {ttft_cost_ms: $cost, tokens_equal: $eq, tokens_compared: $n, replay_rc: $rc} + $c' \
-    <<< "$row")"
+    --argjson c "$conductor" --argjson t "$timing" \
+    '. + {ttft_cost_ms: $cost, tokens_equal: $eq, tokens_compared: $n, replay_rc: $rc} + $c + $t' <<< "$row")"
   [[ "$(jq -r .lost <<< "$row")" == 0 ]] || fail=1
   [[ "$equal" != false ]] || fail=1
   if ((json)); then
@@ -285,11 +314,11 @@ for fault in "${fault_list[@]}"; do
     jq -r '[.fault, .offered, .accepted, .rejected, .completed, .failed, .submit_failed, .lost,
             (.terminal_s * 10 | round / 10),
             ((.ttft_mean_ms // 0) | round), ((.ttft_cost_ms // 0) | round), .replay_rc, (.redispatched // "-"),
-            (.failed_by_death // "-"), (.planned_missing_tokens // "-"),
+            (.failed_by_death // "-"), (.planned_missing_tokens // "-"), (.detect_ms // "-"), (.settled_ms // "-"),
             (if .tokens_equal == null then "-" else "\(.tokens_equal) (\(.tokens_compared))" end)]
            | @tsv' <<< "$row" |
-      awk -F'\t' '{printf "%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %6s %6s %6s %14s %s\n",
-                   $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16}'
+      awk -F'\t' '{printf "%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %6s %6s %6s %14s %9s %10s %s\n",
+                   $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18}'
   fi
 done
 exit "$fail"

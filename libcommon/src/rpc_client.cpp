@@ -1,6 +1,7 @@
 // The one RPC client: AsyncClient (pipelined, many endpoints) and RpcClient, its blocking one-endpoint facade.
 // See rpc.hpp for the contract.
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <iterator>
 #include <thread>
@@ -16,6 +17,8 @@ struct AsyncClient::Peer {
   bool stale = false;  // a call timed out: close the socket once nothing is in flight
   std::optional<proto::HelloReply> hello;
   std::deque<Envelope> pushed;
+  // watch(): the PAIR end of the socket's ZeroMQ monitor (ZMQ_EVENT_DISCONNECTED), destroyed before `socket`.
+  std::optional<zmq::socket_t> monitor;
 };
 
 AsyncClient::AsyncClient(AsyncClientOptions options) : options_(std::move(options)) {}
@@ -49,6 +52,8 @@ Result<AsyncClient::Peer*> AsyncClient::open(const std::string& endpoint, int64_
     peer->socket.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
     peer->socket.set(zmq::sockopt::sndhwm, 100000);
     peer->socket.set(zmq::sockopt::rcvhwm, 100000);
+    // Watched: the monitor is attached before connect(), so that no loss of the first connection is missed.
+    if (watched_.count(endpoint) != 0) attach_monitor(endpoint, *peer);
     peer->socket.connect(endpoint);
   } catch (const zmq::error_t& e) {
     return Status(Code::kInvalidArgument, "cannot connect to '" + endpoint + "': " + e.what() +
@@ -194,11 +199,87 @@ void AsyncClient::fail_endpoint(const std::string& endpoint, const Status& statu
   std::sort(ids.begin(), ids.end());  // callbacks in the order the calls were made
   for (uint64_t id : ids) complete(id, status);
   peers_.erase(endpoint);
+  watched_.erase(endpoint);  // forgotten, or its hello failed: not reopened
 }
 
 void AsyncClient::forget(const std::string& endpoint) {
   if (peers_.find(endpoint) == peers_.end()) return;
   fail_endpoint(endpoint, Status(Code::kCancelled, "the connection to " + endpoint + " was closed by this client"));
+}
+
+void AsyncClient::attach_monitor(const std::string& endpoint, Peer& peer) {
+  // One inproc address per monitored socket; its name is this client's, never seen by a peer.
+  const std::string address = "inproc://mc-rpc-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(this)) + "-" +
+                              std::to_string(next_monitor_++);
+  if (zmq_socket_monitor(peer.socket.handle(), address.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
+    MC_LOG_WARN << "cannot watch the connection to " << endpoint << ": " << zmq_strerror(zmq_errno())
+                << " (its loss is seen only by timeouts)";
+    return;
+  }
+  try {
+    zmq::socket_t pair(context(), zmq::socket_type::pair);
+    pair.set(zmq::sockopt::linger, 0);
+    pair.connect(address);
+    peer.monitor = std::move(pair);
+  } catch (const zmq::error_t& e) {
+    MC_LOG_WARN << "cannot watch the connection to " << endpoint << ": " << e.what()
+                << " (its loss is seen only by timeouts)";
+  }
+}
+
+void AsyncClient::watch(const std::string& endpoint) {
+  if (!watched_.insert(endpoint).second) return;
+  auto it = peers_.find(endpoint);
+  if (it != peers_.end()) {
+    if (!it->second->monitor) attach_monitor(endpoint, *it->second);
+    return;
+  }
+  Result<Peer*> opened = open(endpoint, 2'000);
+  if (!opened.is_ok()) {
+    MC_LOG_WARN << "cannot watch " << endpoint << ": " << opened.status().message();
+    watched_.erase(endpoint);
+  }
+}
+
+void AsyncClient::unwatch(const std::string& endpoint) {
+  watched_.erase(endpoint);
+  auto it = peers_.find(endpoint);
+  if (it == peers_.end() || !it->second->monitor) return;
+  (void)zmq_socket_monitor(it->second->socket.handle(), nullptr, 0);  // stops the monitor
+  it->second->monitor.reset();
+}
+
+std::vector<std::string> AsyncClient::take_disconnected() {
+  read_monitors();
+  std::vector<std::string> out;
+  out.swap(disconnected_);
+  return out;
+}
+
+void AsyncClient::read_monitors() {
+  for (auto& [endpoint, peer] : peers_) {
+    if (!peer->monitor) continue;
+    // An event is two frames: 6 bytes (uint16 event, uint32 value) and the endpoint's address. Bounded per call.
+    for (int n = 0; n < 64; ++n) {
+      std::vector<zmq::message_t> frames;
+      zmq::recv_result_t got;
+      try {
+        got = zmq::recv_multipart(*peer->monitor, std::back_inserter(frames), zmq::recv_flags::dontwait);
+      } catch (const zmq::error_t& e) {
+        MC_LOG_WARN << "reading the connection monitor of " << endpoint << ": " << e.what();
+        break;
+      }
+      if (!got) break;
+      if (frames.empty() || frames[0].size() < sizeof(uint16_t)) continue;
+      uint16_t event = 0;
+      std::memcpy(&event, frames[0].data(), sizeof(event));
+      if (event != ZMQ_EVENT_DISCONNECTED || watched_.count(endpoint) == 0) continue;
+      ++counters_.disconnects;
+      if (std::find(disconnected_.begin(), disconnected_.end(), endpoint) == disconnected_.end()) {
+        disconnected_.push_back(endpoint);
+      }
+    }
+  }
 }
 
 void AsyncClient::expire() {
@@ -222,6 +303,10 @@ void AsyncClient::close_idle_stale() {
     } else {
       ++it;
     }
+  }
+  // A watched endpoint keeps a connection: its stale socket is replaced by a fresh one (with a fresh hello).
+  for (const std::string& endpoint : watched_) {
+    if (peers_.count(endpoint) == 0) (void)open(endpoint, 2'000);
   }
 }
 
@@ -267,6 +352,7 @@ int AsyncClient::poll(int timeout_ms) {
   }
   expire();
   close_idle_stale();
+  read_monitors();
   return run_ready();
 }
 

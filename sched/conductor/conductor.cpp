@@ -240,6 +240,7 @@ class Conductor {
       MC_RETURN_IF_ERROR(server_->poll_once(2));
       for (int i = 0; i < 64; ++i) MC_RETURN_IF_ERROR(server_->poll_once(0));
       calls_.poll(0);
+      for (const std::string& endpoint : calls_.take_disconnected()) on_connection_lost(endpoint);
       drain_events();
       const int64_t now = RealClock::instance().now_ns();
       // A pass of this loop takes a few ms. A longer gap means the Conductor itself did not run (descheduled on
@@ -341,7 +342,7 @@ class Conductor {
       j["requests_dispatching"] = in_flight_.size();
       j["requests_decoding"] = decoding_.size();
       nlohmann::json faults;
-      for (const char* k : {"redispatched", "failed_by_instance_death", "reservations_released"}) {
+      for (const char* k : {"redispatched", "failed_by_instance_death", "reservations_released", "connection_lost"}) {
         faults[k] = fault_counter(k).value();
       }
       faults["loop_stalls"] = loop_stalls().value();
@@ -733,9 +734,25 @@ class Conductor {
 
   // `instance_id` is gone (missed heartbeats, or a call to it failed on transport): it leaves the scheduler,
   // and every request it touches is re-dispatched or failed at once (faults.hpp).
+  // The watched connection to `endpoint` closed: every instance registered there is lost at once.
+  void on_connection_lost(const std::string& endpoint) {
+    std::vector<std::string> ids;
+    for (Role role : {Role::kPrefill, Role::kDecode}) {
+      for (const Instance* inst : sched_->cluster().instances(role)) {
+        if (inst->info.endpoint == endpoint) ids.push_back(inst->info.id);
+      }
+    }
+    if (ids.empty()) calls_.unwatch(endpoint);  // nobody registered there any more
+    for (const std::string& id : ids) {
+      fault_counter("connection_lost").inc();
+      on_instance_lost(id, "closed its connection at " + endpoint + " (the process exited or was killed)");
+    }
+  }
+
   void on_instance_lost(const std::string& instance_id, const std::string& cause) {
-    if (sched_->cluster().find(instance_id) != nullptr) {
+    if (const Instance* inst = sched_->cluster().find(instance_id); inst != nullptr) {
       MC_LOG_WARN << "instance '" << instance_id << "' " << cause << ": removed with its cached blocks";
+      calls_.unwatch(inst->info.endpoint);  // watched again when it registers again
       (void)sched_->remove_instance(instance_id);
     }
     std::vector<TrackedRequest> touched;
@@ -928,6 +945,9 @@ class Conductor {
     const Instance* old = sched_->cluster().find(req.instance_id);
     if (old != nullptr && old->info.endpoint != req.endpoint) calls_.forget(old->info.endpoint);
     MC_RETURN_IF_ERROR(sched_->register_instance(info));
+    // The connection to the worker is watched: its process's death closes it, and the instance is lost within
+    // one pass of the loop instead of after heartbeat_timeout_ms of silence (DESIGN.md §10 "Worker faults").
+    calls_.watch(req.endpoint);
     MC_LOG_INFO << "registered " << req.role << " instance '" << req.instance_id << "' on " << req.host << " at "
                 << req.endpoint;
     return proto::ConductorRegisterReply{options_.heartbeat_interval_ms, options_.scheduler.heartbeat_timeout_ms,
@@ -1187,7 +1207,7 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
   const nlohmann::json f = j.value("faults", nlohmann::json::object());
   out << "worker faults: redispatched " << f.value("redispatched", 0) << ", failed_by_instance_death "
       << f.value("failed_by_instance_death", 0) << ", reservations_released " << f.value("reservations_released", 0)
-      << "; refused: heartbeat " << f.value("refused_heartbeat", 0) << ", job_report "
+      << ", connection_lost " << f.value("connection_lost", 0) << "; refused: heartbeat " << f.value("refused_heartbeat", 0) << ", job_report "
       << f.value("refused_job_report", 0) << ", prefill_ledger " << f.value("refused_prefill_ledger", 0)
       << ", decode_step " << f.value("refused_decode_step", 0) << "\n";
   return Status::ok();

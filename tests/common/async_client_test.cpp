@@ -1,6 +1,6 @@
 // rpc::AsyncClient, the one RPC client (rpc.hpp): pipelining, out-of-order replies, timeouts and late
 // replies, the in-flight bound, reconnect after a timeout, forget(), many endpoints, a hello of another
-// protocol version, bad and unreachable endpoints.
+// protocol version, bad and unreachable endpoints, the connection watch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -217,6 +217,40 @@ TEST(AsyncClient, ForgetFailsCallsInFlightAndManyEndpointsArePolledTogether) {
   EXPECT_EQ(ra->status().code(), Code::kCancelled);
   ASSERT_TRUE(rb->is_ok()) << rb->status().to_string();
   EXPECT_EQ((*rb)->text, "to-b");
+}
+
+// watch(): a server that goes away (its socket closed, as a killed process's kernel does) is reported once, by
+// endpoint; a live server that is only slow to answer is not; unwatched endpoints are never reported.
+TEST(AsyncClient, WatchReportsALostConnectionOnce) {
+  AsyncClient client;
+  auto a = std::make_unique<HoldingServer>();
+  HoldingServer b;
+  const std::string gone = a->endpoint();
+  client.watch(gone);
+  client.watch(b.endpoint());
+  // Both connections are up once their hellos are answered; a call held by b (slow) is not a loss.
+  ASSERT_TRUE(poll_until(client, [&] {
+    return client.server_hello(gone) != nullptr && client.server_hello(b.endpoint()) != nullptr;
+  }));
+  std::optional<Result<EchoReply>> held;
+  client.call(b.endpoint(), EchoRequest{"slow"}, 60'000, [&](Result<EchoReply> r) { held = std::move(r); });
+  ASSERT_TRUE(testkit::wait_until([&] { return b.held() == 1; }, 5000));
+  EXPECT_TRUE(client.take_disconnected().empty());
+  a.reset();  // the server's socket closes
+  std::vector<std::string> lost;
+  ASSERT_TRUE(poll_until(client, [&] {
+    for (std::string& e : client.take_disconnected()) lost.push_back(std::move(e));
+    return !lost.empty();
+  }));
+  EXPECT_EQ(lost, std::vector<std::string>{gone});
+  EXPECT_EQ(client.counters().disconnects, 1u);
+  // Unwatched, an endpoint is not watched again; a bad endpoint is refused (logged) without watching anything.
+  client.unwatch(gone);
+  client.watch("not-an-endpoint");
+  b.answer_all();
+  ASSERT_TRUE(poll_until(client, [&] { return held.has_value(); }));
+  ASSERT_TRUE(held->is_ok()) << held->status().to_string();
+  EXPECT_TRUE(client.take_disconnected().empty());
 }
 
 TEST(AsyncClient, ErrorRepliesKeepTheServersCodeAndBadEndpointsAreRefused) {

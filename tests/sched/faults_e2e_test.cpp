@@ -159,6 +159,8 @@ TEST_F(FaultsE2E, PrefillKilledMidReplayLosesNothing) {
   const json f = faults();
   EXPECT_GE(f.value("redispatched", 0) + f.value("failed_by_instance_death", 0), 2) << f.dump();
   EXPECT_GE(f.value("reservations_released", 0), 1) << f.dump();
+  // Seen from its closed connection, not after heartbeat_timeout_ms of silence (issue 17 item 1's bound).
+  EXPECT_EQ(f.value("connection_lost", 0), 1) << f.dump();
   for (const std::string& why : failed) EXPECT_NE(why.find("prefill0"), std::string::npos) << why;
   EXPECT_EQ(rc, failed.empty() ? 0 : 1) << slurp(s_.path("pkill.err"));
   // prefill0 is gone from the Conductor's registry.
@@ -193,6 +195,7 @@ TEST_F(FaultsE2E, DecodeKilledMidReplayFailsItsRequestsAndLosesNothing) {
   }
   EXPECT_GE(partial, 1);
   EXPECT_GE(faults().value("failed_by_instance_death", 0), 2) << faults().dump();
+  EXPECT_EQ(faults().value("connection_lost", 0), 1) << faults().dump();
 
   // The same replay once more on the surviving instances, failures allowed: everything completes, exit 0.
   auto again = start_replay("after", write_trace("after", 4, 2, 8), {"--allow-failures"});

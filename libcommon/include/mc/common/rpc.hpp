@@ -229,6 +229,18 @@ class AsyncClient {
   // Closes the socket of `endpoint`; its calls in flight fail with kCancelled at the next poll().
   void forget(const std::string& endpoint);
 
+  // Connection watch (DESIGN.md §10 "Worker faults"): keeps a connection to `endpoint` open (opening it now, with
+  // a hello, and again whenever a stale socket is closed) and records when an established connection to it is
+  // lost: the peer's process exited or was killed (its kernel closed the socket) or the link reset. A peer that
+  // is merely slow or stopped (SIGSTOP) keeps its connection and is not reported. Lost connections are read with
+  // take_disconnected(), each endpoint once a loss (ZeroMQ reconnects by itself; a restarted peer can be lost
+  // again). unwatch(), forget() and a failed hello (another protocol version) end the watch. Bad endpoints: as
+  // connect(), logged, not watched.
+  void watch(const std::string& endpoint);
+  void unwatch(const std::string& endpoint);
+  // The watched endpoints whose connection was lost since the last call, in the order the losses were seen.
+  std::vector<std::string> take_disconnected();
+
   size_t in_flight() const { return pending_.size(); }
   size_t in_flight(const std::string& endpoint) const;
   // The hello reply of `endpoint`, once received on its current socket; nullptr before.
@@ -236,6 +248,7 @@ class AsyncClient {
 
   struct Counters {
     uint64_t sent = 0, replies = 0, errors = 0, timeouts = 0, late_replies = 0, malformed = 0, reconnects = 0;
+    uint64_t disconnects = 0;  // watched connections lost
   };
   const Counters& counters() const { return counters_; }
 
@@ -255,6 +268,8 @@ class AsyncClient {
   void fail_endpoint(const std::string& endpoint, const Status& status);
   void expire();
   void close_idle_stale();
+  void attach_monitor(const std::string& endpoint, Peer& peer);
+  void read_monitors();
   int run_ready();
   int64_t now_ns() const;
 
@@ -264,6 +279,9 @@ class AsyncClient {
   std::set<std::pair<int64_t, uint64_t>> deadlines_;                // (deadline_ns, call id) of pending_
   std::vector<std::pair<RawCallback, Result<std::string>>> ready_;  // completed, callbacks not yet run
   std::unordered_map<std::string, Status> hello_failures_;          // why an endpoint's hello failed (connect())
+  std::set<std::string> watched_;                                   // watch()
+  std::vector<std::string> disconnected_;                           // take_disconnected()
+  uint64_t next_monitor_ = 1;
   uint64_t next_id_ = 1;
   Counters counters_;
 };
