@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <thread>
+#include <unordered_map>
 
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
@@ -41,14 +42,41 @@ class RpcDecodeLink final : public DecodeLink {
     MC_ASSIGN_OR_RETURN(proto::WorkerLoadReply load, call(ep, proto::WorkerLoadRequest{}));
     return load.kv_segment;
   }
+  Status reachable(const std::string& ep) override {
+    auto it = down_.find(ep);
+    if (it == down_.end() || now_ns() >= it->second.until_ns) return Status::ok();
+    return Status(Code::kUnavailable, "decode instance at " + ep + " did not answer " +
+                                          std::to_string(ms_since(it->second.since_ns)) +
+                                          " ms ago (" + it->second.why +
+                                          "); not called again until its back-off ends");
+  }
 
  private:
+  // A decode endpoint that failed on transport is called again only after a back-off (1 s, doubling to 8 s,
+  // cleared by an answer): the jobs queued behind a dead decode instance's fail at once instead of each waiting
+  // out a call timeout (DESIGN.md §10 "Worker faults").
+  struct Down {
+    int64_t since_ns = 0, until_ns = 0, backoff_ms = 0;
+    std::string why;
+  };
   template <typename Req>
   Result<typename Req::Reply> call(const std::string& endpoint, const Req& req) {
-    return client_.call_sync(endpoint, req, timeout_ms_);
+    MC_RETURN_IF_ERROR(reachable(endpoint));
+    Result<typename Req::Reply> r = client_.call_sync(endpoint, req, timeout_ms_);
+    if (r.is_ok() || (r.status().code() != Code::kTimeout && r.status().code() != Code::kUnavailable)) {
+      down_.erase(endpoint);
+      return r;
+    }
+    Down& d = down_[endpoint];
+    d.backoff_ms = std::clamp<int64_t>(d.backoff_ms * 2, 1'000, 8'000);
+    d.since_ns = now_ns();
+    d.until_ns = d.since_ns + d.backoff_ms * 1'000'000;
+    d.why = r.status().message();
+    return r;
   }
   rpc::AsyncClient client_;
   int timeout_ms_;
+  std::unordered_map<std::string, Down> down_;
 };
 
 // One layer's KV of blocks [first, end) of the job (positions in the prompt's block list).
@@ -250,7 +278,9 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
   const auto& m = backend_->model();
   const int64_t n = static_cast<int64_t>(job.tokens.size());
   Status bad;
-  if (n == 0) {
+  if (Status down = link_->reachable(job.decode_endpoint); !down.is_ok()) {
+    bad = down.with_context("prefill_job '" + job.request_id + "'");  // its decode instance is gone: fail fast
+  } else if (n == 0) {
     bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': empty prompt");
   } else if (n > m.max_context_tokens) {
     bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': input too long: " + std::to_string(n) +

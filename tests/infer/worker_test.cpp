@@ -2,6 +2,8 @@
 // sink): prefix reuse with identical tokens, recompute when the store dies, admission counting future growth,
 // DESIGN.md §13.14 (bad lengths, aborted prefill, incomplete KV), and layer-wise streaming through a real
 // transfer engine on loopback (decode publishes its KV segment; prefill WRITEs with layer-arrival notifications).
+#include <unistd.h>
+
 #include <map>
 
 #include <gtest/gtest.h>
@@ -550,6 +552,25 @@ TEST(Workers, BadJobsAbortTheReservation) {
   ASSERT_TRUE(c.decode->step());
   ASSERT_TRUE(c.client["j"].error.has_value());
   EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+}
+
+// The RPC link to decode instances: a decode endpoint that did not answer is not called again during its
+// back-off, so the jobs queued behind a dead decode instance fail at once instead of each waiting out a timeout.
+TEST(RpcDecodeLink, AnEndpointThatDidNotAnswerFailsFastDuringItsBackOff) {
+  auto link = make_rpc_decode_link(200);
+  const std::string gone = "ipc:///tmp/mc-worker-test-no-decode-" + std::to_string(::getpid());  // nobody there
+  EXPECT_TRUE(link->reachable(gone).is_ok());
+  auto first = link->abort(gone, proto::DecodeAbortRequest{1, 0, "test"});
+  ASSERT_FALSE(first.is_ok());
+  EXPECT_EQ(first.status().code(), Code::kTimeout) << first.status().to_string();
+  const Status down = link->reachable(gone);
+  EXPECT_EQ(down.code(), Code::kUnavailable) << down.to_string();
+  EXPECT_NE(down.message().find(gone), std::string::npos) << down.message();
+  auto second = link->commit(gone, proto::KvCommitRequest{});
+  ASSERT_FALSE(second.is_ok());
+  EXPECT_EQ(second.status().code(), Code::kUnavailable) << second.status().to_string();
+  EXPECT_NE(second.status().message().find("not called again"), std::string::npos) << second.status().message();
+  EXPECT_TRUE(link->reachable(gone + "-other").is_ok());  // per endpoint
 }
 
 }  // namespace

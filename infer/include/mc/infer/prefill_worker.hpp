@@ -60,6 +60,9 @@ class DecodeLink {
                                                   const proto::DecodeAbortRequest& request) = 0;
   // The transfer-engine segment the decode instance serves its KV buffer on ("" = none: use write()).
   virtual Result<std::string> kv_segment(const std::string& /*endpoint*/) { return std::string(); }
+  // kUnavailable (naming the endpoint and the last failure) while `endpoint` is known not to answer: a call to
+  // it failed on transport within its back-off (1 s doubling to 8 s); its calls fail the same way meanwhile.
+  virtual Status reachable(const std::string& /*endpoint*/) { return Status::ok(); }
 };
 // One RpcClient per decode endpoint, `timeout_ms` per call.
 std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms);
