@@ -38,6 +38,7 @@
 #   --drain-timeout-s S  the replay's wait for the last terminal events     [MC_DRAIN_TIMEOUT_S, 60]
 #   --max-output-tokens N  cap each request's output (the ref backend computes every token on the CPU)
 #                                                                           [MC_MAX_OUTPUT_TOKENS, the trace's]
+#   --max-input-tokens N   cut each prompt to its first N tokens            [MC_MAX_INPUT_TOKENS, the trace's]
 #   --check-tokens    compare completed requests' tokens with a cache-off run
 #   --out DIR         keep each run's records, fault time and logs here     [MC_OUT, a temporary directory]
 #   --bin DIR         where the mc binaries are                             [MC_BIN, build/bin]
@@ -56,9 +57,10 @@ all_faults+=",master-restart,conductor-kill,conductor-stop,ssd-full,ssd-removed"
 # ---- inner mode: run by local-cluster.sh as its CMD (MC_CLUSTER_STATE and MC_CONDUCTOR are set) ----
 if [[ "${1:-}" == --inner ]]; then
   fault="$2" out="$3" trace="$4" duration_s="$5" speed="$6" at_s="$7" stop_s="$8" drain_s="$9" bin="${10}"
-  ssd_dir="${11}" max_output="${12}"
+  ssd_dir="${11}" max_output="${12}" max_input="${13}"
   output_flags=()
   [[ -n "$max_output" ]] && output_flags=(--max-output-tokens "$max_output")
+  [[ -n "$max_input" ]] && output_flags+=(--max-input-tokens "$max_input")
   state="$MC_CLUSTER_STATE"
   pid_of() { awk -v n="$1" '$1 == n {print $2}' "$state/cluster.txt"; }
   now_ms() { date +%s%3N; }
@@ -129,6 +131,7 @@ stop_s="${MC_STOP_S:-10}"
 backend="${MC_BACKEND:-sim}"
 drain_s="${MC_DRAIN_TIMEOUT_S:-60}"
 max_output="${MC_MAX_OUTPUT_TOKENS:-}"
+max_input="${MC_MAX_INPUT_TOKENS:-}"
 out="${MC_OUT:-}"
 bin="${MC_BIN:-$root/build/bin}"
 check_tokens=0
@@ -144,6 +147,7 @@ while [[ $# -gt 0 ]]; do
     --backend) need "$@"; backend="$2"; shift 2 ;;
     --drain-timeout-s) need "$@"; drain_s="$2"; shift 2 ;;
     --max-output-tokens) need "$@"; max_output="$2"; shift 2 ;;
+    --max-input-tokens) need "$@"; max_input="$2"; shift 2 ;;
     --check-tokens) check_tokens=1; shift ;;
     --out) need "$@"; out="$2"; shift 2 ;;
     --bin) need "$@"; bin="$2"; shift 2 ;;
@@ -154,6 +158,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -z "$max_output" || "$max_output" =~ ^[1-9][0-9]*$ ]] || {
   echo "fault-matrix.sh: --max-output-tokens '$max_output' is not a positive count" >&2; exit 2; }
+[[ -z "$max_input" || "$max_input" =~ ^[1-9][0-9]*$ ]] || {
+  echo "fault-matrix.sh: --max-input-tokens '$max_input' is not a positive count" >&2; exit 2; }
 for v in "$duration_s" "$speed" "$at_s" "$stop_s" "$drain_s"; do
   [[ "$v" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "fault-matrix.sh: '$v' is not a number of seconds" >&2; exit 2; }
 done
@@ -199,7 +205,7 @@ run() {
   flags+=("$@")
   local rc=0
   "$here/local-cluster.sh" "${flags[@]}" -- "$here/fault-matrix.sh" --inner "$fault" "$out" "$trace" "$duration_s" \
-    "$speed" "$at_s" "$stop_s" "$drain_s" "$bin" "$ssd_dir" "$max_output" > /dev/null 2> "$out/$fault.cluster.err" || rc=$?
+    "$speed" "$at_s" "$stop_s" "$drain_s" "$bin" "$ssd_dir" "$max_output" "$max_input" > /dev/null 2> "$out/$fault.cluster.err" || rc=$?
   if ((rc != 0)); then echo "fault-matrix.sh: $fault: local-cluster.sh exited $rc (see $out/$fault.cluster.err)" >&2; fi
   if [[ -n "$mnt" ]]; then umount "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true; mnt=""; fi
   rm -rf "$out/$fault.ssd"

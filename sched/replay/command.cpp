@@ -140,6 +140,17 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
     return mc::report::print_error(c.json, out, Status(Code::kInvalidArgument, "--max-output-tokens must be >= 0"));
   if (c.max_output_tokens > 0)
     for (auto& r : *rows) r.output_length = std::min(r.output_length, c.max_output_tokens);
+  if (c.max_input_tokens < 0)
+    return mc::report::print_error(c.json, out, Status(Code::kInvalidArgument, "--max-input-tokens must be >= 0"));
+  if (c.max_input_tokens > 0) {
+    // The prompt's first max_input_tokens tokens: its leading blocks keep their hash_ids, so prefixes stay shared.
+    const int64_t bs = std::max<int64_t>(1, c.replay.synth.trace_block_size);
+    for (auto& r : *rows) {
+      if (r.input_length <= c.max_input_tokens) continue;
+      r.input_length = c.max_input_tokens;
+      r.hash_ids.resize(std::min(r.hash_ids.size(), static_cast<size_t>((r.input_length + bs - 1) / bs)));
+    }
+  }
   if (c.summary.slo_ttft_ms.empty() || c.summary.slo_tbt_ms.empty())
     return mc::report::print_error(
         c.json, out, Status(Code::kInvalidArgument, "--slo-ttft-ms and --slo-tbt-ms need at least one value"));
@@ -179,6 +190,7 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   info.emplace_back("time_scale", num(ro.time_scale));
   info.emplace_back("block_tokens", std::to_string(ro.synth.block_tokens));
   if (c.max_output_tokens > 0) info.emplace_back("max_output_tokens", std::to_string(c.max_output_tokens));
+  if (c.max_input_tokens > 0) info.emplace_back("max_input_tokens", std::to_string(c.max_input_tokens));
   info.emplace_back("wall_s", num(result->wall_s));
   if (result->unknown_events > 0) info.emplace_back("unknown_events", std::to_string(result->unknown_events));
   info.emplace_back("lost", std::to_string(result->lost));

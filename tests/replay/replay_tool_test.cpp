@@ -193,6 +193,27 @@ struct TempFile {
   ~TempFile() { std::filesystem::remove(path); }
 };
 
+// --max-input-tokens cuts each prompt to its first N tokens (the fake Conductor refuses a submit whose tokens
+// and input_tokens disagree, so the cut is consistent); a negative cap is bad usage.
+TEST(ReplayTool, MaxInputTokensCutsEveryPrompt) {
+  FakeConductor conductor;
+  TempFile out("cut.jsonl");
+  ToolRun r = run_tool({kTrace, "--conductor", conductor.endpoint(), "--max-requests", "20", "--speed", "200",
+                        "--max-output-tokens", "4", "--max-input-tokens", "1000", "--out", out.path, "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  auto recs = read_jsonl(out.path);
+  ASSERT_EQ(recs.size(), 20u);
+  int64_t cut = 0;
+  for (const json& j : recs) {
+    ASSERT_EQ(j["outcome"], "completed") << j.dump();
+    EXPECT_LE(j["ledger"]["prompt_tokens"].get<int64_t>(), 1000) << j.dump();
+    if (j["ledger"]["prompt_tokens"].get<int64_t>() == 1000) ++cut;
+  }
+  EXPECT_GT(cut, 0);  // the trace has longer prompts: they were cut
+  ToolRun bad = run_tool({kTrace, "--conductor", conductor.endpoint(), "--max-input-tokens", "-1"});
+  EXPECT_EQ(bad.rc, 2) << bad.err << bad.out;
+}
+
 TEST(ReplayTool, FiftyRequestsRecordsAgreeWithSummary) {
   FakeConductor conductor;
   TempFile out("records.jsonl");

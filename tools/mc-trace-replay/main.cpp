@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-output-tokens", rc.max_output_tokens, "Cap each row's output_length (0: as in the trace)")
       ->capture_default_str();
+  app.add_option("--max-input-tokens", rc.max_input_tokens,
+                 "Cut each prompt to its first N tokens, keeping its leading hash_ids (0: as in the trace)")
+      ->capture_default_str();
   app.add_option("--id-prefix", rc.replay.id_prefix, "Request ids are <prefix><trace line> (default: r<pid>-)");
   app.add_option("--out", rc.out_path, "Write one JSON object per request (JSONL) to this file");
   app.add_flag("--allow-failures", rc.allow_failures,
