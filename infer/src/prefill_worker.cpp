@@ -46,8 +46,7 @@ class RpcDecodeLink final : public DecodeLink {
     auto it = down_.find(ep);
     if (it == down_.end() || now_ns() >= it->second.until_ns) return Status::ok();
     return Status(Code::kUnavailable, "decode instance at " + ep + " did not answer " +
-                                          std::to_string(ms_since(it->second.since_ns)) +
-                                          " ms ago (" + it->second.why +
+                                          std::to_string(ms_since(it->second.since_ns)) + " ms ago (" + it->second.why +
                                           "); not called again until its back-off ends");
   }
 

@@ -1207,9 +1207,9 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
   const nlohmann::json f = j.value("faults", nlohmann::json::object());
   out << "worker faults: redispatched " << f.value("redispatched", 0) << ", failed_by_instance_death "
       << f.value("failed_by_instance_death", 0) << ", reservations_released " << f.value("reservations_released", 0)
-      << ", connection_lost " << f.value("connection_lost", 0) << "; refused: heartbeat " << f.value("refused_heartbeat", 0) << ", job_report "
-      << f.value("refused_job_report", 0) << ", prefill_ledger " << f.value("refused_prefill_ledger", 0)
-      << ", decode_step " << f.value("refused_decode_step", 0) << "\n";
+      << ", connection_lost " << f.value("connection_lost", 0) << "; refused: heartbeat "
+      << f.value("refused_heartbeat", 0) << ", job_report " << f.value("refused_job_report", 0) << ", prefill_ledger "
+      << f.value("refused_prefill_ledger", 0) << ", decode_step " << f.value("refused_decode_step", 0) << "\n";
   return Status::ok();
 }
 

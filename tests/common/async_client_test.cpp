@@ -229,9 +229,8 @@ TEST(AsyncClient, WatchReportsALostConnectionOnce) {
   client.watch(gone);
   client.watch(b.endpoint());
   // Both connections are up once their hellos are answered; a call held by b (slow) is not a loss.
-  ASSERT_TRUE(poll_until(client, [&] {
-    return client.server_hello(gone) != nullptr && client.server_hello(b.endpoint()) != nullptr;
-  }));
+  ASSERT_TRUE(poll_until(
+      client, [&] { return client.server_hello(gone) != nullptr && client.server_hello(b.endpoint()) != nullptr; }));
   std::optional<Result<EchoReply>> held;
   client.call(b.endpoint(), EchoRequest{"slow"}, 60'000, [&](Result<EchoReply> r) { held = std::move(r); });
   ASSERT_TRUE(testkit::wait_until([&] { return b.held() == 1; }, 5000));

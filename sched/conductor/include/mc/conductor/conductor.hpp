@@ -16,15 +16,15 @@
 // (mc_conductor_planned_missing_tokens_total) are in `mc-conductor stat` (field report 24).
 //
 // Worker faults (DESIGN.md §10, sched/policy faults.hpp): an instance whose watched connection closes (its
-// process died: seen within one loop pass), that misses its heartbeats for heartbeat_timeout_ms, or whose decode_reserve / prefill_job / decode_release fails on transport (timeout,
-// unavailable), is removed, and within the same loop pass (100 ms tick) each request it holds is re-dispatched
-// (nothing reached the client, attempts and TTFT budget left) or failed: a rejection when the submit was not
-// answered yet, else "request_error" sent by the Conductor to the client endpoint naming the instance and the
-// cause. A reservation on a live decode instance is released (decode_release) at once; when a prefill died or
-// failed after it may have committed, decode_release's answer decides (released: re-dispatch; not released:
-// the decode instance has the request). A decode instance's death fails the requests it was streaming.
-// `stat` counts them (faults: redispatched, failed_by_instance_death, reservations_released, connection_lost,
-// refused_*).
+// process died: seen within one loop pass), that misses its heartbeats for heartbeat_timeout_ms, or whose
+// decode_reserve / prefill_job / decode_release fails on transport (timeout, unavailable), is removed, and within the
+// same loop pass (100 ms tick) each request it holds is re-dispatched (nothing reached the client, attempts and TTFT
+// budget left) or failed: a rejection when the submit was not answered yet, else "request_error" sent by the Conductor
+// to the client endpoint naming the instance and the cause. A reservation on a live decode instance is released
+// (decode_release) at once; when a prefill died or failed after it may have committed, decode_release's answer decides
+// (released: re-dispatch; not released: the decode instance has the request). A decode instance's death fails the
+// requests it was streaming. `stat` counts them (faults: redispatched, failed_by_instance_death, reservations_released,
+// connection_lost, refused_*).
 //
 // Errors: a bad submit gets an error reply (kInvalidArgument naming the field; an SLO above 24 h is refused)
 // or a rejection; a heartbeat with a negative or absurd figure, and a job report with an event time before
