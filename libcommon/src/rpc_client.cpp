@@ -155,14 +155,20 @@ void AsyncClient::read_replies(const std::string& endpoint, Peer& peer) {
     if (!got) return;
     if (frames.size() != 2) {
       ++counters_.malformed;
-      MC_LOG_WARN << "dropped a message from " << endpoint << " with " << frames.size() << " frames, expected 2";
+      if (counters_.malformed <= 10 || counters_.malformed % 1000 == 0) {  // a garbage peer cannot flood the log
+        MC_LOG_WARN << "dropped a message from " << endpoint << " with " << frames.size() << " frames, expected 2 ("
+                    << counters_.malformed << " malformed so far)";
+      }
       continue;
     }
     Result<proto::Header> header =
         codec::unpack<proto::Header>(frames[0].to_string_view(), "header of a message from " + endpoint);
     if (!header.is_ok()) {
       ++counters_.malformed;
-      MC_LOG_WARN << "dropped a message: " << header.status().message();
+      if (counters_.malformed <= 10 || counters_.malformed % 1000 == 0) {
+        MC_LOG_WARN << "dropped a message: " << header.status().message() << " (" << counters_.malformed
+                    << " malformed so far)";
+      }
       continue;
     }
     if (header->id == 0) {
@@ -244,9 +250,17 @@ void AsyncClient::watch(const std::string& endpoint) {
 void AsyncClient::unwatch(const std::string& endpoint) {
   watched_.erase(endpoint);
   auto it = peers_.find(endpoint);
-  if (it == peers_.end() || !it->second->monitor) return;
-  (void)zmq_socket_monitor(it->second->socket.handle(), nullptr, 0);  // stops the monitor
-  it->second->monitor.reset();
+  if (it == peers_.end()) return;
+  if (it->second->monitor) {
+    (void)zmq_socket_monitor(it->second->socket.handle(), nullptr, 0);  // stops the monitor
+    it->second->monitor.reset();
+  }
+  // Nobody watches it any more: the socket (and its reconnect attempts to a dead peer) goes once it is idle.
+  if (it->second->in_flight == 0) {
+    peers_.erase(it);
+  } else {
+    it->second->stale = true;
+  }
 }
 
 std::vector<std::string> AsyncClient::take_disconnected() {

@@ -346,7 +346,7 @@ class Conductor {
         faults[k] = fault_counter(k).value();
       }
       faults["loop_stalls"] = loop_stalls().value();
-      for (const char* k : {"heartbeat", "job_report", "prefill_ledger", "decode_step"}) {
+      for (const char* k : {"heartbeat", "job_report", "prefill_ledger", "decode_step", "register"}) {
         faults["refused_" + std::string(k)] =
             metrics_
                 .counter("mc_conductor_refused_" + std::string(k) + "_total", "refused " + std::string(k) + " values")
@@ -943,7 +943,26 @@ class Conductor {
     info.backend_id = req.backend_id;
     info.kv_capacity_tokens = req.kv_capacity_tokens;
     const Instance* old = sched_->cluster().find(req.instance_id);
-    if (old != nullptr && old->info.endpoint != req.endpoint) calls_.forget(old->info.endpoint);
+    if (old == nullptr && static_cast<int64_t>(sched_->cluster().size()) >= options_.max_instances) {
+      refused("register", "register '" + req.instance_id + "': " + std::to_string(options_.max_instances) +
+                              " instances are registered (--max-instances)");
+      return error(Code::kResourceExhausted, "register '" + req.instance_id + "': the Conductor holds " +
+                                                 std::to_string(options_.max_instances) +
+                                                 " instances, its limit (mc-conductor serve --max-instances)");
+    }
+    // One live worker per id: a registration from another endpoint while the registered one is alive (its watched
+    // connection open, its heartbeats on time) is a second worker started with the same --instance-id, or an
+    // impostor, and would take over the live worker's requests. Refused; a worker that restarted elsewhere is
+    // registered once its predecessor's death is seen (its connection closes at once; a silent one expires).
+    if (old != nullptr && old->info.endpoint != req.endpoint) {
+      refused("register",
+              "register '" + req.instance_id + "' from " + req.endpoint + ": the id is live at " + old->info.endpoint);
+      return error(Code::kAlreadyExists,
+                   "register '" + req.instance_id + "' at " + req.endpoint + ": that instance id is registered at " +
+                       old->info.endpoint + " and alive (heard " +
+                       std::to_string((RealClock::instance().now_ns() - old->last_seen_ns) / 1'000'000) +
+                       " ms ago); give this worker another --instance-id, or stop the other one");
+    }
     MC_RETURN_IF_ERROR(sched_->register_instance(info));
     // The connection to the worker is watched: its process's death closes it, and the instance is lost within
     // one pass of the loop instead of after heartbeat_timeout_ms of silence (DESIGN.md §10 "Worker faults").

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -268,6 +269,50 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   }
   EXPECT_EQ(lines, 7);
   std::remove(decisions.c_str());
+}
+
+// The registry is bounded (--max-instances): a new id beyond it is refused and counted, a known id may register
+// again from its endpoint but not from another while it is alive. A worker whose process goes away (here: its server
+// socket closes) is lost at once from its watched connection (faults.connection_lost), which frees its place.
+TEST(ConductorE2E, RegistryIsBoundedIdsAreNotTakenOverAndAWorkerGoneFreesItsPlace) {
+  Child conductor({MC_BINARY_DIR "/bin/mc-conductor", "--log-level", "error", "serve", "--listen", "tcp://127.0.0.1:0",
+                   "--block-size", std::to_string(kBlock), "--max-instances", "2"});
+  const std::string ready = conductor.read_line(10'000);
+  ASSERT_EQ(ready.rfind("ready mc-conductor tcp://", 0), 0u) << "ready line: '" << ready << "'";
+  const std::string endpoint = ready.substr(19, ready.find(' ', 19) - 19);
+  auto p0 = std::make_unique<FakeWorker>();
+  FakeWorker d0, p1;
+  auto client = rpc::RpcClient::connect(endpoint);
+  ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+  rpc::RpcClient& c = **client;
+  auto reg = [&](const char* id, const char* role, const std::string& ep) {
+    return c.call(proto::ConductorRegisterRequest{id, role, "h0", ep, "", 100'000, kBlock, "", 0});
+  };
+  ASSERT_TRUE(reg("P0", "prefill", p0->endpoint()).is_ok());
+  ASSERT_TRUE(reg("D0", "decode", d0.endpoint()).is_ok());
+  auto third = reg("P1", "prefill", p1.endpoint());
+  ASSERT_FALSE(third.is_ok());
+  EXPECT_EQ(third.status().code(), Code::kResourceExhausted) << third.status().to_string();
+  EXPECT_NE(third.status().message().find("--max-instances"), std::string::npos) << third.status().message();
+  EXPECT_TRUE(reg("D0", "decode", d0.endpoint()).is_ok());  // known id: registers again
+  // The same id from another endpoint while D0 is alive (a second worker with its --instance-id, or an impostor)
+  // would take over D0's requests: refused, naming both endpoints.
+  auto twin = reg("D0", "decode", p1.endpoint());
+  ASSERT_FALSE(twin.is_ok());
+  EXPECT_EQ(twin.status().code(), Code::kAlreadyExists) << twin.status().to_string();
+  EXPECT_NE(twin.status().message().find(d0.endpoint()), std::string::npos) << twin.status().message();
+  EXPECT_GE(status(c)["faults"].value("refused_register", 0), 1) << status(c).dump();
+
+  p0.reset();  // P0's process is gone: its connection closes
+  nlohmann::json st;
+  ASSERT_TRUE(testkit::wait_until(
+      [&] {
+        st = status(c);
+        return st["faults"].value("connection_lost", 0) == 1 && st["instances"].size() == 1;
+      },
+      10'000, 20))
+      << st.dump();
+  EXPECT_TRUE(reg("P1", "prefill", p1.endpoint()).is_ok());
 }
 
 }  // namespace

@@ -49,6 +49,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   serve
+      ->add_option("--max-instances", o.max_instances,
+                   "Registered worker instances at most; registering a new id beyond it is refused")
+      ->envname("MC_MAX_INSTANCES")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  serve
       ->add_option("--decode-envelope", o.scheduler.decode_envelope_factor,
                    "Reported decode steps may move the decode model up to this many times the cost model's step "
                    "time (or 50 ms more); slower reports are refused (0: no envelope, e.g. the ref backend)")

@@ -234,7 +234,8 @@ class AsyncClient {
   // lost: the peer's process exited or was killed (its kernel closed the socket) or the link reset. A peer that
   // is merely slow or stopped (SIGSTOP) keeps its connection and is not reported. Lost connections are read with
   // take_disconnected(), each endpoint once a loss (ZeroMQ reconnects by itself; a restarted peer can be lost
-  // again). unwatch(), forget() and a failed hello (another protocol version) end the watch. Bad endpoints: as
+  // again). unwatch() ends the watch and closes the socket once no call to it is in flight; forget() and a failed
+  // hello (another protocol version) end it too. Bad endpoints: as
   // connect(), logged, not watched.
   void watch(const std::string& endpoint);
   void unwatch(const std::string& endpoint);

@@ -63,7 +63,10 @@ struct ConductorOptions {
   int64_t job_timeout_ms = 600'000;     // prefill_job (its reply comes when the job is done)
   int64_t max_clock_skew_ms = 60'000;   // job-report event times may be off the Conductor's clock by this much
   int max_dispatch_attempts = 3;        // per request, the first included: re-dispatches after worker faults
-  std::string decisions_path;           // JSONL of every decision; empty: none
+  // Registered instances at most: a registration of a new id beyond it is refused (each registered worker holds a
+  // watched connection of the Conductor's, so an unbounded registry would exhaust its file descriptors).
+  int64_t max_instances = 1'024;
+  std::string decisions_path;  // JSONL of every decision; empty: none
   // Workers running X times faster than the hardware they model (the sim backend's --time-scale):
   // their measured times are multiplied by X before refitting and before TTFT accounting, so the
   // predictors, SLOs and reports stay in modelled milliseconds. Their KV bytes are scaled by another
