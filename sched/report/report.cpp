@@ -362,7 +362,8 @@ Summary summarize(std::span<const RequestRecord> records, const SummaryOptions& 
     if (r.outcome != Outcome::kCompleted) {
       const std::string reason = r.reason.empty() ? "(no reason given)" : r.reason;
       s.reasons[reason]++;
-      auto& [count, example] = s.reason_kinds[reason.substr(0, reason.find(':'))];
+      // The kind is the text before the first ": " (a colon inside an endpoint, tcp://host:port, is not a cut).
+      auto& [count, example] = s.reason_kinds[reason.substr(0, reason.find(": "))];
       if (count++ == 0) example = reason;
     }
     if (r.send_lag_ms) {

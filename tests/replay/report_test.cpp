@@ -258,7 +258,8 @@ TEST(ReplaySummary, ReasonsAreGroupedByKind) {
   for (const char* why :
        {"kv_capacity: no decode instance can reserve 5973 KV tokens",
         "kv_capacity: no decode instance can reserve 103270 KV tokens", "ttft_slo: predicted 30598 ms",
-        "kv_capacity: no decode instance can reserve 5973 KV tokens", "prefill aborted"}) {
+        "kv_capacity: no decode instance can reserve 5973 KV tokens", "prefill aborted",
+        "instance 'd0' closed its connection at tcp://127.0.0.1:44127 (killed)"}) {
     RequestRecord r;
     r.request_id = "r" + std::to_string(rs.size());
     r.outcome = Outcome::kRejected;
@@ -266,8 +267,10 @@ TEST(ReplaySummary, ReasonsAreGroupedByKind) {
     rs.push_back(r);
   }
   Summary s = summarize(rs, SummaryOptions{});
-  EXPECT_EQ(s.reasons.size(), 4u);
-  ASSERT_EQ(s.reason_kinds.size(), 3u);
+  EXPECT_EQ(s.reasons.size(), 5u);
+  ASSERT_EQ(s.reason_kinds.size(), 4u);
+  // A colon inside an endpoint does not cut the kind.
+  EXPECT_EQ(s.reason_kinds.count("instance 'd0' closed its connection at tcp://127.0.0.1:44127 (killed)"), 1u);
   EXPECT_EQ(s.reason_kinds.at("kv_capacity").first, 3);
   EXPECT_EQ(s.reason_kinds.at("kv_capacity").second, "kv_capacity: no decode instance can reserve 5973 KV tokens");
   EXPECT_EQ(s.reason_kinds.at("ttft_slo").first, 1);
@@ -282,7 +285,7 @@ TEST(ReplaySummary, ReasonsAreGroupedByKind) {
   EXPECT_EQ(t.find("103270"), std::string::npos) << "one line per kind\n" << t;
   auto j = to_json(s);
   EXPECT_EQ(j["reason_kinds"]["kv_capacity"]["count"], 3);
-  EXPECT_EQ(j["reasons"].size(), 4u);
+  EXPECT_EQ(j["reasons"].size(), 5u);
 }
 
 TEST(ReplayRecords, JsonlReadBack) {
