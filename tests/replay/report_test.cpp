@@ -255,11 +255,10 @@ TEST(ReplaySummary, JsonAndTableRender) {
 // requests, each message with its own numbers); --json keeps every distinct reason too.
 TEST(ReplaySummary, ReasonsAreGroupedByKind) {
   std::vector<RequestRecord> rs;
-  for (const char* why :
-       {"kv_capacity: no decode instance can reserve 5973 KV tokens",
-        "kv_capacity: no decode instance can reserve 103270 KV tokens", "ttft_slo: predicted 30598 ms",
-        "kv_capacity: no decode instance can reserve 5973 KV tokens", "prefill aborted",
-        "instance 'd0' closed its connection at tcp://127.0.0.1:44127 (killed)"}) {
+  for (const char* why : {"kv_capacity: no decode instance can reserve 5973 KV tokens",
+                          "kv_capacity: no decode instance can reserve 103270 KV tokens",
+                          "ttft_slo: predicted 30598 ms", "kv_capacity: no decode instance can reserve 5973 KV tokens",
+                          "prefill aborted", "instance 'd0' closed its connection at tcp://127.0.0.1:44127 (killed)"}) {
     RequestRecord r;
     r.request_id = "r" + std::to_string(rs.size());
     r.outcome = Outcome::kRejected;

@@ -183,7 +183,8 @@ struct Summary {
   int64_t offered = 0, accepted = 0, rejected = 0, completed = 0, failed = 0, submit_failed = 0;
   std::map<std::string, int64_t> reasons;  // rejected/failed reasons -> count
   // The same by kind: the text before a reason's first ": " ("kv_capacity", "ttft_slo", "decode_refused"; a colon
-  // inside an endpoint is no cut), or the whole reason when it has none; each with its count and one full reason as an example.
+  // inside an endpoint is no cut), or the whole reason when it has none; each with its count and one full reason as an
+  // example.
   std::map<std::string, std::pair<int64_t, std::string>> reason_kinds;
   int64_t late_sends = 0;
   std::optional<double> max_send_lag_ms;
