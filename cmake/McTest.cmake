@@ -66,7 +66,7 @@ function(mc_add_fuzz)
   endif()
   target_link_libraries(${F_NAME} PRIVATE ${F_LIBS})
   # An allocation over 2 GiB is a failure, as libFuzzer's -malloc_limit_mb makes it: a decoder must not
-  # allocate for what a few input bytes declare.
+  # allocate for what a few input bytes declare. Appended to the caller's ASAN_OPTIONS (tools/run-tests.sh).
   set_tests_properties(${F_NAME} PROPERTIES LABELS fuzz TIMEOUT 60
-    ENVIRONMENT "ASAN_OPTIONS=max_allocation_size_mb=2048:allocator_may_return_null=0")
+    ENVIRONMENT_MODIFICATION "ASAN_OPTIONS=string_append::max_allocation_size_mb=2048:allocator_may_return_null=0")
 endfunction()
