@@ -3,6 +3,7 @@
 #   unit  in-process only (may use loopback sockets and threads; starts no binary)
 #   e2e   starts one of the project's binaries (or a script that does); add_dependencies on what it starts
 #   rdma  needs an RDMA device (skips with the reason elsewhere); cuda: needs a GPU
+#   fuzz  a fuzz harness's short bounded run over its seed corpus (mc_add_fuzz below; tests/fuzz/)
 find_package(GTest REQUIRED)
 include(GoogleTest)
 # mc_test_pch: one precompiled header (GoogleTest, msgpack, ZeroMQ, JSON, CLI11) shared by every test
@@ -36,4 +37,36 @@ function(mc_add_test)
   gtest_discover_tests(${T_NAME}
     PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
     DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# mc_add_fuzz(NAME name SOURCES a.cpp ... LIBS lib ... [RUNS n] [SECONDS s])
+# One libFuzzer harness (tests/fuzz/name.cpp defines LLVMFuzzerTestOneInput), its seeds in
+# tests/fuzz/corpus/<name>/. Without MC_FUZZ it is linked with tests/fuzz/driver.cpp (the seeds, then
+# deterministic mutations: RUNS executions or SECONDS, whichever comes first); with MC_FUZZ (clang) it is a
+# real libFuzzer binary, run for the same bounds (new inputs go to the build tree, never to the checked-in
+# corpus). Either way registered with ctest as <name>, label fuzz, timeout 60 s.
+function(mc_add_fuzz)
+  cmake_parse_arguments(F "" "NAME;RUNS;SECONDS" "SOURCES;LIBS" ${ARGN})
+  if(NOT F_RUNS)
+    set(F_RUNS 200000)
+  endif()
+  if(NOT F_SECONDS)
+    set(F_SECONDS 8)
+  endif()
+  set(corpus ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/${F_NAME})
+  if(MC_FUZZ)
+    add_executable(${F_NAME} ${F_SOURCES})
+    target_link_options(${F_NAME} PRIVATE -fsanitize=fuzzer)
+    set(new_inputs ${CMAKE_CURRENT_BINARY_DIR}/new-inputs/${F_NAME})
+    file(MAKE_DIRECTORY ${new_inputs})
+    add_test(NAME ${F_NAME} COMMAND ${F_NAME} -runs=${F_RUNS} -max_total_time=${F_SECONDS} ${new_inputs} ${corpus})
+  else()
+    add_executable(${F_NAME} ${F_SOURCES} ${CMAKE_SOURCE_DIR}/tests/fuzz/driver.cpp)
+    add_test(NAME ${F_NAME} COMMAND ${F_NAME} --runs ${F_RUNS} --seconds ${F_SECONDS} ${corpus})
+  endif()
+  target_link_libraries(${F_NAME} PRIVATE ${F_LIBS})
+  # An allocation over 2 GiB is a failure, as libFuzzer's -malloc_limit_mb makes it: a decoder must not
+  # allocate for what a few input bytes declare. Appended to the caller's ASAN_OPTIONS (tools/run-tests.sh).
+  set_tests_properties(${F_NAME} PROPERTIES LABELS fuzz TIMEOUT 60
+    ENVIRONMENT_MODIFICATION "ASAN_OPTIONS=string_append::max_allocation_size_mb=2048:allocator_may_return_null=0")
 endfunction()

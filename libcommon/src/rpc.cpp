@@ -306,6 +306,18 @@ Result<std::unique_ptr<EventSubscriber>> EventSubscriber::connect(const std::str
   return sub;
 }
 
+Result<proto::KvEvent> decode_kv_event(std::string_view id_frame, std::string_view payload, const std::string& from) {
+  if (id_frame.size() != 8) {
+    return Status(Code::kMalformedMessage, "KV event from " + from + " is not [topic, u64 id, payload]");
+  }
+  uint64_t id = 0;
+  for (const char c : id_frame) id = (id << 8) | static_cast<unsigned char>(c);
+  Result<proto::KvEvent> ev = codec::unpack<proto::KvEvent>(payload, "KV event from " + from);
+  if (!ev.is_ok()) return ev.status();
+  ev->event_id = id;
+  return ev;
+}
+
 Result<std::optional<proto::KvEvent>> EventSubscriber::next(int timeout_ms) {
   try {
     zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
@@ -314,15 +326,11 @@ Result<std::optional<proto::KvEvent>> EventSubscriber::next(int timeout_ms) {
     std::vector<zmq::message_t> frames;
     auto got = zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait);
     if (!got) return std::optional<proto::KvEvent>();
-    if (frames.size() != 3 || frames[1].size() != 8) {
+    if (frames.size() != 3) {
       return Status(Code::kMalformedMessage, "KV event from " + endpoint_ + " is not [topic, u64 id, payload]");
     }
-    uint64_t id = 0;
-    const auto* b = static_cast<const unsigned char*>(frames[1].data());
-    for (int i = 0; i < 8; ++i) id = (id << 8) | b[i];
-    Result<proto::KvEvent> ev = codec::unpack<proto::KvEvent>(frames[2].to_string_view(), "KV event from " + endpoint_);
+    Result<proto::KvEvent> ev = decode_kv_event(frames[1].to_string_view(), frames[2].to_string_view(), endpoint_);
     if (!ev.is_ok()) return ev.status();
-    ev->event_id = id;
     return std::optional<proto::KvEvent>(std::move(ev).value());
   } catch (const zmq::error_t& e) {
     if (e.num() == EINTR) return std::optional<proto::KvEvent>();

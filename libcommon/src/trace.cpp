@@ -55,7 +55,7 @@ Result<Request> parse_row(const std::string& line, int64_t block_size, const std
   json obj;
   try {
     obj = json::parse(line);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large ("1e999")
     return bad(where, std::string("not valid JSON (") + e.what() + ")");
   }
   if (!obj.is_object()) return bad(where, "expected a JSON object, got " + std::string(obj.type_name()));

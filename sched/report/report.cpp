@@ -262,7 +262,7 @@ Result<std::vector<RequestRecord>> read_records_jsonl(std::istream& in, const st
     json j;
     try {
       j = json::parse(line);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large ("1e999")
       return Status(Code::kInvalidArgument,
                     source_name + ":" + std::to_string(line_no) + ": not valid JSON (" + e.what() + ")");
     }

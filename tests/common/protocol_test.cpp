@@ -39,6 +39,39 @@ TEST(Protocol, CommonMessagesRoundTrip) {
   EXPECT_EQ(ev2.medium, "cpu");
 }
 
+// Regression (tests/fuzz/fuzz_protocol): msgpack-c allocates a container's elements when it reads the
+// header, so a few bytes declaring 2^32 - 1 elements made a 100 GB allocation (an abort under ASan, memory
+// exhaustion otherwise). Such sizes are now refused before msgpack sees them, naming the offset.
+TEST(Protocol, DeclaredSizesBeyondTheInputAreRefusedBeforeAllocating) {
+  const std::string huge_array("\xdd\xff\xff\xff\xff", 5);
+  auto a = codec::unpack<StoreExistsRequest>(huge_array, "huge array");
+  ASSERT_FALSE(a.is_ok());
+  EXPECT_EQ(a.status().code(), Code::kMalformedMessage);
+  EXPECT_NE(a.status().message().find("declare 4294967295 elements"), std::string::npos) << a.status().message();
+  // A map field whose list declares 2^31 elements, as the fuzzer found it inside a real request.
+  std::string put = codec::pack(StorePutStartRequest{});
+  const std::string keys = codec::pack(std::string("keys"));
+  const size_t at = put.find(keys);
+  ASSERT_NE(at, std::string::npos);
+  put.replace(at + keys.size(), 1, std::string("\xdd\x80\x00\x00\x00", 5));
+  auto p = codec::unpack<StorePutStartRequest>(put, "put_start");
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().message().find("truncated"), std::string::npos) << p.status().message();
+  auto m = codec::unpack<KvEvent>(std::string("\xdf\x7f\xff\xff\xff", 5), "huge map");
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().code(), Code::kMalformedMessage);
+  // Sizes that fit are untouched: a list of 1000 keys, each element nested in its own array.
+  StoreExistsRequest many;
+  for (int i = 0; i < 1000; ++i) many.keys.push_back("k" + std::to_string(i));
+  auto back = codec::unpack<StoreExistsRequest>(codec::pack(many), "many");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->keys, many.keys);
+  auto nested = codec::unpack<std::vector<std::vector<int>>>(
+      codec::pack(std::vector<std::vector<int>>{{1, 2}, {}, {3}}), "nested");
+  ASSERT_TRUE(nested.is_ok()) << nested.status().to_string();
+  EXPECT_EQ(nested->size(), 3u);
+}
+
 TEST(Protocol, BadBytesAreErrorsNotCrashes) {
   std::string good = codec::pack(KvEvent{kKvEventRemoved, 1, 2, {3, 4, 5}, "b", "disk"});
   for (size_t cut = 0; cut < good.size(); ++cut) {

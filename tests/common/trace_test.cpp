@@ -52,6 +52,25 @@ std::string report18_file(const std::string& eol) {
          R"({"timestamp": 0, "input_length": 512.5, "output_length": 1, "hash_ids": [0]})" + eol + kValid6;
 }
 
+// Regression (tests/fuzz/fuzz_trace): a number too large for a double ("1e999") made the JSON parser throw
+// out_of_range, which the reader did not catch (std::terminate); it is a bad row like any other.
+TEST(Trace, NumberOverflowIsABadRowNotACrash) {
+  const std::string line = R"({"timestamp": 1e999, "input_length": 1, "output_length": 1, "hash_ids": [0]})";
+  auto row = parse_row(line, 512, "t.jsonl:1");
+  ASSERT_FALSE(row.is_ok());
+  EXPECT_EQ(row.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(row.status().message().find("not valid JSON"), std::string::npos) << row.status().message();
+  std::istringstream in(line + "\n" + R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]})");
+  ReaderOptions options;
+  options.mode = Mode::kLenient;
+  options.warn_on_stderr = false;
+  Reader lenient(in, options);
+  auto next = lenient.next();
+  ASSERT_TRUE(next.is_ok()) << next.status().to_string();
+  ASSERT_TRUE(next->has_value());
+  EXPECT_EQ(lenient.stats().skipped, 1);
+}
+
 TEST(Trace, StrictNamesTheFirstBadLine) {
   auto r = read_all(report18_file("\n"), Mode::kStrict);
   ASSERT_FALSE(r.status.is_ok());

@@ -300,6 +300,13 @@ TEST(ReplayRecords, JsonlReadBack) {
   auto b = read_records_jsonl(bad, "run.jsonl");
   ASSERT_FALSE(b.is_ok());
   EXPECT_NE(b.status().message().find("run.jsonl:6"), std::string::npos) << b.status().message();
+  // Regression (tests/fuzz/fuzz_trace): a number too large for a double made the JSON parser throw
+  // out_of_range past the reader (std::terminate); it is an invalid line naming its number.
+  std::istringstream overflow(text + "{\"input_tokens\": 1111111e111111}\n");
+  auto o = read_records_jsonl(overflow, "run.jsonl");
+  ASSERT_FALSE(o.is_ok());
+  EXPECT_EQ(o.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("run.jsonl:6"), std::string::npos) << o.status().message();
 }
 
 }  // namespace

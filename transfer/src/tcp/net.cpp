@@ -190,7 +190,7 @@ size_t control_pipeline(int fd, WireOp op, const std::vector<std::string>& auxes
   for (size_t i = 0; i < auxes.size(); ++i) {
     WireReply rep;
     Status st = recv_all(fd, &rep, sizeof rep, what);
-    if (st.is_ok() && (rep.magic != kWireMagic || rep.aux_bytes > kMaxAuxBytes)) {
+    if (st.is_ok() && !reply_header_valid(rep)) {
       st = Status(Code::kMalformedMessage, what + ": bad reply header (magic or size)");
     }
     if (st.is_ok()) {

@@ -212,21 +212,10 @@ void TcpServer::serve_connection(Conn* conn) {
       }
       break;
     }
-    if (req.magic != kWireMagic || req.version != kWireVersion) {
-      errors_++;
-      (void)send_reply(fd, WireOp::kPing,
-                       Status(Code::kProtocolMismatch,
-                              "bad magic/version: not an mc transfer engine client of "
-                              "wire version " +
-                                  std::to_string(kWireVersion)),
-                       "", nullptr, 0);
-      break;
-    }
     const auto op = static_cast<WireOp>(req.op);
-    if (req.aux_bytes > kMaxAuxBytes) {
+    if (Status bad = check_request_header(req); !bad.is_ok()) {
       errors_++;
-      (void)send_reply(fd, op, Status(Code::kMessageTooLarge, "aux of " + std::to_string(req.aux_bytes) + " bytes"), "",
-                       nullptr, 0);
+      (void)send_reply(fd, bad.code() == Code::kProtocolMismatch ? WireOp::kPing : op, bad, "", nullptr, 0);
       break;
     }
     aux.resize(req.aux_bytes);

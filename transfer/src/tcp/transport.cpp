@@ -392,7 +392,7 @@ class IoWorker {
       if (c.rep_got < sizeof(WireReply)) {
         c.rep_got += got;
         if (c.rep_got < sizeof(WireReply)) continue;
-        if (c.rep.magic != kWireMagic || c.rep.aux_bytes > kMaxAuxBytes) {
+        if (!reply_header_valid(c.rep)) {
           fail_conn(c, Status(Code::kMalformedMessage, "bad reply header (magic or size)"));
           return false;
         }
@@ -411,7 +411,7 @@ class IoWorker {
           std::memcpy(&c.rep, next_hdr_, extra);
           c.rep_got = extra;
           if (c.rep_got == sizeof(WireReply)) {
-            if (c.rep.magic != kWireMagic || c.rep.aux_bytes > kMaxAuxBytes) {
+            if (!reply_header_valid(c.rep)) {
               fail_conn(c, Status(Code::kMalformedMessage, "bad reply header (magic or size)"));
               return false;
             }

@@ -9,6 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "mc/common/status.hpp"
 
 namespace mc::transfer::tcp {
 
@@ -42,5 +47,33 @@ struct WireReply {
   uint64_t length = 0;  // data bytes that follow (READ)
 };
 static_assert(sizeof(WireReply) == 24);
+
+// A header from the first sizeof(H) bytes of `bytes` (as recv'd into the struct); false when there are fewer.
+template <typename H>
+bool read_header(std::string_view bytes, H* out) {
+  if (bytes.size() < sizeof(H)) return false;
+  std::memcpy(out, bytes.data(), sizeof(H));
+  return true;
+}
+
+// What the target checks of a request header before it reads the aux: the error it replies with (and
+// closes the connection), ok otherwise. kProtocolMismatch for another magic or version (replied as a
+// kPing), kMessageTooLarge for an aux over kMaxAuxBytes. The op and the range are checked after the aux.
+inline mc::Status check_request_header(const WireRequest& req) {
+  if (req.magic != kWireMagic || req.version != kWireVersion) {
+    return mc::Status(
+        mc::Code::kProtocolMismatch,
+        "bad magic/version: not an mc transfer engine client of wire version " + std::to_string(kWireVersion));
+  }
+  if (req.aux_bytes > kMaxAuxBytes) {
+    return mc::Status(mc::Code::kMessageTooLarge, "aux of " + std::to_string(req.aux_bytes) + " bytes");
+  }
+  return mc::Status::ok();
+}
+
+// What the initiator checks of a reply header before it reads the aux: the magic and the aux bound.
+inline bool reply_header_valid(const WireReply& rep) {
+  return rep.magic == kWireMagic && rep.aux_bytes <= kMaxAuxBytes;
+}
 
 }  // namespace mc::transfer::tcp

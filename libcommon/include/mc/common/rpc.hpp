@@ -370,6 +370,11 @@ class EventPublisher {
   uint64_t incarnation_ = 0;
 };
 
+// Decodes the last two frames of a published KV event (see protocol.hpp, "KV events"): `id_frame`, the
+// event id as big-endian u64 (exactly 8 bytes), and `payload`, the msgpack KvEvent; the frame's id replaces
+// the payload's event_id. kMalformedMessage naming `from` otherwise. Pure; any thread.
+Result<proto::KvEvent> decode_kv_event(std::string_view id_frame, std::string_view payload, const std::string& from);
+
 class EventSubscriber {
  public:
   static Result<std::unique_ptr<EventSubscriber>> connect(const std::string& endpoint, std::string topic = "kv");
