@@ -157,18 +157,13 @@ Result<std::string> RpcServer::dispatch(std::string_view type, std::string_view 
   return reply;
 }
 
-namespace {
-// Malformed messages are logged the first 10 times, then every 1000th: a peer sending garbage cannot flood the log.
-bool log_malformed(uint64_t n) { return n <= 10 || n % 1000 == 0; }
-}  // namespace
-
 void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
   if (frames.empty()) return;
   CallContext ctx;
   ctx.peer = frames[0].to_string();
   if (frames.size() < 2) {
     ++counters_.malformed;
-    if (log_malformed(counters_.malformed)) {
+    if (log::nth_worth_logging(counters_.malformed)) {
       MC_LOG_WARN << options_.service << ": dropped a message with no header frame (" << counters_.malformed
                   << " malformed so far)";
     }
@@ -177,7 +172,7 @@ void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
   Result<proto::Header> header = codec::unpack<proto::Header>(frames[1].to_string_view(), "message header");
   if (!header.is_ok()) {
     ++counters_.malformed;
-    if (log_malformed(counters_.malformed)) {
+    if (log::nth_worth_logging(counters_.malformed)) {
       MC_LOG_WARN << options_.service << ": dropped a message: " << header.status().message() << " ("
                   << counters_.malformed << " malformed so far)";
     }

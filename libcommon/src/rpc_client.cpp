@@ -21,6 +21,10 @@ struct AsyncClient::Peer {
   std::optional<zmq::socket_t> monitor;
 };
 
+namespace {
+constexpr int64_t kWatchHelloTimeoutMs = 2'000;  // the hello of a socket watch() opens (or reopens)
+}  // namespace
+
 AsyncClient::AsyncClient(AsyncClientOptions options) : options_(std::move(options)) {}
 
 AsyncClient::~AsyncClient() = default;
@@ -155,7 +159,7 @@ void AsyncClient::read_replies(const std::string& endpoint, Peer& peer) {
     if (!got) return;
     if (frames.size() != 2) {
       ++counters_.malformed;
-      if (counters_.malformed <= 10 || counters_.malformed % 1000 == 0) {  // a garbage peer cannot flood the log
+      if (log::nth_worth_logging(counters_.malformed)) {
         MC_LOG_WARN << "dropped a message from " << endpoint << " with " << frames.size() << " frames, expected 2 ("
                     << counters_.malformed << " malformed so far)";
       }
@@ -165,7 +169,7 @@ void AsyncClient::read_replies(const std::string& endpoint, Peer& peer) {
         codec::unpack<proto::Header>(frames[0].to_string_view(), "header of a message from " + endpoint);
     if (!header.is_ok()) {
       ++counters_.malformed;
-      if (counters_.malformed <= 10 || counters_.malformed % 1000 == 0) {
+      if (log::nth_worth_logging(counters_.malformed)) {
         MC_LOG_WARN << "dropped a message: " << header.status().message() << " (" << counters_.malformed
                     << " malformed so far)";
       }
@@ -240,7 +244,7 @@ void AsyncClient::watch(const std::string& endpoint) {
     if (!it->second->monitor) attach_monitor(endpoint, *it->second);
     return;
   }
-  Result<Peer*> opened = open(endpoint, 2'000);
+  Result<Peer*> opened = open(endpoint, kWatchHelloTimeoutMs);
   if (!opened.is_ok()) {
     MC_LOG_WARN << "cannot watch " << endpoint << ": " << opened.status().message();
     watched_.erase(endpoint);
@@ -320,7 +324,7 @@ void AsyncClient::close_idle_stale() {
   }
   // A watched endpoint keeps a connection: its stale socket is replaced by a fresh one (with a fresh hello).
   for (const std::string& endpoint : watched_) {
-    if (peers_.count(endpoint) == 0) (void)open(endpoint, 2'000);
+    if (peers_.count(endpoint) == 0) (void)open(endpoint, kWatchHelloTimeoutMs);
   }
 }
 

@@ -250,7 +250,7 @@ class Conductor {
         sched_->cluster().excuse_silence(gap, now);
         metrics::Counter& stalls = loop_stalls();
         stalls.inc();
-        if (stalls.value() <= 10 || stalls.value() % 100 == 0) {
+        if (log::nth_worth_logging(stalls.value(), 100)) {
           MC_LOG_WARN << "mc-conductor: the main loop stalled for " << gap / 1'000'000
                       << " ms; the workers' silence during it is excused (" << stalls.value() << " stalls)";
         }
@@ -716,7 +716,7 @@ class Conductor {
   void refused(const std::string& kind, const std::string& message, uint64_t n = 1) {
     metrics::Counter& c = metrics_.counter("mc_conductor_refused_" + kind + "_total", "refused " + kind + " values");
     c.inc(n);
-    if (c.value() <= 10 || c.value() % 1000 == 0) MC_LOG_WARN << message << " (" << c.value() << " refused)";
+    if (log::nth_worth_logging(c.value())) MC_LOG_WARN << message << " (" << c.value() << " refused)";
   }
 
   static TrackedRequest tracked(const std::string& id, const Flight& f) {

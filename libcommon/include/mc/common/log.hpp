@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -32,6 +33,10 @@ inline std::atomic<int>& level_storage() {
   return lvl;
 }
 inline bool enabled(Level lvl) { return static_cast<int>(lvl) >= level_storage().load(std::memory_order_relaxed); }
+
+// Rate limit for a warning repeated by a peer's behaviour (garbage messages, refused values): true for the n-th
+// occurrence (n >= 1) when n <= 10 or n is a multiple of `every`, so a hostile peer cannot flood the log.
+inline bool nth_worth_logging(uint64_t n, uint64_t every = 1000) { return n <= 10 || n % every == 0; }
 
 class Line {
  public:
