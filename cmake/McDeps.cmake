@@ -7,6 +7,8 @@ find_package(msgpack REQUIRED CONFIG)  # Debian: msgpackc-cxx target from libmsg
 pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
 find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# libsodium: the fast path's authenticated encryption and the data plane's grant MACs (docs/SECURITY.md).
+pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
 pkg_check_modules(URING IMPORTED_TARGET liburing)
 
 # RDMA (rdma-core): auto = build when libibverbs is found.

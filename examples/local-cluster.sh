@@ -56,6 +56,10 @@
 #   --bin DIR             where the mc binaries are                      [MC_BIN, build/bin next to this script]
 #   --ready-timeout-s N   how long to wait for each ready line           [MC_READY_TIMEOUT_S, 60]
 #   --log-level L         daemons' log level                              [MC_LOG_LEVEL, warn]
+#   --auth                authenticate everything (docs/SECURITY.md): make the cluster's keys with mc-auth init in
+#                         the state directory (one per instance and storage node, a client "default" and
+#                         tenants alice and bob sharing namespace "public"), start every daemon with its own, and
+#                         give CMD MC_AUTH_DIR and MC_AUTH_NAME=default                      [MC_AUTH=1, off]
 #   --keep-logs DIR       copy the daemons' logs to DIR when stopping
 #   -h, --help            this text
 set -euo pipefail
@@ -87,6 +91,7 @@ bin="${MC_BIN:-$root/build/bin}"
 ready_timeout_s="${MC_READY_TIMEOUT_S:-60}"
 log_level="${MC_LOG_LEVEL:-warn}"
 keep_logs=""
+auth="${MC_AUTH:-0}"
 cmd=()
 
 need() { [[ $# -ge 2 && -n "$2" ]] || { echo "local-cluster.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
@@ -114,6 +119,7 @@ while [[ $# -gt 0 ]]; do
     --ready-timeout-s) need "$@"; ready_timeout_s="$2"; shift 2 ;;
     --log-level) need "$@"; log_level="$2"; shift 2 ;;
     --keep-logs) need "$@"; keep_logs="$2"; shift 2 ;;
+    --auth) auth=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; cmd=("$@"); break ;;
     *) echo "local-cluster.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -207,7 +213,26 @@ ready_field() { tr ' ' '\n' < "$state/$1.ready" | sed -n "s/^$2=//p"; }
 
 export MC_LOG_LEVEL="$log_level"
 
-start master "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://127.0.0.1:0 --hot-reads "$hot_reads"
+# auth_flags NAME: the flags that make a daemon the identity NAME of the cluster's keys (none without --auth).
+auth_flags=()
+auth_dir=""
+if [[ "$auth" == 1 ]]; then
+  auth_dir="$state/auth"
+  init_args=(--tenant default --tenant alice --tenant bob --shared public)
+  for ((i = 0; i < n_prefill; i++)); do init_args+=(--worker "prefill$i"); done
+  for ((i = 0; i < n_decode; i++)); do init_args+=(--worker "decode$i"); done
+  for ((i = 0; i < store_nodes; i++)); do init_args+=(--node "node$i"); done
+  "$bin/mc-auth" init "$auth_dir" "${init_args[@]}" > "$state/auth.txt"
+fi
+as() {
+  auth_flags=()
+  [[ -n "$auth_dir" ]] && auth_flags=(--auth-dir "$auth_dir" --auth-name "$1")
+  return 0
+}
+
+as master
+start master "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://127.0.0.1:0 --hot-reads "$hot_reads" \
+  ${auth_flags[@]+"${auth_flags[@]}"}
 master="$(wait_ready master)"
 events="$(ready_field master events)"
 
@@ -218,15 +243,18 @@ if [[ "$ssd_bytes" != none ]]; then
   ssd_flags=(--ssd-dir "$ssd_dir" --ssd-bytes "$ssd_bytes")
 fi
 for ((i = 0; i < store_nodes; i++)); do
+  as "node$i"
   start "node$i" "$bin/mc-store" serve --master "$master" --node-id "$tag-node$i" --host "$(host_label "$i")" \
-    --dram-bytes "$dram_bytes" ${ssd_flags[@]+"${ssd_flags[@]}"}
+    --dram-bytes "$dram_bytes" ${ssd_flags[@]+"${ssd_flags[@]}"} ${auth_flags[@]+"${auth_flags[@]}"}
   wait_ready "node$i" > /dev/null
 done
 
 # The ref backend computes on the CPU, which the GPU cost model does not describe: no decode envelope there.
 envelope_flags=()
 [[ "$backend" == ref ]] && envelope_flags=(--decode-envelope 0)
+as conductor
 start conductor "$bin/mc-conductor" serve --listen tcp://127.0.0.1:0 --kv-events "$events" --store-master "$master" \
+  ${auth_flags[@]+"${auth_flags[@]}"} \
   --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" --time-scale "$time_scale" \
   ${envelope_flags[@]+"${envelope_flags[@]}"} ${extra_conductor_flags[@]+"${extra_conductor_flags[@]}"}
 conductor="$(wait_ready conductor)"
@@ -239,20 +267,23 @@ fi
 for ((i = 0; i < n_decode; i++)); do
   # A reservation waits for its prefill through the prefill queue; a loaded 2-core machine (or a
   # sanitizer build) can queue for longer than the 30 s default.
+  as "decode$i"
   start "decode$i" "$bin/mc-decode" --listen tcp://127.0.0.1:0 --reservation-ttl-ms 180000 "${worker_flags[@]}" \
-    --instance-id "decode$i" --host "$(host_label "$i")"
+    --instance-id "decode$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"}
   wait_ready "decode$i" > /dev/null
 done
 for ((i = 0; i < n_prefill; i++)); do
   store_flag="$master"
   [[ "$prefix_cache" == none ]] && store_flag=none
+  as "prefill$i"
   start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 --store "$store_flag" "${worker_flags[@]}" \
-    --instance-id "prefill$i" --host "$(host_label "$i")"
+    --instance-id "prefill$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"}
   wait_ready "prefill$i" > /dev/null
 done
 
 export MC_CONDUCTOR="$conductor" MC_STORE_MASTER="$master" MC_STORE_EVENTS="$events" MC_BLOCK_SIZE="$block_size"
 export MC_CLUSTER_STATE="$state"
+if [[ -n "$auth_dir" ]]; then export MC_AUTH_DIR="$auth_dir" MC_AUTH_NAME=default; fi
 # The replay's synthesized token ids must be in the model's vocabulary (the ref backend checks them).
 case "$model" in
   tiny) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-256}" ;;
@@ -265,6 +296,7 @@ esac
   echo "  conductor     $conductor      (export MC_CONDUCTOR=$conductor)"
   echo "  store master  $master      KV events $events"
   echo "  logs          $state/*.log"
+  [[ -z "$auth_dir" ]] || echo "  keys          $auth_dir   (export MC_AUTH_DIR=$auth_dir MC_AUTH_NAME=default)"
   echo "  replay:       $bin/mc-trace-replay TRACE --conductor $conductor --block-tokens $block_size"
   echo "  status:       $bin/mc-conductor stat --endpoint $conductor;  $bin/mc-store stat --master $master"
 } >&2

@@ -20,6 +20,7 @@ struct DecodeWorker::Reservation {
   int64_t output_tokens = 0;
   int64_t committed_blocks = 0;  // full-length blocks counted in committed_blocks_
   std::string client_endpoint;
+  std::string client_public_key;  // the client server's CURVE key (with --auth-dir), from decode_reserve
   std::vector<int32_t> blocks;             // prompt blocks, allocated
   std::vector<std::vector<bool>> arrived;  // [layer][block index]
   int64_t layers_received = 0;
@@ -40,6 +41,7 @@ struct DecodeWorker::Sequence {
   uint64_t reservation_id = 0;
   std::string request_id;
   std::string client_endpoint;
+  std::string client_public_key;
   std::vector<int32_t> blocks;
   int64_t committed_blocks = 0;
   int64_t position = 0;     // tokens with KV in the cache
@@ -56,6 +58,7 @@ struct DecodeWorker::Sequence {
 struct DecodeWorker::Outgoing {
   std::string endpoint;
   std::variant<proto::TokenEvent, proto::RequestDone, proto::RequestError> msg;
+  std::string server_key;  // the client's CURVE server key (with --auth-dir; empty: none given)
 };
 
 namespace {
@@ -84,6 +87,9 @@ class RpcTokenSink final : public TokenSink {
   Status token(const std::string& endpoint, const proto::TokenEvent& e) override { return send(endpoint, e); }
   Status done(const std::string& endpoint, const proto::RequestDone& d) override { return send(endpoint, d); }
   Status fail(const std::string& endpoint, const proto::RequestError& e) override { return send(endpoint, e); }
+  void set_server_key(const std::string& endpoint, const std::string& public_z85) override {
+    client_.set_server_key(endpoint, public_z85);
+  }
 
  private:
   template <typename Msg>
@@ -288,6 +294,7 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   res->output_tokens = r.output_length_tokens;
   res->committed_blocks = need;
   res->client_endpoint = r.client_endpoint;
+  res->client_public_key = r.client_public_key;
   res->blocks = std::move(blocks);
   res->lora = LoraAdapter{r.lora_name, r.lora_version};
   res->scope = scope;
@@ -325,7 +332,8 @@ void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool 
   }
   if (tell_client) {
     outgoing_.push_back(
-        {r.client_endpoint, proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()), why.message(), 0}});
+        {r.client_endpoint, proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()), why.message(), 0},
+         r.client_public_key});
   }
   reservations_.erase(it);
 }
@@ -454,6 +462,7 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
   s->reservation_id = r.id;
   s->request_id = r.request_id;
   s->client_endpoint = r.client_endpoint;
+  s->client_public_key = r.client_public_key;
   s->blocks = std::move(r.blocks);
   s->committed_blocks = r.committed_blocks;
   s->position = r.input_tokens;
@@ -497,6 +506,7 @@ void DecodeWorker::flush_outgoing() {
     out.swap(outgoing_);
   }
   for (auto& o : out) {
+    if (!o.server_key.empty()) sink_->set_server_key(o.endpoint, o.server_key);
     Status s = std::visit(
         [&](auto& msg) -> Status {
           using T = std::decay_t<decltype(msg)>;
@@ -558,8 +568,10 @@ Result<int64_t> DecodeWorker::step() {
     auto finish = [&](Sequence& s, const Status& why) {
       kv_->free(s.blocks);
       committed_blocks_ -= s.committed_blocks;
-      outgoing_.push_back({s.client_endpoint, proto::RequestError{s.request_id, static_cast<uint16_t>(why.code()),
-                                                                  why.message(), s.emitted}});
+      outgoing_.push_back({s.client_endpoint,
+                           proto::RequestError{s.request_id, static_cast<uint16_t>(why.code()), why.message(),
+                                               s.emitted},
+                           s.client_public_key});
     };
     for (auto it = running_.begin(); it != running_.end();) {
       if ((*it)->cancelled) {
@@ -577,7 +589,8 @@ Result<int64_t> DecodeWorker::step() {
         continue;
       }
       s->first_token_ns = clock_->now_ns();
-      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, 0, s->last_token, unix_time_ns()}});
+      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, 0, s->last_token, unix_time_ns()},
+                           s->client_public_key});
       s->emitted = 1;
       running_.push_back(std::move(s));
     }
@@ -626,7 +639,8 @@ Result<int64_t> DecodeWorker::step() {
       }
       s->position += 1;
       s->last_token = next[i];
-      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, s->emitted, next[i], unix_time_ns()}});
+      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, s->emitted, next[i], unix_time_ns()},
+                           s->client_public_key});
       s->emitted += 1;
       metrics_.counter("mc_decode_tokens_total", "output tokens generated").inc();
     }
@@ -639,7 +653,7 @@ Result<int64_t> DecodeWorker::step() {
       if (!s.cancelled && s.emitted >= s.output_tokens) {
         s.ledger.output_tokens = s.emitted;
         s.ledger.decode_ms = (clock_->now_ns() - s.first_token_ns) / 1'000'000;
-        outgoing_.push_back({s.client_endpoint, proto::RequestDone{s.request_id, s.ledger}});
+        outgoing_.push_back({s.client_endpoint, proto::RequestDone{s.request_id, s.ledger}, s.client_public_key});
         kv_->free(s.blocks);
         committed_blocks_ -= s.committed_blocks;
         metrics_.counter("mc_decode_requests_done_total", "requests completed").inc();

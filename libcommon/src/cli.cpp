@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <iostream>
+#include <memory>
 #include <string_view>
 
+#include "mc/common/auth.hpp"
 #include "mc/common/location.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
@@ -272,6 +274,57 @@ void env_only_for_parsed_subcommands(CLI::App& app) {
 
 }  // namespace
 
+namespace {
+struct AuthFlags {
+  CLI::App* cmd = nullptr;
+  std::string dir, name;
+  bool allow_unauthenticated = false;
+};
+std::vector<std::unique_ptr<AuthFlags>>& auth_flags() {
+  static std::vector<std::unique_ptr<AuthFlags>> flags;
+  return flags;
+}
+
+// Loads the key ring of the command that ran; the exit code on failure, -1 when fine.
+int apply_auth_flags(int argc, char** argv) {
+  for (const auto& f : auth_flags()) {
+    if (!f->cmd->parsed() && f->cmd->get_parent() != nullptr) continue;
+    auth::set_allow_unauthenticated(f->allow_unauthenticated);
+    if (f->dir.empty()) continue;
+    Status st = Status::ok();
+    Result<std::shared_ptr<const auth::Keyring>> ring = auth::Keyring::load(f->dir, f->name);
+    st = ring.is_ok() ? auth::set_process_keyring(ring.value()) : ring.status();
+    if (!st.is_ok()) {
+      const Status shown = st.with_context("--auth-dir " + f->dir + " --auth-name " + f->name);
+      bool json = false;
+      for (int i = 1; i < argc; ++i) json = json || std::string_view(argv[i]) == "--json";
+      if (json) std::cout << report::error_json(shown).dump() << "\n";
+      MC_LOG_ERROR << shown.message();
+      return kExitUsage;
+    }
+    MC_LOG_DEBUG << "authenticated as " << ring.value()->self().describe() << " with the keys of " << f->dir;
+  }
+  return -1;
+}
+}  // namespace
+
+void add_auth_flags(CLI::App& cmd, const std::string& default_name) {
+  auto f = std::make_unique<AuthFlags>();
+  f->cmd = &cmd;
+  f->name = default_name;
+  cmd.add_option("--auth-dir", f->dir,
+                 "Keys of the cluster (`mc-auth init DIR`): authenticate every connection (empty: none, loopback only)")
+      ->envname("MC_AUTH_DIR");
+  cmd.add_option("--auth-name", f->name, "Identity in the roster of --auth-dir that this process is")
+      ->envname("MC_AUTH_NAME")
+      ->capture_default_str();
+  cmd.add_flag("--allow-unauthenticated", f->allow_unauthenticated,
+               "Without --auth-dir, listen on addresses other than loopback anyway (anyone who reaches them may "
+               "call everything)")
+      ->envname("MC_ALLOW_UNAUTHENTICATED");
+  auth_flags().push_back(std::move(f));
+}
+
 int parse(CLI::App& app, int argc, char** argv) {
   env_only_for_parsed_subcommands(app);
   try {
@@ -293,7 +346,7 @@ int parse(CLI::App& app, int argc, char** argv) {
     }
     return kExitUsage;
   }
-  return -1;
+  return apply_auth_flags(argc, argv);
 }
 
 }  // namespace mc::cli

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <memory>
 
+#include <sodium.h>
+
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
 
@@ -109,6 +111,87 @@ void append_frame(std::string& out, std::string_view type, uint64_t id, std::str
   out.append(body.data(), body.size());
 }
 
+// ------------------------------------------------------------------------------------------------
+// Seal
+
+namespace {
+constexpr char kSealMagic[4] = {'M', 'C', 'S', '1'};
+
+void nonce_of(uint64_t count, unsigned char nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES]) {
+  std::memset(nonce, 0, crypto_aead_chacha20poly1305_IETF_NPUBBYTES);
+  for (int i = 0; i < 8; ++i) nonce[4 + i] = static_cast<unsigned char>(count >> (8 * (7 - i)));
+}
+
+// key = BLAKE2b(label || client_nonce || server_nonce) keyed with the crypto_kx session key.
+void mix(unsigned char out[32], const unsigned char kx[32], const char* label, std::string_view client_nonce,
+         std::string_view server_nonce) {
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, kx, 32, 32);
+  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(label), std::strlen(label));
+  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(client_nonce.data()), client_nonce.size());
+  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(server_nonce.data()), server_nonce.size());
+  crypto_generichash_final(&st, out, 32);
+}
+
+const unsigned char* bytes(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
+}  // namespace
+
+Status Seal::derive(bool client_side, std::string_view own_pk, std::string_view own_sk, std::string_view peer_pk,
+                    std::string_view client_nonce, std::string_view server_nonce) {
+  unsigned char rx[32], tx[32];
+  const int rc = client_side ? crypto_kx_client_session_keys(rx, tx, bytes(own_pk), bytes(own_sk), bytes(peer_pk))
+                             : crypto_kx_server_session_keys(rx, tx, bytes(own_pk), bytes(own_sk), bytes(peer_pk));
+  if (rc != 0) return Status(Code::kInvalidArgument, "the peer's public key is unusable (X25519 refused it)");
+  // The client's tx is the server's rx: one label per direction, "c2s" and "s2c".
+  mix(tx_, tx, client_side ? "mc c2s" : "mc s2c", client_nonce, server_nonce);
+  mix(rx_, rx, client_side ? "mc s2c" : "mc c2s", client_nonce, server_nonce);
+  sodium_memzero(rx, sizeof(rx));
+  sodium_memzero(tx, sizeof(tx));
+  return Status::ok();
+}
+
+void Seal::seal(std::string_view plain, std::string& out) {
+  do {
+    const size_t n = std::min(plain.size(), kMaxRecordBytes);
+    const size_t at = out.size();
+    out.resize(at + 4 + n + kSealTagBytes);
+    put_u32(&out[at], static_cast<uint32_t>(n + kSealTagBytes));
+    unsigned char nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
+    nonce_of(tx_count_++, nonce);
+    unsigned long long written = 0;
+    crypto_aead_chacha20poly1305_ietf_encrypt(reinterpret_cast<unsigned char*>(&out[at + 4]), &written, bytes(plain),
+                                              n, nullptr, 0, nullptr, nonce, tx_);
+    plain.remove_prefix(n);
+  } while (!plain.empty());
+}
+
+Status Seal::open(const char* data, size_t n, std::string& plain, const std::string& peer) {
+  in_.append(data, n);
+  size_t pos = 0;
+  while (in_.size() - pos >= 4) {
+    const uint32_t len = get_u32(&in_[pos]);
+    if (len < kSealTagBytes || len > kMaxRecordBytes + kSealTagBytes) {
+      return Status(Code::kDataLoss, "sealed record of " + std::to_string(len) + " bytes from " + peer +
+                                         " (limit " + std::to_string(kMaxRecordBytes + kSealTagBytes) + ")");
+    }
+    if (in_.size() - pos - 4 < len) break;
+    unsigned char nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
+    nonce_of(rx_count_++, nonce);
+    const size_t at = plain.size();
+    plain.resize(at + len - kSealTagBytes);
+    unsigned long long got = 0;
+    if (crypto_aead_chacha20poly1305_ietf_decrypt(reinterpret_cast<unsigned char*>(plain.data() + at), &got, nullptr,
+                                                  bytes(std::string_view(in_).substr(pos + 4)), len, nullptr, 0,
+                                                  nonce, rx_) != 0) {
+      return Status(Code::kDataLoss, "a record from " + peer +
+                                         " failed its authentication tag (wrong key, or bytes changed on the way)");
+    }
+    pos += 4 + len;
+  }
+  in_.erase(0, pos);
+  return Status::ok();
+}
+
 // A buffer emptied after a large frame gives its memory back rather than keeping it for the connection's life.
 constexpr size_t kKeepCapacityBytes = 1u << 20;
 
@@ -188,6 +271,11 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
                   service + ": the fast path listens on tcp://HOST:PORT, not '" + endpoint + "'");
   }
   const std::string host = ep.host == "*" ? "0.0.0.0" : ep.host;
+  MC_RETURN_IF_ERROR(auth::check_listen(service, ep.host));
+  if (const auth::Keyring* ring = auth::keyring(); ring != nullptr && ring->cluster_secret().empty()) {
+    return Status(Code::kFailedPrecondition, service + ": cannot serve the fast path: " + ring->dir() +
+                                                 "/cluster.secret is not on this host");
+  }
   Result<AddrInfoList> addrs = resolve_stream(host, ep.port, AI_PASSIVE);
   if (!addrs.is_ok()) {
     return Status(Code::kInvalidArgument, service + ": cannot resolve '" + host + "' (fast endpoint of " + endpoint +
@@ -415,9 +503,20 @@ void FastServer::answer(Conn& c, const Frame& f) {
     append_frame(c.out, f.header.type, f.header.id, codec::pack(reply.value()), ".reply");
     return;
   }
+  if (c.caller != nullptr && !auth::may_call(c.caller->role, f.header.type)) {
+    ++counters_.denied;
+    const Status denied(Code::kPermissionDenied,
+                        service_ + " refused '" + f.header.type + "' from " + c.caller->describe() + " at " + c.peer +
+                            ": the " + std::string(auth::role_name(c.caller->role)) +
+                            " role may not call it (allowed: " + auth::allowed_roles(f.header.type) + ")");
+    if (log::nth_worth_logging(counters_.denied)) {
+      MC_LOG_WARN << denied.message() << " (" << counters_.denied << " refused so far)";
+    }
+    return error(denied);
+  }
   Result<std::string> reply = Status(Code::kInternal, "handler did not run");
   try {
-    reply = dispatch_(f.header.type, f.body);
+    reply = dispatch_(f.header.type, f.body, c.caller);
   } catch (const std::exception& e) {
     reply = Status(Code::kInternal, service_ + ": handler for '" + f.header.type + "' threw: " + e.what());
   }
@@ -442,7 +541,24 @@ bool FastServer::on_readable(Conn& c) {
       MC_LOG_DEBUG << service_ << ": fast connection from " << c.peer << " failed: " << errno_text(errno);
       return false;
     }
-    c.reader.feed(buf, static_cast<size_t>(n));
+    if (auth::keyring() != nullptr) {
+      size_t used = 0;
+      if (!c.seal) {
+        used = std::min(static_cast<size_t>(n), Seal::kClientHelloBytes - c.handshake.size());
+        if (!on_handshake(c, buf, used)) return false;
+      }
+      if (c.seal && static_cast<size_t>(n) > used) {
+        std::string plain;
+        Status opened = c.seal->open(buf + used, static_cast<size_t>(n) - used, plain, c.peer);
+        if (!opened.is_ok()) {
+          refuse_conn(c, opened.message());
+          return false;
+        }
+        c.reader.feed(plain.data(), plain.size());
+      }
+    } else {
+      c.reader.feed(buf, static_cast<size_t>(n));
+    }
     while (true) {
       Result<std::optional<Frame>> f = c.reader.next(c.peer, limits_.max_frame_bytes);
       if (!f.is_ok()) {
@@ -465,7 +581,58 @@ bool FastServer::on_readable(Conn& c) {
   return true;
 }
 
+void FastServer::refuse_conn(Conn& c, const std::string& why) {
+  ++counters_.unauthenticated;
+  if (log::nth_worth_logging(counters_.unauthenticated)) {
+    MC_LOG_WARN << service_ << ": refused the fast connection from " << c.peer << ": " << why << " ("
+                << counters_.unauthenticated << " refused so far)";
+  }
+}
+
+bool FastServer::on_handshake(Conn& c, const char* data, size_t n) {
+  c.handshake.append(data, n);
+  if (c.handshake.size() >= 4 && std::memcmp(c.handshake.data(), kSealMagic, 4) != 0) {
+    refuse_conn(c, "it did not start the authenticated handshake (this cluster runs with --auth-dir)");
+    return false;
+  }
+  if (c.handshake.size() < Seal::kClientHelloBytes) return true;
+  const auth::Keyring* ring = auth::keyring();
+  const std::string_view client_pk = std::string_view(c.handshake).substr(4, 32);
+  char z85[41] = {};
+  zmq_z85_encode(z85, bytes(client_pk), 32);
+  c.caller = ring->find_by_key(z85);
+  if (c.caller == nullptr) {
+    refuse_conn(c, std::string("key ") + z85 + " is not in the roster of " + ring->dir());
+    return false;
+  }
+  std::string server_nonce(32, '\0');
+  randombytes_buf(server_nonce.data(), server_nonce.size());
+  Result<std::string> pk = auth::decode_key(ring->cluster_public(), "cluster.pub");
+  Result<std::string> sk = auth::decode_key(ring->cluster_secret(), "cluster.secret");
+  auto seal = std::make_unique<Seal>();
+  Status derived = !pk.is_ok()   ? pk.status()
+                   : !sk.is_ok() ? sk.status()
+                                 : seal->derive(false, pk.value(), sk.value(), client_pk,
+                                                std::string_view(c.handshake).substr(36, 32), server_nonce);
+  if (!derived.is_ok()) {
+    refuse_conn(c, derived.message());
+    return false;
+  }
+  c.seal = std::move(seal);
+  c.out.append(kSealMagic, 4);
+  c.out.append(server_nonce);
+  c.sealed_to = c.out.size();
+  std::string().swap(c.handshake);
+  return true;
+}
+
 bool FastServer::flush(Conn& c) {
+  if (c.seal && c.out.size() > c.sealed_to) {
+    const std::string plain = c.out.substr(c.sealed_to);
+    c.out.resize(c.sealed_to);
+    c.seal->seal(plain, c.out);
+    c.sealed_to = c.out.size();
+  }
   while (c.out_pos < c.out.size()) {
     ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
     if (n < 0) {
@@ -482,6 +649,7 @@ bool FastServer::flush(Conn& c) {
     c.out.clear();
   }
   c.out_pos = 0;
+  c.sealed_to = 0;
   return !c.closing;
 }
 
@@ -582,10 +750,48 @@ Result<std::unique_ptr<FastClient>> FastClient::connect(const Endpoint& endpoint
     c->fd_ = std::move(fd);
   }
   if (!c->fd_) return Status(Code::kUnavailable, "cannot connect to " + c->endpoint_ + ": " + errno_text(err));
+  if (auth::keyring() != nullptr) MC_RETURN_IF_ERROR(c->handshake(deadline));
   proto::HelloRequest hello{proto::kProtocolVersion, client_name};
   MC_ASSIGN_OR_RETURN(proto::HelloReply reply, c->call(hello, timeout_ms));
   MC_RETURN_IF_ERROR(check_hello_reply(reply, c->endpoint_));
   return c;
+}
+
+Status FastClient::handshake(int64_t deadline_ms) {
+  const auth::Keyring* ring = auth::keyring();
+  MC_ASSIGN_OR_RETURN(std::string own_pk, auth::decode_key(ring->self_keys().public_z85, "own public key"));
+  MC_ASSIGN_OR_RETURN(std::string own_sk, auth::decode_key(ring->self_keys().secret_z85, "own secret key"));
+  MC_ASSIGN_OR_RETURN(std::string server_pk, auth::decode_key(ring->cluster_public(), "cluster.pub"));
+  std::string client_nonce(32, '\0');
+  randombytes_buf(client_nonce.data(), client_nonce.size());
+  out_.append(kSealMagic, 4);
+  out_.append(own_pk);
+  out_.append(client_nonce);
+  std::string got;
+  while (got.size() < Seal::kServerHelloBytes) {
+    MC_RETURN_IF_ERROR(write_some());
+    const int64_t left = deadline_ms - now_ms();
+    if (left <= 0) return fail(Status(Code::kTimeout, "no authenticated handshake from " + endpoint_));
+    pollfd p{fd_.get(), static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
+    if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+    char buf[Seal::kServerHelloBytes];
+    const ssize_t n = ::recv(fd_.get(), buf, Seal::kServerHelloBytes - got.size(), 0);
+    if (n == 0) {
+      return fail(Status(Code::kPermissionDenied, endpoint_ + " closed the connection at the handshake: is this "
+                                                              "key in its roster (--auth-dir, --auth-name)?"));
+    }
+    if (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return fail(Status(Code::kUnavailable, "cannot read from " + endpoint_ + ": " + errno_text(errno)));
+    }
+    if (n > 0) got.append(buf, static_cast<size_t>(n));
+  }
+  if (std::memcmp(got.data(), kSealMagic, 4) != 0) {
+    return fail(Status(Code::kPermissionDenied, endpoint_ + " does not speak the authenticated handshake"));
+  }
+  seal_ = std::make_unique<Seal>();
+  MC_RETURN_IF_ERROR(seal_->derive(true, own_pk, own_sk, server_pk, client_nonce, std::string_view(got).substr(4)));
+  sodium_memzero(own_sk.data(), own_sk.size());
+  return Status::ok();
 }
 
 Status FastClient::fail(Status s) {
@@ -619,7 +825,14 @@ Result<bool> FastClient::read_some() {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return got;
       return fail(Status(Code::kUnavailable, "cannot read from " + endpoint_ + ": " + errno_text(errno)));
     }
-    reader_.feed(buf, static_cast<size_t>(n));
+    if (seal_) {
+      std::string plain;
+      Status opened = seal_->open(buf, static_cast<size_t>(n), plain, endpoint_);
+      if (!opened.is_ok()) return fail(opened);
+      reader_.feed(plain.data(), plain.size());
+    } else {
+      reader_.feed(buf, static_cast<size_t>(n));
+    }
     got = true;
     if (static_cast<size_t>(n) < sizeof(buf)) return got;
   }
@@ -633,7 +846,13 @@ Result<uint64_t> FastClient::send(std::string_view type, std::string_view body, 
                                               std::to_string(proto::kMaxMessageBytes) + ")");
   }
   const uint64_t id = next_id_++;
-  append_frame(out_, type, id, body);
+  if (seal_) {
+    plain_.clear();
+    append_frame(plain_, type, id, body);
+    seal_->seal(plain_, out_);
+  } else {
+    append_frame(out_, type, id, body);
+  }
   if (write_now) MC_RETURN_IF_ERROR(write_some());
   return id;
 }

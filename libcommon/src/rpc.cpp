@@ -54,6 +54,40 @@ Status check_hello_reply(const proto::HelloReply& reply, std::string_view endpoi
                                              std::to_string(proto::kProtocolVersion) + kSameVersion);
 }
 
+Status make_curve_server(zmq::socket_t& socket, bool own_key, std::string_view service,
+                         const std::string& zap_domain) {
+  const auth::Keyring* ring = auth::keyring();
+  if (ring == nullptr) return Status::ok();
+  const std::string& secret = own_key ? ring->self_keys().secret_z85 : ring->cluster_secret();
+  if (secret.empty()) {
+    return Status(Code::kFailedPrecondition, std::string(service) + ": cannot serve with the cluster key: " +
+                                                 ring->dir() + "/cluster.secret is not on this host (copy it to "
+                                                               "daemons only, docs/SECURITY.md)");
+  }
+  try {
+    socket.set(zmq::sockopt::curve_server, 1);
+    socket.set(zmq::sockopt::curve_secretkey, secret);
+    socket.set(zmq::sockopt::zap_domain, zap_domain);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::kInternal, std::string(service) + ": cannot enable CURVE: " + e.what());
+  }
+  return Status::ok();
+}
+
+Status make_curve_client(zmq::socket_t& socket, const std::string& server_public_z85) {
+  const auth::Keyring* ring = auth::keyring();
+  if (ring == nullptr) return Status::ok();
+  try {
+    socket.set(zmq::sockopt::curve_serverkey,
+               server_public_z85.empty() ? ring->cluster_public() : server_public_z85);
+    socket.set(zmq::sockopt::curve_publickey, ring->self_keys().public_z85);
+    socket.set(zmq::sockopt::curve_secretkey, ring->self_keys().secret_z85);
+  } catch (const zmq::error_t& e) {
+    return Status(Code::kInternal, std::string("cannot enable CURVE: ") + e.what());
+  }
+  return Status::ok();
+}
+
 std::string error_reply_body(const Status& status) {
   return codec::pack(proto::ErrorReply{static_cast<uint16_t>(status.code()), status.message()});
 }
@@ -79,9 +113,12 @@ Result<std::unique_ptr<RpcServer>> RpcServer::bind(ServerOptions options) {
   }
   // One grammar for every endpoint (endpoint.hpp): ZeroMQ would take port 65537 as 1 and 99999 as a free one.
   for (const auto& ep : options.bind_endpoints) {
-    MC_RETURN_IF_ERROR(parse_endpoint(ep).status().with_context(options.service + ": cannot listen on '" + ep + "'"));
+    Result<Endpoint> parsed = parse_endpoint(ep);
+    MC_RETURN_IF_ERROR(parsed.status().with_context(options.service + ": cannot listen on '" + ep + "'"));
+    if (parsed->kind == Endpoint::Kind::kTcp) MC_RETURN_IF_ERROR(auth::check_listen(options.service, parsed->host));
   }
   std::unique_ptr<RpcServer> server(new RpcServer(options));
+  MC_RETURN_IF_ERROR(make_curve_server(server->socket_, options.serve_with_own_key, options.service));
   try {
     server->socket_.set(zmq::sockopt::linger, 0);
     // The bounds ZeroMQ offers (DESIGN.md §2 "Bounds"): a message over max_message_bytes closes its peer's
@@ -185,6 +222,15 @@ void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
     Status sent = reply_error_to(ctx, s);
     if (!sent.is_ok()) MC_LOG_WARN << sent.message();
   };
+  if (auth::keyring() != nullptr) {
+    Result<const auth::Identity*> caller = caller_of(frames[1]);
+    if (!caller.is_ok()) return reply_error(refuse(ctx, caller.status().message()));
+    ctx.caller = caller.value();
+    if (!auth::may_call(ctx.caller->role, ctx.type)) {
+      return reply_error(refuse(ctx, "the " + std::string(auth::role_name(ctx.caller->role)) +
+                                         " role may not call it (allowed: " + auth::allowed_roles(ctx.type) + ")"));
+    }
+  }
   if (header->v != proto::kProtocolVersion) {
     ++counters_.malformed;
     reply_error(version_mismatch(header.value(), options_.service));
@@ -218,6 +264,25 @@ void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
   ++counters_.handled;
   Status sent = send_raw(ctx.peer, header->type + ".reply", ctx.call_id, reply.value());
   if (!sent.is_ok()) MC_LOG_WARN << sent.message();
+}
+
+Result<const auth::Identity*> RpcServer::caller_of(zmq::message_t& frame) const {
+  const auth::Keyring* ring = auth::keyring();
+  if (ring == nullptr) return static_cast<const auth::Identity*>(nullptr);
+  const char* user = zmq_msg_gets(frame.handle(), "User-Id");
+  const auth::Identity* id = user == nullptr ? nullptr : ring->find_by_name(user);
+  if (id == nullptr) return Status(Code::kPermissionDenied, "the connection has no roster identity");
+  return id;
+}
+
+Status RpcServer::refuse(const CallContext& ctx, const std::string& why) {
+  ++counters_.refused;
+  Status s(Code::kPermissionDenied,
+           options_.service + " refused '" + ctx.type + "' from " + ctx.caller_name() + ": " + why);
+  if (log::nth_worth_logging(counters_.refused)) {
+    MC_LOG_WARN << s.message() << " (" << counters_.refused << " refused so far)";
+  }
+  return s;
 }
 
 Status RpcServer::poll_once(int timeout_ms) {
@@ -256,6 +321,10 @@ Result<std::unique_ptr<EventPublisher>> EventPublisher::bind(const std::string& 
   pub->topic_ = std::move(topic);
   std::random_device rd;
   while (pub->incarnation_ == 0) pub->incarnation_ = (uint64_t{rd()} << 32) | rd();
+  if (Result<Endpoint> parsed = parse_endpoint(endpoint); parsed->kind == Endpoint::Kind::kTcp) {
+    MC_RETURN_IF_ERROR(auth::check_listen("the KV event publisher", parsed->host));
+  }
+  MC_RETURN_IF_ERROR(make_curve_server(pub->socket_, false, "the KV event publisher", "events"));
   try {
     pub->socket_.set(zmq::sockopt::linger, 0);
     pub->socket_.set(zmq::sockopt::sndhwm, 1000000);
@@ -290,6 +359,7 @@ Result<std::unique_ptr<EventSubscriber>> EventSubscriber::connect(const std::str
   std::unique_ptr<EventSubscriber> sub(new EventSubscriber());
   sub->socket_ = zmq::socket_t(context(), zmq::socket_type::sub);
   sub->endpoint_ = endpoint;
+  MC_RETURN_IF_ERROR(make_curve_client(sub->socket_));
   try {
     sub->socket_.set(zmq::sockopt::linger, 0);
     sub->socket_.set(zmq::sockopt::rcvhwm, 1000000);

@@ -44,6 +44,14 @@ const proto::HelloReply* AsyncClient::server_hello(const std::string& endpoint) 
   return &*it->second->hello;
 }
 
+void AsyncClient::set_server_key(const std::string& endpoint, std::string public_z85) {
+  if (public_z85.empty()) {
+    server_keys_.erase(endpoint);
+  } else {
+    server_keys_[endpoint] = std::move(public_z85);
+  }
+}
+
 Result<AsyncClient::Peer*> AsyncClient::open(const std::string& endpoint, int64_t hello_timeout_ms) {
   if (auto it = peers_.find(endpoint); it != peers_.end()) return it->second.get();
   hello_failures_.erase(endpoint);
@@ -56,6 +64,9 @@ Result<AsyncClient::Peer*> AsyncClient::open(const std::string& endpoint, int64_
     peer->socket.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
     peer->socket.set(zmq::sockopt::sndhwm, 100000);
     peer->socket.set(zmq::sockopt::rcvhwm, 100000);
+    auto key = server_keys_.find(endpoint);
+    MC_RETURN_IF_ERROR(make_curve_client(peer->socket, key == server_keys_.end() ? std::string() : key->second)
+                           .with_context("connecting to " + endpoint));
     // Watched: the monitor is attached before connect(), so that no loss of the first connection is missed.
     if (watched_.count(endpoint) != 0) attach_monitor(endpoint, *peer);
     peer->socket.connect(endpoint);

@@ -32,6 +32,8 @@ std::string_view code_name(Code code) {
       return "unimplemented";
     case Code::kIo:
       return "io";
+    case Code::kPermissionDenied:
+      return "permission_denied";
     case Code::kDataLoss:
       return "data_loss";
     case Code::kProtocolMismatch:

@@ -328,11 +328,23 @@ class Conductor {
     server_->handle<proto::ConductorSubmitRequest>(
         [this](const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) { return on_submit(req, ctx); });
     server_->handle<proto::ConductorRegisterRequest>(
-        [this](const proto::ConductorRegisterRequest& req, const rpc::CallContext&) { return on_register(req); });
+        [this](const proto::ConductorRegisterRequest& req,
+               const rpc::CallContext& ctx) -> Result<proto::ConductorRegisterReply> {
+          MC_RETURN_IF_ERROR(check_owner(ctx, req.instance_id, "register", /*bind=*/true));
+          return on_register(req);
+        });
     server_->handle<proto::ConductorHeartbeatRequest>(
-        [this](const proto::ConductorHeartbeatRequest& req, const rpc::CallContext&) { return on_heartbeat(req); });
+        [this](const proto::ConductorHeartbeatRequest& req,
+               const rpc::CallContext& ctx) -> Result<proto::ConductorHeartbeatReply> {
+          MC_RETURN_IF_ERROR(check_owner(ctx, req.instance_id, "heartbeat", /*bind=*/false));
+          return on_heartbeat(req);
+        });
     server_->handle<proto::ConductorJobReportRequest>(
-        [this](const proto::ConductorJobReportRequest& req, const rpc::CallContext&) { return on_job_report(req); });
+        [this](const proto::ConductorJobReportRequest& req,
+               const rpc::CallContext& ctx) -> Result<proto::ConductorJobReportReply> {
+          MC_RETURN_IF_ERROR(check_owner(ctx, req.instance_id, "job_report", /*bind=*/false));
+          return on_job_report(req);
+        });
     server_->handle<proto::ConductorStatusRequest>([this](
                                                        const proto::ConductorStatusRequest& req,
                                                        const rpc::CallContext&) -> Result<proto::ConductorStatusReply> {
@@ -384,6 +396,18 @@ class Conductor {
     decisions_.flush();
   }
 
+  // The salt a tenant's request runs in: "tenant/<tenant>" by default, or a shared namespace `asked` that the
+  // tenant opted into (roster SHARED); kPermissionDenied for any other.
+  static Result<std::string> tenant_salt(const auth::Identity& caller, const std::string& asked, const std::string& id) {
+    if (asked.empty() || asked == "tenant/" + caller.tenant) return "tenant/" + caller.tenant;
+    for (const auto& ns : caller.shared) {
+      if (asked == ns) return asked;
+    }
+    return Status(Code::kPermissionDenied, "submit '" + id + "' from " + caller.describe() + ": salt '" + asked +
+                                               "' is another tenant's namespace or a shared one this tenant did not "
+                                               "opt into (mc-auth init --shared)");
+  }
+
   Result<proto::ConductorSubmitReply> on_submit(const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) {
     metrics_.counter("mc_conductor_submits_total", "requests submitted").inc();
     if (in_flight_.count(req.request_id) != 0) {
@@ -392,6 +416,12 @@ class Conductor {
     RequestKeyScope scope{req.lora_name, req.lora_version, req.salt};
     MC_RETURN_IF_ERROR(validate_key_scope(scope, "submit '" + req.request_id + "'"));
     if (scope.empty()) scope = default_scope_;
+    if (ctx.caller != nullptr && ctx.caller->role == auth::Role::kClient) {
+      // Tenants (docs/SECURITY.md): a client's blocks are keyed in its tenant's salt, so its prefix matches only its
+      // own tenant's KV, unless it names a shared namespace its tenant opted into.
+      MC_ASSIGN_OR_RETURN(scope.salt, tenant_salt(*ctx.caller, req.salt, req.request_id));
+      if (!req.client_endpoint.empty()) calls_.set_server_key(req.client_endpoint, ctx.caller->public_key);
+    }
     // The request's namespace: the workers' base with its adapter and salt, so its prefix matches only
     // blocks computed by the same model with the same adapter, version and salt.
     const KeyNamespace ns = options_.key_namespace.with_request(scope);
@@ -470,6 +500,9 @@ class Conductor {
     rr.input_length_tokens = static_cast<int64_t>(f.submit.tokens.size());
     rr.output_length_tokens = f.submit.output_tokens;
     rr.client_endpoint = f.submit.client_endpoint;
+    if (f.ctx.caller != nullptr && f.ctx.caller->role == auth::Role::kClient) {
+      rr.client_public_key = f.ctx.caller->public_key;
+    }
     rr.lora_name = f.scope.lora_name;
     rr.lora_version = f.scope.lora_version;
     rr.salt = f.scope.salt;
@@ -918,6 +951,15 @@ class Conductor {
     return Status::ok();
   }
 
+  // Trusted registration (docs/SECURITY.md): an instance id belongs to the key that first registered it, for the
+  // Conductor's life; registrations, heartbeats and job reports under it from any other key are refused. Without a
+  // key ring (no caller identity) nothing is bound. At most 4 x --max-instances ids are bound.
+  Status check_owner(const rpc::CallContext& ctx, const std::string& instance_id, const char* what, bool bind) {
+    Status st = owners_.check(ctx.caller, instance_id, bind);
+    if (!st.is_ok()) refused(what, std::string(what) + ": " + st.message());
+    return st;
+  }
+
   Result<proto::ConductorRegisterReply> on_register(const proto::ConductorRegisterRequest& req) {
     MC_ASSIGN_OR_RETURN(Role role, parse_role(req.role));
     MC_RETURN_IF_ERROR(adopt_key_namespace(req));
@@ -1049,6 +1091,16 @@ class Conductor {
     // The event time: not before the submit nor the request's previous event, not in the future (a skew allowed).
     auto fl = in_flight_.find(req.request_id);
     auto dec = decoding_.find(req.request_id);
+    // Only an instance the request runs on reports on it.
+    const bool assigned = fl != in_flight_.end()   ? (fl->second.decision.prefill_id == req.instance_id ||
+                                                    fl->second.decision.decode_id == req.instance_id)
+                          : dec != decoding_.end() ? (dec->second.prefill_id == req.instance_id ||
+                                                      dec->second.decode_id == req.instance_id)
+                                                   : true;
+    if (!assigned) {
+      refused("job_report", what + ": the request does not run on that instance");
+      return error(Code::kPermissionDenied, what + ": the request runs on other instances (refused)");
+    }
     const int64_t now_unix = now_unix_ns();
     int64_t* last_event = fl != in_flight_.end()   ? &fl->second.last_event_unix_ns
                           : dec != decoding_.end() ? &dec->second.last_event_unix_ns
@@ -1124,6 +1176,7 @@ class Conductor {
     return o;
   }()};
   std::unordered_map<std::string, Flight> in_flight_;
+  auth::Claims owners_{"instance id", 4 * static_cast<size_t>(options_.max_instances)};  // check_owner()
   std::unordered_map<std::string, Decoding> decoding_;
   FaultPolicyConfig fault_config_;
   metrics::Registry metrics_;

@@ -101,6 +101,7 @@ class ClientEventSource final : public EventSource {
     rpc::ServerOptions o;
     o.service = "mc-trace-replay client";
     o.bind_endpoints = {bind_};
+    o.serve_with_own_key = true;  // a tenant's client holds no cluster key (docs/SECURITY.md)
     auto server = rpc::RpcServer::bind(o);
     if (!server.is_ok())
       return server.status().with_context("binding the client endpoint for token events (--client-bind)");

@@ -104,6 +104,68 @@ struct MasterServer::Impl {
 
   void register_handlers();
 
+  // ---- Tenants and claims (docs/SECURITY.md) ----
+  // A tenant's client names keys in its own space: key K of tenant T is "tenant/T/K" in the pool, and
+  // "shared/NS/..." names a shared namespace NS, open to the tenants that opted into it (roster SHARED). Every other
+  // role (workers, the Conductor, admin) names pool keys as they are. Without a key ring: unchanged.
+  static bool is_tenant(const rpc::CallContext& ctx) {
+    return ctx.caller != nullptr && ctx.caller->role == auth::Role::kClient;
+  }
+  static Result<std::string> scope_key(const rpc::CallContext& ctx, const std::string& key) {
+    if (!is_tenant(ctx)) return key;
+    if (key.rfind("shared/", 0) == 0) {
+      const std::string ns = key.substr(7, key.find('/', 7) == std::string::npos ? std::string::npos
+                                                                                  : key.find('/', 7) - 7);
+      for (const auto& s : ctx.caller->shared) {
+        if (s == ns) return key;
+      }
+      return Status(Code::kPermissionDenied, ctx.type + " of '" + key + "' from " + ctx.caller->describe() +
+                                                 ": shared namespace '" + ns + "' is not one this tenant opted into");
+    }
+    return "tenant/" + ctx.caller->tenant + "/" + key;
+  }
+  static Result<std::vector<std::string>> scope_keys(const rpc::CallContext& ctx, const std::vector<std::string>& keys) {
+    if (!is_tenant(ctx)) return keys;
+    std::vector<std::string> out;
+    out.reserve(keys.size());
+    for (const auto& k : keys) {
+      MC_ASSIGN_OR_RETURN(std::string scoped, scope_key(ctx, k));
+      out.push_back(std::move(scoped));
+    }
+    return out;
+  }
+  // The key as the caller named it (a tenant's own prefix removed).
+  static std::string unscope_key(const rpc::CallContext& ctx, const std::string& key) {
+    if (!is_tenant(ctx)) return key;
+    const std::string own = "tenant/" + ctx.caller->tenant + "/";
+    return key.rfind(own, 0) == 0 ? key.substr(own.size()) : key;
+  }
+  // A storage node id and a store segment belong to the storage key that mounted them first; a transfer segment
+  // name to the key that published it first.
+  auth::Claims node_claims{"storage node id", 65536};
+  auth::Claims segment_claims{"store segment", 65536};
+  auth::Claims xfer_claims{"transfer segment", 65536};
+  // Logs and counts a refusal by a claim or a tenant scope (the RPC layer logs refused roles itself).
+  Status refused(const Status& st) {
+    if (!st.is_ok()) {
+      registry.counter("mc_store_refused_total", "calls refused for their caller's identity").inc();
+      const uint64_t n = static_cast<uint64_t>(registry.counter("mc_store_refused_total", "").value());
+      if (log::nth_worth_logging(n)) MC_LOG_WARN << "refused: " << st.message() << " (" << n << " refused so far)";
+    }
+    return st;
+  }
+
+  Result<std::string> refused_key(const rpc::CallContext& ctx, const std::string& key) {
+    Result<std::string> k = scope_key(ctx, key);
+    if (!k.is_ok()) return refused(k.status());
+    return k;
+  }
+  Result<std::vector<std::string>> refused_keys(const rpc::CallContext& ctx, const std::vector<std::string>& keys) {
+    Result<std::vector<std::string>> k = scope_keys(ctx, keys);
+    if (!k.is_ok()) return refused(k.status());
+    return k;
+  }
+
   // The periodic work: liveness, eviction, delayed frees, then events, directory and metrics.
   void tick() {
     core.tick();
@@ -119,7 +181,11 @@ struct MasterServer::Impl {
 
 void MasterServer::Impl::register_handlers() {
   using namespace proto;
-  server->handle<StoreMountRequest>([this](const StoreMountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+  server->handle<StoreMountRequest>([this](const StoreMountRequest& req,
+                                           const rpc::CallContext& ctx) -> Result<StoreAck> {
+    MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, true)));
+    MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, true)));
+    if (!req.xfer_segment.empty()) MC_RETURN_IF_ERROR(refused(xfer_claims.check(ctx.caller, req.xfer_segment, false)));
     MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
     SegmentInfo info{req.segment,  req.node_id,      req.host,
                      req.domain,   medium,           req.capacity_bytes,
@@ -139,7 +205,9 @@ void MasterServer::Impl::register_handlers() {
     return StoreAck{};
   });
   server->handle<StoreUnmountRequest>(
-      [this](const StoreUnmountRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
+      [this](const StoreUnmountRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
+        MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
+        MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, false)));
         MC_RETURN_IF_ERROR(core.unmount_segment(req.node_id, req.segment));
         MC_LOG_INFO << "unmounted segment " << req.segment << " of node " << req.node_id;
         publish_events();
@@ -147,7 +215,8 @@ void MasterServer::Impl::register_handlers() {
         return StoreAck{};
       });
   server->handle<StoreNodeHeartbeatRequest>(
-      [this](const StoreNodeHeartbeatRequest& req, const rpc::CallContext&) -> Result<StoreNodeHeartbeatReply> {
+      [this](const StoreNodeHeartbeatRequest& req, const rpc::CallContext& ctx) -> Result<StoreNodeHeartbeatReply> {
+        MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
         MC_RETURN_IF_ERROR(check_batch(req.done.size(), "node_heartbeat done"));
         MC_ASSIGN_OR_RETURN(NodeBeat beat, core.node_heartbeat(req.node_id));
         for (const StoreDemoteResult& d : req.done) {
@@ -172,8 +241,9 @@ void MasterServer::Impl::register_handlers() {
         return StoreAck{};
       });
   server->handle<StorePutStartRequest>([this](const StorePutStartRequest& req,
-                                              const rpc::CallContext&) -> Result<StorePutStartReply> {
+                                              const rpc::CallContext& ctx) -> Result<StorePutStartReply> {
     MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_start"));
+    MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
     if (req.sizes_bytes.size() != req.keys.size()) {
       return Status(Code::kInvalidArgument, "put_start: " + std::to_string(req.keys.size()) + " keys but " +
                                                 std::to_string(req.sizes_bytes.size()) + " sizes");
@@ -181,7 +251,7 @@ void MasterServer::Impl::register_handlers() {
     PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin, req.pin_ttl_ms};
     StorePutStartReply reply;
     for (size_t i = 0; i < req.keys.size(); ++i) {
-      Result<PutGrant> g = core.put_start({req.client_id, req.client_host, ""}, req.keys[i], req.sizes_bytes[i], opt);
+      Result<PutGrant> g = core.put_start({req.client_id, req.client_host, ""}, keys[i], req.sizes_bytes[i], opt);
       StorePutStartItem item;
       if (g.is_ok()) {
         item.put_id = g->put_id;
@@ -196,8 +266,9 @@ void MasterServer::Impl::register_handlers() {
     return reply;
   });
   server->handle<StorePutEndRequest>(
-      [this](const StorePutEndRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+      [this](const StorePutEndRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
+        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
         if (req.put_ids.size() != req.keys.size() || req.checksums.size() != req.keys.size()) {
           return Status(Code::kInvalidArgument, "put_end: " + std::to_string(req.keys.size()) + " keys but " +
                                                     std::to_string(req.put_ids.size()) + " put_ids and " +
@@ -205,28 +276,30 @@ void MasterServer::Impl::register_handlers() {
         }
         StoreItemsReply reply;
         for (size_t i = 0; i < req.keys.size(); ++i)
-          add_item(reply, core.put_end({req.client_id, "", ""}, req.keys[i], req.put_ids[i], req.checksums[i]));
+          add_item(reply, core.put_end({req.client_id, "", ""}, keys[i], req.put_ids[i], req.checksums[i]));
         publish_events();
         return reply;
       });
   server->handle<StorePutRevokeRequest>(
-      [this](const StorePutRevokeRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+      [this](const StorePutRevokeRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_revoke"));
+        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
         if (req.put_ids.size() != req.keys.size()) {
           return Status(Code::kInvalidArgument, "put_revoke: keys and put_ids differ in length");
         }
         StoreItemsReply reply;
         for (size_t i = 0; i < req.keys.size(); ++i) {
-          add_item(reply, core.put_revoke({req.client_id, "", ""}, req.keys[i], req.put_ids[i]));
+          add_item(reply, core.put_revoke({req.client_id, "", ""}, keys[i], req.put_ids[i]));
         }
         return reply;
       });
   server->handle<StoreGetReplicasRequest>(
-      [this](const StoreGetReplicasRequest& req, const rpc::CallContext&) -> Result<StoreGetReplicasReply> {
+      [this](const StoreGetReplicasRequest& req, const rpc::CallContext& ctx) -> Result<StoreGetReplicasReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "get_replicas"));
+        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
         StoreGetReplicasReply reply;
         Caller caller{req.client_id, req.client_host, req.client_domain};
-        for (const std::string& key : req.keys) {
+        for (const std::string& key : keys) {
           Result<ReadGrant> g = core.get_replicas(caller, key);
           StoreGetItem item;
           if (g.is_ok()) {
@@ -253,53 +326,63 @@ void MasterServer::Impl::register_handlers() {
         return StoreReplicateNearReply{marked};
       });
   server->handle<StoreReplicaEndRequest>(
-      [this](const StoreReplicaEndRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
-        MC_RETURN_IF_ERROR(core.replica_end({req.client_id, "", ""}, req.key, req.put_id, req.ok));
+      [this](const StoreReplicaEndRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
+        MC_ASSIGN_OR_RETURN(const std::string key, refused_key(ctx, req.key));
+        MC_RETURN_IF_ERROR(core.replica_end({req.client_id, "", ""}, key, req.put_id, req.ok));
         publish_events();
         return StoreAck{};
       });
   server->handle<StoreExistsRequest>(
-      [this](const StoreExistsRequest& req, const rpc::CallContext&) -> Result<StoreExistsReply> {
+      [this](const StoreExistsRequest& req, const rpc::CallContext& ctx) -> Result<StoreExistsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "exists"));
+        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
         StoreExistsReply reply;
-        for (const std::string& k : req.keys) reply.present.push_back(core.exists(k));
+        for (const std::string& k : keys) reply.present.push_back(core.exists(k));
         return reply;
       });
   server->handle<StoreMatchPrefixRequest>(
-      [this](const StoreMatchPrefixRequest& req, const rpc::CallContext&) -> Result<StoreMatchPrefixReply> {
+      [this](const StoreMatchPrefixRequest& req, const rpc::CallContext& ctx) -> Result<StoreMatchPrefixReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "match_prefix"));
-        return StoreMatchPrefixReply{core.match_prefix(req.keys)};
+        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
+        return StoreMatchPrefixReply{core.match_prefix(keys)};
       });
   server->handle<StoreRemoveRequest>(
-      [this](const StoreRemoveRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+      [this](const StoreRemoveRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "remove"));
+        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
         StoreItemsReply reply;
-        for (const std::string& k : req.keys) add_item(reply, core.remove(k));
+        for (const std::string& k : keys) add_item(reply, core.remove(k));
         publish_events();
         return reply;
       });
   server->handle<StorePinRequest>(
-      [this](const StorePinRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+      [this](const StorePinRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "pin"));
+        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
         StoreItemsReply reply;
-        for (const std::string& k : req.keys) add_item(reply, core.pin(k, req.ttl_ms));
+        for (const std::string& k : keys) add_item(reply, core.pin(k, req.ttl_ms));
         return reply;
       });
   server->handle<StoreUnpinRequest>(
-      [this](const StoreUnpinRequest& req, const rpc::CallContext&) -> Result<StoreItemsReply> {
+      [this](const StoreUnpinRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "unpin"));
+        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
         StoreItemsReply reply;
-        for (const std::string& k : req.keys) add_item(reply, core.unpin(k));
+        for (const std::string& k : keys) add_item(reply, core.unpin(k));
         return reply;
       });
-  server->handle<StoreLsRequest>([this](const StoreLsRequest& req, const rpc::CallContext&) -> Result<StoreLsReply> {
+  server->handle<StoreLsRequest>([this](const StoreLsRequest& req,
+                                        const rpc::CallContext& ctx) -> Result<StoreLsReply> {
     uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
     StoreLsReply reply;
-    std::vector<ObjectInfo> objs = core.ls(req.prefix, limit + 1);
+    // A tenant lists its own keys (or a shared namespace it opted into); other roles the whole pool.
+    MC_ASSIGN_OR_RETURN(const std::string prefix, refused_key(ctx, req.prefix));
+    std::vector<ObjectInfo> objs = core.ls(prefix, limit + 1);
     reply.truncated = objs.size() > limit;
     if (reply.truncated) objs.resize(limit);
     for (ObjectInfo& o : objs) {
-      reply.objects.push_back({o.key, o.size_bytes, o.complete, o.leased, o.pinned, o.segments, o.media});
+      reply.objects.push_back(
+          {unscope_key(ctx, o.key), o.size_bytes, o.complete, o.leased, o.pinned, o.segments, o.media});
     }
     return reply;
   });
@@ -358,7 +441,8 @@ void MasterServer::Impl::register_handlers() {
         return r;
       });
   server->handle<PublishSegmentRequest>(
-      [this](const PublishSegmentRequest& req, const rpc::CallContext&) -> Result<PublishSegmentReply> {
+      [this](const PublishSegmentRequest& req, const rpc::CallContext& ctx) -> Result<PublishSegmentReply> {
+        MC_RETURN_IF_ERROR(refused(xfer_claims.check(ctx.caller, req.descriptor.name, true)));
         MC_ASSIGN_OR_RETURN(uint64_t regions, directory.publish(req.descriptor));
         MC_LOG_DEBUG << "segment directory: " << req.descriptor.name << " published with " << regions << " region(s)";
         return PublishSegmentReply{regions};
@@ -372,13 +456,16 @@ void MasterServer::Impl::register_handlers() {
     return StoreInfoReply{fast_server ? fast_server->port() : 0u, "mc-store master", epoch};
   });
   server->handle<StoreReportCorruptRequest>(
-      [this](const StoreReportCorruptRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
-        MC_RETURN_IF_ERROR(core.report_corrupt(req.key, req.segment, req.offset_bytes));
+      [this](const StoreReportCorruptRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
+        MC_ASSIGN_OR_RETURN(const std::string key, refused_key(ctx, req.key));
+        MC_RETURN_IF_ERROR(core.report_corrupt(key, req.segment, req.offset_bytes));
         publish_events();
         return StoreAck{};
       });
   server->handle<StoreNodeReportRequest>(
-      [this](const StoreNodeReportRequest& req, const rpc::CallContext&) -> Result<StoreNodeReportReply> {
+      [this](const StoreNodeReportRequest& req, const rpc::CallContext& ctx) -> Result<StoreNodeReportReply> {
+        MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
+        MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, false)));
         MC_RETURN_IF_ERROR(check_batch(req.objects.size(), "node_report"));
         MC_ASSIGN_OR_RETURN(StoreNodeReportReply reply,
                             core.node_report(req.node_id, req.segment, req.objects, req.first, req.last));
@@ -416,8 +503,12 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
       Impl* raw = impl.get();
       MC_ASSIGN_OR_RETURN(impl->fast_server, rpc::fast::FastServer::listen(
                                                  fast_ep, "mc-store master",
-                                                 [raw](std::string_view type, std::string_view body) {
-                                                   return raw->server->dispatch(type, body, rpc::CallContext{});
+                                                 [raw](std::string_view type, std::string_view body,
+                                                       const auth::Identity* caller) {
+                                                   rpc::CallContext ctx;
+                                                   ctx.type = std::string(type);
+                                                   ctx.caller = caller;
+                                                   return raw->server->dispatch(type, body, ctx);
                                                  },
                                                  options.fast_limits));
     }

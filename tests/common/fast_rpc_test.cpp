@@ -80,7 +80,7 @@ class FastServerTest : public ::testing::Test {
   void SetUp() override {
     auto s = FastServer::listen(
         "tcp://127.0.0.1:0", "test-service",
-        [](std::string_view type, std::string_view body) -> Result<std::string> {
+        [](std::string_view type, std::string_view body, const auth::Identity*) -> Result<std::string> {
           if (type == "echo") return std::string(body);
           return Status(Code::kNotFound, "no handler for " + std::string(type));
         },
@@ -238,7 +238,7 @@ TEST(FastAndZmq, SameHandlersHelloAndErrors) {
   auto zs = RpcServer::bind(so);
   ASSERT_TRUE(zs.is_ok()) << zs.status().to_string();
   RpcServer* z = zs->get();
-  auto fs = FastServer::listen("tcp://127.0.0.1:0", "twin", [z](std::string_view type, std::string_view body) {
+  auto fs = FastServer::listen("tcp://127.0.0.1:0", "twin", [z](std::string_view type, std::string_view body, const auth::Identity*) {
     return z->dispatch(type, body, CallContext{});
   });
   ASSERT_TRUE(fs.is_ok()) << fs.status().to_string();

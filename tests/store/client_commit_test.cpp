@@ -31,7 +31,7 @@ class FakeMaster {
     zmq_ = rpc::RpcServer::bind(so).value();
     auto fs = rpc::fast::FastServer::listen(
         "tcp://127.0.0.1:0", "fake master",
-        [this](std::string_view type, std::string_view body) { return dispatch(type, body); });
+        [this](std::string_view type, std::string_view body, const auth::Identity*) { return dispatch(type, body); });
     fast_ = std::move(fs).value();
     zmq_->handle<proto::StoreInfoRequest>(
         [this](const proto::StoreInfoRequest&, const rpc::CallContext&) -> Result<proto::StoreInfoReply> {

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   mc::cli::add_common_flags(app, "mc-decode");
   mc::infer::DecodeDaemonConfig config;
   mc::infer::add_decode_flags(app, config);
+  mc::cli::add_auth_flags(app, "worker");
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   return mc::cli::report("mc-decode", mc::infer::run_decode_daemon(config));
 }

@@ -275,6 +275,11 @@ int main(int argc, char** argv) {
   mc::cli::add_key_namespace_flags(*keys_cmd, keys.ns);
   keys_cmd->add_flag("--store-keys", keys.store_keys, "Print full store keys (kv/<namespace>/<hash>)");
 
+  mc::cli::add_auth_flags(*master_cmd, "master");
+  mc::cli::add_auth_flags(*serve_cmd, "node");
+  for (auto* cmd : {put_cmd, get_cmd, rm_cmd, pin_cmd, unpin_cmd, ls_cmd, stat_cmd, watch_cmd, bench_cmd}) {
+    mc::cli::add_auth_flags(*cmd, "admin");
+  }
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (master_cmd->parsed()) return mc::cli::report("mc-store master", mc::store::run_master(master));
   if (serve_cmd->parsed()) {

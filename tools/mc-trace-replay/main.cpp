@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
   report->add_option("records", pc.records_paths, "JSONL records written by --out (one or more files)")->required();
   add_summary_flags(*report, pc.summary, pc.json);
 
+  mc::cli::add_auth_flags(app, "default");
   if (int rc_parse = mc::cli::parse(app, argc, argv); rc_parse >= 0) return rc_parse;
 
   if (analyze->parsed()) {

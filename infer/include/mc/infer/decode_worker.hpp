@@ -72,6 +72,8 @@ class TokenSink {
   virtual Status token(const std::string& endpoint, const proto::TokenEvent& event) = 0;
   virtual Status done(const std::string& endpoint, const proto::RequestDone& done) = 0;
   virtual Status fail(const std::string& endpoint, const proto::RequestError& error) = 0;
+  // With --auth-dir: the CURVE server key of a client's endpoint (its own key, not the cluster's); no-op default.
+  virtual void set_server_key(const std::string& /*endpoint*/, const std::string& /*public_z85*/) {}
 };
 // The RPC sink (one RpcClient per endpoint, timeout per message).
 std::unique_ptr<TokenSink> make_rpc_token_sink(int timeout_ms);

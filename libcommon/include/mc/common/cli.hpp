@@ -104,6 +104,13 @@ int report(const std::string& program, const Status& status, bool json);
 // Returns -1 when parsing succeeded and the program should continue.
 int parse(CLI::App& app, int argc, char** argv);
 
+// The authentication flags of a tool that talks to the cluster (docs/SECURITY.md): --auth-dir (MC_AUTH_DIR: the
+// keys of `mc-auth init`), --auth-name (MC_AUTH_NAME: the identity this process is, default `default_name`) and
+// --allow-unauthenticated (MC_ALLOW_UNAUTHENTICATED: listen beyond loopback without keys). On `cmd` (the app or a
+// subcommand); parse() then loads the key ring of the command that ran into the process (auth::set_process_keyring)
+// before the tool does anything, and a bad directory exits 2 naming the file and the remedy.
+void add_auth_flags(CLI::App& cmd, const std::string& default_name);
+
 // Build identification "0.1.0+abc1234".
 const char* build_id();
 

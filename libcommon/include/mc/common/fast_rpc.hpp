@@ -34,6 +34,15 @@
 // not O(connections). Each connection's replies to everything one read brought are written with one
 // send. FastClient is blocking with deadlines (call), or split (send / try_recv) for a driver polling
 // many connections from one thread.
+// Authentication (docs/SECURITY.md "The fast path"): with the process key ring (auth.hpp) every connection starts
+// with a handshake and then carries sealed records instead of plain frames, CURVE's strength with libsodium's
+// primitives: the client sends "MCS1", its public key and a 32-byte random nonce; the server, whose roster must
+// hold that key, answers "MCS1" and its own nonce; both derive one key per direction from the X25519 shared secret
+// of the client's key pair and the cluster's (crypto_kx) mixed with both nonces (crypto_generichash, so that a
+// recorded connection cannot be replayed), and every record is BE u32 length + ChaCha20-Poly1305 (IETF) of up to
+// kMaxRecordBytes of the frame stream, with a per-direction counter nonce. A record that fails its tag closes the
+// connection; the client knows the server by its answers decrypting. The caller's identity reaches Dispatch, and a
+// role that may not call a type (auth::may_call) gets a kPermissionDenied reply.
 // Ownership: every socket and the epoll set are Fd (closed by the destructors).
 // Thread-safety: neither is thread-safe; one per thread.
 #pragma once
@@ -47,6 +56,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mc/common/auth.hpp"
 #include "mc/common/codec.hpp"
 #include "mc/common/endpoint.hpp"
 #include "mc/common/fd.hpp"
@@ -58,6 +68,29 @@ namespace mc::rpc::fast {
 
 inline constexpr uint32_t kMaxHeaderBytes = 4096;
 inline constexpr size_t kPrefixBytes = 8;
+inline constexpr size_t kMaxRecordBytes = 1u << 20;  // plaintext of one sealed record
+inline constexpr size_t kSealTagBytes = 16;           // ChaCha20-Poly1305 tag
+
+// One direction pair of a sealed connection (see above): seals what this side sends and opens what it receives.
+class Seal {
+ public:
+  static constexpr size_t kClientHelloBytes = 4 + 32 + 32;  // "MCS1", client public key, client nonce
+  static constexpr size_t kServerHelloBytes = 4 + 32;       // "MCS1", server nonce
+  // Derives the keys. `client_side`: this side holds `own_sk`/`own_pk` as the client and `peer_pk` is the
+  // server's, else the reverse. All keys raw 32 bytes. kInvalidArgument when the peer key is unusable.
+  Status derive(bool client_side, std::string_view own_pk, std::string_view own_sk, std::string_view peer_pk,
+                std::string_view client_nonce, std::string_view server_nonce);
+  // Appends `plain` as sealed records to `out`.
+  void seal(std::string_view plain, std::string& out);
+  // Opens the records in `data` (any split), appending their plaintext to `plain`; kDataLoss naming `peer` for a
+  // record that fails its tag or is over kMaxRecordBytes (the connection is then unusable).
+  Status open(const char* data, size_t n, std::string& plain, const std::string& peer);
+
+ private:
+  unsigned char tx_[32] = {}, rx_[32] = {};
+  uint64_t tx_count_ = 0, rx_count_ = 0;
+  std::string in_;  // bytes of a record not complete yet
+};
 
 // The bounds of a FastServer (see above); every field > 0.
 struct FastServerLimits {
@@ -104,7 +137,9 @@ class FastServer {
  public:
   // Answers one request: (type, body) -> reply body or error, e.g. RpcServer::dispatch. Exceptions are
   // caught and answered as kInternal. "hello" is answered by the server itself (rpc::answer_hello).
-  using Dispatch = std::function<Result<std::string>(std::string_view type, std::string_view body)>;
+  // `caller` is the connection's roster identity (nullptr without a key ring).
+  using Dispatch =
+      std::function<Result<std::string>(std::string_view type, std::string_view body, const auth::Identity* caller)>;
 
   // Listens on a "tcp://HOST:PORT" endpoint ("*" = every address; port 0 = any free port).
   // kInvalidArgument for a non-tcp endpoint or a limit <= 0 (naming it), kUnavailable naming the endpoint
@@ -139,6 +174,8 @@ class FastServer {
   struct Counters {
     uint64_t handled = 0, errors = 0, malformed = 0, accepted = 0, closed = 0;
     uint64_t refused = 0, rejected = 0, evicted = 0, accept_failures = 0;
+    uint64_t unauthenticated = 0;  // connections closed for a bad handshake, an unknown key or a forged record
+    uint64_t denied = 0;           // calls refused for the caller's role
   };
   const Counters& counters() const { return counters_; }
 
@@ -153,7 +190,16 @@ class FastServer {
     uint32_t events = 0;         // epoll interest now registered
     uint64_t reserved = 0;       // bytes of its partial frame counted in buffered_bytes_
     int64_t last_active_ms = 0;  // last time bytes arrived (or accept)
+    // With a key ring: the handshake's bytes until it completes, then the seal; `sealed_to` ends the ciphertext
+    // already in `out` (what follows is plaintext replies not sealed yet).
+    std::string handshake;
+    std::unique_ptr<Seal> seal;
+    const auth::Identity* caller = nullptr;
+    size_t sealed_to = 0;
   };
+  // Handles the handshake bytes of `c` (with a key ring); false when the connection must close.
+  bool on_handshake(Conn& c, const char* data, size_t n);
+  void refuse_conn(Conn& c, const std::string& why);
   FastServer(std::string service, Dispatch dispatch, const FastServerLimits& limits)
       : service_(std::move(service)), dispatch_(std::move(dispatch)), limits_(limits) {}
   void accept_all(int64_t now);
@@ -255,6 +301,9 @@ class FastClient {
   Status fail(Status s);
   Status write_some();
   Result<bool> read_some();  // true when bytes arrived
+  Status handshake(int64_t deadline_ms);  // with a key ring, before the hello
+  std::unique_ptr<Seal> seal_;
+  std::string plain_;  // a frame before sealing (reused)
 
   std::string endpoint_;
   std::string reply_what_;

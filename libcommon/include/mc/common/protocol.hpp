@@ -710,8 +710,11 @@ struct DecodeReserveRequest {
   std::string lora_name{};
   std::string lora_version{};
   std::string salt{};
+  // With --auth-dir: the client's public key, which its token-event server serves with (docs/SECURITY.md); set by
+  // the Conductor from the submitter's identity. Empty: the cluster key (no auth, or a daemon's server).
+  std::string client_public_key{};
   MSGPACK_DEFINE_MAP(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms, lora_name,
-                     lora_version, salt);
+                     lora_version, salt, client_public_key);
 };
 
 struct DecodeReleaseReply {

@@ -36,6 +36,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "mc/common/auth.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
@@ -58,6 +59,11 @@ struct CallContext {
   std::string peer;  // ROUTER identity of the caller (opaque bytes)
   uint64_t call_id = 0;
   std::string type;
+  // The caller's roster identity (auth.hpp), proven by its key; nullptr when the process runs unauthenticated.
+  // Points into the process key ring (lives as long as the process).
+  const auth::Identity* caller = nullptr;
+  // The caller's name for log lines: its identity, or "an unauthenticated peer".
+  std::string caller_name() const { return caller != nullptr ? caller->describe() : "an unauthenticated peer"; }
   // Set by a handler that will answer later with RpcServer::reply_to(); its return value is then ignored.
   mutable bool deferred = false;
   void defer() const { deferred = true; }
@@ -67,13 +73,20 @@ struct ServerOptions {
   std::string service = "mc";               // named in hello replies and error messages
   std::vector<std::string> bind_endpoints;  // e.g. {"tcp://127.0.0.1:0"}
   int64_t max_message_bytes = proto::kMaxMessageBytes;
+  // With a key ring (auth.hpp): serve with this identity's own key pair instead of the cluster's (a client's server
+  // for token events, whose callers are told its public key), so that a tenant's client never holds the cluster key.
+  bool serve_with_own_key = false;
 };
 
 class RpcServer {
  public:
   using RawHandler = std::function<Result<std::string>(const CallContext&, std::string_view body)>;
 
-  // Binds every endpoint; fails with kUnavailable naming the endpoint and zmq's text.
+  // Binds every endpoint; fails with kUnavailable naming the endpoint and zmq's text. With the process key ring
+  // (auth.hpp) the socket is a CURVE server (the cluster key, or the own one: serve_with_own_key): only roster keys
+  // connect, and a message is handled only when its caller's role may call its type (auth::may_call); others get a
+  // kPermissionDenied reply, logged (rate limited) with the caller and the reason. Without a key ring an endpoint
+  // that is not loopback is refused unless allowed (auth::check_listen).
   static Result<std::unique_ptr<RpcServer>> bind(ServerOptions options);
   ~RpcServer();
 
@@ -126,8 +139,15 @@ class RpcServer {
 
   struct Counters {
     uint64_t handled = 0, errors = 0, malformed = 0;
+    uint64_t refused = 0;  // calls refused: the caller's role may not call the type, or no identity
   };
   const Counters& counters() const { return counters_; }
+
+  // With a key ring: the identity of a message's caller from its ZeroMQ metadata ("User-Id", set by the ZAP
+  // handler), or kPermissionDenied. nullptr without a key ring.
+  Result<const auth::Identity*> caller_of(zmq::message_t& frame) const;
+  // Refuses (logged, counted) a call `ctx.caller` may not make: kPermissionDenied naming it, the type and `why`.
+  Status refuse(const CallContext& ctx, const std::string& why);
 
  private:
   explicit RpcServer(ServerOptions options);
@@ -229,6 +249,10 @@ class AsyncClient {
   // Closes the socket of `endpoint`; its calls in flight fail with kCancelled at the next poll().
   void forget(const std::string& endpoint);
 
+  // With a key ring: the CURVE server key (Z85) of `endpoint` when it is not the cluster's (a client's server,
+  // ServerOptions::serve_with_own_key). Takes effect when the endpoint's socket next opens. Without: ignored.
+  void set_server_key(const std::string& endpoint, std::string public_z85);
+
   // Connection watch (DESIGN.md §10 "Worker faults"): keeps a connection to `endpoint` open (opening it now, with
   // a hello, and again whenever a stale socket is closed) and records when an established connection to it is
   // lost: the peer's process exited or was killed (its kernel closed the socket) or the link reset. A peer that
@@ -280,6 +304,7 @@ class AsyncClient {
   std::set<std::pair<int64_t, uint64_t>> deadlines_;                // (deadline_ns, call id) of pending_
   std::vector<std::pair<RawCallback, Result<std::string>>> ready_;  // completed, callbacks not yet run
   std::unordered_map<std::string, Status> hello_failures_;          // why an endpoint's hello failed (connect())
+  std::unordered_map<std::string, std::string> server_keys_;        // set_server_key()
   std::set<std::string> watched_;                                   // watch()
   std::vector<std::string> disconnected_;                           // take_disconnected()
   uint64_t next_monitor_ = 1;
@@ -344,6 +369,15 @@ Result<proto::HelloReply> answer_hello(const proto::HelloRequest& hello, std::st
 // A client's check of the hello reply from `endpoint`: kProtocolMismatch naming the service, the endpoint
 // and both versions.
 Status check_hello_reply(const proto::HelloReply& reply, std::string_view endpoint);
+// With the process key ring: makes `socket` a CURVE server (the cluster key pair, or this identity's own with
+// `own_key`) that asks the ZAP handler about every client key; kFailedPrecondition naming `service` when this host
+// lacks DIR/cluster.secret. Without a key ring: nothing. Call before bind().
+// `zap_domain` "events" (the KV event publishers) admits daemons and admins only: a tenant sees no other tenant's keys.
+Status make_curve_server(zmq::socket_t& socket, bool own_key, std::string_view service,
+                         const std::string& zap_domain = "mc");
+// With the process key ring: makes `socket` a CURVE client with this identity's key pair, expecting the server key
+// `server_public_z85` (empty: the cluster's). Without a key ring: nothing. Call before connect().
+Status make_curve_client(zmq::socket_t& socket, const std::string& server_public_z85 = {});
 // The body of an "error" reply carrying `status` (its code and message).
 std::string error_reply_body(const Status& status);
 // The Status an "error" reply carries: the server's code and message, unchanged.

@@ -35,6 +35,7 @@ enum class Code : uint16_t {
   kUnimplemented = 110,
   kIo = 111,        // file/socket I/O error (errno text included)
   kDataLoss = 112,  // bytes did not arrive intact
+  kPermissionDenied = 113,  // the caller's key (role, tenant, instance) may not do this (docs/SECURITY.md)
   // 2xx protocol / RPC
   kProtocolMismatch = 200,  // peers speak different protocol versions
   kMalformedMessage = 201,  // truncated, ill-typed or unknown message
