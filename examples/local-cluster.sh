@@ -138,7 +138,8 @@ for b in mc-store mc-conductor mc-prefill mc-decode; do
   [[ -x "$bin/$b" ]] || { echo "local-cluster.sh: $bin/$b not found: build first (cmake --build build) or pass --bin" >&2; exit 1; }
 done
 for b in mc-prefill mc-decode; do
-  if ! "$bin/$b" --help 2>/dev/null | grep -q -- '--conductor'; then
+  # Read the whole help first: grep -q would exit at the first match and the tool's next write fail (pipefail).
+  if ! grep -q -- '--conductor' <<< "$("$bin/$b" --help 2>/dev/null)"; then
     echo "local-cluster.sh: $b has no --conductor flag, so it cannot register with mc-conductor;" \
          "this build cannot compose a cluster (the workers' registration has not landed)" >&2
     exit 1

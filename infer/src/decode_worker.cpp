@@ -20,7 +20,7 @@ struct DecodeWorker::Reservation {
   int64_t output_tokens = 0;
   int64_t committed_blocks = 0;  // full-length blocks counted in committed_blocks_
   std::string client_endpoint;
-  std::string client_public_key;  // the client server's CURVE key (with --auth-dir), from decode_reserve
+  std::string client_public_key;           // the client server's CURVE key (with --auth-dir), from decode_reserve
   std::vector<int32_t> blocks;             // prompt blocks, allocated
   std::vector<std::vector<bool>> arrived;  // [layer][block index]
   int64_t layers_received = 0;
@@ -331,9 +331,9 @@ void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool 
     committed_blocks_ -= r.committed_blocks;
   }
   if (tell_client) {
-    outgoing_.push_back(
-        {r.client_endpoint, proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()), why.message(), 0},
-         r.client_public_key});
+    outgoing_.push_back({r.client_endpoint,
+                         proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()), why.message(), 0},
+                         r.client_public_key});
   }
   reservations_.erase(it);
 }
@@ -568,10 +568,10 @@ Result<int64_t> DecodeWorker::step() {
     auto finish = [&](Sequence& s, const Status& why) {
       kv_->free(s.blocks);
       committed_blocks_ -= s.committed_blocks;
-      outgoing_.push_back({s.client_endpoint,
-                           proto::RequestError{s.request_id, static_cast<uint16_t>(why.code()), why.message(),
-                                               s.emitted},
-                           s.client_public_key});
+      outgoing_.push_back(
+          {s.client_endpoint,
+           proto::RequestError{s.request_id, static_cast<uint16_t>(why.code()), why.message(), s.emitted},
+           s.client_public_key});
     };
     for (auto it = running_.begin(); it != running_.end();) {
       if ((*it)->cancelled) {

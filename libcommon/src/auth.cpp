@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/endpoint.hpp"
-#include "mc/common/report.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 
 namespace mc::auth {
@@ -153,7 +153,8 @@ class ZapHandler {
         const uint64_t n = g_zap_refused.fetch_add(1) + 1;
         if (log::nth_worth_logging(n)) {
           MC_LOG_WARN << "refused a connection from " << f[3].to_string() << ": CURVE key " << z85
-                      << " is not in the roster" << (ring != nullptr ? " of " + ring->dir() : std::string()) << " (" << n << " refused so far)";
+                      << " is not in the roster" << (ring != nullptr ? " of " + ring->dir() : std::string()) << " ("
+                      << n << " refused so far)";
         }
       }
     } else if (f.size() >= 6) {
@@ -251,8 +252,8 @@ Result<Role> parse_role(std::string_view name) {
   for (int i = 0; i < kRoleCount; ++i) {
     if (name == kRoleNames[i]) return static_cast<Role>(i);
   }
-  return Status(Code::kInvalidArgument, "unknown role '" + std::string(name) +
-                                            "' (roles: client, storage, worker, conductor, master, admin)");
+  return Status(Code::kInvalidArgument,
+                "unknown role '" + std::string(name) + "' (roles: client, storage, worker, conductor, master, admin)");
 }
 
 std::string Identity::describe() const {
@@ -389,8 +390,8 @@ Result<std::vector<Identity>> init_dir(const InitOptions& options) {
   }
   if (sodium_init() < 0) return Status(Code::kInternal, "libsodium failed to initialise");
   std::vector<std::pair<std::string, std::pair<Role, std::string>>> want = {
-      {"admin", {Role::kAdmin, "-"}},       {"conductor", {Role::kConductor, "-"}}, {"master", {Role::kMaster, "-"}},
-      {"node", {Role::kStorage, "-"}},      {"worker", {Role::kWorker, "-"}},
+      {"admin", {Role::kAdmin, "-"}},  {"conductor", {Role::kConductor, "-"}}, {"master", {Role::kMaster, "-"}},
+      {"node", {Role::kStorage, "-"}}, {"worker", {Role::kWorker, "-"}},
   };
   std::vector<std::string> tenants = options.tenants.empty() ? std::vector<std::string>{"default"} : options.tenants;
   for (const auto& t : tenants) want.push_back({t, {Role::kClient, t}});

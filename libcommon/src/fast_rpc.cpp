@@ -159,8 +159,8 @@ void Seal::seal(std::string_view plain, std::string& out) {
     unsigned char nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
     nonce_of(tx_count_++, nonce);
     unsigned long long written = 0;
-    crypto_aead_chacha20poly1305_ietf_encrypt(reinterpret_cast<unsigned char*>(&out[at + 4]), &written, bytes(plain),
-                                              n, nullptr, 0, nullptr, nonce, tx_);
+    crypto_aead_chacha20poly1305_ietf_encrypt(reinterpret_cast<unsigned char*>(&out[at + 4]), &written, bytes(plain), n,
+                                              nullptr, 0, nullptr, nonce, tx_);
     plain.remove_prefix(n);
   } while (!plain.empty());
 }
@@ -171,8 +171,8 @@ Status Seal::open(const char* data, size_t n, std::string& plain, const std::str
   while (in_.size() - pos >= 4) {
     const uint32_t len = get_u32(&in_[pos]);
     if (len < kSealTagBytes || len > kMaxRecordBytes + kSealTagBytes) {
-      return Status(Code::kDataLoss, "sealed record of " + std::to_string(len) + " bytes from " + peer +
-                                         " (limit " + std::to_string(kMaxRecordBytes + kSealTagBytes) + ")");
+      return Status(Code::kDataLoss, "sealed record of " + std::to_string(len) + " bytes from " + peer + " (limit " +
+                                         std::to_string(kMaxRecordBytes + kSealTagBytes) + ")");
     }
     if (in_.size() - pos - 4 < len) break;
     unsigned char nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
@@ -181,8 +181,8 @@ Status Seal::open(const char* data, size_t n, std::string& plain, const std::str
     plain.resize(at + len - kSealTagBytes);
     unsigned long long got = 0;
     if (crypto_aead_chacha20poly1305_ietf_decrypt(reinterpret_cast<unsigned char*>(plain.data() + at), &got, nullptr,
-                                                  bytes(std::string_view(in_).substr(pos + 4)), len, nullptr, 0,
-                                                  nonce, rx_) != 0) {
+                                                  bytes(std::string_view(in_).substr(pos + 4)), len, nullptr, 0, nonce,
+                                                  rx_) != 0) {
       return Status(Code::kDataLoss, "a record from " + peer +
                                          " failed its authentication tag (wrong key, or bytes changed on the way)");
     }
@@ -273,8 +273,8 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
   const std::string host = ep.host == "*" ? "0.0.0.0" : ep.host;
   MC_RETURN_IF_ERROR(auth::check_listen(service, ep.host));
   if (const auth::Keyring* ring = auth::keyring(); ring != nullptr && ring->cluster_secret().empty()) {
-    return Status(Code::kFailedPrecondition, service + ": cannot serve the fast path: " + ring->dir() +
-                                                 "/cluster.secret is not on this host");
+    return Status(Code::kFailedPrecondition,
+                  service + ": cannot serve the fast path: " + ring->dir() + "/cluster.secret is not on this host");
   }
   Result<AddrInfoList> addrs = resolve_stream(host, ep.port, AI_PASSIVE);
   if (!addrs.is_ok()) {

@@ -54,15 +54,15 @@ Status check_hello_reply(const proto::HelloReply& reply, std::string_view endpoi
                                              std::to_string(proto::kProtocolVersion) + kSameVersion);
 }
 
-Status make_curve_server(zmq::socket_t& socket, bool own_key, std::string_view service,
-                         const std::string& zap_domain) {
+Status make_curve_server(zmq::socket_t& socket, bool own_key, std::string_view service, const std::string& zap_domain) {
   const auth::Keyring* ring = auth::keyring();
   if (ring == nullptr) return Status::ok();
   const std::string& secret = own_key ? ring->self_keys().secret_z85 : ring->cluster_secret();
   if (secret.empty()) {
-    return Status(Code::kFailedPrecondition, std::string(service) + ": cannot serve with the cluster key: " +
-                                                 ring->dir() + "/cluster.secret is not on this host (copy it to "
-                                                               "daemons only, docs/SECURITY.md)");
+    return Status(Code::kFailedPrecondition, std::string(service) +
+                                                 ": cannot serve with the cluster key: " + ring->dir() +
+                                                 "/cluster.secret is not on this host (copy it to "
+                                                 "daemons only, docs/SECURITY.md)");
   }
   try {
     socket.set(zmq::sockopt::curve_server, 1);
@@ -78,8 +78,7 @@ Status make_curve_client(zmq::socket_t& socket, const std::string& server_public
   const auth::Keyring* ring = auth::keyring();
   if (ring == nullptr) return Status::ok();
   try {
-    socket.set(zmq::sockopt::curve_serverkey,
-               server_public_z85.empty() ? ring->cluster_public() : server_public_z85);
+    socket.set(zmq::sockopt::curve_serverkey, server_public_z85.empty() ? ring->cluster_public() : server_public_z85);
     socket.set(zmq::sockopt::curve_publickey, ring->self_keys().public_z85);
     socket.set(zmq::sockopt::curve_secretkey, ring->self_keys().secret_z85);
   } catch (const zmq::error_t& e) {

@@ -398,7 +398,8 @@ class Conductor {
 
   // The salt a tenant's request runs in: "tenant/<tenant>" by default, or a shared namespace `asked` that the
   // tenant opted into (roster SHARED); kPermissionDenied for any other.
-  static Result<std::string> tenant_salt(const auth::Identity& caller, const std::string& asked, const std::string& id) {
+  static Result<std::string> tenant_salt(const auth::Identity& caller, const std::string& asked,
+                                         const std::string& id) {
     if (asked.empty() || asked == "tenant/" + caller.tenant) return "tenant/" + caller.tenant;
     for (const auto& ns : caller.shared) {
       if (asked == ns) return asked;
@@ -1092,11 +1093,11 @@ class Conductor {
     auto fl = in_flight_.find(req.request_id);
     auto dec = decoding_.find(req.request_id);
     // Only an instance the request runs on reports on it.
-    const bool assigned = fl != in_flight_.end()   ? (fl->second.decision.prefill_id == req.instance_id ||
+    const bool assigned = fl != in_flight_.end() ? (fl->second.decision.prefill_id == req.instance_id ||
                                                     fl->second.decision.decode_id == req.instance_id)
-                          : dec != decoding_.end() ? (dec->second.prefill_id == req.instance_id ||
-                                                      dec->second.decode_id == req.instance_id)
-                                                   : true;
+                          : dec != decoding_.end()
+                              ? (dec->second.prefill_id == req.instance_id || dec->second.decode_id == req.instance_id)
+                              : true;
     if (!assigned) {
       refused("job_report", what + ": the request does not run on that instance");
       return error(Code::kPermissionDenied, what + ": the request runs on other instances (refused)");

@@ -114,8 +114,8 @@ struct MasterServer::Impl {
   static Result<std::string> scope_key(const rpc::CallContext& ctx, const std::string& key) {
     if (!is_tenant(ctx)) return key;
     if (key.rfind("shared/", 0) == 0) {
-      const std::string ns = key.substr(7, key.find('/', 7) == std::string::npos ? std::string::npos
-                                                                                  : key.find('/', 7) - 7);
+      const std::string ns =
+          key.substr(7, key.find('/', 7) == std::string::npos ? std::string::npos : key.find('/', 7) - 7);
       for (const auto& s : ctx.caller->shared) {
         if (s == ns) return key;
       }
@@ -124,7 +124,8 @@ struct MasterServer::Impl {
     }
     return "tenant/" + ctx.caller->tenant + "/" + key;
   }
-  static Result<std::vector<std::string>> scope_keys(const rpc::CallContext& ctx, const std::vector<std::string>& keys) {
+  static Result<std::vector<std::string>> scope_keys(const rpc::CallContext& ctx,
+                                                     const std::vector<std::string>& keys) {
     if (!is_tenant(ctx)) return keys;
     std::vector<std::string> out;
     out.reserve(keys.size());
@@ -181,29 +182,30 @@ struct MasterServer::Impl {
 
 void MasterServer::Impl::register_handlers() {
   using namespace proto;
-  server->handle<StoreMountRequest>([this](const StoreMountRequest& req,
-                                           const rpc::CallContext& ctx) -> Result<StoreAck> {
-    MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, true)));
-    MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, true)));
-    if (!req.xfer_segment.empty()) MC_RETURN_IF_ERROR(refused(xfer_claims.check(ctx.caller, req.xfer_segment, false)));
-    MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
-    SegmentInfo info{req.segment,  req.node_id,      req.host,
-                     req.domain,   medium,           req.capacity_bytes,
-                     req.endpoint, req.xfer_segment, req.xfer_base_offset_bytes};
-    if (medium == Medium::kCpu && !req.xfer_segment.empty()) {
-      MC_RETURN_IF_ERROR(directory.lookup(req.xfer_segment)
-                             .status()
-                             .with_context("mount of " + req.segment +
-                                           ": publish the transfer-engine segment (xfer.publish_segment) first"));
-    }
-    MC_RETURN_IF_ERROR(core.mount_segment(info, req.restore));
-    sync_directory();
-    MC_LOG_INFO << "mounted segment " << req.segment << " (" << req.medium << ", " << req.capacity_bytes
-                << " bytes) of node " << req.node_id << " at " << req.endpoint
-                << (req.restore ? " (restoring: the node re-reports its objects)" : "");
-    publish_events();
-    return StoreAck{};
-  });
+  server->handle<StoreMountRequest>(
+      [this](const StoreMountRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
+        MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, true)));
+        MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, true)));
+        if (!req.xfer_segment.empty())
+          MC_RETURN_IF_ERROR(refused(xfer_claims.check(ctx.caller, req.xfer_segment, false)));
+        MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
+        SegmentInfo info{req.segment,  req.node_id,      req.host,
+                         req.domain,   medium,           req.capacity_bytes,
+                         req.endpoint, req.xfer_segment, req.xfer_base_offset_bytes};
+        if (medium == Medium::kCpu && !req.xfer_segment.empty()) {
+          MC_RETURN_IF_ERROR(directory.lookup(req.xfer_segment)
+                                 .status()
+                                 .with_context("mount of " + req.segment +
+                                               ": publish the transfer-engine segment (xfer.publish_segment) first"));
+        }
+        MC_RETURN_IF_ERROR(core.mount_segment(info, req.restore));
+        sync_directory();
+        MC_LOG_INFO << "mounted segment " << req.segment << " (" << req.medium << ", " << req.capacity_bytes
+                    << " bytes) of node " << req.node_id << " at " << req.endpoint
+                    << (req.restore ? " (restoring: the node re-reports its objects)" : "");
+        publish_events();
+        return StoreAck{};
+      });
   server->handle<StoreUnmountRequest>(
       [this](const StoreUnmountRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
         MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
@@ -240,31 +242,31 @@ void MasterServer::Impl::register_handlers() {
         core.client_heartbeat(req.client_id);
         return StoreAck{};
       });
-  server->handle<StorePutStartRequest>([this](const StorePutStartRequest& req,
-                                              const rpc::CallContext& ctx) -> Result<StorePutStartReply> {
-    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_start"));
-    MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
-    if (req.sizes_bytes.size() != req.keys.size()) {
-      return Status(Code::kInvalidArgument, "put_start: " + std::to_string(req.keys.size()) + " keys but " +
-                                                std::to_string(req.sizes_bytes.size()) + " sizes");
-    }
-    PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin, req.pin_ttl_ms};
-    StorePutStartReply reply;
-    for (size_t i = 0; i < req.keys.size(); ++i) {
-      Result<PutGrant> g = core.put_start({req.client_id, req.client_host, ""}, keys[i], req.sizes_bytes[i], opt);
-      StorePutStartItem item;
-      if (g.is_ok()) {
-        item.put_id = g->put_id;
-        for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
-      } else {
-        item.code = static_cast<uint16_t>(g.status().code());
-        item.message = g.status().message();
-      }
-      reply.items.push_back(std::move(item));
-    }
-    publish_events();
-    return reply;
-  });
+  server->handle<StorePutStartRequest>(
+      [this](const StorePutStartRequest& req, const rpc::CallContext& ctx) -> Result<StorePutStartReply> {
+        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_start"));
+        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
+        if (req.sizes_bytes.size() != req.keys.size()) {
+          return Status(Code::kInvalidArgument, "put_start: " + std::to_string(req.keys.size()) + " keys but " +
+                                                    std::to_string(req.sizes_bytes.size()) + " sizes");
+        }
+        PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin, req.pin_ttl_ms};
+        StorePutStartReply reply;
+        for (size_t i = 0; i < req.keys.size(); ++i) {
+          Result<PutGrant> g = core.put_start({req.client_id, req.client_host, ""}, keys[i], req.sizes_bytes[i], opt);
+          StorePutStartItem item;
+          if (g.is_ok()) {
+            item.put_id = g->put_id;
+            for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
+          } else {
+            item.code = static_cast<uint16_t>(g.status().code());
+            item.message = g.status().message();
+          }
+          reply.items.push_back(std::move(item));
+        }
+        publish_events();
+        return reply;
+      });
   server->handle<StorePutEndRequest>(
       [this](const StorePutEndRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
@@ -371,21 +373,21 @@ void MasterServer::Impl::register_handlers() {
         for (const std::string& k : keys) add_item(reply, core.unpin(k));
         return reply;
       });
-  server->handle<StoreLsRequest>([this](const StoreLsRequest& req,
-                                        const rpc::CallContext& ctx) -> Result<StoreLsReply> {
-    uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
-    StoreLsReply reply;
-    // A tenant lists its own keys (or a shared namespace it opted into); other roles the whole pool.
-    MC_ASSIGN_OR_RETURN(const std::string prefix, refused_key(ctx, req.prefix));
-    std::vector<ObjectInfo> objs = core.ls(prefix, limit + 1);
-    reply.truncated = objs.size() > limit;
-    if (reply.truncated) objs.resize(limit);
-    for (ObjectInfo& o : objs) {
-      reply.objects.push_back(
-          {unscope_key(ctx, o.key), o.size_bytes, o.complete, o.leased, o.pinned, o.segments, o.media});
-    }
-    return reply;
-  });
+  server->handle<StoreLsRequest>(
+      [this](const StoreLsRequest& req, const rpc::CallContext& ctx) -> Result<StoreLsReply> {
+        uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
+        StoreLsReply reply;
+        // A tenant lists its own keys (or a shared namespace it opted into); other roles the whole pool.
+        MC_ASSIGN_OR_RETURN(const std::string prefix, refused_key(ctx, req.prefix));
+        std::vector<ObjectInfo> objs = core.ls(prefix, limit + 1);
+        reply.truncated = objs.size() > limit;
+        if (reply.truncated) objs.resize(limit);
+        for (ObjectInfo& o : objs) {
+          reply.objects.push_back(
+              {unscope_key(ctx, o.key), o.size_bytes, o.complete, o.leased, o.pinned, o.segments, o.media});
+        }
+        return reply;
+      });
   server->handle<StoreStatRequest>(
       [this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
         MasterStats s = core.stat();
@@ -501,16 +503,16 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
     }
     if (!fast_ep.empty()) {
       Impl* raw = impl.get();
-      MC_ASSIGN_OR_RETURN(impl->fast_server, rpc::fast::FastServer::listen(
-                                                 fast_ep, "mc-store master",
-                                                 [raw](std::string_view type, std::string_view body,
-                                                       const auth::Identity* caller) {
-                                                   rpc::CallContext ctx;
-                                                   ctx.type = std::string(type);
-                                                   ctx.caller = caller;
-                                                   return raw->server->dispatch(type, body, ctx);
-                                                 },
-                                                 options.fast_limits));
+      MC_ASSIGN_OR_RETURN(impl->fast_server,
+                          rpc::fast::FastServer::listen(
+                              fast_ep, "mc-store master",
+                              [raw](std::string_view type, std::string_view body, const auth::Identity* caller) {
+                                rpc::CallContext ctx;
+                                ctx.type = std::string(type);
+                                ctx.caller = caller;
+                                return raw->server->dispatch(type, body, ctx);
+                              },
+                              options.fast_limits));
     }
   }
   impl->register_handlers();

@@ -238,9 +238,10 @@ TEST(FastAndZmq, SameHandlersHelloAndErrors) {
   auto zs = RpcServer::bind(so);
   ASSERT_TRUE(zs.is_ok()) << zs.status().to_string();
   RpcServer* z = zs->get();
-  auto fs = FastServer::listen("tcp://127.0.0.1:0", "twin", [z](std::string_view type, std::string_view body, const auth::Identity*) {
-    return z->dispatch(type, body, CallContext{});
-  });
+  auto fs = FastServer::listen("tcp://127.0.0.1:0", "twin",
+                               [z](std::string_view type, std::string_view body, const auth::Identity*) {
+                                 return z->dispatch(type, body, CallContext{});
+                               });
   ASSERT_TRUE(fs.is_ok()) << fs.status().to_string();
   FastServer* f = fs->get();
   std::atomic<bool> stop{false};

@@ -13,8 +13,9 @@ int main(int argc, char** argv) {
   mc::auth::InitOptions init;
   bool json = false;
   auto* init_cmd = app.add_subcommand(
-      "init", "Make DIR: cluster key pair, grant key, and key pairs for admin, conductor, master, node, worker, "
-              "each --tenant, --worker and --node");
+      "init",
+      "Make DIR: cluster key pair, grant key, and key pairs for admin, conductor, master, node, worker, "
+      "each --tenant, --worker and --node");
   init_cmd->add_option("dir", init.dir, "Directory to create (secrets are written mode 0600)")->required();
   init_cmd->add_option("--tenant", init.tenants, "A tenant's client identity, repeatable (default: one 'default')");
   init_cmd->add_option("--worker", init.workers, "A prefill/decode instance id with its own key, repeatable");

@@ -69,7 +69,7 @@ namespace mc::rpc::fast {
 inline constexpr uint32_t kMaxHeaderBytes = 4096;
 inline constexpr size_t kPrefixBytes = 8;
 inline constexpr size_t kMaxRecordBytes = 1u << 20;  // plaintext of one sealed record
-inline constexpr size_t kSealTagBytes = 16;           // ChaCha20-Poly1305 tag
+inline constexpr size_t kSealTagBytes = 16;          // ChaCha20-Poly1305 tag
 
 // One direction pair of a sealed connection (see above): seals what this side sends and opens what it receives.
 class Seal {
@@ -300,7 +300,7 @@ class FastClient {
   FastClient(std::string endpoint) : endpoint_(std::move(endpoint)), reply_what_("reply from " + endpoint_) {}
   Status fail(Status s);
   Status write_some();
-  Result<bool> read_some();  // true when bytes arrived
+  Result<bool> read_some();               // true when bytes arrived
   Status handshake(int64_t deadline_ms);  // with a key ring, before the hello
   std::unique_ptr<Seal> seal_;
   std::string plain_;  // a frame before sealing (reused)

@@ -33,8 +33,8 @@ enum class Code : uint16_t {
   kCancelled = 108,
   kInternal = 109,  // a bug in mc: please report with the message
   kUnimplemented = 110,
-  kIo = 111,        // file/socket I/O error (errno text included)
-  kDataLoss = 112,  // bytes did not arrive intact
+  kIo = 111,                // file/socket I/O error (errno text included)
+  kDataLoss = 112,          // bytes did not arrive intact
   kPermissionDenied = 113,  // the caller's key (role, tenant, instance) may not do this (docs/SECURITY.md)
   // 2xx protocol / RPC
   kProtocolMismatch = 200,  // peers speak different protocol versions
