@@ -394,6 +394,15 @@ Result<std::string> AsyncClient::call_raw_sync(const std::string& endpoint, cons
   return std::move(*result);
 }
 
+namespace {
+// A server that runs with keys answers no caller without them (the CURVE handshake fails silently): say so.
+std::string auth_hint() {
+  return auth::keyring() != nullptr ? std::string()
+                                    : " (a cluster started with --auth-dir answers only callers with keys: give "
+                                      "--auth-dir and --auth-name, docs/SECURITY.md)";
+}
+}  // namespace
+
 Status AsyncClient::connect(const std::string& endpoint, int64_t timeout_ms) {
   MC_RETURN_IF_ERROR(open(endpoint, timeout_ms).status());
   const int64_t deadline_ns = now_ns() + timeout_ms * 1'000'000;
@@ -401,13 +410,14 @@ Status AsyncClient::connect(const std::string& endpoint, int64_t timeout_ms) {
     if (peers_.find(endpoint) == peers_.end()) {
       auto failed = hello_failures_.find(endpoint);
       if (failed != hello_failures_.end()) return failed->second;
-      return Status(Code::kUnavailable, "the connection to " + endpoint + " closed before its hello was answered");
+      return Status(Code::kUnavailable,
+                    "the connection to " + endpoint + " closed before its hello was answered" + auth_hint());
     }
     const int64_t left_ms = (deadline_ns - now_ns()) / 1'000'000;
     if (left_ms < 0) {
       forget(endpoint);
       return Status(Code::kUnavailable, "no answer from " + endpoint + " within " + std::to_string(timeout_ms) +
-                                            " ms: is the server running and the address right?");
+                                            " ms: is the server running and the address right?" + auth_hint());
     }
     poll(static_cast<int>(std::min<int64_t>(left_ms + 1, 100)));
   }

@@ -162,8 +162,7 @@ TEST_F(AuthStoreE2E, TenantsKeepTheirKeysAnonymousAndForgedCallsAreRefused) {
     auto r = c.call_sync(endpoint_, proto::StoreUnmountRequest{"node0", "node0/dram"}, 3000);
     ASSERT_FALSE(r.is_ok());
     EXPECT_EQ(r.status().code(), Code::kPermissionDenied) << r.status().to_string();
-    EXPECT_NE(r.status().message().find("bound to the key of 'node0'"), std::string::npos)
-        << r.status().message();
+    EXPECT_NE(r.status().message().find("bound to the key of 'node0'"), std::string::npos) << r.status().message();
     auto hb = c.call_sync(endpoint_, proto::StoreNodeHeartbeatRequest{"node0", {}}, 3000);
     EXPECT_EQ(hb.status().code(), Code::kPermissionDenied) << hb.status().to_string();
   }
@@ -178,8 +177,8 @@ TEST(AuthSetup, WithoutKeysADaemonListensOnLoopbackOnly) {
   auto [rc, out] = run("mc-store", {"master", "--listen", "tcp://0.0.0.0:0"});
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("refusing to listen on 0.0.0.0 without authentication"), std::string::npos) << out;
-  auto [rc2, out2] = run("mc-store", {"master", "--listen", "tcp://127.0.0.1:0", "--auth-dir",
-                                      (tmp.path / "none").string()});
+  auto [rc2, out2] =
+      run("mc-store", {"master", "--listen", "tcp://127.0.0.1:0", "--auth-dir", (tmp.path / "none").string()});
   EXPECT_EQ(rc2, 2) << out2;
   EXPECT_NE(out2.find("mc-auth init"), std::string::npos) << out2;
 }
@@ -188,10 +187,10 @@ TEST(AuthConductorE2E, AnInstanceIdBelongsToItsFirstKeyAndTenantsCannotRegister)
   TempDir tmp;
   const fs::path keys = tmp.path / "keys";
   ASSERT_EQ(run("mc-auth", {"init", keys.string(), "--tenant", "alice", "--worker", "prefill0"}).first, 0);
-  auto conductor = start("mc-conductor",
-                         {"serve", "--listen", "tcp://127.0.0.1:0", "--auth-dir", keys.string(), "--auth-name",
-                          "conductor"},
-                         tmp.path / "conductor.log");
+  auto conductor =
+      start("mc-conductor",
+            {"serve", "--listen", "tcp://127.0.0.1:0", "--auth-dir", keys.string(), "--auth-name", "conductor"},
+            tmp.path / "conductor.log");
   const std::string ep = conductor->wait_ready(10000);
   ASSERT_FALSE(ep.empty()) << read_file(tmp.path / "conductor.log");
   proto::ConductorRegisterRequest reg;
