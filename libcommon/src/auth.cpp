@@ -128,6 +128,14 @@ class ZapHandler {
     }
   }
 
+  // Counts a refused connection and logs it (rate limited) with the peer's address.
+  static void refused(const std::string& address, const std::string& why) {
+    const uint64_t n = g_zap_refused.fetch_add(1) + 1;
+    if (log::nth_worth_logging(n)) {
+      MC_LOG_WARN << "refused a connection from " << address << ": " << why << " (" << n << " refused so far)";
+    }
+  }
+
   void answer(std::vector<zmq::message_t>& f) {
     // [version, request id, domain, address, routing id, mechanism, credentials...]
     std::string request_id = f.size() > 1 ? f[1].to_string() : std::string();
@@ -139,31 +147,19 @@ class ZapHandler {
       const Identity* id = ring == nullptr ? nullptr : ring->find_by_key(z85);
       if (id != nullptr && id->role == Role::kClient && f[2].to_string_view() == "events") {
         text = "a tenant's client may not subscribe to KV events";
-        const uint64_t n = g_zap_refused.fetch_add(1) + 1;
-        if (log::nth_worth_logging(n)) {
-          MC_LOG_WARN << "refused a KV event subscription from " << f[3].to_string() << ": " << id->describe()
-                      << " is a tenant's client (" << n << " refused so far)";
-        }
+        refused(f[3].to_string(), id->describe() + ": " + text);
       } else if (id != nullptr) {
         code = "200";
         text = "OK";
         user = id->name;
       } else {
         text = "key not in the roster";
-        const uint64_t n = g_zap_refused.fetch_add(1) + 1;
-        if (log::nth_worth_logging(n)) {
-          MC_LOG_WARN << "refused a connection from " << f[3].to_string() << ": CURVE key " << z85
-                      << " is not in the roster" << (ring != nullptr ? " of " + ring->dir() : std::string()) << " ("
-                      << n << " refused so far)";
-        }
+        refused(f[3].to_string(), std::string("CURVE key ") + z85 + " is not in the roster" +
+                                      (ring != nullptr ? " of " + ring->dir() : std::string()));
       }
     } else if (f.size() >= 6) {
       text = "mechanism " + f[5].to_string() + " refused: this cluster requires CURVE";
-      const uint64_t n = g_zap_refused.fetch_add(1) + 1;
-      if (log::nth_worth_logging(n)) {
-        MC_LOG_WARN << "refused a connection from " << f[3].to_string() << ": " << text << " (" << n
-                    << " refused so far)";
-      }
+      refused(f[3].to_string(), text);
     }
     std::vector<zmq::const_buffer> reply = {zmq::str_buffer("1.0"), zmq::buffer(request_id), zmq::buffer(code),
                                             zmq::buffer(text),      zmq::buffer(user),       zmq::str_buffer("")};
@@ -284,12 +280,15 @@ Result<std::string> decode_key(std::string_view z85, std::string_view what) {
   return std::string(reinterpret_cast<const char*>(raw), 32);
 }
 
-Result<std::shared_ptr<const Keyring>> Keyring::load(const std::string& dir, const std::string& name) {
-  auto ring = std::make_shared<Keyring>();
-  ring->dir_ = dir;
+namespace {
+// DIR/roster: one Identity per line (see auth.hpp); kInvalidArgument naming the file and line for a bad one, or for
+// a name or key listed twice.
+Result<std::vector<Identity>> parse_roster(const std::string& dir) {
   const std::string roster_path = dir + "/roster";
   Result<std::string> roster = read_text(roster_path);
   if (!roster.is_ok()) return roster.status();
+  std::vector<Identity> out;
+  std::unordered_map<std::string, int> names, keys;
   std::istringstream lines(roster.value());
   std::string line;
   int line_no = 0;
@@ -322,12 +321,23 @@ Result<std::shared_ptr<const Keyring>> Keyring::load(const std::string& dir, con
       id.shared.push_back(std::move(ns));
       pos = comma + 1;
     }
-    if (ring->by_name_.count(id.name) != 0 || ring->by_key_.count(id.public_key) != 0) {
+    if (names[id.name]++ != 0 || keys[id.public_key]++ != 0) {
       return Status(Code::kInvalidArgument, where + ": name or key of '" + id.name + "' listed twice");
     }
-    ring->by_name_[id.name] = ring->roster_.size();
-    ring->by_key_[id.public_key] = ring->roster_.size();
-    ring->roster_.push_back(std::move(id));
+    out.push_back(std::move(id));
+  }
+  return out;
+}
+}  // namespace
+
+Result<std::shared_ptr<const Keyring>> Keyring::load(const std::string& dir, const std::string& name) {
+  auto ring = std::make_shared<Keyring>();
+  ring->dir_ = dir;
+  const std::string roster_path = dir + "/roster";
+  MC_ASSIGN_OR_RETURN(ring->roster_, parse_roster(dir));
+  for (size_t i = 0; i < ring->roster_.size(); ++i) {
+    ring->by_name_[ring->roster_[i].name] = i;
+    ring->by_key_[ring->roster_[i].public_key] = i;
   }
   const Identity* self = ring->find_by_name(name);
   if (self == nullptr) {
@@ -467,19 +477,9 @@ Status run_init_command(const InitOptions& options, bool json, std::ostream& out
 }
 
 Status run_ls_command(const std::string& dir, bool json, std::ostream& out) {
-  // The roster parser of Keyring::load, without an own identity: load as the first listed name.
-  Result<std::string> roster = read_text(dir + "/roster");
-  if (!roster.is_ok()) return report::print_error(json, out, roster.status());
-  std::istringstream lines(roster.value());
-  std::string line, first;
-  while (std::getline(lines, line) && first.empty()) {
-    if (!line.empty() && line[0] != '#') first = line.substr(0, line.find(' '));
-  }
-  Result<std::shared_ptr<const Keyring>> ring = Keyring::load(dir, first);
-  if (!ring.is_ok() && ring.status().code() != Code::kNotFound) return report::print_error(json, out, ring.status());
-  std::vector<Identity> ids;
-  if (ring.is_ok()) ids = ring.value()->identities();
-  return print_identities(ids, json, out);
+  Result<std::vector<Identity>> ids = parse_roster(dir);
+  if (!ids.is_ok()) return report::print_error(json, out, ids.status());
+  return print_identities(ids.value(), json, out);
 }
 
 Status Claims::check(const Identity* caller, const std::string& name, bool bind) {
