@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
       job.reservation_id = res->reservation_id;
       job.decode_block_offsets_bytes = res->block_offsets_bytes;
       job.decode_kv_segment = res->kv_segment;
+      job.decode_kv_grant = res->kv_grant;
       const double tail_sum_before = tails.sum();
       auto reply = prefill.run_job(job);
       (void)(*dclient)->call(proto::DecodeReleaseRequest{res->reservation_id}, 2000);

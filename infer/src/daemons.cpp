@@ -1,5 +1,6 @@
 #include "mc/infer/daemons.hpp"
 
+#include "mc/common/auth.hpp"
 #include "mc/common/cli.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/endpoint.hpp"
@@ -143,6 +144,8 @@ Status run_decode_daemon(const DecodeDaemonConfig& c) {
     eo.listen = {kv_listen};
     eo.max_connections_served = c.kv_max_connections;
     eo.idle_timeout_served_ms = c.kv_idle_timeout_ms;
+    // With the cluster's grant key, only a reservation's grant holder writes into its blocks (docs/SECURITY.md).
+    if (const auth::Keyring* ring = auth::keyring(); ring != nullptr) eo.grant_key = ring->grant_key();
     MC_RETURN_IF_ERROR(worker->publish_kv_segment(std::move(eo)).with_context("--kv-listen " + kv_listen));
   }
   daemon::install_stop_signals();

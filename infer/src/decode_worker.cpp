@@ -5,9 +5,11 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <unordered_set>
 
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
+#include "mc/common/grant.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
 
@@ -22,6 +24,7 @@ struct DecodeWorker::Reservation {
   std::string client_endpoint;
   std::string client_public_key;           // the client server's CURVE key (with --auth-dir), from decode_reserve
   std::vector<int32_t> blocks;             // prompt blocks, allocated
+  std::unordered_set<int32_t> block_set;   // the same, for the grant check of each WRITE (kv_grant_scope)
   std::vector<std::vector<bool>> arrived;  // [layer][block index]
   int64_t layers_received = 0;
   int64_t deadline_ns = 0;
@@ -162,6 +165,12 @@ Status DecodeWorker::publish_kv_segment(transfer::EngineOptions options) {
   if (options.listen.empty()) {
     return error(Code::kInvalidArgument, "decode: publishing the KV segment needs a listen endpoint (--kv-listen)");
   }
+  kv_grant_key_ = options.grant_key;
+  if (!kv_grant_key_.empty()) {
+    options.grant_scope = [this](const auth::Grant& g, transfer::Op op, uint64_t offset, uint64_t length) {
+      return kv_grant_scope(g, op, offset, length);
+    };
+  }
   MC_ASSIGN_OR_RETURN(auto engine, transfer::TransferEngine::create(std::move(options)));
   auto region = engine->register_memory(kv_->data(), static_cast<uint64_t>(kv_->size_bytes()));
   if (!region.is_ok()) return region.status().with_context("decode: registering the KV buffer");
@@ -174,6 +183,32 @@ Status DecodeWorker::publish_kv_segment(transfer::EngineOptions options) {
 }
 
 std::string DecodeWorker::kv_segment() const { return kv_segment_; }
+
+Status DecodeWorker::kv_grant_scope(const auth::Grant& grant, transfer::Op op, uint64_t offset, uint64_t length) {
+  if (op != transfer::Op::kWrite) return error(Code::kPermissionDenied, "decode KV is written, never read, by peers");
+  const auto block_bytes = static_cast<uint64_t>(kv_->layout().block_bytes());
+  if (offset < kv_segment_base_ || block_bytes == 0) return error(Code::kPermissionDenied, "not in the KV buffer");
+  const uint64_t rel = offset - kv_segment_base_;
+  const uint64_t block = rel / block_bytes;
+  if (length > (block + 1) * block_bytes - rel) {
+    return error(Code::kPermissionDenied, "the range crosses the end of block " + std::to_string(block));
+  }
+  std::lock_guard lock(mu_);
+  auto it = reservations_.find(grant.id);
+  if (it == reservations_.end()) {
+    metrics_.counter("mc_decode_kv_grant_refused_total", "KV writes refused: reservation gone or block not its own")
+        .inc();
+    return error(Code::kPermissionDenied, "reservation " + std::to_string(grant.id) +
+                                              " is no longer live (released, expired, aborted or committed)");
+  }
+  if (it->second->block_set.count(static_cast<int32_t>(block)) == 0) {
+    metrics_.counter("mc_decode_kv_grant_refused_total", "KV writes refused: reservation gone or block not its own")
+        .inc();
+    return error(Code::kPermissionDenied,
+                 "block " + std::to_string(block) + " is not reservation " + std::to_string(grant.id) + "'s");
+  }
+  return Status::ok();
+}
 
 void DecodeWorker::set_job_reporter(std::function<void(proto::ConductorJobReportRequest)> reporter) {
   reporter_ = std::move(reporter);
@@ -296,6 +331,7 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   res->client_endpoint = r.client_endpoint;
   res->client_public_key = r.client_public_key;
   res->blocks = std::move(blocks);
+  res->block_set.insert(res->blocks.begin(), res->blocks.end());
   res->lora = LoraAdapter{r.lora_name, r.lora_version};
   res->scope = scope;
   res->kv_namespace_digest = ns_.with_request(scope).digest_hex();
@@ -313,6 +349,18 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   }
   reply.kv_segment = kv_segment_;
   reply.free_blocks = kv_->num_blocks() - committed_blocks_;
+  if (!kv_grant_key_.empty()) {
+    // The whole buffer's range, scoped at each WRITE to this reservation's blocks while it lives (kv_grant_scope).
+    const int64_t ttl_ms = (res->deadline_ns - clock_->now_ns()) / 1'000'000;
+    auth::Grant g{kv_segment_,
+                  kv_segment_base_,
+                  static_cast<uint64_t>(kv_->size_bytes()),
+                  auth::kGrantWrite,
+                  auth::unix_now_ms() + ttl_ms + auth::kGrantClockSlackMs,
+                  "",
+                  res->id};
+    MC_ASSIGN_OR_RETURN(reply.kv_grant, auth::issue_grant(kv_grant_key_, g));
+  }
   reservations_.emplace(res->id, std::move(res));
   metrics_.counter("mc_decode_reserve_total", "reservations granted").inc();
   return reply;

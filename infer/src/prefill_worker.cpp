@@ -225,6 +225,7 @@ Status PrefillWorker::write_layer_engine(const proto::PrefillJobRequest& job, tr
     r.segment = segment;
     r.remote_offset = job.decode_block_offsets_bytes[static_cast<size_t>(b)] + static_cast<uint64_t>(layer * lbb);
     r.length = static_cast<uint64_t>(lbb);
+    r.grant = job.decode_kv_grant;
     return r;
   };
   // Waits past the engine's request deadline for in-flight slices, so no byte lands after this returns.

@@ -365,7 +365,10 @@ Result<std::shared_ptr<const Keyring>> Keyring::load(const std::string& dir, con
     }
     ring->cluster_secret_ = cs.value();
   }
-  if (Result<std::string> gk = read_text(dir + "/grant.key"); gk.is_ok()) {
+  // A tenant's client never mints data-plane grants (grant.hpp), even where it was handed the file.
+  Result<std::string> gk = ring->self_.role == Role::kClient ? Result<std::string>(Status(Code::kNotFound, ""))
+                                                             : read_text(dir + "/grant.key");
+  if (gk.is_ok()) {
     Result<std::string> raw = unhex(gk.value(), dir + "/grant.key");
     if (!raw.is_ok()) return raw.status();
     if (raw->size() != 32) return Status(Code::kInvalidArgument, dir + "/grant.key: expected 32 bytes (64 hex)");

@@ -586,6 +586,7 @@ class Conductor {
     job.reservation_id = res.reservation_id;
     job.decode_block_offsets_bytes = res.block_offsets_bytes;
     job.decode_kv_segment = res.kv_segment;  // the prefill WRITEs each layer there (transfer engine)
+    job.decode_kv_grant = res.kv_grant;      // ... with decode's grant for the reservation's blocks
     job.client_endpoint = f.submit.client_endpoint;
     job.lora_name = f.scope.lora_name;
     job.lora_version = f.scope.lora_version;

@@ -447,8 +447,8 @@ class Client::Impl {
         j.status = local.status().with_context("local buffer of " + std::to_string(j.length) + " bytes");
         continue;
       }
-      reqs.push_back(
-          transfer::TransferRequest{j.op, local.value(), h.value(), j.replica->xfer_offset_bytes, j.length, ""});
+      reqs.push_back(transfer::TransferRequest{j.op, local.value(), h.value(), j.replica->xfer_offset_bytes, j.length,
+                                               "", j.replica->grant});
       req_job.push_back(i);
       req_seg.push_back(h.value());
     }

@@ -6,6 +6,7 @@
 #include "convert.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/fast_rpc.hpp"
+#include "mc/common/grant.hpp"
 #include "mc/common/log.hpp"
 #include "mc/store/directory.hpp"
 
@@ -103,6 +104,32 @@ struct MasterServer::Impl {
   }
 
   void register_handlers();
+
+  // ---- Data-plane grants (docs/SECURITY.md "Data-plane grants") ----
+  // With the cluster's grant key, each replica served by a transfer-engine segment gets a grant for `op` of exactly
+  // its bytes, to the caller, for ttl_ms (+ the clock slack): the node's transfer server refuses any other access.
+  static void grant(std::vector<proto::StoreReplica>& replicas, uint8_t op, int64_t ttl_ms,
+                    const rpc::CallContext& ctx) {
+    const auth::Keyring* ring = auth::keyring();
+    if (ring == nullptr || ring->grant_key().empty()) return;
+    const int64_t expiry = auth::unix_now_ms() + ttl_ms + auth::kGrantClockSlackMs;
+    for (proto::StoreReplica& r : replicas) {
+      if (r.xfer_segment.empty() || r.size_bytes == 0) continue;
+      auth::Grant g{r.xfer_segment,
+                    r.xfer_offset_bytes,
+                    r.size_bytes,
+                    op,
+                    expiry,
+                    ctx.caller != nullptr ? ctx.caller->name : std::string(),
+                    0};
+      Result<std::string> token = auth::issue_grant(ring->grant_key(), g);
+      if (token.is_ok()) {
+        r.grant = std::move(token).value();
+      } else {
+        MC_LOG_WARN << "store master: no grant for " << g.describe() << ": " << token.status().message();
+      }
+    }
+  }
 
   // ---- Tenants and claims (docs/SECURITY.md) ----
   // A tenant's client names keys in its own space: key K of tenant T is "tenant/T/K" in the pool, and
@@ -258,6 +285,7 @@ void MasterServer::Impl::register_handlers() {
           if (g.is_ok()) {
             item.put_id = g->put_id;
             for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
+            grant(item.replicas, auth::kGrantWrite, options.config.put_takeover_ms, ctx);
           } else {
             item.code = static_cast<uint16_t>(g.status().code());
             item.message = g.status().message();
@@ -309,9 +337,11 @@ void MasterServer::Impl::register_handlers() {
             item.checksum = g->checksum;
             item.lease_ms = g->lease_ms;
             for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
+            grant(item.replicas, auth::kGrantRead, g->lease_ms, ctx);
             if (g->replicate_to) {
               item.replicate_to.push_back(to_wire(*g->replicate_to));
               item.replicate_put_id = g->replicate_put_id;
+              grant(item.replicate_to, auth::kGrantWrite, options.config.put_takeover_ms, ctx);
             }
           } else {
             item.code = static_cast<uint16_t>(g.status().code());

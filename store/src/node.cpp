@@ -14,6 +14,7 @@
 #include <memory>
 #include <thread>
 
+#include "mc/common/auth.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
@@ -217,6 +218,8 @@ class Node {
     eo.listen = opt_.xfer_listen;
     eo.max_connections_served = opt_.xfer_max_connections;
     eo.idle_timeout_served_ms = opt_.xfer_idle_timeout_ms;
+    // With the cluster's grant key, every read and write of this DRAM must carry the master's grant for it.
+    if (const auth::Keyring* ring = auth::keyring(); ring != nullptr) eo.grant_key = ring->grant_key();
     if (eo.listen.empty()) return Status(Code::kInvalidArgument, "--xfer-listen needs at least one endpoint");
     MC_ASSIGN_OR_RETURN(directory_, MasterSegmentDirectory::connect(opt_.master, co.client_name + " directory", 2000));
     eo.directory = directory_;

@@ -14,8 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include <sodium.h>
+
 #include "mc/common/codec.hpp"
 #include "mc/common/fast_rpc.hpp"
+#include "mc/common/grant.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/report/report.hpp"
 #include "message_types.hpp"
@@ -132,6 +135,34 @@ void transfer_wire_seeds(std::vector<Seed>& out) {
   out.push_back({"fuzz_transfer_wire", "replies", with_control(0, wire)});
 }
 
+void grant_seeds(std::vector<Seed>& out) {
+  const std::string key(32, 'g');  // fuzz_grant's key
+  const mc::auth::Grant g{"127.0.0.1:4000", 4096, 65536, mc::auth::kGrantRead, 1700000000000, "alice", 7};
+  out.push_back({"fuzz_grant", "read", mc::auth::issue_grant(key, g).value()});
+  const mc::auth::Grant w{"10.0.0.2:5000", 0, 1ull << 30, mc::auth::kGrantWrite, 1700000000000, "", 42};
+  out.push_back({"fuzz_grant", "write", mc::auth::issue_grant(key, w).value()});
+}
+
+// Records sealed by the client side of fuzz_seal's fixed keys and nonces, as the server receives them.
+void seal_seeds(std::vector<Seed>& out) {
+  if (sodium_init() < 0) return;
+  std::string pk[2], sk[2];
+  for (int who = 0; who < 2; ++who) {
+    unsigned char p[32], s[32], seed[32];
+    for (int i = 0; i < 32; ++i) seed[i] = static_cast<unsigned char>(who * 64 + i);
+    crypto_kx_seed_keypair(p, s, seed);
+    pk[who].assign(reinterpret_cast<char*>(p), 32);
+    sk[who].assign(reinterpret_cast<char*>(s), 32);
+  }
+  mc::rpc::fast::Seal client;
+  if (!client.derive(true, pk[0], sk[0], pk[1], std::string(32, 'c'), std::string(32, 's')).is_ok()) return;
+  std::string frames, sealed;
+  mc::rpc::fast::append_frame(frames, "store.exists", 1, "body");
+  client.seal(frames, sealed);
+  client.seal("second record", sealed);
+  out.push_back({"fuzz_seal", "records", with_control(7, sealed)});
+}
+
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) return {};
@@ -153,6 +184,8 @@ int main(int argc, char** argv) {
   kv_event_seeds(seeds);
   trace_seeds(seeds, MC_SOURCE_DIR);
   transfer_wire_seeds(seeds);
+  grant_seeds(seeds);
+  seal_seeds(seeds);
   int stale = 0;
   for (const Seed& s : seeds) {
     const std::filesystem::path p = dir / s.harness / s.name;

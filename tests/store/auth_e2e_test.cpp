@@ -2,17 +2,25 @@
 // legitimate path still working. The store: tenants' keys are their own (get, ls, rm, overwrite), a shared
 // namespace is shared, an anonymous caller and a tenant cannot unmount or forge a node, and the master logs each
 // refusal naming the caller. The Conductor: an instance id belongs to the key that registered it first, and a
-// tenant cannot register. Children are stopped and files removed by RAII guards, also when a test fails.
+// tenant cannot register. The data plane: a storage node's and a decode instance's memory move only under the grant of
+// the party that allocated it (the master, the decode instance), for its range, op and lifetime; raw reads and writes
+// without one, with a forged one or beyond one are refused and logged. Children are stopped and files removed by RAII
+// guards, also when a test fails.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "mc/common/auth.hpp"
+#include "mc/common/codec.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
 
@@ -80,13 +88,14 @@ class AuthStoreE2E : public ::testing::Test {
                                      "--shared", "public"});
     ASSERT_EQ(rc, 0) << out;
     master_ = start("mc-store",
-                    {"master", "--listen", "tcp://127.0.0.1:0", "--auth-dir", keys_.string(), "--auth-name", "master"},
+                    {"master", "--listen", "tcp://127.0.0.1:0", "--events", "", "--auth-dir", keys_.string(),
+                     "--auth-name", "master"},
                     tmp_.path / "master.log");
     endpoint_ = master_->wait_ready(10000);
     ASSERT_FALSE(endpoint_.empty()) << read_file(tmp_.path / "master.log");
     node_ = start("mc-store",
-                  {"serve", "--master", endpoint_, "--node-id", "node0", "--dram-bytes", "16MiB", "--auth-dir",
-                   keys_.string(), "--auth-name", "node0"},
+                  {"serve", "--master", endpoint_, "--node-id", "node0", "--dram-bytes", "16MiB", "--no-shm",
+                   "--auth-dir", keys_.string(), "--auth-name", "node0"},
                   tmp_.path / "node.log");
     ASSERT_FALSE(node_->wait_ready(10000).empty()) << read_file(tmp_.path / "node.log");
   }
@@ -170,6 +179,183 @@ TEST_F(AuthStoreE2E, TenantsKeepTheirKeysAnonymousAndForgedCallsAreRefused) {
   const std::string log = read_file(tmp_.path / "master.log");
   EXPECT_NE(log.find("refused 'store.unmount' from alice (client, tenant alice)"), std::string::npos) << log;
   EXPECT_NE(log.find("refused: storage node id 'node0' from node (storage)"), std::string::npos) << log;
+}
+
+// Whether `text` holds `needle`; the message names both otherwise.
+::testing::AssertionResult has(const std::string& text, const std::string& needle) {
+  if (text.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << needle << "' not in:\n" << text;
+}
+
+// Sends one completion notification to the transfer engine at "HOST:PORT" as a raw client would (the tcp wire
+// header of transfer/src/tcp/wire.hpp: magic "MCX1", op 4 = notify, version 1, aux = the packed notification) and
+// returns the reply's code (0 ok), or -1 when no reply came.
+int raw_notify(const std::string& host_port, const std::string& packed) {
+  const size_t colon = host_port.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
+  inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &sa.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{3, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  int code = -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+    unsigned char hdr[32] = {'M', 'C', 'X', '1', 4, 1};
+    const auto aux = static_cast<uint32_t>(packed.size());
+    std::memcpy(hdr + 8, &aux, 4);
+    std::string msg(reinterpret_cast<char*>(hdr), sizeof hdr);
+    msg += packed;
+    unsigned char rep[24];
+    if (send(fd, msg.data(), msg.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(msg.size()) &&
+        recv(fd, rep, sizeof rep, MSG_WAITALL) == static_cast<ssize_t>(sizeof rep)) {
+      uint16_t c = 0;
+      std::memcpy(&c, rep + 4, 2);
+      code = c;
+    }
+  }
+  close(fd);
+  return code;
+}
+
+TEST_F(AuthStoreE2E, PoolBytesMoveOnlyUnderTheMastersGrant) {
+  // The legitimate path, over tcp (the node serves no shm): put and get carry the master's grants.
+  ASSERT_EQ(store("alice", {"put", "k1", file("a", "alice's secret bytes")}).first, 0);
+  ASSERT_EQ(store("bob", {"put", "k1", file("b", "bob's bytes")}).first, 0);
+  ASSERT_EQ(store("alice", {"get", "k1"}).second, "alice's secret bytes");
+
+  // What alice's client is handed for her object: its replica and a read grant for exactly its bytes.
+  become(keys_, "alice");
+  proto::StoreReplica replica;
+  {
+    rpc::AsyncClient c;
+    auto r = c.call_sync(endpoint_, proto::StoreGetReplicasRequest{"alice-raw", "", "", {"k1"}}, 3000);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_EQ(r->items.size(), 1u);
+    ASSERT_FALSE(r->items[0].replicas.empty());
+    replica = r->items[0].replicas[0];
+  }
+  ASSERT_FALSE(replica.grant.empty());
+  ASSERT_FALSE(replica.xfer_segment.empty());
+  const std::string off = std::to_string(replica.xfer_offset_bytes);
+  const std::string len = std::to_string(replica.size_bytes);
+  auto xfer = [&](const std::string& who, std::vector<std::string> args) {
+    args.insert(args.end(), {"--target", replica.xfer_segment, "--transport", "tcp", "--timeout-ms", "3000"});
+    if (!who.empty()) args.insert(args.end(), {"--auth-dir", keys_.string(), "--auth-name", who});
+    return run("mc-xfer", args);
+  };
+
+  // A raw read of the node's DRAM without a grant: refused before any byte moves.
+  auto anon = xfer("", {"read", "--offset", "0", "--length", "4096"});
+  EXPECT_NE(anon.first, 0);
+  EXPECT_TRUE(has(anon.second, "grant refused: the request carries no grant"));
+  // Holding a tenant's key gives no grant key: the same.
+  auto tenant = xfer("alice", {"read", "--offset", off, "--length", len});
+  EXPECT_NE(tenant.first, 0);
+  EXPECT_TRUE(has(tenant.second, "carries no grant"));
+  // The admin of another cluster mints grants under another key: forged here.
+  const fs::path other = tmp_.path / "other";
+  ASSERT_EQ(run("mc-auth", {"init", other.string()}).first, 0);
+  auto forged = run("mc-xfer", {"read", "--target", replica.xfer_segment, "--transport", "tcp", "--offset", off,
+                                "--length", len, "--auth-dir", other.string(), "--auth-name", "admin"});
+  EXPECT_NE(forged.first, 0);
+  EXPECT_TRUE(has(forged.second, "grant forged or damaged"));
+  std::string damaged = replica.grant;
+  damaged[damaged.size() / 2] = damaged[damaged.size() / 2] == 'A' ? 'B' : 'A';
+  EXPECT_TRUE(has(xfer("", {"read", "--offset", off, "--length", len, "--grant", damaged}).second, "forged"));
+  // Alice's read grant: not a write (overwriting her object in place), not the bytes next to it (bob's object).
+  auto write = xfer("", {"write", "--offset", off, "--length", len, "--grant", replica.grant});
+  EXPECT_NE(write.first, 0);
+  EXPECT_TRUE(has(write.second, "grant does not allow write"));
+  auto beyond = xfer("", {"read", "--offset", "0", "--length", "16384", "--grant", replica.grant});
+  EXPECT_NE(beyond.first, 0);
+  EXPECT_TRUE(has(beyond.second, "is outside the grant"));
+  // The grant's own range reads.
+  auto granted = xfer("", {"read", "--offset", off, "--length", len, "--grant", replica.grant});
+  EXPECT_EQ(granted.first, 0) << granted.second;
+  // An operator debugging with the admin's keys (the cluster's grant key) issues a grant for itself.
+  auto admin = xfer("admin", {"read", "--offset", "0", "--length", "4096"});
+  EXPECT_EQ(admin.first, 0) << admin.second;
+
+  // Nothing was changed; the node logged each refusal with the peer and the reason, and counted them.
+  EXPECT_EQ(store("alice", {"get", "k1"}).second, "alice's secret bytes");
+  EXPECT_EQ(store("bob", {"get", "k1"}).second, "bob's bytes");
+  const std::string log = read_file(tmp_.path / "node.log");
+  EXPECT_TRUE(has(log, "refused read [0, +4096) from 127.0.0.1:"));
+  EXPECT_TRUE(has(log, "grant refused: the request carries no grant"));
+}
+
+TEST(AuthDecodeE2E, DecodeKvTakesWritesOnlyUnderALiveReservationsGrant) {
+  TempDir tmp;
+  const fs::path keys = tmp.path / "keys";
+  ASSERT_EQ(run("mc-auth", {"init", keys.string(), "--worker", "decode0"}).first, 0);
+  testkit::ChildOptions o;
+  o.stderr_path = (tmp.path / "decode.log").string();
+  o.stop_grace_ms = 2000;
+  testkit::Child decode({kBin + "mc-decode", "--listen", "tcp://127.0.0.1:0", "--backend", "sim", "--kv-blocks", "64",
+                         "--auth-dir", keys.string(), "--auth-name", "decode0"},
+                        o);
+  const std::string ready = decode.wait_line("ready", 15000);
+  ASSERT_FALSE(ready.empty()) << read_file(tmp.path / "decode.log");
+  std::istringstream words(ready);
+  std::string w, endpoint, kv_segment;
+  words >> w >> w >> endpoint;
+  while (words >> w) {
+    if (w.rfind("kv_segment=", 0) == 0) kv_segment = w.substr(11);
+  }
+  ASSERT_FALSE(kv_segment.empty() || kv_segment == "none") << ready;
+
+  // The Conductor reserves KV for a request: decode hands back the write grant of the reservation's blocks.
+  become(keys, "conductor");
+  rpc::AsyncClient c;
+  proto::DecodeReserveRequest reserve;
+  reserve.request_id = "r1";
+  reserve.input_length_tokens = 32;
+  reserve.output_length_tokens = 4;
+  reserve.client_endpoint = "tcp://127.0.0.1:1";
+  auto res = c.call_sync(endpoint, reserve, 3000);
+  ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+  ASSERT_FALSE(res->kv_grant.empty());
+  ASSERT_FALSE(res->block_offsets_bytes.empty());
+  const std::string block0 = std::to_string(res->block_offsets_bytes[0]);
+  const std::string lbb = std::to_string(res->layer_block_bytes);
+  uint64_t other_block = res->block_offsets_bytes.back() + static_cast<uint64_t>(res->block_bytes);
+  for (uint64_t b : res->block_offsets_bytes) other_block = std::max(other_block, b + res->block_bytes);
+  auto xfer = [&](std::vector<std::string> args) {
+    args.insert(args.end(), {"--target", kv_segment, "--transport", "tcp", "--timeout-ms", "3000"});
+    return run("mc-xfer", args);
+  };
+
+  // An attacker's WRITE into the reservation's KV, and a forged layer notification: refused.
+  auto anon = xfer({"write", "--offset", block0, "--length", lbb});
+  EXPECT_NE(anon.first, 0);
+  EXPECT_TRUE(has(anon.second, "grant refused: the request carries no grant"));
+  proto::TransferNotification forged;
+  forged.tag = "kv/" + std::to_string(res->reservation_id) + "/0/0-1";
+  forged.op = 2;
+  forged.segment_offset = res->block_offsets_bytes[0];
+  forged.length_bytes = static_cast<uint64_t>(res->layer_block_bytes);
+  EXPECT_EQ(raw_notify(kv_segment, codec::pack(forged)), static_cast<int>(Code::kPermissionDenied));
+  // The grant's holder (the prefill the Conductor passes it to) writes the reservation's blocks...
+  auto granted = xfer({"write", "--offset", block0, "--length", lbb, "--grant", res->kv_grant});
+  EXPECT_EQ(granted.first, 0) << granted.second;
+  // ... and no other block, nor reads any.
+  auto other = xfer({"write", "--offset", std::to_string(other_block), "--length", lbb, "--grant", res->kv_grant});
+  EXPECT_NE(other.first, 0);
+  EXPECT_TRUE(has(other.second, "is not reservation"));
+  auto read = xfer({"read", "--offset", block0, "--length", lbb, "--grant", res->kv_grant});
+  EXPECT_NE(read.first, 0);
+  EXPECT_TRUE(has(read.second, "grant does not allow read"));
+  // Released, the reservation's grant is dead.
+  auto rel = c.call_sync(endpoint, proto::DecodeReleaseRequest{res->reservation_id}, 3000);
+  ASSERT_TRUE(rel.is_ok()) << rel.status().to_string();
+  auto late = xfer({"write", "--offset", block0, "--length", lbb, "--grant", res->kv_grant});
+  EXPECT_NE(late.first, 0);
+  EXPECT_TRUE(has(late.second, "is no longer live"));
+
+  const std::string log = read_file(tmp.path / "decode.log");
+  EXPECT_TRUE(has(log, "refused write [" + block0 + ", +" + lbb + ") from 127.0.0.1:"));
+  EXPECT_TRUE(has(log, "refused notification from 127.0.0.1:"));
 }
 
 TEST(AuthSetup, WithoutKeysADaemonListensOnLoopbackOnly) {

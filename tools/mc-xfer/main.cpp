@@ -1,6 +1,7 @@
 // mc-xfer: the transfer engine's tool. Subcommands: serve, stat, bench, read, write, topo (man/mc-xfer.1).
 #include <iostream>
 
+#include "mc/common/auth.hpp"
 #include "mc/common/cli.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/units.hpp"
@@ -51,7 +52,13 @@ struct EngineFlags {
         ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
     cmd->add_option("--topology", topology, "Topology matrix JSON file (default: discover from sysfs)")
         ->envname("MC_XFER_TOPOLOGY");
+    cmd->add_option("--grant", grant,
+                    "Data-plane grant token for the target's memory (a replica's grant from the store master; "
+                    "default: none, or one issued here when --auth-dir holds the cluster's grant key)")
+        ->envname("MC_XFER_GRANT");
+    mc::cli::add_auth_flags(*cmd, "admin");
   }
+  std::string grant;
 
   EngineOptions to_options() const {
     EngineOptions o;
@@ -101,6 +108,7 @@ int main(int argc, char** argv) {
       ->envname("MC_XFER_STAT_LISTEN")
       ->capture_default_str();
   mc::cli::add_json_flag(*serve_cmd, serve.json, "Also print the segment as one JSON line");
+  mc::cli::add_auth_flags(*serve_cmd, "node");
   mc::cli::add_xfer_server_flags(*serve_cmd, serve.engine.max_connections_served, serve.engine.idle_timeout_served_ms);
 
   // stat
@@ -176,6 +184,8 @@ int main(int argc, char** argv) {
   if (serve_cmd->parsed()) {
     serve.engine.listen = serve_listen;
     serve.engine.socket_buffer_bytes = static_cast<int>(serve_socket_buffer_bytes);
+    if (const mc::auth::Keyring* ring = mc::auth::keyring(); ring != nullptr)
+      serve.engine.grant_key = ring->grant_key();
     mc::daemon::install_stop_signals();
     return run("mc-xfer serve", mc::transfer::xfer::run_serve(serve, std::cout));
   }
@@ -186,12 +196,14 @@ int main(int argc, char** argv) {
     bench.block_bytes.assign(blocks->begin(), blocks->end());
     bench.op = bench_op == "write" ? mc::transfer::Op::kWrite : mc::transfer::Op::kRead;
     bench.warmup = !no_warmup;
+    bench.grant = bench_engine.grant;
     return run("mc-xfer bench", mc::transfer::xfer::run_bench(bench, std::cout));
   }
   if (read_cmd->parsed() || write_cmd->parsed()) {
     const std::string name = read_cmd->parsed() ? "mc-xfer read" : "mc-xfer write";
     rw.engine = rw_engine.to_options();
     rw.timeout_ms = rw.engine.request_timeout_ms;
+    rw.grant = rw_engine.grant;
     rw.op = read_cmd->parsed() ? mc::transfer::Op::kRead : mc::transfer::Op::kWrite;
     return run(name, mc::transfer::xfer::run_rw(rw, std::cout));
   }

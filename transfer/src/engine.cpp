@@ -38,7 +38,7 @@ std::string hex_addr(const void* p) {
 // Peer refusals that another path cannot fix: fail the request at once, keep the path.
 bool is_request_fault(Code c) {
   return c == Code::kOutOfRange || c == Code::kInvalidArgument || c == Code::kSegmentNotRegistered ||
-         c == Code::kMessageTooLarge || c == Code::kNotFound;
+         c == Code::kMessageTooLarge || c == Code::kNotFound || c == Code::kPermissionDenied;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -160,7 +160,21 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       return std::find(options_.transports.begin(), options_.transports.end(), n) != options_.transports.end();
     };
     if (allowed("shm")) transports_.push_back(shm::make_shm_transport(options_, host_id_));
-    if (allowed("rdma")) {
+    if (!options_.grant_key.empty() && options_.grant_key.size() != 32) {
+      return Status(Code::kInvalidArgument,
+                    "grant_key must be 32 bytes (DIR/grant.key), got " + std::to_string(options_.grant_key.size()));
+    }
+    if (allowed("rdma") && !options_.grant_key.empty()) {
+      // An rkey lets its holder read and write the whole registered region with no server-side check; until
+      // per-grant memory windows exist, a segment that enforces grants publishes none (docs/SECURITY.md).
+      rdma_unavailable_ = Status(Code::kUnimplemented,
+                                 "rdma is off while grants are enforced (per-grant memory windows are not "
+                                 "implemented; docs/SECURITY.md \"RDMA\")");
+      if (options_.transports.size() == 1)
+        return Status(Code::kUnimplemented, "transport rdma: " + rdma_unavailable_.message());
+      MC_LOG_INFO << rdma_unavailable_.message();
+      transports_.push_back(std::make_unique<UnavailableTransport>("rdma", 10, rdma_unavailable_));
+    } else if (allowed("rdma")) {
       auto dom = rdma::RdmaDomain::open(options_, topology_);
       if (dom.is_ok()) {
         rdma_ = std::move(dom).value();
@@ -388,7 +402,30 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     }
     return rdma_->accept(packed);
   }
-  Status notify(const std::string& packed) override { return inbox_.deliver(packed); }
+  Status notify(const std::string& packed, const std::string& peer) override {
+    if (grants_required()) {
+      MC_ASSIGN_OR_RETURN(proto::TransferNotification n,
+                          codec::unpack<proto::TransferNotification>(packed, "transfer notification from " + peer));
+      MC_ASSIGN_OR_RETURN(auth::Grant g, verify_grant(n.grant));
+      MC_RETURN_IF_ERROR(check_access(g, tcp::WireOp::kWrite, n.segment_offset, n.length_bytes));
+    }
+    return inbox_.deliver(packed);
+  }
+  bool grants_required() const override { return !options_.grant_key.empty(); }
+  Result<auth::Grant> verify_grant(std::string_view token) override {
+    return auth::verify_grant(options_.grant_key, token);
+  }
+  Status check_access(const auth::Grant& grant, tcp::WireOp op, uint64_t offset, uint64_t length) override {
+    const uint8_t gop = op == tcp::WireOp::kRead ? auth::kGrantRead : auth::kGrantWrite;
+    MC_RETURN_IF_ERROR(auth::check_grant(grant, segment_name_, gop, offset, length, auth::unix_now_ms()));
+    if (options_.grant_scope) {
+      Status scoped = options_.grant_scope(grant, op == tcp::WireOp::kRead ? Op::kRead : Op::kWrite, offset, length);
+      if (!scoped.is_ok()) {
+        return Status(Code::kPermissionDenied, "grant refused: " + scoped.message() + " (" + grant.describe() + ")");
+      }
+    }
+    return Status::ok();
+  }
 
   // ---------------------------------------------------------------------------------------------
   // Segments
@@ -634,6 +671,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
         op.length = s->length;
         op.path = path;
         op.cookie = reinterpret_cast<uint64_t>(s);
+        op.grant = r.req.grant.empty() ? nullptr : &r.req.grant;
         out.push_back(Post{segp, op});
       }
     }
@@ -1093,6 +1131,8 @@ void export_served_metrics(const EngineStats& s, metrics::Registry& registry) {
   set("mc_xfer_served_read_bytes_total", "bytes read from this segment over tcp", s.served_read_bytes);
   set("mc_xfer_served_written_bytes_total", "bytes written into this segment over tcp", s.served_written_bytes);
   set("mc_xfer_served_errors_total", "ops refused or broken off (bad range, oversized, peer gone)", s.served_errors);
+  set("mc_xfer_served_refused_total", "reads, writes and notifications refused for want of a valid grant",
+      s.served_refused);
   set("mc_xfer_connections_accepted_total", "tcp connections accepted", s.connections_accepted);
   set("mc_xfer_notifications_received_total", "completion notifications received", s.notifications_received);
 }
@@ -1112,6 +1152,7 @@ EngineStats TransferEngine::stats() const {
     s.served_read_bytes = m.server_->read_bytes_served();
     s.served_written_bytes = m.server_->written_bytes_served();
     s.served_errors = m.server_->errors_served();
+    s.served_refused = m.server_->refused_served();
   }
   // Under mu_: a segment still listed has not been closed (close_segment drops its transport after unlisting).
   std::lock_guard<std::mutex> lk(m.mu_);

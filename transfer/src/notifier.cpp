@@ -17,6 +17,7 @@ std::string pack_notification(const TransferRequest& request, const std::string&
   n.op = static_cast<uint8_t>(request.op);
   n.segment_offset = request.remote_offset;
   n.length_bytes = request.length;
+  n.grant = request.grant;
   return codec::pack(n);
 }
 

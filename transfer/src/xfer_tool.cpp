@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/common/auth.hpp"
 #include "mc/common/cli.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/daemon_stat.hpp"
@@ -45,9 +46,23 @@ struct Client {
   proto::SegmentDescriptor desc;
   uint64_t remote_size = 0;
   std::string transport;
+  std::string grant;  // carried by every request (TransferRequest::grant)
 };
 
-Result<Client> connect_client(const EngineOptions& eo, const std::string& target) {
+// The grant of a client's requests: `explicit_grant` (--grant) when given; else, when this process holds the
+// cluster's grant key (an admin's or a daemon's --auth-dir), one it issues itself for read+write of the whole
+// segment for 10 minutes; else none (a target that enforces grants then refuses, naming why).
+Result<std::string> client_grant(const std::string& explicit_grant, const proto::SegmentDescriptor& desc,
+                                 uint64_t remote_size) {
+  if (!explicit_grant.empty()) return explicit_grant;
+  const auth::Keyring* ring = auth::keyring();
+  if (ring == nullptr || ring->grant_key().empty() || remote_size == 0) return std::string();
+  auth::Grant g{desc.name,         0, remote_size, auth::kGrantRead | auth::kGrantWrite, auth::unix_now_ms() + 600000,
+                ring->self().name, 0};
+  return auth::issue_grant(ring->grant_key(), g);
+}
+
+Result<Client> connect_client(const EngineOptions& eo, const std::string& target, const std::string& grant) {
   if (target.empty()) return Status(Code::kInvalidArgument, "--target SEGMENT (host:port) is required");
   Client c;
   MC_ASSIGN_OR_RETURN(c.engine, TransferEngine::create(eo));
@@ -55,6 +70,7 @@ Result<Client> connect_client(const EngineOptions& eo, const std::string& target
   MC_ASSIGN_OR_RETURN(c.desc, c.engine->segment_descriptor(c.seg));
   for (const auto& r : c.desc.regions) c.remote_size = std::max(c.remote_size, r.segment_offset + r.length_bytes);
   MC_ASSIGN_OR_RETURN(c.transport, c.engine->segment_transport(c.seg));
+  MC_ASSIGN_OR_RETURN(c.grant, client_grant(grant, c.desc, c.remote_size));
   return c;
 }
 
@@ -160,7 +176,7 @@ Status run_stat(const StatOptions& o, std::ostream& out) {
 Status run_rw(const RwOptions& o, std::ostream& out) {
   EngineOptions eo = o.engine;
   eo.trace_slices = o.verbose || o.json;
-  auto client = connect_client(eo, o.target);
+  auto client = connect_client(eo, o.target, o.grant);
   if (!client.is_ok()) return report::print_error(o.json, out, client.status());
   Client& c = client.value();
   if (o.length == 0 && o.offset > c.remote_size) {
@@ -175,7 +191,7 @@ Status run_rw(const RwOptions& o, std::ostream& out) {
   std::vector<RequestStatus> steps;
   std::vector<std::string> step_names;
   auto move = [&](Op op, const std::string& tag) {
-    RequestStatus st = c.engine->transfer_sync({op, local, c.seg, o.offset, o.length, tag}, o.timeout_ms);
+    RequestStatus st = c.engine->transfer_sync({op, local, c.seg, o.offset, o.length, tag, c.grant}, o.timeout_ms);
     steps.push_back(st);
     step_names.push_back(op_name(op));
     return st;
@@ -475,7 +491,8 @@ Result<BenchWarmup> warm_up(const BenchOptions& o, Client& c, char* local, uint6
   for (uint64_t off = 0; off < span && now_s() - w0 < 60; off += max_block * o.batch) {
     reqs.clear();
     for (uint32_t i = 0; i < o.batch && off + (i + 1) * max_block <= span; ++i) {
-      reqs.push_back(TransferRequest{Op::kRead, local + i * max_block, c.seg, off + i * max_block, max_block, ""});
+      reqs.push_back(
+          TransferRequest{Op::kRead, local + i * max_block, c.seg, off + i * max_block, max_block, "", c.grant});
     }
     auto id = c.engine->submit(reqs);
     if (!id.is_ok()) return id.status().with_context("bench warm-up");
@@ -517,7 +534,7 @@ BenchRow run_row(const BenchOptions& o, Client& c, char* buf, uint64_t slab, uin
       do {  // at least one batch per thread, however late the thread starts
         for (uint32_t i = 0; i < o.batch; ++i) {
           if (remote + block > span) remote = 0;
-          reqs[i] = TransferRequest{o.op, local + i * block, c.seg, remote, block, ""};
+          reqs[i] = TransferRequest{o.op, local + i * block, c.seg, remote, block, "", c.grant};
           remote += block;
         }
         auto id = c.engine->submit(reqs);
@@ -765,7 +782,7 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
     return report::print_error(
         o.json, out, Status(Code::kInvalidArgument, "--threads, --batch, --duration and --block must be > 0"));
   }
-  auto client = connect_client(o.engine, o.target);
+  auto client = connect_client(o.engine, o.target, o.grant);
   if (!client.is_ok()) return report::print_error(o.json, out, client.status());
   Client& c = client.value();
   const uint64_t max_block = *std::max_element(o.block_bytes.begin(), o.block_bytes.end());

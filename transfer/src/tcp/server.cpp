@@ -1,5 +1,7 @@
 #include "tcp/server.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -23,6 +25,26 @@ void set_receive_timeout(int fd, int64_t timeout_ms) {
   tv.tv_sec = static_cast<time_t>(timeout_ms / 1000);
   tv.tv_usec = static_cast<suseconds_t>((timeout_ms % 1000) * 1000);
   (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+// "ADDR:PORT" of an accepted peer ("[v6]:PORT" for IPv6), "?" when unknown.
+std::string format_peer(const sockaddr_storage& sa) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (sa.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&sa);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    std::string out(host);
+    out.append(":").append(std::to_string(ntohs(in->sin_port)));
+    return out;
+  }
+  if (sa.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&sa);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    std::string out = "[";  // appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string
+    out.append(host).append("]:").append(std::to_string(ntohs(in6->sin6_port)));
+    return out;
+  }
+  return "?";
 }
 
 int64_t mono_ms() {
@@ -149,7 +171,9 @@ void TcpServer::accept_loop() {
     now = mono_ms();
     for (size_t i = 0; i + 1 < pfds.size(); ++i) {
       if (pfds[i].fd < 0 || !(pfds[i].revents & POLLIN)) continue;
-      int cfd = ::accept4(pfds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
+      sockaddr_storage peer_addr{};
+      socklen_t peer_len = sizeof peer_addr;
+      int cfd = ::accept4(pfds[i].fd, reinterpret_cast<sockaddr*>(&peer_addr), &peer_len, SOCK_CLOEXEC);
       if (cfd < 0) {
         const int err = errno;
         if (err == EAGAIN || err == EINTR || err == ECONNABORTED) continue;
@@ -192,6 +216,7 @@ void TcpServer::accept_loop() {
       set_receive_timeout(cfd, options_.idle_timeout_ms);
       auto c = std::make_unique<Conn>();
       c->fd.reset(cfd);
+      c->peer = format_peer(peer_addr);
       Conn* raw = c.get();
       conns_.push_back(std::move(c));
       raw->thread = std::thread([this, raw] { serve_connection(raw); });
@@ -199,11 +224,28 @@ void TcpServer::accept_loop() {
   }
 }
 
+void TcpServer::log_refusal(const std::string& peer, WireOp op, uint64_t offset, uint64_t length, const Status& why) {
+  // As the control plane's refusals: the first 10 logged, then every 1,000th (a flood does not flood the log).
+  const uint64_t n = ++refused_;
+  if (n > 10 && n % 1000 != 0) return;
+  const char* what = op == WireOp::kRead ? "read" : op == WireOp::kWrite ? "write" : "notification";
+  MC_LOG_WARN << "tcp server " << (endpoints_.empty() ? std::string("?") : endpoints_.front()) << ": refused " << what
+              << (op == WireOp::kNotify ? std::string()
+                                        : " [" + std::to_string(offset) + ", +" + std::to_string(length) + ")")
+              << " from " << peer << ": " << why.message()
+              << (n > 10 ? " (refusal " + std::to_string(n) + "; only every 1000th is logged)" : std::string());
+}
+
 void TcpServer::serve_connection(Conn* conn) {
   const int fd = conn->fd.get();
   const std::string what = "tcp server connection";
   std::string aux;
   std::vector<std::shared_ptr<void>> leases;  // rdma queue pairs set up over this connection
+  // The last grant token that verified on this connection and what it carries: an initiator sends the same
+  // token with every wire op of a request, so the MAC is computed once per request and connection.
+  std::string granted_token;
+  auth::Grant granted;
+  const bool grants = handler_->grants_required();
   while (!stop_.load()) {
     WireRequest req;
     if (Status got = recv_all(fd, &req, sizeof req, what); !got.is_ok()) {  // peer closed or reset: normal end
@@ -233,6 +275,37 @@ void TcpServer::serve_connection(Conn* conn) {
         } else {
           mem = handler_->resolve(req.offset, req.length);
         }
+        if (grants && req.length <= options_.max_op_bytes) {  // the grant first: no layout leaks to the ungranted
+          Status allowed = Status::ok();
+          if (aux != granted_token || granted_token.empty()) {
+            Result<auth::Grant> g = handler_->verify_grant(aux);
+            if (g.is_ok()) {
+              granted = std::move(g).value();
+              granted_token = aux;
+            } else {
+              granted_token.clear();
+              allowed = g.status();
+            }
+          }
+          if (allowed.is_ok()) allowed = handler_->check_access(granted, op, req.offset, req.length);
+          if (!allowed.is_ok()) {
+            log_refusal(conn->peer, op, req.offset, req.length, allowed);
+            errors_++;
+            // A refused WRITE's payload (bounded by max_op_bytes above) is read and dropped, so the initiator
+            // gets the reason rather than a reset while it still sends, and the connection stays usable.
+            Status drained = Status::ok();
+            if (op == WireOp::kWrite) {
+              char sink[64 << 10];
+              for (uint64_t left = req.length; left > 0 && drained.is_ok();) {
+                const uint64_t n = std::min<uint64_t>(left, sizeof sink);
+                drained = recv_all(fd, sink, n, what);
+                left -= n;
+              }
+            }
+            sent = drained.is_ok() ? send_reply(fd, op, allowed, "", nullptr, 0) : drained;
+            break;
+          }
+        }
         if (!mem.is_ok()) {
           errors_++;
           sent = send_reply(fd, op, mem.status(), "", nullptr, 0);
@@ -258,8 +331,9 @@ void TcpServer::serve_connection(Conn* conn) {
         sent = send_reply(fd, op, Status::ok(), handler_->describe(), nullptr, 0);
         break;
       case WireOp::kNotify: {
-        Status st = handler_->notify(aux);
+        Status st = handler_->notify(aux, conn->peer);
         if (!st.is_ok()) errors_++;
+        if (st.code() == Code::kPermissionDenied) log_refusal(conn->peer, op, 0, 0, st);
         sent = send_reply(fd, op, st, "", nullptr, 0);
         break;
       }

@@ -16,9 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include "mc/common/grant.hpp"
 #include "mc/common/limits.hpp"
 #include "mc/common/status.hpp"
 #include "tcp/net.hpp"
+#include "tcp/wire.hpp"
 
 namespace mc::transfer::tcp {
 
@@ -29,8 +31,14 @@ class ServerHandler {
   virtual Result<char*> resolve(uint64_t offset, uint64_t length) = 0;
   // The packed SegmentDescriptor.
   virtual std::string describe() = 0;
-  // A packed TransferNotification arrived.
-  virtual Status notify(const std::string& packed) = 0;
+  // A packed TransferNotification arrived from `peer` ("ADDR:PORT"); kPermissionDenied when it carries no grant
+  // covering its range (grants_required) — the server then counts and logs it as refused.
+  virtual Status notify(const std::string& packed, const std::string& peer) = 0;
+  // Grants (mc/common/grant.hpp): whether READ/WRITE must carry one in the request's aux; the grant a token
+  // carries (MAC checked); whether it covers the op now. Called from connection threads.
+  virtual bool grants_required() const { return false; }
+  virtual Result<auth::Grant> verify_grant(std::string_view token) = 0;
+  virtual Status check_access(const auth::Grant& grant, WireOp op, uint64_t offset, uint64_t length) = 0;
   // A packed RdmaConnectRequest arrived: the packed reply and a lease the server holds until this
   // connection closes (the queue pair lives that long).
   virtual Result<std::pair<std::string, std::shared_ptr<void>>> rdma_connect(const std::string& packed) = 0;
@@ -59,10 +67,13 @@ class TcpServer {
   uint64_t read_bytes_served() const { return read_bytes_.load(); }
   uint64_t written_bytes_served() const { return written_bytes_.load(); }
   uint64_t connections_accepted() const { return accepted_.load(); }
+  // Of errors_served: ops refused for want of a valid grant (ServerHandler::grants_required).
+  uint64_t refused_served() const { return refused_.load(); }
 
  private:
   struct Conn {
     Fd fd;
+    std::string peer;  // "ADDR:PORT" of the initiator (logs)
     std::thread thread;
     std::atomic<bool> done{false};
   };
@@ -70,6 +81,8 @@ class TcpServer {
   void accept_loop();
   void serve_connection(Conn* conn);
   void reap(bool all);
+  // Counts and logs (the first 10, then every 1,000th) a refused op, naming the peer and the reason.
+  void log_refusal(const std::string& peer, WireOp op, uint64_t offset, uint64_t length, const Status& why);
 
   ServerOptions options_;
   ServerHandler* handler_;
@@ -84,6 +97,7 @@ class TcpServer {
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> reads_{0}, writes_{0}, read_bytes_{0}, written_bytes_{0};
   std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> refused_{0};
   // Used by the accept thread only.
   mc::limits::LogBudget refuse_log_{10000};
   mc::limits::LogBudget accept_log_{10000};

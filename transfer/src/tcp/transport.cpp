@@ -149,7 +149,7 @@ class IoWorker {
   }
   // True when `op` may be appended to the not-yet-sent wire op `p`.
   bool can_merge(const Pending& p, const SliceOp& op) const {
-    return p.op.op == op.op && p.op.local + p.op.length == op.local &&
+    return p.op.op == op.op && p.op.grant == op.grant && p.op.local + p.op.length == op.local &&
            p.op.remote_offset + p.op.length == op.remote_offset && p.op.length + op.length <= kMaxWireOpBytes &&
            region_of(p.op.remote_offset) == region_of(op.remote_offset);
   }
@@ -266,6 +266,8 @@ class IoWorker {
         pend.hdr.op = static_cast<uint8_t>(op.op == Op::kRead ? WireOp::kRead : WireOp::kWrite);
         pend.hdr.offset = op.remote_offset;
         pend.hdr.length = op.length;
+        // The grant travels as the op's aux (wire.hpp): the target checks it before any byte moves.
+        pend.hdr.aux_bytes = op.grant == nullptr ? 0 : static_cast<uint32_t>(op.grant->size());
         pend.cookies.push_back(op.cookie);
         pend.ends.push_back(op.length);
         if (best->to_send.empty() && best->in_flight.empty()) best->last_progress_ns = now_ns();
@@ -282,6 +284,7 @@ class IoWorker {
       size_t n = 0;
       uint64_t skip = c.sent_of_front;
       for (auto it = c.to_send.begin(); it != c.to_send.end() && n + 2 <= kMaxIov; ++it) {
+        if (n + 3 > kMaxIov) break;
         char* h = reinterpret_cast<char*>(&it->hdr);
         uint64_t hlen = sizeof(WireRequest);
         if (skip < hlen) {
@@ -289,6 +292,15 @@ class IoWorker {
           skip = 0;
         } else {
           skip -= hlen;
+        }
+        if (it->hdr.aux_bytes > 0) {
+          const uint64_t alen = it->hdr.aux_bytes;
+          if (skip < alen) {
+            iov[n++] = {const_cast<char*>(it->op.grant->data()) + skip, alen - skip};
+            skip = 0;
+          } else {
+            skip -= alen;
+          }
         }
         if (it->op.op == Op::kWrite) {
           iov[n++] = {it->op.local + skip, it->op.length - skip};
@@ -311,7 +323,7 @@ class IoWorker {
       auto left = static_cast<uint64_t>(k) + c.sent_of_front;
       while (!c.to_send.empty()) {
         const Pending& f = c.to_send.front();
-        uint64_t total = sizeof(WireRequest) + (f.op.op == Op::kWrite ? f.op.length : 0);
+        uint64_t total = sizeof(WireRequest) + f.hdr.aux_bytes + (f.op.op == Op::kWrite ? f.op.length : 0);
         if (left < total) break;
         left -= total;
         wire_ops_.fetch_add(1, std::memory_order_relaxed);

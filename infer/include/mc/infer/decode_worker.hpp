@@ -116,6 +116,10 @@ class DecodeWorker {
   std::string kv_segment() const;
   // A transfer-engine notification (the engine's handler; public for tests).
   void on_kv_notification(const transfer::Notification& note);
+  // The decode side of a KV grant (EngineOptions::grant_scope, docs/SECURITY.md "Data-plane grants"): ok when
+  // [offset, offset+length) lies inside one block of the live reservation grant.id; kPermissionDenied otherwise
+  // (reservation released/expired/committed, a block not its own, a READ). Any thread.
+  Status kv_grant_scope(const auth::Grant& grant, transfer::Op op, uint64_t offset, uint64_t length);
   // Called (from the step thread) for each first token / done / failure sent to a client. Set before serving.
   void set_job_reporter(std::function<void(proto::ConductorJobReportRequest)> reporter);
 
@@ -162,6 +166,7 @@ class DecodeWorker {
   std::function<void(proto::ConductorJobReportRequest)> reporter_;
   std::string kv_segment_;        // set once by publish_kv_segment, before serving
   uint64_t kv_segment_base_ = 0;  // segment offset of kv_->data()
+  std::string kv_grant_key_;      // with --auth-dir: the grant key reservations' kv_grant is issued under
   // Last member: destroyed first, so no notification handler runs into a half-destroyed worker.
   std::unique_ptr<transfer::TransferEngine> engine_;
 };

@@ -69,7 +69,7 @@ class Keyring {
   const std::string& cluster_public() const { return cluster_public_; }
   // Empty when this host was not given DIR/cluster.secret (a tenant's client): it cannot serve with the cluster key.
   const std::string& cluster_secret() const { return cluster_secret_; }
-  // 32 raw bytes; empty when DIR/grant.key is absent.
+  // 32 raw bytes (grant.hpp); empty when DIR/grant.key is absent or this identity is a client (role kClient).
   const std::string& grant_key() const { return grant_key_; }
   // The roster's identity with this Z85 public key / name; nullptr when none.
   const Identity* find_by_key(std::string_view public_z85) const;

@@ -195,7 +195,8 @@ struct TransferNotification {
   uint8_t op = 0;               // 1 read, 2 write
   uint64_t segment_offset = 0;  // range of the request in the target's segment
   uint64_t length_bytes = 0;
-  MSGPACK_DEFINE_MAP(tag, from, op, segment_offset, length_bytes);
+  std::string grant;  // the request's grant (mc/common/grant.hpp) where the target enforces grants; "" otherwise
+  MSGPACK_DEFINE_MAP(tag, from, op, segment_offset, length_bytes, grant);
 };
 
 // Directory service (implemented by the store master): publish and look up descriptors by name.
@@ -251,8 +252,12 @@ struct StoreReplica {
   uint64_t xfer_offset_bytes = 0;  // offset of the replica's first byte in xfer_segment
   uint64_t offset_bytes = 0;       // offset of the replica inside `segment`
   uint64_t size_bytes = 0;
+  // With --auth-dir: the data-plane grant (mc/common/grant.hpp) for these bytes of xfer_segment, issued by the
+  // master to the caller — read for get_replicas' replicas, write for put_start's and replicate_to — expiring with
+  // the read lease or the put's takeover time. "" without a grant key or for disk replicas.
+  std::string grant;
   MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, xfer_segment, xfer_offset_bytes, offset_bytes,
-                     size_bytes);
+                     size_bytes, grant);
 };
 
 struct StoreMountRequest {
@@ -694,8 +699,12 @@ struct DecodeReserveReply {
   std::vector<uint64_t> block_offsets_bytes;
   std::string kv_segment;   // transfer-engine segment of the buffer ("" = kv_write RPC only)
   int64_t free_blocks = 0;  // uncommitted blocks left after this reservation
+  // With a grant key: the write grant (mc/common/grant.hpp) of kv_segment for this reservation (id =
+  // reservation_id), which every WRITE and layer notification into its blocks must carry; it dies with the
+  // reservation (released, expired, aborted or committed) or at its ttl. "" otherwise.
+  std::string kv_grant;
   MSGPACK_DEFINE_MAP(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes, kv_segment,
-                     free_blocks);
+                     free_blocks, kv_grant);
 };
 struct DecodeReserveRequest {
   static constexpr const char* kType = "decode_reserve";
@@ -839,6 +848,7 @@ struct PrefillJobRequest {
   uint64_t reservation_id = 0;       // from decode_reserve
   std::vector<uint64_t> decode_block_offsets_bytes;  // from decode_reserve
   std::string decode_kv_segment;  // from decode_reserve (kv_segment); "": the prefill asks decode (worker_load)
+  std::string decode_kv_grant;    // from decode_reserve (kv_grant): carried by every WRITE into decode_kv_segment
   std::string client_endpoint;
   int64_t chunk_tokens = 0;        // 0: the worker's --chunk-tokens
   bool store_new_blocks = true;    // put new complete blocks into the store
@@ -851,7 +861,7 @@ struct PrefillJobRequest {
   std::string salt{};
   MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
                      reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
-                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt);
+                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant);
 };
 
 struct WorkerLoadReply {

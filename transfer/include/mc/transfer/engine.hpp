@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "mc/common/clock.hpp"
+#include "mc/common/grant.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/status.hpp"
 
@@ -107,6 +108,16 @@ struct EngineOptions {
   // up an rdma queue pair, which lives as long as it.
   size_t max_connections_served = 1024;
   int64_t idle_timeout_served_ms = 120000;
+  // Data-plane grants (mc/common/grant.hpp, docs/SECURITY.md "Data-plane grants"). With a 32-byte grant_key, the
+  // served segment answers a tcp READ, WRITE or completion notification only when it carries a grant for this
+  // segment, the op and a range covering it, unexpired, whose MAC verifies under the key; refusals are counted
+  // (EngineStats::served_refused) and logged naming the peer and the reason. With a key, rdma is not offered
+  // (no rkey is published: per-grant memory windows are not implemented), so a peer reaches the segment over tcp,
+  // or over shm when it runs on this host as the same OS user (the shm file's 0600 mode is that boundary).
+  // grant_scope, when set, is asked after the MAC and range checks (a decode instance: are these blocks still
+  // the live reservation grant.id's?): its error refuses the op. Called from server threads; must not block.
+  std::string grant_key;
+  std::function<Status(const auth::Grant& grant, Op op, uint64_t offset, uint64_t length)> grant_scope;
   bool trace_slices = false;                    // fill RequestStatus::slices
   std::shared_ptr<SegmentDirectory> directory;  // null: peer-to-peer
   const Clock* clock = nullptr;                 // null: RealClock (quarantine timing)
@@ -141,6 +152,8 @@ struct EngineStats {
   // Reads and writes of this engine's segment served over tcp, with their bytes, and the ops refused or
   // broken off (bad range, oversized, peer gone). shm and rdma peers copy by themselves: not seen here.
   uint64_t served_reads = 0, served_writes = 0, served_read_bytes = 0, served_written_bytes = 0, served_errors = 0;
+  // Of served_errors: reads, writes and notifications refused for want of a valid grant (EngineOptions::grant_key).
+  uint64_t served_refused = 0;
   // Data-path counters of the transports, summed over open segments (tcp: "tcp_wire_ops", "tcp_send_calls",
   // "tcp_recv_calls", "tcp_wakeups", "tcp_bytes", "tcp_connections_opened"; shm and rdma report none yet).
   std::map<std::string, uint64_t> transport_counters;
@@ -148,8 +161,8 @@ struct EngineStats {
 
 // Sets the target-side counters of `stats` as gauges of `registry` (mc_xfer_served_reads_total,
 // mc_xfer_served_writes_total, mc_xfer_served_read_bytes_total, mc_xfer_served_written_bytes_total,
-// mc_xfer_served_errors_total, mc_xfer_connections_accepted_total, mc_xfer_notifications_received_total):
-// what a daemon serving a segment answers in `stat`.
+// mc_xfer_served_errors_total, mc_xfer_served_refused_total, mc_xfer_connections_accepted_total,
+// mc_xfer_notifications_received_total): what a daemon serving a segment answers in `stat`.
 void export_served_metrics(const EngineStats& stats, metrics::Registry& registry);
 
 class TransferEngine {

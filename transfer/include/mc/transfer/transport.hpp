@@ -32,6 +32,9 @@ struct SliceOp {
   uint64_t length = 0;         // > 0
   int path = 0;                // index into TransportSegment::paths()
   uint64_t cookie = 0;         // passed back to slice_done
+  // The request's grant token (TransferRequest::grant), owned by the engine's request record and alive until
+  // slice_done; nullptr when the request carries none. tcp sends it with every wire op; shm and rdma ignore it.
+  const std::string* grant = nullptr;
 };
 
 class SliceSink {

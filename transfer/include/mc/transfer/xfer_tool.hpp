@@ -31,7 +31,8 @@ struct ServeOptions {
 };
 // Registers a pattern-filled shared buffer, prints the ready line
 //   ready mc-xfer <first endpoint> segment=<name> size_bytes=<n> paths=<ep,ep> regions=<n> shm=<yes|no> stat=<ep>
-// and serves until SIGTERM/SIGINT. Notifications received are logged at info level. The `stat` endpoint
+// and serves until SIGTERM/SIGINT. With engine.grant_key (--auth-dir holding the grant key) every tcp read and write
+// must carry a grant. Notifications received are logged at info level. The `stat` endpoint
 // answers StatRequest (run_stat) with the engine's served counters (export_served_metrics: tcp reads and
 // writes of the segment with their bytes, errors, connections, notifications).
 // Errors: kInvalidArgument (size 0, no endpoint, bad location), the engine's and the stat server's bind errors.
@@ -48,6 +49,9 @@ struct RwOptions {
   bool json = false;
   int64_t timeout_ms = 30000;
   std::string notify_tag;
+  // The data-plane grant of the target's memory (mc/common/grant.hpp), e.g. a replica's `grant` from
+  // `mc-store get-replicas --json`. "": none, or — with an --auth-dir holding the grant key — one issued here.
+  std::string grant;
 };
 Status run_rw(const RwOptions& options, std::ostream& out);
 
@@ -65,6 +69,7 @@ struct BenchOptions {
   // first touch of each page of a fresh peer mapping (shm) is a page fault — ~13 us per 4 KiB page on a
   // shadow-paging guest — and a short run at small blocks would otherwise measure only that.
   bool warmup = true;
+  std::string grant;  // as RwOptions::grant
 };
 // Prints a header (build, host, transport, paths) and one row per block size: requests, bytes, GB/s
 // (decimal), per-path share, request latency p50/p99/p999 in µs; with baseline, the limits and ratios.
