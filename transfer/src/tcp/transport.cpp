@@ -147,9 +147,14 @@ class IoWorker {
   size_t region_of(uint64_t off) const {
     return static_cast<size_t>(std::upper_bound(region_ends_.begin(), region_ends_.end(), off) - region_ends_.begin());
   }
+  // Slices of different requests under one grant (every request of a batch to one replica or reservation carries
+  // the same token) may share a wire op; the target checks the merged range against it.
+  static bool same_grant(const std::string* a, const std::string* b) {
+    return a == b || (a != nullptr && b != nullptr && *a == *b);
+  }
   // True when `op` may be appended to the not-yet-sent wire op `p`.
   bool can_merge(const Pending& p, const SliceOp& op) const {
-    return p.op.op == op.op && p.op.grant == op.grant && p.op.local + p.op.length == op.local &&
+    return p.op.op == op.op && same_grant(p.op.grant, op.grant) && p.op.local + p.op.length == op.local &&
            p.op.remote_offset + p.op.length == op.remote_offset && p.op.length + op.length <= kMaxWireOpBytes &&
            region_of(p.op.remote_offset) == region_of(op.remote_offset);
   }
