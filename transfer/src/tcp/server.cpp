@@ -301,6 +301,16 @@ void TcpServer::serve_connection(Conn* conn) {
       (void)send_reply(fd, bad.code() == Code::kProtocolMismatch ? WireOp::kPing : op, bad, "", nullptr, 0);
       break;
     }
+    if ((op == WireOp::kRead || op == WireOp::kWrite) && req.aux_bytes > auth::kMaxGrantTokenBytes) {
+      errors_++;  // a read's or write's aux is its grant token: never megabytes
+      (void)send_reply(
+          fd, op,
+          Status(Code::kMessageTooLarge, "aux of " + std::to_string(req.aux_bytes) + " bytes on a " +
+                                             (op == WireOp::kRead ? "read" : "write") + " (a grant is at most " +
+                                             std::to_string(auth::kMaxGrantTokenBytes) + ")"),
+          "", nullptr, 0);
+      break;
+    }
     aux.resize(req.aux_bytes);
     if (req.aux_bytes > 0 && !in->take(aux.data(), aux.size()).is_ok()) break;
     ops_++;
