@@ -218,8 +218,10 @@ void DecodeWorker::on_kv_notification(const transfer::Notification& note) {
   metrics_.counter("mc_decode_kv_notifications_total", "layer-arrival notifications from the transfer engine").inc();
   auto reject = [&](const std::string& why) {
     metrics_.counter("mc_decode_kv_notifications_rejected_total", "notifications naming no valid reserved range").inc();
-    MC_LOG_WARN << "decode: KV notification '" << note.tag << "' from " << (note.from.empty() ? "?" : note.from)
-                << " (offset " << note.segment_offset << ", " << note.length << " B) ignored: " << why;
+    // A peer chooses tag and from: at most 128 bytes of each reach the log.
+    MC_LOG_WARN << "decode: KV notification '" << note.tag.substr(0, 128) << "' from "
+                << (note.from.empty() ? "?" : note.from.substr(0, 128)) << " (offset " << note.segment_offset << ", "
+                << note.length << " B) ignored: " << why;
   };
   const std::optional<proto::KvLayerTag> tag =
       note.op == transfer::Op::kWrite ? proto::KvLayerTag::decode(note.tag) : std::nullopt;
@@ -229,6 +231,13 @@ void DecodeWorker::on_kv_notification(const transfer::Notification& note) {
   }
   const uint64_t id = tag->reservation_id;
   const int64_t layer = tag->layer, first = tag->first_block, end = tag->end_block;
+  if (!kv_grant_key_.empty() && note.grant_id != id) {
+    // The engine checked that the grant covers the written range; the tag must also name the grant's reservation,
+    // or a holder of one reservation's grant could mark (and poison) another's layers.
+    reject("the tag names reservation " + std::to_string(id) + " but the grant is reservation " +
+           std::to_string(note.grant_id) + "'s");
+    return;
+  }
   std::lock_guard lock(mu_);
   auto it = reservations_.find(id);
   if (it == reservations_.end()) {

@@ -392,10 +392,11 @@ class Client::Impl {
           req.segment = r.segment;
           req.offset_bytes = r.offset_bytes + at;
           req.data.assign(reinterpret_cast<const char*>(j.local) + at, reinterpret_cast<const char*>(j.local) + at + n);
+          req.grant = r.grant;
           nodes->call(r.endpoint, req, options.node_timeout_ms,
                       [&](Result<proto::StoreNodeWriteRequest::Reply> reply) { on_done(reply.status()); });
         } else {
-          nodes->call(r.endpoint, proto::StoreNodeReadRequest{r.segment, r.offset_bytes + at, n},
+          nodes->call(r.endpoint, proto::StoreNodeReadRequest{r.segment, r.offset_bytes + at, n, r.grant},
                       options.node_timeout_ms, [&, at, n](Result<proto::StoreNodeReadReply> reply) {
                         if (reply.is_ok() && reply->data.size() != n) {
                           reply = Status(Code::kDataLoss, "node " + r.endpoint + " returned " +

@@ -504,13 +504,20 @@ void MasterCore::client_heartbeat(const std::string& client_id) { touch_client(c
 // Space
 // ---------------------------------------------------------------------------------------------
 
+int64_t MasterCore::grant_hold_until(int64_t now_ns, int64_t lifetime_ms) const {
+  return config_.grant_hold_ms > 0 ? now_ns + (lifetime_ms + config_.grant_hold_ms) * kNsPerMs : 0;
+}
+
 void MasterCore::release_replica(const Replica& r, uint64_t size_bytes, bool delayed) {
   auto seg = segments_.find(r.segment);
   if (seg == segments_.end()) return;
   if (seg->second.replicas > 0) --seg->second.replicas;
   if (r.complete) journal(r.segment, r.offset, false);
-  if (delayed && config_.free_delay_ms > 0) {
-    pending_frees_.push_back({r.segment, r.offset, size_bytes, clock_->now_ns() + config_.free_delay_ms * kNsPerMs});
+  const int64_t now = clock_->now_ns();
+  int64_t free_at = delayed && config_.free_delay_ms > 0 ? now + config_.free_delay_ms * kNsPerMs : 0;
+  free_at = std::max(free_at, r.grant_until_ns);  // a grant handed out for this range still lives
+  if (free_at > now) {
+    pending_frees_.push_back({r.segment, r.offset, size_bytes, free_at});
     return;
   }
   (void)seg->second.alloc->free(r.offset);
@@ -786,6 +793,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
     r.put_id = obj.put_id;
     r.writer = caller.client_id;
     r.started_ns = now;
+    r.grant_until_ns = grant_hold_until(now, config_.put_takeover_ms);
     obj.replicas.push_back(r);
     grant.replicas.push_back(view(r, size_bytes));
   }
@@ -862,6 +870,10 @@ Result<ReadGrant> MasterCore::get_replicas(const Caller& caller, const std::stri
   grant.size_bytes = obj.size_bytes;
   grant.checksum = obj.checksum;
   for (const auto& [rank, r] : ranked) grant.replicas.push_back(view(*r, obj.size_bytes));
+  const int64_t read_hold = grant_hold_until(now, config_.lease_ms);
+  for (Replica& r : obj.replicas) {
+    if (offered(r)) r.grant_until_ns = std::max(r.grant_until_ns, read_hold);
+  }
   grant.lease_ms = config_.lease_ms;
   obj.lease_until_ns = std::max(obj.lease_until_ns, now + config_.lease_ms * kNsPerMs);
   obj.last_access_ns = now;
@@ -915,6 +927,7 @@ bool MasterCore::grant_copy(const std::string& key, Object& obj, const Caller& c
   r.put_id = next_put_id_++;
   r.writer = caller.client_id;
   r.started_ns = now_ns;
+  r.grant_until_ns = grant_hold_until(now_ns, config_.put_takeover_ms);
   obj.replicas.push_back(r);
   unfinished_.insert(key);  // tick() reclaims the copy if its writer never finishes it
   grant.replicate_to = view(r, obj.size_bytes);

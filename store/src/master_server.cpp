@@ -114,9 +114,12 @@ struct MasterServer::Impl {
     if (ring == nullptr || ring->grant_key().empty()) return;
     const int64_t expiry = auth::unix_now_ms() + ttl_ms + auth::kGrantClockSlackMs;
     for (proto::StoreReplica& r : replicas) {
-      if (r.xfer_segment.empty() || r.size_bytes == 0) continue;
-      auth::Grant g{r.xfer_segment,
-                    r.xfer_offset_bytes,
+      if (r.size_bytes == 0) continue;
+      // A DRAM replica is reached through its node's transfer segment, a disk one through store.node.read/write
+      // of its store segment.
+      const bool dram = !r.xfer_segment.empty();
+      auth::Grant g{dram ? r.xfer_segment : r.segment,
+                    dram ? r.xfer_offset_bytes : r.offset_bytes,
                     r.size_bytes,
                     op,
                     expiry,
@@ -155,6 +158,10 @@ struct MasterServer::Impl {
                                                      const std::vector<std::string>& keys) {
     if (!is_tenant(ctx)) return keys;
     std::vector<std::string> out;
+    // A tenant's "" would name its space's root "tenant/T/": refused as an empty key is without tenants.
+    for (const auto& k : keys) {
+      if (k.empty()) return Status(Code::kInvalidArgument, ctx.type + ": empty object key");
+    }
     out.reserve(keys.size());
     for (const auto& k : keys) {
       MC_ASSIGN_OR_RETURN(std::string scoped, scope_key(ctx, k));
@@ -517,7 +524,11 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
                                               std::to_string(options.config.low_watermark) + ", high " +
                                               std::to_string(options.config.high_watermark) + ")");
   }
-  auto impl = std::make_unique<Impl>(options, clock ? clock : &RealClock::instance());
+  MasterOptions opts = options;
+  if (const auth::Keyring* ring = auth::keyring(); ring != nullptr && !ring->grant_key().empty()) {
+    opts.config.grant_hold_ms = std::max(opts.config.grant_hold_ms, 2 * auth::kGrantClockSlackMs);
+  }
+  auto impl = std::make_unique<Impl>(opts, clock ? clock : &RealClock::instance());
   rpc::ServerOptions so;
   so.service = "mc-store master";
   so.bind_endpoints = {options.listen};

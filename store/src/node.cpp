@@ -12,10 +12,14 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "mc/common/auth.hpp"
+#include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
+#include "mc/common/grant.hpp"
+#include "mc/common/limits.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
 #include "mc/common/protocol.hpp"
@@ -506,10 +510,33 @@ class Node {
     return Status::ok();
   }
 
+  // With the cluster's grant key, an SSD read or write must carry the master's grant for exactly those bytes (as the
+  // DRAM's transfer segment does): kPermissionDenied naming the reason otherwise, counted and logged with the caller.
+  Status check_ssd_grant(const std::string& grant, const std::string& segment, uint8_t op, uint64_t offset,
+                         uint64_t len, const rpc::CallContext& ctx) {
+    const auth::Keyring* ring = auth::keyring();
+    if (ring == nullptr || ring->grant_key().empty()) return Status::ok();
+    Result<auth::Grant> g = auth::verify_grant(ring->grant_key(), grant);
+    Status st = g.is_ok() ? auth::check_grant(g.value(), segment, op, offset, len, auth::unix_now_ms()) : g.status();
+    if (st.is_ok()) return st;
+    ssd_refused_.inc();
+    std::lock_guard<std::mutex> lk(refusal_log_mu_);
+    if (refusal_log_.allow(RealClock::instance().now_ms())) {
+      const uint64_t more = refusal_log_.take_suppressed();
+      MC_LOG_WARN << "node " << opt_.node_id << ": refused " << ctx.type << " [" << offset << ", +" << len << ") of "
+                  << segment << " from " << (ctx.caller != nullptr ? ctx.caller->describe() : std::string("?")) << ": "
+                  << st.message()
+                  << (more > 0 ? " (" + std::to_string(more) + " more refused before it not logged)" : std::string());
+    }
+    return st;
+  }
+
   void register_handlers() {
     server_->handle<proto::StoreNodeWriteRequest>(
-        [this](const proto::StoreNodeWriteRequest& req, const rpc::CallContext&) -> Result<proto::StoreAck> {
+        [this](const proto::StoreNodeWriteRequest& req, const rpc::CallContext& ctx) -> Result<proto::StoreAck> {
           MC_RETURN_IF_ERROR(check_ssd_range(req.segment, req.offset_bytes, req.data.size()));
+          MC_RETURN_IF_ERROR(
+              check_ssd_grant(req.grant, req.segment, auth::kGrantWrite, req.offset_bytes, req.data.size(), ctx));
           MC_RETURN_IF_ERROR(
               ssd_->write(req.offset_bytes, reinterpret_cast<const std::byte*>(req.data.data()), req.data.size()));
           ssd_writes_.inc();
@@ -517,8 +544,11 @@ class Node {
           return proto::StoreAck{};
         });
     server_->handle<proto::StoreNodeReadRequest>(
-        [this](const proto::StoreNodeReadRequest& req, const rpc::CallContext&) -> Result<proto::StoreNodeReadReply> {
+        [this](const proto::StoreNodeReadRequest& req,
+               const rpc::CallContext& ctx) -> Result<proto::StoreNodeReadReply> {
           MC_RETURN_IF_ERROR(check_ssd_range(req.segment, req.offset_bytes, req.length_bytes));
+          MC_RETURN_IF_ERROR(
+              check_ssd_grant(req.grant, req.segment, auth::kGrantRead, req.offset_bytes, req.length_bytes, ctx));
           proto::StoreNodeReadReply reply;
           reply.data.resize(req.length_bytes);
           MC_RETURN_IF_ERROR(
@@ -546,6 +576,10 @@ class Node {
   bool ssd_lost_ = false;
   metrics::Registry registry_;  // answered by `stat` (update_metrics first)
   metrics::Counter& ssd_reads_ = registry_.counter("mc_store_node_ssd_reads_total", "store.node.read RPCs served");
+  metrics::Counter& ssd_refused_ =
+      registry_.counter("mc_store_node_ssd_refused_total", "store.node.read/write refused for want of a valid grant");
+  std::mutex refusal_log_mu_;
+  limits::BurstBudget refusal_log_{20, 60000};  // 20 lines a minute, then a count
   metrics::Counter& ssd_writes_ = registry_.counter("mc_store_node_ssd_writes_total", "store.node.write RPCs served");
   metrics::Counter& ssd_read_bytes_ =
       registry_.counter("mc_store_node_ssd_read_bytes_total", "bytes read from the SSD segment by store.node.read");

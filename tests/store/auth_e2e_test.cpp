@@ -285,6 +285,77 @@ TEST_F(AuthStoreE2E, PoolBytesMoveOnlyUnderTheMastersGrant) {
   EXPECT_TRUE(has(log, "grant refused: the request carries no grant"));
 }
 
+// The SSD tier: store.node.read/write of a node's disk segment need the master's grant too. Bob's object is demoted
+// to SSD by alice's puts; bob still reads it (the legitimate path, with the grant of its disk replica); alice's raw
+// read and write of those bytes on the node are refused and logged naming her.
+TEST(AuthSsdE2E, DemotedBytesMoveOnlyUnderTheMastersGrant) {
+  TempDir tmp;
+  const fs::path keys = tmp.path / "keys";
+  ASSERT_EQ(run("mc-auth", {"init", keys.string(), "--tenant", "alice", "--tenant", "bob", "--node", "node0"}).first,
+            0);
+  auto master = start(
+      "mc-store",
+      {"master", "--listen", "tcp://127.0.0.1:0", "--events", "", "--auth-dir", keys.string(), "--auth-name", "master"},
+      tmp.path / "master.log");
+  const std::string ep = master->wait_ready(10000);
+  ASSERT_FALSE(ep.empty()) << read_file(tmp.path / "master.log");
+  fs::create_directories(tmp.path / "ssd");
+  testkit::ChildOptions o;
+  o.stderr_path = (tmp.path / "node.log").string();
+  o.stop_grace_ms = 2000;
+  testkit::Child node({kBin + "mc-store", "serve", "--master", ep, "--node-id", "node0", "--dram-bytes", "2MiB",
+                       "--ssd-dir", (tmp.path / "ssd").string(), "--ssd-bytes", "8MiB", "--no-shm", "--heartbeat-ms",
+                       "100", "--auth-dir", keys.string(), "--auth-name", "node0"},
+                      o);
+  const std::string ready = node.wait_line("ready", 10000);
+  ASSERT_FALSE(ready.empty()) << read_file(tmp.path / "node.log");
+  std::istringstream words(ready);
+  std::string w, node_rpc;
+  words >> w >> w >> node_rpc;
+  auto store = [&](const std::string& who, std::vector<std::string> args) {
+    args.insert(args.begin() + 1, {"--master", ep});
+    args.insert(args.end(), {"--auth-dir", keys.string(), "--auth-name", who});
+    return run("mc-store", args);
+  };
+  const fs::path bob_file = tmp.path / "bob";
+  std::ofstream(bob_file) << std::string(256 << 10, 'B');
+  ASSERT_EQ(store("bob", {"put", "secret", bob_file.string()}).first, 0);
+  const fs::path filler = tmp.path / "filler";
+  std::ofstream(filler) << std::string(256 << 10, 'a');
+  // Alice's puts push bob's object out of the 2 MiB of DRAM onto the SSD (bounded: 40 puts).
+  bool demoted = false;
+  for (int i = 0; i < 40 && !demoted; ++i) {
+    ASSERT_EQ(store("alice", {"put", "fill" + std::to_string(i), filler.string()}).first, 0);
+    demoted = store("admin", {"ls", "--json"}).second.find("node0/ssd") != std::string::npos;
+  }
+  ASSERT_TRUE(demoted) << store("admin", {"ls", "--json"}).second;
+  // Bob reads his object from the SSD, under the grant of its disk replica.
+  auto got = store("bob", {"get", "secret"});
+  ASSERT_EQ(got.first, 0) << got.second;
+  EXPECT_EQ(got.second, std::string(256 << 10, 'B'));
+
+  // Alice, on the node's RPC port: no grant, no bytes; no overwrite.
+  become(keys, "alice");
+  {
+    rpc::AsyncClient c;
+    auto r = c.call_sync(node_rpc, proto::StoreNodeReadRequest{"node0/ssd", 0, 4096, ""}, 3000);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().code(), Code::kPermissionDenied) << r.status().to_string();
+    EXPECT_TRUE(has(r.status().message(), "carries no grant"));
+    proto::StoreNodeWriteRequest wr;
+    wr.segment = "node0/ssd";
+    wr.offset_bytes = 0;
+    wr.data.assign(4096, 'X');
+    auto wrote = c.call_sync(node_rpc, wr, 3000);
+    EXPECT_EQ(wrote.status().code(), Code::kPermissionDenied) << wrote.status().to_string();
+  }
+  (void)auth::set_process_keyring(nullptr);
+  EXPECT_EQ(store("bob", {"get", "secret"}).second, std::string(256 << 10, 'B'));
+  const std::string log = read_file(tmp.path / "node.log");
+  EXPECT_TRUE(has(log, "refused store.node.read [0, +4096) of node0/ssd from alice (client, tenant alice)"));
+  EXPECT_TRUE(has(log, "refused store.node.write"));
+}
+
 TEST(AuthDecodeE2E, DecodeKvTakesWritesOnlyUnderALiveReservationsGrant) {
   TempDir tmp;
   const fs::path keys = tmp.path / "keys";

@@ -539,6 +539,46 @@ TEST_F(MasterCoreTest, DeadWriterPutIsReclaimedByTick) {
   EXPECT_FALSE(core.exists("K"));
 }
 
+// With data-plane grants, a range handed out with a grant is not reused while the grant could still be presented:
+// alice's write grant (put_takeover_ms + hold) and a reader's read grant (lease_ms + hold) outlive the object.
+TEST_F(MasterCoreTest, ARangeHandedOutWithAGrantIsNotReusedBeforeTheGrantEnds) {
+  MasterConfig c = make_config();  // lease 1 s, put takeover 5 s, free delay 2 s
+  c.grant_hold_ms = 10000;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 16 * kMiB)).is_ok());
+  // Time passes in 500 ms steps, the node heartbeating and the core ticking at each.
+  auto pass_ms = [&](int64_t ms) {
+    for (int64_t t = 0; t < ms; t += 500) {
+      clock_.advance_ms(std::min<int64_t>(500, ms - t));
+      (void)core.node_heartbeat("n1");
+      core.tick();
+    }
+  };
+  auto a = core.put_start({"alice", "", ""}, "tenant/alice/k", 8192, {});
+  ASSERT_TRUE(a.is_ok());
+  ASSERT_TRUE(core.put_end({"alice", "", ""}, "tenant/alice/k", a->put_id, 0).is_ok());
+  ASSERT_TRUE(core.remove("tenant/alice/k").is_ok());
+  // Past the free delay but inside alice's write grant (5 s + 10 s): bob's object goes elsewhere.
+  pass_ms(3000);
+  auto b = core.put_start({"bob", "", ""}, "tenant/bob/k", 8192, {});
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_NE(b->replicas[0].offset, a->replicas[0].offset);
+  EXPECT_EQ(core.stat().pending_free_bytes, 8192u);
+  // Once the grant is over, the range is free again.
+  pass_ms(12001);
+  EXPECT_EQ(core.stat().pending_free_bytes, 0u);
+  // A read grant holds the range for lease_ms + hold after the get, however early the object ends.
+  ASSERT_TRUE(core.put_end({"bob", "", ""}, "tenant/bob/k", b->put_id, 0).is_ok());
+  pass_ms(16000);  // bob's own write grant is over
+  ASSERT_TRUE(core.get_replicas({"reader", "", ""}, "tenant/bob/k").is_ok());
+  pass_ms(1001);  // the read lease is over: removable
+  ASSERT_TRUE(core.remove("tenant/bob/k").is_ok());
+  pass_ms(2001);  // past the free delay, inside lease + hold
+  EXPECT_EQ(core.stat().pending_free_bytes, 8192u);
+  pass_ms(8000);
+  EXPECT_EQ(core.stat().pending_free_bytes, 0u);
+}
+
 TEST_F(MasterCoreTest, RevokeFreesAfterDelay) {
   mount3();
   auto g = core_.put_start({"c1", "", ""}, "K", 8192, {});

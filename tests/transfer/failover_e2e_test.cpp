@@ -89,7 +89,7 @@ TEST(XferFailover, OneLinkDownCompletesBothDownFails) {
   TwoLinkNetns net;
   if (!net.ok) GTEST_SKIP() << "cannot build the two-link network: " << net.error;
   Child server({"ip", "netns", "exec", net.b, kXfer, "serve", "--size", "256MiB", "--listen", "tcp://10.201.1.2:0",
-                "--listen", "tcp://10.201.2.2:0"});
+                "--listen", "tcp://10.201.2.2:0", "--allow-unauthenticated"});  // addresses of this test's namespaces
   const std::string ready = server.wait_line("ready ", 30000);
   const std::string seg = ready_field(ready, "segment");
   ASSERT_FALSE(seg.empty()) << "server not ready: " << ready;

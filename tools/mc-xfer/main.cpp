@@ -179,6 +179,8 @@ int main(int argc, char** argv) {
       ->envname("MC_XFER_TOPOLOGY");
   mc::cli::add_json_flag(*topo_cmd, topo.json, "JSON (the --topology file format)");
 
+  mc::cli::add_auth_flags(*stat_cmd, "admin");
+
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   if (serve_cmd->parsed()) {

@@ -13,6 +13,7 @@
 #include <shared_mutex>
 #include <thread>
 
+#include "mc/common/auth.hpp"
 #include "mc/common/codec.hpp"
 #include "mc/common/location.hpp"
 #include "mc/common/log.hpp"
@@ -192,6 +193,11 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
     }
     if (allowed("tcp")) transports_.push_back(tcp::make_tcp_transport(options_, topology_));
     if (!options_.listen.empty()) {
+      // As every mc server: without a key ring, loopback only unless --allow-unauthenticated (docs/SECURITY.md).
+      for (const auto& ep : options_.listen) {
+        auto hp = parse_tcp_endpoint(ep);
+        if (hp.is_ok()) MC_RETURN_IF_ERROR(auth::check_listen("transfer engine segment " + ep, hp->host));
+      }
       tcp::ServerOptions so;
       so.listen = options_.listen;
       so.socket_buffer_bytes = options_.socket_buffer_bytes;
@@ -408,6 +414,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
                           codec::unpack<proto::TransferNotification>(packed, "transfer notification from " + peer));
       MC_ASSIGN_OR_RETURN(auth::Grant g, verify_grant(n.grant));
       MC_RETURN_IF_ERROR(check_access(g, tcp::WireOp::kWrite, n.segment_offset, n.length_bytes));
+      return inbox_.deliver(packed, g.id);
     }
     return inbox_.deliver(packed);
   }

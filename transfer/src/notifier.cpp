@@ -111,21 +111,29 @@ void NotificationSender::evict_idle() {
 // NotificationInbox
 // ------------------------------------------------------------------------------------------------
 
-Status NotificationInbox::deliver(const std::string& packed) {
+Status NotificationInbox::deliver(const std::string& packed, uint64_t grant_id) {
   MC_ASSIGN_OR_RETURN(proto::TransferNotification n,
                       codec::unpack<proto::TransferNotification>(packed, "transfer notification"));
-  received_++;
-  Notification out{n.tag, n.from, n.op == 1 ? Op::kRead : Op::kWrite, n.segment_offset, n.length_bytes};
+  Notification out{n.tag, n.from, n.op == 1 ? Op::kRead : Op::kWrite, n.segment_offset, n.length_bytes, grant_id};
   std::function<void(const Notification&)> handler;
   {
     std::lock_guard<std::mutex> lk(mu_);
     handler = handler_;
     if (!handler) {
+      const size_t bytes = out.tag.size() + out.from.size();
+      if (queue_.size() >= kMaxQueued || queued_bytes_ + bytes > kMaxQueuedBytes) {
+        return Status(Code::kResourceExhausted, "notification queue full (" + std::to_string(queue_.size()) +
+                                                    " waiting, " + std::to_string(queued_bytes_) +
+                                                    " bytes): this process takes none");
+      }
+      received_++;
+      queued_bytes_ += bytes;
       queue_.push_back(std::move(out));
       cv_.notify_all();
       return Status::ok();
     }
   }
+  received_++;
   handler(out);
   return Status::ok();
 }
@@ -139,6 +147,7 @@ std::vector<Notification> NotificationInbox::take(size_t max_count) {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<Notification> out;
   while (!queue_.empty() && out.size() < max_count) {
+    queued_bytes_ -= std::min(queued_bytes_, queue_.front().tag.size() + queue_.front().from.size());
     out.push_back(std::move(queue_.front()));
     queue_.pop_front();
   }
@@ -150,6 +159,7 @@ Result<Notification> NotificationInbox::wait(int64_t timeout_ms) {
   if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return !queue_.empty(); })) {
     return Status(Code::kTimeout, "no notification within " + std::to_string(timeout_ms) + " ms");
   }
+  queued_bytes_ -= std::min(queued_bytes_, queue_.front().tag.size() + queue_.front().from.size());
   Notification n = std::move(queue_.front());
   queue_.pop_front();
   return n;

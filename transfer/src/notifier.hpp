@@ -84,9 +84,13 @@ class NotificationSender {
 
 class NotificationInbox {
  public:
-  // Unpacks one received proto::TransferNotification and delivers it (handler, else queue).
-  // kMalformedMessage naming the notification when `packed` is not one.
-  Status deliver(const std::string& packed);
+  // Unpacks one received proto::TransferNotification and delivers it (handler, else queue), with the id of the
+  // grant it carried (0: none checked). kMalformedMessage naming the notification when `packed` is not one;
+  // kResourceExhausted when no handler is set and kMaxQueued notifications or kMaxQueuedBytes of tags wait
+  // (a process that never takes them is not grown without bound by its peers).
+  Status deliver(const std::string& packed, uint64_t grant_id = 0);
+  static constexpr size_t kMaxQueued = 4096;
+  static constexpr size_t kMaxQueuedBytes = 16u << 20;
   // Every later notification goes to `handler` instead of the queue (an empty function: back to the queue).
   void set_handler(std::function<void(const Notification&)> handler);
   // Up to max_count queued notifications, oldest first, removed from the queue.
@@ -100,6 +104,7 @@ class NotificationInbox {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Notification> queue_;
+  size_t queued_bytes_ = 0;  // tag + from bytes of queue_
   std::function<void(const Notification&)> handler_;
   std::atomic<uint64_t> received_{0};
 };

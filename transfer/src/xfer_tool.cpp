@@ -225,7 +225,16 @@ Status run_rw(const RwOptions& o, std::ostream& out) {
   }
   if (result.is_ok() && mismatch >= 0) {
     result = Status(Code::kDataLoss, "verify: byte at segment offset " + std::to_string(mismatch) + " of " + o.target +
-                                         " differs from the pattern");
+                                         " differs from the pattern (--verify checks the pattern of an mc-xfer serve)");
+  }
+  if (result.code() == Code::kPermissionDenied && c.grant.empty()) {
+    const auth::Keyring* ring = auth::keyring();
+    result = Status(
+        result.code(),
+        result.message() +
+            " (the target enforces data-plane grants: give --grant TOKEN, or an --auth-dir "
+            "identity that holds the cluster's grant key, e.g. --auth-name admin" +
+            (ring != nullptr ? std::string("; ") + ring->self().describe() + " holds none" : std::string()) + ")");
   }
 
   if (o.json) {

@@ -87,6 +87,21 @@ class ReadAhead {
   size_t begin_ = 0, end_ = 0;
 };
 
+// The aux a request of `op` may carry: a grant token on reads and writes, a notification or an rdma handshake
+// (tags, segment names, a grant: a few hundred bytes), nothing much on ping and describe, or on unknown ops.
+uint32_t max_aux_bytes(WireOp op) {
+  switch (op) {
+    case WireOp::kRead:
+    case WireOp::kWrite:
+      return static_cast<uint32_t>(auth::kMaxGrantTokenBytes);
+    case WireOp::kNotify:
+    case WireOp::kRdmaConnect:
+      return 64u << 10;
+    default:
+      return 4096;
+  }
+}
+
 int64_t mono_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -265,15 +280,16 @@ void TcpServer::accept_loop() {
 }
 
 void TcpServer::log_refusal(const std::string& peer, WireOp op, uint64_t offset, uint64_t length, const Status& why) {
-  // As the control plane's refusals: the first 10 logged, then every 1,000th (a flood does not flood the log).
-  const uint64_t n = ++refused_;
-  if (n > 10 && n % 1000 != 0) return;
+  refused_++;
+  std::lock_guard<std::mutex> lk(refusal_log_mu_);
+  if (!refusal_log_.allow(mono_ms())) return;
+  const uint64_t more = refusal_log_.take_suppressed();
   const char* what = op == WireOp::kRead ? "read" : op == WireOp::kWrite ? "write" : "notification";
   MC_LOG_WARN << "tcp server " << (endpoints_.empty() ? std::string("?") : endpoints_.front()) << ": refused " << what
               << (op == WireOp::kNotify ? std::string()
                                         : " [" + std::to_string(offset) + ", +" + std::to_string(length) + ")")
               << " from " << peer << ": " << why.message()
-              << (n > 10 ? " (refusal " + std::to_string(n) + "; only every 1000th is logged)" : std::string());
+              << (more > 0 ? " (" + std::to_string(more) + " more refused before it not logged)" : std::string());
 }
 
 void TcpServer::serve_connection(Conn* conn) {
@@ -301,14 +317,13 @@ void TcpServer::serve_connection(Conn* conn) {
       (void)send_reply(fd, bad.code() == Code::kProtocolMismatch ? WireOp::kPing : op, bad, "", nullptr, 0);
       break;
     }
-    if ((op == WireOp::kRead || op == WireOp::kWrite) && req.aux_bytes > auth::kMaxGrantTokenBytes) {
-      errors_++;  // a read's or write's aux is its grant token: never megabytes
-      (void)send_reply(
-          fd, op,
-          Status(Code::kMessageTooLarge, "aux of " + std::to_string(req.aux_bytes) + " bytes on a " +
-                                             (op == WireOp::kRead ? "read" : "write") + " (a grant is at most " +
-                                             std::to_string(auth::kMaxGrantTokenBytes) + ")"),
-          "", nullptr, 0);
+    if (req.aux_bytes > max_aux_bytes(op)) {
+      errors_++;  // checked before the aux buffer grows: a 32-byte header never commits megabytes
+      (void)send_reply(fd, op,
+                       Status(Code::kMessageTooLarge, "aux of " + std::to_string(req.aux_bytes) + " bytes on op " +
+                                                          std::to_string(req.op) + " (at most " +
+                                                          std::to_string(max_aux_bytes(op)) + ")"),
+                       "", nullptr, 0);
       break;
     }
     aux.resize(req.aux_bytes);

@@ -81,7 +81,7 @@ class TcpServer {
   void accept_loop();
   void serve_connection(Conn* conn);
   void reap(bool all);
-  // Counts and logs (the first 10, then every 1,000th) a refused op, naming the peer and the reason.
+  // Counts and logs (20 a minute, then the count of those not logged) a refused op, naming the peer and the reason.
   void log_refusal(const std::string& peer, WireOp op, uint64_t offset, uint64_t length, const Status& why);
 
   ServerOptions options_;
@@ -98,6 +98,8 @@ class TcpServer {
   std::atomic<uint64_t> reads_{0}, writes_{0}, read_bytes_{0}, written_bytes_{0};
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};
+  std::mutex refusal_log_mu_;
+  mc::limits::BurstBudget refusal_log_{20, 60000};  // 20 lines a minute, then a count
   // Used by the accept thread only.
   mc::limits::LogBudget refuse_log_{10000};
   mc::limits::LogBudget accept_log_{10000};

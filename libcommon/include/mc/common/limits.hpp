@@ -47,4 +47,40 @@ class LogBudget {
   uint64_t suppressed_ = 0;
 };
 
+// Lets `burst` events through per window of window_ms, and counts the ones held back: refusals an abuser triggers
+// are each logged while they are few, and summarized once a flood starts, in every window (not only at the start
+// of the process). Times are the caller's monotonic milliseconds.
+class BurstBudget {
+ public:
+  BurstBudget(uint32_t burst, int64_t window_ms) : burst_(burst), window_ms_(window_ms) {}
+  // True when this event may be logged now; the caller then reports take_suppressed() with it.
+  bool allow(int64_t now_ms) {
+    if (!started_ || now_ms >= window_start_ms_ + window_ms_) {
+      started_ = true;
+      window_start_ms_ = now_ms;
+      in_window_ = 0;
+    }
+    if (in_window_ >= burst_) {
+      ++suppressed_;
+      return false;
+    }
+    ++in_window_;
+    return true;
+  }
+  // Events held back since the last allowed one; resets the count.
+  uint64_t take_suppressed() {
+    const uint64_t n = suppressed_;
+    suppressed_ = 0;
+    return n;
+  }
+
+ private:
+  uint32_t burst_;
+  int64_t window_ms_;
+  int64_t window_start_ms_ = 0;
+  uint32_t in_window_ = 0;
+  bool started_ = false;
+  uint64_t suppressed_ = 0;
+};
+
 }  // namespace mc::limits

@@ -252,9 +252,10 @@ struct StoreReplica {
   uint64_t xfer_offset_bytes = 0;  // offset of the replica's first byte in xfer_segment
   uint64_t offset_bytes = 0;       // offset of the replica inside `segment`
   uint64_t size_bytes = 0;
-  // With --auth-dir: the data-plane grant (mc/common/grant.hpp) for these bytes of xfer_segment, issued by the
-  // master to the caller — read for get_replicas' replicas, write for put_start's and replicate_to — expiring with
-  // the read lease or the put's takeover time. "" without a grant key or for disk replicas.
+  // With --auth-dir: the data-plane grant (mc/common/grant.hpp) for these bytes — of xfer_segment at
+  // xfer_offset_bytes for a DRAM replica, of `segment` at offset_bytes for a disk one (store.node.read/write) —
+  // issued by the master to the caller: read for get_replicas' replicas, write for put_start's and replicate_to,
+  // expiring with the read lease or the put's takeover time. "" without a grant key.
   std::string grant;
   MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, xfer_segment, xfer_offset_bytes, offset_bytes,
                      size_bytes, grant);
@@ -567,7 +568,8 @@ struct StoreNodeWriteRequest {
   std::string segment;
   uint64_t offset_bytes = 0;
   std::vector<char> data;  // msgpack bin
-  MSGPACK_DEFINE_MAP(segment, offset_bytes, data);
+  std::string grant;       // with --auth-dir: the replica's write grant (StoreReplica::grant) covering these bytes
+  MSGPACK_DEFINE_MAP(segment, offset_bytes, data, grant);
 };
 struct StoreNodeReadReply {
   std::vector<char> data;
@@ -579,7 +581,8 @@ struct StoreNodeReadRequest {
   std::string segment;
   uint64_t offset_bytes = 0;
   uint64_t length_bytes = 0;
-  MSGPACK_DEFINE_MAP(segment, offset_bytes, length_bytes);
+  std::string grant;  // with --auth-dir: the replica's read grant (StoreReplica::grant) covering these bytes
+  MSGPACK_DEFINE_MAP(segment, offset_bytes, length_bytes, grant);
 };
 
 // admin -> master: pins (master_core.hpp "Pins"). A pinned object is never evicted nor demoted to SSD.

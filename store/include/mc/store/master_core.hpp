@@ -73,7 +73,13 @@ struct MasterConfig {
   int64_t put_takeover_ms = 30000;  // another writer may take over a put older than this
   int64_t put_reclaim_ms = 600000;  // tick() discards puts (and replica copies) older than this
   int64_t free_delay_ms = 5000;     // discarded ranges are freed this long after discard
-  uint64_t alignment_bytes = 64;    // allocation granularity inside a segment
+  // Data-plane grants (docs/SECURITY.md "Data-plane grants"; 0 = none are issued). A replica range handed out with
+  // a grant — put_start's and a hot copy's (write, for put_takeover_ms), get_replicas' (read, for lease_ms) — is
+  // not freed for reuse before that lifetime plus this hold has passed since it was handed out, whatever ends the
+  // object meanwhile (rm, overwrite, eviction, a failed put): an old grant never covers another object's bytes.
+  // The master sets it to twice the issuers' clock slack (grant.hpp kGrantClockSlackMs) when it holds a grant key.
+  int64_t grant_hold_ms = 0;
+  uint64_t alignment_bytes = 64;  // allocation granularity inside a segment
   uint64_t max_object_bytes = 1ULL << 32;
   size_t max_key_bytes = 512;
   uint32_t max_replicas = 4;        // upper bound, including hot-object copies
@@ -278,7 +284,8 @@ class MasterCore {
     uint64_t put_id = 0;  // the put or copy that writes it
     std::string writer;   // client writing it (empty for demotion copies)
     int64_t started_ns = 0;
-    uint64_t demote_task = 0;  // nonzero while this SSD replica is being filled by a demotion
+    uint64_t demote_task = 0;    // nonzero while this SSD replica is being filled by a demotion
+    int64_t grant_until_ns = 0;  // with grant_hold_ms: the range is not freed before this (release_replica)
   };
   struct Object {
     uint64_t size_bytes = 0;
@@ -329,7 +336,10 @@ class MasterCore {
   bool pin_holds(Object& obj);           // pinned(); else ends a soft pin that ran out (counts expired_pins)
   void touch_client(const std::string& client_id);
   // Frees a replica's range now, or after free_delay_ms when a writer may still be using it.
+  // Frees r's range now, or at the later of free_delay_ms (when `delayed`) and r.grant_until_ns.
   void release_replica(const Replica& r, uint64_t size_bytes, bool delayed);
+  // now_ns + lifetime_ms + grant_hold_ms, or 0 without grants.
+  int64_t grant_hold_until(int64_t now_ns, int64_t lifetime_ms) const;
   // Drops every replica of obj (events for complete ones) and erases the object.
   using ObjectMap = std::unordered_map<std::string, Object>;
   void discard_object(ObjectMap::iterator it, bool delayed, bool count_reclaim);

@@ -84,6 +84,9 @@ struct Notification {
   Op op = Op::kWrite;
   uint64_t segment_offset = 0;  // the request's remote range in the target's segment
   uint64_t length = 0;
+  // With grants enforced (EngineOptions::grant_key): the id of the grant it carried, already checked to cover the
+  // range (a decode instance: the reservation the sender may write). 0 otherwise.
+  uint64_t grant_id = 0;
 };
 
 }  // namespace mc::transfer
