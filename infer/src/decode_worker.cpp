@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <random>
 #include <thread>
 #include <unordered_set>
 
@@ -167,6 +168,10 @@ Status DecodeWorker::publish_kv_segment(transfer::EngineOptions options) {
   }
   kv_grant_key_ = options.grant_key;
   if (!kv_grant_key_.empty()) {
+    // A grant names its reservation by id: start this process's ids at a random point, so a grant issued before a
+    // restart on the same port never names a reservation of this life.
+    std::random_device rd;
+    next_reservation_ = ((static_cast<uint64_t>(rd()) << 16) ^ rd()) + 1;
     options.grant_scope = [this](const auth::Grant& g, transfer::Op op, uint64_t offset, uint64_t length) {
       return kv_grant_scope(g, op, offset, length);
     };

@@ -341,8 +341,10 @@ Result<std::shared_ptr<const Keyring>> Keyring::load(const std::string& dir, con
   }
   const Identity* self = ring->find_by_name(name);
   if (self == nullptr) {
-    return Status(Code::kNotFound, "identity '" + name + "' is not in " + roster_path +
-                                       " (give --auth-name, or add it with `mc-auth init DIR --force ...`)");
+    return Status(Code::kNotFound,
+                  "identity '" + name + "' is not in " + roster_path +
+                      " (give --auth-name with a name of `mc-auth ls DIR`; identities are made by `mc-auth init`, and "
+                      "--force there replaces every key of the cluster)");
   }
   ring->self_ = *self;
   Result<std::string> secret = read_text(dir + "/ids/" + name + ".secret");

@@ -395,11 +395,16 @@ Result<std::string> AsyncClient::call_raw_sync(const std::string& endpoint, cons
 }
 
 namespace {
-// A server that runs with keys answers no caller without them (the CURVE handshake fails silently): say so.
+// ZeroMQ reports neither a refused connection nor a failed CURVE handshake: name the causes it can be.
 std::string auth_hint() {
-  return auth::keyring() != nullptr ? std::string()
-                                    : " (a cluster started with --auth-dir answers only callers with keys: give "
-                                      "--auth-dir and --auth-name, docs/SECURITY.md)";
+  const auth::Keyring* ring = auth::keyring();
+  if (ring == nullptr) {
+    return " (is a server listening there? A cluster started with --auth-dir answers only callers with keys: give "
+           "--auth-dir and --auth-name, docs/SECURITY.md)";
+  }
+  return " (is a server listening there? With keys it must run with --auth-dir of this cluster: its cluster key "
+         "must be " +
+         ring->dir() + "/cluster.pub, and a server without --auth-dir answers no caller with keys)";
 }
 }  // namespace
 
