@@ -41,7 +41,9 @@ TEST(Grant, AnotherKeyOrAnyChangedCharacterIsForged) {
     t[i] = t[i] == 'A' ? 'B' : 'A';
     auto g = verify_grant(kKey, t);
     EXPECT_FALSE(g.is_ok()) << "changed character " << i << " still verifies";
-    if (!g.is_ok()) EXPECT_EQ(g.status().code(), Code::kPermissionDenied);
+    if (!g.is_ok()) {
+      EXPECT_EQ(g.status().code(), Code::kPermissionDenied);
+    }
   }
   // Truncations and garbage are refused too, never read past the end.
   for (size_t n = 0; n < token.size(); ++n) EXPECT_FALSE(verify_grant(kKey, token.substr(0, n)).is_ok()) << n;
