@@ -195,7 +195,7 @@ struct TransferNotification {
   uint8_t op = 0;               // 1 read, 2 write
   uint64_t segment_offset = 0;  // range of the request in the target's segment
   uint64_t length_bytes = 0;
-  std::string grant;  // the request's grant (mc/common/grant.hpp) where the target enforces grants; "" otherwise
+  std::string grant{};  // the request's grant (mc/common/grant.hpp) where the target enforces grants; "" otherwise
   MSGPACK_DEFINE_MAP(tag, from, op, segment_offset, length_bytes, grant);
 };
 
@@ -256,7 +256,7 @@ struct StoreReplica {
   // xfer_offset_bytes for a DRAM replica, of `segment` at offset_bytes for a disk one (store.node.read/write) —
   // issued by the master to the caller: read for get_replicas' replicas, write for put_start's and replicate_to,
   // expiring with the read lease or the put's takeover time. "" without a grant key.
-  std::string grant;
+  std::string grant{};
   MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, endpoint, xfer_segment, xfer_offset_bytes, offset_bytes,
                      size_bytes, grant);
 };
@@ -568,7 +568,7 @@ struct StoreNodeWriteRequest {
   std::string segment;
   uint64_t offset_bytes = 0;
   std::vector<char> data;  // msgpack bin
-  std::string grant;       // with --auth-dir: the replica's write grant (StoreReplica::grant) covering these bytes
+  std::string grant{};     // with --auth-dir: the replica's write grant (StoreReplica::grant) covering these bytes
   MSGPACK_DEFINE_MAP(segment, offset_bytes, data, grant);
 };
 struct StoreNodeReadReply {
@@ -581,7 +581,7 @@ struct StoreNodeReadRequest {
   std::string segment;
   uint64_t offset_bytes = 0;
   uint64_t length_bytes = 0;
-  std::string grant;  // with --auth-dir: the replica's read grant (StoreReplica::grant) covering these bytes
+  std::string grant{};  // with --auth-dir: the replica's read grant (StoreReplica::grant) covering these bytes
   MSGPACK_DEFINE_MAP(segment, offset_bytes, length_bytes, grant);
 };
 
@@ -705,7 +705,7 @@ struct DecodeReserveReply {
   // With a grant key: the write grant (mc/common/grant.hpp) of kv_segment for this reservation (id =
   // reservation_id), which every WRITE and layer notification into its blocks must carry; it dies with the
   // reservation (released, expired, aborted or committed) or at its ttl. "" otherwise.
-  std::string kv_grant;
+  std::string kv_grant{};
   MSGPACK_DEFINE_MAP(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes, kv_segment,
                      free_blocks, kv_grant);
 };
@@ -851,7 +851,7 @@ struct PrefillJobRequest {
   uint64_t reservation_id = 0;       // from decode_reserve
   std::vector<uint64_t> decode_block_offsets_bytes;  // from decode_reserve
   std::string decode_kv_segment;  // from decode_reserve (kv_segment); "": the prefill asks decode (worker_load)
-  std::string decode_kv_grant;    // from decode_reserve (kv_grant): carried by every WRITE into decode_kv_segment
+  std::string decode_kv_grant{};  // from decode_reserve (kv_grant): carried by every WRITE into decode_kv_segment
   std::string client_endpoint;
   int64_t chunk_tokens = 0;        // 0: the worker's --chunk-tokens
   bool store_new_blocks = true;    // put new complete blocks into the store

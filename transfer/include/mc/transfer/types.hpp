@@ -34,7 +34,7 @@ struct TransferRequest {
   // The data-plane grant (mc/common/grant.hpp token) the target's server requires when it enforces grants
   // (EngineOptions::grant_key): issued by the owner of the remote memory's allocation. Carried on every wire op
   // of the request and in its notification; "" when the target does not enforce grants.
-  std::string grant;
+  std::string grant{};
 };
 
 enum class TransferState : uint8_t {
