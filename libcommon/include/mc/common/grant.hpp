@@ -34,12 +34,12 @@ inline constexpr size_t kMaxGrantTokenBytes = 1024;
 inline constexpr int64_t kGrantClockSlackMs = 5000;  // added by issuers to a lease's deadline
 
 struct Grant {
-  std::string segment;           // transfer-engine segment name ("host:port"), <= 255 bytes
+  std::string segment{};         // transfer-engine segment name ("host:port"), <= 255 bytes
   uint64_t offset = 0;           // first byte of the range in the segment
   uint64_t length = 0;           // bytes of the range (> 0); offset + length does not overflow
   uint8_t ops = 0;               // kGrantRead | kGrantWrite
   int64_t expiry_unix_ms = 0;    // refused after this wall-clock time
-  std::string grantee;           // roster name of the identity it was issued to (<= 255 bytes; "" = unnamed)
+  std::string grantee{};         // roster name of the identity it was issued to (<= 255 bytes; "" = unnamed)
   uint64_t id = 0;               // the issuer's handle (decode: the reservation id; master: 0)
   std::string describe() const;  // "write [4096, +65536) of 127.0.0.1:4000 for alice until 1700000000000"
 };
