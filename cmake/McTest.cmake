@@ -20,8 +20,10 @@ function(mc_test_pch_target)
     <string> <vector> <map> <memory> <thread> <chrono>)
 endfunction()
 
+# SERIAL: each test of the program runs alone (ctest RUN_SERIAL): whole simulated clusters whose assertions about
+# what the Conductor planned and the prefill did need the CPU they were sized for.
 function(mc_add_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "SERIAL" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
@@ -34,8 +36,12 @@ function(mc_add_test)
   if(TARGET mc_test_pch)
     target_precompile_headers(${T_NAME} REUSE_FROM mc_test_pch)
   endif()
+  set(T_SERIAL_PROP)
+  if(T_SERIAL)
+    set(T_SERIAL_PROP RUN_SERIAL TRUE)
+  endif()
   gtest_discover_tests(${T_NAME}
-    PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+    PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT} ${T_SERIAL_PROP}
     DISCOVERY_TIMEOUT 60)
 endfunction()
 
