@@ -73,6 +73,16 @@ std::unique_ptr<testkit::Child> start(const std::string& tool, const std::vector
   return std::make_unique<testkit::Child>(argv, o);
 }
 
+// Word `i` (0-based) of a daemon's ready line "ready TOOL ENDPOINT k=v ...", or the value of `key=` when key is given.
+std::string ready_word(const std::string& line, size_t i, const std::string& key = "") {
+  std::istringstream words(line);
+  std::string w;
+  for (size_t n = 0; words >> w; ++n) {
+    if (key.empty() ? n == i : w.rfind(key + "=", 0) == 0) return key.empty() ? w : w.substr(key.size() + 1);
+  }
+  return "";
+}
+
 // Makes this test process the identity `name` of `dir` (for raw RPC as an attacker holding that key would).
 void become(const fs::path& dir, const std::string& name) {
   auto ring = auth::Keyring::load(dir.string(), name);
@@ -309,9 +319,7 @@ TEST(AuthSsdE2E, DemotedBytesMoveOnlyUnderTheMastersGrant) {
                       o);
   const std::string ready = node.wait_line("ready", 10000);
   ASSERT_FALSE(ready.empty()) << read_file(tmp.path / "node.log");
-  std::istringstream words(ready);
-  std::string w, node_rpc;
-  words >> w >> w >> node_rpc;
+  const std::string node_rpc = ready_word(ready, 2);
   auto store = [&](const std::string& who, std::vector<std::string> args) {
     args.insert(args.begin() + 1, {"--master", ep});
     args.insert(args.end(), {"--auth-dir", keys.string(), "--auth-name", who});
@@ -368,12 +376,8 @@ TEST(AuthDecodeE2E, DecodeKvTakesWritesOnlyUnderALiveReservationsGrant) {
                         o);
   const std::string ready = decode.wait_line("ready", 15000);
   ASSERT_FALSE(ready.empty()) << read_file(tmp.path / "decode.log");
-  std::istringstream words(ready);
-  std::string w, endpoint, kv_segment;
-  words >> w >> w >> endpoint;
-  while (words >> w) {
-    if (w.rfind("kv_segment=", 0) == 0) kv_segment = w.substr(11);
-  }
+  const std::string endpoint = ready_word(ready, 2);
+  const std::string kv_segment = ready_word(ready, 0, "kv_segment");
   ASSERT_FALSE(kv_segment.empty() || kv_segment == "none") << ready;
 
   // The Conductor reserves KV for a request: decode hands back the write grant of the reservation's blocks.

@@ -333,15 +333,8 @@ void TcpServer::serve_connection(Conn* conn) {
     switch (op) {
       case WireOp::kRead:
       case WireOp::kWrite: {
-        Result<char*> mem = Status(Code::kOutOfRange, "");
-        if (req.length > options_.max_op_bytes) {
-          mem = Status(Code::kOutOfRange, "single " + std::string(op == WireOp::kRead ? "read" : "write") + " of " +
-                                              std::to_string(req.length) + " bytes exceeds the limit of " +
-                                              std::to_string(options_.max_op_bytes) + " bytes per op");
-        } else {
-          mem = handler_->resolve(req.offset, req.length);
-        }
-        if (grants && req.length <= options_.max_op_bytes) {  // the grant first: no layout leaks to the ungranted
+        const bool oversized = req.length > options_.max_op_bytes;
+        if (grants && !oversized) {  // the grant before the range: an ungranted peer learns nothing from it
           Status allowed = Status::ok();
           if (aux != granted_token || granted_token.empty()) {
             Result<auth::Grant> g = handler_->verify_grant(aux);
@@ -372,6 +365,12 @@ void TcpServer::serve_connection(Conn* conn) {
             break;
           }
         }
+        Result<char*> mem =
+            oversized ? Result<char*>(Status(Code::kOutOfRange,
+                                             "single " + std::string(op == WireOp::kRead ? "read" : "write") + " of " +
+                                                 std::to_string(req.length) + " bytes exceeds the limit of " +
+                                                 std::to_string(options_.max_op_bytes) + " bytes per op"))
+                      : handler_->resolve(req.offset, req.length);
         if (!mem.is_ok()) {
           errors_++;
           sent = send_reply(fd, op, mem.status(), "", nullptr, 0);
