@@ -10,6 +10,9 @@ pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 # libsodium: the fast path's authenticated encryption and the data plane's grant MACs (docs/SECURITY.md).
 pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
 pkg_check_modules(URING IMPORTED_TARGET liburing)
+# cpp-httplib (Debian builds it as a shared library): the HTTP front door (mc-gateway) and every daemon's
+# /metrics endpoint (--metrics-listen).
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
 # RDMA (rdma-core): auto = build when libibverbs is found.
 set(MC_HAVE_RDMA OFF)

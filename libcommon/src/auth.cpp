@@ -223,10 +223,13 @@ constexpr Rule kRules[] = {
     {"kv_commit", kWorker},
     {"worker_load", kWorker | kConductor},
     {"prefill_job", kConductor},
+    {"prefill_cancel", kConductor},
+    {"decode_cancel", kConductor},
     {"token_event", kWorker},
     {"request_done", kWorker},
     {"request_error", kWorker | kConductor},
     {"conductor.submit", kClient},
+    {"conductor.cancel", kClient},  // the submitter's own requests only
     {"conductor.status", kClient | kWorker},
     {"conductor.register", kWorker},
     {"conductor.heartbeat", kWorker},

@@ -752,6 +752,33 @@ struct DecodeAbortRequest {
   MSGPACK_DEFINE_MAP(reservation_id, code, reason);
 };
 
+// Conductor -> mc-decode: the client cancelled request_id. A reservation of it is freed (a later kv_commit is
+// refused), a running sequence leaves the batch and frees its KV blocks; no request_done follows. found = false:
+// decode holds nothing of it (finished, or never reserved here).
+struct DecodeCancelReply {
+  bool found = false;
+  int64_t free_blocks = 0;
+  MSGPACK_DEFINE_MAP(found, free_blocks);
+};
+struct DecodeCancelRequest {
+  static constexpr const char* kType = "decode_cancel";
+  using Reply = DecodeCancelReply;
+  std::string request_id;
+  MSGPACK_DEFINE_MAP(request_id);
+};
+// Conductor -> mc-prefill: the client cancelled request_id. A queued job is dropped (its prefill_job is answered
+// kCancelled after its decode reservation is aborted); a job already computing runs to its end.
+struct PrefillCancelReply {
+  bool dropped = false;  // false: not queued here (running, finished or unknown)
+  MSGPACK_DEFINE_MAP(dropped);
+};
+struct PrefillCancelRequest {
+  static constexpr const char* kType = "prefill_cancel";
+  using Reply = PrefillCancelReply;
+  std::string request_id;
+  MSGPACK_DEFINE_MAP(request_id);
+};
+
 struct KvWriteReply {
   int64_t layers_received = 0;  // layers of this reservation with at least one write so far
   MSGPACK_DEFINE_MAP(layers_received);
@@ -989,6 +1016,25 @@ struct ConductorSubmitRequest {
   std::string salt{};
   MSGPACK_DEFINE_MAP(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens,
                      slo_ttft_ms, slo_tbt_ms, client_endpoint, lora_name, lora_version, salt);
+};
+
+// The client gave up on a request (an HTTP client that disconnected mid-stream, mc-gateway): the Conductor stops
+// whatever of it is still under way and frees what it holds, and answers with the stage it found the request in.
+// Only the identity that submitted the request may cancel it (with keys; docs/SECURITY.md). The client gets no
+// further token events once the cancel is answered (a late one may still be in flight and is to be ignored).
+struct ConductorCancelReply {
+  std::string request_id;
+  // dispatching (a reservation or a prefill not yet started: nothing runs for it any more) | prefilling (its
+  // prefill runs; the decode instance drops it at commit) | decoding (the decode instance stops it and frees its
+  // KV) | unknown (finished, failed, or never submitted by this client)
+  std::string stage;
+  MSGPACK_DEFINE_MAP(request_id, stage);
+};
+struct ConductorCancelRequest {
+  static constexpr const char* kType = "conductor.cancel";
+  using Reply = ConductorCancelReply;
+  std::string request_id;
+  MSGPACK_DEFINE_MAP(request_id);
 };
 
 struct ConductorRegisterReply {
