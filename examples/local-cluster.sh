@@ -60,6 +60,9 @@
 #                         the state directory (one per instance and storage node, a client "default" and
 #                         tenants alice and bob sharing namespace "public"), start every daemon with its own, and
 #                         give CMD MC_AUTH_DIR and MC_AUTH_NAME=default                      [MC_AUTH=1, off]
+#   --gateway             also start mc-gateway (the OpenAI-compatible HTTP front door, serving --model) on a free
+#                         loopback port, and give CMD its URL as MC_GATEWAY (http://127.0.0.1:PORT)   [MC_GATEWAY_ON=1, off]
+#   --gateway-args "A"    extra flags for mc-gateway, split on spaces    [MC_GATEWAY_ARGS, none]
 #   --keep-logs DIR       copy the daemons' logs to DIR when stopping
 #   -h, --help            this text
 set -euo pipefail
@@ -72,6 +75,8 @@ usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0
 store_nodes="${MC_STORE_NODES:-2}"
 n_hosts="${MC_HOSTS:-1}"
 conductor_args="${MC_CONDUCTOR_ARGS:-}"
+gateway="${MC_GATEWAY_ON:-0}"
+gateway_args="${MC_GATEWAY_ARGS:-}"
 n_prefill="${MC_PREFILL:-2}"
 n_decode="${MC_DECODE:-2}"
 backend="${MC_BACKEND:-sim}"
@@ -120,6 +125,8 @@ while [[ $# -gt 0 ]]; do
     --log-level) need "$@"; log_level="$2"; shift 2 ;;
     --keep-logs) need "$@"; keep_logs="$2"; shift 2 ;;
     --auth) auth=1; shift ;;
+    --gateway) gateway=1; shift ;;
+    --gateway-args) need "$@"; gateway_args="$2"; gateway=1; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; cmd=("$@"); break ;;
     *) echo "local-cluster.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -282,6 +289,16 @@ for ((i = 0; i < n_prefill; i++)); do
   wait_ready "prefill$i" > /dev/null
 done
 
+gateway_url=""
+if [[ "$gateway" == 1 ]]; then
+  read -r -a extra_gateway_flags <<< "$gateway_args"
+  as default
+  start gateway "$bin/mc-gateway" --listen 127.0.0.1:0 --conductor "$conductor" --model "$model" \
+    ${auth_flags[@]+"${auth_flags[@]}"} ${extra_gateway_flags[@]+"${extra_gateway_flags[@]}"}
+  gateway_url="$(wait_ready gateway)"
+  export MC_GATEWAY="$gateway_url"
+fi
+
 export MC_CONDUCTOR="$conductor" MC_STORE_MASTER="$master" MC_STORE_EVENTS="$events" MC_BLOCK_SIZE="$block_size"
 export MC_CLUSTER_STATE="$state"
 if [[ -n "$auth_dir" ]]; then export MC_AUTH_DIR="$auth_dir" MC_AUTH_NAME=default; fi
@@ -296,6 +313,7 @@ esac
        "$n_hosts host label(s)"
   echo "  conductor     $conductor      (export MC_CONDUCTOR=$conductor)"
   echo "  store master  $master      KV events $events"
+  [[ -z "$gateway_url" ]] || echo "  gateway       $gateway_url   (export MC_GATEWAY=$gateway_url; curl $gateway_url/v1/models)"
   echo "  logs          $state/*.log"
   [[ -z "$auth_dir" ]] || echo "  keys          $auth_dir   (export MC_AUTH_DIR=$auth_dir MC_AUTH_NAME=default)"
   echo "  replay:       $bin/mc-trace-replay TRACE --conductor $conductor --block-tokens $block_size"

@@ -543,10 +543,24 @@ std::shared_ptr<const Keyring> process_keyring() {
 const Keyring* keyring() { return g_raw.load(); }
 
 void set_allow_unauthenticated(bool allow) { g_allow_unauthenticated.store(allow); }
+bool allow_unauthenticated() { return g_allow_unauthenticated.load(); }
+
+namespace {
+bool loopback_host(std::string_view host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0 || host == "[::1]";
+}
+}  // namespace
+
+Status check_listen_plain(std::string_view service, std::string_view host) {
+  if (loopback_host(host) || g_allow_unauthenticated.load()) return Status::ok();
+  return Status(Code::kFailedPrecondition, std::string(service) + ": refusing to listen on " + std::string(host) +
+                                               ": this port has no authentication (keys do not cover it); listen on "
+                                               "127.0.0.1, or accept the risk with --allow-unauthenticated");
+}
 
 Status check_listen(std::string_view service, std::string_view host) {
   if (keyring() != nullptr) return Status::ok();
-  const bool loopback = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0 || host == "[::1]";
+  const bool loopback = loopback_host(host);
   if (!loopback && !g_allow_unauthenticated.load()) {
     return Status(Code::kFailedPrecondition,
                   std::string(service) + ": refusing to listen on " + std::string(host) +

@@ -11,6 +11,7 @@
 #include "mc/common/input_file.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
+#include "mc/replay/http_target.hpp"
 #include "mc/report/format.hpp"
 
 namespace mc::replay {
@@ -169,9 +170,22 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   ro.slo_tbt_ms = c.summary.slo_tbt_ms.front();
   ConductorLinkOptions lo = c.conductor;
   lo.block_size_tokens = ro.synth.block_tokens;
-  MC_LOG_INFO << "replaying " << rows->size() << " requests against " << lo.endpoint;
-  auto events = make_client_event_source(c.client_bind);
-  auto result = run_replay(*rows, ro, conductor_link_factory(lo), events.get());
+  auto replay = [&]() -> Result<ReplayResult> {
+    if (c.target.empty()) {
+      MC_LOG_INFO << "replaying " << rows->size() << " requests against " << lo.endpoint;
+      auto events = make_client_event_source(c.client_bind);
+      return run_replay(*rows, ro, conductor_link_factory(lo), events.get());
+    }
+    HttpTargetOptions ho;
+    ho.url = c.target;
+    ho.model = c.target_model;
+    ho.connect_timeout_ms = lo.connect_timeout_ms;
+    ho.submit_timeout_ms = lo.submit_timeout_ms;
+    MC_ASSIGN_OR_RETURN(HttpTarget target, make_http_target(ho));
+    MC_LOG_INFO << "replaying " << rows->size() << " requests through " << c.target;
+    return run_replay(*rows, ro, target.links, target.events.get());
+  };
+  Result<ReplayResult> result = replay();
   if (!result.is_ok()) return mc::report::print_error(c.json, out, result.status());
 
   if (records_out.is_open()) {
@@ -184,7 +198,11 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   Summary s = summarize(result->records, c.summary);
   RunInfo info = mc::report::host_run_info("mc-trace-replay replay");
   add_window_info(info, c.input, (*reader)->stats());
-  info.emplace_back("conductor", lo.endpoint);
+  if (c.target.empty()) {
+    info.emplace_back("conductor", lo.endpoint);
+  } else {
+    info.emplace_back("target", c.target);
+  }
   info.emplace_back("speed", num(ro.speed));
   info.emplace_back("rate_scale", num(ro.rate_scale));
   info.emplace_back("time_scale", num(ro.time_scale));

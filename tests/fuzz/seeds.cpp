@@ -163,6 +163,17 @@ void seal_seeds(std::vector<Seed>& out) {
   out.push_back({"fuzz_seal", "records", with_control(7, sealed)});
 }
 
+void openai_request_seeds(std::vector<Seed>& out) {
+  out.push_back({"fuzz_openai_request", "completion",
+                 with_control(0, R"({"model":"tiny","prompt":"Hello","max_tokens":4,"stop":["lo"],"stream":true,)"
+                                 R"("stream_options":{"include_usage":true},"mc":{"slo_ttft_ms":500}})")});
+  out.push_back({"fuzz_openai_request", "token_ids", with_control(2, R"({"model":"m","prompt":[1,2,128009]})")});
+  out.push_back({"fuzz_openai_request", "chat",
+                 with_control(1, R"({"model":"tiny","messages":[{"role":"system","content":"S"},)"
+                                 R"({"role":"user","content":[{"type":"text","text":"é"}]}],"ignore_eos":true})")});
+  out.push_back({"fuzz_openai_request", "unsupported", with_control(3, R"({"model":"m","messages":[],"n":2})")});
+}
+
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) return {};
@@ -186,6 +197,7 @@ int main(int argc, char** argv) {
   transfer_wire_seeds(seeds);
   grant_seeds(seeds);
   seal_seeds(seeds);
+  openai_request_seeds(seeds);
   int stale = 0;
   for (const Seed& s : seeds) {
     const std::filesystem::path p = dir / s.harness / s.name;

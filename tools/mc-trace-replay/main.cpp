@@ -55,6 +55,13 @@ int main(int argc, char** argv) {
   add_trace_flags(app, rc.input);
   app.add_option("--conductor", rc.conductor.endpoint, "mc-conductor endpoint (tcp://host:port)")
       ->envname("MC_CONDUCTOR");
+  app.add_option("--target", rc.target,
+                 "Replay through mc-gateway's OpenAI HTTP API at this URL (http://HOST:PORT) instead of the "
+                 "Conductor: streamed completions with the synthesized token ids as prompts; TTFT/TBT measured here")
+      ->envname("MC_TARGET");
+  app.add_option("--target-model", rc.target_model,
+                 "With --target: the model each request names (default: the first of GET /v1/models)")
+      ->envname("MC_TARGET_MODEL");
   app.add_option("--client-bind", rc.client_bind,
                  "Endpoint this replay binds for token events from mc-decode (an address the decode instances can "
                  "reach; port 0 picks a free one)")
@@ -137,10 +144,13 @@ int main(int argc, char** argv) {
   if (report->parsed()) {
     return mc::cli::report(program, mc::replay::run_report_command(pc, std::cout));
   }
-  if (rc.conductor.endpoint.empty())
-    return mc::cli::report(program, mc::Status(mc::Code::kInvalidArgument,
-                                               "no conductor: pass --conductor tcp://host:port (or set MC_CONDUCTOR), "
-                                               "or use `mc-trace-replay analyze TRACE` to study a trace alone"));
+  if (rc.conductor.endpoint.empty() && rc.target.empty())
+    return mc::cli::report(
+        program,
+        mc::Status(
+            mc::Code::kInvalidArgument,
+            "no conductor: pass --conductor tcp://host:port (or set MC_CONDUCTOR), or --target http://HOST:PORT, "
+            "or use `mc-trace-replay analyze TRACE` to study a trace alone"));
   rc.replay.progress = !no_progress && (progress || ::isatty(STDERR_FILENO));
   return mc::cli::report(program, mc::replay::run_replay_command(rc, std::cout));
 }

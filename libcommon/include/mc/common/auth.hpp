@@ -138,6 +138,11 @@ std::shared_ptr<const Keyring> process_keyring();
 const Keyring* keyring();  // process_keyring().get()
 // Lets an unauthenticated process listen on a non-loopback address (--allow-unauthenticated).
 void set_allow_unauthenticated(bool allow);
+bool allow_unauthenticated();
+// The rule for a port that carries no authentication even with a key ring (HTTP: mc-gateway, /metrics): loopback
+// only (127.0.0.0/8, ::1, localhost) unless --allow-unauthenticated; kFailedPrecondition naming the service, the
+// host and the remedy otherwise.
+Status check_listen_plain(std::string_view service, std::string_view host);
 
 // Whether `service` may listen on `host` (an endpoint's host: "127.0.0.1", "*", "10.0.0.2"): always with a key
 // ring; without one only loopback (127.0.0.0/8, ::1, localhost), unless set_allow_unauthenticated(true).

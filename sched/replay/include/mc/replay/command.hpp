@@ -34,8 +34,11 @@ struct ReplayCommand {
   ReplayOptions replay;
   ConductorLinkOptions conductor;
   std::string client_bind = "tcp://127.0.0.1:0";  // where mc-decode sends token events (a connectable address)
-  int64_t max_output_tokens = 0;                  // 0: as in the trace; else each row's output_length is capped
-  int64_t max_input_tokens = 0;  // 0: as in the trace; else each prompt is cut to its first max_input_tokens tokens
+  // Non-empty (http://HOST:PORT): replay through mc-gateway's HTTP API instead of the Conductor (http_target.hpp).
+  std::string target;
+  std::string target_model;       // the model named in each request ("": the gateway's first)
+  int64_t max_output_tokens = 0;  // 0: as in the trace; else each row's output_length is capped
+  int64_t max_input_tokens = 0;   // 0: as in the trace; else each prompt is cut to its first max_input_tokens tokens
   SummaryOptions summary;
   std::string out_path;  // JSONL records; empty: none
   bool json = false;

@@ -1,0 +1,70 @@
+// mc-gateway: the OpenAI-compatible HTTP front door of a cluster (DESIGN.md §15).
+//
+// One HTTP/1.1 server (cpp-httplib: keep-alive, server-sent events for streams) in front of the Conductor:
+//   POST /v1/completions, POST /v1/chat/completions   (openai.hpp: what is accepted; streamed or whole)
+//   GET /v1/models    the served model and its LoRA adapters (an adapter's name becomes the request's key scope)
+//   GET /health       200 when the Conductor answers and has a live prefill and decode instance, else 503
+//   GET /metrics      the gateway's metrics (Prometheus text, metrics.hpp)
+// A request is tokenized (tokenizer.hpp), submitted with conductor.submit (its client endpoint is the
+// gateway's own token-event server), and its token_event / request_done / request_error messages become the
+// response. Status codes: 400 bad field, 404 unknown model or path, 413 prompt beyond the context or body beyond
+// --max-body-bytes, 429 with Retry-After when the Conductor rejects early for the SLO (the message gives the
+// predicted TTFT and the SLO), 503 when the Conductor is unreachable or no instance can serve (or the gateway is at
+// --max-requests or draining), 504 when the answer is not complete within --request-timeout-ms; all in OpenAI's
+// error shape. A client that disconnects from a stream (seen at the next write: a token or a keep-alive comment,
+// every --heartbeat-ms), a stop string or an end-of-sequence token ends the request in the cluster with
+// conductor.cancel (counted: mc_gateway_cancels_total, mc_gateway_client_disconnects_total).
+//
+// Bounds: --max-connections HTTP worker threads (a connection beyond them waits for one), --max-requests
+// generation requests in flight (503 beyond), --max-body-bytes per request (413), --read-timeout-ms for a request's
+// bytes, --keep-alive-timeout-s for an idle connection.
+//
+// Drain (SIGTERM/SIGINT): the listening socket closes at once (new connections are refused), requests in flight
+// run to their end for up to --drain-timeout-s, then those left are cancelled in the cluster and ended with an
+// error event; then the process exits 0.
+//
+// Threading: the HTTP worker threads submit and cancel through a pool of RpcClients (one call each at a time);
+// one thread serves the token-event endpoint and hands events to the request's stream (a mutex and condition
+// variable per request). Nothing here aborts on a network error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mc/common/status.hpp"
+#include "mc/gateway/openai.hpp"
+
+namespace mc::gateway {
+
+struct GatewayOptions {
+  std::string listen = "127.0.0.1:8000";          // HTTP HOST:PORT (port 0: a free one)
+  std::string conductor = "tcp://127.0.0.1:7460";  // the Conductor's endpoint
+  std::string client_bind = "tcp://127.0.0.1:0";   // where decode instances send token events
+  std::string model = "llama3-70b";                // model preset or JSON file the cluster serves: tokenizer, context
+  std::string served_model_name;                   // the name clients use ("": the preset's name)
+  std::vector<std::string> adapters;               // LoRA adapters served, "NAME" or "NAME@VERSION"
+  ParseLimits limits;
+  double slo_ttft_ms = 0;  // default SLOs of requests that set none (0: the Conductor's)
+  double slo_tbt_ms = 0;
+  size_t max_connections = 256;     // HTTP worker threads
+  int64_t max_requests = 256;       // generation requests in flight
+  uint64_t max_body_bytes = 8 << 20;  // request body
+  int64_t read_timeout_ms = 10'000;
+  int64_t keep_alive_timeout_s = 5;
+  int64_t heartbeat_ms = 250;           // SSE keep-alive comment on a silent stream (disconnect detection)
+  int64_t submit_timeout_ms = 10'000;   // conductor.submit answered (accepted or rejected)
+  int64_t request_timeout_ms = 600'000; // whole answer; then 504 (whole) or an error event (stream)
+  int64_t drain_timeout_s = 30;
+};
+
+// Checks the options (kInvalidArgument naming the flag) and loads the tokenizer of `model`.
+Status validate(const GatewayOptions& options);
+
+// Runs until SIGTERM/SIGINT (daemon::stop_requested()), then drains. Prints
+// "ready mc-gateway http://HOST:PORT conductor=ENDPOINT model=NAME" on stdout once serving.
+// kFailedPrecondition when the listen address is not loopback and --allow-unauthenticated is not given (the HTTP
+// port has no authentication); kUnavailable naming the address when it cannot be bound.
+Status run_gateway(const GatewayOptions& options);
+
+}  // namespace mc::gateway

@@ -1,0 +1,115 @@
+// The OpenAI API shapes mc-gateway speaks (DESIGN.md §15): request bodies of POST /v1/completions and
+// POST /v1/chat/completions parsed and checked into one GenerationRequest, the response and stream-chunk
+// documents, and the error document. Pure functions over nlohmann::json: no I/O, no clock (times are passed in).
+//
+// What is accepted. Both: model, max_tokens (chat also max_completion_tokens), stream, stream_options
+// ({include_usage}), stop (a string or up to 4 strings), ignore_eos, user, seed (greedy decoding is
+// deterministic anyway), and the extension object "mc": {slo_ttft_ms, slo_tbt_ms, salt} (SLOs in ms, > 0;
+// salt: the request's key namespace salt, DESIGN.md §4.1). Completions: prompt as a string, a token-id array,
+// or a one-element array of either. Chat: messages [{role: system|user|assistant, content: a string or an array
+// of {type: "text", text}}]. Sampling options are accepted only at the values greedy decoding gives
+// (temperature 0, top_p 1, n 1, best_of 1, presence/frequency penalty 0, logprobs false/null, echo false,
+// response_format {type: text}); anything else, and every unknown field, is a 400 naming the field: never
+// silently ignored.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/gateway/tokenizer.hpp"
+
+namespace mc::gateway {
+
+// An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with this HTTP status.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field ("" = none)
+  std::string code;   // e.g. "context_length_exceeded", "slo_unattainable" ("" = none)
+  int retry_after_s = 0;  // > 0: a Retry-After header (429)
+};
+nlohmann::json error_document(const ApiError& e);
+
+// Limits and defaults of parsing (mc-gateway flags).
+struct ParseLimits {
+  int64_t default_max_tokens_completion = 16;  // OpenAI's default for /v1/completions
+  int64_t default_max_tokens_chat = 256;       // chat has no default bound in OpenAI's API; ours
+  int64_t max_prompt_tokens = 0;               // 0: the model's context; beyond it 413
+  size_t max_stop_bytes = 256;                 // one stop string at most
+};
+
+struct GenerationRequest {
+  bool chat = false;
+  std::string model;  // as the client named it (the base model or an adapter)
+  std::vector<uint32_t> prompt_tokens;
+  int64_t max_tokens = 16;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;
+  double slo_ttft_ms = 0;  // 0: the gateway's default (then the Conductor's)
+  double slo_tbt_ms = 0;
+  std::string salt;
+};
+
+// Parses and checks a body (already JSON) against the tokenizer and limits. Errors: 400 naming the field,
+// 413 for a prompt beyond the context (code context_length_exceeded), 400 when prompt + max_tokens exceed it.
+Result<GenerationRequest> parse_generation(const nlohmann::json& body, bool chat, const Tokenizer& tokenizer,
+                                           const ParseLimits& limits, ApiError* error);
+
+// Why an answer ended: "stop" (a stop string or end of sequence), "length" (max_tokens).
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose KV the cache served (the ledger's hit_tokens)
+};
+nlohmann::json usage_document(const Usage& u);
+
+// The whole (non-streamed) response. `id` e.g. "cmpl-…", created in Unix seconds.
+nlohmann::json completion_document(bool chat, const std::string& id, int64_t created_s, const std::string& model,
+                                   const std::string& text, const std::string& finish_reason, const Usage& usage);
+// One streamed chunk: text delta (chat: delta.content; the first chat chunk also carries role), finish_reason
+// (null when empty).
+nlohmann::json chunk_document(bool chat, const std::string& id, int64_t created_s, const std::string& model,
+                              const std::string& text, const std::string& finish_reason, bool first);
+// The usage-only chunk of stream_options.include_usage (choices empty).
+nlohmann::json usage_chunk_document(bool chat, const std::string& id, int64_t created_s, const std::string& model,
+                                    const Usage& usage);
+
+// One answer's text as its tokens arrive (both streamed and whole responses): detokenizes (TextStream), ends it at
+// the first stop string (the string itself and what follows are not returned) or at an end-of-sequence id (unless
+// ignore_eos), and holds back the last bytes that could still begin a stop string, so no streamed text is ever
+// taken back. completion_tokens counts every token fed, the one that ended the answer included.
+class AnswerBuilder {
+ public:
+  AnswerBuilder(const Tokenizer& tokenizer, const GenerationRequest& request);
+  // The text now safe to send after token `id` (often ""). After finished() further tokens are ignored.
+  std::string on_token(uint32_t id);
+  // The rest of the text when the cluster finished the answer (max_tokens generated): finish_reason "length"
+  // unless a stop already ended it.
+  std::string on_done();
+  bool finished() const { return !finish_reason_.empty(); }
+  const std::string& finish_reason() const { return finish_reason_; }
+  int64_t completion_tokens() const { return completion_tokens_; }
+
+ private:
+  std::string release(bool all);
+
+  const Tokenizer& tokenizer_;
+  const GenerationRequest& request_;
+  TextStream text_;
+  std::string held_;  // decoded text not yet returned (may hold the start of a stop string)
+  size_t max_stop_ = 0;
+  std::string finish_reason_;
+  int64_t completion_tokens_ = 0;
+};
+
+// Finds the first stop string in `text` at or after byte `from`; the position or npos.
+size_t find_stop(const std::string& text, const std::vector<std::string>& stop, size_t from);
+
+}  // namespace mc::gateway

@@ -1,0 +1,793 @@
+#include "mc/gateway/gateway.hpp"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "mc/common/auth.hpp"
+#include "mc/common/block_key.hpp"
+#include "mc/common/clock.hpp"
+#include "mc/common/daemon.hpp"
+#include "mc/common/endpoint.hpp"
+#include "mc/common/log.hpp"
+#include "mc/common/metrics.hpp"
+#include "mc/common/rpc.hpp"
+
+namespace mc::gateway {
+
+using nlohmann::json;
+
+namespace {
+
+int64_t mono_ns() { return RealClock::instance().now_ns(); }
+
+// One event of a request, as the token-event server received it.
+struct Event {
+  enum class Kind : uint8_t { kToken, kDone, kError };
+  Kind kind = Kind::kToken;
+  int64_t index = 0;
+  uint32_t token = 0;
+  int64_t arrival_ns = 0;  // mono_ns() at receipt
+  proto::RequestLedger ledger;
+  uint16_t code = 0;
+  std::string message;
+};
+
+// A request's inbox: the token-event thread pushes, the HTTP thread pops.
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Event> events;
+  int64_t next_index = 0;  // token events below it are duplicates
+
+  void push(Event ev) {
+    {
+      std::lock_guard lock(mu);
+      if (ev.kind == Event::Kind::kToken) {
+        if (ev.index < next_index) return;
+        next_index = ev.index + 1;
+      }
+      events.push_back(std::move(ev));
+    }
+    cv.notify_one();
+  }
+  // Waits up to `wait_ns` (or until `abort`) for events and takes them all.
+  std::deque<Event> take(int64_t wait_ns, const std::atomic<bool>& abort) {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, std::chrono::nanoseconds(wait_ns), [&] { return !events.empty() || abort.load(); });
+    std::deque<Event> out;
+    out.swap(events);
+    return out;
+  }
+};
+
+// RpcClients to the Conductor, one per concurrent caller (RpcClient is not thread-safe).
+class ClientPool {
+ public:
+  explicit ClientPool(std::string endpoint) : endpoint_(std::move(endpoint)) {}
+
+  template <typename Req>
+  Result<typename Req::Reply> call(const Req& req, int timeout_ms) {
+    std::unique_ptr<rpc::RpcClient> c;
+    {
+      std::lock_guard lock(mu_);
+      if (!free_.empty()) {
+        c = std::move(free_.back());
+        free_.pop_back();
+      }
+    }
+    if (!c) {
+      rpc::ClientOptions o;
+      o.client_name = "mc-gateway";
+      o.connect_timeout_ms = std::min(timeout_ms, 2'000);
+      o.default_timeout_ms = timeout_ms;
+      Result<std::unique_ptr<rpc::RpcClient>> made = rpc::RpcClient::connect(endpoint_, o);
+      if (!made.is_ok()) return made.status();
+      c = std::move(made).value();
+    }
+    Result<typename Req::Reply> reply = c->call(req, timeout_ms);
+    // A client whose call failed on transport is dropped (its socket may hold a late reply).
+    if (reply.is_ok() || (reply.status().code() != Code::kTimeout && reply.status().code() != Code::kUnavailable)) {
+      std::lock_guard lock(mu_);
+      free_.push_back(std::move(c));
+    }
+    return reply;
+  }
+
+ private:
+  std::string endpoint_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<rpc::RpcClient>> free_;
+};
+
+std::string random_hex(size_t n) {
+  std::random_device rd;
+  std::string s;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; ++i) s.push_back(kHex[rd() % 16]);
+  return s;
+}
+
+int64_t unix_s() { return unix_time_ms() / 1000; }
+
+std::string sse(const json& doc) {
+  return "data: " + doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+class Gateway {
+ public:
+  Gateway(GatewayOptions options, Tokenizer tokenizer)
+      : o_(std::move(options)), tok_(std::move(tokenizer)), pool_(o_.conductor), id_prefix_(random_hex(8)) {
+    if (o_.served_model_name.empty()) o_.served_model_name = tok_.model();
+    for (const std::string& a : o_.adapters) {
+      const size_t at = a.find('@');
+      adapters_[a.substr(0, at)] = at == std::string::npos ? "" : a.substr(at + 1);
+    }
+    auto& m = metrics_;
+    requests_ = &m.counter("mc_gateway_requests_total", "generation requests received (completions and chat)");
+    completed_ = &m.counter("mc_gateway_completed_total", "generation requests answered in full");
+    rejected_ = &m.counter("mc_gateway_rejected_total", "requests the Conductor rejected early (429)");
+    unavailable_ = &m.counter("mc_gateway_unavailable_total", "requests answered 503 (no conductor, instance or slot)");
+    bad_ = &m.counter("mc_gateway_bad_requests_total", "requests answered 4xx other than 429");
+    failed_ = &m.counter("mc_gateway_failed_total", "accepted requests that ended with an error or a timeout");
+    cancels_ = &m.counter("mc_gateway_cancels_total", "conductor.cancel sent (stop, end of sequence, disconnect)");
+    disconnects_ = &m.counter("mc_gateway_client_disconnects_total", "streams whose client went away mid-answer");
+    prompt_tokens_ = &m.counter("mc_gateway_prompt_tokens_total", "prompt tokens of accepted requests");
+    completion_tokens_ = &m.counter("mc_gateway_completion_tokens_total", "tokens sent to clients");
+    cached_tokens_ = &m.counter("mc_gateway_cached_tokens_total", "prompt tokens the KV cache served");
+    active_ = &m.gauge("mc_gateway_active_requests", "generation requests in flight");
+    const auto b = metrics::latency_buckets_s();
+    ttft_ = &m.histogram("mc_gateway_ttft_seconds", b, "receipt of the request -> first token written to the client");
+    tbt_ = &m.histogram("mc_gateway_tbt_seconds", b, "gaps between tokens written to the client");
+    e2e_ = &m.histogram("mc_gateway_e2e_seconds", b, "receipt of the request -> last byte of the answer");
+    submit_overhead_ = &m.histogram("mc_gateway_submit_overhead_seconds", b,
+                                    "gateway time before conductor.submit: receipt of the body -> submit sent");
+    token_overhead_ = &m.histogram("mc_gateway_token_overhead_seconds", b,
+                                   "gateway time of a token: token_event received -> its bytes written");
+    submit_latency_ = &m.histogram("mc_gateway_submit_seconds", b, "conductor.submit round trip (until accepted)");
+  }
+
+  Status start() {
+    MC_ASSIGN_OR_RETURN(Endpoint http, parse_tcp_endpoint(o_.listen));
+    MC_RETURN_IF_ERROR(auth::check_listen_plain("mc-gateway", http.host));
+    // The token-event endpoint.
+    rpc::ServerOptions so;
+    so.service = "mc-gateway client";
+    so.bind_endpoints = {o_.client_bind};
+    so.serve_with_own_key = true;  // a tenant's client holds no cluster key (docs/SECURITY.md)
+    Result<std::unique_ptr<rpc::RpcServer>> server = rpc::RpcServer::bind(so);
+    if (!server.is_ok()) return server.status().with_context("binding the token-event endpoint (--client-bind)");
+    events_ = std::move(server).value();
+    client_endpoint_ = events_->endpoints().front();
+    register_event_handlers();
+    cancel_thread_ = std::thread([this] { cancel_loop(); });
+    events_thread_ = std::thread([this] {
+      Status st = events_->serve();
+      if (!st.is_ok()) MC_LOG_ERROR << "mc-gateway: token-event endpoint stopped: " << st.to_string();
+    });
+    // HTTP.
+    http_.new_task_queue = [n = o_.max_connections] { return new httplib::ThreadPool(n); };
+    http_.set_payload_max_length(o_.max_body_bytes);
+    http_.set_read_timeout(std::chrono::milliseconds(o_.read_timeout_ms));
+    http_.set_write_timeout(std::chrono::seconds(10));
+    http_.set_keep_alive_timeout(o_.keep_alive_timeout_s);
+    http_.set_keep_alive_max_count(10'000);
+    http_.set_tcp_nodelay(true);
+    register_routes();
+    const std::string host = http.host == "*" ? "0.0.0.0" : http.host;
+    int port = http.port;
+    if (port == 0) {
+      port = http_.bind_to_any_port(host);
+    } else if (!http_.bind_to_port(host, port)) {
+      port = -1;
+    }
+    if (port <= 0) {
+      stop_cancels();
+      stop_events();
+      return Status(Code::kUnavailable, "mc-gateway: cannot listen on " + o_.listen +
+                                            " (address in use or not local?): pick another --listen");
+    }
+    url_ = "http://" + format_host_port(host, static_cast<uint16_t>(port));
+    http_thread_ = std::thread([this] {
+      http_.listen_after_bind();
+      http_done_.store(true);
+    });
+    return Status::ok();
+  }
+
+  const std::string& url() const { return url_; }
+
+  // Drain (see gateway.hpp): stop accepting, let requests finish for drain_timeout_s, then end the rest.
+  void drain() {
+    const int64_t in_flight = static_cast<int64_t>(active_->value());
+    MC_LOG_INFO << "mc-gateway: draining: no new connections; " << in_flight << " requests in flight get up to "
+                << o_.drain_timeout_s << " s";
+    draining_.store(true);
+    http_.stop();
+    const int64_t deadline = mono_ns() + o_.drain_timeout_s * 1'000'000'000;
+    while (!http_done_.load() && mono_ns() < deadline && active_->value() > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (active_->value() > 0) {
+      MC_LOG_WARN << "mc-gateway: drain timeout: cancelling " << active_->value() << " requests still in flight";
+    }
+    abort_.store(true);
+    {
+      std::lock_guard lock(inbox_mu_);
+      for (auto& [id, inbox] : inboxes_) inbox->cv.notify_all();
+    }
+    if (http_thread_.joinable()) http_thread_.join();
+    stop_cancels();
+    stop_events();
+  }
+
+  ~Gateway() {
+    if (http_thread_.joinable()) {
+      abort_.store(true);
+      http_.stop();
+      http_thread_.join();
+    }
+    stop_cancels();
+    stop_events();
+  }
+
+ private:
+  // A request in flight: its inbox, the request and the clock of its answer.
+  struct Flight {
+    std::string id;
+    std::string object_id;  // "cmpl-…" / "chatcmpl-…"
+    GenerationRequest req;
+    std::shared_ptr<Inbox> inbox;
+    int64_t received_ns = 0;
+    int64_t last_token_ns = 0;
+    int64_t deadline_ns = 0;
+    bool first_sent = false;
+    bool ended = false;  // the cluster finished or failed it, or it was cancelled
+    Usage usage;
+  };
+
+  void stop_events() {
+    if (events_) events_->stop();
+    if (events_thread_.joinable()) events_thread_.join();
+  }
+
+  void register_event_handlers() {
+    events_->handle<proto::TokenEvent>([this](const proto::TokenEvent& ev, const rpc::CallContext&) {
+      Event e;
+      e.kind = Event::Kind::kToken;
+      e.index = ev.index;
+      e.token = ev.token;
+      e.arrival_ns = mono_ns();
+      deliver(ev.request_id, std::move(e));
+      return Result<proto::ClientAck>(proto::ClientAck{});
+    });
+    events_->handle<proto::RequestDone>([this](const proto::RequestDone& done, const rpc::CallContext&) {
+      Event e;
+      e.kind = Event::Kind::kDone;
+      e.ledger = done.ledger;
+      e.arrival_ns = mono_ns();
+      deliver(done.request_id, std::move(e));
+      return Result<proto::ClientAck>(proto::ClientAck{});
+    });
+    events_->handle<proto::RequestError>([this](const proto::RequestError& err, const rpc::CallContext&) {
+      Event e;
+      e.kind = Event::Kind::kError;
+      e.code = err.code;
+      e.message = err.message;
+      e.arrival_ns = mono_ns();
+      deliver(err.request_id, std::move(e));
+      return Result<proto::ClientAck>(proto::ClientAck{});
+    });
+  }
+
+  void deliver(const std::string& id, Event e) {
+    std::shared_ptr<Inbox> inbox;
+    {
+      std::lock_guard lock(inbox_mu_);
+      auto it = inboxes_.find(id);
+      if (it == inboxes_.end()) return;  // finished, cancelled or not ours: nothing waits for it
+      inbox = it->second;
+    }
+    inbox->push(std::move(e));
+  }
+
+  // ---- HTTP ----
+  static void send_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.http_status;
+    if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
+    res.set_content(error_document(e).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  }
+
+  void register_routes() {
+    http_.Post("/v1/completions",
+               [this](const httplib::Request& rq, httplib::Response& rs) { generate(rq, rs, /*chat=*/false); });
+    http_.Post("/v1/chat/completions",
+               [this](const httplib::Request& rq, httplib::Response& rs) { generate(rq, rs, /*chat=*/true); });
+    http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& rs) { models(rs); });
+    http_.Get("/health", [this](const httplib::Request&, httplib::Response& rs) { health(rs); });
+    http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& rs) {
+      rs.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    // Unrouted paths, wrong methods and the library's own errors (413, 400) in OpenAI's error shape.
+    http_.set_error_handler([](const httplib::Request& rq, httplib::Response& rs) {
+      if (!rs.body.empty()) return;  // a route's own error document (called for every status >= 400)
+      ApiError e;
+      e.http_status = rs.status;
+      if (rs.status == 404) {
+        e.message = "no route " + rq.method + " " + rq.path +
+                    " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics)";
+        e.code = "not_found";
+      } else if (rs.status == 413) {
+        e.message = "the request body is larger than --max-body-bytes";
+      } else {
+        e.message = "HTTP " + std::to_string(rs.status);
+      }
+      if (rs.status >= 500) e.type = "server_error";
+      send_error(rs, e);
+    });
+    http_.set_exception_handler([](const httplib::Request&, httplib::Response& rs, std::exception_ptr) {
+      ApiError e;
+      e.http_status = 500;
+      e.type = "server_error";
+      e.message = "internal error in mc-gateway";
+      send_error(rs, e);
+    });
+  }
+
+  // The Conductor's status document, at most 1 s old; null when it cannot be had.
+  json conductor_status() {
+    std::lock_guard lock(status_mu_);
+    const int64_t now = mono_ns();
+    if (now - status_at_ns_ < 1'000'000'000) return status_;
+    Result<proto::ConductorStatusReply> r = pool_.call(proto::ConductorStatusRequest{true}, 2'000);
+    status_at_ns_ = now;
+    status_ = r.is_ok() ? json::parse(r->status_json, nullptr, false) : json();
+    if (status_.is_discarded()) status_ = json();
+    status_error_ = r.is_ok() ? "" : r.status().message();
+    return status_;
+  }
+
+  static std::pair<int, int> live_instances(const json& status) {
+    int prefill = 0, decode = 0;
+    if (!status.is_object() || !status.contains("instances")) return {0, 0};
+    for (const json& i : status["instances"]) {
+      (i.value("role", "") == "prefill" ? prefill : decode) += 1;
+    }
+    return {prefill, decode};
+  }
+
+  void health(httplib::Response& rs) {
+    const json st = conductor_status();
+    const auto [prefill, decode] = live_instances(st);
+    json doc = {{"status", "ok"}, {"conductor", o_.conductor}, {"prefill_instances", prefill},
+                {"decode_instances", decode}};
+    if (draining_.load()) {
+      doc["status"] = "draining";
+    } else if (st.is_null()) {
+      doc["status"] = "conductor unreachable: " + status_error_;
+    } else if (prefill == 0 || decode == 0) {
+      doc["status"] = "no live prefill or decode instance";
+    }
+    rs.status = doc["status"] == "ok" ? 200 : 503;
+    rs.set_content(doc.dump(), "application/json");
+  }
+
+  void models(httplib::Response& rs) {
+    const int64_t created = 0;
+    json data = json::array();
+    data.push_back({{"id", o_.served_model_name}, {"object", "model"}, {"created", created}, {"owned_by", "mc"},
+                    {"root", tok_.model()}, {"parent", nullptr}, {"max_model_len", tok_.max_context_tokens()}});
+    for (const auto& [name, version] : adapters_) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", created}, {"owned_by", "mc"},
+                      {"root", o_.served_model_name}, {"parent", o_.served_model_name},
+                      {"max_model_len", tok_.max_context_tokens()}, {"lora_version", version}});
+    }
+    rs.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+  }
+
+  // 4xx other than 429 and 503s are counted here.
+  void refuse(httplib::Response& rs, const ApiError& e) {
+    (e.http_status == 503 ? unavailable_ : e.http_status == 429 ? rejected_ : bad_)->inc();
+    send_error(rs, e);
+  }
+
+  void generate(const httplib::Request& rq, httplib::Response& rs, bool chat) {
+    const int64_t received = mono_ns();
+    requests_->inc();
+    ApiError err;
+    if (draining_.load()) {
+      err.http_status = 503;
+      err.type = "server_error";
+      err.message = "mc-gateway is draining (SIGTERM): send the request to another gateway";
+      return refuse(rs, err);
+    }
+    const json body = json::parse(rq.body, nullptr, false);
+    if (body.is_discarded()) {
+      err.message = "the request body is not valid JSON";
+      return refuse(rs, err);
+    }
+    Result<GenerationRequest> parsed = parse_generation(body, chat, tok_, o_.limits, &err);
+    if (!parsed.is_ok()) return refuse(rs, err);
+    auto f = std::make_shared<Flight>();
+    f->req = std::move(parsed).value();
+    f->received_ns = received;
+    f->deadline_ns = received + o_.request_timeout_ms * 1'000'000;
+    RequestKeyScope scope;
+    if (f->req.model != o_.served_model_name) {
+      auto it = adapters_.find(f->req.model);
+      if (it == adapters_.end()) {
+        err.http_status = 404;
+        err.param = "model";
+        err.code = "model_not_found";
+        err.message = "model '" + f->req.model + "' does not exist here (GET /v1/models lists " +
+                      o_.served_model_name + (adapters_.empty() ? "" : " and its adapters") + ")";
+        return refuse(rs, err);
+      }
+      scope.lora_name = it->first;
+      scope.lora_version = it->second;
+    }
+    // A slot.
+    if (active_count_.fetch_add(1) >= o_.max_requests) {
+      active_count_.fetch_sub(1);
+      err.http_status = 503;
+      err.type = "server_error";
+      err.message = "mc-gateway has " + std::to_string(o_.max_requests) +
+                    " requests in flight (--max-requests): retry shortly";
+      return refuse(rs, err);
+    }
+    active_->add(1);
+    f->id = "gw-" + id_prefix_ + "-" + std::to_string(next_id_.fetch_add(1));
+    f->object_id = (chat ? "chatcmpl-" : "cmpl-") + f->id;
+    f->inbox = std::make_shared<Inbox>();
+    {
+      std::lock_guard lock(inbox_mu_);
+      inboxes_[f->id] = f->inbox;
+    }
+    proto::ConductorSubmitRequest sub;
+    sub.request_id = f->id;
+    sub.input_tokens = static_cast<int64_t>(f->req.prompt_tokens.size());
+    sub.output_tokens = f->req.max_tokens;
+    sub.tokens = f->req.prompt_tokens;
+    sub.slo_ttft_ms = f->req.slo_ttft_ms > 0 ? f->req.slo_ttft_ms : o_.slo_ttft_ms;
+    sub.slo_tbt_ms = f->req.slo_tbt_ms > 0 ? f->req.slo_tbt_ms : o_.slo_tbt_ms;
+    sub.client_endpoint = client_endpoint_;
+    sub.lora_name = scope.lora_name;
+    sub.lora_version = scope.lora_version;
+    sub.salt = f->req.salt;
+    const int64_t sent = mono_ns();
+    submit_overhead_->observe(static_cast<double>(sent - received) * 1e-9);
+    Result<proto::ConductorSubmitReply> reply = pool_.call(sub, static_cast<int>(o_.submit_timeout_ms));
+    submit_latency_->observe(static_cast<double>(mono_ns() - sent) * 1e-9);
+    if (!reply.is_ok() || !reply->accepted) {
+      finish_flight(*f);
+      return refuse(rs, submit_error(*f, reply));
+    }
+    f->usage.prompt_tokens = sub.input_tokens;
+    prompt_tokens_->inc(static_cast<uint64_t>(sub.input_tokens));
+    if (f->req.stream) {
+      stream(f, rs);
+    } else {
+      whole(f, rs);
+    }
+  }
+
+  ApiError submit_error(const Flight& f, const Result<proto::ConductorSubmitReply>& reply) {
+    ApiError e;
+    if (!reply.is_ok()) {
+      const Status& st = reply.status();
+      if (st.code() == Code::kInvalidArgument) {
+        e.http_status = 400;
+        e.message = "the Conductor refused the request: " + st.message();
+      } else if (st.code() == Code::kPermissionDenied) {
+        e.http_status = 403;
+        e.type = "permission_error";
+        e.message = "the Conductor refused the request: " + st.message();
+      } else {
+        e.http_status = 503;
+        e.type = "server_error";
+        e.message = "the Conductor at " + o_.conductor + " did not take the request: " + st.message();
+      }
+      return e;
+    }
+    const proto::ConductorSubmitReply& r = *reply;
+    const std::string& why = r.reject_reason;
+    e.message = "rejected by the Conductor (" + why + "): " + r.reason;
+    if (why == "ttft_slo" || why == "tbt_slo" || why == "kv_capacity") {
+      // The paper's early rejection (Mooncake §6 [paper]; DESIGN.md §10): the SLO cannot be met now; retry later.
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      e.code = "slo_unattainable";
+      const double slo = f.req.slo_ttft_ms > 0 ? f.req.slo_ttft_ms : o_.slo_ttft_ms;
+      char buf[160];
+      if (slo > 0) {
+        std::snprintf(buf, sizeof buf, " [predicted TTFT %.1f ms, TTFT SLO %g ms]", r.predicted_ttft_ms, slo);
+      } else {
+        std::snprintf(buf, sizeof buf, " [predicted TTFT %.1f ms, TTFT SLO: the Conductor's default]",
+                      r.predicted_ttft_ms);
+      }
+      e.message += buf;
+      e.retry_after_s = static_cast<int>(std::clamp(r.predicted_ttft_ms / 1000.0, 1.0, 60.0));
+    } else if (why == "invalid_request") {
+      e.http_status = 400;
+    } else {
+      e.http_status = 503;  // no_prefill_instance, no_decode_instance, decode_refused, instance_lost, cancelled
+      e.type = "server_error";
+    }
+    return e;
+  }
+
+  // The request left the gateway's books (its inbox unregistered, its slot freed). Idempotent per flight.
+  void finish_flight(Flight& f) {
+    {
+      std::lock_guard lock(inbox_mu_);
+      if (inboxes_.erase(f.id) == 0) return;
+    }
+    active_count_.fetch_sub(1);
+    active_->add(-1);
+  }
+
+  // Ends the request in the cluster (stop, EOS, disconnect, timeout, drain) without waiting: the cancel thread
+  // sends conductor.cancel, so the client's last bytes never wait for that round trip. Once per flight.
+  void cancel(Flight& f) {
+    if (f.ended) return;
+    f.ended = true;
+    cancels_->inc();
+    {
+      std::lock_guard lock(cancel_mu_);
+      cancel_queue_.push_back(f.id);
+    }
+    cancel_cv_.notify_one();
+  }
+
+  void cancel_loop() {
+    std::unique_lock lock(cancel_mu_);
+    for (;;) {
+      cancel_cv_.wait(lock, [&] { return !cancel_queue_.empty() || cancel_stop_; });
+      if (cancel_queue_.empty()) return;
+      const std::string id = std::move(cancel_queue_.front());
+      cancel_queue_.pop_front();
+      lock.unlock();
+      Result<proto::ConductorCancelReply> r = pool_.call(proto::ConductorCancelRequest{id}, 2'000);
+      if (!r.is_ok()) MC_LOG_DEBUG << "mc-gateway: cancel of '" << id << "': " << r.status().message();
+      lock.lock();
+    }
+  }
+
+  // Sends the cancels still queued (a bounded wait), then ends the cancel thread.
+  void stop_cancels() {
+    {
+      std::lock_guard lock(cancel_mu_);
+      cancel_stop_ = true;
+    }
+    cancel_cv_.notify_all();
+    if (cancel_thread_.joinable()) cancel_thread_.join();
+  }
+
+  // What an event does to the answer. Returns the text to send; sets *error for a failure event.
+  std::string apply(Flight& f, AnswerBuilder& answer, const Event& ev, std::optional<ApiError>* error) {
+    switch (ev.kind) {
+      case Event::Kind::kToken: {
+        std::string text = answer.on_token(ev.token);
+        if (answer.finished()) cancel(f);  // a stop string or end of sequence: the rest is not wanted
+        return text;
+      }
+      case Event::Kind::kDone: {
+        f.ended = true;
+        f.usage.cached_tokens = ev.ledger.hit_tokens;
+        cached_tokens_->inc(static_cast<uint64_t>(std::max<int64_t>(0, ev.ledger.hit_tokens)));
+        return answer.on_done();
+      }
+      case Event::Kind::kError: {
+        f.ended = true;
+        if (answer.finished()) return {};  // our own cancel's echo
+        ApiError e;
+        e.http_status = 500;
+        e.type = "server_error";
+        e.code = std::string(code_name(static_cast<Code>(ev.code)));
+        e.message = "the request failed in the cluster: " + ev.message;
+        *error = e;
+        return {};
+      }
+    }
+    return {};
+  }
+
+  void observe_token_written(Flight& f, int64_t arrival_ns, int64_t tokens_before, const AnswerBuilder& answer) {
+    const int64_t now = mono_ns();
+    if (answer.completion_tokens() > tokens_before) {
+      token_overhead_->observe(static_cast<double>(now - arrival_ns) * 1e-9);
+      if (f.last_token_ns == 0) {
+        ttft_->observe(static_cast<double>(now - f.received_ns) * 1e-9);
+      } else {
+        tbt_->observe(static_cast<double>(now - f.last_token_ns) * 1e-9);
+      }
+      f.last_token_ns = now;
+    }
+  }
+
+  void whole(const std::shared_ptr<Flight>& f, httplib::Response& rs) {
+    AnswerBuilder answer(tok_, f->req);
+    std::string text;
+    std::optional<ApiError> error;
+    while (!f->ended || (!answer.finished() && !error)) {
+      if (abort_.load() || mono_ns() > f->deadline_ns) break;
+      for (const Event& ev : f->inbox->take(o_.heartbeat_ms * 1'000'000, abort_)) {
+        const int64_t before = answer.completion_tokens();
+        text += apply(*f, answer, ev, &error);
+        observe_token_written(*f, ev.arrival_ns, before, answer);
+        if (error || (answer.finished() && f->ended)) break;
+      }
+      if (error || answer.finished()) break;
+    }
+    finish_flight(*f);
+    if (!answer.finished() && !error) {
+      cancel(*f);
+      failed_->inc();
+      ApiError e;
+      e.http_status = abort_.load() ? 503 : 504;
+      e.type = "server_error";
+      e.message = abort_.load() ? "mc-gateway shut down before the answer was complete"
+                                : "the answer was not complete within --request-timeout-ms (" +
+                                      std::to_string(o_.request_timeout_ms) + " ms); the request was cancelled";
+      return send_error(rs, e);
+    }
+    if (error) {
+      failed_->inc();
+      return send_error(rs, *error);
+    }
+    completed_->inc();
+    f->usage.completion_tokens = answer.completion_tokens();
+    completion_tokens_->inc(static_cast<uint64_t>(answer.completion_tokens()));
+    e2e_->observe(static_cast<double>(mono_ns() - f->received_ns) * 1e-9);
+    rs.set_content(completion_document(f->req.chat, f->object_id, unix_s(), f->req.model, text, answer.finish_reason(),
+                                       f->usage)
+                       .dump(-1, ' ', false, json::error_handler_t::replace),
+                   "application/json");
+  }
+
+  void stream(const std::shared_ptr<Flight>& f, httplib::Response& rs) {
+    auto answer = std::make_shared<AnswerBuilder>(tok_, f->req);
+    auto done = std::make_shared<bool>(false);
+    rs.set_header("Cache-Control", "no-cache");
+    rs.set_header("X-Accel-Buffering", "no");
+    const int64_t created = unix_s();
+    rs.set_chunked_content_provider(
+        "text/event-stream",
+        [this, f, answer, done, created](size_t, httplib::DataSink& sink) -> bool {
+          auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+          if (*done) {
+            sink.done();
+            return true;
+          }
+          if (!f->first_sent && f->req.chat) {
+            f->first_sent = true;
+            if (!write(sse(chunk_document(true, f->object_id, created, f->req.model, "", "", true)))) return false;
+          }
+          std::optional<ApiError> error;
+          std::deque<Event> events = f->inbox->take(o_.heartbeat_ms * 1'000'000, abort_);
+          if (events.empty()) {
+            if (abort_.load() || mono_ns() > f->deadline_ns) {
+              ApiError e;
+              e.http_status = 504;
+              e.type = "server_error";
+              e.message = abort_.load() ? "mc-gateway shut down before the answer was complete"
+                                        : "the answer was not complete within --request-timeout-ms";
+              error = e;
+            } else {
+              // Keep-alive comment: a client that went away is found at this write (or the next).
+              return write(": keep-alive\n\n");
+            }
+          }
+          for (const Event& ev : events) {
+            const int64_t before = answer->completion_tokens();
+            const std::string text = apply(*f, *answer, ev, &error);
+            if (!text.empty() || (answer->finished() && answer->completion_tokens() > before)) {
+              const std::string reason = answer->finished() ? answer->finish_reason() : "";
+              if (!write(sse(chunk_document(f->req.chat, f->object_id, created, f->req.model, text, reason, false))))
+                return false;
+              f->first_sent = true;
+            }
+            observe_token_written(*f, ev.arrival_ns, before, *answer);
+            if (error || answer->finished()) break;
+          }
+          if (!error && !answer->finished()) return true;
+          if (error) {
+            failed_->inc();
+            if (!write(sse(error_document(*error)))) return false;
+          } else {
+            completed_->inc();
+            f->usage.completion_tokens = answer->completion_tokens();
+            completion_tokens_->inc(static_cast<uint64_t>(answer->completion_tokens()));
+            if (f->req.include_usage &&
+                !write(sse(usage_chunk_document(f->req.chat, f->object_id, created, f->req.model, f->usage))))
+              return false;
+          }
+          if (!write("data: [DONE]\n\n")) return false;
+          e2e_->observe(static_cast<double>(mono_ns() - f->received_ns) * 1e-9);
+          *done = true;
+          sink.done();
+          return true;
+        },
+        [this, f](bool success) {
+          // The response ended: normally (answered), or the client went away / a write failed.
+          if (!success && !f->ended) disconnects_->inc();
+          cancel(*f);  // no-op when the cluster already ended it
+          finish_flight(*f);
+        });
+  }
+
+  GatewayOptions o_;
+  Tokenizer tok_;
+  ClientPool pool_;
+  std::string id_prefix_;
+  std::atomic<uint64_t> next_id_{1};
+  std::map<std::string, std::string> adapters_;  // name -> version
+  metrics::Registry metrics_;
+  metrics::Counter *requests_, *completed_, *rejected_, *unavailable_, *bad_, *failed_, *cancels_, *disconnects_,
+      *prompt_tokens_, *completion_tokens_, *cached_tokens_;
+  metrics::Gauge* active_;
+  metrics::Histogram *ttft_, *tbt_, *e2e_, *submit_overhead_, *token_overhead_, *submit_latency_;
+  std::atomic<int64_t> active_count_{0};
+
+  std::unique_ptr<rpc::RpcServer> events_;
+  std::thread events_thread_;
+  std::mutex cancel_mu_;
+  std::condition_variable cancel_cv_;
+  std::deque<std::string> cancel_queue_;
+  bool cancel_stop_ = false;
+  std::thread cancel_thread_;
+  std::string client_endpoint_;
+  std::mutex inbox_mu_;
+  std::map<std::string, std::shared_ptr<Inbox>> inboxes_;
+
+  httplib::Server http_;
+  std::thread http_thread_;
+  std::atomic<bool> http_done_{false};
+  std::string url_;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> abort_{false};
+
+  std::mutex status_mu_;
+  int64_t status_at_ns_ = -(int64_t{1} << 62);
+  json status_;
+  std::string status_error_;
+};
+
+}  // namespace
+
+Status validate(const GatewayOptions& o) {
+  MC_RETURN_IF_ERROR(parse_tcp_endpoint(o.listen).status().with_context("--listen"));
+  if (o.max_connections < 1) return Status(Code::kInvalidArgument, "--max-connections must be >= 1");
+  if (o.max_requests < 1) return Status(Code::kInvalidArgument, "--max-requests must be >= 1");
+  if (o.heartbeat_ms < 10) return Status(Code::kInvalidArgument, "--heartbeat-ms must be >= 10");
+  for (const std::string& a : o.adapters) {
+    if (a.empty() || a.front() == '@') {
+      return Status(Code::kInvalidArgument, "--adapter '" + a + "': give NAME or NAME@VERSION");
+    }
+  }
+  return Tokenizer::for_model(o.model).status().with_context("--model");
+}
+
+Status run_gateway(const GatewayOptions& options) {
+  MC_RETURN_IF_ERROR(validate(options));
+  MC_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::for_model(options.model));
+  Gateway gw(options, std::move(tok));
+  MC_RETURN_IF_ERROR(gw.start());
+  daemon::announce_ready("mc-gateway", gw.url(),
+                         {{"conductor", options.conductor},
+                          {"model", options.served_model_name.empty() ? Tokenizer::for_model(options.model)->model()
+                                                                      : options.served_model_name}});
+  while (!daemon::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  gw.drain();
+  MC_LOG_INFO << "mc-gateway: stopped";
+  return Status::ok();
+}
+
+}  // namespace mc::gateway

@@ -1,0 +1,238 @@
+// mc-gateway in front of a real local cluster (examples/local-cluster.sh --gateway, sim backend): what an OpenAI
+// client sees. Whole and streamed completions and chat completions with their usage (cached_tokens from the
+// ledger), the SSE framing as curl receives it, every error status (400 naming the field, 404, 413, 429 with
+// Retry-After on early rejection), /health, /v1/models and /metrics; and a client that disconnects mid-stream:
+// the request is cancelled in the cluster and the decode instance frees its KV.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/testkit/local_cluster.hpp"
+
+namespace mc {
+namespace {
+
+using nlohmann::json;
+using testkit::wait_until;
+
+class GatewayE2E : public testkit::LocalClusterFixture {
+ protected:
+  GatewayE2E() : LocalClusterFixture("gateway_e2e") {}
+
+  void start(const std::string& time_scale, const std::string& gateway_args) {
+    if (::access((bin() + "/mc-gateway").c_str(), X_OK) != 0) GTEST_SKIP() << "mc-gateway is not built";
+    start_cluster({"--prefill", "1", "--decode", "1", "--store-nodes", "1", "--block-size", "16", "--time-scale",
+                   time_scale, "--gateway-args", gateway_args},
+                  {"gateway", "conductor", "decode0"});
+    if (IsSkipped() || HasFatalFailure()) return;
+    url_ = endpoints_.at("gateway");
+    const std::string prefix = "http://";
+    ASSERT_EQ(url_.rfind(prefix, 0), 0u) << url_;
+    const std::string hostport = url_.substr(prefix.size());
+    host_ = hostport.substr(0, hostport.rfind(':'));
+    port_ = std::stoi(hostport.substr(hostport.rfind(':') + 1));
+  }
+
+  httplib::Client client() {
+    httplib::Client c(host_, port_);
+    c.set_read_timeout(60, 0);
+    c.set_connection_timeout(5, 0);
+    return c;
+  }
+
+  httplib::Result post(const std::string& path, const json& body) {
+    return client().Post(path.c_str(), body.dump(), "application/json");
+  }
+
+  static json body_of(const httplib::Result& r) { return json::parse(r->body, nullptr, false); }
+
+  // The gateway's counter `name` from its /metrics (-1 when absent).
+  double gateway_metric(const std::string& name) {
+    auto r = client().Get("/metrics");
+    if (!r || r->status != 200) return -1;
+    std::istringstream in(r->body);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+    }
+    return -1;
+  }
+
+  std::string url_, host_;
+  int port_ = 0;
+};
+
+TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
+  start("20", "--max-body-bytes 64KiB --max-prompt-tokens 4000");
+  if (IsSkipped() || HasFatalFailure()) return;
+  // /health: the Conductor answers and has a live prefill and decode instance.
+  ASSERT_TRUE(wait_until([&] {
+    auto r = client().Get("/health");
+    return r && r->status == 200;
+  }, 30'000, 100)) << "gateway /health never 200";
+  // Early rejection, before any request refits the Conductor's prefill model: a TTFT SLO no instance can meet is a
+  // 429 with Retry-After, its message the predicted TTFT.
+  auto rej = post("/v1/completions",
+                  {{"model", "llama3-70b"}, {"prompt", std::string(2000, 'b')}, {"mc", {{"slo_ttft_ms", 0.01}}}});
+  ASSERT_TRUE(rej);
+  EXPECT_EQ(rej->status, 429) << rej->body;
+  EXPECT_TRUE(rej->has_header("Retry-After"));
+  EXPECT_NE(body_of(rej)["error"]["message"].get<std::string>().find("predicted TTFT"), std::string::npos) << rej->body;
+
+  auto models = client().Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  EXPECT_EQ(body_of(models)["data"][0]["id"], "llama3-70b") << models->body;
+
+  // A whole completion: exact prompt_tokens (bytes), max_tokens generated.
+  const std::string prompt = "The KV cache is the primary object.";
+  auto r = post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", prompt}, {"max_tokens", 8}, {"ignore_eos", true}});
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  ASSERT_EQ(r->status, 200) << r->body;
+  json doc = body_of(r);
+  EXPECT_EQ(doc["object"], "text_completion");
+  EXPECT_EQ(doc["usage"]["prompt_tokens"], static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(doc["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(doc["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(doc["choices"][0]["text"].get<std::string>().size(), 8u);  // sim ids: one printable character each
+
+  // A chat completion; the same prompt again finds its complete blocks in the pool (cached_tokens).
+  const json chat = {{"model", "llama3-70b"},
+                     {"messages", {{{"role", "system"}, {"content", std::string(120, 's')}},
+                                   {{"role", "user"}, {"content", "What is prefill?"}}}},
+                     {"max_tokens", 4},
+                     {"ignore_eos", true}};
+  r = post("/v1/chat/completions", chat);
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
+  doc = body_of(r);
+  EXPECT_EQ(doc["object"], "chat.completion");
+  EXPECT_EQ(doc["choices"][0]["message"]["role"], "assistant");
+  int64_t cached = 0;
+  EXPECT_TRUE(wait_until([&] {
+    auto again = post("/v1/chat/completions", chat);
+    if (!again || again->status != 200) return false;
+    cached = body_of(again)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    return cached > 0;
+  }, 30'000, 200)) << "a repeated prompt never reported cached tokens";
+  EXPECT_EQ(cached % 16, 0) << "cached tokens are whole blocks";
+
+  // The SSE framing as curl sees it: data: lines, a usage chunk, data: [DONE].
+  const json sbody = {{"model", "llama3-70b"}, {"prompt", "stream me"}, {"max_tokens", 5}, {"ignore_eos", true},
+                      {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  std::ofstream(s_.path("stream.json")) << sbody.dump();
+  const testkit::RunResult curl = testkit::run(
+      {"curl", "-sS", "-N", "--max-time", "60", "-H", "Content-Type: application/json", "--data-binary",
+       "@" + s_.path("stream.json"), url_ + "/v1/completions"},
+      90'000);
+  ASSERT_EQ(curl.exit_code, 0) << curl.out;
+  std::istringstream sse(curl.out);
+  std::string line;
+  int data_lines = 0, tokens = 0;
+  bool done = false, usage = false;
+  while (std::getline(sse, line)) {
+    if (line.empty() || line[0] == ':') continue;
+    ASSERT_EQ(line.rfind("data: ", 0), 0u) << "not an SSE data line: " << line;
+    ++data_lines;
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    EXPECT_FALSE(done) << "data after [DONE]";
+    const json chunk = json::parse(line.substr(6));
+    if (chunk.contains("usage")) {
+      usage = true;
+      EXPECT_EQ(chunk["usage"]["completion_tokens"], 5);
+      EXPECT_TRUE(chunk["choices"].empty());
+    } else {
+      tokens += static_cast<int>(chunk["choices"][0]["text"].get<std::string>().size());
+    }
+  }
+  EXPECT_TRUE(done) << curl.out;
+  EXPECT_TRUE(usage) << curl.out;
+  EXPECT_EQ(tokens, 5) << curl.out;
+
+  // Errors in OpenAI's shape.
+  auto expect_error = [&](const httplib::Result& res, int status, const std::string& param) {
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, status) << res->body;
+    const json e = body_of(res);
+    ASSERT_TRUE(e.contains("error")) << res->body;
+    if (!param.empty()) {
+      EXPECT_EQ(e["error"]["param"], param) << res->body;
+    }
+  };
+  expect_error(post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", "x"}, {"n", 2}}), 400, "n");
+  expect_error(post("/v1/completions", {{"model", "gpt-9"}, {"prompt", "x"}}), 404, "model");
+  expect_error(client().Get("/v1/nothing"), 404, "");
+  expect_error(post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", std::string(5000, 'a')}}), 413, "prompt");
+  expect_error(client().Post("/v1/completions", std::string(70 * 1024, ' '), "application/json"), 413, "");
+  expect_error(client().Post("/v1/completions", "{not json", "application/json"), 400, "");
+  EXPECT_GE(gateway_metric("mc_gateway_requests_total"), 9);  // the body over the limit never reaches a route
+  EXPECT_GE(gateway_metric("mc_gateway_rejected_total"), 1);
+  EXPECT_GE(gateway_metric("mc_gateway_ttft_seconds_count"), 4);
+}
+
+TEST_F(GatewayE2E, AClientThatDisconnectsMidStreamFreesItsKvOnDecode) {
+  start("1", "--heartbeat-ms 100");
+  if (IsSkipped() || HasFatalFailure()) return;
+  ASSERT_TRUE(wait_until([&] {
+    auto r = client().Get("/health");
+    return r && r->status == 200;
+  }, 30'000, 100));
+  // A long answer (4,000 decode steps of the modelled LLaMA3-70B: minutes), abandoned after its first tokens.
+  const json body = {{"model", "llama3-70b"}, {"prompt", "a long story, please"}, {"max_tokens", 4000},
+                     {"ignore_eos", true}, {"stream", true}};
+  int chunks = 0;
+  auto c = client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  auto res = c.send(req);
+  EXPECT_GE(chunks, 3);
+  // The decode instance held the request's KV; after the disconnect it is freed.
+  auto used = [&] { return call("decode0", proto::WorkerLoadRequest{}).kv_blocks_committed; };
+  EXPECT_TRUE(wait_until([&] { return used() == 0; }, 20'000, 100))
+      << "decode0 still holds " << used() << " committed KV blocks after the client left";
+  EXPECT_TRUE(wait_until([&] { return gateway_metric("mc_gateway_client_disconnects_total") >= 1; }, 10'000, 100));
+  EXPECT_GE(gateway_metric("mc_gateway_cancels_total"), 1);
+}
+
+// The official openai npm package (tests/clients/package-lock.json, installed here with npm ci): completions and chat
+// completions whole and streamed with their usage, a 429 surfacing as its RateLimitError, and an aborted stream
+// whose KV the decode instance frees.
+TEST_F(GatewayE2E, TheOfficialOpenAiNodeClient) {
+  const testkit::RunResult node = testkit::run({"node", "--version"}, 10'000);
+  if (node.exit_code != 0) GTEST_SKIP() << "node is not installed (apt-get install nodejs)";
+  const std::string dir = MC_SOURCE_DIR "/tests/clients";
+  const testkit::RunResult ci =
+      testkit::run({"npm", "ci", "--prefix", dir, "--no-audit", "--no-fund", "--loglevel", "error"}, 240'000);
+  if (ci.exit_code != 0) GTEST_SKIP() << "npm ci in tests/clients failed (no npm, or the npm registry is unreachable)";
+  start("1", "--heartbeat-ms 100");
+  if (IsSkipped() || HasFatalFailure()) return;
+  ASSERT_TRUE(wait_until([&] {
+    auto r = client().Get("/health");
+    return r && r->status == 200;
+  }, 30'000, 100));
+  auto scenario = [&](const std::string& name) {
+    const testkit::RunResult r =
+        testkit::run({"node", dir + "/openai_client.mjs", url_, "llama3-70b", name}, 120'000);
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.out;
+    return json::parse(r.out, nullptr, false);
+  };
+  const json basic = scenario("basic");
+  EXPECT_EQ(basic["chat"]["completion_tokens"], 4) << basic.dump();
+  const json reject = scenario("reject");
+  EXPECT_EQ(reject["status"], 429) << reject.dump();
+  const json abort = scenario("abort");
+  EXPECT_GE(abort["aborted_after_chunks"].get<int>(), 3) << abort.dump();
+  auto used = [&] { return call("decode0", proto::WorkerLoadRequest{}).kv_blocks_committed; };
+  EXPECT_TRUE(wait_until([&] { return used() == 0; }, 20'000, 100))
+      << "decode0 still holds " << used() << " committed KV blocks after the client aborted";
+  EXPECT_TRUE(wait_until([&] { return gateway_metric("mc_gateway_client_disconnects_total") >= 1; }, 10'000, 100));
+}
+
+}  // namespace
+}  // namespace mc

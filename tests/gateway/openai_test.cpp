@@ -1,0 +1,237 @@
+// The gateway's pure parts (gateway/include/mc/gateway/tokenizer.hpp, openai.hpp): byte-level tokenizer and
+// detokenizer, the chat template, request parsing and its 400/413 errors, stop strings and end of sequence.
+#include <gtest/gtest.h>
+
+#include "mc/gateway/openai.hpp"
+#include "mc/gateway/tokenizer.hpp"
+
+namespace mc::gateway {
+namespace {
+
+using nlohmann::json;
+
+Tokenizer tiny() { return *Tokenizer::for_model("tiny"); }
+Tokenizer llama() { return *Tokenizer::for_model("llama3-70b"); }
+
+TEST(GatewayTokenizer, TextIsItsUtf8BytesAndEqualPrefixesGiveEqualIds) {
+  const Tokenizer t = tiny();
+  EXPECT_EQ(t.encode("hi"), (std::vector<uint32_t>{'h', 'i'}));
+  EXPECT_EQ(t.encode("é").size(), 2u);  // two UTF-8 bytes, two tokens
+  const auto a = t.encode("You are a helpful assistant. Question one");
+  const auto b = t.encode("You are a helpful assistant. Question two");
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 38, b.begin()));
+  EXPECT_EQ(t.vocab_size(), 256);
+  EXPECT_FALSE(t.is_eos(255));
+  EXPECT_TRUE(llama().is_eos(128'009));
+  EXPECT_TRUE(llama().is_eos(128'001));
+  EXPECT_FALSE(llama().is_eos(65));
+  EXPECT_FALSE(Tokenizer::for_model("no-such-model").is_ok());
+}
+
+TEST(GatewayTokenizer, StreamHoldsIncompleteCharactersAndReplacesBadBytes) {
+  TextStream s;
+  EXPECT_EQ(s.feed('a'), "a");
+  EXPECT_EQ(s.feed(0xC3), "");  // first byte of é
+  EXPECT_EQ(s.feed(0xA9), "\xC3\xA9");
+  EXPECT_EQ(s.feed(0xFF), "\xEF\xBF\xBD");            // never a UTF-8 byte
+  EXPECT_EQ(s.feed(0xE2), "");                        // start of a 3-byte character ...
+  EXPECT_EQ(s.feed('x'), "\xEF\xBF\xBD" "x");         // ... broken by 'x'
+  EXPECT_EQ(s.feed(0xF0), "");
+  EXPECT_EQ(s.finish(), "\xEF\xBF\xBD");              // incomplete at the end
+  EXPECT_EQ(s.feed(0xED), "");
+  EXPECT_EQ(s.feed(0xA0), "\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate is not UTF-8: both bytes replaced
+  EXPECT_EQ(s.feed(300), std::string(1, static_cast<char>(' ' + 300 % 95)));  // a non-byte id: one printable char
+}
+
+TEST(GatewayTokenizer, ChatTemplateRepeatsThePreviousTurnAsPrefix) {
+  std::vector<ChatMessage> turn1 = {{"system", "Be brief."}, {"user", "Hi"}};
+  const std::string p1 = apply_chat_template(turn1);
+  EXPECT_EQ(p1, "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n");
+  std::vector<ChatMessage> turn2 = turn1;
+  turn2.push_back({"assistant", "Hello."});
+  turn2.push_back({"user", "More"});
+  const std::string p2 = apply_chat_template(turn2);
+  EXPECT_EQ(p2.rfind(p1 + "Hello.\n", 0), 0u);
+}
+
+Result<GenerationRequest> parse(const json& body, bool chat, ApiError* e, const Tokenizer& t = tiny()) {
+  return parse_generation(body, chat, t, ParseLimits{}, e);
+}
+
+TEST(GatewayParse, CompletionWithTextAndTokenPromptsAndTheMcExtension) {
+  ApiError e;
+  auto r = parse({{"model", "tiny"}, {"prompt", "abc"}, {"max_tokens", 5}, {"stream", true},
+                  {"stream_options", {{"include_usage", true}}}, {"stop", {"\n", "END"}}, {"ignore_eos", true},
+                  {"temperature", 0}, {"mc", {{"slo_ttft_ms", 500}, {"slo_tbt_ms", 50}, {"salt", "s1"}}}},
+                 false, &e);
+  ASSERT_TRUE(r.is_ok()) << e.message;
+  EXPECT_EQ(r->prompt_tokens, (std::vector<uint32_t>{'a', 'b', 'c'}));
+  EXPECT_EQ(r->max_tokens, 5);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_TRUE(r->ignore_eos);
+  EXPECT_EQ(r->stop.size(), 2u);
+  EXPECT_EQ(r->slo_ttft_ms, 500);
+  EXPECT_EQ(r->slo_tbt_ms, 50);
+  EXPECT_EQ(r->salt, "s1");
+  auto ids = parse({{"model", "tiny"}, {"prompt", {1, 2, 3}}}, false, &e);
+  ASSERT_TRUE(ids.is_ok()) << e.message;
+  EXPECT_EQ(ids->prompt_tokens, (std::vector<uint32_t>{1, 2, 3}));
+  EXPECT_EQ(ids->max_tokens, 16);  // OpenAI's default for completions
+  auto one = parse({{"model", "tiny"}, {"prompt", {{7, 8}}}}, false, &e);
+  ASSERT_TRUE(one.is_ok());
+  EXPECT_EQ(one->prompt_tokens.size(), 2u);
+}
+
+TEST(GatewayParse, ChatMessagesGoThroughTheTemplate) {
+  ApiError e;
+  auto r = parse({{"model", "tiny"},
+                  {"messages", {{{"role", "system"}, {"content", "S"}},
+                                {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "U"}}}}}}},
+                  {"max_completion_tokens", 3}},
+                 true, &e);
+  ASSERT_TRUE(r.is_ok()) << e.message;
+  EXPECT_EQ(r->prompt_tokens, tiny().encode("<|system|>\nS\n<|user|>\nU\n<|assistant|>\n"));
+  EXPECT_EQ(r->max_tokens, 3);
+}
+
+// Each unsupported or malformed field is a 400 naming it.
+TEST(GatewayParse, UnsupportedOrBadFieldsAre400NamingTheField) {
+  const json base = {{"model", "tiny"}, {"prompt", "x"}};
+  auto expect_param = [&](json body, const std::string& param, bool chat = false) {
+    ApiError e;
+    auto r = parse(body, chat, &e);
+    EXPECT_FALSE(r.is_ok()) << body.dump();
+    EXPECT_EQ(e.http_status, 400) << body.dump();
+    EXPECT_EQ(e.param, param) << body.dump() << ": " << e.message;
+    EXPECT_NE(e.message.find(param), std::string::npos) << e.message;
+  };
+  auto with = [&](const char* k, json v) {
+    json b = base;
+    b[k] = std::move(v);
+    return b;
+  };
+  expect_param(with("n", 2), "n");
+  expect_param(with("logprobs", 3), "logprobs");
+  expect_param(with("temperature", 0.7), "temperature");
+  expect_param(with("best_of", 3), "best_of");
+  expect_param(with("echo", true), "echo");
+  expect_param(with("frobnicate", 1), "frobnicate");
+  expect_param(with("max_tokens", 0), "max_tokens");
+  expect_param(with("max_tokens", "5"), "max_tokens");
+  expect_param(with("stop", {"a", "b", "c", "d", "e"}), "stop");
+  expect_param(with("stop", ""), "stop");
+  expect_param(with("stream", "yes"), "stream");
+  expect_param(with("stream_options", {{"include_usage", true}}), "stream_options");  // without stream
+  expect_param(with("mc", {{"slo_ttft_ms", -1}}), "mc.slo_ttft_ms");
+  expect_param(with("mc", {{"tenant", "x"}}), "mc.tenant");
+  expect_param(with("prompt", {"a", "b"}), "prompt");  // two prompts
+  expect_param(with("prompt", {1, 256}), "prompt");    // beyond the tiny vocabulary
+  expect_param(with("prompt", {1, -1}), "prompt");
+  expect_param(json{{"prompt", "x"}}, "model");
+  expect_param(json{{"model", "tiny"}}, "prompt");
+  expect_param(json{{"model", "tiny"}, {"messages", json::array()}}, "messages", true);
+  expect_param(json{{"model", "tiny"}, {"messages", {{{"role", "tool"}, {"content", "x"}}}}}, "messages[0].role", true);
+  expect_param(json{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}},
+               "messages[0].content[0]", true);
+  expect_param(json{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", json::array()}},
+               "tools", true);
+  ApiError e;
+  EXPECT_FALSE(parse(json::array(), false, &e).is_ok());
+  EXPECT_EQ(e.http_status, 400);
+}
+
+TEST(GatewayParse, PromptBeyondTheContextIs413AndPromptPlusMaxTokensIs400) {
+  Tokenizer t = tiny();
+  t.set_max_context_tokens(10);
+  ApiError e;
+  auto r = parse({{"model", "tiny"}, {"prompt", std::string(10, 'a')}}, false, &e, t);
+  EXPECT_FALSE(r.is_ok());
+  EXPECT_EQ(e.http_status, 413);
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  r = parse({{"model", "tiny"}, {"prompt", std::string(5, 'a')}, {"max_tokens", 6}}, false, &e, t);
+  EXPECT_FALSE(r.is_ok());
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.param, "max_tokens");
+  // Without max_tokens the default shrinks to what the context leaves.
+  r = parse({{"model", "tiny"}, {"prompt", std::string(5, 'a')}}, false, &e, t);
+  ASSERT_TRUE(r.is_ok()) << e.message;
+  EXPECT_EQ(r->max_tokens, 5);
+}
+
+std::string feed_all(AnswerBuilder& a, const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) out += a.on_token(c);
+  return out;
+}
+
+TEST(GatewayAnswer, StopStringEndsTheAnswerAndIsNeverStreamed) {
+  GenerationRequest req;
+  req.stop = {"END"};
+  const Tokenizer t = tiny();
+  AnswerBuilder a(t, req);
+  std::string out = feed_all(a, "hello EN");
+  EXPECT_EQ(out, "hello ");  // "EN" is held: it may begin "END"
+  out += a.on_token('D');
+  EXPECT_TRUE(a.finished());
+  EXPECT_EQ(a.finish_reason(), "stop");
+  EXPECT_EQ(out, "hello ");
+  EXPECT_EQ(a.on_token('x'), "");  // ignored after the end
+  EXPECT_EQ(a.completion_tokens(), 9);
+}
+
+TEST(GatewayAnswer, HeldBytesAreReleasedWhenTheyCannotBeAStopAndAtTheEnd) {
+  GenerationRequest req;
+  req.stop = {"END"};
+  const Tokenizer t = tiny();
+  AnswerBuilder a(t, req);
+  std::string out = feed_all(a, "ENx");
+  out += a.on_done();
+  EXPECT_EQ(out, "ENx");
+  EXPECT_EQ(a.finish_reason(), "length");
+}
+
+TEST(GatewayAnswer, EndOfSequenceStopsUnlessIgnored) {
+  const Tokenizer t = llama();
+  GenerationRequest req;
+  AnswerBuilder a(t, req);
+  EXPECT_EQ(a.on_token('o'), "o");
+  EXPECT_EQ(a.on_token(128'009), "");
+  EXPECT_EQ(a.finish_reason(), "stop");
+  req.ignore_eos = true;
+  AnswerBuilder b(t, req);
+  b.on_token(128'009);
+  EXPECT_FALSE(b.finished());
+  EXPECT_EQ(b.on_done(), "");
+  EXPECT_EQ(b.finish_reason(), "length");
+}
+
+TEST(GatewayDocuments, ShapesOfResponsesChunksUsageAndErrors) {
+  Usage u{10, 4, 8};
+  const json whole = completion_document(true, "chatcmpl-1", 7, "m", "hey", "length", u);
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"]["content"], "hey");
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(whole["usage"]["total_tokens"], 14);
+  EXPECT_EQ(whole["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
+  const json text = completion_document(false, "cmpl-1", 7, "m", "hey", "stop", u);
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["choices"][0]["text"], "hey");
+  const json first = chunk_document(true, "c", 7, "m", "", "", true);
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  const json usage = usage_chunk_document(true, "c", 7, "m", u);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 4);
+  ApiError e;
+  e.http_status = 429;
+  e.message = "slow down";
+  e.code = "slo_unattainable";
+  const json err = error_document(e);
+  EXPECT_EQ(err["error"]["message"], "slow down");
+  EXPECT_EQ(err["error"]["code"], "slo_unattainable");
+  EXPECT_TRUE(err["error"]["param"].is_null());
+}
+
+}  // namespace
+}  // namespace mc::gateway
