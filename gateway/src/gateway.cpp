@@ -248,7 +248,7 @@ class Gateway {
     int64_t received_ns = 0;
     int64_t last_token_ns = 0;
     int64_t deadline_ns = 0;
-    bool first_sent = false;
+    bool first_sent = false;  // the stream's opening (status line, headers, first chunk) was written
     bool ended = false;  // the cluster finished or failed it, or it was cancelled
     Usage usage;
   };
@@ -666,9 +666,15 @@ class Gateway {
             sink.done();
             return true;
           }
-          if (!f->first_sent && f->req.chat) {
+          if (!f->first_sent) {
+            // The status line and headers go out now (the client learns it was accepted), with the chat role chunk,
+            // or a comment for a completion.
             f->first_sent = true;
-            if (!write(sse(chunk_document(true, f->object_id, created, f->req.model, "", "", true)))) return false;
+            const std::string opening = f->req.chat
+                                            ? sse(chunk_document(true, f->object_id, created, f->req.model, "", "", true))
+                                            : std::string(": accepted\n\n");
+            if (!write(opening)) return false;
+            return true;
           }
           std::optional<ApiError> error;
           std::deque<Event> events = f->inbox->take(o_.heartbeat_ms * 1'000'000, abort_);
@@ -692,7 +698,6 @@ class Gateway {
               const std::string reason = answer->finished() ? answer->finish_reason() : "";
               if (!write(sse(chunk_document(f->req.chat, f->object_id, created, f->req.model, text, reason, false))))
                 return false;
-              f->first_sent = true;
             }
             observe_token_written(*f, ev.arrival_ns, before, *answer);
             if (error || answer->finished()) break;

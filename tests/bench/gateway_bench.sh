@@ -5,7 +5,11 @@
 # both driven by the same load generator (hey, Debian's `hey`) with the same body, concurrency and duration, one after
 # the other on the same machine. Also the gateway's own added latency from its /metrics histograms: body received ->
 # conductor.submit sent, and token event received -> bytes written (p50 and p99 as bucket upper bounds).
-# Usage: tests/bench/gateway_bench.sh [BUILD_DIR]   (env: DURATION=10 CONCURRENCY=64 TIME_SCALE=1000 PREFILL=2 DECODE=2)
+# Then the same replay window of the shipped conversation trace through ZeroMQ (mc-trace-replay --conductor) and
+# through the gateway (--target http://...), each on a fresh cluster so both start with an empty pool: TTFT and TBT
+# side by side (mc-trace-replay report, one row each).
+# Usage: tests/bench/gateway_bench.sh [BUILD_DIR]   (env: DURATION=10 CONCURRENCY=64 TIME_SCALE=1000 PREFILL=2 DECODE=2
+#        REPLAY_REQUESTS=30 REPLAY_SPEED=20 REPLAY_TIME_SCALE=20)
 set -euo pipefail
 BUILD=${1:-build}
 DURATION=${DURATION:-10}
@@ -61,4 +65,18 @@ echo "== the gateway's own added latency (bucket upper bounds, ms; goal p99 < 1 
 for m in mc_gateway_submit_overhead_seconds mc_gateway_token_overhead_seconds mc_gateway_submit_seconds mc_gateway_ttft_seconds; do
   printf "%-40s p50 <= %s  p99 <= %s\n" "$m" "$(quantile "$m" 0.5)" "$(quantile "$m" 0.99)"
 done
+
+# The same window through ZeroMQ and through HTTP, each on a fresh cluster.
+trace="$here/../../examples/traces/conversation_trace.jsonl"
+replay_flags=(--max-requests "${REPLAY_REQUESTS:-30}" --speed "${REPLAY_SPEED:-20}" --time-scale "${REPLAY_TIME_SCALE:-20}"
+              --no-progress --allow-failures)
+for mode in zmq http; do
+  target=""
+  [[ $mode == http ]] && target='--target $MC_GATEWAY'
+  MC_LOG_LEVEL=error "$here/../../examples/local-cluster.sh" --bin "$BUILD/bin" --time-scale "${REPLAY_TIME_SCALE:-20}" \
+    --gateway -- bash -c "$BUILD/bin/mc-trace-replay $trace ${replay_flags[*]} $target --out $TMP/$mode.jsonl > /dev/null" \
+    2>"$TMP/cluster-$mode.err" || { cat "$TMP/cluster-$mode.err" >&2; exit 1; }
+done
+echo "== the same replay window through ZeroMQ (row 1) and through mc-gateway (row 2)"
+"$BUILD/bin/mc-trace-replay" report "$TMP/zmq.jsonl" "$TMP/http.jsonl"
 echo "== load: $(uptime)"
