@@ -36,9 +36,9 @@ using MessageTypes = std::tuple<
     proto::ConductorSubmitRequest, proto::ConductorRegisterReply, proto::ConductorRegisterRequest,
     proto::ConductorHeartbeatReply, proto::DecodeStepSample, proto::ConductorHeartbeatRequest,
     proto::ConductorJobReportReply, proto::ConductorJobReportRequest, proto::ConductorStatusReply,
-    proto::ConductorStatusRequest, proto::StoreReplicateNearReply, proto::StoreReplicateNearRequest, proto::ConductorCancelReply,
-    proto::ConductorCancelRequest, proto::DecodeCancelReply, proto::DecodeCancelRequest, proto::PrefillCancelReply,
-    proto::PrefillCancelRequest>;
+    proto::ConductorStatusRequest, proto::StoreReplicateNearReply, proto::StoreReplicateNearRequest,
+    proto::ConductorCancelReply, proto::ConductorCancelRequest, proto::DecodeCancelReply, proto::DecodeCancelRequest,
+    proto::PrefillCancelReply, proto::PrefillCancelRequest>;
 
 inline constexpr size_t kMessageTypes = std::tuple_size_v<MessageTypes>;
 
