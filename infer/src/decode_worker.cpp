@@ -414,8 +414,9 @@ Result<proto::DecodeReleaseReply> DecodeWorker::abort(const proto::DecodeAbortRe
                    "prefill aborted: " + request.reason);
   std::lock_guard lock(mu_);
   proto::DecodeReleaseReply reply;
+  cancelled_.erase(request.reservation_id);
   if (release_expired_locked(request.reservation_id)) {
-    reply.released = true;  // expired earlier (the client was told then); the prefill is done writing
+    reply.released = true;  // expired or cancelled earlier (the client was told then); the prefill is done writing
   } else if (reservations_.count(request.reservation_id) > 0) {
     reply.released = true;
     drop_reservation_locked(request.reservation_id, why, /*tell_client=*/true);
@@ -431,6 +432,39 @@ Result<proto::DecodeReleaseReply> DecodeWorker::abort(const proto::DecodeAbortRe
     for (auto& s : running_) cancel(s);
   }
   metrics_.counter("mc_decode_aborted_total", "requests aborted by prefill").inc();
+  reply.free_blocks = kv_->num_blocks() - committed_blocks_;
+  return reply;
+}
+
+Result<proto::DecodeCancelReply> DecodeWorker::cancel(const proto::DecodeCancelRequest& request) {
+  if (request.request_id.empty()) return error(Code::kInvalidArgument, "decode_cancel: empty request_id");
+  const Status why(Code::kCancelled, "request '" + request.request_id + "' was cancelled by its client");
+  std::lock_guard lock(mu_);
+  proto::DecodeCancelReply reply;
+  std::vector<uint64_t> reserved;
+  for (const auto& [id, r] : reservations_) {
+    if (r->request_id == request.request_id) reserved.push_back(id);
+  }
+  const int64_t hold_until_ns = clock_->now_ns() + options_.expired_hold_ms * 1'000'000;
+  for (uint64_t id : reserved) {
+    // Its prefill may still WRITE into the blocks (one-sided writes cannot be refused): with a segment they are
+    // held, as for an expired reservation, until the prefill's kv_commit (refused: kCancelled) or decode_abort.
+    drop_reservation_locked(id, why, /*tell_client=*/true, /*hold_blocks=*/true);
+    cancelled_[id] = hold_until_ns;
+    reply.found = true;
+  }
+  // A committed sequence leaves the batch at the next step (the backend may be running it now), which frees its
+  // blocks and sends the client request_error(kCancelled), as abort does.
+  auto cancel_sequence = [&](std::unique_ptr<Sequence>& s) {
+    if (s->request_id == request.request_id && !s->cancelled) {
+      s->cancelled = true;
+      s->cancel_reason = why;
+      reply.found = true;
+    }
+  };
+  for (auto& s : joining_) cancel_sequence(s);
+  for (auto& s : running_) cancel_sequence(s);
+  if (reply.found) metrics_.counter("mc_decode_cancelled_total", "requests cancelled by their client").inc();
   reply.free_blocks = kv_->num_blocks() - committed_blocks_;
   return reply;
 }
@@ -478,6 +512,12 @@ Result<proto::KvWriteReply> DecodeWorker::kv_write(const proto::KvWriteRequest& 
 Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& c) {
   std::lock_guard lock(mu_);
   auto it = reservations_.find(c.reservation_id);
+  if (it == reservations_.end() && cancelled_.erase(c.reservation_id) > 0) {
+    release_expired_locked(c.reservation_id);  // the prefill is done writing
+    metrics_.counter("mc_decode_commit_refused_total", "commits refused (incomplete KV, bad fields)").inc();
+    return error(Code::kCancelled, "kv_commit: reservation " + std::to_string(c.reservation_id) + " of request '" +
+                                       c.request_id + "' was cancelled by its client; not generating");
+  }
   if (it == reservations_.end()) {
     const bool expired = release_expired_locked(c.reservation_id);
     return error(Code::kNotFound, "kv_commit: no reservation " + std::to_string(c.reservation_id) +
@@ -626,6 +666,7 @@ Result<int64_t> DecodeWorker::step() {
       if (now > e.release_ns) overdue.push_back(id);
     }
     for (uint64_t id : overdue) release_expired_locked(id);
+    std::erase_if(cancelled_, [now](const auto& c) { return now > c.second; });
     // Cancelled and new sequences.
     auto finish = [&](Sequence& s, const Status& why) {
       kv_->free(s.blocks);
@@ -750,6 +791,7 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
   server->handle<proto::DecodeReserveRequest>([&](const auto& r, const auto&) { return worker.reserve(r); });
   server->handle<proto::DecodeReleaseRequest>([&](const auto& r, const auto&) { return worker.release(r); });
   server->handle<proto::DecodeAbortRequest>([&](const auto& r, const auto&) { return worker.abort(r); });
+  server->handle<proto::DecodeCancelRequest>([&](const auto& r, const auto&) { return worker.cancel(r); });
   server->handle<proto::KvWriteRequest>([&](const auto& r, const auto&) { return worker.kv_write(r); });
   server->handle<proto::KvCommitRequest>([&](const auto& r, const auto&) { return worker.commit(r); });
   server->handle<proto::WorkerLoadRequest>(

@@ -258,6 +258,24 @@ Status PrefillWorker::write_layer_engine(const proto::PrefillJobRequest& job, tr
   return ok;
 }
 
+void PrefillWorker::abort_reservation(const proto::PrefillJobRequest& job, const Status& why) {
+  if (job.decode_endpoint.empty() || job.reservation_id == 0) return;
+  auto r = link_->abort(job.decode_endpoint,
+                        proto::DecodeAbortRequest{job.reservation_id, static_cast<uint16_t>(why.code()),
+                                                  "request '" + job.request_id + "': " + why.message()});
+  if (!r.is_ok()) {
+    MC_LOG_WARN << "prefill: could not abort reservation " << job.reservation_id << " at " << job.decode_endpoint
+                << ": " << r.status().to_string();
+  }
+}
+
+Status PrefillWorker::cancel_job(const proto::PrefillJobRequest& job) {
+  const Status why(Code::kCancelled, "prefill_job '" + job.request_id +
+                                         "': cancelled by its client before it started (dropped from the queue)");
+  abort_reservation(job, why);
+  return why;
+}
+
 Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobRequest& job, int64_t queued_ms) {
   metrics_.counter("mc_prefill_jobs_total", "prefill jobs received").inc();
   proto::RequestLedger ledger;
@@ -265,14 +283,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
   ledger.queue_ms = queued_ms;
   auto abort_decode = [&](const Status& why) {
     metrics_.counter("mc_prefill_jobs_failed_total", "prefill jobs that failed (decode told to abort)").inc();
-    if (job.decode_endpoint.empty() || job.reservation_id == 0) return;
-    auto r = link_->abort(job.decode_endpoint,
-                          proto::DecodeAbortRequest{job.reservation_id, static_cast<uint16_t>(why.code()),
-                                                    "request '" + job.request_id + "': " + why.message()});
-    if (!r.is_ok()) {
-      MC_LOG_WARN << "prefill: could not abort reservation " << job.reservation_id << " at " << job.decode_endpoint
-                  << ": " << r.status().to_string();
-    }
+    abort_reservation(job, why);
   };
 
   const auto& m = backend_->model();
@@ -521,6 +532,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Queued> queue;
+  std::deque<Queued> dropped;  // cancelled before they started: the job thread aborts their reservations first
   std::deque<Finished> finished;
   int64_t running_tokens = 0;
   bool stopping = false;
@@ -533,6 +545,28 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
         cv.notify_one();
         return proto::PrefillJobReply{};
       });
+  // prefill_cancel (DESIGN.md §10 "Cancel"): a queued job leaves the queue at once; the job thread aborts its decode
+  // reservation (kCancelled) before its next job and then answers its prefill_job with kCancelled. A job already
+  // computing runs on (its decode instance refuses the commit).
+  server->handle<proto::PrefillCancelRequest>([&](const proto::PrefillCancelRequest& req,
+                                                  const rpc::CallContext&) -> Result<proto::PrefillCancelReply> {
+    proto::PrefillCancelReply reply;
+    std::lock_guard lock(mu);
+    for (auto it = queue.begin(); it != queue.end();) {
+      if (it->job.request_id == req.request_id) {
+        dropped.push_back(std::move(*it));
+        it = queue.erase(it);
+        reply.dropped = true;
+      } else {
+        ++it;
+      }
+    }
+    if (reply.dropped) {
+      worker.metrics().counter("mc_prefill_cancelled_total", "queued jobs dropped: cancelled by their client").inc();
+      cv.notify_one();
+    }
+    return reply;
+  });
   auto current_load = [&]() -> proto::WorkerLoadReply {
     proto::WorkerLoadReply l;
     l.role = "prefill";
@@ -563,8 +597,17 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
       Queued q;
       {
         std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        cv.wait(lock, [&] { return stopping || !queue.empty() || !dropped.empty(); });
         if (stopping) return;
+        if (!dropped.empty()) {
+          q = std::move(dropped.front());
+          dropped.pop_front();
+          lock.unlock();
+          Status cancelled = worker.cancel_job(q.job);
+          lock.lock();
+          finished.push_back({std::move(q.ctx), std::move(cancelled)});
+          continue;
+        }
         q = std::move(queue.front());
         queue.pop_front();
         running_tokens = static_cast<int64_t>(q.job.tokens.size());

@@ -313,7 +313,12 @@ class Conductor {
     std::string prefill_host;                 // replicate_prefix: where the store copies the prefix
     std::vector<std::string> replicate_keys;  // replicate_prefix: store keys of the reused blocks
     proto::DecodeReserveReply reservation;
-    RequestKeyScope scope;  // the request's adapter and salt (or the default scope)
+    RequestKeyScope scope;      // the request's adapter and salt (or the default scope)
+    std::string submitter_key;  // the submitter's public key (with keys; "" without): only it may cancel
+    // conductor.cancel came while a worker's answer was outstanding (plan_cancel's wait_for_reply): the request
+    // is settled in the books already; that answer only closes this record (no fault, no re-dispatch).
+    bool cancelled = false;
+    CancelStage cancel_stage = CancelStage::kUnknown;
   };
   // An accepted request whose KV was committed: its decode instance streams the tokens. Kept until mc-decode
   // reports it done or failed (or job_timeout_ms after its prefill), so that the death of that instance can be
@@ -322,11 +327,15 @@ class Conductor {
     std::string client_endpoint, prefill_id, decode_id;
     int64_t submit_ns = 0, submit_unix_ns = 0, since_ns = 0;
     int64_t last_event_unix_ns = 0;
+    std::string decode_endpoint;  // where decode_cancel goes
+    std::string submitter_key;    // Flight::submitter_key
   };
 
   void register_handlers() {
     server_->handle<proto::ConductorSubmitRequest>(
         [this](const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) { return on_submit(req, ctx); });
+    server_->handle<proto::ConductorCancelRequest>(
+        [this](const proto::ConductorCancelRequest& req, const rpc::CallContext& ctx) { return on_cancel(req, ctx); });
     server_->handle<proto::ConductorRegisterRequest>(
         [this](const proto::ConductorRegisterRequest& req,
                const rpc::CallContext& ctx) -> Result<proto::ConductorRegisterReply> {
@@ -365,6 +374,13 @@ class Conductor {
                 .value();
       }
       j["faults"] = faults;
+      nlohmann::json cancels;
+      cancels["cancelled"] = cancelled_counter("").value();
+      for (CancelStage st : {CancelStage::kDispatching, CancelStage::kPrefilling, CancelStage::kDecoding}) {
+        cancels[std::string(cancel_stage_name(st))] = cancelled_counter(std::string(cancel_stage_name(st))).value();
+      }
+      cancels["unknown"] = cancel_unknown().value();
+      j["cancels"] = cancels;
       j["index"]["planned_missing_tokens"] = planned_missing_tokens().value();
       j["index"]["planned_missing_requests"] = planned_missing_requests().value();
       return proto::ConductorStatusReply{j.dump()};
@@ -452,6 +468,7 @@ class Conductor {
     f.submit = req;
     f.decision = d;
     f.scope = scope;
+    if (ctx.caller != nullptr) f.submitter_key = ctx.caller->public_key;
     f.slo_ttft_ms = d.slo_ttft_ms;
     f.request = r;
     f.prefill_endpoint = p->info.endpoint;
@@ -609,6 +626,16 @@ class Conductor {
     PrefillReport rep;
     rep.request_id = id;
     rep.instance_id = f.decision.prefill_id;
+    if (!res.is_ok() && f.cancelled) {
+      // The cancel's own doing (kCancelled: dropped from the queue, or its commit refused by decode), or any other
+      // end of a job nobody waits for: never an instance fault, never a re-dispatch.
+      MC_LOG_INFO << "request '" << id << "' (cancelled): its prefill job on " << f.decision.prefill_id
+                  << " ended: " << res.status().message();
+      rep.ok = false;
+      sched_->on_prefill_done(rep);
+      in_flight_.erase(it);
+      return;
+    }
     if (!res.is_ok()) {
       metrics_.counter("mc_conductor_prefill_failed_total", "prefill jobs that failed or timed out").inc();
       MC_LOG_WARN << "request '" << id << "': prefill on " << f.decision.prefill_id
@@ -659,6 +686,11 @@ class Conductor {
       }
     }
     sched_->on_prefill_done(rep);
+    if (f.cancelled) {
+      // Its prefill ran to the end (refitting the model above); decode refused the commit or stopped it.
+      in_flight_.erase(it);
+      return;
+    }
     if (sane) {
       // Actual TTFT on the Conductor's clock up to dispatch, then the worker's measured phases (its reply
       // only comes after the new blocks are stored, which is not on the first token's path).
@@ -681,9 +713,9 @@ class Conductor {
     if (it == in_flight_.end()) return;
     const Flight& f = it->second;
     if (!f.decode_finished) {
-      decoding_[id] =
-          Decoding{f.submit.client_endpoint, f.decision.prefill_id,          f.decision.decode_id, f.submit_ns,
-                   f.submit_unix_ns,         RealClock::instance().now_ns(), f.last_event_unix_ns};
+      decoding_[id] = Decoding{
+          f.submit.client_endpoint,       f.decision.prefill_id, f.decision.decode_id, f.submit_ns,    f.submit_unix_ns,
+          RealClock::instance().now_ns(), f.last_event_unix_ns,  f.decode_endpoint,    f.submitter_key};
     }
     in_flight_.erase(it);
   }
@@ -714,6 +746,11 @@ class Conductor {
                         [this, id, attempt = f.attempt, instance_id, cause](Result<proto::DecodeReleaseReply> r) {
                           Flight* g = current(id, attempt);
                           if (g == nullptr) return;
+                          if (g->cancelled) {
+                            // Cancelled meanwhile: decode_cancel stopped whatever decode held; nothing to decide.
+                            in_flight_.erase(id);
+                            return;
+                          }
                           if (!r.is_ok()) {
                             if (transport_failure(r.status())) {
                               on_instance_lost(g->decision.decode_id,
@@ -729,6 +766,120 @@ class Conductor {
                           g->reservation_held = false;
                           apply_faults(instance_id, cause, {tracked(id, *g)});
                         });
+  }
+
+  // ---- conductor.cancel (DESIGN.md §10 "Cancel"; faults.hpp plan_cancel decides, this applies) ----
+  metrics::Counter& cancelled_counter(const std::string& stage) {
+    if (stage.empty()) return metrics_.counter("mc_conductor_cancelled_total", "requests cancelled by their client");
+    return metrics_.counter("mc_conductor_cancelled_" + stage + "_total",
+                            "requests cancelled by their client in stage " + stage);
+  }
+  metrics::Counter& cancel_unknown() {
+    return metrics_.counter("mc_conductor_cancel_unknown_total",
+                            "cancels of requests not in flight (finished, failed or never submitted)");
+  }
+  void count_cancel(CancelStage stage) {
+    cancelled_counter("").inc();
+    cancelled_counter(std::string(cancel_stage_name(stage))).inc();
+  }
+
+  // Only the identity that submitted a request cancels it (an admin key any); no check without keys.
+  static Status check_canceller(const rpc::CallContext& ctx, const std::string& submitter_key, const std::string& id) {
+    if (ctx.caller == nullptr || ctx.caller->role == auth::Role::kAdmin) return Status::ok();
+    if (!submitter_key.empty() && ctx.caller->public_key == submitter_key) return Status::ok();
+    return Status(Code::kPermissionDenied, "conductor.cancel '" + id + "' from " + ctx.caller->describe() +
+                                               ": the request was submitted by another identity; only its "
+                                               "submitter (or an admin key) may cancel it");
+  }
+
+  void send_decode_cancel(const std::string& decode_endpoint, const std::string& id) {
+    calls_.call<proto::DecodeCancelRequest>(decode_endpoint, proto::DecodeCancelRequest{id},
+                                            options_.reserve_timeout_ms,
+                                            [id, decode_endpoint](Result<proto::DecodeCancelReply> r) {
+                                              // A decode instance that does not answer is found by its watched
+                                              // connection or its heartbeats.
+                                              if (!r.is_ok()) {
+                                                MC_LOG_WARN << "request '" << id << "': decode_cancel at "
+                                                            << decode_endpoint << " failed: " << r.status().message();
+                                              }
+                                            });
+  }
+
+  // The request's books close now (on_request_done), whatever its stage: it is never dispatched or re-dispatched
+  // again, and its cancel is its one terminal outcome. A prefill job in flight is told (prefill_cancel) and the
+  // reply waits for its answer: "dispatching" when the prefill instance dropped it from its queue.
+  Result<proto::ConductorCancelReply> on_cancel(const proto::ConductorCancelRequest& req, const rpc::CallContext& ctx) {
+    const std::string id = req.request_id;
+    auto fl = in_flight_.find(id);
+    auto dec = decoding_.find(id);
+    if (fl == in_flight_.end() && dec == decoding_.end()) {
+      cancel_unknown().inc();
+      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(CancelStage::kUnknown))};
+    }
+    MC_RETURN_IF_ERROR(
+        check_canceller(ctx, fl != in_flight_.end() ? fl->second.submitter_key : dec->second.submitter_key, id));
+    if (fl != in_flight_.end() && fl->second.cancelled) {  // cancelled before: answered alike, counted once
+      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(fl->second.cancel_stage))};
+    }
+    if (dec != decoding_.end()) {
+      TrackedRequest t;
+      t.request_id = id;
+      t.phase = RequestPhase::kDecoding;
+      const CancelPlan plan = plan_cancel(&t, false, true);
+      sched_->on_request_done(id);
+      if (plan.cancel_decode) send_decode_cancel(dec->second.decode_endpoint, id);
+      decoding_.erase(dec);
+      count_cancel(plan.stage);
+      MC_LOG_INFO << "request '" << id << "' cancelled by its client while decoding";
+      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(plan.stage))};
+    }
+    Flight& f = fl->second;
+    const TrackedRequest t = tracked(id, f);
+    const CancelPlan plan = plan_cancel(&t, f.stage == Stage::kPrefilling, f.answered);
+    MC_LOG_INFO << "request '" << id << "' cancelled by its client while " << cancel_stage_name(plan.stage);
+    sched_->on_request_done(id);
+    if (plan.release_reservation) {
+      release_reservation(f.decode_endpoint, f.reservation.reservation_id, id, nullptr);
+    }
+    if (plan.cancel_decode) send_decode_cancel(f.decode_endpoint, id);
+    if (plan.reject_submit) {
+      proto::ConductorSubmitReply r = reply_of(f.decision);
+      r.accepted = false;
+      r.reject_reason = "cancelled";
+      r.reason = "request '" + id + "' was cancelled by its client before its prefill was dispatched";
+      answer(f, r);
+    }
+    if (!plan.wait_for_reply) {
+      // A reservation still being made is released when its answer finds no current attempt (on_reserved).
+      in_flight_.erase(fl);
+      count_cancel(plan.stage);
+      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(plan.stage))};
+    }
+    f.cancelled = true;
+    f.cancel_stage = plan.stage;
+    if (!plan.cancel_prefill) {
+      count_cancel(plan.stage);
+      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(plan.stage))};
+    }
+    ctx.defer();
+    calls_.call<proto::PrefillCancelRequest>(
+        f.prefill_endpoint, proto::PrefillCancelRequest{id}, options_.reserve_timeout_ms,
+        [this, id, ctx, prefill_id = f.decision.prefill_id](Result<proto::PrefillCancelReply> r) {
+          CancelStage stage = CancelStage::kPrefilling;
+          if (r.is_ok() && r->dropped) {
+            stage = CancelStage::kDispatching;  // it never started: nothing ran for it
+          } else if (!r.is_ok()) {
+            MC_LOG_WARN << "request '" << id << "': prefill_cancel at " << prefill_id
+                        << " failed (decode refuses its commit anyway): " << r.status().message();
+          }
+          if (auto it = in_flight_.find(id); it != in_flight_.end() && it->second.cancelled) {
+            it->second.cancel_stage = stage;
+          }
+          count_cancel(stage);
+          Status st = server_->reply_to(ctx, proto::ConductorCancelReply{id, std::string(cancel_stage_name(stage))});
+          if (!st.is_ok()) MC_LOG_WARN << "reply to cancel '" << id << "': " << st.message();
+        });
+    return proto::ConductorCancelReply{};  // ignored: deferred
   }
 
   // ---- worker faults (faults.hpp decides, this applies) ----
@@ -819,6 +970,13 @@ class Conductor {
       auto it = in_flight_.find(d.request_id);
       if (it == in_flight_.end()) continue;
       Flight& f = it->second;
+      if (f.cancelled) {
+        // Settled by its cancel already (and decode told): the instance's death only closes the record.
+        sched_->on_prefill_done(
+            PrefillReport{.request_id = d.request_id, .instance_id = f.decision.prefill_id, .ok = false});
+        in_flight_.erase(it);
+        continue;
+      }
       if (d.action == FaultAction::kRedispatch && d.release_reservation && f.stage == Stage::kPrefilling) {
         sched_->on_prefill_done(
             PrefillReport{.request_id = d.request_id, .instance_id = f.decision.prefill_id, .ok = false});
@@ -1129,8 +1287,11 @@ class Conductor {
     sched_->on_request_done(req.request_id);
     if (fl != in_flight_.end()) fl->second.decode_finished = true;  // the prefill's reply is still to come
     if (dec != decoding_.end()) decoding_.erase(dec);
-    if (req.phase == proto::kPhaseFailed) {
+    const bool cancelled = fl != in_flight_.end() && fl->second.cancelled;
+    if (req.phase == proto::kPhaseFailed && known && !cancelled) {
       MC_LOG_WARN << "request '" << req.request_id << "' failed on " << req.instance_id << ": " << req.message;
+    } else if (req.phase == proto::kPhaseFailed) {  // settled before (cancelled by its client, or failed)
+      MC_LOG_INFO << "request '" << req.request_id << "' ended on " << req.instance_id << ": " << req.message;
     }
     return proto::ConductorJobReportReply{known};
   }
@@ -1284,6 +1445,30 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
       << ", connection_lost " << f.value("connection_lost", 0) << "; refused: heartbeat "
       << f.value("refused_heartbeat", 0) << ", job_report " << f.value("refused_job_report", 0) << ", prefill_ledger "
       << f.value("refused_prefill_ledger", 0) << ", decode_step " << f.value("refused_decode_step", 0) << "\n";
+  const nlohmann::json c = j.value("cancels", nlohmann::json::object());
+  out << "cancelled by clients: " << c.value("cancelled", 0) << " (dispatching " << c.value("dispatching", 0)
+      << ", prefilling " << c.value("prefilling", 0) << ", decoding " << c.value("decoding", 0)
+      << "); cancels of unknown requests " << c.value("unknown", 0) << "\n";
+  return Status::ok();
+}
+
+Status cancel_request(const std::string& endpoint, const std::string& request_id, bool json, int timeout_ms,
+                      std::ostream& out) {
+  if (request_id.empty()) return error(Code::kInvalidArgument, "mc-conductor cancel: empty REQUEST_ID");
+  rpc::ClientOptions o;
+  o.client_name = "mc-conductor cancel";
+  o.connect_timeout_ms = timeout_ms;
+  MC_ASSIGN_OR_RETURN(auto client, rpc::RpcClient::connect(endpoint, o));
+  Result<proto::ConductorCancelReply> rep = client->call(proto::ConductorCancelRequest{request_id}, timeout_ms);
+  if (!rep.is_ok()) return rep.status().with_context("cancel of request '" + request_id + "' at " + endpoint);
+  if (json) {
+    out << nlohmann::json{{"request_id", rep->request_id}, {"stage", rep->stage}}.dump(2) << '\n';
+  } else if (rep->stage == "unknown") {
+    out << "request " << request_id << ": unknown to the Conductor (finished, failed or never submitted); nothing to "
+        << "cancel\n";
+  } else {
+    out << "request " << request_id << ": cancelled while " << rep->stage << "\n";
+  }
   return Status::ok();
 }
 

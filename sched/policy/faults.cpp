@@ -57,6 +57,54 @@ std::vector<FaultDecision> decide_instance_death(std::span<const TrackedRequest>
   return out;
 }
 
+std::string_view cancel_stage_name(CancelStage s) {
+  switch (s) {
+    case CancelStage::kDispatching:
+      return "dispatching";
+    case CancelStage::kPrefilling:
+      return "prefilling";
+    case CancelStage::kDecoding:
+      return "decoding";
+    case CancelStage::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
+CancelPlan plan_cancel(const TrackedRequest* r, bool prefill_job_sent, bool submit_answered) {
+  CancelPlan p;
+  if (r == nullptr) return p;
+  p.reject_submit = !submit_answered;
+  switch (r->phase) {
+    case RequestPhase::kDispatching:
+      if (!prefill_job_sent) {
+        // Reserving (a late reservation is released when it comes: the request is gone) or replicating.
+        p.stage = CancelStage::kDispatching;
+        p.release_reservation = r->reservation_held;
+      } else {
+        // The decode instance refuses its kv_commit; a queued job is dropped by the prefill instance.
+        p.stage = CancelStage::kPrefilling;
+        p.cancel_prefill = true;
+        p.cancel_decode = true;
+        p.wait_for_reply = true;
+      }
+      break;
+    case RequestPhase::kReleasing:
+      // Its prefill failed or its instance died; decode_release's answer is outstanding and decode may already
+      // stream it (a commit just before): decode_cancel stops that.
+      p.stage = CancelStage::kPrefilling;
+      p.cancel_decode = true;
+      p.wait_for_reply = true;
+      break;
+    case RequestPhase::kDecoding:
+      p.stage = CancelStage::kDecoding;
+      p.cancel_decode = true;
+      p.reject_submit = false;
+      break;
+  }
+  return p;
+}
+
 Status validate_load_report(const LoadReport& load, std::string_view instance_id, int64_t kv_capacity_tokens) {
   const std::pair<const char*, int64_t> fields[] = {{"queued_prefill_tokens", load.queued_prefill_tokens},
                                                     {"queued_prefill_jobs", load.queued_prefill_jobs},

@@ -63,6 +63,16 @@ TEST(WorkerProtocol, ReserveReleaseAbort) {
   EXPECT_EQ(ab.reason, "prefill aborted after layer 2");
 }
 
+TEST(WorkerProtocol, DecodeAndPrefillCancel) {
+  EXPECT_EQ(round_trip(DecodeCancelRequest{"r-1"}).request_id, "r-1");
+  auto d = round_trip(DecodeCancelReply{true, 42});
+  EXPECT_TRUE(d.found);
+  EXPECT_EQ(d.free_blocks, 42);
+  EXPECT_EQ(round_trip(PrefillCancelRequest{"r-2"}).request_id, "r-2");
+  EXPECT_TRUE(round_trip(PrefillCancelReply{true}).dropped);
+  EXPECT_FALSE(round_trip(PrefillCancelReply{}).dropped);
+}
+
 TEST(WorkerProtocol, KvWriteAndCommit) {
   KvWriteRequest w{5, 3, {0, 1, 7}, {}};
   for (int i = 0; i < 300; ++i) w.data.push_back(static_cast<uint8_t>(i));

@@ -556,6 +556,103 @@ TEST(Workers, BadJobsAbortTheReservation) {
 
 // The RPC link to decode instances: a decode endpoint that did not answer is not called again during its
 // back-off, so the jobs queued behind a dead decode instance fail at once instead of each waiting out a timeout.
+// decode_cancel (DESIGN.md §10 "Cancel") of a reservation not yet committed: freed (with a segment, its blocks held
+// until the prefill is done writing), the client told kCancelled, the commit refused kCancelled.
+void cancel_reservation_run(bool engine) {
+  Cluster c("ref", false, 64, engine);
+  auto a = c.decode->reserve({"a", 20, 5, "inproc://c", 0}).value();
+  auto b = c.decode->reserve({"b", 20, 5, "inproc://c", 0}).value();
+  const int64_t committed = c.decode->load().kv_blocks_committed;
+  auto cancelled = c.decode->cancel({"a"});
+  ASSERT_TRUE(cancelled) << cancelled.status().to_string();
+  EXPECT_TRUE(cancelled->found);
+  EXPECT_EQ(c.decode->load().reservations, 1);
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, engine ? committed : committed / 2)
+      << "with a segment the blocks stay held while the prefill may write";
+  ASSERT_TRUE(c.decode->step());
+  ASSERT_TRUE(c.client["a"].error.has_value());
+  EXPECT_EQ(c.client["a"].error->code, static_cast<uint16_t>(Code::kCancelled));
+  EXPECT_FALSE(c.client["a"].done.has_value());
+  auto commit = c.decode->commit({a.reservation_id, "a", 20, 1, 0, {}});
+  EXPECT_EQ(commit.status().code(), Code::kCancelled) << commit.status().to_string();
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, committed / 2);
+  // The prefill's abort after its refused commit frees nothing more and tells the client nothing more.
+  c.client.erase("a");
+  EXPECT_FALSE(
+      c.decode->abort({a.reservation_id, static_cast<uint16_t>(Code::kCancelled), "commit refused"}).value().released);
+  ASSERT_TRUE(c.decode->step());
+  EXPECT_EQ(c.client.count("a"), 0u);
+  EXPECT_FALSE(c.decode->cancel({"a"}).value().found) << "cancelled before: nothing left";
+  EXPECT_EQ(c.decode->metrics().counter("mc_decode_cancelled_total").value(), 1u);
+  EXPECT_TRUE(c.decode->release({b.reservation_id}).value().released);
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+  EXPECT_EQ(c.decode->kv().free_blocks(), c.decode->kv().num_blocks());
+}
+TEST(Workers, CancelFreesAReservationAndRefusesItsCommit) { cancel_reservation_run(/*engine=*/false); }
+TEST(Workers, CancelFreesAReservationAndRefusesItsCommitEngine) { cancel_reservation_run(/*engine=*/true); }
+
+// decode_cancel of a request in the batch: it leaves at the next step with its KV freed; the client gets
+// request_error kCancelled with the tokens sent so far and never request_done; the other request runs on.
+TEST(Workers, CancelStopsARunningSequenceAndFreesItsKv) {
+  Cluster c("ref", false, 256);
+  std::vector<uint32_t> prompt(40, 7);
+  std::vector<uint64_t> reservations;
+  for (const std::string id : {"stay", "go"}) {
+    auto res = c.decode->reserve({id, 40, 50, "inproc://c", 0}).value();
+    proto::PrefillJobRequest job;
+    job.request_id = id;
+    job.tokens = prompt;
+    job.output_length_tokens = 50;
+    job.decode_endpoint = "inproc://decode";
+    job.reservation_id = res.reservation_id;
+    job.decode_block_offsets_bytes = res.block_offsets_bytes;
+    job.client_endpoint = "inproc://c";
+    ASSERT_TRUE(c.prefill->run_job(job));
+  }
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(c.decode->step());
+  ASSERT_EQ(c.decode->load().batch_size, 2);
+  const int64_t sent = static_cast<int64_t>(c.client["go"].tokens.size());
+  ASSERT_GT(sent, 1);
+  auto cancelled = c.decode->cancel({"go"});
+  ASSERT_TRUE(cancelled);
+  EXPECT_TRUE(cancelled->found);
+  ASSERT_TRUE(c.decode->step());
+  EXPECT_EQ(c.decode->load().batch_size, 1);
+  ASSERT_TRUE(c.client["go"].error.has_value());
+  EXPECT_EQ(c.client["go"].error->code, static_cast<uint16_t>(Code::kCancelled));
+  EXPECT_EQ(c.client["go"].error->output_tokens, sent);
+  EXPECT_EQ(static_cast<int64_t>(c.client["go"].tokens.size()), sent) << "no token after the cancel";
+  for (int i = 0; i < 1000 && !c.decode->idle(); ++i) ASSERT_TRUE(c.decode->step());
+  EXPECT_FALSE(c.client["go"].done.has_value());
+  ASSERT_TRUE(c.client["stay"].done.has_value());
+  EXPECT_EQ(c.client["stay"].tokens.size(), 50u);
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+  EXPECT_EQ(c.decode->load().kv_blocks_used, 0);
+  EXPECT_FALSE(c.decode->cancel({"stay"}).value().found) << "finished: nothing to cancel";
+  EXPECT_EQ(c.decode->metrics().counter("mc_decode_cancelled_total").value(), 1u);
+}
+
+// A queued prefill job dropped by prefill_cancel: its reservation is aborted with kCancelled, the client told once.
+TEST(Workers, CancelledQueuedJobAbortsItsReservation) {
+  Cluster c("ref", false, 64);
+  auto res = c.decode->reserve({"q", 20, 5, "inproc://c", 0}).value();
+  proto::PrefillJobRequest job;
+  job.request_id = "q";
+  job.tokens.assign(20, 3);
+  job.output_length_tokens = 5;
+  job.decode_endpoint = "inproc://decode";
+  job.reservation_id = res.reservation_id;
+  job.decode_block_offsets_bytes = res.block_offsets_bytes;
+  const Status st = c.prefill->cancel_job(job);
+  EXPECT_EQ(st.code(), Code::kCancelled);
+  EXPECT_EQ(c.decode->load().reservations, 0);
+  EXPECT_EQ(c.decode->load().kv_blocks_committed, 0);
+  ASSERT_TRUE(c.decode->step());
+  ASSERT_TRUE(c.client["q"].error.has_value());
+  EXPECT_EQ(c.client["q"].error->code, static_cast<uint16_t>(Code::kCancelled));
+  EXPECT_EQ(c.prefill->metrics().counter("mc_prefill_jobs_done_total").value(), 0u);
+}
+
 TEST(RpcDecodeLink, AnEndpointThatDidNotAnswerFailsFastDuringItsBackOff) {
   auto link = make_rpc_decode_link(200);
   const std::string gone = "ipc:///tmp/mc-worker-test-no-decode-" + std::to_string(::getpid());  // nobody there

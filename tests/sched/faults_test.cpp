@@ -138,5 +138,48 @@ TEST(Faults, SlosAreBounded) {
   EXPECT_NE(st.message().find("slo_ttft_ms"), std::string::npos);
 }
 
+// conductor.cancel (DESIGN.md §10 "Cancel"): the stage named and the messages sent, by where the request is.
+TEST(Cancel, PlanByStage) {
+  EXPECT_EQ(cancel_stage_name(plan_cancel(nullptr, false, false).stage), "unknown");
+  const CancelPlan none = plan_cancel(nullptr, true, true);
+  EXPECT_FALSE(none.reject_submit || none.release_reservation || none.cancel_prefill || none.cancel_decode ||
+               none.wait_for_reply);
+
+  // Reserving: no reservation yet (a late one is released when it comes), the submit is answered "cancelled".
+  const TrackedRequest reserving = req("a", "p0", "d0", RequestPhase::kDispatching, /*held=*/false);
+  CancelPlan p = plan_cancel(&reserving, /*prefill_job_sent=*/false, /*submit_answered=*/false);
+  EXPECT_EQ(cancel_stage_name(p.stage), "dispatching");
+  EXPECT_TRUE(p.reject_submit);
+  EXPECT_FALSE(p.release_reservation);
+  EXPECT_FALSE(p.cancel_prefill || p.cancel_decode || p.wait_for_reply);
+
+  // Replicating: the reservation is held and released.
+  const TrackedRequest held = req("a", "p0", "d0", RequestPhase::kDispatching, /*held=*/true);
+  p = plan_cancel(&held, false, false);
+  EXPECT_EQ(p.stage, CancelStage::kDispatching);
+  EXPECT_TRUE(p.release_reservation);
+  EXPECT_TRUE(p.reject_submit);
+
+  // Prefilling: both instances are told and the prefill's answer closes the record; the submit was answered.
+  p = plan_cancel(&held, /*prefill_job_sent=*/true, /*submit_answered=*/true);
+  EXPECT_EQ(cancel_stage_name(p.stage), "prefilling");
+  EXPECT_TRUE(p.cancel_prefill && p.cancel_decode && p.wait_for_reply);
+  EXPECT_FALSE(p.release_reservation || p.reject_submit);
+
+  // Releasing after a failed prefill: decode may already stream it.
+  const TrackedRequest releasing = req("a", "p0", "d0", RequestPhase::kReleasing);
+  p = plan_cancel(&releasing, true, true);
+  EXPECT_EQ(p.stage, CancelStage::kPrefilling);
+  EXPECT_TRUE(p.cancel_decode && p.wait_for_reply);
+  EXPECT_FALSE(p.cancel_prefill || p.release_reservation);
+
+  // Decoding: decode stops it and frees its KV; nothing to wait for.
+  const TrackedRequest decoding = req("a", "p0", "d0", RequestPhase::kDecoding, /*held=*/false);
+  p = plan_cancel(&decoding, false, true);
+  EXPECT_EQ(cancel_stage_name(p.stage), "decoding");
+  EXPECT_TRUE(p.cancel_decode);
+  EXPECT_FALSE(p.cancel_prefill || p.release_reservation || p.reject_submit || p.wait_for_reply);
+}
+
 }  // namespace
 }  // namespace mc::sched

@@ -86,6 +86,14 @@ TEST(ConductorProtocol, PutStartCarriesTheWritersHost) {
   EXPECT_EQ(o->client_host, "");
 }
 
+TEST(ConductorProtocol, CancelRoundTrip) {
+  EXPECT_EQ(round_trip(ConductorCancelRequest{"r-9"}).request_id, "r-9");
+  auto r = round_trip(ConductorCancelReply{"r-9", "decoding"});
+  EXPECT_EQ(r.request_id, "r-9");
+  EXPECT_EQ(r.stage, "decoding");
+  EXPECT_EQ(std::string(ConductorCancelRequest::kType), "conductor.cancel");
+}
+
 TEST(ConductorProtocol, StatusRoundTrip) {
   ConductorStatusRequest q;
   q.with_instances = false;

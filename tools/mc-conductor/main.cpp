@@ -1,5 +1,5 @@
-// mc-conductor: the global scheduler. Subcommands: serve (the daemon), stat (ask a running one),
-// replay-decisions (re-run a decision log through other policies).
+// mc-conductor: the global scheduler. Subcommands: serve (the daemon), stat (ask a running one), cancel (a
+// request of a running one), replay-decisions (re-run a decision log through other policies).
 #include <iostream>
 
 #include "mc/common/cli.hpp"
@@ -114,6 +114,19 @@ int main(int argc, char** argv) {
   mc::cli::add_json_flag(*stat, json, "Print the status document as JSON");
   stat->add_option("--timeout-ms", timeout_ms, "Reply deadline (ms)")->capture_default_str();
 
+  std::string cancel_endpoint = "tcp://127.0.0.1:7460", cancel_id;
+  bool cancel_json = false;
+  int cancel_timeout_ms = 5000;
+  auto* cancel = app.add_subcommand("cancel",
+                                    "Cancel a request in the cluster (its client gave up): print the stage it was "
+                                    "found in (dispatching, prefilling, decoding, or unknown)");
+  cancel->add_option("REQUEST_ID", cancel_id, "The request's id as submitted")->required();
+  cancel->add_option("--endpoint", cancel_endpoint, "The Conductor's endpoint")
+      ->envname("MC_CONDUCTOR")
+      ->capture_default_str();
+  mc::cli::add_json_flag(*cancel, cancel_json, "Print the reply as JSON");
+  cancel->add_option("--timeout-ms", cancel_timeout_ms, "Reply deadline (ms)")->capture_default_str();
+
   std::string log_path;
   std::vector<std::string> replay_policies = mc::sched::policy_names();
   uint64_t replay_seed = 1;
@@ -132,11 +145,17 @@ int main(int argc, char** argv) {
 
   mc::cli::add_auth_flags(*serve, "conductor");
   mc::cli::add_auth_flags(*stat, "admin");
+  mc::cli::add_auth_flags(*cancel, "admin");
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (replay->parsed()) {
     return mc::cli::report(
         "mc-conductor replay-decisions",
         mc::sched::print_decision_replay(log_path, replay_policies, replay_seed, replay_json, std::cout), replay_json);
+  }
+  if (cancel->parsed()) {
+    return mc::cli::report(
+        "mc-conductor cancel",
+        mc::sched::cancel_request(cancel_endpoint, cancel_id, cancel_json, cancel_timeout_ms, std::cout), cancel_json);
   }
   if (stat->parsed()) {
     return mc::cli::report("mc-conductor stat",

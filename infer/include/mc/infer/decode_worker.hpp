@@ -30,6 +30,14 @@
 // another namespace digest (another adapter, salt, model, seed or block size at the prefill) is refused with
 // kFailedPrecondition, the reservation freed and the client told: decode never generates from foreign KV.
 //
+// Cancel (decode_cancel, DESIGN.md §10 "Cancel"): every reservation of the request is freed as an expired one is
+// (with a published segment its blocks stay held until the prefill's kv_commit or decode_abort for it, or
+// expired_hold_ms, since its prefill may still WRITE into them), and its kv_commit is refused with kCancelled
+// (for expired_hold_ms); a committed sequence (joining or running) leaves the batch at the next step and frees its
+// KV blocks. In both cases the client gets one request_error with code kCancelled (its terminal event, carrying
+// the tokens sent so far) and never request_done; a token already on its way may still arrive before it.
+// mc_decode_cancelled_total counts the cancels that found the request.
+//
 // Conductor job reports: with set_job_reporter(), every first token, completion and failure sent to a client is
 // also reported (conductor.job_report: first_token / done / failed).
 //
@@ -37,7 +45,7 @@
 // every running sequence, emits one token per sequence with its wall-clock timestamp, and finished sequences
 // free their KV and get request_done with the ledger (prefill's, plus decode time and output tokens).
 //
-// Threads: handler methods (reserve, kv_write, commit, abort, release, load) may be called from one thread and
+// Threads: handler methods (reserve, kv_write, commit, abort, release, cancel, load) may be called from one thread and
 // on_kv_notification from the transfer engine's threads while step() runs on another; shared state is under one
 // mutex, and the backend runs outside it. All client messages are sent from the step() thread through the
 // TokenSink.
@@ -101,6 +109,9 @@ class DecodeWorker {
   Result<proto::DecodeReserveReply> reserve(const proto::DecodeReserveRequest& request);
   Result<proto::DecodeReleaseReply> release(const proto::DecodeReleaseRequest& request);
   Result<proto::DecodeReleaseReply> abort(const proto::DecodeAbortRequest& request);
+  // The client cancelled request_id (decode_cancel from the Conductor): see "Cancel" above. found = false when
+  // nothing of it is here (finished, never reserved here, or cancelled before).
+  Result<proto::DecodeCancelReply> cancel(const proto::DecodeCancelRequest& request);
   Result<proto::KvWriteReply> kv_write(const proto::KvWriteRequest& request);
   Result<proto::KvCommitReply> commit(const proto::KvCommitRequest& request);
   proto::WorkerLoadReply load() const;
@@ -161,6 +172,8 @@ class DecodeWorker {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<Outgoing> outgoing_;
   std::map<uint64_t, Expired> expired_;  // expired reservations whose blocks are still held
+  // Reservations cancelled before their commit -> until when (clock_ ns) their kv_commit is refused kCancelled.
+  std::map<uint64_t, int64_t> cancelled_;
   double recent_step_ms_ = 0;
   std::deque<proto::DecodeStepSample> step_samples_;  // since the last take_step_samples(), bounded
   std::function<void(proto::ConductorJobReportRequest)> reporter_;

@@ -87,6 +87,10 @@ class PrefillWorker {
 
   // Runs one job to completion (see the header comment). `queued_ms` goes into the ledger.
   Result<proto::PrefillJobReply> run_job(const proto::PrefillJobRequest& job, int64_t queued_ms = 0);
+  // A job cancelled by its client before it started (prefill_cancel dropped it from the queue): aborts its decode
+  // reservation with kCancelled (decode frees it and tells the client) and returns the kCancelled error its
+  // prefill_job is answered with. Called on the job thread, like run_job.
+  Status cancel_job(const proto::PrefillJobRequest& job);
 
   const Backend& backend() const { return *backend_; }
   KvBuffer& kv() { return *kv_; }
@@ -99,6 +103,7 @@ class PrefillWorker {
  private:
   PrefillWorker(PrefillWorkerOptions options, std::unique_ptr<Backend> backend, std::unique_ptr<KvBlockCache> cache,
                 std::unique_ptr<DecodeLink> link, std::unique_ptr<KvBuffer> kv);
+  void abort_reservation(const proto::PrefillJobRequest& job, const Status& why);  // decode_abort, logged
   Result<proto::PrefillJobReply> run_job_inner(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
                                                proto::RequestLedger& ledger);
   Status write_layer_engine(const proto::PrefillJobRequest& job, transfer::SegmentHandle segment,
@@ -123,7 +128,9 @@ struct PrefillServeOptions {
 };
 
 // Runs a PrefillWorker as a daemon: binds the endpoint, announces "ready mc-prefill <endpoint> ...", queues
-// prefill_job requests (answered when done), answers worker_load and stat, until SIGTERM/SIGINT.
+// prefill_job requests (answered when done), answers worker_load and stat, until SIGTERM/SIGINT. prefill_cancel
+// drops a queued job of that request (its reservation aborted, its prefill_job answered kCancelled, counted in
+// mc_prefill_cancelled_total); a running job runs on (dropped = false).
 Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options);
 
 }  // namespace mc::infer

@@ -1,5 +1,5 @@
 // mc-conductor, the daemon around the Scheduler (scheduler.hpp): one ZeroMQ ROUTER endpoint for
-// clients (conductor.submit, conductor.status, stat) and workers (conductor.register, .heartbeat,
+// clients (conductor.submit, conductor.cancel, conductor.status, stat) and workers (conductor.register, .heartbeat,
 // .job_report); KV-event subscriptions that feed the prefix index; and the dispatch of accepted
 // requests to the workers with the worker section's messages (decode_reserve, then prefill_job). A decision
 // with replicate_prefix first sends store.replicate_near (asynchronous, bounded by store_timeout_ms) to the
@@ -25,6 +25,13 @@
 // (released: re-dispatch; not released: the decode instance has the request). A decode instance's death fails the
 // requests it was streaming. `stat` counts them (faults: redispatched, failed_by_instance_death, reservations_released,
 // connection_lost, refused_*).
+//
+// Cancel (DESIGN.md §10 "Cancel", faults.hpp plan_cancel): conductor.cancel from the submitter's identity (or an
+// admin key) settles the request in the books at once and it is never (re-)dispatched: a request still reserving
+// or replicating has its reservation released and its submit answered as a rejection "cancelled"; one whose prefill
+// job was sent gets prefill_cancel (a queued job is dropped: stage "dispatching") and decode_cancel (decode refuses
+// its commit, or stops it); one decoding gets decode_cancel. The prefill job's later answer, failure or instance
+// death then only closes its record. `stat` counts the cancels by stage (cancels).
 //
 // Errors: a bad submit gets an error reply (kInvalidArgument naming the field; an SLO above 24 h is refused)
 // or a rejection; a heartbeat with a negative or absurd figure, and a job report with an event time before
@@ -86,6 +93,14 @@ Status run_conductor(const ConductorOptions& options);
 // `mc-conductor stat`: asks a running Conductor for its status and prints a table (instances with
 // units in the headers, then index, decisions, predictors, TTFT error) or the JSON document.
 Status print_conductor_status(const std::string& endpoint, bool json, int timeout_ms, std::ostream& out);
+
+// `mc-conductor cancel REQUEST_ID`: asks a running Conductor to cancel a request (conductor.cancel, DESIGN.md §10
+// "Cancel") and prints the stage it was found in ("request ID: cancelled while decoding", or that it is unknown:
+// finished, failed or never submitted) or the reply as JSON {"request_id", "stage"}. An unknown request is not an
+// error. Errors: the call's (kPermissionDenied naming the caller when another identity submitted it; kTimeout,
+// kUnavailable), kInvalidArgument for an empty id.
+Status cancel_request(const std::string& endpoint, const std::string& request_id, bool json, int timeout_ms,
+                      std::ostream& out);
 
 // `mc-conductor replay-decisions FILE`: reads a decision log (serve --decisions), re-runs every logged decision
 // through each of `policies` (decision_replay.hpp; `seed` for random) and prints one row per policy (same and

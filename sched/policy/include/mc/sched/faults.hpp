@@ -68,6 +68,33 @@ std::vector<FaultDecision> decide_instance_death(std::span<const TrackedRequest>
                                                  const std::string& instance_id, const std::string& cause,
                                                  int64_t now_ns, const FaultPolicyConfig& config);
 
+// ---- a client's cancel (conductor.cancel, DESIGN.md §10 "Cancel") ----
+// The stage a cancelled request was found in, as conductor.cancel's reply names it (protocol.hpp
+// ConductorCancelReply::stage).
+enum class CancelStage : uint8_t { kUnknown = 0, kDispatching = 1, kPrefilling = 2, kDecoding = 3 };
+std::string_view cancel_stage_name(CancelStage s);  // "unknown" | "dispatching" | "prefilling" | "decoding"
+
+// What the Conductor does for the cancel of one request. Whatever the stage, the request's books close at once
+// (Scheduler::on_request_done: its prefill queue and decode reservation leave the ledger) and it is never
+// dispatched, re-dispatched or failed again; the cancel is its terminal outcome.
+struct CancelPlan {
+  CancelStage stage = CancelStage::kUnknown;
+  bool reject_submit = false;        // its submit is still unanswered: answered as a rejection "cancelled"
+  bool release_reservation = false;  // decode_release of its held reservation (no prefill job was sent for it)
+  bool cancel_prefill = false;       // prefill_cancel: its job was sent and may still be queued there
+  bool cancel_decode = false;        // decode_cancel: decode holds its reservation or streams it
+  // Its record stays (marked cancelled) until the outstanding prefill_job or decode_release answer comes, which
+  // then only closes it: no fault, no re-dispatch, no request_error from the Conductor.
+  bool wait_for_reply = false;
+};
+
+// The plan for `r` (null: the Conductor tracks no such request: stage unknown, nothing to do). `prefill_job_sent`:
+// its current attempt's prefill_job was sent (phase kDispatching only); `submit_answered`: its submit was answered.
+// A kDispatching request whose job was not sent yet is "dispatching"; one whose job was sent, or kReleasing, is
+// "prefilling" (the daemon reports "dispatching" instead when the prefill instance says it dropped the job from its
+// queue); kDecoding is "decoding".
+CancelPlan plan_cancel(const TrackedRequest* r, bool prefill_job_sent, bool submit_answered);
+
 // ---- bounds on what workers and clients report (issue 17 item 5) ----
 // A load figure, a token count or a batch above this is absurd (2^40).
 inline constexpr int64_t kMaxReportedCount = int64_t{1} << 40;
