@@ -543,6 +543,7 @@ std::shared_ptr<const Keyring> process_keyring() {
 const Keyring* keyring() { return g_raw.load(); }
 
 void set_allow_unauthenticated(bool allow) { g_allow_unauthenticated.store(allow); }
+bool allow_unauthenticated() { return g_allow_unauthenticated.load(); }
 
 Status check_listen(std::string_view service, std::string_view host) {
   if (keyring() != nullptr) return Status::ok();

@@ -138,6 +138,7 @@ std::shared_ptr<const Keyring> process_keyring();
 const Keyring* keyring();  // process_keyring().get()
 // Lets an unauthenticated process listen on a non-loopback address (--allow-unauthenticated).
 void set_allow_unauthenticated(bool allow);
+bool allow_unauthenticated();
 
 // Whether `service` may listen on `host` (an endpoint's host: "127.0.0.1", "*", "10.0.0.2"): always with a key
 // ring; without one only loopback (127.0.0.0/8, ::1, localhost), unless set_allow_unauthenticated(true).
