@@ -249,8 +249,9 @@ CLI::Option* add_metrics_flags(CLI::App& cmd, std::string& listen) {
             listen = v;
           },
           "Serve GET /metrics (Prometheus text format) at ADDR:PORT, e.g. 127.0.0.1:9400 or [::1]:0 (port 0: any "
-          "free port, printed as metrics= in the ready line); no authentication, so not loopback only with "
-          "--allow-unauthenticated (default: empty, no metrics endpoint)")
+          "free port, printed as metrics= in the ready line); it has no authentication, so an address other than "
+          "loopback needs --allow-unauthenticated (default: empty, no metrics endpoint)")
+      ->type_name("ADDR:PORT")
       ->envname("MC_METRICS_LISTEN");
 }
 
