@@ -63,6 +63,10 @@
 #   --gateway             also start mc-gateway (the OpenAI-compatible HTTP front door, serving --model) on a free
 #                         loopback port, and give CMD its URL as MC_GATEWAY (http://127.0.0.1:PORT)   [MC_GATEWAY_ON=1, off]
 #   --gateway-args "A"    extra flags for mc-gateway, split on spaces    [MC_GATEWAY_ARGS, none]
+#   --metrics             every daemon serves GET /metrics (Prometheus text) on a free loopback port
+#                         (--metrics-listen 127.0.0.1:0); the state directory gets metrics.txt (one line per
+#                         daemon: name, HOST:PORT) and metrics-targets.txt (HOST:PORT lines, for a scrape
+#                         config), and CMD gets MC_METRICS_TARGETS (the path of the latter)  [MC_METRICS=1, off]
 #   --keep-logs DIR       copy the daemons' logs to DIR when stopping
 #   -h, --help            this text
 set -euo pipefail
@@ -97,6 +101,7 @@ ready_timeout_s="${MC_READY_TIMEOUT_S:-60}"
 log_level="${MC_LOG_LEVEL:-warn}"
 keep_logs=""
 auth="${MC_AUTH:-0}"
+metrics="${MC_METRICS:-0}"
 cmd=()
 
 need() { [[ $# -ge 2 && -n "$2" ]] || { echo "local-cluster.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
@@ -127,6 +132,7 @@ while [[ $# -gt 0 ]]; do
     --auth) auth=1; shift ;;
     --gateway) gateway=1; shift ;;
     --gateway-args) need "$@"; gateway_args="$2"; gateway=1; shift 2 ;;
+    --metrics) metrics=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; cmd=("$@"); break ;;
     *) echo "local-cluster.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -219,6 +225,20 @@ wait_ready() {
 }
 ready_field() { tr ' ' '\n' < "$state/$1.ready" | sed -n "s/^$2=//p"; }
 
+# With --metrics: the flag every daemon gets, and record_metrics NAME, which notes NAME's metrics address (the
+# ready line's metrics=http://HOST:PORT) in metrics.txt and metrics-targets.txt.
+metrics_flags=()
+[[ "$metrics" == 1 ]] && metrics_flags=(--metrics-listen 127.0.0.1:0)
+record_metrics() {
+  [[ "$metrics" == 1 ]] || return 0
+  local address
+  address="$(ready_field "$1" metrics)"
+  address="${address#http://}"
+  [[ -n "$address" ]] || { echo "local-cluster.sh: $1 printed no metrics= in its ready line" >&2; return 1; }
+  echo "$1 $address" >> "$state/metrics.txt"
+  echo "$address" >> "$state/metrics-targets.txt"
+}
+
 export MC_LOG_LEVEL="$log_level"
 
 # auth_flags NAME: the flags that make a daemon the identity NAME of the cluster's keys (none without --auth).
@@ -240,8 +260,9 @@ as() {
 
 as master
 start master "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://127.0.0.1:0 --hot-reads "$hot_reads" \
-  ${auth_flags[@]+"${auth_flags[@]}"}
+  ${auth_flags[@]+"${auth_flags[@]}"} ${metrics_flags[@]+"${metrics_flags[@]}"}
 master="$(wait_ready master)"
+record_metrics master
 events="$(ready_field master events)"
 
 ssd_flags=()
@@ -253,8 +274,10 @@ fi
 for ((i = 0; i < store_nodes; i++)); do
   as "node$i"
   start "node$i" "$bin/mc-store" serve --master "$master" --node-id "$tag-node$i" --host "$(host_label "$i")" \
-    --dram-bytes "$dram_bytes" ${ssd_flags[@]+"${ssd_flags[@]}"} ${auth_flags[@]+"${auth_flags[@]}"}
+    --dram-bytes "$dram_bytes" ${ssd_flags[@]+"${ssd_flags[@]}"} ${auth_flags[@]+"${auth_flags[@]}"} \
+    ${metrics_flags[@]+"${metrics_flags[@]}"}
   wait_ready "node$i" > /dev/null
+  record_metrics "node$i"
 done
 
 # The ref backend computes on the CPU, which the GPU cost model does not describe: no decode envelope there.
@@ -262,10 +285,11 @@ envelope_flags=()
 [[ "$backend" == ref ]] && envelope_flags=(--decode-envelope 0)
 as conductor
 start conductor "$bin/mc-conductor" serve --listen tcp://127.0.0.1:0 --kv-events "$events" --store-master "$master" \
-  ${auth_flags[@]+"${auth_flags[@]}"} \
+  ${auth_flags[@]+"${auth_flags[@]}"} ${metrics_flags[@]+"${metrics_flags[@]}"} \
   --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" --time-scale "$time_scale" \
   ${envelope_flags[@]+"${envelope_flags[@]}"} ${extra_conductor_flags[@]+"${extra_conductor_flags[@]}"}
 conductor="$(wait_ready conductor)"
+record_metrics conductor
 
 worker_flags=(--backend "$backend" --model "$model" --block-size "$block_size" --kv-buffer-size "$kv_buffer_size"
               --conductor "$conductor")
@@ -277,16 +301,20 @@ for ((i = 0; i < n_decode; i++)); do
   # sanitizer build) can queue for longer than the 30 s default.
   as "decode$i"
   start "decode$i" "$bin/mc-decode" --listen tcp://127.0.0.1:0 --reservation-ttl-ms 180000 "${worker_flags[@]}" \
-    --instance-id "decode$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"}
+    --instance-id "decode$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"} \
+    ${metrics_flags[@]+"${metrics_flags[@]}"}
   wait_ready "decode$i" > /dev/null
+  record_metrics "decode$i"
 done
 for ((i = 0; i < n_prefill; i++)); do
   store_flag="$master"
   [[ "$prefix_cache" == none ]] && store_flag=none
   as "prefill$i"
   start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 --store "$store_flag" "${worker_flags[@]}" \
-    --instance-id "prefill$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"}
+    --instance-id "prefill$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"} \
+    ${metrics_flags[@]+"${metrics_flags[@]}"}
   wait_ready "prefill$i" > /dev/null
+  record_metrics "prefill$i"
 done
 
 gateway_url=""
@@ -302,6 +330,7 @@ fi
 export MC_CONDUCTOR="$conductor" MC_STORE_MASTER="$master" MC_STORE_EVENTS="$events" MC_BLOCK_SIZE="$block_size"
 export MC_CLUSTER_STATE="$state"
 if [[ -n "$auth_dir" ]]; then export MC_AUTH_DIR="$auth_dir" MC_AUTH_NAME=default; fi
+if [[ "$metrics" == 1 ]]; then export MC_METRICS_TARGETS="$state/metrics-targets.txt"; fi
 # The replay's synthesized token ids must be in the model's vocabulary (the ref backend checks them).
 case "$model" in
   tiny) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-256}" ;;
@@ -316,6 +345,8 @@ esac
   [[ -z "$gateway_url" ]] || echo "  gateway       $gateway_url   (export MC_GATEWAY=$gateway_url; curl $gateway_url/v1/models)"
   echo "  logs          $state/*.log"
   [[ -z "$auth_dir" ]] || echo "  keys          $auth_dir   (export MC_AUTH_DIR=$auth_dir MC_AUTH_NAME=default)"
+  [[ "$metrics" != 1 ]] || echo "  metrics       GET http://HOST:PORT/metrics of each daemon: $state/metrics.txt" \
+    "(scrape targets: $state/metrics-targets.txt)"
   echo "  replay:       $bin/mc-trace-replay TRACE --conductor $conductor --block-tokens $block_size"
   echo "  status:       $bin/mc-conductor stat --endpoint $conductor;  $bin/mc-store stat --master $master"
 } >&2

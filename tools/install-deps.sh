@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages mc needs to build, test and benchmark.
+# Installs the Debian packages mc needs to build, test and benchmark (prometheus: the metrics e2e test's scraper).
 # Idempotent: packages already installed are skipped; prints what it installs.
 # Needs root or sudo. Usage: tools/install-deps.sh [--with-bench]
 set -euo pipefail
@@ -11,6 +11,7 @@ packages=(
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   iproute2 man-db groff-base jq
+  prometheus
   clang-format clang-tidy
 )
 if [[ "${1:-}" == "--with-bench" ]]; then
@@ -43,4 +44,14 @@ echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+# prometheus is for metrics_e2e_test, which starts its own server on a free loopback port: the package's system
+# service (on :9090, started by its postinst where the init system allows it) is stopped and disabled again.
+if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+  if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+    "${sudo_cmd[@]}" systemctl disable --now prometheus >&2 || true
+  elif [[ -x /etc/init.d/prometheus ]]; then
+    "${sudo_cmd[@]}" /etc/init.d/prometheus stop >&2 || true
+    command -v update-rc.d >/dev/null 2>&1 && { "${sudo_cmd[@]}" update-rc.d prometheus disable >&2 || true; }
+  fi
+fi
 echo "install-deps: done" >&2

@@ -16,6 +16,7 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/endpoint.hpp"
+#include "mc/common/http_pool.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
 #include "mc/common/rpc.hpp"
@@ -173,7 +174,10 @@ class Gateway {
       if (!st.is_ok()) MC_LOG_ERROR << "mc-gateway: token-event endpoint stopped: " << st.to_string();
     });
     // HTTP.
-    http_.new_task_queue = [n = o_.max_connections] { return new httplib::ThreadPool(n); };
+    // --max-connections workers; when as many accepted connections wait again, the listener stops accepting and the
+    // kernel's backlog holds the rest (http_pool.hpp).
+    http_.new_task_queue = [n = o_.max_connections] { return new http::BoundedPool(n, n); };
+    http::no_shared_port(http_);
     http_.set_payload_max_length(o_.max_body_bytes);
     http_.set_read_timeout(std::chrono::milliseconds(o_.read_timeout_ms));
     http_.set_write_timeout(std::chrono::seconds(10));

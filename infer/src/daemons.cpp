@@ -106,6 +106,7 @@ void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
       ->envname("MC_DECODE_KV_LISTEN")
       ->capture_default_str();
   cli::add_xfer_server_flags(app, c.kv_max_connections, c.kv_idle_timeout_ms);
+  cli::add_metrics_flags(app, c.metrics_listen);
 }
 
 Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen) {
@@ -149,7 +150,7 @@ Status run_decode_daemon(const DecodeDaemonConfig& c) {
     MC_RETURN_IF_ERROR(worker->publish_kv_segment(std::move(eo)).with_context("--kv-listen " + kv_listen));
   }
   daemon::install_stop_signals();
-  return serve_decode(*worker, c.listen, c.conductor);
+  return serve_decode(*worker, c.listen, c.conductor, c.metrics_listen);
 }
 
 void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
@@ -176,6 +177,7 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
       ->capture_default_str();
   app.add_flag("--allow-fault-injection", c.allow_fault_injection,
                "Honour the fail_after_layers field of prefill jobs (tests only)");
+  cli::add_metrics_flags(app, c.metrics_listen);
 }
 
 Status run_prefill_daemon(const PrefillDaemonConfig& c) {
@@ -203,6 +205,7 @@ Status run_prefill_daemon(const PrefillDaemonConfig& c) {
   so.endpoint = c.listen;
   so.gpu = c.backend.gpu;
   so.conductor = c.conductor;
+  so.metrics_listen = c.metrics_listen;
   return serve_prefill(*worker, so);
 }
 

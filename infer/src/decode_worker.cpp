@@ -12,6 +12,7 @@
 #include "mc/common/daemon.hpp"
 #include "mc/common/grant.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/metrics_http.hpp"
 #include "mc/common/rpc.hpp"
 
 namespace mc::infer {
@@ -53,6 +54,7 @@ struct DecodeWorker::Sequence {
   int64_t emitted = 0;      // tokens sent to the client
   int64_t output_tokens = 0;
   int64_t first_token_ns = 0;
+  int64_t last_token_ns = 0;  // when the newest token was sent (TBT: the gaps between them)
   proto::RequestLedger ledger;
   LoraAdapter lora;
   bool cancelled = false;
@@ -692,6 +694,7 @@ Result<int64_t> DecodeWorker::step() {
         continue;
       }
       s->first_token_ns = clock_->now_ns();
+      s->last_token_ns = s->first_token_ns;
       outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, 0, s->last_token, unix_time_ns()},
                            s->client_public_key});
       s->emitted = 1;
@@ -732,6 +735,9 @@ Result<int64_t> DecodeWorker::step() {
     metrics_.counter("mc_decode_steps_total", "decode steps").inc();
     metrics_.histogram("mc_decode_step_seconds", metrics::latency_buckets_s(), "decode step time")
         .observe(step_ms / 1e3);
+    metrics::Histogram& tbt = metrics_.histogram("mc_decode_tbt_seconds", metrics::latency_buckets_s(),
+                                                 "time between consecutive output tokens of a request (TBT)");
+    const int64_t t_tokens = clock_->now_ns();
     for (size_t i = 0; i < batch.size(); ++i) {
       Sequence* s = batch[i];
       if (s->cancelled) continue;
@@ -745,6 +751,8 @@ Result<int64_t> DecodeWorker::step() {
       outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, s->emitted, next[i], unix_time_ns()},
                            s->client_public_key});
       s->emitted += 1;
+      tbt.observe(static_cast<double>(t_tokens - s->last_token_ns) * 1e-9);
+      s->last_token_ns = t_tokens;
       metrics_.counter("mc_decode_tokens_total", "output tokens generated").inc();
     }
     stepped = static_cast<int64_t>(batch.size());
@@ -782,12 +790,16 @@ std::vector<proto::DecodeStepSample> DecodeWorker::take_step_samples() {
   return out;
 }
 
-Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor_in) {
+Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor_in,
+                    const std::string& metrics_listen) {
   rpc::ServerOptions so;
   so.service = "mc-decode";
   so.bind_endpoints = {endpoint};
   MC_ASSIGN_OR_RETURN(auto server, rpc::RpcServer::bind(so));
   server->serve_stat(&worker.metrics());
+  std::vector<std::pair<std::string, std::string>> metrics_extra;
+  MC_ASSIGN_OR_RETURN(std::unique_ptr<metrics::HttpExporter> exporter,
+                      metrics::start_daemon_exporter(metrics_listen, so.service, &worker.metrics(), &metrics_extra));
   server->handle<proto::DecodeReserveRequest>([&](const auto& r, const auto&) { return worker.reserve(r); });
   server->handle<proto::DecodeReleaseRequest>([&](const auto& r, const auto&) { return worker.release(r); });
   server->handle<proto::DecodeAbortRequest>([&](const auto& r, const auto&) { return worker.abort(r); });
@@ -844,13 +856,15 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
     reporter.stop();
     return reg_status;
   }
-  daemon::announce_ready("mc-decode", server->endpoints().front(),
-                         {{"backend", worker.backend().kind()},
-                          {"model", worker.backend().model().name},
-                          {"kv_blocks", std::to_string(worker.kv().num_blocks())},
-                          {"block_tokens", std::to_string(layout.block_size)},
-                          {"kv_bytes_per_token", std::to_string(layout.bytes_per_token())},
-                          {"kv_segment", worker.kv_segment().empty() ? "none" : worker.kv_segment()}});
+  std::vector<std::pair<std::string, std::string>> extra = {
+      {"backend", worker.backend().kind()},
+      {"model", worker.backend().model().name},
+      {"kv_blocks", std::to_string(worker.kv().num_blocks())},
+      {"block_tokens", std::to_string(layout.block_size)},
+      {"kv_bytes_per_token", std::to_string(layout.bytes_per_token())},
+      {"kv_segment", worker.kv_segment().empty() ? "none" : worker.kv_segment()}};
+  extra.insert(extra.end(), metrics_extra.begin(), metrics_extra.end());
+  daemon::announce_ready("mc-decode", server->endpoints().front(), extra);
   Status served;
   while (!daemon::stop_requested()) {
     served = server->poll_once(50);

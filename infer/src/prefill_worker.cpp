@@ -13,6 +13,7 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/metrics_http.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/model/cost_model.hpp"
 
@@ -380,6 +381,10 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
     }
     const BlockCacheCounters after = cache_->counters();
     ledger.fetch_ms = ms_since(t0);
+    metrics_
+        .histogram("mc_prefill_fetch_seconds", metrics::latency_buckets_s(),
+                   "prefix fetch from the store (one batch get of the cached blocks; the KV transfer in)")
+        .observe(static_cast<double>(now_ns() - t0) * 1e-9);
     ledger.fetch_bytes = hit_blocks * layout.block_bytes();
     // The hits split by the tier the bytes came from (DRAM here, DRAM elsewhere, SSD), in proportion to the
     // bytes each tier delivered in this call.
@@ -401,6 +406,18 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   ledger.decision = cached > 0 ? "fetch" : "recompute";
   metrics_.counter("mc_prefill_hit_tokens_total", "prompt tokens whose KV came from the store").inc(cached);
   metrics_.counter("mc_prefill_computed_tokens_total", "prompt tokens computed").inc(n - cached);
+  // The rest of the cache ledger (DESIGN.md §5) as counters.
+  metrics_.counter("mc_prefill_prompt_tokens_total", "prompt tokens of the jobs run").inc(n);
+  metrics_.counter("mc_prefill_hit_tokens_local_total", "hit tokens read from a replica on this host")
+      .inc(ledger.hit_tokens_local);
+  metrics_.counter("mc_prefill_hit_tokens_remote_total", "hit tokens read from another node's DRAM")
+      .inc(ledger.hit_tokens_remote);
+  metrics_.counter("mc_prefill_hit_tokens_ssd_total", "hit tokens read from a storage node's SSD")
+      .inc(ledger.hit_tokens_ssd);
+  metrics_.counter("mc_prefill_missed_prefix_tokens_total", "prefix tokens planned as hits, missing, recomputed")
+      .inc(std::max<int64_t>(0, ledger.missed_prefix_tokens));
+  metrics_.counter("mc_prefill_fetch_bytes_total", "KV bytes read from the store").inc(ledger.fetch_bytes);
+  metrics_.counter("mc_prefill_fetch_ssd_bytes_total", "KV bytes read from SSD segments").inc(ledger.fetch_ssd_bytes);
 
   // 2. Prefill with layer-wise streaming: transfer-engine WRITEs when decode serves a segment, else kv_write.
   std::string segment_name = job.decode_kv_segment;
@@ -519,6 +536,10 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
   so.bind_endpoints = {options.endpoint};
   MC_ASSIGN_OR_RETURN(auto server, rpc::RpcServer::bind(so));
   server->serve_stat(&worker.metrics());
+  std::vector<std::pair<std::string, std::string>> metrics_extra;
+  MC_ASSIGN_OR_RETURN(
+      std::unique_ptr<metrics::HttpExporter> exporter,
+      metrics::start_daemon_exporter(options.metrics_listen, so.service, &worker.metrics(), &metrics_extra));
 
   struct Queued {
     proto::PrefillJobRequest job;
@@ -612,6 +633,9 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
         queue.pop_front();
         running_tokens = static_cast<int64_t>(q.job.tokens.size());
       }
+      worker.metrics()
+          .histogram("mc_prefill_queue_seconds", metrics::latency_buckets_s(), "prefill job received -> started")
+          .observe(static_cast<double>(now_ns() - q.received_ns) * 1e-9);
       auto reply = worker.run_job(q.job, (now_ns() - q.received_ns) / 1'000'000);
       std::lock_guard lock(mu);
       running_tokens = 0;
@@ -643,12 +667,14 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
   });
   Status served = heartbeat.wait_registered(conductor.start_wait_ms);
   if (served.is_ok()) {
-    daemon::announce_ready("mc-prefill", server->endpoints().front(),
-                           {{"backend", worker.backend().kind()},
-                            {"model", worker.backend().model().name},
-                            {"kv_blocks", std::to_string(worker.kv().num_blocks())},
-                            {"block_tokens", std::to_string(worker.kv().layout().block_size)},
-                            {"namespace", worker.key_namespace().digest_hex()}});
+    std::vector<std::pair<std::string, std::string>> extra = {
+        {"backend", worker.backend().kind()},
+        {"model", worker.backend().model().name},
+        {"kv_blocks", std::to_string(worker.kv().num_blocks())},
+        {"block_tokens", std::to_string(worker.kv().layout().block_size)},
+        {"namespace", worker.key_namespace().digest_hex()}};
+    extra.insert(extra.end(), metrics_extra.begin(), metrics_extra.end());
+    daemon::announce_ready("mc-prefill", server->endpoints().front(), extra);
   }
   while (served.is_ok() && !daemon::stop_requested()) {
     served = server->poll_once(5);

@@ -8,6 +8,7 @@
 #include "mc/common/auth.hpp"
 #include "mc/common/location.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/metrics_http.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
 
@@ -234,6 +235,24 @@ void add_xfer_server_flags(CLI::App& cmd, size_t& max_connections, int64_t& idle
       ->envname("MC_XFER_IDLE_TIMEOUT_MS")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+}
+
+CLI::Option* add_metrics_flags(CLI::App& cmd, std::string& listen) {
+  return cmd
+      .add_option_function<std::string>(
+          "--metrics-listen",
+          [&listen](const std::string& v) {
+            if (!v.empty()) {
+              Result<Endpoint> ep = metrics::parse_listen_address(v);
+              if (!ep.is_ok()) throw CLI::ValidationError("--metrics-listen", ep.status().message());
+            }
+            listen = v;
+          },
+          "Serve GET /metrics (Prometheus text format) at ADDR:PORT, e.g. 127.0.0.1:9400 or [::1]:0 (port 0: any "
+          "free port, printed as metrics= in the ready line); it has no authentication, so an address other than "
+          "loopback needs --allow-unauthenticated (default: empty, no metrics endpoint)")
+      ->type_name("ADDR:PORT")
+      ->envname("MC_METRICS_LISTEN");
 }
 
 int exit_code(const Status& status) {

@@ -57,11 +57,25 @@ Histogram& Registry::histogram(const std::string& name, std::vector<double> uppe
 
 namespace {
 std::string fmt_double(double v) {
+  if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   std::ostringstream os;
   os.precision(17);
   os << v;
   return os.str();
+}
+// A HELP text as the exposition format wants it: backslash and line feed escaped.
+std::string help_text(const std::string& help) {
+  std::string out;
+  for (char c : help) {
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
+  }
+  return out;
 }
 }  // namespace
 
@@ -69,15 +83,15 @@ std::string Registry::prometheus_text() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::ostringstream os;
   for (const auto& [name, e] : counters_) {
-    if (!e.help.empty()) os << "# HELP " << name << ' ' << e.help << '\n';
+    if (!e.help.empty()) os << "# HELP " << name << ' ' << help_text(e.help) << '\n';
     os << "# TYPE " << name << " counter\n" << name << ' ' << e.metric->value() << '\n';
   }
   for (const auto& [name, e] : gauges_) {
-    if (!e.help.empty()) os << "# HELP " << name << ' ' << e.help << '\n';
+    if (!e.help.empty()) os << "# HELP " << name << ' ' << help_text(e.help) << '\n';
     os << "# TYPE " << name << " gauge\n" << name << ' ' << fmt_double(e.metric->value()) << '\n';
   }
   for (const auto& [name, e] : histograms_) {
-    if (!e.help.empty()) os << "# HELP " << name << ' ' << e.help << '\n';
+    if (!e.help.empty()) os << "# HELP " << name << ' ' << help_text(e.help) << '\n';
     os << "# TYPE " << name << " histogram\n";
     auto counts = e.metric->bucket_counts();
     uint64_t cum = 0;

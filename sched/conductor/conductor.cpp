@@ -19,6 +19,7 @@
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
+#include "mc/common/metrics_http.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/model/cost_model.hpp"
@@ -233,6 +234,8 @@ class Conductor {
   }
 
   const std::string& endpoint() const { return server_->endpoints().front(); }
+  // The registry of `stat` and /metrics (gauges updated by the loop; safe to render from any thread).
+  const metrics::Registry& metrics() const { return metrics_; }
 
   Status loop() {
     int64_t last_expire_ns = 0, last_hosts_ns = RealClock::instance().now_ns(), last_pass_ns = last_hosts_ns;
@@ -658,6 +661,7 @@ class Conductor {
       planned_missing_tokens().inc(static_cast<uint64_t>(l.missed_prefix_tokens));
       planned_missing_requests().inc();
     }
+    count_ledger(l);
     const double scale = options_.time_scale;
     rep.prefill_ms = static_cast<double>(l.prefill_ms) * scale;
     if (l.prefill_ms < 0) rep.prefill_ms = -1;  // not measured: the refit ignores it
@@ -880,6 +884,29 @@ class Conductor {
           if (!st.is_ok()) MC_LOG_WARN << "reply to cancel '" << id << "': " << st.message();
         });
     return proto::ConductorCancelReply{};  // ignored: deferred
+  }
+
+  // The cache ledger of the cluster as counters (DESIGN.md §5): the sums of the prefill instances' job reports.
+  // A report with a count outside [0, kMaxReportedCount] adds nothing.
+  void count_ledger(const proto::RequestLedger& l) {
+    const int64_t parts[] = {l.prompt_tokens,   l.hit_tokens_local, l.hit_tokens_remote, l.hit_tokens_ssd,
+                             l.computed_tokens, l.fetch_bytes,      l.fetch_ssd_bytes,   l.kv_sent_bytes};
+    for (int64_t v : parts) {
+      if (v < 0 || v > kMaxReportedCount) return;
+    }
+    auto add = [&](const char* name, const char* help, int64_t v) {
+      metrics_.counter(name, help).inc(static_cast<uint64_t>(v));
+    };
+    add("mc_conductor_prompt_tokens_total", "prompt tokens of the prefill jobs reported", l.prompt_tokens);
+    add("mc_conductor_hit_tokens_local_total", "prompt tokens whose KV came from a replica on the prefill's host",
+        l.hit_tokens_local);
+    add("mc_conductor_hit_tokens_remote_total", "prompt tokens whose KV came from another node's DRAM",
+        l.hit_tokens_remote);
+    add("mc_conductor_hit_tokens_ssd_total", "prompt tokens whose KV came from a storage node's SSD", l.hit_tokens_ssd);
+    add("mc_conductor_computed_tokens_total", "prompt tokens prefilled (not reused)", l.computed_tokens);
+    add("mc_conductor_fetch_bytes_total", "KV bytes the prefill instances read from the store", l.fetch_bytes);
+    add("mc_conductor_fetch_ssd_bytes_total", "of those, bytes read from SSD segments", l.fetch_ssd_bytes);
+    add("mc_conductor_kv_sent_bytes_total", "KV bytes the prefill instances streamed to decode", l.kv_sent_bytes);
   }
 
   // ---- worker faults (faults.hpp decides, this applies) ----
@@ -1367,7 +1394,10 @@ Status run_conductor(const ConductorOptions& options) {
                                                     o.decode_prior, o.bandwidth_priors));
   Conductor c(o, std::move(sched));
   MC_RETURN_IF_ERROR(c.start());
-  daemon::announce_ready("mc-conductor", c.endpoint(), {{"policy", o.scheduler.policy}});
+  std::vector<std::pair<std::string, std::string>> extra = {{"policy", o.scheduler.policy}};
+  MC_ASSIGN_OR_RETURN(std::unique_ptr<metrics::HttpExporter> exporter,
+                      metrics::start_daemon_exporter(o.metrics_listen, "mc-conductor", &c.metrics(), &extra));
+  daemon::announce_ready("mc-conductor", c.endpoint(), extra);
   return c.loop();
 }
 

@@ -8,6 +8,7 @@
 #include "mc/common/fast_rpc.hpp"
 #include "mc/common/grant.hpp"
 #include "mc/common/log.hpp"
+#include "mc/common/metrics_http.hpp"
 #include "mc/store/directory.hpp"
 
 namespace mc::store {
@@ -515,6 +516,7 @@ void MasterServer::Impl::register_handlers() {
 }
 
 MasterServer::MasterServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+const metrics::Registry& MasterServer::metrics() const { return impl_->registry; }
 MasterServer::~MasterServer() = default;
 
 Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& options, const Clock* clock) {
@@ -625,6 +627,9 @@ Status run_master(const MasterOptions& options) {
   std::vector<std::pair<std::string, std::string>> extra;
   if (!server->events_endpoint().empty()) extra.emplace_back("events", server->events_endpoint());
   if (server->fast_port() != 0) extra.emplace_back("fast_port", std::to_string(server->fast_port()));
+  MC_ASSIGN_OR_RETURN(
+      std::unique_ptr<metrics::HttpExporter> exporter,
+      metrics::start_daemon_exporter(options.metrics_listen, "mc-store master", &server->metrics(), &extra));
   daemon::announce_ready("mc-store-master", server->endpoint(), extra);
   MC_LOG_INFO << "mc-store master serving on " << server->endpoint();
   return server->serve();

@@ -22,6 +22,7 @@
 #include "mc/common/limits.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
+#include "mc/common/metrics_http.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
@@ -232,6 +233,11 @@ class Node {
     dram_xfer_offset_ = region.segment_offset;
     MC_LOG_INFO << "DRAM segment " << dram_name() << " (" << dram_->size() << " bytes) served as transfer segment "
                 << engine_->segment_name() << (region.shm_shareable ? " (shm + tcp)" : " (tcp only: --no-shm)");
+    // /metrics renders on the exporter's threads: the gauges of update_metrics() (which reads state of this
+    // thread) are refreshed here, at start and after every heartbeat, not by the exporter.
+    update_metrics();
+    MC_ASSIGN_OR_RETURN(exporter_, metrics::start_daemon_exporter(opt_.metrics_listen, "mc-store node " + opt_.node_id,
+                                                                  &registry_, &ready_extra_));
     return mount();
   }
 
@@ -349,16 +355,18 @@ class Node {
   }
 
   Status serve() {
-    daemon::announce_ready("mc-store-node", server_->endpoints().at(0),
-                           {{"node", opt_.node_id},
-                            {"xfer_segment", engine_->segment_name()},
-                            {"dram_bytes", std::to_string(dram_->size())},
-                            {"ssd_bytes", std::to_string(ssd_ ? opt_.ssd_bytes : 0)}});
+    std::vector<std::pair<std::string, std::string>> extra = {{"node", opt_.node_id},
+                                                              {"xfer_segment", engine_->segment_name()},
+                                                              {"dram_bytes", std::to_string(dram_->size())},
+                                                              {"ssd_bytes", std::to_string(ssd_ ? opt_.ssd_bytes : 0)}};
+    extra.insert(extra.end(), ready_extra_.begin(), ready_extra_.end());
+    daemon::announce_ready("mc-store-node", server_->endpoints().at(0), extra);
     int64_t next_hb = steady_ms() + opt_.heartbeat_ms;
     while (!daemon::stop_requested()) {
       MC_RETURN_IF_ERROR(server_->poll_once(20));
       if (steady_ms() >= next_hb) {
         const bool more = heartbeat();
+        update_metrics();
         next_hb = steady_ms() + (more ? 0 : opt_.heartbeat_ms);
       }
     }
@@ -589,6 +597,8 @@ class Node {
       registry_.counter("mc_store_node_demotions_total", "DRAM -> SSD copies done for the master");
   metrics::Counter& demotion_failures_ =
       registry_.counter("mc_store_node_demotion_failures_total", "DRAM -> SSD copies that failed");
+  std::vector<std::pair<std::string, std::string>> ready_extra_;  // metrics=... for the ready line
+  std::unique_ptr<metrics::HttpExporter> exporter_;               // /metrics; destroyed before registry_
 };
 
 }  // namespace

@@ -5,6 +5,8 @@
 // Usage: http_fixed_server [PORT] [THREADS]; prints "ready http_fixed_server http://127.0.0.1:PORT"; SIGTERM stops.
 #include <httplib.h>
 
+#include "mc/common/http_pool.hpp"
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -22,7 +24,8 @@ int main(int argc, char** argv) {
   const int want_port = argc > 1 ? std::atoi(argv[1]) : 0;
   const size_t threads = argc > 2 ? static_cast<size_t>(std::atoi(argv[2])) : 256;
   httplib::Server server;
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server.new_task_queue = [threads] { return new mc::http::BoundedPool(threads, threads); };
+  mc::http::no_shared_port(server);
   server.set_keep_alive_max_count(10'000);
   server.set_keep_alive_timeout(5);
   server.set_tcp_nodelay(true);

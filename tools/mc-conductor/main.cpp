@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   mc::cli::add_json_flag(*replay, replay_json, "Print the comparison as JSON");
 
+  mc::cli::add_metrics_flags(*serve, o.metrics_listen);
   mc::cli::add_auth_flags(*serve, "conductor");
   mc::cli::add_auth_flags(*stat, "admin");
   mc::cli::add_auth_flags(*cancel, "admin");

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-connections", o.max_connections,
-                 "HTTP worker threads: connections served at once (more wait for a free one)")
+                 "HTTP worker threads: connections served at once; as many more wait, then the listener stops accepting")
       ->envname("MC_GATEWAY_MAX_CONNECTIONS")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{65536}));

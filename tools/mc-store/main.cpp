@@ -275,6 +275,8 @@ int main(int argc, char** argv) {
   mc::cli::add_key_namespace_flags(*keys_cmd, keys.ns);
   keys_cmd->add_flag("--store-keys", keys.store_keys, "Print full store keys (kv/<namespace>/<hash>)");
 
+  mc::cli::add_metrics_flags(*master_cmd, master.metrics_listen);
+  mc::cli::add_metrics_flags(*serve_cmd, node.metrics_listen);
   mc::cli::add_auth_flags(*master_cmd, "master");
   mc::cli::add_auth_flags(*serve_cmd, "node");
   for (auto* cmd : {put_cmd, get_cmd, rm_cmd, pin_cmd, unpin_cmd, ls_cmd, stat_cmd, watch_cmd, bench_cmd}) {

@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
       ->envname("MC_XFER_STAT_LISTEN")
       ->capture_default_str();
   mc::cli::add_json_flag(*serve_cmd, serve.json, "Also print the segment as one JSON line");
+  mc::cli::add_metrics_flags(*serve_cmd, serve.metrics_listen);
   mc::cli::add_auth_flags(*serve_cmd, "node");
   mc::cli::add_xfer_server_flags(*serve_cmd, serve.engine.max_connections_served, serve.engine.idle_timeout_served_ms);
 

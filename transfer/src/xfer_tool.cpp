@@ -24,6 +24,7 @@
 #include "mc/common/daemon_stat.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
+#include "mc/common/metrics_http.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/common/units.hpp"
@@ -138,18 +139,22 @@ Status run_serve(const ServeOptions& o, std::ostream& out) {
   so.service = "mc-xfer serve " + engine->segment_name();
   so.bind_endpoints = {o.stat_listen};
   MC_ASSIGN_OR_RETURN(auto stat_server, rpc::RpcServer::bind(so));
-  stat_server->serve_stat(&registry, [&] { export_served_metrics(engine->stats(), registry); });
+  auto refresh = [&] { export_served_metrics(engine->stats(), registry); };  // engine stats are atomics
+  stat_server->serve_stat(&registry, refresh);
+  std::vector<std::pair<std::string, std::string>> metrics_extra;
+  MC_ASSIGN_OR_RETURN(
+      std::unique_ptr<metrics::HttpExporter> exporter,
+      metrics::start_daemon_exporter(o.metrics_listen, "mc-xfer serve", &registry, &metrics_extra, refresh));
   engine->set_notification_handler([](const Notification& n) {
     MC_LOG_INFO << "notification '" << n.tag << "' from " << (n.from.empty() ? "?" : n.from) << ": " << op_name(n.op)
                 << " of " << n.length << " bytes at offset " << n.segment_offset;
   });
-  daemon::announce_ready("mc-xfer", engine->endpoints().front(),
-                         {{"segment", engine->segment_name()},
-                          {"size_bytes", std::to_string(o.size_bytes)},
-                          {"paths", join(engine->endpoints(), ",")},
-                          {"regions", std::to_string(reg.region_count)},
-                          {"shm", reg.shm_shareable ? "yes" : "no"},
-                          {"stat", stat_server->endpoints().at(0)}});
+  std::vector<std::pair<std::string, std::string>> extra = {
+      {"segment", engine->segment_name()},       {"size_bytes", std::to_string(o.size_bytes)},
+      {"paths", join(engine->endpoints(), ",")}, {"regions", std::to_string(reg.region_count)},
+      {"shm", reg.shm_shareable ? "yes" : "no"}, {"stat", stat_server->endpoints().at(0)}};
+  extra.insert(extra.end(), metrics_extra.begin(), metrics_extra.end());
+  daemon::announce_ready("mc-xfer", engine->endpoints().front(), extra);
   if (o.json) {
     out << nlohmann::json{{"segment", engine->segment_name()},
                           {"endpoints", engine->endpoints()},

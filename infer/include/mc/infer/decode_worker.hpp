@@ -186,7 +186,9 @@ class DecodeWorker {
 
 // Runs a DecodeWorker as a daemon: binds `endpoint`, announces "ready mc-decode <endpoint> ...", serves the RPCs
 // (plus stat and worker_load) and steps the batch on its own thread until SIGTERM/SIGINT. With a conductor
-// endpoint it registers there and heartbeats its load (conductor_link.hpp).
-Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor = {});
+// endpoint it registers there and heartbeats its load (conductor_link.hpp). With `metrics_listen` ("ADDR:PORT",
+// --metrics-listen) it serves GET /metrics there (metrics_http.hpp) and the ready line says metrics=http://...
+Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor = {},
+                    const std::string& metrics_listen = {});
 
 }  // namespace mc::infer

@@ -125,6 +125,7 @@ struct PrefillServeOptions {
   std::string endpoint = "tcp://127.0.0.1:0";
   std::string gpu = "a800x8";  // for predicted_queue_ms of the sim backend
   ConductorOptions conductor;  // register and heartbeat there when its endpoint is set
+  std::string metrics_listen;  // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
 };
 
 // Runs a PrefillWorker as a daemon: binds the endpoint, announces "ready mc-prefill <endpoint> ...", queues

@@ -92,6 +92,14 @@ CLI::Option* add_gpu_option(CLI::App& cmd, std::string& gpu);
 // variables hold the defaults.
 void add_xfer_server_flags(CLI::App& cmd, size_t& max_connections, int64_t& idle_timeout_ms);
 
+// --metrics-listen ADDR:PORT (env MC_METRICS_LISTEN) stored in `listen`: where the daemon serves GET /metrics,
+// its metrics in the Prometheus text format (mc/common/metrics_http.hpp: 127.0.0.1:9400, [::1]:9400,
+// localhost:0; port 0 picks a free port, the ready line's metrics= field says which). Empty (the default): no
+// metrics endpoint. The endpoint has no authentication: an address other than loopback needs
+// --allow-unauthenticated. A malformed address exits 2 at parse time naming the flag. One declaration for every
+// daemon (the mains pass `listen` to metrics::start_daemon_exporter through their options).
+CLI::Option* add_metrics_flags(CLI::App& cmd, std::string& listen);
+
 // Exit code for a Status: ok -> 0; kInvalidArgument/kOutOfRange/kMalformedMessage -> 2; else 1.
 int exit_code(const Status& status);
 // Prints "program: error: <message>" on stderr and returns exit_code(status).

@@ -38,7 +38,8 @@ struct MasterOptions {
   std::string fast_listen;
   rpc::fast::FastServerLimits fast_limits;  // bounds of the fast path (fast_rpc.hpp)
   MasterConfig config;
-  int tick_ms = 100;  // period of liveness / eviction / delayed-free checks
+  int tick_ms = 100;           // period of liveness / eviction / delayed-free checks
+  std::string metrics_listen;  // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
 };
 
 class MasterServer {
@@ -50,6 +51,8 @@ class MasterServer {
   const std::string& endpoint() const;  // resolved ("tcp://127.0.0.1:41234")
   std::string events_endpoint() const;  // "" when events are off
   uint16_t fast_port() const;           // port of the fast path (same host as endpoint()); 0 when off
+  // The registry of its `stat` (gauges updated on every tick; safe to render from any thread).
+  const metrics::Registry& metrics() const;
   // Serves until stop() or a stop signal (daemon.hpp).
   Status serve();
   void stop();

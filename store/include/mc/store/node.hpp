@@ -54,6 +54,7 @@ struct NodeOptions {
   // Bounds of the served transfer port (transfer::EngineOptions, --xfer-max-connections, --xfer-idle-timeout-ms).
   size_t xfer_max_connections = transfer::EngineOptions{}.max_connections_served;
   int64_t xfer_idle_timeout_ms = transfer::EngineOptions{}.idle_timeout_served_ms;
+  std::string metrics_listen;  // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
 };
 
 Status run_node(const NodeOptions& options);

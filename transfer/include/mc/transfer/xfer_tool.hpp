@@ -28,9 +28,11 @@ struct ServeOptions {
   std::string location = "cpu:0";
   std::string stat_listen = "tcp://127.0.0.1:0";  // RPC endpoint answering `stat` (port 0: a free port)
   bool json = false;                              // print the ready information as one JSON line too
+  std::string metrics_listen;  // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
 };
 // Registers a pattern-filled shared buffer, prints the ready line
 //   ready mc-xfer <first endpoint> segment=<name> size_bytes=<n> paths=<ep,ep> regions=<n> shm=<yes|no> stat=<ep>
+//   [metrics=http://ADDR:PORT]
 // and serves until SIGTERM/SIGINT. With engine.grant_key (--auth-dir holding the grant key) every tcp read and write
 // must carry a grant. Notifications received are logged at info level. The `stat` endpoint
 // answers StatRequest (run_stat) with the engine's served counters (export_served_metrics: tcp reads and

@@ -79,6 +79,7 @@ struct ConductorOptions {
   // predictors, SLOs and reports stay in modelled milliseconds. Their KV bytes are scaled by another
   // factor, so with X != 1 bandwidth samples are not taken and the priors stay.
   double time_scale = 1.0;
+  std::string metrics_listen;  // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
 };
 
 // Sets the prefill and decode priors (and kv_bytes_per_token when it is <= 0) from the backend's GPU
