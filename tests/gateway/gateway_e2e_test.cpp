@@ -3,6 +3,12 @@
 // ledger), the SSE framing as curl receives it, every error status (400 naming the field, 404, 413, 429 with
 // Retry-After on early rejection), /health, /v1/models and /metrics; and a client that disconnects mid-stream:
 // the request is cancelled in the cluster and the decode instance frees its KV.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -232,6 +238,75 @@ TEST_F(GatewayE2E, TheOfficialOpenAiNodeClient) {
   EXPECT_TRUE(wait_until([&] { return used() == 0; }, 20'000, 100))
       << "decode0 still holds " << used() << " committed KV blocks after the client aborted";
   EXPECT_TRUE(wait_until([&] { return gateway_metric("mc_gateway_client_disconnects_total") >= 1; }, 10'000, 100));
+}
+
+// A raw TCP connection to 127.0.0.1:port that sends `bytes` and reads until the server closes or 2 s pass; returns
+// what came back.
+std::string raw_exchange(int port, const std::string& bytes, bool half_close = true) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return {};
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (half_close) ::shutdown(fd, SHUT_WR);
+    pollfd p{fd, POLLIN, 0};
+    char buf[4096];
+    while (::poll(&p, 1, 2000) > 0) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// 2,000 malformed or hostile HTTP requests at the gateway's port (no cluster behind it): it never crashes, answers
+// each it can parse with an error, keeps its memory bounded, and still serves afterwards.
+TEST(GatewayAbuse, MalformedHttpNeverCrashesTheGateway) {
+  const std::string bin = MC_BINARY_DIR "/bin/mc-gateway";
+  if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " is not built";
+  testkit::Child gw({bin, "--listen", "127.0.0.1:0", "--conductor", "tcp://127.0.0.1:1", "--read-timeout-ms", "500",
+                     "--max-body-bytes", "4KiB", "--log-level", "error"});
+  const std::string url = gw.wait_ready(30'000);
+  ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << url;
+  const int port = std::stoi(url.substr(url.rfind(':') + 1));
+  const std::vector<std::string> attacks = {
+      "GARBAGE\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{",
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{\"a\":",
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n[1]",
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n{\"model\":1,\"messages\":[{\"role\":{}}]}",
+      "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n",
+      "GET / HTTP/1.1\r\n" + std::string(10000, 'X') + ": y\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFF\r\nxx",
+      std::string("\x00\x01\x02\xff\xfe", 5),
+  };
+  int answered = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const std::string reply = raw_exchange(port, attacks[static_cast<size_t>(i) % attacks.size()]);
+    if (reply.rfind("HTTP/1.1 4", 0) == 0 || reply.rfind("HTTP/1.1 5", 0) == 0) ++answered;
+    if (i % 500 == 0) ASSERT_TRUE(gw.running()) << "mc-gateway died at attack " << i;
+  }
+  EXPECT_TRUE(gw.running());
+  EXPECT_GT(answered, 1000) << "most malformed requests get an error status";
+  // Still serving: /health answers 503 (no Conductor behind it), a valid request a 503 naming the Conductor.
+  httplib::Client c("127.0.0.1", port);
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  auto r = c.Post("/v1/completions", R"({"model":"llama3-70b","prompt":"hi"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_NE(r->body.find("Conductor"), std::string::npos) << r->body;
+  std::ifstream st("/proc/" + std::to_string(gw.pid()) + "/status");
+  for (std::string line; std::getline(st, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) EXPECT_LT(std::stoll(line.substr(6)), 512 * 1024) << line;  // kB
+  }
 }
 
 }  // namespace
