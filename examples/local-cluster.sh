@@ -324,6 +324,7 @@ if [[ "$gateway" == 1 ]]; then
   start gateway "$bin/mc-gateway" --listen 127.0.0.1:0 --conductor "$conductor" --model "$model" \
     ${auth_flags[@]+"${auth_flags[@]}"} ${extra_gateway_flags[@]+"${extra_gateway_flags[@]}"}
   gateway_url="$(wait_ready gateway)"
+  record_metrics gateway  # its /metrics is on its HTTP port
   export MC_GATEWAY="$gateway_url"
 fi
 

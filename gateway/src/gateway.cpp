@@ -19,6 +19,7 @@
 #include "mc/common/http_pool.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
+#include "mc/common/metrics_http.hpp"
 #include "mc/common/rpc.hpp"
 
 namespace mc::gateway {
@@ -207,6 +208,7 @@ class Gateway {
   }
 
   const std::string& url() const { return url_; }
+  const metrics::Registry& registry() const { return metrics_; }
 
   // Drain (see gateway.hpp): stop accepting, let requests finish for drain_timeout_s, then end the rest.
   void drain() {
@@ -253,7 +255,7 @@ class Gateway {
     int64_t last_token_ns = 0;
     int64_t deadline_ns = 0;
     bool first_sent = false;  // the stream's opening (status line, headers, first chunk) was written
-    bool ended = false;  // the cluster finished or failed it, or it was cancelled
+    bool ended = false;       // the cluster finished or failed it, or it was cancelled
     Usage usage;
   };
 
@@ -317,7 +319,7 @@ class Gateway {
     http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& rs) { models(rs); });
     http_.Get("/health", [this](const httplib::Request&, httplib::Response& rs) { health(rs); });
     http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& rs) {
-      rs.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4; charset=utf-8");
+      rs.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
     });
     // Unrouted paths, wrong methods and the library's own errors (413, 400) in OpenAI's error shape.
     http_.set_error_handler([](const httplib::Request& rq, httplib::Response& rs) {
@@ -370,8 +372,8 @@ class Gateway {
   void health(httplib::Response& rs) {
     const json st = conductor_status();
     const auto [prefill, decode] = live_instances(st);
-    json doc = {{"status", "ok"}, {"conductor", o_.conductor}, {"prefill_instances", prefill},
-                {"decode_instances", decode}};
+    json doc = {
+        {"status", "ok"}, {"conductor", o_.conductor}, {"prefill_instances", prefill}, {"decode_instances", decode}};
     if (draining_.load()) {
       doc["status"] = "draining";
     } else if (st.is_null()) {
@@ -386,12 +388,22 @@ class Gateway {
   void models(httplib::Response& rs) {
     const int64_t created = 0;
     json data = json::array();
-    data.push_back({{"id", o_.served_model_name}, {"object", "model"}, {"created", created}, {"owned_by", "mc"},
-                    {"root", tok_.model()}, {"parent", nullptr}, {"max_model_len", tok_.max_context_tokens()}});
+    data.push_back({{"id", o_.served_model_name},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "mc"},
+                    {"root", tok_.model()},
+                    {"parent", nullptr},
+                    {"max_model_len", tok_.max_context_tokens()}});
     for (const auto& [name, version] : adapters_) {
-      data.push_back({{"id", name}, {"object", "model"}, {"created", created}, {"owned_by", "mc"},
-                      {"root", o_.served_model_name}, {"parent", o_.served_model_name},
-                      {"max_model_len", tok_.max_context_tokens()}, {"lora_version", version}});
+      data.push_back({{"id", name},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "mc"},
+                      {"root", o_.served_model_name},
+                      {"parent", o_.served_model_name},
+                      {"max_model_len", tok_.max_context_tokens()},
+                      {"lora_version", version}});
     }
     rs.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
   }
@@ -430,8 +442,8 @@ class Gateway {
         err.http_status = 404;
         err.param = "model";
         err.code = "model_not_found";
-        err.message = "model '" + f->req.model + "' does not exist here (GET /v1/models lists " +
-                      o_.served_model_name + (adapters_.empty() ? "" : " and its adapters") + ")";
+        err.message = "model '" + f->req.model + "' does not exist here (GET /v1/models lists " + o_.served_model_name +
+                      (adapters_.empty() ? "" : " and its adapters") + ")";
         return refuse(rs, err);
       }
       scope.lora_name = it->first;
@@ -442,8 +454,8 @@ class Gateway {
       active_count_.fetch_sub(1);
       err.http_status = 503;
       err.type = "server_error";
-      err.message = "mc-gateway has " + std::to_string(o_.max_requests) +
-                    " requests in flight (--max-requests): retry shortly";
+      err.message =
+          "mc-gateway has " + std::to_string(o_.max_requests) + " requests in flight (--max-requests): retry shortly";
       return refuse(rs, err);
     }
     active_->add(1);
@@ -650,10 +662,10 @@ class Gateway {
     f->usage.completion_tokens = answer.completion_tokens();
     completion_tokens_->inc(static_cast<uint64_t>(answer.completion_tokens()));
     e2e_->observe(static_cast<double>(mono_ns() - f->received_ns) * 1e-9);
-    rs.set_content(completion_document(f->req.chat, f->object_id, unix_s(), f->req.model, text, answer.finish_reason(),
-                                       f->usage)
-                       .dump(-1, ' ', false, json::error_handler_t::replace),
-                   "application/json");
+    rs.set_content(
+        completion_document(f->req.chat, f->object_id, unix_s(), f->req.model, text, answer.finish_reason(), f->usage)
+            .dump(-1, ' ', false, json::error_handler_t::replace),
+        "application/json");
   }
 
   void stream(const std::shared_ptr<Flight>& f, httplib::Response& rs) {
@@ -674,9 +686,9 @@ class Gateway {
             // The status line and headers go out now (the client learns it was accepted), with the chat role chunk,
             // or a comment for a completion.
             f->first_sent = true;
-            const std::string opening = f->req.chat
-                                            ? sse(chunk_document(true, f->object_id, created, f->req.model, "", "", true))
-                                            : std::string(": accepted\n\n");
+            const std::string opening =
+                f->req.chat ? sse(chunk_document(true, f->object_id, created, f->req.model, "", "", true))
+                            : std::string(": accepted\n\n");
             if (!write(opening)) return false;
             return true;
           }
@@ -789,10 +801,15 @@ Status run_gateway(const GatewayOptions& options) {
   MC_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::for_model(options.model));
   Gateway gw(options, std::move(tok));
   MC_RETURN_IF_ERROR(gw.start());
-  daemon::announce_ready("mc-gateway", gw.url(),
-                         {{"conductor", options.conductor},
-                          {"model", options.served_model_name.empty() ? Tokenizer::for_model(options.model)->model()
-                                                                      : options.served_model_name}});
+  // /metrics is on the HTTP port; --metrics-listen adds the exporter every daemon has, on a port of its own.
+  std::vector<std::pair<std::string, std::string>> extra;
+  MC_ASSIGN_OR_RETURN(std::unique_ptr<metrics::HttpExporter> exporter,
+                      metrics::start_daemon_exporter(options.metrics_listen, "mc-gateway", &gw.registry(), &extra));
+  if (extra.empty()) extra.emplace_back("metrics", gw.url());
+  extra.emplace_back("conductor", options.conductor);
+  extra.emplace_back("model", options.served_model_name.empty() ? Tokenizer::for_model(options.model)->model()
+                                                                : options.served_model_name);
+  daemon::announce_ready("mc-gateway", gw.url(), extra);
   while (!daemon::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   gw.drain();
   MC_LOG_INFO << "mc-gateway: stopped";

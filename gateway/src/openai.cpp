@@ -27,12 +27,18 @@ Status fail(ApiError* error, int http_status, std::string param, std::string mes
 
 std::string kind(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    default: return "a number";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "a number";
   }
 }
 
@@ -87,10 +93,22 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
   ApiError scratch;
   if (error == nullptr) error = &scratch;
   if (!body.is_object()) return fail(error, 400, "", "the request body must be a JSON object");
-  static const std::set<std::string> kCommon = {
-      "model",       "max_tokens",      "stream",    "stream_options",    "stop",   "ignore_eos",
-      "user",        "seed",            "mc",        "temperature",       "top_p",  "n",
-      "logprobs",    "presence_penalty", "frequency_penalty", "logit_bias"};
+  static const std::set<std::string> kCommon = {"model",
+                                                "max_tokens",
+                                                "stream",
+                                                "stream_options",
+                                                "stop",
+                                                "ignore_eos",
+                                                "user",
+                                                "seed",
+                                                "mc",
+                                                "temperature",
+                                                "top_p",
+                                                "n",
+                                                "logprobs",
+                                                "presence_penalty",
+                                                "frequency_penalty",
+                                                "logit_bias"};
   static const std::set<std::string> kCompletion = {"prompt", "best_of", "echo", "suffix"};
   static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "response_format", "top_logprobs"};
   for (const auto& [key, value] : body.items()) {
@@ -163,8 +181,9 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
       ChatMessage cm;
       cm.role = m["role"].get<std::string>();
       if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "developer") {
-        return fail(error, 400, field + ".role",
-                    "'" + field + ".role' = '" + cm.role + "': only system, developer, user and assistant are supported");
+        return fail(
+            error, 400, field + ".role",
+            "'" + field + ".role' = '" + cm.role + "': only system, developer, user and assistant are supported");
       }
       if (cm.role == "developer") cm.role = "system";
       if (!m.contains("content") || m["content"].is_null()) {

@@ -12,8 +12,7 @@ Tokenizer::Tokenizer(std::string model, int64_t vocab_size, std::vector<uint32_t
 Result<Tokenizer> Tokenizer::for_model(std::string_view spec) {
   MC_ASSIGN_OR_RETURN(infer::ModelConfig m, infer::load_model(spec));
   if (m.vocab_size < 256) {
-    return Status(Code::kInvalidArgument, "model '" + m.name + "' has a vocabulary of " +
-                                              std::to_string(m.vocab_size) +
+    return Status(Code::kInvalidArgument, "model '" + m.name + "' has a vocabulary of " + std::to_string(m.vocab_size) +
                                               " ids: the byte-level tokenizer needs at least 256");
   }
   std::vector<uint32_t> eos;
@@ -36,9 +35,9 @@ bool Tokenizer::is_eos(uint32_t id) const { return std::find(eos_ids_.begin(), e
 Status Tokenizer::check_ids(std::span<const uint32_t> ids, std::string_view field) const {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (static_cast<int64_t>(ids[i]) >= vocab_size_) {
-      return Status(Code::kInvalidArgument, std::string(field) + "[" + std::to_string(i) + "] = " +
-                                                std::to_string(ids[i]) + " is not a token id of model '" + model_ +
-                                                "' (vocabulary " + std::to_string(vocab_size_) + ")");
+      return Status(Code::kInvalidArgument, std::string(field) + "[" + std::to_string(i) +
+                                                "] = " + std::to_string(ids[i]) + " is not a token id of model '" +
+                                                model_ + "' (vocabulary " + std::to_string(vocab_size_) + ")");
     }
   }
   return Status::ok();

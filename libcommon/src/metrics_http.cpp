@@ -25,7 +25,6 @@ namespace {
 
 const char* const kForm = "ADDR:PORT (127.0.0.1:9400, [::1]:9400, localhost:0; port 0 picks a free port)";
 
-
 // httplib::Server with its listening socket exposed, to read back the bound address (port 0, "localhost").
 class Server final : public httplib::Server {
  public:

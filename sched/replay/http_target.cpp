@@ -45,12 +45,9 @@ class Target final : public EventSource {
   }
 
   Result<Admission> submit(const Submission& sub) {
-    json body = {{"model", o_.model},
-                 {"prompt", sub.tokens},
-                 {"max_tokens", std::max<int64_t>(1, sub.output_length_tokens)},
-                 {"ignore_eos", true},
-                 {"stream", true},
-                 {"stream_options", {{"include_usage", true}}}};
+    json body = {
+        {"model", o_.model},  {"prompt", sub.tokens}, {"max_tokens", std::max<int64_t>(1, sub.output_length_tokens)},
+        {"ignore_eos", true}, {"stream", true},       {"stream_options", {{"include_usage", true}}}};
     json mc = json::object();
     if (sub.slo_ttft_ms > 0) mc["slo_ttft_ms"] = sub.slo_ttft_ms;
     if (sub.slo_tbt_ms > 0) mc["slo_tbt_ms"] = sub.slo_tbt_ms;

@@ -73,10 +73,13 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
   start("20", "--max-body-bytes 64KiB --max-prompt-tokens 4000");
   if (IsSkipped() || HasFatalFailure()) return;
   // /health: the Conductor answers and has a live prefill and decode instance.
-  ASSERT_TRUE(wait_until([&] {
-    auto r = client().Get("/health");
-    return r && r->status == 200;
-  }, 30'000, 100)) << "gateway /health never 200";
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto r = client().Get("/health");
+        return r && r->status == 200;
+      },
+      30'000, 100))
+      << "gateway /health never 200";
   // Early rejection, before any request refits the Conductor's prefill model: a TTFT SLO no instance can meet is a
   // 429 with Retry-After, its message the predicted TTFT.
   auto rej = post("/v1/completions",
@@ -92,7 +95,8 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
 
   // A whole completion: exact prompt_tokens (bytes), max_tokens generated.
   const std::string prompt = "The KV cache is the primary object.";
-  auto r = post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", prompt}, {"max_tokens", 8}, {"ignore_eos", true}});
+  auto r =
+      post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", prompt}, {"max_tokens", 8}, {"ignore_eos", true}});
   ASSERT_TRUE(r) << httplib::to_string(r.error());
   ASSERT_EQ(r->status, 200) << r->body;
   json doc = body_of(r);
@@ -103,33 +107,37 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
   EXPECT_EQ(doc["choices"][0]["text"].get<std::string>().size(), 8u);  // sim ids: one printable character each
 
   // A chat completion; the same prompt again finds its complete blocks in the pool (cached_tokens).
-  const json chat = {{"model", "llama3-70b"},
-                     {"messages", {{{"role", "system"}, {"content", std::string(120, 's')}},
-                                   {{"role", "user"}, {"content", "What is prefill?"}}}},
-                     {"max_tokens", 4},
-                     {"ignore_eos", true}};
+  const json chat = {
+      {"model", "llama3-70b"},
+      {"messages",
+       {{{"role", "system"}, {"content", std::string(120, 's')}}, {{"role", "user"}, {"content", "What is prefill?"}}}},
+      {"max_tokens", 4},
+      {"ignore_eos", true}};
   r = post("/v1/chat/completions", chat);
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
   doc = body_of(r);
   EXPECT_EQ(doc["object"], "chat.completion");
   EXPECT_EQ(doc["choices"][0]["message"]["role"], "assistant");
   int64_t cached = 0;
-  EXPECT_TRUE(wait_until([&] {
-    auto again = post("/v1/chat/completions", chat);
-    if (!again || again->status != 200) return false;
-    cached = body_of(again)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
-    return cached > 0;
-  }, 30'000, 200)) << "a repeated prompt never reported cached tokens";
+  EXPECT_TRUE(wait_until(
+      [&] {
+        auto again = post("/v1/chat/completions", chat);
+        if (!again || again->status != 200) return false;
+        cached = body_of(again)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+        return cached > 0;
+      },
+      30'000, 200))
+      << "a repeated prompt never reported cached tokens";
   EXPECT_EQ(cached % 16, 0) << "cached tokens are whole blocks";
 
   // The SSE framing as curl sees it: data: lines, a usage chunk, data: [DONE].
-  const json sbody = {{"model", "llama3-70b"}, {"prompt", "stream me"}, {"max_tokens", 5}, {"ignore_eos", true},
-                      {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  const json sbody = {{"model", "llama3-70b"}, {"prompt", "stream me"}, {"max_tokens", 5},
+                      {"ignore_eos", true},    {"stream", true},        {"stream_options", {{"include_usage", true}}}};
   std::ofstream(s_.path("stream.json")) << sbody.dump();
-  const testkit::RunResult curl = testkit::run(
-      {"curl", "-sS", "-N", "--max-time", "60", "-H", "Content-Type: application/json", "--data-binary",
-       "@" + s_.path("stream.json"), url_ + "/v1/completions"},
-      90'000);
+  const testkit::RunResult curl =
+      testkit::run({"curl", "-sS", "-N", "--max-time", "60", "-H", "Content-Type: application/json", "--data-binary",
+                    "@" + s_.path("stream.json"), url_ + "/v1/completions"},
+                   90'000);
   ASSERT_EQ(curl.exit_code, 0) << curl.out;
   std::istringstream sse(curl.out);
   std::string line;
@@ -181,13 +189,18 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
 TEST_F(GatewayE2E, AClientThatDisconnectsMidStreamFreesItsKvOnDecode) {
   start("1", "--heartbeat-ms 100");
   if (IsSkipped() || HasFatalFailure()) return;
-  ASSERT_TRUE(wait_until([&] {
-    auto r = client().Get("/health");
-    return r && r->status == 200;
-  }, 30'000, 100));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto r = client().Get("/health");
+        return r && r->status == 200;
+      },
+      30'000, 100));
   // A long answer (4,000 decode steps of the modelled LLaMA3-70B: minutes), abandoned after its first tokens.
-  const json body = {{"model", "llama3-70b"}, {"prompt", "a long story, please"}, {"max_tokens", 4000},
-                     {"ignore_eos", true}, {"stream", true}};
+  const json body = {{"model", "llama3-70b"},
+                     {"prompt", "a long story, please"},
+                     {"max_tokens", 4000},
+                     {"ignore_eos", true},
+                     {"stream", true}};
   int chunks = 0;
   auto c = client();
   httplib::Request req;
@@ -218,13 +231,14 @@ TEST_F(GatewayE2E, TheOfficialOpenAiNodeClient) {
   if (ci.exit_code != 0) GTEST_SKIP() << "npm ci in tests/clients failed (no npm, or the npm registry is unreachable)";
   start("1", "--heartbeat-ms 100");
   if (IsSkipped() || HasFatalFailure()) return;
-  ASSERT_TRUE(wait_until([&] {
-    auto r = client().Get("/health");
-    return r && r->status == 200;
-  }, 30'000, 100));
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto r = client().Get("/health");
+        return r && r->status == 200;
+      },
+      30'000, 100));
   auto scenario = [&](const std::string& name) {
-    const testkit::RunResult r =
-        testkit::run({"node", dir + "/openai_client.mjs", url_, "llama3-70b", name}, 120'000);
+    const testkit::RunResult r = testkit::run({"node", dir + "/openai_client.mjs", url_, "llama3-70b", name}, 120'000);
     EXPECT_EQ(r.exit_code, 0) << name << ": " << r.out;
     return json::parse(r.out, nullptr, false);
   };
@@ -280,7 +294,8 @@ TEST(GatewayAbuse, MalformedHttpNeverCrashesTheGateway) {
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{",
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{\"a\":",
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n[1]",
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n{\"model\":1,\"messages\":[{\"role\":{}}]}",
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+      "40\r\n\r\n{\"model\":1,\"messages\":[{\"role\":{}}]}",
       "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n",
       "GET / HTTP/1.1\r\n" + std::string(10000, 'X') + ": y\r\n\r\n",
       "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFF\r\nxx",

@@ -33,11 +33,13 @@ TEST(GatewayTokenizer, StreamHoldsIncompleteCharactersAndReplacesBadBytes) {
   EXPECT_EQ(s.feed('a'), "a");
   EXPECT_EQ(s.feed(0xC3), "");  // first byte of é
   EXPECT_EQ(s.feed(0xA9), "\xC3\xA9");
-  EXPECT_EQ(s.feed(0xFF), "\xEF\xBF\xBD");            // never a UTF-8 byte
-  EXPECT_EQ(s.feed(0xE2), "");                        // start of a 3-byte character ...
-  EXPECT_EQ(s.feed('x'), "\xEF\xBF\xBD" "x");         // ... broken by 'x'
+  EXPECT_EQ(s.feed(0xFF), "\xEF\xBF\xBD");  // never a UTF-8 byte
+  EXPECT_EQ(s.feed(0xE2), "");              // start of a 3-byte character ...
+  EXPECT_EQ(s.feed('x'),
+            "\xEF\xBF\xBD"
+            "x");  // ... broken by 'x'
   EXPECT_EQ(s.feed(0xF0), "");
-  EXPECT_EQ(s.finish(), "\xEF\xBF\xBD");              // incomplete at the end
+  EXPECT_EQ(s.finish(), "\xEF\xBF\xBD");  // incomplete at the end
   EXPECT_EQ(s.feed(0xED), "");
   EXPECT_EQ(s.feed(0xA0), "\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate is not UTF-8: both bytes replaced
   EXPECT_EQ(s.feed(300), std::string(1, static_cast<char>(' ' + 300 % 95)));  // a non-byte id: one printable char
@@ -60,9 +62,15 @@ Result<GenerationRequest> parse(const json& body, bool chat, ApiError* e, const 
 
 TEST(GatewayParse, CompletionWithTextAndTokenPromptsAndTheMcExtension) {
   ApiError e;
-  auto r = parse({{"model", "tiny"}, {"prompt", "abc"}, {"max_tokens", 5}, {"stream", true},
-                  {"stream_options", {{"include_usage", true}}}, {"stop", {"\n", "END"}}, {"ignore_eos", true},
-                  {"temperature", 0}, {"mc", {{"slo_ttft_ms", 500}, {"slo_tbt_ms", 50}, {"salt", "s1"}}}},
+  auto r = parse({{"model", "tiny"},
+                  {"prompt", "abc"},
+                  {"max_tokens", 5},
+                  {"stream", true},
+                  {"stream_options", {{"include_usage", true}}},
+                  {"stop", {"\n", "END"}},
+                  {"ignore_eos", true},
+                  {"temperature", 0},
+                  {"mc", {{"slo_ttft_ms", 500}, {"slo_tbt_ms", 50}, {"salt", "s1"}}}},
                  false, &e);
   ASSERT_TRUE(r.is_ok()) << e.message;
   EXPECT_EQ(r->prompt_tokens, (std::vector<uint32_t>{'a', 'b', 'c'}));
@@ -85,11 +93,12 @@ TEST(GatewayParse, CompletionWithTextAndTokenPromptsAndTheMcExtension) {
 
 TEST(GatewayParse, ChatMessagesGoThroughTheTemplate) {
   ApiError e;
-  auto r = parse({{"model", "tiny"},
-                  {"messages", {{{"role", "system"}, {"content", "S"}},
-                                {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "U"}}}}}}},
-                  {"max_completion_tokens", 3}},
-                 true, &e);
+  auto r = parse(
+      {{"model", "tiny"},
+       {"messages",
+        {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "U"}}}}}}},
+       {"max_completion_tokens", 3}},
+      true, &e);
   ASSERT_TRUE(r.is_ok()) << e.message;
   EXPECT_EQ(r->prompt_tokens, tiny().encode("<|system|>\nS\n<|user|>\nU\n<|assistant|>\n"));
   EXPECT_EQ(r->max_tokens, 3);

@@ -1,6 +1,7 @@
 // /metrics on every daemon (issue 19 item 2), end to end with the real binaries on loopback:
 // examples/local-cluster.sh --metrics starts a store master, a storage node, the Conductor, a prefill and a
-// decode instance (sim backend), each with --metrics-listen 127.0.0.1:0, and the test starts an mc-xfer serve
+// decode instance (sim backend), each with --metrics-listen 127.0.0.1:0, and mc-gateway (its /metrics on its HTTP
+// port); the test starts an mc-xfer serve
 // with one too. A small replay then sends a few requests through the cluster.
 //   EveryDaemonServesItsMetrics: GET /metrics of each (cpp-httplib's client) is the Prometheus text with the
 //     daemon's known metrics (the latency histograms and the cache ledger included) and non-zero request
@@ -89,16 +90,16 @@ class MetricsE2E : public testkit::LocalClusterFixture {
 
   void SetUp() override {
     if (::access((bin() + "/mc-xfer").c_str(), X_OK) != 0) GTEST_SKIP() << bin() << "/mc-xfer is not built";
-    start_cluster({"--metrics", "--store-nodes", "1", "--prefill", "1", "--decode", "1", "--backend", "sim",
-                   "--kv-buffer-size", "64MiB", "--dram-bytes", "64MiB", "--time-scale", kTimeScale},
-                  {"master", "node0", "conductor", "prefill0", "decode0"});
+    start_cluster({"--metrics", "--gateway", "--store-nodes", "1", "--prefill", "1", "--decode", "1", "--backend",
+                   "sim", "--kv-buffer-size", "64MiB", "--dram-bytes", "64MiB", "--time-scale", kTimeScale},
+                  {"master", "node0", "conductor", "prefill0", "decode0", "gateway"});
     if (HasFatalFailure() || IsSkipped()) return;
     std::string state = slurp(s_.path("state"));
     state.erase(state.find_last_not_of("\n ") + 1);
     std::istringstream lines(slurp(state + "/metrics.txt"));
     std::string name, address;
     while (lines >> name >> address) metrics_[name] = address;
-    for (const char* n : {"master", "node0", "conductor", "prefill0", "decode0"}) {
+    for (const char* n : {"master", "node0", "conductor", "prefill0", "decode0", "gateway"}) {
       ASSERT_TRUE(metrics_.count(n)) << n << " missing from " << state << "/metrics.txt:\n"
                                      << slurp(state + "/metrics.txt");
     }
@@ -171,6 +172,7 @@ TEST_F(MetricsE2E, EveryDaemonServesItsMetrics) {
         "mc_prefill_prompt_tokens_total", "mc_prefill_hit_tokens_local_total", "mc_prefill_fetch_bytes_total"}},
       {"decode0", {"mc_decode_tokens_total", "mc_decode_tbt_seconds_count", "mc_decode_step_seconds_count"}},
       {"xfer", {"mc_xfer_served_reads_total", "mc_xfer_connections_accepted_total"}},
+      {"gateway", {"mc_gateway_requests_total", "mc_gateway_ttft_seconds_count", "mc_gateway_active_requests"}},
   };
   // A counter of each that must reach a value: every request counted (4 output tokens: 3 gaps each).
   const std::map<std::string, std::pair<std::string, double>> at_least = {

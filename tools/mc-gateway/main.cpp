@@ -4,12 +4,14 @@
 #include "mc/gateway/gateway.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"mc-gateway: OpenAI-compatible HTTP front door (completions, chat completions, SSE streaming) in "
-               "front of the Conductor"};
+  CLI::App app{
+      "mc-gateway: OpenAI-compatible HTTP front door (completions, chat completions, SSE streaming) in "
+      "front of the Conductor"};
   mc::cli::add_common_flags(app, "mc-gateway");
   mc::gateway::GatewayOptions o;
-  app.add_option("--listen", o.listen, "HTTP address HOST:PORT (port 0: a free one; not loopback needs "
-                                       "--allow-unauthenticated: the HTTP port has no authentication)")
+  app.add_option("--listen", o.listen,
+                 "HTTP address HOST:PORT (port 0: a free one; not loopback needs "
+                 "--allow-unauthenticated: the HTTP port has no authentication)")
       ->envname("MC_GATEWAY_LISTEN")
       ->capture_default_str();
   app.add_option("--conductor", o.conductor, "The Conductor's endpoint")
@@ -29,10 +31,14 @@ int main(int argc, char** argv) {
       ->envname("MC_ADAPTERS")
       ->delimiter(',');
   mc::cli::add_slo_default_flags(app, o.slo_ttft_ms, o.slo_tbt_ms);
-  app.get_option("--slo-ttft-ms")->description("Default TTFT SLO (ms) of requests that set no mc.slo_ttft_ms (0: the "
-                                               "Conductor's)");
-  app.get_option("--slo-tbt-ms")->description("Default TBT SLO (ms) of requests that set no mc.slo_tbt_ms (0: the "
-                                              "Conductor's)");
+  app.get_option("--slo-ttft-ms")
+      ->description(
+          "Default TTFT SLO (ms) of requests that set no mc.slo_ttft_ms (0: the "
+          "Conductor's)");
+  app.get_option("--slo-tbt-ms")
+      ->description(
+          "Default TBT SLO (ms) of requests that set no mc.slo_tbt_ms (0: the "
+          "Conductor's)");
   app.add_option("--default-max-tokens", o.limits.default_max_tokens_chat,
                  "max_tokens of a chat completion that sets none (completions: 16, as OpenAI's)")
       ->capture_default_str()
@@ -42,8 +48,9 @@ int main(int argc, char** argv) {
       ->envname("MC_MAX_PROMPT_TOKENS")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-connections", o.max_connections,
-                 "HTTP worker threads: connections served at once; as many more wait, then the listener stops accepting")
+  app.add_option(
+         "--max-connections", o.max_connections,
+         "HTTP worker threads: connections served at once; as many more wait, then the listener stops accepting")
       ->envname("MC_GATEWAY_MAX_CONNECTIONS")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{65536}));
@@ -78,6 +85,7 @@ int main(int argc, char** argv) {
       ->envname("MC_DRAIN_TIMEOUT_S")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{3600}));
+  mc::cli::add_metrics_flags(app, o.metrics_listen);
   mc::cli::add_auth_flags(app, "gateway");
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   mc::daemon::install_stop_signals();

@@ -39,7 +39,7 @@
 namespace mc::gateway {
 
 struct GatewayOptions {
-  std::string listen = "127.0.0.1:8000";          // HTTP HOST:PORT (port 0: a free one)
+  std::string listen = "127.0.0.1:8000";           // HTTP HOST:PORT (port 0: a free one)
   std::string conductor = "tcp://127.0.0.1:7460";  // the Conductor's endpoint
   std::string client_bind = "tcp://127.0.0.1:0";   // where decode instances send token events
   std::string model = "llama3-70b";                // model preset or JSON file the cluster serves: tokenizer, context
@@ -48,22 +48,24 @@ struct GatewayOptions {
   ParseLimits limits;
   double slo_ttft_ms = 0;  // default SLOs of requests that set none (0: the Conductor's)
   double slo_tbt_ms = 0;
-  size_t max_connections = 256;     // HTTP worker threads
-  int64_t max_requests = 256;       // generation requests in flight
+  size_t max_connections = 256;       // HTTP worker threads
+  int64_t max_requests = 256;         // generation requests in flight
   uint64_t max_body_bytes = 8 << 20;  // request body
   int64_t read_timeout_ms = 10'000;
   int64_t keep_alive_timeout_s = 5;
-  int64_t heartbeat_ms = 250;           // SSE keep-alive comment on a silent stream (disconnect detection)
-  int64_t submit_timeout_ms = 10'000;   // conductor.submit answered (accepted or rejected)
-  int64_t request_timeout_ms = 600'000; // whole answer; then 504 (whole) or an error event (stream)
+  int64_t heartbeat_ms = 250;            // SSE keep-alive comment on a silent stream (disconnect detection)
+  int64_t submit_timeout_ms = 10'000;    // conductor.submit answered (accepted or rejected)
+  int64_t request_timeout_ms = 600'000;  // whole answer; then 504 (whole) or an error event (stream)
   int64_t drain_timeout_s = 30;
+  std::string metrics_listen;  // a second /metrics on its own ADDR:PORT (--metrics-listen, as every daemon); "": none
 };
 
 // Checks the options (kInvalidArgument naming the flag) and loads the tokenizer of `model`.
 Status validate(const GatewayOptions& options);
 
 // Runs until SIGTERM/SIGINT (daemon::stop_requested()), then drains. Prints
-// "ready mc-gateway http://HOST:PORT conductor=ENDPOINT model=NAME" on stdout once serving.
+// "ready mc-gateway http://HOST:PORT metrics=http://HOST:PORT conductor=ENDPOINT model=NAME" on stdout once serving
+// (its /metrics is on the same port).
 // kFailedPrecondition when the listen address is not loopback and --allow-unauthenticated is not given (the HTTP
 // port has no authentication); kUnavailable naming the address when it cannot be bound.
 Status run_gateway(const GatewayOptions& options);

@@ -29,8 +29,8 @@ struct ApiError {
   int http_status = 400;
   std::string message;
   std::string type = "invalid_request_error";
-  std::string param;  // the offending field ("" = none)
-  std::string code;   // e.g. "context_length_exceeded", "slo_unattainable" ("" = none)
+  std::string param;      // the offending field ("" = none)
+  std::string code;       // e.g. "context_length_exceeded", "slo_unattainable" ("" = none)
   int retry_after_s = 0;  // > 0: a Retry-After header (429)
 };
 nlohmann::json error_document(const ApiError& e);
