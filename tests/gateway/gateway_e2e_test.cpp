@@ -12,6 +12,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "mc/testkit/local_cluster.hpp"
@@ -254,9 +257,9 @@ TEST_F(GatewayE2E, TheOfficialOpenAiNodeClient) {
   EXPECT_TRUE(wait_until([&] { return gateway_metric("mc_gateway_client_disconnects_total") >= 1; }, 10'000, 100));
 }
 
-// A raw TCP connection to 127.0.0.1:port that sends `bytes` and reads until the server closes or 2 s pass; returns
-// what came back.
-std::string raw_exchange(int port, const std::string& bytes, bool half_close = true) {
+// A raw TCP connection to 127.0.0.1:port that sends `bytes` and reads until a reply's headers are in, the server
+// closes or 2 s pass; returns what came back.
+std::string raw_exchange(int port, const std::string& bytes) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return {};
   sockaddr_in a{};
@@ -265,14 +268,14 @@ std::string raw_exchange(int port, const std::string& bytes, bool half_close = t
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string out;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    if (half_close) ::shutdown(fd, SHUT_WR);
+    (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);  // no half-close: the library answers no closed peer
     pollfd p{fd, POLLIN, 0};
     char buf[4096];
     while (::poll(&p, 1, 2000) > 0) {
       const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
       if (n <= 0) break;
       out.append(buf, static_cast<size_t>(n));
+      if (out.find("\r\n\r\n") != std::string::npos) break;  // the status line and headers: enough
     }
   }
   ::close(fd);
@@ -299,16 +302,22 @@ TEST(GatewayAbuse, MalformedHttpNeverCrashesTheGateway) {
       "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n",
       "GET / HTTP/1.1\r\n" + std::string(10000, 'X') + ": y\r\n\r\n",
       "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFF\r\nxx",
-      std::string("\x00\x01\x02\xff\xfe", 5),
+      std::string("\x00\x01\x02\xff\xfe\r\n\r\n", 9),
   };
-  int answered = 0;
-  for (int i = 0; i < 2000; ++i) {
-    const std::string reply = raw_exchange(port, attacks[static_cast<size_t>(i) % attacks.size()]);
-    if (reply.rfind("HTTP/1.1 4", 0) == 0 || reply.rfind("HTTP/1.1 5", 0) == 0) ++answered;
-    if (i % 500 == 0) ASSERT_TRUE(gw.running()) << "mc-gateway died at attack " << i;
+  // 16 connections at a time (the ones the library holds for its read timeout overlap), 2,000 in all.
+  std::atomic<int> answered{0}, next{0};
+  std::vector<std::thread> attackers;
+  for (int t = 0; t < 16; ++t) {
+    attackers.emplace_back([&] {
+      for (int i; (i = next.fetch_add(1)) < 2000;) {
+        const std::string reply = raw_exchange(port, attacks[static_cast<size_t>(i) % attacks.size()]);
+        if (reply.rfind("HTTP/1.1 4", 0) == 0 || reply.rfind("HTTP/1.1 5", 0) == 0) answered.fetch_add(1);
+      }
+    });
   }
+  for (auto& t : attackers) t.join();
   EXPECT_TRUE(gw.running());
-  EXPECT_GT(answered, 1000) << "most malformed requests get an error status";
+  EXPECT_GT(answered.load(), 1900) << "every malformed request gets an error status (a few may be cut by the machine)";
   // Still serving: /health answers 503 (no Conductor behind it), a valid request a 503 naming the Conductor.
   httplib::Client c("127.0.0.1", port);
   auto health = c.Get("/health");
