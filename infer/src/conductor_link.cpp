@@ -118,14 +118,22 @@ void ConductorHeartbeat::run() {
     }
     if (drain_.load() && !drain_sent) {
       auto d = client->call(proto::ConductorDrainRequest{registration_.instance_id}, 2000);
-      if (!d.is_ok()) {
+      if (!d.is_ok() && (d.status().code() == Code::kTimeout || d.status().code() == Code::kUnavailable)) {
         MC_LOG_WARN << registration_.instance_id << ": drain notice to " << options_.endpoint
-                    << " failed, retrying: " << d.status().to_string();
+                    << " failed, retrying in 200 ms: " << d.status().to_string();
         client.reset();
-        sleep_ms(200);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
         continue;
       }
-      drain_sent = true;
+      drain_sent = true;  // answered: taken, or refused for good (then not retried)
+      if (!d.is_ok()) {
+        // A Conductor that refuses the notice (one without conductor.drain, or a key it does not accept): the worker
+        // still drains; the Conductor will count its exit as a death.
+        MC_LOG_WARN << registration_.instance_id << ": conductor " << options_.endpoint
+                    << " refused the drain notice (it may still place requests here for a moment): "
+                    << d.status().to_string();
+        continue;
+      }
       set_drain_acknowledged();
       MC_LOG_INFO << registration_.instance_id << ": drain notice taken by conductor " << options_.endpoint << " ("
                   << d->requests_held << " request(s) held here run on; nothing new comes)";
