@@ -57,10 +57,28 @@ Status ConductorHeartbeat::wait_registered(int64_t timeout_ms) {
                                        " (is mc-conductor running there? --conductor-wait-ms waits longer)");
 }
 
+void ConductorHeartbeat::request_drain() {
+  drain_.store(true);
+  if (options_.endpoint.empty()) set_drain_acknowledged();  // no Conductor places anything here
+}
+
+void ConductorHeartbeat::set_drain_acknowledged() {
+  std::lock_guard lock(state_mu_);
+  drain_acknowledged_ = true;
+  state_cv_.notify_all();
+}
+
+bool ConductorHeartbeat::drain_acknowledged() {
+  std::lock_guard lock(state_mu_);
+  return drain_acknowledged_;
+}
+
 void ConductorHeartbeat::run() {
-  auto sleep_ms = [this](int64_t ms) {
-    for (int64_t waited = 0; waited < ms && !stop_.load(); waited += 50) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(50, ms - waited)));
+  bool drain_sent = false;  // conductor.drain answered since the last registration
+  // Sleeps ms, waking early to stop or to send a drain notice not sent yet.
+  auto sleep_ms = [this, &drain_sent](int64_t ms) {
+    for (int64_t waited = 0; waited < ms && !stop_.load() && !(drain_.load() && !drain_sent); waited += 20) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(20, ms - waited)));
     }
   };
   std::unique_ptr<rpc::RpcClient> client;
@@ -93,9 +111,32 @@ void ConductorHeartbeat::run() {
       }
       interval_ms = r->heartbeat_interval_ms > 0 ? r->heartbeat_interval_ms : 1000;
       registered = true;
+      drain_sent = false;  // a new registration is placeable again until told
       set_state(true, "");
       MC_LOG_INFO << registration_.instance_id << ": registered with conductor " << options_.endpoint
                   << " (heartbeat every " << interval_ms << " ms)";
+    }
+    if (drain_.load() && !drain_sent) {
+      auto d = client->call(proto::ConductorDrainRequest{registration_.instance_id}, 2000);
+      if (!d.is_ok() && (d.status().code() == Code::kTimeout || d.status().code() == Code::kUnavailable)) {
+        MC_LOG_WARN << registration_.instance_id << ": drain notice to " << options_.endpoint
+                    << " failed, retrying in 200 ms: " << d.status().to_string();
+        client.reset();
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        continue;
+      }
+      drain_sent = true;  // answered: taken, or refused for good (then not retried)
+      if (!d.is_ok()) {
+        // A Conductor that refuses the notice (one without conductor.drain, or a key it does not accept): the worker
+        // still drains; the Conductor will count its exit as a death.
+        MC_LOG_WARN << registration_.instance_id << ": conductor " << options_.endpoint
+                    << " refused the drain notice (it may still place requests here for a moment): "
+                    << d.status().to_string();
+        continue;
+      }
+      set_drain_acknowledged();
+      MC_LOG_INFO << registration_.instance_id << ": drain notice taken by conductor " << options_.endpoint << " ("
+                  << d->requests_held << " request(s) held here run on; nothing new comes)";
     }
     proto::ConductorHeartbeatRequest hb = load_();
     hb.instance_id = registration_.instance_id;

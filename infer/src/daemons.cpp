@@ -80,6 +80,17 @@ Result<int64_t> kv_blocks_from_flags(const BackendFlags& f, const Backend& backe
   return blocks;
 }
 
+namespace {
+void add_drain_flag(CLI::App& app, int64_t& drain_timeout_s, const char* what) {
+  app.add_option("--drain-timeout-s", drain_timeout_s,
+                 std::string("On SIGTERM/SIGINT: how long (s) ") + what +
+                     " may still take before they end with an error (a second signal ends them at once)")
+      ->envname("MC_DRAIN_TIMEOUT_S")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{86'400}));
+}
+}  // namespace
+
 void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
   app.add_option("--listen", c.listen, "RPC endpoint to bind (port 0: any free port)")
       ->envname("MC_DECODE_LISTEN")
@@ -107,6 +118,7 @@ void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
       ->capture_default_str();
   cli::add_xfer_server_flags(app, c.kv_max_connections, c.kv_idle_timeout_ms);
   cli::add_metrics_flags(app, c.metrics_listen);
+  add_drain_flag(app, c.drain_timeout_s, "the running and reserved requests");
 }
 
 Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen) {
@@ -150,7 +162,7 @@ Status run_decode_daemon(const DecodeDaemonConfig& c) {
     MC_RETURN_IF_ERROR(worker->publish_kv_segment(std::move(eo)).with_context("--kv-listen " + kv_listen));
   }
   daemon::install_stop_signals();
-  return serve_decode(*worker, c.listen, c.conductor, c.metrics_listen);
+  return serve_decode(*worker, c.listen, c.conductor, c.metrics_listen, c.drain_timeout_s);
 }
 
 void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
@@ -178,6 +190,7 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
   app.add_flag("--allow-fault-injection", c.allow_fault_injection,
                "Honour the fail_after_layers field of prefill jobs (tests only)");
   cli::add_metrics_flags(app, c.metrics_listen);
+  add_drain_flag(app, c.drain_timeout_s, "the queued and running prefill jobs");
 }
 
 Status run_prefill_daemon(const PrefillDaemonConfig& c) {
@@ -206,6 +219,7 @@ Status run_prefill_daemon(const PrefillDaemonConfig& c) {
   so.gpu = c.backend.gpu;
   so.conductor = c.conductor;
   so.metrics_listen = c.metrics_listen;
+  so.drain_timeout_s = c.drain_timeout_s;
   return serve_prefill(*worker, so);
 }
 

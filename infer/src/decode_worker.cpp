@@ -296,6 +296,29 @@ bool DecodeWorker::release_expired_locked(uint64_t id) {
   return true;
 }
 
+void DecodeWorker::refuse_reservations(const std::string& instance_id) {
+  std::lock_guard lock(mu_);
+  refusing_as_ = instance_id.empty() ? "mc-decode" : instance_id;
+}
+
+int64_t DecodeWorker::end_all(const Status& why) {
+  std::lock_guard lock(mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : reservations_) ids.push_back(id);
+  // Blocks held as for an expired reservation: a prefill may still be writing into them.
+  for (uint64_t id : ids) drop_reservation_locked(id, why, /*tell_client=*/true, /*hold_blocks=*/true);
+  int64_t n = static_cast<int64_t>(ids.size());
+  auto stop = [&](Sequence& s) {
+    if (s.cancelled) return;
+    s.cancelled = true;
+    s.cancel_reason = why;
+    ++n;
+  };
+  for (auto& s : running_) stop(*s);
+  for (auto& s : joining_) stop(*s);
+  return n;
+}
+
 Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReserveRequest& r) {
   const auto& m = backend_->model();
   if (r.input_length_tokens <= 0 || r.output_length_tokens <= 0) {
@@ -314,6 +337,14 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   }
   if (r.client_endpoint.empty()) {
     return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id + "': client_endpoint is empty");
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (!refusing_as_.empty()) {
+      metrics_.counter("mc_decode_reserve_refused_draining_total", "reservations refused while draining").inc();
+      return error(Code::kUnavailable, "decode_reserve '" + r.request_id + "': " + refusing_as_ +
+                                           " is draining (SIGTERM): it takes no new requests; reserve elsewhere");
+    }
   }
   // A client-supplied duration is bounded (issue 17 item 5): an endless reservation would hold KV forever.
   if (r.ttl_ms < 0 || r.ttl_ms > options_.max_reservation_ttl_ms) {
@@ -791,7 +822,7 @@ std::vector<proto::DecodeStepSample> DecodeWorker::take_step_samples() {
 }
 
 Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor_in,
-                    const std::string& metrics_listen) {
+                    const std::string& metrics_listen, int64_t drain_timeout_s) {
   rpc::ServerOptions so;
   so.service = "mc-decode";
   so.bind_endpoints = {endpoint};
@@ -810,12 +841,14 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
       [&](const auto&, const auto&) -> Result<proto::WorkerLoadReply> { return worker.load(); });
 
   std::atomic<bool> stop{false};
+  std::atomic<bool> stepper_failed{false};  // step_status is set: the batch failed
   Status step_status;
   std::thread stepper([&] {
     while (!stop.load()) {
       auto n = worker.step();
       if (!n.is_ok()) {
         step_status = n.status();
+        stepper_failed.store(true);
         daemon::request_stop();
         return;
       }
@@ -865,11 +898,59 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
       {"kv_segment", worker.kv_segment().empty() ? "none" : worker.kv_segment()}};
   extra.insert(extra.end(), metrics_extra.begin(), metrics_extra.end());
   daemon::announce_ready("mc-decode", server->endpoints().front(), extra);
+  // Drain (DESIGN.md §10 "Drain"): the first stop signal starts it; reservations are refused once the Conductor took
+  // the notice (or after 1 s); KV writes and commits for held reservations go on, and the loop ends once the worker
+  // is idle. At the deadline (or a second signal) what is left ends with request_error kUnavailable.
+  auto now_ns = [] { return RealClock::instance().now_ns(); };
   Status served;
-  while (!daemon::stop_requested()) {
-    served = server->poll_once(50);
+  bool draining = false, ended = false, refusing = false;
+  int64_t drain_start_ns = 0, drain_deadline_ns = 0, ended_ns = 0;
+  while (true) {
+    if (daemon::stop_requested() && !draining) {
+      if (stepper_failed.load()) break;  // the batch failed: nothing to drain into
+      draining = true;
+      drain_start_ns = now_ns();
+      drain_deadline_ns = drain_start_ns + drain_timeout_s * 1'000'000'000;
+      heartbeat.request_drain();
+      const proto::WorkerLoadReply l = worker.load();
+      MC_LOG_INFO << "mc-decode: draining (SIGTERM): " << l.batch_size << " running, " << l.reservations
+                  << " reserved get up to " << drain_timeout_s << " s; a second signal ends them at once";
+    }
+    if (draining) {
+      if (stepper_failed.load()) break;
+      if (!refusing && (heartbeat.drain_acknowledged() || now_ns() - drain_start_ns > 1'000'000'000)) {
+        refusing = true;
+        worker.refuse_reservations(conductor.instance_id);
+      }
+      if (!ended && (now_ns() > drain_deadline_ns || daemon::stop_now_requested())) {
+        ended = true;
+        ended_ns = now_ns();
+        refusing = true;
+        worker.refuse_reservations(conductor.instance_id);
+        const Status why(Code::kUnavailable,
+                         daemon::stop_now_requested()
+                             ? "decode instance " + conductor.instance_id + " stopped (a second signal)"
+                             : "decode instance " + conductor.instance_id + " drained: its drain timeout (" +
+                                   std::to_string(drain_timeout_s) + " s) ended the request");
+        const int64_t n = worker.end_all(why);
+        worker.metrics()
+            .counter("mc_decode_drain_ended_total", "requests ended by the drain timeout (or a second signal)")
+            .inc(static_cast<uint64_t>(n));
+        MC_LOG_WARN << "mc-decode: " << why.message() << ": " << n << " request(s) told";
+      }
+      // Done: nothing held (the errors of end_all sent by the step thread), or 5 s after end_all at most.
+      if (refusing && worker.idle()) break;
+      if (ended && now_ns() - ended_ns > 5'000'000'000) {
+        MC_LOG_WARN << "mc-decode: requests still held 5 s after the drain ended them; exiting";
+        break;
+      }
+    } else if (stepper_failed.load()) {
+      break;
+    }
+    served = server->poll_once(draining ? 5 : 50);
     if (!served.is_ok()) break;
   }
+  if (draining) MC_LOG_INFO << "mc-decode: drained in " << (now_ns() - drain_start_ns) / 1'000'000 << " ms";
   heartbeat.stop();
   stop.store(true);
   stepper.join();

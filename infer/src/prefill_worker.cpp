@@ -277,6 +277,14 @@ Status PrefillWorker::cancel_job(const proto::PrefillJobRequest& job) {
   return why;
 }
 
+void PrefillWorker::abort_jobs(const std::string& why) {
+  {
+    std::lock_guard lock(abort_mu_);
+    abort_why_ = why;
+  }
+  abort_jobs_.store(true);
+}
+
 Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobRequest& job, int64_t queued_ms) {
   metrics_.counter("mc_prefill_jobs_total", "prefill jobs received").inc();
   proto::RequestLedger ledger;
@@ -290,7 +298,10 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
   const auto& m = backend_->model();
   const int64_t n = static_cast<int64_t>(job.tokens.size());
   Status bad;
-  if (Status down = link_->reachable(job.decode_endpoint); !down.is_ok()) {
+  if (abort_jobs_.load()) {
+    std::lock_guard lock(abort_mu_);
+    bad = error(Code::kUnavailable, "prefill_job '" + job.request_id + "': " + abort_why_);
+  } else if (Status down = link_->reachable(job.decode_endpoint); !down.is_ok()) {
     bad = down.with_context("prefill_job '" + job.request_id + "'");  // its decode instance is gone: fail fast
   } else if (n == 0) {
     bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': empty prompt");
@@ -463,6 +474,10 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   const int64_t t_prefill = now_ns();
   int64_t t_last_layer_done = 0;  // when the last layer's KV was handed to the stream
   auto on_layer = [&](int64_t layer, int64_t begin, int64_t end) -> Status {
+    if (abort_jobs_.load()) {
+      std::lock_guard lock(abort_mu_);
+      return error(Code::kUnavailable, abort_why_ + " (after " + std::to_string(writes) + " layer writes)");
+    }
     if (job.fail_after_layers >= 0 && writes >= job.fail_after_layers) {
       return error(Code::kAborted, "injected prefill failure after " + std::to_string(writes) + " layer writes");
     }
@@ -556,12 +571,20 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
   std::deque<Queued> dropped;  // cancelled before they started: the job thread aborts their reservations first
   std::deque<Finished> finished;
   int64_t running_tokens = 0;
+  bool job_running = false;  // the runner thread computes a job (its reply not yet in `finished`)
   bool stopping = false;
 
+  const std::string self = resolve_conductor_options(options.conductor, "prefill").instance_id;
+  bool refusing = false;  // draining: the Conductor took the notice, new jobs are refused (guarded by mu)
   server->handle<proto::PrefillJobRequest>(
       [&](const proto::PrefillJobRequest& job, const rpc::CallContext& ctx) -> Result<proto::PrefillJobReply> {
-        ctx.defer();
         std::lock_guard lock(mu);
+        if (refusing) {
+          worker.metrics().counter("mc_prefill_refused_draining_total", "prefill jobs refused while draining").inc();
+          return error(Code::kUnavailable, "prefill_job '" + job.request_id + "': mc-prefill " + self +
+                                               " is draining (SIGTERM): it takes no new jobs; send it elsewhere");
+        }
+        ctx.defer();
         queue.push_back({job, ctx, now_ns()});
         cv.notify_one();
         return proto::PrefillJobReply{};
@@ -632,6 +655,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
         q = std::move(queue.front());
         queue.pop_front();
         running_tokens = static_cast<int64_t>(q.job.tokens.size());
+        job_running = true;
       }
       worker.metrics()
           .histogram("mc_prefill_queue_seconds", metrics::latency_buckets_s(), "prefill job received -> started")
@@ -639,6 +663,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
       auto reply = worker.run_job(q.job, (now_ns() - q.received_ns) / 1'000'000);
       std::lock_guard lock(mu);
       running_tokens = 0;
+      job_running = false;
       finished.push_back({std::move(q.ctx), std::move(reply)});
     }
   });
@@ -676,7 +701,40 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     extra.insert(extra.end(), metrics_extra.begin(), metrics_extra.end());
     daemon::announce_ready("mc-prefill", server->endpoints().front(), extra);
   }
-  while (served.is_ok() && !daemon::stop_requested()) {
+  // Drain (DESIGN.md §10 "Drain"): the first stop signal starts it; new jobs are refused once the Conductor took the
+  // notice (or 1 s passed: a Conductor that is down places nothing here either); the loop ends when nothing is
+  // queued, running or unanswered. At the deadline (or a second signal) the jobs left fail as failed jobs do.
+  bool draining = false, aborted = false;
+  int64_t drain_start_ns = 0, drain_deadline_ns = 0;
+  while (served.is_ok()) {
+    if (daemon::stop_requested() && !draining) {
+      draining = true;
+      drain_start_ns = now_ns();
+      drain_deadline_ns = drain_start_ns + options.drain_timeout_s * 1'000'000'000;
+      heartbeat.request_drain();
+      std::lock_guard lock(mu);
+      MC_LOG_INFO << "mc-prefill: draining (SIGTERM): " << queue.size() + (job_running ? 1 : 0)
+                  << " job(s) held get up to " << options.drain_timeout_s << " s; a second signal ends them at once";
+    }
+    if (draining) {
+      std::lock_guard lock(mu);
+      if (!refusing && (heartbeat.drain_acknowledged() || now_ns() - drain_start_ns > 1'000'000'000)) refusing = true;
+      if (!aborted && (now_ns() > drain_deadline_ns || daemon::stop_now_requested())) {
+        aborted = true;
+        const std::string why = daemon::stop_now_requested()
+                                    ? "mc-prefill " + self + " stopped (a second signal)"
+                                    : "mc-prefill " + self + " drained: its drain timeout (" +
+                                          std::to_string(options.drain_timeout_s) + " s) ended the job";
+        MC_LOG_WARN << "mc-prefill: " << why << ": failing " << queue.size() + (job_running ? 1 : 0) << " job(s)";
+        worker.metrics()
+            .counter("mc_prefill_drain_aborted_total", "jobs failed by the drain timeout (or a second signal)")
+            .inc(queue.size() + (job_running ? 1 : 0));
+        worker.abort_jobs(why);  // queued ones fail before their compute, a running one at its next layer
+        refusing = true;
+        cv.notify_one();
+      }
+      if (refusing && queue.empty() && dropped.empty() && !job_running && finished.empty()) break;
+    }
     served = server->poll_once(5);
     if (!served.is_ok()) break;
     std::deque<Finished> done;
@@ -689,6 +747,9 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
           f.reply.is_ok() ? server->reply_to(f.ctx, f.reply.value()) : server->reply_error_to(f.ctx, f.reply.status());
       if (!s.is_ok()) MC_LOG_WARN << "mc-prefill: reply not sent: " << s.to_string();
     }
+  }
+  if (draining) {
+    MC_LOG_INFO << "mc-prefill: drained in " << (now_ns() - drain_start_ns) / 1'000'000 << " ms";
   }
   heartbeat.stop();
   {

@@ -234,6 +234,7 @@ constexpr Rule kRules[] = {
     {"conductor.register", kWorker},
     {"conductor.heartbeat", kWorker},
     {"conductor.job_report", kWorker},
+    {"conductor.drain", kWorker},  // bound to the registered owner, like heartbeats
 };
 
 uint32_t roles_of(std::string_view type) {

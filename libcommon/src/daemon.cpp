@@ -7,7 +7,12 @@
 namespace mc::daemon {
 namespace {
 std::atomic<bool> g_stop{false};
-extern "C" void on_stop_signal(int) { g_stop.store(true); }
+std::atomic<int> g_signals{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free counter");
+extern "C" void on_stop_signal(int) {
+  g_signals.fetch_add(1);
+  g_stop.store(true);
+}
 }  // namespace
 
 void install_stop_signals() {
@@ -21,6 +26,7 @@ void install_stop_signals() {
 
 bool stop_requested() { return g_stop.load(); }
 void request_stop() { g_stop.store(true); }
+int stop_signals() { return g_signals.load(); }
 
 void announce_ready(const std::string& service, const std::string& endpoint,
                     const std::vector<std::pair<std::string, std::string>>& extra) {

@@ -357,6 +357,12 @@ class Conductor {
           MC_RETURN_IF_ERROR(check_owner(ctx, req.instance_id, "job_report", /*bind=*/false));
           return on_job_report(req);
         });
+    server_->handle<proto::ConductorDrainRequest>(
+        [this](const proto::ConductorDrainRequest& req,
+               const rpc::CallContext& ctx) -> Result<proto::ConductorDrainReply> {
+          MC_RETURN_IF_ERROR(check_owner(ctx, req.instance_id, "drain", /*bind=*/false));
+          return on_drain(req);
+        });
     server_->handle<proto::ConductorStatusRequest>([this](
                                                        const proto::ConductorStatusRequest& req,
                                                        const rpc::CallContext&) -> Result<proto::ConductorStatusReply> {
@@ -370,6 +376,13 @@ class Conductor {
         faults[k] = fault_counter(k).value();
       }
       faults["loop_stalls"] = loop_stalls().value();
+      faults["drain_notices"] = drain_notices().value();
+      faults["instances_drained"] = instances_drained().value();
+      int64_t draining_now = 0;
+      for (Role role : {Role::kPrefill, Role::kDecode}) {
+        for (const Instance* inst : sched_->cluster().instances(role)) draining_now += inst->draining ? 1 : 0;
+      }
+      faults["draining"] = draining_now;
       for (const char* k : {"heartbeat", "job_report", "prefill_ledger", "decode_step", "register"}) {
         faults["refused_" + std::string(k)] =
             metrics_
@@ -508,6 +521,10 @@ class Conductor {
     return it == in_flight_.end() || it->second.attempt != attempt ? nullptr : &it->second;
   }
 
+  bool draining(const std::string& instance_id) const {
+    const Instance* inst = sched_->cluster().find(instance_id);
+    return inst != nullptr && inst->draining;
+  }
   static bool transport_failure(const Status& st) {
     return st.code() == Code::kTimeout || st.code() == Code::kUnavailable;
   }
@@ -544,6 +561,13 @@ class Conductor {
     }
     Flight& f = *fp;
     if (!res.is_ok()) {
+      if (draining(f.decision.decode_id)) {
+        // The drain notice crossed this reservation: the request is placed again elsewhere, as after a death.
+        MC_LOG_INFO << "request '" << id << "': draining decode instance " << f.decision.decode_id
+                    << " refused the reservation; placing it again";
+        return apply_faults(f.decision.decode_id, "drains (refused decode_reserve: " + res.status().message() + ")",
+                            {tracked(id, f)});
+      }
       if (transport_failure(res.status())) {
         return on_instance_lost(f.decision.decode_id, "did not answer decode_reserve (" + res.status().message() + ")");
       }
@@ -643,7 +667,9 @@ class Conductor {
       metrics_.counter("mc_conductor_prefill_failed_total", "prefill jobs that failed or timed out").inc();
       MC_LOG_WARN << "request '" << id << "': prefill on " << f.decision.prefill_id
                   << " failed: " << res.status().message();
-      if (transport_failure(res.status())) {
+      // A draining instance answers kUnavailable for a job it refused or ended at its drain timeout: the instance is
+      // not lost (its exit, watched, ends it), the request is settled as below.
+      if (transport_failure(res.status()) && !draining(f.decision.prefill_id)) {
         return on_instance_lost(f.decision.prefill_id, "did not answer prefill_job (" + res.status().message() + ")");
       }
       // The prefill aborted the reservation when it could (decode then told the client); whether it could is
@@ -922,6 +948,16 @@ class Conductor {
     return metrics_.counter("mc_conductor_loop_stalls_total", "passes of the main loop more than 250 ms apart");
   }
 
+  // Drains (DESIGN.md §10 "Drain"), counted apart from the deaths.
+  metrics::Counter& drain_notices() {
+    return metrics_.counter("mc_conductor_drain_notices_total",
+                            "conductor.drain notices: instances that stopped taking new requests (SIGTERM)");
+  }
+  metrics::Counter& instances_drained() {
+    return metrics_.counter("mc_conductor_instances_drained_total",
+                            "draining instances whose process then exited (a drain's end, not a death)");
+  }
+
   metrics::Counter& fault_counter(const std::string& what) {
     return metrics_.counter("mc_conductor_" + what + "_total", "worker faults: " + what);
   }
@@ -957,6 +993,16 @@ class Conductor {
     }
     if (ids.empty()) calls_.unwatch(endpoint);  // nobody registered there any more
     for (const std::string& id : ids) {
+      const Instance* inst = sched_->cluster().find(id);
+      if (inst != nullptr && inst->draining) {
+        // A drain's end: counted apart from the deaths. What it still held (its drain timed out) is settled as for
+        // a death: re-dispatched or failed.
+        instances_drained().inc();
+        MC_LOG_INFO << "instance '" << id << "' drained and exited after "
+                    << (RealClock::instance().now_ns() - inst->draining_since_ns) / 1'000'000 << " ms";
+        on_instance_lost(id, "exited after draining (SIGTERM)");
+        continue;
+      }
       fault_counter("connection_lost").inc();
       on_instance_lost(id, "closed its connection at " + endpoint + " (the process exited or was killed)");
     }
@@ -1200,6 +1246,31 @@ class Conductor {
                 << req.endpoint;
     return proto::ConductorRegisterReply{options_.heartbeat_interval_ms, options_.scheduler.heartbeat_timeout_ms,
                                          static_cast<int64_t>(options_.key_namespace.block_size)};
+  }
+
+  // conductor.drain (DESIGN.md §10 "Drain"): nothing new is placed on the instance from now on; it stays registered,
+  // its requests run on, and its exit is counted as a drain (on_connection_lost).
+  Result<proto::ConductorDrainReply> on_drain(const proto::ConductorDrainRequest& req) {
+    proto::ConductorDrainReply reply;
+    const Instance* inst = sched_->cluster().find(req.instance_id);
+    if (inst == nullptr) {
+      reply.registered = false;
+      return reply;
+    }
+    const bool first = !inst->draining;
+    MC_RETURN_IF_ERROR(sched_->drain_instance(req.instance_id));
+    for (const auto& [id, f] : in_flight_) {
+      if (f.decision.prefill_id == req.instance_id || f.decision.decode_id == req.instance_id) ++reply.requests_held;
+    }
+    for (const auto& [id, d] : decoding_) {
+      if (d.prefill_id == req.instance_id || d.decode_id == req.instance_id) ++reply.requests_held;
+    }
+    if (first) {
+      drain_notices().inc();
+      MC_LOG_INFO << "instance '" << req.instance_id << "' drains: nothing new is placed on it; " << reply.requests_held
+                  << " request(s) it holds run on";
+    }
+    return reply;
   }
 
   Result<proto::ConductorHeartbeatReply> on_heartbeat(const proto::ConductorHeartbeatRequest& req) {
@@ -1475,6 +1546,8 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
       << ", connection_lost " << f.value("connection_lost", 0) << "; refused: heartbeat "
       << f.value("refused_heartbeat", 0) << ", job_report " << f.value("refused_job_report", 0) << ", prefill_ledger "
       << f.value("refused_prefill_ledger", 0) << ", decode_step " << f.value("refused_decode_step", 0) << "\n";
+  out << "instance drains: notices " << f.value("drain_notices", 0) << ", drained (exited) "
+      << f.value("instances_drained", 0) << ", draining now " << f.value("draining", 0) << "\n";
   const nlohmann::json c = j.value("cancels", nlohmann::json::object());
   out << "cancelled by clients: " << c.value("cancelled", 0) << " (dispatching " << c.value("dispatching", 0)
       << ", prefilling " << c.value("prefilling", 0) << ", decoding " << c.value("decoding", 0)

@@ -4,6 +4,22 @@
 
 namespace mc::sched {
 
+bool placeable(const Instance& inst, int64_t now_ns, int64_t timeout_ms) {
+  return !inst.draining && now_ns - inst.last_seen_ns <= timeout_ms * 1'000'000;
+}
+
+Status ClusterState::set_draining(const std::string& id, int64_t now_ns) {
+  Instance* inst = find(id);
+  if (inst == nullptr) {
+    return error(Code::kNotFound, "drain: instance '" + id + "' is not registered (nothing is placed on it)");
+  }
+  if (!inst->draining) {
+    inst->draining = true;
+    inst->draining_since_ns = now_ns;
+  }
+  return Status::ok();
+}
+
 Status ClusterState::register_instance(const InstanceInfo& info, int64_t now_ns) {
   if (info.id.empty()) return error(Code::kInvalidArgument, "register: empty instance id");
   if (info.host.empty()) return error(Code::kInvalidArgument, "register: instance '" + info.id + "' has an empty host");

@@ -112,7 +112,9 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
             {"role", std::string(role_name(role))},
             {"host", i->info.host},
             {"endpoint", i->info.endpoint},
-            {"state", i->load_known ? "live" : "unknown"},
+            {"state", i->draining     ? "draining"
+                      : i->load_known ? "live"
+                                      : "unknown"},
             {"last_seen_ms_ago", static_cast<double>(now - i->last_seen_ns) * 1e-6},
         };
         if (role == Role::kPrefill) {

@@ -74,6 +74,8 @@ std::vector<std::string> Scheduler::expire() {
   return dead;
 }
 
+Status Scheduler::drain_instance(const std::string& id) { return cluster_.set_draining(id, clock_->now_ns()); }
+
 Status Scheduler::remove_instance(const std::string& id) {
   const Instance* inst = cluster_.find(id);
   if (inst != nullptr) drop_instance_blocks(*inst);
@@ -149,7 +151,7 @@ Decision Scheduler::decide(const Request& request) {
   // ---- 2. price every live prefill instance ----
   price_prefill_instances(request, now, max_reuse);
   if (estimates_.empty()) {
-    return reject(d, RejectReason::kNoPrefillInstance, "no live prefill instance is registered");
+    return reject(d, RejectReason::kNoPrefillInstance, "no live prefill instance is registered (or every one drains)");
   }
 
   // ---- 3. the policy's choice ----
@@ -268,13 +270,12 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
 }
 
 void Scheduler::price_prefill_instances(const Request& request, int64_t now, int64_t max_reuse) {
-  const int64_t timeout_ns = config_.heartbeat_timeout_ms * 1'000'000;
   const auto pool_len = static_cast<int64_t>(lookup_.size());
   estimates_.clear();
   plans_scratch_.clear();
   std::optional<HostPlan> generic_plan;
   for (const Instance* inst : cluster_.instances(Role::kPrefill)) {
-    if (now - inst->last_seen_ns > timeout_ns) continue;  // silent: not eligible (#12)
+    if (!placeable(*inst, now, config_.heartbeat_timeout_ms)) continue;  // draining, or silent (#12)
     const HostPlan* plan = nullptr;
     bool holds = std::find(hosts_scratch_.begin(), hosts_scratch_.end(), inst->host_index) != hosts_scratch_.end();
     if (!holds) {
@@ -354,17 +355,16 @@ std::string Scheduler::explain_prefill(const Decision& d, const PrefillEstimate*
 }
 
 void Scheduler::predict_decode_instances(const Request& request, int64_t now, int64_t start_ns, double slo_tbt) {
-  const int64_t timeout_ns = config_.heartbeat_timeout_ms * 1'000'000;
   decode_scratch_.clear();
   for (const Instance* inst : cluster_.instances(Role::kDecode)) {
-    if (now - inst->last_seen_ns > timeout_ns) continue;
+    if (!placeable(*inst, now, config_.heartbeat_timeout_ms)) continue;  // draining, or silent
     decode_scratch_.push_back(predict_decode(request, *inst, start_ns, slo_tbt));
   }
 }
 
 Scheduler::DecodePick Scheduler::pick_decode(const Request& request, double slo_tbt) const {
   if (decode_scratch_.empty()) {
-    return {nullptr, RejectReason::kNoDecodeInstance, "no live decode instance is registered"};
+    return {nullptr, RejectReason::kNoDecodeInstance, "no live decode instance is registered (or every one drains)"};
   }
   const DecodeEstimate* best = nullptr;       // fits and meets TBT
   const DecodeEstimate* best_fit = nullptr;   // fits KV now

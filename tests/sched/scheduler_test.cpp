@@ -71,6 +71,50 @@ TEST_F(SchedulerTest, CacheAwarePicksTheLongestSameHostPrefix) {
   EXPECT_EQ(s->decide(request("r2", 8 * kB + 10, 10, 8)).prefill_id, "P1");
 }
 
+// Drain (DESIGN.md §10 "Drain"): a draining instance is never placed on, prefill or decode, whatever the policy and
+// however good its prefix; it stays registered with its ledger and heartbeats, and with every instance of a role
+// draining the request is rejected as with none registered.
+TEST_F(SchedulerTest, DrainingInstancesAreNeverPlacedOn) {
+  for (const char* policy : {"kvcache", "cache_aware", "least_loaded", "random", "round_robin"}) {
+    SCOPED_TRACE(policy);
+    auto s = make(policy);
+    ASSERT_TRUE(s->register_instance(decode_info("D1", "h3", 1'000'000)).is_ok());
+    store(*s, "seg-h0", 6);  // the whole prefix on P0's host: every prefix-aware policy would pick P0
+    Decision before = s->decide(request("r0", 8 * kB, 10, 8));
+    ASSERT_TRUE(before.accepted) << before.reason;
+    ASSERT_TRUE(s->drain_instance("P0").is_ok());
+    ASSERT_TRUE(s->drain_instance("D0").is_ok());
+    ASSERT_TRUE(s->drain_instance("D0").is_ok());  // idempotent
+    for (int i = 0; i < 8; ++i) {
+      Decision d = s->decide(request("r" + std::to_string(i + 1), 8 * kB, 10, 8));
+      ASSERT_TRUE(d.accepted) << d.reason;
+      EXPECT_EQ(d.prefill_id, "P1");
+      EXPECT_EQ(d.decode_id, "D1");
+      s->commit(request("r" + std::to_string(i + 1), 8 * kB, 10, 8), d);
+    }
+    // Still registered: heartbeats accepted, the flag kept across a re-registration, shown in the status.
+    const Instance* p0 = s->cluster().find("P0");
+    ASSERT_NE(p0, nullptr);
+    EXPECT_TRUE(p0->draining);
+    EXPECT_TRUE(s->heartbeat("P0", LoadReport{}).is_ok());
+    ASSERT_TRUE(s->register_instance(prefill_info("P0", "h0")).is_ok());
+    EXPECT_TRUE(s->cluster().find("P0")->draining);
+    EXPECT_FALSE(placeable(*s->cluster().find("P0"), clock_.now_ns(), 3'000));
+    EXPECT_TRUE(placeable(*s->cluster().find("P1"), clock_.now_ns(), 3'000));
+    const nlohmann::json st = scheduler_status(*s, true);
+    bool shown = false;
+    for (const auto& i : st["instances"]) shown = shown || (i["id"] == "P0" && i["state"] == "draining");
+    EXPECT_TRUE(shown) << st["instances"].dump();
+    // Every instance of a role drains: rejected, naming the drain.
+    ASSERT_TRUE(s->drain_instance("P1").is_ok());
+    Decision none = s->decide(request("rx", 8 * kB, 10, 8));
+    EXPECT_FALSE(none.accepted);
+    EXPECT_EQ(none.reject_reason, RejectReason::kNoPrefillInstance);
+    EXPECT_NE(none.reason.find("drains"), std::string::npos) << none.reason;
+    EXPECT_EQ(s->drain_instance("nope").code(), Code::kNotFound);
+  }
+}
+
 TEST_F(SchedulerTest, KvCacheFetchesToAnIdleInstanceWhenTheHolderIsBusy) {
   auto s = make("kvcache");
   store(*s, "seg-h0", 10);

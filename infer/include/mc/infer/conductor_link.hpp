@@ -6,7 +6,7 @@
 // when a reply says the Conductor forgot this worker. Failures are logged and retried, never fatal once
 // registered: a worker keeps serving jobs sent to it directly. At start the daemons wait (wait_registered,
 // bounded by ConductorOptions::start_wait_ms) for the first registration and exit when it does not come.
-// stop() (or the destructor) ends the thread within ~100 ms.
+// stop() (or the destructor) ends the thread within ~100 ms. request_drain() sends conductor.drain at once.
 // Thread-safety: `load` is called on the heartbeat thread and must be safe to call concurrently with the worker.
 #pragma once
 
@@ -45,14 +45,22 @@ class ConductorHeartbeat {
   // Blocks until the first registration succeeded (ok at once without an endpoint); kUnavailable naming the
   // endpoint, the time waited and the last failure when it has not within timeout_ms.
   Status wait_registered(int64_t timeout_ms);
+  // Drain (DESIGN.md §10 "Drain"): sends conductor.drain at once (retried until answered, and again after every
+  // re-registration), so the Conductor places nothing new here; heartbeats go on. Never blocks.
+  void request_drain();
+  // Whether the Conductor answered the drain notice (true at once without an endpoint).
+  bool drain_acknowledged();
 
  private:
   void run();
   void set_state(bool registered, std::string last_error);
+  void set_drain_acknowledged();
   ConductorOptions options_;
   std::mutex state_mu_;
   std::condition_variable state_cv_;
   bool registered_once_ = false;
+  bool drain_acknowledged_ = false;
+  std::atomic<bool> drain_{false};
   std::string last_error_ = "no answer yet";
   proto::ConductorRegisterRequest registration_;
   std::function<proto::ConductorHeartbeatRequest()> load_;

@@ -53,7 +53,8 @@ struct DecodeDaemonConfig {
   size_t kv_max_connections = transfer::EngineOptions{}.max_connections_served;
   int64_t kv_idle_timeout_ms = transfer::EngineOptions{}.idle_timeout_served_ms;
   ConductorOptions conductor;
-  std::string metrics_listen;  // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
+  std::string metrics_listen;    // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
+  int64_t drain_timeout_s = 30;  // --drain-timeout-s: how long SIGTERM's drain lets held work finish
 };
 // The engine endpoint for DecodeDaemonConfig::kv_listen ("" for "none"); kInvalidArgument for a bad --listen.
 Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen);
@@ -69,7 +70,8 @@ struct PrefillDaemonConfig {
   bool kv_engine = true;  // write KV through the transfer engine when the decode instance publishes a segment
   bool allow_fault_injection = false;
   ConductorOptions conductor;
-  std::string metrics_listen;  // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
+  std::string metrics_listen;    // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
+  int64_t drain_timeout_s = 30;  // --drain-timeout-s: how long SIGTERM's drain lets held work finish
 };
 void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& config);
 Status run_prefill_daemon(const PrefillDaemonConfig& config);

@@ -141,6 +141,11 @@ class DecodeWorker {
 
   // True when nothing is running, joining or reserved.
   bool idle() const;
+  // Drain (serve_decode): from now on decode_reserve is refused (kUnavailable, "draining"); everything held goes on.
+  void refuse_reservations(const std::string& instance_id);
+  // The drain timeout: every reservation is dropped and every sequence stopped at the next step, each client told
+  // `why` (request_error); returns how many. Thread-safe.
+  int64_t end_all(const Status& why);
   KvBuffer& kv() { return *kv_; }
   metrics::Registry& metrics() { return metrics_; }
   const Backend& backend() const { return *backend_; }
@@ -175,6 +180,7 @@ class DecodeWorker {
   // Reservations cancelled before their commit -> until when (clock_ ns) their kv_commit is refused kCancelled.
   std::map<uint64_t, int64_t> cancelled_;
   double recent_step_ms_ = 0;
+  std::string refusing_as_;  // non-empty: draining, reservations refused (the instance id, for the message)
   std::deque<proto::DecodeStepSample> step_samples_;  // since the last take_step_samples(), bounded
   std::function<void(proto::ConductorJobReportRequest)> reporter_;
   std::string kv_segment_;        // set once by publish_kv_segment, before serving
@@ -188,7 +194,11 @@ class DecodeWorker {
 // (plus stat and worker_load) and steps the batch on its own thread until SIGTERM/SIGINT. With a conductor
 // endpoint it registers there and heartbeats its load (conductor_link.hpp). With `metrics_listen` ("ADDR:PORT",
 // --metrics-listen) it serves GET /metrics there (metrics_http.hpp) and the ready line says metrics=http://...
+// Drain (DESIGN.md §10 "Drain"): on the first SIGTERM/SIGINT it sends conductor.drain, refuses new decode_reserves
+// (kUnavailable, "draining"), keeps taking KV writes and commits for the reservations it holds and steps until
+// every sequence finished and every reservation was committed and finished, released, aborted or expired, then
+// returns ok. What is left after drain_timeout_s (or at a second signal) ends with request_error kUnavailable.
 Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor = {},
-                    const std::string& metrics_listen = {});
+                    const std::string& metrics_listen = {}, int64_t drain_timeout_s = 30);
 
 }  // namespace mc::infer

@@ -91,6 +91,9 @@ class PrefillWorker {
   // reservation with kCancelled (decode frees it and tells the client) and returns the kCancelled error its
   // prefill_job is answered with. Called on the job thread, like run_job.
   Status cancel_job(const proto::PrefillJobRequest& job);
+  // From now on a job fails with `why` (kUnavailable) before its compute or at its next layer, aborting its decode
+  // reservation as a failed job does (the drain timeout). Thread-safe.
+  void abort_jobs(const std::string& why);
 
   const Backend& backend() const { return *backend_; }
   KvBuffer& kv() { return *kv_; }
@@ -118,20 +121,28 @@ class PrefillWorker {
   KeyNamespace ns_;
   metrics::Registry metrics_;
   std::atomic<double> tokens_per_s_{0};
+  std::atomic<bool> abort_jobs_{false};
+  std::mutex abort_mu_;
+  std::string abort_why_;                             // guarded by abort_mu_
   std::unique_ptr<transfer::TransferEngine> engine_;  // initiator only (no segment served); null: kv_engine off
 };
 
 struct PrefillServeOptions {
   std::string endpoint = "tcp://127.0.0.1:0";
-  std::string gpu = "a800x8";  // for predicted_queue_ms of the sim backend
-  ConductorOptions conductor;  // register and heartbeat there when its endpoint is set
-  std::string metrics_listen;  // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
+  std::string gpu = "a800x8";    // for predicted_queue_ms of the sim backend
+  ConductorOptions conductor;    // register and heartbeat there when its endpoint is set
+  std::string metrics_listen;    // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
+  int64_t drain_timeout_s = 30;  // SIGTERM's drain: how long queued and running jobs may still take
 };
 
 // Runs a PrefillWorker as a daemon: binds the endpoint, announces "ready mc-prefill <endpoint> ...", queues
 // prefill_job requests (answered when done), answers worker_load and stat, until SIGTERM/SIGINT. prefill_cancel
 // drops a queued job of that request (its reservation aborted, its prefill_job answered kCancelled, counted in
 // mc_prefill_cancelled_total); a running job runs on (dropped = false).
+// Drain (DESIGN.md §10 "Drain"): on the first SIGTERM/SIGINT it sends conductor.drain, refuses new prefill_jobs
+// (kUnavailable, "draining"), finishes the queued and running jobs (their KV committed to decode, their replies
+// sent) and returns ok. Jobs not done within drain_timeout_s, or at a second signal, fail as a failed job does
+// (kUnavailable; decode_abort, so the client gets request_error): a running one at its next layer.
 Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options);
 
 }  // namespace mc::infer

@@ -16,6 +16,11 @@ namespace mc::daemon {
 void install_stop_signals();
 bool stop_requested();
 void request_stop();
+// Stop signals received (SIGTERM and SIGINT together). Daemons that drain on the first one (mc-prefill,
+// mc-decode: DESIGN.md §10 "Drain") stop draining and end what they hold at once on the second.
+int stop_signals();
+// True from the second stop signal on: the operator does not want to wait for a drain.
+inline bool stop_now_requested() { return stop_signals() >= 2; }
 
 // Prints the ready line on stdout and flushes it.
 void announce_ready(const std::string& service, const std::string& endpoint,

@@ -969,7 +969,8 @@ struct RequestError {
 //   mc-decode -> client     token_event, request_done / request_error   (worker section, to client_endpoint)
 //   workers   -> conductor  conductor.register once (again when a heartbeat reply says so),
 //                           conductor.heartbeat (load) every heartbeat_interval_ms,
-//                           conductor.job_report (optional: first_token / done / failed seen by mc-decode)
+//                           conductor.job_report (optional: first_token / done / failed seen by mc-decode),
+//                           conductor.drain on SIGTERM (again after every re-registration while it drains)
 
 // A request (DESIGN.md §3 step 1). The prompt is given by `tokens`; the Conductor keys its complete
 // blocks with its own key namespace (block_key.hpp) unless the client sends `block_hashes` (the seq
@@ -1101,6 +1102,26 @@ struct ConductorHeartbeatRequest {
   std::vector<DecodeStepSample> decode_step_samples;
   MSGPACK_DEFINE_MAP(instance_id, queued_prefill_tokens, queued_prefill_jobs, running_requests, kv_reserved_tokens,
                      context_tokens, decode_steps, decode_step_samples);
+};
+
+// A worker drains (SIGTERM; DESIGN.md §10 "Drain"): the Conductor places nothing new on it from now on but keeps it
+// registered (its heartbeats accepted, the requests it holds running to their end), and counts its exit as a drain
+// (mc_conductor_instances_drained_total), not a death. Requests it still holds when its process exits are settled as
+// for a death (re-dispatched or failed). Sent from the worker's own key (bound to the instance like heartbeats);
+// the flag is the Conductor's until the instance leaves, so a worker that re-registers (a Conductor restart) sends it
+// again. A separate message rather than a heartbeat field: it is sent at once, not at the next heartbeat, and its
+// answer tells the worker that no new placement will come.
+struct ConductorDrainReply {
+  bool registered = true;  // false: the Conductor does not know this instance (nothing will be placed on it anyway)
+  // Requests the Conductor still sees on the instance (dispatching, prefilling or decoding) when the notice arrived.
+  int64_t requests_held = 0;
+  MSGPACK_DEFINE_MAP(registered, requests_held);
+};
+struct ConductorDrainRequest {
+  static constexpr const char* kType = "conductor.drain";
+  using Reply = ConductorDrainReply;
+  std::string instance_id;
+  MSGPACK_DEFINE_MAP(instance_id);
 };
 
 inline constexpr const char* kPhaseFirstToken = "first_token";  // mc-decode sent the first token

@@ -79,7 +79,15 @@ struct Instance {
   std::deque<PrefillJob> prefill_queue;
   int64_t head_started_ns = 0;  // when the current head of prefill_queue started running
   std::vector<DecodeJob> decode_jobs;
+  // The worker announced a drain (SIGTERM, conductor.drain): registered and heard as before, its requests run to
+  // their end, but nothing new is placed on it (placeable() is false). Kept across a re-registration.
+  bool draining = false;
+  int64_t draining_since_ns = 0;
 };
+
+// Whether new requests may be placed on `inst` at now_ns: not draining, and heard within timeout_ms (a silent
+// instance is not eligible, field report #12). The one rule Scheduler::decide applies to prefill and decode alike.
+bool placeable(const Instance& inst, int64_t now_ns, int64_t timeout_ms);
 
 class ClusterState {
  public:
@@ -94,6 +102,9 @@ class ClusterState {
   Status register_instance(const InstanceInfo& info, int64_t now_ns);
   // Removes an instance and its ledger; kNotFound when unknown.
   Status remove_instance(const std::string& id);
+  // Marks an instance draining (DESIGN.md §10 "Drain"): nothing new is placed on it, everything else about it stays
+  // (ledger, heartbeats, liveness). Idempotent (the first time is kept). kNotFound for an unregistered id.
+  Status set_draining(const std::string& id, int64_t now_ns);
   // Records a heartbeat (and its load). kNotFound for an unregistered id: the worker must register.
   Status heartbeat(const std::string& id, const LoadReport& load, int64_t now_ns);
   // The most queue time (ms) that reported prefill work beyond the ledger (reported_excess) adds to

@@ -92,6 +92,9 @@ class Scheduler {
   // Returns their ids.
   std::vector<std::string> expire();
   Status remove_instance(const std::string& id);
+  // The instance drains (conductor.drain): decide() places nothing new on it from now on; it stays registered
+  // with its ledger (ClusterState::set_draining). kNotFound for an unregistered id.
+  Status drain_instance(const std::string& id);
   // A storage segment (KV-event backend) and its host: same-host pricing for instances there.
   void set_backend_host(const std::string& backend_id, const std::string& host);
 
