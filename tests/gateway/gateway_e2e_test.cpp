@@ -329,7 +329,9 @@ TEST(GatewayAbuse, MalformedHttpNeverCrashesTheGateway) {
   EXPECT_NE(r->body.find("Conductor"), std::string::npos) << r->body;
   std::ifstream st("/proc/" + std::to_string(gw.pid()) + "/status");
   for (std::string line; std::getline(st, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) EXPECT_LT(std::stoll(line.substr(6)), 512 * 1024) << line;  // kB
+    if (line.rfind("VmHWM:", 0) == 0) {
+      EXPECT_LT(std::stoll(line.substr(6)), 512 * 1024) << line;  // kB
+    }
   }
 }
 
