@@ -128,7 +128,7 @@ class HttpExporter::Impl {
         if (refresh_) refresh_();
         text = registry_->prometheus_text();
       }
-      res.set_content(std::move(text), kPrometheusTextContentType);
+      res.set_content(text, kPrometheusTextContentType);  // the library copies it (no std::string&& overload)
       scrapes_.fetch_add(1, std::memory_order_relaxed);
     });
     server_.set_error_handler([service = options_.service](const httplib::Request& req, httplib::Response& res) {
