@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages mc needs to build, test and benchmark (prometheus: the metrics e2e test's scraper).
+# Installs the Debian packages mc needs to build, test and benchmark (prometheus: the metrics e2e test's scraper; curl: the gateway's SSE framing test).
 # Idempotent: packages already installed are skipped; prints what it installs.
 # Needs root or sudo. Usage: tools/install-deps.sh [--with-bench]
 set -euo pipefail
@@ -10,12 +10,17 @@ packages=(
   libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  iproute2 man-db groff-base jq
+  iproute2 man-db groff-base jq curl
   prometheus
   clang-format clang-tidy
 )
+# Node (the official openai npm client of gateway_e2e_test, tests/clients/): Debian's nodejs and npm, unless a node
+# is already on PATH (another distribution's nodejs bundles its own npm, which Debian's npm would conflict with).
+if ! command -v node >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
 if [[ "${1:-}" == "--with-bench" ]]; then
-  packages+=(redis-server redis-tools)
+  packages+=(redis-server redis-tools hey)
 fi
 
 missing=()
