@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages mc needs to build, test and benchmark (prometheus: the metrics e2e test's scraper; curl: the gateway's SSE framing test).
+# Installs the Debian packages mc needs to build, test and benchmark (prometheus: the metrics e2e test's scraper;
+# curl and hey: the gateway's SSE framing test and its bounded load run).
 # Idempotent: packages already installed are skipped; prints what it installs.
 # Needs root or sudo. Usage: tools/install-deps.sh [--with-bench]
 set -euo pipefail
@@ -10,7 +11,7 @@ packages=(
   libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  iproute2 man-db groff-base jq curl
+  iproute2 man-db groff-base jq curl hey
   prometheus
   clang-format clang-tidy
 )
@@ -20,7 +21,7 @@ if ! command -v node >/dev/null 2>&1; then
   packages+=(nodejs npm)
 fi
 if [[ "${1:-}" == "--with-bench" ]]; then
-  packages+=(redis-server redis-tools hey)
+  packages+=(redis-server redis-tools)
 fi
 
 missing=()

@@ -20,7 +20,7 @@ CONCURRENCY=${CONCURRENCY:-64}
 TIME_SCALE=${TIME_SCALE:-1000}
 MODEL=${MODEL:-tiny}
 here="$(cd "$(dirname "$0")" && pwd)"
-command -v hey >/dev/null || { echo "gateway_bench: needs hey (apt-get install hey)" >&2; exit 1; }
+command -v hey >/dev/null || { echo "gateway_bench: needs hey (tools/install-deps.sh installs it)" >&2; exit 1; }
 [[ -x "$BUILD/bench/http_fixed_server" ]] || { echo "gateway_bench: build $BUILD first (http_fixed_server)" >&2; exit 1; }
 source "$here/bench_lib.sh"
 
