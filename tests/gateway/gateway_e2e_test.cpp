@@ -43,6 +43,16 @@ class GatewayE2E : public testkit::LocalClusterFixture {
     port_ = std::stoi(hostport.substr(hostport.rfind(':') + 1));
   }
 
+  // /health answers 200 (the Conductor answers and has a live prefill and decode instance) within 30 s.
+  bool healthy() {
+    return wait_until(
+        [&] {
+          auto r = client().Get("/health");
+          return r && r->status == 200;
+        },
+        30'000, 100);
+  }
+
   httplib::Client client() {
     httplib::Client c(host_, port_);
     c.set_read_timeout(60, 0);
@@ -76,13 +86,7 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
   start("20", "--max-body-bytes 64KiB --max-prompt-tokens 4000");
   if (IsSkipped() || HasFatalFailure()) return;
   // /health: the Conductor answers and has a live prefill and decode instance.
-  ASSERT_TRUE(wait_until(
-      [&] {
-        auto r = client().Get("/health");
-        return r && r->status == 200;
-      },
-      30'000, 100))
-      << "gateway /health never 200";
+  ASSERT_TRUE(healthy()) << "gateway /health never 200";
   // Early rejection, before any request refits the Conductor's prefill model: a TTFT SLO no instance can meet is a
   // 429 with Retry-After, its message the predicted TTFT.
   auto rej = post("/v1/completions",
@@ -205,12 +209,7 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
 TEST_F(GatewayE2E, AClientThatDisconnectsMidStreamFreesItsKvOnDecode) {
   start("1", "--heartbeat-ms 100");
   if (IsSkipped() || HasFatalFailure()) return;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        auto r = client().Get("/health");
-        return r && r->status == 200;
-      },
-      30'000, 100));
+  ASSERT_TRUE(healthy());
   // A long answer (4,000 decode steps of the modelled LLaMA3-70B: minutes), abandoned after its first tokens.
   const json body = {{"model", "llama3-70b"},
                      {"prompt", "a long story, please"},
@@ -247,12 +246,7 @@ TEST_F(GatewayE2E, TheOfficialOpenAiNodeClient) {
   if (ci.exit_code != 0) GTEST_SKIP() << "npm ci in tests/clients failed (no npm, or the npm registry is unreachable)";
   start("1", "--heartbeat-ms 100");
   if (IsSkipped() || HasFatalFailure()) return;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        auto r = client().Get("/health");
-        return r && r->status == 200;
-      },
-      30'000, 100));
+  ASSERT_TRUE(healthy());
   auto scenario = [&](const std::string& name) {
     const testkit::RunResult r = testkit::run({"node", dir + "/openai_client.mjs", url_, "llama3-70b", name}, 120'000);
     EXPECT_EQ(r.exit_code, 0) << name << ": " << r.out;
