@@ -351,7 +351,9 @@ int AsyncClient::run_ready() {
   return ran;
 }
 
-int AsyncClient::poll(int timeout_ms) {
+int AsyncClient::poll(int timeout_ms) { return poll_with({}, timeout_ms); }
+
+int AsyncClient::poll_with(std::span<zmq::pollitem_t> extra, int timeout_ms) {
   if (!ready_.empty()) timeout_ms = 0;
   if (timeout_ms > 0 && !deadlines_.empty()) {
     const int64_t to_deadline_ms = (deadlines_.begin()->first - now_ns()) / 1'000'000 + 1;
@@ -359,11 +361,16 @@ int AsyncClient::poll(int timeout_ms) {
   }
   std::vector<zmq::pollitem_t> items;
   std::vector<std::string> names;
-  items.reserve(peers_.size());
+  items.reserve(peers_.size() + extra.size());
   names.reserve(peers_.size());
   for (auto& [endpoint, peer] : peers_) {
     items.push_back({peer->socket.handle(), 0, ZMQ_POLLIN, 0});
     names.push_back(endpoint);
+  }
+  const size_t own = items.size();
+  for (zmq::pollitem_t& item : extra) {
+    item.revents = 0;
+    items.push_back(item);
   }
   try {
     if (!items.empty()) {
@@ -374,7 +381,8 @@ int AsyncClient::poll(int timeout_ms) {
   } catch (const zmq::error_t& e) {
     if (e.num() != EINTR) MC_LOG_WARN << "polling RPC replies failed: " << e.what();
   }
-  for (size_t i = 0; i < items.size(); ++i) {
+  for (size_t i = 0; i < extra.size(); ++i) extra[i].revents = items[own + i].revents;
+  for (size_t i = 0; i < own; ++i) {
     if (!(items[i].revents & ZMQ_POLLIN)) continue;
     auto it = peers_.find(names[i]);
     if (it != peers_.end()) read_replies(names[i], *it->second);

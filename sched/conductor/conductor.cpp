@@ -240,11 +240,19 @@ class Conductor {
   Status loop() {
     int64_t last_expire_ns = 0, last_hosts_ns = RealClock::instance().now_ns(), last_pass_ns = last_hosts_ns;
     while (!daemon::stop_requested()) {
-      MC_RETURN_IF_ERROR(server_->poll_once(2));
-      for (int i = 0; i < 64; ++i) MC_RETURN_IF_ERROR(server_->poll_once(0));
-      calls_.poll(0);
+      // One wait for everything this thread serves: requests and heartbeats on the server socket, replies to the
+      // Conductor's own calls (their callbacks run inside poll_with), KV events. It wakes at the first message on
+      // any of them, or after kLoopWaitMs for the timed work below (no spinning: an idle Conductor wakes 100 times
+      // a second, and a reply is handled as soon as it arrives instead of at the next 2 ms tick).
+      poll_items_.clear();
+      poll_items_.push_back({server_->socket().handle(), 0, ZMQ_POLLIN, 0});
+      for (auto& [ep, sub] : subs_) poll_items_.push_back({sub->socket().handle(), 0, ZMQ_POLLIN, 0});
+      calls_.poll_with(poll_items_, kLoopWaitMs);
+      if (poll_items_[0].revents & ZMQ_POLLIN) MC_RETURN_IF_ERROR(server_->poll_once(0));
       for (const std::string& endpoint : calls_.take_disconnected()) on_connection_lost(endpoint);
-      drain_events();
+      bool events_ready = false;
+      for (size_t i = 1; i < poll_items_.size(); ++i) events_ready |= (poll_items_[i].revents & ZMQ_POLLIN) != 0;
+      if (events_ready) drain_events();
       const int64_t now = RealClock::instance().now_ns();
       // A pass of this loop takes a few ms. A longer gap means the Conductor itself did not run (descheduled on
       // a loaded host, or blocked in a store-master resync): the heartbeats waiting in its socket are not late,
@@ -1421,6 +1429,8 @@ class Conductor {
   }
 
   static constexpr int64_t kLoopStallNs = 250'000'000;
+  static constexpr int kLoopWaitMs = 10;  // the longest wait of one loop pass with nothing arriving
+  std::vector<zmq::pollitem_t> poll_items_;  // the loop's wait set (server, KV event subscriptions)
 
   ConductorOptions options_;
   std::unique_ptr<Scheduler> sched_;

@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -242,6 +243,10 @@ class AsyncClient {
   // fails the calls past their deadline, and runs the callbacks of every completed call. Returns how many
   // callbacks ran. Never fails: socket errors fail the calls of that endpoint.
   int poll(int timeout_ms = 0);
+  // poll(), waiting in the same zmq_poll also on the caller's `extra` sockets (their revents are set on return), so
+  // that one thread serving an RpcServer, calls in flight and event subscriptions sleeps in one place and wakes at
+  // the first message on any of them (the Conductor's loop). The wait ends early when a call's deadline comes.
+  int poll_with(std::span<zmq::pollitem_t> extra, int timeout_ms);
 
   // The next pushed message (id 0) from `endpoint`, waiting up to timeout_ms; nullopt when none came.
   std::optional<Envelope> recv_push(const std::string& endpoint, int timeout_ms);
@@ -414,6 +419,8 @@ class EventSubscriber {
   static Result<std::unique_ptr<EventSubscriber>> connect(const std::string& endpoint, std::string topic = "kv");
   // Next event within timeout_ms, nullopt on timeout; a malformed event is an error (caller may go on).
   Result<std::optional<proto::KvEvent>> next(int timeout_ms);
+  // The SUB socket, for a caller's own zmq_poll (AsyncClient::poll_with); read it only through next().
+  zmq::socket_t& socket() { return socket_; }
 
  private:
   EventSubscriber() = default;
