@@ -198,6 +198,7 @@ constexpr Rule kRules[] = {
     {"store.unmount", kStorage},  // a node its own segments; admin any
     {"store.node_heartbeat", kStorage},
     {"store.node_report", kStorage},
+    {"store.node_drain", kStorage},
     {"store.client_heartbeat", kPoolUsers},
     {"store.put_start", kPoolUsers},
     {"store.put_end", kPoolUsers},

@@ -118,7 +118,8 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
                       {"evictions", g.evictions},
                       {"demotions", g.demotions},
                       {"suspect", g.suspect},
-                      {"read_only", g.read_only}});
+                      {"read_only", g.read_only},
+                      {"draining", g.draining}});
     }
     nlohmann::json j{{"segments", segs},
                      {"objects", s.objects},
@@ -145,14 +146,18 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
                      {"returned_nodes", s.returned_nodes},
                      {"reported_replicas", s.reported_replicas},
                      {"refused_reports", s.refused_reports},
-                     {"ssd_failures", s.ssd_failures}};
+                     {"ssd_failures", s.ssd_failures},
+                     {"nodes_drained", s.nodes_drained},
+                     {"drain_moved_objects", s.drain_moved_objects},
+                     {"drain_moved_bytes", s.drain_moved_bytes},
+                     {"drain_dropped_objects", s.drain_dropped_objects}};
     out << j.dump() << '\n';
     return Status::ok();
   }
   std::vector<std::vector<std::string>> rows = {{"segment", "medium", "domain", "capacity(MiB)", "used(MiB)", "objects",
                                                  "leased", "hits", "evictions", "demotions", "frag", "state"}};
   for (const auto& g : s.segments) {
-    const std::string state = g.suspect ? "suspect" : g.read_only ? "read-only" : "ok";
+    const std::string state = g.suspect ? "suspect" : g.draining ? "draining" : g.read_only ? "read-only" : "ok";
     rows.push_back({g.segment, g.medium, g.domain, mib(g.capacity_bytes), mib(g.used_bytes), std::to_string(g.objects),
                     std::to_string(g.leased_objects), std::to_string(g.hits), std::to_string(g.evictions),
                     std::to_string(g.demotions), report::fixed(g.fragmentation, 2), state});
@@ -166,6 +171,8 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
   out << "faults: corrupt replicas " << s.corrupt_replicas << ", suspect nodes " << s.suspect_nodes
       << ", returned nodes " << s.returned_nodes << ", reported replicas " << s.reported_replicas
       << ", refused reports " << s.refused_reports << ", SSD failures " << s.ssd_failures << "\n";
+  out << "drains: nodes drained " << s.nodes_drained << ", moved objects " << s.drain_moved_objects << " ("
+      << s.drain_moved_bytes << " bytes), dropped objects " << s.drain_dropped_objects << "\n";
   return Status::ok();
 }
 

@@ -26,4 +26,9 @@ inline proto::StoreDemoteTask to_wire(const DemoteTask& t) {
                                 t.dst_segment, t.dst_offset, t.size_bytes,  t.checksum};
 }
 
+inline proto::StoreDrainTask to_wire(const DrainTask& t) {
+  return proto::StoreDrainTask{t.key,      t.src_segment, t.src_offset,     t.size_bytes,
+                               t.checksum, t.put_id,      to_wire(t.target)};
+}
+
 }  // namespace mc::store

@@ -166,6 +166,19 @@ Status MasterCore::mount_segment(const SegmentInfo& info, bool restore) {
     known->second.journal.clear();
     known->second.suspect = known->second.reporting = false;
   }
+  if (known != nodes_.end() && known->second.draining) {
+    // A draining node that mounts again was restarted (or gave up its drain): it serves as a normal node.
+    MC_LOG_INFO << "draining node " << info.node_id << " mounts " << info.name << " again: its drain ends";
+    Node& n = known->second;
+    n.draining = false;
+    n.drain_queue.clear();
+    n.drain_inflight.clear();
+    n.drain_skip.clear();
+    for (const std::string& name : n.segments) {
+      auto s = segments_.find(name);
+      if (s != segments_.end()) s->second.draining = false;
+    }
+  }
   Segment seg;
   seg.info = info;
   seg.alloc = std::make_unique<OffsetAllocator>(info.capacity_bytes, config_.alignment_bytes);
@@ -185,18 +198,32 @@ Status MasterCore::unmount_segment(const std::string& node_id, const std::string
   if (it == segments_.end() || it->second.info.node_id != node_id) {
     return Status(Code::kNotFound, "unmount: node '" + node_id + "' has no segment '" + segment + "'");
   }
-  drop_segment(segment);
+  const uint64_t lost = drop_segment(segment);
   auto node = nodes_.find(node_id);
   if (node != nodes_.end()) {
-    auto& segs = node->second.segments;
+    Node& n = node->second;
+    if (n.draining) {
+      // What a drain could not move (timeout, failed copies) leaves with the segment: counted as dropped.
+      n.drain_dropped += lost;
+      counters_.drain_dropped_objects += lost;
+    }
+    auto& segs = n.segments;
     segs.erase(std::remove(segs.begin(), segs.end(), segment), segs.end());
-    if (segs.empty()) nodes_.erase(node);
+    if (segs.empty()) {
+      if (n.draining) {
+        ++counters_.nodes_drained;
+        MC_LOG_INFO << "storage node " << node_id << " drained and left: " << n.drain_moved << " objects moved, "
+                    << n.drain_dropped << " dropped";
+      }
+      nodes_.erase(node);
+    }
   }
   return Status::ok();
 }
 
-void MasterCore::drop_segment(const std::string& segment) {
+uint64_t MasterCore::drop_segment(const std::string& segment) {
   // Every replica on the segment leaves the metadata; objects left with no complete replica go too.
+  uint64_t lost = 0;
   for (auto it = objects_.begin(); it != objects_.end();) {
     Object& obj = it->second;
     auto& reps = obj.replicas;
@@ -220,6 +247,7 @@ void MasterCore::drop_segment(const std::string& segment) {
       if (obj.complete && !any_complete) {
         for (const Replica& r : reps) release_replica(r, obj.size_bytes, true);
         it = objects_.erase(it);
+        ++lost;
         continue;
       }
       if (!obj.complete && reps.empty()) {
@@ -260,6 +288,7 @@ void MasterCore::drop_segment(const std::string& segment) {
     }
     segments_.erase(seg);
   }
+  return lost;
 }
 
 void MasterCore::drop_node(const std::string& node_id) {
@@ -498,6 +527,172 @@ Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, boo
   return Status::ok();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Drain
+// ---------------------------------------------------------------------------------------------
+
+bool MasterCore::only_on_node(const Object& obj, const std::string& node_id) const {
+  if (!obj.complete) return false;
+  bool any = false;
+  for (const Replica& r : obj.replicas) {
+    if (!r.complete) continue;
+    auto seg = segments_.find(r.segment);
+    if (seg == segments_.end() || seg->second.info.node_id != node_id) return false;
+    any = true;
+  }
+  return any;
+}
+
+Result<DrainPage> MasterCore::drain_node(const std::string& node_id, size_t max_tasks, bool final) {
+  auto node_it = nodes_.find(node_id);
+  if (node_it == nodes_.end()) {
+    return Status(
+        Code::kNotFound,
+        "drain: node '" + node_id + "' is not known to the master (declared dead or never mounted): nothing to move");
+  }
+  Node& n = node_it->second;
+  if (!n.draining) {
+    n.draining = true;
+    for (const std::string& name : n.segments) {
+      auto s = segments_.find(name);
+      if (s != segments_.end()) s->second.draining = true;
+    }
+    MC_LOG_INFO << "storage node " << node_id << " drains: its segments take no new replicas; objects only there "
+                << "are copied to other nodes";
+  }
+  // Copies that vanished meanwhile (abandoned after put_takeover_ms, their target node gone) are not retried.
+  for (auto c = n.drain_inflight.begin(); c != n.drain_inflight.end();) {
+    auto it = objects_.find(c->second.key);
+    const bool alive = it != objects_.end() &&
+                       std::any_of(it->second.replicas.begin(), it->second.replicas.end(), [&](const Replica& r) {
+                         return r.put_id == c->first && !r.complete && r.drain_node == node_id;
+                       });
+    if (alive) {
+      ++c;
+    } else {
+      n.drain_skip.insert(c->second.key);
+      c = n.drain_inflight.erase(c);
+    }
+  }
+  DrainPage page;
+  const auto pending = [&](const std::string& key, const Object& obj) {
+    if (n.drain_skip.count(key) || !only_on_node(obj, node_id)) return false;
+    return std::none_of(obj.replicas.begin(), obj.replicas.end(),
+                        [&](const Replica& r) { return !r.complete && r.drain_node == node_id; });
+  };
+  if (final) {
+    for (const auto& [key, obj] : objects_) page.remaining_objects += only_on_node(obj, node_id) ? 1 : 0;
+    page.moved_objects = n.drain_moved;
+    page.dropped_objects = n.drain_dropped;
+    return page;
+  }
+  // The queue is refilled only when everything handed out was reported: objects completed on the node
+  // meanwhile (puts started before the drain) are found by that next look.
+  if (n.drain_queue.empty() && n.drain_inflight.empty()) {
+    for (const auto& [key, obj] : objects_) {
+      if (pending(key, obj)) n.drain_queue.push_back(key);
+    }
+  }
+  const int64_t now = clock_->now_ns();
+  uint64_t no_room = 0;
+  std::string no_room_key;
+  while (!n.drain_queue.empty() && page.tasks.size() < max_tasks) {
+    const std::string key = std::move(n.drain_queue.front());
+    n.drain_queue.pop_front();
+    auto it = objects_.find(key);
+    if (it == objects_.end() || !pending(key, it->second)) continue;
+    Object& obj = it->second;
+    // The source: the node's DRAM replica (its memory), else its SSD one (its file).
+    const Replica* src = nullptr;
+    for (const Replica& r : obj.replicas) {
+      if (!r.complete) continue;
+      if (src == nullptr || segments_.at(r.segment).info.medium == Medium::kCpu) src = &r;
+      if (segments_.at(src->segment).info.medium == Medium::kCpu) break;
+    }
+    const std::string src_segment = src->segment;
+    const uint64_t src_offset = src->offset;
+    Replica* copy = add_copy(key, obj, "", "", false, now);
+    if (copy == nullptr) {
+      make_room(obj.size_bytes);  // as put_start: evict in the fullest DRAM segments, then try again
+      copy = add_copy(key, obj, "", "", false, now);
+    }
+    if (copy == nullptr) {
+      if (no_room++ == 0) no_room_key = key + "' (" + std::to_string(obj.size_bytes) + " bytes";
+      ++n.drain_dropped;
+      ++counters_.drain_dropped_objects;
+      discard_object(it, true, false);
+      continue;
+    }
+    copy->drain_node = node_id;
+    DrainTask t;
+    t.key = key;
+    t.src_segment = src_segment;
+    t.src_offset = src_offset;
+    t.size_bytes = obj.size_bytes;
+    t.checksum = obj.checksum;
+    t.target = view(*copy, obj.size_bytes);
+    t.put_id = copy->put_id;
+    n.drain_inflight[t.put_id] = {key, src_segment, src_offset};
+    page.tasks.push_back(std::move(t));
+  }
+  if (no_room > 0) {  // one line per page, not one per object (the last node of a pool drops everything)
+    MC_LOG_WARN << "drain of node " << node_id << ": " << no_room << " objects fit on no other node and were dropped"
+                << " (the first: '" << no_room_key << "); add nodes or room before scaling down";
+  }
+  page.more = !n.drain_queue.empty() || !n.drain_inflight.empty();
+  page.moved_objects = n.drain_moved;
+  page.dropped_objects = n.drain_dropped;
+  return page;
+}
+
+Status MasterCore::drain_done(const std::string& node_id, const std::string& key, uint64_t put_id, bool ok, Code code,
+                              const std::string& message) {
+  MC_RETURN_IF_ERROR(validate_key(key).with_context("drain_done of node '" + node_id + "'"));
+  auto node_it = nodes_.find(node_id);
+  const auto not_found = [&] {
+    return Status(Code::kNotFound, "drain copy " + std::to_string(put_id) + " of '" + key + "' by node '" + node_id +
+                                       "' is not in flight (abandoned, or its target node is gone)");
+  };
+  if (node_it == nodes_.end()) return not_found();
+  Node& n = node_it->second;
+  auto c = n.drain_inflight.find(put_id);
+  if (c == n.drain_inflight.end() || c->second.key != key) return not_found();
+  const Node::DrainCopy copy = c->second;
+  n.drain_inflight.erase(c);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return not_found();
+  Object& obj = it->second;
+  auto r = std::find_if(obj.replicas.begin(), obj.replicas.end(),
+                        [&](const Replica& x) { return x.put_id == put_id && !x.complete && x.drain_node == node_id; });
+  if (r == obj.replicas.end()) return not_found();
+  finish_copy(key, obj, r, ok);
+  if (ok) {
+    ++n.drain_moved;
+    ++counters_.drain_moved_objects;
+    counters_.drain_moved_bytes += obj.size_bytes;
+    return Status::ok();
+  }
+  n.drain_skip.insert(key);
+  if (code == Code::kDataLoss) {
+    for (size_t i = 0; i < obj.replicas.size(); ++i) {
+      const Replica& x = obj.replicas[i];
+      if (x.segment != copy.src_segment || x.offset != copy.src_offset || !x.complete) continue;
+      MC_LOG_WARN << "replica of '" << key << "' on " << x.segment << " failed its checksum before its drain copy: "
+                  << "dropped";
+      ++counters_.corrupt_replicas;
+      if (drop_replica(it, i)) {
+        ++n.drain_dropped;
+        ++counters_.drain_dropped_objects;
+      }
+      break;
+    }
+  } else {
+    MC_LOG_WARN << "drain copy of '" << key << "' from node " << node_id << " failed (" << message
+                << "): abandoned; the object leaves with the node unless it has another replica";
+  }
+  return Status::ok();
+}
+
 void MasterCore::client_heartbeat(const std::string& client_id) { touch_client(client_id); }
 
 // ---------------------------------------------------------------------------------------------
@@ -558,7 +753,8 @@ std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, 
     }
   }
   auto fits = [&](const Segment& s) {
-    return s.info.medium == Medium::kCpu && !s.offline && s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes);
+    return s.info.medium == Medium::kCpu && !s.offline && !s.draining &&
+           s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes);
   };
   auto take = [&](const std::string& name) {
     const Segment& s = segments_.at(name);
@@ -599,7 +795,7 @@ std::string MasterCore::find_disk_segment(const std::string& node_id, uint64_t s
   if (node == nodes_.end()) return "";
   for (const std::string& name : node->second.segments) {
     const Segment& s = segments_.at(name);
-    if (s.info.medium == Medium::kDisk && !s.read_only && !s.offline &&
+    if (s.info.medium == Medium::kDisk && !s.read_only && !s.offline && !s.draining &&
         s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes)) {
       return name;
     }
@@ -609,7 +805,8 @@ std::string MasterCore::find_disk_segment(const std::string& node_id, uint64_t s
 
 uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_bytes, uint64_t need_contiguous_bytes) {
   auto seg_it = segments_.find(segment);
-  if (seg_it == segments_.end() || seg_it->second.offline) return 0;  // a suspect node's replicas are kept
+  // A suspect node's replicas are kept; a draining node's are moved, not evicted.
+  if (seg_it == segments_.end() || seg_it->second.offline || seg_it->second.draining) return 0;
   Segment& seg = seg_it->second;
   // Bytes already on their way out (demotions in flight) count as gone.
   uint64_t leaving = 0;
@@ -745,13 +942,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
   std::vector<std::string> segs = place(size_bytes, want, options.preferred_segment, {}, caller.host);
   if (segs.empty()) {
     // Make room in the fullest DRAM segments, then try again.
-    for (auto& [name, seg] : segments_) {
-      if (seg.info.medium != Medium::kCpu) continue;
-      uint64_t need = seg.alloc->rounded(size_bytes);
-      uint64_t target = seg.alloc->capacity_bytes() > need ? seg.alloc->capacity_bytes() - need : 0;
-      target = std::min<uint64_t>(target, static_cast<uint64_t>(config_.low_watermark * seg.alloc->capacity_bytes()));
-      evict(name, target, need);
-    }
+    make_room(size_bytes);
     segs = place(size_bytes, want, options.preferred_segment, {}, caller.host);
   }
   if (segs.empty()) {
@@ -808,6 +999,16 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
     }
   }
   return grant;
+}
+
+void MasterCore::make_room(uint64_t size_bytes) {
+  for (auto& [name, seg] : segments_) {
+    if (seg.info.medium != Medium::kCpu || seg.draining) continue;
+    uint64_t need = seg.alloc->rounded(size_bytes);
+    uint64_t target = seg.alloc->capacity_bytes() > need ? seg.alloc->capacity_bytes() - need : 0;
+    target = std::min<uint64_t>(target, static_cast<uint64_t>(config_.low_watermark * seg.alloc->capacity_bytes()));
+    evict(name, target, need);
+  }
 }
 
 Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_t put_id, uint64_t checksum) {
@@ -912,27 +1113,46 @@ bool MasterCore::has_replica_on_host(const Object& obj, const std::string& host)
 bool MasterCore::grant_copy(const std::string& key, Object& obj, const Caller& caller, bool require_near_host,
                             int64_t now_ns, ReadGrant& grant) {
   if (obj.replicas.size() >= config_.max_replicas) return false;
+  Replica* r = add_copy(key, obj, caller.client_id, caller.host, require_near_host, now_ns);
+  if (r == nullptr) return false;
+  grant.replicate_to = view(*r, obj.size_bytes);
+  grant.replicate_put_id = r->put_id;
+  return true;
+}
+
+MasterCore::Replica* MasterCore::add_copy(const std::string& key, Object& obj, const std::string& writer,
+                                          const std::string& near_host, bool require_near_host, int64_t now_ns) {
   std::vector<std::string> holders;
   for (const Replica& r : obj.replicas) holders.push_back(segments_.at(r.segment).info.node_id);
-  std::vector<std::string> segs = place(obj.size_bytes, 1, "", holders, caller.host, require_near_host);
-  if (segs.empty()) return false;
+  std::vector<std::string> segs = place(obj.size_bytes, 1, "", holders, near_host, require_near_host);
+  if (segs.empty()) return nullptr;
   Segment& seg = segments_.at(segs.front());
-  if (require_near_host && seg.info.host != caller.host) return false;
+  if (require_near_host && seg.info.host != near_host) return nullptr;
   Result<uint64_t> off = seg.alloc->allocate(obj.size_bytes);
-  if (!off.is_ok()) return false;  // cannot happen: place() checked the largest free range
+  if (!off.is_ok()) return nullptr;  // cannot happen: place() checked the largest free range
   ++seg.replicas;
   Replica r;
   r.segment = segs.front();
   r.offset = off.value();
   r.put_id = next_put_id_++;
-  r.writer = caller.client_id;
+  r.writer = writer;
   r.started_ns = now_ns;
   r.grant_until_ns = grant_hold_until(now_ns, config_.put_takeover_ms);
   obj.replicas.push_back(r);
   unfinished_.insert(key);  // tick() reclaims the copy if its writer never finishes it
-  grant.replicate_to = view(r, obj.size_bytes);
-  grant.replicate_put_id = r.put_id;
-  return true;
+  return &obj.replicas.back();
+}
+
+void MasterCore::finish_copy(const std::string& key, Object& obj, std::vector<Replica>::iterator r, bool ok) {
+  if (ok) {
+    r->complete = true;
+    r->drain_node.clear();
+    journal(r->segment, r->offset, true, key, &obj);
+    emit(proto::kKvEventStored, key, r->segment);
+  } else {
+    release_replica(*r, obj.size_bytes, true);  // the copier may still be writing: freed free_delay_ms later
+    obj.replicas.erase(r);
+  }
 }
 
 Result<uint32_t> MasterCore::replicate_near(const std::vector<std::string>& keys, const std::string& host) {
@@ -959,15 +1179,8 @@ Status MasterCore::replica_end(const Caller& caller, const std::string& key, uin
   if (it != objects_.end()) {
     Object& obj = it->second;
     for (auto r = obj.replicas.begin(); r != obj.replicas.end(); ++r) {
-      if (r->put_id != put_id || r->complete || r->demote_task || !obj.complete) continue;
-      if (ok) {
-        r->complete = true;
-        journal(r->segment, r->offset, true, key, &obj);
-        emit(proto::kKvEventStored, key, r->segment);
-      } else {
-        release_replica(*r, obj.size_bytes, true);
-        obj.replicas.erase(r);
-      }
+      if (r->put_id != put_id || r->complete || r->demote_task || !r->drain_node.empty() || !obj.complete) continue;
+      finish_copy(key, obj, r, ok);
       return Status::ok();
     }
   }
@@ -1097,6 +1310,7 @@ MasterStats MasterCore::stat(bool scan_objects) const {
     st.fragmentation = seg.alloc->fragmentation();
     st.suspect = seg.offline;
     st.read_only = seg.read_only;
+    st.draining = seg.draining;
     s.segments.push_back(std::move(st));
   }
   for (const PendingFree& p : pending_frees_) s.pending_free_bytes += p.size_bytes;

@@ -69,6 +69,16 @@ struct MasterServer::Impl {
         .set(static_cast<double>(s.suspect_nodes));
     registry.gauge("mc_store_ssd_failures_total", "SSD segments made read-only by ENOSPC/EIO")
         .set(static_cast<double>(s.ssd_failures));
+    registry.gauge("mc_store_dead_nodes_total", "storage nodes declared dead (missed heartbeats)")
+        .set(static_cast<double>(s.dead_nodes));
+    registry.gauge("mc_store_nodes_drained_total", "storage nodes that drained and unmounted")
+        .set(static_cast<double>(s.nodes_drained));
+    registry.gauge("mc_store_drain_moved_objects_total", "objects copied off draining nodes")
+        .set(static_cast<double>(s.drain_moved_objects));
+    registry.gauge("mc_store_drain_moved_bytes_total", "bytes copied off draining nodes")
+        .set(static_cast<double>(s.drain_moved_bytes));
+    registry.gauge("mc_store_drain_dropped_objects_total", "objects lost by drains (no room, corrupt, timeout)")
+        .set(static_cast<double>(s.drain_dropped_objects));
     uint64_t cap = 0, used = 0;
     for (const auto& seg : s.segments) {
       cap += seg.info.capacity_bytes;
@@ -449,6 +459,7 @@ void MasterServer::Impl::register_handlers() {
             w.demotions = g.demotions;
             w.suspect = g.suspect;
             w.read_only = g.read_only;
+            w.draining = g.draining;
             r.segments.push_back(std::move(w));
           }
         }
@@ -476,6 +487,10 @@ void MasterServer::Impl::register_handlers() {
         r.reported_replicas = s.reported_replicas;
         r.refused_reports = s.refused_reports;
         r.ssd_failures = s.ssd_failures;
+        r.nodes_drained = s.nodes_drained;
+        r.drain_moved_objects = s.drain_moved_objects;
+        r.drain_moved_bytes = s.drain_moved_bytes;
+        r.drain_dropped_objects = s.drain_dropped_objects;
         r.last_event_id = events ? events->last_event_id() : 0;
         r.events_incarnation = events ? events->incarnation() : 0;
         return r;
@@ -510,6 +525,32 @@ void MasterServer::Impl::register_handlers() {
         MC_ASSIGN_OR_RETURN(StoreNodeReportReply reply,
                             core.node_report(req.node_id, req.segment, req.objects, req.first, req.last));
         publish_events();
+        return reply;
+      });
+  server->handle<StoreNodeDrainRequest>(
+      [this](const StoreNodeDrainRequest& req, const rpc::CallContext& ctx) -> Result<StoreNodeDrainReply> {
+        MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
+        MC_RETURN_IF_ERROR(check_batch(req.done.size(), "node_drain done"));
+        for (const StoreDrainResult& d : req.done) {
+          const std::string message = d.message.substr(0, kStoreMaxDrainMessageBytes);
+          Status s = core.drain_done(req.node_id, d.key, d.put_id, d.ok, static_cast<Code>(d.code), message);
+          if (!s.is_ok()) MC_LOG_DEBUG << "node_drain of " << req.node_id << ": " << s.to_string();
+        }
+        MC_ASSIGN_OR_RETURN(DrainPage page, core.drain_node(req.node_id, kStoreMaxDrainTasks, req.final));
+        publish_events();
+        StoreNodeDrainReply reply;
+        reply.more = page.more;
+        reply.moved_objects = page.moved_objects;
+        reply.dropped_objects = page.dropped_objects;
+        reply.remaining_objects = page.remaining_objects;
+        for (const DrainTask& t : page.tasks) {
+          StoreDrainTask w = to_wire(t);
+          // The node writes the target's bytes through its transfer engine: a write grant to it, as a hot copy's.
+          std::vector<StoreReplica> target{std::move(w.target)};
+          grant(target, auth::kGrantWrite, options.config.put_takeover_ms, ctx);
+          w.target = std::move(target.front());
+          reply.tasks.push_back(std::move(w));
+        }
         return reply;
       });
   server->serve_stat(&registry);

@@ -370,7 +370,151 @@ class Node {
         next_hb = steady_ms() + (more ? 0 : opt_.heartbeat_ms);
       }
     }
+    drain();
     unmount();
+    return Status::ok();
+  }
+
+  // The graceful drain (store.node_drain; master_core.hpp "Drain"): the master marks this node's segments
+  // draining and hands out copy tasks for the objects only here; the node copies each to its target through
+  // its transfer engine and reports it, heartbeating and serving SSD reads meanwhile, until the master has
+  // nothing more, --drain-timeout-s has passed, or a second stop signal came. Then the caller unmounts.
+  void drain() {
+    if (opt_.drain_timeout_s <= 0) {
+      MC_LOG_INFO << "node " << opt_.node_id << " stopping without a drain (--drain-timeout-s 0): unmounting";
+      return;
+    }
+    const int64_t start = steady_ms();
+    const int64_t deadline = start + opt_.drain_timeout_s * 1000;
+    MC_LOG_INFO << "node " << opt_.node_id << " draining: the master moves its objects to other nodes (at most "
+                << opt_.drain_timeout_s << " s; a second SIGTERM unmounts at once)";
+    std::vector<proto::StoreDrainResult> done;
+    int64_t next_hb = steady_ms() + opt_.heartbeat_ms;
+    uint64_t moved = 0, failed = 0, master_moved = 0, master_dropped = 0;
+    std::string gave_up;
+    while (true) {
+      if (daemon::stop_now_requested()) {
+        gave_up = "a second stop signal";
+        break;
+      }
+      if (steady_ms() >= deadline) {
+        gave_up = "--drain-timeout-s " + std::to_string(opt_.drain_timeout_s) + " passed";
+        break;
+      }
+      (void)server_->poll_once(0);  // SSD reads of readers that still use our replicas
+      if (steady_ms() >= next_hb) {
+        // The master must not declare the node dead while it drains; a node the master forgot stops draining.
+        if (!heartbeat(false)) {
+          gave_up = "the master does not know this node (declared dead)";
+          break;
+        }
+        next_hb = steady_ms() + opt_.heartbeat_ms;
+      }
+      proto::StoreNodeDrainRequest req{opt_.node_id, done, false};
+      const int64_t left_ms = deadline - steady_ms();
+      auto reply = master_->call(req, static_cast<int>(std::clamp<int64_t>(left_ms, 100, 5000)));
+      if (!reply.is_ok()) {
+        if (reply.status().code() == Code::kNotFound) {
+          gave_up = "the master does not know this node (" + reply.status().message() + ")";
+          done.clear();
+          break;
+        }
+        MC_LOG_WARN << "drain call to " << opt_.master << " failed: " << reply.status().to_string()
+                    << " (asking again)";
+        (void)server_->poll_once(100);
+        continue;
+      }
+      done.clear();
+      master_moved = reply->moved_objects;
+      master_dropped = reply->dropped_objects;
+      if (reply->tasks.empty() && !reply->more) {
+        MC_LOG_INFO << "node " << opt_.node_id << " drained in " << steady_ms() - start << " ms: " << master_moved
+                    << " objects moved, " << master_dropped << " dropped (no room on any other node, or corrupt)";
+        drain_moved_.inc(static_cast<double>(moved));
+        drain_dropped_.inc(static_cast<double>(master_dropped));
+        return;
+      }
+      for (const proto::StoreDrainTask& t : reply->tasks) {
+        if (daemon::stop_now_requested() || steady_ms() >= deadline) break;  // unreported tasks are abandoned
+        Status s = drain_copy(t);
+        if (s.is_ok()) {
+          ++moved;
+        } else {
+          ++failed;
+          MC_LOG_WARN << "drain copy of '" << t.key << "' failed: " << s.to_string();
+        }
+        std::string message = s.is_ok() ? "" : s.message().substr(0, proto::kStoreMaxDrainMessageBytes);
+        done.push_back({t.key, t.put_id, s.is_ok(), static_cast<uint16_t>(s.code()), std::move(message)});
+        if (steady_ms() >= next_hb) {
+          if (!heartbeat(false)) break;
+          next_hb = steady_ms() + opt_.heartbeat_ms;
+        }
+      }
+      if (reply->tasks.empty()) (void)server_->poll_once(50);  // copies in flight elsewhere: ask again shortly
+    }
+    // Gave up: report what was copied (those objects survive), and learn what is lost with the unmount.
+    uint64_t remaining = 0;
+    if (gave_up.rfind("the master does not know", 0) != 0) {
+      proto::StoreNodeDrainRequest req{opt_.node_id, done, true};
+      auto reply = master_->call(req, 1000);
+      if (reply.is_ok()) {
+        remaining = reply->remaining_objects;
+        master_moved = reply->moved_objects;
+        master_dropped = reply->dropped_objects;
+      }
+    }
+    drain_moved_.inc(static_cast<double>(moved));
+    drain_dropped_.inc(static_cast<double>(master_dropped + remaining));
+    MC_LOG_WARN << "node " << opt_.node_id << " stops draining after " << steady_ms() - start << " ms (" << gave_up
+                << "): " << master_moved << " objects moved, " << master_dropped << " dropped, " << remaining
+                << " not moved (lost with the unmount), " << failed << " copies failed";
+  }
+
+  // One drain task: the source bytes (DRAM: this node's memory; SSD: its file, staged), checked against the
+  // object's checksum, written to the target replica through the transfer engine with the master's grant.
+  Status drain_copy(const proto::StoreDrainTask& t) {
+    const std::string what = "drain copy of '" + t.key + "'";
+    if (t.size_bytes == 0 || t.target.size_bytes != t.size_bytes || t.target.xfer_segment.empty()) {
+      return Status(Code::kInvalidArgument,
+                    what + ": bad task (size " + std::to_string(t.size_bytes) + ", target " + t.target.segment + ")");
+    }
+    std::vector<std::byte> staged;
+    const std::byte* src = nullptr;
+    if (t.src_segment == dram_name()) {
+      if (t.src_offset_bytes > dram_->size() || t.size_bytes > dram_->size() - t.src_offset_bytes) {
+        return Status(Code::kInvalidArgument, what + ": source range is outside " + dram_name());
+      }
+      src = dram_->base() + t.src_offset_bytes;
+    } else if (ssd_ && t.src_segment == ssd_name()) {
+      if (t.src_offset_bytes > opt_.ssd_bytes || t.size_bytes > opt_.ssd_bytes - t.src_offset_bytes) {
+        return Status(Code::kInvalidArgument, what + ": source range is outside " + ssd_name());
+      }
+      staged.resize(t.size_bytes);
+      MC_RETURN_IF_ERROR(ssd_->read(t.src_offset_bytes, staged.data(), t.size_bytes).with_context(what));
+      src = staged.data();
+    } else {
+      return Status(Code::kNotFound, what + ": node " + opt_.node_id + " has no segment '" + t.src_segment + "'");
+    }
+    if (object_checksum({src, t.size_bytes}) != t.checksum) {
+      return Status(Code::kDataLoss, what + ": the bytes on " + t.src_segment + " fail the object's checksum");
+    }
+    auto seg = engine_->open_segment(t.target.xfer_segment);
+    if (!seg.is_ok()) return seg.status().with_context(what + " to node " + t.target.node_id);
+    // The engine sends from registered memory: the DRAM is; an SSD object's staging buffer is for this copy.
+    const bool stage = !staged.empty();
+    if (stage) {
+      auto reg = engine_->register_memory(staged.data(), staged.size());
+      if (!reg.is_ok()) return reg.status().with_context(what + ": staging buffer");
+    }
+    transfer::TransferRequest req{
+        transfer::Op::kWrite, const_cast<std::byte*>(src), seg.value(), t.target.xfer_offset_bytes, t.size_bytes, "",
+        t.target.grant};
+    transfer::RequestStatus st = engine_->transfer_sync(req, 10000);
+    if (stage) (void)engine_->unregister_memory(staged.data());
+    if (st.state != transfer::TransferState::kCompleted) {
+      Status s = st.status.is_ok() ? Status(Code::kUnavailable, transfer::state_name(st.state)) : st.status;
+      return s.with_context(what + " to " + t.target.segment + " on node " + t.target.node_id);
+    }
     return Status::ok();
   }
 
@@ -379,16 +523,20 @@ class Node {
   std::string ssd_name() const { return opt_.node_id + "/ssd"; }
 
   // Returns true when the master has more for the node at once (queued table changes, demotion results).
-  bool heartbeat() {
+  // Not rejoin (draining): returns false only when the master does not know the node (then it does not mount
+  // again), true otherwise.
+  bool heartbeat(bool rejoin_if_unknown = true) {
     check_ssd();
     proto::StoreNodeHeartbeatRequest hb{opt_.node_id, done_};
     auto reply = master_->call(hb, std::max(500, opt_.heartbeat_ms));
     if (!reply.is_ok()) {
-      if (reply.status().code() == Code::kNotFound)
+      if (reply.status().code() == Code::kNotFound) {
+        if (!rejoin_if_unknown) return false;
         rejoin();
-      else
+      } else {
         MC_LOG_WARN << "heartbeat to " << opt_.master << " failed: " << reply.status().to_string();
-      return false;
+      }
+      return !rejoin_if_unknown;
     }
     done_.clear();
     for (const proto::StoreNodeObjectChange& c : reply->changes) {
@@ -409,7 +557,7 @@ class Node {
       done_.push_back({t.task_id, s.is_ok(), static_cast<uint16_t>(s.code()), s.is_ok() ? "" : s.message()});
     }
     usage_ = reply->segments;
-    return reply->more || !done_.empty();
+    return !rejoin_if_unknown || reply->more || !done_.empty();
   }
 
   // The master does not know this node: it restarted (another epoch: mount restoring and re-report the
@@ -597,6 +745,10 @@ class Node {
       registry_.counter("mc_store_node_demotions_total", "DRAM -> SSD copies done for the master");
   metrics::Counter& demotion_failures_ =
       registry_.counter("mc_store_node_demotion_failures_total", "DRAM -> SSD copies that failed");
+  metrics::Counter& drain_moved_ =
+      registry_.counter("mc_store_node_drain_moved_total", "objects this node copied to other nodes while draining");
+  metrics::Counter& drain_dropped_ = registry_.counter(
+      "mc_store_node_drain_dropped_total", "objects of this node its drain could not move (no room, corrupt, timeout)");
   std::vector<std::pair<std::string, std::string>> ready_extra_;  // metrics=... for the ready line
   std::unique_ptr<metrics::HttpExporter> exporter_;               // /metrics; destroyed before registry_
 };

@@ -6,13 +6,13 @@
 # Usage: tests/bench/store_faults.sh [BUILD_DIR] FAULT
 #   FAULT: stop-node (SIGSTOP n2 for STOP_S s, then SIGCONT) | kill-master (kill -9, restart on the same port)
 #          | ssd-full (n1's SSD on a 24 MiB tmpfs, filled by another file: needs root) | ssd-removed (rm -rf of
-#          n1's SSD directory)
+#          n1's SSD directory) | drain-node (SIGTERM n2: it drains its objects to n1, then exits)
 # Env: LOAD_S=30 (load duration) FAULT_AT=8 (s into the load) STOP_S=10 DRAM (per node; default 64MiB, so
 # nothing is evicted, and 4MiB for the SSD faults, so DRAM victims are demoted). Everything on 127.0.0.1,
 # stopped on exit.
 set -euo pipefail
 BUILD=${1:-build}
-FAULT=${2:?usage: store_faults.sh BUILD_DIR stop-node|kill-master|ssd-full|ssd-removed}
+FAULT=${2:?usage: store_faults.sh BUILD_DIR stop-node|kill-master|ssd-full|ssd-removed|drain-node}
 BIN=$BUILD/bin
 LOAD_S=${LOAD_S:-30}
 FAULT_AT=${FAULT_AT:-8}
@@ -91,6 +91,10 @@ case "$FAULT" in
   ssd-removed)
     rm -rf "$SSD"
     ;;
+  drain-node)
+    kill -TERM "$PID_n2"
+    wait "$PID_n2" || echo "n2 exited $? after SIGTERM" >&2
+    ;;
   *)
     echo "unknown fault $FAULT" >&2
     exit 2
@@ -103,4 +107,4 @@ while read -r key; do
   if "$BIN/mc-store" get --master "$M" "$key" >/dev/null 2>&1; then kept=$((kept + 1)); fi
 done <"$TMP/before"
 echo "fault=$FAULT dram_per_node=$DRAM load_s=$LOAD_S fault_at_s=$FAULT_AT puts_ok=$po puts_failed=$pf gets_ok=$go gets_missed=$gm objects_before=$(wc -l <"$TMP/before") objects_kept=$kept"
-"$BIN/mc-store" stat --master "$M" | tail -n 2
+"$BIN/mc-store" stat --master "$M" | tail -n 3

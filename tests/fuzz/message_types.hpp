@@ -38,7 +38,8 @@ using MessageTypes = std::tuple<
     proto::ConductorJobReportReply, proto::ConductorJobReportRequest, proto::ConductorStatusReply,
     proto::ConductorStatusRequest, proto::StoreReplicateNearReply, proto::StoreReplicateNearRequest,
     proto::ConductorCancelReply, proto::ConductorCancelRequest, proto::DecodeCancelReply, proto::DecodeCancelRequest,
-    proto::PrefillCancelReply, proto::PrefillCancelRequest, proto::ConductorDrainReply, proto::ConductorDrainRequest>;
+    proto::PrefillCancelReply, proto::PrefillCancelRequest, proto::ConductorDrainReply, proto::ConductorDrainRequest,
+    proto::StoreDrainTask, proto::StoreDrainResult, proto::StoreNodeDrainReply, proto::StoreNodeDrainRequest>;
 
 inline constexpr size_t kMessageTypes = std::tuple_size_v<MessageTypes>;
 

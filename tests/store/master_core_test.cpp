@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+
 #include "mc/common/block_key.hpp"
 
 namespace mc::store {
@@ -964,6 +967,275 @@ TEST_F(MasterCoreTest, FailedDemotionMakesSsdReadOnlyAndPutsKeepSucceeding) {
   }
   EXPECT_TRUE(core.node_heartbeat("n1")->tasks.empty());
   EXPECT_GT(core.stat().evictions, 0u);
+}
+
+// ---- Drain (issue 19 item 3) ----
+
+// Completes every task of a drain page (the node's copies all succeed).
+void finish_page(MasterCore& core, const std::string& node, const DrainPage& page) {
+  for (const DrainTask& t : page.tasks) {
+    EXPECT_TRUE(core.drain_done(node, t.key, t.put_id, true).is_ok()) << t.key;
+  }
+}
+
+TEST_F(MasterCoreTest, DrainMovesSoleReplicaObjectsAndSkipsThoseWithReplicasElsewhere) {
+  mount3();
+  for (int i = 0; i < 5; ++i) put("only/" + std::to_string(i), 4096 + i, 1, "n1/dram");
+  put("both", 8192, 2, "n1/dram");  // a second replica on another node: not copied
+  put("elsewhere", 4096, 1, "n2/dram");
+  auto page = core_.drain_node("n1", 3);
+  ASSERT_TRUE(page.is_ok()) << page.status().to_string();
+  EXPECT_EQ(page->tasks.size(), 3u);  // bounded page
+  EXPECT_TRUE(page->more);
+  std::set<std::string> keys;
+  for (const DrainTask& t : page->tasks) {
+    keys.insert(t.key);
+    EXPECT_EQ(t.src_segment, "n1/dram");
+    EXPECT_NE(t.target.segment.node_id, "n1");
+    EXPECT_EQ(t.target.segment.medium, Medium::kCpu);
+    EXPECT_EQ(t.target.size_bytes, t.size_bytes);
+    EXPECT_NE(t.put_id, 0u);
+  }
+  // The copies are processing replicas: invisible, and a client cannot complete them with replica_end.
+  const DrainTask first = page->tasks.front();
+  EXPECT_EQ(core_.replica_end({"c1", "", ""}, first.key, first.put_id, true).code(), Code::kFailedPrecondition);
+  finish_page(core_, "n1", *page);
+  auto page2 = core_.drain_node("n1", 3);
+  ASSERT_TRUE(page2.is_ok());
+  EXPECT_EQ(page2->tasks.size(), 2u);
+  for (const DrainTask& t : page2->tasks) keys.insert(t.key);
+  EXPECT_EQ(keys.size(), 5u);
+  EXPECT_FALSE(keys.count("both"));
+  EXPECT_FALSE(keys.count("elsewhere"));
+  EXPECT_TRUE(page2->more);  // reported by the next call
+  finish_page(core_, "n1", *page2);
+  auto last = core_.drain_node("n1", 3);
+  ASSERT_TRUE(last.is_ok());
+  EXPECT_TRUE(last->tasks.empty());
+  EXPECT_FALSE(last->more);
+  EXPECT_EQ(last->moved_objects, 5u);
+  // Both copies are readable until the unmount; then only the new ones.
+  for (int i = 0; i < 5; ++i) {
+    auto r = core_.get_replicas({"c2", "", ""}, "only/" + std::to_string(i));
+    ASSERT_TRUE(r.is_ok());
+    EXPECT_EQ(r->replicas.size(), 2u);
+  }
+  ASSERT_TRUE(core_.unmount_segment("n1", "n1/dram").is_ok());
+  for (int i = 0; i < 5; ++i) {
+    auto r = core_.get_replicas({"c2", "", ""}, "only/" + std::to_string(i));
+    ASSERT_TRUE(r.is_ok()) << i;
+    ASSERT_EQ(r->replicas.size(), 1u);
+    EXPECT_NE(r->replicas[0].segment.node_id, "n1");
+  }
+  EXPECT_TRUE(core_.exists("both"));
+  EXPECT_TRUE(core_.exists("elsewhere"));
+  MasterStats st = core_.stat();
+  EXPECT_EQ(st.nodes_drained, 1u);
+  EXPECT_EQ(st.dead_nodes, 0u);
+  EXPECT_EQ(st.drain_moved_objects, 5u);
+  EXPECT_EQ(st.drain_moved_bytes, 5u * 4096 + 0 + 1 + 2 + 3 + 4);
+  EXPECT_EQ(st.drain_dropped_objects, 0u);
+  EXPECT_EQ(st.nodes, 2u);
+}
+
+TEST_F(MasterCoreTest, DrainFromSsdAndDrainingSegmentsTakeNoNewPlacements) {
+  ASSERT_TRUE(core_.mount_segment(seg("n1", "h1", "rack1", 16 * kMiB)).is_ok());
+  ASSERT_TRUE(core_.mount_segment(seg("n1", "h1", "rack1", 16 * kMiB, Medium::kDisk)).is_ok());
+  ASSERT_TRUE(core_.mount_segment(seg("n2", "h2", "rack2", 16 * kMiB)).is_ok());
+  put("k", 4096, 1, "n1/dram");
+  ASSERT_TRUE(core_.drain_node("n1", 0).is_ok());  // marks draining, hands out nothing
+  MasterStats st = core_.stat();
+  EXPECT_TRUE(seg_stat(st, "n1/dram")->draining);
+  EXPECT_TRUE(seg_stat(st, "n1/ssd")->draining);
+  EXPECT_FALSE(seg_stat(st, "n2/dram")->draining);
+  // New puts (even preferring n1, even from n1's host) land elsewhere; replicas=2 finds one node only.
+  for (int i = 0; i < 20; ++i) {
+    PutOptions o;
+    o.preferred_segment = "n1/dram";
+    o.replicas = 2;
+    auto g = core_.put_start({"c1", "h1", ""}, "new/" + std::to_string(i), 4096, o);
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    ASSERT_EQ(g->replicas.size(), 1u);
+    EXPECT_EQ(g->replicas[0].segment.node_id, "n2");
+    ASSERT_TRUE(core_.put_end({"c1", "", ""}, "new/" + std::to_string(i), g->put_id, 0).is_ok());
+  }
+  // No hot copy nor replicate_near copy to it either.
+  ASSERT_TRUE(core_.replicate_near({"new/0"}, "h1").is_ok());
+  EXPECT_FALSE(core_.get_replicas({"p1", "h1", ""}, "new/0")->replicate_to.has_value());
+  // The draining node's replica stays readable.
+  EXPECT_TRUE(core_.get_replicas({"c1", "", ""}, "k").is_ok());
+}
+
+TEST_F(MasterCoreTest, DrainCopiesAnSsdOnlyObjectFromItsFile) {
+  MasterConfig c = make_config();
+  c.lease_ms = 1;
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 64 * 1024)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 16 * kMiB, Medium::kDisk)).is_ok());
+  // Fill n1's DRAM past the high watermark: the oldest objects are demoted to its SSD.
+  for (int i = 0; i < 15; ++i) {
+    put_into(core, "d/" + std::to_string(i), "n1/dram", 4096);
+    clock_.advance_ms(5);
+  }
+  auto beat = core.node_heartbeat("n1");
+  ASSERT_TRUE(beat.is_ok());
+  ASSERT_FALSE(beat->tasks.empty());
+  for (const DemoteTask& t : beat->tasks) ASSERT_TRUE(core.demote_done("n1", t.task_id, true).is_ok());
+  std::string ssd_key = beat->tasks.front().key;
+  ASSERT_TRUE(core.mount_segment(seg("n2", "h2", "r2", 16 * kMiB)).is_ok());
+  auto page = core.drain_node("n1", 1000);
+  ASSERT_TRUE(page.is_ok());
+  EXPECT_EQ(page->tasks.size(), 15u);
+  bool from_ssd = false;
+  for (const DrainTask& t : page->tasks) {
+    if (t.key == ssd_key) {
+      from_ssd = true;
+      EXPECT_EQ(t.src_segment, "n1/ssd");
+    }
+    EXPECT_EQ(t.target.segment.node_id, "n2");
+  }
+  EXPECT_TRUE(from_ssd);
+}
+
+TEST_F(MasterCoreTest, DrainDropsWhatFitsNowhereAndCountsIt) {
+  MasterConfig c = make_config();
+  c.lease_ms = 100000;  // every object on n2 is leased: nothing there can be evicted for the drain
+  MasterCore core(c, &clock_);
+  ASSERT_TRUE(core.mount_segment(seg("n1", "h1", "r1", 4 * kMiB)).is_ok());
+  ASSERT_TRUE(core.mount_segment(seg("n2", "h2", "r2", 1 * kMiB)).is_ok());
+  put_into(core, "fill", "n2/dram", 900 * 1024);
+  ASSERT_TRUE(core.get_replicas({"r", "", ""}, "fill").is_ok());  // leased
+  put_into(core, "small", "n1/dram", 64 * 1024);
+  put_into(core, "big1", "n1/dram", 1 * kMiB);
+  put_into(core, "big2", "n1/dram", 1 * kMiB);
+  auto page = core.drain_node("n1", 100);
+  ASSERT_TRUE(page.is_ok());
+  ASSERT_EQ(page->tasks.size(), 1u);
+  EXPECT_EQ(page->tasks[0].key, "small");
+  EXPECT_EQ(page->dropped_objects, 2u);
+  EXPECT_FALSE(core.exists("big1"));
+  EXPECT_FALSE(core.exists("big2"));
+  EXPECT_TRUE(core.exists("small"));
+  finish_page(core, "n1", *page);
+  auto last = core.drain_node("n1", 100);
+  ASSERT_TRUE(last.is_ok());
+  EXPECT_FALSE(last->more);
+  ASSERT_TRUE(core.unmount_segment("n1", "n1/dram").is_ok());
+  MasterStats st = core.stat();
+  EXPECT_EQ(st.drain_dropped_objects, 2u);
+  EXPECT_EQ(st.drain_moved_objects, 1u);
+  EXPECT_EQ(st.nodes_drained, 1u);
+  EXPECT_TRUE(core.exists("small"));
+  EXPECT_TRUE(core.exists("fill"));
+}
+
+TEST_F(MasterCoreTest, FailedDrainCopyIsAbandonedAndFreedAfterTheDelay) {
+  mount3();
+  put("a", 8192, 1, "n1/dram");
+  put("b", 8192, 1, "n1/dram");
+  put("c", 8192, 1, "n1/dram");
+  auto page = core_.drain_node("n1", 10);
+  ASSERT_TRUE(page.is_ok());
+  ASSERT_EQ(page->tasks.size(), 3u);
+  std::map<std::string, DrainTask> by_key;
+  for (const DrainTask& t : page->tasks) by_key[t.key] = t;
+  const auto used_elsewhere = [&] {
+    uint64_t used = 0;
+    for (const auto& s : core_.stat().segments) used += s.info.node_id == "n1" ? 0 : s.used_bytes;
+    return used;
+  };
+  EXPECT_EQ(used_elsewhere(), 3u * 8192);
+  // a: copied; b: the transfer failed; c: its source failed the checksum.
+  ASSERT_TRUE(core_.drain_done("n1", "a", by_key["a"].put_id, true).is_ok());
+  ASSERT_TRUE(core_.drain_done("n1", "b", by_key["b"].put_id, false, Code::kUnavailable, "peer gone").is_ok());
+  ASSERT_TRUE(core_.drain_done("n1", "c", by_key["c"].put_id, false, Code::kDataLoss, "checksum").is_ok());
+  // A second report of the same copy, another node's, or a made-up put id: refused.
+  EXPECT_EQ(core_.drain_done("n1", "a", by_key["a"].put_id, true).code(), Code::kNotFound);
+  EXPECT_EQ(core_.drain_done("n2", "b", by_key["b"].put_id, true).code(), Code::kNotFound);
+  EXPECT_EQ(core_.drain_done("n1", "b", 999999, true).code(), Code::kNotFound);
+  EXPECT_EQ(core_.drain_done("n1", "", 1, true).code(), Code::kInvalidArgument);
+  EXPECT_FALSE(core_.exists("c"));  // dropped as corrupt
+  EXPECT_TRUE(core_.exists("b"));   // still on n1 until the unmount, not retried
+  auto next = core_.drain_node("n1", 10);
+  ASSERT_TRUE(next.is_ok());
+  EXPECT_TRUE(next->tasks.empty());
+  EXPECT_FALSE(next->more);
+  // The abandoned copies' ranges come back only after free_delay_ms.
+  EXPECT_EQ(used_elsewhere(), 3u * 8192);
+  clock_.advance_ms(2001);
+  heartbeat_all();
+  core_.tick();
+  EXPECT_EQ(used_elsewhere(), 8192u);
+  auto fin = core_.drain_node("n1", 10, true);
+  ASSERT_TRUE(fin.is_ok());
+  EXPECT_EQ(fin->remaining_objects, 1u);  // b: not retried, lost with the unmount
+  ASSERT_TRUE(core_.unmount_segment("n1", "n1/dram").is_ok());
+  MasterStats st = core_.stat();
+  EXPECT_EQ(st.corrupt_replicas, 1u);
+  EXPECT_EQ(st.drain_moved_objects, 1u);
+  EXPECT_EQ(st.drain_dropped_objects, 2u);  // c (corrupt) and b (left with the node)
+  EXPECT_EQ(st.nodes_drained, 1u);
+  EXPECT_TRUE(core_.exists("a"));
+  EXPECT_FALSE(core_.exists("b"));
+}
+
+TEST_F(MasterCoreTest, NodeDyingMidDrainIsDeadNotDrainedAndItsCopiesAreFreed) {
+  mount3();
+  put("x", 8192, 1, "n1/dram");
+  put("y", 8192, 1, "n1/dram");
+  auto page = core_.drain_node("n1", 10);
+  ASSERT_TRUE(page.is_ok());
+  ASSERT_EQ(page->tasks.size(), 2u);
+  ASSERT_TRUE(core_.drain_done("n1", page->tasks[0].key, page->tasks[0].put_id, true).is_ok());
+  const std::string saved = page->tasks[0].key, lost = page->tasks[1].key;
+  // n1 goes silent: dead at the TTL (grace 0), its in-flight copy goes with it (freed free_delay_ms later).
+  for (int i = 0; i < 8; ++i) {
+    clock_.advance_ms(1000);
+    (void)core_.node_heartbeat("n2");
+    (void)core_.node_heartbeat("n3");
+    core_.tick();
+  }
+  EXPECT_TRUE(core_.exists(saved));
+  EXPECT_FALSE(core_.exists(lost));
+  EXPECT_EQ(core_.drain_node("n1", 10).status().code(), Code::kNotFound);
+  MasterStats st = core_.stat();
+  EXPECT_EQ(st.dead_nodes, 1u);
+  EXPECT_EQ(st.nodes_drained, 0u);
+  EXPECT_EQ(st.drain_moved_objects, 1u);
+  uint64_t used = 0;
+  for (const auto& s : st.segments) used += s.used_bytes;
+  EXPECT_EQ(used, 8192u);  // the lost object's copy was freed (after free_delay_ms, passed above)
+  EXPECT_EQ(st.pending_free_bytes, 0u);
+}
+
+TEST_F(MasterCoreTest, AbandonedDrainCopyIsNotRetriedAndTheTimeoutCountsWhatIsLeft) {
+  mount3();
+  put("p", 4096, 1, "n1/dram");
+  put("q", 4096, 1, "n1/dram");
+  auto page = core_.drain_node("n1", 1);
+  ASSERT_TRUE(page.is_ok());
+  ASSERT_EQ(page->tasks.size(), 1u);
+  // The node never reports it: after put_takeover_ms tick() abandons the copy like a hot copy's.
+  for (int i = 0; i < 6; ++i) {
+    clock_.advance_ms(1000);
+    heartbeat_all();
+    core_.tick();
+  }
+  auto next = core_.drain_node("n1", 1);
+  ASSERT_TRUE(next.is_ok());
+  ASSERT_EQ(next->tasks.size(), 1u);
+  EXPECT_NE(next->tasks[0].key, page->tasks[0].key);  // the abandoned key is not handed out again
+  // The node gives up (timeout): final hands out nothing and counts what is still only there.
+  auto fin = core_.drain_node("n1", 10, true);
+  ASSERT_TRUE(fin.is_ok());
+  EXPECT_TRUE(fin->tasks.empty());
+  EXPECT_EQ(fin->remaining_objects, 2u);  // p abandoned, q's copy never reported: both lost with the unmount
+  ASSERT_TRUE(core_.unmount_segment("n1", "n1/dram").is_ok());
+  MasterStats st = core_.stat();
+  EXPECT_EQ(st.drain_dropped_objects, 2u);
+  EXPECT_EQ(st.nodes_drained, 1u);
+  EXPECT_FALSE(core_.exists("p"));
+  EXPECT_FALSE(core_.exists("q"));
 }
 
 }  // namespace

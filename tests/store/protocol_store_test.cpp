@@ -227,5 +227,50 @@ TEST(StoreProtocol, FaultMessagesKeepTheirFields) {
   EXPECT_EQ(std::string(StoreReportCorruptRequest::kType), "store.report_corrupt");
 }
 
+TEST(StoreProtocol, NodeDrain) {
+  StoreNodeDrainRequest req;
+  req.node_id = "n1";
+  req.done.push_back({"k1", 42, true, 0, ""});
+  req.done.push_back({"k2", 43, false, 13, "checksum"});
+  req.final = true;
+  auto r = round_trip(req);
+  EXPECT_EQ(r.node_id, "n1");
+  ASSERT_EQ(r.done.size(), 2u);
+  EXPECT_EQ(r.done[1].key, "k2");
+  EXPECT_EQ(r.done[1].put_id, 43u);
+  EXPECT_FALSE(r.done[1].ok);
+  EXPECT_EQ(r.done[1].code, 13);
+  EXPECT_EQ(r.done[1].message, "checksum");
+  EXPECT_TRUE(r.final);
+  StoreNodeDrainReply reply;
+  reply.tasks.push_back({"k1", "n1/ssd", 4096, 777, 0xfeedULL, 42, replica()});
+  reply.more = true;
+  reply.moved_objects = 5;
+  reply.dropped_objects = 6;
+  reply.remaining_objects = 7;
+  auto b = round_trip(reply);
+  ASSERT_EQ(b.tasks.size(), 1u);
+  EXPECT_EQ(b.tasks[0].src_segment, "n1/ssd");
+  EXPECT_EQ(b.tasks[0].src_offset_bytes, 4096u);
+  EXPECT_EQ(b.tasks[0].size_bytes, 777u);
+  EXPECT_EQ(b.tasks[0].checksum, 0xfeedULL);
+  EXPECT_EQ(b.tasks[0].put_id, 42u);
+  EXPECT_EQ(b.tasks[0].target.xfer_segment, "127.0.0.1:6");
+  EXPECT_TRUE(b.more);
+  EXPECT_EQ(b.moved_objects + b.dropped_objects + b.remaining_objects, 18u);
+  StoreStatReply st;
+  st.nodes_drained = 1;
+  st.drain_moved_objects = 2;
+  st.drain_moved_bytes = 3;
+  st.drain_dropped_objects = 4;
+  StoreSegmentStat seg;
+  seg.draining = true;
+  st.segments.push_back(seg);
+  auto s = round_trip(st);
+  EXPECT_EQ(s.nodes_drained + s.drain_moved_objects + s.drain_moved_bytes + s.drain_dropped_objects, 10u);
+  EXPECT_TRUE(s.segments.at(0).draining);
+  EXPECT_EQ(std::string(StoreNodeDrainRequest::kType), "store.node_drain");
+}
+
 }  // namespace
 }  // namespace mc::proto

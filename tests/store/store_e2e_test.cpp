@@ -105,11 +105,13 @@ class StoreE2E : public ::testing::Test {
   // Starts a storage node; host "" = this host (shm reachable). A simulated other host cannot share memory
   // with this process, so it runs with --no-shm: its DRAM is reached over the engine's tcp transport.
   testkit::Child* start_node(const std::string& id, const std::string& dram, const std::string& host = "",
-                             const std::string& domain = "default", const std::string& ssd_bytes = "") {
+                             const std::string& domain = "default", const std::string& ssd_bytes = "",
+                             const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {"serve", "--master", endpoint_, "--node-id",      prefix_ + id, "--dram-bytes",
                                      dram,    "--domain", domain,    "--heartbeat-ms", "100"};
     if (!host.empty()) args.insert(args.end(), {"--host", host, "--no-shm"});
     if (!ssd_bytes.empty()) args.insert(args.end(), {"--ssd-dir", tmp_.path.string(), "--ssd-bytes", ssd_bytes});
+    args.insert(args.end(), extra.begin(), extra.end());
     nodes_.push_back(start_store(args));
     auto w = ready_words(*nodes_.back());
     EXPECT_GE(w.size(), 4u) << "node " << id << " did not print its ready line";
@@ -1226,6 +1228,130 @@ TEST_F(StoreE2E, VanishedSsdDirectoryIsDetectedAndItsObjectsDropped) {
   }
   EXPECT_EQ(static_cast<uint64_t>(held), st.objects) << misses;
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(c->put("after/" + std::to_string(i), blobs[i]).is_ok()) << i;
+}
+
+// Issue 19 item 3: a storage node scaled down with SIGTERM drains first. The objects only it holds — in its DRAM
+// and, demoted, on its SSD — are copied to the other node through the transfer engine before it unmounts; it
+// exits 0, every object reads back with its bytes, and the master counts a drained node, not a dead one.
+TEST_F(StoreE2E, SigtermDrainsTheNodesObjectsToTheOtherNodeBeforeItLeaves) {
+  start_master();
+  testkit::Child* a = start_node("a", "1MiB", "", "default", "16MiB", {"--drain-timeout-s", "20"});
+  start_node("b", "32MiB", "far-host-b", "r2");
+  std::map<std::string, std::vector<std::byte>> blobs;
+  auto wa = client("wa", 1, "a/dram");
+  ASSERT_TRUE(wa);
+  for (int i = 0; i < 10; ++i) {  // past A's DRAM high watermark: the oldest are demoted to its SSD
+    const std::string key = "only-a/" + std::to_string(i);
+    blobs[key] = random_bytes(100 * 1024 + i, 500 + i);
+    ASSERT_TRUE(wa->put(key, blobs[key]).is_ok()) << key;
+  }
+  ASSERT_TRUE(testkit::wait_until([&] { return stat().demotions > 0; }, 5000, 50)) << "nothing was demoted to SSD";
+  auto w2 = client("w2", 2, "a/dram");
+  for (int i = 0; i < 4; ++i) {  // one replica on each node: nothing to move
+    const std::string key = "both/" + std::to_string(i);
+    blobs[key] = random_bytes(4096 + i, 900 + i);
+    ASSERT_TRUE(w2->put(key, blobs[key]).is_ok()) << key;
+  }
+  // What only A holds (whatever its tier), from the master's listing.
+  auto reader = client("reader");
+  auto ls = reader->ls("");
+  ASSERT_TRUE(ls.is_ok());
+  uint64_t only_a = 0;
+  bool on_ssd = false;
+  for (const auto& o : ls->objects) {
+    bool all_a = !o.segments.empty();
+    for (size_t i = 0; i < o.segments.size(); ++i) {
+      all_a = all_a && o.segments[i].rfind(prefix_ + "a/", 0) == 0;
+      on_ssd = on_ssd || (o.segments[i] == prefix_ + "a/ssd" && o.segments.size() == 1);
+    }
+    only_a += all_a ? 1 : 0;
+  }
+  EXPECT_GT(only_a, 0u);
+  EXPECT_TRUE(on_ssd) << "no object lives only on A's SSD: the SSD source path is not exercised";
+
+  a->signal(SIGTERM);
+  ASSERT_EQ(a->wait_exit(25000), 0) << "the draining node did not exit 0 in time";
+  proto::StoreStatReply st = stat();
+  EXPECT_EQ(st.nodes_drained, 1u);
+  EXPECT_EQ(st.drain_moved_objects, only_a);
+  EXPECT_GT(st.drain_moved_bytes, 0u);
+  EXPECT_EQ(st.drain_dropped_objects, 0u);
+  EXPECT_EQ(st.dead_nodes, 0u);
+  EXPECT_EQ(st.nodes, 1u);
+  for (const auto& g : st.segments) EXPECT_EQ(g.node_id, prefix_ + "b");
+  for (const auto& [key, bytes] : blobs) {
+    std::vector<std::byte> back(bytes.size());
+    auto n = reader->get(key, back);
+    ASSERT_TRUE(n.is_ok()) << key << ": " << n.status().to_string();
+    ASSERT_EQ(n.value(), bytes.size());
+    EXPECT_TRUE(back == bytes) << key << " differs after the drain";
+  }
+  // The CLI reads a moved object too, and its stat shows the drain counters.
+  auto [rc, out] = run_tool({"get", "--master", endpoint_, "only-a/0"});
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out.size(), blobs["only-a/0"].size());
+  EXPECT_EQ(0, std::memcmp(out.data(), blobs["only-a/0"].data(), out.size()));
+  auto [src, js] = run_tool({"stat", "--master", endpoint_, "--json"});
+  ASSERT_EQ(src, 0);
+  auto j = nlohmann::json::parse(js);
+  EXPECT_EQ(j["nodes_drained"], 1);
+  EXPECT_EQ(j["drain_moved_objects"], only_a);
+  EXPECT_EQ(j["dead_nodes"], 0);
+}
+
+// A drain whose objects fit nowhere else drops them (counted), moves the rest, and the node still exits 0.
+TEST_F(StoreE2E, DrainDropsWhatTheOtherNodeCannotHoldAndCountsIt) {
+  start_master();
+  testkit::Child* a = start_node("a", "32MiB", "", "default", "", {"--drain-timeout-s", "10"});
+  start_node("b", "2MiB", "far-host-b", "r2");
+  auto wa = client("wa", 1, "a/dram");
+  std::map<std::string, std::vector<std::byte>> small;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(wa->put("big/" + std::to_string(i), random_bytes(3 << 20, 70 + i)).is_ok());
+    small["small/" + std::to_string(i)] = random_bytes(64 * 1024, 80 + i);
+    ASSERT_TRUE(wa->put("small/" + std::to_string(i), small["small/" + std::to_string(i)]).is_ok());
+  }
+  a->signal(SIGTERM);
+  ASSERT_EQ(a->wait_exit(15000), 0);
+  proto::StoreStatReply st = stat();
+  EXPECT_EQ(st.nodes_drained, 1u);
+  EXPECT_EQ(st.drain_moved_objects, 3u);
+  EXPECT_EQ(st.drain_dropped_objects, 3u);
+  EXPECT_EQ(st.dead_nodes, 0u);
+  auto reader = client("reader");
+  for (const auto& [key, bytes] : small) {
+    std::vector<std::byte> back(bytes.size());
+    ASSERT_TRUE(reader->get(key, back).is_ok()) << key;
+    EXPECT_TRUE(back == bytes) << key;
+  }
+  std::vector<std::byte> buf(3 << 20);
+  EXPECT_EQ(reader->get("big/0", buf).status().code(), Code::kObjectNotFound);
+}
+
+// The drain is bounded: with the master frozen (SIGSTOP) the node gives up after --drain-timeout-s, unmounts
+// as best it can and exits 0; a node started with --drain-timeout-s 0 leaves at once, as before the drain.
+TEST_F(StoreE2E, DrainGivesUpAtItsTimeoutAndTheNodeStillExits) {
+  // Nodes are dead at the TTL: whatever the frozen master missed (A's unmount) ends within a second of SIGCONT.
+  start_master({"--node-ttl-ms", "1000", "--node-grace-ms", "0"});
+  testkit::Child* a = start_node("a", "16MiB", "", "default", "", {"--drain-timeout-s", "1"});
+  start_node("b", "16MiB", "far-host-b", "r2");
+  auto wa = client("wa", 1, "a/dram");
+  ASSERT_TRUE(wa->put("k", random_bytes(4096, 1)).is_ok());
+  master_->signal(SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  a->signal(SIGTERM);
+  const int rc = a->wait_exit(15000);
+  master_->signal(SIGCONT);
+  EXPECT_EQ(rc, 0);
+  // 1 s of drain, then at most ~1 s for the last drain call and ~1 s per unmount call.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
+  testkit::Child* c = start_node("c", "16MiB", "", "default", "", {"--drain-timeout-s", "0"});
+  auto wc = client("wc", 1, "c/dram");
+  ASSERT_TRUE(wc->put("kc", random_bytes(4096, 2)).is_ok());
+  c->signal(SIGTERM);
+  EXPECT_EQ(c->wait_exit(5000), 0);
+  ASSERT_TRUE(testkit::wait_until([&] { return stat().nodes == 1; }, 5000, 50));
+  EXPECT_EQ(stat().drain_moved_objects, 0u);
 }
 
 }  // namespace

@@ -162,6 +162,12 @@ int main(int argc, char** argv) {
                       "Commit DRAM pages on first write instead of at start (faster start, slower first puts)");
   serve_cmd->add_flag("--no-shm", no_shm, "Back DRAM with private memory: same-host clients use tcp instead of shm");
   mc::cli::add_xfer_server_flags(*serve_cmd, node.xfer_max_connections, node.xfer_idle_timeout_ms);
+  serve_cmd
+      ->add_option("--drain-timeout-s", node.drain_timeout_s,
+                   "On SIGTERM, how long the master may move this node's objects to other nodes before it unmounts "
+                   "(s; 0: unmount at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{3600}));
 
   // ---- admin ----
   mc::store::AdminOptions admin;

@@ -510,8 +510,9 @@ struct StoreSegmentStat {
   uint64_t demotions = 0;
   bool suspect = false;    // its node missed heartbeats (or is re-reporting): replicas kept, not offered
   bool read_only = false;  // an SSD segment after ENOSPC/EIO: read, never demoted to
+  bool draining = false;   // its node drains (store.node_drain): no new replicas, readable until unmounted
   MSGPACK_DEFINE_MAP(segment, node_id, host, domain, medium, capacity_bytes, used_bytes, largest_free_bytes,
-                     fragmentation, objects, leased_objects, hits, evictions, demotions, suspect, read_only);
+                     fragmentation, objects, leased_objects, hits, evictions, demotions, suspect, read_only, draining);
 };
 struct StoreStatReply {
   std::vector<StoreSegmentStat> segments;
@@ -520,20 +521,25 @@ struct StoreStatReply {
   uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
   uint64_t pending_free_bytes = 0;
   uint64_t last_event_id = 0;
-  uint64_t pinned_objects = 0;      // objects pinned now (unexpired soft pins included)
-  uint64_t pinned_bytes = 0;        // their sizes, one copy each
-  uint64_t expired_pins = 0;        // soft pins that ran out
-  uint64_t corrupt_replicas = 0;    // replicas dropped because their bytes failed the checksum
-  uint64_t suspect_nodes = 0;       // nodes suspect now (missed heartbeats, within the grace period)
-  uint64_t returned_nodes = 0;      // suspect nodes that came back within the grace period
-  uint64_t reported_replicas = 0;   // replicas confirmed or restored from the nodes' store.node_report
-  uint64_t refused_reports = 0;     // reported replicas refused (unknown, conflicting or overlapping)
-  uint64_t ssd_failures = 0;        // SSD segments made read-only (ENOSPC/EIO) or lost (directory gone)
-  uint64_t events_incarnation = 0;  // of the master's KV-event publisher (KvEvent::incarnation); 0: none
+  uint64_t pinned_objects = 0;         // objects pinned now (unexpired soft pins included)
+  uint64_t pinned_bytes = 0;           // their sizes, one copy each
+  uint64_t expired_pins = 0;           // soft pins that ran out
+  uint64_t corrupt_replicas = 0;       // replicas dropped because their bytes failed the checksum
+  uint64_t suspect_nodes = 0;          // nodes suspect now (missed heartbeats, within the grace period)
+  uint64_t returned_nodes = 0;         // suspect nodes that came back within the grace period
+  uint64_t reported_replicas = 0;      // replicas confirmed or restored from the nodes' store.node_report
+  uint64_t refused_reports = 0;        // reported replicas refused (unknown, conflicting or overlapping)
+  uint64_t ssd_failures = 0;           // SSD segments made read-only (ENOSPC/EIO) or lost (directory gone)
+  uint64_t events_incarnation = 0;     // of the master's KV-event publisher (KvEvent::incarnation); 0: none
+  uint64_t nodes_drained = 0;          // nodes that drained (store.node_drain) and unmounted; not in dead_nodes
+  uint64_t drain_moved_objects = 0;    // objects copied off draining nodes
+  uint64_t drain_moved_bytes = 0;      // ... their bytes
+  uint64_t drain_dropped_objects = 0;  // objects lost by drains (no room anywhere, corrupt, not moved in time)
   MSGPACK_DEFINE_MAP(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions, demotions,
                      reclaimed_puts, refused_put_ends, hot_replications, dead_nodes, pending_free_bytes, last_event_id,
                      pinned_objects, pinned_bytes, expired_pins, corrupt_replicas, suspect_nodes, returned_nodes,
-                     reported_replicas, refused_reports, ssd_failures, events_incarnation);
+                     reported_replicas, refused_reports, ssd_failures, events_incarnation, nodes_drained,
+                     drain_moved_objects, drain_moved_bytes, drain_dropped_objects);
 };
 struct StoreStatRequest {
   static constexpr const char* kType = "store.stat";
@@ -640,6 +646,51 @@ struct StoreNodeReportRequest {
   bool first = false;
   bool last = false;
   MSGPACK_DEFINE_MAP(node_id, segment, objects, first, last);
+};
+
+// node -> master: the graceful drain of a storage node that leaves (mc-store serve on SIGTERM; master_core.hpp
+// "Drain"). The first call marks the node's segments draining (no new replicas; still readable). Each reply hands
+// out a page of copy tasks — objects whose every complete replica is on the node, each with a new replica
+// (`target`, with its write grant) on another node's DRAM — and the next call reports them in `done` (kDataLoss:
+// the source failed the checksum). The node unmounts its segments when a reply has no tasks and `more` is false,
+// or when it gives up: then it sends `final` (the master records `done`, hands out nothing, and answers how many
+// objects are still only on the node). The master refuses more than kStoreMaxBatch results and names a node that is
+// not the caller's (storage role, own node id only). A result's message is cut to kStoreMaxDrainMessageBytes.
+inline constexpr uint32_t kStoreMaxDrainTasks = 256;  // tasks per reply
+inline constexpr size_t kStoreMaxDrainMessageBytes = 512;
+struct StoreDrainTask {
+  std::string key;
+  std::string src_segment;  // the node's DRAM segment (its memory) or SSD segment (its file)
+  uint64_t src_offset_bytes = 0;
+  uint64_t size_bytes = 0;
+  uint64_t checksum = 0;  // the object's XXH3-64: the node checks the source bytes against it before copying
+  uint64_t put_id = 0;    // of the new replica: echoed in the result
+  StoreReplica target;    // WRITE the bytes to target.xfer_segment at target.xfer_offset_bytes (grant: target.grant)
+  MSGPACK_DEFINE_MAP(key, src_segment, src_offset_bytes, size_bytes, checksum, put_id, target);
+};
+struct StoreDrainResult {
+  std::string key;
+  uint64_t put_id = 0;
+  bool ok = false;
+  uint16_t code = 0;  // an mc::Code value, 0 with ok; kDataLoss: the source failed its checksum
+  std::string message;
+  MSGPACK_DEFINE_MAP(key, put_id, ok, code, message);
+};
+struct StoreNodeDrainReply {
+  std::vector<StoreDrainTask> tasks;  // at most kStoreMaxDrainTasks
+  bool more = false;                  // objects remain or copies are not reported yet: call again
+  uint64_t moved_objects = 0;         // this node's drain so far
+  uint64_t dropped_objects = 0;       // ... dropped (no room on any other node, corrupt source)
+  uint64_t remaining_objects = 0;     // with final: objects still only on the node (lost when it unmounts)
+  MSGPACK_DEFINE_MAP(tasks, more, moved_objects, dropped_objects, remaining_objects);
+};
+struct StoreNodeDrainRequest {
+  static constexpr const char* kType = "store.node_drain";
+  using Reply = StoreNodeDrainReply;
+  std::string node_id;
+  std::vector<StoreDrainResult> done;  // at most kStoreMaxBatch
+  bool final = false;
+  MSGPACK_DEFINE_MAP(node_id, done, final);
 };
 
 // ---------------------------------------------------------------------------------------------

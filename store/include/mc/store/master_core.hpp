@@ -33,6 +33,17 @@
 // segments with restore and rebuilds the objects from the reports (leases expired, no pins).
 // Integrity (DESIGN.md §8): every object carries the XXH3-64 of its bytes, given at put_end and handed to
 // readers and to demotions; report_corrupt drops a replica whose bytes failed it (counted).
+// Drain (DESIGN.md §8 "Drain", issue 19): a node leaving on purpose calls drain_node. Its segments become
+// draining at once: never chosen for new placements (put_start, hot copies, replicate_near, demotions, drain
+// copies of other nodes) and never evicted, while their complete replicas stay readable until the unmount.
+// For each complete object whose every complete replica is on the node, drain_node allocates one new replica
+// on a DRAM segment of another live, non-draining node (evicting there as put_start does) — a copy like a hot
+// object's (put_id, processing replica, grant, abandoned after put_takeover_ms, freed free_delay_ms later) —
+// and hands the node a page of copy tasks; objects with no room anywhere are dropped and counted. The node
+// copies each task's bytes and reports it (drain_done): the copy becomes a complete replica, or is abandoned
+// (kDataLoss: the source failed its checksum and is dropped as corrupt). A failed key is not retried. When
+// drain_node hands out nothing more the node unmounts; the master then counts it in nodes_drained (never
+// in dead_nodes), and objects still only on it (timeout, failed copies) in drain_dropped_objects.
 // Disks: a demotion that fails with kNoSpace or kIo makes that SSD segment read-only (no more demotions to
 // it; its replicas stay readable); eviction then drops DRAM victims instead.
 // Errors: kInvalidArgument for bad input (empty or oversized key, size 0 or > max_object_bytes,
@@ -134,6 +145,27 @@ struct DemoteTask {
   uint64_t checksum = 0;  // the object's: the node checks the source bytes before copying
 };
 
+// A copy a draining node performs: the object's bytes at (src_segment, src_offset) — its DRAM, or its SSD
+// file — to `target`, a new replica on another node; then drain_done(key, put_id).
+struct DrainTask {
+  std::string key;
+  std::string src_segment;
+  uint64_t src_offset = 0;
+  uint64_t size_bytes = 0;
+  uint64_t checksum = 0;  // the object's: the node checks the source bytes before copying
+  ReplicaView target;     // a DRAM segment of another node (xfer_segment set)
+  uint64_t put_id = 0;
+};
+
+// One answer of drain_node.
+struct DrainPage {
+  std::vector<DrainTask> tasks;    // at most the page size asked for
+  bool more = false;               // objects remain queued or copies are not reported yet: ask again
+  uint64_t moved_objects = 0;      // this node's drain so far
+  uint64_t dropped_objects = 0;    // ... objects dropped (no room anywhere, corrupt source)
+  uint64_t remaining_objects = 0;  // with final: complete objects still only on the node (lost at unmount)
+};
+
 struct ObjectInfo {
   std::string key;
   uint64_t size_bytes = 0;
@@ -156,6 +188,7 @@ struct SegmentStats {
   double fragmentation = 0.0;
   bool suspect = false;    // not offered: its node is suspect or re-reporting
   bool read_only = false;  // SSD segment after a failed demotion
+  bool draining = false;   // its node drains: no new placements
 };
 
 struct MasterStats {
@@ -165,15 +198,19 @@ struct MasterStats {
   uint64_t reclaimed_puts = 0, refused_put_ends = 0, dead_nodes = 0;
   uint64_t hot_replications = 0;  // copies granted to readers: hot objects and replicate_near
   uint64_t pending_free_bytes = 0;
-  uint64_t pinned_objects = 0;     // complete objects pinned now (soft pins not yet expired included)
-  uint64_t pinned_bytes = 0;       // their sizes (one copy each, whatever their replica count)
-  uint64_t expired_pins = 0;       // soft pins that ran out (counted by tick())
-  uint64_t corrupt_replicas = 0;   // replicas dropped by report_corrupt or a demotion's checksum check
-  uint64_t suspect_nodes = 0;      // suspect now (stat() fills it)
-  uint64_t returned_nodes = 0;     // suspect nodes that came back within node_grace_ms
-  uint64_t reported_replicas = 0;  // replicas confirmed or restored by node_report
-  uint64_t refused_reports = 0;    // reported replicas refused
-  uint64_t ssd_failures = 0;       // SSD segments made read-only by a failed demotion (ENOSPC, EIO)
+  uint64_t pinned_objects = 0;         // complete objects pinned now (soft pins not yet expired included)
+  uint64_t pinned_bytes = 0;           // their sizes (one copy each, whatever their replica count)
+  uint64_t expired_pins = 0;           // soft pins that ran out (counted by tick())
+  uint64_t corrupt_replicas = 0;       // replicas dropped by report_corrupt or a demotion's checksum check
+  uint64_t suspect_nodes = 0;          // suspect now (stat() fills it)
+  uint64_t returned_nodes = 0;         // suspect nodes that came back within node_grace_ms
+  uint64_t reported_replicas = 0;      // replicas confirmed or restored by node_report
+  uint64_t refused_reports = 0;        // reported replicas refused
+  uint64_t ssd_failures = 0;           // SSD segments made read-only by a failed demotion (ENOSPC, EIO)
+  uint64_t nodes_drained = 0;          // nodes that drained and unmounted (never counted in dead_nodes)
+  uint64_t drain_moved_objects = 0;    // objects copied off draining nodes
+  uint64_t drain_moved_bytes = 0;      // ... their bytes
+  uint64_t drain_dropped_objects = 0;  // objects lost by drains: no room anywhere, corrupt, or not moved in time
 };
 
 // What a heartbeat hands the node: demotions to do and the changes of its object table.
@@ -226,6 +263,16 @@ class MasterCore {
   Result<proto::StoreNodeReportReply> node_report(const std::string& node_id, const std::string& segment,
                                                   const std::vector<proto::StoreNodeObject>& objects, bool first,
                                                   bool last);
+
+  // Drain (see "Drain" above). The first call marks the node's segments draining; each call hands out up to
+  // max_tasks copy tasks. final: hand out nothing (the node gives up: timeout or a second stop signal) and
+  // count in remaining_objects what is still only on the node. kNotFound for an unknown node.
+  Result<DrainPage> drain_node(const std::string& node_id, size_t max_tasks, bool final = false);
+  // The node's report of a drain copy: ok -> the copy is a complete replica; else it is abandoned (its space
+  // freed free_delay_ms later) and the key is not retried; kDataLoss also drops the source replica as corrupt.
+  // kNotFound when the node has no such copy in flight (abandoned after put_takeover_ms, target node gone).
+  Status drain_done(const std::string& node_id, const std::string& key, uint64_t put_id, bool ok, Code code = Code::kOk,
+                    const std::string& message = "");
 
   // ---- clients ----
   void client_heartbeat(const std::string& client_id);
@@ -286,6 +333,7 @@ class MasterCore {
     int64_t started_ns = 0;
     uint64_t demote_task = 0;    // nonzero while this SSD replica is being filled by a demotion
     int64_t grant_until_ns = 0;  // with grant_hold_ms: the range is not freed before this (release_replica)
+    std::string drain_node;      // a drain copy: the draining node that fills it (reported by drain_done)
   };
   struct Object {
     uint64_t size_bytes = 0;
@@ -311,6 +359,7 @@ class MasterCore {
     bool offline = false;    // node suspect or re-reporting, or restoring: not offered
     bool read_only = false;  // SSD after a failed demotion: never demoted to
     bool restoring = false;  // mounted with restore: node_report may create objects until its last page
+    bool draining = false;   // its node drains: no new placements, no eviction
     bool report_open = false;
     std::unordered_set<uint64_t> reported;  // offsets confirmed in the open report round
   };
@@ -322,6 +371,17 @@ class MasterCore {
     bool reporting = false;  // came back: offered again once every segment was re-reported
     std::set<std::string> reported_segments;
     std::deque<proto::StoreNodeObjectChange> journal;  // object-table changes not yet handed out
+    // Drain: keys still to look at, copies handed out (put_id -> key, source segment and offset), keys not
+    // retried (failed or abandoned copies), and the counts so far.
+    bool draining = false;
+    std::deque<std::string> drain_queue;
+    struct DrainCopy {
+      std::string key, src_segment;
+      uint64_t src_offset = 0;
+    };
+    std::map<uint64_t, DrainCopy> drain_inflight;
+    std::unordered_set<std::string> drain_skip;
+    uint64_t drain_moved = 0, drain_dropped = 0;
   };
   struct PendingFree {
     std::string segment;
@@ -343,7 +403,8 @@ class MasterCore {
   // Drops every replica of obj (events for complete ones) and erases the object.
   using ObjectMap = std::unordered_map<std::string, Object>;
   void discard_object(ObjectMap::iterator it, bool delayed, bool count_reclaim);
-  void drop_segment(const std::string& segment);
+  // Returns how many complete objects lost their last complete replica with it.
+  uint64_t drop_segment(const std::string& segment);
   void drop_node(const std::string& node_id);
   void emit(const char* type, const std::string& key, const std::string& segment);
   // The segment's replica can be offered to readers (complete, its node neither suspect nor reporting).
@@ -372,6 +433,16 @@ class MasterCore {
   // holds none yet, near_host preferred (required when require_near_host). Fills grant.replicate_to.
   bool grant_copy(const std::string& key, Object& obj, const Caller& caller, bool require_near_host, int64_t now_ns,
                   ReadGrant& grant);
+  // Allocates one processing copy of obj on a DRAM segment of a node that holds none of its replicas (the
+  // machinery of hot copies and drain copies); nullptr when none has room.
+  Replica* add_copy(const std::string& key, Object& obj, const std::string& writer, const std::string& near_host,
+                    bool require_near_host, int64_t now_ns);
+  // Completes (ok) or abandons (!ok, freed free_delay_ms later) a processing copy.
+  void finish_copy(const std::string& key, Object& obj, std::vector<Replica>::iterator r, bool ok);
+  // Evicts in the fullest DRAM segments (not draining) so that size_bytes may fit (put_start's second try).
+  void make_room(uint64_t size_bytes);
+  // True when obj is complete and every complete replica of it lies on node_id's segments.
+  bool only_on_node(const Object& obj, const std::string& node_id) const;
 
   MasterConfig config_;
   const Clock* clock_;

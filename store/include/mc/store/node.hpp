@@ -1,6 +1,16 @@
 // `mc-store serve`: a storage node. Contributes dram_bytes of memory (and optionally ssd_bytes of a file
 // in ssd_dir) as segments of the pool; mounts them at the master, heartbeats every heartbeat_ms, performs
-// the DRAM -> SSD demotions the master asks for, and unmounts on SIGTERM/SIGINT.
+// the DRAM -> SSD demotions the master asks for, and on SIGTERM/SIGINT drains, then unmounts.
+//
+// Drain (issue 19 item 3; DESIGN.md §8 "Drain"): on the first SIGTERM/SIGINT the node asks the master to drain
+// it (store.node_drain): its segments take no new replicas but stay readable, and the master hands out pages of
+// copy tasks for the objects whose every complete replica is here, each with a new replica on another node's
+// DRAM. The node checks each source's checksum (DRAM: its memory; SSD: its file, read as store.node.read does),
+// WRITEs the bytes to the target through its own transfer engine (with the master's write grant), and reports
+// each task; it keeps heartbeating and serving SSD reads meanwhile. When the master has nothing more, after
+// --drain-timeout-s, on a second stop signal, or when the master forgot the node, it unmounts; objects not moved
+// are lost and counted (stderr line; mc_store_node_drain_moved_total / _dropped_total; the master's
+// nodes_drained and drain_* counters, kept apart from dead_nodes). Exit 0 either way.
 //
 // Data path (Mooncake §5): the DRAM segment is registered with the node's own mc::transfer::TransferEngine
 // listening on xfer_listen; the engine's descriptor is published at the master (the cluster's segment
@@ -55,6 +65,9 @@ struct NodeOptions {
   size_t xfer_max_connections = transfer::EngineOptions{}.max_connections_served;
   int64_t xfer_idle_timeout_ms = transfer::EngineOptions{}.idle_timeout_served_ms;
   std::string metrics_listen;  // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
+  // --drain-timeout-s: on the first stop signal the node drains (store.node_drain) for at most this long before it
+  // unmounts; 0: unmount at once (objects only here are lost, as before).
+  int64_t drain_timeout_s = 30;
 };
 
 Status run_node(const NodeOptions& options);
