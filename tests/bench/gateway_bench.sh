@@ -8,7 +8,7 @@
 # Then the same replay window of the shipped conversation trace through ZeroMQ (mc-trace-replay --conductor) and
 # through the gateway (--target http://...), each on a fresh cluster so both start with an empty pool: TTFT and TBT
 # side by side (mc-trace-replay report, one row each).
-# Usage: tests/bench/gateway_bench.sh [BUILD_DIR]   (env: DURATION=10 CONCURRENCY=64 TIME_SCALE=1000 PREFILL=2 DECODE=2
+# Usage: tests/bench/gateway_bench.sh [BUILD_DIR]   (env: DURATION=10 CONCURRENCY=64 STREAM_TOKENS=32 TIME_SCALE=1000 PREFILL=2 DECODE=2
 #        REPLAY_REQUESTS=30 REPLAY_SPEED=20 REPLAY_TIME_SCALE=20 MODEL=tiny)
 # MODEL is the model of the 1-token part (sim backend): tiny (4 layers) keeps the cluster's own per-request cost (one
 # KV write per layer into decode, the commit) small, so what is measured is the request path through the gateway and
@@ -25,6 +25,9 @@ command -v hey >/dev/null || { echo "gateway_bench: needs hey (tools/install-dep
 source "$here/bench_lib.sh"
 
 echo "{\"model\":\"$MODEL\",\"prompt\":\"Hello, gateway\",\"max_tokens\":1,\"ignore_eos\":true}" >"$TMP/body.json"
+# The streaming phase: CONCURRENCY streams of STREAM_TOKENS tokens each, one after another on every connection.
+echo "{\"model\":\"$MODEL\",\"prompt\":\"Hello, gateway\",\"max_tokens\":${STREAM_TOKENS:-32},\"ignore_eos\":true,\"stream\":true}" \
+  >"$TMP/stream.json"
 # hey_run URL OUT: DURATION seconds of POSTs at CONCURRENCY connections.
 hey_run() { hey -z "${DURATION}s" -c "$CONCURRENCY" -m POST -T application/json -D "$TMP/body.json" "$1" >"$2"; }
 # hey_field OUT: requests/s, p50 ms, p99 ms, non-200 responses
@@ -47,27 +50,41 @@ MC_LOG_LEVEL=error "$here/../../examples/local-cluster.sh" --bin "$BUILD/bin" --
   -- bash -c "until curl -sf \"\$MC_GATEWAY/health\" >/dev/null; do sleep 0.1; done;
               hey -z ${DURATION}s -c $CONCURRENCY -m POST -T application/json -D $TMP/body.json \
                 \"\$MC_GATEWAY/v1/completions\" > $TMP/hey-gateway;
-              curl -s \"\$MC_GATEWAY/metrics\" > $TMP/gateway-metrics" 2>"$TMP/cluster.err" ||
+              curl -s \"\$MC_GATEWAY/metrics\" > $TMP/gateway-metrics;
+              hey -z ${DURATION}s -c $CONCURRENCY -m POST -T application/json -D $TMP/stream.json \
+                \"\$MC_GATEWAY/v1/completions\" > $TMP/hey-stream;
+              curl -s \"\$MC_GATEWAY/metrics\" > $TMP/gateway-metrics-stream" 2>"$TMP/cluster.err" ||
   { cat "$TMP/cluster.err" >&2; exit 1; }
 
-# quantile METRIC Q: the upper bound (ms) of the first bucket whose cumulative count reaches Q of the total.
+# quantile METRIC Q AFTER [BEFORE]: the upper bound (ms) of the first bucket whose cumulative count reaches Q of the
+# total, of the histogram in AFTER (minus the one in BEFORE: the observations of one phase).
 quantile() {
   awk -v m="$1_bucket" -v q="$2" '
-    index($0, m"{le=")==1 { le=$0; sub(/.*le="/,"",le); sub(/".*/,"",le); n++; les[n]=le; cnt[n]=$NF }
-    END { total=cnt[n]; for (i=1;i<=n;i++) if (cnt[i] >= q*total) { if (les[i]=="+Inf") print "inf"; else printf "%.3f\n", les[i]*1000; exit } }' \
-    "$TMP/gateway-metrics"
+    index($0, m"{le=")==1 { le=$0; sub(/.*le="/,"",le); sub(/".*/,"",le);
+                            if (FILENAME == ARGV[1]) { n++; les[n]=le; cnt[n]=$NF } else { base[le]=$NF } }
+    END { for (i=1;i<=n;i++) cnt[i]-=base[les[i]]; total=cnt[n]; if (total <= 0) { print "none"; exit }
+          for (i=1;i<=n;i++) if (cnt[i] >= q*total) { if (les[i]=="+Inf") print "inf"; else printf "%.3f\n", les[i]*1000; exit } }' \
+    "$3" ${4:+"$4"}
 }
 
 read -r f_rps f_p50 f_p99 f_bad < <(hey_fields "$TMP/hey-fixed")
 read -r g_rps g_p50 g_p99 g_bad < <(hey_fields "$TMP/hey-gateway")
+read -r s_rps s_p50 s_p99 s_bad < <(hey_fields "$TMP/hey-stream")
 echo "== gateway vs the same HTTP library answering a fixed response (hey, ${DURATION} s, $CONCURRENCY connections)"
 printf "%-34s %10s %10s %10s %8s\n" "server" "req/s" "p50 ms" "p99 ms" "non-200"
 printf "%-34s %10s %10s %10s %8s\n" "cpp-httplib fixed response (limit)" "$f_rps" "$f_p50" "$f_p99" "$f_bad"
 printf "%-34s %10s %10s %10s %8s\n" "mc-gateway -> cluster (1 token)" "$g_rps" "$g_p50" "$g_p99" "$g_bad"
 awk -v g="$g_rps" -v f="$f_rps" 'BEGIN{ if (f > 0) printf "ratio gateway/limit: %.3f (goal >= 0.5)\n", g / f }'
-echo "== the gateway's own added latency (bucket upper bounds, ms; goal p99 < 1 ms)"
+echo "== the gateway's own added latency (bucket upper bounds, ms; goal p99 < 1 ms), 1-token phase"
 for m in mc_gateway_submit_overhead_seconds mc_gateway_token_overhead_seconds mc_gateway_submit_seconds mc_gateway_ttft_seconds; do
-  printf "%-40s p50 <= %s  p99 <= %s\n" "$m" "$(quantile "$m" 0.5)" "$(quantile "$m" 0.99)"
+  printf "%-40s p50 <= %s  p99 <= %s\n" "$m" "$(quantile "$m" 0.5 "$TMP/gateway-metrics")" \
+    "$(quantile "$m" 0.99 "$TMP/gateway-metrics")"
+done
+echo "== $CONCURRENCY concurrent streams of ${STREAM_TOKENS:-32} tokens (hey, ${DURATION} s): $s_rps streams/s, p50 $s_p50 ms," \
+  "p99 $s_p99 ms, non-200 $s_bad; the gateway's own added latency in that phase"
+for m in mc_gateway_submit_overhead_seconds mc_gateway_token_overhead_seconds mc_gateway_tbt_seconds; do
+  printf "%-40s p50 <= %s  p99 <= %s\n" "$m" "$(quantile "$m" 0.5 "$TMP/gateway-metrics-stream" "$TMP/gateway-metrics")" \
+    "$(quantile "$m" 0.99 "$TMP/gateway-metrics-stream" "$TMP/gateway-metrics")"
 done
 
 # The same window through ZeroMQ and through HTTP, each on a fresh cluster.
