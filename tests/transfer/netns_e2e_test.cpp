@@ -27,17 +27,17 @@ struct TwoHosts {
   bool ok = false;
 };
 
-#define MC_NETNS_OR_SKIP(h)                                                                       \
-  do {                                                                                            \
-    if (!(h).net.why_not().empty()) GTEST_SKIP() << (h).net.why_not();                           \
+#define MC_NETNS_OR_SKIP(h)                                                                     \
+  do {                                                                                          \
+    if (!(h).net.why_not().empty()) GTEST_SKIP() << (h).net.why_not();                          \
     if (!(h).ok) GTEST_SKIP() << "cannot build the two-namespace network: " << (h).net.error(); \
   } while (0)
 
 TEST(XferNetns, ReadWriteVerifyAcrossNamespacesUseTcpNotShm) {
   TwoHosts h;
   MC_NETNS_OR_SKIP(h);
-  Child server(h.net.in("srv", {kXfer, "serve", "--size", "64MiB", "--listen", "tcp://10.78.0.1:0",
-                                "--allow-unauthenticated"}));
+  Child server(
+      h.net.in("srv", {kXfer, "serve", "--size", "64MiB", "--listen", "tcp://10.78.0.1:0", "--allow-unauthenticated"}));
   const std::string ready = server.wait_line("ready ", 30000);
   const std::string seg = ready_field(ready, "segment");
   ASSERT_EQ(seg.rfind("10.78.0.1:", 0), 0u) << "the segment must be named by the address it was given: " << ready;
@@ -74,8 +74,8 @@ TEST(XferNetns, ReadWriteVerifyAcrossNamespacesUseTcpNotShm) {
 TEST(XferNetns, BenchBaselineRunsRawTcpToTheTargetsHost) {
   TwoHosts h;
   MC_NETNS_OR_SKIP(h);
-  Child server(h.net.in("srv", {kXfer, "serve", "--size", "32MiB", "--listen", "tcp://10.78.0.1:0",
-                                "--allow-unauthenticated"}));
+  Child server(
+      h.net.in("srv", {kXfer, "serve", "--size", "32MiB", "--listen", "tcp://10.78.0.1:0", "--allow-unauthenticated"}));
   const std::string seg = ready_field(server.wait_line("ready ", 30000), "segment");
   ASSERT_FALSE(seg.empty());
   const uint64_t rx0 = h.net.counter("cli", "veth1b", "rx_bytes");

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -468,7 +469,7 @@ struct BenchRow {
   std::vector<std::pair<std::string, double>> path_share;
   std::map<std::string, uint64_t> counters;  // EngineStats::transport_counters, delta over the row
   double cpu_s = 0;                          // user + system CPU of this (client) process over the row
-  double server_cpu_s = -1;                  // the same of the serving process (same host only; -1: unknown)
+  double server_cpu_s = -1;                  // the same of the serving process (visible here only; -1: unknown)
   uint64_t failed = 0;
   std::string error;
 };
@@ -496,6 +497,21 @@ double process_cpu_s_of(int pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// Whether /proc/PID of the descriptor's pid is the serving process: it runs on this host, or on this machine
+// in another network namespace (a namespace "host": the same boot id, and /proc/PID/ns/net is the namespace its
+// host_id names, shm::local_host_id()).
+bool server_process_visible(const proto::SegmentDescriptor& d) {
+  if (d.pid <= 0) return false;
+  const std::string mine = shm::local_host_id();
+  if (d.host_id == mine) return true;
+  auto boot = [](const std::string& h) { return h.substr(0, h.find('/')); };
+  if (boot(d.host_id) != boot(mine)) return false;
+  std::error_code ec;
+  const std::string net = std::filesystem::read_symlink("/proc/" + std::to_string(d.pid) + "/ns/net", ec).string();
+  const size_t slash = d.host_id.rfind('/');
+  return !ec && !net.empty() && slash != std::string::npos && d.host_id.compare(slash + 1, std::string::npos, net) == 0;
+}
+
 uint64_t counter(const BenchRow& r, const std::string& name) {
   auto it = r.counters.find(name);
   return it == r.counters.end() ? 0 : it->second;
@@ -517,7 +533,7 @@ struct BenchLimit {
   uint32_t n;
   uint64_t block;
   double bps;
-  double cpu_s_per_gb;  // CPU of both ends per 1e9 bytes moved (the target's only when it runs on this host)
+  double cpu_s_per_gb;  // CPU of both ends per 1e9 bytes moved (the target's only when its process is visible)
 };
 
 // Where the raw tcp limits ran: to the target's host (the bench's own endpoint, WireOp::kRawStream), or on
@@ -528,48 +544,46 @@ struct RawTcpWhere {
 };
 
 // Phase 1 (--baseline): the limits, for every block: memcpy x1 and x2 (from a source of up to 1 GiB,
-// allocated and touched once for all blocks), raw tcp x1 and x4; each for min(duration, 2 s). Measured
-// before the warm-up and the engine rows, all back to back: touching the baseline's own gigabyte between
-// engine rows evicted the peer mapping's pages from the (shadow) page tables of this guest, and the next
-// small-block shm row paid first-touch faults again.
-// Raw tcp runs between this host and the target's (its first endpoint; the same direction as the rows: the
-// target sends for reads), with the socket buffers of the engine's connections, so the ratio compares the engine
-// with plain sends over the same link. The target's CPU counts when it runs on this host (`server_cpu_s`).
-std::vector<BenchLimit> measure_limits(const BenchOptions& o, const Client& c,
-                                       const std::function<double()>& server_cpu_s, RawTcpWhere* where) {
-  std::vector<BenchLimit> base;
-  const uint64_t remote_size = c.remote_size;
-  std::vector<char> memcpy_src(std::min<uint64_t>(remote_size, 1ull << 30), 1);
-  where->endpoint = c.desc.endpoints.empty() ? std::string() : c.desc.endpoints.front();
-  if (where->endpoint.empty()) where->note = "segment " + c.desc.name + " publishes no tcp endpoint";
+// allocated and touched once for all blocks), raw tcp x1 and x4; when each runs: run_bench.
+// The memcpy limits at `block`: x1 and x2 threads from `memcpy_src`, each for min(duration, 2 s).
+void measure_memcpy_limits(const BenchOptions& o, uint64_t block, const std::vector<char>& memcpy_src,
+                           std::vector<BenchLimit>* base) {
   const double d = std::min(o.duration_s, 2.0);
-  for (uint64_t block : o.block_bytes) {
+  for (uint32_t th : {1u, 2u}) {
     // The byte count is recovered from the rate and the measured time (the functions return rates).
-    for (uint32_t th : {1u, 2u}) {
-      const double c0 = process_cpu_s(), t0 = now_s();
-      const double bps = measure_memcpy_bytes_per_second(block, th, memcpy_src.data(), memcpy_src.size(), d);
-      const double bytes = bps * (now_s() - t0);
-      base.push_back({"memcpy", th, block, bps, bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
-    }
-    for (uint32_t st : {1u, 4u}) {
-      const double c0 = process_cpu_s(), s0 = server_cpu_s(), t0 = now_s();
-      Result<double> r = Status(Code::kUnavailable, "");
-      if (!where->endpoint.empty()) {
-        r = measure_remote_raw_tcp_bytes_per_second(where->endpoint, c.grant, o.op == Op::kRead, block, st, d,
-                                                    o.engine.socket_buffer_bytes);
-        if (!r.is_ok()) {
-          where->note = r.status().message();
-          where->endpoint.clear();
-        }
-      }
-      const bool remote = !where->endpoint.empty();
-      if (!remote) r = measure_raw_tcp_bytes_per_second(block, st, d);
-      const double bytes = r.is_ok() ? r.value() * (now_s() - t0) : 0;
-      const double cpu = process_cpu_s() - c0 + (remote ? server_cpu_s() - s0 : 0);
-      base.push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0, bytes > 0 ? cpu / (bytes / 1e9) : 0});
-    }
+    const double c0 = process_cpu_s(), t0 = now_s();
+    const double bps = measure_memcpy_bytes_per_second(block, th, memcpy_src.data(), memcpy_src.size(), d);
+    const double bytes = bps * (now_s() - t0);
+    base->push_back({"memcpy", th, block, bps, bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
   }
-  return base;
+}
+
+// The raw tcp limits at `block`: x1 and x4 streams, each for min(duration, 2 s), between this host and the
+// target's (`where->endpoint`, the segment's first; the same direction as the rows: the target sends for reads),
+// with the socket buffers of the engine's connections, so the ratio compares the engine with plain sends over
+// the same link. When the target cannot serve raw streams, on loopback in this process from then on (the reason
+// in where->note). The target's CPU counts when its process is visible here (`server_cpu_s`).
+void measure_tcp_limits(const BenchOptions& o, const Client& c, uint64_t block,
+                        const std::function<double()>& server_cpu_s, RawTcpWhere* where,
+                        std::vector<BenchLimit>* base) {
+  const double d = std::min(o.duration_s, 2.0);
+  for (uint32_t st : {1u, 4u}) {
+    const double c0 = process_cpu_s(), s0 = server_cpu_s(), t0 = now_s();
+    Result<double> r = Status(Code::kUnavailable, "");
+    if (!where->endpoint.empty()) {
+      r = measure_remote_raw_tcp_bytes_per_second(where->endpoint, c.grant, o.op == Op::kRead, block, st, d,
+                                                  o.engine.socket_buffer_bytes);
+      if (!r.is_ok()) {
+        where->note = r.status().message();
+        where->endpoint.clear();
+      }
+    }
+    const bool remote = !where->endpoint.empty();
+    if (!remote) r = measure_raw_tcp_bytes_per_second(block, st, d);
+    const double bytes = r.is_ok() ? r.value() * (now_s() - t0) : 0;
+    const double cpu = process_cpu_s() - c0 + (remote ? server_cpu_s() - s0 : 0);
+    base->push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0, bytes > 0 ? cpu / (bytes / 1e9) : 0});
+  }
 }
 
 struct BenchWarmup {
@@ -607,7 +621,7 @@ Result<BenchWarmup> warm_up(const BenchOptions& o, Client& c, char* local, uint6
 // Phase 3: one row, `o.threads` threads each submitting batches of `o.batch` requests of `block` bytes for
 // `o.duration_s` (at least one batch each), thread t from its own `slab` bytes of `buf` and its own part of
 // the remote range. The row's error is the first failure seen (the threads stop at their first).
-// `server_cpu_s`: the serving process's CPU seconds so far (same host only, else -1 in the row).
+// `server_cpu_s`: the serving process's CPU seconds so far (its process visible here only, else -1 in the row).
 BenchRow run_row(const BenchOptions& o, Client& c, char* buf, uint64_t slab, uint64_t block, bool same_host,
                  const std::function<double()>& server_cpu_s) {
   const bool tty = isatty(STDERR_FILENO) != 0;
@@ -904,20 +918,35 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
   auto reg = c.engine->register_memory(buf->data(), slab * o.threads);
   if (!reg.is_ok()) return report::print_error(o.json, out, reg.status());
   char* local = static_cast<char*>(buf->data());
-  // The serving process's CPU, when it runs on this host (/proc/PID/stat of the descriptor's pid): with the
+  // The serving process's CPU, when it runs on this machine (/proc/PID/stat of the descriptor's pid): with the
   // client's, the engine's CPU per byte, comparable with the baselines' (both ends in one process) on a
   // machine too loaded for wall-clock rates to mean much.
-  const bool same_host = c.desc.host_id == shm::local_host_id() && c.desc.pid > 0;
+  const bool same_host = server_process_visible(c.desc);
   auto server_cpu_s = [&]() -> double { return same_host ? process_cpu_s_of(c.desc.pid) : 0; };
 
   BenchReport rep{o, c, {}, {}, {}, {}, {}, Status::ok()};
-  if (o.baseline) rep.base = measure_limits(o, c, server_cpu_s, &rep.raw_where);
+  // The limits (--baseline). memcpy, and for shm everything, before the warm-up and the rows, back to back:
+  // touching the baseline's own gigabyte between engine rows evicted the peer mapping's pages from the (shadow)
+  // page tables of this guest, and the next small-block shm row paid first-touch faults again. For tcp and rdma
+  // the raw tcp limit of a block runs right before that block's row (it touches no segment memory), so the two
+  // sides of a ratio are seconds apart rather than the whole run: on a shared machine the load drifts.
+  const bool shm_rows = c.transport == "shm";
+  rep.raw_where.endpoint = c.desc.endpoints.empty() ? std::string() : c.desc.endpoints.front();
+  if (rep.raw_where.endpoint.empty()) rep.raw_where.note = "segment " + c.desc.name + " publishes no tcp endpoint";
+  if (o.baseline) {
+    std::vector<char> memcpy_src(std::min<uint64_t>(c.remote_size, 1ull << 30), 1);
+    for (uint64_t block : o.block_bytes) {
+      measure_memcpy_limits(o, block, memcpy_src, &rep.base);
+      if (shm_rows) measure_tcp_limits(o, c, block, server_cpu_s, &rep.raw_where, &rep.base);
+    }
+  }
   if (o.warmup) {
     auto w = warm_up(o, c, local, max_block);
     if (!w.is_ok()) return report::print_error(o.json, out, w.status());
     rep.warmup = w.value();
   }
   for (uint64_t block : o.block_bytes) {
+    if (o.baseline && !shm_rows) measure_tcp_limits(o, c, block, server_cpu_s, &rep.raw_where, &rep.base);
     rep.rows.push_back(run_row(o, c, local, slab, block, same_host, server_cpu_s));
     if (!rep.rows.back().error.empty()) break;
   }

@@ -57,11 +57,11 @@ class NetnsHosts {
   int link(const std::string& a, const std::string& addr_a, const std::string& b, const std::string& addr_b) {
     const int i = ++links_;
     const std::string va = "veth" + std::to_string(i) + "a", vb = "veth" + std::to_string(i) + "b";
-    const bool ok = step("ip link add " + va + " netns " + name(a) + " type veth peer name " + vb + " netns " + name(b)) &&
-                    step("ip -n " + name(a) + " addr add " + addr_a + " dev " + va) &&
-                    step("ip -n " + name(b) + " addr add " + addr_b + " dev " + vb) &&
-                    step("ip -n " + name(a) + " link set " + va + " up") &&
-                    step("ip -n " + name(b) + " link set " + vb + " up");
+    const bool ok =
+        step("ip link add " + va + " netns " + name(a) + " type veth peer name " + vb + " netns " + name(b)) &&
+        step("ip -n " + name(a) + " addr add " + addr_a + " dev " + va) &&
+        step("ip -n " + name(b) + " addr add " + addr_b + " dev " + vb) &&
+        step("ip -n " + name(a) + " link set " + va + " up") && step("ip -n " + name(b) + " link set " + vb + " up");
     return ok ? i : 0;
   }
   // argv run inside host h: {"ip", "netns", "exec", NAME, argv...}.
