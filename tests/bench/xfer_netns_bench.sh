@@ -8,7 +8,9 @@
 #   env: RUNS=3 DURATION=2 BLOCKS=64KiB,1MiB,4MiB SIZE=1GiB OP=read EXTRA="--io-threads 2" (more bench flags)
 #
 # Needs root (ip netns); prints the reason and exits 0 otherwise. Prints, per run, `uptime` before and after,
-# then one row per block: mc-xfer GB/s, raw TCP x1 and x4 GB/s, and the ratio to the best raw TCP. The JSON of
+# then one row per block: mc-xfer GB/s, raw TCP x1 and x4 GB/s, the ratio to the best raw TCP, request latency,
+# and CPU seconds per GB of both processes (client and server; the bench reads the server's /proc/PID/stat, as
+# both run on this machine) for the engine and for the best raw TCP. The JSON of
 # each run is kept in $KEEP_DIR when set. Namespaces and processes are removed on exit, Ctrl-C or failure.
 set -euo pipefail
 BUILD=${1:?usage: xfer_netns_bench.sh BUILD_DIR}
@@ -65,14 +67,15 @@ raw = {}
 for b in j.get("baseline", []):
     if b["kind"] == "tcp_raw":
         raw[(b["block_bytes"], b["streams"])] = b["bytes_per_second"]
-print("%12s %12s %12s %12s %8s %10s %10s" % ("block_bytes", "mc-xfer_GB/s", "raw_x1_GB/s", "raw_x4_GB/s", "ratio",
-                                            "p50_us", "p99_us"))
+print("%12s %12s %12s %12s %8s %10s %10s %13s %13s" % ("block_bytes", "mc-xfer_GB/s", "raw_x1_GB/s", "raw_x4_GB/s",
+      "ratio", "p50_us", "p99_us", "cpu_s/GB", "raw_cpu_s/GB"))
 for r in j["results"]:
     blk = r["block_bytes"]
     x1, x4 = raw.get((blk, 1), 0), raw.get((blk, 4), 0)
     best = max(x1, x4)
-    print("%12d %12.2f %12.2f %12.2f %8.2f %10.1f %10.1f" % (blk, r["bytes_per_second"] / 1e9, x1 / 1e9, x4 / 1e9,
-          r["bytes_per_second"] / best if best else 0, r["latency_p50_ns"] / 1e3, r["latency_p99_ns"] / 1e3))
+    print("%12d %12.2f %12.2f %12.2f %8.2f %10.1f %10.1f %13.3f %13.3f" % (blk, r["bytes_per_second"] / 1e9, x1 / 1e9,
+          x4 / 1e9, r["bytes_per_second"] / best if best else 0, r["latency_p50_ns"] / 1e3, r["latency_p99_ns"] / 1e3,
+          r.get("cpu_s_per_gb", 0), r.get("limit_cpu_s_per_gb", 0)))
 if "error" in j:
     sys.exit("bench failed: %s" % j["error"])
 EOF
