@@ -15,10 +15,12 @@
 # nothing is added to the caller's namespace. netns_cleanup (also the trap) stops the processes started with
 # netns_spawn (SIGTERM, then SIGKILL after NETNS_GRACE_S seconds) and any other process still inside the
 # namespaces, then deletes the namespaces. It is idempotent, works under `set -euo pipefail`, and the trap
-# keeps the script's exit status.
+# keeps the script's exit status. A caller that sets its own EXIT trap calls netns_cleanup from it.
 #
-# Names: NETNS_PREFIX defaults to "mcns<pid>" (unique per running script); interface names are short
-# ("<prefix-free index>"), as Linux allows 15 characters.
+# Names: NETNS_PREFIX defaults to "mcns<pid>" (unique per running script); interface names are short, as Linux
+# allows 15 characters: veth<N>a / veth<N>b for the two ends of link N, veth<N>h / veth<N>s for a host's end and
+# the switch's end of attachment N. (The transfer engine's shared buffers are memfds: a killed process leaves no
+# /dev/shm file, and the store node's DRAM is a memfd too.)
 
 NETNS_PREFIX=${NETNS_PREFIX:-}
 NETNS_LIST=()       # full namespace names, in creation order

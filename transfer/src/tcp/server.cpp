@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "mc/common/log.hpp"
@@ -152,14 +153,25 @@ Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok
 
 // The data phase of a kRawStream (wire.hpp): sends (target_sends) or receives up to `length` bytes in
 // `chunk`-sized send/recv calls, the plain loop a raw-TCP program runs. Ends at `length`, at EOF or at an
-// error (the initiator closing early is the normal end). Bytes already read ahead count as received.
+// error (the initiator closing early is the normal end). Bytes already read ahead count as received. Every
+// stream sends from, and receives into, one process-wide buffer of kMaxRawChunkBytes, so open streams cost no
+// memory each; what lands in it is never read. It is written once when made (64 MiB resident from the first raw
+// stream on): sends from untouched memory would all read the kernel's one zero page, cheaper than any real buffer.
 void raw_stream(int fd, ReadAhead* in, bool target_sends, uint64_t chunk, uint64_t length, const std::string& what) {
-  std::unique_ptr<char[]> buf(new char[chunk]());
+  static char* const buf = [] {
+    auto* p = static_cast<char*>(std::malloc(kMaxRawChunkBytes));
+    if (p != nullptr) std::memset(p, 0x5a, kMaxRawChunkBytes);
+    return p;
+  }();
+  if (buf == nullptr) {
+    MC_LOG_WARN << what << ": raw stream: cannot allocate its " << kMaxRawChunkBytes << "-byte buffer";
+    return;
+  }
   uint64_t moved = 0;
   if (!target_sends) moved += in->drain_buffered();
   while (moved < length) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, length - moved));
-    const ssize_t k = target_sends ? ::send(fd, buf.get(), n, MSG_NOSIGNAL) : ::recv(fd, buf.get(), n, 0);
+    const ssize_t k = target_sends ? ::send(fd, buf, n, MSG_NOSIGNAL) : ::recv(fd, buf, n, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) break;
     moved += static_cast<uint64_t>(k);
