@@ -10,10 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "mc/common/log.hpp"
 
@@ -151,27 +152,32 @@ Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok
   return Status::ok();
 }
 
-// The data phase of a kRawStream (wire.hpp): sends (target_sends) or receives up to `length` bytes in
-// `chunk`-sized send/recv calls, the plain loop a raw-TCP program runs. Ends at `length`, at EOF or at an
-// error (the initiator closing early is the normal end). Bytes already read ahead count as received. Every
-// stream sends from, and receives into, one process-wide buffer of kMaxRawChunkBytes, so open streams cost no
-// memory each; what lands in it is never read. It is written once when made (64 MiB resident from the first raw
-// stream on): sends from untouched memory would all read the kernel's one zero page, cheaper than any real buffer.
+// Bytes of raw-stream buffers allocated at once in this process, and their bound: each stream has its own
+// buffer of its chunk size, as each stream of a raw-TCP program has (one shared buffer made the baseline's
+// sources cache-hot across streams); a stream past the bound is refused.
+std::atomic<uint64_t> raw_buffer_bytes{0};
+constexpr uint64_t kMaxRawBufferBytes = 256ull << 20;
+
+// Reserves `chunk` bytes of the raw-stream budget; false when that would pass kMaxRawBufferBytes.
+bool reserve_raw_buffer(uint64_t chunk) {
+  uint64_t cur = raw_buffer_bytes.load();
+  do {
+    if (cur + chunk > kMaxRawBufferBytes) return false;
+  } while (!raw_buffer_bytes.compare_exchange_weak(cur, cur + chunk));
+  return true;
+}
+
+// The data phase of a kRawStream (wire.hpp), its chunk already reserved: sends (target_sends) or receives up
+// to `length` bytes in `chunk`-sized send/recv calls from/into a buffer of its own (written once, so sends do not
+// all read the kernel's one zero page), the plain loop a raw-TCP program runs. Ends at `length`, at EOF or at
+// an error (the initiator closing early is the normal end). Bytes already read ahead count as received.
 void raw_stream(int fd, ReadAhead* in, bool target_sends, uint64_t chunk, uint64_t length, const std::string& what) {
-  static char* const buf = [] {
-    auto* p = static_cast<char*>(std::malloc(kMaxRawChunkBytes));
-    if (p != nullptr) std::memset(p, 0x5a, kMaxRawChunkBytes);
-    return p;
-  }();
-  if (buf == nullptr) {
-    MC_LOG_WARN << what << ": raw stream: cannot allocate its " << kMaxRawChunkBytes << "-byte buffer";
-    return;
-  }
+  std::vector<char> buf(chunk, 0x5a);
   uint64_t moved = 0;
   if (!target_sends) moved += in->drain_buffered();
   while (moved < length) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, length - moved));
-    const ssize_t k = target_sends ? ::send(fd, buf, n, MSG_NOSIGNAL) : ::recv(fd, buf, n, 0);
+    const ssize_t k = target_sends ? ::send(fd, buf.data(), n, MSG_NOSIGNAL) : ::recv(fd, buf.data(), n, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) break;
     moved += static_cast<uint64_t>(k);
@@ -459,11 +465,18 @@ void TcpServer::serve_connection(Conn* conn) {
             log_refusal(conn->peer, op, 0, req.length, st);
           }
         }
+        const bool reserved = st.is_ok() && reserve_raw_buffer(req.offset);
+        if (st.is_ok() && !reserved) {
+          st = Status(Code::kResourceExhausted, "raw stream: " + std::to_string(raw_buffer_bytes.load()) +
+                                                    " bytes of raw-stream buffers in use (at most " +
+                                                    std::to_string(kMaxRawBufferBytes) + "); retry later");
+        }
         if (!st.is_ok()) errors_++;
         sent = send_reply(fd, op, st, "", nullptr, 0);
         if (sent.is_ok() && st.is_ok()) {
           raw_stream(fd, in.get(), req.reserved == kRawTargetSends, req.offset, req.length, what);
         }
+        if (reserved) raw_buffer_bytes -= req.offset;
         sent = Status(Code::kAborted, "raw stream ended");  // the connection carried raw bytes: close it
         break;
       }

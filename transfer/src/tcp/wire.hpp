@@ -31,7 +31,8 @@ inline constexpr uint32_t kMaxAuxBytes = 16u << 20;  // descriptors, notificatio
 // reserved = kRawTargetSends (the target sends, as for a READ) or kRawTargetReceives (as for a WRITE); aux = a
 // grant token when the target enforces grants (any valid grant: no segment memory is touched). After an ok reply
 // the connection carries only raw bytes (no headers) until `length` bytes moved or the initiator closes it; the
-// target then closes it. The bytes sent are a constant, from one buffer the target's streams share.
+// target then closes it. Each stream has a buffer of its chunk size (a constant is sent); a target refuses a
+// stream past 256 MiB of such buffers at once (kResourceExhausted).
 enum class WireOp : uint8_t {
   kRead = 1,
   kWrite = 2,
