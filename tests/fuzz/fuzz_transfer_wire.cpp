@@ -55,6 +55,8 @@ void parse_requests(std::string_view in) {
       case tcp::WireOp::kDescribe:
       case tcp::WireOp::kPing:
         break;
+      case tcp::WireOp::kRawStream:
+        return;  // the rest of the connection is raw bytes (no headers), then the target closes it
       default:
         return;  // unknown op: the target replies with an error and closes
     }

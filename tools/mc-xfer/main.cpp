@@ -145,8 +145,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--duration", bench.duration_s, "Seconds per block size")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 3600.0));
-  bench_cmd->add_flag("--baseline", bench.baseline,
-                      "Also measure memcpy (1, 2 threads) and raw loopback TCP (1, 4 streams) and print ratios");
+  bench_cmd->add_flag(
+      "--baseline", bench.baseline,
+      "Also measure memcpy (1, 2 threads) and raw TCP to the target's host (1, 4 streams) and print ratios");
   bool no_warmup = false;
   bench_cmd->add_flag("--no-warmup", no_warmup,
                       "Skip the untimed pass that reads the swept range once before timing (first-touch page faults "

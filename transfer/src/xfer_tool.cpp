@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -394,6 +395,64 @@ Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t s
   return static_cast<double>(received.load()) / (now_s() - t0);
 }
 
+Result<double> measure_remote_raw_tcp_bytes_per_second(const std::string& endpoint, const std::string& grant,
+                                                       bool target_sends, uint64_t block_bytes, uint32_t streams,
+                                                       double duration_s, int socket_buffer_bytes) {
+  if (block_bytes == 0 || block_bytes > tcp::kMaxRawChunkBytes || streams == 0) {
+    return Status(Code::kInvalidArgument, "raw tcp baseline: block of " + std::to_string(block_bytes) +
+                                              " bytes (1 to " + std::to_string(tcp::kMaxRawChunkBytes) + ") and " +
+                                              std::to_string(streams) + " streams (> 0)");
+  }
+  MC_ASSIGN_OR_RETURN(Endpoint hp, parse_tcp_endpoint(endpoint));
+  const std::string what = "raw tcp baseline to " + hp.host_port();
+  std::vector<tcp::Fd> fds;
+  for (uint32_t s = 0; s < streams; ++s) {
+    MC_ASSIGN_OR_RETURN(tcp::Fd fd, tcp::connect_blocking(hp, "", 2000, 10000));
+    tcp::tune_data_socket(fd.get(), socket_buffer_bytes);  // the sockets the engine's connections have
+    tcp::WireRequest req;
+    req.op = static_cast<uint8_t>(tcp::WireOp::kRawStream);
+    req.reserved = target_sends ? tcp::kRawTargetSends : tcp::kRawTargetReceives;
+    req.aux_bytes = static_cast<uint32_t>(grant.size());
+    req.offset = block_bytes;
+    req.length = 1ull << 50;  // until this side closes
+    MC_RETURN_IF_ERROR(tcp::send_all(fd.get(), &req, sizeof req, what));
+    if (!grant.empty()) MC_RETURN_IF_ERROR(tcp::send_all(fd.get(), grant.data(), grant.size(), what));
+    tcp::WireReply rep;
+    MC_RETURN_IF_ERROR(tcp::recv_all(fd.get(), &rep, sizeof rep, what));
+    if (!tcp::reply_header_valid(rep)) return Status(Code::kMalformedMessage, what + ": bad reply header");
+    std::string aux(rep.aux_bytes, '\0');
+    if (!aux.empty()) MC_RETURN_IF_ERROR(tcp::recv_all(fd.get(), aux.data(), aux.size(), what));
+    if (rep.code != 0) {
+      return Status(static_cast<Code>(rep.code),
+                    what + ": the target refused the raw stream: " + aux +
+                        " (an mc-xfer serve older than the raw-stream op answers 'unknown op 7')");
+    }
+    fds.push_back(std::move(fd));
+  }
+  std::atomic<uint64_t> moved{0};
+  std::vector<std::thread> ts;
+  const double t0 = now_s();
+  for (uint32_t s = 0; s < streams; ++s) {
+    ts.emplace_back([&, s] {
+      std::vector<char> buf(block_bytes, 3);
+      const double end = t0 + duration_s;
+      uint64_t n = 0;
+      while (now_s() < end) {
+        const ssize_t k = target_sends ? ::recv(fds[s].get(), buf.data(), buf.size(), 0)
+                                       : ::send(fds[s].get(), buf.data(), buf.size(), MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        n += static_cast<uint64_t>(k);
+      }
+      moved += n;
+    });
+  }
+  for (auto& t : ts) t.join();
+  const double elapsed = now_s() - t0;
+  for (auto& fd : fds) ::shutdown(fd.get(), SHUT_RDWR);  // the target's loop ends at the reset or EOF
+  return static_cast<double>(moved.load()) / elapsed;
+}
+
 // ------------------------------------------------------------------------------------------------
 // bench
 // ------------------------------------------------------------------------------------------------
@@ -410,7 +469,7 @@ struct BenchRow {
   std::vector<std::pair<std::string, double>> path_share;
   std::map<std::string, uint64_t> counters;  // EngineStats::transport_counters, delta over the row
   double cpu_s = 0;                          // user + system CPU of this (client) process over the row
-  double server_cpu_s = -1;                  // the same of the serving process (same host only; -1: unknown)
+  double server_cpu_s = -1;                  // the same of the serving process (visible here only; -1: unknown)
   uint64_t failed = 0;
   std::string error;
 };
@@ -438,6 +497,21 @@ double process_cpu_s_of(int pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// Whether /proc/PID of the descriptor's pid is the serving process: it runs on this host, or on this machine
+// in another network namespace (a namespace "host": the same boot id, and /proc/PID/ns/net is the namespace its
+// host_id names, shm::local_host_id()).
+bool server_process_visible(const proto::SegmentDescriptor& d) {
+  if (d.pid <= 0) return false;
+  const std::string mine = shm::local_host_id();
+  if (d.host_id == mine) return true;
+  auto boot = [](const std::string& h) { return h.substr(0, h.find('/')); };
+  if (boot(d.host_id) != boot(mine)) return false;
+  std::error_code ec;
+  const std::string net = std::filesystem::read_symlink("/proc/" + std::to_string(d.pid) + "/ns/net", ec).string();
+  const size_t slash = d.host_id.rfind('/');
+  return !ec && !net.empty() && slash != std::string::npos && d.host_id.compare(slash + 1, std::string::npos, net) == 0;
+}
+
 uint64_t counter(const BenchRow& r, const std::string& name) {
   auto it = r.counters.find(name);
   return it == r.counters.end() ? 0 : it->second;
@@ -453,41 +527,63 @@ int64_t percentile(std::vector<int64_t>& v, double q) {
   return v[i];
 }
 
-// One limit measured by --baseline: memcpy with n threads, or raw loopback tcp with n streams, at `block`.
+// One limit measured by --baseline: memcpy with n threads, or raw tcp with n streams, at `block`.
 struct BenchLimit {
   std::string kind;  // "memcpy" | "tcp_raw"
   uint32_t n;
   uint64_t block;
   double bps;
-  double cpu_s_per_gb;  // CPU of both ends (all in this process) per 1e9 bytes moved
+  double cpu_s_per_gb;  // CPU of both ends per 1e9 bytes moved (the target's only when its process is visible)
+};
+
+// Where the raw tcp limits ran: to the target's host (the bench's own endpoint, WireOp::kRawStream), or on
+// loopback inside this process when the target cannot serve raw streams (the reason in `note`).
+struct RawTcpWhere {
+  std::string endpoint;  // "tcp://10.77.0.1:4000"; empty: loopback in this process
+  std::string note;
 };
 
 // Phase 1 (--baseline): the limits, for every block: memcpy x1 and x2 (from a source of up to 1 GiB,
-// allocated and touched once for all blocks), raw tcp x1 and x4; each for min(duration, 2 s). Measured
-// before the warm-up and the engine rows, all back to back: touching the baseline's own gigabyte between
-// engine rows evicted the peer mapping's pages from the (shadow) page tables of this guest, and the next
-// small-block shm row paid first-touch faults again.
-std::vector<BenchLimit> measure_limits(const BenchOptions& o, uint64_t remote_size) {
-  std::vector<BenchLimit> base;
-  std::vector<char> memcpy_src(std::min<uint64_t>(remote_size, 1ull << 30), 1);
+// allocated and touched once for all blocks), raw tcp x1 and x4; when each runs: run_bench.
+// The memcpy limits at `block`: x1 and x2 threads from `memcpy_src`, each for min(duration, 2 s).
+void measure_memcpy_limits(const BenchOptions& o, uint64_t block, const std::vector<char>& memcpy_src,
+                           std::vector<BenchLimit>* base) {
   const double d = std::min(o.duration_s, 2.0);
-  for (uint64_t block : o.block_bytes) {
+  for (uint32_t th : {1u, 2u}) {
     // The byte count is recovered from the rate and the measured time (the functions return rates).
-    for (uint32_t th : {1u, 2u}) {
-      const double c0 = process_cpu_s(), t0 = now_s();
-      const double bps = measure_memcpy_bytes_per_second(block, th, memcpy_src.data(), memcpy_src.size(), d);
-      const double bytes = bps * (now_s() - t0);
-      base.push_back({"memcpy", th, block, bps, bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
-    }
-    for (uint32_t st : {1u, 4u}) {
-      const double c0 = process_cpu_s(), t0 = now_s();
-      auto r = measure_raw_tcp_bytes_per_second(block, st, d);
-      const double bytes = r.is_ok() ? r.value() * (now_s() - t0) : 0;
-      base.push_back(
-          {"tcp_raw", st, block, r.is_ok() ? r.value() : 0, bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
-    }
+    const double c0 = process_cpu_s(), t0 = now_s();
+    const double bps = measure_memcpy_bytes_per_second(block, th, memcpy_src.data(), memcpy_src.size(), d);
+    const double bytes = bps * (now_s() - t0);
+    base->push_back({"memcpy", th, block, bps, bytes > 0 ? (process_cpu_s() - c0) / (bytes / 1e9) : 0});
   }
-  return base;
+}
+
+// The raw tcp limits at `block`: x1 and x4 streams, each for min(duration, 2 s), between this host and the
+// target's (`where->endpoint`, the segment's first; the same direction as the rows: the target sends for reads),
+// with the socket buffers of the engine's connections, so the ratio compares the engine with plain sends over
+// the same link. When the target cannot serve raw streams, on loopback in this process from then on (the reason
+// in where->note). The target's CPU counts when its process is visible here (`server_cpu_s`).
+void measure_tcp_limits(const BenchOptions& o, const Client& c, uint64_t block,
+                        const std::function<double()>& server_cpu_s, RawTcpWhere* where,
+                        std::vector<BenchLimit>* base) {
+  const double d = std::min(o.duration_s, 2.0);
+  for (uint32_t st : {1u, 4u}) {
+    const double c0 = process_cpu_s(), s0 = server_cpu_s(), t0 = now_s();
+    Result<double> r = Status(Code::kUnavailable, "");
+    if (!where->endpoint.empty()) {
+      r = measure_remote_raw_tcp_bytes_per_second(where->endpoint, c.grant, o.op == Op::kRead, block, st, d,
+                                                  o.engine.socket_buffer_bytes);
+      if (!r.is_ok()) {
+        where->note = r.status().message();
+        where->endpoint.clear();
+      }
+    }
+    const bool remote = !where->endpoint.empty();
+    if (!remote) r = measure_raw_tcp_bytes_per_second(block, st, d);
+    const double bytes = r.is_ok() ? r.value() * (now_s() - t0) : 0;
+    const double cpu = process_cpu_s() - c0 + (remote ? server_cpu_s() - s0 : 0);
+    base->push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0, bytes > 0 ? cpu / (bytes / 1e9) : 0});
+  }
 }
 
 struct BenchWarmup {
@@ -525,7 +621,7 @@ Result<BenchWarmup> warm_up(const BenchOptions& o, Client& c, char* local, uint6
 // Phase 3: one row, `o.threads` threads each submitting batches of `o.batch` requests of `block` bytes for
 // `o.duration_s` (at least one batch each), thread t from its own `slab` bytes of `buf` and its own part of
 // the remote range. The row's error is the first failure seen (the threads stop at their first).
-// `server_cpu_s`: the serving process's CPU seconds so far (same host only, else -1 in the row).
+// `server_cpu_s`: the serving process's CPU seconds so far (its process visible here only, else -1 in the row).
 BenchRow run_row(const BenchOptions& o, Client& c, char* buf, uint64_t slab, uint64_t block, bool same_host,
                  const std::function<double()>& server_cpu_s) {
   const bool tty = isatty(STDERR_FILENO) != 0;
@@ -619,6 +715,7 @@ struct BenchReport {
   const Client& c;
   std::vector<BenchRow> rows;
   std::vector<BenchLimit> base;  // empty without --baseline
+  RawTcpWhere raw_where;         // where base's tcp_raw rows ran
   BenchWarmup warmup;
   std::vector<std::string> path_labels;
   Status result;  // the failed row's error (the rows stop at the first), else ok
@@ -708,6 +805,8 @@ void write_bench_json(const BenchReport& rep, std::ostream& out) {
     j["results"].push_back(std::move(jr));
   }
   if (rep.o.baseline) {
+    j["baseline_tcp_raw_endpoint"] = rep.raw_where.endpoint.empty() ? "loopback" : rep.raw_where.endpoint;
+    if (!rep.raw_where.note.empty()) j["baseline_tcp_raw_note"] = rep.raw_where.note;
     j["baseline"] = nlohmann::json::array();
     for (const auto& b : rep.base) {
       j["baseline"].push_back({{"kind", b.kind},
@@ -775,7 +874,13 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
     }
   }
   if (rep.o.baseline) {
-    out << "# limits measured in this run (GB/s)\n";
+    out << "# limits measured in this run (GB/s); raw tcp "
+        << (rep.raw_where.endpoint.empty()
+                ? "on loopback in this process" +
+                      (rep.raw_where.note.empty() ? std::string() : " (" + rep.raw_where.note + ")")
+                : "between this host and " + rep.raw_where.endpoint + " (the target " +
+                      (rep.o.op == Op::kRead ? "sends" : "receives") + ")")
+        << "\n";
     out << std::setw(12) << "block_bytes" << std::setw(12) << "memcpy_x1" << std::setw(12) << "memcpy_x2"
         << std::setw(12) << "tcp_raw_x1" << std::setw(12) << "tcp_raw_x4"
         << "\n";
@@ -813,20 +918,35 @@ Status run_bench(const BenchOptions& o, std::ostream& out) {
   auto reg = c.engine->register_memory(buf->data(), slab * o.threads);
   if (!reg.is_ok()) return report::print_error(o.json, out, reg.status());
   char* local = static_cast<char*>(buf->data());
-  // The serving process's CPU, when it runs on this host (/proc/PID/stat of the descriptor's pid): with the
+  // The serving process's CPU, when it runs on this machine (/proc/PID/stat of the descriptor's pid): with the
   // client's, the engine's CPU per byte, comparable with the baselines' (both ends in one process) on a
   // machine too loaded for wall-clock rates to mean much.
-  const bool same_host = c.desc.host_id == shm::local_host_id() && c.desc.pid > 0;
+  const bool same_host = server_process_visible(c.desc);
   auto server_cpu_s = [&]() -> double { return same_host ? process_cpu_s_of(c.desc.pid) : 0; };
 
-  BenchReport rep{o, c, {}, {}, {}, {}, Status::ok()};
-  if (o.baseline) rep.base = measure_limits(o, c.remote_size);
+  BenchReport rep{o, c, {}, {}, {}, {}, {}, Status::ok()};
+  // The limits (--baseline). memcpy, and for shm everything, before the warm-up and the rows, back to back:
+  // touching the baseline's own gigabyte between engine rows evicted the peer mapping's pages from the (shadow)
+  // page tables of this guest, and the next small-block shm row paid first-touch faults again. For tcp and rdma
+  // the raw tcp limit of a block runs right before that block's row (it touches no segment memory), so the two
+  // sides of a ratio are seconds apart rather than the whole run: on a shared machine the load drifts.
+  const bool shm_rows = c.transport == "shm";
+  rep.raw_where.endpoint = c.desc.endpoints.empty() ? std::string() : c.desc.endpoints.front();
+  if (rep.raw_where.endpoint.empty()) rep.raw_where.note = "segment " + c.desc.name + " publishes no tcp endpoint";
+  if (o.baseline) {
+    std::vector<char> memcpy_src(std::min<uint64_t>(c.remote_size, 1ull << 30), 1);
+    for (uint64_t block : o.block_bytes) {
+      measure_memcpy_limits(o, block, memcpy_src, &rep.base);
+      if (shm_rows) measure_tcp_limits(o, c, block, server_cpu_s, &rep.raw_where, &rep.base);
+    }
+  }
   if (o.warmup) {
     auto w = warm_up(o, c, local, max_block);
     if (!w.is_ok()) return report::print_error(o.json, out, w.status());
     rep.warmup = w.value();
   }
   for (uint64_t block : o.block_bytes) {
+    if (o.baseline && !shm_rows) measure_tcp_limits(o, c, block, server_cpu_s, &rep.raw_where, &rep.base);
     rep.rows.push_back(run_row(o, c, local, slab, block, same_host, server_cpu_s));
     if (!rep.rows.back().error.empty()) break;
   }

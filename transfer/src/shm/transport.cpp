@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -220,7 +221,11 @@ std::string local_host_id() {
   std::string boot;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot);
-  return boot + "/" + mc::report::host_name();
+  // The network namespace: two namespaces of one machine are two hosts (the cluster launcher of issue 20
+  // makes each host a namespace), so their peers talk tcp over their links, never shm. "net:[4026531840]".
+  std::error_code ec;
+  const std::string net = std::filesystem::read_symlink("/proc/self/ns/net", ec).string();
+  return boot + "/" + mc::report::host_name() + "/" + (ec ? std::string("net:?") : net);
 }
 
 std::unique_ptr<Transport> make_shm_transport(const EngineOptions& options, std::string local_host_id) {

@@ -15,7 +15,9 @@ namespace mc::transfer::shm {
 // options.shm_parallel_min_bytes. post() copies synchronously in the calling thread.
 std::unique_ptr<Transport> make_shm_transport(const EngineOptions& options, std::string local_host_id);
 
-// "boot_id/hostname" of this machine: equal values mean the same kernel, so memfds can be shared.
+// "boot_id/hostname/net:[inode]": this machine's kernel and this process's network namespace. Equal values
+// mean the same kernel (so memfds can be shared) and the same network host: processes in two network
+// namespaces of one machine are different hosts (tcp between them), as the namespace cluster needs.
 std::string local_host_id();
 
 }  // namespace mc::transfer::shm

@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "mc/common/log.hpp"
 
@@ -80,6 +82,13 @@ class ReadAhead {
     return Status::ok();
   }
 
+  // Drops the bytes received but not yet taken; returns how many.
+  size_t drain_buffered() {
+    const size_t n = end_ - begin_;
+    begin_ = end_ = 0;
+    return n;
+  }
+
  private:
   int fd_;
   const std::string& what_;
@@ -93,6 +102,7 @@ uint32_t max_aux_bytes(WireOp op) {
   switch (op) {
     case WireOp::kRead:
     case WireOp::kWrite:
+    case WireOp::kRawStream:
       return static_cast<uint32_t>(auth::kMaxGrantTokenBytes);
     case WireOp::kNotify:
     case WireOp::kRdmaConnect:
@@ -140,6 +150,39 @@ Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok
     }
   }
   return Status::ok();
+}
+
+// Bytes of raw-stream buffers allocated at once in this process, and their bound: each stream has its own
+// buffer of its chunk size, as each stream of a raw-TCP program has (one shared buffer made the baseline's
+// sources cache-hot across streams); a stream past the bound is refused.
+std::atomic<uint64_t> raw_buffer_bytes{0};
+constexpr uint64_t kMaxRawBufferBytes = 256ull << 20;
+
+// Reserves `chunk` bytes of the raw-stream budget; false when that would pass kMaxRawBufferBytes.
+bool reserve_raw_buffer(uint64_t chunk) {
+  uint64_t cur = raw_buffer_bytes.load();
+  do {
+    if (cur + chunk > kMaxRawBufferBytes) return false;
+  } while (!raw_buffer_bytes.compare_exchange_weak(cur, cur + chunk));
+  return true;
+}
+
+// The data phase of a kRawStream (wire.hpp), its chunk already reserved: sends (target_sends) or receives up
+// to `length` bytes in `chunk`-sized send/recv calls from/into a buffer of its own (written once, so sends do not
+// all read the kernel's one zero page), the plain loop a raw-TCP program runs. Ends at `length`, at EOF or at
+// an error (the initiator closing early is the normal end). Bytes already read ahead count as received.
+void raw_stream(int fd, ReadAhead* in, bool target_sends, uint64_t chunk, uint64_t length, const std::string& what) {
+  std::vector<char> buf(chunk, 0x5a);
+  uint64_t moved = 0;
+  if (!target_sends) moved += in->drain_buffered();
+  while (moved < length) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, length - moved));
+    const ssize_t k = target_sends ? ::send(fd, buf.data(), n, MSG_NOSIGNAL) : ::recv(fd, buf.data(), n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    moved += static_cast<uint64_t>(k);
+  }
+  MC_LOG_DEBUG << what << ": raw stream of " << moved << " bytes (" << (target_sends ? "sent" : "received") << ")";
 }
 
 }  // namespace
@@ -284,7 +327,10 @@ void TcpServer::log_refusal(const std::string& peer, WireOp op, uint64_t offset,
   std::lock_guard<std::mutex> lk(refusal_log_mu_);
   if (!refusal_log_.allow(mono_ms())) return;
   const uint64_t more = refusal_log_.take_suppressed();
-  const char* what = op == WireOp::kRead ? "read" : op == WireOp::kWrite ? "write" : "notification";
+  const char* what = op == WireOp::kRead        ? "read"
+                     : op == WireOp::kWrite     ? "write"
+                     : op == WireOp::kRawStream ? "raw stream"
+                                                : "notification";
   MC_LOG_WARN << "tcp server " << (endpoints_.empty() ? std::string("?") : endpoints_.front()) << ": refused " << what
               << (op == WireOp::kNotify ? std::string()
                                         : " [" + std::to_string(offset) + ", +" + std::to_string(length) + ")")
@@ -405,6 +451,35 @@ void TcpServer::serve_connection(Conn* conn) {
       case WireOp::kPing:
         sent = send_reply(fd, op, Status::ok(), "", nullptr, 0);
         break;
+      case WireOp::kRawStream: {
+        Status st = Status::ok();
+        if (req.offset == 0 || req.offset > kMaxRawChunkBytes ||
+            (req.reserved != kRawTargetSends && req.reserved != kRawTargetReceives)) {
+          st = Status(Code::kInvalidArgument, "raw stream: chunk of " + std::to_string(req.offset) + " bytes (1 to " +
+                                                  std::to_string(kMaxRawChunkBytes) + ") or direction " +
+                                                  std::to_string(req.reserved) + " out of range");
+        } else if (grants) {
+          Result<auth::Grant> g = handler_->verify_grant(aux);
+          if (!g.is_ok()) {
+            st = g.status();
+            log_refusal(conn->peer, op, 0, req.length, st);
+          }
+        }
+        const bool reserved = st.is_ok() && reserve_raw_buffer(req.offset);
+        if (st.is_ok() && !reserved) {
+          st = Status(Code::kResourceExhausted, "raw stream: " + std::to_string(raw_buffer_bytes.load()) +
+                                                    " bytes of raw-stream buffers in use (at most " +
+                                                    std::to_string(kMaxRawBufferBytes) + "); retry later");
+        }
+        if (!st.is_ok()) errors_++;
+        sent = send_reply(fd, op, st, "", nullptr, 0);
+        if (sent.is_ok() && st.is_ok()) {
+          raw_stream(fd, in.get(), req.reserved == kRawTargetSends, req.offset, req.length, what);
+        }
+        if (reserved) raw_buffer_bytes -= req.offset;
+        sent = Status(Code::kAborted, "raw stream ended");  // the connection carried raw bytes: close it
+        break;
+      }
       case WireOp::kRdmaConnect: {
         auto r = handler_->rdma_connect(aux);
         if (!r.is_ok()) {

@@ -26,7 +26,25 @@ inline constexpr uint32_t kMaxAuxBytes = 16u << 20;  // descriptors, notificatio
 // WRITE's payload. kNotify: aux = packed proto::TransferNotification, whose `grant` is checked the same way.
 // kRdmaConnect: aux = packed proto::RdmaConnectRequest, reply aux = packed proto::RdmaConnectReply; the target
 // keeps the queue pair while this connection stays open (rdma/rdma.hpp).
-enum class WireOp : uint8_t { kRead = 1, kWrite = 2, kDescribe = 3, kNotify = 4, kPing = 5, kRdmaConnect = 6 };
+// kRawStream: the raw-TCP baseline of `mc-xfer bench --baseline` between the initiator's host and the target's.
+// offset = the chunk size (bytes per send/recv, at most kMaxRawChunkBytes), length = the most bytes to move,
+// reserved = kRawTargetSends (the target sends, as for a READ) or kRawTargetReceives (as for a WRITE); aux = a
+// grant token when the target enforces grants (any valid grant: no segment memory is touched). After an ok reply
+// the connection carries only raw bytes (no headers) until `length` bytes moved or the initiator closes it; the
+// target then closes it. Each stream has a buffer of its chunk size (a constant is sent); a target refuses a
+// stream past 256 MiB of such buffers at once (kResourceExhausted).
+enum class WireOp : uint8_t {
+  kRead = 1,
+  kWrite = 2,
+  kDescribe = 3,
+  kNotify = 4,
+  kPing = 5,
+  kRdmaConnect = 6,
+  kRawStream = 7
+};
+inline constexpr uint16_t kRawTargetSends = 0;
+inline constexpr uint16_t kRawTargetReceives = 1;
+inline constexpr uint64_t kMaxRawChunkBytes = 64ull << 20;
 
 struct WireRequest {
   uint32_t magic = kWireMagic;

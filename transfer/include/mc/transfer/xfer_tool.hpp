@@ -66,7 +66,7 @@ struct BenchOptions {
   uint32_t batch = 32;
   double duration_s = 3.0;
   bool json = false;
-  bool baseline = false;  // also measure memcpy (1, 2 threads) and raw loopback TCP (1, 4 streams)
+  bool baseline = false;  // also measure memcpy (1, 2 threads) and raw TCP to the target's host (1, 4 streams)
   // Before timing, move every byte of the swept range once (untimed), so the figures are steady state: the
   // first touch of each page of a fresh peer mapping (shm) is a page fault — ~13 us per 4 KiB page on a
   // shadow-paging guest — and a short run at small blocks would otherwise measure only that.
@@ -84,6 +84,14 @@ double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, c
                                        double duration_s);
 // Raw TCP over 127.0.0.1: `streams` connections, each sending block_bytes writes to a receiver thread.
 Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s);
+// Raw TCP between this host and the transfer engine serving at `endpoint` ("tcp://HOST:PORT"): `streams`
+// connections, each a raw stream (the engine's kRawStream op: no headers after the first reply) of block_bytes
+// send/recv calls for duration_s, the target sending (target_sends, as for reads) or receiving. Both ends' sockets
+// get socket_buffer_bytes, as the engine's data connections. `grant`: a grant token when the target enforces them.
+// Errors: the connect's, or the target's refusal (an older target answers kMalformedMessage "unknown op 7").
+Result<double> measure_remote_raw_tcp_bytes_per_second(const std::string& endpoint, const std::string& grant,
+                                                       bool target_sends, uint64_t block_bytes, uint32_t streams,
+                                                       double duration_s, int socket_buffer_bytes);
 
 // `mc-xfer stat`: the counters of the `mc-xfer serve` whose stat endpoint is `endpoint` (daemon::print_stat).
 struct StatOptions {
