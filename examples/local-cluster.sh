@@ -68,6 +68,9 @@
 #                         daemon: name, HOST:PORT) and metrics-targets.txt (HOST:PORT lines, for a scrape
 #                         config), and CMD gets MC_METRICS_TARGETS (the path of the latter)  [MC_METRICS=1, off]
 #   --keep-logs DIR       copy the daemons' logs to DIR when stopping
+#   --cluster FILE        start the cluster a description names instead (examples/cluster.sh FILE: each host a network
+#                         namespace where this process can make them, else loopback; docs/DESIGN.md §16); of the
+#                         options above only --bin, --ready-timeout-s, --log-level, --keep-logs and -- CMD apply
 #   -h, --help            this text
 set -euo pipefail
 
@@ -100,6 +103,7 @@ bin="${MC_BIN:-$root/build/bin}"
 ready_timeout_s="${MC_READY_TIMEOUT_S:-60}"
 log_level="${MC_LOG_LEVEL:-warn}"
 keep_logs=""
+cluster_file=""
 auth="${MC_AUTH:-0}"
 metrics="${MC_METRICS:-0}"
 cmd=()
@@ -129,6 +133,7 @@ while [[ $# -gt 0 ]]; do
     --ready-timeout-s) need "$@"; ready_timeout_s="$2"; shift 2 ;;
     --log-level) need "$@"; log_level="$2"; shift 2 ;;
     --keep-logs) need "$@"; keep_logs="$2"; shift 2 ;;
+    --cluster) need "$@"; cluster_file="$2"; shift 2 ;;
     --auth) auth=1; shift ;;
     --gateway) gateway=1; shift ;;
     --gateway-args) need "$@"; gateway_args="$2"; gateway=1; shift 2 ;;
@@ -138,6 +143,10 @@ while [[ $# -gt 0 ]]; do
     *) echo "local-cluster.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+if [[ -n "$cluster_file" ]]; then
+  exec "$here/cluster.sh" "$cluster_file" --bin "$bin" --ready-timeout-s "$ready_timeout_s" --log-level "$log_level" \
+    ${keep_logs:+--keep-logs "$keep_logs"} ${cmd[@]+-- "${cmd[@]}"}
+fi
 [[ "$prefix_cache" == store || "$prefix_cache" == none ]] ||
   { echo "local-cluster.sh: --prefix-cache must be store or none, got '$prefix_cache'" >&2; exit 2; }
 [[ -n "$model" ]] || { [[ "$backend" == ref ]] && model=tiny || model=llama3-70b; }

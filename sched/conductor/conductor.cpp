@@ -1429,7 +1429,7 @@ class Conductor {
   }
 
   static constexpr int64_t kLoopStallNs = 250'000'000;
-  static constexpr int kLoopWaitMs = 10;  // the longest wait of one loop pass with nothing arriving
+  static constexpr int kLoopWaitMs = 10;     // the longest wait of one loop pass with nothing arriving
   std::vector<zmq::pollitem_t> poll_items_;  // the loop's wait set (server, KV event subscriptions)
 
   ConductorOptions options_;

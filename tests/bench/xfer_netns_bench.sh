@@ -23,8 +23,8 @@ SIZE=${SIZE:-1GiB}
 OP=${OP:-read}
 EXTRA=${EXTRA:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=tests/support/netns_lib.sh
-. "$HERE/../support/netns_lib.sh"
+# shellcheck source=../../examples/lib/netns.sh
+. "$HERE/../../examples/lib/netns.sh"
 if ! netns_require; then
   echo "xfer_netns_bench: skipped: $NETNS_SKIP_REASON"
   exit 0

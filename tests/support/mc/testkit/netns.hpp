@@ -1,4 +1,4 @@
-// Network namespaces as hosts for e2e tests (the C++ side of tests/support/netns_lib.sh): namespaces with a
+// Network namespaces as hosts for e2e tests (the C++ side of examples/lib/netns.sh): namespaces with a
 // unique prefix (pid + a counter), lo up, joined by veth pairs whose ends both live inside them (nothing is
 // added to the test's own namespace). The destructor kills every process still inside them (by pid, from
 // `ip netns pids`) and deletes them, so a failed assertion leaves nothing behind. Needs root; available()

@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2034  # sourced; the NETNS_* variables are for the caller
 # Network namespaces as hosts, for tests and benchmarks (source it; bash; needs root and `ip netns`).
 #
-#   . tests/support/netns_lib.sh
+#   . examples/lib/netns.sh
 #   netns_require || { echo "skip: $NETNS_SKIP_REASON"; exit 0; }
 #   netns_init                                  # prefix from the pid; cleanup on EXIT, INT and TERM
 #   netns_add a; netns_add b                    # namespaces "$NETNS_PREFIX-a", "-b", each with lo up
@@ -192,4 +192,16 @@ netns_cleanup() {
   for ns in "${NETNS_LIST[@]}"; do ip netns del "$ns" 2>/dev/null; done
   NETNS_PIDS=()
   NETNS_LIST=()
+}
+
+# netns_shape SHORT IF MBIT: limits what leaves interface IF of namespace SHORT to MBIT Mbit/s with a token bucket
+# (tc tbf; this kernel has tbf and htb but no netem, so no added delay). The bucket holds 2 ms at the rate and at
+# least 256 KiB, enough for the 64 KiB GSO packets veth sends. MBIT 0: the interface is left unshaped.
+netns_shape() {
+  local ns burst
+  ns=$(netns_name "$1")
+  [ "$3" = 0 ] && return 0
+  burst=$(($3 * 1000000 / 8 / 500))
+  [ "$burst" -lt 262144 ] && burst=262144
+  netns__run tc -n "$ns" qdisc replace dev "$2" root tbf rate "$3mbit" burst "$burst" latency 100ms
 }

@@ -1,0 +1,97 @@
+// examples/cluster.sh --mode netns (issue 20 item 1): the cluster of examples/clusters/pair.json with each host a
+// network namespace of this machine (a prefill host and a decode host, storage on both, 1 Gbit/s NICs shaped with
+// tbf). A replay window from the client host completes request by request; the KV the prefill host wrote to the
+// decode host crossed the shaped link (the tbf qdisc's byte count); the daemons bound their hosts' addresses,
+// never loopback; and after the script exits no namespace, process or state directory of it is left. Skips with the
+// reason when not root or `ip netns` is unavailable.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "mc/testkit/local_cluster.hpp"
+#include "mc/testkit/netns.hpp"
+#include "mc/testkit/process.hpp"
+
+namespace mc::testing {
+using namespace mc::testkit;  // NOLINT: run, Scratch, slurp, NetnsHosts
+namespace {
+
+const std::string kBin = MC_BINARY_DIR "/bin";
+
+TEST(ClusterNetns, ReplayAcrossHostsCrossesTheShapedLinks) {
+  {
+    NetnsHosts probe;
+    if (!probe.why_not().empty()) GTEST_SKIP() << probe.why_not();
+  }
+  for (const char* tool : {"mc-store", "mc-conductor", "mc-prefill", "mc-decode", "mc-auth", "mc-trace-replay"}) {
+    if (::access((kBin + "/" + tool).c_str(), X_OK) != 0) GTEST_SKIP() << kBin << "/" << tool << " is not built";
+  }
+  Scratch s("cluster_netns");
+  // In the client host (h0): the replay, then each host's interface counters as the tbf qdisc saw them
+  // (host -> switch on the host's veth), and the namespaces the cluster made.
+  const std::string cmd =
+      kBin + "/mc-trace-replay " MC_SOURCE_DIR
+             "/examples/traces/conversation_trace.jsonl --start-s 1352.9 --max-requests 33 --block-tokens 16 "
+             "--max-input-tokens 512 --max-output-tokens 6 --speed 1 --time-scale 50 --slo-ttft-ms 600000 "
+             "--slo-tbt-ms 600000 --drain-timeout-s 60 --no-progress --json --out " +
+      s.path("records.jsonl") + " > " + s.path("summary.json") +
+      " && while read -r host addr rack ns iface port; do "
+      "echo \"$host $addr $ns $(tc -n $ns -s qdisc show dev $iface | awk '/tbf/{t=1} t&&/Sent/{print $2; exit}')\"; "
+      "done < \"$MC_CLUSTER_STATE/hosts.txt\" > " +
+      s.path("links.txt") + " && cp \"$MC_CLUSTER_STATE/cluster.txt\" " + s.path("cluster.txt") +
+      " && echo \"$MC_CLUSTER_STATE\" > " + s.path("state.txt");
+  std::ofstream(s.path("cmd.sh")) << cmd << "\n";
+  auto r = run({"/bin/bash", "-c",
+                "/bin/bash " MC_SOURCE_DIR "/examples/cluster.sh " MC_SOURCE_DIR
+                "/examples/clusters/pair.json --mode netns --set time_scale=50 --ready-timeout-s 90 --bin " +
+                    kBin + " -- /bin/bash " + s.path("cmd.sh") + " 2>&1"},
+               240000);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+
+  // Every request of the window completed.
+  std::ifstream records(s.path("records.jsonl"));
+  std::string line;
+  size_t completed = 0, total = 0;
+  while (std::getline(records, line)) {
+    ++total;
+    auto rec = nlohmann::json::parse(line);
+    if (rec["outcome"] == "completed") ++completed;
+  }
+  EXPECT_EQ(total, 33u) << r.out;
+  EXPECT_EQ(completed, total) << r.out;
+  auto summary = nlohmann::json::parse(slurp(s.path("summary.json")));
+  const uint64_t kv_bytes = summary["cache"]["transfer_bytes"].get<uint64_t>();
+  EXPECT_GT(kv_bytes, 0u) << summary.dump();
+
+  // The daemons bound their hosts' addresses (h0 10.88.1.10, h1 10.88.1.11), never loopback.
+  const std::string cluster = slurp(s.path("cluster.txt"));
+  EXPECT_EQ(cluster.find("127.0.0.1"), std::string::npos) << cluster;
+  EXPECT_NE(cluster.find("tcp://10.88.1.11:"), std::string::npos) << cluster;
+
+  // The prefill host's link carried at least the KV it sent to the decode host (plus control traffic).
+  std::istringstream links(slurp(s.path("links.txt")));
+  std::string host, addr, ns;
+  uint64_t sent = 0, h0_sent = 0;
+  std::vector<std::string> namespaces;
+  while (links >> host >> addr >> ns >> sent) {
+    namespaces.push_back(ns);
+    if (host == "h0") h0_sent = sent;
+  }
+  ASSERT_EQ(namespaces.size(), 2u) << slurp(s.path("links.txt"));
+  EXPECT_GE(h0_sent, kv_bytes) << "the KV did not cross h0's shaped link: " << slurp(s.path("links.txt"));
+
+  // Nothing is left: the namespaces and the state directory went with the script.
+  auto left = run({"/bin/bash", "-c", "ip netns list"}, 10000);
+  for (const auto& n : namespaces) EXPECT_EQ(left.out.find(n), std::string::npos) << n << " outlived the cluster";
+  std::string state = slurp(s.path("state.txt"));
+  state.erase(state.find_last_not_of('\n') + 1);
+  EXPECT_FALSE(std::filesystem::exists(state)) << state;
+}
+
+}  // namespace
+}  // namespace mc::testing

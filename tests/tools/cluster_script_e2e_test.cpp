@@ -1,0 +1,124 @@
+// examples/cluster.sh (issue 20 item 1) without namespaces: the ssh mode's --dry-run prints every command each host
+// would run, bound to the host's own address; a broken description exits 2 with the reason; the same description
+// runs on loopback with the hosts as --host labels. The namespace runs are in cluster_netns_e2e_test.cpp.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "mc/testkit/local_cluster.hpp"
+#include "mc/testkit/process.hpp"
+
+namespace mc::testing {
+using namespace mc::testkit;  // NOLINT: run, Scratch, slurp
+namespace {
+
+const std::string kScript = MC_SOURCE_DIR "/examples/cluster.sh";
+const std::string kClusters = MC_SOURCE_DIR "/examples/clusters/";
+const std::string kBin = MC_BINARY_DIR "/bin";
+
+// The script with `args`, stdout and stderr together.
+RunResult script(const std::string& args, int64_t timeout_ms = 60000) {
+  return run({"/bin/bash", "-c", "/bin/bash " + kScript + " --bin " + kBin + " " + args + " 2>&1"}, timeout_ms);
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(ClusterScript, SshDryRunPrintsEveryDaemonOnItsHost) {
+  auto r = script(kClusters + "ssh-example.json --mode ssh --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  // Keys to every host first, then each daemon over ssh on its host, bound to that host's address.
+  EXPECT_EQ(count_of(r.out, "scp -qr "), 2u) << r.out;
+  EXPECT_NE(r.out.find("ssh mc@gpu-a.example 'nohup " + kBin + "/mc-store master --listen tcp://192.0.2.10:0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("ssh mc@gpu-b.example 'nohup " + kBin + "/mc-decode --listen tcp://192.0.2.11:0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--xfer-listen tcp://192.0.2.11:0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mc-gateway --listen 192.0.2.11:0 --client-bind tcp://192.0.2.11:0"), std::string::npos)
+      << r.out;
+  // Every daemon that needs the master or the Conductor is given the endpoint the ready line will tell.
+  EXPECT_EQ(count_of(r.out, "--master \\<master-endpoint\\>"), 2u) << r.out;
+  EXPECT_EQ(count_of(r.out, "--conductor \\<conductor-endpoint\\>"), 3u) << r.out;  // decode, prefill, gateway
+  EXPECT_EQ(count_of(r.out, "ssh mc@gpu-"), 7u) << "one line per daemon: " << r.out;
+  EXPECT_EQ(count_of(r.out, "mkdir -p -m 700"), 2u) << r.out;
+  EXPECT_EQ(r.out.find("127.0.0.1"), std::string::npos) << "nothing may assume loopback: " << r.out;
+}
+
+TEST(ClusterScript, NetnsDryRunBuildsRacksRouterAndShaping) {
+  auto r = script(kClusters + "two-racks.json --mode netns --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "type bridge"), 2u) << r.out;
+  EXPECT_NE(r.out.find("sysctl -qw net.ipv4.ip_forward=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tbf rate 10000mbit"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tbf rate 5000mbit"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("route add default via 10.88.2.1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("-host-h3 " + kBin + "/mc-decode --listen tcp://10.88.2.11:0"), std::string::npos) << r.out;
+}
+
+TEST(ClusterScript, BrokenDescriptionsExit2WithTheReason) {
+  Scratch s("cluster_script");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(s.path(name)) << text;
+    return s.path(name);
+  };
+  const std::string two_masters = write("two-masters.json", R"({"hosts":[
+    {"name":"a","daemons":{"master":1,"conductor":1,"store":1,"prefill":1,"decode":1}},
+    {"name":"b","daemons":{"master":1}}]})");
+  const std::string bad_rack = write("bad-rack.json", R"({"racks":[{"name":"r0"}],"hosts":[
+    {"name":"a","rack":"r9","daemons":{"master":1,"conductor":1,"store":1,"prefill":1,"decode":1}}]})");
+  const std::string no_decode = write("no-decode.json", R"({"hosts":[
+    {"name":"a","daemons":{"master":1,"conductor":1,"store":1,"prefill":1}}]})");
+  const std::string bad_name = write("bad-name.json", R"({"hosts":[
+    {"name":"a b","daemons":{"master":1,"conductor":1,"store":1,"prefill":1,"decode":1}}]})");
+  const std::string not_json = write("not.json", "{hosts: [");
+  const std::pair<std::string, std::string> cases[] = {
+      {two_masters, "exactly one store master"},
+      {bad_rack, "rack 'r9', which .racks does not name"},
+      {no_decode, "at least one prefill and one decode"},
+      {bad_name, "host name 'a b'"},
+      {not_json, "is not JSON"},
+      {s.path("absent.json"), "cannot read"},
+  };
+  for (const auto& [file, why] : cases) {
+    auto r = script(file + " --mode loopback --dry-run");
+    EXPECT_EQ(r.exit_code, 2) << file << ": " << r.out;
+    EXPECT_NE(r.out.find(why), std::string::npos) << file << ": " << r.out;
+  }
+  auto r = script(kClusters + "pair.json --mode sideways");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+}
+
+// The description on loopback: every daemon up with its host's name as its label, the command gets the endpoints,
+// and nothing is left after.
+TEST(ClusterScript, LoopbackRunsTheDescriptionWithHostLabels) {
+  for (const char* tool : {"mc-store", "mc-conductor", "mc-prefill", "mc-decode", "mc-auth"}) {
+    if (::access((kBin + "/" + tool).c_str(), X_OK) != 0) GTEST_SKIP() << kBin << "/" << tool << " is not built";
+  }
+  Scratch s("cluster_loopback");
+  const std::string cmd = "cp \"$MC_CLUSTER_STATE/cluster.txt\" " + s.path("cluster.txt") + " && echo \"$MC_CONDUCTOR " +
+                          "$MC_CLIENT_BIND\" > " + s.path("env.txt") + " && echo \"$MC_CLUSTER_STATE\" > " +
+                          s.path("state.txt");
+  auto r = script(kClusters + "pair.json --mode loopback --ready-timeout-s 90 -- /bin/bash -c '" + cmd + "'", 180000);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string cluster = slurp(s.path("cluster.txt"));
+  for (const char* line : {"master ", "node0 ", "node1 ", "conductor ", "decode0 ", "prefill0 "}) {
+    EXPECT_NE(cluster.find(line), std::string::npos) << cluster;
+  }
+  EXPECT_NE(cluster.find("tcp://127.0.0.1:"), std::string::npos) << cluster;
+  EXPECT_NE(cluster.find(" h1\n"), std::string::npos) << "decode0 and node1 run on host h1: " << cluster;
+  EXPECT_EQ(slurp(s.path("env.txt")).rfind("tcp://127.0.0.1:", 0), 0u);
+  std::string state = slurp(s.path("state.txt"));
+  state.erase(state.find_last_not_of('\n') + 1);
+  EXPECT_FALSE(std::filesystem::exists(state)) << "the state directory " << state << " outlived the cluster";
+}
+
+}  // namespace
+}  // namespace mc::testing
