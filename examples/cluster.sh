@@ -20,8 +20,9 @@
 #             "address". With --dry-run (how it is tested here) every command is printed instead.
 # The launcher waits for each daemon's ready line (in start order: master, storage nodes, conductor, decode, prefill,
 # gateway), writes $MC_CLUSTER_STATE/cluster.txt (name pid endpoint host) and hosts.txt (host address rack, and in
-# netns mode its namespace, its interface and the switch's port facing it: for tc, nft or ip in a fault test), and
-# on exit, Ctrl-C, SIGTERM or a failure stops every process it started (SIGTERM, SIGKILL after 5 s) and
+# netns mode its namespace, its interface, the switch's port facing it and its nic_mbit: for tc, nft or ip in a
+# fault test) and with several racks racks.txt (rack, router namespace and its port, switch namespace and its
+# uplink port), and on exit, Ctrl-C, SIGTERM or a failure stops every process it started (SIGTERM, SIGKILL after 5 s) and
 # removes every namespace, link and its state directory. The store nodes' DRAM and the instances' KV buffers are
 # memfds: nothing is left in /dev/shm.
 #
@@ -272,6 +273,8 @@ if [[ "$mode" == netns ]]; then
     if ((routed)); then
       for r in "${!rack_names[@]}"; do
         netns_attach "switch-${rack_names[$r]}" router "$subnet.$((r + 1)).1/24"
+        echo "${rack_names[$r]} $NETNS_PREFIX-router $NETNS_IF_A $NETNS_PREFIX-switch-${rack_names[$r]} $NETNS_IF_B" \
+          >> "$state/racks.txt"
         up="$(jq -r --argjson i "$r" '.racks[$i].uplink_mbit // 0' "$file")"
         [[ "$up" =~ ^[0-9]+$ ]] || die "rack '${rack_names[$r]}': uplink_mbit must be a whole number of Mbit/s"
         netns_shape router "$NETNS_IF_A" "$up"                       # router -> rack
@@ -282,7 +285,7 @@ if [[ "$mode" == netns ]]; then
 fi
 for h in "${!host_names[@]}"; do
   echo "${host_names[$h]} ${host_addr[$h]} ${rack_names[${host_rack[$h]}]} ${host_ns[$h]:+$NETNS_PREFIX-${host_ns[$h]}}" \
-    "${host_if[$h]:-} ${switch_if[$h]:-}" >> "$state/hosts.txt"
+    "${host_if[$h]:-} ${switch_if[$h]:-} ${host_nic[$h]}" >> "$state/hosts.txt"
 done
 
 # on_host H CMD...: CMD as it runs on host H (inside its namespace in netns mode).

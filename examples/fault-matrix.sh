@@ -27,9 +27,21 @@
 #   conductor-kill conductor-stop  the same for the Conductor
 #   ssd-full                   the storage nodes' SSD tier on a small tmpfs (needs root to mount it), filled up
 #   ssd-removed                the SSD tier's directory removed while serving
+# Network faults, only with --cluster (hosts are network namespaces; each lasts --stop-s, then heals):
+# The victim is the first prefill instance on a host without the master and the Conductor (so that the fault cuts
+# only what it names), its decode peer the first decode instance on yet another host:
+#   isolate-master             the victim's host cut from the store master's host (nft drops both ways), not from
+#                              its peers
+#   cut-prefill-decode         the victim's host cut from its decode peer's host
+#   uplink-cut                 the uplink of a rack without the Conductor (the rack of its first decode instance)
+#                              down: the racks are cut apart (needs two racks)
+#   loss5                      5 % of the packets dropped each way at the victim's host (nft numgen)
+#   link-slow                  the victim's host NIC shaped to a tenth of its rate
+#   delay50                    50 ms added at the victim's host: skipped with the reason (this kernel has no netem)
 #
 # Options (environment variable in brackets):
-#   --faults LIST     which faults, comma-separated                         [MC_FAULTS, all]
+#   --faults LIST     which faults, comma-separated                         [MC_FAULTS, all (with --cluster also
+#                                                                            the network faults)]
 #   --duration-s S    trace window, seconds of trace time                   [MC_DURATION_S, 60]
 #   --speed X         time compression of the cluster and the replay        [MC_SPEED, 4]
 #   --at-s S          wall seconds after the replay starts to inject        [MC_FAULT_AT_S, 4]
@@ -40,12 +52,16 @@
 #                                                                           [MC_MAX_OUTPUT_TOKENS, the trace's]
 #   --max-input-tokens N   cut each prompt to its first N tokens            [MC_MAX_INPUT_TOKENS, the trace's]
 #   --check-tokens    compare completed requests' tokens with a cache-off run
+#   --cluster FILE    run every fault on the cluster this description names (examples/cluster.sh --mode netns:
+#                     each host a network namespace; needs root) instead of local-cluster.sh on loopback; its
+#                     instances prefill0, decode0 and node0 are the victims, on whatever hosts it puts them
+#                                                                           [MC_FAULT_CLUSTER, none]
 #   --out DIR         keep each run's records, fault time and logs here     [MC_OUT, a temporary directory]
 #   --bin DIR         where the mc binaries are                             [MC_BIN, build/bin]
 #   --json            one JSON object per row instead of the table
 #   -h, --help        this text
 # Exit status: 0 when every row has lost = 0 (and, with --check-tokens, equal tokens), 1 otherwise, 2 for bad
-# usage. Only loopback; every process, mount and file it makes is removed on exit.
+# usage. Loopback, or namespaces with --cluster; every process, namespace, mount and file it makes is removed on exit.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -53,6 +69,7 @@ root="$(dirname "$here")"
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 all_faults="none,prefill-kill,prefill-stop,decode-kill,decode-stop,node-kill,node-stop,master-kill,master-stop"
 all_faults+=",master-restart,conductor-kill,conductor-stop,ssd-full,ssd-removed"
+net_faults="isolate-master,cut-prefill-decode,uplink-cut,loss5,link-slow,delay50"
 
 # ---- inner mode: run by local-cluster.sh as its CMD (MC_CLUSTER_STATE and MC_CONDUCTOR are set) ----
 if [[ "${1:-}" == --inner ]]; then
@@ -63,6 +80,31 @@ if [[ "${1:-}" == --inner ]]; then
   [[ -n "$max_input" ]] && output_flags+=(--max-input-tokens "$max_input")
   state="$MC_CLUSTER_STATE"
   pid_of() { awk -v n="$1" '$1 == n {print $2}' "$state/cluster.txt"; }
+  # With --cluster: the host of a daemon, and a host's address, namespace, interface and NIC rate (hosts.txt).
+  host_of() { awk -v n="$1" '$1 == n {print $4}' "$state/cluster.txt"; }
+  host_field() { awk -v h="$1" -v f="$2" '$1 == h {print $f}' "$state/hosts.txt" 2>/dev/null; }
+  ns_of_daemon() { host_field "$(host_of "$1")" 4; }
+  # cut NS ADDR [PERCENT]: inside namespace NS drop the packets to and from ADDR (all of them, or PERCENT % at
+  # random; ADDR "any": every packet); heal NS undoes it.
+  cut() {
+    local match="ip daddr $2" back="ip saddr $2" rule="drop"
+    [[ "$2" == any ]] && match="meta nfproto ipv4" && back="meta nfproto ipv4"
+    [[ -n "${3:-}" ]] && rule="numgen random mod 100 < $3 drop"
+    ip netns exec "$1" nft -f - <<NFT
+table inet mcfault {
+  chain out { type filter hook output priority 0; $match $rule; }
+  chain in { type filter hook input priority 0; $back $rule; }
+}
+NFT
+  }
+  heal() { ip netns exec "$1" nft delete table inet mcfault; }
+  # pick KIND HOST...: the first instance of KIND (prefill, decode) whose host is none of HOST... (else the first).
+  pick() {
+    local kind="$1"
+    shift
+    awk -v k="^${kind}[0-9]+$" -v avoid=" $* " '$1 ~ k && index(avoid, " " $4 " ") == 0 {print $1; exit}' \
+      "$state/cluster.txt" | grep . || awk -v k="^${kind}[0-9]+$" '$1 ~ k {print $1; exit}' "$state/cluster.txt"
+  }
   now_ms() { date +%s%3N; }
   restarted=""
   cleanup() { if [[ -n "$restarted" ]]; then kill -TERM "$restarted" 2>/dev/null || true; wait "$restarted" 2>/dev/null || true; fi; }
@@ -80,6 +122,17 @@ if [[ "${1:-}" == --inner ]]; then
     node-*) victim=node0 ;;
     master-*) victim=master ;;
     conductor-*) victim=conductor ;;
+    # A prefill host apart from the master and the Conductor, so that the fault cuts only what it names.
+    isolate-master | loss5 | link-slow) victim="$(pick prefill "$(host_of master)" "$(host_of conductor)")" ;;
+    cut-prefill-decode)
+      victim="$(pick prefill "$(host_of master)" "$(host_of conductor)")"
+      peer="$(pick decode "$(host_of "$victim")" "$(host_of conductor)")"
+      ;;
+    # A decode instance in a rack without the Conductor: its rack's uplink goes down.
+    uplink-cut)
+      # shellcheck disable=SC2046  # the hosts of the Conductor's rack, one word each
+      victim="$(pick decode $(awk -v r="$(host_field "$(host_of conductor)" 3)" '$3 == r {print $1}' "$state/hosts.txt"))"
+      ;;
   esac
   now_ms > "$out/$fault.fault_ms"
   echo "$victim" > "$out/$fault.victim"
@@ -102,6 +155,8 @@ if [[ "${1:-}" == --inner ]]; then
           *) new+=("${argv[$i]}") ;;
         esac
       done
+      mns="$(ns_of_daemon master)"
+      [[ -n "$mns" ]] && new=(ip netns exec "$mns" "${new[@]}")
       "${new[@]}" >> "$state/master-restarted.log" 2>&1 &
       restarted=$!
       ;;
@@ -110,6 +165,27 @@ if [[ "${1:-}" == --inner ]]; then
       dd if=/dev/zero of="$ssd_dir/filler" bs=1M 2>/dev/null || true
       ;;
     ssd-removed) rm -rf "$ssd_dir" ;;
+    isolate-master) ns="$(ns_of_daemon "$victim")"; cut "$ns" "$(host_field "$(host_of master)" 2)"; sleep "$stop_s"; heal "$ns" ;;
+    cut-prefill-decode)
+      echo "$peer" > "$out/$fault.peer"
+      ns="$(ns_of_daemon "$victim")"; cut "$ns" "$(host_field "$(host_of "$peer")" 2)"; sleep "$stop_s"; heal "$ns" ;;
+    loss5) ns="$(ns_of_daemon "$victim")"; cut "$ns" any 5; sleep "$stop_s"; heal "$ns" ;;
+    link-slow)
+      h="$(host_of "$victim")"
+      nic="$(host_field "$h" 7)"
+      ((nic > 0)) || nic=10000
+      tc -n "$(host_field "$h" 4)" qdisc replace dev "$(host_field "$h" 5)" root tbf rate "$((nic / 10))mbit" \
+        burst 262144 latency 100ms
+      sleep "$stop_s"
+      tc -n "$(host_field "$h" 4)" qdisc replace dev "$(host_field "$h" 5)" root tbf rate "${nic}mbit" burst 262144 latency 100ms
+      ;;
+    uplink-cut)
+      rack="$(host_field "$(host_of "$victim")" 3)"
+      read -r _ rns rif _ < <(awk -v r="$rack" '$1 == r' "$state/racks.txt")
+      ip -n "$rns" link set "$rif" down
+      sleep "$stop_s"
+      ip -n "$rns" link set "$rif" up
+      ;;
     *) echo "fault-matrix.sh: unknown fault '$fault'" >&2; exit 2 ;;
   esac
   set +e
@@ -123,7 +199,7 @@ if [[ "${1:-}" == --inner ]]; then
   exit 0
 fi
 
-faults="${MC_FAULTS:-$all_faults}"
+faults="${MC_FAULTS:-}"
 duration_s="${MC_DURATION_S:-60}"
 speed="${MC_SPEED:-4}"
 at_s="${MC_FAULT_AT_S:-4}"
@@ -133,6 +209,7 @@ drain_s="${MC_DRAIN_TIMEOUT_S:-60}"
 max_output="${MC_MAX_OUTPUT_TOKENS:-}"
 max_input="${MC_MAX_INPUT_TOKENS:-}"
 out="${MC_OUT:-}"
+cluster_file="${MC_FAULT_CLUSTER:-}"
 bin="${MC_BIN:-$root/build/bin}"
 check_tokens=0
 json=0
@@ -150,6 +227,7 @@ while [[ $# -gt 0 ]]; do
     --max-input-tokens) need "$@"; max_input="$2"; shift 2 ;;
     --check-tokens) check_tokens=1; shift ;;
     --out) need "$@"; out="$2"; shift 2 ;;
+    --cluster) need "$@"; cluster_file="$2"; shift 2 ;;
     --bin) need "$@"; bin="$2"; shift 2 ;;
     --json) json=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -163,10 +241,22 @@ done
 for v in "$duration_s" "$speed" "$at_s" "$stop_s" "$drain_s"; do
   [[ "$v" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "fault-matrix.sh: '$v' is not a number of seconds" >&2; exit 2; }
 done
+if [[ -z "$faults" ]]; then faults="$all_faults${cluster_file:+,$net_faults}"; fi
 IFS=',' read -r -a fault_list <<< "$faults"
 for f in "${fault_list[@]}"; do
-  [[ ",$all_faults," == *",$f,"* ]] || { echo "fault-matrix.sh: unknown fault '$f' (known: $all_faults)" >&2; exit 2; }
+  if [[ ",$net_faults," == *",$f,"* ]]; then
+    [[ -n "$cluster_file" ]] || { echo "fault-matrix.sh: fault '$f' needs --cluster FILE (hosts as namespaces)" >&2; exit 2; }
+    continue
+  fi
+  [[ ",$all_faults," == *",$f,"* ]] ||
+    { echo "fault-matrix.sh: unknown fault '$f' (known: $all_faults; with --cluster also $net_faults)" >&2; exit 2; }
 done
+if [[ -n "$cluster_file" ]]; then
+  [[ -r "$cluster_file" ]] || { echo "fault-matrix.sh: cannot read the cluster description '$cluster_file'" >&2; exit 2; }
+  # shellcheck source=lib/netns.sh
+  . "$here/lib/netns.sh"
+  netns_require || { echo "fault-matrix.sh: --cluster runs hosts as namespaces: $NETNS_SKIP_REASON" >&2; exit 1; }
+fi
 [[ "$backend" == sim || "$backend" == ref ]] || { echo "fault-matrix.sh: --backend must be sim or ref" >&2; exit 2; }
 command -v jq > /dev/null || { echo "fault-matrix.sh: needs jq (tools/install-deps.sh installs it)" >&2; exit 1; }
 [[ -x "$bin/mc-trace-replay" ]] || { echo "fault-matrix.sh: $bin/mc-trace-replay not found: build first or pass --bin" >&2; exit 1; }
@@ -189,6 +279,22 @@ run() {
   local flags=(--bin "$bin" --backend "$backend" --time-scale "$speed" --block-size 512 --store-nodes 2
                --prefill 2 --decode 2 --keep-logs "$out/$fault.logs")
   [[ "$backend" == sim ]] && flags+=(--model llama3-70b --gpu a800x8)
+  local launcher=("$here/local-cluster.sh")
+  if [[ -n "$cluster_file" ]]; then
+    launcher=("$here/cluster.sh" "$cluster_file" --mode netns)
+    flags=(--bin "$bin" --set "backend=$backend" --set "time_scale=$speed" --set block_size=512
+           --keep-logs "$out/$fault.logs")
+    [[ "$backend" == sim ]] && flags+=(--set model=llama3-70b --set gpu=a800x8)
+    [[ "$backend" == ref ]] && flags+=(--set model=tiny)
+    [[ "$fault" == cache-off ]] && flags+=(--set prefix_cache=none)
+    local why=""
+    case "$fault" in
+      ssd-full | ssd-removed) why="the SSD faults run on loopback only (no --cluster)" ;;
+      delay50) why="this kernel has no netem: a 50 ms delay cannot be emulated (tbf shapes rate only)" ;;
+      uplink-cut) [[ "$(jq '.racks | length' "$cluster_file")" -ge 2 ]] || why="the cluster has one rack: no uplink to cut" ;;
+    esac
+    if [[ -n "$why" ]]; then echo "skip" > "$out/$fault.rc"; echo "$why" > "$out/$fault.skip"; return; fi
+  fi
   case "$fault" in
     ssd-full)
       if [[ $(id -u) -ne 0 ]]; then echo "skip" > "$out/$fault.rc"; echo "not root: cannot mount a small tmpfs" > "$out/$fault.skip"; return; fi
@@ -202,11 +308,11 @@ run() {
       flags+=(--dram-bytes 32MiB --ssd-bytes 256MiB --ssd-dir "$ssd_dir")
       ;;
   esac
-  flags+=("$@")
+  [[ -n "$cluster_file" ]] || flags+=("$@")  # local-cluster.sh's own flags (the cache-off run's)
   local rc=0
-  "$here/local-cluster.sh" "${flags[@]}" -- "$here/fault-matrix.sh" --inner "$fault" "$out" "$trace" "$duration_s" \
+  "${launcher[@]}" "${flags[@]}" -- "$here/fault-matrix.sh" --inner "$fault" "$out" "$trace" "$duration_s" \
     "$speed" "$at_s" "$stop_s" "$drain_s" "$bin" "$ssd_dir" "$max_output" "$max_input" > /dev/null 2> "$out/$fault.cluster.err" || rc=$?
-  if ((rc != 0)); then echo "fault-matrix.sh: $fault: local-cluster.sh exited $rc (see $out/$fault.cluster.err)" >&2; fi
+  if ((rc != 0)); then echo "fault-matrix.sh: $fault: ${launcher[0]##*/} exited $rc (see $out/$fault.cluster.err)" >&2; fi
   if [[ -n "$mnt" ]]; then umount "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true; mnt=""; fi
   rm -rf "$out/$fault.ssd"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mc needs to build, test and benchmark (prometheus: the metrics e2e test's scraper;
-# curl and hey: the gateway's SSE framing test and its bounded load run).
+# curl and hey: the gateway's SSE framing test and its bounded load run; nftables: packet loss between namespaces).
 # Idempotent: packages already installed are skipped; prints what it installs.
 # Needs root or sudo. Usage: tools/install-deps.sh [--with-bench]
 set -euo pipefail
@@ -11,7 +11,7 @@ packages=(
   libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  iproute2 man-db groff-base jq curl hey
+  iproute2 nftables man-db groff-base jq curl hey
   prometheus
   clang-format clang-tidy
 )
