@@ -82,8 +82,8 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
     if (c.block_size < 1) return bad(source, "defaults.block_size", "must be >= 1 token");
   }
   if (!absent(d, "kv_bytes_per_token")) {
-    MC_ASSIGN_OR_RETURN(c.kv_bytes_per_token,
-                        whole(d["kv_bytes_per_token"], source, "defaults.kv_bytes_per_token", "bytes (0: the model's)"));
+    MC_ASSIGN_OR_RETURN(c.kv_bytes_per_token, whole(d["kv_bytes_per_token"], source, "defaults.kv_bytes_per_token",
+                                                    "bytes (0: the model's)"));
   }
   if (!absent(d, "dram_bytes")) {
     MC_ASSIGN_OR_RETURN(c.dram_bytes, bytes_field(d["dram_bytes"], source, "defaults.dram_bytes"));
@@ -146,7 +146,7 @@ Result<DescribedHost> parse_host(const nlohmann::json& h, size_t i, const std::s
     if (!d.is_object()) return bad(source, at + ".daemons", "must be an object of counts per role");
     for (const auto& item : d.items()) {
       const std::string field = at + ".daemons." + item.key();
-      int64_t DescribedHost::* role = nullptr;
+      int64_t DescribedHost::*role = nullptr;
       if (item.key() == "master") {
         role = &DescribedHost::master;
       } else if (item.key() == "conductor") {
@@ -171,7 +171,7 @@ Result<DescribedHost> parse_host(const nlohmann::json& h, size_t i, const std::s
 
 }  // namespace
 
-int64_t ClusterDescription::total(int64_t DescribedHost::* role) const {
+int64_t ClusterDescription::total(int64_t DescribedHost::*role) const {
   int64_t n = 0;
   for (const DescribedHost& h : hosts) n += h.*role;
   return n;
@@ -234,8 +234,9 @@ Result<ClusterDescription> parse_cluster_description(const nlohmann::json& doc, 
   }
 
   if (absent(doc, "hosts") || !doc["hosts"].is_array() || doc["hosts"].empty()) {
-    return bad(source, "hosts", "names no hosts: give an array of {\"name\", \"rack\", \"nic_mbit\", \"daemons\"}" +
-                                    std::string(kSeeDesign));
+    return bad(
+        source, "hosts",
+        "names no hosts: give an array of {\"name\", \"rack\", \"nic_mbit\", \"daemons\"}" + std::string(kSeeDesign));
   }
   const nlohmann::json& hosts = doc["hosts"];
   if (hosts.size() > 200 || c.racks.size() > 200) return bad(source, "hosts", "at most 200 hosts and 200 racks");
@@ -249,12 +250,14 @@ Result<ClusterDescription> parse_cluster_description(const nlohmann::json& doc, 
   }
 
   if (int64_t n = c.total(&DescribedHost::master); n != 1) {
-    return bad(source, "daemons.master",
-               "the cluster needs exactly one store master, has " + std::to_string(n) + " (give one host \"master\": 1)");
+    return bad(
+        source, "daemons.master",
+        "the cluster needs exactly one store master, has " + std::to_string(n) + " (give one host \"master\": 1)");
   }
   if (int64_t n = c.total(&DescribedHost::conductor); n != 1) {
-    return bad(source, "daemons.conductor",
-               "the cluster needs exactly one conductor, has " + std::to_string(n) + " (give one host \"conductor\": 1)");
+    return bad(
+        source, "daemons.conductor",
+        "the cluster needs exactly one conductor, has " + std::to_string(n) + " (give one host \"conductor\": 1)");
   }
   if (c.total(&DescribedHost::prefill) < 1 || c.total(&DescribedHost::decode) < 1) {
     return bad(source, "daemons.prefill/decode",
@@ -306,8 +309,8 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   out.model_kv_bytes_per_token = model->kv_bytes_per_token();
   // What the live workers store and move per token: the sim backend's --kv-bytes-per-token (cluster.sh
   // passes the description's, 0 = the model's); the ref backend stores real KV.
-  out.live_kv_bytes_per_token = d.backend == "sim" && d.kv_bytes_per_token > 0 ? d.kv_bytes_per_token
-                                                                               : out.model_kv_bytes_per_token;
+  out.live_kv_bytes_per_token =
+      d.backend == "sim" && d.kv_bytes_per_token > 0 ? d.kv_bytes_per_token : out.model_kv_bytes_per_token;
   out.scale = static_cast<double>(out.model_kv_bytes_per_token) / static_cast<double>(out.live_kv_bytes_per_token);
   out.pool_tokens = d.total(&DescribedHost::store) * (d.dram_bytes / out.live_kv_bytes_per_token);
   c.cache_capacity_tokens = out.pool_tokens / c.prefill_instances;
@@ -316,7 +319,7 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   auto nic_of = [&](const DescribedHost& h) {
     return h.nic_mbit > 0 ? static_cast<double>(h.nic_mbit) * 1e6 / 8 * out.scale : default_nic;
   };
-  for (int64_t DescribedHost::* role : {&DescribedHost::prefill, &DescribedHost::decode}) {
+  for (int64_t DescribedHost::*role : {&DescribedHost::prefill, &DescribedHost::decode}) {
     for (const DescribedHost& h : d.hosts) {
       for (int64_t k = 0; k < h.*role; ++k) {
         c.instance_nic_bandwidth_bytes_per_s.push_back(nic_of(h));
@@ -324,8 +327,8 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
       }
     }
   }
-  c.nic_bandwidth_bytes_per_s = *std::min_element(c.instance_nic_bandwidth_bytes_per_s.begin(),
-                                                  c.instance_nic_bandwidth_bytes_per_s.end());
+  c.nic_bandwidth_bytes_per_s =
+      *std::min_element(c.instance_nic_bandwidth_bytes_per_s.begin(), c.instance_nic_bandwidth_bytes_per_s.end());
   Status s = c.validate();
   if (!s.is_ok()) return error(s.code(), d.source + ": the derived simulator config: " + s.message());
   return out;

@@ -8,8 +8,8 @@
 
 #include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
-#include "mc/sim/cluster_description.hpp"
 #include "mc/replay/analyze.hpp"
+#include "mc/sim/cluster_description.hpp"
 
 namespace mc::sim {
 
@@ -154,16 +154,14 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
                            {"refit", cmd.refit ? "on" : "off"}});
   if (described) {
     info.push_back({"description", described->summary() + " from " + described->source});
-    info.push_back({"description_pool",
-                    std::to_string(derived->pool_tokens) + " tokens = " +
-                        std::to_string(described->total(&DescribedHost::store)) + " storage nodes x " +
-                        units::format_bytes(described->dram_bytes) + " / " +
-                        std::to_string(derived->live_kv_bytes_per_token) + " B/token"});
-    info.push_back({"description_kv_scale", std::to_string(derived->model_kv_bytes_per_token) + " B/token (" +
-                                                opt.cluster.model + ") / " +
-                                                std::to_string(derived->live_kv_bytes_per_token) +
-                                                " B/token (live) = " + mc::report::fixed(derived->scale, 2) +
-                                                " (NIC bandwidths multiplied by it)"});
+    info.push_back({"description_pool", std::to_string(derived->pool_tokens) +
+                                            " tokens = " + std::to_string(described->total(&DescribedHost::store)) +
+                                            " storage nodes x " + units::format_bytes(described->dram_bytes) + " / " +
+                                            std::to_string(derived->live_kv_bytes_per_token) + " B/token"});
+    info.push_back(
+        {"description_kv_scale", std::to_string(derived->model_kv_bytes_per_token) + " B/token (" + opt.cluster.model +
+                                     ") / " + std::to_string(derived->live_kv_bytes_per_token) + " B/token (live) = " +
+                                     mc::report::fixed(derived->scale, 2) + " (NIC bandwidths multiplied by it)"});
   }
   if (cmd.json) {
     out << to_json(result, info).dump(2) << "\n";

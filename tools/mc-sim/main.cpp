@@ -19,7 +19,9 @@ int main(int argc, char** argv) {
       app.add_option("cluster", cmd.cluster_path, "CLUSTER.json (see mc-sim(1)); omitted: the built-in defaults");
   app.add_option("--cluster", cmd.description_path,
                  "A cluster description (examples/clusters/*.json, the file examples/cluster.sh starts): simulate "
-                 "that cluster (see mc-sim(1)); excludes the CLUSTER.json positional")
+                 "that cluster. Instances: the sums of daemons.prefill/decode; pool tokens = storage nodes x "
+                 "dram_bytes / the live kv_bytes_per_token (spread over the prefill instances); NIC = nic_mbit x "
+                 "1e6/8 x (model KV bytes per token / live). See mc-sim(1). Excludes the CLUSTER.json positional")
       ->envname("MC_CLUSTER")
       ->excludes(positional);
   mc::cli::add_trace_file_option(app, cmd.trace_path);

@@ -65,7 +65,8 @@ struct ClusterConfig {
 
   // The NIC bandwidth of instance `i` (prefill i, or decode i - prefill_instances).
   double nic_bandwidth_of(size_t i) const {
-    return instance_nic_bandwidth_bytes_per_s.empty() ? nic_bandwidth_bytes_per_s : instance_nic_bandwidth_bytes_per_s[i];
+    return instance_nic_bandwidth_bytes_per_s.empty() ? nic_bandwidth_bytes_per_s
+                                                      : instance_nic_bandwidth_bytes_per_s[i];
   }
 
   // Checks ranges and names; kInvalidArgument naming the field.

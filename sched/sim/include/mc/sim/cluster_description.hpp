@@ -64,7 +64,7 @@ struct ClusterDescription {
   std::vector<DescribedHost> hosts;
   std::string client;  // a host name; default: the Conductor's host
 
-  int64_t total(int64_t DescribedHost::* role) const;
+  int64_t total(int64_t DescribedHost::*role) const;
   // "two-racks: 4 hosts in 2 racks (rack0: h0 h1; rack1: h2 h3)"
   std::string summary() const;
 };
