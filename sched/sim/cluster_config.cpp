@@ -56,27 +56,40 @@ Status ClusterConfig::validate() const {
   if (decode_kv_capacity_tokens < 0) return bad(src, "decode_kv_capacity_tokens", "must be >= 0");
   if (decode_max_batch < 0) return bad(src, "decode_max_batch", "must be >= 0");
   if (max_context_tokens < 1) return bad(src, "max_context_tokens", "must be >= 1");
+  if (!instance_nic_bandwidth_bytes_per_s.empty()) {
+    if (static_cast<int64_t>(instance_nic_bandwidth_bytes_per_s.size()) != prefill_instances + decode_instances) {
+      return bad(src, "instance_nic_bandwidth_bytes_per_s",
+                 "needs one entry per instance (" + std::to_string(prefill_instances + decode_instances) + "), has " +
+                     std::to_string(instance_nic_bandwidth_bytes_per_s.size()));
+    }
+    for (double b : instance_nic_bandwidth_bytes_per_s) {
+      if (!(b > 0)) return bad(src, "instance_nic_bandwidth_bytes_per_s", "every entry must be > 0");
+    }
+  }
   return Status::ok();
 }
 
 nlohmann::json ClusterConfig::to_json() const {
-  return {{"model", model},
-          {"gpu", gpu},
-          {"prefill_instances", prefill_instances},
-          {"decode_instances", decode_instances},
-          {"cache_capacity_tokens", cache_capacity_tokens},
-          {"cache_mode", cache_mode_name(cache_mode)},
-          {"nic_bandwidth_bytes_per_s", nic_bandwidth_bytes_per_s},
-          {"policy", policy},
-          {"slo_ttft_ms", slo_ttft_ms},
-          {"slo_tbt_ms", slo_tbt_ms},
-          {"early_rejection", early_rejection},
-          {"block_size", block_size},
-          {"chunk_tokens", chunk_tokens},
-          {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
-          {"decode_max_batch", decode_max_batch},
-          {"max_context_tokens", max_context_tokens},
-          {"seed", seed}};
+  nlohmann::json j = {{"model", model},
+                      {"gpu", gpu},
+                      {"prefill_instances", prefill_instances},
+                      {"decode_instances", decode_instances},
+                      {"cache_capacity_tokens", cache_capacity_tokens},
+                      {"cache_mode", cache_mode_name(cache_mode)},
+                      {"nic_bandwidth_bytes_per_s", nic_bandwidth_bytes_per_s},
+                      {"policy", policy},
+                      {"slo_ttft_ms", slo_ttft_ms},
+                      {"slo_tbt_ms", slo_tbt_ms},
+                      {"early_rejection", early_rejection},
+                      {"block_size", block_size},
+                      {"chunk_tokens", chunk_tokens},
+                      {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
+                      {"decode_max_batch", decode_max_batch},
+                      {"max_context_tokens", max_context_tokens},
+                      {"seed", seed}};
+  if (!instance_nic_bandwidth_bytes_per_s.empty())
+    j["instance_nic_bandwidth_bytes_per_s"] = instance_nic_bandwidth_bytes_per_s;
+  return j;
 }
 
 Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std::string& source) {
@@ -149,6 +162,13 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
         return bad(source, key, "must be an integer >= 0");
       }
       c.seed = v.get<uint64_t>();
+    } else if (key == "instance_nic_bandwidth_bytes_per_s") {
+      if (!v.is_array()) return bad(source, key, "must be an array of bandwidths (bytes/s), one per instance");
+      c.instance_nic_bandwidth_bytes_per_s.clear();
+      for (const auto& e : v) {
+        MC_ASSIGN_OR_RETURN(int64_t b, quantity(e, source, key, true));
+        c.instance_nic_bandwidth_bytes_per_s.push_back(static_cast<double>(b));
+      }
     } else {
       return bad(source, key, "unknown key (see mc-sim(1), CLUSTER.json)");
     }

@@ -9,6 +9,7 @@
 #include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
 #include "mc/replay/analyze.hpp"
+#include "mc/sim/cluster_description.hpp"
 
 namespace mc::sim {
 
@@ -47,6 +48,9 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   }
   if (prefill_instances) c.prefill_instances = *prefill_instances;
   if (decode_instances) c.decode_instances = *decode_instances;
+  // Per-instance NICs belong to the described instances: another count or one bandwidth for all drops them
+  // (every NIC then has nic_bandwidth_bytes_per_s).
+  if (prefill_instances || decode_instances || nic_bandwidth) c.instance_nic_bandwidth_bytes_per_s.clear();
   if (cache_capacity_tokens) {
     auto r = units::parse_count(*cache_capacity_tokens);
     if (!r.is_ok()) return r.status().with_context("--cache-capacity-tokens");
@@ -74,7 +78,27 @@ Result<ClusterConfig> resolve_cluster(const std::string& cluster_path, const Clu
 
 Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
   SimOptions opt;
-  MC_ASSIGN_OR_RETURN(opt.cluster, resolve_cluster(cmd.cluster_path, cmd.overrides));
+  std::optional<ClusterDescription> described;
+  std::optional<DescribedSimCluster> derived;
+  if (!cmd.description_path.empty()) {
+    if (!cmd.cluster_path.empty()) {
+      return error(Code::kInvalidArgument, "--cluster (a cluster description) and the CLUSTER.json positional '" +
+                                               cmd.cluster_path + "' exclude each other: give one");
+    }
+    MC_ASSIGN_OR_RETURN(described, parse_cluster_description(cmd.description_path));
+    // --model/--gpu replace the description's before the derivation: the bytes-per-token scale is the model's.
+    if (cmd.overrides.model) described->model = *cmd.overrides.model;
+    if (cmd.overrides.gpu) described->gpu = *cmd.overrides.gpu;
+    MC_ASSIGN_OR_RETURN(derived, sim_config_from_description(*described));
+    opt.cluster = derived->config;
+    MC_RETURN_IF_ERROR(cmd.overrides.apply(opt.cluster));
+    // Another prefill count keeps the described pool: it is spread over the instances the run has.
+    if (cmd.overrides.prefill_instances && !cmd.overrides.cache_capacity_tokens) {
+      opt.cluster.cache_capacity_tokens = derived->pool_tokens / opt.cluster.prefill_instances;
+    }
+  } else {
+    MC_ASSIGN_OR_RETURN(opt.cluster, resolve_cluster(cmd.cluster_path, cmd.overrides));
+  }
   opt.window = cmd.window;
   MC_RETURN_IF_ERROR(opt.window.validate());
   opt.progress = cmd.progress;
@@ -128,6 +152,17 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
                            {"rate_scale", std::to_string(opt.window.rate_scale)},
                            {"early_rejection", opt.cluster.early_rejection ? "on" : "off"},
                            {"refit", cmd.refit ? "on" : "off"}});
+  if (described) {
+    info.push_back({"description", described->summary() + " from " + described->source});
+    info.push_back({"description_pool", std::to_string(derived->pool_tokens) +
+                                            " tokens = " + std::to_string(described->total(&DescribedHost::store)) +
+                                            " storage nodes x " + units::format_bytes(described->dram_bytes) + " / " +
+                                            std::to_string(derived->live_kv_bytes_per_token) + " B/token"});
+    info.push_back(
+        {"description_kv_scale", std::to_string(derived->model_kv_bytes_per_token) + " B/token (" + opt.cluster.model +
+                                     ") / " + std::to_string(derived->live_kv_bytes_per_token) + " B/token (live) = " +
+                                     mc::report::fixed(derived->scale, 2) + " (NIC bandwidths multiplied by it)"});
+  }
   if (cmd.json) {
     out << to_json(result, info).dump(2) << "\n";
   } else {

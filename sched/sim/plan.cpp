@@ -151,6 +151,7 @@ Result<CapacityPlan> plan_capacity(const std::vector<trace::Request>& rows, cons
     s.cluster.decode_instances = d;
     s.cluster.cache_capacity_tokens = plan.cache_total_tokens / p;
     s.cluster.nic_bandwidth_bytes_per_s = nic;
+    s.cluster.instance_nic_bandwidth_bytes_per_s.clear();  // the plan sizes one NIC for every instance
     replay::SummaryOptions so;
     so.slo_ttft_ms = {c.slo_ttft_ms};
     so.slo_tbt_ms = {c.slo_tbt_ms};
@@ -235,6 +236,7 @@ Result<CapacityPlan> plan_capacity(const std::vector<trace::Request>& rows, cons
   plan.cluster.decode_instances = d;
   plan.cluster.cache_capacity_tokens = plan.cache_capacity_tokens;
   plan.cluster.nic_bandwidth_bytes_per_s = plan.nic_bandwidth_bytes_per_s;
+  plan.cluster.instance_nic_bandwidth_bytes_per_s.clear();
   plan.cluster.early_rejection = o.base.early_rejection;
   const int64_t kv_bytes = fin.result.cluster.value("kv_bytes_per_token", int64_t{0});
   plan.cache_total_bytes = plan.cache_total_tokens * kv_bytes;

@@ -134,8 +134,9 @@ class Sim {
   Status init() {
     const auto P = static_cast<int>(cfg_.prefill_instances);
     const auto D = static_cast<int>(cfg_.decode_instances);
-    network_ = std::make_unique<Network>(
-        events_, std::vector<double>(static_cast<size_t>(P + D), cfg_.nic_bandwidth_bytes_per_s));
+    std::vector<double> nics(static_cast<size_t>(P + D));
+    for (size_t i = 0; i < nics.size(); ++i) nics[i] = cfg_.nic_bandwidth_of(i);
+    network_ = std::make_unique<Network>(events_, std::move(nics));
     sched::SchedulerConfig sc;
     sc.policy = cfg_.policy;
     sc.seed = cfg_.seed;

@@ -1,4 +1,5 @@
-// mc-sim: simulate a request trace on a cluster described by CLUSTER.json, in virtual time, with the
+// mc-sim: simulate a request trace on a cluster described by CLUSTER.json or by a cluster description
+// (--cluster, the file examples/cluster.sh starts), in virtual time, with the
 // Conductor's own policies; prints replay's summary plus per-instance and cache ledgers.
 #include <unistd.h>
 
@@ -14,7 +15,15 @@ int main(int argc, char** argv) {
   mc::cli::add_common_flags(app, "mc-sim");
   mc::sim::SimCommand cmd;
   mc::sim::ClusterOverrides& o = cmd.overrides;
-  app.add_option("cluster", cmd.cluster_path, "CLUSTER.json (see mc-sim(1)); omitted: the built-in defaults");
+  CLI::Option* positional =
+      app.add_option("cluster", cmd.cluster_path, "CLUSTER.json (see mc-sim(1)); omitted: the built-in defaults");
+  app.add_option("--cluster", cmd.description_path,
+                 "A cluster description (examples/clusters/*.json, the file examples/cluster.sh starts): simulate "
+                 "that cluster. Instances: the sums of daemons.prefill/decode; pool tokens = storage nodes x "
+                 "dram_bytes / the live kv_bytes_per_token (spread over the prefill instances); NIC = nic_mbit x "
+                 "1e6/8 x (model KV bytes per token / live). See mc-sim(1). Excludes the CLUSTER.json positional")
+      ->envname("MC_CLUSTER")
+      ->excludes(positional);
   mc::cli::add_trace_file_option(app, cmd.trace_path);
   app.add_flag("--lenient", cmd.lenient, "Skip malformed trace rows with a warning (default: strict, exit 2)");
   mc::cli::add_trace_window_flags(app, cmd.window.start_s, cmd.window.duration_s, cmd.window.max_requests);

@@ -19,7 +19,10 @@
 //     "decode_kv_capacity_tokens": 0,        // HBM KV capacity of a decode instance (0: from the presets)
 //     "decode_max_batch": 0,                 // requests per decode step (0: bounded by KV capacity only)
 //     "max_context_tokens": 131072,          // longer prompts are rejected before any work (report #14)
-//     "seed": 1                              // the random policy's seed
+//     "seed": 1,                             // the random policy's seed
+//     "instance_nic_bandwidth_bytes_per_s": []  // one NIC per instance, prefill first, then decode
+//                                            // (empty: every NIC nic_bandwidth_bytes_per_s); set by
+//                                            // `mc-sim --cluster` (cluster_description.hpp)
 //   }
 //
 // Units are in the key names; byte and token quantities accept numbers or the strings of
@@ -28,6 +31,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -55,6 +59,15 @@ struct ClusterConfig {
   int64_t decode_max_batch = 0;
   int64_t max_context_tokens = 131'072;
   uint64_t seed = 1;
+  // Per-instance NIC bandwidth (prefill_instances + decode_instances entries, prefill first); empty: every
+  // instance's NIC is nic_bandwidth_bytes_per_s.
+  std::vector<double> instance_nic_bandwidth_bytes_per_s;
+
+  // The NIC bandwidth of instance `i` (prefill i, or decode i - prefill_instances).
+  double nic_bandwidth_of(size_t i) const {
+    return instance_nic_bandwidth_bytes_per_s.empty() ? nic_bandwidth_bytes_per_s
+                                                      : instance_nic_bandwidth_bytes_per_s[i];
+  }
 
   // Checks ranges and names; kInvalidArgument naming the field.
   Status validate() const;

@@ -35,7 +35,8 @@ struct ClusterOverrides {
 };
 
 struct SimCommand {
-  std::string cluster_path;  // CLUSTER.json; empty: the defaults of ClusterConfig
+  std::string cluster_path;      // CLUSTER.json; empty: the defaults of ClusterConfig
+  std::string description_path;  // --cluster: a cluster description (cluster_description.hpp); excludes cluster_path
   ClusterOverrides overrides;
   std::string trace_path = "-";
   bool lenient = false;

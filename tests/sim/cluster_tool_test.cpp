@@ -1,0 +1,89 @@
+// `mc-sim --cluster FILE`: the real binary on a cluster description (e2e: it starts the binary).
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace mc::sim {
+namespace {
+
+// Runs `cmd` (stderr merged when the command says 2>&1), returns its stdout; `rc` the exit status.
+std::string run_tool(const std::string& cmd, int& rc) {
+  std::string out;
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p.get())) > 0) out.append(buf, n);
+  rc = pclose(p.release());
+  return out;
+}
+
+const std::string kSim = MC_BINARY_DIR "/bin/mc-sim";
+const std::string kTrace = MC_SOURCE_DIR "/examples/traces/conversation_trace.jsonl";
+
+TEST(McSimCluster, SimulatesTheDescribedCluster) {
+  const std::string file = MC_SOURCE_DIR "/examples/clusters/two-racks.json";
+  int rc = 0;
+  std::string out =
+      run_tool(kSim + " --cluster " + file + " --trace " + kTrace + " --max-requests 50 --json 2>/dev/null", rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  // two-racks.json: prefill on h0 and h2, decode on h1 and h3, storage on all four (256 MiB / 1024 B each).
+  EXPECT_EQ(j["cluster"]["prefill_instances"], 2);
+  EXPECT_EQ(j["cluster"]["decode_instances"], 2);
+  EXPECT_EQ(j["instances"].size(), 4u);
+  EXPECT_EQ(j["cluster"]["cache_capacity_tokens"], 4 * 262144 / 2);
+  EXPECT_EQ(j["cluster"]["block_size"], 512);
+  EXPECT_EQ(j["cluster"]["policy"], "kvcache");
+  EXPECT_EQ(j["cluster"]["instance_nic_bandwidth_bytes_per_s"].size(), 4u);
+  EXPECT_EQ(j["summary"]["requests"]["offered"], 50);
+  const std::string description = j["summary"]["config"].value("description", "");
+  EXPECT_NE(description.find("two-racks: 4 hosts in 2 racks (rack0: h0 h1; rack1: h2 h3)"), std::string::npos)
+      << description;
+
+  // Explicit flags still override the description.
+  out = run_tool(kSim + " --cluster " + file + " --trace " + kTrace +
+                     " --max-requests 10 --decode-instances 3 --policy round_robin --json 2>/dev/null",
+                 rc);
+  ASSERT_EQ(rc, 0) << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["cluster"]["decode_instances"], 3);
+  EXPECT_EQ(j["cluster"]["policy"], "round_robin");
+
+  // The environment variable names it too.
+  out = run_tool("MC_CLUSTER=" + file + " " + kSim + " --trace " + kTrace + " --max-requests 5 --json 2>/dev/null", rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["cluster"]["prefill_instances"], 2);
+}
+
+TEST(McSimCluster, RefusalsExitTwoWithTheReason) {
+  int rc = 0;
+  std::string out = run_tool(kSim + " --cluster missing.json --trace " + kTrace + " 2>&1", rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+  EXPECT_NE(out.find("missing.json"), std::string::npos) << out;
+
+  const std::string broken = ::testing::TempDir() + "mc_sim_broken_cluster.json";
+  {
+    std::ofstream f(broken);
+    f << R"({"hosts": [{"name": "a", "daemons": {"master": 1, "conductor": 1, "prefill": 1, "decode": 1}}]})";
+  }
+  out = run_tool(kSim + " --cluster " + broken + " --trace " + kTrace + " 2>&1", rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+  EXPECT_NE(out.find("daemons.store: the cluster needs at least one storage node"), std::string::npos) << out;
+
+  // --cluster and the older CLUSTER.json positional exclude each other.
+  out = run_tool(kSim + " --cluster " MC_SOURCE_DIR "/examples/clusters/two-racks.json other.json --trace " + kTrace +
+                     " 2>&1",
+                 rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+  std::remove(broken.c_str());
+}
+
+}  // namespace
+}  // namespace mc::sim
