@@ -70,12 +70,19 @@ struct DecodeWorker::Outgoing {
 namespace {
 
 // Pipelined: a message is sent at once and its reply collected by a later send (or the destructor), so the
-// decode step never waits on a client. A client that lets a message time out (dead, stopped, or hostile) is
-// quarantined for kQuarantineMs: messages to it fail at once with kUnavailable instead of each costing the
-// batch a timeout; at most kMaxInFlightPerClient messages wait for one client's replies.
+// decode step never waits on a client. Delivery is at least once and in order per client (the client drops a token
+// event whose index it already has): a message whose reply does not come within the timeout (a client cut off by
+// the network, stopped, or dead) stalls its client. A stalled client's messages, the failed ones and every later
+// one, wait in its backlog (in send order) instead of being dropped; once a second (kRetryMs) the oldest is sent
+// again as a probe, and when the probe is answered the backlog is sent in order. So a partition that heals loses no
+// token and no terminal event (docs/RELIABILITY.md "Across hosts"). A client stalled for kGiveUpMs, or whose
+// backlog reaches kMaxBacklogPerClient, is given up: its backlog is dropped (counted, logged once); the Conductor
+// still holds the requests' ends. At most kMaxInFlightPerClient messages wait for one client's replies.
 class RpcTokenSink final : public TokenSink {
  public:
-  static constexpr int64_t kQuarantineMs = 10'000;
+  static constexpr int64_t kRetryMs = 1'000;
+  static constexpr int64_t kGiveUpMs = 60'000;
+  static constexpr size_t kMaxBacklogPerClient = 1 << 16;
   static constexpr int64_t kMaxInFlightPerClient = 4096;
 
   explicit RpcTokenSink(int timeout_ms)
@@ -83,9 +90,12 @@ class RpcTokenSink final : public TokenSink {
             rpc::AsyncClientOptions{.client_name = "mc-decode", .max_in_flight_per_endpoint = kMaxInFlightPerClient}),
         timeout_ms_(timeout_ms) {}
   ~RpcTokenSink() override {
-    // Deliver what is in flight (the last done events) before the socket closes, within one timeout.
+    // Deliver what is in flight or waiting (the last done events) before the socket closes, within one timeout.
     const int64_t end_ns = RealClock::instance().now_ns() + static_cast<int64_t>(timeout_ms_) * 1'000'000;
-    while (client_.in_flight() > 0 && RealClock::instance().now_ns() < end_ns) client_.poll(10);
+    while ((client_.in_flight() > 0 || backlogged()) && RealClock::instance().now_ns() < end_ns) {
+      client_.poll(10);
+      pump();
+    }
   }
   RpcTokenSink(const RpcTokenSink&) = delete;
   RpcTokenSink& operator=(const RpcTokenSink&) = delete;
@@ -96,38 +106,129 @@ class RpcTokenSink final : public TokenSink {
   void set_server_key(const std::string& endpoint, const std::string& public_z85) override {
     client_.set_server_key(endpoint, public_z85);
   }
+  void poll() override {
+    client_.poll(0);
+    pump();
+  }
 
  private:
-  template <typename Msg>
-  Status send(const std::string& endpoint, const Msg& msg) {
+  using Msg = std::variant<proto::TokenEvent, proto::RequestDone, proto::RequestError>;
+  struct Client {
+    uint64_t next_seq = 0;
+    std::map<uint64_t, Msg> backlog;  // seq -> message not yet answered, while stalled (oldest first)
+    bool stalled = false;
+    bool probing = false;
+    bool answered = false;  // a probe was answered: unstall once nothing else is in flight
+    int64_t stalled_since_ms = 0;
+    int64_t next_probe_ms = 0;
+  };
+
+  static int64_t now_ms() { return RealClock::instance().now_ns() / 1'000'000; }
+  bool backlogged() const {
+    return std::any_of(clients_.begin(), clients_.end(), [](const auto& c) { return !c.second.backlog.empty(); });
+  }
+
+  Status send(const std::string& endpoint, Msg msg) {
     client_.poll(0);
-    const int64_t now_ms = RealClock::instance().now_ns() / 1'000'000;
-    if (auto it = quarantined_until_ms_.find(endpoint); it != quarantined_until_ms_.end()) {
-      if (now_ms < it->second) {
-        return Status(Code::kUnavailable, "client " + endpoint + " let a message time out (" +
-                                              std::to_string(timeout_ms_) + " ms); messages to it are dropped for " +
-                                              std::to_string(kQuarantineMs) + " ms");
+    Client& c = clients_[endpoint];
+    const uint64_t seq = c.next_seq++;
+    if (c.stalled) {
+      if (c.backlog.size() >= kMaxBacklogPerClient) {
+        give_up(endpoint, c, "its backlog reached " + std::to_string(kMaxBacklogPerClient) + " messages");
+        return Status(Code::kUnavailable, "client " + endpoint + " given up: its backlog is full");
       }
-      quarantined_until_ms_.erase(it);
+      c.backlog.emplace(seq, std::move(msg));
+      pump();
+      return Status::ok();
     }
-    if (quarantined_until_ms_.size() > kMaxInFlightPerClient) {
-      std::erase_if(quarantined_until_ms_, [now_ms](const auto& q) { return q.second <= now_ms; });
-    }
-    client_.call(endpoint, msg, timeout_ms_, [this, endpoint](Result<typename Msg::Reply> r) {
-      if (r.is_ok()) return;
-      if (r.status().code() == Code::kTimeout || r.status().code() == Code::kUnavailable) {
-        const bool first = quarantined_until_ms_.count(endpoint) == 0;
-        quarantined_until_ms_[endpoint] = RealClock::instance().now_ns() / 1'000'000 + kQuarantineMs;
-        if (first) MC_LOG_WARN << "decode: client " << endpoint << " quarantined: " << r.status().to_string();
-      } else {
-        MC_LOG_WARN << "decode: client " << endpoint << " refused a message: " << r.status().to_string();
-      }
-    });
+    transmit(endpoint, seq, std::move(msg), /*probe=*/false);
     return Status::ok();
   }
+
+  void transmit(const std::string& endpoint, uint64_t seq, Msg msg, bool probe) {
+    auto on_reply = [this, endpoint, seq, probe, msg](const Status& st) {
+      auto it = clients_.find(endpoint);
+      if (it == clients_.end()) return;
+      Client& c = it->second;
+      if (probe) c.probing = false;
+      if (st.is_ok()) {
+        // Answered again: once the messages still in flight to it have ended (answered, or failed back into the
+        // backlog), pump() sends the backlog in order.
+        if (probe && c.stalled) c.answered = true;
+        return;
+      }
+      if (st.code() != Code::kTimeout && st.code() != Code::kUnavailable) {
+        MC_LOG_WARN << "decode: client " << endpoint << " refused a message: " << st.to_string();
+        return;
+      }
+      if (!c.stalled) {
+        c.stalled = true;
+        c.stalled_since_ms = now_ms();
+        MC_LOG_WARN << "decode: client " << endpoint << " did not answer (" << st.to_string()
+                    << "); its messages wait and are sent again once it answers";
+      }
+      c.next_probe_ms = now_ms() + kRetryMs;
+      c.backlog.emplace(seq, msg);  // keeps its place in the order
+    };
+    std::visit(
+        [&](auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          client_.call<T>(endpoint, m, timeout_ms_,
+                          [on_reply](Result<typename T::Reply> r) { on_reply(r.is_ok() ? Status::ok() : r.status()); });
+        },
+        msg);
+  }
+
+  // Sends a stalled client's backlog in order (it answered a probe); a later failure stalls it again.
+  void flush(const std::string& endpoint, Client& c) {
+    std::map<uint64_t, Msg> out;
+    out.swap(c.backlog);
+    for (auto& [seq, m] : out) transmit(endpoint, seq, std::move(m), /*probe=*/false);
+  }
+
+  // Probes stalled clients whose retry time came, gives up on those stalled too long, forgets healthy idle ones.
+  void pump() {
+    const int64_t now = now_ms();
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      const std::string& endpoint = it->first;
+      Client& c = it->second;
+      if (!c.stalled) {
+        if (c.backlog.empty() && client_.in_flight(endpoint) == 0 && clients_.size() > 1024) {
+          it = clients_.erase(it);
+          continue;
+        }
+        ++it;
+        continue;
+      }
+      if (c.answered && client_.in_flight(endpoint) == 0) {
+        c.stalled = c.answered = false;
+        MC_LOG_INFO << "decode: client " << endpoint << " answers again; sending its " << c.backlog.size()
+                    << " waiting message(s)";
+        flush(endpoint, c);
+      } else if (now - c.stalled_since_ms >= kGiveUpMs) {
+        give_up(endpoint, c, "it did not answer for " + std::to_string(kGiveUpMs) + " ms");
+      } else if (!c.answered && !c.probing && now >= c.next_probe_ms && !c.backlog.empty()) {
+        c.probing = true;
+        const auto first = c.backlog.begin();
+        transmit(endpoint, first->first, first->second, /*probe=*/true);
+        c.backlog.erase(first);  // back in on failure (on_reply), at its place
+      }
+      ++it;
+    }
+  }
+
+  void give_up(const std::string& endpoint, Client& c, const std::string& why) {
+    dropped_ += c.backlog.size();
+    MC_LOG_WARN << "decode: client " << endpoint << " given up (" << why << "): " << c.backlog.size()
+                << " message(s) dropped (" << dropped_ << " in all)";
+    c.backlog.clear();
+    c.stalled = c.probing = c.answered = false;
+  }
+
   rpc::AsyncClient client_;
   int timeout_ms_;
-  std::map<std::string, int64_t> quarantined_until_ms_;  // endpoint -> end of its quarantine (ms, steady clock)
+  std::map<std::string, Client> clients_;  // endpoint -> its delivery state
+  uint64_t dropped_ = 0;
 };
 
 }  // namespace
@@ -635,6 +736,7 @@ bool DecodeWorker::idle() const {
 }
 
 void DecodeWorker::flush_outgoing() {
+  sink_->poll();  // retries to stalled clients run even when nothing new is sent
   std::vector<Outgoing> out;
   {
     std::lock_guard lock(mu_);

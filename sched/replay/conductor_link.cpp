@@ -1,6 +1,8 @@
 #include "mc/replay/conductor_link.hpp"
 
+#include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "mc/common/rpc.hpp"
 
@@ -106,16 +108,23 @@ class ClientEventSource final : public EventSource {
     if (!server.is_ok())
       return server.status().with_context("binding the client endpoint for token events (--client-bind)");
     server_ = std::move(server).value();
-    server_->handle<proto::TokenEvent>([sink](const proto::TokenEvent& ev, const rpc::CallContext&) {
+    // A decode instance delivers at least once (it sends again what a partition made it miss the answer to): a
+    // token event whose index already arrived is a duplicate. Served on one thread: no lock.
+    server_->handle<proto::TokenEvent>([this, sink](const proto::TokenEvent& ev, const rpc::CallContext&) {
+      int64_t& next = next_index_[ev.request_id];
+      if (ev.index < next) return Result<proto::ClientAck>(proto::ClientAck{});
+      next = ev.index + 1;
       const uint32_t token = ev.token;
       sink->on_tokens(ev.request_id, std::span<const uint32_t>(&token, 1));
       return Result<proto::ClientAck>(proto::ClientAck{});
     });
-    server_->handle<proto::RequestDone>([sink](const proto::RequestDone& done, const rpc::CallContext&) {
+    server_->handle<proto::RequestDone>([this, sink](const proto::RequestDone& done, const rpc::CallContext&) {
+      next_index_.erase(done.request_id);
       sink->on_done(done.request_id, to_done_report(done));
       return Result<proto::ClientAck>(proto::ClientAck{});
     });
-    server_->handle<proto::RequestError>([sink](const proto::RequestError& err, const rpc::CallContext&) {
+    server_->handle<proto::RequestError>([this, sink](const proto::RequestError& err, const rpc::CallContext&) {
+      next_index_.erase(err.request_id);
       std::string msg = err.message.empty() ? "request failed (no message)" : err.message;
       // The sender's count when it has one (a decode instance does; the Conductor, failing a request for a dead
       // instance, does not know it: the record counts the tokens that arrived).
@@ -143,6 +152,7 @@ class ClientEventSource final : public EventSource {
   std::string bind_;
   std::unique_ptr<rpc::RpcServer> server_;
   std::thread thread_;
+  std::unordered_map<std::string, int64_t> next_index_;  // request id -> the next token index expected
 };
 
 }  // namespace

@@ -78,9 +78,9 @@ TEST(McSimCluster, RefusalsExitTwoWithTheReason) {
   EXPECT_NE(out.find("daemons.store: the cluster needs at least one storage node"), std::string::npos) << out;
 
   // --cluster and the older CLUSTER.json positional exclude each other.
-  out = run_tool(kSim + " --cluster " MC_SOURCE_DIR "/examples/clusters/two-racks.json other.json --trace " + kTrace +
-                     " 2>&1",
-                 rc);
+  out = run_tool(
+      kSim + " --cluster " MC_SOURCE_DIR "/examples/clusters/two-racks.json other.json --trace " + kTrace + " 2>&1",
+      rc);
   EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
   std::remove(broken.c_str());
 }

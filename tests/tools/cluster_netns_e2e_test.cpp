@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -35,10 +36,11 @@ TEST(ClusterNetns, ReplayAcrossHostsCrossesTheShapedLinks) {
   // In the client host (h0): the replay, then each host's interface counters as the tbf qdisc saw them
   // (host -> switch on the host's veth), and the namespaces the cluster made.
   const std::string cmd =
-      kBin + "/mc-trace-replay " MC_SOURCE_DIR
-             "/examples/traces/conversation_trace.jsonl --start-s 1352.9 --max-requests 33 --block-tokens 16 "
-             "--max-input-tokens 512 --max-output-tokens 6 --speed 1 --time-scale 50 --slo-ttft-ms 600000 "
-             "--slo-tbt-ms 600000 --drain-timeout-s 60 --no-progress --json --out " +
+      kBin +
+      "/mc-trace-replay " MC_SOURCE_DIR
+      "/examples/traces/conversation_trace.jsonl --start-s 1352.9 --max-requests 33 --block-tokens 16 "
+      "--max-input-tokens 512 --max-output-tokens 6 --speed 1 --time-scale 50 --slo-ttft-ms 600000 "
+      "--slo-tbt-ms 600000 --drain-timeout-s 60 --no-progress --json --out " +
       s.path("records.jsonl") + " > " + s.path("summary.json") +
       " && while read -r host addr rack ns iface port; do "
       "echo \"$host $addr $ns $(tc -n $ns -s qdisc show dev $iface | awk '/tbf/{t=1} t&&/Sent/{print $2; exit}')\"; "
@@ -91,6 +93,61 @@ TEST(ClusterNetns, ReplayAcrossHostsCrossesTheShapedLinks) {
   std::string state = slurp(s.path("state.txt"));
   state.erase(state.find_last_not_of('\n') + 1);
   EXPECT_FALSE(std::filesystem::exists(state)) << state;
+}
+
+// The seed's network faults, CI-sized (docs/RELIABILITY.md "Across hosts" has the full runs): on the six-host,
+// two-rack cluster of examples/clusters/faults.json, each fault lands 2 s into a short replay and lasts 2 s; every
+// accepted request ends completed or failed with a reason (lost = 0), and the delay row is skipped with its reason.
+TEST(ClusterNetns, NetworkFaultsLoseNoRequest) {
+  {
+    NetnsHosts probe;
+    if (!probe.why_not().empty()) GTEST_SKIP() << probe.why_not();
+  }
+  if (std::system("command -v nft >/dev/null 2>&1 && command -v jq >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "needs nft (nftables) and jq: tools/install-deps.sh installs them";
+  }
+  Scratch s("cluster_faults");
+  auto r = run({"/bin/bash",
+                MC_SOURCE_DIR "/examples/fault-matrix.sh",
+                "--cluster",
+                MC_SOURCE_DIR "/examples/clusters/faults.json",
+                "--bin",
+                kBin,
+                "--faults",
+                "isolate-master,cut-prefill-decode,uplink-cut,loss5,link-slow,delay50",
+                "--duration-s",
+                "10",
+                "--speed",
+                "8",
+                "--at-s",
+                "2",
+                "--stop-s",
+                "2",
+                "--drain-timeout-s",
+                "60",
+                "--json",
+                "--out",
+                s.path("out")},
+               280000);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  std::istringstream rows(r.out);
+  std::string line;
+  size_t measured = 0, skipped = 0;
+  while (std::getline(rows, line)) {
+    auto row = nlohmann::json::parse(line);
+    if (row.contains("skipped")) {
+      ++skipped;
+      EXPECT_EQ(row["fault"], "delay50") << line;
+      EXPECT_NE(row["skipped"].get<std::string>().find("netem"), std::string::npos) << line;
+      continue;
+    }
+    ++measured;
+    EXPECT_EQ(row["lost"], 0) << line;
+    EXPECT_GT(row["accepted"].get<int>(), 0) << line;
+    EXPECT_EQ(row["accepted"].get<int>(), row["completed"].get<int>() + row["failed"].get<int>()) << line;
+  }
+  EXPECT_EQ(measured, 5u) << r.out;
+  EXPECT_EQ(skipped, 1u) << r.out;
 }
 
 }  // namespace

@@ -103,9 +103,9 @@ TEST(ClusterScript, LoopbackRunsTheDescriptionWithHostLabels) {
     if (::access((kBin + "/" + tool).c_str(), X_OK) != 0) GTEST_SKIP() << kBin << "/" << tool << " is not built";
   }
   Scratch s("cluster_loopback");
-  const std::string cmd = "cp \"$MC_CLUSTER_STATE/cluster.txt\" " + s.path("cluster.txt") + " && echo \"$MC_CONDUCTOR " +
-                          "$MC_CLIENT_BIND\" > " + s.path("env.txt") + " && echo \"$MC_CLUSTER_STATE\" > " +
-                          s.path("state.txt");
+  const std::string cmd = "cp \"$MC_CLUSTER_STATE/cluster.txt\" " + s.path("cluster.txt") +
+                          " && echo \"$MC_CONDUCTOR " + "$MC_CLIENT_BIND\" > " + s.path("env.txt") +
+                          " && echo \"$MC_CLUSTER_STATE\" > " + s.path("state.txt");
   auto r = script(kClusters + "pair.json --mode loopback --ready-timeout-s 90 -- /bin/bash -c '" + cmd + "'", 180000);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::string cluster = slurp(s.path("cluster.txt"));

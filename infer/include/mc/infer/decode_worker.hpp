@@ -82,6 +82,9 @@ class TokenSink {
   virtual Status fail(const std::string& endpoint, const proto::RequestError& error) = 0;
   // With --auth-dir: the CURVE server key of a client's endpoint (its own key, not the cluster's); no-op default.
   virtual void set_server_key(const std::string& /*endpoint*/, const std::string& /*public_z85*/) {}
+  // Called on every decode step (also an idle one): the sink's own timed work, e.g. resending to a client that
+  // stopped answering (RPC sink: at-least-once, in order per client). No-op default.
+  virtual void poll() {}
 };
 // The RPC sink (one RpcClient per endpoint, timeout per message).
 std::unique_ptr<TokenSink> make_rpc_token_sink(int timeout_ms);
