@@ -10,6 +10,8 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "mc/common/auth.hpp"
 #include "mc/common/block_key.hpp"
@@ -619,8 +621,11 @@ class Gateway {
   }
 
   void observe_token_written(Flight& f, int64_t arrival_ns, int64_t tokens_before, const AnswerBuilder& answer) {
+    observe_token_written(f, arrival_ns, answer.completion_tokens() > tokens_before);
+  }
+  void observe_token_written(Flight& f, int64_t arrival_ns, bool produced) {
     const int64_t now = mono_ns();
-    if (answer.completion_tokens() > tokens_before) {
+    if (produced) {
       token_overhead_->observe(static_cast<double>(now - arrival_ns) * 1e-9);
       if (f.last_token_ns == 0) {
         ttft_->observe(static_cast<double>(now - f.received_ns) * 1e-9);
@@ -710,17 +715,22 @@ class Gateway {
               return write(": keep-alive\n\n");
             }
           }
+          // Every event that arrived goes out in one write (one chunk, one syscall): under load a burst of tokens
+          // does not queue behind one write each.
+          std::string batch;
+          std::vector<std::pair<int64_t, bool>> taken;  // (arrival, produced a token) per event
           for (const Event& ev : events) {
             const int64_t before = answer->completion_tokens();
             const std::string text = apply(*f, *answer, ev, &error);
             if (!text.empty() || (answer->finished() && answer->completion_tokens() > before)) {
               const std::string reason = answer->finished() ? answer->finish_reason() : "";
-              if (!write(sse(chunk_document(f->req.chat, f->object_id, created, f->req.model, text, reason, false))))
-                return false;
+              batch += sse(chunk_document(f->req.chat, f->object_id, created, f->req.model, text, reason, false));
             }
-            observe_token_written(*f, ev.arrival_ns, before, *answer);
+            taken.emplace_back(ev.arrival_ns, answer->completion_tokens() > before);
             if (error || answer->finished()) break;
           }
+          if (!batch.empty() && !write(batch)) return false;
+          for (const auto& [arrival_ns, produced] : taken) observe_token_written(*f, arrival_ns, produced);
           if (!error && !answer->finished()) return true;
           if (error) {
             failed_->inc();

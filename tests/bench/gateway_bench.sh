@@ -8,7 +8,8 @@
 # Then the same replay window of the shipped conversation trace through ZeroMQ (mc-trace-replay --conductor) and
 # through the gateway (--target http://...), each on a fresh cluster so both start with an empty pool: TTFT and TBT
 # side by side (mc-trace-replay report, one row each).
-# Usage: tests/bench/gateway_bench.sh [BUILD_DIR]   (env: DURATION=10 CONCURRENCY=64 STREAM_TOKENS=32 TIME_SCALE=1000 PREFILL=2 DECODE=2
+# Usage: tests/bench/gateway_bench.sh [BUILD_DIR]   (env: DURATION=10 CONCURRENCY=64 STREAM_TOKENS=32 STREAM_QPS=2
+#        REPEAT=1 TIME_SCALE=1000 PREFILL=2 DECODE=2
 #        REPLAY_REQUESTS=30 REPLAY_SPEED=20 REPLAY_TIME_SCALE=20 MODEL=tiny)
 # MODEL is the model of the 1-token part (sim backend): tiny (4 layers) keeps the cluster's own per-request cost (one
 # KV write per layer into decode, the commit) small, so what is measured is the request path through the gateway and
@@ -53,7 +54,10 @@ MC_LOG_LEVEL=error "$here/../../examples/local-cluster.sh" --bin "$BUILD/bin" --
               curl -s \"\$MC_GATEWAY/metrics\" > $TMP/gateway-metrics;
               hey -z ${DURATION}s -c $CONCURRENCY -m POST -T application/json -D $TMP/stream.json \
                 \"\$MC_GATEWAY/v1/completions\" > $TMP/hey-stream;
-              curl -s \"\$MC_GATEWAY/metrics\" > $TMP/gateway-metrics-stream" 2>"$TMP/cluster.err" ||
+              curl -s \"\$MC_GATEWAY/metrics\" > $TMP/gateway-metrics-stream;
+              hey -z ${DURATION}s -c $CONCURRENCY -q ${STREAM_QPS:-2} -m POST -T application/json -D $TMP/stream.json \
+                \"\$MC_GATEWAY/v1/completions\" > $TMP/hey-paced;
+              curl -s \"\$MC_GATEWAY/metrics\" > $TMP/gateway-metrics-paced" 2>"$TMP/cluster.err" ||
   { cat "$TMP/cluster.err" >&2; exit 1; }
 
 # quantile METRIC Q AFTER [BEFORE]: the upper bound (ms) of the first bucket whose cumulative count reaches Q of the
@@ -70,6 +74,7 @@ quantile() {
 read -r f_rps f_p50 f_p99 f_bad < <(hey_fields "$TMP/hey-fixed")
 read -r g_rps g_p50 g_p99 g_bad < <(hey_fields "$TMP/hey-gateway")
 read -r s_rps s_p50 s_p99 s_bad < <(hey_fields "$TMP/hey-stream")
+read -r q_rps q_p50 q_p99 q_bad < <(hey_fields "$TMP/hey-paced")
 echo "== gateway vs the same HTTP library answering a fixed response (hey, ${DURATION} s, $CONCURRENCY connections)"
 printf "%-34s %10s %10s %10s %8s\n" "server" "req/s" "p50 ms" "p99 ms" "non-200"
 printf "%-34s %10s %10s %10s %8s\n" "cpp-httplib fixed response (limit)" "$f_rps" "$f_p50" "$f_p99" "$f_bad"
@@ -86,18 +91,30 @@ for m in mc_gateway_submit_overhead_seconds mc_gateway_token_overhead_seconds mc
   printf "%-40s p50 <= %s  p99 <= %s\n" "$m" "$(quantile "$m" 0.5 "$TMP/gateway-metrics-stream" "$TMP/gateway-metrics")" \
     "$(quantile "$m" 0.99 "$TMP/gateway-metrics-stream" "$TMP/gateway-metrics")"
 done
+echo "== the same $CONCURRENCY streams paced at ${STREAM_QPS:-2} streams/s each (hey -q): $q_rps streams/s, p50 $q_p50 ms," \
+  "p99 $q_p99 ms, non-200 $q_bad; the gateway's own added latency in that phase"
+for m in mc_gateway_submit_overhead_seconds mc_gateway_token_overhead_seconds mc_gateway_tbt_seconds; do
+  printf "%-40s p50 <= %s  p99 <= %s\n" "$m" "$(quantile "$m" 0.5 "$TMP/gateway-metrics-paced" "$TMP/gateway-metrics-stream")" \
+    "$(quantile "$m" 0.99 "$TMP/gateway-metrics-paced" "$TMP/gateway-metrics-stream")"
+done
 
 # The same window through ZeroMQ and through HTTP, each on a fresh cluster.
 trace="$here/../../examples/traces/conversation_trace.jsonl"
 replay_flags=(--max-requests "${REPLAY_REQUESTS:-30}" --speed "${REPLAY_SPEED:-20}" --time-scale "${REPLAY_TIME_SCALE:-20}"
               --no-progress --allow-failures)
-for mode in zmq http; do
-  target=""
-  [[ $mode == http ]] && target='--target $MC_GATEWAY'
-  MC_LOG_LEVEL=error "$here/../../examples/local-cluster.sh" --bin "$BUILD/bin" --time-scale "${REPLAY_TIME_SCALE:-20}" \
-    --gateway -- bash -c "$BUILD/bin/mc-trace-replay $trace ${replay_flags[*]} $target --out $TMP/$mode.jsonl > /dev/null" \
-    2>"$TMP/cluster-$mode.err" || { cat "$TMP/cluster-$mode.err" >&2; exit 1; }
+# REPEAT alternating pairs (zmq, http, zmq, http, ...): the spread between runs of the same path is the yardstick the
+# difference between the paths is judged against.
+runs=()
+for ((k = 1; k <= ${REPEAT:-1}; k++)); do
+  for mode in zmq http; do
+    target=""
+    [[ $mode == http ]] && target='--target $MC_GATEWAY'
+    MC_LOG_LEVEL=error "$here/../../examples/local-cluster.sh" --bin "$BUILD/bin" --time-scale "${REPLAY_TIME_SCALE:-20}" \
+      --gateway -- bash -c "$BUILD/bin/mc-trace-replay $trace ${replay_flags[*]} $target --out $TMP/$mode$k.jsonl > /dev/null" \
+      2>"$TMP/cluster-$mode.err" || { cat "$TMP/cluster-$mode.err" >&2; exit 1; }
+    runs+=("$TMP/$mode$k.jsonl")
+  done
 done
-echo "== the same replay window through ZeroMQ (row 1) and through mc-gateway (row 2)"
-"$BUILD/bin/mc-trace-replay" report "$TMP/zmq.jsonl" "$TMP/http.jsonl"
+echo "== the same replay window through ZeroMQ (zmqK) and through mc-gateway (httpK), alternating"
+"$BUILD/bin/mc-trace-replay" report "${runs[@]}"
 echo "== load: $(uptime)"
