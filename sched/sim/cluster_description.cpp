@@ -1,9 +1,9 @@
 #include "mc/sim/cluster_description.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <set>
 
 #include "mc/common/input_file.hpp"
@@ -27,9 +27,18 @@ bool absent(const nlohmann::json& obj, const char* key) {
 }
 
 // A name as cluster.sh accepts it: letters, digits, _ and -, at most 32, not starting with _ or -.
+// (No std::regex: GCC 12's <regex> trips -Wmaybe-uninitialized under the sanitizers.)
 bool valid_name(const std::string& s) {
-  static const std::regex kName("^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$");
-  return std::regex_match(s, kName);
+  if (s.empty() || s.size() > 32 || !std::isalnum(static_cast<unsigned char>(s[0]))) return false;
+  return std::all_of(s.begin(), s.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '_' || ch == '-';
+  });
+}
+
+// "10.N" with N one to three digits, as cluster.sh's defaults.subnet.
+bool valid_subnet(const std::string& s) {
+  if (s.size() < 4 || s.size() > 6 || s.compare(0, 3, "10.") != 0) return false;
+  return std::all_of(s.begin() + 3, s.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; });
 }
 
 // A whole number >= 0: a JSON integer or a string of digits (cluster.sh reads both through jq).
@@ -108,8 +117,7 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
   }
   if (!absent(d, "subnet")) {
     MC_ASSIGN_OR_RETURN(std::string subnet, string_field(d["subnet"], source, "defaults.subnet"));
-    static const std::regex kSubnet("^10\\.[0-9]{1,3}$");
-    if (!std::regex_match(subnet, kSubnet)) {
+    if (!valid_subnet(subnet)) {
       return bad(source, "defaults.subnet", "must be 10.N (hosts get 10.N.RACK.HOST), got '" + subnet + "'");
     }
   }
