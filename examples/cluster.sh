@@ -288,16 +288,6 @@ for h in "${!host_names[@]}"; do
     "${host_if[$h]:-} ${switch_if[$h]:-} ${host_nic[$h]}" >> "$state/hosts.txt"
 done
 
-# on_host H CMD...: CMD as it runs on host H (inside its namespace in netns mode).
-on_host() {
-  local h=$1
-  shift
-  case "$mode" in
-    netns) ip netns exec "$NETNS_PREFIX-${host_ns[$h]}" "$@" ;;
-    *) "$@" ;;
-  esac
-}
-
 # start H NAME CMD...: starts daemon NAME on host H in the background, output to $state/NAME.log.
 start() {
   local h=$1 name=$2
@@ -317,7 +307,13 @@ start() {
     remote+=("${host_ssh[$h]} $rpid")
     return 0
   fi
-  on_host "$h" "$@" > "$state/$name.log" 2>&1 &
+  # Started directly (not through a function, which would run in a subshell): $! is the daemon itself (ip netns
+  # exec execs it), so stop_all's signals reach it.
+  if [[ "$mode" == netns ]]; then
+    ip netns exec "$NETNS_PREFIX-${host_ns[$h]}" "$@" > "$state/$name.log" 2>&1 &
+  else
+    "$@" > "$state/$name.log" 2>&1 &
+  fi
   pids+=("$!")
   names+=("$name")
 }
@@ -477,7 +473,11 @@ client_prefix=""
 } >&2
 
 if [[ ${#cmd[@]} -gt 0 ]]; then
-  on_host "$client_host" "${cmd[@]}" <&0 &
+  if [[ "$mode" == netns ]]; then
+    ip netns exec "$NETNS_PREFIX-${host_ns[$client_host]}" "${cmd[@]}" <&0 &
+  else
+    "${cmd[@]}" <&0 &
+  fi
   pids+=("$!")
   names+=("command")
   set +e

@@ -5,6 +5,7 @@
 // never loopback; and after the script exits no namespace, process or state directory of it is left. Skips with the
 // reason when not root or `ip netns` is unavailable.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -93,6 +94,11 @@ TEST(ClusterNetns, ReplayAcrossHostsCrossesTheShapedLinks) {
   std::string state = slurp(s.path("state.txt"));
   state.erase(state.find_last_not_of('\n') + 1);
   EXPECT_FALSE(std::filesystem::exists(state)) << state;
+  std::istringstream daemons(cluster);
+  std::string name, pid, rest;
+  while (daemons >> name >> pid && std::getline(daemons, rest)) {
+    EXPECT_NE(::kill(static_cast<pid_t>(std::stol(pid)), 0), 0) << name << " (pid " << pid << ") outlived the cluster";
+  }
 }
 
 // The seed's network faults, CI-sized (docs/RELIABILITY.md "Across hosts" has the full runs): on the six-host,

@@ -2,10 +2,12 @@
 // would run, bound to the host's own address; a broken description exits 2 with the reason; the same description
 // runs on loopback with the hosts as --host labels. The namespace runs are in cluster_netns_e2e_test.cpp.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "mc/testkit/local_cluster.hpp"
@@ -118,6 +120,12 @@ TEST(ClusterScript, LoopbackRunsTheDescriptionWithHostLabels) {
   std::string state = slurp(s.path("state.txt"));
   state.erase(state.find_last_not_of('\n') + 1);
   EXPECT_FALSE(std::filesystem::exists(state)) << "the state directory " << state << " outlived the cluster";
+  // Every daemon went with the script (cluster.txt: name pid endpoint host).
+  std::istringstream lines(cluster);
+  std::string name, pid, rest;
+  while (lines >> name >> pid && std::getline(lines, rest)) {
+    EXPECT_NE(::kill(static_cast<pid_t>(std::stol(pid)), 0), 0) << name << " (pid " << pid << ") outlived the cluster";
+  }
 }
 
 }  // namespace
