@@ -392,6 +392,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
     }
     const BlockCacheCounters after = cache_->counters();
     ledger.fetch_ms = ms_since(t0);
+    ledger.fetch_us = (now_ns() - t0) / 1000;
     metrics_
         .histogram("mc_prefill_fetch_seconds", metrics::latency_buckets_s(),
                    "prefix fetch from the store (one batch get of the cached blocks; the KV transfer in)")
@@ -409,6 +410,14 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
     ledger.hit_tokens_remote = hit_tokens - ledger.hit_tokens_local - ledger.hit_tokens_ssd;
     ledger.fetch_ssd_bytes = ssd;
     ledger.fetch_ssd_us = (after.ssd_read_ns - before.ssd_read_ns) / 1000;
+    // The one host every remote byte came from, if one did (a path sample for the Conductor).
+    if (remote > 0) {
+      for (const auto& [host, bytes] : after.remote_bytes_by_host) {
+        auto b = before.remote_bytes_by_host.find(host);
+        const int64_t moved = bytes - (b == before.remote_bytes_by_host.end() ? 0 : b->second);
+        if (moved == remote && !host.empty()) ledger.fetch_remote_host = host;
+      }
+    }
   }
   const int64_t cached = hit_blocks * bs;
   ledger.hit_tokens = cached;

@@ -710,17 +710,25 @@ class Conductor {
       rep.prefill_ms = -1;
     }
     // Bandwidth samples (not in a time-scaled cluster): the SSD reads are timed on their own; a fetch from one
-    // DRAM path class only, with no SSD part, is a clean sample of that class.
-    if (sane && scale == 1.0 && l.fetch_ssd_bytes > 0 && l.fetch_ssd_us > 0) {
-      rep.transfer_bytes[static_cast<int>(PathClass::kSsd)] = l.fetch_ssd_bytes;
+    // DRAM path class only, with no SSD part, is a clean sample of that class, and when its remote bytes all came
+    // from one host, of the path from there (DESIGN.md §16 "Bandwidth decides, live"). The bytes are the model's
+    // (tokens x the scheduler's kv_bytes_per_token), as the scheduler prices them: a sim worker storing fewer
+    // bytes per token on links scaled down by the same factor measures the modelled bandwidth.
+    const int64_t kv_bytes_per_token = sched_->config().kv.kv_bytes_per_token;
+    auto model_bytes = [&](int64_t tokens) { return tokens > 0 && tokens <= kMaxReportedCount ? tokens * kv_bytes_per_token : 0; };
+    if (sane && scale == 1.0 && l.fetch_ssd_bytes > 0 && l.fetch_ssd_us > 0 && static_cast<double>(l.fetch_ssd_us) <= kMaxReportedMs * 1000) {
+      rep.transfer_bytes[static_cast<int>(PathClass::kSsd)] = model_bytes(l.hit_tokens_ssd);
       rep.transfer_ns[static_cast<int>(PathClass::kSsd)] = l.fetch_ssd_us * 1'000;
     }
-    if (sane && scale == 1.0 && l.fetch_bytes > 0 && l.fetch_ms > 0 && l.fetch_ssd_bytes == 0) {
+    const int64_t fetch_us = l.fetch_us > 0 ? l.fetch_us : l.fetch_ms * 1'000;
+    if (sane && scale == 1.0 && l.fetch_bytes > 0 && fetch_us > 0 && static_cast<double>(fetch_us) <= kMaxReportedMs * 1000 &&
+        l.fetch_ssd_bytes == 0) {
       const bool local = l.hit_tokens_local > 0, remote = l.hit_tokens_remote > 0;
       if (local != remote) {
         int c = local ? static_cast<int>(PathClass::kSameHost) : static_cast<int>(PathClass::kRemote);
-        rep.transfer_bytes[c] = l.fetch_bytes;
-        rep.transfer_ns[c] = l.fetch_ms * 1'000'000;
+        rep.transfer_bytes[c] = model_bytes(local ? l.hit_tokens_local : l.hit_tokens_remote);
+        rep.transfer_ns[c] = fetch_us * 1'000;
+        if (remote && l.fetch_remote_host.size() <= 255 /* a DNS name's limit */) rep.remote_source_host = l.fetch_remote_host;
       }
     }
     sched_->on_prefill_done(rep);
@@ -1421,6 +1429,15 @@ class Conductor {
     const SchedulerCounters& c = sched_->counters();
     metrics_.gauge("mc_conductor_decisions", "decisions made").set(static_cast<double>(c.decisions));
     metrics_.gauge("mc_conductor_accepted", "decisions that accepted").set(static_cast<double>(c.accepted));
+    metrics_.gauge("mc_conductor_decisions_fetch", "accepted decisions that reuse a cached prefix")
+        .set(static_cast<double>(c.fetch));
+    metrics_.gauge("mc_conductor_decisions_fetch_remote", "of those, reading some blocks from another host")
+        .set(static_cast<double>(c.fetch_remote));
+    metrics_.gauge("mc_conductor_decisions_recompute_cached",
+                   "accepted decisions that recompute although the pool held a reusable prefix")
+        .set(static_cast<double>(c.recompute_cached));
+    metrics_.gauge("mc_conductor_bandwidth_path_samples", "remote fetches measured on one host-to-host path")
+        .set(static_cast<double>(c.path_samples));
     metrics_.gauge("mc_conductor_index_blocks", "distinct blocks in the prefix index")
         .set(static_cast<double>(sched_->index().blocks()));
     metrics_.gauge("mc_conductor_instances", "registered instances").set(static_cast<double>(sched_->cluster().size()));
@@ -1524,8 +1541,9 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
       << idx.value("planned_missing_requests", 0) << " requests\n";
   const auto& d = j["decisions"];
   out << "decisions: " << d.value("total", 0) << " total, " << d.value("accepted", 0) << " accepted (fetch "
-      << d.value("fetch", 0) << ", recompute " << d.value("recompute", 0) << ", replicate " << d.value("replicate", 0)
-      << "); rejected:";
+      << d.value("fetch", 0) << " of which remote " << d.value("fetch_remote", 0) << ", recompute "
+      << d.value("recompute", 0) << " of which with a cached prefix " << d.value("recompute_cached", 0) << ", replicate "
+      << d.value("replicate", 0) << "); rejected:";
   for (const auto& [reason, n] : d["rejected"].items()) out << " " << reason << "=" << n.get<uint64_t>();
   out << "\n";
   const auto& p = j["predictors"];
@@ -1543,6 +1561,13 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
       << bw_samples.value("same_host", 0) << " samples), remote " << fixed(bw.value("remote", 0.0) / 1e9, 2) << " ("
       << bw_samples.value("remote", 0) << " samples), ssd " << fixed(bw.value("ssd", 0.0) / 1e9, 2) << " ("
       << bw_samples.value("ssd", 0) << " samples)\n";
+  for (const auto& path : p.value("bandwidth_paths", nlohmann::json::array())) {
+    out << "  path " << path.value("from", "?") << " -> " << path.value("to", "?") << ": "
+        << fixed(path.value("bytes_per_s", 0.0) / 1e9, 2) << " GB/s now (measured "
+        << fixed(path.value("measured_bytes_per_s", 0.0) / 1e9, 2) << ", " << path.value("samples", 0) << " samples, "
+        << fixed(path.value("age_ms", 0.0) / 1e3, 1) << " s ago; send backlog "
+        << path.value("send_backlog_bytes", 0) << " B)\n";
+  }
   for (const auto& [key, name] : {std::pair{"ttft_error", "TTFT prediction error"},
                                   std::pair{"decode_step_error", "decode step prediction error"}}) {
     const nlohmann::json e = j.value(key, nlohmann::json::object());

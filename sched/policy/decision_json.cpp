@@ -164,6 +164,9 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
                       {"accepted", c.accepted},
                       {"fetch", c.fetch},
                       {"recompute", c.recompute},
+                      {"fetch_remote", c.fetch_remote},
+                      {"recompute_cached", c.recompute_cached},
+                      {"path_samples", c.path_samples},
                       {"replicate", c.replicate},
                       {"rejected", rejected},
                       {"expired_instances", c.expired_instances},
@@ -191,6 +194,19 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
         {"remote", s.bandwidth().samples(PathClass::kRemote)},
         {"ssd", s.bandwidth().samples(PathClass::kSsd)}}},
   };
+  // Measured paths (DESIGN.md §16 "Bandwidth decides, live"): the estimate now (decayed) and the send backlogs.
+  const int64_t now_ns = s.clock().now_ns();
+  nlohmann::json paths = nlohmann::json::array();
+  for (const BandwidthEstimator::PathEstimate& pe : s.bandwidth().paths()) {
+    paths.push_back({{"from", s.cluster().host_name(pe.src_host)},
+                     {"to", s.cluster().host_name(pe.dst_host)},
+                     {"bytes_per_s", s.bandwidth().path_bytes_per_s(pe.src_host, pe.dst_host, now_ns)},
+                     {"measured_bytes_per_s", pe.bytes_per_s},
+                     {"samples", pe.samples},
+                     {"age_ms", static_cast<double>(now_ns - pe.last_sample_ns) * 1e-6},
+                     {"send_backlog_bytes", s.send_backlog_bytes(pe.src_host, now_ns)}});
+  }
+  out["predictors"]["bandwidth_paths"] = std::move(paths);
   auto error_json = [](const PredictionErrorStats& e) {
     return nlohmann::json{{"samples", e.count()},
                           {"mean_abs_ms", e.mean_abs_error_ms()},

@@ -148,7 +148,9 @@ DecodeCostPrior DecodePredictor::current() const {
   return DecodeCostPrior{w[0], w[1], w[2]};
 }
 
-BandwidthEstimator::BandwidthEstimator(BandwidthPriors priors, double alpha) : priors_(priors), alpha_(alpha) {
+BandwidthEstimator::BandwidthEstimator(BandwidthPriors priors, double alpha, double path_alpha,
+                                       double path_half_life_ms)
+    : priors_(priors), alpha_(alpha), path_alpha_(path_alpha), path_half_life_ms_(path_half_life_ms) {
   bw_ = {priors.same_host_bytes_per_s, priors.remote_bytes_per_s, priors.ssd_bytes_per_s};
 }
 
@@ -172,9 +174,56 @@ double BandwidthEstimator::bytes_per_s(PathClass cls) const {
   return bw_[static_cast<size_t>(cls)];
 }
 
+double BandwidthEstimator::fixed_ms(PathClass cls) const {
+  if (cls == PathClass::kRecompute) return 0;
+  return priors_.fixed_ms[static_cast<size_t>(cls)];
+}
+
 uint64_t BandwidthEstimator::samples(PathClass cls) const {
   if (cls == PathClass::kRecompute) return 0;
   return samples_[static_cast<size_t>(cls)];
+}
+
+namespace {
+constexpr uint32_t kNoHostIndex = UINT32_MAX;  // = kUnknownHost (prefix_index.hpp)
+uint64_t path_key(uint32_t src, uint32_t dst) { return (static_cast<uint64_t>(src) << 32) | dst; }
+}  // namespace
+
+void BandwidthEstimator::observe_path(uint32_t src_host, uint32_t dst_host, int64_t bytes, int64_t elapsed_ns,
+                                      int64_t now_ns) {
+  if (bytes <= 0 || elapsed_ns <= 0 || src_host == kNoHostIndex || dst_host == kNoHostIndex) return;
+  const double sample = static_cast<double>(bytes) / (static_cast<double>(elapsed_ns) * 1e-9);
+  if (!std::isfinite(sample) || sample <= 0) return;
+  PathEstimate& p = paths_[path_key(src_host, dst_host)];
+  if (p.samples == 0) {
+    p.src_host = src_host;
+    p.dst_host = dst_host;
+    p.bytes_per_s = sample;
+  } else {
+    // Average in log space from the estimate as it stands now (decayed since the last sample).
+    const double now_bw = path_bytes_per_s(src_host, dst_host, now_ns);
+    p.bytes_per_s = std::exp((1 - path_alpha_) * std::log(now_bw) + path_alpha_ * std::log(sample));
+  }
+  ++p.samples;
+  p.last_sample_ns = now_ns;
+}
+
+double BandwidthEstimator::path_bytes_per_s(uint32_t src_host, uint32_t dst_host, int64_t now_ns) const {
+  const double cls = bw_[static_cast<size_t>(PathClass::kRemote)];
+  if (paths_.empty() || src_host == kNoHostIndex || dst_host == kNoHostIndex) return cls;
+  auto it = paths_.find(path_key(src_host, dst_host));
+  if (it == paths_.end()) return cls;
+  const PathEstimate& p = it->second;
+  const double age_ms = std::max(0.0, static_cast<double>(now_ns - p.last_sample_ns) * 1e-6);
+  const double keep = path_half_life_ms_ > 0 ? std::exp2(-age_ms / path_half_life_ms_) : 1.0;
+  return std::exp(std::log(cls) + keep * (std::log(p.bytes_per_s) - std::log(cls)));
+}
+
+std::vector<BandwidthEstimator::PathEstimate> BandwidthEstimator::paths() const {
+  std::vector<PathEstimate> out;
+  out.reserve(paths_.size());
+  for (const auto& [key, p] : paths_) out.push_back(p);
+  return out;
 }
 
 void PredictionErrorStats::add(double predicted_ms, double actual_ms) {

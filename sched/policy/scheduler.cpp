@@ -144,8 +144,13 @@ Decision Scheduler::decide(const Request& request) {
   d.slo_ttft_ms = slo_ttft;
   d.early_reject = config_.slo.early_reject;
 
-  // ---- 1. index lookup, once ----
+  // ---- 1. index lookup, once; fetches predicted to have ended leave the send backlogs ----
   const int64_t max_reuse = look_up_prefix(request);
+  max_reuse_ = max_reuse;
+  for (auto it = send_backlog_.begin(); it != send_backlog_.end();) {
+    std::erase_if(it->second, [now](const SendEntry& e) { return e.end_ns <= now; });
+    it = it->second.empty() ? send_backlog_.erase(it) : std::next(it);
+  }
   d.pool_prefix_tokens = static_cast<int64_t>(lookup_.size()) * config_.kv.block_size_tokens;
 
   // ---- 2. price every live prefill instance ----
@@ -229,22 +234,42 @@ int64_t Scheduler::look_up_prefix(const Request& request) {
   return max_reuse;
 }
 
-Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t host, int64_t max_reuse) const {
+Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t host, int64_t max_reuse,
+                                             int64_t now) const {
   const int64_t B = config_.kv.block_size_tokens;
   const int64_t block_bytes = config_.kv.block_bytes();
+  const auto remote = static_cast<size_t>(PathClass::kRemote);
   HostPlan p;
   int64_t bytes[kNumTransferClasses] = {0, 0, 0};
   int64_t count[4] = {0, 0, 0, 0};
   bool same_host_run = true;
+  // Remote bytes by source host, each with its path bandwidth and send backlog (fixed once per plan).
+  struct Source {
+    uint32_t host;
+    int64_t bytes;
+    double bytes_per_s;
+    int64_t backlog;
+  };
+  std::vector<Source> sources;
+  const bool by_path = bandwidth_.has_paths() || !send_backlog_.empty();
   p.prefill_ms = prefill_.predict_ms(request.input_tokens, 0);
   p.cost_ms = p.prefill_ms;
   for (int64_t k = 1; k <= max_reuse; ++k) {
     PathClass cls = block_class_scratch_[static_cast<size_t>(k - 1)];
-    if (host != kUnknownHost && cls == PathClass::kRemote) {
+    uint32_t src = kUnknownHost;
+    if (cls == PathClass::kRemote) {
+      double best_bw = -1;
       for (const Holder& h : lookup_[static_cast<size_t>(k - 1)]) {
-        if (h.medium != Medium::kDisk && index_.backend_host(h.backend) == host) {
+        if (h.medium == Medium::kDisk) continue;
+        const uint32_t hh = index_.backend_host(h.backend);
+        if (host != kUnknownHost && hh == host) {
           cls = PathClass::kSameHost;
           break;
+        }
+        const double bw = bandwidth_.path_bytes_per_s(hh, host, now);
+        if (bw > best_bw) {
+          best_bw = bw;
+          src = hh;
         }
       }
     }
@@ -254,7 +279,25 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
     ++count[static_cast<size_t>(cls)];
     double transfer = 0;
     for (int c = 0; c < kNumTransferClasses; ++c) {
+      if (by_path && c == static_cast<int>(remote)) continue;
       transfer += bandwidth_.transfer_ms(static_cast<PathClass>(c), bytes[c]);
+    }
+    if (cls == PathClass::kRemote) {  // the sources are booked on commit even when not priced by path
+      auto it = std::find_if(sources.begin(), sources.end(), [src](const Source& x) { return x.host == src; });
+      if (it == sources.end()) {
+        sources.push_back(Source{src, 0, bandwidth_.path_bytes_per_s(src, host, now),
+                                 src == kUnknownHost || !by_path ? 0 : send_backlog_bytes(src, now)});
+        it = sources.end() - 1;
+      }
+      it->bytes += block_bytes;
+    }
+    if (by_path && bytes[remote] > 0) {
+      // fixed once, then each source's backlog and bytes at its path's bandwidth, one after the other.
+      double ms = bandwidth_.fixed_ms(PathClass::kRemote);
+      for (const Source& x : sources) {
+        ms += static_cast<double>(x.backlog + x.bytes) / x.bytes_per_s * 1e3;
+      }
+      transfer += ms;
     }
     double prefill = prefill_.predict_ms(request.input_tokens - k * B, k * B);
     if (prefill + transfer < p.cost_ms) {
@@ -264,6 +307,10 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
       p.reused_blocks = k;
       std::copy(count, count + 4, p.blocks_by_class);
       p.transfer_bytes = bytes[0] + bytes[1] + bytes[2];
+      p.remote_sources.clear();
+      for (const Source& x : sources) {
+        if (x.host != kUnknownHost) p.remote_sources.push_back(SourceBytes{x.host, x.bytes});
+      }
     }
   }
   return p;
@@ -274,19 +321,22 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
   estimates_.clear();
   plans_scratch_.clear();
   std::optional<HostPlan> generic_plan;
+  // With measured paths or a send backlog every host has its own plan (its paths differ); without, the hosts
+  // holding none of the prefix share one.
+  const bool by_path = bandwidth_.has_paths() || !send_backlog_.empty();
   for (const Instance* inst : cluster_.instances(Role::kPrefill)) {
     if (!placeable(*inst, now, config_.heartbeat_timeout_ms)) continue;  // draining, or silent (#12)
     const HostPlan* plan = nullptr;
     bool holds = std::find(hosts_scratch_.begin(), hosts_scratch_.end(), inst->host_index) != hosts_scratch_.end();
-    if (!holds) {
-      if (!generic_plan) generic_plan = plan_for_host(request, kUnknownHost, max_reuse);
+    if (!holds && !by_path) {
+      if (!generic_plan) generic_plan = plan_for_host(request, kUnknownHost, max_reuse, now);
       plan = &*generic_plan;
     } else {
       for (const auto& [h, p] : plans_scratch_) {
         if (h == inst->host_index) plan = &p;
       }
       if (plan == nullptr) {
-        plans_scratch_.emplace_back(inst->host_index, plan_for_host(request, inst->host_index, max_reuse));
+        plans_scratch_.emplace_back(inst->host_index, plan_for_host(request, inst->host_index, max_reuse, now));
         plan = &plans_scratch_.back().second;
       }
     }
@@ -301,6 +351,7 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
     e.longest_same_host_blocks = plan->longest_same_host_blocks;
     e.longest_pool_blocks = pool_len;
     e.transfer_bytes = plan->transfer_bytes;
+    e.remote_sources = plan->remote_sources;
     e.load_known = inst->load_known;
     estimates_.push_back(std::move(e));
   }
@@ -421,8 +472,10 @@ Decision Scheduler::accept(Decision& d, const DecodeEstimate& pick, const std::s
   ++counters_.accepted;
   if (d.prefill.reused_blocks > 0) {
     ++counters_.fetch;
+    if (d.prefill.blocks_by_class[static_cast<size_t>(PathClass::kRemote)] > 0) ++counters_.fetch_remote;
   } else {
     ++counters_.recompute;
+    if (max_reuse_ > 0) ++counters_.recompute_cached;
   }
   if (d.replicate_prefix) ++counters_.replicate;
   return std::move(d);
@@ -440,7 +493,34 @@ void Scheduler::commit(const Request& request, const Decision& d) {
       d.decode_id,
       DecodeJob{request.request_id, request.input_tokens, request.output_tokens, start_ns,
                 start_ns + static_cast<int64_t>(static_cast<double>(request.output_tokens) * d.decode.tbt_ms * 1e6)});
-  in_flight_[request.request_id] = InFlight{d.prefill_id, d.decode_id, d.predicted_ttft_ms, now, false};
+  InFlight& f = in_flight_[request.request_id];
+  if (!f.send_hosts.empty()) end_sends(request.request_id, f.send_hosts);  // a re-decided request
+  f = InFlight{d.prefill_id, d.decode_id, d.predicted_ttft_ms, now, false, {}};
+  // Its remote fetches load their senders from the end of its queue until its predicted TTFT.
+  const int64_t fetch_end_ns = now + static_cast<int64_t>((d.prefill.queue_ms + d.prefill.transfer_ms) * 1e6);
+  for (const SourceBytes& src : d.prefill.remote_sources) {
+    send_backlog_[src.host].push_back(SendEntry{request.request_id, src.bytes, fetch_end_ns});
+    f.send_hosts.push_back(src.host);
+  }
+}
+
+int64_t Scheduler::send_backlog_bytes(uint32_t host, int64_t now) const {
+  auto it = send_backlog_.find(host);
+  if (it == send_backlog_.end()) return 0;
+  int64_t sum = 0;
+  for (const SendEntry& e : it->second) {
+    if (e.end_ns > now) sum += e.bytes;
+  }
+  return sum;
+}
+
+void Scheduler::end_sends(const std::string& request_id, const std::vector<uint32_t>& hosts) {
+  for (uint32_t h : hosts) {
+    auto it = send_backlog_.find(h);
+    if (it == send_backlog_.end()) continue;
+    std::erase_if(it->second, [&](const SendEntry& e) { return e.request_id == request_id; });
+    if (it->second.empty()) send_backlog_.erase(it);
+  }
 }
 
 Decision Scheduler::schedule(const Request& request) {
@@ -453,13 +533,27 @@ void Scheduler::on_prefill_done(const PrefillReport& r) {
   const int64_t now = clock_->now_ns();
   if (r.ok) {
     prefill_.observe(r.prefilled_tokens, r.reused_tokens, r.prefill_ms);
+    // A remote sample from one known host is that path's (the class estimate stays what unmeasured paths are
+    // priced at: one slow link must not make every path look slow); the others refit their class.
+    const auto remote = static_cast<size_t>(PathClass::kRemote);
+    const Instance* inst = cluster_.find(r.instance_id);
+    std::optional<uint32_t> src = r.remote_source_host.empty() ? std::nullopt : cluster_.find_host(r.remote_source_host);
+    const bool path = inst != nullptr && src && inst->host_index != kNoHost && r.transfer_bytes[remote] > 0 &&
+                      r.transfer_ns[remote] > 0;
+    if (path) {
+      bandwidth_.observe_path(*src, inst->host_index, r.transfer_bytes[remote], r.transfer_ns[remote], now);
+      ++counters_.path_samples;
+    }
     for (int c = 0; c < kNumTransferClasses; ++c) {
+      if (path && c == static_cast<int>(remote)) continue;
       bandwidth_.observe(static_cast<PathClass>(c), r.transfer_bytes[c], r.transfer_ns[c]);
     }
   }
   cluster_.finish_prefill(r.instance_id, r.request_id, now);
   auto it = in_flight_.find(r.request_id);
   if (it == in_flight_.end()) return;
+  end_sends(r.request_id, it->second.send_hosts);
+  it->second.send_hosts.clear();
   if (!r.ok) {
     cluster_.finish_decode(it->second.decode_id, r.request_id);
     in_flight_.erase(it);
@@ -507,6 +601,7 @@ void Scheduler::on_request_done(const std::string& request_id) {
   const int64_t now = clock_->now_ns();
   cluster_.finish_prefill(it->second.prefill_id, request_id, now);
   cluster_.finish_decode(it->second.decode_id, request_id);
+  end_sends(request_id, it->second.send_hosts);
   in_flight_.erase(it);
 }
 

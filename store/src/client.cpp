@@ -490,6 +490,11 @@ class Client::Impl {
         const bool shm = shm_segment[req_seg[r]];
         if (j.op == transfer::Op::kRead) {
           (shm ? counters.bytes_read_shm : counters.bytes_read_tcp) += j.length;
+          if (!shm) {
+            auto& by_host = counters.bytes_read_tcp_by_host;
+            const bool room = by_host.size() < ClientCounters::kMaxTcpReadHosts || by_host.count(j.replica->host) != 0;
+            by_host[room ? j.replica->host : std::string()] += j.length;
+          }
         } else {
           (shm ? counters.bytes_written_shm : counters.bytes_written_tcp) += j.length;
         }

@@ -189,6 +189,96 @@ TEST_F(SchedulerTest, KvCacheRecomputesAShortRemotePrefix) {
   EXPECT_EQ(d.prefill.blocks_by_class[static_cast<int>(PathClass::kRemote)], 10);
 }
 
+// Bandwidth decides, live (DESIGN.md §16): a path measured slow turns fetches over it into fetches over another
+// path, then into recomputes; its estimate decays back towards the class's, so the fetch comes back once the
+// slow sample is old (and the fetch that tries it measures the link again).
+TEST_F(SchedulerTest, AMeasuredSlowPathTurnsFetchesAwayAndDecaysBack) {
+  auto s = make("kvcache");
+  s->set_backend_host("seg-h4", "h4");
+  store(*s, "seg-h4", 10);
+  const int64_t input = 12 * kB + 100;
+  const int64_t ten_blocks = 10 * kB * 327'680;
+  const auto remote = static_cast<int>(PathClass::kRemote);
+  Decision d = s->decide(request("r1", input, 10, 12));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_EQ(d.prefill_id, "P0");
+  EXPECT_EQ(d.prefill.blocks_by_class[remote], 10);
+  ASSERT_EQ(d.prefill.remote_sources.size(), 1U);
+  EXPECT_EQ(d.prefill.remote_sources[0].bytes, ten_blocks);
+  EXPECT_EQ(s->cluster().host_name(d.prefill.remote_sources[0].host), "h4");
+  // A fetch of 10 blocks from h4 to P0's host took 10 s (0.17 GB/s: about 1 s a block against 51 ms to recompute).
+  PrefillReport slow{"m1", "P0", 2 * kB, 10 * kB, 100, {0, ten_blocks, 0}, {0, 10'000'000'000, 0}, true, "h4"};
+  s->on_prefill_done(slow);
+  EXPECT_EQ(s->counters().path_samples, 1U);
+  // P1's path from h4 is unmeasured (the class estimate, which path samples leave alone): it fetches.
+  d = s->decide(request("r2", input, 10, 12));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_EQ(d.prefill_id, "P1");
+  EXPECT_EQ(d.prefill.reused_blocks, 10);
+  // Both paths slow: both recompute although the pool holds the prefix.
+  slow.instance_id = "P1";
+  s->on_prefill_done(slow);
+  d = s->decide(request("r3", input, 10, 12));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_EQ(d.prefill.reused_blocks, 0);
+  EXPECT_EQ(d.pool_prefix_tokens, 10 * kB);
+  EXPECT_EQ(s->counters().recompute_cached, 1U);
+  // Six half-lives later the slow samples are 1/64 of the deviation: fetching is worth trying again.
+  clock_.advance_ns(static_cast<int64_t>(6 * BandwidthEstimator::kPathHalfLifeMs * 1e6));
+  ASSERT_TRUE(s->heartbeat("P0", {}).is_ok());
+  ASSERT_TRUE(s->heartbeat("P1", {}).is_ok());
+  ASSERT_TRUE(s->heartbeat("D0", {}).is_ok());
+  d = s->decide(request("r4", input, 10, 12));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_EQ(d.prefill.reused_blocks, 10);
+  // A fast sample on the path brings it straight back up (log-space average: halfway in one sample).
+  const double before = s->bandwidth().path_bytes_per_s(s->cluster().host_index("h4"), s->cluster().host_index("h0"),
+                                                        clock_.now_ns());
+  PrefillReport fast{"m2", "P0", 2 * kB, 10 * kB, 100, {0, ten_blocks, 0}, {0, 500'000'000, 0}, true, "h4"};
+  s->on_prefill_done(fast);
+  const double after = s->bandwidth().path_bytes_per_s(s->cluster().host_index("h4"), s->cluster().host_index("h0"),
+                                                       clock_.now_ns());
+  EXPECT_NEAR(after, std::sqrt(before * (static_cast<double>(ten_blocks) / 0.5)), after * 1e-9);
+  // Samples without a source host, or from a host nobody registered, are no path samples.
+  fast.remote_source_host = "";
+  s->on_prefill_done(fast);
+  fast.remote_source_host = "nowhere";
+  s->on_prefill_done(fast);
+  EXPECT_EQ(s->counters().path_samples, 3U);
+}
+
+// The sending node's load: fetches placed on a source host queue behind each other until the prefill reports (or
+// their predicted end passes), so a second request for the same remote prefix is priced behind the first.
+TEST_F(SchedulerTest, FetchesPlacedOnASourceHostQueueOnItsSendBacklog) {
+  auto s = make("kvcache");
+  s->set_backend_host("seg-h4", "h4");
+  store(*s, "seg-h4", 10);
+  const int64_t input = 12 * kB + 100;
+  const double block_ms = 512.0 * 327'680.0 / 11e9 * 1e3;
+  const uint32_t h4 = s->cluster().host_index("h4");
+  Decision d1 = s->schedule(request("r1", input, 10, 12));
+  ASSERT_TRUE(d1.accepted) << d1.reason;
+  EXPECT_NEAR(d1.prefill.transfer_ms, 0.2 + 10 * block_ms, 1e-6);
+  EXPECT_EQ(s->send_backlog_bytes(h4, clock_.now_ns()), 10 * kB * 327'680);
+  // r2 goes to the idle P1 and waits for r1's 10 blocks on h4's link before its own.
+  Decision d2 = s->decide(request("r2", input, 10, 12));
+  ASSERT_TRUE(d2.accepted) << d2.reason;
+  EXPECT_EQ(d2.prefill_id, "P1");
+  EXPECT_EQ(d2.prefill.reused_blocks, 10);
+  EXPECT_NEAR(d2.prefill.transfer_ms, 0.2 + 20 * block_ms, 1e-6);
+  // r1's prefill reported: the backlog is gone and r2 is priced alone.
+  s->on_prefill_done(PrefillReport{"r1", d1.prefill_id, 2 * kB, 10 * kB, 100, {}, {}, true});
+  EXPECT_EQ(s->send_backlog_bytes(h4, clock_.now_ns()), 0);
+  d2 = s->decide(request("r2", input, 10, 12));
+  EXPECT_NEAR(d2.prefill.transfer_ms, 0.2 + 10 * block_ms, 1e-6);
+  // A backlog entry also ends at its predicted end without a report.
+  Decision d3 = s->schedule(request("r3", input, 10, 12));
+  ASSERT_TRUE(d3.accepted);
+  EXPECT_GT(s->send_backlog_bytes(h4, clock_.now_ns()), 0);
+  clock_.advance_ns(static_cast<int64_t>((d3.prefill.queue_ms + d3.prefill.transfer_ms) * 1e6) + 1);
+  EXPECT_EQ(s->send_backlog_bytes(h4, clock_.now_ns()), 0);
+}
+
 TEST_F(SchedulerTest, EarlyRejectionTriggersExactlyAboveTheTtftSlo) {
   auto s = make("kvcache");
   load(*s, "P0", 300);

@@ -738,9 +738,15 @@ struct RequestLedger {
   int64_t hit_tokens_ssd = 0;
   int64_t fetch_ssd_bytes = 0;
   int64_t fetch_ssd_us = 0;
+  // Per-path bandwidth (DESIGN.md §16 "Bandwidth decides, live"): the prefix fetch's wall time in microseconds
+  // (fetch_ms is too coarse for one fast block), and the host every remote byte came from when it was one host
+  // ("" otherwise: several hosts, none, or unknown).
+  int64_t fetch_us = -1;
+  std::string fetch_remote_host;
   MSGPACK_DEFINE_MAP(prompt_tokens, hit_tokens, hit_tokens_local, hit_tokens_remote, missed_prefix_tokens,
                      computed_tokens, fetch_bytes, kv_sent_bytes, stored_blocks, queue_ms, fetch_ms, prefill_ms,
-                     kv_tail_ms, decode_ms, output_tokens, decision, hit_tokens_ssd, fetch_ssd_bytes, fetch_ssd_us);
+                     kv_tail_ms, decode_ms, output_tokens, decision, hit_tokens_ssd, fetch_ssd_bytes, fetch_ssd_us,
+                     fetch_us, fetch_remote_host);
 };
 
 struct DecodeReserveReply {

@@ -137,6 +137,10 @@ struct ClientCounters {
   uint64_t read_ssd_ns = 0;           // wall time of those SSD reads (RPC round trips and copies included)
   uint64_t corrupt_replicas = 0;      // replicas whose bytes failed the object's checksum (reported, skipped)
   uint64_t master_fast_failures = 0;  // master calls failed at once: the master did not answer a moment ago
+  // bytes_read_tcp by the replica's host (StoreReplica::host), for per-path bandwidth samples (DESIGN.md §16);
+  // at most kMaxTcpReadHosts hosts, the rest under "".
+  static constexpr size_t kMaxTcpReadHosts = 256;
+  std::map<std::string, uint64_t> bytes_read_tcp_by_host;
 };
 
 class Client {

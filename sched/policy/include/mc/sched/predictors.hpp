@@ -9,7 +9,8 @@
 //     -- a memory-bound decode step: read the weights once, a per-sequence overhead, read every
 //        cached KV token once. Refitted the same way from decode step reports.
 //   transfer_ms(class, bytes) = bytes / bandwidth(class), bandwidth an exponential moving average of
-//     observed transfers per path class (same host / remote / SSD), starting from configured priors.
+//     observed transfers per path class (same host / remote / SSD), starting from configured priors;
+//     remote fetches also per (source host, destination host) path (BandwidthEstimator below).
 // Pure, deterministic; thread-safety: none.
 #pragma once
 
@@ -17,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <unordered_map>
 #include <vector>
 
 #include "mc/sched/types.hpp"
@@ -130,21 +132,59 @@ struct BandwidthPriors {
   double fixed_ms[kNumTransferClasses] = {0.05, 0.2, 0.5};  // per fetch (setup, first-byte latency)
 };
 
+// Fetch bandwidth, learnt from the workers' job reports (DESIGN.md §16 "Bandwidth decides, live").
+//
+// Per path class: an exponential moving average (alpha) of measured bytes/s, starting from the prior.
+// Per path (remote class only): one estimate per (source host, destination host) pair, measured by fetches that
+// read every remote byte from one source host. A path's estimate is a moving average in log space
+// (path_alpha: one sample 100x off moves it 10x), so a link shaped down mid-run is believed after a sample or
+// two. It decays back towards the remote class's estimate with half-life path_half_life_ms since its last
+// sample (in log space: at age a the deviation is scaled by 2^(-a / half-life)); a path measured slow is
+// therefore tried again once its decayed estimate makes a fetch look worth it, and the fetch that tries it
+// measures the link again: a recovered link is found, a still-slow one is pushed back down.
+// Hosts are ClusterState host indices; kUnknownHost (prefix_index.hpp) on either end means "no path
+// estimate": the class estimate. Thread-safety: none (the Scheduler owns it).
 class BandwidthEstimator {
  public:
-  explicit BandwidthEstimator(BandwidthPriors priors = {}, double alpha = 0.2);
+  static constexpr double kPathAlpha = 0.5;
+  static constexpr double kPathHalfLifeMs = 10'000;
+
+  explicit BandwidthEstimator(BandwidthPriors priors = {}, double alpha = 0.2, double path_alpha = kPathAlpha,
+                              double path_half_life_ms = kPathHalfLifeMs);
   // ms to move `bytes` over `cls` (0 for kRecompute or 0 bytes).
   double transfer_ms(PathClass cls, int64_t bytes) const;
   // A measured transfer; ignored when bytes <= 0 or elapsed_ns <= 0.
   void observe(PathClass cls, int64_t bytes, int64_t elapsed_ns);
   double bytes_per_s(PathClass cls) const;
   uint64_t samples(PathClass cls) const;
+  // The per-fetch fixed cost of a class (ms; 0 for kRecompute).
+  double fixed_ms(PathClass cls) const;
+
+  // A measured remote fetch from src_host to dst_host at now_ns (the clock's); ignored when bytes <= 0,
+  // elapsed_ns <= 0 or either host is unknown. Does not touch the class estimate (call observe() for that).
+  void observe_path(uint32_t src_host, uint32_t dst_host, int64_t bytes, int64_t elapsed_ns, int64_t now_ns);
+  // The remote bandwidth from src_host to dst_host at now_ns (bytes/s): the path's decayed estimate, else the
+  // remote class's.
+  double path_bytes_per_s(uint32_t src_host, uint32_t dst_host, int64_t now_ns) const;
+  // True when some path has been measured (the per-destination pricing is needed).
+  bool has_paths() const { return !paths_.empty(); }
+  struct PathEstimate {
+    uint32_t src_host = 0, dst_host = 0;
+    double bytes_per_s = 0;  // the last sample's average, before decay
+    uint64_t samples = 0;
+    int64_t last_sample_ns = 0;
+  };
+  // Every measured path, unordered.
+  std::vector<PathEstimate> paths() const;
 
  private:
   BandwidthPriors priors_;
   double alpha_;
+  double path_alpha_;
+  double path_half_life_ms_;
   std::array<double, kNumTransferClasses> bw_{};
   std::array<uint64_t, kNumTransferClasses> samples_{};
+  std::unordered_map<uint64_t, PathEstimate> paths_;  // key: src_host << 32 | dst_host
 };
 
 // Predicted vs actual (e.g. TTFT) absolute errors over the last `window` samples.

@@ -9,7 +9,11 @@
 //  2. price every live prefill instance (PrefillEstimate): for each k in 0..longest pool prefix,
 //     TTFT(k) = queue + prefill(input - k*B, k*B) + sum over blocks < k of transfer by the block's
 //     cheapest path class from that host (same host 0-copy-ish, remote pool, SSD); keep the best k
-//     (k = 0 is recompute: a short prefix can cost more to move than to recompute);
+//     (k = 0 is recompute: a short prefix can cost more to move than to recompute). A remote block is
+//     read from its holder with the fastest measured path to the instance's host, and the remote part
+//     costs fixed + sum over source hosts of (that host's send backlog + bytes) / path bandwidth: a link
+//     measured slow, or a sender already loaded with the fetches placed on it, turns fetches into
+//     recomputes or into reads of a nearer replica (DESIGN.md §16 "Bandwidth decides, live");
 //  3. the policy chooses the prefill instance;
 //  4. for each live decode instance predict, at the time this prefill finishes, the batch, the KV
 //     reserved (input + output tokens of every request still running then: future growth counted)
@@ -54,6 +58,9 @@ struct PrefillReport {
   int64_t transfer_bytes[kNumTransferClasses] = {};  // by PathClass
   int64_t transfer_ns[kNumTransferClasses] = {};
   bool ok = true;  // false: failed; the ledger entry is dropped
+  // The host every remote byte of transfer_bytes[kRemote] came from, when it was one host: a sample of the
+  // path from there to the instance's host. Empty: no path sample (several sources, or none).
+  std::string remote_source_host{};
 };
 
 // One measured decode step on a decode instance: its batch, the context tokens of that batch and its time.
@@ -70,9 +77,12 @@ struct SchedulerCounters {
   uint64_t rejected[8] = {};  // by RejectReason
   uint64_t fetch = 0;         // accepted with reused_blocks > 0
   uint64_t recompute = 0;     // accepted with reused_blocks == 0
+  uint64_t fetch_remote = 0;      // of fetch: some blocks read from another host's memory
+  uint64_t recompute_cached = 0;  // of recompute: the pool held a reusable prefix, recomputing was priced cheaper
   uint64_t replicate = 0;
   uint64_t expired_instances = 0;
   uint64_t refused_decode_steps = 0;  // decode step samples above the plausibility gate (on_decode_steps)
+  uint64_t path_samples = 0;          // remote fetches measured on one (source host, instance host) path
 };
 
 class Scheduler {
@@ -109,6 +119,7 @@ class Scheduler {
   Decision schedule(const Request& request);
 
   // ---- feedback ----
+  // Refits the prefill model and the bandwidth estimates, and ends the request's fetches in the send backlog.
   void on_prefill_done(const PrefillReport& report);
   // A measured decode step: its predicted step time (before the refit) against the measured one goes into
   // decode_step_error(), then the decode predictor refits. Ignored when the batch is empty or a figure is
@@ -143,6 +154,8 @@ class Scheduler {
   const Clock& clock() const { return *clock_; }
   // Predicted queue time of a prefill instance now (ms).
   double queue_ms(const Instance& inst) const;
+  // Bytes placed on a source host's send backlog whose predicted fetch has not ended at now_ns.
+  int64_t send_backlog_bytes(uint32_t host, int64_t now_ns) const;
   // Requests accepted and not yet done.
   size_t in_flight() const { return in_flight_.size(); }
   bool is_in_flight(const std::string& request_id) const { return in_flight_.count(request_id) != 0; }
@@ -160,12 +173,21 @@ class Scheduler {
     int64_t blocks_by_class[4] = {0, 0, 0, 0};
     int64_t transfer_bytes = 0;
     int64_t longest_same_host_blocks = 0;
+    std::vector<SourceBytes> remote_sources;  // at reused_blocks
   };
   struct InFlight {
     std::string prefill_id, decode_id;
     double predicted_ttft_ms = 0;
     int64_t decided_at_ns = 0;
     bool first_token_seen = false;
+    std::vector<uint32_t> send_hosts;  // hosts whose send backlog holds this request's fetch
+  };
+  // One accepted fetch on a source host's send backlog: its bytes until its predicted end (the prefill's
+  // queue plus its transfer after the decision).
+  struct SendEntry {
+    std::string request_id;
+    int64_t bytes = 0;
+    int64_t end_ns = 0;
   };
   // The decision procedure by step (see decide() above); each step reads what the previous one left in the
   // scratch members below.
@@ -183,8 +205,11 @@ class Scheduler {
   // block's cheapest class from a host holding none of it in memory) and hosts_scratch_ (the hosts holding
   // some of them in memory). Returns how many leading blocks may be reused (one token is always prefilled).
   int64_t look_up_prefix(const Request& request);
-  // The cheapest "reuse the first k <= max_reuse blocks" plan from `host` (kUnknownHost: a host holding none).
-  HostPlan plan_for_host(const Request& request, uint32_t host, int64_t max_reuse) const;
+  // The cheapest "reuse the first k <= max_reuse blocks" plan from `host` (kUnknownHost: a host holding none and
+  // no path estimate: the generic plan).
+  HostPlan plan_for_host(const Request& request, uint32_t host, int64_t max_reuse, int64_t now_ns) const;
+  // Drops `request_id`'s entries from the send backlogs of the hosts in `hosts`.
+  void end_sends(const std::string& request_id, const std::vector<uint32_t>& hosts);
   // Step 2: one PrefillEstimate per live prefill instance into estimates_ (plans shared by host).
   void price_prefill_instances(const Request& request, int64_t now_ns, int64_t max_reuse);
   // Step 3: the policy's choice among estimates_ into d.prefill (and the logged candidates).
@@ -216,6 +241,7 @@ class Scheduler {
   PredictionErrorStats decode_error_;  // predicted vs measured decode step ms
   SchedulerCounters counters_;
   std::unordered_map<std::string, InFlight> in_flight_;
+  std::unordered_map<uint32_t, std::vector<SendEntry>> send_backlog_;  // by source host index
   // scratch, reused by decide()
   std::vector<std::span<const Holder>> lookup_;
   std::vector<PathClass> block_class_scratch_;
@@ -223,6 +249,7 @@ class Scheduler {
   std::vector<uint32_t> hosts_scratch_;
   std::vector<std::pair<uint32_t, HostPlan>> plans_scratch_;
   std::vector<DecodeEstimate> decode_scratch_;
+  int64_t max_reuse_ = 0;  // the current decision's reusable prefix (blocks)
 };
 
 }  // namespace mc::sched

@@ -87,6 +87,12 @@ struct SchedulerConfig {
 //   prefix that is not on the same host ... priced per path class).
 // reused_blocks is the chosen prefix length: the plan that minimises ttft_ms among "reuse the first
 // k blocks" for every k the pool can supply (k = 0: recompute everything).
+// Bytes a plan reads from one source host over the remote path class (host: a ClusterState host index).
+struct SourceBytes {
+  uint32_t host = 0;
+  int64_t bytes = 0;
+};
+
 struct PrefillEstimate {
   std::string instance_id;
   double queue_ms = 0;
@@ -98,6 +104,9 @@ struct PrefillEstimate {
   int64_t longest_same_host_blocks = 0;       // longest prefix in memory on this host (cache_aware)
   int64_t longest_pool_blocks = 0;            // longest prefix anywhere in the pool
   int64_t transfer_bytes = 0;
+  // The remote blocks' bytes by the host each is read from (the holder with the fastest path to this
+  // instance's host, DESIGN.md §16 "Bandwidth decides, live"); empty when nothing is fetched remotely.
+  std::vector<SourceBytes> remote_sources;
   bool load_known = false;  // false: registered, no load report yet (#12)
 };
 
