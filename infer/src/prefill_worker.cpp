@@ -357,6 +357,12 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
   return reply;
 }
 
+std::pair<std::string, int64_t> PrefillWorker::fetch_in_progress() const {
+  std::lock_guard lock(fetch_mu_);
+  if (fetch_request_id_.empty()) return {"", 0};
+  return {fetch_request_id_, now_ns() - fetch_start_ns_};
+}
+
 Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::PrefillJobRequest& job,
                                                             std::vector<int32_t>& blocks,
                                                             proto::RequestLedger& ledger) {
@@ -379,7 +385,16 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
           {block_store_key(ns, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
     }
     const BlockCacheCounters before = cache_->counters();
+    {
+      std::lock_guard lock(fetch_mu_);
+      fetch_request_id_ = job.request_id;
+      fetch_start_ns_ = t0;
+    }
     auto got = cache_->get(items);
+    {
+      std::lock_guard lock(fetch_mu_);
+      fetch_request_id_.clear();
+    }
     if (got.is_ok()) {
       while (hit_blocks < want && got.value()[static_cast<size_t>(hit_blocks)].is_ok()) ++hit_blocks;
       if (hit_blocks < want && job.fetch_prefix_blocks >= 0) {
@@ -697,6 +712,9 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     proto::ConductorHeartbeatRequest hb;
     hb.queued_prefill_tokens = l.queued_tokens + l.running_tokens;
     hb.queued_prefill_jobs = l.queued_jobs + (l.running_tokens > 0 ? 1 : 0);
+    auto [fetching, elapsed_ns] = worker.fetch_in_progress();
+    hb.fetch_request_id = std::move(fetching);
+    hb.fetch_elapsed_us = elapsed_ns / 1000;
     return hb;
   });
   Status served = heartbeat.wait_registered(conductor.start_wait_ms);

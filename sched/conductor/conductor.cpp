@@ -1319,6 +1319,12 @@ class Conductor {
     Status st = sched_->heartbeat(req.instance_id, l);
     if (st.code() == Code::kNotFound) return proto::ConductorHeartbeatReply{false};
     MC_RETURN_IF_ERROR(st);
+    // A prefix fetch still running bounds its path's bandwidth (not in a time-scaled cluster, as the samples).
+    if (!req.fetch_request_id.empty() && req.fetch_request_id.size() <= 1024 &&
+        req.fetch_elapsed_us > 0 && static_cast<double>(req.fetch_elapsed_us) <= kMaxReportedMs * 1000 &&
+        options_.time_scale == 1.0) {
+      sched_->on_fetch_progress(req.instance_id, req.fetch_request_id, req.fetch_elapsed_us * 1000);
+    }
     // Each step with its own batch and context (bad figures are ignored by the scheduler, implausible ones
     // refused and counted), in modelled ms.
     std::vector<DecodeStepReport> steps;
@@ -1438,6 +1444,8 @@ class Conductor {
         .set(static_cast<double>(c.recompute_cached));
     metrics_.gauge("mc_conductor_bandwidth_path_samples", "remote fetches measured on one host-to-host path")
         .set(static_cast<double>(c.path_samples));
+    metrics_.gauge("mc_conductor_bandwidth_path_caps", "path estimates lowered by a fetch still running")
+        .set(static_cast<double>(c.path_caps));
     metrics_.gauge("mc_conductor_index_blocks", "distinct blocks in the prefix index")
         .set(static_cast<double>(sched_->index().blocks()));
     metrics_.gauge("mc_conductor_instances", "registered instances").set(static_cast<double>(sched_->cluster().size()));

@@ -167,6 +167,7 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
                       {"fetch_remote", c.fetch_remote},
                       {"recompute_cached", c.recompute_cached},
                       {"path_samples", c.path_samples},
+                      {"path_caps", c.path_caps},
                       {"replicate", c.replicate},
                       {"rejected", rejected},
                       {"expired_instances", c.expired_instances},

@@ -148,9 +148,7 @@ DecodeCostPrior DecodePredictor::current() const {
   return DecodeCostPrior{w[0], w[1], w[2]};
 }
 
-BandwidthEstimator::BandwidthEstimator(BandwidthPriors priors, double alpha, double path_alpha,
-                                       double path_half_life_ms)
-    : priors_(priors), alpha_(alpha), path_alpha_(path_alpha), path_half_life_ms_(path_half_life_ms) {
+BandwidthEstimator::BandwidthEstimator(BandwidthPriors priors, double alpha) : priors_(priors), alpha_(alpha) {
   bw_ = {priors.same_host_bytes_per_s, priors.remote_bytes_per_s, priors.ssd_bytes_per_s};
 }
 
@@ -202,10 +200,23 @@ void BandwidthEstimator::observe_path(uint32_t src_host, uint32_t dst_host, int6
   } else {
     // Average in log space from the estimate as it stands now (decayed since the last sample).
     const double now_bw = path_bytes_per_s(src_host, dst_host, now_ns);
-    p.bytes_per_s = std::exp((1 - path_alpha_) * std::log(now_bw) + path_alpha_ * std::log(sample));
+    p.bytes_per_s = std::exp((1 - priors_.path_alpha) * std::log(now_bw) + priors_.path_alpha * std::log(sample));
   }
   ++p.samples;
   p.last_sample_ns = now_ns;
+}
+
+bool BandwidthEstimator::cap_path(uint32_t src_host, uint32_t dst_host, double bound_bytes_per_s, int64_t now_ns) {
+  if (src_host == kNoHostIndex || dst_host == kNoHostIndex || !std::isfinite(bound_bytes_per_s) ||
+      bound_bytes_per_s <= 0 || path_bytes_per_s(src_host, dst_host, now_ns) <= bound_bytes_per_s) {
+    return false;
+  }
+  PathEstimate& p = paths_[path_key(src_host, dst_host)];
+  p.src_host = src_host;
+  p.dst_host = dst_host;
+  p.bytes_per_s = bound_bytes_per_s;
+  p.last_sample_ns = now_ns;
+  return true;
 }
 
 double BandwidthEstimator::path_bytes_per_s(uint32_t src_host, uint32_t dst_host, int64_t now_ns) const {
@@ -215,7 +226,7 @@ double BandwidthEstimator::path_bytes_per_s(uint32_t src_host, uint32_t dst_host
   if (it == paths_.end()) return cls;
   const PathEstimate& p = it->second;
   const double age_ms = std::max(0.0, static_cast<double>(now_ns - p.last_sample_ns) * 1e-6);
-  const double keep = path_half_life_ms_ > 0 ? std::exp2(-age_ms / path_half_life_ms_) : 1.0;
+  const double keep = priors_.path_half_life_ms > 0 ? std::exp2(-age_ms / priors_.path_half_life_ms) : 1.0;
   return std::exp(std::log(cls) + keep * (std::log(p.bytes_per_s) - std::log(cls)));
 }
 

@@ -9,6 +9,8 @@ namespace mc::sched {
 
 namespace {
 
+constexpr int64_t kSendEntryLingerNs = 600'000'000'000;
+
 std::string fmt(const char* f, auto... args) {
   char buf[512];
   std::snprintf(buf, sizeof buf, f, args...);
@@ -144,11 +146,12 @@ Decision Scheduler::decide(const Request& request) {
   d.slo_ttft_ms = slo_ttft;
   d.early_reject = config_.slo.early_reject;
 
-  // ---- 1. index lookup, once; fetches predicted to have ended leave the send backlogs ----
+  // ---- 1. index lookup, once (send backlog entries stay until their prefill reports, for on_fetch_progress; one
+  // whose request was never closed goes 10 minutes after its predicted end) ----
   const int64_t max_reuse = look_up_prefix(request);
   max_reuse_ = max_reuse;
   for (auto it = send_backlog_.begin(); it != send_backlog_.end();) {
-    std::erase_if(it->second, [now](const SendEntry& e) { return e.end_ns <= now; });
+    std::erase_if(it->second, [now](const SendEntry& e) { return e.end_ns + kSendEntryLingerNs <= now; });
     it = it->second.empty() ? send_backlog_.erase(it) : std::next(it);
   }
   d.pool_prefix_tokens = static_cast<int64_t>(lookup_.size()) * config_.kv.block_size_tokens;
@@ -585,6 +588,23 @@ void Scheduler::on_decode_steps(std::span<const DecodeStepReport> reports) {
       continue;
     }
     decode_error_.add(predicted, r.step_ms);
+  }
+}
+
+void Scheduler::on_fetch_progress(const std::string& instance_id, const std::string& request_id, int64_t elapsed_ns) {
+  auto it = in_flight_.find(request_id);
+  if (elapsed_ns <= 0 || it == in_flight_.end() || it->second.prefill_id != instance_id ||
+      it->second.send_hosts.size() != 1) {
+    return;
+  }
+  const Instance* inst = cluster_.find(instance_id);
+  auto b = send_backlog_.find(it->second.send_hosts.front());
+  if (inst == nullptr || inst->host_index == kNoHost || b == send_backlog_.end()) return;
+  for (const SendEntry& e : b->second) {
+    if (e.request_id != request_id) continue;
+    const double bound = static_cast<double>(e.bytes) / (static_cast<double>(elapsed_ns) * 1e-9);
+    if (bandwidth_.cap_path(b->first, inst->host_index, bound, clock_->now_ns())) ++counters_.path_caps;
+    return;
   }
 }
 

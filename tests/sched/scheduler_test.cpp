@@ -224,7 +224,7 @@ TEST_F(SchedulerTest, AMeasuredSlowPathTurnsFetchesAwayAndDecaysBack) {
   EXPECT_EQ(d.pool_prefix_tokens, 10 * kB);
   EXPECT_EQ(s->counters().recompute_cached, 1U);
   // Six half-lives later the slow samples are 1/64 of the deviation: fetching is worth trying again.
-  clock_.advance_ns(static_cast<int64_t>(6 * BandwidthEstimator::kPathHalfLifeMs * 1e6));
+  clock_.advance_ns(static_cast<int64_t>(6 * BandwidthPriors{}.path_half_life_ms * 1e6));
   ASSERT_TRUE(s->heartbeat("P0", {}).is_ok());
   ASSERT_TRUE(s->heartbeat("P1", {}).is_ok());
   ASSERT_TRUE(s->heartbeat("D0", {}).is_ok());
@@ -239,6 +239,22 @@ TEST_F(SchedulerTest, AMeasuredSlowPathTurnsFetchesAwayAndDecaysBack) {
   const double after = s->bandwidth().path_bytes_per_s(s->cluster().host_index("h4"), s->cluster().host_index("h0"),
                                                        clock_.now_ns());
   EXPECT_NEAR(after, std::sqrt(before * (static_cast<double>(ten_blocks) / 0.5)), after * 1e-9);
+  // A fetch still running past what the path allows caps the path at once (the heartbeat's fetch progress):
+  // r5 reads 10 blocks from h4 on P0 and is still fetching after 20 s.
+  Decision d5 = s->schedule(request("r5", input, 10, 12));
+  ASSERT_TRUE(d5.accepted) << d5.reason;
+  ASSERT_EQ(d5.prefill.remote_sources.size(), 1U);
+  const std::string on = d5.prefill_id;
+  const uint32_t dst = s->cluster().host_index(on == "P0" ? "h0" : "h1");
+  s->on_fetch_progress(on == "P0" ? "P1" : "P0", "r5", 20'000'000'000);  // not its instance: ignored
+  s->on_fetch_progress(on, "nope", 20'000'000'000);                      // not a request in flight: ignored
+  EXPECT_EQ(s->counters().path_caps, 0U);
+  s->on_fetch_progress(on, "r5", 20'000'000'000);
+  EXPECT_EQ(s->counters().path_caps, 1U);
+  EXPECT_NEAR(s->bandwidth().path_bytes_per_s(s->cluster().host_index("h4"), dst, clock_.now_ns()),
+              static_cast<double>(ten_blocks) / 20, 1.0);
+  s->on_fetch_progress(on, "r5", 1'000'000);  // a bound above the estimate lowers nothing
+  EXPECT_EQ(s->counters().path_caps, 1U);
   // Samples without a source host, or from a host nobody registered, are no path samples.
   fast.remote_source_host = "";
   s->on_prefill_done(fast);

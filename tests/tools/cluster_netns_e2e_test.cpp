@@ -1,4 +1,4 @@
-// examples/cluster.sh --mode netns (issue 20 item 1): the cluster of examples/clusters/pair.json with each host a
+// examples/cluster.sh --mode netns (issue 20 items 1, 3 and 4): the cluster of examples/clusters/pair.json with each host a
 // network namespace of this machine (a prefill host and a decode host, storage on both, 1 Gbit/s NICs shaped with
 // tbf). A replay window from the client host completes request by request; the KV the prefill host wrote to the
 // decode host crossed the shaped link (the tbf qdisc's byte count); the daemons bound their hosts' addresses,
@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -154,6 +155,48 @@ TEST(ClusterNetns, NetworkFaultsLoseNoRequest) {
   }
   EXPECT_EQ(measured, 5u) << r.out;
   EXPECT_EQ(skipped, 1u) << r.out;
+}
+
+// Bandwidth decides, live (issue 20 item 3; DESIGN.md §16): examples/bandwidth-decides.sh on
+// examples/clusters/bandwidth.json, CI-sized (10 s phases, 2 requests/s, paths decaying with a 3 s half-life). With
+// the links as described the Conductor fetches the shared prefix from the pool host; with that host's NIC shaped to
+// 20 Mbit/s it recomputes although the pool holds the prefix (after the first slow fetches are measured or capped);
+// with the link restored it fetches again. No request is lost.
+TEST(ClusterNetns, MeasuredBandwidthTurnsFetchesIntoRecomputesAndBack) {
+  {
+    NetnsHosts probe;
+    if (!probe.why_not().empty()) GTEST_SKIP() << probe.why_not();
+  }
+  if (std::system("command -v jq >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs jq: tools/install-deps.sh installs it";
+  Scratch s("cluster_bandwidth");
+  auto r = run({"/usr/bin/env", "MC_BW_PATH_HALF_LIFE_MS=3000", "/bin/bash", MC_SOURCE_DIR "/examples/bandwidth-decides.sh",
+                "--bin", kBin, "--phase-s", "10", "--rate", "2", "--json", "--out", s.path("out")},
+               240000);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  std::istringstream rows(r.out);
+  std::string line;
+  std::map<std::string, nlohmann::json> phase;
+  while (std::getline(rows, line)) {
+    auto row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_object() && row.contains("phase")) phase[row["phase"].get<std::string>()] = row;
+  }
+  ASSERT_EQ(phase.size(), 3u) << r.out;
+  for (const auto& [name, row] : phase) {
+    EXPECT_EQ(row["lost"], 0) << row.dump();
+    EXPECT_EQ(row["requests"], 20) << row.dump();
+  }
+  // Before: every request whose prefix the pool held fetched it.
+  EXPECT_GT(phase["before"]["plan_fetch"].get<int>(), 10) << phase["before"].dump();
+  EXPECT_EQ(phase["before"]["plan_recompute"], 0) << phase["before"].dump();
+  // Slow: recomputes although the prefix was cached, the path measured (samples or caps of fetches still running).
+  EXPECT_GT(phase["slow"]["plan_recompute"].get<int>(), 5) << phase["slow"].dump();
+  EXPECT_GT(phase["slow"]["conductor_decisions"]["path_caps"].get<int>() +
+                phase["slow"]["conductor_decisions"]["path_samples"].get<int>(),
+            0)
+      << phase["slow"].dump();
+  // After: fetching comes back.
+  EXPECT_GT(phase["after"]["plan_fetch"].get<int>(), phase["after"]["plan_recompute"].get<int>())
+      << phase["after"].dump();
 }
 
 }  // namespace

@@ -102,6 +102,13 @@ int main(int argc, char** argv) {
   serve
       ->add_option("--bw-ssd", o.bandwidth_priors.ssd_bytes_per_s, "Prior SSD fetch bandwidth (bytes/s) until measured")
       ->capture_default_str();
+  serve
+      ->add_option("--bw-path-half-life-ms", o.bandwidth_priors.path_half_life_ms,
+                   "A host-to-host path's measured bandwidth decays back to the remote estimate with this half-life "
+                   "(ms; 0: never): how soon a path measured slow is tried again")
+      ->envname("MC_BW_PATH_HALF_LIFE_MS")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   mc::cli::add_key_namespace_flags(*serve, o.key_namespace, "--hash-seed");
 
   std::string endpoint = "tcp://127.0.0.1:7460";

@@ -102,6 +102,10 @@ class PrefillWorker {
   const PrefillWorkerOptions& options() const { return options_; }
   // Measured prefill rate (computed tokens per second, moving average); 0 before the first job.
   double measured_tokens_per_s() const { return tokens_per_s_.load(); }
+  // The job whose prefix fetch is running now and for how long (ns), for the heartbeat: a fetch still running
+  // bounds its path's bandwidth before it reports (DESIGN.md §16 "Bandwidth decides, live"). {"", 0} when none.
+  // Thread-safe.
+  std::pair<std::string, int64_t> fetch_in_progress() const;
 
  private:
   PrefillWorker(PrefillWorkerOptions options, std::unique_ptr<Backend> backend, std::unique_ptr<KvBlockCache> cache,
@@ -124,6 +128,9 @@ class PrefillWorker {
   std::atomic<bool> abort_jobs_{false};
   std::mutex abort_mu_;
   std::string abort_why_;                             // guarded by abort_mu_
+  mutable std::mutex fetch_mu_;
+  std::string fetch_request_id_;  // guarded by fetch_mu_: the job fetching its prefix now
+  int64_t fetch_start_ns_ = 0;    // guarded by fetch_mu_
   std::unique_ptr<transfer::TransferEngine> engine_;  // initiator only (no segment served); null: kv_engine off
 };
 

@@ -1157,8 +1157,12 @@ struct ConductorHeartbeatRequest {
   // Conductor refuses more), each with its own batch and context: the Conductor refits its TBT model from them
   int64_t decode_steps = 0;
   std::vector<DecodeStepSample> decode_step_samples;
+  // prefill: the request whose prefix fetch is running now, and for how long (microseconds): a fetch still
+  // running bounds its path's bandwidth (DESIGN.md §16 "Bandwidth decides, live"). "" / 0: none.
+  std::string fetch_request_id;
+  int64_t fetch_elapsed_us = 0;
   MSGPACK_DEFINE_MAP(instance_id, queued_prefill_tokens, queued_prefill_jobs, running_requests, kv_reserved_tokens,
-                     context_tokens, decode_steps, decode_step_samples);
+                     context_tokens, decode_steps, decode_step_samples, fetch_request_id, fetch_elapsed_us);
 };
 
 // A worker drains (SIGTERM; DESIGN.md §10 "Drain"): the Conductor places nothing new on it from now on but keeps it

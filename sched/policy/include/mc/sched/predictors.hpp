@@ -130,6 +130,10 @@ struct BandwidthPriors {
   double remote_bytes_per_s = 11e9;
   double ssd_bytes_per_s = 3e9;
   double fixed_ms[kNumTransferClasses] = {0.05, 0.2, 0.5};  // per fetch (setup, first-byte latency)
+  // Per-path estimates (BandwidthEstimator): the log-space weight of a new sample, and the half-life (ms) of a
+  // path's deviation from the remote class's estimate since its last sample (0: no decay).
+  double path_alpha = 0.5;
+  double path_half_life_ms = 10'000;
 };
 
 // Fetch bandwidth, learnt from the workers' job reports (DESIGN.md §16 "Bandwidth decides, live").
@@ -137,20 +141,16 @@ struct BandwidthPriors {
 // Per path class: an exponential moving average (alpha) of measured bytes/s, starting from the prior.
 // Per path (remote class only): one estimate per (source host, destination host) pair, measured by fetches that
 // read every remote byte from one source host. A path's estimate is a moving average in log space
-// (path_alpha: one sample 100x off moves it 10x), so a link shaped down mid-run is believed after a sample or
-// two. It decays back towards the remote class's estimate with half-life path_half_life_ms since its last
-// sample (in log space: at age a the deviation is scaled by 2^(-a / half-life)); a path measured slow is
+// (BandwidthPriors::path_alpha, 0.5: one sample 100x off moves it 10x), so a link shaped down mid-run is believed
+// after a sample or two. It decays back towards the remote class's estimate with half-life
+// BandwidthPriors::path_half_life_ms (10 s) since its last sample (in log space: at age a the deviation is scaled by 2^(-a / half-life)); a path measured slow is
 // therefore tried again once its decayed estimate makes a fetch look worth it, and the fetch that tries it
 // measures the link again: a recovered link is found, a still-slow one is pushed back down.
 // Hosts are ClusterState host indices; kUnknownHost (prefix_index.hpp) on either end means "no path
 // estimate": the class estimate. Thread-safety: none (the Scheduler owns it).
 class BandwidthEstimator {
  public:
-  static constexpr double kPathAlpha = 0.5;
-  static constexpr double kPathHalfLifeMs = 10'000;
-
-  explicit BandwidthEstimator(BandwidthPriors priors = {}, double alpha = 0.2, double path_alpha = kPathAlpha,
-                              double path_half_life_ms = kPathHalfLifeMs);
+  explicit BandwidthEstimator(BandwidthPriors priors = {}, double alpha = 0.2);
   // ms to move `bytes` over `cls` (0 for kRecompute or 0 bytes).
   double transfer_ms(PathClass cls, int64_t bytes) const;
   // A measured transfer; ignored when bytes <= 0 or elapsed_ns <= 0.
@@ -166,6 +166,9 @@ class BandwidthEstimator {
   // The remote bandwidth from src_host to dst_host at now_ns (bytes/s): the path's decayed estimate, else the
   // remote class's.
   double path_bytes_per_s(uint32_t src_host, uint32_t dst_host, int64_t now_ns) const;
+  // A fetch over the path has been running for a while: the path moves at most bound_bytes_per_s. Lowers its
+  // estimate (as it stands at now_ns) to the bound, as if sampled now; true when it did.
+  bool cap_path(uint32_t src_host, uint32_t dst_host, double bound_bytes_per_s, int64_t now_ns);
   // True when some path has been measured (the per-destination pricing is needed).
   bool has_paths() const { return !paths_.empty(); }
   struct PathEstimate {
@@ -180,8 +183,6 @@ class BandwidthEstimator {
  private:
   BandwidthPriors priors_;
   double alpha_;
-  double path_alpha_;
-  double path_half_life_ms_;
   std::array<double, kNumTransferClasses> bw_{};
   std::array<uint64_t, kNumTransferClasses> samples_{};
   std::unordered_map<uint64_t, PathEstimate> paths_;  // key: src_host << 32 | dst_host

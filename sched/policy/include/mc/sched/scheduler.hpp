@@ -83,6 +83,7 @@ struct SchedulerCounters {
   uint64_t expired_instances = 0;
   uint64_t refused_decode_steps = 0;  // decode step samples above the plausibility gate (on_decode_steps)
   uint64_t path_samples = 0;          // remote fetches measured on one (source host, instance host) path
+  uint64_t path_caps = 0;             // path estimates lowered by a fetch still running (on_fetch_progress)
 };
 
 class Scheduler {
@@ -131,6 +132,12 @@ class Scheduler {
   // sample (a worker's bug, a forged heartbeat) nor any run of plausible-looking ones can price every decode
   // step out of the TBT SLO. Who may send heartbeats at all is issue 18's (keys bound to instance ids).
   void on_decode_steps(std::span<const DecodeStepReport> reports);
+  // A prefill instance's heartbeat says `request_id`'s prefix fetch has been running for elapsed_ns: when the
+  // request reads its remote blocks from one source host, that path moved its bytes no faster than
+  // bytes / elapsed, and its estimate is capped there (BandwidthEstimator::cap_path; counted in path_caps).
+  // Without this a link slowed down is learnt only when its slow fetches end. Ignored for an unknown request,
+  // another instance's request, or elapsed_ns <= 0.
+  void on_fetch_progress(const std::string& instance_id, const std::string& request_id, int64_t elapsed_ns);
   // The first token reached the client: actual TTFT (ms since submit) against the prediction.
   void on_first_token(const std::string& request_id, double actual_ttft_ms);
   // The request finished (or failed) on its decode instance: its reservation is released.
