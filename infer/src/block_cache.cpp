@@ -69,9 +69,13 @@ class StoreBlockCache final : public KvBlockCache {
   }
   BlockCacheCounters counters() const override {
     const auto& c = client_->counters();
-    BlockCacheCounters out{static_cast<int64_t>(c.bytes_read_shm), static_cast<int64_t>(c.bytes_read_tcp),
-                           static_cast<int64_t>(c.bytes_read_ssd), static_cast<int64_t>(c.read_ssd_ns), {}};
-    for (const auto& [host, bytes] : c.bytes_read_tcp_by_host) out.remote_bytes_by_host[host] = static_cast<int64_t>(bytes);
+    BlockCacheCounters out{static_cast<int64_t>(c.bytes_read_shm),
+                           static_cast<int64_t>(c.bytes_read_tcp),
+                           static_cast<int64_t>(c.bytes_read_ssd),
+                           static_cast<int64_t>(c.read_ssd_ns),
+                           {}};
+    for (const auto& [host, bytes] : c.bytes_read_tcp_by_host)
+      out.remote_bytes_by_host[host] = static_cast<int64_t>(bytes);
     return out;
   }
   std::string describe() const override { return "mc-store at " + master_; }

@@ -715,20 +715,24 @@ class Conductor {
     // (tokens x the scheduler's kv_bytes_per_token), as the scheduler prices them: a sim worker storing fewer
     // bytes per token on links scaled down by the same factor measures the modelled bandwidth.
     const int64_t kv_bytes_per_token = sched_->config().kv.kv_bytes_per_token;
-    auto model_bytes = [&](int64_t tokens) { return tokens > 0 && tokens <= kMaxReportedCount ? tokens * kv_bytes_per_token : 0; };
-    if (sane && scale == 1.0 && l.fetch_ssd_bytes > 0 && l.fetch_ssd_us > 0 && static_cast<double>(l.fetch_ssd_us) <= kMaxReportedMs * 1000) {
+    auto model_bytes = [&](int64_t tokens) {
+      return tokens > 0 && tokens <= kMaxReportedCount ? tokens * kv_bytes_per_token : 0;
+    };
+    if (sane && scale == 1.0 && l.fetch_ssd_bytes > 0 && l.fetch_ssd_us > 0 &&
+        static_cast<double>(l.fetch_ssd_us) <= kMaxReportedMs * 1000) {
       rep.transfer_bytes[static_cast<int>(PathClass::kSsd)] = model_bytes(l.hit_tokens_ssd);
       rep.transfer_ns[static_cast<int>(PathClass::kSsd)] = l.fetch_ssd_us * 1'000;
     }
     const int64_t fetch_us = l.fetch_us > 0 ? l.fetch_us : l.fetch_ms * 1'000;
-    if (sane && scale == 1.0 && l.fetch_bytes > 0 && fetch_us > 0 && static_cast<double>(fetch_us) <= kMaxReportedMs * 1000 &&
-        l.fetch_ssd_bytes == 0) {
+    if (sane && scale == 1.0 && l.fetch_bytes > 0 && fetch_us > 0 &&
+        static_cast<double>(fetch_us) <= kMaxReportedMs * 1000 && l.fetch_ssd_bytes == 0) {
       const bool local = l.hit_tokens_local > 0, remote = l.hit_tokens_remote > 0;
       if (local != remote) {
         int c = local ? static_cast<int>(PathClass::kSameHost) : static_cast<int>(PathClass::kRemote);
         rep.transfer_bytes[c] = model_bytes(local ? l.hit_tokens_local : l.hit_tokens_remote);
         rep.transfer_ns[c] = fetch_us * 1'000;
-        if (remote && l.fetch_remote_host.size() <= 255 /* a DNS name's limit */) rep.remote_source_host = l.fetch_remote_host;
+        if (remote && l.fetch_remote_host.size() <= 255 /* a DNS name's limit */)
+          rep.remote_source_host = l.fetch_remote_host;
       }
     }
     sched_->on_prefill_done(rep);
@@ -1320,9 +1324,8 @@ class Conductor {
     if (st.code() == Code::kNotFound) return proto::ConductorHeartbeatReply{false};
     MC_RETURN_IF_ERROR(st);
     // A prefix fetch still running bounds its path's bandwidth (not in a time-scaled cluster, as the samples).
-    if (!req.fetch_request_id.empty() && req.fetch_request_id.size() <= 1024 &&
-        req.fetch_elapsed_us > 0 && static_cast<double>(req.fetch_elapsed_us) <= kMaxReportedMs * 1000 &&
-        options_.time_scale == 1.0) {
+    if (!req.fetch_request_id.empty() && req.fetch_request_id.size() <= 1024 && req.fetch_elapsed_us > 0 &&
+        static_cast<double>(req.fetch_elapsed_us) <= kMaxReportedMs * 1000 && options_.time_scale == 1.0) {
       sched_->on_fetch_progress(req.instance_id, req.fetch_request_id, req.fetch_elapsed_us * 1000);
     }
     // Each step with its own batch and context (bad figures are ignored by the scheduler, implausible ones
@@ -1439,8 +1442,9 @@ class Conductor {
         .set(static_cast<double>(c.fetch));
     metrics_.gauge("mc_conductor_decisions_fetch_remote", "of those, reading some blocks from another host")
         .set(static_cast<double>(c.fetch_remote));
-    metrics_.gauge("mc_conductor_decisions_recompute_cached",
-                   "accepted decisions that recompute although the pool held a reusable prefix")
+    metrics_
+        .gauge("mc_conductor_decisions_recompute_cached",
+               "accepted decisions that recompute although the pool held a reusable prefix")
         .set(static_cast<double>(c.recompute_cached));
     metrics_.gauge("mc_conductor_bandwidth_path_samples", "remote fetches measured on one host-to-host path")
         .set(static_cast<double>(c.path_samples));
@@ -1550,8 +1554,8 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
   const auto& d = j["decisions"];
   out << "decisions: " << d.value("total", 0) << " total, " << d.value("accepted", 0) << " accepted (fetch "
       << d.value("fetch", 0) << " of which remote " << d.value("fetch_remote", 0) << ", recompute "
-      << d.value("recompute", 0) << " of which with a cached prefix " << d.value("recompute_cached", 0) << ", replicate "
-      << d.value("replicate", 0) << "); rejected:";
+      << d.value("recompute", 0) << " of which with a cached prefix " << d.value("recompute_cached", 0)
+      << ", replicate " << d.value("replicate", 0) << "); rejected:";
   for (const auto& [reason, n] : d["rejected"].items()) out << " " << reason << "=" << n.get<uint64_t>();
   out << "\n";
   const auto& p = j["predictors"];
@@ -1573,8 +1577,8 @@ Status print_conductor_status(const std::string& endpoint, bool json, int timeou
     out << "  path " << path.value("from", "?") << " -> " << path.value("to", "?") << ": "
         << fixed(path.value("bytes_per_s", 0.0) / 1e9, 2) << " GB/s now (measured "
         << fixed(path.value("measured_bytes_per_s", 0.0) / 1e9, 2) << ", " << path.value("samples", 0) << " samples, "
-        << fixed(path.value("age_ms", 0.0) / 1e3, 1) << " s ago; send backlog "
-        << path.value("send_backlog_bytes", 0) << " B)\n";
+        << fixed(path.value("age_ms", 0.0) / 1e3, 1) << " s ago; send backlog " << path.value("send_backlog_bytes", 0)
+        << " B)\n";
   }
   for (const auto& [key, name] : {std::pair{"ttft_error", "TTFT prediction error"},
                                   std::pair{"decode_step_error", "decode step prediction error"}}) {

@@ -193,6 +193,7 @@ void BandwidthEstimator::observe_path(uint32_t src_host, uint32_t dst_host, int6
   const double sample = static_cast<double>(bytes) / (static_cast<double>(elapsed_ns) * 1e-9);
   if (!std::isfinite(sample) || sample <= 0) return;
   PathEstimate& p = paths_[path_key(src_host, dst_host)];
+  dst_hosts_.insert(dst_host);
   if (p.samples == 0) {
     p.src_host = src_host;
     p.dst_host = dst_host;
@@ -212,6 +213,7 @@ bool BandwidthEstimator::cap_path(uint32_t src_host, uint32_t dst_host, double b
     return false;
   }
   PathEstimate& p = paths_[path_key(src_host, dst_host)];
+  dst_hosts_.insert(dst_host);
   p.src_host = src_host;
   p.dst_host = dst_host;
   p.bytes_per_s = bound_bytes_per_s;

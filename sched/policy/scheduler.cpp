@@ -247,13 +247,8 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
   int64_t count[4] = {0, 0, 0, 0};
   bool same_host_run = true;
   // Remote bytes by source host, each with its path bandwidth and send backlog (fixed once per plan).
-  struct Source {
-    uint32_t host;
-    int64_t bytes;
-    double bytes_per_s;
-    int64_t backlog;
-  };
-  std::vector<Source> sources;
+  std::vector<PlanSource>& sources = sources_scratch_;
+  sources.clear();
   const bool by_path = bandwidth_.has_paths() || !send_backlog_.empty();
   p.prefill_ms = prefill_.predict_ms(request.input_tokens, 0);
   p.cost_ms = p.prefill_ms;
@@ -269,7 +264,14 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
           cls = PathClass::kSameHost;
           break;
         }
-        const double bw = bandwidth_.path_bytes_per_s(hh, host, now);
+        // Each holder host's path once per plan (PlanSource keeps it, bytes 0 until a block is read from there).
+        auto known = std::find_if(sources.begin(), sources.end(), [hh](const PlanSource& x) { return x.host == hh; });
+        if (known == sources.end()) {
+          sources.push_back(PlanSource{hh, 0, bandwidth_.path_bytes_per_s(hh, host, now),
+                                       hh == kUnknownHost || !by_path ? 0 : send_backlog_bytes(hh, now)});
+          known = sources.end() - 1;
+        }
+        const double bw = known->bytes_per_s;
         if (bw > best_bw) {
           best_bw = bw;
           src = hh;
@@ -286,19 +288,14 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
       transfer += bandwidth_.transfer_ms(static_cast<PathClass>(c), bytes[c]);
     }
     if (cls == PathClass::kRemote) {  // the sources are booked on commit even when not priced by path
-      auto it = std::find_if(sources.begin(), sources.end(), [src](const Source& x) { return x.host == src; });
-      if (it == sources.end()) {
-        sources.push_back(Source{src, 0, bandwidth_.path_bytes_per_s(src, host, now),
-                                 src == kUnknownHost || !by_path ? 0 : send_backlog_bytes(src, now)});
-        it = sources.end() - 1;
-      }
-      it->bytes += block_bytes;
+      auto it = std::find_if(sources.begin(), sources.end(), [src](const PlanSource& x) { return x.host == src; });
+      if (it != sources.end()) it->bytes += block_bytes;
     }
     if (by_path && bytes[remote] > 0) {
       // fixed once, then each source's backlog and bytes at its path's bandwidth, one after the other.
       double ms = bandwidth_.fixed_ms(PathClass::kRemote);
-      for (const Source& x : sources) {
-        ms += static_cast<double>(x.backlog + x.bytes) / x.bytes_per_s * 1e3;
+      for (const PlanSource& x : sources) {
+        if (x.bytes > 0) ms += static_cast<double>(x.backlog + x.bytes) / x.bytes_per_s * 1e3;
       }
       transfer += ms;
     }
@@ -311,8 +308,8 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
       std::copy(count, count + 4, p.blocks_by_class);
       p.transfer_bytes = bytes[0] + bytes[1] + bytes[2];
       p.remote_sources.clear();
-      for (const Source& x : sources) {
-        if (x.host != kUnknownHost) p.remote_sources.push_back(SourceBytes{x.host, x.bytes});
+      for (const PlanSource& x : sources) {
+        if (x.host != kUnknownHost && x.bytes > 0) p.remote_sources.push_back(SourceBytes{x.host, x.bytes});
       }
     }
   }
@@ -323,17 +320,19 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
   const auto pool_len = static_cast<int64_t>(lookup_.size());
   estimates_.clear();
   plans_scratch_.clear();
-  std::optional<HostPlan> generic_plan;
-  // With measured paths or a send backlog every host has its own plan (its paths differ); without, the hosts
-  // holding none of the prefix share one.
+  generic_plan_.reset();
+  estimate_plans_.clear();
+  plans_scratch_.reserve(cluster_.instances(Role::kPrefill).size());  // estimate_plans_ points into it
+  // A host holding none of the prefix and with no measured path into it gets the generic plan (the class
+  // estimates, and the send backlogs); the others each get their own.
   const bool by_path = bandwidth_.has_paths() || !send_backlog_.empty();
   for (const Instance* inst : cluster_.instances(Role::kPrefill)) {
     if (!placeable(*inst, now, config_.heartbeat_timeout_ms)) continue;  // draining, or silent (#12)
     const HostPlan* plan = nullptr;
     bool holds = std::find(hosts_scratch_.begin(), hosts_scratch_.end(), inst->host_index) != hosts_scratch_.end();
-    if (!holds && !by_path) {
-      if (!generic_plan) generic_plan = plan_for_host(request, kUnknownHost, max_reuse, now);
-      plan = &*generic_plan;
+    if (!holds && (!by_path || !bandwidth_.has_paths_to(inst->host_index))) {
+      if (!generic_plan_) generic_plan_ = plan_for_host(request, kUnknownHost, max_reuse, now);
+      plan = &*generic_plan_;
     } else {
       for (const auto& [h, p] : plans_scratch_) {
         if (h == inst->host_index) plan = &p;
@@ -354,9 +353,9 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
     e.longest_same_host_blocks = plan->longest_same_host_blocks;
     e.longest_pool_blocks = pool_len;
     e.transfer_bytes = plan->transfer_bytes;
-    e.remote_sources = plan->remote_sources;
     e.load_known = inst->load_known;
     estimates_.push_back(std::move(e));
+    estimate_plans_.push_back(plan);
   }
 }
 
@@ -364,6 +363,7 @@ void Scheduler::choose_prefill(const Request& request, Decision& d) {
   size_t chosen = policy_->choose(request, estimates_);
   if (chosen >= estimates_.size()) chosen = 0;
   d.prefill = estimates_[chosen];
+  d.prefill.remote_sources = estimate_plans_[chosen]->remote_sources;  // only the chosen one's (commit books them)
   d.predicted_ttft_ms = d.prefill.ttft_ms;
   if (config_.max_logged_candidates > 0) {
     size_t n = std::min(estimates_.size(), static_cast<size_t>(config_.max_logged_candidates));
@@ -540,7 +540,8 @@ void Scheduler::on_prefill_done(const PrefillReport& r) {
     // priced at: one slow link must not make every path look slow); the others refit their class.
     const auto remote = static_cast<size_t>(PathClass::kRemote);
     const Instance* inst = cluster_.find(r.instance_id);
-    std::optional<uint32_t> src = r.remote_source_host.empty() ? std::nullopt : cluster_.find_host(r.remote_source_host);
+    std::optional<uint32_t> src =
+        r.remote_source_host.empty() ? std::nullopt : cluster_.find_host(r.remote_source_host);
     const bool path = inst != nullptr && src && inst->host_index != kNoHost && r.transfer_bytes[remote] > 0 &&
                       r.transfer_ns[remote] > 0;
     if (path) {

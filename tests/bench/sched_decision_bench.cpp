@@ -1,7 +1,9 @@
 // Decision time of the Conductor (issue 6): one Scheduler::decide() for a 24-block request with
 // 16 / 64 / 256 prefill instances (8 per host), 16 decode instances and 1 M indexed blocks, per policy.
 // The reference beside it (the limit of any decision) is the prefix-index lookup of the same 24 blocks
-// alone: decide() = lookup + pricing every instance + the decode choice.
+// alone: decide() = lookup + pricing every instance + the decode choice. The kvcache_paths rows add measured
+// host-to-host paths (DESIGN.md §16 "Bandwidth decides, live"): one sample from host-0 to every host, so that every
+// host gets its own plan (without them the hosts holding none of the prefix share one).
 //   build/bench/sched_decision_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
@@ -30,7 +32,7 @@ struct Cluster {
 
 // 1 M blocks spread over the hosts' DRAM segments (and 1 in 8 also on an SSD); the request's first
 // 16 blocks are cached on two hosts (one of them also holds 8 more on SSD), the last 8 nowhere.
-std::unique_ptr<Cluster> make_cluster(int prefill_instances, const std::string& policy) {
+std::unique_ptr<Cluster> make_cluster(int prefill_instances, const std::string& policy, bool paths = false) {
   auto c = std::make_unique<Cluster>();
   SchedulerConfig cfg;
   cfg.policy = policy;
@@ -80,17 +82,31 @@ std::unique_ptr<Cluster> make_cluster(int prefill_instances, const std::string& 
   for (int i = 16; i < 24 && i < kBlocks; ++i) {
     if (i < 20) sch.index().add(r.block_hashes[static_cast<size_t>(i)], "ssd-0", Medium::kDisk);
   }
+  for (int h = 0; paths && h < hosts; ++h) {
+    PrefillReport rep{"sample-" + std::to_string(h),
+                      "prefill-" + std::to_string(h * kInstancesPerHost),
+                      512,
+                      512,
+                      50,
+                      {0, 167'772'160, 0},
+                      {0, 20'000'000, 0},
+                      true,
+                      "host-0"};
+    sch.on_prefill_done(rep);
+  }
   return c;
 }
 
-void BM_Decide(benchmark::State& state, const std::string& policy) {
+void BM_Decide(benchmark::State& state, const std::string& variant) {
+  const bool paths = variant == "kvcache_paths";
+  const std::string policy = paths ? "kvcache" : variant;
   static std::unique_ptr<Cluster> cached;
   static std::string cached_key;
   const auto n = static_cast<int>(state.range(0));
-  const std::string key = policy + "/" + std::to_string(n);
+  const std::string key = variant + "/" + std::to_string(n);
   if (cached_key != key) {
     cached.reset();
-    cached = make_cluster(n, policy);
+    cached = make_cluster(n, policy, paths);
     cached_key = key;
   }
   Cluster& c = *cached;
@@ -118,6 +134,7 @@ void BM_IndexLookup24(benchmark::State& state) {
 
 BENCHMARK(BM_IndexLookup24);
 BENCHMARK_CAPTURE(BM_Decide, kvcache, std::string("kvcache"))->Arg(16)->Arg(64)->Arg(256);
+BENCHMARK_CAPTURE(BM_Decide, kvcache_paths, std::string("kvcache_paths"))->Arg(16)->Arg(64)->Arg(256);
 BENCHMARK_CAPTURE(BM_Decide, cache_aware, std::string("cache_aware"))->Arg(64);
 BENCHMARK_CAPTURE(BM_Decide, least_loaded, std::string("least_loaded"))->Arg(64);
 BENCHMARK_CAPTURE(BM_Decide, random, std::string("random"))->Arg(64);

@@ -232,12 +232,12 @@ TEST_F(SchedulerTest, AMeasuredSlowPathTurnsFetchesAwayAndDecaysBack) {
   ASSERT_TRUE(d.accepted) << d.reason;
   EXPECT_EQ(d.prefill.reused_blocks, 10);
   // A fast sample on the path brings it straight back up (log-space average: halfway in one sample).
-  const double before = s->bandwidth().path_bytes_per_s(s->cluster().host_index("h4"), s->cluster().host_index("h0"),
-                                                        clock_.now_ns());
+  const double before =
+      s->bandwidth().path_bytes_per_s(s->cluster().host_index("h4"), s->cluster().host_index("h0"), clock_.now_ns());
   PrefillReport fast{"m2", "P0", 2 * kB, 10 * kB, 100, {0, ten_blocks, 0}, {0, 500'000'000, 0}, true, "h4"};
   s->on_prefill_done(fast);
-  const double after = s->bandwidth().path_bytes_per_s(s->cluster().host_index("h4"), s->cluster().host_index("h0"),
-                                                       clock_.now_ns());
+  const double after =
+      s->bandwidth().path_bytes_per_s(s->cluster().host_index("h4"), s->cluster().host_index("h0"), clock_.now_ns());
   EXPECT_NEAR(after, std::sqrt(before * (static_cast<double>(ten_blocks) / 0.5)), after * 1e-9);
   // A fetch still running past what the path allows caps the path at once (the heartbeat's fetch progress):
   // r5 reads 10 blocks from h4 on P0 and is still fetching after 20 s.

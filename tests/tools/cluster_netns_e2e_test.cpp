@@ -1,6 +1,6 @@
-// examples/cluster.sh --mode netns (issue 20 items 1, 3 and 4): the cluster of examples/clusters/pair.json with each host a
-// network namespace of this machine (a prefill host and a decode host, storage on both, 1 Gbit/s NICs shaped with
-// tbf). A replay window from the client host completes request by request; the KV the prefill host wrote to the
+// examples/cluster.sh --mode netns (issue 20 items 1, 3 and 4): the cluster of examples/clusters/pair.json with each
+// host a network namespace of this machine (a prefill host and a decode host, storage on both, 1 Gbit/s NICs shaped
+// with tbf). A replay window from the client host completes request by request; the KV the prefill host wrote to the
 // decode host crossed the shaped link (the tbf qdisc's byte count); the daemons bound their hosts' addresses,
 // never loopback; and after the script exits no namespace, process or state directory of it is left. Skips with the
 // reason when not root or `ip netns` is unavailable.
@@ -169,9 +169,10 @@ TEST(ClusterNetns, MeasuredBandwidthTurnsFetchesIntoRecomputesAndBack) {
   }
   if (std::system("command -v jq >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs jq: tools/install-deps.sh installs it";
   Scratch s("cluster_bandwidth");
-  auto r = run({"/usr/bin/env", "MC_BW_PATH_HALF_LIFE_MS=3000", "/bin/bash", MC_SOURCE_DIR "/examples/bandwidth-decides.sh",
-                "--bin", kBin, "--phase-s", "10", "--rate", "2", "--json", "--out", s.path("out")},
-               240000);
+  auto r =
+      run({"/usr/bin/env", "MC_BW_PATH_HALF_LIFE_MS=3000", "/bin/bash", MC_SOURCE_DIR "/examples/bandwidth-decides.sh",
+           "--bin", kBin, "--phase-s", "10", "--rate", "2", "--json", "--out", s.path("out")},
+          240000);
   EXPECT_EQ(r.exit_code, 0) << r.out;
   std::istringstream rows(r.out);
   std::string line;

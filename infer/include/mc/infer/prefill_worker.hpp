@@ -127,10 +127,10 @@ class PrefillWorker {
   std::atomic<double> tokens_per_s_{0};
   std::atomic<bool> abort_jobs_{false};
   std::mutex abort_mu_;
-  std::string abort_why_;                             // guarded by abort_mu_
+  std::string abort_why_;  // guarded by abort_mu_
   mutable std::mutex fetch_mu_;
-  std::string fetch_request_id_;  // guarded by fetch_mu_: the job fetching its prefix now
-  int64_t fetch_start_ns_ = 0;    // guarded by fetch_mu_
+  std::string fetch_request_id_;                      // guarded by fetch_mu_: the job fetching its prefix now
+  int64_t fetch_start_ns_ = 0;                        // guarded by fetch_mu_
   std::unique_ptr<transfer::TransferEngine> engine_;  // initiator only (no segment served); null: kv_engine off
 };
 

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "mc/sched/types.hpp"
@@ -143,11 +144,11 @@ struct BandwidthPriors {
 // read every remote byte from one source host. A path's estimate is a moving average in log space
 // (BandwidthPriors::path_alpha, 0.5: one sample 100x off moves it 10x), so a link shaped down mid-run is believed
 // after a sample or two. It decays back towards the remote class's estimate with half-life
-// BandwidthPriors::path_half_life_ms (10 s) since its last sample (in log space: at age a the deviation is scaled by 2^(-a / half-life)); a path measured slow is
-// therefore tried again once its decayed estimate makes a fetch look worth it, and the fetch that tries it
-// measures the link again: a recovered link is found, a still-slow one is pushed back down.
-// Hosts are ClusterState host indices; kUnknownHost (prefix_index.hpp) on either end means "no path
-// estimate": the class estimate. Thread-safety: none (the Scheduler owns it).
+// BandwidthPriors::path_half_life_ms (10 s) since its last sample (in log space: at age a the deviation is scaled by
+// 2^(-a / half-life)); a path measured slow is therefore tried again once its decayed estimate makes a fetch look worth
+// it, and the fetch that tries it measures the link again: a recovered link is found, a still-slow one is pushed back
+// down. Hosts are ClusterState host indices; kUnknownHost (prefix_index.hpp) on either end means "no path estimate":
+// the class estimate. Thread-safety: none (the Scheduler owns it).
 class BandwidthEstimator {
  public:
   explicit BandwidthEstimator(BandwidthPriors priors = {}, double alpha = 0.2);
@@ -169,8 +170,9 @@ class BandwidthEstimator {
   // A fetch over the path has been running for a while: the path moves at most bound_bytes_per_s. Lowers its
   // estimate (as it stands at now_ns) to the bound, as if sampled now; true when it did.
   bool cap_path(uint32_t src_host, uint32_t dst_host, double bound_bytes_per_s, int64_t now_ns);
-  // True when some path has been measured (the per-destination pricing is needed).
+  // True when some path has been measured (the per-destination pricing is needed); into dst_host.
   bool has_paths() const { return !paths_.empty(); }
+  bool has_paths_to(uint32_t dst_host) const { return dst_hosts_.count(dst_host) != 0; }
   struct PathEstimate {
     uint32_t src_host = 0, dst_host = 0;
     double bytes_per_s = 0;  // the last sample's average, before decay
@@ -186,6 +188,7 @@ class BandwidthEstimator {
   std::array<double, kNumTransferClasses> bw_{};
   std::array<uint64_t, kNumTransferClasses> samples_{};
   std::unordered_map<uint64_t, PathEstimate> paths_;  // key: src_host << 32 | dst_host
+  std::unordered_set<uint32_t> dst_hosts_;            // the dst_host of every path
 };
 
 // Predicted vs actual (e.g. TTFT) absolute errors over the last `window` samples.

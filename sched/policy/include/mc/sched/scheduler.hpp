@@ -74,9 +74,9 @@ struct DecodeStepReport {
 struct SchedulerCounters {
   uint64_t decisions = 0;
   uint64_t accepted = 0;
-  uint64_t rejected[8] = {};  // by RejectReason
-  uint64_t fetch = 0;         // accepted with reused_blocks > 0
-  uint64_t recompute = 0;     // accepted with reused_blocks == 0
+  uint64_t rejected[8] = {};      // by RejectReason
+  uint64_t fetch = 0;             // accepted with reused_blocks > 0
+  uint64_t recompute = 0;         // accepted with reused_blocks == 0
   uint64_t fetch_remote = 0;      // of fetch: some blocks read from another host's memory
   uint64_t recompute_cached = 0;  // of recompute: the pool held a reusable prefix, recomputing was priced cheaper
   uint64_t replicate = 0;
@@ -257,6 +257,15 @@ class Scheduler {
   std::vector<std::pair<uint32_t, HostPlan>> plans_scratch_;
   std::vector<DecodeEstimate> decode_scratch_;
   int64_t max_reuse_ = 0;  // the current decision's reusable prefix (blocks)
+  struct PlanSource {
+    uint32_t host;
+    int64_t bytes;
+    double bytes_per_s;
+    int64_t backlog;
+  };
+  mutable std::vector<PlanSource> sources_scratch_;  // plan_for_host's remote bytes by source host
+  std::optional<HostPlan> generic_plan_;             // the plan of hosts without a plan of their own
+  std::vector<const HostPlan*> estimate_plans_;      // estimates_[i]'s plan (into plans_scratch_ / generic_plan_)
 };
 
 }  // namespace mc::sched

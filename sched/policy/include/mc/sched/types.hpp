@@ -105,7 +105,8 @@ struct PrefillEstimate {
   int64_t longest_pool_blocks = 0;            // longest prefix anywhere in the pool
   int64_t transfer_bytes = 0;
   // The remote blocks' bytes by the host each is read from (the holder with the fastest path to this
-  // instance's host, DESIGN.md §16 "Bandwidth decides, live"); empty when nothing is fetched remotely.
+  // instance's host, DESIGN.md §16 "Bandwidth decides, live"); empty when nothing is fetched remotely. Filled in
+  // the Decision's chosen estimate only (Scheduler::last_estimates() and the logged candidates leave it empty).
   std::vector<SourceBytes> remote_sources;
   bool load_known = false;  // false: registered, no load report yet (#12)
 };
