@@ -33,6 +33,9 @@
 #   isolate-master             the victim's host cut from the store master's host (nft drops both ways), not from
 #                              its peers
 #   cut-prefill-decode         the victim's host cut from its decode peer's host
+#   cut-prefill-storage        the victim's host cut from a storage node's host that runs no master, Conductor or
+#                              decode instance (the master still hears the node: only the prefill's store client can
+#                              tell, and passes its replicas over for its unreachable cooldown, 10 s)
 #   uplink-cut                 the uplink of a rack without the Conductor (the rack of its first decode instance)
 #                              down: the racks are cut apart (needs two racks)
 #   loss5                      5 % of the packets dropped each way at the victim's host (nft numgen)
@@ -69,7 +72,7 @@ root="$(dirname "$here")"
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 all_faults="none,prefill-kill,prefill-stop,decode-kill,decode-stop,node-kill,node-stop,master-kill,master-stop"
 all_faults+=",master-restart,conductor-kill,conductor-stop,ssd-full,ssd-removed"
-net_faults="isolate-master,cut-prefill-decode,uplink-cut,loss5,link-slow,delay50"
+net_faults="isolate-master,cut-prefill-decode,cut-prefill-storage,uplink-cut,loss5,link-slow,delay50"
 
 # ---- inner mode: run by local-cluster.sh as its CMD (MC_CLUSTER_STATE and MC_CONDUCTOR are set) ----
 if [[ "${1:-}" == --inner ]]; then
@@ -128,6 +131,12 @@ NFT
       victim="$(pick prefill "$(host_of master)" "$(host_of conductor)")"
       peer="$(pick decode "$(host_of "$victim")" "$(host_of conductor)")"
       ;;
+    cut-prefill-storage)
+      victim="$(pick prefill "$(host_of master)" "$(host_of conductor)")"
+      # shellcheck disable=SC2046  # the hosts to avoid, one word each
+      peer="$(awk -v avoid=" $(host_of "$victim") $(host_of master) $(host_of conductor) $(awk '$1 ~ /^decode[0-9]+$/ {printf "%s ", $4}' "$state/cluster.txt")" \
+        '$1 ~ /^node[0-9]+$/ && index(avoid, " " $4 " ") == 0 {print $1; exit}' "$state/cluster.txt")"
+      ;;
     # A decode instance in a rack without the Conductor: its rack's uplink goes down.
     uplink-cut)
       # shellcheck disable=SC2046  # the hosts of the Conductor's rack, one word each
@@ -166,7 +175,7 @@ NFT
       ;;
     ssd-removed) rm -rf "$ssd_dir" ;;
     isolate-master) ns="$(ns_of_daemon "$victim")"; cut "$ns" "$(host_field "$(host_of master)" 2)"; sleep "$stop_s"; heal "$ns" ;;
-    cut-prefill-decode)
+    cut-prefill-decode | cut-prefill-storage)
       echo "$peer" > "$out/$fault.peer"
       ns="$(ns_of_daemon "$victim")"; cut "$ns" "$(host_field "$(host_of "$peer")" 2)"; sleep "$stop_s"; heal "$ns" ;;
     loss5) ns="$(ns_of_daemon "$victim")"; cut "$ns" any 5; sleep "$stop_s"; heal "$ns" ;;
@@ -292,6 +301,12 @@ run() {
       ssd-full | ssd-removed) why="the SSD faults run on loopback only (no --cluster)" ;;
       delay50) why="this kernel has no netem: a 50 ms delay cannot be emulated (tbf shapes rate only)" ;;
       uplink-cut) [[ "$(jq '.racks | length' "$cluster_file")" -ge 2 ]] || why="the cluster has one rack: no uplink to cut" ;;
+      cut-prefill-storage)
+        jq -e '[.hosts[] | select((.daemons.prefill // 0) > 0 and (.daemons.master // 0) == 0 and
+                 (.daemons.conductor // 0) == 0)][0].name as $v |
+               [.hosts[] | select(.name != $v and (.daemons.store // 0) > 0 and (.daemons.master // 0) == 0 and
+                 (.daemons.conductor // 0) == 0 and (.daemons.decode // 0) == 0)] | length > 0' "$cluster_file" \
+          > /dev/null || why="no storage node on a host without the master, the Conductor or a decode instance" ;;
     esac
     if [[ -n "$why" ]]; then echo "skip" > "$out/$fault.rc"; echo "$why" > "$out/$fault.skip"; return; fi
   fi

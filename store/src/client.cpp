@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 #include "mc/common/clock.hpp"
 #include "mc/common/fast_rpc.hpp"
@@ -67,6 +68,16 @@ class Client::Impl {
   std::map<uintptr_t, uint64_t> registered;             // engine registrations: start -> length
   std::map<transfer::SegmentHandle, bool> shm_segment;  // opened segment -> moved over shm
   ClientCounters counters;
+  // Engine segments (xfer_segment) that failed a read for a network reason, until when (steady ms).
+  std::unordered_map<std::string, int64_t> unreachable_until;
+  bool cooling_down(const std::string& xfer_segment, int64_t now_ms) {
+    if (xfer_segment.empty() || unreachable_until.empty()) return false;
+    auto it = unreachable_until.find(xfer_segment);
+    if (it == unreachable_until.end()) return false;
+    if (it->second > now_ms) return true;
+    unreachable_until.erase(it);
+    return false;
+  }
 
   // Write-behind commits (WriteOptions::wait_commit = false): put_ends sent on fast_master whose replies
   // have not been read yet, in send order, and the failures collected since the last flush().
@@ -528,7 +539,20 @@ class Client::Impl {
     }
     while (!todo.empty()) {
       std::vector<Job> jobs;
+      const int64_t start_ms = steady_ms();
       for (size_t i : todo) {
+        // Replicas on a segment cooling down after a network failure are passed over.
+        while (next[i] < items[i]->replicas.size() &&
+               cooling_down(items[i]->replicas[next[i]].xfer_segment, start_ms)) {
+          ++counters.unreachable_skips;
+          ++next[i];
+        }
+        if (next[i] == items[i]->replicas.size()) {
+          out[i] = Status(Code::kUnavailable, "every replica of '" + keys[i] +
+                                                  "' is on a segment this client could not reach in the last " +
+                                                  std::to_string(options.unreachable_cooldown_ms) + " ms");
+          continue;
+        }
         jobs.push_back(
             Job{i, &items[i]->replicas[next[i]], transfer::Op::kRead, outs[i].data(), items[i]->size_bytes, {}});
       }
@@ -553,6 +577,18 @@ class Client::Impl {
         }
         MC_LOG_DEBUG << "replica " << j.replica->segment << " of '" << keys[i] << "' failed: " << j.status.to_string();
         ++counters.replica_fallbacks;
+        const Code code = j.status.code();
+        if (options.unreachable_cooldown_ms > 0 && !j.replica->xfer_segment.empty() &&
+            (code == Code::kUnavailable || code == Code::kTimeout || code == Code::kTransferFailed)) {
+          auto [it, fresh] = unreachable_until.try_emplace(j.replica->xfer_segment, 0);
+          if (fresh || it->second <= steady_ms()) {
+            ++counters.unreachable_segments;
+            MC_LOG_WARN << "client " << options.client_id << ": segment " << j.replica->xfer_segment << " of "
+                        << j.replica->node_id << " unreachable (" << j.status.message() << "); its replicas are passed "
+                        << "over for " << options.unreachable_cooldown_ms << " ms";
+          }
+          it->second = steady_ms() + options.unreachable_cooldown_ms;
+        }
         if (++next[i] < items[i]->replicas.size()) {
           again.push_back(i);
         } else if (j.status.code() == Code::kObjectNotFound) {

@@ -1063,6 +1063,56 @@ TEST_F(StoreE2E, MasterKilledAndRestartedRebuildsThePoolFromTheNodes) {
   }
 }
 
+// Issue 20 item 4 (metadata never offers an unreachable replica for long): a node the master still hears but this
+// client cannot reach (here: SIGSTOPped, the master's TTL long) costs the client one transfer timeout per
+// ClientOptions::unreachable_cooldown_ms, not one per read: its replicas are passed over at once, a read with no
+// other replica is a miss at once, and one with another replica reads that.
+TEST_F(StoreE2E, AnUnreachableSegmentCostsOneTimeoutPerCooldown) {
+  start_master({"--node-ttl-ms", "60000", "--node-grace-ms", "60000"});
+  start_node("n1", "16MiB");
+  testkit::Child* n2 = start_node("n2", "16MiB");
+  struct Resume {  // a stopped child must not outlive a failed assertion stopped
+    testkit::Child* c;
+    ~Resume() { c->signal(SIGCONT); }
+  } resume{n2};
+  const auto both = random_bytes(64 * 1024, 1), only = random_bytes(64 * 1024, 2);
+  ASSERT_TRUE(client("w2", 2)->put("both", both).is_ok());
+  ASSERT_TRUE(client("w1", 1, "n2/dram")->put("only-n2", only).is_ok());
+  ClientOptions o;
+  o.master = endpoint_;
+  o.client_id = "reader";
+  o.transports = {"tcp"};  // shared memory would read a stopped node's DRAM
+  o.transfer_timeout_ms = 500;
+  o.node_timeout_ms = 300;
+  o.unreachable_cooldown_ms = 60000;
+  auto c = Client::connect(o);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  std::vector<std::byte> buf(64 * 1024);
+  ASSERT_TRUE((*c)->get("only-n2", buf).is_ok());  // connected to both nodes while they answer
+  ASSERT_TRUE((*c)->get("both", buf).is_ok());
+  n2->signal(SIGSTOP);
+  // The first read of n2's only replica waits for its timeout and fails; n2's segment cools down.
+  auto first = (*c)->get("only-n2", buf);
+  EXPECT_FALSE(first.is_ok());
+  EXPECT_EQ((*c)->counters().unreachable_segments, 1u);
+  // Then: at once, and without another transfer.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto again = (*c)->get("only-n2", buf);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(again.is_ok());
+  EXPECT_EQ(again.status().code(), Code::kUnavailable) << again.status().to_string();
+  EXPECT_NE(again.status().message().find("could not reach"), std::string::npos) << again.status().to_string();
+  EXPECT_LT(ms, o.transfer_timeout_ms) << "the second read waited for a transfer";
+  EXPECT_GE((*c)->counters().unreachable_skips, 1u);
+  // The object with a replica on n1 reads from there (n2's passed over, or failed once and cooled down).
+  for (int i = 0; i < 3; ++i) {
+    auto r = (*c)->get("both", buf);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(buf, both);
+  }
+  EXPECT_EQ((*c)->counters().unreachable_segments, 1u);
+}
+
 // Issue 17 (a miss may cost time, never a request): a master that stops answering costs a client one timeout,
 // not one per call. After the first timeout the client's calls fail at once (counted) until the back-off window
 // ends or a heartbeat gets through; once the master answers again, so does every call.

@@ -97,6 +97,11 @@ struct ClientOptions {
   int put_retry_ms = 3000;    // how long put waits for space that is being freed (DRAM -> SSD demotion)
   bool fast_rpc = true;       // metadata calls over the master's plain-TCP fast path when it offers one
                               // (store.info); else, or after that connection fails, over ZeroMQ
+  // A replica whose engine segment failed a read for a network reason (unreachable, timed out, transfer
+  // failed) is not tried again by this client for this long: its other replicas are read instead, and with
+  // none left the read is a miss at once (the caller recomputes) instead of another transfer timeout. The master
+  // cannot know of a path cut between this host and a node it still hears (DESIGN.md §16); 0: off.
+  int unreachable_cooldown_ms = 10000;
 };
 
 // One object of a batch_put.
@@ -137,6 +142,8 @@ struct ClientCounters {
   uint64_t read_ssd_ns = 0;           // wall time of those SSD reads (RPC round trips and copies included)
   uint64_t corrupt_replicas = 0;      // replicas whose bytes failed the object's checksum (reported, skipped)
   uint64_t master_fast_failures = 0;  // master calls failed at once: the master did not answer a moment ago
+  uint64_t unreachable_segments = 0;  // segments put in the unreachable cooldown (ClientOptions)
+  uint64_t unreachable_skips = 0;     // replica reads skipped because their segment was cooling down
   // bytes_read_tcp by the replica's host (StoreReplica::host), for per-path bandwidth samples (DESIGN.md §16);
   // at most kMaxTcpReadHosts hosts, the rest under "".
   static constexpr size_t kMaxTcpReadHosts = 256;
