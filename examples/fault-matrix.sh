@@ -8,7 +8,8 @@
 #   offered = accepted + rejected + submit_failed (failed before the Conductor answered: not accepted),
 #   accepted = completed + failed + lost (accepted, no terminal event before the replay's drain timeout), terminal_s (wall seconds from the fault until the last request that was in flight on the victim
 #   had its terminal event; for the store, the master and the Conductor every request in flight counts),
-#   ttft_mean_ms and its cost against the run without a fault, the replay's exit status, and the Conductor's
+#   ttft_mean_ms and its cost against the run without a fault, ttft_b/d/a_ms (the TTFT means of the completed requests
+#   sent before the fault, during its --stop-s window and after it), the replay's exit status, and the Conductor's
 #   counters at the end (mc-conductor stat; "-" when it was killed): redisp (requests re-dispatched after an
 #   instance died), killed (failed by an instance's death), planned_miss_tk (planned prefix hits the prefill found
 #   missing); for a worker victim, detect_ms (fault to the Conductor removing it) and settled_ms (fault to the last
@@ -338,9 +339,9 @@ if ((check_tokens)); then
 fi
 
 fail=0
-((json)) || printf '%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %6s %6s %6s %14s %9s %10s %s\n' fault offered \
-  accepted rejected completed failed submit_failed lost terminal_s ttft_mean_ms ttft_cost_ms rc redisp killed \
-  planned_miss_tk detect_ms settled_ms tokens_equal
+((json)) || printf '%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %20s %6s %6s %6s %14s %9s %10s %s\n' fault \
+  offered accepted rejected completed failed submit_failed lost terminal_s ttft_mean_ms ttft_cost_ms ttft_b/d/a_ms rc \
+  redisp killed planned_miss_tk detect_ms settled_ms tokens_equal
 base_ttft=""
 for fault in "${fault_list[@]}"; do
   echo "fault-matrix.sh: $fault" >&2
@@ -360,7 +361,7 @@ for fault in "${fault_list[@]}"; do
   fault_ms="$(cat "$out/$fault.fault_ms")"
   victim="$(cat "$out/$fault.victim")"
   row="$(jq -s --arg fault "$fault" --arg victim "$victim" --argjson start "$start_ms" --argjson at "$fault_ms" \
-    --argjson speed "$speed" '
+    --argjson speed "$speed" --argjson window "$(awk -v s="$stop_s" 'BEGIN {print int(s * 1000)}')" '
     # A failed submit (the Conductor never answered) is not an accepted request; records of older runs lack
     # the field: there every record not rejected was accepted.
     def accepted: if .accepted == null then .outcome != "rejected" else .accepted end;
@@ -372,6 +373,10 @@ for fault in "${fault_list[@]}"; do
       (if ($victim | test("^(prefill|decode)")) then (.prefill_instance == $victim or .decode_instance == $victim)
        else true end);
     [.[] | select(.outcome == "completed") | .ttft_ms] as $ttft |
+    # TTFT of the completed requests sent before the fault, during its window (--stop-s) and after it.
+    def sent: $start + (.submit_ms // 0) / $speed;
+    def mean_ttft(f): [.[] | select(.outcome == "completed" and (.submit_ms != null)) | select(f) | .ttft_ms]
+      | if length > 0 then add / length else null end;
     {fault: $fault, offered: length, accepted: (map(select(accepted)) | length),
      rejected: (map(select(.outcome == "rejected")) | length),
      completed: (map(select(.outcome == "completed")) | length),
@@ -379,7 +384,9 @@ for fault in "${fault_list[@]}"; do
      submit_failed: (map(select(.outcome == "failed" and (accepted | not))) | length),
      lost: (map(select(lost)) | length),
      terminal_s: ((((map(select(affected) | .end_unix_ms) | max) // $at) - $at) / 1000),
-     ttft_mean_ms: (if ($ttft | length) > 0 then ($ttft | add / length) else null end)}' "$recs")"
+     ttft_mean_ms: (if ($ttft | length) > 0 then ($ttft | add / length) else null end),
+     ttft_before_ms: mean_ttft(sent < $at), ttft_during_ms: mean_ttft(sent >= $at and sent < $at + $window),
+     ttft_after_ms: mean_ttft(sent >= $at + $window)}' "$recs")"
   ttft="$(jq -r '.ttft_mean_ms // "null"' <<< "$row")"
   [[ "$fault" == none ]] && base_ttft="$ttft"
   cost="null"
@@ -440,12 +447,14 @@ TIMING
   else
     jq -r '[.fault, .offered, .accepted, .rejected, .completed, .failed, .submit_failed, .lost,
             (.terminal_s * 10 | round / 10),
-            ((.ttft_mean_ms // 0) | round), ((.ttft_cost_ms // 0) | round), .replay_rc, (.redispatched // "-"),
+            ((.ttft_mean_ms // 0) | round), ((.ttft_cost_ms // 0) | round),
+            ([.ttft_before_ms, .ttft_during_ms, .ttft_after_ms] | map(if . == null then "-" else round end)
+             | join("/")), .replay_rc, (.redispatched // "-"),
             (.failed_by_death // "-"), (.planned_missing_tokens // "-"), (.detect_ms // "-"), (.settled_ms // "-"),
             (if .tokens_equal == null then "-" else "\(.tokens_equal) (\(.tokens_compared))" end)]
            | @tsv' <<< "$row" |
-      awk -F'\t' '{printf "%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %6s %6s %6s %14s %9s %10s %s\n",
-                   $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18}'
+      awk -F'\t' '{printf "%-15s %7s %8s %8s %9s %6s %13s %4s %10s %12s %12s %20s %6s %6s %6s %14s %9s %10s %s\n",
+                   $1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19}'
   fi
 done
 exit "$fail"
