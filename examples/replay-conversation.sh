@@ -247,12 +247,16 @@ jq -r --slurpfile analyze "$work/analyze.json" --slurpfile gpu "$work/gpu_s.json
     + [["requests offered"] + col(.requests.offered | tostring)]
     + [["completed"] + col(.requests.completed | tostring)]
     + [["rejected"] + col(.requests.rejected | tostring)]
-    + [$kinds[] as $k | ["  rejected: \($k)"] + col(.reason_kinds[$k].count // 0 | tostring)]
+    + [["failed"] + col(.requests.failed | tostring)]
+    + [$kinds[] as $k | ["  why: \($k | .[0:46])"] + col(.reason_kinds[$k].count // 0 | tostring)]
     + [["prefill GPU-s (ledger prefill_ms x GPUs)"] + ([$gpu[0].on, $gpu[0].off][0:($r | length)] | map(f(1)))]
     + [["TTFT mean (ms)"] + col(.ttft_ms.mean | f(0))]
     + [["TTFT p90 (ms)"] + col(.ttft_ms.p90 | f(0))]
     + [["goodput (req/s, SLO \($s.ttft_ms // "-") ms / \($s.tbt_ms // "-") ms)"] + col(.slo[0].goodput_rps | f(3))]
     + [["hit ratio (% of prompt tokens)"] + col(.cache.hit_ratio * 100 | f(1))]
+    + [["avoided prefill (% of all prompt tokens of the window)"]
+       + col(.cache.avoided_prefill_tokens / ($analyze[0].input_tokens.mean * $analyze[0].input_tokens.count) * 100
+             | f(1))]
     + [["analyze bound (%, infinite cache, earlier arrivals)",
         ($analyze[0].infinite_cache_earlier_arrivals.hit_ratio_tokens_full_blocks * 100 | f(1))]]
     + [["analyze, LRU of the pool (\($pool) tokens, any order, %)",
