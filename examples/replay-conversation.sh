@@ -18,7 +18,8 @@
 #   DRAM pool               = spare DRAM per node / 327,680 B (512 GiB, SPARE: 1,677,721 tokens per storage node)
 # and the bytes of a token are scaled down by SCALE (256: 1,280 B actually stored and moved per token, 16 B per
 # layer, the smallest the sim backend stores), so that 4 instances and 4 storage nodes fit in this machine's
-# memory (about 16 GiB reserved, touched only as the window fills it). Each NIC is the node's 8 x 200 Gbit/s
+# memory (about 16 GB if full; the storage nodes commit pages as blocks are written, --no-prefault --no-shm in
+# main-job.json, so what stays resident is what the window stores plus the KV in use). Each NIC is the node's 8 x 200 Gbit/s
 # scaled by the same factor and sped up by SPEED (1.6 Tbit/s x SPEED / SCALE), capped at NIC_CAP Mbit/s, what
 # veth + tbf carries on this 2-core machine. The header on stderr states the scale, the capacities and the mode.
 #
@@ -46,8 +47,8 @@
 #   --build-dir DIR      where to build / find the binaries             [MC_BUILD_DIR, build]
 #   -h, --help           this text
 # Any other option after -- is passed to mc-trace-replay, in both runs (for example -- --max-requests 100).
-# It takes about 3 minutes on a 2-core machine once built (two runs of about a minute each plus the clusters'
-# start; --no-cache-off halves it); the first build takes longer.
+# It takes about 1.5 minutes on a 2-core machine once built (two runs of about 40 s each plus the clusters' start
+# and stop; --no-cache-off halves it); the first build takes longer.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
