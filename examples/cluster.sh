@@ -115,6 +115,8 @@ policy="$(setting policy kvcache)"
 dram_bytes="$(setting dram_bytes 256MiB)"
 kv_buffer_size="$(setting kv_buffer_size 256MiB)"
 prefix_cache="$(setting prefix_cache store)"
+nic_default="$(setting nic_mbit 0)"
+[[ "$nic_default" =~ ^[0-9]+$ ]] || die "defaults.nic_mbit must be a whole number of Mbit/s (0: unshaped), got '$nic_default'"
 subnet="$(setting subnet 10.88)"
 [[ "$subnet" =~ ^10\.[0-9]{1,3}$ ]] || die "defaults.subnet must be 10.N (hosts get 10.N.RACK.HOST), got '$subnet'"
 
@@ -145,7 +147,7 @@ for h in "${!host_names[@]}"; do
   host_rack[$h]=$r
   k=${rack_hosts[$r]:-0}
   rack_hosts[$r]=$((k + 1))
-  host_nic[$h]="$(jq -r --argjson i "$h" '.hosts[$i].nic_mbit // 0' "$file")"
+  host_nic[$h]="$(jq -r --argjson i "$h" --arg d "$nic_default" '.hosts[$i].nic_mbit // $d' "$file")"
   [[ "${host_nic[$h]}" =~ ^[0-9]+$ ]] || die "host '$name': nic_mbit must be a whole number of Mbit/s (0: unshaped)"
   host_ssh[$h]="$(jq -r --argjson i "$h" '.hosts[$i].ssh // empty' "$file")"
   case "$mode" in

@@ -100,6 +100,9 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
   if (!absent(d, "kv_buffer_size")) {
     MC_ASSIGN_OR_RETURN(c.kv_buffer_size, bytes_field(d["kv_buffer_size"], source, "defaults.kv_buffer_size"));
   }
+  if (!absent(d, "nic_mbit")) {
+    MC_ASSIGN_OR_RETURN(c.nic_mbit, whole(d["nic_mbit"], source, "defaults.nic_mbit", "Mbit/s (0: unshaped)"));
+  }
   if (!absent(d, "time_scale")) {
     const nlohmann::json& t = d["time_scale"];
     double ts = 0;
@@ -125,7 +128,8 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
 }
 
 Result<DescribedHost> parse_host(const nlohmann::json& h, size_t i, const std::string& source,
-                                 const std::set<std::string>& racks, const std::string& first_rack) {
+                                 const std::set<std::string>& racks, const std::string& first_rack,
+                                 int64_t default_nic_mbit) {
   std::string at = "hosts[" + std::to_string(i) + "]";
   if (!h.is_object()) return bad(source, at, "must be an object with \"name\", \"rack\", \"nic_mbit\", \"daemons\"");
   DescribedHost host;
@@ -143,6 +147,7 @@ Result<DescribedHost> parse_host(const nlohmann::json& h, size_t i, const std::s
     return bad(source, at + ".rack",
                "rack '" + host.rack + "' is not named in .racks (add {\"name\": \"" + host.rack + "\"} to \"racks\")");
   }
+  host.nic_mbit = default_nic_mbit;
   if (!absent(h, "nic_mbit")) {
     MC_ASSIGN_OR_RETURN(host.nic_mbit, whole(h["nic_mbit"], source, at + ".nic_mbit", "Mbit/s (0: unshaped)"));
   }
@@ -250,7 +255,7 @@ Result<ClusterDescription> parse_cluster_description(const nlohmann::json& doc, 
   if (hosts.size() > 200 || c.racks.size() > 200) return bad(source, "hosts", "at most 200 hosts and 200 racks");
   std::set<std::string> host_names;
   for (size_t i = 0; i < hosts.size(); ++i) {
-    MC_ASSIGN_OR_RETURN(DescribedHost h, parse_host(hosts[i], i, source, rack_names, c.racks.front().name));
+    MC_ASSIGN_OR_RETURN(DescribedHost h, parse_host(hosts[i], i, source, rack_names, c.racks.front().name, c.nic_mbit));
     if (!host_names.insert(h.name).second) {
       return bad(source, "hosts[" + std::to_string(i) + "].name", "host '" + h.name + "' named twice (each host once)");
     }

@@ -182,6 +182,18 @@ Status run_threshold_command(const ThresholdCommand& cmd, std::ostream& out) {
   return Status::ok();
 }
 
+Status run_node_command(const NodeCommand& cmd, std::ostream& out) {
+  NodeCapacityOptions o = cmd.options;
+  o.spare_dram_bytes = static_cast<int64_t>(cmd.spare_dram_bytes);
+  MC_ASSIGN_OR_RETURN(NodeCapacity c, node_capacity(o));
+  if (cmd.json) {
+    out << to_json(c).dump(2) << "\n";
+  } else {
+    print_node_capacity(out, c);
+  }
+  return Status::ok();
+}
+
 Status run_capacity_command(const CapacityCommand& cmd, std::ostream& out) {
   CapacityOptions o;
   MC_ASSIGN_OR_RETURN(o.base, resolve_cluster(cmd.cluster_path, cmd.overrides));

@@ -17,6 +17,7 @@
 #include "mc/sim/event_queue.hpp"
 #include "mc/sim/instances.hpp"
 #include "mc/sim/network.hpp"
+#include "mc/sim/node_capacity.hpp"
 
 namespace mc::sim {
 
@@ -673,14 +674,9 @@ Result<SimResult> simulate(const SimOptions& options, RequestSource& source,
   MC_ASSIGN_OR_RETURN(infer::GpuSpec g, infer::gpu_preset(options.cluster.gpu));
   SimOptions opt = options;
   if (opt.cluster.decode_kv_capacity_tokens <= 0) {
-    // HBM left after the weights, 90 % of it usable for KV (the rest: activations, fragmentation).
-    const int64_t free_bytes = g.hbm_bytes - m.weight_bytes();
-    if (free_bytes <= 0) {
-      return error(Code::kInvalidArgument, "model " + m.name + " (" + std::to_string(m.weight_bytes()) +
-                                               " B of weights) does not fit in " + g.name + "'s HBM");
-    }
-    opt.cluster.decode_kv_capacity_tokens =
-        static_cast<int64_t>(0.9 * static_cast<double>(free_bytes)) / m.kv_bytes_per_token();
+    // HBM left after the weights, 90 % of it usable for KV (node_capacity.hpp: the launcher sizes live instances
+    // with the same formula).
+    MC_ASSIGN_OR_RETURN(opt.cluster.decode_kv_capacity_tokens, decode_kv_capacity_tokens(m, g));
   }
   InferCostModel model(m, g);
   return simulate_with(opt, source, model, g.gpu_count, summary_options);

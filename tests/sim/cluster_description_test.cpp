@@ -33,12 +33,20 @@ std::string refusal(const nlohmann::json& doc) {
 }
 
 TEST(ClusterDescription, ParsesTheExamples) {
-  for (const char* name : {"pair", "two-racks", "ssh-example"}) {
+  for (const char* name : {"pair", "two-racks", "ssh-example", "main-job"}) {
     auto r = parse_cluster_description(std::string(MC_SOURCE_DIR "/examples/clusters/") + name + ".json");
     ASSERT_TRUE(r.is_ok()) << r.status().message();
     EXPECT_EQ(r->name, name);
     EXPECT_EQ(r->total(&DescribedHost::master), 1);
   }
+  // main-job.json: every host's NIC from defaults.nic_mbit (no host names its own).
+  auto main_job = parse_cluster_description(std::string(MC_SOURCE_DIR "/examples/clusters/main-job.json"));
+  ASSERT_TRUE(main_job.is_ok()) << main_job.status().message();
+  EXPECT_GT(main_job->nic_mbit, 0);
+  for (const DescribedHost& h : main_job->hosts) EXPECT_EQ(h.nic_mbit, main_job->nic_mbit) << h.name;
+  EXPECT_GE(main_job->total(&DescribedHost::prefill), 2);
+  EXPECT_GE(main_job->total(&DescribedHost::decode), 2);
+  EXPECT_EQ(main_job->total(&DescribedHost::store), static_cast<int64_t>(main_job->hosts.size()));
   auto r = parse_cluster_description(std::string(MC_SOURCE_DIR "/examples/clusters/two-racks.json"));
   ASSERT_TRUE(r.is_ok());
   EXPECT_EQ(r->hosts.size(), 4u);

@@ -1,5 +1,6 @@
 // mc-plan: capacity planning. `threshold`: the bandwidth above which fetching a cached prefix beats
-// recomputing it. `capacity`: the fewest instances, cache and NIC bandwidth that meet a trace's SLOs.
+// recomputing it. `node`: one modelled node's KV capacities in tokens and their live sizes. `capacity`:
+// the fewest instances, cache and NIC bandwidth that meet a trace's SLOs.
 #include <unistd.h>
 
 #include <iostream>
@@ -23,6 +24,32 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   th_cmd->add_option("--new-tokens", th.new_tokens, "Tokens prefilled after the prefix")->capture_default_str();
   mc::cli::add_json_flag(*th_cmd, th.json, "Print JSON instead of the table");
+
+  mc::sim::NodeCommand node;
+  auto* node_cmd = app.add_subcommand("node",
+                                      "One modelled node's KV capacities in tokens (decode HBM, DRAM pool) and the "
+                                      "live sizes holding as many tokens at a byte scale");
+  mc::cli::add_model_option(*node_cmd, node.options.model, /*env=*/true);
+  mc::cli::add_gpu_option(*node_cmd, node.options.gpu);
+  mc::cli::add_size_option(*node_cmd, "--spare-dram-bytes", node.spare_dram_bytes,
+                           "DRAM one node lends to the pool (512GiB, 1TiB, ...)")
+      ->capture_default_str();
+  node_cmd->add_option("--nic-mbit", node.options.nic_mbit, "The node's NICs together, Mbit/s (8 x 200 Gbit/s)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  node_cmd->add_option("--scale", node.options.scale, "Modelled / live KV bytes per token")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  node_cmd
+      ->add_option("--time-scale", node.options.time_scale,
+                   "The live cluster runs this many times faster than modelled (the NIC is sped up as much)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  node_cmd->add_option("--nic-cap-mbit", node.options.nic_cap_mbit, "The most a live link is shaped to (0: no cap)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  mc::cli::add_block_size_option(*node_cmd, node.options.block_size, "--block-size", "Tokens per KV block");
+  mc::cli::add_json_flag(*node_cmd, node.json, "Print JSON instead of the lines");
 
   mc::sim::CapacityCommand cap;
   auto* cap_cmd = app.add_subcommand("capacity",
@@ -53,6 +80,7 @@ int main(int argc, char** argv) {
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (th_cmd->parsed())
     return mc::cli::report("mc-plan threshold", mc::sim::run_threshold_command(th, std::cout), th.json);
+  if (node_cmd->parsed()) return mc::cli::report("mc-plan node", mc::sim::run_node_command(node, std::cout), node.json);
   cap.progress = isatty(STDERR_FILENO) != 0;
   return mc::cli::report("mc-plan capacity", mc::sim::run_capacity_command(cap, std::cout), cap.json);
 }

@@ -59,6 +59,7 @@ struct ClusterDescription {
   int64_t kv_bytes_per_token = 1024;  // the live cluster's (scaled) bytes per token; 0: the model's
   int64_t dram_bytes = 256ll << 20;   // per storage node
   int64_t kv_buffer_size = 256ll << 20;
+  int64_t nic_mbit = 0;  // each host's NIC unless the host names its own (0: unshaped)
   double time_scale = 1;
   std::vector<DescribedRack> racks;  // at least one (rack0 when the file names none)
   std::vector<DescribedHost> hosts;

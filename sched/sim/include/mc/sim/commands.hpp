@@ -1,7 +1,8 @@
 // The commands behind the tools' thin mains: `mc-sim` (one simulation of a trace on a CLUSTER.json,
-// with command-line overrides of the config) and `mc-plan threshold|capacity` (plan.hpp holds the
-// arithmetic). Each validates its options, runs, writes data to `out` (a table, or JSON with --json)
-// and returns a Status the main maps to an exit code (0 ok, 1 runtime, 2 bad input).
+// with command-line overrides of the config) and `mc-plan threshold|node|capacity` (plan.hpp and
+// node_capacity.hpp hold the arithmetic). Each validates its options, runs, writes data to `out` (a
+// table, or JSON with --json) and returns a Status the main maps to an exit code (0 ok, 1 runtime, 2 bad
+// input).
 #pragma once
 
 #include <optional>
@@ -11,6 +12,7 @@
 
 #include "mc/common/status.hpp"
 #include "mc/common/trace.hpp"
+#include "mc/sim/node_capacity.hpp"
 #include "mc/sim/plan.hpp"
 #include "mc/sim/simulator.hpp"
 
@@ -60,6 +62,14 @@ struct ThresholdCommand {
   bool json = false;
 };
 Status run_threshold_command(const ThresholdCommand& command, std::ostream& out);
+
+// `mc-plan node`: the modelled node's capacities and their live sizes (node_capacity.hpp).
+struct NodeCommand {
+  NodeCapacityOptions options;
+  uint64_t spare_dram_bytes = 512ull << 30;  // parsed with units; copied into options
+  bool json = false;
+};
+Status run_node_command(const NodeCommand& command, std::ostream& out);
 
 struct CapacityCommand {
   std::string cluster_path;  // base CLUSTER.json (model, gpu, policy, block size, ...)
