@@ -22,7 +22,8 @@
 # gateway), writes $MC_CLUSTER_STATE/cluster.txt (name pid endpoint host) and hosts.txt (host address rack, and in
 # netns mode its namespace, its interface, the switch's port facing it and its nic_mbit: for tc, nft or ip in a
 # fault test) and with several racks racks.txt (rack, router namespace and its port, switch namespace and its
-# uplink port), and on exit, Ctrl-C, SIGTERM or a failure stops every process it started (SIGTERM, SIGKILL after 5 s) and
+# uplink port), and on exit, Ctrl-C, SIGTERM or a failure stops every process it started (SIGTERM; after 1 s a second
+# SIGTERM, which ends a drain; SIGKILL after 5 s more) and
 # removes every namespace, link and its state directory. The store nodes' DRAM and the instances' KV buffers are
 # memfds: nothing is left in /dev/shm.
 #
@@ -203,6 +204,11 @@ stop_all() {
   set +e
   local i deadline
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null; done
+  # The whole cluster stops: no drain is wanted (a storage node would try to move its objects to nodes that are
+  # stopping too, a worker would finish its jobs). A second SIGTERM to those still running ends their drains.
+  deadline=$((SECONDS + 1))
+  for pid in ${pids[@]+"${pids[@]}"}; do while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done; done
+  for pid in ${pids[@]+"${pids[@]}"}; do kill -TERM "$pid" 2>/dev/null; done
   deadline=$((SECONDS + 5))
   for pid in ${pids[@]+"${pids[@]}"}; do
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done

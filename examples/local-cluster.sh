@@ -17,7 +17,8 @@
 #                                                        exits with CMD's status
 # CMD also gets MC_CLUSTER_STATE, a directory holding cluster.txt (one line per process: name, pid,
 # endpoint) and each process's log, e.g. to kill a storage node in a fault test.
-# On exit, Ctrl-C or SIGTERM it stops every process it started (SIGTERM, then SIGKILL after 5 s),
+# On exit, Ctrl-C or SIGTERM it stops every process it started (SIGTERM; after 1 s a second SIGTERM, which ends a
+# drain; SIGKILL after 5 s more),
 # waits for them, and removes its state directory and the /dev/shm files of its storage nodes: no
 # orphan processes, no leftovers.
 #
@@ -178,7 +179,12 @@ stop_all() {
   trap - EXIT INT TERM
   local i
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
-  local deadline=$((SECONDS + 5))
+  # The whole cluster stops: no drain is wanted (a storage node would try to move its objects to nodes that are
+  # stopping too, a worker would finish its jobs). A second SIGTERM to those still running ends their drains.
+  local deadline=$((SECONDS + 1))
+  for pid in "${pids[@]}"; do while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done; done
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  deadline=$((SECONDS + 5))
   for pid in "${pids[@]}"; do
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
     if kill -0 "$pid" 2>/dev/null; then

@@ -54,8 +54,8 @@ namespace {
 // The KV store through its client library (one client; not thread-safe, like the client).
 class StoreBlockCache final : public KvBlockCache {
  public:
-  StoreBlockCache(std::string master, std::unique_ptr<store::Client> client)
-      : master_(std::move(master)), client_(std::move(client)) {}
+  StoreBlockCache(std::string master, std::string host, std::unique_ptr<store::Client> client)
+      : master_(std::move(master)), host_(std::move(host)), client_(std::move(client)) {}
 
   Result<std::vector<Status>> get(std::span<const BlockGet> items) override {
     std::vector<store::GetItem> gets;
@@ -74,14 +74,23 @@ class StoreBlockCache final : public KvBlockCache {
                            static_cast<int64_t>(c.bytes_read_ssd),
                            static_cast<int64_t>(c.read_ssd_ns),
                            {}};
-    for (const auto& [host, bytes] : c.bytes_read_tcp_by_host)
-      out.remote_bytes_by_host[host] = static_cast<int64_t>(bytes);
+    // Local means this host's memory, whatever the transport: shared memory, or TCP to a node on this host (a
+    // node serving no shm, DESIGN.md §16); remote is TCP from the other hosts.
+    for (const auto& [host, bytes] : c.bytes_read_tcp_by_host) {
+      if (!host_.empty() && host == host_) {
+        out.local_bytes += static_cast<int64_t>(bytes);
+        out.remote_bytes -= static_cast<int64_t>(bytes);
+      } else {
+        out.remote_bytes_by_host[host] = static_cast<int64_t>(bytes);
+      }
+    }
     return out;
   }
   std::string describe() const override { return "mc-store at " + master_; }
 
  private:
   std::string master_;
+  std::string host_;  // this host's label (the replicas' StoreReplica::host names it)
   std::unique_ptr<store::Client> client_;
 };
 
@@ -93,7 +102,7 @@ Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& mas
   o.host = host;
   auto client = store::Client::connect(o);
   if (!client.is_ok()) return client.status().with_context("prefix cache (--store " + master + ")");
-  return std::unique_ptr<KvBlockCache>(new StoreBlockCache(master, std::move(client).value()));
+  return std::unique_ptr<KvBlockCache>(new StoreBlockCache(master, host, std::move(client).value()));
 }
 
 }  // namespace mc::infer
