@@ -72,6 +72,15 @@ std::pair<int, std::string> run_tool(const std::vector<std::string>& args, const
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
+// A stopped child must not outlive a failed assertion stopped: SIGCONT when the scope ends.
+struct ResumeOnExit {
+  explicit ResumeOnExit(testkit::Child* c) : child(c) {}
+  testkit::Child* child;
+  ResumeOnExit(const ResumeOnExit&) = delete;
+  ResumeOnExit& operator=(const ResumeOnExit&) = delete;
+  ~ResumeOnExit() { child->signal(SIGCONT); }
+};
+
 std::vector<std::byte> random_bytes(size_t n, uint64_t seed) {
   std::vector<std::byte> v(n);
   std::mt19937_64 rng(seed);
@@ -938,10 +947,7 @@ TEST_F(StoreE2E, PausedNodeIsSuspectThenComesBackWithItsCache) {
   start_master({"--node-ttl-ms", "1000", "--node-grace-ms", "60000"});
   start_node("n1", "16MiB");
   testkit::Child* n2 = start_node("n2", "16MiB");
-  struct Resume {  // a stopped child must not outlive a failed assertion stopped
-    testkit::Child* c;
-    ~Resume() { c->signal(SIGCONT); }
-  } resume{n2};
+  const ResumeOnExit resume{n2};
   std::vector<std::vector<std::byte>> blobs;
   for (const char* where : {"n1/dram", "n2/dram"}) {
     auto w = client(std::string("w-") + where[1], 1, where);
@@ -1071,10 +1077,7 @@ TEST_F(StoreE2E, AnUnreachableSegmentCostsOneTimeoutPerCooldown) {
   start_master({"--node-ttl-ms", "60000", "--node-grace-ms", "60000"});
   start_node("n1", "16MiB");
   testkit::Child* n2 = start_node("n2", "16MiB");
-  struct Resume {  // a stopped child must not outlive a failed assertion stopped
-    testkit::Child* c;
-    ~Resume() { c->signal(SIGCONT); }
-  } resume{n2};
+  const ResumeOnExit resume{n2};
   const auto both = random_bytes(64 * 1024, 1), only = random_bytes(64 * 1024, 2);
   ASSERT_TRUE(client("w2", 2)->put("both", both).is_ok());
   ASSERT_TRUE(client("w1", 1, "n2/dram")->put("only-n2", only).is_ok());
