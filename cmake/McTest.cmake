@@ -23,7 +23,7 @@ endfunction()
 # SERIAL: each test of the program runs alone (ctest RUN_SERIAL): whole simulated clusters whose assertions about
 # what the Conductor planned and the prefill did need the CPU they were sized for.
 function(mc_add_test)
-  cmake_parse_arguments(T "SERIAL" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "SERIAL" "NAME;TIMEOUT;LOCK" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
@@ -39,6 +39,9 @@ function(mc_add_test)
   set(T_SERIAL_PROP)
   if(T_SERIAL)
     set(T_SERIAL_PROP RUN_SERIAL TRUE)
+  endif()
+  if(T_LOCK)  # tests holding the same lock never run at once (ctest -j): e.g. "netns", the host's namespace list
+    list(APPEND T_SERIAL_PROP RESOURCE_LOCK ${T_LOCK})
   endif()
   gtest_discover_tests(${T_NAME}
     PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT} ${T_SERIAL_PROP}

@@ -107,8 +107,8 @@ void print_node_capacity(std::ostream& out, const NodeCapacity& c) {
       << "live, at scale " << o.scale << " and time scale " << fixed(o.time_scale, 2) << ":\n"
       << "  KV per token              " << c.model_kv_bytes_per_token << " / " << o.scale << " = "
       << c.live_kv_bytes_per_token << " B\n"
-      << "  --kv-buffer-size          " << c.kv_buffer_bytes << " B (" << units::format_bytes(c.kv_buffer_bytes)
-      << ": " << c.kv_buffer_tokens << " tokens in blocks of " << o.block_size << ")\n"
+      << "  --kv-buffer-size          " << c.kv_buffer_bytes << " B (" << units::format_bytes(c.kv_buffer_bytes) << ": "
+      << c.kv_buffer_tokens << " tokens in blocks of " << o.block_size << ")\n"
       << "  --dram-bytes              " << c.dram_bytes << " B (" << units::format_bytes(c.dram_bytes) << ": "
       << c.dram_tokens << " tokens)\n"
       << "  nic_mbit                  " << o.nic_mbit << " x " << fixed(o.time_scale, 2) << " / " << o.scale << " = "

@@ -1093,7 +1093,17 @@ TEST_F(StoreE2E, AnUnreachableSegmentCostsOneTimeoutPerCooldown) {
   std::vector<std::byte> buf(64 * 1024);
   ASSERT_TRUE((*c)->get("only-n2", buf).is_ok());  // connected to both nodes while they answer
   ASSERT_TRUE((*c)->get("both", buf).is_ok());
+  auto where = (*c)->ls("only-n2");
+  ASSERT_TRUE(where.is_ok() && where->objects.size() == 1) << where.status().to_string();
+  ASSERT_EQ(where->objects[0].segments, std::vector<std::string>{prefix_ + "n2/dram"}) << "placed elsewhere";
   n2->signal(SIGSTOP);
+  auto stopped = [pid = n2->pid()] {  // the state field of /proc/PID/stat, after "(comm)"
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    const std::string st((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t paren = st.rfind(')');
+    return paren != std::string::npos && paren + 2 < st.size() && st[paren + 2] == 'T';
+  };
+  ASSERT_TRUE(testkit::wait_until(stopped, 5000, 5)) << "n2 did not stop";
   // The first read of n2's only replica waits for its timeout and fails; n2's segment cools down.
   auto first = (*c)->get("only-n2", buf);
   EXPECT_FALSE(first.is_ok());

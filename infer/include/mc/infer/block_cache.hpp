@@ -35,10 +35,10 @@ struct BlockPut {
 };
 
 struct BlockCacheCounters {
-  int64_t local_bytes = 0;                              // read from DRAM on this host (shared memory, in process, or TCP to a node here)
-  int64_t remote_bytes = 0;                             // read from DRAM on other hosts
-  int64_t ssd_bytes = 0;                                // read from an SSD tier (any host)
-  int64_t ssd_read_ns = 0;                              // wall time of the SSD reads
+  int64_t local_bytes = 0;   // read from DRAM on this host (shared memory, in process, or TCP to a node here)
+  int64_t remote_bytes = 0;  // read from DRAM on other hosts
+  int64_t ssd_bytes = 0;     // read from an SSD tier (any host)
+  int64_t ssd_read_ns = 0;   // wall time of the SSD reads
   std::map<std::string, int64_t> remote_bytes_by_host;  // remote_bytes by the sending host ("": unknown)
 };
 

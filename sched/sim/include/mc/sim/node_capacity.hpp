@@ -62,12 +62,12 @@ struct NodeCapacity {
   int64_t decode_kv_tokens = 0;  // one decode (or prefill) instance's HBM, modelled
   int64_t pool_tokens = 0;       // one storage node's spare DRAM, modelled
   int64_t live_kv_bytes_per_token = 0;
-  int64_t kv_buffer_bytes = 0;     // live --kv-buffer-size per instance
-  int64_t kv_buffer_tokens = 0;    // what it holds: decode_kv_tokens in whole blocks
-  int64_t dram_bytes = 0;          // live --dram-bytes per storage node
-  int64_t dram_tokens = 0;         // what it holds: pool_tokens in whole blocks
-  int64_t nic_mbit_live = 0;       // live NIC, each direction (after the cap)
-  int64_t nic_mbit_uncapped = 0;   // the same before the cap
+  int64_t kv_buffer_bytes = 0;    // live --kv-buffer-size per instance
+  int64_t kv_buffer_tokens = 0;   // what it holds: decode_kv_tokens in whole blocks
+  int64_t dram_bytes = 0;         // live --dram-bytes per storage node
+  int64_t dram_tokens = 0;        // what it holds: pool_tokens in whole blocks
+  int64_t nic_mbit_live = 0;      // live NIC, each direction (after the cap)
+  int64_t nic_mbit_uncapped = 0;  // the same before the cap
 };
 
 // Errors (kInvalidArgument, naming the flag): an unknown preset, a scale that does not divide the model's bytes per
