@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -53,7 +54,14 @@ struct Scratch {
     dir = ::testing::TempDir() + tag + "_" + std::to_string(::getpid());
     std::filesystem::create_directories(dir);
   }
-  ~Scratch() { std::filesystem::remove_all(dir); }
+  // Removed with the test, unless the test failed: then kept (its path on stderr) for the post-mortem.
+  ~Scratch() {
+    if (::testing::Test::HasFailure()) {
+      std::fprintf(stderr, "scratch directory kept for the failed test: %s\n", dir.c_str());
+      return;
+    }
+    std::filesystem::remove_all(dir);
+  }
   std::string path(const std::string& name) const { return dir + "/" + name; }
 };
 
