@@ -105,6 +105,22 @@ TEST(ClusterNetns, ReplayAcrossHostsCrossesTheShapedLinks) {
 // The seed's network faults, CI-sized (docs/RELIABILITY.md "Across hosts" has the full runs): on the six-host,
 // two-rack cluster of examples/clusters/faults.json, each fault lands 2 s into a short replay and lasts 2 s; every
 // accepted request ends completed or failed with a reason (lost = 0), and the delay row is skipped with its reason.
+// For a row that lost requests: each lost request's record (its instances) and every line of the daemons' logs
+// naming it, so that a CI log alone tells the story.
+std::string lost_story(const std::string& out, const std::string& fault) {
+  const std::string cmd =
+      "cd '" + out +
+      "' && jq -r 'select(.outcome == \"failed\" and ((.reason // \"\") | "
+      "startswith(\"no completion within the drain timeout\"))) | \"\\(.request_id) \\(.prefill_instance) "
+      "\\(.decode_instance)\"' '" +
+      fault +
+      ".jsonl' 2>/dev/null | while read -r id p d; do "
+      "echo \"lost: $id (prefill $p, decode $d)\"; grep -h -- \"$id\" '" +
+      fault + ".logs'/*.log | head -40; done";
+  auto r = run({"/bin/bash", "-c", cmd}, 30000);
+  return "\n" + r.out;
+}
+
 TEST(ClusterNetns, NetworkFaultsLoseNoRequest) {
   {
     NetnsHosts probe;
@@ -149,7 +165,7 @@ TEST(ClusterNetns, NetworkFaultsLoseNoRequest) {
       continue;
     }
     ++measured;
-    EXPECT_EQ(row["lost"], 0) << line;
+    EXPECT_EQ(row["lost"], 0) << line << lost_story(s.path("out"), row["fault"].get<std::string>());
     EXPECT_GT(row["accepted"].get<int>(), 0) << line;
     EXPECT_EQ(row["accepted"].get<int>(), row["completed"].get<int>() + row["failed"].get<int>()) << line;
   }
