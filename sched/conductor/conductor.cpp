@@ -276,6 +276,7 @@ class Conductor {
               id, "missed its heartbeats for " + std::to_string(options_.scheduler.heartbeat_timeout_ms) + " ms");
         }
         sweep_decoding(now);
+        resend_client_errors(now);
         update_metrics();
       }
       // Segment hosts and suspect nodes, once a second (a suspect node is parked within 1 s of the master
@@ -1137,22 +1138,56 @@ class Conductor {
     in_flight_.erase(it);
   }
 
-  void send_client_error(const std::string& client_endpoint, const std::string& id, const std::string& reason) {
+  // The terminal event of a request the Conductor fails is delivered at least once: a client that does not
+  // acknowledge it (busy, or cut off for a moment) is sent it again every second for kClientErrorRetryMs (the
+  // clients ignore an event of a request they have closed), as mc-decode delivers its token events.
+  static constexpr int64_t kClientErrorRetryMs = 60'000;
+  static constexpr size_t kMaxClientErrorRetries = 65'536;  // waiting at once; beyond, given up (counted)
+  struct ClientErrorRetry {
+    std::string client_endpoint, id, reason;
+    int64_t next_ns = 0, give_up_ns = 0;
+  };
+  std::vector<ClientErrorRetry> client_error_retries_;
+
+  void send_client_error(const std::string& client_endpoint, const std::string& id, const std::string& reason,
+                         int64_t give_up_ns = 0) {
     if (client_endpoint.empty()) {
       MC_LOG_WARN << "request '" << id << "' failed but names no client endpoint to tell: " << reason;
       return;
     }
+    if (give_up_ns == 0) give_up_ns = RealClock::instance().now_ns() + kClientErrorRetryMs * 1'000'000;
     proto::RequestError err;
     err.request_id = id;
     err.code = static_cast<uint16_t>(Code::kUnavailable);
     err.message = reason;
-    calls_.call<proto::RequestError>(client_endpoint, err, options_.reserve_timeout_ms,
-                                     [id, client_endpoint](Result<proto::ClientAck> r) {
-                                       if (!r.is_ok()) {
-                                         MC_LOG_WARN << "request '" << id << "': request_error to client "
-                                                     << client_endpoint << " failed: " << r.status().message();
-                                       }
-                                     });
+    calls_.call<proto::RequestError>(
+        client_endpoint, err, options_.reserve_timeout_ms,
+        [this, id, client_endpoint, reason, give_up_ns](Result<proto::ClientAck> r) {
+          if (r.is_ok()) return;
+          const int64_t now = RealClock::instance().now_ns();
+          if (now >= give_up_ns || client_error_retries_.size() >= kMaxClientErrorRetries) {
+            metrics_.counter("mc_conductor_client_errors_given_up_total", "request errors no client acknowledged")
+                .inc();
+            MC_LOG_WARN << "request '" << id << "': request_error to client " << client_endpoint
+                        << " given up: " << r.status().message();
+            return;
+          }
+          metrics_.counter("mc_conductor_client_error_retries_total", "request errors sent again").inc();
+          MC_LOG_INFO << "request '" << id << "': request_error to client " << client_endpoint << " failed ("
+                      << r.status().message() << "); sending it again in 1 s";
+          client_error_retries_.push_back({client_endpoint, id, reason, now + 1'000'000'000, give_up_ns});
+        });
+  }
+
+  void resend_client_errors(int64_t now_ns) {
+    if (client_error_retries_.empty()) return;
+    std::vector<ClientErrorRetry> due;
+    std::erase_if(client_error_retries_, [&](ClientErrorRetry& e) {
+      if (e.next_ns > now_ns) return false;
+      due.push_back(std::move(e));
+      return true;
+    });
+    for (ClientErrorRetry& e : due) send_client_error(e.client_endpoint, e.id, e.reason, e.give_up_ns);
   }
 
   // Decoding entries whose end mc-decode never reported (a dropped report) are forgotten after job_timeout_ms.

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -274,6 +275,87 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
 // The registry is bounded (--max-instances): a new id beyond it is refused and counted, a known id may register
 // again from its endpoint but not from another while it is alive. A worker whose process goes away (here: its server
 // socket closes) is lost at once from its watched connection (faults.connection_lost), which frees its place.
+// A client endpoint that leaves the first request_error of each request unanswered (busy, or cut off for a moment)
+// and acknowledges the later ones; it records every one it receives.
+class StallingClient {
+ public:
+  StallingClient() {
+    std::promise<std::string> ep;
+    auto fut = ep.get_future();
+    thread_ = std::thread([this, ep = std::move(ep)]() mutable {
+      rpc::ServerOptions o;
+      o.service = "stalling client";
+      o.bind_endpoints = {"tcp://127.0.0.1:0"};
+      auto server = rpc::RpcServer::bind(o);
+      if (!server.is_ok()) {
+        ep.set_value("");
+        return;
+      }
+      (*server)->handle<proto::RequestError>(
+          [this](const proto::RequestError& e, const rpc::CallContext& ctx) -> Result<proto::ClientAck> {
+            std::lock_guard<std::mutex> lock(mu_);
+            const bool first = std::count(errors_.begin(), errors_.end(), e.request_id) == 0;
+            errors_.push_back(e.request_id);
+            if (first) ctx.defer();  // never answered
+            return proto::ClientAck{};
+          });
+      ep.set_value((*server)->endpoints().front());
+      while (!stop_.load()) (void)(*server)->poll_once(10);
+    });
+    endpoint_ = fut.get();
+  }
+  ~StallingClient() {
+    stop_.store(true);
+    thread_.join();
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  size_t errors_of(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<size_t>(std::count(errors_.begin(), errors_.end(), id));
+  }
+
+ private:
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::string endpoint_;
+  std::mutex mu_;
+  std::vector<std::string> errors_;
+};
+
+// Every accepted request ends with a terminal event: a request the Conductor fails (here its instances went silent
+// and no other pair could take it) is told to its client at least once. The client leaves the first request_error
+// unanswered; the Conductor sends it again a second later, and the client has it.
+TEST(ConductorE2E, AFailedRequestsErrorReachesAClientThatMissedIt) {
+  Child conductor({MC_BINARY_DIR "/bin/mc-conductor", "--log-level", "warn", "serve", "--listen", "tcp://127.0.0.1:0",
+                   "--block-size", std::to_string(kBlock), "--kv-bytes-per-token", "1024", "--slo-ttft-ms", "60000",
+                   "--heartbeat-timeout-ms", "1000", "--reserve-timeout-ms", "500"});
+  const std::string ready = conductor.read_line(10'000);
+  ASSERT_EQ(ready.rfind("ready mc-conductor tcp://", 0), 0u) << "ready line: '" << ready << "'";
+  const std::string endpoint = ready.substr(19, ready.find(' ', 19) - 19);
+  FakeWorker p0, d0;
+  StallingClient client;
+  auto c = rpc::RpcClient::connect(endpoint);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  ASSERT_TRUE(
+      (*c)->call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock, "", 0}).is_ok());
+  ASSERT_TRUE(
+      (*c)->call(proto::ConductorRegisterRequest{"D0", "decode", "h1", d0.endpoint(), "", 100'000, kBlock, "", 0})
+          .is_ok());
+  proto::ConductorSubmitRequest s;
+  s.request_id = "r1";
+  s.tokens = prompt(3, 40);
+  s.input_tokens = 40;
+  s.output_tokens = 4;
+  s.client_endpoint = client.endpoint();
+  auto r = (*c)->call(s, 5000);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_TRUE(r->accepted) << r->reason;
+  // P0 and D0 never heartbeat: removed after 1 s, r1 cannot go anywhere else and fails; its first request_error
+  // times out unanswered (500 ms), the second is acknowledged.
+  EXPECT_TRUE(testkit::wait_until([&] { return client.errors_of("r1") >= 2; }, 15'000, 20))
+      << client.errors_of("r1") << " request_error(s) received";
+}
+
 TEST(ConductorE2E, RegistryIsBoundedIdsAreNotTakenOverAndAWorkerGoneFreesItsPlace) {
   Child conductor({MC_BINARY_DIR "/bin/mc-conductor", "--log-level", "error", "serve", "--listen", "tcp://127.0.0.1:0",
                    "--block-size", std::to_string(kBlock), "--max-instances", "2"});
