@@ -157,7 +157,9 @@ class RpcTokenSink final : public TokenSink {
         if (probe && c.stalled) c.answered = true;
         return;
       }
-      if (st.code() != Code::kTimeout && st.code() != Code::kUnavailable) {
+      // kResourceExhausted is this side's limit of calls in flight to the client (a client that stopped answering
+      // fills it before its first call times out): the message waits like the ones that timed out, never dropped.
+      if (st.code() != Code::kTimeout && st.code() != Code::kUnavailable && st.code() != Code::kResourceExhausted) {
         MC_LOG_WARN << "decode: client " << endpoint << " refused a message: " << st.to_string();
         return;
       }

@@ -357,6 +357,99 @@ TEST(InferE2E, StoreHitThenNodeKilledRecomputes) {
 
 // Workers register with the conductor and heartbeat their load (a stand-in conductor in the test). They print
 // their ready line only once registered, so the stand-in serves on its own thread from the start.
+// At least once, in order, whatever the client's pace (issue 20 item 4, field report of the uplink cut): a client
+// that stops answering while a fast request streams thousands of tokens fills mc-decode's limit of calls in flight to
+// it (4096) before the first call times out; those calls are refused locally (resource_exhausted) and must wait in
+// the backlog like the ones that timed out, not be dropped. The client here blocks 3 s on its first token, then
+// answers; it keeps each token index once (a message sent again after a timeout may arrive twice), and gets every
+// token and the done.
+TEST(InferE2E, AClientThatStallsGetsEveryTokenAndTheDone) {
+  const std::vector<std::string> common = {
+      "--backend", "sim",          "--model", "llama3-70b",  "--kv-bytes-per-token",
+      "8192",      "--time-scale", "400",     "--log-level", "error"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  Child decode(cmd(kBin + "mc-decode", with({})));
+  Child prefill(cmd(kBin + "mc-prefill", with({})));
+  const std::string dep = decode.wait_ready(), pep = prefill.wait_ready();
+  ASSERT_FALSE(dep.empty());
+  ASSERT_FALSE(pep.empty());
+  auto d = rpc::RpcClient::connect(dep).value();
+  auto p = rpc::RpcClient::connect(pep).value();
+
+  struct Seen {
+    std::mutex mu;
+    int64_t tokens = 0, duplicates = 0;
+    bool done = false, error = false, out_of_order = false;
+  } seen;
+  std::atomic<bool> stalled{false};
+  rpc::ServerOptions o;
+  o.service = "stalling-client";
+  o.bind_endpoints = {"tcp://127.0.0.1:0"};
+  auto server = rpc::RpcServer::bind(o).value();
+  server->handle<proto::TokenEvent>([&](const proto::TokenEvent& e, const auto&) -> Result<proto::ClientAck> {
+    if (!stalled.exchange(true)) std::this_thread::sleep_for(std::chrono::seconds(3));  // the stall: once
+    std::lock_guard lock(seen.mu);
+    if (e.index < seen.tokens) {
+      ++seen.duplicates;
+    } else if (e.index == seen.tokens) {
+      ++seen.tokens;
+    } else {
+      seen.out_of_order = true;
+    }
+    return proto::ClientAck{true};
+  });
+  server->handle<proto::RequestDone>([&](const proto::RequestDone&, const auto&) -> Result<proto::ClientAck> {
+    std::lock_guard lock(seen.mu);
+    seen.done = true;
+    return proto::ClientAck{true};
+  });
+  server->handle<proto::RequestError>([&](const proto::RequestError&, const auto&) -> Result<proto::ClientAck> {
+    std::lock_guard lock(seen.mu);
+    seen.error = true;
+    return proto::ClientAck{true};
+  });
+  std::thread serving([&] { (void)server->serve(); });
+  struct Stop {
+    rpc::RpcServer* s;
+    std::thread* t;
+    ~Stop() {
+      s->stop();
+      t->join();
+    }
+  } stop{server.get(), &serving};
+
+  constexpr int64_t kOutput = 8000;
+  const std::string client_ep = server->endpoints().front();
+  const std::vector<uint32_t> prompt(64, 7);
+  proto::DecodeReserveRequest rr{"flood", static_cast<int64_t>(prompt.size()), kOutput, client_ep, 10000};
+  auto res = d->call(rr, 5000);
+  ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+  proto::PrefillJobRequest job;
+  job.request_id = "flood";
+  job.tokens = prompt;
+  job.output_length_tokens = kOutput;
+  job.decode_endpoint = dep;
+  job.reservation_id = res->reservation_id;
+  job.decode_block_offsets_bytes = res->block_offsets_bytes;
+  job.client_endpoint = client_ep;
+  auto ran = p->call(job, 20000);
+  ASSERT_TRUE(ran.is_ok()) << ran.status().to_string();
+  const bool ended = testkit::wait_until(
+      [&] {
+        std::lock_guard lock(seen.mu);
+        return seen.done || seen.error;
+      },
+      90'000, 20);
+  std::lock_guard lock(seen.mu);
+  EXPECT_TRUE(ended) << "no terminal event; " << seen.tokens << " tokens";
+  EXPECT_TRUE(seen.done) << "error instead of done";
+  EXPECT_FALSE(seen.out_of_order) << "a token index was skipped";
+  EXPECT_EQ(seen.tokens, kOutput) << seen.duplicates << " duplicates";
+}
+
 TEST(InferE2E, WorkersRegisterAndHeartbeat) {
   rpc::ServerOptions o;
   o.service = "fake-conductor";
