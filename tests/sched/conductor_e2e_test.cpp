@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -38,21 +39,54 @@ using testkit::Child;
 // A fake worker: an RpcServer on its own thread recording the jobs it gets. Prefill jobs are never
 // answered (they stay queued at the Conductor, which makes placement deterministic); reservations are
 // granted unless the request id starts with "refuse".
-class FakeWorker {
+// An RpcServer on its own thread, polled until stop(); install() adds the handlers before it serves. A derived
+// class calls stop() in its destructor, before the members its handlers use are gone.
+class ServerThread {
  public:
-  FakeWorker() {
+  ServerThread() = default;
+  ServerThread(const ServerThread&) = delete;
+  ServerThread& operator=(const ServerThread&) = delete;
+  ~ServerThread() { stop(); }
+  const std::string& endpoint() const { return endpoint_; }
+
+ protected:
+  void start(const std::string& service, std::function<void(rpc::RpcServer&)> install) {
     std::promise<std::string> ep;
     auto fut = ep.get_future();
-    thread_ = std::thread([this, ep = std::move(ep)]() mutable {
+    thread_ = std::thread([this, service, install = std::move(install), ep = std::move(ep)]() mutable {
       rpc::ServerOptions o;
-      o.service = "fake worker";
+      o.service = service;
       o.bind_endpoints = {"tcp://127.0.0.1:0"};
       auto server = rpc::RpcServer::bind(o);
       if (!server.is_ok()) {
         ep.set_value("");
         return;
       }
-      (*server)->handle<proto::DecodeReserveRequest>(
+      install(**server);
+      ep.set_value((*server)->endpoints().front());
+      while (!stop_.load()) (void)(*server)->poll_once(10);
+    });
+    endpoint_ = fut.get();
+  }
+  void stop() {
+    if (!thread_.joinable()) return;
+    stop_.store(true);
+    thread_.join();
+  }
+
+ private:
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::string endpoint_;
+};
+
+// A fake worker recording the jobs it gets. Prefill jobs are never answered (they stay queued at the Conductor,
+// which makes placement deterministic); reservations are granted unless the request id starts with "refuse".
+class FakeWorker : public ServerThread {
+ public:
+  FakeWorker() {
+    start("fake worker", [this](rpc::RpcServer& server) {
+      server.handle<proto::DecodeReserveRequest>(
           [this](const proto::DecodeReserveRequest& r, const rpc::CallContext&) -> Result<proto::DecodeReserveReply> {
             std::lock_guard<std::mutex> lock(mu_);
             reserves_.push_back(r);
@@ -64,23 +98,16 @@ class FakeWorker {
             rep.block_offsets_bytes = {0, 4096};
             return rep;
           });
-      (*server)->handle<proto::PrefillJobRequest>(
+      server.handle<proto::PrefillJobRequest>(
           [this](const proto::PrefillJobRequest& j, const rpc::CallContext& ctx) -> Result<proto::PrefillJobReply> {
             std::lock_guard<std::mutex> lock(mu_);
             jobs_.push_back(j);
             ctx.defer();
             return proto::PrefillJobReply{};
           });
-      ep.set_value((*server)->endpoints().front());
-      while (!stop_.load()) (void)(*server)->poll_once(10);
     });
-    endpoint_ = fut.get();
   }
-  ~FakeWorker() {
-    stop_.store(true);
-    thread_.join();
-  }
-  const std::string& endpoint() const { return endpoint_; }
+  ~FakeWorker() { stop(); }
   std::vector<proto::PrefillJobRequest> jobs() {
     std::lock_guard<std::mutex> lock(mu_);
     return jobs_;
@@ -91,9 +118,6 @@ class FakeWorker {
   }
 
  private:
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::string endpoint_;
   std::mutex mu_;
   std::vector<proto::PrefillJobRequest> jobs_;
   std::vector<proto::DecodeReserveRequest> reserves_;
@@ -277,21 +301,11 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
 // socket closes) is lost at once from its watched connection (faults.connection_lost), which frees its place.
 // A client endpoint that leaves the first request_error of each request unanswered (busy, or cut off for a moment)
 // and acknowledges the later ones; it records every one it receives.
-class StallingClient {
+class StallingClient : public ServerThread {
  public:
   StallingClient() {
-    std::promise<std::string> ep;
-    auto fut = ep.get_future();
-    thread_ = std::thread([this, ep = std::move(ep)]() mutable {
-      rpc::ServerOptions o;
-      o.service = "stalling client";
-      o.bind_endpoints = {"tcp://127.0.0.1:0"};
-      auto server = rpc::RpcServer::bind(o);
-      if (!server.is_ok()) {
-        ep.set_value("");
-        return;
-      }
-      (*server)->handle<proto::RequestError>(
+    start("stalling client", [this](rpc::RpcServer& server) {
+      server.handle<proto::RequestError>(
           [this](const proto::RequestError& e, const rpc::CallContext& ctx) -> Result<proto::ClientAck> {
             std::lock_guard<std::mutex> lock(mu_);
             const bool first = std::count(errors_.begin(), errors_.end(), e.request_id) == 0;
@@ -299,25 +313,15 @@ class StallingClient {
             if (first) ctx.defer();  // never answered
             return proto::ClientAck{};
           });
-      ep.set_value((*server)->endpoints().front());
-      while (!stop_.load()) (void)(*server)->poll_once(10);
     });
-    endpoint_ = fut.get();
   }
-  ~StallingClient() {
-    stop_.store(true);
-    thread_.join();
-  }
-  const std::string& endpoint() const { return endpoint_; }
+  ~StallingClient() { stop(); }
   size_t errors_of(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<size_t>(std::count(errors_.begin(), errors_.end(), id));
   }
 
  private:
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::string endpoint_;
   std::mutex mu_;
   std::vector<std::string> errors_;
 };
