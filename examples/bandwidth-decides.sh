@@ -3,7 +3,7 @@
 # decides, live"; issue 20 item 3).
 #
 # Starts the cluster a description names as network namespaces (examples/cluster.sh --mode netns; default
-# examples/clusters/bandwidth.json: prefill on h0 and h1, the KV pool on h2, decode on h3, 5000 Mbit/s NICs), and
+# examples/clusters/bandwidth.json: prefill on h0 and h1, the KV pool on h2, decode on h3, 6250 Mbit/s NICs), and
 # replays a synthetic trace in which every request shares a long prefix (PREFIX blocks) and adds one block of its
 # own, one request every 1/RATE s, for three phases of PHASE seconds each:
 #   before  the links as described: the Conductor measures the pool host's path to each prefill host, and fetches;

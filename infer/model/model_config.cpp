@@ -1,5 +1,6 @@
 #include "mc/model/model_config.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -199,6 +200,14 @@ Result<ModelConfig> load_model(std::string_view spec) {
   auto m = model_from_json(ss.str());
   if (!m) return m.status().with_context("in '" + std::string(spec) + "'");
   return m;
+}
+
+int64_t sim_kv_bytes_per_token(const ModelConfig& model, int64_t requested) {
+  const int64_t layers = std::max<int64_t>(1, model.num_layers);
+  const int64_t per_token = requested > 0 ? requested : model.kv_bytes_per_token();
+  int64_t per_layer = (per_token + layers - 1) / layers;
+  per_layer = std::max<int64_t>(16, (per_layer + 1) / 2 * 2);  // even, room for the 8-byte hash in K and V
+  return per_layer * layers;
 }
 
 }  // namespace mc::infer

@@ -25,10 +25,7 @@ class SimBackend final : public Backend {
  public:
   explicit SimBackend(const BackendOptions& o)
       : kind_("sim"), model_(o.model), gpu_(o.gpu), seed_(o.seed), time_scale_(o.time_scale) {
-    const int64_t per_token = o.kv_bytes_per_token > 0 ? o.kv_bytes_per_token : model_.kv_bytes_per_token();
-    int64_t per_layer = (per_token + model_.num_layers - 1) / model_.num_layers;
-    per_layer = std::max<int64_t>(16, (per_layer + 1) / 2 * 2);  // even, room for the 8-byte hash in K and V
-    bytes_per_token_layer_ = per_layer;
+    bytes_per_token_layer_ = sim_kv_bytes_per_token(model_, o.kv_bytes_per_token) / model_.num_layers;
   }
 
   const std::string& kind() const override { return kind_; }

@@ -321,9 +321,9 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   if (auto gpu = infer::gpu_preset(d.gpu); !gpu.is_ok()) return bad(d.source, "defaults.gpu", gpu.status().message());
   out.model_kv_bytes_per_token = model->kv_bytes_per_token();
   // What the live workers store and move per token: the sim backend's --kv-bytes-per-token (cluster.sh
-  // passes the description's, 0 = the model's); the ref backend stores real KV.
+  // passes the description's, 0 = the model's) as that backend rounds it; the ref backend stores real KV.
   out.live_kv_bytes_per_token =
-      d.backend == "sim" && d.kv_bytes_per_token > 0 ? d.kv_bytes_per_token : out.model_kv_bytes_per_token;
+      d.backend == "sim" ? infer::sim_kv_bytes_per_token(*model, d.kv_bytes_per_token) : out.model_kv_bytes_per_token;
   out.scale = static_cast<double>(out.model_kv_bytes_per_token) / static_cast<double>(out.live_kv_bytes_per_token);
   out.pool_tokens = d.total(&DescribedHost::store) * (d.dram_bytes / out.live_kv_bytes_per_token);
   c.cache_capacity_tokens = out.pool_tokens / c.prefill_instances;

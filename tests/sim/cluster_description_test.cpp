@@ -160,15 +160,17 @@ TEST(ClusterDescription, DerivesTheSimulatedCluster) {
   EXPECT_EQ(c.policy, "cache_aware");
   EXPECT_EQ(c.block_size, 512);
   EXPECT_EQ(s->model_kv_bytes_per_token, 327680);  // llama3-70b: 2 * 80 layers * 8 kv heads * 128 * 2 B
-  EXPECT_EQ(s->live_kv_bytes_per_token, 1024);
-  EXPECT_DOUBLE_EQ(s->scale, 320);
-  // 3 storage nodes x 64 MiB / 1024 B per token, spread over the 2 prefill instances.
-  EXPECT_EQ(s->pool_tokens, 3 * 65536);
-  EXPECT_EQ(c.cache_capacity_tokens, 3 * 65536 / 2);
-  // prefill0, prefill1 on a (8000 Mbit/s x 320), decode0 on b (unshaped: the simulator's default).
+  // The description asks for 1024 B per token; the sim backend stores 1280 (80 layers x 16 B, its smallest even
+  // layout: infer::sim_kv_bytes_per_token), and that is what the pool and the scale count.
+  EXPECT_EQ(s->live_kv_bytes_per_token, 1280);
+  EXPECT_DOUBLE_EQ(s->scale, 256);
+  // 3 storage nodes x 64 MiB / 1280 B per token, spread over the 2 prefill instances.
+  EXPECT_EQ(s->pool_tokens, 3 * (64 * 1024 * 1024 / 1280));
+  EXPECT_EQ(c.cache_capacity_tokens, 3 * (64 * 1024 * 1024 / 1280) / 2);
+  // prefill0, prefill1 on a (8000 Mbit/s x 256), decode0 on b (unshaped: the simulator's default).
   ASSERT_EQ(c.instance_nic_bandwidth_bytes_per_s.size(), 3u);
-  EXPECT_DOUBLE_EQ(c.instance_nic_bandwidth_bytes_per_s[0], 1e9 * 320);
-  EXPECT_DOUBLE_EQ(c.instance_nic_bandwidth_bytes_per_s[1], 1e9 * 320);
+  EXPECT_DOUBLE_EQ(c.instance_nic_bandwidth_bytes_per_s[0], 1e9 * 256);
+  EXPECT_DOUBLE_EQ(c.instance_nic_bandwidth_bytes_per_s[1], 1e9 * 256);
   EXPECT_DOUBLE_EQ(c.instance_nic_bandwidth_bytes_per_s[2], ClusterConfig{}.nic_bandwidth_bytes_per_s);
   EXPECT_DOUBLE_EQ(c.nic_bandwidth_bytes_per_s, ClusterConfig{}.nic_bandwidth_bytes_per_s);  // the slowest
   EXPECT_EQ(s->instance_hosts, (std::vector<std::string>{"a", "a", "b"}));

@@ -34,11 +34,11 @@ TEST(McSimCluster, SimulatesTheDescribedCluster) {
       run_tool(kSim + " --cluster " + file + " --trace " + kTrace + " --max-requests 50 --json 2>/dev/null", rc);
   ASSERT_EQ(rc, 0) << out;
   auto j = nlohmann::json::parse(out);
-  // two-racks.json: prefill on h0 and h2, decode on h1 and h3, storage on all four (256 MiB / 1024 B each).
+  // two-racks.json: prefill on h0 and h2, decode on h1 and h3, storage on all four (256 MiB / 1280 B each).
   EXPECT_EQ(j["cluster"]["prefill_instances"], 2);
   EXPECT_EQ(j["cluster"]["decode_instances"], 2);
   EXPECT_EQ(j["instances"].size(), 4u);
-  EXPECT_EQ(j["cluster"]["cache_capacity_tokens"], 4 * 262144 / 2);
+  EXPECT_EQ(j["cluster"]["cache_capacity_tokens"], 4 * (256 * 1024 * 1024 / 1280) / 2);
   EXPECT_EQ(j["cluster"]["block_size"], 512);
   EXPECT_EQ(j["cluster"]["policy"], "kvcache");
   EXPECT_EQ(j["cluster"]["instance_nic_bandwidth_bytes_per_s"].size(), 4u);

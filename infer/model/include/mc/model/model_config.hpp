@@ -81,6 +81,12 @@ Result<ModelConfig> model_preset(std::string_view name);
 // head_dim defaults to hidden_size / num_heads when absent. The result is validated.
 Result<ModelConfig> model_from_json(std::string_view json_text);
 
+// KV bytes per token (all layers) the sim backend stores when asked for `requested` (0: the model's): per layer
+// ceil(requested / layers), rounded up to an even count of at least 16 (room for the 8-byte hash in K and in V),
+// times the layers. E.g. LLaMA3-70B (80 layers) asked for 1,024 stores 1,280. The sim backend and mc-sim --cluster
+// both use it, so a description's kv_bytes_per_token means the same bytes in both.
+int64_t sim_kv_bytes_per_token(const ModelConfig& model, int64_t requested);
+
 // `spec` is a preset name, or a path to a JSON file (anything containing '/' or ending in ".json").
 Result<ModelConfig> load_model(std::string_view spec);
 
