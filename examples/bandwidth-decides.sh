@@ -45,12 +45,15 @@ if [[ "${1:-}" == --inner ]]; then
   [[ -n "$(host_field "$victim" 1)" ]] || { echo "bandwidth-decides.sh: no host '$victim' in the cluster" >&2; exit 2; }
   ns="$(host_field "$victim" 4)" dev="$(host_field "$victim" 5)" port="$(host_field "$victim" 6)"
   rack="$(host_field "$victim" 3)" nic="$(host_field "$victim" 7)"
-  sw="${ns%-host-*}-switch-$rack"  # cluster.sh's names: PREFIX-host-HOST, PREFIX-switch-RACK
   ((nic > 0)) || nic=10000
-  # shape RATE_MBIT: both directions of the victim's NIC (its veth, and the switch port facing it).
+  # shellcheck source=lib/netns.sh
+  . "$here/lib/netns.sh"
+  NETNS_PREFIX="${ns%-host-*}"  # cluster.sh's names: PREFIX-host-HOST, PREFIX-switch-RACK
+  # shape RATE_MBIT: both directions of the victim's NIC (its veth, and the switch port facing it), with the
+  # launcher's own bucket rule (netns_shape), so that the restored link is the one the launcher made.
   shape() {
-    tc -n "$ns" qdisc replace dev "$dev" root tbf rate "${1}mbit" burst 262144 latency 100ms
-    tc -n "$sw" qdisc replace dev "$port" root tbf rate "${1}mbit" burst 262144 latency 100ms
+    netns_shape "host-$victim" "$dev" "$1"
+    netns_shape "switch-$rack" "$port" "$1"
   }
   stat() { "$bin/mc-conductor" stat --endpoint "$MC_CONDUCTOR" --json --timeout-ms 5000 > "$out/$1.conductor.json" || true; }
   echo "$victim" > "$out/victim"

@@ -184,10 +184,13 @@ NFT
       h="$(host_of "$victim")"
       nic="$(host_field "$h" 7)"
       ((nic > 0)) || nic=10000
-      tc -n "$(host_field "$h" 4)" qdisc replace dev "$(host_field "$h" 5)" root tbf rate "$((nic / 10))mbit" \
-        burst 262144 latency 100ms
+      # shellcheck source=lib/netns.sh
+      . "$here/lib/netns.sh"
+      NETNS_PREFIX="$(host_field "$h" 4)"
+      NETNS_PREFIX="${NETNS_PREFIX%-host-*}"  # cluster.sh's names: PREFIX-host-HOST
+      netns_shape "host-$h" "$(host_field "$h" 5)" "$((nic / 10))"  # the launcher's bucket rule
       sleep "$stop_s"
-      tc -n "$(host_field "$h" 4)" qdisc replace dev "$(host_field "$h" 5)" root tbf rate "${nic}mbit" burst 262144 latency 100ms
+      netns_shape "host-$h" "$(host_field "$h" 5)" "$nic"
       ;;
     uplink-cut)
       rack="$(host_field "$(host_of "$victim")" 3)"

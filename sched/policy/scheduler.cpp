@@ -249,7 +249,7 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
   // Remote bytes by source host, each with its path bandwidth and send backlog (fixed once per plan).
   std::vector<PlanSource>& sources = sources_scratch_;
   sources.clear();
-  const bool by_path = bandwidth_.has_paths() || !send_backlog_.empty();
+  const bool by_path = priced_by_path();
   p.prefill_ms = prefill_.predict_ms(request.input_tokens, 0);
   p.cost_ms = p.prefill_ms;
   for (int64_t k = 1; k <= max_reuse; ++k) {
@@ -325,12 +325,11 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
   plans_scratch_.reserve(cluster_.instances(Role::kPrefill).size());  // estimate_plans_ points into it
   // A host holding none of the prefix and with no measured path into it gets the generic plan (the class
   // estimates, and the send backlogs); the others each get their own.
-  const bool by_path = bandwidth_.has_paths() || !send_backlog_.empty();
   for (const Instance* inst : cluster_.instances(Role::kPrefill)) {
     if (!placeable(*inst, now, config_.heartbeat_timeout_ms)) continue;  // draining, or silent (#12)
     const HostPlan* plan = nullptr;
     bool holds = std::find(hosts_scratch_.begin(), hosts_scratch_.end(), inst->host_index) != hosts_scratch_.end();
-    if (!holds && (!by_path || !bandwidth_.has_paths_to(inst->host_index))) {
+    if (!holds && !bandwidth_.has_paths_to(inst->host_index)) {
       if (!generic_plan_) generic_plan_ = plan_for_host(request, kUnknownHost, max_reuse, now);
       plan = &*generic_plan_;
     } else {

@@ -215,6 +215,9 @@ class Scheduler {
   // The cheapest "reuse the first k <= max_reuse blocks" plan from `host` (kUnknownHost: a host holding none and
   // no path estimate: the generic plan).
   HostPlan plan_for_host(const Request& request, uint32_t host, int64_t max_reuse, int64_t now_ns) const;
+  // Remote fetches are priced per source host (path bandwidth, send backlog) once a path is measured or a fetch
+  // is booked; before, by the remote class alone (the same figures, computed the cheaper way).
+  bool priced_by_path() const { return bandwidth_.has_paths() || !send_backlog_.empty(); }
   // Drops `request_id`'s entries from the send backlogs of the hosts in `hosts`.
   void end_sends(const std::string& request_id, const std::vector<uint32_t>& hosts);
   // Step 2: one PrefillEstimate per live prefill instance into estimates_ (plans shared by host).
