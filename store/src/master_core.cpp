@@ -51,9 +51,10 @@ bool MasterCore::pinned(const Object& obj) const {
   return obj.pinned && (obj.pin_until_ns == 0 || obj.pin_until_ns > clock_->now_ns());
 }
 
-bool MasterCore::pin_holds(Object& obj) {
+bool MasterCore::pin_holds(const std::string& key, Object& obj) {
   if (pinned(obj)) return true;
   if (obj.pinned) {  // a soft pin that ran out: counted once, here or in tick(), whichever sees it first
+    dirty(key);
     obj.pinned = false;
     obj.pin_until_ns = 0;
     ++counters_.expired_pins;
@@ -114,6 +115,7 @@ void MasterCore::journal(const std::string& segment, uint64_t offset, bool prese
 }
 
 bool MasterCore::drop_replica(ObjectMap::iterator it, size_t index) {
+  dirty(it->first);
   Object& obj = it->second;
   const Replica r = obj.replicas[index];
   if (r.complete && obj.complete) emit(proto::kKvEventRemoved, it->first, r.segment);
@@ -185,6 +187,7 @@ Status MasterCore::mount_segment(const SegmentInfo& info, bool restore) {
   seg.restoring = restore;
   seg.offline = restore;
   segments_.emplace(info.name, std::move(seg));
+  dirty_segment(info.name);
   Node& node = nodes_[info.node_id];
   node.last_heartbeat_ns = clock_->now_ns();
   if (std::find(node.segments.begin(), node.segments.end(), info.name) == node.segments.end()) {
@@ -234,6 +237,7 @@ uint64_t MasterCore::drop_segment(const std::string& segment) {
     }
     reps.erase(keep_end, reps.end());
     if (touched) {
+      dirty(it->first);
       // A demotion whose source vanished cannot finish: drop its target replica too.
       for (auto r = reps.begin(); r != reps.end();) {
         if (r->demote_task && !demotions_.count(r->demote_task)) {
@@ -287,6 +291,7 @@ uint64_t MasterCore::drop_segment(const std::string& segment) {
           tasks.end());
     }
     segments_.erase(seg);
+    dirty_segment(segment);
   }
   return lost;
 }
@@ -367,6 +372,7 @@ Result<proto::StoreNodeReportReply> MasterCore::node_report(const std::string& n
       nr.started_ns = now;
       obj.replicas.push_back(nr);
       ++seg.replicas;
+      dirty(o.key);
       emit(proto::kKvEventStored, o.key, segment);
     };
     auto it = objects_.find(o.key);
@@ -470,6 +476,7 @@ Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, boo
   demotions_.erase(t);
   auto it = objects_.find(key);
   if (it == objects_.end()) return Status::ok();
+  dirty(key);
   Object& obj = it->second;
   auto dst = std::find_if(obj.replicas.begin(), obj.replicas.end(),
                           [&](const Replica& r) { return r.demote_task == task_id; });
@@ -481,6 +488,7 @@ Status MasterCore::demote_done(const std::string& node_id, uint64_t task_id, boo
     auto dseg = segments_.find(dst_segment);
     if ((code == Code::kNoSpace || code == Code::kIo) && dseg != segments_.end() && !dseg->second.read_only) {
       dseg->second.read_only = true;
+      dirty_segment(dst_segment);
       ++counters_.ssd_failures;
       MC_LOG_WARN << "SSD segment " << dst_segment << " of node " << node_id
                   << " is read-only from now on: demotion of '" << key << "' failed (" << message
@@ -719,6 +727,7 @@ void MasterCore::release_replica(const Replica& r, uint64_t size_bytes, bool del
 }
 
 void MasterCore::discard_object(ObjectMap::iterator it, bool delayed, bool count_reclaim) {
+  dirty(it->first);
   Object& obj = it->second;
   for (const Replica& r : obj.replicas) {
     if (r.complete && obj.complete) emit(proto::kKvEventRemoved, it->first, r.segment);
@@ -832,7 +841,7 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
   std::vector<Candidate> candidates;
   for (auto it = objects_.begin(); it != objects_.end(); ++it) {
     Object& obj = it->second;
-    if (!obj.complete || leased(obj) || pin_holds(obj)) continue;
+    if (!obj.complete || leased(obj) || pin_holds(it->first, obj)) continue;
     bool here = false, busy = false;
     for (const Replica& r : obj.replicas) {
       if (r.segment == segment && r.complete) here = true;
@@ -850,6 +859,7 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
     const auto obj_it = (end - 1)->second;
     const std::string& key = obj_it->first;
     Object& obj = obj_it->second;
+    dirty(key);
     auto r =
         std::find_if(obj.replicas.begin(), obj.replicas.end(), [&](const Replica& x) { return x.segment == segment; });
     uint64_t rounded = seg.alloc->rounded(obj.size_bytes);
@@ -989,6 +999,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
     grant.replicas.push_back(view(r, size_bytes));
   }
   objects_[key] = std::move(obj);
+  dirty(key);
   unfinished_.insert(key);
   // Keep headroom: segments past the high watermark are evicted down to the low one.
   for (const std::string& s : segs) {
@@ -1022,6 +1033,7 @@ Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_
                       "): no such put in progress (revoked, reclaimed or taken over by another writer)");
   }
   Object& obj = it->second;
+  dirty(key);
   obj.complete = true;
   obj.checksum = checksum;
   obj.last_access_ns = clock_->now_ns();
@@ -1139,11 +1151,13 @@ MasterCore::Replica* MasterCore::add_copy(const std::string& key, Object& obj, c
   r.started_ns = now_ns;
   r.grant_until_ns = grant_hold_until(now_ns, config_.put_takeover_ms);
   obj.replicas.push_back(r);
+  dirty(key);
   unfinished_.insert(key);  // tick() reclaims the copy if its writer never finishes it
   return &obj.replicas.back();
 }
 
 void MasterCore::finish_copy(const std::string& key, Object& obj, std::vector<Replica>::iterator r, bool ok) {
+  dirty(key);
   if (ok) {
     r->complete = true;
     r->drain_node.clear();
@@ -1236,6 +1250,7 @@ Status MasterCore::pin(const std::string& key, int64_t ttl_ms) {
   obj.pinned = true;
   obj.pin_until_ns = ttl_ms > 0 ? clock_->now_ns() + ttl_ms * kNsPerMs : 0;
   pinned_keys_.insert(key);
+  dirty(key);
   return Status::ok();
 }
 
@@ -1246,6 +1261,7 @@ Status MasterCore::unpin(const std::string& key) {
   it->second.pinned = false;
   it->second.pin_until_ns = 0;
   pinned_keys_.erase(key);
+  dirty(key);
   return Status::ok();
 }
 
@@ -1383,6 +1399,7 @@ void MasterCore::tick() {
         bool abandoned =
             copy && (dead_clients.count(r->writer) || now - r->started_ns > config_.put_takeover_ms * kNsPerMs);
         if (abandoned) {
+          dirty(*k);
           release_replica(*r, obj.size_bytes, true);
           r = obj.replicas.erase(r);
         } else {
@@ -1401,7 +1418,7 @@ void MasterCore::tick() {
       k = pinned_keys_.erase(k);
       continue;
     }
-    k = pin_holds(it->second) ? std::next(k) : pinned_keys_.erase(k);
+    k = pin_holds(*k, it->second) ? std::next(k) : pinned_keys_.erase(k);
   }
   // Delayed frees whose time has come.
   for (auto p = pending_frees_.begin(); p != pending_frees_.end();) {
@@ -1420,6 +1437,156 @@ void MasterCore::tick() {
       evict(name, static_cast<uint64_t>(config_.low_watermark * cap));
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Durable metadata (DESIGN.md §17)
+// ---------------------------------------------------------------------------------------------
+
+std::optional<DurableObject> MasterCore::durable_object(const std::string& key, const Object& obj) const {
+  DurableObject d;
+  d.key = key;
+  d.size_bytes = obj.size_bytes;
+  d.checksum = obj.checksum;
+  d.complete = obj.complete;
+  d.pinned = obj.pinned;  // a soft pin that ran out stays until pin_holds() ends it (and marks the key)
+  if (d.pinned && obj.pin_until_ns != 0) {
+    d.pin_left_ms = std::max<int64_t>(1, (obj.pin_until_ns - clock_->now_ns() + kNsPerMs - 1) / kNsPerMs);
+  }
+  for (const Replica& r : obj.replicas) d.replicas.push_back({r.segment, r.offset, r.complete});
+  return d;
+}
+
+DurableChanges MasterCore::take_durable_changes() {
+  DurableChanges out;
+  for (const std::string& name : dirty_segments_) {
+    auto seg = segments_.find(name);
+    if (seg == segments_.end()) {
+      out.segments.emplace_back(name, std::nullopt);
+    } else {
+      out.segments.emplace_back(name, DurableSegment{seg->second.info, seg->second.read_only});
+    }
+  }
+  std::vector<std::string> keys(dirty_keys_.begin(), dirty_keys_.end());
+  std::sort(keys.begin(), keys.end());
+  for (std::string& key : keys) {
+    auto it = objects_.find(key);
+    std::optional<DurableObject> d = it == objects_.end() ? std::nullopt : durable_object(key, it->second);
+    out.objects.emplace_back(std::move(key), std::move(d));
+  }
+  dirty_segments_.clear();
+  dirty_keys_.clear();
+  return out;
+}
+
+std::vector<DurableSegment> MasterCore::durable_segments() const {
+  std::vector<DurableSegment> out;
+  for (const auto& [name, seg] : segments_) out.push_back({seg.info, seg.read_only});
+  return out;
+}
+
+std::vector<DurableObject> MasterCore::durable_objects() const {
+  std::vector<DurableObject> out;
+  out.reserve(objects_.size());
+  for (const auto& [key, obj] : objects_) {
+    if (std::optional<DurableObject> d = durable_object(key, obj)) out.push_back(std::move(*d));
+  }
+  std::sort(out.begin(), out.end(), [](const DurableObject& a, const DurableObject& b) { return a.key < b.key; });
+  return out;
+}
+
+Result<DurableLoad> MasterCore::load_durable(const std::vector<DurableSegment>& segments,
+                                             const std::vector<DurableObject>& objects) {
+  if (!segments_.empty() || !objects_.empty()) {
+    return Status(Code::kFailedPrecondition, "load_durable: the master already holds metadata (load into a fresh one)");
+  }
+  DurableLoad out;
+  const auto refuse = [&](const std::string& why) {
+    ++out.refused_records;
+    if (out.refusals.size() < 8) out.refusals.push_back(why);
+  };
+  const int64_t now = clock_->now_ns();
+  for (const DurableSegment& d : segments) {
+    const SegmentInfo& info = d.info;
+    if (info.name.empty() || info.node_id.empty() || info.capacity_bytes < config_.alignment_bytes ||
+        segments_.count(info.name)) {
+      refuse("segment record '" + info.name + "': no name or node, too small, or named twice");
+      continue;
+    }
+    Segment seg;
+    seg.info = info;
+    seg.alloc = std::make_unique<OffsetAllocator>(info.capacity_bytes, config_.alignment_bytes);
+    seg.read_only = d.read_only;
+    segments_.emplace(info.name, std::move(seg));
+    Node& node = nodes_[info.node_id];
+    node.last_heartbeat_ns = now;
+    node.segments.push_back(info.name);
+    ++out.segments;
+  }
+  const int64_t hold_until = now + std::max<int64_t>(config_.free_delay_ms, 0) * kNsPerMs;
+  for (const DurableObject& d : objects) {
+    if (!validate_key(d.key).is_ok() || d.size_bytes == 0 || d.size_bytes > config_.max_object_bytes ||
+        d.replicas.size() > config_.max_replicas || objects_.count(d.key)) {
+      refuse("object record '" + d.key.substr(0, 80) + "': bad key or size, too many replicas, or named twice");
+      continue;
+    }
+    // Every range must lie in a known segment, one per segment, and not overlap what is loaded already.
+    bool ok = true;
+    std::set<std::string> used;
+    for (const DurableReplica& r : d.replicas) {
+      auto seg = segments_.find(r.segment);
+      if (seg == segments_.end() || r.offset > seg->second.info.capacity_bytes ||
+          d.size_bytes > seg->second.info.capacity_bytes - r.offset || !used.insert(r.segment).second) {
+        ok = false;
+        break;
+      }
+    }
+    std::vector<std::pair<Segment*, uint64_t>> taken;
+    for (size_t i = 0; ok && i < d.replicas.size(); ++i) {
+      Segment& seg = segments_.at(d.replicas[i].segment);
+      if (seg.alloc->allocate_at(d.replicas[i].offset, d.size_bytes).is_ok()) {
+        taken.emplace_back(&seg, d.replicas[i].offset);
+      } else {
+        ok = false;
+      }
+    }
+    if (!ok) {
+      for (auto& [seg, offset] : taken) (void)seg->alloc->free(offset);
+      refuse("object record '" + d.key.substr(0, 80) + "': a replica range lies outside its segment, in an unknown one, "
+             "or over another object's");
+      continue;
+    }
+    Object obj;
+    obj.size_bytes = d.size_bytes;
+    obj.checksum = d.checksum;
+    obj.complete = d.complete;
+    obj.put_id = next_put_id_++;
+    obj.started_ns = obj.last_access_ns = now;
+    obj.pinned = d.complete && d.pinned;
+    obj.pin_until_ns = obj.pinned && d.pin_left_ms > 0 ? now + d.pin_left_ms * kNsPerMs : 0;
+    for (const DurableReplica& r : d.replicas) {
+      Segment& seg = segments_.at(r.segment);
+      if (d.complete && r.complete) {
+        Replica rep;
+        rep.segment = r.segment;
+        rep.offset = r.offset;
+        rep.complete = true;
+        rep.started_ns = now;
+        obj.replicas.push_back(rep);
+        ++seg.replicas;
+        ++out.replicas;
+      } else {
+        // Being written at the old leader: nobody will finish it here; its range is freed after free_delay_ms.
+        pending_frees_.push_back({r.segment, r.offset, d.size_bytes, hold_until});
+        ++out.held_ranges;
+      }
+    }
+    if (obj.replicas.empty()) continue;  // an unfinished put: only its ranges are held
+    if (obj.pinned) pinned_keys_.insert(d.key);
+    objects_.emplace(d.key, std::move(obj));
+    ++out.objects;
+  }
+  return out;
 }
 
 }  // namespace mc::store

@@ -52,6 +52,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
@@ -239,6 +240,43 @@ struct Caller {
   std::string domain;
 };
 
+// ---- Durable metadata (issue 21; DESIGN.md §17 "The master on etcd") ----
+// What a replicated master keeps in etcd: one record per mounted segment and one per object, written after every
+// change and read back by a standby that takes over. Leases, liveness, LRU order, hot-read windows, drains and
+// demotion tasks are not durable: a new leader starts them afresh (nodes heartbeat it; readers take new leases).
+struct DurableReplica {
+  std::string segment;
+  uint64_t offset = 0;     // bytes into the segment
+  bool complete = false;   // false: a range being written (a put, a hot copy, a demotion target)
+};
+struct DurableObject {
+  std::string key;
+  uint64_t size_bytes = 0;
+  uint64_t checksum = 0;   // XXH3-64 of the bytes (complete objects)
+  bool complete = false;   // false: a put in progress (its ranges are held, never offered)
+  bool pinned = false;
+  int64_t pin_left_ms = 0;  // with pinned: 0 = until unpin, else how long the soft pin still runs (>= 1)
+  std::vector<DurableReplica> replicas;
+};
+struct DurableSegment {
+  SegmentInfo info;
+  bool read_only = false;  // an SSD segment after a failed demotion
+};
+// The changes since the last take_durable_changes(), as the records' new values (nullopt: the record is gone).
+// Each name appears once, whatever happened to it meanwhile: only the current state counts.
+struct DurableChanges {
+  std::vector<std::pair<std::string, std::optional<DurableSegment>>> segments;  // by segment name
+  std::vector<std::pair<std::string, std::optional<DurableObject>>> objects;    // by key
+  bool empty() const { return segments.empty() && objects.empty(); }
+};
+// What load_durable() made of a set of records.
+struct DurableLoad {
+  uint64_t segments = 0, objects = 0, replicas = 0;
+  uint64_t held_ranges = 0;     // ranges being written at the old leader: held free_delay_ms, then freed
+  uint64_t refused_records = 0;  // records that contradict the others (unknown segment, overlapping range, ...)
+  std::vector<std::string> refusals;  // why, for the first few (logged by the caller)
+};
+
 class MasterCore {
  public:
   MasterCore(MasterConfig config, const Clock* clock);
@@ -321,6 +359,26 @@ class MasterCore {
   // KV events produced since the last call (event_id is assigned by the publisher).
   std::vector<proto::KvEvent> take_events();
 
+  // ---- durable metadata (see DurableObject above) ----
+  // From now on every change of a segment or an object is remembered for take_durable_changes().
+  void track_durable_changes() { track_durable_ = true; }
+  DurableChanges take_durable_changes();
+  // Every record of the current state (a snapshot), segments and objects sorted by name.
+  std::vector<DurableSegment> durable_segments() const;
+  std::vector<DurableObject> durable_objects() const;
+  // Rebuilds the metadata of a fresh core from records (a standby taking over): segments mounted and offered
+  // (their nodes count as just heard, so they have node_ttl_ms to heartbeat this master), complete replicas at
+  // their offsets, pins with their remaining time. Ranges being written at the old leader (incomplete objects and
+  // replicas) are held for free_delay_ms from now, then freed: a writer that still holds a grant finishes into space
+  // nobody else is given. A record that contradicts the ones loaded before it (segment unknown or of another node,
+  // range outside the segment or overlapping another) is refused and counted, never the whole set. No KV events are
+  // produced (subscribers rebuild from the master: DESIGN.md §17). kFailedPrecondition when the core is not empty.
+  Result<DurableLoad> load_durable(const std::vector<DurableSegment>& segments,
+                                   const std::vector<DurableObject>& objects);
+  // Put and copy ids from here on start at `base` (a new leader takes its election's revision << 32, so an id of an
+  // old leader is never taken for one of its own).
+  void set_put_id_base(uint64_t base) { next_put_id_ = std::max(next_put_id_, base); }
+
   const MasterConfig& config() const { return config_; }
 
  private:
@@ -393,7 +451,7 @@ class MasterCore {
   Status validate_key(const std::string& key) const;
   bool leased(const Object& obj) const;
   bool pinned(const Object& obj) const;  // pinned now (a soft pin past its end is not)
-  bool pin_holds(Object& obj);           // pinned(); else ends a soft pin that ran out (counts expired_pins)
+  bool pin_holds(const std::string& key, Object& obj);  // pinned(); else ends a soft pin that ran out (counts expired_pins)
   void touch_client(const std::string& client_id);
   // Frees a replica's range now, or after free_delay_ms when a writer may still be using it.
   // Frees r's range now, or at the later of free_delay_ms (when `delayed`) and r.grant_until_ns.
@@ -407,6 +465,14 @@ class MasterCore {
   uint64_t drop_segment(const std::string& segment);
   void drop_node(const std::string& node_id);
   void emit(const char* type, const std::string& key, const std::string& segment);
+  // Durable change tracking (track_durable_changes): the key's or the segment's record must be written again.
+  void dirty(const std::string& key) {
+    if (track_durable_) dirty_keys_.insert(key);
+  }
+  void dirty_segment(const std::string& name) {
+    if (track_durable_) dirty_segments_.insert(name);
+  }
+  std::optional<DurableObject> durable_object(const std::string& key, const Object& obj) const;
   // The segment's replica can be offered to readers (complete, its node neither suspect nor reporting).
   bool offered(const Replica& r) const;
   bool any_offered(const Object& obj) const;
@@ -463,6 +529,9 @@ class MasterCore {
   uint64_t next_put_id_ = 1;
   uint64_t next_task_id_ = 1;
   MasterStats counters_;
+  bool track_durable_ = false;
+  std::unordered_set<std::string> dirty_keys_;
+  std::set<std::string> dirty_segments_;
 };
 
 // The seq hash of a block store key "kv/<namespace>/<16 hex>" (block_key.hpp); nullopt for other keys.
