@@ -13,6 +13,8 @@ pkg_check_modules(URING IMPORTED_TARGET liburing)
 # cpp-httplib (Debian builds it as a shared library): the HTTP front door (mc-gateway) and every daemon's
 # /metrics endpoint (--metrics-listen).
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# libcurl: the etcd client's HTTP (etcd's JSON gateway, libcommon/src/etcd.cpp), in mc_common so every tool links it.
+pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
 
 # RDMA (rdma-core): auto = build when libibverbs is found.
 set(MC_HAVE_RDMA OFF)

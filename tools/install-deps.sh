@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mc needs to build, test and benchmark (prometheus: the metrics e2e test's scraper;
-# curl and hey: the gateway's SSE framing test and its bounded load run; nftables: packet loss between namespaces).
+# curl and hey: the gateway's SSE framing test and its bounded load run; nftables: packet loss between namespaces;
+# libcurl4-openssl-dev: the etcd client's HTTP in mc_common; etcd-server and etcd-client: the real etcd that etcd_test
+# starts on free loopback ports, and etcdctl to look at it).
 # Idempotent: packages already installed are skipped; prints what it installs.
 # Needs root or sudo. Usage: tools/install-deps.sh [--with-bench]
 set -euo pipefail
@@ -10,9 +12,9 @@ packages=(
   libcli11-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libsodium-dev
   libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev
   libibverbs-dev librdmacm-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev
   iproute2 nftables man-db groff-base jq curl hey
-  prometheus
+  prometheus etcd-server etcd-client
   clang-format clang-tidy
 )
 # Node (the official openai npm client of gateway_e2e_test, tests/clients/): Debian's nodejs and npm, unless a node
@@ -50,14 +52,17 @@ echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-# prometheus is for metrics_e2e_test, which starts its own server on a free loopback port: the package's system
-# service (on :9090, started by its postinst where the init system allows it) is stopped and disabled again.
-if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+# prometheus is for metrics_e2e_test and etcd-server for etcd_test, which start their own servers on free loopback
+# ports: the packages' system services (prometheus on :9090, etcd on 127.0.0.1:2379, started by their postinst where
+# the init system allows it) are stopped and disabled again.
+for pair in prometheus:prometheus etcd-server:etcd; do
+  package=${pair%%:*} service=${pair#*:}
+  [[ " ${missing[*]} " == *" $package "* ]] || continue
   if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
-    "${sudo_cmd[@]}" systemctl disable --now prometheus >&2 || true
-  elif [[ -x /etc/init.d/prometheus ]]; then
-    "${sudo_cmd[@]}" /etc/init.d/prometheus stop >&2 || true
-    command -v update-rc.d >/dev/null 2>&1 && { "${sudo_cmd[@]}" update-rc.d prometheus disable >&2 || true; }
+    "${sudo_cmd[@]}" systemctl disable --now "$service" >&2 || true
+  elif [[ -x /etc/init.d/$service ]]; then
+    "${sudo_cmd[@]}" "/etc/init.d/$service" stop >&2 || true
+    command -v update-rc.d >/dev/null 2>&1 && { "${sudo_cmd[@]}" update-rc.d "$service" disable >&2 || true; }
   fi
-fi
+done
 echo "install-deps: done" >&2
