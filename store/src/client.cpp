@@ -57,7 +57,8 @@ struct Job {
 class Client::Impl {
  public:
   ClientOptions options;
-  std::unique_ptr<rpc::RpcClient> master;
+  std::shared_ptr<MasterLocator> locator;  // where the master is (a fixed endpoint, or the leader in etcd)
+  std::unique_ptr<MasterLink> master;
   std::unique_ptr<rpc::fast::FastClient> fast_master;  // the master's fast path when it offers one (fast_rpc.hpp)
   static constexpr int64_t kFastRetryMs = 1000;        // a lost fast path is looked for again this often
   bool fast_lost = false;                              // the fast path failed: connect_fast is tried again
@@ -120,7 +121,7 @@ class Client::Impl {
   // Heartbeats on a connection of its own (the caller's sockets are not thread-safe). A failed beat is
   // logged once per outage; the next period tries again (reconnecting when the connection is gone).
   void heartbeat_loop() {
-    std::unique_ptr<rpc::RpcClient> conn;
+    std::unique_ptr<MasterLink> conn;
     bool warned = false;
     std::unique_lock<std::mutex> lk(heartbeat_mu);
     while (!heartbeat_stop) {
@@ -131,7 +132,7 @@ class Client::Impl {
         co.client_name = options.client_id + " heartbeat";
         co.connect_timeout_ms = options.rpc_timeout_ms;
         co.default_timeout_ms = options.rpc_timeout_ms;
-        auto c = rpc::RpcClient::connect(options.master, co);
+        auto c = MasterLink::connect(locator, co);
         if (c.is_ok()) {
           conn = std::move(c).value();
         } else {
@@ -159,9 +160,11 @@ class Client::Impl {
   Result<typename Req::Reply> call_master(const Req& req) {
     if (master_down_until_ms != 0) {
       const int64_t now = steady_ms();
-      if (now < master_down_until_ms && last_heartbeat_ok_ms.load() <= master_down_since_ms) {
+      // A new leader (etcd) is asked at once.
+      if (now < master_down_until_ms && last_heartbeat_ok_ms.load() <= master_down_since_ms &&
+          locator->generation() == master->generation()) {
         ++counters.master_fast_failures;
-        return Status(Code::kUnavailable, "store master " + options.master + " did not answer " +
+        return Status(Code::kUnavailable, "store master " + master->endpoint() + " did not answer " +
                                               std::to_string(now - master_down_since_ms) + " ms ago (" +
                                               master_down_why.message() + "); not asked again for " +
                                               std::to_string(master_down_until_ms - now) + " ms");
@@ -191,6 +194,13 @@ class Client::Impl {
 
   template <typename Req>
   Result<typename Req::Reply> call_master_now(const Req& req) {
+    if (master->follow()) {
+      // Another master leads now (etcd): its fast path, and a fresh start of the "master down" window.
+      if (fast_master) fast_failed(Status(Code::kUnavailable, "the store master leader changed"));
+      master_down_until_ms = master_down_window_ms = 0;
+      fast_lost = true;
+      next_fast_attempt_ms = 0;
+    }
     if (fast_lost && steady_ms() >= next_fast_attempt_ms) {
       // Back to the fast path after it failed (a restarted master offers a new one): at most once a second.
       next_fast_attempt_ms = steady_ms() + kFastRetryMs;
@@ -200,6 +210,13 @@ class Client::Impl {
       ++counters.master_calls_fast;
       Result<typename Req::Reply> r = fast_master->call(req, options.rpc_timeout_ms, on_other_reply);
       if (fast_master->broken()) fast_failed(r.status());
+      // A leader that stopped answering: when another takes over within the timeout, ask it once (ZeroMQ).
+      if (!r.is_ok() && locator->follows_etcd() &&
+          (r.status().code() == Code::kUnavailable || r.status().code() == Code::kTimeout) &&
+          locator->wait_change(master->generation(), options.rpc_timeout_ms) && master->follow()) {
+        ++counters.master_calls_zmq;
+        return master->call(req, options.rpc_timeout_ms);
+      }
       return r;
     }
     ++counters.master_calls_zmq;
@@ -210,7 +227,7 @@ class Client::Impl {
   // at most every kFastRetryMs) and report the commits still waiting on it.
   void fast_failed(const Status& why) {
     MC_LOG_WARN << "client " << options.client_id << ": fast path to the master failed (" << why.to_string()
-                << "); using " << options.master << " until the fast path answers again";
+                << "); using " << master->endpoint() << " until the fast path answers again";
     fast_master.reset();
     fast_lost = true;
     next_fast_attempt_ms = steady_ms() + kFastRetryMs;
@@ -249,9 +266,9 @@ class Client::Impl {
       return;
     }
     Result<proto::StoreItemsReply> reply =
-        codec::unpack<proto::StoreItemsReply>(r.body, "put_end reply from " + options.master);
+        codec::unpack<proto::StoreItemsReply>(r.body, "put_end reply from " + master->endpoint());
     if (reply.is_ok() && reply->codes.size() != pc.keys.size()) {
-      reply = Status(Code::kMalformedMessage, "put_end reply from " + options.master + " has " +
+      reply = Status(Code::kMalformedMessage, "put_end reply from " + master->endpoint() + " has " +
                                                   std::to_string(reply->codes.size()) + " codes for " +
                                                   std::to_string(pc.keys.size()) + " keys");
     }
@@ -304,17 +321,17 @@ class Client::Impl {
                    << (info.is_ok() ? std::string() : ": " + info.status().to_string());
       return;
     }
-    Result<Endpoint> fast_ep = parse_endpoint(options.master);
+    Result<Endpoint> fast_ep = parse_endpoint(master->endpoint());
     if (!fast_ep.is_ok() || !fast_ep->is_tcp()) return;
     fast_ep->port = static_cast<uint16_t>(info->fast_port);
     auto c = rpc::fast::FastClient::connect(*fast_ep, options.client_id, options.rpc_timeout_ms);
     if (!c.is_ok()) {
-      MC_LOG_WARN << "client " << options.client_id << ": fast path of " << options.master << " unreachable ("
+      MC_LOG_WARN << "client " << options.client_id << ": fast path of " << master->endpoint() << " unreachable ("
                   << c.status().to_string() << "); using ZeroMQ";
       return;
     }
     fast_master = std::move(c).value();
-    if (fast_lost) MC_LOG_INFO << "client " << options.client_id << ": back on the fast path of " << options.master;
+    if (fast_lost) MC_LOG_INFO << "client " << options.client_id << ": back on the fast path of " << master->endpoint();
     fast_lost = false;
   }
 
@@ -642,7 +659,7 @@ class Client::Impl {
     req.keys = std::move(keys);
     MC_ASSIGN_OR_RETURN(auto reply, call_master(req));
     if (reply.items.size() != req.keys.size()) {
-      return Status(Code::kMalformedMessage, "get_replicas reply from " + options.master + " has " +
+      return Status(Code::kMalformedMessage, "get_replicas reply from " + master->endpoint() + " has " +
                                                  std::to_string(reply.items.size()) + " items for " +
                                                  std::to_string(req.keys.size()) + " keys");
     }
@@ -665,13 +682,14 @@ Result<std::unique_ptr<Client>> Client::connect(ClientOptions options) {
   co.client_name = options.client_id;
   co.connect_timeout_ms = options.rpc_timeout_ms;
   co.default_timeout_ms = options.rpc_timeout_ms;
-  MC_ASSIGN_OR_RETURN(impl->master, rpc::RpcClient::connect(options.master, co));
+  MC_ASSIGN_OR_RETURN(impl->locator, MasterLocator::create(MasterAddress{options.master, options.etcd, options.cluster_id}));
+  MC_ASSIGN_OR_RETURN(impl->master, MasterLink::connect(impl->locator, co));
   rpc::AsyncClientOptions no;
   no.client_name = options.client_id;
   impl->nodes = std::make_unique<rpc::AsyncClient>(no);
   if (options.fast_rpc) impl->connect_fast();
   // The data path: an initiator-only transfer engine whose segment directory is the master.
-  MC_ASSIGN_OR_RETURN(impl->directory, MasterSegmentDirectory::connect(options.master, options.client_id + " directory",
+  MC_ASSIGN_OR_RETURN(impl->directory, MasterSegmentDirectory::connect(impl->locator, options.client_id + " directory",
                                                                        options.rpc_timeout_ms));
   transfer::EngineOptions eo;
   eo.transports = options.transports;
@@ -725,7 +743,7 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
   const int64_t t_start_us = steady_us();
   MC_ASSIGN_OR_RETURN(auto grants, m.call_master(start));
   if (grants.items.size() != items.size()) {
-    return Status(Code::kMalformedMessage, "put_start reply from " + m.options.master + " has the wrong item count");
+    return Status(Code::kMalformedMessage, "put_start reply from " + m.master->endpoint() + " has the wrong item count");
   }
   // Items refused with kUnavailable wait for space being freed (demotion to SSD): retry them alone.
   const uint16_t kRetry = static_cast<uint16_t>(Code::kUnavailable);
@@ -886,7 +904,7 @@ Status Client::flush(std::vector<CommitFailure>* failures) {
   const bool drained = m.drain_commits(steady_ms() + m.options.rpc_timeout_ms);
   if (!drained) {
     return Status(Code::kTimeout, std::to_string(m.pending_commits.size()) + " write-behind commit(s) to " +
-                                      m.options.master + " unanswered after " +
+                                      m.master->endpoint() + " unanswered after " +
                                       std::to_string(m.options.rpc_timeout_ms) +
                                       " ms (is the master overloaded?); flush again");
   }

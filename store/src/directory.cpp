@@ -57,13 +57,21 @@ std::set<std::string> SegmentRegistry::retain_bound(const std::set<std::string>&
 Result<std::shared_ptr<MasterSegmentDirectory>> MasterSegmentDirectory::connect(const std::string& master_endpoint,
                                                                                 const std::string& client_name,
                                                                                 int64_t rpc_timeout_ms) {
+  MasterAddress a;
+  a.master = master_endpoint;
+  MC_ASSIGN_OR_RETURN(std::shared_ptr<MasterLocator> locator, MasterLocator::create(a));
+  return connect(std::move(locator), client_name, rpc_timeout_ms);
+}
+
+Result<std::shared_ptr<MasterSegmentDirectory>> MasterSegmentDirectory::connect(std::shared_ptr<MasterLocator> locator,
+                                                                                const std::string& client_name,
+                                                                                int64_t rpc_timeout_ms) {
   std::shared_ptr<MasterSegmentDirectory> d(new MasterSegmentDirectory());
   rpc::ClientOptions co;
   co.client_name = client_name;
   co.connect_timeout_ms = static_cast<int>(rpc_timeout_ms);
   co.default_timeout_ms = static_cast<int>(rpc_timeout_ms);
-  MC_ASSIGN_OR_RETURN(d->master_, rpc::RpcClient::connect(master_endpoint, co));
-  d->endpoint_ = master_endpoint;
+  MC_ASSIGN_OR_RETURN(d->master_, MasterLink::connect(std::move(locator), co));
   d->rpc_timeout_ms_ = rpc_timeout_ms;
   return d;
 }
@@ -72,11 +80,11 @@ Result<proto::SegmentDescriptor> MasterSegmentDirectory::lookup(const std::strin
   std::lock_guard<std::mutex> lk(mu_);
   auto reply =
       master_->call(proto::GetSegmentRequest{name}, static_cast<int>(timeout_ms > 0 ? timeout_ms : rpc_timeout_ms_));
-  if (!reply.is_ok()) return reply.status().with_context("looking up segment " + name + " at " + endpoint_);
+  if (!reply.is_ok()) return reply.status().with_context("looking up segment " + name + " at " + master_->endpoint());
   MC_RETURN_IF_ERROR(validate_descriptor(reply->descriptor));
   if (reply->descriptor.name != name) {
-    return Status(Code::kMalformedMessage, "master " + endpoint_ + " answered segment '" + reply->descriptor.name +
-                                               "' for a lookup of '" + name + "'");
+    return Status(Code::kMalformedMessage, "master " + master_->endpoint() + " answered segment '" +
+                                               reply->descriptor.name + "' for a lookup of '" + name + "'");
   }
   return std::move(reply->descriptor);
 }
@@ -85,7 +93,9 @@ Status MasterSegmentDirectory::publish(const proto::SegmentDescriptor& descripto
   if (descriptor.name.empty()) return Status::ok();
   std::lock_guard<std::mutex> lk(mu_);
   auto reply = master_->call(proto::PublishSegmentRequest{descriptor}, static_cast<int>(rpc_timeout_ms_));
-  if (!reply.is_ok()) return reply.status().with_context("publishing segment " + descriptor.name + " at " + endpoint_);
+  if (!reply.is_ok()) {
+    return reply.status().with_context("publishing segment " + descriptor.name + " at " + master_->endpoint());
+  }
   return Status::ok();
 }
 

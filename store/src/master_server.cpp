@@ -1,5 +1,7 @@
 #include "mc/store/master.hpp"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <random>
 
@@ -10,6 +12,7 @@
 #include "mc/common/log.hpp"
 #include "mc/common/metrics_http.hpp"
 #include "mc/store/directory.hpp"
+#include "mc/store/master_ha.hpp"
 
 namespace mc::store {
 
@@ -43,7 +46,98 @@ struct MasterServer::Impl {
 
   Impl(const MasterOptions& o, const Clock* c) : options(o), clock(c), core(o.config, c) {}
 
+  // ---- Replication on etcd (master_ha.hpp; DESIGN.md §17) ----
+  std::unique_ptr<MasterHa> ha;  // null without --etcd: the master runs alone
+  std::vector<etcd::Op> directory_ops;  // directory records to write with the next commit
+  bool in_call = false;                 // inside a handler: events wait for its commit
+  bool leading = false;                 // serving as the leader (core holds the cluster's state)
+  int64_t next_campaign_ms = 0;
+
+  Status not_leader() const {
+    std::optional<LeaderInfo> l = ha->leader();
+    return Status(Code::kUnavailable, "this mc-store master is a standby of cluster '" + ha->options().cluster_id +
+                                          "'; the leader is " + (l ? l->endpoint + " (" + l->member + ")" : "not elected yet") +
+                                          ": resolve the master through etcd (--etcd, --cluster-id)");
+  }
+  // Makes the changes of the call (or of the periodic work) durable; on failure steps down (the caller answers
+  // the error). Without etcd: nothing to do.
+  Status commit() {
+    if (!ha) return Status::ok();
+    DurableChanges changes = core.take_durable_changes();
+    std::vector<etcd::Op> extra;
+    extra.swap(directory_ops);
+    Status s = ha->commit(changes, extra);
+    if (!s.is_ok()) step_down(s.message());
+    return s;
+  }
+  void step_down(const std::string& why) {
+    leading = false;
+    ha->step_down(why);
+    core = MasterCore(options.config, clock);
+    directory = SegmentRegistry();
+    directory_ops.clear();
+    (void)core.take_events();
+  }
+  // A standby's periodic work: take the lead when nobody holds it.
+  void campaign() {
+    const int64_t now = clock->now_ms();
+    if (now < next_campaign_ms) return;
+    next_campaign_ms = now + std::max(50, options.tick_ms);
+    Result<std::optional<TakeoverState>> won = ha->campaign();
+    if (!won.is_ok()) {
+      MC_LOG_WARN << "store master HA: campaign failed: " << won.status().to_string();
+      next_campaign_ms = now + 500;
+      return;
+    }
+    if (!won.value()) return;
+    TakeoverState& st = *won.value();
+    const int64_t t0 = clock->now_ms();
+    core = MasterCore(options.config, clock);
+    core.set_put_id_base(static_cast<uint64_t>(st.revision) << 32);
+    Result<DurableLoad> loaded = core.load_durable(st.segments, st.objects);
+    core.track_durable_changes();
+    directory = SegmentRegistry();
+    for (const proto::SegmentDescriptor& d : st.directory) {
+      Result<uint64_t> r = directory.publish(d);
+      if (!r.is_ok()) MC_LOG_WARN << "directory record " << d.name << " not loaded: " << r.status().message();
+    }
+    sync_directory();
+    if (!loaded.is_ok()) {
+      MC_LOG_ERROR << "store master HA: loading the records failed: " << loaded.status().to_string();
+      step_down("load failed");
+      return;
+    }
+    for (const std::string& why : loaded->refusals) MC_LOG_WARN << "record refused at takeover: " << why;
+    registry.counter("mc_store_ha_takeovers_total", "times this master became the leader").inc();
+    MC_LOG_INFO << "store master HA: leader of cluster '" << ha->options().cluster_id << "' at etcd revision "
+                << st.revision << ": loaded " << loaded->segments << " segments, " << loaded->objects << " objects ("
+                << loaded->replicas << " replicas, " << loaded->held_ranges << " ranges of unfinished puts held, "
+                << loaded->refused_records << " records refused, " << st.corrupt_records
+                << " corrupt records skipped) in " << (clock->now_ms() - t0) << " ms";
+    leading = true;
+    Status c = commit();
+    if (!c.is_ok()) MC_LOG_WARN << "store master HA: first commit failed: " << c.to_string();
+    // Subscribers learn from the new publisher's incarnation that they must rebuild (DESIGN.md §4).
+  }
+
+  // Every store.* handler: only the leader answers, and what the call changed is durable before its reply.
+  template <typename Req, typename Fn>
+  void on(Fn fn) {
+    server->handle<Req>([this, fn = std::move(fn)](const Req& req,
+                                                   const rpc::CallContext& ctx) -> Result<typename Req::Reply> {
+      if (!ha) return fn(req, ctx);
+      if (!ha->is_leader()) return not_leader();
+      in_call = true;
+      Result<typename Req::Reply> r = fn(req, ctx);
+      in_call = false;
+      MC_RETURN_IF_ERROR(commit());
+      publish_events();
+      return r;
+    });
+  }
+
   void publish_events() {
+    if (in_call) return;  // after the call's commit
     for (proto::KvEvent& e : core.take_events()) {
       if (!events) continue;
       Status s = events->publish(std::move(e));
@@ -111,6 +205,7 @@ struct MasterServer::Impl {
     }
     for (const std::string& name : directory.retain_bound(referenced)) {
       MC_LOG_INFO << "segment directory: dropped " << name << " (no mounted store segment refers to it)";
+      if (ha) directory_ops.push_back(etcd::Op::del(ha->directory_key(name)));
     }
   }
 
@@ -214,10 +309,38 @@ struct MasterServer::Impl {
 
   // The periodic work: liveness, eviction, delayed frees, then events, directory and metrics.
   void tick() {
+    if (ha) {
+      if (!ha->is_leader()) {
+        if (leading) step_down("the leader lease is no longer held: a paused or cut-off leader stops answering");
+        ha->maintain();
+        campaign();
+        update_ha_metrics();
+        return;
+      }
+      ha->maintain();
+    }
     core.tick();
-    publish_events();
     sync_directory();
+    if (!commit().is_ok()) return;
+    publish_events();
     update_metrics();
+    update_ha_metrics();
+  }
+  void update_ha_metrics() {
+    if (!ha) return;
+    const HaCounters c = ha->counters();
+    registry.gauge("mc_store_ha_leader", "1 while this master leads its cluster").set(ha->is_leader() ? 1 : 0);
+    registry.gauge("mc_store_ha_commits_total", "etcd transactions of durable changes").set(static_cast<double>(c.commits));
+    registry.gauge("mc_store_ha_commit_failures_total", "durable commits that failed (the master stepped down)")
+        .set(static_cast<double>(c.commit_failures));
+    registry.gauge("mc_store_ha_commit_us_mean", "mean time of one durable commit (us)")
+        .set(c.commits ? static_cast<double>(c.commit_us_total) / static_cast<double>(c.commits) : 0.0);
+    registry.gauge("mc_store_ha_step_downs_total", "times this master gave up the lead")
+        .set(static_cast<double>(c.step_downs));
+    registry.gauge("mc_store_ha_corrupt_records_total", "etcd records skipped: they do not parse")
+        .set(static_cast<double>(c.corrupt_records));
+    registry.gauge("mc_store_ha_applied_revision", "etcd revision of the records followed")
+        .set(static_cast<double>(c.applied_revision));
   }
 
   // The fast path (mc/common/fast_rpc.hpp), answered by the ZeroMQ server's handlers (RpcServer::dispatch).
@@ -227,7 +350,7 @@ struct MasterServer::Impl {
 
 void MasterServer::Impl::register_handlers() {
   using namespace proto;
-  server->handle<StoreMountRequest>(
+  on<StoreMountRequest>(
       [this](const StoreMountRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
         MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, true)));
         MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, true)));
@@ -251,7 +374,7 @@ void MasterServer::Impl::register_handlers() {
         publish_events();
         return StoreAck{};
       });
-  server->handle<StoreUnmountRequest>(
+  on<StoreUnmountRequest>(
       [this](const StoreUnmountRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
         MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
         MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, false)));
@@ -261,7 +384,7 @@ void MasterServer::Impl::register_handlers() {
         sync_directory();
         return StoreAck{};
       });
-  server->handle<StoreNodeHeartbeatRequest>(
+  on<StoreNodeHeartbeatRequest>(
       [this](const StoreNodeHeartbeatRequest& req, const rpc::CallContext& ctx) -> Result<StoreNodeHeartbeatReply> {
         MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
         MC_RETURN_IF_ERROR(check_batch(req.done.size(), "node_heartbeat done"));
@@ -282,12 +405,12 @@ void MasterServer::Impl::register_handlers() {
         }
         return reply;
       });
-  server->handle<StoreClientHeartbeatRequest>(
+  on<StoreClientHeartbeatRequest>(
       [this](const StoreClientHeartbeatRequest& req, const rpc::CallContext&) -> Result<StoreAck> {
         core.client_heartbeat(req.client_id);
         return StoreAck{};
       });
-  server->handle<StorePutStartRequest>(
+  on<StorePutStartRequest>(
       [this](const StorePutStartRequest& req, const rpc::CallContext& ctx) -> Result<StorePutStartReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_start"));
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
@@ -313,7 +436,7 @@ void MasterServer::Impl::register_handlers() {
         publish_events();
         return reply;
       });
-  server->handle<StorePutEndRequest>(
+  on<StorePutEndRequest>(
       [this](const StorePutEndRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
@@ -328,7 +451,7 @@ void MasterServer::Impl::register_handlers() {
         publish_events();
         return reply;
       });
-  server->handle<StorePutRevokeRequest>(
+  on<StorePutRevokeRequest>(
       [this](const StorePutRevokeRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_revoke"));
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
@@ -341,7 +464,7 @@ void MasterServer::Impl::register_handlers() {
         }
         return reply;
       });
-  server->handle<StoreGetReplicasRequest>(
+  on<StoreGetReplicasRequest>(
       [this](const StoreGetReplicasRequest& req, const rpc::CallContext& ctx) -> Result<StoreGetReplicasReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "get_replicas"));
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
@@ -369,20 +492,20 @@ void MasterServer::Impl::register_handlers() {
         }
         return reply;
       });
-  server->handle<StoreReplicateNearRequest>(
+  on<StoreReplicateNearRequest>(
       [this](const StoreReplicateNearRequest& req, const rpc::CallContext&) -> Result<StoreReplicateNearReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "replicate_near"));
         MC_ASSIGN_OR_RETURN(uint32_t marked, core.replicate_near(req.keys, req.host));
         return StoreReplicateNearReply{marked};
       });
-  server->handle<StoreReplicaEndRequest>(
+  on<StoreReplicaEndRequest>(
       [this](const StoreReplicaEndRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
         MC_ASSIGN_OR_RETURN(const std::string key, refused_key(ctx, req.key));
         MC_RETURN_IF_ERROR(core.replica_end({req.client_id, "", ""}, key, req.put_id, req.ok));
         publish_events();
         return StoreAck{};
       });
-  server->handle<StoreExistsRequest>(
+  on<StoreExistsRequest>(
       [this](const StoreExistsRequest& req, const rpc::CallContext& ctx) -> Result<StoreExistsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "exists"));
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
@@ -390,13 +513,13 @@ void MasterServer::Impl::register_handlers() {
         for (const std::string& k : keys) reply.present.push_back(core.exists(k));
         return reply;
       });
-  server->handle<StoreMatchPrefixRequest>(
+  on<StoreMatchPrefixRequest>(
       [this](const StoreMatchPrefixRequest& req, const rpc::CallContext& ctx) -> Result<StoreMatchPrefixReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "match_prefix"));
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
         return StoreMatchPrefixReply{core.match_prefix(keys)};
       });
-  server->handle<StoreRemoveRequest>(
+  on<StoreRemoveRequest>(
       [this](const StoreRemoveRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "remove"));
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
@@ -405,7 +528,7 @@ void MasterServer::Impl::register_handlers() {
         publish_events();
         return reply;
       });
-  server->handle<StorePinRequest>(
+  on<StorePinRequest>(
       [this](const StorePinRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "pin"));
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
@@ -413,7 +536,7 @@ void MasterServer::Impl::register_handlers() {
         for (const std::string& k : keys) add_item(reply, core.pin(k, req.ttl_ms));
         return reply;
       });
-  server->handle<StoreUnpinRequest>(
+  on<StoreUnpinRequest>(
       [this](const StoreUnpinRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "unpin"));
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
@@ -421,7 +544,7 @@ void MasterServer::Impl::register_handlers() {
         for (const std::string& k : keys) add_item(reply, core.unpin(k));
         return reply;
       });
-  server->handle<StoreLsRequest>(
+  on<StoreLsRequest>(
       [this](const StoreLsRequest& req, const rpc::CallContext& ctx) -> Result<StoreLsReply> {
         uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
         StoreLsReply reply;
@@ -436,7 +559,7 @@ void MasterServer::Impl::register_handlers() {
         }
         return reply;
       });
-  server->handle<StoreStatRequest>(
+  on<StoreStatRequest>(
       [this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
         MasterStats s = core.stat();
         StoreStatReply r;
@@ -495,14 +618,15 @@ void MasterServer::Impl::register_handlers() {
         r.events_incarnation = events ? events->incarnation() : 0;
         return r;
       });
-  server->handle<PublishSegmentRequest>(
+  on<PublishSegmentRequest>(
       [this](const PublishSegmentRequest& req, const rpc::CallContext& ctx) -> Result<PublishSegmentReply> {
         MC_RETURN_IF_ERROR(refused(xfer_claims.check(ctx.caller, req.descriptor.name, true)));
         MC_ASSIGN_OR_RETURN(uint64_t regions, directory.publish(req.descriptor));
+        if (ha) directory_ops.push_back(etcd::Op::put(ha->directory_key(req.descriptor.name), codec::pack(req.descriptor)));
         MC_LOG_DEBUG << "segment directory: " << req.descriptor.name << " published with " << regions << " region(s)";
         return PublishSegmentReply{regions};
       });
-  server->handle<GetSegmentRequest>(
+  on<GetSegmentRequest>(
       [this](const GetSegmentRequest& req, const rpc::CallContext&) -> Result<GetSegmentReply> {
         MC_ASSIGN_OR_RETURN(SegmentDescriptor d, directory.lookup(req.name));
         return GetSegmentReply{std::move(d)};
@@ -510,14 +634,14 @@ void MasterServer::Impl::register_handlers() {
   server->handle<StoreInfoRequest>([this](const StoreInfoRequest&, const rpc::CallContext&) -> Result<StoreInfoReply> {
     return StoreInfoReply{fast_server ? fast_server->port() : 0u, "mc-store master", epoch};
   });
-  server->handle<StoreReportCorruptRequest>(
+  on<StoreReportCorruptRequest>(
       [this](const StoreReportCorruptRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
         MC_ASSIGN_OR_RETURN(const std::string key, refused_key(ctx, req.key));
         MC_RETURN_IF_ERROR(core.report_corrupt(key, req.segment, req.offset_bytes));
         publish_events();
         return StoreAck{};
       });
-  server->handle<StoreNodeReportRequest>(
+  on<StoreNodeReportRequest>(
       [this](const StoreNodeReportRequest& req, const rpc::CallContext& ctx) -> Result<StoreNodeReportReply> {
         MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
         MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, false)));
@@ -527,7 +651,7 @@ void MasterServer::Impl::register_handlers() {
         publish_events();
         return reply;
       });
-  server->handle<StoreNodeDrainRequest>(
+  on<StoreNodeDrainRequest>(
       [this](const StoreNodeDrainRequest& req, const rpc::CallContext& ctx) -> Result<StoreNodeDrainReply> {
         MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
         MC_RETURN_IF_ERROR(check_batch(req.done.size(), "node_drain done"));
@@ -600,12 +724,23 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
     }
   }
   impl->register_handlers();
+  if (!options.ha.etcd.empty()) {
+    LeaderInfo self;
+    char host[256] = {0};
+    (void)gethostname(host, sizeof host - 1);
+    self.member = std::string(host) + "-" + std::to_string(getpid());
+    self.endpoint = impl->server->endpoints().at(0);
+    self.events = impl->events ? impl->events->endpoint() : "";
+    self.fast_port = impl->fast_server ? impl->fast_server->port() : 0;
+    MC_ASSIGN_OR_RETURN(impl->ha, MasterHa::start(options.ha, self));
+  }
   return std::unique_ptr<MasterServer>(new MasterServer(std::move(impl)));
 }
 
 const std::string& MasterServer::endpoint() const { return impl_->server->endpoints().at(0); }
 std::string MasterServer::events_endpoint() const { return impl_->events ? impl_->events->endpoint() : ""; }
 uint16_t MasterServer::fast_port() const { return impl_->fast_server ? impl_->fast_server->port() : 0; }
+bool MasterServer::is_leader() const { return !impl_->ha || impl_->ha->is_leader(); }
 void MasterServer::stop() { impl_->server->stop(); }
 
 Status MasterServer::serve() {

@@ -226,7 +226,7 @@ class Node {
     // With the cluster's grant key, every read and write of this DRAM must carry the master's grant for it.
     if (const auth::Keyring* ring = auth::keyring(); ring != nullptr) eo.grant_key = ring->grant_key();
     if (eo.listen.empty()) return Status(Code::kInvalidArgument, "--xfer-listen needs at least one endpoint");
-    MC_ASSIGN_OR_RETURN(directory_, MasterSegmentDirectory::connect(opt_.master, co.client_name + " directory", 2000));
+    MC_ASSIGN_OR_RETURN(directory_, MasterSegmentDirectory::connect(locator_, co.client_name + " directory", 2000));
     eo.directory = directory_;
     MC_ASSIGN_OR_RETURN(engine_, transfer::TransferEngine::create(eo));
     MC_ASSIGN_OR_RETURN(transfer::RegisteredRegion region, engine_->register_memory(dram_->base(), dram_->size()));
@@ -245,23 +245,25 @@ class Node {
   // system would only fail later, demotion by demotion (refused here; DESIGN.md §8 disks).
   // The master at start: asked every 2 s (each try's connect bounded by the rest of the wait) until
   // master_wait_ms has passed; then kUnavailable naming it and the last reason.
-  Result<std::unique_ptr<rpc::RpcClient>> connect_master(rpc::ClientOptions co) const {
+  Result<std::unique_ptr<MasterLink>> connect_master(rpc::ClientOptions co) {
+    MasterAddress address{opt_.master, opt_.etcd, opt_.cluster_id};
+    MC_ASSIGN_OR_RETURN(locator_, MasterLocator::create(address));
     const int64_t deadline = steady_ms() + std::max<int64_t>(0, opt_.master_wait_ms);
     Status last;
     for (int attempt = 0;; ++attempt) {
       const int64_t left = deadline - steady_ms();
       co.connect_timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 100, 2000));
-      Result<std::unique_ptr<rpc::RpcClient>> c = rpc::RpcClient::connect(opt_.master, co);
+      Result<std::unique_ptr<MasterLink>> c = MasterLink::connect(locator_, co);
       if (c.is_ok() || c.status().code() == Code::kInvalidArgument || c.status().code() == Code::kProtocolMismatch) {
         return c;
       }
       last = c.status();
       if (attempt == 0)
-        MC_LOG_WARN << "store master " << opt_.master << " does not answer yet (" << last.message() << "); trying for "
+        MC_LOG_WARN << "store master " << locator_->describe() << " does not answer yet (" << last.message() << "); trying for "
                     << opt_.master_wait_ms << " ms";
       if (steady_ms() >= deadline) break;
     }
-    return Status(Code::kUnavailable, "store master " + opt_.master + " did not answer within " +
+    return Status(Code::kUnavailable, "store master " + locator_->describe() + " did not answer within " +
                                           std::to_string(opt_.master_wait_ms) + " ms: " + last.message() +
                                           " (is mc-store master running there? --master-wait-ms waits longer)");
   }
@@ -333,7 +335,7 @@ class Node {
         req.first = at == 0;
         req.last = end >= all.size();
         auto reply = master_->call(req);
-        if (!reply.is_ok()) return reply.status().with_context("re-reporting " + name + " to " + opt_.master);
+        if (!reply.is_ok()) return reply.status().with_context("re-reporting " + name + " to " + master_->endpoint());
         accepted += reply->accepted;
         refused += reply->refused_offsets.size();
         for (uint64_t off : reply->refused_offsets) table.erase(off);
@@ -419,7 +421,7 @@ class Node {
           done.clear();
           break;
         }
-        MC_LOG_WARN << "drain call to " << opt_.master << " failed: " << reply.status().to_string()
+        MC_LOG_WARN << "drain call to " << master_->endpoint() << " failed: " << reply.status().to_string()
                     << " (asking again)";
         (void)server_->poll_once(100);
         continue;
@@ -534,7 +536,7 @@ class Node {
         if (!rejoin_if_unknown) return false;
         rejoin();
       } else {
-        MC_LOG_WARN << "heartbeat to " << opt_.master << " failed: " << reply.status().to_string();
+        MC_LOG_WARN << "heartbeat to " << master_->endpoint() << " failed: " << reply.status().to_string();
       }
       return !rejoin_if_unknown;
     }
@@ -569,7 +571,7 @@ class Node {
     size_t held = 0;
     for (const auto& [name, table] : tables_) held += table.size();
     if (restarted && held > 0) {
-      MC_LOG_WARN << "master " << opt_.master << " restarted: mounting again and re-reporting " << held << " objects";
+      MC_LOG_WARN << "master " << master_->endpoint() << " restarted: mounting again and re-reporting " << held << " objects";
     } else {
       MC_LOG_WARN << "master forgot node " << opt_.node_id << " (declared dead): mounting again, empty";
       tables_.clear();
@@ -719,7 +721,8 @@ class Node {
   std::unique_ptr<DramSegment> dram_;
   std::unique_ptr<SsdSegment> ssd_;
   std::unique_ptr<rpc::RpcServer> server_;
-  std::unique_ptr<rpc::RpcClient> master_;
+  std::shared_ptr<MasterLocator> locator_;
+  std::unique_ptr<MasterLink> master_;
   std::shared_ptr<MasterSegmentDirectory> directory_;
   std::unique_ptr<transfer::TransferEngine> engine_;  // serves dram_; destroyed before it (declared after)
   uint64_t dram_xfer_offset_ = 0;

@@ -80,6 +80,10 @@ namespace mc::store {
 
 struct ClientOptions {
   std::string master = "tcp://127.0.0.1:7450";  // mc-store master endpoint
+  // A replicated master (master_link.hpp): with etcd set, the client follows the leader of cluster_id (master is
+  // ignored); a call that fails while the leader changes is sent once more to the new leader.
+  std::string etcd;
+  std::string cluster_id;
   std::string client_id;                        // unique per process; empty: "<hostname>-<pid>-<random>"
   std::string host;                             // this host's name for nearest-first; empty: gethostname()
   std::string domain;                           // this host's failure domain label (may be empty)

@@ -27,6 +27,7 @@
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/common/status.hpp"
+#include "mc/store/master_link.hpp"
 #include "mc/transfer/engine.hpp"
 
 namespace mc::store {
@@ -59,6 +60,10 @@ class MasterSegmentDirectory final : public transfer::SegmentDirectory {
   static Result<std::shared_ptr<MasterSegmentDirectory>> connect(const std::string& master_endpoint,
                                                                  const std::string& client_name,
                                                                  int64_t rpc_timeout_ms);
+  // The same, following the leader of a replicated master (master_link.hpp).
+  static Result<std::shared_ptr<MasterSegmentDirectory>> connect(std::shared_ptr<MasterLocator> locator,
+                                                                 const std::string& client_name,
+                                                                 int64_t rpc_timeout_ms);
   Result<proto::SegmentDescriptor> lookup(const std::string& name, int64_t timeout_ms) override;
   // An initiator-only engine (empty name) serves nothing: nothing is published.
   Status publish(const proto::SegmentDescriptor& descriptor) override;
@@ -66,8 +71,7 @@ class MasterSegmentDirectory final : public transfer::SegmentDirectory {
  private:
   MasterSegmentDirectory() = default;
   std::mutex mu_;
-  std::unique_ptr<rpc::RpcClient> master_;
-  std::string endpoint_;
+  std::unique_ptr<MasterLink> master_;
   int64_t rpc_timeout_ms_ = 2000;
 };
 

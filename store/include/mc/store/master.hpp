@@ -27,6 +27,7 @@
 #include "mc/common/metrics.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/store/master_core.hpp"
+#include "mc/store/master_ha.hpp"
 
 namespace mc::store {
 
@@ -40,6 +41,9 @@ struct MasterOptions {
   MasterConfig config;
   int tick_ms = 100;           // period of liveness / eviction / delayed-free checks
   std::string metrics_listen;  // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
+  // Replication on etcd (master_ha.hpp): with ha.etcd set the master is one member of cluster ha.cluster_id: it serves
+  // only while it leads (store.info always), and every change is durable in etcd before its reply.
+  HaOptions ha;
 };
 
 class MasterServer {
@@ -51,6 +55,7 @@ class MasterServer {
   const std::string& endpoint() const;  // resolved ("tcp://127.0.0.1:41234")
   std::string events_endpoint() const;  // "" when events are off
   uint16_t fast_port() const;           // port of the fast path (same host as endpoint()); 0 when off
+  bool is_leader() const;               // without etcd: always true
   // The registry of its `stat` (gauges updated on every tick; safe to render from any thread).
   const metrics::Registry& metrics() const;
   // Serves until stop() or a stop signal (daemon.hpp).

@@ -47,6 +47,9 @@ namespace mc::store {
 
 struct NodeOptions {
   std::string master = "tcp://127.0.0.1:7450";
+  // A replicated master (master_link.hpp): with etcd set the node follows the leader of cluster_id (master ignored).
+  std::string etcd;
+  std::string cluster_id;
   std::string listen = "tcp://127.0.0.1:0";                      // RPC endpoint (SSD data RPCs; port 0: any free port)
   std::vector<std::string> xfer_listen = {"tcp://127.0.0.1:0"};  // transfer-engine endpoints (one path each)
   std::string node_id;                                           // empty: "<hostname>-<pid>"

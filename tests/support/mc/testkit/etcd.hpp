@@ -112,6 +112,15 @@ class EtcdCluster {
     launch(i, "existing");
     return wait_member(i, timeout_ms);
   }
+  // Starts every member again (after all were killed: none answers alone without a quorum) and waits until each one
+  // answers a range.
+  bool restart_all(int64_t timeout_ms = 30'000) {
+    for (size_t i = 0; i < members_.size(); ++i) {
+      kill(i);
+      launch(i, "existing");
+    }
+    return wait_all(timeout_ms);
+  }
   // The tail of member i's log (for failure messages).
   std::string log_tail(size_t i, size_t bytes = 3000) const {
     std::string log = slurp(scratch_.path("m" + std::to_string(i) + ".log"));

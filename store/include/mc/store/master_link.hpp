@@ -1,0 +1,100 @@
+// How clients, storage nodes and tools reach the store master: a fixed endpoint (--master), or the leader of a
+// replicated cluster named in etcd (--etcd ENDPOINTS --cluster-id NAME; master_ha.hpp, DESIGN.md §17).
+//
+// MasterLocator reads the leader key once and then watches it, so a takeover is known the moment etcd records it
+// (no polling). MasterLink is one RPC connection to the master that follows the locator: before each call it
+// reconnects when the leader changed, and a call that fails for the connection's sake (kUnavailable, kTimeout) is
+// sent once more to the new leader when one takes over within the call's timeout — never twice to the same master
+// (put_start is not idempotent; a put_end the old leader committed before dying is refused by the new one with
+// kFailedPrecondition although the object exists: the caller reports the put failed, never wrong data).
+//
+// Thread-safety: MasterLocator is thread-safe (shared by every link of a process). A MasterLink is not (it owns a
+// ZeroMQ socket): one per thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mc/common/rpc.hpp"
+#include "mc/common/status.hpp"
+#include "mc/store/master_ha.hpp"
+
+namespace mc::store {
+
+// Where the master is. With etcd set, `master` is ignored.
+struct MasterAddress {
+  std::string master = "tcp://127.0.0.1:7450";
+  std::string etcd;        // "HOST:PORT[,...]" (--etcd / MC_ETCD)
+  std::string cluster_id;  // --cluster-id / MC_CLUSTER_ID
+};
+
+class MasterLocator {
+ public:
+  // kInvalidArgument for a bad cluster id or etcd endpoint list. Does not wait for a leader.
+  static Result<std::shared_ptr<MasterLocator>> create(const MasterAddress& address, int64_t etcd_timeout_ms = 1000);
+  ~MasterLocator();
+
+  bool follows_etcd() const;
+  // The leader now; with etcd, waits up to wait_ms for one to be elected (kUnavailable naming the cluster when
+  // none is). A fixed address: {endpoint = master} at once.
+  Result<LeaderInfo> leader(int64_t wait_ms) const;
+  // Grows by one at every change of the leader key (0 for a fixed address).
+  uint64_t generation() const;
+  // Waits up to wait_ms for the generation to pass `seen`; true when it did.
+  bool wait_change(uint64_t seen, int64_t wait_ms) const;
+  // "tcp://HOST:PORT" or "cluster NAME (etcd HOST:PORT,...)", for messages.
+  std::string describe() const;
+
+ private:
+  struct Impl;
+  explicit MasterLocator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class MasterLink {
+ public:
+  // Connects to the leader (waiting up to options.connect_timeout_ms for one to be elected).
+  static Result<std::unique_ptr<MasterLink>> connect(std::shared_ptr<MasterLocator> locator,
+                                                     rpc::ClientOptions options);
+
+  template <typename Req>
+  Result<typename Req::Reply> call(const Req& req, int timeout_ms = -1) {
+    const int t = timeout_ms < 0 ? options_.default_timeout_ms : timeout_ms;
+    follow();
+    if (!conn_) {
+      Status s = reconnect(t);
+      if (!s.is_ok()) return s;
+    }
+    const uint64_t gen = generation_;
+    Result<typename Req::Reply> r = conn_->call(req, t);
+    if (r.is_ok() || !locator_->follows_etcd() || !retryable(r.status())) return r;
+    // The leader may be changing: when another one takes over within the timeout, ask it once.
+    if (!locator_->wait_change(gen, t) || !follow()) return r;
+    if (!conn_) return r;
+    return conn_->call(req, t);
+  }
+
+  // Reconnects when the leader changed since the last call; true when it did (and the connection is new).
+  bool follow();
+  // The master this link talks to now ("" before the first connection).
+  const std::string& endpoint() const { return endpoint_; }
+  // The leader's announced fast-path port and KV event endpoint (etcd), or 0 / "" (ask store.info).
+  const LeaderInfo& leader() const { return leader_; }
+  uint64_t generation() const { return generation_; }
+  const MasterLocator& locator() const { return *locator_; }
+
+ private:
+  MasterLink(std::shared_ptr<MasterLocator> locator, rpc::ClientOptions options);
+  static bool retryable(const Status& s) { return s.code() == Code::kUnavailable || s.code() == Code::kTimeout; }
+  Status reconnect(int64_t wait_ms);
+
+  std::shared_ptr<MasterLocator> locator_;
+  rpc::ClientOptions options_;
+  std::unique_ptr<rpc::RpcClient> conn_;
+  std::string endpoint_;
+  LeaderInfo leader_;
+  uint64_t generation_ = 0;
+};
+
+}  // namespace mc::store

@@ -1,0 +1,582 @@
+#include "mc/store/master_ha.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/common/clock.hpp"
+#include "mc/common/codec.hpp"
+#include "mc/common/log.hpp"
+
+namespace mc::store {
+
+namespace {
+
+int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// etcd's default --max-txn-ops is 128: a commit is cut into transactions of at most this many operations.
+constexpr size_t kMaxOpsPerTxn = 120;
+// A full read is paged (etcd answers a range in one message).
+constexpr int64_t kRangePage = 5000;
+
+// A record as the standby keeps it: the object with its soft pin's end on the wall clock.
+struct HeldObject {
+  DurableObject object;
+  int64_t pin_until_unix_ms = 0;  // with object.pinned: 0 = hard pin
+};
+
+Result<HeldObject> decode_held_object(const std::string& key, std::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  const auto bad = [&](const std::string& why) {
+    return Status(Code::kDataLoss, "object record '" + key.substr(0, 120) + "': " + why);
+  };
+  if (!j.is_object()) return bad("not a JSON object");
+  HeldObject h;
+  DurableObject& o = h.object;
+  o.key = key;
+  const auto u64 = [&](const char* name, uint64_t& out) {
+    auto it = j.find(name);
+    if (it == j.end() || !it->is_number_unsigned()) return false;
+    out = it->get<uint64_t>();
+    return true;
+  };
+  if (!u64("size", o.size_bytes) || !u64("checksum", o.checksum)) return bad("size or checksum missing");
+  auto complete = j.find("complete");
+  if (complete == j.end() || !complete->is_boolean()) return bad("'complete' missing");
+  o.complete = complete->get<bool>();
+  auto pinned = j.find("pinned");
+  o.pinned = pinned != j.end() && pinned->is_boolean() && pinned->get<bool>();
+  auto until = j.find("pin_until_unix_ms");
+  if (until != j.end() && until->is_number_integer()) h.pin_until_unix_ms = until->get<int64_t>();
+  auto reps = j.find("replicas");
+  if (reps == j.end() || !reps->is_array() || reps->size() > 64) return bad("'replicas' missing or too long");
+  for (const nlohmann::json& r : *reps) {
+    if (!r.is_array() || r.size() != 3 || !r[0].is_string() || !r[1].is_number_unsigned() || !r[2].is_boolean()) {
+      return bad("a replica is not [segment, offset, complete]");
+    }
+    o.replicas.push_back({r[0].get<std::string>(), r[1].get<uint64_t>(), r[2].get<bool>()});
+  }
+  return h;
+}
+
+DurableObject with_pin_left(HeldObject h, int64_t now_unix_ms) {
+  DurableObject o = std::move(h.object);
+  if (o.pinned && h.pin_until_unix_ms != 0) {
+    o.pin_left_ms = h.pin_until_unix_ms - now_unix_ms;
+    if (o.pin_left_ms <= 0) {
+      o.pinned = false;
+      o.pin_left_ms = 0;
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Keys and codecs
+// ---------------------------------------------------------------------------------------------
+
+Status validate_cluster_id(const std::string& id) {
+  const bool ok = !id.empty() && id.size() <= 64 && std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
+  if (!ok) {
+    return Status(Code::kInvalidArgument, "cluster id '" + id.substr(0, 80) +
+                                              "': use 1 to 64 of [A-Za-z0-9._-] (--cluster-id / MC_CLUSTER_ID)");
+  }
+  return Status::ok();
+}
+
+std::string ha_prefix(const std::string& cluster_id) { return "/mc/" + cluster_id + "/"; }
+std::string leader_key(const std::string& cluster_id) { return ha_prefix(cluster_id) + "leader"; }
+
+std::string encode_leader(const LeaderInfo& info) {
+  nlohmann::json j = {{"member", info.member},
+                      {"endpoint", info.endpoint},
+                      {"events", info.events},
+                      {"fast_port", info.fast_port},
+                      {"since_unix_ms", info.since_unix_ms}};
+  return j.dump();
+}
+
+Result<LeaderInfo> decode_leader(std::string_view json) {
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (!j.is_object() || !j.contains("endpoint") || !j["endpoint"].is_string()) {
+    return Status(Code::kDataLoss, "leader record is not {\"endpoint\": ...}: " + std::string(json.substr(0, 120)));
+  }
+  LeaderInfo info;
+  info.endpoint = j["endpoint"].get<std::string>();
+  if (j.contains("member") && j["member"].is_string()) info.member = j["member"].get<std::string>();
+  if (j.contains("events") && j["events"].is_string()) info.events = j["events"].get<std::string>();
+  if (j.contains("fast_port") && j["fast_port"].is_number_unsigned()) {
+    info.fast_port = static_cast<uint16_t>(std::min<uint64_t>(j["fast_port"].get<uint64_t>(), 65535));
+  }
+  if (j.contains("since_unix_ms") && j["since_unix_ms"].is_number_integer()) {
+    info.since_unix_ms = j["since_unix_ms"].get<int64_t>();
+  }
+  return info;
+}
+
+std::string encode_segment_record(const DurableSegment& s) {
+  const SegmentInfo& i = s.info;
+  nlohmann::json j = {{"name", i.name},
+                      {"node", i.node_id},
+                      {"host", i.host},
+                      {"domain", i.domain},
+                      {"medium", std::string(medium_name(i.medium))},
+                      {"capacity", i.capacity_bytes},
+                      {"endpoint", i.endpoint},
+                      {"xfer_segment", i.xfer_segment},
+                      {"xfer_base", i.xfer_base_offset},
+                      {"read_only", s.read_only}};
+  return j.dump();
+}
+
+Result<DurableSegment> decode_segment_record(std::string_view json) {
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  const auto bad = [&](const std::string& why) {
+    return Status(Code::kDataLoss, "segment record " + std::string(json.substr(0, 80)) + ": " + why);
+  };
+  if (!j.is_object()) return bad("not a JSON object");
+  DurableSegment s;
+  SegmentInfo& i = s.info;
+  const auto str = [&](const char* name, std::string& out) {
+    auto it = j.find(name);
+    if (it == j.end() || !it->is_string()) return false;
+    out = it->get<std::string>();
+    return true;
+  };
+  std::string medium;
+  if (!str("name", i.name) || !str("node", i.node_id) || !str("medium", medium)) return bad("name, node or medium");
+  str("host", i.host);
+  str("domain", i.domain);
+  str("endpoint", i.endpoint);
+  str("xfer_segment", i.xfer_segment);
+  Result<Medium> m = parse_medium(medium);
+  if (!m.is_ok()) return bad(m.status().message());
+  i.medium = m.value();
+  auto cap = j.find("capacity");
+  if (cap == j.end() || !cap->is_number_unsigned()) return bad("capacity missing");
+  i.capacity_bytes = cap->get<uint64_t>();
+  auto base = j.find("xfer_base");
+  if (base != j.end() && base->is_number_unsigned()) i.xfer_base_offset = base->get<uint64_t>();
+  auto ro = j.find("read_only");
+  s.read_only = ro != j.end() && ro->is_boolean() && ro->get<bool>();
+  return s;
+}
+
+std::string encode_object_record(const DurableObject& o, int64_t now_unix_ms) {
+  nlohmann::json reps = nlohmann::json::array();
+  for (const DurableReplica& r : o.replicas) reps.push_back(nlohmann::json::array({r.segment, r.offset, r.complete}));
+  nlohmann::json j = {{"size", o.size_bytes}, {"checksum", o.checksum}, {"complete", o.complete},
+                      {"replicas", std::move(reps)}};
+  if (o.pinned) {
+    j["pinned"] = true;
+    j["pin_until_unix_ms"] = o.pin_left_ms > 0 ? now_unix_ms + o.pin_left_ms : 0;
+  }
+  return j.dump();
+}
+
+Result<DurableObject> decode_object_record(const std::string& key, std::string_view json, int64_t now_unix_ms) {
+  MC_ASSIGN_OR_RETURN(HeldObject h, decode_held_object(key, json));
+  return with_pin_left(std::move(h), now_unix_ms);
+}
+
+// ---------------------------------------------------------------------------------------------
+// MasterHa
+// ---------------------------------------------------------------------------------------------
+
+struct MasterHa::Impl {
+  HaOptions options;
+  LeaderInfo self;
+  std::string prefix, leader_key, seg_prefix, obj_prefix, xseg_prefix;
+  std::unique_ptr<etcd::Client> client;
+
+  // The records as followed by the watch (guarded by mu).
+  mutable std::mutex mu;
+  std::condition_variable applied_cv;
+  std::map<std::string, DurableSegment> segments;  // by segment name
+  std::map<std::string, HeldObject> objects;       // by object key
+  std::map<std::string, proto::SegmentDescriptor> directory;
+  std::optional<LeaderInfo> leader;
+  int64_t applied_revision = 0;
+  bool reload_needed = false;
+  HaCounters counters;
+
+  std::unique_ptr<etcd::Watch> watch;
+
+  // Leadership. lease is renewed by the lease thread; lease_until_ms is when it surely still holds (steady clock).
+  std::atomic<int64_t> lease{0};
+  std::atomic<int64_t> lease_until_ms{0};
+  std::atomic<bool> leading{false};
+  std::mutex lease_mu;
+  std::condition_variable lease_cv;
+  bool stopping = false;
+  std::thread lease_thread;
+
+  int64_t next_compact_ms = 0;
+  int64_t compact_mark = 0;
+
+  int64_t margin_ms() const { return std::max<int64_t>(200, options.lease_ttl_s * 1000 / 4); }
+
+  // Applies one record (put: value; delete: nullopt) to the followed copy. Caller holds mu.
+  void apply(const std::string& key, const std::optional<std::string>& value, int64_t create_revision) {
+    if (key == leader_key) {
+      if (!value) {
+        leader.reset();
+        return;
+      }
+      Result<LeaderInfo> info = decode_leader(*value);
+      if (info.is_ok()) {
+        leader = info.value();
+        leader->revision = create_revision;
+      } else {
+        MC_LOG_WARN << "etcd " << key << ": " << info.status().message();
+      }
+      return;
+    }
+    const auto corrupt = [&](const Status& s) {
+      ++counters.corrupt_records;
+      MC_LOG_ERROR << "etcd record " << key.substr(0, 160) << " skipped (" << s.message()
+                   << "); the others are kept (mc_store_ha_corrupt_records_total counts them)";
+    };
+    if (key.rfind(obj_prefix, 0) == 0) {
+      const std::string name = key.substr(obj_prefix.size());
+      if (!value) {
+        objects.erase(name);
+        return;
+      }
+      Result<HeldObject> h = decode_held_object(name, *value);
+      if (h.is_ok()) {
+        objects[name] = std::move(h).value();
+      } else {
+        objects.erase(name);
+        corrupt(h.status());
+      }
+    } else if (key.rfind(seg_prefix, 0) == 0) {
+      const std::string name = key.substr(seg_prefix.size());
+      if (!value) {
+        segments.erase(name);
+        return;
+      }
+      Result<DurableSegment> s = decode_segment_record(*value);
+      if (s.is_ok() && s->info.name == name) {
+        segments[name] = std::move(s).value();
+      } else {
+        segments.erase(name);
+        corrupt(s.is_ok() ? Status(Code::kDataLoss, "its name is " + s->info.name) : s.status());
+      }
+    } else if (key.rfind(xseg_prefix, 0) == 0) {
+      const std::string name = key.substr(xseg_prefix.size());
+      if (!value) {
+        directory.erase(name);
+        return;
+      }
+      Result<proto::SegmentDescriptor> d =
+          codec::unpack<proto::SegmentDescriptor>(*value, "directory record " + name.substr(0, 120));
+      if (d.is_ok() && d->name == name) {
+        directory[name] = std::move(d).value();
+      } else {
+        directory.erase(name);
+        corrupt(d.is_ok() ? Status(Code::kDataLoss, "its name is " + d->name) : d.status());
+      }
+    }
+  }
+
+  // Reads every record at one revision (paged) and follows them from there.
+  Status reload() {
+    watch.reset();
+    std::map<std::string, std::optional<std::string>> all;
+    std::map<std::string, int64_t> created;
+    int64_t revision = 0;
+    std::string from = prefix;
+    const std::string end = etcd::prefix_end(prefix);
+    for (int page = 0; page < 100000; ++page) {
+      MC_ASSIGN_OR_RETURN(etcd::RangeResult r, client->range(from, end, revision, kRangePage));
+      if (revision == 0) revision = r.revision;
+      for (etcd::KeyValue& kv : r.kvs) {
+        created[kv.key] = kv.create_revision;
+        all[kv.key] = std::move(kv.value);
+      }
+      if (!r.more || r.kvs.empty()) break;
+      from = r.kvs.back().key + std::string(1, '\0');
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      segments.clear();
+      objects.clear();
+      directory.clear();
+      leader.reset();
+      const uint64_t corrupt_before = counters.corrupt_records;
+      for (const auto& [key, value] : all) apply(key, value, created[key]);
+      applied_revision = revision;
+      reload_needed = false;
+      ++counters.watch_reloads;
+      MC_LOG_INFO << "store master HA: read " << all.size() << " records of cluster " << options.cluster_id
+                  << " at etcd revision " << revision << " (" << objects.size() << " objects, " << segments.size()
+                  << " segments, " << (counters.corrupt_records - corrupt_before) << " skipped as corrupt)";
+    }
+    applied_cv.notify_all();
+    etcd::Options eo = client->options();
+    watch = std::make_unique<etcd::Watch>(
+        eo, prefix, end, revision + 1,
+        [this](const std::vector<etcd::WatchEvent>& events, int64_t rev) {
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            for (const etcd::WatchEvent& e : events) {
+              if (e.type == etcd::WatchEvent::Type::kPut) {
+                apply(e.kv.key, e.kv.value, e.kv.create_revision);
+              } else {
+                apply(e.kv.key, std::nullopt, 0);
+              }
+            }
+            applied_revision = std::max(applied_revision, rev);
+          }
+          applied_cv.notify_all();
+        },
+        [this](const Status& s) {
+          MC_LOG_WARN << "store master HA: watch of " << prefix << " ended (" << s.to_string()
+                      << "): reading every record again";
+          std::lock_guard<std::mutex> lock(mu);
+          reload_needed = true;
+        });
+    return Status::ok();
+  }
+
+  void lease_loop() {
+    std::unique_lock<std::mutex> lock(lease_mu);
+    while (!stopping) {
+      lease_cv.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(100, options.lease_ttl_s * 1000 / 3)));
+      if (stopping) break;
+      const int64_t id = lease.load();
+      if (id == 0) continue;
+      lock.unlock();
+      const int64_t sent = steady_ms();
+      Result<int64_t> ttl = client->lease_keepalive(id);
+      lock.lock();
+      if (ttl.is_ok() && ttl.value() > 0) {
+        if (lease.load() == id) lease_until_ms = sent + ttl.value() * 1000;
+      } else if (!ttl.is_ok() && ttl.status().code() == Code::kNotFound) {
+        if (lease.load() == id) {
+          MC_LOG_WARN << "store master HA: lease " << id << " is gone at etcd (expired while this member was "
+                      << "paused or cut off)";
+          lease = 0;
+          lease_until_ms = 0;
+        }
+      } else if (!ttl.is_ok()) {
+        MC_LOG_WARN << "store master HA: lease renewal failed: " << ttl.status().to_string();
+      }
+    }
+  }
+};
+
+MasterHa::MasterHa(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MasterHa::~MasterHa() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->lease_mu);
+    impl_->stopping = true;
+  }
+  impl_->lease_cv.notify_all();
+  if (impl_->lease_thread.joinable()) impl_->lease_thread.join();
+  impl_->watch.reset();
+  if (impl_->leading.load() && impl_->lease.load() != 0) {
+    // A clean stop hands over at once instead of after the lease's TTL.
+    (void)impl_->client->lease_revoke(impl_->lease.load());
+  }
+}
+
+Result<std::unique_ptr<MasterHa>> MasterHa::start(const HaOptions& options, LeaderInfo self) {
+  MC_RETURN_IF_ERROR(validate_cluster_id(options.cluster_id));
+  if (options.lease_ttl_s < 1 || options.lease_ttl_s > 600) {
+    return Status(Code::kInvalidArgument,
+                  "leader lease TTL of " + std::to_string(options.lease_ttl_s) + " s is outside 1..600");
+  }
+  MC_ASSIGN_OR_RETURN(etcd::Options eo, etcd::parse_endpoints(options.etcd));
+  eo.timeout_ms = options.etcd_timeout_ms;
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->self = std::move(self);
+  impl->prefix = ha_prefix(options.cluster_id);
+  impl->leader_key = leader_key(options.cluster_id);
+  impl->seg_prefix = impl->prefix + "seg/";
+  impl->obj_prefix = impl->prefix + "obj/";
+  impl->xseg_prefix = impl->prefix + "xseg/";
+  impl->client = std::make_unique<etcd::Client>(eo);
+  MC_RETURN_IF_ERROR(impl->reload().with_context("store master: first read of cluster '" + options.cluster_id +
+                                                 "' from etcd " + options.etcd));
+  Impl* raw = impl.get();
+  impl->lease_thread = std::thread([raw] { raw->lease_loop(); });
+  return std::unique_ptr<MasterHa>(new MasterHa(std::move(impl)));
+}
+
+Result<std::optional<TakeoverState>> MasterHa::campaign() {
+  Impl& m = *impl_;
+  bool reload = false;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    reload = m.reload_needed;
+    if (!reload && m.leader) return std::optional<TakeoverState>();
+  }
+  if (reload) MC_RETURN_IF_ERROR(m.reload());
+  if (m.lease.load() == 0) {
+    const int64_t asked = steady_ms();
+    MC_ASSIGN_OR_RETURN(int64_t id, m.client->lease_grant(m.options.lease_ttl_s));
+    m.lease_until_ms = asked + m.options.lease_ttl_s * 1000;
+    m.lease = id;
+  }
+  LeaderInfo me = m.self;
+  me.since_unix_ms = unix_time_ms();
+  etcd::Compare absent{m.leader_key, etcd::Compare::Target::kCreateRevision, etcd::Compare::Result::kEqual, 0, ""};
+  Result<etcd::TxnResult> won =
+      m.client->txn({absent}, {etcd::Op::put(m.leader_key, encode_leader(me), m.lease.load())});
+  if (!won.is_ok()) return won.status();
+  if (!won->succeeded) return std::optional<TakeoverState>();
+  const int64_t revision = won->revision;
+  // Everything the old leader committed precedes this revision: wait until the watch has applied it.
+  std::unique_lock<std::mutex> lock(m.mu);
+  const bool caught_up = m.applied_cv.wait_for(lock, std::chrono::milliseconds(2 * m.options.etcd_timeout_ms),
+                                               [&] { return m.applied_revision >= revision || m.reload_needed; });
+  if (!caught_up || m.reload_needed) {
+    lock.unlock();
+    MC_LOG_WARN << "store master HA: elected at revision " << revision
+                << " but the watch had not caught up: reading every record again";
+    MC_RETURN_IF_ERROR(m.reload());
+    lock.lock();
+  }
+  TakeoverState out;
+  out.revision = revision;
+  const int64_t now_unix = unix_time_ms();
+  for (const auto& [name, s] : m.segments) out.segments.push_back(s);
+  out.objects.reserve(m.objects.size());
+  for (const auto& [key, h] : m.objects) out.objects.push_back(with_pin_left(h, now_unix));
+  for (const auto& [name, d] : m.directory) out.directory.push_back(d);
+  out.corrupt_records = m.counters.corrupt_records;
+  ++m.counters.takeovers;
+  m.leading = true;
+  m.next_compact_ms = steady_ms() + m.options.compact_interval_ms;
+  m.compact_mark = revision;
+  return std::optional<TakeoverState>(std::move(out));
+}
+
+bool MasterHa::is_leader() const {
+  return impl_->leading.load() && impl_->lease.load() != 0 &&
+         steady_ms() < impl_->lease_until_ms.load() - impl_->margin_ms();
+}
+
+Status MasterHa::commit(const DurableChanges& changes, const std::vector<etcd::Op>& extra) {
+  Impl& m = *impl_;
+  if (changes.empty() && extra.empty()) return Status::ok();
+  const int64_t lease = m.lease.load();
+  if (!is_leader()) {
+    return Status(Code::kUnavailable, "store master: not the leader any more (its etcd lease may have expired)");
+  }
+  std::vector<etcd::Op> ops;
+  ops.reserve(changes.segments.size() + changes.objects.size() + extra.size());
+  for (const auto& [name, s] : changes.segments) {
+    ops.push_back(s ? etcd::Op::put(m.seg_prefix + name, encode_segment_record(*s)) : etcd::Op::del(m.seg_prefix + name));
+  }
+  const int64_t now_unix = unix_time_ms();
+  for (const auto& [key, o] : changes.objects) {
+    ops.push_back(o ? etcd::Op::put(m.obj_prefix + key, encode_object_record(*o, now_unix))
+                    : etcd::Op::del(m.obj_prefix + key));
+  }
+  ops.insert(ops.end(), extra.begin(), extra.end());
+  // Fenced: only while the leader key still carries this member's lease.
+  const etcd::Compare fence{m.leader_key, etcd::Compare::Target::kLease, etcd::Compare::Result::kEqual, lease, ""};
+  const int64_t t0 = steady_ms();
+  const auto t0_us = std::chrono::steady_clock::now();
+  for (size_t at = 0; at < ops.size(); at += kMaxOpsPerTxn) {
+    std::vector<etcd::Op> chunk(ops.begin() + static_cast<std::ptrdiff_t>(at),
+                                ops.begin() + static_cast<std::ptrdiff_t>(std::min(ops.size(), at + kMaxOpsPerTxn)));
+    Result<etcd::TxnResult> r = m.client->txn({fence}, chunk);
+    if (!r.is_ok() || !r->succeeded) {
+      std::lock_guard<std::mutex> lock(m.mu);
+      ++m.counters.commit_failures;
+      return Status(Code::kUnavailable,
+                    "store master: the change could not be made durable in etcd (" +
+                        (r.is_ok() ? std::string("the leader key no longer carries this member's lease: another "
+                                                 "master leads")
+                                   : r.status().message()) +
+                        "); this master steps down: retry, the leader answers");
+    }
+  }
+  const uint64_t us = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0_us).count());
+  (void)t0;
+  std::lock_guard<std::mutex> lock(m.mu);
+  ++m.counters.commits;
+  m.counters.commit_ops += ops.size();
+  m.counters.commit_us_total += us;
+  m.counters.commit_us_max = std::max(m.counters.commit_us_max, us);
+  return Status::ok();
+}
+
+void MasterHa::step_down(const std::string& why) {
+  Impl& m = *impl_;
+  if (!m.leading.exchange(false)) return;
+  MC_LOG_WARN << "store master HA: stepping down (" << why << "); following the records as a standby";
+  const int64_t lease = m.lease.exchange(0);
+  m.lease_until_ms = 0;
+  if (lease != 0) {
+    Status s = m.client->lease_revoke(lease);
+    if (!s.is_ok()) MC_LOG_DEBUG << "lease revoke: " << s.to_string();
+  }
+  std::lock_guard<std::mutex> lock(m.mu);
+  ++m.counters.step_downs;
+  m.reload_needed = true;  // what this member wrote last may not be in etcd: read it back
+}
+
+std::optional<LeaderInfo> MasterHa::leader() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->leader;
+}
+
+void MasterHa::maintain() {
+  Impl& m = *impl_;
+  bool reload = false;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    reload = m.reload_needed && !m.leading.load();
+  }
+  if (reload) {
+    Status s = m.reload();
+    if (!s.is_ok()) MC_LOG_WARN << "store master HA: reading the records failed: " << s.to_string();
+  }
+  if (!is_leader() || steady_ms() < m.next_compact_ms) return;
+  m.next_compact_ms = steady_ms() + m.options.compact_interval_ms;
+  // etcd's history before the mark of the last round is no longer needed: every standby has followed it.
+  if (m.compact_mark > 0) {
+    Status s = m.client->compact(m.compact_mark);
+    if (!s.is_ok()) MC_LOG_DEBUG << "etcd compaction at " << m.compact_mark << ": " << s.to_string();
+  }
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.compact_mark = m.applied_revision;
+}
+
+HaCounters MasterHa::counters() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  HaCounters c = impl_->counters;
+  c.applied_revision = impl_->applied_revision;
+  return c;
+}
+
+const HaOptions& MasterHa::options() const { return impl_->options; }
+
+std::string MasterHa::directory_key(const std::string& name) const { return impl_->xseg_prefix + name; }
+
+}  // namespace mc::store
