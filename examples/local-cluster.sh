@@ -26,6 +26,11 @@
 #
 # Options (environment variable in brackets; flag beats environment beats default):
 #   --store-nodes S       storage nodes                                  [MC_STORE_NODES, 2]
+#   --masters M           store masters; with M >= 2 they are replicated on etcd (docs/DESIGN.md §17): the script
+#                         starts a one-member etcd on free loopback ports (state directory), M masters of cluster
+#                         "lc<pid>" (master, master1, ...: the first leads, the others stand by), and every node,
+#                         prefill instance and the Conductor follow the leader through etcd; CMD gets MC_ETCD and
+#                         MC_CLUSTER_ID. Needs etcd (tools/install-deps.sh installs etcd-server)  [MC_STORE_MASTERS, 1]
 #   --hosts N             host labels host0..hostN-1: storage node i and prefill/decode instance i get
 #                         label host(i mod N) (their --host), so the store master places a prefill's new
 #                         blocks and hot-prefix copies on its "own host" and the conductor prices a
@@ -81,6 +86,7 @@ root="$(dirname "$here")"
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 store_nodes="${MC_STORE_NODES:-2}"
+n_masters="${MC_STORE_MASTERS:-1}"
 n_hosts="${MC_HOSTS:-1}"
 conductor_args="${MC_CONDUCTOR_ARGS:-}"
 gateway="${MC_GATEWAY_ON:-0}"
@@ -113,6 +119,7 @@ need() { [[ $# -ge 2 && -n "$2" ]] || { echo "local-cluster.sh: $1 needs a value
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --store-nodes) need "$@"; store_nodes="$2"; shift 2 ;;
+    --masters) need "$@"; n_masters="$2"; shift 2 ;;
     --hosts) need "$@"; n_hosts="$2"; shift 2 ;;
     --conductor-args) need "$@"; conductor_args="$2"; shift 2 ;;
     --prefill) need "$@"; n_prefill="$2"; shift 2 ;;
@@ -151,10 +158,16 @@ fi
 [[ "$prefix_cache" == store || "$prefix_cache" == none ]] ||
   { echo "local-cluster.sh: --prefix-cache must be store or none, got '$prefix_cache'" >&2; exit 2; }
 [[ -n "$model" ]] || { [[ "$backend" == ref ]] && model=tiny || model=llama3-70b; }
-for n in "$store_nodes" "$n_prefill" "$n_decode" "$n_hosts"; do
+for n in "$store_nodes" "$n_prefill" "$n_decode" "$n_hosts" "$n_masters"; do
   [[ "$n" =~ ^[0-9]+$ ]] || { echo "local-cluster.sh: counts must be integers, got '$n'" >&2; exit 2; }
 done
 (( n_hosts >= 1 )) || { echo "local-cluster.sh: --hosts must be at least 1" >&2; exit 2; }
+(( n_masters >= 1 )) || { echo "local-cluster.sh: --masters must be at least 1" >&2; exit 2; }
+if (( n_masters > 1 )) && ! command -v etcd > /dev/null; then
+  echo "local-cluster.sh: --masters $n_masters replicates the store master on etcd, which is not installed" \
+       "(tools/install-deps.sh installs etcd-server)" >&2
+  exit 1
+fi
 read -r -a extra_conductor_flags <<< "$conductor_args"
 (( n_prefill >= 1 && n_decode >= 1 )) || { echo "local-cluster.sh: need at least 1 prefill and 1 decode instance" >&2; exit 2; }
 for b in mc-store mc-conductor mc-prefill mc-decode; do
@@ -171,28 +184,51 @@ done
 
 state="$(mktemp -d "${TMPDIR:-/tmp}/mc-local-cluster.XXXXXX")"
 tag="lc$$"
+etcd_pid=""
 pids=()
 names=()
 
-stop_all() {
-  local rc=$?
-  trap - EXIT INT TERM
-  local i
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+# stop_group IDX...: SIGTERM to those processes (newest first), a second SIGTERM after 1 s to those still running
+# (it ends a drain), SIGKILL after 5 s more; waits for each.
+stop_group() {
+  local i pid deadline
+  for ((i = $# ; i >= 1; i--)); do kill -TERM "${pids[${!i}]}" 2>/dev/null || true; done
   # The whole cluster stops: no drain is wanted (a storage node would try to move its objects to nodes that are
   # stopping too, a worker would finish its jobs). A second SIGTERM to those still running ends their drains.
-  local deadline=$((SECONDS + 1))
-  for pid in "${pids[@]}"; do while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done; done
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  deadline=$((SECONDS + 1))
+  for i in "$@"; do while kill -0 "${pids[$i]}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done; done
+  for i in "$@"; do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
   deadline=$((SECONDS + 5))
-  for pid in "${pids[@]}"; do
+  for i in "$@"; do
+    pid="${pids[$i]}"
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
     if kill -0 "$pid" 2>/dev/null; then
-      echo "local-cluster.sh: pid $pid did not stop on SIGTERM within 5 s: SIGKILL" >&2
+      echo "local-cluster.sh: ${names[$i]:-pid} (pid $pid) did not stop on SIGTERM within 5 s: SIGKILL" >&2
       kill -KILL "$pid" 2>/dev/null || true
     fi
     wait "$pid" 2>/dev/null || true
   done
+}
+
+stop_all() {
+  local rc=$?
+  trap - EXIT INT TERM
+  # Everything but the store masters first, then the masters (storage nodes unmount while their master answers).
+  local i others=() masters=()
+  for i in "${!pids[@]}"; do
+    if [[ "${names[$i]}" =~ ^master[0-9]*$ ]]; then masters+=("$i"); else others+=("$i"); fi
+  done
+  [[ ${#others[@]} -eq 0 ]] || stop_group "${others[@]}"
+  [[ ${#masters[@]} -eq 0 ]] || stop_group "${masters[@]}"
+  # etcd last: the masters and their clients stop while it still answers (a master that cannot reach it steps down,
+  # and its nodes would wait for a new leader on the way out).
+  if [[ -n "$etcd_pid" ]]; then
+    kill -TERM "$etcd_pid" 2>/dev/null || true
+    deadline=$((SECONDS + 5))
+    while kill -0 "$etcd_pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done
+    kill -KILL "$etcd_pid" 2>/dev/null || true
+    wait "$etcd_pid" 2>/dev/null || true
+  fi
   if [[ -n "$keep_logs" ]]; then mkdir -p "$keep_logs" && cp "$state"/*.log "$keep_logs"/ 2>/dev/null || true; fi
   rm -rf "$state"
   rm -f /dev/shm/mc-store-"$tag"-* 2>/dev/null || true
@@ -273,12 +309,61 @@ as() {
   return 0
 }
 
-as master
-start master "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://127.0.0.1:0 --hot-reads "$hot_reads" \
-  ${auth_flags[@]+"${auth_flags[@]}"} ${metrics_flags[@]+"${metrics_flags[@]}"}
-master="$(wait_ready master)"
-record_metrics master
-events="$(ready_field master events)"
+# With --masters M >= 2: a one-member etcd on free loopback ports (a port another process takes between the pick
+# and etcd's bind makes it exit: the next attempt picks others), and every store client follows the leader.
+etcd_endpoint=""
+cluster_id=""
+master_flags=()  # how a store client names the master: --master EP, or --etcd EP --cluster-id ID
+if (( n_masters > 1 )); then
+  cluster_id="$tag"
+  for _ in 1 2 3 4 5; do
+    cport=$((20000 + RANDOM % 40000))
+    pport=$((cport + 1))
+    rm -rf "$state/etcd"
+    # Not in pids: stop_all stops it after everything else.
+    etcd --name "$tag" --data-dir "$state/etcd" --listen-client-urls "http://127.0.0.1:$cport" \
+      --advertise-client-urls "http://127.0.0.1:$cport" --listen-peer-urls "http://127.0.0.1:$pport" \
+      --initial-advertise-peer-urls "http://127.0.0.1:$pport" --initial-cluster "$tag=http://127.0.0.1:$pport" \
+      --initial-cluster-token "$tag" --initial-cluster-state new --log-level error > "$state/etcd.log" 2>&1 &
+    etcd_pid=$!
+    deadline=$((SECONDS + ready_timeout_s))
+    while kill -0 "$etcd_pid" 2>/dev/null && ((SECONDS < deadline)); do
+      if curl -sf "http://127.0.0.1:$cport/health" > /dev/null 2>&1; then etcd_endpoint="127.0.0.1:$cport"; break; fi
+      sleep 0.05
+    done
+    [[ -z "$etcd_endpoint" ]] || break
+    kill -KILL "$etcd_pid" 2>/dev/null || true
+    wait "$etcd_pid" 2>/dev/null || true
+    etcd_pid=""
+  done
+  [[ -n "$etcd_endpoint" ]] || { echo "local-cluster.sh: etcd did not start; its log:" >&2; sed 's/^/  /' "$state/etcd.log" >&2; exit 1; }
+  echo "etcd $etcd_pid $etcd_endpoint" >> "$state/cluster.txt"
+  master_flags=(--etcd "$etcd_endpoint" --cluster-id "$cluster_id")
+  export MC_ETCD="$etcd_endpoint" MC_CLUSTER_ID="$cluster_id"
+fi
+
+for ((m = 0; m < n_masters; m++)); do
+  name=master
+  ((m == 0)) || name="master$m"
+  as master
+  start "$name" "$bin/mc-store" master --listen tcp://127.0.0.1:0 --events tcp://127.0.0.1:0 --hot-reads "$hot_reads" \
+    ${master_flags[@]+"${master_flags[@]}"} ${auth_flags[@]+"${auth_flags[@]}"} ${metrics_flags[@]+"${metrics_flags[@]}"}
+  endpoint="$(wait_ready "$name")"
+  record_metrics "$name"
+  if ((m == 0)); then
+    master="$endpoint"
+    events="$(ready_field master events)"
+  fi
+  if ((m == 0 && n_masters > 1)); then
+    # The first master leads before the others start (they stand by): wait until it answers as the leader.
+    deadline=$((SECONDS + ready_timeout_s))
+    until "$bin/mc-store" stat --master "$master" > /dev/null 2>&1; do
+      ((SECONDS < deadline)) || { echo "local-cluster.sh: the first master did not take the lead; its log:" >&2; sed 's/^/  /' "$state/master.log" >&2; exit 1; }
+      sleep 0.05
+    done
+  fi
+done
+[[ ${#master_flags[@]} -gt 0 ]] || master_flags=(--master "$master")
 
 ssd_flags=()
 if [[ "$ssd_bytes" != none ]]; then
@@ -288,7 +373,7 @@ if [[ "$ssd_bytes" != none ]]; then
 fi
 for ((i = 0; i < store_nodes; i++)); do
   as "node$i"
-  start "node$i" "$bin/mc-store" serve --master "$master" --node-id "$tag-node$i" --host "$(host_label "$i")" \
+  start "node$i" "$bin/mc-store" serve "${master_flags[@]}" --node-id "$tag-node$i" --host "$(host_label "$i")" \
     --dram-bytes "$dram_bytes" ${ssd_flags[@]+"${ssd_flags[@]}"} ${auth_flags[@]+"${auth_flags[@]}"} \
     ${metrics_flags[@]+"${metrics_flags[@]}"}
   wait_ready "node$i" > /dev/null
@@ -299,7 +384,9 @@ done
 envelope_flags=()
 [[ "$backend" == ref ]] && envelope_flags=(--decode-envelope 0)
 as conductor
-start conductor "$bin/mc-conductor" serve --listen tcp://127.0.0.1:0 --kv-events "$events" --store-master "$master" \
+conductor_store_flags=(--kv-events "$events" --store-master "$master")
+[[ -z "$etcd_endpoint" ]] || conductor_store_flags=(--etcd "$etcd_endpoint" --cluster-id "$cluster_id")
+start conductor "$bin/mc-conductor" serve --listen tcp://127.0.0.1:0 "${conductor_store_flags[@]}" \
   ${auth_flags[@]+"${auth_flags[@]}"} ${metrics_flags[@]+"${metrics_flags[@]}"} \
   --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" --time-scale "$time_scale" \
   ${envelope_flags[@]+"${envelope_flags[@]}"} ${extra_conductor_flags[@]+"${extra_conductor_flags[@]}"}
@@ -322,10 +409,11 @@ for ((i = 0; i < n_decode; i++)); do
   record_metrics "decode$i"
 done
 for ((i = 0; i < n_prefill; i++)); do
-  store_flag="$master"
-  [[ "$prefix_cache" == none ]] && store_flag=none
+  store_flags=(--store "$master")
+  [[ -z "$etcd_endpoint" ]] || store_flags=(--store etcd --etcd "$etcd_endpoint" --cluster-id "$cluster_id")
+  [[ "$prefix_cache" == none ]] && store_flags=(--store none)
   as "prefill$i"
-  start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 --store "$store_flag" "${worker_flags[@]}" \
+  start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 "${store_flags[@]}" "${worker_flags[@]}" \
     --instance-id "prefill$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"} \
     ${metrics_flags[@]+"${metrics_flags[@]}"}
   wait_ready "prefill$i" > /dev/null
@@ -353,11 +441,12 @@ case "$model" in
   small) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-1024}" ;;
 esac
 {
-  echo "local-cluster.sh: up: 1 store master, $store_nodes storage nodes, 1 conductor ($policy)," \
+  echo "local-cluster.sh: up: $n_masters store master(s), $store_nodes storage nodes, 1 conductor ($policy)," \
        "$n_prefill prefill and $n_decode decode instances ($backend backend, model $model, block $block_size tokens)," \
        "$n_hosts host label(s)"
   echo "  conductor     $conductor      (export MC_CONDUCTOR=$conductor)"
   echo "  store master  $master      KV events $events"
+  [[ -z "$etcd_endpoint" ]] || echo "  replicated    etcd $etcd_endpoint, cluster $cluster_id (export MC_ETCD=$etcd_endpoint MC_CLUSTER_ID=$cluster_id)"
   [[ -z "$gateway_url" ]] || echo "  gateway       $gateway_url   (export MC_GATEWAY=$gateway_url; curl $gateway_url/v1/models)"
   echo "  logs          $state/*.log"
   [[ -z "$auth_dir" ]] || echo "  keys          $auth_dir   (export MC_AUTH_DIR=$auth_dir MC_AUTH_NAME=default)"

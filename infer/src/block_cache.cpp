@@ -96,12 +96,18 @@ class StoreBlockCache final : public KvBlockCache {
 
 }  // namespace
 
-Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master, const std::string& host) {
+Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master, const std::string& host,
+                                                          const std::string& etcd, const std::string& cluster_id) {
   store::ClientOptions o;
   o.master = master;
   o.host = host;
+  o.etcd = etcd;
+  o.cluster_id = cluster_id;
   auto client = store::Client::connect(o);
-  if (!client.is_ok()) return client.status().with_context("prefix cache (--store " + master + ")");
+  if (!client.is_ok()) {
+    return client.status().with_context("prefix cache (--store " + master +
+                                        (etcd.empty() ? "" : ", cluster " + cluster_id + " via etcd " + etcd) + ")");
+  }
   return std::unique_ptr<KvBlockCache>(new StoreBlockCache(master, host, std::move(client).value()));
 }
 

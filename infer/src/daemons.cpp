@@ -172,9 +172,11 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
   add_backend_flags(app, c.backend);
   add_conductor_flags(app, c.conductor);
   app.add_option("--store", c.store,
-                 "Prefix cache: none, mem (in this process) or the mc-store master endpoint (tcp://host:port)")
+                 "Prefix cache: none, mem (in this process), the mc-store master endpoint (tcp://host:port), or etcd "
+                 "(the leader of a replicated master: --etcd, --cluster-id)")
       ->envname("MC_STORE")
       ->capture_default_str();
+  cli::add_etcd_flags(app, c.etcd, c.cluster_id, "--store's endpoint");
   app.add_option("--chunk-tokens", c.chunk_tokens, "Chunked prefill: tokens per chunk (0 = whole prompt at once)")
       ->envname("MC_CHUNK_TOKENS")
       ->capture_default_str()
@@ -199,9 +201,13 @@ Status run_prefill_daemon(const PrefillDaemonConfig& c) {
   std::unique_ptr<KvBlockCache> cache;
   if (c.store == "mem") {
     cache = std::make_unique<MemoryBlockCache>();
+  } else if (c.store == "etcd" && c.etcd.empty()) {
+    return Status(Code::kInvalidArgument, "--store etcd needs --etcd HOST:PORT[,...] and --cluster-id NAME");
   } else if (c.store != "none") {
     // The store sees the host label the Conductor sees (--host), so "same host" means one thing to both.
-    MC_ASSIGN_OR_RETURN(cache, connect_store_cache(c.store, resolve_conductor_options(c.conductor, "prefill").host));
+    const std::string master = c.store == "etcd" ? "" : c.store;
+    MC_ASSIGN_OR_RETURN(cache, connect_store_cache(master, resolve_conductor_options(c.conductor, "prefill").host,
+                                                   c.store == "etcd" ? c.etcd : "", c.cluster_id));
   }
   PrefillWorkerOptions o;
   o.block_tokens = c.backend.block_tokens;

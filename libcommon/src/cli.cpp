@@ -368,4 +368,17 @@ int parse(CLI::App& app, int argc, char** argv) {
   return apply_auth_flags(argc, argv);
 }
 
+void add_etcd_flags(CLI::App& cmd, std::string& etcd, std::string& cluster_id, const std::string& instead) {
+  const std::string help =
+      instead.empty()
+          ? "etcd client endpoints HOST:PORT[,HOST:PORT...]: this master joins the replicated cluster --cluster-id "
+            "(one member leads through an etcd lease, the others stand by)"
+          : "etcd client endpoints HOST:PORT[,HOST:PORT...] of a replicated store master: the leader of "
+            "--cluster-id is followed (" +
+                instead + " is then ignored)";
+  cmd.add_option("--etcd", etcd, help)->envname("MC_ETCD");
+  cmd.add_option("--cluster-id", cluster_id, "Name of the replicated store master's cluster in etcd ([A-Za-z0-9._-])")
+      ->envname("MC_CLUSTER_ID");
+}
+
 }  // namespace mc::cli

@@ -17,6 +17,7 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
+#include "mc/common/leader.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
 #include "mc/common/metrics_http.hpp"
@@ -84,6 +85,14 @@ class StoreMasterResync final : public ResyncSource {
  public:
   StoreMasterResync(std::string endpoint, int timeout_ms, Scheduler* scheduler)
       : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms), scheduler_(scheduler) {}
+
+  // Another store master leads (etcd): ask it from now on.
+  void set_endpoint(const std::string& endpoint) {
+    if (endpoint == endpoint_) return;
+    endpoint_ = endpoint;
+    client_.reset();
+    last_failure_ns_ = 0;
+  }
 
   Result<IndexSnapshot> snapshot(const std::string& stream) override {
     const int64_t now = RealClock::instance().now_ns();
@@ -217,7 +226,11 @@ class Conductor {
       if (!sub.is_ok()) return sub.status().with_context("subscribing to KV events at " + ep);
       subs_.emplace_back(ep, std::move(sub).value());
     }
-    if (!options_.store_master.empty()) {
+    store_master_ = options_.store_master;
+    if (!options_.etcd.empty()) {
+      MC_ASSIGN_OR_RETURN(locator_, LeaderLocator::create(LeaderAddress{"", options_.etcd, options_.cluster_id}));
+      follow_store_leader(options_.store_timeout_ms);
+    } else if (!options_.store_master.empty()) {
       resync_ = std::make_unique<StoreMasterResync>(options_.store_master, options_.store_timeout_ms, sched_.get());
       sched_->index().set_resync_source(resync_.get());
       Result<proto::StoreStatReply> st = resync_->refresh_hosts();
@@ -283,11 +296,12 @@ class Conductor {
       // saying so, DESIGN.md §10 "Reconciliation after store faults").
       // Asynchronous: a master that is down or stopped never stalls this loop (a resync, which blocks for up
       // to --store-timeout-ms, only follows a stat that was answered).
+      if (locator_ && locator_->generation() != leader_generation_) follow_store_leader(0);
       if (resync_ && !stat_pending_ && now - last_hosts_ns > 1'000'000'000) {
         last_hosts_ns = now;
         stat_pending_ = true;
         calls_.call<proto::StoreStatRequest>(
-            options_.store_master, proto::StoreStatRequest{true}, options_.store_timeout_ms,
+            store_master_, proto::StoreStatRequest{true}, options_.store_timeout_ms,
             [this](Result<proto::StoreStatReply> st) {
               stat_pending_ = false;
               if (!st.is_ok()) {
@@ -498,7 +512,7 @@ class Conductor {
     f.request = r;
     f.prefill_endpoint = p->info.endpoint;
     f.decode_endpoint = dec->info.endpoint;
-    if (d.replicate_prefix && !options_.store_master.empty()) {
+    if (d.replicate_prefix && !store_master_.empty()) {
       f.prefill_host = p->info.host;
       const size_t n =
           std::min(r.block_hashes.size(), static_cast<size_t>(std::max<int64_t>(d.prefill.reused_blocks, 0)));
@@ -604,15 +618,14 @@ class Conductor {
     rn.keys = f.replicate_keys;
     rn.host = f.prefill_host;
     calls_.call<proto::StoreReplicateNearRequest>(
-        options_.store_master, rn, options_.store_timeout_ms,
-        [this, id, attempt](Result<proto::StoreReplicateNearReply> r) {
+        store_master_, rn, options_.store_timeout_ms, [this, id, attempt](Result<proto::StoreReplicateNearReply> r) {
           if (r.is_ok()) {
             metrics_
                 .counter("mc_conductor_replicated_blocks_total",
                          "prefix blocks the store master was asked to copy near the chosen prefill instance")
                 .inc(r->marked);
           } else {
-            MC_LOG_WARN << "request '" << id << "': store.replicate_near at " << options_.store_master
+            MC_LOG_WARN << "request '" << id << "': store.replicate_near at " << store_master_
                         << " failed (the prefix is read remotely, not copied): " << r.status().message();
           }
           if (current(id, attempt) != nullptr) dispatch(id);
@@ -1501,6 +1514,48 @@ class Conductor {
   std::unique_ptr<rpc::RpcServer> server_;
   std::vector<std::pair<std::string, std::unique_ptr<rpc::EventSubscriber>>> subs_;
   std::unique_ptr<StoreMasterResync> resync_;
+  // The store master asked now: options_.store_master, or the leader of options_.cluster_id in etcd (locator_).
+  std::string store_master_;
+  std::shared_ptr<LeaderLocator> locator_;
+  uint64_t leader_generation_ = 0;
+  std::string leader_stream_;  // the KV event stream of the store's leader ("store:<cluster-id>")
+
+  // Follows the store master's leader (etcd): resync and stat calls go to it, and its KV events are the stream
+  // "store:<cluster-id>" (one stream whatever the leader: a new leader is a new incarnation of its publisher, which
+  // the index resyncs at once: DESIGN.md §17).
+  void follow_store_leader(int64_t wait_ms) {
+    leader_generation_ = locator_->generation();
+    Result<LeaderInfo> l = locator_->leader(wait_ms);
+    if (!l.is_ok()) {
+      MC_LOG_WARN << "store master: " << l.status().message() << " (followed as soon as one leads)";
+      return;
+    }
+    if (l->endpoint == store_master_) return;
+    MC_LOG_INFO << "store master: following the leader " << l->endpoint << " (" << l->member << ") of cluster '"
+                << options_.cluster_id << "'";
+    store_master_ = l->endpoint;
+    if (resync_) {
+      resync_->set_endpoint(store_master_);
+    } else {
+      resync_ = std::make_unique<StoreMasterResync>(store_master_, options_.store_timeout_ms, sched_.get());
+      sched_->index().set_resync_source(resync_.get());
+    }
+    leader_stream_ = "store:" + options_.cluster_id;
+    subs_.erase(std::remove_if(subs_.begin(), subs_.end(), [&](const auto& s) { return s.first == leader_stream_; }),
+                subs_.end());
+    if (!l->events.empty()) {
+      Result<std::unique_ptr<rpc::EventSubscriber>> sub = rpc::EventSubscriber::connect(l->events);
+      if (sub.is_ok()) {
+        subs_.emplace_back(leader_stream_, std::move(sub).value());
+      } else {
+        MC_LOG_WARN << "KV events of the store leader at " << l->events << ": " << sub.status().message();
+      }
+    }
+    // Whatever happened between the leaders (events the old one published and the new one never will) is found by
+    // a resync against the new leader: at once, not at its first event.
+    sched_->index().source_restarted(0);
+    (void)sched_->index().resync_stale();
+  }
   bool stat_pending_ = false;      // a periodic store.stat is outstanding
   std::string key_digest_;         // base namespace of the workers' block keys, once known
   bool base_known_ = false;        // options_.key_namespace holds the base's fields (configured or named)

@@ -682,7 +682,8 @@ Result<std::unique_ptr<Client>> Client::connect(ClientOptions options) {
   co.client_name = options.client_id;
   co.connect_timeout_ms = options.rpc_timeout_ms;
   co.default_timeout_ms = options.rpc_timeout_ms;
-  MC_ASSIGN_OR_RETURN(impl->locator, MasterLocator::create(MasterAddress{options.master, options.etcd, options.cluster_id}));
+  MC_ASSIGN_OR_RETURN(impl->locator,
+                      MasterLocator::create(MasterAddress{options.master, options.etcd, options.cluster_id}));
   MC_ASSIGN_OR_RETURN(impl->master, MasterLink::connect(impl->locator, co));
   rpc::AsyncClientOptions no;
   no.client_name = options.client_id;
@@ -743,7 +744,8 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
   const int64_t t_start_us = steady_us();
   MC_ASSIGN_OR_RETURN(auto grants, m.call_master(start));
   if (grants.items.size() != items.size()) {
-    return Status(Code::kMalformedMessage, "put_start reply from " + m.master->endpoint() + " has the wrong item count");
+    return Status(Code::kMalformedMessage,
+                  "put_start reply from " + m.master->endpoint() + " has the wrong item count");
   }
   // Items refused with kUnavailable wait for space being freed (demotion to SSD): retry them alone.
   const uint16_t kRetry = static_cast<uint16_t>(Code::kUnavailable);

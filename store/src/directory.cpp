@@ -58,7 +58,7 @@ Result<std::shared_ptr<MasterSegmentDirectory>> MasterSegmentDirectory::connect(
                                                                                 const std::string& client_name,
                                                                                 int64_t rpc_timeout_ms) {
   MasterAddress a;
-  a.master = master_endpoint;
+  a.endpoint = master_endpoint;
   MC_ASSIGN_OR_RETURN(std::shared_ptr<MasterLocator> locator, MasterLocator::create(a));
   return connect(std::move(locator), client_name, rpc_timeout_ms);
 }

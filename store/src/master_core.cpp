@@ -1552,7 +1552,8 @@ Result<DurableLoad> MasterCore::load_durable(const std::vector<DurableSegment>& 
     }
     if (!ok) {
       for (auto& [seg, offset] : taken) (void)seg->alloc->free(offset);
-      refuse("object record '" + d.key.substr(0, 80) + "': a replica range lies outside its segment, in an unknown one, "
+      refuse("object record '" + d.key.substr(0, 80) +
+             "': a replica range lies outside its segment, in an unknown one, "
              "or over another object's");
       continue;
     }

@@ -89,47 +89,7 @@ DurableObject with_pin_left(HeldObject h, int64_t now_unix_ms) {
 // Keys and codecs
 // ---------------------------------------------------------------------------------------------
 
-Status validate_cluster_id(const std::string& id) {
-  const bool ok = !id.empty() && id.size() <= 64 && std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-           c == '-';
-  });
-  if (!ok) {
-    return Status(Code::kInvalidArgument, "cluster id '" + id.substr(0, 80) +
-                                              "': use 1 to 64 of [A-Za-z0-9._-] (--cluster-id / MC_CLUSTER_ID)");
-  }
-  return Status::ok();
-}
-
 std::string ha_prefix(const std::string& cluster_id) { return "/mc/" + cluster_id + "/"; }
-std::string leader_key(const std::string& cluster_id) { return ha_prefix(cluster_id) + "leader"; }
-
-std::string encode_leader(const LeaderInfo& info) {
-  nlohmann::json j = {{"member", info.member},
-                      {"endpoint", info.endpoint},
-                      {"events", info.events},
-                      {"fast_port", info.fast_port},
-                      {"since_unix_ms", info.since_unix_ms}};
-  return j.dump();
-}
-
-Result<LeaderInfo> decode_leader(std::string_view json) {
-  nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
-  if (!j.is_object() || !j.contains("endpoint") || !j["endpoint"].is_string()) {
-    return Status(Code::kDataLoss, "leader record is not {\"endpoint\": ...}: " + std::string(json.substr(0, 120)));
-  }
-  LeaderInfo info;
-  info.endpoint = j["endpoint"].get<std::string>();
-  if (j.contains("member") && j["member"].is_string()) info.member = j["member"].get<std::string>();
-  if (j.contains("events") && j["events"].is_string()) info.events = j["events"].get<std::string>();
-  if (j.contains("fast_port") && j["fast_port"].is_number_unsigned()) {
-    info.fast_port = static_cast<uint16_t>(std::min<uint64_t>(j["fast_port"].get<uint64_t>(), 65535));
-  }
-  if (j.contains("since_unix_ms") && j["since_unix_ms"].is_number_integer()) {
-    info.since_unix_ms = j["since_unix_ms"].get<int64_t>();
-  }
-  return info;
-}
 
 std::string encode_segment_record(const DurableSegment& s) {
   const SegmentInfo& i = s.info;
@@ -182,8 +142,8 @@ Result<DurableSegment> decode_segment_record(std::string_view json) {
 std::string encode_object_record(const DurableObject& o, int64_t now_unix_ms) {
   nlohmann::json reps = nlohmann::json::array();
   for (const DurableReplica& r : o.replicas) reps.push_back(nlohmann::json::array({r.segment, r.offset, r.complete}));
-  nlohmann::json j = {{"size", o.size_bytes}, {"checksum", o.checksum}, {"complete", o.complete},
-                      {"replicas", std::move(reps)}};
+  nlohmann::json j = {
+      {"size", o.size_bytes}, {"checksum", o.checksum}, {"complete", o.complete}, {"replicas", std::move(reps)}};
   if (o.pinned) {
     j["pinned"] = true;
     j["pin_until_unix_ms"] = o.pin_left_ms > 0 ? now_unix_ms + o.pin_left_ms : 0;
@@ -488,7 +448,8 @@ Status MasterHa::commit(const DurableChanges& changes, const std::vector<etcd::O
   std::vector<etcd::Op> ops;
   ops.reserve(changes.segments.size() + changes.objects.size() + extra.size());
   for (const auto& [name, s] : changes.segments) {
-    ops.push_back(s ? etcd::Op::put(m.seg_prefix + name, encode_segment_record(*s)) : etcd::Op::del(m.seg_prefix + name));
+    ops.push_back(s ? etcd::Op::put(m.seg_prefix + name, encode_segment_record(*s))
+                    : etcd::Op::del(m.seg_prefix + name));
   }
   const int64_t now_unix = unix_time_ms();
   for (const auto& [key, o] : changes.objects) {

@@ -47,7 +47,7 @@ struct MasterServer::Impl {
   Impl(const MasterOptions& o, const Clock* c) : options(o), clock(c), core(o.config, c) {}
 
   // ---- Replication on etcd (master_ha.hpp; DESIGN.md §17) ----
-  std::unique_ptr<MasterHa> ha;  // null without --etcd: the master runs alone
+  std::unique_ptr<MasterHa> ha;         // null without --etcd: the master runs alone
   std::vector<etcd::Op> directory_ops;  // directory records to write with the next commit
   bool in_call = false;                 // inside a handler: events wait for its commit
   bool leading = false;                 // serving as the leader (core holds the cluster's state)
@@ -56,7 +56,8 @@ struct MasterServer::Impl {
   Status not_leader() const {
     std::optional<LeaderInfo> l = ha->leader();
     return Status(Code::kUnavailable, "this mc-store master is a standby of cluster '" + ha->options().cluster_id +
-                                          "'; the leader is " + (l ? l->endpoint + " (" + l->member + ")" : "not elected yet") +
+                                          "'; the leader is " +
+                                          (l ? l->endpoint + " (" + l->member + ")" : "not elected yet") +
                                           ": resolve the master through etcd (--etcd, --cluster-id)");
   }
   // Makes the changes of the call (or of the periodic work) durable; on failure steps down (the caller answers
@@ -123,17 +124,17 @@ struct MasterServer::Impl {
   // Every store.* handler: only the leader answers, and what the call changed is durable before its reply.
   template <typename Req, typename Fn>
   void on(Fn fn) {
-    server->handle<Req>([this, fn = std::move(fn)](const Req& req,
-                                                   const rpc::CallContext& ctx) -> Result<typename Req::Reply> {
-      if (!ha) return fn(req, ctx);
-      if (!ha->is_leader()) return not_leader();
-      in_call = true;
-      Result<typename Req::Reply> r = fn(req, ctx);
-      in_call = false;
-      MC_RETURN_IF_ERROR(commit());
-      publish_events();
-      return r;
-    });
+    server->handle<Req>(
+        [this, fn = std::move(fn)](const Req& req, const rpc::CallContext& ctx) -> Result<typename Req::Reply> {
+          if (!ha) return fn(req, ctx);
+          if (!ha->is_leader()) return not_leader();
+          in_call = true;
+          Result<typename Req::Reply> r = fn(req, ctx);
+          in_call = false;
+          MC_RETURN_IF_ERROR(commit());
+          publish_events();
+          return r;
+        });
   }
 
   void publish_events() {
@@ -330,7 +331,8 @@ struct MasterServer::Impl {
     if (!ha) return;
     const HaCounters c = ha->counters();
     registry.gauge("mc_store_ha_leader", "1 while this master leads its cluster").set(ha->is_leader() ? 1 : 0);
-    registry.gauge("mc_store_ha_commits_total", "etcd transactions of durable changes").set(static_cast<double>(c.commits));
+    registry.gauge("mc_store_ha_commits_total", "etcd transactions of durable changes")
+        .set(static_cast<double>(c.commits));
     registry.gauge("mc_store_ha_commit_failures_total", "durable commits that failed (the master stepped down)")
         .set(static_cast<double>(c.commit_failures));
     registry.gauge("mc_store_ha_commit_us_mean", "mean time of one durable commit (us)")
@@ -350,40 +352,37 @@ struct MasterServer::Impl {
 
 void MasterServer::Impl::register_handlers() {
   using namespace proto;
-  on<StoreMountRequest>(
-      [this](const StoreMountRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
-        MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, true)));
-        MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, true)));
-        if (!req.xfer_segment.empty())
-          MC_RETURN_IF_ERROR(refused(xfer_claims.check(ctx.caller, req.xfer_segment, false)));
-        MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
-        SegmentInfo info{req.segment,  req.node_id,      req.host,
-                         req.domain,   medium,           req.capacity_bytes,
-                         req.endpoint, req.xfer_segment, req.xfer_base_offset_bytes};
-        if (medium == Medium::kCpu && !req.xfer_segment.empty()) {
-          MC_RETURN_IF_ERROR(directory.lookup(req.xfer_segment)
-                                 .status()
-                                 .with_context("mount of " + req.segment +
-                                               ": publish the transfer-engine segment (xfer.publish_segment) first"));
-        }
-        MC_RETURN_IF_ERROR(core.mount_segment(info, req.restore));
-        sync_directory();
-        MC_LOG_INFO << "mounted segment " << req.segment << " (" << req.medium << ", " << req.capacity_bytes
-                    << " bytes) of node " << req.node_id << " at " << req.endpoint
-                    << (req.restore ? " (restoring: the node re-reports its objects)" : "");
-        publish_events();
-        return StoreAck{};
-      });
-  on<StoreUnmountRequest>(
-      [this](const StoreUnmountRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
-        MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
-        MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, false)));
-        MC_RETURN_IF_ERROR(core.unmount_segment(req.node_id, req.segment));
-        MC_LOG_INFO << "unmounted segment " << req.segment << " of node " << req.node_id;
-        publish_events();
-        sync_directory();
-        return StoreAck{};
-      });
+  on<StoreMountRequest>([this](const StoreMountRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
+    MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, true)));
+    MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, true)));
+    if (!req.xfer_segment.empty()) MC_RETURN_IF_ERROR(refused(xfer_claims.check(ctx.caller, req.xfer_segment, false)));
+    MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
+    SegmentInfo info{req.segment,  req.node_id,      req.host,
+                     req.domain,   medium,           req.capacity_bytes,
+                     req.endpoint, req.xfer_segment, req.xfer_base_offset_bytes};
+    if (medium == Medium::kCpu && !req.xfer_segment.empty()) {
+      MC_RETURN_IF_ERROR(directory.lookup(req.xfer_segment)
+                             .status()
+                             .with_context("mount of " + req.segment +
+                                           ": publish the transfer-engine segment (xfer.publish_segment) first"));
+    }
+    MC_RETURN_IF_ERROR(core.mount_segment(info, req.restore));
+    sync_directory();
+    MC_LOG_INFO << "mounted segment " << req.segment << " (" << req.medium << ", " << req.capacity_bytes
+                << " bytes) of node " << req.node_id << " at " << req.endpoint
+                << (req.restore ? " (restoring: the node re-reports its objects)" : "");
+    publish_events();
+    return StoreAck{};
+  });
+  on<StoreUnmountRequest>([this](const StoreUnmountRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
+    MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
+    MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, false)));
+    MC_RETURN_IF_ERROR(core.unmount_segment(req.node_id, req.segment));
+    MC_LOG_INFO << "unmounted segment " << req.segment << " of node " << req.node_id;
+    publish_events();
+    sync_directory();
+    return StoreAck{};
+  });
   on<StoreNodeHeartbeatRequest>(
       [this](const StoreNodeHeartbeatRequest& req, const rpc::CallContext& ctx) -> Result<StoreNodeHeartbeatReply> {
         MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, false)));
@@ -436,21 +435,20 @@ void MasterServer::Impl::register_handlers() {
         publish_events();
         return reply;
       });
-  on<StorePutEndRequest>(
-      [this](const StorePutEndRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
-        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
-        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
-        if (req.put_ids.size() != req.keys.size() || req.checksums.size() != req.keys.size()) {
-          return Status(Code::kInvalidArgument, "put_end: " + std::to_string(req.keys.size()) + " keys but " +
-                                                    std::to_string(req.put_ids.size()) + " put_ids and " +
-                                                    std::to_string(req.checksums.size()) + " checksums");
-        }
-        StoreItemsReply reply;
-        for (size_t i = 0; i < req.keys.size(); ++i)
-          add_item(reply, core.put_end({req.client_id, "", ""}, keys[i], req.put_ids[i], req.checksums[i]));
-        publish_events();
-        return reply;
-      });
+  on<StorePutEndRequest>([this](const StorePutEndRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
+    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_end"));
+    MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
+    if (req.put_ids.size() != req.keys.size() || req.checksums.size() != req.keys.size()) {
+      return Status(Code::kInvalidArgument, "put_end: " + std::to_string(req.keys.size()) + " keys but " +
+                                                std::to_string(req.put_ids.size()) + " put_ids and " +
+                                                std::to_string(req.checksums.size()) + " checksums");
+    }
+    StoreItemsReply reply;
+    for (size_t i = 0; i < req.keys.size(); ++i)
+      add_item(reply, core.put_end({req.client_id, "", ""}, keys[i], req.put_ids[i], req.checksums[i]));
+    publish_events();
+    return reply;
+  });
   on<StorePutRevokeRequest>(
       [this](const StorePutRevokeRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
         MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "put_revoke"));
@@ -519,118 +517,113 @@ void MasterServer::Impl::register_handlers() {
         MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
         return StoreMatchPrefixReply{core.match_prefix(keys)};
       });
-  on<StoreRemoveRequest>(
-      [this](const StoreRemoveRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
-        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "remove"));
-        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
-        StoreItemsReply reply;
-        for (const std::string& k : keys) add_item(reply, core.remove(k));
-        publish_events();
-        return reply;
-      });
-  on<StorePinRequest>(
-      [this](const StorePinRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
-        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "pin"));
-        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
-        StoreItemsReply reply;
-        for (const std::string& k : keys) add_item(reply, core.pin(k, req.ttl_ms));
-        return reply;
-      });
-  on<StoreUnpinRequest>(
-      [this](const StoreUnpinRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
-        MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "unpin"));
-        MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
-        StoreItemsReply reply;
-        for (const std::string& k : keys) add_item(reply, core.unpin(k));
-        return reply;
-      });
-  on<StoreLsRequest>(
-      [this](const StoreLsRequest& req, const rpc::CallContext& ctx) -> Result<StoreLsReply> {
-        uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
-        StoreLsReply reply;
-        // A tenant lists its own keys (or a shared namespace it opted into); other roles the whole pool.
-        MC_ASSIGN_OR_RETURN(const std::string prefix, refused_key(ctx, req.prefix));
-        std::vector<ObjectInfo> objs = core.ls(prefix, limit + 1);
-        reply.truncated = objs.size() > limit;
-        if (reply.truncated) objs.resize(limit);
-        for (ObjectInfo& o : objs) {
-          reply.objects.push_back(
-              {unscope_key(ctx, o.key), o.size_bytes, o.complete, o.leased, o.pinned, o.segments, o.media});
-        }
-        return reply;
-      });
-  on<StoreStatRequest>(
-      [this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
-        MasterStats s = core.stat();
-        StoreStatReply r;
-        if (req.with_segments) {
-          for (const SegmentStats& g : s.segments) {
-            StoreSegmentStat w;
-            w.segment = g.info.name;
-            w.node_id = g.info.node_id;
-            w.host = g.info.host;
-            w.domain = g.info.domain;
-            w.medium = std::string(medium_name(g.info.medium));
-            w.capacity_bytes = g.info.capacity_bytes;
-            w.used_bytes = g.used_bytes;
-            w.largest_free_bytes = g.largest_free_bytes;
-            w.fragmentation = g.fragmentation;
-            w.objects = g.objects;
-            w.leased_objects = g.leased_objects;
-            w.hits = g.hits;
-            w.evictions = g.evictions;
-            w.demotions = g.demotions;
-            w.suspect = g.suspect;
-            w.read_only = g.read_only;
-            w.draining = g.draining;
-            r.segments.push_back(std::move(w));
-          }
-        }
-        r.objects = s.objects;
-        r.processing = s.processing;
-        r.nodes = s.nodes;
-        r.clients = s.clients;
-        r.hits = s.hits;
-        r.misses = s.misses;
-        r.puts = s.puts;
-        r.removes = s.removes;
-        r.evictions = s.evictions;
-        r.demotions = s.demotions;
-        r.reclaimed_puts = s.reclaimed_puts;
-        r.refused_put_ends = s.refused_put_ends;
-        r.hot_replications = s.hot_replications;
-        r.dead_nodes = s.dead_nodes;
-        r.pending_free_bytes = s.pending_free_bytes;
-        r.pinned_objects = s.pinned_objects;
-        r.pinned_bytes = s.pinned_bytes;
-        r.expired_pins = s.expired_pins;
-        r.corrupt_replicas = s.corrupt_replicas;
-        r.suspect_nodes = s.suspect_nodes;
-        r.returned_nodes = s.returned_nodes;
-        r.reported_replicas = s.reported_replicas;
-        r.refused_reports = s.refused_reports;
-        r.ssd_failures = s.ssd_failures;
-        r.nodes_drained = s.nodes_drained;
-        r.drain_moved_objects = s.drain_moved_objects;
-        r.drain_moved_bytes = s.drain_moved_bytes;
-        r.drain_dropped_objects = s.drain_dropped_objects;
-        r.last_event_id = events ? events->last_event_id() : 0;
-        r.events_incarnation = events ? events->incarnation() : 0;
-        return r;
-      });
+  on<StoreRemoveRequest>([this](const StoreRemoveRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
+    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "remove"));
+    MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
+    StoreItemsReply reply;
+    for (const std::string& k : keys) add_item(reply, core.remove(k));
+    publish_events();
+    return reply;
+  });
+  on<StorePinRequest>([this](const StorePinRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
+    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "pin"));
+    MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
+    StoreItemsReply reply;
+    for (const std::string& k : keys) add_item(reply, core.pin(k, req.ttl_ms));
+    return reply;
+  });
+  on<StoreUnpinRequest>([this](const StoreUnpinRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
+    MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "unpin"));
+    MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
+    StoreItemsReply reply;
+    for (const std::string& k : keys) add_item(reply, core.unpin(k));
+    return reply;
+  });
+  on<StoreLsRequest>([this](const StoreLsRequest& req, const rpc::CallContext& ctx) -> Result<StoreLsReply> {
+    uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
+    StoreLsReply reply;
+    // A tenant lists its own keys (or a shared namespace it opted into); other roles the whole pool.
+    MC_ASSIGN_OR_RETURN(const std::string prefix, refused_key(ctx, req.prefix));
+    std::vector<ObjectInfo> objs = core.ls(prefix, limit + 1);
+    reply.truncated = objs.size() > limit;
+    if (reply.truncated) objs.resize(limit);
+    for (ObjectInfo& o : objs) {
+      reply.objects.push_back(
+          {unscope_key(ctx, o.key), o.size_bytes, o.complete, o.leased, o.pinned, o.segments, o.media});
+    }
+    return reply;
+  });
+  on<StoreStatRequest>([this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
+    MasterStats s = core.stat();
+    StoreStatReply r;
+    if (req.with_segments) {
+      for (const SegmentStats& g : s.segments) {
+        StoreSegmentStat w;
+        w.segment = g.info.name;
+        w.node_id = g.info.node_id;
+        w.host = g.info.host;
+        w.domain = g.info.domain;
+        w.medium = std::string(medium_name(g.info.medium));
+        w.capacity_bytes = g.info.capacity_bytes;
+        w.used_bytes = g.used_bytes;
+        w.largest_free_bytes = g.largest_free_bytes;
+        w.fragmentation = g.fragmentation;
+        w.objects = g.objects;
+        w.leased_objects = g.leased_objects;
+        w.hits = g.hits;
+        w.evictions = g.evictions;
+        w.demotions = g.demotions;
+        w.suspect = g.suspect;
+        w.read_only = g.read_only;
+        w.draining = g.draining;
+        r.segments.push_back(std::move(w));
+      }
+    }
+    r.objects = s.objects;
+    r.processing = s.processing;
+    r.nodes = s.nodes;
+    r.clients = s.clients;
+    r.hits = s.hits;
+    r.misses = s.misses;
+    r.puts = s.puts;
+    r.removes = s.removes;
+    r.evictions = s.evictions;
+    r.demotions = s.demotions;
+    r.reclaimed_puts = s.reclaimed_puts;
+    r.refused_put_ends = s.refused_put_ends;
+    r.hot_replications = s.hot_replications;
+    r.dead_nodes = s.dead_nodes;
+    r.pending_free_bytes = s.pending_free_bytes;
+    r.pinned_objects = s.pinned_objects;
+    r.pinned_bytes = s.pinned_bytes;
+    r.expired_pins = s.expired_pins;
+    r.corrupt_replicas = s.corrupt_replicas;
+    r.suspect_nodes = s.suspect_nodes;
+    r.returned_nodes = s.returned_nodes;
+    r.reported_replicas = s.reported_replicas;
+    r.refused_reports = s.refused_reports;
+    r.ssd_failures = s.ssd_failures;
+    r.nodes_drained = s.nodes_drained;
+    r.drain_moved_objects = s.drain_moved_objects;
+    r.drain_moved_bytes = s.drain_moved_bytes;
+    r.drain_dropped_objects = s.drain_dropped_objects;
+    r.last_event_id = events ? events->last_event_id() : 0;
+    r.events_incarnation = events ? events->incarnation() : 0;
+    return r;
+  });
   on<PublishSegmentRequest>(
       [this](const PublishSegmentRequest& req, const rpc::CallContext& ctx) -> Result<PublishSegmentReply> {
         MC_RETURN_IF_ERROR(refused(xfer_claims.check(ctx.caller, req.descriptor.name, true)));
         MC_ASSIGN_OR_RETURN(uint64_t regions, directory.publish(req.descriptor));
-        if (ha) directory_ops.push_back(etcd::Op::put(ha->directory_key(req.descriptor.name), codec::pack(req.descriptor)));
+        if (ha)
+          directory_ops.push_back(etcd::Op::put(ha->directory_key(req.descriptor.name), codec::pack(req.descriptor)));
         MC_LOG_DEBUG << "segment directory: " << req.descriptor.name << " published with " << regions << " region(s)";
         return PublishSegmentReply{regions};
       });
-  on<GetSegmentRequest>(
-      [this](const GetSegmentRequest& req, const rpc::CallContext&) -> Result<GetSegmentReply> {
-        MC_ASSIGN_OR_RETURN(SegmentDescriptor d, directory.lookup(req.name));
-        return GetSegmentReply{std::move(d)};
-      });
+  on<GetSegmentRequest>([this](const GetSegmentRequest& req, const rpc::CallContext&) -> Result<GetSegmentReply> {
+    MC_ASSIGN_OR_RETURN(SegmentDescriptor d, directory.lookup(req.name));
+    return GetSegmentReply{std::move(d)};
+  });
   server->handle<StoreInfoRequest>([this](const StoreInfoRequest&, const rpc::CallContext&) -> Result<StoreInfoReply> {
     return StoreInfoReply{fast_server ? fast_server->port() : 0u, "mc-store master", epoch};
   });

@@ -259,8 +259,8 @@ class Node {
       }
       last = c.status();
       if (attempt == 0)
-        MC_LOG_WARN << "store master " << locator_->describe() << " does not answer yet (" << last.message() << "); trying for "
-                    << opt_.master_wait_ms << " ms";
+        MC_LOG_WARN << "store master " << locator_->describe() << " does not answer yet (" << last.message()
+                    << "); trying for " << opt_.master_wait_ms << " ms";
       if (steady_ms() >= deadline) break;
     }
     return Status(Code::kUnavailable, "store master " + locator_->describe() + " did not answer within " +
@@ -571,7 +571,8 @@ class Node {
     size_t held = 0;
     for (const auto& [name, table] : tables_) held += table.size();
     if (restarted && held > 0) {
-      MC_LOG_WARN << "master " << master_->endpoint() << " restarted: mounting again and re-reporting " << held << " objects";
+      MC_LOG_WARN << "master " << master_->endpoint() << " restarted: mounting again and re-reporting " << held
+                  << " objects";
     } else {
       MC_LOG_WARN << "master forgot node " << opt_.node_id << " (declared dead): mounting again, empty";
       tables_.clear();

@@ -49,8 +49,7 @@ std::string render(const DurableObject& o) {
   return s;
 }
 std::string render(const DurableSegment& d) {
-  return d.info.name + " " + d.info.node_id + " " + std::to_string(d.info.capacity_bytes) +
-         (d.read_only ? " ro" : "");
+  return d.info.name + " " + d.info.node_id + " " + std::to_string(d.info.capacity_bytes) + (d.read_only ? " ro" : "");
 }
 
 // The complete part of a snapshot: what a loaded core serves (ranges being written are held, not objects).

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
       ->add_option("--store-master", o.store_master,
                    "Store master RPC endpoint: index resync after an event gap, segment hosts")
       ->envname("MC_STORE_MASTER");
+  mc::cli::add_etcd_flags(*serve, o.etcd, o.cluster_id, "--store-master");
   serve->add_option("--policy", o.scheduler.policy, "Prefill placement policy")
       ->envname("MC_POLICY")
       ->capture_default_str()

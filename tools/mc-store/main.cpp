@@ -13,23 +13,11 @@
 
 namespace {
 
-// --etcd and --cluster-id: a replicated master's cluster (the leader is resolved through etcd; --master is then
-// ignored). Shared by every command that talks to the master.
-void add_etcd_flags(CLI::App* cmd, std::string& etcd, std::string& cluster_id) {
-  cmd->add_option("--etcd", etcd,
-                  "etcd client endpoints HOST:PORT[,HOST:PORT...] of a replicated master; the leader of --cluster-id "
-                  "is followed (--master is then ignored)")
-      ->envname("MC_ETCD");
-  cmd->add_option("--cluster-id", cluster_id, "Name of the replicated master's cluster in etcd ([A-Za-z0-9._-])")
-      ->envname("MC_CLUSTER_ID")
-      ->capture_default_str();
-}
-
 void add_master_flag(CLI::App* cmd, mc::store::ClientOptions& c) {
   cmd->add_option("--master", c.master, "Endpoint of mc-store master")
       ->envname("MC_STORE_MASTER")
       ->capture_default_str();
-  add_etcd_flags(cmd, c.etcd, c.cluster_id);
+  mc::cli::add_etcd_flags(*cmd, c.etcd, c.cluster_id, "--master");
 }
 
 }  // namespace
@@ -106,15 +94,14 @@ int main(int argc, char** argv) {
   master_cmd->add_option("--hot-window-ms", mc_cfg.hot_window_ms, "Window of the hot-object read count (ms)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
-  add_etcd_flags(master_cmd, master.ha.etcd, master.ha.cluster_id);
+  mc::cli::add_etcd_flags(*master_cmd, master.ha.etcd, master.ha.cluster_id, "");
   master_cmd
       ->add_option("--leader-lease-s", master.ha.lease_ttl_s,
                    "With --etcd: TTL of the leader's etcd lease (s); a dead leader is replaced about this long after")
       ->envname("MC_STORE_LEADER_LEASE_S")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{600}));
-  master_cmd
-      ->add_option("--etcd-timeout-ms", master.ha.etcd_timeout_ms, "With --etcd: timeout of one etcd call (ms)")
+  master_cmd->add_option("--etcd-timeout-ms", master.ha.etcd_timeout_ms, "With --etcd: timeout of one etcd call (ms)")
       ->envname("MC_STORE_ETCD_TIMEOUT_MS")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{50}, int64_t{60000}));
@@ -157,7 +144,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--master", node.master, "Endpoint of mc-store master")
       ->envname("MC_STORE_MASTER")
       ->capture_default_str();
-  add_etcd_flags(serve_cmd, node.etcd, node.cluster_id);
+  mc::cli::add_etcd_flags(*serve_cmd, node.etcd, node.cluster_id, "--master");
   serve_cmd->add_option("--listen", node.listen, "RPC endpoint to bind (SSD-tier data RPCs)")->capture_default_str();
   serve_cmd
       ->add_option("--xfer-listen", node.xfer_listen,

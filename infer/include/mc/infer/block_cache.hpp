@@ -76,6 +76,8 @@ class MemoryBlockCache final : public KvBlockCache {
 // copies of hot prefixes made here); empty: gethostname(). The prefill daemon passes its --host, so the
 // master and the Conductor see one name per host. Not thread-safe (one store client). kUnavailable naming
 // the endpoint when the master cannot be reached.
-Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master, const std::string& host = "");
+Result<std::unique_ptr<KvBlockCache>> connect_store_cache(const std::string& master, const std::string& host = "",
+                                                          const std::string& etcd = "",
+                                                          const std::string& cluster_id = "");
 
 }  // namespace mc::infer

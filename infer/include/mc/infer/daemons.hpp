@@ -64,7 +64,9 @@ Status run_decode_daemon(const DecodeDaemonConfig& config);
 struct PrefillDaemonConfig {
   BackendFlags backend;
   std::string listen = "tcp://127.0.0.1:0";
-  std::string store = "none";  // none | mem | <mc-store master endpoint>
+  std::string store = "none";  // none | mem | <mc-store master endpoint> | etcd (the leader named by etcd below)
+  std::string etcd;            // --etcd: a replicated store master's etcd endpoints (with --store etcd)
+  std::string cluster_id;      // --cluster-id: its cluster
   int64_t chunk_tokens = 0;
   int decode_timeout_ms = 5000;
   bool kv_engine = true;  // write KV through the transfer engine when the decode instance publishes a segment

@@ -100,6 +100,11 @@ void add_xfer_server_flags(CLI::App& cmd, size_t& max_connections, int64_t& idle
 // daemon (the mains pass `listen` to metrics::start_daemon_exporter through their options).
 CLI::Option* add_metrics_flags(CLI::App& cmd, std::string& listen);
 
+// --etcd HOST:PORT[,...] (MC_ETCD) and --cluster-id NAME (MC_CLUSTER_ID): the replicated store master's cluster,
+// whose leader is followed through etcd (leader.hpp; DESIGN.md §17). `instead` names the flag they replace ("": the
+// store master itself, which joins the cluster).
+void add_etcd_flags(CLI::App& cmd, std::string& etcd, std::string& cluster_id, const std::string& instead);
+
 // Exit code for a Status: ok -> 0; kInvalidArgument/kOutOfRange/kMalformedMessage -> 2; else 1.
 int exit_code(const Status& status);
 // Prints "program: error: <message>" on stderr and returns exit_code(status).

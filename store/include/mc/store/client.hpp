@@ -84,12 +84,12 @@ struct ClientOptions {
   // ignored); a call that fails while the leader changes is sent once more to the new leader.
   std::string etcd;
   std::string cluster_id;
-  std::string client_id;                        // unique per process; empty: "<hostname>-<pid>-<random>"
-  std::string host;                             // this host's name for nearest-first; empty: gethostname()
-  std::string domain;                           // this host's failure domain label (may be empty)
-  int rpc_timeout_ms = 2000;                    // per master call
-  int node_timeout_ms = 2000;                   // a storage node making no progress this long has failed (engine slice
-                                                // timeout and connect bound; per SSD data call)
+  std::string client_id;            // unique per process; empty: "<hostname>-<pid>-<random>"
+  std::string host;                 // this host's name for nearest-first; empty: gethostname()
+  std::string domain;               // this host's failure domain label (may be empty)
+  int rpc_timeout_ms = 2000;        // per master call
+  int node_timeout_ms = 2000;       // a storage node making no progress this long has failed (engine slice
+                                    // timeout and connect bound; per SSD data call)
   int transfer_timeout_ms = 30000;  // deadline of one replica transfer from submit, queueing behind the rest
                                     // of its batch included (engine request timeout)
   int heartbeat_ms = 1000;          // background heartbeat to the master (0: off; the master's client TTL is 10 s)

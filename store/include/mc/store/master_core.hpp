@@ -51,8 +51,8 @@
 // kAlreadyExists, kFailedPrecondition (stale put_id).
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
@@ -246,14 +246,14 @@ struct Caller {
 // demotion tasks are not durable: a new leader starts them afresh (nodes heartbeat it; readers take new leases).
 struct DurableReplica {
   std::string segment;
-  uint64_t offset = 0;     // bytes into the segment
-  bool complete = false;   // false: a range being written (a put, a hot copy, a demotion target)
+  uint64_t offset = 0;    // bytes into the segment
+  bool complete = false;  // false: a range being written (a put, a hot copy, a demotion target)
 };
 struct DurableObject {
   std::string key;
   uint64_t size_bytes = 0;
-  uint64_t checksum = 0;   // XXH3-64 of the bytes (complete objects)
-  bool complete = false;   // false: a put in progress (its ranges are held, never offered)
+  uint64_t checksum = 0;  // XXH3-64 of the bytes (complete objects)
+  bool complete = false;  // false: a put in progress (its ranges are held, never offered)
   bool pinned = false;
   int64_t pin_left_ms = 0;  // with pinned: 0 = until unpin, else how long the soft pin still runs (>= 1)
   std::vector<DurableReplica> replicas;
@@ -272,8 +272,8 @@ struct DurableChanges {
 // What load_durable() made of a set of records.
 struct DurableLoad {
   uint64_t segments = 0, objects = 0, replicas = 0;
-  uint64_t held_ranges = 0;     // ranges being written at the old leader: held free_delay_ms, then freed
-  uint64_t refused_records = 0;  // records that contradict the others (unknown segment, overlapping range, ...)
+  uint64_t held_ranges = 0;           // ranges being written at the old leader: held free_delay_ms, then freed
+  uint64_t refused_records = 0;       // records that contradict the others (unknown segment, overlapping range, ...)
   std::vector<std::string> refusals;  // why, for the first few (logged by the caller)
 };
 
@@ -451,7 +451,8 @@ class MasterCore {
   Status validate_key(const std::string& key) const;
   bool leased(const Object& obj) const;
   bool pinned(const Object& obj) const;  // pinned now (a soft pin past its end is not)
-  bool pin_holds(const std::string& key, Object& obj);  // pinned(); else ends a soft pin that ran out (counts expired_pins)
+  bool pin_holds(const std::string& key,
+                 Object& obj);  // pinned(); else ends a soft pin that ran out (counts expired_pins)
   void touch_client(const std::string& client_id);
   // Frees a replica's range now, or after free_delay_ms when a writer may still be using it.
   // Frees r's range now, or at the later of free_delay_ms (when `delayed`) and r.grant_until_ns.

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "mc/common/etcd.hpp"
+#include "mc/common/leader.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/status.hpp"
 #include "mc/store/master_core.hpp"
@@ -41,29 +42,15 @@
 namespace mc::store {
 
 struct HaOptions {
-  std::string etcd;        // "HOST:PORT[,HOST:PORT...]" (--etcd / MC_ETCD); empty: no replication
-  std::string cluster_id;  // --cluster-id / MC_CLUSTER_ID: [A-Za-z0-9._-], 1..64 characters
-  int64_t lease_ttl_s = 2;             // the leader's etcd lease; a dead leader is replaced about this long after
-  int64_t etcd_timeout_ms = 1000;      // per etcd call
+  std::string etcd;                     // "HOST:PORT[,HOST:PORT...]" (--etcd / MC_ETCD); empty: no replication
+  std::string cluster_id;               // --cluster-id / MC_CLUSTER_ID: [A-Za-z0-9._-], 1..64 characters
+  int64_t lease_ttl_s = 2;              // the leader's etcd lease; a dead leader is replaced about this long after
+  int64_t etcd_timeout_ms = 1000;       // per etcd call
   int64_t compact_interval_ms = 60000;  // the leader compacts etcd's history this often
 };
 
-// What the leader key says (JSON in etcd), what clients resolve the master from.
-struct LeaderInfo {
-  std::string member;    // "<hostname>-<pid>": who holds it
-  std::string endpoint;  // the master's RPC endpoint (ZeroMQ)
-  std::string events;    // its KV event PUB endpoint ("" when off)
-  uint16_t fast_port = 0;
-  int64_t since_unix_ms = 0;  // when it became leader
-  int64_t revision = 0;       // etcd revision of its election (filled by readers, not stored)
-};
-std::string encode_leader(const LeaderInfo& info);
-Result<LeaderInfo> decode_leader(std::string_view json);
-
-// Key layout helpers (also for tools and tests that read etcd).
-Status validate_cluster_id(const std::string& id);
+// Key layout (also for tools and tests that read etcd); the leader key is leader.hpp's leader_key().
 std::string ha_prefix(const std::string& cluster_id);  // "/mc/<id>/"
-std::string leader_key(const std::string& cluster_id);
 
 // Record codecs (JSON), exposed for tests.
 std::string encode_segment_record(const DurableSegment& s);

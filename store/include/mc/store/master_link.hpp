@@ -16,41 +16,15 @@
 #include <memory>
 #include <string>
 
+#include "mc/common/leader.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/common/status.hpp"
-#include "mc/store/master_ha.hpp"
 
 namespace mc::store {
 
-// Where the master is. With etcd set, `master` is ignored.
-struct MasterAddress {
-  std::string master = "tcp://127.0.0.1:7450";
-  std::string etcd;        // "HOST:PORT[,...]" (--etcd / MC_ETCD)
-  std::string cluster_id;  // --cluster-id / MC_CLUSTER_ID
-};
-
-class MasterLocator {
- public:
-  // kInvalidArgument for a bad cluster id or etcd endpoint list. Does not wait for a leader.
-  static Result<std::shared_ptr<MasterLocator>> create(const MasterAddress& address, int64_t etcd_timeout_ms = 1000);
-  ~MasterLocator();
-
-  bool follows_etcd() const;
-  // The leader now; with etcd, waits up to wait_ms for one to be elected (kUnavailable naming the cluster when
-  // none is). A fixed address: {endpoint = master} at once.
-  Result<LeaderInfo> leader(int64_t wait_ms) const;
-  // Grows by one at every change of the leader key (0 for a fixed address).
-  uint64_t generation() const;
-  // Waits up to wait_ms for the generation to pass `seen`; true when it did.
-  bool wait_change(uint64_t seen, int64_t wait_ms) const;
-  // "tcp://HOST:PORT" or "cluster NAME (etcd HOST:PORT,...)", for messages.
-  std::string describe() const;
-
- private:
-  struct Impl;
-  explicit MasterLocator(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
+// Where the master is (leader.hpp): a fixed endpoint, or the leader of a cluster in etcd.
+using MasterAddress = LeaderAddress;
+using MasterLocator = LeaderLocator;
 
 class MasterLink {
  public:

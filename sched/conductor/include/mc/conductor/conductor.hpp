@@ -55,6 +55,10 @@ struct ConductorOptions {
   std::string listen = "tcp://127.0.0.1:7460";  // clients and workers
   std::vector<std::string> kv_events;           // store master PUB endpoints (tcp://...:7451)
   std::string store_master;                     // for index resync and segment hosts; empty: none
+  // A replicated store master (DESIGN.md §17): with etcd set, the store master and its KV event stream are those of
+  // the leader of cluster_id, followed through etcd (store_master is then ignored; kv_events may still name others).
+  std::string etcd;
+  std::string cluster_id;
   int store_timeout_ms = 2'000;
   SchedulerConfig scheduler;
   // How tokens become block keys (DESIGN.md §4.1). Its model, revision, dtype, layout and seed are the base
