@@ -686,6 +686,12 @@ bool FastServer::wait_and_handle(int timeout_ms) {
   // Connections are closed after the loop: a later event of this batch may name one.
   Conn* dead[kMaxEvents];
   int n_dead = 0;
+  // First every ready connection's requests, then (before_reply_) their replies.
+  Conn* ready[kMaxEvents];
+  bool alive[kMaxEvents];
+  bool read[kMaxEvents];
+  int n_ready = 0;
+  bool answered = false;
   for (int i = 0; i < n; ++i) {
     if (evs[i].data.ptr == &watched_tag_) {
       watched = true;
@@ -697,15 +703,28 @@ bool FastServer::wait_and_handle(int timeout_ms) {
       continue;
     }
     const uint32_t ev = evs[i].events;
-    bool alive = true;
+    bool ok = true, was_read = false;
     if (ev & EPOLLIN) {
-      alive = on_readable(*c);
+      ok = on_readable(*c);
+      was_read = answered = true;
     } else if (ev & (EPOLLERR | EPOLLHUP)) {
-      alive = false;
+      ok = false;
     }
-    if (alive) alive = flush(*c);
-    if (alive) alive = update_interest(*c);
-    if (!alive) dead[n_dead++] = c;
+    ready[n_ready] = c;
+    alive[n_ready] = ok;
+    read[n_ready++] = was_read;
+  }
+  if (answered && before_reply_ && !before_reply_()) {
+    for (int i = 0; i < n_ready; ++i) {
+      if (read[i]) alive[i] = false;  // replies of a batch that could not be made durable: never sent
+    }
+  }
+  for (int i = 0; i < n_ready; ++i) {
+    Conn* c = ready[i];
+    bool ok = alive[i];
+    if (ok) ok = flush(*c);
+    if (ok) ok = update_interest(*c);
+    if (!ok) dead[n_dead++] = c;
   }
   for (int i = 0; i < n_dead; ++i) close_conn(dead[i]);
   sweep(now);

@@ -141,12 +141,13 @@ Result<std::shared_ptr<LeaderLocator>> LeaderLocator::create(const LeaderAddress
     Status s = impl->read_and_watch();
     if (!s.is_ok()) {
       // etcd may come up later: leader() reads again.
-      MC_LOG_WARN << "leader of cluster " << address.cluster_id << ": etcd " << address.etcd
-                  << " does not answer yet (" << s.message() << ")";
+      MC_LOG_WARN << "leader of cluster " << address.cluster_id << ": etcd " << address.etcd << " does not answer yet ("
+                  << s.message() << ")";
       impl->reread = true;
     }
   } else if (address.endpoint.empty()) {
-    return Status(Code::kInvalidArgument, "no endpoint: give one (--master, --store-master), or --etcd and --cluster-id");
+    return Status(Code::kInvalidArgument,
+                  "no endpoint: give one (--master, --store-master), or --etcd and --cluster-id");
   }
   return std::shared_ptr<LeaderLocator>(new LeaderLocator(std::move(impl)));
 }
@@ -172,21 +173,21 @@ Result<LeaderInfo> LeaderLocator::leader(int64_t wait_ms) const {
     if (reread) {
       Status s = const_cast<Impl&>(m).read_and_watch();
       if (!s.is_ok() && std::chrono::steady_clock::now() >= deadline) {
-        return Status(Code::kUnavailable, "leader of cluster '" + m.address.cluster_id + "': etcd " +
-                                              m.address.etcd + " does not answer (" + s.message() +
+        return Status(Code::kUnavailable, "leader of cluster '" + m.address.cluster_id + "': etcd " + m.address.etcd +
+                                              " does not answer (" + s.message() +
                                               "); is etcd running? (--etcd / MC_ETCD)");
       }
       if (!s.is_ok()) {
         std::unique_lock<std::mutex> lock(m.mu);
-        m.changed.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(200)));
+        m.changed.wait_until(lock,
+                             std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(200)));
       }
       continue;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      return Status(Code::kUnavailable, "leader of cluster '" + m.address.cluster_id +
-                                            "': no leader is elected (etcd " + m.address.etcd +
-                                            "); start an `mc-store master --etcd ... --cluster-id " +
-                                            m.address.cluster_id + "`");
+      return Status(Code::kUnavailable,
+                    "leader of cluster '" + m.address.cluster_id + "': no leader is elected (etcd " + m.address.etcd +
+                        "); start an `mc-store master --etcd ... --cluster-id " + m.address.cluster_id + "`");
     }
   }
 }

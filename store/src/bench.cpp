@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/cli.hpp"
+#include "mc/common/leader.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/store/master_core.hpp"
@@ -411,7 +412,15 @@ Status data_bench(const BenchOptions& o, std::ostream& out) {
 
 }  // namespace
 
-Status run_bench(const BenchOptions& o, std::ostream& out) {
+Status run_bench(const BenchOptions& options, std::ostream& out) {
+  BenchOptions o = options;
+  if (!o.client.etcd.empty()) {
+    // A replicated master: the benchmark runs against the leader (its raw connections do not follow a takeover).
+    MC_ASSIGN_OR_RETURN(std::shared_ptr<LeaderLocator> locator,
+                        LeaderLocator::create(LeaderAddress{"", o.client.etcd, o.client.cluster_id}));
+    MC_ASSIGN_OR_RETURN(LeaderInfo leader, locator->leader(o.client.rpc_timeout_ms));
+    o.client.master = leader.endpoint;
+  }
   if (o.mode == "data") return data_bench(o, out);
   if (o.mode != "metadata")
     return Status(Code::kInvalidArgument, "--mode must be metadata or data, not '" + o.mode + "'");

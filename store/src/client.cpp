@@ -62,6 +62,7 @@ class Client::Impl {
   std::unique_ptr<rpc::fast::FastClient> fast_master;  // the master's fast path when it offers one (fast_rpc.hpp)
   static constexpr int64_t kFastRetryMs = 1000;        // a lost fast path is looked for again this often
   bool fast_lost = false;                              // the fast path failed: connect_fast is tried again
+  std::string fast_endpoint;                           // the master whose fast path fast_master is
   int64_t next_fast_attempt_ms = 0;
   std::unique_ptr<rpc::AsyncClient> nodes;  // to the nodes' RPC endpoints (SSD replicas)
   std::shared_ptr<MasterSegmentDirectory> directory;
@@ -194,8 +195,9 @@ class Client::Impl {
 
   template <typename Req>
   Result<typename Req::Reply> call_master_now(const Req& req) {
-    if (master->follow()) {
-      // Another master leads now (etcd): its fast path, and a fresh start of the "master down" window.
+    // Another master leads now (etcd; the link may have followed it inside an earlier call): its fast path, and a
+    // fresh start of the "master down" window.
+    if (master->follow() || (fast_master && fast_endpoint != master->endpoint())) {
       if (fast_master) fast_failed(Status(Code::kUnavailable, "the store master leader changed"));
       master_down_until_ms = master_down_window_ms = 0;
       fast_lost = true;
@@ -331,6 +333,7 @@ class Client::Impl {
       return;
     }
     fast_master = std::move(c).value();
+    fast_endpoint = master->endpoint();
     if (fast_lost) MC_LOG_INFO << "client " << options.client_id << ": back on the fast path of " << master->endpoint();
     fast_lost = false;
   }

@@ -189,6 +189,8 @@ struct MasterHa::Impl {
   std::thread lease_thread;
 
   int64_t next_compact_ms = 0;
+  int64_t next_reload_ms = 0;  // maintain(): the next read of the records while etcd does not answer
+  uint64_t reload_failures = 0;
   int64_t compact_mark = 0;
 
   int64_t margin_ms() const { return std::max<int64_t>(200, options.lease_ttl_s * 1000 / 4); }
@@ -514,9 +516,17 @@ void MasterHa::maintain() {
     std::lock_guard<std::mutex> lock(m.mu);
     reload = m.reload_needed && !m.leading.load();
   }
-  if (reload) {
+  // While etcd does not answer, a read is tried at most twice a second, and logged at the first failure and then
+  // rarely (campaign() reads as well when it is due).
+  if (reload && steady_ms() >= m.next_reload_ms) {
+    m.next_reload_ms = steady_ms() + 500;
     Status s = m.reload();
-    if (!s.is_ok()) MC_LOG_WARN << "store master HA: reading the records failed: " << s.to_string();
+    if (s.is_ok()) {
+      m.reload_failures = 0;
+    } else if (log::nth_worth_logging(++m.reload_failures)) {
+      MC_LOG_WARN << "store master HA: reading the records failed (" << m.reload_failures
+                  << " times in a row): " << s.to_string();
+    }
   }
   if (!is_leader() || steady_ms() < m.next_compact_ms) return;
   m.next_compact_ms = steady_ms() + m.options.compact_interval_ms;

@@ -51,7 +51,19 @@ struct MasterServer::Impl {
   std::vector<etcd::Op> directory_ops;  // directory records to write with the next commit
   bool in_call = false;                 // inside a handler: events wait for its commit
   bool leading = false;                 // serving as the leader (core holds the cluster's state)
+  // Group commit of the fast path: its calls of one wait_and_handle() are made durable together, before any of their
+  // replies is sent (FastServer::set_before_reply); ZeroMQ calls commit one by one.
+  bool fast_call = false;      // the call being answered came by the fast path
+  bool batch_pending = false;  // fast calls answered since the last batch commit
+  bool commit_batch() {
+    if (!ha || !batch_pending) return true;
+    batch_pending = false;
+    if (!commit().is_ok()) return false;
+    publish_events();
+    return true;
+  }
   int64_t next_campaign_ms = 0;
+  uint64_t campaign_failures = 0;
 
   Status not_leader() const {
     std::optional<LeaderInfo> l = ha->leader();
@@ -86,10 +98,14 @@ struct MasterServer::Impl {
     next_campaign_ms = now + std::max(50, options.tick_ms);
     Result<std::optional<TakeoverState>> won = ha->campaign();
     if (!won.is_ok()) {
-      MC_LOG_WARN << "store master HA: campaign failed: " << won.status().to_string();
+      if (log::nth_worth_logging(++campaign_failures)) {
+        MC_LOG_WARN << "store master HA: campaign failed (" << campaign_failures
+                    << " times in a row; tried again every 500 ms): " << won.status().to_string();
+      }
       next_campaign_ms = now + 500;
       return;
     }
+    campaign_failures = 0;
     if (!won.value()) return;
     TakeoverState& st = *won.value();
     const int64_t t0 = clock->now_ms();
@@ -131,6 +147,10 @@ struct MasterServer::Impl {
           in_call = true;
           Result<typename Req::Reply> r = fn(req, ctx);
           in_call = false;
+          if (fast_call) {  // durable with the rest of its batch, before any reply of the batch is sent
+            batch_pending = true;
+            return r;
+          }
           MC_RETURN_IF_ERROR(commit());
           publish_events();
           return r;
@@ -711,9 +731,13 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
                                 rpc::CallContext ctx;
                                 ctx.type = std::string(type);
                                 ctx.caller = caller;
-                                return raw->server->dispatch(type, body, ctx);
+                                raw->fast_call = true;
+                                Result<std::string> r = raw->server->dispatch(type, body, ctx);
+                                raw->fast_call = false;
+                                return r;
                               },
                               options.fast_limits));
+      impl->fast_server->set_before_reply([raw] { return raw->commit_batch(); });
     }
   }
   impl->register_handlers();

@@ -313,9 +313,14 @@ TEST_F(HaE2E, OneEtcdMemberLostChangesNothingAllLostStepsDownAndServiceResumes) 
   EXPECT_TRUE(refused.code() == Code::kUnavailable || refused.code() == Code::kTimeout) << refused.to_string();
   ASSERT_TRUE(etcd_->restart_all()) << etcd_->error();
   const int64_t back_at = now_ms();
+  Status last;
   const bool resumed = testkit::wait_until(
-      [&] { return c->put("etcd/after" + std::to_string(now_ms()), bytes_of(512, 7)).is_ok(); }, 30000, 100);
-  ASSERT_TRUE(resumed) << "no put succeeded within 30 s of etcd's return";
+      [&] {
+        last = c->put("etcd/after" + std::to_string(now_ms()), bytes_of(512, 7));
+        return last.is_ok();
+      },
+      30000, 100);
+  ASSERT_TRUE(resumed) << "no put succeeded within 30 s of etcd's return; the last: " << last.to_string();
   std::fprintf(stderr, "[ha] service resumed %lld ms after etcd returned\n",
                static_cast<long long>(now_ms() - back_at));
   for (uint64_t i = 0; i <= 20; ++i) {

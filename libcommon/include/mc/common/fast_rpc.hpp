@@ -167,6 +167,11 @@ class FastServer {
   // Waits up to timeout_ms for a ready socket, then handles what is ready; true as handle_ready().
   bool wait_and_handle(int timeout_ms);
   static constexpr int kMaxEvents = 256;
+  // Called once per wait_and_handle() in which requests were answered, after every ready connection's requests and
+  // before any of their replies is written. false: the replies of this batch are not sent and their connections are
+  // closed (their callers see the connection fail, as if the server had died). For a server that makes a batch of
+  // changes durable before acknowledging any of them (group commit: the replicated store master, DESIGN.md §17).
+  void set_before_reply(std::function<bool()> hook) { before_reply_ = std::move(hook); }
 
   // refused: frames over max_frame_bytes or max_buffer_bytes; rejected: connections closed at accept
   // (cap reached); evicted: idle connections closed for a new one or stalled inside a frame;
@@ -200,6 +205,7 @@ class FastServer {
   // Handles the handshake bytes of `c` (with a key ring); false when the connection must close.
   bool on_handshake(Conn& c, const char* data, size_t n);
   void refuse_conn(Conn& c, const std::string& why);
+  std::function<bool()> before_reply_;
   FastServer(std::string service, Dispatch dispatch, const FastServerLimits& limits)
       : service_(std::move(service)), dispatch_(std::move(dispatch)), limits_(limits) {}
   void accept_all(int64_t now);

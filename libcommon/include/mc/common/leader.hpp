@@ -4,8 +4,8 @@
 // LeaderLocator, which reads the key once and then watches it, so a takeover is known the moment etcd records it.
 //
 // Thread-safety: LeaderLocator is thread-safe (one is shared by every connection of a process); the codecs are pure.
-// Errors: kInvalidArgument for a bad cluster id or etcd endpoint list; kUnavailable naming the cluster when no leader is
-// elected, or etcd does not answer, within the wait.
+// Errors: kInvalidArgument for a bad cluster id or etcd endpoint list; kUnavailable naming the cluster when no leader
+// is elected, or etcd does not answer, within the wait.
 #pragma once
 
 #include <cstdint>
