@@ -235,6 +235,12 @@ class Conductor {
       sched_->index().set_resync_source(resync_.get());
       Result<proto::StoreStatReply> st = resync_->refresh_hosts();
       if (!st.is_ok()) MC_LOG_WARN << "store master: " << st.status().message() << " (will retry)";
+      // A (re)started Conductor loads what the pool already holds from a snapshot (issue 21 item 5), when the master's
+      // event stream is the only one (a snapshot is of the whole master).
+      if (options_.kv_events.size() == 1) {
+        sched_->index().expect_stream(options_.kv_events.front());
+        if (st.is_ok()) (void)sched_->index().resync_stale();
+      }
     }
     if (!options_.decisions_path.empty()) {
       decisions_.open(options_.decisions_path, std::ios::app);
@@ -1551,9 +1557,9 @@ class Conductor {
         MC_LOG_WARN << "KV events of the store leader at " << l->events << ": " << sub.status().message();
       }
     }
-    // Whatever happened between the leaders (events the old one published and the new one never will) is found by
-    // a resync against the new leader: at once, not at its first event.
-    sched_->index().source_restarted(0);
+    // Whatever happened between the leaders (events the old one published and the new one never will), and at start
+    // what the pool already holds, is found by a resync against the leader: at once, not at its first event.
+    sched_->index().expect_stream(leader_stream_);
     (void)sched_->index().resync_stale();
   }
   bool stat_pending_ = false;      // a periodic store.stat is outstanding

@@ -295,6 +295,12 @@ void PrefixIndex::source_restarted(uint64_t incarnation) {
   if (any) ++counters_.publisher_restarts;
 }
 
+void PrefixIndex::expect_stream(const std::string& stream) {
+  Stream& s = streams_[intern_stream(stream)];
+  s.stale = true;
+  s.last_event_id = 0;
+}
+
 bool PrefixIndex::stale(const std::string& stream) const {
   auto it = stream_ids_.find(stream);
   return it != stream_ids_.end() && streams_[it->second].stale;

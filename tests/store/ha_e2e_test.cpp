@@ -449,9 +449,14 @@ TEST_F(HaClusterE2E, KillTheLeaderMidReplayNoRequestLostNoWrongTokens) {
   // The pool survived: in the second replay the Conductor's index (resynced from the new leader) holds every
   // prompt's blocks (the tiny model recomputes faster than it fetches, so they are priced, not read), the new leader
   // lists them, and the index holds exactly the replicas it lists.
+  // (Blocks whose store put failed while no master answered are not in the pool: those prompts find only part.)
+  int whole = 0;
   for (const auto& [id, r] : after) {
-    EXPECT_EQ(r["ledger"].value("pool_prefix_tokens", 0), 4 * kBlockTokens) << r.dump();
+    const int pooled = r["ledger"].value("pool_prefix_tokens", 0);
+    EXPECT_GE(pooled, 2 * kBlockTokens) << "the shared prefix is gone: " << r.dump();
+    whole += pooled == 4 * kBlockTokens ? 1 : 0;
   }
+  EXPECT_GE(whole, n / 2) << "most prompts' blocks were lost in the takeover";
   const nlohmann::json idx = conductor_status().value("index", nlohmann::json::object());
   EXPECT_EQ(idx.value("planned_missing_tokens", int64_t{-1}), missing_before) << idx.dump();
   size_t replicas = 0, blocks = 0;
@@ -480,6 +485,34 @@ TEST_F(HaClusterE2E, KillTheLeaderMidReplayNoRequestLostNoWrongTokens) {
                "[ha] cluster: leader killed, master1 answered as leader %lld ms later; %d of %d requests did "
                "not complete during the takeover, %d compared across it with equal tokens\n",
                static_cast<long long>(takeover_ms), failed, n, compared);
+
+  // Issue 21 item 5: a restarted Conductor rebuilds its prefix index from the leader (a snapshot) at start, without
+  // waiting for events: it neither plans hits on blocks that are gone nor misses blocks that exist.
+  const pid_t conductor_pid = pids_.at("conductor");
+  std::vector<std::string> argv;
+  {
+    std::ifstream cmdline("/proc/" + std::to_string(conductor_pid) + "/cmdline");
+    std::string arg;
+    while (std::getline(cmdline, arg, '\0')) argv.push_back(arg);
+  }
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--listen") argv[i + 1] = endpoints_.at("conductor");
+  }
+  ASSERT_EQ(::kill(conductor_pid, SIGKILL), 0);
+  ASSERT_TRUE(testkit::wait_until([&] { return ::kill(conductor_pid, 0) != 0; }, 10'000, 10));
+  auto conductor = testkit::start_group_child(argv, s_.path("conductor2.out"), s_.path("conductor2.err"));
+  ASSERT_TRUE(testkit::wait_until([&] { return slurp(s_.path("conductor2.out")).find("ready") != std::string::npos; },
+                                  30'000, 50))
+      << slurp(s_.path("conductor2.err"));
+  nlohmann::json rebuilt;
+  EXPECT_TRUE(testkit::wait_until(
+      [&] {
+        rebuilt = conductor_status().value("index", nlohmann::json::object());
+        return rebuilt.value("holder_entries", size_t{0}) == replicas;
+      },
+      20'000, 100))
+      << "the restarted Conductor's index: " << rebuilt.dump() << "; the leader lists " << replicas << " replicas";
+  EXPECT_GE(rebuilt.value("resyncs", 0), 1) << rebuilt.dump();
 }
 
 }  // namespace

@@ -92,6 +92,10 @@ class PrefixIndex {
   // resync_stale() or event. Counted once as a publisher restart unless the events told it first.
   void source_restarted(uint64_t incarnation);
   bool stale(const std::string& stream = "") const;
+  // A stream the index has not heard yet but whose publisher holds blocks (a restarted Conductor, a new store
+  // leader): marked stale, so resync_stale() (or its first event) loads it from a snapshot instead of waiting for
+  // events that may never come for the blocks already stored (DESIGN.md §17, issue 21 item 5).
+  void expect_stream(const std::string& stream);
 
   // Direct edits (tests, the simulator, snapshots).
   void add(uint64_t seq_hash, const std::string& backend_id, Medium medium);
