@@ -64,11 +64,11 @@ class Client::Impl {
   bool fast_lost = false;                              // the fast path failed: connect_fast is tried again
   std::string fast_endpoint;                           // the master whose fast path fast_master is
   int64_t next_fast_attempt_ms = 0;
-  std::unique_ptr<rpc::AsyncClient> nodes;  // to the nodes' RPC endpoints (SSD replicas)
-  std::shared_ptr<MasterSegmentDirectory> directory;
-  std::unique_ptr<transfer::TransferEngine> engine;     // after directory: destroyed first
-  std::map<uintptr_t, uint64_t> registered;             // engine registrations: start -> length
-  std::map<transfer::SegmentHandle, bool> shm_segment;  // opened segment -> moved over shm
+  std::unique_ptr<rpc::AsyncClient> nodes;                // to the nodes' RPC endpoints (SSD replicas)
+  std::shared_ptr<transfer::SegmentDirectory> directory;  // the master's, or etcd's records (replicated master)
+  std::unique_ptr<transfer::TransferEngine> engine;       // after directory: destroyed first
+  std::map<uintptr_t, uint64_t> registered;               // engine registrations: start -> length
+  std::map<transfer::SegmentHandle, bool> shm_segment;    // opened segment -> moved over shm
   ClientCounters counters;
   // Engine segments (xfer_segment) that failed a read for a network reason, until when (steady ms).
   std::unordered_map<std::string, int64_t> unreachable_until;
@@ -693,8 +693,10 @@ Result<std::unique_ptr<Client>> Client::connect(ClientOptions options) {
   impl->nodes = std::make_unique<rpc::AsyncClient>(no);
   if (options.fast_rpc) impl->connect_fast();
   // The data path: an initiator-only transfer engine whose segment directory is the master.
-  MC_ASSIGN_OR_RETURN(impl->directory, MasterSegmentDirectory::connect(impl->locator, options.client_id + " directory",
-                                                                       options.rpc_timeout_ms));
+  MC_ASSIGN_OR_RETURN(
+      impl->directory,
+      connect_segment_directory(impl->locator, MasterAddress{options.master, options.etcd, options.cluster_id},
+                                options.client_id + " directory", options.rpc_timeout_ms));
   transfer::EngineOptions eo;
   eo.transports = options.transports;
   eo.directory = impl->directory;

@@ -1,5 +1,11 @@
 #include "mc/store/directory.hpp"
 
+#include <algorithm>
+
+#include "mc/common/codec.hpp"
+#include "mc/common/log.hpp"
+#include "mc/store/master_ha.hpp"
+
 namespace mc::store {
 
 Status validate_descriptor(const proto::SegmentDescriptor& d) {
@@ -97,6 +103,72 @@ Status MasterSegmentDirectory::publish(const proto::SegmentDescriptor& descripto
     return reply.status().with_context("publishing segment " + descriptor.name + " at " + master_->endpoint());
   }
   return Status::ok();
+}
+
+Result<std::shared_ptr<EtcdSegmentDirectory>> EtcdSegmentDirectory::connect(std::shared_ptr<MasterLocator> locator,
+                                                                            const MasterAddress& address,
+                                                                            const std::string& client_name,
+                                                                            int64_t rpc_timeout_ms) {
+  MC_RETURN_IF_ERROR(validate_cluster_id(address.cluster_id));
+  MC_ASSIGN_OR_RETURN(etcd::Options eo, etcd::parse_endpoints(address.etcd));
+  eo.timeout_ms = std::max<int64_t>(100, std::min<int64_t>(rpc_timeout_ms, 2000));
+  std::shared_ptr<EtcdSegmentDirectory> d(new EtcdSegmentDirectory());
+  d->locator_ = std::move(locator);
+  d->client_name_ = client_name;
+  d->rpc_timeout_ms_ = rpc_timeout_ms;
+  d->etcd_ = std::make_unique<etcd::Client>(eo);
+  d->cluster_id_ = address.cluster_id;
+  return d;
+}
+
+Result<std::shared_ptr<MasterSegmentDirectory>> EtcdSegmentDirectory::master() {
+  std::lock_guard<std::mutex> lock(master_mu_);
+  if (!master_) {
+    MC_ASSIGN_OR_RETURN(master_, MasterSegmentDirectory::connect(locator_, client_name_, rpc_timeout_ms_));
+  }
+  return master_;
+}
+
+Result<proto::SegmentDescriptor> EtcdSegmentDirectory::lookup(const std::string& name, int64_t timeout_ms) {
+  Result<etcd::RangeResult> r = etcd_->range(directory_record_key(cluster_id_, name));
+  if (!r.is_ok()) {
+    MC_LOG_DEBUG << "segment " << name << ": etcd does not answer (" << r.status().message() << "): asking the master";
+    MC_ASSIGN_OR_RETURN(std::shared_ptr<MasterSegmentDirectory> m, master());
+    return m->lookup(name, timeout_ms);
+  }
+  if (r->kvs.empty()) {
+    return Status(Code::kNotFound, "segment " + name + " is not in the segment directory of cluster '" + cluster_id_ +
+                                       "' in etcd (its node is gone, or never published it)");
+  }
+  MC_ASSIGN_OR_RETURN(proto::SegmentDescriptor d,
+                      codec::unpack<proto::SegmentDescriptor>(r->kvs.front().value, "directory record of " + name));
+  MC_RETURN_IF_ERROR(validate_descriptor(d));
+  if (d.name != name) {
+    return Status(Code::kMalformedMessage,
+                  "directory record of segment '" + name + "' in etcd names segment '" + d.name + "'");
+  }
+  etcd_lookups_.fetch_add(1);
+  return d;
+}
+
+Status EtcdSegmentDirectory::publish(const proto::SegmentDescriptor& descriptor) {
+  if (descriptor.name.empty()) return Status::ok();  // an initiator-only engine serves nothing
+  MC_ASSIGN_OR_RETURN(std::shared_ptr<MasterSegmentDirectory> m, master());
+  return m->publish(descriptor);
+}
+
+Result<std::shared_ptr<transfer::SegmentDirectory>> connect_segment_directory(std::shared_ptr<MasterLocator> locator,
+                                                                              const MasterAddress& address,
+                                                                              const std::string& client_name,
+                                                                              int64_t rpc_timeout_ms) {
+  if (!address.etcd.empty()) {
+    MC_ASSIGN_OR_RETURN(std::shared_ptr<EtcdSegmentDirectory> d,
+                        EtcdSegmentDirectory::connect(std::move(locator), address, client_name, rpc_timeout_ms));
+    return std::shared_ptr<transfer::SegmentDirectory>(std::move(d));
+  }
+  MC_ASSIGN_OR_RETURN(std::shared_ptr<MasterSegmentDirectory> d,
+                      MasterSegmentDirectory::connect(std::move(locator), client_name, rpc_timeout_ms));
+  return std::shared_ptr<transfer::SegmentDirectory>(std::move(d));
 }
 
 }  // namespace mc::store

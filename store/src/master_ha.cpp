@@ -90,6 +90,9 @@ DurableObject with_pin_left(HeldObject h, int64_t now_unix_ms) {
 // ---------------------------------------------------------------------------------------------
 
 std::string ha_prefix(const std::string& cluster_id) { return "/mc/" + cluster_id + "/"; }
+std::string directory_record_key(const std::string& cluster_id, const std::string& segment) {
+  return ha_prefix(cluster_id) + "xseg/" + segment;
+}
 
 std::string encode_segment_record(const DurableSegment& s) {
   const SegmentInfo& i = s.info;
@@ -466,7 +469,15 @@ Status MasterHa::commit(const DurableChanges& changes, const std::vector<etcd::O
   for (size_t at = 0; at < ops.size(); at += kMaxOpsPerTxn) {
     std::vector<etcd::Op> chunk(ops.begin() + static_cast<std::ptrdiff_t>(at),
                                 ops.begin() + static_cast<std::ptrdiff_t>(std::min(ops.size(), at + kMaxOpsPerTxn)));
+    // A transaction that failed for etcd's sake (a member killed under it, an etcd election) is sent again while
+    // this member surely leads: it writes whole records, so applying it twice leaves what applying it once does, and
+    // a copy of it that etcd still commits late is ordered before the retry in etcd's log (DESIGN.md §17).
     Result<etcd::TxnResult> r = m.client->txn({fence}, chunk);
+    for (int attempt = 1; !r.is_ok() && attempt < 50 && is_leader(); ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(20 * attempt, 200)));
+      MC_LOG_DEBUG << "store master HA: commit retried (" << r.status().message() << ")";
+      r = m.client->txn({fence}, chunk);
+    }
     if (!r.is_ok() || !r->succeeded) {
       std::lock_guard<std::mutex> lock(m.mu);
       ++m.counters.commit_failures;
@@ -548,6 +559,8 @@ HaCounters MasterHa::counters() const {
 
 const HaOptions& MasterHa::options() const { return impl_->options; }
 
-std::string MasterHa::directory_key(const std::string& name) const { return impl_->xseg_prefix + name; }
+std::string MasterHa::directory_key(const std::string& name) const {
+  return directory_record_key(impl_->options.cluster_id, name);
+}
 
 }  // namespace mc::store

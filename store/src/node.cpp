@@ -226,7 +226,9 @@ class Node {
     // With the cluster's grant key, every read and write of this DRAM must carry the master's grant for it.
     if (const auth::Keyring* ring = auth::keyring(); ring != nullptr) eo.grant_key = ring->grant_key();
     if (eo.listen.empty()) return Status(Code::kInvalidArgument, "--xfer-listen needs at least one endpoint");
-    MC_ASSIGN_OR_RETURN(directory_, MasterSegmentDirectory::connect(locator_, co.client_name + " directory", 2000));
+    MC_ASSIGN_OR_RETURN(directory_,
+                        connect_segment_directory(locator_, MasterAddress{opt_.master, opt_.etcd, opt_.cluster_id},
+                                                  co.client_name + " directory", 2000));
     eo.directory = directory_;
     MC_ASSIGN_OR_RETURN(engine_, transfer::TransferEngine::create(eo));
     MC_ASSIGN_OR_RETURN(transfer::RegisteredRegion region, engine_->register_memory(dram_->base(), dram_->size()));
@@ -724,7 +726,7 @@ class Node {
   std::unique_ptr<rpc::RpcServer> server_;
   std::shared_ptr<MasterLocator> locator_;
   std::unique_ptr<MasterLink> master_;
-  std::shared_ptr<MasterSegmentDirectory> directory_;
+  std::shared_ptr<transfer::SegmentDirectory> directory_;
   std::unique_ptr<transfer::TransferEngine> engine_;  // serves dram_; destroyed before it (declared after)
   uint64_t dram_xfer_offset_ = 0;
   std::vector<proto::StoreDemoteResult> done_;

@@ -30,6 +30,7 @@
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/store/client.hpp"
+#include "mc/store/directory.hpp"
 #include "mc/store/master_ha.hpp"
 #include "mc/store/master_link.hpp"
 #include "mc/testkit/etcd.hpp"
@@ -99,7 +100,13 @@ class HaE2E : public ::testing::Test {
   void start_node(const std::string& id) {
     testkit::Child* c = start(id, {"serve", "--etcd", etcd_->endpoints(), "--cluster-id", cluster_, "--node-id",
                                    cluster_ + "-" + id, "--dram-bytes", "16MiB", "--heartbeat-ms", "200"});
-    EXPECT_FALSE(c->wait_line("ready ", 30000).empty()) << id << " printed no ready line";
+    const std::string ready = c->wait_line("ready ", 30000);
+    EXPECT_FALSE(ready.empty()) << id << " printed no ready line";
+    const size_t at = ready.find("xfer_segment=");
+    if (at != std::string::npos) {
+      xfer_segment_[id] = ready.substr(
+          at + 13, ready.find(' ', at) == std::string::npos ? std::string::npos : ready.find(' ', at) - at - 13);
+    }
   }
   std::unique_ptr<Client> client(int rpc_timeout_ms = 2000) {
     ClientOptions o;
@@ -141,6 +148,7 @@ class HaE2E : public ::testing::Test {
   std::unique_ptr<testkit::EtcdCluster> etcd_;
   std::map<std::string, std::unique_ptr<testkit::Child>> procs_;
   std::map<std::string, std::string> endpoints_;
+  std::map<std::string, std::string> xfer_segment_;  // storage node -> its transfer-engine segment name
   const std::string cluster_ = "ha" + std::to_string(::getpid());
 };
 
@@ -227,6 +235,18 @@ TEST_F(HaE2E, APausedLeaderPastItsLeaseAnswersNothingAsLeaderWhenItWakes) {
   ASSERT_TRUE(c);
   ASSERT_TRUE(c->put("pause/before", bytes_of(1024, 1)).is_ok());
   procs_["a"]->signal(SIGSTOP);
+  // Item 6: while no master answers (a is stopped, b not leading yet), a transfer engine still finds the node's
+  // segment: its descriptor is an etcd record.
+  auto locator = MasterLocator::create(MasterAddress{"", etcd_->endpoints(), cluster_});
+  ASSERT_TRUE(locator.is_ok());
+  auto dir = EtcdSegmentDirectory::connect(*locator, MasterAddress{"", etcd_->endpoints(), cluster_}, "ha-test", 1000);
+  ASSERT_TRUE(dir.is_ok()) << dir.status().to_string();
+  ASSERT_FALSE(xfer_segment_["n1"].empty());
+  auto descriptor = (*dir)->lookup(xfer_segment_["n1"], 1000);
+  ASSERT_TRUE(descriptor.is_ok()) << descriptor.status().to_string();
+  EXPECT_EQ(descriptor->name, xfer_segment_["n1"]);
+  EXPECT_EQ((*dir)->etcd_lookups(), 1u);
+  EXPECT_EQ((*dir)->lookup("127.0.0.1:1", 1000).status().code(), Code::kNotFound);
   ASSERT_TRUE(wait_leader("b")) << "b did not take over from the paused leader";
   ASSERT_TRUE(c->put("pause/during", bytes_of(1024, 2)).is_ok());
   procs_["a"]->signal(SIGCONT);
@@ -288,7 +308,7 @@ TEST_F(HaE2E, OneEtcdMemberLostChangesNothingAllLostStepsDownAndServiceResumes) 
   ASSERT_TRUE(wait_leader("a"));
   start_master("b");
   start_node("n1");
-  auto c = client(1000);
+  auto c = client(3000);  // a commit may wait out an etcd election when the killed member led etcd
   ASSERT_TRUE(c);
   ASSERT_TRUE(c->put("etcd/k0", bytes_of(512, 0)).is_ok());
   etcd_->kill(0);

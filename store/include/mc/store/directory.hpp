@@ -17,6 +17,7 @@
 // SegmentRegistry is not thread-safe (the master's RPC thread owns it).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include <set>
 #include <string>
 
+#include "mc/common/etcd.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/common/status.hpp"
@@ -74,5 +76,42 @@ class MasterSegmentDirectory final : public transfer::SegmentDirectory {
   std::unique_ptr<MasterLink> master_;
   int64_t rpc_timeout_ms_ = 2000;
 };
+
+// With a replicated master (DESIGN.md §17) the descriptors are etcd records too (/mc/<cluster>/xseg/<name>, written by
+// the leader as it accepts publishes and drops dead nodes' descriptors): EtcdSegmentDirectory looks a segment up in
+// etcd directly, so a transfer engine finds its peers without asking the master (also while no master leads), and
+// asks the master only when etcd does not answer. Publishing still goes through the master, which checks claims and
+// keeps the records. Errors: lookup's kNotFound naming the segment and the cluster, kProtocolMismatch /
+// kMalformedMessage for a record that is not a valid descriptor.
+// Thread-safety: any thread (the etcd client is thread-safe; the master directory has its own mutex).
+class EtcdSegmentDirectory final : public transfer::SegmentDirectory {
+ public:
+  static Result<std::shared_ptr<EtcdSegmentDirectory>> connect(std::shared_ptr<MasterLocator> locator,
+                                                               const MasterAddress& address,
+                                                               const std::string& client_name, int64_t rpc_timeout_ms);
+  Result<proto::SegmentDescriptor> lookup(const std::string& name, int64_t timeout_ms) override;
+  Status publish(const proto::SegmentDescriptor& descriptor) override;
+  uint64_t etcd_lookups() const { return etcd_lookups_.load(); }  // answered from etcd
+
+ private:
+  EtcdSegmentDirectory() = default;
+  // The master's directory, connected at its first use (publish, or a lookup while etcd does not answer), so that
+  // lookups work while no master answers.
+  Result<std::shared_ptr<MasterSegmentDirectory>> master();
+  std::mutex master_mu_;
+  std::shared_ptr<MasterLocator> locator_;
+  std::string client_name_;
+  int64_t rpc_timeout_ms_ = 2000;
+  std::shared_ptr<MasterSegmentDirectory> master_;
+  std::unique_ptr<etcd::Client> etcd_;
+  std::string cluster_id_;
+  std::atomic<uint64_t> etcd_lookups_{0};
+};
+
+// The directory a store client or node uses: the master's, or with etcd (address.etcd) the etcd records'.
+Result<std::shared_ptr<transfer::SegmentDirectory>> connect_segment_directory(std::shared_ptr<MasterLocator> locator,
+                                                                              const MasterAddress& address,
+                                                                              const std::string& client_name,
+                                                                              int64_t rpc_timeout_ms);
 
 }  // namespace mc::store

@@ -50,7 +50,8 @@ struct HaOptions {
 };
 
 // Key layout (also for tools and tests that read etcd); the leader key is leader.hpp's leader_key().
-std::string ha_prefix(const std::string& cluster_id);  // "/mc/<id>/"
+std::string ha_prefix(const std::string& cluster_id);                                         // "/mc/<id>/"
+std::string directory_record_key(const std::string& cluster_id, const std::string& segment);  // ".../xseg/<segment>"
 
 // Record codecs (JSON), exposed for tests.
 std::string encode_segment_record(const DurableSegment& s);
