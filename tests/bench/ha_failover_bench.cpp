@@ -43,12 +43,7 @@ int64_t now_ms() {
       .count();
 }
 
-std::vector<std::byte> bytes_of(size_t n, uint64_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937_64 rng(seed);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
+std::vector<std::byte> bytes_of(size_t n, uint64_t seed) { return testkit::seeded_bytes(n, seed); }
 
 struct Op {
   int64_t start_ms = 0, end_ms = 0;

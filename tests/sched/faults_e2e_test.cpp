@@ -360,16 +360,8 @@ TEST_F(IndexFaultsE2E, MasterRestartReconcilesTheConductorIndex) {
   const pid_t master_pid = pid_of("master"), node0_pid = pid_of("node0");
   ASSERT_GT(master_pid, 0);
   ASSERT_GT(node0_pid, 0);
-  std::vector<std::string> argv;
-  {
-    std::ifstream cmdline("/proc/" + std::to_string(master_pid) + "/cmdline");
-    std::string arg;
-    while (std::getline(cmdline, arg, '\0')) argv.push_back(arg);
-  }
-  for (size_t i = 0; i + 1 < argv.size(); ++i) {
-    if (argv[i] == "--listen") argv[i + 1] = endpoints_.at("master");
-    if (argv[i] == "--events") argv[i + 1] = events;
-  }
+  const std::vector<std::string> argv =
+      testkit::restart_argv(master_pid, {{"--listen", endpoints_.at("master")}, {"--events", events}});
   ASSERT_EQ(::kill(node0_pid, SIGKILL), 0);
   ASSERT_EQ(::kill(master_pid, SIGKILL), 0);
   ASSERT_TRUE(testkit::wait_until([&] { return ::kill(master_pid, 0) != 0; }, 10'000, 10));

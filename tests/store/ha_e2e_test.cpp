@@ -49,12 +49,7 @@ int64_t now_ms() {
       .count();
 }
 
-std::vector<std::byte> bytes_of(size_t n, uint64_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937_64 rng(seed);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
+std::vector<std::byte> bytes_of(size_t n, uint64_t seed) { return testkit::seeded_bytes(n, seed); }
 
 class HaE2E : public ::testing::Test {
  protected:
@@ -509,15 +504,8 @@ TEST_F(HaClusterE2E, KillTheLeaderMidReplayNoRequestLostNoWrongTokens) {
   // Issue 21 item 5: a restarted Conductor rebuilds its prefix index from the leader (a snapshot) at start, without
   // waiting for events: it neither plans hits on blocks that are gone nor misses blocks that exist.
   const pid_t conductor_pid = pids_.at("conductor");
-  std::vector<std::string> argv;
-  {
-    std::ifstream cmdline("/proc/" + std::to_string(conductor_pid) + "/cmdline");
-    std::string arg;
-    while (std::getline(cmdline, arg, '\0')) argv.push_back(arg);
-  }
-  for (size_t i = 0; i + 1 < argv.size(); ++i) {
-    if (argv[i] == "--listen") argv[i + 1] = endpoints_.at("conductor");
-  }
+  const std::vector<std::string> argv =
+      testkit::restart_argv(conductor_pid, {{"--listen", endpoints_.at("conductor")}});
   ASSERT_EQ(::kill(conductor_pid, SIGKILL), 0);
   ASSERT_TRUE(testkit::wait_until([&] { return ::kill(conductor_pid, 0) != 0; }, 10'000, 10));
   auto conductor = testkit::start_group_child(argv, s_.path("conductor2.out"), s_.path("conductor2.err"));

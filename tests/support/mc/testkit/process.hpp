@@ -16,8 +16,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -28,6 +32,28 @@ namespace mc::testkit {
 inline int64_t mono_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// The command line of a running process (/proc/PID/cmdline), each `flag` given in `replace` followed by its new value
+// (e.g. {"--listen", the endpoint it resolved}): to start a killed daemon again just as it was.
+inline std::vector<std::string> restart_argv(pid_t pid, const std::map<std::string, std::string>& replace = {}) {
+  std::vector<std::string> argv;
+  std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string arg;
+  while (std::getline(cmdline, arg, '\0')) argv.push_back(arg);
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    auto it = replace.find(argv[i]);
+    if (it != replace.end()) argv[i + 1] = it->second;
+  }
+  return argv;
+}
+
+// n bytes drawn from a generator seeded with `seed`: the same seed, the same bytes (to check what is read back).
+inline std::vector<std::byte> seeded_bytes(size_t n, uint64_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 rng(seed);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
 }
 
 struct ChildOptions {
