@@ -140,15 +140,22 @@ Result<proto::SegmentDescriptor> EtcdSegmentDirectory::lookup(const std::string&
     return Status(Code::kNotFound, "segment " + name + " is not in the segment directory of cluster '" + cluster_id_ +
                                        "' in etcd (its node is gone, or never published it)");
   }
-  MC_ASSIGN_OR_RETURN(proto::SegmentDescriptor d,
-                      codec::unpack<proto::SegmentDescriptor>(r->kvs.front().value, "directory record of " + name));
-  MC_RETURN_IF_ERROR(validate_descriptor(d));
-  if (d.name != name) {
-    return Status(Code::kMalformedMessage,
-                  "directory record of segment '" + name + "' in etcd names segment '" + d.name + "'");
+  Result<proto::SegmentDescriptor> d =
+      codec::unpack<proto::SegmentDescriptor>(r->kvs.front().value, "directory record of " + name);
+  Status bad = d.is_ok() ? validate_descriptor(*d) : d.status();
+  if (bad.is_ok() && d->name != name) {
+    bad = Status(Code::kMalformedMessage,
+                 "directory record of segment '" + name + "' in etcd names segment '" + d->name + "'");
+  }
+  if (!bad.is_ok()) {
+    // One bad record costs a round trip to the master (which holds the descriptor it accepted), never the segment.
+    MC_LOG_WARN << "segment " << name << ": its etcd record is not a valid descriptor (" << bad.message()
+                << "): asking the master";
+    MC_ASSIGN_OR_RETURN(std::shared_ptr<MasterSegmentDirectory> m, master());
+    return m->lookup(name, timeout_ms);
   }
   etcd_lookups_.fetch_add(1);
-  return d;
+  return std::move(d).value();
 }
 
 Status EtcdSegmentDirectory::publish(const proto::SegmentDescriptor& descriptor) {

@@ -186,6 +186,7 @@ struct MasterHa::Impl {
   std::atomic<int64_t> lease{0};
   std::atomic<int64_t> lease_until_ms{0};
   std::atomic<bool> leading{false};
+  std::atomic<int64_t> key_lease{0};  // the lease the leader key carries, as the watch last saw it (0: none)
   std::mutex lease_mu;
   std::condition_variable lease_cv;
   bool stopping = false;
@@ -199,8 +200,10 @@ struct MasterHa::Impl {
   int64_t margin_ms() const { return std::max<int64_t>(200, options.lease_ttl_s * 1000 / 4); }
 
   // Applies one record (put: value; delete: nullopt) to the followed copy. Caller holds mu.
-  void apply(const std::string& key, const std::optional<std::string>& value, int64_t create_revision) {
+  void apply(const std::string& key, const std::optional<std::string>& value, int64_t create_revision,
+             int64_t lease_of_key = 0) {
     if (key == leader_key) {
+      key_lease = value ? lease_of_key : 0;  // whoever wrote it: is_leader() checks it is still this member's
       if (!value) {
         leader.reset();
         return;
@@ -266,7 +269,7 @@ struct MasterHa::Impl {
   Status reload() {
     watch.reset();
     std::map<std::string, std::optional<std::string>> all;
-    std::map<std::string, int64_t> created;
+    std::map<std::string, int64_t> created, leases;
     int64_t revision = 0;
     std::string from = prefix;
     const std::string end = etcd::prefix_end(prefix);
@@ -275,6 +278,7 @@ struct MasterHa::Impl {
       if (revision == 0) revision = r.revision;
       for (etcd::KeyValue& kv : r.kvs) {
         created[kv.key] = kv.create_revision;
+        leases[kv.key] = kv.lease;
         all[kv.key] = std::move(kv.value);
       }
       if (!r.more || r.kvs.empty()) break;
@@ -287,7 +291,7 @@ struct MasterHa::Impl {
       directory.clear();
       leader.reset();
       const uint64_t corrupt_before = counters.corrupt_records;
-      for (const auto& [key, value] : all) apply(key, value, created[key]);
+      for (const auto& [key, value] : all) apply(key, value, created[key], leases[key]);
       applied_revision = revision;
       reload_needed = false;
       ++counters.watch_reloads;
@@ -304,7 +308,7 @@ struct MasterHa::Impl {
             std::lock_guard<std::mutex> lock(mu);
             for (const etcd::WatchEvent& e : events) {
               if (e.type == etcd::WatchEvent::Type::kPut) {
-                apply(e.kv.key, e.kv.value, e.kv.create_revision);
+                apply(e.kv.key, e.kv.value, e.kv.create_revision, e.kv.lease);
               } else {
                 apply(e.kv.key, std::nullopt, 0);
               }
@@ -439,7 +443,9 @@ Result<std::optional<TakeoverState>> MasterHa::campaign() {
 }
 
 bool MasterHa::is_leader() const {
-  return impl_->leading.load() && impl_->lease.load() != 0 &&
+  // The leader key must still be this member's (as the watch saw it last): a key deleted or overwritten behind its
+  // back (by an operator or an attacker with etcd access) ends its term at once, not at its next failed write.
+  return impl_->leading.load() && impl_->lease.load() != 0 && impl_->key_lease.load() == impl_->lease.load() &&
          steady_ms() < impl_->lease_until_ms.load() - impl_->margin_ms();
 }
 

@@ -345,6 +345,29 @@ TEST_F(HaE2E, OneEtcdMemberLostChangesNothingAllLostStepsDownAndServiceResumes) 
   }
 }
 
+TEST_F(HaE2E, ALeaderWhoseKeyIsTakenBehindItsBackStopsAtOnce) {
+  start_etcd(1);
+  start_master("a");
+  ASSERT_TRUE(wait_leader("a"));
+  // The leader key overwritten by someone else (an operator, or anyone with write access to etcd): the leader sees
+  // it through its watch and stops answering as the leader at once, not at its next failed write.
+  etcd::Client e(etcd_->options());
+  ASSERT_TRUE(e.put(leader_key(cluster_), "not a leader record").is_ok());
+  rpc::ClientOptions co;
+  co.connect_timeout_ms = 2000;
+  auto raw = rpc::RpcClient::connect(endpoints_["a"], co);
+  ASSERT_TRUE(raw.is_ok());
+  Status last;
+  EXPECT_TRUE(testkit::wait_until(
+      [&] {
+        last = (*raw)->call(proto::StoreExistsRequest{{"k"}}, 1000).status();
+        return last.code() == Code::kUnavailable;
+      },
+      3000, 20))
+      << "the leader still answers with its key taken: " << last.to_string();
+  EXPECT_TRUE(testkit::wait_until([&] { return gauge("a", "mc_store_ha_step_downs_total") >= 1.0; }, 3000, 20));
+}
+
 // The whole serving path through a takeover (examples/local-cluster.sh --masters 2: one etcd, two masters, storage
 // nodes, the Conductor and the workers all following the leader): kill -9 the leader in the middle of a replay
 // (ref backend, so tokens can be compared). Every accepted request ends (none lost), every completed request's tokens
