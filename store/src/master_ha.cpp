@@ -470,7 +470,6 @@ Status MasterHa::commit(const DurableChanges& changes, const std::vector<etcd::O
   ops.insert(ops.end(), extra.begin(), extra.end());
   // Fenced: only while the leader key still carries this member's lease.
   const etcd::Compare fence{m.leader_key, etcd::Compare::Target::kLease, etcd::Compare::Result::kEqual, lease, ""};
-  const int64_t t0 = steady_ms();
   const auto t0_us = std::chrono::steady_clock::now();
   for (size_t at = 0; at < ops.size(); at += kMaxOpsPerTxn) {
     std::vector<etcd::Op> chunk(ops.begin() + static_cast<std::ptrdiff_t>(at),
@@ -497,7 +496,6 @@ Status MasterHa::commit(const DurableChanges& changes, const std::vector<etcd::O
   }
   const uint64_t us = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0_us).count());
-  (void)t0;
   std::lock_guard<std::mutex> lock(m.mu);
   ++m.counters.commits;
   m.counters.commit_ops += ops.size();

@@ -67,6 +67,14 @@ class HaE2E : public ::testing::Test {
     }
   }
 
+  // etcd of `members`, master a leading, master b standing by, storage node n1: how most tests start.
+  void start_pair(int members) {
+    start_etcd(members);
+    start_master("a");
+    ASSERT_TRUE(wait_leader("a")) << "master a never led";
+    start_master("b");
+    start_node("n1");
+  }
   void start_etcd(int members) {
     etcd_ = std::make_unique<testkit::EtcdCluster>(members, "ha");
     ASSERT_TRUE(etcd_->start()) << etcd_->error();
@@ -148,11 +156,8 @@ class HaE2E : public ::testing::Test {
 };
 
 TEST_F(HaE2E, KillTheLeaderInTheMiddleOfPutsLosesNothingAndEveryoneFollows) {
-  start_etcd(1);
-  start_master("a");
-  ASSERT_TRUE(wait_leader("a")) << "master a never led";
-  start_master("b");
-  start_node("n1");
+  start_pair(1);
+  if (HasFatalFailure()) return;
   start_node("n2");
   auto c = client();
   ASSERT_TRUE(c);
@@ -221,11 +226,8 @@ TEST_F(HaE2E, KillTheLeaderInTheMiddleOfPutsLosesNothingAndEveryoneFollows) {
 }
 
 TEST_F(HaE2E, APausedLeaderPastItsLeaseAnswersNothingAsLeaderWhenItWakes) {
-  start_etcd(1);
-  start_master("a");
-  ASSERT_TRUE(wait_leader("a"));
-  start_master("b");
-  start_node("n1");
+  start_pair(1);
+  if (HasFatalFailure()) return;
   auto c = client();
   ASSERT_TRUE(c);
   ASSERT_TRUE(c->put("pause/before", bytes_of(1024, 1)).is_ok());
@@ -268,11 +270,8 @@ TEST_F(HaE2E, APausedLeaderPastItsLeaseAnswersNothingAsLeaderWhenItWakes) {
 }
 
 TEST_F(HaE2E, ACorruptRecordIsSkippedAndCountedAtTakeoverAndEveryOtherKeyKept) {
-  start_etcd(1);
-  start_master("a");
-  ASSERT_TRUE(wait_leader("a"));
-  start_master("b");
-  start_node("n1");
+  start_pair(1);
+  if (HasFatalFailure()) return;
   auto c = client();
   ASSERT_TRUE(c);
   for (uint64_t i = 0; i < 300; ++i) {
@@ -298,11 +297,8 @@ TEST_F(HaE2E, ACorruptRecordIsSkippedAndCountedAtTakeoverAndEveryOtherKeyKept) {
 }
 
 TEST_F(HaE2E, OneEtcdMemberLostChangesNothingAllLostStepsDownAndServiceResumes) {
-  start_etcd(3);
-  start_master("a");
-  ASSERT_TRUE(wait_leader("a"));
-  start_master("b");
-  start_node("n1");
+  start_pair(3);
+  if (HasFatalFailure()) return;
   auto c = client(3000);  // a commit may wait out an etcd election when the killed member led etcd
   ASSERT_TRUE(c);
   ASSERT_TRUE(c->put("etcd/k0", bytes_of(512, 0)).is_ok());
