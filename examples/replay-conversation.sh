@@ -45,6 +45,7 @@
 #                        FILE with .cache-off before its extension)     [MC_OUT]
 #   --json               print one JSON object: the modelled node, the mode, analyze's bound and both summaries
 #   --build-dir DIR      where to build / find the binaries             [MC_BUILD_DIR, build]
+#   (MC_KEEP_LOGS=DIR    copy each run's daemon logs to DIR/cache-on and DIR/cache-off when it stops)
 #   -h, --help           this text
 # Any other option after -- is passed to mc-trace-replay, in both runs (for example -- --max-requests 100).
 # It takes about 1.5 minutes on a 2-core machine once built (two runs of about 40 s each plus the clusters' start
@@ -183,10 +184,11 @@ run() {
                 --time-scale "$speed" --block-tokens "$block" --out "$work/$label.jsonl" ${fmt[@]+"${fmt[@]}"}
                 ${extra[@]+"${extra[@]}"})
   echo "replay-conversation.sh: run '$label' (prefix cache $cache)" >&2
-  local rc=0
+  local rc=0 keep=()
+  [[ -n "${MC_KEEP_LOGS:-}" ]] && keep=(--keep-logs "$MC_KEEP_LOGS/$label")
   # The conductor's endpoint and the client address reach the replay through MC_CONDUCTOR and MC_CLIENT_BIND (set
   # by cluster.sh, inside the client host's namespace in netns mode).
-  "$here/cluster.sh" "$desc" --mode "$mode" --bin "$bin" --set time_scale="$speed" --set policy="$policy" \
+  "$here/cluster.sh" "$desc" --mode "$mode" --bin "$bin" ${keep[@]+"${keep[@]}"} --set time_scale="$speed" --set policy="$policy" \
     --set kv_bytes_per_token="$(node .live.kv_bytes_per_token)" --set kv_buffer_size="$(node .live.kv_buffer_bytes)" \
     --set dram_bytes="$(node .live.dram_bytes)" --set nic_mbit="$(node .live.nic_mbit)" --set prefix_cache="$cache" \
     -- "${replay[@]}" > "$work/$label.out" || rc=$?

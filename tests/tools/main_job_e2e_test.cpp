@@ -90,7 +90,8 @@ TEST(MainJob, CacheOnAndOffSideBySideAndNothingLeft) {
   const auto shm_before = entries("/dev/shm");
   const auto ns_before = netns_list();
   auto r = run({"/bin/bash", "-c",
-                "env " + tag + " /bin/bash " MC_SOURCE_DIR "/examples/replay-conversation.sh --duration-s 10 --mode " +
+                "env " + tag + " MC_KEEP_LOGS=" + s.path("logs") +
+                    " /bin/bash " MC_SOURCE_DIR "/examples/replay-conversation.sh --duration-s 10 --mode " +
                     (netns ? "netns --json" : "loopback") + " --build-dir " MC_BINARY_DIR " --out " +
                     s.path("records.jsonl") + " 2> " + s.path("stderr.txt")},
                280000);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -96,11 +97,34 @@ class CopyPool {
   std::vector<std::thread> workers_;
 };
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; an older kernel answers EINVAL and the copy faults pages in itself
+#endif
+
+// A peer's shared-memory file mapped here. Its page tables are built ahead of the copies (a copy that faults in
+// one 4 KiB page at a time ran at a few percent of memcpy): all at once when it is small, else one chunk at a
+// time before the first copy that touches it. Populating a large mapping at open held this process's mmap lock
+// for seconds on a loaded host (a decode instance's 2 GB KV buffer: every other thread that allocated stalled
+// with it, heartbeats included) and committed memory the peer never uses.
 struct Mapping {
+  static constexpr uint64_t kPopulateAtOpenBytes = 64ull << 20;
+  static constexpr uint64_t kChunkBytes = 16ull << 20;
   void* base = nullptr;
   uint64_t size = 0;
+  std::unique_ptr<std::atomic<bool>[]> populated;  // per kChunkBytes chunk; null when populated at open
   ~Mapping() {
     if (base != nullptr) munmap(base, size);
+  }
+  // Builds the page tables of [offset, offset + length) not built yet. Thread-safe (two threads may populate
+  // the same chunk once each: harmless).
+  void populate(uint64_t offset, uint64_t length) {
+    if (!populated || length == 0) return;
+    for (uint64_t c = offset / kChunkBytes; c <= (offset + length - 1) / kChunkBytes; ++c) {
+      if (populated[c].load(std::memory_order_acquire)) continue;
+      const uint64_t start = c * kChunkBytes;
+      (void)madvise(static_cast<char*>(base) + start, std::min(kChunkBytes, size - start), MADV_POPULATE_WRITE);
+      populated[c].store(true, std::memory_order_release);
+    }
   }
 };
 
@@ -108,6 +132,8 @@ struct MappedRegion {
   uint64_t segment_offset;
   uint64_t length;
   char* ptr;
+  Mapping* mapping;
+  uint64_t mapping_offset;  // of ptr in mapping
 };
 
 class ShmSegment final : public TransportSegment {
@@ -137,6 +163,7 @@ class ShmSegment final : public TransportSegment {
       return;
     }
     char* remote = it->ptr + rel;
+    it->mapping->populate(it->mapping_offset + rel, op.length);
     if (op.op == Op::kRead) {
       pool_->copy(op.local, remote, op.length, parallel_min_bytes_);
     } else {
@@ -185,10 +212,16 @@ class ShmTransport final : public Transport {
         fstat(fd, &st);
         auto mp = std::make_shared<Mapping>();
         mp->size = static_cast<uint64_t>(st.st_size);
-        // MAP_POPULATE: build the page tables now, so transfers do not pay one minor fault per 4 KiB page on
-        // first touch (measured: a 1 GiB segment read once ran at a few percent of memcpy without it).
-        void* p = mp->size == 0 ? MAP_FAILED
-                                : mmap(nullptr, mp->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        // Page tables built now when small, else chunk by chunk before the first copy (Mapping).
+        const bool small = mp->size <= Mapping::kPopulateAtOpenBytes;
+        void* p = mp->size == 0
+                      ? MAP_FAILED
+                      : mmap(nullptr, mp->size, PROT_READ | PROT_WRITE, MAP_SHARED | (small ? MAP_POPULATE : 0), fd, 0);
+        if (p != MAP_FAILED && !small) {
+          const uint64_t chunks = (mp->size + Mapping::kChunkBytes - 1) / Mapping::kChunkBytes;
+          mp->populated = std::make_unique<std::atomic<bool>[]>(chunks);
+          for (uint64_t c = 0; c < chunks; ++c) mp->populated[c].store(false, std::memory_order_relaxed);
+        }
         int e = errno;
         ::close(fd);
         if (p == MAP_FAILED) {
@@ -202,7 +235,8 @@ class ShmTransport final : public Transport {
         return Status(Code::kNoPath, "shm: region at offset " + std::to_string(r.segment_offset) +
                                          " extends past the end of " + r.shm_path);
       }
-      seg->regions_.push_back({r.segment_offset, r.length_bytes, static_cast<char*>(m->base) + r.shm_offset_bytes});
+      seg->regions_.push_back({r.segment_offset, r.length_bytes, static_cast<char*>(m->base) + r.shm_offset_bytes,
+                               m.get(), r.shm_offset_bytes});
     }
     std::sort(seg->regions_.begin(), seg->regions_.end(),
               [](const MappedRegion& a, const MappedRegion& b) { return a.segment_offset < b.segment_offset; });
