@@ -87,6 +87,18 @@ nlohmann::json decision_record(const Request& r, const Decision& d, std::span<co
       {"slo_ttft_ms_applied", d.slo_ttft_ms},
       {"early_reject", d.early_reject},
   };
+  if (!d.stages.empty()) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const StageEstimate& st : d.stages) {
+      stages.push_back({{"instance", st.instance_id},
+                        {"first_layer", st.first_layer},
+                        {"layers", st.layers},
+                        {"ready_ms", st.ready_ms},
+                        {"end_ms", st.end_ms}});
+    }
+    dec["stages"] = std::move(stages);
+    dec["single_ttft_ms"] = d.single_ttft_ms;
+  }
   if (!estimates.empty()) {
     nlohmann::json all = nlohmann::json::array();
     for (const auto& e : estimates) all.push_back(to_json(e));

@@ -1,5 +1,7 @@
 #include "mc/sched/scheduler.hpp"
 
+#include "mc/model/pipeline.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -162,8 +164,9 @@ Decision Scheduler::decide(const Request& request) {
     return reject(d, RejectReason::kNoPrefillInstance, "no live prefill instance is registered (or every one drains)");
   }
 
-  // ---- 3. the policy's choice ----
+  // ---- 3. the policy's choice; 3b. a pipelined group when it is faster ----
   choose_prefill(request, d);
+  consider_pipeline(request, d);
 
   // ---- 6. hot prefix: the longest same-host prefix sits on an overloaded instance ----
   const PrefillEstimate* holder = mark_hot_prefix(d);
@@ -372,6 +375,80 @@ void Scheduler::choose_prefill(const Request& request, Decision& d) {
   }
 }
 
+void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
+  const PipelineConfig& pc = config_.pipeline;
+  const auto x = static_cast<size_t>(std::max<int64_t>(pc.group_size, 1));
+  if (x < 2 || estimates_.size() < x || pc.chunk_tokens < 1 || pc.model_layers < static_cast<int64_t>(x)) return;
+  const int64_t B = config_.kv.block_size_tokens;
+  // The members: the x shortest queues, kept in registration order (the pipeline order: every group's stages
+  // ascend in one order, so two groups never wait on each other's stages, DESIGN.md §18).
+  std::vector<size_t> order(estimates_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return estimates_[a].queue_ms < estimates_[b].queue_ms; });
+  order.resize(x);
+  std::sort(order.begin(), order.end());
+  // The prefix plan: the members' cheapest (each stage fetches its own layers' share of it, at the same time).
+  size_t plan_of = order[0];
+  for (size_t i : order) {
+    const PrefillEstimate& e = estimates_[i];
+    const PrefillEstimate& best = estimates_[plan_of];
+    if (e.prefill_ms + e.transfer_ms < best.prefill_ms + best.transfer_ms) plan_of = i;
+  }
+  const PrefillEstimate& plan = estimates_[plan_of];
+  const int64_t cached = std::min(plan.reused_blocks * B, request.input_tokens - 1);
+  const int64_t fresh = request.input_tokens - cached;
+  if (fresh <= pc.chunk_tokens) return;  // one chunk: nothing to overlap
+  infer::PipelineShape shape;
+  shape.stage_layers = infer::even_stage_layers(pc.model_layers, static_cast<int64_t>(x)).value();
+  shape.chunk_tokens = pc.chunk_tokens;
+  shape.link_bytes_per_s = pc.link_bytes_per_s;
+  shape.link_latency_s = pc.link_latency_ms * 1e-3;
+  std::vector<double> ready_s(x);
+  for (size_t s = 0; s < x; ++s) {
+    const double share = static_cast<double>(shape.stage_layers[s]) / static_cast<double>(pc.model_layers);
+    ready_s[s] = (estimates_[order[s]].queue_ms + share * plan.transfer_ms) * 1e-3;
+  }
+  const infer::PipelineTiming t =
+      infer::pipeline_timing([this](int64_t n, int64_t c) { return prefill_.predict_ms(n, c) * 1e-3; }, shape,
+                             pc.model_layers, pc.hidden_bytes_per_token, fresh, cached, ready_s);
+  const double ttft_ms = t.ttft_s * 1e3;
+  d.single_ttft_ms = d.prefill.ttft_ms;
+  double held_s = 0, busy_s = 0;
+  for (size_t s = 0; s < x; ++s) {
+    held_s += std::max(0.0, t.stage_end_s[s] - ready_s[s]);
+    busy_s += t.stage_busy_s[s];
+  }
+  if (busy_s < pc.min_efficiency * held_s) return;
+  // Only on members about free: behind long queues (a saturated cluster) a group's idle time costs the queue
+  // more than it saves this request.
+  const double latest_ready_s = *std::max_element(ready_s.begin(), ready_s.end());
+  if (latest_ready_s > pc.max_queue_fraction * (t.ttft_s - latest_ready_s)) return;
+  const bool single_misses = pc.rescue && d.prefill.ttft_ms > d.slo_ttft_ms;
+  if (!(ttft_ms < d.prefill.ttft_ms) || (!single_misses && ttft_ms > (1.0 - pc.min_ttft_gain) * d.prefill.ttft_ms)) {
+    return;
+  }
+  PrefillEstimate lead = estimates_[order[0]];
+  lead.remote_sources = estimate_plans_[plan_of]->remote_sources;
+  lead.reused_blocks = plan.reused_blocks;
+  std::copy(plan.blocks_by_class, plan.blocks_by_class + 4, lead.blocks_by_class);
+  lead.transfer_bytes = plan.transfer_bytes;
+  lead.transfer_ms = plan.transfer_ms;
+  lead.queue_ms = *std::max_element(ready_s.begin(), ready_s.end()) * 1e3 - plan.transfer_ms;
+  lead.queue_ms = std::max(0.0, lead.queue_ms);
+  lead.ttft_ms = ttft_ms;
+  lead.prefill_ms = std::max(0.0, ttft_ms - lead.queue_ms - lead.transfer_ms);
+  d.prefill = std::move(lead);
+  d.predicted_ttft_ms = ttft_ms;
+  d.stages.clear();
+  int64_t first_layer = 0;
+  for (size_t s = 0; s < x; ++s) {
+    d.stages.push_back(StageEstimate{estimates_[order[s]].instance_id, first_layer, shape.stage_layers[s],
+                                     ready_s[s] * 1e3, t.stage_end_s[s] * 1e3});
+    first_layer += shape.stage_layers[s];
+  }
+}
+
 const PrefillEstimate* Scheduler::mark_hot_prefix(Decision& d) const {
   const PrefillEstimate* holder = nullptr;
   for (const auto& e : estimates_) {
@@ -394,6 +471,19 @@ const PrefillEstimate* Scheduler::mark_hot_prefix(Decision& d) const {
 
 std::string Scheduler::explain_prefill(const Decision& d, const PrefillEstimate* holder) const {
   const auto pool_len = static_cast<int64_t>(lookup_.size());
+  std::string group;
+  if (!d.stages.empty()) {
+    group = fmt("; pipelined over %zu stages (single best %.1f ms):", d.stages.size(), d.single_ttft_ms);
+    for (const StageEstimate& st : d.stages) {
+      group += fmt(" %s layers %lld-%lld ready %.1f end %.1f ms", st.instance_id.c_str(),
+                   static_cast<long long>(st.first_layer), static_cast<long long>(st.first_layer + st.layers - 1),
+                   st.ready_ms, st.end_ms);
+    }
+  }
+  return explain_single(d, holder, pool_len) + group;
+}
+
+std::string Scheduler::explain_single(const Decision& d, const PrefillEstimate* holder, int64_t pool_len) const {
   return fmt(
       "%s: %s ttft %.1f ms (queue %.1f + prefill %.1f + transfer %.1f; reuse %lld/%lld pool blocks: %lld same_host, "
       "%lld remote, %lld ssd)%s",
@@ -486,10 +576,24 @@ Decision Scheduler::accept(Decision& d, const DecodeEstimate& pick, const std::s
 void Scheduler::commit(const Request& request, const Decision& d) {
   if (!d.accepted) return;
   const int64_t now = clock_->now_ns();
-  cluster_.assign_prefill(
-      d.prefill_id,
-      PrefillJob{request.request_id, d.prefill.prefill_ms + d.prefill.transfer_ms, request.input_tokens - d.hit_tokens},
-      now);
+  std::vector<std::string> stage_ids;
+  if (d.stages.empty()) {
+    cluster_.assign_prefill(d.prefill_id,
+                            PrefillJob{request.request_id, d.prefill.prefill_ms + d.prefill.transfer_ms,
+                                       request.input_tokens - d.hit_tokens},
+                            now);
+  } else {
+    // Each stage is booked from the end of its own queue until its last chunk is done.
+    for (const StageEstimate& st : d.stages) {
+      const Instance* inst = cluster_.find(st.instance_id);
+      const double queue = inst != nullptr ? cluster_.prefill_queue_ms(*inst, now, prefill_.ms_per_token()) : 0.0;
+      const int64_t tokens =
+          (request.input_tokens - d.hit_tokens) * st.layers / std::max<int64_t>(1, config_.pipeline.model_layers);
+      cluster_.assign_prefill(st.instance_id, PrefillJob{request.request_id, std::max(0.0, st.end_ms - queue), tokens},
+                              now);
+      if (st.instance_id != d.prefill_id) stage_ids.push_back(st.instance_id);
+    }
+  }
   const int64_t start_ns = now + static_cast<int64_t>(d.prefill.ttft_ms * 1e6);
   cluster_.assign_decode(
       d.decode_id,
@@ -497,7 +601,7 @@ void Scheduler::commit(const Request& request, const Decision& d) {
                 start_ns + static_cast<int64_t>(static_cast<double>(request.output_tokens) * d.decode.tbt_ms * 1e6)});
   InFlight& f = in_flight_[request.request_id];
   if (!f.send_hosts.empty()) end_sends(request.request_id, f.send_hosts);  // a re-decided request
-  f = InFlight{d.prefill_id, d.decode_id, d.predicted_ttft_ms, now, false, {}};
+  f = InFlight{d.prefill_id, d.decode_id, d.predicted_ttft_ms, now, false, {}, std::move(stage_ids)};
   // Its remote fetches load their senders from the end of its queue until its predicted TTFT.
   const int64_t fetch_end_ns = now + static_cast<int64_t>((d.prefill.queue_ms + d.prefill.transfer_ms) * 1e6);
   for (const SourceBytes& src : d.prefill.remote_sources) {
@@ -555,6 +659,8 @@ void Scheduler::on_prefill_done(const PrefillReport& r) {
   cluster_.finish_prefill(r.instance_id, r.request_id, now);
   auto it = in_flight_.find(r.request_id);
   if (it == in_flight_.end()) return;
+  for (const std::string& stage : it->second.stage_ids) cluster_.finish_prefill(stage, r.request_id, now);
+  if (r.instance_id != it->second.prefill_id) cluster_.finish_prefill(it->second.prefill_id, r.request_id, now);
   end_sends(r.request_id, it->second.send_hosts);
   it->second.send_hosts.clear();
   if (!r.ok) {
@@ -574,6 +680,10 @@ void Scheduler::on_prefill_done(const PrefillReport& r) {
       break;
     }
   }
+}
+
+void Scheduler::on_stage_done(const std::string& instance_id, const std::string& request_id) {
+  cluster_.finish_prefill(instance_id, request_id, clock_->now_ns());
 }
 
 void Scheduler::on_decode_step(const DecodeStepReport& r) { on_decode_steps({&r, 1}); }
@@ -620,6 +730,7 @@ void Scheduler::on_request_done(const std::string& request_id) {
   if (it == in_flight_.end()) return;
   const int64_t now = clock_->now_ns();
   cluster_.finish_prefill(it->second.prefill_id, request_id, now);
+  for (const std::string& stage : it->second.stage_ids) cluster_.finish_prefill(stage, request_id, now);
   cluster_.finish_decode(it->second.decode_id, request_id);
   end_sends(request_id, it->second.send_hosts);
   in_flight_.erase(it);

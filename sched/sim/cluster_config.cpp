@@ -53,6 +53,11 @@ Status ClusterConfig::validate() const {
   if (!(slo_tbt_ms > 0)) return bad(src, "slo_tbt_ms", "must be > 0");
   if (block_size < 1 || block_size > (1 << 24)) return bad(src, "block_size", "must be in [1, 16777216]");
   if (chunk_tokens < 0) return bad(src, "chunk_tokens", "must be >= 0");
+  if (pipeline_group < 1 || pipeline_group > prefill_instances) {
+    return bad(src, "pipeline_group",
+               "must be in [1, prefill_instances = " + std::to_string(prefill_instances) + "] (1: no pipelining)");
+  }
+  if (pipeline_chunk_tokens < 1) return bad(src, "pipeline_chunk_tokens", "must be >= 1");
   if (decode_kv_capacity_tokens < 0) return bad(src, "decode_kv_capacity_tokens", "must be >= 0");
   if (decode_max_batch < 0) return bad(src, "decode_max_batch", "must be >= 0");
   if (max_context_tokens < 1) return bad(src, "max_context_tokens", "must be >= 1");
@@ -83,6 +88,8 @@ nlohmann::json ClusterConfig::to_json() const {
                       {"early_rejection", early_rejection},
                       {"block_size", block_size},
                       {"chunk_tokens", chunk_tokens},
+                      {"pipeline_group", pipeline_group},
+                      {"pipeline_chunk_tokens", pipeline_chunk_tokens},
                       {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
                       {"decode_max_batch", decode_max_batch},
                       {"max_context_tokens", max_context_tokens},
@@ -151,6 +158,10 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
       MC_RETURN_IF_ERROR(qty(c.block_size, false));
     } else if (key == "chunk_tokens") {
       MC_RETURN_IF_ERROR(qty(c.chunk_tokens, false));
+    } else if (key == "pipeline_group") {
+      MC_RETURN_IF_ERROR(qty(c.pipeline_group, false));
+    } else if (key == "pipeline_chunk_tokens") {
+      MC_RETURN_IF_ERROR(qty(c.pipeline_chunk_tokens, false));
     } else if (key == "decode_kv_capacity_tokens") {
       MC_RETURN_IF_ERROR(qty(c.decode_kv_capacity_tokens, false));
     } else if (key == "decode_max_batch") {

@@ -86,6 +86,11 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
   if (!absent(d, "policy")) {
     MC_ASSIGN_OR_RETURN(c.policy, string_field(d["policy"], source, "defaults.policy"));
   }
+  if (!absent(d, "pipeline_group")) {
+    MC_ASSIGN_OR_RETURN(c.pipeline_group,
+                        whole(d["pipeline_group"], source, "defaults.pipeline_group", "prefill instances (1: off)"));
+    if (c.pipeline_group < 1) return bad(source, "defaults.pipeline_group", "must be >= 1 (1: no pipelining)");
+  }
   if (!absent(d, "block_size")) {
     MC_ASSIGN_OR_RETURN(c.block_size, whole(d["block_size"], source, "defaults.block_size", "tokens"));
     if (c.block_size < 1) return bad(source, "defaults.block_size", "must be >= 1 token");
@@ -312,6 +317,7 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   c.model = d.model;
   c.gpu = d.gpu;
   c.policy = d.policy;
+  c.pipeline_group = d.pipeline_group;
   c.block_size = d.block_size;
   c.prefill_instances = d.total(&DescribedHost::prefill);
   c.decode_instances = d.total(&DescribedHost::decode);

@@ -8,6 +8,9 @@
 
 #include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
+#include "mc/model/cost_model.hpp"
+#include "mc/model/model_config.hpp"
+#include "mc/model/pipeline.hpp"
 #include "mc/replay/analyze.hpp"
 #include "mc/sim/cluster_description.hpp"
 
@@ -64,6 +67,8 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   if (early_rejection) c.early_rejection = *early_rejection;
   if (slo_ttft_ms) c.slo_ttft_ms = *slo_ttft_ms;
   if (slo_tbt_ms) c.slo_tbt_ms = *slo_tbt_ms;
+  if (pipeline_group) c.pipeline_group = *pipeline_group;
+  if (pipeline_chunk_tokens) c.pipeline_chunk_tokens = *pipeline_chunk_tokens;
   return c.validate();
 }
 
@@ -179,6 +184,64 @@ Status run_threshold_command(const ThresholdCommand& cmd, std::ostream& out) {
   } else {
     print_threshold(out, r);
   }
+  return Status::ok();
+}
+
+Status run_pipeline_command(const PipelineCommand& cmd, std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(infer::ModelConfig model, infer::model_preset(cmd.model));
+  MC_ASSIGN_OR_RETURN(infer::GpuSpec gpu, infer::gpu_preset(cmd.gpu));
+  MC_ASSIGN_OR_RETURN(std::vector<int64_t> prompts, units::parse_count_list(cmd.prompt_tokens));
+  MC_ASSIGN_OR_RETURN(std::vector<int64_t> groups, units::parse_count_list(cmd.groups));
+  Result<int64_t> link = units::parse_size_bytes(cmd.link_bandwidth);
+  if (!link.is_ok()) return link.status().with_context("--link-bandwidth (bytes per second)");
+  nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::vector<std::string>> table = {{"prompt_tokens", "one_node_s"}};
+  for (int64_t x : groups) {
+    table[0].push_back("X=" + std::to_string(x) + "_ttft_s");
+    table[0].push_back("ratio");
+    table[0].push_back("bubble_s");
+  }
+  for (int64_t n : prompts) {
+    if (n < 1) return error(Code::kInvalidArgument, "--prompt-tokens: every length must be >= 1 token");
+    const double one = infer::prefill_time_s(model, gpu, n, 0);
+    nlohmann::json row = {{"prompt_tokens", n}, {"one_node_s", one}, {"groups", nlohmann::json::array()}};
+    std::vector<std::string> line = {std::to_string(n), report::fixed(one, 2)};
+    for (int64_t x : groups) {
+      infer::PipelineShape shape;
+      MC_ASSIGN_OR_RETURN(shape.stage_layers, infer::even_stage_layers(model.num_layers, x));
+      shape.chunk_tokens = cmd.chunk_tokens;
+      shape.link_bytes_per_s = static_cast<double>(*link);
+      shape.link_latency_s = cmd.link_latency_us * 1e-6;
+      MC_RETURN_IF_ERROR(infer::validate_pipeline(shape, model).with_context("mc-plan pipeline"));
+      const infer::PipelineTiming t = infer::pipelined_prefill(model, gpu, shape, n, 0);
+      row["groups"].push_back({{"group", x},
+                               {"ttft_s", t.ttft_s},
+                               {"ratio_to_one_node", t.ttft_s / one},
+                               {"ideal_ratio", 1.0 / static_cast<double>(x)},
+                               {"bubble_s", t.bubble_s},
+                               {"boundary_s", t.boundary_s},
+                               {"chunks", t.chunks}});
+      line.push_back(report::fixed(t.ttft_s, 2));
+      line.push_back(report::fixed(t.ttft_s / one, 3));
+      line.push_back(report::fixed(t.bubble_s, 2));
+    }
+    rows.push_back(std::move(row));
+    table.push_back(std::move(line));
+  }
+  if (cmd.json) {
+    out << nlohmann::json{{"model", model.name},
+                          {"gpu", gpu.name},
+                          {"chunk_tokens", cmd.chunk_tokens},
+                          {"link_bytes_per_s", static_cast<double>(*link)},
+                          {"link_latency_us", cmd.link_latency_us},
+                          {"rows", rows}}
+               .dump(2)
+        << "\n";
+    return Status::ok();
+  }
+  out << "# chunked pipeline parallelism: " << model.name << " on " << gpu.name << " nodes, nothing cached, chunks of "
+      << cmd.chunk_tokens << " tokens, links " << cmd.link_bandwidth << "/s; ratio = TTFT / one node (ideal 1/X)\n";
+  report::print_table(out, table);
   return Status::ok();
 }
 

@@ -32,6 +32,7 @@ double PrefillInstance::compute_time_s(int64_t input_tokens, int64_t cached_toke
 }
 
 double PrefillInstance::predicted_service_s(const PrefillJob& job) const {
+  if (job.held) return job.held_predicted_s;
   double fetch_s = 0;
   for (const Fetch& f : job.fetches) {
     if (f.bytes <= 0 || f.src_nic < 0 || f.src_nic == nic_) continue;
@@ -76,7 +77,8 @@ void PrefillInstance::start_next() {
   const int64_t now = events_.now_ns();
   job.start_ns = now;
   current_predicted_end_ns_ = now + to_ns(predicted_service_s(job));
-  fetches_left_ = 1;  // held until every flow is started, so a flow finishing at once cannot win
+  if (job.held) return;  // released by release_held()
+  fetches_left_ = 1;     // held until every flow is started, so a flow finishing at once cannot win
   for (const Fetch& f : job.fetches) {
     ++fetches_left_;
     network_.start_flow(f.src_nic < 0 ? nic_ : f.src_nic, nic_, f.bytes, [this](int64_t) { fetch_done(); });
@@ -101,6 +103,22 @@ void PrefillInstance::start_compute() {
     busy_ns_ += end - compute_started_ns_;
     compute_started_ns_ = -1;
     current_.job.finish_ns = end;
+    queued_tokens_ -= current_.job.input_tokens - current_.job.cached_tokens;
+    ++jobs_done_;
+    Entry done = std::move(current_);
+    running_ = false;
+    start_next();
+    if (done.hooks.on_done) done.hooks.on_done(done.job);
+  });
+}
+
+void PrefillInstance::release_held(int64_t compute_start_ns, int64_t end_ns, double busy_s) {
+  if (!holding()) return;
+  current_.job.compute_start_ns = compute_start_ns;
+  current_predicted_end_ns_ = end_ns;
+  events_.schedule_at(std::max(end_ns, events_.now_ns()), [this, busy_s] {
+    busy_ns_ += to_ns(busy_s);
+    current_.job.finish_ns = events_.now_ns();
     queued_tokens_ -= current_.job.input_tokens - current_.job.cached_tokens;
     ++jobs_done_;
     Entry done = std::move(current_);

@@ -53,6 +53,8 @@ nlohmann::json to_json(const SimResult& r, const replay::RunInfo& info) {
                  {"transfer_bytes_prefix", t.transfer_bytes_prefix},
                  {"transfer_bytes_kv", t.transfer_bytes_kv},
                  {"replicated_prefixes", t.replicated_prefixes},
+                 {"pipelined_prefills", t.pipelined_prefills},
+                 {"pipeline_bubble_s", t.pipeline_bubble_s},
                  {"events", t.events},
                  {"span_s", t.span_s},
                  {"wall_s", t.wall_s}};
@@ -90,6 +92,10 @@ void print_report(std::ostream& out, const SimResult& r, const replay::RunInfo& 
         std::to_string(t.hit_tokens_lost), fixed(t.prefill_gpu_s, 1), fixed(t.prefill_gpu_s_saved, 1), pct(saved),
         fixed(static_cast<double>(t.transfer_bytes_prefix) * 1e-9, 1),
         fixed(static_cast<double>(t.transfer_bytes_kv) * 1e-9, 1), std::to_string(t.replicated_prefixes)}});
+  if (t.pipelined_prefills > 0) {
+    out << "\npipelined prefills: " << t.pipelined_prefills << " (stage bubbles " << fixed(t.pipeline_bubble_s, 1)
+        << " s in all)\n";
+  }
   out << "\nsimulated " << fixed(t.span_s, 1) << " s in " << fixed(t.wall_s, 2) << " s wall (" << t.events
       << " events)\n";
 }

@@ -12,6 +12,7 @@
 #include "mc/common/protocol.hpp"
 #include "mc/model/cost_model.hpp"
 #include "mc/model/model_config.hpp"
+#include "mc/model/pipeline.hpp"
 #include "mc/sched/scheduler.hpp"
 #include "mc/sim/block_cache.hpp"
 #include "mc/sim/event_queue.hpp"
@@ -100,6 +101,8 @@ class InferCostModel final : public CostModel {
     return infer::decode_step_time_s(model_, gpu_, batch_size, context_tokens);
   }
   int64_t kv_bytes_per_token() const override { return model_.kv_bytes_per_token(); }
+  int64_t num_layers() const override { return model_.num_layers; }
+  int64_t hidden_bytes_per_token() const override { return model_.hidden_size * model_.dtype_bytes; }
 
  private:
   infer::ModelConfig model_;
@@ -147,6 +150,12 @@ class Sim {
     sc.kv.kv_bytes_per_token = kv_bytes_;
     sc.kv.block_size_tokens = block_;
     sc.heartbeat_timeout_ms = std::max<int64_t>(3'000, 10 * opt_.heartbeat_ms);
+    sc.pipeline.group_size = cfg_.pipeline_group;
+    sc.pipeline.chunk_tokens = cfg_.pipeline_chunk_tokens;
+    sc.pipeline.model_layers = model_.num_layers();
+    sc.pipeline.hidden_bytes_per_token = model_.hidden_bytes_per_token();
+    sc.pipeline.link_bytes_per_s = cfg_.nic_bandwidth_bytes_per_s;
+    sc.pipeline.link_latency_ms = 0;
     sched::BandwidthPriors bw;
     bw.same_host_bytes_per_s = opt_.local_load_bytes_per_s;
     // "local" cache mode: no path between hosts for KV, so the Conductor prices any remote block
@@ -213,6 +222,7 @@ class Sim {
     out.totals.span_s = clock_.now_s();
     out.totals.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
     out.totals.replicated_prefixes = static_cast<int64_t>(scheduler_->counters().replicate);
+    out.totals.pipelined_prefills = pipelined_;
     out.cluster = cfg_.to_json();
     out.cluster["kv_bytes_per_token"] = kv_bytes_;
     out.cluster["local_load_bytes_per_s"] = opt_.local_load_bytes_per_s;
@@ -380,6 +390,7 @@ class Sim {
       l.reserved = true;
       maybe_join(id);
     });
+    if (!d.stages.empty()) return submit_group(id, req, d);
     PrefillJob job;
     job.request = id;
     job.input_tokens = req.input_tokens;
@@ -389,6 +400,199 @@ class Sim {
     hooks.on_compute_start = [this, id](const PrefillJob& j) { stream_kv(id, j); };
     hooks.on_done = [this, id](const PrefillJob& j) { prefill_done(id, j); };
     prefill_[static_cast<size_t>(lv.prefill)]->submit(std::move(job), std::move(hooks));
+  }
+
+  // ---- chunked pipeline parallelism (DESIGN.md §18) ----
+  // A pipelined prefill: one held job per stage, queued on each stage's instance. The prefix plan is re-checked
+  // when the first stage reaches the head of its queue; each stage, on reaching its head, fetches its layers'
+  // share of the prefix (the lead's own blocks over the lead's NIC) and is then ready. Its chunks run by the
+  // recursion of mc/model/pipeline.hpp from its ready time and the previous stage's chunk ends, and it is freed at
+  // its last chunk's end: a stage waits only for stages before it, which sit on instances earlier in one order, so
+  // two groups never wait on each other. Each stage streams its layers' KV to the decode instance from its first
+  // chunk; the new blocks are kept whole in the lead's cache.
+  struct Group {
+    std::vector<int> stages;  // prefill instance indices, pipeline order
+    std::vector<int64_t> layers;
+    bool planned = false;            // the prefix plan was re-checked (at the first stage's start)
+    std::vector<int> fetching;       // per stage: flows left (+1 while starting them)
+    std::vector<int64_t> ready_ns;   // per stage: prefix in, ready to compute (-1: not yet)
+    std::vector<int64_t> chunk_end;  // the last computed stage's chunk end times (ns)
+    size_t computed = 0;             // stages whose chunks are computed (a prefix of the pipeline)
+    int kv_flows = 0;                // KV flows to the decode instance still running
+    bool kv_counted = false;         // the KV bytes are in the ledger
+    PrefillJob lead;                 // the prefix plan and the request's figures
+    int64_t first_start_ns = -1;     // the first stage left its queue
+    int64_t compute_start_ns = -1;   // the first chunk started
+    double busy_s = 0;
+  };
+
+  void submit_group(uint64_t id, const sched::Request& req, const sched::Decision& d) {
+    Group& g = groups_[id];
+    g.lead.request = id;
+    g.lead.input_tokens = req.input_tokens;
+    g.lead.cached_tokens = d.hit_tokens;
+    const int64_t fresh = req.input_tokens - d.hit_tokens;
+    g.fetching.assign(d.stages.size(), 0);
+    g.ready_ns.assign(d.stages.size(), -1);
+    for (size_t s = 0; s < d.stages.size(); ++s) {
+      const sched::StageEstimate& st = d.stages[s];
+      const int inst = ids_.at(st.instance_id);
+      g.stages.push_back(inst);
+      g.layers.push_back(st.layers);
+      PrefillJob job;
+      job.request = id;
+      job.input_tokens = fresh * st.layers / model_.num_layers();
+      job.held = true;
+      job.held_predicted_s = std::max(0.0, st.end_ms - st.ready_ms) * 1e-3;
+      PrefillInstance::Hooks hooks;
+      hooks.on_start = [this, id, s](PrefillJob&) { stage_start(id, s); };
+      hooks.on_done = [this, id, s](const PrefillJob&) { stage_done(id, s); };
+      prefill_[static_cast<size_t>(inst)]->submit(std::move(job), std::move(hooks));
+    }
+  }
+
+  double stage_share(const Group& g, size_t s) const {
+    return static_cast<double>(g.layers[s]) / static_cast<double>(model_.num_layers());
+  }
+
+  // Stage s left its queue: its share of the prefix comes in (remote parts from their holders, the lead's own
+  // blocks from the lead), then it is ready.
+  void stage_start(uint64_t id, size_t s) {
+    Group& g = groups_.at(id);
+    if (!g.planned) {
+      g.planned = true;
+      g.first_start_ns = clock_.now_ns();
+      g.lead.start_ns = g.first_start_ns;
+      plan_prefix(id, g.lead);
+      ++pipelined_;
+    }
+    const double share = stage_share(g, s);
+    const double local_bytes =
+        static_cast<double>(records_[live_.at(id).record].ledger.hit_tokens_local.value_or(0) * kv_bytes_);
+    g.fetching[s] = 1;
+    for (const Fetch& f : g.lead.fetches) {
+      const auto bytes = static_cast<int64_t>(static_cast<double>(f.bytes) * share);
+      if (bytes <= 0) continue;
+      ++g.fetching[s];
+      network_->start_flow(f.src_nic, g.stages[s], bytes, [this, id, s](int64_t) { stage_fetch_done(id, s); });
+    }
+    if (s > 0 && local_bytes > 0) {
+      ++g.fetching[s];
+      network_->start_flow(g.stages[0], g.stages[s], static_cast<int64_t>(local_bytes * share),
+                           [this, id, s](int64_t) { stage_fetch_done(id, s); });
+    }
+    stage_fetch_done(id, s);
+  }
+
+  void stage_fetch_done(uint64_t id, size_t s) {
+    Group& g = groups_.at(id);
+    if (--g.fetching[s] > 0) return;
+    const double load_s = s == 0 ? g.lead.local_load_s * stage_share(g, 0) : 0.0;
+    events_.schedule_after(to_ns(load_s), [this, id, s] {
+      Group& gr = groups_.at(id);
+      gr.ready_ns[s] = clock_.now_ns();
+      compute_stages(id);
+    });
+  }
+
+  // Computes the chunks of every stage whose predecessors are computed and which is ready (the recursion of
+  // mc/model/pipeline.hpp, in absolute time) and releases each at its last chunk's end.
+  void compute_stages(uint64_t id) {
+    Group& g = groups_.at(id);
+    const int64_t fresh = g.lead.input_tokens - g.lead.cached_tokens;
+    const int64_t chunk = cfg_.pipeline_chunk_tokens;
+    double link = cfg_.nic_bandwidth_bytes_per_s;
+    for (int inst : g.stages) link = std::min(link, network_->bandwidth_bytes_per_s(inst));
+    const double hidden = static_cast<double>(model_.hidden_bytes_per_token());
+    Live& lv = live_.at(id);
+    while (g.computed < g.stages.size() && g.ready_ns[g.computed] >= 0) {
+      const size_t s = g.computed;
+      const double share = stage_share(g, s);
+      int64_t prev_end = g.ready_ns[s];
+      int64_t first_start = -1;
+      double busy = 0;
+      std::vector<int64_t> ends;
+      size_t j = 0;
+      for (int64_t done = 0; done < fresh; done += chunk, ++j) {
+        const int64_t n = std::min(chunk, fresh - done);
+        int64_t arrive = 0;
+        if (s > 0) arrive = g.chunk_end[j] + to_ns(static_cast<double>(n) * hidden / link);
+        const int64_t start = std::max(arrive, prev_end);
+        const double work = share * model_.prefill_time_s(n, g.lead.cached_tokens + done);
+        if (first_start < 0) first_start = start;
+        prev_end = start + to_ns(work);
+        busy += work;
+        ends.push_back(prev_end);
+      }
+      if (first_start < 0) first_start = g.ready_ns[s];
+      totals_.pipeline_bubble_s += std::max(0.0, static_cast<double>(prev_end - first_start) * 1e-9 - busy);
+      g.busy_s += busy;
+      g.chunk_end = std::move(ends);
+      if (s == 0) {
+        g.compute_start_ns = first_start;
+        g.lead.compute_start_ns = first_start;
+      }
+      prefill_[static_cast<size_t>(g.stages[s])]->release_held(first_start, prev_end, busy);
+      // This stage's layers of the KV stream to the decode instance from its first chunk.
+      const auto bytes = static_cast<int64_t>(static_cast<double>(g.lead.input_tokens * kv_bytes_) * share);
+      ++g.kv_flows;
+      events_.schedule_at(std::max(first_start, clock_.now_ns()), [this, id, s, bytes] {
+        Group& gr = groups_.at(id);
+        const int dst = static_cast<int>(prefill_.size()) + live_.at(id).decode;
+        network_->start_flow(gr.stages[s], dst, bytes, [this, id](int64_t) {
+          Group& gg = groups_.at(id);
+          if (--gg.kv_flows > 0 || gg.computed < gg.stages.size()) return;
+          Live& l = live_.at(id);
+          l.kv_arrived = true;
+          maybe_join(id);
+        });
+      });
+      ++g.computed;
+    }
+    if (g.computed == g.stages.size() && !g.kv_counted) {
+      g.kv_counted = true;
+      const int64_t bytes = g.lead.input_tokens * kv_bytes_;
+      totals_.transfer_bytes_kv += bytes;
+      records_[lv.record].ledger.transfer_bytes =
+          bytes + records_[lv.record].ledger.hit_tokens_remote.value_or(0) * kv_bytes_;
+    }
+  }
+
+  void stage_done(uint64_t id, size_t s) {
+    Group& g = groups_.at(id);
+    const std::string& rid = records_[live_.at(id).record].request_id;
+    if (s + 1 < g.stages.size()) {
+      scheduler_->on_stage_done(names_[static_cast<size_t>(g.stages[s])], rid);
+      return;
+    }
+    // The last stage's last chunk: the first token exists.
+    Live& lv = live_.at(id);
+    const int64_t now = clock_.now_ns();
+    lv.prefill_done = true;
+    lv.first_token_ns = now;
+    replay::RequestRecord& rec = records_[lv.record];
+    rec.ttft_ms = ns_to_ms(now - lv.arrival_ns);
+    rec.ledger.prefill_ms = static_cast<double>(now - g.compute_start_ns) * 1e-6;
+    rec.ledger.transfer_ms = static_cast<double>(g.compute_start_ns - g.first_start_ns) * 1e-6;
+    const auto gpus = static_cast<double>(gpu_count_);
+    const auto lead = static_cast<size_t>(g.stages[0]);
+    totals_.prefill_gpu_s += g.busy_s * gpus;
+    const double full_s = prefill_[lead]->compute_time_s(g.lead.input_tokens, 0);
+    totals_.prefill_gpu_s_without_cache += full_s * gpus;
+    totals_.prefill_gpu_s_saved += (full_s - g.busy_s) * gpus;
+    const auto reused = static_cast<size_t>(g.lead.cached_tokens / block_);
+    std::span<const uint64_t> keep(lv.keys);
+    if (!lv.replicate) keep = keep.subspan(std::min(reused, keep.size()));
+    cache_insert(lead, keep, std::span<const uint64_t>(lv.keys.data(), std::min(reused, lv.keys.size())));
+    sched::PrefillReport rep;
+    rep.request_id = rec.request_id;
+    rep.instance_id = names_[static_cast<size_t>(g.stages[s])];
+    rep.prefilled_tokens = g.lead.input_tokens - g.lead.cached_tokens;
+    rep.reused_tokens = g.lead.cached_tokens;
+    rep.prefill_ms = -1.0;  // a pipeline's span is no sample of one instance's pass
+    scheduler_->on_prefill_done(rep);
+    scheduler_->on_first_token(rec.request_id, *rec.ttft_ms);
+    maybe_join(id);
   }
 
   // The job leaves the queue: re-check the planned prefix against the caches as they are now. A block
@@ -572,6 +776,7 @@ class Sim {
     scheduler_->on_request_done(rec.request_id);
     write_record(rec);
     live_.erase(id);
+    groups_.erase(id);
   }
 
   void write_record(const replay::RequestRecord& rec) {
@@ -598,6 +803,8 @@ class Sim {
   std::vector<uint64_t> stream_event_ids_;
   std::vector<uint64_t> stored_, removed_;
   std::unordered_map<uint64_t, Live> live_;
+  std::unordered_map<uint64_t, Group> groups_;  // pipelined prefills by live id (erased with the request)
+  int64_t pipelined_ = 0;
   uint64_t next_live_ = 1;
   std::vector<replay::RequestRecord> records_;
   SimTotals totals_;

@@ -740,5 +740,62 @@ TEST(ClusterStateLiveness, UnledgeredQueueIsBounded) {
   EXPECT_DOUBLE_EQ(c.prefill_queue_ms(*c.find("p0"), 2, 0.1), 200.0);
 }
 
+// Chunked pipeline parallelism (DESIGN.md §18): a long prompt on two idle instances runs as a 2-stage group at
+// about half the single instance's TTFT; each stage's ledger is booked and closed; a prompt of one chunk, or a
+// group behind a long queue, stays on one instance.
+TEST_F(SchedulerTest, PipelineGroupForALongPromptOnIdleInstances) {
+  SchedulerConfig cfg;
+  cfg.pipeline.group_size = 2;
+  cfg.pipeline.chunk_tokens = 1000;
+  cfg.pipeline.model_layers = 80;
+  cfg.pipeline.link_bytes_per_s = 1e15;
+  cfg.pipeline.link_latency_ms = 0;
+  auto s = make("kvcache", cfg);
+  // 100,000 tokens at 0.1 ms: 10 s on one instance; 2 stages of 100 chunks of 50 ms: 100 x 50 + 50 = 5,050 ms.
+  Decision d = s->schedule(request("long", 100'000, 10, 0));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  ASSERT_EQ(d.stages.size(), 2u) << d.reason;
+  EXPECT_EQ(d.prefill_id, "P0");
+  EXPECT_EQ(d.stages[0].instance_id, "P0");
+  EXPECT_EQ(d.stages[1].instance_id, "P1");
+  EXPECT_EQ(d.stages[0].layers + d.stages[1].layers, 80);
+  EXPECT_EQ(d.stages[1].first_layer, 40);
+  EXPECT_NEAR(d.predicted_ttft_ms, 5'050.0, 1.0);
+  EXPECT_NEAR(d.single_ttft_ms, 10'000.0, 1.0);
+  EXPECT_NE(d.reason.find("pipelined over 2 stages"), std::string::npos) << d.reason;
+  // Both stages are booked: each instance's queue is its stage's span.
+  EXPECT_NEAR(s->queue_ms(*s->cluster().find("P0")), 5'000.0, 1.0);
+  EXPECT_NEAR(s->queue_ms(*s->cluster().find("P1")), 5'050.0, 1.0);
+  s->on_stage_done("P0", "long");
+  EXPECT_NEAR(s->queue_ms(*s->cluster().find("P0")), 0.0, 1e-6);
+  PrefillReport rep;
+  rep.request_id = "long";
+  rep.instance_id = "P1";
+  rep.prefilled_tokens = 100'000;
+  rep.prefill_ms = -1;  // no refit from a pipeline's span
+  s->on_prefill_done(rep);
+  EXPECT_NEAR(s->queue_ms(*s->cluster().find("P1")), 0.0, 1e-6);
+  EXPECT_NEAR(s->prefill_predictor().predict_ms(1000, 0), 100.0, 1e-6);
+
+  // One chunk: no group.
+  Decision one = s->decide(request("short", 1'000, 10, 0));
+  ASSERT_TRUE(one.accepted);
+  EXPECT_TRUE(one.stages.empty());
+  // A member behind a 20 s queue: no group (it would idle P0 while that queue drains).
+  load(*s, "P1", 20'000);
+  Decision busy = s->decide(request("long2", 100'000, 10, 0));
+  ASSERT_TRUE(busy.accepted) << busy.reason;
+  EXPECT_TRUE(busy.stages.empty()) << busy.reason;
+  EXPECT_EQ(busy.prefill_id, "P0");
+}
+
+TEST_F(SchedulerTest, PipelineOffByDefault) {
+  auto s = make("kvcache");
+  Decision d = s->decide(request("long", 100'000, 10, 0));
+  ASSERT_TRUE(d.accepted);
+  EXPECT_TRUE(d.stages.empty());
+  EXPECT_EQ(d.single_ttft_ms, 0.0);
+}
+
 }  // namespace
 }  // namespace mc::sched

@@ -46,5 +46,58 @@ TEST(Tools, McSimAndMcPlanPrintJsonAndMapErrorsToExitCodes) {
   EXPECT_EQ(t["paper_bytes_per_s"], 6e9);
 }
 
+// Chunked pipeline parallelism through the binaries (issue 22): one 131,072-token prompt with nothing cached on
+// llama3-70b / 8xA800: mc-sim with --pipeline-group 4 gives at most 0.35x the TTFT of one node (ideal 0.25) and
+// predicts it; mc-plan pipeline prints the same curve from the cost model; a bad group size is a usage error.
+TEST(Tools, PipelineGroupOfFourCutsALongPromptsTtft) {
+  const std::string sim = MC_BINARY_DIR "/bin/mc-sim";
+  const std::string trace = ::testing::TempDir() + "/one_128k.jsonl";
+  {
+    std::unique_ptr<FILE, int (*)(FILE*)> f(fopen(trace.c_str(), "w"), fclose);
+    ASSERT_NE(f, nullptr);
+    std::string row = R"({"timestamp": 0, "input_length": 131072, "output_length": 4, "hash_ids": [)";
+    for (int i = 0; i < 256; ++i) row += (i ? "," : "") + std::to_string(100000 + i);
+    row += "]}\n";
+    fputs(row.c_str(), f.get());
+  }
+  auto ttft = [&](int group, double& predicted) {
+    int rc = 0;
+    const std::string out = run_tool(sim + " --trace " + trace + " --prefill-instances 8 --decode-instances 2" +
+                                         " --pipeline-group " + std::to_string(group) + " --json 2>/dev/null",
+                                     rc);
+    EXPECT_EQ(rc, 0) << out;
+    auto j = nlohmann::json::parse(out);
+    EXPECT_EQ(j["summary"]["requests"]["completed"], 1) << out;
+    EXPECT_EQ(j["totals"]["pipelined_prefills"], group > 1 ? 1 : 0);
+    predicted = j["summary"]["prediction"]["mean_abs_error_ms"].get<double>();
+    return j["summary"]["ttft_ms"]["mean"].get<double>();
+  };
+  double err1 = 0, err4 = 0;
+  const double one = ttft(1, err1);
+  const double four = ttft(4, err4);
+  EXPECT_LE(four / one, 0.35) << four << " ms against " << one << " ms";
+  EXPECT_GT(four / one, 0.25);
+  EXPECT_LT(err4, 0.01 * four);  // the Conductor's prediction is the recursion the simulated stages run
+
+  int rc = 0;
+  const std::string out =
+      run_tool(MC_BINARY_DIR "/bin/mc-plan pipeline --json --prompt-tokens 8192,131072 2>/dev/null", rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto p = nlohmann::json::parse(out);
+  ASSERT_EQ(p["rows"].size(), 2u);
+  const auto& row = p["rows"][1];
+  EXPECT_EQ(row["prompt_tokens"], 131072);
+  ASSERT_EQ(row["groups"].size(), 4u);  // 1, 2, 4, 8
+  EXPECT_EQ(row["groups"][2]["group"], 4);
+  EXPECT_LE(row["groups"][2]["ratio_to_one_node"].get<double>(), 0.35);
+  EXPECT_NEAR(row["groups"][0]["ratio_to_one_node"].get<double>(), 1.0, 1e-9);
+  // One chunk: a group only adds its crossings.
+  EXPECT_GE(p["rows"][0]["groups"][2]["ratio_to_one_node"].get<double>(), 1.0);
+  run_tool(sim + " --trace " + trace + " --prefill-instances 2 --pipeline-group 4 2>/dev/null", rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  run_tool(MC_BINARY_DIR "/bin/mc-plan pipeline --groups 81 2>/dev/null", rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+}
+
 }  // namespace
 }  // namespace mc::sim

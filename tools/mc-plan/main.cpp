@@ -1,6 +1,7 @@
 // mc-plan: capacity planning. `threshold`: the bandwidth above which fetching a cached prefix beats
-// recomputing it. `node`: one modelled node's KV capacities in tokens and their live sizes. `capacity`:
-// the fewest instances, cache and NIC bandwidth that meet a trace's SLOs.
+// recomputing it. `pipeline`: TTFT of a long prompt on a group of prefill nodes by chunked pipeline parallelism.
+// `node`: one modelled node's KV capacities in tokens and their live sizes. `capacity`: the fewest instances, cache and
+// NIC bandwidth that meet a trace's SLOs.
 #include <unistd.h>
 
 #include <iostream>
@@ -24,6 +25,25 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   th_cmd->add_option("--new-tokens", th.new_tokens, "Tokens prefilled after the prefix")->capture_default_str();
   mc::cli::add_json_flag(*th_cmd, th.json, "Print JSON instead of the table");
+
+  mc::sim::PipelineCommand pp;
+  auto* pp_cmd = app.add_subcommand("pipeline",
+                                    "TTFT of one prompt, nothing cached, on a group of X prefill nodes by chunked "
+                                    "pipeline parallelism, against one node (per prompt length and group size)");
+  mc::cli::add_model_option(*pp_cmd, pp.model, /*env=*/true);
+  mc::cli::add_gpu_option(*pp_cmd, pp.gpu);
+  pp_cmd->add_option("--prompt-tokens", pp.prompt_tokens, "Prompt lengths, tokens (comma list)")->capture_default_str();
+  pp_cmd->add_option("--groups", pp.groups, "Group sizes X (instances; the layers split into X stages)")
+      ->capture_default_str();
+  pp_cmd->add_option("--prefill-chunk", pp.chunk_tokens, "Tokens of one chunk (activations cross stages per chunk)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  pp_cmd->add_option("--link-bandwidth", pp.link_bandwidth, "Between consecutive stages, bytes/s")
+      ->capture_default_str();
+  pp_cmd->add_option("--link-latency-us", pp.link_latency_us, "Fixed cost of one boundary crossing, microseconds")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  mc::cli::add_json_flag(*pp_cmd, pp.json, "Print JSON instead of the table");
 
   mc::sim::NodeCommand node;
   auto* node_cmd = app.add_subcommand("node",
@@ -80,6 +100,8 @@ int main(int argc, char** argv) {
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (th_cmd->parsed())
     return mc::cli::report("mc-plan threshold", mc::sim::run_threshold_command(th, std::cout), th.json);
+  if (pp_cmd->parsed())
+    return mc::cli::report("mc-plan pipeline", mc::sim::run_pipeline_command(pp, std::cout), pp.json);
   if (node_cmd->parsed()) return mc::cli::report("mc-plan node", mc::sim::run_node_command(node, std::cout), node.json);
   cap.progress = isatty(STDERR_FILENO) != 0;
   return mc::cli::report("mc-plan capacity", mc::sim::run_capacity_command(cap, std::cout), cap.json);

@@ -42,6 +42,13 @@ int main(int argc, char** argv) {
   mc::cli::add_model_option(app, o.model);
   app.add_option("--gpu", o.gpu, "Override: GPU preset of an instance (a800x8, h800x8)");
   app.add_option("--seed", o.seed, "Override: seed of the random policy");
+  app.add_option("--pipeline-group", o.pipeline_group,
+                 "Override: prefill instances a long prompt may pipeline over (chunked pipeline parallelism: the "
+                 "layers split into that many stages, the Conductor picks a group when its predicted TTFT beats one "
+                 "instance; 1: off; default 1)");
+  app.add_option("--prefill-chunk", o.pipeline_chunk_tokens,
+                 "Override: tokens of one chunk of a pipelined prefill (activations cross stages per chunk; default "
+                 "8192)");
   mc::cli::add_slo_list_flags(app, "--report-slo-ttft-ms", cmd.report_slo_ttft_ms, "--report-slo-tbt-ms",
                               cmd.report_slo_tbt_ms, " of the summary's SLO table (default: the cluster's)");
   app.add_option("--refit", cmd.refit,

@@ -122,6 +122,10 @@ class Scheduler {
   // ---- feedback ----
   // Refits the prefill model and the bandwidth estimates, and ends the request's fetches in the send backlog.
   void on_prefill_done(const PrefillReport& report);
+  // One stage of a pipelined prefill finished its last chunk (Decision::stages): its ledger entry ends. The
+  // request's prefill report (on_prefill_done, from the last stage, with prefill_ms < 0: a pipeline's span is no
+  // sample of one instance's pass) closes the rest.
+  void on_stage_done(const std::string& instance_id, const std::string& request_id);
   // A measured decode step: its predicted step time (before the refit) against the measured one goes into
   // decode_step_error(), then the decode predictor refits. Ignored when the batch is empty or a figure is
   // negative or not finite. Same as on_decode_steps() with one step.
@@ -187,7 +191,8 @@ class Scheduler {
     double predicted_ttft_ms = 0;
     int64_t decided_at_ns = 0;
     bool first_token_seen = false;
-    std::vector<uint32_t> send_hosts;  // hosts whose send backlog holds this request's fetch
+    std::vector<uint32_t> send_hosts;    // hosts whose send backlog holds this request's fetch
+    std::vector<std::string> stage_ids;  // a pipelined prefill's stages after the first (their ledgers)
   };
   // One accepted fetch on a source host's send backlog: its bytes until its predicted end (the prefill's
   // queue plus its transfer after the decision).
@@ -224,11 +229,16 @@ class Scheduler {
   void price_prefill_instances(const Request& request, int64_t now_ns, int64_t max_reuse);
   // Step 3: the policy's choice among estimates_ into d.prefill (and the logged candidates).
   void choose_prefill(const Request& request, Decision& d);
+  // Step 3b (PipelineConfig): a group of the config's size over the live instances with the shortest queues,
+  // priced by the pipeline recursion (mc/model/pipeline.hpp, DESIGN.md §18); replaces d's single instance when
+  // its TTFT is smaller. Nothing for a prompt of one chunk or with fewer live instances than the group.
+  void consider_pipeline(const Request& request, Decision& d) const;
   // Step 6: sets d.best_holder_id and d.replicate_prefix; returns the instance whose host holds the longest
   // prefix (null when none does).
   const PrefillEstimate* mark_hot_prefix(Decision& d) const;
   // The prefill half of the decision's reason: the chosen instance's TTFT breakdown (and the replication).
   std::string explain_prefill(const Decision& d, const PrefillEstimate* holder) const;
+  std::string explain_single(const Decision& d, const PrefillEstimate* holder, int64_t pool_len) const;
   // Step 4: every live decode instance at `start_ns`, when the chosen prefill finishes, into decode_scratch_.
   void predict_decode_instances(const Request& request, int64_t now_ns, int64_t start_ns, double slo_tbt_ms);
   // Step 5b: the feasible decode instance with the smallest TBT, or (early rejection off) the best that fits.

@@ -62,6 +62,33 @@ struct KvShape {
   int64_t block_bytes() const { return kv_bytes_per_token * block_size_tokens; }
 };
 
+// Chunked pipeline parallelism (DESIGN.md §18): a long prompt may run on a group of group_size prefill instances,
+// the model's layers split evenly into that many stages (mc/model/pipeline.hpp gives the recursion). The group is
+// formed per request from the live instances with the shortest queues, in registration order. It is chosen when
+// its predicted TTFT is at most (1 - min_ttft_gain) x the best single instance's, or below it when the single one
+// misses the TTFT SLO: a group occupies X instances and idles them in its bubbles, so a small gain for one request
+// costs the requests behind it more (docs/REPRODUCTION.md §6); and only when it keeps its members busy
+// (min_efficiency). A prompt of one chunk never runs on a group.
+struct PipelineConfig {
+  int64_t group_size = 1;                  // instances per group; <= 1: off
+  int64_t chunk_tokens = 8192;             // most new tokens of one chunk
+  int64_t model_layers = 80;               // LLaMA3-70B
+  int64_t hidden_bytes_per_token = 16384;  // activations crossing a stage boundary per token (8192 x BF16)
+  double link_bytes_per_s = 25e9;          // between consecutive stages (200 Gbit/s)
+  double link_latency_ms = 0.02;           // fixed cost of one crossing
+  double min_ttft_gain = 0.3;              // fraction of the single instance's TTFT a group must save
+  // The least fraction of the members' held time (from each one's queue end to its last chunk) spent computing:
+  // the rest is the pipeline's fill, its bubbles, and a member with a short queue waiting for one with a long one.
+  // Less: no group (a prompt of few chunks on many stages wastes most of them).
+  double min_efficiency = 0.7;
+  // The longest member queue (with its share of the prefix fetch), as a fraction of the group's own prefill span;
+  // longer: no group (a group on busy members idles them while the queues behind them grow).
+  double max_queue_fraction = 0.5;
+  // Also take a group whenever the best single instance misses the TTFT SLO and the group is faster (off: under
+  // overload it turns every long prompt into a group and the queues grow, docs/REPRODUCTION.md §6).
+  bool rescue = false;
+};
+
 struct SchedulerConfig {
   std::string policy = "kvcache";  // see policy_names()
   uint64_t seed = 1;               // for the random policy
@@ -80,6 +107,7 @@ struct SchedulerConfig {
   double decode_envelope_factor = 4.0;
   // Candidates kept in a Decision (sorted by predicted TTFT) for the decision log; 0 keeps none.
   int max_logged_candidates = 4;
+  PipelineConfig pipeline;
 };
 
 // Pricing of one prefill instance for one request (DESIGN.md §3 step 2):
@@ -109,6 +137,16 @@ struct PrefillEstimate {
   // the Decision's chosen estimate only (Scheduler::last_estimates() and the logged candidates leave it empty).
   std::vector<SourceBytes> remote_sources;
   bool load_known = false;  // false: registered, no load report yet (#12)
+};
+
+// One stage of a pipelined prefill (Decision::stages): its instance, its layers and when, from the decision, it is
+// ready (its queue plus its share of the prefix fetch) and free again (its last chunk done), in ms.
+struct StageEstimate {
+  std::string instance_id;
+  int64_t first_layer = 0;
+  int64_t layers = 0;
+  double ready_ms = 0;
+  double end_ms = 0;
 };
 
 struct DecodeEstimate {
@@ -156,6 +194,11 @@ struct Decision {
   bool replicate_prefix = false;
   std::string best_holder_id;               // the prefill instance whose host holds the longest prefix
   std::vector<PrefillEstimate> candidates;  // best first, at most max_logged_candidates
+  // Chunked pipeline parallelism (PipelineConfig): empty when one instance prefills (prefill_id); else the group's
+  // stages in pipeline order, stages[0] being prefill_id. prefill then holds the group's figures: queue_ms its
+  // start (the last stage ready), prefill_ms the pipeline's span, ttft_ms the last stage's end.
+  std::vector<StageEstimate> stages;
+  double single_ttft_ms = 0;  // the best single instance's predicted TTFT when a group was weighed, else 0
 };
 
 }  // namespace mc::sched

@@ -16,6 +16,9 @@
 //     "early_rejection": true,               // reject at arrival what is predicted to miss an SLO
 //     "block_size": 512,                     // tokens per hash block (the traces' 512)
 //     "chunk_tokens": 0,                     // chunked prefill chunk size (0: one pass)
+//     "pipeline_group": 1,                   // prefill instances a long prompt may pipeline over (chunked
+//                                            // pipeline parallelism, DESIGN.md §18; 1: off)
+//     "pipeline_chunk_tokens": 8192,         // a pipelined prefill's chunk (the activations cross per chunk)
 //     "decode_kv_capacity_tokens": 0,        // HBM KV capacity of a decode instance (0: from the presets)
 //     "decode_max_batch": 0,                 // requests per decode step (0: bounded by KV capacity only)
 //     "max_context_tokens": 131072,          // longer prompts are rejected before any work (report #14)
@@ -55,6 +58,8 @@ struct ClusterConfig {
   bool early_rejection = true;
   int64_t block_size = 512;
   int64_t chunk_tokens = 0;
+  int64_t pipeline_group = 1;
+  int64_t pipeline_chunk_tokens = 8192;
   int64_t decode_kv_capacity_tokens = 0;
   int64_t decode_max_batch = 0;
   int64_t max_context_tokens = 131'072;

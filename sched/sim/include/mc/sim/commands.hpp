@@ -32,6 +32,8 @@ struct ClusterOverrides {
   std::optional<std::string> model;
   std::optional<std::string> gpu;
   std::optional<uint64_t> seed;
+  std::optional<int64_t> pipeline_group;         // chunked pipeline parallelism: instances per group (1: off)
+  std::optional<int64_t> pipeline_chunk_tokens;  // a pipelined prefill's chunk
   // Applies the set fields to `config` and validates it.
   Status apply(ClusterConfig& config) const;
 };
@@ -62,6 +64,20 @@ struct ThresholdCommand {
   bool json = false;
 };
 Status run_threshold_command(const ThresholdCommand& command, std::ostream& out);
+
+// `mc-plan pipeline`: TTFT of one prompt with nothing cached on a group of X prefill nodes by chunked pipeline
+// parallelism (mc/model/pipeline.hpp, DESIGN.md §18), against one node and the ideal 1/X, per prompt length.
+struct PipelineCommand {
+  std::string model = "llama3-70b";
+  std::string gpu = "a800x8";
+  std::string prompt_tokens = "8192,16384,32768,65536,131072";  // a count list (units.hpp: 1K = 1000)
+  std::string groups = "1,2,4,8";                               // instances per group
+  int64_t chunk_tokens = 8192;
+  std::string link_bandwidth = "25GB";  // bytes/s between consecutive stages (a 200 Gbit/s NIC)
+  double link_latency_us = 20;
+  bool json = false;
+};
+Status run_pipeline_command(const PipelineCommand& command, std::ostream& out);
 
 // `mc-plan node`: the modelled node's capacities and their live sizes (node_capacity.hpp).
 struct NodeCommand {

@@ -20,6 +20,10 @@ class CostModel {
   // of KV in total (each request produces one token).
   virtual double decode_step_time_s(int64_t batch_size, int64_t context_tokens) const = 0;
   virtual int64_t kv_bytes_per_token() const = 0;
+  // For chunked pipeline parallelism (mc/model/pipeline.hpp): the layers split into stages, and the activation
+  // bytes of one token that cross a stage boundary. The defaults are LLaMA3-70B's (80 layers, 8192 x BF16).
+  virtual int64_t num_layers() const { return 80; }
+  virtual int64_t hidden_bytes_per_token() const { return 16384; }
 };
 
 // Prefill time of `new_tokens` after `cached_tokens`, cut into chunks of `chunk_tokens` (<= 0: one

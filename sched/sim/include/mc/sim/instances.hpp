@@ -32,6 +32,10 @@ struct PrefillJob {
   int64_t cached_tokens = 0;   // prefix reused (local + fetched); input_tokens - cached_tokens computed
   std::vector<Fetch> fetches;  // remote prefix parts, moved in parallel before computing
   double local_load_s = 0;     // loading the local part of the prefix into HBM (after the fetches)
+  // A stage of a pipelined prefill (DESIGN.md §18): at the head of the queue it runs on_start and then holds the
+  // instance, fetching and computing nothing itself, until release_held() says when its last chunk ends.
+  bool held = false;
+  double held_predicted_s = 0;  // its predicted service, for predicted_queue_s()
   // Filled in by the instance (ns of virtual time).
   int64_t enqueue_ns = -1;
   int64_t start_ns = -1;          // left the queue: fetches start
@@ -57,6 +61,11 @@ class PrefillInstance {
 
   // Appends a job to the FIFO queue; the hooks (each may be empty) run as documented on Hooks.
   void submit(PrefillJob job, Hooks hooks);
+
+  // Ends the held job at the head (PrefillJob::held) at end_ns (>= now), having computed busy_s of it from
+  // compute_start_ns; its on_done runs then. Ignored when the head is not a held job.
+  void release_held(int64_t compute_start_ns, int64_t end_ns, double busy_s);
+  bool holding() const { return running_ && current_.job.held; }
 
   // Compute seconds of a job (chunked as configured).
   double compute_time_s(int64_t input_tokens, int64_t cached_tokens) const;

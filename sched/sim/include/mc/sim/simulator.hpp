@@ -122,7 +122,9 @@ struct SimTotals {
   double span_s = 0;                  // virtual: first arrival -> last event
   double wall_s = 0;                  // host time the simulation took
   int64_t replicated_prefixes = 0;
-  double hit_ratio() const;  // (local + remote) / prompt tokens
+  int64_t pipelined_prefills = 0;  // prefills run on a group of pipeline_group instances (DESIGN.md §18)
+  double pipeline_bubble_s = 0;    // sum over those of the stages' idle time between their chunks
+  double hit_ratio() const;        // (local + remote) / prompt tokens
 };
 
 struct SimResult {
