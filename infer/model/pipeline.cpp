@@ -7,9 +7,9 @@ namespace mc::infer {
 
 Result<std::vector<int64_t>> even_stage_layers(int64_t layers, int64_t stages) {
   if (stages < 1 || stages > layers) {
-    return error(Code::kInvalidArgument, "a pipeline of " + std::to_string(stages) + " stages over " +
-                                             std::to_string(layers) +
-                                             " layers: give 1 to the number of layers stages (one layer at least each)");
+    return error(Code::kInvalidArgument,
+                 "a pipeline of " + std::to_string(stages) + " stages over " + std::to_string(layers) +
+                     " layers: give 1 to the number of layers stages (one layer at least each)");
   }
   std::vector<int64_t> out(static_cast<size_t>(stages), layers / stages);
   for (int64_t s = 0; s < layers % stages; ++s) ++out[static_cast<size_t>(s)];
@@ -41,7 +41,8 @@ Status validate_pipeline(const PipelineShape& shape, const ModelConfig& model) {
     return error(Code::kInvalidArgument, "pipeline: link_latency_s must be >= 0 and finite");
   }
   if (shape.hidden_bytes_per_token < 0) {
-    return error(Code::kInvalidArgument, "pipeline: hidden_bytes_per_token must be >= 0 (0: hidden_size x dtype_bytes)");
+    return error(Code::kInvalidArgument,
+                 "pipeline: hidden_bytes_per_token must be >= 0 (0: hidden_size x dtype_bytes)");
   }
   return Status::ok();
 }

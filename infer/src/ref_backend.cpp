@@ -185,6 +185,62 @@ class RefBackend final : public Backend {
     return result;
   }
 
+  Result<StageResult> prefill_stage(KvBuffer& kv, const StageRequest& req, const LayerDoneFn& on_layer) override {
+    MC_RETURN_IF_ERROR(check_layout(kv));
+    const auto& m = model_;
+    const auto n = static_cast<int64_t>(req.tokens.size());
+    if (req.first_layer < 0 || req.num_layers < 1 || req.first_layer + req.num_layers > m.num_layers) {
+      return error(Code::kInvalidArgument, "prefill stage: layers [" + std::to_string(req.first_layer) + ", +" +
+                                               std::to_string(req.num_layers) + ") outside the model's " +
+                                               std::to_string(m.num_layers));
+    }
+    if (req.token_begin < 0 || req.token_end <= req.token_begin || req.token_end > n) {
+      return error(Code::kInvalidArgument, "prefill stage: tokens [" + std::to_string(req.token_begin) + ", " +
+                                               std::to_string(req.token_end) + ") outside the prompt of " +
+                                               std::to_string(n));
+    }
+    const int64_t rows_n = req.token_end - req.token_begin;
+    const bool embeds = req.first_layer == 0;
+    if (embeds ? !req.hidden_in.empty() : static_cast<int64_t>(req.hidden_in.size()) != rows_n * m.hidden_size) {
+      return error(Code::kInvalidArgument,
+                   "prefill stage: hidden_in holds " + std::to_string(req.hidden_in.size()) + " floats, " +
+                       (embeds ? std::string("none expected at layer 0")
+                               : std::to_string(rows_n * m.hidden_size) + " expected (tokens x hidden_size)"));
+    }
+    if (kv.layout().blocks_for_tokens(req.token_end) > static_cast<int64_t>(req.block_table.size())) {
+      return error(Code::kInvalidArgument, "prefill stage: block table of " + std::to_string(req.block_table.size()) +
+                                               " blocks does not cover " + std::to_string(req.token_end) + " tokens");
+    }
+    for (int64_t p = req.token_begin; p < req.token_end; ++p) {
+      if (req.tokens[static_cast<size_t>(p)] >= static_cast<uint64_t>(m.vocab_size)) {
+        return error(Code::kInvalidArgument, "prefill stage: token " +
+                                                 std::to_string(req.tokens[static_cast<size_t>(p)]) + " >= vocab " +
+                                                 std::to_string(m.vocab_size));
+      }
+    }
+    std::vector<const LoraWeights*> loras;
+    MC_RETURN_IF_ERROR(adapters(std::span<const LoraAdapter>(&req.lora, 1), loras));
+    std::vector<Row> rows;
+    rows.reserve(static_cast<size_t>(rows_n));
+    for (int64_t p = req.token_begin; p < req.token_end; ++p)
+      rows.push_back({req.tokens[static_cast<size_t>(p)], p, 0});
+    std::vector<std::span<const int32_t>> tables = {req.block_table};
+    const int64_t last = req.first_layer + req.num_layers;
+    const bool ends_model = last == m.num_layers;
+    StageResult result;
+    std::vector<float> logits;
+    MC_RETURN_IF_ERROR(forward(
+        kv, rows, tables, loras, ends_model && req.token_end == n ? &logits : nullptr,
+        [&](int64_t layer) { return on_layer ? on_layer(layer, req.token_begin, req.token_end) : Status::ok(); },
+        /*all_logits=*/false, req.first_layer, last, embeds ? nullptr : req.hidden_in.data(),
+        ends_model ? nullptr : &result.hidden_out));
+    if (!logits.empty()) {
+      result.first_token = argmax(logits.data());
+      result.last_logits = std::move(logits);
+    }
+    return result;
+  }
+
   Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) override {
     MC_RETURN_IF_ERROR(check_layout(kv));
     std::vector<Row> rows;
@@ -267,10 +323,14 @@ class RefBackend final : public Backend {
   // earlier position of that sequence must already have its KV in the buffer. Writes the rows' KV, calls
   // layer_done(l) after each layer, and fills `logits` for the last row (or every row when all_logits).
   // loras[seq] is the adapter of sequence seq (nullptr: the base model).
+  // A pipeline stage runs layers [layer_begin, layer_end) only: its input is hidden_in (rows x hidden_size) instead
+  // of the embeddings when given, and hidden_out receives the hidden states after layer_end - 1 when given; logits
+  // need layer_end = num_layers (the default: every layer).
   template <typename LayerDone>
   Status forward(KvBuffer& kv, const std::vector<Row>& rows, const std::vector<std::span<const int32_t>>& tables,
                  const std::vector<const LoraWeights*>& loras, std::vector<float>* logits, LayerDone&& layer_done,
-                 bool all_logits = false) {
+                 bool all_logits = false, int64_t layer_begin = 0, int64_t layer_end = -1,
+                 const float* hidden_in = nullptr, std::vector<float>* hidden_out = nullptr) {
     const auto& m = model_;
     const int64_t n = static_cast<int64_t>(rows.size());
     const int64_t h = m.hidden_size, hd = m.head_dim, nh = m.num_heads, nkv = m.num_kv_heads;
@@ -284,11 +344,16 @@ class RefBackend final : public Backend {
     std::vector<float> x(static_cast<size_t>(n * h)), xn(x.size()), q(static_cast<size_t>(n * qd)),
         k(static_cast<size_t>(n * kvd)), v(k.size()), attn(q.size()), o(x.size()),
         g(static_cast<size_t>(n * m.ffn_size)), up(g.size());
-    for (int64_t r = 0; r < n; ++r) {
-      std::memcpy(&x[r * h], &w_.embed[static_cast<size_t>(rows[r].token) * h], sizeof(float) * h);
+    if (hidden_in != nullptr) {
+      std::memcpy(x.data(), hidden_in, sizeof(float) * x.size());
+    } else {
+      for (int64_t r = 0; r < n; ++r) {
+        std::memcpy(&x[r * h], &w_.embed[static_cast<size_t>(rows[r].token) * h], sizeof(float) * h);
+      }
     }
+    if (layer_end < 0) layer_end = m.num_layers;
     std::vector<float> kctx, vctx, scores;
-    for (int64_t l = 0; l < m.num_layers; ++l) {
+    for (int64_t l = layer_begin; l < layer_end; ++l) {
       const ref::LayerWeights& w = w_.layers[static_cast<size_t>(l)];
       for (int64_t r = 0; r < n; ++r) ref::rms_norm(&x[r * h], w.attn_norm.data(), &xn[r * h], h, eps);
       matmul(xn.data(), w.wq.data(), q.data(), n, h, qd);
@@ -357,7 +422,8 @@ class RefBackend final : public Backend {
       for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
       MC_RETURN_IF_ERROR(layer_done(l));
     }
-    if (logits != nullptr) {
+    if (hidden_out != nullptr) *hidden_out = x;
+    if (logits != nullptr && layer_end == m.num_layers) {
       const int64_t first = all_logits ? 0 : n - 1;
       const int64_t count = n - first;
       for (int64_t r = first; r < n; ++r) ref::rms_norm(&x[r * h], w_.final_norm.data(), &xn[(r - first) * h], h, eps);

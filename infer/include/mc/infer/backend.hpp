@@ -72,6 +72,32 @@ struct PrefillResult {
 // Called after a layer's KV of tokens [token_begin, token_end) is final. A non-ok Status aborts the prefill.
 using LayerDoneFn = std::function<Status(int64_t layer, int64_t token_begin, int64_t token_end)>;
 
+// One stage of a chunked-pipeline-parallel prefill (DESIGN.md §18): the model's layers [first_layer, first_layer +
+// num_layers) over one chunk, the new prompt tokens [token_begin, token_end). This stage's layers of the tokens
+// before token_begin must already have their KV in the block table (earlier chunks, or a cached prefix fetched by
+// this stage for its own layers); the chunk's KV of these layers is written there.
+struct StageRequest {
+  std::span<const uint32_t> tokens;      // the whole prompt
+  std::span<const int32_t> block_table;  // covers token_end tokens
+  int64_t token_begin = 0;
+  int64_t token_end = 0;
+  int64_t first_layer = 0;
+  int64_t num_layers = 0;
+  // The hidden states entering first_layer: (token_end - token_begin) x hidden_size floats, row per token. Empty
+  // when first_layer is 0 (the stage embeds the tokens itself).
+  std::span<const float> hidden_in;
+  LoraAdapter lora{};
+};
+
+struct StageResult {
+  // The hidden states after the stage's last layer, (token_end - token_begin) x hidden_size: what crosses to the
+  // next stage. Empty when the stage ends with the model's last layer.
+  std::vector<float> hidden_out;
+  // The last stage, on the chunk holding the prompt's last token: the first output token (greedy) and its logits.
+  uint32_t first_token = 0;
+  std::vector<float> last_logits;
+};
+
 struct DecodeSequence {
   uint32_t last_token = 0;
   int64_t position = 0;                  // tokens already in the KV cache; last_token goes to this position
@@ -99,6 +125,16 @@ class Backend {
 
   virtual Result<PrefillResult> prefill(KvBuffer& kv, const PrefillRequest& request, const LayerDoneFn& on_layer) = 0;
   virtual Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) = 0;
+  // One pipeline stage over one chunk (StageRequest). The ref backend computes exactly what prefill() computes for
+  // those layers and tokens (DESIGN.md §18); on_layer fires per layer with the chunk's range. kUnimplemented from a
+  // backend that does not run stages (sim); kInvalidArgument for a layer range outside the model, a token range
+  // outside the prompt, a hidden_in of the wrong size (or missing after layer 0), a block table too short.
+  virtual Result<StageResult> prefill_stage(KvBuffer& kv, const StageRequest& request, const LayerDoneFn& on_layer) {
+    (void)kv;
+    (void)request;
+    (void)on_layer;
+    return error(Code::kUnimplemented, "backend '" + kind() + "' does not run chunked-pipeline prefill stages");
+  }
 
   // The KvLayout a buffer for this backend needs at `block_size` tokens per block.
   KvLayout kv_layout(int64_t block_size) const {

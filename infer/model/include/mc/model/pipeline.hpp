@@ -36,11 +36,11 @@
 namespace mc::infer {
 
 struct PipelineShape {
-  std::vector<int64_t> stage_layers;    // layers of each stage, in pipeline order; they sum to the model's layers
-  int64_t chunk_tokens = 8192;          // the most new tokens of one chunk (>= 1)
-  double link_bytes_per_s = 25e9;       // between consecutive stages (a 200 Gbit/s NIC: 25e9 B/s)
-  double link_latency_s = 20e-6;        // fixed cost of one boundary crossing
-  int64_t hidden_bytes_per_token = 0;   // activations crossing a boundary per token; 0: hidden_size · dtype_bytes
+  std::vector<int64_t> stage_layers;   // layers of each stage, in pipeline order; they sum to the model's layers
+  int64_t chunk_tokens = 8192;         // the most new tokens of one chunk (>= 1)
+  double link_bytes_per_s = 25e9;      // between consecutive stages (a 200 Gbit/s NIC: 25e9 B/s)
+  double link_latency_s = 20e-6;       // fixed cost of one boundary crossing
+  int64_t hidden_bytes_per_token = 0;  // activations crossing a boundary per token; 0: hidden_size · dtype_bytes
 };
 
 // layers split into `stages` stages as evenly as possible, the earlier stages taking the remainder.
@@ -52,12 +52,12 @@ Result<std::vector<int64_t>> even_stage_layers(int64_t layers, int64_t stages);
 Status validate_pipeline(const PipelineShape& shape, const ModelConfig& model);
 
 struct PipelineTiming {
-  double ttft_s = 0;                 // finish of the last stage's last chunk
-  std::vector<double> stage_end_s;   // per stage: its last chunk's end (the stage is free from then on)
-  std::vector<double> stage_busy_s;  // per stage: compute seconds
-  std::vector<double> stage_start_s; // per stage: its first chunk's start (it waits from ready_s until then)
-  double boundary_s = 0;             // sum over chunks and boundaries of the crossings
-  double bubble_s = 0;               // sum over stages of (last end - first start - busy)
+  double ttft_s = 0;                  // finish of the last stage's last chunk
+  std::vector<double> stage_end_s;    // per stage: its last chunk's end (the stage is free from then on)
+  std::vector<double> stage_busy_s;   // per stage: compute seconds
+  std::vector<double> stage_start_s;  // per stage: its first chunk's start (it waits from ready_s until then)
+  double boundary_s = 0;              // sum over chunks and boundaries of the crossings
+  double bubble_s = 0;                // sum over stages of (last end - first start - busy)
   int64_t chunks = 0;
 };
 
