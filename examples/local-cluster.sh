@@ -445,7 +445,11 @@ esac
        "$n_prefill prefill and $n_decode decode instances ($backend backend, model $model, block $block_size tokens)," \
        "$n_hosts host label(s)"
   echo "  conductor     $conductor      (export MC_CONDUCTOR=$conductor)"
-  echo "  store master  $master      KV events $events"
+  if [[ -n "$etcd_endpoint" ]]; then
+    echo "  store masters $n_masters, leader at start $master (KV events $events); it moves at a takeover: use --etcd"
+  else
+    echo "  store master  $master      KV events $events"
+  fi
   [[ -z "$etcd_endpoint" ]] || echo "  replicated    etcd $etcd_endpoint, cluster $cluster_id (export MC_ETCD=$etcd_endpoint MC_CLUSTER_ID=$cluster_id)"
   [[ -z "$gateway_url" ]] || echo "  gateway       $gateway_url   (export MC_GATEWAY=$gateway_url; curl $gateway_url/v1/models)"
   echo "  logs          $state/*.log"
@@ -453,7 +457,13 @@ esac
   [[ "$metrics" != 1 ]] || echo "  metrics       GET http://HOST:PORT/metrics of each daemon: $state/metrics.txt" \
     "(scrape targets: $state/metrics-targets.txt)"
   echo "  replay:       $bin/mc-trace-replay TRACE --conductor $conductor --block-tokens $block_size"
-  echo "  status:       $bin/mc-conductor stat --endpoint $conductor;  $bin/mc-store stat --master $master"
+  if [[ -n "$etcd_endpoint" ]]; then
+    # Replicated: the leader moves at a takeover, so the tools follow it through etcd, not a fixed --master.
+    echo "  status:       $bin/mc-conductor stat --endpoint $conductor;  $bin/mc-store stat --etcd $etcd_endpoint --cluster-id $cluster_id"
+    echo "  KV events:    $bin/mc-store watch --etcd $etcd_endpoint --cluster-id $cluster_id   (follows the leader)"
+  else
+    echo "  status:       $bin/mc-conductor stat --endpoint $conductor;  $bin/mc-store stat --master $master"
+  fi
 } >&2
 
 if [[ ${#cmd[@]} -gt 0 ]]; then

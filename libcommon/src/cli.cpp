@@ -304,6 +304,45 @@ std::vector<std::unique_ptr<AuthFlags>>& auth_flags() {
   return flags;
 }
 
+// --etcd and --cluster-id of one (sub)command (add_etcd_flags).
+struct EtcdFlags {
+  CLI::App* cmd = nullptr;
+  const std::string* etcd = nullptr;
+  const std::string* cluster_id = nullptr;
+  CLI::Option* cluster_option = nullptr;
+};
+std::vector<EtcdFlags>& etcd_flags() {
+  static std::vector<EtcdFlags> flags;
+  return flags;
+}
+
+// A cluster id names a cluster only in etcd: given without --etcd (a forgotten flag or MC_ETCD, or a stray
+// MC_CLUSTER_ID) it would be silently ignored and the tool would talk to --master instead. The exit code (2) when
+// so, -1 when fine.
+int check_etcd_flags(int argc, char** argv) {
+  for (const EtcdFlags& f : etcd_flags()) {
+    if (!f.cmd->parsed() && f.cmd->get_parent() != nullptr) continue;
+    if (f.cluster_option->count() == 0 || f.cluster_id->empty() || !f.etcd->empty()) continue;
+    std::string program = f.cmd->get_name();
+    for (const CLI::App* p = f.cmd->get_parent(); p != nullptr; p = p->get_parent())
+      program = p->get_name() + " " + program;
+    const Status s(Code::kInvalidArgument,
+                   "--cluster-id " + f.cluster_id->substr(0, 80) +
+                       " (or MC_CLUSTER_ID) is given without --etcd: a cluster id names a replicated master's cluster "
+                       "in etcd. Give --etcd HOST:PORT[,...] (or MC_ETCD) as well, or drop --cluster-id (unset "
+                       "MC_CLUSTER_ID)");
+    for (int i = 1; i < argc; ++i) {
+      if (std::string_view(argv[i]) == "--json") {
+        std::cout << report::error_json(s).dump() << "\n";
+        break;
+      }
+    }
+    std::cerr << program << ": error: " << s.message() << '\n';
+    return kExitUsage;
+  }
+  return -1;
+}
+
 // Loads the key ring of the command that ran; the exit code on failure, -1 when fine.
 int apply_auth_flags(int argc, char** argv) {
   for (const auto& f : auth_flags()) {
@@ -365,6 +404,7 @@ int parse(CLI::App& app, int argc, char** argv) {
     }
     return kExitUsage;
   }
+  if (int rc = check_etcd_flags(argc, argv); rc >= 0) return rc;
   return apply_auth_flags(argc, argv);
 }
 
@@ -377,8 +417,11 @@ void add_etcd_flags(CLI::App& cmd, std::string& etcd, std::string& cluster_id, c
             "--cluster-id is followed (" +
                 instead + " is then ignored)";
   cmd.add_option("--etcd", etcd, help)->envname("MC_ETCD");
-  cmd.add_option("--cluster-id", cluster_id, "Name of the replicated store master's cluster in etcd ([A-Za-z0-9._-])")
-      ->envname("MC_CLUSTER_ID");
+  CLI::Option* id =
+      cmd.add_option("--cluster-id", cluster_id,
+                     "Name of the replicated store master's cluster in etcd ([A-Za-z0-9._-]; needs --etcd)")
+          ->envname("MC_CLUSTER_ID");
+  etcd_flags().push_back({&cmd, &etcd, &cluster_id, id});
 }
 
 }  // namespace mc::cli

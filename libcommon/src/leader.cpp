@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/common/endpoint.hpp"
 #include "mc/common/etcd.hpp"
 #include "mc/common/log.hpp"
 
@@ -43,8 +44,19 @@ Result<LeaderInfo> decode_leader(std::string_view json) {
   }
   LeaderInfo info;
   info.endpoint = j["endpoint"].get<std::string>();
+  // A peer's input: an endpoint that does not parse names no leader (never a usage error of whoever reads it).
+  if (Result<Endpoint> ep = parse_endpoint(info.endpoint); !ep.is_ok()) {
+    return Status(Code::kDataLoss, "leader record names endpoint '" + info.endpoint.substr(0, 120) +
+                                       "', which is not an endpoint (" + ep.status().message() + ")");
+  }
   if (j.contains("member") && j["member"].is_string()) info.member = j["member"].get<std::string>();
   if (j.contains("events") && j["events"].is_string()) info.events = j["events"].get<std::string>();
+  if (!info.events.empty()) {
+    if (Result<Endpoint> ep = parse_endpoint(info.events); !ep.is_ok()) {
+      return Status(Code::kDataLoss, "leader record names KV-event endpoint '" + info.events.substr(0, 120) +
+                                         "', which is not an endpoint (" + ep.status().message() + ")");
+    }
+  }
   if (j.contains("fast_port") && j["fast_port"].is_number_unsigned()) {
     info.fast_port = static_cast<uint16_t>(std::min<uint64_t>(j["fast_port"].get<uint64_t>(), 65535));
   }
@@ -52,6 +64,25 @@ Result<LeaderInfo> decode_leader(std::string_view json) {
     info.since_unix_ms = j["since_unix_ms"].get<int64_t>();
   }
   return info;
+}
+
+Result<LeaderInfo> check_leader_key(const std::string& key, std::string_view value, int64_t lease) {
+  Result<LeaderInfo> info = decode_leader(value);
+  if (!info.is_ok()) {
+    return Status(Code::kDataLoss,
+                  "the leader key " + key + " holds no valid leader record: " + info.status().message());
+  }
+  if (lease == 0) {
+    return Status(Code::kDataLoss, "the leader key " + key + " (" + std::string(value.substr(0, 120)) +
+                                       ") carries no etcd lease, so no live master wrote it (a leader holds its key "
+                                       "under its lease; was it written by hand?)");
+  }
+  return info;
+}
+
+std::string leader_key_remedy(const std::string& key) {
+  return "a starting or standing-by `mc-store master --etcd ...` replaces such a key; or delete it: `etcdctl del " +
+         key + "`";
 }
 
 struct LeaderLocator::Impl {
@@ -63,6 +94,7 @@ struct LeaderLocator::Impl {
   mutable std::mutex mu;
   mutable std::condition_variable changed;
   std::optional<LeaderInfo> leader;
+  std::string problem;  // the leader key is there but names no live leader: what is wrong with it ("" otherwise)
   uint64_t generation = 0;
   int64_t revision = 0;
   bool reread = false;  // the watch ended (compaction): read the key again
@@ -85,15 +117,20 @@ struct LeaderLocator::Impl {
     Result<etcd::RangeResult> r = client->range(key);
     if (!r.is_ok()) return r.status();
     std::optional<LeaderInfo> now;
+    std::string why;
     if (!r->kvs.empty()) {
-      Result<LeaderInfo> info = decode_leader(r->kvs.front().value);
+      const etcd::KeyValue& kv = r->kvs.front();
+      Result<LeaderInfo> info = check_leader_key(key, kv.value, kv.lease);
       if (info.is_ok()) {
         now = info.value();
-        now->revision = r->kvs.front().create_revision;
+        now->revision = kv.mod_revision;  // the key is written once per term: its term
+      } else {
+        why = info.status().message();
       }
     }
     {
       std::lock_guard<std::mutex> lock(mu);
+      problem = why;
       set(std::move(now));
       revision = r->revision;
       reread = false;
@@ -104,13 +141,21 @@ struct LeaderLocator::Impl {
           std::lock_guard<std::mutex> lock(mu);
           for (const etcd::WatchEvent& e : events) {
             if (e.type == etcd::WatchEvent::Type::kDelete) {
+              problem.clear();
               set(std::nullopt);
               continue;
             }
-            Result<LeaderInfo> info = decode_leader(e.kv.value);
-            if (!info.is_ok()) continue;
+            // A key that names no live leader (no lease, not a record, a bad endpoint) is no leader: followed as
+            // none, and what is wrong with it is said when a caller gives up waiting.
+            Result<LeaderInfo> info = check_leader_key(key, e.kv.value, e.kv.lease);
+            if (!info.is_ok()) {
+              problem = info.status().message();
+              set(std::nullopt);
+              continue;
+            }
+            problem.clear();
             LeaderInfo l = info.value();
-            l.revision = e.kv.create_revision;
+            l.revision = e.kv.mod_revision;
             set(std::move(l));
           }
         },
@@ -185,6 +230,15 @@ Result<LeaderInfo> LeaderLocator::leader(int64_t wait_ms) const {
       continue;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
+      std::string problem;
+      {
+        std::lock_guard<std::mutex> lock(m.mu);
+        problem = m.problem;
+      }
+      if (!problem.empty()) {
+        return Status(Code::kUnavailable, "leader of cluster '" + m.address.cluster_id + "' (etcd " + m.address.etcd +
+                                              "): " + problem + ": " + leader_key_remedy(m.key));
+      }
       return Status(Code::kUnavailable,
                     "leader of cluster '" + m.address.cluster_id + "': no leader is elected (etcd " + m.address.etcd +
                         "); start an `mc-store master --etcd ... --cluster-id " + m.address.cluster_id + "`");

@@ -10,6 +10,7 @@
 
 #include "mc/common/daemon.hpp"
 #include "mc/common/input_file.hpp"
+#include "mc/common/leader.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 
@@ -176,20 +177,65 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
   return Status::ok();
 }
 
-Status admin_watch(const std::string& events_endpoint, uint64_t count, int64_t timeout_ms, std::ostream& out) {
+Status admin_watch(const WatchOptions& options, std::ostream& out, std::ostream& err) {
   daemon::install_stop_signals();
-  MC_ASSIGN_OR_RETURN(auto sub, rpc::EventSubscriber::connect(events_endpoint, "kv"));
+  std::shared_ptr<LeaderLocator> locator;
+  std::string events = options.events;
+  uint64_t generation = 0;
+  if (!options.etcd.empty()) {
+    MC_ASSIGN_OR_RETURN(locator, LeaderLocator::create(LeaderAddress{"", options.etcd, options.cluster_id}));
+    generation = locator->generation();
+    MC_ASSIGN_OR_RETURN(LeaderInfo leader, locator->leader(options.leader_wait_ms));
+    if (leader.events.empty()) {
+      return Status(Code::kFailedPrecondition, "mc-store watch: the leader of " + locator->describe() + ", " +
+                                                   leader.endpoint +
+                                                   ", publishes no KV events (started with "
+                                                   "--events \"\"): give its masters --events");
+    }
+    events = leader.events;
+    err << "mc-store watch: following the KV events of the leader of " << locator->describe() << ", " << leader.endpoint
+        << " (" << leader.member << "), at " << events << '\n';
+  }
+  MC_ASSIGN_OR_RETURN(auto sub, rpc::EventSubscriber::connect(events, "kv"));
   uint64_t seen = 0;
   int64_t idle_ms = 0;
-  while (!daemon::stop_requested() && (count == 0 || seen < count)) {
+  bool said_none = false;
+  while (!daemon::stop_requested() && (options.count == 0 || seen < options.count)) {
+    // A takeover: the new leader's stream (the old one's socket is gone with it).
+    if (locator && locator->generation() != generation) {
+      generation = locator->generation();
+      Result<LeaderInfo> leader = locator->leader(0);
+      if (!leader.is_ok()) {
+        if (!said_none)
+          err << "mc-store watch: the leader of " << locator->describe() << " is gone; waiting for the next\n";
+        said_none = true;
+      } else if (leader->events.empty()) {
+        err << "mc-store watch: the new leader " << leader->endpoint
+            << " publishes no KV events; waiting for another\n";
+      } else if (leader->events != events) {
+        Result<std::unique_ptr<rpc::EventSubscriber>> next = rpc::EventSubscriber::connect(leader->events, "kv");
+        if (!next.is_ok()) {
+          err << "mc-store watch: cannot subscribe to the new leader's events at " << leader->events << ": "
+              << next.status().message() << '\n';
+        } else {
+          sub = std::move(next).value();
+          events = leader->events;
+          said_none = false;
+          err << "mc-store watch: the leader of " << locator->describe() << " changed: reconnected to "
+              << leader->endpoint << " (" << leader->member << "), following its KV events at " << events
+              << " (events published during the takeover are not replayed; a new incarnation starts)\n";
+        }
+      }
+      err.flush();
+    }
     auto ev = sub->next(100);
     if (!ev.is_ok()) {
-      std::cerr << "mc-store watch: " << ev.status().to_string() << '\n';
+      err << "mc-store watch: " << ev.status().to_string() << '\n';
       continue;
     }
     if (!ev->has_value()) {
       idle_ms += 100;
-      if (timeout_ms > 0 && idle_ms >= timeout_ms) break;
+      if (options.timeout_ms > 0 && idle_ms >= options.timeout_ms) break;
       continue;
     }
     idle_ms = 0;

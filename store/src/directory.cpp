@@ -16,8 +16,27 @@ Status validate_descriptor(const proto::SegmentDescriptor& d) {
                                                " (upgrade the older side)");
   }
   if (d.name.empty()) return Status(Code::kInvalidArgument, "segment descriptor without a name");
+  // Bounds: a descriptor is a peer's input (a publish, an etcd record anyone with etcd access may have written).
+  const auto too_many = [&](const char* what, size_t n, size_t most) {
+    return Status(Code::kInvalidArgument, "segment descriptor '" + d.name.substr(0, 120) + "': " + std::to_string(n) +
+                                              " " + what + ", more than the " + std::to_string(most) + " allowed");
+  };
+  if (d.name.size() > kMaxDescriptorNameBytes) return too_many("bytes of name", d.name.size(), kMaxDescriptorNameBytes);
+  if (d.regions.size() > kMaxDescriptorRegions) return too_many("regions", d.regions.size(), kMaxDescriptorRegions);
+  if (d.endpoints.size() > kMaxDescriptorEndpoints) {
+    return too_many("endpoints", d.endpoints.size(), kMaxDescriptorEndpoints);
+  }
+  if (d.rdma_devices.size() > kMaxDescriptorEndpoints) {
+    return too_many("RDMA devices", d.rdma_devices.size(), kMaxDescriptorEndpoints);
+  }
   uint64_t end = 0;
   for (const auto& r : d.regions) {
+    if (r.length_bytes > kMaxRegionBytes) {
+      return Status(Code::kInvalidArgument, "segment descriptor '" + d.name.substr(0, 120) + "': region at offset " +
+                                                std::to_string(r.segment_offset) + " of " +
+                                                std::to_string(r.length_bytes) + " bytes, above the limit of " +
+                                                std::to_string(kMaxRegionBytes));
+    }
     if (r.segment_offset < end || r.segment_offset + r.length_bytes < r.segment_offset) {
       return Status(Code::kInvalidArgument, "segment descriptor '" + d.name + "': region at offset " +
                                                 std::to_string(r.segment_offset) + " overlaps or is out of order");

@@ -149,6 +149,11 @@ Status MasterCore::mount_segment(const SegmentInfo& info, bool restore) {
                                               std::to_string(info.capacity_bytes) +
                                               " bytes is below one allocation unit");
   }
+  if (info.capacity_bytes > kMaxSegmentCapacityBytes) {
+    return Status(Code::kInvalidArgument, "mount: segment '" + info.name + "' capacity of " +
+                                              std::to_string(info.capacity_bytes) + " bytes is above the limit of " +
+                                              std::to_string(kMaxSegmentCapacityBytes) + " (1 PiB)");
+  }
   auto existing = segments_.find(info.name);
   if (existing != segments_.end()) {
     if (existing->second.info.node_id != info.node_id) {
@@ -321,6 +326,13 @@ Result<NodeBeat> MasterCore::node_heartbeat(const std::string& node_id) {
     n.reported_segments.clear();
   }
   n.last_heartbeat_ns = now;
+  for (const std::string& name : n.segments) {
+    auto seg = segments_.find(name);
+    if (seg != segments_.end() && seg->second.unconfirmed) {
+      seg->second.unconfirmed = false;
+      MC_LOG_INFO << "storage node " << node_id << " confirmed segment " << name << " to this master: offered again";
+    }
+  }
   NodeBeat beat;
   beat.tasks.assign(n.tasks.begin(), n.tasks.end());
   n.tasks.clear();
@@ -762,7 +774,7 @@ std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, 
     }
   }
   auto fits = [&](const Segment& s) {
-    return s.info.medium == Medium::kCpu && !s.offline && !s.draining &&
+    return s.info.medium == Medium::kCpu && !s.offline && !s.draining && !s.unconfirmed &&
            s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes);
   };
   auto take = [&](const std::string& name) {
@@ -804,7 +816,7 @@ std::string MasterCore::find_disk_segment(const std::string& node_id, uint64_t s
   if (node == nodes_.end()) return "";
   for (const std::string& name : node->second.segments) {
     const Segment& s = segments_.at(name);
-    if (s.info.medium == Medium::kDisk && !s.read_only && !s.offline && !s.draining &&
+    if (s.info.medium == Medium::kDisk && !s.read_only && !s.offline && !s.draining && !s.unconfirmed &&
         s.alloc->largest_free_bytes() >= s.alloc->rounded(size_bytes)) {
       return name;
     }
@@ -950,6 +962,19 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
   // The first replica goes to the writer's host when a segment there has room (a prefill instance stores the
   // blocks it computed next to itself, where the Conductor will look for them), the others to new failure domains.
   std::vector<std::string> segs = place(size_bytes, want, options.preferred_segment, {}, caller.host);
+  if (segs.empty()) {
+    // Just after a takeover the nodes have not all confirmed to this master yet (their next heartbeat, which they
+    // send at once when they see the new leader): a transient refusal, not a full pool.
+    const size_t unconfirmed = static_cast<size_t>(std::count_if(segments_.begin(), segments_.end(), [](const auto& s) {
+      return s.second.unconfirmed && s.second.info.medium == Medium::kCpu;
+    }));
+    if (unconfirmed > 0) {
+      return Status(Code::kUnavailable, "put '" + key + "': this master took over just now and " +
+                                            std::to_string(unconfirmed) +
+                                            " DRAM segment(s) have not been confirmed by their nodes' heartbeats yet; "
+                                            "retry shortly");
+    }
+  }
   if (segs.empty()) {
     // Make room in the fullest DRAM segments, then try again.
     make_room(size_bytes);
@@ -1325,6 +1350,7 @@ MasterStats MasterCore::stat(bool scan_objects) const {
     st.largest_free_bytes = seg.alloc->largest_free_bytes();
     st.fragmentation = seg.alloc->fragmentation();
     st.suspect = seg.offline;
+    st.unconfirmed = seg.unconfirmed;
     st.read_only = seg.read_only;
     st.draining = seg.draining;
     s.segments.push_back(std::move(st));
@@ -1509,14 +1535,18 @@ Result<DurableLoad> MasterCore::load_durable(const std::vector<DurableSegment>& 
   for (const DurableSegment& d : segments) {
     const SegmentInfo& info = d.info;
     if (info.name.empty() || info.node_id.empty() || info.capacity_bytes < config_.alignment_bytes ||
-        segments_.count(info.name)) {
-      refuse("segment record '" + info.name + "': no name or node, too small, or named twice");
+        info.capacity_bytes > kMaxSegmentCapacityBytes || segments_.count(info.name)) {
+      refuse("segment record '" + info.name.substr(0, 120) +
+             "': no name or node, a capacity below one allocation unit or above 1 PiB, or named twice");
       continue;
     }
     Segment seg;
     seg.info = info;
     seg.alloc = std::make_unique<OffsetAllocator>(info.capacity_bytes, config_.alignment_bytes);
     seg.read_only = d.read_only;
+    // Its node may have died during the failover: offered for reads, but nothing new is placed on it until the node
+    // heartbeats to this master (a dead one is dropped after node_ttl_ms as usual).
+    seg.unconfirmed = true;
     segments_.emplace(info.name, std::move(seg));
     Node& node = nodes_[info.node_id];
     node.last_heartbeat_ns = now;

@@ -30,6 +30,9 @@ int64_t steady_ms() {
 constexpr size_t kMaxOpsPerTxn = 120;
 // A full read is paged (etcd answers a range in one message).
 constexpr int64_t kRangePage = 5000;
+// Bounds of the fields of a record (a peer's input): names, and times on the wall clock (year 2500).
+constexpr size_t kMaxRecordNameBytes = 1024;
+constexpr int64_t kMaxRecordUnixMs = int64_t{16'725'225'600'000};
 
 // A record as the standby keeps it: the object with its soft pin's end on the wall clock.
 struct HeldObject {
@@ -60,13 +63,22 @@ Result<HeldObject> decode_held_object(const std::string& key, std::string_view t
   o.pinned = pinned != j.end() && pinned->is_boolean() && pinned->get<bool>();
   auto until = j.find("pin_until_unix_ms");
   if (until != j.end() && until->is_number_integer()) h.pin_until_unix_ms = until->get<int64_t>();
+  // Bounds: a record is a peer's input (anyone with write access to etcd); no value may overflow what is computed
+  // from it.
+  if (h.pin_until_unix_ms < 0 || h.pin_until_unix_ms > kMaxRecordUnixMs) return bad("'pin_until_unix_ms' out of range");
+  if (o.size_bytes == 0 || o.size_bytes > kMaxSegmentCapacityBytes) return bad("'size' out of range");
   auto reps = j.find("replicas");
   if (reps == j.end() || !reps->is_array() || reps->size() > 64) return bad("'replicas' missing or too long");
   for (const nlohmann::json& r : *reps) {
     if (!r.is_array() || r.size() != 3 || !r[0].is_string() || !r[1].is_number_unsigned() || !r[2].is_boolean()) {
       return bad("a replica is not [segment, offset, complete]");
     }
-    o.replicas.push_back({r[0].get<std::string>(), r[1].get<uint64_t>(), r[2].get<bool>()});
+    DurableReplica rep{r[0].get<std::string>(), r[1].get<uint64_t>(), r[2].get<bool>()};
+    if (rep.segment.empty() || rep.segment.size() > kMaxRecordNameBytes || rep.offset > kMaxSegmentCapacityBytes) {
+      return bad("a replica names no segment, a name over " + std::to_string(kMaxRecordNameBytes) +
+                 " bytes, or an offset beyond any segment");
+    }
+    o.replicas.push_back(std::move(rep));
   }
   return h;
 }
@@ -74,7 +86,7 @@ Result<HeldObject> decode_held_object(const std::string& key, std::string_view t
 DurableObject with_pin_left(HeldObject h, int64_t now_unix_ms) {
   DurableObject o = std::move(h.object);
   if (o.pinned && h.pin_until_unix_ms != 0) {
-    o.pin_left_ms = h.pin_until_unix_ms - now_unix_ms;
+    o.pin_left_ms = std::min(h.pin_until_unix_ms - now_unix_ms, kMaxPinTtlMs);
     if (o.pin_left_ms <= 0) {
       o.pinned = false;
       o.pin_left_ms = 0;
@@ -137,6 +149,15 @@ Result<DurableSegment> decode_segment_record(std::string_view json) {
   i.capacity_bytes = cap->get<uint64_t>();
   auto base = j.find("xfer_base");
   if (base != j.end() && base->is_number_unsigned()) i.xfer_base_offset = base->get<uint64_t>();
+  // Bounds: a record is a peer's input (anyone with write access to etcd can forge one).
+  if (i.capacity_bytes == 0 || i.capacity_bytes > kMaxSegmentCapacityBytes) {
+    return bad("capacity of " + std::to_string(i.capacity_bytes) + " bytes is outside 1.." +
+               std::to_string(kMaxSegmentCapacityBytes) + " (1 PiB)");
+  }
+  if (i.xfer_base_offset > kMaxSegmentCapacityBytes * 64) return bad("'xfer_base' beyond any transfer segment");
+  for (const std::string* f : {&i.name, &i.node_id, &i.host, &i.domain, &i.endpoint, &i.xfer_segment}) {
+    if (f->size() > kMaxRecordNameBytes) return bad("a name over " + std::to_string(kMaxRecordNameBytes) + " bytes");
+  }
   auto ro = j.find("read_only");
   s.read_only = ro != j.end() && ro->is_boolean() && ro->get<bool>();
   return s;
@@ -175,7 +196,15 @@ struct MasterHa::Impl {
   std::map<std::string, DurableSegment> segments;  // by segment name
   std::map<std::string, HeldObject> objects;       // by object key
   std::map<std::string, proto::SegmentDescriptor> directory;
-  std::optional<LeaderInfo> leader;
+  std::optional<LeaderInfo> leader;  // a live leader's record (check_leader_key)
+  // The leader key when it names no live leader (no lease, or a value that is not a leader record): a candidate
+  // replaces it, in a transaction on exactly this version of it.
+  struct BadLeaderKey {
+    int64_t mod_revision = 0, lease = 0;
+    std::string why;
+  };
+  std::optional<BadLeaderKey> bad_leader;
+  int64_t logged_bad_leader = 0;  // mod_revision of the bad key last logged (one error per bad key)
   int64_t applied_revision = 0;
   bool reload_needed = false;
   HaCounters counters;
@@ -200,20 +229,21 @@ struct MasterHa::Impl {
   int64_t margin_ms() const { return std::max<int64_t>(200, options.lease_ttl_s * 1000 / 4); }
 
   // Applies one record (put: value; delete: nullopt) to the followed copy. Caller holds mu.
-  void apply(const std::string& key, const std::optional<std::string>& value, int64_t create_revision,
+  void apply(const std::string& key, const std::optional<std::string>& value, int64_t mod_revision,
              int64_t lease_of_key = 0) {
     if (key == leader_key) {
       key_lease = value ? lease_of_key : 0;  // whoever wrote it: is_leader() checks it is still this member's
-      if (!value) {
-        leader.reset();
-        return;
-      }
-      Result<LeaderInfo> info = decode_leader(*value);
+      bad_leader.reset();
+      leader.reset();
+      if (!value) return;
+      // A leader holds its key under its lease and writes a valid record: anything else is no live leader (written
+      // by hand or by a tool) and must not block the election forever.
+      Result<LeaderInfo> info = check_leader_key(key, *value, lease_of_key);
       if (info.is_ok()) {
         leader = info.value();
-        leader->revision = create_revision;
+        leader->revision = mod_revision;
       } else {
-        MC_LOG_WARN << "etcd " << key << ": " << info.status().message();
+        bad_leader = BadLeaderKey{mod_revision, lease_of_key, info.status().message()};
       }
       return;
     }
@@ -269,7 +299,7 @@ struct MasterHa::Impl {
   Status reload() {
     watch.reset();
     std::map<std::string, std::optional<std::string>> all;
-    std::map<std::string, int64_t> created, leases;
+    std::map<std::string, int64_t> modified, leases;
     int64_t revision = 0;
     std::string from = prefix;
     const std::string end = etcd::prefix_end(prefix);
@@ -277,7 +307,7 @@ struct MasterHa::Impl {
       MC_ASSIGN_OR_RETURN(etcd::RangeResult r, client->range(from, end, revision, kRangePage));
       if (revision == 0) revision = r.revision;
       for (etcd::KeyValue& kv : r.kvs) {
-        created[kv.key] = kv.create_revision;
+        modified[kv.key] = kv.mod_revision;
         leases[kv.key] = kv.lease;
         all[kv.key] = std::move(kv.value);
       }
@@ -290,8 +320,9 @@ struct MasterHa::Impl {
       objects.clear();
       directory.clear();
       leader.reset();
+      bad_leader.reset();
       const uint64_t corrupt_before = counters.corrupt_records;
-      for (const auto& [key, value] : all) apply(key, value, created[key], leases[key]);
+      for (const auto& [key, value] : all) apply(key, value, modified[key], leases[key]);
       applied_revision = revision;
       reload_needed = false;
       ++counters.watch_reloads;
@@ -308,7 +339,7 @@ struct MasterHa::Impl {
             std::lock_guard<std::mutex> lock(mu);
             for (const etcd::WatchEvent& e : events) {
               if (e.type == etcd::WatchEvent::Type::kPut) {
-                apply(e.kv.key, e.kv.value, e.kv.create_revision, e.kv.lease);
+                apply(e.kv.key, e.kv.value, e.kv.mod_revision, e.kv.lease);
               } else {
                 apply(e.kv.key, std::nullopt, 0);
               }
@@ -402,6 +433,12 @@ Result<std::optional<TakeoverState>> MasterHa::campaign() {
     if (!reload && m.leader) return std::optional<TakeoverState>();
   }
   if (reload) MC_RETURN_IF_ERROR(m.reload());
+  std::optional<Impl::BadLeaderKey> bad;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (m.leader) return std::optional<TakeoverState>();
+    bad = m.bad_leader;
+  }
   if (m.lease.load() == 0) {
     const int64_t asked = steady_ms();
     MC_ASSIGN_OR_RETURN(int64_t id, m.client->lease_grant(m.options.lease_ttl_s));
@@ -410,9 +447,24 @@ Result<std::optional<TakeoverState>> MasterHa::campaign() {
   }
   LeaderInfo me = m.self;
   me.since_unix_ms = unix_time_ms();
-  etcd::Compare absent{m.leader_key, etcd::Compare::Target::kCreateRevision, etcd::Compare::Result::kEqual, 0, ""};
+  // No key: create it. A key that names no live leader: replace exactly the version seen (its mod_revision and
+  // lease), so a leader elected meanwhile is never overwritten.
+  std::vector<etcd::Compare> compares;
+  if (bad) {
+    if (m.logged_bad_leader != bad->mod_revision) {
+      m.logged_bad_leader = bad->mod_revision;
+      MC_LOG_ERROR << "store master HA: " << bad->why << ": no live leader holds it, so it would block every "
+                   << "election; replacing " << m.leader_key << " (etcd mod_revision " << bad->mod_revision
+                   << ", lease " << bad->lease << ") with this member's record under its lease";
+    }
+    compares.push_back(
+        {m.leader_key, etcd::Compare::Target::kModRevision, etcd::Compare::Result::kEqual, bad->mod_revision, ""});
+    compares.push_back({m.leader_key, etcd::Compare::Target::kLease, etcd::Compare::Result::kEqual, bad->lease, ""});
+  } else {
+    compares.push_back({m.leader_key, etcd::Compare::Target::kCreateRevision, etcd::Compare::Result::kEqual, 0, ""});
+  }
   Result<etcd::TxnResult> won =
-      m.client->txn({absent}, {etcd::Op::put(m.leader_key, encode_leader(me), m.lease.load())});
+      m.client->txn(compares, {etcd::Op::put(m.leader_key, encode_leader(me), m.lease.load())});
   if (!won.is_ok()) return won.status();
   if (!won->succeeded) return std::optional<TakeoverState>();
   const int64_t revision = won->revision;
@@ -559,6 +611,11 @@ HaCounters MasterHa::counters() const {
   HaCounters c = impl_->counters;
   c.applied_revision = impl_->applied_revision;
   return c;
+}
+
+void MasterHa::count_refused(uint64_t records) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->counters.corrupt_records += records;
 }
 
 const HaOptions& MasterHa::options() const { return impl_->options; }

@@ -114,9 +114,14 @@ struct MasterServer::Impl {
     Result<DurableLoad> loaded = core.load_durable(st.segments, st.objects);
     core.track_durable_changes();
     directory = SegmentRegistry();
+    uint64_t refused_directory = 0;
     for (const proto::SegmentDescriptor& d : st.directory) {
       Result<uint64_t> r = directory.publish(d);
-      if (!r.is_ok()) MC_LOG_WARN << "directory record " << d.name << " not loaded: " << r.status().message();
+      if (!r.is_ok()) {
+        ++refused_directory;
+        MC_LOG_ERROR << "etcd record " << ha->directory_key(d.name).substr(0, 160)
+                     << " refused at takeover: " << r.status().message();
+      }
     }
     sync_directory();
     if (!loaded.is_ok()) {
@@ -124,13 +129,15 @@ struct MasterServer::Impl {
       step_down("load failed");
       return;
     }
-    for (const std::string& why : loaded->refusals) MC_LOG_WARN << "record refused at takeover: " << why;
+    for (const std::string& why : loaded->refusals) MC_LOG_ERROR << "etcd record refused at takeover: " << why;
+    ha->count_refused(loaded->refused_records + refused_directory);
     registry.counter("mc_store_ha_takeovers_total", "times this master became the leader").inc();
     MC_LOG_INFO << "store master HA: leader of cluster '" << ha->options().cluster_id << "' at etcd revision "
                 << st.revision << ": loaded " << loaded->segments << " segments, " << loaded->objects << " objects ("
                 << loaded->replicas << " replicas, " << loaded->held_ranges << " ranges of unfinished puts held, "
-                << loaded->refused_records << " records refused, " << st.corrupt_records
-                << " corrupt records skipped) in " << (clock->now_ms() - t0) << " ms";
+                << loaded->refused_records + refused_directory << " records refused, " << st.corrupt_records
+                << " corrupt records skipped; every segment offered for new puts once its node heartbeats here) in "
+                << (clock->now_ms() - t0) << " ms";
     leading = true;
     Status c = commit();
     if (!c.is_ok()) MC_LOG_WARN << "store master HA: first commit failed: " << c.to_string();
@@ -359,7 +366,9 @@ struct MasterServer::Impl {
         .set(c.commits ? static_cast<double>(c.commit_us_total) / static_cast<double>(c.commits) : 0.0);
     registry.gauge("mc_store_ha_step_downs_total", "times this master gave up the lead")
         .set(static_cast<double>(c.step_downs));
-    registry.gauge("mc_store_ha_corrupt_records_total", "etcd records skipped: they do not parse")
+    registry
+        .gauge("mc_store_ha_corrupt_records_total",
+               "etcd records skipped: they do not parse, break a bound, or contradict the others")
         .set(static_cast<double>(c.corrupt_records));
     registry.gauge("mc_store_ha_applied_revision", "etcd revision of the records followed")
         .set(static_cast<double>(c.applied_revision));

@@ -366,8 +366,14 @@ class Node {
     extra.insert(extra.end(), ready_extra_.begin(), ready_extra_.end());
     daemon::announce_ready("mc-store-node", server_->endpoints().at(0), extra);
     int64_t next_hb = steady_ms() + opt_.heartbeat_ms;
+    uint64_t leader_generation = locator_->generation();
     while (!daemon::stop_requested()) {
       MC_RETURN_IF_ERROR(server_->poll_once(20));
+      // A new leader (etcd) offers this node's segments for new puts only once the node heartbeats to it: at once.
+      if (locator_->generation() != leader_generation) {
+        leader_generation = locator_->generation();
+        next_hb = steady_ms();
+      }
       if (steady_ms() >= next_hb) {
         const bool more = heartbeat();
         update_metrics();

@@ -9,6 +9,12 @@
 // - a corrupt record in etcd (field report 21, Mooncake#3760): skipped and counted at takeover, every other key kept.
 // - one of 3 etcd members killed: no effect; every member down: the leader steps down, calls fail with a clear
 //   error, and service resumes when etcd returns.
+// - a leader key no live master holds (written by hand without a lease, or naming a garbage endpoint): clients exit 1
+//   naming the key, what is wrong and the remedy; a master replaces it and leads.
+// - forged records (a segment of 2^63 bytes, a segment of a node that never existed): refused and counted, or never
+//   offered for puts until their node heartbeats to the new leader.
+// - `mc-store watch --etcd` follows the leader's KV event stream across a takeover; --cluster-id without --etcd is
+//   a usage error in every tool that takes it.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/common/clock.hpp"
 #include "mc/common/etcd.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
@@ -79,18 +86,21 @@ class HaE2E : public ::testing::Test {
     etcd_ = std::make_unique<testkit::EtcdCluster>(members, "ha");
     ASSERT_TRUE(etcd_->start()) << etcd_->error();
   }
-  testkit::Child* start(const std::string& name, std::vector<std::string> args) {
+  testkit::Child* start(const std::string& name, std::vector<std::string> args, const std::string& stderr_path = "") {
     args.insert(args.begin(), kBin);
     testkit::ChildOptions o;
     o.stop_grace_ms = 5000;
+    o.stderr_path = stderr_path;
     procs_[name] = std::make_unique<testkit::Child>(args, o);
     return procs_[name].get();
   }
   // A master of this cluster; returns its RPC endpoint (from its ready line).
-  std::string start_master(const std::string& name) {
-    testkit::Child* c = start(
-        name, {"master", "--listen", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0", "--tick-ms", "50", "--etcd",
-               etcd_->endpoints(), "--cluster-id", cluster_, "--leader-lease-s", "2", "--free-delay-ms", "500"});
+  std::string start_master(const std::string& name, const std::string& stderr_path = "") {
+    testkit::Child* c =
+        start(name,
+              {"master", "--listen", "tcp://127.0.0.1:0", "--events", "tcp://127.0.0.1:0", "--tick-ms", "50", "--etcd",
+               etcd_->endpoints(), "--cluster-id", cluster_, "--leader-lease-s", "2", "--free-delay-ms", "500"},
+              stderr_path);
     std::istringstream words(c->wait_line("ready ", 30000));
     std::string w, endpoint;
     for (int i = 0; words >> w; ++i) {
@@ -146,6 +156,23 @@ class HaE2E : public ::testing::Test {
         return j[kind][metric].get<double>();
     }
     return -1;
+  }
+
+  // Runs `mc-store ARGS...` to completion: its exit code, with its stderr in *err.
+  int run_tool(std::vector<std::string> args, std::string* err, int64_t timeout_ms = 30000) {
+    args.insert(args.begin(), kBin);
+    const std::string path = scratch("tool.err");
+    testkit::ChildOptions o;
+    o.stderr_path = path;
+    testkit::Child c(args, o);
+    std::string out;
+    const int status = c.finish(timeout_ms, &out);
+    *err = slurp(path);
+    std::filesystem::remove(path);
+    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  std::string scratch(const std::string& name) {
+    return (std::filesystem::temp_directory_path() / (cluster_ + "-" + name)).string();
   }
 
   std::unique_ptr<testkit::EtcdCluster> etcd_;
@@ -341,27 +368,278 @@ TEST_F(HaE2E, OneEtcdMemberLostChangesNothingAllLostStepsDownAndServiceResumes) 
   }
 }
 
-TEST_F(HaE2E, ALeaderWhoseKeyIsTakenBehindItsBackStopsAtOnce) {
+TEST_F(HaE2E, ALeaderWhoseKeyIsTakenBehindItsBackStopsAtOnceThenReplacesTheBadKey) {
   start_etcd(1);
-  start_master("a");
+  const std::string log = scratch("a.err");
+  start_master("a", log);
   ASSERT_TRUE(wait_leader("a"));
   // The leader key overwritten by someone else (an operator, or anyone with write access to etcd): the leader sees
-  // it through its watch and stops answering as the leader at once, not at its next failed write.
+  // it through its watch and stops answering as the leader at once, not at its next failed write. The key, without a
+  // lease and not a leader record, names no live leader: the master, now a standby, replaces it and leads a new term.
   etcd::Client e(etcd_->options());
   ASSERT_TRUE(e.put(leader_key(cluster_), "not a leader record").is_ok());
+  EXPECT_TRUE(testkit::wait_until([&] { return gauge("a", "mc_store_ha_step_downs_total") >= 1.0; }, 3000, 20))
+      << "the leader did not stop with its key taken";
+  EXPECT_TRUE(testkit::wait_until([&] { return gauge("a", "mc_store_ha_takeovers_total") >= 2.0; }, 10000, 20))
+      << "the bad key was not replaced";
+  auto r = e.range(leader_key(cluster_));
+  ASSERT_TRUE(r.is_ok() && !r->kvs.empty());
+  EXPECT_NE(r->kvs.front().lease, 0) << r->kvs.front().value;
+  EXPECT_EQ(leader_endpoint(), endpoints_["a"]);
+  EXPECT_NE(slurp(log).find("replacing " + leader_key(cluster_)), std::string::npos) << slurp(log);
+  std::filesystem::remove(log);
+}
+
+// Gap: a leader key written without a lease (`etcdctl put /mc/<cluster>/leader '{...}'` by hand) blocked every
+// election forever, and clients said "no leader elected".
+TEST_F(HaE2E, ALeaderKeyWithoutALeaseBlocksNoElectionAndClientsSayWhatIsWrong) {
+  start_etcd(1);
+  etcd::Client e(etcd_->options());
+  const std::string key = leader_key(cluster_);
+  ASSERT_TRUE(e.put(key, R"({"member":"by-hand","endpoint":"tcp://127.0.0.1:1"})").is_ok());
+  std::string err;
+  EXPECT_EQ(run_tool({"ls", "--etcd", etcd_->endpoints(), "--cluster-id", cluster_}, &err), 1) << err;
+  EXPECT_NE(err.find(key), std::string::npos) << err;
+  EXPECT_NE(err.find("no etcd lease"), std::string::npos) << err;
+  EXPECT_NE(err.find("etcdctl del " + key), std::string::npos) << "no remedy: " << err;
+  EXPECT_EQ(err.find("no leader is elected"), std::string::npos) << err;
+  // A master replaces the key (atomically, on its mod_revision) and leads, saying so.
+  const std::string log = scratch("a.err");
+  start_master("a", log);
+  ASSERT_TRUE(wait_leader("a")) << "the leaseless key blocks the election: " << slurp(log);
+  auto r = e.range(key);
+  ASSERT_TRUE(r.is_ok() && !r->kvs.empty());
+  EXPECT_NE(r->kvs.front().lease, 0);
+  EXPECT_NE(slurp(log).find("replacing " + key), std::string::npos) << slurp(log);
+  start_node("n1");
+  auto c = client();
+  ASSERT_TRUE(c);
+  Status put;
+  EXPECT_TRUE(testkit::wait_until([&] { return (put = c->put("lease/k", bytes_of(512, 1))).is_ok(); }, 10000, 50))
+      << put.to_string();
+  std::filesystem::remove(log);
+}
+
+// Gap: a leader key naming a garbage endpoint made client tools exit 2 (usage): it is a runtime error (exit 1) naming
+// the key and the value.
+TEST_F(HaE2E, AGarbageLeaderEndpointIsARuntimeErrorNamingTheKeyAndTheValue) {
+  start_etcd(1);
+  etcd::Client e(etcd_->options());
+  auto lease = e.lease_grant(60);  // held under a lease, like a real leader's: only the endpoint is wrong
+  ASSERT_TRUE(lease.is_ok()) << lease.status().to_string();
+  const std::string key = leader_key(cluster_);
+  ASSERT_TRUE(e.put(key, R"({"member":"m","endpoint":"garbage!endpoint"})", *lease).is_ok());
+  for (const char* verb : {"ls", "stat", "get"}) {
+    std::vector<std::string> args = {verb, "--etcd", etcd_->endpoints(), "--cluster-id", cluster_};
+    if (std::string(verb) == "get") args.push_back("some/key");
+    std::string err;
+    EXPECT_EQ(run_tool(args, &err), 1) << verb << ": " << err;
+    EXPECT_NE(err.find(key), std::string::npos) << verb << ": " << err;
+    EXPECT_NE(err.find("garbage!endpoint"), std::string::npos) << verb << ": " << err;
+  }
+  (void)e.lease_revoke(*lease);
+}
+
+// Gap: forged durable records. A segment record of 2^63 bytes was accepted at takeover and took puts; a segment of a
+// node that died during the failover (here: never existed) was offered puts for node_ttl.
+TEST_F(HaE2E, ForgedSegmentRecordsAreRefusedOrNeverOfferedUntilTheirNodeHeartbeats) {
+  start_pair(1);
+  if (HasFatalFailure()) return;
+  auto c = client();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->put("forged/before", bytes_of(4096, 1)).is_ok());
+  etcd::Client e(etcd_->options());
+  const std::string seg = ha_prefix(cluster_) + "seg/";
+  // On this host (where a put goes first, as to the live node), and far emptier than the live node's 16 MiB.
+  char host[256] = {0};
+  (void)::gethostname(host, sizeof host - 1);
+  const auto forged = [&](const std::string& node, uint64_t capacity) {
+    nlohmann::json j = {{"name", node + "/dram"},
+                        {"node", node},
+                        {"host", host},
+                        {"domain", ""},
+                        {"medium", "cpu"},
+                        {"capacity", capacity},
+                        {"endpoint", "tcp://127.0.0.1:1"},
+                        {"xfer_segment", "127.0.0.1:1"}};
+    return e.put(seg + node + "/dram", j.dump()).is_ok();
+  };
+  ASSERT_TRUE(forged("huge", uint64_t{1} << 63));
+  // Plausible, but its node is not there: 1 GiB.
+  ASSERT_TRUE(forged("ghost", uint64_t{1} << 30));
+  procs_["a"]->signal(SIGKILL);
+  ASSERT_TRUE(wait_leader("b"));
+  // (Checked before anything waits: the forged segments' nodes are dropped after --node-ttl-ms, 3 s.)
+  // Every put right after the takeover lands on the live node: at worst a transient refusal while n1 has not
+  // heartbeaten to b yet, never a put placed on a segment nobody serves.
+  uint64_t ok = 0;
+  for (uint64_t i = 0; i < 60; ++i) {
+    const std::string key = "forged/k" + std::to_string(i);
+    Status st = c->put(key, bytes_of(4096, i));
+    if (st.is_ok()) {
+      ++ok;
+      continue;
+    }
+    EXPECT_NE(st.message().find("confirmed"), std::string::npos) << key << ": " << st.to_string();
+  }
+  EXPECT_GE(ok, 50u);
+  proto::StoreLsRequest ls;
+  ls.prefix = "forged/";
+  ls.limit = 1000;
   rpc::ClientOptions co;
   co.connect_timeout_ms = 2000;
-  auto raw = rpc::RpcClient::connect(endpoints_["a"], co);
-  ASSERT_TRUE(raw.is_ok());
-  Status last;
+  auto leader = rpc::RpcClient::connect(endpoints_["b"], co);
+  ASSERT_TRUE(leader.is_ok());
+  auto objs = (*leader)->call(ls, 5000);
+  ASSERT_TRUE(objs.is_ok()) << objs.status().to_string();
+  for (const auto& o : objs->objects) {
+    for (const std::string& s : o.segments) {
+      EXPECT_EQ(s.find("ghost"), std::string::npos) << o.key << " placed on the node that never heartbeated";
+      EXPECT_EQ(s.find("huge"), std::string::npos) << o.key << " placed on the forged segment";
+    }
+  }
+  EXPECT_TRUE(c->get("forged/before").is_ok());
+  EXPECT_GE(gauge("b", "mc_store_ha_corrupt_records_total"), 1.0) << "the 2^63-byte segment record was not refused";
+}
+
+// Gap: `mc-store watch --events` did not follow the leader. With --etcd it subscribes to the new leader's stream.
+TEST_F(HaE2E, WatchFollowsTheLeadersEventStreamAcrossATakeover) {
+  start_pair(1);
+  if (HasFatalFailure()) return;
+  auto c = client();
+  ASSERT_TRUE(c);
+  const std::string err_path = scratch("watch.err");
+  testkit::Child* w = start("watch", {"watch", "--etcd", etcd_->endpoints(), "--cluster-id", cluster_}, err_path);
+  uint64_t n = 0;
+  // Puts of block keys until the watch prints one (a subscription takes a moment to join): the first leader's.
+  const auto next_event = [&](int64_t timeout_ms) {
+    nlohmann::json j;
+    testkit::wait_until(
+        [&] {
+          char key[64];
+          std::snprintf(key, sizeof key, "kv/ha/%016llx", static_cast<unsigned long long>(0x1000 + n++));
+          (void)c->put(key, bytes_of(256, n));
+          const std::string line = w->read_line(100);
+          if (line.empty()) return false;
+          j = nlohmann::json::parse(line, nullptr, false);
+          return j.is_object();
+        },
+        timeout_ms, 0);
+    return j;
+  };
+  const nlohmann::json first = next_event(10000);
+  ASSERT_TRUE(first.is_object()) << "the watch printed no event: " << slurp(err_path);
+  const uint64_t incarnation = first.value("incarnation", uint64_t{0});
+  procs_["a"]->signal(SIGKILL);
+  ASSERT_TRUE(wait_leader("b"));
+  EXPECT_TRUE(testkit::wait_until([&] { return slurp(err_path).find("reconnected") != std::string::npos; }, 10000, 20))
+      << slurp(err_path);
+  // Events of the new leader: another incarnation (the old one's may still be in the pipe).
+  nlohmann::json after;
   EXPECT_TRUE(testkit::wait_until(
       [&] {
-        last = (*raw)->call(proto::StoreExistsRequest{{"k"}}, 1000).status();
-        return last.code() == Code::kUnavailable;
+        after = next_event(200);
+        return after.is_object() && after.value("incarnation", uint64_t{0}) != incarnation;
       },
-      3000, 20))
-      << "the leader still answers with its key taken: " << last.to_string();
-  EXPECT_TRUE(testkit::wait_until([&] { return gauge("a", "mc_store_ha_step_downs_total") >= 1.0; }, 3000, 20));
+      15000, 0))
+      << "no event of the new leader: " << slurp(err_path);
+  EXPECT_NE(slurp(err_path).find(endpoints_["b"]), std::string::npos) << slurp(err_path);
+  std::filesystem::remove(err_path);
+}
+
+// Gap: --cluster-id (or MC_CLUSTER_ID) without --etcd was silently ignored. A usage error in every tool with the
+// flags (no etcd needed: it is refused at parse time).
+TEST(HaFlags, AClusterIdWithoutEtcdIsAUsageErrorInEveryTool) {
+  const std::string bin = MC_BINARY_DIR "/bin/";
+  const std::vector<std::vector<std::string>> cases = {
+      {bin + "mc-store", "ls", "--cluster-id", "x"},
+      {bin + "mc-store", "stat", "--master", "tcp://127.0.0.1:1", "--cluster-id", "x"},
+      {bin + "mc-store", "watch", "--cluster-id", "x"},
+      {bin + "mc-store", "master", "--listen", "tcp://127.0.0.1:0", "--cluster-id", "x"},
+      {bin + "mc-store", "serve", "--cluster-id", "x"},
+      {"env", "MC_CLUSTER_ID=x", "MC_ETCD=", bin + "mc-store", "ls"},
+      {bin + "mc-conductor", "serve", "--cluster-id", "x"},
+      {bin + "mc-prefill", "--cluster-id", "x"},
+  };
+  for (const auto& args : cases) {
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    if (args[0] != "env" && ::access(args[0].c_str(), X_OK) != 0) {
+      ADD_FAILURE() << args[0] << " is not built";
+      continue;
+    }
+    const std::string err_path =
+        (std::filesystem::temp_directory_path() / ("ha-flags-" + std::to_string(::getpid()) + ".err")).string();
+    testkit::ChildOptions o;
+    o.stderr_path = err_path;
+    testkit::Child c(args, o);
+    std::string out;
+    const int status = c.finish(20000, &out);
+    const std::string err = slurp(err_path);
+    std::filesystem::remove(err_path);
+    EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 2)
+        << joined << "-> " << status << ": " << err;
+    EXPECT_NE(err.find("--cluster-id"), std::string::npos) << joined << ": " << err;
+    EXPECT_NE(err.find("without --etcd"), std::string::npos) << joined << ": " << err;
+  }
+}
+
+// The bounds of a record (a peer's input), and a takeover's segments offered only once their node heartbeats.
+TEST(HaRecords, DecodersRefuseOutOfBoundsRecords) {
+  EXPECT_FALSE(
+      decode_segment_record(R"({"name":"s","node":"n","medium":"cpu","capacity":9223372036854775808})").is_ok());
+  EXPECT_FALSE(decode_segment_record(R"({"name":"s","node":"n","medium":"cpu","capacity":0})").is_ok());
+  EXPECT_TRUE(decode_segment_record(R"({"name":"s","node":"n","medium":"cpu","capacity":1048576})").is_ok());
+  EXPECT_FALSE(decode_segment_record(
+                   R"({"name":"s","node":"n","medium":"cpu","capacity":1048576,"xfer_base":18446744073709551615})")
+                   .is_ok());
+  EXPECT_FALSE(decode_object_record(
+                   "k", R"({"size":1,"checksum":1,"complete":true,"replicas":[["s",18446744073709551615,true]]})", 0)
+                   .is_ok());
+  EXPECT_FALSE(
+      decode_object_record(
+          "k",
+          R"({"size":1,"checksum":1,"complete":true,"pinned":true,"pin_until_unix_ms":-9223372036854775807,"replicas":[["s",0,true]]})",
+          0)
+          .is_ok());
+  EXPECT_TRUE(
+      decode_object_record("k", R"({"size":1,"checksum":1,"complete":true,"replicas":[["s",0,true]]})", 0).is_ok());
+  EXPECT_FALSE(decode_leader(R"({"endpoint":"garbage"})").is_ok());
+  EXPECT_TRUE(decode_leader(R"({"endpoint":"tcp://127.0.0.1:7450"})").is_ok());
+  EXPECT_FALSE(check_leader_key("/mc/x/leader", R"({"endpoint":"tcp://127.0.0.1:7450"})", 0).is_ok());
+  EXPECT_TRUE(check_leader_key("/mc/x/leader", R"({"endpoint":"tcp://127.0.0.1:7450"})", 7).is_ok());
+  proto::SegmentDescriptor d;
+  d.format_version = proto::kSegmentDescriptorVersion;
+  d.name = "127.0.0.1:1";
+  d.regions.resize(kMaxDescriptorRegions + 1);
+  EXPECT_FALSE(validate_descriptor(d).is_ok());
+  d.regions.assign(1, proto::RegionDescriptor{});
+  d.regions[0].length_bytes = kMaxRegionBytes + 1;
+  EXPECT_FALSE(validate_descriptor(d).is_ok());
+}
+
+TEST(HaRecords, ATakeoversSegmentsTakeNoPutUntilTheirNodeHeartbeats) {
+  ManualClock clock(1'000'000'000);
+  MasterConfig config;
+  MasterCore core(config, &clock);
+  SegmentInfo info;
+  info.name = "n1/dram";
+  info.node_id = "n1";
+  info.medium = Medium::kCpu;
+  info.capacity_bytes = 1 << 20;
+  auto loaded = core.load_durable({{info, false}}, {});
+  ASSERT_TRUE(loaded.is_ok());
+  Caller caller{"c1", "h", ""};
+  auto early = core.put_start(caller, "k", 4096, PutOptions{});
+  ASSERT_FALSE(early.is_ok()) << "a put placed on a segment whose node may have died in the failover";
+  EXPECT_EQ(early.status().code(), Code::kUnavailable) << early.status().to_string();
+  ASSERT_TRUE(core.node_heartbeat("n1").is_ok());
+  EXPECT_TRUE(core.put_start(caller, "k", 4096, PutOptions{}).is_ok());
+  // A larger capacity than any node has is refused at mount as well.
+  info.name = "n2/dram";
+  info.node_id = "n2";
+  info.capacity_bytes = kMaxSegmentCapacityBytes + 1;
+  EXPECT_EQ(core.mount_segment(info).code(), Code::kInvalidArgument);
 }
 
 // The whole serving path through a takeover (examples/local-cluster.sh --masters 2: one etcd, two masters, storage
@@ -434,6 +712,11 @@ class HaClusterE2E : public testkit::LocalClusterFixture {
 };
 
 TEST_F(HaClusterE2E, KillTheLeaderMidReplayNoRequestLostNoWrongTokens) {
+  // The script's hints name the replicated master through etcd, never a fixed --master (the leader moves).
+  const std::string banner = slurp(s_.path("cluster.err"));
+  EXPECT_NE(banner.find("mc-store stat --etcd "), std::string::npos) << banner;
+  EXPECT_NE(banner.find("mc-store watch --etcd "), std::string::npos) << banner;
+  EXPECT_EQ(banner.find("--master "), std::string::npos) << banner;
   const int n = 40;
   const std::string trace = write_trace(n);
   auto replay = start_replay("during", trace);

@@ -238,15 +238,14 @@ int main(int argc, char** argv) {
                    "Ask this storage node (its RPC endpoint, in its ready line) for its own counters instead")
       ->envname("MC_STORE_NODE");
   mc::cli::add_json_flag(*stat_cmd, admin.json, "Print JSON");
-  std::string events = "tcp://127.0.0.1:7451";
-  uint64_t count = 0;
-  int64_t idle_ms = 0;
+  mc::store::WatchOptions watch;
   auto* watch_cmd = app.add_subcommand("watch", "Print KV events (stored/removed/cleared) as JSONL");
-  watch_cmd->add_option("--events", events, "KV event endpoint of the master")
+  watch_cmd->add_option("--events", watch.events, "KV event endpoint of the master")
       ->envname("MC_STORE_EVENTS")
       ->capture_default_str();
-  watch_cmd->add_option("--count", count, "Stop after this many events (0: never)")->capture_default_str();
-  watch_cmd->add_option("--timeout-ms", idle_ms, "Stop after this long without an event (ms, 0: never)")
+  mc::cli::add_etcd_flags(*watch_cmd, watch.etcd, watch.cluster_id, "--events");
+  watch_cmd->add_option("--count", watch.count, "Stop after this many events (0: never)")->capture_default_str();
+  watch_cmd->add_option("--timeout-ms", watch.timeout_ms, "Stop after this long without an event (ms, 0: never)")
       ->capture_default_str();
 
   // ---- bench ----
@@ -328,7 +327,7 @@ int main(int argc, char** argv) {
   }
   if (stat_cmd->parsed()) return mc::cli::report("mc-store stat", mc::store::admin_stat(admin, std::cout), admin.json);
   if (watch_cmd->parsed())
-    return mc::cli::report("mc-store watch", mc::store::admin_watch(events, count, idle_ms, std::cout));
+    return mc::cli::report("mc-store watch", mc::store::admin_watch(watch, std::cout, std::cerr));
   if (bench_cmd->parsed()) {
     auto counts = mc::units::parse_count_list(bench_clients);
     if (!counts.is_ok()) return mc::cli::report("mc-store bench", counts.status(), bench.json);

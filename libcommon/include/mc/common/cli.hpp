@@ -102,7 +102,8 @@ CLI::Option* add_metrics_flags(CLI::App& cmd, std::string& listen);
 
 // --etcd HOST:PORT[,...] (MC_ETCD) and --cluster-id NAME (MC_CLUSTER_ID): the replicated store master's cluster,
 // whose leader is followed through etcd (leader.hpp; DESIGN.md §17). `instead` names the flag they replace ("": the
-// store master itself, which joins the cluster).
+// store master itself, which joins the cluster). --cluster-id (or MC_CLUSTER_ID) without --etcd is a usage error:
+// parse() prints "PROGRAM: error: ..." naming both flags and returns 2.
 void add_etcd_flags(CLI::App& cmd, std::string& etcd, std::string& cluster_id, const std::string& instead);
 
 // Exit code for a Status: ok -> 0; kInvalidArgument/kOutOfRange/kMalformedMessage -> 2; else 1.

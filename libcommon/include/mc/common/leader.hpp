@@ -5,7 +5,9 @@
 //
 // Thread-safety: LeaderLocator is thread-safe (one is shared by every connection of a process); the codecs are pure.
 // Errors: kInvalidArgument for a bad cluster id or etcd endpoint list; kUnavailable naming the cluster when no leader
-// is elected, or etcd does not answer, within the wait.
+// is elected, or etcd does not answer, within the wait. A leader key that names no live leader (check_leader_key:
+// no lease, not a record, a bad endpoint) is followed as no leader; the kUnavailable then names the key, what is wrong
+// with it and the remedy (a peer's bad record is a runtime error, never a usage one).
 #pragma once
 
 #include <cstdint>
@@ -24,10 +26,18 @@ struct LeaderInfo {
   std::string events;    // its KV event PUB endpoint ("" when off)
   uint16_t fast_port = 0;
   int64_t since_unix_ms = 0;  // when it became leader
-  int64_t revision = 0;       // etcd revision of its election (filled by readers, not stored)
+  int64_t revision = 0;       // etcd revision of its election: the key's mod_revision (filled by readers, not stored)
 };
 std::string encode_leader(const LeaderInfo& info);
+// kDataLoss naming what is wrong: not a JSON object with a string "endpoint", or an endpoint (or a non-empty events
+// endpoint) that does not parse.
 Result<LeaderInfo> decode_leader(std::string_view json);
+// The leader key `key` as etcd holds it (its value and its lease): a live leader's record, or kDataLoss naming the key
+// and what is wrong (the value does not decode, or the key carries no lease: a leader always holds its key under its
+// lease, so a leaseless key, written by hand or by a tool, cannot be a live leader's).
+Result<LeaderInfo> check_leader_key(const std::string& key, std::string_view value, int64_t lease);
+// What an operator does about a key check_leader_key() refuses, for messages.
+std::string leader_key_remedy(const std::string& key);
 
 // Cluster ids: 1 to 64 of [A-Za-z0-9._-] (--cluster-id / MC_CLUSTER_ID).
 Status validate_cluster_id(const std::string& id);

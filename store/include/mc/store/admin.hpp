@@ -33,8 +33,17 @@ Status admin_pin(const AdminOptions& options, const std::vector<std::string>& ke
 Status admin_ls(const AdminOptions& options, const std::string& prefix, uint32_t limit, std::ostream& out);
 // Per segment and medium: capacity, used, objects, hits, evictions, demotions, leases; totals.
 Status admin_stat(const AdminOptions& options, std::ostream& out);
-// Prints KV events from `events_endpoint` as JSONL until `count` events (0 = unbounded), `timeout_ms`
-// without one (0 = wait forever) or a stop signal.
-Status admin_watch(const std::string& events_endpoint, uint64_t count, int64_t timeout_ms, std::ostream& out);
+struct WatchOptions {
+  std::string events = "tcp://127.0.0.1:7451";  // the master's KV event endpoint (ignored with etcd)
+  std::string etcd, cluster_id;                 // a replicated master: the leader's event stream is followed
+  uint64_t count = 0;                           // stop after this many events (0: never)
+  int64_t timeout_ms = 0;                       // stop after this long without one (0: never)
+  int64_t leader_wait_ms = 5000;                // with etcd: how long to wait for a leader at start
+};
+// Prints KV events as JSONL on `out` until `count` events, `timeout_ms` without one or a stop signal. With etcd the
+// stream is the leader's: at every takeover the watch subscribes to the new leader's endpoint and says so on `err`
+// (events published while no master led are not replayed; the new leader's incarnation tells a reader to rebuild).
+// kUnavailable naming the cluster when no leader is found at start (a bad leader key: named, with the remedy).
+Status admin_watch(const WatchOptions& options, std::ostream& out, std::ostream& err);
 
 }  // namespace mc::store

@@ -34,7 +34,14 @@
 
 namespace mc::store {
 
-// Checks what a directory accepts: known format version, a name, disjoint regions sorted by offset.
+// Bounds of a descriptor a directory accepts (a peer's input: a publish, or an etcd record).
+inline constexpr size_t kMaxDescriptorNameBytes = 1024;
+inline constexpr size_t kMaxDescriptorRegions = 4096;
+inline constexpr size_t kMaxDescriptorEndpoints = 64;           // endpoints, and RDMA devices
+inline constexpr uint64_t kMaxRegionBytes = uint64_t{1} << 50;  // 1 PiB
+
+// Checks what a directory accepts: known format version, a name, disjoint regions sorted by offset, and the bounds
+// above (kInvalidArgument naming the descriptor and the bound).
 Status validate_descriptor(const proto::SegmentDescriptor& descriptor);
 
 class SegmentRegistry {

@@ -187,9 +187,10 @@ struct SegmentStats {
   uint64_t demotions = 0;
   uint64_t largest_free_bytes = 0;
   double fragmentation = 0.0;
-  bool suspect = false;    // not offered: its node is suspect or re-reporting
-  bool read_only = false;  // SSD segment after a failed demotion
-  bool draining = false;   // its node drains: no new placements
+  bool suspect = false;      // not offered: its node is suspect or re-reporting
+  bool read_only = false;    // SSD segment after a failed demotion
+  bool draining = false;     // its node drains: no new placements
+  bool unconfirmed = false;  // loaded at a takeover, its node not heard by this master yet: no new placements
 };
 
 struct MasterStats {
@@ -225,6 +226,10 @@ struct NodeBeat {
 // The longest soft pin (one year, in ms): a peer's TTL beyond it is refused, as the CLI refuses it, so
 // now + TTL in ns can never overflow.
 inline constexpr int64_t kMaxPinTtlMs = int64_t{86'400'000} * 365;
+
+// The largest segment a node may mount, and a durable record may describe (1 PiB): beyond any memory or SSD a node
+// contributes, so a larger capacity is a forged or corrupt claim, never a real one.
+inline constexpr uint64_t kMaxSegmentCapacityBytes = uint64_t{1} << 50;
 
 struct PutOptions {
   uint32_t replicas = 1;
@@ -418,6 +423,9 @@ class MasterCore {
     bool read_only = false;  // SSD after a failed demotion: never demoted to
     bool restoring = false;  // mounted with restore: node_report may create objects until its last page
     bool draining = false;   // its node drains: no new placements, no eviction
+    // Loaded from the records at a takeover: its node has not heartbeaten to this master yet (it may have died during
+    // the failover), so nothing new is placed on it until it does (load_durable; node_heartbeat confirms it).
+    bool unconfirmed = false;
     bool report_open = false;
     std::unordered_set<uint64_t> reported;  // offsets confirmed in the open report round
   };

@@ -55,6 +55,8 @@ std::string directory_record_key(const std::string& cluster_id, const std::strin
 
 // Record codecs (JSON), exposed for tests.
 std::string encode_segment_record(const DurableSegment& s);
+// Decoders check bounds (a record is a peer's input): a capacity above kMaxSegmentCapacityBytes, an offset beyond any
+// segment, an oversized name or an out-of-range time is kDataLoss, as a record that does not parse.
 Result<DurableSegment> decode_segment_record(std::string_view json);
 // pin_until_unix_ms: a soft pin's end on the wall clock (records outlive the process that wrote them).
 std::string encode_object_record(const DurableObject& o, int64_t now_unix_ms);
@@ -99,6 +101,9 @@ class MasterHa {
   // Periodic work of the leader: etcd history compaction. Cheap when not due.
   void maintain();
   HaCounters counters() const;
+  // Records that decoded but were refused when loaded at a takeover (load_durable: out of bounds, contradicting the
+  // others; a directory record publish refused): counted with the corrupt ones (mc_store_ha_corrupt_records_total).
+  void count_refused(uint64_t records);
   const HaOptions& options() const;
 
   // etcd keys of the directory records.
