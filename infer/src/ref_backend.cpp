@@ -189,7 +189,8 @@ class RefBackend final : public Backend {
     MC_RETURN_IF_ERROR(check_layout(kv));
     const auto& m = model_;
     const auto n = static_cast<int64_t>(req.tokens.size());
-    if (req.first_layer < 0 || req.num_layers < 1 || req.first_layer + req.num_layers > m.num_layers) {
+    if (req.first_layer < 0 || req.first_layer >= m.num_layers || req.num_layers < 1 ||
+        req.num_layers > m.num_layers - req.first_layer) {
       return error(Code::kInvalidArgument, "prefill stage: layers [" + std::to_string(req.first_layer) + ", +" +
                                                std::to_string(req.num_layers) + ") outside the model's " +
                                                std::to_string(m.num_layers));

@@ -388,13 +388,8 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
                    [&](size_t a, size_t b) { return estimates_[a].queue_ms < estimates_[b].queue_ms; });
   order.resize(x);
   std::sort(order.begin(), order.end());
-  // The prefix plan: the members' cheapest (each stage fetches its own layers' share of it, at the same time).
-  size_t plan_of = order[0];
-  for (size_t i : order) {
-    const PrefillEstimate& e = estimates_[i];
-    const PrefillEstimate& best = estimates_[plan_of];
-    if (e.prefill_ms + e.transfer_ms < best.prefill_ms + best.transfer_ms) plan_of = i;
-  }
+  // The prefix plan: the lead's (stage 0's host; each stage fetches its own layers' share of it at once).
+  const size_t plan_of = order[0];
   const PrefillEstimate& plan = estimates_[plan_of];
   const int64_t cached = std::min(plan.reused_blocks * B, request.input_tokens - 1);
   const int64_t fresh = request.input_tokens - cached;
@@ -413,7 +408,7 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
       infer::pipeline_timing([this](int64_t n, int64_t c) { return prefill_.predict_ms(n, c) * 1e-3; }, shape,
                              pc.model_layers, pc.hidden_bytes_per_token, fresh, cached, ready_s);
   const double ttft_ms = t.ttft_s * 1e3;
-  d.single_ttft_ms = d.prefill.ttft_ms;
+  const double single_ttft_ms = d.prefill.ttft_ms;
   double held_s = 0, busy_s = 0;
   for (size_t s = 0; s < x; ++s) {
     held_s += std::max(0.0, t.stage_end_s[s] - ready_s[s]);
@@ -423,11 +418,20 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   // Only on members about free: behind long queues (a saturated cluster) a group's idle time costs the queue
   // more than it saves this request.
   const double latest_ready_s = *std::max_element(ready_s.begin(), ready_s.end());
-  if (latest_ready_s > pc.max_queue_fraction * (t.ttft_s - latest_ready_s)) return;
+  const double free_bound_ms = pc.max_queue_fraction * (t.ttft_s - latest_ready_s) * 1e3;
+  if (latest_ready_s * 1e3 > free_bound_ms) return;
+  // And as many others about free beside them (reserve_factor x X in all): while the group holds X instances the
+  // requests arriving meanwhile have only the rest, and on a busy pool that is where their TTFT goes.
+  const auto free = static_cast<size_t>(std::count_if(
+      estimates_.begin(), estimates_.end(), [&](const PrefillEstimate& e) { return e.queue_ms <= free_bound_ms; }));
+  if (static_cast<double>(free) < pc.reserve_factor * static_cast<double>(x)) return;
   const bool single_misses = pc.rescue && d.prefill.ttft_ms > d.slo_ttft_ms;
   if (!(ttft_ms < d.prefill.ttft_ms) || (!single_misses && ttft_ms > (1.0 - pc.min_ttft_gain) * d.prefill.ttft_ms)) {
     return;
   }
+  // What the group takes from the requests behind its members: its members' held time beyond the work itself (fill,
+  // bubbles, waiting for a slower member). Worth it only when this request gains more than that.
+  if (single_ttft_ms - ttft_ms < pc.waste_weight * (held_s - busy_s) * 1e3) return;
   PrefillEstimate lead = estimates_[order[0]];
   lead.remote_sources = estimate_plans_[plan_of]->remote_sources;
   lead.reused_blocks = plan.reused_blocks;
@@ -440,6 +444,7 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   lead.prefill_ms = std::max(0.0, ttft_ms - lead.queue_ms - lead.transfer_ms);
   d.prefill = std::move(lead);
   d.predicted_ttft_ms = ttft_ms;
+  d.single_ttft_ms = single_ttft_ms;
   d.stages.clear();
   int64_t first_layer = 0;
   for (size_t s = 0; s < x; ++s) {

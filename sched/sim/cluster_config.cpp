@@ -57,7 +57,11 @@ Status ClusterConfig::validate() const {
     return bad(src, "pipeline_group",
                "must be in [1, prefill_instances = " + std::to_string(prefill_instances) + "] (1: no pipelining)");
   }
-  if (pipeline_chunk_tokens < 1) return bad(src, "pipeline_chunk_tokens", "must be >= 1");
+  if (pipeline_chunk_tokens < 256 || pipeline_chunk_tokens > (int64_t{1} << 24)) {
+    return bad(src, "pipeline_chunk_tokens",
+               "must be in [256, 16777216]: a smaller chunk's pass is bound by reading the weights, which the cost "
+               "model (FLOPs only) does not see");
+  }
   if (decode_kv_capacity_tokens < 0) return bad(src, "decode_kv_capacity_tokens", "must be >= 0");
   if (decode_max_batch < 0) return bad(src, "decode_max_batch", "must be >= 0");
   if (max_context_tokens < 1) return bad(src, "max_context_tokens", "must be >= 1");

@@ -1,5 +1,6 @@
 #include "mc/sim/commands.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -194,6 +195,26 @@ Status run_pipeline_command(const PipelineCommand& cmd, std::ostream& out) {
   MC_ASSIGN_OR_RETURN(std::vector<int64_t> groups, units::parse_count_list(cmd.groups));
   Result<int64_t> link = units::parse_size_bytes(cmd.link_bandwidth);
   if (!link.is_ok()) return link.status().with_context("--link-bandwidth (bytes per second)");
+  if (*link < 1'000'000) {
+    return error(Code::kInvalidArgument, "--link-bandwidth " + cmd.link_bandwidth +
+                                             ": at least 1MB (bytes per second between stages; 25GB: 200 Gbit/s)");
+  }
+  if (cmd.chunk_tokens < 256 || cmd.chunk_tokens > (int64_t{1} << 24)) {
+    return error(Code::kInvalidArgument,
+                 "--prefill-chunk " + std::to_string(cmd.chunk_tokens) +
+                     ": give 256 to 16777216 tokens (a smaller chunk's pass is bound by reading the weights, which "
+                     "the cost model, FLOPs only, does not see)");
+  }
+  if (!(cmd.link_latency_us >= 0 && cmd.link_latency_us <= 1e6)) {
+    return error(Code::kInvalidArgument, "--link-latency-us: give 0 to 1000000 microseconds");
+  }
+  std::vector<int64_t> seen;
+  for (int64_t x : groups) {
+    if (std::find(seen.begin(), seen.end(), x) != seen.end()) {
+      return error(Code::kInvalidArgument, "--groups: " + std::to_string(x) + " is listed twice");
+    }
+    seen.push_back(x);
+  }
   nlohmann::json rows = nlohmann::json::array();
   std::vector<std::vector<std::string>> table = {{"prompt_tokens", "one_node_s"}};
   for (int64_t x : groups) {
@@ -202,7 +223,11 @@ Status run_pipeline_command(const PipelineCommand& cmd, std::ostream& out) {
     table[0].push_back("bubble_s");
   }
   for (int64_t n : prompts) {
-    if (n < 1) return error(Code::kInvalidArgument, "--prompt-tokens: every length must be >= 1 token");
+    if (n < 1 || n > model.max_context_tokens) {
+      return error(Code::kInvalidArgument, "--prompt-tokens: " + std::to_string(n) + " is outside 1 to " +
+                                               std::to_string(model.max_context_tokens) + " tokens (model " +
+                                               model.name + "'s context)");
+    }
     const double one = infer::prefill_time_s(model, gpu, n, 0);
     nlohmann::json row = {{"prompt_tokens", n}, {"one_node_s", one}, {"groups", nlohmann::json::array()}};
     std::vector<std::string> line = {std::to_string(n), report::fixed(one, 2)};
@@ -212,7 +237,7 @@ Status run_pipeline_command(const PipelineCommand& cmd, std::ostream& out) {
       shape.chunk_tokens = cmd.chunk_tokens;
       shape.link_bytes_per_s = static_cast<double>(*link);
       shape.link_latency_s = cmd.link_latency_us * 1e-6;
-      MC_RETURN_IF_ERROR(infer::validate_pipeline(shape, model).with_context("mc-plan pipeline"));
+      MC_RETURN_IF_ERROR(infer::validate_pipeline(shape, model));
       const infer::PipelineTiming t = infer::pipelined_prefill(model, gpu, shape, n, 0);
       row["groups"].push_back({{"group", x},
                                {"ttft_s", t.ttft_s},

@@ -150,6 +150,12 @@ class Sim {
     sc.kv.kv_bytes_per_token = kv_bytes_;
     sc.kv.block_size_tokens = block_;
     sc.heartbeat_timeout_ms = std::max<int64_t>(3'000, 10 * opt_.heartbeat_ms);
+    if (cfg_.pipeline_group > model_.num_layers()) {
+      return error(Code::kInvalidArgument, "pipeline_group " + std::to_string(cfg_.pipeline_group) +
+                                               ": a group has one stage per instance and at least one layer per "
+                                               "stage; the model has " +
+                                               std::to_string(model_.num_layers()) + " layers");
+    }
     sc.pipeline.group_size = cfg_.pipeline_group;
     sc.pipeline.chunk_tokens = cfg_.pipeline_chunk_tokens;
     sc.pipeline.model_layers = model_.num_layers();

@@ -750,6 +750,12 @@ TEST_F(SchedulerTest, PipelineGroupForALongPromptOnIdleInstances) {
   cfg.pipeline.model_layers = 80;
   cfg.pipeline.link_bytes_per_s = 1e15;
   cfg.pipeline.link_latency_ms = 0;
+  {
+    // By default a group of 2 needs 4 instances about free (itself and as many for the others): 2 are not enough.
+    auto strict = make("kvcache", cfg);
+    EXPECT_TRUE(strict->decide(request("long", 100'000, 10, 0)).stages.empty());
+  }
+  cfg.pipeline.reserve_factor = 1.0;
   auto s = make("kvcache", cfg);
   // 100,000 tokens at 0.1 ms: 10 s on one instance; 2 stages of 100 chunks of 50 ms: 100 x 50 + 50 = 5,050 ms.
   Decision d = s->schedule(request("long", 100'000, 10, 0));

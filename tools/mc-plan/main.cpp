@@ -35,14 +35,16 @@ int main(int argc, char** argv) {
   pp_cmd->add_option("--prompt-tokens", pp.prompt_tokens, "Prompt lengths, tokens (comma list)")->capture_default_str();
   pp_cmd->add_option("--groups", pp.groups, "Group sizes X (instances; the layers split into X stages)")
       ->capture_default_str();
-  pp_cmd->add_option("--prefill-chunk", pp.chunk_tokens, "Tokens of one chunk (activations cross stages per chunk)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  pp_cmd
+      ->add_option("--prefill-chunk", pp.chunk_tokens,
+                   "Tokens of one chunk, 256 to 16777216 (activations cross stages per chunk)")
+      ->capture_default_str();
   pp_cmd->add_option("--link-bandwidth", pp.link_bandwidth, "Between consecutive stages, bytes/s")
       ->capture_default_str();
-  pp_cmd->add_option("--link-latency-us", pp.link_latency_us, "Fixed cost of one boundary crossing, microseconds")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  pp_cmd
+      ->add_option("--link-latency-us", pp.link_latency_us,
+                   "Fixed cost of one boundary crossing, microseconds (0 to 1000000)")
+      ->capture_default_str();
   mc::cli::add_json_flag(*pp_cmd, pp.json, "Print JSON instead of the table");
 
   mc::sim::NodeCommand node;

@@ -84,6 +84,12 @@ struct PipelineConfig {
   // The longest member queue (with its share of the prefix fetch), as a fraction of the group's own prefill span;
   // longer: no group (a group on busy members idles them while the queues behind them grow).
   double max_queue_fraction = 0.5;
+  // Instances about free (by the rule above) needed, as a multiple of the group size: the group's members and as
+  // many again for the requests arriving while it holds them. 1: the members only.
+  double reserve_factor = 2.0;
+  // The group's waste (its members' held time minus their compute: fill, bubbles, waiting for a slower member) must
+  // cost less than this request gains, times this weight: the queues behind the members pay for that waste.
+  double waste_weight = 1.0;
   // Also take a group whenever the best single instance misses the TTFT SLO and the group is faster (off: under
   // overload it turns every long prompt into a group and the queues grow, docs/REPRODUCTION.md §6).
   bool rescue = false;
@@ -198,7 +204,7 @@ struct Decision {
   // stages in pipeline order, stages[0] being prefill_id. prefill then holds the group's figures: queue_ms its
   // start (the last stage ready), prefill_ms the pipeline's span, ttft_ms the last stage's end.
   std::vector<StageEstimate> stages;
-  double single_ttft_ms = 0;  // the best single instance's predicted TTFT when a group was weighed, else 0
+  double single_ttft_ms = 0;  // the best single instance's predicted TTFT when a group was chosen, else 0
 };
 
 }  // namespace mc::sched
