@@ -372,6 +372,12 @@ TEST_F(IndexFaultsE2E, MasterRestartReconcilesTheConductorIndex) {
   // node1 re-reports to the new master; the Conductor resyncs against it.
   ASSERT_TRUE(testkit::wait_until([&] { return index().value("publisher_restarts", 0) >= 1; }, 20'000, 100))
       << index().dump();
+  // node1's report reaches the new master in its own time (slower on a loaded host): wait for the end of its round
+  // there before comparing, else an empty master and an emptied index would match and the second replay could run
+  // before node1's blocks are back.
+  EXPECT_TRUE(testkit::wait_until(
+      [&] { return slurp(s_.path("master2.err")).find("re-reported") != std::string::npos; }, 20'000, 100))
+      << slurp(s_.path("master2.err"));
   expect_index_matches_master("after the master restart");
   const json idx = index();
   EXPECT_GE(idx.value("resync_stale_replicas", size_t{0}), on_node0) << idx.dump();
