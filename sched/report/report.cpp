@@ -172,6 +172,8 @@ json to_json(const RequestRecord& r) {
   put(l, "planned_hit_tokens", g.planned_hit_tokens);
   put(l, "pool_prefix_tokens", g.pool_prefix_tokens);
   put(l, "predicted_tbt_ms", g.predicted_tbt_ms);
+  put(l, "pipeline_stages", g.pipeline_stages);
+  put(l, "single_ttft_ms", g.single_ttft_ms);
   j["ledger"] = std::move(l);
   return j;
 }
@@ -242,6 +244,8 @@ Result<RequestRecord> record_from_json(const json& j) {
     MC_RETURN_IF_ERROR(get(l, "planned_hit_tokens", g.planned_hit_tokens));
     MC_RETURN_IF_ERROR(get(l, "pool_prefix_tokens", g.pool_prefix_tokens));
     MC_RETURN_IF_ERROR(get(l, "predicted_tbt_ms", g.predicted_tbt_ms));
+    MC_RETURN_IF_ERROR(get(l, "pipeline_stages", g.pipeline_stages));
+    MC_RETURN_IF_ERROR(get(l, "single_ttft_ms", g.single_ttft_ms));
   }
   return r;
 }

@@ -388,6 +388,10 @@ class Sim {
     rec.decode_instance = d.decode_id;
     rec.ledger.predicted_ttft_ms = d.predicted_ttft_ms;
     rec.ledger.planned_hit_tokens = d.hit_tokens;
+    if (!d.stages.empty()) {
+      rec.ledger.pipeline_stages = static_cast<int64_t>(d.stages.size());
+      rec.ledger.single_ttft_ms = d.single_ttft_ms;
+    }
     rec.ledger.pool_prefix_tokens = d.pool_prefix_tokens;
     rec.ledger.prompt_tokens = req.input_tokens;
 

@@ -60,11 +60,27 @@ TEST(Tools, PipelineGroupOfFourCutsALongPromptsTtft) {
     row += "]}\n";
     fputs(row.c_str(), f.get());
   }
+  const std::string records = ::testing::TempDir() + "/one_128k_records.jsonl";
   auto ttft = [&](int group, double& predicted) {
     int rc = 0;
-    const std::string out = run_tool(sim + " --trace " + trace + " --prefill-instances 8 --decode-instances 2" +
-                                         " --pipeline-group " + std::to_string(group) + " --json 2>/dev/null",
-                                     rc);
+    const std::string out =
+        run_tool(sim + " --trace " + trace + " --prefill-instances 8 --decode-instances 2" + " --pipeline-group " +
+                     std::to_string(group) + " --out " + records + " --json 2>/dev/null",
+                 rc);
+    // The request's record says whether it was pipelined, and against which single-instance prediction.
+    std::unique_ptr<FILE, int (*)(FILE*)> f(fopen(records.c_str(), "r"), fclose);
+    EXPECT_NE(f, nullptr);
+    if (f) {
+      char line[1 << 16];
+      EXPECT_NE(fgets(line, sizeof line, f.get()), nullptr);
+      auto rec = nlohmann::json::parse(line);
+      if (group > 1) {
+        EXPECT_EQ(rec["ledger"]["pipeline_stages"], group) << line;
+        EXPECT_GT(rec["ledger"]["single_ttft_ms"].get<double>(), rec["ledger"]["predicted_ttft_ms"].get<double>());
+      } else {
+        EXPECT_FALSE(rec["ledger"].contains("pipeline_stages")) << line;
+      }
+    }
     EXPECT_EQ(rc, 0) << out;
     auto j = nlohmann::json::parse(out);
     EXPECT_EQ(j["summary"]["requests"]["completed"], 1) << out;

@@ -75,6 +75,10 @@ struct Ledger {
   std::optional<int64_t> pool_prefix_tokens;
   // The conductor's predicted decode step time for it (its TBT), against the request's measured mean gap.
   std::optional<double> predicted_tbt_ms;
+  // A prefill pipelined over a group (chunked pipeline parallelism, DESIGN.md §18): its stages, and the best single
+  // instance's predicted TTFT it was weighed against. Absent for a prefill on one instance.
+  std::optional<int64_t> pipeline_stages;
+  std::optional<double> single_ttft_ms;
 
   int64_t hit_tokens() const;  // sum of the three tiers present (0 when none is)
 };
