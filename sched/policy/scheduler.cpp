@@ -425,10 +425,7 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   const auto free = static_cast<size_t>(std::count_if(
       estimates_.begin(), estimates_.end(), [&](const PrefillEstimate& e) { return e.queue_ms <= free_bound_ms; }));
   if (static_cast<double>(free) < pc.reserve_factor * static_cast<double>(x)) return;
-  const bool single_misses = pc.rescue && d.prefill.ttft_ms > d.slo_ttft_ms;
-  if (!(ttft_ms < d.prefill.ttft_ms) || (!single_misses && ttft_ms > (1.0 - pc.min_ttft_gain) * d.prefill.ttft_ms)) {
-    return;
-  }
+  if (ttft_ms > (1.0 - pc.min_ttft_gain) * single_ttft_ms) return;
   // What the group takes from the requests behind its members: its members' held time beyond the work itself (fill,
   // bubbles, waiting for a slower member). Worth it only when this request gains more than that.
   if (single_ttft_ms - ttft_ms < pc.waste_weight * (held_s - busy_s) * 1e3) return;

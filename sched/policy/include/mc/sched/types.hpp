@@ -64,11 +64,10 @@ struct KvShape {
 
 // Chunked pipeline parallelism (DESIGN.md §18): a long prompt may run on a group of group_size prefill instances,
 // the model's layers split evenly into that many stages (mc/model/pipeline.hpp gives the recursion). The group is
-// formed per request from the live instances with the shortest queues, in registration order. It is chosen when
-// its predicted TTFT is at most (1 - min_ttft_gain) x the best single instance's, or below it when the single one
-// misses the TTFT SLO: a group occupies X instances and idles them in its bubbles, so a small gain for one request
-// costs the requests behind it more (docs/REPRODUCTION.md §6); and only when it keeps its members busy
-// (min_efficiency). A prompt of one chunk never runs on a group.
+// formed per request from the live instances with the shortest queues, in registration order. It is chosen only
+// when every rule below holds (DESIGN.md §18 (a)-(e)): a group occupies X instances and idles them in its fill and
+// bubbles, so a small gain for one request costs the requests behind it more (docs/REPRODUCTION.md §6). A prompt
+// of one chunk never runs on a group.
 struct PipelineConfig {
   int64_t group_size = 1;                  // instances per group; <= 1: off
   int64_t chunk_tokens = 8192;             // most new tokens of one chunk
@@ -90,9 +89,6 @@ struct PipelineConfig {
   // The group's waste (its members' held time minus their compute: fill, bubbles, waiting for a slower member) must
   // cost less than this request gains, times this weight: the queues behind the members pay for that waste.
   double waste_weight = 1.0;
-  // Also take a group whenever the best single instance misses the TTFT SLO and the group is faster (off: under
-  // overload it turns every long prompt into a group and the queues grow, docs/REPRODUCTION.md §6).
-  bool rescue = false;
 };
 
 struct SchedulerConfig {
