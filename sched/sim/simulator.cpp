@@ -423,16 +423,15 @@ class Sim {
   struct Group {
     std::vector<int> stages;  // prefill instance indices, pipeline order
     std::vector<int64_t> layers;
-    bool planned = false;            // the prefix plan was re-checked (at the first stage's start)
-    std::vector<int> fetching;       // per stage: flows left (+1 while starting them)
-    std::vector<int64_t> ready_ns;   // per stage: prefix in, ready to compute (-1: not yet)
-    std::vector<int64_t> chunk_end;  // the last computed stage's chunk end times (ns)
-    size_t computed = 0;             // stages whose chunks are computed (a prefix of the pipeline)
-    int kv_flows = 0;                // KV flows to the decode instance still running
-    bool kv_counted = false;         // the KV bytes are in the ledger
-    PrefillJob lead;                 // the prefix plan and the request's figures
-    int64_t first_start_ns = -1;     // the first stage left its queue
-    int64_t compute_start_ns = -1;   // the first chunk started
+    bool planned = false;           // the prefix plan was re-checked (at the first stage's start)
+    std::vector<int> fetching;      // per stage: flows left (+1 while starting them)
+    std::vector<int64_t> ready_ns;  // per stage: prefix in, ready to compute (-1: not yet)
+    size_t computed = 0;            // stages whose chunks are computed (a prefix of the pipeline)
+    int kv_flows = 0;               // KV flows to the decode instance still running
+    bool kv_counted = false;        // the KV bytes are in the ledger
+    PrefillJob lead;                // the prefix plan and the request's figures
+    int64_t first_start_ns = -1;    // the first stage left its queue
+    int64_t compute_start_ns = -1;  // the first chunk started
     double busy_s = 0;
   };
 
@@ -505,44 +504,39 @@ class Sim {
     });
   }
 
-  // Computes the chunks of every stage whose predecessors are computed and which is ready (the recursion of
-  // mc/model/pipeline.hpp, in absolute time) and releases each at its last chunk's end.
+  // Computes every stage whose predecessors are computed and which is ready, by the recursion of
+  // mc/model/pipeline.hpp over stages 0..s (a stage's chunks depend only on the stages before it) from their ready
+  // times, and releases it at its last chunk's end.
   void compute_stages(uint64_t id) {
     Group& g = groups_.at(id);
-    const int64_t fresh = g.lead.input_tokens - g.lead.cached_tokens;
-    const int64_t chunk = cfg_.pipeline_chunk_tokens;
-    double link = cfg_.nic_bandwidth_bytes_per_s;
-    for (int inst : g.stages) link = std::min(link, network_->bandwidth_bytes_per_s(inst));
-    const double hidden = static_cast<double>(model_.hidden_bytes_per_token());
+    infer::PipelineShape shape;
+    shape.chunk_tokens = cfg_.pipeline_chunk_tokens;
+    shape.link_bytes_per_s = cfg_.nic_bandwidth_bytes_per_s;
+    for (int inst : g.stages)
+      shape.link_bytes_per_s = std::min(shape.link_bytes_per_s, network_->bandwidth_bytes_per_s(inst));
+    shape.link_latency_s = 0;
     Live& lv = live_.at(id);
     while (g.computed < g.stages.size() && g.ready_ns[g.computed] >= 0) {
       const size_t s = g.computed;
       const double share = stage_share(g, s);
-      int64_t prev_end = g.ready_ns[s];
-      int64_t first_start = -1;
-      double busy = 0;
-      std::vector<int64_t> ends;
-      size_t j = 0;
-      for (int64_t done = 0; done < fresh; done += chunk, ++j) {
-        const int64_t n = std::min(chunk, fresh - done);
-        int64_t arrive = 0;
-        if (s > 0) arrive = g.chunk_end[j] + to_ns(static_cast<double>(n) * hidden / link);
-        const int64_t start = std::max(arrive, prev_end);
-        const double work = share * model_.prefill_time_s(n, g.lead.cached_tokens + done);
-        if (first_start < 0) first_start = start;
-        prev_end = start + to_ns(work);
-        busy += work;
-        ends.push_back(prev_end);
-      }
-      if (first_start < 0) first_start = g.ready_ns[s];
-      totals_.pipeline_bubble_s += std::max(0.0, static_cast<double>(prev_end - first_start) * 1e-9 - busy);
+      const int64_t origin =
+          *std::min_element(g.ready_ns.begin(), g.ready_ns.begin() + static_cast<std::ptrdiff_t>(s) + 1);
+      std::vector<double> ready_s(s + 1);
+      for (size_t k = 0; k <= s; ++k) ready_s[k] = static_cast<double>(g.ready_ns[k] - origin) * 1e-9;
+      shape.stage_layers.assign(g.layers.begin(), g.layers.begin() + static_cast<std::ptrdiff_t>(s) + 1);
+      const infer::PipelineTiming t = infer::pipeline_timing(
+          [this](int64_t n, int64_t c) { return model_.prefill_time_s(n, c); }, shape, model_.num_layers(),
+          model_.hidden_bytes_per_token(), g.lead.input_tokens - g.lead.cached_tokens, g.lead.cached_tokens, ready_s);
+      const int64_t first_start = origin + to_ns(t.stage_start_s[s]);
+      const int64_t end = origin + to_ns(t.stage_end_s[s]);
+      const double busy = t.stage_busy_s[s];
+      totals_.pipeline_bubble_s += std::max(0.0, t.stage_end_s[s] - t.stage_start_s[s] - busy);
       g.busy_s += busy;
-      g.chunk_end = std::move(ends);
       if (s == 0) {
         g.compute_start_ns = first_start;
         g.lead.compute_start_ns = first_start;
       }
-      prefill_[static_cast<size_t>(g.stages[s])]->release_held(first_start, prev_end, busy);
+      prefill_[static_cast<size_t>(g.stages[s])]->release_held(first_start, end, busy);
       // This stage's layers of the KV stream to the decode instance from its first chunk.
       const auto bytes = static_cast<int64_t>(static_cast<double>(g.lead.input_tokens * kv_bytes_) * share);
       ++g.kv_flows;

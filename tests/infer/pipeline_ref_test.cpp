@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <random>
 #include <vector>
@@ -140,42 +141,36 @@ Result<uint32_t> run_stage(Backend& b, KvBuffer& kv, int64_t first_layer, int64_
   return first;
 }
 
-// The stages in one process, one after the other per chunk; the stages' layers assembled into one buffer.
+// The stages in one process, one after the other (stage s computes every chunk from what stage s-1 handed on); the
+// stages' layers assembled into one buffer.
 uint32_t pipeline_in_process(const std::vector<int64_t>& stage_layers, int64_t cached, Reference& ref, KvBuffer& out) {
-  std::vector<std::unique_ptr<Backend>> bs;
-  std::vector<std::unique_ptr<KvBuffer>> kvs;
-  std::vector<int64_t> first(stage_layers.size());
-  for (size_t s = 0; s < stage_layers.size(); ++s) {
-    bs.push_back(backend());
-    kvs.push_back(buffer(*bs.back()));
-    first[s] = s == 0 ? 0 : first[s - 1] + stage_layers[s - 1];
-    // The cached prefix: this stage's own layers of it only (what it fetches from the pool).
-    if (cached > 0) copy_layers(*ref.kv, *kvs[s], first[s], stage_layers[s]);
-  }
+  std::deque<std::vector<float>> passed;  // the previous stage's hidden states, one entry per chunk
   uint32_t token = 0;
-  // Chunk-major order, as the pipeline's data flow allows: each stage's output feeds the next.
-  std::vector<std::vector<float>> queue(stage_layers.size());
-  const std::vector<uint32_t> p = prompt();
-  const std::vector<int32_t> t = table();
-  for (int64_t begin = cached; begin < kPrompt; begin += kChunk) {
-    std::vector<float> hidden;
-    for (size_t s = 0; s < stage_layers.size(); ++s) {
-      StageRequest req;
-      req.tokens = p;
-      req.block_table = t;
-      req.token_begin = begin;
-      req.token_end = std::min(kPrompt, begin + kChunk);
-      req.first_layer = first[s];
-      req.num_layers = stage_layers[s];
-      req.hidden_in = hidden;
-      auto r = bs[s]->prefill_stage(*kvs[s], req, nullptr);
-      EXPECT_TRUE(r.is_ok()) << r.status().to_string();
-      if (!r.is_ok()) return 0;
-      hidden = std::move(r->hidden_out);
-      if (req.token_end == kPrompt && s + 1 == stage_layers.size()) token = r->first_token;
-    }
+  int64_t first = 0;
+  for (size_t s = 0; s < stage_layers.size(); ++s) {
+    auto b = backend();
+    auto kv = buffer(*b);
+    // The cached prefix: this stage's own layers of it only (what it fetches from the pool).
+    if (cached > 0) copy_layers(*ref.kv, *kv, first, stage_layers[s]);
+    std::deque<std::vector<float>> next;
+    auto read_in = [&](std::vector<float>& v) -> Status {
+      if (passed.empty()) return error(Code::kInternal, "no hidden states from the previous stage");
+      v = std::move(passed.front());
+      passed.pop_front();
+      return Status::ok();
+    };
+    auto write_out = [&](const std::vector<float>& v) -> Status {
+      next.push_back(v);
+      return Status::ok();
+    };
+    auto t = run_stage(*b, *kv, first, stage_layers[s], cached, read_in, write_out);
+    EXPECT_TRUE(t.is_ok()) << t.status().to_string();
+    if (!t.is_ok()) return 0;
+    token = t.value();
+    copy_layers(*kv, out, first, stage_layers[s]);
+    passed = std::move(next);
+    first += stage_layers[s];
   }
-  for (size_t s = 0; s < stage_layers.size(); ++s) copy_layers(*kvs[s], out, first[s], stage_layers[s]);
   return token;
 }
 
@@ -208,7 +203,6 @@ uint32_t pipeline_in_processes(const std::vector<int64_t>& stage_layers, int64_t
   const size_t x = stage_layers.size();
   std::vector<int64_t> first(x);
   for (size_t s = 1; s < x; ++s) first[s] = first[s - 1] + stage_layers[s - 1];
-  const size_t hidden_floats = static_cast<size_t>(model().hidden_size);
   std::vector<std::array<int, 2>> link(x), result(x);
   for (size_t s = 0; s < x; ++s) {
     EXPECT_EQ(::pipe(link[s].data()), 0);
@@ -274,7 +268,6 @@ uint32_t pipeline_in_processes(const std::vector<int64_t>& stage_layers, int64_t
     }
     ::close(result[s][0]);
   }
-  (void)hidden_floats;
   for (pid_t pid : pids) {
     int status = 0;
     EXPECT_EQ(::waitpid(pid, &status, 0), pid);
