@@ -191,6 +191,16 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
       ->capture_default_str();
   app.add_flag("--allow-fault-injection", c.allow_fault_injection,
                "Honour the fail_after_layers field of prefill jobs (tests only)");
+  app.add_option("--stage-wait-timeout-ms", c.stage_wait_timeout_ms,
+                 "Pipelined prefill: how long a stage job waits for its previous stage's next chunk before it fails "
+                 "(ms)")
+      ->envname("MC_STAGE_WAIT_TIMEOUT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600000));
+  cli::add_size_option(app, "--stage-inbox-bytes", c.stage_inbox_bytes,
+                       "Pipelined prefill: most hidden-state bytes held for stage jobs that have not asked yet",
+                       1 << 20, uint64_t{64} << 30)
+      ->envname("MC_STAGE_INBOX_BYTES");
   cli::add_metrics_flags(app, c.metrics_listen);
   add_drain_flag(app, c.drain_timeout_s, "the queued and running prefill jobs");
 }
@@ -217,6 +227,8 @@ Status run_prefill_daemon(const PrefillDaemonConfig& c) {
   o.allow_fault_injection = c.allow_fault_injection;
   o.kv_engine = c.kv_engine;
   o.kv_transfer_timeout_ms = c.decode_timeout_ms;
+  o.stage_wait_timeout_ms = c.stage_wait_timeout_ms;
+  o.stage_inbox_bytes = static_cast<int64_t>(c.stage_inbox_bytes);
   MC_ASSIGN_OR_RETURN(auto worker, PrefillWorker::create(o, std::move(backend), std::move(cache),
                                                          make_rpc_decode_link(c.decode_timeout_ms)));
   daemon::install_stop_signals();

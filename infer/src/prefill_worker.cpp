@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -37,6 +38,10 @@ class RpcDecodeLink final : public DecodeLink {
     return call(ep, r);
   }
   Result<proto::DecodeReleaseReply> abort(const std::string& ep, const proto::DecodeAbortRequest& r) override {
+    return call(ep, r);
+  }
+  Result<proto::PrefillStageHiddenReply> stage_hidden(const std::string& ep,
+                                                      const proto::PrefillStageHiddenRequest& r) override {
     return call(ep, r);
   }
   Result<std::string> kv_segment(const std::string& ep) override {
@@ -327,6 +332,8 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
                                                "prefill_job '" + job.request_id + "'");
              !scope.is_ok()) {
     bad = scope;
+  } else if (Status stage = validate_stage(job); !stage.is_ok()) {
+    bad = stage;
   } else {
     for (size_t i = 0; i < job.tokens.size(); ++i) {
       if (job.tokens[i] >= static_cast<uint64_t>(m.vocab_size)) {
@@ -347,7 +354,19 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
     abort_decode(s);
     return s;
   }
-  auto reply = run_job_inner(job, blocks.value(), ledger);
+  auto reply =
+      job.is_stage() ? run_stage_inner(job, blocks.value(), ledger) : run_job_inner(job, blocks.value(), ledger);
+  if (job.is_stage()) {
+    drop_stage_hidden(job);
+    if (!reply.is_ok() && !job.next_stage_endpoint.empty()) {
+      // The next stage waits for chunks that will not come: tell it at once (best effort; it times out otherwise).
+      proto::PrefillStageHiddenRequest failed;
+      failed.request_id = job.request_id;
+      failed.reservation_id = job.reservation_id;
+      failed.failed = "stage " + std::to_string(job.stage_index) + " failed: " + reply.status().message();
+      (void)link_->stage_hidden(job.next_stage_endpoint, failed);
+    }
+  }
   kv_->free(blocks.value());
   if (!reply.is_ok()) {
     abort_decode(reply.status());
@@ -357,25 +376,305 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
   return reply;
 }
 
+Status PrefillWorker::validate_stage(const proto::PrefillJobRequest& job) const {
+  const int64_t L = backend_->model().num_layers;
+  const std::string what = "prefill_job '" + job.request_id + "' (pipeline stage " + std::to_string(job.stage_index) +
+                           " of " + std::to_string(job.stage_count) + ", layers [" +
+                           std::to_string(job.stage_first_layer) + ", +" + std::to_string(job.stage_layers) + "))";
+  if (job.stage_layers < 0) return error(Code::kInvalidArgument, what + ": stage_layers must be >= 0");
+  if (!job.is_stage()) return Status::ok();
+  if (!backend_->runs_stages()) {
+    return error(Code::kUnimplemented, what + ": the '" + backend_->kind() +
+                                           "' backend does not run pipeline stages (the ref backend does); start "
+                                           "the Conductor without --pipeline-group for this cluster");
+  }
+  if (job.stage_count < 2 || job.stage_count > L || job.stage_index < 0 || job.stage_index >= job.stage_count ||
+      job.stage_first_layer < 0 || job.stage_first_layer >= L || job.stage_layers > L - job.stage_first_layer) {
+    return error(Code::kInvalidArgument, what + ": the stage or its layers are outside the model's " +
+                                             std::to_string(L) + " layers or the group");
+  }
+  const bool first = job.stage_index == 0, last = job.stage_index == job.stage_count - 1;
+  if (first != (job.stage_first_layer == 0) || last != (job.stage_first_layer + job.stage_layers == L)) {
+    return error(Code::kInvalidArgument,
+                 what + ": stage 0 must start at layer 0 and the last stage end at layer " + std::to_string(L));
+  }
+  if (last != job.next_stage_endpoint.empty()) {
+    return error(Code::kInvalidArgument, what + ": every stage but the last names its next stage's endpoint");
+  }
+  if (job.next_stage_endpoint.size() > 512)
+    return error(Code::kInvalidArgument, what + ": next stage endpoint too long");
+  return Status::ok();
+}
+
+Status PrefillWorker::deliver_stage_hidden(proto::PrefillStageHiddenRequest m) {
+  const ModelConfig& model = backend_->model();
+  const std::string what =
+      "prefill_stage_hidden '" + m.request_id.substr(0, 128) + "' chunk " + std::to_string(m.chunk_index);
+  if (m.request_id.empty() || m.request_id.size() > 256 || m.reservation_id == 0) {
+    return error(Code::kInvalidArgument, what + ": request id (1-256 bytes) and reservation id required");
+  }
+  const int64_t now = now_ns();
+  const int64_t expiry_ns = 2 * options_.stage_wait_timeout_ms * 1'000'000;
+  std::lock_guard lock(stage_mu_);
+  // Expire what no stage job asked for in time (its job failed elsewhere, or never came).
+  for (auto it = stage_inbox_.begin(); it != stage_inbox_.end();) {
+    for (auto c = it->second.begin(); c != it->second.end();) {
+      if (now - c->second.received_ns > expiry_ns) {
+        stage_inbox_bytes_ -= static_cast<int64_t>(c->second.message.hidden.size());
+        c = it->second.erase(c);
+      } else {
+        ++c;
+      }
+    }
+    it = it->second.empty() ? stage_inbox_.erase(it) : std::next(it);
+  }
+  const auto key = std::make_pair(m.request_id, m.reservation_id);
+  if (!m.failed.empty()) {
+    if (stage_failed_.size() >= 4096) stage_failed_.erase(stage_failed_.begin());
+    stage_failed_[key] = m.failed.substr(0, 1024);
+    stage_cv_.notify_all();
+    return Status::ok();
+  }
+  const int64_t rows = m.token_end - m.token_begin;
+  if (m.chunk_index < 0 || m.chunk_index > model.max_context_tokens || m.token_begin < 0 || rows < 1 ||
+      m.token_end > model.max_context_tokens) {
+    return error(Code::kInvalidArgument, what + ": chunk or tokens [" + std::to_string(m.token_begin) + ", " +
+                                             std::to_string(m.token_end) + ") outside the model's context of " +
+                                             std::to_string(model.max_context_tokens));
+  }
+  if (static_cast<int64_t>(m.hidden.size()) != rows * model.hidden_size * 4) {
+    return error(Code::kInvalidArgument, what + ": " + std::to_string(m.hidden.size()) + " bytes of hidden states, " +
+                                             std::to_string(rows * model.hidden_size * 4) +
+                                             " expected (tokens x hidden_size " + std::to_string(model.hidden_size) +
+                                             " x 4): the stages run different models");
+  }
+  auto& chunks = stage_inbox_[key];
+  if (chunks.count(m.chunk_index) > 0) return error(Code::kInvalidArgument, what + ": already held");
+  const auto bytes = static_cast<int64_t>(m.hidden.size());
+  if (stage_inbox_bytes_ + bytes > options_.stage_inbox_bytes) {
+    if (chunks.empty()) stage_inbox_.erase(key);
+    metrics_.counter("mc_prefill_stage_hidden_refused_total", "stage hidden states refused: the inbox is full").inc();
+    return error(Code::kResourceExhausted, what + ": " + std::to_string(stage_inbox_bytes_) +
+                                               " bytes of hidden states already held (--stage-inbox-bytes " +
+                                               std::to_string(options_.stage_inbox_bytes) + ")");
+  }
+  stage_inbox_bytes_ += bytes;
+  chunks[m.chunk_index] = HeldChunk{std::move(m), now};
+  metrics_.counter("mc_prefill_stage_hidden_bytes_total", "hidden-state bytes received from previous stages")
+      .inc(static_cast<uint64_t>(bytes));
+  stage_cv_.notify_all();
+  return Status::ok();
+}
+
+Result<proto::PrefillStageHiddenRequest> PrefillWorker::take_stage_hidden(const proto::PrefillJobRequest& job,
+                                                                          int64_t chunk) {
+  const auto key = std::make_pair(job.request_id, job.reservation_id);
+  const int64_t deadline = now_ns() + options_.stage_wait_timeout_ms * 1'000'000;
+  std::unique_lock lock(stage_mu_);
+  for (;;) {
+    if (auto f = stage_failed_.find(key); f != stage_failed_.end()) {
+      return error(Code::kAborted, "previous pipeline stage: " + f->second);
+    }
+    auto it = stage_inbox_.find(key);
+    if (it != stage_inbox_.end()) {
+      auto c = it->second.find(chunk);
+      if (c != it->second.end()) {
+        proto::PrefillStageHiddenRequest m = std::move(c->second.message);
+        it->second.erase(c);
+        if (it->second.empty()) stage_inbox_.erase(it);
+        stage_inbox_bytes_ -= static_cast<int64_t>(m.hidden.size());
+        return m;
+      }
+    }
+    if (abort_jobs_.load()) {
+      std::lock_guard a(abort_mu_);
+      return error(Code::kUnavailable, abort_why_);
+    }
+    const int64_t left = deadline - now_ns();
+    if (left <= 0) {
+      // kAborted, not kTimeout: the Conductor reads a timeout as the instance not answering.
+      return error(Code::kAborted,
+                   "chunk " + std::to_string(chunk) + " of the previous pipeline stage did not come in " +
+                       std::to_string(options_.stage_wait_timeout_ms) + " ms (--stage-wait-timeout-ms)");
+    }
+    stage_cv_.wait_for(lock, std::chrono::nanoseconds(std::min<int64_t>(left, 100'000'000)));
+  }
+}
+
+void PrefillWorker::drop_stage_hidden(const proto::PrefillJobRequest& job) {
+  const auto key = std::make_pair(job.request_id, job.reservation_id);
+  std::lock_guard lock(stage_mu_);
+  stage_failed_.erase(key);
+  auto it = stage_inbox_.find(key);
+  if (it == stage_inbox_.end()) return;
+  for (const auto& [chunk, held] : it->second) stage_inbox_bytes_ -= static_cast<int64_t>(held.message.hidden.size());
+  stage_inbox_.erase(it);
+}
+
+Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::PrefillJobRequest& job,
+                                                              std::vector<int32_t>& blocks,
+                                                              proto::RequestLedger& ledger) {
+  const KvLayout& layout = kv_->layout();
+  const ModelConfig& model = backend_->model();
+  const int64_t bs = layout.block_size;
+  const int64_t n = static_cast<int64_t>(job.tokens.size());
+  const int64_t first_layer = job.stage_first_layer, end_layer = job.stage_first_layer + job.stage_layers;
+  const bool first_stage = job.stage_index == 0, last_stage = end_layer == model.num_layers;
+  const int64_t chunk =
+      job.chunk_tokens > 0 ? job.chunk_tokens : (options_.chunk_tokens > 0 ? options_.chunk_tokens : n);
+  const KeyNamespace ns = ns_.with_request(RequestKeyScope{job.lora_name, job.lora_version, job.salt});
+  const std::vector<uint64_t> hashes = seq_hashes(job.tokens, ns);
+  const std::string what = "pipeline stage " + std::to_string(job.stage_index) + " of '" + job.request_id + "'";
+
+  // 1. The prefix. Stage 0 fetches as a whole prefill does and so decides the cached tokens; a later stage learns
+  // them from stage 0's first chunk (its token_begin) and must find the same blocks: it cannot recompute its layers
+  // of a prefix without the hidden states entering them.
+  int64_t cached = 0;
+  std::optional<proto::PrefillStageHiddenRequest> chunk0;
+  if (first_stage) {
+    int64_t want = (n - 1) / bs;
+    if (job.fetch_prefix_blocks >= 0) want = std::min(want, job.fetch_prefix_blocks);
+    const int64_t hit_blocks = fetch_prefix(job, blocks, hashes, ns, want, ledger);
+    if (job.fetch_prefix_blocks >= 0) ledger.missed_prefix_tokens = (want - hit_blocks) * bs;
+    cached = hit_blocks * bs;
+  } else {
+    auto m = take_stage_hidden(job, 0);
+    if (!m.is_ok()) return m.status().with_context(what);
+    cached = m->token_begin;
+    if (cached % bs != 0 || cached >= n) {
+      return error(Code::kInvalidArgument, what + ": the previous stage's first chunk starts at token " +
+                                               std::to_string(cached) + ", not a block boundary before " +
+                                               std::to_string(n));
+    }
+    chunk0 = std::move(m).value();
+    if (cached > 0) {
+      const int64_t hit_blocks = fetch_prefix(job, blocks, hashes, ns, cached / bs, ledger);
+      if (hit_blocks * bs != cached) {
+        return error(Code::kUnavailable,
+                     what + ": prefix block " + std::to_string(hit_blocks) + " of the " + std::to_string(cached / bs) +
+                         " stage 0 found could not be read here (evicted or unreachable meanwhile)");
+      }
+    }
+  }
+  ledger.hit_tokens = cached;
+  ledger.computed_tokens = n - cached;
+  ledger.decision = cached > 0 ? "fetch" : "recompute";
+  metrics_.counter("mc_prefill_stage_jobs_total", "pipeline stage jobs run (DESIGN.md §18)").inc();
+
+  // 2. The chunks through this stage's layers, each layer's KV streamed to decode as in a whole prefill.
+  std::string target;
+  MC_ASSIGN_OR_RETURN(KvSend kv_send, kv_sender(job, blocks, target));
+  LayerStreamer streamer([&kv_send](const LayerSpan& sp) { return kv_send(sp.layer, sp.first, sp.end); }, target);
+  int64_t writes = 0;
+  uint32_t first_token = 0;
+  int64_t hidden_sent_bytes = 0;
+  const int64_t t_prefill = now_ns();
+  int64_t t_last_layer_done = 0, wait_ns = 0;
+  for (int64_t k = 0, begin = cached; begin < n; ++k) {
+    const int64_t end = std::min(n, begin + chunk);
+    std::vector<float> hidden_in;
+    if (!first_stage) {
+      const int64_t t_wait = now_ns();
+      Result<proto::PrefillStageHiddenRequest> m =
+          k == 0 ? Result<proto::PrefillStageHiddenRequest>(std::move(*chunk0)) : take_stage_hidden(job, k);
+      wait_ns += now_ns() - t_wait;
+      if (!m.is_ok()) return m.status().with_context(what);
+      if (m->token_begin != begin || m->token_end != end || m->last_chunk != (end == n)) {
+        return error(Code::kInvalidArgument, what + ": chunk " + std::to_string(k) +
+                                                 " of the previous stage holds tokens [" +
+                                                 std::to_string(m->token_begin) + ", " + std::to_string(m->token_end) +
+                                                 "), expected [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                                 ") (the stages were given different chunk sizes)");
+      }
+      hidden_in.resize(m->hidden.size() / sizeof(float));
+      std::memcpy(hidden_in.data(), m->hidden.data(), m->hidden.size());
+    }
+    auto on_layer = [&](int64_t layer, int64_t b, int64_t e) -> Status {
+      if (abort_jobs_.load()) {
+        std::lock_guard lock(abort_mu_);
+        return error(Code::kUnavailable, abort_why_ + " (after " + std::to_string(writes) + " layer writes)");
+      }
+      if (job.fail_after_layers >= 0 && writes >= job.fail_after_layers) {
+        return error(Code::kAborted, "injected prefill failure after " + std::to_string(writes) + " layer writes");
+      }
+      ++writes;
+      MC_RETURN_IF_ERROR(streamer.push(LayerSpan{layer, b == cached ? 0 : b / bs, layout.blocks_for_tokens(e)}));
+      if (layer == end_layer - 1 && e == n) t_last_layer_done = now_ns();
+      if (layer == end_layer - 1 && e < n) MC_RETURN_IF_ERROR(streamer.drain());  // the next chunk shares a block
+      return Status::ok();
+    };
+    StageRequest sr;
+    sr.tokens = job.tokens;
+    sr.block_table = blocks;
+    sr.token_begin = begin;
+    sr.token_end = end;
+    sr.first_layer = first_layer;
+    sr.num_layers = job.stage_layers;
+    sr.hidden_in = hidden_in;
+    sr.lora = LoraAdapter{job.lora_name, job.lora_version};
+    auto out = backend_->prefill_stage(*kv_, sr, on_layer);
+    if (!out.is_ok()) return out.status().with_context(what + ", chunk " + std::to_string(k));
+    if (last_stage) {
+      if (end == n) first_token = out->first_token;
+    } else {
+      // Before the last chunk leaves, every KV byte of this stage has landed at decode: the last stage commits
+      // only after that chunk, so decode never sees a commit before an earlier stage's layers.
+      if (end == n) MC_RETURN_IF_ERROR(streamer.drain());
+      proto::PrefillStageHiddenRequest m;
+      m.request_id = job.request_id;
+      m.reservation_id = job.reservation_id;
+      m.chunk_index = k;
+      m.token_begin = begin;
+      m.token_end = end;
+      m.last_chunk = end == n;
+      m.hidden.resize(out->hidden_out.size() * sizeof(float));
+      std::memcpy(m.hidden.data(), out->hidden_out.data(), m.hidden.size());
+      hidden_sent_bytes += static_cast<int64_t>(m.hidden.size());
+      auto sent = link_->stage_hidden(job.next_stage_endpoint, m);
+      if (!sent.is_ok()) {
+        return sent.status().with_context(what + ": sending chunk " + std::to_string(k) + "'s hidden states to " +
+                                          job.next_stage_endpoint);
+      }
+    }
+    begin = end;
+  }
+  const int64_t t_last_layer = now_ns();
+  MC_RETURN_IF_ERROR(streamer.finish());
+  const int64_t t_all_kv = streamer.last_sent_ns() > 0 ? streamer.last_sent_ns() : now_ns();
+  ledger.prefill_ms = (t_last_layer - t_prefill) / 1'000'000;
+  ledger.kv_tail_ms =
+      std::max<int64_t>(0, t_all_kv - (t_last_layer_done > 0 ? t_last_layer_done : t_last_layer)) / 1'000'000;
+  ledger.kv_sent_bytes = streamer.bytes_sent();
+  metrics_.counter("mc_prefill_kv_sent_bytes_total", "KV bytes streamed to decode").inc(ledger.kv_sent_bytes);
+  metrics_.counter("mc_prefill_stage_hidden_sent_bytes_total", "hidden-state bytes sent to next stages")
+      .inc(static_cast<uint64_t>(hidden_sent_bytes));
+  metrics_
+      .histogram("mc_prefill_stage_wait_seconds", metrics::latency_buckets_s(),
+                 "a stage job's time waiting for its previous stage's chunks")
+      .observe(static_cast<double>(wait_ns) * 1e-9);
+  if (!last_stage) return proto::PrefillJobReply{job.request_id, 0, ledger};
+
+  // 3. The last stage commits at decode: every stage's layers of every block have landed (see above).
+  proto::KvCommitRequest commit{job.reservation_id, job.request_id, n, first_token, unix_time_ns(), ledger};
+  commit.kv_namespace_digest = ns.digest_hex();
+  auto committed = link_->commit(job.decode_endpoint, commit);
+  if (!committed.is_ok()) return committed.status().with_context("kv_commit at " + job.decode_endpoint);
+  // New blocks are not put into the store from a pipelined prefill yet: no stage holds every layer of a block
+  // (DESIGN.md §18 "Live groups", what is left).
+  return proto::PrefillJobReply{job.request_id, first_token, ledger};
+}
+
 std::pair<std::string, int64_t> PrefillWorker::fetch_in_progress() const {
   std::lock_guard lock(fetch_mu_);
   if (fetch_request_id_.empty()) return {"", 0};
   return {fetch_request_id_, now_ns() - fetch_start_ns_};
 }
 
-Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::PrefillJobRequest& job,
-                                                            std::vector<int32_t>& blocks,
-                                                            proto::RequestLedger& ledger) {
+int64_t PrefillWorker::fetch_prefix(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
+                                    const std::vector<uint64_t>& hashes, const KeyNamespace& ns, int64_t want,
+                                    proto::RequestLedger& ledger) {
   const KvLayout& layout = kv_->layout();
   const int64_t bs = layout.block_size;
-  const int64_t n = static_cast<int64_t>(job.tokens.size());
-  // The request's namespace: this worker's base with the job's adapter and salt (block_key.hpp).
-  const KeyNamespace ns = ns_.with_request(RequestKeyScope{job.lora_name, job.lora_version, job.salt});
-  const std::vector<uint64_t> hashes = seq_hashes(job.tokens, ns);
-
-  // 1. Prefix fetch: leading complete blocks, never the one holding the last token.
-  int64_t want = (n - 1) / bs;
-  if (job.fetch_prefix_blocks >= 0) want = std::min(want, job.fetch_prefix_blocks);
   int64_t hit_blocks = 0;
   if (cache_ && want > 0) {
     const int64_t t0 = now_ns();
@@ -434,6 +733,66 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
       }
     }
   }
+  return hit_blocks;
+}
+
+Result<PrefillWorker::KvSend> PrefillWorker::kv_sender(const proto::PrefillJobRequest& job,
+                                                       const std::vector<int32_t>& blocks, std::string& target) {
+  std::string segment_name = job.decode_kv_segment;
+  if (segment_name.empty() && engine_) {
+    auto asked = link_->kv_segment(job.decode_endpoint);
+    if (!asked.is_ok()) return asked.status().with_context("asking " + job.decode_endpoint + " for its KV segment");
+    segment_name = asked.value();
+  }
+  KvSend send;
+  target = job.decode_endpoint;
+  if (engine_ && !segment_name.empty()) {
+    auto segment = engine_->open_segment(segment_name);
+    if (!segment.is_ok()) {
+      return segment.status().with_context("opening the KV segment of decode instance " + job.decode_endpoint);
+    }
+    target = "segment " + segment_name + " (" + engine_->segment_transport(segment.value()).value_or("?") + ")";
+    send = [this, &job, &blocks, seg = segment.value(), segment_name](int64_t layer, int64_t first,
+                                                                      int64_t end) -> Result<int64_t> {
+      Status st = write_layer_engine(job, seg, segment_name, blocks, layer, first, end);
+      if (!st.is_ok()) return st;
+      metrics_.counter("mc_prefill_kv_engine_writes_total", "layer spans written through the transfer engine").inc();
+      return (end - first) * kv_->layout().layer_block_bytes();
+    };
+  } else {
+    send = [this, &job, &blocks](int64_t layer, int64_t first, int64_t end) -> Result<int64_t> {
+      const int64_t lbb = kv_->layout().layer_block_bytes();
+      proto::KvWriteRequest w;
+      w.reservation_id = job.reservation_id;
+      w.layer = layer;
+      w.data.resize(static_cast<size_t>((end - first) * lbb));
+      for (int64_t b = first; b < end; ++b) {
+        w.block_indexes.push_back(static_cast<uint32_t>(b));
+        std::memcpy(w.data.data() + (b - first) * lbb,
+                    kv_->layer_block_span(blocks[static_cast<size_t>(b)], layer).data(), static_cast<size_t>(lbb));
+      }
+      MC_RETURN_IF_ERROR(link_->write(job.decode_endpoint, w).status());
+      metrics_.counter("mc_prefill_kv_rpc_writes_total", "layer spans sent as kv_write RPCs (fallback)").inc();
+      return static_cast<int64_t>(w.data.size());
+    };
+  }
+  return send;
+}
+
+Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::PrefillJobRequest& job,
+                                                            std::vector<int32_t>& blocks,
+                                                            proto::RequestLedger& ledger) {
+  const KvLayout& layout = kv_->layout();
+  const int64_t bs = layout.block_size;
+  const int64_t n = static_cast<int64_t>(job.tokens.size());
+  // The request's namespace: this worker's base with the job's adapter and salt (block_key.hpp).
+  const KeyNamespace ns = ns_.with_request(RequestKeyScope{job.lora_name, job.lora_version, job.salt});
+  const std::vector<uint64_t> hashes = seq_hashes(job.tokens, ns);
+
+  // 1. Prefix fetch: leading complete blocks, never the one holding the last token.
+  int64_t want = (n - 1) / bs;
+  if (job.fetch_prefix_blocks >= 0) want = std::min(want, job.fetch_prefix_blocks);
+  const int64_t hit_blocks = fetch_prefix(job, blocks, hashes, ns, want, ledger);
   const int64_t cached = hit_blocks * bs;
   ledger.hit_tokens = cached;
   if (job.fetch_prefix_blocks >= 0) ledger.missed_prefix_tokens = (want - hit_blocks) * bs;
@@ -455,44 +814,9 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   metrics_.counter("mc_prefill_fetch_ssd_bytes_total", "KV bytes read from SSD segments").inc(ledger.fetch_ssd_bytes);
 
   // 2. Prefill with layer-wise streaming: transfer-engine WRITEs when decode serves a segment, else kv_write.
-  std::string segment_name = job.decode_kv_segment;
-  if (segment_name.empty() && engine_) {
-    auto asked = link_->kv_segment(job.decode_endpoint);
-    if (!asked.is_ok()) return asked.status().with_context("asking " + job.decode_endpoint + " for its KV segment");
-    segment_name = asked.value();
-  }
-  LayerStreamer::Send send;
-  std::string target = job.decode_endpoint;
-  if (engine_ && !segment_name.empty()) {
-    auto segment = engine_->open_segment(segment_name);
-    if (!segment.is_ok()) {
-      return segment.status().with_context("opening the KV segment of decode instance " + job.decode_endpoint);
-    }
-    target = "segment " + segment_name + " (" + engine_->segment_transport(segment.value()).value_or("?") + ")";
-    send = [this, &job, &blocks, seg = segment.value(), segment_name](const LayerSpan& s) -> Result<int64_t> {
-      Status st = write_layer_engine(job, seg, segment_name, blocks, s.layer, s.first, s.end);
-      if (!st.is_ok()) return st;
-      metrics_.counter("mc_prefill_kv_engine_writes_total", "layer spans written through the transfer engine").inc();
-      return (s.end - s.first) * kv_->layout().layer_block_bytes();
-    };
-  } else {
-    send = [this, &job, &blocks](const LayerSpan& s) -> Result<int64_t> {
-      const int64_t lbb = kv_->layout().layer_block_bytes();
-      proto::KvWriteRequest w;
-      w.reservation_id = job.reservation_id;
-      w.layer = s.layer;
-      w.data.resize(static_cast<size_t>((s.end - s.first) * lbb));
-      for (int64_t b = s.first; b < s.end; ++b) {
-        w.block_indexes.push_back(static_cast<uint32_t>(b));
-        std::memcpy(w.data.data() + (b - s.first) * lbb,
-                    kv_->layer_block_span(blocks[static_cast<size_t>(b)], s.layer).data(), static_cast<size_t>(lbb));
-      }
-      MC_RETURN_IF_ERROR(link_->write(job.decode_endpoint, w).status());
-      metrics_.counter("mc_prefill_kv_rpc_writes_total", "layer spans sent as kv_write RPCs (fallback)").inc();
-      return static_cast<int64_t>(w.data.size());
-    };
-  }
-  LayerStreamer streamer(std::move(send), target);
+  std::string target;
+  MC_ASSIGN_OR_RETURN(KvSend kv_send, kv_sender(job, blocks, target));
+  LayerStreamer streamer([&kv_send](const LayerSpan& sp) { return kv_send(sp.layer, sp.first, sp.end); }, target);
   int64_t writes = 0;
   const int64_t num_layers = layout.num_layers;
   const int64_t t_prefill = now_ns();
@@ -635,6 +959,13 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     }
     return reply;
   });
+  // prefill_stage_hidden (DESIGN.md §18 "Live groups"): a previous stage's chunk, held for our stage job.
+  server->handle<proto::PrefillStageHiddenRequest>(
+      [&](const proto::PrefillStageHiddenRequest& req,
+          const rpc::CallContext&) -> Result<proto::PrefillStageHiddenReply> {
+        MC_RETURN_IF_ERROR(worker.deliver_stage_hidden(req));
+        return proto::PrefillStageHiddenReply{};
+      });
   auto current_load = [&]() -> proto::WorkerLoadReply {
     proto::WorkerLoadReply l;
     l.role = "prefill";

@@ -153,6 +153,7 @@ class RefBackend final : public Backend {
   }
 
   const std::string& kind() const override { return kind_; }
+  bool runs_stages() const override { return true; }
   const ModelConfig& model() const override { return model_; }
   int64_t kv_bytes_per_token_layer() const override {
     return 2 * model_.num_kv_heads * model_.head_dim * static_cast<int64_t>(sizeof(float));

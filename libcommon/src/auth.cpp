@@ -225,6 +225,7 @@ constexpr Rule kRules[] = {
     {"worker_load", kWorker | kConductor},
     {"prefill_job", kConductor},
     {"prefill_cancel", kConductor},
+    {"prefill_stage_hidden", kWorker},  // stage s -> s+1 of a pipelined prefill (DESIGN.md §18)
     {"decode_cancel", kConductor},
     {"token_event", kWorker},
     {"request_done", kWorker},

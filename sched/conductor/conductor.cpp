@@ -664,6 +664,7 @@ class Conductor {
     job.lora_version = f.scope.lora_version;
     job.salt = f.scope.salt;
     f.dispatch_ns = RealClock::instance().now_ns();
+    if (!f.decision.stages.empty()) return dispatch_stages(f, std::move(job));
     answer(f, reply_of(f.decision));
     metrics_.counter("mc_conductor_dispatched_total", "requests dispatched to a prefill instance").inc();
     calls_.call<proto::PrefillJobRequest>(f.prefill_endpoint, job, options_.job_timeout_ms,
@@ -672,6 +673,62 @@ class Conductor {
                                             if (g != nullptr && g->stage == Stage::kPrefilling)
                                               on_prefill_reply(id, std::move(r));
                                           });
+  }
+
+  // A pipelined prefill (Decision::stages, DESIGN.md §18 "Live groups"): one stage job per member, each naming its
+  // layers and the next stage's endpoint; the last stage's reply is the request's prefill reply. A failed stage
+  // settles the request at once as a failed prefill does (the stage aborted the decode reservation; decode_release
+  // tells whether the client heard it, else the request is placed again); the later stages' replies then find it
+  // settled and are dropped.
+  void dispatch_stages(Flight& f, proto::PrefillJobRequest job) {
+    const std::string id = job.request_id;
+    const std::vector<StageEstimate>& stages = f.decision.stages;
+    std::vector<std::string> endpoints;
+    for (const StageEstimate& st : stages) {
+      const Instance* inst = sched_->cluster().find(st.instance_id);
+      if (inst == nullptr) {
+        // Gone between the decision and the reservation: as for a lead that died then.
+        return release_then_decide(id, st.instance_id, "left the cluster before its pipeline stage was sent");
+      }
+      endpoints.push_back(inst->info.endpoint);
+    }
+    answer(f, reply_of(f.decision));
+    metrics_.counter("mc_conductor_dispatched_total", "requests dispatched to a prefill instance").inc();
+    metrics_.counter("mc_conductor_pipelined_total", "requests dispatched as a pipelined prefill group").inc();
+    job.chunk_tokens = sched_->config().pipeline.chunk_tokens;
+    job.stage_count = static_cast<int64_t>(stages.size());
+    // The last stage first: its job is queued (waiting for chunks) before the first chunk can reach it.
+    for (size_t k = stages.size(); k-- > 0;) {
+      proto::PrefillJobRequest sj = job;
+      sj.stage_index = static_cast<int64_t>(k);
+      sj.stage_first_layer = stages[k].first_layer;
+      sj.stage_layers = stages[k].layers;
+      sj.next_stage_endpoint = k + 1 < stages.size() ? endpoints[k + 1] : "";
+      const bool last = k + 1 == stages.size();
+      calls_.call<proto::PrefillJobRequest>(
+          endpoints[k], sj, options_.job_timeout_ms,
+          [this, id, attempt = f.attempt, last, stage_id = stages[k].instance_id](Result<proto::PrefillJobReply> r) {
+            const Flight* g = current(id, attempt);
+            if (g == nullptr || g->stage != Stage::kPrefilling) return;
+            if (r.is_ok() && !last) {
+              sched_->on_stage_done(stage_id, id);
+              return;
+            }
+            if (last || stage_id == g->decision.prefill_id) return on_prefill_reply(id, std::move(r));
+            // A failed stage other than the lead (whose failure on_prefill_reply handles as any prefill's).
+            metrics_.counter("mc_conductor_prefill_failed_total", "prefill jobs that failed or timed out").inc();
+            MC_LOG_WARN << "request '" << id << "': pipeline stage on " << stage_id
+                        << " failed: " << r.status().message();
+            const bool lost = transport_failure(r.status()) && !draining(stage_id);
+            PrefillReport rep;
+            rep.request_id = id;
+            rep.instance_id = g->decision.prefill_id;
+            rep.ok = false;
+            sched_->on_prefill_done(rep);
+            release_then_decide(id, stage_id, "failed its pipeline stage (" + r.status().message() + ")");
+            if (lost) on_instance_lost(stage_id, "did not answer prefill_job (" + r.status().message() + ")");
+          });
+    }
   }
 
   void on_prefill_reply(const std::string& id, Result<proto::PrefillJobReply> res) {
@@ -719,6 +776,10 @@ class Conductor {
     const double scale = options_.time_scale;
     rep.prefill_ms = static_cast<double>(l.prefill_ms) * scale;
     if (l.prefill_ms < 0) rep.prefill_ms = -1;  // not measured: the refit ignores it
+    // A pipeline's span (the last stage's, waits included) is no sample of one instance's pass, and its fetch was
+    // the last stage's share: neither refits anything (scheduler.hpp on_stage_done).
+    const bool pipelined = !f.decision.stages.empty();
+    if (pipelined) rep.prefill_ms = -1;
     // Absurd phase times (issue 17 item 5) refit nothing and are not counted as a TTFT.
     bool sane = true;
     for (int64_t part : {l.queue_ms, l.fetch_ms, l.prefill_ms, l.kv_tail_ms}) {
@@ -738,13 +799,13 @@ class Conductor {
     auto model_bytes = [&](int64_t tokens) {
       return tokens > 0 && tokens <= kMaxReportedCount ? tokens * kv_bytes_per_token : 0;
     };
-    if (sane && scale == 1.0 && l.fetch_ssd_bytes > 0 && l.fetch_ssd_us > 0 &&
+    if (sane && !pipelined && scale == 1.0 && l.fetch_ssd_bytes > 0 && l.fetch_ssd_us > 0 &&
         static_cast<double>(l.fetch_ssd_us) <= kMaxReportedMs * 1000) {
       rep.transfer_bytes[static_cast<int>(PathClass::kSsd)] = model_bytes(l.hit_tokens_ssd);
       rep.transfer_ns[static_cast<int>(PathClass::kSsd)] = l.fetch_ssd_us * 1'000;
     }
     const int64_t fetch_us = l.fetch_us > 0 ? l.fetch_us : l.fetch_ms * 1'000;
-    if (sane && scale == 1.0 && l.fetch_bytes > 0 && fetch_us > 0 &&
+    if (sane && !pipelined && scale == 1.0 && l.fetch_bytes > 0 && fetch_us > 0 &&
         static_cast<double>(fetch_us) <= kMaxReportedMs * 1000 && l.fetch_ssd_bytes == 0) {
       const bool local = l.hit_tokens_local > 0, remote = l.hit_tokens_remote > 0;
       if (local != remote) {
@@ -932,6 +993,14 @@ class Conductor {
       return proto::ConductorCancelReply{id, std::string(cancel_stage_name(plan.stage))};
     }
     ctx.defer();
+    // A pipelined prefill: every other stage drops its queued job too (the lead's answer decides the stage).
+    for (const StageEstimate& st : f.decision.stages) {
+      const Instance* inst = sched_->cluster().find(st.instance_id);
+      if (st.instance_id == f.decision.prefill_id || inst == nullptr) continue;
+      calls_.call<proto::PrefillCancelRequest>(inst->info.endpoint, proto::PrefillCancelRequest{id},
+                                               options_.reserve_timeout_ms,
+                                               [](const Result<proto::PrefillCancelReply>&) {});
+    }
     calls_.call<proto::PrefillCancelRequest>(
         f.prefill_endpoint, proto::PrefillCancelRequest{id}, options_.reserve_timeout_ms,
         [this, id, ctx, prefill_id = f.decision.prefill_id](Result<proto::PrefillCancelReply> r) {
@@ -1588,6 +1657,9 @@ Status apply_cost_model(ConductorOptions& options, const std::string& model_spec
       [&](int64_t n, int64_t c) { return infer::prefill_time_s(model, gpu, n, c) * 1e3; });
   options.decode_prior = decode_prior_from_cost_model(
       [&](int64_t b, int64_t t) { return infer::decode_step_time_s(model, gpu, b, t) * 1e3; });
+  // Pipelined prefill groups (DESIGN.md §18): the model's depth and what crosses a stage boundary per token.
+  options.scheduler.pipeline.model_layers = model.num_layers;
+  options.scheduler.pipeline.hidden_bytes_per_token = model.hidden_size * model.dtype_bytes;
   if (options.scheduler.kv.kv_bytes_per_token <= 0)
     options.scheduler.kv.kv_bytes_per_token = model.kv_bytes_per_token();
   return Status::ok();

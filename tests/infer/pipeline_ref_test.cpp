@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "mc/infer/backend.hpp"
@@ -300,7 +301,13 @@ TEST_P(PipelineRef, SameKvAndTokensAsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, PipelineRef,
                          ::testing::Values(Case{{4, 4}, 0}, Case{{2, 2, 2, 2}, 0}, Case{{3, 5}, 0},
-                                           Case{{1, 2, 2, 3}, 0}, Case{{5, 3}, 128}, Case{{2, 1, 3, 2}, 160}));
+                                           Case{{1, 2, 2, 3}, 0}, Case{{5, 3}, 128}, Case{{2, 1, 3, 2}, 160}),
+                         // Stable test names: "layers_4_4_cached_0" (ctest lists them; no pointer bytes).
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name = "layers";
+                           for (int64_t l : info.param.stages) name += "_" + std::to_string(l);
+                           return name + "_cached_" + std::to_string(info.param.cached);
+                         });
 
 TEST(PipelineRefErrors, BadStagesAreRefused) {
   auto b = backend();

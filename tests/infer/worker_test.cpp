@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <map>
+#include <thread>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -668,6 +670,182 @@ TEST(RpcDecodeLink, AnEndpointThatDidNotAnswerFailsFastDuringItsBackOff) {
   EXPECT_EQ(second.status().code(), Code::kUnavailable) << second.status().to_string();
   EXPECT_NE(second.status().message().find("not called again"), std::string::npos) << second.status().message();
   EXPECT_TRUE(link->reachable(gone + "-other").is_ok());  // per endpoint
+}
+
+// ---- Pipelined prefill stages (DESIGN.md §18 "Live groups") in one process ----
+
+// Decode messages go to the decode worker; a stage's hidden states to the next stage's worker.
+class StageLink final : public DecodeLink {
+ public:
+  StageLink(DecodeWorker** decode, PrefillWorker** next) : decode_(decode), next_(next) {}
+  Result<proto::KvWriteReply> write(const std::string&, const proto::KvWriteRequest& r) override {
+    return (*decode_)->kv_write(r);
+  }
+  Result<proto::KvCommitReply> commit(const std::string&, const proto::KvCommitRequest& r) override {
+    return (*decode_)->commit(r);
+  }
+  Result<proto::DecodeReleaseReply> abort(const std::string&, const proto::DecodeAbortRequest& r) override {
+    return (*decode_)->abort(r);
+  }
+  Result<proto::PrefillStageHiddenReply> stage_hidden(const std::string&,
+                                                      const proto::PrefillStageHiddenRequest& r) override {
+    MC_RETURN_IF_ERROR((*next_)->deliver_stage_hidden(r));
+    return proto::PrefillStageHiddenReply{};
+  }
+
+ private:
+  DecodeWorker** decode_;
+  PrefillWorker** next_;
+};
+
+std::unique_ptr<PrefillWorker> stage_worker(const std::string& kind, DecodeWorker** decode, PrefillWorker** next,
+                                            int64_t stage_wait_timeout_ms = 30'000) {
+  PrefillWorkerOptions p;
+  p.block_tokens = kBlock;
+  p.kv_blocks = 64;
+  p.weight_seed = 3;
+  p.allow_fault_injection = true;
+  p.stage_wait_timeout_ms = stage_wait_timeout_ms;
+  p.stage_inbox_bytes = 1 << 20;
+  return PrefillWorker::create(p, backend(kind), nullptr, std::make_unique<StageLink>(decode, next)).value();
+}
+
+proto::PrefillJobRequest stage_job(const proto::DecodeReserveReply& res, const std::string& id,
+                                   const std::vector<uint32_t>& prompt, int64_t stage, int64_t first_layer,
+                                   int64_t layers) {
+  proto::PrefillJobRequest job;
+  job.request_id = id;
+  job.tokens = prompt;
+  job.output_length_tokens = 6;
+  job.decode_endpoint = "inproc://decode";
+  job.reservation_id = res.reservation_id;
+  job.decode_block_offsets_bytes = res.block_offsets_bytes;
+  job.client_endpoint = "inproc://client";
+  job.chunk_tokens = 24;
+  job.stage_index = stage;
+  job.stage_count = 2;
+  job.stage_first_layer = first_layer;
+  job.stage_layers = layers;
+  job.next_stage_endpoint = stage == 0 ? "inproc://stage1" : "";
+  return job;
+}
+
+TEST(Workers, TwoPipelineStagesGiveTheTokensOfOneWorker) {
+  std::vector<uint32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<uint32_t>((i * 37 + 11) % 256);
+  Cluster whole("ref", false);
+  ASSERT_TRUE(whole.run("p", prompt, 6).is_ok());
+  ASSERT_EQ(whole.client["p"].tokens.size(), 6u);
+
+  Cluster c("ref", false);
+  PrefillWorker* second = nullptr;
+  auto w1 = stage_worker("ref", &c.decode_ptr, &second);
+  auto w0 = stage_worker("ref", &c.decode_ptr, &second);
+  second = w1.get();
+  auto res = c.decode->reserve({"p", 100, 6, "inproc://client", 0}).value();
+  // tiny: 4 layers, stages of 1 and 3 (uneven); chunks of 24 tokens (5 chunks).
+  Result<proto::PrefillJobReply> last = error(Code::kInternal, "not run");
+  std::thread t([&] { last = w1->run_job(stage_job(res, "p", prompt, 1, 1, 3)); });
+  auto first = w0->run_job(stage_job(res, "p", prompt, 0, 0, 1));
+  t.join();
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  EXPECT_EQ(last->first_token, whole.client["p"].tokens[0]);
+  for (int i = 0; i < 1000 && !c.decode->idle(); ++i) ASSERT_TRUE(c.decode->step().is_ok());
+  EXPECT_EQ(c.client["p"].tokens, whole.client["p"].tokens);
+  EXPECT_TRUE(c.client["p"].done.has_value());
+  EXPECT_GT(w0->metrics().counter("mc_prefill_stage_hidden_sent_bytes_total", "").value(), 0u);
+}
+
+TEST(Workers, AFailedFirstStageFailsTheNextAtOnce) {
+  std::vector<uint32_t> prompt(100, 5);
+  Cluster c("ref", false);
+  PrefillWorker* second = nullptr;
+  auto w1 = stage_worker("ref", &c.decode_ptr, &second);
+  auto w0 = stage_worker("ref", &c.decode_ptr, &second);
+  second = w1.get();
+  auto res = c.decode->reserve({"f", 100, 6, "inproc://client", 0}).value();
+  proto::PrefillJobRequest j0 = stage_job(res, "f", prompt, 0, 0, 2);
+  j0.fail_after_layers = 0;  // fails at its first layer, before any chunk left
+  Result<proto::PrefillJobReply> last = error(Code::kInternal, "not run");
+  std::thread t([&] { last = w1->run_job(stage_job(res, "f", prompt, 1, 2, 2)); });
+  EXPECT_FALSE(w0->run_job(j0).is_ok());
+  t.join();
+  ASSERT_FALSE(last.is_ok());
+  EXPECT_EQ(last.status().code(), Code::kAborted);
+  EXPECT_NE(last.status().message().find("stage 0 failed"), std::string::npos) << last.status().to_string();
+  for (int i = 0; i < 100 && !c.decode->idle(); ++i) ASSERT_TRUE(c.decode->step().is_ok());
+  ASSERT_TRUE(c.client["f"].error.has_value()) << "the client hears the failure";
+}
+
+TEST(Workers, AStageWaitsBoundedForItsPredecessor) {
+  std::vector<uint32_t> prompt(100, 5);
+  Cluster c("ref", false);
+  PrefillWorker* none = nullptr;
+  auto w1 = stage_worker("ref", &c.decode_ptr, &none, /*stage_wait_timeout_ms=*/50);
+  auto res = c.decode->reserve({"w", 100, 6, "inproc://client", 0}).value();
+  auto r = w1->run_job(stage_job(res, "w", prompt, 1, 2, 2));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), Code::kAborted);
+  EXPECT_NE(r.status().message().find("--stage-wait-timeout-ms"), std::string::npos) << r.status().to_string();
+  for (int i = 0; i < 100 && !c.decode->idle(); ++i) ASSERT_TRUE(c.decode->step().is_ok());
+  ASSERT_TRUE(c.client["w"].error.has_value());
+}
+
+TEST(Workers, StageJobsAndHiddenStatesAreValidated) {
+  std::vector<uint32_t> prompt(100, 5);
+  Cluster c("ref", false);
+  PrefillWorker* none = nullptr;
+  auto w = stage_worker("ref", &c.decode_ptr, &none);
+  // Bad stage shapes: each refused before anything runs, the reservation aborted.
+  const std::vector<std::tuple<int64_t, int64_t, int64_t, std::string>> bad = {
+      {0, 1, 3, "inproc://s"},  // stage 0 must start at layer 0
+      {1, 0, 4, ""},            // stage 1 of 2 starting at layer 0
+      {0, 0, 5, "inproc://s"},  // more layers than the model's 4
+      {1, 2, 2, "inproc://s"},  // the last stage names a next stage
+      {0, 0, 2, ""},            // stage 0 names no next stage
+  };
+  for (const auto& [stage, first, layers, next] : bad) {
+    auto res = c.decode->reserve({"b", 100, 6, "inproc://client", 0}).value();
+    proto::PrefillJobRequest j = stage_job(res, "b", prompt, stage, first, layers);
+    j.next_stage_endpoint = next;
+    auto r = w->run_job(j);
+    ASSERT_FALSE(r.is_ok()) << stage << " " << first << " " << layers;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().to_string();
+  }
+  // The sim backend runs no stages.
+  DecodeWorker* d = c.decode_ptr;
+  auto sim = stage_worker("sim", &d, &none);
+  auto res = c.decode->reserve({"s", 100, 6, "inproc://client", 0}).value();
+  auto r = sim->run_job(stage_job(res, "s", prompt, 0, 0, 2));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), Code::kUnimplemented);
+
+  // Hidden states a peer sends: sizes must match the model (tiny: hidden 64 -> 256 bytes a token).
+  proto::PrefillStageHiddenRequest m;
+  m.request_id = "x";
+  m.reservation_id = 9;
+  m.token_begin = 0;
+  m.token_end = 4;
+  m.hidden.assign(4 * 64 * 4 - 1, 0);
+  EXPECT_EQ(w->deliver_stage_hidden(m).code(), Code::kInvalidArgument);
+  m.token_end = int64_t{1} << 40;
+  EXPECT_EQ(w->deliver_stage_hidden(m).code(), Code::kInvalidArgument);
+  m.token_begin = 8;
+  m.token_end = 4;
+  EXPECT_EQ(w->deliver_stage_hidden(m).code(), Code::kInvalidArgument);
+  m.token_begin = 0;
+  m.token_end = 4;
+  m.hidden.assign(4 * 64 * 4, 0);
+  EXPECT_TRUE(w->deliver_stage_hidden(m).is_ok());
+  EXPECT_EQ(w->deliver_stage_hidden(m).code(), Code::kInvalidArgument) << "a chunk held twice";
+  m.request_id.clear();
+  EXPECT_EQ(w->deliver_stage_hidden(m).code(), Code::kInvalidArgument);
+  // The inbox bound (1 MiB here): 4,096 tokens of 256 bytes fill it, beside the 1 KiB already held.
+  m.request_id = "big";
+  m.token_end = 4096;
+  m.hidden.assign(4096 * 64 * 4, 0);
+  EXPECT_EQ(w->deliver_stage_hidden(m).code(), Code::kResourceExhausted);
 }
 
 }  // namespace

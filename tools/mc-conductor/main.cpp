@@ -37,6 +37,24 @@ int main(int argc, char** argv) {
   serve->add_flag("--no-early-reject", no_early_reject,
                   "Place requests even when they are predicted to miss their SLO (reject only impossible ones)");
   serve
+      ->add_option("--pipeline-group", o.scheduler.pipeline.group_size,
+                   "Prefill instances a long prompt may pipeline over (chunked pipeline parallelism, DESIGN.md §18; "
+                   "1: off; the instances' backend must run stages: ref)")
+      ->envname("MC_PIPELINE_GROUP")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  serve
+      ->add_option("--prefill-chunk", o.scheduler.pipeline.chunk_tokens,
+                   "Tokens of one chunk of a pipelined prefill (hidden states cross stages per chunk)")
+      ->envname("MC_PREFILL_CHUNK")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16777216));
+  serve
+      ->add_option("--pipeline-reserve-factor", o.scheduler.pipeline.reserve_factor,
+                   "Instances about free needed to form a group, as a multiple of its size (1: the members only)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 64.0));
+  serve
       ->add_option("--overload-queue-ms", o.scheduler.overload_queue_ms,
                    "Queue (ms) above which a prefix holder counts as overloaded (hot-prefix replication)")
       ->capture_default_str();

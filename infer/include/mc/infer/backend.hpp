@@ -136,6 +136,9 @@ class Backend {
     return error(Code::kUnimplemented, "backend '" + kind() + "' does not run chunked-pipeline prefill stages");
   }
 
+  // Whether prefill_stage() is implemented (a prefill instance refuses stage jobs otherwise).
+  virtual bool runs_stages() const { return false; }
+
   // The KvLayout a buffer for this backend needs at `block_size` tokens per block.
   KvLayout kv_layout(int64_t block_size) const {
     return KvLayout{model().num_layers, block_size, kv_bytes_per_token_layer()};

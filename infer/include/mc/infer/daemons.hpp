@@ -72,8 +72,10 @@ struct PrefillDaemonConfig {
   bool kv_engine = true;  // write KV through the transfer engine when the decode instance publishes a segment
   bool allow_fault_injection = false;
   ConductorOptions conductor;
-  std::string metrics_listen;    // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
-  int64_t drain_timeout_s = 30;  // --drain-timeout-s: how long SIGTERM's drain lets held work finish
+  std::string metrics_listen;             // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
+  int64_t drain_timeout_s = 30;           // --drain-timeout-s: how long SIGTERM's drain lets held work finish
+  int64_t stage_wait_timeout_ms = 30000;  // --stage-wait-timeout-ms (pipelined prefill, DESIGN.md §18)
+  uint64_t stage_inbox_bytes = uint64_t{512} << 20;  // --stage-inbox-bytes
 };
 void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& config);
 Status run_prefill_daemon(const PrefillDaemonConfig& config);

@@ -34,7 +34,10 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -63,6 +66,11 @@ class DecodeLink {
   // kUnavailable (naming the endpoint and the last failure) while `endpoint` is known not to answer: a call to
   // it failed on transport within its back-off (1 s doubling to 8 s); its calls fail the same way meanwhile.
   virtual Status reachable(const std::string& /*endpoint*/) { return Status::ok(); }
+  // Pipelined prefill (DESIGN.md §18 "Live groups"): one chunk's hidden states to the next stage's mc-prefill.
+  virtual Result<proto::PrefillStageHiddenReply> stage_hidden(const std::string& endpoint,
+                                                              const proto::PrefillStageHiddenRequest& /*request*/) {
+    return error(Code::kUnimplemented, "this link sends no stage hidden states (to " + endpoint + ")");
+  }
 };
 // One RpcClient per decode endpoint, `timeout_ms` per call.
 std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms);
@@ -75,6 +83,10 @@ struct PrefillWorkerOptions {
   bool allow_fault_injection = false;     // honour PrefillJobRequest::fail_after_layers (tests)
   bool kv_engine = true;                  // WRITE KV through a transfer engine to decode instances with a segment
   int64_t kv_transfer_timeout_ms = 5000;  // deadline of one layer's WRITEs (engine request timeout)
+  // Pipelined prefill (DESIGN.md §18 "Live groups"): how long a stage job waits for its previous stage's next chunk
+  // before it fails (its reservation aborted), and the most hidden-state bytes held for stage jobs not yet asking.
+  int64_t stage_wait_timeout_ms = 30000;
+  int64_t stage_inbox_bytes = int64_t{512} << 20;
 };
 
 class PrefillWorker {
@@ -102,6 +114,12 @@ class PrefillWorker {
   const PrefillWorkerOptions& options() const { return options_; }
   // Measured prefill rate (computed tokens per second, moving average); 0 before the first job.
   double measured_tokens_per_s() const { return tokens_per_s_.load(); }
+  // A chunk's hidden states from the previous stage of a pipelined prefill (prefill_stage_hidden), held until the
+  // stage job of that request asks for them. kInvalidArgument for a malformed message (sizes not matching this
+  // model's hidden_size, a token range outside its context, a chunk already held), kResourceExhausted past
+  // stage_inbox_bytes. Messages nobody asked for expire after 2 x stage_wait_timeout_ms. Thread-safe, never blocks.
+  Status deliver_stage_hidden(proto::PrefillStageHiddenRequest message);
+
   // The job whose prefix fetch is running now and for how long (ns), for the heartbeat: a fetch still running
   // bounds its path's bandwidth before it reports (DESIGN.md §16 "Bandwidth decides, live"). {"", 0} when none.
   // Thread-safe.
@@ -113,6 +131,23 @@ class PrefillWorker {
   void abort_reservation(const proto::PrefillJobRequest& job, const Status& why);  // decode_abort, logged
   Result<proto::PrefillJobReply> run_job_inner(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
                                                proto::RequestLedger& ledger);
+  // Stage jobs (job.is_stage()): one stage of a pipelined prefill, DESIGN.md §18 "Live groups".
+  Result<proto::PrefillJobReply> run_stage_inner(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
+                                                 proto::RequestLedger& ledger);
+  Status validate_stage(const proto::PrefillJobRequest& job) const;
+  // Waits (stage_wait_timeout_ms at most, ended by abort_jobs) for chunk `chunk` of the job's previous stage.
+  Result<proto::PrefillStageHiddenRequest> take_stage_hidden(const proto::PrefillJobRequest& job, int64_t chunk);
+  void drop_stage_hidden(const proto::PrefillJobRequest& job);  // what is still held for the job
+  // Reads the first `want` prompt blocks from the cache into `blocks` (step 1 of run_job), fills the ledger's fetch
+  // fields, and returns how many leading blocks arrived.
+  int64_t fetch_prefix(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
+                       const std::vector<uint64_t>& hashes, const KeyNamespace& ns, int64_t want,
+                       proto::RequestLedger& ledger);
+  // Moves one layer's KV of prompt blocks [first, end) to the job's decode reservation (a transfer-engine WRITE, or
+  // a kv_write RPC when decode publishes no segment) and returns the bytes moved; `target` names where.
+  using KvSend = std::function<Result<int64_t>(int64_t layer, int64_t first, int64_t end)>;
+  Result<KvSend> kv_sender(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
+                           std::string& target);
   Status write_layer_engine(const proto::PrefillJobRequest& job, transfer::SegmentHandle segment,
                             const std::string& segment_name, const std::vector<int32_t>& blocks, int64_t layer,
                             int64_t first, int64_t end);
@@ -132,6 +167,16 @@ class PrefillWorker {
   std::string fetch_request_id_;                      // guarded by fetch_mu_: the job fetching its prefix now
   int64_t fetch_start_ns_ = 0;                        // guarded by fetch_mu_
   std::unique_ptr<transfer::TransferEngine> engine_;  // initiator only (no segment served); null: kv_engine off
+  // Hidden states held for stage jobs, by (request id, reservation id) then chunk (guarded by stage_mu_).
+  struct HeldChunk {
+    proto::PrefillStageHiddenRequest message;
+    int64_t received_ns = 0;
+  };
+  std::mutex stage_mu_;
+  std::condition_variable stage_cv_;
+  std::map<std::pair<std::string, uint64_t>, std::map<int64_t, HeldChunk>> stage_inbox_;
+  std::map<std::pair<std::string, uint64_t>, std::string> stage_failed_;  // a previous stage's failure, by job
+  int64_t stage_inbox_bytes_ = 0;
 };
 
 struct PrefillServeOptions {

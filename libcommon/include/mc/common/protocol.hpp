@@ -946,9 +946,49 @@ struct PrefillJobRequest {
   std::string lora_name{};
   std::string lora_version{};
   std::string salt{};
+  // Chunked pipeline parallelism (DESIGN.md §18 "Live groups"). stage_layers > 0 makes this job stage stage_index
+  // of a group of stage_count prefill instances: it computes the model's layers [stage_first_layer,
+  // stage_first_layer + stage_layers) over the prompt's new tokens in chunks of chunk_tokens (the worker's when 0),
+  // streams those layers' KV into the decode reservation like a whole prefill, and (all but the last stage) sends
+  // each chunk's hidden states to next_stage_endpoint (prefill_stage_hidden). Stage 0 fetches the prefix and fixes
+  // how many tokens are cached; the others learn it from its first chunk. Only the last stage commits at decode.
+  // stage_layers 0: a whole prefill (every field below ignored).
+  int64_t stage_first_layer = 0;
+  int64_t stage_layers = 0;
+  int64_t stage_index = 0;
+  int64_t stage_count = 1;
+  std::string next_stage_endpoint{};
+  bool is_stage() const { return stage_layers > 0; }
   MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
                      reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
-                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant);
+                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant,
+                     stage_first_layer, stage_layers, stage_index, stage_count, next_stage_endpoint);
+};
+
+// Stage s -> stage s+1 of a pipelined prefill (DESIGN.md §18 "Live groups"): the hidden states of one chunk after
+// stage s's last layer, (token_end - token_begin) rows of hidden_size fp32 values, little-endian, row per token.
+// The receiver holds them (bounded: --stage-inbox-bytes) until its stage job of (request_id, reservation_id) asks
+// for chunk chunk_index; chunk 0's token_begin is the prompt's cached tokens (stage 0 decided them). A sender
+// drains its own KV stream to decode before it sends the last chunk, so when the last stage commits every earlier
+// stage's layers have landed. Refused (kInvalidArgument, kResourceExhausted) when malformed or over the bound.
+struct PrefillStageHiddenReply {
+  bool held = true;
+  MSGPACK_DEFINE_MAP(held);
+};
+struct PrefillStageHiddenRequest {
+  static constexpr const char* kType = "prefill_stage_hidden";
+  using Reply = PrefillStageHiddenReply;
+  std::string request_id;
+  uint64_t reservation_id = 0;
+  int64_t chunk_index = 0;
+  int64_t token_begin = 0;
+  int64_t token_end = 0;
+  bool last_chunk = false;
+  std::vector<uint8_t> hidden;  // msgpack bin: (token_end - token_begin) x hidden_size x 4 bytes
+  // Non-empty: stage s failed (this says why; it aborted the decode reservation) and sends no more chunks: the
+  // receiver's stage job fails at once instead of waiting out --stage-wait-timeout-ms. hidden is then empty.
+  std::string failed{};
+  MSGPACK_DEFINE_MAP(request_id, reservation_id, chunk_index, token_begin, token_end, last_chunk, hidden, failed);
 };
 
 struct WorkerLoadReply {

@@ -3,6 +3,7 @@
 // on its own thread. Thread-safety: get() from any thread.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,8 @@ namespace mc::testkit {
 
 struct Stream {
   int64_t tokens = 0;
+  std::map<int64_t, uint32_t> values;  // token by index (index 0: the first token, from prefill)
+  int64_t first_token_ns = 0;          // steady clock when index 0 arrived here (0: not yet)
   bool done = false;
   std::optional<proto::RequestError> error;
 };
@@ -33,7 +36,14 @@ class ClientEndpoint {
     server_ = rpc::RpcServer::bind(o).value();
     server_->handle<proto::TokenEvent>([this](const proto::TokenEvent& e, const auto&) -> Result<proto::ClientAck> {
       std::lock_guard lock(mu_);
-      ++streams_[e.request_id].tokens;
+      Stream& st = streams_[e.request_id];
+      ++st.tokens;
+      if (st.values.size() < 65536) st.values[e.index] = e.token;
+      if (e.index == 0 && st.first_token_ns == 0) {
+        st.first_token_ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                .count();
+      }
       return proto::ClientAck{true};
     });
     server_->handle<proto::RequestDone>([this](const proto::RequestDone& d, const auto&) -> Result<proto::ClientAck> {

@@ -1,0 +1,261 @@
+// A pipelined prefill group live (issue 22 item 1, DESIGN.md §18 "Live groups"): mc-conductor with
+// --pipeline-group 2, two mc-prefill instances and one mc-decode instance, all with the ref backend (a real
+// LLaMA-architecture transformer on the CPU), and a client in this test.
+//   * a long prompt is placed on a group of both prefill instances (the decision log names the two stages and their
+//     layers), each stage streams its layers' KV into the decode reservation and the first passes each chunk's
+//     hidden states to the second; the client gets the same greedy tokens as one process computing the whole
+//     prompt (the reference is computed here with the same backend, model and seed);
+//   * a short prompt (one chunk) runs on one instance;
+//   * a group whose first stage never runs (stopped with SIGSTOP): the second stage gives up after its
+//     --stage-wait-timeout-ms, aborts the decode reservation, and the client gets request_error: an accepted request
+//     ends with a terminal event.
+// Every wait is bounded (testkit::wait_until); the daemons are stopped on the way out.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mc/common/protocol.hpp"
+#include "mc/common/rpc.hpp"
+#include "mc/infer/backend.hpp"
+#include "mc/infer/kv_buffer.hpp"
+#include "mc/testkit/client_endpoint.hpp"
+#include "mc/testkit/local_cluster.hpp"
+#include "mc/testkit/process.hpp"
+#include "mc/testkit/wait.hpp"
+
+namespace mc {
+namespace {
+
+using json = nlohmann::json;
+using testkit::Child;
+using testkit::ClientEndpoint;
+using testkit::Stream;
+
+const std::string kBin = MC_BINARY_DIR "/bin/";
+constexpr int64_t kBlock = 16;
+constexpr uint64_t kSeed = 7;
+constexpr int64_t kOutput = 8;
+const char* const kModel = "small";  // 8 layers, hidden 256: stages of 4 layers
+
+std::vector<uint32_t> prompt(int64_t n, uint32_t salt) {
+  std::vector<uint32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<uint32_t>((i * 131 + salt * 7 + 3) % 1000);
+  return t;
+}
+
+// The greedy tokens one process computes: the whole prompt in one prefill, then kOutput - 1 decode steps.
+std::vector<uint32_t> reference_tokens(const std::vector<uint32_t>& tokens) {
+  infer::BackendOptions o;
+  o.kind = "ref";
+  o.model = infer::model_preset(kModel).value();
+  o.seed = kSeed;
+  o.threads = 1;
+  auto backend = infer::make_backend(o).value();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t blocks = (n + kOutput + kBlock - 1) / kBlock + 1;
+  auto kv = infer::KvBuffer::create(backend->kv_layout(kBlock), blocks).value();
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  infer::PrefillRequest pr;
+  pr.tokens = tokens;
+  pr.block_table = table;
+  auto first = backend->prefill(*kv, pr, nullptr);
+  EXPECT_TRUE(first.is_ok()) << first.status().to_string();
+  if (!first.is_ok()) return {};
+  std::vector<uint32_t> out = {first->first_token};
+  for (int64_t step = 1; step < kOutput; ++step) {
+    infer::DecodeSequence seq;
+    seq.last_token = out.back();
+    seq.position = n + step - 1;
+    seq.block_table = table;
+    std::vector<uint32_t> next;
+    EXPECT_TRUE(backend->decode_step(*kv, std::span<const infer::DecodeSequence>(&seq, 1), next).is_ok());
+    if (next.empty()) return out;
+    out.push_back(next.front());
+  }
+  return out;
+}
+
+class PipelineE2E : public ::testing::Test {
+ protected:
+  PipelineE2E() : s_("pipeline_e2e") {}
+
+  void start(const std::string& prefill1_stage_wait_ms) {
+    client_ = std::make_unique<ClientEndpoint>();
+    conductor_ = std::make_unique<Child>(std::vector<std::string>{
+        kBin + "mc-conductor", "--log-level", "warn", "serve", "--listen", "tcp://127.0.0.1:0", "--block-size",
+        std::to_string(kBlock), "--cost-model", kModel, "--slo-ttft-ms", "600000", "--slo-tbt-ms", "600000",
+        // A group of the two prefill instances (the only two: reserve factor 1), chunks of 128 tokens.
+        "--pipeline-group", "2", "--prefill-chunk", "128", "--pipeline-reserve-factor", "1",
+        // A stopped member must not be declared dead during the failure case (its stage's timeout is the test).
+        "--heartbeat-timeout-ms", "120000", "--decisions", s_.path("decisions.jsonl")});
+    conductor_ep_ = conductor_->wait_ready();
+    ASSERT_FALSE(conductor_ep_.empty()) << "mc-conductor gave no ready line";
+    auto worker = [&](const std::string& tool, const std::string& id, std::vector<std::string> extra) {
+      std::vector<std::string> argv = {kBin + tool, "--listen", "tcp://127.0.0.1:0", "--backend", "ref",
+                                       "--model",  kModel,     "--seed",   std::to_string(kSeed), "--threads", "1",
+                                       "--block-size", std::to_string(kBlock), "--kv-blocks", "512", "--conductor",
+                                       conductor_ep_, "--instance-id", id, "--log-level", "warn"};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      return std::make_unique<Child>(argv);
+    };
+    decode_ = worker("mc-decode", "decode0", {});
+    ASSERT_FALSE(decode_->wait_ready(60'000).empty()) << "mc-decode gave no ready line";
+    // Registration order is the pipeline order: prefill0 is stage 0, prefill1 stage 1.
+    prefill0_ = worker("mc-prefill", "prefill0", {"--store", "none"});
+    ASSERT_FALSE(prefill0_->wait_ready(60'000).empty()) << "mc-prefill gave no ready line";
+    prefill1_ = worker("mc-prefill", "prefill1", {"--store", "none", "--stage-wait-timeout-ms", prefill1_stage_wait_ms});
+    ASSERT_FALSE(prefill1_->wait_ready(60'000).empty()) << "mc-prefill gave no ready line";
+    auto c = rpc::RpcClient::connect(conductor_ep_);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    conductor_client_ = std::move(c).value();
+  }
+
+  void TearDown() override {
+    if (prefill0_) ::kill(prefill0_->pid(), SIGCONT);
+    client_.reset();
+    conductor_client_.reset();
+  }
+
+  Result<proto::ConductorSubmitReply> submit(const std::string& id, const std::vector<uint32_t>& tokens) {
+    proto::ConductorSubmitRequest r;
+    r.request_id = id;
+    r.tokens = tokens;
+    r.input_tokens = static_cast<int64_t>(tokens.size());
+    r.output_tokens = kOutput;
+    r.client_endpoint = client_->endpoint();
+    return conductor_client_->call(r, 60'000);
+  }
+
+  // The decision log's record of request `id` (null when absent).
+  json decision_of(const std::string& id) {
+    std::ifstream in(s_.path("decisions.jsonl"));
+    std::string line;
+    json found;
+    while (std::getline(in, line)) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("request") && j["request"].value("request_id", "") == id) found = j;
+    }
+    return found;
+  }
+
+  void warm_up() {
+    for (int64_t n : {100, 300, 600, 900}) {
+      const std::string id = "warm" + std::to_string(n);
+      auto reply = submit(id, prompt(n, static_cast<uint32_t>(n)));
+      ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+      ASSERT_TRUE(reply->accepted) << reply->reason;
+      const Stream st = wait_terminal(id, 60'000);
+      ASSERT_TRUE(st.done && !st.error.has_value()) << id;
+    }
+    // Both instances idle in the Conductor's view (their heartbeats after the last warm-up): a group forms on
+    // members about free only (DESIGN.md §18 rule (c)).
+    const bool idle = testkit::wait_until(
+        [&] {
+          auto r = conductor_client_->call(proto::ConductorStatusRequest{true}, 10'000);
+          if (!r.is_ok()) return false;
+          const json j = json::parse(r->status_json, nullptr, false);
+          int idle_prefills = 0;
+          for (const json& i : j.value("instances", json::array())) {
+            if (i.value("role", "") == "prefill" && i.value("queue_ms", 1.0) == 0.0) ++idle_prefills;
+          }
+          return idle_prefills == 2;
+        },
+        30'000, 50);
+    ASSERT_TRUE(idle) << "the Conductor did not see both prefill instances idle in 30 s";
+  }
+
+  Stream wait_terminal(const std::string& id, int64_t timeout_ms) {
+    testkit::wait_until(
+        [&] {
+          const Stream st = client_->get(id);
+          return st.done || st.error.has_value();
+        },
+        timeout_ms, 20);
+    return client_->get(id);
+  }
+
+  testkit::Scratch s_;
+  std::unique_ptr<ClientEndpoint> client_;
+  std::unique_ptr<Child> conductor_, decode_, prefill0_, prefill1_;
+  std::unique_ptr<rpc::RpcClient> conductor_client_;
+  std::string conductor_ep_;
+};
+
+std::vector<uint32_t> values(const Stream& st) {
+  std::vector<uint32_t> v;
+  for (const auto& [index, token] : st.values) v.push_back(token);
+  return v;
+}
+
+TEST_F(PipelineE2E, ALongPromptRunsOnTwoStagesAndGivesTheSingleProcessTokens) {
+  ASSERT_NO_FATAL_FAILURE(start("30000"));
+  // The Conductor's prior is a GPU's: a few single-instance prefills teach it this CPU's speed (its refit), so the
+  // group's predicted gain is the real one.
+  ASSERT_NO_FATAL_FAILURE(warm_up());
+  const std::vector<uint32_t> long_prompt = prompt(1500, 1);
+  auto reply = submit("long", long_prompt);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  ASSERT_TRUE(reply->accepted) << reply->reason;
+  const Stream st = wait_terminal("long", 120'000);
+  ASSERT_FALSE(st.error.has_value()) << st.error->message;
+  ASSERT_TRUE(st.done) << "no request_done in 120 s";
+  EXPECT_EQ(values(st), reference_tokens(long_prompt));
+
+  // The decision: a group of prefill0 (layers 0-3) then prefill1 (layers 4-7).
+  const json d = decision_of("long");
+  ASSERT_TRUE(d.contains("decision")) << "no decision logged for 'long'";
+  const json& stages = d["decision"].value("stages", json::array());
+  ASSERT_EQ(stages.size(), 2u) << d.dump();
+  EXPECT_EQ(stages[0].value("instance", ""), "prefill0") << d.dump();
+  EXPECT_EQ(stages[0].value("layers", 0), 4) << d.dump();
+  EXPECT_EQ(stages[1].value("instance", ""), "prefill1") << d.dump();
+  EXPECT_EQ(stages[1].value("first_layer", 0), 4) << d.dump();
+
+  // A one-chunk prompt is never pipelined, and its tokens are the reference's too.
+  const std::vector<uint32_t> short_prompt = prompt(100, 2);
+  reply = submit("short", short_prompt);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  ASSERT_TRUE(reply->accepted) << reply->reason;
+  const Stream s2 = wait_terminal("short", 60'000);
+  ASSERT_TRUE(s2.done && !s2.error.has_value());
+  EXPECT_EQ(values(s2), reference_tokens(short_prompt));
+  const json d2 = decision_of("short");
+  ASSERT_TRUE(d2.contains("decision")) << "no decision logged for 'short'";
+  EXPECT_FALSE(d2["decision"].contains("stages")) << d2.dump();
+}
+
+TEST_F(PipelineE2E, AStageWhosePredecessorNeverRunsEndsTheRequestWithAnError) {
+  ASSERT_NO_FATAL_FAILURE(start("1500"));
+  ASSERT_NO_FATAL_FAILURE(warm_up());
+  ASSERT_EQ(::kill(prefill0_->pid(), SIGSTOP), 0);
+  const std::vector<uint32_t> long_prompt = prompt(1500, 3);
+  auto reply = submit("orphan", long_prompt);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  ASSERT_TRUE(reply->accepted) << reply->reason;
+  const Stream st = wait_terminal("orphan", 60'000);
+  ::kill(prefill0_->pid(), SIGCONT);
+  ASSERT_TRUE(st.error.has_value()) << "no request_error in 60 s (done: " << st.done << ")";
+  EXPECT_FALSE(st.done);
+  EXPECT_NE(st.error->message.find("previous pipeline stage"), std::string::npos) << st.error->message;
+  const json d = decision_of("orphan");
+  ASSERT_TRUE(d.contains("decision"));
+  EXPECT_EQ(d["decision"].value("stages", json::array()).size(), 2u) << d.dump();
+  // The stopped stage runs its stale job once it continues; the cluster then still serves a request.
+  reply = submit("after", prompt(100, 4));
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  ASSERT_TRUE(reply->accepted) << reply->reason;
+  const Stream s2 = wait_terminal("after", 60'000);
+  EXPECT_TRUE(s2.done && !s2.error.has_value());
+}
+
+}  // namespace
+}  // namespace mc
