@@ -1038,6 +1038,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
   reg.key_kv_dtype = worker.key_namespace().kv_dtype;
   reg.key_layout = worker.key_namespace().layout;
   reg.key_seed = worker.key_namespace().seed;
+  reg.runs_pipeline_stages = worker.backend().runs_stages();
   ConductorHeartbeat heartbeat(conductor, reg, [&] {
     const proto::WorkerLoadReply l = current_load();
     proto::ConductorHeartbeatRequest hb;

@@ -1360,6 +1360,7 @@ class Conductor {
     info.endpoint = req.endpoint;
     info.backend_id = req.backend_id;
     info.kv_capacity_tokens = req.kv_capacity_tokens;
+    info.runs_pipeline_stages = req.runs_pipeline_stages;
     const Instance* old = sched_->cluster().find(req.instance_id);
     if (old == nullptr && static_cast<int64_t>(sched_->cluster().size()) >= options_.max_instances) {
       refused("register", "register '" + req.instance_id + "': " + std::to_string(options_.max_instances) +

@@ -382,8 +382,13 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   const int64_t B = config_.kv.block_size_tokens;
   // The members: the x shortest queues, kept in registration order (the pipeline order: every group's stages
   // ascend in one order, so two groups never wait on each other's stages, DESIGN.md §18).
-  std::vector<size_t> order(estimates_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // Only instances whose backend runs stages (ref live; every simulated one) can be members.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < estimates_.size(); ++i) {
+    const Instance* inst = cluster_.find(estimates_[i].instance_id);
+    if (inst != nullptr && inst->info.runs_pipeline_stages) order.push_back(i);
+  }
+  if (order.size() < x) return;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return estimates_[a].queue_ms < estimates_[b].queue_ms; });
   order.resize(x);

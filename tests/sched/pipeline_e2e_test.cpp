@@ -100,10 +100,27 @@ class PipelineE2E : public ::testing::Test {
     conductor_ep_ = conductor_->wait_ready();
     ASSERT_FALSE(conductor_ep_.empty()) << "mc-conductor gave no ready line";
     auto worker = [&](const std::string& tool, const std::string& id, std::vector<std::string> extra) {
-      std::vector<std::string> argv = {kBin + tool, "--listen", "tcp://127.0.0.1:0", "--backend", "ref",
-                                       "--model",  kModel,     "--seed",   std::to_string(kSeed), "--threads", "1",
-                                       "--block-size", std::to_string(kBlock), "--kv-blocks", "512", "--conductor",
-                                       conductor_ep_, "--instance-id", id, "--log-level", "warn"};
+      std::vector<std::string> argv = {kBin + tool,
+                                       "--listen",
+                                       "tcp://127.0.0.1:0",
+                                       "--backend",
+                                       "ref",
+                                       "--model",
+                                       kModel,
+                                       "--seed",
+                                       std::to_string(kSeed),
+                                       "--threads",
+                                       "1",
+                                       "--block-size",
+                                       std::to_string(kBlock),
+                                       "--kv-blocks",
+                                       "512",
+                                       "--conductor",
+                                       conductor_ep_,
+                                       "--instance-id",
+                                       id,
+                                       "--log-level",
+                                       "warn"};
       argv.insert(argv.end(), extra.begin(), extra.end());
       return std::make_unique<Child>(argv);
     };
@@ -112,7 +129,8 @@ class PipelineE2E : public ::testing::Test {
     // Registration order is the pipeline order: prefill0 is stage 0, prefill1 stage 1.
     prefill0_ = worker("mc-prefill", "prefill0", {"--store", "none"});
     ASSERT_FALSE(prefill0_->wait_ready(60'000).empty()) << "mc-prefill gave no ready line";
-    prefill1_ = worker("mc-prefill", "prefill1", {"--store", "none", "--stage-wait-timeout-ms", prefill1_stage_wait_ms});
+    prefill1_ =
+        worker("mc-prefill", "prefill1", {"--store", "none", "--stage-wait-timeout-ms", prefill1_stage_wait_ms});
     ASSERT_FALSE(prefill1_->wait_ready(60'000).empty()) << "mc-prefill gave no ready line";
     auto c = rpc::RpcClient::connect(conductor_ep_);
     ASSERT_TRUE(c.is_ok()) << c.status().to_string();

@@ -795,6 +795,26 @@ TEST_F(SchedulerTest, PipelineGroupForALongPromptOnIdleInstances) {
   EXPECT_EQ(busy.prefill_id, "P0");
 }
 
+// Only instances whose backend runs stages join a group (a live sim instance registers without): with one of two
+// such instances, no group of 2 forms.
+TEST_F(SchedulerTest, PipelineGroupsOnlyInstancesThatRunStages) {
+  SchedulerConfig cfg;
+  cfg.pipeline.group_size = 2;
+  cfg.pipeline.chunk_tokens = 1000;
+  cfg.pipeline.model_layers = 80;
+  cfg.pipeline.reserve_factor = 1.0;
+  cfg.policy = "kvcache";
+  auto s = make_scheduler(&clock_, cfg, kPrefill, kDecode, kBw);
+  InstanceInfo sim = prefill_info("P0", "h0");
+  sim.runs_pipeline_stages = false;
+  ASSERT_TRUE(s->register_instance(sim).is_ok());
+  ASSERT_TRUE(s->register_instance(prefill_info("P1", "h1")).is_ok());
+  ASSERT_TRUE(s->register_instance(decode_info("D0", "h2", 1'000'000)).is_ok());
+  Decision d = s->schedule(request("long", 100'000, 10, 0));
+  ASSERT_TRUE(d.accepted) << d.reason;
+  EXPECT_TRUE(d.stages.empty()) << d.reason;
+}
+
 TEST_F(SchedulerTest, PipelineOffByDefault) {
   auto s = make("kvcache");
   Decision d = s->decide(request("long", 100'000, 10, 0));

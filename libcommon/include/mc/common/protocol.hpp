@@ -1163,9 +1163,11 @@ struct ConductorRegisterRequest {
   std::string key_kv_dtype{};
   std::string key_layout{};
   uint64_t key_seed = 0;
+  // prefill: its backend runs pipeline stages (DESIGN.md §18 "Live groups"): only such instances join groups.
+  bool runs_pipeline_stages = false;
   MSGPACK_DEFINE_MAP(instance_id, role, host, endpoint, backend_id, kv_capacity_tokens, block_size_tokens,
                      key_namespace_digest, key_chain_seed, key_model_id, key_model_revision, key_kv_dtype, key_layout,
-                     key_seed);
+                     key_seed, runs_pipeline_stages);
 };
 
 struct ConductorHeartbeatReply {

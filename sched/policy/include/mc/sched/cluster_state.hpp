@@ -45,10 +45,11 @@ struct LoadReport {
 struct InstanceInfo {
   std::string id;  // unique instance name ("prefill-0")
   Role role = Role::kPrefill;
-  std::string host;                // host name: instances and segments on one host share memory bandwidth
-  std::string endpoint;            // where the Conductor dispatches jobs (opaque to the policy)
-  std::string backend_id;          // its own KV-event backend id (GPU prefix cache); empty: same as id
-  int64_t kv_capacity_tokens = 0;  // decode: KV tokens it can reserve; prefill: unused
+  std::string host;                  // host name: instances and segments on one host share memory bandwidth
+  std::string endpoint;              // where the Conductor dispatches jobs (opaque to the policy)
+  std::string backend_id;            // its own KV-event backend id (GPU prefix cache); empty: same as id
+  int64_t kv_capacity_tokens = 0;    // decode: KV tokens it can reserve; prefill: unused
+  bool runs_pipeline_stages = true;  // prefill: may be a stage of a pipelined group (DESIGN.md §18)
 };
 
 // One queued prefill job in the ledger.
