@@ -13,6 +13,8 @@
 #include "mc/common/report.hpp"
 #include "mc/replay/http_target.hpp"
 #include "mc/report/format.hpp"
+#include "mc/report/page.hpp"
+#include "mc/report/run_charts.hpp"
 
 namespace mc::replay {
 
@@ -88,7 +90,14 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
 Status run_report_command(const ReportCommand& c, std::ostream& out) {
   if (c.records_paths.empty())
     return mc::report::print_error(c.json, out, Status(Code::kInvalidArgument, "no records file given"));
+  if (c.pictures.wanted() && !(c.gpus_per_instance > 0 && c.gpus_per_instance <= 1024)) {
+    return mc::report::print_error(
+        c.json, out,
+        Status(Code::kInvalidArgument, "--gpus-per-instance must be in (0, 1024], got " +
+                                           mc::report::fixed(c.gpus_per_instance, 3)));
+  }
   std::vector<std::pair<std::string, Summary>> runs;
+  std::vector<RunRecords> pictured;
   for (const std::string& path : c.records_paths) {
     Result<std::ifstream> in = open_input_file(path, "records file", "write one with mc-trace-replay --out FILE");
     if (!in.is_ok()) return mc::report::print_error(c.json, out, in.status());
@@ -103,8 +112,18 @@ Status run_report_command(const ReportCommand& c, std::ostream& out) {
     }
     std::string label = std::filesystem::path(path).stem().string();
     runs.emplace_back(label, summarize(*records, c.summary));
+    if (c.pictures.wanted()) pictured.push_back({label, std::move(records).value(), runs.back().second, std::nullopt});
   }
   RunInfo info = mc::report::host_run_info("mc-trace-replay report");
+  if (c.pictures.wanted()) {
+    RunInfo page_info = info;
+    for (const std::string& path : c.records_paths) page_info.emplace_back("records", path);
+    RunChartOptions options;
+    options.gpus_per_instance = c.gpus_per_instance;
+    const mc::report::Page page = run_page("Run report", page_info, pictured, options);
+    Status st = mc::report::write_page(page, {c.pictures.html_path, c.pictures.svg_dir, {}});
+    if (!st.is_ok()) return mc::report::print_error(c.json, out, st);
+  }
   if (runs.size() == 1) {
     info.emplace_back("records", c.records_paths.front());
     if (c.json) {
