@@ -114,7 +114,11 @@ void write_chart(std::ostringstream& g, const Chart& c, size_t index) {
   if (!c.categories.empty()) {
     g << "set xtics (";
     for (size_t i = 0; i < c.categories.size(); ++i) g << (i ? ", " : "") << gp_string(c.categories[i]) << " " << i;
-    g << ")\nset xrange [-0.6:" << num(static_cast<double>(c.categories.size()) - 0.4) << "]\n";
+    g << ")\n";
+    bool two_lines = false;
+    for (const std::string& cat : c.categories) two_lines |= cat.find('\n') != std::string::npos;
+    if (two_lines) g << "set bmargin 5\n";
+    g << "set xrange [-0.6:" << num(static_cast<double>(c.categories.size()) - 0.4) << "]\n";
     g << "set grid noxtics\nset boxwidth " << num(bar_w * 0.92) << " absolute\nset style fill solid 0.85 border "
       << "lc rgb '#333333'\n";
   }
