@@ -71,6 +71,7 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
   opt.reader = c.input.reader_options();
   opt.window = c.input.window;
   opt.capacity_tokens = c.capacity_tokens;
+  opt.keep_samples = c.pictures.wanted();
   auto a = analyze(**reader, opt);
   if (!a.is_ok()) return mc::report::print_error(c.json, out, a.status());
   if (a->requests == 0)
@@ -79,6 +80,11 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
   RunInfo info = mc::report::host_run_info("mc-trace-replay analyze");
   add_window_info(info, c.input, (*reader)->stats());
   info.emplace_back("block_size", std::to_string(c.input.trace_block_size));
+  if (c.pictures.wanted()) {
+    Status st = mc::report::write_page(analyze_page(*a, info, c.input.trace_block_size),
+                                       {c.pictures.html_path, c.pictures.svg_dir, {}});
+    if (!st.is_ok()) return mc::report::print_error(c.json, out, st);
+  }
   if (c.json) {
     out << to_json(*a, info).dump(2) << "\n";
   } else {
