@@ -259,6 +259,19 @@ int64_t Chart::points() const {
   return n;
 }
 
+bool drop_zero_bars(Chart& chart) {
+  bool dropped = false;
+  for (Series& s : chart.series) {
+    if (s.style != SeriesStyle::kBars) continue;
+    const size_t before = s.points.size();
+    std::erase_if(s.points, [](const std::pair<double, double>& p) { return p.second == 0; });
+    dropped |= s.points.size() != before;
+  }
+  std::erase_if(chart.series, [](const Series& s) { return s.points.empty(); });
+  if (dropped) chart.caption += " A missing bar is 0.";
+  return dropped;
+}
+
 std::string chart_text(std::string_view text) {
   std::string out;
   for (size_t i = 0; i < text.size() && out.size() < kMaxText; ++i) {

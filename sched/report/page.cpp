@@ -1,5 +1,6 @@
 #include "mc/report/page.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -77,7 +78,19 @@ std::string inline_svg(std::string_view svg, std::string_view id) {
     replace_all(s, "#" + std::string(name), "#" + p + std::string(name));
   }
   replace_all(s, "id=\"gnuplot_canvas\"", "id=\"" + p + "gnuplot_canvas\"");
-  replace_all(s, "id=\"gnuplot_plot_", "id=\"" + p + "gnuplot_plot_");
+  // A plot group appears twice when the key is opaque (the key's samples are drawn again on top): the second of
+  // each becomes "<id>-gnuplot_key_N", so ids stay unique.
+  std::vector<std::string> seen;
+  const std::string group = "id=\"gnuplot_plot_";
+  for (size_t at = s.find(group); at != std::string::npos; at = s.find(group, at + 1)) {
+    const size_t end = s.find('"', at + group.size());
+    if (end == std::string::npos) break;
+    const std::string n = s.substr(at + group.size(), end - at - group.size());
+    const bool again = std::find(seen.begin(), seen.end(), n) != seen.end();
+    if (!again) seen.push_back(n);
+    const std::string renamed = "id=\"" + p + (again ? "gnuplot_key_" : "gnuplot_plot_") + n + "\"";
+    s.replace(at, end + 1 - at, renamed);
+  }
   const size_t start = s.find_first_not_of(" \r\n");
   return start == std::string::npos ? std::string() : s.substr(start);
 }

@@ -209,6 +209,7 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
   std::vector<Chart> charts;
   if (runs.empty()) return charts;
   auto keep = [&](Chart c, const std::string& why_empty) {
+    mc::report::drop_zero_bars(c);
     cap_series(c, options.max_series, notes);
     if (c.series.empty()) {
       notes.push_back("No chart '" + c.title + "': " + why_empty + ".");

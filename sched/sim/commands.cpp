@@ -211,6 +211,7 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
                               std::to_string(opt.cluster.decode_instances) + "D";
     report::Page page = replay::run_page("mc-sim: simulated run", info, {run_records(label, result)}, {});
     report::Chart u = utilization_chart(result, "utilization");
+    report::drop_zero_bars(u);
     if (!u.series.empty()) page.charts.push_back(std::move(u));
     MC_RETURN_IF_ERROR(report::write_page(page, {cmd.html_path, cmd.svg_dir, {}}));
   }

@@ -96,6 +96,7 @@ TEST(HtmlReportSeries, RunChartsOfTwoRuns) {
   on[0].ledger.prefill_ms = 40;
   on[0].ledger.prompt_tokens = 100;
   on[0].ledger.hit_tokens_local = 50;
+  on[0].ledger.avoided_prefill_tokens = 50;
   on[0].tbt = TbtStats{2, 10, 12, 12};
   RequestRecord rejected;
   rejected.request_id = "3";

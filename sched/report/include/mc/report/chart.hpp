@@ -6,7 +6,8 @@
 //
 // Every data point is drawn as one SVG element, so a browser test can count them: a point of a kPoints or
 // kLinesPoints series is one <use> of a gnuplot point symbol, a bar of a kBars series one <polygon>; each series is
-// the group <g id="gnuplot_plot_N"> and has one more such element, its sample in the key.
+// the group <g id="gnuplot_plot_N"> and has one more such element, its sample in the key (drawn again in a second
+// group of the same id, as the key is opaque; page.hpp renames it).
 //
 // Text that reaches gnuplot (titles, labels, category names, which may come from record files) is reduced to a
 // plain character set (chart_text) and single-quoted; numbers are written by us. Nothing read from a file can
@@ -53,6 +54,10 @@ struct Chart {
   std::vector<Series> series;
   int64_t points() const;  // all series' points
 };
+
+// gnuplot draws no bar of height 0, so a browser could not find it: bars of value 0 are left out of kBars series
+// (a series left with none goes), and the caption says that a missing bar is 0. Returns whether any was left out.
+bool drop_zero_bars(Chart& chart);
 
 // `text` reduced to what chart text may contain: letters, digits, space and . , : ; ( ) [ ] + - _ / % * ~ !
 // ? and the few UTF-8 signs our labels use (≤ ≥ µ ×); anything else becomes '_'; at most 120 bytes.

@@ -4,7 +4,8 @@
 //
 // Each chart is <figure class="chart" id="chart-ID" data-chart="ID" data-series="S" data-points="N"
 // data-series-points="n1,n2,..."> holding the SVG, so a browser test can check that every series has its points
-// (chart.hpp says how points are drawn). Ids inside an SVG are prefixed with the chart's id (gnuplot names its
+// (chart.hpp says how points are drawn): series N's points are in the group "<id>-gnuplot_plot_N", its key sample in
+// "<id>-gnuplot_key_N". Ids inside an SVG are prefixed with the chart's id (gnuplot names its
 // symbols alike in every SVG). Every string from outside (run names, file names, instance names) is escaped.
 // Thread-safety: page_html is pure; write_page runs gnuplot (render_svg) and writes files.
 #pragma once
@@ -32,7 +33,8 @@ struct Page {
 // `text` with & < > " ' as character references.
 std::string html_escape(std::string_view text);
 // The SVG of chart `id` ready to sit inside HTML: the XML prolog dropped, gnuplot's ids and references prefixed
-// with "<id>-".
+// with "<id>-"; the second group of a series (its key sample, drawn again over the plot for an opaque key) is
+// "<id>-gnuplot_key_N", the first "<id>-gnuplot_plot_N".
 std::string inline_svg(std::string_view svg, std::string_view id);
 
 // The page, with svgs[i] the drawing of page.charts[i] (as render_svg returns them).
