@@ -226,8 +226,8 @@ done
 html="${html:-$build_dir/main-job/report.html}"
 if command -v gnuplot >/dev/null 2>&1 || [[ -n "${MC_GNUPLOT:-}" ]]; then
   mkdir -p "$(dirname "$html")"
-  if "$bin/mc-trace-replay" report "${summaries[@]}" ${slo[@]+"${slo[@]}"} --html "$html" \
-       --gpus-per-instance "$(node .gpu_count)" --log-level warn > /dev/null; then
+  if "$bin/mc-trace-replay" --log-level warn report "${summaries[@]}" ${slo[@]+"${slo[@]}"} --html "$html" \
+       --gpus-per-instance "$(node .gpu_count)" > /dev/null; then
     echo "replay-conversation.sh: HTML report: $html" >&2
   else
     echo "replay-conversation.sh: no HTML report: mc-trace-replay report --html failed (see above)" >&2

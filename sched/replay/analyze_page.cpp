@@ -31,18 +31,17 @@ mc::report::Page analyze_page(const TraceAnalysis& a, const RunInfo& info, int64
                   mc::report::fixed(a.arrival_rate_rps, 2) + " req/s); blocks of " + std::to_string(block_size) +
                   " tokens. No cluster: what the trace itself allows.";
   page.info = info;
-  page.table = {{"figure", "value"},
-                {"requests", std::to_string(a.requests)},
-                {"input tokens, mean / p90", a.input_tokens ? mc::report::fixed(a.input_tokens->mean, 0) + " / " +
-                                                                  mc::report::fixed(a.input_tokens->p90, 0)
-                                                            : "-"},
-                {"output tokens, mean / p90", a.output_tokens ? mc::report::fixed(a.output_tokens->mean, 0) + " / " +
-                                                                    mc::report::fixed(a.output_tokens->p90, 0)
-                                                              : "-"},
-                {"hit ratio, infinite cache (% of tokens, complete blocks)",
-                 mc::report::pct(a.infinite.tokens_full_blocks)},
-                {"hit ratio, infinite cache, earlier arrivals only (%)",
-                 mc::report::pct(a.infinite_earlier.tokens_full_blocks)}};
+  page.table = {
+      {"figure", "value"},
+      {"requests", std::to_string(a.requests)},
+      {"input tokens, mean / p90",
+       a.input_tokens ? mc::report::fixed(a.input_tokens->mean, 0) + " / " + mc::report::fixed(a.input_tokens->p90, 0)
+                      : "-"},
+      {"output tokens, mean / p90", a.output_tokens ? mc::report::fixed(a.output_tokens->mean, 0) + " / " +
+                                                          mc::report::fixed(a.output_tokens->p90, 0)
+                                                    : "-"},
+      {"hit ratio, infinite cache (% of tokens, complete blocks)", mc::report::pct(a.infinite.tokens_full_blocks)},
+      {"hit ratio, infinite cache, earlier arrivals only (%)", mc::report::pct(a.infinite_earlier.tokens_full_blocks)}};
 
   Chart curve;
   curve.id = "capacity_curve";
@@ -115,9 +114,10 @@ mc::report::Page analyze_page(const TraceAnalysis& a, const RunInfo& info, int64
   }
   for (Chart& c : page.charts) {
     if (c.id == "capacity_curve") {
-      c.caption = "The share of prompt tokens an LRU prefix cache of each size would serve from cache (--capacity-"
-                  "tokens gives the sizes), against an infinite cache and the infinite cache when a request reuses "
-                  "only blocks of strictly earlier arrivals (what a live replay can reach).";
+      c.caption =
+          "The share of prompt tokens an LRU prefix cache of each size would serve from cache (--capacity-"
+          "tokens gives the sizes), against an infinite cache and the infinite cache when a request reuses "
+          "only blocks of strictly earlier arrivals (what a live replay can reach).";
     } else if (c.id == "lengths") {
       c.caption = "Empirical CDFs of the prompt and output lengths of the window's requests.";
     }

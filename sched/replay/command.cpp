@@ -97,10 +97,9 @@ Status run_report_command(const ReportCommand& c, std::ostream& out) {
   if (c.records_paths.empty())
     return mc::report::print_error(c.json, out, Status(Code::kInvalidArgument, "no records file given"));
   if (c.pictures.wanted() && !(c.gpus_per_instance > 0 && c.gpus_per_instance <= 1024)) {
-    return mc::report::print_error(
-        c.json, out,
-        Status(Code::kInvalidArgument, "--gpus-per-instance must be in (0, 1024], got " +
-                                           mc::report::fixed(c.gpus_per_instance, 3)));
+    return mc::report::print_error(c.json, out,
+                                   Status(Code::kInvalidArgument, "--gpus-per-instance must be in (0, 1024], got " +
+                                                                      mc::report::fixed(c.gpus_per_instance, 3)));
   }
   std::vector<std::pair<std::string, Summary>> runs;
   std::vector<RunRecords> pictured;

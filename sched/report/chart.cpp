@@ -88,8 +88,7 @@ Status check_chart(const Chart& c) {
       }
       if (s.style == SeriesStyle::kBars &&
           (x < 0 || x >= static_cast<double>(c.categories.size()) || x != std::floor(x))) {
-        return error(Code::kInvalidArgument,
-                     what + ": series '" + s.title + "': a bar's x must be a category index");
+        return error(Code::kInvalidArgument, what + ": series '" + s.title + "': a bar's x must be a category index");
       }
     }
   }
@@ -222,8 +221,8 @@ Result<ChildResult> run_child(const std::vector<std::string>& argv, const std::s
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   bool timed_out = false;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
-                          .count();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
     if (left <= 0) {
       timed_out = true;
       break;
@@ -322,8 +321,9 @@ Result<std::string> find_gnuplot(const std::string& configured) {
     const char* env = std::getenv("MC_GNUPLOT");
     if (env != nullptr && *env != '\0') name = env;
   }
-  const std::string remedy = "install it with `apt-get install gnuplot-nox` (tools/install-deps.sh does), or set "
-                             "MC_GNUPLOT to its path";
+  const std::string remedy =
+      "install it with `apt-get install gnuplot-nox` (tools/install-deps.sh does), or set "
+      "MC_GNUPLOT to its path";
   if (name.empty()) {
     std::string found = search_path("gnuplot");
     if (found.empty()) {
@@ -375,8 +375,8 @@ Result<std::vector<std::string>> render_svg(const std::vector<Chart>& charts, co
   for (const Chart& c : charts) {
     auto svg = read_file(dir.path + "/" + c.id + ".svg");
     if (!svg.is_ok()) {
-      return error(Code::kInternal, "gnuplot drew no " + c.id + ".svg: " + svg.status().message() + "; it said: " +
-                                        (child.err.empty() ? std::string("(nothing)") : child.err));
+      return error(Code::kInternal, "gnuplot drew no " + c.id + ".svg: " + svg.status().message() +
+                                        "; it said: " + (child.err.empty() ? std::string("(nothing)") : child.err));
     }
     svgs.push_back(std::move(svg).value());
   }

@@ -116,8 +116,7 @@ Chart cdf_chart(const std::vector<RunRecords>& runs, const std::string& id, cons
 }  // namespace
 
 Points cdf_points(std::vector<double> values, size_t max_points) {
-  values.erase(std::remove_if(values.begin(), values.end(), [](double v) { return !std::isfinite(v); }),
-               values.end());
+  values.erase(std::remove_if(values.begin(), values.end(), [](double v) { return !std::isfinite(v); }), values.end());
   Points out;
   if (values.empty() || max_points == 0) return out;
   std::sort(values.begin(), values.end());
@@ -255,17 +254,21 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
         thinned = true;
       }
       if (!done.empty()) {
-        c.series.push_back(make_series(series_name(runs, i, "completed"), SeriesStyle::kPoints, std::move(done), 7, 0.3, run_color(i)));
+        c.series.push_back(make_series(series_name(runs, i, "completed"), SeriesStyle::kPoints, std::move(done), 7, 0.3,
+                                       run_color(i)));
       }
       if (!rejected.empty()) {
-        c.series.push_back(make_series(series_name(runs, i, "rejected (at 0)"), SeriesStyle::kPoints, std::move(rejected), 2, 0.7, run_color(i)));
+        c.series.push_back(make_series(series_name(runs, i, "rejected (at 0)"), SeriesStyle::kPoints,
+                                       std::move(rejected), 2, 0.7, run_color(i)));
       }
       if (!failed.empty()) {
-        c.series.push_back(make_series(series_name(runs, i, "failed (at 0)"), SeriesStyle::kPoints, std::move(failed), 6, 0.7, run_color(i)));
+        c.series.push_back(make_series(series_name(runs, i, "failed (at 0)"), SeriesStyle::kPoints, std::move(failed),
+                                       6, 0.7, run_color(i)));
       }
     }
-    c.caption = "Each completed request's TTFT at its submit time (dots); rejected (×-like crosses) and failed "
-                "(circles) requests are drawn at 0 at their submit time.";
+    c.caption =
+        "Each completed request's TTFT at its submit time (dots); rejected (×-like crosses) and failed "
+        "(circles) requests are drawn at 0 at their submit time.";
     if (thinned) {
       c.caption += " More than " + std::to_string(options.max_scatter_points) +
                    " completed requests in a run: every k-th is drawn.";
@@ -277,8 +280,8 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
   for (size_t i = 0; i < runs.size(); ++i) {
     const std::string suffix = runs.size() > 1 ? "_" + std::to_string(i + 1) : "";
     const std::string of_run = runs.size() > 1 ? " (" + runs[i].label + ")" : "";
-    Chart queue = make_chart("queue" + suffix, "Prefill queue per instance" + of_run,
-                             "time (s since the run started)", "requests waiting (mean per bin)");
+    Chart queue = make_chart("queue" + suffix, "Prefill queue per instance" + of_run, "time (s since the run started)",
+                             "requests waiting (mean per bin)");
     Chart load = make_chart("load" + suffix, "Load per instance" + of_run, "time (s since the run started)",
                             "requests in flight (mean per bin)");
     std::map<std::string, std::vector<std::pair<double, double>>> waiting, prefill, decode;
@@ -294,8 +297,7 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
       }
     }
     for (const auto& [inst, iv] : waiting) {
-      queue.series.push_back(
-          make_series(inst, SeriesStyle::kLinesPoints, mean_occupancy(iv, t_end, bins), 7, 0.3, ""));
+      queue.series.push_back(make_series(inst, SeriesStyle::kLinesPoints, mean_occupancy(iv, t_end, bins), 7, 0.3, ""));
     }
     int type = 7;
     for (const auto* m : {&prefill, &decode}) {
@@ -306,19 +308,22 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
       type = 5;  // decode instances: open circles
     }
     for (Chart* c : {&queue, &load}) c->key = c->series.size() > 5 ? "outside right top" : "top right";
-    queue.caption = "Requests waiting for their prefill on each prefill instance: each request's queue time "
-                    "(ledger queue_ms) laid from its submit time, averaged over " +
-                    std::to_string(bins) + " bins of the run.";
-    load.caption = "Requests in flight on each instance: on its prefill instance (filled dots) from submit to the "
-                   "first token, on its decode instance (open circles) from the first token to the last; averaged "
-                   "over " +
-                   std::to_string(bins) + " bins.";
+    queue.caption =
+        "Requests waiting for their prefill on each prefill instance: each request's queue time "
+        "(ledger queue_ms) laid from its submit time, averaged over " +
+        std::to_string(bins) + " bins of the run.";
+    load.caption =
+        "Requests in flight on each instance: on its prefill instance (filled dots) from submit to the "
+        "first token, on its decode instance (open circles) from the first token to the last; averaged "
+        "over " +
+        std::to_string(bins) + " bins.";
     keep(std::move(queue), "no record" + of_run + " has a prefill instance with a queue time (ledger queue_ms)");
     keep(std::move(load), "no record" + of_run + " names its instances with TTFT and E2E");
   }
 
   {  // hit ratio over time
-    Chart c = make_chart("hit_time", "Prefix-cache hit ratio over the run", "submit time (s since the run started)", "prompt tokens found cached (%)");
+    Chart c = make_chart("hit_time", "Prefix-cache hit ratio over the run", "submit time (s since the run started)",
+                         "prompt tokens found cached (%)");
     c.y_max = 100;
     c.key = "top right";
     std::string absent;
@@ -332,7 +337,8 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
           if (runs.size() == 1) absent += std::string(absent.empty() ? "" : ", ") + name;
           continue;
         }
-        c.series.push_back(make_series(series_name(runs, i, name), SeriesStyle::kLinesPoints, std::move(*pts), type == 1 ? 7 : (type == 2 ? 5 : 9), 0.4, ""));
+        c.series.push_back(make_series(series_name(runs, i, name), SeriesStyle::kLinesPoints, std::move(*pts),
+                                       type == 1 ? 7 : (type == 2 ? 5 : 9), 0.4, ""));
       }
     }
     c.caption = "Of the prompt tokens of the requests submitted in each of " + std::to_string(bins) +
@@ -350,8 +356,8 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
     bool estimated = false, exact = false;
     for (size_t i = 0; i < runs.size(); ++i) {
       c.categories.push_back(runs[i].label);
-      std::optional<GpuSeconds> g = runs[i].gpu_s ? runs[i].gpu_s : gpu_seconds(runs[i].records,
-                                                                                 options.gpus_per_instance);
+      std::optional<GpuSeconds> g =
+          runs[i].gpu_s ? runs[i].gpu_s : gpu_seconds(runs[i].records, options.gpus_per_instance);
       if (!g) continue;
       (runs[i].gpu_s ? exact : estimated) = true;
       spent.points.emplace_back(static_cast<double>(i), g->spent);
@@ -373,8 +379,7 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
   }
 
   {  // SLO attainment at each threshold
-    Chart c = make_chart("slo", "SLO attainment", "",
-                         "requests within both limits (% of offered)");
+    Chart c = make_chart("slo", "SLO attainment", "", "requests within both limits (% of offered)");
     c.y_max = 100;
     c.key = "top left";
     const std::vector<SloResult>& first = runs.front().summary.slo;
@@ -389,8 +394,9 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
       }
       if (!s.points.empty()) c.series.push_back(std::move(s));
     }
-    c.caption = "The share of offered requests that completed within both limits, at each (TTFT, TBT) pair of "
-                "--slo-ttft-ms x --slo-tbt-ms.";
+    c.caption =
+        "The share of offered requests that completed within both limits, at each (TTFT, TBT) pair of "
+        "--slo-ttft-ms x --slo-tbt-ms.";
     keep(std::move(c), "no SLO threshold given");
   }
   return charts;

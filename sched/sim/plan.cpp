@@ -336,8 +336,9 @@ report::Page plan_page(const CapacityPlan& p, double accept, double cache_fracti
     curve.series = {std::move(lru), std::move(inf), std::move(target)};
     if (p.cache_total_tokens > 0) curve.series.push_back(std::move(chosen));
   }
-  curve.caption = "The global LRU hit ratio of the trace window at each candidate capacity (--cache-candidates); "
-                  "the plan takes the smallest reaching the target share of the infinite cache's.";
+  curve.caption =
+      "The global LRU hit ratio of the trace window at each candidate capacity (--cache-candidates); "
+      "the plan takes the smallest reaching the target share of the infinite cache's.";
 
   report::Chart trials;
   trials.id = "trials";
@@ -370,11 +371,12 @@ report::Page plan_page(const CapacityPlan& p, double accept, double cache_fracti
     steps.push_back(std::move(goal));
   }
   trials.series = std::move(steps);
-  trials.caption = "Each simulation of the search (prefill count, then decode count, then NIC bandwidth, then the "
-                   "final check), by its attainment of both SLOs against --accept.";
+  trials.caption =
+      "Each simulation of the search (prefill count, then decode count, then NIC bandwidth, then the "
+      "final check), by its attainment of both SLOs against --accept.";
 
-  const std::string label = "plan " + std::to_string(p.prefill_instances) + "P+" +
-                            std::to_string(p.decode_instances) + "D";
+  const std::string label =
+      "plan " + std::to_string(p.prefill_instances) + "P+" + std::to_string(p.decode_instances) + "D";
   replay::GpuSeconds g;
   g.spent = p.final_run.totals.prefill_gpu_s;
   g.saved = p.final_run.totals.prefill_gpu_s_saved;

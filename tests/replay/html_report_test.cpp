@@ -113,8 +113,8 @@ TEST(HtmlReportSeries, RunChartsOfTwoRuns) {
   std::vector<Chart> charts = run_charts(runs, {}, notes);
   std::map<std::string, const Chart*> by_id;
   for (const Chart& c : charts) by_id[c.id] = &c;
-  for (const char* id : {"ttft_cdf", "tbt_cdf", "ttft_time", "queue_1", "load_1", "queue_2", "load_2", "hit_time",
-                         "gpu_s", "slo"}) {
+  for (const char* id :
+       {"ttft_cdf", "tbt_cdf", "ttft_time", "queue_1", "load_1", "queue_2", "load_2", "hit_time", "gpu_s", "slo"}) {
     EXPECT_TRUE(by_id.count(id)) << id;
   }
   EXPECT_EQ(by_id["ttft_cdf"]->series.size(), 2u);  // a curve per run
@@ -132,7 +132,7 @@ TEST(HtmlReportSeries, RunChartsOfTwoRuns) {
   ASSERT_EQ(slo.categories.size(), 2u);
   ASSERT_EQ(slo.series.size(), 2u);
   EXPECT_NEAR(slo.series[0].points[0].second, 100.0 / 3, 1e-9);
-  EXPECT_EQ(by_id["gpu_s"]->series.size(), 2u);  // spent, saved
+  EXPECT_EQ(by_id["gpu_s"]->series.size(), 2u);            // spent, saved
   EXPECT_EQ(by_id["gpu_s"]->series[0].points.size(), 1u);  // "off" has no prefill_ms
   // Every chart's script is valid for gnuplot_script.
   EXPECT_TRUE(mc::report::gnuplot_script(charts).is_ok());

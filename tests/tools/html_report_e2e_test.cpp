@@ -65,8 +65,8 @@ std::string base64(const std::string& in) {
   std::string out;
   size_t i = 0;
   for (; i + 2 < in.size(); i += 3) {
-    const uint32_t v = (static_cast<uint8_t>(in[i]) << 16) | (static_cast<uint8_t>(in[i + 1]) << 8) |
-                       static_cast<uint8_t>(in[i + 2]);
+    const uint32_t v =
+        (static_cast<uint8_t>(in[i]) << 16) | (static_cast<uint8_t>(in[i + 1]) << 8) | static_cast<uint8_t>(in[i + 2]);
     out += {t[(v >> 18) & 63], t[(v >> 12) & 63], t[(v >> 6) & 63], t[v & 63]};
   }
   if (i + 1 == in.size()) {
@@ -261,8 +261,8 @@ TEST_F(HtmlReportE2E, ReportOfTwoRunsAndSimPage) {
         "--out", off});
   const std::string page = (dir_ / "report.html").string();
   const std::string svg = (dir_ / "svg").string();
-  tool({"mc-trace-replay", "report", on, off, "--html", page, "--svg", svg, "--gpus-per-instance", "8",
-        "--slo-ttft-ms", "5000,30000", "--slo-tbt-ms", "100"});
+  tool({"mc-trace-replay", "report", on, off, "--html", page, "--svg", svg, "--gpus-per-instance", "8", "--slo-ttft-ms",
+        "5000,30000", "--slo-tbt-ms", "100"});
   check_page(page, 10);  // 2 CDFs, TTFT over time, 2 x (queue, load), hit ratio, GPU-s, SLO
   check_page(sim_page, 9);
   // --svg: one standalone SVG per chart.
@@ -275,8 +275,8 @@ TEST_F(HtmlReportE2E, ReportOfTwoRunsAndSimPage) {
 
 TEST_F(HtmlReportE2E, AnalyzeAndPlanPages) {
   const std::string analyze = (dir_ / "analyze.html").string();
-  tool({"mc-trace-replay", "analyze", kTrace, "--duration-s", "600", "--capacity-tokens", "300K,1M,3M,10M",
-        "--html", analyze});
+  tool({"mc-trace-replay", "analyze", kTrace, "--duration-s", "600", "--capacity-tokens", "300K,1M,3M,10M", "--html",
+        analyze});
   check_page(analyze, 3);
   const std::string plan = (dir_ / "plan.html").string();
   tool({"mc-plan", "capacity", "--trace", kTrace, "--duration-s", "60", "--max-instances", "8", "--html", plan});

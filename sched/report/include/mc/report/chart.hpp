@@ -46,8 +46,8 @@ struct Chart {
   std::string title;
   std::string x_label, y_label;  // with units: "TTFT (ms)"
   bool log_x = false, log_y = false;
-  bool y_from_zero = true;  // the y axis starts at 0 (unless log_y)
-  std::optional<double> y_max;  // e.g. 100 for percentages
+  bool y_from_zero = true;              // the y axis starts at 0 (unless log_y)
+  std::optional<double> y_max;          // e.g. 100 for percentages
   std::vector<std::string> categories;  // kBars: the x axis' labels, category i at x = i ('\n': a line break)
   std::string key = "top left";         // gnuplot key position ("bottom right", "outside right top", ...)
   std::string caption;                  // one or two sentences under it: what is drawn and how it was derived

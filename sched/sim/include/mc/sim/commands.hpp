@@ -51,7 +51,7 @@ struct SimCommand {
   std::vector<double> report_slo_ttft_ms;  // summary thresholds; empty: the cluster's SLO
   std::vector<double> report_slo_tbt_ms;
   bool progress = false;
-  bool refit = true;     // SimOptions::refit_predictors
+  bool refit = true;      // SimOptions::refit_predictors
   std::string html_path;  // --html: the run's page (mc/report/run_charts.hpp, plus instance utilisation); "": none
   std::string svg_dir;    // --svg: each chart as DIR/<chart>.svg; "": none
 };

@@ -90,7 +90,7 @@ struct CapacityPlan {
   int64_t cache_total_tokens = 0, cache_capacity_tokens = 0;  // total, per prefill instance
   int64_t cache_total_bytes = 0;
   double cache_hit_ratio = 0, cache_hit_ratio_infinite = 0;  // LRU at the chosen capacity, infinite
-  std::vector<std::pair<int64_t, double>> cache_curve;        // (total tokens, LRU hit ratio) of every candidate
+  std::vector<std::pair<int64_t, double>> cache_curve;       // (total tokens, LRU hit ratio) of every candidate
   double nic_bandwidth_bytes_per_s = 0;
   double attainment = 0;
   std::vector<CapacityTrial> trials;
