@@ -117,6 +117,7 @@ void write_chart(std::ostringstream& g, const Chart& c, size_t index) {
     bool two_lines = false;
     for (const std::string& cat : c.categories) two_lines |= cat.find('\n') != std::string::npos;
     if (two_lines) g << "set bmargin 5\n";
+    if (c.categories.size() > 6) g << "set xtics rotate by 45 right\n";  // many labels: slanted, so none overlap
     g << "set xrange [-0.6:" << num(static_cast<double>(c.categories.size()) - 0.4) << "]\n";
     g << "set grid noxtics\nset boxwidth " << num(bar_w * 0.92) << " absolute\nset style fill solid 0.85 border "
       << "lc rgb '#333333'\n";

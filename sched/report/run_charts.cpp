@@ -350,7 +350,7 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
 
   {  // GPU-seconds spent against saved
     Chart c = make_chart("gpu_s", "Prefill GPU-seconds: spent and saved by the cache", "", "GPU-seconds");
-    c.key = "top right";
+    c.key = "below";
     Series spent = make_series("spent", SeriesStyle::kBars, Points{}, 7, 0.45, "#0072b2");
     Series saved = make_series("saved by reused prefixes", SeriesStyle::kBars, Points{}, 7, 0.45, "#009e73");
     bool estimated = false, exact = false;
@@ -381,7 +381,7 @@ std::vector<Chart> run_charts(const std::vector<RunRecords>& runs, const RunChar
   {  // SLO attainment at each threshold
     Chart c = make_chart("slo", "SLO attainment", "", "requests within both limits (% of offered)");
     c.y_max = 100;
-    c.key = "top left";
+    c.key = "below";
     const std::vector<SloResult>& first = runs.front().summary.slo;
     for (const SloResult& s : first) {
       c.categories.push_back("TTFT≤" + ms_label(s.ttft_ms) + "\nTBT≤" + ms_label(s.tbt_ms));

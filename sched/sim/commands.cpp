@@ -52,7 +52,7 @@ report::Chart utilization_chart(const SimResult& r, const std::string& id) {
   c.title = "Instance utilisation";
   c.y_label = "busy (% of the run)";
   c.y_max = 100;
-  c.key = "top right";
+  c.key = "below";
   report::Series prefill, decode;
   prefill.title = "prefill (computing)";
   decode.title = "decode (stepping)";
