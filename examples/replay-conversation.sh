@@ -43,6 +43,9 @@
 #   --cluster FILE       the cluster description                        [MC_CLUSTER_FILE, examples/clusters/main-job.json]
 #   --out FILE           also keep the per-request JSONL records of the cache-on run (the cache-off run's go to
 #                        FILE with .cache-off before its extension)     [MC_OUT]
+#   --html FILE          the HTML report of the run(s): TTFT/TBT CDFs with a curve per run, TTFT over time, queues,
+#                        hit ratio, GPU-seconds, SLO attainment (needs gnuplot-nox; its path is printed on stderr)
+#                                                                       [MC_HTML, BUILD_DIR/main-job/report.html]
 #   --json               print one JSON object: the modelled node, the mode, analyze's bound and both summaries
 #   --build-dir DIR      where to build / find the binaries             [MC_BUILD_DIR, build]
 #   (MC_KEEP_LOGS=DIR    copy each run's daemon logs to DIR/cache-on and DIR/cache-off when it stops)
@@ -72,6 +75,7 @@ nic_cap="${MC_NIC_CAP_MBIT:-10000}"
 cluster_file="${MC_CLUSTER_FILE:-$here/clusters/main-job.json}"
 out="${MC_OUT:-}"
 build_dir="${MC_BUILD_DIR:-$root/build}"
+html="${MC_HTML:-}"
 json=0
 extra=()
 need() { [[ $# -ge 2 && -n "$2" ]] || { echo "replay-conversation.sh: $1 needs a value (see --help)" >&2; exit 2; }; }
@@ -90,6 +94,7 @@ while [[ $# -gt 0 ]]; do
     --nic-cap-mbit) need "$@"; nic_cap="$2"; shift 2 ;;
     --cluster) need "$@"; cluster_file="$2"; shift 2 ;;
     --out) need "$@"; out="$2"; shift 2 ;;
+    --html) need "$@"; html="$2"; shift 2 ;;
     --json) json=1; shift ;;
     --build-dir) need "$@"; build_dir="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -217,6 +222,19 @@ for ((i = 0; i < ${#extra[@]}; i++)); do
   esac
 done
 "$bin/mc-trace-replay" report "${summaries[@]}" ${slo[@]+"${slo[@]}"} --json > "$work/report.json"
+# The HTML report of the runs (one curve per run), kept after the work directory goes; gnuplot draws its charts.
+html="${html:-$build_dir/main-job/report.html}"
+if command -v gnuplot >/dev/null 2>&1 || [[ -n "${MC_GNUPLOT:-}" ]]; then
+  mkdir -p "$(dirname "$html")"
+  if "$bin/mc-trace-replay" --log-level warn report "${summaries[@]}" ${slo[@]+"${slo[@]}"} --html "$html" \
+       --gpus-per-instance "$(node .gpu_count)" > /dev/null; then
+    echo "replay-conversation.sh: HTML report: $html" >&2
+  else
+    echo "replay-conversation.sh: no HTML report: mc-trace-replay report --html failed (see above)" >&2
+  fi
+else
+  echo "replay-conversation.sh: no HTML report: gnuplot is missing (apt-get install gnuplot-nox)" >&2
+fi
 jq --argjson on "$(gpu_s "$work/cache-on.jsonl")" \
    --argjson off "$( ((cache_off)) && gpu_s "$work/cache-off.jsonl" || echo null)" \
    '{on: $on, off: $off}' -n > "$work/gpu_s.json"

@@ -2,7 +2,8 @@
 # Installs the Debian packages mc needs to build, test and benchmark (prometheus: the metrics e2e test's scraper;
 # curl and hey: the gateway's SSE framing test and its bounded load run; nftables: packet loss between namespaces;
 # libcurl4-openssl-dev: the etcd client's HTTP in mc_common; etcd-server and etcd-client: the real etcd that etcd_test
-# starts on free loopback ports, and etcdctl to look at it).
+# starts on free loopback ports, and etcdctl to look at it; gnuplot-nox: the charts of the HTML reports (--html, --svg);
+# chromium: html_report_e2e_test loads those pages headless).
 # Idempotent: packages already installed are skipped; prints what it installs.
 # Needs root or sudo. Usage: tools/install-deps.sh [--with-bench]
 set -euo pipefail
@@ -16,6 +17,7 @@ packages=(
   iproute2 nftables man-db groff-base jq curl hey
   prometheus etcd-server etcd-client
   clang-format clang-tidy
+  gnuplot-nox chromium
 )
 # Node (the official openai npm client of gateway_e2e_test, tests/clients/): Debian's nodejs and npm, unless a node
 # is already on PATH (another distribution's nodejs bundles its own npm, which Debian's npm would conflict with).

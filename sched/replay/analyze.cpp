@@ -172,6 +172,14 @@ Result<TraceAnalysis> analyze(trace::Reader& reader, const AnalyzeOptions& optio
   a.skipped_rows = reader.stats().skipped;
   a.span_s = a.last_timestamp_s - a.first_timestamp_s;
   a.arrival_rate_rps = a.span_s > 0 ? static_cast<double>(a.requests) / a.span_s : 0.0;
+  if (options.keep_samples) {
+    a.samples.input_tokens = in_len;
+    a.samples.output_tokens = out_len;
+    a.samples.arrival_s.reserve(rows.size());
+    for (const trace::Request& row : rows) {
+      a.samples.arrival_s.push_back(static_cast<double>(row.timestamp_ms) / 1000.0 - a.first_timestamp_s);
+    }
+  }
   a.input_tokens = distribution(std::move(in_len));
   a.output_tokens = distribution(std::move(out_len));
   a.blocks_per_request = distribution(std::move(blocks));

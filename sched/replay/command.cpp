@@ -13,6 +13,8 @@
 #include "mc/common/report.hpp"
 #include "mc/replay/http_target.hpp"
 #include "mc/report/format.hpp"
+#include "mc/report/page.hpp"
+#include "mc/report/run_charts.hpp"
 
 namespace mc::replay {
 
@@ -69,6 +71,7 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
   opt.reader = c.input.reader_options();
   opt.window = c.input.window;
   opt.capacity_tokens = c.capacity_tokens;
+  opt.keep_samples = c.pictures.wanted();
   auto a = analyze(**reader, opt);
   if (!a.is_ok()) return mc::report::print_error(c.json, out, a.status());
   if (a->requests == 0)
@@ -77,6 +80,11 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
   RunInfo info = mc::report::host_run_info("mc-trace-replay analyze");
   add_window_info(info, c.input, (*reader)->stats());
   info.emplace_back("block_size", std::to_string(c.input.trace_block_size));
+  if (c.pictures.wanted()) {
+    Status st = mc::report::write_page(analyze_page(*a, info, c.input.trace_block_size),
+                                       {c.pictures.html_path, c.pictures.svg_dir, {}});
+    if (!st.is_ok()) return mc::report::print_error(c.json, out, st);
+  }
   if (c.json) {
     out << to_json(*a, info).dump(2) << "\n";
   } else {
@@ -88,7 +96,13 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
 Status run_report_command(const ReportCommand& c, std::ostream& out) {
   if (c.records_paths.empty())
     return mc::report::print_error(c.json, out, Status(Code::kInvalidArgument, "no records file given"));
+  if (c.pictures.wanted() && !(c.gpus_per_instance > 0 && c.gpus_per_instance <= 1024)) {
+    return mc::report::print_error(c.json, out,
+                                   Status(Code::kInvalidArgument, "--gpus-per-instance must be in (0, 1024], got " +
+                                                                      mc::report::fixed(c.gpus_per_instance, 3)));
+  }
   std::vector<std::pair<std::string, Summary>> runs;
+  std::vector<RunRecords> pictured;
   for (const std::string& path : c.records_paths) {
     Result<std::ifstream> in = open_input_file(path, "records file", "write one with mc-trace-replay --out FILE");
     if (!in.is_ok()) return mc::report::print_error(c.json, out, in.status());
@@ -103,8 +117,18 @@ Status run_report_command(const ReportCommand& c, std::ostream& out) {
     }
     std::string label = std::filesystem::path(path).stem().string();
     runs.emplace_back(label, summarize(*records, c.summary));
+    if (c.pictures.wanted()) pictured.push_back({label, std::move(records).value(), runs.back().second, std::nullopt});
   }
   RunInfo info = mc::report::host_run_info("mc-trace-replay report");
+  if (c.pictures.wanted()) {
+    RunInfo page_info = info;
+    for (const std::string& path : c.records_paths) page_info.emplace_back("records", path);
+    RunChartOptions options;
+    options.gpus_per_instance = c.gpus_per_instance;
+    const mc::report::Page page = run_page("Run report", page_info, pictured, options);
+    Status st = mc::report::write_page(page, {c.pictures.html_path, c.pictures.svg_dir, {}});
+    if (!st.is_ok()) return mc::report::print_error(c.json, out, st);
+  }
   if (runs.size() == 1) {
     info.emplace_back("records", c.records_paths.front());
     if (c.json) {

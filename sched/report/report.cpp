@@ -553,7 +553,7 @@ void print_table(std::ostream& out, const Summary& s, const RunInfo& info) {
   mc::report::print_table(out, pred);
 }
 
-void print_comparison(std::ostream& out, const std::vector<std::pair<std::string, Summary>>& runs) {
+std::vector<std::vector<std::string>> comparison_rows(const std::vector<std::pair<std::string, Summary>>& runs) {
   std::string slo_head = "slo_%";
   if (!runs.empty() && !runs.front().second.slo.empty()) {
     const SloResult& f = runs.front().second.slo.front();
@@ -573,7 +573,11 @@ void print_comparison(std::ostream& out, const std::vector<std::pair<std::string
                     d(s.tbt_ms, &Distribution::p90), f ? pct(f->attainment) : "-", f ? fixed(f->goodput_rps, 3) : "-",
                     pct(s.cache.hit_ratio()), std::to_string(s.cache.avoided_prefill_tokens)});
   }
-  mc::report::print_table(out, rows);
+  return rows;
+}
+
+void print_comparison(std::ostream& out, const std::vector<std::pair<std::string, Summary>>& runs) {
+  mc::report::print_table(out, comparison_rows(runs));
 }
 
 }  // namespace mc::replay

@@ -13,6 +13,8 @@
 #include "mc/model/model_config.hpp"
 #include "mc/model/pipeline.hpp"
 #include "mc/replay/analyze.hpp"
+#include "mc/report/page.hpp"
+#include "mc/report/run_charts.hpp"
 #include "mc/sim/cluster_description.hpp"
 
 namespace mc::sim {
@@ -33,6 +35,41 @@ class OutputOverride final : public RequestSource {
   RequestSource& inner_;
   int64_t output_length_;
 };
+
+// The simulated run for the charts: its records and the simulator's own GPU-second ledger.
+replay::RunRecords run_records(const std::string& label, const SimResult& r) {
+  replay::GpuSeconds g;
+  g.spent = r.totals.prefill_gpu_s;
+  g.saved = r.totals.prefill_gpu_s_saved;
+  g.saved_estimated = false;
+  return {label, r.records, r.summary, g};
+}
+
+// Busy share of every instance over the run, one bar each.
+report::Chart utilization_chart(const SimResult& r, const std::string& id) {
+  report::Chart c;
+  c.id = id;
+  c.title = "Instance utilisation";
+  c.y_label = "busy (% of the run)";
+  c.y_max = 100;
+  c.key = "below";
+  report::Series prefill, decode;
+  prefill.title = "prefill (computing)";
+  decode.title = "decode (stepping)";
+  prefill.style = decode.style = report::SeriesStyle::kBars;
+  prefill.color = "#0072b2";
+  decode.color = "#e69f00";
+  for (const InstanceReport& i : r.instances) {
+    const auto x = static_cast<double>(c.categories.size());
+    c.categories.push_back(i.id);
+    (i.role == "prefill" ? prefill : decode).points.emplace_back(x, 100 * i.utilization);
+  }
+  for (report::Series* s : {&prefill, &decode}) {
+    if (!s->points.empty()) c.series.push_back(std::move(*s));
+  }
+  c.caption = "The share of the simulated span each instance spent computing prefills or stepping its decode batch.";
+  return c;
+}
 
 }  // namespace
 
@@ -168,6 +205,15 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
         {"description_kv_scale", std::to_string(derived->model_kv_bytes_per_token) + " B/token (" + opt.cluster.model +
                                      ") / " + std::to_string(derived->live_kv_bytes_per_token) + " B/token (live) = " +
                                      mc::report::fixed(derived->scale, 2) + " (NIC bandwidths multiplied by it)"});
+  }
+  if (!cmd.html_path.empty() || !cmd.svg_dir.empty()) {
+    const std::string label = opt.cluster.policy + " " + std::to_string(opt.cluster.prefill_instances) + "P+" +
+                              std::to_string(opt.cluster.decode_instances) + "D";
+    report::Page page = replay::run_page("mc-sim: simulated run", info, {run_records(label, result)}, {});
+    report::Chart u = utilization_chart(result, "utilization");
+    report::drop_zero_bars(u);
+    if (!u.series.empty()) page.charts.push_back(std::move(u));
+    MC_RETURN_IF_ERROR(report::write_page(page, {cmd.html_path, cmd.svg_dir, {}}));
   }
   if (cmd.json) {
     out << to_json(result, info).dump(2) << "\n";
@@ -316,6 +362,10 @@ Status run_capacity_command(const CapacityCommand& cmd, std::ostream& out) {
                            {"accept", std::to_string(o.accept)},
                            {"policy", o.base.policy},
                            {"model", o.base.model + " on " + o.base.gpu}});
+  if (!cmd.html_path.empty() || !cmd.svg_dir.empty()) {
+    MC_RETURN_IF_ERROR(
+        report::write_page(plan_page(plan, o.accept, o.cache_fraction, info), {cmd.html_path, cmd.svg_dir, {}}));
+  }
   if (cmd.json) {
     out << to_json(plan, info).dump(2) << "\n";
   } else {

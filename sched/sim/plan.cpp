@@ -9,6 +9,7 @@
 #include "mc/model/model_config.hpp"
 #include "mc/replay/analyze.hpp"
 #include "mc/report/format.hpp"
+#include "mc/report/run_charts.hpp"
 
 namespace mc::sim {
 
@@ -123,14 +124,17 @@ Result<CapacityPlan> plan_capacity(const std::vector<trace::Request>& rows, cons
     plan.cache_hit_ratio_infinite = infinite.ratios().tokens_full_blocks;
   }
   plan.cache_total_tokens = caps.back();
-  for (int64_t cap : caps) {
+  bool chosen = false;
+  for (int64_t cap : caps) {  // every candidate, for the capacity curve; the first reaching the fraction is chosen
     replay::PrefixCacheModel lru(cap / o.base.block_size, o.base.block_size);
     for (const auto& r : rows) lru.add(r);
     const double hit = lru.ratios().tokens_full_blocks;
+    plan.cache_curve.emplace_back(cap, hit);
+    if (chosen) continue;
     plan.cache_hit_ratio = hit;
     if (hit >= o.cache_fraction * plan.cache_hit_ratio_infinite) {
       plan.cache_total_tokens = cap;
-      break;
+      chosen = true;
     }
   }
 
@@ -292,6 +296,104 @@ void print_plan(std::ostream& out, const CapacityPlan& p, const replay::RunInfo&
   }
   mc::report::print_table(out, rows);
   out << "\nCLUSTER.json of the plan:\n" << p.cluster.to_json().dump(2) << "\n";
+}
+
+report::Page plan_page(const CapacityPlan& p, double accept, double cache_fraction, const replay::RunInfo& info) {
+  using report::Series;
+  using report::SeriesStyle;
+  report::Chart curve;
+  curve.id = "capacity_curve";
+  curve.title = "Cache capacity: LRU hit ratio of the window";
+  curve.x_label = "cache capacity, all instances (tokens, log scale)";
+  curve.y_label = "prompt tokens found cached (%)";
+  curve.log_x = true;
+  curve.y_max = 100;
+  curve.key = "top left";
+  Series lru;
+  lru.title = "LRU (complete blocks)";
+  for (const auto& [cap, hit] : p.cache_curve) {
+    if (cap > 0) lru.points.emplace_back(static_cast<double>(cap), 100 * hit);
+  }
+  if (!lru.points.empty()) {
+    const double lo = lru.points.front().first, hi = lru.points.back().first;
+    Series inf, target;
+    inf.title = "infinite cache";
+    inf.point_type = 4;
+    inf.color = "#7f7f7f";
+    inf.points = {{lo, 100 * p.cache_hit_ratio_infinite}, {hi, 100 * p.cache_hit_ratio_infinite}};
+    target.title = "target: " + report::pct(cache_fraction) + " % of infinite";
+    target.point_type = 2;
+    target.color = "#d55e00";
+    const double t = 100 * cache_fraction * p.cache_hit_ratio_infinite;
+    target.points = {{lo, t}, {hi, t}};
+    Series chosen;
+    chosen.title = "chosen: " + std::to_string(p.cache_total_tokens) + " tokens";
+    chosen.style = SeriesStyle::kPoints;
+    chosen.point_type = 6;
+    chosen.point_size = 1.6;
+    chosen.color = "#009e73";
+    chosen.points = {{static_cast<double>(p.cache_total_tokens), 100 * p.cache_hit_ratio}};
+    curve.series = {std::move(lru), std::move(inf), std::move(target)};
+    if (p.cache_total_tokens > 0) curve.series.push_back(std::move(chosen));
+  }
+  curve.caption =
+      "The global LRU hit ratio of the trace window at each candidate capacity (--cache-candidates); "
+      "the plan takes the smallest reaching the target share of the infinite cache's.";
+
+  report::Chart trials;
+  trials.id = "trials";
+  trials.title = "Search: SLO attainment of every simulation";
+  trials.x_label = "trial (in order)";
+  trials.y_label = "requests within both SLOs (% of offered)";
+  trials.y_max = 100;
+  trials.key = "bottom right";
+  std::vector<Series> steps;
+  for (size_t i = 0; i < p.trials.size(); ++i) {
+    const CapacityTrial& t = p.trials[i];
+    auto it = std::find_if(steps.begin(), steps.end(), [&](const Series& s) { return s.title == t.step; });
+    if (it == steps.end()) {
+      Series s;
+      s.title = t.step;
+      s.style = SeriesStyle::kPoints;
+      s.point_size = 1.0;
+      s.point_type = 7 + 2 * static_cast<int>(steps.size() % 4);
+      steps.push_back(std::move(s));
+      it = std::prev(steps.end());
+    }
+    it->points.emplace_back(static_cast<double>(i + 1), 100 * t.attainment);
+  }
+  if (!p.trials.empty()) {
+    Series goal;
+    goal.title = "accept: " + report::pct(accept) + " %";
+    goal.color = "#d55e00";
+    goal.point_type = 2;
+    goal.points = {{1, 100 * accept}, {static_cast<double>(p.trials.size()), 100 * accept}};
+    steps.push_back(std::move(goal));
+  }
+  trials.series = std::move(steps);
+  trials.caption =
+      "Each simulation of the search (prefill count, then decode count, then NIC bandwidth, then the "
+      "final check), by its attainment of both SLOs against --accept.";
+
+  const std::string label =
+      "plan " + std::to_string(p.prefill_instances) + "P+" + std::to_string(p.decode_instances) + "D";
+  replay::GpuSeconds g;
+  g.spent = p.final_run.totals.prefill_gpu_s;
+  g.saved = p.final_run.totals.prefill_gpu_s_saved;
+  g.saved_estimated = false;
+  report::Page page =
+      replay::run_page("mc-plan capacity", info, {{label, p.final_run.records, p.final_run.summary, g}}, {});
+  page.subtitle = std::string(p.feasible ? "Feasible" : "Not feasible") + ": " + std::to_string(p.prefill_instances) +
+                  " prefill + " + std::to_string(p.decode_instances) + " decode instances, " +
+                  std::to_string(p.cache_total_tokens) + " cache tokens, NIC " +
+                  report::fixed(p.nic_bandwidth_bytes_per_s / 1e9, 1) + " GB/s per instance; final attainment " +
+                  report::pct(p.attainment) + " %. The final run's charts follow the search's.";
+  std::vector<report::Chart> charts;
+  if (!curve.series.empty()) charts.push_back(std::move(curve));
+  if (!trials.series.empty()) charts.push_back(std::move(trials));
+  charts.insert(charts.end(), std::make_move_iterator(page.charts.begin()), std::make_move_iterator(page.charts.end()));
+  page.charts = std::move(charts);
+  return page;
 }
 
 }  // namespace mc::sim

@@ -93,7 +93,7 @@ TEST(MainJob, CacheOnAndOffSideBySideAndNothingLeft) {
                 "env " + tag + " MC_KEEP_LOGS=" + s.path("logs") +
                     " /bin/bash " MC_SOURCE_DIR "/examples/replay-conversation.sh --duration-s 10 --mode " +
                     (netns ? "netns --json" : "loopback") + " --build-dir " MC_BINARY_DIR " --out " +
-                    s.path("records.jsonl") + " 2> " + s.path("stderr.txt")},
+                    s.path("records.jsonl") + " --html " + s.path("report.html") + " 2> " + s.path("stderr.txt")},
                280000);
   const std::string err = slurp(s.path("stderr.txt"));
   ASSERT_EQ(r.exit_code, 0) << r.out << err;
@@ -131,6 +131,15 @@ TEST(MainJob, CacheOnAndOffSideBySideAndNothingLeft) {
     ASSERT_TRUE(two_numbers(r.out, "prefill GPU-s (ledger prefill_ms x GPUs)", on, off)) << r.out;
     EXPECT_GT(on, 0.0) << r.out;
     EXPECT_GT(off, 0.0) << r.out;
+  }
+  // The HTML report of both runs, where stderr says (drawn by gnuplot; without it, stderr says why there is none).
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    EXPECT_NE(err.find("HTML report: " + s.path("report.html")), std::string::npos) << err;
+    const std::string html = slurp(s.path("report.html"));
+    EXPECT_NE(html.find("data-chart=\"ttft_cdf\" data-series=\"2\""), std::string::npos)
+        << "no TTFT CDF with a curve per run";
+  } else {
+    EXPECT_NE(err.find("no HTML report: gnuplot is missing"), std::string::npos) << err;
   }
   // --out kept both runs' records.
   EXPECT_TRUE(fs::exists(s.path("records.jsonl")));

@@ -98,6 +98,10 @@ int main(int argc, char** argv) {
   cap_cmd->add_option("--nic-candidates", cap.nic_candidates, "NIC bandwidths to consider, bytes/s per instance")
       ->capture_default_str();
   mc::cli::add_json_flag(*cap_cmd, cap.json, "Print JSON instead of the tables");
+  cap_cmd->add_option("--html", cap.html_path,
+                      "Also write one self-contained HTML page (opens offline): the capacity curve, every trial's "
+                      "attainment, and the final run's charts; drawn by gnuplot (apt-get install gnuplot-nox)");
+  cap_cmd->add_option("--svg", cap.svg_dir, "Also write each chart as DIR/<chart>.svg (the directory is created)");
 
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   if (th_cmd->parsed())

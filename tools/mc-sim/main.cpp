@@ -57,6 +57,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--out", cmd.records_path, "Write one JSON record per request (JSONL) to this file");
   mc::cli::add_json_flag(app, cmd.json, "Print one JSON document instead of the tables");
+  app.add_option("--html", cmd.html_path,
+                 "Also write one self-contained HTML page (opens offline) of the run: TTFT/TBT CDFs, TTFT over time "
+                 "with rejections, per-instance queue and load, hit ratio over time, GPU-seconds spent and saved, SLO "
+                 "attainment, instance utilisation; drawn by gnuplot (apt-get install gnuplot-nox)");
+  app.add_option("--svg", cmd.svg_dir, "Also write each chart as DIR/<chart>.svg (the directory is created)");
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
   cmd.progress = isatty(STDERR_FILENO) != 0;
   return mc::cli::report("mc-sim", mc::sim::run_sim_command(cmd, std::cout), cmd.json);

@@ -38,6 +38,14 @@ void add_summary_flags(CLI::App& app, mc::replay::SummaryOptions& opt, bool& jso
   mc::cli::add_json_flag(app, json, "Print one JSON document instead of the table");
 }
 
+// --html / --svg: the pictures of a command (mc/report/page.hpp).
+void add_picture_flags(CLI::App& app, mc::replay::PictureOutput& pictures, const std::string& what) {
+  app.add_option("--html", pictures.html_path,
+                 "Also write one self-contained HTML page (opens offline) with " + what +
+                     ", drawn by gnuplot (apt-get install gnuplot-nox; MC_GNUPLOT names another binary)");
+  app.add_option("--svg", pictures.svg_dir, "Also write each chart as DIR/<chart>.svg (the directory is created)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +132,8 @@ int main(int argc, char** argv) {
   analyze->add_option("--capacity-tokens", capacities, "LRU capacities to sweep, in tokens (K/M/G suffixes)")
       ->capture_default_str();
   mc::cli::add_json_flag(*analyze, ac.json, "Print one JSON document instead of the table");
+  add_picture_flags(*analyze, ac.pictures,
+                    "the capacity curve (hit ratio against cache tokens), the length distributions and the arrivals");
 
   // ---- report ----
   mc::replay::ReportCommand pc;
@@ -131,6 +141,15 @@ int main(int argc, char** argv) {
       "report", "Summarise the JSONL records of a finished replay (--out); several files: one comparison row each");
   report->add_option("records", pc.records_paths, "JSONL records written by --out (one or more files)")->required();
   add_summary_flags(*report, pc.summary, pc.json);
+  add_picture_flags(*report, pc.pictures,
+                    "the TTFT and TBT CDFs (a curve per run), TTFT over time with rejections, per-instance queue and "
+                    "load, the hit ratio over time (local/remote/SSD), GPU-seconds spent and saved, SLO attainment");
+  report
+      ->add_option("--gpus-per-instance", pc.gpus_per_instance,
+                   "GPUs of one prefill instance, for the page's GPU-seconds (ledger prefill_ms x this)")
+      ->capture_default_str()
+      ->envname("MC_GPUS_PER_INSTANCE")
+      ->check(CLI::Range(1e-3, 1024.0));
 
   mc::cli::add_auth_flags(app, "default");
   if (int rc_parse = mc::cli::parse(app, argc, argv); rc_parse >= 0) return rc_parse;

@@ -32,6 +32,7 @@
 
 #include "mc/common/status.hpp"
 #include "mc/common/trace.hpp"
+#include "mc/report/page.hpp"
 #include "mc/report/report.hpp"
 
 namespace mc::replay {
@@ -56,6 +57,7 @@ struct AnalyzeOptions {
   trace::ReaderOptions reader;  // mode, trace block size, source name
   Window window;
   std::vector<int64_t> capacity_tokens = {1'000'000, 3'000'000, 10'000'000, 50'000'000};
+  bool keep_samples = false;  // keep every row's lengths and arrival (TraceAnalysis::samples, for the pictures)
 };
 
 struct HitRatios {
@@ -82,6 +84,10 @@ struct TraceAnalysis {
   HitRatios infinite;
   HitRatios infinite_earlier;  // infinite cache, blocks of strictly earlier arrivals only
   std::vector<LruPoint> lru;
+  // With AnalyzeOptions::keep_samples: per row of the window, in order.
+  struct Samples {
+    std::vector<double> input_tokens, output_tokens, arrival_s;  // arrival: trace seconds since the first row
+  } samples;
 };
 
 // Reads the whole window of `reader` (strict-mode errors are returned as they are).
@@ -89,6 +95,10 @@ Result<TraceAnalysis> analyze(trace::Reader& reader, const AnalyzeOptions& optio
 Result<TraceAnalysis> analyze_file(const std::string& path, const AnalyzeOptions& options);
 
 nlohmann::json to_json(const TraceAnalysis& analysis, const RunInfo& info = {});
+// The HTML page of `analyze --html` (analyze_page.cpp; mc/report/page.hpp): the capacity curve (hit ratio against
+// cache tokens: the LRU sweep, the infinite cache), the input and output length distributions and the arrival rate
+// over the window. The lengths and arrivals need an analysis run with keep_samples.
+mc::report::Page analyze_page(const TraceAnalysis& analysis, const RunInfo& info, int64_t block_size);
 void print_table(std::ostream& out, const TraceAnalysis& analysis, const RunInfo& info = {});
 
 // Prefix-cache hit accounting of one trace, shared by the infinite and LRU simulations: feed rows in

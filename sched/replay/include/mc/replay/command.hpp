@@ -47,16 +47,26 @@ struct ReplayCommand {
   bool allow_failures = false;
 };
 
+// The pictures of a command (--html, --svg): the page and/or every chart as SVG (mc/report/page.hpp).
+struct PictureOutput {
+  std::string html_path;  // "": no page
+  std::string svg_dir;    // "": no SVG files
+  bool wanted() const { return !html_path.empty() || !svg_dir.empty(); }
+};
+
 struct AnalyzeCommand {
   TraceInput input;
   std::vector<int64_t> capacity_tokens = {1'000'000, 3'000'000, 10'000'000, 50'000'000};
   bool json = false;
+  PictureOutput pictures;  // the capacity curve, the length distributions and the arrivals
 };
 
 struct ReportCommand {
   std::vector<std::string> records_paths;  // one: the full summary; several: one comparison row each
   SummaryOptions summary;
   bool json = false;
+  PictureOutput pictures;
+  double gpus_per_instance = 1;  // GPU-seconds of the page's prefill ledger = instance-seconds x this
 };
 
 // The summary is printed whatever the outcome; then, unless allow_failures, kUnavailable (exit 1) when an

@@ -215,6 +215,8 @@ void print_table(std::ostream& out, const Summary& summary, const RunInfo& info 
 // One row per run (label, summary): offered, accepted, completed, TTFT mean/p90, TBT p90, the first
 // SLO pair's attainment and goodput, cache hit ratio, avoided prefill tokens. For comparing policies.
 void print_comparison(std::ostream& out, const std::vector<std::pair<std::string, Summary>>& runs);
+// The rows print_comparison prints, header row first (the HTML report's table).
+std::vector<std::vector<std::string>> comparison_rows(const std::vector<std::pair<std::string, Summary>>& runs);
 
 // Reads a JSONL file of records (as written by to_json), e.g. to re-summarise a finished run.
 Result<std::vector<RequestRecord>> read_records_jsonl(std::istream& in, const std::string& source_name);

@@ -51,7 +51,9 @@ struct SimCommand {
   std::vector<double> report_slo_ttft_ms;  // summary thresholds; empty: the cluster's SLO
   std::vector<double> report_slo_tbt_ms;
   bool progress = false;
-  bool refit = true;  // SimOptions::refit_predictors
+  bool refit = true;      // SimOptions::refit_predictors
+  std::string html_path;  // --html: the run's page (mc/report/run_charts.hpp, plus instance utilisation); "": none
+  std::string svg_dir;    // --svg: each chart as DIR/<chart>.svg; "": none
 };
 
 Status run_sim_command(const SimCommand& command, std::ostream& out);
@@ -100,6 +102,8 @@ struct CapacityCommand {
   double cache_fraction = 0.95;
   bool json = false;
   bool progress = false;
+  std::string html_path;  // --html: the plan's page (trials, cache curve, the final run's charts); "": none
+  std::string svg_dir;    // --svg: each chart as DIR/<chart>.svg; "": none
 };
 Status run_capacity_command(const CapacityCommand& command, std::ostream& out);
 

@@ -33,6 +33,7 @@
 
 #include "mc/common/status.hpp"
 #include "mc/common/trace.hpp"
+#include "mc/report/page.hpp"
 #include "mc/sim/cluster_config.hpp"
 #include "mc/sim/simulator.hpp"
 
@@ -89,6 +90,7 @@ struct CapacityPlan {
   int64_t cache_total_tokens = 0, cache_capacity_tokens = 0;  // total, per prefill instance
   int64_t cache_total_bytes = 0;
   double cache_hit_ratio = 0, cache_hit_ratio_infinite = 0;  // LRU at the chosen capacity, infinite
+  std::vector<std::pair<int64_t, double>> cache_curve;       // (total tokens, LRU hit ratio) of every candidate
   double nic_bandwidth_bytes_per_s = 0;
   double attainment = 0;
   std::vector<CapacityTrial> trials;
@@ -101,5 +103,10 @@ struct CapacityPlan {
 Result<CapacityPlan> plan_capacity(const std::vector<trace::Request>& rows, const CapacityOptions& options);
 nlohmann::json to_json(const CapacityPlan& plan, const replay::RunInfo& info = {});
 void print_plan(std::ostream& out, const CapacityPlan& plan, const replay::RunInfo& info = {});
+// The plan's HTML page (mc/report/page.hpp): the capacity curve (hit ratio against cache tokens, the infinite
+// cache and the target fraction), the attainment of every trial against `accept`, then the final run's charts
+// (mc/report/run_charts.hpp).
+report::Page plan_page(const CapacityPlan& plan, double accept, double cache_fraction,
+                       const replay::RunInfo& info = {});
 
 }  // namespace mc::sim
