@@ -459,7 +459,8 @@ Status PrefillWorker::deliver_stage_hidden(proto::PrefillStageHiddenRequest m) {
                                                std::to_string(options_.stage_inbox_bytes) + ")");
   }
   stage_inbox_bytes_ += bytes;
-  chunks[m.chunk_index] = HeldChunk{std::move(m), now};
+  const int64_t chunk_index = m.chunk_index;  // read before the move below
+  chunks[chunk_index] = HeldChunk{std::move(m), now};
   metrics_.counter("mc_prefill_stage_hidden_bytes_total", "hidden-state bytes received from previous stages")
       .inc(static_cast<uint64_t>(bytes));
   stage_cv_.notify_all();
