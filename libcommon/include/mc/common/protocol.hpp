@@ -946,9 +946,15 @@ struct PrefillJobRequest {
   std::string lora_name{};
   std::string lora_version{};
   std::string salt{};
+  // The job's place in the instance's queue (DESIGN.md §10 "Queue discipline"; mc/common/queue_order.hpp): waiting
+  // jobs run in key order, equal keys in arrival order. Nanoseconds on the Conductor's clock, compared only with
+  // other keys; in [0, kMaxQueueKeyNs], else the job is refused (kInvalidArgument). 0: no key (an older
+  // Conductor, a client): the job joins the back of the queue, as first come, first served.
+  int64_t queue_key_ns = 0;
   MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
                      reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
-                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant);
+                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant,
+                     queue_key_ns);
 };
 
 struct WorkerLoadReply {

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -44,6 +45,7 @@
 #include "mc/sched/policy.hpp"
 #include "mc/sched/predictors.hpp"
 #include "mc/sched/prefix_index.hpp"
+#include "mc/sched/queue_discipline.hpp"
 #include "mc/sched/types.hpp"
 
 namespace mc::sched {
@@ -159,6 +161,8 @@ class Scheduler {
   const PredictionErrorStats& decode_step_error() const { return decode_error_; }
   const SchedulerCounters& counters() const { return counters_; }
   const SchedulerConfig& config() const { return config_; }
+  // The queue discipline in force (config().queue.discipline, or the policy's default).
+  QueueDiscipline queue_discipline() const { return discipline_; }
   // Every live prefill instance as the last decide() priced it, in registration order: the policy's input
   // (empty when that decision was rejected before pricing). Valid until the next decide().
   std::span<const PrefillEstimate> last_estimates() const { return estimates_; }
@@ -225,6 +229,9 @@ class Scheduler {
   bool priced_by_path() const { return bandwidth_.has_paths() || !send_backlog_.empty(); }
   // Drops `request_id`'s entries from the send backlogs of the hosts in `hosts`.
   void end_sends(const std::string& request_id, const std::vector<uint32_t>& hosts);
+  // Step 2a: e's queue figures on `inst` under the discipline for a job of service_ms (queue_discipline.hpp).
+  void price_queue(const Instance& inst, int64_t now_ns, double service_ms, double slo_ttft_ms,
+                   PrefillEstimate& e) const;
   // Step 2: one PrefillEstimate per live prefill instance into estimates_ (plans shared by host).
   void price_prefill_instances(const Request& request, int64_t now_ns, int64_t max_reuse);
   // Step 3: the policy's choice among estimates_ into d.prefill (and the logged candidates).
@@ -250,6 +257,7 @@ class Scheduler {
   void drop_instance_blocks(const Instance& inst);
 
   SchedulerConfig config_;
+  QueueDiscipline discipline_ = QueueDiscipline::kFcfs;
   const Clock* clock_;
   std::unique_ptr<Policy> policy_;
   ClusterState cluster_;
@@ -262,6 +270,9 @@ class Scheduler {
   SchedulerCounters counters_;
   std::unordered_map<std::string, InFlight> in_flight_;
   std::unordered_map<uint32_t, std::vector<SendEntry>> send_backlog_;  // by source host index
+  // The latest arrivals booked on each prefill instance (QueueConfig::overtake_history of them), for the overtaking
+  // estimate of the slo order (queue_discipline.hpp expected_overtake_ms).
+  std::unordered_map<std::string, std::deque<QueueArrival>> arrivals_;
   // scratch, reused by decide()
   std::vector<std::span<const Holder>> lookup_;
   std::vector<PathClass> block_class_scratch_;
