@@ -46,6 +46,12 @@ int main(int argc, char** argv) {
                    "FCFS with the deadline guard)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
+  serve
+      ->add_option("--queue-guard-ms", o.scheduler.queue.guard_ms,
+                   "slo order's deadline guard: a job never goes ahead of a queued one it would bring within this "
+                   "many ms of its TTFT deadline")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86'400'000.0));
   mc::cli::add_slo_default_flags(*serve, o.scheduler.slo.ttft_ms, o.scheduler.slo.tbt_ms);
   serve->add_flag("--no-early-reject", no_early_reject,
                   "Place requests even when they are predicted to miss their SLO (reject only impossible ones)");

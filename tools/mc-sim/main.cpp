@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
                  "Override: order of each prefill instance's queue: fcfs (first come, first served) | slo (shortest "
                  "predicted prefill first, aged, never making a queued request late; docs/DESIGN.md §10). Default: "
                  "slo for the kvcache policy, fcfs for the baselines")
-      ->envname("MC_QUEUE");
+      ->envname("MC_QUEUE")
+      ->check(CLI::IsMember({"fcfs", "slo"}));
   app.add_option("--queue-aging", o.queue_aging_weight,
                  "Override: slo order's aging weight: a job's key = its decision time + this x its predicted "
                  "prefill ms (0: FCFS with the deadline guard; default 4)");

@@ -97,7 +97,7 @@ enum class QueueDiscipline : uint8_t { kFcfs = 0, kSlo = 1 };
 struct QueueConfig {
   std::string discipline;     // "fcfs" | "slo"; "": the policy's default (slo for kvcache, fcfs for the baselines)
   double aging_weight = 4.0;  // slo: key = now + aging_weight x predicted service (ms); >= 0 (0: FCFS with the guard)
-  double guard_ms = 1'000;    // slo: slack kept before each queued job's deadline (ms); >= 0
+  double guard_ms = 3'000;    // slo: slack kept before each queued job's deadline (ms); >= 0
   // Arrivals per prefill instance remembered for the overtaking estimate (the most recent ones); >= 1.
   int64_t overtake_history = 64;
 };
