@@ -351,7 +351,9 @@ void Scheduler::price_queue(const Instance& inst, int64_t now, double service_ms
     // The guard keeps later jobs from making this one late: no more than its slack.
     overtake = std::min(overtake, std::max(0.0, slo_ttft_ms - config_.queue.guard_ms - p.ahead_ms - service_ms));
   }
-  e.queue_ms = p.ahead_ms + overtake;
+  // The placement compares the work ahead (queue_ms); the chosen instance's prediction adds the overtaking
+  // (choose_prefill): an estimate of later arrivals is no reason to prefer one instance over another.
+  e.queue_ms = p.ahead_ms;
   e.overtake_ms = overtake;
   e.queue_key_ns = p.key_ns;
   e.queue_position = static_cast<int64_t>(p.position);
@@ -406,6 +408,8 @@ void Scheduler::choose_prefill(const Request& request, Decision& d) {
   if (chosen >= estimates_.size()) chosen = 0;
   d.prefill = estimates_[chosen];
   d.prefill.remote_sources = estimate_plans_[chosen]->remote_sources;  // only the chosen one's (commit books them)
+  d.prefill.queue_ms += d.prefill.overtake_ms;
+  d.prefill.ttft_ms += d.prefill.overtake_ms;
   d.predicted_ttft_ms = d.prefill.ttft_ms;
   if (config_.max_logged_candidates > 0) {
     size_t n = std::min(estimates_.size(), static_cast<size_t>(config_.max_logged_candidates));
