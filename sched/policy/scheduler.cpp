@@ -336,9 +336,9 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
 void Scheduler::price_queue(const Instance& inst, int64_t now, double service_ms, double slo_ttft_ms,
                             PrefillEstimate& e) const {
   // Work the instance reported beyond the ledger runs first (ClusterState::prefill_queue_ms bounds it the same way).
-  const double extra = std::min(ClusterState::kMaxUnledgeredQueueMs,
-                                static_cast<double>(inst.reported_excess.queued_prefill_tokens) *
-                                    std::max(0.0, prefill_.ms_per_token()));
+  const double extra =
+      std::min(ClusterState::kMaxUnledgeredQueueMs, static_cast<double>(inst.reported_excess.queued_prefill_tokens) *
+                                                        std::max(0.0, prefill_.ms_per_token()));
   const QueuePlacement p =
       place_job(inst.prefill_queue, inst.head_started_ns, now, service_ms, extra, discipline_, config_.queue);
   double overtake = 0;

@@ -87,30 +87,30 @@ Status ClusterConfig::validate() const {
 }
 
 nlohmann::json ClusterConfig::to_json() const {
-  nlohmann::json j = {{"model", model},
-                      {"gpu", gpu},
-                      {"prefill_instances", prefill_instances},
-                      {"decode_instances", decode_instances},
-                      {"cache_capacity_tokens", cache_capacity_tokens},
-                      {"cache_mode", cache_mode_name(cache_mode)},
-                      {"nic_bandwidth_bytes_per_s", nic_bandwidth_bytes_per_s},
-                      {"policy", policy},
-                      {"slo_ttft_ms", slo_ttft_ms},
-                      {"slo_tbt_ms", slo_tbt_ms},
-                      {"early_rejection", early_rejection},
-                      {"queue", queue.empty() ? std::string(sched::queue_discipline_name(
-                                                    sched::default_queue_discipline(policy)))
-                                              : queue},
-                      {"queue_aging_weight", queue_aging_weight},
-                      {"queue_guard_ms", queue_guard_ms},
-                      {"block_size", block_size},
-                      {"chunk_tokens", chunk_tokens},
-                      {"pipeline_group", pipeline_group},
-                      {"pipeline_chunk_tokens", pipeline_chunk_tokens},
-                      {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
-                      {"decode_max_batch", decode_max_batch},
-                      {"max_context_tokens", max_context_tokens},
-                      {"seed", seed}};
+  nlohmann::json j = {
+      {"model", model},
+      {"gpu", gpu},
+      {"prefill_instances", prefill_instances},
+      {"decode_instances", decode_instances},
+      {"cache_capacity_tokens", cache_capacity_tokens},
+      {"cache_mode", cache_mode_name(cache_mode)},
+      {"nic_bandwidth_bytes_per_s", nic_bandwidth_bytes_per_s},
+      {"policy", policy},
+      {"slo_ttft_ms", slo_ttft_ms},
+      {"slo_tbt_ms", slo_tbt_ms},
+      {"early_rejection", early_rejection},
+      {"queue",
+       queue.empty() ? std::string(sched::queue_discipline_name(sched::default_queue_discipline(policy))) : queue},
+      {"queue_aging_weight", queue_aging_weight},
+      {"queue_guard_ms", queue_guard_ms},
+      {"block_size", block_size},
+      {"chunk_tokens", chunk_tokens},
+      {"pipeline_group", pipeline_group},
+      {"pipeline_chunk_tokens", pipeline_chunk_tokens},
+      {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
+      {"decode_max_batch", decode_max_batch},
+      {"max_context_tokens", max_context_tokens},
+      {"seed", seed}};
   if (!instance_nic_bandwidth_bytes_per_s.empty())
     j["instance_nic_bandwidth_bytes_per_s"] = instance_nic_bandwidth_bytes_per_s;
   return j;

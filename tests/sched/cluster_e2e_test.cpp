@@ -284,8 +284,8 @@ class QueueOrderClusterE2E : public ClusterFixture {
 };
 
 TEST_F(QueueOrderClusterE2E, TheConductorsSloOrderReachesThePrefillQueue) {
-  auto r = replay("q", {trace_row(0, ids_range(1000, 60)), trace_row(10, ids_range(2000, 40)),
-                        trace_row(20, ids_range(3000, 2))});
+  auto r = replay(
+      "q", {trace_row(0, ids_range(1000, 60)), trace_row(10, ids_range(2000, 40)), trace_row(20, ids_range(3000, 2))});
   for (int64_t line = 1; line <= 3; ++line) {
     ASSERT_EQ(r[line].value("outcome", ""), "completed") << r[line].dump() << why("q");
     ASSERT_EQ(r[line].value("prefill_instance", ""), "prefill0") << r[line].dump();
@@ -294,8 +294,8 @@ TEST_F(QueueOrderClusterE2E, TheConductorsSloOrderReachesThePrefillQueue) {
   const json& b = r[2];
   const json& c = r[3];
   EXPECT_LT(first_token_ms(c), first_token_ms(b)) << b.dump() << "\n" << c.dump() << why("q");
-  EXPECT_LT(c["ledger"].value("queue_ms", int64_t{0}), b["ledger"].value("queue_ms", int64_t{0}))
-      << b.dump() << "\n" << c.dump();
+  EXPECT_LT(c["ledger"].value("queue_ms", int64_t{0}), b["ledger"].value("queue_ms", int64_t{0})) << b.dump() << "\n"
+                                                                                                  << c.dump();
 }
 
 // A cluster whose storage nodes have little DRAM (8 blocks each) and an SSD tier, at the modelled speed (time

@@ -66,7 +66,8 @@ TEST(QueueDiscipline, ShortJobsOvertakeLongOnesButNeverTheRunningHead) {
   EXPECT_DOUBLE_EQ(slo.ahead_ms, 1'000);
   EXPECT_EQ(slo.kept_behind, 0u);
   // The same position through every queue that keeps the order (the ledger, the simulator, the daemon).
-  auto at = queue_insert_position(q.begin(), q.end(), slo.key_ns, 1, [](const PrefillJob& j) { return j.queue_key_ns; });
+  auto at =
+      queue_insert_position(q.begin(), q.end(), slo.key_ns, 1, [](const PrefillJob& j) { return j.queue_key_ns; });
   EXPECT_EQ(at - q.begin(), 1);
   // Reported work beyond the ledger runs first, whatever the order.
   EXPECT_DOUBLE_EQ(place_job(q, 9'000 * kMs, now, 500, 250, QueueDiscipline::kSlo, cfg).ahead_ms, 1'250);

@@ -953,8 +953,7 @@ struct PrefillJobRequest {
   int64_t queue_key_ns = 0;
   MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
                      reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
-                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant,
-                     queue_key_ns);
+                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant, queue_key_ns);
 };
 
 struct WorkerLoadReply {

@@ -56,9 +56,9 @@ struct InstanceInfo {
 struct PrefillJob {
   std::string request_id;
   double predicted_ms = 0;
-  int64_t tokens = 0;                   // uncached tokens to prefill
-  int64_t queue_key_ns = 0;             // its place in the order (the Scheduler's clock); FCFS: the decision time
-  int64_t deadline_ns = INT64_MAX;      // when its TTFT SLO ends (the deadline guard protects it); none: INT64_MAX
+  int64_t tokens = 0;               // uncached tokens to prefill
+  int64_t queue_key_ns = 0;         // its place in the order (the Scheduler's clock); FCFS: the decision time
+  int64_t deadline_ns = INT64_MAX;  // when its TTFT SLO ends (the deadline guard protects it); none: INT64_MAX
 };
 
 // One request in a decode instance's ledger, from admission to completion.

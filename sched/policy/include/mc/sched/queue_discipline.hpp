@@ -29,7 +29,7 @@
 
 namespace mc::sched {
 
-std::string_view queue_discipline_name(QueueDiscipline d);          // "fcfs" | "slo"
+std::string_view queue_discipline_name(QueueDiscipline d);           // "fcfs" | "slo"
 Result<QueueDiscipline> parse_queue_discipline(std::string_view s);  // kInvalidArgument for anything else
 // The default of a policy: slo for kvcache, fcfs for the paper's baselines.
 QueueDiscipline default_queue_discipline(std::string_view policy);
@@ -56,7 +56,8 @@ struct QueueArrival {
 // slo: each recent arrival shorter than it recurs at the rate the history shows (n arrivals, n - 1 gaps over the
 // span from the oldest to now, at least 1 s) and overtakes when it arrives within aging_weight x (service_ms - its
 // service):
-//   (n - 1) / n x sum over recent a with a.service < service of a.service x aging_weight x (service - a.service) / span.
+//   (n - 1) / n x sum over recent a with a.service < service of a.service x aging_weight x (service - a.service) /
+//   span.
 // 0 for fcfs or an empty history. The caller bounds it by the job's slack (the guard protects it from more).
 double expected_overtake_ms(std::span<const QueueArrival> recent, int64_t now_ns, double service_ms,
                             QueueDiscipline discipline, const QueueConfig& config);
