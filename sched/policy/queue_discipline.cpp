@@ -85,9 +85,9 @@ double expected_overtake_ms(std::span<const QueueArrival> recent, int64_t now_ns
   for (const QueueArrival& a : recent) oldest = std::min(oldest, a.at_ns);
   const double span_ms = std::max(1'000.0, static_cast<double>(now_ns - oldest) * 1e-6);
   const double w = std::max(0.0, config.aging_weight);
-  // n arrivals over the span are n - 1 gaps: each kind recurs at (n - 1) / (n x span).
+  // n arrivals over the span are n - 1 gaps: each kind recurs at (n - 1) / (n x span); one arrival shows no rate.
   const double n = static_cast<double>(recent.size());
-  const double per_arrival = recent.size() > 1 ? (n - 1) / n : 1.0;
+  const double per_arrival = (n - 1) / n;
   double sum = 0;
   for (const QueueArrival& a : recent) {
     if (!(a.service_ms < service_ms) || a.service_ms < 0) continue;
