@@ -58,7 +58,8 @@ struct QueueArrival {
 // service):
 //   (n - 1) / n x sum over recent a with a.service < service of a.service x aging_weight x (service - a.service) /
 //   span.
-// 0 for fcfs or a history of fewer than 2 arrivals (no rate). The caller bounds it by the job's slack (the guard protects it from more).
+// 0 for fcfs or a history of fewer than 2 arrivals (no rate). The caller bounds it by the job's slack (the guard
+// protects it from more).
 double expected_overtake_ms(std::span<const QueueArrival> recent, int64_t now_ns, double service_ms,
                             QueueDiscipline discipline, const QueueConfig& config);
 

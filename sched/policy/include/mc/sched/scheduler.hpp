@@ -14,6 +14,9 @@
 //     costs fixed + sum over source hosts of (that host's send backlog + bytes) / path bandwidth: a link
 //     measured slow, or a sender already loaded with the fetches placed on it, turns fetches into
 //     recomputes or into reads of a nearer replica (DESIGN.md §16 "Bandwidth decides, live");
+//     The queue term is priced under the queue discipline in force (queue_discipline.hpp, --queue): the work ahead
+//     of the job's place in the instance's order; the chosen instance's prediction adds the work expected to
+//     overtake it later (slo), bounded by its slack;
 //  3. the policy chooses the prefill instance;
 //  4. for each live decode instance predict, at the time this prefill finishes, the batch, the KV
 //     reserved (input + output tokens of every request still running then: future growth counted)
