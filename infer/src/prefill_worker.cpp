@@ -15,6 +15,7 @@
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics_http.hpp"
+#include "mc/common/queue_order.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/model/cost_model.hpp"
 
@@ -909,6 +910,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     proto::PrefillJobRequest job;
     rpc::CallContext ctx;
     int64_t received_ns;
+    int64_t key_ns = 0;  // its place in the queue (the job's queue_key_ns; none: the back)
   };
   struct Finished {
     rpc::CallContext ctx;
@@ -925,19 +927,26 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
 
   const std::string self = resolve_conductor_options(options.conductor, "prefill").instance_id;
   bool refusing = false;  // draining: the Conductor took the notice, new jobs are refused (guarded by mu)
-  server->handle<proto::PrefillJobRequest>(
-      [&](const proto::PrefillJobRequest& job, const rpc::CallContext& ctx) -> Result<proto::PrefillJobReply> {
-        std::lock_guard lock(mu);
-        if (refusing) {
-          worker.metrics().counter("mc_prefill_refused_draining_total", "prefill jobs refused while draining").inc();
-          return error(Code::kUnavailable, "prefill_job '" + job.request_id + "': mc-prefill " + self +
-                                               " is draining (SIGTERM): it takes no new jobs; send it elsewhere");
-        }
-        ctx.defer();
-        queue.push_back({job, ctx, now_ns()});
-        cv.notify_one();
-        return proto::PrefillJobReply{};
-      });
+  server->handle<proto::PrefillJobRequest>([&](const proto::PrefillJobRequest& job,
+                                               const rpc::CallContext& ctx) -> Result<proto::PrefillJobReply> {
+    std::lock_guard lock(mu);
+    if (refusing) {
+      worker.metrics().counter("mc_prefill_refused_draining_total", "prefill jobs refused while draining").inc();
+      return error(Code::kUnavailable, "prefill_job '" + job.request_id + "': mc-prefill " + self +
+                                           " is draining (SIGTERM): it takes no new jobs; send it elsewhere");
+    }
+    if (job.queue_key_ns < 0 || job.queue_key_ns > kMaxQueueKeyNs) {
+      return error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': queue_key_ns " +
+                                               std::to_string(job.queue_key_ns) + " is outside [0, 2^62]");
+    }
+    ctx.defer();
+    // The Conductor's order (queue_order.hpp): after every waiting job of a key <= its own; no key: the back.
+    const int64_t key = job.queue_key_ns > 0 ? job.queue_key_ns : (queue.empty() ? 0 : queue.back().key_ns);
+    const auto at = queue_insert_position(queue.begin(), queue.end(), key, 0, [](const Queued& x) { return x.key_ns; });
+    queue.insert(at, Queued{job, ctx, now_ns(), key});
+    cv.notify_one();
+    return proto::PrefillJobReply{};
+  });
   // prefill_cancel (DESIGN.md §10 "Cancel"): a queued job leaves the queue at once; the job thread aborts its decode
   // reservation (kCancelled) before its next job and then answers its prefill_job with kCancelled. A job already
   // computing runs on (its decode instance refuses the commit).

@@ -663,6 +663,7 @@ class Conductor {
     job.lora_name = f.scope.lora_name;
     job.lora_version = f.scope.lora_version;
     job.salt = f.scope.salt;
+    job.queue_key_ns = std::max<int64_t>(0, f.decision.prefill.queue_key_ns);  // the queue discipline's order
     f.dispatch_ns = RealClock::instance().now_ns();
     if (!f.decision.stages.empty()) return dispatch_stages(f, std::move(job));
     answer(f, reply_of(f.decision));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "mc/common/queue_order.hpp"
+
 namespace mc::sched {
 
 bool placeable(const Instance& inst, int64_t now_ns, int64_t timeout_ms) {
@@ -125,8 +127,11 @@ const std::string& ClusterState::host_name(uint32_t index) const {
 void ClusterState::assign_prefill(const std::string& id, PrefillJob job, int64_t now_ns) {
   Instance* inst = find(id);
   if (inst == nullptr) return;
-  if (inst->prefill_queue.empty()) inst->head_started_ns = now_ns;
-  inst->prefill_queue.push_back(std::move(job));
+  auto& q = inst->prefill_queue;
+  if (q.empty()) inst->head_started_ns = now_ns;
+  auto at = queue_insert_position(q.begin(), q.end(), job.queue_key_ns, 1,
+                                  [](const PrefillJob& j) { return j.queue_key_ns; });
+  q.insert(at, std::move(job));
 }
 
 void ClusterState::finish_prefill(const std::string& id, const std::string& request_id, int64_t now_ns) {

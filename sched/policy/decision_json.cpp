@@ -20,6 +20,10 @@ nlohmann::json to_json(const PrefillEstimate& e) {
       {"longest_pool_blocks", e.longest_pool_blocks},
       {"transfer_bytes", e.transfer_bytes},
       {"load_known", e.load_known},
+      {"overtake_ms", e.overtake_ms},
+      {"queue_key_ns", e.queue_key_ns},
+      {"queue_position", e.queue_position},
+      {"kept_behind", e.kept_behind},
   };
 }
 
@@ -86,6 +90,7 @@ nlohmann::json decision_record(const Request& r, const Decision& d, std::span<co
       {"candidates", candidates},
       {"slo_ttft_ms_applied", d.slo_ttft_ms},
       {"early_reject", d.early_reject},
+      {"queue", d.queue},
   };
   if (!d.stages.empty()) {
     nlohmann::json stages = nlohmann::json::array();
@@ -115,6 +120,9 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
   out["slo"] = {{"ttft_ms", cfg.slo.ttft_ms}, {"tbt_ms", cfg.slo.tbt_ms}, {"early_reject", cfg.slo.early_reject}};
   out["kv"] = {{"kv_bytes_per_token", cfg.kv.kv_bytes_per_token}, {"block_size_tokens", cfg.kv.block_size_tokens}};
   out["heartbeat_timeout_ms"] = cfg.heartbeat_timeout_ms;
+  out["queue"] = {{"discipline", std::string(queue_discipline_name(s.queue_discipline()))},
+                  {"aging_weight", cfg.queue.aging_weight},
+                  {"guard_ms", cfg.queue.guard_ms}};
   if (with_instances) {
     nlohmann::json insts = nlohmann::json::array();
     for (Role role : {Role::kPrefill, Role::kDecode}) {

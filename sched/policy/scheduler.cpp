@@ -37,8 +37,21 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(SchedulerConfig config, con
     return error(Code::kInvalidArgument, "scheduler: SLOs must be > 0 ms");
   }
   MC_ASSIGN_OR_RETURN(auto policy, make_policy(config.policy, config.seed));
-  return std::unique_ptr<Scheduler>(
+  QueueDiscipline discipline = default_queue_discipline(config.policy);
+  if (!config.queue.discipline.empty()) {
+    MC_ASSIGN_OR_RETURN(discipline, parse_queue_discipline(config.queue.discipline));
+  }
+  if (!(config.queue.aging_weight >= 0) || !(config.queue.aging_weight <= 1e6) || !(config.queue.guard_ms >= 0) ||
+      !(config.queue.guard_ms <= 86'400'000) || config.queue.overtake_history < 1 ||
+      config.queue.overtake_history > 1'000'000) {
+    return error(Code::kInvalidArgument,
+                 "scheduler: queue aging weight must be in [0, 1e6], guard in [0, 24 h] ms, overtake history in [1, "
+                 "1e6]");
+  }
+  auto s = std::unique_ptr<Scheduler>(
       new Scheduler(std::move(config), clock, std::move(policy), prefill_prior, decode_prior, bandwidth_priors));
+  s->discipline_ = discipline;
+  return s;
 }
 
 Scheduler::Scheduler(SchedulerConfig config, const Clock* clock, std::unique_ptr<Policy> policy,
@@ -147,6 +160,7 @@ Decision Scheduler::decide(const Request& request) {
   const double slo_tbt = request.slo_tbt_ms > 0 ? request.slo_tbt_ms : config_.slo.tbt_ms;
   d.slo_ttft_ms = slo_ttft;
   d.early_reject = config_.slo.early_reject;
+  d.queue = std::string(queue_discipline_name(discipline_));
 
   // ---- 1. index lookup, once (send backlog entries stay until their prefill reports, for on_fetch_progress; one
   // whose request was never closed goes 10 minutes after its predicted end) ----
@@ -319,7 +333,35 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
   return p;
 }
 
+void Scheduler::price_queue(const Instance& inst, int64_t now, double service_ms, double slo_ttft_ms,
+                            PrefillEstimate& e) const {
+  // Work the instance reported beyond the ledger runs first (ClusterState::prefill_queue_ms bounds it the same way).
+  const double extra =
+      std::min(ClusterState::kMaxUnledgeredQueueMs, static_cast<double>(inst.reported_excess.queued_prefill_tokens) *
+                                                        std::max(0.0, prefill_.ms_per_token()));
+  const QueuePlacement p =
+      place_job(inst.prefill_queue, inst.head_started_ns, now, service_ms, extra, discipline_, config_.queue);
+  double overtake = 0;
+  if (discipline_ == QueueDiscipline::kSlo) {
+    auto it = arrivals_.find(inst.info.id);
+    if (it != arrivals_.end()) {
+      const std::vector<QueueArrival> recent(it->second.begin(), it->second.end());
+      overtake = expected_overtake_ms(recent, now, service_ms, discipline_, config_.queue);
+    }
+    // The guard keeps later jobs from making this one late: no more than its slack.
+    overtake = std::min(overtake, std::max(0.0, slo_ttft_ms - config_.queue.guard_ms - p.ahead_ms - service_ms));
+  }
+  // The placement compares the work ahead (queue_ms); the chosen instance's prediction adds the overtaking
+  // (choose_prefill): an estimate of later arrivals is no reason to prefer one instance over another.
+  e.queue_ms = p.ahead_ms;
+  e.overtake_ms = overtake;
+  e.queue_key_ns = p.key_ns;
+  e.queue_position = static_cast<int64_t>(p.position);
+  e.kept_behind = static_cast<int64_t>(p.kept_behind);
+}
+
 void Scheduler::price_prefill_instances(const Request& request, int64_t now, int64_t max_reuse) {
+  const double slo_ttft_ms = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
   const auto pool_len = static_cast<int64_t>(lookup_.size());
   estimates_.clear();
   plans_scratch_.clear();
@@ -346,7 +388,7 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
     }
     PrefillEstimate e;
     e.instance_id = inst->info.id;
-    e.queue_ms = cluster_.prefill_queue_ms(*inst, now, prefill_.ms_per_token());
+    price_queue(*inst, now, plan->cost_ms, slo_ttft_ms, e);
     e.prefill_ms = plan->prefill_ms;
     e.transfer_ms = plan->transfer_ms;
     e.ttft_ms = e.queue_ms + plan->cost_ms;
@@ -366,6 +408,8 @@ void Scheduler::choose_prefill(const Request& request, Decision& d) {
   if (chosen >= estimates_.size()) chosen = 0;
   d.prefill = estimates_[chosen];
   d.prefill.remote_sources = estimate_plans_[chosen]->remote_sources;  // only the chosen one's (commit books them)
+  d.prefill.queue_ms += d.prefill.overtake_ms;
+  d.prefill.ttft_ms += d.prefill.overtake_ms;
   d.predicted_ttft_ms = d.prefill.ttft_ms;
   if (config_.max_logged_candidates > 0) {
     size_t n = std::min(estimates_.size(), static_cast<size_t>(config_.max_logged_candidates));
@@ -443,6 +487,8 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   lead.queue_ms = *std::max_element(ready_s.begin(), ready_s.end()) * 1e3 - plan.transfer_ms;
   lead.queue_ms = std::max(0.0, lead.queue_ms);
   lead.ttft_ms = ttft_ms;
+  lead.queue_key_ns = d.decided_at_ns;  // commit() books every stage at the decision time's key
+  lead.overtake_ms = 0;
   lead.prefill_ms = std::max(0.0, ttft_ms - lead.queue_ms - lead.transfer_ms);
   d.prefill = std::move(lead);
   d.predicted_ttft_ms = ttft_ms;
@@ -584,11 +630,16 @@ void Scheduler::commit(const Request& request, const Decision& d) {
   if (!d.accepted) return;
   const int64_t now = clock_->now_ns();
   std::vector<std::string> stage_ids;
+  const int64_t deadline_ns = now + static_cast<int64_t>(std::min(d.slo_ttft_ms, 8.64e7) * 1e6);
   if (d.stages.empty()) {
+    const double service_ms = d.prefill.prefill_ms + d.prefill.transfer_ms;
     cluster_.assign_prefill(d.prefill_id,
-                            PrefillJob{request.request_id, d.prefill.prefill_ms + d.prefill.transfer_ms,
-                                       request.input_tokens - d.hit_tokens},
+                            PrefillJob{request.request_id, service_ms, request.input_tokens - d.hit_tokens,
+                                       d.prefill.queue_key_ns, deadline_ns},
                             now);
+    std::deque<QueueArrival>& recent = arrivals_[d.prefill_id];
+    recent.push_back(QueueArrival{now, service_ms});
+    while (static_cast<int64_t>(recent.size()) > config_.queue.overtake_history) recent.pop_front();
   } else {
     // Each stage is booked from the end of its own queue until its last chunk is done.
     for (const StageEstimate& st : d.stages) {
@@ -596,8 +647,10 @@ void Scheduler::commit(const Request& request, const Decision& d) {
       const double queue = inst != nullptr ? cluster_.prefill_queue_ms(*inst, now, prefill_.ms_per_token()) : 0.0;
       const int64_t tokens =
           (request.input_tokens - d.hit_tokens) * st.layers / std::max<int64_t>(1, config_.pipeline.model_layers);
-      cluster_.assign_prefill(st.instance_id, PrefillJob{request.request_id, std::max(0.0, st.end_ms - queue), tokens},
-                              now);
+      // Every stage at its decision time's key: groups keep one order on every member (DESIGN.md §18).
+      cluster_.assign_prefill(
+          st.instance_id, PrefillJob{request.request_id, std::max(0.0, st.end_ms - queue), tokens, now, deadline_ns},
+          now);
       if (st.instance_id != d.prefill_id) stage_ids.push_back(st.instance_id);
     }
   }

@@ -7,6 +7,7 @@
 
 #include "mc/common/input_file.hpp"
 #include "mc/common/units.hpp"
+#include "mc/sched/queue_discipline.hpp"
 
 namespace mc::sim {
 
@@ -49,6 +50,13 @@ Status ClusterConfig::validate() const {
   if (!kPolicies.count(policy)) {
     return bad(src, "policy", "unknown policy '" + policy + "' (random|round_robin|least_loaded|cache_aware|kvcache)");
   }
+  if (!queue.empty() && !sched::parse_queue_discipline(queue).is_ok()) {
+    return bad(src, "queue", "unknown queue discipline '" + queue + "' (fcfs|slo; empty: the policy's default)");
+  }
+  if (!(queue_aging_weight >= 0 && queue_aging_weight <= 1e6)) {
+    return bad(src, "queue_aging_weight", "must be in [0, 1e6]");
+  }
+  if (!(queue_guard_ms >= 0 && queue_guard_ms <= 86'400'000)) return bad(src, "queue_guard_ms", "must be in [0, 24 h]");
   if (!(slo_ttft_ms > 0)) return bad(src, "slo_ttft_ms", "must be > 0");
   if (!(slo_tbt_ms > 0)) return bad(src, "slo_tbt_ms", "must be > 0");
   if (block_size < 1 || block_size > (1 << 24)) return bad(src, "block_size", "must be in [1, 16777216]");
@@ -79,25 +87,30 @@ Status ClusterConfig::validate() const {
 }
 
 nlohmann::json ClusterConfig::to_json() const {
-  nlohmann::json j = {{"model", model},
-                      {"gpu", gpu},
-                      {"prefill_instances", prefill_instances},
-                      {"decode_instances", decode_instances},
-                      {"cache_capacity_tokens", cache_capacity_tokens},
-                      {"cache_mode", cache_mode_name(cache_mode)},
-                      {"nic_bandwidth_bytes_per_s", nic_bandwidth_bytes_per_s},
-                      {"policy", policy},
-                      {"slo_ttft_ms", slo_ttft_ms},
-                      {"slo_tbt_ms", slo_tbt_ms},
-                      {"early_rejection", early_rejection},
-                      {"block_size", block_size},
-                      {"chunk_tokens", chunk_tokens},
-                      {"pipeline_group", pipeline_group},
-                      {"pipeline_chunk_tokens", pipeline_chunk_tokens},
-                      {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
-                      {"decode_max_batch", decode_max_batch},
-                      {"max_context_tokens", max_context_tokens},
-                      {"seed", seed}};
+  nlohmann::json j = {
+      {"model", model},
+      {"gpu", gpu},
+      {"prefill_instances", prefill_instances},
+      {"decode_instances", decode_instances},
+      {"cache_capacity_tokens", cache_capacity_tokens},
+      {"cache_mode", cache_mode_name(cache_mode)},
+      {"nic_bandwidth_bytes_per_s", nic_bandwidth_bytes_per_s},
+      {"policy", policy},
+      {"slo_ttft_ms", slo_ttft_ms},
+      {"slo_tbt_ms", slo_tbt_ms},
+      {"early_rejection", early_rejection},
+      {"queue",
+       queue.empty() ? std::string(sched::queue_discipline_name(sched::default_queue_discipline(policy))) : queue},
+      {"queue_aging_weight", queue_aging_weight},
+      {"queue_guard_ms", queue_guard_ms},
+      {"block_size", block_size},
+      {"chunk_tokens", chunk_tokens},
+      {"pipeline_group", pipeline_group},
+      {"pipeline_chunk_tokens", pipeline_chunk_tokens},
+      {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
+      {"decode_max_batch", decode_max_batch},
+      {"max_context_tokens", max_context_tokens},
+      {"seed", seed}};
   if (!instance_nic_bandwidth_bytes_per_s.empty())
     j["instance_nic_bandwidth_bytes_per_s"] = instance_nic_bandwidth_bytes_per_s;
   return j;
@@ -155,6 +168,12 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
       MC_RETURN_IF_ERROR(num(c.slo_ttft_ms));
     } else if (key == "slo_tbt_ms") {
       MC_RETURN_IF_ERROR(num(c.slo_tbt_ms));
+    } else if (key == "queue") {
+      MC_RETURN_IF_ERROR(str(c.queue));
+    } else if (key == "queue_aging_weight") {
+      MC_RETURN_IF_ERROR(num(c.queue_aging_weight));
+    } else if (key == "queue_guard_ms") {
+      MC_RETURN_IF_ERROR(num(c.queue_guard_ms));
     } else if (key == "early_rejection") {
       if (!v.is_boolean()) return bad(source, key, "must be true or false");
       c.early_rejection = v.get<bool>();

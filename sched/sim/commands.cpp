@@ -107,6 +107,8 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   if (slo_tbt_ms) c.slo_tbt_ms = *slo_tbt_ms;
   if (pipeline_group) c.pipeline_group = *pipeline_group;
   if (pipeline_chunk_tokens) c.pipeline_chunk_tokens = *pipeline_chunk_tokens;
+  if (queue) c.queue = *queue;
+  if (queue_aging_weight) c.queue_aging_weight = *queue_aging_weight;
   return c.validate();
 }
 

@@ -1,5 +1,7 @@
 #include "mc/sim/instances.hpp"
 
+#include "mc/common/queue_order.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -47,7 +49,9 @@ void PrefillInstance::submit(PrefillJob job, Hooks hooks) {
   Entry e{std::move(job), std::move(hooks), 0};
   e.predicted_service_s = predicted_service_s(e.job);
   queued_tokens_ += e.job.input_tokens - e.job.cached_tokens;
-  queue_.push_back(std::move(e));
+  const auto at = queue_insert_position(queue_.begin(), queue_.end(), e.job.queue_key_ns, 0,
+                                        [](const Entry& x) { return x.job.queue_key_ns; });
+  queue_.insert(at, std::move(e));
   if (!running_)
     events_.schedule_after(0, [this] {
       if (!running_) start_next();

@@ -147,6 +147,9 @@ class Sim {
     sc.slo.ttft_ms = cfg_.slo_ttft_ms;
     sc.slo.tbt_ms = cfg_.slo_tbt_ms;
     sc.slo.early_reject = cfg_.early_rejection;
+    sc.queue.discipline = cfg_.queue;
+    sc.queue.aging_weight = cfg_.queue_aging_weight;
+    sc.queue.guard_ms = cfg_.queue_guard_ms;
     sc.kv.kv_bytes_per_token = kv_bytes_;
     sc.kv.block_size_tokens = block_;
     sc.heartbeat_timeout_ms = std::max<int64_t>(3'000, 10 * opt_.heartbeat_ms);
@@ -405,6 +408,7 @@ class Sim {
     job.request = id;
     job.input_tokens = req.input_tokens;
     job.cached_tokens = d.hit_tokens;
+    job.queue_key_ns = d.prefill.queue_key_ns;  // the Conductor's order (queue discipline)
     PrefillInstance::Hooks hooks;
     hooks.on_start = [this, id](PrefillJob& j) { plan_prefix(id, j); };
     hooks.on_compute_start = [this, id](const PrefillJob& j) { stream_kv(id, j); };
@@ -453,6 +457,7 @@ class Sim {
       job.input_tokens = fresh * st.layers / model_.num_layers();
       job.held = true;
       job.held_predicted_s = std::max(0.0, st.end_ms - st.ready_ms) * 1e-3;
+      job.queue_key_ns = d.prefill.queue_key_ns;  // one key on every stage: groups keep one order
       PrefillInstance::Hooks hooks;
       hooks.on_start = [this, id, s](PrefillJob&) { stage_start(id, s); };
       hooks.on_done = [this, id, s](const PrefillJob&) { stage_done(id, s); };

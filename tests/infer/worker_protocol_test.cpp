@@ -112,7 +112,9 @@ TEST(WorkerProtocol, PrefillJob) {
   j.lora_name = "sql";
   j.lora_version = "3";
   j.salt = "tenant-7";
+  j.queue_key_ns = 1'700'000'000'123'456'789;
   auto j2 = round_trip(j);
+  EXPECT_EQ(j2.queue_key_ns, j.queue_key_ns);
   EXPECT_EQ(j2.lora_name, "sql");
   EXPECT_EQ(j2.lora_version, "3");
   EXPECT_EQ(j2.salt, "tenant-7");
@@ -124,6 +126,7 @@ TEST(WorkerProtocol, PrefillJob) {
   EXPECT_FALSE(j2.store_new_blocks);
   EXPECT_EQ(j2.fail_after_layers, 2);
   EXPECT_EQ(round_trip(PrefillJobRequest{}).fetch_prefix_blocks, -1);
+  EXPECT_EQ(round_trip(PrefillJobRequest{}).queue_key_ns, 0);  // no key: the back of the queue
   auto r = round_trip(PrefillJobReply{"r", 17, sample_ledger()});
   EXPECT_EQ(r.first_token, 17u);
   expect_ledger(r.ledger);

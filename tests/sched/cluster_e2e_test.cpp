@@ -267,6 +267,37 @@ TEST_F(ClusterE2E, PlacementFollowsLoadCacheHostsAndCapacity) {
   EXPECT_EQ(final_status["decisions"]["rejected"].value("kv_capacity", 0), 1) << final_status.dump();
 }
 
+// Issue 24 item 1 through the real daemons: mc-conductor --queue slo decides the order of the prefill instance's
+// queue and mc-prefill follows it (prefill_job.queue_key_ns). One prefill instance: a long request A runs, a long B
+// and then a short C wait behind it; the slo order keys C before B, so C reaches its first token first and waits
+// less in the prefill's queue (its ledger's queue_ms), where first come, first served would run B first.
+class QueueOrderClusterE2E : public ClusterFixture {
+ protected:
+  void SetUp() override {
+    time_scale_ = kTimeScale;
+    testkit::LocalClusterFixture::start_cluster(
+        {"--hosts", "1", "--store-nodes", "1", "--prefill", "1", "--decode", "1", "--backend", "sim",
+         "--kv-buffer-size", "128MiB", "--policy", "kvcache", "--conductor-args", "--queue slo", "--time-scale",
+         kTimeScale},
+        {"master", "conductor", "prefill0", "decode0"});
+  }
+};
+
+TEST_F(QueueOrderClusterE2E, TheConductorsSloOrderReachesThePrefillQueue) {
+  auto r = replay(
+      "q", {trace_row(0, ids_range(1000, 60)), trace_row(10, ids_range(2000, 40)), trace_row(20, ids_range(3000, 2))});
+  for (int64_t line = 1; line <= 3; ++line) {
+    ASSERT_EQ(r[line].value("outcome", ""), "completed") << r[line].dump() << why("q");
+    ASSERT_EQ(r[line].value("prefill_instance", ""), "prefill0") << r[line].dump();
+  }
+  auto first_token_ms = [](const json& rec) { return rec.value("submit_ms", 0.0) + rec.value("ttft_ms", 0.0); };
+  const json& b = r[2];
+  const json& c = r[3];
+  EXPECT_LT(first_token_ms(c), first_token_ms(b)) << b.dump() << "\n" << c.dump() << why("q");
+  EXPECT_LT(c["ledger"].value("queue_ms", int64_t{0}), b["ledger"].value("queue_ms", int64_t{0})) << b.dump() << "\n"
+                                                                                                  << c.dump();
+}
+
 // A cluster whose storage nodes have little DRAM (8 blocks each) and an SSD tier, at the modelled speed (time
 // scale 1: the Conductor takes bandwidth samples only then), the Conductor pricing transfers at the bytes the
 // sim workers really move (1 KiB per token) and logging every decision.

@@ -33,6 +33,25 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember(mc::sched::policy_names()));
   serve->add_option("--seed", o.scheduler.seed, "Seed of the random policy")->capture_default_str();
+  serve
+      ->add_option("--queue", o.scheduler.queue.discipline,
+                   "Order of each prefill instance's queue: fcfs (first come, first served) | slo (shortest predicted "
+                   "prefill first, aged, never making a queued request late; the key travels in prefill_job). "
+                   "Default: slo for the kvcache policy, fcfs for the baselines")
+      ->envname("MC_QUEUE")
+      ->check(CLI::IsMember({"fcfs", "slo"}));
+  serve
+      ->add_option("--queue-aging", o.scheduler.queue.aging_weight,
+                   "slo order's aging weight: a job's key = its decision time + this x its predicted prefill ms (0: "
+                   "FCFS with the deadline guard)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  serve
+      ->add_option("--queue-guard-ms", o.scheduler.queue.guard_ms,
+                   "slo order's deadline guard: a job never goes ahead of a queued one it would bring within this "
+                   "many ms of its TTFT deadline")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86'400'000.0));
   mc::cli::add_slo_default_flags(*serve, o.scheduler.slo.ttft_ms, o.scheduler.slo.tbt_ms);
   serve->add_flag("--no-early-reject", no_early_reject,
                   "Place requests even when they are predicted to miss their SLO (reject only impossible ones)");

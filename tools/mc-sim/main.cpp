@@ -49,6 +49,15 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-chunk", o.pipeline_chunk_tokens,
                  "Override: tokens of one chunk of a pipelined prefill (activations cross stages per chunk; default "
                  "8192)");
+  app.add_option("--queue", o.queue,
+                 "Override: order of each prefill instance's queue: fcfs (first come, first served) | slo (shortest "
+                 "predicted prefill first, aged, never making a queued request late; docs/DESIGN.md §10). Default: "
+                 "slo for the kvcache policy, fcfs for the baselines")
+      ->envname("MC_QUEUE")
+      ->check(CLI::IsMember({"fcfs", "slo"}));
+  app.add_option("--queue-aging", o.queue_aging_weight,
+                 "Override: slo order's aging weight: a job's key = its decision time + this x its predicted "
+                 "prefill ms (0: FCFS with the deadline guard; default 4)");
   mc::cli::add_slo_list_flags(app, "--report-slo-ttft-ms", cmd.report_slo_ttft_ms, "--report-slo-tbt-ms",
                               cmd.report_slo_tbt_ms, " of the summary's SLO table (default: the cluster's)");
   app.add_option("--refit", cmd.refit,

@@ -952,17 +952,22 @@ struct PrefillJobRequest {
   // streams those layers' KV into the decode reservation like a whole prefill, and (all but the last stage) sends
   // each chunk's hidden states to next_stage_endpoint (prefill_stage_hidden). Stage 0 fetches the prefix and fixes
   // how many tokens are cached; the others learn it from its first chunk. Only the last stage commits at decode.
-  // stage_layers 0: a whole prefill (every field below ignored).
+  // stage_layers 0: a whole prefill (the other stage fields are then ignored).
   int64_t stage_first_layer = 0;
   int64_t stage_layers = 0;
   int64_t stage_index = 0;
   int64_t stage_count = 1;
   std::string next_stage_endpoint{};
   bool is_stage() const { return stage_layers > 0; }
+  // The job's place in the instance's queue (DESIGN.md §10 "Queue discipline"; mc/common/queue_order.hpp): waiting
+  // jobs run in key order, equal keys in arrival order. Nanoseconds on the Conductor's clock, compared only with
+  // other keys; in [0, kMaxQueueKeyNs], else the job is refused (kInvalidArgument). 0: no key (an older
+  // Conductor, a client): the job joins the back of the queue, as first come, first served.
+  int64_t queue_key_ns = 0;
   MSGPACK_DEFINE_MAP(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
                      reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
                      store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant,
-                     stage_first_layer, stage_layers, stage_index, stage_count, next_stage_endpoint);
+                     stage_first_layer, stage_layers, stage_index, stage_count, next_stage_endpoint, queue_key_ns);
 };
 
 // Stage s -> stage s+1 of a pipelined prefill (DESIGN.md §18 "Live groups"): the hidden states of one chunk after

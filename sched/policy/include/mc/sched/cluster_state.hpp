@@ -52,11 +52,14 @@ struct InstanceInfo {
   bool runs_pipeline_stages = true;  // prefill: may be a stage of a pipelined group (DESIGN.md §18)
 };
 
-// One queued prefill job in the ledger.
+// One queued prefill job in the ledger. The queue keeps its waiting jobs (all but the head, which runs) in queue-key
+// order (mc/common/queue_order.hpp; queue_discipline.hpp decides the keys).
 struct PrefillJob {
   std::string request_id;
   double predicted_ms = 0;
-  int64_t tokens = 0;  // uncached tokens to prefill
+  int64_t tokens = 0;               // uncached tokens to prefill
+  int64_t queue_key_ns = 0;         // its place in the order (the Scheduler's clock); FCFS: the decision time
+  int64_t deadline_ns = INT64_MAX;  // when its TTFT SLO ends (the deadline guard protects it); none: INT64_MAX
 };
 
 // One request in a decode instance's ledger, from admission to completion.
@@ -122,7 +125,8 @@ class ClusterState {
   std::optional<uint32_t> find_host(const std::string& host) const;
   const std::string& host_name(uint32_t index) const;
 
-  // Ledger.
+  // Ledger. The job joins the queue at its key's place (after the running head, after equal keys); into an empty
+  // queue it runs from now_ns.
   void assign_prefill(const std::string& id, PrefillJob job, int64_t now_ns);
   // Removes the job (wherever it is in the queue); the next head starts at now_ns. No-op if absent.
   void finish_prefill(const std::string& id, const std::string& request_id, int64_t now_ns);

@@ -14,6 +14,9 @@
 //     costs fixed + sum over source hosts of (that host's send backlog + bytes) / path bandwidth: a link
 //     measured slow, or a sender already loaded with the fetches placed on it, turns fetches into
 //     recomputes or into reads of a nearer replica (DESIGN.md §16 "Bandwidth decides, live");
+//     The queue term is priced under the queue discipline in force (queue_discipline.hpp, --queue): the work ahead
+//     of the job's place in the instance's order; the chosen instance's prediction adds the work expected to
+//     overtake it later (slo), bounded by its slack;
 //  3. the policy chooses the prefill instance;
 //  4. for each live decode instance predict, at the time this prefill finishes, the batch, the KV
 //     reserved (input + output tokens of every request still running then: future growth counted)
@@ -30,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -44,6 +48,7 @@
 #include "mc/sched/policy.hpp"
 #include "mc/sched/predictors.hpp"
 #include "mc/sched/prefix_index.hpp"
+#include "mc/sched/queue_discipline.hpp"
 #include "mc/sched/types.hpp"
 
 namespace mc::sched {
@@ -159,6 +164,8 @@ class Scheduler {
   const PredictionErrorStats& decode_step_error() const { return decode_error_; }
   const SchedulerCounters& counters() const { return counters_; }
   const SchedulerConfig& config() const { return config_; }
+  // The queue discipline in force (config().queue.discipline, or the policy's default).
+  QueueDiscipline queue_discipline() const { return discipline_; }
   // Every live prefill instance as the last decide() priced it, in registration order: the policy's input
   // (empty when that decision was rejected before pricing). Valid until the next decide().
   std::span<const PrefillEstimate> last_estimates() const { return estimates_; }
@@ -225,6 +232,9 @@ class Scheduler {
   bool priced_by_path() const { return bandwidth_.has_paths() || !send_backlog_.empty(); }
   // Drops `request_id`'s entries from the send backlogs of the hosts in `hosts`.
   void end_sends(const std::string& request_id, const std::vector<uint32_t>& hosts);
+  // Step 2a: e's queue figures on `inst` under the discipline for a job of service_ms (queue_discipline.hpp).
+  void price_queue(const Instance& inst, int64_t now_ns, double service_ms, double slo_ttft_ms,
+                   PrefillEstimate& e) const;
   // Step 2: one PrefillEstimate per live prefill instance into estimates_ (plans shared by host).
   void price_prefill_instances(const Request& request, int64_t now_ns, int64_t max_reuse);
   // Step 3: the policy's choice among estimates_ into d.prefill (and the logged candidates).
@@ -250,6 +260,7 @@ class Scheduler {
   void drop_instance_blocks(const Instance& inst);
 
   SchedulerConfig config_;
+  QueueDiscipline discipline_ = QueueDiscipline::kFcfs;
   const Clock* clock_;
   std::unique_ptr<Policy> policy_;
   ClusterState cluster_;
@@ -262,6 +273,9 @@ class Scheduler {
   SchedulerCounters counters_;
   std::unordered_map<std::string, InFlight> in_flight_;
   std::unordered_map<uint32_t, std::vector<SendEntry>> send_backlog_;  // by source host index
+  // The latest arrivals booked on each prefill instance (QueueConfig::overtake_history of them), for the overtaking
+  // estimate of the slo order (queue_discipline.hpp expected_overtake_ms).
+  std::unordered_map<std::string, std::deque<QueueArrival>> arrivals_;
   // scratch, reused by decide()
   std::vector<std::span<const Holder>> lookup_;
   std::vector<PathClass> block_class_scratch_;

@@ -91,6 +91,17 @@ struct PipelineConfig {
   double waste_weight = 1.0;
 };
 
+// Queue discipline of the prefill instances (queue_discipline.hpp; DESIGN.md §10 "Queue discipline").
+enum class QueueDiscipline : uint8_t { kFcfs = 0, kSlo = 1 };
+
+struct QueueConfig {
+  std::string discipline;     // "fcfs" | "slo"; "": the policy's default (slo for kvcache, fcfs for the baselines)
+  double aging_weight = 4.0;  // slo: key = now + aging_weight x predicted service (ms); >= 0 (0: FCFS with the guard)
+  double guard_ms = 3'000;    // slo: slack kept before each queued job's deadline (ms); >= 0
+  // Arrivals per prefill instance remembered for the overtaking estimate (the most recent ones); >= 1.
+  int64_t overtake_history = 64;
+};
+
 struct SchedulerConfig {
   std::string policy = "kvcache";  // see policy_names()
   uint64_t seed = 1;               // for the random policy
@@ -110,6 +121,7 @@ struct SchedulerConfig {
   // Candidates kept in a Decision (sorted by predicted TTFT) for the decision log; 0 keeps none.
   int max_logged_candidates = 4;
   PipelineConfig pipeline;
+  QueueConfig queue;
 };
 
 // Pricing of one prefill instance for one request (DESIGN.md §3 step 2):
@@ -139,6 +151,13 @@ struct PrefillEstimate {
   // the Decision's chosen estimate only (Scheduler::last_estimates() and the logged candidates leave it empty).
   std::vector<SourceBytes> remote_sources;
   bool load_known = false;  // false: registered, no load report yet (#12)
+  // The queue discipline's figures (queue_discipline.hpp): queue_ms = the work ahead of it in the order + the work
+  // expected to overtake it later (overtake_ms, bounded by its slack); its queue key (Scheduler's clock, ns) and
+  // how many queued jobs the deadline guard kept it behind.
+  double overtake_ms = 0;
+  int64_t queue_key_ns = 0;
+  int64_t queue_position = 0;  // jobs before it in the instance's queue, the running one included
+  int64_t kept_behind = 0;
 };
 
 // One stage of a pipelined prefill (Decision::stages): its instance, its layers and when, from the decision, it is
@@ -201,6 +220,9 @@ struct Decision {
   // start (the last stage ready), prefill_ms the pipeline's span, ttft_ms the last stage's end.
   std::vector<StageEstimate> stages;
   double single_ttft_ms = 0;  // the best single instance's predicted TTFT when a group was chosen, else 0
+  // The queue discipline applied ("fcfs" | "slo"); the job's queue key is prefill.queue_key_ns (sent to the prefill
+  // instance with the job, prefill_job.queue_key_ns) and its deadline decided_at_ns + slo_ttft_ms.
+  std::string queue;
 };
 
 }  // namespace mc::sched

@@ -14,6 +14,11 @@
 //     "slo_ttft_ms": 30000,
 //     "slo_tbt_ms": 100,
 //     "early_rejection": true,               // reject at arrival what is predicted to miss an SLO
+//     "queue": "",                           // prefill queue discipline: fcfs | slo ("": the policy's
+//                                            // default, slo for kvcache, fcfs for the baselines)
+//     "queue_aging_weight": 4,               // slo: a job's key = decision time + this x its predicted
+//                                            // prefill (mc/sched/queue_discipline.hpp)
+//     "queue_guard_ms": 3000,                // slo: slack kept before each queued job's TTFT deadline
 //     "block_size": 512,                     // tokens per hash block (the traces' 512)
 //     "chunk_tokens": 0,                     // chunked prefill chunk size (0: one pass)
 //     "pipeline_group": 1,                   // prefill instances a long prompt may pipeline over (chunked
@@ -56,6 +61,9 @@ struct ClusterConfig {
   double slo_ttft_ms = 30'000;
   double slo_tbt_ms = 100;
   bool early_rejection = true;
+  std::string queue;  // "fcfs" | "slo" | "": the policy's default (mc/sched/queue_discipline.hpp)
+  double queue_aging_weight = 4.0;
+  double queue_guard_ms = 3'000;
   int64_t block_size = 512;
   int64_t chunk_tokens = 0;
   int64_t pipeline_group = 1;

@@ -34,6 +34,8 @@ struct ClusterOverrides {
   std::optional<uint64_t> seed;
   std::optional<int64_t> pipeline_group;         // chunked pipeline parallelism: instances per group (1: off)
   std::optional<int64_t> pipeline_chunk_tokens;  // a pipelined prefill's chunk
+  std::optional<std::string> queue;              // prefill queue discipline: fcfs | slo
+  std::optional<double> queue_aging_weight;      // slo: key = now + weight x predicted service
   // Applies the set fields to `config` and validates it.
   Status apply(ClusterConfig& config) const;
 };

@@ -1,4 +1,5 @@
-// The simulated instances: a prefill instance (a FIFO server that fetches the prefix it was told to
+// The simulated instances: a prefill instance (one server whose waiting jobs run in queue-key order,
+// mc/common/queue_order.hpp: FCFS when every key is the submit time; it fetches the prefix it was told to
 // fetch over its NIC, then computes the rest, chunk by chunk) and a decoding instance (KV admission by
 // reservation, continuous batching with the cost model's step times).
 //
@@ -36,6 +37,9 @@ struct PrefillJob {
   // instance, fetching and computing nothing itself, until release_held() says when its last chunk ends.
   bool held = false;
   double held_predicted_s = 0;  // its predicted service, for predicted_queue_s()
+  // Its place in the queue (the Conductor's queue key, Decision::prefill.queue_key_ns): waiting jobs run in key
+  // order, equal keys in submit order. FCFS: the submit time.
+  int64_t queue_key_ns = 0;
   // Filled in by the instance (ns of virtual time).
   int64_t enqueue_ns = -1;
   int64_t start_ns = -1;          // left the queue: fetches start
@@ -59,7 +63,8 @@ class PrefillInstance {
   // borrowed and must outlive the instance.
   PrefillInstance(int nic, EventQueue& queue, Network& network, const CostModel& model, int64_t chunk_tokens);
 
-  // Appends a job to the FIFO queue; the hooks (each may be empty) run as documented on Hooks.
+  // Queues a job at its key's place (after every waiting job of a smaller or equal key); the hooks (each may be
+  // empty) run as documented on Hooks.
   void submit(PrefillJob job, Hooks hooks);
 
   // Ends the held job at the head (PrefillJob::held) at end_ns (>= now), having computed busy_s of it from
