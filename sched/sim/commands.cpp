@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 
+#include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
 #include "mc/model/cost_model.hpp"
@@ -33,6 +34,22 @@ class OutputOverride final : public RequestSource {
   RequestSource& inner_;
   int64_t output_length_;
 };
+
+// What the trace reader found (format, timestamp unit, epoch shift, re-cut or synthesized ids): in the run's header,
+// and on stderr when the reader decided it by itself.
+void add_trace_read(replay::RunInfo& info, const RequestSource& source, const trace::FormatOptions& formats,
+                    const std::string& path) {
+  const trace::ReaderStats* st = source.reader_stats();
+  if (st == nullptr) return;
+  std::string line;
+  for (auto& [k, v] : trace::describe(*st, formats)) {
+    line += (line.empty() ? "" : ", ") + k + " " + v;
+    info.emplace_back(k, v);
+  }
+  if (st->format_detected || st->unit_detected || st->epoch_shift_ns > 0 || st->reblocked_rows > 0 ||
+      st->synthesized_rows > 0)
+    MC_LOG_INFO << path << ": " << line;
+}
 
 }  // namespace
 
@@ -117,6 +134,7 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
   ro.mode = cmd.lenient ? trace::Mode::kLenient : trace::Mode::kStrict;
   ro.block_size = opt.cluster.block_size;
   ro.source_name = cmd.trace_path;
+  ro.formats = cmd.formats;
   MC_ASSIGN_OR_RETURN(std::unique_ptr<RequestSource> source, open_trace(cmd.trace_path, ro));
   std::unique_ptr<RequestSource> overridden;
   RequestSource* src = source.get();
@@ -158,6 +176,7 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
                            {"rate_scale", std::to_string(opt.window.rate_scale)},
                            {"early_rejection", opt.cluster.early_rejection ? "on" : "off"},
                            {"refit", cmd.refit ? "on" : "off"}});
+  add_trace_read(info, *source, cmd.formats, cmd.trace_path);
   if (described) {
     info.push_back({"description", described->summary() + " from " + described->source});
     info.push_back({"description_pool", std::to_string(derived->pool_tokens) +
@@ -300,6 +319,7 @@ Status run_capacity_command(const CapacityCommand& cmd, std::ostream& out) {
   trace::ReaderOptions ro;
   ro.mode = cmd.lenient ? trace::Mode::kLenient : trace::Mode::kStrict;
   ro.block_size = o.base.block_size;
+  ro.formats = cmd.formats;
   MC_ASSIGN_OR_RETURN(std::unique_ptr<RequestSource> source, open_trace(cmd.trace_path, ro));
   // The window is applied once here; the simulations then replay all loaded rows.
   MC_ASSIGN_OR_RETURN(std::vector<trace::Request> rows, load_window(*source, o.window));
@@ -316,6 +336,7 @@ Status run_capacity_command(const CapacityCommand& cmd, std::ostream& out) {
                            {"accept", std::to_string(o.accept)},
                            {"policy", o.base.policy},
                            {"model", o.base.model + " on " + o.base.gpu}});
+  add_trace_read(info, *source, cmd.formats, cmd.trace_path);
   if (cmd.json) {
     out << to_json(plan, info).dump(2) << "\n";
   } else {
