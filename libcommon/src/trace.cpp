@@ -255,8 +255,7 @@ std::string_view unit_name(TimeUnit u) {
 Result<Format> parse_format(std::string_view name) {
   for (Format f : {Format::kAuto, Format::kMooncake, Format::kAzure, Format::kBurstGpt})
     if (name == format_name(f)) return f;
-  return Status(Code::kInvalidArgument,
-                "--format '" + std::string(name) + "': give auto, mooncake, azure or burstgpt");
+  return Status(Code::kInvalidArgument, "--format '" + std::string(name) + "': give auto, mooncake, azure or burstgpt");
 }
 
 Result<TimeUnit> parse_unit(std::string_view name) {
@@ -396,8 +395,7 @@ std::vector<std::pair<std::string, std::string>> describe(const ReaderStats& s, 
     out.emplace_back("timestamp_unit", std::string(unit_name(s.timestamp_unit)) + how);
   }
   if (s.dates) out.emplace_back("timestamps", "dates and times (UTC)");
-  if (s.epoch_shift_ns > 0)
-    out.emplace_back("epoch_start", format_date(s.epoch_shift_ns) + " (shifted to 0)");
+  if (s.epoch_shift_ns > 0) out.emplace_back("epoch_start", format_date(s.epoch_shift_ns) + " (shifted to 0)");
   if (o.block_accounting == BlockAccounting::kLenient) {
     out.emplace_back("block_accounting", "lenient");
     out.emplace_back("reblocked_rows", std::to_string(s.reblocked_rows));
@@ -483,9 +481,9 @@ Result<Request> parse_row(const std::string& line, int64_t block_size, const std
 
 std::string to_jsonl(const Request& r) {
   nlohmann::ordered_json j = {{"timestamp", r.timestamp_ms},
-            {"input_length", r.input_length},
-            {"output_length", r.output_length},
-            {"hash_ids", r.hash_ids}};
+                              {"input_length", r.input_length},
+                              {"output_length", r.output_length},
+                              {"hash_ids", r.hash_ids}};
   if (!r.scope.lora_name.empty()) j["lora_name"] = r.scope.lora_name;
   if (!r.scope.lora_version.empty()) j["lora_version"] = r.scope.lora_version;
   if (!r.scope.salt.empty()) j["salt"] = r.scope.salt;
@@ -517,9 +515,10 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& path, ReaderOpti
     if (options.source_name == "-") options.source_name = "<stdin>";
     return std::make_unique<Reader>(std::cin, std::move(options));
   }
-  MC_ASSIGN_OR_RETURN(std::ifstream in,
-                      open_input_file(path, "trace file",
-                                      "give a path to a trace (Mooncake JSONL, Azure or BurstGPT CSV), or - for stdin"));
+  MC_ASSIGN_OR_RETURN(
+      std::ifstream in,
+      open_input_file(path, "trace file",
+                      "give a path to a trace (Mooncake JSONL, Azure or BurstGPT CSV), or - for stdin"));
   auto file = std::make_unique<std::ifstream>(std::move(in));
   if (options.source_name == "-") options.source_name = path;
   auto reader = std::make_unique<Reader>(*file, std::move(options));
@@ -546,10 +545,11 @@ Status Reader::read_header(const std::string& line, const std::string& where, bo
     } else if (has(Format::kBurstGpt)) {
       format_ = Format::kBurstGpt;
     } else {
-      return bad(where, "the first line is neither a Mooncake JSONL row ({\"timestamp\": ...}) nor the header of a "
-                        "known CSV trace (Azure: TIMESTAMP,ContextTokens,GeneratedTokens; BurstGPT: Timestamp,"
-                        "Request tokens,Response tokens,...): \"" +
-                            shown + "\" (name the format with --format)");
+      return bad(where,
+                 "the first line is neither a Mooncake JSONL row ({\"timestamp\": ...}) nor the header of a "
+                 "known CSV trace (Azure: TIMESTAMP,ContextTokens,GeneratedTokens; BurstGPT: Timestamp,"
+                 "Request tokens,Response tokens,...): \"" +
+                     shown + "\" (name the format with --format)");
     }
   }
   const std::vector<std::string>& needed = csv_columns(format_);
@@ -568,8 +568,8 @@ Status Reader::read_header(const std::string& line, const std::string& where, bo
 Result<PendingRow> Reader::parse_csv_row(const std::vector<std::string>& fields, const std::string& where) {
   const auto expected = static_cast<size_t>(columns_.back());
   if (fields.size() != expected)
-    return bad(where, "the row has " + std::to_string(fields.size()) + " fields, the header " +
-                          std::to_string(expected));
+    return bad(where,
+               "the row has " + std::to_string(fields.size()) + " fields, the header " + std::to_string(expected));
   PendingRow p;
   auto field = [&](size_t i) -> const std::string& { return fields[static_cast<size_t>(columns_[i])]; };
   MC_ASSIGN_OR_RETURN(p.timestamp, parse_time_text(field(0), csv_column_label(format_, 0), where));

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "mc/common/splitmix.hpp"
@@ -58,8 +58,8 @@ uint64_t PrefixIds::history_id(uint64_t row, uint64_t block) const { return mix(
 std::vector<uint64_t> PrefixIds::prompt_ids(const std::vector<uint64_t>& shared_ids, int64_t shared_tokens,
                                             int64_t input_length, int64_t block_size, uint64_t row) const {
   const int64_t blocks = (input_length + block_size - 1) / block_size;
-  const int64_t shared = std::min({std::min(shared_tokens, input_length) / block_size,
-                                   static_cast<int64_t>(shared_ids.size()), blocks});
+  const int64_t shared =
+      std::min({std::min(shared_tokens, input_length) / block_size, static_cast<int64_t>(shared_ids.size()), blocks});
   std::vector<uint64_t> ids(shared_ids.begin(), shared_ids.begin() + shared);
   ids.reserve(static_cast<size_t>(blocks));
   for (int64_t j = shared; j < blocks; ++j) ids.push_back(fresh_id(row, static_cast<uint64_t>(j)));

@@ -110,8 +110,7 @@ Status GenOptions::validate() const {
     return bad("--max-input-tokens must be in [1, 2147483647]");
   if ((max_input_tokens + block_size - 1) / block_size > trace::kMaxSynthesizedBlocks)
     return bad("--max-input-tokens " + std::to_string(max_input_tokens) + " needs more than " +
-               std::to_string(trace::kMaxSynthesizedBlocks) + " blocks of --block-size " +
-               std::to_string(block_size));
+               std::to_string(trace::kMaxSynthesizedBlocks) + " blocks of --block-size " + std::to_string(block_size));
   return Status::ok();
 }
 

@@ -132,9 +132,9 @@ TEST(TraceFormat, StringTimestampsAndExactDigits) {
   EXPECT_EQ(dt.rows[1].timestamp_ms, 1250);
   EXPECT_TRUE(dt.stats.dates);
   // Bad values name the line and the field.
-  for (const char* bad : {"-1", "\"-5\"", "\"NaN\"", "\"inf\"", "\"\"", "\"12abc\"", "true", "null",
-                                 "\"2023-02-29 00:00:00\"", "\"2023-13-01 00:00:00\"", "\"2023-11-16 25:00:00\"",
-                                 "\"1e400\"", "\"1e30\""}) {
+  for (const char* bad :
+       {"-1", "\"-5\"", "\"NaN\"", "\"inf\"", "\"\"", "\"12abc\"", "true", "null", "\"2023-02-29 00:00:00\"",
+        "\"2023-13-01 00:00:00\"", "\"2023-11-16 25:00:00\"", "\"1e400\"", "\"1e30\""}) {
     auto r2 = read_all(row(bad));
     EXPECT_EQ(r2.status.code(), Code::kInvalidArgument) << bad;
     EXPECT_NE(r2.status.message().find("t.trace:1:"), std::string::npos) << bad << ": " << r2.status.message();
@@ -198,7 +198,7 @@ TEST(TraceFormat, LenientBlockAccountingRecutsAndCounts) {
   auto r = read_all(row("0", 1000, "[11, 12, 13]") + row("1", 600, "[5, 6]") + row("2", 5000, "[1]"), lenient);
   ASSERT_TRUE(r.status.is_ok()) << r.status.message();
   ASSERT_EQ(r.rows.size(), 3u);
-  EXPECT_EQ(r.rows[0].hash_ids.size(), 2u);  // re-cut into ceil(1000/512) blocks
+  EXPECT_EQ(r.rows[0].hash_ids.size(), 2u);                      // re-cut into ceil(1000/512) blocks
   EXPECT_EQ(r.rows[1].hash_ids, (std::vector<uint64_t>{5, 6}));  // already one id per block: kept
   EXPECT_EQ(r.rows[2].hash_ids.size(), 10u);
   EXPECT_EQ(r.stats.reblocked_rows, 2);
@@ -266,7 +266,8 @@ TEST(TraceFormat, AzureCsvDetectedAndParsed) {
   EXPECT_EQ(all.size(), n);
   EXPECT_EQ(r.stats.synthesized_rows, 3);
   // Columns in another order, with others around them; named format; a numeric TIMESTAMP by magnitude.
-  auto other = read_all("region,GeneratedTokens,TIMESTAMP,ContextTokens\nwest,5,1700000000.5,10\neast,6,1700000001,20\n");
+  auto other =
+      read_all("region,GeneratedTokens,TIMESTAMP,ContextTokens\nwest,5,1700000000.5,10\neast,6,1700000001,20\n");
   ASSERT_TRUE(other.status.is_ok()) << other.status.message();
   EXPECT_EQ(other.rows[1].timestamp_ms, 500);
   EXPECT_EQ(other.rows[1].output_length, 6);
@@ -326,8 +327,8 @@ TEST(TraceFormat, BadCsvRowsNameLineAndField) {
   ASSERT_TRUE(lenient.status.is_ok());
   EXPECT_EQ(lenient.rows.size(), 1u);
   EXPECT_EQ(lenient.stats.skipped, 1);
-  EXPECT_EQ(lenient.stats.lines, lenient.stats.rows + lenient.stats.skipped + lenient.stats.blank +
-                                     lenient.stats.header);
+  EXPECT_EQ(lenient.stats.lines,
+            lenient.stats.rows + lenient.stats.skipped + lenient.stats.blank + lenient.stats.header);
   // A first line of no known format fails in both modes, naming the remedy.
   for (Mode m : {Mode::kStrict, Mode::kLenient}) {
     auto unknown = read_all("a,b,c\n1,2,3\n", {}, m);

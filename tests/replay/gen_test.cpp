@@ -59,7 +59,7 @@ TEST(Gen, AValidTraceWithSessionsAndSharedPrompts) {
   o.block_size = 64;
   o.seed = 1;
   const std::vector<trace::Request> rows = read(generate(o), 64);  // the strict reader accepts every row
-  ASSERT_GT(rows.size(), 400u);  // about 4 turns per session
+  ASSERT_GT(rows.size(), 400u);                                    // about 4 turns per session
   int64_t last = 0;
   int64_t longest = 0;
   for (const auto& r : rows) {

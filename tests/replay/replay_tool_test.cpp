@@ -494,7 +494,7 @@ TEST(ReplayTool, AnalyzeCsvTraces) {
   EXPECT_EQ(a["config"]["epoch_start"], "2023-11-16T18:15:46.680Z (shifted to 0)");
   EXPECT_EQ(a["config"]["synthesized_rows"], "60");
   EXPECT_EQ(a["first_timestamp_s"], 0.0);
-  EXPECT_EQ(a["infinite_cache"]["hit_ratio_blocks"], 0.0);  // unique ids: no reuse
+  EXPECT_EQ(a["infinite_cache"]["hit_ratio_blocks"], 0.0);                        // unique ids: no reuse
   EXPECT_NE(azure.err.find("azure (detected)"), std::string::npos) << azure.err;  // said on stderr too
   ToolRun chat = run_tool({"analyze", kData + "azure_sample.csv", "--json", "--synthesize-prefixes", "chat"});
   ASSERT_EQ(chat.rc, 0) << chat.err;
@@ -550,10 +550,10 @@ TEST(ReplayTool, BlockAccounting) {
   EXPECT_EQ(a["config"]["reblocked_rows"], "1");
   EXPECT_EQ(a["total_blocks"], 4);
   // The second row has one id per block already: kept as it is. Two equal rows re-cut into equal blocks.
-  ToolRun same = run_tool({"analyze", "-", "--block-accounting", "lenient", "--json"},
-                          std::string(R"({"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2, 3]})") +
-                              "\n" + R"({"timestamp": 5, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2, 3]})" +
-                              "\n");
+  ToolRun same = run_tool(
+      {"analyze", "-", "--block-accounting", "lenient", "--json"},
+      std::string(R"({"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2, 3]})") + "\n" +
+          R"({"timestamp": 5, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2, 3]})" + "\n");
   ASSERT_EQ(same.rc, 0) << same.err;
   EXPECT_EQ(json::parse(same.out)["infinite_cache"]["hit_ratio_blocks"], 0.5);
 }

@@ -121,7 +121,8 @@ TEST(Tools, McSimAndMcPlanReadACsvTrace) {
   const std::string sim = MC_BINARY_DIR "/bin/mc-sim";
   const std::string csv = MC_SOURCE_DIR "/tests/replay/data/azure_sample.csv";
   int rc = 0;
-  std::string out = run_tool(sim + " --trace " + csv + " --prefill-instances 2 --decode-instances 2 --json 2>/dev/null", rc);
+  std::string out =
+      run_tool(sim + " --trace " + csv + " --prefill-instances 2 --decode-instances 2 --json 2>/dev/null", rc);
   ASSERT_EQ(rc, 0) << out;
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["summary"]["requests"]["offered"], 60);
@@ -137,7 +138,8 @@ TEST(Tools, McSimAndMcPlanReadACsvTrace) {
   {
     std::unique_ptr<FILE, int (*)(FILE*)> f(fopen(bad.c_str(), "w"), fclose);
     ASSERT_NE(f, nullptr);
-    fputs("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,100,5\n2023-11-16 18:15:47,abc,5\n", f.get());
+    fputs("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,100,5\n2023-11-16 18:15:47,abc,5\n",
+          f.get());
   }
   out = run_tool(sim + " --trace " + bad + " 2>&1", rc);
   EXPECT_EQ(WEXITSTATUS(rc), 2);

@@ -19,10 +19,10 @@ namespace mc::csv {
 inline constexpr size_t kMaxCsvFields = 1024;
 
 enum class Split {
-  kOk,              // `fields` holds the record's fields, unquoted
-  kOpenQuote,       // a quoted field is still open at the end: the record goes on past a line break
-  kBadQuote,        // a quote inside a bare field, or text after a closing quote (`column` names the field)
-  kTooManyFields,   // more than kMaxCsvFields fields
+  kOk,             // `fields` holds the record's fields, unquoted
+  kOpenQuote,      // a quoted field is still open at the end: the record goes on past a line break
+  kBadQuote,       // a quote inside a bare field, or text after a closing quote (`column` names the field)
+  kTooManyFields,  // more than kMaxCsvFields fields
 };
 
 struct SplitResult {

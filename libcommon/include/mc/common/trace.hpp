@@ -18,7 +18,8 @@
 // double rounding) to ns. Numbers are in TimeUnit: named, the format's own (BurstGPT: s), or for Mooncake JSONL
 // detected from the first row's value by magnitude: >= 1e17 ns, >= 1e14 µs, >= 1e11 ms, >= 1e9 s, else ms (a
 // relative trace, the Mooncake convention). A first timestamp at or after 1e9 s since 1970 (2001-09-09) is an epoch
-// time (so is every date): every timestamp is then shifted so that the first row's is 0. Rows keep whole ms (sub-ms parts are cut).
+// time (so is every date): every timestamp is then shifted so that the first row's is 0. Rows keep whole ms (sub-ms
+// parts are cut).
 //
 // Blocks: a row's hash_ids must number ceil(input_length / block_size) (BlockAccounting::kStrict, the default).
 // With kLenient a row with another (non-zero) count is accepted: id i then covers tokens [round(i·L/n),
@@ -104,7 +105,7 @@ struct ReaderStats {
   int64_t rows = 0;     // valid rows returned
   int64_t skipped = 0;  // invalid rows skipped (lenient)
   int64_t blank = 0;
-  int64_t header = 0;   // lines of a CSV header (0 or 1)
+  int64_t header = 0;                     // lines of a CSV header (0 or 1)
   std::vector<std::string> first_errors;  // up to 10 messages of skipped rows
   // What was read, once the first row was (kAuto until then).
   Format format = Format::kAuto;
@@ -168,10 +169,10 @@ Result<Request> parse_row(const std::string& line, int64_t block_size, const std
 // A timestamp as written: an exact decimal (digits, an optional fraction and exponent) or a date and time.
 struct TimeValue {
   bool is_date = false;
-  int64_t date_ns = 0;  // is_date: ns since 1970-01-01T00:00:00 UTC
-  std::string digits;   // !is_date: the significant digits, no sign, no point
-  int32_t exponent = 0; // value = digits x 10^exponent
-  double approx = 0;    // for detection by magnitude
+  int64_t date_ns = 0;   // is_date: ns since 1970-01-01T00:00:00 UTC
+  std::string digits;    // !is_date: the significant digits, no sign, no point
+  int32_t exponent = 0;  // value = digits x 10^exponent
+  double approx = 0;     // for detection by magnitude
 };
 // "1700000000123", "1.5", "1.7e18", "2023-11-16 18:15:46.6805900" (also with 'T' and a trailing 'Z'). Negative,
 // NaN, infinite, empty or garbled text is kInvalidArgument naming `field`.

@@ -28,9 +28,9 @@
 
 #include <cstdint>
 #include <list>
-#include <utility>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "mc/common/status.hpp"
@@ -47,8 +47,8 @@ class PrefixIds {
   // The ids of a prompt of `input_length` tokens whose first `shared_tokens` tokens are those of `shared_ids`
   // (complete blocks of the shared text, at least floor(shared_tokens / block_size) of them; more are ignored),
   // the rest fresh ids of row `row`.
-  std::vector<uint64_t> prompt_ids(const std::vector<uint64_t>& shared_ids, int64_t shared_tokens,
-                                   int64_t input_length, int64_t block_size, uint64_t row) const;
+  std::vector<uint64_t> prompt_ids(const std::vector<uint64_t>& shared_ids, int64_t shared_tokens, int64_t input_length,
+                                   int64_t block_size, uint64_t row) const;
   // The history after row `row` answered: the prompt's complete blocks, then history ids, floor((input_length +
   // output_length) / block_size) in all.
   std::vector<uint64_t> history_ids(const std::vector<uint64_t>& prompt_ids, int64_t input_length,
