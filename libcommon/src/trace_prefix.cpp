@@ -159,8 +159,8 @@ int64_t ZipfChoice::pick(double u) const {
   return std::min<int64_t>(it - cumulative_.begin(), static_cast<int64_t>(cumulative_.size()) - 1);
 }
 
-PrefixSynthesizer::PrefixSynthesizer(PrefixModel model)
-    : model_(std::move(model)), ids_(model_.seed), system_prompts_(model_.system_prompts, model_.zipf) {}
+PrefixSynthesizer::PrefixSynthesizer(const PrefixModel& model)
+    : model_(model), ids_(model_.seed), system_prompts_(model_.system_prompts, model_.zipf) {}
 
 std::vector<uint64_t> PrefixSynthesizer::next(int64_t input_length, int64_t output_length, int64_t block_size) {
   const auto row = static_cast<uint64_t>(rows_++);

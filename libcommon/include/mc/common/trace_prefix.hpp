@@ -92,7 +92,7 @@ class ZipfChoice {
 // Assigns ids to rows without ids, in arrival order (the model above).
 class PrefixSynthesizer {
  public:
-  explicit PrefixSynthesizer(PrefixModel model);
+  explicit PrefixSynthesizer(const PrefixModel& model);
   // The ids of the next row (ceil(input_length / block_size) of them), and its answer kept as its session's history.
   std::vector<uint64_t> next(int64_t input_length, int64_t output_length, int64_t block_size);
   const PrefixModel& model() const { return model_; }
