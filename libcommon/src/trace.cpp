@@ -381,6 +381,12 @@ std::vector<uint64_t> recut_ids(const std::vector<uint64_t>& ids, int64_t input_
   return out;
 }
 
+bool read_differently(const ReaderStats& s) {
+  return s.format == Format::kAzure || s.format == Format::kBurstGpt || s.dates || s.epoch_shift_ns > 0 ||
+         (s.timestamp_unit != TimeUnit::kMillis && s.timestamp_unit != TimeUnit::kAuto) || s.reblocked_rows > 0 ||
+         s.synthesized_rows > 0;
+}
+
 std::vector<std::pair<std::string, std::string>> describe(const ReaderStats& s, const FormatOptions& o) {
   std::vector<std::pair<std::string, std::string>> out;
   if (s.format != Format::kAuto)

@@ -51,9 +51,7 @@ void add_window_info(RunInfo& info, const TraceInput& in, const trace::ReaderSta
 // every row is read, so it is said where a script's operator sees it even when stdout is data.
 void log_trace_read(const trace::Reader& reader, const TraceInput& in) {
   const trace::ReaderStats& st = reader.stats();
-  if (!st.format_detected && !st.unit_detected && st.epoch_shift_ns == 0 && st.reblocked_rows == 0 &&
-      st.synthesized_rows == 0)
-    return;
+  if (!trace::read_differently(st)) return;
   std::string line;
   for (const auto& [k, v] : trace::describe(st, in.formats)) line += (line.empty() ? "" : ", ") + k + " " + v;
   MC_LOG_INFO << in.reader_options().source_name << ": " << line;

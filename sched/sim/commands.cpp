@@ -46,9 +46,7 @@ void add_trace_read(replay::RunInfo& info, const RequestSource& source, const tr
     line += (line.empty() ? "" : ", ") + k + " " + v;
     info.emplace_back(k, v);
   }
-  if (st->format_detected || st->unit_detected || st->epoch_shift_ns > 0 || st->reblocked_rows > 0 ||
-      st->synthesized_rows > 0)
-    MC_LOG_INFO << path << ": " << line;
+  if (trace::read_differently(*st)) MC_LOG_INFO << path << ": " << line;
 }
 
 }  // namespace

@@ -122,6 +122,10 @@ struct ReaderStats {
 // shift, re-cut and synthesized rows — only the ones that say something.
 std::vector<std::pair<std::string, std::string>> describe(const ReaderStats& stats, const FormatOptions& options);
 
+// True when the file was not read as a plain Mooncake trace in ms (another format, unit or dates, an epoch shift,
+// re-cut or synthesized ids): the tools then say so on stderr as well as in the header.
+bool read_differently(const ReaderStats& stats);
+
 class PrefixSynthesizer;
 struct PendingRow;  // a row parsed from its format, before its timestamp is resolved and its ids fixed (trace.cpp)
 
