@@ -26,6 +26,7 @@ trace::ReaderOptions TraceInput::reader_options() const {
   o.block_size = trace_block_size;
   o.source_name = path == "-" ? "<stdin>" : path;
   o.warn_on_stderr = true;
+  o.formats = formats;
   return o;
 }
 
@@ -45,6 +46,17 @@ void add_window_info(RunInfo& info, const TraceInput& in, const trace::ReaderSta
   if (in.window.duration_s > 0) info.emplace_back("duration_s", num(in.window.duration_s));
   if (in.window.max_requests > 0) info.emplace_back("max_requests", std::to_string(in.window.max_requests));
   if (stats.skipped > 0) info.emplace_back("skipped_rows", std::to_string(stats.skipped));
+  for (auto& kv : trace::describe(stats, in.formats)) info.push_back(std::move(kv));
+}
+
+// What the reader found out by itself (format, timestamp unit, an epoch shift), on stderr as well: it changes how
+// every row is read, so it is said where a script's operator sees it even when stdout is data.
+void log_trace_read(const trace::Reader& reader, const TraceInput& in) {
+  const trace::ReaderStats& st = reader.stats();
+  if (!trace::read_differently(st)) return;
+  std::string line;
+  for (const auto& [k, v] : trace::describe(st, in.formats)) line += (line.empty() ? "" : ", ") + k + " " + v;
+  MC_LOG_INFO << in.reader_options().source_name << ": " << line;
 }
 
 // Lenient mode: the final count of skipped rows (each was already warned about on its line).
@@ -77,6 +89,7 @@ Status run_analyze_command(const AnalyzeCommand& c, std::ostream& out) {
   if (a->requests == 0)
     return mc::report::print_error(c.json, out, empty_window_error("analyze", opt.reader.source_name));
   warn_skipped(**reader);
+  log_trace_read(**reader, c.input);
   RunInfo info = mc::report::host_run_info("mc-trace-replay analyze");
   add_window_info(info, c.input, (*reader)->stats());
   info.emplace_back("block_size", std::to_string(c.input.trace_block_size));
@@ -153,12 +166,68 @@ Status run_report_command(const ReportCommand& c, std::ostream& out) {
   return Status::ok();
 }
 
+Status run_convert_command(const ConvertCommand& c, std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(std::unique_ptr<trace::Reader> reader, open_trace(c.input));
+  std::ofstream file;
+  std::ostream* dst = &out;
+  if (c.out_path != "-") {
+    file.open(c.out_path, std::ios::trunc);
+    if (!file) return Status(Code::kIo, "cannot write the trace to " + c.out_path + ": " + std::strerror(errno));
+    dst = &file;
+  }
+  // Row by row, so a large trace converts in constant memory; the window as read_window() selects it.
+  int64_t written = 0;
+  const Window& w = c.input.window;
+  while (true) {
+    MC_ASSIGN_OR_RETURN(std::optional<trace::Request> row, reader->next());
+    if (!row) break;
+    if (!w.contains(*row)) {
+      if (w.duration_s > 0 && static_cast<double>(row->timestamp_ms) / 1000.0 >= w.start_s + w.duration_s) break;
+      continue;
+    }
+    if (w.max_requests > 0 && written >= w.max_requests) break;
+    *dst << trace::to_jsonl(*row) << '\n';
+    ++written;
+  }
+  dst->flush();
+  if (!*dst)
+    return Status(Code::kIo, "writing the trace to " + (c.out_path == "-" ? std::string("stdout") : c.out_path) +
+                                 " failed: " + std::strerror(errno));
+  if (written == 0) return empty_window_error("convert", c.input.reader_options().source_name);
+  warn_skipped(*reader);
+  std::string line;
+  for (const auto& [k, v] : trace::describe(reader->stats(), c.input.formats)) line += ", " + k + " " + v;
+  MC_LOG_INFO << "converted " << written << " rows of " << c.input.reader_options().source_name << " to "
+              << (c.out_path == "-" ? std::string("stdout") : c.out_path) << " (Mooncake JSONL, "
+              << c.input.trace_block_size << " tokens per hash_id" << line << ")";
+  return Status::ok();
+}
+
+Status run_gen_command(const GenCommand& c, std::ostream& out) {
+  MC_RETURN_IF_ERROR(c.options.validate());
+  std::ofstream file;
+  std::ostream* dst = &out;
+  if (c.out_path != "-") {
+    file.open(c.out_path, std::ios::trunc);
+    if (!file) return Status(Code::kIo, "cannot write the trace to " + c.out_path + ": " + std::strerror(errno));
+    dst = &file;
+  }
+  MC_ASSIGN_OR_RETURN(GenStats st, generate_trace(c.options, *dst));
+  dst->flush();
+  if (!*dst) return Status(Code::kIo, "writing the trace to " + c.out_path + " failed: " + std::strerror(errno));
+  MC_LOG_INFO << "gen: " << st.rows << " requests of " << st.sessions << " sessions over " << num(st.last_timestamp_s)
+              << " s (longest prompt " << st.max_input_tokens << " tokens, seed " << c.options.seed << ") to "
+              << (c.out_path == "-" ? std::string("stdout") : c.out_path);
+  return Status::ok();
+}
+
 Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   auto reader = open_trace(c.input);
   if (!reader.is_ok()) return mc::report::print_error(c.json, out, reader.status());
   auto rows = read_window(**reader, c.input.window);
   if (!rows.is_ok()) return mc::report::print_error(c.json, out, rows.status());
   warn_skipped(**reader);
+  log_trace_read(**reader, c.input);
   if (rows->empty())
     return mc::report::print_error(c.json, out, empty_window_error("replay", c.input.reader_options().source_name));
   if (c.max_output_tokens < 0)

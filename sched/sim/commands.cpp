@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 
+#include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/units.hpp"
 #include "mc/model/cost_model.hpp"
@@ -69,6 +70,20 @@ report::Chart utilization_chart(const SimResult& r, const std::string& id) {
   }
   c.caption = "The share of the simulated span each instance spent computing prefills or stepping its decode batch.";
   return c;
+}
+
+// What the trace reader found (format, timestamp unit, epoch shift, re-cut or synthesized ids): in the run's header,
+// and on stderr when the reader decided it by itself.
+void add_trace_read(replay::RunInfo& info, const RequestSource& source, const trace::FormatOptions& formats,
+                    const std::string& path) {
+  const trace::ReaderStats* st = source.reader_stats();
+  if (st == nullptr) return;
+  std::string line;
+  for (auto& [k, v] : trace::describe(*st, formats)) {
+    line += (line.empty() ? "" : ", ") + k + " " + v;
+    info.emplace_back(k, v);
+  }
+  if (trace::read_differently(*st)) MC_LOG_INFO << path << ": " << line;
 }
 
 }  // namespace
@@ -156,6 +171,7 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
   ro.mode = cmd.lenient ? trace::Mode::kLenient : trace::Mode::kStrict;
   ro.block_size = opt.cluster.block_size;
   ro.source_name = cmd.trace_path;
+  ro.formats = cmd.formats;
   MC_ASSIGN_OR_RETURN(std::unique_ptr<RequestSource> source, open_trace(cmd.trace_path, ro));
   std::unique_ptr<RequestSource> overridden;
   RequestSource* src = source.get();
@@ -197,6 +213,7 @@ Status run_sim_command(const SimCommand& cmd, std::ostream& out) {
                            {"rate_scale", std::to_string(opt.window.rate_scale)},
                            {"early_rejection", opt.cluster.early_rejection ? "on" : "off"},
                            {"refit", cmd.refit ? "on" : "off"}});
+  add_trace_read(info, *source, cmd.formats, cmd.trace_path);
   if (described) {
     info.push_back({"description", described->summary() + " from " + described->source});
     info.push_back({"description_pool", std::to_string(derived->pool_tokens) +
@@ -348,6 +365,7 @@ Status run_capacity_command(const CapacityCommand& cmd, std::ostream& out) {
   trace::ReaderOptions ro;
   ro.mode = cmd.lenient ? trace::Mode::kLenient : trace::Mode::kStrict;
   ro.block_size = o.base.block_size;
+  ro.formats = cmd.formats;
   MC_ASSIGN_OR_RETURN(std::unique_ptr<RequestSource> source, open_trace(cmd.trace_path, ro));
   // The window is applied once here; the simulations then replay all loaded rows.
   MC_ASSIGN_OR_RETURN(std::vector<trace::Request> rows, load_window(*source, o.window));
@@ -364,6 +382,7 @@ Status run_capacity_command(const CapacityCommand& cmd, std::ostream& out) {
                            {"accept", std::to_string(o.accept)},
                            {"policy", o.base.policy},
                            {"model", o.base.model + " on " + o.base.gpu}});
+  add_trace_read(info, *source, cmd.formats, cmd.trace_path);
   if (!cmd.html_path.empty() || !cmd.svg_dir.empty()) {
     MC_RETURN_IF_ERROR(
         report::write_page(plan_page(plan, o.accept, o.cache_fraction, info), {cmd.html_path, cmd.svg_dir, {}}));

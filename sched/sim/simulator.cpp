@@ -34,6 +34,7 @@ class ReaderSource final : public RequestSource {
  public:
   explicit ReaderSource(std::unique_ptr<trace::Reader> reader) : reader_(std::move(reader)) {}
   Result<std::optional<trace::Request>> next() override { return reader_->next(); }
+  const trace::ReaderStats* reader_stats() const override { return &reader_->stats(); }
 
  private:
   std::unique_ptr<trace::Reader> reader_;

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -33,6 +34,7 @@ using namespace std::chrono_literals;
 
 const std::string kTool = MC_BINARY_DIR "/bin/mc-trace-replay";
 const std::string kTrace = MC_SOURCE_DIR "/examples/traces/conversation_trace.jsonl";
+const std::string kData = MC_SOURCE_DIR "/tests/replay/data/";
 
 // A Conductor + decode double: accepts every request (or rejects those with output_length 13), then,
 // as mc-decode would, calls token_event on the client endpoint after 5 ms and every 1 ms after, then
@@ -478,6 +480,135 @@ TEST(ReplayTool, AnalyzeCommand) {
   ToolRun missing = run_tool({"analyze", "/nonexistent/trace.jsonl"});
   EXPECT_NE(missing.rc, 0);
   EXPECT_NE(missing.err.find("/nonexistent/trace.jsonl"), std::string::npos);
+}
+
+// Issue 23, trace formats: analyze reads the CSV traces (Azure, BurstGPT) through the one reader, detected from the
+// header; rows without ids share nothing unless a prefix model gives them ids.
+TEST(ReplayTool, AnalyzeCsvTraces) {
+  ToolRun azure = run_tool({"analyze", kData + "azure_sample.csv", "--json"});
+  ASSERT_EQ(azure.rc, 0) << azure.err;
+  json a = json::parse(azure.out);
+  EXPECT_EQ(a["requests"], 60);
+  EXPECT_EQ(a["config"]["format"], "azure (detected)");
+  EXPECT_EQ(a["config"]["timestamps"], "dates and times (UTC)");
+  EXPECT_EQ(a["config"]["epoch_start"], "2023-11-16T18:15:46.680Z (shifted to 0)");
+  EXPECT_EQ(a["config"]["synthesized_rows"], "60");
+  EXPECT_EQ(a["first_timestamp_s"], 0.0);
+  EXPECT_EQ(a["infinite_cache"]["hit_ratio_blocks"], 0.0);                        // unique ids: no reuse
+  EXPECT_NE(azure.err.find("azure (detected)"), std::string::npos) << azure.err;  // said on stderr too
+  ToolRun chat = run_tool({"analyze", kData + "azure_sample.csv", "--json", "--synthesize-prefixes", "chat"});
+  ASSERT_EQ(chat.rc, 0) << chat.err;
+  EXPECT_GT(json::parse(chat.out)["infinite_cache"]["hit_ratio_blocks"].get<double>(), 0.1);
+  ToolRun burst = run_tool({"analyze", kData + "burstgpt_sample.csv", "--format", "burstgpt"});
+  ASSERT_EQ(burst.rc, 0) << burst.err;
+  EXPECT_NE(burst.out.find("format=burstgpt"), std::string::npos) << burst.out;
+  EXPECT_NE(burst.out.find("timestamp_unit=s"), std::string::npos) << burst.out;
+  ToolRun bad_model = run_tool({"analyze", kData + "azure_sample.csv", "--synthesize-prefixes", "chat:continue=3"});
+  EXPECT_EQ(bad_model.rc, 2);
+  EXPECT_NE(bad_model.err.find("continue=3"), std::string::npos) << bad_model.err;
+  ToolRun wrong = run_tool({"analyze", kData + "azure_sample.csv", "--format", "burstgpt"});
+  EXPECT_EQ(wrong.rc, 2);
+  EXPECT_NE(wrong.err.find("azure_sample.csv:1: the burstgpt CSV header lacks column \"Request tokens\""),
+            std::string::npos)
+      << wrong.err;
+}
+
+// A Mooncake trace with nanosecond epoch timestamps (numbers and strings): detected by magnitude, shifted to 0, it
+// is analyzed exactly as the ms original.
+TEST(ReplayTool, AnalyzeNanosecondTrace) {
+  ToolRun ns = run_tool({"analyze", kData + "conversation_ns.jsonl", "--json"});
+  ASSERT_EQ(ns.rc, 0) << ns.err;
+  ToolRun ms = run_tool({"analyze", kTrace, "--max-requests", "60", "--json"});
+  ASSERT_EQ(ms.rc, 0) << ms.err;
+  json a = json::parse(ns.out), b = json::parse(ms.out);
+  EXPECT_EQ(a["config"]["timestamp_unit"], "ns (detected by magnitude)");
+  EXPECT_EQ(a["config"]["epoch_start"], "2023-11-14T22:13:20.000Z (shifted to 0)");
+  EXPECT_NE(ns.err.find("ns (detected by magnitude)"), std::string::npos) << ns.err;
+  for (const char* k : {"requests", "span_s", "total_blocks", "distinct_blocks", "infinite_cache",
+                        "infinite_cache_earlier_arrivals", "lru"})
+    EXPECT_EQ(a[k], b[k]) << k;
+  // Named as ms, the same numbers are past 2^63 ns: the message names the file, the line and the field.
+  ToolRun as_ms = run_tool({"analyze", kData + "conversation_ns.jsonl", "--timestamp-unit", "ms"});
+  EXPECT_EQ(as_ms.rc, 2);
+  EXPECT_NE(as_ms.err.find("conversation_ns.jsonl:1: \"timestamp\" is too large"), std::string::npos) << as_ms.err;
+}
+
+// Lenient block accounting through the tool: strict names the line and the field; lenient re-cuts and counts.
+TEST(ReplayTool, BlockAccounting) {
+  const std::string text = R"({"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2, 3]})"
+                           "\n"
+                           R"({"timestamp": 5, "input_length": 900, "output_length": 3, "hash_ids": [1, 2]})"
+                           "\n";
+  ToolRun strict = run_tool({"analyze", "-"}, text);
+  EXPECT_EQ(strict.rc, 2);
+  EXPECT_NE(strict.err.find("<stdin>:1: input_length 1000 needs ceil(1000/512) = 2 hash_ids, the row has 3"),
+            std::string::npos)
+      << strict.err;
+  ToolRun lenient = run_tool({"analyze", "-", "--block-accounting", "lenient", "--json"}, text);
+  ASSERT_EQ(lenient.rc, 0) << lenient.err;
+  json a = json::parse(lenient.out);
+  EXPECT_EQ(a["config"]["reblocked_rows"], "1");
+  EXPECT_EQ(a["total_blocks"], 4);
+  // The second row has one id per block already: kept as it is. Two equal rows re-cut into equal blocks.
+  ToolRun same = run_tool(
+      {"analyze", "-", "--block-accounting", "lenient", "--json"},
+      std::string(R"({"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2, 3]})") + "\n" +
+          R"({"timestamp": 5, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2, 3]})" + "\n");
+  ASSERT_EQ(same.rc, 0) << same.err;
+  EXPECT_EQ(json::parse(same.out)["infinite_cache"]["hit_ratio_blocks"], 0.5);
+}
+
+// convert writes any accepted format as Mooncake JSONL: analyze of the converted file gives the numbers of the
+// original (ids and timestamps carried over exactly), and the JSONL original converts to itself.
+TEST(ReplayTool, ConvertThenAnalyze) {
+  TempFile out("converted.jsonl");
+  ToolRun conv = run_tool({"convert", kData + "azure_sample.csv", "--synthesize-prefixes", "chat", "--out", out.path});
+  ASSERT_EQ(conv.rc, 0) << conv.err;
+  EXPECT_NE(conv.err.find("converted 60 rows"), std::string::npos) << conv.err;
+  ToolRun direct = run_tool({"analyze", kData + "azure_sample.csv", "--synthesize-prefixes", "chat", "--json"});
+  ToolRun via = run_tool({"analyze", out.path, "--json"});
+  ASSERT_EQ(direct.rc, 0) << direct.err;
+  ASSERT_EQ(via.rc, 0) << via.err;
+  json a = json::parse(direct.out), b = json::parse(via.out);
+  for (const char* k : {"requests", "span_s", "input_tokens", "output_tokens", "total_blocks", "distinct_blocks",
+                        "infinite_cache", "lru"})
+    EXPECT_EQ(a[k], b[k]) << k;
+  // The ns trace converts to the ms original's rows.
+  ToolRun ns = run_tool({"convert", kData + "conversation_ns.jsonl"});
+  ASSERT_EQ(ns.rc, 0) << ns.err;
+  std::istringstream got(ns.out);
+  std::ifstream want(kTrace);
+  std::string g, w;
+  int n = 0;
+  while (std::getline(got, g) && std::getline(want, w)) {
+    json jg = json::parse(g), jw = json::parse(w);
+    EXPECT_EQ(jg, jw) << n;
+    ++n;
+  }
+  EXPECT_EQ(n, 60);
+  // The window flags cut what is converted.
+  ToolRun cut = run_tool({"convert", kTrace, "--max-requests", "5"});
+  ASSERT_EQ(cut.rc, 0) << cut.err;
+  EXPECT_EQ(std::count(cut.out.begin(), cut.out.end(), '\n'), 5);
+}
+
+// gen writes a session trace, the same for the same seed, which analyze (and every trace reader) accepts.
+TEST(ReplayTool, GenThenAnalyze) {
+  ToolRun a = run_tool({"gen", "--sessions", "30", "--seed", "5", "--block-size", "512"});
+  ToolRun b = run_tool({"gen", "--sessions", "30", "--seed", "5", "--block-size", "512"});
+  ASSERT_EQ(a.rc, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.err.find("30 sessions"), std::string::npos) << a.err;
+  ToolRun an = run_tool({"analyze", "-", "--json"}, a.out);
+  ASSERT_EQ(an.rc, 0) << an.err;
+  json j = json::parse(an.out);
+  EXPECT_GE(j["requests"].get<int64_t>(), 30);
+  EXPECT_GT(j["infinite_cache"]["hit_ratio_blocks"].get<double>(), 0.3);
+  ToolRun bad = run_tool({"gen", "--arrival", "uniform"});
+  EXPECT_EQ(bad.rc, 2);
+  ToolRun bad2 = run_tool({"gen", "--turns-mean", "0"});
+  EXPECT_EQ(bad2.rc, 2);
+  EXPECT_NE(bad2.err.find("--turns-mean"), std::string::npos) << bad2.err;
 }
 
 TEST(ReplayTool, ConductorEventsMapOntoTheRecord) {

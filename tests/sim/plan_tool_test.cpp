@@ -144,5 +144,43 @@ TEST(Tools, PipelineGroupOfFourCutsALongPromptsTtft) {
   EXPECT_EQ(WEXITSTATUS(rc), 2);
 }
 
+// Issue 23: mc-sim and mc-plan capacity read a CSV trace through the one trace reader (the Azure sample: format
+// detected, dates shifted to 0; a prefix model gives the rows shared prefixes, which the simulated cache then hits).
+TEST(Tools, McSimAndMcPlanReadACsvTrace) {
+  const std::string sim = MC_BINARY_DIR "/bin/mc-sim";
+  const std::string csv = MC_SOURCE_DIR "/tests/replay/data/azure_sample.csv";
+  int rc = 0;
+  std::string out =
+      run_tool(sim + " --trace " + csv + " --prefill-instances 2 --decode-instances 2 --json 2>/dev/null", rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["summary"]["requests"]["offered"], 60);
+  EXPECT_EQ(j["summary"]["config"]["format"], "azure (detected)");
+  EXPECT_EQ(j["summary"]["config"]["synthesized_rows"], "60");
+  out = run_tool(sim + " --trace " + csv + " --synthesize-prefixes chat:system_tokens=4096 --json 2>/dev/null", rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto chat = nlohmann::json::parse(out);
+  EXPECT_EQ(chat["summary"]["config"]["prefix_ids"], "chat:system_tokens=4096");
+  EXPECT_GT(chat["summary"]["cache"]["hit_ratio"].get<double>(), 0.0);
+  // A bad row names the file, the line and the field (exit 2).
+  const std::string bad = ::testing::TempDir() + "/bad_azure.csv";
+  {
+    std::unique_ptr<FILE, int (*)(FILE*)> f(fopen(bad.c_str(), "w"), fclose);
+    ASSERT_NE(f, nullptr);
+    fputs("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,100,5\n2023-11-16 18:15:47,abc,5\n",
+          f.get());
+  }
+  out = run_tool(sim + " --trace " + bad + " 2>&1", rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  EXPECT_NE(out.find("bad_azure.csv:3: field \"ContextTokens\" = \"abc\" is not an integer"), std::string::npos) << out;
+  out = run_tool(MC_BINARY_DIR "/bin/mc-plan capacity --trace " + csv +
+                     " --max-instances 4 --cache-candidates 1M --nic-candidates 25GB --json 2>/dev/null",
+                 rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto plan = nlohmann::json::parse(out);
+  EXPECT_EQ(plan["config"]["requests"], "60");
+  EXPECT_EQ(plan["config"]["format"], "azure (detected)");
+}
+
 }  // namespace
 }  // namespace mc::sim

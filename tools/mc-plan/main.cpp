@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   cap_cmd->add_option("cluster", cap.cluster_path, "Base CLUSTER.json (model, gpu, policy, ...); omitted: defaults");
   mc::cli::add_trace_file_option(*cap_cmd, cap.trace_path);
   cap_cmd->add_flag("--lenient", cap.lenient, "Skip malformed trace rows with a warning");
+  mc::cli::add_trace_format_flags(*cap_cmd, cap.formats);
   mc::cli::add_trace_window_flags(*cap_cmd, cap.window.start_s, cap.window.duration_s, cap.window.max_requests);
   mc::cli::add_rate_scale_option(*cap_cmd, cap.window.rate_scale);
   mc::cli::add_slo_override_flags(*cap_cmd, cap.overrides.slo_ttft_ms, cap.overrides.slo_tbt_ms,

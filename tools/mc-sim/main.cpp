@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
       ->excludes(positional);
   mc::cli::add_trace_file_option(app, cmd.trace_path);
   app.add_flag("--lenient", cmd.lenient, "Skip malformed trace rows with a warning (default: strict, exit 2)");
+  mc::cli::add_trace_format_flags(app, cmd.formats);
   mc::cli::add_trace_window_flags(app, cmd.window.start_s, cmd.window.duration_s, cmd.window.max_requests);
   mc::cli::add_rate_scale_option(app, cmd.window.rate_scale);
   app.add_option("--output-length", cmd.output_length, "Replace every row's output_length (tokens, >= 1)");

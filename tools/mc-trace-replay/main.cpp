@@ -1,6 +1,7 @@
 // mc-trace-replay: replays a Mooncake JSONL trace against an mc cluster (open loop, through
 // mc-conductor) and reports TTFT, TBT, TPOT, E2E, SLO attainment, goodput and the KV-cache ledger;
-// `analyze` describes a trace without a cluster; `report` re-summarises a run's JSONL records.
+// `analyze` describes a trace without a cluster; `report` re-summarises a run's JSONL records; `convert` writes any
+// accepted trace format as Mooncake JSONL; `gen` writes a synthetic session-structured trace.
 #include <unistd.h>
 
 #include <iostream>
@@ -15,7 +16,8 @@ using mc::replay::TraceInput;
 
 // The trace and window flags, declared once for every command that reads a trace.
 void add_trace_flags(CLI::App& app, TraceInput& in) {
-  app.add_option("trace", in.path, "Mooncake JSONL trace file, or - for stdin")->capture_default_str();
+  app.add_option("trace", in.path, "Trace file (Mooncake JSONL, Azure or BurstGPT CSV), or - for stdin")
+      ->capture_default_str();
   app.add_flag("--lenient", in.lenient,
                "Skip malformed rows with a warning and a final count (default: strict, the first bad row fails "
                "with its line number)");
@@ -24,6 +26,7 @@ void add_trace_flags(CLI::App& app, TraceInput& in) {
   app.add_option("--trace-block-size", in.trace_block_size, "Tokens per hash_id in the trace")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  mc::cli::add_trace_format_flags(app, in.formats);
   mc::cli::add_trace_window_flags(app, in.window.start_s, in.window.duration_s, in.window.max_requests);
 }
 
@@ -55,7 +58,9 @@ int main(int argc, char** argv) {
       "report TTFT, TBT, TPOT, E2E, SLO attainment, goodput and the KV-cache ledger.\n"
       "  mc-trace-replay TRACE --conductor tcp://127.0.0.1:PORT [--speed X] [--out records.jsonl]\n"
       "  mc-trace-replay analyze TRACE        (no cluster: lengths, arrival rate, prefix-cache hit ratios)\n"
-      "  mc-trace-replay report RECORDS.jsonl... (the summary of finished runs; several: one row each)"};
+      "  mc-trace-replay report RECORDS.jsonl... (the summary of finished runs; several: one row each)\n"
+      "  mc-trace-replay convert TRACE [--out FILE] (any accepted format as Mooncake JSONL)\n"
+      "  mc-trace-replay gen [--sessions N] [--seed S] [--out FILE] (a synthetic session trace)"};
   mc::cli::add_common_flags(app, program);
 
   // ---- replay (the default command) ----
@@ -151,6 +156,44 @@ int main(int argc, char** argv) {
       ->envname("MC_GPUS_PER_INSTANCE")
       ->check(CLI::Range(1e-3, 1024.0));
 
+  // ---- convert ----
+  mc::replay::ConvertCommand cc;
+  auto* convert = app.add_subcommand(
+      "convert", "Write a trace of any accepted format (Mooncake JSONL, Azure or BurstGPT CSV) as Mooncake JSONL");
+  add_trace_flags(*convert, cc.input);
+  convert->add_option("--out", cc.out_path, "Where to write the JSONL (- for stdout)")->capture_default_str();
+
+  // ---- gen ----
+  mc::replay::GenCommand gc;
+  mc::replay::GenOptions& g = gc.options;
+  auto* gen = app.add_subcommand("gen",
+                                 "Write a synthetic session-structured trace (sessions, turns, shared system "
+                                 "prompts, Poisson or bursty arrivals) as Mooncake JSONL, deterministic by seed");
+  gen->add_option("--sessions", g.sessions, "Sessions to generate")->capture_default_str();
+  gen->add_option("--session-rate", g.session_rate, "Sessions started per second (mean)")->capture_default_str();
+  gen->add_option("--arrival", g.arrival, "Session starts: poisson (exponential gaps) or bursty (gamma gaps)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"poisson", "bursty"}));
+  gen->add_option("--burst-cv", g.burst_cv, "bursty: coefficient of variation of the gaps between session starts")
+      ->capture_default_str();
+  gen->add_option("--turns-mean", g.turns_mean, "Mean turns per session (geometric, >= 1)")->capture_default_str();
+  gen->add_option("--think-s", g.think_s, "Mean gap between a session's turns, seconds (exponential)")
+      ->capture_default_str();
+  gen->add_option("--system-prompts", g.system_prompts, "Shared system prompts (0: none)")->capture_default_str();
+  gen->add_option("--system-tokens", g.system_tokens, "Mean system prompt length, tokens (each 0.5x to 1.5x)")
+      ->capture_default_str();
+  gen->add_option("--zipf", g.zipf, "Popularity skew of the system prompts (0: uniform)")->capture_default_str();
+  gen->add_option("--user-tokens", g.user_tokens, "Mean user message per turn, tokens (lognormal)")
+      ->capture_default_str();
+  gen->add_option("--output-tokens", g.output_tokens, "Mean answer, tokens (lognormal)")->capture_default_str();
+  gen->add_option("--length-sigma", g.length_sigma, "Lognormal sigma of user messages and answers")
+      ->capture_default_str();
+  gen->add_option("--max-input-tokens", g.max_input_tokens, "A session ends before a prompt longer than this")
+      ->capture_default_str();
+  gen->add_option("--block-size", g.block_size, "Tokens per hash_id")->capture_default_str();
+  gen->add_option("--seed", g.seed, "Seed: the same seed writes the same trace")->capture_default_str();
+  gen->add_option("--out", gc.out_path, "Where to write the JSONL (- for stdout)")->capture_default_str();
+
   mc::cli::add_auth_flags(app, "default");
   if (int rc_parse = mc::cli::parse(app, argc, argv); rc_parse >= 0) return rc_parse;
 
@@ -163,6 +206,8 @@ int main(int argc, char** argv) {
   if (report->parsed()) {
     return mc::cli::report(program, mc::replay::run_report_command(pc, std::cout));
   }
+  if (convert->parsed()) return mc::cli::report(program, mc::replay::run_convert_command(cc, std::cout));
+  if (gen->parsed()) return mc::cli::report(program, mc::replay::run_gen_command(gc, std::cout));
   if (rc.conductor.endpoint.empty() && rc.target.empty())
     return mc::cli::report(
         program,

@@ -17,6 +17,7 @@
 
 #include "mc/common/block_key.hpp"
 #include "mc/common/status.hpp"
+#include "mc/common/trace.hpp"
 
 namespace mc::cli {
 
@@ -56,8 +57,12 @@ CLI::Option* add_rate_scale_option(CLI::App& cmd, double& rate_scale);
 // --time-scale (env MC_TIME_SCALE), > 0: how many times faster than the hardware they model the sim-backend
 // workers run; one number for the whole cluster, `help` says what this tool does with it.
 CLI::Option* add_time_scale_option(CLI::App& cmd, double& time_scale, const std::string& help);
-// --trace FILE (env MC_TRACE): a Mooncake JSONL trace, or - for stdin.
+// --trace FILE (env MC_TRACE): a trace (Mooncake JSONL, Azure or BurstGPT CSV), or - for stdin.
 CLI::Option* add_trace_file_option(CLI::App& cmd, std::string& path);
+// How the trace reader reads the file (trace.hpp, DESIGN.md §4.2, §4.6), for every command that reads a trace:
+// --format auto|mooncake|azure|burstgpt, --timestamp-unit auto|s|ms|us|ns, --block-accounting strict|lenient,
+// --synthesize-prefixes MODEL (checked when the trace is opened).
+void add_trace_format_flags(CLI::App& cmd, trace::FormatOptions& formats);
 
 // The SLO flags, in milliseconds, every value > 0.
 // Defaults a daemon applies to requests that set none: --slo-ttft-ms, --slo-tbt-ms (env MC_SLO_TTFT_MS,

@@ -3,6 +3,8 @@
 //   analyze  TRACE                        offline trace statistics and prefix-cache hit ratios
 //   report   RECORDS.jsonl...             the summary of a finished run's records, re-computed; with
 //                                         several files, one comparison row per run (label: file stem)
+//   convert  TRACE                        any trace the reader accepts, written as Mooncake JSONL
+//   gen                                   a synthetic session-structured trace (gen.hpp) as Mooncake JSONL
 // Output: the table (default) or one JSON document (--json) on `out`; diagnostics on stderr. In JSON
 // mode a failure is reported as {"error": {"code", "message"}} on `out` as well as returned.
 #pragma once
@@ -15,6 +17,7 @@
 #include "mc/common/trace.hpp"
 #include "mc/replay/analyze.hpp"
 #include "mc/replay/conductor_link.hpp"
+#include "mc/replay/gen.hpp"
 #include "mc/replay/replay.hpp"
 #include "mc/report/report.hpp"
 
@@ -25,6 +28,7 @@ struct TraceInput {
   std::string path = "-";          // file, or "-" for stdin
   bool lenient = false;            // skip bad rows with a warning (default: strict, first bad row fails)
   int64_t trace_block_size = 512;  // tokens per hash_id in the trace
+  trace::FormatOptions formats;    // format, timestamp unit, block accounting, prefix model (trace.hpp)
   Window window;
   trace::ReaderOptions reader_options() const;
 };
@@ -69,10 +73,25 @@ struct ReportCommand {
   double gpus_per_instance = 1;  // GPU-seconds of the page's prefill ledger = instance-seconds x this
 };
 
+// `convert`: the window's rows as Mooncake JSONL (trace::to_jsonl), to out_path ("-": `out`); what was read (format,
+// unit, epoch shift, re-cut rows) goes to stderr.
+struct ConvertCommand {
+  TraceInput input;
+  std::string out_path = "-";
+};
+
+// `gen`: a synthetic trace (gen.hpp) to out_path ("-": `out`); a one-line summary on stderr.
+struct GenCommand {
+  GenOptions options;
+  std::string out_path = "-";
+};
+
 // The summary is printed whatever the outcome; then, unless allow_failures, kUnavailable (exit 1) when an
 // accepted request failed or was lost, naming the counts and the most frequent reason.
 Status run_replay_command(const ReplayCommand& command, std::ostream& out);
 Status run_analyze_command(const AnalyzeCommand& command, std::ostream& out);
 Status run_report_command(const ReportCommand& command, std::ostream& out);
+Status run_convert_command(const ConvertCommand& command, std::ostream& out);
+Status run_gen_command(const GenCommand& command, std::ostream& out);
 
 }  // namespace mc::replay

@@ -46,6 +46,7 @@ struct SimCommand {
   ClusterOverrides overrides;
   std::string trace_path = "-";
   bool lenient = false;
+  trace::FormatOptions formats;  // --format, --timestamp-unit, --block-accounting, --synthesize-prefixes
   TraceWindow window;
   std::optional<int64_t> output_length;    // replaces every row's output_length (paper §8.? uses 1)
   std::string records_path;                // per-request JSONL file ("": none)
@@ -96,6 +97,7 @@ struct CapacityCommand {
   ClusterOverrides overrides;
   std::string trace_path = "-";
   bool lenient = false;
+  trace::FormatOptions formats;
   TraceWindow window;
   double accept = 0.99;
   int64_t max_instances = 64;

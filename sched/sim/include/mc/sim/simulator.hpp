@@ -55,6 +55,8 @@ class RequestSource {
   virtual ~RequestSource() = default;
   // The next row; nullopt at the end; an error stops the simulation (strict trace mode).
   virtual Result<std::optional<trace::Request>> next() = 0;
+  // What a trace file's reader found (format, timestamp unit, epoch shift, ...); nullptr for rows in memory.
+  virtual const trace::ReaderStats* reader_stats() const { return nullptr; }
 };
 
 // A trace file (or "-") through the foundation's reader.
