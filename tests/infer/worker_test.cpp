@@ -46,9 +46,11 @@ class RecordingSink final : public TokenSink {
   std::map<std::string, Recorded>* out_;
 };
 
+// Decode messages go straight to the decode worker; with `next`, a pipeline stage's hidden states to the next
+// stage's worker (DESIGN.md §18 "Live groups").
 class DirectLink final : public DecodeLink {
  public:
-  explicit DirectLink(DecodeWorker** decode) : decode_(decode) {}
+  explicit DirectLink(DecodeWorker** decode, PrefillWorker** next = nullptr) : decode_(decode), next_(next) {}
   Result<proto::KvWriteReply> write(const std::string&, const proto::KvWriteRequest& r) override {
     return (*decode_)->kv_write(r);
   }
@@ -58,9 +60,16 @@ class DirectLink final : public DecodeLink {
   Result<proto::DecodeReleaseReply> abort(const std::string&, const proto::DecodeAbortRequest& r) override {
     return (*decode_)->abort(r);
   }
+  Result<proto::PrefillStageHiddenReply> stage_hidden(const std::string& endpoint,
+                                                      const proto::PrefillStageHiddenRequest& r) override {
+    if (next_ == nullptr || *next_ == nullptr) return DecodeLink::stage_hidden(endpoint, r);
+    MC_RETURN_IF_ERROR((*next_)->deliver_stage_hidden(r));
+    return proto::PrefillStageHiddenReply{};
+  }
 
  private:
   DecodeWorker** decode_;
+  PrefillWorker** next_;
 };
 
 std::unique_ptr<Backend> backend(const std::string& kind) {
@@ -674,30 +683,6 @@ TEST(RpcDecodeLink, AnEndpointThatDidNotAnswerFailsFastDuringItsBackOff) {
 
 // ---- Pipelined prefill stages (DESIGN.md §18 "Live groups") in one process ----
 
-// Decode messages go to the decode worker; a stage's hidden states to the next stage's worker.
-class StageLink final : public DecodeLink {
- public:
-  StageLink(DecodeWorker** decode, PrefillWorker** next) : decode_(decode), next_(next) {}
-  Result<proto::KvWriteReply> write(const std::string&, const proto::KvWriteRequest& r) override {
-    return (*decode_)->kv_write(r);
-  }
-  Result<proto::KvCommitReply> commit(const std::string&, const proto::KvCommitRequest& r) override {
-    return (*decode_)->commit(r);
-  }
-  Result<proto::DecodeReleaseReply> abort(const std::string&, const proto::DecodeAbortRequest& r) override {
-    return (*decode_)->abort(r);
-  }
-  Result<proto::PrefillStageHiddenReply> stage_hidden(const std::string&,
-                                                      const proto::PrefillStageHiddenRequest& r) override {
-    MC_RETURN_IF_ERROR((*next_)->deliver_stage_hidden(r));
-    return proto::PrefillStageHiddenReply{};
-  }
-
- private:
-  DecodeWorker** decode_;
-  PrefillWorker** next_;
-};
-
 std::unique_ptr<PrefillWorker> stage_worker(const std::string& kind, DecodeWorker** decode, PrefillWorker** next,
                                             int64_t stage_wait_timeout_ms = 30'000) {
   PrefillWorkerOptions p;
@@ -707,7 +692,7 @@ std::unique_ptr<PrefillWorker> stage_worker(const std::string& kind, DecodeWorke
   p.allow_fault_injection = true;
   p.stage_wait_timeout_ms = stage_wait_timeout_ms;
   p.stage_inbox_bytes = 1 << 20;
-  return PrefillWorker::create(p, backend(kind), nullptr, std::make_unique<StageLink>(decode, next)).value();
+  return PrefillWorker::create(p, backend(kind), nullptr, std::make_unique<DirectLink>(decode, next)).value();
 }
 
 proto::PrefillJobRequest stage_job(const proto::DecodeReserveReply& res, const std::string& id,
