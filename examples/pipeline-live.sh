@@ -5,7 +5,7 @@
 #   examples/pipeline-live.sh [--tokens N] [--chunk N] [--model M] [--bin DIR] [--json]
 #
 # Runs the same five-request trace twice through examples/local-cluster.sh (2 prefill and 1 decode instances, ref
-# backend, no prefix cache): four short prompts first, which teach the Conductor's predictor this CPU's speed (its
+# backend, no prefix cache, every prefill chunked by --chunk): four short prompts first, which teach the Conductor's predictor this CPU's speed (its
 # prior is a GPU's), then the long prompt alone. Run 1 has no groups (--pipeline-group 1); run 2 lets the
 # Conductor take a group of both prefill instances (--pipeline-group 2 --pipeline-reserve-factor 1). Prints the long
 # prompt's TTFT in each run, their ratio, the ideal ratio for the cores the group was given (1/2: two single-thread
@@ -64,7 +64,9 @@ row() { # row TIMESTAMP_MS INPUT_TOKENS
 run() { # run GROUP
   local group=$1
   echo "pipeline-live.sh: run with --pipeline-group $group ..." >&2
-  examples/local-cluster.sh --bin "$bin" --backend ref --model "$model" --block-size "$block" --prefill 2 \
+  # Both runs chunk the same way (mc-prefill --chunk-tokens through its environment): the single instance's prefill
+  # is the same chunked computation, on one core instead of two.
+  MC_CHUNK_TOKENS=$chunk examples/local-cluster.sh --bin "$bin" --backend ref --model "$model" --block-size "$block" --prefill 2 \
     --decode 1 --store-nodes 1 --prefix-cache none --log-level error \
     --conductor-args "--pipeline-group $group --prefill-chunk $chunk --pipeline-reserve-factor 1 --decisions $scratch/decisions$group.jsonl --slo-ttft-ms 600000" \
     -- "$bin/mc-trace-replay" "$scratch/trace.jsonl" --trace-block-size "$block" --block-tokens "$block" \
