@@ -265,6 +265,17 @@ Status PrefillWorker::write_layer_engine(const proto::PrefillJobRequest& job, tr
   return ok;
 }
 
+Status PrefillWorker::layer_gate(const proto::PrefillJobRequest& job, int64_t writes) {
+  if (abort_jobs_.load()) {
+    std::lock_guard lock(abort_mu_);
+    return error(Code::kUnavailable, abort_why_ + " (after " + std::to_string(writes) + " layer writes)");
+  }
+  if (job.fail_after_layers >= 0 && writes >= job.fail_after_layers) {
+    return error(Code::kAborted, "injected prefill failure after " + std::to_string(writes) + " layer writes");
+  }
+  return Status::ok();
+}
+
 void PrefillWorker::abort_reservation(const proto::PrefillJobRequest& job, const Status& why) {
   if (job.decode_endpoint.empty() || job.reservation_id == 0) return;
   auto r = link_->abort(job.decode_endpoint,
@@ -592,13 +603,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
       std::memcpy(hidden_in.data(), m->hidden.data(), m->hidden.size());
     }
     auto on_layer = [&](int64_t layer, int64_t b, int64_t e) -> Status {
-      if (abort_jobs_.load()) {
-        std::lock_guard lock(abort_mu_);
-        return error(Code::kUnavailable, abort_why_ + " (after " + std::to_string(writes) + " layer writes)");
-      }
-      if (job.fail_after_layers >= 0 && writes >= job.fail_after_layers) {
-        return error(Code::kAborted, "injected prefill failure after " + std::to_string(writes) + " layer writes");
-      }
+      MC_RETURN_IF_ERROR(layer_gate(job, writes));
       ++writes;
       MC_RETURN_IF_ERROR(streamer.push(LayerSpan{layer, b == cached ? 0 : b / bs, layout.blocks_for_tokens(e)}));
       if (layer == end_layer - 1 && e == n) t_last_layer_done = now_ns();
@@ -824,13 +829,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   const int64_t t_prefill = now_ns();
   int64_t t_last_layer_done = 0;  // when the last layer's KV was handed to the stream
   auto on_layer = [&](int64_t layer, int64_t begin, int64_t end) -> Status {
-    if (abort_jobs_.load()) {
-      std::lock_guard lock(abort_mu_);
-      return error(Code::kUnavailable, abort_why_ + " (after " + std::to_string(writes) + " layer writes)");
-    }
-    if (job.fail_after_layers >= 0 && writes >= job.fail_after_layers) {
-      return error(Code::kAborted, "injected prefill failure after " + std::to_string(writes) + " layer writes");
-    }
+    MC_RETURN_IF_ERROR(layer_gate(job, writes));
     const int64_t first = begin == cached ? 0 : begin / bs;  // the first chunk also carries the fetched prefix
     ++writes;
     MC_RETURN_IF_ERROR(streamer.push(LayerSpan{layer, first, layout.blocks_for_tokens(end)}));

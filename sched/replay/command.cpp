@@ -166,15 +166,22 @@ Status run_report_command(const ReportCommand& c, std::ostream& out) {
   return Status::ok();
 }
 
+namespace {
+
+// Where convert and gen write their trace: `out` for "-", else `path` opened (truncated) into `file`.
+Result<std::ostream*> trace_output(const std::string& path, std::ostream& out, std::ofstream& file) {
+  if (path == "-") return &out;
+  file.open(path, std::ios::trunc);
+  if (!file) return Status(Code::kIo, "cannot write the trace to " + path + ": " + std::strerror(errno));
+  return &file;
+}
+
+}  // namespace
+
 Status run_convert_command(const ConvertCommand& c, std::ostream& out) {
   MC_ASSIGN_OR_RETURN(std::unique_ptr<trace::Reader> reader, open_trace(c.input));
   std::ofstream file;
-  std::ostream* dst = &out;
-  if (c.out_path != "-") {
-    file.open(c.out_path, std::ios::trunc);
-    if (!file) return Status(Code::kIo, "cannot write the trace to " + c.out_path + ": " + std::strerror(errno));
-    dst = &file;
-  }
+  MC_ASSIGN_OR_RETURN(std::ostream * dst, trace_output(c.out_path, out, file));
   // Row by row, so a large trace converts in constant memory; the window as read_window() selects it.
   int64_t written = 0;
   const Window& w = c.input.window;
@@ -206,12 +213,7 @@ Status run_convert_command(const ConvertCommand& c, std::ostream& out) {
 Status run_gen_command(const GenCommand& c, std::ostream& out) {
   MC_RETURN_IF_ERROR(c.options.validate());
   std::ofstream file;
-  std::ostream* dst = &out;
-  if (c.out_path != "-") {
-    file.open(c.out_path, std::ios::trunc);
-    if (!file) return Status(Code::kIo, "cannot write the trace to " + c.out_path + ": " + std::strerror(errno));
-    dst = &file;
-  }
+  MC_ASSIGN_OR_RETURN(std::ostream * dst, trace_output(c.out_path, out, file));
   MC_ASSIGN_OR_RETURN(GenStats st, generate_trace(c.options, *dst));
   dst->flush();
   if (!*dst) return Status(Code::kIo, "writing the trace to " + c.out_path + " failed: " + std::strerror(errno));

@@ -129,6 +129,9 @@ class PrefillWorker {
   PrefillWorker(PrefillWorkerOptions options, std::unique_ptr<Backend> backend, std::unique_ptr<KvBlockCache> cache,
                 std::unique_ptr<DecodeLink> link, std::unique_ptr<KvBuffer> kv);
   void abort_reservation(const proto::PrefillJobRequest& job, const Status& why);  // decode_abort, logged
+  // Before each layer's KV is handed on: kUnavailable once abort_jobs() was called, kAborted at the job's injected
+  // failure (fail_after_layers), else ok. `writes`: layer spans handed on so far.
+  Status layer_gate(const proto::PrefillJobRequest& job, int64_t writes);
   Result<proto::PrefillJobReply> run_job_inner(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
                                                proto::RequestLedger& ledger);
   // Stage jobs (job.is_stage()): one stage of a pipelined prefill, DESIGN.md §18 "Live groups".
