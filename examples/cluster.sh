@@ -114,7 +114,10 @@ kv_bytes_per_token="$(setting kv_bytes_per_token 1024)"
 block_size="$(setting block_size 512)"
 policy="$(setting policy kvcache)"
 pipeline_group="$(setting pipeline_group 1)"
-[[ "$pipeline_group" == 1 ]] || die "defaults.pipeline_group is $pipeline_group: this cluster runs the sim backend, whose instances run no pipeline stages (docs/DESIGN.md §18 \"Live groups\": ref instances only, mc-conductor --pipeline-group; examples/pipeline-live.sh); mc-sim --cluster models groups"
+[[ "$pipeline_group" =~ ^[1-9][0-9]?$ && "$pipeline_group" -le 64 ]] || die "defaults.pipeline_group must be 1..64 prefill instances (1: no groups), got '$pipeline_group'"
+[[ "$pipeline_group" == 1 || "$backend" == ref ]] || die "defaults.pipeline_group is $pipeline_group but the backend is $backend, whose instances run no pipeline stages (docs/DESIGN.md §18 \"Live groups\": ref instances only); mc-sim --cluster models groups"
+pipeline_chunk="$(setting pipeline_chunk_tokens 8192)"
+[[ "$pipeline_chunk" =~ ^[1-9][0-9]*$ ]] || die "defaults.pipeline_chunk_tokens must be a positive number of tokens, got '$pipeline_chunk'"
 dram_bytes="$(setting dram_bytes 256MiB)"
 kv_buffer_size="$(setting kv_buffer_size 256MiB)"
 prefix_cache="$(setting prefix_cache store)"
@@ -409,31 +412,35 @@ for h in "${!host_names[@]}"; do
     node=$((node + 1))
   done
 done
-envelope_flags=()
-[[ "$backend" == ref ]] && envelope_flags=(--decode-envelope 0)
+conductor_flags=()
+[[ "$backend" == ref ]] && conductor_flags=(--decode-envelope 0)
+# Pipelined prefill groups (ref only, checked above): the Conductor forms them per request (docs/DESIGN.md §18).
+[[ "$pipeline_group" == 1 ]] || conductor_flags+=(--pipeline-group "$pipeline_group" --prefill-chunk "$pipeline_chunk")
 for h in "${!host_names[@]}"; do
   ((count[$h,conductor] == 1)) || continue
   # shellcheck disable=SC2046
   start "$h" conductor "$bin/mc-conductor" serve --listen "tcp://${host_addr[$h]}:0" --kv-events "$events" \
     --store-master "$master" --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" \
-    --time-scale "$time_scale" ${envelope_flags[@]+"${envelope_flags[@]}"} $(id_flags conductor) $(extra "$h" conductor)
+    --time-scale "$time_scale" ${conductor_flags[@]+"${conductor_flags[@]}"} $(id_flags conductor) $(extra "$h" conductor)
   conductor="$(wait_ready "$h" conductor)"
 done
 worker_flags=(--backend "$backend" --model "$model" --block-size "$block_size" --kv-buffer-size "$kv_buffer_size"
               --conductor "$conductor")
 [[ "$backend" == sim ]] && worker_flags+=(--gpu "$gpu" --time-scale "$time_scale" --kv-bytes-per-token "$kv_bytes_per_token")
+# The prefix cache: prefill instances read and put blocks there, decode instances put the blocks of pipelined
+# prefills (docs/DESIGN.md §18 "Live groups").
+store_flag="$master"
+[[ "$prefix_cache" == none ]] && store_flag=none
 n=0
 for h in "${!host_names[@]}"; do
   for ((i = 0; i < count[$h,decode]; i++)); do
     # shellcheck disable=SC2046
     start "$h" "decode$n" "$bin/mc-decode" --listen "tcp://${host_addr[$h]}:0" --reservation-ttl-ms 180000 \
-      "${worker_flags[@]}" --instance-id "decode$n" --host "${host_names[$h]}" $(id_flags "decode$n") $(extra "$h" decode)
+      "${worker_flags[@]}" --store "$store_flag" --instance-id "decode$n" --host "${host_names[$h]}" $(id_flags "decode$n") $(extra "$h" decode)
     wait_ready "$h" "decode$n" > /dev/null
     n=$((n + 1))
   done
 done
-store_flag="$master"
-[[ "$prefix_cache" == none ]] && store_flag=none
 n=0
 for h in "${!host_names[@]}"; do
   for ((i = 0; i < count[$h,prefill]; i++)); do

@@ -398,20 +398,22 @@ worker_flags=(--backend "$backend" --model "$model" --block-size "$block_size" -
 if [[ "$backend" == sim ]]; then
   worker_flags+=(--gpu "$gpu" --time-scale "$time_scale" --kv-bytes-per-token "$kv_bytes_per_token")
 fi
+# The prefix cache: prefill instances read and put blocks there, and decode instances put the blocks of pipelined
+# prefills (no stage holds every layer of one; docs/DESIGN.md §18 "Live groups").
+store_flags=(--store "$master")
+[[ -z "$etcd_endpoint" ]] || store_flags=(--store etcd --etcd "$etcd_endpoint" --cluster-id "$cluster_id")
+[[ "$prefix_cache" == none ]] && store_flags=(--store none)
 for ((i = 0; i < n_decode; i++)); do
   # A reservation waits for its prefill through the prefill queue; a loaded 2-core machine (or a
   # sanitizer build) can queue for longer than the 30 s default.
   as "decode$i"
   start "decode$i" "$bin/mc-decode" --listen tcp://127.0.0.1:0 --reservation-ttl-ms 180000 "${worker_flags[@]}" \
-    --instance-id "decode$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"} \
+    "${store_flags[@]}" --instance-id "decode$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"} \
     ${metrics_flags[@]+"${metrics_flags[@]}"}
   wait_ready "decode$i" > /dev/null
   record_metrics "decode$i"
 done
 for ((i = 0; i < n_prefill; i++)); do
-  store_flags=(--store "$master")
-  [[ -z "$etcd_endpoint" ]] || store_flags=(--store etcd --etcd "$etcd_endpoint" --cluster-id "$cluster_id")
-  [[ "$prefix_cache" == none ]] && store_flags=(--store none)
   as "prefill$i"
   start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 "${store_flags[@]}" "${worker_flags[@]}" \
     --instance-id "prefill$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"} \

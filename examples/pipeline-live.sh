@@ -2,7 +2,7 @@
 # pipeline-live.sh: a pipelined prefill group live (issue 22, docs/DESIGN.md §18 "Live groups") — the TTFT of one
 # long prompt on one ref prefill instance and on a group of two, each instance with one OpenBLAS thread.
 #
-#   examples/pipeline-live.sh [--tokens N] [--chunk N] [--model M] [--bin DIR] [--json]
+#   examples/pipeline-live.sh [--tokens N] [--chunk N] [--model M] [--bin DIR] [--auth] [--json]
 #
 # Runs the same five-request trace twice through examples/local-cluster.sh (2 prefill and 1 decode instances, ref
 # backend, no prefix cache, every prefill chunked by --chunk): four short prompts first, which teach the Conductor's predictor this CPU's speed (its
@@ -11,6 +11,7 @@
 # prompt's TTFT in each run, their ratio, the ideal ratio for the cores the group was given (1/2: two single-thread
 # stages), and whether the two runs generated the same tokens. The group run must place the long prompt on two
 # stages (its decision log says so), else the script fails.
+# --auth runs both clusters with keys (local-cluster.sh --auth: CURVE, grants on every KV and stage segment).
 # Needs jq (tools/install-deps.sh installs it). Exit: 0 ok, 1 a run failed, 2 bad usage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,8 @@ chunk=512
 model=small
 bin=${MC_BIN:-build/bin}
 json=0
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+auth=()
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --tokens) tokens=${2:?}; shift 2 ;;
@@ -28,6 +30,7 @@ while [ $# -gt 0 ]; do
     --model) model=${2:?}; shift 2 ;;
     --bin) bin=${2:?}; shift 2 ;;
     --json) json=1; shift ;;
+    --auth) auth=(--auth); shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "pipeline-live.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -67,7 +70,7 @@ run() { # run GROUP
   # Both runs chunk the same way (mc-prefill --chunk-tokens through its environment): the single instance's prefill
   # is the same chunked computation, on one core instead of two.
   MC_CHUNK_TOKENS=$chunk examples/local-cluster.sh --bin "$bin" --backend ref --model "$model" --block-size "$block" --prefill 2 \
-    --decode 1 --store-nodes 1 --prefix-cache none --log-level error \
+    --decode 1 --store-nodes 1 --prefix-cache none --log-level error ${auth[@]+"${auth[@]}"} \
     --conductor-args "--pipeline-group $group --prefill-chunk $chunk --pipeline-reserve-factor 1 --decisions $scratch/decisions$group.jsonl --slo-ttft-ms 600000" \
     -- "$bin/mc-trace-replay" "$scratch/trace.jsonl" --trace-block-size "$block" --block-tokens "$block" \
     --out "$scratch/records$group.jsonl" --record-token-ids --no-progress --id-prefix "g$group-" \

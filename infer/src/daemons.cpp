@@ -51,7 +51,7 @@ void add_conductor_flags(CLI::App& app, ConductorOptions& o) {
       ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
   app.add_option("--instance-id", o.instance_id, "Unique instance name (default: <role>-<host>-<pid>)");
   app.add_option("--host", o.host,
-                 "Host label reported to the conductor and (mc-prefill) to the store master, which place "
+                 "Host label reported to the conductor and (with --store) to the store master, which place "
                  "KV blocks and schedule by it; only placement uses it, not the choice of transport "
                  "(default: gethostname)");
 }
@@ -78,6 +78,17 @@ Result<int64_t> kv_blocks_from_flags(const BackendFlags& f, const Backend& backe
                      " holds no block of " + std::to_string(block_bytes) + " B; raise it or lower --block-size");
   }
   return blocks;
+}
+
+Result<std::unique_ptr<KvBlockCache>> open_store_flag(const std::string& store, const std::string& etcd,
+                                                      const std::string& cluster_id, const std::string& host) {
+  if (store == "none") return std::unique_ptr<KvBlockCache>();
+  if (store == "mem") return std::unique_ptr<KvBlockCache>(std::make_unique<MemoryBlockCache>());
+  if (store == "etcd" && etcd.empty()) {
+    return Status(Code::kInvalidArgument, "--store etcd needs --etcd HOST:PORT[,...] and --cluster-id NAME");
+  }
+  // The store sees the host label the Conductor sees (--host), so "same host" means one thing to both.
+  return connect_store_cache(store == "etcd" ? "" : store, host, store == "etcd" ? etcd : "", cluster_id);
 }
 
 namespace {
@@ -117,24 +128,35 @@ void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
       ->envname("MC_DECODE_KV_LISTEN")
       ->capture_default_str();
   cli::add_xfer_server_flags(app, c.kv_max_connections, c.kv_idle_timeout_ms);
+  app.add_option("--store", c.store,
+                 "Where to put the new blocks of pipelined prefills (only decode holds all their layers): none, the "
+                 "mc-store master endpoint (tcp://host:port), or etcd (--etcd, --cluster-id)")
+      ->envname("MC_STORE")
+      ->capture_default_str();
+  cli::add_etcd_flags(app, c.etcd, c.cluster_id, "--store's endpoint");
+  cli::add_size_option(app, "--store-put-queue-bytes", c.store_put_queue_bytes,
+                       "Most bytes of block copies waiting for the store; beyond it blocks are not stored", 1 << 20,
+                       uint64_t{64} << 30)
+      ->envname("MC_STORE_PUT_QUEUE_BYTES");
   cli::add_metrics_flags(app, c.metrics_listen);
   add_drain_flag(app, c.drain_timeout_s, "the running and reserved requests");
 }
 
-Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen) {
+Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen,
+                                      const std::string& flag) {
   if (kv_listen == "none") return std::string();
   if (kv_listen != "auto") {
     Result<Endpoint> ep = parse_endpoint(kv_listen);
     if (!ep.is_ok() || !ep->is_tcp()) {
-      return error(Code::kInvalidArgument, "--kv-listen '" + kv_listen + "': expected tcp://host:port, auto or none" +
+      return error(Code::kInvalidArgument, flag + " '" + kv_listen + "': expected tcp://host:port, auto or none" +
                                                (ep.is_ok() ? std::string() : " (" + ep.status().message() + ")"));
     }
     return kv_listen;
   }
   Result<Endpoint> rpc_ep = parse_endpoint(rpc_listen);
   if (!rpc_ep.is_ok() || !rpc_ep->is_tcp()) {
-    return error(Code::kInvalidArgument, "--kv-listen auto needs a tcp:// --listen (got '" + rpc_listen +
-                                             "'); give --kv-listen tcp://host:port or none");
+    return error(Code::kInvalidArgument, flag + " auto needs a tcp:// --listen (got '" + rpc_listen + "'); give " +
+                                             flag + " tcp://host:port or none");
   }
   return Endpoint::tcp(rpc_ep->host == "*" ? "0.0.0.0" : rpc_ep->host, 0).str();
 }
@@ -149,8 +171,17 @@ Status run_decode_daemon(const DecodeDaemonConfig& c) {
   o.reservation_ttl_ms = c.reservation_ttl_ms;
   o.max_reservation_ttl_ms = c.max_reservation_ttl_ms;
   o.weight_seed = c.backend.seed;
+  if (c.store == "mem") {
+    return Status(Code::kInvalidArgument,
+                  "mc-decode --store mem: an in-process store no prefill can read; give the mc-store master "
+                  "endpoint, etcd or none");
+  }
+  MC_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvBlockCache> cache,
+      open_store_flag(c.store, c.etcd, c.cluster_id, resolve_conductor_options(c.conductor, "decode").host));
   MC_ASSIGN_OR_RETURN(auto worker,
                       DecodeWorker::create(o, std::move(backend), make_rpc_token_sink(c.client_timeout_ms)));
+  if (cache) worker->set_block_store(std::move(cache), static_cast<int64_t>(c.store_put_queue_bytes));
   MC_ASSIGN_OR_RETURN(const std::string kv_listen, resolve_kv_listen(c.kv_listen, c.listen));
   if (!kv_listen.empty()) {
     transfer::EngineOptions eo;
@@ -198,9 +229,15 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
       ->capture_default_str()
       ->check(CLI::Range(1, 3600000));
   cli::add_size_option(app, "--stage-inbox-bytes", c.stage_inbox_bytes,
-                       "Pipelined prefill: most hidden-state bytes held for stage jobs that have not asked yet",
+                       "Pipelined prefill: most hidden-state bytes held for stage jobs that have not asked yet "
+                       "(and the size of the stage segment they land in)",
                        1 << 20, uint64_t{64} << 30)
       ->envname("MC_STAGE_INBOX_BYTES");
+  app.add_option("--stage-listen", c.stage_listen,
+                 "Pipelined prefill: transfer-engine endpoint where previous stages WRITE their chunks' hidden states "
+                 "(tcp://host:port; auto = host of --listen, any port; none = they come as RPCs)")
+      ->envname("MC_STAGE_LISTEN")
+      ->capture_default_str();
   cli::add_metrics_flags(app, c.metrics_listen);
   add_drain_flag(app, c.drain_timeout_s, "the queued and running prefill jobs");
 }
@@ -208,17 +245,9 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
 Status run_prefill_daemon(const PrefillDaemonConfig& c) {
   MC_RETURN_IF_ERROR(validate_conductor_options(c.conductor));
   MC_ASSIGN_OR_RETURN(auto backend, backend_from_flags(c.backend));
-  std::unique_ptr<KvBlockCache> cache;
-  if (c.store == "mem") {
-    cache = std::make_unique<MemoryBlockCache>();
-  } else if (c.store == "etcd" && c.etcd.empty()) {
-    return Status(Code::kInvalidArgument, "--store etcd needs --etcd HOST:PORT[,...] and --cluster-id NAME");
-  } else if (c.store != "none") {
-    // The store sees the host label the Conductor sees (--host), so "same host" means one thing to both.
-    const std::string master = c.store == "etcd" ? "" : c.store;
-    MC_ASSIGN_OR_RETURN(cache, connect_store_cache(master, resolve_conductor_options(c.conductor, "prefill").host,
-                                                   c.store == "etcd" ? c.etcd : "", c.cluster_id));
-  }
+  MC_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvBlockCache> cache,
+      open_store_flag(c.store, c.etcd, c.cluster_id, resolve_conductor_options(c.conductor, "prefill").host));
   PrefillWorkerOptions o;
   o.block_tokens = c.backend.block_tokens;
   MC_ASSIGN_OR_RETURN(o.kv_blocks, kv_blocks_from_flags(c.backend, *backend));
@@ -231,6 +260,14 @@ Status run_prefill_daemon(const PrefillDaemonConfig& c) {
   o.stage_inbox_bytes = static_cast<int64_t>(c.stage_inbox_bytes);
   MC_ASSIGN_OR_RETURN(auto worker, PrefillWorker::create(o, std::move(backend), std::move(cache),
                                                          make_rpc_decode_link(c.decode_timeout_ms)));
+  MC_ASSIGN_OR_RETURN(const std::string stage_listen, resolve_kv_listen(c.stage_listen, c.listen, "--stage-listen"));
+  if (!stage_listen.empty()) {
+    transfer::EngineOptions eo;
+    eo.listen = {stage_listen};
+    // With the cluster's grant key, only the holder of a slot's grant writes into it (docs/SECURITY.md).
+    if (const auth::Keyring* ring = auth::keyring(); ring != nullptr) eo.grant_key = ring->grant_key();
+    MC_RETURN_IF_ERROR(worker->publish_stage_segment(std::move(eo)).with_context("--stage-listen " + stage_listen));
+  }
   daemon::install_stop_signals();
   PrefillServeOptions so;
   so.endpoint = c.listen;

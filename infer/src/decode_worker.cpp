@@ -675,6 +675,14 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
                     ns_.model_id + ", " + ns_.model_revision +
                     "); not generating: prefill and decode must run the "
                     "same model, --seed and --block-size, and the prefill the request's adapter and salt");
+  } else if (!c.store_block_hashes.empty() &&
+             (c.store_first_block < 0 || c.store_first_block > r.input_tokens / options_.block_tokens -
+                                                                   static_cast<int64_t>(c.store_block_hashes.size()))) {
+    bad = error(Code::kInvalidArgument,
+                "kv_commit '" + r.request_id + "': store blocks [" + std::to_string(c.store_first_block) + ", +" +
+                    std::to_string(c.store_block_hashes.size()) + ") are not complete blocks of the " +
+                    std::to_string(r.input_tokens) + "-token prompt (" + std::to_string(options_.block_tokens) +
+                    " tokens a block)");
   } else if (c.first_token >= static_cast<uint64_t>(backend_->model().vocab_size)) {
     bad = error(Code::kInvalidArgument, "kv_commit '" + r.request_id + "': first token " +
                                             std::to_string(c.first_token) + " outside the vocabulary");
@@ -696,6 +704,7 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
     drop_reservation_locked(c.reservation_id, bad, /*tell_client=*/true);
     return bad;
   }
+  const int64_t store_queued = store_blocks_locked(r, c);
   auto s = std::make_unique<Sequence>();
   s->reservation_id = r.id;
   s->request_id = r.request_id;
@@ -707,10 +716,57 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
   s->last_token = c.first_token;
   s->output_tokens = r.output_tokens;
   s->ledger = c.ledger;
+  if (!c.store_block_hashes.empty()) s->ledger.stored_blocks = store_queued;
   s->lora = r.lora;
   reservations_.erase(it);
   joining_.push_back(std::move(s));
-  return proto::KvCommitReply{static_cast<int64_t>(running_.size() + joining_.size())};
+  return proto::KvCommitReply{static_cast<int64_t>(running_.size() + joining_.size()), store_queued};
+}
+
+int64_t DecodeWorker::store_blocks_locked(const Reservation& r, const proto::KvCommitRequest& c) {
+  if (c.store_block_hashes.empty()) return 0;
+  const auto count = static_cast<int64_t>(c.store_block_hashes.size());
+  if (!store_puts_) {
+    metrics_.counter("mc_decode_store_unset_blocks_total", "prompt blocks to store, but this instance has no --store")
+        .inc(static_cast<uint64_t>(count));
+    if (!warned_no_store_) {
+      warned_no_store_ = true;
+      MC_LOG_WARN << "decode: a pipelined prefill asked to store " << count << " new blocks of '" << r.request_id
+                  << "', but this instance runs without --store; they are not stored (said once)";
+    }
+    return 0;
+  }
+  // The keys in the reservation's namespace (never one the prefill names), the bytes from this buffer: those of
+  // a single-node prefill of the same prompt (DESIGN.md §18 "Live groups").
+  const KeyNamespace ns = ns_.with_request(r.scope);
+  std::vector<std::string> keys;
+  std::vector<std::span<const std::byte>> spans;
+  keys.reserve(c.store_block_hashes.size());
+  spans.reserve(c.store_block_hashes.size());
+  for (int64_t i = 0; i < count; ++i) {
+    keys.push_back(block_store_key(ns, c.store_block_hashes[static_cast<size_t>(i)]));
+    spans.emplace_back(kv_->block_span(r.blocks[static_cast<size_t>(c.store_first_block + i)]));
+  }
+  if (Status q = store_puts_->enqueue(r.request_id, std::move(keys), spans); !q.is_ok()) {
+    MC_LOG_WARN << "decode: " << q.to_string();
+    return 0;
+  }
+  return count;
+}
+
+void DecodeWorker::set_block_store(std::unique_ptr<KvBlockCache> cache, int64_t max_queued_bytes) {
+  auto q = std::make_unique<BlockPutQueue>(std::move(cache), max_queued_bytes, &metrics_);
+  std::lock_guard lock(mu_);
+  store_puts_ = std::move(q);
+}
+
+void DecodeWorker::flush_store_puts() {
+  BlockPutQueue* q = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    q = store_puts_.get();
+  }
+  if (q != nullptr) q->flush();
 }
 
 proto::WorkerLoadReply DecodeWorker::load() const {

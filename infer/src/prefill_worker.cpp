@@ -8,11 +8,13 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <random>
 #include <thread>
 #include <unordered_map>
 
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
+#include "mc/common/grant.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics_http.hpp"
 #include "mc/common/queue_order.hpp"
@@ -43,6 +45,10 @@ class RpcDecodeLink final : public DecodeLink {
   }
   Result<proto::PrefillStageHiddenReply> stage_hidden(const std::string& ep,
                                                       const proto::PrefillStageHiddenRequest& r) override {
+    return call(ep, r);
+  }
+  Result<proto::PrefillStageSlotReply> stage_slot(const std::string& ep,
+                                                  const proto::PrefillStageSlotRequest& r) override {
     return call(ep, r);
   }
   Result<std::string> kv_segment(const std::string& ep) override {
@@ -217,7 +223,10 @@ PrefillWorker::PrefillWorker(PrefillWorkerOptions options, std::unique_ptr<Backe
   ns_ = kv_namespace(*backend_, options_.block_tokens, options_.weight_seed);
 }
 
-PrefillWorker::~PrefillWorker() { engine_.reset(); }
+PrefillWorker::~PrefillWorker() {
+  stage_engine_.reset();
+  engine_.reset();
+}
 
 // Blocks [first, end) of one layer: every block's layer range but the last as one batch, then the last one with
 // the layer-arrival tag, so the notification means the whole span landed.
@@ -418,17 +427,32 @@ Status PrefillWorker::validate_stage(const proto::PrefillJobRequest& job) const 
   return Status::ok();
 }
 
-Status PrefillWorker::deliver_stage_hidden(proto::PrefillStageHiddenRequest m) {
+Status PrefillWorker::validate_stage_chunk(const std::string& what, const std::string& request_id,
+                                           uint64_t reservation_id, int64_t chunk_index, int64_t token_begin,
+                                           int64_t token_end, int64_t bytes) const {
   const ModelConfig& model = backend_->model();
-  const std::string what =
-      "prefill_stage_hidden '" + m.request_id.substr(0, 128) + "' chunk " + std::to_string(m.chunk_index);
-  if (m.request_id.empty() || m.request_id.size() > 256 || m.reservation_id == 0) {
+  if (request_id.empty() || request_id.size() > 256 || reservation_id == 0) {
     return error(Code::kInvalidArgument, what + ": request id (1-256 bytes) and reservation id required");
   }
-  const int64_t now = now_ns();
+  const int64_t rows = token_end - token_begin;
+  if (chunk_index < 0 || chunk_index > model.max_context_tokens || token_begin < 0 || rows < 1 ||
+      token_end > model.max_context_tokens) {
+    return error(Code::kInvalidArgument, what + ": chunk or tokens [" + std::to_string(token_begin) + ", " +
+                                             std::to_string(token_end) + ") outside the model's context of " +
+                                             std::to_string(model.max_context_tokens));
+  }
+  if (bytes != rows * model.hidden_size * 4) {
+    return error(Code::kInvalidArgument, what + ": " + std::to_string(bytes) + " bytes of hidden states, " +
+                                             std::to_string(rows * model.hidden_size * 4) +
+                                             " expected (tokens x hidden_size " + std::to_string(model.hidden_size) +
+                                             " x 4): the stages run different models");
+  }
+  return Status::ok();
+}
+
+void PrefillWorker::expire_stage_locked(int64_t now) {
   const int64_t expiry_ns = 2 * options_.stage_wait_timeout_ms * 1'000'000;
-  std::lock_guard lock(stage_mu_);
-  // Expire what no stage job asked for in time (its job failed elsewhere, or never came).
+  // What no stage job asked for in time (its job failed elsewhere, or never came).
   for (auto it = stage_inbox_.begin(); it != stage_inbox_.end();) {
     for (auto c = it->second.begin(); c != it->second.end();) {
       if (now - c->second.received_ns > expiry_ns) {
@@ -440,6 +464,38 @@ Status PrefillWorker::deliver_stage_hidden(proto::PrefillStageHiddenRequest m) {
     }
     it = it->second.empty() ? stage_inbox_.erase(it) : std::next(it);
   }
+  // Slots set aside and never written (the sender died or gave up).
+  for (auto it = stage_slots_.begin(); it != stage_slots_.end();) {
+    if (now - it->second.granted_ns <= expiry_ns) {
+      ++it;
+      continue;
+    }
+    const auto bytes = static_cast<uint64_t>(it->second.chunk.bytes);
+    stage_inbox_bytes_ -= it->second.chunk.bytes;
+    stage_free_[it->second.offset] = bytes;
+    it = stage_slots_.erase(it);
+  }
+  // Coalesce adjacent free ranges.
+  for (auto it = stage_free_.begin(); it != stage_free_.end();) {
+    auto next = std::next(it);
+    if (next != stage_free_.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      stage_free_.erase(next);
+    } else {
+      it = next;
+    }
+  }
+}
+
+Status PrefillWorker::deliver_stage_hidden(proto::PrefillStageHiddenRequest m) {
+  const std::string what =
+      "prefill_stage_hidden '" + m.request_id.substr(0, 128) + "' chunk " + std::to_string(m.chunk_index);
+  if (m.request_id.empty() || m.request_id.size() > 256 || m.reservation_id == 0) {
+    return error(Code::kInvalidArgument, what + ": request id (1-256 bytes) and reservation id required");
+  }
+  const int64_t now = now_ns();
+  std::lock_guard lock(stage_mu_);
+  expire_stage_locked(now);
   const auto key = std::make_pair(m.request_id, m.reservation_id);
   if (!m.failed.empty()) {
     if (stage_failed_.size() >= 4096) stage_failed_.erase(stage_failed_.begin());
@@ -447,19 +503,8 @@ Status PrefillWorker::deliver_stage_hidden(proto::PrefillStageHiddenRequest m) {
     stage_cv_.notify_all();
     return Status::ok();
   }
-  const int64_t rows = m.token_end - m.token_begin;
-  if (m.chunk_index < 0 || m.chunk_index > model.max_context_tokens || m.token_begin < 0 || rows < 1 ||
-      m.token_end > model.max_context_tokens) {
-    return error(Code::kInvalidArgument, what + ": chunk or tokens [" + std::to_string(m.token_begin) + ", " +
-                                             std::to_string(m.token_end) + ") outside the model's context of " +
-                                             std::to_string(model.max_context_tokens));
-  }
-  if (static_cast<int64_t>(m.hidden.size()) != rows * model.hidden_size * 4) {
-    return error(Code::kInvalidArgument, what + ": " + std::to_string(m.hidden.size()) + " bytes of hidden states, " +
-                                             std::to_string(rows * model.hidden_size * 4) +
-                                             " expected (tokens x hidden_size " + std::to_string(model.hidden_size) +
-                                             " x 4): the stages run different models");
-  }
+  MC_RETURN_IF_ERROR(validate_stage_chunk(what, m.request_id, m.reservation_id, m.chunk_index, m.token_begin,
+                                          m.token_end, static_cast<int64_t>(m.hidden.size())));
   auto& chunks = stage_inbox_[key];
   if (chunks.count(m.chunk_index) > 0) return error(Code::kInvalidArgument, what + ": already held");
   const auto bytes = static_cast<int64_t>(m.hidden.size());
@@ -477,6 +522,208 @@ Status PrefillWorker::deliver_stage_hidden(proto::PrefillStageHiddenRequest m) {
       .inc(static_cast<uint64_t>(bytes));
   stage_cv_.notify_all();
   return Status::ok();
+}
+
+Status PrefillWorker::publish_stage_segment(transfer::EngineOptions options) {
+  if (stage_engine_) return error(Code::kFailedPrecondition, "prefill: stage segment already published");
+  if (options.listen.empty()) {
+    return error(Code::kInvalidArgument, "prefill: publishing the stage segment needs a listen endpoint");
+  }
+  MC_ASSIGN_OR_RETURN(
+      transfer::SharedBuffer area,
+      transfer::allocate_shared_buffer(static_cast<uint64_t>(options_.stage_inbox_bytes), "mc-prefill-stage"));
+  stage_grant_key_ = options.grant_key;
+  if (!stage_grant_key_.empty()) {
+    // A grant names its slot by id: start this process's ids at a random point, so a grant issued before a restart
+    // on the same port never names a slot of this life.
+    std::random_device rd;
+    next_stage_slot_ = ((static_cast<uint64_t>(rd()) << 16) ^ rd()) + 1;
+    options.grant_scope = [this](const auth::Grant& g, transfer::Op op, uint64_t offset, uint64_t length) -> Status {
+      std::lock_guard lock(stage_mu_);
+      auto it = stage_slots_.find(g.id);
+      if (op != transfer::Op::kWrite || it == stage_slots_.end() || offset != stage_area_base_ + it->second.offset ||
+          length != static_cast<uint64_t>(it->second.chunk.bytes)) {
+        metrics_.counter("mc_prefill_stage_grant_refused_total", "stage WRITEs refused: no live slot of the grant")
+            .inc();
+        return error(Code::kPermissionDenied, "stage slot " + std::to_string(g.id) + " is not live or not that range");
+      }
+      return Status::ok();
+    };
+  }
+  MC_ASSIGN_OR_RETURN(auto engine, transfer::TransferEngine::create(std::move(options)));
+  auto region = engine->register_memory(area.data(), area.size());
+  if (!region.is_ok()) return region.status().with_context("prefill: registering the stage landing area");
+  {
+    std::lock_guard lock(stage_mu_);
+    stage_area_base_ = region->segment_offset;
+    stage_free_ = {{0, area.size()}};
+  }
+  stage_segment_ = engine->segment_name();
+  stage_area_ = std::move(area);
+  engine->set_notification_handler([this](const transfer::Notification& n) { on_stage_notification(n); });
+  stage_engine_ = std::move(engine);
+  metrics_.gauge("mc_prefill_stage_segment_published", "1 when stage hidden states land through the transfer engine")
+      .set(1);
+  return Status::ok();
+}
+
+std::string PrefillWorker::stage_segment() const { return stage_segment_; }
+
+Result<proto::PrefillStageSlotReply> PrefillWorker::stage_slot(const proto::PrefillStageSlotRequest& r) {
+  const std::string what =
+      "prefill_stage_slot '" + r.request_id.substr(0, 128) + "' chunk " + std::to_string(r.chunk_index);
+  if (!stage_engine_) {
+    return error(Code::kFailedPrecondition, what +
+                                                ": this instance serves no stage segment (send "
+                                                "prefill_stage_hidden; mc-prefill --stage-listen)");
+  }
+  MC_RETURN_IF_ERROR(
+      validate_stage_chunk(what, r.request_id, r.reservation_id, r.chunk_index, r.token_begin, r.token_end, r.bytes));
+  const int64_t now = now_ns();
+  proto::PrefillStageSlotReply reply;
+  {
+    std::lock_guard lock(stage_mu_);
+    expire_stage_locked(now);
+    const auto bytes = static_cast<uint64_t>(r.bytes);
+    auto room = std::find_if(stage_free_.begin(), stage_free_.end(), [&](const auto& f) { return f.second >= bytes; });
+    if (stage_inbox_bytes_ + r.bytes > options_.stage_inbox_bytes || room == stage_free_.end()) {
+      metrics_.counter("mc_prefill_stage_hidden_refused_total", "stage hidden states refused: the inbox is full").inc();
+      return error(Code::kResourceExhausted, what + ": no room for " + std::to_string(r.bytes) + " bytes (" +
+                                                 std::to_string(stage_inbox_bytes_) +
+                                                 " held or landing, --stage-inbox-bytes " +
+                                                 std::to_string(options_.stage_inbox_bytes) + "); retry later");
+    }
+    const uint64_t offset = room->first;
+    const uint64_t left = room->second - bytes;
+    stage_free_.erase(room);
+    if (left > 0) stage_free_[offset + bytes] = left;
+    stage_inbox_bytes_ += r.bytes;
+    reply.slot_id = next_stage_slot_++;
+    stage_slots_[reply.slot_id] = StageSlot{r, offset, now};
+    reply.offset = stage_area_base_ + offset;
+  }
+  reply.segment = stage_segment_;
+  if (!stage_grant_key_.empty()) {
+    auth::Grant g;
+    g.segment = stage_segment_;
+    g.offset = reply.offset;
+    g.length = static_cast<uint64_t>(r.bytes);
+    g.ops = auth::kGrantWrite;
+    g.expiry_unix_ms = unix_time_ns() / 1'000'000 + 2 * options_.stage_wait_timeout_ms + auth::kGrantClockSlackMs;
+    g.id = reply.slot_id;
+    MC_ASSIGN_OR_RETURN(reply.grant, auth::issue_grant(stage_grant_key_, g));
+  }
+  return reply;
+}
+
+void PrefillWorker::on_stage_notification(const transfer::Notification& note) {
+  auto reject = [&](const std::string& why) {
+    metrics_.counter("mc_prefill_stage_notifications_rejected_total", "stage notifications naming no live slot").inc();
+    // A peer chooses tag and from: at most 128 bytes of each reach the log.
+    MC_LOG_WARN << "prefill: stage notification '" << note.tag.substr(0, 128) << "' from "
+                << (note.from.empty() ? "?" : note.from.substr(0, 128)) << " ignored: " << why;
+  };
+  const std::optional<proto::StageChunkTag> tag =
+      note.op == transfer::Op::kWrite ? proto::StageChunkTag::decode(note.tag) : std::nullopt;
+  if (!tag) return reject("not a stage chunk tag stage/<slot>");
+  if (!stage_grant_key_.empty() && note.grant_id != tag->slot_id) {
+    return reject("the tag names slot " + std::to_string(tag->slot_id) + " but the grant is slot " +
+                  std::to_string(note.grant_id) + "'s");
+  }
+  proto::PrefillStageHiddenRequest m;
+  {
+    std::lock_guard lock(stage_mu_);
+    auto it = stage_slots_.find(tag->slot_id);
+    if (it == stage_slots_.end()) return reject("no such slot (expired or already landed)");
+    const StageSlot& slot = it->second;
+    if (note.segment_offset != stage_area_base_ + slot.offset ||
+        note.length != static_cast<uint64_t>(slot.chunk.bytes)) {
+      return reject("wrote " + std::to_string(note.length) + " B at " + std::to_string(note.segment_offset) +
+                    ", the slot is " + std::to_string(slot.chunk.bytes) + " B at " +
+                    std::to_string(stage_area_base_ + slot.offset));
+    }
+    m.request_id = slot.chunk.request_id;
+    m.reservation_id = slot.chunk.reservation_id;
+    m.chunk_index = slot.chunk.chunk_index;
+    m.token_begin = slot.chunk.token_begin;
+    m.token_end = slot.chunk.token_end;
+    m.last_chunk = slot.chunk.last_chunk;
+    const auto* src = static_cast<const uint8_t*>(stage_area_.data()) + slot.offset;
+    m.hidden.assign(src, src + slot.chunk.bytes);
+    stage_inbox_bytes_ -= slot.chunk.bytes;
+    stage_free_[slot.offset] = static_cast<uint64_t>(slot.chunk.bytes);
+    stage_slots_.erase(it);
+  }
+  metrics_.counter("mc_prefill_stage_engine_bytes_total", "hidden-state bytes landed through the transfer engine")
+      .inc(m.hidden.size());
+  if (Status held = deliver_stage_hidden(std::move(m)); !held.is_ok()) reject(held.message());
+}
+
+Status PrefillWorker::send_stage_hidden(const proto::PrefillJobRequest& job, const proto::PrefillStageHiddenRequest& m,
+                                        int64_t* engine_bytes) {
+  if (engine_) {
+    proto::PrefillStageSlotRequest ask{m.request_id,
+                                       m.reservation_id,
+                                       m.chunk_index,
+                                       m.token_begin,
+                                       m.token_end,
+                                       m.last_chunk,
+                                       static_cast<int64_t>(m.hidden.size())};
+    const int64_t deadline = now_ns() + options_.stage_wait_timeout_ms * 1'000'000;
+    int64_t backoff_ms = 2;
+    Result<proto::PrefillStageSlotReply> slot = link_->stage_slot(job.next_stage_endpoint, ask);
+    // The next stage's inbox is full until its job takes chunks: retry, bounded by the stage wait.
+    while (!slot.is_ok() && slot.status().code() == Code::kResourceExhausted && now_ns() < deadline &&
+           !abort_jobs_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+      backoff_ms = std::min<int64_t>(backoff_ms * 2, 100);
+      slot = link_->stage_slot(job.next_stage_endpoint, ask);
+    }
+    if (slot.is_ok()) {
+      if (stage_outbox_.size() < m.hidden.size()) {
+        if (stage_outbox_.data() != nullptr) (void)engine_->unregister_memory(stage_outbox_.data());
+        stage_outbox_ = transfer::SharedBuffer();
+        MC_ASSIGN_OR_RETURN(stage_outbox_, transfer::allocate_shared_buffer(m.hidden.size(), "mc-prefill-outbox"));
+        auto region = engine_->register_memory(stage_outbox_.data(), stage_outbox_.size());
+        if (!region.is_ok()) {
+          stage_outbox_ = transfer::SharedBuffer();
+          return region.status().with_context("registering the stage outbox");
+        }
+      }
+      std::memcpy(stage_outbox_.data(), m.hidden.data(), m.hidden.size());
+      MC_ASSIGN_OR_RETURN(transfer::SegmentHandle segment, engine_->open_segment(slot->segment));
+      transfer::TransferRequest w;
+      w.op = transfer::Op::kWrite;
+      w.local_addr = stage_outbox_.data();
+      w.segment = segment;
+      w.remote_offset = slot->offset;
+      w.length = m.hidden.size();
+      w.grant = slot->grant;
+      w.notify_tag = proto::StageChunkTag{slot->slot_id}.encode();
+      const int64_t wait_ms = options_.kv_transfer_timeout_ms + engine_->options().slice_timeout_ms + 1000;
+      MC_ASSIGN_OR_RETURN(transfer::BatchId batch, engine_->submit(std::span<const transfer::TransferRequest>(&w, 1)));
+      auto st = engine_->wait(batch, wait_ms);
+      if (!st.is_ok()) return st.status();
+      const transfer::TransferState state = st->state;
+      const Status why = st->status;
+      if (is_final(state)) (void)engine_->free_batch(batch);
+      if (state != transfer::TransferState::kCompleted) {
+        return (state == transfer::TransferState::kPending
+                    ? error(Code::kTimeout, "still pending after " + std::to_string(wait_ms) + " ms")
+                    : why)
+            .with_context("transfer-engine WRITE of chunk " + std::to_string(m.chunk_index) +
+                          "'s hidden states to segment " + slot->segment);
+      }
+      *engine_bytes += static_cast<int64_t>(m.hidden.size());
+      return Status::ok();
+    }
+    // A next stage serving no stage segment (or a link without slots) takes the RPC; any other error is the send's.
+    if (slot.status().code() != Code::kFailedPrecondition && slot.status().code() != Code::kUnimplemented) {
+      return slot.status();
+    }
+  }
+  auto sent = link_->stage_hidden(job.next_stage_endpoint, m);
+  return sent.is_ok() ? Status::ok() : sent.status();
 }
 
 Result<proto::PrefillStageHiddenRequest> PrefillWorker::take_stage_hidden(const proto::PrefillJobRequest& job,
@@ -522,6 +769,23 @@ void PrefillWorker::drop_stage_hidden(const proto::PrefillJobRequest& job) {
   if (it == stage_inbox_.end()) return;
   for (const auto& [chunk, held] : it->second) stage_inbox_bytes_ -= static_cast<int64_t>(held.message.hidden.size());
   stage_inbox_.erase(it);
+}
+
+void PrefillWorker::count_prompt_ledger(const proto::RequestLedger& ledger, int64_t n, int64_t cached) {
+  metrics_.counter("mc_prefill_hit_tokens_total", "prompt tokens whose KV came from the store").inc(cached);
+  metrics_.counter("mc_prefill_computed_tokens_total", "prompt tokens computed").inc(n - cached);
+  // The rest of the cache ledger (DESIGN.md §5) as counters.
+  metrics_.counter("mc_prefill_prompt_tokens_total", "prompt tokens of the jobs run").inc(n);
+  metrics_.counter("mc_prefill_hit_tokens_local_total", "hit tokens read from a replica on this host")
+      .inc(ledger.hit_tokens_local);
+  metrics_.counter("mc_prefill_hit_tokens_remote_total", "hit tokens read from another node's DRAM")
+      .inc(ledger.hit_tokens_remote);
+  metrics_.counter("mc_prefill_hit_tokens_ssd_total", "hit tokens read from a storage node's SSD")
+      .inc(ledger.hit_tokens_ssd);
+  metrics_.counter("mc_prefill_missed_prefix_tokens_total", "prefix tokens planned as hits, missing, recomputed")
+      .inc(std::max<int64_t>(0, ledger.missed_prefix_tokens));
+  metrics_.counter("mc_prefill_fetch_bytes_total", "KV bytes read from the store").inc(ledger.fetch_bytes);
+  metrics_.counter("mc_prefill_fetch_ssd_bytes_total", "KV bytes read from SSD segments").inc(ledger.fetch_ssd_bytes);
 }
 
 Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::PrefillJobRequest& job,
@@ -573,6 +837,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
   ledger.computed_tokens = n - cached;
   ledger.decision = cached > 0 ? "fetch" : "recompute";
   metrics_.counter("mc_prefill_stage_jobs_total", "pipeline stage jobs run (DESIGN.md §18)").inc();
+  if (first_stage) count_prompt_ledger(ledger, n, cached);  // once per prompt: at the stage that decides the prefix
 
   // 2. The chunks through this stage's layers, each layer's KV streamed to decode as in a whole prefill.
   std::string target;
@@ -580,7 +845,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
   LayerStreamer streamer([&kv_send](const LayerSpan& sp) { return kv_send(sp.layer, sp.first, sp.end); }, target);
   int64_t writes = 0;
   uint32_t first_token = 0;
-  int64_t hidden_sent_bytes = 0;
+  int64_t hidden_sent_bytes = 0, hidden_engine_bytes = 0;
   const int64_t t_prefill = now_ns();
   int64_t t_last_layer_done = 0, wait_ns = 0;
   for (int64_t k = 0, begin = cached; begin < n; ++k) {
@@ -637,10 +902,9 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
       m.hidden.resize(out->hidden_out.size() * sizeof(float));
       std::memcpy(m.hidden.data(), out->hidden_out.data(), m.hidden.size());
       hidden_sent_bytes += static_cast<int64_t>(m.hidden.size());
-      auto sent = link_->stage_hidden(job.next_stage_endpoint, m);
-      if (!sent.is_ok()) {
-        return sent.status().with_context(what + ": sending chunk " + std::to_string(k) + "'s hidden states to " +
-                                          job.next_stage_endpoint);
+      if (Status sent = send_stage_hidden(job, m, &hidden_engine_bytes); !sent.is_ok()) {
+        return sent.with_context(what + ": sending chunk " + std::to_string(k) + "'s hidden states to " +
+                                 job.next_stage_endpoint);
       }
     }
     begin = end;
@@ -656,6 +920,10 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
   metrics_.counter("mc_prefill_stage_hidden_sent_bytes_total", "hidden-state bytes sent to next stages")
       .inc(static_cast<uint64_t>(hidden_sent_bytes));
   metrics_
+      .counter("mc_prefill_stage_hidden_engine_sent_bytes_total",
+               "of those, bytes WRITTEN through the transfer engine (the rest went as prefill_stage_hidden RPCs)")
+      .inc(static_cast<uint64_t>(hidden_engine_bytes));
+  metrics_
       .histogram("mc_prefill_stage_wait_seconds", metrics::latency_buckets_s(),
                  "a stage job's time waiting for its previous stage's chunks")
       .observe(static_cast<double>(wait_ns) * 1e-9);
@@ -664,10 +932,15 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
   // 3. The last stage commits at decode: every stage's layers of every block have landed (see above).
   proto::KvCommitRequest commit{job.reservation_id, job.request_id, n, first_token, unix_time_ns(), ledger};
   commit.kv_namespace_digest = ns.digest_hex();
+  // New complete blocks: no stage holds every layer of one, decode does once its check passed, so decode puts
+  // them (keyed in the request's namespace by these hashes, DESIGN.md §18 "Live groups" point 5).
+  if (job.store_new_blocks) {
+    commit.store_first_block = cached / bs;
+    commit.store_block_hashes.assign(hashes.begin() + cached / bs, hashes.begin() + n / bs);
+  }
   auto committed = link_->commit(job.decode_endpoint, commit);
   if (!committed.is_ok()) return committed.status().with_context("kv_commit at " + job.decode_endpoint);
-  // New blocks are not put into the store from a pipelined prefill yet: no stage holds every layer of a block
-  // (DESIGN.md §18 "Live groups", what is left).
+  ledger.stored_blocks = committed->store_blocks_queued;
   return proto::PrefillJobReply{job.request_id, first_token, ledger};
 }
 
@@ -805,20 +1078,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   if (job.fetch_prefix_blocks >= 0) ledger.missed_prefix_tokens = (want - hit_blocks) * bs;
   ledger.computed_tokens = n - cached;
   ledger.decision = cached > 0 ? "fetch" : "recompute";
-  metrics_.counter("mc_prefill_hit_tokens_total", "prompt tokens whose KV came from the store").inc(cached);
-  metrics_.counter("mc_prefill_computed_tokens_total", "prompt tokens computed").inc(n - cached);
-  // The rest of the cache ledger (DESIGN.md §5) as counters.
-  metrics_.counter("mc_prefill_prompt_tokens_total", "prompt tokens of the jobs run").inc(n);
-  metrics_.counter("mc_prefill_hit_tokens_local_total", "hit tokens read from a replica on this host")
-      .inc(ledger.hit_tokens_local);
-  metrics_.counter("mc_prefill_hit_tokens_remote_total", "hit tokens read from another node's DRAM")
-      .inc(ledger.hit_tokens_remote);
-  metrics_.counter("mc_prefill_hit_tokens_ssd_total", "hit tokens read from a storage node's SSD")
-      .inc(ledger.hit_tokens_ssd);
-  metrics_.counter("mc_prefill_missed_prefix_tokens_total", "prefix tokens planned as hits, missing, recomputed")
-      .inc(std::max<int64_t>(0, ledger.missed_prefix_tokens));
-  metrics_.counter("mc_prefill_fetch_bytes_total", "KV bytes read from the store").inc(ledger.fetch_bytes);
-  metrics_.counter("mc_prefill_fetch_ssd_bytes_total", "KV bytes read from SSD segments").inc(ledger.fetch_ssd_bytes);
+  count_prompt_ledger(ledger, n, cached);
 
   // 2. Prefill with layer-wise streaming: transfer-engine WRITEs when decode serves a segment, else kv_write.
   std::string target;
@@ -975,6 +1235,9 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
         MC_RETURN_IF_ERROR(worker.deliver_stage_hidden(req));
         return proto::PrefillStageHiddenReply{};
       });
+  // prefill_stage_slot: where a previous stage WRITEs a chunk through the transfer engine (its stage segment).
+  server->handle<proto::PrefillStageSlotRequest>(
+      [&](const proto::PrefillStageSlotRequest& req, const rpc::CallContext&) { return worker.stage_slot(req); });
   auto current_load = [&]() -> proto::WorkerLoadReply {
     proto::WorkerLoadReply l;
     l.role = "prefill";
@@ -1066,6 +1329,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
         {"kv_blocks", std::to_string(worker.kv().num_blocks())},
         {"block_tokens", std::to_string(worker.kv().layout().block_size)},
         {"namespace", worker.key_namespace().digest_hex()}};
+    if (!worker.stage_segment().empty()) extra.emplace_back("stage_segment", worker.stage_segment());
     extra.insert(extra.end(), metrics_extra.begin(), metrics_extra.end());
     daemon::announce_ready("mc-prefill", server->endpoints().front(), extra);
   }

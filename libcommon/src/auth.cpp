@@ -226,6 +226,7 @@ constexpr Rule kRules[] = {
     {"prefill_job", kConductor},
     {"prefill_cancel", kConductor},
     {"prefill_stage_hidden", kWorker},  // stage s -> s+1 of a pipelined prefill (DESIGN.md §18)
+    {"prefill_stage_slot", kWorker},    // the same, through the transfer engine
     {"decode_cancel", kConductor},
     {"token_event", kWorker},
     {"request_done", kWorker},

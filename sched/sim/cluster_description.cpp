@@ -91,6 +91,11 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
                         whole(d["pipeline_group"], source, "defaults.pipeline_group", "prefill instances (1: off)"));
     if (c.pipeline_group < 1) return bad(source, "defaults.pipeline_group", "must be >= 1 (1: no pipelining)");
   }
+  if (!absent(d, "pipeline_chunk_tokens")) {
+    MC_ASSIGN_OR_RETURN(c.pipeline_chunk_tokens,
+                        whole(d["pipeline_chunk_tokens"], source, "defaults.pipeline_chunk_tokens", "tokens"));
+    if (c.pipeline_chunk_tokens < 1) return bad(source, "defaults.pipeline_chunk_tokens", "must be >= 1 token");
+  }
   if (!absent(d, "block_size")) {
     MC_ASSIGN_OR_RETURN(c.block_size, whole(d["block_size"], source, "defaults.block_size", "tokens"));
     if (c.block_size < 1) return bad(source, "defaults.block_size", "must be >= 1 token");
@@ -318,6 +323,7 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   c.gpu = d.gpu;
   c.policy = d.policy;
   c.pipeline_group = d.pipeline_group;
+  c.pipeline_chunk_tokens = d.pipeline_chunk_tokens;
   c.block_size = d.block_size;
   c.prefill_instances = d.total(&DescribedHost::prefill);
   c.decode_instances = d.total(&DescribedHost::decode);

@@ -39,7 +39,9 @@ using MessageTypes = std::tuple<
     proto::ConductorStatusRequest, proto::StoreReplicateNearReply, proto::StoreReplicateNearRequest,
     proto::ConductorCancelReply, proto::ConductorCancelRequest, proto::DecodeCancelReply, proto::DecodeCancelRequest,
     proto::PrefillCancelReply, proto::PrefillCancelRequest, proto::ConductorDrainReply, proto::ConductorDrainRequest,
-    proto::StoreDrainTask, proto::StoreDrainResult, proto::StoreNodeDrainReply, proto::StoreNodeDrainRequest>;
+    proto::StoreDrainTask, proto::StoreDrainResult, proto::StoreNodeDrainReply, proto::StoreNodeDrainRequest,
+    proto::PrefillStageHiddenReply, proto::PrefillStageHiddenRequest, proto::PrefillStageSlotReply,
+    proto::PrefillStageSlotRequest>;
 
 inline constexpr size_t kMessageTypes = std::tuple_size_v<MessageTypes>;
 

@@ -4,6 +4,8 @@
 // transfer engine on loopback (decode publishes its KV segment; prefill WRITEs with layer-arrival notifications).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <thread>
 #include <tuple>
@@ -12,6 +14,7 @@
 
 #include "mc/infer/decode_worker.hpp"
 #include "mc/infer/prefill_worker.hpp"
+#include "mc/transfer/shared_buffer.hpp"
 
 namespace mc::infer {
 namespace {
@@ -65,6 +68,11 @@ class DirectLink final : public DecodeLink {
     if (next_ == nullptr || *next_ == nullptr) return DecodeLink::stage_hidden(endpoint, r);
     MC_RETURN_IF_ERROR((*next_)->deliver_stage_hidden(r));
     return proto::PrefillStageHiddenReply{};
+  }
+  Result<proto::PrefillStageSlotReply> stage_slot(const std::string& endpoint,
+                                                  const proto::PrefillStageSlotRequest& r) override {
+    if (next_ == nullptr || *next_ == nullptr) return DecodeLink::stage_slot(endpoint, r);
+    return (*next_)->stage_slot(r);
   }
 
  private:
@@ -740,6 +748,217 @@ TEST(Workers, TwoPipelineStagesGiveTheTokensOfOneWorker) {
   EXPECT_EQ(c.client["p"].tokens, whole.client["p"].tokens);
   EXPECT_TRUE(c.client["p"].done.has_value());
   EXPECT_GT(w0->metrics().counter("mc_prefill_stage_hidden_sent_bytes_total", "").value(), 0u);
+}
+
+// The two stages of a pipelined prompt, with decode holding `store` (null: none); returns the last stage's reply.
+Result<proto::PrefillJobReply> run_two_stages(Cluster& c, const std::vector<uint32_t>& prompt, const std::string& id) {
+  PrefillWorker* second = nullptr;
+  auto w1 = stage_worker("ref", &c.decode_ptr, &second);
+  auto w0 = stage_worker("ref", &c.decode_ptr, &second);
+  second = w1.get();
+  auto res = c.decode->reserve({id, static_cast<int64_t>(prompt.size()), 6, "inproc://client", 0}).value();
+  Result<proto::PrefillJobReply> last = error(Code::kInternal, "not run");
+  std::thread t([&] { last = w1->run_job(stage_job(res, id, prompt, 1, 1, 3)); });
+  auto first = w0->run_job(stage_job(res, id, prompt, 0, 0, 1));
+  t.join();
+  EXPECT_TRUE(first.is_ok()) << first.status().to_string();
+  for (int i = 0; i < 1000 && !c.decode->idle(); ++i) EXPECT_TRUE(c.decode->step().is_ok());
+  return last;
+}
+
+// No stage holds every layer of a block: decode puts the pipelined prompt's complete blocks (DESIGN.md §18 "Live
+// groups" point 5), under the keys and with the bytes one worker's whole prefill stores.
+TEST(Workers, DecodeStoresAPipelinedPromptsBlocksAsOneWorkerWould) {
+  std::vector<uint32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<uint32_t>((i * 41 + 7) % 256);
+  Cluster whole("ref", true);
+  auto one = whole.run("p", prompt, 6);
+  ASSERT_TRUE(one.is_ok()) << one.status().to_string();
+  ASSERT_EQ(one->ledger.stored_blocks, 6);  // 100 tokens: 6 complete blocks of 16
+
+  Cluster c("ref", false);
+  auto store = std::make_unique<MemoryBlockCache>();
+  MemoryBlockCache* decode_store = store.get();
+  c.decode->set_block_store(std::move(store), 1 << 20);
+  auto last = run_two_stages(c, prompt, "p");
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  EXPECT_EQ(last->ledger.stored_blocks, 6);
+  EXPECT_EQ(c.client["p"].tokens, whole.client["p"].tokens);
+  c.decode->flush_store_puts();
+  ASSERT_EQ(decode_store->size(), 6u);
+  EXPECT_EQ(c.decode->metrics().counter("mc_decode_stored_blocks_total").value(), 6u);
+
+  const KeyNamespace ns = kv_namespace(c.decode->backend(), kBlock, 3);
+  const std::vector<uint64_t> hashes = seq_hashes(prompt, ns);
+  const auto block_bytes = static_cast<size_t>(c.decode->kv().layout().block_bytes());
+  for (size_t b = 0; b < 6; ++b) {
+    std::vector<std::byte> want(block_bytes), got(block_bytes);
+    const std::string key = block_store_key(ns, hashes[b]);
+    std::vector<BlockGet> w = {{key, want}}, g = {{key, got}};
+    ASSERT_TRUE(whole.cache->get(w).value()[0].is_ok()) << key;
+    ASSERT_TRUE(decode_store->get(g).value()[0].is_ok()) << "decode did not store block " << b << " as " << key;
+    const auto* wf = reinterpret_cast<const float*>(want.data());
+    const auto* gf = reinterpret_cast<const float*>(got.data());
+    float max_diff = 0;
+    for (size_t i = 0; i < block_bytes / sizeof(float); ++i) max_diff = std::max(max_diff, std::abs(wf[i] - gf[i]));
+    EXPECT_LE(max_diff, 1e-5F) << "block " << b;
+  }
+}
+
+// The put queue is bounded: a commit whose blocks do not fit is still served, its blocks counted as dropped;
+// without a store they are counted as unset. Neither fails the request.
+TEST(Workers, DecodeStorePutsAreBoundedAndNeverFailTheRequest) {
+  std::vector<uint32_t> prompt(100, 9);
+  Cluster full("ref", false);
+  full.decode->set_block_store(std::make_unique<MemoryBlockCache>(), 1);  // smaller than one block
+  auto last = run_two_stages(full, prompt, "q");
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  EXPECT_EQ(last->ledger.stored_blocks, 0);
+  EXPECT_TRUE(full.client["q"].done.has_value());
+  EXPECT_EQ(full.decode->metrics().counter("mc_decode_store_dropped_blocks_total").value(), 6u);
+
+  Cluster none("ref", false);
+  last = run_two_stages(none, prompt, "r");
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  EXPECT_EQ(last->ledger.stored_blocks, 0);
+  EXPECT_TRUE(none.client["r"].done.has_value());
+  EXPECT_EQ(none.decode->metrics().counter("mc_decode_store_unset_blocks_total").value(), 6u);
+}
+
+// A commit naming blocks that are not complete blocks of the prompt is refused (an attacker's or a bug's).
+TEST(Workers, CommitNamingBlocksOutsideThePromptIsRefused) {
+  // (first block, count): a 20-token prompt has one complete block, block 0.
+  for (const auto& [first, count] : std::vector<std::pair<int64_t, size_t>>{{0, 1}, {-1, 1}, {0, 2}, {1, 1}}) {
+    Cluster c("ref", false);
+    c.decode->set_block_store(std::make_unique<MemoryBlockCache>(), 1 << 20);
+    auto res = c.decode->reserve({"x", 20, 5, "inproc://c", 0}).value();  // 20 tokens: 1 complete block
+    proto::KvWriteRequest w;
+    w.reservation_id = res.reservation_id;
+    w.block_indexes = {0, 1};
+    w.data.assign(static_cast<size_t>(2 * res.layer_block_bytes), 0);
+    for (int64_t l = 0; l < c.decode->kv().layout().num_layers; ++l) {
+      w.layer = l;
+      ASSERT_TRUE(c.decode->kv_write(w));
+    }
+    proto::KvCommitRequest commit{res.reservation_id, "x", 20, 1, 0, {}, ""};
+    commit.store_first_block = first;
+    commit.store_block_hashes.assign(count, 42);
+    auto r = c.decode->commit(commit);
+    if (first == 0 && count == 1) {
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      EXPECT_EQ(r->store_blocks_queued, 1);
+      continue;
+    }
+    ASSERT_FALSE(r.is_ok()) << first << "+" << count;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("not complete blocks"), std::string::npos) << r.status().message();
+    ASSERT_TRUE(c.decode->step());
+    EXPECT_TRUE(c.client["x"].error.has_value()) << "the client was not told";
+  }
+}
+
+// The hidden states cross through the transfer engine when the next stage serves a stage segment (DESIGN.md §18
+// "Live groups" point 2): a slot asked by RPC, the bytes WRITTEN (same host: shared memory) with the slot's tag;
+// with a grant key, only with the slot's grant. The tokens are one worker's.
+void stage_engine_run(const std::string& grant_key) {
+  std::vector<uint32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<uint32_t>((i * 37 + 11) % 256);
+  Cluster whole("ref", false);
+  ASSERT_TRUE(whole.run("p", prompt, 6).is_ok());
+
+  Cluster c("ref", false);
+  PrefillWorker* second = nullptr;
+  auto w1 = stage_worker("ref", &c.decode_ptr, &second);
+  auto w0 = stage_worker("ref", &c.decode_ptr, &second);
+  second = w1.get();
+  transfer::EngineOptions eo;
+  eo.listen = {"tcp://127.0.0.1:0"};
+  eo.grant_key = grant_key;
+  ASSERT_TRUE(w1->publish_stage_segment(eo).is_ok());
+  ASSERT_FALSE(w1->stage_segment().empty());
+  auto res = c.decode->reserve({"p", 100, 6, "inproc://client", 0}).value();
+  Result<proto::PrefillJobReply> last = error(Code::kInternal, "not run");
+  std::thread t([&] { last = w1->run_job(stage_job(res, "p", prompt, 1, 1, 3)); });
+  auto first = w0->run_job(stage_job(res, "p", prompt, 0, 0, 1));
+  t.join();
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  for (int i = 0; i < 1000 && !c.decode->idle(); ++i) ASSERT_TRUE(c.decode->step().is_ok());
+  EXPECT_EQ(c.client["p"].tokens, whole.client["p"].tokens);
+  // Every chunk went through the engine (100 tokens of 64 fp32 values), none as an RPC.
+  const uint64_t sent = w0->metrics().counter("mc_prefill_stage_hidden_sent_bytes_total").value();
+  EXPECT_EQ(sent, 100u * 64 * 4);
+  EXPECT_EQ(w0->metrics().counter("mc_prefill_stage_hidden_engine_sent_bytes_total").value(), sent);
+  EXPECT_EQ(w1->metrics().counter("mc_prefill_stage_engine_bytes_total").value(), sent);
+  EXPECT_EQ(w1->metrics().counter("mc_prefill_stage_notifications_rejected_total").value(), 0u);
+}
+
+TEST(Workers, StageHiddenStatesCrossThroughTheTransferEngine) { stage_engine_run(""); }
+TEST(Workers, StageHiddenStatesCrossThroughTheTransferEngineWithGrants) {
+  stage_engine_run(std::string(32, 'k'));  // the grant key (32 bytes)
+}
+
+// A stage segment's slots: validated like prefill_stage_hidden, bounded by --stage-inbox-bytes; a WRITE without
+// the slot's grant is refused, a notification naming no live slot or another range is ignored.
+TEST(Workers, StageSlotsAreValidatedBoundedAndGranted) {
+  DecodeWorker* none_decode = nullptr;
+  PrefillWorker* none = nullptr;
+  auto w = stage_worker("ref", &none_decode, &none);
+  proto::PrefillStageSlotRequest r{"x", 9, 0, 0, 4, false, 4 * 64 * 4};
+  EXPECT_EQ(w->stage_slot(r).status().code(), Code::kFailedPrecondition) << "no stage segment yet";
+  transfer::EngineOptions eo;
+  eo.listen = {"tcp://127.0.0.1:0"};
+  eo.grant_key = std::string(32, 'k');
+  ASSERT_TRUE(w->publish_stage_segment(eo).is_ok());
+  EXPECT_EQ(w->publish_stage_segment(eo).code(), Code::kFailedPrecondition);
+  r.bytes -= 1;
+  EXPECT_EQ(w->stage_slot(r).status().code(), Code::kInvalidArgument);
+  r.bytes += 1;
+  r.token_end = int64_t{1} << 40;
+  EXPECT_EQ(w->stage_slot(r).status().code(), Code::kInvalidArgument);
+  r.token_end = 4;
+  auto slot = w->stage_slot(r);
+  ASSERT_TRUE(slot.is_ok()) << slot.status().to_string();
+  EXPECT_EQ(slot->segment, w->stage_segment());
+  EXPECT_FALSE(slot->grant.empty());
+  // The bound (1 MiB here): 4,096 tokens of 256 bytes do not fit beside the 1 KiB set aside.
+  proto::PrefillStageSlotRequest big{"big", 9, 0, 0, 4096, false, 4096 * 64 * 4};
+  EXPECT_EQ(w->stage_slot(big).status().code(), Code::kResourceExhausted);
+
+  // A WRITE into the slot without its grant is refused; with it, the chunk is held for the stage job.
+  auto client = transfer::TransferEngine::create({}).value();
+  auto buf = transfer::allocate_shared_buffer(static_cast<uint64_t>(r.bytes)).value();
+  ASSERT_TRUE(client->register_memory(buf.data(), buf.size()).is_ok());
+  auto seg = client->open_segment(slot->segment);
+  ASSERT_TRUE(seg.is_ok()) << seg.status().to_string();
+  transfer::TransferRequest wr;
+  wr.op = transfer::Op::kWrite;
+  wr.local_addr = buf.data();
+  wr.segment = seg.value();
+  wr.remote_offset = slot->offset;
+  wr.length = static_cast<uint64_t>(r.bytes);
+  wr.notify_tag = proto::StageChunkTag{slot->slot_id}.encode();
+  EXPECT_NE(client->transfer_sync(wr, 5000).state, transfer::TransferState::kCompleted) << "a WRITE without grant";
+  EXPECT_EQ(w->metrics().counter("mc_prefill_stage_engine_bytes_total").value(), 0u);
+  wr.grant = slot->grant;
+  EXPECT_EQ(client->transfer_sync(wr, 5000).state, transfer::TransferState::kCompleted);
+  EXPECT_EQ(w->metrics().counter("mc_prefill_stage_engine_bytes_total").value(), static_cast<uint64_t>(r.bytes));
+  EXPECT_EQ(w->deliver_stage_hidden(
+                 proto::PrefillStageHiddenRequest{"x", 9, 0, 0, 4, false, std::vector<uint8_t>(4 * 64 * 4, 0)})
+                .code(),
+            Code::kInvalidArgument)
+      << "the chunk is held already (it landed)";
+  // The slot is gone once landed: the same WRITE again names no live slot (its grant is refused).
+  EXPECT_NE(client->transfer_sync(wr, 5000).state, transfer::TransferState::kCompleted);
+
+  // Notifications a peer forges: not a stage tag, no such slot, another range.
+  w->on_stage_notification({"kv/1/2/3-4", "", transfer::Op::kWrite, 0, 16, 0});
+  w->on_stage_notification({"stage/77", "", transfer::Op::kWrite, 0, 16, 77});
+  auto slot2 = w->stage_slot(proto::PrefillStageSlotRequest{"y", 9, 0, 0, 4, false, 4 * 64 * 4});
+  ASSERT_TRUE(slot2.is_ok());
+  w->on_stage_notification(
+      {proto::StageChunkTag{slot2->slot_id}.encode(), "", transfer::Op::kWrite, slot2->offset + 8, 16, slot2->slot_id});
+  EXPECT_EQ(w->metrics().counter("mc_prefill_stage_notifications_rejected_total").value(), 3u);
 }
 
 TEST(Workers, AFailedFirstStageFailsTheNextAtOnce) {

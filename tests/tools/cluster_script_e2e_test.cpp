@@ -65,6 +65,28 @@ TEST(ClusterScript, NetnsDryRunBuildsRacksRouterAndShaping) {
   EXPECT_NE(r.out.find("-host-h3 " + kBin + "/mc-decode --listen tcp://10.88.2.11:0"), std::string::npos) << r.out;
 }
 
+// Pipelined prefill groups (docs/DESIGN.md §18 "Live groups"): the description's pipeline_group and
+// pipeline_chunk_tokens reach the Conductor for ref instances, and every decode instance gets the store, since it puts
+// the blocks of pipelined prompts; sim instances run no stages, so a group over them is refused.
+TEST(ClusterScript, PipelineGroupsReachTheConductorForRefAndAreRefusedForSim) {
+  auto r = script(kClusters +
+                  "ssh-example.json --mode ssh --dry-run --set backend=ref --set pipeline_group=2 "
+                  "--set pipeline_chunk_tokens=128");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "--pipeline-group 2 --prefill-chunk 128"), 1u) << r.out;
+  EXPECT_NE(r.out.find("mc-decode --listen tcp://192.0.2.11:0"), std::string::npos) << r.out;
+  EXPECT_EQ(count_of(r.out, "--store \\<master-endpoint\\>"), 2u) << "decode and prefill: " << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set pipeline_group=2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("run no pipeline stages"), std::string::npos) << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set backend=ref --set pipeline_group=two");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("defaults.pipeline_group must be 1..64"), std::string::npos) << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set backend=ref --set pipeline_chunk_tokens=0");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("defaults.pipeline_chunk_tokens"), std::string::npos) << r.out;
+}
+
 TEST(ClusterScript, BrokenDescriptionsExit2WithTheReason) {
   Scratch s("cluster_script");
   auto write = [&](const std::string& name, const std::string& text) {

@@ -14,6 +14,7 @@
 
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
+#include "mc/infer/block_cache.hpp"
 #include "mc/infer/conductor_link.hpp"
 #include "mc/transfer/engine.hpp"
 
@@ -53,11 +54,23 @@ struct DecodeDaemonConfig {
   size_t kv_max_connections = transfer::EngineOptions{}.max_connections_served;
   int64_t kv_idle_timeout_ms = transfer::EngineOptions{}.idle_timeout_served_ms;
   ConductorOptions conductor;
+  // Where the new blocks of pipelined prefills are put (DESIGN.md §18 "Live groups"): none | <mc-store master
+  // endpoint> | etcd; with at most store_put_queue_bytes of copies waiting (BlockPutQueue).
+  std::string store = "none";
+  std::string etcd;
+  std::string cluster_id;
+  uint64_t store_put_queue_bytes = uint64_t{256} << 20;
   std::string metrics_listen;    // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
   int64_t drain_timeout_s = 30;  // --drain-timeout-s: how long SIGTERM's drain lets held work finish
 };
-// The engine endpoint for DecodeDaemonConfig::kv_listen ("" for "none"); kInvalidArgument for a bad --listen.
-Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen);
+// The store of a --store flag: none (null), mem (in process), a master endpoint, or etcd (the leader named by
+// etcd/cluster_id); `host` is the host label the store client presents. Errors of connect_store_cache.
+Result<std::unique_ptr<KvBlockCache>> open_store_flag(const std::string& store, const std::string& etcd,
+                                                      const std::string& cluster_id, const std::string& host);
+// The engine endpoint for DecodeDaemonConfig::kv_listen or PrefillDaemonConfig::stage_listen ("" for "none");
+// kInvalidArgument naming `flag` for a bad value or --listen.
+Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::string& rpc_listen,
+                                      const std::string& flag = "--kv-listen");
 void add_decode_flags(CLI::App& app, DecodeDaemonConfig& config);
 Status run_decode_daemon(const DecodeDaemonConfig& config);
 
@@ -72,10 +85,11 @@ struct PrefillDaemonConfig {
   bool kv_engine = true;  // write KV through the transfer engine when the decode instance publishes a segment
   bool allow_fault_injection = false;
   ConductorOptions conductor;
-  std::string metrics_listen;             // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
-  int64_t drain_timeout_s = 30;           // --drain-timeout-s: how long SIGTERM's drain lets held work finish
-  int64_t stage_wait_timeout_ms = 30000;  // --stage-wait-timeout-ms (pipelined prefill, DESIGN.md §18)
-  uint64_t stage_inbox_bytes = uint64_t{512} << 20;  // --stage-inbox-bytes
+  std::string metrics_listen;                       // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
+  int64_t drain_timeout_s = 30;                     // --drain-timeout-s: how long SIGTERM's drain lets held work finish
+  int64_t stage_wait_timeout_ms = 30000;            // --stage-wait-timeout-ms (pipelined prefill, DESIGN.md §18)
+  uint64_t stage_inbox_bytes = uint64_t{64} << 20;  // --stage-inbox-bytes (also the stage segment's size)
+  std::string stage_listen = "auto";  // --stage-listen: the stage segment's endpoint (auto, none, tcp://host:port)
 };
 void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& config);
 Status run_prefill_daemon(const PrefillDaemonConfig& config);

@@ -67,6 +67,7 @@
 #include "mc/common/protocol.hpp"
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
+#include "mc/infer/block_put_queue.hpp"
 #include "mc/infer/conductor_link.hpp"
 #include "mc/transfer/engine.hpp"
 
@@ -117,6 +118,12 @@ class DecodeWorker {
   Result<proto::DecodeCancelReply> cancel(const proto::DecodeCancelRequest& request);
   Result<proto::KvWriteReply> kv_write(const proto::KvWriteRequest& request);
   Result<proto::KvCommitReply> commit(const proto::KvCommitRequest& request);
+  // The store this instance puts a pipelined prefill's new blocks into (kv_commit's store_block_hashes, DESIGN.md
+  // §18 "Live groups"), through a BlockPutQueue of at most max_queued_bytes of copies. Without one, such blocks
+  // are not stored (counted in mc_decode_store_unset_blocks_total). Call before serving.
+  void set_block_store(std::unique_ptr<KvBlockCache> cache, int64_t max_queued_bytes);
+  // Waits until the blocks queued so far were put (or failed); no-op without a store. For tests and drain.
+  void flush_store_puts();
   proto::WorkerLoadReply load() const;
   // The decode steps measured since the last call (the latest proto::kMaxDecodeStepSamples), each with its batch
   // size, context tokens and wall time, oldest first; the heartbeat sends them to the Conductor's TBT refit.
@@ -163,6 +170,8 @@ class DecodeWorker {
   void drop_reservation_locked(uint64_t id, const Status& why, bool tell_client, bool hold_blocks = false);
   bool release_expired_locked(uint64_t id);
   void flush_outgoing();
+  // Queues the blocks a commit asks to store (its checks passed); returns how many were queued.
+  int64_t store_blocks_locked(const Reservation& r, const proto::KvCommitRequest& c);
 
   DecodeWorkerOptions options_;
   std::unique_ptr<Backend> backend_;
@@ -186,9 +195,11 @@ class DecodeWorker {
   std::string refusing_as_;  // non-empty: draining, reservations refused (the instance id, for the message)
   std::deque<proto::DecodeStepSample> step_samples_;  // since the last take_step_samples(), bounded
   std::function<void(proto::ConductorJobReportRequest)> reporter_;
-  std::string kv_segment_;        // set once by publish_kv_segment, before serving
-  uint64_t kv_segment_base_ = 0;  // segment offset of kv_->data()
-  std::string kv_grant_key_;      // with --auth-dir: the grant key reservations' kv_grant is issued under
+  std::string kv_segment_;                     // set once by publish_kv_segment, before serving
+  uint64_t kv_segment_base_ = 0;               // segment offset of kv_->data()
+  std::string kv_grant_key_;                   // with --auth-dir: the grant key reservations' kv_grant is issued under
+  std::unique_ptr<BlockPutQueue> store_puts_;  // set_block_store; null: blocks are not stored here
+  bool warned_no_store_ = false;
   // Last member: destroyed first, so no notification handler runs into a half-destroyed worker.
   std::unique_ptr<transfer::TransferEngine> engine_;
 };

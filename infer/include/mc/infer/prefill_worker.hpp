@@ -50,6 +50,7 @@
 #include "mc/infer/block_cache.hpp"
 #include "mc/infer/conductor_link.hpp"
 #include "mc/transfer/engine.hpp"
+#include "mc/transfer/shared_buffer.hpp"
 
 namespace mc::infer {
 
@@ -71,6 +72,11 @@ class DecodeLink {
                                                               const proto::PrefillStageHiddenRequest& /*request*/) {
     return error(Code::kUnimplemented, "this link sends no stage hidden states (to " + endpoint + ")");
   }
+  // The same through the transfer engine: where the next stage takes a chunk (prefill_stage_slot).
+  virtual Result<proto::PrefillStageSlotReply> stage_slot(const std::string& endpoint,
+                                                          const proto::PrefillStageSlotRequest& /*request*/) {
+    return error(Code::kUnimplemented, "this link asks no stage slots (of " + endpoint + ")");
+  }
 };
 // One RpcClient per decode endpoint, `timeout_ms` per call.
 std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms);
@@ -86,7 +92,7 @@ struct PrefillWorkerOptions {
   // Pipelined prefill (DESIGN.md §18 "Live groups"): how long a stage job waits for its previous stage's next chunk
   // before it fails (its reservation aborted), and the most hidden-state bytes held for stage jobs not yet asking.
   int64_t stage_wait_timeout_ms = 30000;
-  int64_t stage_inbox_bytes = int64_t{512} << 20;
+  int64_t stage_inbox_bytes = int64_t{64} << 20;
 };
 
 class PrefillWorker {
@@ -119,6 +125,21 @@ class PrefillWorker {
   // model's hidden_size, a token range outside its context, a chunk already held), kResourceExhausted past
   // stage_inbox_bytes. Messages nobody asked for expire after 2 x stage_wait_timeout_ms. Thread-safe, never blocks.
   Status deliver_stage_hidden(proto::PrefillStageHiddenRequest message);
+  // Serves a stage segment (DESIGN.md §18 "Live groups" point 2): a landing area of stage_inbox_bytes (shared
+  // memory: one memcpy from a previous stage on this host) registered with its own transfer engine listening on
+  // options.listen, where previous stages WRITE their chunks' hidden states (stage_slot). With options.grant_key
+  // every WRITE must carry the grant stage_slot issued for its slot. Errors of TransferEngine::create and
+  // register_memory; kFailedPrecondition when already published. Call before serving.
+  Status publish_stage_segment(transfer::EngineOptions options);
+  // "host:port" of the stage segment; "" when none.
+  std::string stage_segment() const;
+  // prefill_stage_slot: sets aside request.bytes of the landing area for one chunk (see the protocol). Errors:
+  // kFailedPrecondition (no stage segment), kInvalidArgument (the checks of deliver_stage_hidden),
+  // kResourceExhausted (held and landing bytes would pass stage_inbox_bytes, or no contiguous room). Thread-safe.
+  Result<proto::PrefillStageSlotReply> stage_slot(const proto::PrefillStageSlotRequest& request);
+  // The stage engine's notification handler: a slot's WRITE landed; its bytes become a held chunk (public for
+  // tests). A tag, range or grant that is not a live slot's is counted and ignored.
+  void on_stage_notification(const transfer::Notification& note);
 
   // The job whose prefix fetch is running now and for how long (ns), for the heartbeat: a fetch still running
   // bounds its path's bandwidth before it reports (DESIGN.md §16 "Bandwidth decides, live"). {"", 0} when none.
@@ -138,6 +159,18 @@ class PrefillWorker {
   Result<proto::PrefillJobReply> run_stage_inner(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
                                                  proto::RequestLedger& ledger);
   Status validate_stage(const proto::PrefillJobRequest& job) const;
+  // The checks of a previous stage's chunk (deliver_stage_hidden, stage_slot): ids, token range, byte count.
+  Status validate_stage_chunk(const std::string& what, const std::string& request_id, uint64_t reservation_id,
+                              int64_t chunk_index, int64_t token_begin, int64_t token_end, int64_t bytes) const;
+  // Sends one chunk's hidden states to the job's next stage: through the transfer engine when that stage serves a
+  // stage segment (stage_slot, then a tagged WRITE from the outbox; kResourceExhausted retried until the stage
+  // wait ends), else as a prefill_stage_hidden RPC. Adds the bytes moved by the engine to *engine_bytes.
+  Status send_stage_hidden(const proto::PrefillJobRequest& job, const proto::PrefillStageHiddenRequest& m,
+                           int64_t* engine_bytes);
+  void expire_stage_locked(int64_t now);  // held chunks and slots past 2 x stage_wait_timeout_ms (stage_mu_ held)
+  // The prompt's cache ledger as counters (mc_prefill_hit_tokens_total, ...): once per prompt of n tokens, cached
+  // from the store (a pipelined prompt: at stage 0 only).
+  void count_prompt_ledger(const proto::RequestLedger& ledger, int64_t n, int64_t cached);
   // Waits (stage_wait_timeout_ms at most, ended by abort_jobs) for chunk `chunk` of the job's previous stage.
   Result<proto::PrefillStageHiddenRequest> take_stage_hidden(const proto::PrefillJobRequest& job, int64_t chunk);
   void drop_stage_hidden(const proto::PrefillJobRequest& job);  // what is still held for the job
@@ -179,7 +212,24 @@ class PrefillWorker {
   std::condition_variable stage_cv_;
   std::map<std::pair<std::string, uint64_t>, std::map<int64_t, HeldChunk>> stage_inbox_;
   std::map<std::pair<std::string, uint64_t>, std::string> stage_failed_;  // a previous stage's failure, by job
-  int64_t stage_inbox_bytes_ = 0;
+  int64_t stage_inbox_bytes_ = 0;  // held chunks' bytes plus the landing area's slots (guarded by stage_mu_)
+  // The stage segment (publish_stage_segment): landing area, its free ranges (offset -> bytes) and live slots.
+  struct StageSlot {
+    proto::PrefillStageSlotRequest chunk;
+    uint64_t offset = 0;  // in the landing area
+    int64_t granted_ns = 0;
+  };
+  transfer::SharedBuffer stage_area_;
+  uint64_t stage_area_base_ = 0;  // segment offset of stage_area_.data()
+  std::string stage_segment_;
+  std::string stage_grant_key_;
+  std::map<uint64_t, uint64_t> stage_free_;    // guarded by stage_mu_
+  std::map<uint64_t, StageSlot> stage_slots_;  // by slot id, guarded by stage_mu_
+  uint64_t next_stage_slot_ = 1;               // guarded by stage_mu_
+  // The sender's registered outbox for chunks it WRITEs (grown to the largest chunk; the job thread only).
+  transfer::SharedBuffer stage_outbox_;
+  // Last members: destroyed first, so no notification handler runs into a half-destroyed worker.
+  std::unique_ptr<transfer::TransferEngine> stage_engine_;
 };
 
 struct PrefillServeOptions {

@@ -724,7 +724,7 @@ struct RequestLedger {
   int64_t computed_tokens = 0;       // tokens prefilled here
   int64_t fetch_bytes = 0;           // KV bytes read from the store
   int64_t kv_sent_bytes = 0;         // KV bytes written to the decode instance
-  int64_t stored_blocks = 0;         // new complete blocks put into the store
+  int64_t stored_blocks = 0;         // new complete blocks put into the store (pipelined: queued at decode)
   int64_t queue_ms = -1;             // job received -> started
   int64_t fetch_ms = -1;             // prefix batch_get
   int64_t prefill_ms = -1;           // compute of the new tokens
@@ -895,7 +895,10 @@ struct KvLayerTag {
 
 struct KvCommitReply {
   int64_t batch_size = 0;  // running sequences once this one joined
-  MSGPACK_DEFINE_MAP(batch_size);
+  // Of the request's store_block_hashes: how many blocks decode copied and queued for its store (0 without one,
+  // or when its put queue was full). Their puts complete after this reply (mc_decode_store_*_blocks_total).
+  int64_t store_blocks_queued = 0;
+  MSGPACK_DEFINE_MAP(batch_size, store_blocks_queued);
 };
 // All layers are sent: decode checks that every layer of every prompt block arrived (else kDataLoss, the
 // reservation is freed and the client gets request_error), then joins the request to its batch.
@@ -911,8 +914,16 @@ struct KvCommitRequest {
   // KeyNamespace::digest_hex() of the namespace the KV was computed in (the prefill's base namespace with the
   // job's key scope); "" = not told (an older prefill). Decode refuses a digest that is not the request's.
   std::string kv_namespace_digest{};  // {}: older aggregate initialisations stay complete
+  // Decode puts these prompt blocks into its store (a pipelined prefill, DESIGN.md §18 "Live groups": no stage
+  // holds every layer of a block, decode does once the check above passed). Block store_first_block + i has the
+  // sequence hash store_block_hashes[i] (block_key.hpp seq_hashes); decode keys it in the reservation's namespace
+  // itself, so a prefill cannot name another namespace. Only complete prompt blocks: store_first_block >= 0 and
+  // store_first_block + size <= prompt_tokens / block size, else the commit is refused (kInvalidArgument).
+  // Empty: nothing to store here (a whole prefill stores its own blocks).
+  int64_t store_first_block = 0;
+  std::vector<uint64_t> store_block_hashes{};
   MSGPACK_DEFINE_MAP(reservation_id, request_id, prompt_tokens, first_token, first_token_unix_ns, ledger,
-                     kv_namespace_digest);
+                     kv_namespace_digest, store_first_block, store_block_hashes);
 };
 
 struct PrefillJobReply {
@@ -994,6 +1005,51 @@ struct PrefillStageHiddenRequest {
   // receiver's stage job fails at once instead of waiting out --stage-wait-timeout-ms. hidden is then empty.
   std::string failed{};
   MSGPACK_DEFINE_MAP(request_id, reservation_id, chunk_index, token_begin, token_end, last_chunk, hidden, failed);
+};
+
+// Stage s asks stage s+1 where to WRITE one chunk's hidden states through the transfer engine (DESIGN.md §18
+// "Live groups" point 2): the fields of PrefillStageHiddenRequest without the bytes, and their size. The receiver,
+// when it serves a stage segment (mc-prefill --stage-listen), sets aside `bytes` of it for the chunk (counted
+// against --stage-inbox-bytes, like a held chunk) and answers where, with a write grant of that range under the
+// cluster's grant key; the sender WRITEs the bytes there tagged StageChunkTag{slot_id}, and the chunk is held as
+// if sent by prefill_stage_hidden once that WRITE's notification arrived. kFailedPrecondition: the receiver serves
+// no stage segment (send prefill_stage_hidden instead); kResourceExhausted: no room now (retry, bounded by the
+// stage's wait); kInvalidArgument: malformed (the checks of prefill_stage_hidden). A slot never written expires
+// after 2 x --stage-wait-timeout-ms.
+struct PrefillStageSlotReply {
+  std::string segment;  // the receiver's stage segment ("host:port")
+  uint64_t offset = 0;  // where in it the chunk's `bytes` go
+  uint64_t slot_id = 0;
+  std::string grant;  // with --auth-dir: the write grant of [offset, +bytes) (grant.hpp); "" without
+  MSGPACK_DEFINE_MAP(segment, offset, slot_id, grant);
+};
+struct PrefillStageSlotRequest {
+  static constexpr const char* kType = "prefill_stage_slot";
+  using Reply = PrefillStageSlotReply;
+  std::string request_id;
+  uint64_t reservation_id = 0;
+  int64_t chunk_index = 0;
+  int64_t token_begin = 0;
+  int64_t token_end = 0;
+  bool last_chunk = false;
+  int64_t bytes = 0;  // (token_end - token_begin) x hidden_size x 4
+  MSGPACK_DEFINE_MAP(request_id, reservation_id, chunk_index, token_begin, token_end, last_chunk, bytes);
+};
+// The notify tag of a stage chunk's WRITE: "stage/<slot_id>". Plain value; pure functions.
+struct StageChunkTag {
+  uint64_t slot_id = 0;
+  std::string encode() const { return "stage/" + std::to_string(slot_id); }
+  // nullopt when `tag` is not of the form above.
+  static std::optional<StageChunkTag> decode(std::string_view tag) {
+    constexpr std::string_view kPrefix = "stage/";
+    if (!tag.starts_with(kPrefix)) return std::nullopt;
+    StageChunkTag t;
+    const char* p = tag.data() + kPrefix.size();
+    const char* const end = tag.data() + tag.size();
+    auto [next, ec] = std::from_chars(p, end, t.slot_id);
+    if (ec != std::errc() || next == p || next != end) return std::nullopt;
+    return t;
+  }
 };
 
 struct WorkerLoadReply {
