@@ -6,8 +6,7 @@
 
 namespace mc::infer {
 
-BlockPutQueue::BlockPutQueue(std::unique_ptr<KvBlockCache> cache, int64_t max_queued_bytes,
-                             metrics::Registry* metrics)
+BlockPutQueue::BlockPutQueue(std::unique_ptr<KvBlockCache> cache, int64_t max_queued_bytes, metrics::Registry* metrics)
     : cache_(std::move(cache)), max_queued_bytes_(max_queued_bytes), metrics_(metrics) {
   metrics_->gauge("mc_decode_store_queued_bytes", "copies of KV blocks waiting to be put into the store").set(0);
   metrics_->counter("mc_decode_stored_blocks_total", "prompt blocks decode put into the store (pipelined prefills)");
@@ -52,7 +51,8 @@ Status BlockPutQueue::enqueue(const std::string& what, std::vector<std::string> 
   batch.keys = std::move(keys);
   batch.block_bytes = block_bytes;
   batch.bytes.resize(static_cast<size_t>(total));
-  for (size_t i = 0; i < blocks.size(); ++i) std::memcpy(batch.bytes.data() + i * block_bytes, blocks[i].data(), block_bytes);
+  for (size_t i = 0; i < blocks.size(); ++i)
+    std::memcpy(batch.bytes.data() + i * block_bytes, blocks[i].data(), block_bytes);
   {
     std::lock_guard lock(mu_);
     queue_.push_back(std::move(batch));
@@ -82,8 +82,8 @@ void BlockPutQueue::run() {
     std::vector<BlockPut> puts;
     puts.reserve(batch.keys.size());
     for (size_t i = 0; i < batch.keys.size(); ++i) {
-      puts.push_back({batch.keys[i], std::span<const std::byte>(batch.bytes.data() + i * batch.block_bytes,
-                                                                batch.block_bytes)});
+      puts.push_back(
+          {batch.keys[i], std::span<const std::byte>(batch.bytes.data() + i * batch.block_bytes, batch.block_bytes)});
     }
     int64_t stored = 0;
     auto put = cache_->put(puts);
@@ -91,14 +91,13 @@ void BlockPutQueue::run() {
       for (const auto& s : put.value()) stored += s.is_ok() ? 1 : 0;
       if (stored < static_cast<int64_t>(puts.size())) {
         MC_LOG_WARN << "decode: storing the blocks of '" << batch.what << "': " << puts.size() - stored << " of "
-                    << puts.size() << " puts failed (first: "
-                    << [&] {
-                         for (const auto& s : put.value()) {
-                           if (!s.is_ok()) return s.to_string();
-                         }
-                         return std::string();
-                       }()
-                    << ")";
+                    << puts.size() << " puts failed (first: " <<
+            [&] {
+              for (const auto& s : put.value()) {
+                if (!s.is_ok()) return s.to_string();
+              }
+              return std::string();
+            }() << ")";
       }
     } else {
       MC_LOG_WARN << "decode: storing the blocks of '" << batch.what << "' failed: " << put.status().to_string();

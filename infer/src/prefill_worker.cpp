@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <optional>
 #include <random>
@@ -56,6 +57,12 @@ class RpcDecodeLink final : public DecodeLink {
     return load.kv_segment;
   }
   Status reachable(const std::string& ep) override {
+    std::lock_guard lock(mu_);
+    return reachable_locked(ep);
+  }
+
+ private:
+  Status reachable_locked(const std::string& ep) {
     auto it = down_.find(ep);
     if (it == down_.end() || now_ns() >= it->second.until_ns) return Status::ok();
     return Status(Code::kUnavailable, "decode instance at " + ep + " did not answer " +
@@ -63,7 +70,6 @@ class RpcDecodeLink final : public DecodeLink {
                                           "); not called again until its back-off ends");
   }
 
- private:
   // A decode endpoint that failed on transport is called again only after a back-off (1 s, doubling to 8 s,
   // cleared by an answer): the jobs queued behind a dead decode instance's fail at once instead of each waiting
   // out a call timeout (DESIGN.md §10 "Worker faults").
@@ -71,9 +77,12 @@ class RpcDecodeLink final : public DecodeLink {
     int64_t since_ns = 0, until_ns = 0, backoff_ms = 0;
     std::string why;
   };
+  // One call at a time: the job thread, the KV streamer's thread and the stage sender share this link, and the
+  // AsyncClient is not thread-safe (a call holds the lock for its round trip).
   template <typename Req>
   Result<typename Req::Reply> call(const std::string& endpoint, const Req& req) {
-    MC_RETURN_IF_ERROR(reachable(endpoint));
+    std::lock_guard lock(mu_);
+    MC_RETURN_IF_ERROR(reachable_locked(endpoint));
     Result<typename Req::Reply> r = client_.call_sync(endpoint, req, timeout_ms_);
     if (r.is_ok() || (r.status().code() != Code::kTimeout && r.status().code() != Code::kUnavailable)) {
       down_.erase(endpoint);
@@ -86,6 +95,7 @@ class RpcDecodeLink final : public DecodeLink {
     d.why = r.status().message();
     return r;
   }
+  std::mutex mu_;
   rpc::AsyncClient client_;
   int timeout_ms_;
   std::unordered_map<std::string, Down> down_;
@@ -848,6 +858,10 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
   int64_t hidden_sent_bytes = 0, hidden_engine_bytes = 0;
   const int64_t t_prefill = now_ns();
   int64_t t_last_layer_done = 0, wait_ns = 0;
+  // A chunk's hidden states go on their own thread while the next chunk computes; one send in flight at a time
+  // (the outbox is one buffer), so a chunk waits here only for the previous chunk's send.
+  std::future<Status> in_flight;
+  auto sent = [&in_flight]() -> Status { return in_flight.valid() ? in_flight.get() : Status::ok(); };
   for (int64_t k = 0, begin = cached; begin < n; ++k) {
     const int64_t end = std::min(n, begin + chunk);
     std::vector<float> hidden_in;
@@ -902,13 +916,17 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
       m.hidden.resize(out->hidden_out.size() * sizeof(float));
       std::memcpy(m.hidden.data(), out->hidden_out.data(), m.hidden.size());
       hidden_sent_bytes += static_cast<int64_t>(m.hidden.size());
-      if (Status sent = send_stage_hidden(job, m, &hidden_engine_bytes); !sent.is_ok()) {
-        return sent.with_context(what + ": sending chunk " + std::to_string(k) + "'s hidden states to " +
-                                 job.next_stage_endpoint);
-      }
+      MC_RETURN_IF_ERROR(sent());
+      in_flight = std::async(std::launch::async, [this, &job, &what, &hidden_engine_bytes, m = std::move(m), k] {
+        const Status s = send_stage_hidden(job, m, &hidden_engine_bytes);
+        return s.is_ok() ? s
+                         : s.with_context(what + ": sending chunk " + std::to_string(k) + "'s hidden states to " +
+                                          job.next_stage_endpoint);
+      });
     }
     begin = end;
   }
+  MC_RETURN_IF_ERROR(sent());  // the last chunk reached the next stage
   const int64_t t_last_layer = now_ns();
   MC_RETURN_IF_ERROR(streamer.finish());
   const int64_t t_all_kv = streamer.last_sent_ns() > 0 ? streamer.last_sent_ns() : now_ns();

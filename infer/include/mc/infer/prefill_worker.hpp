@@ -54,7 +54,8 @@
 
 namespace mc::infer {
 
-// Messages from a prefill instance to decode instances (named by endpoint). Used by one thread at a time.
+// Messages from a prefill instance to decode instances and next pipeline stages (named by endpoint). Called from
+// the job thread, the KV streamer's thread and the stage sender's at once: implementations are thread-safe.
 class DecodeLink {
  public:
   virtual ~DecodeLink() = default;
@@ -78,7 +79,7 @@ class DecodeLink {
     return error(Code::kUnimplemented, "this link asks no stage slots (of " + endpoint + ")");
   }
 };
-// One RpcClient per decode endpoint, `timeout_ms` per call.
+// One RpcClient per decode endpoint, `timeout_ms` per call; thread-safe (its calls are serialised by one mutex).
 std::unique_ptr<DecodeLink> make_rpc_decode_link(int timeout_ms);
 
 struct PrefillWorkerOptions {
