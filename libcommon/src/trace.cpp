@@ -23,6 +23,8 @@ using json = nlohmann::json;
 
 // Arrival times up to 2^63 ns (~292 years); lengths up to 2^31-1 tokens (a larger prompt is not a prompt).
 constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+// Rows are JSON objects holding arrays; deeper nesting is refused before parsing.
+constexpr int kMaxJsonDepth = 32;
 // A first timestamp at or after this is an epoch time (2001-09-09T01:46:40Z).
 constexpr int64_t kEpochNs = 1'000'000'000LL * 1'000'000'000LL;
 // The seed of the ids of rows without ids when no prefix model is given (unique ids).
@@ -37,6 +39,28 @@ std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
 }
+
+// Text from the file as a message shows it: at most `max` bytes ("..." after a cut), control bytes (a terminal's
+// escape sequences, NULs of a binary file) as \xNN, so that a garbled or hostile file cannot drive the terminal.
+std::string shown_text(std::string_view s, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7F) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > max) out += "...";
+  return out;
+}
+
+// A JSON value as a message shows it: its first 64 bytes (a line may hold 16 MiB of one value).
+std::string shown_json(const nlohmann::json& value) { return shown_text(value.dump(), 64); }
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -64,7 +88,7 @@ Result<int64_t> int_field(const json& obj, const char* key, int64_t lo, int64_t 
                             ", " + std::to_string(hi) + "]");
     return v;
   }
-  return bad(where, std::string("\"") + key + "\" must be an integer, got " + it->dump());
+  return bad(where, std::string("\"") + key + "\" must be an integer, got " + shown_json(*it));
 }
 
 // A CSV integer field within [lo, hi]: decimal digits only (blanks around are allowed).
@@ -75,8 +99,8 @@ Result<int64_t> int_text(std::string_view text, std::string_view column, int64_t
   const char* end = t.data() + t.size();
   auto [p, ec] = std::from_chars(t.data(), end, v);
   if (t.empty() || ec != std::errc() || p != end || t.front() == '+')
-    return bad(where, "field \"" + std::string(column) + "\" = \"" + std::string(t.substr(0, 64)) +
-                          "\" is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return bad(where, "field \"" + std::string(column) + "\" = \"" + shown_text(t, 64) + "\" is not an integer in [" +
+                          std::to_string(lo) + ", " + std::to_string(hi) + "]");
   if (v < lo || v > hi)
     return bad(where, "field \"" + std::string(column) + "\" = " + std::to_string(v) + " is outside [" +
                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
@@ -87,7 +111,7 @@ Result<int64_t> int_text(std::string_view text, std::string_view column, int64_t
 Result<std::string> optional_string_field(const json& obj, const char* key, const std::string& where) {
   auto it = obj.find(key);
   if (it == obj.end()) return std::string();
-  if (!it->is_string()) return bad(where, std::string("\"") + key + "\" must be a string, got " + it->dump());
+  if (!it->is_string()) return bad(where, std::string("\"") + key + "\" must be a string, got " + shown_json(*it));
   return it->get<std::string>();
 }
 
@@ -132,12 +156,12 @@ void civil_from_days(int64_t z, int64_t& y, int64_t& m, int64_t& d) {
 
 bool is_leap(int64_t y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
 
-// "YYYY-MM-DD[ T]HH:MM:SS[.fraction][Z]" as ns since the epoch (UTC).
+// "YYYY-MM-DD[ T]HH:MM:SS[.fraction][Z|+HH:MM|-HH:MM]" as ns since the epoch (UTC; an offset is taken off).
 Result<int64_t> parse_date(std::string_view t, std::string_view field, const std::string& where) {
-  const std::string shown(t.substr(0, 64));
+  const std::string shown = shown_text(t, 64);
   auto fail = [&](const std::string& why) {
     return bad(where, "\"" + std::string(field) + "\" = \"" + shown + "\" is not a date and time " +
-                          "(YYYY-MM-DD HH:MM:SS[.fraction], UTC): " + why);
+                          "(YYYY-MM-DD HH:MM:SS[.fraction], UTC or with an offset +HH:MM): " + why);
   };
   auto digits = [&](size_t pos, size_t n, int64_t& out) {
     if (pos + n > t.size()) return false;
@@ -174,9 +198,24 @@ Result<int64_t> parse_date(std::string_view t, std::string_view field, const std
     if (pos == start || pos - start > 30) return fail("bad fraction of a second");
     for (; n < 9; ++n) frac_ns *= 10;
   }
-  if (pos < t.size() && t[pos] == 'Z') ++pos;
+  // A UTC offset: Z, or +HH:MM, +HHMM, +HH (either sign), as the Azure 2024 trace writes ("...+00:00").
+  int64_t offset_s = 0;
+  if (pos < t.size() && t[pos] == 'Z') {
+    ++pos;
+  } else if (pos < t.size() && (t[pos] == '+' || t[pos] == '-')) {
+    const int64_t sign = t[pos] == '-' ? -1 : 1;
+    int64_t oh = 0, om = 0;
+    const size_t rest = t.size() - pos - 1;
+    const bool ok = (rest == 2 && digits(pos + 1, 2, oh)) ||
+                    (rest == 4 && digits(pos + 1, 2, oh) && digits(pos + 3, 2, om)) ||
+                    (rest == 5 && digits(pos + 1, 2, oh) && t[pos + 3] == ':' && digits(pos + 4, 2, om));
+    if (!ok || oh > 23 || om > 59) return fail("bad UTC offset (give Z, +HH:MM, +HHMM or +HH)");
+    offset_s = sign * (oh * 3600 + om * 60);
+    pos = t.size();
+  }
   if (pos != t.size()) return fail("unexpected text after the time");
-  const int64_t secs = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + s;
+  const int64_t secs = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + s - offset_s;
+  if (secs < 0) return fail("before 1970-01-01T00:00:00Z");
   if (secs > std::numeric_limits<int64_t>::max() / 1'000'000'000 - 1) return fail("past 2262-04-11");
   return secs * 1'000'000'000 + frac_ns;
 }
@@ -200,7 +239,7 @@ Result<TimeValue> json_time(const json& obj, const char* key, const std::string&
   if (it == obj.end()) return bad(where, std::string("missing field \"") + key + "\"");
   if (it->is_string()) return parse_time_text(it->get_ref<const std::string&>(), key, where);
   if (it->is_number()) return parse_time_text(it->dump(), key, where);
-  return bad(where, std::string("\"") + key + "\" must be a number or a string, got " + it->dump());
+  return bad(where, std::string("\"") + key + "\" must be a number or a string, got " + shown_json(*it));
 }
 
 // The columns each CSV format needs, lower-case; index 0 is the timestamp.
@@ -273,7 +312,7 @@ Result<TimeValue> parse_time_text(std::string_view text, std::string_view field,
     v.approx = static_cast<double>(v.date_ns) * 1e-9;
     return v;
   }
-  const std::string shown(t.substr(0, 64));
+  const std::string shown = shown_text(t, 64);
   auto fail = [&](const std::string& why) {
     return bad(where, "\"" + std::string(field) + "\" = \"" + shown + "\" " + why);
   };
@@ -427,11 +466,31 @@ namespace {
 
 // Parses the JSON object of one Mooncake row (timestamp as written, ids as given).
 Result<PendingRow> parse_json_pending(const std::string& line, const std::string& where) {
+  // A row nests two levels deep; parsing deep nesting costs ~80 bytes a level (a 16 MiB line of '[' held 1.4 GB).
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        return bad(where, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels: not a trace row");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
   json obj;
   try {
     obj = json::parse(line);
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large ("1e999")
-    return bad(where, std::string("not valid JSON (") + e.what() + ")");
+    return bad(where, std::string("not valid JSON (") + shown_text(e.what(), 240) + ")");
   }
   if (!obj.is_object()) return bad(where, "expected a JSON object, got " + std::string(obj.type_name()));
   PendingRow r;
@@ -450,7 +509,7 @@ Result<PendingRow> parse_json_pending(const std::string& line, const std::string
     } else if (id.is_number_integer() && id.get<int64_t>() >= 0) {
       hash_ids.push_back(static_cast<uint64_t>(id.get<int64_t>()));
     } else {
-      return bad(where, "hash_ids[" + std::to_string(i) + "] = " + id.dump() +
+      return bad(where, "hash_ids[" + std::to_string(i) + "] = " + shown_json(id) +
                             " is not an integer in [0, 18446744073709551615]");
     }
   }
@@ -544,7 +603,7 @@ Status Reader::read_header(const std::string& line, const std::string& where, bo
       if (std::find(names.begin(), names.end(), c) == names.end()) return false;
     return true;
   };
-  const std::string shown = line.substr(0, 120) + (line.size() > 120 ? "..." : "");
+  const std::string shown = shown_text(line, 120);
   if (!named) {
     if (has(Format::kAzure)) {
       format_ = Format::kAzure;
@@ -565,6 +624,13 @@ Status Reader::read_header(const std::string& line, const std::string& where, bo
     if (it == names.end())
       return bad(where, std::string("the ") + std::string(format_name(format_)) + " CSV header lacks column \"" +
                             csv_column_label(format_, i) + "\": \"" + shown + "\"");
+    auto again = std::find(it + 1, names.end(), needed[i]);
+    if (again != names.end())
+      return bad(where, std::string("the ") + std::string(format_name(format_)) + " CSV header names column \"" +
+                            csv_column_label(format_, i) + "\" twice (fields " +
+                            std::to_string(it - names.begin() + 1) + " and " +
+                            std::to_string(again - names.begin() + 1) + "), so which one holds it is unclear: \"" +
+                            shown + "\"");
     columns_[i] = static_cast<int>(it - names.begin());
   }
   columns_.push_back(static_cast<int>(names.size()));  // the field count every row must have
@@ -601,6 +667,16 @@ Result<Request> Reader::finish(PendingRow p, const std::string& where) {
       detected = true;
     }
   }
+  // One file's timestamps are all numbers or all dates: a date has no common origin with relative numbers (a
+  // relative trace followed by a date would put that row decades later), and numbers after dates have no unit.
+  if (p.timestamp.is_date && stats_.timestamp_unit != TimeUnit::kAuto)
+    return bad(where, "\"" + std::string(ts_field) +
+                          "\" is a date and time but the earlier rows' are numbers (one file's timestamps are all "
+                          "numbers or all dates)");
+  if (!p.timestamp.is_date && stats_.dates)
+    return bad(where, "\"" + std::string(ts_field) +
+                          "\" is a number but the earlier rows' are dates and times (one file's timestamps are all "
+                          "numbers or all dates)");
   MC_ASSIGN_OR_RETURN(const int64_t ns, to_ns(p.timestamp, unit, ts_field, where));
   const int64_t shift = shift_fixed_ ? stats_.epoch_shift_ns : (p.timestamp.is_date || ns >= kEpochNs ? ns : 0);
   const int64_t ms = ns < shift ? -1 : (ns - shift) / 1'000'000;

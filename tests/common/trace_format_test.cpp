@@ -167,6 +167,85 @@ TEST(TraceFormat, EpochTimestampsStartAtZero) {
   EXPECT_TRUE(shift_line);
 }
 
+TEST(TraceFormat, DatesWithUtcOffset) {
+  // The Azure 2024 trace writes its TIMESTAMP with an offset ("2024-05-10 00:00:00.009930+00:00"): taken off.
+  auto az = read_all(
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.009930+00:00,4808,10\n"
+      "2024-05-10 00:00:01.014894+00:00,3180,8\n");
+  ASSERT_TRUE(az.status.is_ok()) << az.status.message();
+  ASSERT_EQ(az.rows.size(), 2u);
+  EXPECT_EQ(az.rows[1].timestamp_ms, 1004);
+  auto utc = parse_time_text("2024-05-10 00:00:00Z", "TIMESTAMP", "w");
+  ASSERT_TRUE(utc.is_ok());
+  for (const char* same : {"2024-05-10 02:00:00+02:00", "2024-05-10 02:00:00+0200", "2024-05-10 02:00:00+02",
+                           "2024-05-09 22:30:00-01:30"}) {
+    auto v = parse_time_text(same, "TIMESTAMP", "w");
+    ASSERT_TRUE(v.is_ok()) << same << ": " << v.status().message();
+    EXPECT_EQ(v->date_ns, utc->date_ns) << same;
+  }
+  for (const char* bad : {"2024-05-10 00:00:00+24:00", "2024-05-10 00:00:00+00:60", "2024-05-10 00:00:00+0",
+                          "2024-05-10 00:00:00+00:00Z", "1970-01-01 00:00:00+01:00"}) {
+    auto v = parse_time_text(bad, "TIMESTAMP", "w");
+    EXPECT_EQ(v.status().code(), Code::kInvalidArgument) << bad;
+  }
+}
+
+TEST(TraceFormat, DatesAndNumbersDoNotMix) {
+  // A relative trace followed by a date would put that row decades later (it was read as a 53-year span).
+  auto late = read_all(row("0") + row("\"2023-01-01 00:00:00\""));
+  EXPECT_EQ(late.status.code(), Code::kInvalidArgument);
+  EXPECT_NE(late.status.message().find("t.trace:2: \"timestamp\" is a date and time but the earlier rows' are "
+                                       "numbers"),
+            std::string::npos)
+      << late.status.message();
+  auto number = read_all(row("\"2023-01-01 00:00:00\"") + row("5"));
+  EXPECT_EQ(number.status.code(), Code::kInvalidArgument);
+  EXPECT_NE(number.status.message().find("t.trace:2: \"timestamp\" is a number but the earlier rows' are dates"),
+            std::string::npos)
+      << number.status.message();
+  // Lenient mode skips the odd row and keeps the others.
+  auto lenient = read_all(row("0") + row("\"2023-01-01 00:00:00\"") + row("7"), {}, Mode::kLenient);
+  ASSERT_TRUE(lenient.status.is_ok());
+  ASSERT_EQ(lenient.rows.size(), 2u);
+  EXPECT_EQ(lenient.rows[1].timestamp_ms, 7);
+  EXPECT_EQ(lenient.stats.skipped, 1);
+}
+
+TEST(TraceFormat, HostileRowsGiveShortMessages) {
+  // A value of megabytes is shown by its first bytes, not echoed whole (one bad row made an 8 MB message).
+  const std::string big(1 << 20, 'x');
+  for (const std::string& line :
+       {R"({"timestamp": 0, "input_length": ")" + big + R"(", "output_length": 1, "hash_ids": [0]})",
+        R"({"timestamp": [)" + std::string(1 << 20, '1') +
+            R"(], "input_length": 1, "output_length": 1, "hash_ids": [0]})",
+        R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0, ")" + big + R"("]})",
+        R"({"timestamp": ")" + big}) {
+    auto r = read_all(line + "\n");
+    EXPECT_EQ(r.status.code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status.message().find("t.trace:1:"), std::string::npos) << r.status.message().substr(0, 200);
+    EXPECT_LT(r.status.message().size(), 600u) << r.status.message().substr(0, 200);
+  }
+  // Control bytes of the file (a terminal's escape sequences) are shown as \xNN, never sent raw.
+  auto esc = read_all(
+      "\x1b]0;owned\x07,a\x01"
+      "b\n");
+  EXPECT_EQ(esc.status.code(), Code::kInvalidArgument);
+  EXPECT_EQ(esc.status.message().find('\x1b'), std::string::npos) << esc.status.message();
+  EXPECT_EQ(esc.status.message().find('\x07'), std::string::npos);
+  EXPECT_NE(esc.status.message().find("\\x1b]0;owned\\x07,a\\x01b"), std::string::npos) << esc.status.message();
+  auto field = read_all("Timestamp,Request tokens,Response tokens\n1,1\x1b[2J,3\n");
+  EXPECT_NE(field.status.message().find("\"1\\x1b[2J\""), std::string::npos) << field.status.message();
+  // Deep nesting is refused before it is parsed (8 Mi of '[' held 690 MB in the parser).
+  auto deep = read_all(R"({"timestamp": 0, "x": )" + std::string(1 << 20, '[') + "\n");
+  EXPECT_NE(deep.status.message().find("t.trace:1: JSON nested deeper than 32 levels"), std::string::npos)
+      << deep.status.message().substr(0, 200);
+  // Brackets inside strings are text, not nesting.
+  auto text = read_all(
+      R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0], "x": "[[[[\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["})"
+      "\n");
+  EXPECT_TRUE(text.status.is_ok()) << text.status.message();
+}
+
 // ---- block accounting ----
 
 TEST(TraceFormat, StrictBlockAccountingNamesLineAndField) {
@@ -336,6 +415,15 @@ TEST(TraceFormat, BadCsvRowsNameLineAndField) {
     EXPECT_NE(unknown.status.message().find("t.trace:1: the first line is neither"), std::string::npos)
         << unknown.status.message();
     EXPECT_NE(unknown.status.message().find("--format"), std::string::npos);
+  }
+  // A header naming a needed column twice is ambiguous: refused, not read from the first (or the last) of them.
+  for (const std::string& dup : {std::string("Timestamp,Timestamp,Request tokens,Response tokens\n5,6,100,10\n"),
+                                 std::string("TIMESTAMP,ContextTokens,GeneratedTokens, contexttokens\n"
+                                             "2023-11-16 18:15:46,10,1,20\n")}) {
+    auto twice = read_all(dup);
+    EXPECT_EQ(twice.status.code(), Code::kInvalidArgument) << dup;
+    EXPECT_NE(twice.status.message().find("t.trace:1: the "), std::string::npos) << twice.status.message();
+    EXPECT_NE(twice.status.message().find("twice (fields "), std::string::npos) << twice.status.message();
   }
   // A row that needs more ids than the bound is refused before any is made.
   auto huge = read_all(header + "2023-11-16 18:15:46,2000000000,1\n", {}, Mode::kStrict, 16);

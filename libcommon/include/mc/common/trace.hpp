@@ -8,18 +8,19 @@
 //             "lora_version" (the LoRA adapter it runs with) and "salt" (its tenant salt), strings; absent = the
 //             base model, no salt. Detected by a first line starting with '{'.
 //   azure     Azure LLM inference CSV (2023/2024): a header naming TIMESTAMP (a UTC date and time,
-//             "2023-11-16 18:15:46.6805900"), ContextTokens and GeneratedTokens, in any order among other columns.
+//             "2023-11-16 18:15:46.6805900", or with an offset, "2024-05-10 00:00:00.009930+00:00"), ContextTokens and
+//             GeneratedTokens, in any order among other columns.
 //   burstgpt  BurstGPT CSV: a header naming Timestamp (seconds since the trace's start), Request tokens and
 //             Response tokens (Model, Total tokens, Log Type and other columns are ignored).
 // CSV files are RFC 4180 (csv.hpp): quoted fields, commas and line breaks inside quotes, CRLF; header names are
-// matched without regard to case or surrounding blanks.
+// matched without regard to case or surrounding blanks; a needed column named twice is an error.
 //
 // Timestamps: JSON numbers or strings (a decimal number, or a date and time as Azure's), converted exactly (no
 // double rounding) to ns. Numbers are in TimeUnit: named, the format's own (BurstGPT: s), or for Mooncake JSONL
 // detected from the first row's value by magnitude: >= 1e17 ns, >= 1e14 µs, >= 1e11 ms, >= 1e9 s, else ms (a
 // relative trace, the Mooncake convention). A first timestamp at or after 1e9 s since 1970 (2001-09-09) is an epoch
 // time (so is every date): every timestamp is then shifted so that the first row's is 0. Rows keep whole ms (sub-ms
-// parts are cut).
+// parts are cut). One file's timestamps are all numbers or all dates (a mix is an error at the first odd row).
 //
 // Blocks: a row's hash_ids must number ceil(input_length / block_size) (BlockAccounting::kStrict, the default).
 // With kLenient a row with another (non-zero) count is accepted: id i then covers tokens [round(i·L/n),
@@ -32,8 +33,9 @@
 // Validation (DESIGN.md §13.17–13.19): every field present and of the right range (timestamp >= 0 and < 2^63 ns,
 // input_length >= 1, output_length >= 0, both <= 2^31-1, ids in [0, 2^64-1] kept as exact u64 — no double
 // rounding, no 32-bit truncation); timestamps non-decreasing; the scope fields strings as validate_key_scope()
-// accepts; at most kMaxSynthesizedBlocks ids made for one row. Blank lines are ignored; CRLF line ends and a UTF-8
-// BOM are accepted.
+// accepts; at most kMaxSynthesizedBlocks ids made for one row; JSON nested at most 32 levels (checked before
+// parsing). Messages show at most the first 64 bytes of a value, control bytes as \xNN. Blank lines are ignored; CRLF
+// line ends and a UTF-8 BOM are accepted.
 //
 // Modes: kStrict — the first bad line is an error (kInvalidArgument "trace.jsonl:2: ..." naming the field), the
 // caller exits 2. kLenient — a bad line is skipped, warned about on stderr and counted (stats()). A file whose first
@@ -178,7 +180,8 @@ struct TimeValue {
   int32_t exponent = 0;  // value = digits x 10^exponent
   double approx = 0;     // for detection by magnitude
 };
-// "1700000000123", "1.5", "1.7e18", "2023-11-16 18:15:46.6805900" (also with 'T' and a trailing 'Z'). Negative,
+// "1700000000123", "1.5", "1.7e18", "2023-11-16 18:15:46.6805900" (also with 'T', and a trailing 'Z' or UTC offset
+// +HH:MM, +HHMM or +HH, either sign, taken off). Negative,
 // NaN, infinite, empty or garbled text is kInvalidArgument naming `field`.
 Result<TimeValue> parse_time_text(std::string_view text, std::string_view field, const std::string& where);
 // The unit a numeric first timestamp is taken in when none is named (see above).
