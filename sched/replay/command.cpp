@@ -179,6 +179,13 @@ Result<std::ostream*> trace_output(const std::string& path, std::ostream& out, s
 }  // namespace
 
 Status run_convert_command(const ConvertCommand& c, std::ostream& out) {
+  if (c.out_path != "-" && c.input.path != "-") {
+    std::error_code ec;
+    if (std::filesystem::equivalent(c.input.path, c.out_path, ec)) {
+      return Status(Code::kInvalidArgument, "convert: --out " + c.out_path + " is the input trace " + c.input.path +
+                                                "; writing it would truncate what is being read (give another file)");
+    }
+  }
   MC_ASSIGN_OR_RETURN(std::unique_ptr<trace::Reader> reader, open_trace(c.input));
   std::ofstream file;
   MC_ASSIGN_OR_RETURN(std::ostream * dst, trace_output(c.out_path, out, file));

@@ -159,6 +159,14 @@ Result<GenStats> generate_trace(const GenOptions& o, std::ostream& out) {
     }
     Session* s = due.top();
     due.pop();
+    // Arrivals this late (a tiny --session-rate over many sessions) are no workload anyone replays, and past int64
+    // milliseconds they are not even a timestamp: refuse rather than write a row the reader rejects.
+    constexpr double kMaxSpanMs = 1e12;  // about 31.7 years
+    if (!(s->time_s * 1000 < kMaxSpanMs)) {
+      return Status(Code::kInvalidArgument,
+                    "gen: session " + std::to_string(s->index) + " arrives after " + std::to_string(s->time_s) +
+                        " s, past the 1e12 ms (31.7 years) a trace may span; raise --session-rate or lower --sessions");
+    }
     trace::Request row;
     row.timestamp_ms = static_cast<int64_t>(std::floor(s->time_s * 1000));
     row.input_length = s->input_length;

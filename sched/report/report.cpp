@@ -108,6 +108,16 @@ Status get(const json& j, const char* key, std::optional<T>& out) {
       if constexpr (std::is_integral_v<T>) {
         if (!it->is_number_integer()) throw std::invalid_argument("not an integer");
       }
+      // No run lasts 31,000 years nor counts 1e15 of anything: such a value is a damaged or forged record, and
+      // would swamp every mean and span of the report.
+      const double v = it->get<double>();
+      if (!std::isfinite(v) || std::abs(v) > 1e15) throw std::invalid_argument("outside +-1e15");
+      // The request's own times are measured, never "unknown" (ledger fields use -1 for that).
+      constexpr std::string_view kTimes[] = {"submit_ms", "end_ms",      "ttft_ms",    "e2e_ms",
+                                             "tpot_ms",   "tbt_mean_ms", "tbt_max_ms", "tbt_top10_mean_ms"};
+      if (v < 0 && std::find(std::begin(kTimes), std::end(kTimes), std::string_view(key)) != std::end(kTimes)) {
+        throw std::invalid_argument("a negative time");
+      }
     }
     out = it->get<T>();
   } catch (const std::exception& e) {

@@ -590,6 +590,25 @@ TEST(ReplayTool, ConvertThenAnalyze) {
   ToolRun cut = run_tool({"convert", kTrace, "--max-requests", "5"});
   ASSERT_EQ(cut.rc, 0) << cut.err;
   EXPECT_EQ(std::count(cut.out.begin(), cut.out.end(), '\n'), 5);
+  // Converting a file onto itself is refused before anything is truncated (an attacker's or a slip's).
+  auto read_all = [](const std::string& path) {
+    std::ostringstream text;
+    text << std::ifstream(path).rdbuf();
+    return text.str();
+  };
+  const std::string before = read_all(out.path);
+  ToolRun self = run_tool({"convert", out.path, "--out", out.path});
+  EXPECT_EQ(self.rc, 2) << self.err;
+  EXPECT_NE(self.err.find("is the input trace"), std::string::npos) << self.err;
+  EXPECT_EQ(read_all(out.path), before);
+}
+
+// gen refuses arrivals no trace can carry (a tiny rate over many sessions) instead of writing negative timestamps.
+TEST(ReplayTool, GenRefusesArrivalsPastTheTimestampRange) {
+  ToolRun g = run_tool({"gen", "--sessions", "3", "--session-rate", "1e-300", "--seed", "1"});
+  EXPECT_EQ(g.rc, 2) << g.err;
+  EXPECT_NE(g.err.find("raise --session-rate"), std::string::npos) << g.err;
+  EXPECT_EQ(g.out.find("-9223372036854775808"), std::string::npos) << g.out;
 }
 
 // gen writes a session trace, the same for the same seed, which analyze (and every trace reader) accepts.

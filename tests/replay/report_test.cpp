@@ -126,6 +126,18 @@ TEST(ReplayRecord, JsonRoundTrip) {
   j2 = j;
   j2["outcome"] = "maybe";
   EXPECT_FALSE(record_from_json(j2).is_ok());
+  // Impossible values (a damaged or forged record) are refused, naming the field: they would swamp every mean.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"ttft_ms", -5.0}, {"ttft_ms", 1e308}, {"submit_ms", 1e300}, {"e2e_ms", -1}, {"input_tokens", 1e18}}) {
+    j2 = j;
+    j2[key] = value;
+    auto refused = record_from_json(j2);
+    EXPECT_FALSE(refused.is_ok()) << key << " = " << value.dump();
+    if (!refused.is_ok()) EXPECT_NE(refused.status().message().find(key), std::string::npos);
+  }
+  j2 = j;
+  j2["ledger"]["queue_ms"] = -1;  // a ledger's "not measured" stays accepted
+  EXPECT_TRUE(record_from_json(j2).is_ok());
 }
 
 TEST(ReplaySummary, QuantilesInterpolateLinearly) {
