@@ -133,7 +133,9 @@ TEST(ReplayRecord, JsonRoundTrip) {
     j2[key] = value;
     auto refused = record_from_json(j2);
     EXPECT_FALSE(refused.is_ok()) << key << " = " << value.dump();
-    if (!refused.is_ok()) EXPECT_NE(refused.status().message().find(key), std::string::npos);
+    if (!refused.is_ok()) {
+      EXPECT_NE(refused.status().message().find(key), std::string::npos);
+    }
   }
   j2 = j;
   j2["ledger"]["queue_ms"] = -1;  // a ledger's "not measured" stays accepted
