@@ -32,6 +32,7 @@
 #   --start-s S          where the window starts in the trace           [MC_START_S, 0]
 #   --speed X            time compression of cluster and replay         [MC_SPEED, 4]
 #   --policy NAME        random | least_loaded | cache_aware | kvcache  [MC_POLICY, kvcache]
+#   --queue Q            prefill queue order: fcfs | slo (default: the policy's, slo for kvcache)  [MC_QUEUE]
 #   --prefill P          prefill hosts (each with a storage node)       [MC_PREFILL, 2]
 #   --decode D           decode hosts (each with a storage node)        [MC_DECODE, 2]
 #   --mode M             netns or loopback (default: netns where namespaces can be made, else loopback)
@@ -65,6 +66,7 @@ duration_s="${MC_DURATION_S:-120}"
 start_s="${MC_START_S:-0}"
 speed="${MC_SPEED:-4}"
 policy="${MC_POLICY:-kvcache}"
+queue="${MC_QUEUE:-}"
 n_prefill="${MC_PREFILL:-2}"
 n_decode="${MC_DECODE:-2}"
 mode="${MC_CLUSTER_MODE:-}"
@@ -85,6 +87,7 @@ while [[ $# -gt 0 ]]; do
     --start-s) need "$@"; start_s="$2"; shift 2 ;;
     --speed) need "$@"; speed="$2"; shift 2 ;;
     --policy) need "$@"; policy="$2"; shift 2 ;;
+    --queue) need "$@"; queue="$2"; shift 2 ;;
     --prefill) need "$@"; n_prefill="$2"; shift 2 ;;
     --decode) need "$@"; n_decode="$2"; shift 2 ;;
     --mode) need "$@"; mode="$2"; shift 2 ;;
@@ -104,6 +107,10 @@ while [[ $# -gt 0 ]]; do
 done
 [[ "$n_prefill" =~ ^[1-9][0-9]*$ && "$n_decode" =~ ^[1-9][0-9]*$ ]] ||
   { echo "replay-conversation.sh: --prefill and --decode must be counts >= 1" >&2; exit 2; }
+case "$queue" in
+  ""|fcfs|slo) ;;
+  *) echo "replay-conversation.sh: --queue must be fcfs or slo, got '$queue'" >&2; exit 2 ;;
+esac
 case "$mode" in
   ""|netns|loopback) ;;
   *) echo "replay-conversation.sh: --mode must be netns or loopback, got '$mode'" >&2; exit 2 ;;
@@ -168,7 +175,7 @@ pool_total=$(($(node .live.dram_tokens) * n_store))
 
 {
   echo "replay-conversation.sh: ${duration_s} s of $(basename "$trace") from ${start_s} s, ${speed}x compressed;" \
-       "policy $policy; $(jq -r .name "$desc"): $n_prefill prefill, $n_decode decode hosts, $n_store storage nodes"
+       "policy $policy, queue ${queue:-the policy default}; $(jq -r .name "$desc"): $n_prefill prefill, $n_decode decode hosts, $n_store storage nodes"
   echo "  modelled node: $(node .model) on $(node .gpu), $(node .model_kv_bytes_per_token) B of KV per token;" \
        "decode KV = floor($(node .kv_hbm_fraction) x ($(node .hbm_bytes) B HBM - $(node .weight_bytes) B weights))" \
        "/ $(node .model_kv_bytes_per_token) B = $(node .decode_kv_tokens) tokens per instance; DRAM pool =" \
@@ -189,11 +196,13 @@ run() {
                 --time-scale "$speed" --block-tokens "$block" --out "$work/$label.jsonl" ${fmt[@]+"${fmt[@]}"}
                 ${extra[@]+"${extra[@]}"})
   echo "replay-conversation.sh: run '$label' (prefix cache $cache)" >&2
-  local rc=0 keep=()
+  local rc=0 keep=() queue_set=()
+  [[ -n "$queue" ]] && queue_set=(--set queue="$queue")
   [[ -n "${MC_KEEP_LOGS:-}" ]] && keep=(--keep-logs "$MC_KEEP_LOGS/$label")
   # The conductor's endpoint and the client address reach the replay through MC_CONDUCTOR and MC_CLIENT_BIND (set
   # by cluster.sh, inside the client host's namespace in netns mode).
-  "$here/cluster.sh" "$desc" --mode "$mode" --bin "$bin" ${keep[@]+"${keep[@]}"} --set time_scale="$speed" --set policy="$policy" \
+  "$here/cluster.sh" "$desc" --mode "$mode" --bin "$bin" ${keep[@]+"${keep[@]}"} --set time_scale="$speed" \
+    --set policy="$policy" ${queue_set[@]+"${queue_set[@]}"} \
     --set kv_bytes_per_token="$(node .live.kv_bytes_per_token)" --set kv_buffer_size="$(node .live.kv_buffer_bytes)" \
     --set dram_bytes="$(node .live.dram_bytes)" --set nic_mbit="$(node .live.nic_mbit)" --set prefix_cache="$cache" \
     -- "${replay[@]}" > "$work/$label.out" || rc=$?

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <queue>
+#include <unordered_map>
 #include <vector>
 
 #include "mc/common/splitmix.hpp"
@@ -133,7 +134,9 @@ Result<GenStats> generate_trace(const GenOptions& o, std::ostream& out) {
     return starts.gamma(shape, mean_gap / shape);
   };
 
-  std::vector<std::unique_ptr<Session>> pool;  // open sessions, reused
+  // The open sessions by index: a closed one is erased in O(1), so a run with many sessions open at once (a high
+  // --session-rate with long --think-s) stays linear in its rows.
+  std::unordered_map<int64_t, std::unique_ptr<Session>> open;
   std::priority_queue<Session*, std::vector<Session*>, Later> due;
   GenStats stats;
   double next_start = 0;
@@ -154,7 +157,7 @@ Result<GenStats> generate_trace(const GenOptions& o, std::ostream& out) {
       next_start += gap();
       ++stats.sessions;
       due.push(s.get());
-      pool.push_back(std::move(s));
+      open.emplace(s->index, std::move(s));
       continue;
     }
     Session* s = due.top();
@@ -190,9 +193,7 @@ Result<GenStats> generate_trace(const GenOptions& o, std::ostream& out) {
       ++s->turn;
       due.push(s);
     } else {
-      auto it = std::find_if(pool.begin(), pool.end(), [s](const auto& p) { return p.get() == s; });
-      std::swap(*it, pool.back());
-      pool.pop_back();
+      open.erase(s->index);
     }
   }
   return stats;

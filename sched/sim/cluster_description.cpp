@@ -86,6 +86,13 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
   if (!absent(d, "policy")) {
     MC_ASSIGN_OR_RETURN(c.policy, string_field(d["policy"], source, "defaults.policy"));
   }
+  if (!absent(d, "queue")) {
+    MC_ASSIGN_OR_RETURN(c.queue, string_field(d["queue"], source, "defaults.queue"));
+    if (!c.queue.empty() && c.queue != "fcfs" && c.queue != "slo") {
+      return bad(source, "defaults.queue",
+                 "must be \"fcfs\" or \"slo\" (or absent: the policy's default), got \"" + c.queue + "\"");
+    }
+  }
   if (!absent(d, "pipeline_group")) {
     MC_ASSIGN_OR_RETURN(c.pipeline_group,
                         whole(d["pipeline_group"], source, "defaults.pipeline_group", "prefill instances (1: off)"));
@@ -322,6 +329,7 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   c.model = d.model;
   c.gpu = d.gpu;
   c.policy = d.policy;
+  c.queue = d.queue;
   c.pipeline_group = d.pipeline_group;
   c.pipeline_chunk_tokens = d.pipeline_chunk_tokens;
   c.block_size = d.block_size;

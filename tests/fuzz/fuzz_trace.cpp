@@ -34,9 +34,12 @@ void read_trace(const std::string& text, mc::trace::Mode mode, int64_t block_siz
   while (true) {
     mc::Result<std::optional<mc::trace::Request>> row = reader.next();
     if (!row.is_ok()) {
-      // Lenient mode fails only on a first line of no known format (JSONL, Azure or BurstGPT CSV), before any row.
+      // Lenient mode fails only on a first line of no known format (JSONL, Azure or BurstGPT CSV) or a CSV header
+      // that lacks a needed column or names it twice, before any row.
+      const std::string& why = row.status().message();
       if (mode == mc::trace::Mode::kLenient &&
-          (reader.stats().rows > 0 || row.status().message().find("the first line is neither") == std::string::npos))
+          (reader.stats().rows > 0 || (why.find("the first line is neither") == std::string::npos &&
+                                       why.find(" CSV header ") == std::string::npos)))
         broken("the lenient reader failed");
       if (row.status().code() != mc::Code::kInvalidArgument) broken("a bad row is not kInvalidArgument");
       return;

@@ -88,6 +88,46 @@ TEST(Gen, AValidTraceWithSessionsAndSharedPrompts) {
   EXPECT_LE(firsts.size(), 4u);
 }
 
+TEST(Gen, FirstPromptCutLaterPromptsEndTheSession) {
+  // A cap below the system prompt: every session's first prompt is cut to it (one row each), and the second turn,
+  // longer still, ends the session (the man page's --max-input-tokens).
+  GenOptions o;
+  o.sessions = 30;
+  o.turns_mean = 5;
+  o.system_prompts = 2;
+  o.system_tokens = 1024;
+  o.max_input_tokens = 100;
+  o.block_size = 16;
+  const std::vector<trace::Request> rows = read(generate(o), 16);
+  ASSERT_EQ(rows.size(), 30u);
+  for (const auto& r : rows) EXPECT_EQ(r.input_length, 100);
+  o.max_input_tokens = 1;
+  const std::vector<trace::Request> one = read(generate(o), 16);
+  ASSERT_EQ(one.size(), 30u);
+  for (const auto& r : one) EXPECT_EQ(r.hash_ids.size(), 1u);
+}
+
+TEST(Gen, ManySessionsOpenAtOnce) {
+  // Every session open until its last turn (a high rate, long think times): rows in arrival order, each session's
+  // turns all written.
+  GenOptions o;
+  o.sessions = 20000;
+  o.session_rate = 1000;
+  o.turns_mean = 3;
+  o.think_s = 600;
+  o.system_prompts = 0;
+  o.user_tokens = 20;
+  o.output_tokens = 20;
+  o.block_size = 64;
+  std::ostringstream out;
+  auto stats = generate_trace(o, out);
+  ASSERT_TRUE(stats.is_ok()) << stats.status().message();
+  EXPECT_EQ(stats->sessions, 20000);
+  EXPECT_GT(stats->rows, 40000);
+  const std::vector<trace::Request> rows = read(out.str(), 64);
+  EXPECT_EQ(static_cast<int64_t>(rows.size()), stats->rows);
+}
+
 TEST(Gen, PoissonAndBurstyStarts) {
   GenOptions o;
   o.sessions = 3000;

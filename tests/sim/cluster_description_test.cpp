@@ -144,6 +144,9 @@ TEST(ClusterDescription, RefusesWhatClusterShRefuses) {
   d = good();
   d["defaults"]["dram_bytes"] = "lots";
   EXPECT_NE(refusal(d).find("defaults.dram_bytes"), std::string::npos);
+  d = good();
+  d["defaults"]["queue"] = "lifo";
+  EXPECT_NE(refusal(d).find("defaults.queue: must be \"fcfs\" or \"slo\""), std::string::npos);
   auto missing = parse_cluster_description(std::string("/nonexistent/cluster.json"));
   ASSERT_FALSE(missing.is_ok());
   EXPECT_NE(missing.status().message().find("/nonexistent/cluster.json"), std::string::npos);
@@ -158,6 +161,7 @@ TEST(ClusterDescription, DerivesTheSimulatedCluster) {
   EXPECT_EQ(c.prefill_instances, 2);
   EXPECT_EQ(c.decode_instances, 1);
   EXPECT_EQ(c.policy, "cache_aware");
+  EXPECT_EQ(c.queue, "");  // absent: the policy's default
   EXPECT_EQ(c.block_size, 512);
   EXPECT_EQ(s->model_kv_bytes_per_token, 327680);  // llama3-70b: 2 * 80 layers * 8 kv heads * 128 * 2 B
   // The description asks for 1024 B per token; the sim backend stores 1280 (80 layers x 16 B, its smallest even
@@ -188,6 +192,16 @@ TEST(ClusterDescription, DerivesTheSimulatedCluster) {
   s = sim_config_from_description(*d);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.status().message().find("c.json: defaults.model"), std::string::npos);
+}
+
+TEST(ClusterDescription, QueueDisciplineReachesTheSimulatedCluster) {
+  nlohmann::json doc = good();
+  doc["defaults"]["queue"] = "fcfs";
+  auto d = parse_cluster_description(doc, "c.json");
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  auto s = sim_config_from_description(*d);
+  ASSERT_TRUE(s.is_ok()) << s.status().message();
+  EXPECT_EQ(s->config.queue, "fcfs");
 }
 
 TEST(ClusterDescription, ClusterConfigChecksPerInstanceNics) {

@@ -87,6 +87,20 @@ TEST(ClusterScript, PipelineGroupsReachTheConductorForRefAndAreRefusedForSim) {
   EXPECT_NE(r.out.find("defaults.pipeline_chunk_tokens"), std::string::npos) << r.out;
 }
 
+// The prefill queue discipline (docs/DESIGN.md §10): defaults.queue reaches the Conductor; absent, the Conductor keeps
+// its policy's default; anything else is refused before a daemon starts.
+TEST(ClusterScript, QueueDisciplineReachesTheConductor) {
+  auto r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set queue=fcfs");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "--queue fcfs"), 1u) << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "--queue "), 0u) << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set queue=lifo");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("defaults.queue must be fcfs or slo"), std::string::npos) << r.out;
+}
+
 TEST(ClusterScript, BrokenDescriptionsExit2WithTheReason) {
   Scratch s("cluster_script");
   auto write = [&](const std::string& name, const std::string& text) {

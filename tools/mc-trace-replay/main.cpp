@@ -188,7 +188,9 @@ int main(int argc, char** argv) {
   gen->add_option("--output-tokens", g.output_tokens, "Mean answer, tokens (lognormal)")->capture_default_str();
   gen->add_option("--length-sigma", g.length_sigma, "Lognormal sigma of user messages and answers")
       ->capture_default_str();
-  gen->add_option("--max-input-tokens", g.max_input_tokens, "A session ends before a prompt longer than this")
+  gen->add_option(
+         "--max-input-tokens", g.max_input_tokens,
+         "A session's first prompt is cut to this many tokens; a session ends before a later prompt longer than this")
       ->capture_default_str();
   gen->add_option("--block-size", g.block_size, "Tokens per hash_id")->capture_default_str();
   gen->add_option("--seed", g.seed, "Seed: the same seed writes the same trace")->capture_default_str();

@@ -39,7 +39,8 @@
 //
 // Modes: kStrict — the first bad line is an error (kInvalidArgument "trace.jsonl:2: ..." naming the field), the
 // caller exits 2. kLenient — a bad line is skipped, warned about on stderr and counted (stats()). A file whose first
-// line is no known format is an error in both modes.
+// line is no known format, or whose CSV header lacks a needed column or names one twice, is an error in both
+// modes.
 // Memory: one line at a time (constant in the trace length; a prefix model keeps its open sessions).
 // Thread-safety: one reader per thread.
 #pragma once

@@ -7,7 +7,8 @@
 // trace_prefix.hpp). Turn 1's prompt is the system prompt and a user message; turn t's is turn t-1's prompt and
 // answer (the history) and a new user message, so its blocks start with the history's ids. User messages and answers
 // are lognormal with the given means and sigma (at least 1 token). Turns are think_s apart on average (exponential);
-// a session ends after its turns or before a prompt longer than max_input_tokens. Rows are written in arrival order
+// a session's first prompt is cut to max_input_tokens, and a session ends after its turns or before a later prompt
+// longer than max_input_tokens. Rows are written in arrival order
 // (ms timestamps; ties by session), ids one per block_size tokens.
 // Deterministic: one seed gives the same file on every host (SplitMix64 streams, one per session, and one for the
 // session starts). Memory: the open sessions only.
@@ -35,7 +36,7 @@ struct GenOptions {
   double user_tokens = 400;           // mean user message, tokens
   double output_tokens = 300;         // mean answer, tokens
   double length_sigma = 1.0;          // lognormal sigma of user messages and answers
-  int64_t max_input_tokens = 131072;  // a session ends before a longer prompt
+  int64_t max_input_tokens = 131072;  // first prompt cut to it; a session ends before a longer later prompt
   int64_t block_size = 512;           // tokens per hash_id
   uint64_t seed = 0;
   Status validate() const;  // kInvalidArgument naming the flag

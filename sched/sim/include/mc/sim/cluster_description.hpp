@@ -55,6 +55,7 @@ struct ClusterDescription {
   std::string model;  // default: tiny for backend ref, llama3-70b otherwise
   std::string gpu = "a800x8";
   std::string policy = "kvcache";
+  std::string queue;  // defaults.queue: prefill queue discipline fcfs | slo ("": the policy's default; DESIGN.md §10)
   int64_t pipeline_group = 1;            // defaults.pipeline_group: chunked pipeline parallelism (DESIGN.md §18)
   int64_t pipeline_chunk_tokens = 8192;  // defaults.pipeline_chunk_tokens: tokens of one chunk of a group's prefill
   int64_t block_size = 512;
