@@ -91,13 +91,12 @@ TEST(Gen, AValidTraceWithSessionsAndSharedPrompts) {
 TEST(Gen, FirstPromptCutLaterPromptsEndTheSession) {
   // A cap below the system prompt: every session's first prompt is cut to it (one row each), and the second turn,
   // longer still, ends the session (the man page's --max-input-tokens).
-  GenOptions o;
-  o.sessions = 30;
-  o.turns_mean = 5;
-  o.system_prompts = 2;
-  o.system_tokens = 1024;
-  o.max_input_tokens = 100;
-  o.block_size = 16;
+  GenOptions o{.sessions = 30,
+               .turns_mean = 5,
+               .system_prompts = 2,
+               .system_tokens = 1024,
+               .max_input_tokens = 100,
+               .block_size = 16};
   const std::vector<trace::Request> rows = read(generate(o), 16);
   ASSERT_EQ(rows.size(), 30u);
   for (const auto& r : rows) EXPECT_EQ(r.input_length, 100);
@@ -110,15 +109,14 @@ TEST(Gen, FirstPromptCutLaterPromptsEndTheSession) {
 TEST(Gen, ManySessionsOpenAtOnce) {
   // Every session open until its last turn (a high rate, long think times): rows in arrival order, each session's
   // turns all written.
-  GenOptions o;
-  o.sessions = 20000;
-  o.session_rate = 1000;
-  o.turns_mean = 3;
-  o.think_s = 600;
-  o.system_prompts = 0;
-  o.user_tokens = 20;
-  o.output_tokens = 20;
-  o.block_size = 64;
+  const GenOptions o{.sessions = 20000,
+                     .session_rate = 1000,
+                     .turns_mean = 3,
+                     .think_s = 600,
+                     .system_prompts = 0,
+                     .user_tokens = 20,
+                     .output_tokens = 20,
+                     .block_size = 64};
   std::ostringstream out;
   auto stats = generate_trace(o, out);
   ASSERT_TRUE(stats.is_ok()) << stats.status().message();
