@@ -10,6 +10,7 @@
 #include "mc/common/units.hpp"
 #include "mc/model/cost_model.hpp"
 #include "mc/model/model_config.hpp"
+#include "mc/sched/queue_discipline.hpp"
 
 namespace mc::sim {
 
@@ -88,7 +89,7 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
   }
   if (!absent(d, "queue")) {
     MC_ASSIGN_OR_RETURN(c.queue, string_field(d["queue"], source, "defaults.queue"));
-    if (!c.queue.empty() && c.queue != "fcfs" && c.queue != "slo") {
+    if (!c.queue.empty() && !sched::parse_queue_discipline(c.queue).is_ok()) {
       return bad(source, "defaults.queue",
                  "must be \"fcfs\" or \"slo\" (or absent: the policy's default), got \"" + c.queue + "\"");
     }
