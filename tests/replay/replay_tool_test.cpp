@@ -630,6 +630,22 @@ TEST(ReplayTool, GenThenAnalyze) {
   EXPECT_NE(bad2.err.find("--turns-mean"), std::string::npos) << bad2.err;
 }
 
+// gen --max-input-tokens as its man page says: a first prompt is cut to it (every session writes a row), a longer
+// later prompt ends the session.
+TEST(ReplayTool, GenCutsFirstPromptsToMaxInputTokens) {
+  ToolRun g = run_tool({"gen", "--sessions", "20", "--turns-mean", "5", "--system-tokens", "1024", "--max-input-tokens",
+                        "100", "--block-size", "16", "--seed", "3"});
+  ASSERT_EQ(g.rc, 0) << g.err;
+  std::istringstream rows(g.out);
+  int64_t n = 0;
+  for (std::string line; std::getline(rows, line);) {
+    if (line.empty()) continue;
+    EXPECT_EQ(json::parse(line)["input_length"].get<int64_t>(), 100) << line;
+    ++n;
+  }
+  EXPECT_EQ(n, 20);
+}
+
 TEST(ReplayTool, ConductorEventsMapOntoTheRecord) {
   proto::RequestLedger l;  // times -1: never measured
   Ledger g = to_ledger(l);
