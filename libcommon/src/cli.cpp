@@ -1,6 +1,8 @@
 #include "mc/common/cli.hpp"
 
+#include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <iostream>
 #include <memory>
 #include <string_view>
@@ -324,6 +326,79 @@ void env_only_for_parsed_subcommands(CLI::App& app) {
   }
 }
 
+// CLI11 (2.1) converts an integer with strtoull/strtoll in base 0 and no range check: "--seed -1" became
+// 18446744073709551615, a number past 64 bits saturated without a word, and "010" was octal 8. Every option of
+// an integer type (CLI11's type names INT and UINT) gets this check before its own checks: an unsigned option
+// refuses a negative number, a number past the type's 64 bits is refused naming the limit, and leading blanks and
+// zeros are dropped so the digits read as decimal. Hex (0x...) stays allowed; anything else is left to CLI11.
+std::string check_integer_text(std::string& text, bool is_unsigned) {
+  std::string_view body = text;
+  while (!body.empty() && std::isspace(static_cast<unsigned char>(body.front())) != 0) body.remove_prefix(1);
+  bool negative = false;
+  if (!body.empty() && (body.front() == '-' || body.front() == '+')) {
+    negative = body.front() == '-';
+    body.remove_prefix(1);
+  }
+  const bool hex = body.size() > 2 && body[0] == '0' && (body[1] == 'x' || body[1] == 'X');
+  std::string_view digits = hex ? body.substr(2) : body;
+  if (digits.empty()) return {};
+  for (char c : digits) {
+    if (hex ? std::isxdigit(static_cast<unsigned char>(c)) == 0 : (c < '0' || c > '9')) return {};
+  }
+  if (!hex) {
+    while (digits.size() > 1 && digits.front() == '0') digits.remove_prefix(1);
+  }
+  if (negative && is_unsigned) {
+    if (digits != "0") return "must not be negative, got " + text;
+    negative = false;  // "-0" is 0
+  }
+  // The magnitude against 2^64 - 1 (unsigned), 2^63 - 1 or 2^63 (signed, by sign).
+  uint64_t value = 0;
+  const uint64_t base = hex ? 16 : 10;
+  for (char c : digits) {
+    const auto lower = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const auto d = static_cast<uint64_t>(lower >= 'a' ? lower - 'a' + 10 : lower - '0');
+    if (value > (UINT64_MAX - d) / base) {
+      return "is out of range (at most " + std::string(is_unsigned ? "18446744073709551615" : "9223372036854775807") +
+             "), got " + text;
+    }
+    value = value * base + d;
+  }
+  const uint64_t limit = is_unsigned ? UINT64_MAX : (negative ? uint64_t{1} << 63 : (uint64_t{1} << 63) - 1);
+  if (value > limit) {
+    return "is out of range (" +
+           std::string(is_unsigned ? "at most 18446744073709551615"
+                       : negative  ? "at least -9223372036854775808"
+                                   : "at most 9223372036854775807") +
+           "), got " + text;
+  }
+  text = std::string(negative ? "-" : "") + (hex ? "0x" : "") + std::string(digits);
+  return {};
+}
+
+constexpr const char* kIntegerCheck = "mc-integer-range";
+
+void harden_integer_options(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    const std::string type = opt->get_type_name();
+    const bool is_unsigned = type.rfind("UINT", 0) == 0 && (type.size() == 4 || type[4] == ':');
+    const bool is_signed = type.rfind("INT", 0) == 0 && (type.size() == 3 || type[3] == ':');
+    if (!is_unsigned && !is_signed) continue;
+    bool present = true;
+    try {
+      (void)opt->get_validator(kIntegerCheck);
+    } catch (const CLI::OptionNotFound&) {
+      present = false;
+    }
+    if (present) continue;
+    // First (transform() puts it before the option's own checks, such as a CLI::Range, which then see the decimal
+    // text), and allowed to rewrite the text.
+    opt->transform(CLI::Validator([is_unsigned](std::string& text) { return check_integer_text(text, is_unsigned); },
+                                  "", kIntegerCheck));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) harden_integer_options(*sub);
+}
+
 }  // namespace
 
 namespace {
@@ -418,6 +493,7 @@ void add_auth_flags(CLI::App& cmd, const std::string& default_name) {
 
 int parse(CLI::App& app, int argc, char** argv) {
   env_only_for_parsed_subcommands(app);
+  harden_integer_options(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -91,7 +91,7 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
     MC_ASSIGN_OR_RETURN(c.queue, string_field(d["queue"], source, "defaults.queue"));
     if (!c.queue.empty() && !sched::parse_queue_discipline(c.queue).is_ok()) {
       return bad(source, "defaults.queue",
-                 "must be \"fcfs\" or \"slo\" (or absent: the policy's default), got \"" + c.queue + "\"");
+                 "must be \"fcfs\" or \"slo\" (absent, null or \"\": the policy's default), got \"" + c.queue + "\"");
     }
   }
   if (!absent(d, "pipeline_group")) {

@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <iostream>
 #include <sstream>
+#include <utility>
 
 #include "mc/common/cli.hpp"
 #include "mc/common/location.hpp"
@@ -176,6 +179,54 @@ TEST(CliFlags, UsageErrorInJsonModeIsTheErrorDocument) {
   ASSERT_FALSE(doc.is_discarded()) << out.str();
   EXPECT_EQ(doc["error"]["code"], "invalid_argument") << out.str();
   EXPECT_NE(doc["error"]["message"].get<std::string>().find("--ttl-ms"), std::string::npos) << out.str();
+}
+
+// CLI11 alone reads "-1" into an unsigned option as 2^64 - 1, saturates a number past 64 bits and reads "010" as
+// octal; parse() refuses the first two naming the flag (exit 2) and reads the third as decimal.
+TEST(CliFlags, IntegerOptionsRefuseNegativeUnsignedAndOverflow) {
+  const auto run = [](std::vector<std::string> args, uint64_t& seed, int64_t& offset) {
+    CLI::App app;
+    app.add_option("--seed", seed);
+    int64_t ranged = 1;
+    app.add_option("--ranged", ranged)->check(CLI::Range(1, 64));
+    app.add_subcommand("gen")->add_option("--offset", offset);
+    args.insert(args.begin(), "tool");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    std::ostringstream err;
+    std::streambuf* saved = std::cerr.rdbuf(err.rdbuf());
+    const int rc = cli::parse(app, static_cast<int>(argv.size()), argv.data());
+    std::cerr.rdbuf(saved);
+    return std::make_pair(rc, err.str());
+  };
+  uint64_t seed = 0;
+  int64_t offset = 0;
+  for (const char* bad :
+       {"-1", " -1", "18446744073709551616", " 99999999999999999999", "-0x1", "0x1ffffffffffffffff"}) {
+    auto [rc, err] = run({"--seed", bad}, seed, offset);
+    EXPECT_EQ(rc, 2) << bad;
+    EXPECT_NE(err.find("--seed"), std::string::npos) << bad << ": " << err;
+  }
+  EXPECT_EQ(run({"--seed", "18446744073709551615"}, seed, offset).first, -1);
+  EXPECT_EQ(seed, UINT64_MAX);
+  EXPECT_EQ(run({"--seed", "010"}, seed, offset).first, -1);
+  EXPECT_EQ(seed, 10u);
+  EXPECT_EQ(run({"--seed", "0x10"}, seed, offset).first, -1);
+  EXPECT_EQ(seed, 16u);
+  EXPECT_EQ(run({"--seed", "-0"}, seed, offset).first, -1);
+  EXPECT_EQ(seed, 0u);
+  // The option's own range sees the decimal reading: "0100" is 100, past 64 (read as octal it was 64, inside).
+  EXPECT_EQ(run({"--ranged", "0100"}, seed, offset).first, 2);
+  EXPECT_EQ(run({"--ranged", "064"}, seed, offset).first, -1);
+  EXPECT_EQ(run({"gen", "--offset", "-9223372036854775808"}, seed, offset).first, -1);
+  EXPECT_EQ(offset, INT64_MIN);
+  EXPECT_EQ(run({"gen", "--offset", "-007"}, seed, offset).first, -1);
+  EXPECT_EQ(offset, -7);
+  for (const char* bad : {"9223372036854775808", "-9223372036854775809", "abc"}) {
+    auto [rc, err] = run({"gen", "--offset", bad}, seed, offset);
+    EXPECT_EQ(rc, 2) << bad;
+    EXPECT_NE(err.find("--offset"), std::string::npos) << bad << ": " << err;
+  }
 }
 
 TEST(CliFlags, SloListsSplitOnCommasAndTakeOneArgument) {

@@ -611,6 +611,20 @@ TEST(ReplayTool, GenRefusesArrivalsPastTheTimestampRange) {
   EXPECT_EQ(g.out.find("-9223372036854775808"), std::string::npos) << g.out;
 }
 
+// A seed no 64-bit unsigned holds is a usage error naming the flag, never a silent 2^64 - 1 (the CLI kit's check,
+// through the binary); mc-sim takes its seed override the same way.
+TEST(ReplayTool, GenRefusesASeedPast64Bits) {
+  for (const char* seed : {"-1", "18446744073709551616"}) {
+    ToolRun g = run_tool({"gen", "--sessions", "2", "--seed", seed});
+    EXPECT_EQ(g.rc, 2) << seed << ": " << g.err;
+    EXPECT_NE(g.err.find("--seed"), std::string::npos) << g.err;
+    EXPECT_TRUE(g.out.empty()) << g.out;
+  }
+  ToolRun ok = run_tool({"gen", "--sessions", "2", "--seed", "18446744073709551615"});
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_NE(ok.err.find("seed 18446744073709551615"), std::string::npos) << ok.err;
+}
+
 // gen writes a session trace, the same for the same seed, which analyze (and every trace reader) accepts.
 TEST(ReplayTool, GenThenAnalyze) {
   ToolRun a = run_tool({"gen", "--sessions", "30", "--seed", "5", "--block-size", "512"});

@@ -169,31 +169,38 @@ int main(int argc, char** argv) {
   auto* gen = app.add_subcommand("gen",
                                  "Write a synthetic session-structured trace (sessions, turns, shared system "
                                  "prompts, Poisson or bursty arrivals) as Mooncake JSONL, deterministic by seed");
-  gen->add_option("--sessions", g.sessions, "Sessions to generate")->capture_default_str();
-  gen->add_option("--session-rate", g.session_rate, "Sessions started per second (mean)")->capture_default_str();
+  gen->add_option("--sessions", g.sessions, "Sessions to generate, 1 to 10,000,000")->capture_default_str();
+  gen->add_option("--session-rate", g.session_rate, "Sessions started per second (mean), > 0 and <= 1,000,000")
+      ->capture_default_str();
   gen->add_option("--arrival", g.arrival, "Session starts: poisson (exponential gaps) or bursty (gamma gaps)")
       ->capture_default_str()
       ->check(CLI::IsMember({"poisson", "bursty"}));
-  gen->add_option("--burst-cv", g.burst_cv, "bursty: coefficient of variation of the gaps between session starts")
+  gen->add_option("--burst-cv", g.burst_cv,
+                  "bursty: coefficient of variation of the gaps between session starts, 1 to 100")
       ->capture_default_str();
-  gen->add_option("--turns-mean", g.turns_mean, "Mean turns per session (geometric, >= 1)")->capture_default_str();
-  gen->add_option("--think-s", g.think_s, "Mean gap between a session's turns, seconds (exponential)")
+  gen->add_option("--turns-mean", g.turns_mean, "Mean turns per session (geometric), 1 to 1,000")
       ->capture_default_str();
-  gen->add_option("--system-prompts", g.system_prompts, "Shared system prompts (0: none)")->capture_default_str();
-  gen->add_option("--system-tokens", g.system_tokens, "Mean system prompt length, tokens (each 0.5x to 1.5x)")
+  gen->add_option("--think-s", g.think_s, "Mean gap between a session's turns, seconds (exponential), 0 to 1,000,000")
       ->capture_default_str();
-  gen->add_option("--zipf", g.zipf, "Popularity skew of the system prompts (0: uniform)")->capture_default_str();
-  gen->add_option("--user-tokens", g.user_tokens, "Mean user message per turn, tokens (lognormal)")
+  gen->add_option("--system-prompts", g.system_prompts, "Shared system prompts, 0 (none) to 100,000")
       ->capture_default_str();
-  gen->add_option("--output-tokens", g.output_tokens, "Mean answer, tokens (lognormal)")->capture_default_str();
-  gen->add_option("--length-sigma", g.length_sigma, "Lognormal sigma of user messages and answers")
+  gen->add_option("--system-tokens", g.system_tokens,
+                  "Mean system prompt length, tokens (each 0.5x to 1.5x), 0 to 16,777,216")
+      ->capture_default_str();
+  gen->add_option("--zipf", g.zipf, "Popularity skew of the system prompts, 0 (uniform) to 10")->capture_default_str();
+  gen->add_option("--user-tokens", g.user_tokens, "Mean user message per turn, tokens (lognormal), 1 to 1e7")
+      ->capture_default_str();
+  gen->add_option("--output-tokens", g.output_tokens, "Mean answer, tokens (lognormal), 1 to 1e7")
+      ->capture_default_str();
+  gen->add_option("--length-sigma", g.length_sigma, "Lognormal sigma of user messages and answers, 0 to 5")
       ->capture_default_str();
   gen->add_option(
          "--max-input-tokens", g.max_input_tokens,
-         "A session's first prompt is cut to this many tokens; a session ends before a later prompt longer than this")
+         "A session's first prompt is cut to this many tokens; a session ends before a later prompt longer than this; "
+         "at most 65,536 blocks of --block-size")
       ->capture_default_str();
-  gen->add_option("--block-size", g.block_size, "Tokens per hash_id")->capture_default_str();
-  gen->add_option("--seed", g.seed, "Seed: the same seed writes the same trace")->capture_default_str();
+  gen->add_option("--block-size", g.block_size, "Tokens per hash_id, 1 to 16,777,216")->capture_default_str();
+  gen->add_option("--seed", g.seed, "Seed, 0 to 2^64 - 1: the same seed writes the same trace")->capture_default_str();
   gen->add_option("--out", gc.out_path, "Where to write the JSONL (- for stdout)")->capture_default_str();
 
   mc::cli::add_auth_flags(app, "default");
