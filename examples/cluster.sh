@@ -114,10 +114,9 @@ kv_bytes_per_token="$(setting kv_bytes_per_token 1024)"
 block_size="$(setting block_size 512)"
 policy="$(setting policy kvcache)"
 queue="$(setting queue "")"
-case "$queue" in ""|fcfs|slo) ;; *) die "defaults.queue must be fcfs or slo (or absent), got '$queue'" ;; esac
+case "$queue" in ""|fcfs|slo) ;; *) die "defaults.queue must be fcfs or slo (absent, null or empty: the policy's default), got '$queue'" ;; esac
 pipeline_group="$(setting pipeline_group 1)"
 [[ "$pipeline_group" =~ ^[1-9][0-9]?$ && "$pipeline_group" -le 64 ]] || die "defaults.pipeline_group must be 1..64 prefill instances (1: no groups), got '$pipeline_group'"
-[[ "$pipeline_group" == 1 || "$backend" == ref ]] || die "defaults.pipeline_group is $pipeline_group but the backend is $backend, whose instances run no pipeline stages (docs/DESIGN.md §18 \"Live groups\": ref instances only); mc-sim --cluster models groups"
 pipeline_chunk="$(setting pipeline_chunk_tokens 8192)"
 [[ "$pipeline_chunk" =~ ^[1-9][0-9]*$ ]] || die "defaults.pipeline_chunk_tokens must be a positive number of tokens, got '$pipeline_chunk'"
 dram_bytes="$(setting dram_bytes 256MiB)"
@@ -418,7 +417,7 @@ conductor_flags=()
 [[ "$backend" == ref ]] && conductor_flags=(--decode-envelope 0)
 # The prefill queue discipline (docs/DESIGN.md §10; absent: the policy's default, slo for kvcache).
 [[ -n "$queue" ]] && conductor_flags+=(--queue "$queue")
-# Pipelined prefill groups (ref only, checked above): the Conductor forms them per request (docs/DESIGN.md §18).
+# Pipelined prefill groups (ref and sim instances run stages): the Conductor forms them per request (docs/DESIGN.md §18).
 [[ "$pipeline_group" == 1 ]] || conductor_flags+=(--pipeline-group "$pipeline_group" --prefill-chunk "$pipeline_chunk")
 for h in "${!host_names[@]}"; do
   ((count[$h,conductor] == 1)) || continue

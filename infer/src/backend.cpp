@@ -51,6 +51,43 @@ Status validate_prefill(const ModelConfig& model, const KvBuffer& kv, const Pref
   return Status::ok();
 }
 
+Status validate_stage(const ModelConfig& model, const KvBuffer& kv, const StageRequest& req, int64_t hidden_floats) {
+  const auto n = static_cast<int64_t>(req.tokens.size());
+  if (req.first_layer < 0 || req.first_layer >= model.num_layers || req.num_layers < 1 ||
+      req.num_layers > model.num_layers - req.first_layer) {
+    return error(Code::kInvalidArgument, "prefill stage: layers [" + std::to_string(req.first_layer) + ", +" +
+                                             std::to_string(req.num_layers) + ") outside the model's " +
+                                             std::to_string(model.num_layers));
+  }
+  if (req.token_begin < 0 || req.token_end <= req.token_begin || req.token_end > n) {
+    return error(Code::kInvalidArgument, "prefill stage: tokens [" + std::to_string(req.token_begin) + ", " +
+                                             std::to_string(req.token_end) + ") outside the prompt of " +
+                                             std::to_string(n));
+  }
+  const int64_t rows = req.token_end - req.token_begin;
+  const bool embeds = req.first_layer == 0;
+  if (embeds ? !req.hidden_in.empty() : static_cast<int64_t>(req.hidden_in.size()) != rows * hidden_floats) {
+    return error(Code::kInvalidArgument, "prefill stage: hidden_in holds " + std::to_string(req.hidden_in.size()) +
+                                             " floats, " +
+                                             (embeds ? std::string("none expected at layer 0")
+                                                     : std::to_string(rows * hidden_floats) + " expected (tokens x " +
+                                                           std::to_string(hidden_floats) + ")"));
+  }
+  if (kv.layout().blocks_for_tokens(req.token_end) > static_cast<int64_t>(req.block_table.size())) {
+    return error(Code::kInvalidArgument, "prefill stage: block table of " + std::to_string(req.block_table.size()) +
+                                             " blocks does not cover " + std::to_string(req.token_end) + " tokens");
+  }
+  for (int32_t b : req.block_table) MC_RETURN_IF_ERROR(kv.check_block(b));
+  for (int64_t p = req.token_begin; p < req.token_end; ++p) {
+    if (req.tokens[static_cast<size_t>(p)] >= static_cast<uint64_t>(model.vocab_size)) {
+      return error(Code::kInvalidArgument, "prefill stage: token " +
+                                               std::to_string(req.tokens[static_cast<size_t>(p)]) + " >= vocab " +
+                                               std::to_string(model.vocab_size));
+    }
+  }
+  return Status::ok();
+}
+
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
   MC_RETURN_IF_ERROR(options.model.validate());
   if (options.kind == "ref") return make_ref_backend(options);

@@ -11,12 +11,17 @@ Result<std::vector<Status>> MemoryBlockCache::get(std::span<const BlockGet> item
   if (!available_) return error(Code::kUnavailable, "in-process block cache: unavailable");
   std::vector<Status> out;
   for (const auto& item : items) {
+    const uint64_t object = item.object_bytes != 0 ? item.object_bytes : item.buffer.size();
+    if (item.offset_bytes > object || item.buffer.size() > object - item.offset_bytes) {
+      out.push_back(error(Code::kInvalidArgument, "range of block " + item.key + " lies past its end"));
+      continue;
+    }
     auto it = blocks_.find(item.key);
-    if (it == blocks_.end() || it->second.size() != item.buffer.size()) {
+    if (it == blocks_.end() || it->second.size() != object) {
       out.push_back(error(Code::kObjectNotFound, "block " + item.key + " not cached"));
       continue;
     }
-    std::memcpy(item.buffer.data(), it->second.data(), item.buffer.size());
+    std::memcpy(item.buffer.data(), it->second.data() + item.offset_bytes, item.buffer.size());
     counters_.local_bytes += static_cast<int64_t>(item.buffer.size());
     out.push_back(Status::ok());
   }
@@ -59,13 +64,34 @@ class StoreBlockCache final : public KvBlockCache {
 
   Result<std::vector<Status>> get(std::span<const BlockGet> items) override {
     std::vector<store::GetItem> gets;
-    for (const auto& i : items) gets.push_back({i.key, i.buffer});
+    for (const auto& i : items) gets.push_back({i.key, i.buffer, i.offset_bytes, i.object_bytes});
     return client_->batch_get(gets);
   }
+  // One batch_put per part size (in practice one: every block of an instance has the same layers).
   Result<std::vector<Status>> put(std::span<const BlockPut> items) override {
-    std::vector<store::PutItem> puts;
-    for (const auto& i : items) puts.push_back({i.key, i.data});
-    return client_->batch_put(puts);
+    std::vector<Status> out(items.size());
+    std::vector<bool> done(items.size(), false);
+    for (size_t first = 0; first < items.size(); ++first) {
+      if (done[first]) continue;
+      std::vector<store::PutItem> puts;
+      std::vector<size_t> index;
+      for (size_t i = first; i < items.size(); ++i) {
+        if (done[i] || items[i].part_bytes != items[first].part_bytes) continue;
+        puts.push_back({items[i].key, items[i].data});
+        index.push_back(i);
+        done[i] = true;
+      }
+      store::WriteOptions options;
+      options.part_bytes = items[first].part_bytes;
+      Result<std::vector<Status>> stored = client_->batch_put(puts, options);
+      if (!stored.is_ok() && index.size() == items.size()) return stored.status();  // one group: the call failed
+      for (size_t k = 0; k < index.size(); ++k) {
+        out[index[k]] = !stored.is_ok()             ? stored.status()
+                        : k < stored.value().size() ? std::move(stored.value()[k])
+                                                    : Status(Code::kInternal, "batch_put answered fewer items");
+      }
+    }
+    return out;
   }
   BlockCacheCounters counters() const override {
     const auto& c = client_->counters();

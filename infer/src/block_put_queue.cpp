@@ -25,7 +25,7 @@ BlockPutQueue::~BlockPutQueue() {
 }
 
 Status BlockPutQueue::enqueue(const std::string& what, std::vector<std::string> keys,
-                              const std::vector<std::span<const std::byte>>& blocks) {
+                              const std::vector<std::span<const std::byte>>& blocks, uint64_t part_bytes) {
   if (keys.size() != blocks.size() || blocks.empty()) {
     return error(Code::kInvalidArgument, "store put of '" + what + "': " + std::to_string(keys.size()) + " keys for " +
                                              std::to_string(blocks.size()) + " blocks");
@@ -50,6 +50,7 @@ Status BlockPutQueue::enqueue(const std::string& what, std::vector<std::string> 
   batch.what = what;
   batch.keys = std::move(keys);
   batch.block_bytes = block_bytes;
+  batch.part_bytes = part_bytes;
   batch.bytes.resize(static_cast<size_t>(total));
   for (size_t i = 0; i < blocks.size(); ++i)
     std::memcpy(batch.bytes.data() + i * block_bytes, blocks[i].data(), block_bytes);
@@ -82,8 +83,9 @@ void BlockPutQueue::run() {
     std::vector<BlockPut> puts;
     puts.reserve(batch.keys.size());
     for (size_t i = 0; i < batch.keys.size(); ++i) {
-      puts.push_back(
-          {batch.keys[i], std::span<const std::byte>(batch.bytes.data() + i * batch.block_bytes, batch.block_bytes)});
+      puts.push_back({batch.keys[i],
+                      std::span<const std::byte>(batch.bytes.data() + i * batch.block_bytes, batch.block_bytes),
+                      batch.part_bytes});
     }
     int64_t stored = 0;
     auto put = cache_->put(puts);

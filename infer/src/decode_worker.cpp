@@ -747,7 +747,9 @@ int64_t DecodeWorker::store_blocks_locked(const Reservation& r, const proto::KvC
     keys.push_back(block_store_key(ns, c.store_block_hashes[static_cast<size_t>(i)]));
     spans.emplace_back(kv_->block_span(r.blocks[static_cast<size_t>(c.store_first_block + i)]));
   }
-  if (Status q = store_puts_->enqueue(r.request_id, std::move(keys), spans); !q.is_ok()) {
+  // Each layer of a block is a part with its own checksum: a pipeline stage reads its layers only.
+  const auto layer_bytes = static_cast<uint64_t>(kv_->layout().layer_block_bytes());
+  if (Status q = store_puts_->enqueue(r.request_id, std::move(keys), spans, layer_bytes); !q.is_ok()) {
     MC_LOG_WARN << "decode: " << q.to_string();
     return 0;
   }

@@ -416,7 +416,7 @@ Status PrefillWorker::validate_stage(const proto::PrefillJobRequest& job) const 
   if (!job.is_stage()) return Status::ok();
   if (!backend_->runs_stages()) {
     return error(Code::kUnimplemented, what + ": the '" + backend_->kind() +
-                                           "' backend does not run pipeline stages (the ref backend does); start "
+                                           "' backend does not run pipeline stages (ref and sim do); start "
                                            "the Conductor without --pipeline-group for this cluster");
   }
   if (job.stage_count < 2 || job.stage_count > L || job.stage_index < 0 || job.stage_index >= job.stage_count ||
@@ -451,11 +451,12 @@ Status PrefillWorker::validate_stage_chunk(const std::string& what, const std::s
                                              std::to_string(token_end) + ") outside the model's context of " +
                                              std::to_string(model.max_context_tokens));
   }
-  if (bytes != rows * model.hidden_size * 4) {
+  const int64_t floats = backend_->stage_hidden_floats();  // hidden_size (ref); scaled like the KV (sim)
+  if (bytes != rows * floats * 4) {
     return error(Code::kInvalidArgument, what + ": " + std::to_string(bytes) + " bytes of hidden states, " +
-                                             std::to_string(rows * model.hidden_size * 4) +
-                                             " expected (tokens x hidden_size " + std::to_string(model.hidden_size) +
-                                             " x 4): the stages run different models");
+                                             std::to_string(rows * floats * 4) + " expected (tokens x " +
+                                             std::to_string(floats) + " floats x 4 of the " + backend_->kind() +
+                                             " backend): the stages run different models or backends");
   }
   return Status::ok();
 }
@@ -794,6 +795,9 @@ void PrefillWorker::count_prompt_ledger(const proto::RequestLedger& ledger, int6
       .inc(ledger.hit_tokens_ssd);
   metrics_.counter("mc_prefill_missed_prefix_tokens_total", "prefix tokens planned as hits, missing, recomputed")
       .inc(std::max<int64_t>(0, ledger.missed_prefix_tokens));
+}
+
+void PrefillWorker::count_fetch(const proto::RequestLedger& ledger) {
   metrics_.counter("mc_prefill_fetch_bytes_total", "KV bytes read from the store").inc(ledger.fetch_bytes);
   metrics_.counter("mc_prefill_fetch_ssd_bytes_total", "KV bytes read from SSD segments").inc(ledger.fetch_ssd_bytes);
 }
@@ -848,6 +852,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
   ledger.decision = cached > 0 ? "fetch" : "recompute";
   metrics_.counter("mc_prefill_stage_jobs_total", "pipeline stage jobs run (DESIGN.md §18)").inc();
   if (first_stage) count_prompt_ledger(ledger, n, cached);  // once per prompt: at the stage that decides the prefix
+  count_fetch(ledger);                                      // every stage: the bytes this instance read (its layers)
 
   // 2. The chunks through this stage's layers, each layer's KV streamed to decode as in a whole prefill.
   std::string target;
@@ -976,10 +981,17 @@ int64_t PrefillWorker::fetch_prefix(const proto::PrefillJobRequest& job, const s
   int64_t hit_blocks = 0;
   if (cache_ && want > 0) {
     const int64_t t0 = now_ns();
+    // A pipeline stage reads its layers of each block only (one contiguous range, checked by the block's per-layer
+    // part checksums; DESIGN.md §18); a whole prefill reads whole blocks.
+    const auto block_bytes = static_cast<uint64_t>(layout.block_bytes());
+    const uint64_t offset =
+        job.is_stage() ? static_cast<uint64_t>(job.stage_first_layer * layout.layer_block_bytes()) : 0;
+    const uint64_t length =
+        job.is_stage() ? static_cast<uint64_t>(job.stage_layers * layout.layer_block_bytes()) : block_bytes;
     std::vector<BlockGet> items;
     for (int64_t b = 0; b < want; ++b) {
-      items.push_back(
-          {block_store_key(ns, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
+      items.push_back({block_store_key(ns, hashes[static_cast<size_t>(b)]),
+                       kv_->block_span(blocks[static_cast<size_t>(b)]).subspan(offset, length), offset, block_bytes});
     }
     const BlockCacheCounters before = cache_->counters();
     {
@@ -1009,7 +1021,7 @@ int64_t PrefillWorker::fetch_prefix(const proto::PrefillJobRequest& job, const s
         .histogram("mc_prefill_fetch_seconds", metrics::latency_buckets_s(),
                    "prefix fetch from the store (one batch get of the cached blocks; the KV transfer in)")
         .observe(static_cast<double>(now_ns() - t0) * 1e-9);
-    ledger.fetch_bytes = hit_blocks * layout.block_bytes();
+
     // The hits split by the tier the bytes came from (DRAM here, DRAM elsewhere, SSD), in proportion to the
     // bytes each tier delivered in this call.
     const int64_t local = after.local_bytes - before.local_bytes;
@@ -1017,6 +1029,8 @@ int64_t PrefillWorker::fetch_prefix(const proto::PrefillJobRequest& job, const s
     const int64_t ssd = after.ssd_bytes - before.ssd_bytes;
     const int64_t hit_tokens = hit_blocks * bs;
     const int64_t read = local + remote + ssd;
+    // The bytes the cache moved (a stage's layers of each block; whole blocks when the store had to read them whole).
+    ledger.fetch_bytes = read;
     ledger.hit_tokens_local = read > 0 ? hit_tokens * local / read : 0;
     ledger.hit_tokens_ssd = read > 0 ? hit_tokens * ssd / read : 0;
     ledger.hit_tokens_remote = hit_tokens - ledger.hit_tokens_local - ledger.hit_tokens_ssd;
@@ -1097,6 +1111,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   ledger.computed_tokens = n - cached;
   ledger.decision = cached > 0 ? "fetch" : "recompute";
   count_prompt_ledger(ledger, n, cached);
+  count_fetch(ledger);
 
   // 2. Prefill with layer-wise streaming: transfer-engine WRITEs when decode serves a segment, else kv_write.
   std::string target;
@@ -1155,8 +1170,10 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   if (cache_ && job.store_new_blocks) {
     std::vector<BlockPut> puts;
     for (int64_t b = hit_blocks; b < n / bs; ++b) {
-      puts.push_back(
-          {block_store_key(ns, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
+      // Each layer a part with its own checksum, so a pipeline stage reads its layers of the block only.
+      puts.push_back({block_store_key(ns, hashes[static_cast<size_t>(b)]),
+                      kv_->block_span(blocks[static_cast<size_t>(b)]),
+                      static_cast<uint64_t>(layout.layer_block_bytes())});
     }
     if (!puts.empty()) {
       auto put = cache_->put(puts);

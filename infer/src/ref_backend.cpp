@@ -189,37 +189,10 @@ class RefBackend final : public Backend {
   Result<StageResult> prefill_stage(KvBuffer& kv, const StageRequest& req, const LayerDoneFn& on_layer) override {
     MC_RETURN_IF_ERROR(check_layout(kv));
     const auto& m = model_;
+    MC_RETURN_IF_ERROR(validate_stage(m, kv, req, m.hidden_size));
     const auto n = static_cast<int64_t>(req.tokens.size());
-    if (req.first_layer < 0 || req.first_layer >= m.num_layers || req.num_layers < 1 ||
-        req.num_layers > m.num_layers - req.first_layer) {
-      return error(Code::kInvalidArgument, "prefill stage: layers [" + std::to_string(req.first_layer) + ", +" +
-                                               std::to_string(req.num_layers) + ") outside the model's " +
-                                               std::to_string(m.num_layers));
-    }
-    if (req.token_begin < 0 || req.token_end <= req.token_begin || req.token_end > n) {
-      return error(Code::kInvalidArgument, "prefill stage: tokens [" + std::to_string(req.token_begin) + ", " +
-                                               std::to_string(req.token_end) + ") outside the prompt of " +
-                                               std::to_string(n));
-    }
     const int64_t rows_n = req.token_end - req.token_begin;
     const bool embeds = req.first_layer == 0;
-    if (embeds ? !req.hidden_in.empty() : static_cast<int64_t>(req.hidden_in.size()) != rows_n * m.hidden_size) {
-      return error(Code::kInvalidArgument,
-                   "prefill stage: hidden_in holds " + std::to_string(req.hidden_in.size()) + " floats, " +
-                       (embeds ? std::string("none expected at layer 0")
-                               : std::to_string(rows_n * m.hidden_size) + " expected (tokens x hidden_size)"));
-    }
-    if (kv.layout().blocks_for_tokens(req.token_end) > static_cast<int64_t>(req.block_table.size())) {
-      return error(Code::kInvalidArgument, "prefill stage: block table of " + std::to_string(req.block_table.size()) +
-                                               " blocks does not cover " + std::to_string(req.token_end) + " tokens");
-    }
-    for (int64_t p = req.token_begin; p < req.token_end; ++p) {
-      if (req.tokens[static_cast<size_t>(p)] >= static_cast<uint64_t>(m.vocab_size)) {
-        return error(Code::kInvalidArgument, "prefill stage: token " +
-                                                 std::to_string(req.tokens[static_cast<size_t>(p)]) + " >= vocab " +
-                                                 std::to_string(m.vocab_size));
-      }
-    }
     std::vector<const LoraWeights*> loras;
     MC_RETURN_IF_ERROR(adapters(std::span<const LoraAdapter>(&req.lora, 1), loras));
     std::vector<Row> rows;

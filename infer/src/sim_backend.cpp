@@ -7,6 +7,7 @@
 // missing transfer changes the generated tokens). The output token after position p is h_p mod vocab.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -26,6 +27,12 @@ class SimBackend final : public Backend {
   explicit SimBackend(const BackendOptions& o)
       : kind_("sim"), model_(o.model), gpu_(o.gpu), seed_(o.seed), time_scale_(o.time_scale) {
     bytes_per_token_layer_ = sim_kv_bytes_per_token(model_, o.kv_bytes_per_token) / model_.num_layers;
+    // The hidden states between pipeline stages, scaled as the KV is (the model's hidden_size x dtype against its
+    // KV bytes per token), at least the 8-byte hash.
+    const double scale = static_cast<double>(bytes_per_token_layer_ * model_.num_layers) /
+                         static_cast<double>(std::max<int64_t>(1, model_.kv_bytes_per_token()));
+    const double bytes = static_cast<double>(model_.hidden_size * model_.dtype_bytes) * scale;
+    hidden_floats_ = std::max<int64_t>(2, static_cast<int64_t>(std::ceil(bytes / 4)));
   }
 
   const std::string& kind() const override { return kind_; }
@@ -70,6 +77,56 @@ class SimBackend final : public Backend {
     result.computed_tokens = n - req.cached_tokens;
     result.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return result;
+  }
+
+  bool runs_stages() const override { return true; }
+  int64_t stage_hidden_floats() const override { return hidden_floats_; }
+
+  // One stage over one chunk (DESIGN.md §18): the same bytes and first token as prefill() for these layers and tokens,
+  // the modelled time of these layers. A token's hidden state carries its running hash (the first 8 bytes of its
+  // row; the rest zeros): stage 0 computes the hashes as prefill() does, a later stage reads them from hidden_in.
+  Result<StageResult> prefill_stage(KvBuffer& kv, const StageRequest& req, const LayerDoneFn& on_layer) override {
+    MC_RETURN_IF_ERROR(check_layout(kv));
+    MC_RETURN_IF_ERROR(validate_stage(model_, kv, req, hidden_floats_));
+    const auto n = static_cast<int64_t>(req.tokens.size());
+    const int64_t L = model_.num_layers;
+    const int64_t rows = req.token_end - req.token_begin;
+    const bool embeds = req.first_layer == 0;
+    std::vector<uint64_t> hashes(static_cast<size_t>(rows));
+    if (embeds) {
+      uint64_t h = req.token_begin > 0 ? read_hash(kv, req.block_table, req.token_begin - 1)
+                                       : seed_ ^ lora_weight_seed(req.lora);
+      for (int64_t p = req.token_begin; p < req.token_end; ++p) {
+        h = mix(h, req.tokens[static_cast<size_t>(p)]);
+        hashes[static_cast<size_t>(p - req.token_begin)] = h;
+      }
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(&hashes[static_cast<size_t>(r)], req.hidden_in.data() + r * hidden_floats_, sizeof(uint64_t));
+      }
+    }
+    // This chunk's layers of the modelled prefill time; deadlines cumulative as in prefill().
+    const double layer_s = prefill_time_s(model_, gpu_, rows, req.token_begin) / static_cast<double>(L);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t k = 0; k < req.num_layers; ++k) {
+      const int64_t l = req.first_layer + k;
+      const auto deadline = start + to_duration(layer_s * static_cast<double>(k + 1));
+      for (int64_t p = req.token_begin; p < req.token_end; ++p) {
+        write_token(kv, req.block_table, l, p, hashes[static_cast<size_t>(p - req.token_begin)]);
+      }
+      std::this_thread::sleep_until(deadline);
+      if (on_layer) MC_RETURN_IF_ERROR(on_layer(l, req.token_begin, req.token_end));
+    }
+    StageResult out;
+    if (req.first_layer + req.num_layers < L) {
+      out.hidden_out.assign(static_cast<size_t>(rows * hidden_floats_), 0.0F);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(out.hidden_out.data() + r * hidden_floats_, &hashes[static_cast<size_t>(r)], sizeof(uint64_t));
+      }
+    } else if (req.token_end == n) {
+      out.first_token = static_cast<uint32_t>(hashes.back() % static_cast<uint64_t>(model_.vocab_size));
+    }
+    return out;
   }
 
   Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) override {
@@ -141,6 +198,7 @@ class SimBackend final : public Backend {
   uint64_t seed_;
   double time_scale_;
   int64_t bytes_per_token_layer_ = 16;
+  int64_t hidden_floats_ = 2;
 };
 
 }  // namespace

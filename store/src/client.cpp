@@ -50,6 +50,7 @@ struct Job {
   std::byte* local = nullptr;
   uint64_t length = 0;
   Status status;
+  uint64_t remote_offset = 0;  // bytes into the replica (a range read)
 };
 
 }  // namespace
@@ -421,22 +422,23 @@ class Client::Impl {
         if (write) {
           proto::StoreNodeWriteRequest req;
           req.segment = r.segment;
-          req.offset_bytes = r.offset_bytes + at;
+          req.offset_bytes = r.offset_bytes + j.remote_offset + at;
           req.data.assign(reinterpret_cast<const char*>(j.local) + at, reinterpret_cast<const char*>(j.local) + at + n);
           req.grant = r.grant;
           nodes->call(r.endpoint, req, options.node_timeout_ms,
                       [&](Result<proto::StoreNodeWriteRequest::Reply> reply) { on_done(reply.status()); });
         } else {
-          nodes->call(r.endpoint, proto::StoreNodeReadRequest{r.segment, r.offset_bytes + at, n, r.grant},
-                      options.node_timeout_ms, [&, at, n](Result<proto::StoreNodeReadReply> reply) {
-                        if (reply.is_ok() && reply->data.size() != n) {
-                          reply = Status(Code::kDataLoss, "node " + r.endpoint + " returned " +
-                                                              std::to_string(reply->data.size()) + " bytes of " +
-                                                              r.segment + " for a read of " + std::to_string(n));
-                        }
-                        if (reply.is_ok()) std::memcpy(j.local + at, reply->data.data(), n);
-                        on_done(reply.status());
-                      });
+          nodes->call(
+              r.endpoint, proto::StoreNodeReadRequest{r.segment, r.offset_bytes + j.remote_offset + at, n, r.grant},
+              options.node_timeout_ms, [&, at, n](Result<proto::StoreNodeReadReply> reply) {
+                if (reply.is_ok() && reply->data.size() != n) {
+                  reply =
+                      Status(Code::kDataLoss, "node " + r.endpoint + " returned " + std::to_string(reply->data.size()) +
+                                                  " bytes of " + r.segment + " for a read of " + std::to_string(n));
+                }
+                if (reply.is_ok()) std::memcpy(j.local + at, reply->data.data(), n);
+                on_done(reply.status());
+              });
         }
       }
       if (!failed.is_ok() && in_flight == 0) break;
@@ -479,8 +481,9 @@ class Client::Impl {
         j.status = local.status().with_context("local buffer of " + std::to_string(j.length) + " bytes");
         continue;
       }
-      reqs.push_back(transfer::TransferRequest{j.op, local.value(), h.value(), j.replica->xfer_offset_bytes, j.length,
-                                               "", j.replica->grant});
+      reqs.push_back(transfer::TransferRequest{j.op, local.value(), h.value(),
+                                               j.replica->xfer_offset_bytes + j.remote_offset, j.length, "",
+                                               j.replica->grant});
       req_job.push_back(i);
       req_seg.push_back(h.value());
     }
@@ -543,9 +546,25 @@ class Client::Impl {
   // Reads granted objects: item i into outs[i] (exactly its size), nearest replica first, falling back
   // to the next replica for those that failed; every round is one engine batch. Then checks each
   // object's lease: bytes that landed after it are reported kLeaseExpired, never as data.
+  // `offsets` (empty: every read whole): item i is the range [offsets[i], offsets[i] + outs[i].size()) of its
+  // object, whose part checksums (aligned to the range; batch_get checked) verify it.
   std::vector<Status> read_objects(const std::vector<std::string>& keys,
                                    const std::vector<const proto::StoreGetItem*>& items, int64_t granted_ms,
-                                   const std::vector<std::span<std::byte>>& outs) {
+                                   const std::vector<std::span<std::byte>>& outs,
+                                   const std::vector<uint64_t>& offsets = {}) {
+    const auto ranged = [&](size_t i) {
+      return !offsets.empty() && (offsets[i] != 0 || outs[i].size() != items[i]->size_bytes);
+    };
+    // The bytes read are those the object's checksum (whole) or its parts (a range) say were put.
+    const auto intact = [&](size_t i) {
+      if (!ranged(i)) return object_checksum(outs[i].first(items[i]->size_bytes)) == items[i]->checksum;
+      const uint64_t pb = items[i]->part_bytes;
+      for (uint64_t at = 0; at < outs[i].size(); at += pb) {
+        const uint64_t n = std::min<uint64_t>(pb, outs[i].size() - at);
+        if (object_checksum(outs[i].subspan(at, n)) != items[i]->part_checksums[(offsets[i] + at) / pb]) return false;
+      }
+      return true;
+    };
     std::vector<Status> out(items.size(), Status(Code::kObjectNotFound, "no replica"));
     std::vector<size_t> next(items.size(), 0);
     std::vector<size_t> todo;
@@ -573,14 +592,19 @@ class Client::Impl {
                                                   std::to_string(options.unreachable_cooldown_ms) + " ms");
           continue;
         }
-        jobs.push_back(
-            Job{i, &items[i]->replicas[next[i]], transfer::Op::kRead, outs[i].data(), items[i]->size_bytes, {}});
+        if (ranged(i)) {
+          jobs.push_back(Job{
+              i, &items[i]->replicas[next[i]], transfer::Op::kRead, outs[i].data(), outs[i].size(), {}, offsets[i]});
+        } else {
+          jobs.push_back(
+              Job{i, &items[i]->replicas[next[i]], transfer::Op::kRead, outs[i].data(), items[i]->size_bytes, {}, 0});
+        }
       }
       run_jobs(jobs);
       std::vector<size_t> again;
       for (Job& j : jobs) {
         const size_t i = j.item;
-        if (j.status.is_ok() && object_checksum(outs[i].first(items[i]->size_bytes)) != items[i]->checksum) {
+        if (j.status.is_ok() && !intact(i)) {
           // Bytes that differ from what was put: never returned; the master drops the replica.
           ++counters.corrupt_replicas;
           j.status = Status(Code::kObjectNotFound, "replica of '" + keys[i] + "' on " + j.replica->segment +
@@ -631,9 +655,16 @@ class Client::Impl {
                                                  " ms lease; the bytes were discarded, read again");
         continue;
       }
+      if (!items[i]->replicate_to.empty() && ranged(i)) {
+        // A range is not the object: no copy from it (batch_get reads such items whole; this is a guard).
+        auto r =
+            call_master(proto::StoreReplicaEndRequest{options.client_id, keys[i], items[i]->replicate_put_id, false});
+        if (!r.is_ok()) MC_LOG_DEBUG << "hot copy of '" << keys[i] << "' not declined: " << r.status().to_string();
+        continue;
+      }
       if (!items[i]->replicate_to.empty() && options.replicate_hot) {
         hot.push_back(
-            Job{i, &items[i]->replicate_to.front(), transfer::Op::kWrite, outs[i].data(), items[i]->size_bytes, {}});
+            Job{i, &items[i]->replicate_to.front(), transfer::Op::kWrite, outs[i].data(), items[i]->size_bytes, {}, 0});
       }
     }
     if (!hot.empty()) replicate(keys, items, hot);
@@ -654,8 +685,9 @@ class Client::Impl {
 
   Result<std::vector<Status>> batch_put(std::span<const PutItem> items, const WriteOptions& options, bool exists_is_ok);
 
-  Result<proto::StoreGetReplicasReply> get_replicas(std::vector<std::string> keys) {
+  Result<proto::StoreGetReplicasReply> get_replicas(std::vector<std::string> keys, bool with_parts = false) {
     proto::StoreGetReplicasRequest req;
+    req.with_parts = with_parts;
     req.client_id = options.client_id;
     req.client_host = options.host;
     req.client_domain = options.domain;
@@ -798,7 +830,7 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
                                              " bytes, data " + std::to_string(items[i].data.size()));
         continue;
       }
-      jobs.push_back(Job{i, &r, transfer::Op::kWrite, data, items[i].data.size(), {}});
+      jobs.push_back(Job{i, &r, transfer::Op::kWrite, data, items[i].data.size(), {}, 0});
     }
   }
   const int64_t t_granted_us = steady_us();
@@ -814,6 +846,14 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
       end.keys.push_back(items[i].key);
       end.put_ids.push_back(g.put_id);
       end.checksums.push_back(object_checksum(items[i].data));
+      std::vector<uint64_t> parts;
+      if (options.part_bytes > 0 &&
+          parts_fit(items[i].data.size(), options.part_bytes,
+                    static_cast<size_t>((items[i].data.size() + options.part_bytes - 1) / options.part_bytes))) {
+        parts = part_checksums(items[i].data, options.part_bytes);
+      }
+      end.part_bytes.push_back(parts.empty() ? 0 : options.part_bytes);
+      end.part_checksums.push_back(std::move(parts));
       end_index.push_back(i);
     } else {
       revoke.keys.push_back(items[i].key);
@@ -875,34 +915,69 @@ Result<uint64_t> Client::size_of(const std::string& key) {
 
 Result<std::vector<Status>> Client::batch_get(std::span<const GetItem> items) {
   std::vector<std::string> keys;
-  for (const GetItem& it : items) keys.push_back(it.key);
-  int64_t granted = steady_ms();
-  MC_ASSIGN_OR_RETURN(auto reply, impl_->get_replicas(std::move(keys)));
   std::vector<Status> out(items.size());
-  // Objects to read (one engine batch per round, all of them in the first); misses are never read.
+  bool any_range = false;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const GetItem& it = items[i];
+    keys.push_back(it.key);
+    const uint64_t object = it.object_bytes != 0 ? it.object_bytes : it.buffer.size();
+    if (it.offset_bytes > object || it.buffer.size() > object - it.offset_bytes) {
+      out[i] = Status(Code::kInvalidArgument, "range [" + std::to_string(it.offset_bytes) + ", +" +
+                                                  std::to_string(it.buffer.size()) + ") of object '" + it.key +
+                                                  "' lies past its " + std::to_string(object) + " bytes");
+    }
+    any_range = any_range || it.offset_bytes != 0 || object != it.buffer.size();
+  }
+  int64_t granted = steady_ms();
+  MC_ASSIGN_OR_RETURN(auto reply, impl_->get_replicas(std::move(keys), any_range));
+  // Objects to read (one engine batch per round, all of them in the first); misses are never read. A range the
+  // object's parts cannot check is read whole into `staged` and copied out after.
   std::vector<std::string> read_keys;
   std::vector<const proto::StoreGetItem*> read_items;
   std::vector<std::span<std::byte>> read_bufs;
+  std::vector<uint64_t> read_offsets;
   std::vector<size_t> read_index;
+  std::vector<std::vector<std::byte>> staged(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
+    if (!out[i].is_ok()) continue;
     const auto& item = reply.items[i];
     if (item.code != 0) {
       out[i] = item_status(item.code, item.message);
       continue;
     }
-    if (item.size_bytes != items[i].buffer.size()) {
-      out[i] = Status(Code::kObjectNotFound, "object '" + items[i].key + "' is " + std::to_string(item.size_bytes) +
-                                                 " bytes, expected " + std::to_string(items[i].buffer.size()) +
-                                                 ": treated as a miss");
+    const GetItem& want = items[i];
+    const uint64_t object = want.object_bytes != 0 ? want.object_bytes : want.buffer.size();
+    if (item.size_bytes != object) {
+      out[i] = Status(Code::kObjectNotFound, "object '" + want.key + "' is " + std::to_string(item.size_bytes) +
+                                                 " bytes, expected " + std::to_string(object) + ": treated as a miss");
       continue;
     }
-    read_keys.push_back(items[i].key);
+    const bool whole = want.offset_bytes == 0 && want.buffer.size() == object;
+    const uint64_t pb = item.part_bytes, end = want.offset_bytes + want.buffer.size();
+    // A hot object's copy (replicate_to) needs the whole object: such a range is read whole too, and copied.
+    const bool checkable = !whole && !want.buffer.empty() && item.replicate_to.empty() &&
+                           parts_fit(object, pb, item.part_checksums.size()) && want.offset_bytes % pb == 0 &&
+                           (end % pb == 0 || end == object);
+    read_keys.push_back(want.key);
     read_items.push_back(&item);
-    read_bufs.push_back(items[i].buffer);
     read_index.push_back(i);
+    if (whole || checkable) {
+      read_bufs.push_back(want.buffer);
+      read_offsets.push_back(want.offset_bytes);
+    } else {
+      staged[i].resize(object);
+      read_bufs.push_back(std::span<std::byte>(staged[i]));
+      read_offsets.push_back(0);
+    }
   }
-  std::vector<Status> got = impl_->read_objects(read_keys, read_items, granted, read_bufs);
-  for (size_t k = 0; k < read_index.size(); ++k) out[read_index[k]] = std::move(got[k]);
+  std::vector<Status> got = impl_->read_objects(read_keys, read_items, granted, read_bufs, read_offsets);
+  for (size_t k = 0; k < read_index.size(); ++k) {
+    const size_t i = read_index[k];
+    if (got[k].is_ok() && !staged[i].empty()) {
+      std::memcpy(items[i].buffer.data(), staged[i].data() + items[i].offset_bytes, items[i].buffer.size());
+    }
+    out[i] = std::move(got[k]);
+  }
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "mc/common/log.hpp"
+#include "mc/store/checksum.hpp"
 
 namespace mc::store {
 
@@ -1047,7 +1048,8 @@ void MasterCore::make_room(uint64_t size_bytes) {
   }
 }
 
-Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_t put_id, uint64_t checksum) {
+Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_t put_id, uint64_t checksum,
+                           uint64_t part_bytes, std::vector<uint64_t> part_checksums) {
   MC_RETURN_IF_ERROR(validate_key(key));
   touch_client(caller.client_id);
   auto it = objects_.find(key);
@@ -1058,9 +1060,18 @@ Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_
                       "): no such put in progress (revoked, reclaimed or taken over by another writer)");
   }
   Object& obj = it->second;
+  if ((part_bytes != 0 || !part_checksums.empty()) && !parts_fit(obj.size_bytes, part_bytes, part_checksums.size())) {
+    ++counters_.refused_put_ends;
+    return Status(Code::kInvalidArgument, "put_end '" + key + "': " + std::to_string(part_checksums.size()) +
+                                              " part checksums of " + std::to_string(part_bytes) +
+                                              " bytes do not cut an object of " + std::to_string(obj.size_bytes) +
+                                              " bytes (at most " + std::to_string(kMaxObjectParts) + " parts)");
+  }
   dirty(key);
   obj.complete = true;
   obj.checksum = checksum;
+  obj.part_bytes = part_checksums.empty() ? 0 : part_bytes;
+  obj.part_checksums = std::move(part_checksums);
   obj.last_access_ns = clock_->now_ns();
   for (Replica& r : obj.replicas) {
     r.complete = true;
@@ -1083,7 +1094,7 @@ Status MasterCore::put_revoke(const Caller& caller, const std::string& key, uint
   return Status::ok();
 }
 
-Result<ReadGrant> MasterCore::get_replicas(const Caller& caller, const std::string& key) {
+Result<ReadGrant> MasterCore::get_replicas(const Caller& caller, const std::string& key, bool with_parts) {
   MC_RETURN_IF_ERROR(validate_key(key));
   touch_client(caller.client_id);
   auto it = objects_.find(key);
@@ -1107,6 +1118,10 @@ Result<ReadGrant> MasterCore::get_replicas(const Caller& caller, const std::stri
   ReadGrant grant;
   grant.size_bytes = obj.size_bytes;
   grant.checksum = obj.checksum;
+  if (with_parts) {
+    grant.part_bytes = obj.part_bytes;
+    grant.part_checksums = obj.part_checksums;
+  }
   for (const auto& [rank, r] : ranked) grant.replicas.push_back(view(*r, obj.size_bytes));
   const int64_t read_hold = grant_hold_until(now, config_.lease_ms);
   for (Replica& r : obj.replicas) {
@@ -1474,6 +1489,8 @@ std::optional<DurableObject> MasterCore::durable_object(const std::string& key, 
   d.key = key;
   d.size_bytes = obj.size_bytes;
   d.checksum = obj.checksum;
+  d.part_bytes = obj.part_bytes;
+  d.part_checksums = obj.part_checksums;
   d.complete = obj.complete;
   d.pinned = obj.pinned;  // a soft pin that ran out stays until pin_holds() ends it (and marks the key)
   if (d.pinned && obj.pin_until_ns != 0) {
@@ -1590,6 +1607,10 @@ Result<DurableLoad> MasterCore::load_durable(const std::vector<DurableSegment>& 
     Object obj;
     obj.size_bytes = d.size_bytes;
     obj.checksum = d.checksum;
+    if (d.complete && parts_fit(d.size_bytes, d.part_bytes, d.part_checksums.size())) {
+      obj.part_bytes = d.part_bytes;  // parts that do not fit are dropped: ranges of it are then read whole
+      obj.part_checksums = d.part_checksums;
+    }
     obj.complete = d.complete;
     obj.put_id = next_put_id_++;
     obj.started_ns = obj.last_access_ns = now;

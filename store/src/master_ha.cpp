@@ -16,6 +16,7 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
+#include "mc/store/checksum.hpp"
 
 namespace mc::store {
 
@@ -28,6 +29,9 @@ int64_t steady_ms() {
 
 // etcd's default --max-txn-ops is 128: a commit is cut into transactions of at most this many operations.
 constexpr size_t kMaxOpsPerTxn = 120;
+// And at most this many bytes of keys and values per transaction (JSON gateway: base64, 4/3 of it), under etcd's
+// default request limit of 1.5 MiB; one record larger than that goes alone.
+constexpr size_t kMaxTxnBytes = 768 * 1024;
 // A full read is paged (etcd answers a range in one message).
 constexpr int64_t kRangePage = 5000;
 // Bounds of the fields of a record (a peer's input): names, and times on the wall clock (year 2500).
@@ -67,6 +71,20 @@ Result<HeldObject> decode_held_object(const std::string& key, std::string_view t
   // from it.
   if (h.pin_until_unix_ms < 0 || h.pin_until_unix_ms > kMaxRecordUnixMs) return bad("'pin_until_unix_ms' out of range");
   if (o.size_bytes == 0 || o.size_bytes > kMaxSegmentCapacityBytes) return bad("'size' out of range");
+  // Part checksums (optional): parts that are malformed or do not fit the size are dropped, not the record (its
+  // ranges are then read whole and checked against the object's checksum).
+  auto parts = j.find("parts");
+  if (parts != j.end() && parts->is_array() && parts->size() <= kMaxObjectParts && u64("part_bytes", o.part_bytes)) {
+    for (const auto& p : *parts) {
+      if (!p.is_number_unsigned()) {
+        o.part_checksums.clear();
+        break;
+      }
+      o.part_checksums.push_back(p.get<uint64_t>());
+    }
+    if (!parts_fit(o.size_bytes, o.part_bytes, o.part_checksums.size())) o.part_checksums.clear();
+  }
+  if (o.part_checksums.empty()) o.part_bytes = 0;
   auto reps = j.find("replicas");
   if (reps == j.end() || !reps->is_array() || reps->size() > 64) return bad("'replicas' missing or too long");
   for (const nlohmann::json& r : *reps) {
@@ -168,6 +186,10 @@ std::string encode_object_record(const DurableObject& o, int64_t now_unix_ms) {
   for (const DurableReplica& r : o.replicas) reps.push_back(nlohmann::json::array({r.segment, r.offset, r.complete}));
   nlohmann::json j = {
       {"size", o.size_bytes}, {"checksum", o.checksum}, {"complete", o.complete}, {"replicas", std::move(reps)}};
+  if (!o.part_checksums.empty()) {
+    j["part_bytes"] = o.part_bytes;
+    j["parts"] = o.part_checksums;
+  }
   if (o.pinned) {
     j["pinned"] = true;
     j["pin_until_unix_ms"] = o.pin_left_ms > 0 ? now_unix_ms + o.pin_left_ms : 0;
@@ -523,9 +545,16 @@ Status MasterHa::commit(const DurableChanges& changes, const std::vector<etcd::O
   // Fenced: only while the leader key still carries this member's lease.
   const etcd::Compare fence{m.leader_key, etcd::Compare::Target::kLease, etcd::Compare::Result::kEqual, lease, ""};
   const auto t0_us = std::chrono::steady_clock::now();
-  for (size_t at = 0; at < ops.size(); at += kMaxOpsPerTxn) {
+  for (size_t at = 0; at < ops.size();) {
+    size_t end = at, bytes = 0;
+    while (end < ops.size() && end - at < kMaxOpsPerTxn &&
+           (end == at || bytes + ops[end].key.size() + ops[end].value.size() <= kMaxTxnBytes)) {
+      bytes += ops[end].key.size() + ops[end].value.size();
+      ++end;
+    }
     std::vector<etcd::Op> chunk(ops.begin() + static_cast<std::ptrdiff_t>(at),
-                                ops.begin() + static_cast<std::ptrdiff_t>(std::min(ops.size(), at + kMaxOpsPerTxn)));
+                                ops.begin() + static_cast<std::ptrdiff_t>(end));
+    at = end;
     // A transaction that failed for etcd's sake (a member killed under it, an etcd election) is sent again while
     // this member surely leads: it writes whole records, so applying it twice leaves what applying it once does, and
     // a copy of it that etcd still commits late is ordered before the retry in etcd's log (DESIGN.md §17).

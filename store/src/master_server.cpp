@@ -472,9 +472,18 @@ void MasterServer::Impl::register_handlers() {
                                                 std::to_string(req.put_ids.size()) + " put_ids and " +
                                                 std::to_string(req.checksums.size()) + " checksums");
     }
+    const bool parts = !req.part_bytes.empty() || !req.part_checksums.empty();
+    if (parts && (req.part_bytes.size() != req.keys.size() || req.part_checksums.size() != req.keys.size())) {
+      return Status(Code::kInvalidArgument, "put_end: " + std::to_string(req.keys.size()) + " keys but " +
+                                                std::to_string(req.part_bytes.size()) + " part sizes and " +
+                                                std::to_string(req.part_checksums.size()) + " part checksum lists");
+    }
     StoreItemsReply reply;
-    for (size_t i = 0; i < req.keys.size(); ++i)
-      add_item(reply, core.put_end({req.client_id, "", ""}, keys[i], req.put_ids[i], req.checksums[i]));
+    for (size_t i = 0; i < req.keys.size(); ++i) {
+      add_item(reply, parts ? core.put_end({req.client_id, "", ""}, keys[i], req.put_ids[i], req.checksums[i],
+                                           req.part_bytes[i], req.part_checksums[i])
+                            : core.put_end({req.client_id, "", ""}, keys[i], req.put_ids[i], req.checksums[i]));
+    }
     publish_events();
     return reply;
   });
@@ -498,11 +507,13 @@ void MasterServer::Impl::register_handlers() {
         StoreGetReplicasReply reply;
         Caller caller{req.client_id, req.client_host, req.client_domain};
         for (const std::string& key : keys) {
-          Result<ReadGrant> g = core.get_replicas(caller, key);
+          Result<ReadGrant> g = core.get_replicas(caller, key, req.with_parts);
           StoreGetItem item;
           if (g.is_ok()) {
             item.size_bytes = g->size_bytes;
             item.checksum = g->checksum;
+            item.part_bytes = g->part_bytes;
+            item.part_checksums = std::move(g->part_checksums);
             item.lease_ms = g->lease_ms;
             for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
             grant(item.replicas, auth::kGrantRead, g->lease_ms, ctx);

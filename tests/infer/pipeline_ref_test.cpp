@@ -331,11 +331,20 @@ TEST(PipelineRefErrors, BadStagesAreRefused) {
   o.kind = "sim";
   o.model = model();
   o.time_scale = 1e6;
+  o.kv_bytes_per_token = 512;  // an eighth of the model's: hidden states of 32 floats a token, not 256
   auto sim = make_backend(o).value();
   auto skv = KvBuffer::create(sim->kv_layout(kBlock), blocks()).value();
+  // The sim backend runs stages and refuses the same bad shapes (its hidden states are its own size).
   req.first_layer = 0;
   req.token_end = 10;
-  EXPECT_EQ(sim->prefill_stage(*skv, req, nullptr).status().code(), Code::kUnimplemented);
+  auto ok = sim->prefill_stage(*skv, req, nullptr);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(static_cast<int64_t>(ok->hidden_out.size()), 10 * sim->stage_hidden_floats());
+  req.first_layer = 2;  // no hidden_in after layer 0
+  EXPECT_EQ(sim->prefill_stage(*skv, req, nullptr).status().code(), Code::kInvalidArgument);
+  std::vector<float> rows(static_cast<size_t>(10 * model().hidden_size));  // the ref backend's rows
+  req.hidden_in = rows;
+  EXPECT_EQ(sim->prefill_stage(*skv, req, nullptr).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -692,7 +692,8 @@ TEST(RpcDecodeLink, AnEndpointThatDidNotAnswerFailsFastDuringItsBackOff) {
 // ---- Pipelined prefill stages (DESIGN.md §18 "Live groups") in one process ----
 
 std::unique_ptr<PrefillWorker> stage_worker(const std::string& kind, DecodeWorker** decode, PrefillWorker** next,
-                                            int64_t stage_wait_timeout_ms = 30'000) {
+                                            int64_t stage_wait_timeout_ms = 30'000,
+                                            std::unique_ptr<KvBlockCache> cache = nullptr) {
   PrefillWorkerOptions p;
   p.block_tokens = kBlock;
   p.kv_blocks = 64;
@@ -700,8 +701,31 @@ std::unique_ptr<PrefillWorker> stage_worker(const std::string& kind, DecodeWorke
   p.allow_fault_injection = true;
   p.stage_wait_timeout_ms = stage_wait_timeout_ms;
   p.stage_inbox_bytes = 1 << 20;
-  return PrefillWorker::create(p, backend(kind), nullptr, std::make_unique<DirectLink>(decode, next)).value();
+  return PrefillWorker::create(p, backend(kind), std::move(cache), std::make_unique<DirectLink>(decode, next)).value();
 }
+
+// One worker's view of a cache the test shares between workers: forwards to it and counts the bytes this worker
+// asked for.
+class SharedCache final : public KvBlockCache {
+ public:
+  SharedCache(MemoryBlockCache* shared, int64_t* read_bytes) : shared_(shared), read_bytes_(read_bytes) {}
+  Result<std::vector<Status>> get(std::span<const BlockGet> items) override {
+    auto got = shared_->get(items);
+    if (got.is_ok()) {
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (got.value()[i].is_ok()) *read_bytes_ += static_cast<int64_t>(items[i].buffer.size());
+      }
+    }
+    return got;
+  }
+  Result<std::vector<Status>> put(std::span<const BlockPut> items) override { return shared_->put(items); }
+  BlockCacheCounters counters() const override { return {*read_bytes_, 0, 0, 0, {}}; }
+  std::string describe() const override { return "shared in-process cache"; }
+
+ private:
+  MemoryBlockCache* shared_;
+  int64_t* read_bytes_;
+};
 
 proto::PrefillJobRequest stage_job(const proto::DecodeReserveReply& res, const std::string& id,
                                    const std::vector<uint32_t>& prompt, int64_t stage, int64_t first_layer,
@@ -723,17 +747,22 @@ proto::PrefillJobRequest stage_job(const proto::DecodeReserveReply& res, const s
   return job;
 }
 
-TEST(Workers, TwoPipelineStagesGiveTheTokensOfOneWorker) {
+// Both backends run stages: the ref one computes the same KV and tokens; the sim one writes the same bytes and gives
+// the same tokens as one sim worker (its hidden states carry each token's running hash, scaled like its KV).
+class PipelineStages : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PipelineStages, TwoStagesGiveTheTokensOfOneWorker) {
+  const std::string kind = GetParam();
   std::vector<uint32_t> prompt(100);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<uint32_t>((i * 37 + 11) % 256);
-  Cluster whole("ref", false);
+  Cluster whole(kind, false);
   ASSERT_TRUE(whole.run("p", prompt, 6).is_ok());
   ASSERT_EQ(whole.client["p"].tokens.size(), 6u);
 
-  Cluster c("ref", false);
+  Cluster c(kind, false);
   PrefillWorker* second = nullptr;
-  auto w1 = stage_worker("ref", &c.decode_ptr, &second);
-  auto w0 = stage_worker("ref", &c.decode_ptr, &second);
+  auto w1 = stage_worker(kind, &c.decode_ptr, &second);
+  auto w0 = stage_worker(kind, &c.decode_ptr, &second);
   second = w1.get();
   auto res = c.decode->reserve({"p", 100, 6, "inproc://client", 0}).value();
   // tiny: 4 layers, stages of 1 and 3 (uneven); chunks of 24 tokens (5 chunks).
@@ -747,14 +776,57 @@ TEST(Workers, TwoPipelineStagesGiveTheTokensOfOneWorker) {
   for (int i = 0; i < 1000 && !c.decode->idle(); ++i) ASSERT_TRUE(c.decode->step().is_ok());
   EXPECT_EQ(c.client["p"].tokens, whole.client["p"].tokens);
   EXPECT_TRUE(c.client["p"].done.has_value());
-  EXPECT_GT(w0->metrics().counter("mc_prefill_stage_hidden_sent_bytes_total", "").value(), 0u);
+  EXPECT_EQ(w0->metrics().counter("mc_prefill_stage_hidden_sent_bytes_total", "").value(),
+            100u * static_cast<uint64_t>(w0->backend().stage_hidden_floats()) * 4u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PipelineStages, ::testing::Values("ref", "sim"));
+
+// A cached prefix is read by each stage for its own layers only (issue 22 item 1): a 1-layer and a 3-layer stage
+// read 1/4 and 3/4 of every cached block, and the tokens are those of one worker that read whole blocks.
+TEST_P(PipelineStages, EachStageReadsItsLayersOfTheCachedPrefix) {
+  const std::string kind = GetParam();
+  std::vector<uint32_t> prompt(100), longer;
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<uint32_t>((i * 29 + 3) % 256);
+  longer = prompt;
+  for (uint32_t i = 0; i < 60; ++i) longer.push_back((i * 13 + 1) % 256);
+  Cluster whole(kind, true);
+  ASSERT_TRUE(whole.run("p", prompt, 6).is_ok());  // stores the prompt's 6 complete blocks
+  auto ref = whole.run("q", longer, 6);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+  ASSERT_GT(ref->ledger.hit_tokens, 0);
+
+  Cluster c(kind, false);
+  int64_t read0 = 0, read1 = 0;
+  PrefillWorker* second = nullptr;
+  auto w1 = stage_worker(kind, &c.decode_ptr, &second, 30'000, std::make_unique<SharedCache>(whole.cache, &read1));
+  auto w0 = stage_worker(kind, &c.decode_ptr, &second, 30'000, std::make_unique<SharedCache>(whole.cache, &read0));
+  second = w1.get();
+  auto res = c.decode->reserve({"q", static_cast<int64_t>(longer.size()), 6, "inproc://client", 0}).value();
+  Result<proto::PrefillJobReply> last = error(Code::kInternal, "not run");
+  std::thread t([&] { last = w1->run_job(stage_job(res, "q", longer, 1, 1, 3)); });
+  auto first = w0->run_job(stage_job(res, "q", longer, 0, 0, 1));
+  t.join();
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  for (int i = 0; i < 1000 && !c.decode->idle(); ++i) ASSERT_TRUE(c.decode->step().is_ok());
+  EXPECT_EQ(c.client["q"].tokens, whole.client["q"].tokens);
+
+  const int64_t layer_block_bytes = c.decode->kv().layout().layer_block_bytes();
+  const int64_t cached_blocks = first->ledger.hit_tokens / kBlock;
+  EXPECT_GE(cached_blocks, 6);
+  EXPECT_EQ(last->ledger.hit_tokens, first->ledger.hit_tokens);
+  EXPECT_EQ(first->ledger.fetch_bytes, cached_blocks * 1 * layer_block_bytes);
+  EXPECT_EQ(last->ledger.fetch_bytes, cached_blocks * 3 * layer_block_bytes);
+  EXPECT_EQ(read0 + read1, (cached_blocks * 4) * layer_block_bytes);  // the prefix's bytes once in all
 }
 
 // The two stages of a pipelined prompt, with decode holding `store` (null: none); returns the last stage's reply.
-Result<proto::PrefillJobReply> run_two_stages(Cluster& c, const std::vector<uint32_t>& prompt, const std::string& id) {
+Result<proto::PrefillJobReply> run_two_stages(Cluster& c, const std::vector<uint32_t>& prompt, const std::string& id,
+                                              const std::string& kind = "ref") {
   PrefillWorker* second = nullptr;
-  auto w1 = stage_worker("ref", &c.decode_ptr, &second);
-  auto w0 = stage_worker("ref", &c.decode_ptr, &second);
+  auto w1 = stage_worker(kind, &c.decode_ptr, &second);
+  auto w0 = stage_worker(kind, &c.decode_ptr, &second);
   second = w1.get();
   auto res = c.decode->reserve({id, static_cast<int64_t>(prompt.size()), 6, "inproc://client", 0}).value();
   Result<proto::PrefillJobReply> last = error(Code::kInternal, "not run");
@@ -768,19 +840,20 @@ Result<proto::PrefillJobReply> run_two_stages(Cluster& c, const std::vector<uint
 
 // No stage holds every layer of a block: decode puts the pipelined prompt's complete blocks (DESIGN.md §18 "Live
 // groups" point 5), under the keys and with the bytes one worker's whole prefill stores.
-TEST(Workers, DecodeStoresAPipelinedPromptsBlocksAsOneWorkerWould) {
+TEST_P(PipelineStages, DecodeStoresAPipelinedPromptsBlocksAsOneWorkerWould) {
+  const std::string kind = GetParam();
   std::vector<uint32_t> prompt(100);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<uint32_t>((i * 41 + 7) % 256);
-  Cluster whole("ref", true);
+  Cluster whole(kind, true);
   auto one = whole.run("p", prompt, 6);
   ASSERT_TRUE(one.is_ok()) << one.status().to_string();
   ASSERT_EQ(one->ledger.stored_blocks, 6);  // 100 tokens: 6 complete blocks of 16
 
-  Cluster c("ref", false);
+  Cluster c(kind, false);
   auto store = std::make_unique<MemoryBlockCache>();
   MemoryBlockCache* decode_store = store.get();
   c.decode->set_block_store(std::move(store), 1 << 20);
-  auto last = run_two_stages(c, prompt, "p");
+  auto last = run_two_stages(c, prompt, "p", kind);
   ASSERT_TRUE(last.is_ok()) << last.status().to_string();
   EXPECT_EQ(last->ledger.stored_blocks, 6);
   EXPECT_EQ(c.client["p"].tokens, whole.client["p"].tokens);
@@ -797,6 +870,10 @@ TEST(Workers, DecodeStoresAPipelinedPromptsBlocksAsOneWorkerWould) {
     std::vector<BlockGet> w = {{key, want}}, g = {{key, got}};
     ASSERT_TRUE(whole.cache->get(w).value()[0].is_ok()) << key;
     ASSERT_TRUE(decode_store->get(g).value()[0].is_ok()) << "decode did not store block " << b << " as " << key;
+    if (kind == "sim") {  // hashes and their streams: exactly one worker's bytes
+      EXPECT_EQ(want, got) << "block " << b;
+      continue;
+    }
     const auto* wf = reinterpret_cast<const float*>(want.data());
     const auto* gf = reinterpret_cast<const float*>(got.data());
     float max_diff = 0;
@@ -1017,13 +1094,10 @@ TEST(Workers, StageJobsAndHiddenStatesAreValidated) {
     ASSERT_FALSE(r.is_ok()) << stage << " " << first << " " << layers;
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().to_string();
   }
-  // The sim backend runs no stages.
+  // A sim stage takes the sim backend's hidden states (scaled like its KV), not the ref backend's rows.
   DecodeWorker* d = c.decode_ptr;
   auto sim = stage_worker("sim", &d, &none);
-  auto res = c.decode->reserve({"s", 100, 6, "inproc://client", 0}).value();
-  auto r = sim->run_job(stage_job(res, "s", prompt, 0, 0, 2));
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().code(), Code::kUnimplemented);
+  EXPECT_LT(sim->backend().stage_hidden_floats(), w->backend().stage_hidden_floats());
 
   // Hidden states a peer sends: sizes must match the model (tiny: hidden 64 -> 256 bytes a token).
   proto::PrefillStageHiddenRequest m;

@@ -51,7 +51,9 @@ const std::string kBin = MC_BINARY_DIR "/bin/";
 constexpr int64_t kBlock = 16;
 constexpr uint64_t kSeed = 7;
 constexpr int64_t kOutput = 8;
-const char* const kModel = "small";  // 8 layers, hidden 256: stages of 4 layers
+const char* const kModel = "small";          // 8 layers, hidden 256: stages of 4 layers
+const char* const kSimModel = "llama3-70b";  // the sim group's: 80 layers, stages of 40
+constexpr int64_t kSimKvBytesPerToken = 1024;
 
 std::vector<uint32_t> prompt(int64_t n, uint32_t salt) {
   std::vector<uint32_t> t(static_cast<size_t>(n));
@@ -70,9 +72,20 @@ std::unique_ptr<infer::Backend> ref_backend() {
 
 // The greedy tokens one process computes: the whole prompt in one prefill, then kOutput - 1 decode steps. With
 // `kv_out`, the prompt's KV (block i in block i of the buffer) is handed back too.
+// The sim backend the sim group runs, at once (no modelled sleeps).
+std::unique_ptr<infer::Backend> sim_backend() {
+  infer::BackendOptions o;
+  o.kind = "sim";
+  o.model = infer::model_preset(kSimModel).value();
+  o.seed = kSeed;
+  o.time_scale = 1e6;
+  o.kv_bytes_per_token = kSimKvBytesPerToken;
+  return infer::make_backend(o).value();
+}
+
 std::vector<uint32_t> reference_tokens(const std::vector<uint32_t>& tokens,
-                                       std::unique_ptr<infer::KvBuffer>* kv_out = nullptr) {
-  auto backend = ref_backend();
+                                       std::unique_ptr<infer::KvBuffer>* kv_out = nullptr, bool sim = false) {
+  auto backend = sim ? sim_backend() : ref_backend();
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t blocks = (n + kOutput + kBlock - 1) / kBlock + 1;
   auto kv = infer::KvBuffer::create(backend->kv_layout(kBlock), blocks).value();
@@ -105,7 +118,8 @@ class PipelineE2E : public ::testing::Test {
 
   // with_store: a store master and one node; both prefill instances fetch and put there, and decode puts the
   // blocks of pipelined prompts there (--store).
-  void start(const std::string& prefill1_stage_wait_ms, bool with_store = false) {
+  // sim: sim instances of llama3-70b (KV of 1,280 bytes a token, real modelled time) instead of ref `small` ones.
+  void start(const std::string& prefill1_stage_wait_ms, bool with_store = false, bool sim = false) {
     client_ = std::make_unique<ClientEndpoint>();
     std::string store = "none";
     if (with_store) {
@@ -126,7 +140,8 @@ class PipelineE2E : public ::testing::Test {
     }
     std::vector<std::string> conductor_argv = {
         kBin + "mc-conductor", "--log-level", "warn", "serve", "--listen", "tcp://127.0.0.1:0", "--block-size",
-        std::to_string(kBlock), "--cost-model", kModel, "--slo-ttft-ms", "600000", "--slo-tbt-ms", "600000",
+        std::to_string(kBlock), "--cost-model", sim ? kSimModel : kModel, "--slo-ttft-ms", "600000", "--slo-tbt-ms",
+        "600000",
         // A group of the two prefill instances (the only two: reserve factor 1), chunks of 128 tokens.
         "--pipeline-group", "2", "--prefill-chunk", "128", "--pipeline-reserve-factor", "1",
         // A stopped member must not be declared dead during the failure case (its stage's timeout is the test).
@@ -143,9 +158,9 @@ class PipelineE2E : public ::testing::Test {
                                        "--listen",
                                        "tcp://127.0.0.1:0",
                                        "--backend",
-                                       "ref",
+                                       sim ? "sim" : "ref",
                                        "--model",
-                                       kModel,
+                                       sim ? kSimModel : kModel,
                                        "--seed",
                                        std::to_string(kSeed),
                                        "--threads",
@@ -160,6 +175,7 @@ class PipelineE2E : public ::testing::Test {
                                        id,
                                        "--log-level",
                                        "warn"};
+      if (sim) argv.insert(argv.end(), {"--kv-bytes-per-token", std::to_string(kSimKvBytesPerToken)});
       argv.insert(argv.end(), extra.begin(), extra.end());
       return std::make_unique<Child>(argv);
     };
@@ -315,6 +331,29 @@ TEST_F(PipelineE2E, ALongPromptRunsOnTwoStagesAndGivesTheSingleProcessTokens) {
   EXPECT_FALSE(d2["decision"].contains("stages")) << d2.dump();
 }
 
+// The sim backend runs stages live too (DESIGN.md §18 point 6): a group of two sim llama3-70b instances runs a
+// 1,500-token prompt in chunks of 128, 40 layers each, its hidden states scaled like the sim KV, and the client's
+// tokens are one sim process's.
+TEST_F(PipelineE2E, ASimGroupRunsALongPromptWithTheTokensOfOneSimProcess) {
+  ASSERT_NO_FATAL_FAILURE(start("30000", /*with_store=*/false, /*sim=*/true));
+  ASSERT_NO_FATAL_FAILURE(warm_up());
+  const std::vector<uint32_t> long_prompt = prompt(1500, 9);
+  const uint64_t sent_before = stat_counter(prefill_eps_[0], "mc_prefill_stage_hidden_sent_bytes_total");
+  auto reply = submit("sim-long", long_prompt);
+  ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
+  ASSERT_TRUE(reply->accepted) << reply->reason;
+  const Stream st = wait_terminal("sim-long", 120'000);
+  ASSERT_FALSE(st.error.has_value()) << st.error->message;
+  ASSERT_TRUE(st.done) << "no request_done in 120 s";
+  EXPECT_EQ(values(st), reference_tokens(long_prompt, nullptr, /*sim=*/true));
+  ASSERT_EQ(decision_of("sim-long")["decision"].value("stages", json::array()).size(), 2u)
+      << "the prompt did not run on the group: " << decision_of("sim-long").dump();
+  // Stage 0 sent the whole prompt's hidden states: 1,500 tokens x the sim's scaled row (64 bytes for llama3-70b at
+  // 1,280 KV bytes a token).
+  EXPECT_EQ(stat_counter(prefill_eps_[0], "mc_prefill_stage_hidden_sent_bytes_total") - sent_before,
+            1500u * static_cast<uint64_t>(sim_backend()->stage_hidden_floats()) * 4u);
+}
+
 TEST_F(PipelineE2E, DecodeStoresThePipelinedPromptsBlocksUnderTheSingleNodeKeysAndBytes) {
   ASSERT_NO_FATAL_FAILURE(start("30000", /*with_store=*/true));
   ASSERT_NO_FATAL_FAILURE(warm_up());
@@ -361,11 +400,15 @@ TEST_F(PipelineE2E, DecodeStoresThePipelinedPromptsBlocksUnderTheSingleNodeKeysA
   }
   EXPECT_LE(max_diff, 1e-5F);
 
-  // A prompt that extends it is served from those blocks, with the reference's tokens.
+  // A prompt that extends it by 1,500 tokens (12 chunks) runs on the group too and is served from those blocks, with
+  // the reference's tokens: each stage reads its 4 layers of every cached block, half the block (store ranges checked
+  // by the blocks' per-layer checksums), not the whole.
   std::vector<uint32_t> longer = long_prompt;
-  for (uint32_t i = 0; i < 70; ++i) longer.push_back((i * 17 + 5) % 1000);
+  for (uint32_t i = 0; i < 1500; ++i) longer.push_back((i * 17 + 5) % 1000);
   const uint64_t hits_before = stat_counter(prefill_eps_[0], "mc_prefill_hit_tokens_total") +
                                stat_counter(prefill_eps_[1], "mc_prefill_hit_tokens_total");
+  const uint64_t fetched_before[2] = {stat_counter(prefill_eps_[0], "mc_prefill_fetch_bytes_total"),
+                                      stat_counter(prefill_eps_[1], "mc_prefill_fetch_bytes_total")};
   reply = submit("reused", longer);
   ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
   ASSERT_TRUE(reply->accepted) << reply->reason;
@@ -376,6 +419,15 @@ TEST_F(PipelineE2E, DecodeStoresThePipelinedPromptsBlocksUnderTheSingleNodeKeysA
   const uint64_t hits = stat_counter(prefill_eps_[0], "mc_prefill_hit_tokens_total") +
                         stat_counter(prefill_eps_[1], "mc_prefill_hit_tokens_total") - hits_before;
   EXPECT_EQ(hits, static_cast<uint64_t>(full_blocks * kBlock));
+  ASSERT_EQ(decision_of("reused")["decision"].value("stages", json::array()).size(), 2u)
+      << "the extended prompt did not run on the group: " << decision_of("reused").dump();
+  const infer::KvLayout layout = backend->kv_layout(kBlock);
+  const auto half_block = static_cast<uint64_t>(layout.block_bytes() / 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(stat_counter(prefill_eps_[i], "mc_prefill_fetch_bytes_total") - fetched_before[i],
+              static_cast<uint64_t>(full_blocks) * half_block)
+        << "stage " << i << " read other than its 4 of 8 layers of the " << full_blocks << " cached blocks";
+  }
 }
 
 TEST_F(PipelineE2E, AStageWhosePredecessorNeverRunsEndsTheRequestWithAnError) {

@@ -618,6 +618,34 @@ TEST(HaRecords, DecodersRefuseOutOfBoundsRecords) {
   EXPECT_FALSE(validate_descriptor(d).is_ok());
 }
 
+// An object's part checksums (a stage's ranged reads) survive in its record; parts that do not fit its size, or
+// are not numbers, are dropped without losing the record (its ranges are then read whole).
+TEST(HaRecords, PartChecksumsRoundTripAndBadOnesAreDroppedNotTheObject) {
+  DurableObject o;
+  o.key = "k";
+  o.size_bytes = 1500;
+  o.checksum = 7;
+  o.complete = true;
+  o.part_bytes = 512;
+  o.part_checksums = {1, 2, 3};
+  o.replicas = {{"s", 0, true}};
+  auto back = decode_object_record("k", encode_object_record(o, 0), 0);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->part_bytes, 512u);
+  EXPECT_EQ(back->part_checksums, (std::vector<uint64_t>{1, 2, 3}));
+  for (const char* bad :
+       {R"("part_bytes":512,"parts":[1,2])", R"("part_bytes":0,"parts":[1])", R"("part_bytes":512,"parts":[1,"x",3])",
+        R"("part_bytes":-512,"parts":[1,2,3])", R"("part_bytes":1,"parts":[1,2,3])"}) {
+    const std::string json =
+        std::string(R"({"size":1500,"checksum":7,"complete":true,"replicas":[["s",0,true]],)") + bad + "}";
+    auto d = decode_object_record("k", json, 0);
+    ASSERT_TRUE(d.is_ok()) << json << ": " << d.status().to_string();
+    EXPECT_TRUE(d->part_checksums.empty()) << json;
+    EXPECT_EQ(d->part_bytes, 0u) << json;
+    EXPECT_EQ(d->checksum, 7u) << json;
+  }
+}
+
 TEST(HaRecords, ATakeoversSegmentsTakeNoPutUntilTheirNodeHeartbeats) {
   ManualClock clock(1'000'000'000);
   MasterConfig config;

@@ -99,6 +99,27 @@ TEST_F(MasterCoreTest, PutIsInvisibleUntilPutEnd) {
   EXPECT_EQ(core_.put_start({"c1", "", ""}, "a", 1000, {}).status().code(), Code::kAlreadyExists);
 }
 
+// Part checksums (a stage's ranged reads) that do not cut the object's size are refused; the put can still end
+// right, and a reader is handed them.
+TEST_F(MasterCoreTest, PartChecksumsMustFitTheObjectAndReachItsReaders) {
+  mount3();
+  auto g = core_.put_start({"c1", "", ""}, "parts", 4000, {});
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  EXPECT_EQ(core_.put_end({"c1", "", ""}, "parts", g->put_id, 0, 1024, {1, 2}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(core_.put_end({"c1", "", ""}, "parts", g->put_id, 0, 0, {1}).code(), Code::kInvalidArgument);
+  // Parts under kMinPartBytes: the checksums would outweigh 1/64 of the object.
+  EXPECT_EQ(core_.put_end({"c1", "", ""}, "parts", g->put_id, 0, 8, std::vector<uint64_t>(500, 0)).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(core_.put_end({"c1", "", ""}, "parts", g->put_id, 0, 1024, {1, 2, 3, 4}).code(), Code::kOk);
+  auto whole = core_.get_replicas({"c1", "", ""}, "parts");  // a whole reader is handed none
+  ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
+  EXPECT_TRUE(whole->part_checksums.empty());
+  auto r = core_.get_replicas({"c1", "", ""}, "parts", /*with_parts=*/true);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->part_bytes, 1024u);
+  EXPECT_EQ(r->part_checksums, (std::vector<uint64_t>{1, 2, 3, 4}));
+}
+
 TEST_F(MasterCoreTest, BadInputIsRejected) {
   mount3();
   EXPECT_EQ(core_.put_start({"c1", "", ""}, "", 10, {}).status().code(), Code::kInvalidArgument);

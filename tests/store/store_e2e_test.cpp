@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -938,6 +939,74 @@ TEST_F(StoreE2E, ChangedBytesInANodesMemoryAreAMissNeverData) {
   auto [src, stat_json] = run_tool({"stat", "--master", endpoint_, "--json"});
   ASSERT_EQ(src, 0);
   EXPECT_EQ(nlohmann::json::parse(stat_json).value("corrupt_replicas", -1), 2) << stat_json;
+}
+
+// Ranges (issue 22: a pipeline stage reads its layers of each prefix block): an object put with part checksums
+// gives a part-aligned range by moving only those bytes, checked part by part; a range of an object without parts,
+// or not on part boundaries, is read whole and cut (same bytes, more moved); a range past the object is refused;
+// a changed byte is a miss for every range that covers it (and the replica is dropped), never data.
+TEST_F(StoreE2E, RangesMoveOnlyTheirPartsAndAChangedPartIsAMiss) {
+  start_master();
+  start_node("n1", "4MiB");
+  constexpr uint64_t kPart = 8192, kSize = 8 * kPart;
+  const auto data = random_bytes(kSize, 29);
+  auto w = client("writer");
+  WriteOptions parts;
+  parts.part_bytes = kPart;
+  ASSERT_TRUE(w->put("layers", data, parts).is_ok());
+  ASSERT_TRUE(w->put("plain", data).is_ok());
+  auto c = client("stage");
+  const auto read_bytes = [&] { return c->counters().bytes_read_shm + c->counters().bytes_read_tcp; };
+  const auto expect_range = [&](const std::string& key, uint64_t offset, uint64_t length, uint64_t moved) {
+    std::vector<std::byte> got(length);
+    const uint64_t before = read_bytes();
+    GetItem item{key, got, offset, kSize};
+    auto st = c->batch_get(std::span<const GetItem>(&item, 1));
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    ASSERT_TRUE(st->at(0).is_ok()) << key << " [" << offset << ", +" << length << "): " << st->at(0).to_string();
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), data.begin() + static_cast<std::ptrdiff_t>(offset)))
+        << key << " [" << offset << ", +" << length << ")";
+    EXPECT_EQ(read_bytes() - before, moved) << key << " [" << offset << ", +" << length << ")";
+  };
+  expect_range("layers", 2 * kPart, 3 * kPart, 3 * kPart);  // parts 2..4 alone
+  expect_range("layers", 7 * kPart, kPart, kPart);          // the last part
+  expect_range("plain", 2 * kPart, 3 * kPart, kSize);       // no parts: the whole object, cut
+  expect_range("layers", 100, kPart, kSize);                // off the part boundaries: the whole object, cut
+  // Refused ranges and sizes.
+  std::vector<std::byte> buf(kPart);
+  GetItem past{"layers", buf, kSize - 10, kSize};
+  auto st = c->batch_get(std::span<const GetItem>(&past, 1));
+  ASSERT_TRUE(st.is_ok());
+  EXPECT_EQ(st->at(0).code(), Code::kInvalidArgument) << st->at(0).to_string();
+  GetItem other_size{"layers", buf, 0, kSize + kPart};
+  st = c->batch_get(std::span<const GetItem>(&other_size, 1));
+  ASSERT_TRUE(st.is_ok());
+  EXPECT_EQ(st->at(0).code(), Code::kObjectNotFound) << st->at(0).to_string();
+  // Change 16 bytes of part 5 in the node's memory: a range of parts 0..1 still reads (its bytes are intact), a
+  // range over part 5 is a miss, and the replica is then gone for everyone.
+  proto::StoreGetReplicasRequest req;
+  req.client_id = "probe";
+  req.keys = {"layers"};
+  auto where = raw()->call(req);
+  ASSERT_TRUE(where.is_ok()) << where.status().to_string();
+  ASSERT_EQ(where->items.at(0).replicas.size(), 1u);
+  const proto::StoreReplica& r = where->items[0].replicas[0];
+  auto [rc, out] = run_tool({"write", "--target", r.xfer_segment, "--offset",
+                             std::to_string(r.xfer_offset_bytes + 5 * kPart + 64), "--length", "16"},
+                            "", true, kXferBin);
+  ASSERT_EQ(rc, 0) << out;
+  expect_range("layers", 0, 2 * kPart, 2 * kPart);
+  std::vector<std::byte> over(2 * kPart);
+  GetItem bad{"layers", over, 4 * kPart, kSize};
+  st = c->batch_get(std::span<const GetItem>(&bad, 1));
+  ASSERT_TRUE(st.is_ok());
+  EXPECT_EQ(st->at(0).code(), Code::kObjectNotFound) << st->at(0).to_string();
+  EXPECT_EQ(c->counters().corrupt_replicas, 1u);
+  EXPECT_EQ(stat().corrupt_replicas, 1u);
+  GetItem good{"layers", over, 0, kSize};
+  st = c->batch_get(std::span<const GetItem>(&good, 1));
+  ASSERT_TRUE(st.is_ok());
+  EXPECT_EQ(st->at(0).code(), Code::kObjectNotFound) << "the dropped replica was offered again";
 }
 
 // Issue 17 item 2a and field report 20 (a restarted node becomes a hotspot): a node paused past its TTL

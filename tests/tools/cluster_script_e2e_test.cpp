@@ -67,8 +67,8 @@ TEST(ClusterScript, NetnsDryRunBuildsRacksRouterAndShaping) {
 
 // Pipelined prefill groups (docs/DESIGN.md §18 "Live groups"): the description's pipeline_group and
 // pipeline_chunk_tokens reach the Conductor for ref instances, and every decode instance gets the store, since it puts
-// the blocks of pipelined prompts; sim instances run no stages, so a group over them is refused.
-TEST(ClusterScript, PipelineGroupsReachTheConductorForRefAndAreRefusedForSim) {
+// the blocks of pipelined prompts; sim instances run stages too (their hidden states scaled like their KV).
+TEST(ClusterScript, PipelineGroupsReachTheConductorForRefAndSim) {
   auto r = script(kClusters +
                   "ssh-example.json --mode ssh --dry-run --set backend=ref --set pipeline_group=2 "
                   "--set pipeline_chunk_tokens=128");
@@ -76,9 +76,9 @@ TEST(ClusterScript, PipelineGroupsReachTheConductorForRefAndAreRefusedForSim) {
   EXPECT_EQ(count_of(r.out, "--pipeline-group 2 --prefill-chunk 128"), 1u) << r.out;
   EXPECT_NE(r.out.find("mc-decode --listen tcp://192.0.2.11:0"), std::string::npos) << r.out;
   EXPECT_EQ(count_of(r.out, "--store \\<master-endpoint\\>"), 2u) << "decode and prefill: " << r.out;
-  r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set pipeline_group=2");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("run no pipeline stages"), std::string::npos) << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set backend=sim --set pipeline_group=2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "--pipeline-group 2 --prefill-chunk 8192"), 1u) << r.out;
   r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set backend=ref --set pipeline_group=two");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("defaults.pipeline_group must be 1..64"), std::string::npos) << r.out;

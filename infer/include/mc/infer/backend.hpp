@@ -83,15 +83,15 @@ struct StageRequest {
   int64_t token_end = 0;
   int64_t first_layer = 0;
   int64_t num_layers = 0;
-  // The hidden states entering first_layer: (token_end - token_begin) x hidden_size floats, row per token. Empty
-  // when first_layer is 0 (the stage embeds the tokens itself).
+  // The hidden states entering first_layer: (token_end - token_begin) x Backend::stage_hidden_floats() floats, row
+  // per token. Empty when first_layer is 0 (the stage embeds the tokens itself).
   std::span<const float> hidden_in;
   LoraAdapter lora{};
 };
 
 struct StageResult {
-  // The hidden states after the stage's last layer, (token_end - token_begin) x hidden_size: what crosses to the
-  // next stage. Empty when the stage ends with the model's last layer.
+  // The hidden states after the stage's last layer, (token_end - token_begin) x Backend::stage_hidden_floats():
+  // what crosses to the next stage. Empty when the stage ends with the model's last layer.
   std::vector<float> hidden_out;
   // The last stage, on the chunk holding the prompt's last token: the first output token (greedy) and its logits.
   uint32_t first_token = 0;
@@ -127,7 +127,7 @@ class Backend {
   virtual Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) = 0;
   // One pipeline stage over one chunk (StageRequest). The ref backend computes exactly what prefill() computes for
   // those layers and tokens (DESIGN.md §18); on_layer fires per layer with the chunk's range. kUnimplemented from a
-  // backend that does not run stages (sim); kInvalidArgument for a layer range outside the model, a token range
+  // backend that does not run stages; kInvalidArgument for a layer range outside the model, a token range
   // outside the prompt, a hidden_in of the wrong size (or missing after layer 0), a block table too short.
   virtual Result<StageResult> prefill_stage(KvBuffer& kv, const StageRequest& request, const LayerDoneFn& on_layer) {
     (void)kv;
@@ -138,6 +138,9 @@ class Backend {
 
   // Whether prefill_stage() is implemented (a prefill instance refuses stage jobs otherwise).
   virtual bool runs_stages() const { return false; }
+  // Floats per token of the hidden states that cross between stages: the model's hidden_size (ref: fp32 rows); the
+  // sim backend's are scaled like its KV (its kv_bytes_per_token against the model's), at least 2 (its hash).
+  virtual int64_t stage_hidden_floats() const { return model().hidden_size; }
 
   // The KvLayout a buffer for this backend needs at `block_size` tokens per block.
   KvLayout kv_layout(int64_t block_size) const {
@@ -155,5 +158,9 @@ KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t
 
 // Checks a prefill request against the model and buffer (shared by the backends).
 Status validate_prefill(const ModelConfig& model, const KvBuffer& kv, const PrefillRequest& request);
+// The checks every backend's prefill_stage makes (kInvalidArgument naming the field): the layer range inside the
+// model, the token range inside the prompt, hidden_in of tokens x hidden_floats floats (none at layer 0), a block
+// table covering token_end tokens with valid blocks, every token of the chunk inside the vocabulary.
+Status validate_stage(const ModelConfig& model, const KvBuffer& kv, const StageRequest& request, int64_t hidden_floats);
 
 }  // namespace mc::infer

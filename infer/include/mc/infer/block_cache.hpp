@@ -25,13 +25,21 @@
 
 namespace mc::infer {
 
+// A block, or a range of it: `buffer` receives the bytes [offset_bytes, offset_bytes + buffer.size()) of a block
+// object that must be object_bytes long (0: buffer.size(), the whole block). A pipeline stage reads its layers'
+// range of each prefix block (KvBuffer: one contiguous range per layer range; DESIGN.md §18).
 struct BlockGet {
   std::string key;
   std::span<std::byte> buffer;
+  uint64_t offset_bytes = 0;
+  uint64_t object_bytes = 0;
 };
+// A block to store; part_bytes > 0: also store the checksum of each part of that many bytes (a layer of the block,
+// KvLayout::layer_block_bytes), so that a reader of a range of layers moves and checks only those bytes.
 struct BlockPut {
   std::string key;
   std::span<const std::byte> data;
+  uint64_t part_bytes = 0;
 };
 
 struct BlockCacheCounters {

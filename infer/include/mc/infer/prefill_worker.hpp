@@ -123,8 +123,9 @@ class PrefillWorker {
   double measured_tokens_per_s() const { return tokens_per_s_.load(); }
   // A chunk's hidden states from the previous stage of a pipelined prefill (prefill_stage_hidden), held until the
   // stage job of that request asks for them. kInvalidArgument for a malformed message (sizes not matching this
-  // model's hidden_size, a token range outside its context, a chunk already held), kResourceExhausted past
-  // stage_inbox_bytes. Messages nobody asked for expire after 2 x stage_wait_timeout_ms. Thread-safe, never blocks.
+  // backend's Backend::stage_hidden_floats() per token, a token range outside its context, a chunk already held),
+  // kResourceExhausted past stage_inbox_bytes. Messages nobody asked for expire after 2 x stage_wait_timeout_ms.
+  // Thread-safe, never blocks.
   Status deliver_stage_hidden(proto::PrefillStageHiddenRequest message);
   // Serves a stage segment (DESIGN.md §18 "Live groups" point 2): a landing area of stage_inbox_bytes (shared
   // memory: one memcpy from a previous stage on this host) registered with its own transfer engine listening on
@@ -172,11 +173,13 @@ class PrefillWorker {
   // The prompt's cache ledger as counters (mc_prefill_hit_tokens_total, ...): once per prompt of n tokens, cached
   // from the store (a pipelined prompt: at stage 0 only).
   void count_prompt_ledger(const proto::RequestLedger& ledger, int64_t n, int64_t cached);
+  // The fetch byte counters: every job and every stage (each reads its own bytes).
+  void count_fetch(const proto::RequestLedger& ledger);
   // Waits (stage_wait_timeout_ms at most, ended by abort_jobs) for chunk `chunk` of the job's previous stage.
   Result<proto::PrefillStageHiddenRequest> take_stage_hidden(const proto::PrefillJobRequest& job, int64_t chunk);
   void drop_stage_hidden(const proto::PrefillJobRequest& job);  // what is still held for the job
   // Reads the first `want` prompt blocks from the cache into `blocks` (step 1 of run_job), fills the ledger's fetch
-  // fields, and returns how many leading blocks arrived.
+  // fields, and returns how many leading blocks arrived. A pipeline stage reads its layers of each block only.
   int64_t fetch_prefix(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
                        const std::vector<uint64_t>& hashes, const KeyNamespace& ns, int64_t want,
                        proto::RequestLedger& ledger);

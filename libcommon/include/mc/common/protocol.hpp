@@ -395,7 +395,12 @@ struct StorePutEndRequest {
   std::vector<std::string> keys;
   std::vector<uint64_t> put_ids;
   std::vector<uint64_t> checksums;  // XXH3-64 of each object's bytes, one per key
-  MSGPACK_DEFINE_MAP(client_id, keys, put_ids, checksums);
+  // Optional, per key (empty: none for any key): the object's bytes cut into parts of part_bytes[i] (the last may be
+  // shorter; 0: no parts) and the XXH3-64 of each, so a reader of a part-aligned range can check just those bytes
+  // (a KV block's parts are its layers: a pipeline stage reads its layers only; DESIGN.md §18).
+  std::vector<uint64_t> part_bytes{};
+  std::vector<std::vector<uint64_t>> part_checksums{};
+  MSGPACK_DEFINE_MAP(client_id, keys, put_ids, checksums, part_bytes, part_checksums);
 };
 struct StorePutRevokeRequest {
   static constexpr const char* kType = "store.put_revoke";
@@ -415,7 +420,11 @@ struct StoreGetItem {
   std::vector<StoreReplica> replicate_to;  // 0 or 1: hot object, copy it here and send store.replica_end
   uint64_t replicate_put_id = 0;
   uint64_t checksum = 0;  // XXH3-64 of the object's bytes: a replica that reads otherwise is store.report_corrupt
-  MSGPACK_DEFINE_MAP(code, message, size_bytes, lease_ms, replicas, replicate_to, replicate_put_id, checksum);
+  // With StoreGetReplicasRequest::with_parts, the object's part checksums when its writer sent them (else empty).
+  uint64_t part_bytes = 0;
+  std::vector<uint64_t> part_checksums{};
+  MSGPACK_DEFINE_MAP(code, message, size_bytes, lease_ms, replicas, replicate_to, replicate_put_id, checksum,
+                     part_bytes, part_checksums);
 };
 struct StoreGetReplicasReply {
   std::vector<StoreGetItem> items;
@@ -428,7 +437,8 @@ struct StoreGetReplicasRequest {
   std::string client_host;  // nearest-first ordering: same host, then same domain
   std::string client_domain;
   std::vector<std::string> keys;
-  MSGPACK_DEFINE_MAP(client_id, client_host, client_domain, keys);
+  bool with_parts = false;  // also send each object's part checksums (a reader of ranges)
+  MSGPACK_DEFINE_MAP(client_id, client_host, client_domain, keys, with_parts);
 };
 
 struct StoreReplicaEndRequest {
@@ -722,7 +732,7 @@ struct RequestLedger {
   int64_t hit_tokens_remote = 0;     // ... from another host or over the network
   int64_t missed_prefix_tokens = 0;  // tokens the job said to fetch that were missing/failed and recomputed
   int64_t computed_tokens = 0;       // tokens prefilled here
-  int64_t fetch_bytes = 0;           // KV bytes read from the store
+  int64_t fetch_bytes = 0;           // KV bytes read from the store (moved: a stage's layers of each block)
   int64_t kv_sent_bytes = 0;         // KV bytes written to the decode instance
   int64_t stored_blocks = 0;         // new complete blocks put into the store (pipelined: queued at decode)
   int64_t queue_ms = -1;             // job received -> started

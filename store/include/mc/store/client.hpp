@@ -113,10 +113,18 @@ struct PutItem {
   std::string key;
   std::span<const std::byte> data;
 };
-// One object of a batch_get: the destination buffer (caller-owned; exactly the object's size).
+// One object of a batch_get: the destination buffer (caller-owned; exactly the object's size), or a range of
+// the object: `buffer` receives the bytes [offset_bytes, offset_bytes + buffer.size()) of an object that must be
+// object_bytes long (0: buffer.size(), the whole object). A range is read alone and checked against the object's
+// part checksums when its writer sent them (WriteOptions::part_bytes) and the range starts and ends on part
+// boundaries (or at the object's end); otherwise the whole object is read into a temporary buffer, checked, and
+// the range copied out (same result, more bytes moved); so is a range of a hot object the master asks this client
+// to copy (replicate_to), which needs its whole bytes. A range past object_bytes is kInvalidArgument for that item.
 struct GetItem {
   std::string key;
   std::span<std::byte> buffer;
+  uint64_t offset_bytes = 0;
+  uint64_t object_bytes = 0;
 };
 
 struct WriteOptions {
@@ -124,6 +132,10 @@ struct WriteOptions {
   bool pin = false;         // never evicted nor demoted to SSD (until unpin, or pin_ttl_ms)
   bool wait_commit = true;  // false: write-behind commit (see above); its outcome comes from flush()
   int64_t pin_ttl_ms = 0;   // with pin: 0 = until unpin, > 0 = soft pin ending this long after the put started
+  // > 0: also send the checksum of each part of this many bytes (checksum.hpp), so that readers of part-aligned
+  // ranges (GetItem::offset_bytes) move and check only those bytes; objects of more than kMaxObjectParts parts
+  // are put without them.
+  uint64_t part_bytes = 0;
 };
 
 // A write-behind commit (put_end) the master refused or that could not be confirmed.

@@ -132,6 +132,9 @@ struct ReadGrant {
   // Hot object: the caller is asked to copy the bytes it read here and call replica_end(put_id).
   std::optional<ReplicaView> replicate_to;
   uint64_t replicate_put_id = 0;
+  // get_replicas(with_parts): the writer's part checksums (checksum.hpp); 0 and empty: none.
+  uint64_t part_bytes = 0;
+  std::vector<uint64_t> part_checksums{};
 };
 
 // A DRAM -> SSD copy the node must perform (delivered in the node's heartbeat reply).
@@ -262,6 +265,8 @@ struct DurableObject {
   bool pinned = false;
   int64_t pin_left_ms = 0;  // with pinned: 0 = until unpin, else how long the soft pin still runs (>= 1)
   std::vector<DurableReplica> replicas;
+  uint64_t part_bytes = 0;  // the writer's part checksums (checksum.hpp), 0 / empty: none
+  std::vector<uint64_t> part_checksums{};
 };
 struct DurableSegment {
   SegmentInfo info;
@@ -322,13 +327,17 @@ class MasterCore {
 
   Result<PutGrant> put_start(const Caller& caller, const std::string& key, uint64_t size_bytes,
                              const PutOptions& options);
-  // checksum: XXH3-64 of the bytes written (handed to every reader and demotion).
-  Status put_end(const Caller& caller, const std::string& key, uint64_t put_id, uint64_t checksum);
+  // checksum: XXH3-64 of the bytes written (handed to every reader and demotion). part_bytes and part_checksums:
+  // optional part checksums (checksum.hpp; 0 and empty: none), handed to readers of ranges; kInvalidArgument
+  // when they do not fit the object's size (parts_fit).
+  Status put_end(const Caller& caller, const std::string& key, uint64_t put_id, uint64_t checksum,
+                 uint64_t part_bytes = 0, std::vector<uint64_t> part_checksums = {});
   Status put_revoke(const Caller& caller, const std::string& key, uint64_t put_id);
   // Replicas nearest first for `caller` (rank_for). When the object is hot (hot_read_threshold) or a copy
   // near the caller's host was asked for (replicate_near), the grant also names one new replica for the
   // caller to fill with the bytes it read (replicate_to, then replica_end).
-  Result<ReadGrant> get_replicas(const Caller& caller, const std::string& key);
+  // with_parts: the grant carries the object's part checksums (a reader of ranges).
+  Result<ReadGrant> get_replicas(const Caller& caller, const std::string& key, bool with_parts = false);
   // Asks for one more replica of each key on a DRAM segment of `host`: the Conductor moves a hot prefix
   // near the prefill instance that will read it (paper §4 "hot blocks replicated"; DESIGN.md §3 step 2).
   // The master moves no bytes: the next get_replicas of that key by a caller on `host` within
@@ -400,8 +409,10 @@ class MasterCore {
   };
   struct Object {
     uint64_t size_bytes = 0;
-    uint64_t checksum = 0;  // XXH3-64 of the bytes
-    bool complete = false;  // visible
+    uint64_t checksum = 0;                   // XXH3-64 of the bytes
+    uint64_t part_bytes = 0;                 // the writer's part checksums (checksum.hpp); 0: none
+    std::vector<uint64_t> part_checksums{};  // at most kMaxObjectParts
+    bool complete = false;                   // visible
     uint64_t put_id = 0;
     std::string writer;
     int64_t started_ns = 0;
