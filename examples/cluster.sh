@@ -119,6 +119,8 @@ pipeline_group="$(setting pipeline_group 1)"
 [[ "$pipeline_group" =~ ^[1-9][0-9]?$ && "$pipeline_group" -le 64 ]] || die "defaults.pipeline_group must be 1..64 prefill instances (1: no groups), got '$pipeline_group'"
 pipeline_chunk="$(setting pipeline_chunk_tokens 8192)"
 [[ "$pipeline_chunk" =~ ^[1-9][0-9]*$ ]] || die "defaults.pipeline_chunk_tokens must be a positive number of tokens, got '$pipeline_chunk'"
+pipeline_reserve="$(setting pipeline_reserve_factor 2)"
+awk -v f="$pipeline_reserve" 'BEGIN { exit !(f ~ /^[0-9]+(\.[0-9]+)?$/ && f >= 1 && f <= 64) }' || die "defaults.pipeline_reserve_factor must be a number in [1, 64] (instances about free to form a group, x its size), got '$pipeline_reserve'"
 dram_bytes="$(setting dram_bytes 256MiB)"
 kv_buffer_size="$(setting kv_buffer_size 256MiB)"
 prefix_cache="$(setting prefix_cache store)"
@@ -418,7 +420,7 @@ conductor_flags=()
 # The prefill queue discipline (docs/DESIGN.md §10; absent: the policy's default, slo for kvcache).
 [[ -n "$queue" ]] && conductor_flags+=(--queue "$queue")
 # Pipelined prefill groups (ref and sim instances run stages): the Conductor forms them per request (docs/DESIGN.md §18).
-[[ "$pipeline_group" == 1 ]] || conductor_flags+=(--pipeline-group "$pipeline_group" --prefill-chunk "$pipeline_chunk")
+[[ "$pipeline_group" == 1 ]] || conductor_flags+=(--pipeline-group "$pipeline_group" --prefill-chunk "$pipeline_chunk" --pipeline-reserve-factor "$pipeline_reserve")
 for h in "${!host_names[@]}"; do
   ((count[$h,conductor] == 1)) || continue
   # shellcheck disable=SC2046

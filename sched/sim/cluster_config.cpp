@@ -70,6 +70,9 @@ Status ClusterConfig::validate() const {
                "must be in [256, 16777216]: a smaller chunk's pass is bound by reading the weights, which the cost "
                "model (FLOPs only) does not see");
   }
+  if (!(pipeline_reserve_factor >= 1 && pipeline_reserve_factor <= 64)) {
+    return bad(src, "pipeline_reserve_factor", "must be in [1, 64] (1: the group's members only)");
+  }
   if (decode_kv_capacity_tokens < 0) return bad(src, "decode_kv_capacity_tokens", "must be >= 0");
   if (decode_max_batch < 0) return bad(src, "decode_max_batch", "must be >= 0");
   if (max_context_tokens < 1) return bad(src, "max_context_tokens", "must be >= 1");
@@ -107,6 +110,7 @@ nlohmann::json ClusterConfig::to_json() const {
       {"chunk_tokens", chunk_tokens},
       {"pipeline_group", pipeline_group},
       {"pipeline_chunk_tokens", pipeline_chunk_tokens},
+      {"pipeline_reserve_factor", pipeline_reserve_factor},
       {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
       {"decode_max_batch", decode_max_batch},
       {"max_context_tokens", max_context_tokens},
@@ -185,6 +189,8 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
       MC_RETURN_IF_ERROR(qty(c.pipeline_group, false));
     } else if (key == "pipeline_chunk_tokens") {
       MC_RETURN_IF_ERROR(qty(c.pipeline_chunk_tokens, false));
+    } else if (key == "pipeline_reserve_factor") {
+      MC_RETURN_IF_ERROR(num(c.pipeline_reserve_factor));
     } else if (key == "decode_kv_capacity_tokens") {
       MC_RETURN_IF_ERROR(qty(c.decode_kv_capacity_tokens, false));
     } else if (key == "decode_max_batch") {

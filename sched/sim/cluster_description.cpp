@@ -104,6 +104,14 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
                         whole(d["pipeline_chunk_tokens"], source, "defaults.pipeline_chunk_tokens", "tokens"));
     if (c.pipeline_chunk_tokens < 1) return bad(source, "defaults.pipeline_chunk_tokens", "must be >= 1 token");
   }
+  if (!absent(d, "pipeline_reserve_factor")) {
+    const auto& v = d["pipeline_reserve_factor"];
+    if (!v.is_number() || !(v.get<double>() >= 1 && v.get<double>() <= 64)) {
+      return bad(source, "defaults.pipeline_reserve_factor",
+                 "must be a number in [1, 64] (instances about free to form a group, x its size; 1: its members)");
+    }
+    c.pipeline_reserve_factor = v.get<double>();
+  }
   if (!absent(d, "block_size")) {
     MC_ASSIGN_OR_RETURN(c.block_size, whole(d["block_size"], source, "defaults.block_size", "tokens"));
     if (c.block_size < 1) return bad(source, "defaults.block_size", "must be >= 1 token");
@@ -333,6 +341,7 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   c.queue = d.queue;
   c.pipeline_group = d.pipeline_group;
   c.pipeline_chunk_tokens = d.pipeline_chunk_tokens;
+  c.pipeline_reserve_factor = d.pipeline_reserve_factor;
   c.block_size = d.block_size;
   c.prefill_instances = d.total(&DescribedHost::prefill);
   c.decode_instances = d.total(&DescribedHost::decode);

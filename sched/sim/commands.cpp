@@ -122,6 +122,7 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   if (slo_tbt_ms) c.slo_tbt_ms = *slo_tbt_ms;
   if (pipeline_group) c.pipeline_group = *pipeline_group;
   if (pipeline_chunk_tokens) c.pipeline_chunk_tokens = *pipeline_chunk_tokens;
+  if (pipeline_reserve_factor) c.pipeline_reserve_factor = *pipeline_reserve_factor;
   if (queue) c.queue = *queue;
   if (queue_aging_weight) c.queue_aging_weight = *queue_aging_weight;
   return c.validate();

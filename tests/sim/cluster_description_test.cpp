@@ -33,7 +33,7 @@ std::string refusal(const nlohmann::json& doc) {
 }
 
 TEST(ClusterDescription, ParsesTheExamples) {
-  for (const char* name : {"pair", "two-racks", "ssh-example", "main-job"}) {
+  for (const char* name : {"pair", "two-racks", "ssh-example", "main-job", "pipeline"}) {
     auto r = parse_cluster_description(std::string(MC_SOURCE_DIR "/examples/clusters/") + name + ".json");
     ASSERT_TRUE(r.is_ok()) << r.status().message();
     EXPECT_EQ(r->name, name);

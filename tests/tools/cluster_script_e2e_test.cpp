@@ -78,7 +78,14 @@ TEST(ClusterScript, PipelineGroupsReachTheConductorForRefAndSim) {
   EXPECT_EQ(count_of(r.out, "--store \\<master-endpoint\\>"), 2u) << "decode and prefill: " << r.out;
   r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set backend=sim --set pipeline_group=2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(count_of(r.out, "--pipeline-group 2 --prefill-chunk 8192"), 1u) << r.out;
+  EXPECT_EQ(count_of(r.out, "--pipeline-group 2 --prefill-chunk 8192 --pipeline-reserve-factor 2"), 1u) << r.out;
+  // The reserve (instances about free to form a group, x its size) from the description, as mc-sim --cluster reads it.
+  r = script(kClusters + "pipeline.json --mode loopback --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "--pipeline-group 2 --prefill-chunk 2048 --pipeline-reserve-factor 1"), 1u) << r.out;
+  r = script(kClusters + "pipeline.json --mode loopback --dry-run --set pipeline_reserve_factor=0.5");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("defaults.pipeline_reserve_factor must be a number in [1, 64]"), std::string::npos) << r.out;
   r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set backend=ref --set pipeline_group=two");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("defaults.pipeline_group must be 1..64"), std::string::npos) << r.out;

@@ -50,6 +50,9 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-chunk", o.pipeline_chunk_tokens,
                  "Override: tokens of one chunk of a pipelined prefill (activations cross stages per chunk; default "
                  "8192)");
+  app.add_option("--pipeline-reserve-factor", o.pipeline_reserve_factor,
+                 "Override: instances about free needed to form a group, as a multiple of its size, 1 to 64 (1: the "
+                 "members only; default 2; the Conductor's --pipeline-reserve-factor)");
   app.add_option("--queue", o.queue,
                  "Override: order of each prefill instance's queue: fcfs (first come, first served) | slo (shortest "
                  "predicted prefill first, aged, never making a queued request late; docs/DESIGN.md §10). Default: "

@@ -18,7 +18,7 @@
 //   an instance's NIC = its host's nic_mbit × 1e6 / 8 × scale bytes/s (a token crosses it in the time it
 //                 takes in the live cluster); nic_mbit 0 or absent: the simulator's default (87 GB/s);
 //   nic_bandwidth_bytes_per_s (the Conductor's remote-bandwidth prior) = the slowest instance NIC;
-//   model, gpu, policy, block_size, pipeline_group, pipeline_chunk_tokens = defaults.*.
+//   model, gpu, policy, block_size, pipeline_group, pipeline_chunk_tokens, pipeline_reserve_factor = defaults.*.
 // Not modelled by the simulator: rack uplinks and NIC latency (its network is NICs only, every pair of
 // instances one hop apart), and placement beyond the NIC (each instance is its own host there).
 #pragma once
@@ -58,6 +58,7 @@ struct ClusterDescription {
   std::string queue;  // defaults.queue: prefill queue discipline fcfs | slo ("": the policy's default; DESIGN.md §10)
   int64_t pipeline_group = 1;            // defaults.pipeline_group: chunked pipeline parallelism (DESIGN.md §18)
   int64_t pipeline_chunk_tokens = 8192;  // defaults.pipeline_chunk_tokens: tokens of one chunk of a group's prefill
+  double pipeline_reserve_factor = 2.0;  // defaults.pipeline_reserve_factor: about-free instances, x the group size
   int64_t block_size = 512;
   int64_t kv_bytes_per_token = 1024;  // the live cluster's (scaled) bytes per token; 0: the model's
   int64_t dram_bytes = 256ll << 20;   // per storage node

@@ -32,10 +32,11 @@ struct ClusterOverrides {
   std::optional<std::string> model;
   std::optional<std::string> gpu;
   std::optional<uint64_t> seed;
-  std::optional<int64_t> pipeline_group;         // chunked pipeline parallelism: instances per group (1: off)
-  std::optional<int64_t> pipeline_chunk_tokens;  // a pipelined prefill's chunk
-  std::optional<std::string> queue;              // prefill queue discipline: fcfs | slo
-  std::optional<double> queue_aging_weight;      // slo: key = now + weight x predicted service
+  std::optional<int64_t> pipeline_group;          // chunked pipeline parallelism: instances per group (1: off)
+  std::optional<int64_t> pipeline_chunk_tokens;   // a pipelined prefill's chunk
+  std::optional<double> pipeline_reserve_factor;  // instances about free to form a group, x its size
+  std::optional<std::string> queue;               // prefill queue discipline: fcfs | slo
+  std::optional<double> queue_aging_weight;       // slo: key = now + weight x predicted service
   // Applies the set fields to `config` and validates it.
   Status apply(ClusterConfig& config) const;
 };
