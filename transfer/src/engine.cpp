@@ -99,7 +99,9 @@ struct RemoteSeg {
   SegmentHandle handle = 0;
   proto::SegmentDescriptor desc;
   std::string transport;
-  std::unique_ptr<TransportSegment> ts;
+  // Shared: a probe (maintenance_loop, unlocked) keeps the transport it probes alive while close_segment, which takes
+  // it out under mu_, lets it go.
+  std::shared_ptr<TransportSegment> ts;
   std::unique_ptr<PathSelector> selector;
   bool slicing = true;
   uint64_t window = 0;
@@ -507,6 +509,7 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
 
   Status close_segment(SegmentHandle h) {
     std::shared_ptr<RemoteSeg> seg;
+    std::shared_ptr<TransportSegment> ts;
     {
       std::lock_guard<std::mutex> lk(mu_);
       auto it = segs_.find(h);
@@ -520,8 +523,9 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       for (auto n = by_name_.begin(); n != by_name_.end();) {
         n = n->second == h ? by_name_.erase(n) : std::next(n);
       }
+      ts = std::move(seg->ts);  // under mu_: the maintenance thread reads seg->ts under it
     }
-    seg->ts.reset();
+    ts.reset();  // unlocked (destroying a transport may call back); a probe in flight holds its own reference
     return Status::ok();
   }
 
@@ -863,14 +867,21 @@ class TransferEngine::Impl final : public SliceSink, public tcp::ServerHandler {
       }
       // Probes of quarantined paths whose backoff passed (only for segments with work or recent failures).
       std::vector<std::pair<std::shared_ptr<RemoteSeg>, int>> probes;
+      std::vector<std::shared_ptr<TransportSegment>> probed;  // taken under mu_: close_segment may drop seg->ts
       for (auto& [h, seg] : segs_) {
         if (!seg->ts) continue;
-        for (int p : seg->selector->due_for_probe()) probes.emplace_back(seg, p);
+        for (int p : seg->selector->due_for_probe()) {
+          probes.emplace_back(seg, p);
+          probed.push_back(seg->ts);
+        }
       }
       if (!probes.empty()) {
         lk.unlock();
         std::vector<Status> results;
-        for (auto& [seg, p] : probes) results.push_back(seg->ts->probe(p, options_.connect_timeout_ms));
+        for (size_t i = 0; i < probes.size(); ++i) {
+          results.push_back(probed[i]->probe(probes[i].second, options_.connect_timeout_ms));
+        }
+        probed.clear();  // a transport closed meanwhile is destroyed here, unlocked (its destructor may call back)
         lk.lock();
         for (size_t i = 0; i < probes.size(); ++i) {
           auto& [seg, p] = probes[i];
