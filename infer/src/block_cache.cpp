@@ -28,7 +28,7 @@ Result<std::vector<Status>> MemoryBlockCache::get(std::span<const BlockGet> item
   return out;
 }
 
-Result<std::vector<Status>> MemoryBlockCache::put(std::span<const BlockPut> items) {
+Result<std::vector<Status>> MemoryBlockCache::put(std::span<const BlockPut> items, uint64_t /*part_bytes*/) {
   std::lock_guard lock(mu_);
   if (!available_) return error(Code::kUnavailable, "in-process block cache: unavailable");
   std::vector<Status> out;
@@ -67,31 +67,12 @@ class StoreBlockCache final : public KvBlockCache {
     for (const auto& i : items) gets.push_back({i.key, i.buffer, i.offset_bytes, i.object_bytes});
     return client_->batch_get(gets);
   }
-  // One batch_put per part size (in practice one: every block of an instance has the same layers).
-  Result<std::vector<Status>> put(std::span<const BlockPut> items) override {
-    std::vector<Status> out(items.size());
-    std::vector<bool> done(items.size(), false);
-    for (size_t first = 0; first < items.size(); ++first) {
-      if (done[first]) continue;
-      std::vector<store::PutItem> puts;
-      std::vector<size_t> index;
-      for (size_t i = first; i < items.size(); ++i) {
-        if (done[i] || items[i].part_bytes != items[first].part_bytes) continue;
-        puts.push_back({items[i].key, items[i].data});
-        index.push_back(i);
-        done[i] = true;
-      }
-      store::WriteOptions options;
-      options.part_bytes = items[first].part_bytes;
-      Result<std::vector<Status>> stored = client_->batch_put(puts, options);
-      if (!stored.is_ok() && index.size() == items.size()) return stored.status();  // one group: the call failed
-      for (size_t k = 0; k < index.size(); ++k) {
-        out[index[k]] = !stored.is_ok()             ? stored.status()
-                        : k < stored.value().size() ? std::move(stored.value()[k])
-                                                    : Status(Code::kInternal, "batch_put answered fewer items");
-      }
-    }
-    return out;
+  Result<std::vector<Status>> put(std::span<const BlockPut> items, uint64_t part_bytes) override {
+    std::vector<store::PutItem> puts;
+    for (const auto& i : items) puts.push_back({i.key, i.data});
+    store::WriteOptions options;
+    options.part_bytes = part_bytes;
+    return client_->batch_put(puts, options);
   }
   BlockCacheCounters counters() const override {
     const auto& c = client_->counters();

@@ -83,12 +83,11 @@ void BlockPutQueue::run() {
     std::vector<BlockPut> puts;
     puts.reserve(batch.keys.size());
     for (size_t i = 0; i < batch.keys.size(); ++i) {
-      puts.push_back({batch.keys[i],
-                      std::span<const std::byte>(batch.bytes.data() + i * batch.block_bytes, batch.block_bytes),
-                      batch.part_bytes});
+      puts.push_back(
+          {batch.keys[i], std::span<const std::byte>(batch.bytes.data() + i * batch.block_bytes, batch.block_bytes)});
     }
     int64_t stored = 0;
-    auto put = cache_->put(puts);
+    auto put = cache_->put(puts, batch.part_bytes);
     if (put.is_ok()) {
       for (const auto& s : put.value()) stored += s.is_ok() ? 1 : 0;
       if (stored < static_cast<int64_t>(puts.size())) {

@@ -1170,13 +1170,12 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   if (cache_ && job.store_new_blocks) {
     std::vector<BlockPut> puts;
     for (int64_t b = hit_blocks; b < n / bs; ++b) {
-      // Each layer a part with its own checksum, so a pipeline stage reads its layers of the block only.
-      puts.push_back({block_store_key(ns, hashes[static_cast<size_t>(b)]),
-                      kv_->block_span(blocks[static_cast<size_t>(b)]),
-                      static_cast<uint64_t>(layout.layer_block_bytes())});
+      puts.push_back(
+          {block_store_key(ns, hashes[static_cast<size_t>(b)]), kv_->block_span(blocks[static_cast<size_t>(b)])});
     }
     if (!puts.empty()) {
-      auto put = cache_->put(puts);
+      // Each layer a part with its own checksum, so a pipeline stage reads its layers of the block only.
+      auto put = cache_->put(puts, static_cast<uint64_t>(layout.layer_block_bytes()));
       if (put.is_ok()) {
         for (const auto& s : put.value()) ledger.stored_blocks += s.is_ok() ? 1 : 0;
       } else {

@@ -655,14 +655,8 @@ class Client::Impl {
                                                  " ms lease; the bytes were discarded, read again");
         continue;
       }
-      if (!items[i]->replicate_to.empty() && ranged(i)) {
-        // A range is not the object: no copy from it (batch_get reads such items whole; this is a guard).
-        auto r =
-            call_master(proto::StoreReplicaEndRequest{options.client_id, keys[i], items[i]->replicate_put_id, false});
-        if (!r.is_ok()) MC_LOG_DEBUG << "hot copy of '" << keys[i] << "' not declined: " << r.status().to_string();
-        continue;
-      }
-      if (!items[i]->replicate_to.empty() && options.replicate_hot) {
+      // A hot copy needs the whole object (batch_get reads a hot object's range whole).
+      if (!items[i]->replicate_to.empty() && options.replicate_hot && !ranged(i)) {
         hot.push_back(
             Job{i, &items[i]->replicate_to.front(), transfer::Op::kWrite, outs[i].data(), items[i]->size_bytes, {}, 0});
       }
@@ -846,12 +840,8 @@ Result<std::vector<Status>> Client::Impl::batch_put(std::span<const PutItem> ite
       end.keys.push_back(items[i].key);
       end.put_ids.push_back(g.put_id);
       end.checksums.push_back(object_checksum(items[i].data));
-      std::vector<uint64_t> parts;
-      if (options.part_bytes > 0 &&
-          parts_fit(items[i].data.size(), options.part_bytes,
-                    static_cast<size_t>((items[i].data.size() + options.part_bytes - 1) / options.part_bytes))) {
-        parts = part_checksums(items[i].data, options.part_bytes);
-      }
+      std::vector<uint64_t> parts = part_checksums(items[i].data, options.part_bytes);
+      if (!parts_fit(items[i].data.size(), options.part_bytes, parts.size())) parts.clear();
       end.part_bytes.push_back(parts.empty() ? 0 : options.part_bytes);
       end.part_checksums.push_back(std::move(parts));
       end_index.push_back(i);

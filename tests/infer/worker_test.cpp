@@ -718,7 +718,9 @@ class SharedCache final : public KvBlockCache {
     }
     return got;
   }
-  Result<std::vector<Status>> put(std::span<const BlockPut> items) override { return shared_->put(items); }
+  Result<std::vector<Status>> put(std::span<const BlockPut> items, uint64_t part_bytes) override {
+    return shared_->put(items, part_bytes);
+  }
   BlockCacheCounters counters() const override { return {*read_bytes_, 0, 0, 0, {}}; }
   std::string describe() const override { return "shared in-process cache"; }
 

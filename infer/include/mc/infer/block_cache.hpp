@@ -34,12 +34,9 @@ struct BlockGet {
   uint64_t offset_bytes = 0;
   uint64_t object_bytes = 0;
 };
-// A block to store; part_bytes > 0: also store the checksum of each part of that many bytes (a layer of the block,
-// KvLayout::layer_block_bytes), so that a reader of a range of layers moves and checks only those bytes.
 struct BlockPut {
   std::string key;
   std::span<const std::byte> data;
-  uint64_t part_bytes = 0;
 };
 
 struct BlockCacheCounters {
@@ -55,7 +52,9 @@ class KvBlockCache {
   virtual ~KvBlockCache() = default;
   // One Status per item, in order. The Result fails as a whole only when the cache is unreachable.
   virtual Result<std::vector<Status>> get(std::span<const BlockGet> items) = 0;
-  virtual Result<std::vector<Status>> put(std::span<const BlockPut> items) = 0;
+  // part_bytes > 0: also store the checksum of each part of that many bytes of every block (a layer of it,
+  // KvLayout::layer_block_bytes), so that a reader of a range of layers moves and checks only those bytes.
+  virtual Result<std::vector<Status>> put(std::span<const BlockPut> items, uint64_t part_bytes) = 0;
   // Bytes read so far, by tier (for the ledger's local/remote/SSD hit split).
   virtual BlockCacheCounters counters() const = 0;
   virtual std::string describe() const = 0;
@@ -66,7 +65,7 @@ class KvBlockCache {
 class MemoryBlockCache final : public KvBlockCache {
  public:
   Result<std::vector<Status>> get(std::span<const BlockGet> items) override;
-  Result<std::vector<Status>> put(std::span<const BlockPut> items) override;
+  Result<std::vector<Status>> put(std::span<const BlockPut> items, uint64_t part_bytes) override;
   BlockCacheCounters counters() const override;
   std::string describe() const override { return "in-process memory"; }
   void set_available(bool available);

@@ -40,7 +40,7 @@ class BlockPutQueue {
 
   // Copies blocks[i] to be put under keys[i] (same sizes). `what` names the batch in logs (a request id).
   // kInvalidArgument on mismatched sizes; kResourceExhausted when the copies would exceed max_queued_bytes.
-  // part_bytes: BlockPut::part_bytes of every block (a layer of it; 0: no part checksums).
+  // part_bytes: KvBlockCache::put's, for every block (a layer of it; 0: no part checksums).
   Status enqueue(const std::string& what, std::vector<std::string> keys,
                  const std::vector<std::span<const std::byte>>& blocks, uint64_t part_bytes = 0);
   // Waits until every batch enqueued before the call was put (or failed). For tests and shutdown.
