@@ -581,6 +581,10 @@ class Node {
     if (restarted && held > 0) {
       MC_LOG_WARN << "master " << master_->endpoint() << " restarted: mounting again and re-reporting " << held
                   << " objects";
+    } else if (restarted) {
+      MC_LOG_WARN << "master " << master_->endpoint()
+                  << " restarted and this node's table holds no object (none committed here, or none reported by a "
+                     "heartbeat reply yet): mounting again, empty";
     } else {
       MC_LOG_WARN << "master forgot node " << opt_.node_id << " (declared dead): mounting again, empty";
       tables_.clear();
