@@ -15,6 +15,8 @@ pkg_check_modules(URING IMPORTED_TARGET liburing)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 # libcurl: the etcd client's HTTP (etcd's JSON gateway, libcommon/src/etcd.cpp), in mc_common so every tool links it.
 pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
+# OpenSSL's libcrypto (libssl-dev): the X.509 certificates mc-auth init makes for TLS to etcd (etcd_tls.cpp).
+pkg_check_modules(LIBCRYPTO REQUIRED IMPORTED_TARGET libcrypto)
 
 # RDMA (rdma-core): auto = build when libibverbs is found.
 set(MC_HAVE_RDMA OFF)

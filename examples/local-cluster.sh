@@ -65,7 +65,8 @@
 #   --auth                authenticate everything (docs/SECURITY.md): make the cluster's keys with mc-auth init in
 #                         the state directory (one per instance and storage node, a client "default" and
 #                         tenants alice and bob sharing namespace "public"), start every daemon with its own, and
-#                         give CMD MC_AUTH_DIR and MC_AUTH_NAME=default                      [MC_AUTH=1, off]
+#                         give CMD MC_AUTH_DIR and MC_AUTH_NAME=default; with --masters, etcd serves TLS with
+#                         the keys' etcd certificates and admits only their client certificate  [MC_AUTH=1, off]
 #   --gateway             also start mc-gateway (the OpenAI-compatible HTTP front door, serving --model) on a free
 #                         loopback port, and give CMD its URL as MC_GATEWAY (http://127.0.0.1:PORT)   [MC_GATEWAY_ON=1, off]
 #   --gateway-args "A"    extra flags for mc-gateway, split on spaces    [MC_GATEWAY_ARGS, none]
@@ -316,19 +317,34 @@ cluster_id=""
 master_flags=()  # how a store client names the master: --master EP, or --etcd EP --cluster-id ID
 if (( n_masters > 1 )); then
   cluster_id="$tag"
+  # With --auth, etcd serves TLS with the certificates of the cluster's keys and admits only clients whose certificate
+  # their CA signed (every daemon and tool given --auth-dir presents $auth_dir/etcd/client.pem): docs/SECURITY.md.
+  scheme=http
+  etcd_tls=()
+  curl_tls=()
+  if [[ -n "$auth_dir" ]]; then
+    scheme=https
+    etcd_tls=(--cert-file "$auth_dir/etcd/server.pem" --key-file "$auth_dir/etcd/server.key"
+              --trusted-ca-file "$auth_dir/etcd/ca.pem" --client-cert-auth)
+    curl_tls=(--cacert "$auth_dir/etcd/ca.pem" --cert "$auth_dir/etcd/client.pem" --key "$auth_dir/etcd/client.key")
+  fi
   for _ in 1 2 3 4 5; do
     cport=$((20000 + RANDOM % 40000))
     pport=$((cport + 1))
     rm -rf "$state/etcd"
     # Not in pids: stop_all stops it after everything else.
-    etcd --name "$tag" --data-dir "$state/etcd" --listen-client-urls "http://127.0.0.1:$cport" \
-      --advertise-client-urls "http://127.0.0.1:$cport" --listen-peer-urls "http://127.0.0.1:$pport" \
+    etcd --name "$tag" --data-dir "$state/etcd" --listen-client-urls "$scheme://127.0.0.1:$cport" \
+      --advertise-client-urls "$scheme://127.0.0.1:$cport" ${etcd_tls[@]+"${etcd_tls[@]}"} \
+      --listen-peer-urls "http://127.0.0.1:$pport" \
       --initial-advertise-peer-urls "http://127.0.0.1:$pport" --initial-cluster "$tag=http://127.0.0.1:$pport" \
       --initial-cluster-token "$tag" --initial-cluster-state new --log-level error > "$state/etcd.log" 2>&1 &
     etcd_pid=$!
     deadline=$((SECONDS + ready_timeout_s))
     while kill -0 "$etcd_pid" 2>/dev/null && ((SECONDS < deadline)); do
-      if curl -sf "http://127.0.0.1:$cport/health" > /dev/null 2>&1; then etcd_endpoint="127.0.0.1:$cport"; break; fi
+      if curl -sf ${curl_tls[@]+"${curl_tls[@]}"} "$scheme://127.0.0.1:$cport/health" > /dev/null 2>&1; then
+        etcd_endpoint="127.0.0.1:$cport"
+        break
+      fi
       sleep 0.05
     done
     [[ -z "$etcd_endpoint" ]] || break
@@ -357,7 +373,8 @@ for ((m = 0; m < n_masters; m++)); do
   if ((m == 0 && n_masters > 1)); then
     # The first master leads before the others start (they stand by): wait until it answers as the leader.
     deadline=$((SECONDS + ready_timeout_s))
-    until "$bin/mc-store" stat --master "$master" > /dev/null 2>&1; do
+    as admin
+    until "$bin/mc-store" stat --master "$master" ${auth_flags[@]+"${auth_flags[@]}"} > /dev/null 2>&1; do
       ((SECONDS < deadline)) || { echo "local-cluster.sh: the first master did not take the lead; its log:" >&2; sed 's/^/  /' "$state/master.log" >&2; exit 1; }
       sleep 0.05
     done

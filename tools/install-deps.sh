@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mc needs to build, test and benchmark (prometheus: the metrics e2e test's scraper;
 # curl and hey: the gateway's SSE framing test and its bounded load run; nftables: packet loss between namespaces;
-# libcurl4-openssl-dev: the etcd client's HTTP in mc_common; etcd-server and etcd-client: the real etcd that etcd_test
+# libcurl4-openssl-dev: the etcd client's HTTP in mc_common; libssl-dev: the etcd certificates of mc-auth init (and
+# TLS to etcd through libcurl); etcd-server and etcd-client: the real etcd that etcd_test
 # starts on free loopback ports, and etcdctl to look at it; gnuplot-nox: the charts of the HTML reports (--html, --svg);
 # chromium: html_report_e2e_test loads those pages headless).
 # Idempotent: packages already installed are skipped; prints what it installs.
@@ -13,7 +14,7 @@ packages=(
   libcli11-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libsodium-dev
   libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev
   libibverbs-dev librdmacm-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev libssl-dev
   iproute2 nftables man-db groff-base jq curl hey
   prometheus etcd-server etcd-client
   clang-format clang-tidy

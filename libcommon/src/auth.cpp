@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/endpoint.hpp"
+#include "mc/common/etcd.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
@@ -454,6 +456,11 @@ Result<std::vector<Identity>> init_dir(const InitOptions& options) {
   }
   roster.pop_back();
   MC_RETURN_IF_ERROR(write_text(options.dir + "/roster", roster, 0644));
+  std::vector<std::string> etcd_hosts = {"127.0.0.1", "::1", "localhost"};
+  for (const std::string& h : options.etcd_hosts) {
+    if (std::find(etcd_hosts.begin(), etcd_hosts.end(), h) == etcd_hosts.end()) etcd_hosts.push_back(h);
+  }
+  MC_RETURN_IF_ERROR(etcd::write_tls_files(options.dir + "/etcd", etcd_hosts));
   return out;
 }
 

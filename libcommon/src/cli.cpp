@@ -1,13 +1,18 @@
 #include "mc/common/cli.hpp"
 
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string_view>
 
 #include "mc/common/auth.hpp"
+#include "mc/common/etcd.hpp"
 #include "mc/common/location.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics_http.hpp"
@@ -469,6 +474,19 @@ int apply_auth_flags(int argc, char** argv) {
       return kExitUsage;
     }
     MC_LOG_DEBUG << "authenticated as " << ring.value()->self().describe() << " with the keys of " << f->dir;
+    // The cluster's etcd certificates (mc-auth init writes DIR/etcd): every etcd client of this process uses TLS.
+    const etcd::TlsFiles tls = etcd::tls_files_in(f->dir + "/etcd");
+    if (::access(tls.ca_file.c_str(), F_OK) == 0) {
+      for (const std::string& file : {tls.cert_file, tls.key_file}) {
+        if (::access(file.c_str(), R_OK) != 0) {
+          MC_LOG_ERROR << "--auth-dir " << f->dir << " has the etcd CA " << tls.ca_file << " but " << file
+                       << " cannot be read (" << std::strerror(errno)
+                       << "): copy the whole etcd/ directory of the cluster's keys (mc-auth init)";
+          return kExitUsage;
+        }
+      }
+      etcd::set_default_tls(tls);
+    }
   }
   return -1;
 }

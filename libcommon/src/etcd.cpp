@@ -245,9 +245,25 @@ const curl_slist* json_headers() {
 }
 
 // Options shared by unary calls and watches: a POST of `body` (which must outlive the transfer) to `url`.
-void set_common(CURL* h, const std::string& url, const std::string& body, int64_t timeout_ms, char* errbuf) {
+void set_common(CURL* h, const std::string& url, const std::string& body, const Options& options, char* errbuf) {
+  const int64_t timeout_ms = options.timeout_ms;
   curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
+  if (options.tls.enabled()) {
+    // HTTPS only: the server's certificate chains to the cluster's CA and names the endpoint's host; this process
+    // presents its client certificate.
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "https");
+    curl_easy_setopt(h, CURLOPT_CAINFO, options.tls.ca_file.c_str());
+    curl_easy_setopt(h, CURLOPT_CAPATH, nullptr);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+    curl_easy_setopt(h, CURLOPT_SSLVERSION, static_cast<long>(CURL_SSLVERSION_TLSv1_2));
+    curl_easy_setopt(h, CURLOPT_SSLCERT, options.tls.cert_file.c_str());
+    curl_easy_setopt(h, CURLOPT_SSLCERTTYPE, "PEM");
+    curl_easy_setopt(h, CURLOPT_SSLKEY, options.tls.key_file.c_str());
+    curl_easy_setopt(h, CURLOPT_SSLKEYTYPE, "PEM");
+  } else {
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
+  }
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_POST, 1L);
   curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.data());
@@ -262,14 +278,30 @@ void set_common(CURL* h, const std::string& url, const std::string& body, int64_
 }
 
 std::string curl_text(CURLcode code, const char* errbuf) {
-  if (errbuf[0] != '\0') return std::string(errbuf) + " (" + curl_easy_strerror(code) + ")";
-  return curl_easy_strerror(code);
+  std::string text = errbuf[0] != '\0' ? std::string(errbuf) + " (" + curl_easy_strerror(code) + ")"
+                                       : std::string(curl_easy_strerror(code));
+  switch (code) {
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_ENGINE_NOTFOUND:
+    case CURLE_SSL_ENGINE_SETFAILED:
+      text +=
+          "; TLS to etcd failed: was etcd started with the server certificate of the same cluster's keys, and do "
+          "the certificate files exist (docs/SECURITY.md \"etcd\")?";
+      break;
+    default:
+      break;
+  }
+  return text;
 }
 
-// "http://HOST:PORT" from an entry of Options::endpoints ("HOST:PORT" or "http://HOST:PORT", maybe with a '/').
-std::string base_url(std::string e) {
+// "http[s]://HOST:PORT" from an entry of Options::endpoints ("HOST:PORT" or with a scheme, maybe with a '/').
+std::string base_url(std::string e, const TlsFiles& tls) {
   while (!e.empty() && e.back() == '/') e.pop_back();
-  if (e.find("://") == std::string::npos) e = "http://" + e;
+  if (e.find("://") == std::string::npos) e = (tls.enabled() ? "https://" : "http://") + e;
   return e;
 }
 
@@ -359,6 +391,7 @@ Op Op::get(std::string key, std::string range_end) {
 
 Result<Options> parse_endpoints(std::string_view list) {
   Options o;
+  o.tls = default_tls();
   const std::string whole(list);
   auto bad = [&](std::string_view entry, const std::string& why) {
     return Status(Code::kInvalidArgument, "etcd endpoints \"" + whole + "\": entry \"" + std::string(entry) +
@@ -376,17 +409,27 @@ Result<Options> parse_endpoints(std::string_view list) {
     }
     if (entry.empty()) return bad(entry, "empty entry");
     std::string_view rest = entry;
-    if (rest.substr(0, 8) == "https://") return bad(entry, "TLS to etcd is not supported yet: use http://");
-    if (rest.substr(0, 7) == "http://") {
+    if (rest.substr(0, 8) == "https://") {
+      if (!o.tls.enabled()) {
+        return bad(entry,
+                   "https:// (TLS) needs the etcd certificates of the cluster's keys (--auth-dir DIR with DIR/etcd "
+                   "from mc-auth init; docs/SECURITY.md \"etcd\")");
+      }
+      rest.remove_prefix(8);
+    } else if (rest.substr(0, 7) == "http://") {
+      if (o.tls.enabled()) {
+        return bad(entry, "the cluster's keys hold etcd certificates (" + o.tls.ca_file +
+                              "), so etcd is reached over https://: start etcd with them (docs/SECURITY.md \"etcd\")");
+      }
       rest.remove_prefix(7);
     } else if (rest.find("://") != std::string_view::npos) {
-      return bad(entry, "only http:// is supported");
+      return bad(entry, "only http:// and https:// are supported");
     }
     auto ep = parse_tcp_endpoint(rest);
     if (!ep) return bad(entry, ep.status().message());
     if (ep->port == 0) return bad(entry, "port 0 is not an etcd client port");
     if (ep->host == "*") return bad(entry, "'*' is not an address to connect to");
-    o.endpoints.push_back("http://" + ep->host_port());
+    o.endpoints.push_back((o.tls.enabled() ? "https://" : "http://") + ep->host_port());
     if (comma == std::string_view::npos) break;
     pos = comma + 1;
   }
@@ -416,7 +459,7 @@ struct Client::Impl {
 
   explicit Impl(Options o) : options(std::move(o)) {
     global_init();
-    for (const auto& e : options.endpoints) urls.push_back(base_url(e));
+    for (const auto& e : options.endpoints) urls.push_back(base_url(e, options.tls));
   }
   ~Impl() {
     for (CURL* h : idle) curl_easy_cleanup(h);
@@ -470,7 +513,7 @@ struct Client::Impl {
       Body reply;
       char errbuf[CURL_ERROR_SIZE];
       const std::string full = url + path;
-      set_common(h, full, body, options.timeout_ms, errbuf);
+      set_common(h, full, body, options, errbuf);
       curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(options.timeout_ms, 1)));
       curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_body);
       curl_easy_setopt(h, CURLOPT_WRITEDATA, &reply);
@@ -758,7 +801,7 @@ struct Watch::State {
     }
     char errbuf[CURL_ERROR_SIZE];
     const std::string full = url + "/v3/watch";
-    set_common(h, full, body, options.timeout_ms, errbuf);
+    set_common(h, full, body, options, errbuf);
     std::pair<State*, const std::string*> ctx{this, &ep};
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_stream);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &ctx);
@@ -834,7 +877,7 @@ Watch::Watch(Options options, std::string key, std::string range_end, int64_t st
   global_init();
   State& s = *state_;
   s.options = std::move(options);
-  for (const auto& e : s.options.endpoints) s.urls.push_back(base_url(e));
+  for (const auto& e : s.options.endpoints) s.urls.push_back(base_url(e, s.options.tls));
   s.key = std::move(key);
   s.range_end = std::move(range_end);
   s.next_revision = start_revision;

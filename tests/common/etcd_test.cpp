@@ -5,6 +5,7 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "mc/common/auth.hpp"
 #include "mc/testkit/etcd.hpp"
 #include "mc/testkit/wait.hpp"
 
@@ -491,6 +493,105 @@ TEST_F(EtcdTest, ThreeMembersSurviveAKilledMemberCallsAndWatchesKeepWorking) {
         return r.is_ok() && r->kvs.size() == 1;
       },
       10'000, 50));
+}
+
+// ---- TLS (the etcd certificates of mc-auth init) ----
+
+// Two clusters' keys, each with its etcd/ certificates (auth::init_dir, as `mc-auth init` makes them).
+struct TwoClustersKeys {
+  testkit::Scratch scratch{"etcd_tls"};
+  std::string ours = scratch.path("ours"), theirs = scratch.path("theirs");
+  TwoClustersKeys() {
+    for (const std::string& dir : {ours, theirs}) {
+      auth::InitOptions o;
+      o.dir = dir;
+      auto ids = auth::init_dir(o);
+      EXPECT_TRUE(ids.is_ok()) << ids.status().to_string();
+    }
+  }
+};
+
+TEST(EtcdTlsFiles, InitWritesACaServerAndClientCertificateAndRefusesABadHost) {
+  TwoClustersKeys keys;
+  for (const char* f : {"ca.pem", "ca.key", "server.pem", "server.key", "client.pem", "client.key"}) {
+    struct stat st {};
+    ASSERT_EQ(::stat((keys.ours + "/etcd/" + f).c_str(), &st), 0) << f;
+    EXPECT_GT(st.st_size, 100) << f;
+    const bool secret = std::string(f).find(".key") != std::string::npos;
+    EXPECT_EQ(st.st_mode & 0777, secret ? 0600u : 0644u) << f;
+  }
+  EXPECT_NE(testkit::slurp(keys.ours + "/etcd/server.pem"), testkit::slurp(keys.theirs + "/etcd/server.pem"));
+  auto bad = etcd::write_tls_files(keys.scratch.path("bad"), {"127.0.0.1", "no spaces allowed"});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.message().find("no spaces allowed"), std::string::npos) << bad.message();
+  EXPECT_EQ(etcd::write_tls_files(keys.scratch.path("bad"), {"::1"}, 0).code(), Code::kInvalidArgument);
+}
+
+TEST(EtcdTlsFiles, EndpointsFollowTheDefaultTlsFiles) {
+  etcd::set_default_tls(etcd::tls_files_in("/keys/etcd"));
+  auto https = etcd::parse_endpoints("127.0.0.1:2379,https://[::1]:2379");
+  auto http = etcd::parse_endpoints("http://127.0.0.1:2379");
+  etcd::set_default_tls({});
+  ASSERT_TRUE(https.is_ok()) << https.status().to_string();
+  EXPECT_EQ(https->endpoints, (std::vector<std::string>{"https://127.0.0.1:2379", "https://[::1]:2379"}));
+  EXPECT_EQ(https->tls.ca_file, "/keys/etcd/ca.pem");
+  EXPECT_EQ(https->tls.cert_file, "/keys/etcd/client.pem");
+  EXPECT_EQ(https->tls.key_file, "/keys/etcd/client.key");
+  ASSERT_FALSE(http.is_ok());
+  EXPECT_NE(http.status().message().find("https://"), std::string::npos) << http.status().message();
+  auto plain = etcd::parse_endpoints("127.0.0.1:2379");
+  ASSERT_TRUE(plain.is_ok());
+  EXPECT_FALSE(plain->tls.enabled());
+}
+
+// etcd started with the server certificate of our keys and --client-cert-auth: a client with our keys' files works
+// (calls and a watch); plain HTTP, TLS without a client certificate, and another cluster's certificates are refused
+// before any key is read or written.
+TEST(EtcdTls, OurCertificatesGetInAndNothingElseDoes) {
+  if (!EtcdCluster::installed()) GTEST_SKIP() << EtcdCluster::kNotInstalled;
+  TwoClustersKeys keys;
+  EtcdCluster cluster(1, "etcd_tls_member");
+  cluster.use_tls(keys.ours + "/etcd");
+  ASSERT_TRUE(cluster.start()) << cluster.error();
+  Client ours(cluster.options());
+  auto put = ours.put("tls/a", "secret");
+  ASSERT_TRUE(put.is_ok()) << put.status().to_string();
+  Seen seen;
+  Watch w(cluster.options(), "tls/", etcd::prefix_end("tls/"), *put, seen.events_fn(), seen.error_fn());
+  ASSERT_TRUE(ours.put("tls/b", "too").is_ok());
+  ASSERT_TRUE(wait_until([&] { return seen.count() >= 2; }, 10'000)) << seen.count() << " events";
+  EXPECT_EQ(seen.snapshot().at(0).kv.value, "secret");
+
+  auto refused = [&](etcd::Options o, const char* who) {
+    o.timeout_ms = 1000;
+    Client c(o);
+    auto r = c.range("tls/a");
+    EXPECT_FALSE(r.is_ok()) << who << " read the key";
+    auto p = c.put("tls/a", "forged");
+    EXPECT_FALSE(p.is_ok()) << who << " wrote the key";
+    return p.status().message();
+  };
+  etcd::Options plain = cluster.options();
+  plain.tls = {};
+  refused(plain, "plain HTTP");
+  etcd::Options anonymous = cluster.options();
+  anonymous.tls.cert_file.clear();
+  anonymous.tls.key_file.clear();
+  refused(anonymous, "TLS without a client certificate");
+  etcd::Options other = cluster.options();
+  other.tls.cert_file = keys.theirs + "/etcd/client.pem";
+  other.tls.key_file = keys.theirs + "/etcd/client.key";
+  refused(other, "another cluster's client certificate");
+  etcd::Options wrong_ca = cluster.options();
+  wrong_ca.tls.ca_file = keys.theirs + "/etcd/ca.pem";
+  const std::string why = refused(wrong_ca, "a client trusting another CA");
+  EXPECT_NE(why.find("TLS to etcd failed"), std::string::npos) << why;
+
+  auto got = ours.range("tls/a");
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  ASSERT_EQ(got->kvs.size(), 1u);
+  EXPECT_EQ(got->kvs[0].value, "secret");
 }
 
 }  // namespace

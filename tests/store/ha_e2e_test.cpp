@@ -853,5 +853,124 @@ TEST_F(HaClusterE2E, KillTheLeaderMidReplayNoRequestLostNoWrongTokens) {
   EXPECT_GE(rebuilt.value("resyncs", 0), 1) << rebuilt.dump();
 }
 
+// etcd behind the cluster's keys (examples/local-cluster.sh --masters 2 --auth): etcd serves TLS with the etcd
+// certificates of `mc-auth init` and admits only their client certificate. Without it nobody reads or forges the
+// leader key or the metadata; with it the masters elect a leader, requests are served, and the tools and the standby
+// follow a takeover through etcd over TLS.
+class HaAuthClusterE2E : public testkit::LocalClusterFixture {
+ protected:
+  HaAuthClusterE2E() : LocalClusterFixture("ha_auth_e2e") {}
+  void SetUp() override {
+    if (!testkit::EtcdCluster::installed()) GTEST_SKIP() << testkit::EtcdCluster::kNotInstalled;
+    start_cluster({"--masters", "2", "--auth", "--store-nodes", "1", "--prefill", "1", "--decode", "1", "--backend",
+                   "sim", "--time-scale", "2", "--kv-buffer-size", "32MiB"},
+                  {"etcd", "master", "master1", "conductor", "node0", "prefill0", "decode0"});
+    state_ = slurp(s_.path("state"));
+    state_.erase(state_.find_last_not_of("\n ") + 1);
+  }
+  std::string keys() const { return state_ + "/auth"; }
+  // mc-store ARGS... as the identity `who` of the cluster's keys ("": without --auth-dir); stderr in *err.
+  int store_tool(std::vector<std::string> args, const std::string& who, std::string* err) {
+    args.insert(args.begin(), bin() + "/mc-store");
+    if (!who.empty()) args.insert(args.end(), {"--auth-dir", keys(), "--auth-name", who});
+    testkit::ChildOptions o;
+    o.stderr_path = s_.path("tool.err");
+    testkit::Child c(args, o);
+    std::string out;
+    const int status = c.finish(30'000, &out);
+    *err = slurp(s_.path("tool.err"));
+    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  std::string state_;
+};
+
+TEST_F(HaAuthClusterE2E, EtcdAdmitsOnlyTheClusterCertificateAndServesThroughATakeover) {
+  const std::string ep = endpoints_.at("etcd");
+  etcd::Options ours;
+  ours.endpoints = {ep};
+  ours.tls = etcd::tls_files_in(keys() + "/etcd");
+  etcd::Client c(ours);
+  // The leader key, read with the cluster's certificate.
+  std::string leader_key, leader_value;
+  ASSERT_TRUE(testkit::wait_until(
+      [&] {
+        auto r = c.range("/mc/", etcd::prefix_end("/mc/"));
+        if (!r.is_ok()) return false;
+        for (const auto& kv : r->kvs) {
+          if (kv.key.size() > 7 && kv.key.substr(kv.key.size() - 7) == "/leader") {
+            leader_key = kv.key;
+            leader_value = kv.value;
+          }
+        }
+        return !leader_key.empty();
+      },
+      20'000, 100))
+      << "no leader key under /mc/ in etcd " << ep;
+  const std::string cluster_id = leader_key.substr(4, leader_key.size() - 4 - 7);
+
+  // Without the cluster's client certificate nobody reads or writes: plain HTTP, and TLS without a certificate.
+  etcd::Options plain;
+  plain.endpoints = {ep};
+  plain.timeout_ms = 1000;
+  etcd::Options no_cert = ours;
+  no_cert.tls.cert_file.clear();
+  no_cert.tls.key_file.clear();
+  no_cert.timeout_ms = 1000;
+  for (const etcd::Options& o : {plain, no_cert}) {
+    etcd::Client anon(o);
+    EXPECT_FALSE(anon.range(leader_key).is_ok()) << o.endpoints[0] << (o.tls.enabled() ? " over TLS" : "");
+    EXPECT_FALSE(anon.put(leader_key, "forged").is_ok()) << o.endpoints[0] << (o.tls.enabled() ? " over TLS" : "");
+    EXPECT_FALSE(anon.del("/mc/", etcd::prefix_end("/mc/")).is_ok());
+  }
+  auto still = c.range(leader_key);
+  ASSERT_TRUE(still.is_ok()) << still.status().to_string();
+  ASSERT_EQ(still->kvs.size(), 1u);
+  EXPECT_EQ(still->kvs[0].value, leader_value);
+
+  // The tools follow the leader through etcd with the keys; without them they cannot reach etcd at all.
+  std::string err;
+  const std::vector<std::string> stat = {"stat", "--etcd", ep, "--cluster-id", cluster_id, "--json"};
+  EXPECT_EQ(store_tool(stat, "admin", &err), 0) << err;
+  EXPECT_EQ(store_tool(stat, "", &err), 1) << err;
+  EXPECT_NE(err.find("etcd"), std::string::npos) << err;
+
+  // Requests are served by the authenticated cluster.
+  const std::string trace = s_.path("auth.trace.jsonl");
+  {
+    std::ofstream t(trace);
+    for (int i = 0; i < 4; ++i) {
+      t << nlohmann::json{{"timestamp", i * 200},
+                          {"input_length", 1024},
+                          {"output_length", 4},
+                          {"hash_ids", {1, 2 + i}}}
+               .dump()
+        << '\n';
+    }
+  }
+  auto replay = testkit::run({bin() + "/mc-trace-replay", trace, "--conductor", endpoints_.at("conductor"), "--json",
+                              "--out", s_.path("auth.jsonl"), "--no-progress", "--drain-timeout-s", "60", "--auth-dir",
+                              keys(), "--auth-name", "default"},
+                             150'000);
+  ASSERT_EQ(replay.exit_code, 0) << replay.out;
+  std::ifstream records(s_.path("auth.jsonl"));
+  std::string line;
+  int completed = 0;
+  while (std::getline(records, line)) {
+    completed += nlohmann::json::parse(line, nullptr, false).value("outcome", "") == "completed" ? 1 : 0;
+  }
+  EXPECT_EQ(completed, 4) << replay.out;
+
+  // kill -9 of the leader: the standby takes over through etcd over TLS, and the tools find it there.
+  ASSERT_EQ(::kill(pids_.at("master"), SIGKILL), 0);
+  EXPECT_TRUE(testkit::wait_until(
+      [&] {
+        auto r = c.range(leader_key);
+        return r.is_ok() && r->kvs.size() == 1 && r->kvs[0].value != leader_value;
+      },
+      30'000, 100))
+      << "no new leader in etcd";
+  EXPECT_TRUE(testkit::wait_until([&] { return store_tool(stat, "admin", &err) == 0; }, 30'000, 200)) << err;
+}
+
 }  // namespace
 }  // namespace mc::store

@@ -94,10 +94,15 @@ struct InitOptions {
   std::vector<std::string> nodes;    // one storage identity per storage node
   std::vector<std::string> shared;   // shared namespaces every tenant made here opts into
   bool force = false;                // overwrite an existing roster
+  // etcd's server certificate names these hosts besides 127.0.0.1, ::1 and localhost (--etcd-host: the addresses
+  // or DNS names the members' client URLs use)
+  std::vector<std::string> etcd_hosts{};
 };
 // Writes DIR as above, with the identities "admin", "conductor", "master", "node" (storage), "worker", one client
-// per tenant, and one per --worker / --node name. Returns the identities written. kAlreadyExists when DIR/roster
-// exists (unless force); kIo naming the path and strerror.
+// per tenant, and one per --worker / --node name, and DIR/etcd: the cluster's etcd certificates
+// (etcd::write_tls_files; a process given --auth-dir DIR reaches etcd over TLS with them). Returns the identities
+// written. kAlreadyExists when DIR/roster exists (unless force); kInvalidArgument for a bad --etcd-host; kIo naming
+// the path and strerror.
 Result<std::vector<Identity>> init_dir(const InitOptions& options);
 
 // `mc-auth init`: init_dir, then the identities written as a table (NAME ROLE TENANT PUBLIC_KEY) or JSON on `out`.

@@ -5,7 +5,8 @@
 // Wire: every call is one HTTP/1.1 POST of a JSON body to a member's client URL (etcd 3.4's gateway paths
 // /v3/kv/range, /v3/kv/put, /v3/kv/deleterange, /v3/kv/txn, /v3/kv/compaction, /v3/lease/grant,
 // /v3/lease/keepalive, /v3/lease/revoke, /v3/watch). Keys and values are bytes (any byte, NUL included);
-// they travel base64-encoded. Plain HTTP only: TLS to etcd is not supported yet.
+// they travel base64-encoded. Plain HTTP, or HTTPS with a client certificate when Options::tls names the files
+// (etcd started with --client-cert-auth: only holders of a certificate signed by the cluster's CA get in).
 //
 // Units: revisions, versions and lease ids are etcd's int64s; TTLs in seconds; timeouts in milliseconds.
 //
@@ -88,14 +89,39 @@ struct TxnResult {
   std::vector<RangeResult> ranges;  // one per kRange op of the branch taken, in order
 };
 
+// ---- TLS (docs/SECURITY.md "etcd") ----
+// PEM files: the CA that signed etcd's server certificate (checked, with the host name or address of each endpoint
+// against its subjectAltNames), and the client certificate and key this process presents (etcd's
+// --client-cert-auth). Empty ca_file: plain HTTP.
+struct TlsFiles {
+  std::string ca_file, cert_file, key_file;
+  bool enabled() const { return !ca_file.empty(); }
+};
+// The files of a cluster's keys: DIR/ca.pem, DIR/client.pem, DIR/client.key (`mc-auth init` writes them into
+// AUTH_DIR/etcd; the CLI kit installs them as the process default when --auth-dir has them).
+TlsFiles tls_files_in(const std::string& dir);
+// The TLS files parse_endpoints() puts into every Options it makes: set by the CLI kit (cli::parse, from
+// --auth-dir DIR when DIR/etcd/ca.pem exists) before any etcd client exists. Thread-safe; by default none.
+void set_default_tls(TlsFiles files);
+TlsFiles default_tls();
+// mc-auth init's etcd certificates: creates `dir` (mode 0700) and writes a new CA (ca.pem, ca.key), etcd's server
+// certificate for `server_hosts` (IPv4/IPv6 addresses and DNS names, as subjectAltNames: server.pem, server.key) and
+// the client certificate mc's processes present (client.pem, client.key), ECDSA P-256 signed with SHA-256, valid
+// `valid_days`; keys mode 0600. etcd then runs with --cert-file server.pem --key-file server.key
+// --trusted-ca-file ca.pem --client-cert-auth and https:// client URLs. kInvalidArgument for a bad host or
+// validity, kIo naming the path and strerror, kInternal with OpenSSL's text.
+Status write_tls_files(const std::string& dir, const std::vector<std::string>& server_hosts, int valid_days = 3650);
+
 struct Options {
-  std::vector<std::string> endpoints;  // "127.0.0.1:2379" or "http://127.0.0.1:2379"
+  std::vector<std::string> endpoints;  // "127.0.0.1:2379", "http://127.0.0.1:2379" or (with tls) "https://..."
   int64_t timeout_ms = 2000;           // per HTTP call (per endpoint tried); also the connect timeout
+  TlsFiles tls{};                      // enabled: every endpoint is reached over HTTPS with these files
 };
 
-// "HOST:PORT[,HOST:PORT...]" (also with http:// prefixes, spaces around commas allowed) -> Options.endpoints
-// (normalised to "http://HOST:PORT"); kInvalidArgument naming the bad entry. https:// is refused: TLS to etcd is not
-// supported yet.
+// "HOST:PORT[,HOST:PORT...]" (also with http:// or https:// prefixes, spaces around commas allowed) ->
+// Options.endpoints, with default_tls() as Options.tls: normalised to "https://HOST:PORT" when TLS files are set,
+// else "http://HOST:PORT". kInvalidArgument naming the bad entry, also for https:// without TLS files (give
+// --auth-dir with the cluster's etcd certificates) and http:// with them (the cluster's etcd speaks TLS).
 Result<Options> parse_endpoints(std::string_view list);
 
 // etcd's range_end for "every key with this prefix": the prefix with its last byte below 0xff incremented and what

@@ -86,6 +86,10 @@ class EtcdCluster {
     return false;
   }
 
+  // Before start(): client URLs over TLS with the certificates of `dir` (AUTH_DIR/etcd from mc-auth init:
+  // server.pem/.key, ca.pem) and --client-cert-auth; options() then carries the client files of `dir`.
+  void use_tls(const std::string& dir) { tls_dir_ = dir; }
+
   // "127.0.0.1:P,127.0.0.1:Q,..." (client URLs without the scheme).
   std::string endpoints() const {
     std::string out;
@@ -97,6 +101,7 @@ class EtcdCluster {
     etcd::Options o;
     for (const auto& m : members_) o.endpoints.push_back(endpoint(m));
     o.timeout_ms = timeout_ms;
+    if (!tls_dir_.empty()) o.tls = etcd::tls_files_in(tls_dir_);
     return o;
   }
   size_t size() const { return members_.size(); }
@@ -146,37 +151,43 @@ class EtcdCluster {
       cluster += (j == 0 ? "" : ",") + name(j) + "=http://127.0.0.1:" + std::to_string(members_[j].peer_port);
     }
     const Member& m = members_[i];
-    const std::string client = "http://" + endpoint(m);
+    const std::string client = (tls_dir_.empty() ? "http://" : "https://") + endpoint(m);
     const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
-    const std::vector<std::string> argv = {kBinary,
-                                           "--name",
-                                           name(i),
-                                           "--data-dir",
-                                           m.data_dir,
-                                           "--listen-client-urls",
-                                           client,
-                                           "--advertise-client-urls",
-                                           client,
-                                           "--listen-peer-urls",
-                                           peer,
-                                           "--initial-advertise-peer-urls",
-                                           peer,
-                                           "--initial-cluster",
-                                           cluster,
-                                           "--initial-cluster-state",
-                                           state,
-                                           "--initial-cluster-token",
-                                           token_,
-                                           "--heartbeat-interval",
-                                           "50",
-                                           "--election-timeout",
-                                           "500",
-                                           "--quota-backend-bytes",
-                                           std::to_string(int64_t{256} << 20),
-                                           "--logger",
-                                           "zap",
-                                           "--log-level",
-                                           "warn"};
+    std::vector<std::string> argv = {kBinary,
+                                     "--name",
+                                     name(i),
+                                     "--data-dir",
+                                     m.data_dir,
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     cluster,
+                                     "--initial-cluster-state",
+                                     state,
+                                     "--initial-cluster-token",
+                                     token_,
+                                     "--heartbeat-interval",
+                                     "50",
+                                     "--election-timeout",
+                                     "500",
+                                     "--quota-backend-bytes",
+                                     std::to_string(int64_t{256} << 20),
+                                     "--logger",
+                                     "zap",
+                                     "--log-level",
+                                     "warn"};
+    if (!tls_dir_.empty()) {
+      for (const char* a : {"--cert-file", "server.pem", "--key-file", "server.key", "--trusted-ca-file", "ca.pem"}) {
+        argv.push_back(a[0] == '-' ? std::string(a) : tls_dir_ + "/" + a);
+      }
+      argv.push_back("--client-cert-auth");
+    }
     ChildOptions o;
     o.stdin_path = "/dev/null";
     o.stdout_path = scratch_.path(name(i) + ".out");
@@ -190,6 +201,7 @@ class EtcdCluster {
     etcd::Options o;
     o.endpoints = {endpoint(members_[i])};
     o.timeout_ms = 1000;
+    if (!tls_dir_.empty()) o.tls = etcd::tls_files_in(tls_dir_);
     etcd::Client c(o);
     bool exited = false;
     Status last;
@@ -218,6 +230,7 @@ class EtcdCluster {
   bool bind_failed() const { return error_.find("address already in use") != std::string::npos; }
 
   Scratch scratch_;
+  std::string tls_dir_;
   std::vector<Member> members_;
   std::string token_;
   std::string error_;
