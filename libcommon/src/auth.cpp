@@ -413,6 +413,12 @@ Result<std::vector<Identity>> init_dir(const InitOptions& options) {
     }
   }
   if (sodium_init() < 0) return Status(Code::kInternal, "libsodium failed to initialise");
+  // The etcd certificates first: a bad --etcd-host is refused before any key or roster is written.
+  std::vector<std::string> etcd_hosts = {"127.0.0.1", "::1", "localhost"};
+  for (const std::string& h : options.etcd_hosts) {
+    if (std::find(etcd_hosts.begin(), etcd_hosts.end(), h) == etcd_hosts.end()) etcd_hosts.push_back(h);
+  }
+  MC_RETURN_IF_ERROR(etcd::write_tls_files(options.dir + "/etcd", etcd_hosts));
   std::vector<std::pair<std::string, std::pair<Role, std::string>>> want = {
       {"admin", {Role::kAdmin, "-"}},  {"conductor", {Role::kConductor, "-"}}, {"master", {Role::kMaster, "-"}},
       {"node", {Role::kStorage, "-"}}, {"worker", {Role::kWorker, "-"}},
@@ -456,11 +462,6 @@ Result<std::vector<Identity>> init_dir(const InitOptions& options) {
   }
   roster.pop_back();
   MC_RETURN_IF_ERROR(write_text(options.dir + "/roster", roster, 0644));
-  std::vector<std::string> etcd_hosts = {"127.0.0.1", "::1", "localhost"};
-  for (const std::string& h : options.etcd_hosts) {
-    if (std::find(etcd_hosts.begin(), etcd_hosts.end(), h) == etcd_hosts.end()) etcd_hosts.push_back(h);
-  }
-  MC_RETURN_IF_ERROR(etcd::write_tls_files(options.dir + "/etcd", etcd_hosts));
   return out;
 }
 

@@ -1,5 +1,6 @@
 #include "mc/common/cli.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -475,18 +476,33 @@ int apply_auth_flags(int argc, char** argv) {
     }
     MC_LOG_DEBUG << "authenticated as " << ring.value()->self().describe() << " with the keys of " << f->dir;
     // The cluster's etcd certificates (mc-auth init writes DIR/etcd): every etcd client of this process uses TLS.
-    const etcd::TlsFiles tls = etcd::tls_files_in(f->dir + "/etcd");
-    if (::access(tls.ca_file.c_str(), F_OK) == 0) {
-      for (const std::string& file : {tls.cert_file, tls.key_file}) {
-        if (::access(file.c_str(), R_OK) != 0) {
-          MC_LOG_ERROR << "--auth-dir " << f->dir << " has the etcd CA " << tls.ca_file << " but " << file
-                       << " cannot be read (" << std::strerror(errno)
-                       << "): copy the whole etcd/ directory of the cluster's keys (mc-auth init)";
-          return kExitUsage;
+    // Keys without etcd/ (made before it existed, or not copied) mean plain HTTP to etcd: said when --etcd is given.
+    // etcd/ present but unusable is a usage error, never a silent fallback to plain HTTP.
+    const std::string etcd_dir = f->dir + "/etcd";
+    const etcd::TlsFiles tls = etcd::tls_files_in(etcd_dir);
+    struct ::stat etcd_stat {};
+    if (::stat(etcd_dir.c_str(), &etcd_stat) != 0 && errno == ENOENT) {
+      for (const EtcdFlags& e : etcd_flags()) {
+        if ((e.cmd->parsed() || e.cmd->get_parent() == nullptr) && !e.etcd->empty()) {
+          MC_LOG_WARN << "--auth-dir " << f->dir << " has no etcd/ certificates: etcd " << *e.etcd
+                      << " is reached over plain HTTP, unauthenticated (make the keys again with mc-auth init, or copy "
+                         "etcd/ca.pem, etcd/client.pem and etcd/client.key of the cluster's keys; docs/SECURITY.md "
+                         "\"etcd\")";
+          break;
         }
       }
-      etcd::set_default_tls(tls);
+      continue;
     }
+    for (const std::string& file : {tls.ca_file, tls.cert_file, tls.key_file}) {
+      if (::access(file.c_str(), R_OK) != 0) {
+        MC_LOG_ERROR << "--auth-dir " << f->dir << ": the etcd certificate file " << file << " cannot be read ("
+                     << std::strerror(errno)
+                     << "): copy etcd/ca.pem, etcd/client.pem and etcd/client.key of the cluster's keys there (never "
+                        "ca.key; server.* only to the etcd members; docs/SECURITY.md \"etcd\")";
+        return kExitUsage;
+      }
+    }
+    etcd::set_default_tls(tls);
   }
   return -1;
 }

@@ -257,9 +257,10 @@ void set_common(CURL* h, const std::string& url, const std::string& body, const 
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
     curl_easy_setopt(h, CURLOPT_SSLVERSION, static_cast<long>(CURL_SSLVERSION_TLSv1_2));
-    curl_easy_setopt(h, CURLOPT_SSLCERT, options.tls.cert_file.c_str());
+    // No client certificate when none is named (a test's anonymous client), not an empty path curl would fail on.
+    curl_easy_setopt(h, CURLOPT_SSLCERT, options.tls.cert_file.empty() ? nullptr : options.tls.cert_file.c_str());
     curl_easy_setopt(h, CURLOPT_SSLCERTTYPE, "PEM");
-    curl_easy_setopt(h, CURLOPT_SSLKEY, options.tls.key_file.c_str());
+    curl_easy_setopt(h, CURLOPT_SSLKEY, options.tls.key_file.empty() ? nullptr : options.tls.key_file.c_str());
     curl_easy_setopt(h, CURLOPT_SSLKEYTYPE, "PEM");
   } else {
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
@@ -277,20 +278,30 @@ void set_common(CURL* h, const std::string& url, const std::string& body, const 
   errbuf[0] = '\0';
 }
 
-std::string curl_text(CURLcode code, const char* errbuf) {
+// curl's text for a failed transfer; with TLS, what to check for the failures TLS causes (a refused handshake
+// shows as a receive error under TLS 1.3, where the server checks the client certificate after the handshake).
+std::string curl_text(CURLcode code, const char* errbuf, bool tls) {
   std::string text = errbuf[0] != '\0' ? std::string(errbuf) + " (" + curl_easy_strerror(code) + ")"
                                        : std::string(curl_easy_strerror(code));
+  if (!tls) return text;
   switch (code) {
-    case CURLE_SSL_CONNECT_ERROR:
     case CURLE_PEER_FAILED_VERIFICATION:
+      text +=
+          "; TLS to etcd failed: etcd's certificate is not one of the CA of the cluster's keys, or does not name "
+          "this endpoint's address (mc-auth init --etcd-host ADDR names more; docs/SECURITY.md \"etcd\")";
+      break;
+    case CURLE_SSL_CONNECT_ERROR:
     case CURLE_SSL_CERTPROBLEM:
     case CURLE_SSL_CACERT_BADFILE:
     case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CLIENTCERT:
+    case CURLE_RECV_ERROR:
     case CURLE_SSL_ENGINE_NOTFOUND:
     case CURLE_SSL_ENGINE_SETFAILED:
       text +=
-          "; TLS to etcd failed: was etcd started with the server certificate of the same cluster's keys, and do "
-          "the certificate files exist (docs/SECURITY.md \"etcd\")?";
+          "; TLS to etcd failed: was etcd started with the server certificate and CA of the same cluster's keys "
+          "(--cert-file, --trusted-ca-file), and can this process read the etcd/ files of its --auth-dir "
+          "(docs/SECURITY.md \"etcd\")?";
       break;
     default:
       break;
@@ -522,7 +533,7 @@ struct Client::Impl {
       long sent_bytes = 0;
       curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &http);
       curl_easy_getinfo(h, CURLINFO_REQUEST_SIZE, &sent_bytes);
-      const std::string error = rc == CURLE_OK ? "" : curl_text(rc, errbuf);
+      const std::string error = rc == CURLE_OK ? "" : curl_text(rc, errbuf, options.tls.enabled());
       give(h);
       if (reply.too_large) {
         return Status(Code::kMessageTooLarge, "etcd " + ep + ": " + what + ": reply over " +
@@ -836,7 +847,7 @@ struct Watch::State {
     if (stopping.load() || !fatal.is_ok() || !dropped.empty()) return;
     if (!done) return;
     if (result != CURLE_OK) {
-      dropped = curl_text(result, errbuf);
+      dropped = curl_text(result, errbuf, options.tls.enabled());
     } else if (http != 200) {
       dropped = "HTTP " + std::to_string(http) + " (\"" + buffer.substr(0, 200) + "\"): is it an etcd 3.4+ client URL?";
     } else {

@@ -1,9 +1,10 @@
 // The etcd PKI of a cluster's keys (etcd.hpp "TLS"; docs/SECURITY.md "etcd"): a CA and, signed by it, etcd's server
 // certificate and the client certificate mc's processes present, made with OpenSSL's X.509 API (ECDSA P-256,
 // SHA-256). Certificates follow what etcd (Go's crypto/tls) checks: the server's names are subjectAltNames, the CA
-// has basicConstraints CA:TRUE and keyCertSign, both leaf certificates carry serverAuth and clientAuth (etcd's JSON
+// has basicConstraints CA:TRUE and keyCertSign, the server certificate carries serverAuth and clientAuth (etcd's JSON
 // gateway dials etcd's own gRPC port with the server certificate as a client certificate when client certificates
-// are required). The client certificate has no CommonName: etcd's gateway refuses one that has (etcd PR #10392).
+// are required), the client certificate clientAuth only. The client certificate has no CommonName: etcd's gateway
+// refuses one that has (etcd PR #10392).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <openssl/bn.h>
@@ -53,19 +54,40 @@ Status ssl_error(const std::string& what) {
   return Status(Code::kInternal, "etcd certificates: " + what + " failed: " + openssl_errors());
 }
 
+// Writes `text` to `path` with `mode`: into a new file beside it (O_EXCL | O_NOFOLLOW, created with `mode`, so a
+// private key is never readable by others, not even empty), synced, then renamed over `path` (a reader of the old
+// file, or a link planted at `path`, never sees the new key).
 Status write_file(const std::string& path, const std::string& text, mode_t mode) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) return Status(Code::kIo, "cannot write " + path + ": " + std::strerror(errno));
-  bool ok = ::fchmod(fd, mode) == 0;
-  for (size_t at = 0; ok && at < text.size();) {
+  const std::string tmp = path + ".new";
+  auto fail = [&](const std::string& what, int err) {
+    (void)::unlink(tmp.c_str());
+    return Status(Code::kIo, "cannot " + what + " " + path + ": " + std::strerror(err));
+  };
+  (void)::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) return Status(Code::kIo, "cannot write " + tmp + ": " + std::strerror(errno));
+  if (::fchmod(fd, mode) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return fail("set the mode of", err);
+  }
+  for (size_t at = 0; at < text.size();) {
     const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
     if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) at += static_cast<size_t>(n);
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return fail("write", err);
+    }
+    at += static_cast<size_t>(n);
   }
-  const int saved = errno;
-  ok = ::close(fd) == 0 && ok;
-  if (!ok) return Status(Code::kIo, "cannot write " + path + ": " + std::strerror(saved != 0 ? saved : errno));
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return fail("sync", err);
+  }
+  if (::close(fd) != 0) return fail("close", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename " + tmp + " to", errno);
   return Status::ok();
 }
 
@@ -140,12 +162,12 @@ Result<std::string> subject_alt_names(const std::vector<std::string>& hosts) {
   for (const std::string& h : hosts) {
     unsigned char addr[16];
     const bool ip = ::inet_pton(AF_INET, h.c_str(), addr) == 1 || ::inet_pton(AF_INET6, h.c_str(), addr) == 1;
-    const bool dns = !h.empty() && h.size() <= 253 && h.front() != '-' && h.front() != '.' &&
-                     h.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") ==
-                         std::string::npos;
+    const bool dns =
+        !h.empty() && h.size() <= 253 && h.front() != '-' && h.front() != '.' &&
+        h.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") == std::string::npos;
     if (!ip && !dns) {
-      return Status(Code::kInvalidArgument, "etcd host '" + h.substr(0, 80) +
-                                                "' is neither an IPv4/IPv6 address nor a DNS name (--etcd-host)");
+      return Status(Code::kInvalidArgument,
+                    "etcd host '" + h.substr(0, 80) + "' is neither an IPv4/IPv6 address nor a DNS name (--etcd-host)");
     }
     san += (san.empty() ? "" : ",") + std::string(ip ? "IP:" : "DNS:") + h;
   }
@@ -180,29 +202,38 @@ TlsFiles tls_files_in(const std::string& dir) {
 
 Status write_tls_files(const std::string& dir, const std::vector<std::string>& server_hosts, int valid_days) {
   if (valid_days < 1 || valid_days > 36500) {
-    return Status(Code::kInvalidArgument, "etcd certificates: validity " + std::to_string(valid_days) +
-                                              " days is outside [1, 36500]");
+    return Status(Code::kInvalidArgument,
+                  "etcd certificates: validity " + std::to_string(valid_days) + " days is outside [1, 36500]");
   }
   MC_ASSIGN_OR_RETURN(std::string san, subject_alt_names(server_hosts));
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return Status(Code::kIo, "cannot create " + dir + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+      ::chmod(dir.c_str(), 0700) != 0) {
+    return Status(Code::kIo, dir + " is not a directory of this user that can be made private (mode 0700): remove it");
   }
   MC_ASSIGN_OR_RETURN(Key ca_key, make_key());
   MC_ASSIGN_OR_RETURN(Cert ca, make_cert(ca_key, "mc etcd CA", true, nullptr, ca_key, valid_days,
                                          {{NID_basic_constraints, "critical,CA:TRUE"},
                                           {NID_key_usage, "critical,keyCertSign,cRLSign"},
                                           {NID_subject_key_identifier, "hash"}}));
-  const std::vector<std::pair<int, std::string>> leaf = {{NID_basic_constraints, "critical,CA:FALSE"},
-                                                         {NID_key_usage, "critical,digitalSignature,keyAgreement"},
-                                                         {NID_ext_key_usage, "serverAuth,clientAuth"},
-                                                         {NID_subject_key_identifier, "hash"},
-                                                         {NID_authority_key_identifier, "keyid"}};
-  std::vector<std::pair<int, std::string>> server_ext = leaf;
+  const std::vector<std::pair<int, std::string>> client_ext = {
+      {NID_basic_constraints, "critical,CA:FALSE"},
+      {NID_key_usage, "critical,digitalSignature,keyAgreement"},
+      {NID_ext_key_usage, "clientAuth"},
+      {NID_subject_key_identifier, "hash"},
+      {NID_authority_key_identifier, "keyid"}};
+  std::vector<std::pair<int, std::string>> server_ext = client_ext;
+  server_ext[2].second = "serverAuth,clientAuth";
   server_ext.emplace_back(NID_subject_alt_name, san);
   MC_ASSIGN_OR_RETURN(Key server_key, make_key());
-  MC_ASSIGN_OR_RETURN(Cert server, make_cert(server_key, "mc etcd server", true, ca.get(), ca_key, valid_days, server_ext));
+  MC_ASSIGN_OR_RETURN(Cert server,
+                      make_cert(server_key, "mc etcd server", true, ca.get(), ca_key, valid_days, server_ext));
   MC_ASSIGN_OR_RETURN(Key client_key, make_key());
-  MC_ASSIGN_OR_RETURN(Cert client, make_cert(client_key, "mc etcd client", false, ca.get(), ca_key, valid_days, leaf));
+  MC_ASSIGN_OR_RETURN(Cert client,
+                      make_cert(client_key, "mc etcd client", false, ca.get(), ca_key, valid_days, client_ext));
   struct Out {
     const char* name;
     Result<std::string> text;

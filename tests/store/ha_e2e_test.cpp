@@ -32,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/common/auth.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/etcd.hpp"
 #include "mc/common/protocol.hpp"
@@ -970,6 +971,35 @@ TEST_F(HaAuthClusterE2E, EtcdAdmitsOnlyTheClusterCertificateAndServesThroughATak
       30'000, 100))
       << "no new leader in etcd";
   EXPECT_TRUE(testkit::wait_until([&] { return store_tool(stat, "admin", &err) == 0; }, 30'000, 200)) << err;
+}
+
+// The CLI kit and the keys' etcd/ directory: unreadable certificates are a usage error naming the file (never a
+// silent fall back to plain HTTP); keys without etcd/ (made before it existed) make a tool that takes --etcd say that
+// it reaches etcd over plain HTTP.
+TEST(HaAuthFlags, TheKeysEtcdCertificatesAreUsedOrTheirAbsenceIsSaid) {
+  if (::access(kBin.c_str(), X_OK) != 0) GTEST_SKIP() << kBin << " is not built";
+  testkit::Scratch scratch("ha_auth_flags");
+  const std::string keys = scratch.path("keys");
+  auth::InitOptions init;
+  init.dir = keys;
+  ASSERT_TRUE(auth::init_dir(init).is_ok());
+  auto stat_with_keys = [&](std::string* err) {
+    testkit::ChildOptions o;
+    o.stderr_path = scratch.path("stat.err");
+    testkit::Child c(
+        {kBin, "stat", "--etcd", "127.0.0.1:9", "--cluster-id", "x", "--auth-dir", keys, "--auth-name", "admin"}, o);
+    std::string out;
+    const int status = c.finish(60'000, &out);
+    *err = slurp(scratch.path("stat.err"));
+    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  std::string err;
+  ASSERT_EQ(std::remove((keys + "/etcd/client.key").c_str()), 0);
+  EXPECT_EQ(stat_with_keys(&err), 2) << err;
+  EXPECT_NE(err.find(keys + "/etcd/client.key"), std::string::npos) << err;
+  std::filesystem::remove_all(keys + "/etcd");
+  EXPECT_EQ(stat_with_keys(&err), 1) << err;
+  EXPECT_NE(err.find("plain HTTP"), std::string::npos) << err;
 }
 
 }  // namespace
