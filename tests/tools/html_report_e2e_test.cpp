@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -178,8 +179,18 @@ class HtmlReportE2E : public ::testing::Test {
     o.stdout_path = (dir_ / "chromium.out").string();
     o.stderr_path = (dir_ / "chromium.err").string();
     o.stdin_path = "/dev/null";
-    mc::testkit::Child c(argv, o);
-    const int status = c.finish(90000, nullptr);
+    // Headless Chromium once hung past 90 s at start on a loaded host (first in a full suite, beside the netns
+    // tests; it answers in a few seconds otherwise): a run killed at the deadline is tried once more, from a fresh
+    // profile. A run that ends with an error is not retried.
+    int status = -1;
+    for (int attempt = 0; attempt < 2 && status == -1; ++attempt) {
+      if (attempt > 0) {
+        std::cerr << "chromium on " << file << " did not finish within 90 s: trying once more\n";
+        fs::remove_all(dir_ / "profile");
+      }
+      mc::testkit::Child c(argv, o);
+      status = c.finish(90000, nullptr);
+    }
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << "chromium on " << file << ": " << slurp(o.stderr_path).substr(0, 4000);
     if (err != nullptr) *err = slurp(o.stderr_path);
