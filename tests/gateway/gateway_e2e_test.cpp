@@ -117,12 +117,12 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
   // plans a fetch only where it beats recomputing (scheduler.cpp plan_prefix, with its refitted prefill model): a
   // system prompt of 120 tokens was, under full-suite load, cheaper to recompute than to fetch at this time scale, so
   // the prefix is long (3,000 tokens: about 70 ms of modelled prefill, 3.8 MB of sim KV).
-  const json chat = {
-      {"model", "llama3-70b"},
-      {"messages",
-       {{{"role", "system"}, {"content", std::string(3000, 's')}}, {{"role", "user"}, {"content", "What is prefill?"}}}},
-      {"max_tokens", 4},
-      {"ignore_eos", true}};
+  const json chat = {{"model", "llama3-70b"},
+                     {"messages",
+                      {{{"role", "system"}, {"content", std::string(3000, 's')}},
+                       {{"role", "user"}, {"content", "What is prefill?"}}}},
+                     {"max_tokens", 4},
+                     {"ignore_eos", true}};
   r = post("/v1/chat/completions", chat);
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
   doc = body_of(r);
