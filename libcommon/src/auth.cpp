@@ -18,6 +18,7 @@
 
 #include "mc/common/endpoint.hpp"
 #include "mc/common/etcd.hpp"
+#include "mc/common/fd.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
@@ -47,17 +48,7 @@ Result<std::string> read_text(const std::string& path) {
 }
 
 Status write_text(const std::string& path, const std::string& text, mode_t mode) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return Status(Code::kIo, "cannot write " + tmp + ": " + std::strerror(errno));
-    out << text << '\n';
-    if (!out.flush()) return Status(Code::kIo, "cannot write " + tmp + ": " + std::strerror(errno));
-  }
-  if (::chmod(tmp.c_str(), mode) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status(Code::kIo, "cannot write " + path + ": " + std::strerror(errno));
-  }
-  return Status::ok();
+  return write_file_replacing(path, text + "\n", mode);
 }
 
 std::string hex(std::string_view bytes) {

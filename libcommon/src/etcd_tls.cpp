@@ -6,7 +6,6 @@
 // are required), the client certificate clientAuth only. The client certificate has no CommonName: etcd's gateway
 // refuses one that has (etcd PR #10392).
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "mc/common/etcd.hpp"
+#include "mc/common/fd.hpp"
 
 namespace mc::etcd {
 namespace {
@@ -52,43 +52,6 @@ std::string openssl_errors() {
 
 Status ssl_error(const std::string& what) {
   return Status(Code::kInternal, "etcd certificates: " + what + " failed: " + openssl_errors());
-}
-
-// Writes `text` to `path` with `mode`: into a new file beside it (O_EXCL | O_NOFOLLOW, created with `mode`, so a
-// private key is never readable by others, not even empty), synced, then renamed over `path` (a reader of the old
-// file, or a link planted at `path`, never sees the new key).
-Status write_file(const std::string& path, const std::string& text, mode_t mode) {
-  const std::string tmp = path + ".new";
-  auto fail = [&](const std::string& what, int err) {
-    (void)::unlink(tmp.c_str());
-    return Status(Code::kIo, "cannot " + what + " " + path + ": " + std::strerror(err));
-  };
-  (void)::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) return Status(Code::kIo, "cannot write " + tmp + ": " + std::strerror(errno));
-  if (::fchmod(fd, mode) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return fail("set the mode of", err);
-  }
-  for (size_t at = 0; at < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return fail("write", err);
-    }
-    at += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return fail("sync", err);
-  }
-  if (::close(fd) != 0) return fail("close", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename " + tmp + " to", errno);
-  return Status::ok();
 }
 
 Result<std::string> pem_of(const Key& key) {
@@ -244,7 +207,7 @@ Status write_tls_files(const std::string& dir, const std::vector<std::string>& s
                  {"client.pem", pem_of(client), 0644}, {"client.key", pem_of(client_key), 0600}};
   for (Out& f : files) {
     if (!f.text.is_ok()) return f.text.status();
-    MC_RETURN_IF_ERROR(write_file(dir + "/" + f.name, f.text.value(), f.mode));
+    MC_RETURN_IF_ERROR(write_file_replacing(dir + "/" + f.name, f.text.value(), f.mode));
   }
   return Status::ok();
 }

@@ -1,6 +1,15 @@
 // Fd: sole owner of a POSIX file descriptor (socket, epoll set, pipe); closes it on destruction.
 // Move-only; -1 means "none". Not thread-safe (a plain value).
+// write_file_replacing: a file's whole new content, e.g. a key, without a moment where it is partial or readable by
+// others.
 #pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <string_view>
+
+#include "mc/common/status.hpp"
 
 namespace mc {
 
@@ -31,5 +40,10 @@ class Fd {
  private:
   int fd_ = -1;
 };
+
+// Writes `text` to `path` with `mode` (0600 for a secret): into a new file beside it (PATH.new, O_EXCL | O_NOFOLLOW,
+// created with `mode`, so never readable by others, not even empty), synced, then renamed over `path` (a reader of
+// the old file, or a link planted at `path`, never sees the new content). kIo naming the path and strerror.
+Status write_file_replacing(const std::string& path, std::string_view text, mode_t mode);
 
 }  // namespace mc
