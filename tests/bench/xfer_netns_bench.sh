@@ -63,19 +63,28 @@ if j.get("transport") != "tcp":
     sys.exit("bench used transport %r, not tcp" % j.get("transport"))
 print("# raw tcp baseline: %s%s" % (j.get("baseline_tcp_raw_endpoint"),
       " (" + j["baseline_tcp_raw_note"] + ")" if j.get("baseline_tcp_raw_note") else ""))
-raw = {}
+raw, mem = {}, {}
 for b in j.get("baseline", []):
     if b["kind"] == "tcp_raw":
         raw[(b["block_bytes"], b["streams"])] = b["bytes_per_second"]
-print("%12s %12s %12s %12s %8s %10s %10s %13s %13s" % ("block_bytes", "mc-xfer_GB/s", "raw_x1_GB/s", "raw_x4_GB/s",
-      "ratio", "p50_us", "p99_us", "cpu_s/GB", "raw_cpu_s/GB"))
+    elif b["kind"] == "tcp_raw_mem":
+        mem[b["block_bytes"]] = b
+print("%12s %12s %12s %12s %8s %12s %9s %10s %10s %10s %10s %10s" % ("block_bytes", "mc-xfer_GB/s", "raw_x1_GB/s",
+      "raw_x4_GB/s", "ratio", "mem_x4_GB/s", "mem_ratio", "p50_us", "p99_us", "cpu_s/GB", "raw_cpu", "mem_cpu"))
 for r in j["results"]:
     blk = r["block_bytes"]
     x1, x4 = raw.get((blk, 1), 0), raw.get((blk, 4), 0)
     best = max(x1, x4)
-    print("%12d %12.2f %12.2f %12.2f %8.2f %10.1f %10.1f %13.3f %13.3f" % (blk, r["bytes_per_second"] / 1e9, x1 / 1e9,
-          x4 / 1e9, r["bytes_per_second"] / best if best else 0, r["latency_p50_ns"] / 1e3, r["latency_p99_ns"] / 1e3,
-          r.get("cpu_s_per_gb", 0), r.get("limit_cpu_s_per_gb", 0)))
+    m = mem.get(blk, {})
+    mx4 = m.get("bytes_per_second", 0)
+    print("%12d %12.2f %12.2f %12.2f %8.2f %12.2f %9.2f %10.1f %10.1f %10.3f %10.3f %10.3f" % (blk,
+          r["bytes_per_second"] / 1e9, x1 / 1e9, x4 / 1e9, r["bytes_per_second"] / best if best else 0, mx4 / 1e9,
+          r["bytes_per_second"] / mx4 if mx4 else 0, r["latency_p50_ns"] / 1e3, r["latency_p99_ns"] / 1e3,
+          r.get("cpu_s_per_gb", 0), r.get("limit_cpu_s_per_gb", 0), m.get("cpu_s_per_gb", 0)))
+    if m:
+        print("# %d: raw tcp x4 'mem' cycles through %d bytes per stream here (%d in all: the row's batch x block)"
+              " and %d there (%d in all: the swept segment, at most 256 MiB)" % (blk, m["span_bytes_per_stream"],
+              4 * m["span_bytes_per_stream"], m["target_span_bytes_per_stream"], 4 * m["target_span_bytes_per_stream"]))
 if "error" in j:
     sys.exit("bench failed: %s" % j["error"])
 EOF

@@ -13,7 +13,10 @@
 #include <set>
 
 #include "mc/transfer/shared_buffer.hpp"
+#include "mc/transfer/xfer_tool.hpp"
 #include "mock_transport.hpp"
+#include "tcp/net.hpp"
+#include "tcp/wire.hpp"
 
 namespace mc::transfer {
 namespace {
@@ -469,6 +472,44 @@ TEST(EngineTcp, LargeReadIsSpreadOverAllConnectionsOfThePath) {
     // The target saw the descriptor fetch and the data connections.
     EXPECT_EQ(server->stats().connections_accepted - accepted_before, 1u + conns);
   }
+}
+
+// The raw-TCP limits of `mc-xfer bench --baseline` (wire.hpp kRawStream): streams that cycle through a span of
+// blocks at each end move bytes both ways; a span past 256 MiB is refused here before connecting, and by the
+// target with the reason (the target then serves on).
+TEST(EngineTcp, RawStreamsCycleThroughTheirSpansAndAnOversizedSpanIsRefused) {
+  EngineOptions so;
+  so.listen = {"tcp://127.0.0.1:0"};
+  auto server = TransferEngine::create(so).value();
+  const std::string endpoint = "tcp://" + server->segment_name();
+  for (bool target_sends : {true, false}) {
+    auto r = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, "", target_sends, 64 << 10, 2, 0.1, 0, 4, 16);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_GT(r.value(), 0);
+  }
+  auto loopback = xfer::measure_raw_tcp_bytes_per_second(64 << 10, 2, 0.1, 4, 8);
+  ASSERT_TRUE(loopback.is_ok()) << loopback.status().to_string();
+  EXPECT_GT(loopback.value(), 0);
+  auto local = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, "", true, 64 * kMiB, 1, 0.1, 0, 1, 8);
+  EXPECT_EQ(local.status().code(), Code::kInvalidArgument) << local.status().to_string();
+
+  Endpoint ep = parse_tcp_endpoint(endpoint).value();
+  tcp::Fd fd = tcp::connect_blocking(ep, "", 2000, 10000).value();
+  tcp::WireRequest req;
+  req.op = static_cast<uint8_t>(tcp::WireOp::kRawStream);
+  req.reserved = tcp::kRawTargetSends;
+  req.offset = kMiB;     // chunk
+  req.reserved2 = 1000;  // 1000 MiB of span
+  req.length = kMiB;
+  ASSERT_TRUE(tcp::send_all(fd.get(), &req, sizeof req, "raw stream").is_ok());
+  tcp::WireReply rep;
+  ASSERT_TRUE(tcp::recv_all(fd.get(), &rep, sizeof rep, "raw stream reply").is_ok());
+  std::string why(rep.aux_bytes, '\0');
+  ASSERT_TRUE(tcp::recv_all(fd.get(), why.data(), why.size(), "raw stream reply").is_ok());
+  EXPECT_EQ(static_cast<Code>(rep.code), Code::kInvalidArgument) << why;
+  EXPECT_NE(why.find("span of 1000 chunks"), std::string::npos) << why;
+  auto again = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, "", true, 64 << 10, 1, 0.05, 0);
+  EXPECT_TRUE(again.is_ok()) << again.status().to_string();
 }
 
 TEST(EngineTcp, ServerGoneFailsPendingRequestsWithoutHanging) {

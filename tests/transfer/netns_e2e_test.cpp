@@ -92,14 +92,23 @@ TEST(XferNetns, BenchBaselineRunsRawTcpToTheTargetsHost) {
     EXPECT_GT(r["bytes_per_second"].get<double>(), 0) << r.dump();
     EXPECT_EQ(r["failed_requests"], 0) << r.dump();
     EXPECT_GT(r["ratio_to_limit"].get<double>(), 0) << r.dump();
+    EXPECT_GT(r["ratio_to_same_memory"].get<double>(), 0) << r.dump();
   }
-  int raw = 0;
+  int raw = 0, mem = 0;
   for (const auto& l : j["baseline"]) {
+    if (l["kind"] == "tcp_raw_mem") {
+      ++mem;
+      EXPECT_GT(l["bytes_per_second"].get<double>(), 0) << l.dump();
+      // The row's buffers here (batch 32 x block over 4 streams) and the swept 32 MiB segment there.
+      EXPECT_EQ(l["span_bytes_per_stream"], 8 * l["block_bytes"].get<uint64_t>()) << l.dump();
+      EXPECT_EQ(l["target_span_bytes_per_stream"], 8u << 20) << l.dump();
+    }
     if (l["kind"] != "tcp_raw") continue;
     ++raw;
     EXPECT_GT(l["bytes_per_second"].get<double>(), 0) << l.dump();
   }
   EXPECT_EQ(raw, 4) << "raw tcp x1 and x4 for each of the two blocks";
+  EXPECT_EQ(mem, 2) << "raw tcp x4 through the row's memory for each of the two blocks";
   // Everything (baseline and rows) crossed the veth: far more than the 32 MiB warm-up.
   EXPECT_GT(h.net.counter("cli", "veth1b", "rx_bytes") - rx0, 64u << 20);
   EXPECT_TRUE(server.running()) << "the server must survive the raw streams' abrupt ends";

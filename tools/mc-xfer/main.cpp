@@ -147,7 +147,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.01, 3600.0));
   bench_cmd->add_flag(
       "--baseline", bench.baseline,
-      "Also measure memcpy (1, 2 threads) and raw TCP to the target's host (1, 4 streams) and print ratios");
+      "Also measure memcpy (1, 2 threads) and raw TCP to the target's host (1, 4 streams; 4 streams through the "
+      "row's memory) and print ratios");
   bool no_warmup = false;
   bench_cmd->add_flag("--no-warmup", no_warmup,
                       "Skip the untimed pass that reads the swept range once before timing (first-touch page faults "

@@ -341,7 +341,10 @@ double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, c
   return static_cast<double>(total.load()) / (now_s() - t0);
 }
 
-Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s) {
+Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s,
+                                                uint32_t span, uint32_t sender_span) {
+  span = std::max<uint32_t>(1, span);
+  sender_span = std::max<uint32_t>(1, sender_span);
   uint16_t port = 0;
   MC_ASSIGN_OR_RETURN(tcp::Fd lfd, tcp::listen_on(Endpoint::tcp("127.0.0.1", 0), &port));
   std::atomic<uint64_t> received{0};
@@ -361,17 +364,18 @@ Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t s
                                     strerror(errno));
       break;
     }
-    receivers.emplace_back([cfd, block_bytes, &received] {
-      std::vector<char> buf(block_bytes);
-      uint64_t got = 0;
-      for (;;) {
-        ssize_t k = ::recv(cfd, buf.data(), buf.size(), 0);
-        if (k <= 0) break;
-        got += static_cast<uint64_t>(k);
-      }
-      received += got;
-      ::close(cfd);
-    });
+    // Every buffer is written before the timed window (first-touch page faults are not the link's cost).
+    receivers.emplace_back(
+        [cfd, block_bytes, span, buf = std::vector<char>(block_bytes * span, 0), &received]() mutable {
+          uint64_t got = 0, calls = 0;
+          for (;;) {
+            ssize_t k = ::recv(cfd, buf.data() + (calls++ % span) * block_bytes, block_bytes, 0);
+            if (k <= 0) break;
+            got += static_cast<uint64_t>(k);
+          }
+          received += got;
+          ::close(cfd);
+        });
   }
   if (!setup.is_ok()) {  // no thread may outlive this frame: end the receivers that started
     for (auto& fd : senders) ::shutdown(fd.get(), SHUT_RDWR);
@@ -379,13 +383,15 @@ Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t s
     return setup;
   }
   std::vector<std::thread> ts;
+  std::vector<std::vector<char>> bufs(streams, std::vector<char>(block_bytes * sender_span, 3));
   const double t0 = now_s();
   for (uint32_t s = 0; s < streams; ++s) {
     ts.emplace_back([&, s] {
-      std::vector<char> buf(block_bytes, 3);
+      const std::vector<char>& buf = bufs[s];
       const double end = t0 + duration_s;
-      while (now_s() < end) {
-        if (!tcp::send_all(senders[s].get(), buf.data(), buf.size(), "raw tcp").is_ok()) break;
+      for (uint64_t calls = 0; now_s() < end; ++calls) {
+        const char* at = buf.data() + (calls % sender_span) * block_bytes;
+        if (!tcp::send_all(senders[s].get(), at, block_bytes, "raw tcp").is_ok()) break;
       }
       ::shutdown(senders[s].get(), SHUT_WR);
     });
@@ -397,11 +403,17 @@ Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t s
 
 Result<double> measure_remote_raw_tcp_bytes_per_second(const std::string& endpoint, const std::string& grant,
                                                        bool target_sends, uint64_t block_bytes, uint32_t streams,
-                                                       double duration_s, int socket_buffer_bytes) {
-  if (block_bytes == 0 || block_bytes > tcp::kMaxRawChunkBytes || streams == 0) {
-    return Status(Code::kInvalidArgument, "raw tcp baseline: block of " + std::to_string(block_bytes) +
-                                              " bytes (1 to " + std::to_string(tcp::kMaxRawChunkBytes) + ") and " +
-                                              std::to_string(streams) + " streams (> 0)");
+                                                       double duration_s, int socket_buffer_bytes, uint32_t span,
+                                                       uint32_t target_span) {
+  span = std::max<uint32_t>(1, span);
+  target_span = std::max<uint32_t>(1, target_span);
+  if (block_bytes == 0 || block_bytes > tcp::kMaxRawChunkBytes || streams == 0 ||
+      std::max(span, target_span) > tcp::kMaxRawSpanBytes / block_bytes) {
+    return Status(Code::kInvalidArgument,
+                  "raw tcp baseline: block of " + std::to_string(block_bytes) + " bytes (1 to " +
+                      std::to_string(tcp::kMaxRawChunkBytes) + "), " + std::to_string(streams) +
+                      " streams (> 0) and spans of " + std::to_string(span) + " and " + std::to_string(target_span) +
+                      " blocks (at most " + std::to_string(tcp::kMaxRawSpanBytes) + " bytes each)");
   }
   MC_ASSIGN_OR_RETURN(Endpoint hp, parse_tcp_endpoint(endpoint));
   const std::string what = "raw tcp baseline to " + hp.host_port();
@@ -414,6 +426,7 @@ Result<double> measure_remote_raw_tcp_bytes_per_second(const std::string& endpoi
     req.reserved = target_sends ? tcp::kRawTargetSends : tcp::kRawTargetReceives;
     req.aux_bytes = static_cast<uint32_t>(grant.size());
     req.offset = block_bytes;
+    req.reserved2 = target_span;
     req.length = 1ull << 50;  // until this side closes
     MC_RETURN_IF_ERROR(tcp::send_all(fd.get(), &req, sizeof req, what));
     if (!grant.empty()) MC_RETURN_IF_ERROR(tcp::send_all(fd.get(), grant.data(), grant.size(), what));
@@ -431,15 +444,18 @@ Result<double> measure_remote_raw_tcp_bytes_per_second(const std::string& endpoi
   }
   std::atomic<uint64_t> moved{0};
   std::vector<std::thread> ts;
+  // Written before the timed window, as the target's (first-touch page faults are not the link's cost).
+  std::vector<std::vector<char>> bufs(streams, std::vector<char>(block_bytes * span, 3));
   const double t0 = now_s();
   for (uint32_t s = 0; s < streams; ++s) {
     ts.emplace_back([&, s] {
-      std::vector<char> buf(block_bytes, 3);
+      std::vector<char>& buf = bufs[s];
       const double end = t0 + duration_s;
-      uint64_t n = 0;
+      uint64_t n = 0, calls = 0;
       while (now_s() < end) {
-        const ssize_t k = target_sends ? ::recv(fds[s].get(), buf.data(), buf.size(), 0)
-                                       : ::send(fds[s].get(), buf.data(), buf.size(), MSG_NOSIGNAL);
+        char* at = buf.data() + (calls++ % span) * block_bytes;
+        const ssize_t k = target_sends ? ::recv(fds[s].get(), at, block_bytes, 0)
+                                       : ::send(fds[s].get(), at, block_bytes, MSG_NOSIGNAL);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) break;
         n += static_cast<uint64_t>(k);
@@ -529,12 +545,27 @@ int64_t percentile(std::vector<int64_t>& v, double q) {
 
 // One limit measured by --baseline: memcpy with n threads, or raw tcp with n streams, at `block`.
 struct BenchLimit {
-  std::string kind;  // "memcpy" | "tcp_raw"
+  std::string kind;  // "memcpy" | "tcp_raw" (one block-sized buffer per stream end) | "tcp_raw_mem" (span blocks)
   uint32_t n;
   uint64_t block;
   double bps;
-  double cpu_s_per_gb;  // CPU of both ends per 1e9 bytes moved (the target's only when its process is visible)
+  double cpu_s_per_gb;       // CPU of both ends per 1e9 bytes moved (the target's only when its process is visible)
+  uint32_t span = 1;         // blocks each stream cycles through at this end (tcp_raw_mem)
+  uint32_t target_span = 1;  // ... and at the target's end
 };
+
+// The spans of the "same memory" raw tcp limit at `block` with `streams` streams: together they touch as much
+// memory at each end as one engine row does, so both sides of the ratio pay the same cache misses: this end the
+// row's buffers (batch x block per submitting thread), the target the swept range of its segment, at most what a
+// target lends raw streams at once (tcp::kMaxRawSpanBytes in all). {initiator's span, target's span}.
+std::pair<uint32_t, uint32_t> same_memory_spans(const BenchOptions& o, uint64_t remote_size, uint64_t block,
+                                                uint32_t streams) {
+  const uint64_t cap = std::max<uint64_t>(1, tcp::kMaxRawSpanBytes / (block * streams));
+  const uint64_t here = (static_cast<uint64_t>(o.batch) * o.threads + streams - 1) / streams;
+  const uint64_t there = remote_size / block / streams;
+  return {static_cast<uint32_t>(std::clamp<uint64_t>(here, 1, cap)),
+          static_cast<uint32_t>(std::clamp<uint64_t>(there, 1, cap))};
+}
 
 // Where the raw tcp limits ran: to the target's host (the bench's own endpoint, WireOp::kRawStream), or on
 // loopback inside this process when the target cannot serve raw streams (the reason in `note`).
@@ -558,31 +589,44 @@ void measure_memcpy_limits(const BenchOptions& o, uint64_t block, const std::vec
   }
 }
 
-// The raw tcp limits at `block`: x1 and x4 streams, each for min(duration, 2 s), between this host and the
-// target's (`where->endpoint`, the segment's first; the same direction as the rows: the target sends for reads),
-// with the socket buffers of the engine's connections, so the ratio compares the engine with plain sends over
-// the same link. When the target cannot serve raw streams, on loopback in this process from then on (the reason
-// in where->note). The target's CPU counts when its process is visible here (`server_cpu_s`).
+// The raw tcp limits at `block`, each for min(duration, 2 s), between this host and the target's
+// (`where->endpoint`, the segment's first; the same direction as the rows: the target sends for reads), with the
+// socket buffers of the engine's connections, so the ratio compares the engine with plain sends over the same
+// link: x1 and x4 streams from and into one block-sized buffer per stream end ("tcp_raw", cache-resident as an
+// iperf buffer), then x4 streams cycling through the row's memory footprint ("tcp_raw_mem", same_memory_span).
+// When the target cannot serve raw streams, on loopback in this process from then on (the reason in
+// where->note). The target's CPU counts when its process is visible here (`server_cpu_s`).
 void measure_tcp_limits(const BenchOptions& o, const Client& c, uint64_t block,
                         const std::function<double()>& server_cpu_s, RawTcpWhere* where,
                         std::vector<BenchLimit>* base) {
   const double d = std::min(o.duration_s, 2.0);
-  for (uint32_t st : {1u, 4u}) {
+  struct Kind {
+    const char* kind;
+    uint32_t streams;
+    std::pair<uint32_t, uint32_t> spans;
+  };
+  for (const Kind& k : {Kind{"tcp_raw", 1, {1, 1}}, Kind{"tcp_raw", 4, {1, 1}},
+                        Kind{"tcp_raw_mem", 4, same_memory_spans(o, c.remote_size, block, 4)}}) {
     const double c0 = process_cpu_s(), s0 = server_cpu_s(), t0 = now_s();
     Result<double> r = Status(Code::kUnavailable, "");
     if (!where->endpoint.empty()) {
-      r = measure_remote_raw_tcp_bytes_per_second(where->endpoint, c.grant, o.op == Op::kRead, block, st, d,
-                                                  o.engine.socket_buffer_bytes);
+      r = measure_remote_raw_tcp_bytes_per_second(where->endpoint, c.grant, o.op == Op::kRead, block, k.streams, d,
+                                                  o.engine.socket_buffer_bytes, k.spans.first, k.spans.second);
       if (!r.is_ok()) {
         where->note = r.status().message();
         where->endpoint.clear();
       }
     }
     const bool remote = !where->endpoint.empty();
-    if (!remote) r = measure_raw_tcp_bytes_per_second(block, st, d);
+    if (!remote) {  // this process receives for reads, as the initiator does
+      const bool reads = o.op == Op::kRead;
+      r = measure_raw_tcp_bytes_per_second(block, k.streams, d, reads ? k.spans.first : k.spans.second,
+                                           reads ? k.spans.second : k.spans.first);
+    }
     const double bytes = r.is_ok() ? r.value() * (now_s() - t0) : 0;
     const double cpu = process_cpu_s() - c0 + (remote ? server_cpu_s() - s0 : 0);
-    base->push_back({"tcp_raw", st, block, r.is_ok() ? r.value() : 0, bytes > 0 ? cpu / (bytes / 1e9) : 0});
+    base->push_back({k.kind, k.streams, block, r.is_ok() ? r.value() : 0, bytes > 0 ? cpu / (bytes / 1e9) : 0,
+                     k.spans.first, k.spans.second});
   }
 }
 
@@ -731,16 +775,27 @@ struct BenchReport {
       }
       if (c.transport != "shm" && b.kind == "tcp_raw" && b.bps > best) {
         best = b.bps;
-        what = "raw tcp x" + std::to_string(b.n);
+        what = limit_name(b);
       }
     }
     return {what, best};
   }
+  // The second limit of a tcp or rdma row: raw tcp through as much memory as the row touches ({"", 0}: none).
+  std::pair<std::string, double> same_memory_limit_for(uint64_t block) const {
+    for (const auto& b : base) {
+      if (c.transport != "shm" && b.block == block && b.kind == "tcp_raw_mem") return {limit_name(b), b.bps};
+    }
+    return {"", 0};
+  }
+  static std::string limit_name(const BenchLimit& b) {
+    if (b.kind == "memcpy") return "memcpy x" + std::to_string(b.n);
+    if (b.kind == "tcp_raw_mem") return "raw tcp x" + std::to_string(b.n) + " through the row's memory";
+    return "raw tcp x" + std::to_string(b.n);
+  }
   // CPU per GB of the limit named `what` ("memcpy x1", "raw tcp x4") at `block`.
   double limit_cpu_for(uint64_t block, const std::string& what) const {
     for (const auto& b : base) {
-      const std::string name = (b.kind == "memcpy" ? "memcpy x" : "raw tcp x") + std::to_string(b.n);
-      if (b.block == block && name == what) return b.cpu_s_per_gb;
+      if (b.block == block && limit_name(b) == what) return b.cpu_s_per_gb;
     }
     return 0;
   }
@@ -801,6 +856,12 @@ void write_bench_json(const BenchReport& rep, std::ostream& out) {
         jr["cpu_s_per_gb"] = BenchReport::engine_cpu_per_gb(r);
         jr["cpu_efficiency_ratio"] = lim_cpu / BenchReport::engine_cpu_per_gb(r);
       }
+      if (auto [mem_what, mem_lim] = rep.same_memory_limit_for(r.block_bytes); mem_lim > 0) {
+        jr["limit_same_memory"] = mem_what;
+        jr["limit_same_memory_bytes_per_second"] = mem_lim;
+        jr["ratio_to_same_memory"] = r.bytes_per_second / mem_lim;
+        jr["limit_same_memory_cpu_s_per_gb"] = rep.limit_cpu_for(r.block_bytes, mem_what);
+      }
     }
     j["results"].push_back(std::move(jr));
   }
@@ -809,10 +870,16 @@ void write_bench_json(const BenchReport& rep, std::ostream& out) {
     if (!rep.raw_where.note.empty()) j["baseline_tcp_raw_note"] = rep.raw_where.note;
     j["baseline"] = nlohmann::json::array();
     for (const auto& b : rep.base) {
-      j["baseline"].push_back({{"kind", b.kind},
-                               {b.kind == "memcpy" ? "threads" : "streams", b.n},
-                               {"block_bytes", b.block},
-                               {"bytes_per_second", b.bps}});
+      nlohmann::json jb{{"kind", b.kind},
+                        {b.kind == "memcpy" ? "threads" : "streams", b.n},
+                        {"block_bytes", b.block},
+                        {"bytes_per_second", b.bps},
+                        {"cpu_s_per_gb", b.cpu_s_per_gb}};
+      if (b.kind == "tcp_raw_mem") {
+        jb["span_bytes_per_stream"] = b.block * b.span;
+        jb["target_span_bytes_per_stream"] = b.block * b.target_span;
+      }
+      j["baseline"].push_back(std::move(jb));
     }
   }
   if (!rep.result.is_ok()) j.update(report::error_json(rep.result));
@@ -833,8 +900,9 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
       << std::setw(9) << "GB/s" << std::setw(11) << "p50_us" << std::setw(11) << "p99_us" << std::setw(11) << "p999_us";
   if (rep.o.baseline) {
     out << std::setw(14) << "limit_GB/s" << std::setw(8) << "ratio" << std::setw(11) << "cpu_s/GB" << std::setw(17)
-        << "limit_cpu_s/GB" << std::setw(11) << "cpu_ratio"
-        << "  limit";
+        << "limit_cpu_s/GB" << std::setw(11) << "cpu_ratio";
+    if (rep.c.transport != "shm") out << std::setw(11) << "mem_ratio";
+    out << "  limit";
   }
   out << "  path_share\n";
   for (const auto& r : rep.rows) {
@@ -849,7 +917,12 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
       out << std::setw(14) << report::fixed(lim / 1e9, 2) << std::setw(8)
           << report::fixed(lim > 0 ? r.bytes_per_second / lim : 0, 2) << std::setw(11) << report::fixed(cpu, 3)
           << std::setw(17) << report::fixed(lim_cpu, 3) << std::setw(11)
-          << report::fixed(cpu > 0 ? lim_cpu / cpu : 0, 2) << "  " << what;
+          << report::fixed(cpu > 0 ? lim_cpu / cpu : 0, 2);
+      if (rep.c.transport != "shm") {
+        const double mem_lim = rep.same_memory_limit_for(r.block_bytes).second;
+        out << std::setw(11) << report::fixed(mem_lim > 0 ? r.bytes_per_second / mem_lim : 0, 2);
+      }
+      out << "  " << what;
     }
     out << "  ";
     for (size_t i = 0; i < r.path_share.size(); ++i) {
@@ -882,12 +955,12 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
                       (rep.o.op == Op::kRead ? "sends" : "receives") + ")")
         << "\n";
     out << std::setw(12) << "block_bytes" << std::setw(12) << "memcpy_x1" << std::setw(12) << "memcpy_x2"
-        << std::setw(12) << "tcp_raw_x1" << std::setw(12) << "tcp_raw_x4"
-        << "\n";
+        << std::setw(12) << "tcp_raw_x1" << std::setw(12) << "tcp_raw_x4" << std::setw(16) << "tcp_raw_x4_mem"
+        << "  (mem: the streams cycle through as much memory as the row: its buffers here, the swept range there)\n";
     for (uint64_t block : rep.o.block_bytes) {
       out << std::setw(12) << block;
       for (const auto& b : rep.base) {
-        if (b.block == block) out << std::setw(12) << report::fixed(b.bps / 1e9, 2);
+        if (b.block == block) out << std::setw(b.kind == "tcp_raw_mem" ? 16 : 12) << report::fixed(b.bps / 1e9, 2);
       }
       out << "\n";
     }

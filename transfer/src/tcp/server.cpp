@@ -167,17 +167,20 @@ bool reserve_raw_buffer(uint64_t chunk) {
   return true;
 }
 
-// The data phase of a kRawStream (wire.hpp), its chunk already reserved: sends (target_sends) or receives up
-// to `length` bytes in `chunk`-sized send/recv calls from/into a buffer of its own (written once, so sends do not
-// all read the kernel's one zero page), the plain loop a raw-TCP program runs. Ends at `length`, at EOF or at
-// an error (the initiator closing early is the normal end). Bytes already read ahead count as received.
-void raw_stream(int fd, ReadAhead* in, bool target_sends, uint64_t chunk, uint64_t length, const std::string& what) {
-  std::vector<char> buf(chunk, 0x5a);
-  uint64_t moved = 0;
+// The data phase of a kRawStream (wire.hpp): sends (target_sends) or receives up to `length` bytes in `chunk`-sized
+// send/recv calls from/into `buf` (the stream's own span x chunk bytes, reserved, written before the ok reply so
+// that no first-touch page fault falls in the initiator's timed window, and so that sends do not all read the
+// kernel's one zero page), the next chunk each call: the plain loop a raw-TCP program runs. Ends at `length`, at
+// EOF or at an error (the initiator closing early is the normal end). Bytes already read ahead count as received.
+void raw_stream(int fd, ReadAhead* in, bool target_sends, uint64_t chunk, std::vector<char>& buf, uint64_t length,
+                const std::string& what) {
+  const uint64_t span = buf.size() / chunk;
+  uint64_t moved = 0, calls = 0;
   if (!target_sends) moved += in->drain_buffered();
   while (moved < length) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, length - moved));
-    const ssize_t k = target_sends ? ::send(fd, buf.data(), n, MSG_NOSIGNAL) : ::recv(fd, buf.data(), n, 0);
+    char* at = buf.data() + (calls++ % span) * chunk;
+    const ssize_t k = target_sends ? ::send(fd, at, n, MSG_NOSIGNAL) : ::recv(fd, at, n, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) break;
     moved += static_cast<uint64_t>(k);
@@ -453,11 +456,16 @@ void TcpServer::serve_connection(Conn* conn) {
         break;
       case WireOp::kRawStream: {
         Status st = Status::ok();
+        const uint64_t span = std::max<uint64_t>(1, req.reserved2);
         if (req.offset == 0 || req.offset > kMaxRawChunkBytes ||
             (req.reserved != kRawTargetSends && req.reserved != kRawTargetReceives)) {
           st = Status(Code::kInvalidArgument, "raw stream: chunk of " + std::to_string(req.offset) + " bytes (1 to " +
                                                   std::to_string(kMaxRawChunkBytes) + ") or direction " +
                                                   std::to_string(req.reserved) + " out of range");
+        } else if (span > kMaxRawSpanBytes / req.offset) {  // chunk x span <= kMaxRawSpanBytes, without overflow
+          st = Status(Code::kInvalidArgument, "raw stream: span of " + std::to_string(span) + " chunks of " +
+                                                  std::to_string(req.offset) + " bytes is above " +
+                                                  std::to_string(kMaxRawSpanBytes) + " bytes");
         } else if (grants) {
           Result<auth::Grant> g = handler_->verify_grant(aux);
           if (!g.is_ok()) {
@@ -465,18 +473,21 @@ void TcpServer::serve_connection(Conn* conn) {
             log_refusal(conn->peer, op, 0, req.length, st);
           }
         }
-        const bool reserved = st.is_ok() && reserve_raw_buffer(req.offset);
+        const uint64_t buffer_bytes = st.is_ok() ? req.offset * span : 0;
+        const bool reserved = st.is_ok() && reserve_raw_buffer(buffer_bytes);
         if (st.is_ok() && !reserved) {
           st = Status(Code::kResourceExhausted, "raw stream: " + std::to_string(raw_buffer_bytes.load()) +
                                                     " bytes of raw-stream buffers in use (at most " +
                                                     std::to_string(kMaxRawBufferBytes) + "); retry later");
         }
         if (!st.is_ok()) errors_++;
+        std::vector<char> buf(reserved ? buffer_bytes : 0, 0x5a);
         sent = send_reply(fd, op, st, "", nullptr, 0);
         if (sent.is_ok() && st.is_ok()) {
-          raw_stream(fd, in.get(), req.reserved == kRawTargetSends, req.offset, req.length, what);
+          raw_stream(fd, in.get(), req.reserved == kRawTargetSends, req.offset, buf, req.length, what);
         }
-        if (reserved) raw_buffer_bytes -= req.offset;
+        buf = std::vector<char>();
+        if (reserved) raw_buffer_bytes -= buffer_bytes;
         sent = Status(Code::kAborted, "raw stream ended");  // the connection carried raw bytes: close it
         break;
       }

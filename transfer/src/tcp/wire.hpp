@@ -29,10 +29,13 @@ inline constexpr uint32_t kMaxAuxBytes = 16u << 20;  // descriptors, notificatio
 // kRawStream: the raw-TCP baseline of `mc-xfer bench --baseline` between the initiator's host and the target's.
 // offset = the chunk size (bytes per send/recv, at most kMaxRawChunkBytes), length = the most bytes to move,
 // reserved = kRawTargetSends (the target sends, as for a READ) or kRawTargetReceives (as for a WRITE); aux = a
-// grant token when the target enforces grants (any valid grant: no segment memory is touched). After an ok reply
-// the connection carries only raw bytes (no headers) until `length` bytes moved or the initiator closes it; the
-// target then closes it. Each stream has a buffer of its chunk size (a constant is sent); a target refuses a
-// stream past 256 MiB of such buffers at once (kResourceExhausted).
+// grant token when the target enforces grants (any valid grant: no segment memory is touched), reserved2 = the
+// stream's span in chunks (0 or 1: one chunk-sized buffer, sent or received into again and again, cache-resident
+// like an iperf buffer; N: the stream cycles through N chunks of a buffer of N x chunk bytes, so it touches as much
+// memory as the engine's rows do). After an ok reply the connection carries only raw bytes (no headers) until
+// `length` bytes moved or the initiator closes it; the target then closes it. Each stream has a buffer of its own (a
+// constant is sent); a span above kMaxRawSpanBytes is refused (kInvalidArgument), and a stream past 256 MiB of such
+// buffers at once (kResourceExhausted).
 enum class WireOp : uint8_t {
   kRead = 1,
   kWrite = 2,
@@ -45,6 +48,7 @@ enum class WireOp : uint8_t {
 inline constexpr uint16_t kRawTargetSends = 0;
 inline constexpr uint16_t kRawTargetReceives = 1;
 inline constexpr uint64_t kMaxRawChunkBytes = 64ull << 20;
+inline constexpr uint64_t kMaxRawSpanBytes = 256ull << 20;  // chunk x span chunks of one raw stream
 
 struct WireRequest {
   uint32_t magic = kWireMagic;
@@ -52,9 +56,9 @@ struct WireRequest {
   uint8_t version = kWireVersion;
   uint16_t reserved = 0;
   uint32_t aux_bytes = 0;
-  uint32_t reserved2 = 0;
-  uint64_t offset = 0;  // segment offset
-  uint64_t length = 0;  // bytes to read / payload bytes that follow
+  uint32_t reserved2 = 0;  // kRawStream: the span in chunks (above); 0 otherwise
+  uint64_t offset = 0;     // segment offset
+  uint64_t length = 0;     // bytes to read / payload bytes that follow
 };
 static_assert(sizeof(WireRequest) == 32);
 

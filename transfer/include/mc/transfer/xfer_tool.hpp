@@ -82,16 +82,23 @@ double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, u
 // Same, copying from [src, src + span_bytes) (caller's memory, already touched); 0 when span < block.
 double measure_memcpy_bytes_per_second(uint64_t block_bytes, uint32_t threads, const char* src, uint64_t span_bytes,
                                        double duration_s);
-// Raw TCP over 127.0.0.1: `streams` connections, each sending block_bytes writes to a receiver thread.
-Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s);
+// Raw TCP over 127.0.0.1: `streams` connections, each sending block_bytes writes to a receiver thread. Each
+// stream's receiver cycles through `span` blocks of a buffer of its own, its sender through `sender_span` (1: one
+// block-sized buffer, cache-resident as an iperf buffer; more: as much memory touched as the engine's rows touch,
+// docs/BENCHMARKS.md "Across hosts").
+Result<double> measure_raw_tcp_bytes_per_second(uint64_t block_bytes, uint32_t streams, double duration_s,
+                                                uint32_t span = 1, uint32_t sender_span = 1);
 // Raw TCP between this host and the transfer engine serving at `endpoint` ("tcp://HOST:PORT"): `streams`
 // connections, each a raw stream (the engine's kRawStream op: no headers after the first reply) of block_bytes
-// send/recv calls for duration_s, the target sending (target_sends, as for reads) or receiving. Both ends' sockets
-// get socket_buffer_bytes, as the engine's data connections. `grant`: a grant token when the target enforces them.
-// Errors: the connect's, or the target's refusal (an older target answers kMalformedMessage "unknown op 7").
+// send/recv calls for duration_s, the target sending (target_sends, as for reads) or receiving; each stream cycles
+// through `span` blocks of a buffer of its own here and `target_span` there, as above (block x span above 256 MiB is
+// kInvalidArgument here, and refused by the target). Both ends' sockets get socket_buffer_bytes, as the engine's
+// data connections. `grant`: a grant token when the target enforces them. Errors: the connect's, or the target's
+// refusal (an older target answers kMalformedMessage "unknown op 7").
 Result<double> measure_remote_raw_tcp_bytes_per_second(const std::string& endpoint, const std::string& grant,
                                                        bool target_sends, uint64_t block_bytes, uint32_t streams,
-                                                       double duration_s, int socket_buffer_bytes);
+                                                       double duration_s, int socket_buffer_bytes, uint32_t span = 1,
+                                                       uint32_t target_span = 1);
 
 // `mc-xfer stat`: the counters of the `mc-xfer serve` whose stat endpoint is `endpoint` (daemon::print_stat).
 struct StatOptions {
