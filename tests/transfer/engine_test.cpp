@@ -483,11 +483,11 @@ TEST(EngineTcp, RawStreamsCycleThroughTheirSpansAndAnOversizedSpanIsRefused) {
   auto server = TransferEngine::create(so).value();
   const std::string endpoint = "tcp://" + server->segment_name();
   for (bool target_sends : {true, false}) {
-    auto r = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, "", target_sends, 64 << 10, 2, 0.1, 0, 4, 16);
+    auto r = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, "", target_sends, 64 << 10, 2, 0.3, 0, 4, 16);
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     EXPECT_GT(r.value(), 0);
   }
-  auto loopback = xfer::measure_raw_tcp_bytes_per_second(64 << 10, 2, 0.1, 4, 8);
+  auto loopback = xfer::measure_raw_tcp_bytes_per_second(64 << 10, 2, 0.3, 4, 8);
   ASSERT_TRUE(loopback.is_ok()) << loopback.status().to_string();
   EXPECT_GT(loopback.value(), 0);
   auto local = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, "", true, 64 * kMiB, 1, 0.1, 0, 1, 8);
@@ -508,7 +508,7 @@ TEST(EngineTcp, RawStreamsCycleThroughTheirSpansAndAnOversizedSpanIsRefused) {
   ASSERT_TRUE(tcp::recv_all(fd.get(), why.data(), why.size(), "raw stream reply").is_ok());
   EXPECT_EQ(static_cast<Code>(rep.code), Code::kInvalidArgument) << why;
   EXPECT_NE(why.find("span of 1000 chunks"), std::string::npos) << why;
-  auto again = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, "", true, 64 << 10, 1, 0.05, 0);
+  auto again = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, "", true, 64 << 10, 1, 0.2, 0);
   EXPECT_TRUE(again.is_ok()) << again.status().to_string();
 }
 
