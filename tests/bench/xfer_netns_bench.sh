@@ -83,7 +83,7 @@ for r in j["results"]:
           r.get("cpu_s_per_gb", 0), r.get("limit_cpu_s_per_gb", 0), m.get("cpu_s_per_gb", 0)))
     if m:
         print("# %d: raw tcp x4 'mem' cycles through %d bytes per stream here (%d in all: the row's batch x block)"
-              " and %d there (%d in all: the swept segment, at most 256 MiB)" % (blk, m["span_bytes_per_stream"],
+              " and %d there (%d in all: the swept segment, at most 128 MiB)" % (blk, m["span_bytes_per_stream"],
               4 * m["span_bytes_per_stream"], m["target_span_bytes_per_stream"], 4 * m["target_span_bytes_per_stream"]))
 if "error" in j:
     sys.exit("bench failed: %s" % j["error"])

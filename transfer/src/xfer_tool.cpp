@@ -440,6 +440,11 @@ Result<double> measure_remote_raw_tcp_bytes_per_second(const std::string& endpoi
                     what + ": the target refused the raw stream: " + aux +
                         " (an mc-xfer serve older than the raw-stream op answers 'unknown op 7')");
     }
+    if (target_span > 1 && rep.reserved2 != target_span) {
+      return Status(Code::kProtocolMismatch, what + ": the target serves a span of " + std::to_string(rep.reserved2) +
+                                                 " blocks, not the " + std::to_string(target_span) +
+                                                 " asked (an mc-xfer serve older than raw-stream spans): upgrade it");
+    }
     fds.push_back(std::move(fd));
   }
   std::atomic<uint64_t> moved{0};
@@ -556,11 +561,12 @@ struct BenchLimit {
 
 // The spans of the "same memory" raw tcp limit at `block` with `streams` streams: together they touch as much
 // memory at each end as one engine row does, so both sides of the ratio pay the same cache misses: this end the
-// row's buffers (batch x block per submitting thread), the target the swept range of its segment, at most what a
-// target lends raw streams at once (tcp::kMaxRawSpanBytes in all). {initiator's span, target's span}.
+// row's buffers (batch x block per submitting thread), the target the swept range of its segment, at most half of
+// what a target lends raw streams at once (tcp::kMaxRawSpanBytes / 2 in all: the x4 streams just before may still
+// hold theirs, and a second bench may share the target). {initiator's span, target's span}.
 std::pair<uint32_t, uint32_t> same_memory_spans(const BenchOptions& o, uint64_t remote_size, uint64_t block,
                                                 uint32_t streams) {
-  const uint64_t cap = std::max<uint64_t>(1, tcp::kMaxRawSpanBytes / (block * streams));
+  const uint64_t cap = std::max<uint64_t>(1, tcp::kMaxRawSpanBytes / 2 / (block * streams));
   const uint64_t here = (static_cast<uint64_t>(o.batch) * o.threads + streams - 1) / streams;
   const uint64_t there = remote_size / block / streams;
   return {static_cast<uint32_t>(std::clamp<uint64_t>(here, 1, cap)),
@@ -593,7 +599,7 @@ void measure_memcpy_limits(const BenchOptions& o, uint64_t block, const std::vec
 // (`where->endpoint`, the segment's first; the same direction as the rows: the target sends for reads), with the
 // socket buffers of the engine's connections, so the ratio compares the engine with plain sends over the same
 // link: x1 and x4 streams from and into one block-sized buffer per stream end ("tcp_raw", cache-resident as an
-// iperf buffer), then x4 streams cycling through the row's memory footprint ("tcp_raw_mem", same_memory_span).
+// iperf buffer), then x4 streams cycling through the row's memory footprint ("tcp_raw_mem", same_memory_spans).
 // When the target cannot serve raw streams, on loopback in this process from then on (the reason in
 // where->note). The target's CPU counts when its process is visible here (`server_cpu_s`).
 void measure_tcp_limits(const BenchOptions& o, const Client& c, uint64_t block,

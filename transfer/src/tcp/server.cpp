@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "mc/common/log.hpp"
@@ -117,8 +118,10 @@ int64_t mono_ms() {
       .count();
 }
 
-Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok, const char* data, uint64_t data_len) {
+Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok, const char* data, uint64_t data_len,
+                  uint32_t reserved2 = 0) {
   WireReply rep;
+  rep.reserved2 = reserved2;
   rep.op = static_cast<uint8_t>(op);
   rep.code = static_cast<uint16_t>(st.code());
   const std::string& aux = st.is_ok() ? aux_ok : st.message();
@@ -153,7 +156,7 @@ Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok
 }
 
 // Bytes of raw-stream buffers allocated at once in this process, and their bound: each stream has its own
-// buffer of its chunk size, as each stream of a raw-TCP program has (one shared buffer made the baseline's
+// buffer of chunk x span bytes, as each stream of a raw-TCP program has (one shared buffer made the baseline's
 // sources cache-hot across streams); a stream past the bound is refused.
 std::atomic<uint64_t> raw_buffer_bytes{0};
 constexpr uint64_t kMaxRawBufferBytes = 256ull << 20;
@@ -480,9 +483,18 @@ void TcpServer::serve_connection(Conn* conn) {
                                                     " bytes of raw-stream buffers in use (at most " +
                                                     std::to_string(kMaxRawBufferBytes) + "); retry later");
         }
+        std::vector<char> buf;
+        if (reserved) {
+          try {
+            buf.assign(buffer_bytes, 0x5a);
+          } catch (const std::bad_alloc&) {
+            st = Status(Code::kResourceExhausted,
+                        "raw stream: cannot allocate " + std::to_string(buffer_bytes) + " bytes; retry later");
+          }
+        }
         if (!st.is_ok()) errors_++;
-        std::vector<char> buf(reserved ? buffer_bytes : 0, 0x5a);
-        sent = send_reply(fd, op, st, "", nullptr, 0);
+        // The ok reply echoes the span it serves (reserved2), so an initiator can tell it from an older target.
+        sent = send_reply(fd, op, st, "", nullptr, 0, st.is_ok() ? static_cast<uint32_t>(span) : 0);
         if (sent.is_ok() && st.is_ok()) {
           raw_stream(fd, in.get(), req.reserved == kRawTargetSends, req.offset, buf, req.length, what);
         }

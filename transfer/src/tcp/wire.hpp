@@ -34,8 +34,9 @@ inline constexpr uint32_t kMaxAuxBytes = 16u << 20;  // descriptors, notificatio
 // like an iperf buffer; N: the stream cycles through N chunks of a buffer of N x chunk bytes, so it touches as much
 // memory as the engine's rows do). After an ok reply the connection carries only raw bytes (no headers) until
 // `length` bytes moved or the initiator closes it; the target then closes it. Each stream has a buffer of its own (a
-// constant is sent); a span above kMaxRawSpanBytes is refused (kInvalidArgument), and a stream past 256 MiB of such
-// buffers at once (kResourceExhausted).
+// constant is sent); chunk x span above kMaxRawSpanBytes bytes is refused (kInvalidArgument), and so is a stream past
+// 256 MiB of such buffers at once, or one whose buffer cannot be allocated (kResourceExhausted). The ok reply
+// carries the span served in its reserved2 (a target older than spans replies 0 there).
 enum class WireOp : uint8_t {
   kRead = 1,
   kWrite = 2,
@@ -68,8 +69,8 @@ struct WireReply {
   uint8_t op = 0;
   uint8_t reserved = 0;
   uint32_t aux_bytes = 0;
-  uint32_t reserved2 = 0;
-  uint64_t length = 0;  // data bytes that follow (READ)
+  uint32_t reserved2 = 0;  // kRawStream's ok reply: the span served (above); 0 otherwise
+  uint64_t length = 0;     // data bytes that follow (READ)
 };
 static_assert(sizeof(WireReply) == 24);
 
