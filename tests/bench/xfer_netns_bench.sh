@@ -63,6 +63,8 @@ if j.get("transport") != "tcp":
     sys.exit("bench used transport %r, not tcp" % j.get("transport"))
 print("# raw tcp baseline: %s%s" % (j.get("baseline_tcp_raw_endpoint"),
       " (" + j["baseline_tcp_raw_note"] + ")" if j.get("baseline_tcp_raw_note") else ""))
+if j.get("baseline_tcp_raw_mem_note"):
+    print("# raw tcp through the row's memory not measured where 0: " + j["baseline_tcp_raw_mem_note"])
 raw, mem = {}, {}
 for b in j.get("baseline", []):
     if b["kind"] == "tcp_raw":

@@ -15,6 +15,7 @@
 #include <iomanip>
 #include <map>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -578,6 +579,7 @@ std::pair<uint32_t, uint32_t> same_memory_spans(const BenchOptions& o, uint64_t 
 struct RawTcpWhere {
   std::string endpoint;  // "tcp://10.77.0.1:4000"; empty: loopback in this process
   std::string note;
+  std::string mem_note;  // why a same-memory limit was not measured (the target refused it); the others are kept
 };
 
 // Phase 1 (--baseline): the limits, for every block: memcpy x1 and x2 (from a source of up to 1 GiB,
@@ -615,9 +617,17 @@ void measure_tcp_limits(const BenchOptions& o, const Client& c, uint64_t block,
                         Kind{"tcp_raw_mem", 4, same_memory_spans(o, c.remote_size, block, 4)}}) {
     const double c0 = process_cpu_s(), s0 = server_cpu_s(), t0 = now_s();
     Result<double> r = Status(Code::kUnavailable, "");
+    const bool same_memory = std::string_view(k.kind) == "tcp_raw_mem";
     if (!where->endpoint.empty()) {
       r = measure_remote_raw_tcp_bytes_per_second(where->endpoint, c.grant, o.op == Op::kRead, block, k.streams, d,
                                                   o.engine.socket_buffer_bytes, k.spans.first, k.spans.second);
+      if (!r.is_ok() && same_memory) {
+        // A target that cannot serve this one (its raw budget busy, no spans): no same-memory limit at this block
+        // (no ratio), while the plain limits stay on the target's link rather than moving to loopback.
+        where->mem_note = r.status().message();
+        base->push_back({k.kind, k.streams, block, 0, 0, k.spans.first, k.spans.second});
+        continue;
+      }
       if (!r.is_ok()) {
         where->note = r.status().message();
         where->endpoint.clear();
@@ -874,6 +884,7 @@ void write_bench_json(const BenchReport& rep, std::ostream& out) {
   if (rep.o.baseline) {
     j["baseline_tcp_raw_endpoint"] = rep.raw_where.endpoint.empty() ? "loopback" : rep.raw_where.endpoint;
     if (!rep.raw_where.note.empty()) j["baseline_tcp_raw_note"] = rep.raw_where.note;
+    if (!rep.raw_where.mem_note.empty()) j["baseline_tcp_raw_mem_note"] = rep.raw_where.mem_note;
     j["baseline"] = nlohmann::json::array();
     for (const auto& b : rep.base) {
       nlohmann::json jb{{"kind", b.kind},
@@ -960,6 +971,10 @@ void write_bench_table(const BenchReport& rep, std::ostream& out) {
                 : "between this host and " + rep.raw_where.endpoint + " (the target " +
                       (rep.o.op == Op::kRead ? "sends" : "receives") + ")")
         << "\n";
+    if (!rep.raw_where.mem_note.empty()) {
+      out << "# raw tcp through the row's memory not measured where 0 (no mem_ratio): " << rep.raw_where.mem_note
+          << "\n";
+    }
     out << std::setw(12) << "block_bytes" << std::setw(12) << "memcpy_x1" << std::setw(12) << "memcpy_x2"
         << std::setw(12) << "tcp_raw_x1" << std::setw(12) << "tcp_raw_x4" << std::setw(16) << "tcp_raw_x4_mem"
         << "  (mem: the streams cycle through as much memory as the row: its buffers here, the swept range there)\n";
