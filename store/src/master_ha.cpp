@@ -42,6 +42,7 @@ constexpr int64_t kMaxRecordUnixMs = int64_t{16'725'225'600'000};
 struct HeldObject {
   DurableObject object;
   int64_t pin_until_unix_ms = 0;  // with object.pinned: 0 = hard pin
+  int64_t mod_revision = 0;       // etcd revision of the record's last write (the follower sets it)
 };
 
 Result<HeldObject> decode_held_object(const std::string& key, std::string_view text) {
@@ -282,6 +283,7 @@ struct MasterHa::Impl {
       }
       Result<HeldObject> h = decode_held_object(name, *value);
       if (h.is_ok()) {
+        h->mod_revision = mod_revision;
         objects[name] = std::move(h).value();
       } else {
         objects.erase(name);
@@ -505,8 +507,16 @@ Result<std::optional<TakeoverState>> MasterHa::campaign() {
   out.revision = revision;
   const int64_t now_unix = unix_time_ms();
   for (const auto& [name, s] : m.segments) out.segments.push_back(s);
-  out.objects.reserve(m.objects.size());
-  for (const auto& [key, h] : m.objects) out.objects.push_back(with_pin_left(h, now_unix));
+  // Oldest write first: where two records claim the same bytes, the loader keeps the first (MasterCore::
+  // load_durable), so a record rewritten over another object's range later (by hand, or by whoever could write
+  // etcd) is the one refused, not the object that held the range before it.
+  std::vector<const HeldObject*> by_age;
+  by_age.reserve(m.objects.size());
+  for (const auto& [key, h] : m.objects) by_age.push_back(&h);
+  std::stable_sort(by_age.begin(), by_age.end(),
+                   [](const HeldObject* a, const HeldObject* b) { return a->mod_revision < b->mod_revision; });
+  out.objects.reserve(by_age.size());
+  for (const HeldObject* h : by_age) out.objects.push_back(with_pin_left(*h, now_unix));
   for (const auto& [name, d] : m.directory) out.directory.push_back(d);
   out.corrupt_records = m.counters.corrupt_records;
   ++m.counters.takeovers;
