@@ -1571,6 +1571,10 @@ class Conductor {
         .gauge("mc_conductor_decisions_recompute_cached",
                "accepted decisions that recompute although the pool held a reusable prefix")
         .set(static_cast<double>(c.recompute_cached));
+    metrics_
+        .gauge("mc_conductor_decisions_fetch_pending",
+               "accepted decisions that reuse a prefix a request queued on the same instance computes first")
+        .set(static_cast<double>(c.fetch_pending));
     metrics_.gauge("mc_conductor_bandwidth_path_samples", "remote fetches measured on one host-to-host path")
         .set(static_cast<double>(c.path_samples));
     metrics_.gauge("mc_conductor_bandwidth_path_caps", "path estimates lowered by a fetch still running")

@@ -21,6 +21,7 @@ nlohmann::json to_json(const PrefillEstimate& e) {
       {"transfer_bytes", e.transfer_bytes},
       {"load_known", e.load_known},
       {"overtake_ms", e.overtake_ms},
+      {"pending_blocks", e.pending_blocks},
       {"queue_key_ns", e.queue_key_ns},
       {"queue_position", e.queue_position},
       {"kept_behind", e.kept_behind},
@@ -56,6 +57,8 @@ Result<PrefillEstimate> estimate_from_json(const nlohmann::json& j) {
     e.longest_pool_blocks = j.at("longest_pool_blocks").get<int64_t>();
     e.transfer_bytes = j.at("transfer_bytes").get<int64_t>();
     e.load_known = j.at("load_known").get<bool>();
+    e.overtake_ms = j.value("overtake_ms", 0.0);  // logs from before the queue discipline have none
+    e.pending_blocks = j.value("pending_blocks", int64_t{0});
   } catch (const nlohmann::json::exception& ex) {
     return error(Code::kInvalidArgument, std::string("prefill estimate: ") + ex.what());
   }
@@ -80,6 +83,7 @@ nlohmann::json decision_record(const Request& r, const Decision& d, std::span<co
       {"prefill", d.prefill_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.prefill_id)},
       {"decode", d.decode_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.decode_id)},
       {"predicted_ttft_ms", d.predicted_ttft_ms},
+      {"service_weight", d.service_weight},
       {"predicted_tbt_ms", d.accepted ? nlohmann::json(d.predicted_tbt_ms) : nlohmann::json(nullptr)},
       {"hit_tokens", d.hit_tokens},
       {"pool_prefix_tokens", d.pool_prefix_tokens},
@@ -123,6 +127,7 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
   out["queue"] = {{"discipline", std::string(queue_discipline_name(s.queue_discipline()))},
                   {"aging_weight", cfg.queue.aging_weight},
                   {"guard_ms", cfg.queue.guard_ms}};
+  out["placement"] = {{"pending_prefix", s.pending_prefix()}, {"load_weight", cfg.placement_load_weight}};
   if (with_instances) {
     nlohmann::json insts = nlohmann::json::array();
     for (Role role : {Role::kPrefill, Role::kDecode}) {
@@ -186,6 +191,7 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
                       {"recompute", c.recompute},
                       {"fetch_remote", c.fetch_remote},
                       {"recompute_cached", c.recompute_cached},
+                      {"fetch_pending", c.fetch_pending},
                       {"path_samples", c.path_samples},
                       {"path_caps", c.path_caps},
                       {"replicate", c.replicate},

@@ -39,6 +39,10 @@ Result<LoggedDecision> logged_decision_from_json(const nlohmann::json& line) {
     d.predicted_ttft_ms = dec.at("predicted_ttft_ms").get<double>();
     d.slo_ttft_ms = dec.value("slo_ttft_ms_applied", d.request.slo_ttft_ms);
     d.early_reject = dec.value("early_reject", true);
+    d.service_weight = dec.value("service_weight", 0.0);
+    if (!std::isfinite(d.service_weight) || d.service_weight < 0) {
+      return error(Code::kInvalidArgument, "decision field \"service_weight\" must be a finite number >= 0");
+    }
     auto it = dec.find("estimates");
     if (it != dec.end()) {
       if (!it->is_array()) return error(Code::kInvalidArgument, "decision field \"estimates\" is not an array");
@@ -83,7 +87,8 @@ Result<DecisionReplay> replay_decisions(std::span<const LoggedDecision> log, con
     ++(d.accepted ? out.logged_accepted : out.logged_rejected);
     for (size_t p = 0; p < runners.size(); ++p) {
       PolicyReplay& r = out.policies[p];
-      size_t i = runners[p]->choose(d.request, d.estimates);
+      const PlacementContext ctx{d.slo_ttft_ms, d.service_weight};
+      size_t i = runners[p]->choose(d.request, d.estimates, ctx);
       if (i >= d.estimates.size()) i = 0;  // as Scheduler::choose_prefill
       const PrefillEstimate& e = d.estimates[i];
       ++r.decisions;

@@ -1,5 +1,7 @@
 #include "mc/sched/policy.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 namespace mc::sched {
@@ -9,7 +11,9 @@ class RandomPolicy final : public Policy {
  public:
   explicit RandomPolicy(uint64_t seed) : rng_(seed) {}
   std::string_view name() const override { return "random"; }
-  size_t choose(const Request&, std::span<const PrefillEstimate> c) override { return rng_() % c.size(); }
+  size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext&) override {
+    return rng_() % c.size();
+  }
 
  private:
   std::mt19937_64 rng_;  // fully specified by the standard: same sequence everywhere for a seed
@@ -18,7 +22,9 @@ class RandomPolicy final : public Policy {
 class RoundRobinPolicy final : public Policy {
  public:
   std::string_view name() const override { return "round_robin"; }
-  size_t choose(const Request&, std::span<const PrefillEstimate> c) override { return next_++ % c.size(); }
+  size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext&) override {
+    return next_++ % c.size();
+  }
 
  private:
   uint64_t next_ = 0;
@@ -42,7 +48,7 @@ size_t argmin(std::span<const PrefillEstimate> c, Key key) {
 class LeastLoadedPolicy final : public Policy {
  public:
   std::string_view name() const override { return "least_loaded"; }
-  size_t choose(const Request&, std::span<const PrefillEstimate> c) override {
+  size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext&) override {
     return argmin(c, [](const PrefillEstimate& e) { return e.queue_ms; });
   }
 };
@@ -50,7 +56,7 @@ class LeastLoadedPolicy final : public Policy {
 class CacheAwarePolicy final : public Policy {
  public:
   std::string_view name() const override { return "cache_aware"; }
-  size_t choose(const Request&, std::span<const PrefillEstimate> c) override {
+  size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext&) override {
     return argmin(c, [](const PrefillEstimate& e) { return std::pair(-e.longest_same_host_blocks, e.queue_ms); });
   }
 };
@@ -58,8 +64,25 @@ class CacheAwarePolicy final : public Policy {
 class KvCachePolicy final : public Policy {
  public:
   std::string_view name() const override { return "kvcache"; }
-  size_t choose(const Request&, std::span<const PrefillEstimate> c) override {
-    return argmin(c, [](const PrefillEstimate& e) { return e.ttft_ms; });
+  size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext& ctx) override {
+    const size_t fastest = argmin(c, [](const PrefillEstimate& e) { return e.ttft_ms; });
+    const double w = std::isfinite(ctx.service_weight) ? std::max(0.0, ctx.service_weight) : 0.0;
+    if (w == 0) return fastest;
+    // The TTFT the request would see there (the overtaking estimate included, as the chosen one is predicted).
+    const auto meets = [&](const PrefillEstimate& e) {
+      return ctx.slo_ttft_ms <= 0 || e.ttft_ms + e.overtake_ms <= ctx.slo_ttft_ms;
+    };
+    size_t best = fastest;
+    double best_cost = INFINITY;
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (!meets(c[i])) continue;
+      const double cost = c[i].ttft_ms + w * (c[i].prefill_ms + c[i].transfer_ms);
+      if (cost < best_cost) {  // strictly: ties keep registration order
+        best = i;
+        best_cost = cost;
+      }
+    }
+    return best;  // none meets the SLO: the fastest (early rejection judges it)
   }
 };
 

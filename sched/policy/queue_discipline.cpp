@@ -32,7 +32,7 @@ int64_t ms_to_ns(double ms) {
 
 QueuePlacement place_job(const std::deque<PrefillJob>& queue, int64_t head_started_ns, int64_t now_ns,
                          double service_ms, double extra_ahead_ms, QueueDiscipline discipline,
-                         const QueueConfig& config) {
+                         const QueueConfig& config, int64_t not_before_key_ns) {
   QueuePlacement p;
   const double extra = std::max(0.0, extra_ahead_ms);
   const auto key_of = [](const PrefillJob& j) { return j.queue_key_ns; };
@@ -41,6 +41,7 @@ QueuePlacement place_job(const std::deque<PrefillJob>& queue, int64_t head_start
     const int64_t aged = ms_to_ns(std::max(0.0, config.aging_weight) * std::max(0.0, service_ms));
     p.key_ns = now_ns + std::min(aged, kMaxQueueKeyNs - now_ns);
   }
+  p.key_ns = std::max(p.key_ns, std::min(not_before_key_ns, kMaxQueueKeyNs));
   if (queue.empty()) {
     p.ahead_ms = extra;
     return p;

@@ -12,6 +12,7 @@ namespace mc::sched {
 namespace {
 
 constexpr int64_t kSendEntryLingerNs = 600'000'000'000;
+constexpr double kMaxServiceWeight = 1'000;  // PlacementContext::service_weight's bound
 
 std::string fmt(const char* f, auto... args) {
   char buf[512];
@@ -43,14 +44,23 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(SchedulerConfig config, con
   }
   if (!(config.queue.aging_weight >= 0) || !(config.queue.aging_weight <= 1e6) || !(config.queue.guard_ms >= 0) ||
       !(config.queue.guard_ms <= 86'400'000) || config.queue.overtake_history < 1 ||
+      !(config.placement_load_weight >= 0) || !(config.placement_load_weight <= 1000) ||
       config.queue.overtake_history > 1'000'000) {
     return error(Code::kInvalidArgument,
                  "scheduler: queue aging weight must be in [0, 1e6], guard in [0, 24 h] ms, overtake history in [1, "
-                 "1e6]");
+                 "1e6], placement load weight in [0, 1000]");
   }
+  if (config.pending_prefix != "" && config.pending_prefix != "on" && config.pending_prefix != "off") {
+    return error(Code::kInvalidArgument,
+                 "scheduler: pending prefix must be on or off (or empty: the policy's "
+                 "default), not '" +
+                     config.pending_prefix + "'");
+  }
+  const bool pending = config.pending_prefix.empty() ? config.policy == "kvcache" : config.pending_prefix == "on";
   auto s = std::unique_ptr<Scheduler>(
       new Scheduler(std::move(config), clock, std::move(policy), prefill_prior, decode_prior, bandwidth_priors));
   s->discipline_ = discipline;
+  s->pending_prefix_ = pending;
   return s;
 }
 
@@ -166,6 +176,7 @@ Decision Scheduler::decide(const Request& request) {
   // whose request was never closed goes 10 minutes after its predicted end) ----
   const int64_t max_reuse = look_up_prefix(request);
   max_reuse_ = max_reuse;
+  look_up_pending(request, now);
   for (auto it = send_backlog_.begin(); it != send_backlog_.end();) {
     std::erase_if(it->second, [now](const SendEntry& e) { return e.end_ns + kSendEntryLingerNs <= now; });
     it = it->second.empty() ? send_backlog_.erase(it) : std::next(it);
@@ -254,6 +265,56 @@ int64_t Scheduler::look_up_prefix(const Request& request) {
   return max_reuse;
 }
 
+void Scheduler::look_up_pending(const Request& request, int64_t now) {
+  pending_instance_.clear();
+  pending_run_ = 0;
+  pending_key_ns_ = INT64_MIN;
+  if (!pending_prefix_ || pending_.empty()) return;
+  const int64_t B = config_.kv.block_size_tokens;
+  const auto pool_len = static_cast<int64_t>(lookup_.size());
+  // Only right after the pool's prefix (a shorter cap leaves nothing to extend), and only one instance's blocks: the
+  // chained hashes make block j pending only where its whole prefix was asked for.
+  if (max_reuse_ < pool_len) return;
+  const int64_t limit = std::min(static_cast<int64_t>(request.block_hashes.size()), (request.input_tokens - 1) / B);
+  for (int64_t j = pool_len; j < limit; ++j) {
+    auto it = pending_.find(request.block_hashes[static_cast<size_t>(j)]);
+    if (it == pending_.end()) break;
+    const PendingBlock& b = it->second;
+    if (!is_in_flight(b.request_id)) {  // its request ended without a report (cancelled, expired): never computed
+      pending_.erase(it);
+      break;
+    }
+    if (pending_run_ == 0) {
+      const Instance* inst = cluster_.find(b.instance_id);
+      if (inst == nullptr || !placeable(*inst, now, config_.heartbeat_timeout_ms)) return;
+      pending_instance_ = b.instance_id;
+    } else if (b.instance_id != pending_instance_) {
+      break;
+    }
+    pending_key_ns_ = std::max(pending_key_ns_, b.queue_key_ns);
+    ++pending_run_;
+  }
+}
+
+void Scheduler::book_pending(const Request& request, const Decision& d, InFlight& f) {
+  if (!pending_prefix_ || !d.stages.empty()) return;  // a pipeline's blocks come from every stage: not booked
+  const auto n = static_cast<int64_t>(request.block_hashes.size());
+  for (int64_t j = std::max<int64_t>(0, d.prefill.reused_blocks); j < n; ++j) {
+    const uint64_t h = request.block_hashes[static_cast<size_t>(j)];
+    if (pending_.try_emplace(h, PendingBlock{d.prefill_id, request.request_id, d.prefill.queue_key_ns}).second) {
+      f.pending_hashes.push_back(h);
+    }
+  }
+}
+
+void Scheduler::forget_pending(const std::string& request_id, std::vector<uint64_t>& hashes) {
+  for (uint64_t h : hashes) {
+    auto it = pending_.find(h);
+    if (it != pending_.end() && it->second.request_id == request_id) pending_.erase(it);
+  }
+  hashes.clear();
+}
+
 Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t host, int64_t max_reuse,
                                              int64_t now) const {
   const int64_t B = config_.kv.block_size_tokens;
@@ -334,13 +395,13 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
 }
 
 void Scheduler::price_queue(const Instance& inst, int64_t now, double service_ms, double slo_ttft_ms,
-                            PrefillEstimate& e) const {
+                            int64_t not_before_key_ns, PrefillEstimate& e) const {
   // Work the instance reported beyond the ledger runs first (ClusterState::prefill_queue_ms bounds it the same way).
   const double extra =
       std::min(ClusterState::kMaxUnledgeredQueueMs, static_cast<double>(inst.reported_excess.queued_prefill_tokens) *
                                                         std::max(0.0, prefill_.ms_per_token()));
-  const QueuePlacement p =
-      place_job(inst.prefill_queue, inst.head_started_ns, now, service_ms, extra, discipline_, config_.queue);
+  const QueuePlacement p = place_job(inst.prefill_queue, inst.head_started_ns, now, service_ms, extra, discipline_,
+                                     config_.queue, not_before_key_ns);
   double overtake = 0;
   if (discipline_ == QueueDiscipline::kSlo) {
     auto it = arrivals_.find(inst.info.id);
@@ -366,6 +427,7 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
   estimates_.clear();
   plans_scratch_.clear();
   generic_plan_.reset();
+  pending_plan_.reset();
   estimate_plans_.clear();
   plans_scratch_.reserve(cluster_.instances(Role::kPrefill).size());  // estimate_plans_ points into it
   // A host holding none of the prefix and with no measured path into it gets the generic plan (the class
@@ -373,8 +435,18 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
   for (const Instance* inst : cluster_.instances(Role::kPrefill)) {
     if (!placeable(*inst, now, config_.heartbeat_timeout_ms)) continue;  // draining, or silent (#12)
     const HostPlan* plan = nullptr;
+    const bool pending = pending_run_ > 0 && inst->info.id == pending_instance_;
+    if (pending) {
+      // The pool's prefix as any instance on this host sees it, then the pending blocks from this host's memory.
+      block_class_scratch_.resize(static_cast<size_t>(max_reuse + pending_run_), PathClass::kSameHost);
+      pending_plan_ = plan_for_host(request, inst->host_index, max_reuse + pending_run_, now);
+      block_class_scratch_.resize(static_cast<size_t>(max_reuse));
+      plan = &*pending_plan_;
+    }
     bool holds = std::find(hosts_scratch_.begin(), hosts_scratch_.end(), inst->host_index) != hosts_scratch_.end();
-    if (!holds && !bandwidth_.has_paths_to(inst->host_index)) {
+    if (plan != nullptr) {
+      // priced above
+    } else if (!holds && !bandwidth_.has_paths_to(inst->host_index)) {
       if (!generic_plan_) generic_plan_ = plan_for_host(request, kUnknownHost, max_reuse, now);
       plan = &*generic_plan_;
     } else {
@@ -388,7 +460,9 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
     }
     PrefillEstimate e;
     e.instance_id = inst->info.id;
-    price_queue(*inst, now, plan->cost_ms, slo_ttft_ms, e);
+    const bool behind = pending && plan->reused_blocks > max_reuse;
+    price_queue(*inst, now, plan->cost_ms, slo_ttft_ms, behind ? pending_key_ns_ : INT64_MIN, e);
+    e.pending_blocks = behind ? plan->reused_blocks - max_reuse : 0;
     e.prefill_ms = plan->prefill_ms;
     e.transfer_ms = plan->transfer_ms;
     e.ttft_ms = e.queue_ms + plan->cost_ms;
@@ -404,7 +478,20 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
 }
 
 void Scheduler::choose_prefill(const Request& request, Decision& d) {
-  size_t chosen = policy_->choose(request, estimates_);
+  // The weight of service against TTFT (load-priced placement, DESIGN.md §10): the mean predicted queue over the
+  // mean service of recent jobs, the M/M/1 ratio rho / (1 - rho): one ms of service placed now makes that many ms
+  // of queueing for the requests after it. 0 on an idle cluster (the paper's rule), bounded so that a queue left by
+  // a stalled instance cannot make TTFT irrelevant.
+  PlacementContext ctx;
+  ctx.slo_ttft_ms = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
+  if (config_.placement_load_weight > 0 && service_ewma_ms_ > 0) {
+    double queue_sum = 0;
+    for (const PrefillEstimate& e : estimates_) queue_sum += e.queue_ms;
+    const double mean_queue = queue_sum / static_cast<double>(estimates_.size());
+    ctx.service_weight = std::min(kMaxServiceWeight, config_.placement_load_weight * mean_queue / service_ewma_ms_);
+  }
+  d.service_weight = ctx.service_weight;
+  size_t chosen = policy_->choose(request, estimates_, ctx);
   if (chosen >= estimates_.size()) chosen = 0;
   d.prefill = estimates_[chosen];
   d.prefill.remote_sources = estimate_plans_[chosen]->remote_sources;  // only the chosen one's (commit books them)
@@ -440,6 +527,8 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   // The prefix plan: the lead's (stage 0's host; each stage fetches its own layers' share of it at once).
   const size_t plan_of = order[0];
   const PrefillEstimate& plan = estimates_[plan_of];
+  // A pending prefix exists only behind its job on that one instance; a group starts at its decision time's key.
+  if (plan.pending_blocks > 0) return;
   const int64_t cached = std::min(plan.reused_blocks * B, request.input_tokens - 1);
   const int64_t fresh = request.input_tokens - cached;
   if (fresh <= pc.chunk_tokens) return;  // one chunk: nothing to overlap
@@ -539,11 +628,15 @@ std::string Scheduler::explain_prefill(const Decision& d, const PrefillEstimate*
 std::string Scheduler::explain_single(const Decision& d, const PrefillEstimate* holder, int64_t pool_len) const {
   return fmt(
       "%s: %s ttft %.1f ms (queue %.1f + prefill %.1f + transfer %.1f; reuse %lld/%lld pool blocks: %lld same_host, "
-      "%lld remote, %lld ssd)%s",
+      "%lld remote, %lld ssd%s)%s",
       d.policy.c_str(), d.prefill.instance_id.c_str(), d.prefill.ttft_ms, d.prefill.queue_ms, d.prefill.prefill_ms,
       d.prefill.transfer_ms, static_cast<long long>(d.prefill.reused_blocks), static_cast<long long>(pool_len),
       static_cast<long long>(d.prefill.blocks_by_class[0]), static_cast<long long>(d.prefill.blocks_by_class[1]),
       static_cast<long long>(d.prefill.blocks_by_class[2]),
+      d.prefill.pending_blocks > 0 ? fmt("; %lld of them computed first by a request queued there",
+                                         static_cast<long long>(d.prefill.pending_blocks))
+                                         .c_str()
+                                   : "",
       d.replicate_prefix ? fmt("; replicating the prefix held by overloaded %s (queue %.1f ms)",
                                holder->instance_id.c_str(), holder->queue_ms)
                                .c_str()
@@ -623,6 +716,7 @@ Decision Scheduler::accept(Decision& d, const DecodeEstimate& pick, const std::s
     if (max_reuse_ > 0) ++counters_.recompute_cached;
   }
   if (d.replicate_prefix) ++counters_.replicate;
+  if (d.prefill.pending_blocks > 0 && d.stages.empty()) ++counters_.fetch_pending;
   return std::move(d);
 }
 
@@ -633,6 +727,9 @@ void Scheduler::commit(const Request& request, const Decision& d) {
   const int64_t deadline_ns = now + static_cast<int64_t>(std::min(d.slo_ttft_ms, 8.64e7) * 1e6);
   if (d.stages.empty()) {
     const double service_ms = d.prefill.prefill_ms + d.prefill.transfer_ms;
+    if (service_ms > 0 && std::isfinite(service_ms)) {
+      service_ewma_ms_ = service_ewma_ms_ <= 0 ? service_ms : 0.99 * service_ewma_ms_ + 0.01 * service_ms;
+    }
     cluster_.assign_prefill(d.prefill_id,
                             PrefillJob{request.request_id, service_ms, request.input_tokens - d.hit_tokens,
                                        d.prefill.queue_key_ns, deadline_ns},
@@ -661,7 +758,9 @@ void Scheduler::commit(const Request& request, const Decision& d) {
                 start_ns + static_cast<int64_t>(static_cast<double>(request.output_tokens) * d.decode.tbt_ms * 1e6)});
   InFlight& f = in_flight_[request.request_id];
   if (!f.send_hosts.empty()) end_sends(request.request_id, f.send_hosts);  // a re-decided request
-  f = InFlight{d.prefill_id, d.decode_id, d.predicted_ttft_ms, now, false, {}, std::move(stage_ids)};
+  forget_pending(request.request_id, f.pending_hashes);
+  f = InFlight{d.prefill_id, d.decode_id, d.predicted_ttft_ms, now, false, {}, std::move(stage_ids), {}};
+  book_pending(request, d, f);
   // Its remote fetches load their senders from the end of its queue until its predicted TTFT.
   const int64_t fetch_end_ns = now + static_cast<int64_t>((d.prefill.queue_ms + d.prefill.transfer_ms) * 1e6);
   for (const SourceBytes& src : d.prefill.remote_sources) {
@@ -723,6 +822,7 @@ void Scheduler::on_prefill_done(const PrefillReport& r) {
   if (r.instance_id != it->second.prefill_id) cluster_.finish_prefill(it->second.prefill_id, r.request_id, now);
   end_sends(r.request_id, it->second.send_hosts);
   it->second.send_hosts.clear();
+  forget_pending(r.request_id, it->second.pending_hashes);  // stored now (KV events), or never: recomputed
   if (!r.ok) {
     cluster_.finish_decode(it->second.decode_id, r.request_id);
     in_flight_.erase(it);
@@ -793,6 +893,7 @@ void Scheduler::on_request_done(const std::string& request_id) {
   for (const std::string& stage : it->second.stage_ids) cluster_.finish_prefill(stage, request_id, now);
   cluster_.finish_decode(it->second.decode_id, request_id);
   end_sends(request_id, it->second.send_hosts);
+  forget_pending(request_id, it->second.pending_hashes);
   in_flight_.erase(it);
 }
 

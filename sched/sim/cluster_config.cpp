@@ -57,6 +57,13 @@ Status ClusterConfig::validate() const {
     return bad(src, "queue_aging_weight", "must be in [0, 1e6]");
   }
   if (!(queue_guard_ms >= 0 && queue_guard_ms <= 86'400'000)) return bad(src, "queue_guard_ms", "must be in [0, 24 h]");
+  if (!pending_prefix.empty() && pending_prefix != "on" && pending_prefix != "off") {
+    return bad(src, "pending_prefix",
+               "must be \"on\" or \"off\" (or \"\": the policy's default), not \"" + pending_prefix + "\"");
+  }
+  if (!(placement_load_weight >= 0 && placement_load_weight <= 1000)) {
+    return bad(src, "placement_load_weight", "must be in [0, 1000] (0: the smallest TTFT, as in the paper)");
+  }
   if (!(slo_ttft_ms > 0)) return bad(src, "slo_ttft_ms", "must be > 0");
   if (!(slo_tbt_ms > 0)) return bad(src, "slo_tbt_ms", "must be > 0");
   if (block_size < 1 || block_size > (1 << 24)) return bad(src, "block_size", "must be in [1, 16777216]");
@@ -106,6 +113,8 @@ nlohmann::json ClusterConfig::to_json() const {
        queue.empty() ? std::string(sched::queue_discipline_name(sched::default_queue_discipline(policy))) : queue},
       {"queue_aging_weight", queue_aging_weight},
       {"queue_guard_ms", queue_guard_ms},
+      {"pending_prefix", pending_prefix},
+      {"placement_load_weight", placement_load_weight},
       {"block_size", block_size},
       {"chunk_tokens", chunk_tokens},
       {"pipeline_group", pipeline_group},
@@ -178,6 +187,10 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
       MC_RETURN_IF_ERROR(num(c.queue_aging_weight));
     } else if (key == "queue_guard_ms") {
       MC_RETURN_IF_ERROR(num(c.queue_guard_ms));
+    } else if (key == "pending_prefix") {
+      MC_RETURN_IF_ERROR(str(c.pending_prefix));
+    } else if (key == "placement_load_weight") {
+      MC_RETURN_IF_ERROR(num(c.placement_load_weight));
     } else if (key == "early_rejection") {
       if (!v.is_boolean()) return bad(source, key, "must be true or false");
       c.early_rejection = v.get<bool>();

@@ -94,6 +94,22 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
                  "must be \"fcfs\" or \"slo\" (absent, null or \"\": the policy's default), got \"" + c.queue + "\"");
     }
   }
+  if (!absent(d, "pending_prefix")) {
+    MC_ASSIGN_OR_RETURN(c.pending_prefix, string_field(d["pending_prefix"], source, "defaults.pending_prefix"));
+    if (!c.pending_prefix.empty() && c.pending_prefix != "on" && c.pending_prefix != "off") {
+      return bad(
+          source, "defaults.pending_prefix",
+          "must be \"on\" or \"off\" (absent, null or \"\": the policy's default), got \"" + c.pending_prefix + "\"");
+    }
+  }
+  if (!absent(d, "placement_load_weight")) {
+    const auto& v = d["placement_load_weight"];
+    if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= 1000)) {
+      return bad(source, "defaults.placement_load_weight",
+                 "must be a number in [0, 1000] (0: the smallest TTFT, the paper's rule), got " + v.dump());
+    }
+    c.placement_load_weight = v.get<double>();
+  }
   if (!absent(d, "pipeline_group")) {
     MC_ASSIGN_OR_RETURN(c.pipeline_group,
                         whole(d["pipeline_group"], source, "defaults.pipeline_group", "prefill instances (1: off)"));
@@ -339,6 +355,8 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   c.gpu = d.gpu;
   c.policy = d.policy;
   c.queue = d.queue;
+  c.pending_prefix = d.pending_prefix;
+  c.placement_load_weight = d.placement_load_weight;
   c.pipeline_group = d.pipeline_group;
   c.pipeline_chunk_tokens = d.pipeline_chunk_tokens;
   c.pipeline_reserve_factor = d.pipeline_reserve_factor;

@@ -125,6 +125,8 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   if (pipeline_reserve_factor) c.pipeline_reserve_factor = *pipeline_reserve_factor;
   if (queue) c.queue = *queue;
   if (queue_aging_weight) c.queue_aging_weight = *queue_aging_weight;
+  if (pending_prefix) c.pending_prefix = *pending_prefix;
+  if (placement_load_weight) c.placement_load_weight = *placement_load_weight;
   return c.validate();
 }
 

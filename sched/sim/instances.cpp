@@ -111,8 +111,10 @@ void PrefillInstance::start_compute() {
     ++jobs_done_;
     Entry done = std::move(current_);
     running_ = false;
-    start_next();
+    // The finished job's KV is stored (on_done) before the next job plans its prefix (its on_start): a job queued
+    // behind the one computing its prefix (a pending prefix, Scheduler step 1b) finds it, as on a real worker.
     if (done.hooks.on_done) done.hooks.on_done(done.job);
+    if (!running_) start_next();
   });
 }
 
@@ -127,8 +129,10 @@ void PrefillInstance::release_held(int64_t compute_start_ns, int64_t end_ns, dou
     ++jobs_done_;
     Entry done = std::move(current_);
     running_ = false;
-    start_next();
+    // The finished job's KV is stored (on_done) before the next job plans its prefix (its on_start): a job queued
+    // behind the one computing its prefix (a pending prefix, Scheduler step 1b) finds it, as on a real worker.
     if (done.hooks.on_done) done.hooks.on_done(done.job);
+    if (!running_) start_next();
   });
 }
 

@@ -151,6 +151,8 @@ class Sim {
     sc.queue.discipline = cfg_.queue;
     sc.queue.aging_weight = cfg_.queue_aging_weight;
     sc.queue.guard_ms = cfg_.queue_guard_ms;
+    sc.pending_prefix = cfg_.pending_prefix;
+    sc.placement_load_weight = cfg_.placement_load_weight;
     sc.kv.kv_bytes_per_token = kv_bytes_;
     sc.kv.block_size_tokens = block_;
     sc.heartbeat_timeout_ms = std::max<int64_t>(3'000, 10 * opt_.heartbeat_ms);
@@ -711,7 +713,12 @@ class Sim {
     totals_.prefill_gpu_s_without_cache += full_s * g;
     totals_.prefill_gpu_s_saved += (full_s - compute_s) * g;
 
-    // Keep the new complete blocks (and the fetched prefix when the scheduler asked for a replica).
+    // Keep the new complete blocks (and the fetched prefix when the scheduler asked for a replica). The job that
+    // starts next here reads its planned prefix right after: its blocks here are used now, not evicted by this insert.
+    if (const PrefillJob* next = prefill_[self]->next_job(); next != nullptr) {
+      auto it = live_.find(next->request);
+      if (it != live_.end()) caches_[self]->touch(it->second.keys, it->second.planned_blocks);
+    }
     const auto reused = static_cast<size_t>(job.cached_tokens / block_);
     std::span<const uint64_t> keep(lv.keys);
     if (!lv.replicate) keep = keep.subspan(std::min(reused, keep.size()));

@@ -296,6 +296,109 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   std::remove(decisions.c_str());
 }
 
+// Pending prefixes through the real Conductor (DESIGN.md §10 "Pending prefixes"): a session's next turn arrives while
+// its previous turn still waits at its prefill instance (the fake workers never answer). With pending prefixes (the
+// kvcache default) it goes behind that turn and is told to read every block the turn computes; with --pending-prefix
+// off, only what the pool holds. The flags are checked, and stat shows the placement settings and the count.
+TEST(ConductorE2E, ASessionsNextTurnReusesThePrefixItsPreviousTurnIsComputing) {
+  for (const std::string mode : {"default", "off"}) {
+    SCOPED_TRACE(mode);
+    auto pub = rpc::EventPublisher::bind("tcp://127.0.0.1:0");
+    ASSERT_TRUE(pub.is_ok()) << pub.status().to_string();
+    std::vector<std::string> argv = {MC_BINARY_DIR "/bin/mc-conductor",
+                                     "--log-level",
+                                     "warn",
+                                     "serve",
+                                     "--listen",
+                                     "tcp://127.0.0.1:0",
+                                     "--kv-events",
+                                     (*pub)->endpoint(),
+                                     "--block-size",
+                                     std::to_string(kBlock),
+                                     "--kv-bytes-per-token",
+                                     "1024",
+                                     "--slo-ttft-ms",
+                                     "60000"};
+    if (mode == "off") argv.insert(argv.end(), {"--pending-prefix", "off"});
+    Child conductor(argv);
+    const std::string ready = conductor.read_line(10'000);
+    ASSERT_EQ(ready.rfind("ready mc-conductor tcp://", 0), 0u) << "ready line: '" << ready << "'";
+    const std::string endpoint = ready.substr(19, ready.find(' ', 19) - 19);
+    FakeWorker p0, p1, d0;
+    auto client = rpc::RpcClient::connect(endpoint);
+    ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+    rpc::RpcClient& c = **client;
+    ASSERT_TRUE(
+        c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock, "", 0}).is_ok());
+    ASSERT_TRUE(
+        c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock, "", 0})
+            .is_ok());
+    ASSERT_TRUE(
+        c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 1'000'000, kBlock, "", 0})
+            .is_ok());
+    // P1's own cache holds the first 2 blocks of the session's prompt.
+    KeyNamespace ns;
+    ns.block_size = kBlock;
+    const std::vector<uint32_t> turn1 = prompt(1, 12 * kBlock + 5);
+    std::vector<uint32_t> turn2 = turn1;
+    for (uint32_t t : prompt(900, 20)) turn2.push_back(t);
+    const std::vector<uint64_t> keys = seq_hashes(turn1, ns);
+    proto::KvEvent e;
+    e.type = proto::kKvEventStored;
+    e.seq_hashes = {keys[0], keys[1]};
+    e.backend_id = "gpu-P1";
+    e.medium = "gpu";
+    Status published;
+    ASSERT_TRUE(testkit::wait_until(
+        [&] {
+          published = (*pub)->publish(e);
+          return !published.is_ok() || status(c)["index"]["blocks"] == 2;
+        },
+        4000, 20))
+        << "the Conductor never indexed the published blocks: " << published.to_string();
+    auto submit = [&](const std::string& id, const std::vector<uint32_t>& tokens) {
+      proto::ConductorSubmitRequest sr;
+      sr.request_id = id;
+      sr.tokens = tokens;
+      sr.input_tokens = static_cast<int64_t>(tokens.size());
+      sr.output_tokens = 4;
+      sr.client_endpoint = "tcp://127.0.0.1:9";
+      auto r = c.call(sr, 5000);
+      EXPECT_TRUE(r.is_ok()) << id << ": " << r.status().to_string();
+      return r.is_ok() ? r.value() : proto::ConductorSubmitReply{};
+    };
+    // A long fresh prompt keeps P0 busy; the session's first turn goes to P1 (its 2 blocks) and waits there.
+    ASSERT_EQ(submit("fresh", prompt(5000, 4096)).prefill_id, "P0");
+    proto::ConductorSubmitReply r1 = submit("turn1", turn1);
+    ASSERT_TRUE(r1.accepted) << r1.reason;
+    ASSERT_EQ(r1.prefill_id, "P1");
+    EXPECT_EQ(r1.hit_tokens, 2 * kBlock);
+    proto::ConductorSubmitReply r2 = submit("turn2", turn2);
+    ASSERT_TRUE(r2.accepted) << r2.reason;
+    EXPECT_EQ(r2.prefill_id, "P1");
+    const int64_t want_blocks = mode == "off" ? 2 : 12;
+    EXPECT_EQ(r2.hit_tokens, want_blocks * kBlock) << r2.reason;
+    EXPECT_EQ(r2.reason.find("computed first by a request queued there") != std::string::npos, mode != "off")
+        << r2.reason;
+    ASSERT_TRUE(testkit::wait_until([&] { return p1.jobs().size() >= 2; }, 3000));
+    EXPECT_EQ(p1.jobs()[1].request_id, "turn2");
+    EXPECT_EQ(p1.jobs()[1].fetch_prefix_blocks, want_blocks);
+    nlohmann::json st = status(c);
+    EXPECT_EQ(st["placement"]["pending_prefix"], mode != "off") << st.dump();
+    EXPECT_EQ(st["placement"]["load_weight"], 1.0) << st.dump();
+    EXPECT_EQ(st["decisions"]["fetch_pending"], mode == "off" ? 0 : 1) << st.dump();
+    EXPECT_EQ(conductor.stop(), 0);
+  }
+  // Bad values are usage errors, naming the flag.
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--pending-prefix", "maybe"},
+                                              std::vector<std::string>{"--placement-load-weight", "5000"}}) {
+    std::vector<std::string> argv = {MC_BINARY_DIR "/bin/mc-conductor", "serve", "--listen", "tcp://127.0.0.1:0"};
+    argv.insert(argv.end(), bad.begin(), bad.end());
+    testkit::RunResult r = testkit::run(argv, 10'000);
+    EXPECT_EQ(r.exit_code, 2) << bad[0];
+  }
+}
+
 // The registry is bounded (--max-instances): a new id beyond it is refused and counted, a known id may register
 // again from its endpoint but not from another while it is alive. A worker whose process goes away (here: its server
 // socket closes) is lost at once from its watched connection (faults.connection_lost), which frees its place.

@@ -77,6 +77,23 @@ TEST(QueueDiscipline, ShortJobsOvertakeLongOnesButNeverTheRunningHead) {
   EXPECT_DOUBLE_EQ(empty.ahead_ms, 0);
 }
 
+// A job reusing a prefix that a queued job computes (a pending prefix) is placed no earlier than that job's key: behind
+// L1 here, under both orders, although the SLO order alone would put it right after the head.
+TEST(QueueDiscipline, AJobGoesBehindTheJobWhoseKeyItMustFollow) {
+  QueueConfig cfg;
+  cfg.aging_weight = 4;
+  const int64_t now = 10'000 * kMs;
+  const int64_t l1_key = 9'000 * kMs + 4 * 3'000 * kMs;
+  std::deque<PrefillJob> q = {job("head", 2'000, 9'000 * kMs), job("L1", 3'000, l1_key), job("L2", 3'000, l1_key + 1)};
+  QueuePlacement slo = place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg, l1_key);
+  EXPECT_EQ(slo.position, 2u);
+  EXPECT_EQ(slo.key_ns, l1_key);
+  EXPECT_DOUBLE_EQ(slo.ahead_ms, 1'000 + 3'000);
+  // A bound below its own key changes nothing; FCFS keys are decision times, already after the earlier job's.
+  EXPECT_EQ(place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg, 0).position, 1u);
+  EXPECT_EQ(place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg, INT64_MAX).key_ns, kMaxQueueKeyNs);
+}
+
 // A job of service s queued at t0 is overtaken only by jobs arriving less than w x (s - their service) after t0.
 TEST(QueueDiscipline, AgingBoundsOvertaking) {
   QueueConfig cfg;

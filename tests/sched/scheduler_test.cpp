@@ -823,5 +823,160 @@ TEST_F(SchedulerTest, PipelineOffByDefault) {
   EXPECT_EQ(d.single_ttft_ms, 0.0);
 }
 
+// ---- Pending prefixes and load-priced placement (issue 24 item 2; DESIGN.md §10) ----
+namespace pending_and_load {
+
+// t1 computes blocks 2-7 of a prompt whose blocks 0-1 P1 holds; t2, the next turn (blocks 0-9), arrives before t1's
+// prefill has run: on P1, behind t1, it reuses all 8 (2 from the pool, 6 pending), and says so.
+TEST_F(SchedulerTest, ASessionsNextTurnQueuesBehindItsPreviousTurnAndReusesWhatItComputes) {
+  auto s = make("kvcache");
+  store(*s, "seg-h1", 2);
+  load(*s, "P0", 2'000);  // P0 busy: t1 and t2 belong on P1
+  Decision d1 = s->schedule(request("t1", 8 * kB + 10, 10, 8));
+  ASSERT_TRUE(d1.accepted) << d1.reason;
+  ASSERT_EQ(d1.prefill_id, "P1");
+  EXPECT_EQ(d1.prefill.pending_blocks, 0);
+  EXPECT_EQ(s->pending_prefix_blocks(), 6u);  // the blocks t1 computes
+  clock_.advance_ns(1'000'000);
+  Decision d2 = s->schedule(request("t2", 10 * kB + 10, 10, 10));
+  ASSERT_TRUE(d2.accepted) << d2.reason;
+  EXPECT_EQ(d2.prefill_id, "P1");
+  EXPECT_EQ(d2.prefill.reused_blocks, 8);
+  EXPECT_EQ(d2.prefill.pending_blocks, 6);
+  EXPECT_EQ(d2.prefill.blocks_by_class[static_cast<int>(PathClass::kSameHost)], 8);
+  EXPECT_EQ(d2.hit_tokens, 8 * kB);
+  EXPECT_EQ(d2.pool_prefix_tokens, 2 * kB);  // the pool itself holds 2
+  EXPECT_GE(d2.prefill.queue_key_ns, d1.prefill.queue_key_ns);
+  EXPECT_NE(d2.reason.find("6 of them computed first by a request queued there"), std::string::npos) << d2.reason;
+  EXPECT_EQ(s->counters().fetch_pending, 1u);
+  const Instance* p1 = s->cluster().find("P1");
+  ASSERT_EQ(p1->prefill_queue.size(), 2u);
+  EXPECT_EQ(p1->prefill_queue[0].request_id, "t1");
+  EXPECT_EQ(p1->prefill_queue[1].request_id, "t2");
+  // t2 computes blocks 8-9 (pending too); t1's report closes its 6 (their KV events say where they are now).
+  EXPECT_EQ(s->pending_prefix_blocks(), 8u);
+  PrefillReport rep;
+  rep.request_id = "t1";
+  rep.instance_id = "P1";
+  rep.prefilled_tokens = 6 * kB + 10;
+  rep.reused_tokens = 2 * kB;
+  rep.prefill_ms = 300;
+  s->on_prefill_done(rep);
+  EXPECT_EQ(s->pending_prefix_blocks(), 2u);
+  s->on_request_done("t2");
+  EXPECT_EQ(s->pending_prefix_blocks(), 0u);
+}
+
+// Off (and for the paper's baselines by default) only the pool counts: t2 reuses P1's 2 blocks.
+TEST_F(SchedulerTest, PendingPrefixOffPricesThePoolAsItIs) {
+  for (const char* mode : {"off", "default-baseline"}) {
+    SCOPED_TRACE(mode);
+    SchedulerConfig cfg;
+    if (std::string(mode) == "off") cfg.pending_prefix = "off";
+    auto s = make(std::string(mode) == "off" ? "kvcache" : "cache_aware", cfg);
+    store(*s, "seg-h1", 2);
+    load(*s, "P0", 2'000);
+    ASSERT_TRUE(s->schedule(request("t1", 8 * kB + 10, 10, 8)).accepted);
+    EXPECT_EQ(s->pending_prefix_blocks(), 0u);
+    Decision d2 = s->schedule(request("t2", 10 * kB + 10, 10, 10));
+    ASSERT_TRUE(d2.accepted) << d2.reason;
+    EXPECT_EQ(d2.prefill.pending_blocks, 0);
+    EXPECT_LE(d2.prefill.reused_blocks, 2);
+  }
+}
+
+// Under the SLO order a dependent job is short (most of it reused) and would overtake the job computing its prefix;
+// its key is raised to that job's, so it runs after it. A failed prefill drops its pending blocks.
+TEST_F(SchedulerTest, APendingPrefixKeepsItsJobBehindUnderTheSloOrderAndAFailedPrefillDropsIt) {
+  SchedulerConfig cfg;
+  cfg.queue.discipline = "slo";
+  auto s = make("kvcache", cfg);
+  load(*s, "P0", 5'000);
+  Decision head = s->schedule(request("head", 4 * kB, 10, 4, 5000));  // P1 runs something first
+  ASSERT_EQ(head.prefill_id, "P1");
+  Decision d1 = s->schedule(request("t1", 20 * kB + 10, 10, 20));
+  ASSERT_EQ(d1.prefill_id, "P1");
+  Decision d2 = s->schedule(request("t2", 21 * kB + 10, 10, 21));
+  ASSERT_TRUE(d2.accepted) << d2.reason;
+  ASSERT_EQ(d2.prefill_id, "P1");
+  EXPECT_EQ(d2.prefill.pending_blocks, 20);
+  EXPECT_GE(d2.prefill.queue_key_ns, d1.prefill.queue_key_ns);
+  const Instance* p1 = s->cluster().find("P1");
+  ASSERT_EQ(p1->prefill_queue.size(), 3u);
+  EXPECT_EQ(p1->prefill_queue[1].request_id, "t1");
+  EXPECT_EQ(p1->prefill_queue[2].request_id, "t2");
+  PrefillReport fail;
+  fail.request_id = "t1";
+  fail.instance_id = "P1";
+  fail.ok = false;
+  s->on_prefill_done(fail);
+  Decision d3 = s->decide(request("t3", 22 * kB + 10, 10, 22));
+  EXPECT_EQ(d3.prefill.pending_blocks, 0) << d3.reason;  // t1's blocks will never exist; t2's start after them
+}
+
+Decision replay_choice(const std::vector<PrefillEstimate>& c, double weight, double slo_ms) {
+  auto p = make_policy("kvcache", 1);
+  EXPECT_TRUE(p.is_ok());
+  Decision d;
+  d.prefill = c[(*p)->choose(Request{}, c, PlacementContext{slo_ms, weight})];
+  return d;
+}
+
+PrefillEstimate candidate(const std::string& id, double queue_ms, double service_ms) {
+  PrefillEstimate e;
+  e.instance_id = id;
+  e.queue_ms = queue_ms;
+  e.prefill_ms = service_ms;
+  e.ttft_ms = queue_ms + service_ms;
+  return e;
+}
+
+// The policy: with no weight the smallest TTFT (the paper's rule); weighted, the smallest TTFT + w x service among
+// the candidates that meet the SLO; never one over the SLO while another meets it; none meets: the fastest.
+TEST(LoadPricedPlacement, WeighsServiceAgainstTtftWithinTheSlo) {
+  const std::vector<PrefillEstimate> c = {candidate("reuses", 1'000, 200), candidate("recomputes", 600, 550)};
+  EXPECT_EQ(replay_choice(c, 0, 30'000).prefill.instance_id, "recomputes");    // 1,150 < 1,200 ms
+  EXPECT_EQ(replay_choice(c, 0.1, 30'000).prefill.instance_id, "recomputes");  // 1,205 < 1,220
+  EXPECT_EQ(replay_choice(c, 2, 30'000).prefill.instance_id, "reuses");        // 1,600 < 2,250
+  EXPECT_EQ(replay_choice(c, 2, 1'180).prefill.instance_id, "recomputes");     // "reuses" would miss 1,180 ms
+  EXPECT_EQ(replay_choice(c, 2, 1'000).prefill.instance_id, "recomputes");     // none meets: the fastest
+  EXPECT_EQ(replay_choice(c, NAN, 30'000).prefill.instance_id, "recomputes");  // a bad weight counts as none
+}
+
+// The Scheduler's weight: 0 on an idle cluster and with placement_load_weight 0; under queues the mean queue over
+// the mean service of the jobs booked, times the configured weight; logged with the decision and replayed with it.
+TEST_F(SchedulerTest, ServiceWeightIsZeroWhenIdleAndGrowsWithTheQueues) {
+  for (double lw : {0.0, 1.0, 3.0}) {
+    SCOPED_TRACE(lw);
+    SchedulerConfig cfg;
+    cfg.placement_load_weight = lw;
+    auto s = make("kvcache", cfg);
+    Decision first = s->schedule(request("a", 2 * kB, 10, 0, 7000));  // 102.4 ms of service, nothing queued
+    EXPECT_EQ(first.service_weight, 0);
+    load(*s, "P0", 1'024);
+    load(*s, "P1", 2'048);
+    Request r = request("b", 2 * kB, 10, 0, 8000);
+    Decision d = s->decide(r);
+    double mean_queue = 0;
+    for (const PrefillEstimate& e : s->last_estimates()) mean_queue += e.queue_ms / 2;
+    EXPECT_NEAR(d.service_weight, lw * mean_queue / 102.4, 1e-6);
+    Result<LoggedDecision> logged = logged_decision_from_json(decision_record(r, d, s->last_estimates()));
+    ASSERT_TRUE(logged.is_ok()) << logged.status().to_string();
+    EXPECT_DOUBLE_EQ(logged->service_weight, d.service_weight);
+  }
+  SchedulerConfig bad;
+  for (double lw : {-1.0, 1e4, static_cast<double>(NAN)}) {
+    bad.placement_load_weight = lw;
+    EXPECT_FALSE(Scheduler::create(bad, &clock_).is_ok()) << lw;
+  }
+  bad.placement_load_weight = 1;
+  bad.pending_prefix = "maybe";
+  auto r = Scheduler::create(bad, &clock_);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("pending prefix must be on or off"), std::string::npos);
+}
+
+}  // namespace pending_and_load
+
 }  // namespace
 }  // namespace mc::sched

@@ -108,6 +108,26 @@ TEST(ClusterScript, QueueDisciplineReachesTheConductor) {
   EXPECT_NE(r.out.find("defaults.queue must be fcfs or slo"), std::string::npos) << r.out;
 }
 
+// Pending prefixes and load-priced placement (docs/DESIGN.md §10) reach the Conductor; absent, its defaults; bad
+// values are refused before a daemon starts.
+TEST(ClusterScript, PlacementSettingsReachTheConductor) {
+  auto r = script(kClusters +
+                  "ssh-example.json --mode ssh --dry-run --set pending_prefix=off --set "
+                  "placement_load_weight=0.5");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "--pending-prefix off --placement-load-weight 0.5"), 1u) << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "--pending-prefix"), 0u) << r.out;
+  EXPECT_EQ(count_of(r.out, "--placement-load-weight"), 0u) << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set pending_prefix=sometimes");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("defaults.pending_prefix must be on or off"), std::string::npos) << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set placement_load_weight=-1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("defaults.placement_load_weight must be a number in [0, 1000]"), std::string::npos) << r.out;
+}
+
 TEST(ClusterScript, BrokenDescriptionsExit2WithTheReason) {
   Scratch s("cluster_script");
   auto write = [&](const std::string& name, const std::string& text) {

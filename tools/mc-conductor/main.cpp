@@ -52,6 +52,19 @@ int main(int argc, char** argv) {
                    "many ms of its TTFT deadline")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86'400'000.0));
+  serve
+      ->add_option("--pending-prefix", o.scheduler.pending_prefix,
+                   "A prefix an accepted request is still computing counts as cached on its prefill instance for a "
+                   "later request that extends it and queues behind it there (a session's next turn; DESIGN.md §10): "
+                   "on | off. Default: on for the kvcache policy, off for the baselines")
+      ->check(CLI::IsMember({"on", "off"}));
+  serve
+      ->add_option("--placement-load-weight", o.scheduler.placement_load_weight,
+                   "kvcache policy: among instances meeting the TTFT SLO, take the smallest TTFT + w x prefill "
+                   "service (ms), w = this x mean predicted queue / mean service of recent jobs (0: smallest TTFT, "
+                   "the paper's rule; DESIGN.md §10)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1000.0));
   mc::cli::add_slo_default_flags(*serve, o.scheduler.slo.ttft_ms, o.scheduler.slo.tbt_ms);
   serve->add_flag("--no-early-reject", no_early_reject,
                   "Place requests even when they are predicted to miss their SLO (reject only impossible ones)");

@@ -62,6 +62,16 @@ int main(int argc, char** argv) {
   app.add_option("--queue-aging", o.queue_aging_weight,
                  "Override: slo order's aging weight: a job's key = its decision time + this x its predicted "
                  "prefill ms (0: FCFS with the deadline guard; default 4)");
+  app.add_option("--pending-prefix", o.pending_prefix,
+                 "Override: a prefix an accepted request is still computing counts as cached on its instance for a "
+                 "later request that extends it and queues behind it there (a session's next turn; docs/DESIGN.md "
+                 "§10): on | off. Default: on for the kvcache policy, off for the baselines")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--placement-load-weight", o.placement_load_weight,
+                 "Override: kvcache policy: among instances meeting the TTFT SLO, take the smallest TTFT + w x "
+                 "prefill service (ms), w = this x mean predicted queue / mean service of recent jobs (0: smallest "
+                 "TTFT, the paper's rule; 0 to 1000; default 1; docs/DESIGN.md §10)")
+      ->check(CLI::Range(0.0, 1000.0));
   mc::cli::add_slo_list_flags(app, "--report-slo-ttft-ms", cmd.report_slo_ttft_ms, "--report-slo-tbt-ms",
                               cmd.report_slo_tbt_ms, " of the summary's SLO table (default: the cluster's)");
   app.add_option("--refit", cmd.refit,

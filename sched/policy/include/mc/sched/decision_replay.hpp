@@ -38,6 +38,7 @@ struct LoggedDecision {
   double predicted_ttft_ms = 0;  // of that choice
   double slo_ttft_ms = 0;        // the TTFT SLO applied
   bool early_reject = true;
+  double service_weight = 0;               // the load-priced placement's weight (0 in a log from before it)
   std::vector<PrefillEstimate> estimates;  // the policy's input; empty: nothing to re-run
 };
 

@@ -6,7 +6,11 @@
 //   round_robin  registration order, cycling
 //   least_loaded smallest predicted queue_ms (ties: registration order)
 //   cache_aware  longest prefix in memory on the instance's host (ties: smaller queue_ms)
-//   kvcache      smallest predicted TTFT = queue + prefill(uncached) + transfer (paper §6, Alg. 1)
+//   kvcache      smallest predicted TTFT = queue + prefill(uncached) + transfer (paper §6, Alg. 1), load-priced:
+//                among the candidates that meet the TTFT SLO, the smallest TTFT + w x service, where service =
+//                prefill + transfer (the GPU time the placement spends) and w = PlacementContext::service_weight
+//                (0 when the cluster is idle: the paper's rule; DESIGN.md §10 "Load-priced placement"); when none
+//                meets the SLO, the smallest TTFT
 // Thread-safety: none. A policy may keep state (counter, RNG); choose() is its only mutation.
 #pragma once
 
@@ -22,12 +26,21 @@
 
 namespace mc::sched {
 
+// What the Scheduler knows of the cluster when a policy chooses (DESIGN.md §10 "Load-priced placement").
+struct PlacementContext {
+  double slo_ttft_ms = 0;  // the request's TTFT SLO; <= 0: none (every candidate meets it)
+  // ms of other requests' queueing that one ms of prefill service placed now costs: the load weight times the mean
+  // predicted queue of the candidates over the mean service of recent jobs (Scheduler::service_weight); >= 0.
+  double service_weight = 0;
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
   virtual std::string_view name() const = 0;
   // Index into `candidates` (non-empty, registration order) of the chosen prefill instance.
-  virtual size_t choose(const Request& request, std::span<const PrefillEstimate> candidates) = 0;
+  virtual size_t choose(const Request& request, std::span<const PrefillEstimate> candidates,
+                        const PlacementContext& context) = 0;
 };
 
 // The policy of that name; kInvalidArgument naming the valid ones otherwise.

@@ -43,9 +43,11 @@ struct QueuePlacement {
   size_t kept_behind = 0;  // jobs the deadline guard kept it behind (0: its own key's place)
 };
 // extra_ahead_ms: work the instance reported beyond the ledger (it runs first: counted ahead of every job).
+// not_before_key_ns: the job's key is at least this (it queues behind the job of that key: a pending prefix it
+// reuses, Scheduler step 1b); INT64_MIN: no such bound.
 QueuePlacement place_job(const std::deque<PrefillJob>& queue, int64_t head_started_ns, int64_t now_ns,
                          double service_ms, double extra_ahead_ms, QueueDiscipline discipline,
-                         const QueueConfig& config);
+                         const QueueConfig& config, int64_t not_before_key_ns = INT64_MIN);
 
 // One recent arrival at an instance: when it was decided and its predicted service (ms).
 struct QueueArrival {

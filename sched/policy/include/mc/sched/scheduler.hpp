@@ -14,6 +14,9 @@
 //     costs fixed + sum over source hosts of (that host's send backlog + bytes) / path bandwidth: a link
 //     measured slow, or a sender already loaded with the fetches placed on it, turns fetches into
 //     recomputes or into reads of a nearer replica (DESIGN.md §16 "Bandwidth decides, live");
+//     A pending prefix (SchedulerConfig::pending_prefix) extends the pool's prefix on one instance: the blocks an
+//     accepted request queued or running there will compute, which this request reads from that host's memory once
+//     it has run, since it queues behind it there (its queue key is never below that request's); DESIGN.md §10;
 //     The queue term is priced under the queue discipline in force (queue_discipline.hpp, --queue): the work ahead
 //     of the job's place in the instance's order; the chosen instance's prediction adds the work expected to
 //     overtake it later (slo), bounded by its slack;
@@ -85,6 +88,7 @@ struct SchedulerCounters {
   uint64_t fetch_remote = 0;      // of fetch: some blocks read from another host's memory
   uint64_t recompute_cached = 0;  // of recompute: the pool held a reusable prefix, recomputing was priced cheaper
   uint64_t replicate = 0;
+  uint64_t fetch_pending = 0;  // of fetch: some reused blocks are a pending prefix on the chosen instance
   uint64_t expired_instances = 0;
   uint64_t refused_decode_steps = 0;  // decode step samples above the plausibility gate (on_decode_steps)
   uint64_t path_samples = 0;          // remote fetches measured on one (source host, instance host) path
@@ -166,6 +170,8 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
   // The queue discipline in force (config().queue.discipline, or the policy's default).
   QueueDiscipline queue_discipline() const { return discipline_; }
+  // Whether pending prefixes are priced (config().pending_prefix, or the policy's default).
+  bool pending_prefix() const { return pending_prefix_; }
   // Every live prefill instance as the last decide() priced it, in registration order: the policy's input
   // (empty when that decision was rejected before pricing). Valid until the next decide().
   std::span<const PrefillEstimate> last_estimates() const { return estimates_; }
@@ -176,6 +182,8 @@ class Scheduler {
   int64_t send_backlog_bytes(uint32_t host, int64_t now_ns) const;
   // Requests accepted and not yet done.
   size_t in_flight() const { return in_flight_.size(); }
+  // Blocks registered as a pending prefix (computed by an accepted request whose prefill has not reported yet).
+  size_t pending_prefix_blocks() const { return pending_.size(); }
   bool is_in_flight(const std::string& request_id) const { return in_flight_.count(request_id) != 0; }
 
  private:
@@ -198,8 +206,15 @@ class Scheduler {
     double predicted_ttft_ms = 0;
     int64_t decided_at_ns = 0;
     bool first_token_seen = false;
-    std::vector<uint32_t> send_hosts;    // hosts whose send backlog holds this request's fetch
-    std::vector<std::string> stage_ids;  // a pipelined prefill's stages after the first (their ledgers)
+    std::vector<uint32_t> send_hosts;      // hosts whose send backlog holds this request's fetch
+    std::vector<std::string> stage_ids;    // a pipelined prefill's stages after the first (their ledgers)
+    std::vector<uint64_t> pending_hashes;  // the blocks it registered as a pending prefix (pending_)
+  };
+  // A block an accepted request computes on its prefill instance and no prefill report has closed yet.
+  struct PendingBlock {
+    std::string instance_id;
+    std::string request_id;
+    int64_t queue_key_ns = 0;  // that request's queue key there: a request reusing the block queues behind it
   };
   // One accepted fetch on a source host's send backlog: its bytes until its predicted end (the prefill's
   // queue plus its transfer after the decision).
@@ -224,6 +239,12 @@ class Scheduler {
   // block's cheapest class from a host holding none of it in memory) and hosts_scratch_ (the hosts holding
   // some of them in memory). Returns how many leading blocks may be reused (one token is always prefilled).
   int64_t look_up_prefix(const Request& request);
+  // Step 1b (pending prefixes on): the blocks after the pool's prefix that one instance's queued or running request
+  // computes, into pending_instance_ / pending_run_ / pending_key_ns_ (run 0: none).
+  void look_up_pending(const Request& request, int64_t now_ns);
+  // Registers the blocks an accepted single-instance decision computes (commit), and drops a request's registration.
+  void book_pending(const Request& request, const Decision& d, InFlight& f);
+  void forget_pending(const std::string& request_id, std::vector<uint64_t>& hashes);
   // The cheapest "reuse the first k <= max_reuse blocks" plan from `host` (kUnknownHost: a host holding none and
   // no path estimate: the generic plan).
   HostPlan plan_for_host(const Request& request, uint32_t host, int64_t max_reuse, int64_t now_ns) const;
@@ -233,8 +254,9 @@ class Scheduler {
   // Drops `request_id`'s entries from the send backlogs of the hosts in `hosts`.
   void end_sends(const std::string& request_id, const std::vector<uint32_t>& hosts);
   // Step 2a: e's queue figures on `inst` under the discipline for a job of service_ms (queue_discipline.hpp).
+  // not_before_key_ns: a pending prefix's request on `inst`, which this job must queue behind (INT64_MIN: none).
   void price_queue(const Instance& inst, int64_t now_ns, double service_ms, double slo_ttft_ms,
-                   PrefillEstimate& e) const;
+                   int64_t not_before_key_ns, PrefillEstimate& e) const;
   // Step 2: one PrefillEstimate per live prefill instance into estimates_ (plans shared by host).
   void price_prefill_instances(const Request& request, int64_t now_ns, int64_t max_reuse);
   // Step 3: the policy's choice among estimates_ into d.prefill (and the logged candidates).
@@ -261,6 +283,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   QueueDiscipline discipline_ = QueueDiscipline::kFcfs;
+  bool pending_prefix_ = false;  // config().pending_prefix, or the policy's default
   const Clock* clock_;
   std::unique_ptr<Policy> policy_;
   ClusterState cluster_;
@@ -273,6 +296,7 @@ class Scheduler {
   SchedulerCounters counters_;
   std::unordered_map<std::string, InFlight> in_flight_;
   std::unordered_map<uint32_t, std::vector<SendEntry>> send_backlog_;  // by source host index
+  std::unordered_map<uint64_t, PendingBlock> pending_;                 // by block hash (the first registrant's)
   // The latest arrivals booked on each prefill instance (QueueConfig::overtake_history of them), for the overtaking
   // estimate of the slo order (queue_discipline.hpp expected_overtake_ms).
   std::unordered_map<std::string, std::deque<QueueArrival>> arrivals_;
@@ -283,7 +307,14 @@ class Scheduler {
   std::vector<uint32_t> hosts_scratch_;
   std::vector<std::pair<uint32_t, HostPlan>> plans_scratch_;
   std::vector<DecodeEstimate> decode_scratch_;
-  int64_t max_reuse_ = 0;  // the current decision's reusable prefix (blocks)
+  // Mean predicted service (prefill + transfer, ms) of the recent single-instance jobs booked (an exponential moving
+  // average over about 100 jobs; 0 before the first): the scale of PlacementContext::service_weight.
+  double service_ewma_ms_ = 0;
+  int64_t max_reuse_ = 0;                 // the current decision's reusable prefix (blocks)
+  std::string pending_instance_;          // the current decision's pending prefix: its instance,
+  int64_t pending_run_ = 0;               // its blocks after the pool's prefix (0: none),
+  int64_t pending_key_ns_ = 0;            // and the queue key of the last request computing them there
+  std::optional<HostPlan> pending_plan_;  // that instance's plan (the pool's prefix plus the pending blocks)
   struct PlanSource {
     uint32_t host;
     int64_t bytes;

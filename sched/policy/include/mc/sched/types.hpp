@@ -120,6 +120,15 @@ struct SchedulerConfig {
   double decode_envelope_factor = 4.0;
   // Candidates kept in a Decision (sorted by predicted TTFT) for the decision log; 0 keeps none.
   int max_logged_candidates = 4;
+  // Pending prefixes (DESIGN.md §10 "Pending prefixes"): blocks an accepted request will compute count as cached on
+  // the instance computing them, for a later request that extends them and queues behind it there (a session's next
+  // turn arriving before its previous turn's prefill ran). "on" | "off" | "" (the policy's default: on for kvcache,
+  // off for the paper's baselines, which price the pool as it is).
+  std::string pending_prefix;
+  // Load-priced placement (kvcache; DESIGN.md §10): the weight of a placement's prefill service against its TTFT is
+  // this times the mean predicted queue over the mean service of recent jobs (policy.hpp PlacementContext); in
+  // [0, 1000]; 0: the paper's rule (smallest TTFT).
+  double placement_load_weight = 1.0;
   PipelineConfig pipeline;
   QueueConfig queue;
 };
@@ -145,6 +154,9 @@ struct PrefillEstimate {
   int64_t blocks_by_class[4] = {0, 0, 0, 0};  // indexed by PathClass, over the reused blocks
   int64_t longest_same_host_blocks = 0;       // longest prefix in memory on this host (cache_aware)
   int64_t longest_pool_blocks = 0;            // longest prefix anywhere in the pool
+  // Of reused_blocks, those an earlier accepted request queued or running on this very instance computes first (a
+  // pending prefix, SchedulerConfig::pending_prefix): read from this host's memory once it has run (same_host class).
+  int64_t pending_blocks = 0;
   int64_t transfer_bytes = 0;
   // The remote blocks' bytes by the host each is read from (the holder with the fastest path to this
   // instance's host, DESIGN.md §16 "Bandwidth decides, live"); empty when nothing is fetched remotely. Filled in
@@ -207,6 +219,7 @@ struct Decision {
   PrefillEstimate prefill;
   DecodeEstimate decode;
   double predicted_ttft_ms = 0;  // = prefill.ttft_ms (also set on rejection: the best seen)
+  double service_weight = 0;     // the policy's PlacementContext::service_weight for this decision
   double predicted_tbt_ms = 0;
   int64_t hit_tokens = 0;          // reused_blocks * block_size_tokens, capped at input_tokens - 1
   int64_t pool_prefix_tokens = 0;  // the longest prefix held anywhere in the pool: blocks * block_size_tokens

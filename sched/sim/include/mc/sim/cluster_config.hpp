@@ -19,6 +19,10 @@
 //     "queue_aging_weight": 4,               // slo: a job's key = decision time + this x its predicted
 //                                            // prefill (mc/sched/queue_discipline.hpp)
 //     "queue_guard_ms": 3000,                // slo: slack kept before each queued job's TTFT deadline
+//     "pending_prefix": "",                  // on | off: a prefix an accepted request is computing counts as
+//                                            // cached where it runs ("": on for kvcache, off for the baselines)
+//     "placement_load_weight": 1,            // kvcache: weight of a placement's prefill service against its
+//                                            // TTFT, x mean queue / mean service (0: smallest TTFT, the paper)
 //     "block_size": 512,                     // tokens per hash block (the traces' 512)
 //     "chunk_tokens": 0,                     // chunked prefill chunk size (0: one pass)
 //     "pipeline_group": 1,                   // prefill instances a long prompt may pipeline over (chunked
@@ -65,6 +69,8 @@ struct ClusterConfig {
   std::string queue;  // "fcfs" | "slo" | "": the policy's default (mc/sched/queue_discipline.hpp)
   double queue_aging_weight = 4.0;
   double queue_guard_ms = 3'000;
+  std::string pending_prefix;          // "on" | "off" | "": the policy's default (sched::SchedulerConfig)
+  double placement_load_weight = 1.0;  // sched::SchedulerConfig::placement_load_weight, 0 to 1000
   int64_t block_size = 512;
   int64_t chunk_tokens = 0;
   int64_t pipeline_group = 1;

@@ -37,6 +37,8 @@ struct ClusterOverrides {
   std::optional<double> pipeline_reserve_factor;  // instances about free to form a group, x its size
   std::optional<std::string> queue;               // prefill queue discipline: fcfs | slo
   std::optional<double> queue_aging_weight;       // slo: key = now + weight x predicted service
+  std::optional<std::string> pending_prefix;      // on | off
+  std::optional<double> placement_load_weight;    // kvcache: service's weight, x mean queue / mean service
   // Applies the set fields to `config` and validates it.
   Status apply(ClusterConfig& config) const;
 };

@@ -78,6 +78,8 @@ class PrefillInstance {
   // predicted service of every queued one (fetches at full NIC bandwidth + local load + compute).
   double predicted_queue_s() const;
   int64_t queued_jobs() const { return static_cast<int64_t>(queue_.size()) + (running_ ? 1 : 0); }
+  // The waiting job that starts next (null when none waits); valid until the queue changes.
+  const PrefillJob* next_job() const { return queue_.empty() ? nullptr : &queue_.front().job; }
   // Tokens still to compute in queued and running jobs.
   int64_t queued_tokens() const { return queued_tokens_; }
   int64_t busy_compute_ns() const;  // time spent computing, up to now
