@@ -9,6 +9,8 @@
 # The scratch corpus is WORK_DIR/HARNESS/corpus (libFuzzer writes new units there; the checked-in seeds in
 # tests/fuzz/corpus/HARNESS are read, never written); the log is WORK_DIR/HARNESS/log, crashes go to
 # WORK_DIR/HARNESS/artifacts/. Exit: 0 when the run ended without a crash file, 1 with one, 2 on bad usage.
+# Pause it with SIGSTOP only knowing that libFuzzer's per-input -timeout counts wall time: the input running when
+# it stopped is reported as a timeout after a long enough pause (run it again alone to check). Renice it instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,8 +66,10 @@ last_status=$(grep -E '^#[0-9]+.* cov: ' "$log" | tail -1 || true)
 final_stat() { grep -oE "stat::$1:[[:space:]]+[0-9]+" "$log" | grep -oE '[0-9]+$' || echo "?"; }
 execs=$(final_stat number_of_executed_units)
 rss=$(final_stat peak_rss_mb)
-crashes=$(find "$dir/artifacts" -type f | wc -l)
-echo "fuzz-long: $harness cpu_s=$cpu_s wall_s=$wall_s executions=$execs peak_rss_mb=$rss crash_files=$crashes units=$(find "$dir/corpus" -type f | wc -l)"
+# crash-, leak-, timeout- and oom- files are findings; slow-unit- files (an input over 10 s) are reported apart.
+crashes=$(find "$dir/artifacts" -type f ! -name "slow-unit-*" | wc -l)
+slow=$(find "$dir/artifacts" -type f -name "slow-unit-*" | wc -l)
+echo "fuzz-long: $harness cpu_s=$cpu_s wall_s=$wall_s executions=$execs peak_rss_mb=$rss crash_files=$crashes slow_units=$slow units=$(find "$dir/corpus" -type f | wc -l)"
 echo "fuzz-long: first: $(grep -E '^#[0-9]+.*(INITED|pulse)' "$log" | head -1)"
 echo "fuzz-long: last:  $last_status"
 ((crashes == 0))

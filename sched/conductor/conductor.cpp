@@ -77,6 +77,9 @@ namespace {
 
 int64_t now_unix_ns() { return unix_time_ms() * 1'000'000; }
 
+// A submitted request id's bound: ids are copied into the ledgers, the decision log and every job message.
+constexpr size_t kMaxRequestIdBytes = 1024;
+
 // Rebuilds the prefix index from the store master (store.stat for the event id and segment hosts,
 // store.ls for the blocks of every key namespace: requests choose theirs, and seq hashes of different
 // namespaces differ, so blocks of any namespace only ever match requests of it). Failures are
@@ -472,6 +475,11 @@ class Conductor {
 
   Result<proto::ConductorSubmitReply> on_submit(const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) {
     metrics_.counter("mc_conductor_submits_total", "requests submitted").inc();
+    if (req.request_id.size() > kMaxRequestIdBytes) {
+      return error(Code::kInvalidArgument, "submit: request id of " + std::to_string(req.request_id.size()) +
+                                               " bytes; at most " + std::to_string(kMaxRequestIdBytes) +
+                                               " (use a shorter id)");
+    }
     if (in_flight_.count(req.request_id) != 0) {
       return error(Code::kAlreadyExists, "request '" + req.request_id + "' is already being dispatched");
     }
@@ -520,8 +528,9 @@ class Conductor {
     f.decode_endpoint = dec->info.endpoint;
     if (d.replicate_prefix && !store_master_.empty()) {
       f.prefill_host = p->info.host;
-      const size_t n =
-          std::min(r.block_hashes.size(), static_cast<size_t>(std::max<int64_t>(d.prefill.reused_blocks, 0)));
+      // Only blocks the pool holds now: a pending prefix (DESIGN.md §10) is still being computed.
+      const size_t n = std::min(r.block_hashes.size(), static_cast<size_t>(std::max<int64_t>(
+                                                           d.prefill.reused_blocks - d.prefill.pending_blocks, 0)));
       // The workers' store keys: "kv/<digest of the request's namespace>/<seq hash>"; the base's digest as a
       // worker told it when it named no namespace fields (adopt_key_namespace).
       const std::string digest = base_known_ || key_digest_.empty() ? ns.digest_hex() : key_digest_;

@@ -59,6 +59,9 @@ Result<PrefillEstimate> estimate_from_json(const nlohmann::json& j) {
     e.load_known = j.at("load_known").get<bool>();
     e.overtake_ms = j.value("overtake_ms", 0.0);  // logs from before the queue discipline have none
     e.pending_blocks = j.value("pending_blocks", int64_t{0});
+    if (e.pending_blocks < 0 || e.pending_blocks > e.reused_blocks) {
+      return error(Code::kInvalidArgument, "prefill estimate: pending_blocks must be in [0, reused_blocks]");
+    }
   } catch (const nlohmann::json::exception& ex) {
     return error(Code::kInvalidArgument, std::string("prefill estimate: ") + ex.what());
   }
@@ -127,7 +130,7 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
   out["queue"] = {{"discipline", std::string(queue_discipline_name(s.queue_discipline()))},
                   {"aging_weight", cfg.queue.aging_weight},
                   {"guard_ms", cfg.queue.guard_ms}};
-  out["placement"] = {{"pending_prefix", s.pending_prefix()}, {"load_weight", cfg.placement_load_weight}};
+  out["placement"] = {{"pending_prefix", s.pending_prefix()}, {"load_weight", s.placement_load_weight()}};
   if (with_instances) {
     nlohmann::json insts = nlohmann::json::array();
     for (Role role : {Role::kPrefill, Role::kDecode}) {

@@ -268,7 +268,7 @@ int64_t Scheduler::look_up_prefix(const Request& request) {
 void Scheduler::look_up_pending(const Request& request, int64_t now) {
   pending_instance_.clear();
   pending_run_ = 0;
-  pending_key_ns_ = INT64_MIN;
+  pending_keys_.clear();
   if (!pending_prefix_ || pending_.empty()) return;
   const int64_t B = config_.kv.block_size_tokens;
   const auto pool_len = static_cast<int64_t>(lookup_.size());
@@ -280,18 +280,18 @@ void Scheduler::look_up_pending(const Request& request, int64_t now) {
     auto it = pending_.find(request.block_hashes[static_cast<size_t>(j)]);
     if (it == pending_.end()) break;
     const PendingBlock& b = it->second;
-    if (!is_in_flight(b.request_id)) {  // its request ended without a report (cancelled, expired): never computed
+    if (!is_in_flight(*b.request_id)) {  // its request ended without a report (cancelled, expired): never computed
       pending_.erase(it);
       break;
     }
     if (pending_run_ == 0) {
-      const Instance* inst = cluster_.find(b.instance_id);
+      const Instance* inst = cluster_.find(*b.instance_id);
       if (inst == nullptr || !placeable(*inst, now, config_.heartbeat_timeout_ms)) return;
-      pending_instance_ = b.instance_id;
-    } else if (b.instance_id != pending_instance_) {
+      pending_instance_ = *b.instance_id;
+    } else if (*b.instance_id != pending_instance_) {
       break;
     }
-    pending_key_ns_ = std::max(pending_key_ns_, b.queue_key_ns);
+    pending_keys_.push_back(std::max(pending_keys_.empty() ? INT64_MIN : pending_keys_.back(), b.queue_key_ns));
     ++pending_run_;
   }
 }
@@ -299,18 +299,20 @@ void Scheduler::look_up_pending(const Request& request, int64_t now) {
 void Scheduler::book_pending(const Request& request, const Decision& d, InFlight& f) {
   if (!pending_prefix_ || !d.stages.empty()) return;  // a pipeline's blocks come from every stage: not booked
   const auto n = static_cast<int64_t>(request.block_hashes.size());
-  for (int64_t j = std::max<int64_t>(0, d.prefill.reused_blocks); j < n; ++j) {
+  const int64_t first = std::max<int64_t>(0, d.prefill.reused_blocks);
+  if (first >= n) return;
+  const PendingBlock b{std::make_shared<const std::string>(d.prefill_id),
+                       std::make_shared<const std::string>(request.request_id), d.prefill.queue_key_ns};
+  for (int64_t j = first; j < n; ++j) {
     const uint64_t h = request.block_hashes[static_cast<size_t>(j)];
-    if (pending_.try_emplace(h, PendingBlock{d.prefill_id, request.request_id, d.prefill.queue_key_ns}).second) {
-      f.pending_hashes.push_back(h);
-    }
+    if (pending_.try_emplace(h, b).second) f.pending_hashes.push_back(h);
   }
 }
 
 void Scheduler::forget_pending(const std::string& request_id, std::vector<uint64_t>& hashes) {
   for (uint64_t h : hashes) {
     auto it = pending_.find(h);
-    if (it != pending_.end() && it->second.request_id == request_id) pending_.erase(it);
+    if (it != pending_.end() && *it->second.request_id == request_id) pending_.erase(it);
   }
   hashes.clear();
 }
@@ -461,7 +463,11 @@ void Scheduler::price_prefill_instances(const Request& request, int64_t now, int
     PrefillEstimate e;
     e.instance_id = inst->info.id;
     const bool behind = pending && plan->reused_blocks > max_reuse;
-    price_queue(*inst, now, plan->cost_ms, slo_ttft_ms, behind ? pending_key_ns_ : INT64_MIN, e);
+    // Strictly after the last job computing a block it reads (equal keys keep arrival order, and this job's message
+    // may reach the instance first).
+    const int64_t after_key =
+        behind ? pending_keys_[static_cast<size_t>(plan->reused_blocks - max_reuse - 1)] + 1 : INT64_MIN;
+    price_queue(*inst, now, plan->cost_ms, slo_ttft_ms, after_key, e);
     e.pending_blocks = behind ? plan->reused_blocks - max_reuse : 0;
     e.prefill_ms = plan->prefill_ms;
     e.transfer_ms = plan->transfer_ms;
@@ -484,11 +490,11 @@ void Scheduler::choose_prefill(const Request& request, Decision& d) {
   // a stalled instance cannot make TTFT irrelevant.
   PlacementContext ctx;
   ctx.slo_ttft_ms = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
-  if (config_.placement_load_weight > 0 && service_ewma_ms_ > 0) {
+  if (placement_load_weight() > 0 && service_ewma_ms_ > 0) {
     double queue_sum = 0;
     for (const PrefillEstimate& e : estimates_) queue_sum += e.queue_ms;
     const double mean_queue = queue_sum / static_cast<double>(estimates_.size());
-    ctx.service_weight = std::min(kMaxServiceWeight, config_.placement_load_weight * mean_queue / service_ewma_ms_);
+    ctx.service_weight = std::min(kMaxServiceWeight, placement_load_weight() * mean_queue / service_ewma_ms_);
   }
   d.service_weight = ctx.service_weight;
   size_t chosen = policy_->choose(request, estimates_, ctx);

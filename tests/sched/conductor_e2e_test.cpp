@@ -387,6 +387,15 @@ TEST(ConductorE2E, ASessionsNextTurnReusesThePrefixItsPreviousTurnIsComputing) {
     EXPECT_EQ(st["placement"]["pending_prefix"], mode != "off") << st.dump();
     EXPECT_EQ(st["placement"]["load_weight"], 1.0) << st.dump();
     EXPECT_EQ(st["decisions"]["fetch_pending"], mode == "off" ? 0 : 1) << st.dump();
+    // A request id is bounded (it is copied into every ledger and job): 1,025 bytes is refused, naming the bound.
+    proto::ConductorSubmitRequest long_id;
+    long_id.request_id = std::string(1025, 'x');
+    long_id.tokens = prompt(7, 40);
+    long_id.input_tokens = 40;
+    long_id.output_tokens = 1;
+    auto refused = c.call(long_id, 2000);
+    EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().to_string();
+    EXPECT_NE(refused.status().message().find("at most 1024"), std::string::npos) << refused.status().to_string();
     EXPECT_EQ(conductor.stop(), 0);
   }
   // Bad values are usage errors, naming the flag.

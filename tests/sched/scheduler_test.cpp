@@ -846,7 +846,7 @@ TEST_F(SchedulerTest, ASessionsNextTurnQueuesBehindItsPreviousTurnAndReusesWhatI
   EXPECT_EQ(d2.prefill.blocks_by_class[static_cast<int>(PathClass::kSameHost)], 8);
   EXPECT_EQ(d2.hit_tokens, 8 * kB);
   EXPECT_EQ(d2.pool_prefix_tokens, 2 * kB);  // the pool itself holds 2
-  EXPECT_GE(d2.prefill.queue_key_ns, d1.prefill.queue_key_ns);
+  EXPECT_GT(d2.prefill.queue_key_ns, d1.prefill.queue_key_ns);  // strictly: its message may reach P1 first
   EXPECT_NE(d2.reason.find("6 of them computed first by a request queued there"), std::string::npos) << d2.reason;
   EXPECT_EQ(s->counters().fetch_pending, 1u);
   const Instance* p1 = s->cluster().find("P1");
@@ -900,7 +900,7 @@ TEST_F(SchedulerTest, APendingPrefixKeepsItsJobBehindUnderTheSloOrderAndAFailedP
   ASSERT_TRUE(d2.accepted) << d2.reason;
   ASSERT_EQ(d2.prefill_id, "P1");
   EXPECT_EQ(d2.prefill.pending_blocks, 20);
-  EXPECT_GE(d2.prefill.queue_key_ns, d1.prefill.queue_key_ns);
+  EXPECT_EQ(d2.prefill.queue_key_ns, d1.prefill.queue_key_ns + 1);
   const Instance* p1 = s->cluster().find("P1");
   ASSERT_EQ(p1->prefill_queue.size(), 3u);
   EXPECT_EQ(p1->prefill_queue[1].request_id, "t1");
@@ -964,6 +964,12 @@ TEST_F(SchedulerTest, ServiceWeightIsZeroWhenIdleAndGrowsWithTheQueues) {
     ASSERT_TRUE(logged.is_ok()) << logged.status().to_string();
     EXPECT_DOUBLE_EQ(logged->service_weight, d.service_weight);
   }
+  // The baselines price no TTFT: no weight is computed or logged for them.
+  auto baseline = make("least_loaded");
+  ASSERT_TRUE(baseline->schedule(request("a", 2 * kB, 10, 0, 7000)).accepted);
+  load(*baseline, "P0", 1'024);
+  EXPECT_EQ(baseline->decide(request("b", 2 * kB, 10, 0, 8000)).service_weight, 0);
+  EXPECT_EQ(baseline->placement_load_weight(), 0);
   SchedulerConfig bad;
   for (double lw : {-1.0, 1e4, static_cast<double>(NAN)}) {
     bad.placement_load_weight = lw;

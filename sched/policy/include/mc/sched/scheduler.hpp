@@ -172,6 +172,9 @@ class Scheduler {
   QueueDiscipline queue_discipline() const { return discipline_; }
   // Whether pending prefixes are priced (config().pending_prefix, or the policy's default).
   bool pending_prefix() const { return pending_prefix_; }
+  // The load-priced placement's weight in force: config().placement_load_weight for kvcache, 0 for the baselines
+  // (they do not price TTFT, so no weight is computed or logged for them).
+  double placement_load_weight() const { return config_.policy == "kvcache" ? config_.placement_load_weight : 0.0; }
   // Every live prefill instance as the last decide() priced it, in registration order: the policy's input
   // (empty when that decision was rejected before pricing). Valid until the next decide().
   std::span<const PrefillEstimate> last_estimates() const { return estimates_; }
@@ -210,10 +213,11 @@ class Scheduler {
     std::vector<std::string> stage_ids;    // a pipelined prefill's stages after the first (their ledgers)
     std::vector<uint64_t> pending_hashes;  // the blocks it registered as a pending prefix (pending_)
   };
-  // A block an accepted request computes on its prefill instance and no prefill report has closed yet.
+  // A block an accepted request computes on its prefill instance and no prefill report has closed yet. The ids are
+  // shared by every block of the request (one copy each, however long the prompt).
   struct PendingBlock {
-    std::string instance_id;
-    std::string request_id;
+    std::shared_ptr<const std::string> instance_id;
+    std::shared_ptr<const std::string> request_id;
     int64_t queue_key_ns = 0;  // that request's queue key there: a request reusing the block queues behind it
   };
   // One accepted fetch on a source host's send backlog: its bytes until its predicted end (the prefill's
@@ -240,7 +244,7 @@ class Scheduler {
   // some of them in memory). Returns how many leading blocks may be reused (one token is always prefilled).
   int64_t look_up_prefix(const Request& request);
   // Step 1b (pending prefixes on): the blocks after the pool's prefix that one instance's queued or running request
-  // computes, into pending_instance_ / pending_run_ / pending_key_ns_ (run 0: none).
+  // computes, into pending_instance_ / pending_run_ / pending_keys_ (run 0: none).
   void look_up_pending(const Request& request, int64_t now_ns);
   // Registers the blocks an accepted single-instance decision computes (commit), and drops a request's registration.
   void book_pending(const Request& request, const Decision& d, InFlight& f);
@@ -313,7 +317,8 @@ class Scheduler {
   int64_t max_reuse_ = 0;                 // the current decision's reusable prefix (blocks)
   std::string pending_instance_;          // the current decision's pending prefix: its instance,
   int64_t pending_run_ = 0;               // its blocks after the pool's prefix (0: none),
-  int64_t pending_key_ns_ = 0;            // and the queue key of the last request computing them there
+  // and, for each of them, the largest queue key of the requests computing it and the blocks before it there
+  std::vector<int64_t> pending_keys_;
   std::optional<HostPlan> pending_plan_;  // that instance's plan (the pool's prefix plus the pending blocks)
   struct PlanSource {
     uint32_t host;
