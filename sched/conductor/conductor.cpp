@@ -529,8 +529,9 @@ class Conductor {
     if (d.replicate_prefix && !store_master_.empty()) {
       f.prefill_host = p->info.host;
       // Only blocks the pool holds now: a pending prefix (DESIGN.md §10) is still being computed.
-      const size_t n = std::min(r.block_hashes.size(), static_cast<size_t>(std::max<int64_t>(
-                                                           d.prefill.reused_blocks - d.prefill.pending_blocks, 0)));
+      const size_t n =
+          std::min(r.block_hashes.size(),
+                   static_cast<size_t>(std::max<int64_t>(d.prefill.reused_blocks - d.prefill.pending_blocks, 0)));
       // The workers' store keys: "kv/<digest of the request's namespace>/<seq hash>"; the base's digest as a
       // worker told it when it named no namespace fields (adopt_key_namespace).
       const std::string digest = base_known_ || key_digest_.empty() ? ns.digest_hex() : key_digest_;

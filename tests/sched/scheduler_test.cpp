@@ -845,7 +845,7 @@ TEST_F(SchedulerTest, ASessionsNextTurnQueuesBehindItsPreviousTurnAndReusesWhatI
   EXPECT_EQ(d2.prefill.pending_blocks, 6);
   EXPECT_EQ(d2.prefill.blocks_by_class[static_cast<int>(PathClass::kSameHost)], 8);
   EXPECT_EQ(d2.hit_tokens, 8 * kB);
-  EXPECT_EQ(d2.pool_prefix_tokens, 2 * kB);  // the pool itself holds 2
+  EXPECT_EQ(d2.pool_prefix_tokens, 2 * kB);                     // the pool itself holds 2
   EXPECT_GT(d2.prefill.queue_key_ns, d1.prefill.queue_key_ns);  // strictly: its message may reach P1 first
   EXPECT_NE(d2.reason.find("6 of them computed first by a request queued there"), std::string::npos) << d2.reason;
   EXPECT_EQ(s->counters().fetch_pending, 1u);

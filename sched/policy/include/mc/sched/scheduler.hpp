@@ -314,9 +314,9 @@ class Scheduler {
   // Mean predicted service (prefill + transfer, ms) of the recent single-instance jobs booked (an exponential moving
   // average over about 100 jobs; 0 before the first): the scale of PlacementContext::service_weight.
   double service_ewma_ms_ = 0;
-  int64_t max_reuse_ = 0;                 // the current decision's reusable prefix (blocks)
-  std::string pending_instance_;          // the current decision's pending prefix: its instance,
-  int64_t pending_run_ = 0;               // its blocks after the pool's prefix (0: none),
+  int64_t max_reuse_ = 0;         // the current decision's reusable prefix (blocks)
+  std::string pending_instance_;  // the current decision's pending prefix: its instance,
+  int64_t pending_run_ = 0;       // its blocks after the pool's prefix (0: none),
   // and, for each of them, the largest queue key of the requests computing it and the blocks before it there
   std::vector<int64_t> pending_keys_;
   std::optional<HostPlan> pending_plan_;  // that instance's plan (the pool's prefix plus the pending blocks)
