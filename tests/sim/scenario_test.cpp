@@ -33,12 +33,15 @@ Result<SimResult> run(const SimOptions& o, const std::vector<trace::Request>& ro
 
 TEST(Scenario, TwoRequestsQueueOnOneInstance) {
   // r1 arrives at 0 (1,024 tokens, 3 output); r2 at 0.5 s (1,536 tokens sharing r1's two blocks, 2
-  // output). When r2 is placed (0.5 s) r1 has not finished, so nothing is cached yet: r2 recomputes.
+  // output). When r2 is placed (0.5 s) r1 has not finished, so nothing is cached yet: with the paper's rule (no
+  // pending prefixes; the next test has them) r2 recomputes.
   //   r1: prefill 0 -> 1.024 s (TTFT 1.024 s); its KV (1.024 MB at 1 GB/s) is at decode by 1.025 ms
   //       after the compute starts; decode steps end at 1.034 and 1.044 s (E2E 1.044 s, gaps 10 ms).
   //   r2: waits for r1 (queue 0.524 s), prefill 1.024 -> 2.560 s: TTFT = 2.560 - 0.5 = 2.060 s;
   //       one decode step: last token at 2.570 s, E2E 2.070 s.
-  auto r = run(one_instance(), {trace_row(1, 0, 1024, 3, {1, 2}), trace_row(2, 500, 1536, 2, {1, 2, 3})});
+  SimOptions paper = one_instance();
+  paper.cluster.pending_prefix = "off";
+  auto r = run(paper, {trace_row(1, 0, 1024, 3, {1, 2}), trace_row(2, 500, 1536, 2, {1, 2, 3})});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   ASSERT_EQ(r->records.size(), 2u);
   const auto& a = r->records[0];
@@ -60,6 +63,27 @@ TEST(Scenario, TwoRequestsQueueOnOneInstance) {
   // Prefill busy 2.56 s of a 2.57 s run; GPU-seconds = 8 GPUs x 2.56 s.
   EXPECT_NEAR(r->totals.prefill_gpu_s, 8 * 2.560, 1e-6);
   EXPECT_NEAR(r->totals.prefill_gpu_s_saved, 0.0, 1e-9);
+}
+
+// The same two requests with pending prefixes (kvcache's default; DESIGN.md §10): r2 is placed behind r1, which
+// computes its two blocks, and reads them when r1 is done: it waits 0.524 s, loads 1.024 MB from local DRAM at
+// 1.024 GB/s (1 ms) and prefills 512 tokens (0.512 s): TTFT = 1.537 - 0.5 = 1.037 s, as predicted; E2E 1.047 s;
+// prefill GPU-seconds 8 x (1.024 + 0.512).
+TEST(Scenario, ASecondRequestReusesThePrefixTheFirstIsComputing) {
+  auto r = run(one_instance(), {trace_row(1, 0, 1024, 3, {1, 2}), trace_row(2, 500, 1536, 2, {1, 2, 3})});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r->records.size(), 2u);
+  const auto& b = r->records[1];
+  EXPECT_NEAR(*b.ttft_ms, 1037.0, 1e-6);
+  EXPECT_NEAR(*b.ledger.queue_ms, 524.0, 1e-6);
+  EXPECT_EQ(*b.ledger.hit_tokens_local, 1024);
+  EXPECT_EQ(*b.ledger.planned_hit_tokens, 1024);
+  EXPECT_EQ(*b.ledger.pool_prefix_tokens, 0);  // nothing was in the pool when it was placed
+  EXPECT_EQ(*b.ledger.decision, "fetch");
+  EXPECT_NEAR(*b.e2e_ms, 1047.0, 1e-6);
+  EXPECT_NEAR(*b.ledger.predicted_ttft_ms, 1037.0, 1.0);
+  EXPECT_NEAR(r->totals.prefill_gpu_s, 8 * (1.024 + 0.512), 1e-6);
+  EXPECT_EQ(r->totals.hit_tokens_lost, 0);
 }
 
 TEST(Scenario, ALaterRequestReusesTheCachedPrefix) {
