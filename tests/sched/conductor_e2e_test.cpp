@@ -129,6 +129,22 @@ std::vector<uint32_t> prompt(uint32_t base, size_t n) {
   return t;
 }
 
+// The endpoint in a started mc-conductor's ready line ("" when it did not start).
+std::string conductor_endpoint(Child& conductor) {
+  const std::string ready = conductor.read_line(10'000);
+  const bool ok = ready.rfind("ready mc-conductor tcp://", 0) == 0;
+  EXPECT_TRUE(ok) << "ready line: '" << ready << "'";
+  return ok ? ready.substr(19, ready.find(' ', 19) - 19) : "";
+}
+
+// Registers P0 (host h0, no cache of its own) and P1 (host h1, its own cache "gpu-P1") as prefill instances; the
+// workers do not tell their key namespace (empty digest, chain seed 0).
+bool register_prefill_pair(rpc::RpcClient& c, FakeWorker& p0, FakeWorker& p1) {
+  return c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock, "", 0}).is_ok() &&
+         c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock, "", 0})
+             .is_ok();
+}
+
 nlohmann::json status(rpc::RpcClient& c) {
   auto r = c.call(proto::ConductorStatusRequest{true}, 2000);
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
@@ -143,19 +159,14 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   Child conductor({MC_BINARY_DIR "/bin/mc-conductor", "--log-level", "warn", "serve", "--listen", "tcp://127.0.0.1:0",
                    "--kv-events", (*pub)->endpoint(), "--block-size", std::to_string(kBlock), "--kv-bytes-per-token",
                    "1024", "--slo-ttft-ms", "60000", "--decisions", decisions});
-  const std::string ready = conductor.read_line(10'000);
-  ASSERT_EQ(ready.rfind("ready mc-conductor tcp://", 0), 0u) << "ready line: '" << ready << "'";
-  const std::string endpoint = ready.substr(19, ready.find(' ', 19) - 19);
+  const std::string endpoint = conductor_endpoint(conductor);
+  ASSERT_FALSE(endpoint.empty());
 
   FakeWorker p0, p1, d0;
   auto client = rpc::RpcClient::connect(endpoint);
   ASSERT_TRUE(client.is_ok()) << client.status().to_string();
   rpc::RpcClient& c = **client;
-  // The workers do not tell their key namespace (empty digest, chain seed 0).
-  ASSERT_TRUE(
-      c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock, "", 0}).is_ok());
-  ASSERT_TRUE(c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock, "", 0})
-                  .is_ok());
+  ASSERT_TRUE(register_prefill_pair(c, p0, p1));
   auto reg = c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 100'000, kBlock, "", 0});
   ASSERT_TRUE(reg.is_ok()) << reg.status().to_string();
   EXPECT_EQ(reg->block_size_tokens, kBlock);
@@ -321,18 +332,13 @@ TEST(ConductorE2E, ASessionsNextTurnReusesThePrefixItsPreviousTurnIsComputing) {
                                      "60000"};
     if (mode == "off") argv.insert(argv.end(), {"--pending-prefix", "off"});
     Child conductor(argv);
-    const std::string ready = conductor.read_line(10'000);
-    ASSERT_EQ(ready.rfind("ready mc-conductor tcp://", 0), 0u) << "ready line: '" << ready << "'";
-    const std::string endpoint = ready.substr(19, ready.find(' ', 19) - 19);
+    const std::string endpoint = conductor_endpoint(conductor);
+    ASSERT_FALSE(endpoint.empty());
     FakeWorker p0, p1, d0;
     auto client = rpc::RpcClient::connect(endpoint);
     ASSERT_TRUE(client.is_ok()) << client.status().to_string();
     rpc::RpcClient& c = **client;
-    ASSERT_TRUE(
-        c.call(proto::ConductorRegisterRequest{"P0", "prefill", "h0", p0.endpoint(), "", 0, kBlock, "", 0}).is_ok());
-    ASSERT_TRUE(
-        c.call(proto::ConductorRegisterRequest{"P1", "prefill", "h1", p1.endpoint(), "gpu-P1", 0, kBlock, "", 0})
-            .is_ok());
+    ASSERT_TRUE(register_prefill_pair(c, p0, p1));
     ASSERT_TRUE(
         c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 1'000'000, kBlock, "", 0})
             .is_ok());
