@@ -33,6 +33,10 @@
 #   --speed X            time compression of cluster and replay         [MC_SPEED, 4]
 #   --policy NAME        random | least_loaded | cache_aware | kvcache  [MC_POLICY, kvcache]
 #   --queue Q            prefill queue order: fcfs | slo (default: the policy's, slo for kvcache)  [MC_QUEUE]
+#   --pending-prefix P   on | off: pending prefixes (docs/DESIGN.md §10; default: the policy's, on for kvcache)
+#                                                                       [MC_PENDING_PREFIX]
+#   --placement-load-weight C  kvcache's load-priced placement, 0 to 1000 (0: the paper's rule; default 1)
+#                                                                       [MC_PLACEMENT_LOAD_WEIGHT]
 #   --prefill P          prefill hosts (each with a storage node)       [MC_PREFILL, 2]
 #   --decode D           decode hosts (each with a storage node)        [MC_DECODE, 2]
 #   --mode M             netns or loopback (default: netns where namespaces can be made, else loopback)
@@ -67,6 +71,8 @@ start_s="${MC_START_S:-0}"
 speed="${MC_SPEED:-4}"
 policy="${MC_POLICY:-kvcache}"
 queue="${MC_QUEUE:-}"
+pending_prefix="${MC_PENDING_PREFIX:-}"
+load_weight="${MC_PLACEMENT_LOAD_WEIGHT:-}"
 n_prefill="${MC_PREFILL:-2}"
 n_decode="${MC_DECODE:-2}"
 mode="${MC_CLUSTER_MODE:-}"
@@ -88,6 +94,8 @@ while [[ $# -gt 0 ]]; do
     --speed) need "$@"; speed="$2"; shift 2 ;;
     --policy) need "$@"; policy="$2"; shift 2 ;;
     --queue) need "$@"; queue="$2"; shift 2 ;;
+    --pending-prefix) need "$@"; pending_prefix="$2"; shift 2 ;;
+    --placement-load-weight) need "$@"; load_weight="$2"; shift 2 ;;
     --prefill) need "$@"; n_prefill="$2"; shift 2 ;;
     --decode) need "$@"; n_decode="$2"; shift 2 ;;
     --mode) need "$@"; mode="$2"; shift 2 ;;
@@ -110,6 +118,10 @@ done
 case "$queue" in
   ""|fcfs|slo) ;;
   *) echo "replay-conversation.sh: --queue must be fcfs or slo, got '$queue'" >&2; exit 2 ;;
+esac
+case "$pending_prefix" in
+  ""|on|off) ;;
+  *) echo "replay-conversation.sh: --pending-prefix must be on or off, got '$pending_prefix'" >&2; exit 2 ;;
 esac
 case "$mode" in
   ""|netns|loopback) ;;
@@ -198,6 +210,9 @@ run() {
   echo "replay-conversation.sh: run '$label' (prefix cache $cache)" >&2
   local rc=0 keep=() queue_set=()
   [[ -n "$queue" ]] && queue_set=(--set queue="$queue")
+  # cluster.sh checks the load weight's range (defaults.placement_load_weight) before any daemon starts.
+  [[ -n "$pending_prefix" ]] && queue_set+=(--set pending_prefix="$pending_prefix")
+  [[ -n "$load_weight" ]] && queue_set+=(--set placement_load_weight="$load_weight")
   [[ -n "${MC_KEEP_LOGS:-}" ]] && keep=(--keep-logs "$MC_KEEP_LOGS/$label")
   # The conductor's endpoint and the client address reach the replay through MC_CONDUCTOR and MC_CLIENT_BIND (set
   # by cluster.sh, inside the client host's namespace in netns mode).
