@@ -93,8 +93,10 @@ Result<DecisionReplay> replay_decisions(std::span<const LoggedDecision> log, con
       const PrefillEstimate& e = d.estimates[i];
       ++r.decisions;
       ++(e.instance_id == d.chosen_prefill ? r.same_choice : r.different_choice);
-      diffs[p].push_back(e.ttft_ms - d.predicted_ttft_ms);
-      const bool over_slo = d.early_reject && e.ttft_ms > d.slo_ttft_ms;
+      // The chosen instance's prediction adds its overtaking estimate (Scheduler::choose_prefill), as logged.
+      const double ttft_ms = e.ttft_ms + e.overtake_ms;
+      diffs[p].push_back(ttft_ms - d.predicted_ttft_ms);
+      const bool over_slo = d.early_reject && ttft_ms > d.slo_ttft_ms;
       if (over_slo) {
         ++r.rejected;
         ++r.rejected_ttft;
