@@ -106,15 +106,7 @@ void PrefillInstance::start_compute() {
     const int64_t end = events_.now_ns();
     busy_ns_ += end - compute_started_ns_;
     compute_started_ns_ = -1;
-    current_.job.finish_ns = end;
-    queued_tokens_ -= current_.job.input_tokens - current_.job.cached_tokens;
-    ++jobs_done_;
-    Entry done = std::move(current_);
-    running_ = false;
-    // The finished job's KV is stored (on_done) before the next job plans its prefix (its on_start): a job queued
-    // behind the one computing its prefix (a pending prefix, Scheduler step 1b) finds it, as on a real worker.
-    if (done.hooks.on_done) done.hooks.on_done(done.job);
-    if (!running_) start_next();
+    finish_current(end);
   });
 }
 
@@ -124,16 +116,20 @@ void PrefillInstance::release_held(int64_t compute_start_ns, int64_t end_ns, dou
   current_predicted_end_ns_ = end_ns;
   events_.schedule_at(std::max(end_ns, events_.now_ns()), [this, busy_s] {
     busy_ns_ += to_ns(busy_s);
-    current_.job.finish_ns = events_.now_ns();
-    queued_tokens_ -= current_.job.input_tokens - current_.job.cached_tokens;
-    ++jobs_done_;
-    Entry done = std::move(current_);
-    running_ = false;
-    // The finished job's KV is stored (on_done) before the next job plans its prefix (its on_start): a job queued
-    // behind the one computing its prefix (a pending prefix, Scheduler step 1b) finds it, as on a real worker.
-    if (done.hooks.on_done) done.hooks.on_done(done.job);
-    if (!running_) start_next();
+    finish_current(events_.now_ns());
   });
+}
+
+void PrefillInstance::finish_current(int64_t end_ns) {
+  current_.job.finish_ns = end_ns;
+  queued_tokens_ -= current_.job.input_tokens - current_.job.cached_tokens;
+  ++jobs_done_;
+  Entry done = std::move(current_);
+  running_ = false;
+  // The finished job's KV is stored (on_done) before the next job plans its prefix (its on_start): a job queued
+  // behind the one computing its prefix (a pending prefix, Scheduler step 1b) finds it, as on a real worker.
+  if (done.hooks.on_done) done.hooks.on_done(done.job);
+  if (!running_) start_next();
 }
 
 // ---------------------------------------------------------------------------------------------

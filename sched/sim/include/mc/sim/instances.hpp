@@ -96,6 +96,8 @@ class PrefillInstance {
   void start_next();
   void start_compute();
   void fetch_done();
+  // The running job ends at end_ns: books it, runs its on_done hook, then starts the next waiting job.
+  void finish_current(int64_t end_ns);
 
   int nic_;
   EventQueue& events_;
