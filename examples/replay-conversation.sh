@@ -37,6 +37,8 @@
 #                                                                       [MC_PENDING_PREFIX]
 #   --placement-load-weight C  kvcache's load-priced placement, 0 to 1000 (0: the paper's rule; default 1)
 #                                                                       [MC_PLACEMENT_LOAD_WEIGHT]
+#   --slo-headroom H     kvcache's share of the TTFT SLO kept free, 0 to 0.9 (0: the paper's rule; default 0.2)
+#                                                                       [MC_SLO_HEADROOM]
 #   --prefill P          prefill hosts (each with a storage node)       [MC_PREFILL, 2]
 #   --decode D           decode hosts (each with a storage node)        [MC_DECODE, 2]
 #   --mode M             netns or loopback (default: netns where namespaces can be made, else loopback)
@@ -73,6 +75,7 @@ policy="${MC_POLICY:-kvcache}"
 queue="${MC_QUEUE:-}"
 pending_prefix="${MC_PENDING_PREFIX:-}"
 load_weight="${MC_PLACEMENT_LOAD_WEIGHT:-}"
+slo_headroom="${MC_SLO_HEADROOM:-}"
 n_prefill="${MC_PREFILL:-2}"
 n_decode="${MC_DECODE:-2}"
 mode="${MC_CLUSTER_MODE:-}"
@@ -96,6 +99,7 @@ while [[ $# -gt 0 ]]; do
     --queue) need "$@"; queue="$2"; shift 2 ;;
     --pending-prefix) need "$@"; pending_prefix="$2"; shift 2 ;;
     --placement-load-weight) need "$@"; load_weight="$2"; shift 2 ;;
+    --slo-headroom) need "$@"; slo_headroom="$2"; shift 2 ;;
     --prefill) need "$@"; n_prefill="$2"; shift 2 ;;
     --decode) need "$@"; n_decode="$2"; shift 2 ;;
     --mode) need "$@"; mode="$2"; shift 2 ;;
@@ -210,9 +214,11 @@ run() {
   echo "replay-conversation.sh: run '$label' (prefix cache $cache)" >&2
   local rc=0 keep=() queue_set=()
   [[ -n "$queue" ]] && queue_set=(--set queue="$queue")
-  # cluster.sh checks the load weight's range (defaults.placement_load_weight) before any daemon starts.
+  # cluster.sh checks the load weight's and the headroom's ranges (defaults.placement_load_weight, slo_headroom)
+  # before any daemon starts.
   [[ -n "$pending_prefix" ]] && queue_set+=(--set pending_prefix="$pending_prefix")
   [[ -n "$load_weight" ]] && queue_set+=(--set placement_load_weight="$load_weight")
+  [[ -n "$slo_headroom" ]] && queue_set+=(--set slo_headroom="$slo_headroom")
   [[ -n "${MC_KEEP_LOGS:-}" ]] && keep=(--keep-logs "$MC_KEEP_LOGS/$label")
   # The conductor's endpoint and the client address reach the replay through MC_CONDUCTOR and MC_CLIENT_BIND (set
   # by cluster.sh, inside the client host's namespace in netns mode).

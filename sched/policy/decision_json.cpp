@@ -96,6 +96,7 @@ nlohmann::json decision_record(const Request& r, const Decision& d, std::span<co
       {"decode_estimate", d.decode_id.empty() ? nlohmann::json(nullptr) : to_json(d.decode)},
       {"candidates", candidates},
       {"slo_ttft_ms_applied", d.slo_ttft_ms},
+      {"ttft_target_ms", d.ttft_target_ms},
       {"early_reject", d.early_reject},
       {"queue", d.queue},
   };
@@ -130,7 +131,9 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
   out["queue"] = {{"discipline", std::string(queue_discipline_name(s.queue_discipline()))},
                   {"aging_weight", cfg.queue.aging_weight},
                   {"guard_ms", cfg.queue.guard_ms}};
-  out["placement"] = {{"pending_prefix", s.pending_prefix()}, {"load_weight", s.placement_load_weight()}};
+  out["placement"] = {{"pending_prefix", s.pending_prefix()},
+                      {"load_weight", s.placement_load_weight()},
+                      {"slo_headroom", s.slo_headroom()}};
   if (with_instances) {
     nlohmann::json insts = nlohmann::json::array();
     for (Role role : {Role::kPrefill, Role::kDecode}) {

@@ -38,6 +38,11 @@ Result<LoggedDecision> logged_decision_from_json(const nlohmann::json& line) {
       d.reject_reason = dec.at("reject_reason").get<std::string>();
     d.predicted_ttft_ms = dec.at("predicted_ttft_ms").get<double>();
     d.slo_ttft_ms = dec.value("slo_ttft_ms_applied", d.request.slo_ttft_ms);
+    d.ttft_target_ms = dec.value("ttft_target_ms", d.slo_ttft_ms);
+    if (!std::isfinite(d.ttft_target_ms) || d.ttft_target_ms < 0 || d.ttft_target_ms > d.slo_ttft_ms) {
+      return error(Code::kInvalidArgument,
+                   "decision field \"ttft_target_ms\" must be a finite number in [0, slo_ttft_ms_applied]");
+    }
     d.early_reject = dec.value("early_reject", true);
     d.service_weight = dec.value("service_weight", 0.0);
     if (!std::isfinite(d.service_weight) || d.service_weight < 0) {
@@ -87,7 +92,9 @@ Result<DecisionReplay> replay_decisions(std::span<const LoggedDecision> log, con
     ++(d.accepted ? out.logged_accepted : out.logged_rejected);
     for (size_t p = 0; p < runners.size(); ++p) {
       PolicyReplay& r = out.policies[p];
-      const PlacementContext ctx{d.slo_ttft_ms, d.service_weight};
+      // The headroom is kvcache's (Scheduler::slo_headroom()): another policy is judged at the SLO itself.
+      const double target_ms = runners[p]->name() == "kvcache" ? d.ttft_target_ms : d.slo_ttft_ms;
+      const PlacementContext ctx{target_ms, d.service_weight, d.slo_ttft_ms};
       size_t i = runners[p]->choose(d.request, d.estimates, ctx);
       if (i >= d.estimates.size()) i = 0;  // as Scheduler::choose_prefill
       const PrefillEstimate& e = d.estimates[i];
@@ -96,7 +103,8 @@ Result<DecisionReplay> replay_decisions(std::span<const LoggedDecision> log, con
       // The chosen instance's prediction adds its overtaking estimate (Scheduler::choose_prefill), as logged.
       const double ttft_ms = e.ttft_ms + e.overtake_ms;
       diffs[p].push_back(ttft_ms - d.predicted_ttft_ms);
-      const bool over_slo = d.early_reject && ttft_ms > d.slo_ttft_ms;
+      const double wait_ms = e.queue_ms + e.overtake_ms;
+      const bool over_slo = d.early_reject && !ttft_admissible(ttft_ms, wait_ms, d.slo_ttft_ms, target_ms);
       if (over_slo) {
         ++r.rejected;
         ++r.rejected_ttft;

@@ -67,11 +67,15 @@ class KvCachePolicy final : public Policy {
   size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext& ctx) override {
     const size_t fastest = argmin(c, [](const PrefillEstimate& e) { return e.ttft_ms; });
     const double w = std::isfinite(ctx.service_weight) ? std::max(0.0, ctx.service_weight) : 0.0;
-    if (w == 0) return fastest;
-    // The TTFT the request would see there (the overtaking estimate included, as the chosen one is predicted).
+    // Admissible there: the TTFT and the wait the request would see (the overtaking estimate included, as the chosen
+    // one is predicted) under the admission rule with the target and the SLO (DESIGN.md §10 "SLO headroom").
+    const double slo = ctx.admit_slo_ms > 0 ? std::max(ctx.admit_slo_ms, ctx.slo_ttft_ms) : ctx.slo_ttft_ms;
     const auto meets = [&](const PrefillEstimate& e) {
-      return ctx.slo_ttft_ms <= 0 || e.ttft_ms + e.overtake_ms <= ctx.slo_ttft_ms;
+      return ctx.slo_ttft_ms <= 0 ||
+             ttft_admissible(e.ttft_ms + e.overtake_ms, e.queue_ms + e.overtake_ms, slo, ctx.slo_ttft_ms);
     };
+    // The paper's rule (w = 0): the fastest, unless it is not admissible and another is.
+    if (w == 0 && meets(c[fastest])) return fastest;
     size_t best = fastest;
     double best_cost = INFINITY;
     for (size_t i = 0; i < c.size(); ++i) {
@@ -102,6 +106,11 @@ Result<std::unique_ptr<Policy>> make_policy(std::string_view name, uint64_t seed
   std::string valid;
   for (const auto& n : policy_names()) valid += (valid.empty() ? "" : ", ") + n;
   return error(Code::kInvalidArgument, "unknown policy '" + std::string(name) + "': expected one of " + valid);
+}
+
+bool ttft_admissible(double ttft_ms, double wait_ms, double slo_ms, double target_ms) {
+  if (ttft_ms <= target_ms) return true;
+  return ttft_ms <= slo_ms && wait_ms <= slo_ms - target_ms;
 }
 
 }  // namespace mc::sched

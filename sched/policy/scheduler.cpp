@@ -44,11 +44,11 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(SchedulerConfig config, con
   }
   if (!(config.queue.aging_weight >= 0) || !(config.queue.aging_weight <= 1e6) || !(config.queue.guard_ms >= 0) ||
       !(config.queue.guard_ms <= 86'400'000) || config.queue.overtake_history < 1 ||
-      !(config.placement_load_weight >= 0) || !(config.placement_load_weight <= 1000) ||
-      config.queue.overtake_history > 1'000'000) {
+      !(config.placement_load_weight >= 0) || !(config.placement_load_weight <= 1000) || !(config.slo_headroom >= 0) ||
+      !(config.slo_headroom <= 0.9) || config.queue.overtake_history > 1'000'000) {
     return error(Code::kInvalidArgument,
                  "scheduler: queue aging weight must be in [0, 1e6], guard in [0, 24 h] ms, overtake history in [1, "
-                 "1e6], placement load weight in [0, 1000]");
+                 "1e6], placement load weight in [0, 1000], SLO headroom in [0, 0.9]");
   }
   if (config.pending_prefix != "" && config.pending_prefix != "on" && config.pending_prefix != "off") {
     return error(Code::kInvalidArgument,
@@ -169,6 +169,10 @@ Decision Scheduler::decide(const Request& request) {
   const double slo_ttft = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
   const double slo_tbt = request.slo_tbt_ms > 0 ? request.slo_tbt_ms : config_.slo.tbt_ms;
   d.slo_ttft_ms = slo_ttft;
+  // The target this decision schedules to (SLO headroom, DESIGN.md §10): placement, the overtaking bound and the
+  // queue deadline use it; the admission rule below also lets a long prefill that waits little reach the SLO itself.
+  ttft_target_ms_ = slo_ttft * (1.0 - slo_headroom());
+  d.ttft_target_ms = ttft_target_ms_;
   d.early_reject = config_.slo.early_reject;
   d.queue = std::string(queue_discipline_name(discipline_));
 
@@ -198,10 +202,15 @@ Decision Scheduler::decide(const Request& request) {
   const std::string prefill_why = explain_prefill(d, holder);
 
   // ---- 5a. early rejection on TTFT ----
-  if (config_.slo.early_reject && d.prefill.ttft_ms > slo_ttft) {
+  const double wait_ms = d.prefill.queue_ms;  // the work ahead and the overtaking (choose_prefill added it)
+  if (config_.slo.early_reject && !ttft_admissible(d.prefill.ttft_ms, wait_ms, slo_ttft, ttft_target_ms_)) {
     std::string why =
-        fmt("predicted TTFT %.1f ms exceeds the SLO %.1f ms (best: ", d.prefill.ttft_ms, slo_ttft) + prefill_why + ")";
-    return reject(d, RejectReason::kTtftSlo, std::move(why));
+        d.prefill.ttft_ms > slo_ttft
+            ? fmt("predicted TTFT %.1f ms exceeds the SLO %.1f ms (best: ", d.prefill.ttft_ms, slo_ttft)
+            : fmt("predicted TTFT %.1f ms exceeds the target %.1f ms (SLO %.1f ms less %.0f %% headroom) after a "
+                  "wait of %.1f ms, more than the headroom (best: ",
+                  d.prefill.ttft_ms, ttft_target_ms_, slo_ttft, 100 * slo_headroom(), wait_ms);
+    return reject(d, RejectReason::kTtftSlo, why + prefill_why + ")");
   }
 
   // ---- 4. decode choice at the time the prefill finishes ----
@@ -424,7 +433,7 @@ void Scheduler::price_queue(const Instance& inst, int64_t now, double service_ms
 }
 
 void Scheduler::price_prefill_instances(const Request& request, int64_t now, int64_t max_reuse) {
-  const double slo_ttft_ms = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
+  const double slo_ttft_ms = ttft_target_ms_;  // decide() set it: the target, the SLO less its headroom
   const auto pool_len = static_cast<int64_t>(lookup_.size());
   estimates_.clear();
   plans_scratch_.clear();
@@ -489,7 +498,8 @@ void Scheduler::choose_prefill(const Request& request, Decision& d) {
   // of queueing for the requests after it. 0 on an idle cluster (the paper's rule), bounded so that a queue left by
   // a stalled instance cannot make TTFT irrelevant.
   PlacementContext ctx;
-  ctx.slo_ttft_ms = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
+  ctx.slo_ttft_ms = ttft_target_ms_;  // among instances admissible at the target (the SLO less its headroom)
+  ctx.admit_slo_ms = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
   if (placement_load_weight() > 0 && service_ewma_ms_ > 0) {
     double queue_sum = 0;
     for (const PrefillEstimate& e : estimates_) queue_sum += e.queue_ms;
@@ -730,7 +740,8 @@ void Scheduler::commit(const Request& request, const Decision& d) {
   if (!d.accepted) return;
   const int64_t now = clock_->now_ns();
   std::vector<std::string> stage_ids;
-  const int64_t deadline_ns = now + static_cast<int64_t>(std::min(d.slo_ttft_ms, 8.64e7) * 1e6);
+  const double target_ms = d.ttft_target_ms > 0 ? d.ttft_target_ms : d.slo_ttft_ms;
+  const int64_t deadline_ns = now + static_cast<int64_t>(std::min(target_ms, 8.64e7) * 1e6);
   if (d.stages.empty()) {
     const double service_ms = d.prefill.prefill_ms + d.prefill.transfer_ms;
     if (service_ms > 0 && std::isfinite(service_ms)) {

@@ -64,6 +64,9 @@ Status ClusterConfig::validate() const {
   if (!(placement_load_weight >= 0 && placement_load_weight <= 1000)) {
     return bad(src, "placement_load_weight", "must be in [0, 1000] (0: the smallest TTFT, as in the paper)");
   }
+  if (!(slo_headroom >= 0 && slo_headroom <= 0.9)) {
+    return bad(src, "slo_headroom", "must be in [0, 0.9] (0: admit up to the SLO itself, as in the paper)");
+  }
   if (!(slo_ttft_ms > 0)) return bad(src, "slo_ttft_ms", "must be > 0");
   if (!(slo_tbt_ms > 0)) return bad(src, "slo_tbt_ms", "must be > 0");
   if (block_size < 1 || block_size > (1 << 24)) return bad(src, "block_size", "must be in [1, 16777216]");
@@ -115,6 +118,7 @@ nlohmann::json ClusterConfig::to_json() const {
       {"queue_guard_ms", queue_guard_ms},
       {"pending_prefix", pending_prefix},
       {"placement_load_weight", placement_load_weight},
+      {"slo_headroom", slo_headroom},
       {"block_size", block_size},
       {"chunk_tokens", chunk_tokens},
       {"pipeline_group", pipeline_group},
@@ -191,6 +195,8 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
       MC_RETURN_IF_ERROR(str(c.pending_prefix));
     } else if (key == "placement_load_weight") {
       MC_RETURN_IF_ERROR(num(c.placement_load_weight));
+    } else if (key == "slo_headroom") {
+      MC_RETURN_IF_ERROR(num(c.slo_headroom));
     } else if (key == "early_rejection") {
       if (!v.is_boolean()) return bad(source, key, "must be true or false");
       c.early_rejection = v.get<bool>();

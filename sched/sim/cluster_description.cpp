@@ -110,6 +110,14 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
     }
     c.placement_load_weight = v.get<double>();
   }
+  if (!absent(d, "slo_headroom")) {
+    const auto& v = d["slo_headroom"];
+    if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= 0.9)) {
+      return bad(source, "defaults.slo_headroom",
+                 "must be a number in [0, 0.9] (0: admit up to the SLO itself, the paper's rule), got " + v.dump());
+    }
+    c.slo_headroom = v.get<double>();
+  }
   if (!absent(d, "pipeline_group")) {
     MC_ASSIGN_OR_RETURN(c.pipeline_group,
                         whole(d["pipeline_group"], source, "defaults.pipeline_group", "prefill instances (1: off)"));
@@ -357,6 +365,7 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   c.queue = d.queue;
   c.pending_prefix = d.pending_prefix;
   c.placement_load_weight = d.placement_load_weight;
+  c.slo_headroom = d.slo_headroom;
   c.pipeline_group = d.pipeline_group;
   c.pipeline_chunk_tokens = d.pipeline_chunk_tokens;
   c.pipeline_reserve_factor = d.pipeline_reserve_factor;

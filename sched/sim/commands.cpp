@@ -127,6 +127,7 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   if (queue_aging_weight) c.queue_aging_weight = *queue_aging_weight;
   if (pending_prefix) c.pending_prefix = *pending_prefix;
   if (placement_load_weight) c.placement_load_weight = *placement_load_weight;
+  if (slo_headroom) c.slo_headroom = *slo_headroom;
   return c.validate();
 }
 

@@ -414,6 +414,88 @@ TEST(ConductorE2E, ASessionsNextTurnReusesThePrefixItsPreviousTurnIsComputing) {
   }
 }
 
+// SLO headroom through the real Conductor (DESIGN.md §10 "SLO headroom"): by default (kvcache, headroom 0.2) a
+// request predicted past 0.8 x its TTFT SLO after waiting more than 0.2 x the SLO is rejected although it would
+// meet the SLO itself, naming the target; with --slo-headroom 0 (the paper's rule) the same request is accepted.
+// A long prompt whose own prefill is past the target is still admitted on an idle instance (no wait). The fake
+// workers never answer, so every queue is exactly what the Conductor booked; FCFS queues keep the overtaking
+// estimate out. Each SLO is set per request from a probe the Conductor rejected (a 1 ms SLO), which books nothing.
+TEST(ConductorE2E, SloHeadroomTurnsAwayALongWaitButNotALongPrefill) {
+  for (const std::string headroom : {"default", "0"}) {
+    SCOPED_TRACE(headroom);
+    std::vector<std::string> argv = {MC_BINARY_DIR "/bin/mc-conductor",
+                                     "--log-level",
+                                     "warn",
+                                     "serve",
+                                     "--listen",
+                                     "tcp://127.0.0.1:0",
+                                     "--block-size",
+                                     std::to_string(kBlock),
+                                     "--kv-bytes-per-token",
+                                     "1024",
+                                     "--queue",
+                                     "fcfs"};
+    if (headroom != "default") argv.insert(argv.end(), {"--slo-headroom", headroom});
+    Child conductor(argv);
+    const std::string endpoint = conductor_endpoint(conductor);
+    ASSERT_FALSE(endpoint.empty());
+    FakeWorker p0, p1, d0;
+    auto client = rpc::RpcClient::connect(endpoint);
+    ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+    rpc::RpcClient& c = **client;
+    ASSERT_TRUE(register_prefill_pair(c, p0, p1));
+    ASSERT_TRUE(
+        c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 10'000'000, kBlock, "", 0})
+            .is_ok());
+    auto submit = [&](const std::string& id, const std::vector<uint32_t>& tokens, double slo_ttft_ms) {
+      proto::ConductorSubmitRequest sr;
+      sr.request_id = id;
+      sr.tokens = tokens;
+      sr.input_tokens = static_cast<int64_t>(tokens.size());
+      sr.output_tokens = 4;
+      sr.slo_ttft_ms = slo_ttft_ms;
+      sr.client_endpoint = "tcp://127.0.0.1:9";
+      auto r = c.call(sr, 5000);
+      EXPECT_TRUE(r.is_ok()) << id << ": " << r.status().to_string();
+      return r.is_ok() ? r.value() : proto::ConductorSubmitReply{};
+    };
+    // A long prompt on an idle instance: its predicted TTFT is its own prefill, past the target of an SLO 1/0.9 of
+    // it, and it waits for nothing: admitted either way.
+    const std::vector<uint32_t> long_prompt = prompt(7000, 4096);
+    proto::ConductorSubmitReply probe = submit("long-probe", long_prompt, 1);
+    ASSERT_FALSE(probe.accepted);
+    ASSERT_GT(probe.predicted_ttft_ms, 10) << probe.reason;
+    proto::ConductorSubmitReply lone = submit("long", long_prompt, probe.predicted_ttft_ms / 0.9);
+    EXPECT_TRUE(lone.accepted) << lone.reason;
+    // The other instance gets the same work: both queues now hold about one long prefill.
+    EXPECT_TRUE(submit("long-2", prompt(9000, 4096), 600'000).accepted);
+    // A short prompt now waits a long prefill: predicted TTFT T, SLO T / 0.9 (target 0.8 x SLO < T, and its wait,
+    // about T, more than 0.2 x SLO).
+    const std::vector<uint32_t> short_prompt = prompt(11000, 64);
+    probe = submit("short-probe", short_prompt, 1);
+    ASSERT_FALSE(probe.accepted);
+    const double slo_ms = probe.predicted_ttft_ms / 0.9;
+    proto::ConductorSubmitReply r = submit("short", short_prompt, slo_ms);
+    if (headroom == "default") {
+      EXPECT_FALSE(r.accepted) << r.reason;
+      EXPECT_EQ(r.reject_reason, "ttft_slo");
+      EXPECT_NE(r.reason.find("exceeds the target"), std::string::npos) << r.reason;
+      EXPECT_NE(r.reason.find("20 % headroom"), std::string::npos) << r.reason;
+    } else {
+      EXPECT_TRUE(r.accepted) << r.reason;
+    }
+    nlohmann::json st = status(c);
+    EXPECT_EQ(st["placement"]["slo_headroom"], headroom == "default" ? 0.2 : 0.0) << st.dump();
+    EXPECT_EQ(conductor.stop(), 0);
+  }
+  // Out of [0, 0.9] is a usage error.
+  for (const char* bad : {"-0.1", "0.95", "x"}) {
+    testkit::RunResult r = testkit::run(
+        {MC_BINARY_DIR "/bin/mc-conductor", "serve", "--listen", "tcp://127.0.0.1:0", "--slo-headroom", bad}, 10'000);
+    EXPECT_EQ(r.exit_code, 2) << bad;
+  }
+}
+
 // The registry is bounded (--max-instances): a new id beyond it is refused and counted, a known id may register
 // again from its endpoint but not from another while it is alive. A worker whose process goes away (here: its server
 // socket closes) is lost at once from its watched connection (faults.connection_lost), which frees its place.

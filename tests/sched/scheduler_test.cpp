@@ -295,8 +295,11 @@ TEST_F(SchedulerTest, FetchesPlacedOnASourceHostQueueOnItsSendBacklog) {
   EXPECT_EQ(s->send_backlog_bytes(h4, clock_.now_ns()), 0);
 }
 
+// The paper's rule (no SLO headroom): rejected exactly above the SLO.
 TEST_F(SchedulerTest, EarlyRejectionTriggersExactlyAboveTheTtftSlo) {
-  auto s = make("kvcache");
+  SchedulerConfig paper;
+  paper.slo_headroom = 0;
+  auto s = make("kvcache", paper);
   load(*s, "P0", 300);
   load(*s, "P1", 400);
   Request r = request("r1", 4 * kB, 10, 4);
@@ -317,6 +320,7 @@ TEST_F(SchedulerTest, EarlyRejectionTriggersExactlyAboveTheTtftSlo) {
   // Switched off: the same request is placed anyway, and says so.
   SchedulerConfig off;
   off.slo.early_reject = false;
+  off.slo_headroom = 0;
   auto t = make("kvcache", off);
   load(*t, "P0", 300);
   load(*t, "P1", 400);
@@ -980,6 +984,94 @@ TEST_F(SchedulerTest, ServiceWeightIsZeroWhenIdleAndGrowsWithTheQueues) {
   auto r = Scheduler::create(bad, &clock_);
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("pending prefix must be on or off"), std::string::npos);
+}
+
+// SLO headroom (DESIGN.md §10 "SLO headroom"): kvcache schedules to (1 - h) x SLO; a request past that target is
+// admitted only when it meets the SLO and waits at most h x SLO, so a long prefill on a short queue still gets in.
+TEST(SloHeadroom, TheAdmissionRule) {
+  EXPECT_TRUE(ttft_admissible(800, 700, 1000, 800));     // within the target, whatever the wait
+  EXPECT_FALSE(ttft_admissible(801, 201, 1000, 800));    // past the target after a wait over the headroom
+  EXPECT_TRUE(ttft_admissible(1000, 200, 1000, 800));    // past the target, a wait within the headroom, the SLO met
+  EXPECT_FALSE(ttft_admissible(1001, 0, 1000, 800));     // past the SLO: never
+  EXPECT_TRUE(ttft_admissible(1000, 1000, 1000, 1000));  // no headroom: the paper's rule
+  EXPECT_FALSE(ttft_admissible(NAN, 0, 1000, 800));
+  EXPECT_FALSE(ttft_admissible(900, NAN, 1000, 800));
+}
+
+TEST_F(SchedulerTest, SloHeadroomTurnsAwayALongWaitButNotALongPrefill) {
+  auto s = make("kvcache");
+  EXPECT_EQ(s->slo_headroom(), 0.2);
+  load(*s, "P0", 300);
+  load(*s, "P1", 400);
+  // 4 blocks: 204.8 ms of prefill after P0's 300 ms queue = 504.8 ms. SLO 600 ms: target 480 ms, headroom 120 ms.
+  Request r = request("r1", 4 * kB, 10, 4);
+  r.slo_ttft_ms = 600;
+  Decision no = s->decide(r);
+  EXPECT_FALSE(no.accepted);
+  EXPECT_EQ(no.reject_reason, RejectReason::kTtftSlo);
+  EXPECT_DOUBLE_EQ(no.ttft_target_ms, 480);
+  EXPECT_DOUBLE_EQ(no.slo_ttft_ms, 600);
+  EXPECT_NE(no.reason.find("exceeds the target 480.0 ms (SLO 600.0 ms less 20 % headroom) after a wait of 300.0 ms"),
+            std::string::npos)
+      << no.reason;
+  // The decision log carries the target; a replay through kvcache rejects it the same way.
+  Result<LoggedDecision> logged = logged_decision_from_json(decision_record(r, no, s->last_estimates()));
+  ASSERT_TRUE(logged.is_ok()) << logged.status().to_string();
+  EXPECT_DOUBLE_EQ(logged->ttft_target_ms, 480);
+  Result<DecisionReplay> replay = replay_decisions(std::span<const LoggedDecision>(&*logged, 1), {"kvcache"}, 1);
+  ASSERT_TRUE(replay.is_ok()) << replay.status().to_string();
+  EXPECT_EQ(replay->policies[0].rejected_ttft, 1);
+  // A log from before the headroom (no ttft_target_ms) replays under the paper's rule: accepted.
+  nlohmann::json old = decision_record(r, no, s->last_estimates());
+  old["decision"].erase("ttft_target_ms");
+  Result<LoggedDecision> before = logged_decision_from_json(old);
+  ASSERT_TRUE(before.is_ok()) << before.status().to_string();
+  EXPECT_DOUBLE_EQ(before->ttft_target_ms, 600);
+  replay = replay_decisions(std::span<const LoggedDecision>(&*before, 1), {"kvcache"}, 1);
+  ASSERT_TRUE(replay.is_ok()) << replay.status().to_string();
+  EXPECT_EQ(replay->policies[0].accepted, 1);
+  old["decision"]["ttft_target_ms"] = 700;  // above the SLO applied: refused
+  EXPECT_FALSE(logged_decision_from_json(old).is_ok());
+  // The same request with twice the SLO fits its target.
+  r.slo_ttft_ms = 1200;
+  Decision yes = s->schedule(r);
+  EXPECT_TRUE(yes.accepted) << yes.reason;
+  EXPECT_DOUBLE_EQ(yes.ttft_target_ms, 960);
+  // Its queue deadline, which the SLO order's guard protects, is the target, not the SLO.
+  const Instance* placed = s->cluster().find(yes.prefill_id);
+  ASSERT_NE(placed, nullptr);
+  ASSERT_FALSE(placed->prefill_queue.empty());
+  EXPECT_EQ(placed->prefill_queue.back().deadline_ns, clock_.now_ns() + 960'000'000);
+  // A long prefill behind a short queue: 254.8 ms against a target of 240 ms, but 50 ms of wait (< 60 ms).
+  auto t = make("kvcache");
+  load(*t, "P0", 50);
+  load(*t, "P1", 400);
+  r.slo_ttft_ms = 300;
+  Decision lone = t->decide(r);
+  EXPECT_TRUE(lone.accepted) << lone.reason;
+  EXPECT_EQ(lone.prefill_id, "P0");
+  // With no headroom, and for a baseline (which keeps the paper's rule), the first request is accepted.
+  SchedulerConfig paper;
+  paper.slo_headroom = 0;
+  std::vector<std::unique_ptr<Scheduler>> rules;
+  rules.push_back(make("kvcache", paper));
+  rules.push_back(make("least_loaded"));
+  for (const auto& u : rules) {
+    load(*u, "P0", 300);
+    load(*u, "P1", 400);
+    r.slo_ttft_ms = 600;
+    EXPECT_EQ(u->slo_headroom(), 0);
+    Decision d = u->decide(r);
+    EXPECT_TRUE(d.accepted) << d.reason;
+    EXPECT_DOUBLE_EQ(d.ttft_target_ms, 600);
+  }
+  SchedulerConfig bad;
+  for (double h : {-0.1, 0.95, static_cast<double>(NAN)}) {
+    bad.slo_headroom = h;
+    auto c = Scheduler::create(bad, &clock_);
+    ASSERT_FALSE(c.is_ok()) << h;
+    EXPECT_NE(c.status().message().find("SLO headroom in [0, 0.9]"), std::string::npos) << c.status().message();
+  }
 }
 
 }  // namespace pending_and_load

@@ -204,9 +204,9 @@ TEST(ClusterDescription, QueueDisciplineReachesTheSimulatedCluster) {
   EXPECT_EQ(s->config.queue, "fcfs");
 }
 
-// Pending prefixes and load-priced placement (DESIGN.md §10): defaults.pending_prefix and
-// defaults.placement_load_weight reach the simulated cluster as the Conductor gets them from cluster.sh; bad values
-// are refused naming the field.
+// Pending prefixes, load-priced placement and SLO headroom (DESIGN.md §10): defaults.pending_prefix,
+// defaults.placement_load_weight and defaults.slo_headroom reach the simulated cluster as the Conductor gets them from
+// cluster.sh; bad values are refused naming the field.
 TEST(ClusterDescription, PlacementSettingsReachTheSimulatedCluster) {
   nlohmann::json doc = good();
   auto d = parse_cluster_description(doc, "c.json");
@@ -215,16 +215,22 @@ TEST(ClusterDescription, PlacementSettingsReachTheSimulatedCluster) {
   ASSERT_TRUE(s.is_ok()) << s.status().message();
   EXPECT_EQ(s->config.pending_prefix, "");
   EXPECT_EQ(s->config.placement_load_weight, 1.0);
+  EXPECT_EQ(s->config.slo_headroom, 0.2);
   doc["defaults"]["pending_prefix"] = "off";
   doc["defaults"]["placement_load_weight"] = 0;
+  doc["defaults"]["slo_headroom"] = 0;
   d = parse_cluster_description(doc, "c.json");
   ASSERT_TRUE(d.is_ok()) << d.status().message();
   s = sim_config_from_description(*d);
   ASSERT_TRUE(s.is_ok()) << s.status().message();
   EXPECT_EQ(s->config.pending_prefix, "off");
   EXPECT_EQ(s->config.placement_load_weight, 0.0);
-  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
-           {"pending_prefix", "maybe"}, {"placement_load_weight", -1}, {"placement_load_weight", "high"}}) {
+  EXPECT_EQ(s->config.slo_headroom, 0.0);
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{{"pending_prefix", "maybe"},
+                                                                                      {"placement_load_weight", -1},
+                                                                                      {"placement_load_weight", "high"},
+                                                                                      {"slo_headroom", 0.95},
+                                                                                      {"slo_headroom", "some"}}) {
     nlohmann::json bad = good();
     bad["defaults"][key] = value;
     auto r = parse_cluster_description(bad, "c.json");

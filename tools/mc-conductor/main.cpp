@@ -60,11 +60,19 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   serve
       ->add_option("--placement-load-weight", o.scheduler.placement_load_weight,
-                   "kvcache policy: among instances meeting the TTFT SLO, take the smallest TTFT + w x prefill "
+                   "kvcache policy: among instances where the request is admissible (its TTFT SLO and target), take "
+                   "the smallest TTFT + w x prefill "
                    "service (ms), w = this x mean predicted queue / mean service of recent jobs (0: smallest TTFT, "
                    "the paper's rule; DESIGN.md §10)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1000.0));
+  serve
+      ->add_option("--slo-headroom", o.scheduler.slo_headroom,
+                   "kvcache policy: fraction of the TTFT SLO kept free: it places, orders and admits to (1 - this) x "
+                   "SLO, and admits a request past that target only when it meets the SLO after waiting at most this "
+                   "x SLO (0: admit up to the SLO, the paper's rule; 0 to 0.9; DESIGN.md §10)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.9));
   mc::cli::add_slo_default_flags(*serve, o.scheduler.slo.ttft_ms, o.scheduler.slo.tbt_ms);
   serve->add_flag("--no-early-reject", no_early_reject,
                   "Place requests even when they are predicted to miss their SLO (reject only impossible ones)");

@@ -68,10 +68,17 @@ int main(int argc, char** argv) {
                  "§10): on | off. Default: on for the kvcache policy, off for the baselines")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--placement-load-weight", o.placement_load_weight,
-                 "Override: kvcache policy: among instances meeting the TTFT SLO, take the smallest TTFT + w x "
+                 "Override: kvcache policy: among instances where the request is admissible (its TTFT SLO and target), "
+                 "take the smallest TTFT + w x "
                  "prefill service (ms), w = this x mean predicted queue / mean service of recent jobs (0: smallest "
                  "TTFT, the paper's rule; 0 to 1000; default 1; docs/DESIGN.md §10)")
       ->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--slo-headroom", o.slo_headroom,
+                 "Override: kvcache policy: fraction of the TTFT SLO kept free: it places, orders and admits to "
+                 "(1 - this) x SLO, and admits a request past that target only when it meets the SLO after waiting "
+                 "at most this x SLO (0: admit up to the SLO, the paper's rule; 0 to 0.9; default 0.2; "
+                 "docs/DESIGN.md §10)")
+      ->check(CLI::Range(0.0, 0.9));
   mc::cli::add_slo_list_flags(app, "--report-slo-ttft-ms", cmd.report_slo_ttft_ms, "--report-slo-tbt-ms",
                               cmd.report_slo_tbt_ms, " of the summary's SLO table (default: the cluster's)");
   app.add_option("--refit", cmd.refit,

@@ -59,7 +59,7 @@ struct PrefillJob {
   double predicted_ms = 0;
   int64_t tokens = 0;               // uncached tokens to prefill
   int64_t queue_key_ns = 0;         // its place in the order (the Scheduler's clock); FCFS: the decision time
-  int64_t deadline_ns = INT64_MAX;  // when its TTFT SLO ends (the deadline guard protects it); none: INT64_MAX
+  int64_t deadline_ns = INT64_MAX;  // its TTFT target (SLO less headroom): the deadline guard protects it; none: max
 };
 
 // One request in a decode instance's ledger, from admission to completion.

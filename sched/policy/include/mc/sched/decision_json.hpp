@@ -23,7 +23,8 @@ nlohmann::json to_json(const DecodeEstimate& e);
 // Inverse of to_json(PrefillEstimate); kInvalidArgument naming the missing or mistyped key.
 Result<PrefillEstimate> estimate_from_json(const nlohmann::json& j);
 // {"request": {...}, "decision": {...}}; block hashes as 16-hex-digit strings ("0x..."). The decision holds
-// the applied TTFT SLO ("slo_ttft_ms_applied") and "early_reject", and, when `estimates` (the policy's input:
+// the applied TTFT SLO ("slo_ttft_ms_applied"), the target scheduled to ("ttft_target_ms": the SLO less the SLO
+// headroom) and "early_reject", and, when `estimates` (the policy's input:
 // Scheduler::last_estimates()) is not empty, "estimates": every priced prefill instance in registration
 // order, so that `mc-conductor replay-decisions` can re-run any policy on it (decision_replay.hpp).
 nlohmann::json decision_record(const Request& request, const Decision& decision,

@@ -7,7 +7,8 @@
 // choice and its predicted TTFT with the logged ones.
 //
 // What a replay can and cannot say: the prefill choice and its TTFT are exact re-runs; a replayed choice is
-// rejected when early rejection was on and its TTFT exceeds the SLO (as the Conductor would), and a decision
+// rejected when early rejection was on and its TTFT is not admissible (ttft_admissible: kvcache at the logged
+// target, the other policies at the SLO itself, as the Conductor would), and a decision
 // the Conductor rejected on the decode side (tbt_slo, kv_capacity, no_decode_instance) stays rejected (the
 // decode side is not re-priced). Later queues are those the logged policy caused, not the replayed one's:
 // the replay answers "which instance, at what predicted TTFT, given that state", not a full re-simulation
@@ -37,6 +38,7 @@ struct LoggedDecision {
   std::string chosen_prefill;    // the logged policy's choice ("" when rejected before choosing)
   double predicted_ttft_ms = 0;  // of that choice
   double slo_ttft_ms = 0;        // the TTFT SLO applied
+  double ttft_target_ms = 0;     // the target scheduled to (SLO headroom); the SLO in a log from before it
   bool early_reject = true;
   double service_weight = 0;               // the load-priced placement's weight (0 in a log from before it)
   std::vector<PrefillEstimate> estimates;  // the policy's input; empty: nothing to re-run

@@ -24,7 +24,8 @@
 //  4. for each live decode instance predict, at the time this prefill finishes, the batch, the KV
 //     reserved (input + output tokens of every request still running then: future growth counted)
 //     and the step time with this request added; take the feasible one with the smallest TBT;
-//  5. early rejection: reject when TTFT > SLO, or no decode instance meets TBT / fits the KV
+//  5. early rejection: reject when TTFT > SLO, or TTFT > the target (1 - slo_headroom) x SLO with a predicted wait
+//     over slo_headroom x SLO (ttft_admissible), or no decode instance meets TBT / fits the KV
 //     (with early rejection off only impossible requests are rejected: KV larger than any decode
 //     instance's capacity, or no live instance);
 //  6. hot prefix: when the instance holding the longest prefix on its own host is overloaded and
@@ -175,6 +176,8 @@ class Scheduler {
   // The load-priced placement's weight in force: config().placement_load_weight for kvcache, 0 for the baselines
   // (they do not price TTFT, so no weight is computed or logged for them).
   double placement_load_weight() const { return config_.policy == "kvcache" ? config_.placement_load_weight : 0.0; }
+  // The SLO headroom in force: config().slo_headroom for kvcache, 0 for the baselines (the paper's admission rule).
+  double slo_headroom() const { return config_.policy == "kvcache" ? config_.slo_headroom : 0.0; }
   // Every live prefill instance as the last decide() priced it, in registration order: the policy's input
   // (empty when that decision was rejected before pricing). Valid until the next decide().
   std::span<const PrefillEstimate> last_estimates() const { return estimates_; }
@@ -315,6 +318,7 @@ class Scheduler {
   // average over about 100 jobs; 0 before the first): the scale of PlacementContext::service_weight.
   double service_ewma_ms_ = 0;
   int64_t max_reuse_ = 0;         // the current decision's reusable prefix (blocks)
+  double ttft_target_ms_ = 0;     // the current decision's TTFT target (Decision::ttft_target_ms)
   std::string pending_instance_;  // the current decision's pending prefix: its instance,
   int64_t pending_run_ = 0;       // its blocks after the pool's prefix (0: none),
   // and, for each of them, the largest queue key of the requests computing it and the blocks before it there

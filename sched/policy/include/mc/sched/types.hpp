@@ -129,6 +129,12 @@ struct SchedulerConfig {
   // this times the mean predicted queue over the mean service of recent jobs (policy.hpp PlacementContext); in
   // [0, 1000]; 0: the paper's rule (smallest TTFT).
   double placement_load_weight = 1.0;
+  // SLO headroom (kvcache; DESIGN.md §10 "SLO headroom"): the fraction of the TTFT SLO the Conductor keeps free. It
+  // schedules to the target (1 - slo_headroom) x SLO: placement, the queue order's deadlines and the overtaking bound
+  // use the target, and a request predicted past it is admitted only when it still meets the SLO and waits no longer
+  // than slo_headroom x SLO before its prefill starts (ttft_admissible()). In [0, 0.9]; 0: the paper's rule (admit
+  // up to the SLO itself).
+  double slo_headroom = 0.2;
   PipelineConfig pipeline;
   QueueConfig queue;
 };
@@ -196,7 +202,7 @@ enum class RejectReason : uint8_t {
   kNone = 0,
   kNoPrefillInstance,  // no live prefill instance
   kNoDecodeInstance,   // no live decode instance
-  kTtftSlo,            // best predicted TTFT > SLO
+  kTtftSlo,            // the chosen TTFT is not admissible: > SLO, or > its target after too long a wait (§10)
   kTbtSlo,             // no decode instance keeps predicted TBT within the SLO
   kKvCapacity,         // no decode instance can reserve input+output tokens (now, or ever)
   kInvalidRequest,     // input_tokens < 1, more block hashes than blocks, ...
@@ -212,6 +218,7 @@ struct Decision {
   std::string policy;
   int64_t decided_at_ns = 0;  // Clock::now_ns() when decided
   double slo_ttft_ms = 0;     // the TTFT SLO applied (the request's, else the configured one)
+  double ttft_target_ms = 0;  // the TTFT the Conductor scheduled to: slo_ttft_ms x (1 - Scheduler::slo_headroom())
   bool early_reject = true;   // whether prediction-based early rejection was on
 
   std::string prefill_id;  // empty when rejected before a prefill was chosen
@@ -234,7 +241,7 @@ struct Decision {
   std::vector<StageEstimate> stages;
   double single_ttft_ms = 0;  // the best single instance's predicted TTFT when a group was chosen, else 0
   // The queue discipline applied ("fcfs" | "slo"); the job's queue key is prefill.queue_key_ns (sent to the prefill
-  // instance with the job, prefill_job.queue_key_ns) and its deadline decided_at_ns + slo_ttft_ms.
+  // instance with the job, prefill_job.queue_key_ns) and its deadline decided_at_ns + ttft_target_ms.
   std::string queue;
 };
 

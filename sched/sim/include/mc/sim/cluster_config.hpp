@@ -23,6 +23,8 @@
 //                                            // cached where it runs ("": on for kvcache, off for the baselines)
 //     "placement_load_weight": 1,            // kvcache: weight of a placement's prefill service against its
 //                                            // TTFT, x mean queue / mean service (0: smallest TTFT, the paper)
+//     "slo_headroom": 0.2,                   // kvcache: fraction of the TTFT SLO kept free; it schedules to
+//                                            // (1 - this) x SLO (0: admit up to the SLO, the paper; 0 to 0.9)
 //     "block_size": 512,                     // tokens per hash block (the traces' 512)
 //     "chunk_tokens": 0,                     // chunked prefill chunk size (0: one pass)
 //     "pipeline_group": 1,                   // prefill instances a long prompt may pipeline over (chunked
@@ -71,6 +73,7 @@ struct ClusterConfig {
   double queue_guard_ms = 3'000;
   std::string pending_prefix;          // "on" | "off" | "": the policy's default (sched::SchedulerConfig)
   double placement_load_weight = 1.0;  // sched::SchedulerConfig::placement_load_weight, 0 to 1000
+  double slo_headroom = 0.2;           // sched::SchedulerConfig::slo_headroom, 0 to 0.9
   int64_t block_size = 512;
   int64_t chunk_tokens = 0;
   int64_t pipeline_group = 1;

@@ -39,6 +39,7 @@ struct ClusterOverrides {
   std::optional<double> queue_aging_weight;       // slo: key = now + weight x predicted service
   std::optional<std::string> pending_prefix;      // on | off
   std::optional<double> placement_load_weight;    // kvcache: service's weight, x mean queue / mean service
+  std::optional<double> slo_headroom;             // kvcache: fraction of the TTFT SLO kept free
   // Applies the set fields to `config` and validates it.
   Status apply(ClusterConfig& config) const;
 };
