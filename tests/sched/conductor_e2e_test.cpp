@@ -145,6 +145,46 @@ bool register_prefill_pair(rpc::RpcClient& c, FakeWorker& p0, FakeWorker& p1) {
              .is_ok();
 }
 
+// Submits a 4-token request for TOKENS (the reply; a failed call fails the test and gives an empty reply). The
+// client endpoint is a port nobody listens on: the fake workers never answer, so nothing is sent there.
+proto::ConductorSubmitReply submit4(rpc::RpcClient& c, const std::string& id, const std::vector<uint32_t>& tokens,
+                                    double slo_ttft_ms = 0) {
+  proto::ConductorSubmitRequest sr;
+  sr.request_id = id;
+  sr.tokens = tokens;
+  sr.input_tokens = static_cast<int64_t>(tokens.size());
+  sr.output_tokens = 4;
+  sr.slo_ttft_ms = slo_ttft_ms;
+  sr.client_endpoint = "tcp://127.0.0.1:9";
+  auto r = c.call(sr, 5000);
+  EXPECT_TRUE(r.is_ok()) << id << ": " << r.status().to_string();
+  return r.is_ok() ? r.value() : proto::ConductorSubmitReply{};
+}
+
+// mc-conductor serve on an ephemeral loopback port, warnings only, kBlock-token blocks of 1,024 bytes a token, then
+// EXTRA.
+std::vector<std::string> conductor_argv(const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {MC_BINARY_DIR "/bin/mc-conductor",
+                                   "--log-level",
+                                   "warn",
+                                   "serve",
+                                   "--listen",
+                                   "tcp://127.0.0.1:0",
+                                   "--block-size",
+                                   std::to_string(kBlock),
+                                   "--kv-bytes-per-token",
+                                   "1024"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// Registers D0 (host h2) as a decode instance of CAPACITY KV tokens.
+bool register_decode(rpc::RpcClient& c, FakeWorker& d0, int64_t capacity_tokens) {
+  return c
+      .call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", capacity_tokens, kBlock, "", 0})
+      .is_ok();
+}
+
 nlohmann::json status(rpc::RpcClient& c) {
   auto r = c.call(proto::ConductorStatusRequest{true}, 2000);
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
@@ -316,20 +356,7 @@ TEST(ConductorE2E, ASessionsNextTurnReusesThePrefixItsPreviousTurnIsComputing) {
     SCOPED_TRACE(mode);
     auto pub = rpc::EventPublisher::bind("tcp://127.0.0.1:0");
     ASSERT_TRUE(pub.is_ok()) << pub.status().to_string();
-    std::vector<std::string> argv = {MC_BINARY_DIR "/bin/mc-conductor",
-                                     "--log-level",
-                                     "warn",
-                                     "serve",
-                                     "--listen",
-                                     "tcp://127.0.0.1:0",
-                                     "--kv-events",
-                                     (*pub)->endpoint(),
-                                     "--block-size",
-                                     std::to_string(kBlock),
-                                     "--kv-bytes-per-token",
-                                     "1024",
-                                     "--slo-ttft-ms",
-                                     "60000"};
+    std::vector<std::string> argv = conductor_argv({"--kv-events", (*pub)->endpoint(), "--slo-ttft-ms", "60000"});
     if (mode == "off") argv.insert(argv.end(), {"--pending-prefix", "off"});
     Child conductor(argv);
     const std::string endpoint = conductor_endpoint(conductor);
@@ -339,9 +366,7 @@ TEST(ConductorE2E, ASessionsNextTurnReusesThePrefixItsPreviousTurnIsComputing) {
     ASSERT_TRUE(client.is_ok()) << client.status().to_string();
     rpc::RpcClient& c = **client;
     ASSERT_TRUE(register_prefill_pair(c, p0, p1));
-    ASSERT_TRUE(
-        c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 1'000'000, kBlock, "", 0})
-            .is_ok());
+    ASSERT_TRUE(register_decode(c, d0, 1'000'000));
     // P1's own cache holds the first 2 blocks of the session's prompt.
     KeyNamespace ns;
     ns.block_size = kBlock;
@@ -362,17 +387,7 @@ TEST(ConductorE2E, ASessionsNextTurnReusesThePrefixItsPreviousTurnIsComputing) {
         },
         4000, 20))
         << "the Conductor never indexed the published blocks: " << published.to_string();
-    auto submit = [&](const std::string& id, const std::vector<uint32_t>& tokens) {
-      proto::ConductorSubmitRequest sr;
-      sr.request_id = id;
-      sr.tokens = tokens;
-      sr.input_tokens = static_cast<int64_t>(tokens.size());
-      sr.output_tokens = 4;
-      sr.client_endpoint = "tcp://127.0.0.1:9";
-      auto r = c.call(sr, 5000);
-      EXPECT_TRUE(r.is_ok()) << id << ": " << r.status().to_string();
-      return r.is_ok() ? r.value() : proto::ConductorSubmitReply{};
-    };
+    auto submit = [&](const std::string& id, const std::vector<uint32_t>& tokens) { return submit4(c, id, tokens); };
     // A long fresh prompt keeps P0 busy; the session's first turn goes to P1 (its 2 blocks) and waits there.
     ASSERT_EQ(submit("fresh", prompt(5000, 4096)).prefill_id, "P0");
     proto::ConductorSubmitReply r1 = submit("turn1", turn1);
@@ -423,18 +438,7 @@ TEST(ConductorE2E, ASessionsNextTurnReusesThePrefixItsPreviousTurnIsComputing) {
 TEST(ConductorE2E, SloHeadroomTurnsAwayALongWaitButNotALongPrefill) {
   for (const std::string headroom : {"default", "0"}) {
     SCOPED_TRACE(headroom);
-    std::vector<std::string> argv = {MC_BINARY_DIR "/bin/mc-conductor",
-                                     "--log-level",
-                                     "warn",
-                                     "serve",
-                                     "--listen",
-                                     "tcp://127.0.0.1:0",
-                                     "--block-size",
-                                     std::to_string(kBlock),
-                                     "--kv-bytes-per-token",
-                                     "1024",
-                                     "--queue",
-                                     "fcfs"};
+    std::vector<std::string> argv = conductor_argv({"--queue", "fcfs"});
     if (headroom != "default") argv.insert(argv.end(), {"--slo-headroom", headroom});
     Child conductor(argv);
     const std::string endpoint = conductor_endpoint(conductor);
@@ -444,20 +448,9 @@ TEST(ConductorE2E, SloHeadroomTurnsAwayALongWaitButNotALongPrefill) {
     ASSERT_TRUE(client.is_ok()) << client.status().to_string();
     rpc::RpcClient& c = **client;
     ASSERT_TRUE(register_prefill_pair(c, p0, p1));
-    ASSERT_TRUE(
-        c.call(proto::ConductorRegisterRequest{"D0", "decode", "h2", d0.endpoint(), "", 10'000'000, kBlock, "", 0})
-            .is_ok());
+    ASSERT_TRUE(register_decode(c, d0, 10'000'000));
     auto submit = [&](const std::string& id, const std::vector<uint32_t>& tokens, double slo_ttft_ms) {
-      proto::ConductorSubmitRequest sr;
-      sr.request_id = id;
-      sr.tokens = tokens;
-      sr.input_tokens = static_cast<int64_t>(tokens.size());
-      sr.output_tokens = 4;
-      sr.slo_ttft_ms = slo_ttft_ms;
-      sr.client_endpoint = "tcp://127.0.0.1:9";
-      auto r = c.call(sr, 5000);
-      EXPECT_TRUE(r.is_ok()) << id << ": " << r.status().to_string();
-      return r.is_ok() ? r.value() : proto::ConductorSubmitReply{};
+      return submit4(c, id, tokens, slo_ttft_ms);
     };
     // A long prompt on an idle instance: its predicted TTFT is its own prefill, past the target of an SLO 1/0.9 of
     // it, and it waits for nothing: admitted either way.

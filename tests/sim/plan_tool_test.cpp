@@ -22,6 +22,27 @@ std::string run_tool(const std::string& cmd, int& rc) {
   return out;
 }
 
+// Makes DIR and writes a trace there with `mc-trace-replay gen GEN_ARGS --out DIR/NAME`; its path, "" on failure.
+std::string generate_trace(const std::string& dir, const std::string& name, const std::string& gen_args) {
+  const std::string trace = dir + "/" + name;
+  int rc = 0;
+  run_tool(
+      "mkdir -p " + dir + " && " MC_BINARY_DIR "/bin/mc-trace-replay gen " + gen_args + " --out " + trace + " 2>&1",
+      rc);
+  return rc == 0 ? trace : "";
+}
+
+// mc-sim's --json document for TRACE with ARGS (a failed run or unparsable output fails the test).
+nlohmann::json sim_json(const std::string& trace, const std::string& args) {
+  int code = 0;
+  const std::string out =
+      run_tool(std::string(MC_BINARY_DIR "/bin/mc-sim --trace ") + trace + " " + args + " --json 2>/dev/null", code);
+  EXPECT_EQ(code, 0) << args << ": " << out;
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << out;
+  return j;
+}
+
 TEST(Tools, McSimAndMcPlanPrintJsonAndMapErrorsToExitCodes) {
   const std::string sim = MC_BINARY_DIR "/bin/mc-sim";
   const std::string trace = MC_SOURCE_DIR "/examples/traces/conversation_trace.jsonl";
@@ -84,26 +105,13 @@ TEST(Tools, SloQueueOrderCutsTheMeanTtftAgainstFcfs) {
 // values are usage errors.
 TEST(Tools, PendingPrefixesAndLoadPricedPlacementHoldASessionHeavyTrace) {
   const std::string dir = ::testing::TempDir() + "/pending_prefix_tool";
-  std::string trace = dir + "/agent.jsonl";
+  const std::string trace = generate_trace(
+      dir, "agent.jsonl",
+      "--sessions 2000 --session-rate 8 --turns-mean 6 --think-s 4 --system-prompts 32 --system-tokens 8000 --zipf "
+      "1.1 --user-tokens 300 --output-tokens 150 --length-sigma 0.8 --max-input-tokens 65536 --seed 24");
+  ASSERT_FALSE(trace.empty());
   int rc = 0;
-  run_tool("mkdir -p " + dir +
-               " && " MC_BINARY_DIR
-               "/bin/mc-trace-replay gen --sessions 2000 --session-rate 8 "
-               "--turns-mean 6 --think-s 4 --system-prompts 32 --system-tokens 8000 --zipf 1.1 --user-tokens 300 "
-               "--output-tokens 150 --length-sigma 0.8 --max-input-tokens 65536 --seed 24 --out " +
-               trace + " 2>&1",
-           rc);
-  ASSERT_EQ(rc, 0);
-  auto run = [&](const std::string& args) {
-    int code = 0;
-    const std::string out = run_tool(std::string(MC_BINARY_DIR "/bin/mc-sim --trace ") + trace +
-                                         " --rate-scale 2 --policy kvcache " + args + " --json 2>/dev/null",
-                                     code);
-    EXPECT_EQ(code, 0) << args << ": " << out;
-    auto j = nlohmann::json::parse(out, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << out;
-    return j;
-  };
+  auto run = [&](const std::string& args) { return sim_json(trace, "--rate-scale 2 --policy kvcache " + args); };
   const auto paper = run("--pending-prefix off --placement-load-weight 0 --slo-headroom 0");
   const auto both = run("");
   EXPECT_EQ(paper["cluster"]["pending_prefix"], "off");
@@ -137,26 +145,13 @@ TEST(Tools, PendingPrefixesAndLoadPricedPlacementHoldASessionHeavyTrace) {
 // are usage errors.
 TEST(Tools, SloHeadroomHoldsQueuesBelowTheSloPastCapacity) {
   const std::string dir = ::testing::TempDir() + "/slo_headroom_tool";
-  const std::string trace = dir + "/long.jsonl";
+  const std::string trace = generate_trace(
+      dir, "long.jsonl",
+      "--sessions 720 --session-rate 0.8 --turns-mean 2 --think-s 60 --system-prompts 8 --system-tokens 2048 "
+      "--user-tokens 24000 --output-tokens 400 --length-sigma 0.8 --max-input-tokens 65536 --seed 24");
+  ASSERT_FALSE(trace.empty());
   int rc = 0;
-  run_tool("mkdir -p " + dir +
-               " && " MC_BINARY_DIR
-               "/bin/mc-trace-replay gen --sessions 720 --session-rate 0.8 --turns-mean 2 --think-s 60 "
-               "--system-prompts 8 --system-tokens 2048 --user-tokens 24000 --output-tokens 400 --length-sigma 0.8 "
-               "--max-input-tokens 65536 --seed 24 --out " +
-               trace + " 2>&1",
-           rc);
-  ASSERT_EQ(rc, 0);
-  auto run = [&](const std::string& args) {
-    int code = 0;
-    const std::string out = run_tool(std::string(MC_BINARY_DIR "/bin/mc-sim --trace ") + trace +
-                                         " --rate-scale 2.5 --policy kvcache " + args + " --json 2>/dev/null",
-                                     code);
-    EXPECT_EQ(code, 0) << args << ": " << out;
-    auto j = nlohmann::json::parse(out, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << out;
-    return j;
-  };
+  auto run = [&](const std::string& args) { return sim_json(trace, "--rate-scale 2.5 --policy kvcache " + args); };
   const auto paper = run("--slo-headroom 0");
   const auto held = run("");
   EXPECT_EQ(paper["cluster"]["slo_headroom"], 0.0);
