@@ -454,19 +454,21 @@ TEST(ConductorE2E, SloHeadroomTurnsAwayALongWaitButNotALongPrefill) {
     };
     // A long prompt on an idle instance: its predicted TTFT is its own prefill, past the target of an SLO 1/0.9 of
     // it, and it waits for nothing: admitted either way.
-    const std::vector<uint32_t> long_prompt = prompt(7000, 4096);
+    // 16 K tokens: seconds of predicted prefill, so the milliseconds between a probe and its request do not matter.
+    const std::vector<uint32_t> long_prompt = prompt(7000, 16'384);
     proto::ConductorSubmitReply probe = submit("long-probe", long_prompt, 1);
     ASSERT_FALSE(probe.accepted);
-    ASSERT_GT(probe.predicted_ttft_ms, 10) << probe.reason;
+    ASSERT_GT(probe.predicted_ttft_ms, 1'000) << probe.reason;
     proto::ConductorSubmitReply lone = submit("long", long_prompt, probe.predicted_ttft_ms / 0.9);
     EXPECT_TRUE(lone.accepted) << lone.reason;
     // The other instance gets the same work: both queues now hold about one long prefill.
-    EXPECT_TRUE(submit("long-2", prompt(9000, 4096), 600'000).accepted);
+    EXPECT_TRUE(submit("long-2", prompt(9000, 16'384), 600'000).accepted);
     // A short prompt now waits a long prefill: predicted TTFT T, SLO T / 0.9 (target 0.8 x SLO < T, and its wait,
     // about T, more than 0.2 x SLO).
     const std::vector<uint32_t> short_prompt = prompt(11000, 64);
     probe = submit("short-probe", short_prompt, 1);
     ASSERT_FALSE(probe.accepted);
+    ASSERT_GT(probe.predicted_ttft_ms, 1'000) << probe.reason;
     const double slo_ms = probe.predicted_ttft_ms / 0.9;
     proto::ConductorSubmitReply r = submit("short", short_prompt, slo_ms);
     if (headroom == "default") {
