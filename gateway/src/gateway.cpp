@@ -521,7 +521,8 @@ class Gateway {
     const std::string& why = r.reject_reason;
     e.message = "rejected by the Conductor (" + why + "): " + r.reason;
     if (why == "ttft_slo" || why == "tbt_slo" || why == "kv_capacity") {
-      // The paper's early rejection (Mooncake §6 [paper]; DESIGN.md §10): the SLO cannot be met now; retry later.
+      // The paper's early rejection (Mooncake §6 [paper]; DESIGN.md §10): the SLO cannot be met now, or only after a
+      // wait longer than the Conductor's SLO headroom (the reason names which); retry later.
       e.http_status = 429;
       e.type = "rate_limit_error";
       e.code = "slo_unattainable";
