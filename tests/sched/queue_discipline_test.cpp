@@ -233,6 +233,51 @@ TEST(QueueDiscipline, OvertakeEstimateMatchesTheArrivalsThatOvertake) {
   EXPECT_DOUBLE_EQ(expected_overtake_ms(recent, now, 50, QueueDiscipline::kSlo, cfg), 0);  // nothing shorter
 }
 
+// The overtaking a job is priced for is bounded by its slack to the target, the SLO less the SLO headroom
+// (DESIGN.md §10 "SLO headroom"): T - guard - ahead - service, not SLO - guard - ahead - service.
+TEST(QueueDiscipline, OvertakingIsBoundedByTheSlackToTheTarget) {
+  double overtake_at[2] = {0, 0};  // with headroom 0.2, then 0 (the same SLO)
+  double slo_ms = 0, bound_ms = 0;
+  for (int run = 0; run < 2; ++run) {
+    ManualClock clock{1'000 * kMs};
+    SchedulerConfig cfg;
+    cfg.policy = "kvcache";
+    cfg.queue.discipline = "slo";
+    cfg.queue.guard_ms = 0;
+    cfg.slo_headroom = run == 0 ? 0.2 : 0.0;
+    cfg.heartbeat_timeout_ms = 3'600'000;  // the instances never report: the clock moves 9 s
+    auto s = testing::make_scheduler(&clock, cfg, PrefillCostPrior{0, 1.0, 0}, DecodeCostPrior{1, 0, 0});
+    ASSERT_TRUE(s->register_instance(testing::prefill_info("P0", "h0")).is_ok());
+    ASSERT_TRUE(s->register_instance(testing::decode_info("D0", "h1", 10'000'000)).is_ok());
+    // 100 ms jobs every 900 ms: shorter ones that will overtake a 1 s job under the SLO order.
+    for (int i = 0; i < 10; ++i) {
+      Request r = testing::request("short" + std::to_string(i), 100, 1, 0);
+      r.slo_ttft_ms = 600'000;
+      Decision d = s->schedule(r);
+      ASSERT_TRUE(d.accepted) << d.reason;
+      clock.advance_ns(900 * kMs);
+    }
+    Request big = testing::request("big", 1'000, 1, 0);
+    if (run == 0) {
+      // Unbounded (a long SLO): its expected overtaking and the work ahead of it.
+      big.slo_ttft_ms = 600'000;
+      Decision free = s->decide(big);
+      ASSERT_TRUE(free.accepted) << free.reason;
+      const PrefillEstimate& e = s->last_estimates()[0];
+      ASSERT_GT(e.overtake_ms, 100) << "no overtaking expected: the test shows nothing";
+      // An SLO whose target leaves a quarter of that overtaking as slack.
+      bound_ms = e.overtake_ms / 4;
+      slo_ms = (e.queue_ms + 1'000 + bound_ms) / 0.8;
+    }
+    big.slo_ttft_ms = slo_ms;
+    Decision d = s->decide(big);
+    overtake_at[run] = s->last_estimates()[0].overtake_ms;
+    EXPECT_NEAR(d.ttft_target_ms, slo_ms * (run == 0 ? 0.8 : 1.0), 1e-6);
+  }
+  EXPECT_NEAR(overtake_at[0], bound_ms, 1e-6);  // headroom 0.2: bounded by the slack to the target
+  EXPECT_GT(overtake_at[1], overtake_at[0]);    // headroom 0: by the slack to the SLO, which is larger
+}
+
 TEST(QueueDiscipline, SchedulerRefusesBadQueueConfig) {
   ManualClock clock{0};
   SchedulerConfig cfg;
