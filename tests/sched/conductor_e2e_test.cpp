@@ -185,6 +185,25 @@ bool register_decode(rpc::RpcClient& c, FakeWorker& d0, int64_t capacity_tokens)
       .is_ok();
 }
 
+// An mc-conductor started with ARGV, a client connected to it, and fake workers registered: P0 and P1
+// (register_prefill_pair) and D0 (register_decode with the given capacity). ready() does the connecting and
+// registering and says whether it all worked (failures are reported as test failures).
+struct Rig {
+  explicit Rig(const std::vector<std::string>& argv) : conductor(argv) {}
+  bool ready(int64_t decode_capacity_tokens) {
+    const std::string endpoint = conductor_endpoint(conductor);
+    if (endpoint.empty()) return false;
+    auto c = rpc::RpcClient::connect(endpoint);
+    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+    if (!c.is_ok()) return false;
+    client = std::move(c).value();
+    return register_prefill_pair(*client, p0, p1) && register_decode(*client, d0, decode_capacity_tokens);
+  }
+  Child conductor;
+  FakeWorker p0, p1, d0;
+  std::unique_ptr<rpc::RpcClient> client;
+};
+
 nlohmann::json status(rpc::RpcClient& c) {
   auto r = c.call(proto::ConductorStatusRequest{true}, 2000);
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
@@ -358,15 +377,11 @@ TEST(ConductorE2E, ASessionsNextTurnReusesThePrefixItsPreviousTurnIsComputing) {
     ASSERT_TRUE(pub.is_ok()) << pub.status().to_string();
     std::vector<std::string> argv = conductor_argv({"--kv-events", (*pub)->endpoint(), "--slo-ttft-ms", "60000"});
     if (mode == "off") argv.insert(argv.end(), {"--pending-prefix", "off"});
-    Child conductor(argv);
-    const std::string endpoint = conductor_endpoint(conductor);
-    ASSERT_FALSE(endpoint.empty());
-    FakeWorker p0, p1, d0;
-    auto client = rpc::RpcClient::connect(endpoint);
-    ASSERT_TRUE(client.is_ok()) << client.status().to_string();
-    rpc::RpcClient& c = **client;
-    ASSERT_TRUE(register_prefill_pair(c, p0, p1));
-    ASSERT_TRUE(register_decode(c, d0, 1'000'000));
+    Rig rig(argv);
+    ASSERT_TRUE(rig.ready(1'000'000));
+    Child& conductor = rig.conductor;
+    FakeWorker& p1 = rig.p1;
+    rpc::RpcClient& c = *rig.client;
     // P1's own cache holds the first 2 blocks of the session's prompt.
     KeyNamespace ns;
     ns.block_size = kBlock;
@@ -440,15 +455,10 @@ TEST(ConductorE2E, SloHeadroomTurnsAwayALongWaitButNotALongPrefill) {
     SCOPED_TRACE(headroom);
     std::vector<std::string> argv = conductor_argv({"--queue", "fcfs"});
     if (headroom != "default") argv.insert(argv.end(), {"--slo-headroom", headroom});
-    Child conductor(argv);
-    const std::string endpoint = conductor_endpoint(conductor);
-    ASSERT_FALSE(endpoint.empty());
-    FakeWorker p0, p1, d0;
-    auto client = rpc::RpcClient::connect(endpoint);
-    ASSERT_TRUE(client.is_ok()) << client.status().to_string();
-    rpc::RpcClient& c = **client;
-    ASSERT_TRUE(register_prefill_pair(c, p0, p1));
-    ASSERT_TRUE(register_decode(c, d0, 10'000'000));
+    Rig rig(argv);
+    ASSERT_TRUE(rig.ready(10'000'000));
+    Child& conductor = rig.conductor;
+    rpc::RpcClient& c = *rig.client;
     auto submit = [&](const std::string& id, const std::vector<uint32_t>& tokens, double slo_ttft_ms) {
       return submit4(c, id, tokens, slo_ttft_ms);
     };
