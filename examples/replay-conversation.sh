@@ -199,8 +199,8 @@ pool_total=$(($(node .live.dram_tokens) * n_store))
   echo "  scale: $(node .scale) (live $(node .live.kv_bytes_per_token) B per token): --kv-buffer-size" \
        "$(node .live.kv_buffer_bytes) B = $(node .live.kv_buffer_tokens) tokens, --dram-bytes $(node .live.dram_bytes)" \
        "B = $(node .live.dram_tokens) tokens ($pool_total in the pool); NIC $(node .nic_mbit) Mbit/s x $speed /" \
-       "$(node .scale) = $(node .live.nic_mbit_uncapped) Mbit/s, shaped to $(node .live.nic_mbit)" \
-       "$([[ "$mode" == netns ]] || echo "(not shaped on loopback)")"
+       "$(node .scale) = $(node .live.nic_mbit_uncapped) Mbit/s, shaped to" \
+       "$(node .live.nic_mbit) Mbit/s$([[ "$mode" == netns ]] || echo " (not shaped on loopback)")"
 } >&2
 
 # run LABEL CACHE: one replay of the window on a fresh cluster; its stdout in $work/LABEL.out, records in
