@@ -93,7 +93,9 @@ class ClientPool {
       o.connect_timeout_ms = std::min(timeout_ms, 2'000);
       o.default_timeout_ms = timeout_ms;
       Result<std::unique_ptr<rpc::RpcClient>> made = rpc::RpcClient::connect(endpoint_, o);
-      if (!made.is_ok()) return made.status();
+      // The endpoint was checked at start, so a failure here is this process's (no descriptor left, EMFILE) or the
+      // network's: the request could not be sent, which is 503, not the client's 400.
+      if (!made.is_ok()) return Status(Code::kUnavailable, made.status().message());
       c = std::move(made).value();
     }
     Result<typename Req::Reply> reply = c->call(req, timeout_ms);
@@ -142,7 +144,8 @@ class Gateway {
     bad_ = &m.counter("mc_gateway_bad_requests_total", "requests answered 4xx other than 429");
     failed_ = &m.counter("mc_gateway_failed_total", "accepted requests that ended with an error or a timeout");
     cancels_ = &m.counter("mc_gateway_cancels_total", "conductor.cancel sent (stop, end of sequence, disconnect)");
-    disconnects_ = &m.counter("mc_gateway_client_disconnects_total", "streams whose client went away mid-answer");
+    disconnects_ = &m.counter("mc_gateway_client_disconnects_total",
+                              "requests whose client went away before the answer was complete (streamed or not)");
     prompt_tokens_ = &m.counter("mc_gateway_prompt_tokens_total", "prompt tokens of accepted requests");
     completion_tokens_ = &m.counter("mc_gateway_completion_tokens_total", "tokens sent to clients");
     cached_tokens_ = &m.counter("mc_gateway_cached_tokens_total", "prompt tokens the KV cache served");
@@ -186,6 +189,7 @@ class Gateway {
     http::no_shared_port(http_);
     http_.set_payload_max_length(o_.max_body_bytes);
     http_.set_read_timeout(std::chrono::milliseconds(o_.read_timeout_ms));
+    http_.set_request_deadline_ms(o_.read_timeout_ms);  // headers and body, from the first byte (slowloris)
     http_.set_write_timeout(std::chrono::seconds(10));
     http_.set_keep_alive_timeout(o_.keep_alive_timeout_s);
     http_.set_keep_alive_max_count(10'000);
@@ -429,12 +433,9 @@ class Gateway {
       err.message = "mc-gateway is draining (SIGTERM): send the request to another gateway";
       return refuse(rs, err);
     }
-    const json body = json::parse(rq.body, nullptr, false);
-    if (body.is_discarded()) {
-      err.message = "the request body is not valid JSON";
-      return refuse(rs, err);
-    }
-    Result<GenerationRequest> parsed = parse_generation(body, chat, tok_, o_.limits, &err);
+    Result<json> body = parse_body(rq.body, tok_, &err);
+    if (!body.is_ok()) return refuse(rs, err);
+    Result<GenerationRequest> parsed = parse_generation(body.value(), chat, tok_, o_.limits, &err);
     if (!parsed.is_ok()) return refuse(rs, err);
     auto f = std::make_shared<Flight>();
     f->req = std::move(parsed).value();
@@ -643,6 +644,14 @@ class Gateway {
     std::optional<ApiError> error;
     while (!f->ended || (!answer.finished() && !error)) {
       if (abort_.load() || mono_ns() > f->deadline_ns) break;
+      if (http::DeadlineServer::client_gone()) {
+        // Nobody will read the answer: end the request in the cluster (its KV freed, a queued prefill dropped),
+        // as a stream's disconnect does.
+        disconnects_->inc();
+        cancel(*f);
+        finish_flight(*f);
+        return;
+      }
       for (const Event& ev : f->inbox->take(o_.heartbeat_ms * 1'000'000, abort_)) {
         const int64_t before = answer.completion_tokens();
         text += apply(*f, answer, ev, &error);
@@ -782,7 +791,7 @@ class Gateway {
   std::mutex inbox_mu_;
   std::map<std::string, std::shared_ptr<Inbox>> inboxes_;
 
-  httplib::Server http_;
+  http::DeadlineServer http_{0};  // --read-timeout-ms for a request's bytes, set in start()
   std::thread http_thread_;
   std::atomic<bool> http_done_{false};
   std::string url_;

@@ -1,6 +1,9 @@
 #include "mc/gateway/openai.hpp"
 
+#include <algorithm>
 #include <set>
+
+#include "mc/common/json_guard.hpp"
 
 namespace mc::gateway {
 
@@ -54,6 +57,13 @@ bool token_array(const json& v, std::vector<uint32_t>* ids) {
   return true;
 }
 
+// A client's value as it appears in an error message: its JSON, cut to 64 bytes (a value may be a huge array).
+std::string brief(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 64) s = s.substr(0, 61) + "...";
+  return s;
+}
+
 // A number field that greedy decoding supports only at `neutral`.
 Status neutral_number(const json& body, const char* field, double neutral, ApiError* error) {
   const json& v = body.at(field);
@@ -61,8 +71,11 @@ Status neutral_number(const json& body, const char* field, double neutral, ApiEr
   if (!v.is_number()) return fail(error, 400, field, std::string("'") + field + "' must be a number, got " + kind(v));
   if (v.get<double>() != neutral) {
     return fail(error, 400, field,
-                std::string("'") + field + "' = " + v.dump() + " is not supported: mc decodes greedily (only " +
-                    json(neutral).dump() + " is accepted)");
+                std::string("'") + field + "' = " + brief(v) + " is not supported: mc decodes greedily (only " +
+                    (neutral == static_cast<double>(static_cast<int64_t>(neutral))
+                         ? std::to_string(static_cast<int64_t>(neutral))
+                         : json(neutral).dump()) +
+                    " is accepted)");
   }
   return Status::ok();
 }
@@ -87,6 +100,19 @@ Status parse_content(const json& v, size_t i, std::string* out, ApiError* error)
 }
 
 }  // namespace
+
+Result<json> parse_body(std::string_view body, const Tokenizer& tokenizer, ApiError* error) {
+  JsonShapeLimits shape;
+  shape.max_depth = 32;
+  shape.max_containers = 16384;
+  shape.max_values = static_cast<size_t>(std::max<int64_t>(0, tokenizer.max_context_tokens())) + 65536;
+  if (Status s = check_json_shape(body, shape, "the request body"); !s.is_ok()) {
+    return fail(error, s.code() == Code::kResourceExhausted ? 413 : 400, "", s.message());
+  }
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return fail(error, 400, "", "the request body is not valid JSON");
+  return j;
+}
 
 Result<GenerationRequest> parse_generation(const json& body, bool chat, const Tokenizer& tokenizer,
                                            const ParseLimits& limits, ApiError* error) {
@@ -195,8 +221,9 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
     r.prompt_tokens = tokenizer.encode(apply_chat_template(messages));
   } else {
     if (!body.contains("prompt")) return fail(error, 400, "prompt", "'prompt' is required: a string or token ids");
-    json p = body["prompt"];
-    if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) p = json(p[0]);
+    const json* pp = &body["prompt"];  // not a copy: the value is the client's, as large as the body allows
+    if (pp->is_array() && pp->size() == 1 && ((*pp)[0].is_string() || (*pp)[0].is_array())) pp = &(*pp)[0];
+    const json& p = *pp;
     if (p.is_string()) {
       r.prompt_tokens = tokenizer.encode(p.get<std::string>());
     } else if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
@@ -226,14 +253,14 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
     if (!body.contains(f) || body[f].is_null()) continue;
     const json& v = body[f];
     if (!v.is_number_integer() || v.get<int64_t>() < 1) {
-      return fail(error, 400, f, std::string("'") + f + "' must be an integer >= 1, got " + v.dump());
+      return fail(error, 400, f, std::string("'") + f + "' must be an integer >= 1, got " + brief(v));
     }
     r.max_tokens = v.get<int64_t>();
   }
   if (!body.contains("max_tokens") && !body.contains("max_completion_tokens")) {
     r.max_tokens = std::min(r.max_tokens, context - prompt_n);
   }
-  if (prompt_n + r.max_tokens > context) {
+  if (r.max_tokens > context - prompt_n) {  // not prompt_n + max_tokens: that overflows near INT64_MAX
     return fail(error, 400, "max_tokens",
                 "the prompt (" + std::to_string(prompt_n) + " tokens) and max_tokens (" + std::to_string(r.max_tokens) +
                     ") exceed the context of model '" + tokenizer.model() + "' (" + std::to_string(context) +

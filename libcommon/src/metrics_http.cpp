@@ -25,9 +25,11 @@ namespace {
 
 const char* const kForm = "ADDR:PORT (127.0.0.1:9400, [::1]:9400, localhost:0; port 0 picks a free port)";
 
-// httplib::Server with its listening socket exposed, to read back the bound address (port 0, "localhost").
-class Server final : public httplib::Server {
+// The deadline server (a request's bytes within read_timeout_ms) with its listening socket exposed, to read back
+// the bound address (port 0, "localhost").
+class Server final : public http::DeadlineServer {
  public:
+  Server() : http::DeadlineServer(0) {}
   int listening_socket() const { return svr_sock_.load(); }
 };
 
@@ -95,6 +97,7 @@ class HttpExporter::Impl {
     const size_t queued = options_.max_queued_connections;
     server_.new_task_queue = [threads, queued] { return new http::BoundedPool(threads, queued); };
     server_.set_read_timeout(whole_s(options_.read_timeout_ms), rest_us(options_.read_timeout_ms));
+    server_.set_request_deadline_ms(options_.read_timeout_ms);
     server_.set_write_timeout(whole_s(options_.write_timeout_ms), rest_us(options_.write_timeout_ms));
     server_.set_keep_alive_timeout(std::max<time_t>(1, whole_s(options_.keep_alive_timeout_ms)));
     server_.set_payload_max_length(options_.max_request_body_bytes);

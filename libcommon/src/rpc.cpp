@@ -6,6 +6,7 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/common/endpoint.hpp"
+#include "mc/common/fast_rpc.hpp"
 
 namespace mc {
 const char* build_id_string();
@@ -205,7 +206,13 @@ void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
     }
     return;
   }
-  Result<proto::Header> header = codec::unpack<proto::Header>(frames[1].to_string_view(), "message header");
+  // A header is a few dozen bytes; the fast path's bound (4 KiB) holds here too, before anything is decoded.
+  Result<proto::Header> header =
+      frames[1].size() > fast::kMaxHeaderBytes
+          ? Result<proto::Header>(
+                Status(Code::kMalformedMessage, "message header of " + std::to_string(frames[1].size()) +
+                                                    " bytes (limit " + std::to_string(fast::kMaxHeaderBytes) + ")"))
+          : codec::unpack<proto::Header>(frames[1].to_string_view(), "message header");
   if (!header.is_ok()) {
     ++counters_.malformed;
     if (log::nth_worth_logging(counters_.malformed)) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include "mc/common/csv.hpp"
 #include "mc/common/input_file.hpp"
+#include "mc/common/json_guard.hpp"
 #include "mc/common/splitmix.hpp"
 #include "mc/common/trace_prefix.hpp"
 
@@ -24,7 +25,7 @@ using json = nlohmann::json;
 // Arrival times up to 2^63 ns (~292 years); lengths up to 2^31-1 tokens (a larger prompt is not a prompt).
 constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
 // Rows are JSON objects holding arrays; deeper nesting is refused before parsing.
-constexpr int kMaxJsonDepth = 32;
+constexpr size_t kMaxJsonDepth = 32;
 // A first timestamp at or after this is an epoch time (2001-09-09T01:46:40Z).
 constexpr int64_t kEpochNs = 1'000'000'000LL * 1'000'000'000LL;
 // The seed of the ids of rows without ids when no prefix model is given (unique ids).
@@ -467,25 +468,9 @@ namespace {
 // Parses the JSON object of one Mooncake row (timestamp as written, ids as given).
 Result<PendingRow> parse_json_pending(const std::string& line, const std::string& where) {
   // A row nests two levels deep; parsing deep nesting costs ~80 bytes a level (a 16 MiB line of '[' held 1.4 GB).
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth)
-        return bad(where, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels: not a trace row");
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
+  JsonShapeLimits shape;
+  shape.max_depth = kMaxJsonDepth;
+  if (Status s = check_json_shape(line, shape, ""); !s.is_ok()) return bad(where, s.message() + ": not a trace row");
   json obj;
   try {
     obj = json::parse(line);

@@ -4,11 +4,20 @@
 // address grammar, and --metrics-listen's parse-time check (exit 2).
 #include "mc/common/metrics_http.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <httplib.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mc/common/auth.hpp"
@@ -137,6 +146,63 @@ TEST(MetricsHttp, ManyClientsAtOnceAreAllAnswered) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 24);
+}
+
+// Slowloris: clients that send a header line every 100 ms and never finish held both workers for as long as they
+// trickled (the library's read timeout is per recv()). Each request's bytes now have read_timeout_ms from their
+// first byte: the slow connections are closed and a scrape behind them is answered.
+TEST(MetricsHttp, ClientsTricklingTheirHeadersAreClosedAtTheDeadline) {
+  Registry r;
+  r.counter("mc_test_requests_total").inc();
+  HttpExporterOptions o;
+  o.listen = "127.0.0.1:0";
+  o.service = "metrics_http_test";
+  o.threads = 2;
+  o.read_timeout_ms = 500;
+  auto started = HttpExporter::start(&r, o);
+  ASSERT_TRUE(started.is_ok()) << started.status().to_string();
+  const std::unique_ptr<HttpExporter> e = std::move(started).value();
+  const std::string addr = e->address();
+  const int port = std::stoi(addr.substr(addr.rfind(':') + 1));
+  std::atomic<int> lines{0}, closed{0};
+  std::vector<std::thread> slow;
+  for (int k = 0; k < 2; ++k) {  // as many as the workers
+    slow.emplace_back([&] {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
+      const std::string head = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+      (void)!::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+      for (int i = 0; i < 100; ++i) {  // 10 s at most, or until the exporter closes the connection
+        const std::string line = "X-Slow-" + std::to_string(i) + ": y\r\n";
+        if (::send(fd, line.data(), line.size(), MSG_NOSIGNAL) < 0) {
+          closed.fetch_add(1);
+          break;
+        }
+        lines.fetch_add(1);
+        pollfd p{fd, POLLIN, 0};
+        char b[64];
+        if (::poll(&p, 1, 100) > 0 && ::recv(fd, b, sizeof b, 0) <= 0) {
+          closed.fetch_add(1);
+          break;
+        }
+      }
+      ::close(fd);
+    });
+  }
+  // Both workers are taken once each slow client has sent a few header lines (well inside the 500 ms deadline).
+  for (int i = 0; i < 500 && lines.load() < 6; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto c = client_of(*e);
+  c.set_read_timeout(8, 0);
+  auto res = c.Get("/metrics");
+  for (auto& t : slow) t.join();
+  ASSERT_TRUE(res) << "the scrape was not answered while two clients trickled their headers";
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(closed.load(), 2) << "the exporter kept connections whose headers never ended";
+  EXPECT_LT(lines.load(), 60) << "the slow clients trickled " << lines.load() << " lines before being closed";
 }
 
 TEST(MetricsHttp, StopsWhenDestroyed) {

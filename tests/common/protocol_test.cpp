@@ -72,6 +72,33 @@ TEST(Protocol, DeclaredSizesBeyondTheInputAreRefusedBeforeAllocating) {
   EXPECT_EQ(nested->size(), 3u);
 }
 
+// 60 MiB of one-element arrays fit the size bound (each element takes a byte) but held 2.5 GB and a daemon's
+// serving loop for 20 s in msgpack-c; nesting past codec::detail::kMaxDepth is refused before decoding.
+TEST(Protocol, NestingDeeperThanTheLimitIsRefusedBeforeDecoding) {
+  const size_t limit = codec::detail::kMaxDepth;
+  std::string deep = std::string(limit, '\x91') + '\xc0';  // kMaxDepth arrays around a nil: decodes
+  auto ok = codec::unpack<std::vector<int>>(deep, "deep");
+  EXPECT_FALSE(ok.is_ok());  // ill-typed for the struct, but refused by msgpack's conversion, not by the depth
+  EXPECT_EQ(ok.status().message().find("nest deeper"), std::string::npos) << ok.status().message();
+  deep = std::string(limit + 1, '\x91') + '\xc0';
+  auto bad = codec::unpack<StoreExistsRequest>(deep, "too deep");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), Code::kMalformedMessage);
+  EXPECT_NE(bad.status().message().find("nest deeper than " + std::to_string(limit) + " levels"), std::string::npos)
+      << bad.status().message();
+  // The attack as sent: 60 MiB of 0x91 (as a header or a body).
+  const std::string bomb = std::string(60u << 20, '\x91') + '\xc0';
+  auto b = codec::unpack<Header>(bomb, "message header");
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_NE(b.status().message().find("nest deeper"), std::string::npos) << b.status().message().substr(0, 200);
+  // Depth is counted per open container: a wide message at depth 2 is untouched, and closing containers frees
+  // their levels (1,000 sibling arrays of depth 3 in one list).
+  std::vector<std::vector<std::vector<int>>> wide(1000, std::vector<std::vector<int>>{{1, 2}, {3}});
+  auto w = codec::unpack<std::vector<std::vector<std::vector<int>>>>(codec::pack(wide), "wide");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_EQ(w->size(), 1000u);
+}
+
 TEST(Protocol, BadBytesAreErrorsNotCrashes) {
   std::string good = codec::pack(KvEvent{kKvEventRemoved, 1, 2, {3, 4, 5}, "b", "disk"});
   for (size_t cut = 0; cut < good.size(); ++cut) {

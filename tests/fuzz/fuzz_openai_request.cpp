@@ -1,9 +1,9 @@
 // Fuzz harness: what mc-gateway does with an HTTP request body before anything leaves the process
-// (gateway/include/mc/gateway/openai.hpp): JSON parsing, then parse_generation against the tiny (vocabulary 256) or
-// the llama3-70b tokenizer, as a completion or a chat completion. Input: one control byte (bit 0: chat, bit 1:
-// llama3-70b), then the body. Invariants: no crash or throw; a refusal is 400 or 413 with a message; an accepted
-// request has a non-empty prompt of ids inside the vocabulary that with max_tokens fits the context; and feeding
-// its own prompt ids back as output through an AnswerBuilder ends with a finish reason and valid UTF-8 JSON.
+// (gateway/include/mc/gateway/openai.hpp): parse_body (the shape bounds, then JSON), then parse_generation against the
+// tiny (vocabulary 256) or the llama3-70b tokenizer, as a completion or a chat completion. Input: one control byte (bit
+// 0: chat, bit 1: llama3-70b), then the body. Invariants: no crash or throw; a refusal is 400 or 413 with a message; an
+// accepted request has a non-empty prompt of ids inside the vocabulary that with max_tokens fits the context; and
+// feeding its own prompt ids back as output through an AnswerBuilder ends with a finish reason and valid UTF-8 JSON.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,10 +33,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool chat = (data[0] & 1) != 0;
   const mc::gateway::Tokenizer& tok = tokenizer((data[0] & 2) != 0);
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return 0;
   mc::gateway::ApiError error;
-  mc::Result<mc::gateway::GenerationRequest> r = mc::gateway::parse_generation(j, chat, tok, {}, &error);
+  mc::Result<nlohmann::json> j = mc::gateway::parse_body(body, tok, &error);
+  if (!j.is_ok()) {
+    if (error.http_status != 400 && error.http_status != 413) broken("a body refusal that is neither 400 nor 413");
+    if (error.message.empty()) broken("a body refusal without a message");
+    return 0;
+  }
+  mc::Result<mc::gateway::GenerationRequest> r = mc::gateway::parse_generation(j.value(), chat, tok, {}, &error);
   if (!r.is_ok()) {
     if (error.http_status != 400 && error.http_status != 413) broken("a refusal that is neither 400 nor 413");
     if (error.message.empty()) broken("a refusal without a message");

@@ -13,6 +13,8 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <chrono>
+#include <fstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +26,21 @@ namespace {
 
 using nlohmann::json;
 using testkit::wait_until;
+
+// A TCP connection to 127.0.0.1:port (-1 on failure).
+int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 class GatewayE2E : public testkit::LocalClusterFixture {
  protected:
@@ -240,6 +257,35 @@ TEST_F(GatewayE2E, AClientThatDisconnectsMidStreamFreesItsKvOnDecode) {
   EXPECT_GE(gateway_metric("mc_gateway_cancels_total"), 1);
 }
 
+// The same for a whole (non-streamed) completion: the gateway has nothing to write until the answer is complete, so
+// it watches the connection while it waits; a client that leaves is a disconnect, its request is cancelled and the
+// decode instance frees its KV (before: the request ran to its end or --request-timeout-ms, holding the KV).
+TEST_F(GatewayE2E, AClientThatLeavesAWholeCompletionFreesItsKvOnDecode) {
+  start("1", "--heartbeat-ms 100");
+  if (IsSkipped() || HasFatalFailure()) return;
+  ASSERT_TRUE(healthy());
+  const std::string body = json{
+      {"model", "llama3-70b"},
+      {"prompt", "a long story, please"},
+      {"max_tokens", 4000},
+      {"ignore_eos", true}}.dump();
+  const int fd = connect_loopback(port_);
+  ASSERT_GE(fd, 0);
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  auto used = [&] { return call("decode0", proto::WorkerLoadRequest{}).kv_blocks_committed; };
+  EXPECT_TRUE(wait_until([&] { return used() > 0; }, 30'000, 50)) << "the request never reached decode0";
+  ::close(fd);
+  EXPECT_TRUE(wait_until([&] { return used() == 0; }, 20'000, 100))
+      << "decode0 still holds " << used() << " committed KV blocks after the client left";
+  EXPECT_TRUE(wait_until([&] { return gateway_metric("mc_gateway_client_disconnects_total") >= 1; }, 10'000, 100));
+  EXPECT_GE(gateway_metric("mc_gateway_cancels_total"), 1);
+  EXPECT_TRUE(wait_until([&] { return gateway_metric("mc_gateway_active_requests") == 0; }, 10'000, 100));
+}
+
 // The official openai npm package (tests/clients/package-lock.json, installed here with npm ci): completions and chat
 // completions whole and streamed with their usage, a 429 surfacing as its RateLimitError, and an aborted stream
 // whose KV the decode instance frees.
@@ -273,14 +319,10 @@ TEST_F(GatewayE2E, TheOfficialOpenAiNodeClient) {
 // A raw TCP connection to 127.0.0.1:port that sends `bytes` and reads until a reply's headers are in, the server
 // closes or 2 s pass; returns what came back.
 std::string raw_exchange(int port, const std::string& bytes) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = connect_loopback(port);
   if (fd < 0) return {};
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string out;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+  {
     (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);  // no half-close: the library answers no closed peer
     pollfd p{fd, POLLIN, 0};
     char buf[4096];
@@ -344,6 +386,74 @@ TEST(GatewayAbuse, MalformedHttpNeverCrashesTheGateway) {
   for (std::string line; std::getline(st, line);) {
     if (line.rfind("VmHWM:", 0) == 0) {
       EXPECT_LT(std::stoll(line.substr(6)), 512 * 1024) << line;  // kB
+    }
+  }
+}
+
+// What a security tester found on 2026-12-06, each refused with the gateway still serving: 100,000 nested
+// brackets (a recursive copy of the value overflowed the stack: SIGSEGV), an 8 MiB body of empty objects or of zeros
+// (500 MB parsed, held after the reply), max_tokens = INT64_MAX (prompt + max_tokens overflowed past the context
+// check), and a client sending one header line every 200 ms (the read timeout was per recv(), so it held a worker
+// for as long as it trickled: slowloris).
+TEST(GatewayAbuse, DeepNestingHugeValueCountsOverflowAndSlowHeadersAreRefused) {
+  const std::string bin = MC_BINARY_DIR "/bin/mc-gateway";
+  if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " is not built";
+  testkit::Child gw({bin, "--listen", "127.0.0.1:0", "--conductor", "tcp://127.0.0.1:1", "--read-timeout-ms", "1000",
+                     "--max-body-bytes", "8MiB", "--log-level", "error"});
+  const std::string url = gw.wait_ready(30'000);
+  ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << url;
+  const int port = std::stoi(url.substr(url.rfind(':') + 1));
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  auto refused = [&](const std::string& body, int status, const std::string& text) {
+    auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r) << "no answer (the gateway died?) to a body of " << body.size() << " bytes";
+    EXPECT_EQ(r->status, status) << r->body.substr(0, 400);
+    EXPECT_NE(r->body.find(text), std::string::npos) << r->body.substr(0, 400);
+  };
+  refused(R"({"model":"llama3-70b","prompt":"hi","max_tokens":)" + std::string(100000, '[') + std::string(100000, ']') +
+              "}",
+          400, "nested deeper than 32 levels");
+  EXPECT_TRUE(gw.running());
+  std::string objects = R"({"model":"llama3-70b","prompt":[)";
+  while (objects.size() < (8u << 20) - 64) objects += "{},";
+  refused(objects + "{}]}", 413, "JSON arrays and objects");
+  std::string zeros = R"({"model":"llama3-70b","prompt":[)";
+  while (zeros.size() < (8u << 20) - 64) zeros += "0,";
+  refused(zeros + "0]}", 413, "JSON values");
+  refused(R"({"model":"llama3-70b","prompt":"hello","max_tokens":9223372036854775807})", 400,
+          "context_length_exceeded");
+  refused(R"({"model":"llama3-70b","prompt":"hi","n":2})", 400, "(only 1 is accepted)");
+  EXPECT_TRUE(gw.running());
+
+  // Slowloris: the headers never end; the connection is closed at the 1 s deadline, not kept while it trickles.
+  const int fd = connect_loopback(port);
+  ASSERT_GE(fd, 0);
+  const std::string head = "GET /health HTTP/1.1\r\nHost: x\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  const auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (int i = 0; i < 50 && !closed; ++i) {  // 10 s of trickling at most
+    const std::string line = "X-Slow-" + std::to_string(i) + ": y\r\n";
+    if (::send(fd, line.data(), line.size(), MSG_NOSIGNAL) < 0) closed = true;
+    pollfd p{fd, POLLIN, 0};
+    if (!closed && ::poll(&p, 1, 200) > 0) {
+      char b[256];
+      closed = ::recv(fd, b, sizeof b, 0) <= 0;
+    }
+  }
+  const auto held_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  EXPECT_TRUE(closed) << "the gateway kept a connection whose headers never ended for " << held_ms << " ms";
+  EXPECT_LT(held_ms, 6000) << "closed only after " << held_ms << " ms (deadline 1,000 ms)";
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);  // no Conductor behind it
+  std::ifstream st("/proc/" + std::to_string(gw.pid()) + "/status");
+  for (std::string line; std::getline(st, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      EXPECT_LT(std::stoll(line.substr(6)), 256 * 1024) << line;  // kB: bodies of 8 MiB, not their parses
     }
   }
 }

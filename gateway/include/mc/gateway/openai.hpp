@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -56,6 +57,12 @@ struct GenerationRequest {
   double slo_tbt_ms = 0;
   std::string salt;
 };
+
+// Parses a request body as JSON after bounding its shape (mc/common/json_guard.hpp: nesting at most 32 levels, at
+// most 16,384 arrays and objects, at most the model's context + 65,536 values), so that neither the parse's memory
+// nor a recursive copy or dump of the value depends on what a client sends beyond those bounds. Errors: 400 for
+// text that is not JSON or nests too deep, 413 for too many values.
+Result<nlohmann::json> parse_body(std::string_view body, const Tokenizer& tokenizer, ApiError* error);
 
 // Parses and checks a body (already JSON) against the tokenizer and limits. Errors: 400 naming the field,
 // 413 for a prompt beyond the context (code context_length_exceeded), 400 when prompt + max_tokens exceed it.

@@ -1,7 +1,8 @@
 // msgpack encoding of protocol structs, with errors as values (never exceptions to the caller).
 // pack(): struct -> bytes. unpack<T>(): bytes -> T, or kMalformedMessage naming `what` and the
-// decoder's text for truncated, ill-typed or trailing-garbage input; what it allocates is bounded by a small
-// multiple of the input's size, whatever sizes the input declares. Thread-safety: pure functions.
+// decoder's text for truncated, ill-typed or trailing-garbage input, or nesting deeper than 64 levels; what it
+// allocates is bounded by a small multiple of the input's size, whatever sizes the input declares. Thread-safety: pure
+// functions.
 #pragma once
 
 #include <cstddef>
@@ -29,8 +30,12 @@ namespace detail {
 // (found by tests/fuzz/fuzz_protocol). This walks the headers first and refuses a container whose elements,
 // together with those every enclosing container still owes, cannot fit in the bytes that follow (each
 // element takes at least one byte), which bounds what decoding allocates to a small multiple of the input.
+// It also refuses nesting deeper than kMaxDepth: msgpack-c builds one object per level, so 60 MiB of one-element
+// arrays (0x91 0x91 ...), which fit that bound, held 2.5 GB and a daemon's serving loop for 20 s; no message of
+// the protocol nests more than a few levels.
 // Returns the refusal's text, or empty when the sizes fit: what is truncated or ill-typed otherwise is left
 // to msgpack to report.
+inline constexpr size_t kMaxDepth = 64;
 inline std::string oversized_container(std::string_view bytes) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const size_t n = bytes.size();
@@ -40,13 +45,17 @@ inline std::string oversized_container(std::string_view bytes) {
     return v;
   };
   uint64_t owed = 1;  // objects still to come, the top-level one first
+  // Elements still to come of each open array or map, innermost last (its size is the nesting depth).
+  uint64_t open[kMaxDepth] = {};
+  size_t depth = 0;
   size_t i = 0;
   while (i < n && owed > 0) {
     const unsigned char b = p[i];
     --owed;
-    size_t head = 1;    // the header's bytes
-    size_t len = 0;     // bytes of a length field after the type byte (str, bin, ext, array, map)
-    uint64_t skip = 0;  // payload bytes after the header
+    if (depth > 0) --open[depth - 1];  // this object is one element of the innermost open container
+    size_t head = 1;                   // the header's bytes
+    size_t len = 0;                    // bytes of a length field after the type byte (str, bin, ext, array, map)
+    uint64_t skip = 0;                 // payload bytes after the header
     uint64_t elems = 0;
     bool is_map = false;
     if (b >= 0x80 && b <= 0x8f) {
@@ -82,6 +91,14 @@ inline std::string oversized_container(std::string_view bytes) {
     if (n - i < head) return {};
     i += head;
     owed += elems;
+    if (elems > 0) {
+      if (depth == kMaxDepth) {
+        return "at byte " + std::to_string(i) + " arrays and maps nest deeper than " + std::to_string(kMaxDepth) +
+               " levels";
+      }
+      open[depth++] = elems;
+    }
+    while (depth > 0 && open[depth - 1] == 0) --depth;  // containers whose last element this was
     if (owed > n - i) {
       return "truncated message (" + std::to_string(n) + " bytes): at byte " + std::to_string(i) +
              " its arrays and maps still declare " + std::to_string(owed) + " elements, more than the " +
@@ -103,7 +120,9 @@ Result<T> unpack(std::string_view bytes, std::string_view what) {
   }
   try {
     std::size_t offset = 0;
-    msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size(), offset);
+    // The depth is refused above already; the limit here keeps msgpack's own stack bounded all the same.
+    const msgpack::unpack_limit limit(0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, detail::kMaxDepth);
+    msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size(), offset, nullptr, nullptr, limit);
     if (offset != bytes.size()) {
       return Status(Code::kMalformedMessage, std::string(what) + ": " + std::to_string(bytes.size() - offset) +
                                                  " trailing bytes after the message");

@@ -1,6 +1,7 @@
-// What every mc HTTP server shares (cpp-httplib: the metrics exporter, mc-gateway): a bounded worker pool and a
-// listening socket no other process can share. Include only where cpp-httplib is linked (PkgConfig::HTTPLIB).
-// Thread-safety: BoundedPool is the server's task queue (the library calls it from its listener thread).
+// What every mc HTTP server shares (cpp-httplib: the metrics exporter, mc-gateway): a bounded worker pool, a
+// listening socket no other process can share, and a server whose requests must arrive within a deadline. Include only
+// where cpp-httplib is linked (PkgConfig::HTTPLIB). Thread-safety: BoundedPool is the server's task queue (the library
+// calls it from its listener thread).
 #pragma once
 
 #include <sys/socket.h>
@@ -8,7 +9,9 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -67,6 +70,32 @@ class BoundedPool final : public httplib::TaskQueue {
   std::deque<std::function<void()>> jobs_;
   bool shutdown_ = false;
   std::vector<std::thread> workers_;
+};
+
+// An httplib::Server that runs each connection's keep-alive loop itself (the library's is private to it), for two
+// things cpp-httplib 0.11 (Debian 12) does not do:
+// - A deadline for each request's bytes: the request line, headers and body must all arrive within
+//   request_deadline_ms of its first byte. The library's read timeout bounds one recv(), so a client that sent a
+//   header line every few seconds held a worker for as long as it liked, and a few hundred such clients every
+//   worker (slowloris). Past the deadline the connection is closed without a reply.
+// - client_gone(): whether the client of the request a handler serves has closed or reset its connection (the
+//   library has no Request::is_connection_closed), so a handler that waits (a whole completion) can stop.
+// The rest is the library's: one request at a time per connection, keep-alive up to its keep-alive count and
+// timeout, its read and write timeouts per call. Thread-safety: as httplib::Server.
+class DeadlineServer : public httplib::Server {
+ public:
+  explicit DeadlineServer(int64_t request_deadline_ms) : request_deadline_ms_(request_deadline_ms) {}
+  void set_request_deadline_ms(int64_t ms) { request_deadline_ms_ = ms; }
+  // On a handler's thread: true once the client of the request it serves has closed or reset the connection
+  // (a peeked recv() of 0 bytes or an error; bytes of a next request count as still there). false elsewhere.
+  static bool client_gone();
+  // Connections closed because a request's bytes did not all arrive within the deadline.
+  uint64_t deadline_closes() const { return deadline_closes_.load(std::memory_order_relaxed); }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override;
+  int64_t request_deadline_ms_;
+  std::atomic<uint64_t> deadline_closes_{0};
 };
 
 // SO_REUSEADDR only: the library's default adds SO_REUSEPORT, with which a second server given the same address

@@ -58,7 +58,8 @@ struct HttpExporterOptions {
   size_t threads = 2;                    // worker threads answering requests, >= 1
   size_t max_queued_connections = 16;    // accepted connections waiting for a worker before accept pauses
   size_t max_request_body_bytes = 4096;  // a larger request body is refused with 413
-  int64_t read_timeout_ms = 5000;        // a request not fully received in this time closes the connection
+  int64_t read_timeout_ms = 5000;        // a request not fully received in this time closes the connection (from
+                                         // its first byte: headers and body, however slowly they trickle)
   int64_t write_timeout_ms = 5000;       // a reply the peer does not read in this time closes the connection
   int64_t keep_alive_timeout_ms = 5000;  // an idle keep-alive connection is closed after this
 };
