@@ -224,10 +224,11 @@ stop_all() {
   for pid in ${pids[@]+"${pids[@]}"}; do while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done; done
   for pid in ${pids[@]+"${pids[@]}"}; do kill -TERM "$pid" 2>/dev/null; done
   deadline=$((SECONDS + 5))
-  for pid in ${pids[@]+"${pids[@]}"}; do
+  for i in "${!pids[@]}"; do
+    pid=${pids[$i]}
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
     if kill -0 "$pid" 2>/dev/null; then
-      echo "cluster.sh: pid $pid did not stop on SIGTERM within 5 s: SIGKILL" >&2
+      echo "cluster.sh: ${names[$i]:-daemon} (pid $pid) did not stop on SIGTERM within 5 s: SIGKILL" >&2
       kill -KILL "$pid" 2>/dev/null
     fi
     wait "$pid" 2>/dev/null

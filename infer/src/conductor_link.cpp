@@ -38,9 +38,10 @@ void ConductorHeartbeat::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ConductorHeartbeat::set_state(bool registered, std::string last_error) {
+void ConductorHeartbeat::set_state(bool registered, std::string last_error, bool refused) {
   std::lock_guard lock(state_mu_);
   if (registered) registered_once_ = true;
+  refused_ = refused;
   if (!last_error.empty()) last_error_ = std::move(last_error);
   state_cv_.notify_all();
 }
@@ -48,8 +49,15 @@ void ConductorHeartbeat::set_state(bool registered, std::string last_error) {
 Status ConductorHeartbeat::wait_registered(int64_t timeout_ms) {
   if (options_.endpoint.empty()) return Status::ok();
   std::unique_lock lock(state_mu_);
-  if (state_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return registered_once_; })) {
+  if (state_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return registered_once_ || refused_; }) &&
+      registered_once_) {
     return Status::ok();
+  }
+  if (refused_) {
+    return error(Code::kFailedPrecondition, registration_.instance_id + ": conductor " + options_.endpoint +
+                                                " refused the registration: " + last_error_ +
+                                                " (give this instance and the Conductor the same setting; retrying "
+                                                "cannot help)");
   }
   return error(Code::kUnavailable, registration_.instance_id + ": could not register with conductor " +
                                        options_.endpoint + " within " + std::to_string(timeout_ms) +
@@ -104,7 +112,8 @@ void ConductorHeartbeat::run() {
       if (!r.is_ok()) {
         MC_LOG_WARN << registration_.instance_id << ": registration with " << options_.endpoint
                     << " failed, retrying in 1 s: " << r.status().to_string();
-        set_state(false, r.status().to_string());
+        const Code code = r.status().code();
+        set_state(false, r.status().to_string(), code == Code::kInvalidArgument || code == Code::kPermissionDenied);
         if (r.status().code() == Code::kTimeout || r.status().code() == Code::kUnavailable) client.reset();
         sleep_ms(1000);
         continue;

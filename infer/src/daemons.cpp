@@ -30,7 +30,7 @@ void add_backend_flags(CLI::App& app, BackendFlags& f) {
                  "sim: KV bytes per token (all layers) actually stored and moved; 0 = the model's")
       ->envname("MC_KV_BYTES_PER_TOKEN")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(mc::cli::kNonNegativeFinite);
   cli::add_block_size_option(app, f.block_tokens, "--block-size",
                              "Tokens per KV block (prefill, decode and store must agree)");
   app.add_option("--kv-blocks", f.kv_blocks, "KV blocks in this instance's buffer (0: fill --kv-buffer-size)")
@@ -211,7 +211,7 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
   app.add_option("--chunk-tokens", c.chunk_tokens, "Chunked prefill: tokens per chunk (0 = whole prompt at once)")
       ->envname("MC_CHUNK_TOKENS")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(mc::cli::kNonNegativeFinite);
   app.add_option("--decode-timeout-ms", c.decode_timeout_ms, "Per-call timeout towards decode instances (ms)")
       ->capture_default_str()
       ->check(CLI::Range(1, 600000));

@@ -59,9 +59,6 @@ void add_key_namespace_flags(CLI::App& cmd, KeyNamespace& ns, const std::string&
   cmd.add_option("--salt", ns.salt, "Tenant salt of the key namespace")->envname("MC_SALT");
 }
 
-namespace {
-
-// A finite number > 0 (CLI::PositiveNumber lets "nan" and "inf" through).
 const CLI::Validator kPositiveFinite(
     [](std::string& text) -> std::string {
       double v = 0;
@@ -71,7 +68,14 @@ const CLI::Validator kPositiveFinite(
     },
     "POSITIVE");
 
-}  // namespace
+const CLI::Validator kNonNegativeFinite(
+    [](std::string& text) -> std::string {
+      double v = 0;
+      if (!CLI::detail::lexical_cast(text, v) || !(v >= 0) || !std::isfinite(v))
+        return "value " + text + " is not a finite number >= 0";
+      return {};
+    },
+    "NONNEGATIVE");
 
 CLI::Option* add_json_flag(CLI::App& cmd, bool& json, const std::string& help) {
   return cmd.add_flag("--json", json, help);
@@ -130,14 +134,14 @@ CLI::Option* add_location_option(CLI::App& cmd, std::string& location, const std
 void add_trace_window_flags(CLI::App& cmd, double& start_s, double& duration_s, int64_t& max_requests) {
   cmd.add_option("--start-s", start_s, "Skip rows that arrive before this trace time (seconds)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeFinite);
   cmd.add_option("--duration-s", duration_s,
                  "Only rows arriving within this many trace seconds after --start-s (0: to the end)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeFinite);
   cmd.add_option("--max-requests", max_requests, "At most this many rows (0: no limit)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeFinite);
 }
 
 CLI::Option* add_rate_scale_option(CLI::App& cmd, double& rate_scale) {
@@ -195,15 +199,16 @@ void add_trace_format_flags(CLI::App& cmd, trace::FormatOptions& formats) {
       ->default_str("none");
 }
 
-void add_slo_default_flags(CLI::App& cmd, double& ttft_ms, double& tbt_ms) {
+void add_slo_default_flags(CLI::App& cmd, double& ttft_ms, double& tbt_ms, bool zero_defers) {
+  const CLI::Validator& check = zero_defers ? kNonNegativeFinite : kPositiveFinite;
   cmd.add_option("--slo-ttft-ms", ttft_ms, "Default TTFT SLO (ms) of requests that set none")
       ->envname("MC_SLO_TTFT_MS")
       ->capture_default_str()
-      ->check(kPositiveFinite);
+      ->check(check);
   cmd.add_option("--slo-tbt-ms", tbt_ms, "Default TBT SLO (ms) of requests that set none")
       ->envname("MC_SLO_TBT_MS")
       ->capture_default_str()
-      ->check(kPositiveFinite);
+      ->check(check);
 }
 
 void add_slo_override_flags(CLI::App& cmd, std::optional<double>& ttft_ms, std::optional<double>& tbt_ms,

@@ -1,5 +1,6 @@
 #include "mc/common/metrics.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <sstream>
 
@@ -59,10 +60,10 @@ namespace {
 std::string fmt_double(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
+  // The shortest text that reads back as v (1e-05, not 1.0000000000000001e-05).
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 // A HELP text as the exposition format wants it: backslash and line feed escaped.
 std::string help_text(const std::string& help) {

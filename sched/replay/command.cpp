@@ -321,19 +321,26 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
   }
   if (s.failed == 0 || c.allow_failures) return Status::ok();
   // The records say why; the message names the most frequent reason (issue 17 item 6: scripts can trust it).
-  std::map<std::string, int64_t> reasons;
+  // Counted by kind, as the table's reason lines (the text before the first ": "; a message names its request).
+  std::map<std::string, std::pair<int64_t, std::string>> kinds;
   for (const RequestRecord& r : result->records) {
-    if (r.outcome == Outcome::kFailed) ++reasons[r.reason];
+    if (r.outcome != Outcome::kFailed) continue;
+    auto& [count, example] = kinds[r.reason.substr(0, r.reason.find(": "))];
+    if (count++ == 0) example = r.reason;
   }
-  auto top = std::max_element(reasons.begin(), reasons.end(),
-                              [](const auto& a, const auto& b) { return a.second < b.second; });
+  auto top = std::max_element(kinds.begin(), kinds.end(),
+                              [](const auto& a, const auto& b) { return a.second.first < b.second.first; });
+  const std::string most =
+      top == kinds.end()
+          ? std::string("no reason given)")
+          : std::to_string(top->second.first) + "x): " + top->first +
+                (top->second.second != top->first ? " (e.g. " + top->second.second + ")" : std::string());
   const std::string submits =
       s.submit_failed > 0 ? ", and " + std::to_string(s.submit_failed) + " submits failed before any answer" : "";
   return Status(Code::kUnavailable, std::to_string(s.failed - s.submit_failed) + " of " + std::to_string(s.accepted) +
                                         " accepted requests failed (" + std::to_string(result->lost) +
                                         " lost: no terminal event within the drain timeout)" + submits +
-                                        "; most often (" + std::to_string(top->second) + "x): " + top->first +
-                                        " (--allow-failures exits 0 all the same)");
+                                        "; most often (" + most + " (--allow-failures exits 0 all the same)");
 }
 
 }  // namespace mc::replay

@@ -178,29 +178,25 @@ struct MasterServer::Impl {
     registry.gauge("mc_store_objects", "complete objects").set(static_cast<double>(s.objects));
     registry.gauge("mc_store_processing_objects", "objects being written").set(static_cast<double>(s.processing));
     registry.gauge("mc_store_nodes", "live storage nodes").set(static_cast<double>(s.nodes));
-    registry.gauge("mc_store_hits_total", "reads that found the object").set(static_cast<double>(s.hits));
-    registry.gauge("mc_store_misses_total", "reads of absent objects").set(static_cast<double>(s.misses));
-    registry.gauge("mc_store_evictions_total", "replicas evicted").set(static_cast<double>(s.evictions));
-    registry.gauge("mc_store_demotions_total", "replicas demoted to SSD").set(static_cast<double>(s.demotions));
+    registry.counter("mc_store_hits_total", "reads that found the object").set(s.hits);
+    registry.counter("mc_store_misses_total", "reads of absent objects").set(s.misses);
+    registry.counter("mc_store_evictions_total", "replicas evicted").set(s.evictions);
+    registry.counter("mc_store_demotions_total", "replicas demoted to SSD").set(s.demotions);
     registry.gauge("mc_store_pinned_objects", "objects pinned (never evicted)")
         .set(static_cast<double>(s.pinned_objects));
     registry.gauge("mc_store_pinned_bytes", "bytes of pinned objects").set(static_cast<double>(s.pinned_bytes));
-    registry.gauge("mc_store_corrupt_replicas_total", "replicas dropped: bytes failed the checksum")
-        .set(static_cast<double>(s.corrupt_replicas));
+    registry.counter("mc_store_corrupt_replicas_total", "replicas dropped: bytes failed the checksum")
+        .set(s.corrupt_replicas);
     registry.gauge("mc_store_suspect_nodes", "nodes that missed heartbeats, within the grace period")
         .set(static_cast<double>(s.suspect_nodes));
-    registry.gauge("mc_store_ssd_failures_total", "SSD segments made read-only by ENOSPC/EIO")
-        .set(static_cast<double>(s.ssd_failures));
-    registry.gauge("mc_store_dead_nodes_total", "storage nodes declared dead (missed heartbeats)")
-        .set(static_cast<double>(s.dead_nodes));
-    registry.gauge("mc_store_nodes_drained_total", "storage nodes that drained and unmounted")
-        .set(static_cast<double>(s.nodes_drained));
-    registry.gauge("mc_store_drain_moved_objects_total", "objects copied off draining nodes")
-        .set(static_cast<double>(s.drain_moved_objects));
-    registry.gauge("mc_store_drain_moved_bytes_total", "bytes copied off draining nodes")
-        .set(static_cast<double>(s.drain_moved_bytes));
-    registry.gauge("mc_store_drain_dropped_objects_total", "objects lost by drains (no room, corrupt, timeout)")
-        .set(static_cast<double>(s.drain_dropped_objects));
+    registry.counter("mc_store_ssd_failures_total", "SSD segments made read-only by ENOSPC/EIO").set(s.ssd_failures);
+    registry.counter("mc_store_dead_nodes_total", "storage nodes declared dead (missed heartbeats)").set(s.dead_nodes);
+    registry.counter("mc_store_nodes_drained_total", "storage nodes that drained and unmounted").set(s.nodes_drained);
+    registry.counter("mc_store_drain_moved_objects_total", "objects copied off draining nodes")
+        .set(s.drain_moved_objects);
+    registry.counter("mc_store_drain_moved_bytes_total", "bytes copied off draining nodes").set(s.drain_moved_bytes);
+    registry.counter("mc_store_drain_dropped_objects_total", "objects lost by drains (no room, corrupt, timeout)")
+        .set(s.drain_dropped_objects);
     uint64_t cap = 0, used = 0;
     for (const auto& seg : s.segments) {
       cap += seg.info.capacity_bytes;
@@ -214,14 +210,14 @@ struct MasterServer::Impl {
           .set(static_cast<double>(fast_server->connections()));
       registry.gauge("mc_store_fast_buffered_bytes", "request bytes buffered in partial fast-path frames")
           .set(static_cast<double>(fast_server->buffered_bytes()));
-      registry.gauge("mc_store_fast_refused_frames_total", "fast-path frames refused (too large, buffer full)")
-          .set(static_cast<double>(f.refused));
-      registry.gauge("mc_store_fast_rejected_connections_total", "fast connections closed at accept (cap reached)")
-          .set(static_cast<double>(f.rejected));
-      registry.gauge("mc_store_fast_evicted_connections_total", "idle or stalled fast connections closed")
-          .set(static_cast<double>(f.evicted));
-      registry.gauge("mc_store_fast_accept_failures_total", "failed accept() calls on the fast port")
-          .set(static_cast<double>(f.accept_failures));
+      registry.counter("mc_store_fast_refused_frames_total", "fast-path frames refused (too large, buffer full)")
+          .set(f.refused);
+      registry.counter("mc_store_fast_rejected_connections_total", "fast connections closed at accept (cap reached)")
+          .set(f.rejected);
+      registry.counter("mc_store_fast_evicted_connections_total", "idle or stalled fast connections closed")
+          .set(f.evicted);
+      registry.counter("mc_store_fast_accept_failures_total", "failed accept() calls on the fast port")
+          .set(f.accept_failures);
     }
   }
 
@@ -358,14 +354,12 @@ struct MasterServer::Impl {
     if (!ha) return;
     const HaCounters c = ha->counters();
     registry.gauge("mc_store_ha_leader", "1 while this master leads its cluster").set(ha->is_leader() ? 1 : 0);
-    registry.gauge("mc_store_ha_commits_total", "etcd transactions of durable changes")
-        .set(static_cast<double>(c.commits));
-    registry.gauge("mc_store_ha_commit_failures_total", "durable commits that failed (the master stepped down)")
-        .set(static_cast<double>(c.commit_failures));
+    registry.counter("mc_store_ha_commits_total", "etcd transactions of durable changes").set(c.commits);
+    registry.counter("mc_store_ha_commit_failures_total", "durable commits that failed (the master stepped down)")
+        .set(c.commit_failures);
     registry.gauge("mc_store_ha_commit_us_mean", "mean time of one durable commit (us)")
         .set(c.commits ? static_cast<double>(c.commit_us_total) / static_cast<double>(c.commits) : 0.0);
-    registry.gauge("mc_store_ha_step_downs_total", "times this master gave up the lead")
-        .set(static_cast<double>(c.step_downs));
+    registry.counter("mc_store_ha_step_downs_total", "times this master gave up the lead").set(c.step_downs);
     registry
         .gauge("mc_store_ha_corrupt_records_total",
                "etcd records skipped: they do not parse, break a bound, or contradict the others")

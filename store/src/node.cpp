@@ -402,6 +402,8 @@ class Node {
     int64_t next_hb = steady_ms() + opt_.heartbeat_ms;
     uint64_t moved = 0, failed = 0, master_moved = 0, master_dropped = 0;
     std::string gave_up;
+    int unanswered = 0;  // drain calls in a row the master did not answer
+    bool master_silent = false;
     while (true) {
       if (daemon::stop_now_requested()) {
         gave_up = "a second stop signal";
@@ -422,11 +424,20 @@ class Node {
       }
       proto::StoreNodeDrainRequest req{opt_.node_id, done, false};
       const int64_t left_ms = deadline - steady_ms();
-      auto reply = master_->call(req, static_cast<int>(std::clamp<int64_t>(left_ms, 100, 5000)));
+      // At most 1 s a call, so that a second stop signal is seen within about a second even while the master is
+      // gone (the cluster stopping around this node); 5 unanswered calls in a row end the drain.
+      auto reply = master_->call(req, static_cast<int>(std::clamp<int64_t>(left_ms, 100, 1000)));
       if (!reply.is_ok()) {
         if (reply.status().code() == Code::kNotFound) {
           gave_up = "the master does not know this node (" + reply.status().message() + ")";
           done.clear();
+          break;
+        }
+        if ((reply.status().code() == Code::kTimeout || reply.status().code() == Code::kUnavailable) &&
+            ++unanswered >= 5) {
+          gave_up = "the master at " + master_->endpoint() + " did not answer 5 drain calls in a row (" +
+                    reply.status().message() + ")";
+          master_silent = true;
           break;
         }
         MC_LOG_WARN << "drain call to " << master_->endpoint() << " failed: " << reply.status().to_string()
@@ -434,6 +445,7 @@ class Node {
         (void)server_->poll_once(100);
         continue;
       }
+      unanswered = 0;
       done.clear();
       master_moved = reply->moved_objects;
       master_dropped = reply->dropped_objects;
@@ -464,7 +476,7 @@ class Node {
     }
     // Gave up: report what was copied (those objects survive), and learn what is lost with the unmount.
     uint64_t remaining = 0;
-    if (gave_up.rfind("the master does not know", 0) != 0) {
+    if (!master_silent && gave_up.rfind("the master does not know", 0) != 0) {
       proto::StoreNodeDrainRequest req{opt_.node_id, done, true};
       auto reply = master_->call(req, 1000);
       if (reply.is_ok()) {
@@ -628,7 +640,8 @@ class Node {
       gauge(prefix + "_capacity_bytes", medium + " contributed", capacity);
       gauge(prefix + "_used_bytes", medium + " allocated (master's view at the last heartbeat)", u.used_bytes);
       gauge(prefix + "_objects", medium + " replicas held (master's view at the last heartbeat)", u.objects);
-      gauge(prefix + "_hits_total", "reads whose nearest replica was on this " + medium + " segment", u.hits);
+      registry_.counter(prefix + "_hits_total", "reads whose nearest replica was on this " + medium + " segment")
+          .set(u.hits);
     }
     size_t known = 0;
     for (const auto& [name, table] : tables_) known += table.size();

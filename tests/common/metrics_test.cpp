@@ -35,6 +35,15 @@ TEST(Metrics, CountersGaugesHistograms) {
   EXPECT_NE(prom.find("mc_test_latency_seconds_bucket{le=\"0.01\"} 1\n"), std::string::npos);
   EXPECT_NE(prom.find("mc_test_latency_seconds_bucket{le=\"+Inf\"} 3\n"), std::string::npos);
   EXPECT_NE(prom.find("mc_test_latency_seconds_count 3\n"), std::string::npos);
+  // Bounds print as the shortest text that reads back (1e-05, never 1.0000000000000001e-05).
+  reg.histogram("mc_test_tiny_seconds", {1e-5, 0.1 + 0.2}).observe(0);
+  prom = reg.prometheus_text();
+  EXPECT_NE(prom.find("mc_test_tiny_seconds_bucket{le=\"1e-05\"} 1\n"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("mc_test_tiny_seconds_bucket{le=\"0.30000000000000004\"} 1\n"), std::string::npos) << prom;
+  // A counter mirrored from another count (Counter::set) is exported as a counter.
+  reg.counter("mc_test_mirrored_total").set(7);
+  EXPECT_NE(reg.prometheus_text().find("# TYPE mc_test_mirrored_total counter\nmc_test_mirrored_total 7\n"),
+            std::string::npos);
 
   auto j = nlohmann::json::parse(reg.json());
   EXPECT_EQ(j["counters"]["mc_test_ops_total"], 20000);

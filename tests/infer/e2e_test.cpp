@@ -551,6 +551,45 @@ TEST(InferE2E, UnreachableConductorAtStartExitsOne) {
   }
 }
 
+// A Conductor that refuses the registration itself (here: another block size, as a newcomer met it by pasting the
+// README) is not an unreachable one: the worker exits 1 at once naming the refusal and the remedy, instead of
+// retrying for --conductor-wait-ms and blaming the Conductor's absence.
+TEST(InferE2E, ARefusedRegistrationExitsAtOnceNamingTheReason) {
+  rpc::ServerOptions o;
+  o.service = "fake-conductor";
+  o.bind_endpoints = {"tcp://127.0.0.1:0"};
+  auto conductor = rpc::RpcServer::bind(o).value();
+  conductor->handle<proto::ConductorRegisterRequest>(
+      [](const proto::ConductorRegisterRequest& r, const auto&) -> Result<proto::ConductorRegisterReply> {
+        return Status(Code::kInvalidArgument, "register '" + r.instance_id + "': block size " +
+                                                  std::to_string(r.block_size_tokens) +
+                                                  " differs from the Conductor's 512");
+      });
+  ServingThread serving(*conductor);
+  const std::string cep = conductor->endpoints().front();
+  const std::string base = ::testing::TempDir() + "conductor_refused_" + std::to_string(::getpid());
+  for (const std::string tool : {"mc-decode", "mc-prefill"}) {
+    testkit::ChildOptions co;
+    co.stdin_path = "/dev/null";
+    co.stdout_path = base + ".out";
+    co.stderr_path = base + ".err";
+    int rc = -1;
+    {
+      // --conductor-wait-ms 600000: only the refusal can end the start within the 60 s waited here.
+      Child c(cmd(kBin + tool, {"--conductor", cep, "--conductor-wait-ms", "600000", "--log-level", "error"}), co);
+      rc = c.wait_exit(60'000);
+    }
+    std::stringstream se;
+    se << std::ifstream(base + ".err").rdbuf();
+    std::remove((base + ".out").c_str());
+    std::remove((base + ".err").c_str());
+    EXPECT_EQ(rc, 1) << tool << ": " << se.str();
+    EXPECT_NE(se.str().find("refused the registration"), std::string::npos) << tool << ": " << se.str();
+    EXPECT_NE(se.str().find("differs from the Conductor's 512"), std::string::npos) << tool << ": " << se.str();
+    EXPECT_EQ(se.str().find("is mc-conductor running there"), std::string::npos) << tool << ": " << se.str();
+  }
+}
+
 // mc-decode reports first_token / done / failed to the conductor (conductor.job_report); a stand-in conductor
 // serving on its own thread records them.
 TEST(InferE2E, DecodeSendsJobReportsToTheConductor) {

@@ -826,8 +826,10 @@ TEST_F(StoreE2E, NodeAnswersStatWithItsCounters) {
     EXPECT_EQ(rc, 0) << out;
     return nlohmann::json::parse(out, nullptr, false);
   };
-  auto gauge = [](const nlohmann::json& j, const std::string& name) {
-    return j.contains("metrics") ? j["metrics"]["gauges"].value(name, -1.0) : -1.0;
+  auto gauge = [](const nlohmann::json& j, const std::string& name) {  // a gauge, or a counter (the *_total)
+    if (!j.contains("metrics")) return -1.0;
+    const char* kind = name.ends_with("_total") ? "counters" : "gauges";
+    return j["metrics"][kind].value(name, -1.0);
   };
   nlohmann::json j = node_stat();
   ASSERT_FALSE(j.is_discarded());

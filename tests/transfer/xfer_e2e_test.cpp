@@ -188,19 +188,19 @@ TEST(XferE2EStat, ServeCountsWhatItServed) {
   ASSERT_FALSE(s.segment.empty()) << s.line;
   const std::string stat = ready_field(s.line, "stat");
   ASSERT_FALSE(stat.empty()) << "no stat= in the ready line: " << s.line;
-  auto gauges = [&] {
+  auto counters = [&] {  // counters, as Prometheus types a *_total
     auto r = run({kXfer, "stat", "--endpoint", stat, "--json"}, 20000);
     EXPECT_EQ(r.exit_code, 0) << r.out;
     auto j = parse_json(r);
-    return j.contains("metrics") ? j["metrics"]["gauges"] : nlohmann::json::object();
+    return j.contains("metrics") ? j["metrics"]["counters"] : nlohmann::json::object();
   };
-  EXPECT_EQ(gauges().value("mc_xfer_served_reads_total", -1.0), 0.0);
+  EXPECT_EQ(counters().value("mc_xfer_served_reads_total", -1.0), 0.0);
   ASSERT_EQ(run({kXfer, "read", "--target", s.segment, "--length", "1MiB", "--transport", "tcp"}, 30000).exit_code, 0);
   ASSERT_EQ(
       run({kXfer, "write", "--target", s.segment, "--offset", "1MiB", "--length", "64KiB", "--transport", "tcp"}, 30000)
           .exit_code,
       0);
-  auto g = gauges();
+  auto g = counters();
   EXPECT_GE(g.value("mc_xfer_served_reads_total", 0.0), 1.0) << g.dump();
   EXPECT_EQ(g.value("mc_xfer_served_read_bytes_total", 0.0), 1048576.0) << g.dump();
   EXPECT_GE(g.value("mc_xfer_served_writes_total", 0.0), 1.0) << g.dump();

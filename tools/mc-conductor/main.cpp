@@ -100,13 +100,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve->add_option("--heartbeat-interval-ms", o.heartbeat_interval_ms, "Heartbeat interval told to workers (ms)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(mc::cli::kPositiveFinite);
   serve
       ->add_option("--heartbeat-timeout-ms", o.scheduler.heartbeat_timeout_ms,
                    "A worker silent this long (ms) is removed with its cached blocks")
       ->envname("MC_HEARTBEAT_TIMEOUT_MS")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(mc::cli::kPositiveFinite);
   serve
       ->add_option("--max-instances", o.max_instances,
                    "Registered worker instances at most; registering a new id beyond it is refused")
@@ -118,13 +118,13 @@ int main(int argc, char** argv) {
                    "Reported decode steps may move the decode model up to this many times the cost model's step "
                    "time (or 50 ms more); slower reports are refused (0: no envelope, e.g. the ref backend)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(mc::cli::kNonNegativeFinite);
   serve->add_option("--reserve-timeout-ms", o.reserve_timeout_ms, "Deadline of decode_reserve (ms)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(mc::cli::kPositiveFinite);
   serve->add_option("--job-timeout-ms", o.job_timeout_ms, "Deadline of a prefill job (ms)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(mc::cli::kPositiveFinite);
   serve
       ->add_option("--max-clock-skew-ms", o.max_clock_skew_ms,
                    "Refuse a job report whose event time is more than this (ms) before its request's submit or "
@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
       ->add_option("--kv-bytes-per-token", o.scheduler.kv.kv_bytes_per_token,
                    "KV bytes per token for transfer pricing (default: the cost model's)")
       ->envname("MC_KV_BYTES_PER_TOKEN")
-      ->check(CLI::PositiveNumber);
+      ->check(mc::cli::kPositiveFinite);
   serve
       ->add_option("--bw-same-host", o.bandwidth_priors.same_host_bytes_per_s,
                    "Prior same-host fetch bandwidth (bytes/s) until measured")
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
                    "A host-to-host path's measured bandwidth decays back to the remote estimate with this half-life "
                    "(ms; 0: never): how soon a path measured slow is tried again")
       ->envname("MC_BW_PATH_HALF_LIFE_MS")
-      ->check(CLI::NonNegativeNumber)
+      ->check(mc::cli::kNonNegativeFinite)
       ->capture_default_str();
   mc::cli::add_key_namespace_flags(*serve, o.key_namespace, "--hash-seed");
 

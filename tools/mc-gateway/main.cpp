@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
                  "as its model runs with it and is keyed in its namespace")
       ->envname("MC_ADAPTERS")
       ->delimiter(',');
-  mc::cli::add_slo_default_flags(app, o.slo_ttft_ms, o.slo_tbt_ms);
+  mc::cli::add_slo_default_flags(app, o.slo_ttft_ms, o.slo_tbt_ms, /*zero_defers=*/true);
   app.get_option("--slo-ttft-ms")
       ->description(
           "Default TTFT SLO (ms) of requests that set no mc.slo_ttft_ms (0: the "
@@ -42,12 +42,12 @@ int main(int argc, char** argv) {
   app.add_option("--default-max-tokens", o.limits.default_max_tokens_chat,
                  "max_tokens of a chat completion that sets none (completions: 16, as OpenAI's)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(mc::cli::kPositiveFinite);
   app.add_option("--max-prompt-tokens", o.limits.max_prompt_tokens,
                  "Longest prompt accepted, tokens (0: the model's context); longer is 413")
       ->envname("MC_MAX_PROMPT_TOKENS")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(mc::cli::kNonNegativeFinite);
   app.add_option(
          "--max-connections", o.max_connections,
          "HTTP worker threads: connections served at once; as many more wait, then the listener stops accepting")

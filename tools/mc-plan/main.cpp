@@ -58,18 +58,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   node_cmd->add_option("--nic-mbit", node.options.nic_mbit, "The node's NICs together, Mbit/s (8 x 200 Gbit/s)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(mc::cli::kNonNegativeFinite);
   node_cmd->add_option("--scale", node.options.scale, "Modelled / live KV bytes per token")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(mc::cli::kPositiveFinite);
   node_cmd
       ->add_option("--time-scale", node.options.time_scale,
                    "The live cluster runs this many times faster than modelled (the NIC is sped up as much)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(mc::cli::kPositiveFinite);
   node_cmd->add_option("--nic-cap-mbit", node.options.nic_cap_mbit, "The most a live link is shaped to (0: no cap)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(mc::cli::kNonNegativeFinite);
   mc::cli::add_block_size_option(*node_cmd, node.options.block_size, "--block-size", "Tokens per KV block");
   mc::cli::add_json_flag(*node_cmd, node.json, "Print JSON instead of the lines");
 

@@ -37,7 +37,7 @@ void add_summary_flags(CLI::App& app, mc::replay::SummaryOptions& opt, bool& jso
   app.add_option("--late-threshold-ms", opt.late_send_threshold_ms,
                  "A send more than this behind its scheduled time counts as late (ms)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(mc::cli::kNonNegativeFinite);
   mc::cli::add_json_flag(app, json, "Print one JSON document instead of the table");
 }
 
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   app.add_option("--drain-timeout-s", rc.replay.drain_timeout_s,
                  "After the last send, wait this long (wall seconds) for outstanding requests; the rest fail")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(mc::cli::kNonNegativeFinite);
   mc::cli::add_block_size_option(app, rc.replay.synth.block_tokens, "--block-tokens",
                                  "Tokens synthesized per trace block (< --trace-block-size scales prompts down; "
                                  "the cluster's block size must equal it)");

@@ -1141,9 +1141,7 @@ std::vector<Notification> TransferEngine::take_notifications(size_t max_count) {
 Result<Notification> TransferEngine::wait_notification(int64_t timeout_ms) { return impl_->inbox_.wait(timeout_ms); }
 
 void export_served_metrics(const EngineStats& s, metrics::Registry& registry) {
-  auto set = [&](const char* name, const char* help, uint64_t v) {
-    registry.gauge(name, help).set(static_cast<double>(v));
-  };
+  auto set = [&](const char* name, const char* help, uint64_t v) { registry.counter(name, help).set(v); };
   set("mc_xfer_served_reads_total", "reads of this segment served over tcp", s.served_reads);
   set("mc_xfer_served_writes_total", "writes into this segment served over tcp", s.served_writes);
   set("mc_xfer_served_read_bytes_total", "bytes read from this segment over tcp", s.served_read_bytes);

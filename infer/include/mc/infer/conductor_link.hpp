@@ -43,7 +43,9 @@ class ConductorHeartbeat {
   void stop();
   uint64_t heartbeats_sent() const { return sent_.load(); }
   // Blocks until the first registration succeeded (ok at once without an endpoint); kUnavailable naming the
-  // endpoint, the time waited and the last failure when it has not within timeout_ms.
+  // endpoint, the time waited and the last failure when it has not within timeout_ms; kFailedPrecondition at once
+  // when the Conductor refused the registration itself (kInvalidArgument or kPermissionDenied: a block size or
+  // model that differs, a key it does not accept), which no retry can change.
   Status wait_registered(int64_t timeout_ms);
   // Drain (DESIGN.md §10 "Drain"): sends conductor.drain at once (retried until answered, and again after every
   // re-registration), so the Conductor places nothing new here; heartbeats go on. Never blocks.
@@ -53,12 +55,13 @@ class ConductorHeartbeat {
 
  private:
   void run();
-  void set_state(bool registered, std::string last_error);
+  void set_state(bool registered, std::string last_error, bool refused = false);
   void set_drain_acknowledged();
   ConductorOptions options_;
   std::mutex state_mu_;
   std::condition_variable state_cv_;
   bool registered_once_ = false;
+  bool refused_ = false;  // the last registration was refused by the Conductor (not a transport failure)
   bool drain_acknowledged_ = false;
   std::atomic<bool> drain_{false};
   std::string last_error_ = "no answer yet";

@@ -64,10 +64,16 @@ CLI::Option* add_trace_file_option(CLI::App& cmd, std::string& path);
 // --synthesize-prefixes MODEL (checked when the trace is opened).
 void add_trace_format_flags(CLI::App& cmd, trace::FormatOptions& formats);
 
+// Checks of a number flag: a finite number > 0 ("POSITIVE" in --help), and >= 0 ("NONNEGATIVE"). CLI11's
+// PositiveNumber and NonNegativeNumber let "nan" and "inf" through and name their range with a 309-digit bound.
+extern const CLI::Validator kPositiveFinite;
+extern const CLI::Validator kNonNegativeFinite;
+
 // The SLO flags, in milliseconds, every value > 0.
 // Defaults a daemon applies to requests that set none: --slo-ttft-ms, --slo-tbt-ms (env MC_SLO_TTFT_MS,
-// MC_SLO_TBT_MS); the variables hold the defaults.
-void add_slo_default_flags(CLI::App& cmd, double& ttft_ms, double& tbt_ms);
+// MC_SLO_TBT_MS); the variables hold the defaults. zero_defers: 0 is accepted too (the caller then defers to
+// another party's default, as mc-gateway does to the Conductor's).
+void add_slo_default_flags(CLI::App& cmd, double& ttft_ms, double& tbt_ms, bool zero_defers = false);
 // Overrides of a configuration's SLOs (empty: the configuration's); `config` names it in --help.
 void add_slo_override_flags(CLI::App& cmd, std::optional<double>& ttft_ms, std::optional<double>& tbt_ms,
                             const std::string& config);

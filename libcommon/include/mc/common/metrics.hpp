@@ -20,6 +20,9 @@ namespace mc::metrics {
 class Counter {
  public:
   void inc(uint64_t n = 1) { v_.fetch_add(n, std::memory_order_relaxed); }
+  // Mirrors a total counted elsewhere (a snapshot of another object's monotonic count). A smaller value than
+  // before reads as a reset, as Prometheus reads a restarted process's counters.
+  void set(uint64_t total) { v_.store(total, std::memory_order_relaxed); }
   uint64_t value() const { return v_.load(std::memory_order_relaxed); }
 
  private:
