@@ -337,16 +337,28 @@ std::string raw_exchange(int port, const std::string& bytes) {
   return out;
 }
 
+// mc-gateway alone (no Conductor behind it: tcp://127.0.0.1:1), for what it does before a request leaves it.
+struct LoneGateway {
+  LoneGateway(const std::string& read_timeout_ms, const std::string& max_body_bytes)
+      : gw({bin(), "--listen", "127.0.0.1:0", "--conductor", "tcp://127.0.0.1:1", "--read-timeout-ms", read_timeout_ms,
+            "--max-body-bytes", max_body_bytes, "--log-level", "error"}),
+        url(gw.wait_ready(30'000)) {
+    if (url.rfind("http://127.0.0.1:", 0) == 0) port = std::stoi(url.substr(url.rfind(':') + 1));
+  }
+  static std::string bin() { return MC_BINARY_DIR "/bin/mc-gateway"; }
+  testkit::Child gw;
+  std::string url;
+  int port = 0;
+};
+
 // 2,000 malformed or hostile HTTP requests at the gateway's port (no cluster behind it): it never crashes, answers
 // each it can parse with an error, keeps its memory bounded, and still serves afterwards.
 TEST(GatewayAbuse, MalformedHttpNeverCrashesTheGateway) {
-  const std::string bin = MC_BINARY_DIR "/bin/mc-gateway";
-  if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " is not built";
-  testkit::Child gw({bin, "--listen", "127.0.0.1:0", "--conductor", "tcp://127.0.0.1:1", "--read-timeout-ms", "500",
-                     "--max-body-bytes", "4KiB", "--log-level", "error"});
-  const std::string url = gw.wait_ready(30'000);
-  ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << url;
-  const int port = std::stoi(url.substr(url.rfind(':') + 1));
+  if (::access(LoneGateway::bin().c_str(), X_OK) != 0) GTEST_SKIP() << LoneGateway::bin() << " is not built";
+  LoneGateway g("500", "4KiB");
+  ASSERT_NE(g.port, 0) << g.url;
+  testkit::Child& gw = g.gw;
+  const int port = g.port;
   const std::vector<std::string> attacks = {
       "GARBAGE\r\n\r\n",
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{",
@@ -396,13 +408,11 @@ TEST(GatewayAbuse, MalformedHttpNeverCrashesTheGateway) {
 // check), and a client sending one header line every 200 ms (the read timeout was per recv(), so it held a worker
 // for as long as it trickled: slowloris).
 TEST(GatewayAbuse, DeepNestingHugeValueCountsOverflowAndSlowHeadersAreRefused) {
-  const std::string bin = MC_BINARY_DIR "/bin/mc-gateway";
-  if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " is not built";
-  testkit::Child gw({bin, "--listen", "127.0.0.1:0", "--conductor", "tcp://127.0.0.1:1", "--read-timeout-ms", "1000",
-                     "--max-body-bytes", "8MiB", "--log-level", "error"});
-  const std::string url = gw.wait_ready(30'000);
-  ASSERT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << url;
-  const int port = std::stoi(url.substr(url.rfind(':') + 1));
+  if (::access(LoneGateway::bin().c_str(), X_OK) != 0) GTEST_SKIP() << LoneGateway::bin() << " is not built";
+  LoneGateway g("1000", "8MiB");
+  ASSERT_NE(g.port, 0) << g.url;
+  testkit::Child& gw = g.gw;
+  const int port = g.port;
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
   auto refused = [&](const std::string& body, int status, const std::string& text) {
