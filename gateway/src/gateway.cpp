@@ -650,7 +650,11 @@ class Gateway {
         disconnects_->inc();
         cancel(*f);
         finish_flight(*f);
-        return;
+        ApiError e;  // for a client that only half-closed; one that left reads nothing
+        e.http_status = 499;
+        e.type = "client_closed";
+        e.message = "the client closed its connection before the answer was complete; the request was cancelled";
+        return send_error(rs, e);
       }
       for (const Event& ev : f->inbox->take(o_.heartbeat_ms * 1'000'000, abort_)) {
         const int64_t before = answer.completion_tokens();

@@ -361,9 +361,9 @@ struct MasterServer::Impl {
         .set(c.commits ? static_cast<double>(c.commit_us_total) / static_cast<double>(c.commits) : 0.0);
     registry.counter("mc_store_ha_step_downs_total", "times this master gave up the lead").set(c.step_downs);
     registry
-        .gauge("mc_store_ha_corrupt_records_total",
-               "etcd records skipped: they do not parse, break a bound, or contradict the others")
-        .set(static_cast<double>(c.corrupt_records));
+        .counter("mc_store_ha_corrupt_records_total",
+                 "etcd records skipped: they do not parse, break a bound, or contradict the others")
+        .set(c.corrupt_records);
     registry.gauge("mc_store_ha_applied_revision", "etcd revision of the records followed")
         .set(static_cast<double>(c.applied_revision));
   }

@@ -402,8 +402,8 @@ class Node {
     int64_t next_hb = steady_ms() + opt_.heartbeat_ms;
     uint64_t moved = 0, failed = 0, master_moved = 0, master_dropped = 0;
     std::string gave_up;
-    int unanswered = 0;  // drain calls in a row the master did not answer
-    bool master_silent = false;
+    int call_ms = 1000;          // a drain call's timeout: 1 s, doubled up to 5 s while the master does not answer
+    bool master_silent = false;  // the last drain call timed out
     while (true) {
       if (daemon::stop_now_requested()) {
         gave_up = "a second stop signal";
@@ -424,28 +424,25 @@ class Node {
       }
       proto::StoreNodeDrainRequest req{opt_.node_id, done, false};
       const int64_t left_ms = deadline - steady_ms();
-      // At most 1 s a call, so that a second stop signal is seen within about a second even while the master is
-      // gone (the cluster stopping around this node); 5 unanswered calls in a row end the drain.
-      auto reply = master_->call(req, static_cast<int>(std::clamp<int64_t>(left_ms, 100, 1000)));
+      // 1 s for the first call, so that a second stop signal is seen within about a second when the master is gone
+      // (the whole cluster stopping); doubled on each timeout up to 5 s, so that a slow master (a page of results
+      // committed to etcd) is still waited for. Retried until --drain-timeout-s or a second stop signal.
+      auto reply = master_->call(req, static_cast<int>(std::clamp<int64_t>(left_ms, 100, call_ms)));
       if (!reply.is_ok()) {
         if (reply.status().code() == Code::kNotFound) {
           gave_up = "the master does not know this node (" + reply.status().message() + ")";
           done.clear();
           break;
         }
-        if ((reply.status().code() == Code::kTimeout || reply.status().code() == Code::kUnavailable) &&
-            ++unanswered >= 5) {
-          gave_up = "the master at " + master_->endpoint() + " did not answer 5 drain calls in a row (" +
-                    reply.status().message() + ")";
-          master_silent = true;
-          break;
-        }
+        master_silent = reply.status().code() == Code::kTimeout;
+        if (master_silent) call_ms = std::min(5000, call_ms * 2);
         MC_LOG_WARN << "drain call to " << master_->endpoint() << " failed: " << reply.status().to_string()
                     << " (asking again)";
         (void)server_->poll_once(100);
         continue;
       }
-      unanswered = 0;
+      call_ms = 1000;
+      master_silent = false;
       done.clear();
       master_moved = reply->moved_objects;
       master_dropped = reply->dropped_objects;
@@ -476,6 +473,7 @@ class Node {
     }
     // Gave up: report what was copied (those objects survive), and learn what is lost with the unmount.
     uint64_t remaining = 0;
+    // (Not to a master that did not answer the last call: stopping is not delayed by another timeout.)
     if (!master_silent && gave_up.rfind("the master does not know", 0) != 0) {
       proto::StoreNodeDrainRequest req{opt_.node_id, done, true};
       auto reply = master_->call(req, 1000);

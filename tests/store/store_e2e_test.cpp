@@ -829,7 +829,7 @@ TEST_F(StoreE2E, NodeAnswersStatWithItsCounters) {
   auto gauge = [](const nlohmann::json& j, const std::string& name) {  // a gauge, or a counter (the *_total)
     if (!j.contains("metrics")) return -1.0;
     const char* kind = name.ends_with("_total") ? "counters" : "gauges";
-    return j["metrics"][kind].value(name, -1.0);
+    return j["metrics"].value(kind, nlohmann::json::object()).value(name, -1.0);
   };
   nlohmann::json j = node_stat();
   ASSERT_FALSE(j.is_discarded());

@@ -77,7 +77,8 @@ class BoundedPool final : public httplib::TaskQueue {
 // - A deadline for each request's bytes: the request line, headers and body must all arrive within
 //   request_deadline_ms of its first byte. The library's read timeout bounds one recv(), so a client that sent a
 //   header line every few seconds held a worker for as long as it liked, and a few hundred such clients every
-//   worker (slowloris). Past the deadline the connection is closed without a reply.
+//   worker (slowloris). Past the deadline the read fails, so the library answers 400 if it can and the
+//   connection is closed.
 // - client_gone(): whether the client of the request a handler serves has closed or reset its connection (the
 //   library has no Request::is_connection_closed), so a handler that waits (a whole completion) can stop.
 // The rest is the library's: one request at a time per connection, keep-alive up to its keep-alive count and
