@@ -59,23 +59,23 @@ void add_key_namespace_flags(CLI::App& cmd, KeyNamespace& ns, const std::string&
   cmd.add_option("--salt", ns.salt, "Tenant salt of the key namespace")->envname("MC_SALT");
 }
 
-const CLI::Validator kPositiveFinite(
-    [](std::string& text) -> std::string {
-      double v = 0;
-      if (!CLI::detail::lexical_cast(text, v) || !(v > 0) || !std::isfinite(v))
-        return "value " + text + " is not a finite number > 0";
-      return {};
-    },
-    "POSITIVE");
+namespace {
+// A finite number above `lo` (or at least `lo` when inclusive), named `name` in --help.
+CLI::Validator finite_from(double lo, bool inclusive, const std::string& name) {
+  const std::string bound = (inclusive ? ">= " : "> ") + std::to_string(static_cast<int64_t>(lo));
+  return CLI::Validator(
+      [lo, inclusive, bound](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || !(inclusive ? v >= lo : v > lo))
+          return "value " + text + " is not a finite number " + bound;
+        return {};
+      },
+      name);
+}
+}  // namespace
 
-const CLI::Validator kNonNegativeFinite(
-    [](std::string& text) -> std::string {
-      double v = 0;
-      if (!CLI::detail::lexical_cast(text, v) || !(v >= 0) || !std::isfinite(v))
-        return "value " + text + " is not a finite number >= 0";
-      return {};
-    },
-    "NONNEGATIVE");
+const CLI::Validator kPositiveFinite = finite_from(0, false, "POSITIVE");
+const CLI::Validator kNonNegativeFinite = finite_from(0, true, "NONNEGATIVE");
 
 CLI::Option* add_json_flag(CLI::App& cmd, bool& json, const std::string& help) {
   return cmd.add_flag("--json", json, help);
