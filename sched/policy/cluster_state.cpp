@@ -129,8 +129,13 @@ void ClusterState::assign_prefill(const std::string& id, PrefillJob job, int64_t
   if (inst == nullptr) return;
   auto& q = inst->prefill_queue;
   if (q.empty()) inst->head_started_ns = now_ns;
-  auto at = queue_insert_position(q.begin(), q.end(), job.queue_key_ns, 1,
+  auto at = queue_insert_position(q.begin(), q.end(), job.queue_key_ns, preemptive_ ? 0 : 1,
                                   [](const PrefillJob& j) { return j.queue_key_ns; });
+  if (at == q.begin() && !q.empty()) {  // preempts the head: it has run since head_started_ns
+    PrefillJob& head = q.front();
+    head.predicted_ms = std::max(0.0, head.predicted_ms - static_cast<double>(now_ns - inst->head_started_ns) * 1e-6);
+    inst->head_started_ns = now_ns;
+  }
   q.insert(at, std::move(job));
 }
 

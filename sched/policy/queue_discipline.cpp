@@ -32,7 +32,7 @@ int64_t ms_to_ns(double ms) {
 
 QueuePlacement place_job(const std::deque<PrefillJob>& queue, int64_t head_started_ns, int64_t now_ns,
                          double service_ms, double extra_ahead_ms, QueueDiscipline discipline,
-                         const QueueConfig& config, int64_t not_before_key_ns) {
+                         const QueueConfig& config, int64_t not_before_key_ns, double head_chunk_ms) {
   QueuePlacement p;
   const double extra = std::max(0.0, extra_ahead_ms);
   const auto key_of = [](const PrefillJob& j) { return j.queue_key_ns; };
@@ -55,7 +55,8 @@ QueuePlacement place_job(const std::deque<PrefillJob>& queue, int64_t head_start
     t += std::max(0.0, ms);
     finish[i] = t;
   }
-  auto at = queue_insert_position(queue.begin(), queue.end(), p.key_ns, 1, key_of);
+  const size_t pinned = config.preempt_chunk_tokens > 0 ? 0 : 1;  // the running head, unless it yields
+  auto at = queue_insert_position(queue.begin(), queue.end(), p.key_ns, pinned, key_of);
   auto pos = static_cast<size_t>(at - queue.begin());
   if (discipline == QueueDiscipline::kSlo) {
     // The deadline guard: behind the last job this one would make late.
@@ -66,7 +67,7 @@ QueuePlacement place_job(const std::deque<PrefillJob>& queue, int64_t head_start
       const double deadline_ms = static_cast<double>(j.deadline_ns - now_ns) * 1e-6 - guard_ms;
       if (finish[i] + std::max(0.0, service_ms) > deadline_ms) {
         p.key_ns = std::max(p.key_ns, j.queue_key_ns);
-        at = queue_insert_position(queue.begin(), queue.end(), p.key_ns, 1, key_of);
+        at = queue_insert_position(queue.begin(), queue.end(), p.key_ns, pinned, key_of);
         const auto moved = static_cast<size_t>(at - queue.begin());
         p.kept_behind = moved - pos;
         pos = moved;
@@ -75,7 +76,8 @@ QueuePlacement place_job(const std::deque<PrefillJob>& queue, int64_t head_start
     }
   }
   p.position = pos;
-  p.ahead_ms = pos == 0 ? extra : finish[pos - 1];
+  // Ahead of a running head (preemption): it yields at its current chunk's end, half a chunk away on average.
+  p.ahead_ms = pos == 0 ? extra + std::min(finish[0] - extra, 0.5 * std::max(0.0, head_chunk_ms)) : finish[pos - 1];
   return p;
 }
 

@@ -45,10 +45,12 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(SchedulerConfig config, con
   if (!(config.queue.aging_weight >= 0) || !(config.queue.aging_weight <= 1e6) || !(config.queue.guard_ms >= 0) ||
       !(config.queue.guard_ms <= 86'400'000) || config.queue.overtake_history < 1 ||
       !(config.placement_load_weight >= 0) || !(config.placement_load_weight <= 1000) || !(config.slo_headroom >= 0) ||
-      !(config.slo_headroom <= 0.9) || config.queue.overtake_history > 1'000'000) {
+      !(config.slo_headroom <= 0.9) || config.queue.overtake_history > 1'000'000 ||
+      config.queue.preempt_chunk_tokens < 0 || config.queue.preempt_chunk_tokens > (int64_t{1} << 24)) {
     return error(Code::kInvalidArgument,
                  "scheduler: queue aging weight must be in [0, 1e6], guard in [0, 24 h] ms, overtake history in [1, "
-                 "1e6], placement load weight in [0, 1000], SLO headroom in [0, 0.9]");
+                 "1e6], preemption chunk in [0, 2^24] tokens, placement load weight in [0, 1000], SLO headroom in "
+                 "[0, 0.9]");
   }
   if (config.pending_prefix != "" && config.pending_prefix != "on" && config.pending_prefix != "off") {
     return error(Code::kInvalidArgument,
@@ -73,6 +75,7 @@ Scheduler::Scheduler(SchedulerConfig config, const Clock* clock, std::unique_ptr
       decode_(decode_prior, 0.995, config_.decode_envelope_factor),
       bandwidth_(bandwidth_priors) {
   cluster_.set_kv_block_tokens(config_.kv.block_size_tokens);
+  cluster_.set_prefill_preemption(config_.queue.preempt_chunk_tokens > 0);
 }
 
 Status Scheduler::register_instance(const InstanceInfo& info) {
@@ -411,8 +414,11 @@ void Scheduler::price_queue(const Instance& inst, int64_t now, double service_ms
   const double extra =
       std::min(ClusterState::kMaxUnledgeredQueueMs, static_cast<double>(inst.reported_excess.queued_prefill_tokens) *
                                                         std::max(0.0, prefill_.ms_per_token()));
+  const double chunk_ms = config_.queue.preempt_chunk_tokens > 0
+                              ? prefill_.predict_ms(config_.queue.preempt_chunk_tokens, 0)
+                              : 0.0;  // preemption: a job ahead of the running head waits for its chunk's end
   const QueuePlacement p = place_job(inst.prefill_queue, inst.head_started_ns, now, service_ms, extra, discipline_,
-                                     config_.queue, not_before_key_ns);
+                                     config_.queue, not_before_key_ns, chunk_ms);
   double overtake = 0;
   if (discipline_ == QueueDiscipline::kSlo) {
     auto it = arrivals_.find(inst.info.id);

@@ -57,6 +57,9 @@ Status ClusterConfig::validate() const {
     return bad(src, "queue_aging_weight", "must be in [0, 1e6]");
   }
   if (!(queue_guard_ms >= 0 && queue_guard_ms <= 86'400'000)) return bad(src, "queue_guard_ms", "must be in [0, 24 h]");
+  if (preempt_chunk_tokens < 0 || preempt_chunk_tokens > (int64_t{1} << 24)) {
+    return bad(src, "preempt_chunk_tokens", "must be in [0, 2^24] tokens (0: off)");
+  }
   if (!pending_prefix.empty() && pending_prefix != "on" && pending_prefix != "off") {
     return bad(src, "pending_prefix",
                "must be \"on\" or \"off\" (or \"\": the policy's default), not \"" + pending_prefix + "\"");
@@ -116,6 +119,7 @@ nlohmann::json ClusterConfig::to_json() const {
        queue.empty() ? std::string(sched::queue_discipline_name(sched::default_queue_discipline(policy))) : queue},
       {"queue_aging_weight", queue_aging_weight},
       {"queue_guard_ms", queue_guard_ms},
+      {"preempt_chunk_tokens", preempt_chunk_tokens},
       {"pending_prefix", pending_prefix},
       {"placement_load_weight", placement_load_weight},
       {"slo_headroom", slo_headroom},
@@ -191,6 +195,8 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
       MC_RETURN_IF_ERROR(num(c.queue_aging_weight));
     } else if (key == "queue_guard_ms") {
       MC_RETURN_IF_ERROR(num(c.queue_guard_ms));
+    } else if (key == "preempt_chunk_tokens") {
+      MC_RETURN_IF_ERROR(qty(c.preempt_chunk_tokens, false));
     } else if (key == "pending_prefix") {
       MC_RETURN_IF_ERROR(str(c.pending_prefix));
     } else if (key == "placement_load_weight") {

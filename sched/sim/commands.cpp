@@ -125,6 +125,7 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   if (pipeline_reserve_factor) c.pipeline_reserve_factor = *pipeline_reserve_factor;
   if (queue) c.queue = *queue;
   if (queue_aging_weight) c.queue_aging_weight = *queue_aging_weight;
+  if (preempt_chunk_tokens) c.preempt_chunk_tokens = *preempt_chunk_tokens;
   if (pending_prefix) c.pending_prefix = *pending_prefix;
   if (placement_load_weight) c.placement_load_weight = *placement_load_weight;
   if (slo_headroom) c.slo_headroom = *slo_headroom;

@@ -74,6 +74,13 @@ void PrefillInstance::start_next() {
   running_ = true;
   current_ = std::move(queue_.front());
   queue_.pop_front();
+  if (current_.resumed) {  // a preempted job: its prefix is in place, its KV so far on the instance
+    current_.job.preempted_ns += events_.now_ns() - current_.yielded_ns;
+    current_predicted_end_ns_ = events_.now_ns() + to_ns(rest_compute_s(current_));
+    compute_started_ns_ = events_.now_ns();
+    run_chunk();
+    return;
+  }
   PrefillJob& job = current_.job;
   const int64_t before = job.input_tokens - job.cached_tokens;
   if (current_.hooks.on_start) current_.hooks.on_start(job);
@@ -102,11 +109,56 @@ void PrefillInstance::start_compute() {
   const double compute_s = compute_time_s(current_.job.input_tokens, current_.job.cached_tokens);
   current_predicted_end_ns_ = now + to_ns(compute_s);
   if (current_.hooks.on_compute_start) current_.hooks.on_compute_start(current_.job);
+  if (preempt_chunk_tokens_ > 0) {
+    current_predicted_end_ns_ = now + to_ns(rest_compute_s(current_));
+    run_chunk();
+    return;
+  }
   events_.schedule_after(to_ns(compute_s), [this] {
     const int64_t end = events_.now_ns();
     busy_ns_ += end - compute_started_ns_;
     compute_started_ns_ = -1;
     finish_current(end);
+  });
+}
+
+double PrefillInstance::rest_compute_s(const Entry& e) const {
+  const int64_t cached = e.job.cached_tokens + e.done_tokens;
+  return chunked_prefill_time_s(model_, e.job.input_tokens - cached, cached, preempt_chunk_tokens_);
+}
+
+void PrefillInstance::run_chunk() {
+  const int64_t total = current_.job.input_tokens - current_.job.cached_tokens;
+  const int64_t chunk = std::min(preempt_chunk_tokens_, total - current_.done_tokens);
+  const double chunk_s =
+      chunk > 0 ? model_.prefill_time_s(chunk, current_.job.cached_tokens + current_.done_tokens) : 0.0;
+  events_.schedule_after(to_ns(chunk_s), [this, chunk] {
+    const int64_t now = events_.now_ns();
+    current_.done_tokens += std::max<int64_t>(0, chunk);
+    if (current_.done_tokens >= current_.job.input_tokens - current_.job.cached_tokens) {
+      busy_ns_ += now - compute_started_ns_;
+      compute_started_ns_ = -1;
+      finish_current(now);
+      return;
+    }
+    if (queue_.empty() || !(queue_.front().job.queue_key_ns < current_.job.queue_key_ns)) {
+      run_chunk();
+      return;
+    }
+    // A job of a smaller key waits: yield to it at this chunk boundary. The preempted job goes back before the
+    // waiting jobs of its own key (it came before them) and resumes from its next chunk.
+    busy_ns_ += now - compute_started_ns_;
+    compute_started_ns_ = -1;
+    ++preemptions_;
+    Entry e = std::move(current_);
+    e.resumed = true;
+    e.yielded_ns = now;
+    e.predicted_service_s = rest_compute_s(e);
+    const auto at = std::lower_bound(queue_.begin(), queue_.end(), e.job.queue_key_ns,
+                                     [](const Entry& x, int64_t k) { return x.job.queue_key_ns < k; });
+    queue_.insert(at, std::move(e));
+    running_ = false;
+    start_next();
   });
 }
 

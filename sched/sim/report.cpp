@@ -55,6 +55,7 @@ nlohmann::json to_json(const SimResult& r, const replay::RunInfo& info) {
                  {"replicated_prefixes", t.replicated_prefixes},
                  {"pipelined_prefills", t.pipelined_prefills},
                  {"pipeline_bubble_s", t.pipeline_bubble_s},
+                 {"prefill_preemptions", t.prefill_preemptions},
                  {"events", t.events},
                  {"span_s", t.span_s},
                  {"wall_s", t.wall_s}};

@@ -151,6 +151,7 @@ class Sim {
     sc.queue.discipline = cfg_.queue;
     sc.queue.aging_weight = cfg_.queue_aging_weight;
     sc.queue.guard_ms = cfg_.queue_guard_ms;
+    sc.queue.preempt_chunk_tokens = cfg_.preempt_chunk_tokens;
     sc.pending_prefix = cfg_.pending_prefix;
     sc.placement_load_weight = cfg_.placement_load_weight;
     sc.slo_headroom = cfg_.slo_headroom;
@@ -181,6 +182,7 @@ class Sim {
     const int64_t cache_blocks = cfg_.cache_capacity_tokens / block_;
     for (int i = 0; i < P; ++i) {
       prefill_.push_back(std::make_unique<PrefillInstance>(i, events_, *network_, model_, cfg_.chunk_tokens));
+      prefill_.back()->set_preempt_chunk_tokens(scheduler_->config().queue.preempt_chunk_tokens);
       caches_.push_back(std::make_unique<BlockCache>(cache_blocks));
       prefill_stats_.emplace_back();
       sched::InstanceInfo info;
@@ -237,6 +239,7 @@ class Sim {
     out.totals.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
     out.totals.replicated_prefixes = static_cast<int64_t>(scheduler_->counters().replicate);
     out.totals.pipelined_prefills = pipelined_;
+    for (const auto& p : prefill_) out.totals.prefill_preemptions += p->preemptions();
     out.cluster = cfg_.to_json();
     out.cluster["kv_bytes_per_token"] = kv_bytes_;
     out.cluster["local_load_bytes_per_s"] = opt_.local_load_bytes_per_s;
@@ -703,10 +706,12 @@ class Sim {
     lv.prefill_done = true;
     lv.first_token_ns = now;
     replay::RequestRecord& rec = records_[lv.record];
-    const double compute_s = static_cast<double>(now - job.compute_start_ns) * 1e-9;
+    // Time yielded to other jobs (preemption at chunk boundaries) is waiting, not computing: the ledger's queue.
+    const double compute_s = static_cast<double>(now - job.compute_start_ns - job.preempted_ns) * 1e-9;
     const double fetch_s = static_cast<double>(job.compute_start_ns - job.start_ns) * 1e-9;
     rec.ttft_ms = ns_to_ms(now - lv.arrival_ns);
     rec.ledger.prefill_ms = compute_s * 1e3;
+    if (job.preempted_ns > 0) rec.ledger.queue_ms = rec.ledger.queue_ms.value_or(0) + ns_to_ms(job.preempted_ns);
     rec.ledger.transfer_ms = fetch_s * 1e3;
     const auto g = static_cast<double>(gpu_count_);
     totals_.prefill_gpu_s += compute_s * g;

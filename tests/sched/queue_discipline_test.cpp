@@ -77,6 +77,54 @@ TEST(QueueDiscipline, ShortJobsOvertakeLongOnesButNeverTheRunningHead) {
   EXPECT_DOUBLE_EQ(empty.ahead_ms, 0);
 }
 
+// Preemption at chunk boundaries (QueueConfig::preempt_chunk_tokens > 0): a shorter job goes ahead of the running
+// head too (the head keeps the rest of its work, booked as it was), and the deadline guard protects the head as it
+// does a waiting job. The ledger books it the same way (ClusterState::assign_prefill).
+TEST(QueueDiscipline, WithPreemptionAShortJobGoesAheadOfTheRunningHeadUnlessTheHeadWouldBeLate) {
+  QueueConfig cfg;
+  cfg.aging_weight = 4;
+  cfg.preempt_chunk_tokens = 4096;
+  const int64_t now = 10'000 * kMs;
+  // A long head decided at 9 s (key 9 s + 4 x 8 s), 8 s of service of which 1 s has run.
+  const int64_t head_key = 9'000 * kMs + 4 * 8'000 * kMs;
+  std::deque<PrefillJob> q = {job("head", 8'000, head_key, 9'000 * kMs + 30'000 * kMs)};
+  QueuePlacement p = place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg);
+  EXPECT_EQ(p.position, 0u);
+  EXPECT_DOUBLE_EQ(p.ahead_ms, 0);
+  // Without preemption the same job waits for the head's 7 s left.
+  QueueConfig plain = cfg;
+  plain.preempt_chunk_tokens = 0;
+  EXPECT_EQ(place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, plain).position, 1u);
+  // FCFS keys are decision times: never ahead of the head, preemption or not.
+  const std::deque<PrefillJob> q_fcfs = {job("head", 8'000, 9'000 * kMs)};
+  EXPECT_EQ(place_job(q_fcfs, 9'000 * kMs, now, 500, 0, QueueDiscipline::kFcfs, cfg).position, 1u);
+  // The head's deadline 10 s away less the 3 s guard: its 7 s left plus 0.5 s would pass it: the job stays behind.
+  std::deque<PrefillJob> tight = {job("head", 8'000, head_key, now + 10'000 * kMs)};
+  QueuePlacement kept = place_job(tight, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg);
+  EXPECT_EQ(kept.position, 1u);
+  EXPECT_EQ(kept.kept_behind, 1u);
+  EXPECT_DOUBLE_EQ(kept.ahead_ms, 7'000);
+
+  // The ledger: the new job becomes the head from now; the old head keeps its 7 s left, behind it.
+  ClusterState cs;
+  cs.set_prefill_preemption(true);
+  ASSERT_TRUE(cs.register_instance(InstanceInfo{"p0", Role::kPrefill, "h0", "ep", "", 0}, 0).is_ok());
+  cs.assign_prefill("p0", job("head", 8'000, head_key), 9'000 * kMs);
+  cs.assign_prefill("p0", job("short", 500, p.key_ns), now);
+  const Instance* inst = cs.find("p0");
+  ASSERT_EQ(inst->prefill_queue.size(), 2u);
+  EXPECT_EQ(inst->prefill_queue[0].request_id, "short");
+  EXPECT_EQ(inst->head_started_ns, now);
+  EXPECT_DOUBLE_EQ(inst->prefill_queue[1].predicted_ms, 7'000);
+  EXPECT_DOUBLE_EQ(cs.prefill_queue_ms(*inst, now, 0), 7'500);
+  // Without preemption the ledger never puts a job before its running head.
+  ClusterState plain_cs;
+  ASSERT_TRUE(plain_cs.register_instance(InstanceInfo{"p0", Role::kPrefill, "h0", "ep", "", 0}, 0).is_ok());
+  plain_cs.assign_prefill("p0", job("head", 8'000, head_key), 9'000 * kMs);
+  plain_cs.assign_prefill("p0", job("short", 500, p.key_ns), now);
+  EXPECT_EQ(plain_cs.find("p0")->prefill_queue[0].request_id, "head");
+}
+
 // A job reusing a prefix that a queued job computes (a pending prefix) is placed no earlier than that job's key: behind
 // L1 here, under both orders, although the SLO order alone would put it right after the head.
 TEST(QueueDiscipline, AJobGoesBehindTheJobWhoseKeyItMustFollow) {
@@ -293,6 +341,16 @@ TEST(QueueDiscipline, SchedulerRefusesBadQueueConfig) {
   EXPECT_EQ(Scheduler::create(cfg, &clock).value()->queue_discipline(), QueueDiscipline::kFcfs);
   cfg.policy = "kvcache";
   EXPECT_EQ(Scheduler::create(cfg, &clock).value()->queue_discipline(), QueueDiscipline::kSlo);
+  // Preemption: off unless asked (the paper's and mc-prefill's way); a chunk in [0, 2^24] tokens.
+  EXPECT_FALSE(Scheduler::create(cfg, &clock).value()->cluster().prefill_preemption());
+  cfg.queue.preempt_chunk_tokens = 4096;
+  EXPECT_TRUE(Scheduler::create(cfg, &clock).value()->cluster().prefill_preemption());
+  for (const int64_t bad : {int64_t{-1}, (int64_t{1} << 24) + 1}) {
+    cfg.queue.preempt_chunk_tokens = bad;
+    auto s = Scheduler::create(cfg, &clock);
+    ASSERT_FALSE(s.is_ok()) << bad;
+    EXPECT_NE(s.status().message().find("preemption chunk"), std::string::npos) << s.status().message();
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,16 @@ std::string run_tool(const std::string& cmd, int& rc) {
 
 const std::string kSim = MC_BINARY_DIR "/bin/mc-sim";
 const std::string kTrace = MC_SOURCE_DIR "/examples/traces/conversation_trace.jsonl";
+
+// "first,first+1,...": n hash ids for a trace line.
+std::string ids(int first, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(first + i);
+  }
+  return s;
+}
 
 TEST(McSimCluster, SimulatesTheDescribedCluster) {
   const std::string file = MC_SOURCE_DIR "/examples/clusters/two-racks.json";
@@ -72,11 +83,6 @@ TEST(McSimCluster, PipelineDescriptionFormsAGroupForTheLongPrompt) {
   const std::string trace = "/tmp/mc-sim-cluster-pipeline-" + std::to_string(getpid()) + ".jsonl";
   {
     std::ofstream t(trace);
-    auto ids = [](int first, int n) {
-      std::string s;
-      for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(first + i);
-      return s;
-    };
     t << R"({"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [)" << ids(0, 2) << "]}\n"
       << R"({"timestamp": 3000, "input_length": 1024, "output_length": 4, "hash_ids": [)" << ids(100, 2) << "]}\n"
       << R"({"timestamp": 6000, "input_length": 16384, "output_length": 4, "hash_ids": [)" << ids(200, 32) << "]}\n";
@@ -92,6 +98,42 @@ TEST(McSimCluster, PipelineDescriptionFormsAGroupForTheLongPrompt) {
                  rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(nlohmann::json::parse(out)["totals"]["pipelined_prefills"], 0) << out;
+  std::filesystem::remove(trace);
+}
+
+// --preempt-chunk-tokens (DESIGN.md §10 "Preemption"): one prefill instance computes a 16 K-token prompt when a
+// 512-token one arrives; with preemption the short one runs after the long one's current 2,048-token chunk, without
+// it waits for the whole long prefill. The report counts the yields and echoes the setting.
+TEST(McSimCluster, PreemptionLetsAShortPromptPassALongOneAtAChunkBoundary) {
+  const std::string trace = "/tmp/mc-sim-preempt-" + std::to_string(getpid()) + ".jsonl";
+  {
+    std::ofstream t(trace);
+    t << R"({"timestamp": 0, "input_length": 16384, "output_length": 4, "hash_ids": [)" << ids(0, 32) << "]}\n"
+      << R"({"timestamp": 100, "input_length": 512, "output_length": 4, "hash_ids": [)" << ids(100, 1) << "]}\n";
+  }
+  std::map<int64_t, nlohmann::json> runs;
+  for (const int64_t chunk : {int64_t{0}, int64_t{2048}}) {
+    int rc = 0;
+    const std::string out =
+        run_tool(kSim + " --trace " + trace + " --prefill-instances 1 --decode-instances 1 --preempt-chunk-tokens " +
+                     std::to_string(chunk) + " --json 2>/dev/null",
+                 rc);
+    ASSERT_EQ(rc, 0) << out;
+    runs[chunk] = nlohmann::json::parse(out);
+    EXPECT_EQ(runs[chunk]["cluster"]["preempt_chunk_tokens"], chunk);
+    EXPECT_EQ(runs[chunk]["summary"]["requests"]["completed"], 2) << out;
+  }
+  EXPECT_EQ(runs[0]["totals"]["prefill_preemptions"], 0);
+  EXPECT_EQ(runs[2048]["totals"]["prefill_preemptions"], 1);
+  // The long prompt's TTFT is the max in both runs; the short one's makes the mean: far lower with preemption.
+  const double mean_off = runs[0]["summary"]["ttft_ms"]["mean"].get<double>();
+  const double mean_on = runs[2048]["summary"]["ttft_ms"]["mean"].get<double>();
+  const double max_off = runs[0]["summary"]["ttft_ms"]["max"].get<double>();
+  EXPECT_LT(mean_on, mean_off - 0.25 * max_off) << mean_on << " vs " << mean_off;
+  int rc = 0;
+  const std::string bad = run_tool(kSim + " --trace " + trace + " --preempt-chunk-tokens -1 2>&1", rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << bad;
+  EXPECT_NE(bad.find("--preempt-chunk-tokens"), std::string::npos) << bad;
   std::filesystem::remove(trace);
 }
 

@@ -2,6 +2,8 @@
 // server and the continuous-batching decoder, each against times derived by hand.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "linear_cost_model.hpp"
@@ -175,6 +177,60 @@ TEST(PrefillInstance, ChunkingAddsTheAttentionOfEarlierChunks) {
   EXPECT_NEAR(chunked.compute_time_s(1000, 0), 1.25, 1e-12);
   // With a cached prefix of 1000: 1000 new -> 1.0 + 1000*1000e-6 = 2.0 s.
   EXPECT_NEAR(whole.compute_time_s(2000, 1000), 2.0, 1e-12);
+}
+
+// Preemption at chunk boundaries (DESIGN.md §10 "Preemption", mc-sim --preempt-chunk-tokens): a job of a smaller
+// queue key that arrives while a long one computes runs after the long job's current chunk, the long job resumes
+// where it stopped (its start hooks once), and the time it spent yielded is counted apart from its compute.
+TEST(PrefillInstance, AJobOfASmallerKeyRunsAfterTheCurrentChunkAndTheLongJobResumes) {
+  for (const int64_t chunk : {int64_t{0}, int64_t{1000}}) {
+    SCOPED_TRACE("preempt chunk " + std::to_string(chunk));
+    Env e;
+    testing::LinearCostModel m;  // 1 ms per token
+    Network net(e.q, {10 * kGB});
+    PrefillInstance p(0, e.q, net, m, 0);
+    p.set_preempt_chunk_tokens(chunk);
+    std::map<uint64_t, PrefillJob> done;
+    int starts = 0, compute_starts = 0;
+    PrefillInstance::Hooks hooks;
+    hooks.on_start = [&](PrefillJob&) { ++starts; };
+    hooks.on_compute_start = [&](const PrefillJob&) { ++compute_starts; };
+    hooks.on_done = [&](const PrefillJob& j) { done[j.request] = j; };
+    // (request, tokens at 1 ms each, queue key in s) submitted at `at_ms`.
+    auto submit_at = [&](int64_t at_ms, uint64_t request, int64_t tokens, int64_t key_s) {
+      e.q.schedule_at(at_ms * kMs, [&p, &hooks, request, tokens, key_s] {
+        PrefillJob j;
+        j.request = request;
+        j.input_tokens = tokens;
+        j.queue_key_ns = key_s * 1000 * kMs;
+        p.submit(j, hooks);
+      });
+    };
+    submit_at(0, 1, 4000, 100);  // 4 s, four chunks of 1 s
+    // At 1.5 s, a 0.5 s job of a smaller key; at 1.6 s one of a larger key (it never preempts).
+    submit_at(1500, 2, 500, 50);
+    submit_at(1600, 3, 100, 200);
+    e.q.run();
+    ASSERT_EQ(done.size(), 3u);
+    EXPECT_EQ(starts, 3);  // once per job, a resumed job's included
+    EXPECT_EQ(compute_starts, 3);
+    EXPECT_EQ(p.busy_compute_ns(), 4600 * kMs);  // the same work either way
+    EXPECT_EQ(p.queued_tokens(), 0);
+    if (chunk == 0) {  // no preemption: FIFO among the waiting by key, the running job to its end
+      EXPECT_EQ(done[1].finish_ns, 4000 * kMs);
+      EXPECT_EQ(done[2].finish_ns, 4500 * kMs);
+      EXPECT_EQ(done[1].preempted_ns, 0);
+      EXPECT_EQ(p.preemptions(), 0);
+    } else {  // the small job waits for the chunk ending at 2 s, runs 2.0-2.5 s; the big one ends 0.5 s later
+      EXPECT_EQ(done[2].start_ns, 2000 * kMs);
+      EXPECT_EQ(done[2].finish_ns, 2500 * kMs);
+      EXPECT_EQ(done[1].compute_start_ns, 0);
+      EXPECT_EQ(done[1].finish_ns, 4500 * kMs);
+      EXPECT_EQ(done[1].preempted_ns, 500 * kMs);
+      EXPECT_EQ(p.preemptions(), 1);
+    }
+    EXPECT_EQ(done[3].finish_ns, 4600 * kMs);  // a larger key waits for both, preemption or not
+  }
 }
 
 TEST(DecodeInstance, ContinuousBatchingJoinsAtStepBoundaries) {

@@ -62,6 +62,12 @@ int main(int argc, char** argv) {
   app.add_option("--queue-aging", o.queue_aging_weight,
                  "Override: slo order's aging weight: a job's key = its decision time + this x its predicted "
                  "prefill ms (0: FCFS with the deadline guard; default 4)");
+  app.add_option("--preempt-chunk-tokens", o.preempt_chunk_tokens,
+                 "Override: preemption at chunk boundaries: each prefill instance computes a job this many tokens "
+                 "at a time and, after each chunk, yields to a waiting job of a smaller queue key (docs/DESIGN.md "
+                 "§10; 0: off, a started job runs to its end; default 0: a what-if, mc-prefill does not preempt; "
+                 "docs/REPRODUCTION.md §7.4 measures it)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   app.add_option("--pending-prefix", o.pending_prefix,
                  "Override: a prefix an accepted request is still computing counts as cached on its instance for a "
                  "later request that extends it and queues behind it there (a session's next turn; docs/DESIGN.md "

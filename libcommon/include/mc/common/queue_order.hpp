@@ -3,7 +3,8 @@
 // (sched/sim instances.hpp) and the prefill daemon's queue (infer/ serve_prefill). The Conductor decides a queue
 // key per job (Scheduler: FCFS gives the decision time, the SLO order the decision time plus the aging weight times
 // the job's predicted service, pushed behind any queued job it would make late); every queue keeps its waiting jobs
-// sorted by (key, arrival), the running job (the head) never preempted. Keys are nanoseconds on the Conductor's
+// sorted by (key, arrival), the running job (the head) never preempted (but in the simulator's preemption what-if,
+// DESIGN.md §10 "Preemption", where it takes part in the order: pinned = 0). Keys are nanoseconds on the Conductor's
 // clock; only their order matters, so an instance never compares them with its own clock.
 //
 // Pure, header-only; thread-safety: none needed (functions of their arguments).

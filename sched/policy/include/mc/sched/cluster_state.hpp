@@ -98,6 +98,10 @@ class ClusterState {
   // Decode instances reserve KV in whole blocks of this many tokens (the request's input + output,
   // rounded up): the ledger counts reservations the same way. 1 = exact tokens.
   void set_kv_block_tokens(int64_t tokens) { kv_block_tokens_ = tokens > 0 ? tokens : 1; }
+  // Whether the prefill instances preempt at chunk boundaries (QueueConfig::preempt_chunk_tokens > 0): then
+  // assign_prefill may put a job ahead of the running head (which keeps the rest of its work).
+  void set_prefill_preemption(bool on) { preemptive_ = on; }
+  bool prefill_preemption() const { return preemptive_; }
   int64_t kv_reservation_tokens(int64_t tokens) const {
     return (tokens + kv_block_tokens_ - 1) / kv_block_tokens_ * kv_block_tokens_;
   }
@@ -126,7 +130,8 @@ class ClusterState {
   const std::string& host_name(uint32_t index) const;
 
   // Ledger. The job joins the queue at its key's place (after the running head, after equal keys); into an empty
-  // queue it runs from now_ns.
+  // queue it runs from now_ns. With preemption on, a key smaller than the head's puts the job at the head from
+  // now_ns: the old head keeps its predicted work less the time it has run.
   void assign_prefill(const std::string& id, PrefillJob job, int64_t now_ns);
   // Removes the job (wherever it is in the queue); the next head starts at now_ns. No-op if absent.
   void finish_prefill(const std::string& id, const std::string& request_id, int64_t now_ns);
@@ -147,6 +152,7 @@ class ClusterState {
 
  private:
   int64_t kv_block_tokens_ = 1;
+  bool preemptive_ = false;
   void rebuild_role_lists();
   void update_excess(Instance& inst);
 

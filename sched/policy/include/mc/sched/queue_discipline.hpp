@@ -35,7 +35,10 @@ Result<QueueDiscipline> parse_queue_discipline(std::string_view s);  // kInvalid
 QueueDiscipline default_queue_discipline(std::string_view policy);
 
 // Where a new job goes in a prefill instance's ledger queue (queue[0] runs since head_started_ns; the rest waits
-// in key order) and what it waits for there.
+// in key order) and what it waits for there. With preemption (config.preempt_chunk_tokens > 0) the running head is
+// ordered with the rest: a job of a smaller key goes ahead of it, waiting for the rest of the head's current chunk
+// (head_chunk_ms: half a chunk expected, bounded by the head's rest), and the deadline guard protects the head as it
+// does a waiting job.
 struct QueuePlacement {
   size_t position = 0;     // index it takes in the queue (0: the queue is empty, it runs at once)
   int64_t key_ns = 0;      // its queue key (the order every queue keeps)
@@ -44,10 +47,11 @@ struct QueuePlacement {
 };
 // extra_ahead_ms: work the instance reported beyond the ledger (it runs first: counted ahead of every job).
 // not_before_key_ns: the job's key is at least this (it queues behind the job of that key: a pending prefix it
-// reuses, Scheduler step 1b); INT64_MIN: no such bound.
+// reuses, Scheduler step 1b); INT64_MIN: no such bound. head_chunk_ms: with preemption, the predicted time of one
+// chunk of config.preempt_chunk_tokens (ms; 0: none counted).
 QueuePlacement place_job(const std::deque<PrefillJob>& queue, int64_t head_started_ns, int64_t now_ns,
                          double service_ms, double extra_ahead_ms, QueueDiscipline discipline,
-                         const QueueConfig& config, int64_t not_before_key_ns = INT64_MIN);
+                         const QueueConfig& config, int64_t not_before_key_ns = INT64_MIN, double head_chunk_ms = 0);
 
 // One recent arrival at an instance: when it was decided and its predicted service (ms).
 struct QueueArrival {

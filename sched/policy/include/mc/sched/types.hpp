@@ -100,6 +100,12 @@ struct QueueConfig {
   double guard_ms = 3'000;    // slo: slack kept before each queued job's deadline (ms); >= 0
   // Arrivals per prefill instance remembered for the overtaking estimate (the most recent ones); >= 1.
   int64_t overtake_history = 64;
+  // Preemption at chunk boundaries (DESIGN.md §10 "Preemption"): > 0, the prefill instances compute a job this many
+  // tokens at a time and yield after a chunk to a waiting job of a smaller key, so the ledger orders the running job
+  // with the waiting ones (a new job may go ahead of it, and the deadline guard protects it too). 0: off (a started
+  // job runs to its end, the default: measured no gain, docs/REPRODUCTION.md §7.4). Tokens, in [0, 2^24]. Only the
+  // simulator's instances preempt so far (mc-sim --preempt-chunk-tokens); mc-prefill does not.
+  int64_t preempt_chunk_tokens = 0;
 };
 
 struct SchedulerConfig {

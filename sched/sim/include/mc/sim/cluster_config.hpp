@@ -19,6 +19,8 @@
 //     "queue_aging_weight": 4,               // slo: a job's key = decision time + this x its predicted
 //                                            // prefill (mc/sched/queue_discipline.hpp)
 //     "queue_guard_ms": 3000,                // slo: slack kept before each queued job's TTFT deadline
+//     "preempt_chunk_tokens": 0,             // a prefill instance yields to a job of a smaller queue key after
+//                                            // each chunk of this many tokens (0: off; DESIGN.md §10)
 //     "pending_prefix": "",                  // on | off: a prefix an accepted request is computing counts as
 //                                            // cached where it runs ("": on for kvcache, off for the baselines)
 //     "placement_load_weight": 1,            // kvcache: weight of a placement's prefill service against its
@@ -71,6 +73,7 @@ struct ClusterConfig {
   std::string queue;  // "fcfs" | "slo" | "": the policy's default (mc/sched/queue_discipline.hpp)
   double queue_aging_weight = 4.0;
   double queue_guard_ms = 3'000;
+  int64_t preempt_chunk_tokens = 0;    // sched::QueueConfig::preempt_chunk_tokens (0: off)
   std::string pending_prefix;          // "on" | "off" | "": the policy's default (sched::SchedulerConfig)
   double placement_load_weight = 1.0;  // sched::SchedulerConfig::placement_load_weight, 0 to 1000
   double slo_headroom = 0.2;           // sched::SchedulerConfig::slo_headroom, 0 to 0.9

@@ -37,6 +37,7 @@ struct ClusterOverrides {
   std::optional<double> pipeline_reserve_factor;  // instances about free to form a group, x its size
   std::optional<std::string> queue;               // prefill queue discipline: fcfs | slo
   std::optional<double> queue_aging_weight;       // slo: key = now + weight x predicted service
+  std::optional<int64_t> preempt_chunk_tokens;    // prefill instances yield after each chunk (0: off)
   std::optional<std::string> pending_prefix;      // on | off
   std::optional<double> placement_load_weight;    // kvcache: service's weight, x mean queue / mean service
   std::optional<double> slo_headroom;             // kvcache: fraction of the TTFT SLO kept free

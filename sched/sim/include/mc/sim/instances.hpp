@@ -45,6 +45,7 @@ struct PrefillJob {
   int64_t start_ns = -1;          // left the queue: fetches start
   int64_t compute_start_ns = -1;  // prefix in HBM, compute starts
   int64_t finish_ns = -1;         // last layer of the last chunk done: the first token exists
+  int64_t preempted_ns = 0;       // time between compute_start_ns and finish_ns spent yielded to other jobs
 };
 
 class PrefillInstance {
@@ -62,6 +63,12 @@ class PrefillInstance {
   // `nic` is this instance's NIC in `network`. chunk_tokens <= 0: no chunking. All references are
   // borrowed and must outlive the instance.
   PrefillInstance(int nic, EventQueue& queue, Network& network, const CostModel& model, int64_t chunk_tokens);
+  // Preemption at chunk boundaries (DESIGN.md §10 "Preemption"): with chunk_tokens > 0 the instance computes a job
+  // chunk_tokens at a time and, after each chunk, yields to a waiting job of a smaller queue key (the preempted job's
+  // KV stays on the instance; it resumes where it stopped when its key is again the smallest). 0: off (a started job
+  // runs to its end). Set before the first submit.
+  void set_preempt_chunk_tokens(int64_t chunk_tokens) { preempt_chunk_tokens_ = chunk_tokens > 0 ? chunk_tokens : 0; }
+  int64_t preemptions() const { return preemptions_; }
 
   // Queues a job at its key's place (after every waiting job of a smaller or equal key); the hooks (each may be
   // empty) run as documented on Hooks.
@@ -91,11 +98,16 @@ class PrefillInstance {
     PrefillJob job;
     Hooks hooks;
     double predicted_service_s = 0;
+    int64_t done_tokens = 0;  // preemption: tokens of the job already computed (its KV kept on the instance)
+    bool resumed = false;     // preempted once: its start hooks, fetches and local load have run
+    int64_t yielded_ns = 0;   // when it last yielded
   };
   double predicted_service_s(const PrefillJob& job) const;
   void start_next();
   void start_compute();
   void fetch_done();
+  void run_chunk();  // preemption: computes the running job's next chunk, then ends, yields or goes on
+  double rest_compute_s(const Entry& e) const;
   // The running job ends at end_ns: books it, runs its on_done hook, then starts the next waiting job.
   void finish_current(int64_t end_ns);
 
@@ -113,6 +125,8 @@ class PrefillInstance {
   int64_t compute_started_ns_ = -1;
   int64_t jobs_done_ = 0;
   int fetches_left_ = 0;
+  int64_t preempt_chunk_tokens_ = 0;
+  int64_t preemptions_ = 0;
 };
 
 // A request on a decoding instance.

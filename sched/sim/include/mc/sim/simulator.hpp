@@ -126,7 +126,9 @@ struct SimTotals {
   int64_t replicated_prefixes = 0;
   int64_t pipelined_prefills = 0;  // prefills run on a group of pipeline_group instances (DESIGN.md §18)
   double pipeline_bubble_s = 0;    // sum over those of the stages' idle time between their chunks
-  double hit_ratio() const;        // (local + remote) / prompt tokens
+  int64_t prefill_preemptions =
+      0;                     // jobs that yielded at a chunk boundary (preempt_chunk_tokens > 0), counted per yield
+  double hit_ratio() const;  // (local + remote) / prompt tokens
 };
 
 struct SimResult {
