@@ -121,6 +121,8 @@ placement_load_weight="$(setting placement_load_weight "")"
 [[ -z "$placement_load_weight" ]] || awk -v f="$placement_load_weight" 'BEGIN { exit !(f ~ /^[0-9]+(\.[0-9]+)?$/ && f >= 0 && f <= 1000) }' || die "defaults.placement_load_weight must be a number in [0, 1000] (0: the smallest TTFT, the paper's rule), got '$placement_load_weight'"
 slo_headroom="$(setting slo_headroom "")"
 [[ -z "$slo_headroom" ]] || awk -v f="$slo_headroom" 'BEGIN { exit !(f ~ /^[0-9]+(\.[0-9]+)?$/ && f >= 0 && f <= 0.9) }' || die "defaults.slo_headroom must be a number in [0, 0.9] (0: admit up to the SLO, the paper's rule), got '$slo_headroom'"
+shed_limit="$(setting shed_limit "")"
+[[ -z "$shed_limit" ]] || awk -v f="$shed_limit" 'BEGIN { exit !(f ~ /^[0-9]+(\.[0-9]+)?$/ && f >= 0 && f <= 1000) }' || die "defaults.shed_limit must be a number in [0, 1000] (0: no load shedding, the paper's rule), got '$shed_limit'"
 pipeline_group="$(setting pipeline_group 1)"
 [[ "$pipeline_group" =~ ^[1-9][0-9]?$ && "$pipeline_group" -le 64 ]] || die "defaults.pipeline_group must be 1..64 prefill instances (1: no groups), got '$pipeline_group'"
 pipeline_chunk="$(setting pipeline_chunk_tokens 8192)"
@@ -426,10 +428,12 @@ conductor_flags=()
 [[ "$backend" == ref ]] && conductor_flags=(--decode-envelope 0)
 # The prefill queue discipline (docs/DESIGN.md §10; absent: the policy's default, slo for kvcache).
 [[ -n "$queue" ]] && conductor_flags+=(--queue "$queue")
-# Pending prefixes, load-priced placement and SLO headroom (docs/DESIGN.md §10; absent: the Conductor's defaults).
+# Pending prefixes, load-priced placement, SLO headroom and load shedding (docs/DESIGN.md §10; absent: the Conductor's
+# defaults).
 [[ -n "$pending_prefix" ]] && conductor_flags+=(--pending-prefix "$pending_prefix")
 [[ -n "$placement_load_weight" ]] && conductor_flags+=(--placement-load-weight "$placement_load_weight")
 [[ -n "$slo_headroom" ]] && conductor_flags+=(--slo-headroom "$slo_headroom")
+[[ -n "$shed_limit" ]] && conductor_flags+=(--shed-limit "$shed_limit")
 # Pipelined prefill groups (ref and sim instances run stages): the Conductor forms them per request (docs/DESIGN.md §18).
 [[ "$pipeline_group" == 1 ]] || conductor_flags+=(--pipeline-group "$pipeline_group" --prefill-chunk "$pipeline_chunk" --pipeline-reserve-factor "$pipeline_reserve")
 for h in "${!host_names[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # queue-study.sh: the policy study of issue 24 (docs/REPRODUCTION.md §7) with mc-sim: the four baselines (FCFS
 # queues, as in the paper) and the kvcache policy with issue 24's additions one by one (the SLO-aware queue order,
-# pending prefixes, load-priced placement, SLO headroom; the last run is mc-sim's default kvcache), on one trace at
+# pending prefixes, load-priced placement, SLO headroom, load shedding; the last run is mc-sim's default kvcache), on one trace at
 # several loads; prints one markdown row per (load, run): mean, p90, p99 and max TTFT, rejected, SLO attainment,
 # goodput and the prefill GPU-seconds, then the no-queue bound (kvcache at 1/20 of the trace's rate).
 #
@@ -42,16 +42,17 @@ mkdir -p "$dir"
 # name|mc-sim arguments (the baselines as in docs/REPRODUCTION.md §1: each with its own cache unless it is the
 # global-pool one; every baseline keeps FCFS queues and prices the pool as it is, as the paper's kvcache does), then
 # kvcache with each of issue 24's additions in turn (the SLO order, pending prefixes, load-priced placement, SLO
-# headroom; docs/DESIGN.md §10), the last with mc-sim's defaults.
+# headroom, load shedding; docs/DESIGN.md §10), the last with mc-sim's defaults.
 runs=(
   "random (local, fcfs)|--policy random --cache-mode local --queue fcfs"
   "least_loaded (global, fcfs)|--policy least_loaded --queue fcfs"
   "cache_aware (local, fcfs)|--policy cache_aware --cache-mode local --queue fcfs"
-  "kvcache (global, fcfs)|--policy kvcache --queue fcfs --pending-prefix off --placement-load-weight 0 --slo-headroom 0"
-  "kvcache + slo order|--policy kvcache --queue slo --pending-prefix off --placement-load-weight 0 --slo-headroom 0"
-  "kvcache + slo + pending prefix|--policy kvcache --queue slo --pending-prefix on --placement-load-weight 0 --slo-headroom 0"
-  "kvcache + slo + pending + load-priced|--policy kvcache --slo-headroom 0"
-  "kvcache + slo + pending + load-priced + headroom (default)|--policy kvcache"
+  "kvcache (global, fcfs)|--policy kvcache --queue fcfs --pending-prefix off --placement-load-weight 0 --slo-headroom 0 --shed-limit 0"
+  "kvcache + slo order|--policy kvcache --queue slo --pending-prefix off --placement-load-weight 0 --slo-headroom 0 --shed-limit 0"
+  "kvcache + slo + pending prefix|--policy kvcache --queue slo --pending-prefix on --placement-load-weight 0 --slo-headroom 0 --shed-limit 0"
+  "kvcache + slo + pending + load-priced|--policy kvcache --slo-headroom 0 --shed-limit 0"
+  "kvcache + slo + pending + load-priced + headroom|--policy kvcache --shed-limit 0"
+  "kvcache + slo + pending + load-priced + headroom + shedding (default)|--policy kvcache"
 )
 row() {  # file, load, name
   python3 - "$1" "$2" "$3" <<'EOF'

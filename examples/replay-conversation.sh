@@ -39,6 +39,8 @@
 #                                                                       [MC_PLACEMENT_LOAD_WEIGHT]
 #   --slo-headroom H     kvcache's share of the TTFT SLO kept free, 0 to 0.9 (0: the paper's rule; default 0.2)
 #                                                                       [MC_SLO_HEADROOM]
+#   --shed-limit F       kvcache's load shedding, x the TTFT SLO, 0 to 1000 (0: off, the paper's rule; default 5)
+#                                                                       [MC_SHED_LIMIT]
 #   --prefill P          prefill hosts (each with a storage node)       [MC_PREFILL, 2]
 #   --decode D           decode hosts (each with a storage node)        [MC_DECODE, 2]
 #   --mode M             netns or loopback (default: netns where namespaces can be made, else loopback)
@@ -76,6 +78,7 @@ queue="${MC_QUEUE:-}"
 pending_prefix="${MC_PENDING_PREFIX:-}"
 load_weight="${MC_PLACEMENT_LOAD_WEIGHT:-}"
 slo_headroom="${MC_SLO_HEADROOM:-}"
+shed_limit="${MC_SHED_LIMIT:-}"
 n_prefill="${MC_PREFILL:-2}"
 n_decode="${MC_DECODE:-2}"
 mode="${MC_CLUSTER_MODE:-}"
@@ -100,6 +103,7 @@ while [[ $# -gt 0 ]]; do
     --pending-prefix) need "$@"; pending_prefix="$2"; shift 2 ;;
     --placement-load-weight) need "$@"; load_weight="$2"; shift 2 ;;
     --slo-headroom) need "$@"; slo_headroom="$2"; shift 2 ;;
+    --shed-limit) need "$@"; shed_limit="$2"; shift 2 ;;
     --prefill) need "$@"; n_prefill="$2"; shift 2 ;;
     --decode) need "$@"; n_decode="$2"; shift 2 ;;
     --mode) need "$@"; mode="$2"; shift 2 ;;
@@ -214,11 +218,13 @@ run() {
   echo "replay-conversation.sh: run '$label' (prefix cache $cache)" >&2
   local rc=0 keep=() queue_set=()
   [[ -n "$queue" ]] && queue_set=(--set queue="$queue")
-  # cluster.sh checks the load weight's and the headroom's ranges (defaults.placement_load_weight, slo_headroom)
+  # cluster.sh checks the load weight's, the headroom's and the shed limit's ranges (defaults.placement_load_weight,
+  # slo_headroom, shed_limit)
   # before any daemon starts.
   [[ -n "$pending_prefix" ]] && queue_set+=(--set pending_prefix="$pending_prefix")
   [[ -n "$load_weight" ]] && queue_set+=(--set placement_load_weight="$load_weight")
   [[ -n "$slo_headroom" ]] && queue_set+=(--set slo_headroom="$slo_headroom")
+  [[ -n "$shed_limit" ]] && queue_set+=(--set shed_limit="$shed_limit")
   [[ -n "${MC_KEEP_LOGS:-}" ]] && keep=(--keep-logs "$MC_KEEP_LOGS/$label")
   # The conductor's endpoint and the client address reach the replay through MC_CONDUCTOR and MC_CLIENT_BIND (set
   # by cluster.sh, inside the client host's namespace in netns mode).

@@ -521,9 +521,10 @@ class Gateway {
     const proto::ConductorSubmitReply& r = *reply;
     const std::string& why = r.reject_reason;
     e.message = "rejected by the Conductor (" + why + "): " + r.reason;
-    if (why == "ttft_slo" || why == "tbt_slo" || why == "kv_capacity") {
+    if (is_early_rejection(why)) {
       // The paper's early rejection (Mooncake §6 [paper]; DESIGN.md §10): the SLO cannot be met now, or only after a
-      // wait longer than the Conductor's SLO headroom (the reason names which); retry later.
+      // wait longer than the Conductor's SLO headroom, or the prompt would hold up the requests after it too long in
+      // a burst (load_shed; the reason names which); retry later.
       e.http_status = 429;
       e.type = "rate_limit_error";
       e.code = "slo_unattainable";

@@ -9,6 +9,11 @@ namespace mc::gateway {
 
 using nlohmann::json;
 
+bool is_early_rejection(std::string_view reject_reason) {
+  return reject_reason == "ttft_slo" || reject_reason == "tbt_slo" || reject_reason == "kv_capacity" ||
+         reject_reason == "load_shed";
+}
+
 json error_document(const ApiError& e) {
   json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;

@@ -58,6 +58,7 @@ nlohmann::json to_json(const DecisionReplay& r, const std::string& path) {
                     {"accepted", p.accepted},
                     {"rejected", p.rejected},
                     {"rejected_ttft_slo", p.rejected_ttft},
+                    {"rejected_load_shed", p.rejected_shed},
                     {"mean_ttft_diff_ms", p.mean_ttft_diff_ms},
                     {"p99_abs_ttft_diff_ms", p.p99_abs_ttft_diff_ms},
                     {"max_abs_ttft_diff_ms", p.max_abs_ttft_diff_ms}});
@@ -89,14 +90,15 @@ Status print_decision_replay(const std::string& path, const std::vector<std::str
       << r.replayable << " re-run (" << r.logged_accepted << " accepted, " << r.logged_rejected << " rejected), "
       << r.logged - r.replayable << " skipped (rejected before placement, or logged without estimates)\n\n";
   std::vector<std::vector<std::string>> rows = {{"policy", "decisions", "same", "different", "same_%", "accepted",
-                                                 "rejected", "ttft_slo", "mean_ttft_diff_ms", "p99_abs_ttft_diff_ms",
-                                                 "max_abs_ttft_diff_ms"}};
+                                                 "rejected", "ttft_slo", "load_shed", "mean_ttft_diff_ms",
+                                                 "p99_abs_ttft_diff_ms", "max_abs_ttft_diff_ms"}};
   for (const PolicyReplay& p : r.policies) {
     rows.push_back(
         {p.policy, std::to_string(p.decisions), std::to_string(p.same_choice), std::to_string(p.different_choice),
          mc::report::pct(p.decisions > 0 ? static_cast<double>(p.same_choice) / static_cast<double>(p.decisions) : 0.0),
          std::to_string(p.accepted), std::to_string(p.rejected), std::to_string(p.rejected_ttft),
-         fixed(p.mean_ttft_diff_ms, 1), fixed(p.p99_abs_ttft_diff_ms, 1), fixed(p.max_abs_ttft_diff_ms, 1)});
+         std::to_string(p.rejected_shed), fixed(p.mean_ttft_diff_ms, 1), fixed(p.p99_abs_ttft_diff_ms, 1),
+         fixed(p.max_abs_ttft_diff_ms, 1)});
   }
   mc::report::print_table(out, rows);
   return Status::ok();

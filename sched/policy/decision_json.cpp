@@ -87,6 +87,8 @@ nlohmann::json decision_record(const Request& r, const Decision& d, std::span<co
       {"decode", d.decode_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.decode_id)},
       {"predicted_ttft_ms", d.predicted_ttft_ms},
       {"service_weight", d.service_weight},
+      {"load_ratio", d.load_ratio},
+      {"shed_limit", d.shed_limit},
       {"predicted_tbt_ms", d.accepted ? nlohmann::json(d.predicted_tbt_ms) : nlohmann::json(nullptr)},
       {"hit_tokens", d.hit_tokens},
       {"pool_prefix_tokens", d.pool_prefix_tokens},
@@ -188,7 +190,7 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
                   {"backends_returned", ic.backends_returned}};
   const SchedulerCounters& c = s.counters();
   nlohmann::json rejected = nlohmann::json::object();
-  for (int r = 1; r <= static_cast<int>(RejectReason::kInvalidRequest); ++r) {
+  for (int r = 1; r <= static_cast<int>(kLastRejectReason); ++r) {
     rejected[std::string(reject_reason_name(static_cast<RejectReason>(r)))] = c.rejected[r];
   }
   out["decisions"] = {{"total", c.decisions},

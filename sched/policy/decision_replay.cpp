@@ -48,6 +48,12 @@ Result<LoggedDecision> logged_decision_from_json(const nlohmann::json& line) {
     if (!std::isfinite(d.service_weight) || d.service_weight < 0) {
       return error(Code::kInvalidArgument, "decision field \"service_weight\" must be a finite number >= 0");
     }
+    d.load_ratio = dec.value("load_ratio", 0.0);
+    d.shed_limit = dec.value("shed_limit", 0.0);
+    if (!std::isfinite(d.load_ratio) || d.load_ratio < 0 || !std::isfinite(d.shed_limit) || d.shed_limit < 0) {
+      return error(Code::kInvalidArgument,
+                   "decision fields \"load_ratio\" and \"shed_limit\" must be finite numbers >= 0");
+    }
     auto it = dec.find("estimates");
     if (it != dec.end()) {
       if (!it->is_array()) return error(Code::kInvalidArgument, "decision field \"estimates\" is not an array");
@@ -105,9 +111,12 @@ Result<DecisionReplay> replay_decisions(std::span<const LoggedDecision> log, con
       diffs[p].push_back(ttft_ms - d.predicted_ttft_ms);
       const double wait_ms = e.queue_ms + e.overtake_ms;
       const bool over_slo = d.early_reject && !ttft_admissible(ttft_ms, wait_ms, d.slo_ttft_ms, target_ms);
-      if (over_slo) {
+      // Load shedding is kvcache's (Scheduler::shed_limit()), at the limit the log's Conductor applied.
+      const bool shed = d.early_reject && runners[p]->name() == "kvcache" && d.shed_limit > 0 &&
+                        d.load_ratio * (e.prefill_ms + e.transfer_ms) > d.shed_limit * d.slo_ttft_ms;
+      if (over_slo || shed) {
         ++r.rejected;
-        ++r.rejected_ttft;
+        ++(over_slo ? r.rejected_ttft : r.rejected_shed);
       } else if (!d.accepted && decode_side_reason(d.reject_reason)) {
         ++r.rejected;
       } else {

@@ -45,12 +45,13 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(SchedulerConfig config, con
   if (!(config.queue.aging_weight >= 0) || !(config.queue.aging_weight <= 1e6) || !(config.queue.guard_ms >= 0) ||
       !(config.queue.guard_ms <= 86'400'000) || config.queue.overtake_history < 1 ||
       !(config.placement_load_weight >= 0) || !(config.placement_load_weight <= 1000) || !(config.slo_headroom >= 0) ||
-      !(config.slo_headroom <= 0.9) || config.queue.overtake_history > 1'000'000 ||
-      config.queue.preempt_chunk_tokens < 0 || config.queue.preempt_chunk_tokens > (int64_t{1} << 24)) {
+      !(config.slo_headroom <= 0.9) || config.queue.overtake_history > 1'000'000 || !(config.shed_limit >= 0) ||
+      !(config.shed_limit <= 1000) || config.queue.preempt_chunk_tokens < 0 ||
+      config.queue.preempt_chunk_tokens > (int64_t{1} << 24)) {
     return error(Code::kInvalidArgument,
                  "scheduler: queue aging weight must be in [0, 1e6], guard in [0, 24 h] ms, overtake history in [1, "
                  "1e6], preemption chunk in [0, 2^24] tokens, placement load weight in [0, 1000], SLO headroom in "
-                 "[0, 0.9]");
+                 "[0, 0.9], shed limit in [0, 1000]");
   }
   if (config.pending_prefix != "" && config.pending_prefix != "on" && config.pending_prefix != "off") {
     return error(Code::kInvalidArgument,
@@ -177,6 +178,7 @@ Decision Scheduler::decide(const Request& request) {
   ttft_target_ms_ = slo_ttft * (1.0 - slo_headroom());
   d.ttft_target_ms = ttft_target_ms_;
   d.early_reject = config_.slo.early_reject;
+  d.shed_limit = shed_limit();
   d.queue = std::string(queue_discipline_name(discipline_));
 
   // ---- 1. index lookup, once (send backlog entries stay until their prefill reports, for on_fetch_progress; one
@@ -214,6 +216,16 @@ Decision Scheduler::decide(const Request& request) {
                   "wait of %.1f ms, more than the headroom (best: ",
                   d.prefill.ttft_ms, ttft_target_ms_, slo_ttft, 100 * slo_headroom(), wait_ms);
     return reject(d, RejectReason::kTtftSlo, why + prefill_why + ")");
+  }
+  // Load shedding (kvcache, DESIGN.md §10): the waiting this prefill adds to the requests queued after it.
+  const double service_ms = d.prefill.prefill_ms + d.prefill.transfer_ms;
+  if (config_.slo.early_reject && shed_limit() > 0 && d.load_ratio * service_ms > shed_limit() * slo_ttft) {
+    return reject(d, RejectReason::kLoadShed,
+                  fmt("shed under load: its prefill (%.1f ms of service) would add about %.1f s of waiting to the "
+                      "requests queued after it (x %.2f, the mean queue over the mean service), more than %g x the "
+                      "TTFT SLO %.1f ms; retry later, or send a shorter prompt (best: ",
+                      service_ms, d.load_ratio * service_ms / 1e3, d.load_ratio, shed_limit(), slo_ttft) +
+                      prefill_why + ")");
   }
 
   // ---- 4. decode choice at the time the prefill finishes ----
@@ -506,11 +518,12 @@ void Scheduler::choose_prefill(const Request& request, Decision& d) {
   PlacementContext ctx;
   ctx.slo_ttft_ms = ttft_target_ms_;  // among instances admissible at the target (the SLO less its headroom)
   ctx.admit_slo_ms = request.slo_ttft_ms > 0 ? request.slo_ttft_ms : config_.slo.ttft_ms;
-  if (placement_load_weight() > 0 && service_ewma_ms_ > 0) {
+  if (service_ewma_ms_ > 0) {
     double queue_sum = 0;
     for (const PrefillEstimate& e : estimates_) queue_sum += e.queue_ms;
     const double mean_queue = queue_sum / static_cast<double>(estimates_.size());
     ctx.service_weight = std::min(kMaxServiceWeight, placement_load_weight() * mean_queue / service_ewma_ms_);
+    d.load_ratio = std::min(kMaxServiceWeight, mean_queue / service_ewma_ms_);  // load shedding's (step 5a)
   }
   d.service_weight = ctx.service_weight;
   size_t chosen = policy_->choose(request, estimates_, ctx);

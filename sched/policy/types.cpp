@@ -61,6 +61,8 @@ std::string_view reject_reason_name(RejectReason r) {
       return "kv_capacity";
     case RejectReason::kInvalidRequest:
       return "invalid_request";
+    case RejectReason::kLoadShed:
+      return "load_shed";
   }
   return "unknown";
 }

@@ -70,6 +70,7 @@ Status ClusterConfig::validate() const {
   if (!(slo_headroom >= 0 && slo_headroom <= 0.9)) {
     return bad(src, "slo_headroom", "must be in [0, 0.9] (0: admit up to the SLO itself, as in the paper)");
   }
+  if (!(shed_limit >= 0 && shed_limit <= 1000)) return bad(src, "shed_limit", "must be in [0, 1000] (0: off)");
   if (!(slo_ttft_ms > 0)) return bad(src, "slo_ttft_ms", "must be > 0");
   if (!(slo_tbt_ms > 0)) return bad(src, "slo_tbt_ms", "must be > 0");
   if (block_size < 1 || block_size > (1 << 24)) return bad(src, "block_size", "must be in [1, 16777216]");
@@ -123,6 +124,7 @@ nlohmann::json ClusterConfig::to_json() const {
       {"pending_prefix", pending_prefix},
       {"placement_load_weight", placement_load_weight},
       {"slo_headroom", slo_headroom},
+      {"shed_limit", shed_limit},
       {"block_size", block_size},
       {"chunk_tokens", chunk_tokens},
       {"pipeline_group", pipeline_group},
@@ -203,6 +205,8 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
       MC_RETURN_IF_ERROR(num(c.placement_load_weight));
     } else if (key == "slo_headroom") {
       MC_RETURN_IF_ERROR(num(c.slo_headroom));
+    } else if (key == "shed_limit") {
+      MC_RETURN_IF_ERROR(num(c.shed_limit));
     } else if (key == "early_rejection") {
       if (!v.is_boolean()) return bad(source, key, "must be true or false");
       c.early_rejection = v.get<bool>();

@@ -118,6 +118,13 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
     }
     c.slo_headroom = v.get<double>();
   }
+  if (!absent(d, "shed_limit")) {
+    const auto& v = d["shed_limit"];
+    if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= 1000)) {
+      return bad(source, "defaults.shed_limit", "must be a number in [0, 1000] (0: no load shedding), got " + v.dump());
+    }
+    c.shed_limit = v.get<double>();
+  }
   if (!absent(d, "pipeline_group")) {
     MC_ASSIGN_OR_RETURN(c.pipeline_group,
                         whole(d["pipeline_group"], source, "defaults.pipeline_group", "prefill instances (1: off)"));
@@ -366,6 +373,7 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   c.pending_prefix = d.pending_prefix;
   c.placement_load_weight = d.placement_load_weight;
   c.slo_headroom = d.slo_headroom;
+  c.shed_limit = d.shed_limit;
   c.pipeline_group = d.pipeline_group;
   c.pipeline_chunk_tokens = d.pipeline_chunk_tokens;
   c.pipeline_reserve_factor = d.pipeline_reserve_factor;

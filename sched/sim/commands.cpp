@@ -129,6 +129,7 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   if (pending_prefix) c.pending_prefix = *pending_prefix;
   if (placement_load_weight) c.placement_load_weight = *placement_load_weight;
   if (slo_headroom) c.slo_headroom = *slo_headroom;
+  if (shed_limit) c.shed_limit = *shed_limit;
   return c.validate();
 }
 

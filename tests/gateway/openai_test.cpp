@@ -240,6 +240,11 @@ TEST(GatewayDocuments, ShapesOfResponsesChunksUsageAndErrors) {
   EXPECT_EQ(err["error"]["message"], "slow down");
   EXPECT_EQ(err["error"]["code"], "slo_unattainable");
   EXPECT_TRUE(err["error"]["param"].is_null());
+  // The Conductor's early rejections, load shedding included, are the client's 429; the others are not.
+  for (const char* r : {"ttft_slo", "tbt_slo", "kv_capacity", "load_shed"}) EXPECT_TRUE(is_early_rejection(r)) << r;
+  for (const char* r : {"invalid_request", "no_prefill_instance", "no_decode_instance", "", "none"}) {
+    EXPECT_FALSE(is_early_rejection(r)) << r;
+  }
 }
 
 }  // namespace

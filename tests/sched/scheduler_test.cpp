@@ -46,6 +46,13 @@ class SchedulerTest : public ::testing::Test {
                     uint64_t base = 1000) {
     for (uint64_t h : testing::hashes(blocks, base)) s.index().add(h, backend, m);
   }
+  // kvcache with `cfg` (a feature turned off) and a baseline: the paper's rules, both.
+  std::vector<std::unique_ptr<Scheduler>> paper_rules(const SchedulerConfig& cfg) {
+    std::vector<std::unique_ptr<Scheduler>> v;
+    v.push_back(make("kvcache", cfg));
+    v.push_back(make("least_loaded"));
+    return v;
+  }
   // Queue on an instance, reported by its heartbeat as tokens not yet prefilled (0.1 ms each).
   static void load(Scheduler& s, const std::string& id, double queue_ms) {
     LoadReport r;
@@ -998,6 +1005,65 @@ TEST(SloHeadroom, TheAdmissionRule) {
   EXPECT_FALSE(ttft_admissible(900, NAN, 1000, 800));
 }
 
+// Load shedding (kvcache, DESIGN.md §10 "Load shedding"): in a burst (queues far above the mean service), a request
+// whose prefill would hold up the ones after it by more than shed_limit x its SLO is turned away, though its own TTFT
+// is admissible; a short one is not, nor the same long one on an idle cluster, with the limit 0, or under a
+// baseline. The decision log carries the ratio and the limit, and a replay through kvcache sheds it the same way.
+TEST_F(SchedulerTest, LoadSheddingTurnsAwayTheLargestPromptOfABurstOnly) {
+  auto s = make("kvcache");
+  EXPECT_EQ(s->shed_limit(), 5.0);
+  ASSERT_TRUE(s->schedule(request("warm", kB, 10, 1)).accepted);  // one job: the mean service's first sample
+  Request big = request("big", 40 * kB, 10, 40);
+  big.slo_ttft_ms = 10'000;
+  Decision idle = s->decide(big);
+  EXPECT_TRUE(idle.accepted) << idle.reason;
+  EXPECT_LT(idle.load_ratio, 5.0);
+  load(*s, "P0", 2'000);
+  load(*s, "P1", 2'000);
+  Decision shed = s->decide(big);
+  EXPECT_FALSE(shed.accepted);
+  EXPECT_EQ(shed.reject_reason, RejectReason::kLoadShed);
+  EXPECT_EQ(reject_reason_name(shed.reject_reason), "load_shed");
+  EXPECT_GT(shed.load_ratio * (shed.prefill.prefill_ms + shed.prefill.transfer_ms), 5.0 * 10'000);
+  EXPECT_LT(shed.prefill.ttft_ms, shed.ttft_target_ms);  // its own TTFT was fine
+  EXPECT_NE(shed.reason.find("shed under load"), std::string::npos) << shed.reason;
+  EXPECT_NE(shed.reason.find("more than 5 x the TTFT SLO 10000.0 ms"), std::string::npos) << shed.reason;
+  EXPECT_EQ(s->counters().rejected[static_cast<size_t>(RejectReason::kLoadShed)], 1u);
+  const nlohmann::json record = decision_record(big, shed, s->last_estimates());
+  Request small = request("small", kB, 10, 1);
+  small.slo_ttft_ms = 10'000;
+  EXPECT_TRUE(s->decide(small).accepted);
+  // The log and a replay.
+  Result<LoggedDecision> logged = logged_decision_from_json(record);
+  ASSERT_TRUE(logged.is_ok()) << logged.status().to_string();
+  EXPECT_DOUBLE_EQ(logged->shed_limit, 5.0);
+  EXPECT_DOUBLE_EQ(logged->load_ratio, shed.load_ratio);
+  Result<DecisionReplay> replay =
+      replay_decisions(std::span<const LoggedDecision>(&*logged, 1), {"kvcache", "least_loaded"}, 1);
+  ASSERT_TRUE(replay.is_ok()) << replay.status().to_string();
+  ASSERT_EQ(replay->policies.size(), 2u);
+  for (const PolicyReplay& p : replay->policies) {
+    EXPECT_EQ(p.rejected_shed, p.policy == "kvcache" ? 1 : 0) << p.policy;
+    EXPECT_EQ(p.accepted, p.policy == "kvcache" ? 0 : 1) << p.policy;
+  }
+  // The limit 0, and a baseline, never shed.
+  SchedulerConfig off;
+  off.shed_limit = 0;
+  for (const auto& u : paper_rules(off)) {
+    ASSERT_TRUE(u->schedule(request("warm", kB, 10, 1)).accepted);
+    load(*u, "P0", 2'000);
+    load(*u, "P1", 2'000);
+    Decision d = u->decide(big);
+    EXPECT_TRUE(d.accepted) << u->config().policy << ": " << d.reason;
+    EXPECT_DOUBLE_EQ(d.shed_limit, 0);
+  }
+  SchedulerConfig bad;
+  bad.shed_limit = -1;
+  EXPECT_FALSE(Scheduler::create(bad, &clock_).is_ok());
+  bad.shed_limit = 1001;
+  EXPECT_FALSE(Scheduler::create(bad, &clock_).is_ok());
+}
+
 TEST_F(SchedulerTest, SloHeadroomTurnsAwayALongWaitButNotALongPrefill) {
   auto s = make("kvcache");
   EXPECT_EQ(s->slo_headroom(), 0.2);
@@ -1053,10 +1119,7 @@ TEST_F(SchedulerTest, SloHeadroomTurnsAwayALongWaitButNotALongPrefill) {
   // With no headroom, and for a baseline (which keeps the paper's rule), the first request is accepted.
   SchedulerConfig paper;
   paper.slo_headroom = 0;
-  std::vector<std::unique_ptr<Scheduler>> rules;
-  rules.push_back(make("kvcache", paper));
-  rules.push_back(make("least_loaded"));
-  for (const auto& u : rules) {
+  for (const auto& u : paper_rules(paper)) {
     load(*u, "P0", 300);
     load(*u, "P1", 400);
     r.slo_ttft_ms = 600;

@@ -204,9 +204,9 @@ TEST(ClusterDescription, QueueDisciplineReachesTheSimulatedCluster) {
   EXPECT_EQ(s->config.queue, "fcfs");
 }
 
-// Pending prefixes, load-priced placement and SLO headroom (DESIGN.md §10): defaults.pending_prefix,
-// defaults.placement_load_weight and defaults.slo_headroom reach the simulated cluster as the Conductor gets them from
-// cluster.sh; bad values are refused naming the field.
+// Pending prefixes, load-priced placement, SLO headroom and load shedding (DESIGN.md §10): defaults.pending_prefix,
+// defaults.placement_load_weight, defaults.slo_headroom and defaults.shed_limit reach the simulated cluster as the
+// Conductor gets them from cluster.sh; bad values are refused naming the field.
 TEST(ClusterDescription, PlacementSettingsReachTheSimulatedCluster) {
   nlohmann::json doc = good();
   auto d = parse_cluster_description(doc, "c.json");
@@ -216,7 +216,9 @@ TEST(ClusterDescription, PlacementSettingsReachTheSimulatedCluster) {
   EXPECT_EQ(s->config.pending_prefix, "");
   EXPECT_EQ(s->config.placement_load_weight, 1.0);
   EXPECT_EQ(s->config.slo_headroom, 0.2);
+  EXPECT_EQ(s->config.shed_limit, 5.0);
   doc["defaults"]["pending_prefix"] = "off";
+  doc["defaults"]["shed_limit"] = 0;
   doc["defaults"]["placement_load_weight"] = 0;
   doc["defaults"]["slo_headroom"] = 0;
   d = parse_cluster_description(doc, "c.json");
@@ -226,11 +228,14 @@ TEST(ClusterDescription, PlacementSettingsReachTheSimulatedCluster) {
   EXPECT_EQ(s->config.pending_prefix, "off");
   EXPECT_EQ(s->config.placement_load_weight, 0.0);
   EXPECT_EQ(s->config.slo_headroom, 0.0);
+  EXPECT_EQ(s->config.shed_limit, 0.0);
   for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{{"pending_prefix", "maybe"},
                                                                                       {"placement_load_weight", -1},
                                                                                       {"placement_load_weight", "high"},
                                                                                       {"slo_headroom", 0.95},
-                                                                                      {"slo_headroom", "some"}}) {
+                                                                                      {"slo_headroom", "some"},
+                                                                                      {"shed_limit", -1},
+                                                                                      {"shed_limit", 1001}}) {
     nlohmann::json bad = good();
     bad["defaults"][key] = value;
     auto r = parse_cluster_description(bad, "c.json");

@@ -137,6 +137,32 @@ TEST(McSimCluster, PreemptionLetsAShortPromptPassALongOneAtAChunkBoundary) {
   std::filesystem::remove(trace);
 }
 
+// Load shedding (DESIGN.md §10 "Load shedding"): the first 2,000 requests of the conversation trace at 3x its rate
+// are a burst in which kvcache's default turns away some of the largest prompts (reason load_shed) and the mean TTFT
+// falls; --shed-limit 0 (the paper's rule) sheds none.
+TEST(McSimCluster, LoadSheddingTurnsAwayTheLargestPromptsOfABurst) {
+  std::map<std::string, nlohmann::json> runs;
+  for (const std::string limit : {"", "0"}) {
+    int rc = 0;
+    const std::string out = run_tool(kSim + " --trace " + kTrace + " --rate-scale 3 --max-requests 2000" +
+                                         (limit.empty() ? "" : " --shed-limit " + limit) + " --json 2>/dev/null",
+                                     rc);
+    ASSERT_EQ(rc, 0) << out;
+    runs[limit] = nlohmann::json::parse(out);
+  }
+  EXPECT_EQ(runs[""]["cluster"]["shed_limit"], 5.0);
+  EXPECT_EQ(runs["0"]["cluster"]["shed_limit"], 0.0);
+  const int64_t shed = runs[""]["summary"]["reasons"].value("load_shed", 0);
+  EXPECT_GT(shed, 0) << runs[""]["summary"]["reasons"].dump();
+  EXPECT_EQ(runs["0"]["summary"]["reasons"].value("load_shed", 0), 0);
+  EXPECT_LT(runs[""]["summary"]["ttft_ms"]["mean"].get<double>(),
+            runs["0"]["summary"]["ttft_ms"]["mean"].get<double>());
+  int rc = 0;
+  const std::string bad = run_tool(kSim + " --trace " + kTrace + " --shed-limit -1 2>&1", rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << bad;
+  EXPECT_NE(bad.find("--shed-limit"), std::string::npos) << bad;
+}
+
 TEST(McSimCluster, RefusalsExitTwoWithTheReason) {
   int rc = 0;
   std::string out = run_tool(kSim + " --cluster missing.json --trace " + kTrace + " 2>&1", rc);

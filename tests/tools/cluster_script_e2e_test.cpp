@@ -113,14 +113,16 @@ TEST(ClusterScript, QueueDisciplineReachesTheConductor) {
 TEST(ClusterScript, PlacementSettingsReachTheConductor) {
   auto r = script(kClusters +
                   "ssh-example.json --mode ssh --dry-run --set pending_prefix=off --set "
-                  "placement_load_weight=0.5 --set slo_headroom=0.1");
+                  "placement_load_weight=0.5 --set slo_headroom=0.1 --set shed_limit=3");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(count_of(r.out, "--pending-prefix off --placement-load-weight 0.5 --slo-headroom 0.1"), 1u) << r.out;
+  EXPECT_EQ(count_of(r.out, "--pending-prefix off --placement-load-weight 0.5 --slo-headroom 0.1 --shed-limit 3"), 1u)
+      << r.out;
   r = script(kClusters + "ssh-example.json --mode ssh --dry-run");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(count_of(r.out, "--pending-prefix"), 0u) << r.out;
   EXPECT_EQ(count_of(r.out, "--placement-load-weight"), 0u) << r.out;
   EXPECT_EQ(count_of(r.out, "--slo-headroom"), 0u) << r.out;
+  EXPECT_EQ(count_of(r.out, "--shed-limit"), 0u) << r.out;
   r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set pending_prefix=sometimes");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("defaults.pending_prefix must be on or off"), std::string::npos) << r.out;
@@ -130,6 +132,9 @@ TEST(ClusterScript, PlacementSettingsReachTheConductor) {
   r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set slo_headroom=0.95");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("defaults.slo_headroom must be a number in [0, 0.9]"), std::string::npos) << r.out;
+  r = script(kClusters + "ssh-example.json --mode ssh --dry-run --set shed_limit=-2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("defaults.shed_limit must be a number in [0, 1000]"), std::string::npos) << r.out;
 }
 
 TEST(ClusterScript, BrokenDescriptionsExit2WithTheReason) {

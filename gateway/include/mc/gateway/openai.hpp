@@ -35,6 +35,10 @@ struct ApiError {
   int retry_after_s = 0;  // > 0: a Retry-After header (429)
 };
 nlohmann::json error_document(const ApiError& e);
+// Whether a Conductor rejection reason (mc::sched::reject_reason_name) is early rejection under load, answered 429
+// with Retry-After: ttft_slo, tbt_slo, kv_capacity and load_shed (DESIGN.md §10); the others are not the client's
+// rate (invalid_request is a 400, no instance a 503).
+bool is_early_rejection(std::string_view reject_reason);
 
 // Limits and defaults of parsing (mc-gateway flags).
 struct ParseLimits {

@@ -41,6 +41,8 @@ struct LoggedDecision {
   double ttft_target_ms = 0;     // the target scheduled to (SLO headroom); the SLO in a log from before it
   bool early_reject = true;
   double service_weight = 0;               // the load-priced placement's weight (0 in a log from before it)
+  double load_ratio = 0;                   // load shedding's ratio (Decision::load_ratio; 0 in an older log)
+  double shed_limit = 0;                   // the shed limit the logging Conductor applied (0: none, or an older log)
   std::vector<PrefillEstimate> estimates;  // the policy's input; empty: nothing to re-run
 };
 
@@ -56,6 +58,7 @@ struct PolicyReplay {
   int64_t accepted = 0;          // of the re-run ones, not rejected by the replay
   int64_t rejected = 0;          // rejected: predicted TTFT over the SLO (early rejection on), or decode side as logged
   int64_t rejected_ttft = 0;     // of those, by the TTFT SLO
+  int64_t rejected_shed = 0;     // of those, by load shedding (kvcache at the log's shed_limit)
   // Predicted TTFT of the replayed choice minus the logged one, ms, over the re-run decisions.
   double mean_ttft_diff_ms = 0;
   double p99_abs_ttft_diff_ms = 0;  // nearest rank

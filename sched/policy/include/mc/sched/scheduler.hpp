@@ -25,7 +25,8 @@
 //     reserved (input + output tokens of every request still running then: future growth counted)
 //     and the step time with this request added; take the feasible one with the smallest TBT;
 //  5. early rejection: reject when TTFT > SLO, or TTFT > the target (1 - slo_headroom) x SLO with a predicted wait
-//     over slo_headroom x SLO (ttft_admissible), or no decode instance meets TBT / fits the KV
+//     over slo_headroom x SLO (ttft_admissible), or (kvcache) when its service x the load ratio passes
+//     shed_limit x SLO (load shedding, DESIGN.md §10), or no decode instance meets TBT / fits the KV
 //     (with early rejection off only impossible requests are rejected: KV larger than any decode
 //     instance's capacity, or no live instance);
 //  6. hot prefix: when the instance holding the longest prefix on its own host is overloaded and
@@ -178,6 +179,8 @@ class Scheduler {
   double placement_load_weight() const { return config_.policy == "kvcache" ? config_.placement_load_weight : 0.0; }
   // The SLO headroom in force: config().slo_headroom for kvcache, 0 for the baselines (the paper's admission rule).
   double slo_headroom() const { return config_.policy == "kvcache" ? config_.slo_headroom : 0.0; }
+  // The load-shedding limit in force: config().shed_limit for kvcache, 0 (never) for the baselines.
+  double shed_limit() const { return config_.policy == "kvcache" ? config_.shed_limit : 0.0; }
   // Every live prefill instance as the last decide() priced it, in registration order: the policy's input
   // (empty when that decision was rejected before pricing). Valid until the next decide().
   std::span<const PrefillEstimate> last_estimates() const { return estimates_; }

@@ -141,6 +141,12 @@ struct SchedulerConfig {
   // than slo_headroom x SLO before its prefill starts (ttft_admissible()). In [0, 0.9]; 0: the paper's rule (admit
   // up to the SLO itself).
   double slo_headroom = 0.2;
+  // Load shedding (kvcache; DESIGN.md §10 "Load shedding"): a request whose prefill would delay the requests queued
+  // after it by more than shed_limit x its TTFT SLO in all is turned away early (reason "load_shed"). The delay it
+  // makes is its predicted service (prefill + prefix transfer) times the load ratio, the mean predicted queue of the
+  // prefill instances over the mean service of recent jobs (the M/M/1 rho / (1 - rho) the load-priced placement
+  // uses): 0 on an idle cluster, so only the largest prompts of a burst are shed. In [0, 1000]; 0: off (the paper).
+  double shed_limit = 5.0;
   PipelineConfig pipeline;
   QueueConfig queue;
 };
@@ -212,7 +218,9 @@ enum class RejectReason : uint8_t {
   kTbtSlo,             // no decode instance keeps predicted TBT within the SLO
   kKvCapacity,         // no decode instance can reserve input+output tokens (now, or ever)
   kInvalidRequest,     // input_tokens < 1, more block hashes than blocks, ...
+  kLoadShed,           // admissible, but its prefill would delay the requests after it too much (shed_limit, §10)
 };
+inline constexpr RejectReason kLastRejectReason = RejectReason::kLoadShed;
 std::string_view reject_reason_name(RejectReason r);  // "ttft_slo", "kv_capacity", ...
 
 // The outcome of Scheduler::decide(). Every field is a prediction made at decision time.
@@ -233,6 +241,8 @@ struct Decision {
   DecodeEstimate decode;
   double predicted_ttft_ms = 0;  // = prefill.ttft_ms (also set on rejection: the best seen)
   double service_weight = 0;     // the policy's PlacementContext::service_weight for this decision
+  double load_ratio = 0;         // mean predicted queue / mean service of recent jobs (load shedding), <= 1000
+  double shed_limit = 0;         // the shed limit in force (Scheduler::shed_limit(); 0: none)
   double predicted_tbt_ms = 0;
   int64_t hit_tokens = 0;          // reused_blocks * block_size_tokens, capped at input_tokens - 1
   int64_t pool_prefix_tokens = 0;  // the longest prefix held anywhere in the pool: blocks * block_size_tokens

@@ -59,6 +59,7 @@ struct ClusterDescription {
   std::string pending_prefix;            // defaults.pending_prefix: on | off ("": the policy's default; DESIGN.md §10)
   double placement_load_weight = 1.0;    // defaults.placement_load_weight: kvcache's load pricing, 0 to 1000
   double slo_headroom = 0.2;             // defaults.slo_headroom: kvcache's share of the TTFT SLO kept free, 0 to 0.9
+  double shed_limit = 5.0;               // defaults.shed_limit: kvcache's load shedding, x the TTFT SLO, 0 to 1000
   int64_t pipeline_group = 1;            // defaults.pipeline_group: chunked pipeline parallelism (DESIGN.md §18)
   int64_t pipeline_chunk_tokens = 8192;  // defaults.pipeline_chunk_tokens: tokens of one chunk of a group's prefill
   double pipeline_reserve_factor = 2.0;  // defaults.pipeline_reserve_factor: about-free instances, x the group size

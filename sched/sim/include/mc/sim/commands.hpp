@@ -41,6 +41,7 @@ struct ClusterOverrides {
   std::optional<std::string> pending_prefix;      // on | off
   std::optional<double> placement_load_weight;    // kvcache: service's weight, x mean queue / mean service
   std::optional<double> slo_headroom;             // kvcache: fraction of the TTFT SLO kept free
+  std::optional<double> shed_limit;               // kvcache: load shedding, x the TTFT SLO (0: off)
   // Applies the set fields to `config` and validates it.
   Status apply(ClusterConfig& config) const;
 };
