@@ -527,10 +527,13 @@ class Gateway {
       // a burst (load_shed; the reason names which); retry later.
       e.http_status = 429;
       e.type = "rate_limit_error";
-      e.code = "slo_unattainable";
+      e.code = why == "load_shed" ? "load_shed" : "slo_unattainable";
       const double slo = f.req.slo_ttft_ms > 0 ? f.req.slo_ttft_ms : o_.slo_ttft_ms;
       char buf[160];
-      if (slo > 0) {
+      if (why == "load_shed") {
+        // Its own TTFT was within the SLO: the reason gives the delay it would add and the limit instead.
+        buf[0] = '\0';
+      } else if (slo > 0) {
         std::snprintf(buf, sizeof buf, " [predicted TTFT %.1f ms, TTFT SLO %g ms]", r.predicted_ttft_ms, slo);
       } else {
         std::snprintf(buf, sizeof buf, " [predicted TTFT %.1f ms, TTFT SLO: the Conductor's default]",

@@ -1198,6 +1198,7 @@ class Conductor {
     Flight& f = in_flight_.at(id);
     Request r = f.request;
     r.slo_ttft_ms = remaining_ttft_ms;
+    r.redispatch = true;  // admitted already: not shed
     Decision d = sched_->decide(r);
     log_decision(r, d, f.submit);
     if (!d.accepted) {

@@ -135,7 +135,8 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
                   {"guard_ms", cfg.queue.guard_ms}};
   out["placement"] = {{"pending_prefix", s.pending_prefix()},
                       {"load_weight", s.placement_load_weight()},
-                      {"slo_headroom", s.slo_headroom()}};
+                      {"slo_headroom", s.slo_headroom()},
+                      {"shed_limit", s.shed_limit()}};
   if (with_instances) {
     nlohmann::json insts = nlohmann::json::array();
     for (Role role : {Role::kPrefill, Role::kDecode}) {

@@ -13,6 +13,9 @@ namespace {
 
 constexpr int64_t kSendEntryLingerNs = 600'000'000'000;
 constexpr double kMaxServiceWeight = 1'000;  // PlacementContext::service_weight's bound
+// Load shedding judges the load ratio only once the mean service has this many jobs behind it: one job's service
+// is no mean (a Conductor restarted under reported load would shed everything above it).
+constexpr int64_t kShedMinSamples = 64;
 
 std::string fmt(const char* f, auto... args) {
   char buf[512];
@@ -52,6 +55,12 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(SchedulerConfig config, con
                  "scheduler: queue aging weight must be in [0, 1e6], guard in [0, 24 h] ms, overtake history in [1, "
                  "1e6], preemption chunk in [0, 2^24] tokens, placement load weight in [0, 1000], SLO headroom in "
                  "[0, 0.9], shed limit in [0, 1000]");
+  }
+  if (config.queue.preempt_chunk_tokens > 0 && config.pipeline.group_size > 1) {
+    return error(Code::kInvalidArgument,
+                 "scheduler: preemption (preempt_chunk_tokens " + std::to_string(config.queue.preempt_chunk_tokens) +
+                     ") and pipelined groups (group size " + std::to_string(config.pipeline.group_size) +
+                     ") together are not modelled: a held stage never yields; turn one off");
   }
   if (config.pending_prefix != "" && config.pending_prefix != "on" && config.pending_prefix != "off") {
     return error(Code::kInvalidArgument,
@@ -217,9 +226,12 @@ Decision Scheduler::decide(const Request& request) {
                   d.prefill.ttft_ms, ttft_target_ms_, slo_ttft, 100 * slo_headroom(), wait_ms);
     return reject(d, RejectReason::kTtftSlo, why + prefill_why + ")");
   }
-  // Load shedding (kvcache, DESIGN.md §10): the waiting this prefill adds to the requests queued after it.
-  const double service_ms = d.prefill.prefill_ms + d.prefill.transfer_ms;
-  if (config_.slo.early_reject && shed_limit() > 0 && d.load_ratio * service_ms > shed_limit() * slo_ttft) {
+  // Load shedding (kvcache, DESIGN.md §10): the waiting this prefill adds to the requests queued after it, priced
+  // with its service on one instance (a pipelined group holds several: never less than that); a re-dispatch was
+  // admitted already.
+  const double service_ms = single_service_ms_;
+  if (config_.slo.early_reject && shed_limit() > 0 && !request.redispatch && service_samples_ >= kShedMinSamples &&
+      d.load_ratio * service_ms > shed_limit() * slo_ttft) {
     return reject(d, RejectReason::kLoadShed,
                   fmt("shed under load: its prefill (%.1f ms of service) would add about %.1f s of waiting to the "
                       "requests queued after it (x %.2f, the mean queue over the mean service), more than %g x the "
@@ -529,6 +541,7 @@ void Scheduler::choose_prefill(const Request& request, Decision& d) {
   size_t chosen = policy_->choose(request, estimates_, ctx);
   if (chosen >= estimates_.size()) chosen = 0;
   d.prefill = estimates_[chosen];
+  single_service_ms_ = d.prefill.prefill_ms + d.prefill.transfer_ms;   // before a pipelined group may replace it
   d.prefill.remote_sources = estimate_plans_[chosen]->remote_sources;  // only the chosen one's (commit books them)
   d.prefill.queue_ms += d.prefill.overtake_ms;
   d.prefill.ttft_ms += d.prefill.overtake_ms;
@@ -765,6 +778,7 @@ void Scheduler::commit(const Request& request, const Decision& d) {
     const double service_ms = d.prefill.prefill_ms + d.prefill.transfer_ms;
     if (service_ms > 0 && std::isfinite(service_ms)) {
       service_ewma_ms_ = service_ewma_ms_ <= 0 ? service_ms : 0.99 * service_ewma_ms_ + 0.01 * service_ms;
+      ++service_samples_;
     }
     cluster_.assign_prefill(d.prefill_id,
                             PrefillJob{request.request_id, service_ms, request.input_tokens - d.hit_tokens,

@@ -345,6 +345,11 @@ TEST(QueueDiscipline, SchedulerRefusesBadQueueConfig) {
   EXPECT_FALSE(Scheduler::create(cfg, &clock).value()->cluster().prefill_preemption());
   cfg.queue.preempt_chunk_tokens = 4096;
   EXPECT_TRUE(Scheduler::create(cfg, &clock).value()->cluster().prefill_preemption());
+  cfg.pipeline.group_size = 2;  // a held stage never yields: not modelled together
+  auto both = Scheduler::create(cfg, &clock);
+  ASSERT_FALSE(both.is_ok());
+  EXPECT_NE(both.status().message().find("a held stage never yields"), std::string::npos) << both.status().message();
+  cfg.pipeline.group_size = 1;
   for (const int64_t bad : {int64_t{-1}, (int64_t{1} << 24) + 1}) {
     cfg.queue.preempt_chunk_tokens = bad;
     auto s = Scheduler::create(cfg, &clock);

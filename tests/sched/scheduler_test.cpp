@@ -53,6 +53,16 @@ class SchedulerTest : public ::testing::Test {
     v.push_back(make("least_loaded"));
     return v;
   }
+  // n one-block requests placed, prefilled and done: the mean service has n jobs behind it, the ledger none.
+  static void serve_short_requests(Scheduler& s, int n) {
+    static int next = 0;
+    for (int i = 0; i < n; ++i) {
+      Decision w = s.schedule(request("short-" + std::to_string(next++), kB, 10, 1));
+      ASSERT_TRUE(w.accepted) << w.reason;
+      s.on_prefill_done(PrefillReport{w.request_id, w.prefill_id, kB, 0, -1.0});  // < 0: no refit sample
+      s.on_request_done(w.request_id);
+    }
+  }
   // Queue on an instance, reported by its heartbeat as tokens not yet prefilled (0.1 ms each).
   static void load(Scheduler& s, const std::string& id, double queue_ms) {
     LoadReport r;
@@ -1012,14 +1022,23 @@ TEST(SloHeadroom, TheAdmissionRule) {
 TEST_F(SchedulerTest, LoadSheddingTurnsAwayTheLargestPromptOfABurstOnly) {
   auto s = make("kvcache");
   EXPECT_EQ(s->shed_limit(), 5.0);
-  ASSERT_TRUE(s->schedule(request("warm", kB, 10, 1)).accepted);  // one job: the mean service's first sample
+  serve_short_requests(*s, 63);
   Request big = request("big", 40 * kB, 10, 40);
   big.slo_ttft_ms = 10'000;
   Decision idle = s->decide(big);
   EXPECT_TRUE(idle.accepted) << idle.reason;
-  EXPECT_LT(idle.load_ratio, 5.0);
+  EXPECT_LT(idle.load_ratio, 1.0);
   load(*s, "P0", 2'000);
   load(*s, "P1", 2'000);
+  // 63 jobs are too few a mean service to judge the load by (kShedMinSamples): admitted.
+  Decision early = s->decide(big);
+  EXPECT_TRUE(early.accepted) << early.reason;
+  EXPECT_GT(early.load_ratio * (early.prefill.prefill_ms + early.prefill.transfer_ms), 5.0 * 10'000);
+  serve_short_requests(*s, 1);
+  // A re-dispatch of an accepted request is not shed either.
+  Request again = big;
+  again.redispatch = true;
+  EXPECT_TRUE(s->decide(again).accepted);
   Decision shed = s->decide(big);
   EXPECT_FALSE(shed.accepted);
   EXPECT_EQ(shed.reject_reason, RejectReason::kLoadShed);
@@ -1050,7 +1069,7 @@ TEST_F(SchedulerTest, LoadSheddingTurnsAwayTheLargestPromptOfABurstOnly) {
   SchedulerConfig off;
   off.shed_limit = 0;
   for (const auto& u : paper_rules(off)) {
-    ASSERT_TRUE(u->schedule(request("warm", kB, 10, 1)).accepted);
+    serve_short_requests(*u, 64);
     load(*u, "P0", 2'000);
     load(*u, "P1", 2'000);
     Decision d = u->decide(big);

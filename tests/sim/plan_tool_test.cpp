@@ -112,7 +112,7 @@ TEST(Tools, PendingPrefixesAndLoadPricedPlacementHoldASessionHeavyTrace) {
   ASSERT_FALSE(trace.empty());
   int rc = 0;
   auto run = [&](const std::string& args) { return sim_json(trace, "--rate-scale 2 --policy kvcache " + args); };
-  const auto paper = run("--pending-prefix off --placement-load-weight 0 --slo-headroom 0");
+  const auto paper = run("--pending-prefix off --placement-load-weight 0 --slo-headroom 0 --shed-limit 0");
   const auto both = run("");
   EXPECT_EQ(paper["cluster"]["pending_prefix"], "off");
   EXPECT_EQ(paper["cluster"]["placement_load_weight"], 0.0);
@@ -152,8 +152,8 @@ TEST(Tools, SloHeadroomHoldsQueuesBelowTheSloPastCapacity) {
   ASSERT_FALSE(trace.empty());
   int rc = 0;
   auto run = [&](const std::string& args) { return sim_json(trace, "--rate-scale 2.5 --policy kvcache " + args); };
-  const auto paper = run("--slo-headroom 0");
-  const auto held = run("");
+  const auto paper = run("--slo-headroom 0 --shed-limit 0");
+  const auto held = run("--shed-limit 0");
   EXPECT_EQ(paper["cluster"]["slo_headroom"], 0.0);
   EXPECT_EQ(held["cluster"]["slo_headroom"], 0.2);
   const auto ttft = [](const nlohmann::json& j, const char* stat) {

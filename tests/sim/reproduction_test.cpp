@@ -125,6 +125,7 @@ TEST(Reproduction, RefitOnDoesNotDriftUnderOverload) {
   o.cluster.pending_prefix = "off";
   o.cluster.placement_load_weight = 0;
   o.cluster.slo_headroom = 0;
+  o.cluster.shed_limit = 0;
   o.refit_predictors = false;
   SimResult off = run(rows, o);
   o.refit_predictors = true;

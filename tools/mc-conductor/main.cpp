@@ -74,11 +74,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.9));
   serve
-      ->add_option("--shed-limit", o.scheduler.shed_limit,
-                   "kvcache policy: load shedding: turn away a request whose prefill would delay the requests queued "
-                   "after it by more than this x its TTFT SLO in all (its predicted service x the mean predicted "
-                   "queue / mean service of recent jobs; 0 when idle, so only the largest prompts of a burst go; "
-                   "reason load_shed, HTTP 429; 0: off, the paper's rule; 0 to 1000; DESIGN.md §10)")
+      ->add_option(
+          "--shed-limit", o.scheduler.shed_limit,
+          "kvcache policy: load shedding: turn away a request whose prefill would delay the requests queued "
+          "after it by more than this x its TTFT SLO in all (its predicted service x the mean over the prefill "
+          "instances of the queue it would wait there / mean service of recent jobs; near 0 when idle, so "
+          "only the largest prompts of a burst go; reason load_shed, HTTP 429; 0: off, the paper's rule; 0 "
+          "to 1000; DESIGN.md §10)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1000.0));
   mc::cli::add_slo_default_flags(*serve, o.scheduler.slo.ttft_ms, o.scheduler.slo.tbt_ms);

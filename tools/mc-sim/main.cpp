@@ -88,8 +88,9 @@ int main(int argc, char** argv) {
   app.add_option("--shed-limit", o.shed_limit,
                  "Override: kvcache policy: load shedding: turn away a request whose prefill would delay the "
                  "requests queued after it by more than this x its TTFT SLO in all (its predicted service x the "
-                 "mean predicted queue / mean service of recent jobs; 0 when idle; reason load_shed; 0: off, the "
-                 "paper's rule; 0 to 1000; default 5; docs/DESIGN.md §10)")
+                 "mean over the prefill instances of the queue it would wait there / mean service of recent jobs; "
+                 "near 0 when idle; reason load_shed; 0: off, the paper's rule; 0 to 1000; default 5; "
+                 "docs/DESIGN.md §10)")
       ->check(CLI::Range(0.0, 1000.0));
   mc::cli::add_slo_list_flags(app, "--report-slo-ttft-ms", cmd.report_slo_ttft_ms, "--report-slo-tbt-ms",
                               cmd.report_slo_tbt_ms, " of the summary's SLO table (default: the cluster's)");

@@ -84,9 +84,9 @@ struct DecodeStepReport {
 struct SchedulerCounters {
   uint64_t decisions = 0;
   uint64_t accepted = 0;
-  uint64_t rejected[8] = {};      // by RejectReason
-  uint64_t fetch = 0;             // accepted with reused_blocks > 0
-  uint64_t recompute = 0;         // accepted with reused_blocks == 0
+  uint64_t rejected[static_cast<size_t>(kLastRejectReason) + 1] = {};  // by RejectReason
+  uint64_t fetch = 0;                                                  // accepted with reused_blocks > 0
+  uint64_t recompute = 0;                                              // accepted with reused_blocks == 0
   uint64_t fetch_remote = 0;      // of fetch: some blocks read from another host's memory
   uint64_t recompute_cached = 0;  // of recompute: the pool held a reusable prefix, recomputing was priced cheaper
   uint64_t replicate = 0;
@@ -320,6 +320,9 @@ class Scheduler {
   // Mean predicted service (prefill + transfer, ms) of the recent single-instance jobs booked (an exponential moving
   // average over about 100 jobs; 0 before the first): the scale of PlacementContext::service_weight.
   double service_ewma_ms_ = 0;
+  int64_t service_samples_ = 0;
+  double single_service_ms_ = 0;  // decide(): the chosen single instance's service (load shedding's price)  // jobs in
+                                  // service_ewma_ms_: load shedding waits for kShedMinSamples of them
   int64_t max_reuse_ = 0;         // the current decision's reusable prefix (blocks)
   double ttft_target_ms_ = 0;     // the current decision's TTFT target (Decision::ttft_target_ms)
   std::string pending_instance_;  // the current decision's pending prefix: its instance,

@@ -43,6 +43,9 @@ struct Request {
   std::vector<uint64_t> block_hashes;
   double slo_ttft_ms = 0;  // 0: use SchedulerConfig::slo.ttft_ms
   double slo_tbt_ms = 0;   // 0: use SchedulerConfig::slo.tbt_ms
+  // A new decision for an accepted request whose attempt was lost (the Conductor's re-dispatch, slo_ttft_ms then its
+  // remaining budget): it was admitted already, so load shedding does not turn it away.
+  bool redispatch = false;
 };
 
 struct SloConfig {
