@@ -89,6 +89,7 @@ nlohmann::json decision_record(const Request& r, const Decision& d, std::span<co
       {"service_weight", d.service_weight},
       {"load_ratio", d.load_ratio},
       {"shed_limit", d.shed_limit},
+      {"shed_slo_ms", d.shed_slo_ms},
       {"predicted_tbt_ms", d.accepted ? nlohmann::json(d.predicted_tbt_ms) : nlohmann::json(nullptr)},
       {"hit_tokens", d.hit_tokens},
       {"pool_prefix_tokens", d.pool_prefix_tokens},
@@ -136,7 +137,8 @@ nlohmann::json scheduler_status(const Scheduler& s, bool with_instances) {
   out["placement"] = {{"pending_prefix", s.pending_prefix()},
                       {"load_weight", s.placement_load_weight()},
                       {"slo_headroom", s.slo_headroom()},
-                      {"shed_limit", s.shed_limit()}};
+                      {"shed_limit", s.shed_limit()},
+                      {"balancing_threshold", s.config().balancing_threshold}};
   if (with_instances) {
     nlohmann::json insts = nlohmann::json::array();
     for (Role role : {Role::kPrefill, Role::kDecode}) {

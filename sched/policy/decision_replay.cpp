@@ -50,6 +50,10 @@ Result<LoggedDecision> logged_decision_from_json(const nlohmann::json& line) {
     }
     d.load_ratio = dec.value("load_ratio", 0.0);
     d.shed_limit = dec.value("shed_limit", 0.0);
+    d.shed_slo_ms = dec.value("shed_slo_ms", d.slo_ttft_ms);
+    if (!std::isfinite(d.shed_slo_ms) || d.shed_slo_ms < 0) {
+      return error(Code::kInvalidArgument, "decision field \"shed_slo_ms\" must be a finite number >= 0");
+    }
     if (!std::isfinite(d.load_ratio) || d.load_ratio < 0 || !std::isfinite(d.shed_limit) || d.shed_limit < 0) {
       return error(Code::kInvalidArgument,
                    "decision fields \"load_ratio\" and \"shed_limit\" must be finite numbers >= 0");
@@ -113,7 +117,7 @@ Result<DecisionReplay> replay_decisions(std::span<const LoggedDecision> log, con
       const bool over_slo = d.early_reject && !ttft_admissible(ttft_ms, wait_ms, d.slo_ttft_ms, target_ms);
       // Load shedding is kvcache's (Scheduler::shed_limit()), at the limit the log's Conductor applied.
       const bool shed = d.early_reject && runners[p]->name() == "kvcache" && d.shed_limit > 0 &&
-                        d.load_ratio * (e.prefill_ms + e.transfer_ms) > d.shed_limit * d.slo_ttft_ms;
+                        d.load_ratio * (e.prefill_ms + e.transfer_ms) > d.shed_limit * d.shed_slo_ms;
       if (over_slo || shed) {
         ++r.rejected;
         ++(over_slo ? r.rejected_ttft : r.rejected_shed);

@@ -49,12 +49,12 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(SchedulerConfig config, con
       !(config.queue.guard_ms <= 86'400'000) || config.queue.overtake_history < 1 ||
       !(config.placement_load_weight >= 0) || !(config.placement_load_weight <= 1000) || !(config.slo_headroom >= 0) ||
       !(config.slo_headroom <= 0.9) || config.queue.overtake_history > 1'000'000 || !(config.shed_limit >= 0) ||
-      !(config.shed_limit <= 1000) || config.queue.preempt_chunk_tokens < 0 ||
-      config.queue.preempt_chunk_tokens > (int64_t{1} << 24)) {
+      !(config.shed_limit <= 1000) || !(config.balancing_threshold >= 1) || !(config.balancing_threshold <= 1000) ||
+      config.queue.preempt_chunk_tokens < 0 || config.queue.preempt_chunk_tokens > (int64_t{1} << 24)) {
     return error(Code::kInvalidArgument,
                  "scheduler: queue aging weight must be in [0, 1e6], guard in [0, 24 h] ms, overtake history in [1, "
                  "1e6], preemption chunk in [0, 2^24] tokens, placement load weight in [0, 1000], SLO headroom in "
-                 "[0, 0.9], shed limit in [0, 1000]");
+                 "[0, 0.9], shed limit in [0, 1000], balancing threshold in [1, 1000]");
   }
   if (config.queue.preempt_chunk_tokens > 0 && config.pipeline.group_size > 1) {
     return error(Code::kInvalidArgument,
@@ -188,6 +188,7 @@ Decision Scheduler::decide(const Request& request) {
   d.ttft_target_ms = ttft_target_ms_;
   d.early_reject = config_.slo.early_reject;
   d.shed_limit = shed_limit();
+  d.shed_slo_ms = config_.slo.ttft_ms;
   d.queue = std::string(queue_discipline_name(discipline_));
 
   // ---- 1. index lookup, once (send backlog entries stay until their prefill reports, for on_fetch_progress; one
@@ -227,16 +228,18 @@ Decision Scheduler::decide(const Request& request) {
     return reject(d, RejectReason::kTtftSlo, why + prefill_why + ")");
   }
   // Load shedding (kvcache, DESIGN.md §10): the waiting this prefill adds to the requests queued after it, priced
-  // with its service on one instance (a pipelined group holds several: never less than that); a re-dispatch was
-  // admitted already.
+  // with its service on one instance (a pipelined group holds several: never less than that), against the others'
+  // budget, the Conductor's TTFT SLO (a request's own SLO, however long it asks, exempts it from nothing); a
+  // re-dispatch was admitted already.
   const double service_ms = single_service_ms_;
+  const double others_slo_ms = d.shed_slo_ms;
   if (config_.slo.early_reject && shed_limit() > 0 && !request.redispatch && service_samples_ >= kShedMinSamples &&
-      d.load_ratio * service_ms > shed_limit() * slo_ttft) {
+      d.load_ratio * service_ms > shed_limit() * others_slo_ms) {
     return reject(d, RejectReason::kLoadShed,
                   fmt("shed under load: its prefill (%.1f ms of service) would add about %.1f s of waiting to the "
                       "requests queued after it (x %.2f, the mean queue over the mean service), more than %g x the "
-                      "TTFT SLO %.1f ms; retry later, or send a shorter prompt (best: ",
-                      service_ms, d.load_ratio * service_ms / 1e3, d.load_ratio, shed_limit(), slo_ttft) +
+                      "Conductor's TTFT SLO %.1f ms; retry later, or send a shorter prompt (best: ",
+                      service_ms, d.load_ratio * service_ms / 1e3, d.load_ratio, shed_limit(), others_slo_ms) +
                       prefill_why + ")");
   }
 
@@ -414,6 +417,11 @@ Scheduler::HostPlan Scheduler::plan_for_host(const Request& request, uint32_t ho
         if (x.bytes > 0) ms += static_cast<double>(x.backlog + x.bytes) / x.bytes_per_s * 1e3;
       }
       transfer += ms;
+    }
+    // The balancing threshold: a remote read only for a prefix more than that many times the same-host one.
+    if (bytes[remote] > 0 &&
+        !(static_cast<double>(k) > config_.balancing_threshold * static_cast<double>(p.longest_same_host_blocks))) {
+      continue;
     }
     double prefill = prefill_.predict_ms(request.input_tokens - k * B, k * B);
     if (prefill + transfer < p.cost_ms) {

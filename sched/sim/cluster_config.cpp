@@ -71,6 +71,9 @@ Status ClusterConfig::validate() const {
     return bad(src, "slo_headroom", "must be in [0, 0.9] (0: admit up to the SLO itself, as in the paper)");
   }
   if (!(shed_limit >= 0 && shed_limit <= 1000)) return bad(src, "shed_limit", "must be in [0, 1000] (0: off)");
+  if (!(balancing_threshold >= 1 && balancing_threshold <= 1000)) {
+    return bad(src, "balancing_threshold", "must be in [1, 1000] (1: any longer prefix, priced by TTFT)");
+  }
   if (!(slo_ttft_ms > 0)) return bad(src, "slo_ttft_ms", "must be > 0");
   if (!(slo_tbt_ms > 0)) return bad(src, "slo_tbt_ms", "must be > 0");
   if (block_size < 1 || block_size > (1 << 24)) return bad(src, "block_size", "must be in [1, 16777216]");
@@ -125,6 +128,7 @@ nlohmann::json ClusterConfig::to_json() const {
       {"placement_load_weight", placement_load_weight},
       {"slo_headroom", slo_headroom},
       {"shed_limit", shed_limit},
+      {"balancing_threshold", balancing_threshold},
       {"block_size", block_size},
       {"chunk_tokens", chunk_tokens},
       {"pipeline_group", pipeline_group},
@@ -207,6 +211,8 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
       MC_RETURN_IF_ERROR(num(c.slo_headroom));
     } else if (key == "shed_limit") {
       MC_RETURN_IF_ERROR(num(c.shed_limit));
+    } else if (key == "balancing_threshold") {
+      MC_RETURN_IF_ERROR(num(c.balancing_threshold));
     } else if (key == "early_rejection") {
       if (!v.is_boolean()) return bad(source, key, "must be true or false");
       c.early_rejection = v.get<bool>();

@@ -130,6 +130,7 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   if (placement_load_weight) c.placement_load_weight = *placement_load_weight;
   if (slo_headroom) c.slo_headroom = *slo_headroom;
   if (shed_limit) c.shed_limit = *shed_limit;
+  if (balancing_threshold) c.balancing_threshold = *balancing_threshold;
   return c.validate();
 }
 

@@ -156,6 +156,7 @@ class Sim {
     sc.placement_load_weight = cfg_.placement_load_weight;
     sc.slo_headroom = cfg_.slo_headroom;
     sc.shed_limit = cfg_.shed_limit;
+    sc.balancing_threshold = cfg_.balancing_threshold;
     sc.kv.kv_bytes_per_token = kv_bytes_;
     sc.kv.block_size_tokens = block_;
     sc.heartbeat_timeout_ms = std::max<int64_t>(3'000, 10 * opt_.heartbeat_ms);

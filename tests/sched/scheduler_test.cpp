@@ -187,6 +187,42 @@ TEST_F(SchedulerTest, KvCacheRecomputesWhenTheFetchIsTooSlow) {
   EXPECT_EQ(d.prefill.blocks_by_class[static_cast<int>(PathClass::kSsd)], 8);
 }
 
+// The paper's KV-cache balancing threshold (SchedulerConfig::balancing_threshold): P0's host holds the first 4
+// blocks, h4 (no prefill instance) the first 10. At 1 (the default) P0 reads the 6 more from h4 when that is faster;
+// at 3 a remote prefix must be more than 3 x the 4 local blocks, so P0 reuses its own 4 only, while P1 (no local
+// prefix) may still read all 10. Out of [1, 1000] the config is refused.
+TEST_F(SchedulerTest, TheBalancingThresholdKeepsAnInstanceOnItsOwnPrefixUnlessTheRemoteOneIsLonger) {
+  const auto remote = static_cast<int>(PathClass::kRemote);
+  auto plan_of = [](const Scheduler& s, const std::string& id) {
+    for (const PrefillEstimate& e : s.last_estimates()) {
+      if (e.instance_id == id) return e;
+    }
+    return PrefillEstimate{};
+  };
+  for (const double threshold : {1.0, 3.0}) {
+    SCOPED_TRACE("balancing threshold " + std::to_string(threshold));
+    SchedulerConfig cfg;
+    cfg.balancing_threshold = threshold;
+    auto s = make("kvcache", cfg);
+    s->set_backend_host("seg-h4", "h4");
+    store(*s, "seg-h0", 4);
+    store(*s, "seg-h4", 10);
+    Decision d = s->decide(request("r1", 12 * kB, 1, 12));
+    ASSERT_TRUE(d.accepted) << d.reason;
+    const PrefillEstimate p0 = plan_of(*s, "P0");
+    const PrefillEstimate p1 = plan_of(*s, "P1");
+    EXPECT_EQ(p0.longest_same_host_blocks, 4);
+    EXPECT_EQ(p0.reused_blocks, threshold == 1.0 ? 10 : 4);
+    EXPECT_EQ(p0.blocks_by_class[remote], threshold == 1.0 ? 6 : 0);
+    EXPECT_EQ(p1.reused_blocks, 10);  // no local prefix: any remote one is more than 3 x 0
+  }
+  SchedulerConfig bad;
+  bad.balancing_threshold = 0.5;
+  EXPECT_FALSE(Scheduler::create(bad, &clock_).is_ok());
+  bad.balancing_threshold = 1001;
+  EXPECT_FALSE(Scheduler::create(bad, &clock_).is_ok());
+}
+
 TEST_F(SchedulerTest, KvCacheRecomputesAShortRemotePrefix) {
   // A remote fetch costs 100 ms to set up: one block (saves 36 ms) is not worth it, ten are.
   BandwidthPriors slow_setup = kBw;
@@ -1020,7 +1056,9 @@ TEST(SloHeadroom, TheAdmissionRule) {
 // is admissible; a short one is not, nor the same long one on an idle cluster, with the limit 0, or under a
 // baseline. The decision log carries the ratio and the limit, and a replay through kvcache sheds it the same way.
 TEST_F(SchedulerTest, LoadSheddingTurnsAwayTheLargestPromptOfABurstOnly) {
-  auto s = make("kvcache");
+  SchedulerConfig slo10;
+  slo10.slo.ttft_ms = 10'000;  // the Conductor's SLO: the budget of the requests a shed prompt would hold up
+  auto s = make("kvcache", slo10);
   EXPECT_EQ(s->shed_limit(), 5.0);
   serve_short_requests(*s, 63);
   Request big = request("big", 40 * kB, 10, 40);
@@ -1046,9 +1084,13 @@ TEST_F(SchedulerTest, LoadSheddingTurnsAwayTheLargestPromptOfABurstOnly) {
   EXPECT_GT(shed.load_ratio * (shed.prefill.prefill_ms + shed.prefill.transfer_ms), 5.0 * 10'000);
   EXPECT_LT(shed.prefill.ttft_ms, shed.ttft_target_ms);  // its own TTFT was fine
   EXPECT_NE(shed.reason.find("shed under load"), std::string::npos) << shed.reason;
-  EXPECT_NE(shed.reason.find("more than 5 x the TTFT SLO 10000.0 ms"), std::string::npos) << shed.reason;
+  EXPECT_NE(shed.reason.find("more than 5 x the Conductor's TTFT SLO 10000.0 ms"), std::string::npos) << shed.reason;
   EXPECT_EQ(s->counters().rejected[static_cast<size_t>(RejectReason::kLoadShed)], 1u);
   const nlohmann::json record = decision_record(big, shed, s->last_estimates());
+  // A request cannot exempt itself by asking for a long SLO of its own: the limit is on the others' budget.
+  Request patient = big;
+  patient.slo_ttft_ms = 86'400'000;
+  EXPECT_EQ(s->decide(patient).reject_reason, RejectReason::kLoadShed);
   Request small = request("small", kB, 10, 1);
   small.slo_ttft_ms = 10'000;
   EXPECT_TRUE(s->decide(small).accepted);
@@ -1066,7 +1108,7 @@ TEST_F(SchedulerTest, LoadSheddingTurnsAwayTheLargestPromptOfABurstOnly) {
     EXPECT_EQ(p.accepted, p.policy == "kvcache" ? 0 : 1) << p.policy;
   }
   // The limit 0, and a baseline, never shed.
-  SchedulerConfig off;
+  SchedulerConfig off = slo10;
   off.shed_limit = 0;
   for (const auto& u : paper_rules(off)) {
     serve_short_requests(*u, 64);

@@ -13,7 +13,8 @@ TEST(ClusterConfig, ParsesEveryKeyWithUnits) {
     "cache_capacity_tokens": "3M", "cache_mode": "local", "nic_bandwidth_bytes_per_s": "25GB",
     "policy": "cache_aware", "slo_ttft_ms": 10000, "slo_tbt_ms": 200, "early_rejection": false,
     "block_size": 256, "chunk_tokens": 8192, "decode_kv_capacity_tokens": 1000000,
-    "decode_max_batch": 128, "max_context_tokens": 65536, "seed": 7, "preempt_chunk_tokens": 4096})");
+    "decode_max_batch": 128, "max_context_tokens": 65536, "seed": 7, "preempt_chunk_tokens": 4096,
+    "balancing_threshold": 2})");
   auto c = parse_cluster_config(doc, "c.json");
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   EXPECT_EQ(c->model, "llama3-8b");
@@ -29,6 +30,7 @@ TEST(ClusterConfig, ParsesEveryKeyWithUnits) {
   EXPECT_EQ(c->decode_max_batch, 128);
   EXPECT_EQ(c->seed, 7u);
   EXPECT_EQ(c->preempt_chunk_tokens, 4096);
+  EXPECT_EQ(c->balancing_threshold, 2.0);
   // Round trip through to_json.
   auto again = parse_cluster_config(c->to_json(), "again");
   ASSERT_TRUE(again.is_ok()) << again.status().to_string();
@@ -49,6 +51,7 @@ TEST(ClusterConfig, RejectsTyposAndBadValuesNamingTheKey) {
       {R"({"early_rejection": "yes"})", "early_rejection"},
       {R"({"slo_ttft_ms": 0})", "slo_ttft_ms"},
       {R"({"preempt_chunk_tokens": -5})", "preempt_chunk_tokens"},
+      {R"({"balancing_threshold": 0.5})", "balancing_threshold"},
       {R"({"preempt_chunk_tokens": 99999999})", "preempt_chunk_tokens"},
       {R"([1, 2])", "object"},
   };

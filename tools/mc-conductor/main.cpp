@@ -75,13 +75,24 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 0.9));
   serve
       ->add_option(
+          "--balancing-threshold", o.scheduler.balancing_threshold,
+          "The paper's KV-cache balancing threshold: an instance reads a prefix from another host only when it "
+          "is more than this many times the prefix in its own host's memory (1: any longer prefix, priced by "
+          "predicted TTFT alone; 1 to 1000; DESIGN.md §10)")
+      ->capture_default_str()
+      ->check(mc::cli::kNonNegativeFinite)
+      ->check(CLI::Range(1.0, 1000.0));
+  serve
+      ->add_option(
           "--shed-limit", o.scheduler.shed_limit,
           "kvcache policy: load shedding: turn away a request whose prefill would delay the requests queued "
-          "after it by more than this x its TTFT SLO in all (its predicted service x the mean over the prefill "
-          "instances of the queue it would wait there / mean service of recent jobs; near 0 when idle, so "
-          "only the largest prompts of a burst go; reason load_shed, HTTP 429; 0: off, the paper's rule; 0 "
-          "to 1000; DESIGN.md §10)")
+          "after it by more than this x the TTFT SLO (--slo-ttft-ms, not the request's own) in all (its "
+          "predicted service x the mean over the prefill instances of the queue it would wait there / mean "
+          "service of recent jobs; near 0 when idle, so only the largest prompts of a burst go; judged after 64 "
+          "jobs, never on a re-dispatch, off with --no-early-reject; reason load_shed, HTTP 429; 0: off, the "
+          "paper's rule; 0 to 1000; DESIGN.md §10)")
       ->capture_default_str()
+      ->check(mc::cli::kNonNegativeFinite)
       ->check(CLI::Range(0.0, 1000.0));
   mc::cli::add_slo_default_flags(*serve, o.scheduler.slo.ttft_ms, o.scheduler.slo.tbt_ms);
   serve->add_flag("--no-early-reject", no_early_reject,

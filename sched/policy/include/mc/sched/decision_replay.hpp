@@ -43,6 +43,7 @@ struct LoggedDecision {
   double service_weight = 0;               // the load-priced placement's weight (0 in a log from before it)
   double load_ratio = 0;                   // load shedding's ratio (Decision::load_ratio; 0 in an older log)
   double shed_limit = 0;                   // the shed limit the logging Conductor applied (0: none, or an older log)
+  double shed_slo_ms = 0;                  // the TTFT SLO that limit multiplies (the Conductor's; 0: slo_ttft_ms)
   std::vector<PrefillEstimate> estimates;  // the policy's input; empty: nothing to re-run
 };
 

@@ -119,6 +119,10 @@ struct SchedulerConfig {
   // A prefill instance is "overloaded" for hot-prefix replication when its predicted queue exceeds
   // this; a request whose best prefix holder is overloaded and that is placed elsewhere fetches a copy.
   double overload_queue_ms = 1'000;
+  // The paper's KV-cache balancing threshold (Mooncake Algorithm 1; DESIGN.md §10 "Balancing threshold"): a plan
+  // reads blocks from another host only when its prefix is more than this many times the instance's own same-host
+  // prefix (1: any longer prefix, priced by TTFT alone). In [1, 1000].
+  double balancing_threshold = 1.0;
   // Liveness (DESIGN.md §13.12): a worker silent for longer than this is dead and removed (with its
   // cached blocks); a registered worker that has not reported load yet is *unknown* (treated as
   // empty plus what the Conductor itself assigned), never as busy.
@@ -246,6 +250,7 @@ struct Decision {
   double service_weight = 0;     // the policy's PlacementContext::service_weight for this decision
   double load_ratio = 0;         // mean predicted queue / mean service of recent jobs (load shedding), <= 1000
   double shed_limit = 0;         // the shed limit in force (Scheduler::shed_limit(); 0: none)
+  double shed_slo_ms = 0;        // the TTFT SLO it multiplies: the Conductor's (SloConfig::ttft_ms), not the request's
   double predicted_tbt_ms = 0;
   int64_t hit_tokens = 0;          // reused_blocks * block_size_tokens, capped at input_tokens - 1
   int64_t pool_prefix_tokens = 0;  // the longest prefix held anywhere in the pool: blocks * block_size_tokens

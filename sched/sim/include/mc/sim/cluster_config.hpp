@@ -27,6 +27,7 @@
 //                                            // TTFT, x mean queue / mean service (0: smallest TTFT, the paper)
 //     "slo_headroom": 0.2,                   // kvcache: fraction of the TTFT SLO kept free; it schedules to
 //                                            // (1 - this) x SLO (0: admit up to the SLO, the paper; 0 to 0.9)
+//     "balancing_threshold": 1,              // a remote prefix read only past this x the same-host prefix
 //     "shed_limit": 5,                       // kvcache: turn away a request whose prefill delays the ones after
 //                                            // it by more than this x the TTFT SLO (0: off, the paper; 0-1000)
 //     "block_size": 512,                     // tokens per hash block (the traces' 512)
@@ -80,6 +81,7 @@ struct ClusterConfig {
   double placement_load_weight = 1.0;  // sched::SchedulerConfig::placement_load_weight, 0 to 1000
   double slo_headroom = 0.2;           // sched::SchedulerConfig::slo_headroom, 0 to 0.9
   double shed_limit = 5.0;             // sched::SchedulerConfig::shed_limit, 0 to 1000
+  double balancing_threshold = 1.0;    // sched::SchedulerConfig::balancing_threshold, 1 to 1000
   int64_t block_size = 512;
   int64_t chunk_tokens = 0;
   int64_t pipeline_group = 1;

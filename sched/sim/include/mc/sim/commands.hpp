@@ -42,6 +42,7 @@ struct ClusterOverrides {
   std::optional<double> placement_load_weight;    // kvcache: service's weight, x mean queue / mean service
   std::optional<double> slo_headroom;             // kvcache: fraction of the TTFT SLO kept free
   std::optional<double> shed_limit;               // kvcache: load shedding, x the TTFT SLO (0: off)
+  std::optional<double> balancing_threshold;      // remote prefix reads only past this x the same-host prefix
   // Applies the set fields to `config` and validates it.
   Status apply(ClusterConfig& config) const;
 };
