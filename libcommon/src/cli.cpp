@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -73,6 +74,19 @@ CLI::Validator finite_from(double lo, bool inclusive, const std::string& name) {
       name);
 }
 }  // namespace
+
+CLI::Validator finite_in(double lo, double hi) {
+  char range[64];
+  std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+  return CLI::Validator(
+      [lo, hi, bound = std::string(range)](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < lo || v > hi)
+          return "value " + text + " is not a finite number in " + bound;
+        return {};
+      },
+      range);
+}
 
 const CLI::Validator kPositiveFinite = finite_from(0, false, "POSITIVE");
 const CLI::Validator kNonNegativeFinite = finite_from(0, true, "NONNEGATIVE");

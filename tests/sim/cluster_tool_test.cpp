@@ -158,10 +158,12 @@ TEST(McSimCluster, LoadSheddingTurnsAwayTheLargestPromptsOfABurst) {
   EXPECT_LT(runs[""]["summary"]["ttft_ms"]["mean"].get<double>(),
             runs["0"]["summary"]["ttft_ms"]["mean"].get<double>());
   int rc = 0;
-  for (const std::string flag : {"--shed-limit -1", "--shed-limit abc", "--balancing-threshold 0.5"}) {
+  for (const std::string flag :
+       {"--shed-limit -1", "--shed-limit abc", "--shed-limit nan", "--balancing-threshold 0.5"}) {
     const std::string bad = run_tool(kSim + " --trace " + kTrace + " " + flag + " 2>&1", rc);
     EXPECT_EQ(WEXITSTATUS(rc), 2) << bad;
     EXPECT_NE(bad.find(flag.substr(0, flag.find(' '))), std::string::npos) << bad;
+    EXPECT_NE(bad.find("is not a finite number in ["), std::string::npos) << bad;
   }
 }
 

@@ -65,14 +65,14 @@ int main(int argc, char** argv) {
                    "service (ms), w = this x mean predicted queue / mean service of recent jobs (0: smallest TTFT, "
                    "the paper's rule; DESIGN.md §10)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(mc::cli::finite_in(0, 1000));
   serve
       ->add_option("--slo-headroom", o.scheduler.slo_headroom,
                    "kvcache policy: fraction of the TTFT SLO kept free: it places, orders and admits to (1 - this) x "
                    "SLO, and admits a request past that target only when it meets the SLO after waiting at most this "
                    "x SLO (0: admit up to the SLO, the paper's rule; 0 to 0.9; DESIGN.md §10)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 0.9));
+      ->check(mc::cli::finite_in(0, 0.9));
   serve
       ->add_option(
           "--balancing-threshold", o.scheduler.balancing_threshold,
@@ -80,8 +80,7 @@ int main(int argc, char** argv) {
           "is more than this many times the prefix in its own host's memory (1: any longer prefix, priced by "
           "predicted TTFT alone; 1 to 1000; DESIGN.md §10)")
       ->capture_default_str()
-      ->check(mc::cli::kNonNegativeFinite)
-      ->check(CLI::Range(1.0, 1000.0));
+      ->check(mc::cli::finite_in(1, 1000));
   serve
       ->add_option(
           "--shed-limit", o.scheduler.shed_limit,
@@ -92,8 +91,7 @@ int main(int argc, char** argv) {
           "jobs, never on a re-dispatch, off with --no-early-reject; reason load_shed, HTTP 429; 0: off, the "
           "paper's rule; 0 to 1000; DESIGN.md §10)")
       ->capture_default_str()
-      ->check(mc::cli::kNonNegativeFinite)
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(mc::cli::finite_in(0, 1000));
   mc::cli::add_slo_default_flags(*serve, o.scheduler.slo.ttft_ms, o.scheduler.slo.tbt_ms);
   serve->add_flag("--no-early-reject", no_early_reject,
                   "Place requests even when they are predicted to miss their SLO (reject only impossible ones)");

@@ -78,19 +78,18 @@ int main(int argc, char** argv) {
                  "take the smallest TTFT + w x "
                  "prefill service (ms), w = this x mean predicted queue / mean service of recent jobs (0: smallest "
                  "TTFT, the paper's rule; 0 to 1000; default 1; docs/DESIGN.md §10)")
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(mc::cli::finite_in(0, 1000));
   app.add_option("--slo-headroom", o.slo_headroom,
                  "Override: kvcache policy: fraction of the TTFT SLO kept free: it places, orders and admits to "
                  "(1 - this) x SLO, and admits a request past that target only when it meets the SLO after waiting "
                  "at most this x SLO (0: admit up to the SLO, the paper's rule; 0 to 0.9; default 0.2; "
                  "docs/DESIGN.md §10)")
-      ->check(CLI::Range(0.0, 0.9));
+      ->check(mc::cli::finite_in(0, 0.9));
   app.add_option("--balancing-threshold", o.balancing_threshold,
                  "Override: the paper's KV-cache balancing threshold: an instance reads a prefix from another host "
                  "only when it is more than this many times the prefix in its own host's memory (1: any longer "
                  "prefix, priced by predicted TTFT alone; 1 to 1000; default 1; docs/DESIGN.md §10)")
-      ->check(mc::cli::kNonNegativeFinite)
-      ->check(CLI::Range(1.0, 1000.0));
+      ->check(mc::cli::finite_in(1, 1000));
   app.add_option(
          "--shed-limit", o.shed_limit,
          "Override: kvcache policy: load shedding: turn away a request whose prefill would delay the "
@@ -98,8 +97,7 @@ int main(int argc, char** argv) {
          "mean over the prefill instances of the queue it would wait there / mean service of recent jobs; "
          "near 0 when idle; reason load_shed; 0: off, the paper's rule; 0 to 1000; default 5; "
          "docs/DESIGN.md §10)")
-      ->check(mc::cli::kNonNegativeFinite)
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(mc::cli::finite_in(0, 1000));
   mc::cli::add_slo_list_flags(app, "--report-slo-ttft-ms", cmd.report_slo_ttft_ms, "--report-slo-tbt-ms",
                               cmd.report_slo_tbt_ms, " of the summary's SLO table (default: the cluster's)");
   app.add_option("--refit", cmd.refit,

@@ -68,6 +68,8 @@ void add_trace_format_flags(CLI::App& cmd, trace::FormatOptions& formats);
 // PositiveNumber and NonNegativeNumber let "nan" and "inf" through and name their range with a 309-digit bound.
 extern const CLI::Validator kPositiveFinite;
 extern const CLI::Validator kNonNegativeFinite;
+// A finite number in [lo, hi] ("lo to hi" in the error): CLI11's Range lets "nan" through and calls "abc" out of range.
+CLI::Validator finite_in(double lo, double hi);
 
 // The SLO flags, in milliseconds, every value > 0.
 // Defaults a daemon applies to requests that set none: --slo-ttft-ms, --slo-tbt-ms (env MC_SLO_TTFT_MS,
