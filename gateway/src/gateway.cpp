@@ -519,35 +519,11 @@ class Gateway {
       return e;
     }
     const proto::ConductorSubmitReply& r = *reply;
-    const std::string& why = r.reject_reason;
-    e.message = "rejected by the Conductor (" + why + "): " + r.reason;
-    if (is_early_rejection(why)) {
-      // The paper's early rejection (Mooncake §6 [paper]; DESIGN.md §10): the SLO cannot be met now, or only after a
-      // wait longer than the Conductor's SLO headroom, or the prompt would hold up the requests after it too long in
-      // a burst (load_shed; the reason names which); retry later.
-      e.http_status = 429;
-      e.type = "rate_limit_error";
-      e.code = why == "load_shed" ? "load_shed" : "slo_unattainable";
-      const double slo = f.req.slo_ttft_ms > 0 ? f.req.slo_ttft_ms : o_.slo_ttft_ms;
-      char buf[160];
-      if (why == "load_shed") {
-        // Its own TTFT was within the SLO: the reason gives the delay it would add and the limit instead.
-        buf[0] = '\0';
-      } else if (slo > 0) {
-        std::snprintf(buf, sizeof buf, " [predicted TTFT %.1f ms, TTFT SLO %g ms]", r.predicted_ttft_ms, slo);
-      } else {
-        std::snprintf(buf, sizeof buf, " [predicted TTFT %.1f ms, TTFT SLO: the Conductor's default]",
-                      r.predicted_ttft_ms);
-      }
-      e.message += buf;
-      e.retry_after_s = static_cast<int>(std::clamp(r.predicted_ttft_ms / 1000.0, 1.0, 60.0));
-    } else if (why == "invalid_request") {
-      e.http_status = 400;
-    } else {
-      e.http_status = 503;  // no_prefill_instance, no_decode_instance, decode_refused, instance_lost, cancelled
-      e.type = "server_error";
-    }
-    return e;
+    // The client reads a fixed text per reason; the Conductor's explanation names instances and where the prefix
+    // was found, so it stays in the Conductor's decision log and this log at debug level.
+    MC_LOG_DEBUG << "request '" << f.id << "' rejected by the Conductor (" << r.reject_reason << "): " << r.reason;
+    return rejection_error(r.reject_reason, r.reason, r.predicted_ttft_ms,
+                           f.req.slo_ttft_ms > 0 ? f.req.slo_ttft_ms : o_.slo_ttft_ms);
   }
 
   // The request left the gateway's books (its inbox unregistered, its slot freed). Idempotent per flight.

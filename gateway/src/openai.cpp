@@ -1,6 +1,7 @@
 #include "mc/gateway/openai.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "mc/common/json_guard.hpp"
@@ -12,6 +13,65 @@ using nlohmann::json;
 bool is_early_rejection(std::string_view reject_reason) {
   return reject_reason == "ttft_slo" || reject_reason == "tbt_slo" || reject_reason == "kv_capacity" ||
          reject_reason == "load_shed";
+}
+
+ApiError rejection_error(std::string_view reject_reason, std::string_view conductor_reason, double predicted_ttft_ms,
+                         double slo_ttft_ms) {
+  ApiError e;
+  e.code = std::string(reject_reason);
+  if (is_early_rejection(reject_reason)) {
+    // The paper's early rejection (Mooncake §6 [paper]; DESIGN.md §10): the SLO cannot be met now, or only after a
+    // wait longer than the Conductor's SLO headroom, or the prompt would hold up the requests after it too long in
+    // a burst (load_shed); retry later.
+    e.http_status = 429;
+    e.type = "rate_limit_error";
+    e.retry_after_s = static_cast<int>(std::clamp(predicted_ttft_ms / 1000.0, 1.0, 60.0));
+    if (reject_reason == "load_shed") {
+      e.message =
+          "the cluster is under load and this prompt's prefill would hold up the requests queued after it "
+          "(load shedding); retry later, or send a shorter prompt";
+      return e;
+    }
+    e.code = "slo_unattainable";
+    if (reject_reason == "ttft_slo") {
+      char slo[64];
+      if (slo_ttft_ms > 0) {
+        std::snprintf(slo, sizeof slo, "%g ms", slo_ttft_ms);
+      } else {
+        std::snprintf(slo, sizeof slo, "the Conductor's default");
+      }
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "the cluster cannot meet this request's time-to-first-token SLO now [predicted TTFT %.1f ms, TTFT "
+                    "SLO %s]; retry later",
+                    predicted_ttft_ms, slo);
+      e.message = buf;
+    } else if (reject_reason == "tbt_slo") {
+      e.message = "no decode instance can meet this request's time-between-tokens SLO now; retry later";
+    } else {
+      e.message =
+          "no decode instance has room for this request's KV cache (its prompt and max_tokens) now; retry "
+          "later, or ask for fewer tokens";
+    }
+    return e;
+  }
+  if (reject_reason == "invalid_request") {
+    e.http_status = 400;
+    e.message = "the Conductor refused the request: " + std::string(conductor_reason);
+    return e;
+  }
+  e.http_status = 503;  // no_prefill_instance, no_decode_instance, decode_refused, instance_lost, cancelled, ...
+  e.type = "server_error";
+  if (reject_reason == "no_prefill_instance") {
+    e.message = "no prefill instance can take the request now; retry later";
+  } else if (reject_reason == "no_decode_instance" || reject_reason == "decode_refused") {
+    e.message = "no decode instance can take the request now; retry later";
+  } else if (reject_reason == "instance_lost") {
+    e.message = "the instance serving the request was lost and no other could take it; retry later";
+  } else {
+    e.message = "the cluster did not take the request (" + e.code + "); retry later";
+  }
+  return e;
 }
 
 json error_document(const ApiError& e) {

@@ -60,15 +60,26 @@ Result<Request> request_from_submit(const std::string& request_id, int64_t input
   r.slo_ttft_ms = slo_ttft_ms;
   r.slo_tbt_ms = slo_tbt_ms;
   const int64_t complete = r.input_tokens / static_cast<int64_t>(ns.block_size);
-  if (!block_hashes.empty()) {
-    if (static_cast<int64_t>(block_hashes.size()) > complete) {
-      return error(Code::kInvalidArgument, what + std::to_string(block_hashes.size()) + " block_hashes but " +
-                                               std::to_string(r.input_tokens) + " tokens hold only " +
-                                               std::to_string(complete) + " complete blocks");
+  if (static_cast<int64_t>(block_hashes.size()) > complete) {
+    return error(Code::kInvalidArgument, what + std::to_string(block_hashes.size()) + " block_hashes but " +
+                                             std::to_string(r.input_tokens) + " tokens hold only " +
+                                             std::to_string(complete) + " complete blocks");
+  }
+  if (tokens.empty()) {
+    r.block_hashes = block_hashes;  // no prompt to key: the client's keys are all there is (a trace's placement)
+    return r;
+  }
+  // The Conductor keys the prompt itself. Hashes a client sends with its tokens must be those keys: a forged one
+  // would claim another scope's prefix (placement on a cache the prefill then does not find, pending blocks booked
+  // under another tenant's keys); the prefill and decode instances key the tokens themselves either way.
+  r.block_hashes = seq_hashes(tokens, ns);
+  for (size_t i = 0; i < block_hashes.size(); ++i) {
+    if (block_hashes[i] != r.block_hashes[i]) {
+      return error(Code::kInvalidArgument,
+                   what + "block_hashes[" + std::to_string(i) + "] is not the key of block " + std::to_string(i) +
+                       " of its tokens in the request's key scope (model, adapter, salt); send the tokens without "
+                       "block_hashes and the Conductor keys them");
     }
-    r.block_hashes = block_hashes;
-  } else if (!tokens.empty()) {
-    r.block_hashes = seq_hashes(tokens, ns);
   }
   return r;
 }

@@ -247,5 +247,46 @@ TEST(GatewayDocuments, ShapesOfResponsesChunksUsageAndErrors) {
   }
 }
 
+// What a client reads of a Conductor's rejection: the status and code by reason, a fixed text that carries none of
+// the Conductor's explanation (instance ids, where the prefix was found), the predicted TTFT and SLO for ttft_slo.
+TEST(GatewayDocuments, ARejectionTellsTheClientTheReasonButNotThePlacement) {
+  const std::string placement = "best: P1 on host h1 reuses 3 of 4 blocks from gpu-P1";
+  const ApiError ttft = rejection_error("ttft_slo", placement, 2500.04, 1000);
+  EXPECT_EQ(ttft.http_status, 429);
+  EXPECT_EQ(ttft.type, "rate_limit_error");
+  EXPECT_EQ(ttft.code, "slo_unattainable");
+  EXPECT_EQ(ttft.retry_after_s, 2);
+  EXPECT_NE(ttft.message.find("[predicted TTFT 2500.0 ms, TTFT SLO 1000 ms]"), std::string::npos) << ttft.message;
+  EXPECT_NE(rejection_error("ttft_slo", placement, 10, 0).message.find("the Conductor's default"), std::string::npos);
+  EXPECT_EQ(rejection_error("ttft_slo", placement, 10, 0).retry_after_s, 1);    // at least 1 s
+  EXPECT_EQ(rejection_error("ttft_slo", placement, 1e9, 0).retry_after_s, 60);  // at most 60 s
+  const ApiError shed = rejection_error("load_shed", placement, 20'000, 30'000);
+  EXPECT_EQ(shed.http_status, 429);
+  EXPECT_EQ(shed.code, "load_shed");
+  EXPECT_EQ(shed.retry_after_s, 20);
+  EXPECT_NE(shed.message.find("shorter prompt"), std::string::npos) << shed.message;
+  for (const char* r : {"tbt_slo", "kv_capacity"}) {
+    const ApiError e = rejection_error(r, placement, 5, 0);
+    EXPECT_EQ(e.http_status, 429) << r;
+    EXPECT_EQ(e.code, "slo_unattainable") << r;
+  }
+  const ApiError bad = rejection_error("invalid_request", "tokens: id 70000 is outside the vocabulary", 0, 0);
+  EXPECT_EQ(bad.http_status, 400);
+  EXPECT_NE(bad.message.find("outside the vocabulary"), std::string::npos) << bad.message;
+  for (const char* r : {"no_prefill_instance", "no_decode_instance", "decode_refused", "instance_lost", "cancelled"}) {
+    const ApiError e = rejection_error(r, "decode instance D0 at tcp://10.0.0.7:5555 refused: " + placement, 5, 0);
+    EXPECT_EQ(e.http_status, 503) << r;
+    EXPECT_EQ(e.type, "server_error") << r;
+    EXPECT_EQ(e.code, r);
+  }
+  for (const char* r : {"ttft_slo", "tbt_slo", "kv_capacity", "load_shed", "no_prefill_instance", "decode_refused",
+                        "instance_lost", "cancelled"}) {
+    const std::string m = rejection_error(r, "decode instance D0 at tcp://10.0.0.7:5555: " + placement, 5, 0).message;
+    for (const char* leak : {"P1", "h1", "gpu-P1", "D0", "10.0.0.7", "blocks"}) {
+      EXPECT_EQ(m.find(leak), std::string::npos) << r << ": " << m;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mc::gateway

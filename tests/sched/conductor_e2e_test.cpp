@@ -23,6 +23,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <httplib.h>
+
 #include "mc/common/block_key.hpp"
 #include "mc/common/protocol.hpp"
 #include "mc/common/rpc.hpp"
@@ -191,7 +193,7 @@ bool register_decode(rpc::RpcClient& c, FakeWorker& d0, int64_t capacity_tokens)
 struct Rig {
   explicit Rig(const std::vector<std::string>& argv) : conductor(argv) {}
   bool ready(int64_t decode_capacity_tokens) {
-    const std::string endpoint = conductor_endpoint(conductor);
+    endpoint = conductor_endpoint(conductor);
     if (endpoint.empty()) return false;
     auto c = rpc::RpcClient::connect(endpoint);
     EXPECT_TRUE(c.is_ok()) << c.status().to_string();
@@ -202,6 +204,7 @@ struct Rig {
   Child conductor;
   FakeWorker p0, p1, d0;
   std::unique_ptr<rpc::RpcClient> client;
+  std::string endpoint;  // the Conductor's, once ready()
 };
 
 nlohmann::json status(rpc::RpcClient& c) {
@@ -303,6 +306,18 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   auto er = c.call(empty, 2000);
   EXPECT_EQ(er.status().code(), Code::kInvalidArgument);
   EXPECT_NE(er.status().message().find("empty"), std::string::npos);
+  // Keys that are not its tokens' (here X's cached keys sent with another prompt, claiming P1's prefix) are refused
+  // before any placement, naming the first that differs.
+  proto::ConductorSubmitRequest forged;
+  forged.request_id = "forged";
+  forged.tokens = prompt(4242, 4 * kBlock);
+  forged.input_tokens = static_cast<int64_t>(forged.tokens.size());
+  forged.output_tokens = 4;
+  forged.block_hashes = {keys[0], keys[1], keys[2]};
+  forged.client_endpoint = "tcp://127.0.0.1:9";
+  auto fr = c.call(forged, 2000);
+  EXPECT_EQ(fr.status().code(), Code::kInvalidArgument) << fr.status().to_string();
+  EXPECT_NE(fr.status().message().find("block_hashes[0]"), std::string::npos) << fr.status().message();
 
   // The workers saw exactly the accepted requests.
   auto wait_jobs = [&](FakeWorker& w, size_t n) {
@@ -498,6 +513,86 @@ TEST(ConductorE2E, SloHeadroomTurnsAwayALongWaitButNotALongPrefill) {
     testkit::RunResult r = testkit::run(
         {MC_BINARY_DIR "/bin/mc-conductor", "serve", "--listen", "tcp://127.0.0.1:0", "--slo-headroom", bad}, 10'000);
     EXPECT_EQ(r.exit_code, 2) << bad;
+  }
+}
+
+// Load shedding through the real Conductor and mc-gateway (DESIGN.md §10 step 5a, the kvcache default): in a burst
+// (64 short requests queued on the two prefill instances: the fake workers never answer, so the queues are exactly
+// what the Conductor booked) a long prompt whose own TTFT is admissible (it asks for a 10-minute SLO) is turned away
+// because its prefill would hold up the requests queued after it: the load ratio (mean queue / mean service, about
+// 32 here) times its service (seconds) is more than 0.5 x the Conductor's 10 s TTFT SLO. A client of mc-gateway reads
+// a 429 with Retry-After and code load_shed, and nothing of the placement; a short prompt in the same burst is still
+// admitted; stat and the decision log count the shed. With --shed-limit 0 the same long prompt is admitted.
+TEST(ConductorE2E, LoadSheddingTurnsAwayALongPromptInABurstAndTheGatewayAnswers429) {
+  const std::string gateway_bin = MC_BINARY_DIR "/bin/mc-gateway";
+  if (::access(gateway_bin.c_str(), X_OK) != 0) GTEST_SKIP() << "mc-gateway is not built";
+  for (const std::string limit : {"0.5", "0"}) {
+    SCOPED_TRACE("--shed-limit " + limit);
+    const std::string decisions = ::testing::TempDir() + "/conductor_e2e_shed_decisions.jsonl";
+    std::remove(decisions.c_str());
+    // The fake workers send no heartbeats: a long timeout keeps them registered while the gateway starts.
+    Rig rig(conductor_argv({"--slo-ttft-ms", "10000", "--shed-limit", limit, "--decisions", decisions,
+                            "--heartbeat-timeout-ms", "60000"}));
+    ASSERT_TRUE(rig.ready(100'000'000));
+    rpc::RpcClient& c = *rig.client;
+    // The burst: 64 short prompts, every one admitted (shedding waits for 64 jobs of mean service).
+    for (int i = 0; i < 64; ++i) {
+      proto::ConductorSubmitReply r = submit4(c, "burst-" + std::to_string(i), prompt(20'000 + 100 * i, 64));
+      ASSERT_TRUE(r.accepted) << r.reason;
+    }
+    // The long prompt through mc-gateway (its byte-level tokenizer: 16 K characters, 16 K tokens).
+    Child gateway({gateway_bin, "--log-level", "warn", "--listen", "127.0.0.1:0", "--conductor",
+                   rig.endpoint, "--submit-timeout-ms", "5000"});
+    const std::string ready = gateway.read_line(10'000);
+    ASSERT_EQ(ready.rfind("ready mc-gateway http://127.0.0.1:", 0), 0u) << ready;
+    // "ready mc-gateway http://127.0.0.1:PORT <token-event endpoint>"
+    const std::string prefix = "ready mc-gateway http://127.0.0.1:";
+    const int port = std::stoi(ready.substr(prefix.size(), ready.find(' ', prefix.size()) - prefix.size()));
+    httplib::Client http("127.0.0.1", port);
+    http.set_read_timeout(limit == "0" ? 2 : 30, 0);  // an admitted request waits for tokens that never come
+    const nlohmann::json body = {{"model", "llama3-70b"},
+                                 {"prompt", std::string(16'384, 'q')},
+                                 {"max_tokens", 1},
+                                 {"mc", {{"slo_ttft_ms", 600'000}}}};
+    auto res = http.Post("/v1/completions", body.dump(), "application/json");
+    if (limit == "0") {
+      // Admitted: the gateway waits for its first token (the fake prefill never answers) and the client gives up.
+      EXPECT_TRUE(!res || res->status == 200 || res->status == 504) << (res ? res->body : "");
+    } else {
+      ASSERT_TRUE(res) << httplib::to_string(res.error());
+      EXPECT_EQ(res->status, 429) << res->body;
+      EXPECT_TRUE(res->has_header("Retry-After")) << res->body;
+      const nlohmann::json err = nlohmann::json::parse(res->body, nullptr, false);
+      ASSERT_FALSE(err.is_discarded()) << res->body;
+      EXPECT_EQ(err["error"]["code"], "load_shed") << res->body;
+      EXPECT_EQ(err["error"]["type"], "rate_limit_error") << res->body;
+      const std::string message = err["error"]["message"].get<std::string>();
+      for (const char* placement : {"P0", "P1", "h0", "h1", "gpu-P1"}) {
+        EXPECT_EQ(message.find(placement), std::string::npos) << placement << " in " << message;
+      }
+      // A short prompt in the same burst is still admitted: it adds little waiting.
+      proto::ConductorSubmitReply short_one = submit4(c, "short-after", prompt(90'000, 64));
+      EXPECT_TRUE(short_one.accepted) << short_one.reason;
+    }
+    EXPECT_EQ(gateway.stop(), 0);
+    nlohmann::json st = status(c);
+    EXPECT_EQ(st["decisions"]["rejected"].value("load_shed", 0), limit == "0" ? 0 : 1) << st.dump();
+    EXPECT_EQ(rig.conductor.stop(), 0);
+    // The decision log has the shed with the ratio and the limit it was judged by.
+    std::ifstream log(decisions);
+    std::string line;
+    int shed = 0;
+    while (std::getline(log, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_FALSE(j.is_discarded()) << line;
+      const nlohmann::json& reason = j["decision"]["reject_reason"];
+      if (!reason.is_string() || reason != "load_shed") continue;
+      ++shed;
+      EXPECT_GT(j["decision"].value("load_ratio", 0.0), 1.0) << line;
+      EXPECT_EQ(j["decision"].value("shed_limit", 0.0), 0.5) << line;
+    }
+    EXPECT_EQ(shed, limit == "0" ? 0 : 1);
+    std::remove(decisions.c_str());
   }
 }
 

@@ -39,6 +39,14 @@ nlohmann::json error_document(const ApiError& e);
 // with Retry-After: ttft_slo, tbt_slo, kv_capacity and load_shed (DESIGN.md §10); the others are not the client's
 // rate (invalid_request is a 400, no instance a 503).
 bool is_early_rejection(std::string_view reject_reason);
+// The answer to a Conductor's rejection (ConductorSubmitReply reject_reason, reason, predicted_ttft_ms; the
+// request's TTFT SLO in ms, 0 = the Conductor's default): 429 with Retry-After (the predicted TTFT, 1-60 s) and code
+// slo_unattainable or load_shed for early rejection, 400 for invalid_request, 503 otherwise, code the reason. The
+// message is a fixed text per reason, with the predicted TTFT and the SLO for ttft_slo: the Conductor's own
+// explanation (instance ids, the prefix it found where) is not a client's to read; it is in the Conductor's
+// decision log. Only invalid_request passes `conductor_reason` on (it is about the request the client sent).
+ApiError rejection_error(std::string_view reject_reason, std::string_view conductor_reason, double predicted_ttft_ms,
+                         double slo_ttft_ms);
 
 // Limits and defaults of parsing (mc-gateway flags).
 struct ParseLimits {
