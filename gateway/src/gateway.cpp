@@ -514,7 +514,10 @@ class Gateway {
       } else {
         e.http_status = 503;
         e.type = "server_error";
-        e.message = "the Conductor at " + o_.conductor + " did not take the request: " + st.message();
+        e.code = "scheduler_unavailable";
+        MC_LOG_DEBUG << "request '" << f.id << "': the Conductor at " << o_.conductor
+                     << " did not take it: " << st.message();
+        e.message = "the scheduler did not take the request (unreachable or too slow to answer); retry later";
       }
       return e;
     }
@@ -594,7 +597,10 @@ class Gateway {
         e.http_status = 500;
         e.type = "server_error";
         e.code = std::string(code_name(static_cast<Code>(ev.code)));
-        e.message = "the request failed in the cluster: " + ev.message;
+        // A fixed text: the cluster's own (the instance lost, its endpoint, the placement a re-dispatch tried) is the
+        // operator's, in the Conductor's log and here at debug level.
+        MC_LOG_DEBUG << "request '" << f.id << "' failed in the cluster (" << e.code << "): " << ev.message;
+        e.message = "the request failed in the cluster (" + e.code + ") after it was accepted; retry it";
         *error = e;
         return {};
       }

@@ -318,6 +318,14 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   auto fr = c.call(forged, 2000);
   EXPECT_EQ(fr.status().code(), Code::kInvalidArgument) << fr.status().to_string();
   EXPECT_NE(fr.status().message().find("block_hashes[0]"), std::string::npos) << fr.status().message();
+  // Every key is checked, not the first alone: X's own tokens with its first key right and its second wrong.
+  forged.request_id = "forged-2";
+  forged.tokens = x;
+  forged.input_tokens = static_cast<int64_t>(x.size());
+  forged.block_hashes = {keys[0], keys[2]};
+  fr = c.call(forged, 2000);
+  EXPECT_EQ(fr.status().code(), Code::kInvalidArgument) << fr.status().to_string();
+  EXPECT_NE(fr.status().message().find("block_hashes[1]"), std::string::npos) << fr.status().message();
 
   // The workers saw exactly the accepted requests.
   auto wait_jobs = [&](FakeWorker& w, size_t n) {
@@ -528,7 +536,8 @@ TEST(ConductorE2E, LoadSheddingTurnsAwayALongPromptInABurstAndTheGatewayAnswers4
   if (::access(gateway_bin.c_str(), X_OK) != 0) GTEST_SKIP() << "mc-gateway is not built";
   for (const std::string limit : {"0.5", "0"}) {
     SCOPED_TRACE("--shed-limit " + limit);
-    const std::string decisions = ::testing::TempDir() + "/conductor_e2e_shed_decisions.jsonl";
+    const std::string decisions =
+        ::testing::TempDir() + "/conductor_e2e_shed_decisions_" + std::to_string(::getpid()) + ".jsonl";
     std::remove(decisions.c_str());
     // The fake workers send no heartbeats: a long timeout keeps them registered while the gateway starts.
     Rig rig(conductor_argv({"--slo-ttft-ms", "10000", "--shed-limit", limit, "--decisions", decisions,
@@ -541,23 +550,24 @@ TEST(ConductorE2E, LoadSheddingTurnsAwayALongPromptInABurstAndTheGatewayAnswers4
       ASSERT_TRUE(r.accepted) << r.reason;
     }
     // The long prompt through mc-gateway (its byte-level tokenizer: 16 K characters, 16 K tokens).
-    Child gateway({gateway_bin, "--log-level", "warn", "--listen", "127.0.0.1:0", "--conductor",
-                   rig.endpoint, "--submit-timeout-ms", "5000"});
+    Child gateway({gateway_bin, "--log-level", "warn", "--listen", "127.0.0.1:0", "--conductor", rig.endpoint,
+                   "--submit-timeout-ms", "5000", "--request-timeout-ms", "1500", "--drain-timeout-s", "1"});
     const std::string ready = gateway.read_line(10'000);
     ASSERT_EQ(ready.rfind("ready mc-gateway http://127.0.0.1:", 0), 0u) << ready;
     // "ready mc-gateway http://127.0.0.1:PORT <token-event endpoint>"
     const std::string prefix = "ready mc-gateway http://127.0.0.1:";
     const int port = std::stoi(ready.substr(prefix.size(), ready.find(' ', prefix.size()) - prefix.size()));
     httplib::Client http("127.0.0.1", port);
-    http.set_read_timeout(limit == "0" ? 2 : 30, 0);  // an admitted request waits for tokens that never come
+    http.set_read_timeout(30, 0);
     const nlohmann::json body = {{"model", "llama3-70b"},
                                  {"prompt", std::string(16'384, 'q')},
                                  {"max_tokens", 1},
                                  {"mc", {{"slo_ttft_ms", 600'000}}}};
     auto res = http.Post("/v1/completions", body.dump(), "application/json");
     if (limit == "0") {
-      // Admitted: the gateway waits for its first token (the fake prefill never answers) and the client gives up.
-      EXPECT_TRUE(!res || res->status == 200 || res->status == 504) << (res ? res->body : "");
+      // Admitted: the gateway waits for its first token (the fake prefill never answers) until its request timeout.
+      ASSERT_TRUE(res) << httplib::to_string(res.error());
+      EXPECT_EQ(res->status, 504) << res->body;
     } else {
       ASSERT_TRUE(res) << httplib::to_string(res.error());
       EXPECT_EQ(res->status, 429) << res->body;
