@@ -66,8 +66,9 @@ Result<Request> request_from_submit(const std::string& request_id, int64_t input
                                              std::to_string(complete) + " complete blocks");
   }
   if (tokens.empty()) {
-    r.block_hashes = block_hashes;  // no prompt to key: the client's keys are all there is (a trace's placement)
-    return r;
+    return error(Code::kInvalidArgument, what +
+                                             "no tokens: the prefill instance needs the prompt (synthesize trace "
+                                             "prompts from hash_ids on the client)");
   }
   // The Conductor keys the prompt itself. Hashes a client sends with its tokens must be those keys: a forged one
   // would claim another scope's prefix (placement on a cache the prefill then does not find, pending blocks booked
@@ -509,11 +510,6 @@ class Conductor {
     MC_ASSIGN_OR_RETURN(
         Request r, request_from_submit(req.request_id, req.input_tokens, req.output_tokens, req.tokens,
                                        req.block_hashes, req.block_size_tokens, req.slo_ttft_ms, req.slo_tbt_ms, ns));
-    if (req.tokens.empty()) {
-      return error(Code::kInvalidArgument, "submit '" + req.request_id +
-                                               "': no tokens: the prefill instance needs the prompt (synthesize "
-                                               "trace prompts from hash_ids on the client)");
-    }
     Decision d = sched_->decide(r);
     log_decision(r, d, req);
     if (!d.accepted) {

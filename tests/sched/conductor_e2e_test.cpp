@@ -326,6 +326,12 @@ TEST(ConductorE2E, SpreadsRequestsFollowsTheCacheAndRejectsEarly) {
   fr = c.call(forged, 2000);
   EXPECT_EQ(fr.status().code(), Code::kInvalidArgument) << fr.status().to_string();
   EXPECT_NE(fr.status().message().find("block_hashes[1]"), std::string::npos) << fr.status().message();
+  // Keys without tokens are refused too: there is nothing to check them against, and no prompt to prefill.
+  forged.request_id = "forged-3";
+  forged.tokens.clear();
+  fr = c.call(forged, 2000);
+  EXPECT_EQ(fr.status().code(), Code::kInvalidArgument) << fr.status().to_string();
+  EXPECT_NE(fr.status().message().find("no tokens"), std::string::npos) << fr.status().message();
 
   // The workers saw exactly the accepted requests.
   auto wait_jobs = [&](FakeWorker& w, size_t n) {

@@ -115,10 +115,9 @@ Status cancel_request(const std::string& endpoint, const std::string& request_id
 Status print_decision_replay(const std::string& path, const std::vector<std::string>& policies, uint64_t seed,
                              bool json, std::ostream& out);
 
-// Block keys of a submitted prompt: seq_hashes(tokens, ns) when tokens are given (block_hashes sent with them must
-// equal the first of those keys, else kInvalidArgument naming the first that differs), else block_hashes (a
-// token-less trace request). Their count must not exceed the complete blocks of input_tokens. kInvalidArgument
-// names the field.
+// A submitted request, its block keys seq_hashes(tokens, ns): block_hashes sent with the tokens must equal the first
+// of those keys (kInvalidArgument naming the first that differs) and be no more than its complete blocks. A submit
+// without tokens is refused (the prefill instance needs the prompt). kInvalidArgument names the field.
 Result<Request> request_from_submit(const std::string& request_id, int64_t input_tokens, int64_t output_tokens,
                                     const std::vector<uint32_t>& tokens, const std::vector<uint64_t>& block_hashes,
                                     int64_t block_size_tokens, double slo_ttft_ms, double slo_tbt_ms,
