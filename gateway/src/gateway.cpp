@@ -23,6 +23,8 @@
 #include "mc/common/metrics.hpp"
 #include "mc/common/metrics_http.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc::gateway {
 

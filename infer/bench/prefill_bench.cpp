@@ -21,6 +21,7 @@
 #include "mc/common/rpc.hpp"
 #include "mc/infer/decode_worker.hpp"
 #include "mc/infer/prefill_worker.hpp"
+#include "mc/proto/worker.hpp"
 
 using namespace mc;
 using namespace mc::infer;

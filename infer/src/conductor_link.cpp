@@ -8,6 +8,7 @@
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/proto/conductor.hpp"
 
 namespace mc::infer {
 

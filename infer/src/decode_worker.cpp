@@ -14,6 +14,8 @@
 #include "mc/common/log.hpp"
 #include "mc/common/metrics_http.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc::infer {
 

@@ -21,6 +21,8 @@
 #include "mc/common/queue_order.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/model/cost_model.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc::infer {
 namespace {

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -126,10 +127,36 @@ std::string hash_hex(uint64_t h) {
   return buf;
 }
 
-std::string block_store_key(const KeyNamespace& ns, uint64_t seq_hash) {
-  char buf[17];
+namespace {
+constexpr std::string_view kBlockKeyPrefix = "kv/";
+constexpr size_t kSeqHashHexDigits = 16;
+}  // namespace
+
+std::string BlockStoreKey::str() const {
+  char buf[kSeqHashHexDigits + 1];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(seq_hash));
-  return "kv/" + ns.digest_hex() + "/" + buf;
+  std::string key;
+  key.reserve(kBlockKeyPrefix.size() + namespace_digest.size() + 1 + kSeqHashHexDigits);
+  key.append(kBlockKeyPrefix).append(namespace_digest).append(1, '/').append(buf, kSeqHashHexDigits);
+  return key;
+}
+
+std::optional<BlockStoreKey> BlockStoreKey::parse(std::string_view key) {
+  if (key.substr(0, kBlockKeyPrefix.size()) != kBlockKeyPrefix) return std::nullopt;
+  key.remove_prefix(kBlockKeyPrefix.size());
+  const size_t slash = key.find('/');
+  if (slash == std::string_view::npos || slash == 0) return std::nullopt;
+  const std::string_view hex = key.substr(slash + 1);
+  if (hex.size() != kSeqHashHexDigits) return std::nullopt;
+  BlockStoreKey parsed;
+  auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), parsed.seq_hash, 16);
+  if (ec != std::errc() || end != hex.data() + hex.size()) return std::nullopt;
+  parsed.namespace_digest = std::string(key.substr(0, slash));
+  return parsed;
+}
+
+std::string block_store_key(const KeyNamespace& ns, uint64_t seq_hash) {
+  return BlockStoreKey{ns.digest_hex(), seq_hash}.str();
 }
 
 }  // namespace mc

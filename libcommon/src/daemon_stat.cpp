@@ -7,6 +7,7 @@
 
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/proto/envelope.hpp"
 
 namespace mc::daemon {
 

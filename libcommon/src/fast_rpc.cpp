@@ -19,6 +19,7 @@
 
 #include "mc/common/log.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/proto/envelope.hpp"
 
 namespace mc::rpc::fast {
 
@@ -91,7 +92,7 @@ struct StringSink {
 
 void append_frame(std::string& out, std::string_view type, uint64_t id, std::string_view body,
                   std::string_view type_suffix) {
-  // proto::Header's map (the keys MSGPACK_DEFINE_MAP writes), packed straight into `out` after a prefix
+  // proto::Header's map (the keys MC_MESSAGE writes), packed straight into `out` after a prefix
   // that is filled in once the header's length is known: no temporary buffer or string per frame.
   const size_t at = out.size();
   out.append(kPrefixBytes, '\0');

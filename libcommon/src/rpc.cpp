@@ -7,6 +7,8 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/endpoint.hpp"
 #include "mc/common/fast_rpc.hpp"
+#include "mc/proto/envelope.hpp"
+#include "mc/proto/kv_events.hpp"
 
 namespace mc {
 const char* build_id_string();

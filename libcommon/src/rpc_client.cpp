@@ -8,6 +8,7 @@
 
 #include "mc/common/endpoint.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/proto/envelope.hpp"
 
 namespace mc::rpc {
 

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/common/block_key.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/leader.hpp"
@@ -28,6 +29,10 @@
 #include "mc/sched/decision_json.hpp"
 #include "mc/sched/faults.hpp"
 #include "mc/sched/scheduler.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/kv_events.hpp"
+#include "mc/proto/store.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc::sched {
 
@@ -174,11 +179,9 @@ class StoreMasterResync final : public ResyncSource {
                                            std::to_string(st.suspect_nodes) +
                                            " of its nodes are still re-reporting: the resync waits for them");
     }
-    // Block keys "kv/<16 hex namespace digest>/<16 hex seq hash>" (block_key.hpp block_store_key).
-    constexpr std::string_view kPrefix = "kv/";
-    constexpr size_t kDigestEnd = kPrefix.size() + 16;
+    // Block keys (block_key.hpp BlockStoreKey): every namespace's.
     proto::StoreLsRequest ls;
-    ls.prefix = std::string(kPrefix);
+    ls.prefix = "kv/";
     ls.limit = 400'000;  // ~100 B each: stays under the 64 MiB message limit
     Result<proto::StoreLsReply> objs = client_->call(ls, timeout_ms_);
     if (!objs.is_ok()) {
@@ -192,9 +195,10 @@ class StoreMasterResync final : public ResyncSource {
     IndexSnapshot snap;
     snap.as_of_event_id = st.last_event_id;
     for (const auto& o : objs->objects) {
-      if (!o.complete || o.key.size() != kDigestEnd + 1 + 16 || o.key[kDigestEnd] != '/') continue;
-      uint64_t h = 0;
-      if (std::sscanf(o.key.c_str() + kDigestEnd + 1, "%16lx", &h) != 1) continue;
+      if (!o.complete) continue;
+      const std::optional<BlockStoreKey> block = BlockStoreKey::parse(o.key);
+      if (!block) continue;
+      const uint64_t h = block->seq_hash;
       for (size_t i = 0; i < o.segments.size(); ++i) {
         Medium m = Medium::kCpu;
         if (i < o.media.size()) {

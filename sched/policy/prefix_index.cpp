@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "mc/common/log.hpp"
+#include "mc/proto/kv_events.hpp"
 
 namespace mc::sched {
 

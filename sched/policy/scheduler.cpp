@@ -1,6 +1,7 @@
 #include "mc/sched/scheduler.hpp"
 
 #include "mc/model/pipeline.hpp"
+#include "mc/proto/kv_events.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -4,25 +4,6 @@
 
 namespace mc::sched {
 
-std::string_view medium_name(Medium m) {
-  switch (m) {
-    case Medium::kGpu:
-      return "gpu";
-    case Medium::kCpu:
-      return "cpu";
-    case Medium::kDisk:
-      return "disk";
-  }
-  return "unknown";
-}
-
-Result<Medium> parse_medium(std::string_view s) {
-  if (s == "gpu") return Medium::kGpu;
-  if (s == "cpu") return Medium::kCpu;
-  if (s == "disk") return Medium::kDisk;
-  return error(Code::kInvalidArgument, "unknown medium '" + std::string(s) + "': expected gpu, cpu or disk");
-}
-
 std::string_view path_class_name(PathClass c) {
   switch (c) {
     case PathClass::kSameHost:

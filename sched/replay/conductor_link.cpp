@@ -5,6 +5,8 @@
 #include <unordered_map>
 
 #include "mc/common/rpc.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc::replay {
 

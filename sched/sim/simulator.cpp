@@ -9,7 +9,7 @@
 
 #include "mc/common/block_key.hpp"
 #include "mc/common/log.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/kv_events.hpp"
 #include "mc/model/cost_model.hpp"
 #include "mc/model/model_config.hpp"
 #include "mc/model/pipeline.hpp"

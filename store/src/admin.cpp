@@ -13,6 +13,7 @@
 #include "mc/common/leader.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/proto/kv_events.hpp"
 
 namespace mc::store {
 

@@ -19,6 +19,7 @@
 #include "mc/store/master_core.hpp"
 
 #include "mc/common/fast_rpc.hpp"
+#include "mc/proto/store.hpp"
 
 namespace mc::store {
 

@@ -20,6 +20,7 @@
 #include "mc/store/checksum.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/transfer/engine.hpp"
+#include "mc/proto/store.hpp"
 
 namespace mc::store {
 

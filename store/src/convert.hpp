@@ -1,7 +1,7 @@
 // Conversions between the master core's values and their wire form (protocol.hpp). Internal to mc_store.
 #pragma once
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/store.hpp"
 #include "mc/store/master_core.hpp"
 
 namespace mc::store {

@@ -5,6 +5,7 @@
 #include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
 #include "mc/store/master_ha.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::store {
 

@@ -17,6 +17,7 @@
 #include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
 #include "mc/store/checksum.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::store {
 
@@ -160,7 +161,7 @@ Result<DurableSegment> decode_segment_record(std::string_view json) {
   str("domain", i.domain);
   str("endpoint", i.endpoint);
   str("xfer_segment", i.xfer_segment);
-  Result<Medium> m = parse_medium(medium);
+  Result<Medium> m = parse_segment_medium(medium);
   if (!m.is_ok()) return bad(m.status().message());
   i.medium = m.value();
   auto cap = j.find("capacity");

@@ -13,6 +13,9 @@
 #include "mc/common/metrics_http.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/store/master_ha.hpp"
+#include "mc/proto/kv_events.hpp"
+#include "mc/proto/store.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::store {
 
@@ -379,7 +382,7 @@ void MasterServer::Impl::register_handlers() {
     MC_RETURN_IF_ERROR(refused(node_claims.check(ctx.caller, req.node_id, true)));
     MC_RETURN_IF_ERROR(refused(segment_claims.check(ctx.caller, req.segment, true)));
     if (!req.xfer_segment.empty()) MC_RETURN_IF_ERROR(refused(xfer_claims.check(ctx.caller, req.xfer_segment, false)));
-    MC_ASSIGN_OR_RETURN(Medium medium, parse_medium(req.medium));
+    MC_ASSIGN_OR_RETURN(Medium medium, parse_segment_medium(req.medium));
     SegmentInfo info{req.segment,  req.node_id,      req.host,
                      req.domain,   medium,           req.capacity_bytes,
                      req.endpoint, req.xfer_segment, req.xfer_base_offset_bytes};

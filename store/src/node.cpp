@@ -23,7 +23,7 @@
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
 #include "mc/common/metrics_http.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/store.hpp"
 #include "mc/common/report.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/common/units.hpp"

@@ -11,19 +11,20 @@
 
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/wait.hpp"
+#include "mc/proto/envelope.hpp"
 
 namespace mc::rpc {
 namespace {
 
 struct EchoReply {
   std::string text;
-  MSGPACK_DEFINE_MAP(text);
+  MC_MESSAGE(text);
 };
 struct EchoRequest {
   static constexpr const char* kType = "test.echo";
   using Reply = EchoReply;
   std::string text;
-  MSGPACK_DEFINE_MAP(text);
+  MC_MESSAGE(text);
 };
 
 // An RpcServer on its own thread whose echo handler holds every request until the test answers it

@@ -13,6 +13,8 @@
 #include "mc/common/fast_rpc.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/wait.hpp"
+#include "mc/proto/envelope.hpp"
+#include "mc/proto/store.hpp"
 
 namespace mc::rpc::fast {
 namespace {

@@ -1,5 +1,5 @@
 // Round trip of every message type in protocol.hpp, and decoding of bad bytes.
-#include "mc/common/protocol.hpp"
+#include "mc/proto/protocol.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,6 @@
 #include "mc/common/rpc.hpp"
+#include "mc/proto/envelope.hpp"
+#include "mc/proto/kv_events.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,13 +12,13 @@ namespace {
 struct EchoReply {
   std::string text;
   int64_t size_bytes = 0;
-  MSGPACK_DEFINE_MAP(text, size_bytes);
+  MC_MESSAGE(text, size_bytes);
 };
 struct EchoRequest {
   static constexpr const char* kType = "test.echo";
   using Reply = EchoReply;
   std::string text;
-  MSGPACK_DEFINE_MAP(text);
+  MC_MESSAGE(text);
 };
 
 class RpcTest : public ::testing::Test {

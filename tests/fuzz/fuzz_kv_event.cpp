@@ -11,6 +11,7 @@
 
 #include "mc/common/codec.hpp"
 #include "mc/common/rpc.hpp"
+#include "mc/proto/kv_events.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "mc/common/codec.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/protocol.hpp"
 #include "message_types.hpp"
 
 namespace {

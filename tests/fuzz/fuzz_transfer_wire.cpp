@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "mc/common/codec.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/protocol.hpp"
 #include "tcp/wire.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// The message types the fuzz harnesses decode: every msgpack struct of mc/common/protocol.hpp, in the
+// The message types the fuzz harnesses decode: every msgpack struct of the protocol (mc/proto/*.hpp), in the
 // order of that header. A harness input's first byte picks one (byte % kMessageTypes); the seed generator
 // (seeds.cpp) names its files by the same index, so keep the order stable and append new messages at the
 // end of their section as protocol.hpp does (a reordered list only makes the checked-in seeds stale:
@@ -9,7 +9,7 @@
 #include <tuple>
 #include <utility>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/protocol.hpp"
 
 namespace mc::fuzz {
 

@@ -19,7 +19,7 @@
 #include "mc/common/codec.hpp"
 #include "mc/common/fast_rpc.hpp"
 #include "mc/common/grant.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/protocol.hpp"
 #include "mc/report/report.hpp"
 #include "message_types.hpp"
 #include "tcp/wire.hpp"

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/testkit/local_cluster.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc {
 namespace {

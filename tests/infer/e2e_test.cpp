@@ -27,6 +27,9 @@
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/envelope.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc {
 namespace {

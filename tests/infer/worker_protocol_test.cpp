@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "mc/common/codec.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/protocol.hpp"
 #include "mc/testkit/round_trip.hpp"
 
 namespace mc::proto {

@@ -15,6 +15,8 @@
 #include "mc/infer/decode_worker.hpp"
 #include "mc/infer/prefill_worker.hpp"
 #include "mc/transfer/shared_buffer.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc::infer {
 namespace {

@@ -25,6 +25,8 @@
 #include "mc/replay/conductor_link.hpp"
 #include "mc/report/report.hpp"
 #include "mc/testkit/process.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc::replay {
 namespace {

@@ -26,7 +26,9 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/auth.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/envelope.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/client_endpoint.hpp"
 #include "mc/testkit/process.hpp"

@@ -26,7 +26,9 @@
 #include <httplib.h>
 
 #include "mc/common/block_key.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/kv_events.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"

@@ -24,7 +24,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/client_endpoint.hpp"
 #include "mc/testkit/process.hpp"

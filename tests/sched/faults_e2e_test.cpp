@@ -28,7 +28,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/envelope.hpp"
+#include "mc/proto/store.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/local_cluster.hpp"
 

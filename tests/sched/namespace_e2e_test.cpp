@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/store.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/local_cluster.hpp"
 

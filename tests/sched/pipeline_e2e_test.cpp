@@ -29,7 +29,8 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/block_key.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/envelope.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/infer/backend.hpp"
 #include "mc/infer/kv_buffer.hpp"

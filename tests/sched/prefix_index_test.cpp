@@ -1,6 +1,7 @@
 // Prefix index consistency (issue 6): stored/removed events in order, duplicates, a gap in event_id
 // (-> resync from the master's snapshot), a late joiner, a failing resync, cleared backends.
 #include "mc/sched/prefix_index.hpp"
+#include "mc/proto/kv_events.hpp"
 
 #include <gtest/gtest.h>
 

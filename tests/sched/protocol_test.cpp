@@ -5,7 +5,7 @@
 #include <string>
 
 #include "mc/common/codec.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/protocol.hpp"
 #include "mc/testkit/round_trip.hpp"
 
 namespace mc::proto {

@@ -23,6 +23,10 @@
 #include "mc/common/codec.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/store.hpp"
+#include "mc/proto/transfer.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc {
 namespace {

@@ -14,6 +14,7 @@
 #include "mc/common/fast_rpc.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/store/client.hpp"
+#include "mc/proto/store.hpp"
 
 namespace mc::store {
 namespace {

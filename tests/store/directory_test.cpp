@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "mc/store/directory.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::store {
 namespace {

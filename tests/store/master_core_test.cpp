@@ -6,6 +6,7 @@
 #include <set>
 
 #include "mc/common/block_key.hpp"
+#include "mc/proto/store.hpp"
 
 namespace mc::store {
 namespace {
@@ -753,8 +754,8 @@ TEST_F(MasterCoreTest, KvEventsCarrySeqHashBackendAndMedium) {
   // Keys that are not block keys are stored but not announced.
   put("plain-key", 10);
   EXPECT_TRUE(core_.take_events().empty());
-  EXPECT_EQ(seq_hash_of_key("kv/0123456789abcdef/00000000000000ff"), 0xffu);
-  EXPECT_FALSE(seq_hash_of_key("kv/x/zz").has_value());
+  EXPECT_EQ(BlockStoreKey::parse("kv/0123456789abcdef/00000000000000ff")->seq_hash, 0xffu);
+  EXPECT_FALSE(BlockStoreKey::parse("kv/x/zz").has_value());
 }
 
 TEST_F(MasterCoreTest, UnmountDropsReplicasAtOnce) {

@@ -1,9 +1,10 @@
 // Round trip of every store message of protocol.hpp: pack -> unpack -> pack gives the same bytes, and
-// the non-default values survive (a field missing from MSGPACK_DEFINE_MAP would come back as default).
+// the non-default values survive (a field missing from MC_MESSAGE would come back as default).
 #include <gtest/gtest.h>
 
 #include "mc/common/codec.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/store.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/testkit/round_trip.hpp"
 
 namespace mc::proto {

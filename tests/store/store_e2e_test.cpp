@@ -29,6 +29,10 @@
 #include "mc/store/client.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"
+#include "mc/proto/envelope.hpp"
+#include "mc/proto/kv_events.hpp"
+#include "mc/proto/store.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::store {
 namespace {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mc/transfer/transport.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::transfer::testing {
 

@@ -11,6 +11,7 @@
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/xfer_tool.hpp"
+#include "mc/proto/transfer.hpp"
 
 #ifdef MC_TRANSFER_HAVE_RDMA
 #include <infiniband/verbs.h>

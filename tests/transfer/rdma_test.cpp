@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "mc/common/codec.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "rdma/rdma.hpp"
@@ -105,7 +105,7 @@ struct DescriptorBeforeLids {
   std::vector<std::string> rdma_gids;
   std::vector<proto::RegionDescriptor> regions;
   std::string topology_json;
-  MSGPACK_DEFINE_MAP(format_version, name, host_id, pid, endpoints, rdma_devices, rdma_gids, regions, topology_json);
+  MC_MESSAGE(format_version, name, host_id, pid, endpoints, rdma_devices, rdma_gids, regions, topology_json);
 };
 
 TEST(RdmaProtocol, DescriptorExtensionIsCompatibleBothWays) {

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "mc/common/codec.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/transfer/path_policy.hpp"
 
 namespace mc::transfer {

@@ -20,6 +20,7 @@
 #include "mc/common/metrics.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/transport.hpp"
+#include "mc/proto/transfer.hpp"
 #include "notifier.hpp"
 #include "rdma/rdma.hpp"
 #include "shm/transport.hpp"

@@ -6,7 +6,7 @@
 
 #include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::transfer {
 

@@ -29,6 +29,7 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/status.hpp"
 #include "mc/transfer/types.hpp"
+#include "mc/proto/transfer.hpp"
 #include "tcp/net.hpp"
 
 namespace mc::transfer {

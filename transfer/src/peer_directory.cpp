@@ -6,6 +6,7 @@
 
 #include "mc/common/codec.hpp"
 #include "mc/transfer/engine.hpp"
+#include "mc/proto/transfer.hpp"
 #include "tcp/net.hpp"
 
 namespace mc::transfer {

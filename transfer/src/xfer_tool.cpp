@@ -31,6 +31,7 @@
 #include "mc/common/rpc.hpp"
 #include "mc/common/units.hpp"
 #include "mc/transfer/shared_buffer.hpp"
+#include "mc/proto/transfer.hpp"
 #include "shm/transport.hpp"
 #include "tcp/net.hpp"
 

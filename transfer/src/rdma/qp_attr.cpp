@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "rdma/rdma.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::transfer::rdma {
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
 
 namespace mc::transfer::rdma {

@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/topology.hpp"

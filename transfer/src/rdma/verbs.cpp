@@ -25,6 +25,7 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
+#include "mc/proto/transfer.hpp"
 #include "rdma/qp_attr.hpp"
 #include "rdma/rdma.hpp"
 #include "tcp/net.hpp"

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "mc/common/report.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::transfer::shm {
 namespace {

@@ -18,6 +18,7 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/common/log.hpp"
+#include "mc/proto/transfer.hpp"
 #include "tcp/net.hpp"
 #include "tcp/wire.hpp"
 

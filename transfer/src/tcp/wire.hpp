@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "mc/common/status.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::transfer::tcp {
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <thread>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/conductor.hpp"
 #include "mc/common/status.hpp"
 
 namespace mc::infer {

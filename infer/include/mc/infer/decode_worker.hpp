@@ -64,7 +64,8 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
 #include "mc/infer/block_put_queue.hpp"

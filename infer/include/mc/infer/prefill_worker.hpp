@@ -44,7 +44,7 @@
 
 #include "mc/common/block_key.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
 #include "mc/infer/block_cache.hpp"

@@ -21,8 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mc/common/status.hpp"
@@ -80,7 +82,21 @@ uint64_t chain_hash(uint64_t parent_seq, uint64_t local, uint64_t seed);
 std::vector<uint64_t> seq_hashes(std::span<const uint32_t> tokens, const KeyNamespace& ns);
 // "0x" + 16 lower-case hex digits.
 std::string hash_hex(uint64_t h);
-// Store key of one block: "kv/<namespace digest>/<16 hex of seq hash>".
+// A block's key in the store pool: "kv/<namespace digest>/<seq hash as 16 lower-case hex digits>", the one
+// formatter (str) and the one parser (parse) of that grammar, for the workers that write blocks, the master that
+// announces them in KV events and the Conductor that resyncs its index from a listing.
+struct BlockStoreKey {
+  std::string namespace_digest;  // KeyNamespace::digest_hex(): non-empty, no '/'
+  uint64_t seq_hash = 0;
+
+  std::string str() const;
+  // nullopt for any other key: another prefix, an empty digest or one holding '/', a hash that is not exactly 16
+  // hex digits.
+  static std::optional<BlockStoreKey> parse(std::string_view key);
+  bool operator==(const BlockStoreKey&) const = default;
+};
+
+// Store key of one block of `ns`: BlockStoreKey{ns.digest_hex(), seq_hash}.str().
 std::string block_store_key(const KeyNamespace& ns, uint64_t seq_hash);
 
 }  // namespace mc

@@ -61,7 +61,7 @@
 #include "mc/common/endpoint.hpp"
 #include "mc/common/fd.hpp"
 #include "mc/common/limits.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/envelope.hpp"
 #include "mc/common/status.hpp"
 
 namespace mc::rpc::fast {

@@ -42,7 +42,8 @@
 #include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/envelope.hpp"
+#include "mc/proto/kv_events.hpp"
 #include "mc/common/status.hpp"
 
 namespace mc::rpc {

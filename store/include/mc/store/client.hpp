@@ -72,7 +72,7 @@
 #include <string>
 #include <vector>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/store.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/common/status.hpp"
 

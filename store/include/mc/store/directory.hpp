@@ -26,7 +26,7 @@
 #include <string>
 
 #include "mc/common/etcd.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/common/status.hpp"
 #include "mc/store/master_link.hpp"

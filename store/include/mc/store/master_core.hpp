@@ -65,15 +65,17 @@
 #include <vector>
 
 #include "mc/common/clock.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/common/medium.hpp"
+#include "mc/proto/kv_events.hpp"
+#include "mc/proto/store.hpp"
 #include "mc/common/status.hpp"
 #include "mc/store/allocator.hpp"
 
 namespace mc::store {
 
-enum class Medium : uint8_t { kCpu = 0, kDisk = 1 };
-std::string_view medium_name(Medium medium);  // "cpu" | "disk" (the KV-event medium names)
-Result<Medium> parse_medium(std::string_view name);
+// A segment's medium (mc/common/medium.hpp): cpu (DRAM) or disk (SSD). gpu, or any other name, is
+// kInvalidArgument: the store pools no GPU memory.
+Result<Medium> parse_segment_medium(std::string_view name);
 
 struct MasterConfig {
   double high_watermark = 0.90;     // a segment above this fraction used is evicted ...
@@ -553,8 +555,5 @@ class MasterCore {
   std::unordered_set<std::string> dirty_keys_;
   std::set<std::string> dirty_segments_;
 };
-
-// The seq hash of a block store key "kv/<namespace>/<16 hex>" (block_key.hpp); nullopt for other keys.
-std::optional<uint64_t> seq_hash_of_key(std::string_view key);
 
 }  // namespace mc::store

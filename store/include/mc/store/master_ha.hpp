@@ -35,7 +35,7 @@
 
 #include "mc/common/etcd.hpp"
 #include "mc/common/leader.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
 #include "mc/store/master_core.hpp"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/common/rpc.hpp"
 
 namespace mc::testkit {

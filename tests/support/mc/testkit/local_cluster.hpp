@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/conductor.hpp"
 #include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"

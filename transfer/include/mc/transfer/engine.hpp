@@ -44,7 +44,7 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/common/grant.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
 
 namespace mc::metrics {

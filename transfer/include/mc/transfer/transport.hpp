@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
 #include "mc/transfer/types.hpp"
 

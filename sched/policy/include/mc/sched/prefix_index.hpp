@@ -31,7 +31,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/kv_events.hpp"
 #include "mc/common/status.hpp"
 #include "mc/sched/types.hpp"
 

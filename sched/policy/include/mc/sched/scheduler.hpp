@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "mc/common/clock.hpp"
-#include "mc/common/protocol.hpp"
+#include "mc/proto/kv_events.hpp"
 #include "mc/common/status.hpp"
 #include "mc/sched/cluster_state.hpp"
 #include "mc/sched/policy.hpp"

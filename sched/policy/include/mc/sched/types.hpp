@@ -11,14 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "mc/common/medium.hpp"
 #include "mc/common/status.hpp"
 
 namespace mc::sched {
 
-// Where a cached KV block lives (DESIGN.md §4, KV events `medium`).
-enum class Medium : uint8_t { kGpu = 0, kCpu = 1, kDisk = 2 };
-std::string_view medium_name(Medium m);           // "gpu" | "cpu" | "disk"
-Result<Medium> parse_medium(std::string_view s);  // kInvalidArgument for anything else
+// Where a cached KV block lives: mc::Medium (mc/common/medium.hpp).
 
 // How a prefill instance obtains one block of a cached prefix, cheapest first.
 //   kSameHost  : the block is in memory (GPU or DRAM) on the prefill instance's own host

@@ -14,7 +14,8 @@
 #include <memory>
 #include <string>
 
-#include "mc/common/protocol.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/replay/replay.hpp"
 
 namespace mc::replay {
