@@ -13,7 +13,7 @@ pkg_check_modules(URING IMPORTED_TARGET liburing)
 # cpp-httplib (Debian builds it as a shared library): the HTTP front door (mc-gateway) and every daemon's
 # /metrics endpoint (--metrics-listen).
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
-# libcurl: the etcd client's HTTP (etcd's JSON gateway, libcommon/src/etcd.cpp), in mc_common so every tool links it.
+# libcurl: the etcd client's HTTP (etcd's JSON gateway, libcommon/coord/src/etcd.cpp), in mc_coord alone.
 pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
 # OpenSSL's libcrypto (libssl-dev): the X.509 certificates mc-auth init makes for TLS to etcd (etcd_tls.cpp).
 pkg_check_modules(LIBCRYPTO REQUIRED IMPORTED_TARGET libcrypto)
@@ -31,4 +31,4 @@ endif()
 message(STATUS "mc: RDMA transport ${MC_HAVE_RDMA}")
 
 # No CUDA: mc has no GPU memory backend and no GPU model backend yet (a GPU location is refused,
-# libcommon/include/mc/common/location.hpp), so a CUDA toolkit found here would build nothing.
+# libcommon/base/include/mc/common/location.hpp), so a CUDA toolkit found here would build nothing.

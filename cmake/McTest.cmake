@@ -16,11 +16,11 @@ if(MC_SANITIZE AND NOT MC_FUZZ)
 endif()
 
 # mc_test_pch: one precompiled header (GoogleTest, msgpack, ZeroMQ, JSON, CLI11) shared by every test program.
-# Call mc_test_pch_target() once mc_common exists. A test whose flags differ simply falls back to the text.
+# Call mc_test_pch_target() once mc_net exists. A test whose flags differ simply falls back to the text.
 function(mc_test_pch_target)
   file(WRITE ${CMAKE_BINARY_DIR}/mc_test_pch.cpp "// translation unit that owns the tests' precompiled header\n")
   add_library(mc_test_pch OBJECT ${CMAKE_BINARY_DIR}/mc_test_pch.cpp)
-  target_link_libraries(mc_test_pch PRIVATE mc_common GTest::gtest GTest::gmock)
+  target_link_libraries(mc_test_pch PRIVATE mc_net GTest::gtest GTest::gmock)
   target_compile_options(mc_test_pch PRIVATE ${MC_TEST_COMPILE_OPTIONS})
   target_compile_definitions(mc_test_pch PRIVATE
     MC_BINARY_DIR="${CMAKE_BINARY_DIR}" MC_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
@@ -52,6 +52,9 @@ function(mc_add_test)
   endif()
   if(T_LOCK)  # tests holding the same lock never run at once (ctest -j): e.g. "netns", the host's namespace list
     list(APPEND T_SERIAL_PROP RESOURCE_LOCK ${T_LOCK})
+  endif()
+  if("unit" IN_LIST T_LABELS)  # tools/run-tests.sh --quick builds only these (target mc_unit_tests)
+    set_property(GLOBAL APPEND PROPERTY MC_UNIT_TEST_TARGETS ${T_NAME})
   endif()
   gtest_discover_tests(${T_NAME}
     PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT} ${T_SERIAL_PROP}

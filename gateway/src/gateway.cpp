@@ -13,16 +13,16 @@
 #include <utility>
 #include <vector>
 
-#include "mc/common/auth.hpp"
 #include "mc/common/block_key.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/endpoint.hpp"
-#include "mc/common/http_pool.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/common/metrics_http.hpp"
-#include "mc/common/rpc.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/net/http_pool.hpp"
+#include "mc/net/metrics_http.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/worker.hpp"
 

@@ -10,7 +10,7 @@ Tokenizer::Tokenizer(std::string model, int64_t vocab_size, std::vector<uint32_t
     : model_(std::move(model)), vocab_size_(vocab_size), eos_ids_(std::move(eos_ids)) {}
 
 Result<Tokenizer> Tokenizer::for_model(std::string_view spec) {
-  MC_ASSIGN_OR_RETURN(infer::ModelConfig m, infer::load_model(spec));
+  MC_ASSIGN_OR_RETURN(model::ModelConfig m, model::load_model(spec));
   if (m.vocab_size < 256) {
     return Status(Code::kInvalidArgument, "model '" + m.name + "' has a vocabulary of " + std::to_string(m.vocab_size) +
                                               " ids: the byte-level tokenizer needs at least 256");

@@ -1,6 +1,6 @@
 // infer_bench: the two figures of issue 5 (docs/BENCHMARKS.md, "Compute backends").
 //  1. ref prefill of an N-token input with 0 %, 50 %, 95 % of it cached: time as a fraction of the uncached time,
-//     beside the fraction of FLOPs avoided (cost_model.hpp prefill_flops) — the limit the time should follow.
+//     beside the fraction of FLOPs avoided (cost_model.hpp model::prefill_flops) — the limit the time should follow.
 //  2. Layer-wise streaming to a decode worker served in this process (its RPC endpoint on loopback): time from the
 //     last prefill layer to "all KV at decode" as a fraction of the prefill time, and the KV bytes moved, for the
 //     transfer-engine path (WRITE into decode's published KV segment + layer notification; shm on one host) and,
@@ -18,9 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/daemon.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/infer/decode_worker.hpp"
 #include "mc/infer/prefill_worker.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/worker.hpp"
 
 using namespace mc;
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   app.add_flag("--streaming-only", streaming_only, "Skip the cached-fraction sweep (figure 1)");
   CLI11_PARSE(app, argc, argv);
 
-  auto model = load_model(model_name);
+  auto model = model::load_model(model_name);
   if (!model.is_ok()) {
     std::fprintf(stderr, "infer_bench: %s\n", model.status().to_string().c_str());
     return 2;
@@ -91,8 +91,8 @@ int main(int argc, char** argv) {
       best = std::min(best, seconds_since(t0));
     }
     if (cached == 0) full_s = best;
-    const double flops = prefill_flops(*model, tokens - cached, cached);
-    const double flops_full = prefill_flops(*model, tokens, 0);
+    const double flops = model::prefill_flops(*model, tokens - cached, cached);
+    const double flops_full = model::prefill_flops(*model, tokens, 0);
     rows.push_back({{"cached_fraction", static_cast<double>(cached) / static_cast<double>(tokens)},
                     {"cached_tokens", cached},
                     {"prefill_s", best},

@@ -22,7 +22,7 @@ KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t
   return ns;
 }
 
-Status validate_prefill(const ModelConfig& model, const KvBuffer& kv, const PrefillRequest& request) {
+Status validate_prefill(const model::ModelConfig& model, const KvBuffer& kv, const PrefillRequest& request) {
   const int64_t n = static_cast<int64_t>(request.tokens.size());
   if (n == 0) return error(Code::kInvalidArgument, "prefill: empty prompt (input_length must be > 0)");
   if (n > model.max_context_tokens) {
@@ -51,7 +51,8 @@ Status validate_prefill(const ModelConfig& model, const KvBuffer& kv, const Pref
   return Status::ok();
 }
 
-Status validate_stage(const ModelConfig& model, const KvBuffer& kv, const StageRequest& req, int64_t hidden_floats) {
+Status validate_stage(const model::ModelConfig& model, const KvBuffer& kv, const StageRequest& req,
+                      int64_t hidden_floats) {
   const auto n = static_cast<int64_t>(req.tokens.size());
   if (req.first_layer < 0 || req.first_layer >= model.num_layers || req.num_layers < 1 ||
       req.num_layers > model.num_layers - req.first_layer) {

@@ -7,18 +7,18 @@
 #include "mc/common/endpoint.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
-#include "mc/common/rpc.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 
 namespace mc::infer {
 
-ConductorOptions resolve_conductor_options(ConductorOptions o, const std::string& role) {
+ConductorHeartbeatOptions resolve_conductor_options(ConductorHeartbeatOptions o, const std::string& role) {
   if (o.host.empty()) o.host = mc::report::host_name();
   if (o.instance_id.empty()) o.instance_id = role + "-" + o.host + "-" + std::to_string(getpid());
   return o;
 }
 
-Status validate_conductor_options(const ConductorOptions& o) {
+Status validate_heartbeat_options(const ConductorHeartbeatOptions& o) {
   if (o.endpoint.empty()) return Status::ok();
   Result<Endpoint> ep = parse_endpoint(o.endpoint);
   if (!ep.is_ok()) {
@@ -28,7 +28,7 @@ Status validate_conductor_options(const ConductorOptions& o) {
   return Status::ok();
 }
 
-ConductorHeartbeat::ConductorHeartbeat(ConductorOptions options, proto::ConductorRegisterRequest registration,
+ConductorHeartbeat::ConductorHeartbeat(ConductorHeartbeatOptions options, proto::ConductorRegisterRequest registration,
                                        std::function<proto::ConductorHeartbeatRequest()> load)
     : options_(std::move(options)), registration_(std::move(registration)), load_(std::move(load)) {
   if (!options_.endpoint.empty()) thread_ = std::thread([this] { run(); });
@@ -163,7 +163,7 @@ void ConductorHeartbeat::run() {
   }
 }
 
-ConductorJobReporter::ConductorJobReporter(ConductorOptions options) : options_(std::move(options)) {
+ConductorJobReporter::ConductorJobReporter(ConductorHeartbeatOptions options) : options_(std::move(options)) {
   if (!options_.endpoint.empty()) thread_ = std::thread([this] { run(); });
 }
 

@@ -1,12 +1,14 @@
 #include "mc/infer/daemons.hpp"
 
-#include "mc/common/auth.hpp"
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/endpoint.hpp"
 #include "mc/common/units.hpp"
+#include "mc/coord/etcd_flags.hpp"
 #include "mc/infer/decode_worker.hpp"
 #include "mc/infer/prefill_worker.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/net/flags.hpp"
 
 namespace mc::infer {
 
@@ -41,7 +43,7 @@ void add_backend_flags(CLI::App& app, BackendFlags& f) {
       ->envname("MC_KV_BUFFER_SIZE");
 }
 
-void add_conductor_flags(CLI::App& app, ConductorOptions& o) {
+void add_conductor_flags(CLI::App& app, ConductorHeartbeatOptions& o) {
   app.add_option("--conductor", o.endpoint, "mc-conductor endpoint to register with and heartbeat to (empty: none)")
       ->envname("MC_CONDUCTOR");
   app.add_option("--conductor-wait-ms", o.start_wait_ms,
@@ -59,10 +61,10 @@ void add_conductor_flags(CLI::App& app, ConductorOptions& o) {
 Result<std::unique_ptr<Backend>> backend_from_flags(const BackendFlags& f) {
   BackendOptions o;
   o.kind = f.backend;
-  MC_ASSIGN_OR_RETURN(o.model, load_model(f.model));
+  MC_ASSIGN_OR_RETURN(o.model, model::load_model(f.model));
   o.seed = f.seed;
   o.threads = f.threads;
-  MC_ASSIGN_OR_RETURN(o.gpu, gpu_preset(f.gpu));
+  MC_ASSIGN_OR_RETURN(o.gpu, model::gpu_preset(f.gpu));
   o.time_scale = f.time_scale;
   o.kv_bytes_per_token = f.kv_bytes_per_token;
   return make_backend(o);
@@ -162,7 +164,7 @@ Result<std::string> resolve_kv_listen(const std::string& kv_listen, const std::s
 }
 
 Status run_decode_daemon(const DecodeDaemonConfig& c) {
-  MC_RETURN_IF_ERROR(validate_conductor_options(c.conductor));
+  MC_RETURN_IF_ERROR(validate_heartbeat_options(c.conductor));
   MC_ASSIGN_OR_RETURN(auto backend, backend_from_flags(c.backend));
   DecodeWorkerOptions o;
   o.block_tokens = c.backend.block_tokens;
@@ -243,7 +245,7 @@ void add_prefill_flags(CLI::App& app, PrefillDaemonConfig& c) {
 }
 
 Status run_prefill_daemon(const PrefillDaemonConfig& c) {
-  MC_RETURN_IF_ERROR(validate_conductor_options(c.conductor));
+  MC_RETURN_IF_ERROR(validate_heartbeat_options(c.conductor));
   MC_ASSIGN_OR_RETURN(auto backend, backend_from_flags(c.backend));
   MC_ASSIGN_OR_RETURN(
       std::unique_ptr<KvBlockCache> cache,

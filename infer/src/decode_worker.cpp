@@ -10,10 +10,10 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
-#include "mc/common/grant.hpp"
 #include "mc/common/log.hpp"
-#include "mc/common/metrics_http.hpp"
-#include "mc/common/rpc.hpp"
+#include "mc/net/grant.hpp"
+#include "mc/net/metrics_http.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/worker.hpp"
 
@@ -985,7 +985,7 @@ std::vector<proto::DecodeStepSample> DecodeWorker::take_step_samples() {
   return out;
 }
 
-Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor_in,
+Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorHeartbeatOptions& conductor_in,
                     const std::string& metrics_listen, int64_t drain_timeout_s) {
   rpc::ServerOptions so;
   so.service = "mc-decode";
@@ -1020,7 +1020,7 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
     }
   });
   const auto& layout = worker.kv().layout();
-  const ConductorOptions conductor = resolve_conductor_options(conductor_in, "decode");
+  const ConductorHeartbeatOptions conductor = resolve_conductor_options(conductor_in, "decode");
   proto::ConductorRegisterRequest reg;
   reg.instance_id = conductor.instance_id;
   reg.role = "decode";

@@ -15,12 +15,12 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
-#include "mc/common/grant.hpp"
 #include "mc/common/log.hpp"
-#include "mc/common/metrics_http.hpp"
 #include "mc/common/queue_order.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/model/cost_model.hpp"
+#include "mc/net/grant.hpp"
+#include "mc/net/metrics_http.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/worker.hpp"
 
@@ -442,7 +442,7 @@ Status PrefillWorker::validate_stage(const proto::PrefillJobRequest& job) const 
 Status PrefillWorker::validate_stage_chunk(const std::string& what, const std::string& request_id,
                                            uint64_t reservation_id, int64_t chunk_index, int64_t token_begin,
                                            int64_t token_end, int64_t bytes) const {
-  const ModelConfig& model = backend_->model();
+  const model::ModelConfig& model = backend_->model();
   if (request_id.empty() || request_id.size() > 256 || reservation_id == 0) {
     return error(Code::kInvalidArgument, what + ": request id (1-256 bytes) and reservation id required");
   }
@@ -808,7 +808,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
                                                               std::vector<int32_t>& blocks,
                                                               proto::RequestLedger& ledger) {
   const KvLayout& layout = kv_->layout();
-  const ModelConfig& model = backend_->model();
+  const model::ModelConfig& model = backend_->model();
   const int64_t bs = layout.block_size;
   const int64_t n = static_cast<int64_t>(job.tokens.size());
   const int64_t first_layer = job.stage_first_layer, end_layer = job.stage_first_layer + job.stage_layers;
@@ -1190,7 +1190,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
 }
 
 Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) {
-  MC_ASSIGN_OR_RETURN(GpuSpec gpu, gpu_preset(options.gpu));
+  MC_ASSIGN_OR_RETURN(model::GpuSpec gpu, model::gpu_preset(options.gpu));
   rpc::ServerOptions so;
   so.service = "mc-prefill";
   so.bind_endpoints = {options.endpoint};
@@ -1286,7 +1286,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     for (const auto& q : queue) {
       const int64_t t = static_cast<int64_t>(q.job.tokens.size());
       l.queued_tokens += t;
-      predicted_s += worker.backend().kind() == "sim" ? prefill_time_s(worker.backend().model(), gpu, t, 0)
+      predicted_s += worker.backend().kind() == "sim" ? model::prefill_time_s(worker.backend().model(), gpu, t, 0)
                                                       : (rate > 0 ? static_cast<double>(t) / rate : 0.0);
     }
     l.running_tokens = running_tokens;
@@ -1331,7 +1331,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     }
   });
 
-  const ConductorOptions conductor = resolve_conductor_options(options.conductor, "prefill");
+  const ConductorHeartbeatOptions conductor = resolve_conductor_options(options.conductor, "prefill");
   proto::ConductorRegisterRequest reg;
   reg.instance_id = conductor.instance_id;
   reg.role = "prefill";

@@ -42,7 +42,7 @@ void rope(float* x, int64_t heads, int64_t head_dim, int64_t pos, double theta) 
   }
 }
 
-Weights make_weights(const ModelConfig& m, uint64_t seed) {
+Weights make_weights(const model::ModelConfig& m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   auto fill = [&](std::vector<float>& v, int64_t rows, int64_t cols, float scale) {
@@ -104,7 +104,7 @@ struct LoraLayer {
 };
 using LoraWeights = std::vector<LoraLayer>;
 
-LoraWeights make_lora(const ModelConfig& m, uint64_t seed) {
+LoraWeights make_lora(const model::ModelConfig& m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   auto fill = [&](std::vector<float>& v, int64_t rows, int64_t cols, float scale) {
@@ -154,7 +154,7 @@ class RefBackend final : public Backend {
 
   const std::string& kind() const override { return kind_; }
   bool runs_stages() const override { return true; }
-  const ModelConfig& model() const override { return model_; }
+  const model::ModelConfig& model() const override { return model_; }
   int64_t kv_bytes_per_token_layer() const override {
     return 2 * model_.num_kv_heads * model_.head_dim * static_cast<int64_t>(sizeof(float));
   }
@@ -409,7 +409,7 @@ class RefBackend final : public Backend {
   }
 
   std::string kind_;
-  ModelConfig model_;
+  model::ModelConfig model_;
   ref::Weights w_;
   std::map<std::pair<std::string, std::string>, LoraWeights> lora_;  // (name, version) -> weights
 };

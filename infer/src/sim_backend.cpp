@@ -26,7 +26,7 @@ class SimBackend final : public Backend {
  public:
   explicit SimBackend(const BackendOptions& o)
       : kind_("sim"), model_(o.model), gpu_(o.gpu), seed_(o.seed), time_scale_(o.time_scale) {
-    bytes_per_token_layer_ = sim_kv_bytes_per_token(model_, o.kv_bytes_per_token) / model_.num_layers;
+    bytes_per_token_layer_ = model::sim_kv_bytes_per_token(model_, o.kv_bytes_per_token) / model_.num_layers;
     // The hidden states between pipeline stages, scaled as the KV is (the model's hidden_size x dtype against its
     // KV bytes per token), at least the 8-byte hash.
     const double scale = static_cast<double>(bytes_per_token_layer_ * model_.num_layers) /
@@ -36,7 +36,7 @@ class SimBackend final : public Backend {
   }
 
   const std::string& kind() const override { return kind_; }
-  const ModelConfig& model() const override { return model_; }
+  const model::ModelConfig& model() const override { return model_; }
   int64_t kv_bytes_per_token_layer() const override { return bytes_per_token_layer_; }
 
   Result<PrefillResult> prefill(KvBuffer& kv, const PrefillRequest& req, const LayerDoneFn& on_layer) override {
@@ -60,7 +60,8 @@ class SimBackend final : public Backend {
     auto chunk_start = std::chrono::steady_clock::now();
     for (int64_t begin = req.cached_tokens; begin < n; begin += chunk) {
       const int64_t end = std::min(n, begin + chunk);
-      const double layer_s = prefill_time_s(model_, gpu_, end - begin, begin) / static_cast<double>(model_.num_layers);
+      const double layer_s =
+          model::prefill_time_s(model_, gpu_, end - begin, begin) / static_cast<double>(model_.num_layers);
       for (int64_t l = 0; l < model_.num_layers; ++l) {
         const auto deadline = chunk_start + to_duration(layer_s * static_cast<double>(l + 1));
         for (int64_t p = begin; p < end; ++p) {
@@ -106,7 +107,7 @@ class SimBackend final : public Backend {
       }
     }
     // This chunk's layers of the modelled prefill time; deadlines cumulative as in prefill().
-    const double layer_s = prefill_time_s(model_, gpu_, rows, req.token_begin) / static_cast<double>(L);
+    const double layer_s = model::prefill_time_s(model_, gpu_, rows, req.token_begin) / static_cast<double>(L);
     const auto start = std::chrono::steady_clock::now();
     for (int64_t k = 0; k < req.num_layers; ++k) {
       const int64_t l = req.first_layer + k;
@@ -142,8 +143,9 @@ class SimBackend final : public Backend {
       }
       context += s.position + 1;
     }
-    const auto deadline = std::chrono::steady_clock::now() +
-                          to_duration(decode_step_time_s(model_, gpu_, static_cast<int64_t>(batch.size()), context));
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        to_duration(model::decode_step_time_s(model_, gpu_, static_cast<int64_t>(batch.size()), context));
     for (const auto& s : batch) {
       for (int32_t b : s.block_table) MC_RETURN_IF_ERROR(kv.check_block(b));
       const uint64_t prev =
@@ -193,8 +195,8 @@ class SimBackend final : public Backend {
   }
 
   std::string kind_;
-  ModelConfig model_;
-  GpuSpec gpu_;
+  model::ModelConfig model_;
+  model::GpuSpec gpu_;
   uint64_t seed_;
   double time_scale_;
   int64_t bytes_per_token_layer_ = 16;

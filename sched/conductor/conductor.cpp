@@ -18,21 +18,22 @@
 #include "mc/common/block_key.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
-#include "mc/common/leader.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/common/metrics_http.hpp"
 #include "mc/common/report.hpp"
-#include "mc/common/rpc.hpp"
+#include "mc/coord/leader.hpp"
 #include "mc/model/cost_model.hpp"
 #include "mc/model/model_config.hpp"
-#include "mc/sched/decision_json.hpp"
-#include "mc/sched/faults.hpp"
-#include "mc/sched/scheduler.hpp"
+#include "mc/net/metrics_http.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/kv_events.hpp"
 #include "mc/proto/store.hpp"
 #include "mc/proto/worker.hpp"
+#include "mc/sched/decision_json.hpp"
+#include "mc/sched/faults.hpp"
+#include "mc/sched/scheduler.hpp"
+#include "store_resync.hpp"
 
 namespace mc::sched {
 
@@ -96,132 +97,6 @@ int64_t now_unix_ns() { return unix_time_ms() * 1'000'000; }
 
 // A submitted request id's bound: ids are copied into the ledgers, the decision log and every job message.
 constexpr size_t kMaxRequestIdBytes = 1024;
-
-// Rebuilds the prefix index from the store master (store.stat for the event id and segment hosts,
-// store.ls for the blocks of every key namespace: requests choose theirs, and seq hashes of different
-// namespaces differ, so blocks of any namespace only ever match requests of it). Failures are
-// rate-limited to one attempt a second.
-class StoreMasterResync final : public ResyncSource {
- public:
-  StoreMasterResync(std::string endpoint, int timeout_ms, Scheduler* scheduler)
-      : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms), scheduler_(scheduler) {}
-
-  // Another store master leads (etcd): ask it from now on.
-  void set_endpoint(const std::string& endpoint) {
-    if (endpoint == endpoint_) return;
-    endpoint_ = endpoint;
-    client_.reset();
-    last_failure_ns_ = 0;
-  }
-
-  Result<IndexSnapshot> snapshot(const std::string& stream) override {
-    const int64_t now = RealClock::instance().now_ns();
-    if (last_failure_ns_ != 0 && now - last_failure_ns_ < 1'000'000'000) {
-      return error(Code::kUnavailable, "store master " + endpoint_ + " failed less than 1 s ago; retrying later");
-    }
-    Result<IndexSnapshot> snap = fetch(stream);
-    last_failure_ns_ = snap.is_ok() ? 0 : now;
-    return snap;
-  }
-
-  // Segment -> host from store.stat (also refreshed periodically, so same-host pricing sees new nodes).
-  Result<proto::StoreStatReply> refresh_hosts() {
-    MC_RETURN_IF_ERROR(connect());
-    Result<proto::StoreStatReply> st = client_->call(proto::StoreStatRequest{true}, timeout_ms_);
-    if (!st.is_ok()) {
-      client_.reset();
-      return st.status();
-    }
-    apply_stat(*st);
-    return st;
-  }
-
-  // What a store.stat reply tells the index: segment hosts, suspect segments (parked), a restarted master.
-  void apply_stat(const proto::StoreStatReply& st) {
-    // A restarted master (another publisher incarnation), even one with no event to send yet: every block the
-    // index has from the old one is checked against the new one's (field report 24).
-    if (st.events_incarnation != 0 && master_incarnation_ != 0 && st.events_incarnation != master_incarnation_) {
-      MC_LOG_WARN << "store master " << endpoint_
-                  << " restarted (new KV-event incarnation): resyncing the prefix index";
-      scheduler_->index().source_restarted(st.events_incarnation);
-      rebuild_until_ns_ = RealClock::instance().now_ns() + kRebuildWaitNs;
-    }
-    if (st.events_incarnation != 0) master_incarnation_ = st.events_incarnation;
-    for (const auto& seg : st.segments) {
-      if (!seg.host.empty()) scheduler_->set_backend_host(seg.segment, seg.host);
-      // A suspect node's replicas are not offered for reads: no plan counts on them until it is back.
-      const bool was_offline = scheduler_->index().backend_offline(seg.segment);
-      const size_t moved = scheduler_->index().set_backend_offline(seg.segment, seg.suspect);
-      if (was_offline != seg.suspect) {
-        MC_LOG_INFO << "prefix index: segment " << seg.segment << (seg.suspect ? " is suspect: " : " is back: ")
-                    << moved << " replicas " << (seg.suspect ? "parked" : "offered again");
-      }
-    }
-  }
-
- private:
-  Status connect() {
-    if (client_) return Status::ok();
-    rpc::ClientOptions o;
-    o.client_name = "mc-conductor";
-    o.connect_timeout_ms = timeout_ms_;
-    o.default_timeout_ms = timeout_ms_;
-    MC_ASSIGN_OR_RETURN(client_, rpc::RpcClient::connect(endpoint_, o));
-    return Status::ok();
-  }
-
-  Result<IndexSnapshot> fetch(const std::string& stream) {
-    MC_ASSIGN_OR_RETURN(proto::StoreStatReply st, refresh_hosts());
-    // A restarted master rebuilds its metadata from the nodes' reports: a listing taken before they are in
-    // would drop (and count as stale) replicas that are only late. Wait for them, kRebuildWaitNs at most.
-    if (st.suspect_nodes > 0 && RealClock::instance().now_ns() < rebuild_until_ns_) {
-      return error(Code::kUnavailable, "store master " + endpoint_ + " restarted and " +
-                                           std::to_string(st.suspect_nodes) +
-                                           " of its nodes are still re-reporting: the resync waits for them");
-    }
-    // Block keys (block_key.hpp BlockStoreKey): every namespace's.
-    proto::StoreLsRequest ls;
-    ls.prefix = "kv/";
-    ls.limit = 400'000;  // ~100 B each: stays under the 64 MiB message limit
-    Result<proto::StoreLsReply> objs = client_->call(ls, timeout_ms_);
-    if (!objs.is_ok()) {
-      client_.reset();
-      return objs.status().with_context("resync of KV-event stream '" + stream + "' from " + endpoint_);
-    }
-    if (objs->truncated) {
-      MC_LOG_WARN << "resync from " << endpoint_ << ": store.ls truncated at " << ls.limit
-                  << " objects; the prefix index misses the rest until their next events";
-    }
-    IndexSnapshot snap;
-    snap.as_of_event_id = st.last_event_id;
-    for (const auto& o : objs->objects) {
-      if (!o.complete) continue;
-      const std::optional<BlockStoreKey> block = BlockStoreKey::parse(o.key);
-      if (!block) continue;
-      const uint64_t h = block->seq_hash;
-      for (size_t i = 0; i < o.segments.size(); ++i) {
-        Medium m = Medium::kCpu;
-        if (i < o.media.size()) {
-          Result<Medium> pm = parse_medium(o.media[i]);
-          if (pm.is_ok()) m = *pm;
-        }
-        snap.entries.push_back(SnapshotEntry{h, o.segments[i], m});
-      }
-    }
-    MC_LOG_INFO << "prefix index resynced from " << endpoint_ << ": " << snap.entries.size() << " replicas as of event "
-                << snap.as_of_event_id;
-    return snap;
-  }
-
-  std::string endpoint_;
-  int timeout_ms_;
-  Scheduler* scheduler_;
-  std::unique_ptr<rpc::RpcClient> client_;
-  int64_t last_failure_ns_ = 0;
-  uint64_t master_incarnation_ = 0;  // StoreStatReply::events_incarnation last seen
-  static constexpr int64_t kRebuildWaitNs = 15'000'000'000;
-  int64_t rebuild_until_ns_ = 0;  // after a master restart: resyncs wait for re-reporting nodes until then
-};
 
 class Conductor {
  public:
@@ -1679,12 +1554,12 @@ class Conductor {
 }  // namespace
 
 Status apply_cost_model(ConductorOptions& options, const std::string& model_spec, const std::string& gpu_name) {
-  MC_ASSIGN_OR_RETURN(infer::ModelConfig model, infer::load_model(model_spec));
-  MC_ASSIGN_OR_RETURN(infer::GpuSpec gpu, infer::gpu_preset(gpu_name));
+  MC_ASSIGN_OR_RETURN(model::ModelConfig model, model::load_model(model_spec));
+  MC_ASSIGN_OR_RETURN(model::GpuSpec gpu, model::gpu_preset(gpu_name));
   options.prefill_prior = prefill_prior_from_cost_model(
-      [&](int64_t n, int64_t c) { return infer::prefill_time_s(model, gpu, n, c) * 1e3; });
+      [&](int64_t n, int64_t c) { return model::prefill_time_s(model, gpu, n, c) * 1e3; });
   options.decode_prior = decode_prior_from_cost_model(
-      [&](int64_t b, int64_t t) { return infer::decode_step_time_s(model, gpu, b, t) * 1e3; });
+      [&](int64_t b, int64_t t) { return model::decode_step_time_s(model, gpu, b, t) * 1e3; });
   // Pipelined prefill groups (DESIGN.md §18): the model's depth and what crosses a stage boundary per token.
   options.scheduler.pipeline.model_layers = model.num_layers;
   options.scheduler.pipeline.hidden_bytes_per_token = model.hidden_size * model.dtype_bytes;
@@ -1705,117 +1580,6 @@ Status run_conductor(const ConductorOptions& options) {
                       metrics::start_daemon_exporter(o.metrics_listen, "mc-conductor", &c.metrics(), &extra));
   daemon::announce_ready("mc-conductor", c.endpoint(), extra);
   return c.loop();
-}
-
-using mc::report::fixed;
-
-Status print_conductor_status(const std::string& endpoint, bool json, int timeout_ms, std::ostream& out) {
-  rpc::ClientOptions o;
-  o.client_name = "mc-conductor stat";
-  o.connect_timeout_ms = timeout_ms;
-  MC_ASSIGN_OR_RETURN(auto client, rpc::RpcClient::connect(endpoint, o));
-  MC_ASSIGN_OR_RETURN(proto::ConductorStatusReply rep, client->call(proto::ConductorStatusRequest{true}, timeout_ms));
-  nlohmann::json j = nlohmann::json::parse(rep.status_json, nullptr, false);
-  if (j.is_discarded()) return error(Code::kMalformedMessage, "status from " + endpoint + " is not JSON");
-  if (json) {
-    out << j.dump(2) << '\n';
-    return Status::ok();
-  }
-  out << "mc-conductor " << endpoint << "  policy " << j.value("policy", "?") << "  SLO TTFT "
-      << fixed(j["slo"].value("ttft_ms", 0.0), 0) << " ms, TBT " << fixed(j["slo"].value("tbt_ms", 0.0), 0)
-      << " ms, early rejection " << (j["slo"].value("early_reject", true) ? "on" : "off") << "\n\n";
-  std::vector<std::vector<std::string>> rows = {
-      {"instance", "role", "host", "state", "seen_ms", "queue_ms", "requests", "kv_tokens"}};
-  for (const auto& i : j.value("instances", nlohmann::json::array())) {
-    std::string role = i.value("role", "");
-    std::string kv = role == "decode" ? std::to_string(i.value("kv_reserved_tokens", 0)) + "/" +
-                                            std::to_string(i.value("kv_capacity_tokens", 0))
-                                      : "-";
-    std::string queue = role == "prefill" ? fixed(i.value("queue_ms", 0.0), 1) : "-";
-    int64_t reqs = role == "prefill" ? i.value("queued_jobs", 0) : i.value("requests", 0);
-    rows.push_back({i.value("id", ""), role, i.value("host", ""), i.value("state", ""),
-                    fixed(i.value("last_seen_ms_ago", 0.0), 0), queue, std::to_string(reqs), kv});
-  }
-  mc::report::print_table(out, rows);
-  const auto& idx = j["index"];
-  out << "\nindex: " << idx.value("blocks", 0) << " blocks, " << idx.value("holder_entries", 0) << " replicas, "
-      << idx.value("backends", 0) << " backends; events " << idx.value("events_applied", 0) << ", gaps "
-      << idx.value("gaps", 0) << ", resyncs " << idx.value("resyncs", 0) << " (failed "
-      << idx.value("resync_failures", 0) << "), publisher restarts " << idx.value("publisher_restarts", 0)
-      << ", offline backends " << idx.value("offline_backends", 0)
-      << "\nreconciled: " << idx.value("resync_stale_replicas", 0) << " stale replicas dropped, "
-      << idx.value("resync_missing_replicas", 0)
-      << " missing added; planned hits found missing: " << idx.value("planned_missing_tokens", 0) << " tokens in "
-      << idx.value("planned_missing_requests", 0) << " requests\n";
-  const auto& d = j["decisions"];
-  out << "decisions: " << d.value("total", 0) << " total, " << d.value("accepted", 0) << " accepted (fetch "
-      << d.value("fetch", 0) << " of which remote " << d.value("fetch_remote", 0) << ", recompute "
-      << d.value("recompute", 0) << " of which with a cached prefix " << d.value("recompute_cached", 0)
-      << ", replicate " << d.value("replicate", 0) << "); rejected:";
-  for (const auto& [reason, n] : d["rejected"].items()) out << " " << reason << "=" << n.get<uint64_t>();
-  out << "\n";
-  const auto& p = j["predictors"];
-  out << "prefill model: " << fixed(p["prefill"].value("fixed_ms", 0.0), 2) << " ms + "
-      << fixed(p["prefill"].value("ms_per_token", 0.0), 5) << " ms/token + "
-      << p["prefill"].value("ms_per_token_pair", 0.0) << " ms/pair (" << p["prefill"].value("samples", 0)
-      << " samples)\n";
-  out << "decode step:   " << fixed(p["decode"].value("fixed_ms", 0.0), 2) << " ms + "
-      << fixed(p["decode"].value("ms_per_request", 0.0), 4) << " ms/request + "
-      << p["decode"].value("ms_per_context_token", 0.0) << " ms/context token (" << p["decode"].value("samples", 0)
-      << " samples)\n";
-  const auto& bw = p["bandwidth_bytes_per_s"];
-  const auto& bw_samples = p.value("bandwidth_samples", nlohmann::json::object());
-  out << "bandwidth (GB/s): same_host " << fixed(bw.value("same_host", 0.0) / 1e9, 2) << " ("
-      << bw_samples.value("same_host", 0) << " samples), remote " << fixed(bw.value("remote", 0.0) / 1e9, 2) << " ("
-      << bw_samples.value("remote", 0) << " samples), ssd " << fixed(bw.value("ssd", 0.0) / 1e9, 2) << " ("
-      << bw_samples.value("ssd", 0) << " samples)\n";
-  for (const auto& path : p.value("bandwidth_paths", nlohmann::json::array())) {
-    out << "  path " << path.value("from", "?") << " -> " << path.value("to", "?") << ": "
-        << fixed(path.value("bytes_per_s", 0.0) / 1e9, 2) << " GB/s now (measured "
-        << fixed(path.value("measured_bytes_per_s", 0.0) / 1e9, 2) << ", " << path.value("samples", 0) << " samples, "
-        << fixed(path.value("age_ms", 0.0) / 1e3, 1) << " s ago; send backlog " << path.value("send_backlog_bytes", 0)
-        << " B)\n";
-  }
-  for (const auto& [key, name] : {std::pair{"ttft_error", "TTFT prediction error"},
-                                  std::pair{"decode_step_error", "decode step prediction error"}}) {
-    const nlohmann::json e = j.value(key, nlohmann::json::object());
-    out << name << ": " << e.value("samples", 0) << " samples, mean |err| " << fixed(e.value("mean_abs_ms", 0.0), 2)
-        << " ms, p90 |err| " << fixed(e.value("p90_abs_ms", 0.0), 2) << " ms, mean signed "
-        << fixed(e.value("mean_signed_ms", 0.0), 2) << " ms\n";
-  }
-  const nlohmann::json f = j.value("faults", nlohmann::json::object());
-  out << "worker faults: redispatched " << f.value("redispatched", 0) << ", failed_by_instance_death "
-      << f.value("failed_by_instance_death", 0) << ", reservations_released " << f.value("reservations_released", 0)
-      << ", connection_lost " << f.value("connection_lost", 0) << "; refused: heartbeat "
-      << f.value("refused_heartbeat", 0) << ", job_report " << f.value("refused_job_report", 0) << ", prefill_ledger "
-      << f.value("refused_prefill_ledger", 0) << ", decode_step " << f.value("refused_decode_step", 0) << "\n";
-  out << "instance drains: notices " << f.value("drain_notices", 0) << ", drained (exited) "
-      << f.value("instances_drained", 0) << ", draining now " << f.value("draining", 0) << "\n";
-  const nlohmann::json c = j.value("cancels", nlohmann::json::object());
-  out << "cancelled by clients: " << c.value("cancelled", 0) << " (dispatching " << c.value("dispatching", 0)
-      << ", prefilling " << c.value("prefilling", 0) << ", decoding " << c.value("decoding", 0)
-      << "); cancels of unknown requests " << c.value("unknown", 0) << "\n";
-  return Status::ok();
-}
-
-Status cancel_request(const std::string& endpoint, const std::string& request_id, bool json, int timeout_ms,
-                      std::ostream& out) {
-  if (request_id.empty()) return error(Code::kInvalidArgument, "mc-conductor cancel: empty REQUEST_ID");
-  rpc::ClientOptions o;
-  o.client_name = "mc-conductor cancel";
-  o.connect_timeout_ms = timeout_ms;
-  MC_ASSIGN_OR_RETURN(auto client, rpc::RpcClient::connect(endpoint, o));
-  Result<proto::ConductorCancelReply> rep = client->call(proto::ConductorCancelRequest{request_id}, timeout_ms);
-  if (!rep.is_ok()) return rep.status().with_context("cancel of request '" + request_id + "' at " + endpoint);
-  if (json) {
-    out << nlohmann::json{{"request_id", rep->request_id}, {"stage", rep->stage}}.dump(2) << '\n';
-  } else if (rep->stage == "unknown") {
-    out << "request " << request_id << ": unknown to the Conductor (finished, failed or never submitted); nothing to "
-        << "cancel\n";
-  } else {
-    out << "request " << request_id << ": cancelled while " << rep->stage << "\n";
-  }
-  return Status::ok();
 }
 
 }  // namespace mc::sched

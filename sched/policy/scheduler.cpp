@@ -589,8 +589,8 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   const int64_t cached = std::min(plan.reused_blocks * B, request.input_tokens - 1);
   const int64_t fresh = request.input_tokens - cached;
   if (fresh <= pc.chunk_tokens) return;  // one chunk: nothing to overlap
-  infer::PipelineShape shape;
-  shape.stage_layers = infer::even_stage_layers(pc.model_layers, static_cast<int64_t>(x)).value();
+  model::PipelineShape shape;
+  shape.stage_layers = model::even_stage_layers(pc.model_layers, static_cast<int64_t>(x)).value();
   shape.chunk_tokens = pc.chunk_tokens;
   shape.link_bytes_per_s = pc.link_bytes_per_s;
   shape.link_latency_s = pc.link_latency_ms * 1e-3;
@@ -599,8 +599,8 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
     const double share = static_cast<double>(shape.stage_layers[s]) / static_cast<double>(pc.model_layers);
     ready_s[s] = (estimates_[order[s]].queue_ms + share * plan.transfer_ms) * 1e-3;
   }
-  const infer::PipelineTiming t =
-      infer::pipeline_timing([this](int64_t n, int64_t c) { return prefill_.predict_ms(n, c) * 1e-3; }, shape,
+  const model::PipelineTiming t =
+      model::pipeline_timing([this](int64_t n, int64_t c) { return prefill_.predict_ms(n, c) * 1e-3; }, shape,
                              pc.model_layers, pc.hidden_bytes_per_token, fresh, cached, ready_s);
   const double ttft_ms = t.ttft_s * 1e3;
   const double single_ttft_ms = d.prefill.ttft_ms;

@@ -10,9 +10,9 @@
 
 #include "mc/common/daemon.hpp"
 #include "mc/common/input_file.hpp"
-#include "mc/common/leader.hpp"
 #include "mc/common/report.hpp"
-#include "mc/common/rpc.hpp"
+#include "mc/coord/leader.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/kv_events.hpp"
 
 namespace mc::store {

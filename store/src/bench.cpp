@@ -12,13 +12,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/cli.hpp"
-#include "mc/common/leader.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/common/report.hpp"
-#include "mc/common/rpc.hpp"
+#include "mc/coord/leader.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/store/master_core.hpp"
 
-#include "mc/common/fast_rpc.hpp"
+#include "mc/net/fast_rpc.hpp"
 #include "mc/proto/store.hpp"
 
 namespace mc::store {

@@ -14,13 +14,13 @@
 #include <unordered_map>
 
 #include "mc/common/clock.hpp"
-#include "mc/common/fast_rpc.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/report.hpp"
+#include "mc/net/fast_rpc.hpp"
+#include "mc/proto/store.hpp"
 #include "mc/store/checksum.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/transfer/engine.hpp"
-#include "mc/proto/store.hpp"
 
 namespace mc::store {
 

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
-#include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
-#include "mc/store/master_ha.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/store/master_ha.hpp"
 
 namespace mc::store {
 

@@ -5,12 +5,12 @@
 #include <set>
 #include <tuple>
 
+#include "master_core_internal.hpp"
 #include "mc/common/block_key.hpp"
 #include "mc/common/log.hpp"
-#include "master_core_internal.hpp"
-#include "mc/store/checksum.hpp"
 #include "mc/proto/kv_events.hpp"
 #include "mc/proto/store.hpp"
+#include "mc/store/checksum.hpp"
 
 namespace mc::store {
 
@@ -587,7 +587,7 @@ MasterStats MasterCore::stat(bool scan_objects) const {
     st.draining = seg.draining;
     s.segments.push_back(std::move(st));
   }
-  for (const PendingFree& p : pending_frees_) s.pending_free_bytes += p.size_bytes;
+  s.pending_free_bytes = pending_free_bytes_;
   for (const std::string& k : pinned_keys_) {
     auto it = objects_.find(k);
     if (it == objects_.end() || !it->second.complete || !pinned(it->second)) continue;
@@ -679,14 +679,13 @@ void MasterCore::tick() {
     k = pin_holds(*k, it->second) ? std::next(k) : pinned_keys_.erase(k);
   }
   // Delayed frees whose time has come.
-  for (auto p = pending_frees_.begin(); p != pending_frees_.end();) {
-    if (p->release_ns <= now) {
-      auto seg = segments_.find(p->segment);
-      if (seg != segments_.end()) (void)seg->second.alloc->free(p->offset);
-      p = pending_frees_.erase(p);
-    } else {
-      ++p;
-    }
+  while (!pending_frees_.empty() && pending_frees_.front().release_ns <= now) {
+    std::pop_heap(pending_frees_.begin(), pending_frees_.end(), ReleasesLater{});
+    const PendingFree& p = pending_frees_.back();
+    auto seg = segments_.find(p.segment);
+    if (seg != segments_.end()) (void)seg->second.alloc->free(p.offset);
+    pending_free_bytes_ -= p.size_bytes;
+    pending_frees_.pop_back();
   }
   // Watermarks.
   for (auto& [name, seg] : segments_) {

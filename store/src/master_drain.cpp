@@ -1,12 +1,13 @@
-// MasterCore (master_core.hpp): a storage node's graceful drain. The class is split across master_*.cpp by its header's paragraphs.
+// MasterCore (master_core.hpp): a storage node's graceful drain. The class is split across master_*.cpp by its header's
+// paragraphs.
 #include "mc/store/master_core.hpp"
 
 #include <algorithm>
 #include <set>
 #include <tuple>
 
-#include "mc/common/log.hpp"
 #include "master_core_internal.hpp"
+#include "mc/common/log.hpp"
 
 namespace mc::store {
 

@@ -1,12 +1,14 @@
-// MasterCore (master_core.hpp): the durable metadata (DESIGN.md §17). The class is split across master_*.cpp by its header's paragraphs.
+// MasterCore (master_core.hpp): the durable metadata (DESIGN.md §17). The class is split across master_*.cpp by its
+// header's paragraphs.
 #include "mc/store/master_core.hpp"
 
 #include <algorithm>
 #include <set>
 #include <tuple>
 
-#include "mc/common/log.hpp"
 #include "master_core_internal.hpp"
+#include "mc/common/log.hpp"
+#include "mc/store/checksum.hpp"
 
 namespace mc::store {
 
@@ -159,7 +161,7 @@ Result<DurableLoad> MasterCore::load_durable(const std::vector<DurableSegment>& 
         ++out.replicas;
       } else {
         // Being written at the old leader: nobody will finish it here; its range is freed after free_delay_ms.
-        pending_frees_.push_back({r.segment, r.offset, d.size_bytes, hold_until});
+        defer_free({r.segment, r.offset, d.size_bytes, hold_until});
         ++out.held_ranges;
       }
     }

@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/clock.hpp"
-#include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
-#include "mc/store/checksum.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/store/checksum.hpp"
 
 namespace mc::store {
 

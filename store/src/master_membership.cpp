@@ -1,12 +1,13 @@
-// MasterCore (master_core.hpp): segments and storage nodes: mount, unmount, heartbeats, reports, demotion. The class is split across master_*.cpp by its header's paragraphs.
+// MasterCore (master_core.hpp): segments and storage nodes: mount, unmount, heartbeats, reports, demotion. The class is
+// split across master_*.cpp by its header's paragraphs.
 #include "mc/store/master_core.hpp"
 
 #include <algorithm>
 #include <set>
 #include <tuple>
 
-#include "mc/common/log.hpp"
 #include "master_core_internal.hpp"
+#include "mc/common/log.hpp"
 
 namespace mc::store {
 
@@ -143,6 +144,9 @@ uint64_t MasterCore::drop_segment(const std::string& segment) {
   pending_frees_.erase(std::remove_if(pending_frees_.begin(), pending_frees_.end(),
                                       [&](const PendingFree& p) { return p.segment == segment; }),
                        pending_frees_.end());
+  std::make_heap(pending_frees_.begin(), pending_frees_.end(), ReleasesLater{});
+  pending_free_bytes_ = 0;
+  for (const PendingFree& p : pending_frees_) pending_free_bytes_ += p.size_bytes;
   for (auto t = demotions_.begin(); t != demotions_.end();) {
     auto obj = objects_.find(t->second.second);
     bool alive = obj != objects_.end() && std::any_of(obj->second.replicas.begin(), obj->second.replicas.end(),

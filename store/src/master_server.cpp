@@ -7,15 +7,15 @@
 
 #include "convert.hpp"
 #include "mc/common/daemon.hpp"
-#include "mc/common/fast_rpc.hpp"
-#include "mc/common/grant.hpp"
 #include "mc/common/log.hpp"
-#include "mc/common/metrics_http.hpp"
-#include "mc/store/directory.hpp"
-#include "mc/store/master_ha.hpp"
+#include "mc/net/fast_rpc.hpp"
+#include "mc/net/grant.hpp"
+#include "mc/net/metrics_http.hpp"
 #include "mc/proto/kv_events.hpp"
 #include "mc/proto/store.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/store/directory.hpp"
+#include "mc/store/master_ha.hpp"
 
 namespace mc::store {
 
@@ -371,7 +371,7 @@ struct MasterServer::Impl {
         .set(static_cast<double>(c.applied_revision));
   }
 
-  // The fast path (mc/common/fast_rpc.hpp), answered by the ZeroMQ server's handlers (RpcServer::dispatch).
+  // The fast path (mc/net/fast_rpc.hpp), answered by the ZeroMQ server's handlers (RpcServer::dispatch).
   std::unique_ptr<rpc::fast::FastServer> fast_server;
   std::vector<zmq::pollitem_t> poll_items;
 };

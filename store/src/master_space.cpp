@@ -1,12 +1,13 @@
-// MasterCore (master_core.hpp): space: placement, delayed frees, eviction and SSD demotion. The class is split across master_*.cpp by its header's paragraphs.
+// MasterCore (master_core.hpp): space: placement, delayed frees, eviction and SSD demotion. The class is split across
+// master_*.cpp by its header's paragraphs.
 #include "mc/store/master_core.hpp"
 
 #include <algorithm>
 #include <set>
 #include <tuple>
 
-#include "mc/common/log.hpp"
 #include "master_core_internal.hpp"
+#include "mc/common/log.hpp"
 
 namespace mc::store {
 
@@ -18,6 +19,12 @@ int64_t MasterCore::grant_hold_until(int64_t now_ns, int64_t lifetime_ms) const 
   return config_.grant_hold_ms > 0 ? now_ns + (lifetime_ms + config_.grant_hold_ms) * kNsPerMs : 0;
 }
 
+void MasterCore::defer_free(PendingFree p) {
+  pending_free_bytes_ += p.size_bytes;
+  pending_frees_.push_back(std::move(p));
+  std::push_heap(pending_frees_.begin(), pending_frees_.end(), ReleasesLater{});
+}
+
 void MasterCore::release_replica(const Replica& r, uint64_t size_bytes, bool delayed) {
   auto seg = segments_.find(r.segment);
   if (seg == segments_.end()) return;
@@ -27,7 +34,7 @@ void MasterCore::release_replica(const Replica& r, uint64_t size_bytes, bool del
   int64_t free_at = delayed && config_.free_delay_ms > 0 ? now + config_.free_delay_ms * kNsPerMs : 0;
   free_at = std::max(free_at, r.grant_until_ns);  // a grant handed out for this range still lives
   if (free_at > now) {
-    pending_frees_.push_back({r.segment, r.offset, size_bytes, free_at});
+    defer_free({r.segment, r.offset, size_bytes, free_at});
     return;
   }
   (void)seg->second.alloc->free(r.offset);

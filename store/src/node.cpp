@@ -15,18 +15,18 @@
 #include <mutex>
 #include <thread>
 
-#include "mc/common/auth.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
-#include "mc/common/grant.hpp"
 #include "mc/common/limits.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/common/metrics_http.hpp"
-#include "mc/proto/store.hpp"
 #include "mc/common/report.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/common/units.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/net/grant.hpp"
+#include "mc/net/metrics_http.hpp"
+#include "mc/net/rpc.hpp"
+#include "mc/proto/store.hpp"
 #include "mc/store/checksum.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/transfer/engine.hpp"

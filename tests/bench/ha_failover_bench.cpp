@@ -26,7 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/leader.hpp"
+#include "mc/coord/leader.hpp"
 #include "mc/store/client.hpp"
 #include "mc/testkit/etcd.hpp"
 #include "mc/testkit/process.hpp"

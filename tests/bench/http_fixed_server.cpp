@@ -5,7 +5,7 @@
 // Usage: http_fixed_server [PORT] [THREADS]; prints "ready http_fixed_server http://127.0.0.1:PORT"; SIGTERM stops.
 #include <httplib.h>
 
-#include "mc/common/http_pool.hpp"
+#include "mc/net/http_pool.hpp"
 
 #include <csignal>
 #include <cstdio>

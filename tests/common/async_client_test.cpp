@@ -9,9 +9,9 @@
 #include <mutex>
 #include <thread>
 
-#include "mc/common/rpc.hpp"
-#include "mc/testkit/wait.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/envelope.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc::rpc {
 namespace {

@@ -131,7 +131,7 @@ TEST(BlockKey, KeyScopeValidation) {
 // The store key grammar (block_key.hpp BlockStoreKey): one formatter, one parser, and what the parser refuses.
 TEST(BlockStoreKey, FormatsAndParsesTheOneGrammar) {
   KeyNamespace ns;
-  ns.model = "llama3-8b";
+  ns.model_id = "llama3-8b";
   const std::string key = block_store_key(ns, 0xffu);
   EXPECT_EQ(key, "kv/" + ns.digest_hex() + "/00000000000000ff");
   const std::optional<BlockStoreKey> parsed = BlockStoreKey::parse(key);
@@ -140,9 +140,9 @@ TEST(BlockStoreKey, FormatsAndParsesTheOneGrammar) {
   EXPECT_EQ(parsed->seq_hash, 0xffu);
   EXPECT_EQ(parsed->str(), key);
   EXPECT_EQ((BlockStoreKey{"ha", 0xfedcba9876543210ULL}).str(), "kv/ha/fedcba9876543210");
-  for (const char* bad : {"", "kv/", "kv//00000000000000ff", "kv/x/zz", "kv/x/00000000000000f", "kv/x/00000000000000fff",
-                          "kv/x/0000000000000g0f", "kv/a/b/00000000000000ff", "xv/x/00000000000000ff",
-                          "kv/x/-0000000000000ff", "plain-key"}) {
+  for (const char* bad : {"", "kv/", "kv//00000000000000ff", "kv/x/zz", "kv/x/00000000000000f",
+                          "kv/x/00000000000000fff", "kv/x/0000000000000g0f", "kv/a/b/00000000000000ff",
+                          "xv/x/00000000000000ff", "kv/x/-0000000000000ff", "plain-key"}) {
     EXPECT_FALSE(BlockStoreKey::parse(bad).has_value()) << bad;
   }
 }

@@ -1,7 +1,7 @@
-// mc::etcd (libcommon/include/mc/common/etcd.hpp) against a real etcd started by testkit::EtcdCluster: key-value
+// mc::etcd (libcommon/coord/include/mc/coord/etcd.hpp) against a real etcd started by testkit::EtcdCluster: key-value
 // calls, transactions, leases, watches (also across a killed member of three) and the errors of an unreachable
 // cluster. Skips with the reason when /usr/bin/etcd is not installed. Waits are bounded (wait_until), never sleeps.
-#include "mc/common/etcd.hpp"
+#include "mc/coord/etcd.hpp"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "mc/common/auth.hpp"
+#include "mc/net/auth.hpp"
 #include "mc/testkit/etcd.hpp"
 #include "mc/testkit/wait.hpp"
 

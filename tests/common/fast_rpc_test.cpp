@@ -1,4 +1,4 @@
-// The fast RPC transport (mc/common/fast_rpc.hpp): frames split anywhere, pipelined calls answered in
+// The fast RPC transport (mc/net/fast_rpc.hpp): frames split anywhere, pipelined calls answered in
 // order, errors carried as Status, bad input (garbage, oversized, truncated, wrong version) answered or
 // the connection closed while the server keeps serving others; a client whose server vanished fails
 // with kUnavailable and stays failed (broken), never hangs or returns data.
@@ -10,11 +10,11 @@
 #include <atomic>
 #include <thread>
 
-#include "mc/common/fast_rpc.hpp"
-#include "mc/common/rpc.hpp"
-#include "mc/testkit/wait.hpp"
+#include "mc/net/fast_rpc.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/envelope.hpp"
 #include "mc/proto/store.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc::rpc::fast {
 namespace {

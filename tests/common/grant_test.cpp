@@ -1,6 +1,6 @@
-// Data-plane grants (mc/common/grant.hpp): a token verifies only under its key and unchanged, and covers only its
+// Data-plane grants (mc/net/grant.hpp): a token verifies only under its key and unchanged, and covers only its
 // segment, ops, range and lifetime.
-#include "mc/common/grant.hpp"
+#include "mc/net/grant.hpp"
 
 #include <gtest/gtest.h>
 

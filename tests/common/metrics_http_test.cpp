@@ -1,8 +1,11 @@
-// The /metrics exporter (mc/common/metrics_http.hpp) over real loopback HTTP with cpp-httplib's client: the
+// The /metrics exporter (mc/net/metrics_http.hpp) over real loopback HTTP with cpp-httplib's client: the
 // Prometheus text of a registry with its content type, the refresh callback before each render, 404 for other
 // paths, 405 for other methods, 413/414 for oversized requests, bind failures and the loopback rule, the
 // address grammar, and --metrics-listen's parse-time check (exit 2).
-#include "mc/common/metrics_http.hpp"
+#include "mc/net/metrics_http.hpp"
+
+#include "mc/cli/cli.hpp"
+#include "mc/net/flags.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -20,8 +23,9 @@
 #include <thread>
 #include <vector>
 
-#include "mc/common/auth.hpp"
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/net/flags.hpp"
 
 namespace mc::metrics {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "mc/common/codec.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/testkit/round_trip.hpp"
 
 namespace mc::proto {

@@ -10,8 +10,9 @@
 #include <sstream>
 #include <utility>
 
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/common/location.hpp"
+#include "mc/trace/trace_flags.hpp"
 
 namespace mc {
 namespace {

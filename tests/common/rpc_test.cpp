@@ -1,4 +1,4 @@
-#include "mc/common/rpc.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/envelope.hpp"
 #include "mc/proto/kv_events.hpp"
 

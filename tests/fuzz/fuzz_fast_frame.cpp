@@ -12,8 +12,8 @@
 #include <string>
 #include <string_view>
 
-#include "mc/common/codec.hpp"
-#include "mc/common/fast_rpc.hpp"
+#include "mc/net/fast_rpc.hpp"
+#include "mc/proto/codec.hpp"
 #include "message_types.hpp"
 
 namespace {

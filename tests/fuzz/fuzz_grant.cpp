@@ -1,5 +1,5 @@
 // Fuzz harness: the data-plane grant a transfer server checks on every read, write and notification
-// (auth::verify_grant, then auth::check_grant; mc/common/grant.hpp). Input: the token bytes as a peer sends them in
+// (auth::verify_grant, then auth::check_grant; mc/net/grant.hpp). Input: the token bytes as a peer sends them in
 // a wire op's aux. Invariants: no crash or throw; a token that verifies is refused under another key, re-issues to
 // the very same token (the base64 and the body are canonical), and check_grant of its own range at its expiry is ok.
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "mc/common/grant.hpp"
+#include "mc/net/grant.hpp"
 
 namespace {
 

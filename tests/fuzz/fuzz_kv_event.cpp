@@ -9,8 +9,8 @@
 #include <string>
 #include <string_view>
 
-#include "mc/common/codec.hpp"
-#include "mc/common/rpc.hpp"
+#include "mc/net/rpc.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/kv_events.hpp"
 
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "mc/common/codec.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/protocol.hpp"
 #include "message_types.hpp"
 

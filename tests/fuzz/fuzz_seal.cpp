@@ -1,4 +1,4 @@
-// Fuzz harness: the store fast path's record decoder (Seal::open, mc/common/fast_rpc.hpp), which a server runs on
+// Fuzz harness: the store fast path's record decoder (Seal::open, mc/net/fast_rpc.hpp), which a server runs on
 // every byte an authenticated peer sends after the handshake. Input: one control byte (the size of the first piece,
 // so records split anywhere are tried), then the bytes as they arrive. Keys: fixed client and server key pairs
 // (fuzz_seeds seals its seeds with them). Invariants: no crash or throw; no plaintext comes out after an error; every
@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "mc/common/fast_rpc.hpp"
+#include "mc/net/fast_rpc.hpp"
 
 namespace {
 

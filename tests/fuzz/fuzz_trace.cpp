@@ -12,8 +12,8 @@
 #include <sstream>
 #include <string>
 
-#include "mc/common/trace.hpp"
 #include "mc/report/report.hpp"
+#include "mc/trace/trace.hpp"
 
 namespace {
 

@@ -16,9 +16,9 @@
 
 #include <sodium.h>
 
-#include "mc/common/codec.hpp"
-#include "mc/common/fast_rpc.hpp"
-#include "mc/common/grant.hpp"
+#include "mc/net/fast_rpc.hpp"
+#include "mc/net/grant.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/protocol.hpp"
 #include "mc/report/report.hpp"
 #include "message_types.hpp"

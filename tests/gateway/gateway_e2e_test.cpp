@@ -19,8 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/testkit/local_cluster.hpp"
 #include "mc/proto/worker.hpp"
+#include "mc/testkit/local_cluster.hpp"
 
 namespace mc {
 namespace {

@@ -34,7 +34,7 @@ struct Fixture {
 Fixture make(const std::string& kind, int64_t blocks = 64, int64_t block = kBlock, int64_t kv_bytes_per_token = 0) {
   BackendOptions o;
   o.kind = kind;
-  o.model = model_preset("tiny").value();
+  o.model = model::model_preset("tiny").value();
   o.seed = 7;
   o.time_scale = 1e6;  // sim: modelled time / 1e6, effectively no sleep
   o.kv_bytes_per_token = kv_bytes_per_token;
@@ -79,7 +79,7 @@ struct NaiveOut {
   std::vector<float> logits;
   std::vector<std::vector<float>> k, v;  // [layer][pos · kv_heads · head_dim]
 };
-NaiveOut naive_forward(const ModelConfig& m, const ref::Weights& w, const std::vector<uint32_t>& tokens) {
+NaiveOut naive_forward(const model::ModelConfig& m, const ref::Weights& w, const std::vector<uint32_t>& tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size()), h = m.hidden_size, hd = m.head_dim;
   const int64_t nh = m.num_heads, nkv = m.num_kv_heads, qd = nh * hd, kvd = nkv * hd;
   auto mat = [](const std::vector<float>& x, const std::vector<float>& W, int64_t in, int64_t out) {
@@ -341,14 +341,14 @@ TEST(RefBackend, BatchedDecodeEqualsSingleDecode) {
 }
 
 TEST(RefBackend, SeedChangesWeightsDeterministically) {
-  const auto m = model_preset("tiny").value();
+  const auto m = model::model_preset("tiny").value();
   EXPECT_EQ(ref::make_weights(m, 1).lm_head, ref::make_weights(m, 1).lm_head);
   EXPECT_NE(ref::make_weights(m, 1).lm_head, ref::make_weights(m, 2).lm_head);
 }
 
 TEST(RefBackend, RefusesHugeModels) {
   BackendOptions o;
-  o.model = model_preset("llama3-70b").value();
+  o.model = model::model_preset("llama3-70b").value();
   auto b = make_backend(o);
   ASSERT_FALSE(b);
   EXPECT_NE(b.status().message().find("--backend sim"), std::string::npos);
@@ -368,7 +368,7 @@ TEST(SimBackend, ScaledKvSizeAndDeterministicTokens) {
   auto llama = [] {
     BackendOptions o;
     o.kind = "sim";
-    o.model = model_preset("llama3-70b").value();
+    o.model = model::model_preset("llama3-70b").value();
     return make_backend(o).value();
   }();
   EXPECT_EQ(llama->kv_bytes_per_token_layer() * 80, 327680);

@@ -24,12 +24,12 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/block_key.hpp"
-#include "mc/common/rpc.hpp"
-#include "mc/testkit/process.hpp"
-#include "mc/testkit/wait.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/envelope.hpp"
 #include "mc/proto/worker.hpp"
+#include "mc/testkit/process.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc {
 namespace {

@@ -28,7 +28,7 @@ constexpr int64_t kPrompt = 300;
 constexpr int64_t kChunk = 64;
 constexpr int kDecodeSteps = 8;
 
-ModelConfig model() { return model_preset("small").value(); }  // 8 layers, hidden 256
+model::ModelConfig model() { return model::model_preset("small").value(); }  // 8 layers, hidden 256
 
 std::unique_ptr<Backend> backend() {
   BackendOptions o;
@@ -68,7 +68,7 @@ void copy_layers(KvBuffer& from, KvBuffer& to, int64_t first, int64_t count) {
 
 // Largest |a - b| over the K and V of tokens [0, n) in every layer.
 double max_kv_diff(KvBuffer& a, KvBuffer& b, int64_t n) {
-  const ModelConfig m = model();
+  const model::ModelConfig m = model();
   const int64_t kvd = m.num_kv_heads * m.head_dim;
   double worst = 0;
   for (int64_t p = 0; p < n; ++p) {

@@ -1,7 +1,7 @@
 // Round trip of every worker message (protocol.hpp, section mc_infer).
 #include <gtest/gtest.h>
 
-#include "mc/common/codec.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/protocol.hpp"
 #include "mc/testkit/round_trip.hpp"
 
@@ -169,7 +169,7 @@ TEST(WorkerProtocol, FieldsAbsentFromAnOlderPeerKeepTheirDefaults) {
   pk.pack(std::string("old"));
   pk.pack(std::string("reservation_id"));
   pk.pack(uint64_t{4});
-  auto j = codec::unpack<PrefillJobRequest>(std::string_view(buf.data(), buf.size()), "prefill_job");
+  auto j = codec::unpack<PrefillJobRequest>(std::string_view(buf.data(), buf.size()), "prefill.job");
   ASSERT_TRUE(j.is_ok()) << j.status().to_string();
   EXPECT_EQ(j->request_id, "old");
   EXPECT_EQ(j->reservation_id, 4u);
@@ -178,10 +178,10 @@ TEST(WorkerProtocol, FieldsAbsentFromAnOlderPeerKeepTheirDefaults) {
   EXPECT_EQ(j->lora_name, "");  // no key scope: the base model, no salt
   EXPECT_EQ(j->salt, "");
   // A kv_commit and a decode_reserve without a key scope or namespace digest.
-  auto c = codec::unpack<KvCommitRequest>(std::string_view(buf.data(), buf.size()), "kv_commit");
+  auto c = codec::unpack<KvCommitRequest>(std::string_view(buf.data(), buf.size()), "decode.kv_commit");
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   EXPECT_EQ(c->kv_namespace_digest, "");
-  auto r = codec::unpack<DecodeReserveRequest>(std::string_view(buf.data(), buf.size()), "decode_reserve");
+  auto r = codec::unpack<DecodeReserveRequest>(std::string_view(buf.data(), buf.size()), "decode.reserve");
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->lora_name, "");
   EXPECT_EQ(r->lora_version, "");

@@ -14,9 +14,9 @@
 
 #include "mc/infer/decode_worker.hpp"
 #include "mc/infer/prefill_worker.hpp"
-#include "mc/transfer/shared_buffer.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/worker.hpp"
+#include "mc/transfer/shared_buffer.hpp"
 
 namespace mc::infer {
 namespace {
@@ -85,7 +85,7 @@ class DirectLink final : public DecodeLink {
 std::unique_ptr<Backend> backend(const std::string& kind) {
   BackendOptions o;
   o.kind = kind;
-  o.model = model_preset("tiny").value();
+  o.model = model::model_preset("tiny").value();
   o.seed = 3;
   o.time_scale = 1e6;
   o.kv_bytes_per_token = 512;

@@ -8,8 +8,8 @@
 #include <set>
 #include <sstream>
 
-#include "mc/common/trace.hpp"
 #include "mc/replay/analyze.hpp"
+#include "mc/trace/trace.hpp"
 
 namespace mc::replay {
 namespace {

@@ -21,12 +21,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/rpc.hpp"
+#include "mc/net/rpc.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/replay/conductor_link.hpp"
 #include "mc/report/report.hpp"
 #include "mc/testkit/process.hpp"
-#include "mc/proto/conductor.hpp"
-#include "mc/proto/worker.hpp"
 
 namespace mc::replay {
 namespace {

@@ -25,11 +25,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/auth.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/envelope.hpp"
 #include "mc/proto/worker.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/testkit/client_endpoint.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"

@@ -26,10 +26,10 @@
 #include <httplib.h>
 
 #include "mc/common/block_key.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/kv_events.hpp"
 #include "mc/proto/worker.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"
 

@@ -24,9 +24,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/worker.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/testkit/client_endpoint.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"

@@ -28,11 +28,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/envelope.hpp"
 #include "mc/proto/store.hpp"
 #include "mc/proto/worker.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/testkit/local_cluster.hpp"
 
 namespace mc::sched {

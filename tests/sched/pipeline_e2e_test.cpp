@@ -29,11 +29,11 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/block_key.hpp"
-#include "mc/proto/conductor.hpp"
-#include "mc/proto/envelope.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/infer/backend.hpp"
 #include "mc/infer/kv_buffer.hpp"
+#include "mc/net/rpc.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/envelope.hpp"
 #include "mc/store/client.hpp"
 #include "mc/testkit/client_endpoint.hpp"
 #include "mc/testkit/local_cluster.hpp"
@@ -65,7 +65,7 @@ std::vector<uint32_t> prompt(int64_t n, uint32_t salt) {
 std::unique_ptr<infer::Backend> ref_backend() {
   infer::BackendOptions o;
   o.kind = "ref";
-  o.model = infer::model_preset(kModel).value();
+  o.model = model::model_preset(kModel).value();
   o.seed = kSeed;
   o.threads = 1;
   return infer::make_backend(o).value();
@@ -77,7 +77,7 @@ std::unique_ptr<infer::Backend> ref_backend() {
 std::unique_ptr<infer::Backend> sim_backend() {
   infer::BackendOptions o;
   o.kind = "sim";
-  o.model = infer::model_preset(kSimModel).value();
+  o.model = model::model_preset(kSimModel).value();
   o.seed = kSeed;
   o.time_scale = 1e6;
   o.kv_bytes_per_token = kSimKvBytesPerToken;

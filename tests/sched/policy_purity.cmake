@@ -8,7 +8,8 @@ endif()
 set(forbidden
   "#include <(thread|mutex|shared_mutex|condition_variable|future|stop_token|chrono|sys/socket\\.h|netinet/[a-z]+\\.h)>"
   "#include [<\"](zmq|zmq_addon)\\.hpp[>\"]"
-  "#include \"mc/common/(rpc|daemon)\\.hpp\""
+  "#include \"mc/(net|coord|cli)/"
+  "#include \"mc/common/daemon\\.hpp\""
   "std::(thread|jthread|mutex|async)[^a-z_]"
   "(steady_clock|system_clock|high_resolution_clock|RealClock)"
   "(usleep|nanosleep|sleep_for|sleep_until)\\(")

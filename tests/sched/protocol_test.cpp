@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "mc/common/codec.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/protocol.hpp"
 #include "mc/testkit/round_trip.hpp"
 

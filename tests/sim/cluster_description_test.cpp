@@ -165,7 +165,7 @@ TEST(ClusterDescription, DerivesTheSimulatedCluster) {
   EXPECT_EQ(c.block_size, 512);
   EXPECT_EQ(s->model_kv_bytes_per_token, 327680);  // llama3-70b: 2 * 80 layers * 8 kv heads * 128 * 2 B
   // The description asks for 1024 B per token; the sim backend stores 1280 (80 layers x 16 B, its smallest even
-  // layout: infer::sim_kv_bytes_per_token), and that is what the pool and the scale count.
+  // layout: model::sim_kv_bytes_per_token), and that is what the pool and the scale count.
   EXPECT_EQ(s->live_kv_bytes_per_token, 1280);
   EXPECT_DOUBLE_EQ(s->scale, 256);
   // 3 storage nodes x 64 MiB / 1280 B per token, spread over the 2 prefill instances.

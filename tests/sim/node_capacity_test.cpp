@@ -32,8 +32,8 @@ TEST(NodeCapacity, LlamaOnA800HoldsTheFormulasTokens) {
   EXPECT_EQ(c->nic_mbit_live, 10'000);
 
   // The simulator's default decode capacity is the same figure.
-  auto m = infer::load_model("llama3-70b");
-  auto g = infer::gpu_preset("a800x8");
+  auto m = model::load_model("llama3-70b");
+  auto g = model::gpu_preset("a800x8");
   ASSERT_TRUE(m.is_ok() && g.is_ok());
   auto sim = decode_kv_capacity_tokens(*m, *g);
   ASSERT_TRUE(sim.is_ok());

@@ -19,14 +19,14 @@
 #include <fstream>
 #include <sstream>
 
-#include "mc/common/auth.hpp"
-#include "mc/common/codec.hpp"
-#include "mc/common/rpc.hpp"
-#include "mc/testkit/process.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/net/rpc.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/proto/store.hpp"
 #include "mc/proto/transfer.hpp"
 #include "mc/proto/worker.hpp"
+#include "mc/testkit/process.hpp"
 
 namespace mc {
 namespace {

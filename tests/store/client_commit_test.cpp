@@ -11,10 +11,10 @@
 #include <set>
 #include <thread>
 
-#include "mc/common/fast_rpc.hpp"
-#include "mc/common/rpc.hpp"
-#include "mc/store/client.hpp"
+#include "mc/net/fast_rpc.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/store.hpp"
+#include "mc/store/client.hpp"
 
 namespace mc::store {
 namespace {

@@ -1,8 +1,8 @@
 // SegmentRegistry: the master's side of the transfer engine's segment directory.
 #include <gtest/gtest.h>
 
-#include "mc/store/directory.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/store/directory.hpp"
 
 namespace mc::store {
 namespace {

@@ -32,13 +32,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/auth.hpp"
 #include "mc/common/clock.hpp"
-#include "mc/common/etcd.hpp"
+#include "mc/coord/etcd.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/envelope.hpp"
 #include "mc/proto/store.hpp"
 #include "mc/proto/transfer.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/store/client.hpp"
 #include "mc/store/directory.hpp"
 #include "mc/store/master_ha.hpp"

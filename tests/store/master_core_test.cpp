@@ -544,6 +544,42 @@ TEST_F(MasterCoreTest, FieldReport7StaleWriterTakeover) {
   EXPECT_EQ(core_.stat().reclaimed_puts, 1u);
 }
 
+// Delayed frees (free_delay_ms after a revoke) come back exactly when each falls due, whatever the order they were
+// queued in (the master keeps them in a heap: issue 48's quadratic erase from the front of a vector).
+TEST_F(MasterCoreTest, DelayedFreesComeBackWhenEachFallsDue) {
+  mount3();
+  auto used_bytes = [&] {
+    uint64_t used = 0;
+    for (const auto& s : core_.stat().segments) used += s.used_bytes;
+    return used;
+  };
+  const uint64_t used0 = used_bytes();
+  constexpr int kPuts = 10;
+  for (int i = 0; i < kPuts; ++i) {
+    auto g = core_.put_start({"c1", "", ""}, "R" + std::to_string(i), 4096, {});
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    clock_.advance_ms(100);  // revoke i falls due at 2000 + 100 * i ms after the first
+    ASSERT_TRUE(core_.put_revoke({"c1", "", ""}, "R" + std::to_string(i), g->put_id).is_ok());
+  }
+  EXPECT_EQ(core_.stat().pending_free_bytes, uint64_t{kPuts} * 4096);
+  // 1,000 ms after the last revoke, 2,000 ms have passed for the first: nothing yet.
+  clock_.advance_ms(1000);
+  heartbeat_all();
+  core_.tick();
+  EXPECT_EQ(core_.stat().pending_free_bytes, uint64_t{kPuts} * 4096);
+  // 1,450 ms more: the first five are due (2,000 ms after revokes 0..4), the other five not.
+  clock_.advance_ms(1450);
+  heartbeat_all();
+  core_.tick();
+  EXPECT_EQ(core_.stat().pending_free_bytes, uint64_t{5} * 4096);
+  EXPECT_EQ(used_bytes(), used0 + 5 * 4096);
+  clock_.advance_ms(1000);
+  heartbeat_all();
+  core_.tick();
+  EXPECT_EQ(core_.stat().pending_free_bytes, 0u);
+  EXPECT_EQ(used_bytes(), used0);
+}
+
 TEST_F(MasterCoreTest, DeadWriterPutIsReclaimedByTick) {
   MasterConfig c = make_config();
   c.client_ttl_ms = 3000;

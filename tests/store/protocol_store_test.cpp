@@ -2,7 +2,7 @@
 // the non-default values survive (a field missing from MC_MESSAGE would come back as default).
 #include <gtest/gtest.h>
 
-#include "mc/common/codec.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/store.hpp"
 #include "mc/proto/transfer.hpp"
 #include "mc/testkit/round_trip.hpp"

@@ -25,14 +25,14 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/common/block_key.hpp"
-#include "mc/common/rpc.hpp"
-#include "mc/store/client.hpp"
-#include "mc/testkit/process.hpp"
-#include "mc/testkit/wait.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/envelope.hpp"
 #include "mc/proto/kv_events.hpp"
 #include "mc/proto/store.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/store/client.hpp"
+#include "mc/testkit/process.hpp"
+#include "mc/testkit/wait.hpp"
 
 namespace mc::store {
 namespace {

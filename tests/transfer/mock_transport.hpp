@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "mc/transfer/transport.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/transfer/transport.hpp"
 
 namespace mc::transfer::testing {
 

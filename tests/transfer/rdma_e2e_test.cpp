@@ -6,12 +6,12 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "mc/proto/transfer.hpp"
 #include "mc/testkit/json.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/xfer_tool.hpp"
-#include "mc/proto/transfer.hpp"
 
 #ifdef MC_TRANSFER_HAVE_RDMA
 #include <infiniband/verbs.h>

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "mc/common/codec.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/transfer.hpp"
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "mc/common/codec.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/transfer.hpp"
 #include "mc/transfer/path_policy.hpp"
 

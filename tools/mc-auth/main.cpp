@@ -2,8 +2,8 @@
 // pair per role, instance and tenant, and the etcd certificates; `ls DIR` prints the roster.
 #include <iostream>
 
-#include "mc/common/auth.hpp"
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
+#include "mc/net/auth.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"mc-auth: make and list a cluster's keys (CURVE key pairs, roster, data-plane grant key)"};

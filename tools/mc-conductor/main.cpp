@@ -2,9 +2,11 @@
 // request of a running one), replay-decisions (re-run a decision log through other policies).
 #include <iostream>
 
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/conductor/conductor.hpp"
+#include "mc/coord/etcd_flags.hpp"
+#include "mc/net/flags.hpp"
 #include "mc/sched/policy.hpp"
 
 int main(int argc, char** argv) {

@@ -1,6 +1,7 @@
 // mc-decode: a decoding instance (admission, layer-wise KV receipt, continuous batching, token streaming).
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/infer/daemons.hpp"
+#include "mc/net/flags.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{

@@ -1,7 +1,8 @@
 // mc-gateway: the OpenAI-compatible HTTP front door of a cluster (gateway.hpp, DESIGN.md §15).
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/gateway/gateway.hpp"
+#include "mc/net/flags.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{

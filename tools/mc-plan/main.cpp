@@ -6,8 +6,9 @@
 
 #include <iostream>
 
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/sim/commands.hpp"
+#include "mc/trace/trace_flags.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{

@@ -1,6 +1,7 @@
 // mc-prefill: a prefill instance (prefix fetch, incremental prefill, layer-wise KV streaming, store put).
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/infer/daemons.hpp"
+#include "mc/net/flags.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{

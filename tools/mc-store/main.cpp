@@ -2,9 +2,11 @@
 // rm, pin, unpin, ls, stat, watch (admin and debugging), keys (block keys of token ids).
 #include <iostream>
 
-#include "mc/common/cli.hpp"
-#include "mc/common/daemon_stat.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/common/units.hpp"
+#include "mc/coord/etcd_flags.hpp"
+#include "mc/net/daemon_stat.hpp"
+#include "mc/net/flags.hpp"
 #include "mc/store/admin.hpp"
 #include "mc/store/bench.hpp"
 #include "mc/store/keys_command.hpp"

@@ -6,9 +6,11 @@
 
 #include <iostream>
 
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/common/units.hpp"
+#include "mc/net/flags.hpp"
 #include "mc/replay/command.hpp"
+#include "mc/trace/trace_flags.hpp"
 
 namespace {
 

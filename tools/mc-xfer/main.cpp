@@ -1,10 +1,11 @@
 // mc-xfer: the transfer engine's tool. Subcommands: serve, stat, bench, read, write, topo (man/mc-xfer.1).
 #include <iostream>
 
-#include "mc/common/auth.hpp"
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/units.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/net/flags.hpp"
 #include "mc/transfer/xfer_tool.hpp"
 
 namespace {

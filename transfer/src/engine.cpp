@@ -13,14 +13,14 @@
 #include <shared_mutex>
 #include <thread>
 
-#include "mc/common/auth.hpp"
-#include "mc/common/codec.hpp"
 #include "mc/common/location.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/proto/codec.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/transport.hpp"
-#include "mc/proto/transfer.hpp"
 #include "notifier.hpp"
 #include "rdma/rdma.hpp"
 #include "shm/transport.hpp"

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <iterator>
 
-#include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/transfer.hpp"
 
 namespace mc::transfer {

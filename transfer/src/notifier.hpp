@@ -28,8 +28,8 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/common/status.hpp"
-#include "mc/transfer/types.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/transfer/types.hpp"
 #include "tcp/net.hpp"
 
 namespace mc::transfer {

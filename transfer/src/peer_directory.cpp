@@ -4,9 +4,9 @@
 #include <memory>
 #include <string>
 
-#include "mc/common/codec.hpp"
-#include "mc/transfer/engine.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/transfer/engine.hpp"
 #include "tcp/net.hpp"
 
 namespace mc::transfer {

@@ -20,18 +20,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mc/common/auth.hpp"
-#include "mc/common/cli.hpp"
+#include "mc/cli/cli.hpp"
 #include "mc/common/daemon.hpp"
-#include "mc/common/daemon_stat.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/common/metrics_http.hpp"
 #include "mc/common/report.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/common/units.hpp"
-#include "mc/transfer/shared_buffer.hpp"
+#include "mc/net/auth.hpp"
+#include "mc/net/daemon_stat.hpp"
+#include "mc/net/metrics_http.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/transfer/shared_buffer.hpp"
 #include "shm/transport.hpp"
 #include "tcp/net.hpp"
 

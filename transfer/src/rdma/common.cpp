@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "rdma/rdma.hpp"
 #include "mc/proto/transfer.hpp"
+#include "rdma/rdma.hpp"
 
 namespace mc::transfer::rdma {
 

@@ -3,8 +3,8 @@
 
 #include <cstring>
 
-#include "rdma/rdma.hpp"
 #include "mc/proto/transfer.hpp"
+#include "rdma/rdma.hpp"
 
 namespace mc::transfer::rdma {
 

@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::transfer::rdma {
 

@@ -31,8 +31,8 @@
 #include <utility>
 #include <vector>
 
-#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/topology.hpp"
 #include "mc/transfer/transport.hpp"

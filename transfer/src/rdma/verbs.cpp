@@ -23,8 +23,8 @@
 #include <unordered_map>
 
 #include "mc/common/clock.hpp"
-#include "mc/common/codec.hpp"
 #include "mc/common/log.hpp"
+#include "mc/proto/codec.hpp"
 #include "mc/proto/transfer.hpp"
 #include "rdma/qp_attr.hpp"
 #include "rdma/rdma.hpp"

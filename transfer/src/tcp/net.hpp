@@ -1,4 +1,4 @@
-// Socket helpers shared by the tcp server, the tcp transport and the peer directory (internal header).
+// The transfer engine's control exchanges over plain TCP (internal header), on the net layer's socket helpers.
 #pragma once
 
 #include <sys/socket.h>
@@ -10,32 +10,23 @@
 #include "mc/common/endpoint.hpp"
 #include "mc/common/fd.hpp"
 #include "mc/common/status.hpp"
+#include "mc/net/socket.hpp"
 #include "tcp/wire.hpp"
 
 namespace mc::transfer::tcp {
 
-// The shared owned descriptor and endpoint type (libcommon), under the names this code has used.
+// The shared owned descriptor and endpoint type (libcommon) and the socket helpers of the net layer
+// (mc/net/socket.hpp), under the names this code has used.
 using mc::Endpoint;
 using mc::Fd;
-
-// Resolves host (numeric or name) to a socket address.
-Result<sockaddr_storage> resolve(const std::string& host, uint16_t port, socklen_t* len);
-
-// Binds and listens; returns the socket and the bound port (port 0 picks one).
-Result<Fd> listen_on(const Endpoint& hp, uint16_t* bound_port);
-
-// Non-blocking connect started; *in_progress tells whether EPOLLOUT must be awaited. local_address ("" =
-// any) binds the source address.
-Result<Fd> start_connect(const Endpoint& remote, const std::string& local_address, bool* in_progress);
-// Blocking connect bounded by timeout_ms; the returned socket is blocking with SO_RCVTIMEO/SO_SNDTIMEO = io_timeout_ms.
-Result<Fd> connect_blocking(const Endpoint& remote, const std::string& local_address, int64_t timeout_ms,
-                            int64_t io_timeout_ms);
-
-void tune_data_socket(int fd, int buffer_bytes);
-
-// Blocking full send/recv; kIo/kUnavailable with strerror naming `what` on error or EOF.
-Status send_all(int fd, const void* data, size_t n, const std::string& what);
-Status recv_all(int fd, void* data, size_t n, const std::string& what);
+using mc::net::connect_blocking;
+using mc::net::idle_connection_broken;
+using mc::net::listen_on;
+using mc::net::recv_all;
+using mc::net::resolve;
+using mc::net::send_all;
+using mc::net::start_connect;
+using mc::net::tune_data_socket;
 
 // One control exchange on an open blocking connection `fd` to `what` ("peer 10.0.0.2:4000").
 Result<std::string> control_exchange(int fd, WireOp op, const std::string& aux, const std::string& what);
@@ -47,10 +38,6 @@ Result<std::string> control_exchange(int fd, WireOp op, const std::string& aux, 
 // may or may not have served the first of them).
 size_t control_pipeline(int fd, WireOp op, const std::vector<std::string>& auxes, std::vector<Status>* replies,
                         Status* conn_error, const std::string& what);
-
-// True when the idle blocking connection `fd` was closed or reset by the peer (or has unexpected bytes):
-// a pooled connection to drop before reusing it. Does not block.
-bool idle_connection_broken(int fd);
 
 // One control exchange on a fresh blocking connection: request with aux bytes, reply with aux bytes.
 // Returns the reply's aux on success; an error reply becomes its Status (code and message from the peer).

@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "mc/common/grant.hpp"
 #include "mc/common/limits.hpp"
 #include "mc/common/status.hpp"
+#include "mc/net/grant.hpp"
 #include "tcp/net.hpp"
 #include "tcp/wire.hpp"
 
@@ -34,7 +34,7 @@ class ServerHandler {
   // A packed TransferNotification arrived from `peer` ("ADDR:PORT"); kPermissionDenied when it carries no grant
   // covering its range (grants_required) — the server then counts and logs it as refused.
   virtual Status notify(const std::string& packed, const std::string& peer) = 0;
-  // Grants (mc/common/grant.hpp): whether READ/WRITE must carry one in the request's aux; the grant a token
+  // Grants (mc/net/grant.hpp): whether READ/WRITE must carry one in the request's aux; the grant a token
   // carries (MAC checked); whether it covers the op now. Called from connection threads.
   virtual bool grants_required() const { return false; }
   virtual Result<auth::Grant> verify_grant(std::string_view token) = 0;

@@ -22,7 +22,7 @@ inline constexpr uint32_t kWireMagic = 0x3158434d;  // "MCX1"
 inline constexpr uint8_t kWireVersion = 1;
 inline constexpr uint32_t kMaxAuxBytes = 16u << 20;  // descriptors, notifications, error messages
 
-// kRead/kWrite: aux = the request's grant token (mc/common/grant.hpp), empty when it carries none; a target that
+// kRead/kWrite: aux = the request's grant token (mc/net/grant.hpp), empty when it carries none; a target that
 // enforces grants refuses the op (kPermissionDenied) unless the grant covers it, and reads and drops a refused
 // WRITE's payload. kNotify: aux = packed proto::TransferNotification, whose `grant` is checked the same way.
 // kRdmaConnect: aux = packed proto::RdmaConnectRequest, reply aux = packed proto::RdmaConnectReply; the target

@@ -16,7 +16,7 @@
 // conductor.cancel (counted: mc_gateway_cancels_total, mc_gateway_client_disconnects_total).
 //
 // Bounds: --max-connections HTTP worker threads, and as many accepted connections waiting for one; beyond that the
-// listener stops accepting and the kernel's backlog holds connections (mc/common/http_pool.hpp); --max-requests
+// listener stops accepting and the kernel's backlog holds connections (mc/net/http_pool.hpp); --max-requests
 // generation requests in flight (503 beyond), --max-body-bytes per request (413), --read-timeout-ms for a request's
 // bytes, --keep-alive-timeout-s for an idle connection.
 //

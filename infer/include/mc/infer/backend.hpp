@@ -107,10 +107,10 @@ struct DecodeSequence {
 
 struct BackendOptions {
   std::string kind = "ref";  // "ref" | "sim"
-  ModelConfig model;
+  model::ModelConfig model;
   uint64_t seed = 0;               // ref: weights; sim: token stream
   int threads = 1;                 // ref: OpenBLAS threads
-  GpuSpec gpu;                     // sim
+  model::GpuSpec gpu;              // sim
   double time_scale = 1.0;         // sim: sleeps modelled time / time_scale (> 0)
   int64_t kv_bytes_per_token = 0;  // sim: KV bytes per token (all layers) actually stored; 0 = the model's
 };
@@ -119,7 +119,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const std::string& kind() const = 0;
-  virtual const ModelConfig& model() const = 0;
+  virtual const model::ModelConfig& model() const = 0;
   // K+V bytes of one token in one layer as this backend stores them (sizes the KvBuffer).
   virtual int64_t kv_bytes_per_token_layer() const = 0;
 
@@ -157,10 +157,11 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
 KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed);
 
 // Checks a prefill request against the model and buffer (shared by the backends).
-Status validate_prefill(const ModelConfig& model, const KvBuffer& kv, const PrefillRequest& request);
+Status validate_prefill(const model::ModelConfig& model, const KvBuffer& kv, const PrefillRequest& request);
 // The checks every backend's prefill_stage makes (kInvalidArgument naming the field): the layer range inside the
 // model, the token range inside the prompt, hidden_in of tokens x hidden_floats floats (none at layer 0), a block
 // table covering token_end tokens with valid blocks, every token of the chunk inside the vocabulary.
-Status validate_stage(const ModelConfig& model, const KvBuffer& kv, const StageRequest& request, int64_t hidden_floats);
+Status validate_stage(const model::ModelConfig& model, const KvBuffer& kv, const StageRequest& request,
+                      int64_t hidden_floats);
 
 }  // namespace mc::infer

@@ -5,7 +5,7 @@
 // then sends a heartbeat built by `load()` every heartbeat_interval_ms from the register reply, registering again
 // when a reply says the Conductor forgot this worker. Failures are logged and retried, never fatal once
 // registered: a worker keeps serving jobs sent to it directly. At start the daemons wait (wait_registered,
-// bounded by ConductorOptions::start_wait_ms) for the first registration and exit when it does not come.
+// bounded by ConductorHeartbeatOptions::start_wait_ms) for the first registration and exit when it does not come.
 // stop() (or the destructor) ends the thread within ~100 ms. request_drain() sends conductor.drain at once.
 // Thread-safety: `load` is called on the heartbeat thread and must be safe to call concurrently with the worker.
 #pragma once
@@ -18,12 +18,12 @@
 #include <string>
 #include <thread>
 
-#include "mc/proto/conductor.hpp"
 #include "mc/common/status.hpp"
+#include "mc/proto/conductor.hpp"
 
 namespace mc::infer {
 
-struct ConductorOptions {
+struct ConductorHeartbeatOptions {
   std::string endpoint;     // mc-conductor RPC endpoint; empty: no registration
   std::string instance_id;  // unique name; empty: "<role>-<host>-<pid>"
   std::string host;         // empty: gethostname()
@@ -33,11 +33,11 @@ struct ConductorOptions {
 
 // kInvalidArgument naming the flag when `options.endpoint` is not empty and not a ZeroMQ endpoint
 // (tcp://host:port, ipc://path).
-Status validate_conductor_options(const ConductorOptions& options);
+Status validate_heartbeat_options(const ConductorHeartbeatOptions& options);
 
 class ConductorHeartbeat {
  public:
-  ConductorHeartbeat(ConductorOptions options, proto::ConductorRegisterRequest registration,
+  ConductorHeartbeat(ConductorHeartbeatOptions options, proto::ConductorRegisterRequest registration,
                      std::function<proto::ConductorHeartbeatRequest()> load);
   ~ConductorHeartbeat() { stop(); }
   void stop();
@@ -57,7 +57,7 @@ class ConductorHeartbeat {
   void run();
   void set_state(bool registered, std::string last_error, bool refused = false);
   void set_drain_acknowledged();
-  ConductorOptions options_;
+  ConductorHeartbeatOptions options_;
   std::mutex state_mu_;
   std::condition_variable state_cv_;
   bool registered_once_ = false;
@@ -82,7 +82,7 @@ class ConductorHeartbeat {
 class ConductorJobReporter {
  public:
   static constexpr size_t kMaxQueued = 4096;
-  explicit ConductorJobReporter(ConductorOptions options);
+  explicit ConductorJobReporter(ConductorHeartbeatOptions options);
   ~ConductorJobReporter() { stop(); }
   void report(proto::ConductorJobReportRequest report);
   void stop();
@@ -91,7 +91,7 @@ class ConductorJobReporter {
 
  private:
   void run();
-  ConductorOptions options_;
+  ConductorHeartbeatOptions options_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<proto::ConductorJobReportRequest> queue_;
@@ -102,6 +102,6 @@ class ConductorJobReporter {
 };
 
 // Fills instance_id and host defaults of `options` for a worker of `role` ("prefill" | "decode").
-ConductorOptions resolve_conductor_options(ConductorOptions options, const std::string& role);
+ConductorHeartbeatOptions resolve_conductor_options(ConductorHeartbeatOptions options, const std::string& role);
 
 }  // namespace mc::infer

@@ -36,7 +36,7 @@ struct BackendFlags {
 Result<int64_t> kv_blocks_from_flags(const BackendFlags& flags, const Backend& backend);
 void add_backend_flags(CLI::App& app, BackendFlags& flags);
 // --conductor (MC_CONDUCTOR), --instance-id, --host.
-void add_conductor_flags(CLI::App& app, ConductorOptions& options);
+void add_conductor_flags(CLI::App& app, ConductorHeartbeatOptions& options);
 // Resolves --model and --gpu and builds the backend.
 Result<std::unique_ptr<Backend>> backend_from_flags(const BackendFlags& flags);
 
@@ -53,7 +53,7 @@ struct DecodeDaemonConfig {
   // Bounds of that transfer port (transfer::EngineOptions, --xfer-max-connections, --xfer-idle-timeout-ms).
   size_t kv_max_connections = transfer::EngineOptions{}.max_connections_served;
   int64_t kv_idle_timeout_ms = transfer::EngineOptions{}.idle_timeout_served_ms;
-  ConductorOptions conductor;
+  ConductorHeartbeatOptions conductor;
   // Where the new blocks of pipelined prefills are put (DESIGN.md §18 "Live groups"): none | <mc-store master
   // endpoint> | etcd; with at most store_put_queue_bytes of copies waiting (BlockPutQueue).
   std::string store = "none";
@@ -84,7 +84,7 @@ struct PrefillDaemonConfig {
   int decode_timeout_ms = 5000;
   bool kv_engine = true;  // write KV through the transfer engine when the decode instance publishes a segment
   bool allow_fault_injection = false;
-  ConductorOptions conductor;
+  ConductorHeartbeatOptions conductor;
   std::string metrics_listen;                       // --metrics-listen (cli::add_metrics_flags); empty: no /metrics
   int64_t drain_timeout_s = 30;                     // --drain-timeout-s: how long SIGTERM's drain lets held work finish
   int64_t stage_wait_timeout_ms = 30000;            // --stage-wait-timeout-ms (pipelined prefill, DESIGN.md §18)

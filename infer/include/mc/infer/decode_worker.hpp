@@ -64,12 +64,12 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/proto/conductor.hpp"
-#include "mc/proto/worker.hpp"
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
 #include "mc/infer/block_put_queue.hpp"
 #include "mc/infer/conductor_link.hpp"
+#include "mc/proto/conductor.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/transfer/engine.hpp"
 
 namespace mc::infer {
@@ -213,7 +213,7 @@ class DecodeWorker {
 // (kUnavailable, "draining"), keeps taking KV writes and commits for the reservations it holds and steps until
 // every sequence finished and every reservation was committed and finished, released, aborted or expired, then
 // returns ok. What is left after drain_timeout_s (or at a second signal) ends with request_error kUnavailable.
-Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorOptions& conductor = {},
+Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const ConductorHeartbeatOptions& conductor = {},
                     const std::string& metrics_listen = {}, int64_t drain_timeout_s = 30);
 
 }  // namespace mc::infer

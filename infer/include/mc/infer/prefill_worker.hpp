@@ -44,11 +44,11 @@
 
 #include "mc/common/block_key.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/proto/worker.hpp"
 #include "mc/common/status.hpp"
 #include "mc/infer/backend.hpp"
 #include "mc/infer/block_cache.hpp"
 #include "mc/infer/conductor_link.hpp"
+#include "mc/proto/worker.hpp"
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 
@@ -238,10 +238,10 @@ class PrefillWorker {
 
 struct PrefillServeOptions {
   std::string endpoint = "tcp://127.0.0.1:0";
-  std::string gpu = "a800x8";    // for predicted_queue_ms of the sim backend
-  ConductorOptions conductor;    // register and heartbeat there when its endpoint is set
-  std::string metrics_listen;    // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
-  int64_t drain_timeout_s = 30;  // SIGTERM's drain: how long queued and running jobs may still take
+  std::string gpu = "a800x8";           // for predicted_queue_ms of the sim backend
+  ConductorHeartbeatOptions conductor;  // register and heartbeat there when its endpoint is set
+  std::string metrics_listen;           // --metrics-listen: "ADDR:PORT" of GET /metrics (metrics_http.hpp); empty: off
+  int64_t drain_timeout_s = 30;         // SIGTERM's drain: how long queued and running jobs may still take
 };
 
 // Runs a PrefillWorker as a daemon: binds the endpoint, announces "ready mc-prefill <endpoint> ...", queues

@@ -32,7 +32,7 @@ struct Weights {
 };
 // Deterministic weights: std::mt19937_64(seed), uniform(-1, 1) scaled by 1/sqrt(fan_in) (embedding: 1; lm_head: 4×
 // wider so greedy choices are far from ties; norms 1 ± 0.1), drawn in the order of the fields above.
-Weights make_weights(const ModelConfig& model, uint64_t seed);
+Weights make_weights(const model::ModelConfig& model, uint64_t seed);
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 // x: `heads` heads of `head_dim` floats each (contiguous), rotated in place for position `pos`.

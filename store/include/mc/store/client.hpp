@@ -72,9 +72,9 @@
 #include <string>
 #include <vector>
 
-#include "mc/proto/store.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/common/status.hpp"
+#include "mc/net/rpc.hpp"
+#include "mc/proto/store.hpp"
 
 namespace mc::store {
 

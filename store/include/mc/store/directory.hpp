@@ -25,10 +25,10 @@
 #include <set>
 #include <string>
 
-#include "mc/common/etcd.hpp"
-#include "mc/proto/transfer.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/common/status.hpp"
+#include "mc/coord/etcd.hpp"
+#include "mc/net/rpc.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/store/master_link.hpp"
 #include "mc/transfer/engine.hpp"
 

@@ -23,9 +23,9 @@
 #include <string>
 
 #include "mc/common/clock.hpp"
-#include "mc/common/fast_rpc.hpp"
 #include "mc/common/metrics.hpp"
-#include "mc/common/rpc.hpp"
+#include "mc/net/fast_rpc.hpp"
+#include "mc/net/rpc.hpp"
 #include "mc/store/master_core.hpp"
 #include "mc/store/master_ha.hpp"
 

@@ -33,10 +33,10 @@
 #include <string>
 #include <vector>
 
-#include "mc/common/etcd.hpp"
-#include "mc/common/leader.hpp"
-#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
+#include "mc/coord/etcd.hpp"
+#include "mc/coord/leader.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/store/master_core.hpp"
 
 namespace mc::store {

@@ -16,9 +16,9 @@
 #include <memory>
 #include <string>
 
-#include "mc/common/leader.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/common/status.hpp"
+#include "mc/coord/leader.hpp"
+#include "mc/net/rpc.hpp"
 
 namespace mc::store {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "mc/net/rpc.hpp"
 #include "mc/proto/worker.hpp"
-#include "mc/common/rpc.hpp"
 
 namespace mc::testkit {
 

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "mc/common/etcd.hpp"
+#include "mc/coord/etcd.hpp"
 #include "mc/testkit/local_cluster.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"

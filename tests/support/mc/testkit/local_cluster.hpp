@@ -21,8 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
-#include "mc/common/rpc.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"
 

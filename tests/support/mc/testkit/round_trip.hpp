@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "mc/common/codec.hpp"
+#include "mc/proto/codec.hpp"
 
 namespace mc::testkit {
 

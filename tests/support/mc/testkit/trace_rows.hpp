@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "mc/common/trace.hpp"
+#include "mc/trace/trace.hpp"
 
 namespace mc::testkit {
 

@@ -43,9 +43,9 @@
 #include <vector>
 
 #include "mc/common/clock.hpp"
-#include "mc/common/grant.hpp"
-#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
+#include "mc/net/grant.hpp"
+#include "mc/proto/transfer.hpp"
 
 namespace mc::metrics {
 class Registry;
@@ -108,7 +108,7 @@ struct EngineOptions {
   // up an rdma queue pair, which lives as long as it.
   size_t max_connections_served = 1024;
   int64_t idle_timeout_served_ms = 120000;
-  // Data-plane grants (mc/common/grant.hpp, docs/SECURITY.md "Data-plane grants"). With a 32-byte grant_key, the
+  // Data-plane grants (mc/net/grant.hpp, docs/SECURITY.md "Data-plane grants"). With a 32-byte grant_key, the
   // served segment answers a tcp READ, WRITE or completion notification only when it carries a grant for this
   // segment, the op and a range covering it, unexpired, whose MAC verifies under the key; refusals are counted
   // (EngineStats::served_refused) and logged naming the peer and the reason. With a key, rdma is not offered

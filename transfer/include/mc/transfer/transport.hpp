@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "mc/proto/transfer.hpp"
 #include "mc/common/status.hpp"
+#include "mc/proto/transfer.hpp"
 #include "mc/transfer/types.hpp"
 
 namespace mc::transfer {

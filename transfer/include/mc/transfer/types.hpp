@@ -31,7 +31,7 @@ struct TransferRequest {
   uint64_t remote_offset = 0;
   uint64_t length = 0;
   std::string notify_tag;
-  // The data-plane grant (mc/common/grant.hpp token) the target's server requires when it enforces grants
+  // The data-plane grant (mc/net/grant.hpp token) the target's server requires when it enforces grants
   // (EngineOptions::grant_key): issued by the owner of the remote memory's allocation. Carried on every wire op
   // of the request and in its notification; "" when the target does not enforce grants.
   std::string grant{};

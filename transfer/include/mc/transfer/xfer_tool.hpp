@@ -51,7 +51,7 @@ struct RwOptions {
   bool json = false;
   int64_t timeout_ms = 30000;
   std::string notify_tag;
-  // The data-plane grant of the target's memory (mc/common/grant.hpp), e.g. a replica's `grant` from
+  // The data-plane grant of the target's memory (mc/net/grant.hpp), e.g. a replica's `grant` from
   // `mc-store get-replicas --json`. "": none, or — with an --auth-dir holding the grant key — one issued here.
   std::string grant;
 };

@@ -49,7 +49,7 @@ struct ConductorSubmitReply {
   std::string reject_reason;
   std::string reason;  // human-readable explanation, names instances and predicted values
   MC_MESSAGE(request_id, accepted, prefill_id, decode_id, predicted_ttft_ms, predicted_tbt_ms, hit_tokens,
-                     pool_prefix_tokens, replicate_prefix, reject_reason, reason);
+             pool_prefix_tokens, replicate_prefix, reject_reason, reason);
 };
 struct ConductorSubmitRequest {
   static constexpr const char* kType = "conductor.submit";
@@ -71,8 +71,8 @@ struct ConductorSubmitRequest {
   std::string lora_name{};
   std::string lora_version{};
   std::string salt{};
-  MC_MESSAGE(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens,
-                     slo_ttft_ms, slo_tbt_ms, client_endpoint, lora_name, lora_version, salt);
+  MC_MESSAGE(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens, slo_ttft_ms,
+             slo_tbt_ms, client_endpoint, lora_name, lora_version, salt);
 };
 
 // The client gave up on a request (an HTTP client that disconnected mid-stream, mc-gateway): the Conductor stops
@@ -124,9 +124,9 @@ struct ConductorRegisterRequest {
   uint64_t key_seed = 0;
   // prefill: its backend runs pipeline stages (DESIGN.md §18 "Live groups"): only such instances join groups.
   bool runs_pipeline_stages = false;
-  MC_MESSAGE(instance_id, role, host, endpoint, backend_id, kv_capacity_tokens, block_size_tokens,
-                     key_namespace_digest, key_chain_seed, key_model_id, key_model_revision, key_kv_dtype, key_layout,
-                     key_seed, runs_pipeline_stages);
+  MC_MESSAGE(instance_id, role, host, endpoint, backend_id, kv_capacity_tokens, block_size_tokens, key_namespace_digest,
+             key_chain_seed, key_model_id, key_model_revision, key_kv_dtype, key_layout, key_seed,
+             runs_pipeline_stages);
 };
 
 struct ConductorHeartbeatReply {
@@ -163,7 +163,7 @@ struct ConductorHeartbeatRequest {
   std::string fetch_request_id;
   int64_t fetch_elapsed_us = 0;
   MC_MESSAGE(instance_id, queued_prefill_tokens, queued_prefill_jobs, running_requests, kv_reserved_tokens,
-                     context_tokens, decode_steps, decode_step_samples, fetch_request_id, fetch_elapsed_us);
+             context_tokens, decode_steps, decode_step_samples, fetch_request_id, fetch_elapsed_us);
 };
 
 // A worker drains (SIGTERM; DESIGN.md §10 "Drain"): the Conductor places nothing new on it from now on but keeps it

@@ -26,7 +26,8 @@
 
 namespace mc::proto {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: the workers' messages named by area (decode.*, prefill.*, worker.load, client.*; before: decode_reserve, ...).
+inline constexpr uint32_t kProtocolVersion = 2;
 // Largest frame a peer accepts; larger frames are dropped with a log line (ZMQ_MAXMSGSIZE).
 inline constexpr int64_t kMaxMessageBytes = 64LL << 20;
 

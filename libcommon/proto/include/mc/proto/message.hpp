@@ -86,24 +86,24 @@ void object_map(Object* o, msgpack::zone& z, const T& message) {
 #define MC_MESSAGE_VISIT_FIELD(r, visitor, field) visitor(MSGPACK_PP_STRINGIZE(field), field);
 
 // Inside a struct: MC_MESSAGE(a, b, c) lists the fields that travel, by name.
-#define MC_MESSAGE(...)                                                                                      \
-  template <typename Visitor>                                                                                \
-  void mc_each_field(Visitor&& mc_visitor) {                                                                 \
-    MSGPACK_PP_SEQ_FOR_EACH(MC_MESSAGE_VISIT_FIELD, mc_visitor, MSGPACK_PP_VARIADIC_TO_SEQ(__VA_ARGS__))      \
-  }                                                                                                          \
-  template <typename Visitor>                                                                                \
-  void mc_each_field(Visitor&& mc_visitor) const {                                                           \
-    MSGPACK_PP_SEQ_FOR_EACH(MC_MESSAGE_VISIT_FIELD, mc_visitor, MSGPACK_PP_VARIADIC_TO_SEQ(__VA_ARGS__))      \
-  }                                                                                                          \
-  template <typename Packer>                                                                                 \
-  void msgpack_pack(Packer& msgpack_pk) const {                                                              \
-    ::mc::proto::detail::pack_map(msgpack_pk, *this);                                                        \
-  }                                                                                                          \
-  template <typename Deferred = void>                                                                        \
-  void msgpack_unpack(const msgpack::object& msgpack_o) {                                                    \
-    ::mc::proto::detail::unpack_map<Deferred>(msgpack_o, *this);                                             \
-  }                                                                                                          \
-  template <typename Object>                                                                                 \
-  void msgpack_object(Object* msgpack_o, msgpack::zone& msgpack_z) const {                                   \
-    ::mc::proto::detail::object_map(msgpack_o, msgpack_z, *this);                                            \
+#define MC_MESSAGE(...)                                                                                  \
+  template <typename Visitor>                                                                            \
+  void mc_each_field(Visitor&& mc_visitor) {                                                             \
+    MSGPACK_PP_SEQ_FOR_EACH(MC_MESSAGE_VISIT_FIELD, mc_visitor, MSGPACK_PP_VARIADIC_TO_SEQ(__VA_ARGS__)) \
+  }                                                                                                      \
+  template <typename Visitor>                                                                            \
+  void mc_each_field(Visitor&& mc_visitor) const {                                                       \
+    MSGPACK_PP_SEQ_FOR_EACH(MC_MESSAGE_VISIT_FIELD, mc_visitor, MSGPACK_PP_VARIADIC_TO_SEQ(__VA_ARGS__)) \
+  }                                                                                                      \
+  template <typename Packer>                                                                             \
+  void msgpack_pack(Packer& msgpack_pk) const {                                                          \
+    ::mc::proto::detail::pack_map(msgpack_pk, *this);                                                    \
+  }                                                                                                      \
+  template <typename Deferred = void>                                                                    \
+  void msgpack_unpack(const msgpack::object& msgpack_o) {                                                \
+    ::mc::proto::detail::unpack_map<Deferred>(msgpack_o, *this);                                         \
+  }                                                                                                      \
+  template <typename Object>                                                                             \
+  void msgpack_object(Object* msgpack_o, msgpack::zone& msgpack_z) const {                               \
+    ::mc::proto::detail::object_map(msgpack_o, msgpack_z, *this);                                        \
   }

@@ -41,13 +41,13 @@ struct StoreReplica {
   uint64_t xfer_offset_bytes = 0;  // offset of the replica's first byte in xfer_segment
   uint64_t offset_bytes = 0;       // offset of the replica inside `segment`
   uint64_t size_bytes = 0;
-  // With --auth-dir: the data-plane grant (mc/common/grant.hpp) for these bytes — of xfer_segment at
+  // With --auth-dir: the data-plane grant (mc/net/grant.hpp) for these bytes — of xfer_segment at
   // xfer_offset_bytes for a DRAM replica, of `segment` at offset_bytes for a disk one (store.node.read/write) —
   // issued by the master to the caller: read for get_replicas' replicas, write for put_start's and replicate_to,
   // expiring with the read lease or the put's takeover time. "" without a grant key.
   std::string grant{};
   MC_MESSAGE(segment, node_id, host, domain, medium, endpoint, xfer_segment, xfer_offset_bytes, offset_bytes,
-                     size_bytes, grant);
+             size_bytes, grant);
 };
 
 struct StoreMountRequest {
@@ -65,8 +65,8 @@ struct StoreMountRequest {
   // The node still holds objects on this segment (the master restarted) and re-reports them at once
   // (store.node_report): the segment is offered for reads and new puts only after the report's last page.
   bool restore = false;
-  MC_MESSAGE(node_id, segment, host, domain, medium, capacity_bytes, endpoint, xfer_segment,
-                     xfer_base_offset_bytes, restore);
+  MC_MESSAGE(node_id, segment, host, domain, medium, capacity_bytes, endpoint, xfer_segment, xfer_base_offset_bytes,
+             restore);
 };
 
 struct StoreUnmountRequest {
@@ -167,8 +167,7 @@ struct StorePutStartRequest {
   bool pin = false;         // never evicted nor demoted (master_core.hpp "Pins")
   std::string client_host;  // the writer's host label: the first replica goes there when a segment has room
   int64_t pin_ttl_ms = 0;   // with pin: 0 = until store.unpin, > 0 = soft pin ending this long after put_start
-  MC_MESSAGE(client_id, keys, sizes_bytes, replicas, preferred_segment, overwrite, pin, client_host,
-                     pin_ttl_ms);
+  MC_MESSAGE(client_id, keys, sizes_bytes, replicas, preferred_segment, overwrite, pin, client_host, pin_ttl_ms);
 };
 
 // Per-item result of batch calls without payload.
@@ -212,8 +211,8 @@ struct StoreGetItem {
   // With StoreGetReplicasRequest::with_parts, the object's part checksums when its writer sent them (else empty).
   uint64_t part_bytes = 0;
   std::vector<uint64_t> part_checksums{};
-  MC_MESSAGE(code, message, size_bytes, lease_ms, replicas, replicate_to, replicate_put_id, checksum,
-                     part_bytes, part_checksums);
+  MC_MESSAGE(code, message, size_bytes, lease_ms, replicas, replicate_to, replicate_put_id, checksum, part_bytes,
+             part_checksums);
 };
 struct StoreGetReplicasReply {
   std::vector<StoreGetItem> items;
@@ -310,8 +309,8 @@ struct StoreSegmentStat {
   bool suspect = false;    // its node missed heartbeats (or is re-reporting): replicas kept, not offered
   bool read_only = false;  // an SSD segment after ENOSPC/EIO: read, never demoted to
   bool draining = false;   // its node drains (store.node_drain): no new replicas, readable until unmounted
-  MC_MESSAGE(segment, node_id, host, domain, medium, capacity_bytes, used_bytes, largest_free_bytes,
-                     fragmentation, objects, leased_objects, hits, evictions, demotions, suspect, read_only, draining);
+  MC_MESSAGE(segment, node_id, host, domain, medium, capacity_bytes, used_bytes, largest_free_bytes, fragmentation,
+             objects, leased_objects, hits, evictions, demotions, suspect, read_only, draining);
 };
 struct StoreStatReply {
   std::vector<StoreSegmentStat> segments;
@@ -335,10 +334,10 @@ struct StoreStatReply {
   uint64_t drain_moved_bytes = 0;      // ... their bytes
   uint64_t drain_dropped_objects = 0;  // objects lost by drains (no room anywhere, corrupt, not moved in time)
   MC_MESSAGE(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions, demotions,
-                     reclaimed_puts, refused_put_ends, hot_replications, dead_nodes, pending_free_bytes, last_event_id,
-                     pinned_objects, pinned_bytes, expired_pins, corrupt_replicas, suspect_nodes, returned_nodes,
-                     reported_replicas, refused_reports, ssd_failures, events_incarnation, nodes_drained,
-                     drain_moved_objects, drain_moved_bytes, drain_dropped_objects);
+             reclaimed_puts, refused_put_ends, hot_replications, dead_nodes, pending_free_bytes, last_event_id,
+             pinned_objects, pinned_bytes, expired_pins, corrupt_replicas, suspect_nodes, returned_nodes,
+             reported_replicas, refused_reports, ssd_failures, events_incarnation, nodes_drained, drain_moved_objects,
+             drain_moved_bytes, drain_dropped_objects);
 };
 struct StoreStatRequest {
   static constexpr const char* kType = "store.stat";
@@ -491,7 +490,6 @@ struct StoreNodeDrainRequest {
   bool final = false;
   MC_MESSAGE(node_id, done, final);
 };
-
 
 // conductor -> store master: hot-prefix replication (DESIGN.md §3 step 2). Sent before the prefill job of
 // a decision with replicate_prefix: the master marks each key so that the next read of it by a client on

@@ -48,8 +48,7 @@ struct SegmentDescriptor {
   // Added within format version 1 (map keys: a reader of an older descriptor sees them empty, an older
   // reader ignores them): per RDMA device, its port's LID (InfiniBand; 0 on RoCE) in rdma_devices order.
   std::vector<uint32_t> rdma_lids;
-  MC_MESSAGE(format_version, name, host_id, pid, endpoints, rdma_devices, rdma_gids, regions, topology_json,
-                     rdma_lids);
+  MC_MESSAGE(format_version, name, host_id, pid, endpoints, rdma_devices, rdma_gids, regions, topology_json, rdma_lids);
 };
 
 // One side of an RDMA RC queue-pair handshake (carried over the transfer engine's tcp control op
@@ -88,7 +87,7 @@ struct TransferNotification {
   uint8_t op = 0;               // 1 read, 2 write
   uint64_t segment_offset = 0;  // range of the request in the target's segment
   uint64_t length_bytes = 0;
-  std::string grant{};  // the request's grant (mc/common/grant.hpp) where the target enforces grants; "" otherwise
+  std::string grant{};  // the request's grant (mc/net/grant.hpp) where the target enforces grants; "" otherwise
   MC_MESSAGE(tag, from, op, segment_offset, length_bytes, grant);
 };
 

@@ -20,20 +20,21 @@ namespace mc::proto {
 // (section owned by mc_infer)
 //
 // A request's path through the workers (DESIGN.md §3):
-//   1. reserver (Conductor or a client) -> mc-decode  "decode_reserve": admission; holds KV for input + output
+//   1. reserver (Conductor or a client) -> mc-decode  "decode.reserve": admission; holds KV for input + output
 //      tokens counting the future growth of everything running or reserved; refuses (kRejected) when it does
 //      not fit, rejects bad lengths (kInvalidArgument, "input too long"; DESIGN.md §13.14).
-//   2. reserver -> mc-prefill "prefill_job": tokens, how many leading blocks to fetch from the store, the decode
+//   2. reserver -> mc-prefill "prefill.job": tokens, how many leading blocks to fetch from the store, the decode
 //      endpoint + reservation, the client endpoint. The reply is deferred until the job is done and carries the
 //      ledger; an error reply means the decode side was told to abort.
 //   3. mc-prefill -> mc-decode: each layer's KV as soon as it is computed. When the decode instance publishes a
 //      transfer-engine segment (DecodeReserveReply::kv_segment, also in WorkerLoadReply), a transfer-engine WRITE
 //      straight into the reserved blocks with notify_tag KvLayerTag ("kv/<reservation_id>/<layer>/<first block>-<end
-//      block>", the layer-arrival notification); otherwise, as a fallback, "kv_write" RPCs carrying the bytes. Then
-//      "kv_commit" (prompt length, first token, ledger) or "decode_abort" on failure.
-//   4. mc-decode -> client endpoint: "token_event" per token (first token included), then "request_done" with
-//      the ledger, or "request_error". A client never gets request_done after an abort.
-//   "decode_release" frees a reservation that will get no job (the reserver changed its mind).
+//      block>", the layer-arrival notification); otherwise, as a fallback, "decode.kv_write" RPCs carrying the bytes.
+//      Then "decode.kv_commit" (prompt length, first token, ledger) or "decode.abort" on failure.
+//   4. mc-decode -> client endpoint: "client.token_event" per token (first token included), then "client.request_done"
+//   with
+//      the ledger, or "client.request_error". A client never gets request_done after an abort.
+//   "decode.release" frees a reservation that will get no job (the reserver changed its mind).
 
 // Per-request cache and timing ledger (DESIGN.md §5). A time never measured is -1, not 0.
 struct RequestLedger {
@@ -64,10 +65,9 @@ struct RequestLedger {
   // ("" otherwise: several hosts, none, or unknown).
   int64_t fetch_us = -1;
   std::string fetch_remote_host;
-  MC_MESSAGE(prompt_tokens, hit_tokens, hit_tokens_local, hit_tokens_remote, missed_prefix_tokens,
-                     computed_tokens, fetch_bytes, kv_sent_bytes, stored_blocks, queue_ms, fetch_ms, prefill_ms,
-                     kv_tail_ms, decode_ms, output_tokens, decision, hit_tokens_ssd, fetch_ssd_bytes, fetch_ssd_us,
-                     fetch_us, fetch_remote_host);
+  MC_MESSAGE(prompt_tokens, hit_tokens, hit_tokens_local, hit_tokens_remote, missed_prefix_tokens, computed_tokens,
+             fetch_bytes, kv_sent_bytes, stored_blocks, queue_ms, fetch_ms, prefill_ms, kv_tail_ms, decode_ms,
+             output_tokens, decision, hit_tokens_ssd, fetch_ssd_bytes, fetch_ssd_us, fetch_us, fetch_remote_host);
 };
 
 struct DecodeReserveReply {
@@ -80,15 +80,15 @@ struct DecodeReserveReply {
   std::vector<uint64_t> block_offsets_bytes;
   std::string kv_segment;   // transfer-engine segment of the buffer ("" = kv_write RPC only)
   int64_t free_blocks = 0;  // uncommitted blocks left after this reservation
-  // With a grant key: the write grant (mc/common/grant.hpp) of kv_segment for this reservation (id =
+  // With a grant key: the write grant (mc/net/grant.hpp) of kv_segment for this reservation (id =
   // reservation_id), which every WRITE and layer notification into its blocks must carry; it dies with the
   // reservation (released, expired, aborted or committed) or at its ttl. "" otherwise.
   std::string kv_grant{};
-  MC_MESSAGE(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes, kv_segment,
-                     free_blocks, kv_grant);
+  MC_MESSAGE(reservation_id, block_tokens, layer_block_bytes, block_bytes, block_offsets_bytes, kv_segment, free_blocks,
+             kv_grant);
 };
 struct DecodeReserveRequest {
-  static constexpr const char* kType = "decode_reserve";
+  static constexpr const char* kType = "decode.reserve";
   using Reply = DecodeReserveReply;
   std::string request_id;
   int64_t input_length_tokens = 0;   // prompt tokens (> 0)
@@ -103,8 +103,8 @@ struct DecodeReserveRequest {
   // With --auth-dir: the client's public key, which its token-event server serves with (docs/SECURITY.md); set by
   // the Conductor from the submitter's identity. Empty: the cluster key (no auth, or a daemon's server).
   std::string client_public_key{};
-  MC_MESSAGE(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms, lora_name,
-                     lora_version, salt, client_public_key);
+  MC_MESSAGE(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms, lora_name, lora_version,
+             salt, client_public_key);
 };
 
 struct DecodeReleaseReply {
@@ -114,15 +114,15 @@ struct DecodeReleaseReply {
 };
 // Frees a reservation whose job was never dispatched; the client is not told.
 struct DecodeReleaseRequest {
-  static constexpr const char* kType = "decode_release";
+  static constexpr const char* kType = "decode.release";
   using Reply = DecodeReleaseReply;
   uint64_t reservation_id = 0;
   MC_MESSAGE(reservation_id);
 };
 // The prefill failed or was aborted (DESIGN.md §13.14): decode frees the reservation, never generates from it,
-// and sends "request_error" to the client.
+// and sends "client.request_error" to the client.
 struct DecodeAbortRequest {
-  static constexpr const char* kType = "decode_abort";
+  static constexpr const char* kType = "decode.abort";
   using Reply = DecodeReleaseReply;
   uint64_t reservation_id = 0;
   uint16_t code = 0;  // mc::Code of the failure
@@ -139,7 +139,7 @@ struct DecodeCancelReply {
   MC_MESSAGE(found, free_blocks);
 };
 struct DecodeCancelRequest {
-  static constexpr const char* kType = "decode_cancel";
+  static constexpr const char* kType = "decode.cancel";
   using Reply = DecodeCancelReply;
   std::string request_id;
   MC_MESSAGE(request_id);
@@ -151,7 +151,7 @@ struct PrefillCancelReply {
   MC_MESSAGE(dropped);
 };
 struct PrefillCancelRequest {
-  static constexpr const char* kType = "prefill_cancel";
+  static constexpr const char* kType = "prefill.cancel";
   using Reply = PrefillCancelReply;
   std::string request_id;
   MC_MESSAGE(request_id);
@@ -165,7 +165,7 @@ struct KvWriteReply {
 // consecutive ranges of layer_block_bytes (the decode buffer's layout). block_indexes are positions in the
 // reservation's block list. The fallback for decode instances that publish no transfer-engine segment.
 struct KvWriteRequest {
-  static constexpr const char* kType = "kv_write";
+  static constexpr const char* kType = "decode.kv_write";
   using Reply = KvWriteReply;
   uint64_t reservation_id = 0;
   int64_t layer = 0;
@@ -224,7 +224,7 @@ struct KvCommitReply {
 // All layers are sent: decode checks that every layer of every prompt block arrived (else kDataLoss, the
 // reservation is freed and the client gets request_error), then joins the request to its batch.
 struct KvCommitRequest {
-  static constexpr const char* kType = "kv_commit";
+  static constexpr const char* kType = "decode.kv_commit";
   using Reply = KvCommitReply;
   uint64_t reservation_id = 0;
   std::string request_id;
@@ -243,8 +243,8 @@ struct KvCommitRequest {
   // Empty: nothing to store here (a whole prefill stores its own blocks).
   int64_t store_first_block = 0;
   std::vector<uint64_t> store_block_hashes{};
-  MC_MESSAGE(reservation_id, request_id, prompt_tokens, first_token, first_token_unix_ns, ledger,
-                     kv_namespace_digest, store_first_block, store_block_hashes);
+  MC_MESSAGE(reservation_id, request_id, prompt_tokens, first_token, first_token_unix_ns, ledger, kv_namespace_digest,
+             store_first_block, store_block_hashes);
 };
 
 struct PrefillJobReply {
@@ -256,7 +256,7 @@ struct PrefillJobReply {
 // Work for a prefill instance. The reply comes when the job is done (KV committed at decode, new blocks stored);
 // on any failure the decode reservation is aborted first and the reply is the error.
 struct PrefillJobRequest {
-  static constexpr const char* kType = "prefill_job";
+  static constexpr const char* kType = "prefill.job";
   using Reply = PrefillJobReply;
   std::string request_id;
   std::vector<uint32_t> tokens;  // the prompt (traces: synthesized from hash_ids by the submitter)
@@ -297,9 +297,9 @@ struct PrefillJobRequest {
   // Conductor, a client): the job joins the back of the queue, as first come, first served.
   int64_t queue_key_ns = 0;
   MC_MESSAGE(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
-                     reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
-                     store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant,
-                     stage_first_layer, stage_layers, stage_index, stage_count, next_stage_endpoint, queue_key_ns);
+             reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
+             store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant, stage_first_layer,
+             stage_layers, stage_index, stage_count, next_stage_endpoint, queue_key_ns);
 };
 
 // Stage s -> stage s+1 of a pipelined prefill (DESIGN.md §18 "Live groups"): the hidden states of one chunk after
@@ -313,7 +313,7 @@ struct PrefillStageHiddenReply {
   MC_MESSAGE(held);
 };
 struct PrefillStageHiddenRequest {
-  static constexpr const char* kType = "prefill_stage_hidden";
+  static constexpr const char* kType = "prefill.stage_hidden";
   using Reply = PrefillStageHiddenReply;
   std::string request_id;
   uint64_t reservation_id = 0;
@@ -345,7 +345,7 @@ struct PrefillStageSlotReply {
   MC_MESSAGE(segment, offset, slot_id, grant);
 };
 struct PrefillStageSlotRequest {
-  static constexpr const char* kType = "prefill_stage_slot";
+  static constexpr const char* kType = "prefill.stage_slot";
   using Reply = PrefillStageSlotReply;
   std::string request_id;
   uint64_t reservation_id = 0;
@@ -390,11 +390,11 @@ struct WorkerLoadReply {
   double recent_step_ms = 0;        // decode: mean of the recent steps
   std::string kv_segment;           // decode: transfer-engine segment prefill writes KV into ("" = kv_write only)
   MC_MESSAGE(role, backend, model, queued_jobs, queued_tokens, running_tokens, predicted_queue_ms, batch_size,
-                     reservations, kv_blocks_total, kv_blocks_used, kv_blocks_committed, kv_blocks_free, recent_step_ms,
-                     kv_segment);
+             reservations, kv_blocks_total, kv_blocks_used, kv_blocks_committed, kv_blocks_free, recent_step_ms,
+             kv_segment);
 };
 struct WorkerLoadRequest {
-  static constexpr const char* kType = "worker_load";
+  static constexpr const char* kType = "worker.load";
   using Reply = WorkerLoadReply;
   bool detailed = false;  // reserved; no effect yet
   MC_MESSAGE(detailed);
@@ -406,7 +406,7 @@ struct ClientAck {
 };
 // decode -> client: one output token. index 0 is the first token (produced by prefill).
 struct TokenEvent {
-  static constexpr const char* kType = "token_event";
+  static constexpr const char* kType = "client.token_event";
   using Reply = ClientAck;
   std::string request_id;
   int64_t index = 0;
@@ -416,7 +416,7 @@ struct TokenEvent {
 };
 // decode -> client: the request finished (all output_length_tokens generated).
 struct RequestDone {
-  static constexpr const char* kType = "request_done";
+  static constexpr const char* kType = "client.request_done";
   using Reply = ClientAck;
   std::string request_id;
   RequestLedger ledger;
@@ -424,7 +424,7 @@ struct RequestDone {
 };
 // decode -> client: the request failed (prefill aborted, KV incomplete, decode error). No request_done follows.
 struct RequestError {
-  static constexpr const char* kType = "request_error";
+  static constexpr const char* kType = "client.request_error";
   using Reply = ClientAck;
   std::string request_id;
   uint16_t code = 0;  // mc::Code

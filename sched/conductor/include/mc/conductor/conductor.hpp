@@ -19,12 +19,12 @@
 // process died: seen within one loop pass), that misses its heartbeats for heartbeat_timeout_ms, or whose
 // decode_reserve / prefill_job / decode_release fails on transport (timeout, unavailable), is removed, and within the
 // same loop pass (100 ms tick) each request it holds is re-dispatched (nothing reached the client, attempts and TTFT
-// budget left) or failed: a rejection when the submit was not answered yet, else "request_error" sent by the Conductor
-// to the client endpoint naming the instance and the cause. A reservation on a live decode instance is released
-// (decode_release) at once; when a prefill died or failed after it may have committed, decode_release's answer decides
-// (released: re-dispatch; not released: the decode instance has the request). A decode instance's death fails the
-// requests it was streaming. `stat` counts them (faults: redispatched, failed_by_instance_death, reservations_released,
-// connection_lost, refused_*).
+// budget left) or failed: a rejection when the submit was not answered yet, else "client.request_error" sent by the
+// Conductor to the client endpoint naming the instance and the cause. A reservation on a live decode instance is
+// released (decode_release) at once; when a prefill died or failed after it may have committed, decode_release's answer
+// decides (released: re-dispatch; not released: the decode instance has the request). A decode instance's death fails
+// the requests it was streaming. `stat` counts them (faults: redispatched, failed_by_instance_death,
+// reservations_released, connection_lost, refused_*).
 //
 // Cancel (DESIGN.md §10 "Cancel", faults.hpp plan_cancel): conductor.cancel from the submitter's identity (or an
 // admin key) settles the request in the books at once and it is never (re-)dispatched: a request still reserving

@@ -31,8 +31,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "mc/proto/kv_events.hpp"
 #include "mc/common/status.hpp"
+#include "mc/proto/kv_events.hpp"
 #include "mc/sched/types.hpp"
 
 namespace mc::sched {

@@ -1,7 +1,7 @@
 // The Conductor's decision procedure (paper §6–7; DESIGN.md §3 step 2), as pure code: the cluster
 // state, the prefix index and the predictors are owned here, time comes from an injected mc::Clock,
 // and nothing here does I/O, sleeps or starts threads. The daemon (mc-conductor) and the simulator
-// (sched/sim) drive the same object: register/heartbeat/expire, apply KV events, decide, commit,
+// (eval/sim) drive the same object: register/heartbeat/expire, apply KV events, decide, commit,
 // and feed back job reports.
 //
 // decide(request):
@@ -47,8 +47,8 @@
 #include <vector>
 
 #include "mc/common/clock.hpp"
-#include "mc/proto/kv_events.hpp"
 #include "mc/common/status.hpp"
+#include "mc/proto/kv_events.hpp"
 #include "mc/sched/cluster_state.hpp"
 #include "mc/sched/policy.hpp"
 #include "mc/sched/predictors.hpp"
