@@ -558,17 +558,17 @@ TEST_F(MasterCoreTest, DelayedFreesComeBackWhenEachFallsDue) {
   for (int i = 0; i < kPuts; ++i) {
     auto g = core_.put_start({"c1", "", ""}, "R" + std::to_string(i), 4096, {});
     ASSERT_TRUE(g.is_ok()) << g.status().to_string();
-    clock_.advance_ms(100);  // revoke i falls due at 2000 + 100 * i ms after the first
+    clock_.advance_ms(100);  // revoke i at 100 * (i + 1) ms: its range is free 2,000 ms later
     ASSERT_TRUE(core_.put_revoke({"c1", "", ""}, "R" + std::to_string(i), g->put_id).is_ok());
   }
   EXPECT_EQ(core_.stat().pending_free_bytes, uint64_t{kPuts} * 4096);
-  // 1,000 ms after the last revoke, 2,000 ms have passed for the first: nothing yet.
+  // At 2,000 ms, 1,900 ms after the first revoke: nothing is due yet.
   clock_.advance_ms(1000);
   heartbeat_all();
   core_.tick();
   EXPECT_EQ(core_.stat().pending_free_bytes, uint64_t{kPuts} * 4096);
-  // 1,450 ms more: the first five are due (2,000 ms after revokes 0..4), the other five not.
-  clock_.advance_ms(1450);
+  // 500 ms more: revokes 0..4 (at 100..500 ms) are 2,000 ms old and their ranges come back; 5..9 not yet.
+  clock_.advance_ms(500);
   heartbeat_all();
   core_.tick();
   EXPECT_EQ(core_.stat().pending_free_bytes, uint64_t{5} * 4096);

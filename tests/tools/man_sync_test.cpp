@@ -194,7 +194,7 @@ std::string name_of(const std::string& tool, const std::string& command) {
 std::set<std::string> getenv_variables() {
   std::set<std::string> out;
   static const std::regex re("getenv\\(\"(MC_[A-Z0-9_]+)\"\\)");
-  for (const char* dir : {"libcommon", "transfer", "store", "infer", "sched", "tools"}) {
+  for (const char* dir : {"libcommon", "transfer", "store", "model", "infer", "sched", "eval", "gateway", "tools"}) {
     const fs::path root = fs::path(MC_SOURCE_DIR) / dir;
     if (!fs::exists(root)) continue;
     for (const auto& f : fs::recursive_directory_iterator(root)) {

@@ -45,7 +45,6 @@
 #include "mc/proto/codec.hpp"
 #include "mc/proto/envelope.hpp"
 
-
 // KV events (mc/proto/kv_events.hpp): the publisher and the subscriber below take and give them; a file that does
 // includes that section itself, so the rest of the RPC layer's users do not compile it.
 namespace mc::proto {
