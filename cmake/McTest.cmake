@@ -56,18 +56,8 @@ function(mc_add_test)
   if("unit" IN_LIST T_LABELS)  # tools/run-tests.sh --quick builds only these (target mc_unit_tests)
     set_property(GLOBAL APPEND PROPERTY MC_UNIT_TEST_TARGETS ${T_NAME})
   endif()
-  # COST: ctest -j starts the costliest tests first, so on a fresh clone (no CTestCostData.txt yet) the long
-  # cluster tests run beside the short ones instead of alone at the end: the namespace tests (one lock, about
-  # 7 minutes in all) first, then the other e2e and ha programs, the unit tests last to fill the gaps.
-  if("netns" IN_LIST T_LABELS)
-    set(T_COST 1000)
-  elseif(T_SERIAL OR "e2e" IN_LIST T_LABELS OR "ha" IN_LIST T_LABELS)
-    set(T_COST 100)
-  else()
-    set(T_COST 1)
-  endif()
   gtest_discover_tests(${T_NAME}
-    PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT} COST ${T_COST} ${T_SERIAL_PROP}
+    PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT} ${T_SERIAL_PROP}
     DISCOVERY_TIMEOUT 60)
 endfunction()
 

@@ -118,7 +118,7 @@ void add_decode_flags(CLI::App& app, DecodeDaemonConfig& c) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--max-reservation-ttl-ms", c.max_reservation_ttl_ms,
-                 "The longest ttl_ms a decode_reserve may ask for (ms); longer or negative ones are refused")
+                 "The longest ttl_ms a decode.reserve may ask for (ms); longer or negative ones are refused")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--client-timeout-ms", c.client_timeout_ms, "Per-message timeout towards client endpoints (ms)")

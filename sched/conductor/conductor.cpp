@@ -490,11 +490,11 @@ class Conductor {
         // The drain notice crossed this reservation: the request is placed again elsewhere, as after a death.
         MC_LOG_INFO << "request '" << id << "': draining decode instance " << f.decision.decode_id
                     << " refused the reservation; placing it again";
-        return apply_faults(f.decision.decode_id, "drains (refused decode_reserve: " + res.status().message() + ")",
+        return apply_faults(f.decision.decode_id, "drains (refused decode.reserve: " + res.status().message() + ")",
                             {tracked(id, f)});
       }
       if (transport_failure(res.status())) {
-        return on_instance_lost(f.decision.decode_id, "did not answer decode_reserve (" + res.status().message() + ")");
+        return on_instance_lost(f.decision.decode_id, "did not answer decode.reserve (" + res.status().message() + ")");
       }
       // Refused before any prefill started: the client hears it as a rejection.
       metrics_.counter("mc_conductor_decode_refused_total", "decode_reserve refused or failed").inc();
@@ -623,7 +623,7 @@ class Conductor {
             rep.ok = false;
             sched_->on_prefill_done(rep);
             release_then_decide(id, stage_id, "failed its pipeline stage (" + r.status().message() + ")");
-            if (lost) on_instance_lost(stage_id, "did not answer prefill_job (" + r.status().message() + ")");
+            if (lost) on_instance_lost(stage_id, "did not answer prefill.job (" + r.status().message() + ")");
           });
     }
   }
@@ -652,7 +652,7 @@ class Conductor {
       // A draining instance answers kUnavailable for a job it refused or ended at its drain timeout: the instance is
       // not lost (its exit, watched, ends it), the request is settled as below.
       if (transport_failure(res.status()) && !draining(f.decision.prefill_id)) {
-        return on_instance_lost(f.decision.prefill_id, "did not answer prefill_job (" + res.status().message() + ")");
+        return on_instance_lost(f.decision.prefill_id, "did not answer prefill.job (" + res.status().message() + ")");
       }
       // The prefill aborted the reservation when it could (decode then told the client); whether it could is
       // what decode_release says.
@@ -756,7 +756,7 @@ class Conductor {
         [this, id, decode_endpoint, then = std::move(then)](Result<proto::DecodeReleaseReply> r) {
           if (r.is_ok() && r->released) fault_counter("reservations_released").inc();
           if (!r.is_ok()) {
-            MC_LOG_WARN << "request '" << id << "': decode_release at " << decode_endpoint
+            MC_LOG_WARN << "request '" << id << "': decode.release at " << decode_endpoint
                         << " failed: " << r.status().message();
           }
           if (then) then(std::move(r));
@@ -782,7 +782,7 @@ class Conductor {
                           if (!r.is_ok()) {
                             if (transport_failure(r.status())) {
                               on_instance_lost(g->decision.decode_id,
-                                               "did not answer decode_release (" + r.status().message() + ")");
+                                               "did not answer decode.release (" + r.status().message() + ")");
                             } else {
                               fail_flight(id, "instance '" + instance_id + "' " + cause +
                                                   ", and the reservation's state is unknown: " + r.status().message());
@@ -1154,12 +1154,12 @@ class Conductor {
           if (now >= give_up_ns || client_error_retries_.size() >= kMaxClientErrorRetries) {
             metrics_.counter("mc_conductor_client_errors_given_up_total", "request errors no client acknowledged")
                 .inc();
-            MC_LOG_WARN << "request '" << id << "': request_error to client " << client_endpoint
+            MC_LOG_WARN << "request '" << id << "': client.request_error to client " << client_endpoint
                         << " given up: " << r.status().message();
             return;
           }
           metrics_.counter("mc_conductor_client_error_retries_total", "request errors sent again").inc();
-          MC_LOG_INFO << "request '" << id << "': request_error to client " << client_endpoint << " failed ("
+          MC_LOG_INFO << "request '" << id << "': client.request_error to client " << client_endpoint << " failed ("
                       << r.status().message() << "); sending it again in 1 s";
           client_error_retries_.push_back({client_endpoint, id, reason, now + 1'000'000'000, give_up_ns});
         });

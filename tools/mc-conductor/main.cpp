@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   serve
       ->add_option("--queue", o.scheduler.queue.discipline,
                    "Order of each prefill instance's queue: fcfs (first come, first served) | slo (shortest predicted "
-                   "prefill first, aged, never making a queued request late; the key travels in prefill_job). "
+                   "prefill first, aged, never making a queued request late; the key travels in prefill.job). "
                    "Default: slo for the kvcache policy, fcfs for the baselines")
       ->envname("MC_QUEUE")
       ->check(CLI::IsMember({"fcfs", "slo"}));
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
                    "time (or 50 ms more); slower reports are refused (0: no envelope, e.g. the ref backend)")
       ->capture_default_str()
       ->check(mc::cli::kNonNegativeFinite);
-  serve->add_option("--reserve-timeout-ms", o.reserve_timeout_ms, "Deadline of decode_reserve (ms)")
+  serve->add_option("--reserve-timeout-ms", o.reserve_timeout_ms, "Deadline of decode.reserve (ms)")
       ->capture_default_str()
       ->check(mc::cli::kPositiveFinite);
   serve->add_option("--job-timeout-ms", o.job_timeout_ms, "Deadline of a prefill job (ms)")
