@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <random>
@@ -66,34 +68,53 @@ struct ChildOptions {
 
 class Child {
  public:
-  // argv[0] is a path or a name looked up in PATH. A failed fork leaves pid() == -1; a failed exec
-  // makes the child exit 127.
+  // argv[0] is a path or a name looked up in PATH. A child that cannot be started (no such program, a file of
+  // ChildOptions that cannot be opened) leaves pid() == -1 and finish()/wait_exit() report exit code 127.
+  //
+  // Started with posix_spawnp, not fork + exec: the test process has threads (etcd watches, heartbeats, loggers),
+  // and a forked child that allocates or takes a stdio lock before exec may block forever on a lock another thread
+  // held at the fork: a member that never starts (the child here runs no code of ours between clone and exec).
   explicit Child(const std::vector<std::string>& argv, ChildOptions options = {}) : options_(std::move(options)) {
     int fds[2] = {-1, -1};
     const bool piped = options_.stdout_path.empty();
     if (piped && pipe2(fds, O_CLOEXEC) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (options_.own_process_group) setpgid(0, 0);
-      if (!options_.stdin_path.empty() && std::freopen(options_.stdin_path.c_str(), "r", stdin) == nullptr) _exit(126);
-      if (piped) {
-        dup2(fds[1], STDOUT_FILENO);
-      } else if (std::freopen(options_.stdout_path.c_str(), "w", stdout) == nullptr) {
-        _exit(126);
-      }
-      if (!options_.stderr_path.empty() && std::freopen(options_.stderr_path.c_str(), "w", stderr) == nullptr)
-        _exit(126);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-    if (options_.own_process_group && pid_ > 0) setpgid(pid_, pid_);  // no race with the first signal
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (!options_.stdin_path.empty())
+      posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, options_.stdin_path.c_str(), O_RDONLY, 0);
     if (piped) {
-      close(fds[1]);
-      out_fd_ = fds[0];
+      posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+    } else {
+      posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, options_.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                       0644);
     }
+    if (!options_.stderr_path.empty()) {
+      posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, options_.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                       0644);
+    }
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    if (options_.own_process_group) {
+      posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+      posix_spawnattr_setpgroup(&attr, 0);  // a group of its own, set before exec: no race with the first signal
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid_t pid = -1;
+    const int rc = args.size() > 1 ? posix_spawnp(&pid, args[0], &fa, &attr, args.data(), environ) : EINVAL;
+    posix_spawnattr_destroy(&attr);
+    posix_spawn_file_actions_destroy(&fa);
+    if (piped) close(fds[1]);
+    if (rc != 0) {
+      std::fprintf(stderr, "testkit: cannot start %s: %s\n", argv.empty() ? "(nothing)" : argv[0].c_str(),
+                   std::strerror(rc));
+      if (piped) close(fds[0]);
+      status_ = 127 << 8;  // as a shell reports a command it could not run
+      return;
+    }
+    pid_ = pid;
+    if (piped) out_fd_ = fds[0];
   }
   ~Child() {
     stop(options_.stop_grace_ms);
