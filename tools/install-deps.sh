@@ -10,7 +10,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config lld
+  build-essential clang libclang-rt-14-dev cmake ninja-build pkg-config lld
   libcli11-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libsodium-dev
   libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev
   libibverbs-dev librdmacm-dev

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -50,7 +51,9 @@ class Run final : public EventSink {
       r.input_tokens = synthesized_length(rows[i], options.synth);
       r.output_tokens_requested = rows[i].output_length;
       index_.emplace(r.request_id, i);
-      states_[i].scheduled_ns = static_cast<int64_t>(static_cast<double>(rows[i].timestamp_ms - t0) * 1e6 / compress);
+      // compress > 0 (run_replay checks the options first); a schedule past ~292 years is held there, not cast.
+      const double at_ns = static_cast<double>(rows[i].timestamp_ms - t0) * 1e6 / compress;
+      states_[i].scheduled_ns = at_ns < 9.2e18 ? static_cast<int64_t>(at_ns) : INT64_MAX;
     }
   }
 
@@ -136,10 +139,6 @@ class Run final : public EventSink {
   }
 
   Result<ReplayResult> run(const LinkFactory& links, EventSource* events) {
-    if (!(options_.speed > 0) || !(options_.rate_scale > 0) || !(options_.time_scale > 0))
-      return Status(Code::kInvalidArgument, "--speed, --rate-scale and --time-scale must be > 0");
-    if (options_.senders < 1) return Status(Code::kInvalidArgument, "--senders must be >= 1");
-    MC_RETURN_IF_ERROR(options_.synth.validate());
     // The first link proves the Conductor is reachable before anything is sent.
     std::vector<std::unique_ptr<ConductorLink>> conns;
     const int n_senders = std::max(1, std::min<int>(options_.senders, static_cast<int>(rows_.size())));
@@ -348,6 +347,12 @@ class Run final : public EventSink {
 
 Result<ReplayResult> run_replay(const std::vector<trace::Request>& rows, const ReplayOptions& options,
                                 const LinkFactory& links, EventSource* events) {
+  // Checked before the schedule is computed from them (a speed of 0 would divide by zero).
+  if (!(options.speed > 0) || !(options.rate_scale > 0) || !(options.time_scale > 0) ||
+      !std::isfinite(options.speed * options.rate_scale))
+    return Status(Code::kInvalidArgument, "--speed, --rate-scale and --time-scale must be finite and > 0");
+  if (options.senders < 1) return Status(Code::kInvalidArgument, "--senders must be >= 1");
+  MC_RETURN_IF_ERROR(options.synth.validate());
   Run run(rows, options, RealClock::instance());
   return run.run(links, events);
 }

@@ -71,6 +71,9 @@ struct DecodeWorker::Outgoing {
 
 namespace {
 
+// The idle step thread's longest wait (DecodeWorker::wait_for_work): reservations expire at most this late.
+constexpr int64_t kIdleStepMs = 20;
+
 // Pipelined: a message is sent at once and its reply collected by a later send (or the destructor), so the
 // decode step never waits on a client. Delivery is at least once and in order per client (the client drops a token
 // event whose index it already has): a message whose reply does not come within the timeout (a client cut off by
@@ -534,6 +537,7 @@ void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool 
     outgoing_.push_back({r.client_endpoint,
                          proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()), why.message(), 0},
                          r.client_public_key});
+    work_cv_.notify_one();
   }
   reservations_.erase(it);
 }
@@ -722,6 +726,7 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
   s->lora = r.lora;
   reservations_.erase(it);
   joining_.push_back(std::move(s));
+  work_cv_.notify_one();
   return proto::KvCommitReply{static_cast<int64_t>(running_.size() + joining_.size()), store_queued};
 }
 
@@ -978,6 +983,12 @@ Result<int64_t> DecodeWorker::step() {
   return stepped;
 }
 
+void DecodeWorker::wait_for_work(int64_t timeout_ms) {
+  std::unique_lock lock(mu_);
+  work_cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms)),
+                    [&] { return !joining_.empty() || !running_.empty() || !outgoing_.empty(); });
+}
+
 std::vector<proto::DecodeStepSample> DecodeWorker::take_step_samples() {
   std::lock_guard lock(mu_);
   std::vector<proto::DecodeStepSample> out(step_samples_.begin(), step_samples_.end());
@@ -1016,7 +1027,7 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
         daemon::request_stop();
         return;
       }
-      if (n.value() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (n.value() == 0) worker.wait_for_work(kIdleStepMs);
     }
   });
   const auto& layout = worker.kv().layout();

@@ -183,6 +183,7 @@ TEST(Trace, ShippedConversationTrace) {
   EXPECT_EQ(rows, 12031);
   EXPECT_EQ(blocks, 288500);
   EXPECT_EQ(distinct.size(), 182790u);
+  EXPECT_NEAR(static_cast<double>(input_tokens) / static_cast<double>(rows), 12035.0, 0.5);  // the mean, rounded
   EXPECT_EQ((*reader)->stats().skipped, 0);
 }
 

@@ -181,7 +181,9 @@ TEST_F(MetricsE2E, EveryDaemonServesItsMetrics) {
       {"conductor", {"mc_conductor_ttft_seconds_count", 3}},
       {"prefill0", {"mc_prefill_jobs_total", 3}},
       {"decode0", {"mc_decode_tbt_seconds_count", 9}}};
-  for (const auto& [daemon, names] : known) {
+  for (const auto& entry : known) {
+    const std::string& daemon = entry.first;  // not a structured binding: clang 14 cannot capture one in a lambda
+    const auto& names = entry.second;
     Scrape s;
     const bool all = testkit::wait_until(
         [&] {
@@ -291,10 +293,12 @@ TEST_F(MetricsE2E, PrometheusScrapesEveryDaemon) {
 
   // A few requests through the cluster; then the Conductor's and the prefill's request counters, as scraped.
   ASSERT_NO_FATAL_FAILURE(replay("p", 2));
-  for (const auto& [metric, daemon] :
+  for (const auto& row :
        std::vector<std::pair<std::string, std::string>>{{"mc_conductor_submits_total", "conductor"},
                                                         {"mc_prefill_jobs_total", "prefill0"},
                                                         {"mc_decode_requests_done_total", "decode0"}}) {
+    const std::string& metric = row.first;
+    const std::string& daemon = row.second;
     const bool counted = testkit::wait_until(
         [&] {
           auto v = query(metric);

@@ -52,6 +52,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -149,6 +150,10 @@ class DecodeWorker {
   // decode step over the batch, send the tokens, finish completed requests. Returns the number of sequences
   // stepped (0: idle). A backend error fails every sequence of the batch (clients get request_error).
   Result<int64_t> step();
+  // The step thread's idle wait: returns at once when sequences are joining or running or messages wait to be sent,
+  // else when a commit, cancel, abort or end_all gives step() work, or after timeout_ms (reservations expire by the
+  // clock). Replaces a 1 ms poll that woke an idle decode ~1,000 times a second.
+  void wait_for_work(int64_t timeout_ms);
 
   // True when nothing is running, joining or reserved.
   bool idle() const;
@@ -183,6 +188,7 @@ class DecodeWorker {
   metrics::Registry metrics_;
 
   mutable std::mutex mu_;
+  std::condition_variable work_cv_;  // notified under mu_ when step() has work (wait_for_work)
   uint64_t next_reservation_ = 1;
   int64_t committed_blocks_ = 0;
   std::map<uint64_t, std::unique_ptr<Reservation>> reservations_;
