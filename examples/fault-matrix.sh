@@ -84,9 +84,10 @@ if [[ "${1:-}" == --inner ]]; then
   [[ -n "$max_input" ]] && output_flags+=(--max-input-tokens "$max_input")
   state="$MC_CLUSTER_STATE"
   pid_of() { awk -v n="$1" '$1 == n {print $2}' "$state/cluster.txt"; }
-  # With --cluster: the host of a daemon, and a host's address, namespace, interface and NIC rate (hosts.txt).
+  # With --cluster: the host of a daemon, and a host's address, namespace, interface and NIC rate (hosts.txt; on
+  # loopback there is none and each field is empty).
   host_of() { awk -v n="$1" '$1 == n {print $4}' "$state/cluster.txt"; }
-  host_field() { awk -v h="$1" -v f="$2" '$1 == h {print $f}' "$state/hosts.txt" 2>/dev/null; }
+  host_field() { [[ -f "$state/hosts.txt" ]] || return 0; awk -v h="$1" -v f="$2" '$1 == h {print $f}' "$state/hosts.txt"; }
   ns_of_daemon() { host_field "$(host_of "$1")" 4; }
   # cut NS ADDR [PERCENT]: inside namespace NS drop the packets to and from ADDR (all of them, or PERCENT % at
   # random; ADDR "any": every packet); heal NS undoes it.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -97,6 +98,8 @@ int64_t now_unix_ns() { return unix_time_ms() * 1'000'000; }
 
 // A submitted request id's bound: ids are copied into the ledgers, the decision log and every job message.
 constexpr size_t kMaxRequestIdBytes = 1024;
+// Submits held while a (re)started Conductor waits for its workers (Conductor::hold_for_workers): at most this many.
+constexpr size_t kMaxHeldSubmits = 4096;
 
 class Conductor {
  public:
@@ -180,6 +183,11 @@ class Conductor {
         }
       }
       last_pass_ns = now;
+      // Submits held for the workers: again after a registration, and once the start-up window ends.
+      if (!held_.empty() && (held_release_due_ || now - started_ns_ >= startup_grace_ns())) {
+        held_release_due_ = false;
+        release_held();
+      }
       if (now - last_expire_ns > 100'000'000) {
         last_expire_ns = now;
         for (const auto& id : sched_->expire()) {
@@ -214,6 +222,13 @@ class Conductor {
       }
     }
     MC_LOG_INFO << "mc-conductor: stopping (" << in_flight_.size() << " requests in flight)";
+    // Held submits were never accepted: each caller hears why.
+    for (const HeldSubmit& h : held_) {
+      (void)server_->reply_error_to(
+          h.ctx, Status(Code::kUnavailable, "mc-conductor stopped while request '" + h.req.request_id +
+                                                "' waited for the workers to register: submit it again"));
+    }
+    held_.clear();
     return Status::ok();
   }
 
@@ -259,14 +274,19 @@ class Conductor {
 
   void register_handlers() {
     server_->handle<proto::ConductorSubmitRequest>(
-        [this](const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) { return on_submit(req, ctx); });
+        [this](const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) {
+          metrics_.counter("mc_conductor_submits_total", "requests submitted").inc();
+          return on_submit(req, ctx);
+        });
     server_->handle<proto::ConductorCancelRequest>(
         [this](const proto::ConductorCancelRequest& req, const rpc::CallContext& ctx) { return on_cancel(req, ctx); });
     server_->handle<proto::ConductorRegisterRequest>(
         [this](const proto::ConductorRegisterRequest& req,
                const rpc::CallContext& ctx) -> Result<proto::ConductorRegisterReply> {
           MC_RETURN_IF_ERROR(check_owner(ctx, req.instance_id, "register", /*bind=*/true));
-          return on_register(req);
+          Result<proto::ConductorRegisterReply> r = on_register(req);
+          if (r.is_ok() && !held_.empty()) held_release_due_ = true;  // after this reply is sent (loop())
+          return r;
         });
     server_->handle<proto::ConductorHeartbeatRequest>(
         [this](const proto::ConductorHeartbeatRequest& req,
@@ -293,6 +313,7 @@ class Conductor {
       j["service"] = "mc-conductor";
       j["endpoint"] = endpoint();
       j["requests_dispatching"] = in_flight_.size();
+      j["requests_held"] = held_.size();  // waiting for workers to register (--startup-hold-ms)
       j["requests_decoding"] = decoding_.size();
       nlohmann::json faults;
       for (const char* k : {"redispatched", "failed_by_instance_death", "reservations_released", "connection_lost"}) {
@@ -365,13 +386,14 @@ class Conductor {
   }
 
   Result<proto::ConductorSubmitReply> on_submit(const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) {
-    metrics_.counter("mc_conductor_submits_total", "requests submitted").inc();
     if (req.request_id.size() > kMaxRequestIdBytes) {
       return error(Code::kInvalidArgument, "submit: request id of " + std::to_string(req.request_id.size()) +
                                                " bytes; at most " + std::to_string(kMaxRequestIdBytes) +
                                                " (use a shorter id)");
     }
-    if (in_flight_.count(req.request_id) != 0) {
+    if (in_flight_.count(req.request_id) != 0 || std::any_of(held_.begin(), held_.end(), [&](const HeldSubmit& h) {
+          return h.req.request_id == req.request_id;
+        })) {
       return error(Code::kAlreadyExists, "request '" + req.request_id + "' is already being dispatched");
     }
     RequestKeyScope scope{req.lora_name, req.lora_version, req.salt};
@@ -389,6 +411,7 @@ class Conductor {
     MC_ASSIGN_OR_RETURN(
         Request r, request_from_submit(req.request_id, req.input_tokens, req.output_tokens, req.tokens,
                                        req.block_hashes, req.block_size_tokens, req.slo_ttft_ms, req.slo_tbt_ms, ns));
+    if (hold_for_workers(req, ctx)) return proto::ConductorSubmitReply{};  // ignored: deferred
     Decision d = sched_->decide(r);
     log_decision(r, d, req);
     if (!d.accepted) {
@@ -430,6 +453,50 @@ class Conductor {
     in_flight_[req.request_id] = std::move(f);
     reserve(req.request_id);
     return proto::ConductorSubmitReply{};  // ignored: deferred
+  }
+
+  // ---- Submits held at start-up (issue 48 item 6) ----
+  // A (re)started Conductor knows no worker until each one heartbeats again and, told "unknown instance",
+  // registers (within a heartbeat interval or two). A submit that finds no placeable prefill or decode instance in
+  // that window (--startup-hold-ms) waits for one, bounded by it and kMaxHeldSubmits, instead of being rejected at once
+  // with no_prefill_instance: the replays and gateways that kept submitting through the outage would otherwise lose
+  // their first requests to a Conductor that is only waking up. Past the window it is rejected as before.
+  struct HeldSubmit {
+    proto::ConductorSubmitRequest req;
+    rpc::CallContext ctx;
+  };
+  int64_t startup_grace_ns() const { return options_.startup_hold_ms * 1'000'000; }
+  bool placeable_instance(Role role, int64_t now_ns) const {
+    for (const Instance* inst : sched_->cluster().instances(role)) {
+      if (placeable(*inst, now_ns, options_.scheduler.heartbeat_timeout_ms)) return true;
+    }
+    return false;
+  }
+  // Holds the submit (deferring its reply) when the Conductor is within its start-up window and a role has no
+  // placeable instance yet; true when held.
+  bool hold_for_workers(const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) {
+    const int64_t now = RealClock::instance().now_ns();
+    if (now - started_ns_ >= startup_grace_ns() || held_.size() >= kMaxHeldSubmits) return false;
+    if (placeable_instance(Role::kPrefill, now) && placeable_instance(Role::kDecode, now)) return false;
+    ctx.defer();
+    held_.push_back({req, ctx});
+    return true;
+  }
+  // Submits the held requests again (after a registration, and when the window ends): each is dispatched,
+  // rejected, or held once more while the window lasts.
+  void release_held() {
+    if (held_.empty()) return;
+    std::deque<HeldSubmit> held;
+    held.swap(held_);
+    MC_LOG_INFO << "mc-conductor: submitting " << held.size() << " request(s) held while the workers registered";
+    for (HeldSubmit& h : held) {
+      rpc::CallContext ctx = h.ctx;
+      ctx.deferred = false;
+      Result<proto::ConductorSubmitReply> r = on_submit(h.req, ctx);
+      if (ctx.deferred) continue;  // dispatched (answered when the reservation holds) or held again
+      const Status st = r.is_ok() ? server_->reply_to(ctx, r.value()) : server_->reply_error_to(ctx, r.status());
+      if (!st.is_ok()) MC_LOG_WARN << "reply to submit '" << h.req.request_id << "': " << st.message();
+    }
   }
 
   void answer(Flight& f, const proto::ConductorSubmitReply& reply) {
@@ -1544,6 +1611,9 @@ class Conductor {
     return o;
   }()};
   std::unordered_map<std::string, Flight> in_flight_;
+  std::deque<HeldSubmit> held_;    // hold_for_workers()
+  bool held_release_due_ = false;  // a worker registered while submits were held
+  int64_t started_ns_ = RealClock::instance().now_ns();
   auth::Claims owners_{"instance id", 4 * static_cast<size_t>(options_.max_instances)};  // check_owner()
   std::unordered_map<std::string, Decoding> decoding_;
   FaultPolicyConfig fault_config_;

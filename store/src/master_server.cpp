@@ -7,6 +7,7 @@
 
 #include "convert.hpp"
 #include "mc/common/daemon.hpp"
+#include "mc/common/endpoint.hpp"
 #include "mc/common/log.hpp"
 #include "mc/net/fast_rpc.hpp"
 #include "mc/net/grant.hpp"
@@ -829,6 +830,14 @@ Status MasterServer::serve() {
     tick_if_due();
   }
   return Status::ok();
+}
+
+std::string default_events_endpoint(const MasterOptions& options) {
+  const std::string fixed = MasterOptions{}.events;
+  if (options.ha.etcd.empty()) return fixed;
+  Result<Endpoint> listen = parse_endpoint(options.listen);
+  if (!listen.is_ok() || !listen->is_tcp()) return fixed;
+  return Endpoint::tcp(listen->host, 0).str();
 }
 
 Status run_master(const MasterOptions& options) {

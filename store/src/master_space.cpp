@@ -3,6 +3,7 @@
 #include "mc/store/master_core.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <tuple>
 
@@ -64,9 +65,27 @@ int MasterCore::rank_for(const Caller& caller, const Segment& seg) const {
   return r * 2 + (seg.info.medium == Medium::kDisk ? 1 : 0);
 }
 
+namespace {
+
+// Placement load (place()): a replica placed counts 1, halving every kPlacementHalfLifeMs, so that the counts weigh
+// about the last 5 s (field report 20's window). A node may take its fair share (1 / the nodes that fit) plus
+// kPlacementShareMargin of the recent placements; the cap applies from kPlacementMinRecent recent placements on, so
+// a handful of puts still go to the emptiest segment.
+constexpr double kPlacementHalfLifeMs = 2500;
+constexpr double kPlacementShareMargin = 0.10;
+constexpr double kPlacementMinRecent = 16;
+
+double decayed(double count, int64_t at_ns, int64_t now_ns) {
+  if (count == 0 || now_ns <= at_ns) return count;
+  return count * std::exp2(-static_cast<double>(now_ns - at_ns) / (kPlacementHalfLifeMs * 1e6));
+}
+
+}  // namespace
+
 std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, const std::string& preferred,
                                            const std::vector<std::string>& exclude_nodes, const std::string& near_host,
                                            bool host_first) {
+  const int64_t now = clock_->now_ns();
   std::vector<std::string> chosen;
   std::set<std::string> used_nodes(exclude_nodes.begin(), exclude_nodes.end());
   std::set<std::string> used_domains;
@@ -84,6 +103,26 @@ std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, 
     chosen.push_back(name);
     used_nodes.insert(s.info.node_id);
     used_domains.insert(s.info.domain);
+    auto node = nodes_.find(s.info.node_id);
+    if (node != nodes_.end()) {
+      node->second.placed_recent = decayed(node->second.placed_recent, node->second.placed_at_ns, now) + 1;
+      node->second.placed_at_ns = now;
+    }
+    placed_recent_ = decayed(placed_recent_, placed_at_ns_, now) + 1;
+    placed_at_ns_ = now;
+  };
+  // The share cap (see place() in master_core.hpp).
+  std::set<std::string> fitting_nodes;
+  for (const auto& [name, seg] : segments_) {
+    if (fits(seg)) fitting_nodes.insert(seg.info.node_id);
+  }
+  const double recent = decayed(placed_recent_, placed_at_ns_, now);
+  const bool capped = !host_first && fitting_nodes.size() >= 2 && recent >= kPlacementMinRecent;
+  const double cap = recent * (1.0 / static_cast<double>(fitting_nodes.size()) + kPlacementShareMargin);
+  auto over_share = [&](const std::string& node_id) {
+    if (!capped) return false;
+    auto node = nodes_.find(node_id);
+    return node != nodes_.end() && decayed(node->second.placed_recent, node->second.placed_at_ns, now) > cap;
   };
   if (!preferred.empty()) {
     auto p = segments_.find(preferred);
@@ -91,17 +130,18 @@ std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, 
   }
   while (chosen.size() < count) {
     const std::string* best = nullptr;
-    std::tuple<int, int, double> best_score{};
+    std::tuple<int, int, int, double> best_score{};
     for (const auto& [name, seg] : segments_) {
       if (used_nodes.count(seg.info.node_id) || !fits(seg)) continue;
-      // New failure domain first, then near the caller (hot copies), then the emptiest segment; host_first
-      // swaps the first two (a copy that is only useful on near_host).
+      // New failure domain first, then the writer's own host, then a node within its share of the recent
+      // placements, then the emptiest segment; host_first puts near_host first (a copy only useful there).
+      const int share_rank = over_share(seg.info.node_id) ? 1 : 0;
       int domain_rank = used_domains.count(seg.info.domain) ? 1 : 0;
       int host_rank = (!near_host.empty() && seg.info.host == near_host) ? 0 : 1;
       double usage =
           static_cast<double>(seg.alloc->used_bytes() + size_bytes) / static_cast<double>(seg.alloc->capacity_bytes());
-      std::tuple<int, int, double> score =
-          host_first ? std::make_tuple(host_rank, domain_rank, usage) : std::make_tuple(domain_rank, host_rank, usage);
+      std::tuple<int, int, int, double> score = host_first ? std::make_tuple(host_rank, domain_rank, share_rank, usage)
+                                                           : std::make_tuple(domain_rank, host_rank, share_rank, usage);
       if (!best || score < best_score) {
         best = &name;
         best_score = score;

@@ -67,8 +67,8 @@ std::unique_ptr<Cluster> make_cluster(int prefill_instances, const std::string& 
   std::mt19937_64 rng(7);
   for (int64_t b = 0; b < kIndexedBlocks; ++b) {
     uint64_t h = rng();
-    sch.index().add(h, "seg-" + std::to_string(b % hosts), Medium::kCpu);
-    if (b % 8 == 0) sch.index().add(h, "ssd-0", Medium::kDisk);
+    sch.index().add(h, "seg-" + std::to_string(b % hosts), mc::Medium::kCpu);
+    if (b % 8 == 0) sch.index().add(h, "ssd-0", mc::Medium::kDisk);
   }
   Request& r = c->request;
   r.request_id = "bench";
@@ -76,11 +76,11 @@ std::unique_ptr<Cluster> make_cluster(int prefill_instances, const std::string& 
   r.output_tokens = 256;
   for (int i = 0; i < kBlocks; ++i) r.block_hashes.push_back(0xC0FFEE00ULL + static_cast<uint64_t>(i));
   for (int i = 0; i < 16; ++i) {
-    sch.index().add(r.block_hashes[static_cast<size_t>(i)], "seg-0", Medium::kCpu);
-    sch.index().add(r.block_hashes[static_cast<size_t>(i)], "seg-" + std::to_string(hosts / 2), Medium::kCpu);
+    sch.index().add(r.block_hashes[static_cast<size_t>(i)], "seg-0", mc::Medium::kCpu);
+    sch.index().add(r.block_hashes[static_cast<size_t>(i)], "seg-" + std::to_string(hosts / 2), mc::Medium::kCpu);
   }
   for (int i = 16; i < 24 && i < kBlocks; ++i) {
-    if (i < 20) sch.index().add(r.block_hashes[static_cast<size_t>(i)], "ssd-0", Medium::kDisk);
+    if (i < 20) sch.index().add(r.block_hashes[static_cast<size_t>(i)], "ssd-0", mc::Medium::kDisk);
   }
   for (int h = 0; paths && h < hosts; ++h) {
     PrefillReport rep{"sample-" + std::to_string(h),

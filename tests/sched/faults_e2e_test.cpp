@@ -206,6 +206,53 @@ TEST_F(FaultsE2E, DecodeKilledMidReplayFailsItsRequestsAndLosesNothing) {
   for (const json& r : records("after")) EXPECT_EQ(r.value("outcome", ""), "completed") << r.dump();
 }
 
+// A restarted Conductor (issue 48 item 6): kill -9, then started again on the same port while every worker is
+// stopped (SIGSTOP), so that none can register at first. A replay that submits then is held, not rejected with
+// no_prefill_instance; once the workers run again they register (their heartbeats meet an unknown instance) and the
+// held submits go through: every request completes.
+TEST_F(FaultsE2E, ARestartedConductorHoldsSubmitsUntilTheWorkersRegister) {
+  std::vector<pid_t> workers;
+  for (const char* w : {"prefill0", "prefill1", "decode0", "decode1"}) {
+    workers.push_back(pid_of(w));
+    ASSERT_GT(workers.back(), 0) << w;  // never kill(0): that is the test's own process group
+  }
+  const pid_t conductor_pid = pid_of("conductor");
+  ASSERT_GT(conductor_pid, 0);
+  std::vector<std::string> argv = testkit::restart_argv(conductor_pid, {{"--listen", endpoints_.at("conductor")}});
+  argv.insert(argv.end(), {"--startup-hold-ms", "30000"});  // the workers are held for a few seconds below
+  struct Resume {  // the workers run again, also when an assertion ends the test early
+    std::vector<pid_t> pids;
+    ~Resume() {
+      for (pid_t p : pids) ::kill(p, SIGCONT);
+    }
+  } resume{workers};
+  for (pid_t w : workers) ASSERT_EQ(::kill(w, SIGSTOP), 0);
+  ASSERT_EQ(::kill(conductor_pid, SIGKILL), 0);
+  ASSERT_TRUE(testkit::wait_until([&] { return ::kill(conductor_pid, 0) != 0; }, 10'000, 10));
+  auto conductor = testkit::start_group_child(argv, s_.path("conductor2.out"), s_.path("conductor2.err"));
+  ASSERT_TRUE(testkit::wait_until([&] { return slurp(s_.path("conductor2.out")).find("ready") != std::string::npos; },
+                                  30'000, 50))
+      << slurp(s_.path("conductor2.err"));
+  const int n = 4;
+  auto replay = start_replay("held", write_trace("held", n, 2, 8));
+  // The submits arrive while no worker can register: they wait in the Conductor (none rejected).
+  json st;
+  ASSERT_TRUE(testkit::wait_until(
+      [&] {
+        st = conductor_status();
+        return st.value("requests_held", 0) >= 2;
+      },
+      30'000, 50))
+      << st.dump() << slurp(s_.path("held.err"));
+  EXPECT_EQ(st.value("instances", json::array()).size(), 0u) << "a stopped worker registered";
+  for (pid_t w : workers) ASSERT_EQ(::kill(w, SIGCONT), 0);
+  EXPECT_EQ(replay->wait_exit(120'000), 0) << slurp(s_.path("held.err"));
+  EXPECT_TRUE(expect_nothing_lost("held", n).empty());
+  for (const json& r : records("held")) EXPECT_EQ(r.value("outcome", ""), "completed") << r.dump();
+  EXPECT_NE(slurp(s_.path("conductor2.err")).find("held while the workers registered"), std::string::npos)
+      << slurp(s_.path("conductor2.err"));
+}
+
 // A call that may fail (the fixture's call() expects success).
 template <typename Req>
 Result<typename Req::Reply> try_call(const std::string& endpoint, const Req& req) {

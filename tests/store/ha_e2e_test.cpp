@@ -332,6 +332,27 @@ TEST_F(HaE2E, ACorruptRecordIsSkippedAndCountedAtTakeoverAndEveryOtherKeyKept) {
   EXPECT_GE(gauge("b", "mc_store_ha_corrupt_records_total"), 1.0);
 }
 
+// The README's commands (issue 48 item 7): two masters of one cluster on one host, each with --listen on port 0 and
+// no --events. With a fixed default event port the second exited ("Address already in use"); replicated, each binds
+// the --listen host on a free port and announces it.
+TEST_F(HaE2E, TheReadmesSecondMasterOnOneHostStartsBesideTheFirst) {
+  start_etcd(1);
+  if (HasFatalFailure()) return;
+  std::map<std::string, std::string> events;
+  for (const std::string name : {"a", "b"}) {
+    testkit::Child* c = start(
+        name, {"master", "--etcd", etcd_->endpoints(), "--cluster-id", cluster_, "--listen", "tcp://127.0.0.1:0"});
+    const std::string ready = c->wait_line("ready ", 30000);
+    ASSERT_FALSE(ready.empty()) << name << " printed no ready line (exit " << c->wait_exit(1000) << ")";
+    events[name] = testkit::ready_field(ready, "events");
+    EXPECT_EQ(events[name].rfind("tcp://127.0.0.1:", 0), 0u) << ready;
+    EXPECT_NE(events[name], "tcp://127.0.0.1:7451") << ready;
+  }
+  EXPECT_NE(events["a"], events["b"]);
+  EXPECT_TRUE(procs_["a"]->running());
+  EXPECT_TRUE(procs_["b"]->running());
+}
+
 TEST_F(HaE2E, OneEtcdMemberLostChangesNothingAllLostStepsDownAndServiceResumes) {
   // When the killed member led etcd, the other two elect a new etcd leader first (election timeout 500 ms, longer
   // on a loaded machine): no lease can be kept alive meanwhile. A master's term must outlast that election, or it

@@ -155,6 +155,36 @@ TEST_F(MasterCoreTest, PlacementSpreadsOverFailureDomainsAndDistinctNodes) {
   EXPECT_EQ(p.replicas[0].segment.name, "n2/dram");
 }
 
+// Field report 20 (Mooncake#3688): three nodes about 88 % full and a fourth that restarted empty. The emptiest
+// segment alone would take every put; with the share cap (place() in master_core.hpp) the empty node takes its fair
+// quarter plus the 10 % margin of a 4 s burst, the full ones the rest. A handful of puts still goes to the emptiest.
+TEST_F(MasterCoreTest, PlacementGivesARestartedEmptyNodeItsShareNotEveryPut) {
+  mount3();
+  for (const char* n : {"n1", "n2", "n3"}) {
+    for (int i = 0; i < 14; ++i)
+      put_into(core_, std::string(n) + "-fill" + std::to_string(i), std::string(n) + "/dram",
+               kMiB);  // 14 of 16 MiB
+  }
+  ASSERT_TRUE(core_.mount_segment(seg("n4", "h4", "rack2", 16 * kMiB)).is_ok());
+  clock_.advance_ms(60'000);  // the fill's placements are long forgotten
+  heartbeat_all();
+  (void)core_.node_heartbeat("n4");
+  std::map<std::string, int> placed;
+  for (int i = 0; i < 4; ++i) ++placed[put("few" + std::to_string(i), 4096).replicas.at(0).segment.node_id];
+  EXPECT_EQ(placed["n4"], 4) << "a few puts go to the emptiest node";
+  placed.clear();
+  constexpr int kPuts = 200;
+  for (int i = 0; i < kPuts; ++i) {
+    ++placed[put("burst" + std::to_string(i), 4096).replicas.at(0).segment.node_id];
+    clock_.advance_ms(20);  // 4 s in all
+  }
+  // At most a quarter plus the margin, and the 16 placements before the cap applies.
+  EXPECT_LE(placed["n4"], static_cast<int>((0.25 + 0.10) * kPuts) + 16) << placed["n4"] << " of " << kPuts;
+  EXPECT_GE(placed["n4"], kPuts / 4) << "the empty node still takes at least its fair share";
+  for (const char* n : {"n1", "n2", "n3"}) EXPECT_GT(placed[n], 0) << n;
+  EXPECT_EQ(placed["n1"] + placed["n2"] + placed["n3"] + placed["n4"], kPuts);
+}
+
 TEST_F(MasterCoreTest, GetReplicasNearestFirst) {
   mount3();
   put("k", 4096, 3);

@@ -123,6 +123,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(mc::cli::kPositiveFinite);
   serve
+      ->add_option("--startup-hold-ms", o.startup_hold_ms,
+                   "For this long after start (ms), a submit that finds no prefill or decode instance waits for the "
+                   "workers to register instead of being rejected (0: reject at once)")
+      ->envname("MC_STARTUP_HOLD_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{600'000}));
+  serve
       ->add_option("--heartbeat-timeout-ms", o.scheduler.heartbeat_timeout_ms,
                    "A worker silent this long (ms) is removed with its cached blocks")
       ->envname("MC_HEARTBEAT_TIMEOUT_MS")

@@ -36,9 +36,13 @@ int main(int argc, char** argv) {
   master_cmd->add_option("--listen", master.listen, "RPC endpoint to bind")
       ->envname("MC_STORE_LISTEN")
       ->capture_default_str();
-  master_cmd->add_option("--events", master.events, "KV event PUB endpoint (empty: no events)")
-      ->envname("MC_STORE_EVENTS")
-      ->capture_default_str();
+  CLI::Option* master_events =
+      master_cmd
+          ->add_option(
+              "--events", master.events,
+              "KV event PUB endpoint (empty: no events; default tcp://127.0.0.1:7451, with --etcd the --listen "
+              "host on any free port, announced in etcd)")
+          ->envname("MC_STORE_EVENTS");
   master_cmd
       ->add_option("--fast-listen", master.fast_listen,
                    "Plain-TCP fast path for clients (tcp://HOST:PORT; empty: host of --listen, free port; off: none)")
@@ -303,7 +307,10 @@ int main(int argc, char** argv) {
     mc::cli::add_auth_flags(*cmd, "admin");
   }
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
-  if (master_cmd->parsed()) return mc::cli::report("mc-store master", mc::store::run_master(master));
+  if (master_cmd->parsed()) {
+    if (master_events->count() == 0) master.events = mc::store::default_events_endpoint(master);
+    return mc::cli::report("mc-store master", mc::store::run_master(master));
+  }
   if (serve_cmd->parsed()) {
     node.shm = !no_shm;
     node.prefault = !no_prefault;

@@ -33,7 +33,7 @@ namespace mc::store {
 
 struct MasterOptions {
   std::string listen = "tcp://127.0.0.1:7450";
-  std::string events = "tcp://127.0.0.1:7451";  // empty: no KV events
+  std::string events = "tcp://127.0.0.1:7451";  // empty: no KV events; see default_events_endpoint
   // Fast path (plain TCP frames, no ZeroMQ I/O threads; announced by store.info): "tcp://HOST:PORT";
   // empty: the host of `listen` on a free port; "off": none (clients then use `listen` only).
   std::string fast_listen;
@@ -67,6 +67,12 @@ class MasterServer {
   explicit MasterServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The KV event endpoint of a master started without --events: tcp://127.0.0.1:7451 alone; replicated on etcd
+// (ha.etcd set) the host of `listen` on any free port, announced in the leader record where Conductors and watchers
+// find it, so that a standby starts beside its leader on one host (a fixed port would be taken). An unparsable
+// `listen` keeps the fixed default (run_master then reports the listen endpoint).
+std::string default_events_endpoint(const MasterOptions& options);
 
 // `mc-store master`: bind, print the ready line, serve until SIGTERM/SIGINT.
 Status run_master(const MasterOptions& options);

@@ -73,8 +73,6 @@
 
 namespace mc::store {
 
-using mc::Medium;  // the one Medium (mc/common/medium.hpp), named here too
-
 // A segment's medium: cpu (DRAM) or disk (SSD). gpu, or any other name, is
 // kInvalidArgument: the store pools no GPU memory.
 Result<Medium> parse_segment_medium(std::string_view name);
@@ -446,6 +444,9 @@ class MasterCore {
   };
   struct Node {
     int64_t last_heartbeat_ns = 0;
+    // Replicas placed on this node lately (place(): a count decaying with kPlacementHalfLifeMs, as of placed_at_ns).
+    double placed_recent = 0;
+    int64_t placed_at_ns = 0;
     std::vector<std::string> segments;
     std::deque<DemoteTask> tasks;
     bool suspect = false;    // missed heartbeats; dropped after node_grace_ms
@@ -513,6 +514,11 @@ class MasterCore {
   // Drops one replica (by index) of the object at `it`: event, journal, space; the object goes when no
   // complete replica is left. Returns true when the object was erased.
   bool drop_replica(ObjectMap::iterator it, size_t index);
+  // Up to `count` segments for new replicas, one per node: a new failure domain first, then near_host (the
+  // writer's host), then the emptiest segment; host_first swaps the first two. Before "emptiest", a node that took
+  // more than its fair share of the recent placements plus kPlacementShareMargin is passed over while another node
+  // fits (field report 20: a restarted, empty node would otherwise take nearly every put and saturate its NIC);
+  // host_first copies are not capped.
   std::vector<std::string> place(uint64_t size_bytes, uint32_t count, const std::string& preferred,
                                  const std::vector<std::string>& exclude_nodes, const std::string& near_host,
                                  bool host_first = false);
@@ -548,6 +554,8 @@ class MasterCore {
   std::map<std::string, Segment> segments_;
   std::map<std::string, Node> nodes_;
   std::map<std::string, int64_t> clients_;  // client_id -> last seen
+  double placed_recent_ = 0;                // replicas placed on any node lately (decaying like Node::placed_recent)
+  int64_t placed_at_ns_ = 0;
   // Keys that may hold an unfinished put or hot copy (a superset, pruned by tick()): tick() looks at
   // these instead of every object, so its cost does not grow with the number of stored objects.
   std::unordered_set<std::string> unfinished_;

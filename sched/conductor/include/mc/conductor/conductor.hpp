@@ -70,10 +70,14 @@ struct ConductorOptions {
   DecodeCostPrior decode_prior;
   BandwidthPriors bandwidth_priors;
   int64_t heartbeat_interval_ms = 500;  // told to workers at registration
-  int64_t reserve_timeout_ms = 5'000;   // decode_reserve
-  int64_t job_timeout_ms = 600'000;     // prefill_job (its reply comes when the job is done)
-  int64_t max_clock_skew_ms = 60'000;   // job-report event times may be off the Conductor's clock by this much
-  int max_dispatch_attempts = 3;        // per request, the first included: re-dispatches after worker faults
+  // A (re)started Conductor knows no worker until each registers again: for this long after its start (ms), a submit
+  // that finds no placeable prefill or decode instance waits for one (at most 4,096 wait) instead of being rejected
+  // with no_prefill_instance / no_decode_instance. 0: reject at once.
+  int64_t startup_hold_ms = 3'000;
+  int64_t reserve_timeout_ms = 5'000;  // decode_reserve
+  int64_t job_timeout_ms = 600'000;    // prefill_job (its reply comes when the job is done)
+  int64_t max_clock_skew_ms = 60'000;  // job-report event times may be off the Conductor's clock by this much
+  int max_dispatch_attempts = 3;       // per request, the first included: re-dispatches after worker faults
   // Registered instances at most: a registration of a new id beyond it is refused (each registered worker holds a
   // watched connection of the Conductor's, so an unbounded registry would exhaust its file descriptors).
   int64_t max_instances = 1'024;

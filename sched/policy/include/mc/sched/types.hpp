@@ -16,10 +16,7 @@
 
 namespace mc::sched {
 
-// Where a cached KV block lives: the one mc::Medium (mc/common/medium.hpp), named here too.
-using mc::Medium;
-using mc::medium_name;
-using mc::parse_medium;
+// Where a cached KV block lives: mc::Medium (mc/common/medium.hpp), found here by ordinary lookup.
 
 // How a prefill instance obtains one block of a cached prefix, cheapest first.
 //   kSameHost  : the block is in memory (GPU or DRAM) on the prefill instance's own host
