@@ -179,7 +179,7 @@ TEST_F(FaultsE2E, DecodeKilledMidReplayFailsItsRequestsAndLosesNothing) {
   ASSERT_TRUE(testkit::wait_until(
       [&] {
         load = call("decode0", proto::WorkerLoadRequest{});
-        return load.batch_size >= 2;
+        return load.batch_size >= 3;  // one may finish between this answer and the kill: at least 2 still fail
       },
       60'000, 20))
       << load.batch_size;
@@ -227,12 +227,8 @@ TEST_F(FaultsE2E, ARestartedConductorHoldsSubmitsUntilTheWorkersRegister) {
     }
   } resume{workers};
   for (pid_t w : workers) ASSERT_EQ(::kill(w, SIGSTOP), 0);
-  ASSERT_EQ(::kill(conductor_pid, SIGKILL), 0);
-  ASSERT_TRUE(testkit::wait_until([&] { return ::kill(conductor_pid, 0) != 0; }, 10'000, 10));
-  auto conductor = testkit::start_group_child(argv, s_.path("conductor2.out"), s_.path("conductor2.err"));
-  ASSERT_TRUE(testkit::wait_until([&] { return slurp(s_.path("conductor2.out")).find("ready") != std::string::npos; },
-                                  30'000, 50))
-      << slurp(s_.path("conductor2.err"));
+  auto conductor = testkit::kill_and_restart(conductor_pid, argv, s_.path("conductor2.out"), s_.path("conductor2.err"));
+  ASSERT_TRUE(conductor) << slurp(s_.path("conductor2.err"));
   const int n = 4;
   auto replay = start_replay("held", write_trace("held", n, 2, 8));
   // The submits arrive while no worker can register: they wait in the Conductor (none rejected).
@@ -430,12 +426,8 @@ TEST_F(IndexFaultsE2E, MasterRestartReconcilesTheConductorIndex) {
   const std::vector<std::string> argv =
       testkit::restart_argv(master_pid, {{"--listen", endpoints_.at("master")}, {"--events", events}});
   ASSERT_EQ(::kill(node0_pid, SIGKILL), 0);
-  ASSERT_EQ(::kill(master_pid, SIGKILL), 0);
-  ASSERT_TRUE(testkit::wait_until([&] { return ::kill(master_pid, 0) != 0; }, 10'000, 10));
-  auto master = testkit::start_group_child(argv, s_.path("master2.out"), s_.path("master2.err"));
-  ASSERT_TRUE(
-      testkit::wait_until([&] { return slurp(s_.path("master2.out")).find("ready") != std::string::npos; }, 30'000, 50))
-      << slurp(s_.path("master2.err"));
+  auto master = testkit::kill_and_restart(master_pid, argv, s_.path("master2.out"), s_.path("master2.err"));
+  ASSERT_TRUE(master) << slurp(s_.path("master2.err"));
   // node1 re-reports to the new master; the Conductor resyncs against it.
   ASSERT_TRUE(testkit::wait_until([&] { return index().value("publisher_restarts", 0) >= 1; }, 20'000, 100))
       << index().dump();

@@ -871,12 +871,8 @@ TEST_F(HaClusterE2E, KillTheLeaderMidReplayNoRequestLostNoWrongTokens) {
   const pid_t conductor_pid = pids_.at("conductor");
   const std::vector<std::string> argv =
       testkit::restart_argv(conductor_pid, {{"--listen", endpoints_.at("conductor")}});
-  ASSERT_EQ(::kill(conductor_pid, SIGKILL), 0);
-  ASSERT_TRUE(testkit::wait_until([&] { return ::kill(conductor_pid, 0) != 0; }, 10'000, 10));
-  auto conductor = testkit::start_group_child(argv, s_.path("conductor2.out"), s_.path("conductor2.err"));
-  ASSERT_TRUE(testkit::wait_until([&] { return slurp(s_.path("conductor2.out")).find("ready") != std::string::npos; },
-                                  30'000, 50))
-      << slurp(s_.path("conductor2.err"));
+  auto conductor = testkit::kill_and_restart(conductor_pid, argv, s_.path("conductor2.out"), s_.path("conductor2.err"));
+  ASSERT_TRUE(conductor) << slurp(s_.path("conductor2.err"));
   nlohmann::json rebuilt;
   EXPECT_TRUE(testkit::wait_until(
       [&] {

@@ -47,6 +47,20 @@ inline std::unique_ptr<Child> start_group_child(const std::vector<std::string>& 
   return std::make_unique<Child>(argv, o);
 }
 
+// A daemon killed (SIGKILL, a crash) and started again just as it was: waits until `pid` is gone, starts `argv`
+// (restart_argv's command line) as a group child, and waits up to timeout_ms for a "ready" line in out_path. Null when
+// the old process outlived the kill or the new one printed no ready line (the caller's ASSERT then says so, with
+// err_path's text).
+inline std::unique_ptr<Child> kill_and_restart(pid_t pid, const std::vector<std::string>& argv,
+                                               const std::string& out_path, const std::string& err_path,
+                                               int64_t timeout_ms = 30'000) {
+  if (pid <= 0 || ::kill(pid, SIGKILL) != 0) return nullptr;  // never kill(0): the test's own process group
+  if (!wait_until([&] { return ::kill(pid, 0) != 0; }, 10'000, 10)) return nullptr;
+  std::unique_ptr<Child> c = start_group_child(argv, out_path, err_path);
+  if (!wait_until([&] { return slurp(out_path).find("ready") != std::string::npos; }, timeout_ms, 50)) return nullptr;
+  return c;
+}
+
 // A scratch directory under the test's temporary directory, removed with everything in it.
 struct Scratch {
   std::string dir;
