@@ -98,8 +98,10 @@ int64_t now_unix_ns() { return unix_time_ms() * 1'000'000; }
 
 // A submitted request id's bound: ids are copied into the ledgers, the decision log and every job message.
 constexpr size_t kMaxRequestIdBytes = 1024;
-// Submits held while a (re)started Conductor waits for its workers (Conductor::hold_for_workers): at most this many.
+// Submits held while a (re)started Conductor waits for its workers (Conductor::hold_for_workers): at most this many,
+// and at most this many bytes of prompts and hashes (a submit may carry up to kMaxMessageBytes).
 constexpr size_t kMaxHeldSubmits = 4096;
+constexpr size_t kMaxHeldBytes = size_t{256} << 20;
 
 class Conductor {
  public:
@@ -229,6 +231,7 @@ class Conductor {
                                                 "' waited for the workers to register: submit it again"));
     }
     held_.clear();
+    held_bytes_ = 0;
     return Status::ok();
   }
 
@@ -458,13 +461,20 @@ class Conductor {
   // ---- Submits held at start-up (issue 48 item 6) ----
   // A (re)started Conductor knows no worker until each one heartbeats again and, told "unknown instance",
   // registers (within a heartbeat interval or two). A submit that finds no placeable prefill or decode instance in
-  // that window (--startup-hold-ms) waits for one, bounded by it and kMaxHeldSubmits, instead of being rejected at once
-  // with no_prefill_instance: the replays and gateways that kept submitting through the outage would otherwise lose
-  // their first requests to a Conductor that is only waking up. Past the window it is rejected as before.
+  // that window (--startup-hold-ms) waits for one, bounded by it, kMaxHeldSubmits and kMaxHeldBytes, instead of being
+  // rejected at once with no_prefill_instance: the replays and gateways that kept submitting through the outage would
+  // otherwise lose their first requests to a Conductor that is only waking up. Past the window (or the bounds) it is
+  // decided as before.
   struct HeldSubmit {
     proto::ConductorSubmitRequest req;
     rpc::CallContext ctx;
+    size_t bytes = 0;  // held_bytes() of req
   };
+  static size_t held_bytes(const proto::ConductorSubmitRequest& r) {
+    return sizeof r + r.request_id.size() + r.tokens.size() * sizeof(uint32_t) +
+           (r.hash_ids.size() + r.block_hashes.size()) * sizeof(uint64_t) + r.client_endpoint.size() +
+           r.lora_name.size() + r.lora_version.size() + r.salt.size();
+  }
   int64_t startup_grace_ns() const { return options_.startup_hold_ms * 1'000'000; }
   bool placeable_instance(Role role, int64_t now_ns) const {
     for (const Instance* inst : sched_->cluster().instances(role)) {
@@ -476,10 +486,15 @@ class Conductor {
   // placeable instance yet; true when held.
   bool hold_for_workers(const proto::ConductorSubmitRequest& req, const rpc::CallContext& ctx) {
     const int64_t now = RealClock::instance().now_ns();
-    if (now - started_ns_ >= startup_grace_ns() || held_.size() >= kMaxHeldSubmits) return false;
+    const size_t bytes = held_bytes(req);
+    if (now - started_ns_ >= startup_grace_ns() || held_.size() >= kMaxHeldSubmits ||
+        held_bytes_ + bytes > kMaxHeldBytes) {
+      return false;
+    }
     if (placeable_instance(Role::kPrefill, now) && placeable_instance(Role::kDecode, now)) return false;
     ctx.defer();
-    held_.push_back({req, ctx});
+    held_.push_back({req, ctx, bytes});
+    held_bytes_ += bytes;
     return true;
   }
   // Submits the held requests again (after a registration, and when the window ends): each is dispatched,
@@ -488,6 +503,7 @@ class Conductor {
     if (held_.empty()) return;
     std::deque<HeldSubmit> held;
     held.swap(held_);
+    held_bytes_ = 0;
     MC_LOG_INFO << "mc-conductor: submitting " << held.size() << " request(s) held while the workers registered";
     for (HeldSubmit& h : held) {
       rpc::CallContext ctx = h.ctx;
@@ -1612,6 +1628,7 @@ class Conductor {
   }()};
   std::unordered_map<std::string, Flight> in_flight_;
   std::deque<HeldSubmit> held_;    // hold_for_workers()
+  size_t held_bytes_ = 0;          // the sum of their HeldSubmit::bytes
   bool held_release_due_ = false;  // a worker registered while submits were held
   int64_t started_ns_ = RealClock::instance().now_ns();
   auth::Claims owners_{"instance id", 4 * static_cast<size_t>(options_.max_instances)};  // check_owner()

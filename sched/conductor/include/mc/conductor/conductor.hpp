@@ -71,8 +71,8 @@ struct ConductorOptions {
   BandwidthPriors bandwidth_priors;
   int64_t heartbeat_interval_ms = 500;  // told to workers at registration
   // A (re)started Conductor knows no worker until each registers again: for this long after its start (ms), a submit
-  // that finds no placeable prefill or decode instance waits for one (at most 4,096 wait) instead of being rejected
-  // with no_prefill_instance / no_decode_instance. 0: reject at once.
+  // that finds no placeable prefill or decode instance waits for one (at most 4,096 submits and 256 MiB of their
+  // prompts wait) instead of being rejected with no_prefill_instance / no_decode_instance. 0: reject at once.
   int64_t startup_hold_ms = 3'000;
   int64_t reserve_timeout_ms = 5'000;  // decode_reserve
   int64_t job_timeout_ms = 600'000;    // prefill_job (its reply comes when the job is done)
