@@ -111,14 +111,16 @@ std::vector<std::string> MasterCore::place(uint64_t size_bytes, uint32_t count, 
     placed_recent_ = decayed(placed_recent_, placed_at_ns_, now) + 1;
     placed_at_ns_ = now;
   };
-  // The share cap (see place() in master_core.hpp).
-  std::set<std::string> fitting_nodes;
-  for (const auto& [name, seg] : segments_) {
-    if (fits(seg)) fitting_nodes.insert(seg.info.node_id);
-  }
+  // The share cap (see place() in master_core.hpp); the nodes that fit are counted only when it may apply.
   const double recent = decayed(placed_recent_, placed_at_ns_, now);
-  const bool capped = !host_first && fitting_nodes.size() >= 2 && recent >= kPlacementMinRecent;
-  const double cap = recent * (1.0 / static_cast<double>(fitting_nodes.size()) + kPlacementShareMargin);
+  std::set<std::string> fitting_nodes;
+  if (!host_first && recent >= kPlacementMinRecent) {
+    for (const auto& [name, seg] : segments_) {
+      if (fits(seg)) fitting_nodes.insert(seg.info.node_id);
+    }
+  }
+  const bool capped = fitting_nodes.size() >= 2;
+  const double cap = capped ? recent * (1.0 / static_cast<double>(fitting_nodes.size()) + kPlacementShareMargin) : 0.0;
   auto over_share = [&](const std::string& node_id) {
     if (!capped) return false;
     auto node = nodes_.find(node_id);
