@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* kSeeDesign = " (docs/DESIGN.md §16, examples/clusters/*.json)";
 
-Status bad(const std::string& source, const std::string& field, const std::string& why) {
+Status bad_field(const std::string& source, const std::string& field, const std::string& why) {
   return error(Code::kInvalidArgument, source + ": " + field + ": " + why);
 }
 
@@ -52,11 +52,11 @@ Result<int64_t> whole(const nlohmann::json& v, const std::string& source, const 
       return std::stoll(s);
     }
   }
-  return bad(source, field, "must be a whole number of " + what + ", got " + v.dump());
+  return bad_field(source, field, "must be a whole number of " + what + ", got " + v.dump());
 }
 
 Result<std::string> string_field(const nlohmann::json& v, const std::string& source, const std::string& field) {
-  if (!v.is_string()) return bad(source, field, "must be a string, got " + v.dump());
+  if (!v.is_string()) return bad_field(source, field, "must be a string, got " + v.dump());
   return v.get<std::string>();
 }
 
@@ -67,15 +67,15 @@ Result<int64_t> bytes_field(const nlohmann::json& v, const std::string& source, 
     auto r = units::parse_size_bytes(v.get<std::string>());
     if (r.is_ok() && *r >= 0) return *r;
   }
-  return bad(source, field, "must be a byte size such as 268435456 or \"256MiB\", got " + v.dump());
+  return bad_field(source, field, "must be a byte size such as 268435456 or \"256MiB\", got " + v.dump());
 }
 
 Status parse_defaults(const nlohmann::json& d, const std::string& source, ClusterDescription& c) {
-  if (!d.is_object()) return bad(source, "defaults", "must be an object of settings" + std::string(kSeeDesign));
+  if (!d.is_object()) return bad_field(source, "defaults", "must be an object of settings" + std::string(kSeeDesign));
   if (!absent(d, "backend")) {
     MC_ASSIGN_OR_RETURN(c.backend, string_field(d["backend"], source, "defaults.backend"));
     if (c.backend != "sim" && c.backend != "ref") {
-      return bad(source, "defaults.backend", "must be \"sim\" or \"ref\", got \"" + c.backend + "\"");
+      return bad_field(source, "defaults.backend", "must be \"sim\" or \"ref\", got \"" + c.backend + "\"");
     }
   }
   if (!absent(d, "model")) {
@@ -90,14 +90,15 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
   if (!absent(d, "queue")) {
     MC_ASSIGN_OR_RETURN(c.queue, string_field(d["queue"], source, "defaults.queue"));
     if (!c.queue.empty() && !sched::parse_queue_discipline(c.queue).is_ok()) {
-      return bad(source, "defaults.queue",
-                 "must be \"fcfs\" or \"slo\" (absent, null or \"\": the policy's default), got \"" + c.queue + "\"");
+      return bad_field(
+          source, "defaults.queue",
+          "must be \"fcfs\" or \"slo\" (absent, null or \"\": the policy's default), got \"" + c.queue + "\"");
     }
   }
   if (!absent(d, "pending_prefix")) {
     MC_ASSIGN_OR_RETURN(c.pending_prefix, string_field(d["pending_prefix"], source, "defaults.pending_prefix"));
     if (!c.pending_prefix.empty() && c.pending_prefix != "on" && c.pending_prefix != "off") {
-      return bad(
+      return bad_field(
           source, "defaults.pending_prefix",
           "must be \"on\" or \"off\" (absent, null or \"\": the policy's default), got \"" + c.pending_prefix + "\"");
     }
@@ -105,47 +106,50 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
   if (!absent(d, "placement_load_weight")) {
     const auto& v = d["placement_load_weight"];
     if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= 1000)) {
-      return bad(source, "defaults.placement_load_weight",
-                 "must be a number in [0, 1000] (0: the smallest TTFT, the paper's rule), got " + v.dump());
+      return bad_field(source, "defaults.placement_load_weight",
+                       "must be a number in [0, 1000] (0: the smallest TTFT, the paper's rule), got " + v.dump());
     }
     c.placement_load_weight = v.get<double>();
   }
   if (!absent(d, "slo_headroom")) {
     const auto& v = d["slo_headroom"];
     if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= 0.9)) {
-      return bad(source, "defaults.slo_headroom",
-                 "must be a number in [0, 0.9] (0: admit up to the SLO itself, the paper's rule), got " + v.dump());
+      return bad_field(
+          source, "defaults.slo_headroom",
+          "must be a number in [0, 0.9] (0: admit up to the SLO itself, the paper's rule), got " + v.dump());
     }
     c.slo_headroom = v.get<double>();
   }
   if (!absent(d, "shed_limit")) {
     const auto& v = d["shed_limit"];
     if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= 1000)) {
-      return bad(source, "defaults.shed_limit", "must be a number in [0, 1000] (0: no load shedding), got " + v.dump());
+      return bad_field(source, "defaults.shed_limit",
+                       "must be a number in [0, 1000] (0: no load shedding), got " + v.dump());
     }
     c.shed_limit = v.get<double>();
   }
   if (!absent(d, "pipeline_group")) {
     MC_ASSIGN_OR_RETURN(c.pipeline_group,
                         whole(d["pipeline_group"], source, "defaults.pipeline_group", "prefill instances (1: off)"));
-    if (c.pipeline_group < 1) return bad(source, "defaults.pipeline_group", "must be >= 1 (1: no pipelining)");
+    if (c.pipeline_group < 1) return bad_field(source, "defaults.pipeline_group", "must be >= 1 (1: no pipelining)");
   }
   if (!absent(d, "pipeline_chunk_tokens")) {
     MC_ASSIGN_OR_RETURN(c.pipeline_chunk_tokens,
                         whole(d["pipeline_chunk_tokens"], source, "defaults.pipeline_chunk_tokens", "tokens"));
-    if (c.pipeline_chunk_tokens < 1) return bad(source, "defaults.pipeline_chunk_tokens", "must be >= 1 token");
+    if (c.pipeline_chunk_tokens < 1) return bad_field(source, "defaults.pipeline_chunk_tokens", "must be >= 1 token");
   }
   if (!absent(d, "pipeline_reserve_factor")) {
     const auto& v = d["pipeline_reserve_factor"];
     if (!v.is_number() || !(v.get<double>() >= 1 && v.get<double>() <= 64)) {
-      return bad(source, "defaults.pipeline_reserve_factor",
-                 "must be a number in [1, 64] (instances about free to form a group, x its size; 1: its members)");
+      return bad_field(
+          source, "defaults.pipeline_reserve_factor",
+          "must be a number in [1, 64] (instances about free to form a group, x its size; 1: its members)");
     }
     c.pipeline_reserve_factor = v.get<double>();
   }
   if (!absent(d, "block_size")) {
     MC_ASSIGN_OR_RETURN(c.block_size, whole(d["block_size"], source, "defaults.block_size", "tokens"));
-    if (c.block_size < 1) return bad(source, "defaults.block_size", "must be >= 1 token");
+    if (c.block_size < 1) return bad_field(source, "defaults.block_size", "must be >= 1 token");
   }
   if (!absent(d, "kv_bytes_per_token")) {
     MC_ASSIGN_OR_RETURN(c.kv_bytes_per_token, whole(d["kv_bytes_per_token"], source, "defaults.kv_bytes_per_token",
@@ -172,13 +176,13 @@ Status parse_defaults(const nlohmann::json& d, const std::string& source, Cluste
         ts = 0;
       }
     }
-    if (!(ts > 0)) return bad(source, "defaults.time_scale", "must be a number > 0, got " + t.dump());
+    if (!(ts > 0)) return bad_field(source, "defaults.time_scale", "must be a number > 0, got " + t.dump());
     c.time_scale = ts;
   }
   if (!absent(d, "subnet")) {
     MC_ASSIGN_OR_RETURN(std::string subnet, string_field(d["subnet"], source, "defaults.subnet"));
     if (!valid_subnet(subnet)) {
-      return bad(source, "defaults.subnet", "must be 10.N (hosts get 10.N.RACK.HOST), got '" + subnet + "'");
+      return bad_field(source, "defaults.subnet", "must be 10.N (hosts get 10.N.RACK.HOST), got '" + subnet + "'");
     }
   }
   return Status::ok();
@@ -188,12 +192,13 @@ Result<DescribedHost> parse_host(const nlohmann::json& h, size_t i, const std::s
                                  const std::set<std::string>& racks, const std::string& first_rack,
                                  int64_t default_nic_mbit) {
   std::string at = "hosts[" + std::to_string(i) + "]";
-  if (!h.is_object()) return bad(source, at, "must be an object with \"name\", \"rack\", \"nic_mbit\", \"daemons\"");
+  if (!h.is_object())
+    return bad_field(source, at, "must be an object with \"name\", \"rack\", \"nic_mbit\", \"daemons\"");
   DescribedHost host;
-  if (absent(h, "name")) return bad(source, at + ".name", "every host needs a name");
+  if (absent(h, "name")) return bad_field(source, at + ".name", "every host needs a name");
   MC_ASSIGN_OR_RETURN(host.name, string_field(h["name"], source, at + ".name"));
   if (!valid_name(host.name)) {
-    return bad(source, at + ".name", "host name '" + host.name + "': letters, digits, _ and - (at most 32)");
+    return bad_field(source, at + ".name", "host name '" + host.name + "': letters, digits, _ and - (at most 32)");
   }
   at = "host '" + host.name + "'";
   host.rack = first_rack;
@@ -201,8 +206,9 @@ Result<DescribedHost> parse_host(const nlohmann::json& h, size_t i, const std::s
     MC_ASSIGN_OR_RETURN(host.rack, string_field(h["rack"], source, at + ".rack"));
   }
   if (!racks.count(host.rack)) {
-    return bad(source, at + ".rack",
-               "rack '" + host.rack + "' is not named in .racks (add {\"name\": \"" + host.rack + "\"} to \"racks\")");
+    return bad_field(
+        source, at + ".rack",
+        "rack '" + host.rack + "' is not named in .racks (add {\"name\": \"" + host.rack + "\"} to \"racks\")");
   }
   host.nic_mbit = default_nic_mbit;
   if (!absent(h, "nic_mbit")) {
@@ -213,7 +219,7 @@ Result<DescribedHost> parse_host(const nlohmann::json& h, size_t i, const std::s
   }
   if (!absent(h, "daemons")) {
     const nlohmann::json& d = h["daemons"];
-    if (!d.is_object()) return bad(source, at + ".daemons", "must be an object of counts per role");
+    if (!d.is_object()) return bad_field(source, at + ".daemons", "must be an object of counts per role");
     for (const auto& item : d.items()) {
       const std::string field = at + ".daemons." + item.key();
       int64_t DescribedHost::*role = nullptr;
@@ -230,7 +236,7 @@ Result<DescribedHost> parse_host(const nlohmann::json& h, size_t i, const std::s
       } else if (item.key() == "gateway") {
         role = &DescribedHost::gateway;
       } else {
-        return bad(source, field, "unknown role (master, conductor, store, prefill, decode, gateway)");
+        return bad_field(source, field, "unknown role (master, conductor, store, prefill, decode, gateway)");
       }
       if (item.value().is_null()) continue;
       MC_ASSIGN_OR_RETURN(host.*role, whole(item.value(), source, field, "daemons (a count)"));
@@ -278,18 +284,18 @@ Result<ClusterDescription> parse_cluster_description(const nlohmann::json& doc, 
   std::set<std::string> rack_names;
   if (!absent(doc, "racks")) {
     const nlohmann::json& racks = doc["racks"];
-    if (!racks.is_array()) return bad(source, "racks", "must be an array of {\"name\", \"uplink_mbit\"}");
+    if (!racks.is_array()) return bad_field(source, "racks", "must be an array of {\"name\", \"uplink_mbit\"}");
     for (size_t r = 0; r < racks.size(); ++r) {
       const std::string at = "racks[" + std::to_string(r) + "]";
       const nlohmann::json& rj = racks[r];
-      if (!rj.is_object() || absent(rj, "name")) return bad(source, at, "every rack needs a \"name\"");
+      if (!rj.is_object() || absent(rj, "name")) return bad_field(source, at, "every rack needs a \"name\"");
       DescribedRack rack;
       MC_ASSIGN_OR_RETURN(rack.name, string_field(rj["name"], source, at + ".name"));
       if (!valid_name(rack.name)) {
-        return bad(source, at + ".name", "rack name '" + rack.name + "': letters, digits, _ and - (at most 32)");
+        return bad_field(source, at + ".name", "rack name '" + rack.name + "': letters, digits, _ and - (at most 32)");
       }
       if (!rack_names.insert(rack.name).second) {
-        return bad(source, at + ".name", "rack '" + rack.name + "' named twice (each rack once)");
+        return bad_field(source, at + ".name", "rack '" + rack.name + "' named twice (each rack once)");
       }
       if (!absent(rj, "uplink_mbit")) {
         MC_ASSIGN_OR_RETURN(rack.uplink_mbit,
@@ -304,46 +310,47 @@ Result<ClusterDescription> parse_cluster_description(const nlohmann::json& doc, 
   }
 
   if (absent(doc, "hosts") || !doc["hosts"].is_array() || doc["hosts"].empty()) {
-    return bad(
+    return bad_field(
         source, "hosts",
         "names no hosts: give an array of {\"name\", \"rack\", \"nic_mbit\", \"daemons\"}" + std::string(kSeeDesign));
   }
   const nlohmann::json& hosts = doc["hosts"];
-  if (hosts.size() > 200 || c.racks.size() > 200) return bad(source, "hosts", "at most 200 hosts and 200 racks");
+  if (hosts.size() > 200 || c.racks.size() > 200) return bad_field(source, "hosts", "at most 200 hosts and 200 racks");
   std::set<std::string> host_names;
   for (size_t i = 0; i < hosts.size(); ++i) {
     MC_ASSIGN_OR_RETURN(DescribedHost h, parse_host(hosts[i], i, source, rack_names, c.racks.front().name, c.nic_mbit));
     if (!host_names.insert(h.name).second) {
-      return bad(source, "hosts[" + std::to_string(i) + "].name", "host '" + h.name + "' named twice (each host once)");
+      return bad_field(source, "hosts[" + std::to_string(i) + "].name",
+                       "host '" + h.name + "' named twice (each host once)");
     }
     c.hosts.push_back(std::move(h));
   }
 
   if (int64_t n = c.total(&DescribedHost::master); n != 1) {
-    return bad(
+    return bad_field(
         source, "daemons.master",
         "the cluster needs exactly one store master, has " + std::to_string(n) + " (give one host \"master\": 1)");
   }
   if (int64_t n = c.total(&DescribedHost::conductor); n != 1) {
-    return bad(
+    return bad_field(
         source, "daemons.conductor",
         "the cluster needs exactly one conductor, has " + std::to_string(n) + " (give one host \"conductor\": 1)");
   }
   if (c.total(&DescribedHost::prefill) < 1 || c.total(&DescribedHost::decode) < 1) {
-    return bad(source, "daemons.prefill/decode",
-               "the cluster needs at least one prefill and one decode instance, has " +
-                   std::to_string(c.total(&DescribedHost::prefill)) + " and " +
-                   std::to_string(c.total(&DescribedHost::decode)));
+    return bad_field(source, "daemons.prefill/decode",
+                     "the cluster needs at least one prefill and one decode instance, has " +
+                         std::to_string(c.total(&DescribedHost::prefill)) + " and " +
+                         std::to_string(c.total(&DescribedHost::decode)));
   }
   if (c.total(&DescribedHost::store) < 1) {
-    return bad(source, "daemons.store", "the cluster needs at least one storage node (give a host \"store\": 1)");
+    return bad_field(source, "daemons.store", "the cluster needs at least one storage node (give a host \"store\": 1)");
   }
-  if (c.total(&DescribedHost::gateway) > 1) return bad(source, "daemons.gateway", "at most one gateway");
+  if (c.total(&DescribedHost::gateway) > 1) return bad_field(source, "daemons.gateway", "at most one gateway");
 
   if (!absent(doc, "client")) {
     MC_ASSIGN_OR_RETURN(c.client, string_field(doc["client"], source, "client"));
     if (!host_names.count(c.client)) {
-      return bad(source, "client", "client '" + c.client + "' is not a host of the description");
+      return bad_field(source, "client", "client '" + c.client + "' is not a host of the description");
     }
   } else {
     for (const DescribedHost& h : c.hosts) {
@@ -382,8 +389,9 @@ Result<DescribedSimCluster> sim_config_from_description(const ClusterDescription
   c.decode_instances = d.total(&DescribedHost::decode);
 
   auto model = model::load_model(d.model);
-  if (!model.is_ok()) return bad(d.source, "defaults.model", model.status().message());
-  if (auto gpu = model::gpu_preset(d.gpu); !gpu.is_ok()) return bad(d.source, "defaults.gpu", gpu.status().message());
+  if (!model.is_ok()) return bad_field(d.source, "defaults.model", model.status().message());
+  if (auto gpu = model::gpu_preset(d.gpu); !gpu.is_ok())
+    return bad_field(d.source, "defaults.gpu", gpu.status().message());
   out.model_kv_bytes_per_token = model->kv_bytes_per_token();
   // What the live workers store and move per token: the sim backend's --kv-bytes-per-token (cluster.sh
   // passes the description's, 0 = the model's) as that backend rounds it; the ref backend stores real KV.

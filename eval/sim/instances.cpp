@@ -8,10 +8,6 @@
 
 namespace mc::sim {
 
-namespace {
-int64_t to_ns(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
-}  // namespace
-
 double chunked_prefill_time_s(const CostModel& model, int64_t new_tokens, int64_t cached_tokens, int64_t chunk_tokens) {
   if (new_tokens <= 0) return 0.0;
   if (chunk_tokens <= 0 || new_tokens <= chunk_tokens) return model.prefill_time_s(new_tokens, cached_tokens);
@@ -76,7 +72,7 @@ void PrefillInstance::start_next() {
   queue_.pop_front();
   if (current_.resumed) {  // a preempted job: its prefix is in place, its KV so far on the instance
     current_.job.preempted_ns += events_.now_ns() - current_.yielded_ns;
-    current_predicted_end_ns_ = events_.now_ns() + to_ns(rest_compute_s(current_));
+    current_predicted_end_ns_ = events_.now_ns() + seconds_to_ns(rest_compute_s(current_));
     compute_started_ns_ = events_.now_ns();
     run_chunk();
     return;
@@ -87,7 +83,7 @@ void PrefillInstance::start_next() {
   queued_tokens_ += (job.input_tokens - job.cached_tokens) - before;
   const int64_t now = events_.now_ns();
   job.start_ns = now;
-  current_predicted_end_ns_ = now + to_ns(predicted_service_s(job));
+  current_predicted_end_ns_ = now + seconds_to_ns(predicted_service_s(job));
   if (job.held) return;  // released by release_held()
   fetches_left_ = 1;     // held until every flow is started, so a flow finishing at once cannot win
   for (const Fetch& f : job.fetches) {
@@ -99,7 +95,7 @@ void PrefillInstance::start_next() {
 
 void PrefillInstance::fetch_done() {
   if (--fetches_left_ > 0) return;
-  events_.schedule_after(to_ns(current_.job.local_load_s), [this] { start_compute(); });
+  events_.schedule_after(seconds_to_ns(current_.job.local_load_s), [this] { start_compute(); });
 }
 
 void PrefillInstance::start_compute() {
@@ -107,14 +103,14 @@ void PrefillInstance::start_compute() {
   current_.job.compute_start_ns = now;
   compute_started_ns_ = now;
   const double compute_s = compute_time_s(current_.job.input_tokens, current_.job.cached_tokens);
-  current_predicted_end_ns_ = now + to_ns(compute_s);
+  current_predicted_end_ns_ = now + seconds_to_ns(compute_s);
   if (current_.hooks.on_compute_start) current_.hooks.on_compute_start(current_.job);
   if (preempt_chunk_tokens_ > 0) {
-    current_predicted_end_ns_ = now + to_ns(rest_compute_s(current_));
+    current_predicted_end_ns_ = now + seconds_to_ns(rest_compute_s(current_));
     run_chunk();
     return;
   }
-  events_.schedule_after(to_ns(compute_s), [this] {
+  events_.schedule_after(seconds_to_ns(compute_s), [this] {
     const int64_t end = events_.now_ns();
     busy_ns_ += end - compute_started_ns_;
     compute_started_ns_ = -1;
@@ -132,7 +128,7 @@ void PrefillInstance::run_chunk() {
   const int64_t chunk = std::min(preempt_chunk_tokens_, total - current_.done_tokens);
   const double chunk_s =
       chunk > 0 ? model_.prefill_time_s(chunk, current_.job.cached_tokens + current_.done_tokens) : 0.0;
-  events_.schedule_after(to_ns(chunk_s), [this, chunk] {
+  events_.schedule_after(seconds_to_ns(chunk_s), [this, chunk] {
     const int64_t now = events_.now_ns();
     current_.done_tokens += std::max<int64_t>(0, chunk);
     if (current_.done_tokens >= current_.job.input_tokens - current_.job.cached_tokens) {
@@ -167,7 +163,7 @@ void PrefillInstance::release_held(int64_t compute_start_ns, int64_t end_ns, dou
   current_.job.compute_start_ns = compute_start_ns;
   current_predicted_end_ns_ = end_ns;
   events_.schedule_at(std::max(end_ns, events_.now_ns()), [this, busy_s] {
-    busy_ns_ += to_ns(busy_s);
+    busy_ns_ += seconds_to_ns(busy_s);
     finish_current(events_.now_ns());
   });
 }
@@ -261,7 +257,7 @@ void DecodeInstance::maybe_start_step() {
   step_started_ns_ = now;
   const double step_s = model_.decode_step_time_s(static_cast<int64_t>(running_.size()), context_tokens_);
   if (observer_) observer_(static_cast<int64_t>(running_.size()), context_tokens_, step_s);
-  events_.schedule_after(to_ns(step_s), [this] { end_step(); });
+  events_.schedule_after(seconds_to_ns(step_s), [this] { end_step(); });
 }
 
 void DecodeInstance::end_step() {

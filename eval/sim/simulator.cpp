@@ -24,7 +24,6 @@ namespace mc::sim {
 
 namespace {
 
-int64_t to_ns(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 double ns_to_ms(int64_t ns) { return static_cast<double>(ns) * 1e-6; }
 
 // ---------------------------------------------------------------------------------------------
@@ -512,7 +511,7 @@ class Sim {
     Group& g = groups_.at(id);
     if (--g.fetching[s] > 0) return;
     const double load_s = s == 0 ? g.lead.local_load_s * stage_share(g, 0) : 0.0;
-    events_.schedule_after(to_ns(load_s), [this, id, s] {
+    events_.schedule_after(seconds_to_ns(load_s), [this, id, s] {
       Group& gr = groups_.at(id);
       gr.ready_ns[s] = clock_.now_ns();
       compute_stages(id);
@@ -542,8 +541,8 @@ class Sim {
       const model::PipelineTiming t = model::pipeline_timing(
           [this](int64_t n, int64_t c) { return model_.prefill_time_s(n, c); }, shape, model_.num_layers(),
           model_.hidden_bytes_per_token(), g.lead.input_tokens - g.lead.cached_tokens, g.lead.cached_tokens, ready_s);
-      const int64_t first_start = origin + to_ns(t.stage_start_s[s]);
-      const int64_t end = origin + to_ns(t.stage_end_s[s]);
+      const int64_t first_start = origin + seconds_to_ns(t.stage_start_s[s]);
+      const int64_t end = origin + seconds_to_ns(t.stage_end_s[s]);
       const double busy = t.stage_busy_s[s];
       totals_.pipeline_bubble_s += std::max(0.0, t.stage_end_s[s] - t.stage_start_s[s] - busy);
       g.busy_s += busy;
@@ -743,9 +742,9 @@ class Sim {
     const int64_t remote_bytes = rec.ledger.hit_tokens_remote.value_or(0) * kv_bytes_;
     if (opt_.refit_predictors) {
       rep.transfer_bytes[static_cast<int>(sched::PathClass::kSameHost)] = local_bytes;
-      rep.transfer_ns[static_cast<int>(sched::PathClass::kSameHost)] = to_ns(job.local_load_s);
+      rep.transfer_ns[static_cast<int>(sched::PathClass::kSameHost)] = seconds_to_ns(job.local_load_s);
       rep.transfer_bytes[static_cast<int>(sched::PathClass::kRemote)] = remote_bytes;
-      rep.transfer_ns[static_cast<int>(sched::PathClass::kRemote)] = to_ns(fetch_s - job.local_load_s);
+      rep.transfer_ns[static_cast<int>(sched::PathClass::kRemote)] = seconds_to_ns(fetch_s - job.local_load_s);
     }
     scheduler_->on_prefill_done(rep);
     scheduler_->on_first_token(rec.request_id, *rec.ttft_ms);

@@ -27,11 +27,7 @@
 namespace mc::infer {
 namespace {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-int64_t ms_since(int64_t t0_ns) { return (now_ns() - t0_ns) / 1'000'000; }
+int64_t ms_since(int64_t t0_ns) { return (steady_ns() - t0_ns) / 1'000'000; }
 
 class RpcDecodeLink final : public DecodeLink {
  public:
@@ -66,7 +62,7 @@ class RpcDecodeLink final : public DecodeLink {
  private:
   Status reachable_locked(const std::string& ep) {
     auto it = down_.find(ep);
-    if (it == down_.end() || now_ns() >= it->second.until_ns) return Status::ok();
+    if (it == down_.end() || steady_ns() >= it->second.until_ns) return Status::ok();
     return Status(Code::kUnavailable, "decode instance at " + ep + " did not answer " +
                                           std::to_string(ms_since(it->second.since_ns)) + " ms ago (" + it->second.why +
                                           "); not called again until its back-off ends");
@@ -92,7 +88,7 @@ class RpcDecodeLink final : public DecodeLink {
     }
     Down& d = down_[endpoint];
     d.backoff_ms = std::clamp<int64_t>(d.backoff_ms * 2, 1'000, 8'000);
-    d.since_ns = now_ns();
+    d.since_ns = steady_ns();
     d.until_ns = d.since_ns + d.backoff_ms * 1'000'000;
     d.why = r.status().message();
     return r;
@@ -172,7 +168,7 @@ class LayerStreamer {
         queue_.clear();
       } else {
         bytes_sent_ += sent.value();
-        last_sent_ns_ = now_ns();
+        last_sent_ns_ = steady_ns();
       }
       cv_.notify_all();
     }
@@ -506,7 +502,7 @@ Status PrefillWorker::deliver_stage_hidden(proto::PrefillStageHiddenRequest m) {
   if (m.request_id.empty() || m.request_id.size() > 256 || m.reservation_id == 0) {
     return error(Code::kInvalidArgument, what + ": request id (1-256 bytes) and reservation id required");
   }
-  const int64_t now = now_ns();
+  const int64_t now = steady_ns();
   std::lock_guard lock(stage_mu_);
   expire_stage_locked(now);
   const auto key = std::make_pair(m.request_id, m.reservation_id);
@@ -592,7 +588,7 @@ Result<proto::PrefillStageSlotReply> PrefillWorker::stage_slot(const proto::Pref
   }
   MC_RETURN_IF_ERROR(
       validate_stage_chunk(what, r.request_id, r.reservation_id, r.chunk_index, r.token_begin, r.token_end, r.bytes));
-  const int64_t now = now_ns();
+  const int64_t now = steady_ns();
   proto::PrefillStageSlotReply reply;
   {
     std::lock_guard lock(stage_mu_);
@@ -682,11 +678,11 @@ Status PrefillWorker::send_stage_hidden(const proto::PrefillJobRequest& job, con
                                        m.token_end,
                                        m.last_chunk,
                                        static_cast<int64_t>(m.hidden.size())};
-    const int64_t deadline = now_ns() + options_.stage_wait_timeout_ms * 1'000'000;
+    const int64_t deadline = steady_ns() + options_.stage_wait_timeout_ms * 1'000'000;
     int64_t backoff_ms = 2;
     Result<proto::PrefillStageSlotReply> slot = link_->stage_slot(job.next_stage_endpoint, ask);
     // The next stage's inbox is full until its job takes chunks: retry, bounded by the stage wait.
-    while (!slot.is_ok() && slot.status().code() == Code::kResourceExhausted && now_ns() < deadline &&
+    while (!slot.is_ok() && slot.status().code() == Code::kResourceExhausted && steady_ns() < deadline &&
            !abort_jobs_.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
       backoff_ms = std::min<int64_t>(backoff_ms * 2, 100);
@@ -742,7 +738,7 @@ Status PrefillWorker::send_stage_hidden(const proto::PrefillJobRequest& job, con
 Result<proto::PrefillStageHiddenRequest> PrefillWorker::take_stage_hidden(const proto::PrefillJobRequest& job,
                                                                           int64_t chunk) {
   const auto key = std::make_pair(job.request_id, job.reservation_id);
-  const int64_t deadline = now_ns() + options_.stage_wait_timeout_ms * 1'000'000;
+  const int64_t deadline = steady_ns() + options_.stage_wait_timeout_ms * 1'000'000;
   std::unique_lock lock(stage_mu_);
   for (;;) {
     if (auto f = stage_failed_.find(key); f != stage_failed_.end()) {
@@ -763,7 +759,7 @@ Result<proto::PrefillStageHiddenRequest> PrefillWorker::take_stage_hidden(const 
       std::lock_guard a(abort_mu_);
       return error(Code::kUnavailable, abort_why_);
     }
-    const int64_t left = deadline - now_ns();
+    const int64_t left = deadline - steady_ns();
     if (left <= 0) {
       // kAborted, not kTimeout: the Conductor reads a timeout as the instance not answering.
       return error(Code::kAborted,
@@ -863,7 +859,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
   int64_t writes = 0;
   uint32_t first_token = 0;
   int64_t hidden_sent_bytes = 0, hidden_engine_bytes = 0;
-  const int64_t t_prefill = now_ns();
+  const int64_t t_prefill = steady_ns();
   int64_t t_last_layer_done = 0, wait_ns = 0;
   // A chunk's hidden states go on their own thread while the next chunk computes; one send in flight at a time
   // (the outbox is one buffer), so a chunk waits here only for the previous chunk's send.
@@ -873,10 +869,10 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
     const int64_t end = std::min(n, begin + chunk);
     std::vector<float> hidden_in;
     if (!first_stage) {
-      const int64_t t_wait = now_ns();
+      const int64_t t_wait = steady_ns();
       Result<proto::PrefillStageHiddenRequest> m =
           k == 0 ? Result<proto::PrefillStageHiddenRequest>(std::move(*chunk0)) : take_stage_hidden(job, k);
-      wait_ns += now_ns() - t_wait;
+      wait_ns += steady_ns() - t_wait;
       if (!m.is_ok()) return m.status().with_context(what);
       if (m->token_begin != begin || m->token_end != end || m->last_chunk != (end == n)) {
         return error(Code::kInvalidArgument, what + ": chunk " + std::to_string(k) +
@@ -892,7 +888,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
       MC_RETURN_IF_ERROR(layer_gate(job, writes));
       ++writes;
       MC_RETURN_IF_ERROR(streamer.push(LayerSpan{layer, b == cached ? 0 : b / bs, layout.blocks_for_tokens(e)}));
-      if (layer == end_layer - 1 && e == n) t_last_layer_done = now_ns();
+      if (layer == end_layer - 1 && e == n) t_last_layer_done = steady_ns();
       if (layer == end_layer - 1 && e < n) MC_RETURN_IF_ERROR(streamer.drain());  // the next chunk shares a block
       return Status::ok();
     };
@@ -934,9 +930,9 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
     begin = end;
   }
   MC_RETURN_IF_ERROR(sent());  // the last chunk reached the next stage
-  const int64_t t_last_layer = now_ns();
+  const int64_t t_last_layer = steady_ns();
   MC_RETURN_IF_ERROR(streamer.finish());
-  const int64_t t_all_kv = streamer.last_sent_ns() > 0 ? streamer.last_sent_ns() : now_ns();
+  const int64_t t_all_kv = streamer.last_sent_ns() > 0 ? streamer.last_sent_ns() : steady_ns();
   ledger.prefill_ms = (t_last_layer - t_prefill) / 1'000'000;
   ledger.kv_tail_ms =
       std::max<int64_t>(0, t_all_kv - (t_last_layer_done > 0 ? t_last_layer_done : t_last_layer)) / 1'000'000;
@@ -972,7 +968,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_stage_inner(const proto::Prefi
 std::pair<std::string, int64_t> PrefillWorker::fetch_in_progress() const {
   std::lock_guard lock(fetch_mu_);
   if (fetch_request_id_.empty()) return {"", 0};
-  return {fetch_request_id_, now_ns() - fetch_start_ns_};
+  return {fetch_request_id_, steady_ns() - fetch_start_ns_};
 }
 
 int64_t PrefillWorker::fetch_prefix(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
@@ -982,7 +978,7 @@ int64_t PrefillWorker::fetch_prefix(const proto::PrefillJobRequest& job, const s
   const int64_t bs = layout.block_size;
   int64_t hit_blocks = 0;
   if (cache_ && want > 0) {
-    const int64_t t0 = now_ns();
+    const int64_t t0 = steady_ns();
     // A pipeline stage reads its layers of each block only (one contiguous range, checked by the block's per-layer
     // part checksums; DESIGN.md §18); a whole prefill reads whole blocks.
     const auto block_bytes = static_cast<uint64_t>(layout.block_bytes());
@@ -1018,11 +1014,11 @@ int64_t PrefillWorker::fetch_prefix(const proto::PrefillJobRequest& job, const s
     }
     const BlockCacheCounters after = cache_->counters();
     ledger.fetch_ms = ms_since(t0);
-    ledger.fetch_us = (now_ns() - t0) / 1000;
+    ledger.fetch_us = (steady_ns() - t0) / 1000;
     metrics_
         .histogram("mc_prefill_fetch_seconds", metrics::latency_buckets_s(),
                    "prefix fetch from the store (one batch get of the cached blocks; the KV transfer in)")
-        .observe(static_cast<double>(now_ns() - t0) * 1e-9);
+        .observe(static_cast<double>(steady_ns() - t0) * 1e-9);
 
     // The hits split by the tier the bytes came from (DRAM here, DRAM elsewhere, SSD), in proportion to the
     // bytes each tier delivered in this call.
@@ -1121,14 +1117,14 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   LayerStreamer streamer([&kv_send](const LayerSpan& sp) { return kv_send(sp.layer, sp.first, sp.end); }, target);
   int64_t writes = 0;
   const int64_t num_layers = layout.num_layers;
-  const int64_t t_prefill = now_ns();
+  const int64_t t_prefill = steady_ns();
   int64_t t_last_layer_done = 0;  // when the last layer's KV was handed to the stream
   auto on_layer = [&](int64_t layer, int64_t begin, int64_t end) -> Status {
     MC_RETURN_IF_ERROR(layer_gate(job, writes));
     const int64_t first = begin == cached ? 0 : begin / bs;  // the first chunk also carries the fetched prefix
     ++writes;
     MC_RETURN_IF_ERROR(streamer.push(LayerSpan{layer, first, layout.blocks_for_tokens(end)}));
-    if (layer == num_layers - 1 && end == n) t_last_layer_done = now_ns();
+    if (layer == num_layers - 1 && end == n) t_last_layer_done = steady_ns();
     // The next chunk writes into this chunk's last block: let the stream catch up first.
     if (layer == num_layers - 1 && end < n) MC_RETURN_IF_ERROR(streamer.drain());
     return Status::ok();
@@ -1136,13 +1132,13 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job_inner(const proto::Prefill
   PrefillRequest req{job.tokens, cached, blocks, job.chunk_tokens > 0 ? job.chunk_tokens : options_.chunk_tokens,
                      LoraAdapter{job.lora_name, job.lora_version}};
   auto result = backend_->prefill(*kv_, req, on_layer);
-  const int64_t t_last_layer = now_ns();
+  const int64_t t_last_layer = steady_ns();
   Status streamed = streamer.finish();
   if (!result.is_ok()) return result.status().with_context("prefill of '" + job.request_id + "'");
   MC_RETURN_IF_ERROR(streamed);
   // The tail: last layer computed -> its last byte acknowledged by decode (the first token's logits are computed
   // meanwhile, so it can end before the backend returns).
-  const int64_t t_all_kv = streamer.last_sent_ns() > 0 ? streamer.last_sent_ns() : now_ns();
+  const int64_t t_all_kv = streamer.last_sent_ns() > 0 ? streamer.last_sent_ns() : steady_ns();
   const int64_t tail_from = t_last_layer_done > 0 ? t_last_layer_done : t_last_layer;
   const int64_t tail_ns = std::max<int64_t>(0, t_all_kv - tail_from);
   ledger.prefill_ms = (t_last_layer - t_prefill) / 1'000'000;
@@ -1238,7 +1234,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     // The Conductor's order (queue_order.hpp): after every waiting job of a key <= its own; no key: the back.
     const int64_t key = job.queue_key_ns > 0 ? job.queue_key_ns : (queue.empty() ? 0 : queue.back().key_ns);
     const auto at = queue_insert_position(queue.begin(), queue.end(), key, 0, [](const Queued& x) { return x.key_ns; });
-    queue.insert(at, Queued{job, ctx, now_ns(), key});
+    queue.insert(at, Queued{job, ctx, steady_ns(), key});
     cv.notify_one();
     return proto::PrefillJobReply{};
   });
@@ -1322,8 +1318,8 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
       }
       worker.metrics()
           .histogram("mc_prefill_queue_seconds", metrics::latency_buckets_s(), "prefill job received -> started")
-          .observe(static_cast<double>(now_ns() - q.received_ns) * 1e-9);
-      auto reply = worker.run_job(q.job, (now_ns() - q.received_ns) / 1'000'000);
+          .observe(static_cast<double>(steady_ns() - q.received_ns) * 1e-9);
+      auto reply = worker.run_job(q.job, (steady_ns() - q.received_ns) / 1'000'000);
       std::lock_guard lock(mu);
       running_tokens = 0;
       job_running = false;
@@ -1377,7 +1373,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
   while (served.is_ok()) {
     if (daemon::stop_requested() && !draining) {
       draining = true;
-      drain_start_ns = now_ns();
+      drain_start_ns = steady_ns();
       drain_deadline_ns = drain_start_ns + options.drain_timeout_s * 1'000'000'000;
       heartbeat.request_drain();
       std::lock_guard lock(mu);
@@ -1386,8 +1382,9 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     }
     if (draining) {
       std::lock_guard lock(mu);
-      if (!refusing && (heartbeat.drain_acknowledged() || now_ns() - drain_start_ns > 1'000'000'000)) refusing = true;
-      if (!aborted && (now_ns() > drain_deadline_ns || daemon::stop_now_requested())) {
+      if (!refusing && (heartbeat.drain_acknowledged() || steady_ns() - drain_start_ns > 1'000'000'000))
+        refusing = true;
+      if (!aborted && (steady_ns() > drain_deadline_ns || daemon::stop_now_requested())) {
         aborted = true;
         const std::string why = daemon::stop_now_requested()
                                     ? "mc-prefill " + self + " stopped (a second signal)"
@@ -1417,7 +1414,7 @@ Status serve_prefill(PrefillWorker& worker, const PrefillServeOptions& options) 
     }
   }
   if (draining) {
-    MC_LOG_INFO << "mc-prefill: drained in " << (now_ns() - drain_start_ns) / 1'000'000 << " ms";
+    MC_LOG_INFO << "mc-prefill: drained in " << (steady_ns() - drain_start_ns) / 1'000'000 << " ms";
   }
   heartbeat.stop();
   {

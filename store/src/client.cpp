@@ -34,15 +34,6 @@ Status item_status(uint16_t code, const std::string& message) {
   return code == 0 ? Status::ok() : Status(static_cast<Code>(code), message);
 }
 
-int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-int64_t steady_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // One replica transfer of a call: `op` between local bytes and a replica.
 struct Job {
   size_t item = 0;  // index of the object in the caller's batch

@@ -23,11 +23,6 @@ namespace mc::store {
 
 namespace {
 
-int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // etcd's default --max-txn-ops is 128: a commit is cut into transactions of at most this many operations.
 constexpr size_t kMaxOpsPerTxn = 120;
 // And at most this many bytes of keys and values per transaction (JSON gateway: base64, 4/3 of it), under etcd's

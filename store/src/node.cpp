@@ -40,11 +40,6 @@ constexpr uint64_t kDirectAlign = 4096;
 
 std::string errno_text(int e) { return std::string(std::strerror(e)); }
 
-int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // DRAM segment: a memfd SharedBuffer (same-host peers of the transfer engine map it; nothing is left
 // in /dev/shm, even after SIGKILL) or, with shm off, private anonymous memory (served over tcp only).
 class DramSegment {

@@ -16,13 +16,13 @@
 namespace mc::rpc {
 namespace {
 
-struct EchoReply {
+struct AsyncEchoReply {
   std::string text;
   MC_MESSAGE(text);
 };
-struct EchoRequest {
+struct AsyncEchoRequest {
   static constexpr const char* kType = "test.echo";
-  using Reply = EchoReply;
+  using Reply = AsyncEchoReply;
   std::string text;
   MC_MESSAGE(text);
 };
@@ -43,12 +43,13 @@ class HoldingServer {
     auto s = RpcServer::bind(opt);
     EXPECT_TRUE(s.is_ok()) << s.status().to_string();
     server_ = std::move(s).value();
-    server_->handle<EchoRequest>([this](const EchoRequest& req, const CallContext& ctx) -> Result<EchoReply> {
-      ctx.defer();
-      std::lock_guard<std::mutex> lock(mu_);
-      held_.push_back(Held{ctx, req.text});
-      return EchoReply{};
-    });
+    server_->handle<AsyncEchoRequest>(
+        [this](const AsyncEchoRequest& req, const CallContext& ctx) -> Result<AsyncEchoReply> {
+          ctx.defer();
+          std::lock_guard<std::mutex> lock(mu_);
+          held_.push_back(Held{ctx, req.text});
+          return AsyncEchoReply{};
+        });
     thread_ = std::thread([this] {
       while (!server_->stopped()) {
         (void)server_->poll_once(5);
@@ -82,7 +83,7 @@ class HoldingServer {
         held.swap(held_);
       }
       if (newest_first) std::reverse(held.begin(), held.end());
-      for (const Held& h : held) EXPECT_TRUE(server_->reply_to(h.ctx, EchoReply{h.text}).is_ok());
+      for (const Held& h : held) EXPECT_TRUE(server_->reply_to(h.ctx, AsyncEchoReply{h.text}).is_ok());
     });
   }
 
@@ -125,8 +126,8 @@ TEST(AsyncClient, PipelinesCallsAndMatchesRepliesInAnyOrder) {
   std::vector<std::string> got(kCalls);
   int done = 0;
   for (int i = 0; i < kCalls; ++i) {
-    client.call(server.endpoint(), EchoRequest{"call-" + std::to_string(i)}, 5000,
-                [&got, &done, i](Result<EchoReply> r) {
+    client.call(server.endpoint(), AsyncEchoRequest{"call-" + std::to_string(i)}, 5000,
+                [&got, &done, i](Result<AsyncEchoReply> r) {
                   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
                   got[i] = r->text;
                   ++done;
@@ -146,9 +147,11 @@ TEST(AsyncClient, TimeoutLateReplyAndReconnect) {
   HoldingServer server;
   AsyncClient client;
   ASSERT_TRUE(client.connect(server.endpoint(), 2000).is_ok());
-  std::optional<Result<EchoReply>> quick, patient;
-  client.call(server.endpoint(), EchoRequest{"quick"}, 50, [&](Result<EchoReply> r) { quick = std::move(r); });
-  client.call(server.endpoint(), EchoRequest{"patient"}, 5000, [&](Result<EchoReply> r) { patient = std::move(r); });
+  std::optional<Result<AsyncEchoReply>> quick, patient;
+  client.call(server.endpoint(), AsyncEchoRequest{"quick"}, 50,
+              [&](Result<AsyncEchoReply> r) { quick = std::move(r); });
+  client.call(server.endpoint(), AsyncEchoRequest{"patient"}, 5000,
+              [&](Result<AsyncEchoReply> r) { patient = std::move(r); });
   ASSERT_TRUE(poll_until(client, [&] { return quick.has_value(); }));
   ASSERT_FALSE(quick->is_ok());
   EXPECT_EQ(quick->status().code(), Code::kTimeout);
@@ -167,8 +170,9 @@ TEST(AsyncClient, TimeoutLateReplyAndReconnect) {
   // fresh one (with a fresh hello) that works.
   EXPECT_EQ(client.counters().reconnects, 1U);
   EXPECT_EQ(client.server_hello(server.endpoint()), nullptr);
-  std::optional<Result<EchoReply>> again;
-  client.call(server.endpoint(), EchoRequest{"again"}, 5000, [&](Result<EchoReply> r) { again = std::move(r); });
+  std::optional<Result<AsyncEchoReply>> again;
+  client.call(server.endpoint(), AsyncEchoRequest{"again"}, 5000,
+              [&](Result<AsyncEchoReply> r) { again = std::move(r); });
   ASSERT_TRUE(testkit::wait_until([&] { return server.held() == 1; }, 5000));
   server.answer_all();
   ASSERT_TRUE(poll_until(client, [&] { return again.has_value(); }));
@@ -185,7 +189,7 @@ TEST(AsyncClient, BoundsCallsInFlightPerEndpoint) {
   int ok = 0;
   std::optional<Status> refused;
   for (int i = 0; i < 5; ++i) {
-    client.call(server.endpoint(), EchoRequest{"x"}, 5000, [&](Result<EchoReply> r) {
+    client.call(server.endpoint(), AsyncEchoRequest{"x"}, 5000, [&](Result<AsyncEchoReply> r) {
       if (r.is_ok()) {
         ++ok;
       } else {
@@ -206,9 +210,9 @@ TEST(AsyncClient, BoundsCallsInFlightPerEndpoint) {
 TEST(AsyncClient, ForgetFailsCallsInFlightAndManyEndpointsArePolledTogether) {
   HoldingServer a, b;
   AsyncClient client;
-  std::optional<Result<EchoReply>> ra, rb;
-  client.call(a.endpoint(), EchoRequest{"to-a"}, 5000, [&](Result<EchoReply> r) { ra = std::move(r); });
-  client.call(b.endpoint(), EchoRequest{"to-b"}, 5000, [&](Result<EchoReply> r) { rb = std::move(r); });
+  std::optional<Result<AsyncEchoReply>> ra, rb;
+  client.call(a.endpoint(), AsyncEchoRequest{"to-a"}, 5000, [&](Result<AsyncEchoReply> r) { ra = std::move(r); });
+  client.call(b.endpoint(), AsyncEchoRequest{"to-b"}, 5000, [&](Result<AsyncEchoReply> r) { rb = std::move(r); });
   ASSERT_TRUE(testkit::wait_until([&] { return a.held() == 1 && b.held() == 1; }, 5000));
   client.forget(a.endpoint());
   EXPECT_FALSE(ra.has_value());  // callbacks run in poll(), not inside forget()
@@ -232,8 +236,8 @@ TEST(AsyncClient, WatchReportsALostConnectionOnce) {
   // Both connections are up once their hellos are answered; a call held by b (slow) is not a loss.
   ASSERT_TRUE(poll_until(
       client, [&] { return client.server_hello(gone) != nullptr && client.server_hello(b.endpoint()) != nullptr; }));
-  std::optional<Result<EchoReply>> held;
-  client.call(b.endpoint(), EchoRequest{"slow"}, 60'000, [&](Result<EchoReply> r) { held = std::move(r); });
+  std::optional<Result<AsyncEchoReply>> held;
+  client.call(b.endpoint(), AsyncEchoRequest{"slow"}, 60'000, [&](Result<AsyncEchoReply> r) { held = std::move(r); });
   ASSERT_TRUE(testkit::wait_until([&] { return b.held() == 1; }, 5000));
   EXPECT_TRUE(client.take_disconnected().empty());
   a.reset();  // the server's socket closes
@@ -264,7 +268,7 @@ TEST(AsyncClient, ErrorRepliesKeepTheServersCodeAndBadEndpointsAreRefused) {
   auto r = client.call_raw_sync((*s)->endpoints()[0], "no.such.type", codec::pack(proto::PingRequest{}), 2000);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), Code::kUnimplemented);
-  auto bad = client.call_sync("nonsense-endpoint", EchoRequest{"x"}, 1000);
+  auto bad = client.call_sync("nonsense-endpoint", AsyncEchoRequest{"x"}, 1000);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("nonsense-endpoint"), std::string::npos);

@@ -14,7 +14,7 @@
 namespace mc::infer {
 namespace {
 
-constexpr int64_t kBlock = 8;
+constexpr int64_t kBackendBlock = 8;
 
 std::vector<uint32_t> prompt(int64_t n, uint32_t salt, int64_t vocab) {
   std::vector<uint32_t> t(static_cast<size_t>(n));
@@ -31,7 +31,8 @@ struct Fixture {
   std::unique_ptr<KvBuffer> kv;
 };
 
-Fixture make(const std::string& kind, int64_t blocks = 64, int64_t block = kBlock, int64_t kv_bytes_per_token = 0) {
+Fixture make(const std::string& kind, int64_t blocks = 64, int64_t block = kBackendBlock,
+             int64_t kv_bytes_per_token = 0) {
   BackendOptions o;
   o.kind = kind;
   o.model = model::model_preset("tiny").value();
@@ -214,8 +215,8 @@ void check_cached_equals_full(const std::string& kind, int64_t n, int64_t cached
   auto table_hit = alloc(*hit.kv, n);
   auto rf = full.backend->prefill(*full.kv, {tokens, 0, table_full, 0}, nullptr);
   ASSERT_TRUE(rf) << rf.status().to_string();
-  ASSERT_EQ(cached % kBlock, 0);
-  for (int64_t b = 0; b < cached / kBlock; ++b) {
+  ASSERT_EQ(cached % kBackendBlock, 0);
+  for (int64_t b = 0; b < cached / kBackendBlock; ++b) {
     std::memcpy(hit.kv->block_span(table_hit[b]).data(), full.kv->block_span(table_full[b]).data(),
                 full.kv->layout().block_bytes());
   }
@@ -240,8 +241,8 @@ void check_cached_equals_full(const std::string& kind, int64_t n, int64_t cached
           kv_diff = std::max(kv_diff, max_abs_diff(token_floats(*hit.kv, table_hit, l, s, p),
                                                    token_floats(*full.kv, table_full, l, s, p)));
         } else {
-          ASSERT_EQ(0, std::memcmp(hit.kv->token_kv(table_hit[p / kBlock], l, s, p % kBlock),
-                                   full.kv->token_kv(table_full[p / kBlock], l, s, p % kBlock), elems))
+          ASSERT_EQ(0, std::memcmp(hit.kv->token_kv(table_hit[p / kBackendBlock], l, s, p % kBackendBlock),
+                                   full.kv->token_kv(table_full[p / kBackendBlock], l, s, p % kBackendBlock), elems))
               << "sim KV bytes differ at layer " << l << " pos " << p;
         }
       }
@@ -360,10 +361,10 @@ TEST(SimBackend, CachedPrefixAndChunkedGiveIdenticalBytes) {
 }
 
 TEST(SimBackend, ScaledKvSizeAndDeterministicTokens) {
-  auto f = make("sim", 16, kBlock, 1000);  // 1000 B/token over 4 layers -> 250 per layer
+  auto f = make("sim", 16, kBackendBlock, 1000);  // 1000 B/token over 4 layers -> 250 per layer
   EXPECT_EQ(f.backend->kv_bytes_per_token_layer(), 250);
   EXPECT_EQ(f.kv->layout().bytes_per_token(), 1000);
-  auto tiny = make("sim", 16, kBlock, 1);
+  auto tiny = make("sim", 16, kBackendBlock, 1);
   EXPECT_EQ(tiny.backend->kv_bytes_per_token_layer(), 16);  // room for the chain hash in K and V
   auto llama = [] {
     BackendOptions o;

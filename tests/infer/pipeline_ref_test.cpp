@@ -23,7 +23,7 @@
 namespace mc::infer {
 namespace {
 
-constexpr int64_t kBlock = 16;
+constexpr int64_t kPipelineBlock = 16;
 constexpr int64_t kPrompt = 300;
 constexpr int64_t kChunk = 64;
 constexpr int kDecodeSteps = 8;
@@ -39,9 +39,11 @@ std::unique_ptr<Backend> backend() {
   return make_backend(o).value();
 }
 
-int64_t blocks() { return (kPrompt + kDecodeSteps + kBlock - 1) / kBlock + 1; }
+int64_t blocks() { return (kPrompt + kDecodeSteps + kPipelineBlock - 1) / kPipelineBlock + 1; }
 
-std::unique_ptr<KvBuffer> buffer(const Backend& b) { return KvBuffer::create(b.kv_layout(kBlock), blocks()).value(); }
+std::unique_ptr<KvBuffer> buffer(const Backend& b) {
+  return KvBuffer::create(b.kv_layout(kPipelineBlock), blocks()).value();
+}
 
 std::vector<int32_t> table() {
   std::vector<int32_t> t(static_cast<size_t>(blocks()));
@@ -74,8 +76,10 @@ double max_kv_diff(KvBuffer& a, KvBuffer& b, int64_t n) {
   for (int64_t p = 0; p < n; ++p) {
     for (int64_t l = 0; l < m.num_layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
-        const auto* x = reinterpret_cast<const float*>(a.token_kv(static_cast<int32_t>(p / kBlock), l, kv, p % kBlock));
-        const auto* y = reinterpret_cast<const float*>(b.token_kv(static_cast<int32_t>(p / kBlock), l, kv, p % kBlock));
+        const auto* x = reinterpret_cast<const float*>(
+            a.token_kv(static_cast<int32_t>(p / kPipelineBlock), l, kv, p % kPipelineBlock));
+        const auto* y = reinterpret_cast<const float*>(
+            b.token_kv(static_cast<int32_t>(p / kPipelineBlock), l, kv, p % kPipelineBlock));
         for (int64_t i = 0; i < kvd; ++i) worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i])));
       }
     }
@@ -333,7 +337,7 @@ TEST(PipelineRefErrors, BadStagesAreRefused) {
   o.time_scale = 1e6;
   o.kv_bytes_per_token = 512;  // an eighth of the model's: hidden states of 32 floats a token, not 256
   auto sim = make_backend(o).value();
-  auto skv = KvBuffer::create(sim->kv_layout(kBlock), blocks()).value();
+  auto skv = KvBuffer::create(sim->kv_layout(kPipelineBlock), blocks()).value();
   // The sim backend runs stages and refuses the same bad shapes (its hidden states are its own size).
   req.first_layer = 0;
   req.token_end = 10;

@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "mc/testkit/trace_rows.hpp"
 #include "mc/trace/csv.hpp"
 #include "mc/trace/trace.hpp"
 #include "mc/trace/trace_prefix.hpp"
@@ -14,34 +15,15 @@
 namespace mc::trace {
 namespace {
 
-struct ReadAll {
-  std::vector<Request> rows;
-  Status status;
-  ReaderStats stats;
-};
-
-ReadAll read_all(const std::string& text, FormatOptions formats = {}, Mode mode = Mode::kStrict,
-                 int64_t block_size = 512) {
-  std::istringstream in(text);
+testkit::TraceRead read_all(const std::string& text, FormatOptions formats = {}, Mode mode = Mode::kStrict,
+                            int64_t block_size = 512) {
   ReaderOptions opt;
   opt.mode = mode;
   opt.block_size = block_size;
   opt.source_name = "t.trace";
   opt.warn_on_stderr = false;
   opt.formats = std::move(formats);
-  Reader r(in, opt);
-  ReadAll out;
-  while (true) {
-    auto row = r.next();
-    if (!row.is_ok()) {
-      out.status = row.status();
-      break;
-    }
-    if (!row->has_value()) break;
-    out.rows.push_back(**row);
-  }
-  out.stats = r.stats();
-  return out;
+  return testkit::read_trace(text, opt);
 }
 
 std::string row(const std::string& ts, int64_t input = 512, const std::string& ids = "[7]") {

@@ -10,35 +10,17 @@
 #include <sstream>
 
 #include "mc/common/input_file.hpp"
+#include "mc/testkit/trace_rows.hpp"
 
 namespace mc::trace {
 namespace {
 
-struct ReadAll {
-  std::vector<Request> rows;
-  Status status;
-  ReaderStats stats;
-};
-
-ReadAll read_all(const std::string& text, Mode mode) {
-  std::istringstream in(text);
+testkit::TraceRead read_all(const std::string& text, Mode mode) {
   ReaderOptions opt;
   opt.mode = mode;
   opt.source_name = "t.jsonl";
   opt.warn_on_stderr = false;
-  Reader r(in, opt);
-  ReadAll out;
-  while (true) {
-    auto row = r.next();
-    if (!row.is_ok()) {
-      out.status = row.status();
-      break;
-    }
-    if (!row->has_value()) break;
-    out.rows.push_back(**row);
-  }
-  out.stats = r.stats();
-  return out;
+  return testkit::read_trace(text, opt);
 }
 
 const char* kValid1 = R"({"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [0, 1]})";

@@ -8,10 +8,12 @@
 #include <limits>
 #include <vector>
 
+#include "mc/testkit/units.hpp"
+
 namespace mc::sched {
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
+using testkit::kNsPerMs;
 
 TrackedRequest req(const std::string& id, const std::string& prefill, const std::string& decode, RequestPhase phase,
                    bool held = true) {
@@ -20,7 +22,7 @@ TrackedRequest req(const std::string& id, const std::string& prefill, const std:
   r.prefill_id = prefill;
   r.decode_id = decode;
   r.phase = phase;
-  r.submit_ns = 1'000 * kMs;
+  r.submit_ns = 1'000 * kNsPerMs;
   r.slo_ttft_ms = 10'000;
   r.reservation_held = held;
   return r;
@@ -33,7 +35,7 @@ TEST(Faults, PrefillDeathRedispatchesItsDispatchingRequestsAndReleasesTheirReser
       req("c", "p0", "d1", RequestPhase::kDecoding),     // its prefill is over: untouched
       req("d", "p0", "d1", RequestPhase::kDispatching, /*held=*/false),
   };
-  auto ds = decide_instance_death(rs, "p0", "missed its heartbeats for 3000 ms", 3'000 * kMs, {});
+  auto ds = decide_instance_death(rs, "p0", "missed its heartbeats for 3000 ms", 3'000 * kNsPerMs, {});
   ASSERT_EQ(ds.size(), 2u);
   EXPECT_EQ(ds[0].request_id, "a");
   EXPECT_EQ(ds[0].action, FaultAction::kRedispatch);
@@ -53,7 +55,7 @@ TEST(Faults, DecodeDeathFailsStreamingRequestsAndRedispatchesTheRest) {
       req("c", "p1", "d0", RequestPhase::kReleasing),
       req("e", "p1", "d1", RequestPhase::kDecoding),
   };
-  auto ds = decide_instance_death(rs, "d0", "did not answer decode_release", 2'000 * kMs, {});
+  auto ds = decide_instance_death(rs, "d0", "did not answer decode_release", 2'000 * kNsPerMs, {});
   ASSERT_EQ(ds.size(), 3u);
   EXPECT_EQ(ds[0].action, FaultAction::kFail);
   EXPECT_NE(ds[0].reason.find("decode instance 'd0'"), std::string::npos);
@@ -70,7 +72,7 @@ TEST(Faults, NoRedispatchPastTheSloOrTheAttempts) {
   tired.attempts = 3;
   const std::vector<TrackedRequest> rs = {late, tired};
   // 10.5 s after the submit of a 10 s SLO.
-  auto ds = decide_instance_death(rs, "p0", "died", 11'500 * kMs, FaultPolicyConfig{.max_attempts = 3});
+  auto ds = decide_instance_death(rs, "p0", "died", 11'500 * kNsPerMs, FaultPolicyConfig{.max_attempts = 3});
   ASSERT_EQ(ds.size(), 2u);
   EXPECT_EQ(ds[0].action, FaultAction::kFail);
   EXPECT_NE(ds[0].reason.find("past the TTFT SLO of 10000 ms"), std::string::npos) << ds[0].reason;
@@ -79,7 +81,7 @@ TEST(Faults, NoRedispatchPastTheSloOrTheAttempts) {
   EXPECT_NE(ds[1].reason.find("3 of 3 dispatch attempts used"), std::string::npos) << ds[1].reason;
   // One attempt allowed: never re-dispatched.
   auto once = decide_instance_death(std::vector<TrackedRequest>{req("x", "p0", "d0", RequestPhase::kDispatching)}, "p0",
-                                    "died", 1'001 * kMs, FaultPolicyConfig{.max_attempts = 1});
+                                    "died", 1'001 * kNsPerMs, FaultPolicyConfig{.max_attempts = 1});
   ASSERT_EQ(once.size(), 1u);
   EXPECT_EQ(once[0].action, FaultAction::kFail);
   EXPECT_EQ(fault_action_name(FaultAction::kRedispatch), "redispatch");
@@ -115,18 +117,18 @@ TEST(Faults, LoadReportsOutsideTheirRangeAreRefused) {
 }
 
 TEST(Faults, EventTimesMustLieBetweenTheSubmitAndNow) {
-  const int64_t submit = 1'700'000'000'000 * kMs, now = submit + 5'000 * kMs;
-  EXPECT_TRUE(validate_event_time(submit + 1'000 * kMs, submit, now, 60'000, "r").is_ok());
-  EXPECT_TRUE(validate_event_time(submit - 10'000 * kMs, submit, now, 60'000, "r").is_ok());  // skew allowed
+  const int64_t submit = 1'700'000'000'000 * kNsPerMs, now = submit + 5'000 * kNsPerMs;
+  EXPECT_TRUE(validate_event_time(submit + 1'000 * kNsPerMs, submit, now, 60'000, "r").is_ok());
+  EXPECT_TRUE(validate_event_time(submit - 10'000 * kNsPerMs, submit, now, 60'000, "r").is_ok());  // skew allowed
   Status future = validate_event_time(std::numeric_limits<int64_t>::max(), submit, now, 60'000, "job_report 'r'");
   EXPECT_EQ(future.code(), Code::kInvalidArgument);
   EXPECT_NE(future.message().find("future"), std::string::npos) << future.message();
   EXPECT_NE(future.message().find("job_report 'r'"), std::string::npos);
   EXPECT_FALSE(validate_event_time(std::numeric_limits<int64_t>::min(), submit, now, 60'000, "r").is_ok());
-  EXPECT_FALSE(validate_event_time(submit - 61'000 * kMs, submit, now, 60'000, "r").is_ok());
-  EXPECT_FALSE(validate_event_time(now + 61'000 * kMs, submit, now, 60'000, "r").is_ok());
+  EXPECT_FALSE(validate_event_time(submit - 61'000 * kNsPerMs, submit, now, 60'000, "r").is_ok());
+  EXPECT_FALSE(validate_event_time(now + 61'000 * kNsPerMs, submit, now, 60'000, "r").is_ok());
   // Non-monotone: before the request's previous event (passed as the lower bound), beyond the skew.
-  EXPECT_FALSE(validate_event_time(submit, submit + 2'000 * kMs, now, 1'000, "r").is_ok());
+  EXPECT_FALSE(validate_event_time(submit, submit + 2'000 * kNsPerMs, now, 1'000, "r").is_ok());
 }
 
 TEST(Faults, SlosAreBounded) {

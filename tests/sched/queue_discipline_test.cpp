@@ -11,12 +11,13 @@
 
 #include "mc/common/queue_order.hpp"
 #include "mc/sched/scheduler.hpp"
+#include "mc/testkit/units.hpp"
 #include "test_util.hpp"
 
 namespace mc::sched {
 namespace {
 
-constexpr int64_t kMs = 1'000'000;
+using testkit::kNsPerMs;
 
 PrefillJob job(const std::string& id, double ms, int64_t key_ns, int64_t deadline_ns = INT64_MAX) {
   return PrefillJob{id, ms, 0, key_ns, deadline_ns};
@@ -49,20 +50,21 @@ TEST(QueueDiscipline, NamesParseAndPolicyDefaults) {
 TEST(QueueDiscipline, ShortJobsOvertakeLongOnesButNeverTheRunningHead) {
   QueueConfig cfg;
   cfg.aging_weight = 4;
-  const int64_t now = 10'000 * kMs;
+  const int64_t now = 10'000 * kNsPerMs;
   // Running head (started at 9 s, 2 s of service: 1 s left), then two long jobs queued at 9 s.
-  std::deque<PrefillJob> q = {job("head", 2'000, 9'000 * kMs), job("L1", 3'000, 9'000 * kMs + 4 * 3'000 * kMs),
-                              job("L2", 3'000, 9'000 * kMs + 4 * 3'000 * kMs)};
+  std::deque<PrefillJob> q = {job("head", 2'000, 9'000 * kNsPerMs),
+                              job("L1", 3'000, 9'000 * kNsPerMs + 4 * 3'000 * kNsPerMs),
+                              job("L2", 3'000, 9'000 * kNsPerMs + 4 * 3'000 * kNsPerMs)};
   // FCFS: every key is a decision time; the new job goes to the back.
-  const std::deque<PrefillJob> q_fcfs = {job("head", 2'000, 9'000 * kMs), job("L1", 3'000, 9'000 * kMs),
-                                         job("L2", 3'000, 9'000 * kMs)};
-  QueuePlacement fcfs = place_job(q_fcfs, 9'000 * kMs, now, 500, 0, QueueDiscipline::kFcfs, cfg);
+  const std::deque<PrefillJob> q_fcfs = {job("head", 2'000, 9'000 * kNsPerMs), job("L1", 3'000, 9'000 * kNsPerMs),
+                                         job("L2", 3'000, 9'000 * kNsPerMs)};
+  QueuePlacement fcfs = place_job(q_fcfs, 9'000 * kNsPerMs, now, 500, 0, QueueDiscipline::kFcfs, cfg);
   EXPECT_EQ(fcfs.position, 3u);
   EXPECT_EQ(fcfs.key_ns, now);
   EXPECT_DOUBLE_EQ(fcfs.ahead_ms, 1'000 + 3'000 + 3'000);
-  QueuePlacement slo = place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg);
+  QueuePlacement slo = place_job(q, 9'000 * kNsPerMs, now, 500, 0, QueueDiscipline::kSlo, cfg);
   EXPECT_EQ(slo.position, 1u);  // behind the running head only
-  EXPECT_EQ(slo.key_ns, now + 4 * 500 * kMs);
+  EXPECT_EQ(slo.key_ns, now + 4 * 500 * kNsPerMs);
   EXPECT_DOUBLE_EQ(slo.ahead_ms, 1'000);
   EXPECT_EQ(slo.kept_behind, 0u);
   // The same position through every queue that keeps the order (the ledger, the simulator, the daemon).
@@ -70,7 +72,7 @@ TEST(QueueDiscipline, ShortJobsOvertakeLongOnesButNeverTheRunningHead) {
       queue_insert_position(q.begin(), q.end(), slo.key_ns, 1, [](const PrefillJob& j) { return j.queue_key_ns; });
   EXPECT_EQ(at - q.begin(), 1);
   // Reported work beyond the ledger runs first, whatever the order.
-  EXPECT_DOUBLE_EQ(place_job(q, 9'000 * kMs, now, 500, 250, QueueDiscipline::kSlo, cfg).ahead_ms, 1'250);
+  EXPECT_DOUBLE_EQ(place_job(q, 9'000 * kNsPerMs, now, 500, 250, QueueDiscipline::kSlo, cfg).ahead_ms, 1'250);
   // Into an empty queue: runs at once.
   QueuePlacement empty = place_job({}, 0, now, 500, 0, QueueDiscipline::kSlo, cfg);
   EXPECT_EQ(empty.position, 0u);
@@ -84,23 +86,23 @@ TEST(QueueDiscipline, WithPreemptionAShortJobGoesAheadOfTheRunningHeadUnlessTheH
   QueueConfig cfg;
   cfg.aging_weight = 4;
   cfg.preempt_chunk_tokens = 4096;
-  const int64_t now = 10'000 * kMs;
+  const int64_t now = 10'000 * kNsPerMs;
   // A long head decided at 9 s (key 9 s + 4 x 8 s), 8 s of service of which 1 s has run.
-  const int64_t head_key = 9'000 * kMs + 4 * 8'000 * kMs;
-  std::deque<PrefillJob> q = {job("head", 8'000, head_key, 9'000 * kMs + 30'000 * kMs)};
-  QueuePlacement p = place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg);
+  const int64_t head_key = 9'000 * kNsPerMs + 4 * 8'000 * kNsPerMs;
+  std::deque<PrefillJob> q = {job("head", 8'000, head_key, 9'000 * kNsPerMs + 30'000 * kNsPerMs)};
+  QueuePlacement p = place_job(q, 9'000 * kNsPerMs, now, 500, 0, QueueDiscipline::kSlo, cfg);
   EXPECT_EQ(p.position, 0u);
   EXPECT_DOUBLE_EQ(p.ahead_ms, 0);
   // Without preemption the same job waits for the head's 7 s left.
   QueueConfig plain = cfg;
   plain.preempt_chunk_tokens = 0;
-  EXPECT_EQ(place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, plain).position, 1u);
+  EXPECT_EQ(place_job(q, 9'000 * kNsPerMs, now, 500, 0, QueueDiscipline::kSlo, plain).position, 1u);
   // FCFS keys are decision times: never ahead of the head, preemption or not.
-  const std::deque<PrefillJob> q_fcfs = {job("head", 8'000, 9'000 * kMs)};
-  EXPECT_EQ(place_job(q_fcfs, 9'000 * kMs, now, 500, 0, QueueDiscipline::kFcfs, cfg).position, 1u);
+  const std::deque<PrefillJob> q_fcfs = {job("head", 8'000, 9'000 * kNsPerMs)};
+  EXPECT_EQ(place_job(q_fcfs, 9'000 * kNsPerMs, now, 500, 0, QueueDiscipline::kFcfs, cfg).position, 1u);
   // The head's deadline 10 s away less the 3 s guard: its 7 s left plus 0.5 s would pass it: the job stays behind.
-  std::deque<PrefillJob> tight = {job("head", 8'000, head_key, now + 10'000 * kMs)};
-  QueuePlacement kept = place_job(tight, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg);
+  std::deque<PrefillJob> tight = {job("head", 8'000, head_key, now + 10'000 * kNsPerMs)};
+  QueuePlacement kept = place_job(tight, 9'000 * kNsPerMs, now, 500, 0, QueueDiscipline::kSlo, cfg);
   EXPECT_EQ(kept.position, 1u);
   EXPECT_EQ(kept.kept_behind, 1u);
   EXPECT_DOUBLE_EQ(kept.ahead_ms, 7'000);
@@ -109,7 +111,7 @@ TEST(QueueDiscipline, WithPreemptionAShortJobGoesAheadOfTheRunningHeadUnlessTheH
   ClusterState cs;
   cs.set_prefill_preemption(true);
   ASSERT_TRUE(cs.register_instance(InstanceInfo{"p0", Role::kPrefill, "h0", "ep", "", 0}, 0).is_ok());
-  cs.assign_prefill("p0", job("head", 8'000, head_key), 9'000 * kMs);
+  cs.assign_prefill("p0", job("head", 8'000, head_key), 9'000 * kNsPerMs);
   cs.assign_prefill("p0", job("short", 500, p.key_ns), now);
   const Instance* inst = cs.find("p0");
   ASSERT_EQ(inst->prefill_queue.size(), 2u);
@@ -120,7 +122,7 @@ TEST(QueueDiscipline, WithPreemptionAShortJobGoesAheadOfTheRunningHeadUnlessTheH
   // Without preemption the ledger never puts a job before its running head.
   ClusterState plain_cs;
   ASSERT_TRUE(plain_cs.register_instance(InstanceInfo{"p0", Role::kPrefill, "h0", "ep", "", 0}, 0).is_ok());
-  plain_cs.assign_prefill("p0", job("head", 8'000, head_key), 9'000 * kMs);
+  plain_cs.assign_prefill("p0", job("head", 8'000, head_key), 9'000 * kNsPerMs);
   plain_cs.assign_prefill("p0", job("short", 500, p.key_ns), now);
   EXPECT_EQ(plain_cs.find("p0")->prefill_queue[0].request_id, "head");
 }
@@ -130,37 +132,38 @@ TEST(QueueDiscipline, WithPreemptionAShortJobGoesAheadOfTheRunningHeadUnlessTheH
 TEST(QueueDiscipline, AJobGoesBehindTheJobWhoseKeyItMustFollow) {
   QueueConfig cfg;
   cfg.aging_weight = 4;
-  const int64_t now = 10'000 * kMs;
-  const int64_t l1_key = 9'000 * kMs + 4 * 3'000 * kMs;
-  std::deque<PrefillJob> q = {job("head", 2'000, 9'000 * kMs), job("L1", 3'000, l1_key), job("L2", 3'000, l1_key + 1)};
-  QueuePlacement slo = place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg, l1_key);
+  const int64_t now = 10'000 * kNsPerMs;
+  const int64_t l1_key = 9'000 * kNsPerMs + 4 * 3'000 * kNsPerMs;
+  std::deque<PrefillJob> q = {job("head", 2'000, 9'000 * kNsPerMs), job("L1", 3'000, l1_key),
+                              job("L2", 3'000, l1_key + 1)};
+  QueuePlacement slo = place_job(q, 9'000 * kNsPerMs, now, 500, 0, QueueDiscipline::kSlo, cfg, l1_key);
   EXPECT_EQ(slo.position, 2u);
   EXPECT_EQ(slo.key_ns, l1_key);
   EXPECT_DOUBLE_EQ(slo.ahead_ms, 1'000 + 3'000);
   // A bound below its own key changes nothing; FCFS keys are decision times, already after the earlier job's.
-  EXPECT_EQ(place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg, 0).position, 1u);
-  EXPECT_EQ(place_job(q, 9'000 * kMs, now, 500, 0, QueueDiscipline::kSlo, cfg, INT64_MAX).key_ns, kMaxQueueKeyNs);
+  EXPECT_EQ(place_job(q, 9'000 * kNsPerMs, now, 500, 0, QueueDiscipline::kSlo, cfg, 0).position, 1u);
+  EXPECT_EQ(place_job(q, 9'000 * kNsPerMs, now, 500, 0, QueueDiscipline::kSlo, cfg, INT64_MAX).key_ns, kMaxQueueKeyNs);
 }
 
 // A job of service s queued at t0 is overtaken only by jobs arriving less than w x (s - their service) after t0.
 TEST(QueueDiscipline, AgingBoundsOvertaking) {
   QueueConfig cfg;
   cfg.aging_weight = 4;
-  const int64_t t0 = 1'000 * kMs;
-  std::deque<PrefillJob> q = {job("head", 60'000, t0), job("L", 1'000, t0 + 4 * 1'000 * kMs)};
+  const int64_t t0 = 1'000 * kNsPerMs;
+  std::deque<PrefillJob> q = {job("head", 60'000, t0), job("L", 1'000, t0 + 4 * 1'000 * kNsPerMs)};
   // Service 100 ms: window 4 x (1000 - 100) = 3600 ms after t0.
-  EXPECT_EQ(place_job(q, t0, t0 + 3'500 * kMs, 100, 0, QueueDiscipline::kSlo, cfg).position, 1u);  // overtakes
-  EXPECT_EQ(place_job(q, t0, t0 + 3'700 * kMs, 100, 0, QueueDiscipline::kSlo, cfg).position, 2u);  // too late
+  EXPECT_EQ(place_job(q, t0, t0 + 3'500 * kNsPerMs, 100, 0, QueueDiscipline::kSlo, cfg).position, 1u);  // overtakes
+  EXPECT_EQ(place_job(q, t0, t0 + 3'700 * kNsPerMs, 100, 0, QueueDiscipline::kSlo, cfg).position, 2u);  // too late
   // Weight 0: FCFS (every key the decision time).
   cfg.aging_weight = 0;
   const std::deque<PrefillJob> q0 = {job("head", 60'000, t0), job("L", 1'000, t0)};
-  EXPECT_EQ(place_job(q0, t0, t0 + 1 * kMs, 100, 0, QueueDiscipline::kSlo, cfg).position, 2u);
+  EXPECT_EQ(place_job(q0, t0, t0 + 1 * kNsPerMs, 100, 0, QueueDiscipline::kSlo, cfg).position, 2u);
 }
 
 // A constructed case where FCFS makes an admitted request miss its TTFT SLO and the slo order does not, and the
 // deadline guard keeping a short job behind a queued one it would make late.
 TEST(QueueDiscipline, NoAdmittedRequestMissesItsSloBecauseOfTheOrder) {
-  ManualClock clock{1'000 * kMs};
+  ManualClock clock{1'000 * kNsPerMs};
   SchedulerConfig cfg;
   cfg.policy = "kvcache";
   cfg.slo.ttft_ms = 30'000;
@@ -224,7 +227,7 @@ TEST(QueueDiscipline, NoAdmittedRequestMissesItsSloBecauseOfTheOrder) {
 // runs in its order with no later arrivals, for every job of a mixed batch, with and without the guard acting.
 TEST(QueueDiscipline, PredictedQueueEqualsTheQueueAsItRuns) {
   for (double guard : {0.0, 500.0}) {
-    ManualClock clock{1'000 * kMs};
+    ManualClock clock{1'000 * kNsPerMs};
     SchedulerConfig cfg;
     cfg.policy = "kvcache";
     cfg.queue.discipline = "slo";
@@ -236,7 +239,7 @@ TEST(QueueDiscipline, PredictedQueueEqualsTheQueueAsItRuns) {
     const std::vector<int64_t> sizes = {3'000, 2'500, 400, 1'800, 100, 2'200, 700, 50, 1'200, 300};
     std::map<std::string, double> ahead;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      clock.advance_ns(10 * kMs);
+      clock.advance_ns(10 * kNsPerMs);
       Request r = testing::request("r" + std::to_string(i), sizes[i], 1, 0);
       Decision d = s->schedule(r);
       if (!d.accepted) continue;
@@ -266,8 +269,8 @@ TEST(QueueDiscipline, OvertakeEstimateMatchesTheArrivalsThatOvertake) {
   cfg.aging_weight = 4;
   // 100 ms jobs every 900 ms for 10 arrivals: span 8.1 s.
   std::vector<QueueArrival> recent;
-  for (int i = 0; i < 10; ++i) recent.push_back({int64_t{i} * 900 * kMs, 100});
-  const int64_t now = 9 * 900 * kMs;
+  for (int i = 0; i < 10; ++i) recent.push_back({int64_t{i} * 900 * kNsPerMs, 100});
+  const int64_t now = 9 * 900 * kNsPerMs;
   const double est = expected_overtake_ms(recent, now, 1'000, QueueDiscipline::kSlo, cfg);
   // The same stream continued (half a gap on: the job comes between two arrivals): arrivals at now + 450 + 900k ms
   // overtake while within 4 x 900 = 3600 ms: 4 of them.
@@ -287,7 +290,7 @@ TEST(QueueDiscipline, OvertakingIsBoundedByTheSlackToTheTarget) {
   double overtake_at[2] = {0, 0};  // with headroom 0.2, then 0 (the same SLO)
   double slo_ms = 0, bound_ms = 0;
   for (int run = 0; run < 2; ++run) {
-    ManualClock clock{1'000 * kMs};
+    ManualClock clock{1'000 * kNsPerMs};
     SchedulerConfig cfg;
     cfg.policy = "kvcache";
     cfg.queue.discipline = "slo";
@@ -303,7 +306,7 @@ TEST(QueueDiscipline, OvertakingIsBoundedByTheSlackToTheTarget) {
       r.slo_ttft_ms = 600'000;
       Decision d = s->schedule(r);
       ASSERT_TRUE(d.accepted) << d.reason;
-      clock.advance_ns(900 * kMs);
+      clock.advance_ns(900 * kNsPerMs);
     }
     Request big = testing::request("big", 1'000, 1, 0);
     if (run == 0) {

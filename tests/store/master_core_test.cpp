@@ -7,11 +7,12 @@
 
 #include "mc/common/block_key.hpp"
 #include "mc/proto/store.hpp"
+#include "mc/testkit/units.hpp"
 
 namespace mc::store {
 namespace {
 
-constexpr uint64_t kMiB = 1 << 20;
+using testkit::kMiB;
 
 SegmentInfo seg(const std::string& node, const std::string& host, const std::string& domain, uint64_t cap,
                 Medium m = Medium::kCpu) {

@@ -10,11 +10,12 @@
 
 #include "mc/common/clock.hpp"
 #include "mc/store/master_core.hpp"
+#include "mc/testkit/units.hpp"
 
 namespace mc::store {
 namespace {
 
-constexpr uint64_t kMiB = 1 << 20;
+using testkit::kMiB;
 
 SegmentInfo segment(const std::string& node, const std::string& host, uint64_t cap, Medium m) {
   SegmentInfo s;

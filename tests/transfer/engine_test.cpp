@@ -12,6 +12,7 @@
 #include <numeric>
 #include <set>
 
+#include "mc/testkit/units.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/xfer_tool.hpp"
 #include "mock_transport.hpp"
@@ -25,8 +26,8 @@ using testing::fake_descriptor;
 using testing::MockLog;
 using testing::MockTransport;
 
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * 1024;
+using testkit::kKiB;
+using testkit::kMiB;
 
 // Address space reserved without memory (PROT_NONE): registration and slicing never touch it.
 struct Reservation {

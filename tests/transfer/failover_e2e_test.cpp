@@ -15,7 +15,7 @@ namespace mc::transfer::testing {
 using namespace mc::testkit;  // NOLINT: Child, run, ready_field, wait_until
 namespace {
 
-const std::string kXfer = MC_BINARY_DIR "/bin/mc-xfer";
+const std::string kXferBinary = MC_BINARY_DIR "/bin/mc-xfer";
 
 bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
 
@@ -88,8 +88,9 @@ TEST(XferFailover, OneLinkDownCompletesBothDownFails) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces and veth pairs (ip netns add)";
   TwoLinkNetns net;
   if (!net.ok) GTEST_SKIP() << "cannot build the two-link network: " << net.error;
-  Child server({"ip", "netns", "exec", net.b, kXfer, "serve", "--size", "256MiB", "--listen", "tcp://10.201.1.2:0",
-                "--listen", "tcp://10.201.2.2:0", "--allow-unauthenticated"});  // addresses of this test's namespaces
+  Child server({"ip", "netns", "exec", net.b, kXferBinary, "serve", "--size", "256MiB", "--listen",
+                "tcp://10.201.1.2:0", "--listen", "tcp://10.201.2.2:0",
+                "--allow-unauthenticated"});  // addresses of this test's namespaces
   const std::string ready = server.wait_line("ready ", 30000);
   const std::string seg = ready_field(ready, "segment");
   ASSERT_FALSE(seg.empty()) << "server not ready: " << ready;
@@ -98,7 +99,7 @@ TEST(XferFailover, OneLinkDownCompletesBothDownFails) {
   // 1. One link down in the middle: completes and verifies over the other path.
   {
     const uint64_t base = net.rx_bytes(1);
-    Child client({"ip", "netns", "exec", net.a, kXfer, "read", "--target", seg, "--length", "256MiB", "--verify",
+    Child client({"ip", "netns", "exec", net.a, kXferBinary, "read", "--target", seg, "--length", "256MiB", "--verify",
                   "--transport", "tcp", "--timeout-ms", "60000", "--json"});
     // Mid-transfer: once the second link has carried 8 MiB of this read.
     ASSERT_TRUE(net.wait_rx(1, base, 8u << 20, 30000)) << "the transfer did not start on link 2";
@@ -123,8 +124,8 @@ TEST(XferFailover, OneLinkDownCompletesBothDownFails) {
   {
     ASSERT_TRUE(net.link(1, true));
     ASSERT_TRUE(net.wait_up(1, 5000)) << "link 2 did not come back up";
-    Child client({"ip", "netns", "exec", net.a, kXfer, "read", "--target", seg, "--length", "256MiB", "--transport",
-                  "tcp", "--timeout-ms", "20000", "--json"});
+    Child client({"ip", "netns", "exec", net.a, kXferBinary, "read", "--target", seg, "--length", "256MiB",
+                  "--transport", "tcp", "--timeout-ms", "20000", "--json"});
     ASSERT_TRUE(net.wait_rx(0, net.rx_bytes(0), 8u << 20, 30000)) << "the transfer did not start";
     ASSERT_TRUE(net.link(0, false));
     ASSERT_TRUE(net.link(1, false));

@@ -7,13 +7,14 @@
 
 #include "mc/proto/codec.hpp"
 #include "mc/proto/transfer.hpp"
+#include "mc/testkit/units.hpp"
 #include "mc/transfer/path_policy.hpp"
 
 namespace mc::transfer {
 namespace {
 
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * 1024;
+using testkit::kKiB;
+using testkit::kMiB;
 
 void expect_well_formed(const std::vector<SliceRange>& s, uint64_t length, uint64_t max_slice) {
   uint64_t pos = 0;

@@ -17,6 +17,7 @@
 
 #include <sodium.h>
 
+#include "mc/common/clock.hpp"
 #include "mc/common/log.hpp"
 #include "mc/net/rpc.hpp"
 #include "mc/net/socket.hpp"
@@ -25,11 +26,6 @@
 namespace mc::rpc::fast {
 
 namespace {
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string errno_text(int e) { return std::string(std::strerror(e)); }
 
@@ -331,7 +327,7 @@ void FastServer::close_conn(Conn* c) {
 }
 
 void FastServer::log_closing(const Status& why) {
-  if (!frame_log_.allow(now_ms())) return;
+  if (!frame_log_.allow(steady_ms())) return;
   const uint64_t more = frame_log_.take_suppressed();
   MC_LOG_WARN << service_ << ": closing a fast connection: " << why.message()
               << (more > 0 ? " (" + std::to_string(more) + " more closed for bad frames in the last 10 s)"
@@ -517,7 +513,7 @@ void FastServer::answer(Conn& c, const Frame& f) {
 
 bool FastServer::on_readable(Conn& c) {
   char buf[64 * 1024];
-  c.last_active_ms = now_ms();
+  c.last_active_ms = steady_ms();
   // Bounded: a client flooding one connection cannot starve the others.
   for (int round = 0; round < 16; ++round) {
     ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), 0);
@@ -655,7 +651,7 @@ Status FastServer::watch(int fd) {
 
 bool FastServer::wait_and_handle(int timeout_ms) {
   if (!listener_on_) {
-    const int64_t left = accept_resume_ms_ - now_ms();
+    const int64_t left = accept_resume_ms_ - steady_ms();
     if (left <= 0) {
       set_listener_interest(true);
     } else {
@@ -664,7 +660,7 @@ bool FastServer::wait_and_handle(int timeout_ms) {
   }
   epoll_event evs[kMaxEvents];
   const int n = ::epoll_wait(epoll_fd_.get(), evs, kMaxEvents, timeout_ms);
-  const int64_t now = now_ms();
+  const int64_t now = steady_ms();
   if (n <= 0) {  // idle, or EINTR
     sweep(now);
     return false;
@@ -730,7 +726,7 @@ Result<std::unique_ptr<FastClient>> FastClient::connect(const Endpoint& endpoint
   Result<AddrInfoList> addrs = resolve_stream(endpoint.host, endpoint.port, 0);
   if (!addrs.is_ok()) return addrs.status().with_context("cannot resolve " + c->endpoint_);
   int err = 0;
-  const int64_t deadline = now_ms() + std::max(1, timeout_ms);
+  const int64_t deadline = steady_ms() + std::max(1, timeout_ms);
   for (addrinfo* a = addrs->get(); a != nullptr && !c->fd_; a = a->ai_next) {
     Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (!fd) {
@@ -743,7 +739,7 @@ Result<std::unique_ptr<FastClient>> FastClient::connect(const Endpoint& endpoint
       continue;
     }
     pollfd p{fd.get(), POLLOUT, 0};
-    int left = static_cast<int>(std::max<int64_t>(0, deadline - now_ms()));
+    int left = static_cast<int>(std::max<int64_t>(0, deadline - steady_ms()));
     int so_error = ETIMEDOUT;
     if (::poll(&p, 1, left) == 1) {
       socklen_t len = sizeof(so_error);
@@ -776,7 +772,7 @@ Status FastClient::handshake(int64_t deadline_ms) {
   std::string got;
   while (got.size() < Seal::kServerHelloBytes) {
     MC_RETURN_IF_ERROR(write_some());
-    const int64_t left = deadline_ms - now_ms();
+    const int64_t left = deadline_ms - steady_ms();
     if (left <= 0) return fail(Status(Code::kTimeout, "no authenticated handshake from " + endpoint_));
     pollfd p{fd_.get(), static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
     if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
@@ -891,11 +887,11 @@ Result<std::optional<FastClient::Reply>> FastClient::try_recv() {
 }
 
 Result<std::optional<FastClient::Reply>> FastClient::recv(int timeout_ms) {
-  const int64_t deadline = now_ms() + std::max(0, timeout_ms);
+  const int64_t deadline = steady_ms() + std::max(0, timeout_ms);
   while (true) {
     MC_ASSIGN_OR_RETURN(std::optional<Reply> r, try_recv());
     if (r.has_value()) return r;
-    const int64_t left = deadline - now_ms();
+    const int64_t left = deadline - steady_ms();
     if (left <= 0) return std::optional<Reply>();
     pollfd p{fd_.get(), static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
     int rc = ::poll(&p, 1, static_cast<int>(left));
@@ -907,9 +903,9 @@ Result<std::optional<FastClient::Reply>> FastClient::recv(int timeout_ms) {
 Result<std::string> FastClient::call_raw(std::string_view type, std::string_view body, int timeout_ms,
                                          const OtherReply& other) {
   MC_ASSIGN_OR_RETURN(uint64_t id, send(type, body));
-  const int64_t deadline = now_ms() + std::max(0, timeout_ms);
+  const int64_t deadline = steady_ms() + std::max(0, timeout_ms);
   while (true) {
-    MC_ASSIGN_OR_RETURN(std::optional<Reply> r, recv(static_cast<int>(std::max<int64_t>(0, deadline - now_ms()))));
+    MC_ASSIGN_OR_RETURN(std::optional<Reply> r, recv(static_cast<int>(std::max<int64_t>(0, deadline - steady_ms()))));
     if (!r.has_value()) break;
     if (r->id != id) {  // a reply to an earlier send(): the caller's, or an abandoned call's
       if (other) other(*r);

@@ -13,17 +13,13 @@
 #include <cstring>
 #include <string>
 
+#include "mc/common/clock.hpp"
 #include "mc/net/http_pool.hpp"
 
 namespace mc::http {
 namespace {
 
 thread_local int t_client_socket = -1;  // the connection the current thread serves (-1: none)
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Waits at most timeout_ms (clamped to >= 0) for `events`: > 0 ready, 0 timed out, < 0 error.
 int wait_for(int sock, short events, int64_t timeout_ms) {
@@ -65,7 +61,7 @@ class DeadlineStream final : public httplib::Stream {
   DeadlineStream(int sock, int64_t read_ms, int64_t write_ms) : sock_(sock), read_ms_(read_ms), write_ms_(write_ms) {}
 
   void start_request(int64_t deadline_ms) {
-    deadline_at_ms_ = deadline_ms > 0 ? now_ms() + deadline_ms : INT64_MAX;
+    deadline_at_ms_ = deadline_ms > 0 ? steady_ms() + deadline_ms : INT64_MAX;
     expired_ = false;
   }
   bool expired() const { return expired_; }
@@ -78,7 +74,7 @@ class DeadlineStream final : public httplib::Stream {
     if (!buffered()) {
       const int64_t budget = budget_ms();
       if (budget <= 0 || wait_for(sock_, POLLIN, budget) <= 0) {
-        if (now_ms() >= deadline_at_ms_) expired_ = true;
+        if (steady_ms() >= deadline_at_ms_) expired_ = true;
         return -1;
       }
       if (size >= sizeof buf_) return recv_into(ptr, size);
@@ -119,7 +115,7 @@ class DeadlineStream final : public httplib::Stream {
  private:
   // What one wait may take: the read timeout, cut short by the request's deadline.
   int64_t budget_ms() const {
-    return deadline_at_ms_ == INT64_MAX ? read_ms_ : std::min(read_ms_, deadline_at_ms_ - now_ms());
+    return deadline_at_ms_ == INT64_MAX ? read_ms_ : std::min(read_ms_, deadline_at_ms_ - steady_ms());
   }
   ssize_t recv_into(char* p, size_t n) {
     ssize_t k;
@@ -149,8 +145,8 @@ bool DeadlineServer::process_and_close_socket(socket_t sock) {
   for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
     // The next request's first byte, within the keep-alive timeout; the server's stop() ends the wait.
     bool readable = strm.buffered();
-    const int64_t idle_until = now_ms() + static_cast<int64_t>(keep_alive_timeout_sec_) * 1000;
-    while (!readable && svr_sock_ != INVALID_SOCKET && now_ms() < idle_until) {
+    const int64_t idle_until = steady_ms() + static_cast<int64_t>(keep_alive_timeout_sec_) * 1000;
+    while (!readable && svr_sock_ != INVALID_SOCKET && steady_ms() < idle_until) {
       const int rc = wait_for(sock, POLLIN, 50);
       if (rc < 0) break;
       readable = rc > 0;

@@ -17,6 +17,7 @@
 #include <new>
 #include <vector>
 
+#include "mc/common/clock.hpp"
 #include "mc/common/log.hpp"
 
 namespace mc::transfer::tcp {
@@ -111,11 +112,6 @@ uint32_t max_aux_bytes(WireOp op) {
     default:
       return 4096;
   }
-}
-
-int64_t mono_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok, const char* data, uint64_t data_len,
@@ -256,7 +252,7 @@ void TcpServer::accept_loop() {
   // (fd -1) until resume_ms, the pause doubling from 10 ms to 1 s while failures repeat.
   std::vector<int64_t> resume_ms(listeners_.size(), 0), backoff_ms(listeners_.size(), 0);
   while (!stop_.load()) {
-    int64_t now = mono_ms();
+    int64_t now = steady_ms();
     int wait_ms = 1000;
     for (size_t i = 0; i < listeners_.size(); ++i) {
       if (pfds[i].fd >= 0) continue;
@@ -272,7 +268,7 @@ void TcpServer::accept_loop() {
       return;
     }
     reap(false);
-    now = mono_ms();
+    now = steady_ms();
     for (size_t i = 0; i + 1 < pfds.size(); ++i) {
       if (pfds[i].fd < 0 || !(pfds[i].revents & POLLIN)) continue;
       sockaddr_storage peer_addr{};
@@ -331,7 +327,7 @@ void TcpServer::accept_loop() {
 void TcpServer::log_refusal(const std::string& peer, WireOp op, uint64_t offset, uint64_t length, const Status& why) {
   refused_++;
   std::lock_guard<std::mutex> lk(refusal_log_mu_);
-  if (!refusal_log_.allow(mono_ms())) return;
+  if (!refusal_log_.allow(steady_ms())) return;
   const uint64_t more = refusal_log_.take_suppressed();
   const char* what = op == WireOp::kRead        ? "read"
                      : op == WireOp::kWrite     ? "write"

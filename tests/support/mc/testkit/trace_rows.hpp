@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,6 +22,30 @@ inline trace::Request trace_row(int64_t line_no, int64_t timestamp_ms, int64_t i
   r.output_length = output_length;
   r.hash_ids = std::move(hash_ids);
   return r;
+}
+
+// Every row of a trace text read with `options`: the rows before the first error, that error (ok at the end of the
+// text) and the reader's counters.
+struct TraceRead {
+  std::vector<trace::Request> rows;
+  Status status;
+  trace::ReaderStats stats;
+};
+inline TraceRead read_trace(const std::string& text, const trace::ReaderOptions& options) {
+  std::istringstream in(text);
+  trace::Reader r(in, options);
+  TraceRead out;
+  while (true) {
+    auto row = r.next();
+    if (!row.is_ok()) {
+      out.status = row.status();
+      break;
+    }
+    if (!row->has_value()) break;
+    out.rows.push_back(**row);
+  }
+  out.stats = r.stats();
+  return out;
 }
 
 }  // namespace mc::testkit

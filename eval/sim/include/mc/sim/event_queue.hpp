@@ -10,6 +10,7 @@
 // Thread-safety: none; one simulation per thread. Callbacks may schedule and cancel events.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -21,6 +22,9 @@
 #include "mc/common/clock.hpp"
 
 namespace mc::sim {
+
+// Seconds (the cost model's and the trace's unit) to the queue's nanoseconds, rounded to the nearest.
+inline int64_t seconds_to_ns(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 
 using EventFn = std::function<void()>;
 using EventId = uint64_t;

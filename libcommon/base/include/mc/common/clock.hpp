@@ -41,6 +41,12 @@ class ManualClock final : public Clock {
   std::atomic<int64_t> now_ns_;
 };
 
+// std::chrono::steady_clock read directly (monotonic, arbitrary epoch; the same epoch as RealClock): deadlines and
+// intervals in daemon code that takes no injected Clock. Thread-safe.
+int64_t steady_ns();
+int64_t steady_us();
+int64_t steady_ms();
+
 // Wall-clock time since the Unix epoch (for records that must be compared across hosts, such as a
 // token's emission time sent to a client on another host). Not monotonic: never use it for intervals.
 int64_t unix_time_ms();
