@@ -11,6 +11,7 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
+#include "mc/infer/worker_drain.hpp"
 #include "mc/net/grant.hpp"
 #include "mc/net/metrics_http.hpp"
 #include "mc/net/rpc.hpp"
@@ -1073,59 +1074,49 @@ Status serve_decode(DecodeWorker& worker, const std::string& endpoint, const Con
       {"kv_segment", worker.kv_segment().empty() ? "none" : worker.kv_segment()}};
   extra.insert(extra.end(), metrics_extra.begin(), metrics_extra.end());
   daemon::announce_ready("mc-decode", server->endpoints().front(), extra);
-  // Drain (DESIGN.md §10 "Drain"): the first stop signal starts it; reservations are refused once the Conductor took
-  // the notice (or after 1 s); KV writes and commits for held reservations go on, and the loop ends once the worker
-  // is idle. At the deadline (or a second signal) what is left ends with request_error kUnavailable.
-  auto now_ns = [] { return RealClock::instance().now_ns(); };
+  // Drain (WorkerDrain, DESIGN.md §10 "Drain"): reservations are refused once the Conductor took the notice; KV writes
+  // and commits for held reservations go on, and the loop ends once the worker is idle. At the end of the drain what
+  // is left ends with request_error kUnavailable.
   Status served;
-  bool draining = false, ended = false, refusing = false;
-  int64_t drain_start_ns = 0, drain_deadline_ns = 0, ended_ns = 0;
+  WorkerDrain drain(drain_timeout_s);
   while (true) {
-    if (daemon::stop_requested() && !draining) {
-      if (stepper_failed.load()) break;  // the batch failed: nothing to drain into
-      draining = true;
-      drain_start_ns = now_ns();
-      drain_deadline_ns = drain_start_ns + drain_timeout_s * 1'000'000'000;
+    if (stepper_failed.load()) break;  // the batch failed: nothing to drain into, nothing to serve
+    const int64_t now = steady_ns();
+    const WorkerDrain::Turn turn =
+        drain.step(now, daemon::stop_requested(), daemon::stop_now_requested(), heartbeat.drain_acknowledged());
+    if (turn.started) {
       heartbeat.request_drain();
       const proto::WorkerLoadReply l = worker.load();
       MC_LOG_INFO << "mc-decode: draining (SIGTERM): " << l.batch_size << " running, " << l.reservations
                   << " reserved get up to " << drain_timeout_s << " s; a second signal ends them at once";
     }
-    if (draining) {
-      if (stepper_failed.load()) break;
-      if (!refusing && (heartbeat.drain_acknowledged() || now_ns() - drain_start_ns > 1'000'000'000)) {
-        refusing = true;
-        worker.refuse_reservations(conductor.instance_id);
-      }
-      if (!ended && (now_ns() > drain_deadline_ns || daemon::stop_now_requested())) {
-        ended = true;
-        ended_ns = now_ns();
-        refusing = true;
-        worker.refuse_reservations(conductor.instance_id);
-        const Status why(Code::kUnavailable,
-                         daemon::stop_now_requested()
-                             ? "decode instance " + conductor.instance_id + " stopped (a second signal)"
-                             : "decode instance " + conductor.instance_id + " drained: its drain timeout (" +
-                                   std::to_string(drain_timeout_s) + " s) ended the request");
-        const int64_t n = worker.end_all(why);
-        worker.metrics()
-            .counter("mc_decode_drain_ended_total", "requests ended by the drain timeout (or a second signal)")
-            .inc(static_cast<uint64_t>(n));
-        MC_LOG_WARN << "mc-decode: " << why.message() << ": " << n << " request(s) told";
-      }
+    if (turn.refuse) worker.refuse_reservations(conductor.instance_id);
+    if (turn.end) {
+      const Status why(Code::kUnavailable,
+                       drain.ended_by_signal()
+                           ? "decode instance " + conductor.instance_id + " stopped (a second signal)"
+                           : "decode instance " + conductor.instance_id + " drained: its drain timeout (" +
+                                 std::to_string(drain_timeout_s) + " s) ended the request");
+      const int64_t n = worker.end_all(why);
+      worker.metrics()
+          .counter("mc_decode_drain_ended_total", "requests ended by the drain timeout (or a second signal)")
+          .inc(static_cast<uint64_t>(n));
+      MC_LOG_WARN << "mc-decode: " << why.message() << ": " << n << " request(s) told";
+    }
+    if (drain.draining()) {
       // Done: nothing held (the errors of end_all sent by the step thread), or 5 s after end_all at most.
-      if (refusing && worker.idle()) break;
-      if (ended && now_ns() - ended_ns > 5'000'000'000) {
+      if (drain.refusing() && worker.idle()) break;
+      if (drain.ended() && now - drain.ended_ns() > 5'000'000'000) {
         MC_LOG_WARN << "mc-decode: requests still held 5 s after the drain ended them; exiting";
         break;
       }
-    } else if (stepper_failed.load()) {
-      break;
     }
-    served = server->poll_once(draining ? 5 : 50);
+    served = server->poll_once(drain.draining() ? 5 : 50);
     if (!served.is_ok()) break;
   }
-  if (draining) MC_LOG_INFO << "mc-decode: drained in " << (now_ns() - drain_start_ns) / 1'000'000 << " ms";
+  if (drain.draining()) {
+    MC_LOG_INFO << "mc-decode: drained in " << (steady_ns() - drain.started_ns()) / 1'000'000 << " ms";
+  }
   heartbeat.stop();
   stop.store(true);
   stepper.join();

@@ -40,7 +40,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "mc/common/block_key.hpp"
 #include "mc/common/metrics.hpp"
@@ -155,11 +157,22 @@ class PrefillWorker {
   // Before each layer's KV is handed on: kUnavailable once abort_jobs() was called, kAborted at the job's injected
   // failure (fail_after_layers), else ok. `writes`: layer spans handed on so far.
   Status layer_gate(const proto::PrefillJobRequest& job, int64_t writes);
-  Result<proto::PrefillJobReply> run_job_inner(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
-                                               proto::RequestLedger& ledger);
-  // Stage jobs (job.is_stage()): one stage of a pipelined prefill, DESIGN.md §18 "Live groups".
-  Result<proto::PrefillJobReply> run_stage_inner(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
-                                                 proto::RequestLedger& ledger);
+  // Steps 2-5 of the job (the header's list), one path for a whole prefill and a pipeline stage (job.is_stage():
+  // DESIGN.md §18 "Live groups"), which is a prefill of some layers that may start from the previous stage's hidden
+  // states, hand its own on, and leave the commit to the last stage. `blocks`: the job's KV blocks here.
+  Result<proto::PrefillJobReply> run_prefill(const proto::PrefillJobRequest& job, std::vector<int32_t>& blocks,
+                                             proto::RequestLedger& ledger);
+  // A stage's chunks: each one's hidden states in from the previous stage (chunk 0 already taken: `chunk0`; stage 0:
+  // none), through the stage's layers (on_layer streams their KV; drain_kv waits until it landed), and out to the
+  // next stage on a thread of their own while the next chunk computes. The first token (the last stage; else 0).
+  Result<uint32_t> run_stage_chunks(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
+                                    int64_t cached, std::optional<proto::PrefillStageHiddenRequest> chunk0,
+                                    const LayerDoneFn& on_layer, const std::function<Status()>& drain_kv,
+                                    const std::string& what);
+  // Step 5 of a whole prefill: its new complete blocks from `first_block` on into the store, counted in the ledger.
+  void store_new_blocks(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
+                        const std::vector<uint64_t>& hashes, const KeyNamespace& ns, int64_t first_block,
+                        proto::RequestLedger& ledger);
   Status validate_stage(const proto::PrefillJobRequest& job) const;
   // The checks of a previous stage's chunk (deliver_stage_hidden, stage_slot): ids, token range, byte count.
   Status validate_stage_chunk(const std::string& what, const std::string& request_id, uint64_t reservation_id,
