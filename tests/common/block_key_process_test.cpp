@@ -10,7 +10,7 @@
 #include "mc/common/block_key.hpp"
 
 namespace mc {
-namespace {
+namespace MC_UNITY_ID {
 
 std::string run(const std::string& cmd) {
   std::string out;
@@ -50,5 +50,5 @@ TEST(BlockKey, KeysRefuseAScopeNoRequestCanCarry) {
       std::string::npos);
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc

@@ -21,7 +21,7 @@
 #include "mc/testkit/wait.hpp"
 
 namespace mc {
-namespace {
+namespace MC_UNITY_ID {
 
 using etcd::Client;
 using etcd::Compare;
@@ -597,5 +597,5 @@ TEST(EtcdTls, OurCertificatesGetInAndNothingElseDoes) {
   EXPECT_EQ(got->kvs[0].value, "secret");
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc

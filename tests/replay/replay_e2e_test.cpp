@@ -25,7 +25,7 @@
 #include "mc/testkit/process.hpp"
 
 namespace mc::replay {
-namespace {
+namespace MC_UNITY_ID {
 
 using json = nlohmann::json;
 using namespace std::chrono_literals;
@@ -365,5 +365,5 @@ TEST(ReplayE2E, StorageNodeKilledMidReplay) {
   EXPECT_NE(st.dump().find("-node0/"), std::string::npos) << stat;  // the survivor still answers
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::replay

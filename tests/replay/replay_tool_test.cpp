@@ -29,7 +29,7 @@
 #include "mc/testkit/process.hpp"
 
 namespace mc::replay {
-namespace {
+namespace MC_UNITY_ID {
 
 using json = nlohmann::json;
 using namespace std::chrono_literals;
@@ -719,5 +719,5 @@ TEST(ReplayTool, ConductorEventsMapOntoTheRecord) {
   EXPECT_EQ(scoped.salt, "tenant-7");
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::replay

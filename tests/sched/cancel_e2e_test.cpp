@@ -35,7 +35,7 @@
 #include "mc/testkit/wait.hpp"
 
 namespace mc {
-namespace {
+namespace MC_UNITY_ID {
 
 using testkit::ClientEndpoint;
 using testkit::Stream;
@@ -331,5 +331,5 @@ TEST_F(CancelE2E, AnotherTenantCannotCancel) {
   EXPECT_EQ(conductor_status()["cancels"].value("cancelled", 0), 2);
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc

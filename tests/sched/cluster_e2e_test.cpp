@@ -39,7 +39,7 @@
 #include "mc/testkit/local_cluster.hpp"
 
 namespace mc::sched {
-namespace {
+namespace MC_UNITY_ID {
 
 using json = nlohmann::json;
 using testkit::slurp;
@@ -532,5 +532,5 @@ TEST(LocalClusterScript, SigtermStopsTheCommandAndEveryDaemon) {
   for (pid_t d : daemons) EXPECT_NE(::kill(d, 0), 0) << "daemon pid " << d << " still runs";
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::sched

@@ -34,7 +34,7 @@
 #include "mc/testkit/wait.hpp"
 
 namespace mc {
-namespace {
+namespace MC_UNITY_ID {
 
 constexpr uint32_t kBlock = 16;
 
@@ -719,5 +719,5 @@ TEST(ConductorE2E, RegistryIsBoundedIdsAreNotTakenOverAndAWorkerGoneFreesItsPlac
   EXPECT_TRUE(reg("P1", "prefill", p1.endpoint()).is_ok());
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc

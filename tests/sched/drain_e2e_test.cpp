@@ -32,7 +32,7 @@
 #include "mc/testkit/wait.hpp"
 
 namespace mc {
-namespace {
+namespace MC_UNITY_ID {
 
 using testkit::ClientEndpoint;
 using testkit::Stream;
@@ -301,5 +301,5 @@ TEST_F(DrainE2E, ASecondSignalEndsTheDrainAtOnce) {
   EXPECT_EQ(workers_["decode0"]->wait_exit(10'000), 0);
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc

@@ -36,7 +36,7 @@
 #include "mc/testkit/local_cluster.hpp"
 
 namespace mc::sched {
-namespace {
+namespace MC_UNITY_ID {
 
 using json = nlohmann::json;
 using testkit::slurp;
@@ -485,5 +485,5 @@ TEST_F(IndexFaultsE2E, SuspectNodeIsParkedInTheConductorIndexAndReturns) {
   expect_index_matches_master("after node0 came back");
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::sched

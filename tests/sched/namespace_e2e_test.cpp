@@ -28,7 +28,7 @@
 #include "mc/testkit/local_cluster.hpp"
 
 namespace mc::sched {
-namespace {
+namespace MC_UNITY_ID {
 
 using json = nlohmann::json;
 using testkit::slurp;
@@ -192,5 +192,5 @@ TEST_F(NamespaceE2E, EqualScopesShareBlocksOthersNever) {
   EXPECT_EQ(bytes_of[salted], bytes_of[a1]) << "a salt must change the keys, not the model's KV";
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::sched

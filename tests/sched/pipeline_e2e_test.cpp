@@ -41,7 +41,7 @@
 #include "mc/testkit/wait.hpp"
 
 namespace mc {
-namespace {
+namespace MC_UNITY_ID {
 
 using json = nlohmann::json;
 using testkit::Child;
@@ -455,5 +455,5 @@ TEST_F(PipelineE2E, AStageWhosePredecessorNeverRunsEndsTheRequestWithAnError) {
   EXPECT_TRUE(s2.done && !s2.error.has_value());
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 namespace mc::sim {
-namespace {
+namespace MC_UNITY_ID {
 
 // Runs `cmd` (stderr merged when the command says 2>&1), returns its stdout; `rc` the exit status.
 std::string run_tool(const std::string& cmd, int& rc) {
@@ -190,5 +190,5 @@ TEST(McSimCluster, RefusalsExitTwoWithTheReason) {
   std::remove(broken.c_str());
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::sim

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 namespace mc::sim {
-namespace {
+namespace MC_UNITY_ID {
 
 std::string run_tool(const std::string& cmd, int& rc) {
   std::string out;
@@ -282,5 +282,5 @@ TEST(Tools, McSimAndMcPlanReadACsvTrace) {
   EXPECT_EQ(plan["config"]["format"], "azure (detected)");
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::sim

@@ -29,7 +29,7 @@
 #include "mc/testkit/process.hpp"
 
 namespace mc {
-namespace {
+namespace MC_UNITY_ID {
 
 namespace fs = std::filesystem;
 const std::string kBin = MC_BINARY_DIR "/bin/";
@@ -500,5 +500,5 @@ TEST(AuthConductorE2E, AnInstanceIdBelongsToItsFirstKeyAndTenantsCannotRegister)
   EXPECT_NE(log.find("refused 'conductor.register' from alice"), std::string::npos) << log;
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc

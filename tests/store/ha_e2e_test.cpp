@@ -49,7 +49,7 @@
 #include "mc/testkit/wait.hpp"
 
 namespace mc::store {
-namespace {
+namespace MC_UNITY_ID {
 
 const std::string kBin = MC_BINARY_DIR "/bin/mc-store";
 using testkit::slurp;
@@ -1032,5 +1032,5 @@ TEST(HaAuthFlags, TheKeysEtcdCertificatesAreUsedOrTheirAbsenceIsSaid) {
   EXPECT_NE(err.find("plain HTTP"), std::string::npos) << err;
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::store

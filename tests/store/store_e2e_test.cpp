@@ -35,7 +35,7 @@
 #include "mc/testkit/wait.hpp"
 
 namespace mc::store {
-namespace {
+namespace MC_UNITY_ID {
 
 const std::string kBin = MC_BINARY_DIR "/bin/mc-store";
 
@@ -1492,5 +1492,5 @@ TEST_F(StoreE2E, DrainGivesUpAtItsTimeoutAndTheNodeStillExits) {
   EXPECT_EQ(stat().drain_moved_objects, 0u);
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::store

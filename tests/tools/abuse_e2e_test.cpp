@@ -21,7 +21,7 @@
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"
 
-namespace {
+namespace MC_UNITY_ID {
 
 using mc::testkit::Child;
 using mc::testkit::ChildOptions;
@@ -248,4 +248,4 @@ TEST(Abuse, IdleTransferConnectionsGiveWay) {
   EXPECT_LT(log.lines(), 40u) << "log lines written: " << log.lines();
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID

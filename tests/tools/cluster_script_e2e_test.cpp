@@ -18,7 +18,7 @@
 
 namespace mc::testing {
 using namespace mc::testkit;  // NOLINT: run, Scratch, slurp
-namespace {
+namespace MC_UNITY_ID {
 
 const std::string kScript = MC_SOURCE_DIR "/examples/cluster.sh";
 const std::string kClusters = MC_SOURCE_DIR "/examples/clusters/";
@@ -233,5 +233,5 @@ TEST(FaultMatrix, MasterRestartOnLoopbackLosesNoRequest) {
   EXPECT_EQ(measured, 1) << r.out;
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc::testing

@@ -13,7 +13,7 @@
 
 #include "mc/testkit/process.hpp"
 
-namespace {
+namespace MC_UNITY_ID {
 
 const std::string kBin = MC_BINARY_DIR "/bin/";
 
@@ -144,4 +144,4 @@ TEST(ExitCodes, BadEndpointIsUsageEverywhere) {
                     "bad endpoint");
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID

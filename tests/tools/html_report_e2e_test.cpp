@@ -27,7 +27,7 @@
 
 #include "mc/testkit/process.hpp"
 
-namespace {
+namespace MC_UNITY_ID {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -332,4 +332,4 @@ TEST_F(HtmlReportE2E, HostileRunNameIsInert) {
   check_page(page, 5);
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID

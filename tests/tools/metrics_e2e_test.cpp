@@ -31,7 +31,7 @@
 #include "mc/testkit/local_cluster.hpp"
 
 namespace mc {
-namespace {
+namespace MC_UNITY_ID {
 
 using json = nlohmann::json;
 using testkit::slurp;
@@ -310,5 +310,5 @@ TEST_F(MetricsE2E, PrometheusScrapesEveryDaemon) {
   prom->stop();
 }
 
-}  // namespace
+}  // namespace MC_UNITY_ID
 }  // namespace mc
