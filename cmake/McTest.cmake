@@ -1,9 +1,16 @@
-# mc_add_test(NAME name SOURCES a.cpp ... LIBS lib ... LABELS unit|e2e|rdma|cuda [TIMEOUT s])
-# One GoogleTest executable registered with ctest through gtest_discover_tests, labelled by what it does:
+# mc_add_test(NAME name SOURCES a.cpp ... LIBS lib ... LABELS label ... [TIMEOUT s] [SERIAL] [LOCK l] [GROUP g])
+# One GoogleTest program (or, with GROUP, a part of a shared one) registered with ctest through gtest_discover_tests,
+# labelled by what it does:
 #   unit  in-process only (may use loopback sockets and threads; starts no binary)
 #   e2e   starts one of the project's binaries (or a script that does); add_dependencies on what it starts
+#   ha    the replicated master with etcd (skips with the reason without etcd); netns: network namespaces (root)
 #   rdma  needs an RDMA device (skips with the reason elsewhere); cuda: needs a GPU
 #   fuzz  a fuzz harness's short bounded run over its seed corpus (mc_add_fuzz below; tests/fuzz/)
+# A program of several files is compiled in unity batches (MC_UNITY_BUILD): two of its files whose anonymous
+# namespaces hold a helper of one name do not compile together there (only there: a plain build compiles file by
+# file). New test files put their file-local helpers in `namespace MC_UNITY_ID { ... }` instead (unique per file in a
+# batch, anonymous otherwise), as the e2e files of the GROUP programs do; the older unit-test files still use
+# anonymous namespaces. A new e2e test joins its directory's GROUP.
 find_package(GTest REQUIRED)
 include(GoogleTest)
 # The test programs' own files (not the libraries they test) are compiled at -O0 in the sanitized build: they drive
@@ -55,14 +62,31 @@ function(mc_test_unity_id target)
   endif()
 endfunction()
 
-# mc_test_suites(var file ...): the GoogleTest suites the files define (TEST, TEST_F), as a --gtest_filter
-# expression "SuiteA.*:SuiteB.*". A suite named by a macro is not found (such a program has no GROUP).
-function(mc_test_suites var)
+# mc_test_suites(var group file ...): the GoogleTest suites the files define (TEST, TEST_F at the start of a line), as
+# a --gtest_filter expression "SuiteA.*:SuiteB.*", for a program of GROUP `group`. Refused at configure time, since
+# each would register tests silently wrong: a suite named through a macro (all capitals: the filter would name the
+# macro), TEST_P / TYPED_TEST (their names carry a prefix or a parameter), and a suite another program of the group
+# already has (its tests would be registered twice, with the last program's properties).
+function(mc_test_suites var group)
   set(suites)
+  get_property(taken GLOBAL PROPERTY MC_GROUP_SUITES_${group})
   foreach(src ${ARGN})
+    file(STRINGS ${CMAKE_CURRENT_SOURCE_DIR}/${src} other REGEX "^(TEST_P|TYPED_TEST|TYPED_TEST_P)\\(")
+    if(other)
+      message(FATAL_ERROR "mc_add_test: ${src} has parameterized or typed tests, which a GROUP cannot filter by suite: "
+                          "leave its program out of GROUP ${group}")
+    endif()
     file(STRINGS ${CMAKE_CURRENT_SOURCE_DIR}/${src} lines REGEX "^TEST(_F)?\\([A-Za-z0-9_]+,")
     foreach(line ${lines})
-      string(REGEX REPLACE "^TEST(_F)?\\(([A-Za-z0-9_]+),.*" "\\2.*" suite "${line}")
+      string(REGEX REPLACE "^TEST(_F)?\\(([A-Za-z0-9_]+),.*" "\\2" suite "${line}")
+      if(suite MATCHES "^[A-Z0-9_]+$")
+        message(FATAL_ERROR "mc_add_test: ${src} names the suite ${suite}, a macro by its look: a GROUP registers "
+                            "tests by their literal suite names; write the name, or leave the program out of GROUP")
+      endif()
+      if(suite IN_LIST taken)
+        message(FATAL_ERROR "mc_add_test: suite ${suite} of ${src} is already used by another program of GROUP "
+                            "${group}: suite names must be unique in a group")
+      endif()
       list(APPEND suites ${suite})
     endforeach()
   endforeach()
@@ -70,6 +94,8 @@ function(mc_test_suites var)
   if(NOT suites)
     message(FATAL_ERROR "mc_add_test: no TEST or TEST_F suite found in ${ARGN}")
   endif()
+  set_property(GLOBAL APPEND PROPERTY MC_GROUP_SUITES_${group} ${suites})
+  list(TRANSFORM suites APPEND ".*")
   list(JOIN suites ":" filter)
   set(${var} ${filter} PARENT_SCOPE)
 endfunction()
@@ -95,7 +121,7 @@ function(mc_add_test)
     target_link_libraries(${T_GROUP} PRIVATE ${T_LIBS})
     add_custom_target(${T_NAME})
     add_dependencies(${T_GROUP} ${T_NAME})
-    mc_test_suites(suites ${T_SOURCES})
+    mc_test_suites(suites ${T_GROUP} ${T_SOURCES})
     set(T_FILTER TEST_FILTER ${suites})
     set(T_TARGET ${T_GROUP})
   else()
