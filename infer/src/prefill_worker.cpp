@@ -1,27 +1,18 @@
 #include "mc/infer/prefill_worker.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <future>
-#include <map>
 #include <optional>
-#include <random>
 #include <thread>
 #include <unordered_map>
 
 #include "mc/common/clock.hpp"
-#include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
-#include "mc/common/queue_order.hpp"
-#include "mc/model/cost_model.hpp"
-#include "mc/net/grant.hpp"
 #include "mc/net/metrics_http.hpp"
 #include "mc/net/rpc.hpp"
-#include "mc/proto/conductor.hpp"
 #include "mc/proto/worker.hpp"
 
 namespace mc::infer {
