@@ -97,13 +97,21 @@ esac
 
 # ---- the description ----
 q() { jq -r "$1" "$file"; }
+# The description is read with a few jq runs, not one per field (each run costs tens of milliseconds). Fields are
+# joined by the unit separator (0x1f), which no setting contains, so that empty fields keep their place.
+sep=$'\x1f'
+# The description's "defaults" (null and false count as absent).
+declare -A file_defaults=()
+while IFS="$sep" read -r k v; do file_defaults[$k]="$v"; done < <(jq -r \
+  'if (.defaults | type) == "object" then .defaults else {} end | to_entries[]
+   | select(.value != null and .value != false) | [.key, (.value | tostring)] | join("\u001f")' "$file")
 # setting KEY DEFAULT: --set beats the description's "defaults" beats DEFAULT.
 setting() {
-  local kv v
+  local kv v=""
   for kv in ${sets[@]+"${sets[@]}"}; do
     [[ "${kv%%=*}" == "$1" ]] && v="${kv#*=}"
   done
-  [[ -n "${v:-}" ]] || v="$(jq -r --arg k "$1" '.defaults[$k] // empty | tostring' "$file")"
+  [[ -n "$v" ]] || v="${file_defaults[$1]:-}"
   echo "${v:-$2}"
 }
 backend="$(setting backend sim)"
@@ -139,7 +147,16 @@ subnet="$(setting subnet 10.88)"
 
 mapfile -t rack_names < <(q '.racks[]?.name')
 if [[ ${#rack_names[@]} -eq 0 ]]; then rack_names=(rack0); fi
-mapfile -t host_names < <(q '.hosts[]?.name')
+roles=(master store conductor decode prefill gateway)
+# One line per host: name, rack, nic_mbit, ssh, address, nic_latency_us, then each role's daemon count and args.
+mapfile -t host_lines < <(jq -r --arg roles "${roles[*]}" \
+  '($roles | split(" ")) as $rs | .hosts[]? | . as $h
+   | [(.name // "" | tostring), (.rack // "" | tostring), (.nic_mbit // "" | tostring), (.ssh // "" | tostring),
+      (.address // "" | tostring), (.nic_latency_us // 0 | tostring)]
+     + [$rs[] | (($h.daemons // {})[.] // 0 | tostring), (($h.args // {})[.] // "" | tostring)]
+   | join("\u001f")' "$file")
+host_names=()
+for line in ${host_lines[@]+"${host_lines[@]}"}; do host_names+=("${line%%"$sep"*}"); done
 n_hosts=${#host_names[@]}
 ((n_hosts >= 1)) || die "$file names no hosts (.hosts[])"
 ((n_hosts <= 200 && ${#rack_names[@]} <= 200)) || die "at most 200 hosts and 200 racks"
@@ -149,7 +166,6 @@ for r in "${!rack_names[@]}"; do
   [[ -z "${rack_index[${rack_names[$r]}]:-}" ]] || die "rack '${rack_names[$r]}' named twice"
   rack_index[${rack_names[$r]}]=$r
 done
-roles=(master store conductor decode prefill gateway)
 declare -A count=() args=() seen=()
 host_rack=() host_nic=() host_ssh=() host_addr=() host_ns=() host_if=() switch_if=() rack_hosts=()
 for h in "${!host_names[@]}"; do
@@ -157,32 +173,34 @@ for h in "${!host_names[@]}"; do
   [[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$ ]] || die "host name '$name': letters, digits, _ and - (at most 32)"
   [[ -z "${seen[$name]:-}" ]] || die "host '$name' named twice"
   seen[$name]=1
-  rack="$(jq -r --argjson i "$h" '.hosts[$i].rack // empty' "$file")"
+  IFS="$sep" read -r -a fields <<< "${host_lines[$h]}"
+  rack="${fields[1]:-}"
   [[ -n "$rack" ]] || rack="${rack_names[0]}"
   [[ -n "${rack_index[$rack]:-}" ]] || die "host '$name' is in rack '$rack', which .racks does not name"
   r=${rack_index[$rack]}
   host_rack[$h]=$r
   k=${rack_hosts[$r]:-0}
   rack_hosts[$r]=$((k + 1))
-  host_nic[$h]="$(jq -r --argjson i "$h" --arg d "$nic_default" '.hosts[$i].nic_mbit // $d' "$file")"
+  host_nic[$h]="${fields[2]:-$nic_default}"
   [[ "${host_nic[$h]}" =~ ^[0-9]+$ ]] || die "host '$name': nic_mbit must be a whole number of Mbit/s (0: unshaped)"
-  host_ssh[$h]="$(jq -r --argjson i "$h" '.hosts[$i].ssh // empty' "$file")"
+  host_ssh[$h]="${fields[3]:-}"
   case "$mode" in
     netns) host_addr[$h]="$subnet.$((r + 1)).$((k + 10))"; host_ns[$h]="host-$name" ;;
     loopback) host_addr[$h]=127.0.0.1 ;;
     ssh)
-      host_addr[$h]="$(jq -r --argjson i "$h" '.hosts[$i].address // empty' "$file")"
+      host_addr[$h]="${fields[4]:-}"
       [[ -n "${host_addr[$h]}" && -n "${host_ssh[$h]}" ]] || die "--mode ssh: host '$name' needs \"ssh\" and \"address\""
       ;;
   esac
-  for role in "${roles[@]}"; do
-    c="$(jq -r --argjson i "$h" --arg r "$role" '.hosts[$i].daemons[$r] // 0' "$file")"
+  for j in "${!roles[@]}"; do
+    role=${roles[$j]}
+    c="${fields[$((6 + 2 * j))]:-}"
     [[ "$c" =~ ^[0-9]+$ ]] || die "host '$name': daemons.$role must be a count"
     count[$h,$role]=$c
     count[$role]=$((${count[$role]:-0} + c))
-    args[$h,$role]="$(jq -r --argjson i "$h" --arg r "$role" '.hosts[$i].args[$r] // empty' "$file")"
+    args[$h,$role]="${fields[$((7 + 2 * j))]:-}"
   done
-  lat="$(jq -r --argjson i "$h" '.hosts[$i].nic_latency_us // 0' "$file")"
+  lat="${fields[5]:-0}"
   if [[ "$lat" != 0 && "$mode" == netns ]]; then
     echo "cluster.sh: host '$name': nic_latency_us $lat not emulated (this kernel has no netem; tbf shapes rate only)" >&2
   fi
@@ -208,6 +226,7 @@ state="$(mktemp -d "${TMPDIR:-/tmp}/mc-cluster.XXXXXX")"
 NETNS_PREFIX="mc$$"
 pids=()
 names=()
+declare -A pid_of=()  # daemon name -> its pid (wait_ready)
 remote=()  # ssh mode: "dest pid" of each daemon
 
 show() { printf '%q ' "$@" | sed 's/ $//'; echo; }
@@ -341,6 +360,7 @@ start() {
   fi
   pids+=("$!")
   names+=("$name")
+  pid_of[$name]=$!
 }
 
 # wait_ready H NAME: prints NAME's endpoint once its ready line is there (the line in $state/NAME.ready).
@@ -351,7 +371,7 @@ wait_ready() {
     echo "<$name-endpoint>"
     return 0
   fi
-  local pid="${pids[${#pids[@]}-1]:-}"
+  local pid="${pid_of[$name]:-}"
   while ((SECONDS < deadline)); do
     if [[ "$mode" == ssh ]]; then
       line="$(ssh -o BatchMode=yes "${host_ssh[$h]}" "grep -m1 '^ready ' mc-$name.log" 2>/dev/null || true)"
@@ -420,7 +440,6 @@ for h in "${!host_names[@]}"; do
     start "$h" "node$node" "$bin/mc-store" serve --master "$master" --node-id "node$node" --host "${host_names[$h]}" \
       --domain "${rack_names[${host_rack[$h]}]}" --listen "tcp://$a:0" --xfer-listen "tcp://$a:0" \
       --dram-bytes "$dram_bytes" $(id_flags "node$node") $(extra "$h" store)
-    wait_ready "$h" "node$node" > /dev/null
     node=$((node + 1))
   done
 done
@@ -442,6 +461,18 @@ for h in "${!host_names[@]}"; do
   start "$h" conductor "$bin/mc-conductor" serve --listen "tcp://${host_addr[$h]}:0" --kv-events "$events" \
     --store-master "$master" --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" \
     --time-scale "$time_scale" ${conductor_flags[@]+"${conductor_flags[@]}"} $(id_flags conductor) $(extra "$h" conductor)
+done
+# The storage nodes and the Conductor start together (each needs only the master) and are waited for here, in the
+# order they were started (cluster.txt lists them so).
+node=0
+for h in "${!host_names[@]}"; do
+  for ((i = 0; i < count[$h,store]; i++)); do
+    wait_ready "$h" "node$node" > /dev/null
+    node=$((node + 1))
+  done
+done
+for h in "${!host_names[@]}"; do
+  ((count[$h,conductor] == 1)) || continue
   conductor="$(wait_ready "$h" conductor)"
 done
 worker_flags=(--backend "$backend" --model "$model" --block-size "$block_size" --kv-buffer-size "$kv_buffer_size"
@@ -457,7 +488,6 @@ for h in "${!host_names[@]}"; do
     # shellcheck disable=SC2046
     start "$h" "decode$n" "$bin/mc-decode" --listen "tcp://${host_addr[$h]}:0" --reservation-ttl-ms 180000 \
       "${worker_flags[@]}" --store "$store_flag" --instance-id "decode$n" --host "${host_names[$h]}" $(id_flags "decode$n") $(extra "$h" decode)
-    wait_ready "$h" "decode$n" > /dev/null
     n=$((n + 1))
   done
 done
@@ -468,7 +498,6 @@ for h in "${!host_names[@]}"; do
     start "$h" "prefill$n" "$bin/mc-prefill" --listen "tcp://${host_addr[$h]}:0" --store "$store_flag" \
       "${worker_flags[@]}" --instance-id "prefill$n" --host "${host_names[$h]}" $(id_flags "prefill$n") \
       $(extra "$h" prefill)
-    wait_ready "$h" "prefill$n" > /dev/null
     n=$((n + 1))
   done
 done
@@ -480,6 +509,20 @@ for h in "${!host_names[@]}"; do
   # shellcheck disable=SC2046
   start "$h" gateway "$bin/mc-gateway" --listen "${host_addr[$h]}:0" --client-bind "tcp://${host_addr[$h]}:0" \
     --conductor "$conductor" --model "$model" $(id_flags default) --allow-unauthenticated $(extra "$h" gateway)
+done
+# The instances and the gateway start together (each needs only the Conductor and the master) and are waited for
+# here, in the order they were started.
+for role in decode prefill; do
+  n=0
+  for h in "${!host_names[@]}"; do
+    for ((i = 0; i < count[$h,$role]; i++)); do
+      wait_ready "$h" "$role$n" > /dev/null
+      n=$((n + 1))
+    done
+  done
+done
+for h in "${!host_names[@]}"; do
+  ((count[$h,gateway] == 1)) || continue
   gateway_url="$(wait_ready "$h" gateway)"
 done
 
@@ -499,6 +542,7 @@ client_prefix=""
   echo "cluster.sh: up ($mode): $(q '.name // "cluster"') from $file: $n_hosts hosts in ${#rack_names[@]} rack(s)," \
        "${count[store]} storage nodes, ${count[prefill]} prefill and ${count[decode]} decode instances ($backend, $model)"
   while read -r hn addr rack ns _; do
+    [[ "$mode" == netns ]] || ns=""  # (hosts.txt has empty namespace and interface fields outside netns mode)
     echo "  host $hn  rack $rack  address $addr${ns:+  namespace $ns}  runs: $(awk -v h="$hn" '$2==h{printf "%s ", $1}' \
       "$state/placement.txt")"
   done < "$state/hosts.txt"

@@ -143,6 +143,49 @@ TEST(AsyncClient, PipelinesCallsAndMatchesRepliesInAnyOrder) {
   EXPECT_EQ(client.counters().replies, static_cast<uint64_t>(kCalls + 1));  // and the hello
 }
 
+// abandon_wait (a daemon's second stop signal): a blocking call to a server that holds it ends with kCancelled
+// within about 100 ms of the predicate turning true, long before its timeout, and the endpoint's socket is closed;
+// a connect to an address where nothing answers ends the same way.
+TEST(AsyncClient, AbandonWaitEndsABlockingCallAndAConnect) {
+  HoldingServer server;
+  std::atomic<bool> stop_now{false};
+  AsyncClientOptions options;
+  options.abandon_wait = [&stop_now] { return stop_now.load(); };
+  AsyncClient client(options);
+  ASSERT_TRUE(client.connect(server.endpoint(), 2000).is_ok());
+  std::thread signal([&] {
+    (void)testkit::wait_until([&] { return server.held() == 1; }, 5000);
+    stop_now = true;
+  });
+  const int64_t start_ms = steady_ms();
+  auto r = client.call_sync(server.endpoint(), AsyncEchoRequest{"held"}, 30000);
+  const int64_t waited_ms = steady_ms() - start_ms;
+  signal.join();
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), Code::kCancelled) << r.status().to_string();
+  EXPECT_LT(waited_ms, 20000) << "the call waited for its timeout";
+  EXPECT_EQ(client.in_flight(), 0U);
+  EXPECT_EQ(client.server_hello(server.endpoint()), nullptr);  // the socket was closed
+  // A connect to a port where nothing listens gives up at once too (its timeout is 30 s).
+  Status c = client.connect("tcp://127.0.0.1:1", 30000);
+  EXPECT_EQ(c.code(), Code::kCancelled) << c.to_string();
+  // Empty: a blocking call is never abandoned (the held call is answered, then the reply comes). Another server:
+  // the first one still holds the abandoned call, whose caller is gone.
+  HoldingServer other;
+  AsyncClientOptions never;
+  never.abandon_wait = nullptr;
+  AsyncClient patient(never);
+  stop_now = true;
+  std::thread answer([&] {
+    (void)testkit::wait_until([&] { return other.held() == 1; }, 5000);
+    other.answer_all();
+  });
+  auto ok = patient.call_sync(other.endpoint(), AsyncEchoRequest{"answered"}, 10000);
+  answer.join();
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->text, "answered");
+}
+
 TEST(AsyncClient, TimeoutLateReplyAndReconnect) {
   HoldingServer server;
   AsyncClient client;

@@ -399,7 +399,14 @@ Result<std::string> AsyncClient::call_raw_sync(const std::string& endpoint, cons
   std::optional<Result<std::string>> result;
   call_raw(endpoint, type, std::move(body), timeout_ms, [&result](Result<std::string> r) { result = std::move(r); });
   // The call's own deadline ends the wait: expire() completes it with kTimeout.
-  while (!result) poll(static_cast<int>(std::min<int64_t>(std::max<int64_t>(timeout_ms, 1), 100)));
+  while (!result) {
+    poll(static_cast<int>(std::min<int64_t>(std::max<int64_t>(timeout_ms, 1), 100)));
+    if (!result && options_.abandon_wait && options_.abandon_wait()) {
+      forget(endpoint);
+      poll(0);
+      if (!result) result = Status(Code::kCancelled, "'" + type + "' to " + endpoint + " abandoned: stopping now");
+    }
+  }
   return std::move(*result);
 }
 
@@ -434,6 +441,10 @@ Status AsyncClient::connect(const std::string& endpoint, int64_t timeout_ms) {
                                             " ms: is the server running and the address right?" + auth_hint());
     }
     poll(static_cast<int>(std::min<int64_t>(left_ms + 1, 100)));
+    if (server_hello(endpoint) == nullptr && options_.abandon_wait && options_.abandon_wait()) {
+      forget(endpoint);
+      return Status(Code::kCancelled, "connecting to " + endpoint + " abandoned: stopping now");
+    }
   }
   return Status::ok();
 }
@@ -462,6 +473,7 @@ RpcClient::RpcClient(std::string endpoint, ClientOptions options)
         AsyncClientOptions o;
         o.client_name = options.client_name;
         o.max_message_bytes = options.max_message_bytes;
+        o.abandon_wait = options.abandon_wait;
         return o;
       }()) {}
 

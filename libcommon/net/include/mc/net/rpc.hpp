@@ -38,6 +38,7 @@
 #include <zmq_addon.hpp>
 
 #include "mc/common/clock.hpp"
+#include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
 #include "mc/common/metrics.hpp"
 #include "mc/common/status.hpp"
@@ -185,6 +186,12 @@ struct AsyncClientOptions {
   int64_t max_queued_pushes = 65536;
   int64_t max_message_bytes = proto::kMaxMessageBytes;
   const Clock* clock = nullptr;  // deadlines; nullptr = RealClock. Not owned; must outlive the client.
+  // call_sync() and connect() stop waiting once this returns true (asked at least every 100 ms while they wait):
+  // the call fails with kCancelled and the endpoint's socket is closed (forget()). The default,
+  // daemon::stop_now_requested, makes a second stop signal end a blocking call to a peer that is gone (the whole
+  // cluster stopping) at once instead of at its timeout; it is false in a process that installed no stop signals.
+  // Empty: never. Called on the client's thread.
+  std::function<bool()> abandon_wait = &daemon::stop_now_requested;
 };
 
 // Request/reply to any number of endpoints over one DEALER socket each, many calls in flight at once.
@@ -328,6 +335,7 @@ struct ClientOptions {
   int connect_timeout_ms = 2000;  // hello handshake
   int default_timeout_ms = 5000;
   int64_t max_message_bytes = proto::kMaxMessageBytes;
+  std::function<bool()> abandon_wait = &daemon::stop_now_requested;  // AsyncClientOptions::abandon_wait
 };
 
 // A blocking client of one endpoint: an AsyncClient used one call at a time. connect() performs the hello
