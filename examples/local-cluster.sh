@@ -188,6 +188,7 @@ tag="lc$$"
 etcd_pid=""
 pids=()
 names=()
+declare -A pid_of=()  # daemon name -> its pid (wait_ready)
 
 # stop_group IDX...: SIGTERM to those processes (newest first), a second SIGTERM after 1 s to those still running
 # (it ends a drain), SIGKILL after 5 s more; waits for each.
@@ -246,6 +247,7 @@ start() {
   "$@" > "$state/$name.log" 2>&1 &
   pids+=("$!")
   names+=("$name")
+  pid_of[$name]=$!
 }
 
 # host_label I: the host label of storage node / instance I.
@@ -253,7 +255,7 @@ host_label() { echo "host$(($1 % n_hosts))"; }
 
 # wait_ready NAME: waits for NAME's ready line; prints its endpoint; the whole line is in $state/NAME.ready.
 wait_ready() {
-  local name="$1" log="$state/$1.log" pid="${pids[${#pids[@]}-1]}"
+  local name="$1" log="$state/$1.log" pid="${pid_of[$1]}"
   local deadline=$((SECONDS + ready_timeout_s))
   while ((SECONDS < deadline)); do
     local line
@@ -393,8 +395,6 @@ for ((i = 0; i < store_nodes; i++)); do
   start "node$i" "$bin/mc-store" serve "${master_flags[@]}" --node-id "$tag-node$i" --host "$(host_label "$i")" \
     --dram-bytes "$dram_bytes" ${ssd_flags[@]+"${ssd_flags[@]}"} ${auth_flags[@]+"${auth_flags[@]}"} \
     ${metrics_flags[@]+"${metrics_flags[@]}"}
-  wait_ready "node$i" > /dev/null
-  record_metrics "node$i"
 done
 
 # The ref backend computes on the CPU, which the GPU cost model does not describe: no decode envelope there.
@@ -407,6 +407,12 @@ start conductor "$bin/mc-conductor" serve --listen tcp://127.0.0.1:0 "${conducto
   ${auth_flags[@]+"${auth_flags[@]}"} ${metrics_flags[@]+"${metrics_flags[@]}"} \
   --policy "$policy" --block-size "$block_size" --cost-model "$model" --gpu "$gpu" --time-scale "$time_scale" \
   ${envelope_flags[@]+"${envelope_flags[@]}"} ${extra_conductor_flags[@]+"${extra_conductor_flags[@]}"}
+# The storage nodes and the Conductor start together (each needs only the master) and are waited for here, in the
+# order they were started (cluster.txt lists them so).
+for ((i = 0; i < store_nodes; i++)); do
+  wait_ready "node$i" > /dev/null
+  record_metrics "node$i"
+done
 conductor="$(wait_ready conductor)"
 record_metrics conductor
 
@@ -427,16 +433,12 @@ for ((i = 0; i < n_decode; i++)); do
   start "decode$i" "$bin/mc-decode" --listen tcp://127.0.0.1:0 --reservation-ttl-ms 180000 "${worker_flags[@]}" \
     "${store_flags[@]}" --instance-id "decode$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"} \
     ${metrics_flags[@]+"${metrics_flags[@]}"}
-  wait_ready "decode$i" > /dev/null
-  record_metrics "decode$i"
 done
 for ((i = 0; i < n_prefill; i++)); do
   as "prefill$i"
   start "prefill$i" "$bin/mc-prefill" --listen tcp://127.0.0.1:0 "${store_flags[@]}" "${worker_flags[@]}" \
     --instance-id "prefill$i" --host "$(host_label "$i")" ${auth_flags[@]+"${auth_flags[@]}"} \
     ${metrics_flags[@]+"${metrics_flags[@]}"}
-  wait_ready "prefill$i" > /dev/null
-  record_metrics "prefill$i"
 done
 
 gateway_url=""
@@ -445,6 +447,18 @@ if [[ "$gateway" == 1 ]]; then
   as default
   start gateway "$bin/mc-gateway" --listen 127.0.0.1:0 --conductor "$conductor" --model "$model" \
     ${auth_flags[@]+"${auth_flags[@]}"} ${extra_gateway_flags[@]+"${extra_gateway_flags[@]}"}
+fi
+# The instances and the gateway start together (each needs only the Conductor and the master) and are waited for
+# here, in the order they were started.
+for ((i = 0; i < n_decode; i++)); do
+  wait_ready "decode$i" > /dev/null
+  record_metrics "decode$i"
+done
+for ((i = 0; i < n_prefill; i++)); do
+  wait_ready "prefill$i" > /dev/null
+  record_metrics "prefill$i"
+done
+if [[ "$gateway" == 1 ]]; then
   gateway_url="$(wait_ready gateway)"
   record_metrics gateway  # its /metrics is on its HTTP port
   export MC_GATEWAY="$gateway_url"
