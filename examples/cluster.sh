@@ -18,8 +18,9 @@
 #             made.
 #   ssh       real hosts: each host's "ssh" destination runs its daemons (the same --bin path there), bound to its
 #             "address". With --dry-run (how it is tested here) every command is printed instead.
-# The launcher waits for each daemon's ready line (in start order: master, storage nodes, conductor, decode, prefill,
-# gateway), writes $MC_CLUSTER_STATE/cluster.txt (name pid endpoint host) and hosts.txt (host address rack, and in
+# The launcher starts the master, then the storage nodes and the conductor together, then the decode and prefill
+# instances and the gateway together, and waits for each daemon's ready line (cluster.txt lists them in that order:
+# master, storage nodes, conductor, decode, prefill, gateway), writes $MC_CLUSTER_STATE/cluster.txt (name pid endpoint host) and hosts.txt (host address rack, and in
 # netns mode its namespace, its interface, the switch's port facing it and its nic_mbit: for tc, nft or ip in a
 # fault test) and with several racks racks.txt (rack, router namespace and its port, switch namespace and its
 # uplink port), and on exit, Ctrl-C, SIGTERM or a failure stops every process it started (SIGTERM; after 1 s a second

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # local-cluster.sh: compose an mc cluster on loopback from the binaries.
 #
-# Starts, in order, and waits for each one's "ready <service> <endpoint> ..." line on stdout:
+# Starts these and waits for each one's "ready <service> <endpoint> ..." line on stdout; each group starts once the one
+# before it is ready, its daemons together:
 #   1 store master (mc-store master, with its KV-event publisher)
-#   S storage nodes (mc-store serve, DRAM from /dev/shm)
-#   1 conductor (mc-conductor serve, subscribed to the master's KV events)
-#   P prefill instances (mc-prefill, prefix cache = the store)
-#   D decode instances (mc-decode)
+#   S storage nodes (mc-store serve, DRAM from /dev/shm) and 1 conductor (mc-conductor serve, subscribed to the
+#   master's KV events)
+#   D decode instances (mc-decode), P prefill instances (mc-prefill, prefix cache = the store) and the gateway
 # then prints how to reach it. Every port is picked by the kernel (port 0) and read back from the
 # ready lines, so several clusters can run side by side.
 #

@@ -1,5 +1,8 @@
 #include "mc/model/model_config.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -50,14 +53,160 @@ Status field_error(std::string_view field, int64_t value, std::string_view why) 
                "model config: " + std::string(field) + " = " + std::to_string(value) + ": " + std::string(why));
 }
 
+Status key_error(std::string_view key, std::string_view why) {
+  return error(Code::kInvalidArgument, "model config: \"" + std::string(key) + "\" " + std::string(why));
+}
+
+// A boolean key: absent keeps `out`; null counts as absent.
+Status read_bool(const nlohmann::json& j, const char* key, bool& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::ok();
+  if (!it->is_boolean()) return key_error(key, "must be true or false");
+  out = it->get<bool>();
+  return Status::ok();
+}
+
+// A token id or a list of them ("eos_token_id" may be either); null or absent leaves `out` as it is.
+Status read_token_ids(const nlohmann::json& j, const char* key, std::vector<int64_t>& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::ok();
+  std::vector<int64_t> ids;
+  auto take = [&](const nlohmann::json& v) -> Status {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= (int64_t{1} << 31)) {
+      return key_error(key, "must be a token id (an integer in [0, 2^31)) or a list of them");
+    }
+    ids.push_back(v.get<int64_t>());
+    return Status::ok();
+  };
+  if (it->is_array()) {
+    if (it->size() > 64) return key_error(key, "lists more than 64 token ids");
+    for (const auto& v : *it) MC_RETURN_IF_ERROR(take(v));
+  } else {
+    MC_RETURN_IF_ERROR(take(*it));
+  }
+  out = std::move(ids);
+  return Status::ok();
+}
+
+// "rope_scaling": null, {"rope_type": "default"}, or {"rope_type": "llama3", ...} ("type" in older configs).
+Status read_rope_scaling(const nlohmann::json& j, RopeScaling& out) {
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return Status::ok();
+  if (!it->is_object()) return key_error("rope_scaling", "must be an object or null");
+  auto type = it->find("rope_type");
+  if (type == it->end()) type = it->find("type");
+  const std::string kind = type != it->end() && type->is_string() ? type->get<std::string>() : "";
+  if (kind == "default") return Status::ok();
+  if (kind != "llama3") {
+    return key_error("rope_scaling", "of type '" + kind +
+                                         "' is not supported (mc computes RoPE unscaled or with Llama 3.1's "
+                                         "\"llama3\" scaling)");
+  }
+  RopeScaling r;
+  r.kind = RopeScaling::Kind::kLlama3;
+  for (auto [key, field] : {std::pair<const char*, double*>{"factor", &r.factor},
+                            {"low_freq_factor", &r.low_freq_factor},
+                            {"high_freq_factor", &r.high_freq_factor}}) {
+    auto v = it->find(key);
+    if (v == it->end() || !v->is_number())
+      return key_error("rope_scaling", std::string("needs a number \"") + key + "\"");
+    *field = v->get<double>();
+  }
+  auto original = it->find("original_max_position_embeddings");
+  if (original == it->end() || !original->is_number_integer()) {
+    return key_error("rope_scaling", "needs an integer \"original_max_position_embeddings\"");
+  }
+  r.original_max_position_embeddings = original->get<int64_t>();
+  out = r;
+  return Status::ok();
+}
+
+// The architecture and what it changes in the forward pass (the header comment).
+Status read_architecture(const nlohmann::json& j, ModelConfig& m) {
+  std::string name;
+  if (auto it = j.find("architectures"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty() || !(*it)[0].is_string()) {
+      return key_error("architectures", "must be a list holding the model class name");
+    }
+    name = (*it)[0].get<std::string>();
+  } else if (auto it2 = j.find("architecture"); it2 != j.end()) {
+    if (!it2->is_string()) return key_error("architecture", "must be a model class name");
+    name = it2->get<std::string>();
+  }
+  if (!name.empty()) {
+    bool known = false;
+    std::string supported;
+    for (Architecture a : {Architecture::kLlama, Architecture::kQwen2, Architecture::kQwen3, Architecture::kMistral}) {
+      supported += (supported.empty() ? "" : ", ") + std::string(architecture_name(a));
+      if (name == architecture_name(a)) {
+        m.architecture = a;
+        known = true;
+      }
+    }
+    if (!known)
+      return error(Code::kInvalidArgument,
+                   "model config: architecture '" + name + "' is not supported (" + supported + ")");
+  }
+  if (auto act = j.find("hidden_act"); act != j.end() && !(act->is_string() && act->get<std::string>() == "silu")) {
+    return key_error("hidden_act",
+                     "must be \"silu\" (the SwiGLU MLP of the supported architectures), got " + act->dump());
+  }
+  bool mlp_bias = false;
+  MC_RETURN_IF_ERROR(read_bool(j, "mlp_bias", mlp_bias));
+  if (mlp_bias) return key_error("mlp_bias", "true is not supported (no supported architecture has MLP biases)");
+  m.attention_bias = m.architecture == Architecture::kQwen2;  // Qwen2's q/k/v biases have no switch
+  if (m.architecture != Architecture::kQwen2) MC_RETURN_IF_ERROR(read_bool(j, "attention_bias", m.attention_bias));
+  m.qk_norm = m.architecture == Architecture::kQwen3;
+  MC_RETURN_IF_ERROR(read_bool(j, "tie_word_embeddings", m.tie_word_embeddings));
+  MC_RETURN_IF_ERROR(read_rope_scaling(j, m.rope_scaling));
+  bool use_sliding_window = m.architecture == Architecture::kMistral;  // Qwen's configs carry a switch
+  MC_RETURN_IF_ERROR(read_bool(j, "use_sliding_window", use_sliding_window));
+  if (use_sliding_window && m.architecture != Architecture::kMistral) {
+    return key_error("use_sliding_window", "true is not supported for " +
+                                               std::string(architecture_name(m.architecture)) +
+                                               " (sliding-window layers; mc computes full attention)");
+  }
+  if (auto sw = j.find("sliding_window"); use_sliding_window && sw != j.end() && !sw->is_null()) {
+    if (!sw->is_number_integer() || sw->get<int64_t>() <= 0)
+      return key_error("sliding_window", "must be a positive integer or null");
+    m.sliding_window_tokens = sw->get<int64_t>();
+    m.max_context_tokens = std::min(m.max_context_tokens, m.sliding_window_tokens);
+  }
+  if (auto bos = j.find("bos_token_id"); bos != j.end() && !bos->is_null()) {
+    std::vector<int64_t> ids;
+    MC_RETURN_IF_ERROR(read_token_ids(j, "bos_token_id", ids));
+    if (ids.size() != 1) return key_error("bos_token_id", "must be one token id");
+    m.bos_token_id = ids[0];
+  }
+  return read_token_ids(j, "eos_token_id", m.eos_token_ids);
+}
+
 }  // namespace
+
+std::string_view architecture_name(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama:
+      return "LlamaForCausalLM";
+    case Architecture::kQwen2:
+      return "Qwen2ForCausalLM";
+    case Architecture::kQwen3:
+      return "Qwen3ForCausalLM";
+    case Architecture::kMistral:
+      return "MistralForCausalLM";
+  }
+  return "LlamaForCausalLM";
+}
 
 int64_t ModelConfig::matmul_param_count() const {
   return num_layers * (attention_params(*this) + 3 * hidden_size * ffn_size) + vocab_size * hidden_size;
 }
 
 int64_t ModelConfig::param_count() const {
-  return matmul_param_count() + vocab_size * hidden_size /* embedding */ + num_layers * 2 * hidden_size + hidden_size;
+  int64_t n = matmul_param_count() + num_layers * 2 * hidden_size + hidden_size;  // + the norms
+  if (!tie_word_embeddings) n += vocab_size * hidden_size;                        // the embedding, when its own
+  if (attention_bias) n += num_layers * (num_heads + 2 * num_kv_heads) * head_dim;
+  if (qk_norm) n += num_layers * 2 * head_dim;
+  return n;
 }
 
 Status ModelConfig::validate() const {
@@ -81,6 +230,16 @@ Status ModelConfig::validate() const {
   }
   if (!(rope_theta > 0)) return error(Code::kInvalidArgument, "model config: rope_theta must be > 0");
   if (!(rms_norm_eps > 0)) return error(Code::kInvalidArgument, "model config: rms_norm_eps must be > 0");
+  if (sliding_window_tokens < 0) return field_error("sliding_window", sliding_window_tokens, "must be >= 0");
+  if (rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+    const RopeScaling& r = rope_scaling;
+    if (!(r.factor >= 1.0) || !(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor) ||
+        r.original_max_position_embeddings <= 0) {
+      return error(Code::kInvalidArgument,
+                   "model config: rope_scaling of type llama3 needs factor >= 1, 0 < low_freq_factor < "
+                   "high_freq_factor and original_max_position_embeddings > 0");
+    }
+  }
   return Status::ok();
 }
 
@@ -98,7 +257,22 @@ std::string ModelConfig::to_json() const {
                       {"rms_norm_eps", rms_norm_eps},
                       {"max_context_tokens", max_context_tokens},
                       {"kv_bytes_per_token", kv_bytes_per_token()},
-                      {"param_count", param_count()}};
+                      {"param_count", param_count()},
+                      {"architecture", architecture_name(architecture)},
+                      {"attention_bias", attention_bias},
+                      {"qk_norm", qk_norm},
+                      {"tie_word_embeddings", tie_word_embeddings}};
+  if (rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", rope_scaling.factor},
+                         {"low_freq_factor", rope_scaling.low_freq_factor},
+                         {"high_freq_factor", rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  }
+  if (sliding_window_tokens > 0) j["sliding_window"] = sliding_window_tokens;
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (!eos_token_ids.empty()) j["eos_token_id"] = eos_token_ids;
+  if (!checkpoint_dir.empty()) j["checkpoint_dir"] = checkpoint_dir;
   return j.dump();
 }
 
@@ -115,7 +289,7 @@ Result<ModelConfig> model_preset(std::string_view name) {
   std::string known;
   for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
   return error(Code::kInvalidArgument, "unknown model preset '" + std::string(name) + "' (known: " + known +
-                                           "; or give a path to a JSON file)");
+                                           "; or give a Hugging Face model directory or a JSON file)");
 }
 
 Result<ModelConfig> model_from_json(std::string_view json_text) {
@@ -172,8 +346,11 @@ Result<ModelConfig> model_from_json(std::string_view json_text) {
   if (!head_dim_given && (j.contains("num_attention_heads") || j.contains("num_heads") || j.contains("hidden_size"))) {
     if (m.num_heads > 0 && m.hidden_size % m.num_heads == 0) m.head_dim = m.hidden_size / m.num_heads;
   }
+  MC_RETURN_IF_ERROR(read_architecture(j, m));
   if (!j.contains("dtype_bytes")) {
-    if (auto it = j.find("torch_dtype"); it != j.end()) {
+    auto it = j.find("torch_dtype");
+    if (it == j.end()) it = j.find("dtype");  // transformers' newer name
+    if (it != j.end()) {
       const std::string t = it->is_string() ? it->get<std::string>() : "";
       if (t == "bfloat16" || t == "float16") {
         m.dtype_bytes = 2;
@@ -189,15 +366,72 @@ Result<ModelConfig> model_from_json(std::string_view json_text) {
   return m;
 }
 
+namespace {
+
+// A model's JSON file, at most 4 MiB (a config.json is a few KiB; a path to anything else must not be read whole).
+Result<std::string> read_config_file(const std::string& path, std::string_view what, std::string_view remedy) {
+  constexpr std::streamsize kMaxConfigBytes = std::streamsize{4} << 20;
+  MC_ASSIGN_OR_RETURN(std::ifstream in, open_input_file(path, what, remedy));
+  std::string text(static_cast<size_t>(kMaxConfigBytes) + 1, '\0');
+  in.read(text.data(), kMaxConfigBytes + 1);
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (static_cast<std::streamsize>(text.size()) > kMaxConfigBytes) {
+    return error(Code::kInvalidArgument,
+                 std::string(what) + " '" + path + "' is larger than 4 MiB: not a model config");
+  }
+  return text;
+}
+
+// DIR/config.json, then DIR/generation_config.json when present (its token ids win: they are what generation uses).
+Result<ModelConfig> load_checkpoint_config(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  MC_ASSIGN_OR_RETURN(std::string text,
+                      read_config_file(config_path, "Hugging Face config",
+                                       "a model directory holds config.json beside its *.safetensors files"));
+  auto m = model_from_json(text);
+  if (!m) return m.status().with_context("in '" + config_path + "'");
+  const std::string gen_path = dir + "/generation_config.json";
+  if (::access(gen_path.c_str(), F_OK) == 0) {
+    MC_ASSIGN_OR_RETURN(std::string gen_text, read_config_file(gen_path, "generation config", {}));
+    nlohmann::json g = nlohmann::json::parse(gen_text, nullptr, /*allow_exceptions=*/false);
+    if (g.is_discarded() || !g.is_object()) {
+      return error(Code::kInvalidArgument, "model config: '" + gen_path + "' is not a JSON object");
+    }
+    Status s = read_token_ids(g, "eos_token_id", m->eos_token_ids);
+    if (s.is_ok() && g.contains("bos_token_id") && !g["bos_token_id"].is_null()) {
+      std::vector<int64_t> bos;
+      s = read_token_ids(g, "bos_token_id", bos);
+      if (s.is_ok() && bos.size() == 1) m->bos_token_id = bos[0];
+    }
+    if (!s.is_ok()) return s.with_context("in '" + gen_path + "'");
+  }
+  m->checkpoint_dir = dir;
+  if (!nlohmann::json::parse(text, nullptr, false).contains("name")) {  // the directory's name, not _name_or_path
+    std::string trimmed = dir;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+    const size_t slash = trimmed.find_last_of('/');
+    m->name = slash == std::string::npos ? trimmed : trimmed.substr(slash + 1);
+  }
+  return m;
+}
+
+}  // namespace
+
 Result<ModelConfig> load_model(std::string_view spec) {
   const bool is_path =
       spec.find('/') != std::string_view::npos || (spec.size() > 5 && spec.substr(spec.size() - 5) == ".json");
-  if (!is_path) return model_preset(spec);
-  MC_ASSIGN_OR_RETURN(std::ifstream in,
-                      open_input_file(std::string(spec), "model config file", "name a preset or a JSON config file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto m = model_from_json(ss.str());
+  struct ::stat st {};
+  const bool is_dir = !spec.empty() && ::stat(std::string(spec).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  if (!is_path) {
+    // A preset name wins over a directory of that name in the working directory ("./tiny" names the directory).
+    auto preset = model_preset(spec);
+    if (preset || !is_dir) return preset;
+  }
+  if (is_dir) return load_checkpoint_config(std::string(spec));
+  MC_ASSIGN_OR_RETURN(std::string text, read_config_file(std::string(spec), "model config file",
+                                                         "name a preset, a Hugging Face model directory or a JSON "
+                                                         "config file"));
+  auto m = model_from_json(text);
   if (!m) return m.status().with_context("in '" + std::string(spec) + "'");
   return m;
 }

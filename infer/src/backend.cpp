@@ -91,7 +91,25 @@ Status validate_stage(const model::ModelConfig& model, const KvBuffer& kv, const
 
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
   MC_RETURN_IF_ERROR(options.model.validate());
-  if (options.kind == "ref") return make_ref_backend(options);
+  if (options.kind == "ref") {
+    // The ref backend computes a LLaMA-shaped model from seeded random weights: it would answer a checkpoint's
+    // requests with another model's tokens, and it has no biases, q/k norms, tied embeddings or RoPE scaling.
+    const model::ModelConfig& m = options.model;
+    if (!m.checkpoint_dir.empty()) {
+      return error(Code::kInvalidArgument,
+                   "ref backend: it computes seeded random weights, not the checkpoint in '" + m.checkpoint_dir +
+                       "' (the CPU engine for checkpoint weights is not built yet, issue 49): give a preset or a "
+                       "JSON shape, or --backend sim to model the checkpoint's speed");
+    }
+    if (m.architecture != model::Architecture::kLlama || m.attention_bias || m.qk_norm || m.tie_word_embeddings ||
+        m.rope_scaling.kind != model::RopeScaling::Kind::kNone) {
+      return error(Code::kInvalidArgument,
+                   "ref backend: model '" + m.name + "' (" + std::string(model::architecture_name(m.architecture)) +
+                       ") needs biases, q/k norms, tied embeddings or RoPE scaling, which the ref backend does not "
+                       "compute: give a plain LLaMA shape, or --backend sim");
+    }
+    return make_ref_backend(options);
+  }
   if (options.kind == "sim") {
     if (!(options.time_scale > 0)) {
       return error(Code::kInvalidArgument,

@@ -370,6 +370,24 @@ TEST(RefBackend, RefusesHugeModels) {
   EXPECT_NE(b.status().message().find("--backend sim"), std::string::npos);
 }
 
+// A checkpoint's config (or a shape with what the ref backend does not compute) is refused by the ref backend rather
+// than answered with another model's tokens; the sim backend models its speed.
+TEST(RefBackend, RefusesACheckpointItCannotCompute) {
+  BackendOptions o;
+  o.model = model::model_preset("tiny").value();
+  o.model.checkpoint_dir = "/models/Qwen2.5-0.5B";
+  auto b = make_backend(o);
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.status().message().find("/models/Qwen2.5-0.5B"), std::string::npos) << b.status().message();
+  o.model.checkpoint_dir.clear();
+  o.model.qk_norm = true;
+  auto qk = make_backend(o);
+  ASSERT_FALSE(qk);
+  EXPECT_NE(qk.status().message().find("--backend sim"), std::string::npos) << qk.status().message();
+  o.kind = "sim";
+  EXPECT_TRUE(make_backend(o)) << "the sim backend prices any shape";
+}
+
 TEST(SimBackend, CachedPrefixAndChunkedGiveIdenticalBytes) {
   for (int64_t cached : {0, 8, 56}) check_cached_equals_full("sim", 64, cached, 0);
   check_cached_equals_full("sim", 45, 16, 7);

@@ -1,9 +1,14 @@
 #include "mc/model/model_config.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 namespace mc::infer {
 namespace {
@@ -106,6 +111,131 @@ TEST(ModelConfig, ToJsonRoundTrips) {
   EXPECT_EQ(back->name, "llama3-8b");
   EXPECT_EQ(back->param_count(), m->param_count());
   EXPECT_EQ(back->rope_theta, m->rope_theta);
+}
+
+// Hugging Face config.json files of the four supported architectures (the published shapes, written out for the
+// test): the architecture, what it changes in the forward pass, and the parameter count the model cards give.
+constexpr const char* kLlama32_1b = R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false,
+  "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+  "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 128256})";
+constexpr const char* kQwen25_05b = R"({"architectures": ["Qwen2ForCausalLM"], "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864,
+  "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+  "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_sliding_window": false,
+  "vocab_size": 151936})";
+constexpr const char* kQwen3_06b = R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+  "intermediate_size": 3072, "max_position_embeddings": 40960, "model_type": "qwen3", "num_attention_heads": 16,
+  "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null,
+  "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "use_sliding_window": false, "vocab_size": 151936})";
+constexpr const char* kMistral7b_v03 = R"({"architectures": ["MistralForCausalLM"], "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32768})";
+
+TEST(ModelConfig, TheFourArchitecturesAndTheirPublishedParameterCounts) {
+  struct Case {
+    const char* json;
+    model::Architecture arch;
+    bool bias, qk_norm, tied;
+    int64_t params;
+  };
+  for (const Case& c : {Case{kLlama32_1b, model::Architecture::kLlama, false, false, true, 1'235'814'400},
+                        Case{kQwen25_05b, model::Architecture::kQwen2, true, false, true, 494'032'768},
+                        Case{kQwen3_06b, model::Architecture::kQwen3, false, true, true, 596'049'920},
+                        Case{kMistral7b_v03, model::Architecture::kMistral, false, false, false, 7'248'023'552}}) {
+    auto m = model::model_from_json(c.json);
+    ASSERT_TRUE(m) << m.status().to_string();
+    SCOPED_TRACE(std::string(model::architecture_name(c.arch)));
+    EXPECT_EQ(m->architecture, c.arch);
+    EXPECT_EQ(m->attention_bias, c.bias);
+    EXPECT_EQ(m->qk_norm, c.qk_norm);
+    EXPECT_EQ(m->tie_word_embeddings, c.tied);
+    EXPECT_EQ(m->param_count(), c.params);
+    EXPECT_EQ(m->sliding_window_tokens, 0);  // Qwen's switch is off, Mistral v0.3's window null
+    ASSERT_EQ(m->eos_token_ids.size(), 1u);
+    // The JSON of the config reads back the same (mc-conductor and mc-sim pass models as JSON).
+    auto back = model::model_from_json(m->to_json());
+    ASSERT_TRUE(back) << back.status().to_string();
+    EXPECT_EQ(back->param_count(), c.params);
+    EXPECT_EQ(back->architecture, c.arch);
+  }
+  auto llama = model::model_from_json(kLlama32_1b);
+  ASSERT_TRUE(llama);
+  EXPECT_EQ(llama->head_dim, 64);
+  EXPECT_EQ(llama->rope_scaling.kind, model::RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(llama->rope_scaling.factor, 32.0);
+  EXPECT_EQ(llama->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(llama->bos_token_id, 128000);
+  auto qwen3 = model::model_from_json(kQwen3_06b);
+  ASSERT_TRUE(qwen3);
+  EXPECT_EQ(qwen3->head_dim, 128);  // explicit: not hidden / heads (64)
+  EXPECT_EQ(qwen3->kv_bytes_per_token(), 2 * 28 * 8 * 128 * 2);
+}
+
+TEST(ModelConfig, WhatTheEngineCannotComputeIsRefusedByName) {
+  auto with = [](const char* base, const std::string& key, const std::string& value) {
+    nlohmann::json j = nlohmann::json::parse(base);
+    j[key] = nlohmann::json::parse(value);
+    return model::model_from_json(j.dump());
+  };
+  auto gpt2 = with(kLlama32_1b, "architectures", R"(["GPT2LMHeadModel"])");
+  ASSERT_FALSE(gpt2);
+  EXPECT_NE(gpt2.status().message().find("GPT2LMHeadModel"), std::string::npos) << gpt2.status().message();
+  EXPECT_NE(gpt2.status().message().find("Qwen3ForCausalLM"), std::string::npos) << gpt2.status().message();
+  auto gelu = with(kLlama32_1b, "hidden_act", R"("gelu")");
+  ASSERT_FALSE(gelu);
+  EXPECT_NE(gelu.status().message().find("hidden_act"), std::string::npos);
+  auto yarn = with(kQwen25_05b, "rope_scaling", R"({"type": "yarn", "factor": 4.0})");
+  ASSERT_FALSE(yarn);
+  EXPECT_NE(yarn.status().message().find("yarn"), std::string::npos);
+  auto swa = with(kQwen25_05b, "use_sliding_window", "true");
+  ASSERT_FALSE(swa);
+  EXPECT_NE(swa.status().message().find("use_sliding_window"), std::string::npos);
+  EXPECT_FALSE(with(kLlama32_1b, "mlp_bias", "true"));
+  EXPECT_FALSE(with(kLlama32_1b, "eos_token_id", R"("</s>")"));
+  EXPECT_FALSE(with(kLlama32_1b, "rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})"));
+  // Mistral v0.1's 4,096-token window caps the context (mc computes full attention: equal within the window).
+  auto v01 = with(kMistral7b_v03, "sliding_window", "4096");
+  ASSERT_TRUE(v01) << v01.status().to_string();
+  EXPECT_EQ(v01->sliding_window_tokens, 4096);
+  EXPECT_EQ(v01->max_context_tokens, 4096);
+  // A list of end tokens (Llama 3.x instruct models).
+  auto instruct = with(kLlama32_1b, "eos_token_id", "[128001, 128008, 128009]");
+  ASSERT_TRUE(instruct);
+  EXPECT_EQ(instruct->eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
+}
+
+// load_model(DIR): a Hugging Face model directory, its generation_config.json's token ids winning.
+TEST(ModelConfig, AModelDirectoryIsReadWithItsGenerationConfig) {
+  const std::string dir = testing::TempDir() + "/mc_model_dir_test_" + std::to_string(::getpid()) + "/Qwen2.5-0.5B";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << kQwen25_05b;
+  std::ofstream(dir + "/generation_config.json") << R"({"bos_token_id": 151643, "eos_token_id": [151645, 151643]})";
+  auto m = model::load_model(dir);
+  ASSERT_TRUE(m) << m.status().to_string();
+  EXPECT_EQ(m->name, "Qwen2.5-0.5B");
+  EXPECT_EQ(m->checkpoint_dir, dir);
+  EXPECT_EQ(m->architecture, model::Architecture::kQwen2);
+  EXPECT_EQ(m->eos_token_ids, (std::vector<int64_t>{151645, 151643}));
+  EXPECT_EQ(m->bos_token_id, 151643);
+  std::ofstream(dir + "/generation_config.json") << "not json";
+  auto bad_gen = model::load_model(dir);
+  ASSERT_FALSE(bad_gen);
+  EXPECT_NE(bad_gen.status().message().find("generation_config.json"), std::string::npos);
+  std::filesystem::remove(dir + "/generation_config.json");
+  std::filesystem::remove(dir + "/config.json");
+  auto none = model::load_model(dir);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.status().message().find(dir + "/config.json"), std::string::npos) << none.status().message();
+  std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
 }
 
 }  // namespace

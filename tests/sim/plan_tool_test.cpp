@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -65,6 +67,36 @@ TEST(Tools, McSimAndMcPlanPrintJsonAndMapErrorsToExitCodes) {
   auto t = nlohmann::json::parse(out);
   EXPECT_EQ(t["rows"].size(), 2u);
   EXPECT_EQ(t["paper_bytes_per_s"], 6e9);
+}
+
+// A Hugging Face model directory wherever a model is named (issue 49 item 1): mc-plan prices Qwen2.5-0.5B's real shape
+// (2 KV heads of 64 over 24 layers, bf16: 12,288 B of KV a token), mc-sim runs a trace on it, and mc-prefill's ref
+// backend refuses to answer for its weights with random ones (exit 2, naming the directory).
+TEST(Tools, AHuggingFaceModelDirectoryIsPricedAsItsConfigSays) {
+  const std::string dir = ::testing::TempDir() + "mc_hf_dir_" + std::to_string(::getpid()) + "/Qwen2.5-0.5B";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu",
+    "hidden_size": 896, "intermediate_size": 4864, "max_position_embeddings": 32768, "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "use_sliding_window": false, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "vocab_size": 151936, "eos_token_id": 151643})";
+  int rc = 0;
+  std::string out =
+      run_tool(MC_BINARY_DIR "/bin/mc-plan threshold --json --prefix-tokens 8K --model " + dir + " 2>&1", rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto t = nlohmann::json::parse(out);
+  EXPECT_EQ(t["model"], "Qwen2.5-0.5B");
+  EXPECT_EQ(t["kv_bytes_per_token"], 2 * 24 * 2 * 64 * 2);
+  auto j = sim_json(MC_SOURCE_DIR "/examples/traces/conversation_trace.jsonl",
+                    "--max-requests 20 --prefill-instances 1 --decode-instances 1 --model " + dir);
+  EXPECT_EQ(j["summary"]["requests"]["offered"], 20) << j.dump().substr(0, 2000);
+  out = run_tool(MC_BINARY_DIR "/bin/mc-prefill --backend ref --model " + dir +
+                     " --conductor tcp://127.0.0.1:1 --conductor-wait-ms 0 2>&1",
+                 rc);
+  EXPECT_NE(WEXITSTATUS(rc), 0) << out;
+  EXPECT_NE(out.find(dir), std::string::npos) << out;
+  EXPECT_NE(out.find("--backend sim"), std::string::npos) << out;
+  std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
 }
 
 // The queue discipline through mc-sim (issue 24 item 1): the first 600 s of the conversation trace at 2x on the

@@ -201,7 +201,9 @@ CLI::Option* add_block_size_option(CLI::App& cmd, uint32_t& tokens, const std::s
 }
 
 namespace {
-const char* const kModelHelp = "Model preset (tiny, small, llama3-8b, llama3-70b) or a JSON config file";
+const char* const kModelHelp =
+    "Model preset (tiny, small, llama3-8b, llama3-70b), a Hugging Face model directory (its config.json) or a JSON "
+    "config file";
 }  // namespace
 
 CLI::Option* add_model_option(CLI::App& cmd, std::string& model, bool env) {

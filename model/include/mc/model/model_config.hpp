@@ -24,6 +24,20 @@
 //   matmul_param_count = param_count − embedding − norms: the weights every token multiplies
 //                        (the "2·params FLOPs per token" of the cost model counts these).
 //
+// Hugging Face checkpoints (issue 49; DESIGN.md §7 "Real models"): load_model(DIR) reads DIR/config.json and, when
+// present, DIR/generation_config.json. The architectures understood (config.json "architectures"[0]):
+//   LlamaForCausalLM    Llama 2, 3, 3.1, 3.2: optional "attention_bias", "rope_scaling" of type "llama3", tied
+//                       embeddings ("tie_word_embeddings")
+//   Qwen2ForCausalLM    q/k/v projections with biases (always)
+//   Qwen3ForCausalLM    per-head RMSNorm of q and k before RoPE ("q_norm", "k_norm"); explicit "head_dim"
+//   MistralForCausalLM  a "sliding_window" (when not null) caps the context at the window: mc computes full
+//                       attention, which equals the windowed one only within it
+// Anything else is refused naming what is supported; so are an activation other than SiLU ("hidden_act") and a
+// rope_scaling of another type. These fields change what the forward pass computes and the parameter count:
+//   param_count += layers · (heads·head_dim + 2·kv_heads·head_dim)   q/k/v biases (attention_bias)
+//               += layers · 2·head_dim                               q and k norms (qk_norm)
+//               −= vocab·hidden                                      lm_head is the embedding (tie_word_embeddings)
+//
 // Thread-safety: a plain value type. Errors: load/validate return kInvalidArgument naming the field.
 #pragma once
 
@@ -35,6 +49,22 @@
 #include "mc/common/status.hpp"
 
 namespace mc::model {
+
+// The forward pass a checkpoint needs (the header comment). Presets and JSON files without "architecture" are kLlama.
+enum class Architecture { kLlama, kQwen2, kQwen3, kMistral };
+// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM".
+std::string_view architecture_name(Architecture a);
+
+// RoPE frequency scaling ("rope_scaling" of config.json). kLlama3: Llama 3.1's rule (wavelengths longer than
+// original_max_position_embeddings / low_freq_factor are divided by factor, shorter than .../high_freq_factor kept,
+// smoothly interpolated between; Meta's Llama 3.1 reference code, apply_scaling).
+struct RopeScaling {
+  enum class Kind { kNone, kLlama3 } kind = Kind::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
 
 struct ModelConfig {
   std::string name = "tiny";
@@ -49,6 +79,15 @@ struct ModelConfig {
   double rope_theta = 10000.0;  // RoPE base frequency
   double rms_norm_eps = 1e-5;
   int64_t max_context_tokens = 32768;  // longest prompt + output accepted (DESIGN.md §13.14)
+  Architecture architecture = Architecture::kLlama;
+  bool attention_bias = false;       // q, k, v projections carry biases (Qwen2; Llama's "attention_bias")
+  bool qk_norm = false;              // per-head RMSNorm of q and k before RoPE (Qwen3)
+  bool tie_word_embeddings = false;  // lm_head is the embedding matrix
+  RopeScaling rope_scaling;
+  int64_t sliding_window_tokens = 0;   // Mistral's attention window (0: none); max_context_tokens is capped to it
+  int64_t bos_token_id = -1;           // -1: none given
+  std::vector<int64_t> eos_token_ids;  // config.json, then generation_config.json ("eos_token_id": int or list)
+  std::string checkpoint_dir;          // the Hugging Face directory it was read from ("" for presets and files)
 
   // 2 · layers · kv_heads · head_dim · dtype_bytes.
   int64_t kv_bytes_per_token() const { return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes; }
@@ -78,7 +117,10 @@ Result<ModelConfig> model_preset(std::string_view name);
 //   "ffn_size", "vocab_size", "dtype_bytes", "rope_theta", "rms_norm_eps", "max_context_tokens".
 // Hugging Face config.json keys are accepted too: num_hidden_layers, num_attention_heads, num_key_value_heads,
 // intermediate_size, max_position_embeddings, torch_dtype ("bfloat16"/"float16" -> 2, "float32" -> 4);
-// head_dim defaults to hidden_size / num_heads when absent. The result is validated.
+// head_dim defaults to hidden_size / num_heads when absent; also "architectures" (or mc's "architecture"),
+// "hidden_act", "attention_bias", "tie_word_embeddings", "rope_scaling", "sliding_window" (with Qwen's
+// "use_sliding_window"), "bos_token_id", "eos_token_id" and "dtype" (the newer name of torch_dtype), as the header
+// comment describes. The result is validated.
 Result<ModelConfig> model_from_json(std::string_view json_text);
 
 // KV bytes per token (all layers) the sim backend stores when asked for `requested` (0: the model's): per layer
@@ -87,7 +129,8 @@ Result<ModelConfig> model_from_json(std::string_view json_text);
 // both use it, so a description's kv_bytes_per_token means the same bytes in both.
 int64_t sim_kv_bytes_per_token(const ModelConfig& model, int64_t requested);
 
-// `spec` is a preset name, or a path to a JSON file (anything containing '/' or ending in ".json").
+// `spec` is a preset name, a Hugging Face model directory (config.json, optional generation_config.json: the header
+// comment), or a path to a JSON file (anything else containing '/' or ending in ".json"). Errors name the file.
 Result<ModelConfig> load_model(std::string_view spec);
 
 }  // namespace mc::model
