@@ -5,10 +5,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+
+#include "mc/model/checkpoint_layout.hpp"
 
 namespace mc::infer {
 namespace {
@@ -211,6 +214,31 @@ TEST(ModelConfig, WhatTheEngineCannotComputeIsRefusedByName) {
   auto instruct = with(kLlama32_1b, "eos_token_id", "[128001, 128008, 128009]");
   ASSERT_TRUE(instruct);
   EXPECT_EQ(instruct->eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
+}
+
+// The checkpoint's tensors (checkpoint_layout.hpp) hold exactly param_count() elements, for every architecture and its
+// options; a tied model has no lm_head, a Qwen2 one has q/k/v biases, a Qwen3 one q/k norms.
+TEST(CheckpointLayout, TheTensorsOfEachArchitectureHoldItsParameters) {
+  for (const char* json : {kLlama32_1b, kQwen25_05b, kQwen3_06b, kMistral7b_v03}) {
+    auto m = model::model_from_json(json);
+    ASSERT_TRUE(m) << m.status().to_string();
+    SCOPED_TRACE(std::string(model::architecture_name(m->architecture)));
+    int64_t elements = 0;
+    std::map<std::string, std::vector<int64_t>> by_name;
+    for (const model::TensorSpec& t : model::expected_tensors(*m)) {
+      elements += t.elements();
+      EXPECT_TRUE(by_name.emplace(t.name, t.shape).second) << t.name << " twice";
+    }
+    EXPECT_EQ(elements, m->param_count());
+    EXPECT_EQ(by_name.count("lm_head.weight"), m->tie_word_embeddings ? 0u : 1u);
+    EXPECT_EQ(by_name.count("model.layers.0.self_attn.q_proj.bias"), m->attention_bias ? 1u : 0u);
+    EXPECT_EQ(by_name.count("model.layers.0.self_attn.q_norm.weight"), m->qk_norm ? 1u : 0u);
+    const std::string last = "model.layers." + std::to_string(m->num_layers - 1) + ".mlp.down_proj.weight";
+    ASSERT_EQ(by_name.count(last), 1u);
+    EXPECT_EQ(by_name[last], (std::vector<int64_t>{m->hidden_size, m->ffn_size}));
+    EXPECT_EQ(by_name["model.layers.0.self_attn.k_proj.weight"],
+              (std::vector<int64_t>{m->num_kv_heads * m->head_dim, m->hidden_size}));
+  }
 }
 
 // load_model(DIR): a Hugging Face model directory, its generation_config.json's token ids winning.
