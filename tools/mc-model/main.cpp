@@ -1,0 +1,57 @@
+// mc-model: what a model is (`inspect`: its shape, sizes, fetch threshold, and whether a checkpoint's weights match
+// its config) and a checkpoint to test with (`init`: seeded random weights in the Hugging Face layout). Issue 49.
+#include <iostream>
+
+#include "mc/cli/cli.hpp"
+#include "mc/model/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"mc-model: inspect a model (preset, Hugging Face directory or JSON) or write a test checkpoint"};
+  app.require_subcommand(1);
+  mc::cli::add_common_flags(app, "mc-model");
+
+  mc::model::InspectCommand in;
+  auto* in_cmd = app.add_subcommand("inspect",
+                                    "Architecture, parameters, layers, KV bytes per token, the fetch threshold, and "
+                                    "a check of the checkpoint's weights against its config");
+  in_cmd->add_option("model", in.model, "Preset, Hugging Face model directory or JSON file")->required();
+  mc::cli::add_gpu_option(*in_cmd, in.gpu);
+  mc::cli::add_json_flag(*in_cmd, in.json, "Print JSON instead of the lines");
+
+  mc::model::InitCommand init;
+  auto* init_cmd = app.add_subcommand("init",
+                                      "Write DIR/config.json, generation_config.json and model.safetensors with "
+                                      "seeded random weights (tests and demos; at most 8 GiB)");
+  init_cmd->add_option("dir", init.dir, "Directory to write (created)")->required();
+  init_cmd
+      ->add_option("--arch", init.arch,
+                   "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM")
+      ->capture_default_str();
+  init_cmd->add_option("--layers", init.layers, "Decoder layers")->capture_default_str()->check(CLI::Range(1, 1024));
+  init_cmd->add_option("--hidden", init.hidden, "Hidden size")->capture_default_str()->check(CLI::Range(2, 65536));
+  init_cmd->add_option("--heads", init.heads, "Attention heads")->capture_default_str()->check(CLI::Range(1, 1024));
+  init_cmd->add_option("--kv-heads", init.kv_heads, "KV heads (grouped-query attention; divides --heads)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  init_cmd->add_option("--head-dim", init.head_dim, "Head size (0: hidden / heads)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  init_cmd->add_option("--ffn", init.ffn, "FFN (intermediate) size")->capture_default_str()->check(CLI::Range(1, 262144));
+  init_cmd->add_option("--vocab", init.vocab, "Vocabulary size")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  init_cmd->add_option("--max-position", init.max_position, "Longest context, tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
+  init_cmd->add_option("--rope-theta", init.rope_theta, "RoPE base frequency")
+      ->capture_default_str()
+      ->check(mc::cli::kPositiveFinite);
+  init_cmd->add_flag("--tie-word-embeddings", init.tie_word_embeddings, "lm_head is the embedding matrix");
+  init_cmd->add_option("--dtype", init.dtype, "Weight type: bf16 or fp32")->capture_default_str();
+  init_cmd->add_option("--seed", init.seed, "Seed of the weights (same flags, same bytes)")->capture_default_str();
+  init_cmd->add_flag("--force", init.force, "Overwrite a checkpoint already in DIR");
+  mc::cli::add_json_flag(*init_cmd, init.json, "Print JSON instead of the line");
+
+  if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (in_cmd->parsed())
+    return mc::cli::report("mc-model inspect", mc::model::run_inspect_command(in, std::cout), in.json);
+  return mc::cli::report("mc-model init", mc::model::run_init_command(init, std::cout), init.json);
+}
