@@ -1,13 +1,16 @@
 // The fuzz harnesses' seed corpora (tests/fuzz/corpus/<harness>/): valid inputs made from the real encoders
-// (codec::pack of every protocol message, append_frame, the wire headers, RequestRecord's to_json) and the
-// first rows of the shipped Mooncake trace. `fuzz_seeds DIR` writes them under DIR/<harness>/;
+// (codec::pack of every protocol message, append_frame, the wire headers, RequestRecord's to_json, the safetensors
+// header encoder) and the first rows of the shipped Mooncake trace. `fuzz_seeds DIR` writes them under DIR/<harness>/;
 // `fuzz_seeds --check DIR` (the ctest fuzz_seeds_current) exits 1 naming each file that is missing or
 // differs, so a changed message makes the checked-in corpus stale visibly rather than silently.
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -16,6 +19,7 @@
 
 #include <sodium.h>
 
+#include "mc/model/safetensors.hpp"
 #include "mc/net/fast_rpc.hpp"
 #include "mc/net/grant.hpp"
 #include "mc/proto/codec.hpp"
@@ -174,6 +178,38 @@ void openai_request_seeds(std::vector<Seed>& out) {
   out.push_back({"fuzz_openai_request", "unsupported", with_control(3, R"({"model":"m","messages":[],"n":2})")});
 }
 
+// Safetensors files made by the writer's encoder (fuzz_safetensors: a control byte of 8-byte units of the file
+// beyond the bytes given, then the file's first bytes).
+void safetensors_seeds(std::vector<Seed>& out) {
+  namespace model = mc::model;
+  std::vector<std::byte> data(96);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 37);
+  const std::span<const std::byte> bytes(data);
+  auto file = [&](const std::vector<model::TensorToWrite>& tensors, const std::map<std::string, std::string>& meta,
+                  bool with_data) {
+    std::string header = model::encode_safetensors_header(tensors, meta).value();
+    size_t data_bytes = 0;
+    for (const model::TensorToWrite& t : tensors) data_bytes += t.data.size();
+    if (!with_data) return with_control(static_cast<uint8_t>((data_bytes + 7) / 8), header);
+    for (const model::TensorToWrite& t : tensors)
+      header.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+    return with_control(0, header);
+  };
+  const std::vector<model::TensorToWrite> weights = {
+      {"model.layers.0.self_attn.q_proj.weight", model::Dtype::kF32, {4, 4}, bytes.subspan(0, 64)},
+      {"model.embed_tokens.weight", model::Dtype::kBF16, {2, 6}, bytes.subspan(64, 24)},
+      {"lm_head.bias", model::Dtype::kF16, {4}, bytes.subspan(88, 8)}};
+  out.push_back({"fuzz_safetensors", "weights_metadata", file(weights, {{"format", "pt"}}, true)});
+  out.push_back({"fuzz_safetensors", "header_only", file(weights, {}, false)});
+  const std::vector<model::TensorToWrite> shapes = {
+      {"scalar", model::Dtype::kI64, {}, bytes.subspan(0, 8)},
+      {"empty", model::Dtype::kF32, {0, 7}, bytes.subspan(8, 0)},
+      {"rank8", model::Dtype::kU8, {1, 2, 1, 2, 1, 2, 1, 2}, bytes.subspan(8, 16)},
+      {"fp8", model::Dtype::kF8E4M3, {3}, bytes.subspan(24, 3)},
+      {"mask", model::Dtype::kBool, {5}, bytes.subspan(27, 5)}};
+  out.push_back({"fuzz_safetensors", "dtypes_shapes", file(shapes, {{"a", "1"}, {"b", ""}}, true)});
+}
+
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) return {};
@@ -198,6 +234,7 @@ int main(int argc, char** argv) {
   grant_seeds(seeds);
   seal_seeds(seeds);
   openai_request_seeds(seeds);
+  safetensors_seeds(seeds);
   int stale = 0;
   for (const Seed& s : seeds) {
     const std::filesystem::path p = dir / s.harness / s.name;
