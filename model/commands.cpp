@@ -53,7 +53,13 @@ struct WeightsReport {
 };
 
 Result<WeightsReport> check_weights(const ModelConfig& m) {
-  MC_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::open(m.checkpoint_dir));
+  Result<std::unique_ptr<Checkpoint>> opened = Checkpoint::open(m.checkpoint_dir);
+  if (!opened) {
+    // A truncated file is data loss to a daemon; to this command it is bad input (exit 2), as a malformed one is.
+    if (opened.status().code() == Code::kDataLoss) return error(Code::kInvalidArgument, opened.status().message());
+    return opened.status();
+  }
+  std::unique_ptr<Checkpoint> ckpt = std::move(opened).value();
   WeightsReport r;
   r.files = ckpt->file_paths();
   std::map<std::string, const TensorSpec*> expected;
@@ -68,9 +74,9 @@ Result<WeightsReport> check_weights(const ModelConfig& m) {
                                                " with its config.json needs (" + v.status().message() + ")");
     }
     if (!std::equal(v->shape.begin(), v->shape.end(), t.shape.begin(), t.shape.end())) {
-      return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "': tensor '" + t.name +
-                                               "' has shape " + shape_text(v->shape) + " but config.json gives " +
-                                               shape_text(t.shape) + ": the weights are of another model");
+      return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "': tensor '" + t.name + "' has shape " +
+                                               shape_text(v->shape) + " but config.json gives " + shape_text(t.shape) +
+                                               ": the weights are of another model");
     }
     if (!dtype_is_float(v->dtype)) {
       return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "': tensor '" + t.name + "' is " +
@@ -124,8 +130,8 @@ Status run_inspect_command(const InspectCommand& cmd, std::ostream& out) {
     j["gpu"] = gpu.name;
     j["fetch_threshold_bytes_per_s"] = threshold;
     if (weights) {
-      j["weights"] = {{"files", weights->files},     {"tensors", weights->tensors}, {"bytes", weights->bytes},
-                      {"dtypes", weights->dtypes},   {"ignored", weights->ignored}, {"match", true}};
+      j["weights"] = {{"files", weights->files},   {"tensors", weights->tensors}, {"bytes", weights->bytes},
+                      {"dtypes", weights->dtypes}, {"ignored", weights->ignored}, {"match", true}};
     } else {
       j["weights"] = nullptr;
     }
@@ -134,8 +140,8 @@ Status run_inspect_command(const InspectCommand& cmd, std::ostream& out) {
   }
   const int64_t kv = m.kv_bytes_per_token();
   out << "model           " << m.name << (m.checkpoint_dir.empty() ? "" : "  (" + m.checkpoint_dir + ")") << "\n"
-      << "architecture    " << architecture_name(m.architecture)
-      << (traits(m).empty() ? "" : "  (" + traits(m) + ")") << "\n"
+      << "architecture    " << architecture_name(m.architecture) << (traits(m).empty() ? "" : "  (" + traits(m) + ")")
+      << "\n"
       << "layers          " << m.num_layers << "\n"
       << "hidden          " << m.hidden_size << "  (FFN " << m.ffn_size << ")\n"
       << "attention       " << m.num_heads << " heads, " << m.num_kv_heads << " KV heads of " << m.head_dim << "\n"
@@ -201,10 +207,14 @@ Result<ModelConfig> init_config(const InitCommand& c) {
 
 std::string model_type(Architecture a) {
   switch (a) {
-    case Architecture::kLlama: return "llama";
-    case Architecture::kQwen2: return "qwen2";
-    case Architecture::kQwen3: return "qwen3";
-    case Architecture::kMistral: return "mistral";
+    case Architecture::kLlama:
+      return "llama";
+    case Architecture::kQwen2:
+      return "qwen2";
+    case Architecture::kQwen3:
+      return "qwen3";
+    case Architecture::kMistral:
+      return "mistral";
   }
   return "llama";
 }
@@ -255,9 +265,8 @@ Status run_init_command(const InitCommand& c, std::ostream& out) {
   if (m.architecture == Architecture::kQwen2 || m.architecture == Architecture::kQwen3) {
     config["use_sliding_window"] = false;
   }
-  const nlohmann::json generation = {{"bos_token_id", m.bos_token_id},
-                                     {"eos_token_id", m.eos_token_ids.front()},
-                                     {"do_sample", false}};
+  const nlohmann::json generation = {
+      {"bos_token_id", m.bos_token_id}, {"eos_token_id", m.eos_token_ids.front()}, {"do_sample", false}};
   for (const auto& [path, doc] : {std::pair<std::string, const nlohmann::json*>{config_path, &config},
                                   {c.dir + "/generation_config.json", &generation}}) {
     std::ofstream f(path, std::ios::trunc);
@@ -290,7 +299,8 @@ Status run_init_command(const InitCommand& c, std::ostream& out) {
     }
     tensors.push_back({t.name, m.dtype_bytes == 2 ? Dtype::kBF16 : Dtype::kF32, t.shape, b});
   }
-  MC_RETURN_IF_ERROR(write_safetensors(weights_path, tensors, {{"format", "pt"}, {"mc_init_seed", std::to_string(c.seed)}}));
+  MC_RETURN_IF_ERROR(
+      write_safetensors(weights_path, tensors, {{"format", "pt"}, {"mc_init_seed", std::to_string(c.seed)}}));
   if (c.json) {
     out << nlohmann::json{{"dir", c.dir},
                           {"architecture", architecture_name(m.architecture)},
@@ -302,8 +312,8 @@ Status run_init_command(const InitCommand& c, std::ostream& out) {
         << "\n";
   } else {
     out << "wrote " << c.dir << ": config.json, generation_config.json, model.safetensors (" << specs.size()
-        << " tensors, " << with_commas(m.param_count()) << " parameters, " << with_commas(m.weight_bytes())
-        << " B, " << c.dtype << ", seed " << c.seed << ")\n";
+        << " tensors, " << with_commas(m.param_count()) << " parameters, " << with_commas(m.weight_bytes()) << " B, "
+        << c.dtype << ", seed " << c.seed << ")\n";
   }
   return Status::ok();
 }

@@ -24,8 +24,7 @@ int main(int argc, char** argv) {
                                       "seeded random weights (tests and demos; at most 8 GiB)");
   init_cmd->add_option("dir", init.dir, "Directory to write (created)")->required();
   init_cmd
-      ->add_option("--arch", init.arch,
-                   "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM")
+      ->add_option("--arch", init.arch, "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM")
       ->capture_default_str();
   init_cmd->add_option("--layers", init.layers, "Decoder layers")->capture_default_str()->check(CLI::Range(1, 1024));
   init_cmd->add_option("--hidden", init.hidden, "Hidden size")->capture_default_str()->check(CLI::Range(2, 65536));
@@ -36,7 +35,9 @@ int main(int argc, char** argv) {
   init_cmd->add_option("--head-dim", init.head_dim, "Head size (0: hidden / heads)")
       ->capture_default_str()
       ->check(CLI::Range(0, 4096));
-  init_cmd->add_option("--ffn", init.ffn, "FFN (intermediate) size")->capture_default_str()->check(CLI::Range(1, 262144));
+  init_cmd->add_option("--ffn", init.ffn, "FFN (intermediate) size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 262144));
   init_cmd->add_option("--vocab", init.vocab, "Vocabulary size")->capture_default_str()->check(CLI::Range(2, 1 << 20));
   init_cmd->add_option("--max-position", init.max_position, "Longest context, tokens")
       ->capture_default_str()

@@ -13,7 +13,7 @@
 namespace mc::model {
 
 struct InspectCommand {
-  std::string model;         // a preset, a Hugging Face model directory or a JSON file (load_model)
+  std::string model;           // a preset, a Hugging Face model directory or a JSON file (load_model)
   std::string gpu = "a800x8";  // for the fetch threshold (cost_model.hpp)
   bool json = false;
 };
@@ -25,7 +25,7 @@ struct InspectCommand {
 Status run_inspect_command(const InspectCommand& cmd, std::ostream& out);
 
 struct InitCommand {
-  std::string dir;                       // created; an existing config.json or weights file there is not overwritten
+  std::string dir;                        // created; an existing config.json or weights file there is not overwritten
   std::string arch = "LlamaForCausalLM";  // model_config.hpp's four
   int64_t layers = 2;
   int64_t hidden = 64;
