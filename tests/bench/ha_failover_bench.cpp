@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mc/common/clock.hpp"
 #include "mc/coord/leader.hpp"
 #include "mc/store/client.hpp"
 #include "mc/testkit/etcd.hpp"
@@ -38,10 +39,7 @@ using namespace mc;
 
 const std::string kBin = MC_BINARY_DIR "/bin/mc-store";
 
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t now_ms() { return mc::steady_ms(); }
 
 std::vector<std::byte> bytes_of(size_t n, uint64_t seed) { return testkit::seeded_bytes(n, seed); }
 

@@ -54,10 +54,7 @@ namespace MC_UNITY_ID {
 const std::string kBin = MC_BINARY_DIR "/bin/mc-store";
 using testkit::slurp;
 
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t now_ms() { return mc::steady_ms(); }
 
 std::vector<std::byte> bytes_of(size_t n, uint64_t seed) { return testkit::seeded_bytes(n, seed); }
 

@@ -29,12 +29,12 @@
 #include <thread>
 #include <vector>
 
+#include "mc/common/clock.hpp"
+
 namespace mc::testkit {
 
-inline int64_t mono_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+// The monotonic clock every mc library uses (mc/common/clock.hpp), in milliseconds.
+inline int64_t mono_ms() { return mc::steady_ms(); }
 
 // The command line of a running process (/proc/PID/cmdline), each `flag` given in `replace` followed by its new value
 // (e.g. {"--listen", the endpoint it resolved}): to start a killed daemon again just as it was.
