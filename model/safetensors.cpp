@@ -270,13 +270,11 @@ Result<SafetensorsHeader> parse_header(std::string_view prefix, uint64_t file_si
   if (max_end > data_size_bytes) {
     uint64_t needed = 0;
     const bool representable = !__builtin_add_overflow(h.data_start_bytes, max_end, &needed);
-    return tensor_error(Code::kDataLoss, display, max_end_tensor,
-                        "its data ends at byte " +
-                            (representable ? std::to_string(needed) : std::string("beyond 2^64")) + " of the file, " +
-                            "but the file is " + std::to_string(file_size_bytes) +
-                            " bytes: the file is truncated, or its header corrupt (it needs " +
-                            (representable ? std::to_string(needed) : std::string("more than 2^64")) +
-                            " bytes; download or copy it again)");
+    return file_error(Code::kDataLoss, display,
+                      "the file is " + std::to_string(file_size_bytes) + " bytes, but its header needs " +
+                          (representable ? std::to_string(needed) : std::string("more than 2^64")) + " (tensor " +
+                          quote_name(max_end_tensor) +
+                          " ends there): the file is truncated, or its header corrupt; download or copy it again");
   }
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < extents.size(); ++i) {

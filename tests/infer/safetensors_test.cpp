@@ -214,7 +214,8 @@ TEST_F(SafetensorsTest, TruncatedFileNamesItsSizeAndTheSizeNeeded) {
   const uint64_t full = fs::file_size(file);
   fs::resize_file(file, full - 3);
   expect_file_refused(file, Code::kDataLoss,
-                      {"lm_head.bias", "truncated", std::to_string(full - 3) + " bytes", std::to_string(full)});
+                      {"tensor 'lm_head.bias' ends there", "truncated",
+                       "the file is " + std::to_string(full - 3) + " bytes", "needs " + std::to_string(full)});
   fs::resize_file(file, 5);
   expect_file_refused(file, Code::kDataLoss, {"5 bytes", "8-byte header length"});
   fs::resize_file(file, 0);
@@ -300,7 +301,7 @@ TEST_F(SafetensorsTest, OffsetsPastTheEnd) {
   expect_file_refused(put("z.safetensors", raw_file(R"({"a":{"dtype":"U8","shape":[3],)"
                                                     R"("data_offsets":[18446744073709551612,18446744073709551615]}})",
                                                     8)),
-                      Code::kDataLoss, {"tensor 'a'", "beyond 2^64"});
+                      Code::kDataLoss, {"tensor 'a'", "more than 2^64"});
 }
 
 TEST_F(SafetensorsTest, DuplicateNamesAndKeysAreDetected) {
