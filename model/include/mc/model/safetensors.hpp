@@ -51,6 +51,15 @@ inline constexpr size_t kMaxSafetensorsRank = 8;                            // d
 // The longest model.safetensors.index.json read (a 100,000-tensor index is about 8 MiB).
 inline constexpr uint64_t kMaxSafetensorsIndexBytes = uint64_t{64} << 20;
 
+// The limits parse_safetensors_header applies: the defaults above (SafetensorsFile and Checkpoint use them; a test
+// may lower them to reach a limit with a small input).
+struct SafetensorsLimits {
+  uint64_t max_header_bytes = kMaxSafetensorsHeaderBytes;
+  size_t max_tensors = kMaxSafetensorsTensors;
+  size_t max_name_bytes = kMaxSafetensorsNameBytes;
+  size_t max_rank = kMaxSafetensorsRank;
+};
+
 // The element types of the format. BF16, F16 and F32 are the ones mc computes with (to_float below); the others
 // are recognised so that a reader can refuse them by name.
 enum class Dtype : uint8_t {
@@ -98,14 +107,16 @@ struct SafetensorsHeader {
 
 // Parses and checks the header of a safetensors file of `file_size_bytes` bytes whose first bytes are
 // `file_prefix` (at least 8 + N of them; more are ignored). `display_name` names the file in every message.
-// Checks: N <= kMaxSafetensorsHeaderBytes and 8 + N <= file_size_bytes; the header is one JSON object (nesting at
-// most 8 levels) without duplicate keys at any level; at most kMaxSafetensorsTensors tensors with names of 1 to
-// kMaxSafetensorsNameBytes bytes; each entry has a known dtype, a shape of at most kMaxSafetensorsRank non-negative
+// Checks: N <= max_header_bytes and 8 + N <= file_size_bytes; the header is one JSON object (nesting at most 8
+// levels, at most 4 · max_tensors arrays and objects and 16 · max_tensors values) without duplicate keys at any
+// level; at most max_tensors tensors with names of 1 to max_name_bytes bytes; each entry has a known dtype, a
+// shape of at most max_rank non-negative
 // integer dimensions whose product times the dtype size does not overflow, and data_offsets [begin, end] with
 // begin <= end, end - begin = that product, and 8 + N + end <= file_size_bytes; no two tensors share a byte;
 // "__metadata__" is an object of strings.
 Result<SafetensorsHeader> parse_safetensors_header(std::string_view file_prefix, uint64_t file_size_bytes,
-                                                   std::string_view display_name = "safetensors header");
+                                                   std::string_view display_name = "safetensors header",
+                                                   const SafetensorsLimits& limits = {});
 
 // One tensor's bytes in place: `data` points into a mapping (see Ownership above) and may be unaligned for the
 // dtype when the file's offsets are (files written by write_safetensors and the reference writer are aligned);
