@@ -17,7 +17,8 @@
 // below), checks every size with overflow-checked arithmetic, and reports each problem as a Status naming the file
 // (the display name given), the tensor and what is wrong, with the remedy where there is one: kInvalidArgument for a
 // malformed header (bad JSON, a field of the wrong type, an unknown dtype, a limit passed), kDataLoss for bytes
-// that are missing (a file shorter than its header says). Nothing here throws or aborts.
+// that are missing (a file shorter than its header says), kResourceExhausted if memory runs out. Nothing here
+// throws or aborts.
 //
 // Units: sizes and offsets in bytes (uint64_t, as in the file), shapes in elements (int64_t, each dimension
 // at most 2^63 - 1 and their product too).
@@ -108,12 +109,11 @@ struct SafetensorsHeader {
 // Parses and checks the header of a safetensors file of `file_size_bytes` bytes whose first bytes are
 // `file_prefix` (at least 8 + N of them; more are ignored). `display_name` names the file in every message.
 // Checks: N <= max_header_bytes and 8 + N <= file_size_bytes; the header is one JSON object (nesting at most 8
-// levels, at most 4 · max_tensors arrays and objects and 16 · max_tensors values) without duplicate keys at any
-// level; at most max_tensors tensors with names of 1 to max_name_bytes bytes; each entry has a known dtype, a
-// shape of at most max_rank non-negative
-// integer dimensions whose product times the dtype size does not overflow, and data_offsets [begin, end] with
-// begin <= end, end - begin = that product, and 8 + N + end <= file_size_bytes; no two tensors share a byte;
-// "__metadata__" is an object of strings.
+// levels, at most 4 · max_tensors + 2 arrays and objects and 16 · max_tensors + 2 values, checked before parsing)
+// without duplicate keys at any level; at most max_tensors tensors with names of 1 to max_name_bytes bytes; each
+// entry has a known dtype, a shape of at most max_rank non-negative integer dimensions whose product times the
+// dtype size does not overflow, and data_offsets [begin, end] with begin <= end, end - begin = that product, and
+// 8 + N + end <= file_size_bytes; no two tensors share a byte; "__metadata__" is an object of strings.
 Result<SafetensorsHeader> parse_safetensors_header(std::string_view file_prefix, uint64_t file_size_bytes,
                                                    std::string_view display_name = "safetensors header",
                                                    const SafetensorsLimits& limits = {});
