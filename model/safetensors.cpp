@@ -79,11 +79,13 @@ constexpr std::string_view kCorruptRemedy = "the file is corrupt or was not writ
 // Parses untrusted JSON text: its shape bounded first (check_json_shape), then parsed with a callback that refuses
 // a key repeated in one object (nlohmann::json would silently keep the last one, so a crafted header could show
 // one tensor to one reader and another to us). `what` names the text in messages ("header", "index").
-Result<json> parse_json_unique_keys(std::string_view text, std::string_view display, std::string_view what) {
+// At most 4 containers and 16 values a tensor: a rank-8 entry is 3 containers and 14 values.
+Result<json> parse_json_unique_keys(std::string_view text, std::string_view display, std::string_view what,
+                                    size_t max_tensors) {
   JsonShapeLimits limits;
   limits.max_depth = 8;  // the format needs 3: header object, tensor entry, shape array
-  limits.max_containers = 4 * kMaxSafetensorsTensors;
-  limits.max_values = 16 * kMaxSafetensorsTensors;  // a rank-8 entry is 14 values
+  limits.max_containers = 4 * max_tensors + 2;
+  limits.max_values = 16 * max_tensors + 2;
   if (Status s = check_json_shape(text, limits, ""); !s.is_ok()) {
     return file_error(Code::kInvalidArgument, display, std::string(what) + ": " + s.message());
   }
@@ -132,12 +134,13 @@ uint64_t read_le64(const char* p) {
 }
 
 // One tensor's entry checked against the format, except against the file's size (the caller's).
-Result<TensorInfo> parse_tensor_entry(const std::string& name, const json& entry, std::string_view display) {
+Result<TensorInfo> parse_tensor_entry(const std::string& name, const json& entry, std::string_view display,
+                                      const SafetensorsLimits& limits) {
   auto fail = [&](const std::string& what) { return tensor_error(Code::kInvalidArgument, display, name, what); };
   if (name.empty()) return file_error(Code::kInvalidArgument, display, "a tensor has an empty name");
-  if (name.size() > kMaxSafetensorsNameBytes) {
+  if (name.size() > limits.max_name_bytes) {
     return fail("its name is " + std::to_string(name.size()) + " bytes, over the limit of " +
-                std::to_string(kMaxSafetensorsNameBytes));
+                std::to_string(limits.max_name_bytes));
   }
   if (!entry.is_object()) return fail("its entry is a JSON " + std::string(entry.type_name()) + ", not an object");
   TensorInfo info;
@@ -149,9 +152,9 @@ Result<TensorInfo> parse_tensor_entry(const std::string& name, const json& entry
   }
   const auto shape_it = entry.find("shape");
   if (shape_it == entry.end() || !shape_it->is_array()) return fail("\"shape\" is missing or not an array");
-  if (shape_it->size() > kMaxSafetensorsRank) {
+  if (shape_it->size() > limits.max_rank) {
     return fail("its shape has " + std::to_string(shape_it->size()) + " dimensions, over the limit of " +
-                std::to_string(kMaxSafetensorsRank));
+                std::to_string(limits.max_rank));
   }
   int64_t elements = 1;
   bool overflow = false;
@@ -204,7 +207,8 @@ Result<std::map<std::string, std::string>> parse_metadata(const json& j, std::st
   return out;
 }
 
-Result<SafetensorsHeader> parse_header(std::string_view prefix, uint64_t file_size_bytes, std::string_view display) {
+Result<SafetensorsHeader> parse_header(std::string_view prefix, uint64_t file_size_bytes, std::string_view display,
+                                       const SafetensorsLimits& limits) {
   constexpr uint64_t kLengthBytes = 8;
   if (file_size_bytes < kLengthBytes || prefix.size() < kLengthBytes) {
     return file_error(Code::kDataLoss, display,
@@ -214,10 +218,10 @@ Result<SafetensorsHeader> parse_header(std::string_view prefix, uint64_t file_si
   }
   SafetensorsHeader h;
   h.header_size_bytes = read_le64(prefix.data());
-  if (h.header_size_bytes > kMaxSafetensorsHeaderBytes) {
+  if (h.header_size_bytes > limits.max_header_bytes) {
     return file_error(Code::kInvalidArgument, display,
                       "header length " + std::to_string(h.header_size_bytes) + " bytes is over the limit of " +
-                          std::to_string(kMaxSafetensorsHeaderBytes) +
+                          std::to_string(limits.max_header_bytes) +
                           " bytes (not a safetensors file, or a corrupt one)");
   }
   if (h.header_size_bytes > file_size_bytes - kLengthBytes) {
@@ -231,18 +235,18 @@ Result<SafetensorsHeader> parse_header(std::string_view prefix, uint64_t file_si
                           "header needs " + std::to_string(kLengthBytes + h.header_size_bytes));
   }
   h.data_start_bytes = kLengthBytes + h.header_size_bytes;
-  MC_ASSIGN_OR_RETURN(json j,
-                      parse_json_unique_keys(prefix.substr(kLengthBytes, h.header_size_bytes), display, "header"));
+  MC_ASSIGN_OR_RETURN(json j, parse_json_unique_keys(prefix.substr(kLengthBytes, h.header_size_bytes), display,
+                                                     "header", limits.max_tensors));
   if (!j.is_object()) {
     return file_error(
         Code::kInvalidArgument, display,
         "the header is a JSON " + std::string(j.type_name()) + ", not an object; " + std::string(kCorruptRemedy));
   }
   const size_t tensor_count = j.size() - (j.contains("__metadata__") ? 1 : 0);
-  if (tensor_count > kMaxSafetensorsTensors) {
+  if (tensor_count > limits.max_tensors) {
     return file_error(Code::kInvalidArgument, display,
                       "the header declares " + std::to_string(tensor_count) + " tensors, over the limit of " +
-                          std::to_string(kMaxSafetensorsTensors) + " in one file (split the checkpoint into shards)");
+                          std::to_string(limits.max_tensors) + " in one file (split the checkpoint into shards)");
   }
   const uint64_t data_size_bytes = file_size_bytes - h.data_start_bytes;
   uint64_t max_end = 0;  // relative to the data section
@@ -257,7 +261,7 @@ Result<SafetensorsHeader> parse_header(std::string_view prefix, uint64_t file_si
       MC_ASSIGN_OR_RETURN(h.metadata, parse_metadata(entry, display));
       continue;
     }
-    MC_ASSIGN_OR_RETURN(TensorInfo info, parse_tensor_entry(name, entry, display));
+    MC_ASSIGN_OR_RETURN(TensorInfo info, parse_tensor_entry(name, entry, display, limits));
     const uint64_t begin = info.file_offset_bytes;
     const uint64_t end = begin + info.size_bytes;  // no overflow: it is the entry's own end offset
     if (max_end_tensor.empty() || end > max_end) {
@@ -270,13 +274,11 @@ Result<SafetensorsHeader> parse_header(std::string_view prefix, uint64_t file_si
   if (max_end > data_size_bytes) {
     uint64_t needed = 0;
     const bool representable = !__builtin_add_overflow(h.data_start_bytes, max_end, &needed);
-    return tensor_error(Code::kDataLoss, display, max_end_tensor,
-                        "its data ends at byte " +
-                            (representable ? std::to_string(needed) : std::string("beyond 2^64")) + " of the file, " +
-                            "but the file is " + std::to_string(file_size_bytes) +
-                            " bytes: the file is truncated, or its header corrupt (it needs " +
-                            (representable ? std::to_string(needed) : std::string("more than 2^64")) +
-                            " bytes; download or copy it again)");
+    return file_error(Code::kDataLoss, display,
+                      "the file is " + std::to_string(file_size_bytes) + " bytes, but its header needs " +
+                          (representable ? std::to_string(needed) : std::string("more than 2^64")) + " (tensor " +
+                          quote_name(max_end_tensor) +
+                          " ends there): the file is truncated, or its header corrupt; download or copy it again");
   }
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < extents.size(); ++i) {
@@ -440,9 +442,9 @@ bool dtype_from_name(std::string_view name, Dtype* out) {
 bool dtype_is_float(Dtype dtype) { return dtype == Dtype::kBF16 || dtype == Dtype::kF16 || dtype == Dtype::kF32; }
 
 Result<SafetensorsHeader> parse_safetensors_header(std::string_view file_prefix, uint64_t file_size_bytes,
-                                                   std::string_view display_name) {
+                                                   std::string_view display_name, const SafetensorsLimits& limits) {
   try {
-    return parse_header(file_prefix, file_size_bytes, display_name);
+    return parse_header(file_prefix, file_size_bytes, display_name, limits);
   } catch (const std::bad_alloc&) {
     return file_error(Code::kResourceExhausted, display_name, "out of memory while parsing the header");
   } catch (const std::exception& e) {
@@ -529,7 +531,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir) {
                           std::to_string(kMaxSafetensorsIndexBytes));
   }
   try {
-    MC_ASSIGN_OR_RETURN(json j, parse_json_unique_keys(mapping.text(), index, "index"));
+    MC_ASSIGN_OR_RETURN(json j, parse_json_unique_keys(mapping.text(), index, "index", kMaxSafetensorsTensors));
     const auto map_it = j.is_object() ? j.find("weight_map") : j.end();
     if (map_it == j.end() || !map_it->is_object() || map_it->empty()) {
       return file_error(Code::kInvalidArgument, index,

@@ -214,7 +214,8 @@ TEST_F(SafetensorsTest, TruncatedFileNamesItsSizeAndTheSizeNeeded) {
   const uint64_t full = fs::file_size(file);
   fs::resize_file(file, full - 3);
   expect_file_refused(file, Code::kDataLoss,
-                      {"lm_head.bias", "truncated", std::to_string(full - 3) + " bytes", std::to_string(full)});
+                      {"tensor 'lm_head.bias' ends there", "truncated",
+                       "the file is " + std::to_string(full - 3) + " bytes", "needs " + std::to_string(full)});
   fs::resize_file(file, 5);
   expect_file_refused(file, Code::kDataLoss, {"5 bytes", "8-byte header length"});
   fs::resize_file(file, 0);
@@ -300,7 +301,7 @@ TEST_F(SafetensorsTest, OffsetsPastTheEnd) {
   expect_file_refused(put("z.safetensors", raw_file(R"({"a":{"dtype":"U8","shape":[3],)"
                                                     R"("data_offsets":[18446744073709551612,18446744073709551615]}})",
                                                     8)),
-                      Code::kDataLoss, {"tensor 'a'", "beyond 2^64"});
+                      Code::kDataLoss, {"tensor 'a'", "more than 2^64"});
 }
 
 TEST_F(SafetensorsTest, DuplicateNamesAndKeysAreDetected) {
@@ -367,6 +368,27 @@ TEST_F(SafetensorsTest, RankAboveEightAndOverflowingDims) {
   expect_file_refused(
       put("e.safetensors", raw_file(R"({"w":{"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,0]}})", 0)),
       Code::kInvalidArgument, {"tensor 'w'", "not an integer in [0, 2^63)"});
+}
+
+TEST_F(SafetensorsTest, TensorCountOverTheLimit) {
+  // A lowered limit (the default, 131,072, costs seconds of parsing under the sanitizers): counted before any entry is
+  // looked at, so the entries need not be valid; the metadata is not a tensor.
+  SafetensorsLimits limits;
+  limits.max_tensors = 3;
+  const std::string at_limit = raw_file(R"({"a":{"dtype":"U8","shape":[],"data_offsets":[0,1]},)"
+                                        R"("b":{"dtype":"U8","shape":[],"data_offsets":[1,2]},)"
+                                        R"("c":{"dtype":"U8","shape":[],"data_offsets":[2,3]},"__metadata__":{}})",
+                                        3);
+  EXPECT_TRUE(parse_safetensors_header(at_limit, at_limit.size(), "three", limits).is_ok());
+  const std::string over = raw_file(R"({"a":0,"b":0,"c":0,"d":0})", 0);
+  expect_refusal(parse_safetensors_header(over, over.size(), "four", limits).status(), Code::kInvalidArgument,
+                 {"four", "4 tensors", "over the limit of 3", "shards"});
+  // Values beyond what the limit's tensors could need are refused before parsing (the JSON shape bound).
+  std::string many_values = "{\"a\":[0";
+  for (int i = 0; i < 100; ++i) many_values += ",0";
+  const std::string crowded = raw_file(many_values + "]}", 0);
+  expect_refusal(parse_safetensors_header(crowded, crowded.size(), "crowded", limits).status(), Code::kInvalidArgument,
+                 {"crowded", "more than 50 JSON values"});
 }
 
 TEST_F(SafetensorsTest, TensorLookupNamesTheTensorAndTheFile) {

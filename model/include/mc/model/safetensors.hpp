@@ -17,7 +17,8 @@
 // below), checks every size with overflow-checked arithmetic, and reports each problem as a Status naming the file
 // (the display name given), the tensor and what is wrong, with the remedy where there is one: kInvalidArgument for a
 // malformed header (bad JSON, a field of the wrong type, an unknown dtype, a limit passed), kDataLoss for bytes
-// that are missing (a file shorter than its header says). Nothing here throws or aborts.
+// that are missing (a file shorter than its header says), kResourceExhausted if memory runs out. Nothing here
+// throws or aborts.
 //
 // Units: sizes and offsets in bytes (uint64_t, as in the file), shapes in elements (int64_t, each dimension
 // at most 2^63 - 1 and their product too).
@@ -50,6 +51,15 @@ inline constexpr size_t kMaxSafetensorsNameBytes = 1024;                    // b
 inline constexpr size_t kMaxSafetensorsRank = 8;                            // dimensions of one shape
 // The longest model.safetensors.index.json read (a 100,000-tensor index is about 8 MiB).
 inline constexpr uint64_t kMaxSafetensorsIndexBytes = uint64_t{64} << 20;
+
+// The limits parse_safetensors_header applies: the defaults above (SafetensorsFile and Checkpoint use them; a test
+// may lower them to reach a limit with a small input).
+struct SafetensorsLimits {
+  uint64_t max_header_bytes = kMaxSafetensorsHeaderBytes;
+  size_t max_tensors = kMaxSafetensorsTensors;
+  size_t max_name_bytes = kMaxSafetensorsNameBytes;
+  size_t max_rank = kMaxSafetensorsRank;
+};
 
 // The element types of the format. BF16, F16 and F32 are the ones mc computes with (to_float below); the others
 // are recognised so that a reader can refuse them by name.
@@ -98,14 +108,15 @@ struct SafetensorsHeader {
 
 // Parses and checks the header of a safetensors file of `file_size_bytes` bytes whose first bytes are
 // `file_prefix` (at least 8 + N of them; more are ignored). `display_name` names the file in every message.
-// Checks: N <= kMaxSafetensorsHeaderBytes and 8 + N <= file_size_bytes; the header is one JSON object (nesting at
-// most 8 levels) without duplicate keys at any level; at most kMaxSafetensorsTensors tensors with names of 1 to
-// kMaxSafetensorsNameBytes bytes; each entry has a known dtype, a shape of at most kMaxSafetensorsRank non-negative
-// integer dimensions whose product times the dtype size does not overflow, and data_offsets [begin, end] with
-// begin <= end, end - begin = that product, and 8 + N + end <= file_size_bytes; no two tensors share a byte;
-// "__metadata__" is an object of strings.
+// Checks: N <= max_header_bytes and 8 + N <= file_size_bytes; the header is one JSON object (nesting at most 8
+// levels, at most 4 · max_tensors + 2 arrays and objects and 16 · max_tensors + 2 values, checked before parsing)
+// without duplicate keys at any level; at most max_tensors tensors with names of 1 to max_name_bytes bytes; each
+// entry has a known dtype, a shape of at most max_rank non-negative integer dimensions whose product times the
+// dtype size does not overflow, and data_offsets [begin, end] with begin <= end, end - begin = that product, and
+// 8 + N + end <= file_size_bytes; no two tensors share a byte; "__metadata__" is an object of strings.
 Result<SafetensorsHeader> parse_safetensors_header(std::string_view file_prefix, uint64_t file_size_bytes,
-                                                   std::string_view display_name = "safetensors header");
+                                                   std::string_view display_name = "safetensors header",
+                                                   const SafetensorsLimits& limits = {});
 
 // One tensor's bytes in place: `data` points into a mapping (see Ownership above) and may be unaligned for the
 // dtype when the file's offsets are (files written by write_safetensors and the reference writer are aligned);
