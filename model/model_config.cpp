@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 #include "mc/common/input_file.hpp"
+#include "mc/common/json_guard.hpp"
 
 namespace mc::model {
 namespace {
@@ -292,7 +293,12 @@ Result<ModelConfig> model_preset(std::string_view name) {
                                            "; or give a Hugging Face model directory or a JSON file)");
 }
 
+// A model config is a flat object of a few dozen keys (a Hugging Face config.json may carry label maps and a
+// quantization block): bounded before it is parsed (json_guard.hpp), as it may come from a downloaded directory.
+constexpr JsonShapeLimits kConfigShape{/*max_depth=*/16, /*max_containers=*/4096, /*max_values=*/size_t{1} << 16};
+
 Result<ModelConfig> model_from_json(std::string_view json_text) {
+  MC_RETURN_IF_ERROR(check_json_shape(json_text, kConfigShape, "model config"));
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return error(Code::kInvalidArgument, "model config: not a JSON object");
@@ -393,6 +399,7 @@ Result<ModelConfig> load_checkpoint_config(const std::string& dir) {
   const std::string gen_path = dir + "/generation_config.json";
   if (::access(gen_path.c_str(), F_OK) == 0) {
     MC_ASSIGN_OR_RETURN(std::string gen_text, read_config_file(gen_path, "generation config", {}));
+    if (Status shape = check_json_shape(gen_text, kConfigShape, gen_path); !shape.is_ok()) return shape;
     nlohmann::json g = nlohmann::json::parse(gen_text, nullptr, /*allow_exceptions=*/false);
     if (g.is_discarded() || !g.is_object()) {
       return error(Code::kInvalidArgument, "model config: '" + gen_path + "' is not a JSON object");

@@ -4,7 +4,8 @@
 # libcurl4-openssl-dev: the etcd client's HTTP in mc_common; libssl-dev: the etcd certificates of mc-auth init (and
 # TLS to etcd through libcurl); etcd-server and etcd-client: the real etcd that etcd_test
 # starts on free loopback ports, and etcdctl to look at it; gnuplot-nox: the charts of the HTML reports (--html, --svg);
-# chromium: html_report_e2e_test loads those pages headless).
+# chromium: html_report_e2e_test loads those pages headless; python3: the fault matrix's log reader and mc-model's
+# independent safetensors reader in model_tool_e2e_test).
 # Idempotent: packages already installed are skipped; prints what it installs.
 # Needs root or sudo. Usage: tools/install-deps.sh [--with-bench]
 set -euo pipefail
@@ -15,7 +16,7 @@ packages=(
   libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev libssl-dev
-  iproute2 nftables man-db groff-base jq curl hey
+  iproute2 nftables man-db groff-base jq curl hey python3
   prometheus etcd-server etcd-client
   clang-format clang-tidy
   gnuplot-nox chromium

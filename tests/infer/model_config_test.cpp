@@ -88,6 +88,10 @@ TEST(ModelConfig, BadJsonIsAClearError) {
   EXPECT_FALSE(model::model_from_json(R"({"num_layers": 0})"));
   EXPECT_FALSE(model::model_from_json(R"({"dtype_bytes": 3})"));
   EXPECT_FALSE(model::model_from_json(R"({"torch_dtype": "int7"})"));
+  // A config from a downloaded directory is bounded before it is parsed: 100,000 nested arrays are refused.
+  auto deep = model::model_from_json(std::string(100'000, '['));
+  ASSERT_FALSE(deep);
+  EXPECT_NE(deep.status().message().find("model config"), std::string::npos) << deep.status().message();
 }
 
 TEST(ModelConfig, LoadFromFileAndPreset) {

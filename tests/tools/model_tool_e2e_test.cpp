@@ -78,6 +78,9 @@ print('ok', len(header), json.dumps(shapes))
 )PY";
 
 TEST(ModelTool, InitWritesEachArchitectureThatInspectAndAnIndependentReaderAccept) {
+  if (std::system("command -v python3 >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "needs python3 for the independent reader (tools/install-deps.sh installs it)";
+  }
   Scratch s;
   const std::string reader = s.path("read.py");
   std::ofstream(reader) << kIndependentReader;
