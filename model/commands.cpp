@@ -3,11 +3,14 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <vector>
 
@@ -178,10 +181,8 @@ Status run_inspect_command(const InspectCommand& cmd, std::ostream& out) {
 namespace {
 
 Result<ModelConfig> init_config(const InitCommand& c) {
-  ModelConfig m;
-  nlohmann::json probe = {{"architectures", {c.arch}}};
-  MC_ASSIGN_OR_RETURN(ModelConfig shape, model_from_json(probe.dump()));  // the architecture and its traits
-  m = shape;
+  const nlohmann::json probe = {{"architectures", {c.arch}}};
+  MC_ASSIGN_OR_RETURN(ModelConfig m, model_from_json(probe.dump()));  // the architecture and its traits
   m.name = fs::path(c.dir).filename().string();
   m.num_layers = c.layers;
   m.hidden_size = c.hidden;
