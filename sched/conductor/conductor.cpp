@@ -579,13 +579,15 @@ class Conductor {
       if (transport_failure(res.status())) {
         return on_instance_lost(f.decision.decode_id, "did not answer decode.reserve (" + res.status().message() + ")");
       }
-      // Refused before any prefill started: the client hears it as a rejection.
+      // Refused before any prefill started: the client hears it as a rejection. A re-dispatch's submit was answered
+      // (accepted) long ago: its client hears a request_error instead, its terminal event.
       metrics_.counter("mc_conductor_decode_refused_total", "decode_reserve refused or failed").inc();
       proto::ConductorSubmitReply r = reply_of(f.decision);
       r.accepted = false;
       r.reject_reason = "decode_refused";
       r.reason = "decode instance " + f.decision.decode_id + " refused the KV reservation: " + res.status().message();
       MC_LOG_WARN << "request '" << id << "': " << r.reason;
+      if (f.answered) return fail_flight(id, "re-dispatched after a worker fault, then " + r.reason);
       sched_->on_request_done(id);
       answer(f, r);
       in_flight_.erase(id);

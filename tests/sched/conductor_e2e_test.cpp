@@ -85,7 +85,8 @@ class ServerThread {
 };
 
 // A fake worker recording the jobs it gets. Prefill jobs are never answered (they stay queued at the Conductor,
-// which makes placement deterministic); reservations are granted unless the request id starts with "refuse".
+// which makes placement deterministic); reservations are granted unless the request id starts with "refuse", or
+// starts with "once" and was reserved before; a release always finds its reservation unconsumed.
 class FakeWorker : public ServerThread {
  public:
   FakeWorker() {
@@ -94,13 +95,19 @@ class FakeWorker : public ServerThread {
           [this](const proto::DecodeReserveRequest& r, const rpc::CallContext&) -> Result<proto::DecodeReserveReply> {
             std::lock_guard<std::mutex> lock(mu_);
             reserves_.push_back(r);
-            if (r.request_id.rfind("refuse", 0) == 0) {
+            const bool again = std::count_if(reserves_.begin(), reserves_.end(),
+                                             [&](const auto& x) { return x.request_id == r.request_id; }) > 1;
+            if (r.request_id.rfind("refuse", 0) == 0 || (again && r.request_id.rfind("once", 0) == 0)) {
               return error(Code::kRejected, "decode-0: KV full (test)");
             }
             proto::DecodeReserveReply rep;
             rep.reservation_id = reserves_.size();
             rep.block_offsets_bytes = {0, 4096};
             return rep;
+          });
+      server.handle<proto::DecodeReleaseRequest>(
+          [](const proto::DecodeReleaseRequest&, const rpc::CallContext&) -> Result<proto::DecodeReleaseReply> {
+            return proto::DecodeReleaseReply{true, 0};
           });
       server.handle<proto::PrefillJobRequest>(
           [this](const proto::PrefillJobRequest& j, const rpc::CallContext& ctx) -> Result<proto::PrefillJobReply> {
@@ -112,6 +119,8 @@ class FakeWorker : public ServerThread {
     });
   }
   ~FakeWorker() { stop(); }
+  // Closes the server socket (as if the process died); the recorded calls stay readable.
+  void shut() { stop(); }
   std::vector<proto::PrefillJobRequest> jobs() {
     std::lock_guard<std::mutex> lock(mu_);
     return jobs_;
@@ -676,6 +685,33 @@ TEST(ConductorE2E, AFailedRequestsErrorReachesAClientThatMissedIt) {
   // times out unanswered (500 ms), the second is acknowledged.
   EXPECT_TRUE(testkit::wait_until([&] { return client.errors_of("r1") >= 2; }, 15'000, 20))
       << client.errors_of("r1") << " request_error(s) received";
+}
+
+// A request re-dispatched after its prefill instance died, whose new decode reservation is then refused, still ends
+// with a terminal event: its submit was answered (accepted) long before, so the client hears a request_error (before
+// the fix the refusal went to the submit's reply, already sent, and the request was left without an owner: the
+// fault matrix's uplink-cut row lost requests that way).
+TEST(ConductorE2E, ARedispatchWhoseReservationIsRefusedTellsItsClient) {
+  Rig rig(
+      conductor_argv({"--slo-ttft-ms", "60000", "--heartbeat-timeout-ms", "60000", "--reserve-timeout-ms", "2000"}));
+  ASSERT_TRUE(rig.ready(100'000));
+  StallingClient client;
+  proto::ConductorSubmitRequest s;
+  s.request_id = "once-1";
+  s.tokens = prompt(5, 40);
+  s.input_tokens = 40;
+  s.output_tokens = 4;
+  s.client_endpoint = client.endpoint();
+  auto r = rig.client->call(s, 5000);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_TRUE(r->accepted) << r->reason;
+  // The prefill instance that holds the job goes away (its socket closes): the Conductor releases the reservation
+  // and decides again; D0 refuses the second reservation of once-1.
+  ASSERT_TRUE(testkit::wait_until([&] { return rig.p0.jobs().size() + rig.p1.jobs().size() == 1; }, 10'000, 5));
+  (rig.p0.jobs().size() == 1 ? rig.p0 : rig.p1).shut();
+  EXPECT_TRUE(testkit::wait_until([&] { return client.errors_of("once-1") >= 1; }, 15'000, 20))
+      << "no request_error for the re-dispatched request; D0 saw " << rig.d0.reserves().size() << " reservation(s)";
+  EXPECT_EQ(rig.d0.reserves().size(), 2u);
 }
 
 TEST(ConductorE2E, RegistryIsBoundedIdsAreNotTakenOverAndAWorkerGoneFreesItsPlace) {
