@@ -1,6 +1,19 @@
 #include "mc/model/checkpoint_layout.hpp"
 
+#include <algorithm>
+#include <span>
+
 namespace mc::model {
+
+namespace {
+
+std::string shape_text(std::span<const int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
 
 std::vector<TensorSpec> expected_tensors(const ModelConfig& m) {
   const int64_t h = m.hidden_size, q = m.num_heads * m.head_dim, kv = m.num_kv_heads * m.head_dim;
@@ -26,6 +39,38 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& m) {
   t.push_back({"model.norm.weight", {h}});
   if (!m.tie_word_embeddings) t.push_back({"lm_head.weight", {m.vocab_size, h}});
   return t;
+}
+
+Result<CheckedCheckpoint> open_checked_checkpoint(const ModelConfig& m) {
+  CheckedCheckpoint r;
+  MC_ASSIGN_OR_RETURN(r.checkpoint, Checkpoint::open(m.checkpoint_dir));
+  const std::vector<TensorSpec> specs = expected_tensors(m);
+  const std::string arch(architecture_name(m.architecture));
+  for (const TensorSpec& t : specs) {
+    Result<TensorView> v = r.checkpoint->tensor(t.name);
+    if (!v) {
+      return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "' lacks tensor '" + t.name + "' " +
+                                               shape_text(t.shape) + ", which " + arch +
+                                               " with its config.json needs (" + v.status().message() + ")");
+    }
+    if (!std::equal(v->shape.begin(), v->shape.end(), t.shape.begin(), t.shape.end())) {
+      return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "': tensor '" + t.name + "' has shape " +
+                                               shape_text(v->shape) + " but config.json gives " + shape_text(t.shape) +
+                                               ": the weights are of another model");
+    }
+    if (!dtype_is_float(v->dtype)) {
+      return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "': tensor '" + t.name + "' is " +
+                                               std::string(dtype_name(v->dtype)) +
+                                               " (quantized weights are not supported: BF16, F16 or F32)");
+    }
+    r.bytes += v->size_bytes;
+    r.dtypes[std::string(dtype_name(v->dtype))] += 1;
+    r.tensors.emplace(t.name, *v);
+  }
+  for (const std::string& name : r.checkpoint->tensor_names()) {
+    if (r.tensors.count(name) == 0) r.ignored.push_back(name);
+  }
+  return r;
 }
 
 }  // namespace mc::model

@@ -31,12 +31,6 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-std::string shape_text(std::span<const int64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string with_commas(int64_t v) {
   std::string digits = std::to_string(v), out;
   for (size_t i = 0; i < digits.size(); ++i) {
@@ -56,43 +50,18 @@ struct WeightsReport {
 };
 
 Result<WeightsReport> check_weights(const ModelConfig& m) {
-  Result<std::unique_ptr<Checkpoint>> opened = Checkpoint::open(m.checkpoint_dir);
+  Result<CheckedCheckpoint> opened = open_checked_checkpoint(m);
   if (!opened) {
     // A truncated file is data loss to a daemon; to this command it is bad input (exit 2), as a malformed one is.
     if (opened.status().code() == Code::kDataLoss) return error(Code::kInvalidArgument, opened.status().message());
     return opened.status();
   }
-  std::unique_ptr<Checkpoint> ckpt = std::move(opened).value();
   WeightsReport r;
-  r.files = ckpt->file_paths();
-  std::map<std::string, const TensorSpec*> expected;
-  const std::vector<TensorSpec> specs = expected_tensors(m);
-  for (const TensorSpec& t : specs) expected[t.name] = &t;
-  const std::string arch(architecture_name(m.architecture));
-  for (const TensorSpec& t : specs) {
-    Result<TensorView> v = ckpt->tensor(t.name);
-    if (!v) {
-      return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "' lacks tensor '" + t.name + "' " +
-                                               shape_text(t.shape) + ", which " + arch +
-                                               " with its config.json needs (" + v.status().message() + ")");
-    }
-    if (!std::equal(v->shape.begin(), v->shape.end(), t.shape.begin(), t.shape.end())) {
-      return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "': tensor '" + t.name + "' has shape " +
-                                               shape_text(v->shape) + " but config.json gives " + shape_text(t.shape) +
-                                               ": the weights are of another model");
-    }
-    if (!dtype_is_float(v->dtype)) {
-      return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "': tensor '" + t.name + "' is " +
-                                               std::string(dtype_name(v->dtype)) +
-                                               " (quantized weights are not supported: BF16, F16 or F32)");
-    }
-    r.tensors += 1;
-    r.bytes += v->size_bytes;
-    r.dtypes[std::string(dtype_name(v->dtype))] += 1;
-  }
-  for (const std::string& name : ckpt->tensor_names()) {
-    if (expected.count(name) == 0) r.ignored.push_back(name);
-  }
+  r.files = opened->checkpoint->file_paths();
+  r.tensors = static_cast<int64_t>(opened->tensors.size());
+  r.bytes = opened->bytes;
+  r.dtypes = opened->dtypes;
+  r.ignored = opened->ignored;
   return r;
 }
 
@@ -195,6 +164,18 @@ Result<ModelConfig> init_config(const InitCommand& c) {
   m.rope_theta = c.rope_theta;
   m.rms_norm_eps = c.rms_norm_eps;
   m.tie_word_embeddings = c.tie_word_embeddings;
+  if (c.rope_scaling == "llama3") {
+    if (m.architecture != Architecture::kLlama) {
+      return error(Code::kInvalidArgument, "--rope-scaling llama3 is Llama's (LlamaForCausalLM), not " + c.arch + "'s");
+    }
+    m.rope_scaling.kind = RopeScaling::Kind::kLlama3;
+    m.rope_scaling.factor = 32.0;
+    m.rope_scaling.low_freq_factor = 1.0;
+    m.rope_scaling.high_freq_factor = 4.0;
+    m.rope_scaling.original_max_position_embeddings = 8192;
+  } else if (c.rope_scaling != "none") {
+    return error(Code::kInvalidArgument, "--rope-scaling must be none or llama3, got '" + c.rope_scaling + "'");
+  }
   if (c.dtype != "bf16" && c.dtype != "fp32") {
     return error(Code::kInvalidArgument, "--dtype must be bf16 or fp32, got '" + c.dtype + "'");
   }
@@ -261,6 +242,13 @@ Status run_init_command(const InitCommand& c, std::ostream& out) {
                            {"mc_init_seed", c.seed}};
   if (m.architecture == Architecture::kLlama || m.architecture == Architecture::kQwen3) {
     config["attention_bias"] = false;
+  }
+  if (m.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+    config["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"factor", m.rope_scaling.factor},
+                              {"low_freq_factor", m.rope_scaling.low_freq_factor},
+                              {"high_freq_factor", m.rope_scaling.high_freq_factor},
+                              {"original_max_position_embeddings", m.rope_scaling.original_max_position_embeddings}};
   }
   if (m.architecture == Architecture::kMistral) config["sliding_window"] = nullptr;
   if (m.architecture == Architecture::kQwen2 || m.architecture == Architecture::kQwen3) {

@@ -15,8 +15,8 @@ uint64_t lora_weight_seed(const LoraAdapter& adapter) {
 KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed) {
   KeyNamespace ns;
   ns.model_id = backend.model().name;
-  ns.model_revision = backend.kind() + "-seed" + std::to_string(weight_seed);
-  ns.kv_dtype = backend.kind() == "ref" ? "fp32" : "sim" + std::to_string(backend.kv_bytes_per_token_layer()) + "B";
+  ns.model_revision = backend.weights_revision(weight_seed);
+  ns.kv_dtype = backend.kv_encoding();
   ns.layout = "tp1-l" + std::to_string(backend.model().num_layers);
   ns.block_size = static_cast<uint32_t>(block_tokens);
   return ns;
@@ -91,22 +91,24 @@ Status validate_stage(const model::ModelConfig& model, const KvBuffer& kv, const
 
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
   MC_RETURN_IF_ERROR(options.model.validate());
+  if (options.kv_dtype != "auto" && options.kv_dtype != "fp32" && options.kv_dtype != "bf16" &&
+      options.kv_dtype != "fp16") {
+    return error(Code::kInvalidArgument, "--kv-dtype '" + options.kv_dtype + "' is not one of auto, fp32, bf16, fp16");
+  }
   if (options.kind == "ref") {
-    // The ref backend computes a LLaMA-shaped model from seeded random weights: it would answer a checkpoint's
-    // requests with another model's tokens, and it has no biases, q/k norms, tied embeddings or RoPE scaling.
+    // Seeded weights are drawn for a plain LLaMA only: the traits below need a checkpoint's tensors.
     const model::ModelConfig& m = options.model;
-    if (!m.checkpoint_dir.empty()) {
-      return error(Code::kInvalidArgument,
-                   "ref backend: it computes seeded random weights, not the checkpoint in '" + m.checkpoint_dir +
-                       "' (the CPU engine for checkpoint weights is not built yet, issue 49): give a preset or a "
-                       "JSON shape, or --backend sim to model the checkpoint's speed");
-    }
-    if (m.architecture != model::Architecture::kLlama || m.attention_bias || m.qk_norm || m.tie_word_embeddings ||
-        m.rope_scaling.kind != model::RopeScaling::Kind::kNone) {
+    if (m.checkpoint_dir.empty() && (m.architecture != model::Architecture::kLlama || m.attention_bias || m.qk_norm ||
+                                     m.tie_word_embeddings || m.rope_scaling.kind != model::RopeScaling::Kind::kNone)) {
       return error(Code::kInvalidArgument,
                    "ref backend: model '" + m.name + "' (" + std::string(model::architecture_name(m.architecture)) +
-                       ") needs biases, q/k norms, tied embeddings or RoPE scaling, which the ref backend does not "
-                       "compute: give a plain LLaMA shape, or --backend sim");
+                       ") needs biases, q/k norms, tied embeddings or RoPE scaling, which only a checkpoint's "
+                       "weights give: point --model at a Hugging Face directory (mc-model init makes one), give a "
+                       "plain LLaMA shape, or --backend sim");
+    }
+    if (options.threads < 1 || options.threads > 256) {
+      return error(Code::kInvalidArgument,
+                   "ref backend: --threads " + std::to_string(options.threads) + " outside [1, 256]");
     }
     return make_ref_backend(options);
   }
@@ -114,6 +116,11 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
     if (!(options.time_scale > 0)) {
       return error(Code::kInvalidArgument,
                    "sim backend: --time-scale must be > 0 (got " + std::to_string(options.time_scale) + ")");
+    }
+    if (options.kv_dtype != "auto") {
+      return error(Code::kInvalidArgument, "sim backend: --kv-dtype " + options.kv_dtype +
+                                               " is for the ref backend; the sim backend's KV size is "
+                                               "--kv-bytes-per-token");
     }
     if (options.kv_bytes_per_token < 0) {
       return error(Code::kInvalidArgument, "sim backend: --kv-bytes-per-token must be >= 0 (0 = the model's)");

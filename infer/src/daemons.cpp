@@ -13,7 +13,9 @@
 namespace mc::infer {
 
 void add_backend_flags(CLI::App& app, BackendFlags& f) {
-  app.add_option("--backend", f.backend, "Compute backend: ref (LLaMA on the CPU) or sim (GPU cost model)")
+  app.add_option("--backend", f.backend,
+                 "Compute backend: ref (the CPU engine: a checkpoint's weights for a Hugging Face --model DIR, "
+                 "else seeded ones) or sim (GPU cost model)")
       ->envname("MC_BACKEND")
       ->capture_default_str()
       ->check(CLI::IsMember({"ref", "sim"}));
@@ -21,10 +23,16 @@ void add_backend_flags(CLI::App& app, BackendFlags& f) {
   app.add_option("--seed", f.seed, "ref: seed of the weights (prefill and decode must agree); sim: token stream seed")
       ->envname("MC_SEED")
       ->capture_default_str();
-  app.add_option("--threads", f.threads, "ref: OpenBLAS threads")
+  app.add_option("--threads", f.threads, "ref: compute threads (all cores: $(nproc))")
       ->envname("MC_THREADS")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  app.add_option("--kv-dtype", f.kv_dtype,
+                 "ref: KV element type: fp32, bf16, fp16, or auto (the checkpoint's weight type; fp32 for seeded "
+                 "weights); part of the KV blocks' key namespace")
+      ->envname("MC_KV_DTYPE")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
   cli::add_gpu_option(app, f.gpu);
   cli::add_time_scale_option(app, f.time_scale,
                              "sim: sleep modelled time divided by this (> 0; 10 = ten times faster)");
@@ -64,6 +72,7 @@ Result<std::unique_ptr<Backend>> backend_from_flags(const BackendFlags& f) {
   MC_ASSIGN_OR_RETURN(o.model, model::load_model(f.model));
   o.seed = f.seed;
   o.threads = f.threads;
+  o.kv_dtype = f.kv_dtype;
   MC_ASSIGN_OR_RETURN(o.gpu, model::gpu_preset(f.gpu));
   o.time_scale = f.time_scale;
   o.kv_bytes_per_token = f.kv_bytes_per_token;

@@ -1,4 +1,5 @@
-// The `ref` backend: a LLaMA-architecture decoder in fp32 on the CPU (see backend.hpp).
+// The `ref` backend, the CPU engine: a decoder of the supported architectures (LLaMA, Qwen2, Qwen3, Mistral) on the
+// CPU, with a checkpoint's weights in place or seeded random ones (see backend.hpp and cpu_kernels.hpp).
 #include <cblas.h>
 
 #include <algorithm>
@@ -11,8 +12,12 @@
 #include <set>
 #include <utility>
 
+#include <xxhash.h>
+
 #include "backends.hpp"
+#include "mc/infer/cpu_kernels.hpp"
 #include "mc/infer/ref_kernels.hpp"
+#include "mc/model/checkpoint_layout.hpp"
 
 namespace mc::infer {
 
@@ -30,6 +35,47 @@ void rope(float* x, int64_t heads, int64_t head_dim, int64_t pos, double theta) 
   for (int64_t i = 0; i < half; ++i) {
     const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
     const double angle = static_cast<double>(pos) * freq;
+    const float c = static_cast<float>(std::cos(angle));
+    const float s = static_cast<float>(std::sin(angle));
+    for (int64_t h = 0; h < heads; ++h) {
+      float* p = x + h * head_dim;
+      const float a = p[i];
+      const float b = p[i + half];
+      p[i] = a * c - b * s;
+      p[i + half] = a * s + b * c;
+    }
+  }
+}
+
+std::vector<double> rope_inv_freq(const model::ModelConfig& m) {
+  const int64_t half = m.head_dim / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    f[static_cast<size_t>(i)] = std::pow(m.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(m.head_dim));
+  }
+  const model::RopeScaling& rs = m.rope_scaling;
+  if (rs.kind == model::RopeScaling::Kind::kLlama3) {
+    // Llama 3.1's rule: wavelengths above original / low_freq_factor are divided by factor, below
+    // original / high_freq_factor kept, and interpolated smoothly between (model_config.hpp RopeScaling).
+    const double original = static_cast<double>(rs.original_max_position_embeddings);
+    const double low_wavelen = original / rs.low_freq_factor, high_wavelen = original / rs.high_freq_factor;
+    for (double& x : f) {
+      const double wavelen = 2.0 * M_PI / x;
+      if (wavelen > low_wavelen) {
+        x /= rs.factor;
+      } else if (!(wavelen < high_wavelen)) {
+        const double smooth = (original / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        x = (1.0 - smooth) * x / rs.factor + smooth * x;
+      }
+    }
+  }
+  return f;
+}
+
+void rope(float* x, int64_t heads, int64_t head_dim, int64_t pos, const double* inv_freq) {
+  const int64_t half = head_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double angle = static_cast<double>(pos) * inv_freq[i];
     const float c = static_cast<float>(std::cos(angle));
     const float s = static_cast<float>(std::sin(angle));
     for (int64_t h = 0; h < heads; ++h) {
@@ -98,11 +144,8 @@ void softmax(float* x, int64_t n) {
 
 namespace {
 
-// y (m×n) = x (m×k) · w (k×n), row-major.
-void matmul(const float* x, const float* w, float* y, int64_t m, int64_t k, int64_t n) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-              1.0f, x, static_cast<int>(k), w, static_cast<int>(n), 0.0f, y, static_cast<int>(n));
-}
+using cpu::WeightMatrix;
+using cpu::WeightType;
 
 // A LoRA adapter's delta for every layer: q += (x·aq)·bq, k += (x·ak)·bk, v += (x·av)·bv, rank kLoraRank.
 struct LoraLayer {
@@ -154,18 +197,156 @@ struct Row {
   size_t seq;
 };
 
+// The weights one forward pass reads: matrices in place (a checkpoint's mapping, or the seeded fp32 vectors),
+// norms and biases as fp32 copies.
+struct EngineLayer {
+  std::vector<float> attn_norm, ffn_norm, q_norm, k_norm;  // q_norm/k_norm: head_dim each (qk_norm) or empty
+  std::vector<float> bq, bk, bv;                           // attention biases (attention_bias) or empty
+  WeightMatrix wq, wk, wv, wo, gate, up, down;
+};
+struct EngineWeights {
+  WeightMatrix embed;  // out_major: row t is token t's embedding (out = vocab, in = hidden)
+  std::vector<EngineLayer> layers;
+  std::vector<float> final_norm;
+  WeightMatrix lm_head;
+  std::string revision;  // what KV keys carry as the weights' identity (kv_namespace)
+  // Owners of what the matrices point into.
+  ref::Weights seeded;
+  std::unique_ptr<model::Checkpoint> checkpoint;
+  std::vector<std::vector<std::byte>> copies;  // tensors whose offsets are not aligned for their type
+};
+
+WeightMatrix seeded_matrix(const std::vector<float>& w, int64_t in, int64_t out) {
+  return WeightMatrix{w.data(), WeightType::kF32, in, out, /*out_major=*/false, nullptr};
+}
+
+EngineWeights seeded_weights(const model::ModelConfig& m, uint64_t seed) {
+  EngineWeights e;
+  e.seeded = ref::make_weights(m, seed);
+  const ref::Weights& w = e.seeded;
+  const int64_t h = m.hidden_size, qd = m.num_heads * m.head_dim, kvd = m.num_kv_heads * m.head_dim;
+  e.embed = WeightMatrix{w.embed.data(), WeightType::kF32, h, m.vocab_size, true, nullptr};
+  for (const ref::LayerWeights& l : w.layers) {
+    EngineLayer el;
+    el.attn_norm = l.attn_norm;
+    el.ffn_norm = l.ffn_norm;
+    el.wq = seeded_matrix(l.wq, h, qd);
+    el.wk = seeded_matrix(l.wk, h, kvd);
+    el.wv = seeded_matrix(l.wv, h, kvd);
+    el.wo = seeded_matrix(l.wo, qd, h);
+    el.gate = seeded_matrix(l.w1, h, m.ffn_size);
+    el.up = seeded_matrix(l.w3, h, m.ffn_size);
+    el.down = seeded_matrix(l.w2, m.ffn_size, h);
+    e.layers.push_back(std::move(el));
+  }
+  e.final_norm = w.final_norm;
+  e.lm_head = seeded_matrix(w.lm_head, h, m.vocab_size);
+  e.revision = "ref-seed" + std::to_string(seed);
+  return e;
+}
+
+WeightType weight_type_of(model::Dtype d) {
+  return d == model::Dtype::kBF16 ? WeightType::kBF16 : d == model::Dtype::kF16 ? WeightType::kF16 : WeightType::kF32;
+}
+
+// The checkpoint's weights, checked against the config (open_checked_checkpoint), matrices in place.
+Result<EngineWeights> checkpoint_weights(const model::ModelConfig& m) {
+  MC_ASSIGN_OR_RETURN(model::CheckedCheckpoint ck, model::open_checked_checkpoint(m));
+  EngineWeights e;
+  // The identity of the weights: XXH3 of the model's config and of every tensor's name, dtype and bytes.
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) return error(Code::kResourceExhausted, "ref backend: out of memory (checkpoint digest)");
+  XXH3_64bits_reset(state);
+  const std::string config = m.to_json();
+  XXH3_64bits_update(state, config.data(), config.size());
+  auto view = [&](const std::string& name) -> const model::TensorView& { return ck.tensors.at(name); };
+  auto matrix = [&](const std::string& name) -> WeightMatrix {
+    const model::TensorView& v = view(name);
+    const WeightType t = weight_type_of(v.dtype);
+    const void* data = v.data;
+    if (reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(cpu::weight_type_bytes(t)) != 0) {
+      e.copies.emplace_back(v.data, v.data + v.size_bytes);
+      data = e.copies.back().data();
+    }
+    return WeightMatrix{data, t, v.shape[1], v.shape[0], true, nullptr};
+  };
+  auto floats = [&](const std::string& name) {
+    const model::TensorView& v = view(name);
+    std::vector<float> out(static_cast<size_t>(v.element_count));
+    cpu::to_fp32(v.data, weight_type_of(v.dtype), v.element_count, out.data());
+    return out;
+  };
+  for (const auto& [name, v] : ck.tensors) {
+    XXH3_64bits_update(state, name.data(), name.size());
+    const std::string_view dt = model::dtype_name(v.dtype);
+    XXH3_64bits_update(state, dt.data(), dt.size());
+    XXH3_64bits_update(state, v.data, v.size_bytes);
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
+  e.revision = std::string("ckpt-") + hex;
+
+  e.embed = matrix("model.embed_tokens.weight");
+  for (int64_t i = 0; i < m.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    EngineLayer l;
+    l.attn_norm = floats(p + "input_layernorm.weight");
+    l.ffn_norm = floats(p + "post_attention_layernorm.weight");
+    l.wq = matrix(p + "self_attn.q_proj.weight");
+    l.wk = matrix(p + "self_attn.k_proj.weight");
+    l.wv = matrix(p + "self_attn.v_proj.weight");
+    l.wo = matrix(p + "self_attn.o_proj.weight");
+    if (m.attention_bias) {
+      l.bq = floats(p + "self_attn.q_proj.bias");
+      l.bk = floats(p + "self_attn.k_proj.bias");
+      l.bv = floats(p + "self_attn.v_proj.bias");
+    }
+    if (m.qk_norm) {
+      l.q_norm = floats(p + "self_attn.q_norm.weight");
+      l.k_norm = floats(p + "self_attn.k_norm.weight");
+    }
+    l.gate = matrix(p + "mlp.gate_proj.weight");
+    l.up = matrix(p + "mlp.up_proj.weight");
+    l.down = matrix(p + "mlp.down_proj.weight");
+    e.layers.push_back(std::move(l));
+  }
+  // The biases point into the layer's own vectors: set once the layers stopped moving.
+  for (EngineLayer& l : e.layers) {
+    if (!l.bq.empty()) {
+      l.wq.bias = l.bq.data();
+      l.wk.bias = l.bk.data();
+      l.wv.bias = l.bv.data();
+    }
+  }
+  e.final_norm = floats("model.norm.weight");
+  e.lm_head = m.tie_word_embeddings ? e.embed : matrix("lm_head.weight");
+  e.checkpoint = std::move(ck.checkpoint);
+  return e;
+}
+
 class RefBackend final : public Backend {
  public:
-  explicit RefBackend(const BackendOptions& o) : kind_("ref"), model_(o.model), w_(ref::make_weights(o.model, o.seed)) {
-    openblas_set_num_threads(std::max(1, o.threads));
+  RefBackend(const BackendOptions& o, EngineWeights w, WeightType kv_type)
+      : kind_("ref"),
+        model_(o.model),
+        w_(std::move(w)),
+        kv_type_(kv_type),
+        inv_freq_(ref::rope_inv_freq(o.model)),
+        pool_(std::max(1, o.threads)) {
+    // The pool runs every parallel part; OpenBLAS runs single-threaded inside its tasks (cpu_kernels.hpp).
+    openblas_set_num_threads(1);
   }
 
   const std::string& kind() const override { return kind_; }
   bool runs_stages() const override { return true; }
   const model::ModelConfig& model() const override { return model_; }
   int64_t kv_bytes_per_token_layer() const override {
-    return 2 * model_.num_kv_heads * model_.head_dim * static_cast<int64_t>(sizeof(float));
+    return 2 * model_.num_kv_heads * model_.head_dim * cpu::weight_type_bytes(kv_type_);
   }
+  std::string weights_revision(uint64_t) const override { return w_.revision; }
+  std::string kv_encoding() const override { return cpu::weight_type_name(kv_type_); }
 
   Result<PrefillResult> prefill(KvBuffer& kv, const PrefillRequest& req, const LayerDoneFn& on_layer) override {
     MC_RETURN_IF_ERROR(validate_prefill(model_, kv, req));
@@ -238,10 +419,12 @@ class RefBackend final : public Backend {
         return error(Code::kInvalidArgument, "decode: token " + std::to_string(s.last_token) + " >= vocab " +
                                                  std::to_string(model_.vocab_size));
       }
-      if (s.position < 0 ||
+      if (s.position < 0 || s.position >= model_.max_context_tokens ||
           kv.layout().blocks_for_tokens(s.position + 1) > static_cast<int64_t>(s.block_table.size())) {
         return error(Code::kInvalidArgument, "decode: block table of " + std::to_string(s.block_table.size()) +
-                                                 " blocks does not cover position " + std::to_string(s.position));
+                                                 " blocks does not cover position " + std::to_string(s.position) +
+                                                 " (or it is past the model's context of " +
+                                                 std::to_string(model_.max_context_tokens) + ")");
       }
       rows.push_back({s.last_token, s.position, i});
       tables.push_back(s.block_table);
@@ -302,6 +485,62 @@ class RefBackend final : public Backend {
     return static_cast<uint32_t>(std::max_element(logits, logits + model_.vocab_size) - logits);
   }
 
+  // Calls fn(r0, r1) over [0, n) in about pool-size-times-4 contiguous ranges, in parallel.
+  template <typename Fn>
+  void rows_parallel(int64_t n, Fn&& fn) {
+    const int64_t parts = std::min<int64_t>(n, 4 * pool_.size());
+    if (parts <= 1) {
+      fn(int64_t{0}, n);
+      return;
+    }
+    const int64_t per = (n + parts - 1) / parts;
+    pool_.run((n + per - 1) / per, [&](int64_t t, int) { fn(t * per, std::min(n, (t + 1) * per)); });
+  }
+
+  // Attention of the rows [r0, r1) of one sequence (contiguous, increasing positions) whose KV, and that of every
+  // earlier position, is in the buffer: attn rows = softmax(Q Kᵀ / sqrt(d), causal) V per query head. Tasks over
+  // (KV head, block of query rows); each gathers its KV head's context (converted to fp32) once for the query heads
+  // of its group, and only the positions its rows can see.
+  void attention(KvBuffer& kv, const std::vector<Row>& rows, int64_t r0, int64_t r1, std::span<const int32_t> table,
+                 int64_t layer, const float* q, float* attn) {
+    const auto& m = model_;
+    const int64_t hd = m.head_dim, nh = m.num_heads, nkv = m.num_kv_heads, qd = nh * hd, group = nh / nkv;
+    const int64_t bs = kv.layout().block_size;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const int64_t mrows = r1 - r0;
+    constexpr int64_t kQueryBlock = 128;
+    const int64_t qblocks = (mrows + kQueryBlock - 1) / kQueryBlock;
+    pool_.run(nkv * qblocks, [&](int64_t task, int worker) {
+      const int64_t kvh = task / qblocks, qb = task % qblocks;
+      const int64_t b0 = r0 + qb * kQueryBlock, b1 = std::min(r1, b0 + kQueryBlock), brows = b1 - b0;
+      const int64_t ctx = rows[b1 - 1].pos + 1;  // positions the block's last row sees
+      float* kctx = pool_.scratch(worker, 1, static_cast<size_t>(ctx * hd));
+      float* vctx = pool_.scratch(worker, 2, static_cast<size_t>(ctx * hd));
+      float* scores = pool_.scratch(worker, 3, static_cast<size_t>(brows * ctx));
+      const int64_t elem = cpu::weight_type_bytes(kv_type_);
+      for (int64_t j = 0; j < ctx; ++j) {
+        const int32_t block = table[static_cast<size_t>(j / bs)];
+        cpu::to_fp32(kv.token_kv(block, layer, 0, j % bs) + kvh * hd * elem, kv_type_, hd, &kctx[j * hd]);
+        cpu::to_fp32(kv.token_kv(block, layer, 1, j % bs) + kvh * hd * elem, kv_type_, hd, &vctx[j * hd]);
+      }
+      for (int64_t qh = kvh * group; qh < (kvh + 1) * group; ++qh) {
+        // scores (brows × ctx) = Q_h (brows × hd, stride qd) · Kᵀ
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(brows), static_cast<int>(ctx),
+                    static_cast<int>(hd), scale, &q[b0 * qd + qh * hd], static_cast<int>(qd), kctx,
+                    static_cast<int>(hd), 0.0f, scores, static_cast<int>(ctx));
+        for (int64_t i = 0; i < brows; ++i) {
+          float* srow = &scores[i * ctx];
+          const int64_t visible = rows[b0 + i].pos + 1;  // causal mask
+          ref::softmax(srow, visible);
+          std::fill(srow + visible, srow + ctx, 0.0f);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(brows), static_cast<int>(hd),
+                    static_cast<int>(ctx), 1.0f, scores, static_cast<int>(ctx), vctx, static_cast<int>(hd), 0.0f,
+                    &attn[b0 * qd + qh * hd], static_cast<int>(qd));
+      }
+    });
+  }
+
   // Runs all layers over `rows`. Rows of one sequence must be contiguous and in increasing position; every
   // earlier position of that sequence must already have its KV in the buffer. Writes the rows' KV, calls
   // layer_done(l) after each layer, and fills `logits` for the last row (or every row when all_logits).
@@ -317,31 +556,33 @@ class RefBackend final : public Backend {
     const auto& m = model_;
     const int64_t n = static_cast<int64_t>(rows.size());
     const int64_t h = m.hidden_size, hd = m.head_dim, nh = m.num_heads, nkv = m.num_kv_heads;
-    const int64_t qd = nh * hd, kvd = nkv * hd, group = nh / nkv, bs = kv.layout().block_size;
+    const int64_t qd = nh * hd, kvd = nkv * hd, bs = kv.layout().block_size, ffn = m.ffn_size;
     const float eps = static_cast<float>(m.rms_norm_eps);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     for (const auto& t : tables) {
       for (int32_t b : t) MC_RETURN_IF_ERROR(kv.check_block(b));
     }
 
     std::vector<float> x(static_cast<size_t>(n * h)), xn(x.size()), q(static_cast<size_t>(n * qd)),
-        k(static_cast<size_t>(n * kvd)), v(k.size()), attn(q.size()), o(x.size()),
-        g(static_cast<size_t>(n * m.ffn_size)), up(g.size());
+        k(static_cast<size_t>(n * kvd)), v(k.size()), attn(q.size()), o(x.size()), g(static_cast<size_t>(n * ffn)),
+        up(g.size());
     if (hidden_in != nullptr) {
       std::memcpy(x.data(), hidden_in, sizeof(float) * x.size());
     } else {
+      const auto* embed = static_cast<const std::byte*>(w_.embed.data);
+      const int64_t row_bytes = h * cpu::weight_type_bytes(w_.embed.type);
       for (int64_t r = 0; r < n; ++r) {
-        std::memcpy(&x[r * h], &w_.embed[static_cast<size_t>(rows[r].token) * h], sizeof(float) * h);
+        cpu::to_fp32(embed + static_cast<int64_t>(rows[r].token) * row_bytes, w_.embed.type, h, &x[r * h]);
       }
     }
     if (layer_end < 0) layer_end = m.num_layers;
-    std::vector<float> kctx, vctx, scores;
     for (int64_t l = layer_begin; l < layer_end; ++l) {
-      const ref::LayerWeights& w = w_.layers[static_cast<size_t>(l)];
-      for (int64_t r = 0; r < n; ++r) ref::rms_norm(&x[r * h], w.attn_norm.data(), &xn[r * h], h, eps);
-      matmul(xn.data(), w.wq.data(), q.data(), n, h, qd);
-      matmul(xn.data(), w.wk.data(), k.data(), n, h, kvd);
-      matmul(xn.data(), w.wv.data(), v.data(), n, h, kvd);
+      const EngineLayer& w = w_.layers[static_cast<size_t>(l)];
+      rows_parallel(n, [&](int64_t a, int64_t b) {
+        for (int64_t r = a; r < b; ++r) ref::rms_norm(&x[r * h], w.attn_norm.data(), &xn[r * h], h, eps);
+      });
+      cpu::linear(pool_, xn.data(), n, w.wq, q.data());
+      cpu::linear(pool_, xn.data(), n, w.wk, k.data());
+      cpu::linear(pool_, xn.data(), n, w.wv, v.data());
       for (int64_t r = 0; r < n; ++r) {
         const LoraWeights* lora = loras[rows[r].seq];
         if (lora == nullptr) continue;
@@ -350,58 +591,42 @@ class RefBackend final : public Backend {
         add_lora_delta(&xn[r * h], d.ak, d.bk, &k[r * kvd], h, kvd);
         add_lora_delta(&xn[r * h], d.av, d.bv, &v[r * kvd], h, kvd);
       }
-      for (int64_t r = 0; r < n; ++r) {
-        ref::rope(&q[r * qd], nh, hd, rows[r].pos, m.rope_theta);
-        ref::rope(&k[r * kvd], nkv, hd, rows[r].pos, m.rope_theta);
-        const auto& table = tables[rows[r].seq];
-        const int32_t block = table[static_cast<size_t>(rows[r].pos / bs)];
-        std::memcpy(kv.token_kv(block, l, 0, rows[r].pos % bs), &k[r * kvd], sizeof(float) * kvd);
-        std::memcpy(kv.token_kv(block, l, 1, rows[r].pos % bs), &v[r * kvd], sizeof(float) * kvd);
-      }
+      rows_parallel(n, [&](int64_t a, int64_t b) {
+        for (int64_t r = a; r < b; ++r) {
+          if (!w.q_norm.empty()) {  // Qwen3: RMSNorm of each head of q and k, before RoPE
+            for (int64_t i = 0; i < nh; ++i)
+              ref::rms_norm(&q[r * qd + i * hd], w.q_norm.data(), &q[r * qd + i * hd], hd, eps);
+            for (int64_t i = 0; i < nkv; ++i)
+              ref::rms_norm(&k[r * kvd + i * hd], w.k_norm.data(), &k[r * kvd + i * hd], hd, eps);
+          }
+          ref::rope(&q[r * qd], nh, hd, rows[r].pos, inv_freq_.data());
+          ref::rope(&k[r * kvd], nkv, hd, rows[r].pos, inv_freq_.data());
+          const auto& table = tables[rows[r].seq];
+          const int32_t block = table[static_cast<size_t>(rows[r].pos / bs)];
+          cpu::from_fp32(&k[r * kvd], kvd, kv_type_, kv.token_kv(block, l, 0, rows[r].pos % bs));
+          cpu::from_fp32(&v[r * kvd], kvd, kv_type_, kv.token_kv(block, l, 1, rows[r].pos % bs));
+        }
+      });
       // Attention, one sequence (a contiguous run of rows) at a time.
       for (int64_t r0 = 0; r0 < n;) {
         int64_t r1 = r0 + 1;
         while (r1 < n && rows[r1].seq == rows[r0].seq) ++r1;
-        const auto& table = tables[rows[r0].seq];
-        const int64_t ctx = rows[r1 - 1].pos + 1;
-        const int64_t mrows = r1 - r0;
-        kctx.resize(static_cast<size_t>(ctx * hd));
-        vctx.resize(kctx.size());
-        scores.resize(static_cast<size_t>(mrows * ctx));
-        for (int64_t kvh = 0; kvh < nkv; ++kvh) {
-          for (int64_t j = 0; j < ctx; ++j) {
-            const int32_t block = table[static_cast<size_t>(j / bs)];
-            const auto* kp = reinterpret_cast<const float*>(kv.token_kv(block, l, 0, j % bs)) + kvh * hd;
-            const auto* vp = reinterpret_cast<const float*>(kv.token_kv(block, l, 1, j % bs)) + kvh * hd;
-            std::memcpy(&kctx[j * hd], kp, sizeof(float) * hd);
-            std::memcpy(&vctx[j * hd], vp, sizeof(float) * hd);
-          }
-          for (int64_t qh = kvh * group; qh < (kvh + 1) * group; ++qh) {
-            // scores (mrows × ctx) = Q_h (mrows × hd, stride qd) · Kᵀ
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(mrows), static_cast<int>(ctx),
-                        static_cast<int>(hd), scale, &q[r0 * qd + qh * hd], static_cast<int>(qd), kctx.data(),
-                        static_cast<int>(hd), 0.0f, scores.data(), static_cast<int>(ctx));
-            for (int64_t i = 0; i < mrows; ++i) {
-              float* srow = &scores[i * ctx];
-              const int64_t visible = rows[r0 + i].pos + 1;  // causal mask
-              std::fill(srow + visible, srow + ctx, -std::numeric_limits<float>::infinity());
-              ref::softmax(srow, visible);
-              std::fill(srow + visible, srow + ctx, 0.0f);
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(mrows), static_cast<int>(hd),
-                        static_cast<int>(ctx), 1.0f, scores.data(), static_cast<int>(ctx), vctx.data(),
-                        static_cast<int>(hd), 0.0f, &attn[r0 * qd + qh * hd], static_cast<int>(qd));
-          }
-        }
+        attention(kv, rows, r0, r1, tables[rows[r0].seq], l, q.data(), attn.data());
         r0 = r1;
       }
-      matmul(attn.data(), w.wo.data(), o.data(), n, qd, h);
-      for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-      for (int64_t r = 0; r < n; ++r) ref::rms_norm(&x[r * h], w.ffn_norm.data(), &xn[r * h], h, eps);
-      matmul(xn.data(), w.w1.data(), g.data(), n, h, m.ffn_size);
-      matmul(xn.data(), w.w3.data(), up.data(), n, h, m.ffn_size);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = ref::silu(g[i]) * up[i];
-      matmul(g.data(), w.w2.data(), o.data(), n, m.ffn_size, h);
+      cpu::linear(pool_, attn.data(), n, w.wo, o.data());
+      rows_parallel(n, [&](int64_t a, int64_t b) {
+        for (int64_t r = a; r < b; ++r) {
+          for (int64_t i = r * h; i < (r + 1) * h; ++i) x[i] += o[i];
+          ref::rms_norm(&x[r * h], w.ffn_norm.data(), &xn[r * h], h, eps);
+        }
+      });
+      cpu::linear(pool_, xn.data(), n, w.gate, g.data());
+      cpu::linear(pool_, xn.data(), n, w.up, up.data());
+      rows_parallel(n, [&](int64_t a, int64_t b) {
+        for (int64_t i = a * ffn; i < b * ffn; ++i) g[i] = ref::silu(g[i]) * up[i];
+      });
+      cpu::linear(pool_, g.data(), n, w.down, o.data());
       for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
       MC_RETURN_IF_ERROR(layer_done(l));
     }
@@ -411,29 +636,41 @@ class RefBackend final : public Backend {
       const int64_t count = n - first;
       for (int64_t r = first; r < n; ++r) ref::rms_norm(&x[r * h], w_.final_norm.data(), &xn[(r - first) * h], h, eps);
       logits->assign(static_cast<size_t>(count * m.vocab_size), 0.0f);
-      matmul(xn.data(), w_.lm_head.data(), logits->data(), count, h, m.vocab_size);
+      cpu::linear(pool_, xn.data(), count, w_.lm_head, logits->data());
     }
     return Status::ok();
   }
 
   std::string kind_;
   model::ModelConfig model_;
-  ref::Weights w_;
+  EngineWeights w_;
+  WeightType kv_type_;
+  std::vector<double> inv_freq_;
+  cpu::ThreadPool pool_;
   std::map<std::pair<std::string, std::string>, LoraWeights> lora_;  // (name, version) -> weights
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_ref_backend(const BackendOptions& options) {
+  const model::ModelConfig& m = options.model;
+  WeightType kv_type = WeightType::kF32;
+  if (options.kv_dtype == "bf16") kv_type = WeightType::kBF16;
+  if (options.kv_dtype == "fp16") kv_type = WeightType::kF16;
+  if (!m.checkpoint_dir.empty()) {
+    MC_ASSIGN_OR_RETURN(EngineWeights w, checkpoint_weights(m));
+    // auto: the KV in the checkpoint's own type (that of its embedding), as serving engines do.
+    if (options.kv_dtype == "auto") kv_type = w.embed.type;
+    return std::unique_ptr<Backend>(new RefBackend(options, std::move(w), kv_type));
+  }
   constexpr int64_t kMaxWeightBytes = 8LL << 30;
-  const int64_t bytes = options.model.param_count() * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = m.param_count() * static_cast<int64_t>(sizeof(float));
   if (bytes > kMaxWeightBytes) {
-    return error(Code::kResourceExhausted, "ref backend: model '" + options.model.name + "' needs " +
-                                               std::to_string(bytes >> 20) +
+    return error(Code::kResourceExhausted, "ref backend: model '" + m.name + "' needs " + std::to_string(bytes >> 20) +
                                                " MiB of fp32 weights (limit 8 GiB); use a smaller model (tiny, small) "
                                                "or --backend sim");
   }
-  return std::unique_ptr<Backend>(new RefBackend(options));
+  return std::unique_ptr<Backend>(new RefBackend(options, seeded_weights(m, options.seed), kv_type));
 }
 
 }  // namespace mc::infer

@@ -38,6 +38,7 @@ class SimBackend final : public Backend {
   const std::string& kind() const override { return kind_; }
   const model::ModelConfig& model() const override { return model_; }
   int64_t kv_bytes_per_token_layer() const override { return bytes_per_token_layer_; }
+  std::string kv_encoding() const override { return "sim" + std::to_string(bytes_per_token_layer_) + "B"; }
 
   Result<PrefillResult> prefill(KvBuffer& kv, const PrefillRequest& req, const LayerDoneFn& on_layer) override {
     MC_RETURN_IF_ERROR(validate_prefill(model_, kv, req));

@@ -1,12 +1,15 @@
 // mc-model: what a model is (`inspect`: its shape, sizes, fetch threshold, and whether a checkpoint's weights match
-// its config) and a checkpoint to test with (`init`: seeded random weights in the Hugging Face layout). Issue 49.
+// its config), a checkpoint to test with (`init`: seeded random weights in the Hugging Face layout), and what the CPU
+// engine computes for a prompt (`run`: greedy tokens and top logits). Issue 49.
 #include <iostream>
 
 #include "mc/cli/cli.hpp"
+#include "mc/infer/model_run.hpp"
 #include "mc/model/commands.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"mc-model: inspect a model (preset, Hugging Face directory or JSON) or write a test checkpoint"};
+  CLI::App app{
+      "mc-model: inspect a model (preset, Hugging Face directory or JSON), write a test checkpoint, or run a prompt"};
   app.require_subcommand(1);
   mc::cli::add_common_flags(app, "mc-model");
 
@@ -46,12 +49,43 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(mc::cli::kPositiveFinite);
   init_cmd->add_flag("--tie-word-embeddings", init.tie_word_embeddings, "lm_head is the embedding matrix");
+  init_cmd->add_option("--rope-scaling", init.rope_scaling, "RoPE scaling: none or llama3 (Llama 3.1/3.2's)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "llama3"}));
   init_cmd->add_option("--dtype", init.dtype, "Weight type: bf16 or fp32")->capture_default_str();
   init_cmd->add_option("--seed", init.seed, "Seed of the weights (same flags, same bytes)")->capture_default_str();
   init_cmd->add_flag("--force", init.force, "Overwrite a checkpoint already in DIR");
   mc::cli::add_json_flag(*init_cmd, init.json, "Print JSON instead of the line");
 
+  mc::infer::RunCommand run;
+  auto* run_cmd = app.add_subcommand("run",
+                                     "One prompt through the CPU engine alone: greedy tokens and the top logits of "
+                                     "the last prompt token (for checking against a reference)");
+  run_cmd->add_option("model", run.model, "Hugging Face model directory, preset or JSON file")->required();
+  run_cmd->add_option("--prompt-ids", run.prompt_ids, "Prompt token ids, comma-separated (1,2,3)")->required();
+  run_cmd->add_option("--steps", run.steps, "Greedy tokens to generate (0: only the prompt's logits)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  run_cmd->add_option("--top", run.top, "Logits of the last prompt token to print, largest first")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  run_cmd->add_option("--kv-dtype", run.kv_dtype, "KV element type: auto (the checkpoint's), fp32, bf16, fp16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
+  run_cmd->add_option("--threads", run.threads, "Compute threads (all cores: $(nproc))")
+      ->envname("MC_THREADS")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  run_cmd->add_option("--seed", run.seed, "Seed of the weights of a preset or JSON shape")->capture_default_str();
+  run_cmd
+      ->add_option("--cached-tokens", run.cached_tokens,
+                   "Compute the first N prompt tokens first, then the rest over their KV (as a prefix-cache hit)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  mc::cli::add_json_flag(*run_cmd, run.json, "Print JSON instead of the lines");
+
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (run_cmd->parsed()) return mc::cli::report("mc-model run", mc::infer::run_model_command(run, std::cout), run.json);
   if (in_cmd->parsed())
     return mc::cli::report("mc-model inspect", mc::model::run_inspect_command(in, std::cout), in.json);
   return mc::cli::report("mc-model init", mc::model::run_init_command(init, std::cout), init.json);

@@ -11,8 +11,13 @@
 //       returns the next token of every sequence.
 //
 // Backends:
-//   ref  a real LLaMA-architecture transformer on the CPU (RMSNorm, RoPE, GQA, SwiGLU), fp32, seeded weights,
-//        OpenBLAS sgemm. KV element type fp32: kv_bytes_per_token_layer = 2 · kv_heads · head_dim · 4.
+//   ref  the CPU engine (cpu_kernels.hpp): a decoder of the supported architectures (model_config.hpp: LLaMA,
+//        Qwen2 with q/k/v biases, Qwen3 with q/k norms, Mistral; RMSNorm, RoPE with llama3 scaling, GQA, SwiGLU,
+//        tied embeddings) on all cores. Its weights are the checkpoint's when the model was read from a Hugging
+//        Face directory (ModelConfig::checkpoint_dir; bf16, fp16 or fp32, memory-mapped and used in place, fp32
+//        arithmetic), else seeded random ones (fp32; presets and JSON shapes of plain LLaMA only). KV element type
+//        kv_dtype: fp32, bf16 or fp16 (auto: the checkpoint's type; fp32 for seeded weights), so
+//        kv_bytes_per_token_layer = 2 · kv_heads · head_dim · element bytes.
 //        A LoRA adapter (LoraAdapter, per sequence) adds a rank-kLoraRank delta A·B to the Q, K and V
 //        projections of every layer, A and B drawn from lora_weight_seed(adapter): deterministic in name and
 //        version, so two adapters give different KV and tokens for equal prompts, and one adapter the same
@@ -108,8 +113,9 @@ struct DecodeSequence {
 struct BackendOptions {
   std::string kind = "ref";  // "ref" | "sim"
   model::ModelConfig model;
+  std::string kv_dtype = "auto";   // ref: "auto" | "fp32" | "bf16" | "fp16" (sim: "auto" only)
   uint64_t seed = 0;               // ref: weights; sim: token stream
-  int threads = 1;                 // ref: OpenBLAS threads
+  int threads = 1;                 // ref: threads of the engine's pool (the caller's counts)
   model::GpuSpec gpu;              // sim
   double time_scale = 1.0;         // sim: sleeps modelled time / time_scale (> 0)
   int64_t kv_bytes_per_token = 0;  // sim: KV bytes per token (all layers) actually stored; 0 = the model's
@@ -122,6 +128,11 @@ class Backend {
   virtual const model::ModelConfig& model() const = 0;
   // K+V bytes of one token in one layer as this backend stores them (sizes the KvBuffer).
   virtual int64_t kv_bytes_per_token_layer() const = 0;
+  // The identity of the weights KV keys carry (kv_namespace): ref: "ckpt-" and 16 hex digits of XXH3 over the
+  // model's config and every tensor's name, dtype and bytes, or "ref-seed<seed>"; sim: "sim-seed<seed>".
+  virtual std::string weights_revision(uint64_t seed) const { return kind() + "-seed" + std::to_string(seed); }
+  // The KV encoding KV keys carry: ref: "fp32", "bf16" or "fp16"; sim: "sim<bytes per token and layer>B".
+  virtual std::string kv_encoding() const = 0;
 
   virtual Result<PrefillResult> prefill(KvBuffer& kv, const PrefillRequest& request, const LayerDoneFn& on_layer) = 0;
   virtual Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) = 0;
@@ -151,8 +162,9 @@ class Backend {
 // Builds a backend (validates the options: kInvalidArgument names the bad one).
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
 
-// The base key namespace of a worker's KV blocks (block_key.hpp): model name, backend and its KV encoding
-// (ref: fp32 and the weight seed; sim: bytes per token and layer), block size. Workers that must share cache
+// The base key namespace of a worker's KV blocks (block_key.hpp): model name, the weights' identity
+// (Backend::weights_revision: a checkpoint's digest, or the backend and weight seed), the KV encoding
+// (Backend::kv_encoding), the layout and block size. Workers that must share cache
 // entries must agree on all of these; anything else never hits. A request's namespace adds its key scope.
 KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed);
 

@@ -25,6 +25,7 @@ struct BackendFlags {
   std::string model = "tiny";
   uint64_t seed = 0;
   int threads = 1;
+  std::string kv_dtype = "auto";
   std::string gpu = "a800x8";
   double time_scale = 1.0;
   int64_t kv_bytes_per_token = 0;

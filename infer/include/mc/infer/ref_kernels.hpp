@@ -37,6 +37,11 @@ Weights make_weights(const model::ModelConfig& model, uint64_t seed);
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 // x: `heads` heads of `head_dim` floats each (contiguous), rotated in place for position `pos`.
 void rope(float* x, int64_t heads, int64_t head_dim, int64_t pos, double theta);
+// The same with the head_dim/2 inverse frequencies given (angle = pos · inv_freq[i], in double, then cos/sin cast).
+void rope(float* x, int64_t heads, int64_t head_dim, int64_t pos, const double* inv_freq);
+// The model's inverse frequencies theta^(−2i/d), i < head_dim/2, with its rope_scaling applied (llama3: Meta's
+// Llama 3.1 rule, model_config.hpp RopeScaling).
+std::vector<double> rope_inv_freq(const model::ModelConfig& m);
 inline float silu(float x);
 void softmax(float* x, int64_t n);
 

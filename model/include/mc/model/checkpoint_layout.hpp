@@ -19,14 +19,19 @@
 //   lm_head.weight                                  [V, H]    (absent with tie_word_embeddings: the embedding is used)
 // The element count over all of them is ModelConfig::param_count() (a unit test holds the two together).
 //
-// Thread-safety: pure functions. Errors: none (the config is validated before).
+// Thread-safety: pure functions. Errors: expected_tensors has none (the config is validated before);
+// open_checked_checkpoint's are listed at it.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "mc/common/status.hpp"
 #include "mc/model/model_config.hpp"
+#include "mc/model/safetensors.hpp"
 
 namespace mc::model {
 
@@ -42,5 +47,19 @@ struct TensorSpec {
 
 // Every tensor of `m`'s checkpoint, in the order above (layer by layer).
 std::vector<TensorSpec> expected_tensors(const ModelConfig& m);
+
+// A checkpoint opened and checked against the config it was read with: every tensor of expected_tensors(m) present,
+// of its shape, of a float dtype (BF16, F16, F32). The views point into `checkpoint`'s mappings.
+struct CheckedCheckpoint {
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::map<std::string, TensorView, std::less<>> tensors;  // every expected tensor, by name
+  std::vector<std::string> ignored;                        // tensors of the files no supported architecture has
+  uint64_t bytes = 0;                                      // of the expected tensors
+  std::map<std::string, int64_t> dtypes;                   // dtype name -> expected tensors of it
+};
+// Opens m.checkpoint_dir (Checkpoint::open's errors, kDataLoss for a truncated file) and checks it: a missing
+// tensor, a shape that disagrees with config.json, a quantized dtype are kInvalidArgument naming the directory, the
+// tensor and what the config wants.
+Result<CheckedCheckpoint> open_checked_checkpoint(const ModelConfig& m);
 
 }  // namespace mc::model

@@ -38,7 +38,8 @@ struct InitCommand {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  std::string dtype = "bf16";  // bf16 | fp32
+  std::string rope_scaling = "none";  // none | llama3 (Llama 3.1/3.2's: factor 32, low 1, high 4, original 8192)
+  std::string dtype = "bf16";         // bf16 | fp32
   uint64_t seed = 1;
   bool force = false;  // overwrite what is there
   bool json = false;
