@@ -16,7 +16,7 @@ packages=(
   libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev libssl-dev
-  iproute2 nftables man-db groff-base jq curl hey python3
+  iproute2 nftables man-db groff-base jq curl hey python3 python3-numpy
   prometheus etcd-server etcd-client
   clang-format clang-tidy
   gnuplot-nox chromium

@@ -658,7 +658,12 @@ Result<std::unique_ptr<Backend>> make_ref_backend(const BackendOptions& options)
   if (options.kv_dtype == "bf16") kv_type = WeightType::kBF16;
   if (options.kv_dtype == "fp16") kv_type = WeightType::kF16;
   if (!m.checkpoint_dir.empty()) {
-    MC_ASSIGN_OR_RETURN(EngineWeights w, checkpoint_weights(m));
+    Result<EngineWeights> loaded = checkpoint_weights(m);
+    if (!loaded) {
+      return Status(loaded.status().code(), "ref backend: " + loaded.status().message() +
+                                                " (--backend sim models the checkpoint's speed without its weights)");
+    }
+    EngineWeights w = std::move(loaded).value();
     // auto: the KV in the checkpoint's own type (that of its embedding), as serving engines do.
     if (options.kv_dtype == "auto") kv_type = w.embed.type;
     return std::unique_ptr<Backend>(new RefBackend(options, std::move(w), kv_type));

@@ -71,7 +71,7 @@ TEST(Tools, McSimAndMcPlanPrintJsonAndMapErrorsToExitCodes) {
 
 // A Hugging Face model directory wherever a model is named (issue 49 item 1): mc-plan prices Qwen2.5-0.5B's real shape
 // (2 KV heads of 64 over 24 layers, bf16: 12,288 B of KV a token), mc-sim runs a trace on it, and mc-prefill's ref
-// backend refuses to answer for its weights with random ones (exit 2, naming the directory).
+// backend, given a directory without weights, stops naming it (exit 2).
 TEST(Tools, AHuggingFaceModelDirectoryIsPricedAsItsConfigSays) {
   const std::string dir = ::testing::TempDir() + "mc_hf_dir_" + std::to_string(::getpid()) + "/Qwen2.5-0.5B";
   std::filesystem::create_directories(dir);
@@ -94,7 +94,10 @@ TEST(Tools, AHuggingFaceModelDirectoryIsPricedAsItsConfigSays) {
                      " --conductor tcp://127.0.0.1:1 --conductor-wait-ms 0 2>&1",
                  rc);
   EXPECT_NE(WEXITSTATUS(rc), 0) << out;
+  // A directory without weights: the CPU engine has nothing to compute and says so, naming the directory, the files
+  // it looked for and the sim backend as the way to price the model without them.
   EXPECT_NE(out.find(dir), std::string::npos) << out;
+  EXPECT_NE(out.find("model.safetensors"), std::string::npos) << out;
   EXPECT_NE(out.find("--backend sim"), std::string::npos) << out;
   std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
 }
