@@ -39,12 +39,22 @@
 #                         transport works here (shm, tcp).                    [MC_HOSTS, 1]
 #   --prefill P           prefill instances                              [MC_PREFILL, 2]
 #   --decode D            decode instances                               [MC_DECODE, 2]
-#   --backend B           sim (GPU cost model) or ref (CPU LLaMA)        [MC_BACKEND, sim]
-#   --model M             model preset (tiny, small, llama3-8b, llama3-70b) [MC_MODEL, llama3-70b for sim, tiny for ref]
+#   --backend B           sim (GPU cost model) or ref (the CPU engine: seeded weights, or a checkpoint's)
+#                                                                        [MC_BACKEND, sim]
+#   --model M             model preset (tiny, small, llama3-8b, llama3-70b), a JSON shape, or a Hugging Face model
+#                         directory (config.json; with --backend ref also model.safetensors: the workers compute its
+#                         weights, DESIGN.md §7; the Conductor prices its shape, the gateway serves it under the
+#                         directory's name, and CMD gets MC_VOCAB_SIZE from its config.json)
+#                                                 [MC_MODEL, llama3-70b for sim, tiny for ref]
 #   --gpu G               sim: GPU preset (a800x8, h800x8)               [MC_GPU, a800x8]
 #   --time-scale T        sim: run T times faster than modelled          [MC_TIME_SCALE, 1]
 #   --kv-bytes-per-token N  sim: KV bytes per token actually stored and moved (the KV scale; 0 = the model's)
 #                                                                        [MC_KV_BYTES_PER_TOKEN, 1024]
+#   --kv-dtype T          ref: the workers' KV element type: auto (a checkpoint's weight type; fp32 for seeded
+#                         weights), fp32, bf16 or fp16; part of the KV blocks' key namespace
+#                                                                        [MC_KV_DTYPE, the workers' default: auto]
+#   --threads N           ref: compute threads of each prefill and decode instance (they share this machine's
+#                         cores)                                         [MC_THREADS, the workers' default: 1]
 #   --block-size N        tokens per KV block everywhere                 [MC_BLOCK_SIZE, 512]
 #   --policy NAME         conductor policy: random, least_loaded, cache_aware, kvcache [MC_POLICY, kvcache]
 #   --conductor-args "A"  extra flags for mc-conductor serve, split on spaces, e.g. "--overload-queue-ms 100"
@@ -99,6 +109,8 @@ model="${MC_MODEL:-}"
 gpu="${MC_GPU:-a800x8}"
 time_scale="${MC_TIME_SCALE:-1}"
 kv_bytes_per_token="${MC_KV_BYTES_PER_TOKEN:-1024}"
+kv_dtype="${MC_KV_DTYPE:-}"
+threads="${MC_THREADS:-}"
 block_size="${MC_BLOCK_SIZE:-512}"
 policy="${MC_POLICY:-kvcache}"
 prefix_cache="${MC_PREFIX_CACHE:-store}"
@@ -130,6 +142,8 @@ while [[ $# -gt 0 ]]; do
     --gpu) need "$@"; gpu="$2"; shift 2 ;;
     --time-scale) need "$@"; time_scale="$2"; shift 2 ;;
     --kv-bytes-per-token) need "$@"; kv_bytes_per_token="$2"; shift 2 ;;
+    --kv-dtype) need "$@"; kv_dtype="$2"; shift 2 ;;
+    --threads) need "$@"; threads="$2"; shift 2 ;;
     --block-size) need "$@"; block_size="$2"; shift 2 ;;
     --policy) need "$@"; policy="$2"; shift 2 ;;
     --prefix-cache) need "$@"; prefix_cache="$2"; shift 2 ;;
@@ -159,6 +173,21 @@ fi
 [[ "$prefix_cache" == store || "$prefix_cache" == none ]] ||
   { echo "local-cluster.sh: --prefix-cache must be store or none, got '$prefix_cache'" >&2; exit 2; }
 [[ -n "$model" ]] || { [[ "$backend" == ref ]] && model=tiny || model=llama3-70b; }
+# A Hugging Face model directory: its config.json must be there (the workers, the Conductor and the gateway read it),
+# and its vocabulary bounds the token ids a replay synthesizes (MC_VOCAB_SIZE below). A preset's name wins over a
+# directory of that name here, as in the tools ("./tiny" names the directory).
+model_vocab=""
+if [[ -d "$model" && ( "$model" == */* || ! "$model" =~ ^(tiny|small|llama3-8b|llama3-70b)$ ) ]]; then
+  [[ -f "$model/config.json" ]] ||
+    { echo "local-cluster.sh: --model $model is a directory without config.json (not a Hugging Face model directory)" >&2; exit 2; }
+  if command -v jq > /dev/null; then
+    model_vocab="$(jq -r '.vocab_size // empty' "$model/config.json" 2>/dev/null || true)"
+    [[ "$model_vocab" =~ ^[0-9]+$ ]] || model_vocab=""
+  fi
+  [[ -n "$model_vocab" || -n "${MC_VOCAB_SIZE:-}" ]] ||
+    echo "local-cluster.sh: could not read vocab_size from $model/config.json (needs jq: tools/install-deps.sh);" \
+         "MC_VOCAB_SIZE is not set for CMD" >&2
+fi
 for n in "$store_nodes" "$n_prefill" "$n_decode" "$n_hosts" "$n_masters"; do
   [[ "$n" =~ ^[0-9]+$ ]] || { echo "local-cluster.sh: counts must be integers, got '$n'" >&2; exit 2; }
 done
@@ -421,6 +450,9 @@ worker_flags=(--backend "$backend" --model "$model" --block-size "$block_size" -
 if [[ "$backend" == sim ]]; then
   worker_flags+=(--gpu "$gpu" --time-scale "$time_scale" --kv-bytes-per-token "$kv_bytes_per_token")
 fi
+# Given only when set: the workers' own defaults (and their MC_KV_DTYPE / MC_THREADS fallbacks) otherwise.
+[[ -z "$kv_dtype" ]] || worker_flags+=(--kv-dtype "$kv_dtype")
+[[ -z "$threads" ]] || worker_flags+=(--threads "$threads")
 # The prefix cache: prefill instances read and put blocks there, and decode instances put the blocks of pipelined
 # prefills (no stage holds every layer of one; docs/DESIGN.md §18 "Live groups").
 store_flags=(--store "$master")
@@ -472,6 +504,7 @@ if [[ "$metrics" == 1 ]]; then export MC_METRICS_TARGETS="$state/metrics-targets
 case "$model" in
   tiny) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-256}" ;;
   small) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-1024}" ;;
+  *) if [[ -n "$model_vocab" ]]; then export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-$model_vocab}"; fi ;;
 esac
 {
   echo "local-cluster.sh: up: $n_masters store master(s), $store_nodes storage nodes, 1 conductor ($policy)," \
