@@ -14,7 +14,10 @@ uint64_t lora_weight_seed(const LoraAdapter& adapter) {
 
 KeyNamespace kv_namespace(const Backend& backend, int64_t block_tokens, uint64_t weight_seed) {
   KeyNamespace ns;
-  ns.model_id = backend.model().name;
+  // A checkpoint is named by its architecture here (its digest, in the revision, identifies it): its directory's
+  // name may differ from host to host.
+  const model::ModelConfig& m = backend.model();
+  ns.model_id = m.checkpoint_dir.empty() ? m.name : std::string(model::architecture_name(m.architecture));
   ns.model_revision = backend.weights_revision(weight_seed);
   ns.kv_dtype = backend.kv_encoding();
   ns.layout = "tp1-l" + std::to_string(backend.model().num_layers);

@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 #include "mc/model/safetensors.hpp"
 
@@ -149,30 +152,44 @@ MC_SIMD void to_fp32_simd(const std::byte* src, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = scalar_at(src, T, i);
 }
 
-// out[m] = dot(row, x + m * ldx) for m < M (M <= kDotRows): the weight row is loaded once for all M rows.
-template <WeightType T, int M>
-MC_SIMD void dot_rows_simd(const std::byte* row, const float* x, int64_t ldx, int64_t n, float* out) {
+// out[m] = dot(row, x + m * ldx) for m < M (M <= kDotRows): the weight row is loaded once for all M rows. The rows
+// are unrolled at compile time (a fold over I...) so the accumulators live in registers: two a row hide the FMA latency
+// for few rows; more rows hide it themselves, and AVX2's 16 registers hold one a row plus the weights.
+template <WeightType T, int... I>
+MC_SIMD void dot_rows_unrolled(std::integer_sequence<int, I...>, const std::byte* row, const float* x, int64_t ldx,
+                               int64_t n, float* out) {
   constexpr int64_t kBytes = T == WeightType::kF32 ? 4 : 2;
+  constexpr int M = sizeof...(I);
   __m256 acc[M], acc2[M];
-  for (int m = 0; m < M; ++m) acc[m] = acc2[m] = _mm256_setzero_ps();
+  ((acc[I] = _mm256_setzero_ps(), acc2[I] = _mm256_setzero_ps()), ...);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 w0 = load8<T>(row + i * kBytes);
-    const __m256 w1 = load8<T>(row + (i + 8) * kBytes);
-    for (int m = 0; m < M; ++m) {
-      acc[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * ldx + i), acc[m]);
-      acc2[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * ldx + i + 8), acc2[m]);
+  if constexpr (M > 4) {
+    for (; i + 8 <= n; i += 8) {
+      const __m256 w0 = load8<T>(row + i * kBytes);
+      ((acc[I] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + I * ldx + i), acc[I])), ...);
     }
-  }
-  for (; i + 8 <= n; i += 8) {
-    const __m256 w0 = load8<T>(row + i * kBytes);
-    for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * ldx + i), acc[m]);
+  } else {
+    for (; i + 16 <= n; i += 16) {
+      const __m256 w0 = load8<T>(row + i * kBytes);
+      const __m256 w1 = load8<T>(row + (i + 8) * kBytes);
+      ((acc[I] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + I * ldx + i), acc[I])), ...);
+      ((acc2[I] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + I * ldx + i + 8), acc2[I])), ...);
+    }
+    for (; i + 8 <= n; i += 8) {
+      const __m256 w0 = load8<T>(row + i * kBytes);
+      ((acc[I] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + I * ldx + i), acc[I])), ...);
+    }
   }
   for (int m = 0; m < M; ++m) {
     float s = hsum(_mm256_add_ps(acc[m], acc2[m]));
     for (int64_t j = i; j < n; ++j) s += scalar_at(row, T, j) * x[m * ldx + j];
     out[m] = s;
   }
+}
+
+template <WeightType T, int M>
+MC_SIMD void dot_rows_simd(const std::byte* row, const float* x, int64_t ldx, int64_t n, float* out) {
+  dot_rows_unrolled<T>(std::make_integer_sequence<int, M>{}, row, x, ldx, n, out);
 }
 
 template <WeightType T>
@@ -225,9 +242,69 @@ void linear_dot(ThreadPool& pool, const float* x, int64_t m, const WeightMatrix&
   });
 }
 
+// e^x for 8 lanes: x = n·ln2 + r (Cody–Waite split of ln2), e^r by the degree-6 minimax polynomial of Cephes' expf
+// (relative error about 1e-7), times 2^n built in the exponent bits. Inputs are clamped to ±88.38 (below, 0).
+MC_SIMD inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+MC_SIMD void softmax_simd(float* x, int64_t n) {
+  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+  float mx = -std::numeric_limits<float>::infinity();
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  for (float l : lanes) mx = std::max(mx, l);
+  for (int64_t j = i; j < n; ++j) mx = std::max(mx, x[j]);
+  const __m256 vm = _mm256_set1_ps(mx);
+  __m256 vsum = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+    _mm256_storeu_ps(x + i, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  double sum = hsum(vsum);
+  for (int64_t j = i; j < n; ++j) {
+    x[j] = std::exp(x[j] - mx);
+    sum += x[j];
+  }
+  const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
+  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  for (int64_t j = i; j < n; ++j) x[j] *= static_cast<float>(1.0 / sum);
+}
+
 }  // namespace
 
 bool simd_available() { return kSimd; }
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  if (kSimd) return softmax_simd(x, n);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
 
 void to_fp32(const void* src, WeightType t, int64_t n, float* dst) {
   const auto* p = static_cast<const std::byte*>(src);

@@ -253,11 +253,15 @@ WeightType weight_type_of(model::Dtype d) {
 Result<EngineWeights> checkpoint_weights(const model::ModelConfig& m) {
   MC_ASSIGN_OR_RETURN(model::CheckedCheckpoint ck, model::open_checked_checkpoint(m));
   EngineWeights e;
-  // The identity of the weights: XXH3 of the model's config and of every tensor's name, dtype and bytes.
+  // The identity of the weights: XXH3 of the model's config and of every tensor's name, dtype and bytes — not of
+  // where the directory is or what it is called, so two hosts holding the same checkpoint at different paths agree.
   XXH3_state_t* state = XXH3_createState();
   if (state == nullptr) return error(Code::kResourceExhausted, "ref backend: out of memory (checkpoint digest)");
   XXH3_64bits_reset(state);
-  const std::string config = m.to_json();
+  model::ModelConfig canonical = m;
+  canonical.name.clear();
+  canonical.checkpoint_dir.clear();
+  const std::string config = canonical.to_json();
   XXH3_64bits_update(state, config.data(), config.size());
   auto view = [&](const std::string& name) -> const model::TensorView& { return ck.tensors.at(name); };
   auto matrix = [&](const std::string& name) -> WeightMatrix {
@@ -531,7 +535,7 @@ class RefBackend final : public Backend {
         for (int64_t i = 0; i < brows; ++i) {
           float* srow = &scores[i * ctx];
           const int64_t visible = rows[b0 + i].pos + 1;  // causal mask
-          ref::softmax(srow, visible);
+          cpu::softmax(srow, visible);
           std::fill(srow + visible, srow + ctx, 0.0f);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(brows), static_cast<int>(hd),

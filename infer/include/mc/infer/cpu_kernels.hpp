@@ -84,6 +84,10 @@ void to_fp32(const void* src, WeightType t, int64_t n, float* dst);
 // Rounds n fp32 values to type `t` (round to nearest even; fp16 beyond its range becomes ±Inf) into dst.
 void from_fp32(const float* src, int64_t n, WeightType t, void* dst);
 
+// In place over n > 0 values: x_i = e^(x_i − max) / Σ e^(x_j − max). The SIMD path's e^x is a polynomial with a
+// relative error of about 1e-7 (Cephes' expf); the sum is kept in double across lanes.
+void softmax(float* x, int64_t n);
+
 // Whether the SIMD (AVX2 + FMA + F16C) kernels run on this CPU; otherwise portable loops compute the same values
 // (the sums in another order).
 bool simd_available();
