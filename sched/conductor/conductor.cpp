@@ -246,6 +246,7 @@ class Conductor {
     bool reservation_held = false;   // `reservation` exists on the decode instance and was not consumed
     bool decode_finished = false;    // mc-decode reported done/failed before the prefill's reply came
     double slo_ttft_ms = 0;          // the TTFT SLO applied at submit (re-dispatches get what is left of it)
+    std::string fault_cause;         // the worker fault that re-dispatched it last ("" if none): its failure names it
     int64_t last_event_unix_ns = 0;  // the latest job-report event time (monotone)
     Request request;                 // as decided (re-dispatches decide it again)
     int64_t submit_ns = 0;
@@ -587,7 +588,8 @@ class Conductor {
       r.reject_reason = "decode_refused";
       r.reason = "decode instance " + f.decision.decode_id + " refused the KV reservation: " + res.status().message();
       MC_LOG_WARN << "request '" << id << "': " << r.reason;
-      if (f.answered) return fail_flight(id, "re-dispatched after a worker fault, then " + r.reason);
+      if (f.answered)
+        return fail_flight(id, f.fault_cause + " before the first token: re-dispatched, then " + r.reason);
       sched_->on_request_done(id);
       answer(f, r);
       in_flight_.erase(id);
@@ -1181,6 +1183,7 @@ class Conductor {
       return fail_flight(id, why + " before the first token, not re-dispatched: the chosen instance vanished");
     }
     sched_->commit(r, d);
+    f.fault_cause = why;
     f.decision = d;
     f.prefill_endpoint = p->info.endpoint;
     f.decode_endpoint = dec->info.endpoint;

@@ -112,6 +112,30 @@ class HfClusterE2E : public testkit::LocalClusterFixture {
     return j["tokens"].get<std::vector<uint32_t>>();
   }
 
+  // The same tokens from the independent numpy reference (tests/infer/hf_reference.py), when a python3 with numpy is
+  // here (tools/install-deps.sh installs it; else only the engine is the reference): the cluster's tokens are then
+  // checked against a forward pass that shares no code with the engine.
+  void expect_reference_tokens(const std::vector<uint32_t>& prompt, const std::string& kv_dtype,
+                               const std::vector<uint32_t>& want) {
+    std::string py;
+    for (const char* candidate : {"/usr/bin/python3", "python3"}) {
+      if (testkit::run({"/bin/sh", "-c", std::string(candidate) + " -c 'import numpy' 2>/dev/null"}, 30'000)
+              .exit_code == 0) {
+        py = candidate;
+        break;
+      }
+    }
+    if (py.empty()) return;
+    const testkit::RunResult r = testkit::run(
+        {py, MC_SOURCE_DIR "/tests/infer/hf_reference.py", dir_, "--prompt-ids", ids_text(prompt), "--steps",
+         std::to_string(kOutput), "--kv-dtype", kv_dtype == "auto" ? "bf16" : kv_dtype, "--json"},
+        120'000);
+    ASSERT_EQ(r.exit_code, 0) << "hf_reference.py: " << r.out;
+    const json j = json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("tokens")) << "hf_reference.py printed: " << r.out;
+    EXPECT_EQ(j["tokens"].get<std::vector<uint32_t>>(), want) << "the numpy reference's greedy tokens";
+  }
+
   // The cluster on the checkpoint: 1 storage node, 1 prefill and 1 decode instance, the ref backend.
   void start(const Arch& arch, const std::string& prefix_cache) {
     ASSERT_NO_FATAL_FAILURE(start_cluster({"--backend",        "ref",         "--model",        dir_,
@@ -182,6 +206,8 @@ class HfClusterE2E : public testkit::LocalClusterFixture {
     const std::vector<uint32_t> want_b = engine_tokens(b, arch.kv_dtype);
     ASSERT_EQ(want_a.size(), static_cast<size_t>(kOutput));
     ASSERT_EQ(want_b.size(), static_cast<size_t>(kOutput));
+    ASSERT_NO_FATAL_FAILURE(expect_reference_tokens(a, arch.kv_dtype, want_a));
+    ASSERT_NO_FATAL_FAILURE(expect_reference_tokens(b, arch.kv_dtype, want_b));
     ASSERT_NO_FATAL_FAILURE(start(arch, store ? "store" : "none"));
     if (IsSkipped()) return;
 
