@@ -44,6 +44,16 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& m) {
 Result<CheckedCheckpoint> open_checked_checkpoint(const ModelConfig& m) {
   CheckedCheckpoint r;
   MC_ASSIGN_OR_RETURN(r.checkpoint, Checkpoint::open(m.checkpoint_dir));
+  // Count before naming: a config of 2^31 layers must not make 2^35 names first.
+  const int64_t per_layer = 9 + (m.attention_bias ? 3 : 0) + (m.qk_norm ? 2 : 0);
+  const int64_t want = 2 + (m.tie_word_embeddings ? 0 : 1) + m.num_layers * per_layer;
+  const auto held = static_cast<int64_t>(r.checkpoint->tensor_names().size());
+  if (want > held) {
+    return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "' holds " + std::to_string(held) +
+                                             " tensors, but config.json's " + std::to_string(m.num_layers) +
+                                             " layers need " + std::to_string(want) +
+                                             ": the weights are of another model");
+  }
   const std::vector<TensorSpec> specs = expected_tensors(m);
   const std::string arch(architecture_name(m.architecture));
   for (const TensorSpec& t : specs) {
@@ -59,9 +69,10 @@ Result<CheckedCheckpoint> open_checked_checkpoint(const ModelConfig& m) {
                                                ": the weights are of another model");
     }
     if (!dtype_is_float(v->dtype)) {
-      return error(Code::kInvalidArgument, "checkpoint '" + m.checkpoint_dir + "': tensor '" + t.name + "' is " +
-                                               std::string(dtype_name(v->dtype)) +
-                                               " (quantized weights are not supported: BF16, F16 or F32)");
+      return error(Code::kInvalidArgument,
+                   "checkpoint '" + m.checkpoint_dir + "': tensor '" + t.name + "' is " +
+                       std::string(dtype_name(v->dtype)) +
+                       " (mc computes BF16, F16 or F32 weights; quantized and other types are not supported)");
     }
     r.bytes += v->size_bytes;
     r.dtypes[std::string(dtype_name(v->dtype))] += 1;

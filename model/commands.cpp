@@ -107,7 +107,7 @@ Status run_inspect_command(const InspectCommand& cmd, std::ostream& out) {
     } else {
       j["weights"] = nullptr;
     }
-    out << j.dump() << "\n";
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return Status::ok();
   }
   const int64_t kv = m.kv_bytes_per_token();
@@ -259,7 +259,7 @@ Status run_init_command(const InitCommand& c, std::ostream& out) {
   for (const auto& [path, doc] : {std::pair<std::string, const nlohmann::json*>{config_path, &config},
                                   {c.dir + "/generation_config.json", &generation}}) {
     std::ofstream f(path, std::ios::trunc);
-    f << doc->dump(2) << "\n";
+    f << doc->dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     if (!f) return error(Code::kIo, "cannot write '" + path + "': " + std::strerror(errno));
   }
 
@@ -297,7 +297,7 @@ Status run_init_command(const InitCommand& c, std::ostream& out) {
                           {"parameters", m.param_count()},
                           {"weight_bytes", m.weight_bytes()},
                           {"seed", c.seed}}
-               .dump()
+               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
         << "\n";
   } else {
     out << "wrote " << c.dir << ": config.json, generation_config.json, model.safetensors (" << specs.size()

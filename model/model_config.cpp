@@ -218,7 +218,26 @@ Status ModelConfig::validate() const {
       {"vocab_size", vocab_size}, {"max_context_tokens", max_context_tokens}};
   for (const auto& [field, value] : positive) {
     if (value <= 0) return field_error(field, value, "must be > 0");
-    if (value > (int64_t{1} << 31)) return field_error(field, value, "must be < 2^31");
+    if (value >= (int64_t{1} << 31)) return field_error(field, value, "must be < 2^31");
+  }
+  // The products every user of the config forms (parameters, weight and KV bytes) stay far inside int64: a model of
+  // more than 2^50 parameters, or 2^40 KV bytes a token, is no model (the largest published ones are below 2^41).
+  {
+    const long double h = static_cast<long double>(hidden_size), L = static_cast<long double>(num_layers);
+    const long double q = static_cast<long double>(num_heads) * static_cast<long double>(head_dim);
+    const long double kv = static_cast<long double>(num_kv_heads) * static_cast<long double>(head_dim);
+    const long double params = L * (h * (2 * q + 2 * kv) + 3 * h * static_cast<long double>(ffn_size) + 4 * h + 2 * q) +
+                               2 * static_cast<long double>(vocab_size) * h + h;
+    if (params > 0x1p50L) {
+      return error(Code::kInvalidArgument, "model config: the shape makes " +
+                                               std::to_string(static_cast<double>(params)) +
+                                               " parameters (more than 2^50): not a model (check num_hidden_layers, "
+                                               "hidden_size, intermediate_size, vocab_size, head_dim)");
+    }
+    if (2 * L * kv * 4 > 0x1p40L) {
+      return error(Code::kInvalidArgument,
+                   "model config: more than 2^40 KV bytes a token (layers x KV heads x head_dim): not a model");
+    }
   }
   if (num_heads % num_kv_heads != 0) {
     return field_error(
@@ -377,6 +396,10 @@ namespace {
 // A model's JSON file, at most 4 MiB (a config.json is a few KiB; a path to anything else must not be read whole).
 Result<std::string> read_config_file(const std::string& path, std::string_view what, std::string_view remedy) {
   constexpr std::streamsize kMaxConfigBytes = std::streamsize{4} << 20;
+  struct ::stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {  // a FIFO would block the open, a device not end
+    return error(Code::kInvalidArgument, std::string(what) + " '" + path + "' is not a regular file");
+  }
   MC_ASSIGN_OR_RETURN(std::ifstream in, open_input_file(path, what, remedy));
   std::string text(static_cast<size_t>(kMaxConfigBytes) + 1, '\0');
   in.read(text.data(), kMaxConfigBytes + 1);
@@ -435,6 +458,16 @@ Result<ModelConfig> load_model(std::string_view spec) {
     if (preset || !is_dir) return preset;
   }
   if (is_dir) return load_checkpoint_config(std::string(spec));
+  // DIR/config.json of a checkpoint names the checkpoint (its weights beside it), not a bare shape: read as DIR, so
+  // the ref backend computes its weights instead of seeded ones.
+  if (const std::string path(spec); path == "config.json" || path.ends_with("/config.json")) {
+    const std::string dir = path == "config.json" ? "." : path.substr(0, path.size() - 12);
+    const std::string base = dir.empty() ? "/" : dir;
+    if (::access((base + "/model.safetensors").c_str(), F_OK) == 0 ||
+        ::access((base + "/model.safetensors.index.json").c_str(), F_OK) == 0) {
+      return load_checkpoint_config(base);
+    }
+  }
   MC_ASSIGN_OR_RETURN(std::string text, read_config_file(std::string(spec), "model config file",
                                                          "name a preset, a Hugging Face model directory or a JSON "
                                                          "config file"));

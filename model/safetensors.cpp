@@ -301,7 +301,7 @@ class Mapping {
   // kInvalidArgument when the file cannot be opened or is not a regular file (naming `what` and the path), kIo when
   // mmap fails. An empty file maps to nothing (data() null, size 0).
   static Result<Mapping> open(const std::string& path, std::string_view what) {
-    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO must not block the open
     if (!fd) {
       return Status(Code::kInvalidArgument,
                     "cannot open " + std::string(what) + " '" + path + "': " + std::strerror(errno));

@@ -16,8 +16,13 @@ Result<Tokenizer> Tokenizer::for_model(std::string_view spec) {
                                               " ids: the byte-level tokenizer needs at least 256");
   }
   std::vector<uint32_t> eos;
-  // Llama 3's <|end_of_text|> and <|eot_id|>, where the vocabulary has them.
-  if (m.vocab_size > 128'009) eos = {128'001, 128'009};
+  // The model's own end tokens (config.json, then generation_config.json: Qwen2.5's 151643/151645, Mistral's 2,
+  // Llama 3.1 Instruct's 128001/128008/128009); a preset names none: Llama 3's <|end_of_text|> and <|eot_id|>, where
+  // the vocabulary has them.
+  for (int64_t id : m.eos_token_ids) {
+    if (id >= 0 && id < m.vocab_size) eos.push_back(static_cast<uint32_t>(id));
+  }
+  if (eos.empty() && m.checkpoint_dir.empty() && m.vocab_size > 128'009) eos = {128'001, 128'009};
   Tokenizer t(m.name, m.vocab_size, std::move(eos));
   t.set_max_context_tokens(m.max_context_tokens);
   return t;

@@ -71,7 +71,12 @@ Status run_model_command(const RunCommand& c, std::ostream& out) {
   if (c.cached_tokens < 0 || c.cached_tokens >= n) {
     return error(Code::kInvalidArgument, "--cached-tokens must be in [0, prompt tokens)");
   }
-  MC_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, make_backend(o));
+  Result<std::unique_ptr<Backend>> made = make_backend(o);
+  // A truncated weights file is data loss to a daemon; to this command it is bad input (exit 2), as in inspect.
+  if (!made && made.status().code() == Code::kDataLoss) {
+    return error(Code::kInvalidArgument, made.status().message());
+  }
+  MC_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, std::move(made));
   constexpr int64_t kBlock = 16;
   const KvLayout layout = backend->kv_layout(kBlock);
   const int64_t blocks = layout.blocks_for_tokens(n + std::max<int64_t>(c.steps, 1));
@@ -117,7 +122,7 @@ Status run_model_command(const RunCommand& c, std::ostream& out) {
     for (const auto& [id, logit] : top) jt.push_back({id, logit});
     j["top"] = jt;
     j["top_gap"] = gap;  // top-1 minus top-2 logit: how far the first greedy choice is from a tie
-    out << j.dump() << "\n";
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return Status::ok();
   }
   out << "model " << o.model.name << " (" << backend->weights_revision(c.seed) << ", KV " << backend->kv_encoding()

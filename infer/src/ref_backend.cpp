@@ -372,6 +372,7 @@ class RefBackend final : public Backend {
       MC_RETURN_IF_ERROR(forward(kv, rows, tables, loras, last_chunk ? &logits : nullptr,
                                  [&](int64_t layer) { return on_layer ? on_layer(layer, begin, end) : Status::ok(); }));
     }
+    MC_RETURN_IF_ERROR(check_finite(logits.data(), 1));
     result.first_token = argmax(logits.data());
     result.last_logits = std::move(logits);
     result.computed_tokens = n - req.cached_tokens;
@@ -403,6 +404,7 @@ class RefBackend final : public Backend {
         /*all_logits=*/false, req.first_layer, last, embeds ? nullptr : req.hidden_in.data(),
         ends_model ? nullptr : &result.hidden_out));
     if (!logits.empty()) {
+      MC_RETURN_IF_ERROR(check_finite(logits.data(), 1));
       result.first_token = argmax(logits.data());
       result.last_logits = std::move(logits);
     }
@@ -438,6 +440,7 @@ class RefBackend final : public Backend {
     std::vector<float> logits;
     MC_RETURN_IF_ERROR(forward(
         kv, rows, tables, loras, &logits, [](int64_t) { return Status::ok(); }, /*all_logits=*/true));
+    MC_RETURN_IF_ERROR(check_finite(logits.data(), static_cast<int64_t>(rows.size())));
     for (size_t i = 0; i < rows.size(); ++i) {
       next.push_back(argmax(logits.data() + i * static_cast<size_t>(model_.vocab_size)));
     }
@@ -482,6 +485,22 @@ class RefBackend final : public Backend {
     }
     out.clear();
     for (const auto& a : wanted) out.push_back(a.is_base() ? nullptr : &lora_.at({a.name, a.version}));
+    return Status::ok();
+  }
+
+  // Non-finite logits (NaN or Inf weights in a checkpoint, or an overflow) have no greedy token: the request fails
+  // with an error naming the cause instead of answering token 0.
+  Status check_finite(const float* logits, int64_t rows) const {
+    const int64_t n = rows * model_.vocab_size;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(logits[i])) {
+        return error(Code::kDataLoss, "ref backend: model '" + model_.name + "' computed a non-finite logit (" +
+                                          std::to_string(logits[i]) + " for token " +
+                                          std::to_string(i % model_.vocab_size) +
+                                          "): its weights hold NaN or Inf values, or overflow fp32; check the "
+                                          "checkpoint");
+      }
+    }
     return Status::ok();
   }
 

@@ -2,6 +2,9 @@
 // detokenizer, the chat template, request parsing and its 400/413 errors, stop strings and end of sequence.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "mc/gateway/openai.hpp"
 #include "mc/gateway/tokenizer.hpp"
 
@@ -26,6 +29,27 @@ TEST(GatewayTokenizer, TextIsItsUtf8BytesAndEqualPrefixesGiveEqualIds) {
   EXPECT_TRUE(llama().is_eos(128'001));
   EXPECT_FALSE(llama().is_eos(65));
   EXPECT_FALSE(Tokenizer::for_model("no-such-model").is_ok());
+}
+
+// A checkpoint's answers end at its own end tokens (config.json, then generation_config.json), not Llama 3's: a
+// Qwen2.5 vocabulary holds ids 128001 and 128009 as ordinary tokens.
+TEST(GatewayTokenizer, AHuggingFaceModelEndsAtItsOwnEndTokens) {
+  char tmpl[] = "/tmp/mc-gw-eos-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  {
+    std::ofstream(dir + "/config.json") << R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896,
+      "intermediate_size": 4864, "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+      "vocab_size": 151936, "max_position_embeddings": 32768, "hidden_act": "silu", "torch_dtype": "bfloat16",
+      "tie_word_embeddings": true, "eos_token_id": 151643})";
+    std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": [151645, 151643]})";
+  }
+  auto t = Tokenizer::for_model(dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_TRUE(t->is_eos(151'645));
+  EXPECT_TRUE(t->is_eos(151'643));
+  EXPECT_FALSE(t->is_eos(128'009));
+  EXPECT_FALSE(t->is_eos(128'001));
 }
 
 TEST(GatewayTokenizer, StreamHoldsIncompleteCharactersAndReplacesBadBytes) {

@@ -166,5 +166,45 @@ TEST(HfEngineErrors, AWrongShapeStopsTheWorkerNamingTheTensor) {
   EXPECT_NE(t.out.find("model.safetensors"), std::string::npos) << t.out;
 }
 
+// Hostile checkpoints end in clear errors, at once: NaN weights fail the prompt instead of answering token 0; a FIFO
+// where a file should be does not block; a config.json of 2^31 - 1 layers is refused before 2^35 tensor names are
+// made; DIR/config.json names the checkpoint (its weights), not a bare shape for seeded ones.
+TEST(HfEngineErrors, HostileCheckpointsEndInClearErrors) {
+  if (sh("command -v python3").code != 0) GTEST_SKIP() << "needs python3 to edit the checkpoint";
+  Scratch s;
+  const std::string dir = s.path("m");
+  ASSERT_EQ(sh(kBin + "mc-model init " + dir + " --dtype fp32").code, 0);
+  const std::string run = kBin + "mc-model run " + dir + " --prompt-ids 1,2,3 --steps 2";
+  // DIR/config.json: the checkpoint's weights (the revision is the checkpoint's digest).
+  const Shell by_file = sh(kBin + "mc-model run " + dir + "/config.json --prompt-ids 1,2,3 --steps 2", true);
+  EXPECT_EQ(by_file.code, 0) << by_file.out;
+  EXPECT_NE(by_file.out.find("ckpt-"), std::string::npos) << by_file.out;
+  // NaN in model.norm.weight (fp32): every logit is NaN.
+  const std::string poison =
+      "python3 -c \"import json,struct,sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); "
+      "n=struct.unpack('<Q',b[:8])[0]; h=json.loads(b[8:8+n]); o=h['model.norm.weight']"
+      "['data_offsets']; b[8+n+o[0]:8+n+o[0]+4]=struct.pack('<f',float('nan')); "
+      "open(p,'wb').write(b)\" " +
+      dir + "/model.safetensors";
+  ASSERT_EQ(sh(poison, true).code, 0);
+  const Shell nan = sh(run, true);
+  EXPECT_EQ(nan.code, 1) << nan.out;
+  EXPECT_NE(nan.out.find("non-finite logit"), std::string::npos) << nan.out;
+  // 2^31 - 1 layers.
+  ASSERT_EQ(sh("sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 2147483647/' " + dir + "/config.json").code,
+            0);
+  const Shell layers = sh("timeout 60 " + run, true);
+  EXPECT_EQ(layers.code, 2) << layers.out;
+  EXPECT_NE(layers.out.find("tensors, but config.json"), std::string::npos) << layers.out;
+  // A FIFO as the weights file.
+  fs::remove(dir + "/model.safetensors");
+  ASSERT_EQ(sh("mkfifo " + dir + "/model.safetensors").code, 0);
+  ASSERT_EQ(sh("sed -i 's/\"num_hidden_layers\": 2147483647/\"num_hidden_layers\": 2/' " + dir + "/config.json").code,
+            0);
+  const Shell fifo = sh("timeout 60 " + run, true);
+  EXPECT_EQ(fifo.code, 2) << fifo.out;
+  EXPECT_NE(fifo.out.find("not a regular file"), std::string::npos) << fifo.out;
+}
+
 }  // namespace MC_UNITY_ID
 }  // namespace mc::testing

@@ -74,7 +74,8 @@ nlohmann::json error_json(const Status& status) {
 }
 
 Status print_error(bool json, std::ostream& out, const Status& status) {
-  if (json && !status.is_ok()) out << error_json(status).dump() << "\n";
+  if (json && !status.is_ok())
+    out << error_json(status).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return status;
 }
 

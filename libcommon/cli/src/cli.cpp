@@ -389,7 +389,9 @@ int parse(CLI::App& app, int argc, char** argv) {
     app.exit(e);
     // A script that asked for --json reads the error document on stdout, as for every other error.
     if (json_requested(argc, argv)) {
-      std::cout << report::error_json(Status(Code::kInvalidArgument, e.what())).dump() << "\n";
+      std::cout << report::error_json(Status(Code::kInvalidArgument, e.what()))
+                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                << "\n";
     }
     return kExitUsage;
   }

@@ -36,7 +36,8 @@ int check_etcd_flags(int argc, char** argv) {
                        " (or MC_CLUSTER_ID) is given without --etcd: a cluster id names a replicated master's cluster "
                        "in etcd. Give --etcd HOST:PORT[,...] (or MC_ETCD) as well, or drop --cluster-id (unset "
                        "MC_CLUSTER_ID)");
-    if (json_requested(argc, argv)) std::cout << report::error_json(s).dump() << "\n";
+    if (json_requested(argc, argv))
+      std::cout << report::error_json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     std::cerr << command_path(*f.cmd) << ": error: " << s.message() << '\n';
     return kExitUsage;
   }

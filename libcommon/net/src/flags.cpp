@@ -41,7 +41,8 @@ int apply_auth_flags(int argc, char** argv) {
     st = ring.is_ok() ? auth::set_process_keyring(ring.value()) : ring.status();
     if (!st.is_ok()) {
       const Status shown = st.with_context("--auth-dir " + f->dir + " --auth-name " + f->name);
-      if (json_requested(argc, argv)) std::cout << report::error_json(shown).dump() << "\n";
+      if (json_requested(argc, argv))
+        std::cout << report::error_json(shown).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       MC_LOG_ERROR << shown.message();
       return kExitUsage;
     }
