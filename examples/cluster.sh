@@ -534,6 +534,11 @@ if [[ -n "$auth_dir" ]]; then export MC_AUTH_DIR="$auth_dir" MC_AUTH_NAME=defaul
 case "$model" in
   tiny) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-256}" ;;
   small) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-1024}" ;;
+  *)  # A Hugging Face model directory: its vocabulary bounds the token ids a replay synthesizes.
+    if [[ -d "$model" && -f "$model/config.json" ]] && command -v jq > /dev/null; then
+      vocab="$(jq -r '.vocab_size // empty' "$model/config.json" 2>/dev/null || true)"
+      if [[ "$vocab" =~ ^[0-9]+$ ]]; then export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-$vocab}"; fi
+    fi ;;
 esac
 [[ "$dry_run" == 1 ]] && exit 0
 
