@@ -30,29 +30,23 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[i];
 }
 
-void rope(float* x, int64_t heads, int64_t head_dim, int64_t pos, double theta) {
-  const int64_t half = head_dim / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-    const double angle = static_cast<double>(pos) * freq;
-    const float c = static_cast<float>(std::cos(angle));
-    const float s = static_cast<float>(std::sin(angle));
-    for (int64_t h = 0; h < heads; ++h) {
-      float* p = x + h * head_dim;
-      const float a = p[i];
-      const float b = p[i + half];
-      p[i] = a * c - b * s;
-      p[i + half] = a * s + b * c;
-    }
+namespace {
+// theta^(−2i/d) for i < d/2: RoPE's inverse frequencies before any scaling.
+std::vector<double> theta_inv_freq(double theta, int64_t head_dim) {
+  std::vector<double> f(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < f.size(); ++i) {
+    f[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
   }
+  return f;
+}
+}  // namespace
+
+void rope(float* x, int64_t heads, int64_t head_dim, int64_t pos, double theta) {
+  rope(x, heads, head_dim, pos, theta_inv_freq(theta, head_dim).data());
 }
 
 std::vector<double> rope_inv_freq(const model::ModelConfig& m) {
-  const int64_t half = m.head_dim / 2;
-  std::vector<double> f(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    f[static_cast<size_t>(i)] = std::pow(m.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(m.head_dim));
-  }
+  std::vector<double> f = theta_inv_freq(m.rope_theta, m.head_dim);
   const model::RopeScaling& rs = m.rope_scaling;
   if (rs.kind == model::RopeScaling::Kind::kLlama3) {
     // Llama 3.1's rule: wavelengths above original / low_freq_factor are divided by factor, below
@@ -128,17 +122,7 @@ Weights make_weights(const model::ModelConfig& m, uint64_t seed) {
   return w;
 }
 
-void softmax(float* x, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - m);
-    sum += x[i];
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
-}
+void softmax(float* x, int64_t n) { cpu::softmax(x, n); }
 
 }  // namespace ref
 

@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "mc/testkit/process.hpp"
+#include "mc/testkit/scratch.hpp"
+
 namespace mc::testing {
 namespace MC_UNITY_ID {
 
@@ -29,21 +32,10 @@ constexpr double kLogitTolerance = 1e-3;
 // With bf16 KV a K or V value near a rounding boundary may round the other way on one side.
 constexpr double kBf16KvTolerance = 2e-2;
 
-struct Shell {
-  int code = -1;
-  std::string out;
-};
+using Shell = testkit::ShellResult;
 
 Shell sh(const std::string& cmd, bool with_stderr = false) {
-  Shell r;
-  FILE* p = popen((cmd + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return testkit::shell(cmd + (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 // A python3 with numpy: Debian's (/usr/bin/python3, where tools/install-deps.sh installs python3-numpy) first,
@@ -54,19 +46,6 @@ std::string numpy_python() {
   }
   return "";
 }
-
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    char tmpl[] = "/tmp/mc-hf-engine-XXXXXX";
-    dir = mkdtemp(tmpl);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string path(const std::string& name) const { return (dir / name).string(); }
-};
 
 std::string ids(size_t n, uint32_t seed, uint32_t vocab) {
   std::string s;
@@ -96,7 +75,7 @@ TEST_P(HfEngine, AgreesWithTheNumpyReference) {
   const std::string py = numpy_python();
   if (py.empty()) GTEST_SKIP() << "needs python3 with numpy for the reference (tools/install-deps.sh installs it)";
   const Checkpoint& c = GetParam();
-  Scratch s;
+  testkit::Scratch s("hf_engine");
   const std::string dir = s.path(c.name);
   const Shell init = sh(kBin + "mc-model init " + dir + " --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 " +
                             "--vocab 256 --seed 7 " + c.init_flags,
@@ -150,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A checkpoint whose weights disagree with its config stops mc-prefill at start: exit 2, naming the tensor.
 TEST(HfEngineErrors, AWrongShapeStopsTheWorkerNamingTheTensor) {
-  Scratch s;
+  testkit::Scratch s("hf_engine_shapes");
   const std::string a = s.path("a"), b = s.path("b");
   ASSERT_EQ(sh(kBin + "mc-model init " + a + " --hidden 64 --ffn 128").code, 0);
   ASSERT_EQ(sh(kBin + "mc-model init " + b + " --hidden 64 --ffn 96").code, 0);
@@ -171,7 +150,7 @@ TEST(HfEngineErrors, AWrongShapeStopsTheWorkerNamingTheTensor) {
 // made; DIR/config.json names the checkpoint (its weights), not a bare shape for seeded ones.
 TEST(HfEngineErrors, HostileCheckpointsEndInClearErrors) {
   if (sh("command -v python3").code != 0) GTEST_SKIP() << "needs python3 to edit the checkpoint";
-  Scratch s;
+  testkit::Scratch s("hf_engine_hostile");
   const std::string dir = s.path("m");
   ASSERT_EQ(sh(kBin + "mc-model init " + dir + " --dtype fp32").code, 0);
   const std::string run = kBin + "mc-model run " + dir + " --prompt-ids 1,2,3 --steps 2";

@@ -15,42 +15,19 @@
 #include <sstream>
 #include <string>
 
+#include "mc/testkit/process.hpp"
+#include "mc/testkit/scratch.hpp"
+
 namespace mc::testing {
 namespace MC_UNITY_ID {
 
 namespace fs = std::filesystem;
 const std::string kModelTool = MC_BINARY_DIR "/bin/mc-model";
 
-struct ModelRun {
-  int code = -1;
-  std::string out;
-};
+using ModelRun = testkit::ShellResult;
 
 // Runs a shell command; stdout and stderr together.
-ModelRun sh(const std::string& cmd) {
-  ModelRun r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    char tmpl[] = "/tmp/mc-model-e2e-XXXXXX";
-    dir = mkdtemp(tmpl);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string path(const std::string& name) const { return (dir / name).string(); }
-};
+ModelRun sh(const std::string& cmd) { return testkit::shell(cmd + " 2>&1"); }
 
 // Python's standard library reads the file as the reference implementation lays it out; prints "ok N" (tensors).
 constexpr const char* kIndependentReader = R"PY(
@@ -81,7 +58,7 @@ TEST(ModelTool, InitWritesEachArchitectureThatInspectAndAnIndependentReaderAccep
   if (std::system("command -v python3 >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "needs python3 for the independent reader (tools/install-deps.sh installs it)";
   }
-  Scratch s;
+  testkit::Scratch s("model_tool");
   const std::string reader = s.path("read.py");
   std::ofstream(reader) << kIndependentReader;
   struct Case {
@@ -133,7 +110,7 @@ TEST(ModelTool, InitWritesEachArchitectureThatInspectAndAnIndependentReaderAccep
 }
 
 TEST(ModelTool, BadCheckpointsExitTwoNamingTheFileOrTheTensor) {
-  Scratch s;
+  testkit::Scratch s("model_tool");
   const std::string good = s.path("good");
   ASSERT_EQ(
       sh(kModelTool + " init " + good + " --layers 1 --hidden 32 --heads 2 --kv-heads 1 --ffn 64 --vocab 64").code, 0);

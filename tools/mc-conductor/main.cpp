@@ -169,7 +169,9 @@ int main(int argc, char** argv) {
   mc::cli::add_time_scale_option(*serve, o.time_scale,
                                  "Workers run this many times faster than the hardware they model (sim backend): "
                                  "measured times are multiplied by it, bandwidth samples ignored");
-  serve->add_option("--cost-model", cost_model, "Model preset, Hugging Face model directory or JSON file of the prefill/decode cost prior")
+  serve
+      ->add_option("--cost-model", cost_model,
+                   "Model preset, Hugging Face model directory or JSON file of the prefill/decode cost prior")
       ->envname("MC_COST_MODEL")
       ->capture_default_str();
   mc::cli::add_gpu_option(*serve, gpu);

@@ -4,7 +4,7 @@
 //   rope:      rotates pairs (x[i], x[i + d/2]) of each head by angle pos · theta^(−2i/d)   (Su et al. 2021,
 //              the "rotate_half" form used by the Hugging Face LLaMA code)
 //   silu:      x · sigmoid(x)                                         (SwiGLU: silu(x W1) ⊙ (x W3), then W2)
-//   softmax:   in place over n values, max-subtracted
+//   softmax:   in place over n values, max-subtracted (the engine's cpu::softmax, cpu_kernels.hpp)
 #pragma once
 
 #include <cstdint>

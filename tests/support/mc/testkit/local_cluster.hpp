@@ -24,6 +24,7 @@
 #include "mc/net/rpc.hpp"
 #include "mc/proto/conductor.hpp"
 #include "mc/testkit/process.hpp"
+#include "mc/testkit/scratch.hpp"
 #include "mc/testkit/wait.hpp"
 
 namespace mc::testkit {
@@ -60,24 +61,6 @@ inline std::unique_ptr<Child> kill_and_restart(pid_t pid, const std::vector<std:
   if (!wait_until([&] { return slurp(out_path).find("ready") != std::string::npos; }, timeout_ms, 50)) return nullptr;
   return c;
 }
-
-// A scratch directory under the test's temporary directory, removed with everything in it.
-struct Scratch {
-  std::string dir;
-  explicit Scratch(const std::string& tag) {
-    dir = ::testing::TempDir() + tag + "_" + std::to_string(::getpid());
-    std::filesystem::create_directories(dir);
-  }
-  // Removed with the test, unless the test failed: then kept (its path on stderr) for the post-mortem.
-  ~Scratch() {
-    if (::testing::Test::HasFailure()) {
-      std::fprintf(stderr, "scratch directory kept for the failed test: %s\n", dir.c_str());
-      return;
-    }
-    std::filesystem::remove_all(dir);
-  }
-  std::string path(const std::string& name) const { return dir + "/" + name; }
-};
 
 class LocalClusterFixture : public ::testing::Test {
  protected:

@@ -267,6 +267,24 @@ inline RunResult run(const std::vector<std::string>& argv, int64_t timeout_ms) {
   return r;
 }
 
+// `/bin/sh -c CMD` run to completion: its exit code (-1: killed by a signal) and its standard output. CMD says
+// where its standard error goes ("2>&1" to capture it too). For pipelines and redirections; run() for an argv.
+struct ShellResult {
+  int code = -1;
+  std::string out;
+};
+inline ShellResult shell(const std::string& cmd) {
+  ShellResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
 // The value of key=value in a ready line ("" when absent).
 inline std::string ready_field(const std::string& line, const std::string& key) {
   std::istringstream is(line);
