@@ -15,6 +15,8 @@ pkg_check_modules(URING IMPORTED_TARGET liburing)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 # libcurl: the etcd client's HTTP (etcd's JSON gateway, libcommon/coord/src/etcd.cpp), in mc_coord alone.
 pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
+# PCRE2 (8-bit, with Unicode properties): the pre-tokenizers' split patterns of tokenizer.json (text/, mc_text).
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # OpenSSL's libcrypto (libssl-dev): the X.509 certificates mc-auth init makes for TLS to etcd (etcd_tls.cpp).
 pkg_check_modules(LIBCRYPTO REQUIRED IMPORTED_TARGET libcrypto)
 

@@ -13,10 +13,10 @@ set -euo pipefail
 packages=(
   build-essential clang libclang-rt-14-dev cmake ninja-build pkg-config lld
   libcli11-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libsodium-dev
-  libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev
+  libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev libpcre2-dev
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev libssl-dev
-  iproute2 nftables man-db groff-base jq curl hey python3 python3-numpy
+  iproute2 nftables man-db groff-base jq curl hey python3 python3-numpy python3-jinja2
   prometheus etcd-server etcd-client
   clang-format clang-tidy
   gnuplot-nox chromium

@@ -1,0 +1,1 @@
+// placeholder: filled by the chat_template work (issue 50)
