@@ -11,6 +11,7 @@
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/log.hpp"
+#include "mc/infer/sampler.hpp"
 #include "mc/infer/worker_drain.hpp"
 #include "mc/net/grant.hpp"
 #include "mc/net/metrics_http.hpp"
@@ -37,6 +38,7 @@ struct DecodeWorker::Reservation {
   LoraAdapter lora;  // the request's adapter
   RequestKeyScope scope;
   std::string kv_namespace_digest;  // the request's namespace (base with its scope): the KV must be of it
+  proto::SamplingParams sampling;   // how the tokens after the first are chosen
 };
 
 struct DecodeWorker::Expired {
@@ -62,6 +64,9 @@ struct DecodeWorker::Sequence {
   LoraAdapter lora;
   bool cancelled = false;
   Status cancel_reason;
+  proto::SamplingParams sampling;
+  TokenCounts counts;                               // tokens generated so far, with penalties (sampling.needs_counts())
+  std::vector<proto::TokenLogprob> first_logprobs;  // the first token's, from the commit (sampling.logprobs >= 0)
 };
 
 struct DecodeWorker::Outgoing {
@@ -464,6 +469,10 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   }
   const RequestKeyScope scope{r.lora_name, r.lora_version, r.salt};
   MC_RETURN_IF_ERROR(validate_key_scope(scope, "decode_reserve '" + r.request_id + "'"));
+  if (const std::string bad = proto::sampling_error(r.sampling); !bad.empty()) {
+    metrics_.counter("mc_decode_reserve_invalid_total", "reservations refused for bad lengths").inc();
+    return error(Code::kInvalidArgument, "decode_reserve '" + r.request_id + "': sampling: " + bad);
+  }
   const KvLayout& layout = kv_->layout();
   const int64_t need = layout.blocks_for_tokens(r.input_length_tokens + r.output_length_tokens);
   std::lock_guard lock(mu_);
@@ -491,6 +500,7 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   res->lora = LoraAdapter{r.lora_name, r.lora_version};
   res->scope = scope;
   res->kv_namespace_digest = ns_.with_request(scope).digest_hex();
+  res->sampling = r.sampling;
   res->arrived.assign(static_cast<size_t>(layout.num_layers), std::vector<bool>(res->blocks.size(), false));
   res->deadline_ns = clock_->now_ns() + (r.ttl_ms > 0 ? r.ttl_ms : options_.reservation_ttl_ms) * 1'000'000;
   committed_blocks_ += need;
@@ -693,6 +703,10 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
   } else if (c.first_token >= static_cast<uint64_t>(backend_->model().vocab_size)) {
     bad = error(Code::kInvalidArgument, "kv_commit '" + r.request_id + "': first token " +
                                             std::to_string(c.first_token) + " outside the vocabulary");
+  } else if (c.first_logprobs.size() > static_cast<size_t>(proto::kMaxTopLogprobs) + 1) {
+    bad = error(Code::kInvalidArgument, "kv_commit '" + r.request_id + "': " + std::to_string(c.first_logprobs.size()) +
+                                            " first-token logprobs, at most " +
+                                            std::to_string(proto::kMaxTopLogprobs + 1));
   } else {
     for (size_t l = 0; l < r.arrived.size() && bad.is_ok(); ++l) {
       for (size_t b = 0; b < r.arrived[l].size(); ++b) {
@@ -725,6 +739,9 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
   s->ledger = c.ledger;
   if (!c.store_block_hashes.empty()) s->ledger.stored_blocks = store_queued;
   s->lora = r.lora;
+  s->sampling = r.sampling;
+  if (s->sampling.needs_counts()) s->counts[c.first_token] = 1;
+  if (s->sampling.logprobs >= 0) s->first_logprobs = c.first_logprobs;
   reservations_.erase(it);
   joining_.push_back(std::move(s));
   work_cv_.notify_one();
@@ -896,8 +913,10 @@ Result<int64_t> DecodeWorker::step() {
       }
       s->first_token_ns = clock_->now_ns();
       s->last_token_ns = s->first_token_ns;
-      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, 0, s->last_token, unix_time_ns()},
-                           s->client_public_key});
+      outgoing_.push_back(
+          {s->client_endpoint,
+           proto::TokenEvent{s->request_id, 0, s->last_token, unix_time_ns(), std::move(s->first_logprobs)},
+           s->client_public_key});
       s->emitted = 1;
       running_.push_back(std::move(s));
     }
@@ -922,8 +941,11 @@ Result<int64_t> DecodeWorker::step() {
     std::vector<DecodeSequence> seqs;
     for (Sequence* s : batch) seqs.push_back({s->last_token, s->position, s->blocks, s->lora});
     std::vector<uint32_t> next;
+    std::vector<float> logits;  // only when a sequence samples, penalizes or wants logprobs
+    const bool want_logits =
+        std::any_of(batch.begin(), batch.end(), [](const Sequence* s) { return s->sampling.needs_logits(); });
     const int64_t t0 = clock_->now_ns();
-    Status st = backend_->decode_step(*kv_, seqs, next);
+    Status st = backend_->decode_step(*kv_, seqs, next, want_logits ? &logits : nullptr);
     const double step_ms = static_cast<double>(clock_->now_ns() - t0) / 1e6;
     std::lock_guard lock(mu_);
     recent_step_ms_ = recent_step_ms_ == 0 ? step_ms : 0.8 * recent_step_ms_ + 0.2 * step_ms;
@@ -948,9 +970,17 @@ Result<int64_t> DecodeWorker::step() {
         continue;
       }
       s->position += 1;
-      s->last_token = next[i];
-      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->request_id, s->emitted, next[i], unix_time_ns()},
-                           s->client_public_key});
+      proto::TokenEvent event{s->request_id, s->emitted, next[i], unix_time_ns()};
+      const size_t vocab = static_cast<size_t>(backend_->model().vocab_size);
+      if (s->sampling.needs_logits() && logits.size() == batch.size() * vocab) {
+        TokenChoice choice =
+            sample_token(std::span<const float>(logits.data() + i * vocab, vocab), s->sampling, s->emitted, &s->counts);
+        event.token = choice.token;
+        event.logprobs = std::move(choice.logprobs);
+      }
+      if (s->sampling.needs_counts()) ++s->counts[event.token];
+      s->last_token = event.token;
+      outgoing_.push_back({s->client_endpoint, std::move(event), s->client_public_key});
       s->emitted += 1;
       tbt.observe(static_cast<double>(t_tokens - s->last_token_ns) * 1e-9);
       s->last_token_ns = t_tokens;

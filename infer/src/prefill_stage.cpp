@@ -390,17 +390,17 @@ void PrefillWorker::drop_stage_hidden(const proto::PrefillJobRequest& job) {
   stage_inbox_.erase(it);
 }
 
-Result<uint32_t> PrefillWorker::run_stage_chunks(const proto::PrefillJobRequest& job,
-                                                 const std::vector<int32_t>& blocks, int64_t cached,
-                                                 std::optional<proto::PrefillStageHiddenRequest> chunk0,
-                                                 const LayerDoneFn& on_layer, const std::function<Status()>& drain_kv,
-                                                 const std::string& what) {
+Result<TokenChoice> PrefillWorker::run_stage_chunks(const proto::PrefillJobRequest& job,
+                                                    const std::vector<int32_t>& blocks, int64_t cached,
+                                                    std::optional<proto::PrefillStageHiddenRequest> chunk0,
+                                                    const LayerDoneFn& on_layer,
+                                                    const std::function<Status()>& drain_kv, const std::string& what) {
   const int64_t n = static_cast<int64_t>(job.tokens.size());
   const bool first_stage = job.stage_index == 0;
   const bool last_stage = job.stage_first_layer + job.stage_layers == backend_->model().num_layers;
   const int64_t chunk =
       job.chunk_tokens > 0 ? job.chunk_tokens : (options_.chunk_tokens > 0 ? options_.chunk_tokens : n);
-  uint32_t first_token = 0;
+  TokenChoice first_token;
   int64_t hidden_sent_bytes = 0, hidden_engine_bytes = 0, wait_ns = 0;
   // A chunk's hidden states go on their own thread while the next chunk computes; one send in flight at a time
   // (the outbox is one buffer), so a chunk waits here only for the previous chunk's send.
@@ -437,7 +437,7 @@ Result<uint32_t> PrefillWorker::run_stage_chunks(const proto::PrefillJobRequest&
     auto out = backend_->prefill_stage(*kv_, sr, on_layer);
     if (!out.is_ok()) return out.status().with_context(what + ", chunk " + std::to_string(k));
     if (last_stage) {
-      if (end == n) first_token = out->first_token;
+      if (end == n) first_token = choose_first_token(out->first_token, out->last_logits, job.sampling);
     } else {
       // Before the last chunk leaves, every KV byte of this stage has landed at decode: the last stage commits
       // only after that chunk, so decode never sees a commit before an earlier stage's layers.

@@ -348,6 +348,8 @@ Result<proto::PrefillJobReply> PrefillWorker::run_job(const proto::PrefillJobReq
                                             "': fail_after_layers needs a worker started with --allow-fault-injection");
   } else if (job.chunk_tokens < 0) {
     bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': chunk_tokens must be >= 0");
+  } else if (const std::string sampling = proto::sampling_error(job.sampling); !sampling.empty()) {
+    bad = error(Code::kInvalidArgument, "prefill_job '" + job.request_id + "': sampling: " + sampling);
   } else if (Status scope = validate_key_scope(RequestKeyScope{job.lora_name, job.lora_version, job.salt},
                                                "prefill_job '" + job.request_id + "'");
              !scope.is_ok()) {
@@ -612,7 +614,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_prefill(const proto::PrefillJo
     if (layer == end_layer - 1 && end < n) MC_RETURN_IF_ERROR(streamer.drain());
     return Status::ok();
   };
-  Result<uint32_t> first_token = uint32_t{0};
+  Result<TokenChoice> first_token = TokenChoice{};
   if (stage) {
     first_token = run_stage_chunks(
         job, blocks, cached, std::move(chunk0), on_layer, [&] { return streamer.drain(); }, what);
@@ -620,7 +622,9 @@ Result<proto::PrefillJobReply> PrefillWorker::run_prefill(const proto::PrefillJo
     PrefillRequest req{job.tokens, cached, blocks, job.chunk_tokens > 0 ? job.chunk_tokens : options_.chunk_tokens,
                        LoraAdapter{job.lora_name, job.lora_version}};
     Result<PrefillResult> out = backend_->prefill(*kv_, req, on_layer);
-    first_token = out.is_ok() ? Result<uint32_t>(out->first_token) : out.status().with_context(what);
+    first_token = out.is_ok()
+                      ? Result<TokenChoice>(choose_first_token(out->first_token, out->last_logits, job.sampling))
+                      : out.status().with_context(what);
   }
   const int64_t t_last_layer = steady_ns();
   const Status streamed = streamer.finish();
@@ -651,7 +655,8 @@ Result<proto::PrefillJobReply> PrefillWorker::run_prefill(const proto::PrefillJo
 
   // 3. Commit at decode: the first token goes out now. Before a pipelined prompt's last stage gets here, every
   // stage's layers of every block have landed (run_stage_chunks).
-  proto::KvCommitRequest commit{job.reservation_id, job.request_id, n, first_token.value(), unix_time_ns(), ledger};
+  proto::KvCommitRequest commit{job.reservation_id, job.request_id, n, first_token->token, unix_time_ns(), ledger};
+  commit.first_logprobs = std::move(first_token->logprobs);
   commit.kv_namespace_digest = ns.digest_hex();  // decode refuses KV of another namespace than the request's
   // A pipelined prompt's new complete blocks: no stage holds every layer of one, decode does once its check passed,
   // so decode puts them (keyed in the request's namespace by these hashes, DESIGN.md §18 "Live groups" point 5).
@@ -666,7 +671,7 @@ Result<proto::PrefillJobReply> PrefillWorker::run_prefill(const proto::PrefillJo
   } else {
     store_new_blocks(job, blocks, hashes, ns, cached / bs, ledger);  // 4.
   }
-  return proto::PrefillJobReply{job.request_id, first_token.value(), ledger};
+  return proto::PrefillJobReply{job.request_id, first_token->token, ledger};
 }
 
 void PrefillWorker::store_new_blocks(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,

@@ -395,7 +395,8 @@ class RefBackend final : public Backend {
     return result;
   }
 
-  Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) override {
+  Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next,
+                     std::vector<float>* logits_out) override {
     MC_RETURN_IF_ERROR(check_layout(kv));
     std::vector<Row> rows;
     std::vector<std::span<const int32_t>> tables;
@@ -420,6 +421,7 @@ class RefBackend final : public Backend {
       tables.push_back(s.block_table);
     }
     next.clear();
+    if (logits_out != nullptr) logits_out->clear();
     if (rows.empty()) return Status::ok();
     std::vector<float> logits;
     MC_RETURN_IF_ERROR(forward(
@@ -428,6 +430,7 @@ class RefBackend final : public Backend {
     for (size_t i = 0; i < rows.size(); ++i) {
       next.push_back(argmax(logits.data() + i * static_cast<size_t>(model_.vocab_size)));
     }
+    if (logits_out != nullptr) *logits_out = std::move(logits);
     return Status::ok();
   }
 

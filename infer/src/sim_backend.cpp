@@ -131,9 +131,11 @@ class SimBackend final : public Backend {
     return out;
   }
 
-  Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) override {
+  Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next,
+                     std::vector<float>* logits) override {
     MC_RETURN_IF_ERROR(check_layout(kv));
     next.clear();
+    if (logits != nullptr) logits->clear();  // no distribution: its tokens are hashes (the top of backend.hpp)
     int64_t context = 0;
     for (const auto& s : batch) {
       if (s.last_token >= static_cast<uint64_t>(model_.vocab_size) || s.position < 0 ||

@@ -402,6 +402,9 @@ class Conductor {
     }
     RequestKeyScope scope{req.lora_name, req.lora_version, req.salt};
     MC_RETURN_IF_ERROR(validate_key_scope(scope, "submit '" + req.request_id + "'"));
+    if (const std::string bad = proto::sampling_error(req.sampling); !bad.empty()) {
+      return error(Code::kInvalidArgument, "submit '" + req.request_id + "': sampling: " + bad);
+    }
     if (scope.empty()) scope = default_scope_;
     if (ctx.caller != nullptr && ctx.caller->role == auth::Role::kClient) {
       // Tenants (docs/SECURITY.md): a client's blocks are keyed in its tenant's salt, so its prefix matches only its
@@ -553,6 +556,7 @@ class Conductor {
     rr.lora_name = f.scope.lora_name;
     rr.lora_version = f.scope.lora_version;
     rr.salt = f.scope.salt;
+    rr.sampling = f.submit.sampling;
     calls_.call<proto::DecodeReserveRequest>(
         f.decode_endpoint, rr, options_.reserve_timeout_ms,
         [this, id, attempt = f.attempt, ep = f.decode_endpoint](Result<proto::DecodeReserveReply> res) {
@@ -646,6 +650,7 @@ class Conductor {
     job.lora_name = f.scope.lora_name;
     job.lora_version = f.scope.lora_version;
     job.salt = f.scope.salt;
+    job.sampling = f.submit.sampling;
     job.queue_key_ns = std::max<int64_t>(0, f.decision.prefill.queue_key_ns);  // the queue discipline's order
     f.dispatch_ns = RealClock::instance().now_ns();
     if (!f.decision.stages.empty()) return dispatch_stages(f, std::move(job));

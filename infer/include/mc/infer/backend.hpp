@@ -135,7 +135,14 @@ class Backend {
   virtual std::string kv_encoding() const = 0;
 
   virtual Result<PrefillResult> prefill(KvBuffer& kv, const PrefillRequest& request, const LayerDoneFn& on_layer) = 0;
-  virtual Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) = 0;
+  // One continuous-batching step (the top of this file): `next` gets each sequence's greedy token. With `logits`
+  // non-null, a backend with a distribution (ref) also leaves there the batch.size() x vocab_size logits it chose
+  // from, row per sequence, for a sampler (sampler.hpp); one without (sim) leaves it empty.
+  virtual Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next,
+                             std::vector<float>* logits) = 0;
+  Status decode_step(KvBuffer& kv, std::span<const DecodeSequence> batch, std::vector<uint32_t>& next) {
+    return decode_step(kv, batch, next, nullptr);
+  }
   // One pipeline stage over one chunk (StageRequest). The ref backend computes exactly what prefill() computes for
   // those layers and tokens (DESIGN.md §18); on_layer fires per layer with the chunk's range. kUnimplemented from a
   // backend that does not run stages; kInvalidArgument for a layer range outside the model, a token range

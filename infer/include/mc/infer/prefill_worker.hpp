@@ -50,6 +50,7 @@
 #include "mc/infer/backend.hpp"
 #include "mc/infer/block_cache.hpp"
 #include "mc/infer/conductor_link.hpp"
+#include "mc/infer/sampler.hpp"
 #include "mc/proto/worker.hpp"
 #include "mc/transfer/engine.hpp"
 #include "mc/transfer/shared_buffer.hpp"
@@ -165,10 +166,11 @@ class PrefillWorker {
   // A stage's chunks: each one's hidden states in from the previous stage (chunk 0 already taken: `chunk0`; stage 0:
   // none), through the stage's layers (on_layer streams their KV; drain_kv waits until it landed), and out to the
   // next stage on a thread of their own while the next chunk computes. The first token (the last stage; else 0).
-  Result<uint32_t> run_stage_chunks(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
-                                    int64_t cached, std::optional<proto::PrefillStageHiddenRequest> chunk0,
-                                    const LayerDoneFn& on_layer, const std::function<Status()>& drain_kv,
-                                    const std::string& what);
+  // The last stage's first token, chosen by the job's sampling from the last chunk's logits.
+  Result<TokenChoice> run_stage_chunks(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
+                                       int64_t cached, std::optional<proto::PrefillStageHiddenRequest> chunk0,
+                                       const LayerDoneFn& on_layer, const std::function<Status()>& drain_kv,
+                                       const std::string& what);
   // Step 5 of a whole prefill: its new complete blocks from `first_block` on into the store, counted in the ledger.
   void store_new_blocks(const proto::PrefillJobRequest& job, const std::vector<int32_t>& blocks,
                         const std::vector<uint64_t>& hashes, const KeyNamespace& ns, int64_t first_block,

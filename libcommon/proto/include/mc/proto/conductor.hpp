@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mc/proto/message.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc::proto {
 
@@ -71,8 +72,11 @@ struct ConductorSubmitRequest {
   std::string lora_name{};
   std::string lora_version{};
   std::string salt{};
+  // How the output tokens are chosen (worker.hpp SamplingParams; default greedy). Out of its bounds: rejected
+  // (invalid_request). Passed on to the prefill and decode instances.
+  SamplingParams sampling{};
   MC_MESSAGE(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens, slo_ttft_ms,
-             slo_tbt_ms, client_endpoint, lora_name, lora_version, salt);
+             slo_tbt_ms, client_endpoint, lora_name, lora_version, salt, sampling);
 };
 
 // The client gave up on a request (an HTTP client that disconnected mid-stream, mc-gateway): the Conductor stops

@@ -70,6 +70,52 @@ struct RequestLedger {
              output_tokens, decision, hit_tokens_ssd, fetch_ssd_bytes, fetch_ssd_us, fetch_us, fetch_remote_host);
 };
 
+// How a request's output tokens are chosen (OpenAI's sampling parameters; DESIGN.md §15 "Sampling"), carried from
+// the submitter through the Conductor to the prefill instance (the first token) and the decode instance (the rest).
+// Each token is drawn from the model's logits in this order: presence and frequency penalties (subtracted from the
+// logits of tokens already generated: presence_penalty once, frequency_penalty per occurrence), then temperature
+// (0: the greedy argmax, no draw), then top_k, top_p (the smallest set of most likely tokens whose probability
+// reaches top_p) and min_p (tokens below min_p times the most likely one's probability dropped), then one draw
+// with the uniform number splitmix64(seed, index) — a function of the seed and the token's index alone, so a seed
+// gives the same text on any instance, batch or placement. logprobs >= 0 asks for each token's log-probability
+// under the model's distribution (log_softmax of the raw logits) and that many of the most likely alternatives.
+// Bounds (sampling_error): temperature [0, 100], top_p (0, 1], top_k [0, 1<<20] (0: all), min_p [0, 1],
+// penalties [-2, 2], logprobs [-1, 20]. The defaults are greedy decoding without logprobs.
+struct SamplingParams {
+  double temperature = 0;
+  double top_p = 1;
+  int64_t top_k = 0;
+  double min_p = 0;
+  uint64_t seed = 0;
+  double presence_penalty = 0;
+  double frequency_penalty = 0;
+  int32_t logprobs = -1;  // -1: none; 0..20: the token's own logprob and this many alternatives
+  bool greedy() const { return temperature == 0; }
+  bool needs_counts() const { return presence_penalty != 0 || frequency_penalty != 0; }
+  // Whether a token needs the model's logits beyond the greedy argmax.
+  bool needs_logits() const { return !greedy() || needs_counts() || logprobs >= 0; }
+  MC_MESSAGE(temperature, top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, logprobs);
+};
+inline constexpr int32_t kMaxTopLogprobs = 20;
+// "" when the parameters are inside the bounds above, else which one is not (for an error message).
+inline std::string sampling_error(const SamplingParams& p) {
+  auto in = [](double v, double lo, double hi) { return v >= lo && v <= hi; };  // false for NaN
+  if (!in(p.temperature, 0, 100)) return "temperature must be in [0, 100]";
+  if (!(p.top_p > 0 && p.top_p <= 1)) return "top_p must be in (0, 1]";
+  if (p.top_k < 0 || p.top_k > (1 << 20)) return "top_k must be in [0, 1048576] (0: no limit)";
+  if (!in(p.min_p, 0, 1)) return "min_p must be in [0, 1]";
+  if (!in(p.presence_penalty, -2, 2)) return "presence_penalty must be in [-2, 2]";
+  if (!in(p.frequency_penalty, -2, 2)) return "frequency_penalty must be in [-2, 2]";
+  if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) return "logprobs must be in [-1, 20]";
+  return "";
+}
+// One token's log-probability (natural log, <= 0) under the model's distribution.
+struct TokenLogprob {
+  uint32_t token = 0;
+  float logprob = 0;
+  MC_MESSAGE(token, logprob);
+};
+
 struct DecodeReserveReply {
   uint64_t reservation_id = 0;
   int64_t block_tokens = 0;       // tokens per KV block of the decode buffer
@@ -103,8 +149,9 @@ struct DecodeReserveRequest {
   // With --auth-dir: the client's public key, which its token-event server serves with (docs/SECURITY.md); set by
   // the Conductor from the submitter's identity. Empty: the cluster key (no auth, or a daemon's server).
   std::string client_public_key{};
+  SamplingParams sampling{};  // how decode chooses the tokens after the first
   MC_MESSAGE(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms, lora_name, lora_version,
-             salt, client_public_key);
+             salt, client_public_key, sampling);
 };
 
 struct DecodeReleaseReply {
@@ -243,8 +290,10 @@ struct KvCommitRequest {
   // Empty: nothing to store here (a whole prefill stores its own blocks).
   int64_t store_first_block = 0;
   std::vector<uint64_t> store_block_hashes{};
+  // With the job's sampling.logprobs >= 0: the first token's logprob, then its top alternatives (as TokenEvent).
+  std::vector<TokenLogprob> first_logprobs{};
   MC_MESSAGE(reservation_id, request_id, prompt_tokens, first_token, first_token_unix_ns, ledger, kv_namespace_digest,
-             store_first_block, store_block_hashes);
+             store_first_block, store_block_hashes, first_logprobs);
 };
 
 struct PrefillJobReply {
@@ -296,10 +345,11 @@ struct PrefillJobRequest {
   // other keys; in [0, kMaxQueueKeyNs], else the job is refused (kInvalidArgument). 0: no key (an older
   // Conductor, a client): the job joins the back of the queue, as first come, first served.
   int64_t queue_key_ns = 0;
+  SamplingParams sampling{};  // how the first token is chosen (the last stage's, of a pipelined prompt)
   MC_MESSAGE(request_id, tokens, output_length_tokens, fetch_prefix_blocks, prefix_source, decode_endpoint,
              reservation_id, decode_block_offsets_bytes, decode_kv_segment, client_endpoint, chunk_tokens,
              store_new_blocks, fail_after_layers, lora_name, lora_version, salt, decode_kv_grant, stage_first_layer,
-             stage_layers, stage_index, stage_count, next_stage_endpoint, queue_key_ns);
+             stage_layers, stage_index, stage_count, next_stage_endpoint, queue_key_ns, sampling);
 };
 
 // Stage s -> stage s+1 of a pipelined prefill (DESIGN.md §18 "Live groups"): the hidden states of one chunk after
@@ -412,7 +462,10 @@ struct TokenEvent {
   int64_t index = 0;
   uint32_t token = 0;
   int64_t emitted_unix_ns = 0;
-  MC_MESSAGE(request_id, index, token, emitted_unix_ns);
+  // With the request's sampling.logprobs >= 0: {token, its logprob}, then the sampling.logprobs most likely tokens
+  // (most likely first). Empty otherwise, and from a backend without a distribution (sim).
+  std::vector<TokenLogprob> logprobs{};
+  MC_MESSAGE(request_id, index, token, emitted_unix_ns, logprobs);
 };
 // decode -> client: the request finished (all output_length_tokens generated).
 struct RequestDone {
