@@ -8,7 +8,7 @@ request.json: {"messages": [...], "tools": [...] or null, "add_generation_prompt
 
 The environment is the one transformers builds for chat templates (as its documentation and chat_template_utils
 describe it): jinja2's ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks on, the loopcontrols
-extension (break/continue), a `tojson` filter that is json.dumps with ensure_ascii=False and sort_keys=False by
+extension (break/continue), the `generation` tag of its AssistantTracker (rendered as its body), a `tojson` filter that is json.dumps with ensure_ascii=False and sort_keys=False by
 default, and the globals `raise_exception` (raises a TemplateError with the message) and `strftime_now` (the
 local time through strftime). The variables are messages, tools, documents (None), add_generation_prompt, the
 special tokens and the extra keyword arguments, as apply_chat_template passes them.
@@ -28,6 +28,17 @@ try:
 except ImportError:
     sys.stderr.write("python3-jinja2 is not installed (apt-get install python3-jinja2)\n")
     sys.exit(77)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """{% generation %}...{% endgeneration %}: transformers' AssistantTracker marks the assistant's tokens with it;
+    the text rendered is the body's, which is all a prompt needs."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 def _raise_exception(message):
@@ -51,7 +62,7 @@ def main():
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
 
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
