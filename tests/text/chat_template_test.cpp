@@ -348,6 +348,15 @@ TEST(JinjaEngine, MessageContentIsNeverTemplateCode) {
   EXPECT_EQ(r.value(), "[{{ raise_exception('boom') }}{% for x in y %}]");
 }
 
+TEST(JinjaEngine, OrderedJsonKeepsTheClientsKeyOrder) {
+  auto t = ChatTemplate::from_string("{{ tools[0] | tojson }}|{{ tools[0] | tojson(sort_keys=true) }}", "", "");
+  ASSERT_TRUE(t.is_ok());
+  const auto tools = nlohmann::ordered_json::parse(R"([{"z": 1, "a": {"y": 2, "b": 3}}])");
+  auto r = t.value().render(nlohmann::ordered_json::array(), tools, false);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r.value(), R"({"z": 1, "a": {"y": 2, "b": 3}}|{"a": {"b": 3, "y": 2}, "z": 1})");
+}
+
 TEST(ChatTemplateLoad, ReadsModelDirectories) {
   const fs::path dir = fs::temp_directory_path() / ("mc_chat_template_" + std::to_string(::getpid()));
   fs::remove_all(dir);
