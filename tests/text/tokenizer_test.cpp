@@ -1,2 +1,4 @@
 #include <gtest/gtest.h>
-TEST(Placeholder, Empty) { GTEST_SKIP() << "not yet written"; }
+
+#include "mc/text/tokenizer.hpp"
+TEST(Tokenizer, Compiles) { EXPECT_FALSE(mc::text::Tokenizer::from_json("{", "x").is_ok()); }
