@@ -138,7 +138,9 @@ esac
 command -v jq >/dev/null || { echo "replay-conversation.sh: needs jq (tools/install-deps.sh installs it)" >&2; exit 1; }
 
 bin="$build_dir/bin"
-tools=(mc-store mc-conductor mc-prefill mc-decode mc-trace-replay mc-auth mc-plan)
+# The main job's tools, and the ones the README's next sections run (the gateway, the transfer engine's tool, the
+# simulator, the model tool), so each example works right after this command.
+tools=(mc-store mc-conductor mc-prefill mc-decode mc-trace-replay mc-auth mc-plan mc-gateway mc-xfer mc-sim mc-model)
 missing=0
 for t in "${tools[@]}"; do [[ -x "$bin/$t" ]] || missing=1; done
 if ((missing)); then

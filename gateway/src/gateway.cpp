@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -38,8 +39,10 @@ int64_t mono_ns() { return RealClock::instance().now_ns(); }
 struct Event {
   enum class Kind : uint8_t { kToken, kDone, kError };
   Kind kind = Kind::kToken;
+  size_t choice = 0;  // which of the request's n choices (cluster requests) it belongs to
   int64_t index = 0;
   uint32_t token = 0;
+  std::vector<proto::TokenLogprob> logprobs;
   int64_t arrival_ns = 0;  // mono_ns() at receipt
   proto::RequestLedger ledger;
   uint16_t code = 0;
@@ -51,14 +54,17 @@ struct Inbox {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Event> events;
-  int64_t next_index = 0;  // token events below it are duplicates
+  std::vector<int64_t> next_index;  // per choice: token events below it are duplicates
+
+  explicit Inbox(size_t choices) : next_index(choices, 0) {}
 
   void push(Event ev) {
     {
       std::lock_guard lock(mu);
+      if (ev.choice >= next_index.size()) return;
       if (ev.kind == Event::Kind::kToken) {
-        if (ev.index < next_index) return;
-        next_index = ev.index + 1;
+        if (ev.index < next_index[ev.choice]) return;
+        next_index[ev.choice] = ev.index + 1;
       }
       events.push_back(std::move(ev));
     }
@@ -219,6 +225,8 @@ class Gateway {
   }
 
   const std::string& url() const { return url_; }
+  const std::string& served_model_name() const { return o_.served_model_name; }
+  std::string tokenizer_kind() const { return tok_.kind(); }
   const metrics::Registry& registry() const { return metrics_; }
 
   // Drain (see gateway.hpp): stop accepting, let requests finish for drain_timeout_s, then end the rest.
@@ -238,7 +246,7 @@ class Gateway {
     abort_.store(true);
     {
       std::lock_guard lock(inbox_mu_);
-      for (auto& [id, inbox] : inboxes_) inbox->cv.notify_all();
+      for (auto& [id, entry] : inboxes_) entry.first->cv.notify_all();
     }
     if (http_thread_.joinable()) http_thread_.join();
     stop_cancels();
@@ -257,17 +265,41 @@ class Gateway {
 
  private:
   // A request in flight: its inbox, the request and the clock of its answer.
+  // One of a request's n choices: a cluster request of its own.
+  struct Choice {
+    std::string id;  // the cluster request id
+    std::unique_ptr<AnswerBuilder> answer;
+    std::unique_ptr<LogprobsBuilder> logprobs;  // null: not asked
+    std::string text;                           // a whole response's text so far
+    bool ended = false;                         // the cluster finished or failed it, or it was cancelled
+    bool submitted = false;                     // accepted by the Conductor
+    bool final_sent = false;                    // a stream's chunk with its finish_reason was written
+    int64_t cached_tokens = 0;
+  };
+  // A request in flight: its inbox, the request, its choices and the clock of its answer.
   struct Flight {
-    std::string id;
+    std::string id;         // the first choice's cluster request id (logs)
     std::string object_id;  // "cmpl-…" / "chatcmpl-…"
     GenerationRequest req;
     std::shared_ptr<Inbox> inbox;
+    std::vector<Choice> choices;
     int64_t received_ns = 0;
     int64_t last_token_ns = 0;
     int64_t deadline_ns = 0;
     bool first_sent = false;  // the stream's opening (status line, headers, first chunk) was written
-    bool ended = false;       // the cluster finished or failed it, or it was cancelled
+    bool released = false;    // finish_flight ran
     Usage usage;
+    bool all_finished() const {
+      return std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.answer->finished(); });
+    }
+    bool all_ended() const {
+      return std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.ended; });
+    }
+    int64_t completion_tokens() const {
+      int64_t n = 0;
+      for (const Choice& c : choices) n += c.answer->completion_tokens();
+      return n;
+    }
   };
 
   void stop_events() {
@@ -281,6 +313,7 @@ class Gateway {
       e.kind = Event::Kind::kToken;
       e.index = ev.index;
       e.token = ev.token;
+      if (ev.logprobs.size() <= static_cast<size_t>(proto::kMaxTopLogprobs) + 1) e.logprobs = ev.logprobs;
       e.arrival_ns = mono_ns();
       deliver(ev.request_id, std::move(e));
       return Result<proto::ClientAck>(proto::ClientAck{});
@@ -310,7 +343,8 @@ class Gateway {
       std::lock_guard lock(inbox_mu_);
       auto it = inboxes_.find(id);
       if (it == inboxes_.end()) return;  // finished, cancelled or not ours: nothing waits for it
-      inbox = it->second;
+      inbox = it->second.first;
+      e.choice = it->second.second;
     }
     inbox->push(std::move(e));
   }
@@ -328,6 +362,10 @@ class Gateway {
     http_.Post("/v1/chat/completions",
                [this](const httplib::Request& rq, httplib::Response& rs) { generate(rq, rs, /*chat=*/true); });
     http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& rs) { models(rs); });
+    http_.Get(R"(/v1/models/(.+))",
+              [this](const httplib::Request& rq, httplib::Response& rs) { model(rq.matches[1].str(), rs); });
+    http_.Post("/tokenize", [this](const httplib::Request& rq, httplib::Response& rs) { tokenize(rq, rs); });
+    http_.Post("/detokenize", [this](const httplib::Request& rq, httplib::Response& rs) { detokenize(rq, rs); });
     http_.Get("/health", [this](const httplib::Request&, httplib::Response& rs) { health(rs); });
     http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& rs) {
       rs.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
@@ -338,8 +376,10 @@ class Gateway {
       ApiError e;
       e.http_status = rs.status;
       if (rs.status == 404) {
-        e.message = "no route " + rq.method + " " + rq.path +
-                    " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics)";
+        e.message =
+            "no route " + rq.method + " " + rq.path +
+            " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/ID, POST /tokenize, "
+            "POST /detokenize, GET /health, GET /metrics)";
         e.code = "not_found";
       } else if (rs.status == 413) {
         e.message = "the request body is larger than --max-body-bytes";
@@ -383,12 +423,13 @@ class Gateway {
   void health(httplib::Response& rs) {
     const json st = conductor_status();
     const auto [prefill, decode] = live_instances(st);
-    json doc = {
-        {"status", "ok"}, {"conductor", o_.conductor}, {"prefill_instances", prefill}, {"decode_instances", decode}};
+    // The cluster's shape, not its addresses: the client port is reachable by anyone the gateway serves.
+    json doc = {{"status", "ok"}, {"prefill_instances", prefill}, {"decode_instances", decode}};
     if (draining_.load()) {
       doc["status"] = "draining";
     } else if (st.is_null()) {
-      doc["status"] = "conductor unreachable: " + status_error_;
+      doc["status"] = "scheduler unreachable";
+      MC_LOG_DEBUG << "mc-gateway: /health: the Conductor at " << o_.conductor << ": " << status_error_;
     } else if (prefill == 0 || decode == 0) {
       doc["status"] = "no live prefill or decode instance";
     }
@@ -396,7 +437,8 @@ class Gateway {
     rs.set_content(doc.dump(), "application/json");
   }
 
-  void models(httplib::Response& rs) {
+  // The served model and its adapters, as /v1/models lists them.
+  json model_objects() const {
     const int64_t created = 0;
     json data = json::array();
     data.push_back({{"id", o_.served_model_name},
@@ -416,7 +458,131 @@ class Gateway {
                       {"max_model_len", tok_.max_context_tokens()},
                       {"lora_version", version}});
     }
-    rs.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+    return data;
+  }
+
+  void models(httplib::Response& rs) {
+    rs.set_content(
+        json{{"object", "list"}, {"data", model_objects()}}.dump(-1, ' ', false, json::error_handler_t::replace),
+        "application/json");
+  }
+
+  void model(const std::string& id, httplib::Response& rs) {
+    for (const json& m : model_objects()) {
+      if (m["id"] == id)
+        return rs.set_content(m.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    }
+    ApiError e;
+    e.http_status = 404;
+    e.param = "model";
+    e.code = "model_not_found";
+    e.message = "model '" + (id.size() > 256 ? id.substr(0, 256) + "..." : id) +
+                "' does not exist here (GET /v1/models lists the served model" +
+                (adapters_.empty() ? "" : " and its adapters") + ")";
+    refuse(rs, e);
+  }
+
+  // The served model's name or one of its adapters ("" or absent: the served model). false: refused into rs.
+  bool known_model(const json& body, httplib::Response& rs) {
+    if (!body.contains("model") || body["model"].is_null()) return true;
+    if (body["model"].is_string()) {
+      const std::string m = body["model"].get<std::string>();
+      if (m == o_.served_model_name || adapters_.count(m) != 0) return true;
+    }
+    ApiError e;
+    e.http_status = 404;
+    e.param = "model";
+    e.code = "model_not_found";
+    e.message = "'model' names no model served here (GET /v1/models)";
+    refuse(rs, e);
+    return false;
+  }
+
+  // POST /tokenize, shaped like vLLM's: {prompt, add_special_tokens (true)} or {messages, add_generation_prompt
+  // (true), add_special_tokens (false)} -> {count, max_model_len, tokens}; with return_token_strs, token_strs.
+  void tokenize(const httplib::Request& rq, httplib::Response& rs) {
+    ApiError err;
+    Result<json> parsed = parse_body(rq.body, tok_, &err);
+    if (!parsed.is_ok()) return refuse(rs, err);
+    const json& body = parsed.value();
+    auto bad = [&](const std::string& param, const std::string& message) {
+      ApiError e;
+      e.param = param;
+      e.message = message;
+      refuse(rs, e);
+    };
+    if (!body.is_object()) return bad("", "the request body must be a JSON object");
+    for (const auto& [key, value] : body.items()) {
+      static const std::set<std::string> kKnown = {
+          "model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "return_token_strs"};
+      if (kKnown.count(key) == 0) return bad(key, "unrecognized argument '" + key + "' of /tokenize");
+    }
+    if (!known_model(body, rs)) return;
+    for (const char* f : {"add_special_tokens", "add_generation_prompt", "return_token_strs"}) {
+      if (body.contains(f) && !body[f].is_boolean()) return bad(f, std::string("'") + f + "' must be a boolean");
+    }
+    std::vector<uint32_t> ids;
+    if (body.contains("messages")) {
+      if (body.contains("prompt")) return bad("prompt", "send 'prompt' or 'messages', not both");
+      json chat_body = {{"model", o_.served_model_name}, {"messages", body["messages"]}, {"max_tokens", 1}};
+      // The same checks and template as a chat completion (its prompt is what a chat request would prefill).
+      Result<GenerationRequest> g = parse_generation(chat_body, /*chat=*/true, tok_, ParseLimits{}, &err);
+      if (!g.is_ok() && err.http_status != 413) return refuse(rs, err);
+      if (!body.value("add_generation_prompt", true) || body.value("add_special_tokens", false)) {
+        Result<std::string> text = tok_.render_chat(body["messages"], body.value("add_generation_prompt", true));
+        if (!text.is_ok()) return bad("messages", text.status().message());
+        ids = tok_.encode(text.value(), body.value("add_special_tokens", false));
+      } else if (g.is_ok()) {
+        ids = std::move(g->prompt_tokens);
+      } else {
+        Result<std::string> text = tok_.render_chat(body["messages"], true);
+        if (!text.is_ok()) return bad("messages", text.status().message());
+        ids = tok_.encode(text.value(), false);
+      }
+    } else {
+      if (!body.contains("prompt") || !body["prompt"].is_string()) return bad("prompt", "'prompt' must be a string");
+      ids = tok_.encode(body["prompt"].get<std::string>(), body.value("add_special_tokens", true));
+    }
+    json doc = {{"count", ids.size()}, {"max_model_len", tok_.max_context_tokens()}, {"tokens", ids}};
+    if (body.value("return_token_strs", false)) {
+      json strs = json::array();
+      for (uint32_t id : ids) strs.push_back(tok_.decode(std::span<const uint32_t>(&id, 1)));
+      doc["token_strs"] = strs;
+    }
+    rs.set_content(doc.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  }
+
+  // POST /detokenize, shaped like vLLM's: {tokens: [ids]} -> {prompt: text}.
+  void detokenize(const httplib::Request& rq, httplib::Response& rs) {
+    ApiError err;
+    Result<json> parsed = parse_body(rq.body, tok_, &err);
+    if (!parsed.is_ok()) return refuse(rs, err);
+    const json& body = parsed.value();
+    ApiError e;
+    if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+      e.param = "tokens";
+      e.message = "'tokens' is required: an array of token ids";
+      return refuse(rs, e);
+    }
+    for (const auto& [key, value] : body.items()) {
+      if (key != "model" && key != "tokens") {
+        e.param = key;
+        e.message = "unrecognized argument '" + key + "' of /detokenize";
+        return refuse(rs, e);
+      }
+    }
+    if (!known_model(body, rs)) return;
+    std::vector<uint32_t> ids;
+    for (const json& v : body["tokens"]) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok_.vocab_size()) {
+        e.param = "tokens";
+        e.message = "'tokens' must hold token ids in [0, " + std::to_string(tok_.vocab_size()) + ")";
+        return refuse(rs, e);
+      }
+      ids.push_back(static_cast<uint32_t>(v.get<int64_t>()));
+    }
+    rs.set_content(json{{"prompt", tok_.decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                   "application/json");
   }
 
   // 4xx other than 429 and 503s are counted here.
@@ -457,25 +623,36 @@ class Gateway {
       scope.lora_name = it->first;
       scope.lora_version = it->second;
     }
-    // A slot.
-    if (active_count_.fetch_add(1) >= o_.max_requests) {
-      active_count_.fetch_sub(1);
+    // Slots: one per choice (each is a cluster request).
+    const int64_t n = f->req.n;
+    if (active_count_.fetch_add(n) + n > o_.max_requests) {
+      active_count_.fetch_sub(n);
       err.http_status = 503;
       err.type = "server_error";
       err.message =
           "mc-gateway has " + std::to_string(o_.max_requests) + " requests in flight (--max-requests): retry shortly";
       return refuse(rs, err);
     }
-    active_->add(1);
-    f->id = "gw-" + id_prefix_ + "-" + std::to_string(next_id_.fetch_add(1));
-    f->object_id = (chat ? "chatcmpl-" : "cmpl-") + f->id;
-    f->inbox = std::make_shared<Inbox>();
+    active_->add(static_cast<double>(n));
+    const std::string base = "gw-" + id_prefix_ + "-" + std::to_string(next_id_.fetch_add(1));
+    f->id = base;
+    f->object_id = (chat ? "chatcmpl-" : "cmpl-") + base;
+    f->inbox = std::make_shared<Inbox>(static_cast<size_t>(n));
+    // Seeds: as given (choice i: seed + i, so one seed gives the same n texts), else drawn per request when sampling.
+    uint64_t seed = f->req.sampling.seed;
+    if (!f->req.seed_given) seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    f->choices.resize(static_cast<size_t>(n));
     {
       std::lock_guard lock(inbox_mu_);
-      inboxes_[f->id] = f->inbox;
+      for (int64_t i = 0; i < n; ++i) {
+        Choice& c = f->choices[static_cast<size_t>(i)];
+        c.id = n == 1 ? base : base + "-" + std::to_string(i);
+        c.answer = std::make_unique<AnswerBuilder>(tok_, f->req);
+        if (f->req.logprobs) c.logprobs = std::make_unique<LogprobsBuilder>(tok_, chat);
+        inboxes_[c.id] = {f->inbox, static_cast<size_t>(i)};
+      }
     }
     proto::ConductorSubmitRequest sub;
-    sub.request_id = f->id;
     sub.input_tokens = static_cast<int64_t>(f->req.prompt_tokens.size());
     sub.output_tokens = f->req.max_tokens;
     sub.tokens = f->req.prompt_tokens;
@@ -485,13 +662,24 @@ class Gateway {
     sub.lora_name = scope.lora_name;
     sub.lora_version = scope.lora_version;
     sub.salt = f->req.salt;
-    const int64_t sent = mono_ns();
-    submit_overhead_->observe(static_cast<double>(sent - received) * 1e-9);
-    Result<proto::ConductorSubmitReply> reply = pool_.call(sub, static_cast<int>(o_.submit_timeout_ms));
-    submit_latency_->observe(static_cast<double>(mono_ns() - sent) * 1e-9);
-    if (!reply.is_ok() || !reply->accepted) {
-      finish_flight(*f);
-      return refuse(rs, submit_error(*f, reply));
+    sub.sampling = f->req.sampling;
+    for (int64_t i = 0; i < n; ++i) {
+      Choice& c = f->choices[static_cast<size_t>(i)];
+      sub.request_id = c.id;
+      sub.sampling.seed = seed + static_cast<uint64_t>(i);
+      const int64_t sent = mono_ns();
+      if (i == 0) submit_overhead_->observe(static_cast<double>(sent - received) * 1e-9);
+      Result<proto::ConductorSubmitReply> reply = pool_.call(sub, static_cast<int>(o_.submit_timeout_ms));
+      submit_latency_->observe(static_cast<double>(mono_ns() - sent) * 1e-9);
+      if (!reply.is_ok() || !reply->accepted) {
+        // The choices already accepted are ended in the cluster: the request is answered as one.
+        for (Choice& other : f->choices) {
+          if (other.submitted) cancel(other);
+        }
+        finish_flight(*f);
+        return refuse(rs, submit_error(*f, reply));
+      }
+      c.submitted = true;
     }
     f->usage.prompt_tokens = sub.input_tokens;
     prompt_tokens_->inc(static_cast<uint64_t>(sub.input_tokens));
@@ -531,27 +719,33 @@ class Gateway {
                            f.req.slo_ttft_ms > 0 ? f.req.slo_ttft_ms : o_.slo_ttft_ms);
   }
 
-  // The request left the gateway's books (its inbox unregistered, its slot freed). Idempotent per flight.
+  // The request left the gateway's books (its inbox entries unregistered, its slots freed). Idempotent per flight.
   void finish_flight(Flight& f) {
     {
       std::lock_guard lock(inbox_mu_);
-      if (inboxes_.erase(f.id) == 0) return;
+      if (f.released) return;
+      f.released = true;
+      for (const Choice& c : f.choices) inboxes_.erase(c.id);
     }
-    active_count_.fetch_sub(1);
-    active_->add(-1);
+    active_count_.fetch_sub(static_cast<int64_t>(f.choices.size()));
+    active_->add(-static_cast<double>(f.choices.size()));
   }
 
-  // Ends the request in the cluster (stop, EOS, disconnect, timeout, drain) without waiting: the cancel thread
-  // sends conductor.cancel, so the client's last bytes never wait for that round trip. Once per flight.
-  void cancel(Flight& f) {
-    if (f.ended) return;
-    f.ended = true;
+  // Ends a choice in the cluster (stop, EOS, disconnect, timeout, drain) without waiting: the cancel thread
+  // sends conductor.cancel, so the client's last bytes never wait for that round trip. Once per choice.
+  void cancel(Choice& c) {
+    if (c.ended) return;
+    c.ended = true;
+    if (!c.submitted) return;
     cancels_->inc();
     {
       std::lock_guard lock(cancel_mu_);
-      cancel_queue_.push_back(f.id);
+      cancel_queue_.push_back(c.id);
     }
     cancel_cv_.notify_one();
+  }
+  void cancel_all(Flight& f) {
+    for (Choice& c : f.choices) cancel(c);
   }
 
   void cancel_loop() {
@@ -578,22 +772,29 @@ class Gateway {
     if (cancel_thread_.joinable()) cancel_thread_.join();
   }
 
-  // What an event does to the answer. Returns the text to send; sets *error for a failure event.
-  std::string apply(Flight& f, AnswerBuilder& answer, const Event& ev, std::optional<ApiError>* error) {
+  // What an event does to its choice's answer. Returns the text to send; sets *error for a failure event.
+  std::string apply(Flight& f, const Event& ev, std::optional<ApiError>* error) {
+    Choice& c = f.choices.at(ev.choice);
+    AnswerBuilder& answer = *c.answer;
     switch (ev.kind) {
       case Event::Kind::kToken: {
+        if (answer.finished()) return {};
+        if (c.logprobs) c.logprobs->add(ev.token, ev.logprobs);
         std::string text = answer.on_token(ev.token);
-        if (answer.finished()) cancel(f);  // a stop string or end of sequence: the rest is not wanted
+        if (answer.finished()) cancel(c);  // a stop string or end of sequence: the rest is not wanted
         return text;
       }
       case Event::Kind::kDone: {
-        f.ended = true;
-        f.usage.cached_tokens = ev.ledger.hit_tokens;
-        cached_tokens_->inc(static_cast<uint64_t>(std::max<int64_t>(0, ev.ledger.hit_tokens)));
+        c.ended = true;
+        c.cached_tokens = ev.ledger.hit_tokens;
+        if (ev.choice == 0) {
+          f.usage.cached_tokens = ev.ledger.hit_tokens;
+          cached_tokens_->inc(static_cast<uint64_t>(std::max<int64_t>(0, ev.ledger.hit_tokens)));
+        }
         return answer.on_done();
       }
       case Event::Kind::kError: {
-        f.ended = true;
+        c.ended = true;
         if (answer.finished()) return {};  // our own cancel's echo
         ApiError e;
         e.http_status = 500;
@@ -601,7 +802,7 @@ class Gateway {
         e.code = std::string(code_name(static_cast<Code>(ev.code)));
         // A fixed text: the cluster's own (the instance lost, its endpoint, the placement a re-dispatch tried) is the
         // operator's, in the Conductor's log and here at debug level.
-        MC_LOG_DEBUG << "request '" << f.id << "' failed in the cluster (" << e.code << "): " << ev.message;
+        MC_LOG_DEBUG << "request '" << c.id << "' failed in the cluster (" << e.code << "): " << ev.message;
         e.message = "the request failed in the cluster (" + e.code + ") after it was accepted; retry it";
         *error = e;
         return {};
@@ -610,9 +811,6 @@ class Gateway {
     return {};
   }
 
-  void observe_token_written(Flight& f, int64_t arrival_ns, int64_t tokens_before, const AnswerBuilder& answer) {
-    observe_token_written(f, arrival_ns, answer.completion_tokens() > tokens_before);
-  }
   void observe_token_written(Flight& f, int64_t arrival_ns, bool produced) {
     const int64_t now = mono_ns();
     if (produced) {
@@ -627,16 +825,15 @@ class Gateway {
   }
 
   void whole(const std::shared_ptr<Flight>& f, httplib::Response& rs) {
-    AnswerBuilder answer(tok_, f->req);
-    std::string text;
     std::optional<ApiError> error;
-    while (!f->ended || (!answer.finished() && !error)) {
+    // Until every choice is finished (stop, end of sequence, max_tokens) and the cluster is done with it, or a failure.
+    while (!(f->all_finished() && f->all_ended()) && !error) {
       if (abort_.load() || mono_ns() > f->deadline_ns) break;
       if (http::DeadlineServer::client_gone()) {
         // Nobody will read the answer: end the request in the cluster (its KV freed, a queued prefill dropped),
         // as a stream's disconnect does.
         disconnects_->inc();
-        cancel(*f);
+        cancel_all(*f);
         finish_flight(*f);
         ApiError e;  // for a client that only half-closed; one that left reads nothing
         e.http_status = 499;
@@ -645,16 +842,15 @@ class Gateway {
         return send_error(rs, e);
       }
       for (const Event& ev : f->inbox->take(o_.heartbeat_ms * 1'000'000, abort_)) {
-        const int64_t before = answer.completion_tokens();
-        text += apply(*f, answer, ev, &error);
-        observe_token_written(*f, ev.arrival_ns, before, answer);
-        if (error || (answer.finished() && f->ended)) break;
+        const int64_t before = f->completion_tokens();
+        f->choices.at(ev.choice).text += apply(*f, ev, &error);
+        observe_token_written(*f, ev.arrival_ns, f->completion_tokens() > before);
+        if (error) break;
       }
-      if (error || answer.finished()) break;
     }
+    if (!f->all_finished() || error) cancel_all(*f);
     finish_flight(*f);
-    if (!answer.finished() && !error) {
-      cancel(*f);
+    if (!f->all_finished() && !error) {
       failed_->inc();
       ApiError e;
       e.http_status = abort_.load() ? 503 : 504;
@@ -669,38 +865,49 @@ class Gateway {
       return send_error(rs, *error);
     }
     completed_->inc();
-    f->usage.completion_tokens = answer.completion_tokens();
-    completion_tokens_->inc(static_cast<uint64_t>(answer.completion_tokens()));
+    f->usage.completion_tokens = f->completion_tokens();
+    completion_tokens_->inc(static_cast<uint64_t>(f->usage.completion_tokens));
     e2e_->observe(static_cast<double>(mono_ns() - f->received_ns) * 1e-9);
-    rs.set_content(
-        completion_document(f->req.chat, f->object_id, unix_s(), f->req.model, text, answer.finish_reason(), f->usage)
-            .dump(-1, ' ', false, json::error_handler_t::replace),
-        "application/json");
+    std::vector<ChoiceResult> results;
+    for (const Choice& c : f->choices) {
+      results.push_back(
+          {f->req.echo_text + c.text, c.answer->finish_reason(), c.logprobs ? c.logprobs->document() : json(nullptr)});
+    }
+    rs.set_content(completion_document(f->req.chat, f->object_id, unix_s(), f->req.model, results, f->usage)
+                       .dump(-1, ' ', false, json::error_handler_t::replace),
+                   "application/json");
   }
 
   void stream(const std::shared_ptr<Flight>& f, httplib::Response& rs) {
-    auto answer = std::make_shared<AnswerBuilder>(tok_, f->req);
     auto done = std::make_shared<bool>(false);
     rs.set_header("Cache-Control", "no-cache");
     rs.set_header("X-Accel-Buffering", "no");
     const int64_t created = unix_s();
     rs.set_chunked_content_provider(
         "text/event-stream",
-        [this, f, answer, done, created](size_t, httplib::DataSink& sink) -> bool {
+        [this, f, done, created](size_t, httplib::DataSink& sink) -> bool {
           auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
           if (*done) {
             sink.done();
             return true;
           }
+          const bool chat = f->req.chat;
           if (!f->first_sent) {
-            // The status line and headers go out now (the client learns it was accepted), with the chat role chunk,
-            // or a comment for a completion.
+            // The status line and headers go out now (the client learns it was accepted), with each choice's chat role
+            // chunk or echoed prompt, or a comment for a completion.
             f->first_sent = true;
-            const std::string opening =
-                f->req.chat ? sse(chunk_document(true, f->object_id, created, f->req.model, "", "", true))
-                            : std::string(": accepted\n\n");
-            if (!write(opening)) return false;
-            return true;
+            std::string opening;
+            for (size_t i = 0; i < f->choices.size(); ++i) {
+              if (chat) {
+                opening += sse(
+                    chunk_document(true, f->object_id, created, f->req.model, "", "", true, static_cast<int64_t>(i)));
+              } else if (f->req.echo) {
+                opening += sse(chunk_document(false, f->object_id, created, f->req.model, f->req.echo_text, "", false,
+                                              static_cast<int64_t>(i)));
+              }
+            }
+            if (opening.empty()) opening = ": accepted\n\n";
+            return write(opening);
           }
           std::optional<ApiError> error;
           std::deque<Event> events = f->inbox->take(o_.heartbeat_ms * 1'000'000, abort_);
@@ -718,31 +925,38 @@ class Gateway {
             }
           }
           // Every event that arrived goes out in one write (one chunk, one syscall): under load a burst of tokens
-          // does not queue behind one write each.
+          // does not queue behind one write each. A choice's last chunk carries its finish_reason ("stop" or
+          // "length"), with or without text.
           std::string batch;
           std::vector<std::pair<int64_t, bool>> taken;  // (arrival, produced a token) per event
           for (const Event& ev : events) {
-            const int64_t before = answer->completion_tokens();
-            const std::string text = apply(*f, *answer, ev, &error);
-            if (!text.empty() || (answer->finished() && answer->completion_tokens() > before)) {
-              const std::string reason = answer->finished() ? answer->finish_reason() : "";
-              batch += sse(chunk_document(f->req.chat, f->object_id, created, f->req.model, text, reason, false));
+            Choice& c = f->choices.at(ev.choice);
+            const int64_t before = c.answer->completion_tokens();
+            const std::string text = apply(*f, ev, &error);
+            const bool finishing = c.answer->finished() && !c.final_sent;
+            json lp = c.logprobs ? c.logprobs->take() : json(nullptr);
+            if (!text.empty() || finishing || !lp.is_null()) {
+              const std::string reason = finishing ? c.answer->finish_reason() : "";
+              if (finishing) c.final_sent = true;
+              batch += sse(chunk_document(chat, f->object_id, created, f->req.model, text, reason, false,
+                                          static_cast<int64_t>(ev.choice), lp));
             }
-            taken.emplace_back(ev.arrival_ns, answer->completion_tokens() > before);
-            if (error || answer->finished()) break;
+            taken.emplace_back(ev.arrival_ns, c.answer->completion_tokens() > before);
+            if (error) break;
           }
           if (!batch.empty() && !write(batch)) return false;
           for (const auto& [arrival_ns, produced] : taken) observe_token_written(*f, arrival_ns, produced);
-          if (!error && !answer->finished()) return true;
+          if (!error && !f->all_finished()) return true;
           if (error) {
             failed_->inc();
+            cancel_all(*f);
             if (!write(sse(error_document(*error)))) return false;
           } else {
             completed_->inc();
-            f->usage.completion_tokens = answer->completion_tokens();
-            completion_tokens_->inc(static_cast<uint64_t>(answer->completion_tokens()));
+            f->usage.completion_tokens = f->completion_tokens();
+            completion_tokens_->inc(static_cast<uint64_t>(f->usage.completion_tokens));
             if (f->req.include_usage &&
-                !write(sse(usage_chunk_document(f->req.chat, f->object_id, created, f->req.model, f->usage))))
+                !write(sse(usage_chunk_document(chat, f->object_id, created, f->req.model, f->usage))))
               return false;
           }
           if (!write("data: [DONE]\n\n")) return false;
@@ -753,8 +967,8 @@ class Gateway {
         },
         [this, f](bool success) {
           // The response ended: normally (answered), or the client went away / a write failed.
-          if (!success && !f->ended) disconnects_->inc();
-          cancel(*f);  // no-op when the cluster already ended it
+          if (!success && !f->all_ended()) disconnects_->inc();
+          cancel_all(*f);  // no-op for choices the cluster already ended
           finish_flight(*f);
         });
   }
@@ -781,7 +995,7 @@ class Gateway {
   std::thread cancel_thread_;
   std::string client_endpoint_;
   std::mutex inbox_mu_;
-  std::map<std::string, std::shared_ptr<Inbox>> inboxes_;
+  std::map<std::string, std::pair<std::shared_ptr<Inbox>, size_t>> inboxes_;  // cluster request id -> (inbox, choice)
 
   http::DeadlineServer http_{0};  // --read-timeout-ms for a request's bytes, set in start()
   std::thread http_thread_;
@@ -822,8 +1036,8 @@ Status run_gateway(const GatewayOptions& options) {
                       metrics::start_daemon_exporter(options.metrics_listen, "mc-gateway", &gw.registry(), &extra));
   if (extra.empty()) extra.emplace_back("metrics", gw.url());
   extra.emplace_back("conductor", options.conductor);
-  extra.emplace_back("model", options.served_model_name.empty() ? Tokenizer::for_model(options.model)->model()
-                                                                : options.served_model_name);
+  extra.emplace_back("model", gw.served_model_name());
+  extra.emplace_back("tokenizer", gw.tokenizer_kind());
   daemon::announce_ready("mc-gateway", gw.url(), extra);
   while (!daemon::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   gw.drain();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <tuple>
 
 #include "mc/common/json_guard.hpp"
 
@@ -129,22 +130,6 @@ std::string brief(const json& v) {
   return s;
 }
 
-// A number field that greedy decoding supports only at `neutral`.
-Status neutral_number(const json& body, const char* field, double neutral, ApiError* error) {
-  const json& v = body.at(field);
-  if (v.is_null()) return Status::ok();
-  if (!v.is_number()) return fail(error, 400, field, std::string("'") + field + "' must be a number, got " + kind(v));
-  if (v.get<double>() != neutral) {
-    return fail(error, 400, field,
-                std::string("'") + field + "' = " + brief(v) + " is not supported: mc decodes greedily (only " +
-                    (neutral == static_cast<double>(static_cast<int64_t>(neutral))
-                         ? std::to_string(static_cast<int64_t>(neutral))
-                         : json(neutral).dump()) +
-                    " is accepted)");
-  }
-  return Status::ok();
-}
-
 Status parse_content(const json& v, size_t i, std::string* out, ApiError* error) {
   const std::string field = "messages[" + std::to_string(i) + "].content";
   if (v.is_string()) {
@@ -195,6 +180,8 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
                                                 "mc",
                                                 "temperature",
                                                 "top_p",
+                                                "top_k",
+                                                "min_p",
                                                 "n",
                                                 "logprobs",
                                                 "presence_penalty",
@@ -202,8 +189,14 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
                                                 "logit_bias"};
   static const std::set<std::string> kCompletion = {"prompt", "best_of", "echo", "suffix"};
   static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "response_format", "top_logprobs"};
+  // Known OpenAI fields mc does not implement: named as such.
+  static const std::set<std::string> kRefused = {
+      "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "modalities", "audio", "prediction"};
   for (const auto& [key, value] : body.items()) {
-    if (kCommon.count(key) == 0 && (chat ? kChat : kCompletion).count(key) == 0) {
+    if (kRefused.count(key) != 0 && !value.is_null()) {
+      return fail(error, 400, key, "'" + key + "' is not supported by mc-gateway (no tool calling, text only)");
+    }
+    if (kRefused.count(key) == 0 && kCommon.count(key) == 0 && (chat ? kChat : kCompletion).count(key) == 0) {
       return fail(error, 400, key, "unrecognized request argument '" + key + "' (not supported by mc-gateway)");
     }
   }
@@ -214,23 +207,79 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
   }
   r.model = body["model"].get<std::string>();
 
-  for (const char* f : {"temperature", "presence_penalty", "frequency_penalty"}) {
-    if (body.contains(f)) MC_RETURN_IF_ERROR(neutral_number(body, f, 0, error));
-  }
-  for (const char* f : {"top_p", "n", "best_of"}) {
-    if (body.contains(f)) MC_RETURN_IF_ERROR(neutral_number(body, f, 1, error));
-  }
-  if (body.contains("logprobs")) {
-    const json& v = body["logprobs"];
-    if (!(v.is_null() || v == false)) {
-      return fail(error, 400, "logprobs", "'logprobs' is not supported by mc-gateway (send null or false)");
+  // Sampling (proto::SamplingParams).
+  auto number = [&](const char* f, double* out) -> Status {
+    if (!body.contains(f) || body[f].is_null()) return Status::ok();
+    if (!body[f].is_number())
+      return fail(error, 400, f, std::string("'") + f + "' must be a number, got " + kind(body[f]));
+    *out = body[f].get<double>();
+    return Status::ok();
+  };
+  auto integer = [&](const char* f, int64_t lo, int64_t hi, int64_t* out) -> Status {
+    if (!body.contains(f) || body[f].is_null()) return Status::ok();
+    const json& v = body[f];
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+      return fail(error, 400, f,
+                  std::string("'") + f + "' must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                      "], got " + brief(v));
     }
+    *out = v.get<int64_t>();
+    return Status::ok();
+  };
+  proto::SamplingParams& sp = r.sampling;
+  sp.temperature = 1.0;  // OpenAI's default
+  MC_RETURN_IF_ERROR(number("temperature", &sp.temperature));
+  MC_RETURN_IF_ERROR(number("top_p", &sp.top_p));
+  MC_RETURN_IF_ERROR(number("min_p", &sp.min_p));
+  MC_RETURN_IF_ERROR(number("presence_penalty", &sp.presence_penalty));
+  MC_RETURN_IF_ERROR(number("frequency_penalty", &sp.frequency_penalty));
+  int64_t top_k = 0;
+  MC_RETURN_IF_ERROR(integer("top_k", -1, 1 << 20, &top_k));  // vLLM's -1 and 0: no limit
+  sp.top_k = std::max<int64_t>(top_k, 0);
+  auto range = [&](const char* f, double v, double lo, double hi, bool open_low) -> Status {
+    if (v <= hi && (open_low ? v > lo : v >= lo)) return Status::ok();
+    return fail(error, 400, f,
+                std::string("'") + f + "' = " + brief(body[f]) + " is outside " + (open_low ? "(" : "[") +
+                    json(lo).dump() + ", " + json(hi).dump() + "]");
+  };
+  MC_RETURN_IF_ERROR(range("temperature", sp.temperature, 0, 2, false));  // OpenAI's range
+  MC_RETURN_IF_ERROR(range("top_p", sp.top_p, 0, 1, true));
+  MC_RETURN_IF_ERROR(range("min_p", sp.min_p, 0, 1, false));
+  MC_RETURN_IF_ERROR(range("presence_penalty", sp.presence_penalty, -2, 2, false));
+  MC_RETURN_IF_ERROR(range("frequency_penalty", sp.frequency_penalty, -2, 2, false));
+  MC_RETURN_IF_ERROR(integer("n", 1, 16, &r.n));
+  if (body.contains("best_of") && !body["best_of"].is_null() &&
+      !(body["best_of"].is_number_integer() && body["best_of"].get<int64_t>() == r.n)) {
+    return fail(error, 400, "best_of",
+                "'best_of' other than n is not supported by mc-gateway (it returns every choice)");
   }
-  if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
-    return fail(error, 400, "top_logprobs", "'top_logprobs' is not supported by mc-gateway");
-  }
-  if (body.contains("echo") && !(body["echo"].is_null() || body["echo"] == false)) {
-    return fail(error, 400, "echo", "'echo' is not supported by mc-gateway");
+  if (chat) {
+    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+      if (!body["logprobs"].is_boolean()) return fail(error, 400, "logprobs", "'logprobs' must be a boolean");
+      r.logprobs = body["logprobs"].get<bool>();
+    }
+    int64_t top = 0;
+    MC_RETURN_IF_ERROR(integer("top_logprobs", 0, proto::kMaxTopLogprobs, &top));
+    if (body.contains("top_logprobs") && !body["top_logprobs"].is_null() && !r.logprobs) {
+      return fail(error, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    if (r.logprobs) sp.logprobs = static_cast<int32_t>(top);
+  } else {
+    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+      int64_t top = 0;
+      MC_RETURN_IF_ERROR(integer("logprobs", 0, proto::kMaxTopLogprobs, &top));
+      r.logprobs = true;
+      sp.logprobs = static_cast<int32_t>(top);
+    }
+    if (body.contains("echo") && !body["echo"].is_null()) {
+      if (!body["echo"].is_boolean()) return fail(error, 400, "echo", "'echo' must be a boolean");
+      r.echo = body["echo"].get<bool>();
+      if (r.echo && r.logprobs) {
+        return fail(error, 400, "echo",
+                    "'echo' with 'logprobs' asks for the prompt's logprobs, which mc does not compute: send one of "
+                    "them");
+      }
+    }
   }
   if (body.contains("suffix") && !body["suffix"].is_null()) {
     return fail(error, 400, "suffix", "'suffix' is not supported by mc-gateway");
@@ -244,9 +293,13 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
       return fail(error, 400, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported");
     }
   }
-  if (body.contains("seed") && !(body["seed"].is_null() || body["seed"].is_number_integer())) {
-    return fail(error, 400, "seed", "'seed' must be an integer");
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer()) return fail(error, 400, "seed", "'seed' must be an integer");
+    sp.seed = body["seed"].is_number_unsigned() ? body["seed"].get<uint64_t>()
+                                                : static_cast<uint64_t>(body["seed"].get<int64_t>());
+    r.seed_given = true;
   }
+  if (const std::string bad = proto::sampling_error(sp); !bad.empty()) return fail(error, 400, "", bad);
   if (body.contains("user") && !(body["user"].is_null() || body["user"].is_string())) {
     return fail(error, 400, "user", "'user' must be a string");
   }
@@ -256,7 +309,7 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
     if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
       return fail(error, 400, "messages", "'messages' is required: a non-empty array of {role, content}");
     }
-    std::vector<ChatMessage> messages;
+    json messages = json::array();
     const json& ms = body["messages"];
     for (size_t i = 0; i < ms.size(); ++i) {
       const json& m = ms[i];
@@ -269,28 +322,47 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
           return fail(error, 400, field + "." + key, "'" + field + "." + key + "' is not supported by mc-gateway");
         }
       }
-      ChatMessage cm;
-      cm.role = m["role"].get<std::string>();
-      if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "developer") {
-        return fail(
-            error, 400, field + ".role",
-            "'" + field + ".role' = '" + cm.role + "': only system, developer, user and assistant are supported");
+      std::string role = m["role"].get<std::string>();
+      if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+        return fail(error, 400, field + ".role",
+                    "'" + field + ".role' = '" + role +
+                        "': only system, developer, user and assistant are supported (no tool messages: mc-gateway "
+                        "does not implement tools)");
       }
-      if (cm.role == "developer") cm.role = "system";
+      if (role == "developer") role = "system";
       if (!m.contains("content") || m["content"].is_null()) {
         return fail(error, 400, field + ".content", "'" + field + ".content' is required");
       }
-      MC_RETURN_IF_ERROR(parse_content(m["content"], i, &cm.content, error));
-      messages.push_back(std::move(cm));
+      std::string content;
+      MC_RETURN_IF_ERROR(parse_content(m["content"], i, &content, error));
+      json message = {{"role", role}, {"content", std::move(content)}};
+      if (m.contains("name")) {
+        if (!m["name"].is_string()) return fail(error, 400, field + ".name", "'" + field + ".name' must be a string");
+        message["name"] = m["name"];
+      }
+      messages.push_back(std::move(message));
     }
-    r.prompt_tokens = tokenizer.encode(apply_chat_template(messages));
+    if (!tokenizer.has_chat_template()) {
+      return fail(error, 400, "messages",
+                  "model '" + tokenizer.model() +
+                      "' has no chat template (its directory has no chat_template.jinja and tokenizer_config.json "
+                      "names none): use /v1/completions");
+    }
+    Result<std::string> prompt = tokenizer.render_chat(messages, /*add_generation_prompt=*/true);
+    if (!prompt.is_ok()) {
+      return fail(error, 400, "messages",
+                  "the model's chat template refused the messages: " + prompt.status().message());
+    }
+    // The template writes the model's own special tokens (BOS, turn markers): no post-processor on top.
+    r.prompt_tokens = tokenizer.encode(prompt.value(), /*add_special_tokens=*/false);
   } else {
     if (!body.contains("prompt")) return fail(error, 400, "prompt", "'prompt' is required: a string or token ids");
     const json* pp = &body["prompt"];  // not a copy: the value is the client's, as large as the body allows
     if (pp->is_array() && pp->size() == 1 && ((*pp)[0].is_string() || (*pp)[0].is_array())) pp = &(*pp)[0];
     const json& p = *pp;
     if (p.is_string()) {
-      r.prompt_tokens = tokenizer.encode(p.get<std::string>());
+      r.prompt_tokens = tokenizer.encode(p.get<std::string>(), /*add_special_tokens=*/true);
+      if (r.echo) r.echo_text = p.get<std::string>();
     } else if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
       return fail(error, 400, "prompt",
                   "'prompt' holds " + std::to_string(p.size()) + " prompts: send one prompt per request");
@@ -300,6 +372,7 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
     if (Status ids = tokenizer.check_ids(r.prompt_tokens, "prompt"); !ids.is_ok()) {
       return fail(error, 400, "prompt", ids.message());
     }
+    if (r.echo && !p.is_string()) r.echo_text = tokenizer.decode(r.prompt_tokens);
   }
   if (r.prompt_tokens.empty()) return fail(error, 400, chat ? "messages" : "prompt", "the prompt is empty");
 
@@ -410,24 +483,30 @@ json finish_value(const std::string& reason) { return reason.empty() ? json(null
 }  // namespace
 
 json completion_document(bool chat, const std::string& id, int64_t created_s, const std::string& model,
-                         const std::string& text, const std::string& finish_reason, const Usage& usage) {
-  json choice = {{"index", 0}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
-  if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
+                         const std::vector<ChoiceResult>& choices, const Usage& usage) {
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    json choice = {{"index", i}, {"finish_reason", finish_value(c.finish_reason)}, {"logprobs", c.logprobs}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    list.push_back(std::move(choice));
   }
   return json{{"id", id},
               {"object", chat ? "chat.completion" : "text_completion"},
               {"created", created_s},
               {"model", model},
-              {"choices", json::array({choice})},
+              {"choices", std::move(list)},
               {"usage", usage_document(usage)}};
 }
 
 json chunk_document(bool chat, const std::string& id, int64_t created_s, const std::string& model,
-                    const std::string& text, const std::string& finish_reason, bool first) {
-  json choice = {{"index", 0}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
+                    const std::string& text, const std::string& finish_reason, bool first, int64_t index,
+                    const json& logprobs) {
+  json choice = {{"index", index}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", logprobs}};
   if (chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -441,6 +520,62 @@ json chunk_document(bool chat, const std::string& id, int64_t created_s, const s
               {"created", created_s},
               {"model", model},
               {"choices", json::array({choice})}};
+}
+
+namespace {
+json utf8_bytes(const std::string& s) {
+  json out = json::array();
+  for (unsigned char c : s) out.push_back(c);
+  return out;
+}
+}  // namespace
+
+void LogprobsBuilder::add(uint32_t token, const std::vector<proto::TokenLogprob>& entry) {
+  const uint32_t ids[1] = {token};
+  const std::string text = tokenizer_.decode(ids);
+  const float lp = entry.empty() ? 0.0f : entry[0].logprob;
+  if (chat_) {
+    json top = json::array();
+    for (size_t i = 1; i < entry.size(); ++i) {
+      const uint32_t alt[1] = {entry[i].token};
+      const std::string t = tokenizer_.decode(alt);
+      top.push_back({{"token", t}, {"logprob", entry[i].logprob}, {"bytes", utf8_bytes(t)}});
+    }
+    entries_.push_back({{"token", text}, {"logprob", lp}, {"bytes", utf8_bytes(text)}, {"top_logprobs", top}});
+  } else {
+    json top = json::object();
+    for (size_t i = 1; i < entry.size(); ++i) {
+      const uint32_t alt[1] = {entry[i].token};
+      top[tokenizer_.decode(alt)] = entry[i].logprob;
+    }
+    entries_.push_back({{"token", text}, {"logprob", lp}, {"top", top}, {"offset", text_offset_}});
+    text_offset_ += static_cast<int64_t>(text.size());
+  }
+}
+
+json LogprobsBuilder::make(size_t from) const {
+  if (chat_) {
+    json content = json::array();
+    for (size_t i = from; i < entries_.size(); ++i) content.push_back(entries_[i]);
+    return json{{"content", content}};
+  }
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (size_t i = from; i < entries_.size(); ++i) {
+    tokens.push_back(entries_[i]["token"]);
+    lps.push_back(entries_[i]["logprob"]);
+    tops.push_back(entries_[i]["top"]);
+    offsets.push_back(entries_[i]["offset"]);
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json LogprobsBuilder::document() const { return make(0); }
+
+json LogprobsBuilder::take() {
+  if (taken_ == entries_.size()) return nullptr;
+  json out = make(taken_);
+  taken_ = entries_.size();
+  return out;
 }
 
 json usage_chunk_document(bool chat, const std::string& id, int64_t created_s, const std::string& model,
@@ -463,7 +598,7 @@ size_t find_stop(const std::string& text, const std::vector<std::string>& stop, 
 }
 
 AnswerBuilder::AnswerBuilder(const Tokenizer& tokenizer, const GenerationRequest& request)
-    : tokenizer_(tokenizer), request_(request) {
+    : tokenizer_(tokenizer), request_(request), text_(tokenizer) {
   for (const std::string& s : request.stop) max_stop_ = std::max(max_stop_, s.size());
 }
 

@@ -36,8 +36,9 @@ std::vector<proto::TokenLogprob> logprobs_of(std::span<const float> logits, uint
     for (uint32_t i = 0; i < ids.size(); ++i) ids[i] = i;
     const size_t k = std::min(ids.size(), static_cast<size_t>(top_n));
     // Most likely first; equal logits by id, so the list is deterministic.
-    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
-                      [&](uint32_t a, uint32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    std::partial_sort(
+        ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+        [&](uint32_t a, uint32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
     for (size_t i = 0; i < k; ++i) out.push_back({ids[i], lp(ids[i])});
   }
   return out;
@@ -68,7 +69,9 @@ TokenChoice sample_token(std::span<const float> logits, const proto::SamplingPar
     std::vector<std::pair<float, uint32_t>> c;
     c.reserve(scores.size());
     for (uint32_t i = 0; i < scores.size(); ++i) c.push_back({static_cast<float>(scores[i] * inv_t), i});
-    auto more_likely = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+    auto more_likely = [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
     if (p.top_k > 0 && static_cast<size_t>(p.top_k) < c.size()) {
       std::nth_element(c.begin(), c.begin() + p.top_k, c.end(), more_likely);
       c.resize(static_cast<size_t>(p.top_k));
@@ -126,7 +129,8 @@ TokenChoice sample_token(std::span<const float> logits, const proto::SamplingPar
       }
     }
   }
-  if (p.logprobs >= 0) choice.logprobs = logprobs_of(logits, choice.token, std::min(p.logprobs, proto::kMaxTopLogprobs));
+  if (p.logprobs >= 0)
+    choice.logprobs = logprobs_of(logits, choice.token, std::min(p.logprobs, proto::kMaxTopLogprobs));
   return choice;
 }
 

@@ -57,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   text += answer.on_done();
   if (!answer.finished()) broken("an answer without a finish reason");
   const nlohmann::json doc =
-      mc::gateway::completion_document(chat, "id", 0, r->model, text, answer.finish_reason(), {});
+      mc::gateway::completion_document(chat, "id", 0, r->model, {{text, answer.finish_reason(), nullptr}}, {});
   (void)doc.dump();  // throws on invalid UTF-8: the detokenizer must never produce it
   return 0;
 }

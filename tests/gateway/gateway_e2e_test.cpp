@@ -117,6 +117,29 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
   auto models = client().Get("/v1/models");
   ASSERT_TRUE(models && models->status == 200);
   EXPECT_EQ(body_of(models)["data"][0]["id"], "llama3-70b") << models->body;
+  auto one_model = client().Get("/v1/models/llama3-70b");
+  ASSERT_TRUE(one_model && one_model->status == 200);
+  EXPECT_EQ(body_of(one_model)["id"], "llama3-70b") << one_model->body;
+  auto no_model = client().Get("/v1/models/gpt-9");
+  ASSERT_TRUE(no_model);
+  EXPECT_EQ(no_model->status, 404) << no_model->body;
+  EXPECT_EQ(body_of(no_model)["error"]["code"], "model_not_found") << no_model->body;
+  // /health tells the cluster's shape, not the Conductor's address (the client port is anyone's).
+  auto health = client().Get("/health");
+  ASSERT_TRUE(health && health->status == 200);
+  EXPECT_EQ(health->body.find("tcp://"), std::string::npos) << health->body;
+  EXPECT_EQ(body_of(health)["prefill_instances"], 1) << health->body;
+  // /tokenize and /detokenize (vLLM's shapes), byte-level here: one id per byte.
+  auto tk = post("/tokenize", {{"model", "llama3-70b"}, {"prompt", "héllo"}, {"return_token_strs", true}});
+  ASSERT_TRUE(tk && tk->status == 200) << (tk ? tk->body : "");
+  EXPECT_EQ(body_of(tk)["count"], 6);
+  EXPECT_EQ(body_of(tk)["tokens"][0], 'h');
+  auto dt = post("/detokenize", {{"tokens", body_of(tk)["tokens"]}});
+  ASSERT_TRUE(dt && dt->status == 200) << (dt ? dt->body : "");
+  EXPECT_EQ(body_of(dt)["prompt"], "héllo");
+  auto bad_dt = post("/detokenize", {{"tokens", {1, -5}}});
+  ASSERT_TRUE(bad_dt);
+  EXPECT_EQ(bad_dt->status, 400) << bad_dt->body;
 
   // A whole completion: exact prompt_tokens (bytes), max_tokens generated.
   const std::string prompt = "The KV cache is the primary object.";
@@ -130,6 +153,14 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
   EXPECT_EQ(doc["usage"]["completion_tokens"], 8);
   EXPECT_EQ(doc["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(doc["choices"][0]["text"].get<std::string>().size(), 8u);  // sim ids: one printable character each
+  // n choices: each its own cluster request, answered together.
+  r = post("/v1/completions",
+           {{"model", "llama3-70b"}, {"prompt", prompt}, {"max_tokens", 4}, {"n", 2}, {"ignore_eos", true}});
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
+  doc = body_of(r);
+  ASSERT_EQ(doc["choices"].size(), 2u) << r->body;
+  EXPECT_EQ(doc["choices"][1]["index"], 1);
+  EXPECT_EQ(doc["usage"]["completion_tokens"], 8);
 
   // A chat completion; the same prompt again finds its complete blocks in the pool (cached_tokens). The Conductor
   // plans a fetch only where it beats recomputing (scheduler.cpp plan_prefix, with its refitted prefill model): a
@@ -174,6 +205,7 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
   std::string line;
   int data_lines = 0, tokens = 0;
   bool done = false, usage = false;
+  std::string finish;  // the finish_reason of the last text chunk: a stream ended by max_tokens says "length"
   while (std::getline(sse, line)) {
     if (line.empty() || line[0] == ':') continue;
     ASSERT_EQ(line.rfind("data: ", 0), 0u) << "not an SSE data line: " << line;
@@ -190,8 +222,10 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
       EXPECT_TRUE(chunk["choices"].empty());
     } else {
       tokens += static_cast<int>(chunk["choices"][0]["text"].get<std::string>().size());
+      if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
     }
   }
+  EXPECT_EQ(finish, "length") << curl.out;
   EXPECT_TRUE(done) << curl.out;
   EXPECT_TRUE(usage) << curl.out;
   EXPECT_EQ(tokens, 5) << curl.out;
@@ -206,7 +240,7 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
       EXPECT_EQ(e["error"]["param"], param) << res->body;
     }
   };
-  expect_error(post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", "x"}, {"n", 2}}), 400, "n");
+  expect_error(post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", "x"}, {"n", 17}}), 400, "n");
   expect_error(post("/v1/completions", {{"model", "gpt-9"}, {"prompt", "x"}}), 404, "model");
   expect_error(client().Get("/v1/nothing"), 404, "");
   expect_error(post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", std::string(5000, 'a')}}), 413, "prompt");
@@ -436,7 +470,8 @@ TEST(GatewayAbuse, DeepNestingHugeValueCountsOverflowAndSlowHeadersAreRefused) {
   refused(zeros + "0]}", 413, "JSON values");
   refused(R"({"model":"llama3-70b","prompt":"hello","max_tokens":9223372036854775807})", 400,
           "context_length_exceeded");
-  refused(R"({"model":"llama3-70b","prompt":"hi","n":2})", 400, "(only 1 is accepted)");
+  refused(R"({"model":"llama3-70b","prompt":"hi","n":17})", 400, "'n' must be an integer in [1, 16]");
+  refused(R"({"model":"llama3-70b","prompt":"hi","tools":[]})", 400, "'tools' is not supported");
   EXPECT_TRUE(gw.running());
 
   // Slowloris: the headers never end; the connection is closed at the 1 s deadline, not kept while it trickles.

@@ -128,6 +128,77 @@ TEST(GatewayParse, ChatMessagesGoThroughTheTemplate) {
   EXPECT_EQ(r->max_tokens, 3);
 }
 
+TEST(GatewayParse, SamplingParametersReachTheRequest) {
+  ApiError e;
+  auto d = parse({{"model", "tiny"}, {"prompt", "x"}}, false, &e);
+  ASSERT_TRUE(d.is_ok()) << e.message;
+  EXPECT_EQ(d->sampling.temperature, 1.0);  // OpenAI's default: sampling
+  EXPECT_FALSE(d->seed_given);
+  EXPECT_EQ(d->sampling.logprobs, -1);
+  EXPECT_EQ(d->n, 1);
+  auto r = parse({{"model", "tiny"},
+                  {"prompt", "x"},
+                  {"temperature", 0.7},
+                  {"top_p", 0.9},
+                  {"top_k", 40},
+                  {"min_p", 0.05},
+                  {"seed", -3},
+                  {"presence_penalty", 0.5},
+                  {"frequency_penalty", -0.5},
+                  {"n", 3},
+                  {"best_of", 3},
+                  {"logprobs", 2}},
+                 false, &e);
+  ASSERT_TRUE(r.is_ok()) << e.message;
+  EXPECT_EQ(r->sampling.temperature, 0.7);
+  EXPECT_EQ(r->sampling.top_p, 0.9);
+  EXPECT_EQ(r->sampling.top_k, 40);
+  EXPECT_EQ(r->sampling.min_p, 0.05);
+  EXPECT_TRUE(r->seed_given);
+  EXPECT_EQ(r->sampling.seed, static_cast<uint64_t>(-3));
+  EXPECT_EQ(r->sampling.presence_penalty, 0.5);
+  EXPECT_EQ(r->sampling.frequency_penalty, -0.5);
+  EXPECT_EQ(r->n, 3);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->sampling.logprobs, 2);
+  auto chat = parse({{"model", "tiny"},
+                     {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                     {"logprobs", true},
+                     {"top_logprobs", 5},
+                     {"top_k", -1}},
+                    true, &e);
+  ASSERT_TRUE(chat.is_ok()) << e.message;
+  EXPECT_TRUE(chat->logprobs);
+  EXPECT_EQ(chat->sampling.logprobs, 5);
+  EXPECT_EQ(chat->sampling.top_k, 0);  // vLLM's -1: no limit
+  auto echo = parse({{"model", "tiny"}, {"prompt", {104, 105}}, {"echo", true}}, false, &e);
+  ASSERT_TRUE(echo.is_ok()) << e.message;
+  EXPECT_EQ(echo->echo_text, "hi");
+}
+
+TEST(GatewayDocuments, LogprobsInTheChatAndCompletionShapes) {
+  const Tokenizer t = tiny();
+  LogprobsBuilder chat(t, true);
+  chat.add('a', {{'a', -0.5f}, {'a', -0.5f}, {'b', -1.5f}});
+  const json c = chat.document();
+  ASSERT_EQ(c["content"].size(), 1u);
+  EXPECT_EQ(c["content"][0]["token"], "a");
+  EXPECT_FLOAT_EQ(c["content"][0]["logprob"].get<float>(), -0.5f);
+  EXPECT_EQ(c["content"][0]["bytes"], json::array({97}));
+  EXPECT_EQ(c["content"][0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(c["content"][0]["top_logprobs"][1]["token"], "b");
+  EXPECT_FALSE(chat.take().is_null());
+  EXPECT_TRUE(chat.take().is_null());  // nothing new since
+  LogprobsBuilder text(t, false);
+  text.add('h', {{'h', -0.1f}, {'h', -0.1f}});
+  text.add('i', {{'i', -0.2f}, {'i', -0.2f}});
+  const json d = text.document();
+  EXPECT_EQ(d["tokens"], json::array({"h", "i"}));
+  EXPECT_EQ(d["text_offset"], json::array({0, 1}));
+  EXPECT_FLOAT_EQ(d["token_logprobs"][1].get<float>(), -0.2f);
+  EXPECT_TRUE(d["top_logprobs"][0].contains("h"));
+}
+
 // Each unsupported or malformed field is a 400 naming it.
 TEST(GatewayParse, UnsupportedOrBadFieldsAre400NamingTheField) {
   const json base = {{"model", "tiny"}, {"prompt", "x"}};
@@ -144,11 +215,31 @@ TEST(GatewayParse, UnsupportedOrBadFieldsAre400NamingTheField) {
     b[k] = std::move(v);
     return b;
   };
-  expect_param(with("n", 2), "n");
-  expect_param(with("logprobs", 3), "logprobs");
-  expect_param(with("temperature", 0.7), "temperature");
+  expect_param(with("n", 17), "n");
+  expect_param(with("n", 0), "n");
+  expect_param(with("logprobs", 21), "logprobs");
+  expect_param(with("logprobs", true), "logprobs");  // completions: a count
+  expect_param(with("temperature", 2.5), "temperature");
+  expect_param(with("temperature", "hot"), "temperature");
+  expect_param(with("top_p", 0), "top_p");
+  expect_param(with("top_k", -2), "top_k");
+  expect_param(with("min_p", 1.5), "min_p");
+  expect_param(with("presence_penalty", 3), "presence_penalty");
+  expect_param(with("frequency_penalty", -2.5), "frequency_penalty");
+  expect_param(with("seed", 1.5), "seed");
   expect_param(with("best_of", 3), "best_of");
-  expect_param(with("echo", true), "echo");
+  expect_param(with("echo", "yes"), "echo");
+  expect_param(json{{"model", "tiny"}, {"prompt", "x"}, {"echo", true}, {"logprobs", 1}}, "echo");
+  expect_param(with("logit_bias", {{"5", 10}}), "logit_bias");
+  expect_param(with("suffix", "s"), "suffix");
+  expect_param(json{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"top_logprobs", 2}},
+               "top_logprobs", true);  // without logprobs: true
+  expect_param(json{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"logprobs", 2}},
+               "logprobs", true);  // chat: a boolean
+  expect_param(json{{"model", "tiny"},
+                    {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                    {"response_format", {{"type", "json_object"}}}},
+               "response_format", true);
   expect_param(with("frobnicate", 1), "frobnicate");
   expect_param(with("max_tokens", 0), "max_tokens");
   expect_param(with("max_tokens", "5"), "max_tokens");
@@ -241,13 +332,17 @@ TEST(GatewayAnswer, EndOfSequenceStopsUnlessIgnored) {
 
 TEST(GatewayDocuments, ShapesOfResponsesChunksUsageAndErrors) {
   Usage u{10, 4, 8};
-  const json whole = completion_document(true, "chatcmpl-1", 7, "m", "hey", "length", u);
+  const json whole = completion_document(true, "chatcmpl-1", 7, "m", {{"hey", "length", nullptr}}, u);
   EXPECT_EQ(whole["object"], "chat.completion");
   EXPECT_EQ(whole["choices"][0]["message"]["content"], "hey");
   EXPECT_EQ(whole["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(whole["usage"]["total_tokens"], 14);
   EXPECT_EQ(whole["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
-  const json text = completion_document(false, "cmpl-1", 7, "m", "hey", "stop", u);
+  const json text =
+      completion_document(false, "cmpl-1", 7, "m", {{"hey", "stop", nullptr}, {"ho", "length", nullptr}}, u);
+  EXPECT_EQ(text["choices"].size(), 2u);
+  EXPECT_EQ(text["choices"][1]["index"], 1);
+  EXPECT_EQ(text["choices"][1]["text"], "ho");
   EXPECT_EQ(text["object"], "text_completion");
   EXPECT_EQ(text["choices"][0]["text"], "hey");
   const json first = chunk_document(true, "c", 7, "m", "", "", true);

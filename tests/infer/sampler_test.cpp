@@ -58,7 +58,8 @@ TEST(Sampler, TheSameSeedAndIndexGiveTheSameTokenAndTheDrawFollowsTheDistributio
   // Another seed gives another sequence.
   int differ = 0;
   for (int i = 0; i < 64; ++i) {
-    differ += sample_token(l, sampling(1.0, 42), i, nullptr).token != sample_token(l, sampling(1.0, 43), i, nullptr).token;
+    differ +=
+        sample_token(l, sampling(1.0, 42), i, nullptr).token != sample_token(l, sampling(1.0, 43), i, nullptr).token;
   }
   EXPECT_GT(differ, 10);
 }
@@ -86,8 +87,8 @@ TEST(Sampler, PenaltiesLowerTheTokensAlreadyGenerated) {
   proto::SamplingParams p = sampling(0);
   p.presence_penalty = 2.0;
   TokenCounts counts = {{0, 1}};
-  EXPECT_EQ(sample_token(l, p, 1, nullptr).token, 0u);   // no counts: no penalty
-  EXPECT_EQ(sample_token(l, p, 1, &counts).token, 1u);   // 1 - 2 < 0: the next best (lowest id of the ties)
+  EXPECT_EQ(sample_token(l, p, 1, nullptr).token, 0u);  // no counts: no penalty
+  EXPECT_EQ(sample_token(l, p, 1, &counts).token, 1u);  // 1 - 2 < 0: the next best (lowest id of the ties)
   p.presence_penalty = 0;
   p.frequency_penalty = 0.4;
   counts[0] = 2;  // 1 - 0.8 > 0

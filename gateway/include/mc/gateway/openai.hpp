@@ -2,15 +2,18 @@
 // POST /v1/chat/completions parsed and checked into one GenerationRequest, the response and stream-chunk
 // documents, and the error document. Pure functions over nlohmann::json: no I/O, no clock (times are passed in).
 //
-// What is accepted. Both: model, max_tokens (chat also max_completion_tokens), stream, stream_options
-// ({include_usage}), stop (a string or up to 4 strings), ignore_eos, user, seed (greedy decoding is
-// deterministic anyway), and the extension object "mc": {slo_ttft_ms, slo_tbt_ms, salt} (SLOs in ms, > 0;
-// salt: the request's key namespace salt, DESIGN.md §4.1). Completions: prompt as a string, a token-id array,
-// or a one-element array of either. Chat: messages [{role: system|user|assistant, content: a string or an array
-// of {type: "text", text}}]. Sampling options are accepted only at the values greedy decoding gives
-// (temperature 0, top_p 1, n 1, best_of 1, presence/frequency penalty 0, logprobs false/null, echo false,
-// response_format {type: text}); anything else, and every unknown field, is a 400 naming the field: never
-// silently ignored.
+// What is accepted (everything else, and every unknown field, is a 400 naming the field: never silently ignored).
+// Both: model, max_tokens (chat also max_completion_tokens), stream, stream_options ({include_usage}), stop (a string
+// or up to 4 strings), ignore_eos, user, n (1-16 choices, each its own cluster request), seed, the sampling
+// parameters temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty (proto::SamplingParams: their
+// bounds), and the extension object "mc": {slo_ttft_ms, slo_tbt_ms, salt} (SLOs in ms, > 0; salt: the request's key
+// namespace salt, DESIGN.md §4.1). Completions: prompt as a string, a token-id array, or a one-element array of
+// either; logprobs (0-20), echo (not with logprobs: mc computes no prompt logprobs), best_of (only equal to n).
+// Chat: messages [{role: system|developer|user|assistant, content: a string or an array of {type: "text", text}}],
+// logprobs (a boolean) and top_logprobs (0-20), response_format {type: text}. Refused by name: tools, tool_choice,
+// functions, image and audio parts, logit_bias, suffix, response_format json. temperature 0 is greedy decoding
+// (then top_p, top_k and min_p change nothing); with temperature > 0 and no seed each choice gets a random seed; with
+// a seed, choice i uses seed + i, so the same seed gives the same text.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/gateway/tokenizer.hpp"
+#include "mc/proto/worker.hpp"
 
 namespace mc::gateway {
 
@@ -60,6 +64,12 @@ struct GenerationRequest {
   bool chat = false;
   std::string model;  // as the client named it (the base model or an adapter)
   std::vector<uint32_t> prompt_tokens;
+  proto::SamplingParams sampling;  // seed: as given (seed_given) or 0; the gateway draws one per choice otherwise
+  bool seed_given = false;
+  int64_t n = 1;          // choices
+  bool logprobs = false;  // report each token's logprob (sampling.logprobs = the alternatives asked for)
+  bool echo = false;      // completions: the prompt's text before the answer
+  std::string echo_text;  // with echo: that text (the prompt string as sent, or its ids decoded)
   int64_t max_tokens = 16;
   bool ignore_eos = false;
   std::vector<std::string> stop;
@@ -90,12 +100,19 @@ struct Usage {
 nlohmann::json usage_document(const Usage& u);
 
 // The whole (non-streamed) response. `id` e.g. "cmpl-…", created in Unix seconds.
+// One choice of a response: its text, why it ended, and its logprobs document (null: not asked).
+struct ChoiceResult {
+  std::string text;
+  std::string finish_reason;
+  nlohmann::json logprobs;
+};
 nlohmann::json completion_document(bool chat, const std::string& id, int64_t created_s, const std::string& model,
-                                   const std::string& text, const std::string& finish_reason, const Usage& usage);
+                                   const std::vector<ChoiceResult>& choices, const Usage& usage);
 // One streamed chunk: text delta (chat: delta.content; the first chat chunk also carries role), finish_reason
 // (null when empty).
 nlohmann::json chunk_document(bool chat, const std::string& id, int64_t created_s, const std::string& model,
-                              const std::string& text, const std::string& finish_reason, bool first);
+                              const std::string& text, const std::string& finish_reason, bool first, int64_t index = 0,
+                              const nlohmann::json& logprobs = nullptr);
 // The usage-only chunk of stream_options.include_usage (choices empty).
 nlohmann::json usage_chunk_document(bool chat, const std::string& id, int64_t created_s, const std::string& model,
                                     const Usage& usage);
@@ -126,6 +143,29 @@ class AnswerBuilder {
   size_t max_stop_ = 0;
   std::string finish_reason_;
   int64_t completion_tokens_ = 0;
+};
+
+// The logprobs of one choice, in the shape its endpoint answers: chat {"content": [{token, logprob, bytes,
+// top_logprobs: [{token, logprob, bytes}]}]}; completions {tokens, token_logprobs, top_logprobs: [{token: logprob}],
+// text_offset}. A token's text is the tokenizer's decoding of that id alone (a piece of a multi-byte character
+// decodes to U+FFFD; `bytes` are those of that text).
+class LogprobsBuilder {
+ public:
+  LogprobsBuilder(const Tokenizer& tokenizer, bool chat) : tokenizer_(tokenizer), chat_(chat) {}
+  // One token's entry (proto::TokenEvent::logprobs: the token's, then the alternatives). Empty: the backend had no
+  // distribution (sim): the token is listed with logprob 0.
+  void add(uint32_t token, const std::vector<proto::TokenLogprob>& entry);
+  // The whole document, or the entries added since the last take() (a stream's chunk); null when none.
+  nlohmann::json document() const;
+  nlohmann::json take();
+
+ private:
+  nlohmann::json make(size_t from) const;
+  const Tokenizer& tokenizer_;
+  bool chat_;
+  nlohmann::json entries_ = nlohmann::json::array();  // chat: content entries; completions: {token, lp, top, offset}
+  size_t taken_ = 0;
+  int64_t text_offset_ = 0;
 };
 
 // Finds the first stop string in `text` at or after byte `from`; the position or npos.
