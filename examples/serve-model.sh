@@ -27,11 +27,11 @@
 # every request at once (HTTP 429 slo_unattainable). So the Conductor and the gateway get MC_SLO_TTFT_MS=600000 and
 # MC_SLO_TBT_MS=60000 unless those are set (a request's own "mc": {"slo_ttft_ms", "slo_tbt_ms"} still wins).
 #
-# The gateway's tokenizer is byte-level (docs/DESIGN.md §15): a text prompt becomes its UTF-8 bytes as token ids
-# and output ids below 256 are shown as bytes, any other id as one printable character. That is the whole
-# vocabulary of a checkpoint with --vocab 256 from `mc-model init`; for a real model send the prompt as token ids
-# its own tokenizer made ("prompt": [128000, 791, 6864, ...]) and read the answer's token ids with
-# `mc-model run DIR --prompt-ids ...` (the same engine): the answer's text is not the model's text.
+# Text (docs/DESIGN.md §15): with a tokenizer.json in DIR the gateway tokenizes prompts and detokenizes answers with
+# it, and renders chat requests with DIR's chat template (chat_template.jinja, or tokenizer_config.json's), exactly
+# as the model was trained; examples/toy-chat-model.sh writes such a directory. Without tokenizer.json the gateway is
+# byte-level (a prompt's UTF-8 bytes are its ids, right only for a --vocab 256 checkpoint of `mc-model init`), and a
+# chat request gets mc's own template.
 #
 # Exit status: CMD's; 2 for a usage error (no DIR, DIR without config.json); else local-cluster.sh's.
 set -euo pipefail

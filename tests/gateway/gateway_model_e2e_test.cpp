@@ -1,9 +1,9 @@
 // mc-gateway serving a Hugging Face model directory with a real tokenizer and chat template (issue 50), through a
 // whole cluster (examples/local-cluster.sh --backend ref --gateway):
-//   * the directory: `mc-model init` weights (Llama, 4 layers of 256: a prefill dear enough on this CPU that fetching
-//     a cached prefix beats recomputing it, as with real models), the byte-level BPE tokenizer.json that
-//     tests/text/make_tokenizers.py trains on this repository's text (Llama 3's split regex and special tokens), and a
-//     tokenizer_config.json holding Llama 3.2's real chat template (tests/text/templates/);
+//   * the directory examples/toy-chat-model.sh writes: `mc-model init` weights (Llama, 4 layers of 256: a prefill
+//     dear enough on this CPU that fetching a cached prefix beats recomputing it, as with real models), the byte-level
+//     BPE tokenizer.json that tests/text/make_tokenizers.py trains on this repository's text (Llama 3's split regex
+//     and special tokens), and a tokenizer_config.json holding Llama 3.2's real chat template (tests/text/templates/);
 //   * /tokenize and /detokenize against the tokenizer the gateway loaded (a round trip of emoji, CJK and combining
 //     marks), the chat prompt /tokenize renders equal to a chat completion's prompt_tokens;
 //   * a streamed chat completion read with curl (the README's example): valid UTF-8 chunks, finish_reason length;
@@ -41,34 +41,20 @@ class GatewayModelE2E : public testkit::LocalClusterFixture {
  protected:
   GatewayModelE2E() : LocalClusterFixture("gateway_model_e2e") {}
 
-  // The model directory: weights, tokenizer.json, tokenizer_config.json with Llama 3.2's template.
+  // The model directory (examples/toy-chat-model.sh, as the README runs it): weights, tokenizer.json,
+  // tokenizer_config.json with Llama 3.2's template.
   void make_model() {
     if (::access(kModelTool.c_str(), X_OK) != 0) GTEST_SKIP() << kModelTool << " is not built";
     if (testkit::run({"/usr/bin/python3", "--version"}, 10'000).exit_code != 0) {
       GTEST_SKIP() << "/usr/bin/python3 is missing: it trains the test's tokenizer (tools/install-deps.sh installs it)";
     }
-    const testkit::RunResult made =
-        testkit::run({"/usr/bin/python3", MC_SOURCE_DIR "/tests/text/make_tokenizers.py", s_.path("tok")}, 240'000);
-    ASSERT_EQ(made.exit_code, 0) << "make_tokenizers.py: " << made.out;
-    const std::string tokenizer = s_.path("tok/bytelevel/tokenizer.json");
-    const json tj = json::parse(testkit::slurp(tokenizer), nullptr, false);
-    ASSERT_TRUE(tj.is_object()) << tokenizer;
-    int64_t vocab = 0;
-    for (const auto& [token, id] : tj["model"]["vocab"].items())
-      vocab = std::max<int64_t>(vocab, id.get<int64_t>() + 1);
-    for (const json& added : tj["added_tokens"]) vocab = std::max<int64_t>(vocab, added["id"].get<int64_t>() + 1);
     dir_ = s_.path("model");
-    const testkit::RunResult init =
-        testkit::run({kModelTool, "init", dir_, "--arch", "LlamaForCausalLM", "--layers", "4", "--hidden", "256",
-                      "--vocab", std::to_string(vocab), "--dtype", "bf16", "--seed", "3"},
-                     60'000);
-    ASSERT_EQ(init.exit_code, 0) << "mc-model init: " << init.out;
-    std::filesystem::copy_file(tokenizer, dir_ + "/tokenizer.json");
-    const std::string tmpl =
-        testkit::slurp(MC_SOURCE_DIR "/tests/text/templates/meta-llama-Llama-3.2-3B-Instruct.jinja");
-    ASSERT_FALSE(tmpl.empty());
-    std::ofstream(dir_ + "/tokenizer_config.json")
-        << json{{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}, {"chat_template", tmpl}}.dump(2);
+    const testkit::RunResult made =
+        testkit::run({MC_SOURCE_DIR "/examples/toy-chat-model.sh", dir_, "--bin", MC_BINARY_DIR "/bin"}, 240'000);
+    ASSERT_EQ(made.exit_code, 0) << "toy-chat-model.sh: " << made.out;
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"}) {
+      ASSERT_TRUE(std::filesystem::exists(dir_ + "/" + f)) << f;
+    }
   }
 
   void start() {
