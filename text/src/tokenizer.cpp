@@ -354,6 +354,52 @@ namespace tok {
 
 // ---------------------------------------------------------------------------------------------------- loading
 
+// A first pass over the file that builds nothing: refuses, before the document is built, an array or object of
+// more than kMaxVocab entries or nesting deeper than 64 (so a hostile file cannot make the parse hold much more
+// than the file itself).
+class ShapeGuard : public nlohmann::json_sax<json> {
+ public:
+  std::string problem;
+  bool null() override { return count(); }
+  bool boolean(bool) override { return count(); }
+  bool number_integer(number_integer_t) override { return count(); }
+  bool number_unsigned(number_unsigned_t) override { return count(); }
+  bool number_float(number_float_t, const string_t&) override { return count(); }
+  bool string(string_t&) override { return count(); }
+  bool binary(binary_t&) override { return count(); }
+  bool key(string_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(); }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception&) override {
+    if (problem.empty()) problem = "not valid JSON (at byte " + std::to_string(pos) + ")";
+    return false;
+  }
+
+ private:
+  bool count() {
+    if (counts_.empty() || ++counts_.back() <= kMaxVocab) return true;
+    problem = "an array or object of more than " + std::to_string(kMaxVocab) + " entries (at most " +
+              std::to_string(kMaxVocab) + " vocabulary entries or merges)";
+    return false;
+  }
+  bool open() {
+    if (!count()) return false;
+    if (counts_.size() >= 64) {
+      problem = "JSON nested more than 64 deep";
+      return false;
+    }
+    counts_.push_back(0);
+    return true;
+  }
+  bool close() {
+    counts_.pop_back();
+    return true;
+  }
+  std::vector<size_t> counts_;
+};
+
 class Loader {
  public:
   explicit Loader(std::string source) : src_(std::move(source)) {}
@@ -801,6 +847,11 @@ class Loader {
   Result<std::shared_ptr<TokenizerImpl>> load(std::string_view text) const {
     if (text.size() > kMaxFileBytes)
       return fail(Code::kInvalidArgument, "file", std::to_string(text.size()) + " bytes (at most 256 MiB)");
+    ShapeGuard guard;
+    if (!json::sax_parse(text.begin(), text.end(), &guard, nlohmann::detail::input_format_t::json, /*strict=*/true))
+      return error(Code::kInvalidArgument, src_ + ": " +
+                                               (guard.problem.empty() ? std::string("not valid JSON") : guard.problem) +
+                                               " (is this a Hugging Face tokenizer.json?)");
     json root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
     if (root.is_discarded())
       return error(Code::kInvalidArgument, src_ + ": not valid JSON (is this a Hugging Face tokenizer.json?)");
