@@ -889,143 +889,140 @@ class Loader {
 
 // -------------------------------------------------------------------------------------------- pre-tokenizing
 
-struct Piece {
-  std::string text;
-  bool first;  // starts the whole input (Metaspace's prepend_scheme "first")
-};
-
-// Splits `s` by the match ranges of `p` according to `behavior` (and `invert`) into out.
-void split_by(const Pattern& p, Behavior behavior, bool invert, const Piece& piece, std::vector<Piece>& out) {
-  const std::string& s = piece.text;
+// Splits `s` by the matches of `p` according to `behavior` (and `invert`), calling emit(begin, end) for each
+// non-empty piece in order. Streams: one range of lookahead, nothing materialized.
+template <typename Emit>
+void split_by(const Pattern& p, Behavior behavior, bool invert, std::string_view s, Emit&& emit) {
   struct Range {
     size_t b, e;
     bool match;
   };
-  std::vector<Range> rs;
+  Range pending{0, 0, false};
+  bool has = false;
+  const auto out = [&](const Range& r) {
+    if (r.e > r.b) emit(r.b, r.e);
+  };
+  const auto feed = [&](Range r) {
+    if (r.e <= r.b) return;
+    if (invert) r.match = !r.match;
+    switch (behavior) {
+      case Behavior::kRemoved:
+        if (!r.match) out(r);
+        return;
+      case Behavior::kIsolated:
+        out(r);
+        return;
+      case Behavior::kMergedWithPrevious:
+        if (r.match && has && !pending.match) {
+          pending.e = r.e;
+          pending.match = true;
+          return;
+        }
+        break;
+      case Behavior::kMergedWithNext:
+        if (has && pending.match) {
+          pending.e = r.e;
+          pending.match = r.match;
+          return;
+        }
+        break;
+      case Behavior::kContiguous:
+        if (r.match && has && pending.match) {
+          pending.e = r.e;
+          return;
+        }
+        break;
+    }
+    if (has) out(pending);
+    pending = r;
+    has = true;
+  };
   size_t last = 0;
   p.for_each(s, [&](size_t b, size_t e) {
-    if (b > last) rs.push_back({last, b, false});
-    rs.push_back({b, e, true});
+    feed({last, b, false});
+    feed({b, e, true});
     last = e;
   });
-  if (last < s.size()) rs.push_back({last, s.size(), false});
-  if (invert)
-    for (auto& r : rs) r.match = !r.match;
-  std::vector<Range> merged;
-  switch (behavior) {
-    case Behavior::kRemoved:
-      for (const auto& r : rs)
-        if (!r.match) merged.push_back(r);
-      break;
-    case Behavior::kIsolated:
-      merged = rs;
-      break;
-    case Behavior::kMergedWithPrevious:
-      for (const auto& r : rs) {
-        if (r.match && !merged.empty() && !merged.back().match) {
-          merged.back().e = r.e;
-          merged.back().match = true;
-        } else {
-          merged.push_back(r);
-        }
-      }
-      break;
-    case Behavior::kMergedWithNext: {
-      bool pending = false;
-      for (const auto& r : rs) {
-        if (pending) {
-          merged.back().e = r.e;
-          pending = r.match;
-        } else {
-          merged.push_back(r);
-          pending = r.match;
-        }
-      }
-      break;
-    }
-    case Behavior::kContiguous:
-      for (const auto& r : rs) {
-        if (r.match && !merged.empty() && merged.back().match)
-          merged.back().e = r.e;
-        else
-          merged.push_back(r);
-      }
-      break;
-  }
-  for (const auto& r : merged)
-    if (r.e > r.b) out.push_back({s.substr(r.b, r.e - r.b), piece.first && r.b == 0});
+  feed({last, s.size(), false});
+  if (has) out(pending);
 }
 
-void apply_pre_tokenizer(const PreTokenizer& p, std::vector<Piece>& pieces) {
-  std::vector<Piece> out;
-  out.reserve(pieces.size());
+// Runs pre-tokenizers k.. over `text`, calling word(piece) for each final piece (the BPE model's words).
+template <typename Word>
+void pre_tokenize(const std::vector<PreTokenizer>& steps, size_t k, std::string_view text, bool first, Word& word) {
+  if (text.empty()) return;
+  if (k == steps.size()) {
+    word(text);
+    return;
+  }
+  const PreTokenizer& p = steps[k];
+  const auto next = [&](std::string_view piece, bool f) { pre_tokenize(steps, k + 1, piece, f, word); };
   switch (p.kind) {
     case PreTokenizer::kSplit:
-      for (const auto& piece : pieces) split_by(p.pattern, p.behavior, p.invert, piece, out);
-      break;
+      split_by(p.pattern, p.behavior, p.invert, text,
+               [&](size_t b, size_t e) { next(text.substr(b, e - b), first && b == 0); });
+      return;
     case PreTokenizer::kByteLevel: {
       const ByteAlphabet& alpha = byte_alphabet();
-      std::vector<Piece> split;
-      for (auto& piece : pieces) {
-        if (p.add_prefix_space && !piece.text.empty() && piece.text[0] != ' ') piece.text.insert(0, " ");
-        if (p.use_regex)
-          split_by(p.pattern, Behavior::kIsolated, false, piece, split);
-        else
-          split.push_back(std::move(piece));
+      std::string prefixed;
+      std::string_view t = text;
+      if (p.add_prefix_space && t[0] != ' ') {
+        prefixed = " ";
+        prefixed += t;
+        t = prefixed;
       }
-      for (auto& piece : split) {
-        std::string mapped;
-        mapped.reserve(piece.text.size() * 2);
-        for (char c : piece.text) mapped += alpha.to_char[static_cast<uint8_t>(c)];
-        out.push_back({std::move(mapped), piece.first});
-      }
-      break;
+      std::string mapped;
+      const auto map_piece = [&](std::string_view piece, bool f) {
+        mapped.clear();
+        for (char c : piece) mapped += alpha.to_char[static_cast<uint8_t>(c)];
+        next(mapped, f);
+      };
+      if (p.use_regex)
+        split_by(p.pattern, Behavior::kIsolated, false, t,
+                 [&](size_t b, size_t e) { map_piece(t.substr(b, e - b), first && b == 0); });
+      else
+        map_piece(t, first);
+      return;
     }
-    case PreTokenizer::kMetaspace:
-      for (auto& piece : pieces) {
-        std::string t;
-        t.reserve(piece.text.size() + 4);
-        for (char c : piece.text) {
-          if (c == ' ')
-            t += p.replacement;
-          else
-            t.push_back(c);
-        }
-        const bool prepend = p.prepend == PreTokenizer::kAlways || (p.prepend == PreTokenizer::kFirst && piece.first);
-        if (prepend && t.compare(0, p.replacement.size(), p.replacement) != 0) t.insert(0, p.replacement);
-        if (!p.split) {
-          out.push_back({std::move(t), piece.first});
-          continue;
-        }
-        size_t start = 0;
-        for (size_t pos = t.find(p.replacement, 1); pos != std::string::npos; pos = t.find(p.replacement, pos + 1)) {
-          if (pos > start) out.push_back({t.substr(start, pos - start), piece.first && start == 0});
-          start = pos;
-        }
-        if (start < t.size()) out.push_back({t.substr(start), piece.first && start == 0});
+    case PreTokenizer::kMetaspace: {
+      std::string t;
+      t.reserve(text.size() + 8);
+      for (char c : text) {
+        if (c == ' ')
+          t += p.replacement;
+        else
+          t.push_back(c);
       }
-      break;
+      const bool prepend = p.prepend == PreTokenizer::kAlways || (p.prepend == PreTokenizer::kFirst && first);
+      if (prepend && t.compare(0, p.replacement.size(), p.replacement) != 0) t.insert(0, p.replacement);
+      if (!p.split) {
+        next(t, first);
+        return;
+      }
+      const std::string_view tv = t;
+      size_t start = 0;
+      for (size_t pos = tv.find(p.replacement, 1); pos != std::string_view::npos;
+           pos = tv.find(p.replacement, pos + 1)) {
+        if (pos > start) next(tv.substr(start, pos - start), first && start == 0);
+        start = pos;
+      }
+      if (start < tv.size()) next(tv.substr(start), first && start == 0);
+      return;
+    }
     case PreTokenizer::kDigits:
-      for (const auto& piece : pieces) {
-        const std::string& s = piece.text;
-        size_t start = 0;
-        for (size_t i = 0; i < s.size();) {
-          const bool digit = s[i] >= '0' && s[i] <= '9';
-          size_t j = i + 1;
-          if (digit && !p.individual_digits)
-            while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
-          if (!digit) {
-            while (j < s.size() && !(s[j] >= '0' && s[j] <= '9')) ++j;
-          }
-          if (j > i) out.push_back({s.substr(i, j - i), piece.first && i == 0});
-          i = j;
-          start = j;
-        }
-        (void)start;
+      for (size_t i = 0; i < text.size();) {
+        const auto digit = [&](size_t j) { return text[j] >= '0' && text[j] <= '9'; };
+        const bool d = digit(i);
+        size_t j = i + 1;
+        if (d && !p.individual_digits)
+          while (j < text.size() && digit(j)) ++j;
+        if (!d)
+          while (j < text.size() && !digit(j)) ++j;
+        next(text.substr(i, j - i), first && i == 0);
+        i = j;
       }
-      break;
+      return;
   }
-  pieces = std::move(out);
 }
 
 std::string apply_normalizer(const Normalizer& n, std::string s) {
@@ -1181,10 +1178,8 @@ void TokenizerImpl::encode_segment(std::string_view seg, bool at_start, std::vec
   std::string s(seg);
   for (const auto& n : normalizers) s = tok::apply_normalizer(n, std::move(s));
   if (s.empty()) return;
-  std::vector<tok::Piece> pieces;
-  pieces.push_back({std::move(s), at_start});
-  for (const auto& p : pre_tokenizers) apply_pre_tokenizer(p, pieces);
-  for (const auto& p : pieces) bpe.encode_word(p.text, out);
+  auto word = [&](std::string_view w) { bpe.encode_word(w, out); };
+  tok::pre_tokenize(pre_tokenizers, 0, s, at_start, word);
 }
 
 void TokenizerImpl::encode(std::string_view raw, bool add_special, bool parse_special,
