@@ -344,6 +344,7 @@ struct TokenizerImpl {
   std::unordered_map<std::string, uint32_t, tok::SvHash, std::equal_to<>> added_ids;
   int64_t vocab_size = 0;
   std::optional<uint32_t> bos;
+  bool split_before_metaspace = false;  // see encode_segment
 
   void encode(std::string_view text, bool add_special, bool parse_special, std::vector<uint32_t>& out) const;
   void encode_segment(std::string_view seg, bool at_start, std::vector<uint32_t>& out) const;
@@ -873,6 +874,14 @@ class Loader {
     if (Status s = decoder(field("decoder"), "decoder", 0, &t->decoders); !s) return s;
     if (Status s = post_processor(field("post_processor"), "post_processor", 0, t.get()); !s) return s;
     t->vocab_size = static_cast<int64_t>(t->token_of.size());
+    if (t->pre_tokenizers.empty() && t->bpe.vocab.count(std::string_view("\xE2\x96\x81")) != 0) {
+      t->split_before_metaspace = std::none_of(t->bpe.vocab.begin(), t->bpe.vocab.end(), [](const auto& e) {
+        const std::string& k = e.first;
+        for (size_t p = k.find("\xE2\x96\x81", 1); p != std::string::npos; p = k.find("\xE2\x96\x81", p + 3))
+          if (p < 3 || k.compare(p - 3, 3, "\xE2\x96\x81") != 0) return true;  // a character, then U+2581
+        return false;
+      });
+    }
     if (!t->bos) {
       for (const char* name : {"<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"})
         if (auto it = t->added_ids.find(std::string_view(name)); it != t->added_ids.end()) {
@@ -1179,7 +1188,22 @@ void TokenizerImpl::encode_segment(std::string_view seg, bool at_start, std::vec
   for (const auto& n : normalizers) s = tok::apply_normalizer(n, std::move(s));
   if (s.empty()) return;
   auto word = [&](std::string_view w) { bpe.encode_word(w, out); };
-  tok::pre_tokenize(pre_tokenizers, 0, s, at_start, word);
+  if (!pre_tokenizers.empty() || !split_before_metaspace) {
+    tok::pre_tokenize(pre_tokenizers, 0, s, at_start, word);
+    return;
+  }
+  // No pre-tokenizer (Llama 2 style): the segment is one word. No token holds a character followed by U+2581, so
+  // no merge crosses such a point: encoding the pieces cut before each U+2581 that follows another character gives
+  // the same ids, in O(piece) each and through the word cache.
+  static constexpr std::string_view kMeta = "\xE2\x96\x81";
+  const std::string_view v = s;
+  size_t start = 0;
+  for (size_t pos = v.find(kMeta, 1); pos != std::string_view::npos; pos = v.find(kMeta, pos + kMeta.size())) {
+    if (pos >= kMeta.size() && v.compare(pos - kMeta.size(), kMeta.size(), kMeta) == 0) continue;
+    word(v.substr(start, pos - start));
+    start = pos;
+  }
+  word(v.substr(start));
 }
 
 void TokenizerImpl::encode(std::string_view raw, bool add_special, bool parse_special,
