@@ -363,6 +363,32 @@ TEST_F(TokenizerRef, StreamHoldsGraphemes) {
   EXPECT_EQ(shown, "\xF0\x9F\xA4\x96 ok");
 }
 
+// Arbitrary ids (what a model may generate: partial characters, invalid byte runs, specials anywhere): the
+// stream never crashes, shows only UTF-8 and equals decode exactly (ByteFallback's runs are held until closed).
+TEST_F(TokenizerRef, StreamArbitraryIds) {
+  std::mt19937 rng(3);
+  for (const char* name : {"bytelevel", "sp"}) {
+    auto tok = Tokenizer::load(path(name));
+    ASSERT_TRUE(tok.is_ok());
+    const auto n = static_cast<uint32_t>(tok->vocab_size());
+    for (int round = 0; round < 200; ++round) {
+      std::vector<uint32_t> ids;
+      const int len = static_cast<int>(rng() % 120);
+      for (int i = 0; i < len; ++i) ids.push_back(rng() % 4 == 0 ? rng() % 260 : rng() % (n + 5));  // bytes often
+      DecodeStream ds(*tok, round % 2 == 0);
+      std::string all;
+      for (uint32_t id : ids) {
+        const std::string chunk = ds.feed(id);
+        EXPECT_TRUE(valid_utf8(chunk)) << name;
+        all += chunk;
+      }
+      all += ds.finish();
+      EXPECT_TRUE(valid_utf8(all)) << name;
+      EXPECT_EQ(all, tok->decode(ids, round % 2 == 0)) << name << " round " << round;
+    }
+  }
+}
+
 TEST_F(TokenizerRef, SharedAcrossThreads) {
   auto tok = Tokenizer::load(path("bytelevel"));
   ASSERT_TRUE(tok.is_ok());

@@ -86,8 +86,11 @@ class Tokenizer {
 // One answer's ids -> text as they arrive. feed() returns text safe to show now: valid UTF-8, never taken back,
 // never splitting a grapheme cluster that a later token could extend (so the last cluster is held until the next
 // token shows it complete, or until finish(); a line break releases everything). finish() returns the rest.
-// The concatenation of all feed() and finish() outputs equals tokenizer.decode(all ids) for every id sequence
-// whose byte tokens form valid UTF-8 (every sequence encode produces, and what models generate in practice).
+// The concatenation of all feed() and finish() outputs equals tokenizer.decode(all ids): tested on every encoded
+// case and on random id sequences (partial characters, invalid byte runs, specials anywhere). With a ByteFallback
+// decoder, text from a run of byte tokens (<0xXX>) is held until a token of another kind closes the run (the
+// decoder turns a whole run that is not UTF-8 into U+FFFDs). Should a decoder ever rewrite text already shown, the
+// stream goes on from the next character boundary: its chunks are always valid UTF-8.
 // Cost: each feed decodes a window of the last ~8-24 ids, so O(1) amortized per id whatever the answer's length.
 // Holdback limits (a simplified UAX #29): extenders are general category M, ZWJ, variation selectors, emoji
 // skin-tone modifiers, tag characters and Hangul medial/final jamo; regional indicators pair up; a cluster longer
