@@ -389,6 +389,41 @@ TEST_F(TokenizerRef, StreamArbitraryIds) {
   }
 }
 
+// Decoders on arbitrary ids (stray bytes, specials, unknown ids) agree with the reference.
+TEST_F(TokenizerRef, DecodeArbitraryIdsMatchesReference) {
+  for (const char* name : {"bytelevel", "gpt2", "sp"}) {
+    auto tok = Tokenizer::load(path(name));
+    ASSERT_TRUE(tok.is_ok());
+    std::mt19937 rng(5);
+    const auto n = static_cast<uint32_t>(tok->vocab_size());
+    std::vector<std::pair<std::vector<uint32_t>, bool>> seqs;
+    for (int round = 0; round < 100; ++round) {
+      std::vector<uint32_t> ids;
+      const int len = static_cast<int>(rng() % 40);
+      for (int i = 0; i < len; ++i) ids.push_back(rng() % 3 == 0 ? rng() % 260 : rng() % (n + 5));
+      seqs.emplace_back(ids, round % 2 == 1);
+    }
+    const std::string in = dir_ + "/" + name + "_decode.jsonl";
+    {
+      std::ofstream f(in);
+      for (const auto& [ids, skip] : seqs)
+        f << nlohmann::json{{"decode_ids", ids}, {"skip_special", skip}}.dump() << "\n";
+    }
+    auto r = mc::testkit::shell(kPython + " " + test_dir() + "/ref_tokenizer.py " + path(name) + " " + in);
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::istringstream is(r.out);
+    std::string line;
+    size_t k = 0;
+    while (std::getline(is, line) && k < seqs.size()) {
+      const auto j = nlohmann::json::parse(line);
+      EXPECT_EQ(tok->decode(seqs[k].first, seqs[k].second), from_hex(j["decoded_hex"].get<std::string>()))
+          << name << " sequence " << k;
+      ++k;
+    }
+    EXPECT_EQ(k, seqs.size()) << name;
+  }
+}
+
 TEST_F(TokenizerRef, SharedAcrossThreads) {
   auto tok = Tokenizer::load(path("bytelevel"));
   ASSERT_TRUE(tok.is_ok());

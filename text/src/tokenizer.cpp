@@ -345,13 +345,6 @@ struct TokenizerImpl {
   int64_t vocab_size = 0;
   std::optional<uint32_t> bos;
   bool split_before_metaspace = false;  // see encode_segment
-  bool byte_fallback_decoder = false;   // a ByteFallback decoder (DecodeStream holds open byte-token runs)
-
-  bool is_byte_token(uint32_t id) const {
-    if (id >= token_of.size() || !has_token[id]) return false;
-    const std::string& t = token_of[id];
-    return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>';
-  }
 
   void encode(std::string_view text, bool add_special, bool parse_special, std::vector<uint32_t>& out) const;
   void encode_segment(std::string_view seg, bool at_start, std::vector<uint32_t>& out) const;
@@ -881,8 +874,6 @@ class Loader {
     if (Status s = decoder(field("decoder"), "decoder", 0, &t->decoders); !s) return s;
     if (Status s = post_processor(field("post_processor"), "post_processor", 0, t.get()); !s) return s;
     t->vocab_size = static_cast<int64_t>(t->token_of.size());
-    t->byte_fallback_decoder = std::any_of(t->decoders.begin(), t->decoders.end(),
-                                           [](const Decoder& d) { return d.kind == Decoder::kByteFallback; });
     if (t->pre_tokenizers.empty() && t->bpe.vocab.count(std::string_view("\xE2\x96\x81")) != 0) {
       t->split_before_metaspace = std::none_of(t->bpe.vocab.begin(), t->bpe.vocab.end(), [](const auto& e) {
         const std::string& k = e.first;
@@ -1139,16 +1130,24 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
     case Decoder::kByteFallback: {
       std::vector<std::string> out;
       std::string bytes;
-      size_t nbytes = 0;
       const auto flush = [&] {
-        if (nbytes == 0) return;
-        if (unicode::is_valid_utf8(bytes)) {
-          out.push_back(bytes);
-        } else {
-          for (size_t i = 0; i < nbytes; ++i) out.emplace_back("\xEF\xBF\xBD");
+        if (bytes.empty()) return;
+        // Valid characters are kept and each byte that is not part of one becomes U+FFFD (as SentencePiece does;
+        // Hugging Face turns the whole run into U+FFFDs when any of it is ill-formed). So text already decoded
+        // never changes when more bytes come, which DecodeStream relies on.
+        std::string text;
+        for (size_t i = 0; i < bytes.size();) {
+          const size_t len = unicode::utf8_sequence(bytes, i, nullptr);
+          if (len > 0) {
+            text.append(bytes, i, len);
+            i += len;
+          } else {
+            text += "\xEF\xBF\xBD";
+            ++i;
+          }
         }
+        out.push_back(std::move(text));
         bytes.clear();
-        nbytes = 0;
       };
       for (auto& t : toks) {
         const auto hex = [](char c) -> int {
@@ -1159,7 +1158,6 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
         };
         if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex(t[3]) >= 0 && hex(t[4]) >= 0) {
           bytes.push_back(static_cast<char>(hex(t[3]) * 16 + hex(t[4])));
-          ++nbytes;
         } else {
           flush();
           out.push_back(std::move(t));
@@ -1351,21 +1349,6 @@ std::string DecodeStream::emit_ready(bool final) {
   // byte tokens that are not UTF-8) cannot be taken back, so the stream goes on from the same offset.
   size_t end = text.size();
   if (!final) {
-    // ByteFallback decodes a run of byte tokens as a whole (all U+FFFD when the run is not UTF-8), so text from a
-    // run that a next byte token may still join is held until a token of another kind ends the run.
-    if (impl_->byte_fallback_decoder) {
-      // Ids that decode drops (unknown, or special when skipped) do not end a run.
-      const auto dropped = [&](uint32_t id) {
-        return id >= impl_->token_of.size() || !impl_->has_token[id] || (skip_special_ && impl_->special[id]);
-      };
-      size_t k = ids_.size();
-      bool run = false;
-      while (k > 0 && (impl_->is_byte_token(ids_[k - 1]) || dropped(ids_[k - 1]))) run |= !dropped(ids_[--k]);
-      if (run) {
-        const std::string before = impl_->decode(std::span<const uint32_t>(ids_.data(), k), skip_special_);
-        end = text.compare(0, before.size(), before) == 0 ? before.size() : emitted_;
-      }
-    }
     // Hold a trailing U+FFFD (an incomplete character: its next bytes may come) and the last grapheme cluster.
     while (end >= 3 && text.compare(end - 3, 3, "\xEF\xBF\xBD") == 0 && end > emitted_) end -= 3;
     const size_t held = unicode::held_tail_start(std::string_view(text).substr(0, end), tok::kMaxHeldBytes);
