@@ -310,20 +310,25 @@ TEST_F(TokenizerRef, SpecialTokensParsedOnlyWhenAsked) {
   EXPECT_EQ(tok->vocab_size(), static_cast<int64_t>(*tok->token_to_id("<|eot_id|>")) + 1);
 }
 
-// 100 KB without a space is one word for every pre-tokenizer here: BPE must stay O(n log n).
+// 100 KB without a space is one word for every pre-tokenizer here: BPE must stay O(n log n). Runs of spaces, digits,
+// punctuation and newlines must not make the regexes backtrack quadratically either.
 TEST_F(TokenizerRef, LongWordIsNotQuadratic) {
   std::string word;
   std::mt19937 rng(11);
   for (int i = 0; i < 100 * 1024; ++i) word.push_back(static_cast<char>('a' + rng() % 26));
+  const std::vector<std::string> texts = {word, std::string(100 * 1024, ' '), std::string(100 * 1024, '7'),
+                                          std::string(50 * 1024, '!') + std::string(50 * 1024, '\n')};
   for (const char* name : {"bytelevel", "gpt2", "sp"}) {
     auto tok = Tokenizer::load(path(name));
     ASSERT_TRUE(tok.is_ok());
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto ids = tok->encode(word, false, false);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LT(s, 5.0) << name << ": " << s << " s for a 100 KB word (sanitizer build)";
-    EXPECT_EQ(tok->decode(ids, false), word) << name;
-    EXPECT_LT(ids.size(), word.size()) << name;
+    for (size_t k = 0; k < texts.size(); ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto ids = tok->encode(texts[k], false, false);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_LT(s, 5.0) << name << ": " << s << " s for 100 KB text " << k << " (sanitizer build)";
+      EXPECT_EQ(tok->decode(ids, false), texts[k]) << name << " text " << k;
+      if (k == 0) EXPECT_LT(ids.size(), texts[k].size()) << name;
+    }
   }
 }
 
@@ -422,6 +427,19 @@ TEST_F(TokenizerRef, DecodeArbitraryIdsMatchesReference) {
     }
     EXPECT_EQ(k, seqs.size()) << name;
   }
+}
+
+// Qwen2's split pattern (\p{N} one digit at a time) compiles and splits digits one by one.
+TEST_F(TokenizerRef, Qwen2Pattern) {
+  auto j = nlohmann::json::parse(read_file(path("bytelevel")));
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  auto tok = Tokenizer::from_json(j.dump(), "qwen2-like");
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  const auto ids = tok->encode("x 2024", false);
+  ASSERT_EQ(ids.size(), 6u);  // "x", " ", "2", "0", "2", "4"
+  for (size_t k = 2; k < 6; ++k) EXPECT_EQ(tok->id_to_token(ids[k])->size(), 1u);
+  EXPECT_EQ(tok->decode(ids, false), "x 2024");
 }
 
 TEST_F(TokenizerRef, SharedAcrossThreads) {
