@@ -1125,10 +1125,12 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
       }
       break;
     case Decoder::kReplace:
-      for (auto& t : toks) t = d.pattern.replace_all(t, d.text);
+      for (auto& t : toks)
+        if (d.pattern.regex || t.find(d.pattern.literal) != std::string::npos) t = d.pattern.replace_all(t, d.text);
       break;
     case Decoder::kByteFallback: {
       std::vector<std::string> out;
+      out.reserve(toks.size());
       std::string bytes;
       const auto flush = [&] {
         if (bytes.empty()) return;
@@ -1169,6 +1171,9 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
     }
     case Decoder::kFuse: {
       std::string all;
+      size_t n = 0;
+      for (const auto& t : toks) n += t.size();
+      all.reserve(n);
       for (const auto& t : toks) all += t;
       toks.assign(1, std::move(all));
       break;
@@ -1182,7 +1187,7 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
                            t.compare(e - d.text.size(), d.text.size(), d.text) == 0;
              ++k)
           e -= d.text.size();
-        t = t.substr(b, e - b);
+        if (b > 0 || e < t.size()) t = t.substr(b, e - b);
       }
       break;
   }
