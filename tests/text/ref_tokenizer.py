@@ -10,6 +10,7 @@ of the best-ranked pair, repeat) instead of a heap.
 Usage: ref_tokenizer.py TOKENIZER_JSON CASES_JSONL
   Each input line: {"hex": "<the text's bytes in hex>", "add_special": bool, "parse_special": bool}
   Each output line: {"ids": [...], "decoded_hex": "<decode(ids, skip_special_tokens=false) in hex>"}
+  A line {"decode_ids": [...], "skip_special": bool} only decodes (output as above, ids echoed).
 Invalid UTF-8 in a case becomes U+FFFD per maximal ill-formed subsequence (bytes.decode(errors="replace")).
 """
 import json
@@ -307,12 +308,23 @@ class Tokenizer:
             out, pending = [], []
 
             def flush():
+                # Valid characters kept, each other byte U+FFFD (mc_text's rule, as SentencePiece's).
+                data, k, text = bytes(pending), 0, []
+                while k < len(data):
+                    for n in (1, 2, 3, 4):
+                        try:
+                            ch = data[k:k + n].decode("utf-8")
+                        except UnicodeDecodeError:
+                            continue
+                        text.append(ch)
+                        k += n
+                        break
+                    else:
+                        text.append("\ufffd")
+                        k += 1
                 if pending:
-                    try:
-                        out.append(bytes(pending).decode("utf-8"))
-                    except UnicodeDecodeError:
-                        out.extend("\ufffd" for _ in pending)
-                    pending.clear()
+                    out.append("".join(text))
+                pending.clear()
 
             for tok in toks:
                 if len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
@@ -334,6 +346,10 @@ def main():
     with open(sys.argv[2], encoding="utf-8") as f:
         for line in f:
             case = json.loads(line)
+            if "decode_ids" in case:
+                decoded = tok.decode(case["decode_ids"], case.get("skip_special", False))
+                print(json.dumps({"ids": case["decode_ids"], "decoded_hex": decoded.encode("utf-8").hex()}))
+                continue
             text = bytes.fromhex(case["hex"]).decode("utf-8", errors="replace")
             ids = tok.encode(text, case["add_special"], case["parse_special"])
             decoded = tok.decode(ids, False)

@@ -344,6 +344,7 @@ struct TokenizerImpl {
   std::unordered_map<std::string, uint32_t, tok::SvHash, std::equal_to<>> added_ids;
   int64_t vocab_size = 0;
   std::optional<uint32_t> bos;
+  bool split_before_metaspace = false;  // see encode_segment
 
   void encode(std::string_view text, bool add_special, bool parse_special, std::vector<uint32_t>& out) const;
   void encode_segment(std::string_view seg, bool at_start, std::vector<uint32_t>& out) const;
@@ -873,6 +874,14 @@ class Loader {
     if (Status s = decoder(field("decoder"), "decoder", 0, &t->decoders); !s) return s;
     if (Status s = post_processor(field("post_processor"), "post_processor", 0, t.get()); !s) return s;
     t->vocab_size = static_cast<int64_t>(t->token_of.size());
+    if (t->pre_tokenizers.empty() && t->bpe.vocab.count(std::string_view("\xE2\x96\x81")) != 0) {
+      t->split_before_metaspace = std::none_of(t->bpe.vocab.begin(), t->bpe.vocab.end(), [](const auto& e) {
+        const std::string& k = e.first;
+        for (size_t p = k.find("\xE2\x96\x81", 1); p != std::string::npos; p = k.find("\xE2\x96\x81", p + 3))
+          if (p < 3 || k.compare(p - 3, 3, "\xE2\x96\x81") != 0) return true;  // a character, then U+2581
+        return false;
+      });
+    }
     if (!t->bos) {
       for (const char* name : {"<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"})
         if (auto it = t->added_ids.find(std::string_view(name)); it != t->added_ids.end()) {
@@ -889,143 +898,140 @@ class Loader {
 
 // -------------------------------------------------------------------------------------------- pre-tokenizing
 
-struct Piece {
-  std::string text;
-  bool first;  // starts the whole input (Metaspace's prepend_scheme "first")
-};
-
-// Splits `s` by the match ranges of `p` according to `behavior` (and `invert`) into out.
-void split_by(const Pattern& p, Behavior behavior, bool invert, const Piece& piece, std::vector<Piece>& out) {
-  const std::string& s = piece.text;
+// Splits `s` by the matches of `p` according to `behavior` (and `invert`), calling emit(begin, end) for each
+// non-empty piece in order. Streams: one range of lookahead, nothing materialized.
+template <typename Emit>
+void split_by(const Pattern& p, Behavior behavior, bool invert, std::string_view s, Emit&& emit) {
   struct Range {
     size_t b, e;
     bool match;
   };
-  std::vector<Range> rs;
+  Range pending{0, 0, false};
+  bool has = false;
+  const auto out = [&](const Range& r) {
+    if (r.e > r.b) emit(r.b, r.e);
+  };
+  const auto feed = [&](Range r) {
+    if (r.e <= r.b) return;
+    if (invert) r.match = !r.match;
+    switch (behavior) {
+      case Behavior::kRemoved:
+        if (!r.match) out(r);
+        return;
+      case Behavior::kIsolated:
+        out(r);
+        return;
+      case Behavior::kMergedWithPrevious:
+        if (r.match && has && !pending.match) {
+          pending.e = r.e;
+          pending.match = true;
+          return;
+        }
+        break;
+      case Behavior::kMergedWithNext:
+        if (has && pending.match) {
+          pending.e = r.e;
+          pending.match = r.match;
+          return;
+        }
+        break;
+      case Behavior::kContiguous:
+        if (r.match && has && pending.match) {
+          pending.e = r.e;
+          return;
+        }
+        break;
+    }
+    if (has) out(pending);
+    pending = r;
+    has = true;
+  };
   size_t last = 0;
   p.for_each(s, [&](size_t b, size_t e) {
-    if (b > last) rs.push_back({last, b, false});
-    rs.push_back({b, e, true});
+    feed({last, b, false});
+    feed({b, e, true});
     last = e;
   });
-  if (last < s.size()) rs.push_back({last, s.size(), false});
-  if (invert)
-    for (auto& r : rs) r.match = !r.match;
-  std::vector<Range> merged;
-  switch (behavior) {
-    case Behavior::kRemoved:
-      for (const auto& r : rs)
-        if (!r.match) merged.push_back(r);
-      break;
-    case Behavior::kIsolated:
-      merged = rs;
-      break;
-    case Behavior::kMergedWithPrevious:
-      for (const auto& r : rs) {
-        if (r.match && !merged.empty() && !merged.back().match) {
-          merged.back().e = r.e;
-          merged.back().match = true;
-        } else {
-          merged.push_back(r);
-        }
-      }
-      break;
-    case Behavior::kMergedWithNext: {
-      bool pending = false;
-      for (const auto& r : rs) {
-        if (pending) {
-          merged.back().e = r.e;
-          pending = r.match;
-        } else {
-          merged.push_back(r);
-          pending = r.match;
-        }
-      }
-      break;
-    }
-    case Behavior::kContiguous:
-      for (const auto& r : rs) {
-        if (r.match && !merged.empty() && merged.back().match)
-          merged.back().e = r.e;
-        else
-          merged.push_back(r);
-      }
-      break;
-  }
-  for (const auto& r : merged)
-    if (r.e > r.b) out.push_back({s.substr(r.b, r.e - r.b), piece.first && r.b == 0});
+  feed({last, s.size(), false});
+  if (has) out(pending);
 }
 
-void apply_pre_tokenizer(const PreTokenizer& p, std::vector<Piece>& pieces) {
-  std::vector<Piece> out;
-  out.reserve(pieces.size());
+// Runs pre-tokenizers k.. over `text`, calling word(piece) for each final piece (the BPE model's words).
+template <typename Word>
+void pre_tokenize(const std::vector<PreTokenizer>& steps, size_t k, std::string_view text, bool first, Word& word) {
+  if (text.empty()) return;
+  if (k == steps.size()) {
+    word(text);
+    return;
+  }
+  const PreTokenizer& p = steps[k];
+  const auto next = [&](std::string_view piece, bool f) { pre_tokenize(steps, k + 1, piece, f, word); };
   switch (p.kind) {
     case PreTokenizer::kSplit:
-      for (const auto& piece : pieces) split_by(p.pattern, p.behavior, p.invert, piece, out);
-      break;
+      split_by(p.pattern, p.behavior, p.invert, text,
+               [&](size_t b, size_t e) { next(text.substr(b, e - b), first && b == 0); });
+      return;
     case PreTokenizer::kByteLevel: {
       const ByteAlphabet& alpha = byte_alphabet();
-      std::vector<Piece> split;
-      for (auto& piece : pieces) {
-        if (p.add_prefix_space && !piece.text.empty() && piece.text[0] != ' ') piece.text.insert(0, " ");
-        if (p.use_regex)
-          split_by(p.pattern, Behavior::kIsolated, false, piece, split);
-        else
-          split.push_back(std::move(piece));
+      std::string prefixed;
+      std::string_view t = text;
+      if (p.add_prefix_space && t[0] != ' ') {
+        prefixed = " ";
+        prefixed += t;
+        t = prefixed;
       }
-      for (auto& piece : split) {
-        std::string mapped;
-        mapped.reserve(piece.text.size() * 2);
-        for (char c : piece.text) mapped += alpha.to_char[static_cast<uint8_t>(c)];
-        out.push_back({std::move(mapped), piece.first});
-      }
-      break;
+      std::string mapped;
+      const auto map_piece = [&](std::string_view piece, bool f) {
+        mapped.clear();
+        for (char c : piece) mapped += alpha.to_char[static_cast<uint8_t>(c)];
+        next(mapped, f);
+      };
+      if (p.use_regex)
+        split_by(p.pattern, Behavior::kIsolated, false, t,
+                 [&](size_t b, size_t e) { map_piece(t.substr(b, e - b), first && b == 0); });
+      else
+        map_piece(t, first);
+      return;
     }
-    case PreTokenizer::kMetaspace:
-      for (auto& piece : pieces) {
-        std::string t;
-        t.reserve(piece.text.size() + 4);
-        for (char c : piece.text) {
-          if (c == ' ')
-            t += p.replacement;
-          else
-            t.push_back(c);
-        }
-        const bool prepend = p.prepend == PreTokenizer::kAlways || (p.prepend == PreTokenizer::kFirst && piece.first);
-        if (prepend && t.compare(0, p.replacement.size(), p.replacement) != 0) t.insert(0, p.replacement);
-        if (!p.split) {
-          out.push_back({std::move(t), piece.first});
-          continue;
-        }
-        size_t start = 0;
-        for (size_t pos = t.find(p.replacement, 1); pos != std::string::npos; pos = t.find(p.replacement, pos + 1)) {
-          if (pos > start) out.push_back({t.substr(start, pos - start), piece.first && start == 0});
-          start = pos;
-        }
-        if (start < t.size()) out.push_back({t.substr(start), piece.first && start == 0});
+    case PreTokenizer::kMetaspace: {
+      std::string t;
+      t.reserve(text.size() + 8);
+      for (char c : text) {
+        if (c == ' ')
+          t += p.replacement;
+        else
+          t.push_back(c);
       }
-      break;
+      const bool prepend = p.prepend == PreTokenizer::kAlways || (p.prepend == PreTokenizer::kFirst && first);
+      if (prepend && t.compare(0, p.replacement.size(), p.replacement) != 0) t.insert(0, p.replacement);
+      if (!p.split) {
+        next(t, first);
+        return;
+      }
+      const std::string_view tv = t;
+      size_t start = 0;
+      for (size_t pos = tv.find(p.replacement, 1); pos != std::string_view::npos;
+           pos = tv.find(p.replacement, pos + 1)) {
+        if (pos > start) next(tv.substr(start, pos - start), first && start == 0);
+        start = pos;
+      }
+      if (start < tv.size()) next(tv.substr(start), first && start == 0);
+      return;
+    }
     case PreTokenizer::kDigits:
-      for (const auto& piece : pieces) {
-        const std::string& s = piece.text;
-        size_t start = 0;
-        for (size_t i = 0; i < s.size();) {
-          const bool digit = s[i] >= '0' && s[i] <= '9';
-          size_t j = i + 1;
-          if (digit && !p.individual_digits)
-            while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
-          if (!digit) {
-            while (j < s.size() && !(s[j] >= '0' && s[j] <= '9')) ++j;
-          }
-          if (j > i) out.push_back({s.substr(i, j - i), piece.first && i == 0});
-          i = j;
-          start = j;
-        }
-        (void)start;
+      for (size_t i = 0; i < text.size();) {
+        const auto digit = [&](size_t j) { return text[j] >= '0' && text[j] <= '9'; };
+        const bool d = digit(i);
+        size_t j = i + 1;
+        if (d && !p.individual_digits)
+          while (j < text.size() && digit(j)) ++j;
+        if (!d)
+          while (j < text.size() && !digit(j)) ++j;
+        next(text.substr(i, j - i), first && i == 0);
+        i = j;
       }
-      break;
+      return;
   }
-  pieces = std::move(out);
 }
 
 std::string apply_normalizer(const Normalizer& n, std::string s) {
@@ -1119,21 +1125,31 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
       }
       break;
     case Decoder::kReplace:
-      for (auto& t : toks) t = d.pattern.replace_all(t, d.text);
+      for (auto& t : toks)
+        if (d.pattern.regex || t.find(d.pattern.literal) != std::string::npos) t = d.pattern.replace_all(t, d.text);
       break;
     case Decoder::kByteFallback: {
       std::vector<std::string> out;
+      out.reserve(toks.size());
       std::string bytes;
-      size_t nbytes = 0;
       const auto flush = [&] {
-        if (nbytes == 0) return;
-        if (unicode::is_valid_utf8(bytes)) {
-          out.push_back(bytes);
-        } else {
-          for (size_t i = 0; i < nbytes; ++i) out.emplace_back("\xEF\xBF\xBD");
+        if (bytes.empty()) return;
+        // Valid characters are kept and each byte that is not part of one becomes U+FFFD (as SentencePiece does;
+        // Hugging Face turns the whole run into U+FFFDs when any of it is ill-formed). So text already decoded
+        // never changes when more bytes come, which DecodeStream relies on.
+        std::string text;
+        for (size_t i = 0; i < bytes.size();) {
+          const size_t len = unicode::utf8_sequence(bytes, i, nullptr);
+          if (len > 0) {
+            text.append(bytes, i, len);
+            i += len;
+          } else {
+            text += "\xEF\xBF\xBD";
+            ++i;
+          }
         }
+        out.push_back(std::move(text));
         bytes.clear();
-        nbytes = 0;
       };
       for (auto& t : toks) {
         const auto hex = [](char c) -> int {
@@ -1144,7 +1160,6 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
         };
         if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex(t[3]) >= 0 && hex(t[4]) >= 0) {
           bytes.push_back(static_cast<char>(hex(t[3]) * 16 + hex(t[4])));
-          ++nbytes;
         } else {
           flush();
           out.push_back(std::move(t));
@@ -1156,6 +1171,9 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
     }
     case Decoder::kFuse: {
       std::string all;
+      size_t n = 0;
+      for (const auto& t : toks) n += t.size();
+      all.reserve(n);
       for (const auto& t : toks) all += t;
       toks.assign(1, std::move(all));
       break;
@@ -1169,7 +1187,7 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
                            t.compare(e - d.text.size(), d.text.size(), d.text) == 0;
              ++k)
           e -= d.text.size();
-        t = t.substr(b, e - b);
+        if (b > 0 || e < t.size()) t = t.substr(b, e - b);
       }
       break;
   }
@@ -1181,10 +1199,23 @@ void TokenizerImpl::encode_segment(std::string_view seg, bool at_start, std::vec
   std::string s(seg);
   for (const auto& n : normalizers) s = tok::apply_normalizer(n, std::move(s));
   if (s.empty()) return;
-  std::vector<tok::Piece> pieces;
-  pieces.push_back({std::move(s), at_start});
-  for (const auto& p : pre_tokenizers) apply_pre_tokenizer(p, pieces);
-  for (const auto& p : pieces) bpe.encode_word(p.text, out);
+  auto word = [&](std::string_view w) { bpe.encode_word(w, out); };
+  if (!pre_tokenizers.empty() || !split_before_metaspace) {
+    tok::pre_tokenize(pre_tokenizers, 0, s, at_start, word);
+    return;
+  }
+  // No pre-tokenizer (Llama 2 style): the segment is one word. No token holds a character followed by U+2581, so
+  // no merge crosses such a point: encoding the pieces cut before each U+2581 that follows another character gives
+  // the same ids, in O(piece) each and through the word cache.
+  static constexpr std::string_view kMeta = "\xE2\x96\x81";
+  const std::string_view v = s;
+  size_t start = 0;
+  for (size_t pos = v.find(kMeta, 1); pos != std::string_view::npos; pos = v.find(kMeta, pos + kMeta.size())) {
+    if (pos >= kMeta.size() && v.compare(pos - kMeta.size(), kMeta.size(), kMeta) == 0) continue;
+    word(v.substr(start, pos - start));
+    start = pos;
+  }
+  word(v.substr(start));
 }
 
 void TokenizerImpl::encode(std::string_view raw, bool add_special, bool parse_special,
@@ -1328,6 +1359,9 @@ std::string DecodeStream::emit_ready(bool final) {
     const size_t held = unicode::held_tail_start(std::string_view(text).substr(0, end), tok::kMaxHeldBytes);
     end = std::min(end, held);
   }
+  // Never cut a character: a decoder that rewrote text already shown (possible only for byte tokens that are not
+  // UTF-8) could leave emitted_ inside one.
+  while (emitted_ < text.size() && (static_cast<uint8_t>(text[emitted_]) & 0xC0) == 0x80) ++emitted_;
   std::string out;
   if (end > emitted_) {
     out = text.substr(emitted_, end - emitted_);

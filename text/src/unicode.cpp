@@ -176,11 +176,9 @@ bool in_ranges(const data::Range* begin, const data::Range* end, uint32_t cp) {
 }
 }  // namespace
 
-std::string nfc(std::string_view s) {
-  // Below U+0300 every code point is already NFC (Latin-1's letters are primary composites).
-  bool simple = true;
-  for (size_t i = 0; i < s.size() && simple;) simple = next_cp(s, i) < 0x300;
-  if (simple) return std::string(s);
+namespace {
+// NFC of a span that starts at a character NFC leaves alone (or the text's start) and ends before one.
+void nfc_span(std::string_view s, std::string& r) {
   std::vector<uint32_t> d;
   d.reserve(s.size());
   for (size_t i = 0; i < s.size();) decompose(next_cp(s, i), d);
@@ -223,9 +221,38 @@ std::string nfc(std::string_view s) {
     out.push_back(c);
     if (cc == 0) last_ccc = -1;
   }
-  std::string r;
-  r.reserve(s.size());
   for (uint32_t c : out) append_utf8(r, c);
+}
+}  // namespace
+
+std::string nfc(std::string_view s) {
+  // Only the spans around characters NFC may change are normalized: from the last "safe" character before one
+  // (it may compose with what follows) to the next safe character (a starter nothing joins to).
+  std::string r;
+  size_t copied = 0, last_safe = 0;
+  for (size_t i = 0; i < s.size();) {
+    const size_t at = i;
+    const uint32_t c = next_cp(s, i);
+    if (c < 0x300 || !in_ranges(std::begin(data::kNfcUnsafe), std::end(data::kNfcUnsafe), c)) {
+      last_safe = at;
+      continue;
+    }
+    size_t end = i;
+    while (end < s.size()) {
+      size_t j = end;
+      const uint32_t n = next_cp(s, j);
+      if (n < 0x300 || !in_ranges(std::begin(data::kNfcUnsafe), std::end(data::kNfcUnsafe), n)) break;
+      end = j;
+    }
+    if (r.empty()) r.reserve(s.size());
+    const size_t start = std::max(last_safe, copied);
+    r.append(s.substr(copied, start - copied));
+    nfc_span(s.substr(start, end - start), r);
+    copied = end;
+    i = end;
+  }
+  if (copied == 0) return std::string(s);
+  r.append(s.substr(copied));
   return r;
 }
 

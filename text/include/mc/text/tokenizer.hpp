@@ -28,8 +28,10 @@
 //
 // Invalid UTF-8 in encode's input: each maximal ill-formed subsequence (Unicode §3.9) becomes U+FFFD before
 // anything else runs (as Python's bytes.decode(errors="replace")), so decode(encode(x)) == x for valid UTF-8 x only.
-// decode: ids outside the vocabulary are skipped; byte tokens that do not form UTF-8 become U+FFFD as in Hugging
-// Face (ByteLevel: one per maximal ill-formed subsequence; ByteFallback: one per byte of the failing run).
+// decode: ids outside the vocabulary are skipped; byte tokens that do not form UTF-8 become U+FFFD: ByteLevel one
+// per maximal ill-formed subsequence (as Hugging Face); ByteFallback one per byte that is not part of a valid
+// character, keeping the valid ones (as SentencePiece; Hugging Face replaces the whole run of byte tokens when any
+// of it is ill-formed, which would make text already streamed change later).
 //
 // Errors (load only; encode and decode never fail): kNotFound (no file), kIo, kInvalidArgument (bad JSON, a field
 // of the wrong type, merges naming tokens not in the vocabulary, a bound exceeded), kUnimplemented (a component
@@ -86,8 +88,10 @@ class Tokenizer {
 // One answer's ids -> text as they arrive. feed() returns text safe to show now: valid UTF-8, never taken back,
 // never splitting a grapheme cluster that a later token could extend (so the last cluster is held until the next
 // token shows it complete, or until finish(); a line break releases everything). finish() returns the rest.
-// The concatenation of all feed() and finish() outputs equals tokenizer.decode(all ids) for every id sequence
-// whose byte tokens form valid UTF-8 (every sequence encode produces, and what models generate in practice).
+// The concatenation of all feed() and finish() outputs equals tokenizer.decode(all ids): tested on every encoded
+// case and on random id sequences (partial characters, invalid byte runs, specials anywhere). Should a decoder
+// ever rewrite text already shown, the stream goes on from the next character boundary: its chunks are always
+// valid UTF-8.
 // Cost: each feed decodes a window of the last ~8-24 ids, so O(1) amortized per id whatever the answer's length.
 // Holdback limits (a simplified UAX #29): extenders are general category M, ZWJ, variation selectors, emoji
 // skin-tone modifiers, tag characters and Hangul medial/final jamo; regional indicators pair up; a cluster longer
