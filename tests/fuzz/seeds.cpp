@@ -178,6 +178,19 @@ void openai_request_seeds(std::vector<Seed>& out) {
   out.push_back({"fuzz_openai_request", "unsupported", with_control(3, R"({"model":"m","messages":[],"n":2})")});
 }
 
+// Text for fuzz_text (the control byte picks the path: 0 byte-level, 1 SentencePiece-style, 2 ids, 3 a template).
+void text_seeds(std::vector<Seed>& out) {
+  const std::string mixed = "The KV cache 👨‍👩‍👧 東京 e\u0301 <|eot_id|> don't 12345\n\n  x";
+  out.push_back({"fuzz_text", "bytelevel", with_control(0, mixed)});
+  out.push_back({"fuzz_text", "bytelevel_special", with_control(4, mixed)});
+  out.push_back({"fuzz_text", "sentencepiece", with_control(1, mixed)});
+  out.push_back(
+      {"fuzz_text", "invalid_utf8", with_control(0, std::string("ab\xC3\x28\xF0\x9F\x98 \xFF\xED\xA0\x80z"))});
+  out.push_back(
+      {"fuzz_text", "ids", with_control(2, std::string("\x01\x00\xE8\x00\xF0\x00\x9F\x00\x02\x01\x03\x01", 12))});
+  out.push_back({"fuzz_text", "template", with_control(3, "{{ x }} {% for %} " + mixed)});
+}
+
 // Safetensors files made by the writer's encoder (fuzz_safetensors: a control byte of 8-byte units of the file
 // beyond the bytes given, then the file's first bytes).
 void safetensors_seeds(std::vector<Seed>& out) {
@@ -235,6 +248,7 @@ int main(int argc, char** argv) {
   seal_seeds(seeds);
   openai_request_seeds(seeds);
   safetensors_seeds(seeds);
+  text_seeds(seeds);
   int stale = 0;
   for (const Seed& s : seeds) {
     const std::filesystem::path p = dir / s.harness / s.name;
