@@ -524,21 +524,15 @@ class Gateway {
     std::vector<uint32_t> ids;
     if (body.contains("messages")) {
       if (body.contains("prompt")) return bad("prompt", "send 'prompt' or 'messages', not both");
-      json chat_body = {{"model", o_.served_model_name}, {"messages", body["messages"]}, {"max_tokens", 1}};
-      // The same checks and template as a chat completion (its prompt is what a chat request would prefill).
-      Result<GenerationRequest> g = parse_generation(chat_body, /*chat=*/true, tok_, ParseLimits{}, &err);
-      if (!g.is_ok() && err.http_status != 413) return refuse(rs, err);
-      if (!body.value("add_generation_prompt", true) || body.value("add_special_tokens", false)) {
-        Result<std::string> text = tok_.render_chat(body["messages"], body.value("add_generation_prompt", true));
-        if (!text.is_ok()) return bad("messages", text.status().message());
-        ids = tok_.encode(text.value(), body.value("add_special_tokens", false));
-      } else if (g.is_ok()) {
-        ids = std::move(g->prompt_tokens);
-      } else {
-        Result<std::string> text = tok_.render_chat(body["messages"], true);
-        if (!text.is_ok()) return bad("messages", text.status().message());
-        ids = tok_.encode(text.value(), false);
-      }
+      // The same checks and template as a chat completion: with the defaults, its prompt is what a chat request
+      // prefills (however long: /tokenize counts, it does not bound).
+      Result<nlohmann::ordered_json> messages = parse_chat_messages(body["messages"], &err);
+      if (!messages.is_ok()) return refuse(rs, err);
+      if (!tok_.has_chat_template()) return bad("messages", "model '" + tok_.model() + "' has no chat template");
+      Result<std::string> text = tok_.render_chat(messages.value(), body.value("add_generation_prompt", true));
+      if (!text.is_ok())
+        return bad("messages", "the model's chat template refused the messages: " + text.status().message());
+      ids = tok_.encode(text.value(), body.value("add_special_tokens", false));
     } else {
       if (!body.contains("prompt") || !body["prompt"].is_string()) return bad("prompt", "'prompt' must be a string");
       ids = tok_.encode(body["prompt"].get<std::string>(), body.value("add_special_tokens", true));

@@ -151,6 +151,48 @@ Status parse_content(const json& v, size_t i, std::string* out, ApiError* error)
 
 }  // namespace
 
+Result<nlohmann::ordered_json> parse_chat_messages(const json& ms, ApiError* error) {
+  ApiError scratch;
+  if (error == nullptr) error = &scratch;
+  if (!ms.is_array() || ms.empty()) {
+    return fail(error, 400, "messages", "'messages' is required: a non-empty array of {role, content}");
+  }
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const json& m = ms[i];
+    const std::string field = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return fail(error, 400, field + ".role", "'" + field + "' must be an object with a string 'role'");
+    }
+    for (const auto& [key, value] : m.items()) {
+      if (key != "role" && key != "content" && key != "name") {
+        return fail(error, 400, field + "." + key, "'" + field + "." + key + "' is not supported by mc-gateway");
+      }
+    }
+    std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+      return fail(error, 400, field + ".role",
+                  "'" + field + ".role' = '" + role +
+                      "': only system, developer, user and assistant are supported (no tool messages: mc-gateway "
+                      "does not implement tools)");
+    }
+    if (role == "developer") role = "system";
+    if (!m.contains("content") || m["content"].is_null()) {
+      return fail(error, 400, field + ".content", "'" + field + ".content' is required");
+    }
+    std::string content;
+    MC_RETURN_IF_ERROR(parse_content(m["content"], i, &content, error));
+    // In the order a Python client wrote them (role, content, name): a template's tojson of a message shows it so.
+    nlohmann::ordered_json message = {{"role", role}, {"content", std::move(content)}};
+    if (m.contains("name")) {
+      if (!m["name"].is_string()) return fail(error, 400, field + ".name", "'" + field + ".name' must be a string");
+      message["name"] = m["name"].get<std::string>();
+    }
+    messages.push_back(std::move(message));
+  }
+  return messages;
+}
+
 Result<json> parse_body(std::string_view body, const Tokenizer& tokenizer, ApiError* error) {
   JsonShapeLimits shape;
   shape.max_depth = 32;
@@ -306,42 +348,10 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
 
   // The prompt.
   if (chat) {
-    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+    if (!body.contains("messages")) {
       return fail(error, 400, "messages", "'messages' is required: a non-empty array of {role, content}");
     }
-    json messages = json::array();
-    const json& ms = body["messages"];
-    for (size_t i = 0; i < ms.size(); ++i) {
-      const json& m = ms[i];
-      const std::string field = "messages[" + std::to_string(i) + "]";
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        return fail(error, 400, field + ".role", "'" + field + "' must be an object with a string 'role'");
-      }
-      for (const auto& [key, value] : m.items()) {
-        if (key != "role" && key != "content" && key != "name") {
-          return fail(error, 400, field + "." + key, "'" + field + "." + key + "' is not supported by mc-gateway");
-        }
-      }
-      std::string role = m["role"].get<std::string>();
-      if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
-        return fail(error, 400, field + ".role",
-                    "'" + field + ".role' = '" + role +
-                        "': only system, developer, user and assistant are supported (no tool messages: mc-gateway "
-                        "does not implement tools)");
-      }
-      if (role == "developer") role = "system";
-      if (!m.contains("content") || m["content"].is_null()) {
-        return fail(error, 400, field + ".content", "'" + field + ".content' is required");
-      }
-      std::string content;
-      MC_RETURN_IF_ERROR(parse_content(m["content"], i, &content, error));
-      json message = {{"role", role}, {"content", std::move(content)}};
-      if (m.contains("name")) {
-        if (!m["name"].is_string()) return fail(error, 400, field + ".name", "'" + field + ".name' must be a string");
-        message["name"] = m["name"];
-      }
-      messages.push_back(std::move(message));
-    }
+    MC_ASSIGN_OR_RETURN(nlohmann::ordered_json messages, parse_chat_messages(body["messages"], error));
     if (!tokenizer.has_chat_template()) {
       return fail(error, 400, "messages",
                   "model '" + tokenizer.model() +

@@ -90,7 +90,7 @@ std::string Tokenizer::decode(std::span<const uint32_t> ids, bool skip_special_t
   return out + s.finish();
 }
 
-Result<std::string> Tokenizer::render_chat(const nlohmann::json& messages, bool add_generation_prompt) const {
+Result<std::string> Tokenizer::render_chat(const nlohmann::ordered_json& messages, bool add_generation_prompt) const {
   if (!hf_) {
     std::vector<ChatMessage> ms;
     for (const auto& m : messages) {

@@ -86,6 +86,11 @@ struct GenerationRequest {
 // text that is not JSON or nests too deep, 413 for too many values.
 Result<nlohmann::json> parse_body(std::string_view body, const Tokenizer& tokenizer, ApiError* error);
 
+// A chat request's messages checked (roles system, developer as system, user, assistant; content a string or text
+// parts, joined; an optional string name) into the array the chat template renders, keys in the order
+// role, content, name. Errors: 400 naming the message and field.
+Result<nlohmann::ordered_json> parse_chat_messages(const nlohmann::json& messages, ApiError* error);
+
 // Parses and checks a body (already JSON) against the tokenizer and limits. Errors: 400 naming the field,
 // 413 for a prompt beyond the context (code context_length_exceeded), 400 when prompt + max_tokens exceed it.
 Result<GenerationRequest> parse_generation(const nlohmann::json& body, bool chat, const Tokenizer& tokenizer,

@@ -66,10 +66,10 @@ class Tokenizer {
   // kInvalidArgument naming `field` and the first id at or above the vocabulary.
   Status check_ids(std::span<const uint32_t> ids, std::string_view field) const;
 
-  // The chat template applied to `messages` (a JSON array of {role, content: string}), ending where the assistant's
-  // answer begins when add_generation_prompt. kFailedPrecondition when the model has no chat template; the
-  // template's raise_exception (e.g. "roles must alternate") as kInvalidArgument with its text.
-  Result<std::string> render_chat(const nlohmann::json& messages, bool add_generation_prompt = true) const;
+  // The chat template applied to `messages` (a JSON array of {role, content: string}: parse_chat_messages), ending
+  // where the assistant's answer begins when add_generation_prompt. kFailedPrecondition when the model has no chat
+  // template; the template's raise_exception (e.g. "roles must alternate") as kInvalidArgument with its text.
+  Result<std::string> render_chat(const nlohmann::ordered_json& messages, bool add_generation_prompt = true) const;
 
   struct Impl;  // the tokenizer.json kind's state (tokenizer.cpp)
 
