@@ -144,6 +144,8 @@ Status parse_content(const json& v, size_t i, std::string* out, ApiError* error)
         !part["text"].is_string()) {
       return fail(error, 400, pf, "'" + pf + "': only {\"type\": \"text\", \"text\": STRING} parts are supported");
     }
+    // Parts joined by a newline, as vLLM joins them.
+    if (k > 0) *out += "\n";
     *out += part["text"].get<std::string>();
   }
   return Status::ok();
@@ -202,7 +204,9 @@ Result<json> parse_body(std::string_view body, const Tokenizer& tokenizer, ApiEr
     return fail(error, s.code() == Code::kResourceExhausted ? 413 : 400, "", s.message());
   }
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return fail(error, 400, "", "the request body is not valid JSON");
+  if (j.is_discarded()) {
+    return fail(error, 400, "", "the request body is not valid JSON (or holds a number beyond a double's range)");
+  }
   return j;
 }
 
@@ -235,8 +239,16 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
   static const std::set<std::string> kRefused = {
       "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "modalities", "audio", "prediction"};
   for (const auto& [key, value] : body.items()) {
+    if (key == "modalities" && value == json::array({"text"})) continue;  // what is served anyway
     if (kRefused.count(key) != 0 && !value.is_null()) {
-      return fail(error, 400, key, "'" + key + "' is not supported by mc-gateway (no tool calling, text only)");
+      const bool tools = key == "tools" || key == "tool_choice" || key == "functions" || key == "function_call" ||
+                         key == "parallel_tool_calls";
+      return fail(error, 400, key,
+                  "'" + key + "' is not supported by mc-gateway (" +
+                      (tools                 ? "no tool calling"
+                       : key == "prediction" ? "no predicted outputs"
+                                             : "text output only") +
+                      ")");
     }
     if (kRefused.count(key) == 0 && kCommon.count(key) == 0 && (chat ? kChat : kCompletion).count(key) == 0) {
       return fail(error, 400, key, "unrecognized request argument '" + key + "' (not supported by mc-gateway)");
@@ -559,7 +571,9 @@ void LogprobsBuilder::add(uint32_t token, const std::vector<proto::TokenLogprob>
       top[tokenizer_.decode(alt)] = entry[i].logprob;
     }
     entries_.push_back({{"token", text}, {"logprob", lp}, {"top", top}, {"offset", text_offset_}});
-    text_offset_ += static_cast<int64_t>(text.size());
+    // In characters (code points), as vLLM counts them: every byte that does not continue a UTF-8 sequence.
+    text_offset_ +=
+        std::count_if(text.begin(), text.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
   }
 }
 

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "mc/common/log.hpp"
 #include "mc/model/model_config.hpp"
 #include "mc/text/chat_template.hpp"
 #include "mc/text/tokenizer.hpp"
@@ -59,6 +60,24 @@ Result<Tokenizer> Tokenizer::for_model(std::string_view spec) {
     t.hf_ = std::move(impl);
     t.set_max_context_tokens(m.max_context_tokens);
     return t;
+  }
+  if (!m.checkpoint_dir.empty()) {
+    // A Hugging Face directory without tokenizer.json: the byte-level tokenizer is right only for a 256-id vocabulary.
+    if (fs::exists(fs::path(m.checkpoint_dir) / "tokenizer.model", ec)) {
+      return Status(Code::kInvalidArgument,
+                    "model '" + m.name + "': " + m.checkpoint_dir +
+                        " has tokenizer.model (SentencePiece's own format) but no tokenizer.json, the only tokenizer "
+                        "mc reads: write one beside it (transformers: AutoTokenizer.from_pretrained(DIR)"
+                        ".save_pretrained(DIR))");
+    }
+    if (m.vocab_size != 256) {
+      MC_LOG_WARN << "mc-gateway: model '" << m.name << "' (" << m.checkpoint_dir
+                  << ") has no tokenizer.json: serving it byte-level (a prompt's UTF-8 bytes are its token ids, "
+                     "output ids above 255 shown as one character each) with mc's own chat template, not the "
+                     "model's vocabulary of "
+                  << m.vocab_size << " ids or its tokenizer_config.json; put the model's tokenizer.json beside "
+                  << "config.json to serve its text";
+    }
   }
   if (m.vocab_size < 256) {
     return Status(Code::kInvalidArgument, "model '" + m.name + "' has a vocabulary of " + std::to_string(m.vocab_size) +

@@ -44,7 +44,13 @@ TEST(GatewayTokenizer, AHuggingFaceModelEndsAtItsOwnEndTokens) {
     std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": [151645, 151643]})";
   }
   auto t = Tokenizer::for_model(dir);
+  // Only SentencePiece's own tokenizer.model, no tokenizer.json: refused, naming what to write (a byte-level tokenizer
+  // would be silently wrong for a 151,936-id vocabulary).
+  std::ofstream(dir + "/tokenizer.model") << "sentencepiece";
+  auto sp = Tokenizer::for_model(dir);
   std::filesystem::remove_all(dir);
+  EXPECT_FALSE(sp.is_ok());
+  EXPECT_NE(sp.status().message().find("tokenizer.json"), std::string::npos) << sp.status().to_string();
   ASSERT_TRUE(t.is_ok()) << t.status().to_string();
   EXPECT_TRUE(t->is_eos(151'645));
   EXPECT_TRUE(t->is_eos(151'643));
@@ -125,6 +131,15 @@ TEST(GatewayParse, ChatMessagesGoThroughTheTemplate) {
       true, &e);
   ASSERT_TRUE(r.is_ok()) << e.message;
   EXPECT_EQ(r->prompt_tokens, tiny().encode("<|system|>\nS\n<|user|>\nU\n<|assistant|>\n"));
+  // Text parts are joined by a newline (as vLLM joins them); modalities ["text"] is what is served anyway.
+  auto parts = parse(
+      {{"model", "tiny"},
+       {"messages",
+        {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}}},
+       {"modalities", {"text"}}},
+      true, &e);
+  ASSERT_TRUE(parts.is_ok()) << e.message;
+  EXPECT_EQ(parts->prompt_tokens, tiny().encode("<|user|>\na\nb\n<|assistant|>\n"));
   EXPECT_EQ(r->max_tokens, 3);
 }
 
