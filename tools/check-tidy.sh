@@ -2,7 +2,7 @@
 # Runs clang-tidy (Debian's clang-tidy, the checks of .clang-tidy) over the libraries' sources, using a
 # build directory's compile_commands.json. Every finding is an error (WarningsAsErrors in .clang-tidy).
 # Usage: tools/check-tidy.sh [BUILD_DIR] [FILE...]   (default build-test; default files: every library
-#        source under libcommon/ transfer/ store/ model/ infer/ sched/ eval/ gateway/). Env: MC_JOBS (default: number of cores).
+#        source under libcommon/ transfer/ store/ model/ infer/ sched/ eval/ gateway/ text/). Env: MC_JOBS (default: number of cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build-test}
@@ -19,7 +19,7 @@ fi
 if [[ $# -gt 0 ]]; then
   files=("$@")
 else
-  mapfile -t files < <(git ls-files 'libcommon/*.cpp' 'transfer/*.cpp' 'store/*.cpp' 'model/*.cpp' 'infer/*.cpp' 'sched/*.cpp' 'eval/*.cpp' 'gateway/*.cpp' |
+  mapfile -t files < <(git ls-files 'libcommon/*.cpp' 'transfer/*.cpp' 'store/*.cpp' 'model/*.cpp' 'infer/*.cpp' 'sched/*.cpp' 'eval/*.cpp' 'gateway/*.cpp' 'text/*.cpp' |
                        grep -v '/bench/' | grep -v 'rdma/stub.cpp' | while read -r f; do
                          # only the sources this build compiles (the rdma/cuda parts depend on what was found)
                          grep -q "\"file\": \"$(pwd)/$f\"" "$build_dir/compile_commands.json" && echo "$f"; done)

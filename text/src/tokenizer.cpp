@@ -1175,7 +1175,8 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
       for (const auto& t : toks) n += t.size();
       all.reserve(n);
       for (const auto& t : toks) all += t;
-      toks.assign(1, std::move(all));
+      toks.clear();
+      toks.push_back(std::move(all));
       break;
     }
     case Decoder::kStrip:
