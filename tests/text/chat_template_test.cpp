@@ -148,6 +148,11 @@ void check_model(const std::string& file, const std::string& bos, const std::str
 TEST(ChatTemplateModels, Llama32MatchesJinja2) {
   check_model("meta-llama-Llama-3.2-3B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>", true,
               {{"date_string", "26 Jul 2024"}});
+  // `message['content'] | trim` strips what Python's str.isspace() calls space: U+3000, U+00A0, U+2003 too.
+  const std::string source = slurp(kHere / "templates" / "meta-llama-Llama-3.2-3B-Instruct.jinja");
+  expect_same(source, json::array({msg("system", "\u00a0 Be brief.\u2003\n"), msg("user", "\u3000こんにちは\u3000")}),
+              nullptr, true, {{"date_string", "26 Jul 2024"}}, "<|begin_of_text|>", "<|eot_id|>",
+              "llama 3.2 unicode whitespace");
 }
 
 TEST(ChatTemplateModels, Llama33MatchesJinja2) {
@@ -205,7 +210,16 @@ TEST(JinjaEngine, ConstructsMatchJinja2) {
                       {"s", "  Mixed Case text  "},
                       {"d", {{"b", 1}, {"a", {1, 2, nullptr, true}}, {"c", "é\n\"x\""}}},
                       {"l", {3, 1, 2}},
-                      {"nil", nullptr}};
+                      {"nil", nullptr},
+                      // Python's whitespace (str.isspace) and line boundaries (str.splitlines), beyond ASCII.
+                      {"ws", "\u3000\u00a0\u2003 x\u0085y\u1680 z\x1c\u205f\t\u3000"},
+                      {"lines", "a\nb\r\nc\rd\ve\ff\x1cg\x1dh\x1ei\u0085j\u2028k\u2029l\x1fm\n\n"},
+                      // Python's full case mappings: several characters (ß, ŉ, ǰ, ΐ, ﬀ-ﬆ, İ), title case (ǅ),
+                      // final sigma, Greek, Cyrillic, Armenian, Georgian, Cherokee, Deseret.
+                      {"cased",
+                       "éß ŉ ǰ ΐ ﬀﬁﬂﬃﬄﬅﬆ ǅ ǈ Ǉ ǳ İ ΑΣ ΟΔΟΣ. ΣΑΣ'Σ Σ 1Σ ΑΣ\u0301Α ᾳ ÆØÅ ĳ Привет ԱԲ "
+                       "և Ⴀ ა ᏸ 𐐀 𐐨"},
+                      {"t", "o'neil mc-donald(aB) x{y[z<w\tq hello\u3000wORLD ǆemal ßa ΑΣ ŉx 1st 2ND"}};
   const std::vector<std::string> snippets = {
       "{{ 'a' ~ 1 ~ none ~ true }}|{{ 1 + 2 * 3 - 4 // 3 }}|{{ 7 / 2 }}|{{ -7 // 2 }}|{{ -7 % 3 }}|{{ 2 ** 10 }}",
       "{{ f }} {{ tiny }} {{ big }} {{ 1.0 }} {{ 0.1 + 0.2 }} {{ 3 / 3 }}",
@@ -229,6 +243,17 @@ TEST(JinjaEngine, ConstructsMatchJinja2) {
       "{{ 'a b c'.split(' ', 1) }}|{{ 'xxhixx'.strip('x') }}",
       "{{ 'hello'.startswith('he') }}{{ 'hello'.endswith(('x', 'lo')) }}{{ 'hello'.replace('l', 'L') }}"
       "{{ 'hello' | replace('l', 'L', 1) }}{{ 'a-b'.title() }}{{ 'hello'.upper() }}",
+      // Whitespace, line boundaries, strip sets of code points, and case mapping, all as Python's str.
+      "{{ ws | trim }}|{{ ws.strip() }}|{{ ws.lstrip() }}|{{ ws.rstrip() }}|{{ ws.split() | join('/') }}|"
+      "{{ ws.split(none, 1) | join('/') }}|{{ 'a b  '.split(none, 1) | join('/') }}|"
+      "{{ '  a b '.split(none, 0) | join('/') }}|{{ ws | trim('\u3000') }}",
+      "{{ lines.splitlines() | join('|') }}#{{ lines | indent(2) }}#{{ lines | indent(1, true, true) }}",
+      "{{ 'xéxhéx'.strip('xé') }}|{{ 'ééaéé'.lstrip('é') }}|{{ 'aè'.rstrip('é') }}|{{ 'èaè' | trim('é') }}",
+      "{{ cased | upper }}|{{ cased | lower }}|{{ cased | capitalize }}|{{ cased | title }}",
+      "{{ cased.upper() }}|{{ cased.lower() }}|{{ cased.title() }}|{{ cased.capitalize() }}|"
+      "{{ 'ǅx'.capitalize() }}{{ 'ßa'.capitalize() }}{{ 'ΣΑΣ'.capitalize() }}",
+      "{{ t | title }}|{{ t.title() }}|{{ \"o'neil\" | title }}|{{ \"o'neil\".title() }}|{{ '' | title }}",
+      "{{ ['É', 'e', 'Z', 'é', 'a'] | sort | join }}{{ ['É', 'é', 'E'] | unique | join }}",
       "{{ 'hello'[1] }}{{ 'hello'[-1] }}{{ 'hello'[1:3] }}{{ 'hello'[::-1] }}{{ l[::-1] }}{{ l[1:] }}{{ l[:-1] }}"
       "{{ 'héllo'[1:3] }}{{ 'héllo' | length }}{{ l[::2] }}",
       "{{ messages[0]['role'] }} {{ messages[0].content }} {{ messages[-1]['content'] }} {{ d.a[1] }} {{ d['c'] }}",
@@ -261,6 +286,36 @@ TEST(JinjaEngine, ConstructsMatchJinja2) {
   };
   for (const auto& snippet : snippets) {
     expect_same(snippet, messages, nullptr, true, extra, "<s>", "</s>", snippet);
+    if (IsSkipped()) return;
+  }
+}
+
+// Every code point of the planes with case mappings (U+0080-1FFFF, no surrogates) through Python's case mapping
+// and whitespace: contiguous (lower's final-sigma context, title's cased runs) and each followed by a space (title
+// and capitalize then title-case every code point).
+TEST(JinjaEngine, CaseMappingAndWhitespaceMatchJinja2ForEveryCodePoint) {
+  std::string all, spaced;
+  for (uint32_t cp = 0x80; cp <= 0x1FFFF; ++cp) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    std::string u;
+    if (cp < 0x800) {
+      u = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    } else if (cp < 0x10000) {
+      u = {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
+           static_cast<char>(0x80 | (cp & 0x3F))};
+    } else {
+      u = {static_cast<char>(0xF0 | (cp >> 18)), static_cast<char>(0x80 | ((cp >> 12) & 0x3F)),
+           static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), static_cast<char>(0x80 | (cp & 0x3F))};
+    }
+    all += u;
+    spaced += u + " ";
+  }
+  const json extra = {{"all", all}, {"spaced", spaced}};
+  for (const std::string snippet :
+       {"{{ all | upper }}", "{{ all | lower }}", "{{ all.title() }}", "{{ all | capitalize }}", "{{ spaced.title() }}",
+        "{{ spaced | title }}",
+        "{{ all.split() | length }} {{ all.splitlines() | length }} {{ all | trim | length }}"}) {
+    expect_same(snippet, json::array(), nullptr, false, extra, "", "", snippet);
     if (IsSkipped()) return;
   }
 }

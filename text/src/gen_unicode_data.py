@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """Writes unicode_data.inc (beside this script): the Unicode tables mc_text's NFC normalizer and grapheme
-holdback use, taken from Python's unicodedata (its Unicode version is named in the output).
+holdback use, taken from Python's unicodedata (its Unicode version is named in the output), and the tables the
+Jinja engine's Python string semantics use (str.isspace, and str.upper/lower/title with their multi-character
+mappings and the Cased/Case_Ignorable properties of the final-sigma rule), taken from Python's own str methods so
+that the engine matches the Python that generated them (Debian 12's /usr/bin/python3: Unicode 14.0.0).
 Usage: /usr/bin/python3 text/src/gen_unicode_data.py   (standard library only; deterministic)."""
 import os
 import sys
@@ -26,6 +29,43 @@ def ranges(pred):
             out.append((start, cp - 1))
             start = None
     return out
+
+
+def code_points():
+    return (cp for cp in range(MAX) if not 0xD800 <= cp <= 0xDFFF)
+
+
+def python_case_tables():
+    """Python's full case mappings of every code point, and the properties its final-sigma rule reads, all taken
+    from the behaviour of str's methods (not from the Unicode data files) so they cannot disagree with Python."""
+    entries, specials = [], []
+
+    def encode(mapped):
+        if len(mapped) == 1:
+            return ord(mapped)
+        specials.append([ord(ch) for ch in mapped] + [0] * (3 - len(mapped)))
+        return 0x80000000 | (len(specials) - 1)
+
+    for cp in code_points():
+        c = chr(cp)
+        up, lo, ti = c.upper(), c.lower(), c.title()
+        if up != c or lo != c or ti != c:
+            assert max(len(up), len(lo), len(ti)) <= 3
+            entries.append((cp, encode(up), encode(lo), encode(ti)))
+    # Cased: str.title() lowers a letter after a cased character and title-cases it after any other.
+    cased = ranges(lambda cp: not 0xD800 <= cp <= 0xDFFF and (chr(cp) + "A").title()[-1] == "a")
+    cased_set = {cp for lo, hi in cased for cp in range(lo, hi + 1)}
+
+    def case_ignorable(cp):
+        # str.lower() maps a final U+03A3 to U+03C2 when a cased character precedes it, skipping case-ignorable
+        # ones: a probe before it reveals whether the probe is skipped.
+        if 0xD800 <= cp <= 0xDFFF:
+            return False
+        if cp in cased_set:
+            return ("1" + chr(cp) + "\u03a3").lower()[-1] == "\u03c3"
+        return ("A" + chr(cp) + "\u03a3").lower()[-1] == "\u03c2"
+
+    return entries, specials, cased, ranges(case_ignorable)
 
 
 def main():
@@ -83,12 +123,38 @@ def main():
     out.append("inline constexpr Range kNfcUnsafe[] = {  // code points NFC may change or join to the previous one\n")
     for lo, hi in unsafe:
         out.append("{0x%X,0x%X},\n" % (lo, hi))
+    out.append("};\n")
+    out.append("inline constexpr Range kPySpace[] = {  // Python's str.isspace()\n")
+    for lo, hi in ranges(lambda cp: not 0xD800 <= cp <= 0xDFFF and chr(cp).isspace()):
+        out.append("{0x%X,0x%X},\n" % (lo, hi))
+    out.append("};\n")
+    entries, specials, cased, ignorable = python_case_tables()
+    out.append("// Python's str.upper()/lower()/title() of one code point (cp itself when unchanged); a value with the\n"
+               "// top bit set indexes kCaseSpecial, the mappings to several code points (0-terminated).\n")
+    out.append("struct CaseMap { uint32_t cp; uint32_t upper; uint32_t lower; uint32_t title; };\n")
+    out.append("inline constexpr uint32_t kCaseSpecialBit = 0x80000000;\n")
+    out.append("inline constexpr CaseMap kCaseMap[] = {\n")
+    for e in entries:
+        out.append("{0x%X,0x%X,0x%X,0x%X},\n" % e)
+    out.append("};\n")
+    out.append("struct CaseSpecial { uint32_t cp[3]; };\n")
+    out.append("inline constexpr CaseSpecial kCaseSpecial[] = {\n")
+    for a, b, c in specials:
+        out.append("{{0x%X,0x%X,0x%X}},\n" % (a, b, c))
+    out.append("};\n")
+    out.append("inline constexpr Range kCased[] = {  // Unicode Cased, as Python's str.title() and lower() see it\n")
+    for lo, hi in cased:
+        out.append("{0x%X,0x%X},\n" % (lo, hi))
+    out.append("};\n")
+    out.append("inline constexpr Range kCaseIgnorable[] = {  // Unicode Case_Ignorable, as Python's final sigma rule sees it\n")
+    for lo, hi in ignorable:
+        out.append("{0x%X,0x%X},\n" % (lo, hi))
     out.append("};\n// clang-format on\n")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unicode_data.inc")
     with open(path, "w", encoding="utf-8") as f:
         f.write("".join(out))
-    print("wrote %s: %d decompositions, %d compositions, %d ccc, %d mark ranges"
-          % (path, len(decomp), len(compose), len(ccc), len(marks)), file=sys.stderr)
+    print("wrote %s: %d decompositions, %d compositions, %d ccc, %d mark ranges, %d case mappings (%d special)"
+          % (path, len(decomp), len(compose), len(ccc), len(marks), len(entries), len(specials)), file=sys.stderr)
 
 
 if __name__ == "__main__":

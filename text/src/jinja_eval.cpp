@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "jinja_internal.hpp"
+#include "unicode.hpp"
 
 namespace mc::text::jinja::detail {
 namespace jinja_eval {
@@ -50,9 +51,6 @@ std::vector<std::string> code_points(const std::string& s) {
   return out;
 }
 
-bool py_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-char ascii_upper(char c) { return c >= 'a' && c <= 'z' ? static_cast<char>(c - 32) : c; }
-char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; }
 bool ascii_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
 // ---- printing ----
@@ -453,52 +451,86 @@ std::vector<size_t> slice_indices(int64_t len, const Value* start, const Value* 
   return out;
 }
 
-std::string strip_chars(const std::string& s, const Value* chars, bool left, bool right) {
-  auto strip_set = [&](char c) {
-    if (!chars || chars->kind == Kind::kNone || chars->is_undefined()) return py_space(c);
-    return chars->s.find(c) != std::string::npos;
-  };
-  size_t b = 0;
-  size_t e = s.size();
-  if (left) {
-    while (b < e && strip_set(s[b])) ++b;
+// Python's text units of s with their byte offsets (unicode::next_unit: code points, ill-formed bytes opaque);
+// starts has one more element than units, s.size().
+struct Units {
+  std::vector<uint32_t> units;
+  std::vector<size_t> starts;
+};
+Units units_of(const std::string& s) {
+  Units u;
+  for (size_t i = 0; i < s.size();) {
+    u.starts.push_back(i);
+    u.units.push_back(unicode::next_unit(s, i));
   }
-  if (right) {
-    while (e > b && strip_set(s[e - 1])) --e;
-  }
-  return s.substr(b, e - b);
+  u.starts.push_back(s.size());
+  return u;
 }
 
-std::string title_case(const std::string& s) {
-  std::string out = s;
-  bool prev_cased = false;
-  for (char& c : out) {
-    if (ascii_alpha(c)) {
-      c = prev_cased ? ascii_lower(c) : ascii_upper(c);
-      prev_cased = true;
+// str.strip/lstrip/rstrip: `chars` (a string: a set of code points) or, when absent or none, str.isspace().
+std::string strip_chars(const std::string& s, const Value* chars, bool left, bool right) {
+  std::vector<uint32_t> set;
+  const bool whitespace = !chars || chars->kind == Kind::kNone || chars->is_undefined();
+  if (!whitespace) set = units_of(chars->s).units;
+  auto strip = [&](uint32_t unit) {
+    return whitespace ? unicode::is_py_space(unit) : std::find(set.begin(), set.end(), unit) != set.end();
+  };
+  const Units u = units_of(s);
+  size_t b = 0;
+  size_t e = u.units.size();
+  if (left) {
+    while (b < e && strip(u.units[b])) ++b;
+  }
+  if (right) {
+    while (e > b && strip(u.units[e - 1])) --e;
+  }
+  return s.substr(u.starts[b], u.starts[e] - u.starts[b]);
+}
+
+// jinja2's `title` filter (not str.title): words begin after runs of '-', whitespace, '(', '{', '[', '<' (its
+// regex ([-\s({\[<]+)); each word's first character is upper-cased and the rest lowered, so "o'neil" -> "O'neil".
+std::string jinja_title(const std::string& s) {
+  const Units u = units_of(s);
+  auto separator = [](uint32_t unit) {
+    return unit == '-' || unit == '(' || unit == '{' || unit == '[' || unit == '<' || unicode::is_py_space(unit);
+  };
+  std::string out;
+  size_t k = 0;
+  while (k < u.units.size()) {
+    size_t e = k;
+    if (separator(u.units[k])) {
+      while (e < u.units.size() && separator(u.units[e])) ++e;
+      out.append(s, u.starts[k], u.starts[e] - u.starts[k]);
     } else {
-      prev_cased = static_cast<unsigned char>(c) >= 0x80 && prev_cased;
+      while (e < u.units.size() && !separator(u.units[e])) ++e;
+      const std::string_view word(s.data() + u.starts[k], u.starts[e] - u.starts[k]);
+      const size_t second = u.starts[k + 1] - u.starts[k];
+      out += unicode::py_upper(word.substr(0, second));
+      out += unicode::py_lower(word.substr(second));
     }
+    k = e;
   }
   return out;
 }
 
+// str.split(): by `sep`, or when it is absent or none by runs of str.isspace() characters, ignoring them at the
+// ends (after maxsplit splits the rest is one piece, its leading whitespace dropped and its trailing kept).
 std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_t maxsplit, int line) {
   std::vector<std::string> out;
   if (!sep || sep->kind == Kind::kNone || sep->is_undefined()) {
+    const Units u = units_of(s);
+    const size_t n = u.units.size();
     size_t k = 0;
-    while (k < s.size()) {
-      while (k < s.size() && py_space(s[k])) ++k;
-      if (k >= s.size()) break;
+    while (k < n) {
+      while (k < n && unicode::is_py_space(u.units[k])) ++k;
+      if (k >= n) break;
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-        size_t e = s.size();
-        while (e > k && py_space(s[e - 1])) --e;
-        out.push_back(s.substr(k, e - k));
+        out.push_back(s.substr(u.starts[k]));
         break;
       }
       size_t e = k;
-      while (e < s.size() && !py_space(s[e])) ++e;
-      out.push_back(s.substr(k, e - k));
+      while (e < n && !unicode::is_py_space(u.units[e])) ++e;
+      out.push_back(s.substr(u.starts[k], u.starts[e] - u.starts[k]));
       k = e;
     }
     return out;
@@ -514,6 +546,23 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
     k = at + sep->s.size();
   }
   out.push_back(s.substr(k));
+  return out;
+}
+
+// str.splitlines() (without keepends): split at each of Python's line boundaries, \r\n counting as one; no
+// empty last line after a final boundary.
+std::vector<std::string> py_splitlines(const std::string& s) {
+  const Units u = units_of(s);
+  const size_t n = u.units.size();
+  std::vector<std::string> out;
+  size_t k = 0;
+  while (k < n) {
+    size_t e = k;
+    while (e < n && !unicode::is_py_line_break(u.units[e])) ++e;
+    out.push_back(s.substr(u.starts[k], u.starts[e] - u.starts[k]));
+    if (e + 1 < n && u.units[e] == '\r' && u.units[e + 1] == '\n') ++e;
+    k = e + 1;
+  }
   return out;
 }
 
@@ -1215,18 +1264,10 @@ class Renderer {
     if (name == "strip") return Value::string(strip_chars(s, str_arg(0, "chars"), true, true));
     if (name == "lstrip") return Value::string(strip_chars(s, str_arg(0, "chars"), true, false));
     if (name == "rstrip") return Value::string(strip_chars(s, str_arg(0, "chars"), false, true));
-    if (name == "upper" || name == "lower") {
-      std::string out = s;
-      for (char& c : out) c = name == "upper" ? ascii_upper(c) : ascii_lower(c);
-      return Value::string(std::move(out));
-    }
-    if (name == "title") return Value::string(title_case(s));
-    if (name == "capitalize") {
-      std::string out = s;
-      for (char& c : out) c = ascii_lower(c);
-      if (!out.empty()) out[0] = ascii_upper(out[0]);
-      return Value::string(std::move(out));
-    }
+    if (name == "upper") return Value::string(unicode::py_upper(s));
+    if (name == "lower") return Value::string(unicode::py_lower(s));
+    if (name == "title") return Value::string(unicode::py_title(s));
+    if (name == "capitalize") return Value::string(unicode::py_capitalize(s));
     if (name == "startswith" || name == "endswith") {
       const Value* p = args.get(0, "prefix");
       if (!p) fail(line, "str." + name + "() needs an argument");
@@ -1247,14 +1288,7 @@ class Renderer {
     }
     if (name == "splitlines") {
       List out;
-      size_t k = 0;
-      while (k < s.size()) {
-        size_t e = k;
-        while (e < s.size() && s[e] != '\n' && s[e] != '\r') ++e;
-        out.push_back(Value::string(s.substr(k, e - k)));
-        if (e < s.size() && s[e] == '\r' && e + 1 < s.size() && s[e + 1] == '\n') ++e;
-        k = e + 1;
-      }
+      for (auto& l : py_splitlines(s)) out.push_back(Value::string(std::move(l)));
       return Value::of_list(std::move(out));
     }
     if (name == "replace") {
@@ -1332,7 +1366,8 @@ class Renderer {
       const Value* chars = args.get(0, "chars");
       return Value::string(strip_chars(need_string("trim"), chars, true, true));
     }
-    if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
+    if (name == "title") return Value::string(jinja_title(need_string("title")));
+    if (name == "upper" || name == "lower" || name == "capitalize") {  // jinja2 calls the str methods
       Args none;
       return call_method(Value::string(need_string(name.c_str())), name, none, line);
     }
@@ -1533,18 +1568,7 @@ class Renderer {
         unit = width->kind == Kind::kString
                    ? width->s
                    : std::string(static_cast<size_t>(std::clamp<int64_t>(as_int(*width), 0, 256)), ' ');
-      const std::string s = need_string("indent") + "\n";
-      std::vector<std::string> lines;
-      {
-        size_t k = 0;
-        while (k < s.size()) {
-          size_t e = k;
-          while (e < s.size() && s[e] != '\n' && s[e] != '\r') ++e;
-          lines.push_back(s.substr(k, e - k));
-          if (e < s.size() && s[e] == '\r' && e + 1 < s.size() && s[e + 1] == '\n') ++e;
-          k = e + 1;
-        }
-      }
+      const std::vector<std::string> lines = py_splitlines(need_string("indent") + "\n");  // as jinja2 does
       std::string out;
       if (blank && truthy(*blank)) {
         for (size_t k = 0; k < lines.size(); ++k) out += (k ? "\n" + unit : "") + lines[k];
@@ -1565,7 +1589,7 @@ class Renderer {
       auto key = [&](const Value& x) {
         Value k = attr ? attr_path(x, to_str(*attr), line) : x;
         if (!case_sensitive && k.kind == Kind::kString) {
-          for (char& c : k.s) c = ascii_lower(c);
+          k.s = unicode::py_lower(k.s);  // jinja2's ignore_case: str.lower()
         }
         return k;
       };

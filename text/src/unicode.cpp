@@ -277,6 +277,130 @@ std::string lowercase(std::string_view s) {
   return r;
 }
 
+// ---- Python's str semantics ----
+
+uint32_t next_unit(std::string_view s, size_t& i) {
+  if (utf8_sequence(s, i, nullptr) == 0) return kRawByte | static_cast<uint8_t>(s[i++]);
+  return next_cp(s, i);
+}
+
+void append_unit(std::string& out, uint32_t unit) {
+  if ((unit & kRawByte) != 0) {
+    out.push_back(static_cast<char>(unit & 0xFF));
+  } else {
+    append_utf8(out, unit);
+  }
+}
+
+bool is_py_space(uint32_t unit) { return in_ranges(std::begin(data::kPySpace), std::end(data::kPySpace), unit); }
+
+bool is_py_line_break(uint32_t unit) {
+  return (unit >= 0x0A && unit <= 0x0D) || (unit >= 0x1C && unit <= 0x1E) || unit == 0x85 || unit == 0x2028 ||
+         unit == 0x2029;
+}
+
+namespace {
+
+enum class Case { kUpper, kLower, kTitle };
+
+// Appends Python's full `which` mapping of one unit (itself when it has none).
+void append_case(std::string& out, uint32_t unit, Case which) {
+  const auto* end = std::end(data::kCaseMap);
+  const auto* it = std::lower_bound(std::begin(data::kCaseMap), end, unit,
+                                    [](const data::CaseMap& m, uint32_t v) { return m.cp < v; });
+  if (it == end || it->cp != unit) {
+    append_unit(out, unit);
+    return;
+  }
+  const uint32_t mapped = which == Case::kUpper ? it->upper : which == Case::kLower ? it->lower : it->title;
+  if ((mapped & data::kCaseSpecialBit) == 0) {
+    append_utf8(out, mapped);
+    return;
+  }
+  for (const uint32_t cp : data::kCaseSpecial[mapped & ~data::kCaseSpecialBit].cp) {
+    if (cp != 0) append_utf8(out, cp);
+  }
+}
+
+bool is_cased(uint32_t unit) { return in_ranges(std::begin(data::kCased), std::end(data::kCased), unit); }
+bool is_case_ignorable(uint32_t unit) {
+  return in_ranges(std::begin(data::kCaseIgnorable), std::end(data::kCaseIgnorable), unit);
+}
+
+std::vector<uint32_t> units_of(std::string_view s) {
+  std::vector<uint32_t> units;
+  units.reserve(s.size());
+  for (size_t i = 0; i < s.size();) units.push_back(next_unit(s, i));
+  return units;
+}
+
+// Python's lowering of units[k] within its string: U+03A3 becomes final sigma U+03C2 when a cased character
+// precedes it and none follows, case-ignorable characters skipped either way (Unicode's Final_Sigma context, as
+// CPython's handle_capital_sigma reads it); any other unit its full lower mapping.
+void append_lower_at(std::string& out, const std::vector<uint32_t>& units, size_t k) {
+  if (units[k] != 0x3A3) {
+    append_case(out, units[k], Case::kLower);
+    return;
+  }
+  size_t j = k;
+  while (j > 0 && is_case_ignorable(units[j - 1])) --j;
+  bool final_sigma = j > 0 && is_cased(units[j - 1]);
+  if (final_sigma) {
+    j = k + 1;
+    while (j < units.size() && is_case_ignorable(units[j])) ++j;
+    final_sigma = j == units.size() || !is_cased(units[j]);
+  }
+  append_utf8(out, final_sigma ? 0x3C2 : 0x3C3);
+}
+
+}  // namespace
+
+std::string py_upper(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) append_case(out, next_unit(s, i), Case::kUpper);
+  return out;
+}
+
+std::string py_lower(std::string_view s) {
+  const auto units = units_of(s);
+  std::string out;
+  out.reserve(s.size());
+  for (size_t k = 0; k < units.size(); ++k) append_lower_at(out, units, k);
+  return out;
+}
+
+// Each character title-cased after an uncased one (or at the start) and lowered after a cased one.
+std::string py_title(std::string_view s) {
+  const auto units = units_of(s);
+  std::string out;
+  out.reserve(s.size());
+  bool previous_cased = false;
+  for (size_t k = 0; k < units.size(); ++k) {
+    if (previous_cased) {
+      append_lower_at(out, units, k);
+    } else {
+      append_case(out, units[k], Case::kTitle);
+    }
+    previous_cased = is_cased(units[k]);
+  }
+  return out;
+}
+
+std::string py_capitalize(std::string_view s) {
+  const auto units = units_of(s);
+  std::string out;
+  out.reserve(s.size());
+  for (size_t k = 0; k < units.size(); ++k) {
+    if (k == 0) {
+      append_case(out, units[k], Case::kTitle);
+    } else {
+      append_lower_at(out, units, k);
+    }
+  }
+  return out;
+}
+
 bool is_space(uint32_t c) {
   if (c < 0x80) return c == ' ' || (c >= 0x09 && c <= 0x0D);
   return c == 0x85 || c == 0xA0 || c == 0x1680 || c == 0x180E || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||

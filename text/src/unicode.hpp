@@ -30,6 +30,25 @@ std::string lowercase(std::string_view valid_utf8);
 // White space as PCRE2's \s under PCRE2_UCP (\p{Z}, \h, \v).
 bool is_space(uint32_t cp);
 
+// ---- Python's str semantics, for the Jinja engine's string methods and filters (tables generated from Python's
+// own str methods: see gen_unicode_data.py). Text need not be valid UTF-8: each byte outside a well-formed
+// sequence is one opaque unit (not space, not cased, copied unchanged), so no operation makes text worse.
+inline constexpr uint32_t kRawByte = 0x80000000;  // the unit of an ill-formed byte b is kRawByte | b
+// The unit at s[i] (a code point, or kRawByte | byte) and advances i past it.
+uint32_t next_unit(std::string_view s, size_t& i);
+void append_unit(std::string& out, uint32_t unit);
+// str.isspace(): U+0009-000D, U+001C-0020, U+0085, U+00A0, U+1680, U+2000-200A, U+2028-2029, U+202F, U+205F, U+3000.
+bool is_py_space(uint32_t unit);
+// The line boundaries of str.splitlines(): \n \v \f \r \x1c \x1d \x1e \x85 \u2028 \u2029 (and \r\n as one).
+bool is_py_line_break(uint32_t unit);
+// str.upper(), str.lower() (with its final-sigma rule), str.title() and str.capitalize() (whose first character
+// is title-cased, as Python 3.8+ does): Python's full case mappings of every code point, ß -> SS, ŉ -> ʼN,
+// ǅ -> ǆ, ﬀ -> FF and the rest included.
+std::string py_upper(std::string_view s);
+std::string py_lower(std::string_view s);
+std::string py_title(std::string_view s);
+std::string py_capitalize(std::string_view s);
+
 // Streaming holdback: the byte offset in valid UTF-8 `s` from which the trailing grapheme cluster starts, i.e.
 // what a later code point could still extend; s.size() when nothing must be held (empty, ends in LF or another
 // control, or the cluster is longer than max_bytes).

@@ -30,8 +30,14 @@
 //
 // Limits (documented differences from Python):
 //   - integers are 64-bit (overflow is an error); floats print as Python's repr does.
-//   - upper/lower/title/capitalize and strip() without arguments treat ASCII only; other characters pass
-//     unchanged (Python maps the whole of Unicode).
+//   - strings follow Python's str over all of Unicode, as of the Unicode version of the Python that generated
+//     text/src/unicode_data.inc (Debian 12's python3: Unicode 14.0.0): whitespace is str.isspace() (|trim,
+//     strip/lstrip/rstrip and split without arguments), line boundaries are str.splitlines()'s (splitlines,
+//     |indent), and upper/lower/title/capitalize (filters and methods, and sort/unique without case_sensitive)
+//     use Python's full case mappings of every code point, the multi-character ones (ß -> SS, ŉ -> ʼN, ﬃ -> FFI,
+//     İ -> i̇, ...), title case (ǆ -> ǅ) and lower's final sigma included. |title is jinja2's own (words begin
+//     after runs of '-', whitespace, '(', '{', '[', '<'). The tests `lower` and `upper` still look at ASCII
+//     letters only. Bytes that are not well-formed UTF-8 pass through these operations unchanged.
 //   - a filter that yields a generator in jinja2 (select, map, ...) yields a list here: the same when iterated,
 //     joined or passed to `list`, different only when printed bare (jinja2 prints "<generator object ...>").
 //   - dict keys are strings; objects keep the key order of the JSON given to render (nlohmann::json sorts keys:
