@@ -91,8 +91,9 @@ const mc::text::Tokenizer& bytelevel() {
         {"decoder", {{"type", "ByteLevel"}}},
         {"post_processor",
          {{"type", "TemplateProcessing"},
-          {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
-                      {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+          {"single",
+           {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+            {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
           {"special_tokens",
            {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {bos}}, {"tokens", {"<|begin_of_text|>"}}}}}}}},
         {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}, {"ignore_merges", true}}}};
@@ -145,10 +146,15 @@ const mc::text::Tokenizer& sentencepiece() {
             {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
         {"post_processor",
          {{"type", "TemplateProcessing"},
-          {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+          {"single",
+           {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
           {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
         {"model",
-         {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}, {"unk_token", "<unk>"}, {"byte_fallback", true},
+         {{"type", "BPE"},
+          {"vocab", vocab},
+          {"merges", m},
+          {"unk_token", "<unk>"},
+          {"byte_fallback", true},
           {"fuse_unk", true}}}};
     auto r = mc::text::Tokenizer::from_json(doc.dump(), "fuzz sentencepiece");
     if (!r.is_ok()) broken(("sentencepiece tokenizer: " + r.status().to_string()).c_str());
@@ -216,7 +222,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (const mc::text::Tokenizer* t : {&bytelevel(), &sentencepiece()}) {
           std::vector<uint32_t> ids;
           for (size_t i = 0; i + 1 < rest.size(); i += 2) {
-            const uint32_t v = static_cast<uint8_t>(rest[i]) | (static_cast<uint32_t>(static_cast<uint8_t>(rest[i + 1])) << 8);
+            const uint32_t v =
+                static_cast<uint8_t>(rest[i]) | (static_cast<uint32_t>(static_cast<uint8_t>(rest[i + 1])) << 8);
             ids.push_back(v % static_cast<uint32_t>(t->vocab_size()));
           }
           stream(*t, ids);
@@ -230,7 +237,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } catch (const nlohmann::json::exception&) {
           return 0;
         }
-        const json messages = json::array({{{"role", "system"}, {"content", rest}}, {{"role", "user"}, {"content", rest}}});
+        const json messages =
+            json::array({{{"role", "system"}, {"content", rest}}, {{"role", "user"}, {"content", rest}}});
         auto r = chat_template().render(messages, nullptr, (data[0] & 4) != 0);
         if (!r.is_ok()) break;  // e.g. content that is not UTF-8: an error, not a crash
         utf8(r.value());
