@@ -2,8 +2,9 @@
 # toy-chat-model.sh: writes a small Hugging Face model directory with a real tokenizer and a real chat template, for
 # trying mc's text path (tokenizer, chat template, the OpenAI API; docs/DESIGN.md §15) without downloading a model:
 #   DIR/tokenizer.json         a byte-level BPE in Llama 3's layout (its split regex, NFC, ByteLevel, special tokens
-#                              <|begin_of_text|> <|eot_id|> ..., a BOS post-processor), trained on this repository's
-#                              docs by tests/text/make_tokenizers.py (Python's standard library; deterministic)
+#                              <|begin_of_text|> <|eot_id|> ..., a BOS post-processor), trained on a frozen
+#                              slice of the docs (tests/text/corpus.txt) by tests/text/make_tokenizers.py (Python's
+#                              standard library; deterministic)
 #   DIR/tokenizer_config.json  Llama 3.2 Instruct's chat template (tests/text/templates/, its licence noted there),
 #                              bos_token <|begin_of_text|>, eos_token <|eot_id|>
 #   DIR/config.json, DIR/model.safetensors

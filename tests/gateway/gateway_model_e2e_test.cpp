@@ -2,7 +2,7 @@
 // whole cluster (examples/local-cluster.sh --backend ref --gateway):
 //   * the directory examples/toy-chat-model.sh writes: `mc-model init` weights (Llama, 4 layers of 256: a prefill
 //     dear enough on this CPU that fetching a cached prefix beats recomputing it, as with real models), the byte-level
-//     BPE tokenizer.json that tests/text/make_tokenizers.py trains on this repository's text (Llama 3's split regex
+//     BPE tokenizer.json that tests/text/make_tokenizers.py trains on tests/text/corpus.txt (Llama 3's split regex
 //     and special tokens), and a tokenizer_config.json holding Llama 3.2's real chat template (tests/text/templates/);
 //   * /tokenize and /detokenize against the tokenizer the gateway loaded (a round trip of emoji, CJK and combining
 //     marks), the chat prompt /tokenize renders equal to a chat completion's prompt_tokens;

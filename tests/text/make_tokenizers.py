@@ -1,6 +1,13 @@
 #!/usr/bin/python3
-"""Trains small BPE tokenizers on text of this repository and writes them as Hugging Face tokenizer.json files,
-for tokenizer_test.cpp (standard library only; deterministic: the same files every run).
+"""Trains small BPE tokenizers on a fixed corpus and writes them as Hugging Face tokenizer.json files, for
+tokenizer_test.cpp, tokenizer_bench.cpp and examples/toy-chat-model.sh (standard library only; deterministic: the
+same files every run).
+
+The corpus is corpus.txt beside this script, and nothing else: a frozen slice of docs/DESIGN.md plus multilingual
+lines (emoji, CJK, combining marks) repeated 20 times. It is frozen so that editing the docs does not change the
+trained vocabularies, and with them the ids and the gateway's outputs quoted in README.md (a toy model's streamed
+answer, prompt token counts), which must stay reproducible. Do not edit corpus.txt unless you mean to regenerate
+every output derived from these tokenizers.
 
 Usage: make_tokenizers.py OUT_DIR [MERGES]
 Writes:
@@ -21,26 +28,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import ref_tokenizer  # noqa: E402  (its pre-tokenizer splitting; training only needs plausible words)
 
-MULTILINGUAL = """Grüße aus Köln, naïve café, résumé, façade, jalapeño, Ærø, smørrebrød.
-Ελληνικά κείμενα και Русский текст, Українська мова, ქართული.
-日本語のテキスト、中文文本，한국어 텍스트。東京都は日本の首都です。
-Emoji: 👍 👍🏽 👨‍👩‍👧 🇫🇷 🇯🇵 ❤️ 🎉 🤖
-Combining: e\u0301 a\u0308 n\u0303 o\u0302\u0323 Z\u0335\u0321a\u0336l\u0337g\u0338o
-Numbers 1234567890 3.14159 2024-06-01 and code: for (int i = 0; i < n; ++i) { x += y[i]; }
-"""
-
 SPECIALS_BYTELEVEL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                       "<|eot_id|>"]
 
 
 def corpus():
-    root = os.path.abspath(os.path.join(HERE, "..", ".."))
-    parts = []
-    for rel in ("docs/DESIGN.md", "README.md"):
-        with open(os.path.join(root, rel), encoding="utf-8") as f:
-            parts.append(f.read())
-    parts.append(MULTILINGUAL * 20)
-    return "".join(parts)
+    """The frozen training corpus (see the docstring above)."""
+    with open(os.path.join(HERE, "corpus.txt"), encoding="utf-8") as f:
+        return f.read()
 
 
 def train(words, initial, n_merges):

@@ -2,7 +2,8 @@
 // Llama 3 / Qwen2 style, GPT-2 style, SentencePiece-style BPE) checked id for id against ref_tokenizer.py, an
 // independent Python implementation, on prose, emoji, CJK, combining marks, invalid UTF-8, special tokens, long
 // words, whitespace and digits; decode(encode(x)) round trips; streaming output == decode on every case; and
-// malformed tokenizer.json files refused with clear errors.
+// malformed tokenizer.json files refused with clear errors; token_bytes (a token's raw bytes) and
+// DecodeStream::pending (the text held back).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -392,6 +393,185 @@ TEST_F(TokenizerRef, StreamArbitraryIds) {
       all += ds.finish();
       EXPECT_TRUE(valid_utf8(all)) << name;
       EXPECT_EQ(all, tok->decode(ids, round % 2 == 0)) << name << " round " << round;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------- token_bytes and pending
+
+std::string joined_token_bytes(const Tokenizer& tok, std::span<const uint32_t> ids) {
+  std::string s;
+  for (uint32_t id : ids) s += tok.token_bytes(id);
+  return s;
+}
+
+// What token_bytes concatenate to over encode(text, false, false): the text itself for the byte-level tokenizers
+// (the cases below are NFC already), " " + text for SentencePiece style (its Prepend, ▁ back to a space).
+std::string expected_token_bytes(const std::string& name, const std::string& text) {
+  return name == "sp" && !text.empty() ? " " + text : text;
+}
+
+std::vector<Case> valid_cases() {
+  std::vector<Case> out;
+  for (auto& c : cases())
+    if (c.exact_round_trip) out.push_back(c);
+  out.push_back({"rare_emoji_and_cjk", "\xF0\x9F\xA6\x80 crab \xF0\x9F\xAA\xBC \xE9\xBE\x98\xE9\xBD\x89 \xEA\xB0\x80"});
+  // The docs, less the GPT-2 style tokenizer's added token "<tool>" (which absorbs the spaces beside it), and NFC
+  // already (x has no precomposed form with an acute).
+  std::string docs = repo_text(12000);
+  for (size_t p = docs.find("<tool>"); p != std::string::npos; p = docs.find("<tool>", p)) docs.replace(p, 6, "(tool)");
+  out.push_back({"long_answer", docs + " \xF0\x9F\x87\xAB\xF0\x9F\x87\xB7 x\xCC\x81\xCC\x81 \xF0\x9F\xA6\x80"});
+  return out;
+}
+
+TEST_F(TokenizerRef, TokenBytesConcatenateToText) {
+  for (const char* name : {"bytelevel", "gpt2", "sp"}) {
+    auto tok = Tokenizer::load(path(name));
+    ASSERT_TRUE(tok.is_ok());
+    for (const auto& c : valid_cases()) {
+      const auto ids = tok->encode(c.text, false, false);
+      const std::string joined = joined_token_bytes(*tok, ids);
+      EXPECT_EQ(joined, expected_token_bytes(name, c.text)) << name << "/" << c.name;
+      // decode is the same bytes (repaired: valid text has nothing to repair) less SentencePiece's stripped space.
+      EXPECT_EQ(expected_token_bytes(name, tok->decode(ids, false)), joined) << name << "/" << c.name;
+    }
+  }
+}
+
+TEST_F(TokenizerRef, TokenBytesOfSplitCharactersAndSpecials) {
+  auto tok = Tokenizer::load(path("gpt2"));
+  ASSERT_TRUE(tok.is_ok());
+  // A crab (U+1F980) is not in the training corpus: it takes more than one token, each with part of its bytes.
+  const std::string crab = "\xF0\x9F\xA6\x80";
+  const auto ids = tok->encode(crab, false, false);
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(joined_token_bytes(*tok, ids), crab);
+  EXPECT_EQ(tok->decode(std::vector<uint32_t>{ids[0]}, false), "\xEF\xBF\xBD");  // decode repairs; token_bytes not
+  EXPECT_EQ(tok->token_bytes(ids[0]), crab.substr(0, tok->token_bytes(ids[0]).size()));
+  // An emoji split in exactly two tokens: "ðŁ" (bytes F0 9F, a token in every vocabulary trained here) and the rest.
+  const auto f09f = tok->token_to_id("\xC3\xB0\xC5\x81");
+  ASSERT_TRUE(f09f.has_value());
+  EXPECT_EQ(tok->token_bytes(*f09f), "\xF0\x9F");
+  const auto a6 = tok->token_to_id("\xC2\xA6"), x80 = tok->token_to_id("\xC4\xA2");  // bytes A6 and 80
+  ASSERT_TRUE(a6.has_value() && x80.has_value());
+  EXPECT_EQ(tok->token_bytes(*a6) + tok->token_bytes(*x80), "\xA6\x80");
+  EXPECT_EQ(tok->token_bytes(*f09f) + tok->token_bytes(*a6) + tok->token_bytes(*x80), crab);
+  EXPECT_EQ(tok->token_bytes(*tok->token_to_id("\xC4\xA0the")), " the");  // Ġ is the space byte
+  // Added tokens: their content; ids outside the vocabulary: nothing.
+  EXPECT_EQ(tok->token_bytes(*tok->token_to_id("<|endoftext|>")), "<|endoftext|>");
+  EXPECT_EQ(tok->token_bytes(*tok->token_to_id("<tool>")), "<tool>");
+  EXPECT_EQ(tok->token_bytes(static_cast<uint32_t>(tok->vocab_size())), "");
+  EXPECT_EQ(tok->token_bytes(1u << 30), "");
+
+  auto sp = Tokenizer::load(path("sp"));
+  ASSERT_TRUE(sp.is_ok());
+  EXPECT_EQ(sp->token_bytes(*sp->token_to_id("<0xF0>")), "\xF0");  // byte fallback: the one byte
+  EXPECT_EQ(sp->token_bytes(*sp->token_to_id("<0x20>")), " ");
+  EXPECT_EQ(sp->token_bytes(*sp->token_to_id("<s>")), "<s>");
+  EXPECT_EQ(sp->token_bytes(*sp->token_to_id("\xE2\x96\x81")), " ");  // ▁ is a space, even as the first token
+  const auto crab_ids = sp->encode(crab, false, false);               // ▁ then the four byte tokens
+  ASSERT_EQ(crab_ids.size(), 5u);
+  EXPECT_EQ(sp->token_bytes(crab_ids[1]) + sp->token_bytes(crab_ids[2]), "\xF0\x9F");
+  EXPECT_EQ(joined_token_bytes(*sp, crab_ids), " " + crab);
+  EXPECT_EQ(sp->decode(crab_ids, false), crab);  // the Strip decoder removes the leading space; token_bytes keeps it
+}
+
+// After every feed, released + pending() is everything the ids so far stand for: decode(ids) where it ends in a
+// whole character, else the same with the trailing partial character as raw bytes, i.e. the token_bytes (less
+// SentencePiece's stripped leading space); finish() returns pending().
+TEST_F(TokenizerRef, StreamPendingIsTheUnreleasedText) {
+  for (const char* name : {"bytelevel", "gpt2", "sp"}) {
+    auto tok = Tokenizer::load(path(name));
+    ASSERT_TRUE(tok.is_ok());
+    for (const auto& c : valid_cases()) {
+      for (bool skip : {false, true}) {
+        const std::string what = std::string(name) + "/" + c.name + " skip=" + std::to_string(skip);
+        const auto ids = tok->encode(c.text, true, false);  // with BOS: a special the stream may skip
+        DecodeStream ds(*tok, skip);
+        EXPECT_EQ(ds.pending(), "") << what;
+        std::string released, held_at_end, raw;
+        size_t held_often = 0;
+        for (size_t i = 0; i < ids.size(); ++i) {
+          const size_t before = released.size();
+          released += ds.feed(ids[i]);
+          const std::string pending = ds.pending();
+          held_often += pending.empty() ? 0 : 1;
+          held_at_end = pending;
+          if (!(skip && tok->is_special(ids[i]))) raw += tok->token_bytes(ids[i]);
+          // released + pending == raw (less SentencePiece's stripped space), checked on the new part only.
+          const size_t off = std::string(name) == "sp" && !raw.empty() && raw[0] == ' ' ? 1 : 0;
+          ASSERT_EQ(raw.size() - off, released.size() + pending.size()) << what << " after " << i + 1 << " ids";
+          ASSERT_EQ(raw.substr(off + before), released.substr(before) + pending) << what << " after " << i + 1;
+          // decode(ids so far) costs O(ids): every id of the shorter answers, a sample of the long one.
+          if (ids.size() > 1500 && i % 97 != 0 && i + 1 != ids.size()) continue;
+          const std::string decoded = tok->decode(std::span<const uint32_t>(ids.data(), i + 1), skip);
+          if (decoded.size() < 3 || decoded.compare(decoded.size() - 3, 3, "\xEF\xBF\xBD") != 0)
+            ASSERT_EQ(released + pending, decoded) << what << " after " << i + 1 << " ids";
+        }
+        EXPECT_EQ(ds.finish(), held_at_end) << what;
+        EXPECT_EQ(ds.pending(), "") << what;
+        if (c.text.size() > 20) EXPECT_GT(held_often, 0u) << what;
+      }
+    }
+  }
+}
+
+TEST_F(TokenizerRef, StreamPendingHoldsPartialCharacters) {
+  auto tok = Tokenizer::load(path("gpt2"));
+  ASSERT_TRUE(tok.is_ok());
+  // The crab byte by byte: pending is its raw bytes so far; nothing is released until the next token shows the
+  // cluster complete.
+  const std::vector<uint32_t> ids = {*tok->token_to_id("\xC3\xB0"), *tok->token_to_id("\xC5\x81"),
+                                     *tok->token_to_id("\xC2\xA6"), *tok->token_to_id("\xC4\xA2")};
+  DecodeStream ds(*tok, false);
+  const std::string crab = "\xF0\x9F\xA6\x80";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(ds.feed(ids[i]), "");
+    EXPECT_EQ(ds.pending(), crab.substr(0, i + 1));
+  }
+  EXPECT_EQ(ds.feed(*tok->token_to_id("!")), crab);
+  EXPECT_EQ(ds.pending(), "!");
+  EXPECT_EQ(ds.feed(*tok->token_to_id("\xC4\x8A")), "!\n");  // a line break releases everything
+  EXPECT_EQ(ds.pending(), "");
+  EXPECT_EQ(ds.finish(), "");
+  // A stop string that ends in the held cluster ("f" may still take a combining mark) is visible before the next
+  // token comes.
+  DecodeStream stop(*tok, false);
+  std::string released;
+  for (uint32_t id : tok->encode("STOP caf", false)) released += stop.feed(id);
+  EXPECT_NE((released + stop.pending()).find("STOP caf"), std::string::npos);
+  // A byte that can never start a character stays U+FFFD in pending (as decode and finish show it).
+  DecodeStream bad(*tok, false);
+  bad.feed(*tok->token_to_id("a"));
+  bad.feed(*tok->token_to_id("\xC3\xBF"));  // byte FF
+  EXPECT_EQ(bad.pending(), "a\xEF\xBF\xBD");
+  EXPECT_EQ(bad.finish(), "a\xEF\xBF\xBD");
+}
+
+// Arbitrary ids: wherever decode(ids so far) ends in a whole character, released + pending() equals it.
+TEST_F(TokenizerRef, StreamPendingOnArbitraryIds) {
+  std::mt19937 rng(9);
+  for (const char* name : {"bytelevel", "sp"}) {
+    auto tok = Tokenizer::load(path(name));
+    ASSERT_TRUE(tok.is_ok());
+    const auto n = static_cast<uint32_t>(tok->vocab_size());
+    for (int round = 0; round < 100; ++round) {
+      std::vector<uint32_t> ids;
+      const int len = static_cast<int>(rng() % 80);
+      for (int i = 0; i < len; ++i) ids.push_back(rng() % 4 == 0 ? rng() % 260 : rng() % (n + 5));
+      const bool skip = round % 2 == 0;
+      DecodeStream ds(*tok, skip);
+      std::string released, last_pending;
+      bool last_whole = true;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        released += ds.feed(ids[i]);
+        last_pending = ds.pending();
+        const std::string decoded = tok->decode(std::span<const uint32_t>(ids.data(), i + 1), skip);
+        last_whole = decoded.size() < 3 || decoded.compare(decoded.size() - 3, 3, "\xEF\xBF\xBD") != 0;
+        if (last_whole) ASSERT_EQ(released + last_pending, decoded) << name << " round " << round << " id " << i;
+      }
+      const std::string rest = ds.finish();
+      if (last_whole) EXPECT_EQ(rest, last_pending) << name << " round " << round;
     }
   }
 }

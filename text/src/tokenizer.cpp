@@ -349,6 +349,10 @@ struct TokenizerImpl {
   void encode(std::string_view text, bool add_special, bool parse_special, std::vector<uint32_t>& out) const;
   void encode_segment(std::string_view seg, bool at_start, std::vector<uint32_t>& out) const;
   std::string decode(std::span<const uint32_t> ids, bool skip_special) const;
+  std::string token_bytes(uint32_t id) const;  // Tokenizer::token_bytes
+  // The raw bytes of the incomplete UTF-8 character decode(ids, skip_special) ends with ("" when it ends with none),
+  // and in *replacements how many U+FFFD decode shows for them.
+  std::string incomplete_tail(std::span<const uint32_t> ids, bool skip_special, size_t* replacements) const;
 };
 
 namespace tok {
@@ -1089,37 +1093,56 @@ size_t skip_space_backward(std::string_view s, size_t begin, size_t e) {
 
 // ------------------------------------------------------------------------------------------------- decoding
 
+// A byte-level token's bytes: each character back through GPT-2's byte map; the token itself (as decode keeps it)
+// when a character is outside the map. `t` is valid UTF-8 (a vocabulary string).
+std::string byte_level_bytes(const std::string& t) {
+  const ByteAlphabet& alpha = byte_alphabet();
+  std::string b;
+  for (size_t i = 0; i < t.size();) {
+    auto it = alpha.to_byte.find(unicode::next_cp(t, i));
+    if (it == alpha.to_byte.end()) return t;
+    b.push_back(static_cast<char>(it->second));
+  }
+  return b;
+}
+
+// The byte a byte-fallback token <0xNN> stands for, or -1 when `t` is not one.
+int byte_token_value(std::string_view t) {
+  const auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>' || hex(t[3]) < 0 || hex(t[4]) < 0) return -1;
+  return hex(t[3]) * 16 + hex(t[4]);
+}
+
+// The Metaspace decoder on one token: each `replacement` becomes a space.
+std::string metaspace_to_spaces(const std::string& t, const std::string& replacement) {
+  std::string r;
+  for (size_t p = 0; p < t.size();) {
+    if (!replacement.empty() && t.compare(p, replacement.size(), replacement) == 0) {
+      r.push_back(' ');
+      p += replacement.size();
+    } else {
+      r.push_back(t[p++]);
+    }
+  }
+  return r;
+}
+
 void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
   switch (d.kind) {
     case Decoder::kByteLevel: {
-      const ByteAlphabet& alpha = byte_alphabet();
       std::string bytes;
-      for (const auto& t : toks) {
-        std::string b;
-        bool ok = true;
-        for (size_t i = 0; i < t.size() && ok;) {
-          auto it = alpha.to_byte.find(unicode::next_cp(t, i));
-          if (it == alpha.to_byte.end())
-            ok = false;
-          else
-            b.push_back(static_cast<char>(it->second));
-        }
-        bytes += ok ? b : t;
-      }
+      for (const auto& t : toks) bytes += byte_level_bytes(t);
       toks.assign(1, unicode::repair_utf8(bytes));
       break;
     }
     case Decoder::kMetaspace:
       for (size_t i = 0; i < toks.size(); ++i) {
-        std::string r;
-        for (size_t p = 0; p < toks[i].size();) {
-          if (toks[i].compare(p, d.text.size(), d.text) == 0) {
-            r.push_back(' ');
-            p += d.text.size();
-          } else {
-            r.push_back(toks[i][p++]);
-          }
-        }
+        std::string r = metaspace_to_spaces(toks[i], d.text);
         if (i == 0 && d.prepend && !r.empty() && r[0] == ' ') r.erase(0, 1);
         toks[i] = std::move(r);
       }
@@ -1152,14 +1175,8 @@ void apply_decoder(const Decoder& d, std::vector<std::string>& toks) {
         bytes.clear();
       };
       for (auto& t : toks) {
-        const auto hex = [](char c) -> int {
-          if (c >= '0' && c <= '9') return c - '0';
-          if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-          if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-          return -1;
-        };
-        if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex(t[3]) >= 0 && hex(t[4]) >= 0) {
-          bytes.push_back(static_cast<char>(hex(t[3]) * 16 + hex(t[4])));
+        if (const int byte = byte_token_value(t); byte >= 0) {
+          bytes.push_back(static_cast<char>(byte));
         } else {
           flush();
           out.push_back(std::move(t));
@@ -1283,6 +1300,69 @@ std::string TokenizerImpl::decode(std::span<const uint32_t> ids, bool skip_speci
   return out;
 }
 
+std::string TokenizerImpl::token_bytes(uint32_t id) const {
+  if (id >= token_of.size() || !has_token[id]) return "";
+  const std::string& token = token_of[id];
+  if (auto it = added_ids.find(token); it != added_ids.end() && it->second == id) return token;
+  std::string s = token;
+  for (const auto& d : decoders) {
+    switch (d.kind) {
+      case tok::Decoder::kByteLevel:
+        // The map applies to the vocabulary's (valid UTF-8) string only: once a decoder made raw bytes, decode's
+        // ByteLevel would see the repaired text instead, which a single token's bytes cannot stand for.
+        if (unicode::is_valid_utf8(s)) s = tok::byte_level_bytes(s);
+        break;
+      case tok::Decoder::kMetaspace:
+        s = tok::metaspace_to_spaces(s, d.text);
+        break;
+      case tok::Decoder::kReplace:
+        if (!d.pattern.regex || unicode::is_valid_utf8(s)) s = d.pattern.replace_all(s, d.text);
+        break;
+      case tok::Decoder::kByteFallback:
+        if (const int byte = tok::byte_token_value(s); byte >= 0) s.assign(1, static_cast<char>(byte));
+        break;
+      case tok::Decoder::kFuse:   // joins tokens: nothing to do for one
+      case tok::Decoder::kStrip:  // depends on the token's position in the text
+        break;
+    }
+  }
+  return s;
+}
+
+std::string TokenizerImpl::incomplete_tail(std::span<const uint32_t> ids, bool skip_special,
+                                           size_t* replacements) const {
+  *replacements = 0;
+  // An incomplete character is at most 3 bytes: the last tokens' own bytes are enough (ids decode skips add none).
+  std::string bytes;
+  for (size_t k = ids.size(); k > 0 && bytes.size() < 3; --k) {
+    const uint32_t id = ids[k - 1];
+    if (skip_special && id < special.size() && special[id]) continue;
+    bytes.insert(0, token_bytes(id));
+  }
+  // The last lead byte within the last 3 bytes: a proper prefix of a well-formed sequence is incomplete.
+  for (size_t n = 1; n <= 3 && n <= bytes.size(); ++n) {
+    const auto lead = static_cast<uint8_t>(bytes[bytes.size() - n]);
+    if ((lead & 0xC0) == 0x80) continue;
+    const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    if (need <= n) return "";
+    std::string tail = bytes.substr(bytes.size() - n);
+    bool prefix = lead >= 0xC2 && lead <= 0xF4;
+    if (prefix && n >= 2) {  // the second byte's range depends on the lead; later ones are any continuation byte
+      std::string padded = tail;
+      padded.append(need - n, '\x80');
+      prefix = unicode::utf8_sequence(padded, 0, nullptr) == need;
+    }
+    if (!prefix) return "";
+    // ByteLevel repairs the incomplete character as one maximal ill-formed subpart (one U+FFFD); ByteFallback gives
+    // one U+FFFD per byte.
+    const bool byte_level = std::any_of(decoders.begin(), decoders.end(),
+                                        [](const tok::Decoder& d) { return d.kind == tok::Decoder::kByteLevel; });
+    *replacements = byte_level ? 1 : tail.size();
+    return tail;
+  }
+  return "";
+}
+
 // ------------------------------------------------------------------------------------------------ the API
 
 Result<Tokenizer> Tokenizer::from_json(std::string_view json_text, std::string_view source) {
@@ -1333,6 +1413,8 @@ std::optional<std::string> Tokenizer::id_to_token(uint32_t id) const {
   if (id >= impl_->token_of.size() || !impl_->has_token[id]) return std::nullopt;
   return impl_->token_of[id];
 }
+
+std::string Tokenizer::token_bytes(uint32_t id) const { return impl_->token_bytes(id); }
 
 bool Tokenizer::is_special(uint32_t id) const { return id < impl_->special.size() && impl_->special[id] != 0; }
 
@@ -1394,6 +1476,22 @@ std::string DecodeStream::emit_ready(bool final) {
 std::string DecodeStream::feed(uint32_t id) {
   ids_.push_back(id);
   return emit_ready(false);
+}
+
+std::string DecodeStream::pending() const {
+  if (emitted_ >= window_text_.size()) return "";
+  std::string held = window_text_.substr(emitted_);
+  // An incomplete character at the end: its raw bytes instead of the U+FFFDs decode shows for it (when those are
+  // all unreleased, as emit_ready holds trailing U+FFFDs).
+  size_t replacements = 0;
+  const std::string tail = impl_->incomplete_tail(ids_, skip_special_, &replacements);
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  const size_t n = replacements * kReplacement.size();
+  if (tail.empty() || held.size() < n) return held;
+  for (size_t k = 0; k < replacements; ++k)
+    if (held.compare(held.size() - n + k * kReplacement.size(), kReplacement.size(), kReplacement) != 0) return held;
+  held.resize(held.size() - n);
+  return held + tail;
 }
 
 std::string DecodeStream::finish() {

@@ -74,6 +74,23 @@ class Tokenizer {
   int64_t vocab_size() const;  // max id + 1 over the vocabulary and the added tokens
   std::optional<uint32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(uint32_t id) const;  // the vocabulary's string (byte-level form etc.)
+  // The raw bytes token `id` stands for on its own, before any UTF-8 repair (OpenAI logprobs' `bytes`: a client
+  // concatenates them to rebuild a character that spans tokens, so half of an emoji gives its raw bytes, not
+  // U+FFFD). The result need not be valid UTF-8:
+  //   an added token (special or not)  its content;
+  //   an id outside the vocabulary     "";
+  //   any other token                  its vocabulary string through the file's decoders, in order, each applied to
+  //                                    this token alone and without UTF-8 repair: ByteLevel maps every character
+  //                                    back through GPT-2's byte map (a string with a character outside the map is
+  //                                    kept, as decode does); ByteFallback makes <0xNN> the one byte 0xNN; Metaspace
+  //                                    and Replace replace ("▁" -> " " in Llama 2's files; a regex Replace only
+  //                                    when the bytes are valid UTF-8). What depends on the token's position is not
+  //                                    applied: Strip, and Metaspace's removal of the first token's leading space.
+  // So over ids = encode(x, false, false) of valid UTF-8 x, the concatenation of token_bytes is x as the normalizer
+  // left it: x itself for a byte-level tokenizer (NFC(x) with an NFC normalizer), and " " + x with the "▁"s
+  // back to spaces for SentencePiece style (Prepend + Replace), i.e. decode(ids) with the leading space its Strip
+  // removes. Characters the vocabulary lacks and byte fallback cannot cover (<unk>) are not recovered.
+  std::string token_bytes(uint32_t id) const;
   bool is_special(uint32_t id) const;
   // The post-processor's leading special token, else an added token named <s>, <|begin_of_text|>, <bos> or
   // <|startoftext|>; nullopt when neither exists.
@@ -101,6 +118,16 @@ class DecodeStream {
   DecodeStream(const Tokenizer& tokenizer, bool skip_special_tokens);
   std::string feed(uint32_t id);
   std::string finish();
+  // What the ids fed so far decode to beyond what feed() has released: the held-back trailing grapheme cluster
+  // and/or an incomplete character's bytes; "" when nothing is held (and after finish()). It lets a caller look for
+  // a stop string in (released + pending()) without waiting for the next token. An incomplete UTF-8 character at
+  // the end is given as its raw bytes (not the U+FFFD decode shows for it), so pending() need not be valid UTF-8;
+  // other replacement characters (bytes that can never form UTF-8) stay U+FFFD. Hence, after every feed:
+  //   released + pending() == decode(ids so far) whenever that decode does not end in U+FFFD;
+  //   otherwise it is decode(ids so far) with the trailing incomplete character as raw bytes, the same bytes as the
+  //   token_bytes of those ids (for ids encoded from valid text: the prefix of the text they stand for);
+  //   finish() returns exactly pending() unless the decode ends in U+FFFD (then finish() shows the U+FFFD).
+  std::string pending() const;
 
  private:
   std::string emit_ready(bool final);
