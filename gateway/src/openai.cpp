@@ -555,15 +555,17 @@ json utf8_bytes(const std::string& s) {
 void LogprobsBuilder::add(uint32_t token, const std::vector<proto::TokenLogprob>& entry) {
   const uint32_t ids[1] = {token};
   const std::string text = tokenizer_.decode(ids);
+  const std::string raw = tokenizer_.token_bytes(token);
   const float lp = entry.empty() ? 0.0f : entry[0].logprob;
   if (chat_) {
     json top = json::array();
     for (size_t i = 1; i < entry.size(); ++i) {
       const uint32_t alt[1] = {entry[i].token};
       const std::string t = tokenizer_.decode(alt);
-      top.push_back({{"token", t}, {"logprob", entry[i].logprob}, {"bytes", utf8_bytes(t)}});
+      top.push_back(
+          {{"token", t}, {"logprob", entry[i].logprob}, {"bytes", utf8_bytes(tokenizer_.token_bytes(entry[i].token))}});
     }
-    entries_.push_back({{"token", text}, {"logprob", lp}, {"bytes", utf8_bytes(text)}, {"top_logprobs", top}});
+    entries_.push_back({{"token", text}, {"logprob", lp}, {"bytes", utf8_bytes(raw)}, {"top_logprobs", top}});
   } else {
     json top = json::object();
     for (size_t i = 1; i < entry.size(); ++i) {
@@ -634,14 +636,18 @@ std::string AnswerBuilder::on_token(uint32_t id) {
     held_ += text_.finish();
     return release(true);
   }
-  // A stop string can only end in the new text, so the search starts max_stop - 1 bytes before it.
+  // A stop string can only end in the new text, so the search starts max_stop - 1 bytes before it. The new text
+  // includes what the stream still holds back (a grapheme a later token could extend): the answer ends at the token
+  // that completes a stop string, not one later.
   const size_t before = held_.size();
   held_ += text_.feed(id);
   if (!request_.stop.empty()) {
     const size_t from = before >= max_stop_ ? before - max_stop_ + 1 : 0;
-    const size_t at = find_stop(held_, request_.stop, from);
+    std::string view = held_ + text_.pending();
+    const size_t at = find_stop(view, request_.stop, from);
     if (at != std::string::npos) {
-      held_.resize(at);
+      view.resize(at);
+      held_ = std::move(view);
       finish_reason_ = "stop";
       return release(true);
     }

@@ -125,6 +125,13 @@ Result<std::string> Tokenizer::render_chat(const nlohmann::ordered_json& message
   }
   return hf_->chat->render(messages, nullptr, add_generation_prompt);
 }
+std::string Tokenizer::token_bytes(uint32_t id) const {
+  if (hf_) return hf_->tokenizer.token_bytes(id);
+  if (id < 256) return std::string(1, static_cast<char>(id));
+  const uint32_t ids[1] = {id};
+  return decode(ids);
+}
+
 bool Tokenizer::is_eos(uint32_t id) const { return std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end(); }
 
 Status Tokenizer::check_ids(std::span<const uint32_t> ids, std::string_view field) const {
@@ -203,6 +210,8 @@ std::string TextStream::feed(uint32_t id) {
   }
   return out;
 }
+
+std::string TextStream::pending() const { return hf_ ? hf_->stream.pending() : pending_; }
 
 std::string TextStream::finish() {
   if (hf_) return hf_->stream.finish();

@@ -142,7 +142,19 @@ async function realModel() {
     const ws = await streamed(chat, { ...sampled, stop: [stop] });
     check(ws.texts[0] === expect, `streamed stop '${stop}': '${ws.texts[0]}' != '${expect}'`);
     check(ws.reasons[0] === 'stop', `streamed stop finish_reason ${ws.reasons[0]}`);
-    stopped = { stop, text: expect };
+    // The answer ends at the token that completes the stop string: every token before the last leaves it incomplete.
+    const wl = await chat({ ...sampled, stop: [stop], logprobs: true });
+    const pieces = wl.choices[0].logprobs.content.map((t) => t.token);
+    check(pieces.join('').includes(stop), `stop '${stop}' not in the tokens ${JSON.stringify(pieces)}`);
+    check(!pieces.slice(0, -1).join('').includes(stop), `a token after stop '${stop}': ${JSON.stringify(pieces)}`);
+    check(wl.usage.completion_tokens === pieces.length, `completion_tokens ${wl.usage.completion_tokens} != ${pieces.length}`);
+    // Each token's bytes, concatenated, are the answer's bytes up to the stop (characters across tokens rebuilt).
+    const bytes = Buffer.from(wl.choices[0].logprobs.content.flatMap((t) => t.bytes));
+    // (A special token's bytes are its text, which the answer skips: then there is nothing to compare.)
+    if (!pieces.some((p) => p.startsWith('<|'))) {
+      check(bytes.toString('utf8').startsWith(expect), `token bytes '${bytes.toString('utf8')}' do not begin with '${expect}'`);
+    }
+    stopped = { stop, text: expect, tokens: pieces.length };
   }
 
   // n = 3: three choices, each as long as asked, streamed the same as whole.

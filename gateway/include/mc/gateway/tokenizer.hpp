@@ -62,6 +62,10 @@ class Tokenizer {
   std::vector<uint32_t> encode(std::string_view text, bool add_special_tokens = false, bool parse_special = true) const;
   // Ids -> text (the tokenizer's decoders). Byte-level: the bytes, invalid UTF-8 replaced by U+FFFD.
   std::string decode(std::span<const uint32_t> ids, bool skip_special_tokens = false) const;
+  // The raw bytes one token stands for (OpenAI logprobs' `bytes`: a client concatenates them to rebuild a character
+  // that spans tokens): tokenizer.json: text::Tokenizer::token_bytes; byte-level: the byte, or for an id above 255
+  // the one character decode() shows.
+  std::string token_bytes(uint32_t id) const;
   bool is_eos(uint32_t id) const;
   // kInvalidArgument naming `field` and the first id at or above the vocabulary.
   Status check_ids(std::span<const uint32_t> ids, std::string_view field) const;
@@ -97,6 +101,9 @@ class TextStream {
   std::string feed(uint32_t id);
   // What is still held, at the end of the answer (byte-level: an incomplete character as U+FFFD).
   std::string finish();
+  // What feed() has decoded but holds back, as raw bytes (an incomplete character; a grapheme a later token could
+  // extend), so a stop string can be found without waiting for the next token. Not released by this call.
+  std::string pending() const;
 
  private:
   struct HfState;
