@@ -513,8 +513,13 @@ class Gateway {
     };
     if (!body.is_object()) return bad("", "the request body must be a JSON object");
     for (const auto& [key, value] : body.items()) {
-      static const std::set<std::string> kKnown = {
-          "model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "return_token_strs"};
+      static const std::set<std::string> kKnown = {"model",
+                                                   "prompt",
+                                                   "messages",
+                                                   "add_special_tokens",
+                                                   "add_generation_prompt",
+                                                   "return_token_strs",
+                                                   "chat_template_kwargs"};
       if (kKnown.count(key) == 0) return bad(key, "unrecognized argument '" + key + "' of /tokenize");
     }
     if (!known_model(body, rs)) return;
@@ -529,7 +534,11 @@ class Gateway {
       Result<nlohmann::ordered_json> messages = parse_chat_messages(body["messages"], &err);
       if (!messages.is_ok()) return refuse(rs, err);
       if (!tok_.has_chat_template()) return bad("messages", "model '" + tok_.model() + "' has no chat template");
-      Result<std::string> text = tok_.render_chat(messages.value(), body.value("add_generation_prompt", true));
+      Result<nlohmann::ordered_json> kwargs =
+          parse_chat_template_kwargs(body.value("chat_template_kwargs", json()), &err);
+      if (!kwargs.is_ok()) return refuse(rs, err);
+      Result<std::string> text =
+          tok_.render_chat(messages.value(), body.value("add_generation_prompt", true), kwargs.value());
       if (!text.is_ok())
         return bad("messages", "the model's chat template refused the messages: " + text.status().message());
       ids = tok_.encode(text.value(), body.value("add_special_tokens", false));

@@ -195,6 +195,26 @@ Result<nlohmann::ordered_json> parse_chat_messages(const json& ms, ApiError* err
   return messages;
 }
 
+Result<nlohmann::ordered_json> parse_chat_template_kwargs(const json& v, ApiError* error) {
+  ApiError scratch;
+  if (error == nullptr) error = &scratch;
+  if (v.is_null()) return nlohmann::ordered_json::object();
+  if (!v.is_object() || v.size() > 64) {
+    return fail(error, 400, "chat_template_kwargs",
+                "'chat_template_kwargs' must be an object of at most 64 variables for the chat template");
+  }
+  // The variables the gateway itself sets are not the client's to replace.
+  static const std::set<std::string> kReserved = {"messages",  "tools",           "add_generation_prompt", "bos_token",
+                                                  "eos_token", "raise_exception", "strftime_now",          "documents"};
+  for (const auto& [key, value] : v.items()) {
+    if (kReserved.count(key) != 0) {
+      return fail(error, 400, "chat_template_kwargs." + key,
+                  "'chat_template_kwargs." + key + "' is set by mc-gateway, not by a request");
+    }
+  }
+  return nlohmann::ordered_json::parse(v.dump());
+}
+
 Result<json> parse_body(std::string_view body, const Tokenizer& tokenizer, ApiError* error) {
   JsonShapeLimits shape;
   shape.max_depth = 32;
@@ -234,7 +254,8 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
                                                 "frequency_penalty",
                                                 "logit_bias"};
   static const std::set<std::string> kCompletion = {"prompt", "best_of", "echo", "suffix"};
-  static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "response_format", "top_logprobs"};
+  static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "response_format", "top_logprobs",
+                                              "chat_template_kwargs"};
   // Known OpenAI fields mc does not implement: named as such.
   static const std::set<std::string> kRefused = {
       "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "modalities", "audio", "prediction"};
@@ -370,7 +391,11 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
                       "' has no chat template (its directory has no chat_template.jinja and tokenizer_config.json "
                       "names none): use /v1/completions");
     }
-    Result<std::string> prompt = tokenizer.render_chat(messages, /*add_generation_prompt=*/true);
+    nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+    if (body.contains("chat_template_kwargs")) {
+      MC_ASSIGN_OR_RETURN(kwargs, parse_chat_template_kwargs(body["chat_template_kwargs"], error));
+    }
+    Result<std::string> prompt = tokenizer.render_chat(messages, /*add_generation_prompt=*/true, kwargs);
     if (!prompt.is_ok()) {
       return fail(error, 400, "messages",
                   "the model's chat template refused the messages: " + prompt.status().message());

@@ -109,7 +109,8 @@ std::string Tokenizer::decode(std::span<const uint32_t> ids, bool skip_special_t
   return out + s.finish();
 }
 
-Result<std::string> Tokenizer::render_chat(const nlohmann::ordered_json& messages, bool add_generation_prompt) const {
+Result<std::string> Tokenizer::render_chat(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                           const nlohmann::ordered_json& kwargs) const {
   if (!hf_) {
     std::vector<ChatMessage> ms;
     for (const auto& m : messages) {
@@ -123,7 +124,8 @@ Result<std::string> Tokenizer::render_chat(const nlohmann::ordered_json& message
                                                  "' has no chat template (no chat_template.jinja, no chat_template in "
                                                  "tokenizer_config.json): use /v1/completions with the prompt as text");
   }
-  return hf_->chat->render(messages, nullptr, add_generation_prompt);
+  return hf_->chat->render(messages, nullptr, add_generation_prompt,
+                           kwargs.is_object() ? kwargs : nlohmann::ordered_json::object());
 }
 std::string Tokenizer::token_bytes(uint32_t id) const {
   if (hf_) return hf_->tokenizer.token_bytes(id);

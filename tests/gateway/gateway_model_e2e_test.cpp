@@ -133,6 +133,15 @@ TEST_F(GatewayModelE2E, ARealTokenizerAndChatTemplateThroughTheOpenAiClient) {
   for (const json& s : chat_strs["token_strs"]) rendered += s.get<std::string>();
   EXPECT_EQ(rendered.rfind("<|begin_of_text|><|start_header_id|>system<|end_header_id|>", 0), 0u) << rendered;
   EXPECT_NE(rendered.find("<|start_header_id|>assistant<|end_header_id|>\n\n"), std::string::npos) << rendered;
+  // chat_template_kwargs reach the template: Llama 3.2's date_string replaces today's date in its system prompt.
+  json dated = post(
+      "/tokenize",
+      {{"messages", messages}, {"return_token_strs", true}, {"chat_template_kwargs", {{"date_string", "26 Jul 2024"}}}},
+      &status);
+  ASSERT_EQ(status, 200) << dated.dump();
+  std::string dated_text;
+  for (const json& s : dated["token_strs"]) dated_text += s.get<std::string>();
+  EXPECT_NE(dated_text.find("Today Date: 26 Jul 2024"), std::string::npos) << dated_text;
 
   // A streamed chat completion as curl reads it (the README's example): data lines of valid JSON, the last text chunk
   // with finish_reason "length", the usage chunk, [DONE].

@@ -255,6 +255,13 @@ TEST(GatewayParse, UnsupportedOrBadFieldsAre400NamingTheField) {
                     {"messages", {{{"role", "user"}, {"content", "x"}}}},
                     {"response_format", {{"type", "json_object"}}}},
                "response_format", true);
+  expect_param(json{{"model", "tiny"},
+                    {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                    {"chat_template_kwargs", {{"bos_token", "<evil>"}}}},
+               "chat_template_kwargs.bos_token", true);
+  expect_param(
+      json{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"chat_template_kwargs", 3}},
+      "chat_template_kwargs", true);
   expect_param(with("frobnicate", 1), "frobnicate");
   expect_param(with("max_tokens", 0), "max_tokens");
   expect_param(with("max_tokens", "5"), "max_tokens");

@@ -10,7 +10,8 @@
 // namespace salt, DESIGN.md §4.1). Completions: prompt as a string, a token-id array, or a one-element array of
 // either; logprobs (0-20), echo (not with logprobs: mc computes no prompt logprobs), best_of (only equal to n).
 // Chat: messages [{role: system|developer|user|assistant, content: a string or an array of {type: "text", text}}],
-// logprobs (a boolean) and top_logprobs (0-20), response_format {type: text}. Refused by name: tools, tool_choice,
+// logprobs (a boolean) and top_logprobs (0-20), response_format {type: text}, chat_template_kwargs (variables for the
+// model's template, parse_chat_template_kwargs). Refused by name: tools, tool_choice,
 // functions, image and audio parts, logit_bias, suffix, response_format json. temperature 0 is greedy decoding
 // (then top_p, top_k and min_p change nothing); with temperature > 0 and no seed each choice gets a random seed; with
 // a seed, choice i uses seed + i, so the same seed gives the same text.
@@ -90,6 +91,12 @@ Result<nlohmann::json> parse_body(std::string_view body, const Tokenizer& tokeni
 // parts, joined; an optional string name) into the array the chat template renders, keys in the order
 // role, content, name. Errors: 400 naming the message and field.
 Result<nlohmann::ordered_json> parse_chat_messages(const nlohmann::json& messages, ApiError* error);
+
+// A chat request's chat_template_kwargs (vLLM's name): further variables for the model's template, e.g. Qwen3's
+// enable_thinking or Llama 3's date_string; an object of at most 64, none of the variables the gateway sets
+// (messages, tools, add_generation_prompt, bos_token, eos_token, raise_exception, strftime_now, documents).
+// null: none. Errors: 400 naming the field.
+Result<nlohmann::ordered_json> parse_chat_template_kwargs(const nlohmann::json& kwargs, ApiError* error);
 
 // Parses and checks a body (already JSON) against the tokenizer and limits. Errors: 400 naming the field,
 // 413 for a prompt beyond the context (code context_length_exceeded), 400 when prompt + max_tokens exceed it.

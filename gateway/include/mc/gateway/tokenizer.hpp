@@ -73,7 +73,10 @@ class Tokenizer {
   // The chat template applied to `messages` (a JSON array of {role, content: string}: parse_chat_messages), ending
   // where the assistant's answer begins when add_generation_prompt. kFailedPrecondition when the model has no chat
   // template; the template's raise_exception (e.g. "roles must alternate") as kInvalidArgument with its text.
-  Result<std::string> render_chat(const nlohmann::ordered_json& messages, bool add_generation_prompt = true) const;
+  // kwargs: further variables for the template (a request's chat_template_kwargs, e.g. Qwen3's enable_thinking or
+  // Llama 3's date_string); mc's own template has none and ignores them.
+  Result<std::string> render_chat(const nlohmann::ordered_json& messages, bool add_generation_prompt = true,
+                                  const nlohmann::ordered_json& kwargs = nlohmann::ordered_json::object()) const;
 
   struct Impl;  // the tokenizer.json kind's state (tokenizer.cpp)
 
