@@ -374,8 +374,26 @@ class Gateway {
     http_.set_error_handler([](const httplib::Request& rq, httplib::Response& rs) {
       if (!rs.body.empty()) return;  // a route's own error document (called for every status >= 400)
       ApiError e;
+      // A known path asked with another method: 405 with the method it takes (Allow), not "no route".
+      static const std::map<std::string, std::string> kMethod = {
+          {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+          {"/tokenize", "POST"},       {"/detokenize", "POST"},
+          {"/v1/models", "GET"},       {"/health", "GET"},
+          {"/metrics", "GET"}};
+      const auto known = kMethod.find(rq.path);
+      const std::string allow = known != kMethod.end()                 ? known->second
+                                : rq.path.rfind("/v1/models/", 0) == 0 ? "GET"
+                                                                       : "";
+      if (rs.status == 404 && !allow.empty() && rq.method != allow) {
+        rs.status = 405;
+        rs.set_header("Allow", allow);
+        e.message = rq.method + " is not served on this path: send " + allow;
+        e.code = "method_not_allowed";
+      }
       e.http_status = rs.status;
-      if (rs.status == 404) {
+      if (rs.status == 405) {
+        // set above
+      } else if (rs.status == 404) {
         e.message =
             "no route " + rq.method + " " + rq.path +
             " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/ID, POST /tokenize, "

@@ -243,6 +243,10 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
   expect_error(post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", "x"}, {"n", 17}}), 400, "n");
   expect_error(post("/v1/completions", {{"model", "gpt-9"}, {"prompt", "x"}}), 404, "model");
   expect_error(client().Get("/v1/nothing"), 404, "");
+  auto wrong_method = client().Get("/v1/completions");
+  expect_error(wrong_method, 405, "");
+  ASSERT_TRUE(wrong_method);
+  EXPECT_EQ(wrong_method->get_header_value("Allow"), "POST");
   expect_error(post("/v1/completions", {{"model", "llama3-70b"}, {"prompt", std::string(5000, 'a')}}), 413, "prompt");
   expect_error(client().Post("/v1/completions", std::string(70 * 1024, ' '), "application/json"), 413, "");
   expect_error(client().Post("/v1/completions", "{not json", "application/json"), 400, "");
