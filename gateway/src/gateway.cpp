@@ -549,17 +549,10 @@ class Gateway {
       if (body.contains("prompt")) return bad("prompt", "send 'prompt' or 'messages', not both");
       // The same checks and template as a chat completion: with the defaults, its prompt is what a chat request
       // prefills (however long: /tokenize counts, it does not bound).
-      Result<nlohmann::ordered_json> messages = parse_chat_messages(body["messages"], &err);
-      if (!messages.is_ok()) return refuse(rs, err);
-      if (!tok_.has_chat_template()) return bad("messages", "model '" + tok_.model() + "' has no chat template");
-      Result<nlohmann::ordered_json> kwargs =
-          parse_chat_template_kwargs(body.value("chat_template_kwargs", json()), &err);
-      if (!kwargs.is_ok()) return refuse(rs, err);
-      Result<std::string> text =
-          tok_.render_chat(messages.value(), body.value("add_generation_prompt", true), kwargs.value());
-      if (!text.is_ok())
-        return bad("messages", "the model's chat template refused the messages: " + text.status().message());
-      ids = tok_.encode(text.value(), body.value("add_special_tokens", false));
+      Result<std::vector<uint32_t>> chat = chat_prompt_tokens(body, tok_, body.value("add_generation_prompt", true),
+                                                              body.value("add_special_tokens", false), &err);
+      if (!chat.is_ok()) return refuse(rs, err);
+      ids = std::move(chat).value();
     } else {
       if (!body.contains("prompt") || !body["prompt"].is_string()) return bad("prompt", "'prompt' must be a string");
       ids = tok_.encode(body["prompt"].get<std::string>(), body.value("add_special_tokens", true));
@@ -1043,12 +1036,15 @@ Status validate(const GatewayOptions& o) {
       return Status(Code::kInvalidArgument, "--adapter '" + a + "': give NAME or NAME@VERSION");
     }
   }
-  return Tokenizer::for_model(o.model).status().with_context("--model");
+  return Status::ok();
 }
 
 Status run_gateway(const GatewayOptions& options) {
   MC_RETURN_IF_ERROR(validate(options));
-  MC_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::for_model(options.model));
+  // The model's tokenizer and chat template, read and parsed once (a real tokenizer.json is megabytes).
+  Result<Tokenizer> loaded = Tokenizer::for_model(options.model);
+  if (!loaded.is_ok()) return loaded.status().with_context("--model");
+  Tokenizer tok = std::move(loaded).value();
   Gateway gw(options, std::move(tok));
   MC_RETURN_IF_ERROR(gw.start());
   // /metrics is on the HTTP port; --metrics-listen adds the exporter every daemon has, on a port of its own.

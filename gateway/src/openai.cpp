@@ -215,6 +215,31 @@ Result<nlohmann::ordered_json> parse_chat_template_kwargs(const json& v, ApiErro
   return nlohmann::ordered_json::parse(v.dump());
 }
 
+Result<std::vector<uint32_t>> chat_prompt_tokens(const json& body, const Tokenizer& tokenizer,
+                                                 bool add_generation_prompt, bool add_special_tokens, ApiError* error) {
+  ApiError scratch;
+  if (error == nullptr) error = &scratch;
+  if (!body.contains("messages")) {
+    return fail(error, 400, "messages", "'messages' is required: a non-empty array of {role, content}");
+  }
+  MC_ASSIGN_OR_RETURN(nlohmann::ordered_json messages, parse_chat_messages(body["messages"], error));
+  if (!tokenizer.has_chat_template()) {
+    return fail(error, 400, "messages",
+                "model '" + tokenizer.model() +
+                    "' has no chat template (its directory has no chat_template.jinja and tokenizer_config.json "
+                    "names none): use /v1/completions");
+  }
+  MC_ASSIGN_OR_RETURN(nlohmann::ordered_json kwargs,
+                      parse_chat_template_kwargs(body.value("chat_template_kwargs", json()), error));
+  Result<std::string> prompt = tokenizer.render_chat(messages, add_generation_prompt, kwargs);
+  if (!prompt.is_ok()) {
+    return fail(error, 400, "messages", "the model's chat template refused the messages: " + prompt.status().message());
+  }
+  // The template writes the model's own special tokens (BOS, turn markers): a chat completion adds no
+  // post-processor on top.
+  return tokenizer.encode(prompt.value(), add_special_tokens);
+}
+
 Result<json> parse_body(std::string_view body, const Tokenizer& tokenizer, ApiError* error) {
   JsonShapeLimits shape;
   shape.max_depth = 32;
@@ -311,17 +336,10 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
   int64_t top_k = 0;
   MC_RETURN_IF_ERROR(integer("top_k", -1, 1 << 20, &top_k));  // vLLM's -1 and 0: no limit
   sp.top_k = std::max<int64_t>(top_k, 0);
-  auto range = [&](const char* f, double v, double lo, double hi, bool open_low) -> Status {
-    if (v <= hi && (open_low ? v > lo : v >= lo)) return Status::ok();
-    return fail(error, 400, f,
-                std::string("'") + f + "' = " + brief(body[f]) + " is outside " + (open_low ? "(" : "[") +
-                    json(lo).dump() + ", " + json(hi).dump() + "]");
-  };
-  MC_RETURN_IF_ERROR(range("temperature", sp.temperature, 0, 2, false));  // OpenAI's range
-  MC_RETURN_IF_ERROR(range("top_p", sp.top_p, 0, 1, true));
-  MC_RETURN_IF_ERROR(range("min_p", sp.min_p, 0, 1, false));
-  MC_RETURN_IF_ERROR(range("presence_penalty", sp.presence_penalty, -2, 2, false));
-  MC_RETURN_IF_ERROR(range("frequency_penalty", sp.frequency_penalty, -2, 2, false));
+  // OpenAI's bound on temperature, tighter than the cluster's (proto::check_sampling, below, checks the rest).
+  if (sp.temperature > 2) {
+    return fail(error, 400, "temperature", "'temperature' = " + brief(body["temperature"]) + " is outside [0, 2]");
+  }
   MC_RETURN_IF_ERROR(integer("n", 1, 16, &r.n));
   if (body.contains("best_of") && !body["best_of"].is_null() &&
       !(body["best_of"].is_number_integer() && body["best_of"].get<int64_t>() == r.n)) {
@@ -374,34 +392,18 @@ Result<GenerationRequest> parse_generation(const json& body, bool chat, const To
                                                 : static_cast<uint64_t>(body["seed"].get<int64_t>());
     r.seed_given = true;
   }
-  if (const std::string bad = proto::sampling_error(sp); !bad.empty()) return fail(error, 400, "", bad);
+  if (const proto::SamplingError bad = proto::check_sampling(sp); !bad.ok()) {
+    const std::string value = body.contains(bad.field) ? " = " + brief(body[bad.field]) : "";
+    return fail(error, 400, bad.field, "'" + bad.field + "'" + value + " is outside " + bad.rule);
+  }
   if (body.contains("user") && !(body["user"].is_null() || body["user"].is_string())) {
     return fail(error, 400, "user", "'user' must be a string");
   }
 
   // The prompt.
   if (chat) {
-    if (!body.contains("messages")) {
-      return fail(error, 400, "messages", "'messages' is required: a non-empty array of {role, content}");
-    }
-    MC_ASSIGN_OR_RETURN(nlohmann::ordered_json messages, parse_chat_messages(body["messages"], error));
-    if (!tokenizer.has_chat_template()) {
-      return fail(error, 400, "messages",
-                  "model '" + tokenizer.model() +
-                      "' has no chat template (its directory has no chat_template.jinja and tokenizer_config.json "
-                      "names none): use /v1/completions");
-    }
-    nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
-    if (body.contains("chat_template_kwargs")) {
-      MC_ASSIGN_OR_RETURN(kwargs, parse_chat_template_kwargs(body["chat_template_kwargs"], error));
-    }
-    Result<std::string> prompt = tokenizer.render_chat(messages, /*add_generation_prompt=*/true, kwargs);
-    if (!prompt.is_ok()) {
-      return fail(error, 400, "messages",
-                  "the model's chat template refused the messages: " + prompt.status().message());
-    }
-    // The template writes the model's own special tokens (BOS, turn markers): no post-processor on top.
-    r.prompt_tokens = tokenizer.encode(prompt.value(), /*add_special_tokens=*/false);
+    MC_ASSIGN_OR_RETURN(r.prompt_tokens, chat_prompt_tokens(body, tokenizer, /*add_generation_prompt=*/true,
+                                                            /*add_special_tokens=*/false, error));
   } else {
     if (!body.contains("prompt")) return fail(error, 400, "prompt", "'prompt' is required: a string or token ids");
     const json* pp = &body["prompt"];  // not a copy: the value is the client's, as large as the body allows

@@ -60,7 +60,7 @@ struct GatewayOptions {
   std::string metrics_listen;  // a second /metrics on its own ADDR:PORT (--metrics-listen, as every daemon); "": none
 };
 
-// Checks the options (kInvalidArgument naming the flag) and loads the tokenizer of `model`.
+// Checks the options (kInvalidArgument naming the flag); the model's tokenizer is loaded (once) by run_gateway.
 Status validate(const GatewayOptions& options);
 
 // Runs until SIGTERM/SIGINT (daemon::stop_requested()), then drains. Prints

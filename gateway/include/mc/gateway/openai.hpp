@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mc/gateway/tokenizer.hpp"
-#include "mc/proto/worker.hpp"
+#include "mc/proto/sampling.hpp"
 
 namespace mc::gateway {
 
@@ -97,6 +97,13 @@ Result<nlohmann::ordered_json> parse_chat_messages(const nlohmann::json& message
 // (messages, tools, add_generation_prompt, bos_token, eos_token, raise_exception, strftime_now, documents).
 // null: none. Errors: 400 naming the field.
 Result<nlohmann::ordered_json> parse_chat_template_kwargs(const nlohmann::json& kwargs, ApiError* error);
+
+// A chat body's prompt as the model sees it: its messages checked (parse_chat_messages), rendered by the model's chat
+// template with its chat_template_kwargs, and encoded (the post-processor's tokens only with add_special_tokens).
+// Used by chat completions (true, false) and /tokenize (as asked). Errors: 400 naming the field (no template, a
+// message, the template's raise_exception).
+Result<std::vector<uint32_t>> chat_prompt_tokens(const nlohmann::json& body, const Tokenizer& tokenizer,
+                                                 bool add_generation_prompt, bool add_special_tokens, ApiError* error);
 
 // Parses and checks a body (already JSON) against the tokenizer and limits. Errors: 400 naming the field,
 // 413 for a prompt beyond the context (code context_length_exceeded), 400 when prompt + max_tokens exceed it.

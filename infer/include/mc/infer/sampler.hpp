@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "mc/proto/worker.hpp"
+#include "mc/proto/sampling.hpp"
 
 namespace mc::infer {
 

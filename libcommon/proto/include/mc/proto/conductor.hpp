@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "mc/proto/message.hpp"
-#include "mc/proto/worker.hpp"
+#include "mc/proto/sampling.hpp"
 
 namespace mc::proto {
 
@@ -72,7 +72,7 @@ struct ConductorSubmitRequest {
   std::string lora_name{};
   std::string lora_version{};
   std::string salt{};
-  // How the output tokens are chosen (worker.hpp SamplingParams; default greedy). Out of its bounds: rejected
+  // How the output tokens are chosen (sampling.hpp SamplingParams; default greedy). Out of its bounds: rejected
   // (invalid_request). Passed on to the prefill and decode instances.
   SamplingParams sampling{};
   MC_MESSAGE(request_id, input_tokens, output_tokens, tokens, hash_ids, block_hashes, block_size_tokens, slo_ttft_ms,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mc/proto/message.hpp"
+#include "mc/proto/sampling.hpp"
 
 namespace mc::proto {
 
@@ -68,52 +69,6 @@ struct RequestLedger {
   MC_MESSAGE(prompt_tokens, hit_tokens, hit_tokens_local, hit_tokens_remote, missed_prefix_tokens, computed_tokens,
              fetch_bytes, kv_sent_bytes, stored_blocks, queue_ms, fetch_ms, prefill_ms, kv_tail_ms, decode_ms,
              output_tokens, decision, hit_tokens_ssd, fetch_ssd_bytes, fetch_ssd_us, fetch_us, fetch_remote_host);
-};
-
-// How a request's output tokens are chosen (OpenAI's sampling parameters; DESIGN.md §15 "Sampling"), carried from
-// the submitter through the Conductor to the prefill instance (the first token) and the decode instance (the rest).
-// Each token is drawn from the model's logits in this order: presence and frequency penalties (subtracted from the
-// logits of tokens already generated: presence_penalty once, frequency_penalty per occurrence), then temperature
-// (0: the greedy argmax, no draw), then top_k, top_p (the smallest set of most likely tokens whose probability
-// reaches top_p) and min_p (tokens below min_p times the most likely one's probability dropped), then one draw
-// with the uniform number splitmix64(seed, index) — a function of the seed and the token's index alone, so a seed
-// gives the same text on any instance, batch or placement. logprobs >= 0 asks for each token's log-probability
-// under the model's distribution (log_softmax of the raw logits) and that many of the most likely alternatives.
-// Bounds (sampling_error): temperature [0, 100], top_p (0, 1], top_k [0, 1<<20] (0: all), min_p [0, 1],
-// penalties [-2, 2], logprobs [-1, 20]. The defaults are greedy decoding without logprobs.
-struct SamplingParams {
-  double temperature = 0;
-  double top_p = 1;
-  int64_t top_k = 0;
-  double min_p = 0;
-  uint64_t seed = 0;
-  double presence_penalty = 0;
-  double frequency_penalty = 0;
-  int32_t logprobs = -1;  // -1: none; 0..20: the token's own logprob and this many alternatives
-  bool greedy() const { return temperature == 0; }
-  bool needs_counts() const { return presence_penalty != 0 || frequency_penalty != 0; }
-  // Whether a token needs the model's logits beyond the greedy argmax.
-  bool needs_logits() const { return !greedy() || needs_counts() || logprobs >= 0; }
-  MC_MESSAGE(temperature, top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, logprobs);
-};
-inline constexpr int32_t kMaxTopLogprobs = 20;
-// "" when the parameters are inside the bounds above, else which one is not (for an error message).
-inline std::string sampling_error(const SamplingParams& p) {
-  auto in = [](double v, double lo, double hi) { return v >= lo && v <= hi; };  // false for NaN
-  if (!in(p.temperature, 0, 100)) return "temperature must be in [0, 100]";
-  if (!(p.top_p > 0 && p.top_p <= 1)) return "top_p must be in (0, 1]";
-  if (p.top_k < 0 || p.top_k > (1 << 20)) return "top_k must be in [0, 1048576] (0: no limit)";
-  if (!in(p.min_p, 0, 1)) return "min_p must be in [0, 1]";
-  if (!in(p.presence_penalty, -2, 2)) return "presence_penalty must be in [-2, 2]";
-  if (!in(p.frequency_penalty, -2, 2)) return "frequency_penalty must be in [-2, 2]";
-  if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) return "logprobs must be in [-1, 20]";
-  return "";
-}
-// One token's log-probability (natural log, <= 0) under the model's distribution.
-struct TokenLogprob {
-  uint32_t token = 0;
-  float logprob = 0;
-  MC_MESSAGE(token, logprob);
 };
 
 struct DecodeReserveReply {
