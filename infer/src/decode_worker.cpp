@@ -23,13 +23,13 @@ namespace mc::infer {
 
 struct DecodeWorker::Reservation {
   uint64_t id = 0;
-  std::string request_id;
+  std::string request_id;         // the Conductor's id (unique among live requests)
+  std::string client_request_id;  // the id as the client named it: its token events carry this one
   int64_t input_tokens = 0;
   int64_t output_tokens = 0;
   int64_t committed_blocks = 0;  // full-length blocks counted in committed_blocks_
-  std::string client_endpoint;
-  std::string client_public_key;           // the client server's CURVE key (with --auth-dir), from decode_reserve
-  std::vector<int32_t> blocks;             // prompt blocks, allocated
+  std::string client_endpoint;   // rpc::keyed_endpoint of the client's server (with --auth-dir: and its own key)
+  std::vector<int32_t> blocks;   // prompt blocks, allocated
   std::unordered_set<int32_t> block_set;   // the same, for the grant check of each WRITE (kv_grant_scope)
   std::vector<std::vector<bool>> arrived;  // [layer][block index]
   int64_t layers_received = 0;
@@ -50,8 +50,8 @@ struct DecodeWorker::Expired {
 struct DecodeWorker::Sequence {
   uint64_t reservation_id = 0;
   std::string request_id;
-  std::string client_endpoint;
-  std::string client_public_key;
+  std::string client_request_id;
+  std::string client_endpoint;  // keyed (Reservation::client_endpoint)
   std::vector<int32_t> blocks;
   int64_t committed_blocks = 0;
   int64_t position = 0;     // tokens with KV in the cache
@@ -70,9 +70,8 @@ struct DecodeWorker::Sequence {
 };
 
 struct DecodeWorker::Outgoing {
-  std::string endpoint;
+  std::string endpoint;  // keyed (Reservation::client_endpoint)
   std::variant<proto::TokenEvent, proto::RequestDone, proto::RequestError> msg;
-  std::string server_key;  // the client's CURVE server key (with --auth-dir; empty: none given)
 };
 
 namespace {
@@ -114,9 +113,6 @@ class RpcTokenSink final : public TokenSink {
   Status token(const std::string& endpoint, const proto::TokenEvent& e) override { return send(endpoint, e); }
   Status done(const std::string& endpoint, const proto::RequestDone& d) override { return send(endpoint, d); }
   Status fail(const std::string& endpoint, const proto::RequestError& e) override { return send(endpoint, e); }
-  void set_server_key(const std::string& endpoint, const std::string& public_z85) override {
-    client_.set_server_key(endpoint, public_z85);
-  }
   void poll() override {
     client_.poll(0);
     pump();
@@ -490,11 +486,13 @@ Result<proto::DecodeReserveReply> DecodeWorker::reserve(const proto::DecodeReser
   auto res = std::make_unique<Reservation>();
   res->id = next_reservation_++;
   res->request_id = r.request_id;
+  res->client_request_id = r.client_request_id.empty() ? r.request_id : r.client_request_id;
   res->input_tokens = r.input_length_tokens;
   res->output_tokens = r.output_length_tokens;
   res->committed_blocks = need;
-  res->client_endpoint = r.client_endpoint;
-  res->client_public_key = r.client_public_key;
+  // One socket per (endpoint, key): a request naming another client's endpoint with its own key never changes how
+  // that client is reached (docs/SECURITY.md, issue 51).
+  res->client_endpoint = rpc::keyed_endpoint(r.client_endpoint, r.client_public_key);
   res->blocks = std::move(blocks);
   res->block_set.insert(res->blocks.begin(), res->blocks.end());
   res->lora = LoraAdapter{r.lora_name, r.lora_version};
@@ -545,9 +543,8 @@ void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool 
     committed_blocks_ -= r.committed_blocks;
   }
   if (tell_client) {
-    outgoing_.push_back({r.client_endpoint,
-                         proto::RequestError{r.request_id, static_cast<uint16_t>(why.code()), why.message(), 0},
-                         r.client_public_key});
+    outgoing_.push_back({r.client_endpoint, proto::RequestError{r.client_request_id, static_cast<uint16_t>(why.code()),
+                                                                why.message(), 0}});
     work_cv_.notify_one();
   }
   reservations_.erase(it);
@@ -729,8 +726,8 @@ Result<proto::KvCommitReply> DecodeWorker::commit(const proto::KvCommitRequest& 
   auto s = std::make_unique<Sequence>();
   s->reservation_id = r.id;
   s->request_id = r.request_id;
+  s->client_request_id = r.client_request_id;
   s->client_endpoint = r.client_endpoint;
-  s->client_public_key = r.client_public_key;
   s->blocks = std::move(r.blocks);
   s->committed_blocks = r.committed_blocks;
   s->position = r.input_tokens;
@@ -828,7 +825,6 @@ void DecodeWorker::flush_outgoing() {
     out.swap(outgoing_);
   }
   for (auto& o : out) {
-    if (!o.server_key.empty()) sink_->set_server_key(o.endpoint, o.server_key);
     Status s = std::visit(
         [&](auto& msg) -> Status {
           using T = std::decay_t<decltype(msg)>;
@@ -893,8 +889,7 @@ Result<int64_t> DecodeWorker::step() {
       committed_blocks_ -= s.committed_blocks;
       outgoing_.push_back(
           {s.client_endpoint,
-           proto::RequestError{s.request_id, static_cast<uint16_t>(why.code()), why.message(), s.emitted},
-           s.client_public_key});
+           proto::RequestError{s.client_request_id, static_cast<uint16_t>(why.code()), why.message(), s.emitted}});
     };
     for (auto it = running_.begin(); it != running_.end();) {
       if ((*it)->cancelled) {
@@ -913,10 +908,8 @@ Result<int64_t> DecodeWorker::step() {
       }
       s->first_token_ns = clock_->now_ns();
       s->last_token_ns = s->first_token_ns;
-      outgoing_.push_back(
-          {s->client_endpoint,
-           proto::TokenEvent{s->request_id, 0, s->last_token, unix_time_ns(), std::move(s->first_logprobs)},
-           s->client_public_key});
+      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->client_request_id, 0, s->last_token, unix_time_ns(),
+                                                                 std::move(s->first_logprobs)}});
       s->emitted = 1;
       running_.push_back(std::move(s));
     }
@@ -970,7 +963,7 @@ Result<int64_t> DecodeWorker::step() {
         continue;
       }
       s->position += 1;
-      proto::TokenEvent event{s->request_id, s->emitted, next[i], unix_time_ns()};
+      proto::TokenEvent event{s->client_request_id, s->emitted, next[i], unix_time_ns()};
       const size_t vocab = static_cast<size_t>(backend_->model().vocab_size);
       if (s->sampling.needs_logits() && logits.size() == batch.size() * vocab) {
         TokenChoice choice =
@@ -980,7 +973,7 @@ Result<int64_t> DecodeWorker::step() {
       }
       if (s->sampling.needs_counts()) ++s->counts[event.token];
       s->last_token = event.token;
-      outgoing_.push_back({s->client_endpoint, std::move(event), s->client_public_key});
+      outgoing_.push_back({s->client_endpoint, std::move(event)});
       s->emitted += 1;
       tbt.observe(static_cast<double>(t_tokens - s->last_token_ns) * 1e-9);
       s->last_token_ns = t_tokens;
@@ -995,7 +988,7 @@ Result<int64_t> DecodeWorker::step() {
       if (!s.cancelled && s.emitted >= s.output_tokens) {
         s.ledger.output_tokens = s.emitted;
         s.ledger.decode_ms = (clock_->now_ns() - s.first_token_ns) / 1'000'000;
-        outgoing_.push_back({s.client_endpoint, proto::RequestDone{s.request_id, s.ledger}, s.client_public_key});
+        outgoing_.push_back({s.client_endpoint, proto::RequestDone{s.client_request_id, s.ledger}});
         kv_->free(s.blocks);
         committed_blocks_ -= s.committed_blocks;
         metrics_.counter("mc_decode_requests_done_total", "requests completed").inc();

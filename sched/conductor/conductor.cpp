@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <ostream>
+#include <random>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -258,8 +259,10 @@ class Conductor {
     std::string prefill_host;                 // replicate_prefix: where the store copies the prefix
     std::vector<std::string> replicate_keys;  // replicate_prefix: store keys of the reused blocks
     proto::DecodeReserveReply reservation;
-    RequestKeyScope scope;      // the request's adapter and salt (or the default scope)
-    std::string submitter_key;  // the submitter's public key (with keys; "" without): only it may cancel
+    RequestKeyScope scope;          // the request's adapter and salt (or the default scope)
+    std::string submitter_key;      // the submitter's public key (with keys; "" without): only it may cancel
+    std::string client_request_id;  // the id the client submitted (submit.request_id is the Conductor's)
+    std::string client_target;      // rpc::keyed_endpoint of the client's server: where request_error goes
     // conductor.cancel came while a worker's answer was outstanding (plan_cancel's wait_for_reply): the request
     // is settled in the books already; that answer only closes this record (no fault, no re-dispatch).
     bool cancelled = false;
@@ -269,11 +272,12 @@ class Conductor {
   // reports it done or failed (or job_timeout_ms after its prefill), so that the death of that instance can be
   // told to the client.
   struct Decoding {
-    std::string client_endpoint, prefill_id, decode_id;
+    std::string client_endpoint, prefill_id, decode_id;  // client_endpoint: Flight::client_target
     int64_t submit_ns = 0, submit_unix_ns = 0, since_ns = 0;
     int64_t last_event_unix_ns = 0;
     std::string decode_endpoint;  // where decode_cancel goes
     std::string submitter_key;    // Flight::submitter_key
+    std::string client_request_id;
   };
 
   void register_handlers() {
@@ -376,11 +380,14 @@ class Conductor {
     decisions_.flush();
   }
 
-  // The salt a tenant's request runs in: "tenant/<tenant>" by default, or a shared namespace `asked` that the
-  // tenant opted into (roster SHARED); kPermissionDenied for any other.
+  // The salt a tenant's request runs in: "tenant/<tenant>" by default, a namespace inside it ("tenant/<tenant>/...":
+  // mc-gateway keeps each of its API keys' users in one, docs/SECURITY.md "Cache isolation"), or a shared namespace
+  // `asked` that the tenant opted into (roster SHARED); kPermissionDenied for any other.
   static Result<std::string> tenant_salt(const auth::Identity& caller, const std::string& asked,
                                          const std::string& id) {
-    if (asked.empty() || asked == "tenant/" + caller.tenant) return "tenant/" + caller.tenant;
+    const std::string own = "tenant/" + caller.tenant;
+    if (asked.empty() || asked == own) return own;
+    if (asked.size() > own.size() + 1 && asked.starts_with(own + "/")) return asked;
     for (const auto& ns : caller.shared) {
       if (asked == ns) return asked;
     }
@@ -395,10 +402,16 @@ class Conductor {
                                                " bytes; at most " + std::to_string(kMaxRequestIdBytes) +
                                                " (use a shorter id)");
     }
-    if (in_flight_.count(req.request_id) != 0 || std::any_of(held_.begin(), held_.end(), [&](const HeldSubmit& h) {
-          return h.req.request_id == req.request_id;
+    // Request ids are the submitter's (docs/SECURITY.md "Request ids"): only its own live request of the same id
+    // is a duplicate. Another identity's equal id runs under an alias of its own, so a resubmit or a cancel never
+    // reaches someone else's request.
+    const std::string submitter = ctx.caller != nullptr ? ctx.caller->public_key : std::string();
+    if (owned_live(submitter, req.request_id) != nullptr ||
+        std::any_of(held_.begin(), held_.end(), [&](const HeldSubmit& h) {
+          return h.req.request_id == req.request_id &&
+                 (h.ctx.caller != nullptr ? h.ctx.caller->public_key : std::string()) == submitter;
         })) {
-      return error(Code::kAlreadyExists, "request '" + req.request_id + "' is already being dispatched");
+      return error(Code::kAlreadyExists, "request '" + req.request_id + "' of this client is still in flight");
     }
     RequestKeyScope scope{req.lora_name, req.lora_version, req.salt};
     MC_RETURN_IF_ERROR(validate_key_scope(scope, "submit '" + req.request_id + "'"));
@@ -410,20 +423,26 @@ class Conductor {
       // Tenants (docs/SECURITY.md): a client's blocks are keyed in its tenant's salt, so its prefix matches only its
       // own tenant's KV, unless it names a shared namespace its tenant opted into.
       MC_ASSIGN_OR_RETURN(scope.salt, tenant_salt(*ctx.caller, req.salt, req.request_id));
-      if (!req.client_endpoint.empty()) calls_.set_server_key(req.client_endpoint, ctx.caller->public_key);
     }
     // The request's namespace: the workers' base with its adapter and salt, so its prefix matches only
     // blocks computed by the same model with the same adapter, version and salt.
     const KeyNamespace ns = options_.key_namespace.with_request(scope);
-    MC_ASSIGN_OR_RETURN(
-        Request r, request_from_submit(req.request_id, req.input_tokens, req.output_tokens, req.tokens,
-                                       req.block_hashes, req.block_size_tokens, req.slo_ttft_ms, req.slo_tbt_ms, ns));
+    const std::string id = unused_id(req.request_id);
+    MC_ASSIGN_OR_RETURN(Request r,
+                        request_from_submit(id, req.input_tokens, req.output_tokens, req.tokens, req.block_hashes,
+                                            req.block_size_tokens, req.slo_ttft_ms, req.slo_tbt_ms, ns));
     if (hold_for_workers(req, ctx)) return proto::ConductorSubmitReply{};  // ignored: deferred
+    if (id != req.request_id) {
+      MC_LOG_INFO << "request '" << req.request_id << "' of " << (ctx.caller ? ctx.caller->describe() : "a client")
+                  << " runs as '" << id << "' (another client's request has that id)";
+    }
     Decision d = sched_->decide(r);
     log_decision(r, d, req);
     if (!d.accepted) {
       metrics_.counter("mc_conductor_rejected_total", "requests rejected at submit").inc();
-      return reply_of(d);
+      proto::ConductorSubmitReply rep = reply_of(d);
+      rep.request_id = req.request_id;
+      return rep;
     }
     const Instance* p = sched_->cluster().find(d.prefill_id);
     const Instance* dec = sched_->cluster().find(d.decode_id);
@@ -435,9 +454,15 @@ class Conductor {
     f.submit_ns = RealClock::instance().now_ns();
     f.submit_unix_ns = now_unix_ns();
     f.submit = req;
+    f.submit.request_id = id;
+    f.client_request_id = req.request_id;
     f.decision = d;
     f.scope = scope;
-    if (ctx.caller != nullptr) f.submitter_key = ctx.caller->public_key;
+    f.submitter_key = submitter;
+    // With keys a client's server serves with its own key: reached on a socket of that key (rpc::keyed_endpoint).
+    f.client_target = req.client_endpoint.empty() || ctx.caller == nullptr || ctx.caller->role != auth::Role::kClient
+                          ? req.client_endpoint
+                          : rpc::keyed_endpoint(req.client_endpoint, ctx.caller->public_key);
     f.slo_ttft_ms = d.slo_ttft_ms;
     f.request = r;
     f.prefill_endpoint = p->info.endpoint;
@@ -457,9 +482,49 @@ class Conductor {
         f.replicate_keys.push_back("kv/" + digest + "/" + hex);
       }
     }
-    in_flight_[req.request_id] = std::move(f);
-    reserve(req.request_id);
+    in_flight_[id] = std::move(f);
+    owned_[owner_key(submitter, req.request_id)] = id;
+    reserve(id);
     return proto::ConductorSubmitReply{};  // ignored: deferred
+  }
+
+  // ---- Request ids per submitter (docs/SECURITY.md "Request ids", issue 51) ----
+  // The Conductor's id of a live request is the client's when no other live request has it, else the client's with
+  // "~" and 16 random hex digits: unique among live requests, and not guessable by another client. The workers see
+  // only the Conductor's id; the client's events and replies carry its own.
+  static std::string owner_key(const std::string& submitter, const std::string& client_id) {
+    return submitter + '\n' + client_id;
+  }
+  bool id_in_use(const std::string& id) const { return in_flight_.count(id) != 0 || decoding_.count(id) != 0; }
+  std::string unused_id(const std::string& client_id) {
+    std::string id = client_id;
+    while (id_in_use(id)) {
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id_rng_()));
+      id = client_id + "~" + hex;
+    }
+    return id;
+  }
+  // The Conductor's id of `submitter`'s live request `client_id` ("" submitter: without keys), or nullptr. Entries
+  // of ended requests are dropped here and by prune_owned().
+  const std::string* owned_live(const std::string& submitter, const std::string& client_id) {
+    auto it = owned_.find(owner_key(submitter, client_id));
+    if (it == owned_.end()) return nullptr;
+    const std::string& id = it->second;
+    if (auto fl = in_flight_.find(id);
+        fl != in_flight_.end() && fl->second.submitter_key == submitter && fl->second.client_request_id == client_id) {
+      return &id;
+    }
+    if (auto dec = decoding_.find(id); dec != decoding_.end() && dec->second.submitter_key == submitter &&
+                                       dec->second.client_request_id == client_id) {
+      return &id;
+    }
+    owned_.erase(it);
+    return nullptr;
+  }
+  void prune_owned() {
+    if (owned_.size() <= 2 * (in_flight_.size() + decoding_.size()) + 1024) return;
+    std::erase_if(owned_, [this](const auto& e) { return !id_in_use(e.second); });
   }
 
   // ---- Submits held at start-up (issue 48 item 6) ----
@@ -519,9 +584,10 @@ class Conductor {
     }
   }
 
-  void answer(Flight& f, const proto::ConductorSubmitReply& reply) {
+  void answer(Flight& f, proto::ConductorSubmitReply reply) {
     if (f.answered) return;
     f.answered = true;
+    reply.request_id = f.client_request_id;  // the client's id, not the Conductor's
     Status st = server_->reply_to(f.ctx, reply);
     if (!st.is_ok()) MC_LOG_WARN << "reply to submit '" << f.submit.request_id << "': " << st.message();
   }
@@ -547,6 +613,7 @@ class Conductor {
     f.reservation_held = false;
     proto::DecodeReserveRequest rr;
     rr.request_id = id;
+    rr.client_request_id = f.client_request_id;
     rr.input_length_tokens = static_cast<int64_t>(f.submit.tokens.size());
     rr.output_length_tokens = f.submit.output_tokens;
     rr.client_endpoint = f.submit.client_endpoint;
@@ -833,9 +900,10 @@ class Conductor {
     if (it == in_flight_.end()) return;
     const Flight& f = it->second;
     if (!f.decode_finished) {
-      decoding_[id] = Decoding{
-          f.submit.client_endpoint,       f.decision.prefill_id, f.decision.decode_id, f.submit_ns,    f.submit_unix_ns,
-          RealClock::instance().now_ns(), f.last_event_unix_ns,  f.decode_endpoint,    f.submitter_key};
+      decoding_[id] = Decoding{f.client_target,      f.decision.prefill_id, f.decision.decode_id,
+                               f.submit_ns,          f.submit_unix_ns,      RealClock::instance().now_ns(),
+                               f.last_event_unix_ns, f.decode_endpoint,     f.submitter_key,
+                               f.client_request_id};
     }
     in_flight_.erase(it);
   }
@@ -929,17 +997,28 @@ class Conductor {
   // again, and its cancel is its one terminal outcome. A prefill job in flight is told (prefill_cancel) and the
   // reply waits for its answer: "dispatching" when the prefill instance dropped it from its queue.
   Result<proto::ConductorCancelReply> on_cancel(const proto::ConductorCancelRequest& req, const rpc::CallContext& ctx) {
-    const std::string id = req.request_id;
+    // The caller names its own request by the id it submitted; an admin also any request by the Conductor's id.
+    const std::string client_id = req.request_id;
+    const std::string submitter = ctx.caller != nullptr ? ctx.caller->public_key : std::string();
+    std::string id;
+    if (const std::string* own = owned_live(submitter, client_id); own != nullptr) {
+      id = *own;
+    } else if (id_in_use(client_id)) {
+      id = client_id;  // someone's: an admin's to cancel, anyone else is refused below
+    } else {
+      cancel_unknown().inc();
+      return proto::ConductorCancelReply{client_id, std::string(cancel_stage_name(CancelStage::kUnknown))};
+    }
     auto fl = in_flight_.find(id);
     auto dec = decoding_.find(id);
-    if (fl == in_flight_.end() && dec == decoding_.end()) {
-      cancel_unknown().inc();
-      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(CancelStage::kUnknown))};
+    if (Status who = check_canceller(ctx, fl != in_flight_.end() ? fl->second.submitter_key : dec->second.submitter_key,
+                                     client_id);
+        !who.is_ok()) {
+      refused("cancel", who.message());
+      return who;
     }
-    MC_RETURN_IF_ERROR(
-        check_canceller(ctx, fl != in_flight_.end() ? fl->second.submitter_key : dec->second.submitter_key, id));
     if (fl != in_flight_.end() && fl->second.cancelled) {  // cancelled before: answered alike, counted once
-      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(fl->second.cancel_stage))};
+      return proto::ConductorCancelReply{client_id, std::string(cancel_stage_name(fl->second.cancel_stage))};
     }
     if (dec != decoding_.end()) {
       TrackedRequest t;
@@ -951,7 +1030,7 @@ class Conductor {
       decoding_.erase(dec);
       count_cancel(plan.stage);
       MC_LOG_INFO << "request '" << id << "' cancelled by its client while decoding";
-      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(plan.stage))};
+      return proto::ConductorCancelReply{client_id, std::string(cancel_stage_name(plan.stage))};
     }
     Flight& f = fl->second;
     const TrackedRequest t = tracked(id, f);
@@ -966,20 +1045,20 @@ class Conductor {
       proto::ConductorSubmitReply r = reply_of(f.decision);
       r.accepted = false;
       r.reject_reason = "cancelled";
-      r.reason = "request '" + id + "' was cancelled by its client before its prefill was dispatched";
+      r.reason = "request '" + client_id + "' was cancelled by its client before its prefill was dispatched";
       answer(f, r);
     }
     if (!plan.wait_for_reply) {
       // A reservation still being made is released when its answer finds no current attempt (on_reserved).
       in_flight_.erase(fl);
       count_cancel(plan.stage);
-      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(plan.stage))};
+      return proto::ConductorCancelReply{client_id, std::string(cancel_stage_name(plan.stage))};
     }
     f.cancelled = true;
     f.cancel_stage = plan.stage;
     if (!plan.cancel_prefill) {
       count_cancel(plan.stage);
-      return proto::ConductorCancelReply{id, std::string(cancel_stage_name(plan.stage))};
+      return proto::ConductorCancelReply{client_id, std::string(cancel_stage_name(plan.stage))};
     }
     ctx.defer();
     // A pipelined prefill: every other stage drops its queued job too (the lead's answer decides the stage).
@@ -992,7 +1071,7 @@ class Conductor {
     }
     calls_.call<proto::PrefillCancelRequest>(
         f.prefill_endpoint, proto::PrefillCancelRequest{id}, options_.reserve_timeout_ms,
-        [this, id, ctx, prefill_id = f.decision.prefill_id](Result<proto::PrefillCancelReply> r) {
+        [this, id, client_id, ctx, prefill_id = f.decision.prefill_id](Result<proto::PrefillCancelReply> r) {
           CancelStage stage = CancelStage::kPrefilling;
           if (r.is_ok() && r->dropped) {
             stage = CancelStage::kDispatching;  // it never started: nothing ran for it
@@ -1004,8 +1083,9 @@ class Conductor {
             it->second.cancel_stage = stage;
           }
           count_cancel(stage);
-          Status st = server_->reply_to(ctx, proto::ConductorCancelReply{id, std::string(cancel_stage_name(stage))});
-          if (!st.is_ok()) MC_LOG_WARN << "reply to cancel '" << id << "': " << st.message();
+          Status st =
+              server_->reply_to(ctx, proto::ConductorCancelReply{client_id, std::string(cancel_stage_name(stage))});
+          if (!st.is_ok()) MC_LOG_WARN << "reply to cancel '" << client_id << "': " << st.message();
         });
     return proto::ConductorCancelReply{};  // ignored: deferred
   }
@@ -1132,7 +1212,7 @@ class Conductor {
       MC_LOG_WARN << "request '" << d.request_id << "': " << d.reason;
       auto dec = decoding_.find(d.request_id);
       if (dec != decoding_.end()) {
-        send_client_error(dec->second.client_endpoint, d.request_id, d.reason);
+        send_client_error(dec->second.client_endpoint, dec->second.client_request_id, d.reason);
         sched_->on_request_done(d.request_id);
         decoding_.erase(dec);
         fault_counter("failed_by_instance_death").inc();
@@ -1212,7 +1292,7 @@ class Conductor {
       r.reason = reason;
       answer(f, r);
     } else {
-      send_client_error(f.submit.client_endpoint, id, reason);
+      send_client_error(f.client_target, f.client_request_id, reason);
     }
     in_flight_.erase(it);
   }
@@ -1274,6 +1354,7 @@ class Conductor {
     for (auto it = decoding_.begin(); it != decoding_.end();) {
       it = now_ns - it->second.since_ns > options_.job_timeout_ms * 1'000'000 ? decoding_.erase(it) : std::next(it);
     }
+    prune_owned();
   }
 
   // The Conductor must compute a request's block keys exactly as the prefill workers store them: in their
@@ -1643,6 +1724,9 @@ class Conductor {
   int64_t started_ns_ = RealClock::instance().now_ns();
   auth::Claims owners_{"instance id", 4 * static_cast<size_t>(options_.max_instances)};  // check_owner()
   std::unordered_map<std::string, Decoding> decoding_;
+  // (submitter key, client's id) -> the Conductor's id of a live request (owned_live(), prune_owned()).
+  std::unordered_map<std::string, std::string> owned_;
+  std::mt19937_64 id_rng_{std::random_device{}()};  // unused_id()'s aliases
   FaultPolicyConfig fault_config_;
   metrics::Registry metrics_;
   std::ofstream decisions_;

@@ -331,5 +331,50 @@ TEST_F(CancelE2E, AnotherTenantCannotCancel) {
   EXPECT_EQ(conductor_status()["cancels"].value("cancelled", 0), 2);
 }
 
+// Issue 51 item 1: request ids are their submitter's. Bob, with a legitimate client key, submits the id of alice's
+// request while it decodes, naming alice's token-event server as his client endpoint, then cancels that id: his
+// request runs apart under an alias, the cancel ends only his, and alice's stream gets every token and its done,
+// never an event of bob's. Before, the resubmit was accepted into alice's id, its cancel cancelled hers, and the
+// Conductor and decode reached her server with bob's key from then on (her stream cut with no error).
+TEST_F(CancelE2E, AnotherTenantsRequestOfTheSameIdRunsApart) {
+  ASSERT_NO_FATAL_FAILURE(make_keys());
+  ASSERT_NO_FATAL_FAILURE(start(/*prefill_time_scale=*/1.0));
+  constexpr int64_t kTokens = 1500;
+  auto accepted = submit("victim", 64, kTokens);
+  ASSERT_TRUE(accepted.is_ok()) << accepted.status().to_string();
+  ASSERT_TRUE(accepted->accepted) << accepted->reason;
+  ASSERT_TRUE(testkit::wait_until([&] { return client_->get("victim").tokens >= 2; }, 30'000, 10));
+  // Alice's own duplicate is still refused.
+  auto again = submit("victim", 64, 8);
+  ASSERT_FALSE(again.is_ok());
+  EXPECT_EQ(again.status().code(), Code::kAlreadyExists) << again.status().to_string();
+
+  const std::string tenant_client = MC_BINARY_DIR "/tests/bin/mc_test_tenant_client";
+  const testkit::RunResult bob = testkit::run(
+      {tenant_client, keys_, "bob", conductor_ep_, "victim", "64", std::to_string(kTokens), client_->endpoint()},
+      60'000);
+  ASSERT_EQ(bob.exit_code, 0) << bob.out;
+  const json bob_reply = json::parse(bob.out.substr(bob.out.find('{')), nullptr, false);
+  EXPECT_EQ(bob_reply.value("request_id", ""), "victim") << bob.out;  // his own id, as he named it
+  ASSERT_TRUE(testkit::wait_until([&] { return conductor_status().value("requests_decoding", 0) >= 2; }, 30'000, 20))
+      << conductor_status().dump();
+  std::vector<std::string> argv = {kBin + "mc-conductor", "cancel", "--endpoint", conductor_ep_, "victim", "--json"};
+  for (const std::string& f : auth_flags("bob")) argv.push_back(f);
+  const testkit::RunResult cancel = testkit::run(argv, 30'000);
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.out;
+  EXPECT_NE(cancel.out.find("\"decoding\""), std::string::npos) << cancel.out;
+  // A second cancel finds nothing of bob's left: alice's is not his to name.
+  const testkit::RunResult cancel2 = testkit::run(argv, 30'000);
+  EXPECT_NE(cancel2.out.find("\"unknown\""), std::string::npos) << cancel2.out;
+
+  ASSERT_TRUE(testkit::wait_until(
+      [&] { return client_->get("victim").done || client_->get("victim").error.has_value(); }, 120'000, 20));
+  const Stream victim = client_->get("victim");
+  EXPECT_FALSE(victim.error.has_value()) << victim.error->message;
+  EXPECT_TRUE(victim.done);
+  EXPECT_EQ(victim.tokens, kTokens);
+  EXPECT_EQ(conductor_status()["cancels"].value("cancelled", 0), 1);
+}
+
 }  // namespace MC_UNITY_ID
 }  // namespace mc

@@ -45,19 +45,30 @@ const proto::HelloReply* AsyncClient::server_hello(const std::string& endpoint) 
   return &*it->second->hello;
 }
 
-void AsyncClient::set_server_key(const std::string& endpoint, std::string public_z85) {
-  if (public_z85.empty()) {
-    server_keys_.erase(endpoint);
-  } else {
-    server_keys_[endpoint] = std::move(public_z85);
-  }
+namespace {
+constexpr std::string_view kKeySeparator = " key=";
+// (the address to connect to, the server's key or "") of an AsyncClient endpoint name (keyed_endpoint()).
+std::pair<std::string, std::string> split_keyed(const std::string& endpoint) {
+  const size_t at = endpoint.find(kKeySeparator);
+  if (at == std::string::npos) return {endpoint, std::string()};
+  return {endpoint.substr(0, at), endpoint.substr(at + kKeySeparator.size())};
+}
+}  // namespace
+
+std::string keyed_endpoint(const std::string& endpoint, const std::string& public_z85) {
+  if (public_z85.empty()) return endpoint;
+  return endpoint + std::string(kKeySeparator) + public_z85;
 }
 
 Result<AsyncClient::Peer*> AsyncClient::open(const std::string& endpoint, int64_t hello_timeout_ms) {
   if (auto it = peers_.find(endpoint); it != peers_.end()) return it->second.get();
   hello_failures_.erase(endpoint);
   // One grammar for every endpoint (endpoint.hpp); ZeroMQ's own error for a bad one is less helpful.
-  MC_RETURN_IF_ERROR(parse_endpoint(endpoint).status().with_context("connecting to '" + endpoint + "'"));
+  const auto [address, server_key] = split_keyed(endpoint);
+  MC_RETURN_IF_ERROR(parse_endpoint(address).status().with_context("connecting to '" + endpoint + "'"));
+  if (server_key.find(kKeySeparator) != std::string::npos) {
+    return Status(Code::kInvalidArgument, "connecting to '" + endpoint + "': more than one key");
+  }
   auto peer = std::make_unique<Peer>();
   try {
     peer->socket = zmq::socket_t(context(), zmq::socket_type::dealer);
@@ -65,12 +76,10 @@ Result<AsyncClient::Peer*> AsyncClient::open(const std::string& endpoint, int64_
     peer->socket.set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
     peer->socket.set(zmq::sockopt::sndhwm, 100000);
     peer->socket.set(zmq::sockopt::rcvhwm, 100000);
-    auto key = server_keys_.find(endpoint);
-    MC_RETURN_IF_ERROR(make_curve_client(peer->socket, key == server_keys_.end() ? std::string() : key->second)
-                           .with_context("connecting to " + endpoint));
+    MC_RETURN_IF_ERROR(make_curve_client(peer->socket, server_key).with_context("connecting to " + endpoint));
     // Watched: the monitor is attached before connect(), so that no loss of the first connection is missed.
     if (watched_.count(endpoint) != 0) attach_monitor(endpoint, *peer);
-    peer->socket.connect(endpoint);
+    peer->socket.connect(address);
   } catch (const zmq::error_t& e) {
     return Status(Code::kInvalidArgument, "cannot connect to '" + endpoint + "': " + e.what() +
                                               " (endpoints look like tcp://127.0.0.1:5555 or ipc:///tmp/x)");

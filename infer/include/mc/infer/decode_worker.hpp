@@ -76,15 +76,14 @@
 namespace mc::infer {
 
 // Delivers client messages. The RPC implementation connects to each client endpoint (RpcServer on the client
-// side) and calls token_event / request_done / request_error. Called from the decode step thread only.
+// side) and calls token_event / request_done / request_error. An endpoint is rpc::keyed_endpoint's form (with keys,
+// "ENDPOINT key=Z85": the client's server serves with its own key). Called from the decode step thread only.
 class TokenSink {
  public:
   virtual ~TokenSink() = default;
   virtual Status token(const std::string& endpoint, const proto::TokenEvent& event) = 0;
   virtual Status done(const std::string& endpoint, const proto::RequestDone& done) = 0;
   virtual Status fail(const std::string& endpoint, const proto::RequestError& error) = 0;
-  // With --auth-dir: the CURVE server key of a client's endpoint (its own key, not the cluster's); no-op default.
-  virtual void set_server_key(const std::string& /*endpoint*/, const std::string& /*public_z85*/) {}
   // Called on every decode step (also an idle one): the sink's own timed work, e.g. resending to a client that
   // stopped answering (RPC sink: at-least-once, in order per client). No-op default.
   virtual void poll() {}

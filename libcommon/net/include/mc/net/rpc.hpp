@@ -194,8 +194,16 @@ struct AsyncClientOptions {
   std::function<bool()> abandon_wait = &daemon::stop_now_requested;
 };
 
+// A client's own server (ServerOptions::serve_with_own_key) as AsyncClient names it: "ENDPOINT key=Z85", where Z85
+// is the CURVE public key the server serves with; `endpoint` unchanged when public_z85 is empty (the cluster's key,
+// or no keys). AsyncClient keeps one socket per such name, so a tenant that names another tenant's endpoint with its
+// own key gets a socket of its own and never changes how that tenant's server is reached (docs/SECURITY.md, issue 51).
+std::string keyed_endpoint(const std::string& endpoint, const std::string& public_z85);
+
 // Request/reply to any number of endpoints over one DEALER socket each, many calls in flight at once.
 //
+// - Endpoints: tcp://HOST:PORT or ipc://PATH (endpoint.hpp), served with the cluster's key; or keyed_endpoint()'s
+//   "ENDPOINT key=Z85" for a server that serves with a key of its own (a client's token-event server).
 // - Pipelined: call() sends at once and returns; replies are matched by call id in any order.
 // - Hello: the first call to an endpoint opens its socket and queues a hello ahead of it (not waited for).
 //   A hello reply of another protocol version fails every call in flight to that endpoint with
@@ -267,10 +275,6 @@ class AsyncClient {
   // Closes the socket of `endpoint`; its calls in flight fail with kCancelled at the next poll().
   void forget(const std::string& endpoint);
 
-  // With a key ring: the CURVE server key (Z85) of `endpoint` when it is not the cluster's (a client's server,
-  // ServerOptions::serve_with_own_key). Takes effect when the endpoint's socket next opens. Without: ignored.
-  void set_server_key(const std::string& endpoint, std::string public_z85);
-
   // Connection watch (DESIGN.md §10 "Worker faults"): keeps a connection to `endpoint` open (opening it now, with
   // a hello, and again whenever a stale socket is closed) and records when an established connection to it is
   // lost: the peer's process exited or was killed (its kernel closed the socket) or the link reset. A peer that
@@ -322,7 +326,6 @@ class AsyncClient {
   std::set<std::pair<int64_t, uint64_t>> deadlines_;                // (deadline_ns, call id) of pending_
   std::vector<std::pair<RawCallback, Result<std::string>>> ready_;  // completed, callbacks not yet run
   std::unordered_map<std::string, Status> hello_failures_;          // why an endpoint's hello failed (connect())
-  std::unordered_map<std::string, std::string> server_keys_;        // set_server_key()
   std::set<std::string> watched_;                                   // watch()
   std::vector<std::string> disconnected_;                           // take_disconnected()
   uint64_t next_monitor_ = 1;

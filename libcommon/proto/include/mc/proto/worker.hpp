@@ -105,8 +105,11 @@ struct DecodeReserveRequest {
   // the Conductor from the submitter's identity. Empty: the cluster key (no auth, or a daemon's server).
   std::string client_public_key{};
   SamplingParams sampling{};  // how decode chooses the tokens after the first
+  // The id the client submitted, which its token events carry; request_id is the Conductor's, unique among live
+  // requests whoever submitted them (docs/SECURITY.md "Request ids"). Empty: request_id.
+  std::string client_request_id{};
   MC_MESSAGE(request_id, input_length_tokens, output_length_tokens, client_endpoint, ttl_ms, lora_name, lora_version,
-             salt, client_public_key, sampling);
+             salt, client_public_key, sampling, client_request_id);
 };
 
 struct DecodeReleaseReply {
