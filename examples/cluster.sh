@@ -47,6 +47,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 # shellcheck source=lib/netns.sh
 . "$here/lib/netns.sh"
+# shellcheck source=lib/keys.sh
+. "$here/lib/keys.sh"
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "cluster.sh: $*" >&2; exit 2; }
@@ -530,7 +532,11 @@ done
 export MC_CONDUCTOR="$conductor" MC_STORE_MASTER="$master" MC_STORE_EVENTS="$events" MC_BLOCK_SIZE="$block_size"
 export MC_CLUSTER_STATE="$state" MC_CLIENT_BIND="tcp://${host_addr[$client_host]}:0"
 [[ -n "$gateway_url" ]] && export MC_GATEWAY="$gateway_url"
-if [[ -n "$auth_dir" ]]; then export MC_AUTH_DIR="$auth_dir" MC_AUTH_NAME=default; fi
+# CMD is a tenant's client: it gets the tenants' keys only, not the admin's, the daemons' or the cluster's secrets.
+if [[ -n "$auth_dir" ]]; then
+  [[ "$dry_run" == 1 ]] || client_keys "$auth_dir" "$state/client-auth" default alice bob
+  export MC_AUTH_DIR="$state/client-auth" MC_AUTH_NAME=default
+fi
 case "$model" in
   tiny) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-256}" ;;
   small) export MC_VOCAB_SIZE="${MC_VOCAB_SIZE:-1024}" ;;

@@ -75,7 +75,8 @@
 #   --auth                authenticate everything (docs/SECURITY.md): make the cluster's keys with mc-auth init in
 #                         the state directory (one per instance and storage node, a client "default" and
 #                         tenants alice and bob sharing namespace "public"), start every daemon with its own, and
-#                         give CMD MC_AUTH_DIR and MC_AUTH_NAME=default; with --masters, etcd serves TLS with
+#                         give CMD MC_AUTH_DIR=STATE/client-auth (the tenants' keys only: no admin, daemon or
+#                         cluster secret) and MC_AUTH_NAME=default; with --masters, etcd serves TLS with
 #                         the keys' etcd certificates and admits only their client certificate  [MC_AUTH=1, off]
 #   --gateway             also start mc-gateway (the OpenAI-compatible HTTP front door, serving --model) on a free
 #                         loopback port, and give CMD its URL as MC_GATEWAY (http://127.0.0.1:PORT)   [MC_GATEWAY_ON=1, off]
@@ -92,6 +93,8 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib/keys.sh
+. "$here/lib/keys.sh"
 root="$(dirname "$here")"
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -498,7 +501,11 @@ fi
 
 export MC_CONDUCTOR="$conductor" MC_STORE_MASTER="$master" MC_STORE_EVENTS="$events" MC_BLOCK_SIZE="$block_size"
 export MC_CLUSTER_STATE="$state"
-if [[ -n "$auth_dir" ]]; then export MC_AUTH_DIR="$auth_dir" MC_AUTH_NAME=default; fi
+# CMD is a tenant's client: it gets the tenants' keys only, not the admin's, the daemons' or the cluster's secrets.
+if [[ -n "$auth_dir" ]]; then
+  client_keys "$auth_dir" "$state/client-auth" default alice bob
+  export MC_AUTH_DIR="$state/client-auth" MC_AUTH_NAME=default
+fi
 if [[ "$metrics" == 1 ]]; then export MC_METRICS_TARGETS="$state/metrics-targets.txt"; fi
 # The replay's synthesized token ids must be in the model's vocabulary (the ref backend checks them).
 case "$model" in
@@ -519,7 +526,7 @@ esac
   [[ -z "$etcd_endpoint" ]] || echo "  replicated    etcd $etcd_endpoint, cluster $cluster_id (export MC_ETCD=$etcd_endpoint MC_CLUSTER_ID=$cluster_id)"
   [[ -z "$gateway_url" ]] || echo "  gateway       $gateway_url   (export MC_GATEWAY=$gateway_url; curl $gateway_url/v1/models)"
   echo "  logs          $state/*.log"
-  [[ -z "$auth_dir" ]] || echo "  keys          $auth_dir   (export MC_AUTH_DIR=$auth_dir MC_AUTH_NAME=default)"
+  [[ -z "$auth_dir" ]] || echo "  keys          $auth_dir (operator: --auth-name admin);  tenants: export MC_AUTH_DIR=$state/client-auth MC_AUTH_NAME=default"
   [[ "$metrics" != 1 ]] || echo "  metrics       GET http://HOST:PORT/metrics of each daemon: $state/metrics.txt" \
     "(scrape targets: $state/metrics-targets.txt)"
   echo "  replay:       $bin/mc-trace-replay TRACE --conductor $conductor --block-tokens $block_size"

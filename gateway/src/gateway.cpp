@@ -2,14 +2,23 @@
 
 #include <httplib.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -122,10 +131,13 @@ class ClientPool {
 };
 
 std::string random_hex(size_t n) {
-  std::random_device rd;
+  std::random_device rd;  // the kernel's generator: 32 bits a call, 8 digits of them
   std::string s;
   static constexpr char kHex[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; ++i) s.push_back(kHex[rd() % 16]);
+  for (uint32_t bits = 0; s.size() < n; bits >>= 4) {
+    if (s.size() % 8 == 0) bits = rd();
+    s.push_back(kHex[bits & 15]);
+  }
   return s;
 }
 
@@ -135,10 +147,18 @@ std::string sse(const json& doc) {
   return "data: " + doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
+bool valid_tenant_name(std::string_view t) {
+  if (t.empty() || t.size() > 64) return false;
+  return std::all_of(t.begin(), t.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+           c == '-';
+  });
+}
+
 class Gateway {
  public:
-  Gateway(GatewayOptions options, Tokenizer tokenizer)
-      : o_(std::move(options)), tok_(std::move(tokenizer)), pool_(o_.conductor), id_prefix_(random_hex(8)) {
+  Gateway(GatewayOptions options, Tokenizer tokenizer, std::unordered_map<std::string, std::string> api_keys)
+      : o_(std::move(options)), tok_(std::move(tokenizer)), pool_(o_.conductor), api_keys_(std::move(api_keys)) {
     if (o_.served_model_name.empty()) o_.served_model_name = tok_.model();
     for (const std::string& a : o_.adapters) {
       const size_t at = a.find('@');
@@ -170,6 +190,13 @@ class Gateway {
     token_overhead_ = &m.histogram("mc_gateway_token_overhead_seconds", fine,
                                    "gateway time of a token: token_event received -> its bytes written");
     submit_latency_ = &m.histogram("mc_gateway_submit_seconds", b, "conductor.submit round trip (until accepted)");
+    unauthorized_ = &m.counter("mc_gateway_unauthorized_total",
+                               "requests refused 401: no or an unknown API key (--api-keys), or no tenant header");
+    // Each user tenant's blocks are keyed in a namespace of its own inside the gateway's: with keys the Conductor
+    // admits only "tenant/<the gateway's tenant>/..." from it (docs/SECURITY.md "Cache isolation").
+    const auto ring = auth::process_keyring();
+    salt_base_ = ring != nullptr && ring->self().role == auth::Role::kClient ? "tenant/" + ring->self().tenant
+                                                                             : std::string("gateway");
   }
 
   Status start() {
@@ -356,7 +383,62 @@ class Gateway {
     res.set_content(error_document(e).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   }
 
+  // The user tenant of a request (--api-keys or --tenant-header); "" when the gateway has neither (one namespace for
+  // all). nullopt: refused, *why says so.
+  std::optional<std::string> user_tenant(const httplib::Request& rq, std::string* why) const {
+    if (!api_keys_.empty()) {
+      const std::string auth = rq.get_header_value("Authorization");
+      constexpr std::string_view kBearer = "Bearer ";
+      if (auth.size() <= kBearer.size() || auth.compare(0, kBearer.size(), kBearer) != 0) {
+        *why = "no API key: send 'Authorization: Bearer KEY' with a key the operator gave you (mc-gateway --api-keys)";
+        return std::nullopt;
+      }
+      auto it = api_keys_.find(auth.substr(kBearer.size()));
+      if (it == api_keys_.end()) {
+        *why = "unknown API key (mc-gateway --api-keys lists the keys it takes)";
+        return std::nullopt;
+      }
+      return it->second;
+    }
+    if (!o_.tenant_header.empty()) {
+      const std::string t = rq.get_header_value(o_.tenant_header);
+      if (!valid_tenant_name(t)) {
+        *why = "the header '" + o_.tenant_header +
+               "' must name the request's tenant ([A-Za-z0-9_.-]{1,64}; set by the " +
+               "proxy in front of mc-gateway, --tenant-header)";
+        return std::nullopt;
+      }
+      return t;
+    }
+    return std::string();
+  }
+  static bool needs_tenant(const std::string& path) {
+    return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+  }
+
   void register_routes() {
+    // Authentication first (--api-keys / --tenant-header): 401 in OpenAI's shape, counted and logged (rate limited)
+    // with the peer's address; /health and /metrics stay open.
+    if (!api_keys_.empty() || !o_.tenant_header.empty()) {
+      http_.set_pre_routing_handler([this](const httplib::Request& rq, httplib::Response& rs) {
+        if (!needs_tenant(rq.path)) return httplib::Server::HandlerResponse::Unhandled;
+        std::string why;
+        if (user_tenant(rq, &why)) return httplib::Server::HandlerResponse::Unhandled;
+        unauthorized_->inc();
+        if (log::nth_worth_logging(unauthorized_->value())) {
+          MC_LOG_WARN << "mc-gateway: refused " << rq.method << " " << rq.path << " from " << rq.remote_addr << ":"
+                      << rq.remote_port << ": " << why << " (" << unauthorized_->value() << " refused)";
+        }
+        ApiError e;
+        e.http_status = 401;
+        e.code = "invalid_api_key";
+        e.message = why;
+        rs.status = 401;
+        if (!api_keys_.empty()) rs.set_header("WWW-Authenticate", "Bearer");
+        send_error(rs, e);
+        return httplib::Server::HandlerResponse::Handled;
+      });
+    }
     http_.Post("/v1/completions",
                [this](const httplib::Request& rq, httplib::Response& rs) { generate(rq, rs, /*chat=*/false); });
     http_.Post("/v1/chat/completions",
@@ -648,7 +730,8 @@ class Gateway {
       return refuse(rs, err);
     }
     active_->add(static_cast<double>(n));
-    const std::string base = "gw-" + id_prefix_ + "-" + std::to_string(next_id_.fetch_add(1));
+    // Ids no other client can guess (docs/SECURITY.md "Request ids"): 96 random bits each.
+    const std::string base = "gw-" + random_hex(24);
     f->id = base;
     f->object_id = (chat ? "chatcmpl-" : "cmpl-") + base;
     f->inbox = std::make_shared<Inbox>(static_cast<size_t>(n));
@@ -675,7 +758,11 @@ class Gateway {
     sub.client_endpoint = client_endpoint_;
     sub.lora_name = scope.lora_name;
     sub.lora_version = scope.lora_version;
-    sub.salt = f->req.salt;
+    // The user's tenant namespace (--api-keys, --tenant-header), with the request's own salt inside it.
+    std::string why;
+    const std::string tenant = user_tenant(rq, &why).value_or(std::string());
+    sub.salt =
+        tenant.empty() ? f->req.salt : salt_base_ + "/" + tenant + (f->req.salt.empty() ? "" : "/" + f->req.salt);
     sub.sampling = f->req.sampling;
     for (int64_t i = 0; i < n; ++i) {
       Choice& c = f->choices[static_cast<size_t>(i)];
@@ -990,12 +1077,12 @@ class Gateway {
   GatewayOptions o_;
   Tokenizer tok_;
   ClientPool pool_;
-  std::string id_prefix_;
-  std::atomic<uint64_t> next_id_{1};
-  std::map<std::string, std::string> adapters_;  // name -> version
+  std::unordered_map<std::string, std::string> api_keys_;  // --api-keys: KEY -> tenant
+  std::string salt_base_;                                  // user tenants' namespaces live under it
+  std::map<std::string, std::string> adapters_;            // name -> version
   metrics::Registry metrics_;
   metrics::Counter *requests_, *completed_, *rejected_, *unavailable_, *bad_, *failed_, *cancels_, *disconnects_,
-      *prompt_tokens_, *completion_tokens_, *cached_tokens_;
+      *prompt_tokens_, *completion_tokens_, *cached_tokens_, *unauthorized_;
   metrics::Gauge* active_;
   metrics::Histogram *ttft_, *tbt_, *e2e_, *submit_overhead_, *token_overhead_, *submit_latency_;
   std::atomic<int64_t> active_count_{0};
@@ -1036,16 +1123,74 @@ Status validate(const GatewayOptions& o) {
       return Status(Code::kInvalidArgument, "--adapter '" + a + "': give NAME or NAME@VERSION");
     }
   }
+  if (!o.api_keys_file.empty() && !o.tenant_header.empty()) {
+    return Status(Code::kInvalidArgument, "--api-keys and --tenant-header: give one (keys name their tenants)");
+  }
+  if (!o.tenant_header.empty() && !std::all_of(o.tenant_header.begin(), o.tenant_header.end(),
+                                               [](char c) { return std::isalnum(c) || c == '-'; })) {
+    return Status(Code::kInvalidArgument,
+                  "--tenant-header '" + o.tenant_header + "': an HTTP header name ([A-Za-z0-9-])");
+  }
   return Status::ok();
+}
+
+Result<std::unordered_map<std::string, std::string>> load_api_keys(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status(Code::kNotFound, "--api-keys " + path + ": " + std::strerror(errno));
+  }
+  if ((st.st_mode & (S_IROTH | S_IWOTH | S_IWGRP)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    return Status(Code::kInvalidArgument,
+                  "--api-keys " + path + ": readable or writable by other users (mode " + mode + "): chmod 600 it");
+  }
+  constexpr off_t kMaxFileBytes = 16 << 20;
+  if (st.st_size > kMaxFileBytes) {
+    return Status(Code::kInvalidArgument, "--api-keys " + path + ": larger than 16 MiB");
+  }
+  std::ifstream in(path);
+  if (!in) return Status(Code::kNotFound, "--api-keys " + path + ": cannot be read");
+  std::unordered_map<std::string, std::string> keys;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const std::string where = "--api-keys " + path + " line " + std::to_string(n);
+    std::istringstream words(line);
+    std::string key, tenant, extra;
+    if (!(words >> key) || key[0] == '#') continue;
+    if (!(words >> tenant) || (words >> extra)) {
+      return Status(Code::kInvalidArgument, where + ": expected 'KEY TENANT'");
+    }
+    const bool printable = std::all_of(key.begin(), key.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+    if (key.size() < 16 || key.size() > 256 || !printable) {
+      return Status(Code::kInvalidArgument,
+                    where + ": a key is 16 to 256 printable ASCII characters (e.g. " + "`openssl rand -hex 24`)");
+    }
+    if (!valid_tenant_name(tenant)) {
+      return Status(Code::kInvalidArgument, where + ": tenant '" + tenant + "' is not [A-Za-z0-9_.-]{1,64}");
+    }
+    if (!keys.emplace(key, tenant).second) return Status(Code::kInvalidArgument, where + ": the key comes twice");
+  }
+  if (keys.empty()) return Status(Code::kInvalidArgument, "--api-keys " + path + ": no keys");
+  return keys;
 }
 
 Status run_gateway(const GatewayOptions& options) {
   MC_RETURN_IF_ERROR(validate(options));
+  std::unordered_map<std::string, std::string> api_keys;
+  if (!options.api_keys_file.empty()) {
+    MC_ASSIGN_OR_RETURN(api_keys, load_api_keys(options.api_keys_file));
+    MC_LOG_INFO << "mc-gateway: " << api_keys.size() << " API keys; each tenant's KV blocks in a namespace of its own";
+  } else if (options.tenant_header.empty()) {
+    MC_LOG_WARN << "mc-gateway: no --api-keys nor --tenant-header: every client shares one KV namespace, so a prompt "
+                   "prefix one client sent makes another's faster and shows in its cached_tokens "
+                   "(docs/SECURITY.md \"Cache isolation\")";
+  }
   // The model's tokenizer and chat template, read and parsed once (a real tokenizer.json is megabytes).
   Result<Tokenizer> loaded = Tokenizer::for_model(options.model);
   if (!loaded.is_ok()) return loaded.status().with_context("--model");
   Tokenizer tok = std::move(loaded).value();
-  Gateway gw(options, std::move(tok));
+  Gateway gw(options, std::move(tok), std::move(api_keys));
   MC_RETURN_IF_ERROR(gw.start());
   // /metrics is on the HTTP port; --metrics-listen adds the exporter every daemon has, on a port of its own.
   std::vector<std::pair<std::string, std::string>> extra;

@@ -1,6 +1,13 @@
 #include "mc/common/status.hpp"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "mc/common/clock.hpp"
 #include "mc/common/log.hpp"
@@ -74,6 +81,31 @@ TEST(Log, ParsesLevels) {
   EXPECT_FALSE(log::enabled(log::Level::kInfo));
   EXPECT_TRUE(log::enabled(log::Level::kError));
   log::set_level(log::Level::kInfo);
+}
+
+// Issue 51: a message type, a name or a path a peer sent, written into a log line, never starts a line of its own.
+TEST(Log, ControlCharactersInAMessageAreEscapedSoOneRecordIsOneLine) {
+  char path[] = "/tmp/mc-log-test.XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const int saved = ::dup(STDERR_FILENO);
+  ASSERT_GE(saved, 0);
+  ASSERT_EQ(::dup2(fd, STDERR_FILENO), STDERR_FILENO);
+  MC_LOG_ERROR << "unknown message type 'x\n2026-12-07T00:00:00.000Z E mc-store[1] forged.cpp:1] admin ok\r\x1b[2J'";
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  ::close(fd);
+  ::unlink(path);
+  const std::string s = text.str();
+  ASSERT_FALSE(s.empty());
+  EXPECT_EQ(std::count(s.begin(), s.end(), '\n'), 1) << s;
+  EXPECT_EQ(s.back(), '\n');
+  EXPECT_NE(s.find("type 'x\\n2026-12-07T00:00:00.000Z E mc-store[1] forged.cpp:1] admin ok\\r\\x1b[2J'"),
+            std::string::npos)
+      << s;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -446,6 +447,33 @@ TEST(AuthSetup, WithoutKeysADaemonListensOnLoopbackOnly) {
       run("mc-store", {"master", "--listen", "tcp://127.0.0.1:0", "--auth-dir", (tmp.path / "none").string()});
   EXPECT_EQ(rc2, 2) << out2;
   EXPECT_NE(out2.find("mc-auth init"), std::string::npos) << out2;
+}
+
+// Issue 51: a key directory other users can write (they could add an admin key to the roster), or a secret they can
+// read, is refused at start naming the path and the chmod; mc-auth init makes an existing directory private.
+TEST(AuthSetup, AKeyDirectoryOtherUsersCanWriteOrReadTheSecretsOfIsRefused) {
+  TempDir tmp;
+  const fs::path keys = tmp.path / "keys";
+  ASSERT_EQ(::mkdir(keys.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(keys.c_str(), 0777), 0);
+  ASSERT_EQ(run("mc-auth", {"init", keys.string(), "--tenant", "alice"}).first, 0);
+  struct stat st {};
+  ASSERT_EQ(::stat(keys.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  const std::vector<std::string> master = {"master",      "--listen", "tcp://127.0.0.1:0", "--auth-dir", keys.string(),
+                                           "--auth-name", "admin"};
+  ASSERT_EQ(::chmod(keys.c_str(), 0777), 0);
+  auto [rc, out] = run("mc-store", master);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find(keys.string() + " is writable by other users (mode 777)"), std::string::npos) << out;
+  EXPECT_NE(out.find("chmod 700"), std::string::npos) << out;
+  ASSERT_EQ(::chmod(keys.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod((keys / "ids" / "alice.secret").c_str(), 0644), 0);
+  auto [rc2, out2] =
+      run("mc-store", {"stat", "--master", "tcp://127.0.0.1:1", "--auth-dir", keys.string(), "--auth-name", "alice"});
+  EXPECT_EQ(rc2, 2) << out2;
+  EXPECT_NE(out2.find("alice.secret is open to other users (mode 644)"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("chmod 600"), std::string::npos) << out2;
 }
 
 TEST(AuthConductorE2E, AnInstanceIdBelongsToItsFirstKeyAndTenantsCannotRegister) {

@@ -86,6 +86,13 @@ int main(int argc, char** argv) {
       ->envname("MC_DRAIN_TIMEOUT_S")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{3600}));
+  app.add_option("--api-keys", o.api_keys_file,
+                 "File of 'KEY TENANT' lines (mode 600): requests need 'Authorization: Bearer KEY', and each tenant's "
+                 "KV blocks are keyed apart (its prefixes and cached_tokens are its own)")
+      ->envname("MC_API_KEYS");
+  app.add_option("--tenant-header", o.tenant_header,
+                 "HTTP header in which a proxy in front names each request's tenant (instead of --api-keys)")
+      ->envname("MC_TENANT_HEADER");
   mc::cli::add_metrics_flags(app, o.metrics_listen);
   mc::cli::add_auth_flags(app, "gateway");
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;

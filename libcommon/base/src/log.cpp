@@ -80,8 +80,29 @@ Line::Line(Level level, const char* file, int line) : level_(level) {
 }
 
 Line::~Line() {
-  os_ << '\n';
-  std::string s = os_.str();
+  // One record is one line: control characters a peer put into a message (a message type, a name, a path) are
+  // written escaped (\n, \xNN), so no peer forges a line of its own in the log (issue 51).
+  const std::string raw = os_.str();
+  std::string s;
+  s.reserve(raw.size() + 1);
+  for (const char c : raw) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      s.push_back(c);
+    } else if (c == '\n') {
+      s += "\\n";
+    } else if (c == '\r') {
+      s += "\\r";
+    } else if (c == '\t') {
+      s.push_back(c);
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      s += "\\x";
+      s.push_back(kHex[u >> 4]);
+      s.push_back(kHex[u & 15]);
+    }
+  }
+  s.push_back('\n');
   (void)level_;
   ssize_t off = 0;
   while (off < static_cast<ssize_t>(s.size())) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -45,6 +46,24 @@ Result<std::string> read_text(const std::string& path) {
   std::string s = ss.str();
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   return s;
+}
+
+// The key directory's permissions (issue 51): whoever can write DIR, DIR/ids or the roster can add an admin key to the
+// roster, and whoever can read a secret can act as its identity. `secret`: no access for group or others (0600);
+// else not writable by them. A path that does not exist is not this check's business (read_text names it).
+Status check_key_mode(const std::string& path, bool secret) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return Status::ok();
+  const mode_t bad = secret ? (S_IRWXG | S_IRWXO) : (S_IWGRP | S_IWOTH);
+  if ((st.st_mode & bad) == 0) return Status::ok();
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
+  const bool dir = S_ISDIR(st.st_mode);
+  return Status(Code::kPermissionDenied,
+                path + " is " + (secret ? "open to" : "writable by") + " other users (mode " + mode + "): " +
+                    (secret ? "whoever reads it acts as its identity; chmod 600 " + path
+                            : std::string("whoever writes it can add a key to the roster; chmod ") +
+                                  (dir ? "700 " : "644 ") + path));
 }
 
 Status write_text(const std::string& path, const std::string& text, mode_t mode) {
@@ -334,6 +353,12 @@ Result<std::shared_ptr<const Keyring>> Keyring::load(const std::string& dir, con
   auto ring = std::make_shared<Keyring>();
   ring->dir_ = dir;
   const std::string roster_path = dir + "/roster";
+  for (const std::string& p : {dir, dir + "/ids", roster_path, dir + "/cluster.pub"}) {
+    MC_RETURN_IF_ERROR(check_key_mode(p, /*secret=*/false));
+  }
+  for (const std::string& p : {dir + "/ids/" + name + ".secret", dir + "/cluster.secret", dir + "/grant.key"}) {
+    MC_RETURN_IF_ERROR(check_key_mode(p, /*secret=*/true));
+  }
   MC_ASSIGN_OR_RETURN(ring->roster_, parse_roster(dir));
   for (size_t i = 0; i < ring->roster_.size(); ++i) {
     ring->by_name_[ring->roster_[i].name] = i;
@@ -401,6 +426,10 @@ Result<std::vector<Identity>> init_dir(const InitOptions& options) {
   for (const std::string& d : {options.dir, options.dir + "/ids"}) {
     if (::mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) {
       return Status(Code::kIo, "cannot create " + d + ": " + std::strerror(errno));
+    }
+    // An existing directory is made private too (Keyring::load refuses one other users can write).
+    if (::chmod(d.c_str(), 0700) != 0) {
+      return Status(Code::kIo, "cannot chmod 700 " + d + ": " + std::strerror(errno));
     }
   }
   if (sodium_init() < 0) return Status(Code::kInternal, "libsodium failed to initialise");

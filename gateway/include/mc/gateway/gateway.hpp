@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "mc/common/status.hpp"
@@ -58,7 +59,19 @@ struct GatewayOptions {
   int64_t request_timeout_ms = 600'000;  // whole answer; then 504 (whole) or an error event (stream)
   int64_t drain_timeout_s = 30;
   std::string metrics_listen;  // a second /metrics on its own ADDR:PORT (--metrics-listen, as every daemon); "": none
+  // Tenants (docs/SECURITY.md "Cache isolation"). --api-keys FILE: lines "KEY TENANT" ('#' comments); every /v1/*,
+  // /tokenize and /detokenize request then needs "Authorization: Bearer KEY" (401 otherwise), and its KV blocks are
+  // keyed in its tenant's own namespace, so neither its prefix hits nor `cached_tokens` involve another tenant's
+  // prompts (keys of one TENANT share). --tenant-header NAME instead: a proxy in front authenticates the users and
+  // names each request's tenant in that header (401 without it). Neither: every client shares one namespace.
+  std::string api_keys_file;
+  std::string tenant_header;
 };
+
+// --api-keys: KEY -> TENANT. KEY: 16 to 256 printable ASCII characters without space; TENANT: [A-Za-z0-9_.-]{1,64}.
+// kInvalidArgument naming the file and line; kNotFound when it cannot be read. A file readable by other OS users is
+// refused (mode 0600 or 0640 expected), as an ssh key is.
+Result<std::unordered_map<std::string, std::string>> load_api_keys(const std::string& path);
 
 // Checks the options (kInvalidArgument naming the flag); the model's tokenizer is loaded (once) by run_gateway.
 Status validate(const GatewayOptions& options);
