@@ -354,6 +354,7 @@ if (( n_masters > 1 )); then
   # With --auth, etcd serves TLS with the certificates of the cluster's keys and admits only clients whose certificate
   # their CA signed (every daemon and tool given --auth-dir presents $auth_dir/etcd/client.pem): docs/SECURITY.md.
   scheme=http
+  peer_scheme=http
   etcd_tls=()
   curl_tls=()
   if [[ -n "$auth_dir" ]]; then
@@ -361,6 +362,11 @@ if (( n_masters > 1 )); then
     etcd_tls=(--cert-file "$auth_dir/etcd/server.pem" --key-file "$auth_dir/etcd/server.key"
               --trusted-ca-file "$auth_dir/etcd/ca.pem" --client-cert-auth)
     curl_tls=(--cacert "$auth_dir/etcd/ca.pem" --cert "$auth_dir/etcd/client.pem" --key "$auth_dir/etcd/client.key")
+    # The peer port too (it answers /members, and a second member would join through it): TLS, and only a peer whose
+    # certificate the cluster's CA signed (the server certificate carries clientAuth for this).
+    peer_scheme=https
+    etcd_tls+=(--peer-cert-file "$auth_dir/etcd/server.pem" --peer-key-file "$auth_dir/etcd/server.key"
+               --peer-trusted-ca-file "$auth_dir/etcd/ca.pem" --peer-client-cert-auth)
   fi
   for _ in 1 2 3 4 5; do
     cport=$((20000 + RANDOM % 40000))
@@ -369,8 +375,8 @@ if (( n_masters > 1 )); then
     # Not in pids: stop_all stops it after everything else.
     etcd --name "$tag" --data-dir "$state/etcd" --listen-client-urls "$scheme://127.0.0.1:$cport" \
       --advertise-client-urls "$scheme://127.0.0.1:$cport" ${etcd_tls[@]+"${etcd_tls[@]}"} \
-      --listen-peer-urls "http://127.0.0.1:$pport" \
-      --initial-advertise-peer-urls "http://127.0.0.1:$pport" --initial-cluster "$tag=http://127.0.0.1:$pport" \
+      --listen-peer-urls "$peer_scheme://127.0.0.1:$pport" --initial-advertise-peer-urls "$peer_scheme://127.0.0.1:$pport" \
+      --initial-cluster "$tag=$peer_scheme://127.0.0.1:$pport" \
       --initial-cluster-token "$tag" --initial-cluster-state new --log-level error > "$state/etcd.log" 2>&1 &
     etcd_pid=$!
     deadline=$((SECONDS + ready_timeout_s))
