@@ -281,6 +281,7 @@ Status run_replay_command(const ReplayCommand& c, std::ostream& out) {
     HttpTargetOptions ho;
     ho.url = c.target;
     ho.model = c.target_model;
+    ho.api_key = c.target_api_key;
     ho.connect_timeout_ms = lo.connect_timeout_ms;
     ho.submit_timeout_ms = lo.submit_timeout_ms;
     MC_ASSIGN_OR_RETURN(HttpTarget target, make_http_target(ho));

@@ -161,6 +161,7 @@ class Target final : public EventSource {
     req.path = "/v1/completions";
     req.body = body;
     req.set_header("Content-Type", "application/json");
+    if (!o_.api_key.empty()) req.set_header("Authorization", "Bearer " + o_.api_key);
     req.response_handler = [&](const httplib::Response& res) {
       http_status = res.status;
       if (res.status == 200) set_status(200, "");
@@ -239,12 +240,16 @@ Result<HttpTarget> make_http_target(const HttpTargetOptions& options) {
   httplib::Client probe(ep->host, ep->port);
   probe.set_connection_timeout(std::chrono::milliseconds(o.connect_timeout_ms));
   probe.set_read_timeout(std::chrono::milliseconds(o.connect_timeout_ms));
-  httplib::Result models = probe.Get("/v1/models");
+  httplib::Headers auth;
+  if (!o.api_key.empty()) auth.emplace("Authorization", "Bearer " + o.api_key);
+  httplib::Result models = probe.Get("/v1/models", auth);
   if (!models || models->status != 200) {
     return Status(Code::kUnavailable,
                   "cannot reach mc-gateway at " + o.url + " (GET /v1/models: " +
                       (models ? "HTTP " + std::to_string(models->status) : httplib::to_string(models.error())) +
-                      "): start it (examples/local-cluster.sh --gateway) or fix --target");
+                      (models && models->status == 401 ? "): give its API key with --api-key (MC_API_KEY)"
+                                                       : "): start it (examples/local-cluster.sh --gateway) or fix "
+                                                         "--target"));
   }
   if (o.model.empty()) {
     const json m = json::parse(models->body, nullptr, false);

@@ -461,6 +461,22 @@ TEST_F(GatewayE2E, EachApiKeyIsATenantWhosePrefixesAndCachedTokensAreItsOwn) {
   EXPECT_GT(cached_of(post_as(alice2, "/v1/chat/completions", chat)), 0);
   // Bob's same prompt finds nothing of hers: no hit, so no cached tokens.
   EXPECT_EQ(cached_of(post_as(bob, "/v1/chat/completions", chat)), 0);
+
+  // An admin's replay through the gateway gives its key (mc-trace-replay --api-key); without it, it is told to.
+  const std::string trace = s_.path("keyed.trace.jsonl");
+  std::ofstream(trace) << R"({"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [1]})"
+                       << "\n"
+                       << R"({"timestamp": 100, "input_length": 64, "output_length": 4, "hash_ids": [2]})"
+                       << "\n";
+  const std::vector<std::string> replay = {bin() + "/mc-trace-replay", trace, "--target", url_,
+                                           "--block-tokens",           "16",  "--json",   "--no-progress"};
+  std::vector<std::string> keyed = replay;
+  keyed.insert(keyed.end(), {"--api-key", bob});
+  const testkit::RunResult ok = testkit::run(keyed, 120'000);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  const testkit::RunResult refused = testkit::run(replay, 60'000);
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("--api-key"), std::string::npos) << refused.out;
 }
 
 TEST(GatewayAbuse, MalformedHttpNeverCrashesTheGateway) {

@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--target-model", rc.target_model,
                  "With --target: the model each request names (default: the first of GET /v1/models)")
       ->envname("MC_TARGET_MODEL");
+  app.add_option("--api-key", rc.target_api_key,
+                 "With --target: the gateway's API key, sent as 'Authorization: Bearer KEY' (mc-gateway --api-keys)")
+      ->envname("MC_API_KEY");
   app.add_option("--client-bind", rc.client_bind,
                  "Endpoint this replay binds for token events from mc-decode (an address the decode instances can "
                  "reach; port 0 picks a free one)")

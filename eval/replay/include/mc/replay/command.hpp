@@ -41,6 +41,7 @@ struct ReplayCommand {
   // Non-empty (http://HOST:PORT): replay through mc-gateway's HTTP API instead of the Conductor (http_target.hpp).
   std::string target;
   std::string target_model;       // the model named in each request ("": the gateway's first)
+  std::string target_api_key;     // --api-key: the gateway's API key ("": none)
   int64_t max_output_tokens = 0;  // 0: as in the trace; else each row's output_length is capped
   int64_t max_input_tokens = 0;   // 0: as in the trace; else each prompt is cut to its first max_input_tokens tokens
   SummaryOptions summary;

@@ -21,6 +21,7 @@ namespace mc::replay {
 struct HttpTargetOptions {
   std::string url;                // http://HOST:PORT of mc-gateway
   std::string model;              // the model to name; "": the first of GET /v1/models
+  std::string api_key;            // sent as "Authorization: Bearer KEY" (mc-gateway --api-keys); "": none
   int connect_timeout_ms = 2000;  // the TCP connection and GET /v1/models
   int submit_timeout_ms = 10000;  // until the response's status line
   int read_timeout_ms = 600'000;  // silence on a stream before it counts as failed
