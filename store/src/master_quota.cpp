@@ -67,8 +67,8 @@ Result<QuotaLimits> parse_quota_limits(std::string_view text, const QuotaLimits&
 Result<std::pair<std::string, QuotaLimits>> parse_tenant_quota(std::string_view text) {
   const size_t eq = text.find('=');
   if (eq == std::string_view::npos || eq == 0) {
-    return Status(Code::kInvalidArgument, "quota '" + std::string(text) +
-                                              "': not TENANT=LIMITS (e.g. alice=bytes:2GiB,pinned:1GiB,puts:64)");
+    return Status(Code::kInvalidArgument,
+                  "quota '" + std::string(text) + "': not TENANT=LIMITS (e.g. alice=bytes:2GiB,pinned:1GiB,puts:64)");
   }
   MC_ASSIGN_OR_RETURN(QuotaLimits q, parse_quota_limits(text.substr(eq + 1)));
   return std::make_pair(std::string(text.substr(0, eq)), q);
@@ -126,9 +126,9 @@ Status MasterCore::check_quota(const std::string& key, const std::string& tenant
     if (limit == kQuotaNone || used + asked <= limit) return std::nullopt;
     ++tenants_[tenant].refused;
     return Status(Code::kResourceExhausted,
-                  std::string(pin_only ? "pin '" : "put '") + key + "' refused: tenant '" + tenant + "' is over its quota of " + what + ": " +
-                      std::to_string(used) + " in use + " + std::to_string(asked) + " asked > limit " +
-                      limit_text(limit) +
+                  std::string(pin_only ? "pin '" : "put '") + key + "' refused: tenant '" + tenant +
+                      "' is over its quota of " + what + ": " + std::to_string(used) + " in use + " +
+                      std::to_string(asked) + " asked > limit " + limit_text(limit) +
                       (by_default ? " (the default with keys: " +
                                         std::to_string(static_cast<int>(config_.quota_default_share * 100)) +
                                         "% of the pool's DRAM capacity)"

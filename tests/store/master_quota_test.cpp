@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "mc/store/master_core.hpp"
+#include "mc/store/master_ha.hpp"
 #include "mc/testkit/units.hpp"
 
 namespace mc::store {
@@ -205,7 +206,7 @@ TEST_F(MasterQuotaTest, AbandonedPutExpiresAtTheTakeoverTime) {
   EXPECT_EQ(t.usage.objects, 0u);
   EXPECT_EQ(core_.put_end({"c-bob", "", ""}, "tenant/bob/w", g->put_id, 0).code(), Code::kFailedPrecondition);
   EXPECT_EQ(core_.stat().processing, 1u);  // the exempt one is still there
-  clock_.advance_ms(2500);  // free_delay_ms
+  clock_.advance_ms(2500);                 // free_delay_ms
   for (const char* n : {"n1", "n2", "n3"}) (void)core_.node_heartbeat(n);
   core_.tick();
   uint64_t used = 0;
@@ -231,7 +232,7 @@ TEST_F(MasterQuotaTest, EvictedObjectsLeaveTheUsage) {
   EXPECT_EQ(t.usage.objects, n);
 }
 
-// A takeover rebuilds the usage from the records (a shared key's writer is recorded).
+// A takeover rebuilds the usage from the etcd records (a shared key's writer is recorded in its record).
 TEST_F(MasterQuotaTest, UsageIsRebuiltFromTheDurableRecords) {
   mount();
   ASSERT_TRUE(put("tenant/bob/a", 2 * kMiB, as("bob", 2, true)).is_ok());
@@ -239,7 +240,15 @@ TEST_F(MasterQuotaTest, UsageIsRebuiltFromTheDurableRecords) {
   ASSERT_TRUE(put("tenant/alice/c", 3 * kMiB, as("alice")).is_ok());
   ASSERT_TRUE(start("tenant/bob/w", 1 * kMiB, as("bob")).is_ok());  // unfinished: not carried over
   std::vector<DurableSegment> segs = core_.durable_segments();
-  std::vector<DurableObject> objs = core_.durable_objects();
+  std::vector<DurableObject> objs;
+  for (const DurableObject& o : core_.durable_objects()) {  // through the etcd records, as a standby reads them
+    const std::string text = encode_object_record(o, 1000);
+    EXPECT_EQ(text.find("\"owner\""), o.key == "shared/team/b" ? text.find("\"owner\":\"bob\"") : std::string::npos)
+        << text;  // only a shared key records its writer
+    Result<DurableObject> back = decode_object_record(o.key, text, 1000);
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    objs.push_back(std::move(back).value());
+  }
   MasterCore next(quota_config(), &clock_);
   ASSERT_TRUE(next.load_durable(segs, objs).is_ok());
   std::map<std::string, TenantUsage> got;

@@ -114,22 +114,14 @@ class QuotaE2E : public ::testing::Test {
     ASSERT_EQ(rc, 0) << out;
     // A short takeover time, so the abandoned put expires within the test; clients live long, so only that rule can
     // expire it (a dead client's puts are reclaimed anyway).
-    std::vector<std::string> argv = {kBin + "mc-store",
-                                     "master",
-                                     "--listen",
-                                     "tcp://127.0.0.1:0",
-                                     "--events",
-                                     "",
-                                     "--put-takeover-ms",
-                                     "3000",
-                                     "--client-ttl-ms",
-                                     "600000",
-                                     "--metrics-listen",
-                                     "127.0.0.1:0",
-                                     "--auth-dir",
-                                     keys_.string(),
-                                     "--auth-name",
-                                     "master"};
+    std::vector<std::string> argv = {kBin + "mc-store",   "master",
+                                     "--listen",          "tcp://127.0.0.1:0",
+                                     "--events",          "",
+                                     "--put-takeover-ms", "3000",
+                                     "--client-ttl-ms",   "600000",
+                                     "--metrics-listen",  "127.0.0.1:0",
+                                     "--auth-dir",        keys_.string(),
+                                     "--auth-name",       "master"};
     testkit::ChildOptions o;
     o.stderr_path = (tmp_.path / "master.log").string();
     o.stop_grace_ms = 2000;
@@ -211,8 +203,9 @@ TEST_F(QuotaE2E, OneTenantCannotPinThePoolAndTheAdminRaisesItsQuota) {
   ASSERT_TRUE(refused.is_ok()) << refused.status().to_string();
   ASSERT_EQ(refused->items.size(), 1u);
   EXPECT_EQ(refused->items[0].code, static_cast<uint16_t>(Code::kResourceExhausted)) << refused->items[0].message;
-  EXPECT_TRUE(has(refused->items[0].message, "tenant 'bob' is over its quota of pinned bytes: 33554432 in use + "
-                                             "8388608 asked > limit 33554432"));
+  EXPECT_TRUE(has(refused->items[0].message,
+                  "tenant 'bob' is over its quota of pinned bytes: 33554432 in use + "
+                  "8388608 asked > limit 33554432"));
   EXPECT_TRUE(has(refused->items[0].message, "ask the admin to raise it (mc-store quota set bob pinned:"));
   (void)auth::set_process_keyring(nullptr);
 
