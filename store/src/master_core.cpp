@@ -160,6 +160,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
   int64_t now = clock_->now_ns();
   // Quotas: the tenant is charged for the replicas it asks for.
   const uint64_t charged = size_bytes * want;
+  bool quota_checked = false;
   auto it = objects_.find(key);
   if (it != objects_.end()) {
     Object& obj = it->second;
@@ -167,8 +168,9 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
       if (!options.overwrite) return Status(Code::kAlreadyExists, "object '" + key + "' already exists");
       if (leased(obj))
         return Status(Code::kObjectBusy, "object '" + key + "' is leased by a reader; retry after its lease");
-      // Checked before the old object goes: a refused overwrite leaves it in place.
+      // Checked before the old object goes (its charge credited): a refused overwrite leaves it in place.
       MC_RETURN_IF_ERROR(check_quota(key, options.tenant, charged, options.pin, &obj));
+      quota_checked = true;
       discard_object(it, false, false);
     } else {
       auto writer = clients_.find(obj.writer);
@@ -182,9 +184,8 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
       MC_LOG_INFO << "put '" << key << "': taking over from stale writer " << obj.writer;
       discard_object(it, true, true);
     }
-    it = objects_.end();
   }
-  if (it == objects_.end()) MC_RETURN_IF_ERROR(check_quota(key, options.tenant, charged, options.pin, nullptr));
+  if (!quota_checked) MC_RETURN_IF_ERROR(check_quota(key, options.tenant, charged, options.pin, nullptr));
   // The first replica goes to the writer's host when a segment there has room (a prefill instance stores the
   // blocks it computed next to itself, where the Conductor will look for them), the others to new failure domains.
   std::vector<std::string> segs = place(size_bytes, want, options.preferred_segment, {}, caller.host);
