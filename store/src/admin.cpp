@@ -99,6 +99,65 @@ Status admin_ls(const AdminOptions& options, const std::string& prefix, uint32_t
   return Status::ok();
 }
 
+namespace {
+
+nlohmann::json tenants_json(const std::vector<proto::StoreTenantStat>& tenants) {
+  nlohmann::json arr = nlohmann::json::array();
+  const auto lim = [](uint64_t v) { return v == UINT64_MAX ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  for (const auto& t : tenants) {
+    arr.push_back({{"tenant", t.tenant},
+                   {"bytes", t.bytes},
+                   {"pinned_bytes", t.pinned_bytes},
+                   {"puts", t.puts},
+                   {"put_bytes", t.put_bytes},
+                   {"objects", t.objects},
+                   {"limit_bytes", lim(t.limit_bytes)},
+                   {"limit_pinned_bytes", lim(t.limit_pinned_bytes)},
+                   {"limit_puts", lim(t.limit_puts)},
+                   {"limit_put_bytes", lim(t.limit_put_bytes)},
+                   {"limit_objects", lim(t.limit_objects)},
+                   {"refused", t.refused}});
+  }
+  return arr;
+}
+
+// One row per tenant: each dimension as "usage/limit" ("-" where there is no limit); bytes in MiB.
+void print_tenants(std::ostream& out, const std::vector<proto::StoreTenantStat>& tenants) {
+  const auto pair = [](uint64_t used, uint64_t limit, bool bytes) {
+    const auto f = [bytes](uint64_t v) { return bytes ? mib(v) : std::to_string(v); };
+    return f(used) + "/" + (limit == UINT64_MAX ? std::string("-") : f(limit));
+  };
+  std::vector<std::vector<std::string>> rows = {
+      {"tenant", "bytes(MiB)", "pinned(MiB)", "puts", "put-bytes(MiB)", "objects", "refused"}};
+  for (const auto& t : tenants) {
+    rows.push_back({t.tenant, pair(t.bytes, t.limit_bytes, true), pair(t.pinned_bytes, t.limit_pinned_bytes, true),
+                    pair(t.puts, t.limit_puts, false), pair(t.put_bytes, t.limit_put_bytes, true),
+                    pair(t.objects, t.limit_objects, false), std::to_string(t.refused)});
+  }
+  report::print_table(out, rows);
+}
+
+}  // namespace
+
+Status admin_quota_set(const AdminOptions& options, const std::string& tenant, const std::string& limits,
+                       std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
+  MC_RETURN_IF_ERROR(client->quota_set(tenant, limits).with_context("quota of tenant '" + tenant + "'"));
+  if (options.json) out << nlohmann::json{{"tenant", tenant}, {"limits", limits}}.dump() << '\n';
+  return Status::ok();
+}
+
+Status admin_quota_ls(const AdminOptions& options, std::ostream& out) {
+  MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
+  MC_ASSIGN_OR_RETURN(auto s, client->stat());
+  if (options.json) {
+    out << tenants_json(s.tenants).dump() << '\n';
+    return Status::ok();
+  }
+  print_tenants(out, s.tenants);
+  return Status::ok();
+}
+
 Status admin_stat(const AdminOptions& options, std::ostream& out) {
   MC_ASSIGN_OR_RETURN(auto client, Client::connect(options.client));
   MC_ASSIGN_OR_RETURN(auto s, client->stat());
@@ -124,6 +183,7 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
                       {"draining", g.draining}});
     }
     nlohmann::json j{{"segments", segs},
+                     {"tenants", tenants_json(s.tenants)},
                      {"objects", s.objects},
                      {"processing", s.processing},
                      {"nodes", s.nodes},
@@ -173,6 +233,7 @@ Status admin_stat(const AdminOptions& options, std::ostream& out) {
   out << "faults: corrupt replicas " << s.corrupt_replicas << ", suspect nodes " << s.suspect_nodes
       << ", returned nodes " << s.returned_nodes << ", reported replicas " << s.reported_replicas
       << ", refused reports " << s.refused_reports << ", SSD failures " << s.ssd_failures << "\n";
+  if (!s.tenants.empty()) print_tenants(out, s.tenants);
   out << "drains: nodes drained " << s.nodes_drained << ", moved objects " << s.drain_moved_objects << " ("
       << s.drain_moved_bytes << " bytes), dropped objects " << s.drain_dropped_objects << "\n";
   return Status::ok();

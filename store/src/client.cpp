@@ -1042,6 +1042,10 @@ Result<proto::StoreLsReply> Client::ls(const std::string& prefix, uint32_t limit
   return impl_->call_master(req);
 }
 
+Status Client::quota_set(const std::string& tenant, const std::string& limits) {
+  return impl_->call_master(proto::StoreQuotaSetRequest{tenant, limits}).status();
+}
+
 Result<proto::StoreStatReply> Client::stat() {
   proto::StoreStatRequest req;
   return impl_->call_master(req);

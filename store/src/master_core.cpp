@@ -44,8 +44,10 @@ bool MasterCore::pin_holds(const std::string& key, Object& obj) {
   if (pinned(obj)) return true;
   if (obj.pinned) {  // a soft pin that ran out: counted once, here or in tick(), whichever sees it first
     dirty(key);
+    account(obj, -1);
     obj.pinned = false;
     obj.pin_until_ns = 0;
+    account(obj, +1);
     ++counters_.expired_pins;
   }
   return false;
@@ -156,6 +158,9 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
   uint32_t want = std::clamp<uint32_t>(options.replicas, 1, config_.max_replicas);
   touch_client(caller.client_id);
   int64_t now = clock_->now_ns();
+  // Quotas: the tenant is charged for the replicas it asks for.
+  const uint64_t charged = size_bytes * want;
+  bool quota_checked = false;
   auto it = objects_.find(key);
   if (it != objects_.end()) {
     Object& obj = it->second;
@@ -163,6 +168,9 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
       if (!options.overwrite) return Status(Code::kAlreadyExists, "object '" + key + "' already exists");
       if (leased(obj))
         return Status(Code::kObjectBusy, "object '" + key + "' is leased by a reader; retry after its lease");
+      // Checked before the old object goes (its charge credited): a refused overwrite leaves it in place.
+      MC_RETURN_IF_ERROR(check_quota(key, options.tenant, charged, options.pin, &obj));
+      quota_checked = true;
       discard_object(it, false, false);
     } else {
       auto writer = clients_.find(obj.writer);
@@ -177,6 +185,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
       discard_object(it, true, true);
     }
   }
+  if (!quota_checked) MC_RETURN_IF_ERROR(check_quota(key, options.tenant, charged, options.pin, nullptr));
   // The first replica goes to the writer's host when a segment there has room (a prefill instance stores the
   // blocks it computed next to itself, where the Conductor will look for them), the others to new failure domains.
   std::vector<std::string> segs = place(size_bytes, want, options.preferred_segment, {}, caller.host);
@@ -219,6 +228,8 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
   obj.size_bytes = size_bytes;
   obj.put_id = next_put_id_++;
   obj.writer = caller.client_id;
+  obj.owner = options.tenant;
+  obj.charged_bytes = charged;
   obj.started_ns = now;
   obj.last_access_ns = now;
   obj.pinned = options.pin;
@@ -241,6 +252,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
     obj.replicas.push_back(r);
     grant.replicas.push_back(view(r, size_bytes));
   }
+  account(obj, +1);
   objects_[key] = std::move(obj);
   dirty(key);
   unfinished_.insert(key);
@@ -285,7 +297,9 @@ Status MasterCore::put_end(const Caller& caller, const std::string& key, uint64_
                                               " bytes (at most " + std::to_string(kMaxObjectParts) + " parts)");
   }
   dirty(key);
+  account(obj, -1);
   obj.complete = true;
+  account(obj, +1);
   obj.checksum = checksum;
   obj.part_bytes = part_checksums.empty() ? 0 : part_bytes;
   obj.part_checksums = std::move(part_checksums);
@@ -504,8 +518,11 @@ Status MasterCore::pin(const std::string& key, int64_t ttl_ms) {
     return Status(Code::kObjectBusy,
                   "pin '" + key + "': object is being written by client '" + obj.writer + "'; retry after its put");
   }
+  if (!obj.pinned) MC_RETURN_IF_ERROR(check_quota(key, obj.owner, obj.charged_bytes, true, nullptr, true));
+  account(obj, -1);
   obj.pinned = true;
   obj.pin_until_ns = ttl_ms > 0 ? clock_->now_ns() + ttl_ms * kNsPerMs : 0;
+  account(obj, +1);
   pinned_keys_.insert(key);
   dirty(key);
   return Status::ok();
@@ -515,8 +532,10 @@ Status MasterCore::unpin(const std::string& key) {
   MC_RETURN_IF_ERROR(validate_key(key));
   auto it = objects_.find(key);
   if (it == objects_.end()) return Status(Code::kObjectNotFound, "unpin '" + key + "': object not found");
+  account(it->second, -1);
   it->second.pinned = false;
   it->second.pin_until_ns = 0;
+  account(it->second, +1);
   pinned_keys_.erase(key);
   dirty(key);
   return Status::ok();
@@ -597,6 +616,7 @@ MasterStats MasterCore::stat(bool scan_objects) const {
   s.nodes = nodes_.size();
   for (const auto& [id, node] : nodes_) s.suspect_nodes += node.suspect || node.reporting ? 1 : 0;
   s.clients = clients_.size();
+  s.tenants = tenant_stats();
   return s;
 }
 
@@ -644,7 +664,11 @@ void MasterCore::tick() {
     Object& obj = it->second;
     bool pending = false;
     if (!obj.complete) {
-      if (dead_clients.count(obj.writer) || now - obj.started_ns > config_.put_reclaim_ms * kNsPerMs) {
+      // A tenant's unfinished put expires after put_takeover_ms (its write grant's lifetime): an abandoned put
+      // holds neither the tenant's quota nor the pool's space longer than that (issue 51).
+      const int64_t reclaim_ms =
+          obj.owner.empty() ? config_.put_reclaim_ms : std::min(config_.put_reclaim_ms, config_.put_takeover_ms);
+      if (dead_clients.count(obj.writer) || now - obj.started_ns > reclaim_ms * kNsPerMs) {
         discard_object(it, true, true);
         k = unfinished_.erase(k);
         continue;

@@ -24,6 +24,7 @@ std::optional<DurableObject> MasterCore::durable_object(const std::string& key, 
   d.part_bytes = obj.part_bytes;
   d.part_checksums = obj.part_checksums;
   d.complete = obj.complete;
+  d.owner = obj.owner;
   d.pinned = obj.pinned;  // a soft pin that ran out stays until pin_holds() ends it (and marks the key)
   if (d.pinned && obj.pin_until_ns != 0) {
     d.pin_left_ms = std::max<int64_t>(1, (obj.pin_until_ns - clock_->now_ns() + kNsPerMs - 1) / kNsPerMs);
@@ -167,6 +168,12 @@ Result<DurableLoad> MasterCore::load_durable(const std::vector<DurableSegment>& 
     }
     if (obj.replicas.empty()) continue;  // an unfinished put: only its ranges are held
     if (obj.pinned) pinned_keys_.insert(d.key);
+    // Quota usage is derived from the objects: the tenant of a "tenant/T/" key is T, a shared key's the recorded
+    // writer; charged for the replicas the record holds.
+    obj.owner = key_tenant(d.key);
+    if (obj.owner.empty() && d.owner.size() <= 64) obj.owner = d.owner;
+    obj.charged_bytes = obj.size_bytes * obj.replicas.size();
+    account(obj, +1);
     objects_.emplace(d.key, std::move(obj));
     ++out.objects;
   }

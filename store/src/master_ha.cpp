@@ -62,6 +62,10 @@ Result<HeldObject> decode_held_object(const std::string& key, std::string_view t
   o.complete = complete->get<bool>();
   auto pinned = j.find("pinned");
   o.pinned = pinned != j.end() && pinned->is_boolean() && pinned->get<bool>();
+  auto owner = j.find("owner");
+  if (owner != j.end() && owner->is_string() && owner->get_ref<const std::string&>().size() <= 64) {
+    o.owner = owner->get<std::string>();
+  }
   auto until = j.find("pin_until_unix_ms");
   if (until != j.end() && until->is_number_integer()) h.pin_until_unix_ms = until->get<int64_t>();
   // Bounds: a record is a peer's input (anyone with write access to etcd); no value may overflow what is computed
@@ -187,6 +191,8 @@ std::string encode_object_record(const DurableObject& o, int64_t now_unix_ms) {
     j["part_bytes"] = o.part_bytes;
     j["parts"] = o.part_checksums;
   }
+  // The writer of a shared key, charged for it (quotas); a "tenant/T/" key is T's and needs none.
+  if (!o.owner.empty() && o.key.rfind("tenant/", 0) != 0) j["owner"] = o.owner;
   if (o.pinned) {
     j["pinned"] = true;
     j["pin_until_unix_ms"] = o.pin_left_ms > 0 ? now_unix_ms + o.pin_left_ms : 0;

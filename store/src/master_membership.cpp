@@ -130,11 +130,13 @@ uint64_t MasterCore::drop_segment(const std::string& segment) {
       bool any_complete = std::any_of(reps.begin(), reps.end(), [](const Replica& r) { return r.complete; });
       if (obj.complete && !any_complete) {
         for (const Replica& r : reps) release_replica(r, obj.size_bytes, true);
+        account(obj, -1);
         it = objects_.erase(it);
         ++lost;
         continue;
       }
       if (!obj.complete && reps.empty()) {
+        account(obj, -1);
         it = objects_.erase(it);
         continue;
       }
@@ -289,6 +291,9 @@ Result<proto::StoreNodeReportReply> MasterCore::node_report(const std::string& n
       obj.put_id = next_put_id_++;
       obj.started_ns = obj.last_access_ns = now;
       add_restored(obj);
+      obj.owner = key_tenant(o.key);  // a shared key's writer is not in the node's report: not charged
+      obj.charged_bytes = obj.size_bytes;
+      account(obj, +1);
       objects_.emplace(o.key, std::move(obj));
       ok = true;
     }

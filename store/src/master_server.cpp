@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <random>
 
 #include "convert.hpp"
@@ -50,6 +51,29 @@ struct MasterServer::Impl {
 
   Impl(const MasterOptions& o, const Clock* c) : options(o), clock(c), core(o.config, c) {}
 
+  // ---- Quotas (docs/SECURITY.md "Quotas (issue 51)") ----
+  // The limits of --quota and store.quota_set, kept here too: a core made afresh (step down, takeover) gets them
+  // again (usage it derives from the objects).
+  std::map<std::string, QuotaLimits> quotas;
+  void apply_quotas() {
+    for (const auto& [tenant, limits] : quotas) (void)core.set_quota(tenant, limits);
+  }
+  // The tenant charged for a caller's puts: a client's tenant; other roles (workers, the Conductor, admin) and
+  // callers without keys are not charged.
+  static std::string tenant_of(const rpc::CallContext& ctx) { return is_tenant(ctx) ? ctx.caller->tenant : ""; }
+  // A put or pin refused over quota: counted per tenant by the core (mc_store_quota_refused_total), logged here
+  // rate-limited with the caller's identity.
+  uint64_t quota_refusals = 0;
+  void log_quota_refusal(const rpc::CallContext& ctx, const Status& st) {
+    if (st.code() != Code::kResourceExhausted) return;
+    ++quota_refusals;
+    if (log::nth_worth_logging(quota_refusals)) {
+      MC_LOG_WARN << "quota: refused " << ctx.type << " of "
+                  << (ctx.caller != nullptr ? ctx.caller->describe() : std::string("an unkeyed caller")) << ": "
+                  << st.message() << " (" << quota_refusals << " refused so far)";
+    }
+  }
+
   // ---- Replication on etcd (master_ha.hpp; DESIGN.md §17) ----
   std::unique_ptr<MasterHa> ha;         // null without --etcd: the master runs alone
   std::vector<etcd::Op> directory_ops;  // directory records to write with the next commit
@@ -91,6 +115,7 @@ struct MasterServer::Impl {
     leading = false;
     ha->step_down(why);
     core = MasterCore(options.config, clock);
+    apply_quotas();
     directory = SegmentRegistry();
     directory_ops.clear();
     (void)core.take_events();
@@ -114,6 +139,7 @@ struct MasterServer::Impl {
     TakeoverState& st = *won.value();
     const int64_t t0 = clock->now_ms();
     core = MasterCore(options.config, clock);
+    apply_quotas();
     core.set_put_id_base(static_cast<uint64_t>(st.revision) << 32);
     Result<DurableLoad> loaded = core.load_durable(st.segments, st.objects);
     core.track_durable_changes();
@@ -208,6 +234,32 @@ struct MasterServer::Impl {
     }
     registry.gauge("mc_store_capacity_bytes", "mounted capacity").set(static_cast<double>(cap));
     registry.gauge("mc_store_used_bytes", "allocated bytes").set(static_cast<double>(used));
+    // Per tenant (bounded: tenants come from the roster). Limits: -1 where there is none.
+    for (const TenantStats& t : core.tenant_stats()) {
+      const std::string l = "{tenant=\"" + t.tenant + "\"}";
+      const auto lim = [](uint64_t v) { return v == kQuotaNone ? -1.0 : static_cast<double>(v); };
+      registry.gauge("mc_store_tenant_bytes" + l, "a tenant's charged bytes (size x replicas asked)")
+          .set(static_cast<double>(t.usage.bytes));
+      registry.gauge("mc_store_tenant_pinned_bytes" + l, "a tenant's charged bytes of pinned objects")
+          .set(static_cast<double>(t.usage.pinned_bytes));
+      registry.gauge("mc_store_tenant_puts" + l, "a tenant's unfinished puts").set(static_cast<double>(t.usage.puts));
+      registry.gauge("mc_store_tenant_put_bytes" + l, "a tenant's charged bytes of unfinished puts")
+          .set(static_cast<double>(t.usage.put_bytes));
+      registry.gauge("mc_store_tenant_objects" + l, "a tenant's objects (complete and unfinished)")
+          .set(static_cast<double>(t.usage.objects));
+      registry.gauge("mc_store_tenant_limit_bytes" + l, "a tenant's quota of bytes (-1: none)")
+          .set(lim(t.limits.bytes));
+      registry.gauge("mc_store_tenant_limit_pinned_bytes" + l, "a tenant's quota of pinned bytes (-1: none)")
+          .set(lim(t.limits.pinned_bytes));
+      registry.gauge("mc_store_tenant_limit_puts" + l, "a tenant's quota of unfinished puts (-1: none)")
+          .set(lim(t.limits.puts));
+      registry.gauge("mc_store_tenant_limit_put_bytes" + l, "a tenant's quota of unfinished put bytes (-1: none)")
+          .set(lim(t.limits.put_bytes));
+      registry.gauge("mc_store_tenant_limit_objects" + l, "a tenant's quota of objects (-1: none)")
+          .set(lim(t.limits.objects));
+      registry.counter("mc_store_quota_refused_total" + l, "puts and pins refused over a tenant's quota")
+          .set(t.refused);
+    }
     if (fast_server) {
       const rpc::fast::FastServer::Counters& f = fast_server->counters();
       registry.gauge("mc_store_fast_connections", "open fast-path connections")
@@ -444,7 +496,7 @@ void MasterServer::Impl::register_handlers() {
           return Status(Code::kInvalidArgument, "put_start: " + std::to_string(req.keys.size()) + " keys but " +
                                                     std::to_string(req.sizes_bytes.size()) + " sizes");
         }
-        PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin, req.pin_ttl_ms};
+        PutOptions opt{req.replicas, req.preferred_segment, req.overwrite, req.pin, req.pin_ttl_ms, tenant_of(ctx)};
         StorePutStartReply reply;
         for (size_t i = 0; i < req.keys.size(); ++i) {
           Result<PutGrant> g = core.put_start({req.client_id, req.client_host, ""}, keys[i], req.sizes_bytes[i], opt);
@@ -454,6 +506,7 @@ void MasterServer::Impl::register_handlers() {
             for (const ReplicaView& v : g->replicas) item.replicas.push_back(to_wire(v));
             grant(item.replicas, auth::kGrantWrite, options.config.put_takeover_ms, ctx);
           } else {
+            log_quota_refusal(ctx, g.status());
             item.code = static_cast<uint16_t>(g.status().code());
             item.message = g.status().message();
           }
@@ -567,7 +620,11 @@ void MasterServer::Impl::register_handlers() {
     MC_RETURN_IF_ERROR(check_batch(req.keys.size(), "pin"));
     MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
     StoreItemsReply reply;
-    for (const std::string& k : keys) add_item(reply, core.pin(k, req.ttl_ms));
+    for (const std::string& k : keys) {
+      Status st = core.pin(k, req.ttl_ms);
+      log_quota_refusal(ctx, st);
+      add_item(reply, st);
+    }
     return reply;
   });
   on<StoreUnpinRequest>([this](const StoreUnpinRequest& req, const rpc::CallContext& ctx) -> Result<StoreItemsReply> {
@@ -591,7 +648,22 @@ void MasterServer::Impl::register_handlers() {
     }
     return reply;
   });
-  on<StoreStatRequest>([this](const StoreStatRequest& req, const rpc::CallContext&) -> Result<StoreStatReply> {
+  on<StoreQuotaSetRequest>([this](const StoreQuotaSetRequest& req, const rpc::CallContext& ctx) -> Result<StoreAck> {
+    if (req.tenant.empty() || req.tenant.size() > 64) {
+      return Status(Code::kInvalidArgument, "store.quota_set: tenant name of " + std::to_string(req.tenant.size()) +
+                                                " bytes (1..64; the tenant as in the roster)");
+    }
+    if (quotas.size() >= 65536 && !quotas.count(req.tenant)) {
+      return Status(Code::kResourceExhausted, "store.quota_set: 65536 tenants have quotas already");
+    }
+    MC_ASSIGN_OR_RETURN(QuotaLimits limits, parse_quota_limits(req.limits, core.quota(req.tenant)));
+    quotas[req.tenant] = limits;
+    MC_RETURN_IF_ERROR(core.set_quota(req.tenant, limits));
+    MC_LOG_INFO << "quota of tenant " << req.tenant << " set to '" << req.limits << "' by "
+                << (ctx.caller != nullptr ? ctx.caller->describe() : std::string("an unkeyed caller"));
+    return StoreAck{};
+  });
+  on<StoreStatRequest>([this](const StoreStatRequest& req, const rpc::CallContext& ctx) -> Result<StoreStatReply> {
     MasterStats s = core.stat();
     StoreStatReply r;
     if (req.with_segments) {
@@ -645,6 +717,12 @@ void MasterServer::Impl::register_handlers() {
     r.drain_moved_objects = s.drain_moved_objects;
     r.drain_moved_bytes = s.drain_moved_bytes;
     r.drain_dropped_objects = s.drain_dropped_objects;
+    for (const TenantStats& t : s.tenants) {
+      if (is_tenant(ctx) && t.tenant != ctx.caller->tenant) continue;  // a tenant sees its own usage only
+      r.tenants.push_back({t.tenant, t.usage.bytes, t.usage.pinned_bytes, t.usage.puts, t.usage.put_bytes,
+                           t.usage.objects, t.limits.bytes, t.limits.pinned_bytes, t.limits.puts, t.limits.put_bytes,
+                           t.limits.objects, t.refused});
+    }
     r.last_event_id = events ? events->last_event_id() : 0;
     r.events_incarnation = events ? events->incarnation() : 0;
     return r;
@@ -726,7 +804,18 @@ Result<std::unique_ptr<MasterServer>> MasterServer::bind(const MasterOptions& op
   if (const auth::Keyring* ring = auth::keyring(); ring != nullptr && !ring->grant_key().empty()) {
     opts.config.grant_hold_ms = std::max(opts.config.grant_hold_ms, 2 * auth::kGrantClockSlackMs);
   }
+  // With keys (several tenants), no tenant may hold more than half of the DRAM in pinned bytes or in unfinished
+  // puts unless a quota says otherwise; without keys (one trust domain) there is no default quota.
+  if (auth::keyring() != nullptr && opts.config.quota_default_share <= 0) opts.config.quota_default_share = 0.5;
+  std::map<std::string, QuotaLimits> quotas;
+  for (const std::string& q : options.quotas) {
+    MC_ASSIGN_OR_RETURN(auto tq, parse_tenant_quota(q));
+    if (tq.first.size() > 64) return Status(Code::kInvalidArgument, "--quota '" + q + "': tenant name over 64 bytes");
+    quotas[tq.first] = tq.second;
+  }
   auto impl = std::make_unique<Impl>(opts, clock ? clock : &RealClock::instance());
+  impl->quotas = std::move(quotas);
+  impl->apply_quotas();
   rpc::ServerOptions so;
   so.service = "mc-store master";
   so.bind_endpoints = {options.listen};

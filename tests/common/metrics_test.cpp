@@ -8,6 +8,24 @@
 namespace mc::metrics {
 namespace {
 
+// Labelled series (the store's per-tenant quotas): one HELP and TYPE line per family, before its first series.
+TEST(Metrics, LabelledSeriesShareOneFamilyHeader) {
+  Registry reg;
+  reg.gauge("mc_t_bytes{tenant=\"bob\"}", "a tenant's bytes").set(2);
+  reg.gauge("mc_t_bytes{tenant=\"alice\"}", "a tenant's bytes").set(1);
+  reg.gauge("mc_t_bytes_limit", "plain").set(3);
+  reg.counter("mc_t_refused_total{tenant=\"bob\"}", "refusals").inc();
+  const std::string text = reg.prometheus_text();
+  EXPECT_NE(text.find("# HELP mc_t_bytes a tenant's bytes\n# TYPE mc_t_bytes gauge\nmc_t_bytes{tenant=\"alice\"} 1\n"
+                      "mc_t_bytes{tenant=\"bob\"} 2\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("# TYPE mc_t_bytes gauge"), text.rfind("# TYPE mc_t_bytes gauge")) << text;
+  EXPECT_NE(text.find("# TYPE mc_t_bytes_limit gauge\nmc_t_bytes_limit 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE mc_t_refused_total counter\nmc_t_refused_total{tenant=\"bob\"} 1\n"), std::string::npos)
+      << text;
+}
+
 TEST(Metrics, CountersGaugesHistograms) {
   Registry reg;
   Counter& c = reg.counter("mc_test_ops_total", "Operations");

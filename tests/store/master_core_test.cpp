@@ -930,7 +930,7 @@ TEST_F(MasterCoreTest, SuspectNodeKeepsItsReplicasAndGetsThemBackAfterReReportin
   EXPECT_EQ(core.get_replicas({"r", "", ""}, block_key(0)).status().code(), Code::kObjectNotFound);
   EXPECT_FALSE(core.exists(block_key(0)));
   // New puts avoid the suspect node.
-  auto g = core.put_start({"c", "", ""}, "new", 4096, PutOptions{1, "n2/dram", false, false, 0});
+  auto g = core.put_start({"c", "", ""}, "new", 4096, PutOptions{1, "n2/dram", false, false, 0, ""});
   ASSERT_TRUE(g.is_ok());
   EXPECT_EQ(g->replicas.at(0).segment.name, "n1/dram");
   // Meanwhile block 2 is removed: the change waits for n2.
@@ -1006,7 +1006,7 @@ TEST_F(MasterCoreTest, RestartedMasterRebuildsObjectsFromNodeReports) {
   EXPECT_EQ(g->replicas.size(), 2u);
   EXPECT_EQ(g->checksum, 42u);
   // The restored ranges are allocated: a new put does not overlap them.
-  auto p = core.put_start({"c", "", ""}, "x", 4096, PutOptions{1, "n1/dram", false, false, 0});
+  auto p = core.put_start({"c", "", ""}, "x", 4096, PutOptions{1, "n1/dram", false, false, 0, ""});
   ASSERT_TRUE(p.is_ok());
   EXPECT_GE(p->replicas.at(0).offset, 4096u + 100u);
   // A page without an open round is refused.

@@ -1,5 +1,5 @@
 // mc-store: the KV store's tool. Subcommands: master (metadata service), serve (storage node), put, get,
-// rm, pin, unpin, ls, stat, watch (admin and debugging), keys (block keys of token ids).
+// rm, pin, unpin, ls, stat, quota, watch (admin and debugging), keys (block keys of token ids).
 #include <iostream>
 
 #include "mc/cli/cli.hpp"
@@ -100,6 +100,13 @@ int main(int argc, char** argv) {
   master_cmd->add_option("--hot-window-ms", mc_cfg.hot_window_ms, "Window of the hot-object read count (ms)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
+  master_cmd
+      ->add_option("--quota", master.quotas,
+                   "A tenant's quota, TENANT=bytes:SIZE,pinned:SIZE,puts:N,put-bytes:SIZE,objects:N (any subset; "
+                   "repeatable); with keys a tenant without one may hold half of the DRAM in pinned bytes and in "
+                   "unfinished puts")
+      ->envname("MC_STORE_QUOTA")
+      ->delimiter(';');
   mc::cli::add_etcd_flags(*master_cmd, master.ha.etcd, master.ha.cluster_id, "");
   master_cmd
       ->add_option("--leader-lease-s", master.ha.lease_ttl_s,
@@ -244,6 +251,21 @@ int main(int argc, char** argv) {
                    "Ask this storage node (its RPC endpoint, in its ready line) for its own counters instead")
       ->envname("MC_STORE_NODE");
   mc::cli::add_json_flag(*stat_cmd, admin.json, "Print JSON");
+  auto* quota_cmd = app.add_subcommand("quota", "Quotas per tenant: set (admin key) and ls (usage and limits)");
+  quota_cmd->require_subcommand(1);
+  std::string quota_tenant, quota_limits;
+  auto* quota_set_cmd =
+      quota_cmd->add_subcommand("set", "Set TENANT's limits (the dimensions not named keep theirs; admin key)");
+  quota_set_cmd->add_option("TENANT", quota_tenant, "The tenant, as in the roster")->required();
+  quota_set_cmd
+      ->add_option("LIMITS", quota_limits,
+                   "bytes:SIZE,pinned:SIZE,puts:N,put-bytes:SIZE,objects:N (any subset; VALUE 'default' resets)")
+      ->required();
+  auto* quota_ls_cmd = quota_cmd->add_subcommand("ls", "Each tenant's usage/limit of every quota and its refusals");
+  for (auto* cmd : {quota_set_cmd, quota_ls_cmd}) {
+    add_master_flag(cmd, admin.client);
+    mc::cli::add_json_flag(*cmd, admin.json, "Print JSON");
+  }
   mc::store::WatchOptions watch;
   auto* watch_cmd = app.add_subcommand("watch", "Print KV events (stored/removed/cleared) as JSONL");
   watch_cmd->add_option("--events", watch.events, "KV event endpoint of the master")
@@ -303,7 +325,8 @@ int main(int argc, char** argv) {
   mc::cli::add_metrics_flags(*serve_cmd, node.metrics_listen);
   mc::cli::add_auth_flags(*master_cmd, "master");
   mc::cli::add_auth_flags(*serve_cmd, "node");
-  for (auto* cmd : {put_cmd, get_cmd, rm_cmd, pin_cmd, unpin_cmd, ls_cmd, stat_cmd, watch_cmd, bench_cmd}) {
+  for (auto* cmd : {put_cmd, get_cmd, rm_cmd, pin_cmd, unpin_cmd, ls_cmd, stat_cmd, watch_cmd, bench_cmd, quota_set_cmd,
+                    quota_ls_cmd}) {
     mc::cli::add_auth_flags(*cmd, "admin");
   }
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
@@ -335,6 +358,12 @@ int main(int argc, char** argv) {
                            admin.json);
   }
   if (stat_cmd->parsed()) return mc::cli::report("mc-store stat", mc::store::admin_stat(admin, std::cout), admin.json);
+  if (quota_set_cmd->parsed()) {
+    return mc::cli::report("mc-store quota set",
+                           mc::store::admin_quota_set(admin, quota_tenant, quota_limits, std::cout), admin.json);
+  }
+  if (quota_ls_cmd->parsed())
+    return mc::cli::report("mc-store quota ls", mc::store::admin_quota_ls(admin, std::cout), admin.json);
   if (watch_cmd->parsed())
     return mc::cli::report("mc-store watch", mc::store::admin_watch(watch, std::cout, std::cerr));
   if (bench_cmd->parsed()) {

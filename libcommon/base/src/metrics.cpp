@@ -83,13 +83,24 @@ std::string help_text(const std::string& help) {
 std::string Registry::prometheus_text() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::ostringstream os;
+  // A name may carry labels ("mc_store_tenant_bytes{tenant=\"bob\"}"): HELP and TYPE are written once per family,
+  // before its first series (the names sort a family's labelled series together).
+  std::string family;
+  const auto header = [&](const std::string& name, const std::string& help, const char* type) {
+    const std::string base = name.substr(0, name.find('{'));
+    if (base == family) return;
+    family = base;
+    if (!help.empty()) os << "# HELP " << base << ' ' << help_text(help) << '\n';
+    os << "# TYPE " << base << ' ' << type << '\n';
+  };
   for (const auto& [name, e] : counters_) {
-    if (!e.help.empty()) os << "# HELP " << name << ' ' << help_text(e.help) << '\n';
-    os << "# TYPE " << name << " counter\n" << name << ' ' << e.metric->value() << '\n';
+    header(name, e.help, "counter");
+    os << name << ' ' << e.metric->value() << '\n';
   }
+  family.clear();
   for (const auto& [name, e] : gauges_) {
-    if (!e.help.empty()) os << "# HELP " << name << ' ' << help_text(e.help) << '\n';
-    os << "# TYPE " << name << " gauge\n" << name << ' ' << fmt_double(e.metric->value()) << '\n';
+    header(name, e.help, "gauge");
+    os << name << ' ' << fmt_double(e.metric->value()) << '\n';
   }
   for (const auto& [name, e] : histograms_) {
     if (!e.help.empty()) os << "# HELP " << name << ' ' << help_text(e.help) << '\n';

@@ -227,6 +227,7 @@ constexpr Rule kRules[] = {
     {"store.unpin", kPoolUsers},
     {"store.report_corrupt", kPoolUsers},
     {"store.replicate_near", kConductor},
+    {"store.quota_set", 0},  // admin only (docs/SECURITY.md "Quotas (issue 51)")
     {"store.node.write", kPoolUsers},
     {"store.node.read", kPoolUsers},
     {"decode.reserve", kConductor},

@@ -33,6 +33,11 @@ Status admin_pin(const AdminOptions& options, const std::vector<std::string>& ke
 Status admin_ls(const AdminOptions& options, const std::string& prefix, uint32_t limit, std::ostream& out);
 // Per segment and medium: capacity, used, objects, hits, evictions, demotions, leases; totals.
 Status admin_stat(const AdminOptions& options, std::ostream& out);
+// Quotas per tenant (docs/SECURITY.md "Quotas (issue 51)"): set (admin role) and list (usage and limits; a tenant's
+// key sees its own row only).
+Status admin_quota_set(const AdminOptions& options, const std::string& tenant, const std::string& limits,
+                       std::ostream& out);
+Status admin_quota_ls(const AdminOptions& options, std::ostream& out);
 struct WatchOptions {
   std::string events = "tcp://127.0.0.1:7451";  // the master's KV event endpoint (ignored with etcd)
   std::string etcd, cluster_id;                 // a replicated master: the leader's event stream is followed

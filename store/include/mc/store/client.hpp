@@ -209,6 +209,10 @@ class Client {
   Result<std::vector<Status>> unpin(const std::vector<std::string>& keys);
   Result<proto::StoreLsReply> ls(const std::string& prefix, uint32_t limit = 1000);
   Result<proto::StoreStatReply> stat();
+  // Sets a tenant's quota (admin only: store.quota_set; docs/SECURITY.md "Quotas (issue 51)"). `limits` as
+  // parse_quota_limits takes it; the dimensions not named keep their value. kInvalidArgument for a bad item,
+  // kPermissionDenied for a caller that is not admin.
+  Status quota_set(const std::string& tenant, const std::string& limits);
 
   // Registers caller memory with the client's transfer engine so reads and writes use it in place
   // (zero-copy). kAlreadyExists when it overlaps a registered buffer, kInvalidArgument for an empty span.

@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mc/common/clock.hpp"
 #include "mc/common/metrics.hpp"
@@ -44,6 +45,10 @@ struct MasterOptions {
   // Replication on etcd (master_ha.hpp): with ha.etcd set the master is one member of cluster ha.cluster_id: it serves
   // only while it leads (store.info always), and every change is durable in etcd before its reply.
   HaOptions ha;
+  // --quota TENANT=LIMITS (parse_tenant_quota), repeatable: the tenants' limits at start (docs/SECURITY.md "Quotas
+  // (issue 51)"); store.quota_set changes them at run time. With keys and no limit set, a tenant may hold half of
+  // the pool's DRAM capacity in pinned bytes and as much in unfinished puts (MasterConfig::quota_default_share).
+  std::vector<std::string> quotas;
 };
 
 class MasterServer {

@@ -46,6 +46,13 @@
 // in dead_nodes), and objects still only on it (timeout, failed copies) in drain_dropped_objects.
 // Disks: a demotion that fails with kNoSpace or kIo makes that SSD segment read-only (no more demotions to
 // it; its replicas stay readable); eviction then drops DRAM victims instead.
+// Quotas (docs/SECURITY.md "Quotas (issue 51)"): an object put for a tenant (PutOptions::tenant) is that
+// tenant's: it counts its logical bytes times the replicas the put asked for (charged_bytes; copies the cluster makes
+// itself — hot copies, drain copies, SSD demotions — are not charged), as pinned bytes while it holds a pin, as an
+// unfinished put (count and bytes) until put_end, and as one object. Usage is derived from the objects (a takeover
+// rebuilds it from the records). put_start refuses with kResourceExhausted a put that would take a tenant over a limit
+// (set_quota) or, with quota_default_share > 0, over that share of the mounted DRAM capacity in pinned bytes or in
+// unfinished put bytes; a tenant's unfinished put expires put_takeover_ms after put_start (tick()).
 // Errors: kInvalidArgument for bad input (empty or oversized key, size 0 or > max_object_bytes,
 // unknown medium), kObjectNotFound, kObjectBusy (retryable: being written, leased), kNoSpace,
 // kAlreadyExists, kFailedPrecondition (stale put_id).
@@ -99,6 +106,39 @@ struct MasterConfig {
   uint32_t max_replicas = 4;        // upper bound, including hot-object copies
   uint32_t hot_read_threshold = 0;  // reads within hot_window_ms that trigger one more replica; 0 = off
   int64_t hot_window_ms = 10000;
+  // Quotas: a tenant without its own limit may hold at most this fraction of the mounted DRAM capacity in pinned
+  // bytes, and as much again in unfinished put bytes; 0 = no default (one trust domain). The master sets 0.5 when it
+  // runs with keys.
+  double quota_default_share = 0;
+};
+
+// ---- Quotas per tenant (docs/SECURITY.md "Quotas (issue 51)") ----
+// A limit that is not set: the default applies (quota_default_share for pinned_bytes and put_bytes, none otherwise).
+inline constexpr uint64_t kQuotaDefault = UINT64_MAX;
+// No limit, as an effective limit in TenantStats.
+inline constexpr uint64_t kQuotaNone = UINT64_MAX;
+// What a tenant holds. bytes and pinned_bytes are charged bytes: the object's size times the replicas its put asked
+// for (DRAM or SSD alike); puts and put_bytes are the unfinished puts; objects counts complete and unfinished ones.
+struct TenantUsage {
+  uint64_t bytes = 0, pinned_bytes = 0, puts = 0, put_bytes = 0, objects = 0;
+};
+// Limits per dimension, kQuotaDefault where not set.
+struct QuotaLimits {
+  uint64_t bytes = kQuotaDefault, pinned_bytes = kQuotaDefault, puts = kQuotaDefault, put_bytes = kQuotaDefault,
+           objects = kQuotaDefault;
+};
+// Parses "bytes:2GiB,pinned:1GiB,puts:64,put-bytes:512MiB,objects:100000" (units::parse_size_bytes for bytes;
+// "default" resets a dimension to its default) over `base` (the dimensions not named keep base's value).
+// kInvalidArgument naming the bad item and the accepted names.
+Result<QuotaLimits> parse_quota_limits(std::string_view text, const QuotaLimits& base = {});
+// "alice=bytes:2GiB,..." -> (tenant, limits).
+Result<std::pair<std::string, QuotaLimits>> parse_tenant_quota(std::string_view text);
+struct TenantStats {
+  std::string tenant;
+  TenantUsage usage;
+  TenantUsage limits;    // effective, kQuotaNone where unlimited
+  QuotaLimits set;       // as set by set_quota (kQuotaDefault where not)
+  uint64_t refused = 0;  // puts refused over quota
 };
 
 // What a storage node declares when it mounts a segment.
@@ -218,6 +258,7 @@ struct MasterStats {
   uint64_t drain_moved_objects = 0;    // objects copied off draining nodes
   uint64_t drain_moved_bytes = 0;      // ... their bytes
   uint64_t drain_dropped_objects = 0;  // objects lost by drains: no room anywhere, corrupt, or not moved in time
+  std::vector<TenantStats> tenants;    // tenants with usage, limits set or refusals, by name
 };
 
 // What a heartbeat hands the node: demotions to do and the changes of its object table.
@@ -242,6 +283,7 @@ struct PutOptions {
   bool overwrite = false;         // replace a complete object (refused while leased)
   bool pin = false;               // never evicted nor demoted
   int64_t pin_ttl_ms = 0;         // with pin: 0 = until unpinned, > 0 = soft pin ending this long after put_start
+  std::string tenant{};           // the tenant charged for the object (quotas); "": exempt (workers, the Conductor)
 };
 
 struct Caller {
@@ -269,6 +311,7 @@ struct DurableObject {
   std::vector<DurableReplica> replicas;
   uint64_t part_bytes = 0;  // the writer's part checksums (checksum.hpp), 0 / empty: none
   std::vector<uint64_t> part_checksums{};
+  std::string owner{};  // the tenant charged for it ("": none; a "tenant/T/" key is T's whatever this says)
 };
 struct DurableSegment {
   SegmentInfo info;
@@ -360,7 +403,8 @@ class MasterCore {
   Status remove(const std::string& key);
   // Pins a complete object: ttl_ms 0 until unpin, > 0 a soft pin ending ttl_ms from now (replacing an
   // earlier pin of the key). kObjectNotFound naming the key when it does not exist, kObjectBusy while it is
-  // being written, kInvalidArgument for a bad key or ttl_ms < 0.
+  // being written, kInvalidArgument for a bad key or ttl_ms < 0, kResourceExhausted when pinning it would take its
+  // tenant over its quota of pinned bytes.
   Status pin(const std::string& key, int64_t ttl_ms);
   // Ends the pin of an object (no-op when it has none); kObjectNotFound naming the key when absent.
   Status unpin(const std::string& key);
@@ -368,6 +412,13 @@ class MasterCore {
   // scan_objects=false skips the pass over every object (O(objects)); it leaves leased_objects at 0 and
   // counts objects/processing from the unfinished-put set: what the master's periodic metrics use.
   MasterStats stat(bool scan_objects = true) const;
+  // Sets a tenant's limits (kQuotaDefault: the default for that dimension); usage already over a new limit stays
+  // (nothing is removed), further puts are refused. kInvalidArgument for an empty tenant name.
+  Status set_quota(const std::string& tenant, const QuotaLimits& limits);
+  // Usage, effective limits and refusals per tenant (the ones stat() lists).
+  std::vector<TenantStats> tenant_stats() const;
+  // The limits set for a tenant (kQuotaDefault where none is).
+  QuotaLimits quota(const std::string& tenant) const;
 
   // Runs the time-driven rules: node/client liveness, stale puts, delayed frees, eviction.
   void tick();
@@ -424,6 +475,8 @@ class MasterCore {
     int64_t pin_until_ns = 0;  // with pinned: 0 = hard pin, else the soft pin's end
     int64_t window_start_ns = 0;
     uint32_t window_reads = 0;
+    std::string owner;            // the tenant charged for it ("": exempt)
+    uint64_t charged_bytes = 0;   // size_bytes x the replicas its put asked for
     std::string wanted_host;      // replicate_near: copy for the next reader on this host ...
     int64_t wanted_until_ns = 0;  // ... until then
     std::vector<Replica> replicas;
@@ -479,6 +532,15 @@ class MasterCore {
   void defer_free(PendingFree p);
 
   Status validate_key(const std::string& key) const;
+  // Quotas: adds (sign +1) or takes away (-1) obj's share of its owner's usage. Every change of an object's owner,
+  // charged_bytes, complete or pinned flag, and every insert or erase, sits between a -1 and a +1 (or after / before).
+  void account(const Object& obj, int sign);
+  // kResourceExhausted when a put of `charged` bytes (pinned when pin) by `tenant` would pass a limit; `replaced`:
+  // the tenant's own object that the put overwrites (its usage is credited). pin_only: a pin of an object already
+  // charged (only the pinned bytes are checked).
+  Status check_quota(const std::string& key, const std::string& tenant, uint64_t charged, bool pin,
+                     const Object* replaced, bool pin_only = false);
+  TenantUsage effective_limits(const std::string& tenant) const;
   bool leased(const Object& obj) const;
   bool pinned(const Object& obj) const;  // pinned now (a soft pin past its end is not)
   bool pin_holds(const std::string& key,
@@ -561,6 +623,12 @@ class MasterCore {
   std::unordered_set<std::string> unfinished_;
   // Keys whose object may hold a pin (a superset, pruned by tick()): stat() counts pins from these.
   std::unordered_set<std::string> pinned_keys_;
+  struct Tenant {
+    QuotaLimits limits;
+    TenantUsage usage;
+    uint64_t refused = 0;
+  };
+  std::map<std::string, Tenant> tenants_;                              // tenants come from the roster: bounded
   std::map<uint64_t, std::pair<std::string, std::string>> demotions_;  // task_id -> (node, key)
   // Delayed frees: a min-heap on release_ns (ReleasesLater), so tick() takes each due one in O(log n). It was a
   // vector erased from the front one at a time: 150,000 frees after a drain held the master's loop for 7-8 s

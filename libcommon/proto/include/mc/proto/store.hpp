@@ -312,6 +312,16 @@ struct StoreSegmentStat {
   MC_MESSAGE(segment, node_id, host, domain, medium, capacity_bytes, used_bytes, largest_free_bytes, fragmentation,
              objects, leased_objects, hits, evictions, demotions, suspect, read_only, draining);
 };
+// One tenant's quota usage and limits (docs/SECURITY.md "Quotas (issue 51)"). Limits are the effective ones,
+// UINT64_MAX where unlimited; `set` names the dimensions given by --quota or store.quota_set (the others default).
+struct StoreTenantStat {
+  std::string tenant;
+  uint64_t bytes = 0, pinned_bytes = 0, puts = 0, put_bytes = 0, objects = 0;
+  uint64_t limit_bytes = 0, limit_pinned_bytes = 0, limit_puts = 0, limit_put_bytes = 0, limit_objects = 0;
+  uint64_t refused = 0;  // puts and pins refused over quota
+  MC_MESSAGE(tenant, bytes, pinned_bytes, puts, put_bytes, objects, limit_bytes, limit_pinned_bytes, limit_puts,
+             limit_put_bytes, limit_objects, refused);
+};
 struct StoreStatReply {
   std::vector<StoreSegmentStat> segments;
   uint64_t objects = 0, processing = 0, nodes = 0, clients = 0;
@@ -319,26 +329,37 @@ struct StoreStatReply {
   uint64_t reclaimed_puts = 0, refused_put_ends = 0, hot_replications = 0, dead_nodes = 0;
   uint64_t pending_free_bytes = 0;
   uint64_t last_event_id = 0;
-  uint64_t pinned_objects = 0;         // objects pinned now (unexpired soft pins included)
-  uint64_t pinned_bytes = 0;           // their sizes, one copy each
-  uint64_t expired_pins = 0;           // soft pins that ran out
-  uint64_t corrupt_replicas = 0;       // replicas dropped because their bytes failed the checksum
-  uint64_t suspect_nodes = 0;          // nodes suspect now (missed heartbeats, within the grace period)
-  uint64_t returned_nodes = 0;         // suspect nodes that came back within the grace period
-  uint64_t reported_replicas = 0;      // replicas confirmed or restored from the nodes' store.node_report
-  uint64_t refused_reports = 0;        // reported replicas refused (unknown, conflicting or overlapping)
-  uint64_t ssd_failures = 0;           // SSD segments made read-only (ENOSPC/EIO) or lost (directory gone)
-  uint64_t events_incarnation = 0;     // of the master's KV-event publisher (KvEvent::incarnation); 0: none
-  uint64_t nodes_drained = 0;          // nodes that drained (store.node_drain) and unmounted; not in dead_nodes
-  uint64_t drain_moved_objects = 0;    // objects copied off draining nodes
-  uint64_t drain_moved_bytes = 0;      // ... their bytes
-  uint64_t drain_dropped_objects = 0;  // objects lost by drains (no room anywhere, corrupt, not moved in time)
+  uint64_t pinned_objects = 0;           // objects pinned now (unexpired soft pins included)
+  uint64_t pinned_bytes = 0;             // their sizes, one copy each
+  uint64_t expired_pins = 0;             // soft pins that ran out
+  uint64_t corrupt_replicas = 0;         // replicas dropped because their bytes failed the checksum
+  uint64_t suspect_nodes = 0;            // nodes suspect now (missed heartbeats, within the grace period)
+  uint64_t returned_nodes = 0;           // suspect nodes that came back within the grace period
+  uint64_t reported_replicas = 0;        // replicas confirmed or restored from the nodes' store.node_report
+  uint64_t refused_reports = 0;          // reported replicas refused (unknown, conflicting or overlapping)
+  uint64_t ssd_failures = 0;             // SSD segments made read-only (ENOSPC/EIO) or lost (directory gone)
+  uint64_t events_incarnation = 0;       // of the master's KV-event publisher (KvEvent::incarnation); 0: none
+  uint64_t nodes_drained = 0;            // nodes that drained (store.node_drain) and unmounted; not in dead_nodes
+  uint64_t drain_moved_objects = 0;      // objects copied off draining nodes
+  uint64_t drain_moved_bytes = 0;        // ... their bytes
+  uint64_t drain_dropped_objects = 0;    // objects lost by drains (no room anywhere, corrupt, not moved in time)
+  std::vector<StoreTenantStat> tenants;  // quotas; a tenant's own call sees only its own row
   MC_MESSAGE(segments, objects, processing, nodes, clients, hits, misses, puts, removes, evictions, demotions,
              reclaimed_puts, refused_put_ends, hot_replications, dead_nodes, pending_free_bytes, last_event_id,
              pinned_objects, pinned_bytes, expired_pins, corrupt_replicas, suspect_nodes, returned_nodes,
              reported_replicas, refused_reports, ssd_failures, events_incarnation, nodes_drained, drain_moved_objects,
-             drain_moved_bytes, drain_dropped_objects);
+             drain_moved_bytes, drain_dropped_objects, tenants);
 };
+// Sets a tenant's quota (admin only): `limits` as mc-store quota set takes it ("bytes:2GiB,pinned:1GiB,puts:64,
+// put-bytes:512MiB,objects:100000"; "default" resets a dimension). Dimensions not named keep their value.
+struct StoreQuotaSetRequest {
+  static constexpr const char* kType = "store.quota_set";
+  using Reply = StoreAck;
+  std::string tenant;
+  std::string limits;
+  MC_MESSAGE(tenant, limits);
+};
+
 struct StoreStatRequest {
   static constexpr const char* kType = "store.stat";
   using Reply = StoreStatReply;
