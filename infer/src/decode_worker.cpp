@@ -70,8 +70,9 @@ struct DecodeWorker::Sequence {
 };
 
 struct DecodeWorker::Outgoing {
-  std::string endpoint;  // keyed (Reservation::client_endpoint)
-  std::variant<proto::TokenEvent, proto::RequestDone, proto::RequestError> msg;
+  std::string endpoint;                                                          // keyed (Reservation::client_endpoint)
+  std::variant<proto::TokenEvent, proto::RequestDone, proto::RequestError> msg;  // carries the client's id
+  std::string request_id;  // the Conductor's id: the job report's (never the client's, which another may share)
 };
 
 namespace {
@@ -543,8 +544,9 @@ void DecodeWorker::drop_reservation_locked(uint64_t id, const Status& why, bool 
     committed_blocks_ -= r.committed_blocks;
   }
   if (tell_client) {
-    outgoing_.push_back({r.client_endpoint, proto::RequestError{r.client_request_id, static_cast<uint16_t>(why.code()),
-                                                                why.message(), 0}});
+    outgoing_.push_back({r.client_endpoint,
+                         proto::RequestError{r.client_request_id, static_cast<uint16_t>(why.code()), why.message(), 0},
+                         r.request_id});
     work_cv_.notify_one();
   }
   reservations_.erase(it);
@@ -845,15 +847,15 @@ void DecodeWorker::flush_outgoing() {
       rep.event_unix_ns = unix_time_ns();
       if (const auto* t = std::get_if<proto::TokenEvent>(&o.msg)) {
         if (t->index != 0) continue;
-        rep.request_id = t->request_id;
+        rep.request_id = o.request_id;
         rep.phase = proto::kPhaseFirstToken;
         rep.event_unix_ns = t->emitted_unix_ns;
       } else if (const auto* d = std::get_if<proto::RequestDone>(&o.msg)) {
-        rep.request_id = d->request_id;
+        rep.request_id = o.request_id;
         rep.phase = proto::kPhaseDone;
         rep.output_tokens = d->ledger.output_tokens;
       } else if (const auto* e = std::get_if<proto::RequestError>(&o.msg)) {
-        rep.request_id = e->request_id;
+        rep.request_id = o.request_id;
         rep.phase = proto::kPhaseFailed;
         rep.output_tokens = e->output_tokens;
         rep.message = e->message;
@@ -889,7 +891,8 @@ Result<int64_t> DecodeWorker::step() {
       committed_blocks_ -= s.committed_blocks;
       outgoing_.push_back(
           {s.client_endpoint,
-           proto::RequestError{s.client_request_id, static_cast<uint16_t>(why.code()), why.message(), s.emitted}});
+           proto::RequestError{s.client_request_id, static_cast<uint16_t>(why.code()), why.message(), s.emitted},
+           s.request_id});
     };
     for (auto it = running_.begin(); it != running_.end();) {
       if ((*it)->cancelled) {
@@ -908,8 +911,10 @@ Result<int64_t> DecodeWorker::step() {
       }
       s->first_token_ns = clock_->now_ns();
       s->last_token_ns = s->first_token_ns;
-      outgoing_.push_back({s->client_endpoint, proto::TokenEvent{s->client_request_id, 0, s->last_token, unix_time_ns(),
-                                                                 std::move(s->first_logprobs)}});
+      outgoing_.push_back(
+          {s->client_endpoint,
+           proto::TokenEvent{s->client_request_id, 0, s->last_token, unix_time_ns(), std::move(s->first_logprobs)},
+           s->request_id});
       s->emitted = 1;
       running_.push_back(std::move(s));
     }
@@ -973,7 +978,7 @@ Result<int64_t> DecodeWorker::step() {
       }
       if (s->sampling.needs_counts()) ++s->counts[event.token];
       s->last_token = event.token;
-      outgoing_.push_back({s->client_endpoint, std::move(event)});
+      outgoing_.push_back({s->client_endpoint, std::move(event), s->request_id});
       s->emitted += 1;
       tbt.observe(static_cast<double>(t_tokens - s->last_token_ns) * 1e-9);
       s->last_token_ns = t_tokens;
@@ -988,7 +993,7 @@ Result<int64_t> DecodeWorker::step() {
       if (!s.cancelled && s.emitted >= s.output_tokens) {
         s.ledger.output_tokens = s.emitted;
         s.ledger.decode_ms = (clock_->now_ns() - s.first_token_ns) / 1'000'000;
-        outgoing_.push_back({s.client_endpoint, proto::RequestDone{s.client_request_id, s.ledger}});
+        outgoing_.push_back({s.client_endpoint, proto::RequestDone{s.client_request_id, s.ledger}, s.request_id});
         kv_->free(s.blocks);
         committed_blocks_ -= s.committed_blocks;
         metrics_.counter("mc_decode_requests_done_total", "requests completed").inc();

@@ -363,9 +363,17 @@ TEST_F(CancelE2E, AnotherTenantsRequestOfTheSameIdRunsApart) {
   const testkit::RunResult cancel = testkit::run(argv, 30'000);
   EXPECT_EQ(cancel.exit_code, 0) << cancel.out;
   EXPECT_NE(cancel.out.find("\"decoding\""), std::string::npos) << cancel.out;
-  // A second cancel finds nothing of bob's left: alice's is not his to name.
+  // Decode reports the end of bob's request under the Conductor's id (his alias), never the client's: alice's stays
+  // in the Conductor's books (before: his "failed" report closed hers, and her own cancel then found nothing).
+  ASSERT_TRUE(
+      testkit::wait_until([&] { return stat_counter(decode_ep_, "mc_decode_cancelled_total") >= 1; }, 10'000, 20));
+  EXPECT_FALSE(testkit::wait_until([&] { return conductor_status().value("requests_decoding", 0) == 0; }, 2'000, 50))
+      << "bob's reports closed alice's request: " << conductor_status().dump();
+  // A second cancel finds nothing of bob's left: alice's is not his to name, and is refused naming him.
   const testkit::RunResult cancel2 = testkit::run(argv, 30'000);
-  EXPECT_NE(cancel2.out.find("\"unknown\""), std::string::npos) << cancel2.out;
+  EXPECT_EQ(cancel2.exit_code, 1) << cancel2.out;
+  EXPECT_NE(cancel2.out.find("from bob"), std::string::npos) << cancel2.out;
+  EXPECT_NE(cancel2.out.find("only its submitter"), std::string::npos) << cancel2.out;
 
   ASSERT_TRUE(testkit::wait_until(
       [&] { return client_->get("victim").done || client_->get("victim").error.has_value(); }, 120'000, 20));
