@@ -167,7 +167,7 @@ Result<DurableLoad> MasterCore::load_durable(const std::vector<DurableSegment>& 
     }
     if (obj.replicas.empty()) continue;  // an unfinished put: only its ranges are held
     if (obj.pinned) pinned_keys_.insert(d.key);
-    objects_.emplace(d.key, std::move(obj));
+    if (auto [at, added] = objects_.emplace(d.key, std::move(obj)); added) index_add(at);
     ++out.objects;
   }
   return out;

@@ -130,11 +130,13 @@ uint64_t MasterCore::drop_segment(const std::string& segment) {
       bool any_complete = std::any_of(reps.begin(), reps.end(), [](const Replica& r) { return r.complete; });
       if (obj.complete && !any_complete) {
         for (const Replica& r : reps) release_replica(r, obj.size_bytes, true);
+        index_drop(it);
         it = objects_.erase(it);
         ++lost;
         continue;
       }
       if (!obj.complete && reps.empty()) {
+        index_drop(it);
         it = objects_.erase(it);
         continue;
       }
@@ -289,7 +291,7 @@ Result<proto::StoreNodeReportReply> MasterCore::node_report(const std::string& n
       obj.put_id = next_put_id_++;
       obj.started_ns = obj.last_access_ns = now;
       add_restored(obj);
-      objects_.emplace(o.key, std::move(obj));
+      if (auto [at, added] = objects_.emplace(o.key, std::move(obj)); added) index_add(at);
       ok = true;
     }
     if (ok) {

@@ -50,6 +50,7 @@ void MasterCore::discard_object(ObjectMap::iterator it, bool delayed, bool count
     release_replica(r, obj.size_bytes, delayed || !r.complete);
   }
   if (count_reclaim) ++counters_.reclaimed_puts;
+  index_drop(it);
   objects_.erase(it);
 }
 
@@ -245,6 +246,7 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
     obj.replicas.erase(r);
     freed += rounded;
     if (std::none_of(obj.replicas.begin(), obj.replicas.end(), [](const Replica& x) { return x.complete; })) {
+      index_drop(obj_it);
       objects_.erase(obj_it);
     }
   }
