@@ -564,12 +564,13 @@ TEST(EngineTcp, RawStreamRefusesAnExpiredForeignOrWrongOpGrant) {
 TEST(EngineTcp, TricklingConnectionsAreClosedAtTheDeadlineAndOthersServed) {
   EngineOptions so;
   so.listen = {"tcp://127.0.0.1:0"};
-  so.idle_timeout_served_ms = 1500;
+  so.idle_timeout_served_ms = 3000;  // all 300 connect before the first is closed
   auto server = TransferEngine::create(so).value();
   SharedBuffer remote = allocate_shared_buffer(4 * kMiB).value();
   fill_pattern(static_cast<char*>(remote.data()), remote.size(), 5);
   ASSERT_TRUE(server->register_memory(remote.data(), remote.size()).is_ok());
   Endpoint ep = parse_tcp_endpoint("tcp://" + server->segment_name()).value();
+  ::testing::internal::CaptureStderr();
   std::vector<tcp::Fd> trickle;
   for (int i = 0; i < 300; ++i) {
     tcp::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -607,7 +608,6 @@ TEST(EngineTcp, TricklingConnectionsAreClosedAtTheDeadlineAndOthersServed) {
       if (send_now) (void)::send(trickle[i].get(), "\0", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
   };
-  ::testing::internal::CaptureStderr();
   // A client at 127.0.0.1 reads while they trickle.
   EngineOptions co;
   co.transports = {"tcp"};
