@@ -264,7 +264,8 @@ TEST_F(BoundsE2E, PipelinedLsWithoutReadingIsBoundedOnZmqAndTheFastPath) {
         if (!r.is_ok()) return false;
         metrics = nlohmann::json::parse(r->metrics_json, nullptr, false);
         return metrics.is_object() &&
-               metrics.value("counters", nlohmann::json::object()).value("mc_store_fast_cut_connections_total", 0.0) > 0;
+               metrics.value("counters", nlohmann::json::object()).value("mc_store_fast_cut_connections_total", 0.0) >
+                   0;
       },
       5000, 100));
   EXPECT_GT(metrics.value("counters", nlohmann::json::object()).value("mc_rpc_replies_dropped_total", 0.0), 0.0)
@@ -369,8 +370,8 @@ TEST_F(BoundsE2E, LsOfASharedNamespaceListsOnlyThatNamespace) {
     ASSERT_EQ(r->objects.size(), 1u);
     req.start_after = r->objects.back().key;
   }
-  EXPECT_EQ(paged, (std::vector<std::string>{"shared/pub/d", "shared/public/a", "shared/public/b",
-                                             "shared/publicity/c"}));
+  EXPECT_EQ(paged,
+            (std::vector<std::string>{"shared/pub/d", "shared/public/a", "shared/public/b", "shared/publicity/c"}));
 }
 
 }  // namespace MC_UNITY_ID

@@ -377,10 +377,11 @@ void TcpServer::accept_loop() {
 void TcpServer::cut_late(int64_t now) {
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& c : conns_) {
-    const int64_t deadline = c->deadline_ms.load(std::memory_order_relaxed);
+    int64_t deadline = c->deadline_ms.load(std::memory_order_relaxed);
     if (deadline == 0 || now < deadline || c->done.load()) continue;
-    // The connection's thread sees its recv or send fail and ends; the slot is freed by reap().
-    c->deadline_ms.store(0, std::memory_order_relaxed);
+    // Unless its thread began a new phase meanwhile: it then sees its recv or send fail and ends; reap() frees the
+    // slot.
+    if (!c->deadline_ms.compare_exchange_strong(deadline, 0)) continue;
     ::shutdown(c->fd.get(), SHUT_RDWR);
     conn_cut_++;
     if (cut_log_.allow(now)) {
