@@ -310,7 +310,8 @@ bool FastServer::update_interest(Conn& c) {
   // wait: its requests stay in the kernel's buffers (TCP flow control), the master's memory stays bounded.
   const bool backlog = backlogged(c);
   uint32_t want = (c.closing || backlog) ? 0u : static_cast<uint32_t>(EPOLLIN);
-  if (c.out_pos < c.out.size()) want |= EPOLLOUT;
+  // Writable again: replies to send, or requests left unanswered for the backlog to answer (wait_and_handle).
+  if (c.out_pos < c.out.size() || (c.reader.head_complete() && !c.closing)) want |= EPOLLOUT;
   if (want == c.events) return true;
   epoll_event ev{};
   ev.events = want;
@@ -377,8 +378,9 @@ FastServer::Conn* FastServer::idlest(int64_t now) const {
 }
 
 std::string FastServer::past_deadline(const Conn& c, int64_t now) const {
-  // Unread replies first: a connection not read for its backlog may also hold a partial request.
-  if (c.out_pos < c.out.size() && c.sending_since_ms != 0 && now - c.sending_since_ms >= limits_.idle_timeout_ms) {
+  // Unread replies first (and requests left unanswered for them): the peer does not read, whatever else it sent.
+  if ((c.out_pos < c.out.size() || c.reader.head_complete()) && c.sending_since_ms != 0 &&
+      now - c.sending_since_ms >= limits_.idle_timeout_ms) {
     return std::to_string(c.out.size() - c.out_pos) + " bytes of replies unread for " +
            std::to_string(now - c.sending_since_ms) + " ms (--fast-idle-timeout-ms " +
            std::to_string(limits_.idle_timeout_ms) + ")";
@@ -401,8 +403,10 @@ void FastServer::sweep(int64_t now) {
   std::vector<Conn*> stalled, cut;
   for (const auto& [raw, c] : conns_) {
     std::string why;
-    if (!c->greeted || c->partial_since_ms != 0 || c->out_pos < c->out.size()) why = past_deadline(*c, now);
-    if (why.empty() && c->reader.buffered() > 0 && !backlogged(*c) &&
+    if (!c->greeted || c->partial_since_ms != 0 || c->out_pos < c->out.size() || c->reader.head_complete()) {
+      why = past_deadline(*c, now);
+    }
+    if (why.empty() && c->reader.buffered() > 0 && !c->reader.head_complete() &&
         now - c->last_active_ms >= limits_.idle_timeout_ms) {
       stalled.push_back(raw);
     } else if (!why.empty()) {
@@ -569,12 +573,11 @@ bool FastServer::on_readable(Conn& c) {
   char buf[64 * 1024];
   c.last_active_ms = steady_ms();
   // Whatever way this returns, a request (or sealed record, or handshake) left incomplete keeps the time it began.
-  // (Bytes in the reader of a backlogged connection may be whole requests waiting for its peer to read: not partial.)
+  // (Whole requests in the reader, left for the backlog (answer_frames), are not partial: they wait for the peer.)
   struct Partial {
-    FastServer& s;
     Conn& c;
     ~Partial() {
-      const bool partial = (c.reader.buffered() > 0 && !s.backlogged(c)) ||
+      const bool partial = (c.reader.buffered() > 0 && !c.reader.head_complete()) ||
                            (c.seal ? c.seal->pending_bytes() > 0 : !c.handshake.empty());
       if (!partial) {
         c.partial_since_ms = 0;
@@ -582,7 +585,7 @@ bool FastServer::on_readable(Conn& c) {
         c.partial_since_ms = c.last_active_ms;
       }
     }
-  } partial{*this, c};
+  } partial{c};
   // Bounded: a client flooding one connection cannot starve the others.
   for (int round = 0; round < 16; ++round) {
     ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), 0);
@@ -715,7 +718,7 @@ bool FastServer::flush(Conn& c) {
   }
   c.out_pos = 0;
   c.sealed_to = 0;
-  c.sending_since_ms = 0;
+  if (!c.reader.head_complete()) c.sending_since_ms = 0;  // else requests still wait for the peer to read
   return !c.closing;
 }
 
@@ -775,7 +778,7 @@ bool FastServer::wait_and_handle(int timeout_ms) {
       was_read = answered = true;
     } else if (ev & (EPOLLERR | EPOLLHUP)) {
       ok = false;
-    } else if ((ev & EPOLLOUT) && c->reader.buffered() > 0 && !c->closing) {
+    } else if ((ev & EPOLLOUT) && c->reader.head_complete() && !c->closing) {
       // Requests left unanswered for the backlog (answer_frames): the peer reads again, answer them now. What
       // waits in `out` was answered (and made durable, before_reply_) in an earlier call: it may go first.
       ok = flush(*c);

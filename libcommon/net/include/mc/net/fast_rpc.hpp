@@ -129,6 +129,8 @@ class FrameReader {
   // Bytes of the frame at the head of the buffer as its prefix declares them (prefix, header and body),
   // when the prefix has arrived and the frame is not complete yet; 0 otherwise.
   uint64_t partial_frame_bytes() const;
+  // Whether a whole frame is at the head of the buffer (next() would return it, or its error).
+  bool head_complete() const { return buffered() >= kPrefixBytes && partial_frame_bytes() == 0; }
   // Makes room for `bytes` buffered bytes at once (a frame admitted by its prefix), so that the buffer
   // never grows past what the frame needs.
   void reserve(uint64_t bytes) { buf_.reserve(pos_ + bytes); }
