@@ -99,17 +99,27 @@ class StoreMasterResync final : public ResyncSource {
                                            std::to_string(st.suspect_nodes) +
                                            " of its nodes are still re-reporting: the resync waits for them");
     }
-    // Block keys (block_key.hpp BlockStoreKey): every namespace's.
+    // Block keys (block_key.hpp BlockStoreKey): every namespace's, page by page (the master answers at most
+    // proto::kStoreLsPageObjects per call), kMaxResyncObjects at most.
+    constexpr size_t kMaxResyncObjects = 400'000;
     proto::StoreLsRequest ls;
     ls.prefix = "kv/";
-    ls.limit = 400'000;  // ~100 B each: stays under the 64 MiB message limit
-    Result<proto::StoreLsReply> objs = client_->call(ls, timeout_ms_);
-    if (!objs.is_ok()) {
-      client_.reset();
-      return objs.status().with_context("resync of KV-event stream '" + stream + "' from " + endpoint_);
+    ls.limit = proto::kStoreLsPageObjects;
+    Result<proto::StoreLsReply> objs = proto::StoreLsReply{};
+    while (true) {
+      Result<proto::StoreLsReply> page = client_->call(ls, timeout_ms_);
+      if (!page.is_ok()) {
+        client_.reset();
+        return page.status().with_context("resync of KV-event stream '" + stream + "' from " + endpoint_);
+      }
+      objs->truncated = page->truncated;
+      if (page->objects.empty()) break;
+      ls.start_after = page->objects.back().key;
+      for (auto& o : page->objects) objs->objects.push_back(std::move(o));
+      if (!page->truncated || objs->objects.size() >= kMaxResyncObjects) break;
     }
     if (objs->truncated) {
-      MC_LOG_WARN << "resync from " << endpoint_ << ": store.ls truncated at " << ls.limit
+      MC_LOG_WARN << "resync from " << endpoint_ << ": store.ls stopped at " << objs->objects.size()
                   << " objects; the prefix index misses the rest until their next events";
     }
     IndexSnapshot snap;

@@ -1038,8 +1038,18 @@ Result<std::vector<Status>> Client::unpin(const std::vector<std::string>& keys) 
 }
 
 Result<proto::StoreLsReply> Client::ls(const std::string& prefix, uint32_t limit) {
-  proto::StoreLsRequest req{prefix, limit};
-  return impl_->call_master(req);
+  proto::StoreLsReply all;
+  proto::StoreLsRequest req{prefix, 0, ""};
+  while (all.objects.size() < limit) {
+    req.limit = static_cast<uint32_t>(std::min<size_t>(limit - all.objects.size(), proto::kStoreLsPageObjects));
+    MC_ASSIGN_OR_RETURN(proto::StoreLsReply page, impl_->call_master(req));
+    all.truncated = page.truncated;
+    if (page.objects.empty()) break;
+    req.start_after = page.objects.back().key;
+    for (auto& o : page.objects) all.objects.push_back(std::move(o));
+    if (!page.truncated) break;
+  }
+  return all;
 }
 
 Status Client::quota_set(const std::string& tenant, const std::string& limits) {

@@ -253,7 +253,7 @@ Result<PutGrant> MasterCore::put_start(const Caller& caller, const std::string& 
     grant.replicas.push_back(view(r, size_bytes));
   }
   account(obj, +1);
-  objects_[key] = std::move(obj);
+  if (auto [at, added] = objects_.insert_or_assign(key, std::move(obj)); added) index_add(at);
   dirty(key);
   unfinished_.insert(key);
   // Keep headroom: segments past the high watermark are evicted down to the low one.
@@ -541,32 +541,41 @@ Status MasterCore::unpin(const std::string& key) {
   return Status::ok();
 }
 
-std::vector<ObjectInfo> MasterCore::ls(const std::string& prefix, size_t limit) const {
+std::vector<ObjectInfo> MasterCore::ls(const std::string& prefix, size_t limit, const std::string& start_after,
+                                       size_t max_bytes, bool* more) const {
   std::vector<ObjectInfo> out;
-  // The first `limit` matching keys in key order: a scan (the map is hashed), then a partial sort.
-  std::vector<ObjectMap::const_iterator> match;
-  for (auto it = objects_.begin(); it != objects_.end(); ++it) {
-    if (it->first.compare(0, prefix.size(), prefix) == 0) match.push_back(it);
-  }
-  const size_t n = std::min(limit, match.size());
-  std::partial_sort(match.begin(), match.begin() + static_cast<std::ptrdiff_t>(n), match.end(),
-                    [](const auto& a, const auto& b) { return a->first < b->first; });
-  match.resize(n);
-  for (auto it : match) {
+  if (more != nullptr) *more = false;
+  size_t bytes = 0;
+  auto it = start_after.empty() || start_after < prefix ? key_order_.lower_bound(prefix)
+                                                        : key_order_.upper_bound(start_after);
+  for (; it != key_order_.end() && it->compare(0, prefix.size(), prefix) == 0; ++it) {
+    if (out.size() >= limit || (!out.empty() && bytes >= max_bytes)) {
+      if (more != nullptr) *more = true;
+      break;
+    }
+    const Object& obj = objects_.at(std::string(*it));
     ObjectInfo info;
-    info.key = it->first;
-    info.size_bytes = it->second.size_bytes;
-    info.complete = it->second.complete;
-    info.leased = leased(it->second);
-    info.pinned = pinned(it->second);
-    for (const Replica& r : it->second.replicas) {
+    info.key = std::string(*it);
+    info.size_bytes = obj.size_bytes;
+    info.complete = obj.complete;
+    info.leased = leased(obj);
+    info.pinned = pinned(obj);
+    bytes += info.key.size() + 32;
+    for (const Replica& r : obj.replicas) {
       if (!r.complete) continue;
       info.segments.push_back(r.segment);
       info.media.emplace_back(medium_name(segments_.at(r.segment).info.medium));
+      bytes += r.segment.size() + 8;
     }
     out.push_back(std::move(info));
   }
   return out;
+}
+
+void MasterCore::credit_loop_stall(int64_t stall_ms) {
+  if (stall_ms <= 0) return;
+  const int64_t now = clock_->now_ns();
+  for (auto& [id, node] : nodes_) node.last_heartbeat_ns = std::min(now, node.last_heartbeat_ns + stall_ms * kNsPerMs);
 }
 
 MasterStats MasterCore::stat(bool scan_objects) const {

@@ -174,7 +174,7 @@ Result<DurableLoad> MasterCore::load_durable(const std::vector<DurableSegment>& 
     if (obj.owner.empty() && d.owner.size() <= 64) obj.owner = d.owner;
     obj.charged_bytes = obj.size_bytes * obj.replicas.size();
     account(obj, +1);
-    objects_.emplace(d.key, std::move(obj));
+    if (auto [at, added] = objects_.emplace(d.key, std::move(obj)); added) index_add(at);
     ++out.objects;
   }
   return out;

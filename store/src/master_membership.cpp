@@ -131,12 +131,14 @@ uint64_t MasterCore::drop_segment(const std::string& segment) {
       if (obj.complete && !any_complete) {
         for (const Replica& r : reps) release_replica(r, obj.size_bytes, true);
         account(obj, -1);
+        index_drop(it);
         it = objects_.erase(it);
         ++lost;
         continue;
       }
       if (!obj.complete && reps.empty()) {
         account(obj, -1);
+        index_drop(it);
         it = objects_.erase(it);
         continue;
       }
@@ -294,7 +296,7 @@ Result<proto::StoreNodeReportReply> MasterCore::node_report(const std::string& n
       obj.owner = key_tenant(o.key);  // a shared key's writer is not in the node's report: not charged
       obj.charged_bytes = obj.size_bytes;
       account(obj, +1);
-      objects_.emplace(o.key, std::move(obj));
+      if (auto [at, added] = objects_.emplace(o.key, std::move(obj)); added) index_add(at);
       ok = true;
     }
     if (ok) {

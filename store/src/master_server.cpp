@@ -9,6 +9,7 @@
 #include "convert.hpp"
 #include "mc/common/daemon.hpp"
 #include "mc/common/endpoint.hpp"
+#include "mc/common/limits.hpp"
 #include "mc/common/log.hpp"
 #include "mc/net/fast_rpc.hpp"
 #include "mc/net/grant.hpp"
@@ -274,7 +275,21 @@ struct MasterServer::Impl {
           .set(f.evicted);
       registry.counter("mc_store_fast_accept_failures_total", "failed accept() calls on the fast port")
           .set(f.accept_failures);
+      registry
+          .counter("mc_store_fast_cut_connections_total",
+                   "fast connections closed at a deadline (handshake, request) or for replies they do not read")
+          .set(f.cut);
+      registry
+          .counter("mc_store_fast_address_rejected_connections_total",
+                   "fast connections closed at accept: --fast-max-connections-per-address of their address open")
+          .set(f.address_rejected);
     }
+    registry.counter("mc_rpc_replies_dropped_total", "ZeroMQ replies dropped: their peer left too many unread")
+        .set(server->counters().replies_dropped);
+    registry
+        .counter("mc_rpc_requests_dropped_total",
+                 "ZeroMQ requests dropped unanswered: their peer's replies were being dropped (it does not read)")
+        .set(server->counters().requests_dropped);
   }
 
   // Drops the descriptors of engines whose store segments are all gone (node unmounted or dead).
@@ -635,13 +650,21 @@ void MasterServer::Impl::register_handlers() {
     return reply;
   });
   on<StoreLsRequest>([this](const StoreLsRequest& req, const rpc::CallContext& ctx) -> Result<StoreLsReply> {
-    uint32_t limit = std::min<uint32_t>(req.limit == 0 ? 1000 : req.limit, 100000);
+    const uint32_t limit =
+        std::min(req.limit == 0 ? proto::kStoreLsPageObjects : req.limit, proto::kStoreLsPageObjects);
     StoreLsReply reply;
     // A tenant lists its own keys (or a shared namespace it opted into); other roles the whole pool.
-    MC_ASSIGN_OR_RETURN(const std::string prefix, refused_key(ctx, req.prefix));
-    std::vector<ObjectInfo> objs = core.ls(prefix, limit + 1);
-    reply.truncated = objs.size() > limit;
-    if (reply.truncated) objs.resize(limit);
+    MC_ASSIGN_OR_RETURN(std::string prefix, refused_key(ctx, req.prefix));
+    // "shared/NS" names the namespace NS: it lists "shared/NS/..." and not "shared/NSX/...", which scope_key
+    // checked no opt-in for.
+    if (prefix.size() > 7 && prefix.rfind("shared/", 0) == 0 && prefix.find('/', 7) == std::string::npos) {
+      prefix += '/';
+    }
+    std::string start_after;
+    if (!req.start_after.empty()) {
+      MC_ASSIGN_OR_RETURN(start_after, refused_key(ctx, req.start_after));
+    }
+    std::vector<ObjectInfo> objs = core.ls(prefix, limit, start_after, proto::kStoreLsPageBytes, &reply.truncated);
     for (ObjectInfo& o : objs) {
       reply.objects.push_back(
           {unscope_key(ctx, o.key), o.size_bytes, o.complete, o.leased, o.pinned, o.segments, o.media});
@@ -867,6 +890,9 @@ uint16_t MasterServer::fast_port() const { return impl_->fast_server ? impl_->fa
 bool MasterServer::is_leader() const { return !impl_->ha || impl_->ha->is_leader(); }
 void MasterServer::stop() { impl_->server->stop(); }
 
+// A pass of the serving loop busy this long (ms) is a stall whose time is not held against the nodes' heartbeats.
+constexpr int64_t kLoopStallMs = 500;
+
 Status MasterServer::serve() {
   int64_t next_tick = impl_->clock->now_ms();
   auto& items = impl_->poll_items;
@@ -890,9 +916,24 @@ Status MasterServer::serve() {
     next_tick = now + impl_->options.tick_ms;
     return true;
   };
+  // Node liveness must not depend on this loop's latency (issue 51): when one pass was busy past kLoopStallMs
+  // (beyond its own wait), heartbeats may have waited unread in the sockets all along: the nodes are credited
+  // the time before tick() judges them.
+  mc::limits::LogBudget stall_log(10000);
+  auto credit_stall = [&](int64_t started_ms, int waited_ms) {
+    const int64_t busy_ms = steady_ms() - started_ms - waited_ms;
+    if (busy_ms < kLoopStallMs) return;
+    impl_->core.credit_loop_stall(busy_ms);
+    if (stall_log.allow(steady_ms())) {
+      MC_LOG_WARN << "mc-store master: its loop was busy " << busy_ms
+                  << " ms at once; heartbeats of that time are not held against the nodes";
+    }
+  };
   bool zmq_pending = true;
   while (zmq_fd >= 0 && !impl_->server->stopped() && !daemon::stop_requested()) {
-    const bool zmq_ready = impl_->fast_server->wait_and_handle(zmq_pending ? 0 : wait_ms);
+    const int64_t pass_ms = steady_ms();
+    const int pass_wait_ms = zmq_pending ? 0 : wait_ms;
+    const bool zmq_ready = impl_->fast_server->wait_and_handle(pass_wait_ms);
     if (zmq_ready || zmq_pending) {
       MC_RETURN_IF_ERROR(impl_->server->poll_once(0));
       int events = 0;
@@ -900,6 +941,7 @@ Status MasterServer::serve() {
       zmq_pending =
           zmq_getsockopt(impl_->server->socket().handle(), ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN);
     }
+    credit_stall(pass_ms, pass_wait_ms);
     // tick() may use the ZeroMQ socket (deferred replies, pushes), which can consume the ZMQ_FD edge of a
     // message that arrived meanwhile: look at the socket once more before sleeping.
     if (tick_if_due()) zmq_pending = true;
@@ -914,8 +956,10 @@ Status MasterServer::serve() {
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) return Status(Code::kUnavailable, "mc-store master: poll failed: " + std::string(e.what()));
     }
+    const int64_t handled_from_ms = steady_ms();
     if (items[0].revents & ZMQ_POLLIN) MC_RETURN_IF_ERROR(impl_->server->poll_once(0));
     if (impl_->fast_server && (items[1].revents & ZMQ_POLLIN)) impl_->fast_server->handle_ready();
+    credit_stall(handled_from_ms, 0);
     tick_if_due();
   }
   return Status::ok();

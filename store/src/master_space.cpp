@@ -51,6 +51,7 @@ void MasterCore::discard_object(ObjectMap::iterator it, bool delayed, bool count
   }
   if (count_reclaim) ++counters_.reclaimed_puts;
   account(obj, -1);
+  index_drop(it);
   objects_.erase(it);
 }
 
@@ -247,6 +248,7 @@ uint64_t MasterCore::evict(const std::string& segment, uint64_t target_used_byte
     freed += rounded;
     if (std::none_of(obj.replicas.begin(), obj.replicas.end(), [](const Replica& x) { return x.complete; })) {
       account(obj, -1);
+      index_drop(obj_it);
       objects_.erase(obj_it);
     }
   }

@@ -357,5 +357,39 @@ TEST_F(FastServerBoundsTest, AtTheCapAnIdleConnectionGivesWay) {
   ::close(b);
 }
 
+// Issue 51: a connection stops being answered once max_conn_buffer_bytes of replies wait unsent (here 4 KiB); the
+// requests left in its buffer are answered, in order, as soon as the peer reads again: a deep pipeline of a client
+// that reads loses nothing.
+class FastServerBacklogTest : public FastServerTest {
+ protected:
+  FastServerLimits limits() const override {
+    FastServerLimits l;
+    l.max_conn_buffer_bytes = 4096;
+    return l;
+  }
+};
+
+TEST_F(FastServerBacklogTest, RequestsLeftForTheBacklogAreAnsweredWhenThePeerReads) {
+  auto c = client();
+  ASSERT_TRUE(c);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 300; ++i)
+    ids.push_back(c->send("echo", std::string(64 << 10, static_cast<char>('a' + i % 26))).value());
+  // Not read for a while: the server answers a few and leaves the rest.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  size_t next = 0;
+  const int64_t until = steady_ms() + 30000;
+  while (next < ids.size() && steady_ms() < until) {
+    auto got = c->recv(100);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    if (!got->has_value()) continue;
+    EXPECT_EQ((*got)->id, ids[next]);
+    EXPECT_EQ((*got)->body.size(), size_t{64 << 10});
+    ++next;
+  }
+  EXPECT_EQ(next, ids.size());
+  EXPECT_EQ(server_->counters().cut, 0u);
+}
+
 }  // namespace
 }  // namespace mc::rpc::fast

@@ -99,10 +99,14 @@ class ClusterFixture : public testkit::LocalClusterFixture {
   std::map<std::string, std::vector<std::string>> store_objects() {
     proto::StoreLsRequest ls;
     ls.prefix = "kv/";
-    ls.limit = 10000;
     std::map<std::string, std::vector<std::string>> out;
-    for (const auto& o : call("master", ls).objects) {
-      if (o.complete) out[o.key] = o.segments;
+    for (int page = 0; page < 100; ++page) {  // pages of proto::kStoreLsPageObjects
+      const proto::StoreLsReply reply = call("master", ls);
+      for (const auto& o : reply.objects) {
+        if (o.complete) out[o.key] = o.segments;
+      }
+      if (!reply.truncated || reply.objects.empty()) break;
+      ls.start_after = reply.objects.back().key;
     }
     return out;
   }

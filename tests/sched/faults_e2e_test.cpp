@@ -347,8 +347,14 @@ class IndexFaultsE2E : public FaultsFixture {
   std::vector<proto::StoreObjectInfo> kv_objects() {
     proto::StoreLsRequest ls;
     ls.prefix = "kv/";
-    ls.limit = 100'000;
-    return call("master", ls).objects;
+    std::vector<proto::StoreObjectInfo> out;
+    for (int page = 0; page < 1000; ++page) {  // pages of proto::kStoreLsPageObjects
+      proto::StoreLsReply reply = call("master", ls);
+      for (auto& o : reply.objects) out.push_back(std::move(o));
+      if (!reply.truncated || out.empty()) break;
+      ls.start_after = out.back().key;
+    }
+    return out;
   }
 
   // Replays `trace` under `tag` to its end; every request must complete.

@@ -839,6 +839,54 @@ TEST_F(MasterCoreTest, UnmountDropsReplicasAtOnce) {
   EXPECT_EQ(core_.stat().nodes, 2u);
 }
 
+// ls pages through the ordered key index (issue 51): a page is at most `limit` objects and, past the first, about
+// max_bytes; the next starts after the last key of the one before; removed and re-put keys stay in order.
+TEST_F(MasterCoreTest, LsPagesInKeyOrderWithinItsBounds) {
+  mount3();
+  for (const char* k : {"p/c", "p/a", "p/e", "p/b", "p/d", "q/a", "o/z"}) put(k, 100);
+  bool more = false;
+  auto page = core_.ls("p/", 2, "", SIZE_MAX, &more);
+  ASSERT_EQ(page.size(), 2u);
+  EXPECT_EQ(page[0].key, "p/a");
+  EXPECT_EQ(page[1].key, "p/b");
+  EXPECT_TRUE(more);
+  page = core_.ls("p/", 2, "p/b", SIZE_MAX, &more);
+  ASSERT_EQ(page.size(), 2u);
+  EXPECT_EQ(page[0].key, "p/c");
+  EXPECT_EQ(page[1].key, "p/d");
+  EXPECT_TRUE(more);
+  page = core_.ls("p/", 2, "p/d", SIZE_MAX, &more);
+  ASSERT_EQ(page.size(), 1u);
+  EXPECT_EQ(page[0].key, "p/e");
+  EXPECT_FALSE(more);
+  // A start_after before the prefix starts at the prefix; the byte bound stops a page after its first object.
+  page = core_.ls("p/", 100, "a", 1, &more);
+  ASSERT_EQ(page.size(), 1u);
+  EXPECT_EQ(page[0].key, "p/a");
+  EXPECT_TRUE(more);
+  ASSERT_TRUE(core_.remove("p/c").is_ok());
+  put("p/bb", 100);
+  std::vector<std::string> keys;
+  for (const auto& o : core_.ls("p/", 100)) keys.push_back(o.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"p/a", "p/b", "p/bb", "p/d", "p/e"}));
+  EXPECT_EQ(core_.ls("", 100).size(), 7u);
+}
+
+// A stall of the master's own loop is not held against the nodes: credit_loop_stall moves their last heartbeat
+// on by the stall, so the tick after it finds none missing; a node silent beyond it still is.
+TEST_F(MasterCoreTest, LoopStallIsCreditedToTheNodesHeartbeats) {
+  mount3();
+  heartbeat_all();
+  clock_.advance_ms(make_config().node_ttl_ms + 500);  // the loop was stuck: no heartbeat processed meanwhile
+  core_.credit_loop_stall(make_config().node_ttl_ms + 500);
+  core_.tick();
+  EXPECT_EQ(core_.stat().suspect_nodes, 0u);
+  EXPECT_EQ(core_.stat().segments.size(), 3u);
+  clock_.advance_ms(make_config().node_ttl_ms + 1);  // now silent for real
+  core_.tick();
+  EXPECT_LT(core_.stat().segments.size(), 3u);
+}
+
 TEST_F(MasterCoreTest, LsByPrefixAndStat) {
   mount3();
   put("a/1", 100);

@@ -99,7 +99,8 @@ TEST(StoreProtocol, ReadMessages) {
 }
 
 TEST(StoreProtocol, ListingStatAndData) {
-  EXPECT_EQ(round_trip(StoreLsRequest{"kv/", 7}).limit, 7u);
+  EXPECT_EQ(round_trip(StoreLsRequest{"kv/", 7, ""}).limit, 7u);
+  EXPECT_EQ(round_trip(StoreLsRequest{"kv/", 7, "kv/a"}).start_after, "kv/a");
   StoreLsReply ls{{StoreObjectInfo{"k", 10, true, true, false, {"n1/dram"}, {"cpu"}}}, true};
   auto lsb = round_trip(ls);
   EXPECT_TRUE(lsb.truncated);

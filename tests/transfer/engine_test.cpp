@@ -2,7 +2,10 @@
 // through the real tcp and shm transports between two engines of this process on loopback.
 #include "mc/transfer/engine.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 
 #include <gtest/gtest.h>
 
@@ -12,7 +15,9 @@
 #include <numeric>
 #include <set>
 
+#include "mc/net/grant.hpp"
 #include "mc/testkit/units.hpp"
+#include "mc/testkit/wait.hpp"
 #include "mc/transfer/shared_buffer.hpp"
 #include "mc/transfer/xfer_tool.hpp"
 #include "mock_transport.hpp"
@@ -511,6 +516,123 @@ TEST(EngineTcp, RawStreamsCycleThroughTheirSpansAndAnOversizedSpanIsRefused) {
   EXPECT_NE(why.find("span of 1000 chunks"), std::string::npos) << why;
   auto again = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, "", true, 64 << 10, 1, 0.2, 0);
   EXPECT_TRUE(again.is_ok()) << again.status().to_string();
+}
+
+// Raw stream (op 7) with a grant key (issue 51): the grant is checked as a read's or a write's is, not its MAC
+// alone: an expired grant, one for another segment and one without the op the stream needs (the target sends: read)
+// are refused, counted and logged naming the peer; a valid one streams.
+TEST(EngineTcp, RawStreamRefusesAnExpiredForeignOrWrongOpGrant) {
+  const std::string key(32, 'k');
+  EngineOptions so;
+  so.listen = {"tcp://127.0.0.1:0"};
+  so.grant_key = key;
+  auto server = TransferEngine::create(so).value();
+  const std::string endpoint = "tcp://" + server->segment_name();
+  auth::Grant g{server->segment_name(), 0, kMiB, auth::kGrantRead, auth::unix_now_ms() + 60000, "bench", 0};
+  const std::string valid = auth::issue_grant(key, g).value();
+  auto ok = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, valid, true, 64 << 10, 1, 0.2, 0);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  auth::Grant expired = g, foreign = g;
+  expired.expiry_unix_ms = auth::unix_now_ms() - 60000;
+  foreign.segment = "10.9.9.9:4000";
+  struct Case {
+    std::string token;
+    bool target_sends;
+    const char* why;
+  };
+  const std::vector<Case> cases = {{auth::issue_grant(key, expired).value(), true, "expired"},
+                                   {auth::issue_grant(key, foreign).value(), true, "grant is for segment"},
+                                   {valid, false, "does not allow"}};
+  const uint64_t refused_before = server->stats().served_refused;
+  ::testing::internal::CaptureStderr();
+  for (const Case& c : cases) {
+    auto r = xfer::measure_remote_raw_tcp_bytes_per_second(endpoint, c.token, c.target_sends, 64 << 10, 1, 0.2, 0);
+    EXPECT_EQ(r.status().code(), Code::kPermissionDenied) << r.status().to_string();
+    EXPECT_NE(r.status().message().find(c.why), std::string::npos) << r.status().to_string();
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(server->stats().served_refused - refused_before, cases.size());
+  EXPECT_NE(log.find("refused raw stream"), std::string::npos) << log;
+  EXPECT_NE(log.find("from 127.0.0.1:"), std::string::npos) << log;
+  EXPECT_NE(log.find("expired"), std::string::npos) << log;
+}
+
+// Trickling connections (issue 51): 300 connections from 127.0.0.2, each a write of 1 MiB whose payload comes a
+// byte every 300 ms, used to stay open for as long as they trickled (the idle timeout was per recv). Now at most 256
+// of them are accepted (the cap per address), the rest closed at once; each accepted one is closed at the idle
+// timeout from its header however it trickles; a client at 127.0.0.1 reads meanwhile.
+TEST(EngineTcp, TricklingConnectionsAreClosedAtTheDeadlineAndOthersServed) {
+  EngineOptions so;
+  so.listen = {"tcp://127.0.0.1:0"};
+  so.idle_timeout_served_ms = 3000;  // all 300 connect before the first is closed
+  auto server = TransferEngine::create(so).value();
+  SharedBuffer remote = allocate_shared_buffer(4 * kMiB).value();
+  fill_pattern(static_cast<char*>(remote.data()), remote.size(), 5);
+  ASSERT_TRUE(server->register_memory(remote.data(), remote.size()).is_ok());
+  Endpoint ep = parse_tcp_endpoint("tcp://" + server->segment_name()).value();
+  ::testing::internal::CaptureStderr();
+  std::vector<tcp::Fd> trickle;
+  for (int i = 0; i < 300; ++i) {
+    tcp::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.2", &src.sin_addr);
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons(ep.port);
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    ASSERT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof src), 0) << std::strerror(errno);
+    ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof dst), 0) << std::strerror(errno);
+    tcp::WireRequest req;
+    req.op = static_cast<uint8_t>(tcp::WireOp::kWrite);
+    req.offset = server->segment_offset(remote.data()).value();
+    req.length = kMiB;
+    (void)::send(fd.get(), &req, sizeof req, MSG_NOSIGNAL | MSG_DONTWAIT);  // refused ones fail: fine
+    trickle.push_back(std::move(fd));
+  }
+  std::vector<bool> closed(trickle.size(), false);
+  size_t n_closed = 0;
+  int64_t next_byte_ms = 0;
+  auto trickle_once = [&] {
+    const bool send_now = steady_ms() >= next_byte_ms;
+    if (send_now) next_byte_ms = steady_ms() + 300;
+    for (size_t i = 0; i < trickle.size(); ++i) {
+      if (closed[i]) continue;
+      char b;
+      const ssize_t n = ::recv(trickle[i].get(), &b, 1, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        closed[i] = true;
+        ++n_closed;
+        continue;
+      }
+      if (send_now) (void)::send(trickle[i].get(), "\0", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+  };
+  // A client at 127.0.0.1 reads while they trickle.
+  EngineOptions co;
+  co.transports = {"tcp"};
+  auto client = TransferEngine::create(co).value();
+  SharedBuffer local = allocate_shared_buffer(4 * kMiB).value();
+  ASSERT_TRUE(client->register_memory(local.data(), local.size()).is_ok());
+  SegmentHandle seg = client->open_segment(server->segment_name()).value();
+  trickle_once();
+  RequestStatus st = client->transfer_sync({Op::kRead, local.data(), seg, 0, 4 * kMiB, ""}, 20000);
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.status.to_string();
+  EXPECT_EQ(std::memcmp(local.data(), remote.data(), 4 * kMiB), 0);
+  // Every trickled connection ends: refused at accept past the cap, or closed at its deadline.
+  const bool all_closed = testkit::wait_until(
+      [&] {
+        trickle_once();
+        return n_closed == trickle.size();
+      },
+      20000, 20);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(all_closed) << n_closed << " of " << trickle.size() << " closed";
+  const EngineStats s = server->stats();
+  EXPECT_GE(s.connections_refused, 300u - 256u);
+  EXPECT_GE(s.connections_cut, 1u);
+  EXPECT_NE(log.find("refusing connection from 127.0.0.2:"), std::string::npos) << log;
+  EXPECT_NE(log.find("closed the connection from 127.0.0.2:"), std::string::npos) << log;
 }
 
 TEST(EngineTcp, ServerGoneFailsPendingRequestsWithoutHanging) {

@@ -143,6 +143,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   master_cmd
+      ->add_option("--fast-max-connections-per-address", fast.max_connections_per_address,
+                   "Open fast connections from one peer address; more from it are closed at accept (its clients "
+                   "fall back to ZeroMQ), so one address cannot take every slot")
+      ->envname("MC_STORE_FAST_MAX_CONNECTIONS_PER_ADDRESS")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  master_cmd
       ->add_option("--fast-idle-timeout-ms", fast.idle_timeout_ms,
                    "A fast connection silent this long (ms) may lose its slot to a new one; one stalled inside a "
                    "frame that long is closed")

@@ -1151,6 +1151,10 @@ void export_served_metrics(const EngineStats& s, metrics::Registry& registry) {
   set("mc_xfer_served_refused_total", "reads, writes and notifications refused for want of a valid grant",
       s.served_refused);
   set("mc_xfer_connections_accepted_total", "tcp connections accepted", s.connections_accepted);
+  set("mc_xfer_conn_refused_total", "tcp connections closed at accept (connection cap, or cap per peer address)",
+      s.connections_refused);
+  set("mc_xfer_conn_cut_total", "tcp connections closed at a deadline (idle, or a request or reply too slow)",
+      s.connections_cut);
   set("mc_xfer_notifications_received_total", "completion notifications received", s.notifications_received);
 }
 
@@ -1170,6 +1174,8 @@ EngineStats TransferEngine::stats() const {
     s.served_written_bytes = m.server_->written_bytes_served();
     s.served_errors = m.server_->errors_served();
     s.served_refused = m.server_->refused_served();
+    s.connections_refused = m.server_->connections_refused();
+    s.connections_cut = m.server_->connections_cut();
   }
   // Under mu_: a segment still listed has not been closed (close_segment drops its transport after unlisting).
   std::lock_guard<std::mutex> lk(m.mu_);

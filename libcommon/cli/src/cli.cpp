@@ -227,7 +227,8 @@ void add_xfer_server_flags(CLI::App& cmd, size_t& max_connections, int64_t& idle
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   cmd.add_option("--xfer-idle-timeout-ms", idle_timeout_ms,
-                 "A transfer connection silent this long (ms) is closed and frees its slot (rdma ones excepted)")
+                 "A transfer connection with no request for this long (ms), or a request or reply not complete this "
+                 "long after its header, is closed and frees its slot, however it trickles (rdma ones excepted)")
       ->envname("MC_XFER_IDLE_TIMEOUT_MS")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{86400000}));

@@ -234,7 +234,10 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
         {"max_conn_buffer_bytes", static_cast<int64_t>(requested.max_conn_buffer_bytes)},
         {"max_buffer_bytes", static_cast<int64_t>(requested.max_buffer_bytes)},
         {"max_connections", static_cast<int64_t>(requested.max_connections)},
-        {"idle_timeout_ms", requested.idle_timeout_ms}}) {
+        {"idle_timeout_ms", requested.idle_timeout_ms},
+        {"handshake_timeout_ms", requested.handshake_timeout_ms},
+        {"request_timeout_ms", requested.request_timeout_ms},
+        {"max_connections_per_address", static_cast<int64_t>(requested.max_connections_per_address)}}) {
     if (value <= 0) {
       return Status(Code::kInvalidArgument,
                     service + ": fast path limit " + name + " must be > 0 (got " + std::to_string(value) + ")");
@@ -305,9 +308,10 @@ Result<std::unique_ptr<FastServer>> FastServer::listen(const std::string& endpoi
 bool FastServer::update_interest(Conn& c) {
   // A client that sends without reading its replies stops being read once max_conn_buffer_bytes of them
   // wait: its requests stay in the kernel's buffers (TCP flow control), the master's memory stays bounded.
-  const bool backlog = c.out.size() - c.out_pos > limits_.max_conn_buffer_bytes;
+  const bool backlog = backlogged(c);
   uint32_t want = (c.closing || backlog) ? 0u : static_cast<uint32_t>(EPOLLIN);
-  if (c.out_pos < c.out.size()) want |= EPOLLOUT;
+  // Writable again: replies to send, or requests left unanswered for the backlog to answer (wait_and_handle).
+  if (c.out_pos < c.out.size() || (c.reader.head_complete() && !c.closing)) want |= EPOLLOUT;
   if (want == c.events) return true;
   epoll_event ev{};
   ev.events = want;
@@ -322,6 +326,7 @@ bool FastServer::update_interest(Conn& c) {
 
 void FastServer::close_conn(Conn* c) {
   release(*c);
+  if (auto it = per_address_.find(c->address); it != per_address_.end() && --it->second == 0) per_address_.erase(it);
   conns_.erase(c);  // closes the socket, which also leaves the epoll set
   ++counters_.closed;
 }
@@ -372,12 +377,48 @@ FastServer::Conn* FastServer::idlest(int64_t now) const {
   return best;
 }
 
+std::string FastServer::past_deadline(const Conn& c, int64_t now) const {
+  // Unread replies first (and requests left unanswered for them): the peer does not read, whatever else it sent.
+  if ((c.out_pos < c.out.size() || c.reader.head_complete()) && c.sending_since_ms != 0 &&
+      now - c.sending_since_ms >= limits_.idle_timeout_ms) {
+    return std::to_string(c.out.size() - c.out_pos) + " bytes of replies unread for " +
+           std::to_string(now - c.sending_since_ms) + " ms (--fast-idle-timeout-ms " +
+           std::to_string(limits_.idle_timeout_ms) + ")";
+  }
+  if (!c.greeted && now - c.accepted_ms >= limits_.handshake_timeout_ms) {
+    return "no request answered " + std::to_string(now - c.accepted_ms) + " ms after accept (handshake and first " +
+           "request within " + std::to_string(limits_.handshake_timeout_ms) + " ms)";
+  }
+  if (c.partial_since_ms != 0 && now - c.partial_since_ms >= limits_.request_timeout_ms) {
+    return "a request begun " + std::to_string(now - c.partial_since_ms) + " ms ago is not complete (limit " +
+           std::to_string(limits_.request_timeout_ms) + " ms)";
+  }
+  return "";
+}
+
 void FastServer::sweep(int64_t now) {
   if (now < next_sweep_ms_) return;
-  next_sweep_ms_ = now + std::min<int64_t>(1000, limits_.idle_timeout_ms);
-  std::vector<Conn*> stalled;
+  next_sweep_ms_ = now + std::min<int64_t>(
+                             {1000, limits_.idle_timeout_ms, limits_.handshake_timeout_ms, limits_.request_timeout_ms});
+  std::vector<Conn*> stalled, cut;
   for (const auto& [raw, c] : conns_) {
-    if (c->reader.buffered() > 0 && now - c->last_active_ms >= limits_.idle_timeout_ms) stalled.push_back(raw);
+    std::string why;
+    if (!c->greeted || c->partial_since_ms != 0 || c->out_pos < c->out.size() || c->reader.head_complete()) {
+      why = past_deadline(*c, now);
+    }
+    if (why.empty() && c->reader.buffered() > 0 && !c->reader.head_complete() &&
+        now - c->last_active_ms >= limits_.idle_timeout_ms) {
+      stalled.push_back(raw);
+    } else if (!why.empty()) {
+      cut.push_back(raw);
+      ++counters_.cut;
+      if (cut_log_.allow(now)) {
+        const uint64_t more = cut_log_.take_suppressed();
+        MC_LOG_WARN << service_ << ": closing the fast connection from " << c->peer << ": " << why
+                    << (more > 0 ? " (" + std::to_string(more) + " more closed at a deadline in the last 10 s)"
+                                 : std::string());
+      }
+    }
   }
   for (Conn* c : stalled) {
     MC_LOG_INFO << service_ << ": closing the fast connection from " << c->peer << ": stalled inside a frame for "
@@ -385,6 +426,7 @@ void FastServer::sweep(int64_t now) {
     ++counters_.evicted;
     close_conn(c);
   }
+  for (Conn* c : cut) close_conn(c);
 }
 
 void FastServer::set_listener_interest(bool on) {
@@ -432,6 +474,20 @@ void FastServer::accept_all(int64_t now) {
       return;
     }
     accept_backoff_ms_ = 0;
+    std::string address = net::peer_address(ss);
+    const auto open_at = per_address_.find(address);
+    if (const size_t open = open_at == per_address_.end() ? 0 : open_at->second;
+        open >= limits_.max_connections_per_address) {
+      ++counters_.address_rejected;
+      if (reject_log_.allow(now)) {
+        const uint64_t more = reject_log_.take_suppressed();
+        MC_LOG_WARN << service_ << ": refusing a fast connection from " << net::peer_name(ss) << ": " << open
+                    << " open from " << address << " (--fast-max-connections-per-address "
+                    << limits_.max_connections_per_address << ")"
+                    << (more > 0 ? " (" + std::to_string(more) + " more refused in the last 10 s)" : std::string());
+      }
+      continue;  // `fd` closes: the client sees the connection end and falls back to ZeroMQ
+    }
     if (conns_.size() >= limits_.max_connections) {
       Conn* idle = idlest(now);
       if (idle == nullptr) {
@@ -455,7 +511,7 @@ void FastServer::accept_all(int64_t now) {
     c->fd = std::move(fd);
     c->peer = net::peer_name(ss);
     c->events = EPOLLIN;
-    c->last_active_ms = now;
+    c->last_active_ms = c->accepted_ms = now;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = c.get();
@@ -464,6 +520,8 @@ void FastServer::accept_all(int64_t now) {
       continue;
     }
     Conn* raw = c.get();
+    ++per_address_[address];
+    c->address = std::move(address);
     conns_.emplace(raw, std::move(c));
     ++counters_.accepted;
   }
@@ -514,6 +572,20 @@ void FastServer::answer(Conn& c, const Frame& f) {
 bool FastServer::on_readable(Conn& c) {
   char buf[64 * 1024];
   c.last_active_ms = steady_ms();
+  // Whatever way this returns, a request (or sealed record, or handshake) left incomplete keeps the time it began.
+  // (Whole requests in the reader, left for the backlog (answer_frames), are not partial: they wait for the peer.)
+  struct Partial {
+    Conn& c;
+    ~Partial() {
+      const bool partial = (c.reader.buffered() > 0 && !c.reader.head_complete()) ||
+                           (c.seal ? c.seal->pending_bytes() > 0 : !c.handshake.empty());
+      if (!partial) {
+        c.partial_since_ms = 0;
+      } else if (c.partial_since_ms == 0) {
+        c.partial_since_ms = c.last_active_ms;
+      }
+    }
+  } partial{c};
   // Bounded: a client flooding one connection cannot starve the others.
   for (int round = 0; round < 16; ++round) {
     ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), 0);
@@ -542,24 +614,35 @@ bool FastServer::on_readable(Conn& c) {
     } else {
       c.reader.feed(buf, static_cast<size_t>(n));
     }
-    while (true) {
-      Result<std::optional<Frame>> f = c.reader.next(c.peer, limits_.max_frame_bytes);
-      if (!f.is_ok()) {
-        if (f.status().code() == Code::kMessageTooLarge) {
-          ++counters_.refused;
-        } else {
-          ++counters_.malformed;
-        }
-        log_closing(f.status());
-        append_frame(c.out, proto::kErrorType, 0, error_reply_body(f.status()));
-        c.closing = true;
-        return true;
-      }
-      if (!f->has_value()) break;
-      answer(c, **f);
-    }
+    if (!answer_frames(c)) return true;
     if (!admit(c)) return true;
+    if (backlogged(c)) break;  // the rest waits in the kernel until the peer reads its replies
     if (static_cast<size_t>(n) < sizeof(buf)) break;
+  }
+  return true;
+}
+
+bool FastServer::backlogged(const Conn& c) const { return c.out.size() - c.out_pos > limits_.max_conn_buffer_bytes; }
+
+bool FastServer::answer_frames(Conn& c) {
+  // Complete frames are answered until max_conn_buffer_bytes of replies wait unsent: the rest stay in the reader
+  // (answered once the peer reads, wait_and_handle), so a pipelined burst never queues more than about that.
+  while (!backlogged(c)) {
+    Result<std::optional<Frame>> f = c.reader.next(c.peer, limits_.max_frame_bytes);
+    if (!f.is_ok()) {
+      if (f.status().code() == Code::kMessageTooLarge) {
+        ++counters_.refused;
+      } else {
+        ++counters_.malformed;
+      }
+      log_closing(f.status());
+      append_frame(c.out, proto::kErrorType, 0, error_reply_body(f.status()));
+      c.closing = true;
+      return false;
+    }
+    if (!f->has_value()) break;
+    answer(c, **f);
+    c.greeted = true;
   }
   return true;
 }
@@ -610,6 +693,7 @@ bool FastServer::on_handshake(Conn& c, const char* data, size_t n) {
 }
 
 bool FastServer::flush(Conn& c) {
+  if (c.sending_since_ms == 0) c.sending_since_ms = steady_ms();  // replies begin to wait now
   if (c.seal && c.out.size() > c.sealed_to) {
     const std::string plain = c.out.substr(c.sealed_to);
     c.out.resize(c.sealed_to);
@@ -625,6 +709,7 @@ bool FastServer::flush(Conn& c) {
       return false;
     }
     c.out_pos += static_cast<size_t>(n);
+    c.sending_since_ms = steady_ms();
   }
   if (c.out.capacity() > kKeepCapacityBytes) {
     std::string().swap(c.out);
@@ -633,6 +718,7 @@ bool FastServer::flush(Conn& c) {
   }
   c.out_pos = 0;
   c.sealed_to = 0;
+  if (!c.reader.head_complete()) c.sending_since_ms = 0;  // else requests still wait for the peer to read
   return !c.closing;
 }
 
@@ -692,6 +778,14 @@ bool FastServer::wait_and_handle(int timeout_ms) {
       was_read = answered = true;
     } else if (ev & (EPOLLERR | EPOLLHUP)) {
       ok = false;
+    } else if ((ev & EPOLLOUT) && c->reader.head_complete() && !c->closing) {
+      // Requests left unanswered for the backlog (answer_frames): the peer reads again, answer them now. What
+      // waits in `out` was answered (and made durable, before_reply_) in an earlier call: it may go first.
+      ok = flush(*c);
+      if (ok && !backlogged(*c)) {
+        (void)answer_frames(*c);
+        was_read = answered = true;
+      }
     }
     ready[n_ready] = c;
     alive[n_ready] = ok;

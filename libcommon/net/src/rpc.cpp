@@ -16,10 +16,30 @@ namespace {
 
 std::string zmq_text(const zmq::error_t& e) { return std::string(e.what()); }
 
+// A ZeroMQ routing id for a log line: libzmq's own ids are 5 binary bytes, shown in hex.
+std::string printable_identity(const std::string& id) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "0x";
+  for (const char ch : id.substr(0, 16)) {
+    out += kHex[static_cast<unsigned char>(ch) >> 4];
+    out += kHex[static_cast<unsigned char>(ch) & 15];
+  }
+  return out;
+}
+
 const std::string kSameVersion = ": run the same mc version on both sides";
 // Messages queued per peer before ZeroMQ stops reading it, and the ZMTP handshake deadline (RpcServer::bind).
 constexpr int kServerRcvHwm = 1024;
 constexpr int kHandshakeMs = 5000;
+// Replies (messages) queued per peer and not yet taken by it, beyond which a reply to that peer is dropped
+// (counted, logged) rather than queued or waited for: with the largest reply a page of store.ls (~64 KiB), a peer
+// that never reads holds at most ~64 MiB of the server's memory. Legitimate clients wait for each reply
+// (AsyncClient pipelines per endpoint, the ZeroMQ bench one call at a time): they never come near it.
+constexpr int kServerSndHwm = 1024;
+// After a reply to a peer is dropped, its requests are dropped unhandled for this long (then one is answered, which
+// tells whether it reads again): a peer that does not read costs the loop no handler work. Peers remembered at most.
+constexpr int64_t kUnreadBackoffMs = 200;
+constexpr size_t kMaxUnreadPeers = 4096;
 
 }  // namespace
 
@@ -123,10 +143,12 @@ Result<std::unique_ptr<RpcServer>> RpcServer::bind(ServerOptions options) {
     // The bounds ZeroMQ offers (DESIGN.md §2 "Bounds"): a message over max_message_bytes closes its peer's
     // connection before it is buffered; at most kServerRcvHwm messages wait per peer, beyond which
     // ZeroMQ stops reading that peer (TCP flow control, nothing dropped); a connection that has not
-    // completed the ZMTP handshake within kHandshakeMs is closed. ZeroMQ has no cap on the number of peers.
+    // completed the ZMTP handshake within kHandshakeMs is closed; at most kServerSndHwm replies wait per peer
+    // (router_mandatory and ZMQ_DONTWAIT: a send to a peer at that mark fails at once, send_raw drops the reply and
+    // counts it, the loop never waits on one peer). ZeroMQ has no cap on the number of peers.
     server->socket_.set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
     server->socket_.set(zmq::sockopt::router_mandatory, 1);
-    server->socket_.set(zmq::sockopt::sndhwm, 100000);
+    server->socket_.set(zmq::sockopt::sndhwm, kServerSndHwm);
     server->socket_.set(zmq::sockopt::rcvhwm, kServerRcvHwm);
     server->socket_.set(zmq::sockopt::handshake_ivl, kHandshakeMs);
   } catch (const zmq::error_t& e) {
@@ -166,7 +188,25 @@ Status RpcServer::send_raw(const std::string& peer, const std::string& type, uin
   proto::Header h{proto::kProtocolVersion, type, id};
   std::string head = codec::pack(h);
   try {
-    socket_.send(zmq::buffer(peer), zmq::send_flags::sndmore);
+    // Never blocks: with router_mandatory the first frame fails with EAGAIN when the peer has kServerSndHwm
+    // messages waiting (it does not read them); once it is queued the others are too.
+    if (!socket_.send(zmq::buffer(peer), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+      ++counters_.replies_dropped;
+      const int64_t now = steady_ms();
+      if (unread_until_ms_.size() >= kMaxUnreadPeers) {
+        std::erase_if(unread_until_ms_, [now](const auto& e) { return e.second <= now; });
+      }
+      if (unread_until_ms_.size() < kMaxUnreadPeers) unread_until_ms_[peer] = now + kUnreadBackoffMs;
+      const std::string who = printable_identity(peer);
+      if (log::nth_worth_logging(counters_.replies_dropped)) {
+        MC_LOG_WARN << options_.service << ": dropped '" << type << "' to peer " << who << ": it has " << kServerSndHwm
+                    << " messages waiting that it does not read; its requests are dropped unanswered for "
+                    << kUnreadBackoffMs << " ms (" << counters_.replies_dropped << " replies dropped so far)";
+      }
+      return Status(Code::kResourceExhausted, options_.service + ": dropped '" + type + "' to peer " + who + ": " +
+                                                  std::to_string(kServerSndHwm) +
+                                                  " messages wait unread for it (read the replies)");
+    }
     socket_.send(zmq::buffer(head), zmq::send_flags::sndmore);
     socket_.send(zmq::buffer(body), zmq::send_flags::none);
   } catch (const zmq::error_t& e) {
@@ -197,6 +237,15 @@ void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
   if (frames.empty()) return;
   CallContext ctx;
   ctx.peer = frames[0].to_string();
+  if (!unread_until_ms_.empty()) {
+    if (auto it = unread_until_ms_.find(ctx.peer); it != unread_until_ms_.end()) {
+      if (steady_ms() < it->second) {
+        ++counters_.requests_dropped;  // its reply could not be queued: no handler runs for it
+        return;
+      }
+      unread_until_ms_.erase(it);
+    }
+  }
   if (frames.size() < 2) {
     ++counters_.malformed;
     if (log::nth_worth_logging(counters_.malformed)) {
@@ -225,7 +274,7 @@ void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
   auto reply_error = [&](Status s) {
     ++counters_.errors;
     Status sent = reply_error_to(ctx, s);
-    if (!sent.is_ok()) MC_LOG_WARN << sent.message();
+    if (!sent.is_ok() && sent.code() != Code::kResourceExhausted) MC_LOG_WARN << sent.message();
   };
   if (auth::keyring() != nullptr) {
     Result<const auth::Identity*> caller = caller_of(frames[1]);
@@ -268,7 +317,7 @@ void RpcServer::handle_message(std::vector<zmq::message_t>& frames) {
   }
   ++counters_.handled;
   Status sent = send_raw(ctx.peer, header->type + ".reply", ctx.call_id, reply.value());
-  if (!sent.is_ok()) MC_LOG_WARN << sent.message();
+  if (!sent.is_ok() && sent.code() != Code::kResourceExhausted) MC_LOG_WARN << sent.message();
 }
 
 Result<const auth::Identity*> RpcServer::caller_of(zmq::message_t& frame) const {

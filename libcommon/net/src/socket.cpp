@@ -156,6 +156,16 @@ bool idle_connection_broken(int fd) {
   return !(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);  // reset, ...
 }
 
+std::string peer_address(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, host, sizeof(host));
+  } else if (ss.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr, host, sizeof(host));
+  }
+  return host;
+}
+
 std::string peer_name(const sockaddr_storage& ss) {
   char host[INET6_ADDRSTRLEN] = {};
   uint16_t port = 0;

@@ -14,7 +14,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_map>
 #include <vector>
 
 #include "mc/common/clock.hpp"
@@ -49,6 +51,13 @@ std::string format_peer(const sockaddr_storage& sa) {
     return out;
   }
   return "?";
+}
+
+// The ADDR of format_peer, without its port: what the per-address cap counts by.
+std::string format_address(const sockaddr_storage& sa) {
+  const std::string peer = format_peer(sa);
+  const size_t colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
 }
 
 // What a connection received beyond the bytes consumed so far: one recv takes a request's header, its aux (the
@@ -154,16 +163,34 @@ Status send_reply(int fd, WireOp op, const Status& st, const std::string& aux_ok
 // Bytes of raw-stream buffers allocated at once in this process, and their bound: each stream has its own
 // buffer of chunk x span bytes, as each stream of a raw-TCP program has (one shared buffer made the baseline's
 // sources cache-hot across streams); a stream past the bound is refused.
+// 256 MiB in all: the same-memory limit of `mc-xfer bench --baseline` lends a bench at most kMaxRawSpanBytes / 2
+// (xfer_tool.cpp same_memory_spans), and the streams of the row before may still hold theirs. One peer address holds
+// at most half of it (kMaxRawBufferBytesPerAddress): one bench's need, and one peer cannot take the rest.
 std::atomic<uint64_t> raw_buffer_bytes{0};
 constexpr uint64_t kMaxRawBufferBytes = 256ull << 20;
+constexpr uint64_t kMaxRawBufferBytesPerAddress = kMaxRawBufferBytes / 2;
+std::mutex raw_by_address_mu;
+std::unordered_map<std::string, uint64_t> raw_by_address;  // raw-stream buffer bytes by peer address
 
-// Reserves `chunk` bytes of the raw-stream budget; false when that would pass kMaxRawBufferBytes.
-bool reserve_raw_buffer(uint64_t chunk) {
-  uint64_t cur = raw_buffer_bytes.load();
-  do {
-    if (cur + chunk > kMaxRawBufferBytes) return false;
-  } while (!raw_buffer_bytes.compare_exchange_weak(cur, cur + chunk));
+// Reserves `chunk` bytes of the raw-stream budget for a peer at `address`; false when that would pass
+// kMaxRawBufferBytes in all or kMaxRawBufferBytesPerAddress for the address.
+bool reserve_raw_buffer(const std::string& address, uint64_t chunk) {
+  std::lock_guard<std::mutex> lk(raw_by_address_mu);
+  uint64_t& mine = raw_by_address[address];
+  if (mine + chunk > kMaxRawBufferBytesPerAddress || raw_buffer_bytes.load() + chunk > kMaxRawBufferBytes) {
+    if (mine == 0) raw_by_address.erase(address);
+    return false;
+  }
+  mine += chunk;
+  raw_buffer_bytes += chunk;
   return true;
+}
+void release_raw_buffer(const std::string& address, uint64_t chunk) {
+  std::lock_guard<std::mutex> lk(raw_by_address_mu);
+  raw_buffer_bytes -= chunk;
+  if (auto it = raw_by_address.find(address); it != raw_by_address.end() && (it->second -= chunk) == 0) {
+    raw_by_address.erase(it);
+  }
 }
 
 // The data phase of a kRawStream (wire.hpp): sends (target_sends) or receives up to `length` bytes in `chunk`-sized
@@ -232,6 +259,9 @@ void TcpServer::reap(bool all) {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto it = conns_.begin(); it != conns_.end();) {
       if (all || (*it)->done.load()) {
+        if (auto a = per_address_.find((*it)->address); a != per_address_.end() && --a->second == 0) {
+          per_address_.erase(a);
+        }
         finished.push_back(std::move(*it));
         it = conns_.erase(it);
       } else {
@@ -269,6 +299,7 @@ void TcpServer::accept_loop() {
     }
     reap(false);
     now = steady_ms();
+    cut_late(now);
     for (size_t i = 0; i + 1 < pfds.size(); ++i) {
       if (pfds[i].fd < 0 || !(pfds[i].revents & POLLIN)) continue;
       sockaddr_storage peer_addr{};
@@ -297,7 +328,23 @@ void TcpServer::accept_loop() {
       }
       backoff_ms[i] = 0;
       std::lock_guard<std::mutex> lk(mu_);
+      std::string address = format_address(peer_addr);
+      const auto open_at = per_address_.find(address);
+      if (const size_t open = open_at == per_address_.end() ? 0 : open_at->second;
+          open >= options_.max_connections_per_address) {
+        conn_refused_++;
+        if (refuse_log_.allow(now)) {
+          const uint64_t more = refuse_log_.take_suppressed();
+          MC_LOG_WARN << "tcp server " << endpoints_[i] << ": refusing connection from " << format_peer(peer_addr)
+                      << ": " << open << " open from " << address << " (limit " << options_.max_connections_per_address
+                      << " per address)"
+                      << (more > 0 ? " (" + std::to_string(more) + " more refused in the last 10 s)" : std::string());
+        }
+        ::close(cfd);
+        continue;
+      }
       if (conns_.size() >= options_.max_connections) {
+        conn_refused_++;
         if (refuse_log_.allow(now)) {
           const uint64_t more = refuse_log_.take_suppressed();
           MC_LOG_WARN << "tcp server " << endpoints_[i] << ": refusing connection: " << conns_.size()
@@ -317,9 +364,34 @@ void TcpServer::accept_loop() {
       auto c = std::make_unique<Conn>();
       c->fd.reset(cfd);
       c->peer = format_peer(peer_addr);
+      c->deadline_ms.store(now + options_.idle_timeout_ms, std::memory_order_relaxed);
+      ++per_address_[address];
+      c->address = std::move(address);
       Conn* raw = c.get();
       conns_.push_back(std::move(c));
       raw->thread = std::thread([this, raw] { serve_connection(raw); });
+    }
+  }
+}
+
+void TcpServer::cut_late(int64_t now) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& c : conns_) {
+    int64_t deadline = c->deadline_ms.load(std::memory_order_relaxed);
+    if (deadline == 0 || now < deadline || c->done.load()) continue;
+    // Unless its thread began a new phase meanwhile: it then sees its recv or send fail and ends; reap() frees the
+    // slot.
+    if (!c->deadline_ms.compare_exchange_strong(deadline, 0)) continue;
+    ::shutdown(c->fd.get(), SHUT_RDWR);
+    conn_cut_++;
+    if (cut_log_.allow(now)) {
+      const uint64_t more = cut_log_.take_suppressed();
+      MC_LOG_WARN << "tcp server " << (endpoints_.empty() ? std::string("?") : endpoints_.front())
+                  << ": closed the connection from " << c->peer << ": a request awaited, received or answered for "
+                  << options_.idle_timeout_ms + (now - deadline) << " ms (--xfer-idle-timeout-ms "
+                  << options_.idle_timeout_ms << ", measured from its start)"
+                  << (more > 0 ? " (" + std::to_string(more) + " more closed at a deadline in the last 10 s)"
+                               : std::string());
     }
   }
 }
@@ -351,8 +423,14 @@ void TcpServer::serve_connection(Conn* conn) {
   auth::Grant granted;
   const bool grants = handler_->grants_required();
   auto in = std::make_unique<ReadAhead>(fd, what);  // 16 KiB: on the heap, not the connection thread's stack
+  bool holds_rdma = false;                          // a queue pair lives as long as this connection: never idle-closed
+  // The phase now under way must end within idle_timeout_ms of its start (cut_late shuts the socket down).
+  auto phase = [&] {
+    conn->deadline_ms.store(holds_rdma ? 0 : steady_ms() + options_.idle_timeout_ms, std::memory_order_relaxed);
+  };
   while (!stop_.load()) {
     WireRequest req;
+    if (!holds_rdma) phase();  // waiting for the next request: the connection's idle time, however it trickles
     if (Status got = in->take(&req, sizeof req); !got.is_ok()) {  // peer closed or reset: normal end
       if (got.code() == Code::kTimeout) {
         MC_LOG_DEBUG << what << ": closed after " << options_.idle_timeout_ms << " ms idle";
@@ -374,6 +452,7 @@ void TcpServer::serve_connection(Conn* conn) {
                        "", nullptr, 0);
       break;
     }
+    if (!holds_rdma) phase();  // the aux, the payload and the reply, from the header
     aux.resize(req.aux_bytes);
     if (req.aux_bytes > 0 && !in->take(aux.data(), aux.size()).is_ok()) break;
     ops_++;
@@ -466,18 +545,20 @@ void TcpServer::serve_connection(Conn* conn) {
                                                   std::to_string(req.offset) + " bytes is above " +
                                                   std::to_string(kMaxRawSpanBytes) + " bytes");
         } else if (grants) {
+          // As reads and writes: the MAC, then the segment, the op (the target sends: a read) and the expiry.
           Result<auth::Grant> g = handler_->verify_grant(aux);
-          if (!g.is_ok()) {
-            st = g.status();
-            log_refusal(conn->peer, op, 0, req.length, st);
-          }
+          st = g.is_ok() ? handler_->check_access(*g, req.reserved == kRawTargetSends ? WireOp::kRead : WireOp::kWrite,
+                                                  g->offset, 0)
+                         : g.status();
+          if (!st.is_ok()) log_refusal(conn->peer, op, 0, req.length, st);
         }
         const uint64_t buffer_bytes = st.is_ok() ? req.offset * span : 0;
-        const bool reserved = st.is_ok() && reserve_raw_buffer(buffer_bytes);
+        const bool reserved = st.is_ok() && reserve_raw_buffer(conn->address, buffer_bytes);
         if (st.is_ok() && !reserved) {
-          st = Status(Code::kResourceExhausted, "raw stream: " + std::to_string(raw_buffer_bytes.load()) +
-                                                    " bytes of raw-stream buffers in use (at most " +
-                                                    std::to_string(kMaxRawBufferBytes) + "); retry later");
+          st = Status(Code::kResourceExhausted,
+                      "raw stream: " + std::to_string(raw_buffer_bytes.load()) +
+                          " bytes of raw-stream buffers in use (at most " + std::to_string(kMaxRawBufferBytes) + ", " +
+                          std::to_string(kMaxRawBufferBytesPerAddress) + " per peer address); retry later");
         }
         std::vector<char> buf;
         if (reserved) {
@@ -492,10 +573,11 @@ void TcpServer::serve_connection(Conn* conn) {
         // The ok reply echoes the span it serves (reserved2), so an initiator can tell it from an older target.
         sent = send_reply(fd, op, st, "", nullptr, 0, st.is_ok() ? static_cast<uint32_t>(span) : 0);
         if (sent.is_ok() && st.is_ok()) {
+          conn->deadline_ms.store(0, std::memory_order_relaxed);  // as long as the initiator measures
           raw_stream(fd, in.get(), req.reserved == kRawTargetSends, req.offset, buf, req.length, what);
         }
         buf = std::vector<char>();
-        if (reserved) raw_buffer_bytes -= buffer_bytes;
+        if (reserved) release_raw_buffer(conn->address, buffer_bytes);
         sent = Status(Code::kAborted, "raw stream ended");  // the connection carried raw bytes: close it
         break;
       }
@@ -508,6 +590,8 @@ void TcpServer::serve_connection(Conn* conn) {
         }
         leases.push_back(std::move(r.value().second));
         set_receive_timeout(fd, 0);  // the queue pair lives as long as this connection: never idle-closed
+        holds_rdma = true;
+        conn->deadline_ms.store(0, std::memory_order_relaxed);
         sent = send_reply(fd, op, Status::ok(), r.value().first, nullptr, 0);
         break;
       }

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -49,7 +50,13 @@ struct ServerOptions {
   int socket_buffer_bytes = 4 << 20;
   uint64_t max_op_bytes = 256ull << 20;  // larger single reads/writes are refused
   size_t max_connections = 1024;
+  // Deadlines measured from their start, however the bytes trickle (issue 51): a connection waiting for a request
+  // header this long is closed, and so is one whose request's aux and payload, or whose reply, take this long
+  // from the header (each checked about once a second by the accept thread, which shuts the socket down).
   int64_t idle_timeout_ms = 120000;  // > 0
+  // Open connections from one peer address; more are closed at accept. A quarter of the default slots: one address
+  // cannot take them all, while the engines of one host (each pools up to 64 connections per target) fit.
+  size_t max_connections_per_address = 256;
 };
 
 class TcpServer {
@@ -69,14 +76,24 @@ class TcpServer {
   uint64_t connections_accepted() const { return accepted_.load(); }
   // Of errors_served: ops refused for want of a valid grant (ServerHandler::grants_required).
   uint64_t refused_served() const { return refused_.load(); }
+  // Connections closed at accept (max_connections, or max_connections_per_address of their address open), and
+  // connections closed at a deadline (idle, or a request or reply not complete within idle_timeout_ms).
+  uint64_t connections_refused() const { return conn_refused_.load(); }
+  uint64_t connections_cut() const { return conn_cut_.load(); }
 
  private:
   struct Conn {
     Fd fd;
-    std::string peer;  // "ADDR:PORT" of the initiator (logs)
+    std::string peer;     // "ADDR:PORT" of the initiator (logs)
+    std::string address;  // its ADDR (max_connections_per_address)
     std::thread thread;
     std::atomic<bool> done{false};
+    // steady_ms() by which the phase under way (a request awaited, its aux and payload, a reply) must end; 0: none
+    // (a raw stream, a connection holding an rdma queue pair). Set by the connection's thread, checked by cut_late().
+    std::atomic<int64_t> deadline_ms{0};
   };
+  // Shuts down the connections past their deadline (the accept thread, about once a second).
+  void cut_late(int64_t now);
   TcpServer(ServerOptions options, ServerHandler* handler) : options_(std::move(options)), handler_(handler) {}
   void accept_loop();
   void serve_connection(Conn* conn);
@@ -98,11 +115,14 @@ class TcpServer {
   std::atomic<uint64_t> reads_{0}, writes_{0}, read_bytes_{0}, written_bytes_{0};
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> conn_refused_{0}, conn_cut_{0};
+  std::unordered_map<std::string, size_t> per_address_;  // open connections by peer address (under mu_)
   std::mutex refusal_log_mu_;
   mc::limits::BurstBudget refusal_log_{20, 60000};  // 20 lines a minute, then a count
   // Used by the accept thread only.
   mc::limits::LogBudget refuse_log_{10000};
   mc::limits::LogBudget accept_log_{10000};
+  mc::limits::LogBudget cut_log_{10000};
 };
 
 }  // namespace mc::transfer::tcp

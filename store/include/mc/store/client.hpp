@@ -207,6 +207,8 @@ class Client {
   Result<std::vector<Status>> pin(const std::vector<std::string>& keys, int64_t ttl_ms = 0);
   // Ends the pins of objects; one Status per key (kObjectNotFound naming an absent key).
   Result<std::vector<Status>> unpin(const std::vector<std::string>& keys);
+  // The first `limit` objects whose keys start with prefix, in key order, fetched page by page (the master answers
+  // at most proto::kStoreLsPageObjects per call); truncated when more match.
   Result<proto::StoreLsReply> ls(const std::string& prefix, uint32_t limit = 1000);
   Result<proto::StoreStatReply> stat();
   // Sets a tenant's quota (admin only: store.quota_set; docs/SECURITY.md "Quotas (issue 51)"). `limits` as

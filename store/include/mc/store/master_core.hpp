@@ -59,6 +59,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -335,6 +336,11 @@ struct DurableLoad {
 class MasterCore {
  public:
   MasterCore(MasterConfig config, const Clock* clock);
+  // Moved, never copied: key_order_ views the keys of objects_'s nodes, which a move hands over and a copy would not.
+  MasterCore(MasterCore&&) = default;
+  MasterCore& operator=(MasterCore&&) = default;
+  MasterCore(const MasterCore&) = delete;
+  MasterCore& operator=(const MasterCore&) = delete;
 
   // ---- storage nodes ----
   // Mounting an existing segment name replaces it (a restarted node starts empty: its old replicas go).
@@ -408,7 +414,16 @@ class MasterCore {
   Status pin(const std::string& key, int64_t ttl_ms);
   // Ends the pin of an object (no-op when it has none); kObjectNotFound naming the key when absent.
   Status unpin(const std::string& key);
-  std::vector<ObjectInfo> ls(const std::string& prefix, size_t limit) const;
+  // One page of the objects whose keys start with `prefix`, in key order, from the first key after `start_after`
+  // ("" = from the start): at most `limit` objects and, past the first, about max_bytes of keys and replica names.
+  // O(page x log objects) through the ordered key index, never a pass over the pool. `more` (when given) tells
+  // whether keys past the page match.
+  std::vector<ObjectInfo> ls(const std::string& prefix, size_t limit, const std::string& start_after = "",
+                             size_t max_bytes = SIZE_MAX, bool* more = nullptr) const;
+  // The serving loop was busy for stall_ms (a long handler, the host paused): heartbeats that waited in its
+  // sockets meanwhile could not be seen, so every node's silence is shortened by it (tick() would otherwise
+  // find them missing and make them suspect for the master's own delay).
+  void credit_loop_stall(int64_t stall_ms);
   // scan_objects=false skips the pass over every object (O(objects)); it leaves leased_objects at 0 and
   // counts objects/processing from the unfinished-put set: what the master's periodic metrics use.
   MasterStats stat(bool scan_objects = true) const;
@@ -613,6 +628,11 @@ class MasterCore {
   // Hashed: every put/get/match is a point lookup (one hash, one compare, not ~log2(n) string compares
   // over keys sharing a long prefix); ls --prefix (admin) scans and sorts.
   ObjectMap objects_;
+  // The keys of objects_ in order (views of its keys, which stay put across rehashing): ls pages through it.
+  // Kept by index_add/index_drop wherever an object is added or erased.
+  std::set<std::string_view> key_order_;
+  void index_add(ObjectMap::const_iterator it) { key_order_.insert(it->first); }
+  void index_drop(ObjectMap::const_iterator it) { key_order_.erase(it->first); }
   std::map<std::string, Segment> segments_;
   std::map<std::string, Node> nodes_;
   std::map<std::string, int64_t> clients_;  // client_id -> last seen

@@ -154,6 +154,9 @@ struct EngineStats {
   uint64_t served_reads = 0, served_writes = 0, served_read_bytes = 0, served_written_bytes = 0, served_errors = 0;
   // Of served_errors: reads, writes and notifications refused for want of a valid grant (EngineOptions::grant_key).
   uint64_t served_refused = 0;
+  // tcp connections closed at accept (the server's cap, or its cap per peer address), and connections closed at a
+  // deadline (idle, or a request or its reply not complete within the idle timeout from its start).
+  uint64_t connections_refused = 0, connections_cut = 0;
   // Data-path counters of the transports, summed over open segments (tcp: "tcp_wire_ops", "tcp_send_calls",
   // "tcp_recv_calls", "tcp_wakeups", "tcp_bytes", "tcp_connections_opened"; shm and rdma report none yet).
   std::map<std::string, uint64_t> transport_counters;
@@ -162,7 +165,8 @@ struct EngineStats {
 // Sets the target-side counters of `stats` as gauges of `registry` (mc_xfer_served_reads_total,
 // mc_xfer_served_writes_total, mc_xfer_served_read_bytes_total, mc_xfer_served_written_bytes_total,
 // mc_xfer_served_errors_total, mc_xfer_served_refused_total, mc_xfer_connections_accepted_total,
-// mc_xfer_notifications_received_total): what a daemon serving a segment answers in `stat`.
+// mc_xfer_notifications_received_total, mc_xfer_conn_refused_total, mc_xfer_conn_cut_total): what a daemon serving a
+// segment answers in `stat`.
 void export_served_metrics(const EngineStats& stats, metrics::Registry& registry);
 
 class TransferEngine {

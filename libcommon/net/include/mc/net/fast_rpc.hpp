@@ -85,6 +85,8 @@ class Seal {
   // Opens the records in `data` (any split), appending their plaintext to `plain`; kDataLoss naming `peer` for a
   // record that fails its tag or is over kMaxRecordBytes (the connection is then unusable).
   Status open(const char* data, size_t n, std::string& plain, const std::string& peer);
+  // Bytes of a record received but not complete yet.
+  size_t pending_bytes() const { return in_.size(); }
 
  private:
   unsigned char tx_[32] = {}, rx_[32] = {};
@@ -99,6 +101,13 @@ struct FastServerLimits {
   uint64_t max_buffer_bytes = 256ull << 20;      // request bytes buffered in partial frames, all connections
   size_t max_connections = 1024;                 // open connections (lowered to fit RLIMIT_NOFILE)
   int64_t idle_timeout_ms = 30000;               // idle time after which a connection may lose its slot
+  // Whole-exchange deadlines (issue 51), measured from their start however the bytes trickle: the handshake (with
+  // a key ring) and the first request answered within handshake_timeout_ms of accept; a request (or sealed record)
+  // begun complete within request_timeout_ms; replies waiting unsent with no progress for idle_timeout_ms cut the
+  // connection (its peer does not read).
+  int64_t handshake_timeout_ms = 5000;
+  int64_t request_timeout_ms = 10000;
+  size_t max_connections_per_address = 64;  // open connections from one peer address; more are closed at accept
 };
 
 // Appends one frame (prefix, header, body) to `out`; the header's type is `type` followed by `type_suffix`
@@ -120,6 +129,8 @@ class FrameReader {
   // Bytes of the frame at the head of the buffer as its prefix declares them (prefix, header and body),
   // when the prefix has arrived and the frame is not complete yet; 0 otherwise.
   uint64_t partial_frame_bytes() const;
+  // Whether a whole frame is at the head of the buffer (next() would return it, or its error).
+  bool head_complete() const { return buffered() >= kPrefixBytes && partial_frame_bytes() == 0; }
   // Makes room for `bytes` buffered bytes at once (a frame admitted by its prefix), so that the buffer
   // never grows past what the frame needs.
   void reserve(uint64_t bytes) { buf_.reserve(pos_ + bytes); }
@@ -179,8 +190,10 @@ class FastServer {
   struct Counters {
     uint64_t handled = 0, errors = 0, malformed = 0, accepted = 0, closed = 0;
     uint64_t refused = 0, rejected = 0, evicted = 0, accept_failures = 0;
-    uint64_t unauthenticated = 0;  // connections closed for a bad handshake, an unknown key or a forged record
-    uint64_t denied = 0;           // calls refused for the caller's role
+    uint64_t unauthenticated = 0;   // connections closed for a bad handshake, an unknown key or a forged record
+    uint64_t denied = 0;            // calls refused for the caller's role
+    uint64_t cut = 0;               // closed at a deadline: handshake, request, or replies its peer does not read
+    uint64_t address_rejected = 0;  // closed at accept: max_connections_per_address of its address open
   };
   const Counters& counters() const { return counters_; }
 
@@ -195,6 +208,11 @@ class FastServer {
     uint32_t events = 0;         // epoll interest now registered
     uint64_t reserved = 0;       // bytes of its partial frame counted in buffered_bytes_
     int64_t last_active_ms = 0;  // last time bytes arrived (or accept)
+    std::string address;         // the peer's address without its port (max_connections_per_address)
+    int64_t accepted_ms = 0;
+    bool greeted = false;          // a request was answered: handshake_timeout_ms no longer applies
+    int64_t partial_since_ms = 0;  // when the request (or sealed record) now incomplete began; 0: none
+    int64_t sending_since_ms = 0;  // when `out` last began or made progress
     // With a key ring: the handshake's bytes until it completes, then the seal; `sealed_to` ends the ciphertext
     // already in `out` (what follows is plaintext replies not sealed yet).
     std::string handshake;
@@ -215,8 +233,11 @@ class FastServer {
   void set_listener_interest(bool on);
   // The connection idle longest, when idle for idle_timeout_ms; nullptr otherwise.
   Conn* idlest(int64_t now) const;
-  // Closes connections stalled inside a frame for idle_timeout_ms (checked at most once a second).
+  // Closes connections stalled inside a frame for idle_timeout_ms and those past a deadline of FastServerLimits
+  // (checked at most once a second).
   void sweep(int64_t now);
+  // The deadline `c` is past at `now`, or "" (for sweep's log line).
+  std::string past_deadline(const Conn& c, int64_t now) const;
   // Admits the partial frame at the head of c's buffer against the limits; false (error reply queued,
   // closing) when it is refused.
   bool admit(Conn& c);
@@ -229,6 +250,10 @@ class FastServer {
   void close_conn(Conn* c);
   // Reads and answers; false when the connection must be closed now.
   bool on_readable(Conn& c);
+  // Answers the complete frames c's reader holds while fewer than max_conn_buffer_bytes of replies wait; false when
+  // a bad frame made the connection closing (its error reply queued).
+  bool answer_frames(Conn& c);
+  bool backlogged(const Conn& c) const;
   bool flush(Conn& c);
   void answer(Conn& c, const Frame& f);
 
@@ -240,6 +265,7 @@ class FastServer {
   char watched_tag_ = 0;  // its epoll data.ptr
   uint16_t port_ = 0;
   std::unordered_map<Conn*, std::unique_ptr<Conn>> conns_;
+  std::unordered_map<std::string, size_t> per_address_;  // open connections by peer address
   Counters counters_;
   FastServerLimits limits_;
   uint64_t buffered_bytes_ = 0;
@@ -250,6 +276,7 @@ class FastServer {
   mc::limits::LogBudget accept_log_{10000};
   mc::limits::LogBudget reject_log_{10000};
   mc::limits::LogBudget frame_log_{10000};
+  mc::limits::LogBudget cut_log_{10000};
 };
 
 class FastClient {

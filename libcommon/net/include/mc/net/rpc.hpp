@@ -147,7 +147,9 @@ class RpcServer {
 
   struct Counters {
     uint64_t handled = 0, errors = 0, malformed = 0;
-    uint64_t refused = 0;  // calls refused: the caller's role may not call the type, or no identity
+    uint64_t refused = 0;           // calls refused: the caller's role may not call the type, or no identity
+    uint64_t replies_dropped = 0;   // replies (and pushes) dropped: the peer had kServerSndHwm unread (rpc.cpp)
+    uint64_t requests_dropped = 0;  // requests of such a peer dropped unhandled for kUnreadBackoffMs (rpc.cpp)
   };
   const Counters& counters() const { return counters_; }
 
@@ -173,6 +175,9 @@ class RpcServer {
   std::unordered_map<std::string, RawHandler, TypeHash, std::equal_to<>> handlers_;
   std::atomic<bool> stop_{false};
   Counters counters_;
+  // Peers whose last reply was dropped for their unread backlog, and until when (steady ms) their requests are
+  // dropped without running a handler (its reply could not be queued either); at most kMaxUnreadPeers entries.
+  std::unordered_map<std::string, int64_t> unread_until_ms_;
 };
 
 // ---- The client: one asynchronous, pipelined core (AsyncClient) and its one-endpoint blocking facade ----

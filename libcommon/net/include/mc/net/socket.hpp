@@ -44,5 +44,7 @@ bool idle_connection_broken(int fd);
 
 // "host:port" of a socket address (IPv4 or IPv6; ":0" for other families), for log lines.
 std::string peer_name(const sockaddr_storage& ss);
+// The address alone ("127.0.0.2", "::1"; "" for other families): what per-address connection caps count by.
+std::string peer_address(const sockaddr_storage& ss);
 
 }  // namespace mc::net

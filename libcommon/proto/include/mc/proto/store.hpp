@@ -278,17 +278,25 @@ struct StoreObjectInfo {
   std::vector<std::string> media;
   MC_MESSAGE(key, size_bytes, complete, leased, pinned, segments, media);
 };
+// One page of a listing; truncated: more keys match after the last one here (ask again with it as start_after).
 struct StoreLsReply {
   std::vector<StoreObjectInfo> objects;
   bool truncated = false;
   MC_MESSAGE(objects, truncated);
 };
+// The objects whose keys start with prefix, in key order after start_after ("" = from the first): at most
+// min(limit, kStoreLsPageObjects) of them, and past the first about kStoreLsPageBytes of keys and segment names
+// (issue 51: one call costs the master one page, never a pass over the pool or an unbounded reply). A prefix
+// "shared/NS" naming a shared namespace lists that namespace only ("shared/NS/...").
+inline constexpr uint32_t kStoreLsPageObjects = 1000;
+inline constexpr size_t kStoreLsPageBytes = 64u << 10;
 struct StoreLsRequest {
   static constexpr const char* kType = "store.ls";
   using Reply = StoreLsReply;
   std::string prefix;
   uint32_t limit = 1000;
-  MC_MESSAGE(prefix, limit);
+  std::string start_after;
+  MC_MESSAGE(prefix, limit, start_after);
 };
 
 struct StoreSegmentStat {
