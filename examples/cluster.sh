@@ -405,7 +405,7 @@ export MC_LOG_LEVEL="$log_level"
 auth_dir=""
 if [[ "$auth" == 1 ]]; then
   auth_dir="$state/auth"
-  init_args=(--tenant default --tenant alice --tenant bob --shared public)
+  init_args=(--tenant default --tenant alice --tenant bob --tenant gateway --shared public)
   for ((i = 0; i < count[prefill]; i++)); do init_args+=(--worker "prefill$i"); done
   for ((i = 0; i < count[decode]; i++)); do init_args+=(--worker "decode$i"); done
   for ((i = 0; i < count[store]; i++)); do init_args+=(--node "node$i"); done
@@ -511,7 +511,7 @@ for h in "${!host_names[@]}"; do
   echo "cluster.sh: the gateway's HTTP port on ${host_addr[$h]} has no authentication (--allow-unauthenticated)" >&2
   # shellcheck disable=SC2046
   start "$h" gateway "$bin/mc-gateway" --listen "${host_addr[$h]}:0" --client-bind "tcp://${host_addr[$h]}:0" \
-    --conductor "$conductor" --model "$model" $(id_flags default) --allow-unauthenticated $(extra "$h" gateway)
+    --conductor "$conductor" --model "$model" $(id_flags gateway) --allow-unauthenticated $(extra "$h" gateway)
 done
 # The instances and the gateway start together (each needs only the Conductor and the master) and are waited for
 # here, in the order they were started.

@@ -332,7 +332,7 @@ auth_flags=()
 auth_dir=""
 if [[ "$auth" == 1 ]]; then
   auth_dir="$state/auth"
-  init_args=(--tenant default --tenant alice --tenant bob --shared public)
+  init_args=(--tenant default --tenant alice --tenant bob --tenant gateway --shared public)
   for ((i = 0; i < n_prefill; i++)); do init_args+=(--worker "prefill$i"); done
   for ((i = 0; i < n_decode; i++)); do init_args+=(--worker "decode$i"); done
   for ((i = 0; i < store_nodes; i++)); do init_args+=(--node "node$i"); done
@@ -485,7 +485,7 @@ done
 gateway_url=""
 if [[ "$gateway" == 1 ]]; then
   read -r -a extra_gateway_flags <<< "$gateway_args"
-  as default
+  as gateway  # a tenant of its own, whose key no client is handed (its users live in its namespace)
   start gateway "$bin/mc-gateway" --listen 127.0.0.1:0 --conductor "$conductor" --model "$model" \
     ${auth_flags[@]+"${auth_flags[@]}"} ${extra_gateway_flags[@]+"${extra_gateway_flags[@]}"}
 fi

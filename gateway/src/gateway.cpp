@@ -401,6 +401,11 @@ class Gateway {
       return it->second;
     }
     if (!o_.tenant_header.empty()) {
+      if (rq.get_header_value_count(o_.tenant_header) > 1) {
+        // A proxy that appends the header instead of replacing it would let the client name a tenant first.
+        *why = "the header '" + o_.tenant_header + "' comes more than once (the proxy in front must replace it)";
+        return std::nullopt;
+      }
       const std::string t = rq.get_header_value(o_.tenant_header);
       if (!valid_tenant_name(t)) {
         *why = "the header '" + o_.tenant_header +
@@ -1139,11 +1144,11 @@ Result<std::unordered_map<std::string, std::string>> load_api_keys(const std::st
   if (::stat(path.c_str(), &st) != 0) {
     return Status(Code::kNotFound, "--api-keys " + path + ": " + std::strerror(errno));
   }
-  if ((st.st_mode & (S_IROTH | S_IWOTH | S_IWGRP)) != 0) {
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
     return Status(Code::kInvalidArgument,
-                  "--api-keys " + path + ": readable or writable by other users (mode " + mode + "): chmod 600 it");
+                  "--api-keys " + path + ": open to other users (mode " + mode + "): chmod 600 it");
   }
   constexpr off_t kMaxFileBytes = 16 << 20;
   if (st.st_size > kMaxFileBytes) {

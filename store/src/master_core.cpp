@@ -31,6 +31,14 @@ Status MasterCore::validate_key(const std::string& key) const {
                                               " bytes exceeds the limit of " + std::to_string(config_.max_key_bytes) +
                                               " bytes");
   }
+  // Keys are printed by `mc-store ls` and logged: no control characters, which would forge lines or hide text in
+  // an operator's terminal (a tester's finding, issue 51).
+  for (const char c : key) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return Status(Code::kInvalidArgument, "object key holds a control character (byte " +
+                                                std::to_string(static_cast<unsigned char>(c)) + "): not accepted");
+    }
+  }
   return Status::ok();
 }
 
@@ -503,7 +511,7 @@ Status MasterCore::remove(const std::string& key) {
   return Status::ok();
 }
 
-Status MasterCore::pin(const std::string& key, int64_t ttl_ms) {
+Status MasterCore::pin(const std::string& key, int64_t ttl_ms, const std::string& caller_tenant) {
   MC_RETURN_IF_ERROR(validate_key(key));
   if (ttl_ms < 0 || ttl_ms > kMaxPinTtlMs) {
     return Status(Code::kInvalidArgument, "pin '" + key + "': TTL of " + std::to_string(ttl_ms) + " ms is outside 0.." +
@@ -517,6 +525,12 @@ Status MasterCore::pin(const std::string& key, int64_t ttl_ms) {
   if (!obj.complete) {
     return Status(Code::kObjectBusy,
                   "pin '" + key + "': object is being written by client '" + obj.writer + "'; retry after its put");
+  }
+  if (!caller_tenant.empty() && !obj.owner.empty() && obj.owner != caller_tenant) {
+    return Status(Code::kPermissionDenied, "pin '" + key + "': written by tenant '" + obj.owner + "', not '" +
+                                               caller_tenant +
+                                               "': a tenant pins only objects it wrote (the writer's quota pays "
+                                               "for them; ask that tenant to pin it)");
   }
   if (!obj.pinned) MC_RETURN_IF_ERROR(check_quota(key, obj.owner, obj.charged_bytes, true, nullptr, true));
   account(obj, -1);

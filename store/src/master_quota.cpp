@@ -21,6 +21,7 @@ void apply(TenantUsage& u, const TenantUsage& d, int sign) {
   one(u.puts, d.puts);
   one(u.put_bytes, d.put_bytes);
   one(u.objects, d.objects);
+  one(u.held_bytes, d.held_bytes);
 }
 
 std::string limit_text(uint64_t v) { return v == kQuotaNone ? "none" : std::to_string(v); }
@@ -82,6 +83,7 @@ void MasterCore::account(const Object& obj, int sign) {
   d.puts = obj.complete ? 0 : 1;
   d.put_bytes = obj.complete ? 0 : obj.charged_bytes;
   d.objects = 1;
+  d.held_bytes = obj.pinned || !obj.complete ? obj.charged_bytes : 0;
   apply(tenants_[obj.owner].usage, d, sign);
 }
 
@@ -115,6 +117,7 @@ Status MasterCore::check_quota(const std::string& key, const std::string& tenant
     TenantUsage d;
     d.bytes = replaced->charged_bytes;
     d.pinned_bytes = replaced->pinned ? replaced->charged_bytes : 0;
+    d.held_bytes = d.pinned_bytes;
     d.objects = 1;  // a complete object: no unfinished put to credit
     apply(u, d, -1);
   }
@@ -136,11 +139,21 @@ Status MasterCore::check_quota(const std::string& key, const std::string& tenant
                       "; remove, unpin or finish objects, or ask the admin to raise it (mc-store quota set " + tenant +
                       " " + item + ":...)");
   };
+  // With both left at the default, what a tenant holds that eviction cannot take (pinned bytes and unfinished puts)
+  // is bounded together by the default share, so one tenant never holds the whole pool with half in each (a tester's
+  // finding). Each object counts once, pinned or unfinished or both (TenantUsage::held_bytes).
+  const auto held_together = [&]() -> std::optional<Status> {
+    if (set.pinned_bytes != kQuotaDefault || set.put_bytes != kQuotaDefault || l.pinned_bytes == kQuotaNone) {
+      return std::nullopt;
+    }
+    return over("pinned and unfinished put bytes together", "pinned", u.held_bytes, charged, l.pinned_bytes, true);
+  };
   if (pin_only) {
     if (auto s = over("pinned bytes", "pinned", u.pinned_bytes, charged, l.pinned_bytes,
                       set.pinned_bytes == kQuotaDefault)) {
       return *s;
     }
+    if (auto s = held_together()) return *s;
     return Status::ok();
   }
   if (auto s = over("objects", "objects", u.objects, 1, l.objects, false)) return *s;
@@ -156,6 +169,7 @@ Status MasterCore::check_quota(const std::string& key, const std::string& tenant
       return *s;
     }
   }
+  if (auto s = held_together()) return *s;
   return Status::ok();
 }
 

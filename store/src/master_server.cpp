@@ -636,7 +636,7 @@ void MasterServer::Impl::register_handlers() {
     MC_ASSIGN_OR_RETURN(const std::vector<std::string> keys, refused_keys(ctx, req.keys));
     StoreItemsReply reply;
     for (const std::string& k : keys) {
-      Status st = core.pin(k, req.ttl_ms);
+      Status st = core.pin(k, req.ttl_ms, tenant_of(ctx));
       log_quota_refusal(ctx, st);
       add_item(reply, st);
     }

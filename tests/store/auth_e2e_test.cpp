@@ -474,6 +474,15 @@ TEST(AuthSetup, AKeyDirectoryOtherUsersCanWriteOrReadTheSecretsOfIsRefused) {
   EXPECT_EQ(rc2, 2) << out2;
   EXPECT_NE(out2.find("alice.secret is open to other users (mode 644)"), std::string::npos) << out2;
   EXPECT_NE(out2.find("chmod 600"), std::string::npos) << out2;
+  // A roster another user owns is theirs to change, whatever its mode.
+  ASSERT_EQ(::chmod((keys / "ids" / "alice.secret").c_str(), 0600), 0);
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown((keys / "roster").c_str(), 65534, 65534), 0);
+    auto [rc3, out3] =
+        run("mc-store", {"stat", "--master", "tcp://127.0.0.1:1", "--auth-dir", keys.string(), "--auth-name", "alice"});
+    EXPECT_EQ(rc3, 2) << out3;
+    EXPECT_NE(out3.find("roster is owned by uid 65534"), std::string::npos) << out3;
+  }
 }
 
 TEST(AuthConductorE2E, AnInstanceIdBelongsToItsFirstKeyAndTenantsCannotRegister) {

@@ -952,14 +952,12 @@ TEST_F(HaAuthClusterE2E, EtcdAdmitsOnlyTheClusterCertificateAndServesThroughATak
   }
   // Nor its peer port (local-cluster.sh: the client port + 1), which answers /members: plain HTTP gets nothing, and
   // TLS without a certificate the cluster's CA signed is refused (issue 51).
-  const std::string peer =
-      "127.0.0.1:" + std::to_string(std::stoi(ep.substr(ep.rfind(':') + 1)) + 1);
+  const std::string peer = "127.0.0.1:" + std::to_string(std::stoi(ep.substr(ep.rfind(':') + 1)) + 1);
   const testkit::RunResult peer_plain =
       testkit::run({"curl", "-sS", "--max-time", "5", "http://" + peer + "/members"}, 20'000);
   EXPECT_EQ(peer_plain.out.find("peerURLs"), std::string::npos) << peer_plain.out;
-  const testkit::RunResult peer_anon =
-      testkit::run({"curl", "-sS", "--max-time", "5", "--cacert", keys() + "/etcd/ca.pem", "https://" + peer + "/members"},
-                   20'000);
+  const testkit::RunResult peer_anon = testkit::run(
+      {"curl", "-sS", "--max-time", "5", "--cacert", keys() + "/etcd/ca.pem", "https://" + peer + "/members"}, 20'000);
   EXPECT_NE(peer_anon.exit_code, 0) << peer_anon.out;
   EXPECT_EQ(peer_anon.out.find("peerURLs"), std::string::npos) << peer_anon.out;
   auto still = c.range(leader_key);

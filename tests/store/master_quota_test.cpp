@@ -104,6 +104,15 @@ TEST_F(MasterQuotaTest, UsageFollowsPutPutEndOverwritePinAndRemove) {
   t = tenant("bob");
   EXPECT_EQ(t.usage.bytes, 4 * kMiB);
   EXPECT_EQ(t.usage.objects, 2u);
+  // A key with a control character is refused (it would forge lines where `mc-store ls` prints it).
+  EXPECT_EQ(put("tenant/bob/a\nkv/forged \x1b[8m", 1 * kMiB, as("bob")).code(), Code::kInvalidArgument);
+  // Alice may not pin bob's shared object: his quota would pay for her pin (a tester's finding).
+  Status foreign = core_.pin("shared/team/x", 0, "alice");
+  EXPECT_EQ(foreign.code(), Code::kPermissionDenied) << foreign.to_string();
+  EXPECT_NE(foreign.message().find("written by tenant 'bob'"), std::string::npos) << foreign.message();
+  EXPECT_EQ(tenant("bob").usage.pinned_bytes, 0u);
+  ASSERT_TRUE(core_.pin("shared/team/x", 0, "bob").is_ok());
+  ASSERT_TRUE(core_.unpin("shared/team/x").is_ok());
   ASSERT_TRUE(core_.remove("tenant/bob/a").is_ok());
   ASSERT_TRUE(core_.remove("shared/team/x").is_ok());
   t = tenant("bob");
@@ -171,6 +180,11 @@ TEST_F(MasterQuotaDefaultTest, NoTenantHoldsMoreThanHalfTheDramPinnedOrUnfinishe
   EXPECT_EQ(s.code(), Code::kResourceExhausted);
   EXPECT_NE(s.message().find("the default with keys: 50% of the pool's DRAM capacity"), std::string::npos)
       << s.message();
+  // Pinned and unfinished together: half, not half each (else one tenant holds the whole pool).
+  s = start("tenant/bob/w0", 1 * kMiB, as("bob")).status();
+  EXPECT_EQ(s.code(), Code::kResourceExhausted);
+  EXPECT_NE(s.message().find("pinned and unfinished put bytes together"), std::string::npos) << s.message();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(core_.remove("tenant/bob/p" + std::to_string(i)).is_ok()) << i;
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(start("tenant/bob/w" + std::to_string(i), 8 * kMiB, as("bob")).is_ok()) << i;
   }

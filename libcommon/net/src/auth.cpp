@@ -1,6 +1,7 @@
 #include "mc/net/auth.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -54,6 +55,12 @@ Result<std::string> read_text(const std::string& path) {
 Status check_key_mode(const std::string& path, bool secret) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Status::ok();
+  // Another user who owns it can change it at will, whatever its mode (root's and this user's are trusted).
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return Status(Code::kPermissionDenied, path + " is owned by uid " + std::to_string(st.st_uid) +
+                                               ", neither this user (uid " + std::to_string(::geteuid()) +
+                                               ") nor root: whoever owns it can change the cluster's keys; chown it");
+  }
   const mode_t bad = secret ? (S_IRWXG | S_IRWXO) : (S_IWGRP | S_IWOTH);
   if ((st.st_mode & bad) == 0) return Status::ok();
   char mode[8];

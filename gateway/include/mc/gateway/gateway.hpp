@@ -70,7 +70,7 @@ struct GatewayOptions {
 
 // --api-keys: KEY -> TENANT. KEY: 16 to 256 printable ASCII characters without space; TENANT: [A-Za-z0-9_.-]{1,64}.
 // kInvalidArgument naming the file and line; kNotFound when it cannot be read. A file readable by other OS users is
-// refused (mode 0600 or 0640 expected), as an ssh key is.
+// refused (mode 0600 expected), as an ssh key is.
 Result<std::unordered_map<std::string, std::string>> load_api_keys(const std::string& path);
 
 // Checks the options (kInvalidArgument naming the flag); the model's tokenizer is loaded (once) by run_gateway.

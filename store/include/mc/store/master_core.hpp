@@ -122,6 +122,7 @@ inline constexpr uint64_t kQuotaNone = UINT64_MAX;
 // for (DRAM or SSD alike); puts and put_bytes are the unfinished puts; objects counts complete and unfinished ones.
 struct TenantUsage {
   uint64_t bytes = 0, pinned_bytes = 0, puts = 0, put_bytes = 0, objects = 0;
+  uint64_t held_bytes = 0;  // pinned or unfinished, each object once: what eviction cannot take (the default's bound)
 };
 // Limits per dimension, kQuotaDefault where not set.
 struct QuotaLimits {
@@ -410,8 +411,9 @@ class MasterCore {
   // Pins a complete object: ttl_ms 0 until unpin, > 0 a soft pin ending ttl_ms from now (replacing an
   // earlier pin of the key). kObjectNotFound naming the key when it does not exist, kObjectBusy while it is
   // being written, kInvalidArgument for a bad key or ttl_ms < 0, kResourceExhausted when pinning it would take its
-  // tenant over its quota of pinned bytes.
-  Status pin(const std::string& key, int64_t ttl_ms);
+  // tenant over its quota of pinned bytes. caller_tenant (a tenant's client; "" another role): kPermissionDenied when
+  // another tenant wrote the object (a shared namespace's), whose quota the pin would charge.
+  Status pin(const std::string& key, int64_t ttl_ms, const std::string& caller_tenant = "");
   // Ends the pin of an object (no-op when it has none); kObjectNotFound naming the key when absent.
   Status unpin(const std::string& key);
   // One page of the objects whose keys start with `prefix`, in key order, from the first key after `start_after`
