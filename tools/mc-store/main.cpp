@@ -258,21 +258,19 @@ int main(int argc, char** argv) {
                    "Ask this storage node (its RPC endpoint, in its ready line) for its own counters instead")
       ->envname("MC_STORE_NODE");
   mc::cli::add_json_flag(*stat_cmd, admin.json, "Print JSON");
-  auto* quota_cmd = app.add_subcommand("quota", "Quotas per tenant: set (admin key) and ls (usage and limits)");
-  quota_cmd->require_subcommand(1);
-  std::string quota_tenant, quota_limits;
-  auto* quota_set_cmd =
-      quota_cmd->add_subcommand("set", "Set TENANT's limits (the dimensions not named keep theirs; admin key)");
-  quota_set_cmd->add_option("TENANT", quota_tenant, "The tenant, as in the roster")->required();
-  quota_set_cmd
-      ->add_option("LIMITS", quota_limits,
-                   "bytes:SIZE,pinned:SIZE,puts:N,put-bytes:SIZE,objects:N (any subset; VALUE 'default' resets)")
-      ->required();
-  auto* quota_ls_cmd = quota_cmd->add_subcommand("ls", "Each tenant's usage/limit of every quota and its refusals");
-  for (auto* cmd : {quota_set_cmd, quota_ls_cmd}) {
-    add_master_flag(cmd, admin.client);
-    mc::cli::add_json_flag(*cmd, admin.json, "Print JSON");
-  }
+  // One subcommand whose first word is the action (so its flags are the subcommand's, as every other one's).
+  auto* quota_cmd = app.add_subcommand(
+      "quota",
+      "Quotas per tenant: 'quota ls' (each tenant's usage/limit and refusals) or 'quota set TENANT LIMITS' "
+      "(the dimensions not named keep theirs; admin key)");
+  std::string quota_action, quota_tenant, quota_limits;
+  quota_cmd->add_option("ACTION", quota_action, "ls or set")->required()->check(CLI::IsMember({"ls", "set"}));
+  quota_cmd->add_option("TENANT", quota_tenant, "With set: the tenant, as in the roster");
+  quota_cmd->add_option("LIMITS", quota_limits,
+                        "With set: bytes:SIZE,pinned:SIZE,puts:N,put-bytes:SIZE,objects:N (any subset; VALUE "
+                        "'default' resets)");
+  add_master_flag(quota_cmd, admin.client);
+  mc::cli::add_json_flag(*quota_cmd, admin.json, "Print JSON");
   mc::store::WatchOptions watch;
   auto* watch_cmd = app.add_subcommand("watch", "Print KV events (stored/removed/cleared) as JSONL");
   watch_cmd->add_option("--events", watch.events, "KV event endpoint of the master")
@@ -332,8 +330,7 @@ int main(int argc, char** argv) {
   mc::cli::add_metrics_flags(*serve_cmd, node.metrics_listen);
   mc::cli::add_auth_flags(*master_cmd, "master");
   mc::cli::add_auth_flags(*serve_cmd, "node");
-  for (auto* cmd : {put_cmd, get_cmd, rm_cmd, pin_cmd, unpin_cmd, ls_cmd, stat_cmd, watch_cmd, bench_cmd, quota_set_cmd,
-                    quota_ls_cmd}) {
+  for (auto* cmd : {put_cmd, get_cmd, rm_cmd, pin_cmd, unpin_cmd, ls_cmd, stat_cmd, watch_cmd, bench_cmd, quota_cmd}) {
     mc::cli::add_auth_flags(*cmd, "admin");
   }
   if (int rc = mc::cli::parse(app, argc, argv); rc >= 0) return rc;
@@ -365,12 +362,24 @@ int main(int argc, char** argv) {
                            admin.json);
   }
   if (stat_cmd->parsed()) return mc::cli::report("mc-store stat", mc::store::admin_stat(admin, std::cout), admin.json);
-  if (quota_set_cmd->parsed()) {
+  if (quota_cmd->parsed() && quota_action == "set") {
+    if (quota_tenant.empty() || quota_limits.empty()) {
+      return mc::cli::report("mc-store quota set",
+                             mc::Status(mc::Code::kInvalidArgument,
+                                        "give TENANT and LIMITS (e.g. mc-store quota set bob pinned:1GiB,puts:64)"),
+                             admin.json);
+    }
     return mc::cli::report("mc-store quota set",
                            mc::store::admin_quota_set(admin, quota_tenant, quota_limits, std::cout), admin.json);
   }
-  if (quota_ls_cmd->parsed())
+  if (quota_cmd->parsed()) {
+    if (!quota_tenant.empty()) {
+      return mc::cli::report("mc-store quota ls",
+                             mc::Status(mc::Code::kInvalidArgument, "quota ls takes no TENANT (it lists every one)"),
+                             admin.json);
+    }
     return mc::cli::report("mc-store quota ls", mc::store::admin_quota_ls(admin, std::cout), admin.json);
+  }
   if (watch_cmd->parsed())
     return mc::cli::report("mc-store watch", mc::store::admin_watch(watch, std::cout, std::cerr));
   if (bench_cmd->parsed()) {
