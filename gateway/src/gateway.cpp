@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include <sodium.h>
+
 #include "mc/common/block_key.hpp"
 #include "mc/common/clock.hpp"
 #include "mc/common/daemon.hpp"
@@ -130,14 +132,17 @@ class ClientPool {
   std::vector<std::unique_ptr<rpc::RpcClient>> free_;
 };
 
+// n hex digits from libsodium's generator (unpredictable, seeded by the kernel, no system call per id).
 std::string random_hex(size_t n) {
-  std::random_device rd;  // the kernel's generator: 32 bits a call, 8 digits of them
+  std::string bytes((n + 1) / 2, '\0');
+  randombytes_buf(bytes.data(), bytes.size());
   std::string s;
   static constexpr char kHex[] = "0123456789abcdef";
-  for (uint32_t bits = 0; s.size() < n; bits >>= 4) {
-    if (s.size() % 8 == 0) bits = rd();
-    s.push_back(kHex[bits & 15]);
+  for (const char c : bytes) {
+    s.push_back(kHex[(static_cast<unsigned char>(c) >> 4) & 15]);
+    s.push_back(kHex[static_cast<unsigned char>(c) & 15]);
   }
+  s.resize(n);
   return s;
 }
 
@@ -159,6 +164,7 @@ class Gateway {
  public:
   Gateway(GatewayOptions options, Tokenizer tokenizer, std::unordered_map<std::string, std::string> api_keys)
       : o_(std::move(options)), tok_(std::move(tokenizer)), pool_(o_.conductor), api_keys_(std::move(api_keys)) {
+    if (sodium_init() < 0) MC_LOG_ERROR << "mc-gateway: libsodium failed to initialise (request ids)";
     if (o_.served_model_name.empty()) o_.served_model_name = tok_.model();
     for (const std::string& a : o_.adapters) {
       const size_t at = a.find('@');
