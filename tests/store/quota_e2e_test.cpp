@@ -22,6 +22,7 @@
 #include "mc/proto/store.hpp"
 #include "mc/testkit/process.hpp"
 #include "mc/testkit/wait.hpp"
+#include "tool_run.hpp"
 
 namespace mc {
 namespace MC_UNITY_ID {
@@ -30,38 +31,11 @@ namespace fs = std::filesystem;
 const std::string kBin = MC_BINARY_DIR "/bin/";
 constexpr uint64_t kMiB = 1 << 20;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/mc-quota-e2e.XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : store_e2e::TempDir {
+  TempDir() : store_e2e::TempDir("quota-e2e") {}
 };
-
-// Runs a tool to completion: (exit code, stdout + stderr).
-std::pair<int, std::string> run(const std::string& tool, const std::vector<std::string>& args) {
-  std::string cmd = kBin + tool;
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1 < /dev/null";
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  const int st = pclose(f);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using store_e2e::read_file;
+using store_e2e::run;
 
 // GET http://HOST:PORT/metrics (a plain HTTP/1.0 request; 3 s receive timeout): the body, or "" on failure.
 std::string get_metrics(const std::string& url) {
