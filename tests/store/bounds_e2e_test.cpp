@@ -93,7 +93,8 @@ struct TempDir {
 class BoundsE2E : public ::testing::Test {
  protected:
   void start_master(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {kBin, "master", "--listen", "tcp://127.0.0.1:0", "--tick-ms", "50"};
+    std::vector<std::string> args = {kBin,       "master", "--listen",  "tcp://127.0.0.1:0",
+                                     "--events", "",       "--tick-ms", "50"};
     args.insert(args.end(), extra.begin(), extra.end());
     testkit::ChildOptions o;
     o.stderr_path = (tmp_.path / "master.err").string();
