@@ -152,14 +152,6 @@ std::string sse(const json& doc) {
   return "data: " + doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
-bool valid_tenant_name(std::string_view t) {
-  if (t.empty() || t.size() > 64) return false;
-  return std::all_of(t.begin(), t.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-           c == '-';
-  });
-}
-
 class Gateway {
  public:
   Gateway(GatewayOptions options, Tokenizer tokenizer, std::unordered_map<std::string, std::string> api_keys)
@@ -413,7 +405,7 @@ class Gateway {
         return std::nullopt;
       }
       const std::string t = rq.get_header_value(o_.tenant_header);
-      if (!valid_tenant_name(t)) {
+      if (!auth::valid_name(t)) {
         *why = "the header '" + o_.tenant_header +
                "' must name the request's tenant ([A-Za-z0-9_.-]{1,64}; set by the " +
                "proxy in front of mc-gateway, --tenant-header)";
@@ -1177,7 +1169,7 @@ Result<std::unordered_map<std::string, std::string>> load_api_keys(const std::st
       return Status(Code::kInvalidArgument,
                     where + ": a key is 16 to 256 printable ASCII characters (e.g. " + "`openssl rand -hex 24`)");
     }
-    if (!valid_tenant_name(tenant)) {
+    if (!auth::valid_name(tenant)) {
       return Status(Code::kInvalidArgument, where + ": tenant '" + tenant + "' is not [A-Za-z0-9_.-]{1,64}");
     }
     if (!keys.emplace(key, tenant).second) return Status(Code::kInvalidArgument, where + ": the key comes twice");

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -37,31 +38,13 @@ struct TempDir : store_e2e::TempDir {
 using store_e2e::read_file;
 using store_e2e::run;
 
-// GET http://HOST:PORT/metrics (a plain HTTP/1.0 request; 3 s receive timeout): the body, or "" on failure.
+// GET URL/metrics (cpp-httplib, 3 s timeouts): the body, or "" on failure.
 std::string get_metrics(const std::string& url) {
-  const std::string host_port = url.substr(url.find("//") + 2);
-  const size_t colon = host_port.rfind(':');
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
-  inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &sa.sin_addr);
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{3, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: " + host_port + "\r\n\r\n";
-    if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-      char buf[4096];
-      for (int i = 0; i < 4096; ++i) {  // bounded: at most 16 MiB
-        const ssize_t n = recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) break;
-        out.append(buf, static_cast<size_t>(n));
-      }
-    }
-  }
-  close(fd);
-  return out;
+  httplib::Client c(url);
+  c.set_connection_timeout(3, 0);
+  c.set_read_timeout(3, 0);
+  auto r = c.Get("/metrics");
+  return r && r->status == 200 ? r->body : std::string();
 }
 
 std::string ready_field(const std::string& line, const std::string& key) {

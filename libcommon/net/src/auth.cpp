@@ -31,14 +31,6 @@ namespace {
 constexpr const char* kRoleNames[kRoleCount] = {"client", "storage", "worker", "conductor", "master", "admin"};
 constexpr const char* kRemedy = " (make the directory with `mc-auth init DIR`)";
 
-bool valid_name(std::string_view s) {
-  if (s.empty() || s.size() > 64) return false;
-  for (const char c : s) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == '-')) return false;
-  }
-  return true;
-}
-
 Result<std::string> read_text(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status(Code::kNotFound, "cannot read " + path + ": " + std::strerror(errno) + kRemedy);
@@ -268,6 +260,14 @@ uint32_t roles_of(std::string_view type) {
 }
 
 }  // namespace
+
+bool valid_name(std::string_view s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (const char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == '-')) return false;
+  }
+  return true;
+}
 
 std::string_view role_name(Role role) { return kRoleNames[static_cast<int>(role)]; }
 

@@ -40,6 +40,9 @@ std::string_view role_name(Role role);  // "client", "storage", "worker", "condu
 // kInvalidArgument naming the word and the roles for anything else.
 Result<Role> parse_role(std::string_view name);
 
+// A roster name, tenant or shared namespace: [A-Za-z0-9_.-]{1,64}.
+bool valid_name(std::string_view s);
+
 struct Identity {
   std::string name;                 // [A-Za-z0-9_.-]{1,64}, unique in the roster
   Role role = Role::kClient;        //
