@@ -87,6 +87,18 @@ class GatewayE2E : public testkit::LocalClusterFixture {
 
   static json body_of(const httplib::Result& r) { return json::parse(r->body, nullptr, false); }
 
+  // A chat completion whose system prompt is long enough (3,000 tokens: about 70 ms of modelled prefill, 3.8 MB of sim
+  // KV) that the Conductor fetches it from the pool rather than recompute it, even under full-suite load (a prompt of
+  // 120 tokens was cheaper to recompute: scheduler.cpp plan_prefix with its refitted prefill model).
+  static json long_prefix_chat() {
+    return {{"model", "llama3-70b"},
+            {"messages",
+             {{{"role", "system"}, {"content", std::string(3000, 's')}},
+              {{"role", "user"}, {"content", "What is prefill?"}}}},
+            {"max_tokens", 4},
+            {"ignore_eos", true}};
+  }
+
   // The gateway's counter `name` from its /metrics (-1 when absent).
   double gateway_metric(const std::string& name) {
     auto r = client().Get("/metrics");
@@ -165,16 +177,8 @@ TEST_F(GatewayE2E, CompletionsChatStreamsErrorsAndTheOperatorEndpoints) {
   EXPECT_EQ(doc["choices"][1]["index"], 1);
   EXPECT_EQ(doc["usage"]["completion_tokens"], 8);
 
-  // A chat completion; the same prompt again finds its complete blocks in the pool (cached_tokens). The Conductor
-  // plans a fetch only where it beats recomputing (scheduler.cpp plan_prefix, with its refitted prefill model): a
-  // system prompt of 120 tokens was, under full-suite load, cheaper to recompute than to fetch at this time scale, so
-  // the prefix is long (3,000 tokens: about 70 ms of modelled prefill, 3.8 MB of sim KV).
-  const json chat = {{"model", "llama3-70b"},
-                     {"messages",
-                      {{{"role", "system"}, {"content", std::string(3000, 's')}},
-                       {{"role", "user"}, {"content", "What is prefill?"}}}},
-                     {"max_tokens", 4},
-                     {"ignore_eos", true}};
+  // A chat completion; the same prompt again finds its complete blocks in the pool (cached_tokens).
+  const json chat = long_prefix_chat();
   r = post("/v1/chat/completions", chat);
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
   doc = body_of(r);
@@ -436,13 +440,8 @@ TEST_F(GatewayE2E, EachApiKeyIsATenantWhosePrefixesAndCachedTokensAreItsOwn) {
             std::string::npos)
       << testkit::slurp(state + "/gateway.log");
 
-  // Alice's long system prompt (see CompletionsChatStreams... for why 3,000 tokens) comes back cached for her.
-  const json chat = {{"model", "llama3-70b"},
-                     {"messages",
-                      {{{"role", "system"}, {"content", std::string(3000, 's')}},
-                       {{"role", "user"}, {"content", "What is prefill?"}}}},
-                     {"max_tokens", 4},
-                     {"ignore_eos", true}};
+  // Alice's long system prompt comes back cached for her.
+  const json chat = long_prefix_chat();
   auto cached_of = [&](const httplib::Result& r) -> int64_t {
     if (!r || r->status != 200) return -1;
     return body_of(r)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
