@@ -114,6 +114,9 @@ nlohmann::json decision_record(const Request& r, const Decision& d, std::span<co
     }
     dec["stages"] = std::move(stages);
     dec["single_ttft_ms"] = d.single_ttft_ms;
+  } else if (!d.pipeline_declined.empty()) {
+    dec["pipeline_declined"] = d.pipeline_declined;
+    if (d.group_ttft_ms > 0) dec["group_ttft_ms"] = d.group_ttft_ms;
   }
   if (!estimates.empty()) {
     nlohmann::json all = nlohmann::json::array();

@@ -566,7 +566,12 @@ void Scheduler::choose_prefill(const Request& request, Decision& d) {
 void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   const PipelineConfig& pc = config_.pipeline;
   const auto x = static_cast<size_t>(std::max<int64_t>(pc.group_size, 1));
-  if (x < 2 || estimates_.size() < x || pc.chunk_tokens < 1 || pc.model_layers < static_cast<int64_t>(x)) return;
+  if (x < 2 || pc.chunk_tokens < 1 || pc.model_layers < static_cast<int64_t>(x)) return;
+  auto decline = [&d](const char* rule, double group_ttft_ms = 0) {
+    d.pipeline_declined = rule;
+    d.group_ttft_ms = group_ttft_ms;
+  };
+  if (estimates_.size() < x) return decline("members");
   const int64_t B = config_.kv.block_size_tokens;
   // The members: the x shortest queues, kept in registration order (the pipeline order: every group's stages
   // ascend in one order, so two groups never wait on each other's stages, DESIGN.md §18).
@@ -576,7 +581,7 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
     const Instance* inst = cluster_.find(estimates_[i].instance_id);
     if (inst != nullptr && inst->info.runs_pipeline_stages) order.push_back(i);
   }
-  if (order.size() < x) return;
+  if (order.size() < x) return decline("members");
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return estimates_[a].queue_ms < estimates_[b].queue_ms; });
   order.resize(x);
@@ -585,10 +590,10 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   const size_t plan_of = order[0];
   const PrefillEstimate& plan = estimates_[plan_of];
   // A pending prefix exists only behind its job on that one instance; a group starts at its decision time's key.
-  if (plan.pending_blocks > 0) return;
+  if (plan.pending_blocks > 0) return decline("pending_prefix");
   const int64_t cached = std::min(plan.reused_blocks * B, request.input_tokens - 1);
   const int64_t fresh = request.input_tokens - cached;
-  if (fresh <= pc.chunk_tokens) return;  // one chunk: nothing to overlap
+  if (fresh <= pc.chunk_tokens) return decline("one_chunk");  // nothing to overlap
   model::PipelineShape shape;
   shape.stage_layers = model::even_stage_layers(pc.model_layers, static_cast<int64_t>(x)).value();
   shape.chunk_tokens = pc.chunk_tokens;
@@ -609,21 +614,21 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
     held_s += std::max(0.0, t.stage_end_s[s] - ready_s[s]);
     busy_s += t.stage_busy_s[s];
   }
-  if (busy_s < pc.min_efficiency * held_s) return;
+  if (busy_s < pc.min_efficiency * held_s) return decline("efficiency", ttft_ms);
   // Only on members about free: behind long queues (a saturated cluster) a group's idle time costs the queue
   // more than it saves this request.
   const double latest_ready_s = *std::max_element(ready_s.begin(), ready_s.end());
   const double free_bound_ms = pc.max_queue_fraction * (t.ttft_s - latest_ready_s) * 1e3;
-  if (latest_ready_s * 1e3 > free_bound_ms) return;
+  if (latest_ready_s * 1e3 > free_bound_ms) return decline("queue", ttft_ms);
   // And as many others about free beside them (reserve_factor x X in all): while the group holds X instances the
   // requests arriving meanwhile have only the rest, and on a busy pool that is where their TTFT goes.
   const auto free = static_cast<size_t>(std::count_if(
       estimates_.begin(), estimates_.end(), [&](const PrefillEstimate& e) { return e.queue_ms <= free_bound_ms; }));
-  if (static_cast<double>(free) < pc.reserve_factor * static_cast<double>(x)) return;
-  if (ttft_ms > (1.0 - pc.min_ttft_gain) * single_ttft_ms) return;
+  if (static_cast<double>(free) < pc.reserve_factor * static_cast<double>(x)) return decline("reserve", ttft_ms);
+  if (ttft_ms > (1.0 - pc.min_ttft_gain) * single_ttft_ms) return decline("gain", ttft_ms);
   // What the group takes from the requests behind its members: its members' held time beyond the work itself (fill,
   // bubbles, waiting for a slower member). Worth it only when this request gains more than that.
-  if (single_ttft_ms - ttft_ms < pc.waste_weight * (held_s - busy_s) * 1e3) return;
+  if (single_ttft_ms - ttft_ms < pc.waste_weight * (held_s - busy_s) * 1e3) return decline("waste", ttft_ms);
   PrefillEstimate lead = estimates_[order[0]];
   lead.remote_sources = estimate_plans_[plan_of]->remote_sources;
   lead.reused_blocks = plan.reused_blocks;
@@ -639,6 +644,8 @@ void Scheduler::consider_pipeline(const Request& request, Decision& d) const {
   d.prefill = std::move(lead);
   d.predicted_ttft_ms = ttft_ms;
   d.single_ttft_ms = single_ttft_ms;
+  d.pipeline_declined.clear();
+  d.group_ttft_ms = 0;
   d.stages.clear();
   int64_t first_layer = 0;
   for (size_t s = 0; s < x; ++s) {
@@ -678,6 +685,9 @@ std::string Scheduler::explain_prefill(const Decision& d, const PrefillEstimate*
                    static_cast<long long>(st.first_layer), static_cast<long long>(st.first_layer + st.layers - 1),
                    st.ready_ms, st.end_ms);
     }
+  } else if (d.group_ttft_ms > 0) {
+    group =
+        fmt("; no pipelined group (rule %s; the group's ttft %.1f ms)", d.pipeline_declined.c_str(), d.group_ttft_ms);
   }
   return explain_single(d, holder, pool_len) + group;
 }

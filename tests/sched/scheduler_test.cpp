@@ -810,7 +810,21 @@ TEST_F(SchedulerTest, PipelineGroupForALongPromptOnIdleInstances) {
   {
     // By default a group of 2 needs 4 instances about free (itself and as many for the others): 2 are not enough.
     auto strict = make("kvcache", cfg);
-    EXPECT_TRUE(strict->decide(request("long", 100'000, 10, 0)).stages.empty());
+    const Decision d = strict->decide(request("long", 100'000, 10, 0));
+    EXPECT_TRUE(d.stages.empty());
+    EXPECT_EQ(d.pipeline_declined, "reserve");
+    EXPECT_NEAR(d.group_ttft_ms, 5'050.0, 1.0);
+    EXPECT_NE(d.reason.find("no pipelined group (rule reserve"), std::string::npos) << d.reason;
+  }
+  {
+    // A group that saves 49.5 % is declined where 50 % is asked.
+    SchedulerConfig greedy = cfg;
+    greedy.pipeline.reserve_factor = 1.0;
+    greedy.pipeline.min_ttft_gain = 0.5;
+    auto strict = make("kvcache", greedy);
+    const Decision d = strict->decide(request("long", 100'000, 10, 0));
+    EXPECT_TRUE(d.stages.empty());
+    EXPECT_EQ(d.pipeline_declined, "gain");
   }
   cfg.pipeline.reserve_factor = 1.0;
   auto s = make("kvcache", cfg);
@@ -825,6 +839,7 @@ TEST_F(SchedulerTest, PipelineGroupForALongPromptOnIdleInstances) {
   EXPECT_EQ(d.stages[1].first_layer, 40);
   EXPECT_NEAR(d.predicted_ttft_ms, 5'050.0, 1.0);
   EXPECT_NEAR(d.single_ttft_ms, 10'000.0, 1.0);
+  EXPECT_TRUE(d.pipeline_declined.empty()) << d.pipeline_declined;
   EXPECT_NE(d.reason.find("pipelined over 2 stages"), std::string::npos) << d.reason;
   // Both stages are booked: each instance's queue is its stage's span.
   EXPECT_NEAR(s->queue_ms(*s->cluster().find("P0")), 5'000.0, 1.0);
@@ -844,11 +859,14 @@ TEST_F(SchedulerTest, PipelineGroupForALongPromptOnIdleInstances) {
   Decision one = s->decide(request("short", 1'000, 10, 0));
   ASSERT_TRUE(one.accepted);
   EXPECT_TRUE(one.stages.empty());
+  EXPECT_EQ(one.pipeline_declined, "one_chunk");
+  EXPECT_EQ(one.group_ttft_ms, 0.0);
   // A member behind a 20 s queue: no group (it would idle P0 while that queue drains).
   load(*s, "P1", 20'000);
   Decision busy = s->decide(request("long2", 100'000, 10, 0));
   ASSERT_TRUE(busy.accepted) << busy.reason;
   EXPECT_TRUE(busy.stages.empty()) << busy.reason;
+  EXPECT_EQ(busy.pipeline_declined, "queue");
   EXPECT_EQ(busy.prefill_id, "P0");
 }
 
@@ -870,6 +888,7 @@ TEST_F(SchedulerTest, PipelineGroupsOnlyInstancesThatRunStages) {
   Decision d = s->schedule(request("long", 100'000, 10, 0));
   ASSERT_TRUE(d.accepted) << d.reason;
   EXPECT_TRUE(d.stages.empty()) << d.reason;
+  EXPECT_EQ(d.pipeline_declined, "members");
 }
 
 TEST_F(SchedulerTest, PipelineOffByDefault) {
@@ -878,6 +897,7 @@ TEST_F(SchedulerTest, PipelineOffByDefault) {
   ASSERT_TRUE(d.accepted);
   EXPECT_TRUE(d.stages.empty());
   EXPECT_EQ(d.single_ttft_ms, 0.0);
+  EXPECT_TRUE(d.pipeline_declined.empty());  // grouping off: no rule declined anything
 }
 
 // ---- Pending prefixes and load-priced placement (issue 24 item 2; DESIGN.md §10) ----

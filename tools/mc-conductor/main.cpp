@@ -116,6 +116,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 64.0));
   serve
+      ->add_option("--pipeline-min-gain", o.scheduler.pipeline.min_ttft_gain,
+                   "Fraction of the best single instance's predicted TTFT a group must save to be chosen (0 to 1; "
+                   "the decision log names the rule that declined a group: pipeline_declined)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  serve
       ->add_option("--overload-queue-ms", o.scheduler.overload_queue_ms,
                    "Queue (ms) above which a prefix holder counts as overloaded (hot-prefix replication)")
       ->capture_default_str();

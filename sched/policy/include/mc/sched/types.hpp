@@ -262,6 +262,12 @@ struct Decision {
   // start (the last stage ready), prefill_ms the pipeline's span, ttft_ms the last stage's end.
   std::vector<StageEstimate> stages;
   double single_ttft_ms = 0;  // the best single instance's predicted TTFT when a group was chosen, else 0
+  // With grouping on (group_size > 1) and no group chosen: the rule that declined it (PipelineConfig's order):
+  // "members" (fewer instances running stages than group_size), "pending_prefix", "one_chunk", "efficiency",
+  // "queue" (max_queue_fraction), "reserve", "gain" (min_ttft_gain), "waste"; else empty. group_ttft_ms: the
+  // group's predicted TTFT when the rule was reached after the group's timing was computed (else 0).
+  std::string pipeline_declined;
+  double group_ttft_ms = 0;
   // The queue discipline applied ("fcfs" | "slo"); the job's queue key is prefill.queue_key_ns (sent to the prefill
   // instance with the job, prefill_job.queue_key_ns) and its deadline decided_at_ns + ttft_target_ms.
   std::string queue;
