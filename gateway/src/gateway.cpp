@@ -190,6 +190,18 @@ class Gateway {
     submit_latency_ = &m.histogram("mc_gateway_submit_seconds", b, "conductor.submit round trip (until accepted)");
     unauthorized_ = &m.counter("mc_gateway_unauthorized_total",
                                "requests refused 401: no or an unknown API key (--api-keys), or no tenant header");
+    address_refused_ = &m.counter("mc_gateway_address_refused_connections_total",
+                                  "connections refused 429 at once: their client address held "
+                                  "--max-connections-per-address already");
+    tenant_limited_ = &m.counter("mc_gateway_tenant_limited_total",
+                                 "requests refused 429: their tenant had --max-requests-per-tenant in flight");
+    const bool tenants = !api_keys_.empty() || !o_.tenant_header.empty();
+    per_tenant_cap_ = o_.max_requests_per_tenant >= 0 ? o_.max_requests_per_tenant
+                      : tenants                       ? std::max<int64_t>(1, o_.max_requests / 2)
+                                                      : 0;
+    per_address_cap_ = o_.max_connections_per_address >= 0 ? o_.max_connections_per_address
+                       : !api_keys_.empty() ? std::max<int64_t>(1, static_cast<int64_t>(o_.max_connections) / 4)
+                                            : 0;
     // Each user tenant's blocks are keyed in a namespace of its own inside the gateway's: with keys the Conductor
     // admits only "tenant/<the gateway's tenant>/..." from it (docs/SECURITY.md "Cache isolation").
     const auto ring = auth::process_keyring();
@@ -227,6 +239,7 @@ class Gateway {
     http_.set_keep_alive_timeout(o_.keep_alive_timeout_s);
     http_.set_keep_alive_max_count(10'000);
     http_.set_tcp_nodelay(true);
+    http_.set_max_connections_per_address(static_cast<size_t>(per_address_cap_), "mc-gateway");
     register_routes();
     const std::string host = http.host == "*" ? "0.0.0.0" : http.host;
     int port = http.port;
@@ -248,6 +261,10 @@ class Gateway {
     });
     return Status::ok();
   }
+
+  // Mirrors the HTTP server's own counts into the registry (before each render, and from run_gateway's loop for
+  // the --metrics-listen exporter).
+  void sync_counters() { address_refused_->set(http_.address_refusals()); }
 
   const std::string& url() const { return url_; }
   const std::string& served_model_name() const { return o_.served_model_name; }
@@ -313,6 +330,7 @@ class Gateway {
     int64_t deadline_ns = 0;
     bool first_sent = false;  // the stream's opening (status line, headers, first chunk) was written
     bool released = false;    // finish_flight ran
+    std::string tenant;       // the user tenant charged for its slots ("": none)
     Usage usage;
     bool all_finished() const {
       return std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.answer->finished(); });
@@ -453,6 +471,7 @@ class Gateway {
     http_.Post("/detokenize", [this](const httplib::Request& rq, httplib::Response& rs) { detokenize(rq, rs); });
     http_.Get("/health", [this](const httplib::Request&, httplib::Response& rs) { health(rs); });
     http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& rs) {
+      sync_counters();
       rs.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
     });
     // Unrouted paths, wrong methods and the library's own errors (413, 400) in OpenAI's error shape.
@@ -722,9 +741,30 @@ class Gateway {
       scope.lora_name = it->first;
       scope.lora_version = it->second;
     }
-    // Slots: one per choice (each is a cluster request).
+    // The user's tenant (--api-keys, --tenant-header): its slots and its KV namespace.
+    std::string why;
+    const std::string tenant = user_tenant(rq, &why).value_or(std::string());
+    // Slots: one per choice (each is a cluster request); first the tenant's, then the gateway's.
     const int64_t n = f->req.n;
+    if (!take_tenant_slots(tenant, n)) {
+      tenant_limited_->inc();
+      if (log::nth_worth_logging(tenant_limited_->value())) {
+        MC_LOG_WARN << "mc-gateway: refused a request of tenant '" << tenant << "' from " << rq.remote_addr << ":"
+                    << rq.remote_port << ": it has " << per_tenant_cap_
+                    << " requests in flight already (--max-requests-per-tenant; " << tenant_limited_->value()
+                    << " refused)";
+      }
+      err.http_status = 429;
+      err.type = "rate_limit_exceeded";
+      err.code = "too_many_requests";
+      err.message = "your tenant has " + std::to_string(per_tenant_cap_) +
+                    " requests in flight, the most one tenant may have here: retry when one ends";
+      err.retry_after_s = 1;
+      return send_error(rs, err);  // counted in mc_gateway_tenant_limited_total, not as the Conductor's 429
+    }
+    f->tenant = tenant;
     if (active_count_.fetch_add(n) + n > o_.max_requests) {
+      release_tenant_slots(tenant, n);
       active_count_.fetch_sub(n);
       err.http_status = 503;
       err.type = "server_error";
@@ -761,9 +801,7 @@ class Gateway {
     sub.client_endpoint = client_endpoint_;
     sub.lora_name = scope.lora_name;
     sub.lora_version = scope.lora_version;
-    // The user's tenant namespace (--api-keys, --tenant-header), with the request's own salt inside it.
-    std::string why;
-    const std::string tenant = user_tenant(rq, &why).value_or(std::string());
+    // The user's tenant namespace, with the request's own salt inside it.
     sub.salt =
         tenant.empty() ? f->req.salt : salt_base_ + "/" + tenant + (f->req.salt.empty() ? "" : "/" + f->req.salt);
     sub.sampling = f->req.sampling;
@@ -833,6 +871,28 @@ class Gateway {
     }
     active_count_.fetch_sub(static_cast<int64_t>(f.choices.size()));
     active_->add(-static_cast<double>(f.choices.size()));
+    release_tenant_slots(f.tenant, static_cast<int64_t>(f.choices.size()));
+  }
+
+  // n of the tenant's --max-requests-per-tenant slots (true; always without a cap or a tenant), or none (false).
+  bool take_tenant_slots(const std::string& tenant, int64_t n) {
+    if (per_tenant_cap_ <= 0 || tenant.empty()) return true;
+    std::lock_guard lock(tenant_mu_);
+    int64_t& held = tenant_active_[tenant];
+    if (held + n > per_tenant_cap_) {
+      if (held == 0) tenant_active_.erase(tenant);
+      return false;
+    }
+    held += n;
+    return true;
+  }
+  void release_tenant_slots(const std::string& tenant, int64_t n) {
+    if (per_tenant_cap_ <= 0 || tenant.empty()) return;
+    std::lock_guard lock(tenant_mu_);
+    auto it = tenant_active_.find(tenant);
+    if (it == tenant_active_.end()) return;
+    it->second -= n;
+    if (it->second <= 0) tenant_active_.erase(it);
   }
 
   // Ends a choice in the cluster (stop, EOS, disconnect, timeout, drain) without waiting: the cancel thread
@@ -1085,10 +1145,14 @@ class Gateway {
   std::map<std::string, std::string> adapters_;            // name -> version
   metrics::Registry metrics_;
   metrics::Counter *requests_, *completed_, *rejected_, *unavailable_, *bad_, *failed_, *cancels_, *disconnects_,
-      *prompt_tokens_, *completion_tokens_, *cached_tokens_, *unauthorized_;
+      *prompt_tokens_, *completion_tokens_, *cached_tokens_, *unauthorized_, *address_refused_, *tenant_limited_;
   metrics::Gauge* active_;
   metrics::Histogram *ttft_, *tbt_, *e2e_, *submit_overhead_, *token_overhead_, *submit_latency_;
   std::atomic<int64_t> active_count_{0};
+  int64_t per_tenant_cap_ = 0;   // --max-requests-per-tenant resolved (0: none)
+  int64_t per_address_cap_ = 0;  // --max-connections-per-address resolved (0: none)
+  std::mutex tenant_mu_;
+  std::unordered_map<std::string, int64_t> tenant_active_;  // tenants with requests in flight -> their slots
 
   std::unique_ptr<rpc::RpcServer> events_;
   std::thread events_thread_;
@@ -1120,6 +1184,10 @@ Status validate(const GatewayOptions& o) {
   MC_RETURN_IF_ERROR(parse_tcp_endpoint(o.listen).status().with_context("--listen"));
   if (o.max_connections < 1) return Status(Code::kInvalidArgument, "--max-connections must be >= 1");
   if (o.max_requests < 1) return Status(Code::kInvalidArgument, "--max-requests must be >= 1");
+  if (o.max_connections_per_address < -1) {
+    return Status(Code::kInvalidArgument, "--max-connections-per-address must be >= 0");
+  }
+  if (o.max_requests_per_tenant < -1) return Status(Code::kInvalidArgument, "--max-requests-per-tenant must be >= 0");
   if (o.heartbeat_ms < 10) return Status(Code::kInvalidArgument, "--heartbeat-ms must be >= 10");
   for (const std::string& a : o.adapters) {
     if (a.empty() || a.front() == '@') {
@@ -1204,7 +1272,10 @@ Status run_gateway(const GatewayOptions& options) {
   extra.emplace_back("model", gw.served_model_name());
   extra.emplace_back("tokenizer", gw.tokenizer_kind());
   daemon::announce_ready("mc-gateway", gw.url(), extra);
-  while (!daemon::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!daemon::stop_requested()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gw.sync_counters();
+  }
   gw.drain();
   MC_LOG_INFO << "mc-gateway: stopped";
   return Status::ok();

@@ -30,9 +30,20 @@ using nlohmann::json;
 using testkit::wait_until;
 
 // A TCP connection to 127.0.0.1:port (-1 on failure).
-int connect_loopback(int port) {
+// A TCP connection to 127.0.0.1:port (-1 on failure).
+// source: the local address to connect from (any of 127.0.0.0/8; "": the kernel's choice, 127.0.0.1).
+int connect_loopback(int port, const std::string& source = "") {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
+  if (!source.empty()) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    if (::inet_pton(AF_INET, source.c_str(), &from.sin_addr) != 1 ||
+        ::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
@@ -385,11 +396,33 @@ std::string raw_exchange(int port, const std::string& bytes) {
 
 // mc-gateway alone (no Conductor behind it: tcp://127.0.0.1:1), for what it does before a request leaves it.
 struct LoneGateway {
-  LoneGateway(const std::string& read_timeout_ms, const std::string& max_body_bytes)
-      : gw({bin(), "--listen", "127.0.0.1:0", "--conductor", "tcp://127.0.0.1:1", "--read-timeout-ms", read_timeout_ms,
-            "--max-body-bytes", max_body_bytes, "--log-level", "error"}),
-        url(gw.wait_ready(30'000)) {
+  // extra: more flags; log_path: its stderr there at --log-level warn (else inherited, at error).
+  LoneGateway(const std::string& read_timeout_ms, const std::string& max_body_bytes,
+              const std::vector<std::string>& extra = {}, const std::string& log_path = "")
+      : gw(argv(read_timeout_ms, max_body_bytes, extra, log_path), options(log_path)), url(gw.wait_ready(30'000)) {
     if (url.rfind("http://127.0.0.1:", 0) == 0) port = std::stoi(url.substr(url.rfind(':') + 1));
+  }
+  static std::vector<std::string> argv(const std::string& read_timeout_ms, const std::string& max_body_bytes,
+                                       const std::vector<std::string>& extra, const std::string& log_path) {
+    std::vector<std::string> a = {bin(),
+                                  "--listen",
+                                  "127.0.0.1:0",
+                                  "--conductor",
+                                  "tcp://127.0.0.1:1",
+                                  "--read-timeout-ms",
+                                  read_timeout_ms,
+                                  "--max-body-bytes",
+                                  max_body_bytes,
+                                  "--log-level",
+                                  log_path.empty() ? "error" : "warn"};
+    if (std::find(extra.begin(), extra.end(), "--conductor") != extra.end()) a.erase(a.begin() + 3, a.begin() + 5);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  static testkit::ChildOptions options(const std::string& log_path) {
+    testkit::ChildOptions o;
+    o.stderr_path = log_path;
+    return o;
   }
   static std::string bin() { return MC_BINARY_DIR "/bin/mc-gateway"; }
   testkit::Child gw;
@@ -397,8 +430,6 @@ struct LoneGateway {
   int port = 0;
 };
 
-// 2,000 malformed or hostile HTTP requests at the gateway's port (no cluster behind it): it never crashes, answers
-// each it can parse with an error, keeps its memory bounded, and still serves afterwards.
 // Issue 51 item 5, on a cluster started with keys: with --api-keys every /v1/* call needs a key (401 naming the
 // remedy, counted, logged with the peer), and each key's tenant has a KV namespace of its own: a prompt alice sent
 // makes her next one faster (cached_tokens), never bob's, while alice's second key shares her namespace. Before,
@@ -478,6 +509,8 @@ TEST_F(GatewayE2E, EachApiKeyIsATenantWhosePrefixesAndCachedTokensAreItsOwn) {
   EXPECT_NE(refused.out.find("--api-key"), std::string::npos) << refused.out;
 }
 
+// 2,000 malformed or hostile HTTP requests at the gateway's port (no cluster behind it): it never crashes, answers
+// each it can parse with an error, keeps its memory bounded, and still serves afterwards.
 TEST(GatewayAbuse, MalformedHttpNeverCrashesTheGateway) {
   if (::access(LoneGateway::bin().c_str(), X_OK) != 0) GTEST_SKIP() << LoneGateway::bin() << " is not built";
   LoneGateway g("500", "4KiB");
@@ -594,6 +627,146 @@ TEST(GatewayAbuse, DeepNestingHugeValueCountsOverflowAndSlowHeadersAreRefused) {
       EXPECT_LT(std::stoll(line.substr(6)), 256 * 1024) << line;  // kB: bodies of 8 MiB, not their parses
     }
   }
+}
+
+// The status line and headers of what arrives on fd within timeout_ms ("" when nothing, or the peer closed first).
+std::string read_head(int fd, int timeout_ms) {
+  std::string out;
+  pollfd p{fd, POLLIN, 0};
+  char buf[4096];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (out.find("\r\n\r\n") == std::string::npos) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) break;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// Issue 51 item 3 at the HTTP port: one client address holds at most --max-connections-per-address of the workers (a
+// further connection is answered 429 without a byte read and closed, counted, logged with the address) while
+// another address is served; a slot comes back when its connection closes. Before, one address holding idle
+// keep-alive connections took every worker (--max-connections), and nobody else was served.
+TEST(GatewayAbuse, OneAddressHoldsAtMostItsCapOfTheWorkers) {
+  if (::access(LoneGateway::bin().c_str(), X_OK) != 0) GTEST_SKIP() << LoneGateway::bin() << " is not built";
+  testkit::Scratch scratch("gateway_address_cap");
+  LoneGateway g("5000", "1MiB",
+                {"--max-connections", "8", "--max-connections-per-address", "2", "--keep-alive-timeout-s", "60"},
+                scratch.path("gateway.log"));
+  ASSERT_NE(g.port, 0) << g.url;
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  // Two kept-alive connections from 127.0.0.2, each answered (so each holds a worker).
+  int held[2];
+  for (int& fd : held) {
+    fd = connect_loopback(g.port, "127.0.0.2");
+    ASSERT_GE(fd, 0) << "cannot connect from 127.0.0.2";
+    ASSERT_EQ(::send(fd, health.data(), health.size(), MSG_NOSIGNAL), static_cast<ssize_t>(health.size()));
+    const std::string head = read_head(fd, 10'000);
+    ASSERT_EQ(head.rfind("HTTP/1.1 503", 0), 0u) << head;  // served: no Conductor behind it
+  }
+  // A third from 127.0.0.2 is told why and closed, before it sends a byte.
+  const int third = connect_loopback(g.port, "127.0.0.2");
+  ASSERT_GE(third, 0);
+  const std::string refused = read_head(third, 10'000);
+  ::close(third);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 429", 0), 0u) << refused;
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
+  // 127.0.0.1 is served meanwhile.
+  httplib::Client c("127.0.0.1", g.port);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  EXPECT_NE(c.Get("/metrics")->body.find("mc_gateway_address_refused_connections_total 1"), std::string::npos);
+  // One of 127.0.0.2's connections closes: its slot comes back.
+  ::close(held[0]);
+  EXPECT_TRUE(wait_until(
+      [&] {
+        const int fd = connect_loopback(g.port, "127.0.0.2");
+        if (fd < 0) return false;
+        (void)!::send(fd, health.data(), health.size(), MSG_NOSIGNAL);
+        const std::string head = read_head(fd, 5'000);
+        ::close(fd);
+        return head.rfind("HTTP/1.1 503", 0) == 0;
+      },
+      10'000, 50))
+      << "127.0.0.2 was not served again after one of its connections closed";
+  ::close(held[1]);
+  const std::string log = testkit::slurp(scratch.path("gateway.log"));
+  EXPECT_NE(log.find("refused a connection from 127.0.0.2: it holds 2 already"), std::string::npos) << log;
+}
+
+// Issue 51 item 3, the per-identity cap: with --api-keys a tenant has at most --max-requests-per-tenant generation
+// requests in flight (beyond: 429 too_many_requests with Retry-After, counted, logged with the tenant), another
+// tenant's request still takes a slot, and the slot comes back when the request ends. The Conductor here is a TCP
+// port that never answers, so each request holds its slot for --submit-timeout-ms, then gets 503.
+TEST(GatewayAbuse, OneTenantHoldsAtMostItsCapOfTheRequestSlots) {
+  if (::access(LoneGateway::bin().c_str(), X_OK) != 0) GTEST_SKIP() << LoneGateway::bin() << " is not built";
+  testkit::Scratch scratch("gateway_tenant_cap");
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);  // accepts connections (the kernel's), says nothing
+  ASSERT_GE(silent, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(silent, 16), 0);
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string keys = scratch.path("api-keys");
+  const std::string alice = "sk-alice-0123456789abcdef", bob = "sk-bob-9876543210fedcba";
+  std::ofstream(keys) << alice << " alice\n" << bob << " bob\n";
+  ASSERT_EQ(::chmod(keys.c_str(), 0600), 0);
+  LoneGateway g("5000", "1MiB",
+                {"--conductor", "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port)), "--api-keys", keys,
+                 "--max-requests-per-tenant", "1", "--submit-timeout-ms", "3000"},
+                scratch.path("gateway.log"));
+  ASSERT_NE(g.port, 0) << g.url;
+  const std::string body = R"({"model":"llama3-70b","prompt":"hi","max_tokens":2})";
+  auto post_as = [&](const std::string& key) {
+    httplib::Client c("127.0.0.1", g.port);
+    c.set_read_timeout(30, 0);
+    return c.Post("/v1/completions", {{"Authorization", "Bearer " + key}}, body, "application/json");
+  };
+  auto active = [&] {
+    httplib::Client c("127.0.0.1", g.port);
+    auto r = c.Get("/metrics");
+    const std::string name = "mc_gateway_active_requests ";
+    const size_t at = r ? r->body.find("\n" + name) : std::string::npos;
+    return at == std::string::npos ? -1.0 : std::stod(r->body.substr(at + 1 + name.size()));
+  };
+  int first_status = 0, bob_status = 0;
+  std::thread first([&] {
+    auto r = post_as(alice);
+    first_status = r ? r->status : -1;
+  });
+  ASSERT_TRUE(wait_until([&] { return active() == 1.0; }, 10'000, 20)) << "alice's first request never in flight";
+  // Alice's second, while her first waits: refused at once, naming the cap.
+  auto second = post_as(alice);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->status, 429) << second->body;
+  EXPECT_EQ(second->get_header_value("Retry-After"), "1");
+  EXPECT_NE(second->body.find("\"too_many_requests\""), std::string::npos) << second->body;
+  // Bob's takes a slot of his own meanwhile.
+  std::thread other([&] {
+    auto r = post_as(bob);
+    bob_status = r ? r->status : -1;
+  });
+  EXPECT_TRUE(wait_until([&] { return active() == 2.0; }, 10'000, 20)) << "bob's request never in flight";
+  first.join();
+  other.join();
+  EXPECT_EQ(first_status, 503);  // the silent Conductor: scheduler_unavailable after --submit-timeout-ms
+  EXPECT_EQ(bob_status, 503);
+  // Her slot came back: her next request is not refused by the cap.
+  auto third = post_as(alice);
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->status, 503) << third->body;
+  ::close(silent);
+  httplib::Client c("127.0.0.1", g.port);
+  EXPECT_NE(c.Get("/metrics")->body.find("mc_gateway_tenant_limited_total 1"), std::string::npos);
+  const std::string log = testkit::slurp(scratch.path("gateway.log"));
+  EXPECT_NE(log.find("refused a request of tenant 'alice' from 127.0.0.1"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -59,6 +59,18 @@ int main(int argc, char** argv) {
       ->envname("MC_GATEWAY_MAX_REQUESTS")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--max-connections-per-address", o.max_connections_per_address,
+                 "Connections served at once from one client address; a further one is answered 429 and closed "
+                 "(-1: a quarter of --max-connections with --api-keys, else none, as behind a proxy; 0: none)")
+      ->envname("MC_GATEWAY_MAX_CONNECTIONS_PER_ADDRESS")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, int64_t{65536}));
+  app.add_option("--max-requests-per-tenant", o.max_requests_per_tenant,
+                 "Generation requests in flight per user tenant (--api-keys, --tenant-header); beyond: 429 "
+                 "(-1: half of --max-requests where tenants are named; 0: none)")
+      ->envname("MC_GATEWAY_MAX_REQUESTS_PER_TENANT")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 20));
   mc::cli::add_size_option(app, "--max-body-bytes", o.max_body_bytes,
                            "Largest request body (bytes, or 8MiB); larger is 413", 1024, uint64_t{1} << 30);
   app.add_option("--read-timeout-ms", o.read_timeout_ms, "Time for a request's bytes to arrive (ms)")

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "mc/common/clock.hpp"
+#include "mc/common/log.hpp"
 #include "mc/net/http_pool.hpp"
 
 namespace mc::http {
@@ -137,7 +138,52 @@ class DeadlineStream final : public httplib::Stream {
 
 bool DeadlineServer::client_gone() { return t_client_socket >= 0 && !still_connected(t_client_socket); }
 
+bool DeadlineServer::take_address(const std::string& address) {
+  std::lock_guard lock(address_mu_);
+  size_t& held = per_address_[address];
+  if (held >= max_per_address_) return false;
+  ++held;
+  return true;
+}
+
+void DeadlineServer::release_address(const std::string& address) {
+  std::lock_guard lock(address_mu_);
+  auto it = per_address_.find(address);
+  if (it != per_address_.end() && --it->second == 0) per_address_.erase(it);
+}
+
 bool DeadlineServer::process_and_close_socket(socket_t sock) {
+  std::string address;
+  if (max_per_address_ > 0) {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (::getpeername(sock, reinterpret_cast<sockaddr*>(&a), &len) == 0) ip_and_port(a, address, port);
+    if (!address.empty() && !take_address(address)) {
+      const uint64_t n = address_refusals_.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (log::nth_worth_logging(n)) {
+        MC_LOG_WARN << service_ << ": refused a connection from " << address << ": it holds " << max_per_address_
+                    << " already (the cap per address; " << n << " refused)";
+      }
+      // Best effort, never blocking: the client sees why before the close.
+      const std::string body = R"({"error":{"message":"too many connections from your address (at most )" +
+                               std::to_string(max_per_address_) +
+                               R"(): reuse or close some","type":"rate_limit_exceeded","param":null,)"
+                               R"("code":"too_many_connections"}})";
+      const std::string reply = "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body;
+      (void)!::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      ::shutdown(sock, SHUT_RDWR);
+      ::close(sock);
+      return false;
+    }
+  }
+  const bool ret = serve_connection(sock);
+  if (!address.empty()) release_address(address);
+  return ret;
+}
+
+bool DeadlineServer::serve_connection(socket_t sock) {
   DeadlineStream strm(sock, static_cast<int64_t>(read_timeout_sec_) * 1000 + read_timeout_usec_ / 1000,
                       static_cast<int64_t>(write_timeout_sec_) * 1000 + write_timeout_usec_ / 1000);
   t_client_socket = sock;

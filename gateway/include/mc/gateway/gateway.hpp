@@ -16,9 +16,10 @@
 // conductor.cancel (counted: mc_gateway_cancels_total, mc_gateway_client_disconnects_total).
 //
 // Bounds: --max-connections HTTP worker threads, and as many accepted connections waiting for one; beyond that the
-// listener stops accepting and the kernel's backlog holds connections (mc/net/http_pool.hpp); --max-requests
-// generation requests in flight (503 beyond), --max-body-bytes per request (413), --read-timeout-ms for a request's
-// bytes, --keep-alive-timeout-s for an idle connection.
+// listener stops accepting and the kernel's backlog holds connections (mc/net/http_pool.hpp); of those workers at
+// most --max-connections-per-address for one client address (429 beyond); --max-requests generation requests in
+// flight (503 beyond), --max-requests-per-tenant of them for one user tenant (429 beyond), --max-body-bytes per
+// request (413), --read-timeout-ms for a request's bytes, --keep-alive-timeout-s for an idle connection.
 //
 // Drain (SIGTERM/SIGINT): the listening socket closes at once (new connections are refused), requests in flight
 // run to their end for up to --drain-timeout-s, then those left are cancelled in the cluster and ended with an
@@ -49,8 +50,15 @@ struct GatewayOptions {
   ParseLimits limits;
   double slo_ttft_ms = 0;  // default SLOs of requests that set none (0: the Conductor's)
   double slo_tbt_ms = 0;
-  size_t max_connections = 256;       // HTTP worker threads
-  int64_t max_requests = 256;         // generation requests in flight
+  size_t max_connections = 256;  // HTTP worker threads
+  int64_t max_requests = 256;    // generation requests in flight
+  // Connections served at once from one client address (a further one: 429 and closed unread). -1: a quarter of
+  // max_connections with --api-keys (clients connect directly), else none (behind a proxy every user has the
+  // proxy's address); 0: none.
+  int64_t max_connections_per_address = -1;
+  // Generation requests in flight per user tenant (--api-keys or --tenant-header; beyond: 429 too_many_requests).
+  // -1: half of max_requests where tenants are named, so one tenant never takes every slot; 0: none.
+  int64_t max_requests_per_tenant = -1;
   uint64_t max_body_bytes = 8 << 20;  // request body
   int64_t read_timeout_ms = 10'000;
   int64_t keep_alive_timeout_s = 5;

@@ -15,7 +15,9 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace mc::http {
@@ -81,12 +83,24 @@ class BoundedPool final : public httplib::TaskQueue {
 //   connection is closed.
 // - client_gone(): whether the client of the request a handler serves has closed or reset its connection (the
 //   library has no Request::is_connection_closed), so a handler that waits (a whole completion) can stop.
+// - A cap on the connections one peer address holds at once (set_max_connections_per_address): a worker that takes
+//   a connection beyond it answers 429 (OpenAI's error shape, "Connection: close") without reading a byte and
+//   closes it, so one address cannot hold every worker, however it trickles (docs/SECURITY.md "Bounds per
+//   connection"). Counted (address_refusals()) and logged with the address (the first ten, then every 1,000th).
 // The rest is the library's: one request at a time per connection, keep-alive up to its keep-alive count and
-// timeout, its read and write timeouts per call. Thread-safety: as httplib::Server.
+// timeout, its read and write timeouts per call. Thread-safety: as httplib::Server; the setters before listening.
 class DeadlineServer : public httplib::Server {
  public:
   explicit DeadlineServer(int64_t request_deadline_ms) : request_deadline_ms_(request_deadline_ms) {}
   void set_request_deadline_ms(int64_t ms) { request_deadline_ms_ = ms; }
+  // Connections served at once from one peer address (IPv4 or IPv6, port ignored); 0: no cap. `service` names the
+  // server in the log line.
+  void set_max_connections_per_address(size_t n, std::string service) {
+    max_per_address_ = n;
+    service_ = std::move(service);
+  }
+  // Connections refused because their address held the cap already.
+  uint64_t address_refusals() const { return address_refusals_.load(std::memory_order_relaxed); }
   // On a handler's thread: true once the client of the request it serves has closed or reset the connection
   // (a peeked recv() of 0 bytes or an error; bytes of a next request count as still there). false elsewhere.
   static bool client_gone();
@@ -95,8 +109,17 @@ class DeadlineServer : public httplib::Server {
 
  private:
   bool process_and_close_socket(socket_t sock) override;
+  bool serve_connection(socket_t sock);  // the keep-alive loop; closes sock
+  // Takes one of the address's slots (false: it holds the cap already); release_address gives it back.
+  bool take_address(const std::string& address);
+  void release_address(const std::string& address);
   int64_t request_deadline_ms_;
   std::atomic<uint64_t> deadline_closes_{0};
+  size_t max_per_address_ = 0;
+  std::string service_ = "HTTP server";
+  std::mutex address_mu_;
+  std::unordered_map<std::string, size_t> per_address_;  // only addresses holding a connection
+  std::atomic<uint64_t> address_refusals_{0};
 };
 
 // SO_REUSEADDR only: the library's default adds SO_REUSEPORT, with which a second server given the same address
