@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace mc::sched {
 namespace {
@@ -30,42 +33,89 @@ class RoundRobinPolicy final : public Policy {
   uint64_t next_ = 0;
 };
 
-// Picks the first candidate minimising `key` (strictly smaller wins: ties keep registration order).
-template <typename Key>
-size_t argmin(std::span<const PrefillEstimate> c, Key key) {
-  size_t best = 0;
-  auto best_key = key(c[0]);
-  for (size_t i = 1; i < c.size(); ++i) {
-    auto k = key(c[i]);
-    if (k < best_key) {
-      best = i;
-      best_key = k;
+// Equal predictions are broken by spreading, never by index (issue 52 item 3): among the candidates whose key ties
+// with the best, the one this policy chose least recently (never chosen: first, in registration order). At low load
+// every idle instance prices a prefix-less request the same, and index order sent 20 of 20 lone requests to
+// instance 0, using one node's cache instead of the pool's. Keys tie when equal within 1e-9 relative (1 ns
+// absolute), so two sums of the same terms in another order still tie. State: the decision counter when each
+// instance was last chosen, pruned to the candidates seen when it outgrows them.
+class Spreader {
+ public:
+  template <typename Key>
+  size_t argmin(std::span<const PrefillEstimate> c, Key key, const std::vector<bool>* allowed = nullptr) const {
+    size_t best = c.size();
+    double best_key = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (allowed != nullptr && !(*allowed)[i]) continue;
+      const double k = key(c[i]);
+      const bool better =
+          best == c.size() || (std::isnan(best_key) && !std::isnan(k)) || k < best_key - tolerance(best_key);
+      const bool tie = !better && !std::isnan(k) && k <= best_key + tolerance(best_key);
+      if (better || (tie && last_chosen(c[i]) < last_chosen(c[best]))) {
+        best = i;
+        best_key = better ? k : std::min(best_key, k);
+      }
     }
+    return best == c.size() ? 0 : best;
   }
-  return best;
-}
+  // Records the choice (the policy's pick, whatever the scheduler then does with it).
+  size_t chose(std::span<const PrefillEstimate> c, size_t i) {
+    if (i >= c.size()) return i;
+    last_[c[i].instance_id] = ++decisions_;
+    if (last_.size() > 4 * c.size() + 64) {
+      std::unordered_map<std::string, uint64_t> kept;
+      for (const PrefillEstimate& e : c) {
+        auto it = last_.find(e.instance_id);
+        if (it != last_.end()) kept.insert(*it);
+      }
+      last_ = std::move(kept);
+    }
+    return i;
+  }
+
+ private:
+  static double tolerance(double k) { return std::isfinite(k) ? std::max(1e-6, 1e-9 * std::abs(k)) : 0.0; }
+  uint64_t last_chosen(const PrefillEstimate& e) const {
+    auto it = last_.find(e.instance_id);
+    return it == last_.end() ? 0 : it->second;
+  }
+  uint64_t decisions_ = 0;
+  std::unordered_map<std::string, uint64_t> last_;
+};
 
 class LeastLoadedPolicy final : public Policy {
  public:
   std::string_view name() const override { return "least_loaded"; }
   size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext&) override {
-    return argmin(c, [](const PrefillEstimate& e) { return e.queue_ms; });
+    return spread_.chose(c, spread_.argmin(c, [](const PrefillEstimate& e) { return e.queue_ms; }));
   }
+
+ private:
+  Spreader spread_;
 };
 
 class CacheAwarePolicy final : public Policy {
  public:
   std::string_view name() const override { return "cache_aware"; }
   size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext&) override {
-    return argmin(c, [](const PrefillEstimate& e) { return std::pair(-e.longest_same_host_blocks, e.queue_ms); });
+    // The longest same-host prefix, then the smallest queue, then spreading.
+    int64_t longest = 0;
+    for (const PrefillEstimate& e : c) longest = std::max(longest, e.longest_same_host_blocks);
+    std::vector<bool> holders(c.size());
+    for (size_t i = 0; i < c.size(); ++i) holders[i] = c[i].longest_same_host_blocks == longest;
+    return spread_.chose(c, spread_.argmin(
+                                c, [](const PrefillEstimate& e) { return e.queue_ms; }, &holders));
   }
+
+ private:
+  Spreader spread_;
 };
 
 class KvCachePolicy final : public Policy {
  public:
   std::string_view name() const override { return "kvcache"; }
   size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext& ctx) override {
-    const size_t fastest = argmin(c, [](const PrefillEstimate& e) { return e.ttft_ms; });
+    const size_t fastest = spread_.argmin(c, [](const PrefillEstimate& e) { return e.ttft_ms; });
     const double w = std::isfinite(ctx.service_weight) ? std::max(0.0, ctx.service_weight) : 0.0;
     // Admissible there: the TTFT and the wait the request would see (the overtaking estimate included, as the chosen
     // one is predicted) under the admission rule with the target and the SLO (DESIGN.md §10 "SLO headroom").
@@ -75,19 +125,20 @@ class KvCachePolicy final : public Policy {
              ttft_admissible(e.ttft_ms + e.overtake_ms, e.queue_ms + e.overtake_ms, slo, ctx.slo_ttft_ms);
     };
     // The paper's rule (w = 0): the fastest, unless it is not admissible and another is.
-    if (w == 0 && meets(c[fastest])) return fastest;
-    size_t best = fastest;
-    double best_cost = INFINITY;
-    for (size_t i = 0; i < c.size(); ++i) {
-      if (!meets(c[i])) continue;
-      const double cost = c[i].ttft_ms + w * (c[i].prefill_ms + c[i].transfer_ms);
-      if (cost < best_cost) {  // strictly: ties keep registration order
-        best = i;
-        best_cost = cost;
-      }
-    }
-    return best;  // none meets the SLO: the fastest (early rejection judges it)
+    if (w == 0 && meets(c[fastest])) return spread_.chose(c, fastest);
+    std::vector<bool> admissible(c.size());
+    bool any = false;
+    for (size_t i = 0; i < c.size(); ++i) any |= (admissible[i] = meets(c[i]));
+    // None meets the SLO: the fastest (early rejection judges it).
+    if (!any) return spread_.chose(c, fastest);
+    return spread_.chose(
+        c,
+        spread_.argmin(
+            c, [w](const PrefillEstimate& e) { return e.ttft_ms + w * (e.prefill_ms + e.transfer_ms); }, &admissible));
   }
+
+ private:
+  Spreader spread_;
 };
 
 }  // namespace

@@ -237,7 +237,7 @@ TEST_F(SchedulerTest, KvCacheRecomputesAShortRemotePrefix) {
   EXPECT_EQ(d.prefill.reused_blocks, 0);
   store(*s, "seg-h3", 10);
   d = s->decide(request("r2", 12 * kB, 1, 12));
-  EXPECT_EQ(d.prefill_id, "P0");
+  EXPECT_EQ(d.prefill_id, "P1");  // P0 and P1 tie (each fetches the ten blocks): the one chosen less recently
   EXPECT_EQ(d.prefill.reused_blocks, 10);
   EXPECT_EQ(d.prefill.blocks_by_class[static_cast<int>(PathClass::kRemote)], 10);
 }
@@ -1006,6 +1006,32 @@ PrefillEstimate candidate(const std::string& id, double queue_ms, double service
   e.prefill_ms = service_ms;
   e.ttft_ms = queue_ms + service_ms;
   return e;
+}
+
+// Issue 52 item 3: equal predictions never go by index. Lone requests on idle instances (decide() books nothing, so
+// every decision sees the same idle pool) alternate between them under every pricing policy; a real difference
+// still wins (a loaded instance is passed over however recently the other was chosen); and a policy object's choices
+// replay the same for the same inputs (the simulator and the decision replay rely on it).
+TEST_F(SchedulerTest, TiesSpreadOverTheInstancesNeverByIndex) {
+  for (const char* policy : {"kvcache", "least_loaded", "cache_aware"}) {
+    auto s = make(policy);
+    std::string order;
+    for (int i = 0; i < 6; ++i) order += s->decide(request("lone" + std::to_string(i), 1'000, 1, 0)).prefill_id;
+    EXPECT_EQ(order, "P0P1P0P1P0P1") << policy;
+    load(*s, "P1", 50);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(s->decide(request("busy" + std::to_string(i), 1'000, 1, 0)).prefill_id, "P0") << policy;
+    }
+  }
+  // Keys within rounding (1e-9 relative) tie, as two sums of the same terms in another order do.
+  std::vector<PrefillEstimate> c = {candidate("A", 0.3, 100), candidate("B", 0.3, 100)};
+  c[1].ttft_ms *= 1 + 1e-12;
+  ASSERT_NE(c[0].ttft_ms, c[1].ttft_ms);
+  auto p = make_policy("kvcache", 1);
+  ASSERT_TRUE(p.is_ok());
+  std::string picks;
+  for (int i = 0; i < 4; ++i) picks += c[(*p)->choose(Request{}, c, PlacementContext{})].instance_id;
+  EXPECT_EQ(picks, "ABAB");
 }
 
 // The policy: with no weight the smallest TTFT (the paper's rule); weighted, the smallest TTFT + w x service among

@@ -4,14 +4,16 @@
 // they differ only in where the prefill runs (as in the paper's comparison, §8.?):
 //   random       uniform over live instances (seeded: deterministic)
 //   round_robin  registration order, cycling
-//   least_loaded smallest predicted queue_ms (ties: registration order)
-//   cache_aware  longest prefix in memory on the instance's host (ties: smaller queue_ms)
+//   least_loaded smallest predicted queue_ms
+//   cache_aware  longest prefix in memory on the instance's host, then the smallest queue_ms
 //   kvcache      smallest predicted TTFT = queue + prefill(uncached) + transfer (paper §6, Alg. 1), load-priced:
 //                among the candidates the admission rule takes (ttft_admissible with the SLO and its target:
 //                DESIGN.md §10 "SLO headroom"), the smallest TTFT + w x service, where service = prefill + transfer
 //                (the GPU time the placement spends) and w = PlacementContext::service_weight (0 when the cluster
 //                is idle: the paper's rule; DESIGN.md §10 "Load-priced placement"); when none is admissible, the
 //                smallest TTFT (early rejection then judges it)
+// Ties (least_loaded, cache_aware, kvcache): equal keys (within 1e-9 relative) go to the candidate the policy chose
+// least recently, never by index, so idle instances share the load and their caches (issue 52 item 3).
 // Thread-safety: none. A policy may keep state (counter, RNG); choose() is its only mutation.
 #pragma once
 
