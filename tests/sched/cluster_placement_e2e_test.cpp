@@ -108,6 +108,20 @@ TEST_F(ClusterE2E, PlacementFollowsLoadCacheHostsAndCapacity) {
   EXPECT_EQ(prefill_jobs(), jobs_before);
   json final_status = conductor_status();
   EXPECT_EQ(final_status["decisions"]["rejected"].value("kv_capacity", 0), 1) << final_status.dump();
+
+  // (z) Two lone requests of fresh prompts, one after the other on the idle cluster: every instance prices them
+  // alike, and each tie goes to the instance chosen less recently, so the two run on different instances, never on
+  // one by its index (issue 52 item 3: by index, 20 of 20 lone requests went to instance 0, one node's cache instead
+  // of the pool's).
+  json idle_status;
+  std::set<std::string> lone;
+  for (uint64_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(wait_idle(&idle_status)) << idle_status.dump();
+    auto r = replay("lone" + std::to_string(i), {trace_row(0, ids_range(20000 + 100 * i, 2))});
+    ASSERT_EQ(r[1].value("outcome", ""), "completed") << r[1].dump() << why("lone" + std::to_string(i));
+    lone.insert(r[1].value("prefill_instance", ""));
+  }
+  EXPECT_EQ(lone, (std::set<std::string>{"prefill0", "prefill1"})) << why("lone1");
 }
 
 }  // namespace MC_UNITY_ID
