@@ -4,6 +4,7 @@ find_package(PkgConfig REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(msgpack REQUIRED CONFIG)  # Debian: msgpackc-cxx target from libmsgpack-cxx-dev
+find_package(absl REQUIRED CONFIG)  # libabsl-dev: absl::btree (the store master's ordered key index)
 pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
 find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)

@@ -13,7 +13,7 @@ set -euo pipefail
 packages=(
   build-essential clang libclang-rt-14-dev cmake ninja-build pkg-config lld
   libcli11-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libsodium-dev
-  libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev libpcre2-dev
+  libxxhash-dev nlohmann-json3-dev liburing-dev libopenblas-dev libcpp-httplib-dev libpcre2-dev libabsl-dev
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcurl4-openssl-dev libssl-dev
   iproute2 nftables man-db groff-base jq curl hey python3 python3-numpy python3-jinja2
