@@ -634,7 +634,8 @@ class MasterCore {
   ObjectMap objects_;
   // The keys of objects_ in order (views of its keys, which stay put across rehashing): ls pages through it.
   // Kept by index_add/index_drop wherever an object is added or erased. A B-tree (abseil's): a put's insert costs
-  // about half of std::set's (an allocation per node of many keys, not per key; fewer cache misses; docs/BENCHMARKS.md "Tenants apart").
+  // about half of std::set's (an allocation per node of many keys, not per key; fewer cache misses; docs/BENCHMARKS.md
+  // "Tenants apart").
   absl::btree_set<std::string_view> key_order_;
   void index_add(ObjectMap::const_iterator it) { key_order_.insert(it->first); }
   void index_drop(ObjectMap::const_iterator it) { key_order_.erase(it->first); }
