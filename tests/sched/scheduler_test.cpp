@@ -807,25 +807,23 @@ TEST_F(SchedulerTest, PipelineGroupForALongPromptOnIdleInstances) {
   cfg.pipeline.model_layers = 80;
   cfg.pipeline.link_bytes_per_s = 1e15;
   cfg.pipeline.link_latency_ms = 0;
-  {
-    // By default a group of 2 needs 4 instances about free (itself and as many for the others): 2 are not enough.
-    auto strict = make("kvcache", cfg);
-    const Decision d = strict->decide(request("long", 100'000, 10, 0));
-    EXPECT_TRUE(d.stages.empty());
-    EXPECT_EQ(d.pipeline_declined, "reserve");
-    EXPECT_NEAR(d.group_ttft_ms, 5'050.0, 1.0);
-    EXPECT_NE(d.reason.find("no pipelined group (rule reserve"), std::string::npos) << d.reason;
-  }
-  {
-    // A group that saves 49.5 % is declined where 50 % is asked.
-    SchedulerConfig greedy = cfg;
-    greedy.pipeline.reserve_factor = 1.0;
-    greedy.pipeline.min_ttft_gain = 0.5;
-    auto strict = make("kvcache", greedy);
-    const Decision d = strict->decide(request("long", 100'000, 10, 0));
-    EXPECT_TRUE(d.stages.empty());
-    EXPECT_EQ(d.pipeline_declined, "gain");
-  }
+  // The long prompt's decision under another config (nothing booked).
+  auto long_under = [&](const SchedulerConfig& c) {
+    return make("kvcache", c)->decide(request("long", 100'000, 10, 0));
+  };
+  // By default a group of 2 needs 4 instances about free (itself and as many for the others): 2 are not enough.
+  const Decision strict = long_under(cfg);
+  EXPECT_TRUE(strict.stages.empty());
+  EXPECT_EQ(strict.pipeline_declined, "reserve");
+  EXPECT_NEAR(strict.group_ttft_ms, 5'050.0, 1.0);
+  EXPECT_NE(strict.reason.find("no pipelined group (rule reserve"), std::string::npos) << strict.reason;
+  // A group that saves 49.5 % is declined where 50 % is asked.
+  SchedulerConfig greedy = cfg;
+  greedy.pipeline.reserve_factor = 1.0;
+  greedy.pipeline.min_ttft_gain = 0.5;
+  const Decision gain = long_under(greedy);
+  EXPECT_TRUE(gain.stages.empty());
+  EXPECT_EQ(gain.pipeline_declined, "gain");
   cfg.pipeline.reserve_factor = 1.0;
   auto s = make("kvcache", cfg);
   // 100,000 tokens at 0.1 ms: 10 s on one instance; 2 stages of 100 chunks of 50 ms: 100 x 50 + 50 = 5,050 ms.
