@@ -90,6 +90,9 @@ Status ClusterConfig::validate() const {
   if (!(pipeline_reserve_factor >= 1 && pipeline_reserve_factor <= 64)) {
     return bad(src, "pipeline_reserve_factor", "must be in [1, 64] (1: the group's members only)");
   }
+  if (!(pipeline_min_gain >= 0 && pipeline_min_gain <= 1)) {
+    return bad(src, "pipeline_min_gain", "must be in [0, 1] (a fraction of one instance's predicted TTFT)");
+  }
   if (decode_kv_capacity_tokens < 0) return bad(src, "decode_kv_capacity_tokens", "must be >= 0");
   if (decode_max_batch < 0) return bad(src, "decode_max_batch", "must be >= 0");
   if (max_context_tokens < 1) return bad(src, "max_context_tokens", "must be >= 1");
@@ -134,6 +137,7 @@ nlohmann::json ClusterConfig::to_json() const {
       {"pipeline_group", pipeline_group},
       {"pipeline_chunk_tokens", pipeline_chunk_tokens},
       {"pipeline_reserve_factor", pipeline_reserve_factor},
+      {"pipeline_min_gain", pipeline_min_gain},
       {"decode_kv_capacity_tokens", decode_kv_capacity_tokens},
       {"decode_max_batch", decode_max_batch},
       {"max_context_tokens", max_context_tokens},
@@ -226,6 +230,8 @@ Result<ClusterConfig> parse_cluster_config(const nlohmann::json& doc, const std:
       MC_RETURN_IF_ERROR(qty(c.pipeline_chunk_tokens, false));
     } else if (key == "pipeline_reserve_factor") {
       MC_RETURN_IF_ERROR(num(c.pipeline_reserve_factor));
+    } else if (key == "pipeline_min_gain") {
+      MC_RETURN_IF_ERROR(num(c.pipeline_min_gain));
     } else if (key == "decode_kv_capacity_tokens") {
       MC_RETURN_IF_ERROR(qty(c.decode_kv_capacity_tokens, false));
     } else if (key == "decode_max_batch") {

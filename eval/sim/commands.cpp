@@ -123,6 +123,7 @@ Status ClusterOverrides::apply(ClusterConfig& c) const {
   if (pipeline_group) c.pipeline_group = *pipeline_group;
   if (pipeline_chunk_tokens) c.pipeline_chunk_tokens = *pipeline_chunk_tokens;
   if (pipeline_reserve_factor) c.pipeline_reserve_factor = *pipeline_reserve_factor;
+  if (pipeline_min_gain) c.pipeline_min_gain = *pipeline_min_gain;
   if (queue) c.queue = *queue;
   if (queue_aging_weight) c.queue_aging_weight = *queue_aging_weight;
   if (preempt_chunk_tokens) c.preempt_chunk_tokens = *preempt_chunk_tokens;

@@ -168,6 +168,7 @@ class Sim {
     sc.pipeline.group_size = cfg_.pipeline_group;
     sc.pipeline.chunk_tokens = cfg_.pipeline_chunk_tokens;
     sc.pipeline.reserve_factor = cfg_.pipeline_reserve_factor;
+    sc.pipeline.min_ttft_gain = cfg_.pipeline_min_gain;
     sc.pipeline.model_layers = model_.num_layers();
     sc.pipeline.hidden_bytes_per_token = model_.hidden_bytes_per_token();
     sc.pipeline.link_bytes_per_s = cfg_.nic_bandwidth_bytes_per_s;

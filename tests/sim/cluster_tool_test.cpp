@@ -98,6 +98,12 @@ TEST(McSimCluster, PipelineDescriptionFormsAGroupForTheLongPrompt) {
                  rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(nlohmann::json::parse(out)["totals"]["pipelined_prefills"], 0) << out;
+  // A group must save --pipeline-min-gain of one instance's TTFT (the Conductor's flag): 2 stages save at most half.
+  out = run_tool(kSim + " --cluster " + file + " --trace " + trace + " --pipeline-min-gain 0.6 --json 2>/dev/null", rc);
+  ASSERT_EQ(rc, 0) << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["cluster"]["pipeline_min_gain"], 0.6);
+  EXPECT_EQ(j["totals"]["pipelined_prefills"], 0) << out;
   std::filesystem::remove(trace);
 }
 

@@ -54,6 +54,9 @@ int main(int argc, char** argv) {
   app.add_option("--pipeline-reserve-factor", o.pipeline_reserve_factor,
                  "Override: instances about free needed to form a group, as a multiple of its size, 1 to 64 (1: the "
                  "members only; default 2; the Conductor's --pipeline-reserve-factor)");
+  app.add_option("--pipeline-min-gain", o.pipeline_min_gain,
+                 "Override: fraction of one instance's predicted TTFT a group must save to be chosen, 0 to 1 "
+                 "(default 0.3; the Conductor's --pipeline-min-gain)");
   app.add_option("--queue", o.queue,
                  "Override: order of each prefill instance's queue: fcfs (first come, first served) | slo (shortest "
                  "predicted prefill first, aged, never making a queued request late; docs/DESIGN.md §10). Default: "

@@ -36,6 +36,7 @@
 //                                            // pipeline parallelism, DESIGN.md §18; 1: off)
 //     "pipeline_chunk_tokens": 8192,         // a pipelined prefill's chunk (the activations cross per chunk)
 //     "pipeline_reserve_factor": 2,          // instances about free to form a group, x its size (1: the members)
+//     "pipeline_min_gain": 0.3,              // fraction of one instance's TTFT a group must save (0 to 1)
 //     "decode_kv_capacity_tokens": 0,        // HBM KV capacity of a decode instance (0: from the presets)
 //     "decode_max_batch": 0,                 // requests per decode step (0: bounded by KV capacity only)
 //     "max_context_tokens": 131072,          // longer prompts are rejected before any work (report #14)
@@ -87,6 +88,7 @@ struct ClusterConfig {
   int64_t pipeline_group = 1;
   int64_t pipeline_chunk_tokens = 8192;
   double pipeline_reserve_factor = 2.0;  // sched::PipelineConfig::reserve_factor, 1 to 64
+  double pipeline_min_gain = 0.3;        // sched::PipelineConfig::min_ttft_gain, 0 to 1
   int64_t decode_kv_capacity_tokens = 0;
   int64_t decode_max_batch = 0;
   int64_t max_context_tokens = 131'072;

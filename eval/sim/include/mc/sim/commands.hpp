@@ -35,6 +35,7 @@ struct ClusterOverrides {
   std::optional<int64_t> pipeline_group;          // chunked pipeline parallelism: instances per group (1: off)
   std::optional<int64_t> pipeline_chunk_tokens;   // a pipelined prefill's chunk
   std::optional<double> pipeline_reserve_factor;  // instances about free to form a group, x its size
+  std::optional<double> pipeline_min_gain;        // fraction of one instance's TTFT a group must save
   std::optional<std::string> queue;               // prefill queue discipline: fcfs | slo
   std::optional<double> queue_aging_weight;       // slo: key = now + weight x predicted service
   std::optional<int64_t> preempt_chunk_tokens;    // prefill instances yield after each chunk (0: off)
