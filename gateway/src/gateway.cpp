@@ -239,7 +239,7 @@ class Gateway {
     http_.set_keep_alive_timeout(o_.keep_alive_timeout_s);
     http_.set_keep_alive_max_count(10'000);
     http_.set_tcp_nodelay(true);
-    http_.set_max_connections_per_address(static_cast<size_t>(per_address_cap_), "mc-gateway");
+    http_.set_max_connections_per_address(static_cast<size_t>(per_address_cap_), "mc-gateway", address_refused_);
     register_routes();
     const std::string host = http.host == "*" ? "0.0.0.0" : http.host;
     int port = http.port;
@@ -261,10 +261,6 @@ class Gateway {
     });
     return Status::ok();
   }
-
-  // Mirrors the HTTP server's own counts into the registry (before each render, and from run_gateway's loop for
-  // the --metrics-listen exporter).
-  void sync_counters() { address_refused_->set(http_.address_refusals()); }
 
   const std::string& url() const { return url_; }
   const std::string& served_model_name() const { return o_.served_model_name; }
@@ -471,7 +467,6 @@ class Gateway {
     http_.Post("/detokenize", [this](const httplib::Request& rq, httplib::Response& rs) { detokenize(rq, rs); });
     http_.Get("/health", [this](const httplib::Request&, httplib::Response& rs) { health(rs); });
     http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& rs) {
-      sync_counters();
       rs.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
     });
     // Unrouted paths, wrong methods and the library's own errors (413, 400) in OpenAI's error shape.
@@ -1272,10 +1267,7 @@ Status run_gateway(const GatewayOptions& options) {
   extra.emplace_back("model", gw.served_model_name());
   extra.emplace_back("tokenizer", gw.tokenizer_kind());
   daemon::announce_ready("mc-gateway", gw.url(), extra);
-  while (!daemon::stop_requested()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    gw.sync_counters();
-  }
+  while (!daemon::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   gw.drain();
   MC_LOG_INFO << "mc-gateway: stopped";
   return Status::ok();

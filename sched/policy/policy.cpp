@@ -58,9 +58,13 @@ class Spreader {
     }
     return best == c.size() ? 0 : best;
   }
-  // Records the choice (the policy's pick, whatever the scheduler then does with it).
+  // argmin, recorded as the policy's choice.
+  template <typename Key>
+  size_t pick(std::span<const PrefillEstimate> c, Key key, const std::vector<bool>* allowed = nullptr) {
+    return chose(c, argmin(c, key, allowed));
+  }
+  // Records the choice (the policy's pick, whatever the scheduler then does with it); i < c.size().
   size_t chose(std::span<const PrefillEstimate> c, size_t i) {
-    if (i >= c.size()) return i;
     last_[c[i].instance_id] = ++decisions_;
     if (last_.size() > 4 * c.size() + 64) {
       std::unordered_map<std::string, uint64_t> kept;
@@ -87,7 +91,7 @@ class LeastLoadedPolicy final : public Policy {
  public:
   std::string_view name() const override { return "least_loaded"; }
   size_t choose(const Request&, std::span<const PrefillEstimate> c, const PlacementContext&) override {
-    return spread_.chose(c, spread_.argmin(c, [](const PrefillEstimate& e) { return e.queue_ms; }));
+    return spread_.pick(c, [](const PrefillEstimate& e) { return e.queue_ms; });
   }
 
  private:
@@ -103,8 +107,8 @@ class CacheAwarePolicy final : public Policy {
     for (const PrefillEstimate& e : c) longest = std::max(longest, e.longest_same_host_blocks);
     std::vector<bool> holders(c.size());
     for (size_t i = 0; i < c.size(); ++i) holders[i] = c[i].longest_same_host_blocks == longest;
-    return spread_.chose(c, spread_.argmin(
-                                c, [](const PrefillEstimate& e) { return e.queue_ms; }, &holders));
+    return spread_.pick(
+        c, [](const PrefillEstimate& e) { return e.queue_ms; }, &holders);
   }
 
  private:
@@ -131,10 +135,8 @@ class KvCachePolicy final : public Policy {
     for (size_t i = 0; i < c.size(); ++i) any |= (admissible[i] = meets(c[i]));
     // None meets the SLO: the fastest (early rejection judges it).
     if (!any) return spread_.chose(c, fastest);
-    return spread_.chose(
-        c,
-        spread_.argmin(
-            c, [w](const PrefillEstimate& e) { return e.ttft_ms + w * (e.prefill_ms + e.transfer_ms); }, &admissible));
+    return spread_.pick(
+        c, [w](const PrefillEstimate& e) { return e.ttft_ms + w * (e.prefill_ms + e.transfer_ms); }, &admissible);
   }
 
  private:

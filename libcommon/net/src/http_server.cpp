@@ -160,7 +160,8 @@ bool DeadlineServer::process_and_close_socket(socket_t sock) {
     int port = -1;
     if (::getpeername(sock, reinterpret_cast<sockaddr*>(&a), &len) == 0) ip_and_port(a, address, port);
     if (!address.empty() && !take_address(address)) {
-      const uint64_t n = address_refusals_.fetch_add(1, std::memory_order_relaxed) + 1;
+      refused_->inc();
+      const uint64_t n = refused_->value();
       if (log::nth_worth_logging(n)) {
         MC_LOG_WARN << service_ << ": refused a connection from " << address << ": it holds " << max_per_address_
                     << " already (the cap per address; " << n << " refused)";

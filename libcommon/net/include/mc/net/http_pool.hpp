@@ -20,6 +20,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mc/common/metrics.hpp"
+
 namespace mc::http {
 
 // A fixed set of worker threads and a bounded queue of accepted connections: when `max_queued` wait already,
@@ -86,7 +88,8 @@ class BoundedPool final : public httplib::TaskQueue {
 // - A cap on the connections one peer address holds at once (set_max_connections_per_address): a worker that takes
 //   a connection beyond it answers 429 (OpenAI's error shape, "Connection: close") without reading a byte and
 //   closes it, so one address cannot hold every worker, however it trickles (docs/SECURITY.md "Bounds per
-//   connection"). Counted (address_refusals()) and logged with the address (the first ten, then every 1,000th).
+//   connection"). Counted in the counter given (else one of its own) and logged with the address (the first ten,
+//   then every 1,000th).
 // The rest is the library's: one request at a time per connection, keep-alive up to its keep-alive count and
 // timeout, its read and write timeouts per call. Thread-safety: as httplib::Server; the setters before listening.
 class DeadlineServer : public httplib::Server {
@@ -94,13 +97,13 @@ class DeadlineServer : public httplib::Server {
   explicit DeadlineServer(int64_t request_deadline_ms) : request_deadline_ms_(request_deadline_ms) {}
   void set_request_deadline_ms(int64_t ms) { request_deadline_ms_ = ms; }
   // Connections served at once from one peer address (IPv4 or IPv6, port ignored); 0: no cap. `service` names the
-  // server in the log line.
-  void set_max_connections_per_address(size_t n, std::string service) {
+  // server in the log line; `refused` (not owned, outliving the server; null: a counter of its own) counts the
+  // connections refused because their address held the cap already.
+  void set_max_connections_per_address(size_t n, std::string service, metrics::Counter* refused = nullptr) {
     max_per_address_ = n;
     service_ = std::move(service);
+    refused_ = refused != nullptr ? refused : &own_refused_;
   }
-  // Connections refused because their address held the cap already.
-  uint64_t address_refusals() const { return address_refusals_.load(std::memory_order_relaxed); }
   // On a handler's thread: true once the client of the request it serves has closed or reset the connection
   // (a peeked recv() of 0 bytes or an error; bytes of a next request count as still there). false elsewhere.
   static bool client_gone();
@@ -119,7 +122,8 @@ class DeadlineServer : public httplib::Server {
   std::string service_ = "HTTP server";
   std::mutex address_mu_;
   std::unordered_map<std::string, size_t> per_address_;  // only addresses holding a connection
-  std::atomic<uint64_t> address_refusals_{0};
+  metrics::Counter own_refused_;
+  metrics::Counter* refused_ = &own_refused_;
 };
 
 // SO_REUSEADDR only: the library's default adds SO_REUSEPORT, with which a second server given the same address
